@@ -1,0 +1,114 @@
+"""The one interface between the broker and whatever keeps messages across a restart.
+
+Only persistent messages (delivery_mode 2) routed to durable queues reach the store;
+transient messages and non-durable queues never touch it. The broker calls the
+``append_*`` methods from the event-loop thread; they must be cheap (buffer the
+record, no fsync). Durability is requested separately with :meth:`MessageStore.commit`,
+which is how group commit works: the broker appends any number of records during one
+event-loop tick, then asks for one callback once all of them are on disk.
+
+Queues are named by a *queue key*: ``"<vhost>\\x00<queue name>"``, which cannot collide
+because AMQP short strings used as names never contain NUL in practice and the vhost
+comes first.
+
+A message is identified in the log by its *position* (an int that grows monotonically
+over the node's lifetime, e.g. ``segment_base + offset``). The same position is shared
+by every queue the message was routed to: the body is written once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+def queue_key(vhost: str, name: str) -> str:
+    """The store's name for a queue: unique across vhosts."""
+    return f"{vhost}\x00{name}"
+
+
+@dataclass(slots=True)
+class StoredMessage:
+    """What the log holds for one published message (read back on delivery/recovery).
+
+    ``properties`` is the raw AMQP content-header property section (flags + values),
+    exactly as the publisher sent it, so it can be passed through unchanged.
+    """
+
+    exchange: str
+    routing_key: str
+    properties: bytes
+    body: bytes
+
+
+@dataclass(slots=True)
+class RecoveredEntry:
+    """One message still live in one queue after recovery, in queue order."""
+
+    position: int
+    size: int
+    redelivered: bool  # a DELIVERED record for (queue, position) was seen
+
+
+@dataclass(slots=True)
+class RecoveredState:
+    """What :meth:`MessageStore.open` found on disk."""
+
+    queues: dict[str, list[RecoveredEntry]] = field(default_factory=dict)
+    truncated_bytes: int = 0  # torn/corrupt tail removed during recovery
+    last_sequence: int = 0  # highest record sequence number seen
+
+
+class StoreError(Exception):
+    """A write or read failed (disk full, I/O error). The broker nacks or blocks."""
+
+
+class MessageStore(Protocol):
+    """A node-wide append-only log of ENQUEUE / SETTLE / DELIVERED records.
+
+    Implementations: ``amqpd.store.log.SharedLog`` (segmented files, CRC, group-commit
+    fsync in a worker thread) and ``amqpd.store.memory.MemoryStore`` (same contract,
+    nothing on disk; for tests and ``persistence = false``).
+    """
+
+    def open(self) -> RecoveredState:
+        """Recover from disk (checkpoint + replay; torn tail truncated). Called once."""
+        ...
+
+    def append_enqueue(self, queues: Sequence[str], message: StoredMessage) -> int:
+        """Write the message once for all ``queues``; return its log position."""
+        ...
+
+    def append_settle(self, queue: str, positions: Iterable[int]) -> None:
+        """The queue is done with these messages (ack, reject, drop, expire, purge)."""
+        ...
+
+    def append_delivered(self, queue: str, position: int) -> None:
+        """The message was handed to a consumer (so recovery marks it redelivered).
+
+        Need not be durable on its own: it rides on the next commit.
+        """
+        ...
+
+    def drop_queue(self, queue: str) -> None:
+        """The queue was deleted: settle everything it still holds."""
+        ...
+
+    def read(self, position: int) -> StoredMessage:
+        """Read a message back (its body may have been evicted from memory)."""
+        ...
+
+    def commit(self, callback: Callable[[BaseException | None], None]) -> None:
+        """Call ``callback`` (on the event-loop thread) once every record appended so far
+        is durable according to the fsync policy, or with the error if the write failed.
+        Many calls within one tick share a single fsync."""
+        ...
+
+    def stats(self) -> dict[str, int]:
+        """Numbers for metrics: bytes on disk, segments, fsyncs, fsync latency (us)..."""
+        ...
+
+    def close(self) -> None:
+        """Flush, fsync and close files. Further appends raise StoreError."""
+        ...
