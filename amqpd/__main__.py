@@ -1,0 +1,2 @@
+from amqpd.cli import main
+raise SystemExit(main())

@@ -1,0 +1,511 @@
+"""One AMQP channel's broker-side state: consumers, unacked deliveries, QoS, confirms, tx.
+
+The protocol layer hands this class complete commands; it answers through the
+connection's output buffer. Delivery tags are per channel and strictly increasing, so the
+unacked map (a dict, insertion-ordered) is also ordered by tag, which makes
+``multiple=true`` acks a walk from the front.
+
+QoS follows RabbitMQ's reading of basic.qos: ``global=false`` sets the limit for each
+consumer created afterwards on this channel; ``global=true`` sets one limit shared by all
+consumers of the channel. Both can be in force at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands
+
+from amqpd.broker.message import Message
+from amqpd.broker.queue import Consumer, Queue, QueueEntry
+from amqpd.broker.vhost import generate_name
+from amqpd.protocol import codec
+from amqpd.protocol.errors import (
+    AccessRefused,
+    ContentTooLarge,
+    NotAllowed,
+    NotFound,
+    NotImplemented_,
+    PreconditionFailed,
+)
+
+if TYPE_CHECKING:
+    from amqpd.session import Session
+
+log = logging.getLogger("amqpd.channel")
+
+
+class Unacked:
+    __slots__ = ("consumer", "entry", "queue")
+
+    def __init__(self, queue: Queue, entry: QueueEntry, consumer: Consumer | None) -> None:
+        self.queue = queue
+        self.entry = entry
+        self.consumer = consumer
+
+
+class Channel:
+    def __init__(self, session: Session, number: int) -> None:
+        self.session = session
+        self.number = number
+        self.vhost = session.vhost
+        self.consumers: dict[str, Consumer] = {}
+        self.unacked: dict[int, Unacked] = {}
+        self.next_tag = 1
+        self.prefetch_consumer = 0  # basic.qos global=false
+        self.prefetch_channel = 0  # basic.qos global=true
+        self.unacked_consumer_count = 0  # unacked deliveries to consumers needing acks
+        self.confirm_mode = False
+        self.publish_seq = 0
+        self.tx_mode = False
+        self.tx_publishes: list[tuple[str, str, bool, bytes, bytes]] = []
+        self.tx_acks: list[Callable[[], None]] = []
+        self.last_queue: str | None = None
+        self.closed = False
+        self.flow_active = True
+        self.stat_publish = 0
+        self.stat_deliver = 0
+        self.stat_ack = 0
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            commands.Channel.Flow: self._flow,
+            commands.Channel.FlowOk: lambda m: None,
+            commands.Exchange.Declare: self._exchange_declare,
+            commands.Exchange.Delete: self._exchange_delete,
+            commands.Exchange.Bind: self._exchange_bind,
+            commands.Exchange.Unbind: self._exchange_unbind,
+            commands.Queue.Declare: self._queue_declare,
+            commands.Queue.Bind: self._queue_bind,
+            commands.Queue.Unbind: self._queue_unbind,
+            commands.Queue.Purge: self._queue_purge,
+            commands.Queue.Delete: self._queue_delete,
+            commands.Basic.Qos: self._basic_qos,
+            commands.Basic.Consume: self._basic_consume,
+            commands.Basic.Cancel: self._basic_cancel,
+            commands.Basic.Get: self._basic_get,
+            commands.Basic.Reject: self._basic_reject,
+            commands.Basic.Nack: self._basic_nack,
+            commands.Basic.Recover: self._basic_recover,
+            commands.Basic.RecoverAsync: self._basic_recover_async,
+            commands.Confirm.Select: self._confirm_select,
+            commands.Tx.Select: self._tx_select,
+            commands.Tx.Commit: self._tx_commit,
+            commands.Tx.Rollback: self._tx_rollback,
+        }
+
+    # ------------------------------------------------------------------ plumbing
+    @property
+    def conn(self):  # type: ignore[no-untyped-def]
+        return self.session.conn
+
+    def reply(self, method: Any) -> None:
+        self.session.conn.send_method(self.number, method)
+
+    def handle(self, method: Any) -> None:
+        handler = self._handlers.get(type(method))
+        if handler is None:
+            raise NotImplemented_(f"method {method.name} is not implemented")
+        handler(method)
+
+    def _queue_name(self, name: str) -> str:
+        """An empty queue name means the channel's last declared queue (spec rule)."""
+        if name:
+            return name
+        if self.last_queue is None:
+            raise NotFound("no previously declared queue")
+        return self.last_queue
+
+    def _check(self, kind: str, resource: str, name: str) -> None:
+        self.session.check_permission(kind, resource, name)
+
+    # ------------------------------------------------------------------ channel
+    def _flow(self, m: commands.Channel.Flow) -> None:
+        if not m.active:
+            raise NotImplemented_("active=false")
+        self.reply(commands.Channel.FlowOk(active=True))
+
+    # ------------------------------------------------------------------ exchange
+    def _exchange_declare(self, m: commands.Exchange.Declare) -> None:
+        if not m.passive:
+            self._check("configure", "exchange", m.exchange)
+        self.vhost.declare_exchange(
+            m.exchange, m.exchange_type, passive=m.passive, durable=m.durable,
+            auto_delete=m.auto_delete, internal=m.internal, arguments=m.arguments,
+        )
+        if not m.nowait:
+            self.session.conn.write(codec.method_frame(self.number, 40, 11))
+
+    def _exchange_delete(self, m: commands.Exchange.Delete) -> None:
+        self._check("configure", "exchange", m.exchange)
+        self.vhost.delete_exchange(m.exchange, if_unused=m.if_unused)
+        if not m.nowait:
+            self.session.conn.write(codec.method_frame(self.number, 40, 21))
+
+    def _exchange_bind(self, m: commands.Exchange.Bind) -> None:
+        self._check("write", "exchange", m.destination)
+        self._check("read", "exchange", m.source)
+        self.vhost.bind("exchange", m.destination, m.source, m.routing_key, m.arguments)
+        if not m.nowait:
+            self.session.conn.write(codec.method_frame(self.number, 40, 31))
+
+    def _exchange_unbind(self, m: commands.Exchange.Unbind) -> None:
+        self._check("write", "exchange", m.destination)
+        self._check("read", "exchange", m.source)
+        self.vhost.unbind("exchange", m.destination, m.source, m.routing_key, m.arguments)
+        if not m.nowait:
+            self.session.conn.write(codec.method_frame(self.number, 40, 51))
+
+    # ------------------------------------------------------------------ queue
+    def _queue_declare(self, m: commands.Queue.Declare) -> None:
+        name = m.queue
+        server_named = False
+        if not name:
+            if m.passive:
+                name = self._queue_name("")
+            else:
+                name = generate_name("amq.gen-")
+                server_named = True
+        if not m.passive:
+            self._check("configure", "queue", name)
+        owner = self.session
+        q = self.vhost.declare_queue(
+            name, passive=m.passive, durable=m.durable,
+            exclusive_owner=owner if m.exclusive else None, auto_delete=m.auto_delete,
+            arguments=m.arguments, owner=owner, server_named=server_named,
+        )
+        if q.exclusive_owner is owner and m.exclusive:
+            self.session.own_queue(q)
+        self.last_queue = q.name
+        if not m.nowait:
+            args = codec.shortstr(q.name) + (len(q.ready)).to_bytes(4, "big") + \
+                len(q.consumers).to_bytes(4, "big")
+            self.session.conn.write(codec.method_frame(self.number, 50, 11, args))
+
+    def _queue_bind(self, m: commands.Queue.Bind) -> None:
+        queue = self._queue_name(m.queue)
+        routing_key = m.routing_key if (m.routing_key or m.queue) else queue
+        self._check("write", "queue", queue)
+        self._check("read", "exchange", m.exchange)
+        self.vhost.bind("queue", queue, m.exchange, routing_key, m.arguments, owner=self.session)
+        if not m.nowait:
+            self.session.conn.write(codec.method_frame(self.number, 50, 21))
+
+    def _queue_unbind(self, m: commands.Queue.Unbind) -> None:
+        queue = self._queue_name(m.queue)
+        routing_key = m.routing_key if (m.routing_key or m.queue) else queue
+        self._check("write", "queue", queue)
+        self._check("read", "exchange", m.exchange)
+        self.vhost.unbind("queue", queue, m.exchange, routing_key, m.arguments,
+                          owner=self.session)
+        self.session.conn.write(codec.method_frame(self.number, 50, 51))
+
+    def _queue_purge(self, m: commands.Queue.Purge) -> None:
+        queue = self._queue_name(m.queue)
+        self._check("read", "queue", queue)
+        n = self.vhost.purge_queue(queue, owner=self.session)
+        if not m.nowait:
+            self.session.conn.write(codec.method_frame(self.number, 50, 31, n.to_bytes(4, "big")))
+
+    def _queue_delete(self, m: commands.Queue.Delete) -> None:
+        queue = self._queue_name(m.queue)
+        self._check("configure", "queue", queue)
+        n = self.vhost.delete_queue_named(queue, if_unused=m.if_unused, if_empty=m.if_empty,
+                                          owner=self.session)
+        if not m.nowait:
+            self.session.conn.write(codec.method_frame(self.number, 50, 41, n.to_bytes(4, "big")))
+
+    # ------------------------------------------------------------------ basic: qos/consume
+    def _basic_qos(self, m: commands.Basic.Qos) -> None:
+        if m.prefetch_size:
+            raise NotImplemented_(f"prefetch_size!=0 ({m.prefetch_size})")
+        if m.globally:
+            self.prefetch_channel = m.prefetch_count
+        else:
+            self.prefetch_consumer = m.prefetch_count
+        self.reply(commands.Basic.QosOk())
+        self._schedule_all()
+
+    def _basic_consume(self, m: commands.Basic.Consume) -> None:
+        queue_name = self._queue_name(m.queue)
+        self._check("read", "queue", queue_name)
+        q = self.vhost.get_queue(queue_name)
+        self.vhost.check_exclusive(q, self.session)
+        tag = m.consumer_tag or generate_name("amq.ctag-")
+        if tag in self.consumers:
+            raise NotAllowed(f"attempt to reuse consumer tag '{tag}'", 60, 20)
+        if q.consumers and (m.exclusive or any(c.exclusive for c in q.consumers)):
+            raise AccessRefused(f"queue '{q.name}' in vhost '{self.vhost.name}' in exclusive use")
+        self.session.broker.validate_consumer_arguments(m.arguments or {})
+        consumer = Consumer(self, q, tag, m.no_ack, m.exclusive, self.prefetch_consumer,
+                            dict(m.arguments or {}))
+        self.consumers[tag] = consumer
+        if not m.nowait:
+            self.session.conn.write(codec.method_frame(self.number, 60, 21, codec.shortstr(tag)))
+        q.add_consumer(consumer)
+
+    def _basic_cancel(self, m: commands.Basic.Cancel) -> None:
+        consumer = self.consumers.pop(m.consumer_tag, None)
+        if not m.nowait:
+            self.session.conn.write(
+                codec.method_frame(self.number, 60, 31, codec.shortstr(m.consumer_tag))
+            )
+        if consumer is not None:
+            consumer.queue.remove_consumer(consumer)
+
+    def consumer_cancelled_by_server(self, consumer: Consumer) -> None:
+        """The queue went away: tell the client, if it said it understands basic.cancel."""
+        if self.consumers.pop(consumer.tag, None) is None or self.closed:
+            return
+        if self.session.conn.capabilities.get("consumer_cancel_notify"):
+            self.session.conn.write(
+                codec.method_frame(self.number, 60, 30, consumer.tag_bytes + b"\x00")
+            )
+
+    # ------------------------------------------------------------------ delivery
+    def can_deliver(self, consumer: Consumer) -> bool:
+        if self.closed or not self.flow_active or self.session.blocked_delivery:
+            return False
+        if consumer.no_ack:
+            return True
+        return not self.prefetch_channel or self.unacked_consumer_count < self.prefetch_channel
+
+    def deliver(self, consumer: Consumer, queue: Queue, entry: QueueEntry) -> None:
+        tag = self.next_tag
+        self.next_tag = tag + 1
+        msg = entry.message
+        conn = self.session.conn
+        conn.write(
+            codec.deliver_method(
+                self.number, consumer.tag_bytes, tag, entry.redelivered,
+                codec.shortstr(msg.exchange), codec.shortstr(msg.routing_key),
+            )
+            + codec.content_frames(self.number, 60, msg.properties, self.session.body_of(msg),
+                                   conn.frame_max)
+        )
+        self.stat_deliver += 1
+        if consumer.no_ack:
+            queue.delivered(entry, acked=True)
+        else:
+            consumer.unacked += 1
+            self.unacked_consumer_count += 1
+            self.unacked[tag] = Unacked(queue, entry, consumer)
+            queue.delivered(entry, acked=False)
+
+    def _basic_get(self, m: commands.Basic.Get) -> None:
+        queue_name = self._queue_name(m.queue)
+        self._check("read", "queue", queue_name)
+        q = self.vhost.get_queue(queue_name)
+        self.vhost.check_exclusive(q, self.session)
+        entry = q.take()
+        if entry is None:
+            self.session.conn.write(codec.method_frame(self.number, 60, 72, b"\x00"))
+            return
+        tag = self.next_tag
+        self.next_tag = tag + 1
+        msg = entry.message
+        conn = self.session.conn
+        conn.write(
+            codec.get_ok_method(self.number, tag, entry.redelivered, msg.exchange,
+                                msg.routing_key, len(q.ready))
+            + codec.content_frames(self.number, 60, msg.properties, self.session.body_of(msg),
+                                   conn.frame_max)
+        )
+        if m.no_ack:
+            q.delivered(entry, acked=True)
+        else:
+            self.unacked[tag] = Unacked(q, entry, None)
+            q.delivered(entry, acked=False)
+
+    # ------------------------------------------------------------------ settlement
+    def _take_unacked(self, tag: int, multiple: bool) -> list[Unacked]:
+        unacked = self.unacked
+        if multiple:
+            if tag == 0:
+                taken = list(unacked.values())
+                unacked.clear()
+                return taken
+            if tag not in unacked and (not unacked or tag < next(iter(unacked))):
+                raise PreconditionFailed(f"unknown delivery tag {tag}")
+            keys = []
+            for key in unacked:
+                if key > tag:
+                    break
+                keys.append(key)
+            return [unacked.pop(k) for k in keys]
+        item = unacked.pop(tag, None)
+        if item is None:
+            raise PreconditionFailed(f"unknown delivery tag {tag}")
+        return [item]
+
+    def _release(self, items: list[Unacked]) -> dict[Queue, list[QueueEntry]]:
+        """Credit goes back to consumers; entries grouped by queue."""
+        by_queue: dict[Queue, list[QueueEntry]] = {}
+        for item in items:
+            consumer = item.consumer
+            if consumer is not None:
+                consumer.unacked -= 1
+                self.unacked_consumer_count -= 1
+            by_queue.setdefault(item.queue, []).append(item.entry)
+        return by_queue
+
+    def ack(self, tag: int, multiple: bool) -> None:
+        if self.tx_mode:
+            self._take_check(tag, multiple)
+            self.tx_acks.append(lambda: self._do_ack(tag, multiple))
+            return
+        self._do_ack(tag, multiple)
+
+    def _take_check(self, tag: int, multiple: bool) -> None:
+        """In a transaction, validate the tag now (errors are immediate in RabbitMQ)."""
+        if multiple and tag == 0:
+            return
+        if not multiple and tag not in self.unacked:
+            raise PreconditionFailed(f"unknown delivery tag {tag}")
+
+    def _do_ack(self, tag: int, multiple: bool) -> None:
+        items = self._take_unacked(tag, multiple)
+        self.stat_ack += len(items)
+        for queue, entries in self._release(items).items():
+            queue.settle(entries)
+
+    def _basic_reject(self, m: commands.Basic.Reject) -> None:
+        self._reject(m.delivery_tag, False, m.requeue)
+
+    def _basic_nack(self, m: commands.Basic.Nack) -> None:
+        self._reject(m.delivery_tag, m.multiple, m.requeue)
+
+    def _reject(self, tag: int, multiple: bool, requeue: bool) -> None:
+        if self.tx_mode:
+            self._take_check(tag, multiple)
+            self.tx_acks.append(lambda: self._do_reject(tag, multiple, requeue))
+            return
+        self._do_reject(tag, multiple, requeue)
+
+    def _do_reject(self, tag: int, multiple: bool, requeue: bool) -> None:
+        items = self._take_unacked(tag, multiple)
+        for queue, entries in self._release(items).items():
+            if requeue and not queue.deleted:
+                queue.requeue(entries)
+            else:
+                self.session.broker.dead_letter(queue, entries, "rejected")
+                queue.settle(entries)
+
+    def _basic_recover(self, m: commands.Basic.Recover) -> None:
+        if not m.requeue:
+            raise NotImplemented_("requeue=false")
+        self.requeue_all()
+        self.reply(commands.Basic.RecoverOk())
+
+    def _basic_recover_async(self, m: commands.Basic.RecoverAsync) -> None:
+        if not m.requeue:
+            raise NotImplemented_("requeue=false")
+        self.requeue_all()
+
+    def requeue_all(self) -> None:
+        items = list(self.unacked.values())
+        self.unacked.clear()
+        for queue, entries in self._release(items).items():
+            if not queue.deleted:
+                queue.requeue(entries)
+
+    def _schedule_all(self) -> None:
+        for consumer in self.consumers.values():
+            self.vhost.schedule_dispatch(consumer.queue)
+
+    # ------------------------------------------------------------------ publish
+    def publish(self, exchange: str, routing_key: str, mandatory: bool, immediate: bool,
+                properties: bytes, body: bytes) -> None:
+        if immediate:
+            raise NotImplemented_("immediate=true")
+        self._check("write", "exchange", exchange or "amq.default")
+        ex = self.vhost.get_exchange(exchange)
+        if ex.internal:
+            raise AccessRefused(
+                f"cannot publish to internal exchange '{exchange}' in vhost '{self.vhost.name}'"
+            )
+        if self.confirm_mode:
+            self.publish_seq += 1
+        self.stat_publish += 1
+        if self.tx_mode:
+            self.tx_publishes.append((exchange, routing_key, mandatory, properties, body))
+            return
+        self._route(exchange, routing_key, mandatory, properties, body,
+                    self.publish_seq if self.confirm_mode else 0)
+
+    def _route(self, exchange: str, routing_key: str, mandatory: bool, properties: bytes,
+               body: bytes, seq: int) -> None:
+        msg = Message(exchange, routing_key, properties, body)
+        broker = self.session.broker
+        queues = broker.publish(self.vhost, exchange, msg, self.session.username,
+                                on_durable=self._on_durable(seq) if seq else None)
+        if not queues and mandatory:
+            self.session.conn.write(
+                codec.return_method(self.number, 312, "NO_ROUTE", exchange, routing_key)
+                + codec.content_frames(self.number, 60, properties, body,
+                                       self.session.conn.frame_max)
+            )
+        if seq and not (msg.persistent and any(q.durable for q in queues)):
+            self.confirm(seq, True)
+
+    def _on_durable(self, seq: int) -> Callable[[BaseException | None], None]:
+        def done(error: BaseException | None) -> None:
+            self.confirm(seq, error is None)
+        return done
+
+    def confirm(self, seq: int, ok: bool) -> None:
+        if self.closed:
+            return
+        conn = self.session.conn
+        conn.write(codec.ack_method(self.number, seq, False) if ok
+                   else codec.nack_method(self.number, seq, False))
+
+    def _confirm_select(self, m: commands.Confirm.Select) -> None:
+        if self.tx_mode:
+            raise PreconditionFailed("cannot switch from tx to confirm mode")
+        self.confirm_mode = True
+        if not m.nowait:
+            self.reply(commands.Confirm.SelectOk())
+
+    # ------------------------------------------------------------------ tx
+    def _tx_select(self, m: commands.Tx.Select) -> None:
+        if self.confirm_mode:
+            raise PreconditionFailed("cannot switch from confirm to tx mode")
+        self.tx_mode = True
+        self.reply(commands.Tx.SelectOk())
+
+    def _tx_commit(self, m: commands.Tx.Commit) -> None:
+        if not self.tx_mode:
+            raise PreconditionFailed("channel is not transactional")
+        publishes, self.tx_publishes = self.tx_publishes, []
+        acks, self.tx_acks = self.tx_acks, []
+        for exchange, routing_key, mandatory, properties, body in publishes:
+            if exchange not in self.vhost.exchanges:
+                raise NotFound(f"no exchange '{exchange}' in vhost '{self.vhost.name}'")
+            self._route(exchange, routing_key, mandatory, properties, body, 0)
+        for action in acks:
+            action()
+        self.session.broker.after_commit(lambda: self.reply(commands.Tx.CommitOk()))
+
+    def _tx_rollback(self, m: commands.Tx.Rollback) -> None:
+        if not self.tx_mode:
+            raise PreconditionFailed("channel is not transactional")
+        self.tx_publishes.clear()
+        self.tx_acks.clear()
+        self.reply(commands.Tx.RollbackOk())
+
+    # ------------------------------------------------------------------ close
+    def close(self) -> None:
+        """Channel closed (by either side, or its connection went): release everything."""
+        if self.closed:
+            return
+        self.closed = True
+        for consumer in list(self.consumers.values()):
+            consumer.queue.remove_consumer(consumer)
+        self.consumers.clear()
+        self.requeue_all()
+        self.tx_publishes.clear()
+        self.tx_acks.clear()
+
+
+__all__ = ["Channel", "ContentTooLarge"]

@@ -1,0 +1,67 @@
+"""A published message, shared by every queue it was routed to.
+
+The property bytes stay exactly as the publisher sent them and are decoded only when
+something needs a property (headers exchange, TTL, priority, dead-lettering, user-id):
+most messages are never decoded at all. ``position`` is the message's place in the
+shared log once it is persisted (``-1`` while it lives only in memory).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from amqpd.protocol import codec
+
+
+class Message:
+    __slots__ = (
+        "_props",
+        "body",
+        "exchange",
+        "persistent",
+        "position",
+        "properties",
+        "routing_key",
+    )
+
+    def __init__(
+        self, exchange: str, routing_key: str, properties: bytes, body: bytes,
+        persistent: bool | None = None,
+    ) -> None:
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.properties = properties
+        self.body = body
+        self.persistent = (
+            codec.delivery_mode(properties) == 2 if persistent is None else persistent
+        )
+        self.position = -1
+        self._props: dict[str, Any] | None = None
+
+    @property
+    def props(self) -> dict[str, Any]:
+        """Decoded properties (cached); decoding happens at most once per message."""
+        if self._props is None:
+            self._props = codec.decode_properties(self.properties)
+        return self._props
+
+    @property
+    def headers(self) -> dict[str, Any]:
+        headers = self.props.get("headers")
+        return headers if isinstance(headers, dict) else {}
+
+    @property
+    def size(self) -> int:
+        return len(self.body)
+
+    def with_properties(self, props: dict[str, Any], exchange: str | None = None,
+                        routing_key: str | None = None) -> Message:
+        """A copy with changed properties (dead-lettering, CC/BCC stripping)."""
+        msg = Message(
+            self.exchange if exchange is None else exchange,
+            self.routing_key if routing_key is None else routing_key,
+            codec.encode_properties(props),
+            self.body,
+        )
+        msg._props = props
+        return msg

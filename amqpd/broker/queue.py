@@ -1,0 +1,251 @@
+"""A queue: ready messages in order, its consumers, and the dispatch loop between them.
+
+Ordering: every entry carries a queue-local sequence number. Requeued messages (nack,
+reject, channel close) go back to their original place, as RabbitMQ does, so a consumer
+that rejects and re-reads sees the queue's order again.
+
+Dispatch is *scheduled*, not run inline: publishing, acking or consuming marks the queue
+dirty and the vhost runs :meth:`Queue.dispatch` once at the end of the event-loop tick.
+That batches deliveries (one socket write per tick) and keeps re-entrancy out of the
+handlers (an ack handler never finds itself inside a delivery).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from amqpd.broker.message import Message
+
+if TYPE_CHECKING:
+    from amqpd.broker.vhost import VHost
+
+
+class QueueEntry:
+    """One message's place in one queue (the message itself may be shared)."""
+
+    __slots__ = ("message", "redelivered", "seq")
+
+    def __init__(self, message: Message, seq: int, redelivered: bool = False) -> None:
+        self.message = message
+        self.seq = seq
+        self.redelivered = redelivered
+
+
+class ConsumerChannel(Protocol):
+    """What a queue needs from the channel that owns a consumer."""
+
+    def can_deliver(self, consumer: Consumer) -> bool: ...
+    def deliver(self, consumer: Consumer, queue: Queue, entry: QueueEntry) -> None: ...
+    def consumer_cancelled_by_server(self, consumer: Consumer) -> None: ...
+
+
+class Consumer:
+    __slots__ = (
+        "arguments", "channel", "exclusive", "no_ack", "prefetch", "priority", "queue", "tag",
+        "tag_bytes", "unacked",
+    )
+
+    def __init__(
+        self, channel: ConsumerChannel, queue: Queue, tag: str, no_ack: bool, exclusive: bool,
+        prefetch: int, arguments: dict[str, Any],
+    ) -> None:
+        self.channel = channel
+        self.queue = queue
+        self.tag = tag
+        self.tag_bytes = bytes((len(tag.encode()),)) + tag.encode()
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        self.prefetch = prefetch  # per-consumer limit (basic.qos global=false), 0 = none
+        self.unacked = 0
+        self.arguments = arguments
+        priority = arguments.get("x-priority", 0)
+        self.priority = priority if isinstance(priority, int) else 0
+
+    def has_credit(self) -> bool:
+        return self.no_ack or not self.prefetch or self.unacked < self.prefetch
+
+
+class Queue:
+    def __init__(
+        self, vhost: VHost, name: str, durable: bool = False, exclusive_owner: object | None = None,
+        auto_delete: bool = False, arguments: dict[str, Any] | None = None,
+    ) -> None:
+        self.vhost = vhost
+        self.name = name
+        self.durable = durable
+        self.exclusive_owner = exclusive_owner
+        self.auto_delete = auto_delete
+        self.arguments = dict(arguments or {})
+        self.ready: deque[QueueEntry] = deque()
+        self.ready_bytes = 0
+        self.unacked_count = 0
+        self.consumers: list[Consumer] = []
+        self._rr = 0
+        self._seq = itertools.count(1)
+        self.had_consumers = False
+        self.deleted = False
+        self.store_key = f"{vhost.name}\x00{name}"
+        self.policy: dict[str, Any] | None = None
+        # counters for management stats
+        self.stat_publish = 0
+        self.stat_deliver = 0
+        self.stat_ack = 0
+        self.stat_redeliver = 0
+        self.on_removed: list[Callable[[Queue], None]] = []
+
+    @property
+    def exclusive(self) -> bool:
+        return self.exclusive_owner is not None
+
+    @property
+    def message_count(self) -> int:
+        return len(self.ready)
+
+    # ------------------------------------------------------------------ enqueue
+    def enqueue(self, message: Message) -> None:
+        self.ready.append(QueueEntry(message, next(self._seq)))
+        self.ready_bytes += len(message.body)
+        self.stat_publish += 1
+        if self.consumers:
+            self.vhost.schedule_dispatch(self)
+
+    def restore(self, message: Message, redelivered: bool) -> None:
+        """Put a recovered message at the tail (recovery replays in log order)."""
+        self.ready.append(QueueEntry(message, next(self._seq), redelivered))
+        self.ready_bytes += len(message.body)
+
+    def requeue(self, entries: Iterable[QueueEntry]) -> None:
+        """Return unacked entries to their original places, marked redelivered."""
+        ready = self.ready
+        for entry in sorted(entries, key=lambda e: e.seq, reverse=True):
+            self.unacked_count -= 1
+            entry.redelivered = True
+            self.ready_bytes += len(entry.message.body)
+            if not ready or entry.seq < ready[0].seq:
+                ready.appendleft(entry)
+            elif entry.seq > ready[-1].seq:
+                ready.append(entry)
+            else:
+                seqs = [e.seq for e in ready]
+                ready.insert(bisect.bisect_left(seqs, entry.seq), entry)
+        if self.consumers:
+            self.vhost.schedule_dispatch(self)
+
+    def settle(self, entries: Iterable[QueueEntry]) -> None:
+        """Unacked entries are done with (acked, or rejected without requeue)."""
+        n = 0
+        positions = []
+        for entry in entries:
+            n += 1
+            if entry.message.position >= 0:
+                positions.append(entry.message.position)
+        self.unacked_count -= n
+        self.stat_ack += n
+        if positions and self.durable:
+            self.vhost.store_settle(self, positions)
+        if self.consumers:
+            self.vhost.schedule_dispatch(self)
+
+    # ------------------------------------------------------------------ fetch
+    def take(self) -> QueueEntry | None:
+        """Pop the head for delivery (basic.get or a consumer), or None if empty."""
+        ready = self.ready
+        if not ready:
+            return None
+        entry = ready.popleft()
+        self.ready_bytes -= len(entry.message.body)
+        return entry
+
+    def delivered(self, entry: QueueEntry, acked: bool) -> None:
+        """Book-keeping once an entry has left for a consumer or basic.get."""
+        self.stat_deliver += 1
+        if entry.redelivered:
+            self.stat_redeliver += 1
+        if acked:
+            self.stat_ack += 1
+            if entry.message.position >= 0 and self.durable:
+                self.vhost.store_settle(self, [entry.message.position])
+        else:
+            self.unacked_count += 1
+            if entry.message.position >= 0 and self.durable:
+                self.vhost.store_delivered(self, entry.message.position)
+
+    # ------------------------------------------------------------------ consumers
+    def add_consumer(self, consumer: Consumer) -> None:
+        self.consumers.append(consumer)
+        self.consumers.sort(key=lambda c: -c.priority)  # stable: FIFO within a priority
+        self.had_consumers = True
+        self.vhost.schedule_dispatch(self)
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        try:
+            self.consumers.remove(consumer)
+        except ValueError:
+            return
+        if not self.consumers and self.auto_delete and self.had_consumers:
+            self.vhost.delete_queue(self, reason="auto-delete")
+
+    def dispatch(self) -> None:
+        """Deliver ready messages to consumers with credit, round-robin within a priority."""
+        consumers = self.consumers
+        ready = self.ready
+        while ready and consumers:
+            consumer = self._next_consumer()
+            if consumer is None:
+                return
+            entry = self.take()
+            if entry is None:
+                return
+            consumer.channel.deliver(consumer, self, entry)
+
+    def _next_consumer(self) -> Consumer | None:
+        consumers = self.consumers
+        n = len(consumers)
+        top = consumers[0].priority
+        # highest priority first; round-robin among equals
+        same = [c for c in consumers if c.priority == top] if consumers[-1].priority != top else consumers
+        m = len(same)
+        for i in range(m):
+            c = same[(self._rr + i) % m]
+            if c.has_credit() and c.channel.can_deliver(c):
+                self._rr = (self._rr + i + 1) % m
+                return c
+        if m == n:
+            return None
+        for c in consumers[m:]:
+            if c.has_credit() and c.channel.can_deliver(c):
+                return c
+        return None
+
+    # ------------------------------------------------------------------ purge / delete
+    def purge(self) -> int:
+        n = len(self.ready)
+        positions = [e.message.position for e in self.ready if e.message.position >= 0]
+        self.ready.clear()
+        self.ready_bytes = 0
+        if positions and self.durable:
+            self.vhost.store_settle(self, positions)
+        return n
+
+    def cancel_all_consumers(self) -> None:
+        for consumer in list(self.consumers):
+            self.consumers.remove(consumer)
+            consumer.channel.consumer_cancelled_by_server(consumer)
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "vhost": self.vhost.name,
+            "durable": self.durable,
+            "auto_delete": self.auto_delete,
+            "exclusive": self.exclusive,
+            "arguments": self.arguments,
+            "messages_ready": len(self.ready),
+            "messages_unacknowledged": self.unacked_count,
+            "messages": len(self.ready) + self.unacked_count,
+            "consumers": len(self.consumers),
+        }

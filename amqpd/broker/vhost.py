@@ -1,0 +1,365 @@
+"""A virtual host: its exchanges, queues and bindings. This is the public broker API.
+
+The AMQP channel layer, the HTTP API and plugins (shovel, federation) all change
+topology and publish through these methods, so the rules (reserved ``amq.`` names,
+equivalence checks, exclusivity, RabbitMQ's error texts) live in one place. Methods raise
+:mod:`amqpd.protocol.errors` exceptions; callers translate them (AMQP close, HTTP 4xx).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import amqpd.broker.exchanges  # noqa: F401 - registers the built-in exchange types
+from amqpd.broker.exchange import EXCHANGE_TYPES, Binding, Exchange, args_key
+from amqpd.broker.message import Message
+from amqpd.broker.queue import Queue
+from amqpd.protocol.errors import (
+    AccessRefused,
+    CommandInvalid,
+    NotFound,
+    PreconditionFailed,
+    ResourceLocked,
+)
+
+if TYPE_CHECKING:
+    from amqpd.server import Broker
+
+log = logging.getLogger("amqpd.vhost")
+
+BUILTIN_EXCHANGES = (
+    ("amq.direct", "direct"),
+    ("amq.fanout", "fanout"),
+    ("amq.topic", "topic"),
+    ("amq.headers", "headers"),
+    ("amq.match", "headers"),
+)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def generate_name(prefix: str) -> str:
+    """RabbitMQ-style server-generated name: prefix + 22 url-safe base64 characters."""
+    return prefix + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+
+
+class VHost:
+    def __init__(self, broker: Broker, name: str) -> None:
+        self.broker = broker
+        self.name = name
+        self.exchanges: dict[str, Exchange] = {}
+        self.queues: dict[str, Queue] = {}
+        self.on_queue_deleted: list[Callable[[Queue], None]] = []
+        for xname, xtype in BUILTIN_EXCHANGES:
+            self.exchanges[xname] = EXCHANGE_TYPES[xtype](name, xname, durable=True)
+        self.exchanges[""] = EXCHANGE_TYPES["direct"](name, "", durable=True)
+
+    def __repr__(self) -> str:
+        return f"<VHost {self.name!r}>"
+
+    # ------------------------------------------------------------------ lookups
+    def get_exchange(self, name: str) -> Exchange:
+        ex = self.exchanges.get(name)
+        if ex is None:
+            raise NotFound(f"no exchange '{name}' in vhost '{self.name}'")
+        return ex
+
+    def get_queue(self, name: str) -> Queue:
+        q = self.queues.get(name)
+        if q is None:
+            raise NotFound(f"no queue '{name}' in vhost '{self.name}'")
+        return q
+
+    def check_exclusive(self, queue: Queue, owner: object | None) -> None:
+        if queue.exclusive_owner is not None and queue.exclusive_owner is not owner:
+            raise ResourceLocked(
+                f"cannot obtain exclusive access to locked queue '{queue.name}' in vhost "
+                f"'{self.name}'. It could be originally declared on another connection or the "
+                "exclusive property value does not match that of the original declaration."
+            )
+
+    # ------------------------------------------------------------------ exchanges
+    def declare_exchange(
+        self, name: str, type_: str, *, passive: bool = False, durable: bool = False,
+        auto_delete: bool = False, internal: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> Exchange:
+        existing = self.exchanges.get(name)
+        if passive:
+            if existing is None:
+                raise NotFound(f"no exchange '{name}' in vhost '{self.name}'")
+            return existing
+        if name == "":
+            raise AccessRefused("operation not permitted on the default exchange")
+        if existing is None and name.startswith("amq."):
+            raise AccessRefused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
+        cls = EXCHANGE_TYPES.get(type_)
+        if cls is None:
+            raise CommandInvalid(f"unknown exchange type '{type_}'")
+        if existing is not None:
+            self._check_exchange_equivalent(existing, type_, durable, auto_delete, internal,
+                                            arguments or {})
+            return existing
+        ex = cls(self.name, name, durable=durable, auto_delete=auto_delete, internal=internal,
+                 arguments=arguments)
+        self.exchanges[name] = ex
+        self.broker.apply_policies_to(self, ex)
+        if durable:
+            self.broker.definitions_changed()
+        log.debug("exchange declared: %s %s", name, type_)
+        return ex
+
+    def _check_exchange_equivalent(
+        self, ex: Exchange, type_: str, durable: bool, auto_delete: bool, internal: bool,
+        arguments: dict[str, Any],
+    ) -> None:
+        for field, got, have in (
+            ("type", type_, ex.type_name),
+            ("durable", durable, ex.durable),
+            ("auto_delete", auto_delete, ex.auto_delete),
+            ("internal", internal, ex.internal),
+        ):
+            if got != have:
+                raise PreconditionFailed(
+                    f"inequivalent arg '{field}' for exchange '{ex.name}' in vhost '{self.name}': "
+                    f"received '{_fmt(got)}' but current is '{_fmt(have)}'"
+                )
+        got_ae = arguments.get("alternate-exchange")
+        have_ae = ex.arguments.get("alternate-exchange")
+        if got_ae != have_ae:
+            raise PreconditionFailed(
+                f"inequivalent arg 'alternate-exchange' for exchange '{ex.name}' in vhost "
+                f"'{self.name}': received {_describe(got_ae)} but current is {_describe(have_ae)}"
+            )
+
+    def delete_exchange(self, name: str, if_unused: bool = False) -> None:
+        if name == "":
+            raise AccessRefused("operation not permitted on the default exchange")
+        if name.startswith("amq.") and name in dict(BUILTIN_EXCHANGES):
+            raise AccessRefused(f"operation not permitted on the built-in exchange '{name}'")
+        ex = self.exchanges.get(name)
+        if ex is None:
+            return  # idempotent, as in RabbitMQ 3.x
+        if if_unused and ex.bindings:
+            raise PreconditionFailed(f"exchange '{name}' in vhost '{self.name}' in use")
+        self._remove_exchange(ex)
+
+    def _remove_exchange(self, ex: Exchange) -> None:
+        self.exchanges.pop(ex.name, None)
+        for binding in list(ex.bindings.values()):
+            ex.unbind(binding.key)
+            self._after_unbind(binding)
+        # bindings where this exchange is the destination
+        for other in list(self.exchanges.values()):
+            for key, binding in list(other.bindings.items()):
+                if binding.destination is ex:
+                    other.unbind(key)
+                    self._maybe_auto_delete(other)
+        ex.close()
+        if ex.durable:
+            self.broker.definitions_changed()
+
+    def _after_unbind(self, binding: Binding) -> None:
+        dest = binding.destination
+        if isinstance(dest, Exchange):
+            return
+
+    def _maybe_auto_delete(self, ex: Exchange) -> None:
+        if ex.auto_delete and not ex.bindings and ex.had_bindings and ex.name in self.exchanges:
+            self._remove_exchange(ex)
+
+    # ------------------------------------------------------------------ queues
+    def declare_queue(
+        self, name: str, *, passive: bool = False, durable: bool = False,
+        exclusive_owner: object | None = None, auto_delete: bool = False,
+        arguments: dict[str, Any] | None = None, owner: object | None = None,
+        server_named: bool = False,
+    ) -> Queue:
+        """Declare (or passively check) a queue. ``owner`` is the declaring connection."""
+        existing = self.queues.get(name)
+        if passive:
+            if existing is None:
+                raise NotFound(f"no queue '{name}' in vhost '{self.name}'")
+            self.check_exclusive(existing, owner)
+            return existing
+        if existing is not None:
+            self.check_exclusive(existing, owner)
+            self._check_queue_equivalent(existing, durable, exclusive_owner is not None,
+                                         auto_delete, arguments or {})
+            return existing
+        if name.startswith("amq.") and not server_named:
+            raise AccessRefused(f"queue name '{name}' contains reserved prefix 'amq.*'")
+        self.broker.validate_queue_arguments(arguments or {})
+        q = Queue(self, name, durable=durable, exclusive_owner=exclusive_owner,
+                  auto_delete=auto_delete, arguments=arguments)
+        self.queues[name] = q
+        self.exchanges[""].bind(Binding(self.exchanges[""], q, name, {}))
+        self.broker.apply_policies_to(self, q)
+        if durable and exclusive_owner is None:
+            self.broker.definitions_changed()
+        log.debug("queue declared: %s", name)
+        return q
+
+    def _check_queue_equivalent(
+        self, q: Queue, durable: bool, exclusive: bool, auto_delete: bool,
+        arguments: dict[str, Any],
+    ) -> None:
+        for field, got, have in (
+            ("durable", durable, q.durable),
+            ("exclusive", exclusive, q.exclusive),
+            ("auto_delete", auto_delete, q.auto_delete),
+        ):
+            if got != have:
+                raise PreconditionFailed(
+                    f"inequivalent arg '{field}' for queue '{q.name}' in vhost '{self.name}': "
+                    f"received '{_fmt(got)}' but current is '{_fmt(have)}'"
+                )
+        keys = {k for k in set(arguments) | set(q.arguments) if k in EQUIVALENCE_ARGS}
+        for key in sorted(keys):
+            got_v, have_v = arguments.get(key), q.arguments.get(key)
+            if got_v != have_v:
+                raise PreconditionFailed(
+                    f"inequivalent arg '{key}' for queue '{q.name}' in vhost '{self.name}': "
+                    f"received {_describe(got_v)} but current is {_describe(have_v)}"
+                )
+
+    def delete_queue_named(
+        self, name: str, *, if_unused: bool = False, if_empty: bool = False,
+        owner: object | None = None,
+    ) -> int:
+        q = self.queues.get(name)
+        if q is None:
+            return 0  # idempotent, as in RabbitMQ 3.x
+        self.check_exclusive(q, owner)
+        if if_unused and q.consumers:
+            raise PreconditionFailed(f"queue '{name}' in vhost '{self.name}' in use")
+        if if_empty and q.ready:
+            raise PreconditionFailed(f"queue '{name}' in vhost '{self.name}' not empty")
+        n = len(q.ready)
+        self.delete_queue(q, reason="deleted")
+        return n
+
+    def delete_queue(self, q: Queue, reason: str = "deleted") -> None:
+        if q.deleted or self.queues.get(q.name) is not q:
+            return
+        q.deleted = True
+        del self.queues[q.name]
+        for ex in list(self.exchanges.values()):
+            for key, binding in list(ex.bindings.items()):
+                if binding.destination is q:
+                    ex.unbind(key)
+                    self._maybe_auto_delete(ex)
+        q.cancel_all_consumers()
+        q.ready.clear()
+        if q.durable:
+            self.broker.store_drop_queue(q)
+            if q.exclusive_owner is None:
+                self.broker.definitions_changed()
+        for cb in self.on_queue_deleted:
+            cb(q)
+        for cb in q.on_removed:
+            cb(q)
+        log.debug("queue %s: %s", reason, q.name)
+
+    def purge_queue(self, name: str, owner: object | None = None) -> int:
+        q = self.get_queue(name)
+        self.check_exclusive(q, owner)
+        return q.purge()
+
+    # ------------------------------------------------------------------ bindings
+    def _destination(self, kind: str, name: str) -> Queue | Exchange:
+        return self.get_queue(name) if kind == "queue" else self.get_exchange(name)
+
+    def bind(
+        self, kind: str, destination: str, source: str, routing_key: str,
+        arguments: dict[str, Any] | None = None, owner: object | None = None,
+    ) -> None:
+        """Bind a queue (kind='queue') or exchange (kind='exchange') to ``source``."""
+        if source == "":
+            raise AccessRefused("operation not permitted on the default exchange")
+        if kind == "exchange" and destination == "":
+            raise AccessRefused("operation not permitted on the default exchange")
+        dest = self._destination(kind, destination)
+        if isinstance(dest, Queue):
+            self.check_exclusive(dest, owner)
+        src = self.get_exchange(source)
+        if src.bind(Binding(src, dest, routing_key, dict(arguments or {}))) and src.durable and \
+                getattr(dest, "durable", False):
+            self.broker.definitions_changed()
+
+    def unbind(
+        self, kind: str, destination: str, source: str, routing_key: str,
+        arguments: dict[str, Any] | None = None, owner: object | None = None,
+    ) -> None:
+        if source == "":
+            raise AccessRefused("operation not permitted on the default exchange")
+        if kind == "exchange" and destination == "":
+            raise AccessRefused("operation not permitted on the default exchange")
+        dest = self._destination(kind, destination)
+        if isinstance(dest, Queue):
+            self.check_exclusive(dest, owner)
+        src = self.get_exchange(source)
+        key = (kind, destination, routing_key, args_key(arguments))
+        binding = src.unbind(key)
+        if binding is not None:
+            self._maybe_auto_delete(src)
+            if src.durable:
+                self.broker.definitions_changed()
+
+    def bindings(self) -> list[Binding]:
+        return [b for ex in self.exchanges.values() for b in ex.bindings.values()]
+
+    # ------------------------------------------------------------------ routing
+    def route(self, exchange: Exchange, message: Message, routing_keys: list[str]) -> list[Queue]:
+        """Every queue the message reaches, following exchange-to-exchange bindings once."""
+        queues: dict[int, Queue] = {}
+        seen: set[int] = {id(exchange)}
+        pending = [exchange]
+        while pending:
+            ex = pending.pop()
+            matched = False
+            for rk in routing_keys:
+                for dest in ex.route(message, rk):
+                    matched = True
+                    if isinstance(dest, Queue):
+                        queues[id(dest)] = dest
+                    elif id(dest) not in seen:
+                        seen.add(id(dest))
+                        pending.append(dest)
+            if not matched and ex.alternate:
+                alt = self.exchanges.get(ex.alternate)
+                if alt is not None and id(alt) not in seen:
+                    seen.add(id(alt))
+                    pending.append(alt)
+        return list(queues.values())
+
+    def schedule_dispatch(self, queue: Queue) -> None:
+        self.broker.schedule_dispatch(queue)
+
+    def store_settle(self, queue: Queue, positions: list[int]) -> None:
+        self.broker.store_settle(queue, positions)
+
+    def store_delivered(self, queue: Queue, position: int) -> None:
+        self.broker.store_delivered(queue, position)
+
+
+EQUIVALENCE_ARGS = frozenset({
+    "x-message-ttl", "x-expires", "x-max-length", "x-max-length-bytes", "x-dead-letter-exchange",
+    "x-dead-letter-routing-key", "x-max-priority", "x-overflow", "x-queue-mode", "x-queue-type",
+    "x-single-active-consumer", "x-queue-master-locator",
+})
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "none"
+    kind = {bool: "bool", int: "long", str: "longstr", float: "double"}.get(type(value), "table")
+    return f"the value '{_fmt(value)}' of type '{kind}'"

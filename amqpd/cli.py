@@ -1,0 +1,70 @@
+"""``amqpd``: start a broker. Flags override AMQPD_* variables, which override the file."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+
+import amqpd
+from amqpd.config import ConfigError, load_settings
+from amqpd.server import Broker, serve
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="amqpd", description="AMQP 0-9-1 message broker")
+    p.add_argument("--version", action="version", version=f"amqpd {amqpd.__version__}")
+    p.add_argument("--config", help="TOML config file (default: $AMQPD_CONFIG)")
+    p.add_argument("--bind", help="listen address (default 0.0.0.0)")
+    p.add_argument("--port", type=int, help="AMQP port (default 5672; 0 = ephemeral)")
+    p.add_argument("--data-dir", help="data directory (default ./amqpd-data)")
+    p.add_argument("--node-name", help="node name (default amqpd@<hostname>)")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--ready-file", help="write listener ports as JSON here once listening "
+                                        "(for tests and supervisors)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = load_settings(args.config, {
+            "bind": args.bind, "port": args.port, "data_dir": args.data_dir,
+            "node_name": args.node_name, "log_level": args.log_level,
+        })
+    except ConfigError as exc:
+        print(f"amqpd: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=getattr(logging, settings.log_level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        import uvloop  # type: ignore[import-not-found]
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        pass
+
+    def ready(broker: Broker) -> None:
+        if args.ready_file:
+            tmp = args.ready_file + ".tmp"
+            with open(tmp, "w") as fh:
+                json.dump({"amqp_port": broker.port, "pid": os.getpid(),
+                           "listeners": broker.listeners}, fh)
+            os.replace(tmp, args.ready_file)
+
+    try:
+        asyncio.run(serve(settings, ready))
+    except OSError as exc:
+        logging.getLogger("amqpd").error("cannot start: %s", exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

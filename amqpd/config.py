@@ -1,0 +1,146 @@
+"""Settings: embedded defaults < etc/amqpd.toml < AMQPD_* environment < command-line flags.
+
+Every scalar setting has an environment variable named ``AMQPD_`` + its upper-cased name
+(``port`` -> ``AMQPD_PORT``, ``data_dir`` -> ``AMQPD_DATA_DIR``). Lists of users, vhosts
+and permissions come from the config file only.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(Exception):
+    """A setting has a wrong type or value; the message names it."""
+
+
+@dataclass
+class UserConfig:
+    name: str
+    password: str | None = None
+    password_hash: str | None = None
+    hashing_algorithm: str = "rabbit_password_hashing_sha256"
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class PermissionConfig:
+    user: str
+    vhost: str = "/"
+    configure: str = ".*"
+    write: str = ".*"
+    read: str = ".*"
+
+
+@dataclass
+class Settings:
+    # listeners
+    bind: str = "0.0.0.0"
+    port: int = 5672
+    # node
+    node_name: str = field(default_factory=lambda: f"amqpd@{socket.gethostname()}")
+    cluster_name: str = ""
+    data_dir: str = "./amqpd-data"
+    log_level: str = "info"
+    log_format: str = "console"
+    # protocol limits, RabbitMQ 3.10 defaults
+    heartbeat: int = 60
+    frame_max: int = 131072
+    channel_max: int = 2047
+    max_message_size: int = 134217728
+    handshake_timeout: float = 10.0
+    # default user / vhost created on first boot
+    default_vhost: str = "/"
+    default_user: str = "guest"
+    default_pass: str = "guest"
+    loopback_users: list[str] = field(default_factory=lambda: ["guest"])
+    # storage
+    persistence: bool = True
+    fsync: str = "batch"
+    segment_size: int = 64 * 1024 * 1024
+    # declared in the file
+    users: list[UserConfig] = field(default_factory=list)
+    vhosts: list[str] = field(default_factory=list)
+    permissions: list[PermissionConfig] = field(default_factory=list)
+
+    @property
+    def effective_cluster_name(self) -> str:
+        return self.cluster_name or self.node_name
+
+
+_SCALARS = {f.name: f for f in fields(Settings) if f.name not in ("users", "vhosts",
+                                                                   "permissions")}
+
+
+def _coerce(name: str, value: Any, default: Any) -> Any:
+    target = type(default)
+    try:
+        if isinstance(default, bool):
+            if isinstance(value, str):
+                if value.lower() in ("1", "true", "yes", "on"):
+                    return True
+                if value.lower() in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError(value)
+            return bool(value)
+        if isinstance(default, list):
+            if isinstance(value, str):
+                return [v.strip() for v in value.split(",") if v.strip()]
+            return list(value)
+        return target(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"setting {name!r}: cannot use {value!r} ({exc})") from exc
+
+
+def load_settings(
+    config_file: str | os.PathLike[str] | None = None,
+    overrides: dict[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
+) -> Settings:
+    settings = Settings()
+    env = os.environ if environ is None else environ
+    path = config_file or env.get("AMQPD_CONFIG")
+    if path:
+        p = Path(path)
+        try:
+            data = tomllib.loads(p.read_text())
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file {p} not found") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {p}: {exc}") from exc
+        _apply_file(settings, data, str(p))
+    for name, f in _SCALARS.items():
+        key = "AMQPD_" + name.upper()
+        if key in env:
+            setattr(settings, name, _coerce(name, env[key], getattr(settings, name)))
+    for name, value in (overrides or {}).items():
+        if value is not None:
+            setattr(settings, name, _coerce(name, value, getattr(settings, name)))
+    if settings.fsync not in ("batch", "never"):
+        raise ConfigError(f"setting 'fsync' must be 'batch' or 'never', not {settings.fsync!r}")
+    return settings
+
+
+def _apply_file(settings: Settings, data: dict[str, Any], path: str) -> None:
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and key not in ("users",):
+            flat.update(value)  # [sections] are only for readability
+        else:
+            flat[key] = value
+    for key, value in flat.items():
+        if key == "users":
+            settings.users = [UserConfig(**u) for u in value]
+        elif key == "vhosts":
+            settings.vhosts = [v if isinstance(v, str) else v["name"] for v in value]
+        elif key == "permissions":
+            settings.permissions = [PermissionConfig(**p) for p in value]
+        elif key in _SCALARS:
+            setattr(settings, key, _coerce(key, value, getattr(settings, key)))
+        else:
+            raise ConfigError(f"{path}: unknown setting {key!r}")

@@ -1,0 +1,284 @@
+"""Method and content codec.
+
+Two speeds, on purpose (see DESIGN.md "Hot path"):
+
+* The five hot methods, basic.publish / content header / body / basic.deliver /
+  basic.ack, are parsed and built here with ``struct`` directly: no per-frame objects,
+  property bytes kept raw.
+* Every other method goes through pamqp, whose cost does not matter at their rate.
+  Outgoing methods that carry names are built here too, because pamqp's ``marshal``
+  validates names against the spec's strict pattern, which RabbitMQ itself does not apply.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from pamqp import commands, decode, encode
+from pamqp.base import Frame as PamqpFrame
+
+from amqpd.protocol.errors import CommandInvalid, SyntaxError_
+from amqpd.protocol.frames import FRAME_END_BYTE
+
+# RabbitMQ's own table encoding picks 'I' for 32-bit and 'l' for 64-bit integers.
+encode.support_deprecated_rabbitmq(True)
+
+_U16 = struct.Struct(">H")
+_U64 = struct.Struct(">Q")
+_FRAME_HDR = struct.Struct(">BHI")
+_METHOD_HDR = struct.Struct(">BHIHH")  # frame header + class id + method id
+_CONTENT_HDR = struct.Struct(">BHIHHQ")  # frame header + class, weight, body size
+
+BASIC_PUBLISH = (60 << 16) | 40
+BASIC_ACK = (60 << 16) | 80
+
+# property flag bits (content header), most significant first
+FLAG_CONTENT_TYPE = 1 << 15
+FLAG_CONTENT_ENCODING = 1 << 14
+FLAG_HEADERS = 1 << 13
+FLAG_DELIVERY_MODE = 1 << 12
+FLAG_PRIORITY = 1 << 11
+FLAG_CORRELATION_ID = 1 << 10
+FLAG_REPLY_TO = 1 << 9
+FLAG_EXPIRATION = 1 << 8
+FLAG_MESSAGE_ID = 1 << 7
+FLAG_TIMESTAMP = 1 << 6
+FLAG_TYPE = 1 << 5
+FLAG_USER_ID = 1 << 4
+FLAG_APP_ID = 1 << 3
+FLAG_CLUSTER_ID = 1 << 2
+
+# (property name, flag bit, pamqp type) in wire order
+PROPERTY_FIELDS: tuple[tuple[str, int, str], ...] = (
+    ("content_type", FLAG_CONTENT_TYPE, "shortstr"),
+    ("content_encoding", FLAG_CONTENT_ENCODING, "shortstr"),
+    ("headers", FLAG_HEADERS, "table"),
+    ("delivery_mode", FLAG_DELIVERY_MODE, "octet"),
+    ("priority", FLAG_PRIORITY, "octet"),
+    ("correlation_id", FLAG_CORRELATION_ID, "shortstr"),
+    ("reply_to", FLAG_REPLY_TO, "shortstr"),
+    ("expiration", FLAG_EXPIRATION, "shortstr"),
+    ("message_id", FLAG_MESSAGE_ID, "shortstr"),
+    ("timestamp", FLAG_TIMESTAMP, "timestamp"),
+    ("type", FLAG_TYPE, "shortstr"),
+    ("user_id", FLAG_USER_ID, "shortstr"),
+    ("app_id", FLAG_APP_ID, "shortstr"),
+    ("cluster_id", FLAG_CLUSTER_ID, "shortstr"),
+)
+
+
+# --------------------------------------------------------------------------- decoding
+def method_id(payload: bytes) -> int:
+    """``class_id << 16 | method_id`` of a method frame payload."""
+    if len(payload) < 4:
+        raise SyntaxError_("method frame too short")
+    return int.from_bytes(payload[:4], "big")
+
+
+def decode_method(payload: bytes) -> PamqpFrame:
+    """Decode a (non-hot) method with pamqp. Unknown methods are 540/503 as RabbitMQ."""
+    index = method_id(payload)
+    cls = commands.INDEX_MAPPING.get(index)
+    if cls is None:
+        raise CommandInvalid(f"unknown method class {index >> 16} method {index & 0xFFFF}")
+    method = cls.__new__(cls)
+    try:
+        method.unmarshal(payload[4:])
+    except Exception as exc:
+        raise SyntaxError_(
+            f"malformed {cls.__name__} method frame: {exc}", index >> 16, index & 0xFFFF
+        ) from exc
+    return method
+
+
+def decode_publish(payload: bytes) -> tuple[str, str, bool, bool]:
+    """basic.publish args: (exchange, routing_key, mandatory, immediate). Payload includes ids."""
+    try:
+        pos = 6  # class, method, reserved-1 (ticket)
+        n = payload[pos]
+        exchange = payload[pos + 1 : pos + 1 + n].decode()
+        pos += 1 + n
+        n = payload[pos]
+        routing_key = payload[pos + 1 : pos + 1 + n].decode()
+        pos += 1 + n
+        bits = payload[pos]
+    except (IndexError, UnicodeDecodeError) as exc:
+        raise SyntaxError_("malformed basic.publish method frame", 60, 40) from exc
+    return exchange, routing_key, bool(bits & 1), bool(bits & 2)
+
+
+def decode_ack(payload: bytes) -> tuple[int, bool]:
+    """basic.ack args: (delivery_tag, multiple)."""
+    if len(payload) < 13:
+        raise SyntaxError_("malformed basic.ack method frame", 60, 80)
+    return _U64.unpack_from(payload, 4)[0], bool(payload[12] & 1)
+
+
+def decode_content_header(payload: bytes) -> tuple[int, int, bytes]:
+    """(class_id, body_size, raw property bytes) of a content header frame."""
+    if len(payload) < 14:
+        raise SyntaxError_("malformed content header frame")
+    class_id = _U16.unpack_from(payload, 0)[0]
+    body_size = _U64.unpack_from(payload, 4)[0]
+    return class_id, body_size, payload[12:]
+
+
+def decode_properties(raw: bytes) -> dict[str, Any]:
+    """Decode raw property bytes into a dict of the properties present."""
+    if not raw:
+        return {}
+    flags = _U16.unpack_from(raw, 0)[0]
+    pos = 2
+    while flags & 1:  # continuation flag words (never used by 0-9-1 basic, but legal)
+        flags = _U16.unpack_from(raw, pos)[0]
+        pos += 2
+    flags = _U16.unpack_from(raw, 0)[0]
+    data = raw[pos:]
+    out: dict[str, Any] = {}
+    for name, bit, kind in PROPERTY_FIELDS:
+        if flags & bit:
+            used, value = decode.by_type(data, kind)
+            out[name] = value
+            data = data[used:]
+    return out
+
+
+def encode_properties(props: dict[str, Any]) -> bytes:
+    """Encode a dict of properties (as :func:`decode_properties` returns) to raw bytes."""
+    flags = 0
+    parts: list[bytes] = []
+    for name, bit, kind in PROPERTY_FIELDS:
+        value = props.get(name)
+        if value is None:
+            continue
+        flags |= bit
+        parts.append(encode.by_type(value, kind))
+    return _U16.pack(flags) + b"".join(parts)
+
+
+def delivery_mode(raw: bytes) -> int:
+    """The delivery-mode property without decoding the others (1 when absent)."""
+    if len(raw) < 2:
+        return 1
+    flags = (raw[0] << 8) | raw[1]
+    if not flags & FLAG_DELIVERY_MODE:
+        return 1
+    pos = 2
+    try:
+        if flags & FLAG_CONTENT_TYPE:
+            pos += 1 + raw[pos]
+        if flags & FLAG_CONTENT_ENCODING:
+            pos += 1 + raw[pos]
+        if flags & FLAG_HEADERS:
+            pos += 4 + int.from_bytes(raw[pos : pos + 4], "big")
+        return raw[pos]
+    except IndexError:
+        return 1
+
+
+def validate_properties(raw: bytes) -> None:
+    """Raise 502 if the property bytes do not decode (checked once per publish)."""
+    try:
+        decode_properties(raw)
+    except Exception as exc:
+        raise SyntaxError_(f"malformed content header properties: {exc}") from exc
+
+
+# --------------------------------------------------------------------------- encoding
+def shortstr(value: str) -> bytes:
+    data = value.encode()
+    if len(data) > 255:
+        raise ValueError("short string longer than 255 bytes")
+    return bytes((len(data),)) + data
+
+
+def table(value: dict[str, Any] | None) -> bytes:
+    return encode.field_table(value or {})
+
+
+def method_frame(channel: int, class_id: int, method_id_: int, args: bytes = b"") -> bytes:
+    """One method frame around already-encoded arguments."""
+    return (
+        _METHOD_HDR.pack(1, channel, len(args) + 4, class_id, method_id_)
+        + args
+        + FRAME_END_BYTE
+    )
+
+
+def pamqp_frame(channel: int, method: PamqpFrame) -> bytes:
+    """Encode a method object with pamqp (for methods with no names in them)."""
+    index = method.index  # type: ignore[attr-defined]
+    return method_frame(channel, index >> 16, index & 0xFFFF, method.marshal())
+
+
+def content_frames(
+    channel: int, class_id: int, properties: bytes, body: bytes, frame_max: int
+) -> bytes:
+    """Content header + body frames, the body split to fit ``frame_max``."""
+    header = (
+        _CONTENT_HDR.pack(2, channel, 12 + len(properties), class_id, 0, len(body))
+        + properties
+        + FRAME_END_BYTE
+    )
+    if not body:
+        return header
+    chunk = frame_max - 8 if frame_max else len(body)
+    if len(body) <= chunk:
+        return header + _FRAME_HDR.pack(3, channel, len(body)) + body + FRAME_END_BYTE
+    parts = [header]
+    for start in range(0, len(body), chunk):
+        piece = body[start : start + chunk]
+        parts.append(_FRAME_HDR.pack(3, channel, len(piece)) + piece + FRAME_END_BYTE)
+    return b"".join(parts)
+
+
+def deliver_method(
+    channel: int,
+    consumer_tag: bytes,
+    delivery_tag: int,
+    redelivered: bool,
+    exchange: bytes,
+    routing_key: bytes,
+) -> bytes:
+    """basic.deliver; tag, exchange and routing key are pre-encoded short strings."""
+    args = b"".join(
+        (consumer_tag, _U64.pack(delivery_tag), b"\x01" if redelivered else b"\x00",
+         exchange, routing_key)
+    )
+    return method_frame(channel, 60, 60, args)
+
+
+def get_ok_method(
+    channel: int,
+    delivery_tag: int,
+    redelivered: bool,
+    exchange: str,
+    routing_key: str,
+    message_count: int,
+) -> bytes:
+    args = b"".join(
+        (_U64.pack(delivery_tag), b"\x01" if redelivered else b"\x00",
+         shortstr(exchange), shortstr(routing_key), struct.pack(">I", message_count))
+    )
+    return method_frame(channel, 60, 71, args)
+
+
+def return_method(channel: int, code: int, text: str, exchange: str, routing_key: str) -> bytes:
+    args = struct.pack(">H", code) + shortstr(text) + shortstr(exchange) + shortstr(routing_key)
+    return method_frame(channel, 60, 50, args)
+
+
+def ack_method(channel: int, delivery_tag: int, multiple: bool) -> bytes:
+    return method_frame(channel, 60, 80, _U64.pack(delivery_tag) + (b"\x01" if multiple else b"\x00"))
+
+
+def nack_method(channel: int, delivery_tag: int, multiple: bool) -> bytes:
+    bits = 0x02 | (1 if multiple else 0)  # requeue=true, as RabbitMQ sends
+    return method_frame(channel, 60, 120, _U64.pack(delivery_tag) + bytes((bits,)))
+
+
+def close_method(channel: int, code: int, text: str, class_id: int, method_id_: int) -> bytes:
+    """connection.close on channel 0, channel.close otherwise."""
+    args = struct.pack(">H", code) + shortstr(text[:255]) + struct.pack(">HH", class_id, method_id_)
+    return method_frame(channel, 10 if channel == 0 else 20, 50 if channel == 0 else 40, args)

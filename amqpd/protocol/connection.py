@@ -1,0 +1,542 @@
+"""The AMQP 0-9-1 connection state machine: bytes in, bytes out, no sockets.
+
+Theory of operation
+-------------------
+``receive_data(bytes)`` drives everything. The machine checks the protocol header, runs
+the handshake (start/start-ok, tune/tune-ok, open/open-ok), then splits frames per
+channel and assembles content (``basic.publish`` method + header + body frames) before
+handing complete commands to its *delegate*: the broker side, which knows about users,
+vhosts, queues and consumers. Output accumulates in a buffer that the transport drains
+with ``data_to_send()`` once per event-loop tick.
+
+Faults are raised as :mod:`amqpd.protocol.errors` exceptions wherever they are found
+(here or in the delegate) and translated in exactly one place, :meth:`_dispatch_guarded`:
+a :class:`ChannelError` closes that channel, a :class:`ConnectionError_` closes the
+connection, and anything else is a bug reported as 541 INTERNAL_ERROR. The peer's bytes
+never raise out of ``receive_data``.
+
+States::
+
+    HEADER --hdr--> START_OK --start-ok--> TUNE_OK --tune-ok--> OPEN_WAIT --open--> OPEN
+       any state --we send close--> CLOSING --close-ok--> CLOSED
+       any state --peer sends close--> (we reply close-ok) CLOSED
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pamqp import commands
+from pamqp.base import Frame as PamqpFrame
+
+from amqpd.protocol import codec
+from amqpd.protocol.errors import (
+    AMQPError,
+    ChannelError,
+    ChannelErrorCode,
+    CommandInvalid,
+    ConnectionAccessRefused,
+    ConnectionError_,
+    FrameError,
+    InternalError,
+    NotAllowed,
+    PreconditionFailed,
+    SyntaxError_,
+    UnexpectedFrame,
+)
+from amqpd.protocol.frames import (
+    FRAME_BODY,
+    FRAME_HEADER,
+    FRAME_HEARTBEAT,
+    FRAME_METHOD,
+    HEARTBEAT_FRAME,
+    PROTOCOL_HEADER,
+    FrameReader,
+)
+
+log = logging.getLogger("amqpd.connection")
+
+PRE_TUNE_FRAME_MAX = 4096
+FRAME_MIN_SIZE = 4096
+
+
+class State(enum.Enum):
+    HEADER = "header"
+    START_OK = "start-ok"
+    TUNE_OK = "tune-ok"
+    OPEN_WAIT = "open"
+    OPEN = "open-done"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+@dataclass(slots=True)
+class Limits:
+    """What the server proposes in connection.tune (RabbitMQ 3.10 defaults)."""
+
+    channel_max: int = 2047
+    frame_max: int = 131072
+    heartbeat: int = 60
+    max_message_size: int = 134217728
+    handshake_timeout: float = 10.0
+
+
+@dataclass(slots=True)
+class ChannelSlot:
+    """Protocol-level state of one channel: open/closing, and content being assembled."""
+
+    closing: bool = False
+    publish: tuple[str, str, bool, bool] | None = None
+    expect_header: bool = False
+    body_size: int = 0
+    properties: bytes = b""
+    parts: list[bytes] = field(default_factory=list)
+    received: int = 0
+
+
+class ConnectionDelegate(Protocol):
+    """The broker side of a connection. Methods may raise AMQPError subclasses."""
+
+    def authenticate(self, mechanism: str, response: bytes, client_properties: dict) -> None: ...
+    def open_vhost(self, vhost: str) -> None: ...
+    def channel_opened(self, channel: int) -> None: ...
+    def channel_closed(self, channel: int) -> None: ...
+    def on_method(self, channel: int, method: PamqpFrame) -> None: ...
+    def on_publish(
+        self, channel: int, exchange: str, routing_key: str, mandatory: bool,
+        immediate: bool, properties: bytes, body: bytes,
+    ) -> None: ...
+    def on_ack(self, channel: int, delivery_tag: int, multiple: bool) -> None: ...
+    def on_connection_closed(self) -> None: ...
+
+
+class AMQPConnection:
+    """Sans-IO server side of one AMQP 0-9-1 connection."""
+
+    def __init__(
+        self,
+        delegate: ConnectionDelegate,
+        server_properties: dict[str, Any],
+        limits: Limits | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.delegate = delegate
+        self.server_properties = server_properties
+        self.limits = limits or Limits()
+        self.clock = clock
+        self.state = State.HEADER
+        self.reader = FrameReader(PRE_TUNE_FRAME_MAX)
+        self._header_buf = b""
+        self._out: list[bytes] = []
+        self.channels: dict[int, ChannelSlot] = {}
+        self.channel_max = self.limits.channel_max
+        self.frame_max = PRE_TUNE_FRAME_MAX
+        self.heartbeat = 0
+        self.client_properties: dict[str, Any] = {}
+        self.capabilities: dict[str, Any] = {}
+        self.vhost = ""
+        self.created = clock()
+        self.last_received = self.created
+        self.last_sent = self.created
+        self.should_close_transport = False  # transport closes the socket once drained
+        self.close_reason: str = ""
+        self.on_output: Callable[[], None] | None = None  # transport: "flush this tick"
+
+    # ------------------------------------------------------------------ output
+    def write(self, data: bytes) -> None:
+        """Queue bytes for the peer (frames already encoded)."""
+        self._out.append(data)
+        if self.on_output is not None:
+            self.on_output()
+
+    def send_method(self, channel: int, method: PamqpFrame) -> None:
+        self.write(codec.pamqp_frame(channel, method))
+
+    def data_to_send(self) -> bytes:
+        if not self._out:
+            return b""
+        data = b"".join(self._out)
+        self._out.clear()
+        self.last_sent = self.clock()
+        return data
+
+    @property
+    def is_open(self) -> bool:
+        return self.state is State.OPEN
+
+    # ------------------------------------------------------------------ input
+    def receive_data(self, data: bytes) -> None:
+        """Feed bytes from the peer. Never raises for anything the peer sends."""
+        if self.state is State.CLOSED:
+            return
+        self.last_received = self.clock()
+        if self.state is State.HEADER:
+            data = self._receive_header(data)
+            if not data:
+                return
+        try:
+            frames = self.reader.feed(data)
+        except FrameError as exc:
+            # Frames before the bad one are still processed, then the connection closes.
+            self._close_connection(exc)
+            return
+        for ftype, channel, payload in frames:
+            if self.state is State.CLOSED:
+                return
+            self._dispatch_guarded(ftype, channel, payload)
+
+    def _receive_header(self, data: bytes) -> bytes:
+        buf = self._header_buf + data
+        if len(buf) < 8:
+            if PROTOCOL_HEADER.startswith(buf):
+                self._header_buf = buf
+                return b""
+        if buf[:8] != PROTOCOL_HEADER:
+            # The spec: reply with the header we support, then close the socket.
+            log.info("bad protocol header %r: replying with AMQP 0-9-1 header", buf[:8])
+            self.write(PROTOCOL_HEADER)
+            self.state = State.CLOSED
+            self.close_reason = "bad protocol header"
+            self.should_close_transport = True
+            return b""
+        self._header_buf = b""
+        self.state = State.START_OK
+        self.send_method(
+            0,
+            commands.Connection.Start(
+                version_major=0,
+                version_minor=9,
+                server_properties=self.server_properties,
+                mechanisms="PLAIN AMQPLAIN",
+                locales="en_US",
+            ),
+        )
+        return buf[8:]
+
+    def _dispatch_guarded(self, ftype: int, channel: int, payload: bytes) -> None:
+        try:
+            self._dispatch(ftype, channel, payload)
+        except ChannelError as exc:
+            if channel == 0 or self.state is not State.OPEN:
+                self._close_connection(exc)
+            else:
+                self._close_channel(channel, exc)
+        except ConnectionError_ as exc:
+            self._close_connection(exc)
+        except Exception as exc:  # a bug: the connection dies, the broker does not
+            log.exception("internal error handling frame type %s on channel %s", ftype, channel)
+            self._close_connection(InternalError(f"internal error: {type(exc).__name__}"))
+
+    # ------------------------------------------------------------------ dispatch
+    def _dispatch(self, ftype: int, channel: int, payload: bytes) -> None:
+        if ftype == FRAME_HEARTBEAT:
+            if channel != 0:
+                raise FrameError("heartbeat frame on non-zero channel")
+            return
+        if self.state is State.CLOSING:
+            # After sending connection.close we only wait for close-ok (or close).
+            if ftype == FRAME_METHOD and channel == 0:
+                index = codec.method_id(payload)
+                if index in (0x000A0033, 0x000A0032):  # close-ok / close
+                    self._finish_close(reply=index == 0x000A0032)
+            return
+        if channel == 0:
+            if ftype != FRAME_METHOD:
+                raise UnexpectedFrame(f"unexpected frame type {ftype} on channel 0")
+            self._connection_method(payload)
+            return
+        if self.state is not State.OPEN:
+            raise UnexpectedFrame(f"frame on channel {channel} before the connection is open")
+        if channel > self.channel_max:
+            raise ChannelErrorCode(
+                f"channel {channel} exceeds negotiated channel_max {self.channel_max}"
+            )
+        slot = self.channels.get(channel)
+        if ftype == FRAME_METHOD:
+            self._channel_method(channel, slot, payload)
+        elif ftype == FRAME_HEADER:
+            self._content_header(channel, slot, payload)
+        else:
+            self._content_body(channel, slot, payload)
+
+    def _channel_method(self, channel: int, slot: ChannelSlot | None, payload: bytes) -> None:
+        index = codec.method_id(payload)
+        if slot is None:
+            if index != 0x0014000A:  # channel.open
+                raise ChannelErrorCode(f"expected 'channel.open' on channel {channel}")
+            self.channels[channel] = ChannelSlot()
+            self.delegate.channel_opened(channel)
+            self.write(codec.method_frame(channel, 20, 11, b"\x00\x00\x00\x00"))
+            return
+        if slot.closing:
+            if index == 0x00140029:  # channel.close-ok
+                del self.channels[channel]
+            elif index == 0x00140028:  # channel.close crossed ours
+                self.write(codec.method_frame(channel, 20, 41))
+            return
+        if slot.publish is not None:
+            raise UnexpectedFrame(
+                f"expected content header for class 60, got non content header frame instead"
+            )
+        if index == codec.BASIC_PUBLISH:
+            slot.publish = codec.decode_publish(payload)
+            slot.expect_header = True
+            return
+        if index == codec.BASIC_ACK:
+            tag, multiple = codec.decode_ack(payload)
+            self.delegate.on_ack(channel, tag, multiple)
+            return
+        if index == 0x0014000A:
+            raise ChannelErrorCode(f"second 'channel.open' seen on channel {channel}")
+        method = codec.decode_method(payload)
+        if index == 0x00140028:  # channel.close from the peer
+            del self.channels[channel]
+            self.delegate.channel_closed(channel)
+            self.write(codec.method_frame(channel, 20, 41))
+            return
+        if index == 0x00140029:  # close-ok without a close
+            raise ChannelErrorCode(f"unexpected 'channel.close-ok' on channel {channel}")
+        if (index >> 16) == 10:
+            raise CommandInvalid(
+                f"connection method {method.name} on channel {channel}", index >> 16, index & 0xFFFF
+            )
+        try:
+            self.delegate.on_method(channel, method)
+        except AMQPError as exc:
+            if not exc.class_id:
+                exc.class_id, exc.method_id = index >> 16, index & 0xFFFF
+            raise
+
+    def _content_header(self, channel: int, slot: ChannelSlot | None, payload: bytes) -> None:
+        if slot is None:
+            raise ChannelErrorCode(f"expected 'channel.open' on channel {channel}")
+        if slot.closing:
+            return
+        if not slot.expect_header:
+            raise UnexpectedFrame("unexpected content header frame")
+        class_id, size, props = codec.decode_content_header(payload)
+        if class_id != 60:
+            raise UnexpectedFrame(f"content header for class {class_id}, expected class 60")
+        codec.validate_properties(props)
+        slot.expect_header = False
+        slot.body_size = size
+        slot.properties = props
+        slot.parts = []
+        slot.received = 0
+        if size > self.limits.max_message_size:
+            slot.publish = None
+            raise PreconditionFailed(
+                f"message size {size} is larger than configured max size "
+                f"{self.limits.max_message_size}", 60, 40
+            )
+        if size == 0:
+            self._publish_complete(channel, slot)
+
+    def _content_body(self, channel: int, slot: ChannelSlot | None, payload: bytes) -> None:
+        if slot is None:
+            raise ChannelErrorCode(f"expected 'channel.open' on channel {channel}")
+        if slot.closing:
+            return
+        if slot.publish is None or slot.expect_header:
+            raise UnexpectedFrame("unexpected content body frame")
+        slot.received += len(payload)
+        if slot.received > slot.body_size:
+            raise UnexpectedFrame(
+                f"content body is larger than the {slot.body_size} bytes its header declared"
+            )
+        slot.parts.append(payload)
+        if slot.received == slot.body_size:
+            self._publish_complete(channel, slot)
+
+    def _publish_complete(self, channel: int, slot: ChannelSlot) -> None:
+        publish = slot.publish
+        assert publish is not None
+        parts = slot.parts
+        body = parts[0] if len(parts) == 1 else b"".join(parts)
+        slot.publish = None
+        slot.parts = []
+        exchange, routing_key, mandatory, immediate = publish
+        try:
+            self.delegate.on_publish(
+                channel, exchange, routing_key, mandatory, immediate, slot.properties, body
+            )
+        except AMQPError as exc:
+            if not exc.class_id:
+                exc.class_id, exc.method_id = 60, 40
+            raise
+
+    # ------------------------------------------------------------------ channel 0
+    def _connection_method(self, payload: bytes) -> None:
+        index = codec.method_id(payload)
+        if index >> 16 != 10:
+            raise CommandInvalid(f"non-connection method on channel 0 (class {index >> 16})")
+        method = codec.decode_method(payload)
+        name = type(method).__name__
+        if isinstance(method, commands.Connection.Close):
+            log.debug("client closed connection: %s %s", method.reply_code, method.reply_text)
+            self.close_reason = f"client closed: {method.reply_code} {method.reply_text}"
+            self._finish_close(reply=True)
+            return
+        if isinstance(method, commands.Connection.CloseOk):
+            self._finish_close(reply=False)
+            return
+        expected = {
+            State.START_OK: commands.Connection.StartOk,
+            State.TUNE_OK: commands.Connection.TuneOk,
+            State.OPEN_WAIT: commands.Connection.Open,
+        }.get(self.state)
+        if isinstance(method, commands.Connection.Blocked | commands.Connection.Unblocked):
+            return  # clients may echo these; harmless
+        if isinstance(method, commands.Connection.UpdateSecret):
+            self.send_method(0, commands.Connection.UpdateSecretOk())
+            return
+        if expected is None or not isinstance(method, expected):
+            raise CommandInvalid(f"unexpected connection.{name} in state {self.state.value}", 10,
+                                 index & 0xFFFF)
+        if isinstance(method, commands.Connection.StartOk):
+            self._start_ok(method)
+        elif isinstance(method, commands.Connection.TuneOk):
+            self._tune_ok(method)
+        elif isinstance(method, commands.Connection.Open):
+            self.delegate.open_vhost(method.virtual_host)
+            self.vhost = method.virtual_host
+            self.state = State.OPEN
+            self.write(codec.method_frame(0, 10, 41, b"\x00"))
+
+    def _start_ok(self, method: commands.Connection.StartOk) -> None:
+        self.client_properties = dict(method.client_properties or {})
+        caps = self.client_properties.get("capabilities")
+        self.capabilities = dict(caps) if isinstance(caps, dict) else {}
+        response = method.response
+        if isinstance(response, str):
+            response = response.encode("latin-1", "replace")
+        try:
+            self.delegate.authenticate(method.mechanism, response or b"", self.client_properties)
+        except ConnectionAccessRefused as exc:
+            self.refuse_login(exc)
+            return
+        self.state = State.TUNE_OK
+        lim = self.limits
+        self.send_method(
+            0,
+            commands.Connection.Tune(
+                channel_max=lim.channel_max, frame_max=lim.frame_max, heartbeat=lim.heartbeat
+            ),
+        )
+
+    def _tune_ok(self, method: commands.Connection.TuneOk) -> None:
+        lim = self.limits
+        frame_max = method.frame_max
+        if frame_max and frame_max < FRAME_MIN_SIZE:
+            raise NotAllowed(f"frame_max={frame_max} < {FRAME_MIN_SIZE} min size", 10, 31)
+        if lim.frame_max and frame_max > lim.frame_max:
+            raise NotAllowed(f"frame_max={frame_max} > {lim.frame_max} max size", 10, 31)
+        if lim.channel_max and method.channel_max > lim.channel_max:
+            raise NotAllowed(
+                f"channel_max={method.channel_max} > {lim.channel_max} max", 10, 31
+            )
+        self.frame_max = frame_max or lim.frame_max
+        self.channel_max = method.channel_max or lim.channel_max or 65535
+        self.heartbeat = method.heartbeat
+        self.reader.frame_max = self.frame_max
+        self.state = State.OPEN_WAIT
+
+    # ------------------------------------------------------------------ closing
+    def _close_channel(self, channel: int, exc: AMQPError) -> None:
+        slot = self.channels.get(channel)
+        if slot is None or slot.closing:
+            return
+        log.info("closing channel %s: %s", channel, exc.reply_text)
+        slot.closing = True
+        slot.publish = None
+        slot.parts = []
+        self.delegate.channel_closed(channel)
+        self.write(codec.close_method(channel, exc.reply_code, exc.reply_text, exc.class_id,
+                                      exc.method_id))
+
+    def _close_connection(self, exc: AMQPError) -> None:
+        """Send connection.close and wait for close-ok (ignoring everything else)."""
+        if self.state in (State.CLOSING, State.CLOSED):
+            return
+        log.info("closing connection: %s", exc.reply_text)
+        self.close_reason = exc.reply_text
+        pre_open = self.state in (State.HEADER, State.START_OK)
+        self.state = State.CLOSING
+        self._release_channels()
+        self.write(codec.close_method(0, exc.reply_code, exc.reply_text, exc.class_id,
+                                      exc.method_id))
+        if pre_open and exc.reply_code != 403:
+            self.should_close_transport = True
+
+    def close(self, code: int, text: str) -> None:
+        """Server-initiated close (shutdown, management API): e.g. 320 CONNECTION_FORCED."""
+        err = ConnectionError_(text)
+        err.reply_code = code
+        err.name = {320: "CONNECTION_FORCED"}.get(code, "CONNECTION_FORCED")
+        self._close_connection(err)
+
+    def refuse_login(self, exc: AMQPError) -> None:
+        """Failed authentication: close with 403 if the client can take it, else drop."""
+        self.close_reason = exc.reply_text
+        if self.capabilities.get("authentication_failure_close"):
+            self._close_connection(exc)
+            self.should_close_transport = True
+        else:
+            self.state = State.CLOSED
+            self.should_close_transport = True
+            self._release_channels()
+            self.delegate.on_connection_closed()
+
+    def _finish_close(self, reply: bool) -> None:
+        if reply:
+            self.write(codec.method_frame(0, 10, 51))
+        self.state = State.CLOSED
+        self.should_close_transport = True
+        self._release_channels()
+        self.delegate.on_connection_closed()
+
+    def _release_channels(self) -> None:
+        for channel in list(self.channels):
+            slot = self.channels.pop(channel)
+            if not slot.closing:
+                self.delegate.channel_closed(channel)
+
+    def connection_lost(self) -> None:
+        """The socket went away: release everything as if the channels closed."""
+        if self.state is State.CLOSED:
+            return
+        self.state = State.CLOSED
+        self._release_channels()
+        self.delegate.on_connection_closed()
+
+    # ------------------------------------------------------------------ timers
+    def tick(self, now: float) -> None:
+        """Called about once a second: heartbeats and handshake timeout."""
+        if self.state is State.CLOSED:
+            return
+        if self.state is not State.OPEN and self.state is not State.CLOSING:
+            if now - self.created > self.limits.handshake_timeout:
+                log.info("handshake timeout after %.0fs", self.limits.handshake_timeout)
+                self.close_reason = "handshake timeout"
+                self.connection_lost()
+                self.should_close_transport = True
+            return
+        hb = self.heartbeat
+        if not hb:
+            return
+        if now - self.last_received > 2 * hb:
+            log.warning("missed heartbeats from client, timeout: %ss", hb)
+            self.close_reason = f"missed heartbeats from client, timeout: {hb}s"
+            self.connection_lost()
+            self.should_close_transport = True
+            return
+        if now - self.last_sent >= hb / 2:
+            self.write(HEARTBEAT_FRAME)
+
+
+__all__ = ["AMQPConnection", "ConnectionDelegate", "Limits", "State", "SyntaxError_"]

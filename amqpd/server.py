@@ -1,0 +1,310 @@
+"""The Broker: lifecycle, listeners, vhosts, users, the store, and what ties them together.
+
+One Broker per process. It owns the asyncio listeners, the node-wide store, the auth
+store and the vhosts, and it provides the services that cut across vhosts: the dispatch
+scheduler (queues that became deliverable this tick are dispatched once, at its end),
+persistence of messages and durable definitions, and graceful shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import platform
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import amqpd
+from amqpd.broker.auth import AuthStore
+from amqpd.broker.exchange import Exchange
+from amqpd.broker.message import Message
+from amqpd.broker.queue import Queue, QueueEntry
+from amqpd.broker.vhost import VHost
+from amqpd.config import Settings
+from amqpd.protocol import codec
+from amqpd.protocol.connection import Limits
+from amqpd.protocol.errors import PreconditionFailed
+from amqpd.transport import AMQPProtocol
+
+if TYPE_CHECKING:
+    from amqpd.session import Session
+    from amqpd.store.api import MessageStore
+
+log = logging.getLogger("amqpd.server")
+
+CAPABILITIES = {
+    "publisher_confirms": True,
+    "exchange_exchange_bindings": True,
+    "basic.nack": True,
+    "consumer_cancel_notify": True,
+    "connection.blocked": False,
+    "consumer_priorities": True,
+    "authentication_failure_close": True,
+    "per_consumer_qos": True,
+    "direct_reply_to": False,
+}
+
+
+class Broker:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.auth = AuthStore()
+        self.auth.loopback_users = set(settings.loopback_users)
+        self.vhosts: dict[str, VHost] = {}
+        self.sessions: set[Session] = set()
+        self.transports: set[AMQPProtocol] = set()
+        self.store: MessageStore | None = None
+        self._dirty: dict[int, Queue] = {}
+        self._dispatch_scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._servers: list[asyncio.base_events.Server] = []
+        self._ticker: asyncio.Task[None] | None = None
+        self._pending_commit = False
+        self._after_commit: list[Callable[[], None]] = []
+        self.started_at = time.time()
+        self.listeners: list[tuple[str, str, int]] = []  # (protocol, host, port)
+        self.stopping = False
+        self._setup_defaults()
+
+    # ------------------------------------------------------------------ setup
+    def _setup_defaults(self) -> None:
+        s = self.settings
+        self.add_vhost(s.default_vhost)
+        for name in s.vhosts:
+            self.add_vhost(name)
+        if s.default_user and s.default_user not in {u.name for u in s.users}:
+            self.auth.add_user(s.default_user, s.default_pass, ["administrator"])
+            self.auth.set_permissions(s.default_user, s.default_vhost, ".*", ".*", ".*")
+        for u in s.users:
+            self.auth.add_user(u.name, u.password, u.tags, password_hash=u.password_hash,
+                               algorithm=u.hashing_algorithm)
+        for p in s.permissions:
+            self.auth.set_permissions(p.user, p.vhost, p.configure, p.write, p.read)
+
+    def add_vhost(self, name: str) -> VHost:
+        vh = self.vhosts.get(name)
+        if vh is None:
+            vh = VHost(self, name)
+            self.vhosts[name] = vh
+        return vh
+
+    def server_properties(self) -> dict[str, Any]:
+        return {
+            "product": "amqpd",
+            "version": amqpd.__version__,
+            "platform": f"Python {platform.python_version()}",
+            "copyright": "amqpd contributors",
+            "information": "Licensed under the Apache 2.0 license",
+            "cluster_name": self.settings.effective_cluster_name,
+            "capabilities": dict(CAPABILITIES),
+        }
+
+    def limits(self) -> Limits:
+        s = self.settings
+        return Limits(channel_max=s.channel_max, frame_max=s.frame_max, heartbeat=s.heartbeat,
+                      max_message_size=s.max_message_size,
+                      handshake_timeout=s.handshake_timeout)
+
+    # ------------------------------------------------------------------ sessions
+    def session_opened(self, session: Session) -> None:
+        self.sessions.add(session)
+
+    def session_closed(self, session: Session) -> None:
+        self.sessions.discard(session)
+
+    def reschedule_session(self, session: Session) -> None:
+        for ch in session.channels.values():
+            for consumer in ch.consumers.values():
+                self.schedule_dispatch(consumer.queue)
+
+    # ------------------------------------------------------------------ dispatch
+    def schedule_dispatch(self, queue: Queue) -> None:
+        self._dirty[id(queue)] = queue
+        if not self._dispatch_scheduled:
+            self._dispatch_scheduled = True
+            if self._loop is not None:
+                self._loop.call_soon(self._run_dispatch)
+
+    def _run_dispatch(self) -> None:
+        self._dispatch_scheduled = False
+        for _ in range(3):  # dispatch may dirty other queues (rare); bounded
+            dirty, self._dirty = self._dirty, {}
+            for queue in dirty.values():
+                if not queue.deleted:
+                    queue.dispatch()
+            if not self._dirty:
+                break
+        if self._dirty and not self._dispatch_scheduled and self._loop is not None:
+            self._dispatch_scheduled = True
+            self._loop.call_soon(self._run_dispatch)
+
+    # ------------------------------------------------------------------ publishing
+    def publish(
+        self, vhost: VHost, exchange_name: str, message: Message, username: str | None,
+        on_durable: Callable[[BaseException | None], None] | None = None,
+    ) -> list[Queue]:
+        """Route and enqueue a message; persist it if it must survive a restart.
+
+        ``on_durable`` (publisher confirms) is called once the message is safe: after the
+        store's group commit for persistent messages in durable queues, never for others
+        (the caller confirms those at once).
+        """
+        props = message.properties
+        if len(props) >= 2 and props[1] & 0x10 and username is not None:  # user-id flag
+            user_id = message.props.get("user_id")
+            if user_id is not None and user_id != username:
+                raise PreconditionFailed(
+                    f"user_id property set to '{user_id}' but authenticated user was "
+                    f"'{username}'"
+                )
+        exchange = vhost.get_exchange(exchange_name)
+        queues = vhost.route(exchange, message, [message.routing_key])
+        if not queues:
+            return queues
+        if message.persistent and self.store is not None:
+            durable = [q.store_key for q in queues if q.durable]
+            if durable:
+                from amqpd.store.api import StoredMessage
+
+                message.position = self.store.append_enqueue(
+                    durable, StoredMessage(message.exchange, message.routing_key,
+                                           message.properties, message.body)
+                )
+                if on_durable is not None:
+                    self.store.commit(on_durable)
+                self._pending_commit = True
+        for q in queues:
+            q.enqueue(message)
+        return queues
+
+    def body_of(self, message: Message) -> bytes:
+        body = message.body
+        if body is None and self.store is not None:  # evicted: read back from the log
+            return self.store.read(message.position).body
+        return body
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once everything written so far is durable (tx.commit-ok)."""
+        if self.store is None or not self._pending_commit:
+            callback()
+            return
+        self.store.commit(lambda _err: callback())
+
+    # ------------------------------------------------------------------ store hooks
+    def store_settle(self, queue: Queue, positions: list[int]) -> None:
+        if self.store is not None and not queue.deleted:
+            self.store.append_settle(queue.store_key, positions)
+
+    def store_delivered(self, queue: Queue, position: int) -> None:
+        if self.store is not None:
+            self.store.append_delivered(queue.store_key, position)
+
+    def store_drop_queue(self, queue: Queue) -> None:
+        if self.store is not None:
+            self.store.drop_queue(queue.store_key)
+
+    def definitions_changed(self) -> None:
+        """Durable topology changed; persisted by the definitions store (storage issue)."""
+
+    # ------------------------------------------------------------------ extension hooks
+    def apply_policies_to(self, vhost: VHost, obj: Queue | Exchange) -> None:
+        """Policies are applied by the policy module (extensions issue)."""
+        if isinstance(obj, Exchange):
+            ae = obj.arguments.get("alternate-exchange")
+            obj.alternate = ae if isinstance(ae, str) else None
+
+    def validate_queue_arguments(self, arguments: dict[str, Any]) -> None:
+        """Reject argument values RabbitMQ rejects (406 PRECONDITION_FAILED)."""
+        for key in ("x-message-ttl", "x-expires", "x-max-length", "x-max-length-bytes",
+                    "x-max-priority"):
+            if key in arguments:
+                value = arguments[key]
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (
+                        key == "x-expires" and value == 0):
+                    raise PreconditionFailed(f"invalid arg '{key}' for queue: {value!r}")
+
+    def validate_consumer_arguments(self, arguments: dict[str, Any]) -> None:
+        if "x-priority" in arguments:
+            value = arguments["x-priority"]
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise PreconditionFailed(f"invalid arg 'x-priority' for consumer: {value!r}")
+
+    def dead_letter(self, queue: Queue, entries: list[QueueEntry], reason: str) -> None:
+        """Dead-lettering is added by the extensions issue; without a DLX messages drop."""
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        s = self.settings
+        Path(s.data_dir).mkdir(parents=True, exist_ok=True)
+        server = await self._loop.create_server(
+            lambda: AMQPProtocol(self), host=s.bind, port=s.port, reuse_address=True,
+            backlog=1024,
+        )
+        self._servers.append(server)
+        for sock in server.sockets:
+            host, port = sock.getsockname()[:2]
+            self.listeners.append(("amqp", host, port))
+        log.info("amqpd %s listening on %s", amqpd.__version__,
+                 ", ".join(f"{h}:{p}" for _, h, p in self.listeners))
+        self._ticker = asyncio.create_task(self._tick_loop())
+
+    @property
+    def port(self) -> int:
+        return self.listeners[0][2]
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.monotonic()
+            for proto in list(self.transports):
+                if proto.session is not None:
+                    proto.session.conn.tick(now)
+                    proto.flush()
+
+    async def stop(self) -> None:
+        """Close every connection with 320 CONNECTION_FORCED, then flush the store."""
+        if self.stopping:
+            return
+        self.stopping = True
+        log.info("shutting down: closing %d connections", len(self.transports))
+        for server in self._servers:
+            server.close()
+        for proto in list(self.transports):
+            if proto.session is not None and proto.session.conn.is_open:
+                proto.session.conn.close(
+                    320, "CONNECTION_FORCED - broker forced connection closure with reason "
+                    "'shutdown'")
+                proto.session.conn.should_close_transport = True
+            proto.flush()
+        deadline = time.monotonic() + 5
+        while self.transports and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for proto in list(self.transports):
+            if proto.transport is not None:
+                proto.transport.abort()
+        if self._ticker is not None:
+            self._ticker.cancel()
+        if self.store is not None:
+            self.store.close()
+        log.info("shutdown complete")
+
+
+async def serve(settings: Settings, ready: Callable[[Broker], None] | None = None) -> None:
+    """Run a broker until SIGTERM/SIGINT."""
+    broker = Broker(settings)
+    await broker.start()
+    if ready is not None:
+        ready(broker)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await broker.stop()
+
+
+__all__ = ["Broker", "codec", "serve"]

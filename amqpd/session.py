@@ -1,0 +1,178 @@
+"""The broker side of one client connection: login, vhost, channels, exclusive queues.
+
+:class:`Session` is the :class:`~amqpd.protocol.connection.ConnectionDelegate` of one
+:class:`~amqpd.protocol.connection.AMQPConnection`. It knows users and vhosts; the
+connection machine knows frames. Channel commands are forwarded to
+:class:`~amqpd.broker.channel.Channel` objects.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from pamqp import decode
+from pamqp.base import Frame as PamqpFrame
+
+from amqpd.broker.channel import Channel
+from amqpd.broker.message import Message
+from amqpd.broker.queue import Queue
+from amqpd.protocol.connection import AMQPConnection, Limits
+from amqpd.protocol.errors import (
+    ChannelErrorCode,
+    CommandInvalid,
+    ConnectionAccessRefused,
+    NotAllowed,
+)
+
+if TYPE_CHECKING:
+    from amqpd.broker.vhost import VHost
+    from amqpd.server import Broker
+
+log = logging.getLogger("amqpd.session")
+
+
+def parse_plain(response: bytes) -> tuple[str, str]:
+    parts = response.split(b"\x00")
+    if len(parts) != 3:
+        raise ConnectionAccessRefused("PLAIN response is malformed")
+    return parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
+
+
+def parse_amqplain(response: bytes) -> tuple[str, str]:
+    """AMQPLAIN: a field table *without* its length prefix, with LOGIN and PASSWORD."""
+    try:
+        _, table = decode.field_table(len(response).to_bytes(4, "big") + response)
+    except Exception as exc:
+        raise ConnectionAccessRefused("AMQPLAIN response is malformed") from exc
+    login, password = table.get("LOGIN"), table.get("PASSWORD")
+    if isinstance(login, bytes):
+        login = login.decode()
+    if isinstance(password, bytes):
+        password = password.decode()
+    if not isinstance(login, str) or not isinstance(password, str):
+        raise ConnectionAccessRefused("AMQPLAIN response lacks LOGIN or PASSWORD")
+    return login, password
+
+
+class Session:
+    def __init__(self, broker: Broker, peer: tuple[str, int] | None, limits: Limits,
+                 name: str = "") -> None:
+        self.broker = broker
+        self.peer = peer
+        self.name = name
+        self.conn = AMQPConnection(self, broker.server_properties(), limits)
+        self.username = ""
+        self.user_tags: list[str] = []
+        self.vhost: VHost = None  # type: ignore[assignment]
+        self.channels: dict[int, Channel] = {}
+        self.exclusive_queues: list[Queue] = []
+        self.blocked_delivery = False
+        self.blocked = False  # connection.blocked sent (alarm)
+        self.connected_at = time.time()
+        self.closed = False
+
+    @property
+    def peer_is_loopback(self) -> bool:
+        if self.peer is None:
+            return True
+        host = self.peer[0]
+        return host.startswith("127.") or host in ("::1", "localhost") or \
+            host.startswith("::ffff:127.")
+
+    # ------------------------------------------------------------------ delegate
+    def authenticate(self, mechanism: str, response: bytes, client_properties: dict) -> None:
+        if mechanism == "PLAIN":
+            username, password = parse_plain(response)
+        elif mechanism == "AMQPLAIN":
+            username, password = parse_amqplain(response)
+        else:
+            raise CommandInvalid(f"unknown authentication mechanism '{mechanism}'")
+        user = self.broker.auth.authenticate(username, password, self.peer_is_loopback)
+        if user is None:
+            log.warning("login refused for user %r from %s (mechanism %s)", username,
+                        self.peer, mechanism)
+            raise ConnectionAccessRefused(
+                f"Login was refused using authentication mechanism {mechanism}. "
+                "For details see the broker logfile."
+            )
+        self.username = username
+        self.user_tags = list(user.tags)
+
+    def open_vhost(self, vhost: str) -> None:
+        vh = self.broker.vhosts.get(vhost)
+        if vh is None:
+            raise NotAllowed(f"vhost {vhost} not found", 10, 40)
+        if not self.broker.auth.can_access_vhost(self.username, vhost):
+            raise NotAllowed(f"access to vhost '{vhost}' refused for user '{self.username}'",
+                             10, 40)
+        self.vhost = vh
+        self.broker.session_opened(self)
+        log.info("connection opened: user=%s vhost=%s peer=%s", self.username, vhost, self.peer)
+
+    def channel_opened(self, channel: int) -> None:
+        self.channels[channel] = Channel(self, channel)
+
+    def channel_closed(self, channel: int) -> None:
+        ch = self.channels.pop(channel, None)
+        if ch is not None:
+            ch.close()
+
+    def on_method(self, channel: int, method: PamqpFrame) -> None:
+        ch = self.channels.get(channel)
+        if ch is None:
+            raise ChannelErrorCode(f"expected 'channel.open' on channel {channel}")
+        ch.handle(method)
+
+    def on_publish(self, channel: int, exchange: str, routing_key: str, mandatory: bool,
+                   immediate: bool, properties: bytes, body: bytes) -> None:
+        self.channels[channel].publish(exchange, routing_key, mandatory, immediate, properties,
+                                       body)
+
+    def on_ack(self, channel: int, delivery_tag: int, multiple: bool) -> None:
+        self.channels[channel].ack(delivery_tag, multiple)
+
+    def on_connection_closed(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for ch in list(self.channels.values()):
+            ch.close()
+        self.channels.clear()
+        for q in self.exclusive_queues:
+            q.vhost.delete_queue(q, reason="exclusive owner gone")
+        self.exclusive_queues.clear()
+        self.broker.session_closed(self)
+
+    # ------------------------------------------------------------------ helpers
+    def own_queue(self, queue: Queue) -> None:
+        if queue not in self.exclusive_queues:
+            self.exclusive_queues.append(queue)
+            queue.on_removed.append(self._forget_queue)
+
+    def _forget_queue(self, queue: Queue) -> None:
+        if queue in self.exclusive_queues:
+            self.exclusive_queues.remove(queue)
+
+    def check_permission(self, kind: str, resource: str, name: str) -> None:
+        self.broker.auth.check(self.username, self.vhost.name, kind, resource, name)
+
+    def body_of(self, message: Message) -> bytes:
+        return self.broker.body_of(message)
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "user": self.username,
+            "vhost": self.vhost.name if self.vhost else None,
+            "peer_host": self.peer[0] if self.peer else None,
+            "peer_port": self.peer[1] if self.peer else None,
+            "channels": len(self.channels),
+            "frame_max": self.conn.frame_max,
+            "channel_max": self.conn.channel_max,
+            "timeout": self.conn.heartbeat,
+            "client_properties": self.conn.client_properties,
+            "connected_at": int(self.connected_at * 1000),
+            "state": "blocked" if self.blocked else "running",
+        }

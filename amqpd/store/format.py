@@ -1,0 +1,281 @@
+"""Byte layout of the shared log: pure ``struct`` encode/decode, no I/O.
+
+Kept apart from the file handling (py-caskdb's split) so the layout can be tested
+alone: round trips, truncation at every byte, bit flips.
+
+Every segment file starts with an 8-byte file header, then records back to back::
+
+    segment file <base:020d>.log   (base = global log position of byte 0)
+    +-------+---------+----------+--------------+--------------+-----
+    | MAGIC | VERSION | reserved | record       | record       | ...
+    | "AMQL"| u16     | u16      |              |              |
+    +-------+---------+----------+--------------+--------------+-----
+      0       4         6          8
+
+    record (all little-endian)
+    +--------+--------+----------+------+----------------------+
+    | crc32  | length | sequence | type | payload (length B)   |
+    | u32    | u32    | u64      | u8   |                      |
+    +--------+--------+----------+------+----------------------+
+      \_ zlib.crc32 of everything after the crc field: length, sequence, type, payload
+
+A record's *position* is the global offset of its first (crc) byte. The sequence number
+grows by one per record over the node's lifetime so a log-shipping follower can say
+exactly how far it is.
+
+Payloads (str = u16 length + UTF-8; positions are i64)::
+
+    ENQUEUE     origin i64 | nqueues u16 | str * nqueues | exchange str | routing_key str
+                | props_len u32 | props | body (the rest of the payload)
+                origin = 0 for a fresh publish; for a copy made by compaction it is the
+                stable position (the one the broker knows) of the message it replaces.
+    SETTLE      queue str | count u32 | position i64 * count
+    DELIVERED   queue str | position i64
+    DROP_QUEUE  queue str
+    CHECKPOINT  covered i64   (marker: a checkpoint file covering the log up to here)
+
+The body is written once however many queues the message was routed to.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+import zlib
+from array import array
+from collections.abc import Sequence
+
+from amqpd.store.api import StoredMessage
+
+MAGIC = b"AMQL"
+VERSION = 1
+
+FILE_HEADER = struct.Struct("<4sHH")
+FILE_HEADER_SIZE = FILE_HEADER.size  # 8
+
+RECORD_HEADER = struct.Struct("<IIQB")
+HEADER_SIZE = RECORD_HEADER.size  # 17
+_HEADER_TAIL = struct.Struct("<IQB")  # the crc-covered part of the header
+
+# A record longer than this is treated as garbage (a flipped length byte), not as a
+# request to allocate gigabytes during recovery.
+MAX_PAYLOAD = 1 << 30
+
+ENQUEUE = 1
+SETTLE = 2
+DELIVERED = 3
+DROP_QUEUE = 4
+CHECKPOINT = 5
+BIG_ENDIAN_HOST = sys.byteorder == "big"  # arrays are stored little-endian
+
+RECORD_TYPES = frozenset({ENQUEUE, SETTLE, DELIVERED, DROP_QUEUE, CHECKPOINT})
+
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_I64 = struct.Struct("<q")
+_I64_U16 = struct.Struct("<qH")
+_I64_U32 = struct.Struct("<qI")
+
+
+class FormatError(Exception):
+    """Bytes that are not a valid record."""
+
+
+class TornRecord(FormatError):
+    """The buffer ends inside a record: a write that did not finish."""
+
+
+class CorruptRecord(FormatError):
+    """CRC mismatch, unknown type or an absurd length: the bytes were damaged."""
+
+
+def file_header() -> bytes:
+    """The 8 bytes every segment file starts with."""
+    return FILE_HEADER.pack(MAGIC, VERSION, 0)
+
+
+def check_file_header(data: bytes) -> None:
+    """Raise TornRecord if short, CorruptRecord if not ours, ValueError if too new."""
+    if len(data) < FILE_HEADER_SIZE:
+        raise TornRecord("segment shorter than its file header")
+    magic, version, _ = FILE_HEADER.unpack_from(data, 0)
+    if magic != MAGIC:
+        raise CorruptRecord(f"bad segment magic {magic!r}")
+    if version != VERSION:
+        # Not damage: a newer (or older) layout we must not "repair" by truncating.
+        raise ValueError(f"segment version {version}, this build reads {VERSION}")
+
+
+def encode_record(rtype: int, seq: int, payload: bytes) -> bytes:
+    """Frame a payload: header with CRC32 over length, sequence, type and payload."""
+    tail = _HEADER_TAIL.pack(len(payload), seq, rtype)
+    crc = zlib.crc32(payload, zlib.crc32(tail))
+    return b"".join((_U32.pack(crc), tail, payload))
+
+
+def decode_record(buf: bytes | memoryview, offset: int = 0) -> tuple[int, int, int, int]:
+    """Check the record at ``offset``; return (type, sequence, payload_offset, end).
+
+    The payload is ``buf[payload_offset:end]``; ``end`` is where the next record starts.
+    """
+    size = len(buf)
+    if size - offset < HEADER_SIZE:
+        raise TornRecord(f"{size - offset} bytes left, a header needs {HEADER_SIZE}")
+    crc, length, seq, rtype = RECORD_HEADER.unpack_from(buf, offset)
+    if length > MAX_PAYLOAD:
+        raise CorruptRecord(f"record length {length} exceeds {MAX_PAYLOAD}")
+    end = offset + HEADER_SIZE + length
+    if end > size:
+        raise TornRecord(f"record needs {end - offset} bytes, {size - offset} left")
+    if zlib.crc32(memoryview(buf)[offset + 4 : end]) != crc:
+        raise CorruptRecord(f"CRC mismatch at offset {offset}")
+    if rtype not in RECORD_TYPES:
+        raise CorruptRecord(f"unknown record type {rtype}")
+    return rtype, seq, offset + HEADER_SIZE, end
+
+
+# -- payloads -----------------------------------------------------------------------
+
+
+def _str(value: str) -> bytes:
+    raw = value.encode()
+    return _U16.pack(len(raw)) + raw
+
+
+def _read_str(buf: bytes | memoryview, offset: int) -> tuple[str, int]:
+    (n,) = _U16.unpack_from(buf, offset)
+    start = offset + 2
+    end = start + n
+    if end > len(buf):
+        raise CorruptRecord("string runs past the payload")
+    return bytes(buf[start:end]).decode(), end
+
+
+def encode_queues(queues: Sequence[str]) -> bytes:
+    """The queue-list part of an ENQUEUE payload (cacheable: fan-outs repeat)."""
+    return _U16.pack(len(queues)) + b"".join(_str(q) for q in queues)
+
+
+def encode_enqueue(
+    origin: int, queues: Sequence[str] | bytes, message: StoredMessage
+) -> bytes:
+    """ENQUEUE payload. ``queues`` may be pre-encoded with :func:`encode_queues`."""
+    qbytes = queues if isinstance(queues, bytes) else encode_queues(queues)
+    props = message.properties
+    return b"".join(
+        (
+            _I64.pack(origin),
+            qbytes,
+            _str(message.exchange),
+            _str(message.routing_key),
+            _U32.pack(len(props)),
+            props,
+            message.body,
+        )
+    )
+
+
+def decode_enqueue_index(
+    payload: bytes | memoryview, start: int = 0, end: int | None = None
+) -> tuple[int, list[str], int]:
+    """Just what recovery needs: (origin, queues, body size); the body is not copied."""
+    if end is None:
+        end = len(payload)
+    origin, n = _I64_U16.unpack_from(payload, start)
+    off = start + 10
+    queues = []
+    for _ in range(n):
+        q, off = _read_str(payload, off)
+        queues.append(q)
+    for _ in range(2):  # exchange, routing key
+        (slen,) = _U16.unpack_from(payload, off)
+        off += 2 + slen
+    (plen,) = _U32.unpack_from(payload, off)
+    off += 4 + plen
+    if off > end:
+        raise CorruptRecord("ENQUEUE fields run past the payload")
+    return origin, queues, end - off
+
+
+def decode_enqueue(payload: bytes | memoryview) -> tuple[int, list[str], StoredMessage]:
+    """Full decode: (origin, queues, message)."""
+    try:
+        origin, n = _I64_U16.unpack_from(payload, 0)
+        off = 10
+        queues = []
+        for _ in range(n):
+            q, off = _read_str(payload, off)
+            queues.append(q)
+        exchange, off = _read_str(payload, off)
+        routing_key, off = _read_str(payload, off)
+        (plen,) = _U32.unpack_from(payload, off)
+        off += 4
+        if off + plen > len(payload):
+            raise CorruptRecord("properties run past the payload")
+        props = bytes(payload[off : off + plen])
+        body = bytes(payload[off + plen :])
+    except struct.error as exc:
+        raise CorruptRecord(f"short ENQUEUE payload: {exc}") from None
+    return origin, queues, StoredMessage(exchange, routing_key, props, body)
+
+
+def encode_settle(queue: str, positions: Sequence[int]) -> bytes:
+    arr = positions if isinstance(positions, array) and positions.typecode == "q" else None
+    if arr is None or BIG_ENDIAN_HOST:
+        arr = array("q", positions)
+        if BIG_ENDIAN_HOST:
+            arr.byteswap()
+    return b"".join((_str(queue), _U32.pack(len(arr)), arr.tobytes()))
+
+
+def decode_settle(payload: bytes | memoryview) -> tuple[str, array[int]]:
+    try:
+        queue, off = _read_str(payload, 0)
+        (count,) = _U32.unpack_from(payload, off)
+    except struct.error as exc:
+        raise CorruptRecord(f"short SETTLE payload: {exc}") from None
+    off += 4
+    if off + 8 * count != len(payload):
+        raise CorruptRecord("SETTLE count does not match its length")
+    positions = array("q")
+    positions.frombytes(bytes(payload[off:]))
+    if BIG_ENDIAN_HOST:
+        positions.byteswap()
+    return queue, positions
+
+
+def encode_delivered(queue: str, position: int) -> bytes:
+    return _str(queue) + _I64.pack(position)
+
+
+def decode_delivered(payload: bytes | memoryview) -> tuple[str, int]:
+    try:
+        queue, off = _read_str(payload, 0)
+        (position,) = _I64.unpack_from(payload, off)
+    except struct.error as exc:
+        raise CorruptRecord(f"short DELIVERED payload: {exc}") from None
+    return queue, position
+
+
+def encode_drop_queue(queue: str) -> bytes:
+    return _str(queue)
+
+
+def decode_drop_queue(payload: bytes | memoryview) -> str:
+    try:
+        queue, off = _read_str(payload, 0)
+    except struct.error as exc:
+        raise CorruptRecord(f"short DROP_QUEUE payload: {exc}") from None
+    if off != len(payload):
+        raise CorruptRecord("DROP_QUEUE payload has trailing bytes")
+    return queue
+
+
+def encode_checkpoint(covered: int) -> bytes:
+    return _I64.pack(covered)
+
+
+def decode_checkpoint(payload: bytes | memoryview) -> int:
+    if len(payload) != 8:
+        raise CorruptRecord("CHECKPOINT payload must be 8 bytes")
+    return int(_I64.unpack_from(payload, 0)[0])

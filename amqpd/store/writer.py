@@ -1,0 +1,258 @@
+"""The one writer thread: write, fsync, and answer every waiting commit at once.
+
+Group commit (DESIGN.md "Hot path"): the event-loop thread only appends *jobs* to a
+``collections.deque`` (append/popleft are atomic, no lock on the hot path). Jobs are
+processed strictly in order, so a commit callback queued after some records is
+answered only after those records are written (and fsync'd in ``"batch"`` mode)::
+
+    loop thread                           writer thread
+    -----------                           -------------
+    WRITE(base, pos, bytes)  --+          wake (commit / backlog / close)
+    WRITE(...)                 |  deque   drain every job present:
+    COMMIT(callback)  ---------+------->    WRITE: coalesce per segment, pwrite
+    CHECKPOINT(covered, data)  |            CHECKPOINT/DELETE: flush+fsync first
+    DELETE(base)               |          fsync dirty segments once   <- group commit
+    RESUME / STOP  ------------+          loop.call_soon_threadsafe(fire all callbacks)
+
+Errors: the first OSError (ENOSPC, EIO...) puts the writer in the *failed* state.
+The segment being written is cut back to its last good size (``Segment.append``),
+every callback of the batch and every later one receives a :class:`StoreError`, and
+every later WRITE is discarded, because writing past a hole would put garbage in
+the middle of a segment. Only a RESUME job (queued by the log after it rolled to a
+fresh segment) clears the state. So what is on disk is always a clean prefix of each
+segment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from amqpd.store import checkpoint
+from amqpd.store.api import StoreError
+from amqpd.store.segment import Segment, fsync_directory
+
+log = logging.getLogger("amqpd.store")
+
+Callback = Callable[[BaseException | None], None]
+
+# job kinds (first tuple element)
+WRITE = 0  # (WRITE, base, position, data)
+COMMIT = 1  # (COMMIT, callback)
+CHECKPOINT = 2  # (CHECKPOINT, covered, data)
+DELETE = 3  # (DELETE, base)
+RESUME = 4  # (RESUME,)
+STOP = 5  # (STOP,)
+
+
+def fire(callbacks: list[tuple[Callback, BaseException | None]]) -> None:
+    """Run commit callbacks; one that raises must not starve the others."""
+    for cb, exc in callbacks:
+        try:
+            cb(exc)
+        except Exception:
+            log.exception("store commit callback failed")
+
+
+class Writer:
+    """Owns the segment files for writing. Started by ``SharedLog.open``."""
+
+    def __init__(
+        self,
+        directory: Path,
+        segments: dict[int, Segment],
+        unwritten: dict[int, Any],
+        *,
+        sync: bool,
+        loop: asyncio.AbstractEventLoop | None,
+    ) -> None:
+        self.directory = directory
+        self.segments = segments  # shared with the loop thread (reads)
+        self.unwritten = unwritten  # position -> message, popped once written
+        self.sync = sync
+        self.loop = loop
+        self.jobs: collections.deque[tuple[Any, ...]] = collections.deque()
+        self.wake = threading.Event()
+        self.failed: str | None = None
+        self.failed_at = 0.0
+        self.resume_pending = False
+        self.checkpoint_durable = -1  # covered position of the last durable checkpoint
+        self.fsyncs = 0
+        self.fsync_last_us = 0
+        self.fsync_total_us = 0
+        self.records_bytes = 0
+        self.checkpoints = 0
+        self._dirty: set[Segment] = set()
+        self._thread = threading.Thread(target=self._run, name="amqpd-store-writer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.jobs.append((STOP,))
+        self.wake.set()
+        self._thread.join()
+
+    # -- thread body ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        jobs = self.jobs
+        while True:
+            self.wake.wait()
+            self.wake.clear()
+            batch = []
+            while True:
+                try:
+                    batch.append(jobs.popleft())
+                except IndexError:
+                    break
+            if not batch:
+                continue
+            stop = self._process(batch)
+            if stop:
+                return
+
+    def _process(self, batch: list[tuple[Any, ...]]) -> bool:
+        callbacks: list[tuple[Callback, BaseException | None]] = []
+        pending: list[tuple[Any, ...]] = []  # WRITE jobs not yet written
+        stop = False
+        for job in batch:
+            kind = job[0]
+            if kind == WRITE:
+                if self.failed is None:
+                    pending.append(job)
+                continue
+            if kind == COMMIT:
+                callbacks.append((job[1], None))
+                continue
+            if kind == RESUME:
+                # Everything queued before RESUME was discarded; start clean.
+                self._flush(pending)
+                pending = []
+                self._answer_failed(callbacks)
+                self.failed = None
+                self.resume_pending = False
+                continue
+            # CHECKPOINT, DELETE, STOP: everything before must be on disk first.
+            self._flush(pending)
+            pending = []
+            self._fsync()
+            if kind == CHECKPOINT:
+                self._checkpoint(job[1], job[2])
+            elif kind == DELETE:
+                self._delete(job[1])
+            else:
+                stop = True
+        self._flush(pending)
+        if callbacks or stop:
+            self._fsync()
+        self._answer_failed(callbacks)
+        if callbacks:
+            self._deliver(callbacks)
+        return stop
+
+    def _answer_failed(self, callbacks: list[tuple[Callback, BaseException | None]]) -> None:
+        if self.failed is not None:
+            err = StoreError(self.failed)
+            callbacks[:] = [(cb, err) for cb, _ in callbacks]
+
+    def _deliver(self, callbacks: list[tuple[Callback, BaseException | None]]) -> None:
+        if self.loop is None:
+            fire(callbacks)
+            return
+        try:
+            self.loop.call_soon_threadsafe(fire, callbacks)
+        except RuntimeError:  # loop closed during shutdown: nobody is waiting any more
+            pass
+
+    def _fail(self, what: str, exc: OSError) -> None:
+        if self.failed is None:
+            self.failed = f"{what}: {exc}"
+            self.failed_at = time.monotonic()
+            log.error("store %s failed, refusing writes until retry: %s", what, exc)
+
+    def _segment(self, base: int) -> Segment:
+        seg = self.segments.get(base)
+        if seg is None:
+            seg = Segment.create(self.directory, base)
+            self.segments[base] = seg
+            if self.sync:
+                seg.fsync()
+                fsync_directory(self.directory)
+        return seg
+
+    def _flush(self, pending: list[tuple[Any, ...]]) -> None:
+        """Write WRITE jobs, one pwrite per contiguous run within a segment."""
+        i, n = 0, len(pending)
+        while i < n and self.failed is None:
+            base = pending[i][1]
+            j = i
+            parts = []
+            while j < n and pending[j][1] == base:
+                parts.append(pending[j][3])
+                j += 1
+            try:
+                seg = self._segment(base)
+                expected = pending[i][2] - base
+                if seg.size != expected:
+                    raise OSError(f"segment {base} is {seg.size} bytes, next write at {expected}")
+                seg.append(b"".join(parts) if len(parts) > 1 else parts[0])
+            except OSError as exc:
+                self._fail("write", exc)
+                return
+            self._dirty.add(seg)
+            unwritten = self.unwritten
+            for k in range(i, j):
+                unwritten.pop(pending[k][2], None)
+                self.records_bytes += len(pending[k][3])
+            i = j
+
+    def _fsync(self) -> None:
+        if not self._dirty or self.failed is not None:
+            return
+        if not self.sync:
+            self._dirty.clear()
+            return
+        t0 = time.perf_counter()
+        try:
+            for seg in self._dirty:
+                if seg.fd >= 0:
+                    seg.fsync()
+        except OSError as exc:
+            self._fail("fsync", exc)
+            return
+        self._dirty.clear()
+        us = int((time.perf_counter() - t0) * 1e6)
+        self.fsyncs += 1
+        self.fsync_last_us = us
+        self.fsync_total_us += us
+
+    def _checkpoint(self, covered: int, data: bytes) -> None:
+        if self.failed is not None:
+            return  # the log is not durable up to `covered`
+        try:
+            checkpoint.write_atomic(self.directory, data, sync=self.sync)
+        except OSError as exc:
+            # Not fatal for the log: recovery uses the previous checkpoint.
+            log.error("store checkpoint at %d failed: %s", covered, exc)
+            return
+        self.checkpoints += 1
+        self.checkpoint_durable = covered
+
+    def _delete(self, base: int) -> None:
+        if self.failed is not None:
+            return  # records before this job may not be durable; keep the file
+        seg = self.segments.pop(base, None)
+        if seg is None:
+            return
+        self._dirty.discard(seg)
+        try:
+            seg.unlink()
+        except OSError as exc:
+            log.error("store could not delete segment %s: %s", seg.path, exc)

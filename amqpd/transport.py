@@ -1,0 +1,92 @@
+"""asyncio glue: socket bytes into the sans-IO machine, its output back out once per tick.
+
+Everything a connection produces during one event-loop tick (replies, deliveries from
+scheduled dispatch, confirms) is joined and written with a single ``transport.write``.
+When the kernel buffer backs up (``pause_writing``), deliveries to this connection stop
+until it drains, so a slow consumer cannot make the broker buffer without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from amqpd.session import Session
+
+if TYPE_CHECKING:
+    from amqpd.server import Broker
+
+log = logging.getLogger("amqpd.transport")
+
+
+class AMQPProtocol(asyncio.Protocol):
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.transport: asyncio.Transport | None = None
+        self.session: Session | None = None
+        self._flush_scheduled = False
+        self._loop = asyncio.get_running_loop()
+        self.reading_paused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        sock = transport.get_extra_info("sockname")
+        name = f"{peer[0]}:{peer[1]} -> {sock[0]}:{sock[1]}" if peer and sock else "?"
+        self.session = Session(self.broker, peer[:2] if peer else None,
+                               self.broker.limits(), name=name)
+        self.session.protocol = self  # type: ignore[attr-defined]
+        self.session.conn.on_output = self._schedule_flush
+        transport.set_write_buffer_limits(high=4 * 1024 * 1024)
+        self.broker.transports.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        session = self.session
+        assert session is not None
+        session.conn.receive_data(data)
+        self.flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        session = self.session
+        transport = self.transport
+        if session is None or transport is None:
+            return
+        data = session.conn.data_to_send()
+        if data and not transport.is_closing():
+            transport.write(data)
+        if session.conn.should_close_transport and not transport.is_closing():
+            transport.close()
+
+    def pause_writing(self) -> None:
+        if self.session is not None:
+            self.session.blocked_delivery = True
+
+    def resume_writing(self) -> None:
+        if self.session is not None:
+            self.session.blocked_delivery = False
+            self.broker.reschedule_session(self.session)
+
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self.reading_paused:
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and self.reading_paused:
+            self.reading_paused = False
+            self.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.broker.transports.discard(self)
+        if self.session is not None:
+            if exc is not None:
+                log.info("connection lost: %s (%s)", self.session.name, exc)
+            self.session.conn.connection_lost()
+        self.transport = None
