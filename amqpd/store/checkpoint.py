@@ -118,8 +118,10 @@ def write_atomic(directory: Path, data: bytes, *, sync: bool = True) -> None:
 
 
 def load(directory: Path) -> tuple[Checkpoint, LiveIndex] | None:
-    """The checkpoint and the index it describes; None if there is no usable file. A damaged file is logged and ignored: recovery then replays the whole
-    log, which is slower but loses nothing."""
+    """The checkpoint and the index it describes; None if there is no usable file.
+
+    A damaged file is logged and ignored: recovery then replays the whole log, which
+    is slower but loses nothing."""
     path = directory / FILE_NAME
     try:
         data = path.read_bytes()

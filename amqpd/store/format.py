@@ -17,7 +17,7 @@ Every segment file starts with an 8-byte file header, then records back to back:
     | crc32  | length | sequence | type | payload (length B)   |
     | u32    | u32    | u64      | u8   |                      |
     +--------+--------+----------+------+----------------------+
-      \_ zlib.crc32 of everything after the crc field: length, sequence, type, payload
+      crc32 = zlib.crc32 of everything after the crc field: length, sequence, type, payload
 
 A record's *position* is the global offset of its first (crc) byte. The sequence number
 grows by one per record over the node's lifetime so a log-shipping follower can say

@@ -44,7 +44,7 @@ Callback = Callable[[BaseException | None], None]
 
 # job kinds (first tuple element)
 WRITE = 0  # (WRITE, base, position, data)
-COMMIT = 1  # (COMMIT, callback)
+COMMIT = 1  # (COMMIT, callback[, direct]): direct = call on this thread, not the loop
 CHECKPOINT = 2  # (CHECKPOINT, covered, data)
 DELETE = 3  # (DELETE, base)
 RESUME = 4  # (RESUME,)
@@ -120,6 +120,7 @@ class Writer:
 
     def _process(self, batch: list[tuple[Any, ...]]) -> bool:
         callbacks: list[tuple[Callback, BaseException | None]] = []
+        direct: list[tuple[Callback, BaseException | None]] = []
         pending: list[tuple[Any, ...]] = []  # WRITE jobs not yet written
         stop = False
         for job in batch:
@@ -129,13 +130,14 @@ class Writer:
                     pending.append(job)
                 continue
             if kind == COMMIT:
-                callbacks.append((job[1], None))
+                (direct if len(job) > 2 else callbacks).append((job[1], None))
                 continue
             if kind == RESUME:
                 # Everything queued before RESUME was discarded; start clean.
                 self._flush(pending)
                 pending = []
                 self._answer_failed(callbacks)
+                self._answer_failed(direct)
                 self.failed = None
                 self.resume_pending = False
                 continue
@@ -150,11 +152,13 @@ class Writer:
             else:
                 stop = True
         self._flush(pending)
-        if callbacks or stop:
+        if callbacks or direct or stop:
             self._fsync()
         self._answer_failed(callbacks)
+        self._answer_failed(direct)
         if callbacks:
             self._deliver(callbacks)
+        fire(direct)
         return stop
 
     def _answer_failed(self, callbacks: list[tuple[Callback, BaseException | None]]) -> None:

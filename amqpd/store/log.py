@@ -1,0 +1,470 @@
+"""SharedLog: the node-wide segmented log behind :class:`~amqpd.store.api.MessageStore`.
+
+Theory of operation
+-------------------
+Everything a node persists is one append-only log, cut into segment files
+(``<base:020d>.log``, see ``segment.py``; record layout in ``format.py``). A queue is
+only an index over it (``index.py``). Two threads touch the log:
+
+* the **event-loop thread** calls ``append_*``. Each call encodes one record, gives it
+  the next position (= global byte offset; the log rolls to a new segment here, so
+  positions are known at once), applies it to the in-memory index and pushes a job on
+  the writer's deque. No I/O, no lock, no fsync.
+* the **writer thread** (``writer.py``) writes what is queued and, when a
+  :meth:`commit` is waiting, fsyncs once for everybody (group commit), then hands the
+  callbacks back with ``loop.call_soon_threadsafe``.
+
+::
+
+      append_enqueue ──encode──> index.enqueue ──> deque ──> writer: pwrite ─┐
+      commit(cb) ─────────────────────────────────> deque ──> fsync once ────┤
+                                   loop.call_soon_threadsafe(cb(None)) <─────┘
+
+Positions and relocation
+------------------------
+``append_enqueue`` returns the *stable position* of a message: the broker uses it for
+``read``/``append_settle``/``append_delivered`` for as long as the message lives, and
+recovery reports the same numbers. When compaction copies a message forward, the copy
+records its stable position as ``origin`` and the index maps stable -> new place, so
+nothing outside the store ever sees the move.
+
+Checkpoints, GC, compaction
+---------------------------
+Every ``checkpoint_every_bytes`` of log (and at every segment roll and at close) the
+loop thread first compacts (copies forward the live messages of old segments whose
+live share fell to ``compact_ratio``), then appends a CHECKPOINT record and hands a
+snapshot of the index to the writer, which writes the ``checkpoint`` file once the log
+is durable up to that record. A segment is deleted when it holds no live message, is
+not the active one, *and* a durable checkpoint lies past its end: only then can no
+replay need its SETTLE records.
+
+Failure policy
+--------------
+A write or fsync error (ENOSPC, EIO) fails every waiting and later commit with
+:class:`StoreError` (the broker nacks) and :attr:`SharedLog.failed` says why. Appends
+raise StoreError for ``retry_after`` seconds; the next append after that rolls to a
+fresh segment and tries again (so the disk is probed at most once per
+``retry_after``). What was acknowledged before the error stays intact; records
+appended while failed are not written, so messages enqueued then exist only in
+memory until the broker settles them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from array import array
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Literal
+
+from amqpd.store import checkpoint, recovery
+from amqpd.store import format as fmt
+from amqpd.store.api import RecoveredQueue, RecoveredState, StoredMessage, StoreError
+from amqpd.store.index import LiveIndex
+from amqpd.store.segment import Segment
+from amqpd.store.writer import CHECKPOINT, COMMIT, DELETE, RESUME, WRITE, Writer
+
+log = logging.getLogger("amqpd.store")
+
+MiB = 1 << 20
+_WAKE_BYTES = 1 * MiB  # wake the writer without a commit once this much is queued
+_SETTLE_CHUNK = 65536  # positions per SETTLE record
+_QCACHE_MAX = 4096
+
+
+class SharedLog:
+    """File-backed :class:`~amqpd.store.api.MessageStore`.
+
+    ``loop`` is where commit callbacks run (via ``call_soon_threadsafe``). With
+    ``loop=None`` they run on the writer thread, which suits tests and scripts but means
+    the callback must be thread-safe.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        segment_size: int = 64 * MiB,
+        fsync: Literal["batch", "never"] = "batch",
+        loop: asyncio.AbstractEventLoop | None = None,
+        checkpoint_every_bytes: int = 32 * MiB,
+        body_cache_bytes: int = 8 * MiB,
+        compact_ratio: float = 0.1,
+        compact_max_bytes: int = 16 * MiB,
+        retry_after: float = 1.0,
+    ) -> None:
+        if fsync not in ("batch", "never"):
+            raise ValueError(f"fsync must be 'batch' or 'never', not {fsync!r}")
+        self.directory = Path(directory)
+        self.segment_size = segment_size
+        self.fsync_policy = fsync
+        self.loop = loop
+        self.checkpoint_every_bytes = checkpoint_every_bytes
+        self.body_cache_bytes = body_cache_bytes
+        self.compact_ratio = compact_ratio
+        self.compact_max_bytes = compact_max_bytes
+        self.retry_after = retry_after
+
+        self._index = LiveIndex()
+        self._segments: dict[int, Segment] = {}
+        self._unwritten: dict[int, StoredMessage] = {}
+        self._cache: collections.OrderedDict[int, StoredMessage] = collections.OrderedDict()
+        self._cache_bytes = 0
+        self._qcache: dict[tuple[str, ...], bytes] = {}
+        self._writer: Writer | None = None
+        self._active = 0
+        self._end = 0
+        self._seq = 0
+        self._since_checkpoint = 0
+        self._since_wake = 0
+        self._checkpoint_seen = -1
+        self._records = 0
+        self._relocated = 0
+        self._truncated = 0
+        self._state = "new"  # new -> open -> closed
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    def open(self) -> RecoveredState:
+        """Recover (see recovery.py), start the writer. Called once."""
+        if self._state != "new":
+            raise StoreError("open() called twice")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        rec = recovery.recover(self.directory)
+        self._index = rec.index
+        self._seq = rec.sequence
+        self._truncated = rec.truncated_bytes
+        for base, path in rec.segments.items():
+            self._segments[base] = Segment.open(path, base)
+        if rec.segments:
+            self._active = next(reversed(rec.segments))
+            self._end = rec.end
+        else:
+            self._active = rec.end
+            self._end = rec.end + fmt.FILE_HEADER_SIZE
+            self._index.add_segment(self._active)
+        self._writer = Writer(
+            self.directory,
+            self._segments,
+            self._unwritten,
+            sync=self.fsync_policy == "batch",
+            loop=self.loop,
+        )
+        self._writer.checkpoint_durable = rec.covered
+        self._checkpoint_seen = rec.covered
+        self._writer.start()
+        self._state = "open"
+
+        state = RecoveredState(truncated_bytes=rec.truncated_bytes, last_sequence=rec.sequence)
+        for name, q in self._index.queues.items():
+            if len(q):
+                positions, sizes = q.live()
+                state.queues[name] = RecoveredQueue(positions, sizes, set(q.delivered))
+        just_marker = fmt.HEADER_SIZE + 8  # replay always re-reads the CHECKPOINT record
+        if rec.replayed_bytes > just_marker or rec.truncated_bytes or rec.covered < 0:
+            self._checkpoint()  # so the next restart starts from here
+        return state
+
+    def close(self) -> None:
+        """Checkpoint, flush, fsync and close. Later appends raise StoreError."""
+        if self._state != "open":
+            self._state = "closed"
+            return
+        assert self._writer is not None
+        if self._writer.failed is None:
+            self._checkpoint()
+        self._writer.stop()
+        self._state = "closed"
+        for seg in self._segments.values():
+            seg.close()
+        self._unwritten.clear()
+        self._cache.clear()
+
+    @property
+    def failed(self) -> str | None:
+        """Why the store refuses writes (disk full, I/O error), or None when healthy."""
+        return self._writer.failed if self._writer is not None else None
+
+    # -- appends (event-loop thread) ----------------------------------------------
+
+    def _writable(self) -> Writer:
+        w = self._writer
+        if self._state != "open" or w is None:
+            raise StoreError("store is not open")
+        if w.checkpoint_durable != self._checkpoint_seen:
+            self._collect_garbage()
+        if w.failed is not None and not w.resume_pending:
+            if time.monotonic() - w.failed_at < self.retry_after:
+                raise StoreError(f"store failed: {w.failed}")
+            # Probe again: skip past whatever was discarded, in a fresh segment.
+            w.resume_pending = True
+            w.jobs.append((RESUME,))
+            self._roll()
+        return w
+
+    def _append(self, rtype: int, payload: bytes) -> int:
+        """Frame, place and queue one record; return its position."""
+        n = fmt.HEADER_SIZE + len(payload)
+        pos = self._end
+        if pos + n > self._active + self.segment_size and pos > (
+            self._active + fmt.FILE_HEADER_SIZE
+        ):
+            self._roll()
+            pos = self._end
+        self._seq += 1
+        if rtype == fmt.CHECKPOINT:
+            payload = fmt.encode_checkpoint(pos)
+        record = fmt.encode_record(rtype, self._seq, payload)
+        w = self._writer
+        assert w is not None
+        w.jobs.append((WRITE, self._active, pos, record))
+        self._end = pos + n
+        self._records += 1
+        self._since_checkpoint += n
+        self._since_wake += n
+        if self._since_wake >= _WAKE_BYTES:
+            self._since_wake = 0
+            w.wake.set()
+        return pos
+
+    def _roll(self) -> None:
+        self._active = self._end
+        self._end = self._active + fmt.FILE_HEADER_SIZE
+        self._index.add_segment(self._active)
+        self._since_checkpoint = self.checkpoint_every_bytes  # checkpoint after this op
+
+    def _after_append(self) -> None:
+        if self._since_checkpoint >= self.checkpoint_every_bytes:
+            self._checkpoint()
+
+    def append_enqueue(self, queues: Sequence[str], message: StoredMessage) -> int:
+        """Write the message once for all ``queues``; return its stable position."""
+        self._writable()
+        key = tuple(queues)
+        qbytes = self._qcache.get(key)
+        if qbytes is None:
+            if len(self._qcache) >= _QCACHE_MAX:
+                self._qcache.clear()
+            qbytes = self._qcache[key] = fmt.encode_queues(key)
+        pos = self._append(fmt.ENQUEUE, fmt.encode_enqueue(0, qbytes, message))
+        self._unwritten[pos] = message
+        self._index.enqueue(key, pos, len(message.body), self._active)
+        self._cache_put(pos, message)
+        self._after_append()
+        return pos
+
+    def append_settle(self, queue: str, positions: Iterable[int]) -> None:
+        """The queue is done with these messages (ack, reject, expiry, purge)."""
+        self._writable()
+        if queue not in self._index.queues:
+            return
+        arr = positions if isinstance(positions, array) else array("q", positions)
+        for i in range(0, len(arr), _SETTLE_CHUNK):
+            chunk = arr[i : i + _SETTLE_CHUNK]
+            self._append(fmt.SETTLE, fmt.encode_settle(queue, chunk))
+            emptied = self._index.settle(queue, chunk)
+            if emptied:
+                self._collect_garbage()
+        self._after_append()
+
+    def append_delivered(self, queue: str, position: int) -> None:
+        """Mark redelivered-on-recovery. Rides on the next commit; once per message."""
+        self._writable()
+        q = self._index.queues.get(queue)
+        if q is None or position in q.delivered or position not in q:
+            return
+        self._append(fmt.DELIVERED, fmt.encode_delivered(queue, position))
+        q.delivered.add(position)
+        self._after_append()
+
+    def drop_queue(self, queue: str) -> None:
+        """Settle everything the queue holds (queue.delete)."""
+        self._writable()
+        if queue not in self._index.queues:
+            return
+        self._append(fmt.DROP_QUEUE, fmt.encode_drop_queue(queue))
+        if self._index.drop(queue):
+            self._collect_garbage()
+        self._after_append()
+
+    def commit(self, callback: Callable[[BaseException | None], None]) -> None:
+        """Call ``callback(None)`` once everything appended so far is durable, or
+        ``callback(StoreError)``; on ``loop`` (or the writer thread if loop is None)."""
+        w = self._writer
+        if self._state != "open" or w is None:
+            raise StoreError("store is not open")
+        w.jobs.append((COMMIT, callback))
+        self._since_wake = 0
+        w.wake.set()
+
+    def sync(self, timeout: float | None = 30.0) -> None:
+        """Block until everything appended so far is durable (tests, shutdown).
+
+        Does not go through ``loop``, so it is safe to call from the loop thread."""
+        done = threading.Event()
+        result: list[BaseException | None] = []
+
+        def cb(exc: BaseException | None) -> None:
+            result.append(exc)
+            done.set()
+
+        w = self._writer
+        if self._state != "open" or w is None:
+            raise StoreError("store is not open")
+        w.jobs.append((COMMIT, cb, True))  # True: call on the writer thread
+        w.wake.set()
+        if not done.wait(timeout):
+            raise StoreError("sync timed out")
+        if result and result[0] is not None:
+            raise StoreError(str(result[0]))
+
+    # -- reads --------------------------------------------------------------------
+
+    def read(self, position: int) -> StoredMessage:
+        """The message at a stable position: from the cache, the write buffer, or disk."""
+        cache = self._cache
+        msg = cache.get(position)
+        if msg is not None:
+            cache.move_to_end(position)
+            return msg
+        cur = self._index.reloc.get(position, position)
+        msg = self._unwritten.get(cur)
+        if msg is None:
+            msg = self._read_disk(cur)
+        self._cache_put(position, msg)
+        return msg
+
+    def _read_disk(self, position: int) -> StoredMessage:
+        try:
+            base = self._index.segment_of(position)
+        except KeyError:
+            raise StoreError(f"no segment holds position {position}") from None
+        seg = self._segments.get(base)
+        if seg is None:
+            raise StoreError(f"segment {base} for position {position} is gone")
+        offset = position - base
+        try:
+            data = seg.read(offset, 4096)
+            if len(data) >= fmt.HEADER_SIZE:
+                need = fmt.HEADER_SIZE + fmt.RECORD_HEADER.unpack_from(data, 0)[1]
+                if need > len(data) and need <= fmt.HEADER_SIZE + fmt.MAX_PAYLOAD:
+                    data = seg.read(offset, need)
+            rtype, _, p, e = fmt.decode_record(data, 0)
+            if rtype != fmt.ENQUEUE:
+                raise fmt.CorruptRecord(f"record type {rtype}, expected ENQUEUE")
+            return fmt.decode_enqueue(memoryview(data)[p:e])[2]
+        except (OSError, fmt.FormatError) as exc:
+            raise StoreError(f"cannot read message at {position} in {seg.path}: {exc}") from None
+
+    def _cache_put(self, position: int, msg: StoredMessage) -> None:
+        limit = self.body_cache_bytes
+        cost = len(msg.body) + len(msg.properties) + 128
+        if cost > limit // 4:
+            return
+        cache = self._cache
+        if position in cache:
+            return
+        cache[position] = msg
+        self._cache_bytes += cost
+        while self._cache_bytes > limit:
+            _, old = cache.popitem(last=False)
+            self._cache_bytes -= len(old.body) + len(old.properties) + 128
+
+    # -- checkpoints, GC, compaction ----------------------------------------------
+
+    def checkpoint(self) -> None:
+        """Force a checkpoint now (normally automatic)."""
+        self._writable()
+        self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        w = self._writer
+        assert w is not None
+        if w.failed is not None and not w.resume_pending:
+            return
+        self._compact()
+        pos = self._append(fmt.CHECKPOINT, b"\0" * 8)
+        data = checkpoint.encode(pos, self._seq, self._index)
+        w.jobs.append((CHECKPOINT, pos, data))
+        w.wake.set()
+        self._since_checkpoint = 0
+
+    def _collect_garbage(self) -> None:
+        """Delete segments with nothing live that a durable checkpoint lies past."""
+        w = self._writer
+        assert w is not None
+        durable = w.checkpoint_durable
+        self._checkpoint_seen = durable
+        index = self._index
+        bases = index.bases
+        doomed = []
+        for i in range(len(bases) - 1):  # the last one is the active segment
+            base = bases[i]
+            if index.seg_live.get(base) == 0 and bases[i + 1] <= durable:
+                doomed.append(base)
+        for base in doomed:
+            index.remove_segment(base)
+            w.jobs.append((DELETE, base))
+        if doomed:
+            w.wake.set()
+
+    def _compact(self) -> None:
+        """Copy forward the live messages of old, mostly-dead segments."""
+        index = self._index
+        budget = self.compact_max_bytes
+        bases = list(index.bases)
+        for i in range(len(bases) - 1):
+            base = bases[i]
+            live = index.seg_live.get(base, 0)
+            total = index.seg_total.get(base, 0)
+            if live == 0 or base == self._active or live > total * self.compact_ratio:
+                continue
+            found = index.live_in_segment(base, bases[i + 1])
+            for stable in sorted(found):
+                queues = found[stable]
+                try:
+                    msg = self.read(stable)
+                except StoreError as exc:
+                    # Unreadable: leave it (and its segment) where it is.
+                    log.error("compaction skipped a message: %s", exc)
+                    continue
+                pos = self._append(fmt.ENQUEUE, fmt.encode_enqueue(stable, queues, msg))
+                self._unwritten[pos] = msg
+                index.relocate(stable, queues, pos, len(msg.body), self._active)
+                for name in queues:
+                    if stable in index.queues[name].delivered:
+                        self._append(fmt.DELIVERED, fmt.encode_delivered(name, stable))
+                self._relocated += 1
+                budget -= len(msg.body) + 64
+            if budget <= 0:
+                break
+
+    # -- metrics ------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        """Numbers for metrics and health checks (``failed`` is 1 while refusing writes)."""
+        w = self._writer
+        segs = list(self._segments.values())
+        fsyncs = w.fsyncs if w else 0
+        return {
+            "bytes_on_disk": sum(s.size for s in segs),
+            "segments": len(segs),
+            "fsyncs": fsyncs,
+            "fsync_last_us": w.fsync_last_us if w else 0,
+            "fsync_avg_us": (w.fsync_total_us // fsyncs) if w and fsyncs else 0,
+            "records_written": self._records,
+            "bytes_written": w.records_bytes if w else 0,
+            "buffered_jobs": len(w.jobs) if w else 0,
+            "live_messages": self._index.live_pairs,
+            "queues": sum(1 for q in self._index.queues.values() if len(q)),
+            "relocated": len(self._index.reloc),
+            "relocations_total": self._relocated,
+            "checkpoints": w.checkpoints if w else 0,
+            "truncated_bytes": self._truncated,
+            "cache_bytes": self._cache_bytes,
+            "failed": int(bool(w and w.failed)),
+        }
