@@ -121,6 +121,8 @@ def load_settings(
     for name, value in (overrides or {}).items():
         if value is not None:
             setattr(settings, name, _coerce(name, value, getattr(settings, name)))
+    if not settings.node_name:
+        settings.node_name = f"amqpd@{socket.gethostname()}"
     if settings.fsync not in ("batch", "never"):
         raise ConfigError(f"setting 'fsync' must be 'batch' or 'never', not {settings.fsync!r}")
     return settings
