@@ -1,0 +1,9 @@
+"""The amqpd conformance suite: judge any AMQP 0-9-1 broker, RabbitMQ included.
+
+It talks to a broker URL only (never imports amqpd). Run ``amqpd-conformance --url ...``
+or ``python -m conformance --url ...``; see :mod:`conformance.cli`.
+"""
+
+from conformance.framework import REGISTRY, Case, CaseFailure, Context, Result, Skip, case
+
+__all__ = ["REGISTRY", "Case", "CaseFailure", "Context", "Result", "Skip", "case"]

@@ -1,0 +1,13 @@
+"""Importing this package registers every case."""
+
+from conformance.cases import (  # noqa: F401
+    basic,
+    channel,
+    confirm_tx,
+    connection,
+    exchange,
+    extensions,
+    frames,
+    queue,
+    routing,
+)

@@ -1,0 +1,480 @@
+"""The case registry, the per-case context and the helpers cases share.
+
+A case is a function taking a :class:`Context`, registered with ``@case(id, area=...)``.
+It passes by returning, fails by raising :class:`CaseFailure` (or any AssertionError),
+and is skipped by raising :class:`Skip`. Everything it declares through the context is
+uniquely named and deleted afterwards, even when the case fails, so cases can run in
+parallel against a shared broker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import re
+import secrets
+import threading
+import time
+import urllib.parse
+from base64 import b64encode
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pika
+import pika.exceptions as pex
+from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
+
+from conformance.rawclient import RawClient
+
+# ---------------------------------------------------------------------------
+# Registry
+
+
+@dataclass
+class Case:
+    id: str
+    area: str
+    func: Callable[[Context], None]
+    doc: str = ""
+    slow: bool = False
+
+
+REGISTRY: dict[str, Case] = {}
+
+
+def case(case_id: str, area: str, slow: bool = False) -> Callable[[Callable[[Context], None]],
+                                                                  Callable[[Context], None]]:
+    """Register a case. The id names the method or feature and the rule it checks."""
+
+    def deco(func: Callable[[Context], None]) -> Callable[[Context], None]:
+        if case_id in REGISTRY:
+            raise ValueError(f"duplicate case id {case_id}")
+        REGISTRY[case_id] = Case(case_id, area, func, (func.__doc__ or "").strip(), slow)
+        return func
+
+    return deco
+
+
+class Skip(Exception):
+    """The broker does not offer what this case checks (e.g. an amqpd-only extension)."""
+
+
+class CaseFailure(AssertionError):
+    def __init__(self, expected: object, got: object, what: str = "") -> None:
+        self.expected, self.got, self.what = expected, got, what
+        prefix = f"{what}: " if what else ""
+        super().__init__(f"{prefix}expected {expected}, got {got}")
+
+
+def check(cond: bool, expected: object, got: object, what: str = "") -> None:
+    if not cond:
+        raise CaseFailure(expected, got, what)
+
+
+def eq(got: object, expected: object, what: str = "") -> None:
+    if got != expected:
+        raise CaseFailure(repr(expected), repr(got), what)
+
+
+# ---------------------------------------------------------------------------
+# Results
+
+
+@dataclass
+class Message:
+    method: Any
+    properties: pika.BasicProperties
+    body: bytes
+
+    @property
+    def headers(self) -> dict[str, Any]:
+        return dict(self.properties.headers or {})
+
+
+@dataclass
+class Settings:
+    url: str
+    http_url: str | None = None
+    timeout: float = 5.0
+
+
+@dataclass
+class Closed:
+    """A close the broker sent: reply code and text."""
+
+    code: int
+    text: str
+
+
+def _channel_close_reason(ch: BlockingChannel) -> Closed | None:
+    reason = getattr(ch, "_closing_reason", None)
+    if isinstance(reason, pex.ChannelClosedByBroker):
+        return Closed(reason.reply_code, reason.reply_text)
+    return None
+
+
+# ---------------------------------------------------------------------------
+# Context
+
+
+@dataclass
+class Context:
+    case_id: str
+    settings: Settings
+    _cleanups: list[Callable[[], None]] = field(default_factory=list)
+    _connections: list[BlockingConnection] = field(default_factory=list)
+    _raws: list[RawClient] = field(default_factory=list)
+    _declared_queues: list[str] = field(default_factory=list)
+    _declared_exchanges: list[str] = field(default_factory=list)
+    _main: BlockingConnection | None = None
+
+    # -- names ---------------------------------------------------------------------
+    def name(self, kind: str = "q") -> str:
+        slug = re.sub(r"[^a-z0-9]+", "-", self.case_id.lower())[-40:].strip("-")
+        return f"conf-{kind}-{slug}-{secrets.token_hex(4)}"
+
+    # -- connections ---------------------------------------------------------------
+    @property
+    def params(self) -> pika.URLParameters:
+        return pika.URLParameters(self.settings.url)
+
+    def connect(self, **overrides: Any) -> BlockingConnection:
+        params = pika.URLParameters(self.settings.url)
+        params.client_properties = {"connection_name": self.case_id,
+                                    "product": "amqpd-conformance"}
+        params.connection_attempts = 1
+        params.socket_timeout = self.settings.timeout
+        params.blocked_connection_timeout = 30
+        params.heartbeat = overrides.pop("heartbeat", 0)
+        for k, v in overrides.items():
+            setattr(params, k, v)
+        conn = BlockingConnection(params)
+        self._connections.append(conn)
+        return conn
+
+    @property
+    def conn(self) -> BlockingConnection:
+        if self._main is None or not self._main.is_open:
+            self._main = self.connect()
+        return self._main
+
+    def channel(self, conn: BlockingConnection | None = None) -> BlockingChannel:
+        return (conn or self.conn).channel()
+
+    def raw(self, timeout: float | None = None) -> RawClient:
+        p = self.params
+        rc = RawClient(p.host, p.port, timeout=timeout or self.settings.timeout)
+        self._raws.append(rc)
+        return rc
+
+    @property
+    def vhost(self) -> str:
+        return self.params.virtual_host
+
+    @property
+    def user(self) -> str:
+        creds = self.params.credentials
+        return str(getattr(creds, "username", "guest"))
+
+    @property
+    def password(self) -> str:
+        creds = self.params.credentials
+        return str(getattr(creds, "password", "guest"))
+
+    # -- declarations with cleanup ---------------------------------------------------
+    def queue(self, ch: BlockingChannel | None = None, name: str | None = None,
+              arguments: dict[str, Any] | None = None, durable: bool = False,
+              exclusive: bool = False, auto_delete: bool = False) -> str:
+        ch = ch or self.channel()
+        name = self.name("q") if name is None else name
+        ok = ch.queue_declare(name, durable=durable, exclusive=exclusive,
+                              auto_delete=auto_delete, arguments=arguments)
+        real = ok.method.queue
+        self._declared_queues.append(real)
+        return str(real)
+
+    def exchange(self, ch: BlockingChannel | None = None, type: str = "direct",
+                 name: str | None = None, arguments: dict[str, Any] | None = None,
+                 durable: bool = False, auto_delete: bool = False,
+                 internal: bool = False) -> str:
+        ch = ch or self.channel()
+        name = name or self.name("x")
+        self._declared_exchanges.append(name)
+        ch.exchange_declare(name, exchange_type=type, durable=durable, auto_delete=auto_delete,
+                            internal=internal, arguments=arguments)
+        return name
+
+    def track_queue(self, name: str) -> None:
+        self._declared_queues.append(name)
+
+    def track_exchange(self, name: str) -> None:
+        self._declared_exchanges.append(name)
+
+    def on_cleanup(self, fn: Callable[[], None]) -> None:
+        self._cleanups.append(fn)
+
+    def bound_queue(self, ch: BlockingChannel, exchange: str, routing_key: str = "",
+                    arguments: dict[str, Any] | None = None,
+                    queue_args: dict[str, Any] | None = None) -> str:
+        q = self.queue(ch, arguments=queue_args)
+        ch.queue_bind(q, exchange, routing_key=routing_key, arguments=arguments)
+        return q
+
+    # -- messaging helpers ---------------------------------------------------------
+    @staticmethod
+    def publish(ch: BlockingChannel, exchange: str, routing_key: str, body: bytes = b"m",
+                properties: pika.BasicProperties | None = None, mandatory: bool = False) -> None:
+        ch.basic_publish(exchange, routing_key, body, properties, mandatory=mandatory)
+
+    def get(self, ch: BlockingChannel, queue: str, timeout: float = 2.0,
+            auto_ack: bool = True) -> Message | None:
+        """basic.get, polling until a message arrives or *timeout* passes."""
+        deadline = time.monotonic() + timeout
+        while True:
+            method, props, body = ch.basic_get(queue, auto_ack=auto_ack)
+            if method is not None:
+                return Message(method, props, body)
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.02)
+
+    def must_get(self, ch: BlockingChannel, queue: str, timeout: float = 2.0,
+                 auto_ack: bool = True) -> Message:
+        m = self.get(ch, queue, timeout, auto_ack)
+        if m is None:
+            raise CaseFailure("a message", "an empty queue", f"basic.get from {queue}")
+        return m
+
+    def get_none(self, ch: BlockingChannel, queue: str, settle: float = 0.2) -> None:
+        """The queue stays empty (after letting routing settle for *settle* seconds)."""
+        self.sync(ch)
+        time.sleep(settle)
+        method, _, body = ch.basic_get(queue, auto_ack=True)
+        if method is not None:
+            raise CaseFailure("an empty queue", f"message {body!r}", f"basic.get from {queue}")
+
+    def drain(self, ch: BlockingChannel, queue: str, timeout: float = 1.0) -> list[Message]:
+        """Everything in the queue right now (auto-ack), stopping when it is empty."""
+        out: list[Message] = []
+        self.sync(ch)
+        while True:
+            m = self.get(ch, queue, timeout=0)
+            if m is None:
+                if timeout <= 0:
+                    return out
+                time.sleep(0.05)
+                m = self.get(ch, queue, timeout=0)
+                if m is None:
+                    return out
+            out.append(m)
+
+    def bodies(self, ch: BlockingChannel, queue: str) -> list[bytes]:
+        return [m.body for m in self.drain(ch, queue)]
+
+    def consume(self, ch: BlockingChannel, queue: str, n: int, timeout: float = 3.0,
+                auto_ack: bool = False, arguments: dict[str, Any] | None = None,
+                consumer_tag: str | None = None) -> tuple[str, list[Message]]:
+        """Start a consumer and collect *n* deliveries (or fewer at the deadline)."""
+        got: list[Message] = []
+
+        def on_msg(_ch: Any, method: Any, props: Any, body: bytes) -> None:
+            got.append(Message(method, props, body))
+
+        tag = ch.basic_consume(queue, on_msg, auto_ack=auto_ack, arguments=arguments,
+                               consumer_tag=consumer_tag)
+        self.pump(ch.connection, lambda: len(got) >= n, timeout)
+        return tag, got
+
+    @staticmethod
+    def pump(conn: BlockingConnection, until: Callable[[], bool], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not until():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            conn.process_data_events(time_limit=min(0.05, left))
+        return True
+
+    @staticmethod
+    def sync(ch: BlockingChannel) -> None:
+        """A round trip on *ch*: everything sent before has been processed by the broker."""
+        ch.exchange_declare("amq.direct", passive=True)
+
+    # -- expecting errors ------------------------------------------------------------
+    def channel_error(self, ch: BlockingChannel, action: Callable[[], Any],
+                      code: int, text: str | None = None) -> Closed:
+        """*action* makes the broker close *ch* with *code*; the connection stays open."""
+        got: Closed | None = None
+        try:
+            action()
+            if ch.is_open:
+                self.sync(ch)
+        except pex.ChannelClosedByBroker as exc:
+            got = Closed(exc.reply_code, exc.reply_text)
+        except pex.ChannelWrongStateError:
+            got = _channel_close_reason(ch)
+        except pex.ConnectionClosedByBroker as exc:
+            raise CaseFailure(f"channel.close {code}",
+                              f"connection.close {exc.reply_code} {exc.reply_text}")
+        if got is None:
+            got = _channel_close_reason(ch)
+        if got is None:
+            raise CaseFailure(f"channel.close {code}", "success (channel still open)")
+        check(got.code == code, f"channel.close {code}", f"{got.code} {got.text}")
+        if text is not None:
+            check(text in got.text, f"reply text containing {text!r}", repr(got.text))
+        check(ch.connection.is_open, "connection still open after a channel error",
+              "connection closed")
+        return got
+
+    def connection_error(self, conn: BlockingConnection, action: Callable[[], Any],
+                         code: int, text: str | None = None) -> Closed:
+        """*action* makes the broker close the whole connection with *code*."""
+        got: Closed | None = None
+        try:
+            action()
+            conn.process_data_events(time_limit=0.3)
+            ch = conn.channel()
+            self.sync(ch)
+        except pex.ConnectionClosedByBroker as exc:
+            got = Closed(exc.reply_code, exc.reply_text)
+        except pex.ChannelClosedByBroker as exc:
+            raise CaseFailure(f"connection.close {code}",
+                              f"channel.close {exc.reply_code} {exc.reply_text}")
+        except (pex.ConnectionWrongStateError, pex.ChannelWrongStateError,
+                pex.StreamLostError) as exc:
+            closed = getattr(conn, "_closed_result", None)
+            reason = closed.value.error if closed is not None and closed.ready else None
+            if isinstance(reason, pex.ConnectionClosedByBroker):
+                got = Closed(reason.reply_code, reason.reply_text)
+            else:
+                raise CaseFailure(f"connection.close {code}", f"{type(exc).__name__}: {exc}")
+        if got is None:
+            raise CaseFailure(f"connection.close {code}", "success (connection still open)")
+        check(got.code == code, f"connection.close {code}", f"{got.code} {got.text}")
+        if text is not None:
+            check(text in got.text, f"reply text containing {text!r}", repr(got.text))
+        return got
+
+    # -- HTTP management API -----------------------------------------------------------
+    def http(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        if not self.settings.http_url:
+            raise Skip("needs --http-url (management API)")
+        u = urllib.parse.urlsplit(self.settings.http_url)
+        conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port or 15672,
+                                          timeout=self.settings.timeout)
+        auth = b64encode(f"{self.user}:{self.password}".encode()).decode()
+        data = json.dumps(body).encode() if body is not None else None
+        conn.request(method, path, body=data, headers={"Authorization": f"Basic {auth}",
+                                                      "Content-Type": "application/json"})
+        resp = conn.getresponse()
+        raw = resp.read()
+        conn.close()
+        try:
+            parsed = json.loads(raw) if raw else None
+        except ValueError:
+            parsed = raw.decode(errors="replace")
+        return resp.status, parsed
+
+    # -- teardown --------------------------------------------------------------------
+    def close(self) -> None:
+        for fn in reversed(self._cleanups):
+            with contextlib.suppress(Exception):
+                fn()
+        for rc in self._raws:
+            rc.close()
+        for c in self._connections:
+            with contextlib.suppress(Exception):
+                if c.is_open:
+                    c.close()
+        if not (self._declared_queues or self._declared_exchanges):
+            return
+        with contextlib.suppress(Exception):
+            conn = self.connect()
+            ch = conn.channel()
+            for q in self._declared_queues:
+                if q.startswith("amq.rabbitmq."):
+                    continue
+                try:
+                    ch.queue_delete(q)
+                except pex.AMQPError:
+                    ch = conn.channel()
+            for x in self._declared_exchanges:
+                try:
+                    ch.exchange_delete(x)
+                except pex.AMQPError:
+                    ch = conn.channel()
+            conn.close()
+
+
+# ---------------------------------------------------------------------------
+# Running
+
+
+@dataclass
+class Result:
+    id: str
+    area: str
+    result: str  # pass | fail | skip
+    detail: str
+    duration: float
+
+
+def run_case(c: Case, settings: Settings) -> Result:
+    ctx = Context(c.id, settings)
+    t0 = time.monotonic()
+    try:
+        c.func(ctx)
+        outcome, detail = "pass", ""
+    except Skip as exc:
+        outcome, detail = "skip", str(exc)
+    except AssertionError as exc:
+        outcome, detail = "fail", str(exc) or "assertion failed"
+    except Exception as exc:  # any other error is a failure of the broker under test
+        outcome, detail = "fail", f"unexpected {type(exc).__name__}: {exc!r}"[:500]
+    finally:
+        with contextlib.suppress(Exception):
+            ctx.close()
+    return Result(c.id, c.area, outcome, detail, round(time.monotonic() - t0, 3))
+
+
+def select(pattern: str | None) -> list[Case]:
+    import conformance.cases  # noqa: F401 - registers every case
+
+    cases = list(REGISTRY.values())
+    if pattern:
+        rx = re.compile(pattern)
+        cases = [c for c in cases if rx.search(c.id) or rx.search(c.area)]
+    return cases
+
+
+def run_all(cases: list[Case], settings: Settings, jobs: int = 4,
+            on_result: Callable[[Result], None] | None = None) -> list[Result]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    lock = threading.Lock()
+    results: list[Result] = []
+    # Slow cases start first so that they overlap with the many quick ones.
+    ordered = sorted(cases, key=lambda c: not c.slow)
+
+    def one(c: Case) -> Result:
+        r = run_case(c, settings)
+        with lock:
+            results.append(r)
+            if on_result:
+                on_result(r)
+        return r
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        list(pool.map(one, ordered))
+    order = {c.id: i for i, c in enumerate(cases)}
+    results.sort(key=lambda r: order[r.id])
+    return results
+
+
+@contextlib.contextmanager
+def timer() -> Iterator[Callable[[], float]]:
+    t0 = time.monotonic()
+    yield lambda: time.monotonic() - t0
