@@ -65,3 +65,49 @@ class Message:
         )
         msg._props = props
         return msg
+
+
+class LoggedMessage(Message):
+    """A message that lives only in the shared log: position and size, nothing else.
+
+    Recovered backlogs (and, under memory pressure, cold backlogs) are held this way so a
+    queue costs an index entry per message, not a body. :meth:`load` reads it back; the
+    queue swaps the loaded :class:`Message` in when the entry leaves for a consumer.
+    """
+
+    __slots__ = ("_size", "_store")
+
+    def __init__(self, store: Any, position: int, size: int) -> None:  # noqa: D107
+        self._store = store
+        self.position = position
+        self._size = size
+        self.persistent = True
+        self._props = None
+
+    def load(self) -> Message:
+        stored = self._store.read(self.position)
+        msg = Message(stored.exchange, stored.routing_key, stored.properties, stored.body,
+                      persistent=True)
+        msg.position = self.position
+        return msg
+
+    @property  # type: ignore[override]
+    def size(self) -> int:
+        return self._size
+
+    # Attribute access that needs content loads it (rare: TTL/priority/headers checks).
+    @property  # type: ignore[override]
+    def exchange(self) -> str:  # type: ignore[override]
+        return self._store.read(self.position).exchange
+
+    @property  # type: ignore[override]
+    def routing_key(self) -> str:  # type: ignore[override]
+        return self._store.read(self.position).routing_key
+
+    @property  # type: ignore[override]
+    def properties(self) -> bytes:  # type: ignore[override]
+        return self._store.read(self.position).properties
+
+    @property  # type: ignore[override]
+    def body(self) -> bytes:  # type: ignore[override]
+        return self._store.read(self.position).body

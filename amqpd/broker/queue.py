@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from amqpd.broker.message import Message
+from amqpd.broker.message import LoggedMessage, Message
 
 if TYPE_CHECKING:
     from amqpd.broker.vhost import VHost
@@ -108,7 +108,7 @@ class Queue:
     # ------------------------------------------------------------------ enqueue
     def enqueue(self, message: Message) -> None:
         self.ready.append(QueueEntry(message, next(self._seq)))
-        self.ready_bytes += len(message.body)
+        self.ready_bytes += message.size
         self.stat_publish += 1
         if self.consumers:
             self.vhost.schedule_dispatch(self)
@@ -116,7 +116,7 @@ class Queue:
     def restore(self, message: Message, redelivered: bool) -> None:
         """Put a recovered message at the tail (recovery replays in log order)."""
         self.ready.append(QueueEntry(message, next(self._seq), redelivered))
-        self.ready_bytes += len(message.body)
+        self.ready_bytes += message.size
 
     def requeue(self, entries: Iterable[QueueEntry]) -> None:
         """Return unacked entries to their original places, marked redelivered."""
@@ -124,7 +124,7 @@ class Queue:
         for entry in sorted(entries, key=lambda e: e.seq, reverse=True):
             self.unacked_count -= 1
             entry.redelivered = True
-            self.ready_bytes += len(entry.message.body)
+            self.ready_bytes += entry.message.size
             if not ready or entry.seq < ready[0].seq:
                 ready.appendleft(entry)
             elif entry.seq > ready[-1].seq:
@@ -157,7 +157,10 @@ class Queue:
         if not ready:
             return None
         entry = ready.popleft()
-        self.ready_bytes -= len(entry.message.body)
+        message = entry.message
+        if type(message) is LoggedMessage:  # body lives only in the log: read it back
+            entry.message = message = message.load()
+        self.ready_bytes -= message.size
         return entry
 
     def delivered(self, entry: QueueEntry, acked: bool) -> None:
