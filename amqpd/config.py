@@ -63,6 +63,22 @@ class Settings:
     persistence: bool = True
     fsync: str = "batch"
     segment_size: int = 64 * 1024 * 1024
+    # resource alarms (RabbitMQ's defaults): publishers are blocked above these
+    vm_memory_high_watermark: float = 0.4  # fraction of physical memory
+    memory_high_watermark_bytes: int = 0  # absolute limit; overrides the fraction when > 0
+    disk_free_limit: int = 50_000_000  # bytes free on the data directory's filesystem
+    # management HTTP API (0 = ephemeral port), TLS listeners, boot definitions
+    management: bool = True
+    http_bind: str = ""  # "" = same address as ``bind``
+    http_port: int = 15672
+    http_tls: bool = False  # serve the HTTP API over TLS with tls_cert/tls_key
+    tls_port: int = 5671  # amqps listener, started only when tls_cert and tls_key are set
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
+    tls_verify_peer: bool = False
+    tls_fail_if_no_peer_cert: bool = False
+    definitions_file: str = ""  # RabbitMQ-format definitions JSON imported at boot
     # declared in the file
     users: list[UserConfig] = field(default_factory=list)
     vhosts: list[str] = field(default_factory=list)

@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import amqpd
+from amqpd.alarms import Alarms
 from amqpd.broker.auth import AuthStore
 from amqpd.broker.exchange import Exchange
-from amqpd.broker.message import Message
+from amqpd.broker.message import LoggedMessage, Message
 from amqpd.broker.queue import Queue, QueueEntry
 from amqpd.broker.vhost import VHost
 from amqpd.config import Settings
@@ -40,7 +41,7 @@ CAPABILITIES = {
     "exchange_exchange_bindings": True,
     "basic.nack": True,
     "consumer_cancel_notify": True,
-    "connection.blocked": False,
+    "connection.blocked": True,
     "consumer_priorities": True,
     "authentication_failure_close": True,
     "per_consumer_qos": True,
@@ -63,10 +64,12 @@ class Broker:
         self._servers: list[asyncio.base_events.Server] = []
         self._ticker: asyncio.Task[None] | None = None
         self._pending_commit = False
+        self._definitions_scheduled = False
         self._after_commit: list[Callable[[], None]] = []
         self.started_at = time.time()
         self.listeners: list[tuple[str, str, int]] = []  # (protocol, host, port)
         self.stopping = False
+        self.alarms = Alarms(self)
         self._setup_defaults()
 
     # ------------------------------------------------------------------ setup
@@ -206,9 +209,6 @@ class Broker:
         if self.store is not None:
             self.store.drop_queue(queue.store_key)
 
-    def definitions_changed(self) -> None:
-        """Durable topology changed; persisted by the definitions store (storage issue)."""
-
     # ------------------------------------------------------------------ extension hooks
     def apply_policies_to(self, vhost: VHost, obj: Queue | Exchange) -> None:
         """Policies are applied by the policy module (extensions issue)."""
@@ -240,6 +240,7 @@ class Broker:
         self._loop = asyncio.get_running_loop()
         s = self.settings
         Path(s.data_dir).mkdir(parents=True, exist_ok=True)
+        self._open_store()
         server = await self._loop.create_server(
             lambda: AMQPProtocol(self), host=s.bind, port=s.port, reuse_address=True,
             backlog=1024,
@@ -252,6 +253,67 @@ class Broker:
                  ", ".join(f"{h}:{p}" for _, h, p in self.listeners))
         self._ticker = asyncio.create_task(self._tick_loop())
 
+    def _open_store(self) -> None:
+        """Open the log, restore durable definitions, then put messages back in queues."""
+        from amqpd.store.definitions import DefinitionsStore
+        from amqpd.store.log import SharedLog
+
+        s = self.settings
+        data = Path(s.data_dir)
+        self.definitions_store = DefinitionsStore(data / "definitions.json")
+        if not s.persistence:
+            return
+        started = time.monotonic()
+        store = SharedLog(data / "log", segment_size=s.segment_size,
+                          fsync="never" if s.fsync == "never" else "batch", loop=self._loop)
+        recovered = store.open()
+        self.store = store
+        self._restore_definitions(self.definitions_store.load())
+        n = 0
+        for key, rq in recovered.queues.items():
+            vhost_name, _, queue_name = key.partition("\x00")
+            vhost = self.vhosts.get(vhost_name)
+            queue = vhost.queues.get(queue_name) if vhost is not None else None
+            if queue is None or not queue.durable:
+                store.drop_queue(key)  # its definition is gone: nothing can consume these
+                continue
+            redelivered = rq.redelivered
+            for position, size in zip(rq.positions, rq.sizes, strict=True):
+                queue.restore(LoggedMessage(store, position, size), position in redelivered)
+            n += len(rq.positions)
+        if recovered.truncated_bytes:
+            log.warning("store: truncated %d bytes of torn or corrupt log tail",
+                        recovered.truncated_bytes)
+        log.info("recovered %d messages in %d queues in %.2fs", n, len(recovered.queues),
+                 time.monotonic() - started)
+
+    def _restore_definitions(self, defs: dict[str, Any]) -> None:
+        if not any(defs.get(k) for k in ("vhosts", "queues", "exchanges", "users")):
+            return
+        from amqpd.broker.definitions import import_definitions
+
+        import_definitions(self, defs)
+
+    def definitions_changed(self) -> None:
+        """Durable topology changed: save it once, at the end of this tick."""
+        if self._definitions_scheduled or self._loop is None:
+            return
+        self._definitions_scheduled = True
+        self._loop.call_soon(self._save_definitions)
+
+    def _save_definitions(self) -> None:
+        self._definitions_scheduled = False
+        try:
+            from amqpd.broker.definitions import export_definitions
+        except ImportError:  # pragma: no cover - during the definitions module's arrival
+            return
+        defs = export_definitions(self)
+        # transient objects never reach the file (export covers durable ones only)
+        try:
+            self.definitions_store.save(defs)
+        except Exception:
+            log.exception("could not save definitions")
+
     @property
     def port(self) -> int:
         return self.listeners[0][2]
@@ -260,6 +322,7 @@ class Broker:
         while True:
             await asyncio.sleep(1.0)
             now = time.monotonic()
+            self.alarms.check()
             for proto in list(self.transports):
                 if proto.session is not None:
                     proto.session.conn.tick(now)

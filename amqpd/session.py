@@ -70,6 +70,7 @@ class Session:
         self.exclusive_queues: list[Queue] = []
         self.blocked_delivery = False
         self.blocked = False  # connection.blocked sent (alarm)
+        self.has_published = False
         self.connected_at = time.time()
         self.closed = False
 
@@ -129,6 +130,10 @@ class Session:
                    immediate: bool, properties: bytes, body: bytes) -> None:
         self.channels[channel].publish(exchange, routing_key, mandatory, immediate, properties,
                                        body)
+        if not self.has_published:
+            self.has_published = True
+            if self.broker.alarms:
+                self.broker.alarms.block(self)
 
     def on_ack(self, channel: int, delivery_tag: int, multiple: bool) -> None:
         self.channels[channel].ack(delivery_tag, multiple)
