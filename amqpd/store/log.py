@@ -41,12 +41,13 @@ replay need its SETTLE records.
 Failure policy
 --------------
 A write or fsync error (ENOSPC, EIO) fails every waiting and later commit with
-:class:`StoreError` (the broker nacks) and :attr:`SharedLog.failed` says why. Appends
-raise StoreError for ``retry_after`` seconds; the next append after that rolls to a
-fresh segment and tries again (so the disk is probed at most once per
-``retry_after``). What was acknowledged before the error stays intact; records
-appended while failed are not written, so messages enqueued then exist only in
-memory until the broker settles them.
+:class:`StoreError` (the broker nacks) and :attr:`SharedLog.failed` says why
+(``stats()["failed"] == 1``). Appends raise StoreError for ``retry_after`` seconds;
+the next append after that re-opens the log from disk (recovery, which cuts any torn
+record) and carries on, so the disk is probed at most once per ``retry_after``. What
+was committed before the error stays intact. Messages appended from the failed write
+on are not stored (their commits failed); settles and delivered marks from that time
+are re-appended after the re-open, so nothing acked comes back.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ from amqpd.store import format as fmt
 from amqpd.store.api import RecoveredQueue, RecoveredState, StoredMessage, StoreError
 from amqpd.store.index import LiveIndex
 from amqpd.store.segment import Segment
-from amqpd.store.writer import CHECKPOINT, COMMIT, DELETE, RESUME, WRITE, Writer
+from amqpd.store.writer import CHECKPOINT, COMMIT, DELETE, WRITE, Writer
 
 log = logging.getLogger("amqpd.store")
 
@@ -191,20 +192,60 @@ class SharedLog:
 
     # -- appends (event-loop thread) ----------------------------------------------
 
-    def _writable(self) -> Writer:
+    def _writable(self, *, refuse_if_failed: bool = False) -> Writer:
+        """The writer, after housekeeping. While failed (and not yet time to retry),
+        ENQUEUEs are refused; settles are accepted: the failed writer keeps them
+        and they are re-appended after the re-open."""
         w = self._writer
         if self._state != "open" or w is None:
             raise StoreError("store is not open")
         if w.checkpoint_durable != self._checkpoint_seen:
             self._collect_garbage()
-        if w.failed is not None and not w.resume_pending:
+        if w.failed is not None:
             if time.monotonic() - w.failed_at < self.retry_after:
-                raise StoreError(f"store failed: {w.failed}")
-            # Probe again: skip past whatever was discarded, in a fresh segment.
-            w.resume_pending = True
-            w.jobs.append((RESUME,))
-            self._roll()
+                if refuse_if_failed:
+                    raise StoreError(f"store failed: {w.failed}")
+                return w
+            self._reopen_after_failure()
+            w = self._writer
+            assert w is not None
         return w
+
+    def _reopen_after_failure(self) -> None:
+        """Probe the disk again after a write error: rebuild everything from what is
+        really on disk (recovery cuts any torn bytes), then re-append the SETTLE /
+        DELIVERED / DROP_QUEUE records that could not be written. Stable positions
+        of stored messages do not change; messages whose ENQUEUE never reached the
+        disk (their commits failed) are simply not in the store any more."""
+        old = self._writer
+        assert old is not None
+        old.stop()  # it discards whatever is still queued
+        redo = old.discarded
+        for seg in self._segments.values():
+            seg.close()
+        self._segments = {}
+        self._unwritten = {}
+        self._cache.clear()
+        self._cache_bytes = 0
+        self._state = "new"
+        truncated = self._truncated
+        try:
+            self.open()
+        except (OSError, StoreError) as exc:
+            old.failed_at = time.monotonic()
+            self._writer, self._state = old, "open"
+            raise StoreError(f"store failed: {old.failed}; reopen failed: {exc}") from None
+        self._truncated += truncated
+        log.warning("store re-opened after %s; re-applying %d records", old.failed, len(redo))
+        for record in redo:
+            rtype, _, p, e = fmt.decode_record(record)
+            payload = memoryview(record)[p:e]
+            if rtype == fmt.SETTLE:
+                self.append_settle(*fmt.decode_settle(payload))
+            elif rtype == fmt.DELIVERED:
+                self.append_delivered(*fmt.decode_delivered(payload))
+            elif rtype == fmt.DROP_QUEUE:
+                self.drop_queue(fmt.decode_drop_queue(payload))
 
     def _append(self, rtype: int, payload: bytes) -> int:
         """Frame, place and queue one record; return its position."""
@@ -243,7 +284,7 @@ class SharedLog:
 
     def append_enqueue(self, queues: Sequence[str], message: StoredMessage) -> int:
         """Write the message once for all ``queues``; return its stable position."""
-        self._writable()
+        self._writable(refuse_if_failed=True)
         key = tuple(queues)
         qbytes = self._qcache.get(key)
         if qbytes is None:
@@ -315,12 +356,17 @@ class SharedLog:
         w = self._writer
         if self._state != "open" or w is None:
             raise StoreError("store is not open")
-        w.jobs.append((COMMIT, cb, True))  # True: call on the writer thread
-        w.wake.set()
-        if not done.wait(timeout):
-            raise StoreError("sync timed out")
-        if result and result[0] is not None:
-            raise StoreError(str(result[0]))
+        for _ in range(2):  # twice if garbage collection queued segment deletions
+            done.clear()
+            result.clear()
+            w.jobs.append((COMMIT, cb, True))  # True: call on the writer thread
+            w.wake.set()
+            if not done.wait(timeout):
+                raise StoreError("sync timed out")
+            if result and result[0] is not None:
+                raise StoreError(str(result[0]))
+            if w.checkpoint_durable == self._checkpoint_seen or not self._collect_garbage():
+                break
 
     # -- reads --------------------------------------------------------------------
 
@@ -384,7 +430,7 @@ class SharedLog:
     def _checkpoint(self) -> None:
         w = self._writer
         assert w is not None
-        if w.failed is not None and not w.resume_pending:
+        if w.failed is not None:
             return
         self._compact()
         pos = self._append(fmt.CHECKPOINT, b"\0" * 8)
@@ -393,7 +439,7 @@ class SharedLog:
         w.wake.set()
         self._since_checkpoint = 0
 
-    def _collect_garbage(self) -> None:
+    def _collect_garbage(self) -> bool:
         """Delete segments with nothing live that a durable checkpoint lies past."""
         w = self._writer
         assert w is not None
@@ -411,6 +457,7 @@ class SharedLog:
             w.jobs.append((DELETE, base))
         if doomed:
             w.wake.set()
+        return bool(doomed)
 
     def _compact(self) -> None:
         """Copy forward the live messages of old, mostly-dead segments."""

@@ -12,15 +12,17 @@ answered only after those records are written (and fsync'd in ``"batch"`` mode):
     COMMIT(callback)  ---------+------->    WRITE: coalesce per segment, pwrite
     CHECKPOINT(covered, data)  |            CHECKPOINT/DELETE: flush+fsync first
     DELETE(base)               |          fsync dirty segments once   <- group commit
-    RESUME / STOP  ------------+          loop.call_soon_threadsafe(fire all callbacks)
+    STOP  ---------------------+          loop.call_soon_threadsafe(fire all callbacks)
 
 Errors: the first OSError (ENOSPC, EIO...) puts the writer in the *failed* state.
 The segment being written is cut back to its last good size (``Segment.append``),
 every callback of the batch and every later one receives a :class:`StoreError`, and
 every later WRITE is discarded, because writing past a hole would put garbage in
-the middle of a segment. Only a RESUME job (queued by the log after it rolled to a
-fresh segment) clears the state. So what is on disk is always a clean prefix of each
-segment.
+the middle of a segment. So what is on disk is always a clean prefix of each
+segment. Discarded SETTLE/DELIVERED/DROP_QUEUE records are kept in
+:attr:`Writer.discarded` so the log can re-append them once it has re-opened itself
+from disk (ENQUEUEs are not: their commits failed, the publisher was nacked). A failed
+writer is never reused: the log stops it and starts a new one.
 """
 
 from __future__ import annotations
@@ -47,8 +49,10 @@ WRITE = 0  # (WRITE, base, position, data)
 COMMIT = 1  # (COMMIT, callback[, direct]): direct = call on this thread, not the loop
 CHECKPOINT = 2  # (CHECKPOINT, covered, data)
 DELETE = 3  # (DELETE, base)
-RESUME = 4  # (RESUME,)
 STOP = 5  # (STOP,)
+
+_KEEP_ON_FAILURE = (2, 3, 4)  # format.SETTLE, DELIVERED, DROP_QUEUE
+_TYPE_OFFSET = 16  # record header: crc u32, length u32, sequence u64, type u8
 
 
 def fire(callbacks: list[tuple[Callback, BaseException | None]]) -> None:
@@ -81,7 +85,7 @@ class Writer:
         self.wake = threading.Event()
         self.failed: str | None = None
         self.failed_at = 0.0
-        self.resume_pending = False
+        self.discarded: list[bytes] = []  # records not written because of the failure
         self.checkpoint_durable = -1  # covered position of the last durable checkpoint
         self.fsyncs = 0
         self.fsync_last_us = 0
@@ -128,18 +132,11 @@ class Writer:
             if kind == WRITE:
                 if self.failed is None:
                     pending.append(job)
+                else:
+                    self._discard(job[3])
                 continue
             if kind == COMMIT:
                 (direct if len(job) > 2 else callbacks).append((job[1], None))
-                continue
-            if kind == RESUME:
-                # Everything queued before RESUME was discarded; start clean.
-                self._flush(pending)
-                pending = []
-                self._answer_failed(callbacks)
-                self._answer_failed(direct)
-                self.failed = None
-                self.resume_pending = False
                 continue
             # CHECKPOINT, DELETE, STOP: everything before must be on disk first.
             self._flush(pending)
@@ -209,6 +206,8 @@ class Writer:
                 seg.append(b"".join(parts) if len(parts) > 1 else parts[0])
             except OSError as exc:
                 self._fail("write", exc)
+                for k in range(i, n):
+                    self._discard(pending[k][3])
                 return
             self._dirty.add(seg)
             unwritten = self.unwritten
@@ -216,6 +215,10 @@ class Writer:
                 unwritten.pop(pending[k][2], None)
                 self.records_bytes += len(pending[k][3])
             i = j
+
+    def _discard(self, record: bytes) -> None:
+        if record[_TYPE_OFFSET] in _KEEP_ON_FAILURE:
+            self.discarded.append(record)
 
     def _fsync(self) -> None:
         if not self._dirty or self.failed is not None:
