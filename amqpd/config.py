@@ -130,7 +130,7 @@ def load_settings(
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {p}: {exc}") from exc
         _apply_file(settings, data, str(p))
-    for name, f in _SCALARS.items():
+    for name, _f in _SCALARS.items():
         key = "AMQPD_" + name.upper()
         if key in env:
             setattr(settings, name, _coerce(name, env[key], getattr(settings, name)))

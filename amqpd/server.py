@@ -22,6 +22,7 @@ from amqpd.alarms import Alarms
 from amqpd.broker.auth import AuthStore
 from amqpd.broker.exchange import Exchange
 from amqpd.broker.message import LoggedMessage, Message
+from amqpd.broker.policy import PolicyStore, alternate_exchange
 from amqpd.broker.queue import Queue, QueueEntry
 from amqpd.broker.vhost import VHost
 from amqpd.config import Settings
@@ -70,6 +71,7 @@ class Broker:
         self.listeners: list[tuple[str, str, int]] = []  # (protocol, host, port)
         self.stopping = False
         self.alarms = Alarms(self)
+        self.policies = PolicyStore(self)
         self._setup_defaults()
 
     # ------------------------------------------------------------------ setup
@@ -211,10 +213,10 @@ class Broker:
 
     # ------------------------------------------------------------------ extension hooks
     def apply_policies_to(self, vhost: VHost, obj: Queue | Exchange) -> None:
-        """Policies are applied by the policy module (extensions issue)."""
+        """Set ``obj.policy`` from the matching policy, then the options it drives."""
+        self.policies.apply(vhost, obj)
         if isinstance(obj, Exchange):
-            ae = obj.arguments.get("alternate-exchange")
-            obj.alternate = ae if isinstance(ae, str) else None
+            obj.alternate = alternate_exchange(obj.arguments, obj.policy)
 
     def validate_queue_arguments(self, arguments: dict[str, Any]) -> None:
         """Reject argument values RabbitMQ rejects (406 PRECONDITION_FAILED)."""

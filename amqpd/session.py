@@ -79,8 +79,7 @@ class Session:
         if self.peer is None:
             return True
         host = self.peer[0]
-        return host.startswith("127.") or host in ("::1", "localhost") or \
-            host.startswith("::ffff:127.")
+        return host.startswith(("127.", "::ffff:127.")) or host in ("::1", "localhost")
 
     # ------------------------------------------------------------------ delegate
     def authenticate(self, mechanism: str, response: bytes, client_properties: dict) -> None:

@@ -219,7 +219,7 @@ class Channel:
     def _basic_qos(self, m: commands.Basic.Qos) -> None:
         if m.prefetch_size:
             raise NotImplemented_(f"prefetch_size!=0 ({m.prefetch_size})")
-        if m.globally:
+        if m.global_:
             self.prefetch_channel = m.prefetch_count
         else:
             self.prefetch_consumer = m.prefetch_count

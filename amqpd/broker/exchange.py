@@ -70,10 +70,10 @@ class Exchange:
         self.validate(self.arguments)
 
     # --- called BEFORE declaration, to check arguments; raise PreconditionFailed etc.
-    def validate(self, arguments: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+    def validate(self, arguments: dict[str, Any]) -> None:
         """Check declare arguments; the default accepts anything."""
 
-    def validate_binding(self, routing_key: str, arguments: dict[str, Any]) -> None:  # noqa: B027
+    def validate_binding(self, routing_key: str, arguments: dict[str, Any]) -> None:
         """Check a binding before it is added; the default accepts anything."""
 
     # --- binding index maintenance (called after the binding is recorded in .bindings)
@@ -104,7 +104,7 @@ class Exchange:
             self.remove_binding(binding)
         return binding
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:
         """Called when the exchange is deleted (types with timers stop them here)."""
 
     def info(self) -> dict[str, Any]:

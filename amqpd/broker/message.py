@@ -77,7 +77,7 @@ class LoggedMessage(Message):
 
     __slots__ = ("_size", "_store")
 
-    def __init__(self, store: Any, position: int, size: int) -> None:  # noqa: D107
+    def __init__(self, store: Any, position: int, size: int) -> None:
         self._store = store
         self.position = position
         self._size = size

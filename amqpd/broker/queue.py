@@ -210,7 +210,10 @@ class Queue:
         n = len(consumers)
         top = consumers[0].priority
         # highest priority first; round-robin among equals
-        same = [c for c in consumers if c.priority == top] if consumers[-1].priority != top else consumers
+        if consumers[-1].priority == top:
+            same = consumers
+        else:
+            same = [c for c in consumers if c.priority == top]
         m = len(same)
         for i in range(m):
             c = same[(self._rr + i) % m]

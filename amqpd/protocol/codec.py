@@ -18,7 +18,7 @@ from typing import Any
 from pamqp import commands, decode, encode
 from pamqp.base import Frame as PamqpFrame
 
-from amqpd.protocol.errors import CommandInvalid, SyntaxError_
+from amqpd.protocol.errors import CommandInvalid, FrameError, SyntaxError_
 from amqpd.protocol.frames import FRAME_END_BYTE
 
 # RabbitMQ's own table encoding picks 'I' for 32-bit and 'l' for 64-bit integers.
@@ -85,7 +85,15 @@ def decode_method(payload: bytes) -> PamqpFrame:
     method = cls.__new__(cls)
     try:
         method.unmarshal(payload[4:])
+    except (struct.error, IndexError) as exc:  # ran out of bytes: a truncated frame
+        raise FrameError(
+            f"method frame {cls.__name__} is truncated", index >> 16, index & 0xFFFF
+        ) from exc
     except Exception as exc:
+        if "unpack" in str(exc) or "not enough" in str(exc).lower():
+            raise FrameError(
+                f"method frame {cls.__name__} is truncated", index >> 16, index & 0xFFFF
+            ) from exc
         raise SyntaxError_(
             f"malformed {cls.__name__} method frame: {exc}", index >> 16, index & 0xFFFF
         ) from exc
@@ -270,7 +278,8 @@ def return_method(channel: int, code: int, text: str, exchange: str, routing_key
 
 
 def ack_method(channel: int, delivery_tag: int, multiple: bool) -> bytes:
-    return method_frame(channel, 60, 80, _U64.pack(delivery_tag) + (b"\x01" if multiple else b"\x00"))
+    flag = b"\x01" if multiple else b"\x00"
+    return method_frame(channel, 60, 80, _U64.pack(delivery_tag) + flag)
 
 
 def nack_method(channel: int, delivery_tag: int, multiple: bool) -> bytes:

@@ -50,7 +50,6 @@ from amqpd.protocol.errors import (
     UnexpectedFrame,
 )
 from amqpd.protocol.frames import (
-    FRAME_BODY,
     FRAME_HEADER,
     FRAME_HEARTBEAT,
     FRAME_METHOD,
@@ -192,10 +191,9 @@ class AMQPConnection:
 
     def _receive_header(self, data: bytes) -> bytes:
         buf = self._header_buf + data
-        if len(buf) < 8:
-            if PROTOCOL_HEADER.startswith(buf):
-                self._header_buf = buf
-                return b""
+        if len(buf) < 8 and PROTOCOL_HEADER.startswith(buf):
+            self._header_buf = buf
+            return b""
         if buf[:8] != PROTOCOL_HEADER:
             # The spec: reply with the header we support, then close the socket.
             log.info("bad protocol header %r: replying with AMQP 0-9-1 header", buf[:8])
@@ -220,7 +218,13 @@ class AMQPConnection:
 
     def _dispatch_guarded(self, ftype: int, channel: int, payload: bytes) -> None:
         try:
-            self._dispatch(ftype, channel, payload)
+            try:
+                self._dispatch(ftype, channel, payload)
+            except AMQPError as exc:
+                if not exc.class_id and ftype == FRAME_METHOD and len(payload) >= 4:
+                    exc.class_id = (payload[0] << 8) | payload[1]
+                    exc.method_id = (payload[2] << 8) | payload[3]
+                raise
         except ChannelError as exc:
             if channel == 0 or self.state is not State.OPEN:
                 self._close_connection(exc)
@@ -236,7 +240,7 @@ class AMQPConnection:
     def _dispatch(self, ftype: int, channel: int, payload: bytes) -> None:
         if ftype == FRAME_HEARTBEAT:
             if channel != 0:
-                raise FrameError("heartbeat frame on non-zero channel")
+                raise UnexpectedFrame("heartbeat frame on non-zero channel")
             return
         if self.state is State.CLOSING:
             # After sending connection.close we only wait for close-ok (or close).
@@ -253,9 +257,7 @@ class AMQPConnection:
         if self.state is not State.OPEN:
             raise UnexpectedFrame(f"frame on channel {channel} before the connection is open")
         if channel > self.channel_max:
-            raise ChannelErrorCode(
-                f"channel {channel} exceeds negotiated channel_max {self.channel_max}"
-            )
+            raise NotAllowed(f"channel {channel} exceeds negotiated channel_max {self.channel_max}")
         slot = self.channels.get(channel)
         if ftype == FRAME_METHOD:
             self._channel_method(channel, slot, payload)
@@ -281,7 +283,7 @@ class AMQPConnection:
             return
         if slot.publish is not None:
             raise UnexpectedFrame(
-                f"expected content header for class 60, got non content header frame instead"
+                "expected content header for class 60, got non content header frame instead"
             )
         if index == codec.BASIC_PUBLISH:
             slot.publish = codec.decode_publish(payload)
@@ -374,7 +376,7 @@ class AMQPConnection:
     def _connection_method(self, payload: bytes) -> None:
         index = codec.method_id(payload)
         if index >> 16 != 10:
-            raise CommandInvalid(f"non-connection method on channel 0 (class {index >> 16})")
+            raise ChannelErrorCode(f"non-connection method on channel 0 (class {index >> 16})")
         method = codec.decode_method(payload)
         name = type(method).__name__
         if isinstance(method, commands.Connection.Close):
@@ -396,8 +398,16 @@ class AMQPConnection:
             self.send_method(0, commands.Connection.UpdateSecretOk())
             return
         if expected is None or not isinstance(method, expected):
-            raise CommandInvalid(f"unexpected connection.{name} in state {self.state.value}", 10,
-                                 index & 0xFFFF)
+            if self.state is State.OPEN:
+                raise ChannelErrorCode(f"unexpected method connection.{name} in state running",
+                                       10, index & 0xFFFF)
+            # During the handshake RabbitMQ just drops a peer that breaks the sequence.
+            log.info("handshake violation: connection.%s in state %s; dropping", name,
+                     self.state.value)
+            self.close_reason = f"unexpected connection.{name} during handshake"
+            self.connection_lost()
+            self.should_close_transport = True
+            return
         if isinstance(method, commands.Connection.StartOk):
             self._start_ok(method)
         elif isinstance(method, commands.Connection.TuneOk):

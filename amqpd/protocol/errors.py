@@ -32,7 +32,7 @@ class ChannelError(AMQPError):
     """Soft error: the channel is closed, the connection and its other channels go on."""
 
 
-class ConnectionError_(AMQPError):  # noqa: N801 - avoids shadowing the builtin
+class ConnectionError_(AMQPError):
     """Hard error: the whole connection is closed."""
 
 
@@ -78,7 +78,7 @@ class FrameError(ConnectionError_):
     reply_code, name = 501, "FRAME_ERROR"
 
 
-class SyntaxError_(ConnectionError_):  # noqa: N801
+class SyntaxError_(ConnectionError_):
     reply_code, name = 502, "SYNTAX_ERROR"
 
 
@@ -104,7 +104,7 @@ class NotAllowed(ConnectionError_):
     reply_code, name = 530, "NOT_ALLOWED"
 
 
-class NotImplemented_(ConnectionError_):  # noqa: N801
+class NotImplemented_(ConnectionError_):
     reply_code, name = 540, "NOT_IMPLEMENTED"
 
 

@@ -19,7 +19,8 @@ _MISSING = object()
 
 def _matches(mode: str, spec: dict[str, Any], headers: dict[str, Any]) -> bool:
     with_x = mode.endswith("-with-x")
-    items = [(k, v) for k, v in spec.items() if k != "x-match" and (with_x or not k.startswith("x-"))]
+    items = [(k, v) for k, v in spec.items()
+             if k != "x-match" and (with_x or not k.startswith("x-"))]
     if mode.startswith("all"):
         for key, want in items:
             got = headers.get(key, _MISSING)
@@ -40,7 +41,9 @@ class HeadersExchange(Exchange):
     type_name = "headers"
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        self._bindings: dict[tuple[str, str, str, str], tuple[str, dict[str, Any], Destination]] = {}
+        self._bindings: dict[
+            tuple[str, str, str, str], tuple[str, dict[str, Any], Destination]
+        ] = {}
         super().__init__(*args, **kwargs)
 
     def validate_binding(self, routing_key: str, arguments: dict[str, Any]) -> None:
@@ -49,7 +52,8 @@ class HeadersExchange(Exchange):
             mode = mode.decode()
         if mode not in _MODES:
             raise PreconditionFailed(
-                f"Invalid x-match field value {mode!r}; expected all, any, all-with-x, or any-with-x"
+                f"Invalid x-match field value {mode!r}; "
+                "expected all, any, all-with-x, or any-with-x"
             )
 
     def add_binding(self, binding: Binding) -> None:
@@ -65,4 +69,5 @@ class HeadersExchange(Exchange):
         if not self._bindings:
             return ()
         headers = message.headers
-        return [dest for mode, spec, dest in self._bindings.values() if _matches(mode, spec, headers)]
+        return [dest for mode, spec, dest in self._bindings.values()
+                if _matches(mode, spec, headers)]
