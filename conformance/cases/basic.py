@@ -50,7 +50,7 @@ def headers_types(ctx: Context) -> None:
         "str": "text", "int": 42, "neg": -7, "big": 2**40, "bool": True, "false": False,
         "dec": decimal.Decimal("3.14"), "bytes": b"\x00\x01",
         "list": [1, "two", [3]], "table": {"nested": {"deep": 1}},
-        "ts": datetime.datetime(2024, 1, 2, 3, 4, 5), "none": None,
+        "ts": datetime.datetime(2024, 1, 2, 3, 4, 5, tzinfo=datetime.UTC), "none": None,
     }
     ch.basic_publish("", q, b"h", pika.BasicProperties(headers=headers))
     got = ctx.must_get(ch, q).headers
