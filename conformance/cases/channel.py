@@ -107,15 +107,17 @@ def flow_true(ctx: Context) -> None:
     eq(r.active, True, "flow-ok active")
 
 
-@case("channel.flow-ok/unsolicited-flow-ok-tolerated", A)
+@case("channel.flow-ok/from-client-503-COMMAND_INVALID", A)
 def flow_ok(ctx: Context) -> None:
-    """A client's channel.flow-ok (the answer to a broker flow) arriving unsolicited is
-    not fatal in RabbitMQ; the channel keeps working."""
+    """RabbitMQ never sends channel.flow, so a client's channel.flow-ok is an
+    unimplemented method: connection.close 503 COMMAND_INVALID."""
     rc = _raw(ctx)
     rc.open_channel(1)
     rc.send_method(C.Channel.FlowOk(active=True), 1)
-    r = rc.rpc(C.Basic.Qos(prefetch_count=1), 1, (C.Basic.QosOk,))
-    check(isinstance(r, C.Basic.QosOk), "basic.qos-ok (channel still usable)", r)
+    close = rc.expect_close()
+    check(close is not None, "connection.close 503", "socket closed")
+    assert close is not None
+    eq(close.reply_code, 503, "reply code")
 
 
 @case("channel/soft-error-closes-only-that-channel", A)
