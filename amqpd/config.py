@@ -63,6 +63,10 @@ class Settings:
     persistence: bool = True
     fsync: str = "batch"
     segment_size: int = 64 * 1024 * 1024
+    # message bodies kept in memory: beyond these, new messages of a queue live only in the
+    # log (read back on delivery) and the queue holds a small index entry per message
+    queue_memory_limit: int = 16 * 1024 * 1024  # bytes of ready bodies per queue
+    message_memory_budget: int = 256 * 1024 * 1024  # bytes of ready bodies in all queues
     # resource alarms (RabbitMQ's defaults): publishers are blocked above these
     vm_memory_high_watermark: float = 0.4  # fraction of physical memory
     memory_high_watermark_bytes: int = 0  # absolute limit; overrides the fraction when > 0

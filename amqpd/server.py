@@ -71,6 +71,8 @@ class Broker:
         self.listeners: list[tuple[str, str, int]] = []  # (protocol, host, port)
         self.stopping = False
         self.alarms = Alarms(self)
+        self.paging_all = False
+        self.ready_bytes_total = 0
         self.policies = PolicyStore(self)
         self._setup_defaults()
 
@@ -149,13 +151,15 @@ class Broker:
     # ------------------------------------------------------------------ publishing
     def publish(
         self, vhost: VHost, exchange_name: str, message: Message, username: str | None,
-        on_durable: Callable[[BaseException | None], None] | None = None,
+        on_confirm: Callable[[BaseException | None], None] | None = None,
+        on_unroutable: Callable[[], None] | None = None,
     ) -> list[Queue]:
         """Route and enqueue a message; persist it if it must survive a restart.
 
-        ``on_durable`` (publisher confirms) is called once the message is safe: after the
-        store's group commit for persistent messages in durable queues, never for others
-        (the caller confirms those at once).
+        ``on_confirm`` (publisher confirms) is called exactly once: after the store's
+        group commit for a persistent message routed to durable queues, at once for
+        anything else, and with the error if the store could not take the message (the
+        message then reaches only non-durable queues and the publisher gets a nack).
         """
         props = message.properties
         if len(props) >= 2 and props[1] & 0x10 and username is not None:  # user-id flag
@@ -167,23 +171,67 @@ class Broker:
                 )
         exchange = vhost.get_exchange(exchange_name)
         queues = vhost.route(exchange, message, [message.routing_key])
-        if not queues:
-            return queues
-        if message.persistent and self.store is not None:
+        if not queues and on_unroutable is not None:
+            on_unroutable()
+        confirm_now = on_confirm
+        if queues and message.persistent and self.store is not None:
             durable = [q.store_key for q in queues if q.durable]
             if durable:
-                from amqpd.store.api import StoredMessage
+                from amqpd.store.api import StoredMessage, StoreError
 
-                message.position = self.store.append_enqueue(
-                    durable, StoredMessage(message.exchange, message.routing_key,
-                                           message.properties, message.body)
-                )
-                if on_durable is not None:
-                    self.store.commit(on_durable)
+                try:
+                    message.position = self.store.append_enqueue(
+                        durable, StoredMessage(message.exchange, message.routing_key,
+                                               message.properties, message.body)
+                    )
+                except StoreError as exc:
+                    log.error("store refused a persistent message: %s", exc)
+                    self.alarms.set_external("disk", True, f"message store failing: {exc}")
+                    queues = [q for q in queues if not q.durable]
+                    for q in queues:
+                        q.enqueue(message)
+                    if on_confirm is not None:
+                        on_confirm(exc)
+                    return queues
+                if on_confirm is not None:
+                    self.store.commit(on_confirm)
+                    confirm_now = None
                 self._pending_commit = True
+        if confirm_now is not None:
+            confirm_now(None)
+        limit = self.settings.queue_memory_limit
         for q in queues:
-            q.enqueue(message)
+            if (q.ready_bytes > limit or self.paging_all) and self.store is not None:
+                q.enqueue(self._paged(q, message))
+            else:
+                q.enqueue(message)
         return queues
+
+    def _paged(self, queue: Queue, message: Message) -> Message:
+        """The message as the queue should hold it under memory pressure: log-only."""
+        store = self.store
+        assert store is not None
+        if message.position >= 0 and queue.durable:
+            return LoggedMessage(store, message.position, message.size)
+        from amqpd.store.api import StoredMessage, StoreError
+
+        try:
+            position = store.append_enqueue(
+                [queue.store_key], StoredMessage(message.exchange, message.routing_key,
+                                                 message.properties, message.body))
+        except StoreError:
+            return message  # cannot page: keep it in memory
+        queue.in_store = True
+        return LoggedMessage(store, position, message.size)
+
+    def _check_memory(self) -> None:
+        """Once a second: page new messages of every queue while bodies exceed the budget."""
+        total = 0
+        for vhost in self.vhosts.values():
+            for q in vhost.queues.values():
+                total += q.ready_bytes
+        self.ready_bytes_total = total
+        self.paging_all = total > self.settings.message_memory_budget
 
     def body_of(self, message: Message) -> bytes:
         body = message.body
@@ -325,6 +373,7 @@ class Broker:
             await asyncio.sleep(1.0)
             now = time.monotonic()
             self.alarms.check()
+            self._check_memory()
             for proto in list(self.transports):
                 if proto.session is not None:
                     proto.session.conn.tick(now)

@@ -24,6 +24,7 @@ from amqpd.broker.vhost import generate_name
 from amqpd.protocol import codec
 from amqpd.protocol.errors import (
     AccessRefused,
+    CommandInvalid,
     ContentTooLarge,
     NotAllowed,
     NotFound,
@@ -70,7 +71,6 @@ class Channel:
         self.stat_ack = 0
         self._handlers: dict[type, Callable[[Any], None]] = {
             commands.Channel.Flow: self._flow,
-            commands.Channel.FlowOk: lambda m: None,
             commands.Exchange.Declare: self._exchange_declare,
             commands.Exchange.Delete: self._exchange_delete,
             commands.Exchange.Bind: self._exchange_bind,
@@ -105,7 +105,8 @@ class Channel:
     def handle(self, method: Any) -> None:
         handler = self._handlers.get(type(method))
         if handler is None:
-            raise NotImplemented_(f"method {method.name} is not implemented")
+            # a method only the server may send (e.g. channel.flow-ok, basic.deliver)
+            raise CommandInvalid(f"unexpected method {method.name} from the client")
         handler(method)
 
     def _queue_name(self, name: str) -> str:
@@ -437,16 +438,16 @@ class Channel:
                body: bytes, seq: int) -> None:
         msg = Message(exchange, routing_key, properties, body)
         broker = self.session.broker
-        queues = broker.publish(self.vhost, exchange, msg, self.session.username,
-                                on_durable=self._on_durable(seq) if seq else None)
-        if not queues and mandatory:
+        def unroutable() -> None:  # basic.return precedes the confirm, as in RabbitMQ
             self.session.conn.write(
                 codec.return_method(self.number, 312, "NO_ROUTE", exchange, routing_key)
                 + codec.content_frames(self.number, 60, properties, body,
                                        self.session.conn.frame_max)
             )
-        if seq and not (msg.persistent and any(q.durable for q in queues)):
-            self.confirm(seq, True)
+
+        broker.publish(self.vhost, exchange, msg, self.session.username,
+                       on_confirm=self._on_durable(seq) if seq else None,
+                       on_unroutable=unroutable if mandatory else None)
 
     def _on_durable(self, seq: int) -> Callable[[BaseException | None], None]:
         def done(error: BaseException | None) -> None:

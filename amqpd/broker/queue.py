@@ -77,6 +77,8 @@ class Queue:
         self.vhost = vhost
         self.name = name
         self.durable = durable
+        # the store holds entries of this queue: durable, or paged out under memory pressure
+        self.in_store = durable
         self.exclusive_owner = exclusive_owner
         self.auto_delete = auto_delete
         self.arguments = dict(arguments or {})
@@ -145,7 +147,7 @@ class Queue:
                 positions.append(entry.message.position)
         self.unacked_count -= n
         self.stat_ack += n
-        if positions and self.durable:
+        if positions and self.in_store:
             self.vhost.store_settle(self, positions)
         if self.consumers:
             self.vhost.schedule_dispatch(self)
@@ -170,11 +172,11 @@ class Queue:
             self.stat_redeliver += 1
         if acked:
             self.stat_ack += 1
-            if entry.message.position >= 0 and self.durable:
+            if entry.message.position >= 0 and self.in_store:
                 self.vhost.store_settle(self, [entry.message.position])
         else:
             self.unacked_count += 1
-            if entry.message.position >= 0 and self.durable:
+            if entry.message.position >= 0 and self.in_store:
                 self.vhost.store_delivered(self, entry.message.position)
 
     # ------------------------------------------------------------------ consumers
@@ -233,7 +235,7 @@ class Queue:
         positions = [e.message.position for e in self.ready if e.message.position >= 0]
         self.ready.clear()
         self.ready_bytes = 0
-        if positions and self.durable:
+        if positions and self.in_store:
             self.vhost.store_settle(self, positions)
         return n
 

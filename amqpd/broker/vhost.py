@@ -259,7 +259,7 @@ class VHost:
                     self._maybe_auto_delete(ex)
         q.cancel_all_consumers()
         q.ready.clear()
-        if q.durable:
+        if q.in_store:
             self.broker.store_drop_queue(q)
             if q.exclusive_owner is None:
                 self.broker.definitions_changed()

@@ -15,6 +15,11 @@ from amqpd.broker.message import Message
 _CACHE_MAX = 4096
 
 
+def _words(key: str) -> list[str]:
+    """An empty key has no words at all (RabbitMQ), so '*' cannot match it."""
+    return key.split(".") if key else []
+
+
 class _Node:
     __slots__ = ("children", "dests")
 
@@ -57,14 +62,14 @@ class TopicExchange(Exchange):
 
     def add_binding(self, binding: Binding) -> None:
         node = self._root
-        for word in binding.routing_key.split("."):
+        for word in _words(binding.routing_key):
             node = node.children.setdefault(word, _Node())
         node.dests[binding.key] = binding.destination
         self._cache.clear()
 
     def remove_binding(self, binding: Binding) -> None:
         path = [self._root]
-        words = binding.routing_key.split(".")
+        words = _words(binding.routing_key)
         for word in words:
             nxt = path[-1].children.get(word)
             if nxt is None:
@@ -83,7 +88,7 @@ class TopicExchange(Exchange):
         if cached is not None:
             return cached
         out: dict[int, Destination] = {}
-        _collect(self._root, routing_key.split("."), 0, out)
+        _collect(self._root, _words(routing_key), 0, out)
         result = list(out.values())
         if len(self._cache) >= _CACHE_MAX:
             self._cache.clear()
