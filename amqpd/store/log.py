@@ -221,6 +221,7 @@ class SharedLog:
         assert old is not None
         old.stop()  # it discards whatever is still queued
         redo = old.discarded
+        old_end = self._end
         for seg in self._segments.values():
             seg.close()
         self._segments = {}
@@ -236,6 +237,11 @@ class SharedLog:
             self._writer, self._state = old, "open"
             raise StoreError(f"store failed: {old.failed}; reopen failed: {exc}") from None
         self._truncated += truncated
+        if self._end < old_end:
+            # Positions handed out for records that never reached the disk may still
+            # be held by the broker: never hand them out again.
+            self._end = old_end
+            self._roll()
         log.warning("store re-opened after %s; re-applying %d records", old.failed, len(redo))
         for record in redo:
             rtype, _, p, e = fmt.decode_record(record)
@@ -286,6 +292,8 @@ class SharedLog:
         """Write the message once for all ``queues``; return its stable position."""
         self._writable(refuse_if_failed=True)
         key = tuple(queues)
+        if len(key) > 1 and len(set(key)) != len(key):
+            key = tuple(dict.fromkeys(key))  # a queue holds a message once
         qbytes = self._qcache.get(key)
         if qbytes is None:
             if len(self._qcache) >= _QCACHE_MAX:

@@ -110,12 +110,9 @@ class Writer:
         while True:
             self.wake.wait()
             self.wake.clear()
-            batch = []
-            while True:
-                try:
-                    batch.append(jobs.popleft())
-                except IndexError:
-                    break
+            # Take what is there now, not what keeps arriving: a busy publisher must not
+            # keep the batch open (and every confirm in it waiting) indefinitely.
+            batch = [jobs.popleft() for _ in range(len(jobs))]
             if not batch:
                 continue
             stop = self._process(batch)

@@ -1,0 +1,105 @@
+"""File store details: reads from the write buffer, fsync policies, stats, cadence."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amqpd.store import checkpoint
+from amqpd.store.api import StoreError
+from amqpd.store.log import SharedLog
+
+from .conftest import Q1, crash_copy, msg, wait_commit
+
+
+def test_read_from_write_buffer_without_cache(make_log: Any) -> None:
+    s = make_log(body_cache_bytes=0)
+    ps = [s.append_enqueue([Q1], msg(i)) for i in range(100)]
+    # no commit yet: the writer has not been asked to write anything
+    assert [s.read(p) for p in ps] == [msg(i) for i in range(100)]
+    assert wait_commit(s) is None
+    assert s.stats()["cache_bytes"] == 0
+    assert [s.read(p) for p in ps] == [msg(i) for i in range(100)]
+
+
+def test_fsync_never_still_writes(make_log: Any, tmp_path: Path) -> None:
+    s = make_log(fsync="never")
+    ps = [s.append_enqueue([Q1], msg(i)) for i in range(10)]
+    assert wait_commit(s) is None
+    assert s.stats()["fsyncs"] == 0
+    copy = crash_copy(s, tmp_path / "copy")
+    s2 = SharedLog(copy)
+    try:
+        assert list(s2.open().queues[Q1].positions) == ps
+    finally:
+        s2.close()
+
+
+def test_group_commit_shares_fsyncs(make_log: Any) -> None:
+    s = make_log()
+    done = threading.Event()
+    count = [0]
+
+    def cb(exc: BaseException | None) -> None:
+        count[0] += 1
+        if count[0] == 1000:
+            done.set()
+
+    for i in range(1000):
+        s.append_enqueue([Q1], msg(i))
+        s.commit(cb)
+    assert done.wait(10)
+    stats = s.stats()
+    assert 1 <= stats["fsyncs"] < 1000
+    assert stats["fsync_avg_us"] > 0 and stats["fsync_last_us"] > 0
+    assert stats["records_written"] >= 1000
+    assert stats["bytes_on_disk"] > 1000 * 16
+
+
+def test_callbacks_without_loop_run_on_writer_thread(make_log: Any) -> None:
+    s = make_log()
+    where: list[str] = []
+    done = threading.Event()
+    s.commit(lambda exc: (where.append(threading.current_thread().name), done.set()))
+    assert done.wait(10)
+    assert where == ["amqpd-store-writer"]
+
+
+def test_periodic_checkpoints(make_log: Any, tmp_path: Path) -> None:
+    s = make_log(checkpoint_every_bytes=4096, segment_size=1 << 20)
+    for i in range(200):
+        s.append_enqueue([Q1], msg(i))
+    s.sync()
+    assert s.stats()["checkpoints"] >= 2
+    assert (tmp_path / "log" / checkpoint.FILE_NAME).exists()
+
+
+def test_segments_roll_at_size(make_log: Any, tmp_path: Path) -> None:
+    s = make_log(segment_size=2048)
+    ps = [s.append_enqueue([Q1], msg(i, size=100)) for i in range(100)]
+    big = s.append_enqueue([Q1], msg(7, size=10_000))  # bigger than a segment: still one
+    s.sync()
+    assert s.stats()["segments"] > 5
+    assert s.read(big) == msg(7, size=10_000)
+    assert [s.read(p) for p in ps[::10]] == [msg(i, size=100) for i in range(0, 100, 10)]
+
+
+def test_open_twice_and_bad_policy(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        SharedLog(tmp_path, fsync="always")  # type: ignore[arg-type]
+    s = SharedLog(tmp_path / "log")
+    s.open()
+    with pytest.raises(StoreError):
+        s.open()
+    s.close()
+
+
+def test_read_of_unknown_position(make_log: Any) -> None:
+    s = make_log()
+    p = s.append_enqueue([Q1], msg(1))
+    s.sync()
+    with pytest.raises(StoreError):
+        s.read(p + 3)
