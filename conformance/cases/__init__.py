@@ -7,6 +7,7 @@ from conformance.cases import (  # noqa: F401
     connection,
     exchange,
     extensions,
+    extensions2,
     frames,
     queue,
     routing,
