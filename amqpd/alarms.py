@@ -81,6 +81,8 @@ class Alarms:
             parts.append("low on memory")
         if "disk" in self.active:
             parts.append("low on disk")
+        if "store" in self.active:
+            parts.append("message store failing")
         return " & ".join(parts)
 
     def check(self) -> None:

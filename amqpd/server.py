@@ -22,6 +22,7 @@ from amqpd.alarms import Alarms
 from amqpd.broker.auth import AuthStore
 from amqpd.broker.exchange import Exchange
 from amqpd.broker.message import LoggedMessage, Message
+from amqpd.broker.parameters import ParameterStore
 from amqpd.broker.policy import PolicyStore, alternate_exchange
 from amqpd.broker.queue import Queue, QueueEntry
 from amqpd.broker.vhost import VHost
@@ -32,6 +33,7 @@ from amqpd.protocol.errors import PreconditionFailed
 from amqpd.transport import AMQPProtocol
 
 if TYPE_CHECKING:
+    from amqpd.http import HttpServer
     from amqpd.session import Session
     from amqpd.store.api import MessageStore
 
@@ -74,6 +76,8 @@ class Broker:
         self.paging_all = False
         self.ready_bytes_total = 0
         self.policies = PolicyStore(self)
+        self.parameters = ParameterStore()  # runtime parameters (shovel, federation...)
+        self.http: HttpServer | None = None
         self._setup_defaults()
 
     # ------------------------------------------------------------------ setup
@@ -186,7 +190,7 @@ class Broker:
                     )
                 except StoreError as exc:
                     log.error("store refused a persistent message: %s", exc)
-                    self.alarms.set_external("disk", True, f"message store failing: {exc}")
+                    self.alarms.set_external("store", True, f"message store failing: {exc}")
                     queues = [q for q in queues if not q.durable]
                     for q in queues:
                         q.enqueue(message)
@@ -223,6 +227,11 @@ class Broker:
             return message  # cannot page: keep it in memory
         queue.in_store = True
         return LoggedMessage(store, position, message.size)
+
+    def _periodic_commit_done(self, error: BaseException | None) -> None:
+        if error is None and "store" in self.alarms.active and self.store is not None \
+                and not getattr(self.store, "failed", None):
+            self.alarms.set_external("store", False, "message store writes again")
 
     def _check_memory(self) -> None:
         """Once a second: page new messages of every queue while bodies exceed the budget."""
@@ -299,6 +308,7 @@ class Broker:
         for sock in server.sockets:
             host, port = sock.getsockname()[:2]
             self.listeners.append(("amqp", host, port))
+        await self._start_operations()
         log.info("amqpd %s listening on %s", amqpd.__version__,
                  ", ".join(f"{h}:{p}" for _, h, p in self.listeners))
         self._ticker = asyncio.create_task(self._tick_loop())
@@ -324,8 +334,16 @@ class Broker:
             vhost_name, _, queue_name = key.partition("\x00")
             vhost = self.vhosts.get(vhost_name)
             queue = vhost.queues.get(queue_name) if vhost is not None else None
+            if queue is None and vhost is not None and rq.positions and \
+                    not queue_name.startswith("amq.gen-"):
+                # Messages outlived their definition (a crash before the definitions file
+                # was rewritten): keep them in a plain durable queue rather than lose them.
+                log.warning("queue %r in vhost %r has %d messages but no definition; "
+                            "recreating it as a durable queue", queue_name, vhost_name,
+                            len(rq.positions))
+                queue = vhost.declare_queue(queue_name, durable=True, server_named=True)
             if queue is None or not queue.durable:
-                store.drop_queue(key)  # its definition is gone: nothing can consume these
+                store.drop_queue(key)  # transient or server-named: nothing can consume these
                 continue
             redelivered = rq.redelivered
             for position, size in zip(rq.positions, rq.sizes, strict=True):
@@ -352,17 +370,42 @@ class Broker:
         self._loop.call_soon(self._save_definitions)
 
     def _save_definitions(self) -> None:
+        from amqpd.broker.definitions import export_definitions
+
         self._definitions_scheduled = False
         try:
-            from amqpd.broker.definitions import export_definitions
-        except ImportError:  # pragma: no cover - during the definitions module's arrival
-            return
-        defs = export_definitions(self)
-        # transient objects never reach the file (export covers durable ones only)
-        try:
-            self.definitions_store.save(defs)
+            # export covers durable objects only: transient ones never reach the file
+            self.definitions_store.save(export_definitions(self))
         except Exception:
             log.exception("could not save definitions")
+
+    async def _start_operations(self) -> None:
+        """Boot definitions file, the amqps listener and the HTTP API (operations issue)."""
+        from amqpd.tls import server_context, tls_configured
+
+        s = self.settings
+        if s.definitions_file:
+            import json
+
+            from amqpd.broker.definitions import import_definitions
+
+            with open(s.definitions_file) as fh:
+                import_definitions(self, json.load(fh))
+            log.info("imported definitions from %s", s.definitions_file)
+        if tls_configured(s):
+            assert self._loop is not None
+            tls_server = await self._loop.create_server(
+                lambda: AMQPProtocol(self), host=s.bind, port=s.tls_port, reuse_address=True,
+                backlog=1024, ssl=server_context(s))
+            self._servers.append(tls_server)
+            for sock in tls_server.sockets:
+                host, port = sock.getsockname()[:2]
+                self.listeners.append(("amqps", host, port))
+        if s.management:
+            from amqpd.http import HttpServer
+
+            self.http = HttpServer(self)
+            await self.http.start()
 
     @property
     def port(self) -> int:
@@ -374,6 +417,9 @@ class Broker:
             now = time.monotonic()
             self.alarms.check()
             self._check_memory()
+            if self.store is not None and not self.stopping:
+                # acks and delivery marks ride on confirms; without any, flush them anyway
+                self.store.commit(self._periodic_commit_done)
             for proto in list(self.transports):
                 if proto.session is not None:
                     proto.session.conn.tick(now)
@@ -387,6 +433,8 @@ class Broker:
         log.info("shutting down: closing %d connections", len(self.transports))
         for server in self._servers:
             server.close()
+        if self.http is not None:
+            await self.http.stop()
         for proto in list(self.transports):
             if proto.session is not None and proto.session.conn.is_open:
                 proto.session.conn.close(
