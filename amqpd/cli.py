@@ -23,6 +23,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", help="data directory (default ./amqpd-data)")
     p.add_argument("--node-name", help="node name (default amqpd@<hostname>)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-format", choices=["console", "json"])
+    p.add_argument("--http-port", type=int, help="HTTP API port (default 15672; 0 = ephemeral)")
+    p.add_argument("--tls-port", type=int, help="amqps port (default 5671; 0 = ephemeral; "
+                                                "needs tls_cert and tls_key)")
     p.add_argument("--ready-file", help="write listener ports as JSON here once listening "
                                         "(for tests and supervisors)")
     return p
@@ -34,15 +38,19 @@ def main(argv: list[str] | None = None) -> int:
         settings = load_settings(args.config, {
             "bind": args.bind, "port": args.port, "data_dir": args.data_dir,
             "node_name": args.node_name, "log_level": args.log_level,
+            "log_format": args.log_format, "http_port": args.http_port,
+            "tls_port": args.tls_port,
         })
     except ConfigError as exc:
         print(f"amqpd: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=getattr(logging, settings.log_level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    try:
+        from amqpd import logs
+
+        logs.configure(settings.log_level, settings.log_format)
+    except ValueError as exc:
+        print(f"amqpd: {exc}", file=sys.stderr)
+        return 2
     try:
         import uvloop  # type: ignore[import-not-found]
 
@@ -55,12 +63,18 @@ def main(argv: list[str] | None = None) -> int:
             tmp = args.ready_file + ".tmp"
             with open(tmp, "w") as fh:
                 json.dump({"amqp_port": broker.port, "pid": os.getpid(),
-                           "listeners": broker.listeners}, fh)
+                           "listeners": broker.listeners,
+                           "http_port": broker.http.port if broker.http else None,
+                           "tls_port": next((p for proto, _, p in broker.listeners
+                                             if proto == "amqps"), None)}, fh)
             os.replace(tmp, args.ready_file)
 
     try:
         asyncio.run(serve(settings, ready))
     except OSError as exc:
+        logging.getLogger("amqpd").error("cannot start: %s", exc)
+        return 1
+    except ValueError as exc:  # TLS files or boot definitions file unusable
         logging.getLogger("amqpd").error("cannot start: %s", exc)
         return 1
     return 0

@@ -8,12 +8,14 @@ with a readable message to refuse a value) and optional change callbacks::
     broker.parameters.register("shovel", validate_shovel, on_set=start, on_clear=stop)
 
 Unknown components are refused, as RabbitMQ does ("component X not found"). Operator
-metadata for vhosts (description, tags, default queue type) lives here too, since nothing
+metadata for vhosts (description, tags, default queue type) and topic permissions live
+here too, since nothing
 else in the broker needs it.
 """
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +42,8 @@ class ParameterStore:
         self.values: dict[tuple[str, str, str], Any] = {}  # (component, vhost, name)
         self.global_values: dict[str, Any] = {}
         self.vhost_meta: dict[str, dict[str, Any]] = {}
+        # topic permissions round-trip through definitions; not enforced yet
+        self.topic_permissions: list[dict[str, Any]] = []
         self.on_change: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------------ registry
@@ -81,7 +85,8 @@ class ParameterStore:
             self.clear(comp, vh, name)
         self.vhost_meta.pop(vhost, None)
 
-    def list(self, component: str | None = None, vhost: str | None = None) -> list[dict[str, Any]]:
+    def list(self, component: str | None = None,
+             vhost: str | None = None) -> builtins.list[dict[str, Any]]:
         """RabbitMQ's JSON shape: ``{"component", "vhost", "name", "value"}``."""
         return [
             {"component": c, "vhost": v, "name": n, "value": value}
@@ -102,7 +107,7 @@ class ParameterStore:
             self._changed()
         return found
 
-    def list_global(self) -> list[dict[str, Any]]:
+    def list_global(self) -> builtins.list[dict[str, Any]]:
         return [{"name": n, "value": v} for n, v in sorted(self.global_values.items())]
 
     def _changed(self) -> None:

@@ -1,0 +1,102 @@
+"""The management HTTP API: RabbitMQ's paths and JSON shapes, health checks, metrics.
+
+One module per resource (LavinMQ's controllers): ``overview``, ``connections``,
+``exchanges``, ``queues``, ``bindings``, ``vhosts``, ``users``, ``policies``,
+``parameters``, ``definitions``, ``health``, ``metrics``. Each exposes ``routes(router)``.
+:class:`HttpServer` is started and stopped by the broker.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from amqpd.http import (
+    bindings,
+    connections,
+    definitions,
+    exchanges,
+    health,
+    metrics,
+    overview,
+    parameters,
+    policies,
+    queues,
+    users,
+    vhosts,
+)
+from amqpd.http.core import Router, make_dispatcher
+from amqpd.http.stats import RateSampler
+
+if TYPE_CHECKING:
+    from amqpd.server import Broker
+
+log = logging.getLogger("amqpd.http")
+
+RESOURCES = (overview, connections, exchanges, queues, bindings, vhosts, users, policies,
+             parameters, definitions, health, metrics)
+
+
+def build_router() -> Router:
+    router = Router()
+    for module in RESOURCES:
+        module.routes(router)
+    return router
+
+
+def create_app(broker: Broker, sampler: RateSampler | None = None) -> web.Application:
+    app = web.Application(client_max_size=128 * 1024 * 1024)
+    app["broker"] = broker
+    app["sampler"] = sampler or RateSampler(broker)
+    app["http_port"] = 0
+    app["http_tls"] = False
+    app.router.add_route("*", "/{tail:.*}", make_dispatcher(broker, build_router()))
+    return app
+
+
+class HttpServer:
+    """The API listener: ``await start()`` binds (port 0 = ephemeral), ``port`` says where."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.sampler = RateSampler(broker)
+        self.app = create_app(broker, self.sampler)
+        self.runner: web.AppRunner | None = None
+        self.port = 0
+        self.host = ""
+
+    async def start(self) -> None:
+        s = self.broker.settings
+        ssl_ctx = None
+        if s.http_tls:
+            from amqpd.tls import server_context
+
+            ssl_ctx = server_context(s)
+        self.runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await self.runner.setup()
+        host = s.http_bind or s.bind
+        site = web.TCPSite(self.runner, host, s.http_port, ssl_context=ssl_ctx,
+                           reuse_address=True)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        if sockets:
+            self.host, self.port = sockets[0].getsockname()[:2]
+        else:
+            self.host, self.port = host, s.http_port
+        self.app["http_port"] = self.port
+        self.app["http_tls"] = ssl_ctx is not None
+        self.sampler.start()
+        log.info("HTTP API listening on %s://%s:%d", "https" if ssl_ctx else "http",
+                 self.host, self.port)
+
+    async def stop(self) -> None:
+        await self.sampler.stop()
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+
+
+__all__ = ["HttpServer", "build_router", "create_app"]

@@ -1,0 +1,127 @@
+"""/api/bindings: list, create (POST, 201 + Location) and delete by properties key.
+
+A binding is named in URLs by its ``properties_key``: the routing key when there are no
+arguments (``~`` for an empty key), else ``<routing key>~<hash of the arguments>``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from amqpd.broker.exchange import args_key
+from amqpd.http.core import (
+    Ctx,
+    Router,
+    as_dict,
+    as_str,
+    json_response,
+    no_content,
+    not_found,
+    select_columns,
+)
+
+if TYPE_CHECKING:
+    from amqpd.broker.exchange import Binding
+
+
+def properties_key(routing_key: str, arguments: dict[str, Any]) -> str:
+    if not arguments:
+        return routing_key or "~"
+    digest = hashlib.md5(args_key(arguments).encode(), usedforsecurity=False).digest()
+    return f"{routing_key}~{base64.urlsafe_b64encode(digest).decode().rstrip('=')}"
+
+
+def binding_view(b: Binding, vhost: str) -> dict[str, Any]:
+    return {
+        "source": b.source.name,
+        "vhost": vhost,
+        "destination": b.destination.name,
+        "destination_type": b.destination_type,
+        "routing_key": b.routing_key,
+        "arguments": b.arguments,
+        "properties_key": properties_key(b.routing_key, b.arguments),
+    }
+
+
+def _kind(letter: str) -> str:
+    if letter == "q":
+        return "queue"
+    if letter == "e":
+        return "exchange"
+    raise not_found()
+
+
+def _between(ctx: Ctx) -> tuple[Any, str, list[Binding]]:
+    vh = ctx.vhost()
+    kind = _kind(ctx.params["kind"])
+    source = ctx.params["source"]
+    source = "" if source == "amq.default" else source
+    dest = ctx.params["destination"]
+    if source not in vh.exchanges:
+        raise not_found()
+    if (kind == "queue" and dest not in vh.queues) or (
+            kind == "exchange" and dest not in vh.exchanges):
+        raise not_found()
+    found = [b for b in vh.exchanges[source].bindings.values()
+             if b.destination_type == kind and b.destination.name == dest]
+    return vh, kind, found
+
+
+async def list_bindings(ctx: Ctx) -> Any:
+    vhosts = [ctx.vhost()] if "vhost" in ctx.params else ctx.visible_vhosts()
+    items = [binding_view(b, vh.name) for vh in vhosts for b in vh.bindings()]
+    return json_response(select_columns(items, ctx))
+
+
+async def list_between(ctx: Ctx) -> Any:
+    vh, _, found = _between(ctx)
+    return json_response([binding_view(b, vh.name) for b in found])
+
+
+async def create_binding(ctx: Ctx) -> Any:
+    vh = ctx.vhost(write=True)
+    kind = _kind(ctx.params["kind"])
+    body = await ctx.json_object()
+    routing_key = as_str(body.get("routing_key"), "routing_key", "")
+    arguments = as_dict(body.get("arguments"), "arguments")
+    source, dest = ctx.params["source"], ctx.params["destination"]
+    ctx.check(vh.name, "write", kind, dest)
+    ctx.check(vh.name, "read", "exchange", source)
+    vh.bind(kind, dest, source, routing_key, arguments)
+    location = "/api/bindings/{}/e/{}/{}/{}/{}".format(
+        *(quote(x, safe="") for x in (vh.name, source, kind[0], dest,
+                                       properties_key(routing_key, arguments))))
+    return json_response({}, 201, {"Location": location})
+
+
+def _find(ctx: Ctx) -> tuple[Any, str, Binding]:
+    vh, kind, found = _between(ctx)
+    for b in found:
+        if properties_key(b.routing_key, b.arguments) == ctx.params["props"]:
+            return vh, kind, b
+    raise not_found()
+
+
+async def get_binding(ctx: Ctx) -> Any:
+    vh, _, b = _find(ctx)
+    return json_response(binding_view(b, vh.name))
+
+
+async def delete_binding(ctx: Ctx) -> Any:
+    vh, kind, b = _find(ctx)
+    ctx.check(vh.name, "write", kind, b.destination.name)
+    ctx.check(vh.name, "read", "exchange", b.source.name)
+    vh.unbind(kind, b.destination.name, b.source.name, b.routing_key, b.arguments)
+    return no_content()
+
+
+def routes(r: Router) -> None:
+    r.get("/api/bindings", list_bindings)
+    r.get("/api/bindings/{vhost}", list_bindings)
+    r.get("/api/bindings/{vhost}/e/{source}/{kind}/{destination}", list_between)
+    r.post("/api/bindings/{vhost}/e/{source}/{kind}/{destination}", create_binding)
+    r.get("/api/bindings/{vhost}/e/{source}/{kind}/{destination}/{props}", get_binding)
+    r.delete("/api/bindings/{vhost}/e/{source}/{kind}/{destination}/{props}", delete_binding)

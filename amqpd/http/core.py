@@ -1,0 +1,408 @@
+"""Plumbing shared by every resource module: routing, auth, errors, JSON in and out.
+
+Routing is done on the *raw* request path, split on ``/`` and unquoted segment by
+segment, because RabbitMQ's paths carry ``%2F`` for the default vhost and names may
+contain any character: ``/api/queues/%2F/a%2Fb`` is vhost ``/``, queue ``a/b``.
+
+Authentication is HTTP Basic against the broker's users. What a user may do is decided
+by tags, as in RabbitMQ's management plugin:
+
+- ``management``: the API, restricted to vhosts the user has permissions in, and only
+  its own connections and channels;
+- ``policymaker``: management + policies and parameters in those vhosts;
+- ``monitoring``: management + read access to every vhost's objects, connections, nodes;
+- ``administrator``: everything, including users, vhosts, permissions and definitions.
+
+Errors leave as JSON, never as tracebacks: :class:`HttpError` carries the status and the
+RabbitMQ ``{"error": ..., "reason": ...}`` body; broker exceptions
+(:class:`~amqpd.protocol.errors.AMQPError`) are mapped by reply code; anything else is
+logged and becomes a bare 500.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+from aiohttp import web
+
+from amqpd.protocol.errors import AMQPError
+
+if TYPE_CHECKING:
+    from amqpd.broker.auth import User
+    from amqpd.broker.vhost import VHost
+    from amqpd.server import Broker
+
+log = logging.getLogger("amqpd.http")
+
+REALM = 'Basic realm="RabbitMQ Management"'
+MANAGEMENT_TAGS = frozenset({"management", "monitoring", "policymaker", "administrator"})
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, error: str, reason: str,
+                 extra: dict[str, Any] | None = None) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.error = error
+        self.reason = reason
+        self.extra = extra or {}
+
+
+def bad_request(reason: str) -> HttpError:
+    return HttpError(400, "bad_request", reason)
+
+
+def not_found(reason: str = "Not Found") -> HttpError:
+    return HttpError(404, "Object Not Found", reason)
+
+
+def not_authorised(reason: str = "Not administrator user") -> HttpError:
+    return HttpError(401, "not_authorised", reason)
+
+
+def json_response(data: Any, status: int = 200,
+                  headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(text=json.dumps(data, default=_json_default), status=status,
+                        content_type="application/json", headers=headers)
+
+
+def no_content() -> web.Response:
+    return web.Response(status=204)
+
+
+def created() -> web.Response:
+    return web.Response(status=201)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    return str(value)
+
+
+def error_response(exc: HttpError) -> web.Response:
+    body = {"error": exc.error, "reason": exc.reason, **exc.extra}
+    headers = {"WWW-Authenticate": REALM} if exc.status == 401 else None
+    return json_response(body, exc.status, headers)
+
+
+def amqp_error_to_http(exc: AMQPError) -> HttpError:
+    code = exc.reply_code
+    if code == 404:
+        return not_found(exc.text)
+    if code == 403:
+        return HttpError(403, "access_refused", exc.text)
+    if code == 405:
+        return HttpError(409, "resource_locked", exc.text)
+    return bad_request(exc.text)
+
+
+# ---------------------------------------------------------------------------- context
+@dataclass
+class Ctx:
+    """One request: the broker, the authenticated user, path parameters, query."""
+
+    broker: Broker
+    request: web.Request
+    user: User | None
+    params: dict[str, str]
+
+    @property
+    def username(self) -> str:
+        return self.user.name if self.user else ""
+
+    @property
+    def tags(self) -> set[str]:
+        return set(self.user.tags) if self.user else set()
+
+    @property
+    def is_admin(self) -> bool:
+        return "administrator" in self.tags
+
+    @property
+    def is_monitor(self) -> bool:
+        return bool(self.tags & {"administrator", "monitoring"})
+
+    @property
+    def is_policymaker(self) -> bool:
+        return bool(self.tags & {"administrator", "policymaker"})
+
+    @property
+    def query(self) -> Any:
+        return self.request.query
+
+    def require_admin(self) -> None:
+        if not self.is_admin:
+            raise not_authorised("Not administrator user")
+
+    def require_monitor(self) -> None:
+        if not self.is_monitor:
+            raise not_authorised("Not monitor user")
+
+    def require_policymaker(self) -> None:
+        if not self.is_policymaker:
+            raise not_authorised("Not policymaker user")
+
+    def can_see_vhost(self, name: str) -> bool:
+        return self.is_monitor or self.broker.auth.can_access_vhost(self.username, name)
+
+    def visible_vhosts(self) -> list[VHost]:
+        return [vh for name, vh in self.broker.vhosts.items() if self.can_see_vhost(name)]
+
+    def vhost(self, name: str | None = None, *, write: bool = False) -> VHost:
+        """The vhost named in the path: 404 if unknown, 401 if the user has no access.
+
+        ``write`` demands real permissions in it (monitoring can read every vhost but
+        not change it)."""
+        name = self.params["vhost"] if name is None else name
+        vh = self.broker.vhosts.get(name)
+        if vh is None:
+            raise not_found()
+        allowed = self.broker.auth.can_access_vhost(self.username, name) or (
+            not write and self.is_monitor) or (write and self.is_admin)
+        if not allowed:
+            raise not_authorised("Access refused.")
+        return vh
+
+    def check(self, vhost: str, kind: str, resource_type: str, name: str) -> None:
+        """AMQP-style resource permission check (configure/write/read regexes)."""
+        if self.is_admin and not self.broker.auth.can_access_vhost(self.username, vhost):
+            return  # administrators manage vhosts they hold no permissions in
+        self.broker.auth.check(self.username, vhost, kind, resource_type, name)
+
+    async def json(self) -> Any:
+        raw = await self.request.read()
+        if not raw.strip():
+            return {}
+        try:
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise bad_request(f"Malformed JSON: {exc}") from None
+
+    async def json_object(self) -> dict[str, Any]:
+        body = await self.json()
+        if not isinstance(body, dict):
+            raise bad_request("Expected a JSON object")
+        return body
+
+
+Handler = Callable[[Ctx], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class Route:
+    method: str
+    parts: list[str]  # literal segments, or "{name}" placeholders
+    handler: Handler
+    auth: bool = True
+
+
+class Router:
+    def __init__(self) -> None:
+        self.routes: list[Route] = []
+
+    def add(self, method: str, path: str, handler: Handler, auth: bool = True) -> None:
+        parts = [p for p in path.split("/") if p != ""]
+        self.routes.append(Route(method.upper(), parts, handler, auth))
+
+    def get(self, path: str, handler: Handler, auth: bool = True) -> None:
+        self.add("GET", path, handler, auth)
+
+    def put(self, path: str, handler: Handler) -> None:
+        self.add("PUT", path, handler)
+
+    def post(self, path: str, handler: Handler) -> None:
+        self.add("POST", path, handler)
+
+    def delete(self, path: str, handler: Handler) -> None:
+        self.add("DELETE", path, handler)
+
+    def resolve(self, method: str, segments: list[str]) -> tuple[Route, dict[str, str]]:
+        """The matching route, 405 if the path exists under another method, else 404."""
+        path_matched = False
+        for route in self.routes:
+            params = _match(route.parts, segments)
+            if params is None:
+                continue
+            if route.method == method or (method == "HEAD" and route.method == "GET"):
+                return route, params
+            path_matched = True
+        if path_matched:
+            raise HttpError(405, "method_not_allowed", "Method Not Allowed")
+        raise not_found()
+
+
+def _match(parts: list[str], segments: list[str]) -> dict[str, str] | None:
+    if len(parts) != len(segments):
+        return None
+    params: dict[str, str] = {}
+    for part, seg in zip(parts, segments, strict=True):
+        if part.startswith("{"):
+            params[part[1:-1]] = seg
+        elif part != seg:
+            return None
+    return params
+
+
+def split_raw_path(raw_path: str) -> list[str]:
+    path = raw_path.split("?", 1)[0]
+    segments = path.split("/")[1:]
+    if segments and segments[-1] == "":
+        segments.pop()  # trailing slash
+    return [unquote(s) for s in segments]
+
+
+def authenticate(broker: Broker, request: web.Request) -> User:
+    header = request.headers.get("Authorization", "")
+    if not header.lower().startswith("basic "):
+        raise HttpError(401, "not_authorized", "Login failed")
+    try:
+        decoded = base64.b64decode(header[6:].strip(), validate=True).decode("utf-8")
+        username, _, password = decoded.partition(":")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise HttpError(401, "not_authorized", "Login failed") from None
+    remote = request.remote or ""
+    loopback = remote.startswith(("127.", "::ffff:127.")) or remote in ("::1", "")
+    user = broker.auth.authenticate(username, password, loopback)
+    if user is None:
+        log.warning("HTTP API login refused for user %r from %s", username, remote)
+        raise HttpError(401, "not_authorized", "Login failed")
+    if not set(user.tags) & MANAGEMENT_TAGS:
+        raise not_authorised("Not management user")
+    return user
+
+
+def make_dispatcher(
+    broker: Broker, router: Router,
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def dispatch(request: web.Request) -> web.StreamResponse:
+        try:
+            route, params = router.resolve(request.method, split_raw_path(request.raw_path))
+            user = authenticate(broker, request) if route.auth else None
+            return await route.handler(Ctx(broker, request, user, params))
+        except HttpError as exc:
+            return error_response(exc)
+        except AMQPError as exc:
+            return error_response(amqp_error_to_http(exc))
+        except web.HTTPException:
+            raise
+        except Exception:
+            log.exception("HTTP API %s %s failed", request.method, request.path)
+            return json_response({"error": "internal_server_error",
+                                  "reason": "Internal Server Error"}, 500)
+
+    return dispatch
+
+
+# ---------------------------------------------------------------------------- input helpers
+def as_bool(value: Any, name: str, default: bool = False) -> bool:
+    """Accept JSON booleans and the strings rabbitmqadmin sends ("true"/"false")."""
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise bad_request(f"{name} must be true or false")
+
+
+def as_int(value: Any, name: str, default: int = 0) -> int:
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        raise bad_request(f"{name} must be an integer")
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise bad_request(f"{name} must be an integer") from None
+
+
+def as_dict(value: Any, name: str) -> dict[str, Any]:
+    if value is None or value == "":
+        return {}
+    if not isinstance(value, dict):
+        raise bad_request(f"{name} must be a JSON object")
+    return value
+
+
+def as_str(value: Any, name: str, default: str | None = None) -> str:
+    if value is None:
+        if default is None:
+            raise bad_request(f"{name} is required")
+        return default
+    if not isinstance(value, str):
+        raise bad_request(f"{name} must be a string")
+    return value
+
+
+def select_columns(items: list[dict[str, Any]], ctx: Ctx) -> Any:
+    """RabbitMQ's list query options: sort, sort_reverse, columns, and pagination."""
+    q = ctx.query
+    sort = q.get("sort")
+    if sort:
+        items = sorted(items, key=lambda i: _sort_key(_dotted(i, sort)),
+                       reverse=q.get("sort_reverse") == "true")
+    name_filter = q.get("name")
+    if name_filter:
+        if q.get("use_regex") == "true":
+            import re
+
+            try:
+                rx = re.compile(name_filter)
+            except re.error:
+                raise bad_request("Invalid regex") from None
+            items = [i for i in items if rx.search(str(i.get("name", "")))]
+        else:
+            items = [i for i in items if name_filter in str(i.get("name", ""))]
+    columns = q.get("columns")
+    if columns:
+        cols = [c for c in columns.split(",") if c]
+        items = [_project(i, cols) for i in items]
+    if "page" in q:
+        page = max(as_int(q.get("page"), "page", 1), 1)
+        size = max(min(as_int(q.get("page_size"), "page_size", 100), 500), 1)
+        start = (page - 1) * size
+        total = len(items)
+        return {"filtered_count": total, "item_count": len(items[start:start + size]),
+                "items": items[start:start + size], "page": page,
+                "page_count": max((total + size - 1) // size, 1), "page_size": size,
+                "total_count": total}
+    return items
+
+
+def _sort_key(value: Any) -> tuple[int, Any]:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return (0, value)
+    return (1, str(value))
+
+
+def _dotted(item: dict[str, Any], path: str) -> Any:
+    value: Any = item
+    for part in path.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
+
+
+def _project(item: dict[str, Any], cols: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for col in cols:
+        value = _dotted(item, col)
+        if value is None and col.split(".")[0] not in item:
+            continue
+        target = out
+        parts = col.split(".")
+        for part in parts[:-1]:
+            target = target.setdefault(part, {})
+        target[parts[-1]] = value
+    return out

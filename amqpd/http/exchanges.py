@@ -1,0 +1,124 @@
+"""/api/exchanges[/{vhost}[/{name}]], bindings by source/destination, and publish."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from amqpd.broker.message import Message
+from amqpd.http.bindings import binding_view
+from amqpd.http.core import (
+    Ctx,
+    Router,
+    as_bool,
+    as_dict,
+    as_str,
+    bad_request,
+    created,
+    json_response,
+    no_content,
+    not_found,
+    select_columns,
+)
+from amqpd.http.messages import decode_payload, encode_json_properties
+
+if TYPE_CHECKING:
+    from amqpd.broker.exchange import Exchange
+    from amqpd.broker.vhost import VHost
+
+
+def url_name(name: str) -> str:
+    """The API spells the default exchange ``amq.default``."""
+    return "" if name == "amq.default" else name
+
+
+def exchange_view(ctx: Ctx, ex: Exchange) -> dict[str, Any]:
+    info = dict(ex.info())
+    info["user_who_performed_action"] = "rmq-internal" if ex.name.startswith("amq.") or \
+        ex.name == "" else ""
+    if ex.policy:
+        info["policy"] = ex.policy.get("name") if isinstance(ex.policy, dict) else ex.policy
+    info["message_stats"] = {}
+    return info
+
+
+def _get(ctx: Ctx) -> tuple[VHost, Exchange]:
+    vh = ctx.vhost()
+    ex = vh.exchanges.get(url_name(ctx.params["name"]))
+    if ex is None:
+        raise not_found()
+    return vh, ex
+
+
+async def list_exchanges(ctx: Ctx) -> Any:
+    vhosts = [ctx.vhost()] if "vhost" in ctx.params else ctx.visible_vhosts()
+    items = [exchange_view(ctx, ex) for vh in vhosts
+             for ex in sorted(vh.exchanges.values(), key=lambda e: e.name)]
+    return json_response(select_columns(items, ctx))
+
+
+async def get_exchange(ctx: Ctx) -> Any:
+    _, ex = _get(ctx)
+    return json_response(exchange_view(ctx, ex))
+
+
+async def put_exchange(ctx: Ctx) -> Any:
+    vh = ctx.vhost(write=True)
+    name = url_name(ctx.params["name"])
+    body = await ctx.json_object()
+    type_ = as_str(body.get("type"), "type")
+    ctx.check(vh.name, "configure", "exchange", name)
+    existed = name in vh.exchanges
+    vh.declare_exchange(
+        name, type_, durable=as_bool(body.get("durable"), "durable", True),
+        auto_delete=as_bool(body.get("auto_delete"), "auto_delete"),
+        internal=as_bool(body.get("internal"), "internal"),
+        arguments=as_dict(body.get("arguments"), "arguments"))
+    return no_content() if existed else created()
+
+
+async def delete_exchange(ctx: Ctx) -> Any:
+    vh, ex = _get(ctx)
+    ctx.check(vh.name, "configure", "exchange", ex.name)
+    vh.delete_exchange(ex.name, if_unused="if-unused" in ctx.query)
+    return no_content()
+
+
+async def source_bindings(ctx: Ctx) -> Any:
+    vh, ex = _get(ctx)
+    items = [binding_view(b, vh.name) for b in ex.bindings.values()]
+    return json_response(select_columns(items, ctx))
+
+
+async def destination_bindings(ctx: Ctx) -> Any:
+    vh, ex = _get(ctx)
+    items = [binding_view(b, vh.name) for b in vh.bindings()
+             if b.destination is ex]
+    return json_response(select_columns(items, ctx))
+
+
+async def publish(ctx: Ctx) -> Any:
+    vh, ex = _get(ctx)
+    body = await ctx.json_object()
+    routing_key = as_str(body.get("routing_key"), "routing_key")
+    payload = decode_payload(body.get("payload"), body.get("payload_encoding"))
+    props = encode_json_properties(body.get("properties"))
+    ctx.check(vh.name, "write", "exchange", ex.name or "amq.default")
+    if ex.internal:
+        raise bad_request(f"cannot publish to internal exchange '{ex.name}'")
+    alarms = getattr(ctx.broker, "alarms", None)
+    if alarms:
+        raise bad_request("publishing is blocked by a resource alarm")
+    queues = ctx.broker.publish(vh, ex.name, Message(ex.name, routing_key, props, payload),
+                                ctx.username)
+    return json_response({"routed": bool(queues)})
+
+
+def routes(r: Router) -> None:
+    r.get("/api/exchanges", list_exchanges)
+    r.get("/api/exchanges/{vhost}", list_exchanges)
+    r.get("/api/exchanges/{vhost}/{name}", get_exchange)
+    r.put("/api/exchanges/{vhost}/{name}", put_exchange)
+    r.delete("/api/exchanges/{vhost}/{name}", delete_exchange)
+    r.get("/api/exchanges/{vhost}/{name}/bindings/source", source_bindings)
+    r.get("/api/exchanges/{vhost}/{name}/bindings/destination", destination_bindings)
+    r.post("/api/exchanges/{vhost}/{name}/publish", publish)

@@ -1,0 +1,162 @@
+"""Health checks with RabbitMQ 3.10's paths and bodies (REFERENCE §2.4), plus /health/ready.
+
+``/api/health/checks/*`` and ``/api/aliveness-test/{vhost}`` need a management user, as in
+RabbitMQ. ``/health/ready`` needs no credentials, so a load balancer's ``httpchk`` can
+use it: 200 while the AMQP listeners are up and no resource alarm blocks publishers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from amqpd.broker.message import Message
+from amqpd.http.core import Ctx, Router, bad_request, json_response, not_found
+from amqpd.http.overview import alarm_set
+from amqpd.protocol import codec
+
+ALARM_RESOURCES = {"memory": "memory", "disk": "disk space", "fd": "file descriptors",
+                   "file_descriptors": "file descriptors"}
+PROTOCOL_ALIASES = {"amqp091": "amqp", "amqp": "amqp", "amqp/ssl": "amqps", "amqps": "amqps",
+                    "http": "http", "https": "https"}
+ALIVENESS_QUEUE = "aliveness-test"
+
+
+def ok(**extra: Any) -> Any:
+    return json_response({"status": "ok", **extra})
+
+
+def failed(reason: str, **extra: Any) -> Any:
+    return json_response({"status": "failed", "reason": reason, **extra}, 503)
+
+
+def _alarms(ctx: Ctx) -> list[dict[str, str]]:
+    node = ctx.broker.settings.node_name
+    return [{"resource": ALARM_RESOURCES.get(a, a), "node": node}
+            for a in sorted(alarm_set(ctx.broker))]
+
+
+async def alarms(ctx: Ctx) -> Any:
+    found = _alarms(ctx)
+    if found:
+        return failed("There are alarms in effect in the cluster", alarms=found)
+    return ok()
+
+
+async def local_alarms(ctx: Ctx) -> Any:
+    found = _alarms(ctx)
+    if found:
+        return failed("There are alarms in effect on the node", alarms=found)
+    return ok()
+
+
+def _ports(ctx: Ctx) -> list[int]:
+    ports = [port for _, _, port in ctx.broker.listeners]
+    http_port = ctx.request.app.get("http_port")
+    if http_port:
+        ports.append(http_port)
+    return ports
+
+
+async def port_listener(ctx: Ctx) -> Any:
+    try:
+        port = int(ctx.params["port"])
+    except ValueError:
+        raise bad_request("Invalid port") from None
+    ports = _ports(ctx)
+    if port in ports:
+        return ok(port=port)
+    return failed("No active listener", missing=port, ports=ports)
+
+
+async def protocol_listener(ctx: Ctx) -> Any:
+    protocols = {proto for proto, _, _ in ctx.broker.listeners}
+    protocols.add("https" if ctx.request.app.get("http_tls") else "http")
+    wanted = [p.strip() for p in ctx.params["protocol"].split(",") if p.strip()]
+    missing = [p for p in wanted if PROTOCOL_ALIASES.get(p.lower(), p.lower()) not in protocols]
+    if not wanted or missing:
+        names = sorted({"amqp091" if p == "amqp" else p for p in protocols})
+        return failed("No active listener", missing=",".join(missing) or ctx.params["protocol"],
+                      protocols=names)
+    return ok(protocol=ctx.params["protocol"])
+
+
+async def virtual_hosts(ctx: Ctx) -> Any:
+    return ok()  # every vhost lives in the broker process: if it answers, they are up
+
+
+async def mirror_sync_critical(ctx: Ctx) -> Any:
+    return ok()  # single node: no mirror's loss can make a queue lose data
+
+
+async def quorum_critical(ctx: Ctx) -> Any:
+    return ok(reason="single node cluster")
+
+
+async def aliveness_test(ctx: Ctx) -> Any:
+    """Declare, publish, get back; 503 while an alarm blocks publishers (REFERENCE §6).
+
+    The queue is deleted afterwards, unlike RabbitMQ 3.x, which left it behind."""
+    vh = ctx.vhost()
+    if alarm_set(ctx.broker):
+        return failed("publishers are blocked by a resource alarm", alarms=_alarms(ctx))
+    existed = ALIVENESS_QUEUE in vh.queues
+    q = vh.declare_queue(ALIVENESS_QUEUE, durable=False, auto_delete=False)
+    try:
+        ctx.broker.publish(vh, "", Message("", ALIVENESS_QUEUE, codec.encode_properties({}),
+                                           b"test_message"), None)
+        entry = q.take()
+        if entry is not None:
+            q.delivered(entry, acked=True)
+    finally:
+        if not existed:
+            vh.delete_queue(q, reason="aliveness-test done")
+    if entry is None or ctx.broker.body_of(entry.message) != b"test_message":
+        return failed("aliveness-test queue is empty")
+    return ok()
+
+
+async def ready(ctx: Ctx) -> Any:
+    """Unauthenticated readiness for load balancers."""
+    b = ctx.broker
+    if getattr(b, "stopping", False):
+        return failed("node is shutting down")
+    if not any(proto in ("amqp", "amqps") for proto, _, _ in b.listeners):
+        return failed("No active listener")
+    found = _alarms(ctx)
+    if found:
+        return failed("There are alarms in effect on the node", alarms=found)
+    return ok()
+
+
+async def certificate_expiration(ctx: Ctx) -> Any:
+    from amqpd.tls import certificate_expires_within
+
+    try:
+        within = int(ctx.params["within"])
+    except ValueError:
+        raise bad_request("Invalid value for within") from None
+    unit = ctx.params["unit"]
+    days_per = {"days": 1, "weeks": 7, "months": 30, "years": 365}.get(unit)
+    if days_per is None or within < 0:
+        raise bad_request("Invalid unit")
+    expiring = certificate_expires_within(ctx.broker.settings, within * days_per)
+    if expiring:
+        return failed("Certificates expiring", expired=expiring)
+    return ok()
+
+
+def routes(r: Router) -> None:
+    r.get("/api/health/checks/alarms", alarms)
+    r.get("/api/health/checks/local-alarms", local_alarms)
+    r.get("/api/health/checks/port-listener/{port}", port_listener)
+    r.get("/api/health/checks/protocol-listener/{protocol}", protocol_listener)
+    r.get("/api/health/checks/virtual-hosts", virtual_hosts)
+    r.get("/api/health/checks/node-is-mirror-sync-critical", mirror_sync_critical)
+    r.get("/api/health/checks/node-is-quorum-critical", quorum_critical)
+    r.get("/api/health/checks/certificate-expiration/{within}/{unit}", certificate_expiration)
+    r.get("/api/aliveness-test/{vhost}", aliveness_test)
+    r.get("/health/ready", ready, auth=False)
+    r.get("/api/health/ready", ready, auth=False)
+
+
+__all__ = ["not_found", "routes"]

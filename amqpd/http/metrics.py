@@ -1,0 +1,158 @@
+"""Prometheus text exposition at /metrics (aggregated) and /metrics/per-object.
+
+Names follow RabbitMQ's ``rabbitmq_prometheus`` plugin wherever it has the metric
+(``rabbitmq_connections``, ``rabbitmq_queue_messages_ready``,
+``rabbitmq_global_messages_received_total``, ``rabbitmq_io_sync_time_seconds_total``...),
+so existing Grafana dashboards keep working. amqpd-only metrics are ``amqpd_*``. Like the
+plugin, these endpoints need no credentials.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aiohttp import web
+
+import amqpd
+from amqpd.http.core import Ctx, Router
+from amqpd.http.overview import alarm_set, fd_counts, memory_used
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class Exposition:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self._seen: set[str] = set()
+
+    def add(self, name: str, kind: str, help_: str, value: float,
+            labels: dict[str, str] | None = None) -> None:
+        if name not in self._seen:
+            self._seen.add(name)
+            self.lines.append(f"# TYPE {name} {kind}")
+            self.lines.append(f"# HELP {name} {help_}")
+        label = ""
+        if labels:
+            label = "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "}"
+        self.lines.append(f"{name}{label} {_num(value)}")
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _num(value: float) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    return repr(float(value))
+
+
+def collect(ctx: Ctx, per_object: bool = False) -> str:
+    b = ctx.broker
+    e = Exposition()
+    s = b.settings
+    e.add("rabbitmq_build_info", "untyped", "amqpd version and the RabbitMQ API it follows", 1,
+          {"rabbitmq_version": "3.10.8", "product_version": amqpd.__version__,
+           "product_name": "amqpd"})
+    e.add("rabbitmq_identity_info", "untyped", "Node and cluster identity", 1,
+          {"rabbitmq_node": s.node_name, "rabbitmq_cluster": s.effective_cluster_name})
+    sessions = [x for x in b.sessions if x.vhost is not None]
+    queues = [q for vh in b.vhosts.values() for q in vh.queues.values()]
+    e.add("rabbitmq_connections", "gauge", "Connections currently open", len(sessions))
+    e.add("rabbitmq_channels", "gauge", "Channels currently open",
+          sum(len(x.channels) for x in sessions))
+    e.add("rabbitmq_consumers", "gauge", "Consumers currently connected",
+          sum(len(q.consumers) for q in queues))
+    e.add("rabbitmq_queues", "gauge", "Queues available", len(queues))
+    e.add("rabbitmq_queue_messages_ready", "gauge", "Messages ready to be delivered",
+          sum(len(q.ready) for q in queues))
+    e.add("rabbitmq_queue_messages_unacked", "gauge", "Messages delivered but not acked",
+          sum(q.unacked_count for q in queues))
+    e.add("rabbitmq_queue_messages", "gauge", "Ready and unacknowledged messages",
+          sum(len(q.ready) + q.unacked_count for q in queues))
+    e.add("rabbitmq_queue_messages_ready_bytes", "gauge", "Size of ready message bodies",
+          sum(q.ready_bytes for q in queues))
+    sampler = ctx.request.app["sampler"]
+    totals = sampler.node_totals()
+    e.add("rabbitmq_global_messages_received_total", "counter",
+          "Messages enqueued into queues", totals["stat_publish"])
+    e.add("rabbitmq_global_messages_delivered_total", "counter",
+          "Messages delivered to consumers and basic.get", totals["stat_deliver"])
+    e.add("rabbitmq_global_messages_acknowledged_total", "counter",
+          "Messages acknowledged by consumers", totals["stat_ack"])
+    e.add("rabbitmq_global_messages_redelivered_total", "counter",
+          "Messages redelivered", totals["stat_redeliver"])
+    for counter, name in (("stat_publish", "publish"), ("stat_deliver", "deliver"),
+                          ("stat_ack", "ack")):
+        e.add(f"amqpd_message_{name}_rate", "gauge",
+              f"Messages per second ({name}), averaged over the last sample interval",
+              round(sampler.node_rates.get(counter, 0.0), 3))
+    e.add("rabbitmq_process_resident_memory_bytes", "gauge", "Resident memory", memory_used())
+    fd_used, fd_total = fd_counts()
+    e.add("rabbitmq_process_open_fds", "gauge", "Open file descriptors", fd_used)
+    e.add("rabbitmq_process_max_fds", "gauge", "File descriptor limit", fd_total)
+    e.add("rabbitmq_erlang_uptime_seconds", "gauge", "Node uptime",
+          round(time.time() - b.started_at, 3))
+    alarms = alarm_set(b)
+    e.add("rabbitmq_alarms_memory_used_watermark", "gauge",
+          "1 if the memory alarm is in effect", int("memory" in alarms))
+    e.add("rabbitmq_alarms_free_disk_space_watermark", "gauge",
+          "1 if the disk alarm is in effect", int("disk" in alarms))
+    e.add("rabbitmq_alarms_file_descriptor_limit", "gauge",
+          "1 if the file descriptor alarm is in effect", int("fd" in alarms))
+    _store_metrics(b, e)
+    if per_object:
+        for q in queues:
+            labels = {"vhost": q.vhost.name, "queue": q.name}
+            e.add("rabbitmq_detailed_queue_messages_ready", "gauge",
+                  "Ready messages per queue", len(q.ready), labels)
+            e.add("rabbitmq_detailed_queue_messages_unacked", "gauge",
+                  "Unacked messages per queue", q.unacked_count, labels)
+            e.add("rabbitmq_detailed_queue_consumers", "gauge", "Consumers per queue",
+                  len(q.consumers), labels)
+            e.add("rabbitmq_detailed_queue_messages_published_total", "counter",
+                  "Messages enqueued per queue", q.stat_publish, labels)
+            e.add("rabbitmq_detailed_queue_messages_delivered_total", "counter",
+                  "Messages delivered per queue", q.stat_deliver, labels)
+            e.add("rabbitmq_detailed_queue_messages_acked_total", "counter",
+                  "Messages acked per queue", q.stat_ack, labels)
+    return e.text()
+
+
+def _store_metrics(b: Any, e: Exposition) -> None:
+    store = getattr(b, "store", None)
+    stats: dict[str, int] = {}
+    if store is not None:
+        try:
+            stats = dict(store.stats())
+        except Exception:
+            stats = {}
+    fsyncs = int(stats.get("fsyncs", 0))
+    e.add("rabbitmq_io_sync_ops_total", "counter", "fsync calls by the message log", fsyncs)
+    e.add("rabbitmq_io_sync_time_seconds_total", "counter", "Time spent in fsync",
+          fsyncs * int(stats.get("fsync_avg_us", 0)) / 1e6)
+    e.add("amqpd_store_fsync_last_seconds", "gauge", "Latency of the last fsync",
+          int(stats.get("fsync_last_us", 0)) / 1e6)
+    e.add("amqpd_store_log_bytes", "gauge", "Size of the message log segments on disk",
+          int(stats.get("bytes_on_disk", 0)))
+    e.add("amqpd_store_segments", "gauge", "Message log segments", int(stats.get("segments", 0)))
+
+
+async def metrics(ctx: Ctx) -> Any:
+    return web.Response(text=collect(ctx), headers={"Content-Type": CONTENT_TYPE})
+
+
+async def metrics_per_object(ctx: Ctx) -> Any:
+    return web.Response(text=collect(ctx, per_object=True),
+                        headers={"Content-Type": CONTENT_TYPE})
+
+
+def routes(r: Router) -> None:
+    r.get("/metrics", metrics, auth=False)
+    r.get("/metrics/per-object", metrics_per_object, auth=False)

@@ -1,0 +1,178 @@
+"""/api/overview, /api/nodes, /api/whoami, /api/cluster-name, /api/extensions."""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import shutil
+import time
+from typing import Any
+
+import amqpd
+from amqpd.broker.exchange import EXCHANGE_TYPES
+from amqpd.http.core import Ctx, Router, json_response, no_content, not_found
+
+# The management API version amqpd's paths and JSON shapes follow (rabbitmqadmin and
+# dashboards read ``rabbitmq_version``); ``product_version`` is amqpd's own.
+COMPAT_VERSION = "3.10.8"
+
+
+def memory_used() -> int:
+    """Resident set size in bytes (Linux /proc, else the peak RSS)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def fd_counts() -> tuple[int, int]:
+    try:
+        used = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        used = 0
+    return used, resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def node_info(ctx: Ctx) -> dict[str, Any]:
+    b = ctx.broker
+    s = b.settings
+    fd_used, fd_total = fd_counts()
+    try:
+        disk_free = shutil.disk_usage(s.data_dir).free
+    except OSError:
+        disk_free = 0
+    alarms = alarm_set(b)
+    return {
+        "name": s.node_name,
+        "type": "disc",
+        "running": True,
+        "os_pid": str(os.getpid()),
+        "mem_used": memory_used(),
+        "mem_limit": int(getattr(b, "mem_limit", 0) or 0),
+        "mem_alarm": "memory" in alarms,
+        "disk_free": disk_free,
+        "disk_free_limit": int(getattr(b, "disk_free_limit", 50000000) or 0),
+        "disk_free_alarm": "disk" in alarms,
+        "fd_used": fd_used,
+        "fd_total": fd_total,
+        "sockets_used": len(b.transports),
+        "sockets_total": fd_total,
+        "proc_used": len(b.sessions),
+        "proc_total": 1048576,
+        "processors": os.cpu_count() or 1,
+        "uptime": int((time.time() - b.started_at) * 1000),
+        "run_queue": 0,
+        "partitions": [],
+        "applications": [{"name": "amqpd", "description": "amqpd",
+                          "version": amqpd.__version__}],
+        "enabled_plugins": ["rabbitmq_management", "rabbitmq_prometheus"],
+        "being_drained": False,
+    }
+
+
+def alarm_set(broker: Any) -> set[str]:
+    alarms = getattr(broker, "alarms", None)
+    return set(alarms) if alarms else set()
+
+
+def listeners(ctx: Ctx) -> list[dict[str, Any]]:
+    node = ctx.broker.settings.node_name
+    out = [{"node": node, "protocol": proto, "ip_address": host, "port": port,
+            "socket_opts": {}} for proto, host, port in ctx.broker.listeners]
+    return out
+
+
+async def overview(ctx: Ctx) -> Any:
+    b = ctx.broker
+    vhosts = ctx.visible_vhosts()
+    queues = [q for vh in vhosts for q in vh.queues.values()]
+    ready = sum(len(q.ready) for q in queues)
+    unacked = sum(q.unacked_count for q in queues)
+    sessions = [s for s in b.sessions if ctx.is_monitor or s.username == ctx.username]
+    sampler = ctx.request.app["sampler"]
+    body = {
+        "management_version": COMPAT_VERSION,
+        "rates_mode": "basic",
+        "sample_retention_policies": {"global": [600, 3600, 28800, 86400],
+                                      "basic": [600, 3600], "detailed": [600]},
+        "exchange_types": [{"name": n, "description": "", "enabled": True}
+                           for n in sorted(EXCHANGE_TYPES)],
+        "product_version": amqpd.__version__,
+        "product_name": "amqpd",
+        "rabbitmq_version": COMPAT_VERSION,
+        "cluster_name": b.settings.effective_cluster_name,
+        "erlang_version": f"Python {platform.python_version()}",
+        "erlang_full_version": f"Python {platform.python_version()}",
+        "disable_stats": False,
+        "enable_queue_totals": False,
+        "message_stats": sampler.overview_stats(),
+        "churn_rates": {},
+        "queue_totals": {
+            "messages": ready + unacked, "messages_details": {"rate": 0.0},
+            "messages_ready": ready, "messages_ready_details": {"rate": 0.0},
+            "messages_unacknowledged": unacked,
+            "messages_unacknowledged_details": {"rate": 0.0},
+        },
+        "object_totals": {
+            "channels": sum(len(s.channels) for s in sessions),
+            "connections": len(sessions),
+            "consumers": sum(len(q.consumers) for q in queues),
+            "exchanges": sum(len(vh.exchanges) for vh in vhosts),
+            "queues": len(queues),
+        },
+        "statistics_db_event_queue": 0,
+        "node": b.settings.node_name,
+        "listeners": listeners(ctx),
+        "contexts": [{"node": b.settings.node_name, "description": "RabbitMQ Management",
+                      "path": "/", "port": str(ctx.request.app["http_port"])}],
+    }
+    return json_response(body)
+
+
+async def nodes(ctx: Ctx) -> Any:
+    ctx.require_monitor()
+    return json_response([node_info(ctx)])
+
+
+async def node(ctx: Ctx) -> Any:
+    ctx.require_monitor()
+    if ctx.params["node"] != ctx.broker.settings.node_name:
+        raise not_found()
+    return json_response(node_info(ctx))
+
+
+async def whoami(ctx: Ctx) -> Any:
+    assert ctx.user is not None
+    return json_response({"name": ctx.user.name, "tags": list(ctx.user.tags)})
+
+
+async def cluster_name(ctx: Ctx) -> Any:
+    return json_response({"name": ctx.broker.settings.effective_cluster_name})
+
+
+async def set_cluster_name(ctx: Ctx) -> Any:
+    ctx.require_admin()
+    body = await ctx.json_object()
+    name = body.get("name")
+    if not isinstance(name, str) or not name:
+        from amqpd.http.core import bad_request
+
+        raise bad_request("name must be a non-empty string")
+    ctx.broker.settings.cluster_name = name
+    return no_content()
+
+
+async def extensions(ctx: Ctx) -> Any:
+    return json_response([])
+
+
+def routes(r: Router) -> None:
+    r.get("/api/overview", overview)
+    r.get("/api/nodes", nodes)
+    r.get("/api/nodes/{node}", node)
+    r.get("/api/whoami", whoami)
+    r.get("/api/cluster-name", cluster_name)
+    r.put("/api/cluster-name", set_cluster_name)
+    r.get("/api/extensions", extensions)

@@ -1,0 +1,184 @@
+"""/api/queues[/{vhost}[/{name}]], contents (purge), bindings, and getting messages."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from amqpd.http.bindings import binding_view
+from amqpd.http.core import (
+    Ctx,
+    Router,
+    as_bool,
+    as_dict,
+    as_int,
+    as_str,
+    bad_request,
+    created,
+    json_response,
+    no_content,
+    not_found,
+    select_columns,
+)
+from amqpd.http.messages import decode_json_properties, encode_payload
+
+if TYPE_CHECKING:
+    from amqpd.broker.queue import Queue, QueueEntry
+    from amqpd.broker.vhost import VHost
+
+ACKMODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true",
+            "reject_requeue_false")
+
+
+def queue_view(ctx: Ctx, q: Queue) -> dict[str, Any]:
+    info = dict(q.info())
+    sampler = ctx.request.app["sampler"]
+    info.update({
+        "node": ctx.broker.settings.node_name,
+        "type": "classic",
+        "state": "running",
+        "message_bytes": q.ready_bytes,
+        "message_bytes_ready": q.ready_bytes,
+        "messages_details": {"rate": 0.0},
+        "messages_ready_details": {"rate": 0.0},
+        "messages_unacknowledged_details": {"rate": 0.0},
+        "consumer_utilisation": None,
+        "exclusive_consumer_tag": None,
+        "message_stats": sampler.message_stats(q),
+        "policy": _policy_name(q.policy),
+        "effective_policy_definition": (q.policy or {}).get("definition", {})
+        if isinstance(q.policy, dict) else {},
+    })
+    owner = q.exclusive_owner
+    if owner is not None and hasattr(owner, "name"):
+        info["owner_pid_details"] = {"name": owner.name}
+    return info
+
+
+def _policy_name(policy: Any) -> Any:
+    if isinstance(policy, dict):
+        return policy.get("name")
+    return policy
+
+
+def _get(ctx: Ctx, write: bool = False) -> tuple[VHost, Queue]:
+    vh = ctx.vhost(write=write)
+    q = vh.queues.get(ctx.params["name"])
+    if q is None:
+        raise not_found()
+    return vh, q
+
+
+async def list_queues(ctx: Ctx) -> Any:
+    vhosts = [ctx.vhost()] if "vhost" in ctx.params else ctx.visible_vhosts()
+    items = [queue_view(ctx, q) for vh in vhosts
+             for q in sorted(vh.queues.values(), key=lambda q: q.name)]
+    return json_response(select_columns(items, ctx))
+
+
+async def get_queue(ctx: Ctx) -> Any:
+    _, q = _get(ctx)
+    return json_response(queue_view(ctx, q))
+
+
+async def put_queue(ctx: Ctx) -> Any:
+    vh = ctx.vhost(write=True)
+    name = ctx.params["name"]
+    body = await ctx.json_object()
+    if not name:
+        raise bad_request("queue name must not be empty")
+    ctx.check(vh.name, "configure", "queue", name)
+    existed = name in vh.queues
+    arguments = as_dict(body.get("arguments"), "arguments")
+    vh.declare_queue(name, durable=as_bool(body.get("durable"), "durable", True),
+                     auto_delete=as_bool(body.get("auto_delete"), "auto_delete"),
+                     arguments=arguments)
+    return no_content() if existed else created()
+
+
+async def delete_queue(ctx: Ctx) -> Any:
+    vh, q = _get(ctx, write=True)
+    ctx.check(vh.name, "configure", "queue", q.name)
+    vh.delete_queue_named(q.name, if_unused="if-unused" in ctx.query,
+                          if_empty="if-empty" in ctx.query, owner=q.exclusive_owner)
+    return no_content()
+
+
+async def purge(ctx: Ctx) -> Any:
+    vh, q = _get(ctx, write=True)
+    ctx.check(vh.name, "read", "queue", q.name)
+    vh.purge_queue(q.name, owner=q.exclusive_owner)
+    return no_content()
+
+
+async def queue_bindings(ctx: Ctx) -> Any:
+    vh, q = _get(ctx)
+    items = [binding_view(b, vh.name) for b in vh.bindings() if b.destination is q]
+    return json_response(select_columns(items, ctx))
+
+
+async def queue_actions(ctx: Ctx) -> Any:
+    _get(ctx, write=True)
+    body = await ctx.json_object()
+    if body.get("action") not in ("sync", "cancel_sync"):
+        raise bad_request("action must be 'sync' or 'cancel_sync'")
+    return no_content()
+
+
+async def get_messages(ctx: Ctx) -> Any:
+    vh, q = _get(ctx, write=True)
+    body = await ctx.json_object()
+    count = as_int(body.get("count"), "count", 1)
+    if count < 1:
+        raise bad_request("count must be a positive integer")
+    ackmode = as_str(body.get("ackmode"), "ackmode", "ack_requeue_true")
+    if ackmode not in ACKMODES:
+        raise bad_request(f"ackmode must be one of {', '.join(ACKMODES)}")
+    encoding = as_str(body.get("encoding"), "encoding", "auto")
+    if encoding not in ("auto", "base64"):
+        raise bad_request("encoding must be 'auto' or 'base64'")
+    truncate = body.get("truncate")
+    truncate_n = as_int(truncate, "truncate") if truncate not in (None, "") else None
+    ctx.check(vh.name, "read", "queue", q.name)
+    vh.check_exclusive(q, q.exclusive_owner)
+    taken: list[QueueEntry] = []
+    out = []
+    for _ in range(count):
+        entry = q.take()
+        if entry is None:
+            break
+        taken.append(entry)
+        msg = entry.message
+        data = ctx.broker.body_of(msg)
+        payload, enc = encode_payload(data, encoding, truncate_n)
+        out.append({
+            "payload_bytes": len(data),
+            "redelivered": entry.redelivered,
+            "exchange": msg.exchange,
+            "routing_key": msg.routing_key,
+            "message_count": len(q.ready),
+            "properties": decode_json_properties(msg.properties),
+            "payload": payload,
+            "payload_encoding": enc,
+        })
+    for entry in taken:
+        q.delivered(entry, acked=False)
+    if ackmode.endswith("requeue_true"):
+        q.requeue(taken)
+    elif ackmode == "reject_requeue_false":
+        ctx.broker.dead_letter(q, taken, "rejected")
+        q.settle(taken)
+    else:
+        q.settle(taken)
+    return json_response(out)
+
+
+def routes(r: Router) -> None:
+    r.get("/api/queues", list_queues)
+    r.get("/api/queues/{vhost}", list_queues)
+    r.get("/api/queues/{vhost}/{name}", get_queue)
+    r.put("/api/queues/{vhost}/{name}", put_queue)
+    r.delete("/api/queues/{vhost}/{name}", delete_queue)
+    r.delete("/api/queues/{vhost}/{name}/contents", purge)
+    r.get("/api/queues/{vhost}/{name}/bindings", queue_bindings)
+    r.post("/api/queues/{vhost}/{name}/actions", queue_actions)
+    r.post("/api/queues/{vhost}/{name}/get", get_messages)

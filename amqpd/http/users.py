@@ -1,0 +1,200 @@
+"""/api/users, /api/permissions, /api/topic-permissions (administrator only)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from amqpd.broker.auth import HASHING_SHA256, hash_password
+from amqpd.http.core import (
+    Ctx,
+    Router,
+    as_str,
+    bad_request,
+    created,
+    json_response,
+    no_content,
+    not_found,
+    select_columns,
+)
+
+if TYPE_CHECKING:
+    from amqpd.broker.auth import Permission, User
+
+HASHING_ALGORITHMS = ("rabbit_password_hashing_sha256", "rabbit_password_hashing_sha512",
+                      "rabbit_password_hashing_md5")
+
+
+def parse_tags(value: Any) -> list[str]:
+    """Tags come as a list or, from older tools, as a comma-separated string."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [t.strip() for t in value.split(",") if t.strip()]
+    if isinstance(value, list) and all(isinstance(t, str) for t in value):
+        return [t.strip() for t in value if t.strip()]
+    raise bad_request("tags must be a string or a list of strings")
+
+
+def user_view(user: User) -> dict[str, Any]:
+    return {"name": user.name, "password_hash": user.password_hash,
+            "hashing_algorithm": user.hashing_algorithm, "tags": list(user.tags),
+            "limits": {}}
+
+
+def permission_view(user: str, vhost: str, p: Permission) -> dict[str, Any]:
+    return {"user": user, "vhost": vhost, "configure": p.configure, "write": p.write,
+            "read": p.read}
+
+
+def _user(ctx: Ctx) -> User:
+    user = ctx.broker.auth.users.get(ctx.params["name"])
+    if user is None:
+        raise not_found()
+    return user
+
+
+async def list_users(ctx: Ctx) -> Any:
+    ctx.require_admin()
+    users = sorted(ctx.broker.auth.users.values(), key=lambda u: u.name)
+    return json_response(select_columns([user_view(u) for u in users], ctx))
+
+
+async def users_without_permissions(ctx: Ctx) -> Any:
+    ctx.require_admin()
+    with_perms = {u for u, _ in ctx.broker.auth.permissions}
+    return json_response([user_view(u) for u in ctx.broker.auth.users.values()
+                          if u.name not in with_perms])
+
+
+async def get_user(ctx: Ctx) -> Any:
+    ctx.require_admin()
+    return json_response(user_view(_user(ctx)))
+
+
+def apply_user(ctx_broker: Any, name: str, body: dict[str, Any]) -> bool:
+    """Create or update a user from management JSON; True if it was created."""
+    auth = ctx_broker.auth
+    if not name:
+        raise bad_request("user name must not be empty")
+    tags = parse_tags(body.get("tags"))
+    algorithm = body.get("hashing_algorithm") or HASHING_SHA256
+    if algorithm not in HASHING_ALGORITHMS:
+        raise bad_request(f"unknown hashing algorithm {algorithm}")
+    existing = auth.users.get(name)
+    if "password" in body and body["password"] is not None:
+        password = as_str(body["password"], "password")
+        password_hash = hash_password(password, algorithm)
+    elif "password_hash" in body and body["password_hash"] is not None:
+        password_hash = as_str(body["password_hash"], "password_hash")
+        if password_hash:
+            import base64
+            import binascii
+
+            try:
+                raw = base64.b64decode(password_hash, validate=True)
+            except (binascii.Error, ValueError):
+                raise bad_request("password_hash is not valid base64") from None
+            if len(raw) < 8:
+                raise bad_request("password_hash is too short")
+    elif existing is not None:
+        password_hash, algorithm = existing.password_hash, existing.hashing_algorithm
+    else:
+        raise bad_request("Must provide password or password_hash")
+    auth.add_user(name, tags=tags, password_hash=password_hash, algorithm=algorithm)
+    ctx_broker.definitions_changed()
+    return existing is None
+
+
+async def put_user(ctx: Ctx) -> Any:
+    ctx.require_admin()
+    body = await ctx.json_object()
+    return created() if apply_user(ctx.broker, ctx.params["name"], body) else no_content()
+
+
+async def delete_user(ctx: Ctx) -> Any:
+    ctx.require_admin()
+    if not ctx.broker.auth.delete_user(ctx.params["name"]):
+        raise not_found()
+    ctx.broker.definitions_changed()
+    return no_content()
+
+
+async def user_permissions(ctx: Ctx) -> Any:
+    ctx.require_admin()
+    user = _user(ctx)
+    return json_response([permission_view(u, v, p) for (u, v), p in
+                          sorted(ctx.broker.auth.permissions.items()) if u == user.name])
+
+
+async def list_permissions(ctx: Ctx) -> Any:
+    ctx.require_admin()
+    return json_response(select_columns(
+        [permission_view(u, v, p) for (u, v), p in sorted(ctx.broker.auth.permissions.items())],
+        ctx))
+
+
+def _perm_target(ctx: Ctx) -> tuple[str, str]:
+    vhost, user = ctx.params["vhost"], ctx.params["user"]
+    if vhost not in ctx.broker.vhosts or user not in ctx.broker.auth.users:
+        raise not_found()
+    return vhost, user
+
+
+async def get_permission(ctx: Ctx) -> Any:
+    ctx.require_admin()
+    vhost, user = _perm_target(ctx)
+    p = ctx.broker.auth.permissions.get((user, vhost))
+    if p is None:
+        raise not_found()
+    return json_response(permission_view(user, vhost, p))
+
+
+def validate_regex(value: Any, name: str) -> str:
+    import re
+
+    text = as_str(value, name)
+    try:
+        re.compile(text)
+    except re.error as exc:
+        raise bad_request(f"{name}: invalid regular expression: {exc}") from None
+    return text
+
+
+async def put_permission(ctx: Ctx) -> Any:
+    ctx.require_admin()
+    vhost, user = _perm_target(ctx)
+    body = await ctx.json_object()
+    perms = [validate_regex(body.get(k), k) for k in ("configure", "write", "read")]
+    existed = (user, vhost) in ctx.broker.auth.permissions
+    ctx.broker.auth.set_permissions(user, vhost, *perms)
+    ctx.broker.definitions_changed()
+    return no_content() if existed else created()
+
+
+async def delete_permission(ctx: Ctx) -> Any:
+    ctx.require_admin()
+    vhost, user = _perm_target(ctx)
+    if (user, vhost) not in ctx.broker.auth.permissions:
+        raise not_found()
+    ctx.broker.auth.clear_permissions(user, vhost)
+    ctx.broker.definitions_changed()
+    return no_content()
+
+
+async def list_topic_permissions(ctx: Ctx) -> Any:
+    ctx.require_admin()
+    return json_response(ctx.broker.parameters.topic_permissions)
+
+
+def routes(r: Router) -> None:
+    r.get("/api/users", list_users)
+    r.get("/api/users/without-permissions", users_without_permissions)
+    r.get("/api/users/{name}", get_user)
+    r.put("/api/users/{name}", put_user)
+    r.delete("/api/users/{name}", delete_user)
+    r.get("/api/users/{name}/permissions", user_permissions)
+    r.get("/api/permissions", list_permissions)
+    r.get("/api/permissions/{vhost}/{user}", get_permission)
+    r.put("/api/permissions/{vhost}/{user}", put_permission)
+    r.delete("/api/permissions/{vhost}/{user}", delete_permission)
+    r.get("/api/topic-permissions", list_topic_permissions)
