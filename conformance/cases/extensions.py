@@ -135,7 +135,7 @@ def _death(m: Message) -> dict[str, Any]:
 
 @case("x-dead-letter-exchange/rejected-message-dead-lettered", DLX)
 def dlx_reject(ctx: Context) -> None:
-    ch, dlx, dlq, q = _dlx_pair(ctx)
+    ch, _dlx, dlq, q = _dlx_pair(ctx)
     ch.basic_publish("", q, b"bad")
     m = ctx.must_get(ch, q, auto_ack=False)
     ch.basic_reject(m.method.delivery_tag, requeue=False)
@@ -145,7 +145,7 @@ def dlx_reject(ctx: Context) -> None:
 
 @case("x-dead-letter-exchange/nacked-message-dead-lettered", DLX)
 def dlx_nack(ctx: Context) -> None:
-    ch, dlx, dlq, q = _dlx_pair(ctx)
+    ch, _dlx, dlq, q = _dlx_pair(ctx)
     ch.basic_publish("", q, b"bad")
     m = ctx.must_get(ch, q, auto_ack=False)
     ch.basic_nack(m.method.delivery_tag, requeue=False)
@@ -154,7 +154,7 @@ def dlx_nack(ctx: Context) -> None:
 
 @case("x-dead-letter-exchange/requeued-reject-not-dead-lettered", DLX)
 def dlx_requeue(ctx: Context) -> None:
-    ch, dlx, dlq, q = _dlx_pair(ctx)
+    ch, _dlx, dlq, q = _dlx_pair(ctx)
     ch.basic_publish("", q, b"again")
     m = ctx.must_get(ch, q, auto_ack=False)
     ch.basic_reject(m.method.delivery_tag, requeue=True)
@@ -163,7 +163,7 @@ def dlx_requeue(ctx: Context) -> None:
 
 @case("x-dead-letter-exchange/expired-message-dead-lettered", DLX)
 def dlx_expired(ctx: Context) -> None:
-    ch, dlx, dlq, q = _dlx_pair(ctx, {"x-message-ttl": 30})
+    ch, _dlx, dlq, q = _dlx_pair(ctx, {"x-message-ttl": 30})
     ch.basic_publish("", q, b"late")
     d = _death(ctx.must_get(ch, dlq, timeout=3))
     eq(d.get("reason"), "expired", "reason")
@@ -171,7 +171,7 @@ def dlx_expired(ctx: Context) -> None:
 
 @case("x-dead-letter-exchange/maxlen-drop-head-dead-lettered", DLX)
 def dlx_maxlen(ctx: Context) -> None:
-    ch, dlx, dlq, q = _dlx_pair(ctx, {"x-max-length": 1})
+    ch, _dlx, dlq, q = _dlx_pair(ctx, {"x-max-length": 1})
     ch.basic_publish("", q, b"first")
     ch.basic_publish("", q, b"second")
     m = ctx.must_get(ch, dlq)
@@ -196,7 +196,7 @@ def dlx_fields(ctx: Context) -> None:
 
 @case("x-first-death/headers-set-on-first-dead-lettering", DLX)
 def first_death(ctx: Context) -> None:
-    ch, dlx, dlq, q = _dlx_pair(ctx)
+    ch, _dlx, dlq, q = _dlx_pair(ctx)
     ch.basic_publish("", q, b"x")
     m = ctx.must_get(ch, q, auto_ack=False)
     ch.basic_reject(m.method.delivery_tag, requeue=False)
@@ -274,7 +274,7 @@ def death_count(ctx: Context) -> None:
 
 @case("x-death/original-expiration-recorded-and-expiration-removed", DLX)
 def death_expiration(ctx: Context) -> None:
-    ch, dlx, dlq, q = _dlx_pair(ctx)
+    ch, _dlx, dlq, q = _dlx_pair(ctx)
     ch.basic_publish("", q, b"x", _props(expiration="30"))
     m = ctx.must_get(ch, dlq, timeout=3)
     eq(_death(m).get("original-expiration"), "30", "original-expiration")
@@ -354,7 +354,7 @@ def reject_publish(ctx: Context) -> None:
 
 @case("x-overflow/reject-publish-dlx-dead-letters-rejected", LEN)
 def reject_publish_dlx(ctx: Context) -> None:
-    ch, dlx, dlq, q = _dlx_pair(ctx, {"x-max-length": 1, "x-overflow": "reject-publish-dlx"})
+    ch, _dlx, dlq, q = _dlx_pair(ctx, {"x-max-length": 1, "x-overflow": "reject-publish-dlx"})
     ch.basic_publish("", q, b"kept")
     ch.basic_publish("", q, b"rejected")
     eq(ctx.bodies(ch, q), [b"kept"], "queue")
@@ -364,7 +364,7 @@ def reject_publish_dlx(ctx: Context) -> None:
 
 @case("x-overflow/reject-publish-without-dlx-not-dead-lettered", LEN)
 def reject_publish_nodlx(ctx: Context) -> None:
-    ch, dlx, dlq, q = _dlx_pair(ctx, {"x-max-length": 1, "x-overflow": "reject-publish"})
+    ch, _dlx, dlq, q = _dlx_pair(ctx, {"x-max-length": 1, "x-overflow": "reject-publish"})
     ch.basic_publish("", q, b"kept")
     ch.basic_publish("", q, b"rejected")
     ctx.get_none(ch, dlq)
