@@ -83,6 +83,7 @@ class Settings:
     tls_verify_peer: bool = False
     tls_fail_if_no_peer_cert: bool = False
     definitions_file: str = ""  # RabbitMQ-format definitions JSON imported at boot
+    stats_interval: float = 5.0  # seconds between message-rate samples (management API)
     # declared in the file
     users: list[UserConfig] = field(default_factory=list)
     vhosts: list[str] = field(default_factory=list)

@@ -61,7 +61,7 @@ class HttpServer:
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
-        self.sampler = RateSampler(broker)
+        self.sampler = RateSampler(broker, max(broker.settings.stats_interval, 0.1))
         self.app = create_app(broker, self.sampler)
         self.runner: web.AppRunner | None = None
         self.port = 0

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from amqpd.http.connections import close_session
 from amqpd.http.core import Ctx, Router, as_bool, created, json_response, no_content, not_found
 from amqpd.http.core import select_columns as select
+from amqpd.http.users import parse_tags
 
 if TYPE_CHECKING:
     from amqpd.broker.vhost import VHost
@@ -66,16 +67,15 @@ async def put_vhost(ctx: Ctx) -> Any:
     name = ctx.params["name"]
     body = await ctx.json_object()
     existed = name in ctx.broker.vhosts
+    as_bool(body.get("tracing"), "tracing")
+    tags = parse_tags(body.get("tags")) if "tags" in body else None
     meta = ctx.broker.parameters.vhost_meta.setdefault(name, {})
     if "description" in body:
         meta["description"] = str(body["description"])
-    if "tags" in body:
-        tags = body["tags"]
-        meta["tags"] = [t for t in (tags.split(",") if isinstance(tags, str) else tags or [])
-                        if t]
+    if tags is not None:
+        meta["tags"] = tags
     if "default_queue_type" in body:
         meta["default_queue_type"] = str(body["default_queue_type"])
-    as_bool(body.get("tracing"), "tracing")
     ctx.broker.add_vhost(name)
     if not existed:
         ctx.broker.definitions_changed()
