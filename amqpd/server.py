@@ -19,12 +19,17 @@ from typing import TYPE_CHECKING, Any
 
 import amqpd
 from amqpd.alarms import Alarms
+from amqpd.broker import extensions, reply_to
 from amqpd.broker.auth import AuthStore
+from amqpd.broker.deadletter import dead_letter
 from amqpd.broker.exchange import Exchange
+from amqpd.broker.exchanges.delayed import recover as recover_delayed
+from amqpd.broker.limits import admit
 from amqpd.broker.message import LoggedMessage, Message
 from amqpd.broker.parameters import ParameterStore
-from amqpd.broker.policy import PolicyStore, alternate_exchange
+from amqpd.broker.policy import PolicyStore
 from amqpd.broker.queue import Queue, QueueEntry
+from amqpd.broker.ttl import TimerService
 from amqpd.broker.vhost import VHost
 from amqpd.config import Settings
 from amqpd.protocol import codec
@@ -48,7 +53,7 @@ CAPABILITIES = {
     "consumer_priorities": True,
     "authentication_failure_close": True,
     "per_consumer_qos": True,
-    "direct_reply_to": False,
+    "direct_reply_to": True,
 }
 
 
@@ -76,6 +81,7 @@ class Broker:
         self.paging_all = False
         self.ready_bytes_total = 0
         self.policies = PolicyStore(self)
+        self.timers = TimerService()  # TTL, x-expires and delayed-message deadlines
         self.parameters = ParameterStore()  # runtime parameters (shovel, federation...)
         self.http: HttpServer | None = None
         self._setup_defaults()
@@ -173,11 +179,29 @@ class Broker:
                     f"user_id property set to '{user_id}' but authenticated user was "
                     f"'{username}'"
                 )
+        routing_keys = [message.routing_key]
+        if len(props) >= 2 and props[0] & 0x21:  # expiration or headers: check, CC/BCC
+            message, routing_keys = extensions.prepare_publish(message)
         exchange = vhost.get_exchange(exchange_name)
-        queues = vhost.route(exchange, message, [message.routing_key])
+        if not exchange_name and message.routing_key.startswith(reply_to.PREFIX):
+            queues = reply_to.route(message.routing_key)
+        else:
+            queues = vhost.route(exchange, message, routing_keys)
+        if not queues and getattr(exchange, "held", None) is message:  # x-delayed-message
+            if on_confirm is not None:
+                if message.position >= 0 and self.store is not None:
+                    self.store.commit(on_confirm)
+                else:
+                    on_confirm(None)
+            return queues
         if not queues and on_unroutable is not None:
             on_unroutable()
         confirm_now = on_confirm
+        if queues:
+            queues, refused = admit(self, queues, message)  # overflow=reject-publish[-dlx]
+            if refused and on_confirm is not None:
+                on_confirm(PreconditionFailed("rejected by a queue's length limit"))
+                on_confirm = confirm_now = None
         if queues and message.persistent and self.store is not None:
             durable = [q.store_key for q in queues if q.durable]
             if durable:
@@ -271,19 +295,11 @@ class Broker:
     # ------------------------------------------------------------------ extension hooks
     def apply_policies_to(self, vhost: VHost, obj: Queue | Exchange) -> None:
         """Set ``obj.policy`` from the matching policy, then the options it drives."""
-        self.policies.apply(vhost, obj)
-        if isinstance(obj, Exchange):
-            obj.alternate = alternate_exchange(obj.arguments, obj.policy)
+        extensions.apply_policies(self, vhost, obj)
 
     def validate_queue_arguments(self, arguments: dict[str, Any]) -> None:
         """Reject argument values RabbitMQ rejects (406 PRECONDITION_FAILED)."""
-        for key in ("x-message-ttl", "x-expires", "x-max-length", "x-max-length-bytes",
-                    "x-max-priority"):
-            if key in arguments:
-                value = arguments[key]
-                if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (
-                        key == "x-expires" and value == 0):
-                    raise PreconditionFailed(f"invalid arg '{key}' for queue: {value!r}")
+        extensions.validate_queue_arguments(arguments)
 
     def validate_consumer_arguments(self, arguments: dict[str, Any]) -> None:
         if "x-priority" in arguments:
@@ -292,11 +308,13 @@ class Broker:
                 raise PreconditionFailed(f"invalid arg 'x-priority' for consumer: {value!r}")
 
     def dead_letter(self, queue: Queue, entries: list[QueueEntry], reason: str) -> None:
-        """Dead-lettering is added by the extensions issue; without a DLX messages drop."""
+        """Republish to the queue's dead-letter exchange, if any (amqpd.broker.deadletter)."""
+        dead_letter(self, queue, entries, reason)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self.timers.start(self._loop)
         s = self.settings
         Path(s.data_dir).mkdir(parents=True, exist_ok=True)
         self._open_store()
@@ -334,6 +352,8 @@ class Broker:
             vhost_name, _, queue_name = key.partition("\x00")
             vhost = self.vhosts.get(vhost_name)
             queue = vhost.queues.get(queue_name) if vhost is not None else None
+            if queue is None and recover_delayed(self, key, rq):
+                continue  # a delayed exchange's held messages
             if queue is None and vhost is not None and rq.positions and \
                     not queue_name.startswith("amq.gen-"):
                 # Messages outlived their definition (a crash before the definitions file

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
+from amqpd.broker import reply_to
 from amqpd.broker.message import Message
 from amqpd.broker.queue import Consumer, Queue, QueueEntry
 from amqpd.broker.vhost import generate_name
@@ -229,6 +230,9 @@ class Channel:
 
     def _basic_consume(self, m: commands.Basic.Consume) -> None:
         queue_name = self._queue_name(m.queue)
+        if queue_name == reply_to.PSEUDO_QUEUE:
+            reply_to.consume(self, m.consumer_tag, m.no_ack, m.nowait)
+            return
         self._check("read", "queue", queue_name)
         q = self.vhost.get_queue(queue_name)
         self.vhost.check_exclusive(q, self.session)
@@ -298,6 +302,8 @@ class Channel:
         self._check("read", "queue", queue_name)
         q = self.vhost.get_queue(queue_name)
         self.vhost.check_exclusive(q, self.session)
+        if q.ext is not None:
+            q.ext.touch()  # basic.get counts as use for x-expires
         entry = q.take()
         if entry is None:
             self.session.conn.write(codec.method_frame(self.number, 60, 72, b"\x00"))
@@ -437,6 +443,8 @@ class Channel:
     def _route(self, exchange: str, routing_key: str, mandatory: bool, properties: bytes,
                body: bytes, seq: int) -> None:
         msg = Message(exchange, routing_key, properties, body)
+        if len(properties) > 1 and properties[0] & 0x02:  # reply-to set: direct reply-to?
+            msg = reply_to.rewrite(self, msg)
         broker = self.session.broker
         def unroutable() -> None:  # basic.return precedes the confirm, as in RabbitMQ
             self.session.conn.write(

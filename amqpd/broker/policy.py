@@ -18,6 +18,7 @@ queues and exchanges whenever a policy changes, and asks the broker to persist t
 
 from __future__ import annotations
 
+import builtins
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -186,13 +187,13 @@ class PolicyStore:
     def list(self, vhost: str | None = None) -> list[dict[str, Any]]:
         """Policies in RabbitMQ's JSON shape (``/api/policies``, definitions export)."""
         vhosts = [vhost] if vhost is not None else sorted(self._by_vhost)
-        out: list[dict[str, Any]] = []
+        out: builtins.list[dict[str, Any]] = []
         for vh in vhosts:
             for name in sorted(self._by_vhost.get(vh, {})):
                 out.append(self._by_vhost[vh][name].to_json())
         return out
 
-    def load(self, items: list[dict[str, Any]]) -> None:
+    def load(self, items: builtins.list[dict[str, Any]]) -> None:
         """Restore policies from a definitions document (invalid entries raise)."""
         for item in items:
             self.set(item["vhost"], item["name"], item["pattern"], item["definition"],

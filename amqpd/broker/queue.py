@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from amqpd.broker.message import LoggedMessage, Message
 
 if TYPE_CHECKING:
+    from amqpd.broker.extensions import QueueExt
     from amqpd.broker.vhost import VHost
 
 
@@ -92,6 +93,8 @@ class Queue:
         self.deleted = False
         self.store_key = f"{vhost.name}\x00{name}"
         self.policy: dict[str, Any] | None = None
+        # TTL/limits/priority/DLX/x-expires/SAC state (amqpd.broker.extensions); None = none
+        self.ext: QueueExt | None = None
         # counters for management stats
         self.stat_publish = 0
         self.stat_deliver = 0
@@ -109,6 +112,12 @@ class Queue:
 
     # ------------------------------------------------------------------ enqueue
     def enqueue(self, message: Message) -> None:
+        props = message.properties
+        if self.ext is not None or (props and props[0] & 0x01):  # 0x01: expiration flag
+            from amqpd.broker.extensions import queue_enqueue
+
+            queue_enqueue(self, message)
+            return
         self.ready.append(QueueEntry(message, next(self._seq)))
         self.ready_bytes += message.size
         self.stat_publish += 1
@@ -117,11 +126,17 @@ class Queue:
 
     def restore(self, message: Message, redelivered: bool) -> None:
         """Put a recovered message at the tail (recovery replays in log order)."""
+        if self.ext is not None:
+            self.ext.restore(message, redelivered)
+            return
         self.ready.append(QueueEntry(message, next(self._seq), redelivered))
         self.ready_bytes += message.size
 
     def requeue(self, entries: Iterable[QueueEntry]) -> None:
         """Return unacked entries to their original places, marked redelivered."""
+        if self.ext is not None and self.ext.max_priority:
+            self.ext.requeue(list(entries))
+            return
         ready = self.ready
         for entry in sorted(entries, key=lambda e: e.seq, reverse=True):
             self.unacked_count -= 1
@@ -156,6 +171,8 @@ class Queue:
     def take(self) -> QueueEntry | None:
         """Pop the head for delivery (basic.get or a consumer), or None if empty."""
         ready = self.ready
+        if self.ext is not None:
+            self.ext.drop_expired_head()  # expired messages are never delivered
         if not ready:
             return None
         entry = ready.popleft()
@@ -184,6 +201,8 @@ class Queue:
         self.consumers.append(consumer)
         self.consumers.sort(key=lambda c: -c.priority)  # stable: FIFO within a priority
         self.had_consumers = True
+        if self.ext is not None:
+            self.ext.consumers_changed()
         self.vhost.schedule_dispatch(self)
 
     def remove_consumer(self, consumer: Consumer) -> None:
@@ -191,6 +210,8 @@ class Queue:
             self.consumers.remove(consumer)
         except ValueError:
             return
+        if self.ext is not None:
+            self.ext.consumers_changed()
         if not self.consumers and self.auto_delete and self.had_consumers:
             self.vhost.delete_queue(self, reason="auto-delete")
 
@@ -208,6 +229,8 @@ class Queue:
             consumer.channel.deliver(consumer, self, entry)
 
     def _next_consumer(self) -> Consumer | None:
+        if self.ext is not None and self.ext.sac:
+            return self.ext.sac_consumer()
         consumers = self.consumers
         n = len(consumers)
         top = consumers[0].priority

@@ -185,8 +185,15 @@ class VHost:
     ) -> Queue:
         """Declare (or passively check) a queue. ``owner`` is the declaring connection."""
         existing = self.queues.get(name)
+        if existing is not None and existing.ext is not None:
+            existing.ext.touch()  # a declare counts as use for x-expires
         if passive:
             if existing is None:
+                from amqpd.broker.reply_to import pseudo_queue
+
+                pseudo = pseudo_queue(self, name)
+                if pseudo is not None:
+                    return pseudo
                 raise NotFound(f"no queue '{name}' in vhost '{self.name}'")
             self.check_exclusive(existing, owner)
             return existing

@@ -1,0 +1,366 @@
+"""Per-queue extension state: what a queue with TTL, limits, priorities, a DLX, x-expires or
+single-active-consumer carries, and the glue between :class:`Queue` and the extension
+modules (:mod:`ttl`, :mod:`limits`, :mod:`priority`, :mod:`deadletter`).
+
+A queue with none of these has ``queue.ext is None`` and pays one attribute test on
+enqueue/take. The only thing that gives a plain queue an ``ext`` lazily is a message with
+an ``expiration`` property (a raw flag-bit test, no decoding).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from amqpd.broker import limits
+from amqpd.broker.exchange import Exchange
+from amqpd.broker.message import LoggedMessage, Message
+from amqpd.broker.policy import OVERFLOW_VALUES, QueueOptions, alternate_exchange, queue_options
+from amqpd.broker.priority import PriorityReady
+from amqpd.broker.queue import Consumer, Queue, QueueEntry
+from amqpd.broker.ttl import ZERO_TTL_GRACE, parse_expiration
+from amqpd.protocol.errors import PreconditionFailed
+
+if TYPE_CHECKING:
+    from amqpd.broker.vhost import VHost
+    from amqpd.server import Broker
+
+_FLAG_EXPIRATION = 0x01  # in the first property-flags byte
+_FLAG_PRIORITY = 0x08
+_FLAG_HEADERS = 0x20
+
+
+class TimedEntry(QueueEntry):
+    """A queue entry that knows when it expires (monotonic seconds) and its priority."""
+
+    __slots__ = ("expires", "priority")
+
+    def __init__(self, message: Message, seq: int, redelivered: bool, expires: float | None,
+                 priority: int) -> None:
+        super().__init__(message, seq, redelivered)
+        self.expires = expires
+        self.priority = priority
+
+
+class QueueExt:
+    def __init__(self, queue: Queue, opts: QueueOptions) -> None:
+        self.queue = queue
+        self.opts = opts
+        self.rejects = False
+        self.sac = False
+        self.max_priority = 0
+        self.expiry_armed: float | None = None
+        self.last_used = time.monotonic()
+        self.expires_armed: float | None = None
+        self.sac_order: list[Consumer] = []
+        self.configure(opts)
+
+    def configure(self, opts: QueueOptions) -> None:
+        q = self.queue
+        self.opts = opts
+        self.rejects = opts.overflow != "drop-head" and (
+            opts.max_length is not None or opts.max_length_bytes is not None)
+        self.sac = opts.single_active_consumer
+        if opts.max_priority and not isinstance(q.ready, PriorityReady):
+            self.max_priority = opts.max_priority
+            ready = PriorityReady(opts.max_priority)
+            for entry in q.ready:
+                ready.append(self._timed(entry))
+            q.ready = ready  # type: ignore[assignment]
+        if opts.expires is not None:
+            self._arm_expires(self.last_used + opts.expires / 1000)
+        if q.ready:
+            self._arm_expiry_at_head()
+            limits.enforce(q)
+
+    def _timed(self, entry: QueueEntry) -> TimedEntry:
+        if isinstance(entry, TimedEntry):
+            return entry
+        return TimedEntry(entry.message, entry.seq, entry.redelivered, None,
+                          self._priority(entry.message))
+
+    def _priority(self, message: Message) -> int:
+        if not self.max_priority:
+            return 0
+        props = message.properties
+        if not (props and props[0] & _FLAG_PRIORITY):
+            return 0
+        value = message.props.get("priority") or 0
+        return value if value <= self.max_priority else self.max_priority
+
+    def _expiry(self, message: Message, now: float) -> float | None:
+        ttl = self.opts.message_ttl
+        props = message.properties
+        if props and props[0] & _FLAG_EXPIRATION:
+            try:
+                per_message = parse_expiration(message.props.get("expiration"))
+            except PreconditionFailed:
+                per_message = None
+            if per_message is not None and (ttl is None or per_message < ttl):
+                ttl = per_message
+        if ttl is None:
+            return None
+        return now + (ttl / 1000 if ttl else ZERO_TTL_GRACE)
+
+    # ------------------------------------------------------------------ enqueue
+    def enqueue(self, message: Message) -> None:
+        q = self.queue
+        now = time.monotonic()
+        expires = self._expiry(message, now)
+        q.ready.append(TimedEntry(message, next(q._seq), False, expires,
+                                  self._priority(message)))
+        q.ready_bytes += message.size
+        q.stat_publish += 1
+        if expires is not None and (self.expiry_armed is None or expires < self.expiry_armed):
+            self._arm_expiry(expires)
+        if self.opts.max_length is not None or self.opts.max_length_bytes is not None:
+            limits.enforce(q)
+        if q.consumers:
+            q.vhost.schedule_dispatch(q)
+
+    def restore(self, message: Message, redelivered: bool) -> None:
+        """A recovered message: TTL counts again from recovery (its publish time is not
+        in the log)."""
+        q = self.queue
+        expires = self._expiry(message, time.monotonic())
+        q.ready.append(TimedEntry(message, next(q._seq), redelivered, expires,
+                                  self._priority(message)))
+        q.ready_bytes += message.size
+        if expires is not None and (self.expiry_armed is None or expires < self.expiry_armed):
+            self._arm_expiry(expires)
+
+    def requeue(self, entries: list[QueueEntry]) -> None:
+        q = self.queue
+        ready = q.ready
+        assert isinstance(ready, PriorityReady)
+        for entry in entries:
+            q.unacked_count -= 1
+            entry.redelivered = True
+            q.ready_bytes += entry.message.size
+            ready.put_back(self._timed(entry))
+        self._arm_expiry_at_head()
+        if q.consumers:
+            q.vhost.schedule_dispatch(q)
+
+    # ------------------------------------------------------------------ expiry at the head
+    def drop_expired_head(self) -> None:
+        q = self.queue
+        ready = q.ready
+        if not ready:
+            return
+        now = time.monotonic()
+        expired: list[QueueEntry] = []
+        while ready:
+            head = ready[0]
+            exp = getattr(head, "expires", None)
+            if exp is None or exp > now:
+                break
+            ready.popleft()
+            q.ready_bytes -= head.message.size
+            expired.append(head)
+        if expired:
+            self.discard(q, expired, "expired")
+
+    def discard(self, q: Queue, entries: list[QueueEntry], reason: str) -> None:
+        """Ready entries leave the queue without delivery: dead-letter, then settle."""
+        q.vhost.broker.dead_letter(q, entries, reason)
+        if q.in_store:
+            positions = [e.message.position for e in entries if e.message.position >= 0]
+            if positions:
+                q.vhost.store_settle(q, positions)
+
+    def _arm_expiry_at_head(self) -> None:
+        ready = self.queue.ready
+        if ready:
+            exp = getattr(ready[0], "expires", None)
+            if exp is not None and (self.expiry_armed is None or exp < self.expiry_armed):
+                self._arm_expiry(exp)
+
+    def _arm_expiry(self, deadline: float) -> None:
+        self.expiry_armed = deadline
+        self.queue.vhost.broker.timers.call_at(deadline, self._expiry_due)
+
+    def _expiry_due(self) -> None:
+        q = self.queue
+        if q.deleted:
+            return
+        now = time.monotonic()
+        if self.expiry_armed is not None and self.expiry_armed > now + 0.001:
+            return  # a stale heap entry; the current one is still pending
+        self.expiry_armed = None
+        self.drop_expired_head()
+        self._arm_expiry_at_head()
+
+    # ------------------------------------------------------------------ x-expires
+    def touch(self) -> None:
+        self.last_used = time.monotonic()
+        if self.opts.expires is not None:
+            self._arm_expires(self.last_used + self.opts.expires / 1000)
+
+    def _arm_expires(self, deadline: float) -> None:
+        self.expires_armed = deadline
+        self.queue.vhost.broker.timers.call_at(deadline, self._expires_due)
+
+    def _expires_due(self) -> None:
+        q = self.queue
+        expires = self.opts.expires
+        if q.deleted or expires is None:
+            return
+        deadline = self.last_used + expires / 1000
+        if q.consumers:
+            return  # in use; the last consumer leaving touches and re-arms
+        if time.monotonic() + 0.001 < deadline:
+            if self.expires_armed != deadline:  # touched since: wait for the new deadline
+                self._arm_expires(deadline)
+            return
+        q.vhost.delete_queue(q, reason="expired")
+
+    # ------------------------------------------------------------------ consumers
+    def consumers_changed(self) -> None:
+        q = self.queue
+        if self.sac:
+            current = set(map(id, q.consumers))
+            order = [c for c in self.sac_order if id(c) in current]
+            known = set(map(id, order))
+            order.extend(c for c in q.consumers if id(c) not in known)
+            self.sac_order = order
+            q.vhost.schedule_dispatch(q)
+        self.touch()
+
+    def sac_consumer(self) -> Consumer | None:
+        if not self.sac_order:
+            return None
+        c = self.sac_order[0]
+        if c.has_credit() and c.channel.can_deliver(c):
+            return c
+        return None
+
+    def active_consumer_tag(self) -> str | None:
+        return self.sac_order[0].tag if self.sac and self.sac_order else None
+
+
+# ---------------------------------------------------------------------- broker hooks
+def queue_enqueue(queue: Queue, message: Message) -> None:
+    ext = queue.ext
+    if ext is None:
+        ext = queue.ext = QueueExt(queue, QueueOptions())
+    ext.enqueue(message)
+
+
+def apply_policies(broker: Broker, vhost: VHost, obj: Queue | Exchange) -> None:
+    broker.policies.apply(vhost, obj)
+    if isinstance(obj, Exchange):
+        obj.alternate = alternate_exchange(obj.arguments, obj.policy)
+        attach = getattr(obj, "attach", None)
+        if attach is not None:
+            attach(broker, vhost)
+        return
+    opts = queue_options(obj.arguments, obj.policy)
+    if obj.ext is not None:
+        obj.ext.configure(opts)
+    elif opts.any:
+        obj.ext = QueueExt(obj, opts)
+
+
+_INT_ARGS = ("x-message-ttl", "x-expires", "x-max-length", "x-max-length-bytes",
+             "x-max-priority")
+
+
+def _type_name(value: Any) -> str:
+    kind = {bool: "bool", int: "long", str: "longstr", float: "double", list: "array",
+            dict: "table"}.get(type(value), "void")
+    return kind
+
+
+def validate_queue_arguments(arguments: dict[str, Any]) -> None:
+    """Reject argument values RabbitMQ 3.10 rejects, with its error terms."""
+    for key in _INT_ARGS:
+        if key not in arguments:
+            continue
+        value = arguments[key]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise PreconditionFailed(
+                f"invalid arg '{key}' for queue: {{unacceptable_type,{_type_name(value)}}}")
+        if value < 0:
+            raise PreconditionFailed(f"invalid arg '{key}' for queue: {{value_negative,{value}}}")
+        if key == "x-expires" and value == 0:
+            raise PreconditionFailed(f"invalid arg '{key}' for queue: {{value_zero,0}}")
+        if key == "x-max-priority" and value > 255:
+            raise PreconditionFailed(
+                f"invalid arg '{key}' for queue: {{max_value_exceeded,{value}}}")
+    if "x-overflow" in arguments and arguments["x-overflow"] not in OVERFLOW_VALUES:
+        raise PreconditionFailed(
+            f"invalid arg 'x-overflow' for queue: {{invalid_value,{arguments['x-overflow']}}}")
+    for key in ("x-dead-letter-exchange", "x-dead-letter-routing-key"):
+        if key in arguments and not isinstance(arguments[key], str):
+            raise PreconditionFailed(
+                f"invalid arg '{key}' for queue: {{unacceptable_type,"
+                f"{_type_name(arguments[key])}}}")
+    if "x-dead-letter-routing-key" in arguments and "x-dead-letter-exchange" not in arguments:
+        raise PreconditionFailed(
+            "invalid arg 'x-dead-letter-routing-key' for queue: routing_key_but_no_dlx_defined")
+    if "x-single-active-consumer" in arguments and \
+            not isinstance(arguments["x-single-active-consumer"], bool):
+        raise PreconditionFailed(
+            "invalid arg 'x-single-active-consumer' for queue: {unacceptable_type,"
+            f"{_type_name(arguments['x-single-active-consumer'])}}}")
+
+
+def prepare_publish(message: Message) -> tuple[Message, list[str]]:
+    """Checks and rewrites needing the properties: a valid ``expiration``; CC/BCC routing
+    keys, with BCC stripped from what is stored and delivered."""
+    props = message.properties
+    routing_keys = [message.routing_key]
+    if props[0] & _FLAG_EXPIRATION:
+        parse_expiration(message.props.get("expiration"))
+    if props[0] & _FLAG_HEADERS and (b"\x02CC" in props or b"\x03BCC" in props):
+        headers = message.headers
+        for key in ("CC", "BCC"):
+            value = headers.get(key)
+            if value is None:
+                continue
+            if not isinstance(value, list):
+                raise PreconditionFailed(
+                    f"invalid message: {{unacceptable_type_in_header,\"{key}\","
+                    f"{_type_name(value)}}}")
+            routing_keys.extend(v.decode() if isinstance(v, bytes | bytearray) else str(v)
+                                for v in value)
+        if "BCC" in headers:
+            new_props = dict(message.props)
+            new_headers = dict(headers)
+            del new_headers["BCC"]
+            new_props["headers"] = new_headers
+            message = message.with_properties(new_props)
+    return message, routing_keys
+
+
+def enqueue_routed(broker: Broker, message: Message, queues: list[Queue]) -> bool:
+    """Put a broker-made message (dead-lettered, delayed and now due) into ``queues``:
+    length limits apply, persistent copies for durable queues go to the log (no confirm
+    waits for them). True if something was written to the store (caller commits)."""
+    if not queues:
+        return False
+    queues, _refused = limits.admit(broker, queues, message)
+    wrote = False
+    if queues and message.persistent and broker.store is not None:
+        durable = [q.store_key for q in queues if q.durable]
+        if durable:
+            from amqpd.store.api import StoredMessage
+
+            message.position = broker.store.append_enqueue(
+                durable, StoredMessage(message.exchange, message.routing_key,
+                                       message.properties, message.body))
+            wrote = True
+    for q in queues:
+        q.enqueue(message)
+    return wrote
+
+
+def loaded(message: Message) -> Message:
+    return message.load() if type(message) is LoggedMessage else message
+
+
+__all__ = [
+    "QueueExt", "TimedEntry", "apply_policies", "enqueue_routed", "prepare_publish",
+    "queue_enqueue", "validate_queue_arguments",
+]
