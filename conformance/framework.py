@@ -129,6 +129,12 @@ class Context:
     _declared_queues: list[str] = field(default_factory=list)
     _declared_exchanges: list[str] = field(default_factory=list)
     _main: BlockingConnection | None = None
+    observed: list[str] = field(default_factory=list)
+
+    def note(self, what: str) -> None:
+        """Record something the broker answered (closes, returns) for the report."""
+        if what not in self.observed:
+            self.observed.append(what)
 
     # -- names ---------------------------------------------------------------------
     def name(self, kind: str = "q") -> str:
@@ -166,6 +172,7 @@ class Context:
     def raw(self, timeout: float | None = None) -> RawClient:
         p = self.params
         rc = RawClient(p.host, p.port, timeout=timeout or self.settings.timeout)
+        rc.observer = self.note
         self._raws.append(rc)
         return rc
 
@@ -322,6 +329,7 @@ class Context:
             got = _channel_close_reason(ch)
         if got is None:
             raise CaseFailure(f"channel.close {code}", "success (channel still open)")
+        self.note(f"Channel.Close {got.code} {got.text!r}")
         check(got.code == code, f"channel.close {code}", f"{got.code} {got.text}")
         if text is not None:
             check(text in got.text, f"reply text containing {text!r}", repr(got.text))
@@ -353,6 +361,7 @@ class Context:
                 raise CaseFailure(f"connection.close {code}", f"{type(exc).__name__}: {exc}")
         if got is None:
             raise CaseFailure(f"connection.close {code}", "success (connection still open)")
+        self.note(f"Connection.Close {got.code} {got.text!r}")
         check(got.code == code, f"connection.close {code}", f"{got.code} {got.text}")
         if text is not None:
             check(text in got.text, f"reply text containing {text!r}", repr(got.text))
@@ -420,6 +429,7 @@ class Result:
     result: str  # pass | fail | skip
     detail: str
     duration: float
+    observed: list[str] = field(default_factory=list)
 
 
 def run_case(c: Case, settings: Settings) -> Result:
@@ -437,7 +447,8 @@ def run_case(c: Case, settings: Settings) -> Result:
     finally:
         with contextlib.suppress(Exception):
             ctx.close()
-    return Result(c.id, c.area, outcome, detail, round(time.monotonic() - t0, 3))
+    return Result(c.id, c.area, outcome, detail, round(time.monotonic() - t0, 3),
+                  list(ctx.observed))
 
 
 def select(pattern: str | None) -> list[Case]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import socket
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,6 +81,12 @@ class RawClient:
         self.server_properties: dict[str, Any] = {}
         self.start: commands.Connection.Start | None = None
         self.tune: commands.Connection.Tune | None = None
+        # Told about every close the broker sends and about EOF (for the report).
+        self.observer: Callable[[str], None] | None = None
+
+    def _observe(self, what: str) -> None:
+        if self.observer is not None:
+            self.observer(what)
 
     # -- bytes --------------------------------------------------------------------
     def send(self, data: bytes) -> None:
@@ -109,8 +116,10 @@ class RawClient:
             except TimeoutError:
                 raise RawTimeout(f"waited for {n} bytes, have {len(self.buf)}")
             except ConnectionResetError:
+                self._observe("TCP reset by broker (no close frame)")
                 raise RawClosed("connection reset by broker")
             if not chunk:
+                self._observe("socket closed by broker (no close frame)")
                 raise RawClosed(f"broker closed the socket ({len(self.buf)} bytes unread)")
             self.buf += chunk
 
@@ -137,6 +146,9 @@ class RawClient:
             _, _, value = frame.unmarshal(raw)
         elif ftype == FRAME_HEARTBEAT:
             value = heartbeat.Heartbeat()
+        if isinstance(value, (commands.Connection.Close, commands.Channel.Close)):
+            self._observe(f"{value.name} {value.reply_code} {value.reply_text!r} "
+                          f"(class {value.class_id}, method {value.method_id})")
         return RawFrame(ftype, channel, raw[7:-1], value)
 
     def read_until(self, kinds: tuple[type, ...], timeout: float | None = None,

@@ -63,12 +63,27 @@ def render(reports: dict[str, dict[str, Any]]) -> str:
     return "\n".join(out) + "\n"
 
 
+def render_observed(report: dict[str, Any]) -> str:
+    """What the broker answered on each error path: one row per case that saw a close,
+    a return or a dropped socket (for NOTES.md)."""
+    out = ["| case | result | what the broker sent |", "|---|---|---|"]
+    for r in sorted(report["results"], key=lambda r: r["id"]):
+        for obs in r.get("observed") or []:
+            text = obs.replace("|", "\\|")
+            out.append(f"| `{r['id']}` | {r['result']} | {text} |")
+    return "\n".join(out) + "\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    paths = list(argv if argv is not None else sys.argv[1:])
-    if not paths:
-        print("usage: python -m conformance.results REPORT.json [...]", file=sys.stderr)
+    args = list(argv if argv is not None else sys.argv[1:])
+    if not args:
+        print("usage: python -m conformance.results REPORT.json [...]\n"
+              "       python -m conformance.results --observed REPORT.json", file=sys.stderr)
         return 2
-    reports = {Path(p).stem: json.loads(Path(p).read_text()) for p in paths}
+    if args[0] == "--observed":
+        sys.stdout.write(render_observed(json.loads(Path(args[1]).read_text())))
+        return 0
+    reports = {Path(p).stem: json.loads(Path(p).read_text()) for p in args}
     sys.stdout.write(render(reports))
     return 0
 

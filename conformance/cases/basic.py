@@ -105,6 +105,7 @@ def mandatory_return(ctx: Context) -> None:
     ctx.pump(conn, lambda: bool(returned), 3)
     check(bool(returned), "basic.return", "nothing")
     m, p, b = returned[0]
+    ctx.note(f"Basic.Return {m.reply_code} {m.reply_text!r}")
     eq((m.reply_code, m.exchange, m.routing_key), (312, x, "nobody"), "return fields")
     check("NO_ROUTE" in m.reply_text, "reply text NO_ROUTE", m.reply_text)
     eq((b, p.message_id), (b"back", "r1"), "returned content")
