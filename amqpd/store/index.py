@@ -119,17 +119,22 @@ class QueueIndex:
         if not self.dead:
             self._trim()
             return
-        dead = self.dead
+        # Cut the dead entries out with slices (memcpy) between their indexes: the cost
+        # is O(dead * log n) Python steps, not O(n), so a checkpoint of a big queue with
+        # a few out-of-order acks stays a copy.
+        positions, sizes, head = self.positions, self.sizes, self.head
+        cuts = sorted(bisect_left(positions, p, head) for p in self.dead)
         keep_p: array[int] = array("q")
         keep_s: array[int] = array("q")
-        sizes = self.sizes
-        for i in range(self.head, len(self.positions)):
-            p = self.positions[i]
-            if p not in dead:
-                keep_p.append(p)
-                keep_s.append(sizes[i])
+        prev = head
+        for i in cuts:
+            keep_p += positions[prev:i]
+            keep_s += sizes[prev:i]
+            prev = i + 1
+        keep_p += positions[prev:]
+        keep_s += sizes[prev:]
         self.positions, self.sizes, self.head = keep_p, keep_s, 0
-        dead.clear()
+        self.dead.clear()
 
     def live(self) -> tuple[array[int], array[int]]:
         """Copies of the live (positions, sizes), in queue order."""
