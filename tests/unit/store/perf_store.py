@@ -66,9 +66,9 @@ async def serial_latency(directory: Path, seconds: float) -> None:
     n = 0
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds:
-        fut = loop.create_future()
+        fut: asyncio.Future[BaseException | None] = loop.create_future()
         store.append_enqueue([QUEUE], msg)
-        store.commit(lambda exc, fut=fut: fut.set_result(exc))
+        store.commit(fut.set_result)
         await fut
         n += 1
     elapsed = time.perf_counter() - t0

@@ -63,7 +63,12 @@ def test_callbacks_without_loop_run_on_writer_thread(make_log: Any) -> None:
     s = make_log()
     where: list[str] = []
     done = threading.Event()
-    s.commit(lambda exc: (where.append(threading.current_thread().name), done.set()))
+
+    def cb(exc: BaseException | None) -> None:
+        where.append(threading.current_thread().name)
+        done.set()
+
+    s.commit(cb)
     assert done.wait(10)
     assert where == ["amqpd-store-writer"]
 
