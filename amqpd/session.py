@@ -71,6 +71,8 @@ class Session:
         self.blocked_delivery = False
         self.blocked = False  # connection.blocked sent (alarm)
         self.has_published = False
+        self._perm_cache: dict[tuple[str, str, str], bool] = {}
+        self._perm_version = -1
         self.connected_at = time.time()
         self.closed = False
 
@@ -160,7 +162,18 @@ class Session:
             self.exclusive_queues.remove(queue)
 
     def check_permission(self, kind: str, resource: str, name: str) -> None:
-        self.broker.auth.check(self.username, self.vhost.name, kind, resource, name)
+        """Permission check, cached per (kind, resource, name) until permissions change:
+        publishing checks write access on every message."""
+        auth = self.broker.auth
+        if self._perm_version != auth.version:
+            self._perm_cache.clear()
+            self._perm_version = auth.version
+        key = (kind, resource, name)
+        if key in self._perm_cache:
+            return
+        auth.check(self.username, self.vhost.name, kind, resource, name)
+        if len(self._perm_cache) < 1024:
+            self._perm_cache[key] = True
 
     def body_of(self, message: Message) -> bytes:
         return self.broker.body_of(message)

@@ -75,6 +75,7 @@ class AuthStore:
         self.users: dict[str, User] = {}
         self.permissions: dict[tuple[str, str], Permission] = {}
         self.loopback_users: set[str] = {"guest"}
+        self.version = 0  # bumped on every permission change: sessions cache checks by it
 
     def add_user(self, name: str, password: str | None = None, tags: list[str] | None = None,
                  password_hash: str | None = None, algorithm: str = HASHING_SHA256) -> User:
@@ -89,13 +90,16 @@ class AuthStore:
             return False
         for key in [k for k in self.permissions if k[0] == name]:
             del self.permissions[key]
+        self.version += 1
         return True
 
     def set_permissions(self, user: str, vhost: str, configure: str, write: str, read: str) -> None:
         self.permissions[(user, vhost)] = Permission(configure, write, read)
+        self.version += 1
 
     def clear_permissions(self, user: str, vhost: str) -> None:
         self.permissions.pop((user, vhost), None)
+        self.version += 1
 
     def authenticate(self, username: str, password: str, peer_is_loopback: bool) -> User | None:
         user = self.users.get(username)

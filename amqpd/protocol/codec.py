@@ -185,10 +185,35 @@ def delivery_mode(raw: bytes) -> int:
         return 1
 
 
+_FIXED_WIDTH = {"octet": 1, "timestamp": 8}
+
+
 def validate_properties(raw: bytes) -> None:
-    """Raise 502 if the property bytes do not decode (checked once per publish)."""
+    """Raise 502 unless the property bytes are well-formed (checked once per publish).
+
+    Walks the field lengths instead of decoding: only a headers table is decoded, since
+    its inner structure is the only part a length walk cannot vouch for.
+    """
+    if len(raw) < 2:
+        raise SyntaxError_("malformed content header properties: no property flags")
+    flags = (raw[0] << 8) | raw[1]
+    if flags & 1:
+        raise SyntaxError_("malformed content header properties: continuation flags")
+    pos, end = 2, len(raw)
     try:
-        decode_properties(raw)
+        for _name, bit, kind in PROPERTY_FIELDS:
+            if not flags & bit:
+                continue
+            if kind == "shortstr":
+                pos += 1 + raw[pos]
+            elif kind == "table":
+                size = int.from_bytes(raw[pos:pos + 4], "big")
+                decode.field_table(raw[pos:pos + 4 + size])
+                pos += 4 + size
+            else:
+                pos += _FIXED_WIDTH[kind]
+            if pos > end:
+                raise ValueError("property data shorter than its flags say")
     except Exception as exc:
         raise SyntaxError_(f"malformed content header properties: {exc}") from exc
 
