@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import shutil
 import tempfile
@@ -38,22 +39,33 @@ async def append_rate(directory: Path, n: int, per_tick: int) -> None:
         if confirmed == n and not done.done():
             done.set_result(None)
 
+    latencies: list[float] = []
+
+    def tick_latency(exc: BaseException | None, t: float) -> None:
+        latencies.append(time.perf_counter() - t)
+
     t0 = time.perf_counter()
     sent = 0
     while sent < n:
+        t_tick = time.perf_counter()
         for _ in range(min(per_tick, n - sent)):
             store.append_enqueue([QUEUE], msg)
             store.commit(on_durable)
             sent += 1
+        store.commit(functools.partial(tick_latency, t=t_tick))
         await asyncio.sleep(0)
     await done
     elapsed = time.perf_counter() - t0
+    latencies.sort()
+    p50 = latencies[len(latencies) // 2] * 1e3
+    p99 = latencies[int(len(latencies) * 0.99)] * 1e3
     st = store.stats()
     store.close()
     print(
         f"append+commit: {n} msgs of 16 B, {per_tick}/tick: {n / elapsed:,.0f} msgs/s confirmed; "
         f"{st['fsyncs']} fsyncs ({st['fsyncs'] / elapsed:,.0f}/s, "
-        f"{n / max(st['fsyncs'], 1):,.0f} confirms per fsync, avg {st['fsync_avg_us']} us)"
+        f"{n / max(st['fsyncs'], 1):,.0f} confirms per fsync, avg {st['fsync_avg_us']} us); "
+        f"confirm latency p50 {p50:.1f} ms, p99 {p99:.1f} ms"
     )
 
 
