@@ -182,6 +182,11 @@ class AMQPConnection:
             frames = self.reader.feed(data)
         except FrameError as exc:
             # Frames before the bad one are still processed, then the connection closes.
+            frames, self.reader.salvaged = self.reader.salvaged, []
+            for ftype, channel, payload in frames:
+                if self.state is State.CLOSED:
+                    return
+                self._dispatch_guarded(ftype, channel, payload)
             self._close_connection(exc)
             return
         for ftype, channel, payload in frames:
@@ -256,8 +261,6 @@ class AMQPConnection:
             return
         if self.state is not State.OPEN:
             raise UnexpectedFrame(f"frame on channel {channel} before the connection is open")
-        if channel > self.channel_max:
-            raise NotAllowed(f"channel {channel} exceeds negotiated channel_max {self.channel_max}")
         slot = self.channels.get(channel)
         if ftype == FRAME_METHOD:
             self._channel_method(channel, slot, payload)
@@ -271,6 +274,12 @@ class AMQPConnection:
         if slot is None:
             if index != 0x0014000A:  # channel.open
                 raise ChannelErrorCode(f"expected 'channel.open' on channel {channel}")
+            # RabbitMQ counts open channels (any channel number is accepted).
+            if self.channel_max and len(self.channels) >= self.channel_max:
+                raise NotAllowed(
+                    f"number of channels opened ({len(self.channels)}) has reached the "
+                    f"negotiated channel_max ({self.channel_max})"
+                )
             self.channels[channel] = ChannelSlot()
             self.delegate.channel_opened(channel)
             self.write(codec.method_frame(channel, 20, 11, b"\x00\x00\x00\x00"))
@@ -422,11 +431,11 @@ class AMQPConnection:
         self.client_properties = dict(method.client_properties or {})
         caps = self.client_properties.get("capabilities")
         self.capabilities = dict(caps) if isinstance(caps, dict) else {}
-        response = method.response
-        if isinstance(response, str):
-            response = response.encode("latin-1", "replace")
+        raw: str | bytes | None = method.response
+        # pamqp hands a long string back as str when it is valid UTF-8: undo exactly that.
+        response = raw.encode("utf-8") if isinstance(raw, str) else raw or b""
         try:
-            self.delegate.authenticate(method.mechanism, response or b"", self.client_properties)
+            self.delegate.authenticate(method.mechanism, response, self.client_properties)
         except ConnectionAccessRefused as exc:
             self.refuse_login(exc)
             return
@@ -442,14 +451,25 @@ class AMQPConnection:
     def _tune_ok(self, method: commands.Connection.TuneOk) -> None:
         lim = self.limits
         frame_max = method.frame_max
-        if frame_max and frame_max < FRAME_MIN_SIZE:
-            raise NotAllowed(f"frame_max={frame_max} < {FRAME_MIN_SIZE} min size", 10, 31)
-        if lim.frame_max and frame_max > lim.frame_max:
-            raise NotAllowed(f"frame_max={frame_max} > {lim.frame_max} max size", 10, 31)
-        if lim.channel_max and method.channel_max > lim.channel_max:
-            raise NotAllowed(
-                f"channel_max={method.channel_max} > {lim.channel_max} max", 10, 31
-            )
+        # RabbitMQ's rule: 0 means "no limit", so it is too high whenever the server has
+        # one. A failed negotiation gets no close frame: the peer is simply dropped.
+        for field_, value, minimum, server in (
+            ("frame_max", frame_max, FRAME_MIN_SIZE, lim.frame_max),
+            ("channel_max", method.channel_max, 1, lim.channel_max),
+        ):
+            if value and value < minimum:
+                problem = f"{value} is lower than the minimum allowed value ({minimum})"
+            elif server and (value == 0 or value > server):
+                detail = " (no limit)" if value == 0 else ""
+                problem = f"{value}{detail} is higher than the maximum allowed value ({server})"
+            else:
+                continue
+            log.info("failed to negotiate connection parameters: negotiated %s = %s",
+                     field_, problem)
+            self.close_reason = f"negotiated {field_} = {problem}"
+            self.connection_lost()
+            self.should_close_transport = True
+            return
         self.frame_max = frame_max or lim.frame_max
         self.channel_max = method.channel_max or lim.channel_max or 65535
         self.heartbeat = method.heartbeat
@@ -485,7 +505,8 @@ class AMQPConnection:
 
     def close(self, code: int, text: str) -> None:
         """Server-initiated close (shutdown, management API): e.g. 320 CONNECTION_FORCED."""
-        err = ConnectionError_(text)
+        prefix = "CONNECTION_FORCED - "
+        err = ConnectionError_(text[len(prefix):] if text.startswith(prefix) else text)
         err.reply_code = code
         err.name = {320: "CONNECTION_FORCED"}.get(code, "CONNECTION_FORCED")
         self._close_connection(err)

@@ -41,11 +41,13 @@ class FrameReader:
     overhead (AMQP's definition); before tune it is the pre-handshake limit.
     """
 
-    __slots__ = ("_buf", "frame_max")
+    __slots__ = ("_buf", "frame_max", "salvaged")
 
     def __init__(self, frame_max: int) -> None:
         self._buf = bytearray()
         self.frame_max = frame_max
+        # On FrameError: the complete frames that preceded the bad one, still to be handled.
+        self.salvaged: list[Frame] = []
 
     def feed(self, data: bytes) -> list[Frame]:
         """Append ``data`` and return every complete frame now available."""
@@ -60,6 +62,7 @@ class FrameReader:
             ftype, channel, size = unpack(buf, pos)
             if size + FRAME_OVERHEAD > limit and limit:
                 del buf[:pos]
+                self.salvaged = frames
                 raise FrameError(
                     f"frame size {size + FRAME_OVERHEAD} exceeds negotiated frame_max {limit}"
                 )
@@ -68,9 +71,11 @@ class FrameReader:
                 break
             if buf[stop] != FRAME_END:
                 del buf[:pos]
+                self.salvaged = frames
                 raise FrameError(f"invalid frame end byte 0x{buf[stop]:02x} (expected 0xce)")
             if ftype not in (1, 2, 3, 8):
                 del buf[:pos]
+                self.salvaged = frames
                 raise FrameError(f"unknown frame type {ftype}")
             frames.append((ftype, channel, bytes(buf[pos + 7 : stop])))
             pos = stop + 1
