@@ -297,9 +297,10 @@ class Broker:
         """Set ``obj.policy`` from the matching policy, then the options it drives."""
         extensions.apply_policies(self, vhost, obj)
 
-    def validate_queue_arguments(self, arguments: dict[str, Any]) -> None:
+    def validate_queue_arguments(self, arguments: dict[str, Any], name: str = "",
+                                 vhost: str = "") -> None:
         """Reject argument values RabbitMQ rejects (406 PRECONDITION_FAILED)."""
-        extensions.validate_queue_arguments(arguments)
+        extensions.validate_queue_arguments(arguments, name, vhost)
 
     def validate_consumer_arguments(self, arguments: dict[str, Any]) -> None:
         if "x-priority" in arguments:

@@ -266,44 +266,47 @@ _INT_ARGS = ("x-message-ttl", "x-expires", "x-max-length", "x-max-length-bytes",
              "x-max-priority")
 
 
-def _type_name(value: Any) -> str:
-    kind = {bool: "bool", int: "long", str: "longstr", float: "double", list: "array",
-            dict: "table"}.get(type(value), "void")
-    return kind
+def type_name(value: Any) -> str:
+    """The AMQP field type RabbitMQ names in its errors (as pika would have sent it)."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "signedint" if -(2**31) <= value < 2**31 else "long"
+    kind = {str: "longstr", float: "double", list: "array", dict: "table",
+            bytes: "bytes", bytearray: "bytes"}.get(type(value))
+    return kind or ("void" if value is None else "timestamp")
 
 
-def validate_queue_arguments(arguments: dict[str, Any]) -> None:
+def validate_queue_arguments(arguments: dict[str, Any], name: str = "",
+                             vhost: str = "") -> None:
     """Reject argument values RabbitMQ 3.10 rejects, with its error terms."""
+    where = f"for queue '{name}' in vhost '{vhost}'" if name else "for queue"
+
+    def fail(key: str, why: str) -> PreconditionFailed:
+        return PreconditionFailed(f"invalid arg '{key}' {where}: {why}")
+
     for key in _INT_ARGS:
         if key not in arguments:
             continue
         value = arguments[key]
         if isinstance(value, bool) or not isinstance(value, int):
-            raise PreconditionFailed(
-                f"invalid arg '{key}' for queue: {{unacceptable_type,{_type_name(value)}}}")
+            raise fail(key, f'"expected integer, got {type_name(value)}"')
         if value < 0:
-            raise PreconditionFailed(f"invalid arg '{key}' for queue: {{value_negative,{value}}}")
+            raise fail(key, f"{{value_negative,{value}}}")
         if key == "x-expires" and value == 0:
-            raise PreconditionFailed(f"invalid arg '{key}' for queue: {{value_zero,0}}")
+            raise fail(key, "{value_zero,0}")
         if key == "x-max-priority" and value > 255:
-            raise PreconditionFailed(
-                f"invalid arg '{key}' for queue: {{max_value_exceeded,{value}}}")
+            raise fail(key, f"{{max_value_exceeded,{value}}}")
     if "x-overflow" in arguments and arguments["x-overflow"] not in OVERFLOW_VALUES:
-        raise PreconditionFailed(
-            f"invalid arg 'x-overflow' for queue: {{invalid_value,{arguments['x-overflow']}}}")
+        raise fail("x-overflow", "invalid_overflow")
     for key in ("x-dead-letter-exchange", "x-dead-letter-routing-key"):
         if key in arguments and not isinstance(arguments[key], str):
-            raise PreconditionFailed(
-                f"invalid arg '{key}' for queue: {{unacceptable_type,"
-                f"{_type_name(arguments[key])}}}")
+            raise fail(key, f"{{unacceptable_type,{type_name(arguments[key])}}}")
     if "x-dead-letter-routing-key" in arguments and "x-dead-letter-exchange" not in arguments:
-        raise PreconditionFailed(
-            "invalid arg 'x-dead-letter-routing-key' for queue: routing_key_but_no_dlx_defined")
-    if "x-single-active-consumer" in arguments and \
-            not isinstance(arguments["x-single-active-consumer"], bool):
-        raise PreconditionFailed(
-            "invalid arg 'x-single-active-consumer' for queue: {unacceptable_type,"
-            f"{_type_name(arguments['x-single-active-consumer'])}}}")
+        raise fail("x-dead-letter-routing-key", "routing_key_but_no_dlx_defined")
+    sac = arguments.get("x-single-active-consumer")
+    if sac is not None and not isinstance(sac, bool):
+        raise fail("x-single-active-consumer", f"{{unacceptable_type,{type_name(sac)}}}")
 
 
 def prepare_publish(message: Message) -> tuple[Message, list[str]]:
@@ -322,7 +325,7 @@ def prepare_publish(message: Message) -> tuple[Message, list[str]]:
             if not isinstance(value, list):
                 raise PreconditionFailed(
                     f"invalid message: {{unacceptable_type_in_header,\"{key}\","
-                    f"{_type_name(value)}}}")
+                    f"{type_name(value)}}}")
             routing_keys.extend(v.decode() if isinstance(v, bytes | bytearray) else str(v)
                                 for v in value)
         if "BCC" in headers:

@@ -32,7 +32,10 @@ if TYPE_CHECKING:
     from amqpd.broker.vhost import VHost
     from amqpd.server import Broker
 
-APPLY_TO = ("all", "queues", "exchanges")
+APPLY_TO = ("all", "queues", "exchanges", "classic_queues", "quorum_queues", "streams")
+# every amqpd queue is a classic queue: classic_queues means queues; the others match none
+_APPLY_KIND = {"all": "all", "queues": "queues", "exchanges": "exchanges",
+               "classic_queues": "queues", "quorum_queues": "none", "streams": "none"}
 OVERFLOW_VALUES = ("drop-head", "reject-publish", "reject-publish-dlx")
 
 
@@ -112,7 +115,8 @@ class Policy:
     priority: int
 
     def applies_to(self, kind: str, name: str) -> bool:
-        if self.apply_to != "all" and self.apply_to != kind:
+        applies = _APPLY_KIND[self.apply_to]
+        if applies != "all" and applies != kind:
             return False
         return self.regex.search(name) is not None
 
@@ -161,7 +165,7 @@ class PolicyStore:
                 f"{pattern!r} is not a valid regular expression: {exc}") from None
         if apply_to not in APPLY_TO:
             raise PreconditionFailed(
-                f"apply-to must be one of all, queues, exchanges; got {apply_to!r}")
+                f"apply-to must be one of {', '.join(APPLY_TO)}; got {apply_to!r}")
         if not _is_int(priority):
             raise PreconditionFailed(f"priority must be an integer, got {priority!r}")
         if vhost not in self.broker.vhosts:

@@ -32,13 +32,26 @@ ZERO_TTL_GRACE = 0.0005
 
 
 def parse_expiration(value: Any) -> int:
-    """The ``expiration`` property (a string of milliseconds), as RabbitMQ validates it."""
-    if isinstance(value, bytes):
+    """The ``expiration`` property (a string of milliseconds), as RabbitMQ parses it
+    (``rabbit_basic:parse_expiration``); a bad one fails the publish with 406."""
+    if isinstance(value, bytes | bytearray):
         value = value.decode(errors="replace")
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
-    raise PreconditionFailed(
-        f"invalid expiration '{value}': {{invalid_expiration,<<\"{value}\">>}}")
+    text = str(value)
+    digits = text.lstrip("+-")
+    n = len(text) - len(digits)
+    end = n
+    while end < len(text) and text[end].isdigit():
+        end += 1
+    if end == n or n > 1:
+        why = "no_integer"
+    elif end < len(text):
+        why = f'{{leftover_string,"{text[end:]}"}}'
+    else:
+        number = int(text[:end])
+        if number >= 0:
+            return number
+        why = f"{{value_negative,{number}}}"
+    raise PreconditionFailed(f"invalid expiration '{text}': {why}")
 
 
 class TimerService:

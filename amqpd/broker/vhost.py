@@ -204,7 +204,7 @@ class VHost:
             return existing
         if name.startswith("amq.") and not server_named:
             raise AccessRefused(f"queue name '{name}' contains reserved prefix 'amq.*'")
-        self.broker.validate_queue_arguments(arguments or {})
+        self.broker.validate_queue_arguments(arguments or {}, name, self.name)
         q = Queue(self, name, durable=durable, exclusive_owner=exclusive_owner,
                   auto_delete=auto_delete, arguments=arguments)
         self.queues[name] = q
