@@ -1,0 +1,515 @@
+"""``amqpctl``: operate amqpd through its HTTP API, with rabbitmqctl's command names.
+
+    amqpctl [--url URL] [-u USER] [--password PW] [-p VHOST] [--json] COMMAND [ARGS]
+
+``list_*`` commands take rabbitmqctl's column names (``amqpctl list_queues name
+messages consumers``); output is an aligned table for people, or JSON (``--json``) for
+scripts. Connection settings also come from ``AMQPCTL_URL``, ``AMQPCTL_USERNAME`` and
+``AMQPCTL_PASSWORD``.
+
+Exit codes (stable, for scripts):
+
+====  ===========================================================================
+0     success
+1     the object does not exist (HTTP 404)
+64    usage error: unknown command, wrong arguments
+65    bad input: malformed JSON argument or definitions file, refused by the API (400)
+66    an input file does not exist or cannot be read
+69    broker unavailable: cannot connect, or it answered 5xx / 503
+77    not authorised (HTTP 401/403)
+====  ===========================================================================
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import ssl
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any, NoReturn, TextIO
+from urllib.parse import quote
+
+EX_OK = 0
+EX_NOT_FOUND = 1
+EX_USAGE = 64
+EX_DATAERR = 65
+EX_NOINPUT = 66
+EX_UNAVAILABLE = 69
+EX_NOPERM = 77
+
+
+class CtlError(Exception):
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def q(value: str) -> str:
+    return quote(value, safe="")
+
+
+# ---------------------------------------------------------------------------- HTTP client
+class Client:
+    def __init__(self, url: str, username: str, password: str, timeout: float,
+                 context: ssl.SSLContext | None) -> None:
+        self.url = url.rstrip("/")
+        self.auth = base64.b64encode(f"{username}:{password}".encode()).decode()
+        self.timeout = timeout
+        self.context = context
+
+    def call(self, method: str, path: str, body: Any = None,
+             headers: dict[str, str] | None = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        req.add_header("Authorization", f"Basic {self.auth}")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        for k, v in (headers or {}).items():
+            req.add_header(k, v)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout, context=self.context) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as exc:
+            raise _http_error(exc) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise CtlError(f"cannot connect to {self.url}: {reason}", EX_UNAVAILABLE) from None
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return raw.decode("utf-8", "replace")
+
+    def get(self, path: str) -> Any:
+        return self.call("GET", path)
+
+
+def _http_error(exc: urllib.error.HTTPError) -> CtlError:
+    try:
+        body = json.loads(exc.read() or b"{}")
+        reason = body.get("reason") or body.get("error") or exc.reason
+    except (ValueError, AttributeError):
+        reason = exc.reason
+    code = exc.code
+    if code == 404:
+        return CtlError(f"not found: {reason}", EX_NOT_FOUND)
+    if code in (401, 403):
+        return CtlError(f"not authorised: {reason}", EX_NOPERM)
+    if code >= 500:
+        return CtlError(f"broker error ({code}): {reason}", EX_UNAVAILABLE)
+    return CtlError(f"refused ({code}): {reason}", EX_DATAERR)
+
+
+# ---------------------------------------------------------------------------- output
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict | list):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
+def print_table(rows: list[dict[str, Any]], columns: list[str], out: TextIO,
+                headers: bool = True) -> None:
+    table = [[_cell(r.get(c)) for c in columns] for r in rows]
+    if headers:
+        table.insert(0, list(columns))
+    widths = [max((len(row[i]) for row in table), default=0) for i in range(len(columns))]
+    for row in table:
+        out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
+                  .rstrip() + "\n")
+
+
+# ---------------------------------------------------------------------------- list commands
+def _dotted(item: dict[str, Any], path: str) -> Any:
+    value: Any = item
+    for part in path.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
+
+
+# rabbitmqctl info item -> where it lives in the management JSON (absent = same name)
+ALIASES: dict[str, dict[str, str]] = {
+    "bindings": {"source_name": "source", "destination_name": "destination",
+                 "destination_kind": "destination_type"},
+    "consumers": {"queue_name": "queue.name", "channel_pid": "channel_details.name",
+                  "channel_name": "channel_details.name"},
+    "channels": {"pid": "name", "connection": "connection_details.name"},
+    "connections": {"pid": "name"},
+    "queues": {"pid": "node", "message_bytes_ram": "message_bytes"},
+}
+CONSTANTS: dict[str, dict[str, Any]] = {"bindings": {"source_kind": "exchange"}}
+LISTS: dict[str, tuple[str, bool, list[str]]] = {
+    # command suffix: (API path, per-vhost?, rabbitmqctl's default columns)
+    "queues": ("/api/queues", True, ["name", "messages"]),
+    "exchanges": ("/api/exchanges", True, ["name", "type"]),
+    "bindings": ("/api/bindings", True, ["source_name", "source_kind", "destination_name",
+                                         "destination_kind", "routing_key", "arguments"]),
+    "connections": ("/api/connections", False, ["user", "peer_host", "peer_port", "state"]),
+    "channels": ("/api/channels", False, ["name", "user", "consumer_count",
+                                          "messages_unacknowledged"]),
+    "consumers": ("/api/consumers", True, ["queue_name", "channel_pid", "consumer_tag",
+                                           "ack_required", "prefetch_count", "active",
+                                           "arguments"]),
+    "users": ("/api/users", False, ["name", "tags"]),
+    "vhosts": ("/api/vhosts", False, ["name"]),
+    "permissions": ("/api/permissions", False, ["user", "configure", "write", "read"]),
+    "policies": ("/api/policies", True, ["vhost", "name", "pattern", "apply-to", "definition",
+                                         "priority"]),
+    "parameters": ("/api/parameters", False, ["component", "name", "value"]),
+}
+
+
+def run_list(kind: str, client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    path, per_vhost, default_cols = LISTS[kind]
+    columns = list(args.columns) or default_cols
+    if per_vhost:
+        path += "/" + q(args.vhost)
+    items = client.get(path)
+    if kind == "permissions":
+        items = [i for i in items if i.get("vhost") == args.vhost]
+    if kind == "parameters":
+        items = [i for i in items if i.get("vhost") == args.vhost]
+    aliases = ALIASES.get(kind, {})
+    constants = CONSTANTS.get(kind, {})
+    rows = []
+    for item in items:
+        row = {}
+        for col in columns:
+            if col in constants:
+                row[col] = constants[col]
+            else:
+                row[col] = _dotted(item, aliases.get(col, col))
+        rows.append(row)
+    if items and not args.json:
+        known = set(items[0]) | set(aliases) | set(constants)
+        unknown = [c for c in columns if c.split(".")[0] not in known]
+        if unknown:
+            raise CtlError(f"unknown column(s) for list_{kind}: {', '.join(unknown)}",
+                           EX_USAGE)
+    if args.json:
+        json.dump(rows, out, indent=None)
+        out.write("\n")
+    else:
+        print_table(rows, columns, out, headers=not args.no_table_headers)
+    return EX_OK
+
+
+# ---------------------------------------------------------------------------- other commands
+def _json_arg(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise CtlError(f"{what} is not valid JSON: {exc}", EX_DATAERR) from None
+
+
+def _done(args: argparse.Namespace, out: TextIO, message: str, data: Any = None) -> int:
+    if args.json:
+        json.dump({"result": "ok", "message": message} if data is None else data, out)
+        out.write("\n")
+    elif not args.quiet:
+        out.write(message + "\n")
+    return EX_OK
+
+
+def cmd_status(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    ov = c.get("/api/overview")
+    nodes = c.get("/api/nodes") if "administrator" in _tags(c) or "monitoring" in _tags(c) \
+        else []
+    status = {
+        "node": ov.get("node"), "cluster_name": ov.get("cluster_name"),
+        "product": f"{ov.get('product_name')} {ov.get('product_version')}",
+        "rabbitmq_api_version": ov.get("rabbitmq_version"),
+        "listeners": [f"{x['protocol']}:{x['ip_address']}:{x['port']}"
+                      for x in ov.get("listeners", [])],
+        "connections": ov["object_totals"]["connections"],
+        "channels": ov["object_totals"]["channels"],
+        "queues": ov["object_totals"]["queues"],
+        "consumers": ov["object_totals"]["consumers"],
+        "messages": ov["queue_totals"]["messages"],
+        "messages_ready": ov["queue_totals"]["messages_ready"],
+        "messages_unacknowledged": ov["queue_totals"]["messages_unacknowledged"],
+    }
+    if nodes:
+        n = nodes[0]
+        status.update({"memory_used": n.get("mem_used"), "memory_limit": n.get("mem_limit"),
+                       "memory_alarm": n.get("mem_alarm"), "disk_free": n.get("disk_free"),
+                       "disk_free_alarm": n.get("disk_free_alarm"),
+                       "uptime_ms": n.get("uptime")})
+    if a.json:
+        json.dump(status, out)
+        out.write("\n")
+    else:
+        for k, v in status.items():
+            out.write(f"{k}: {', '.join(v) if isinstance(v, list) else _cell(v)}\n")
+    return EX_OK
+
+
+def _tags(c: Client) -> list[str]:
+    me = c.get("/api/whoami")
+    return list(me.get("tags", [])) if isinstance(me, dict) else []
+
+
+def cmd_add_user(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    try:
+        c.get(f"/api/users/{q(a.name)}")
+    except CtlError as exc:
+        if exc.code != EX_NOT_FOUND:
+            raise
+    else:
+        raise CtlError(f"user '{a.name}' already exists", EX_DATAERR)
+    c.call("PUT", f"/api/users/{q(a.name)}", {"password": a.new_password, "tags": a.tags or ""})
+    return _done(a, out, f"Adding user \"{a.name}\" ...")
+
+
+def cmd_delete_user(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    c.call("DELETE", f"/api/users/{q(a.name)}")
+    return _done(a, out, f"Deleting user \"{a.name}\" ...")
+
+
+def cmd_change_password(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    user = c.get(f"/api/users/{q(a.name)}")
+    c.call("PUT", f"/api/users/{q(a.name)}", {"password": a.new_password,
+                                             "tags": user.get("tags", [])})
+    return _done(a, out, f"Changing password for user \"{a.name}\" ...")
+
+
+def cmd_set_user_tags(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    c.get(f"/api/users/{q(a.name)}")
+    c.call("PUT", f"/api/users/{q(a.name)}", {"tags": list(a.tags)})
+    return _done(a, out, f"Setting tags for user \"{a.name}\" to [{', '.join(a.tags)}] ...")
+
+
+def cmd_add_vhost(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    body = {"description": a.description} if a.description else {}
+    c.call("PUT", f"/api/vhosts/{q(a.name)}", body)
+    return _done(a, out, f"Adding vhost \"{a.name}\" ...")
+
+
+def cmd_delete_vhost(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    c.call("DELETE", f"/api/vhosts/{q(a.name)}")
+    return _done(a, out, f"Deleting vhost \"{a.name}\" ...")
+
+
+def cmd_set_permissions(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    c.call("PUT", f"/api/permissions/{q(a.vhost)}/{q(a.user)}",
+           {"configure": a.conf, "write": a.write, "read": a.read})
+    return _done(a, out, f"Setting permissions for user \"{a.user}\" in vhost \"{a.vhost}\" ...")
+
+
+def cmd_clear_permissions(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    c.call("DELETE", f"/api/permissions/{q(a.vhost)}/{q(a.user)}")
+    return _done(a, out, f"Clearing permissions for user \"{a.user}\" in vhost \"{a.vhost}\" ...")
+
+
+def cmd_set_policy(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    definition = _json_arg(a.definition, "policy definition")
+    c.call("PUT", f"/api/policies/{q(a.vhost)}/{q(a.name)}",
+           {"pattern": a.pattern, "definition": definition, "priority": a.priority,
+            "apply-to": a.apply_to})
+    return _done(a, out, f"Setting policy \"{a.name}\" for pattern \"{a.pattern}\" ...")
+
+
+def cmd_clear_policy(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    c.call("DELETE", f"/api/policies/{q(a.vhost)}/{q(a.name)}")
+    return _done(a, out, f"Clearing policy \"{a.name}\" on vhost \"{a.vhost}\" ...")
+
+
+def cmd_set_parameter(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    value = _json_arg(a.value, "parameter value")
+    c.call("PUT", f"/api/parameters/{q(a.component)}/{q(a.vhost)}/{q(a.name)}",
+           {"value": value, "component": a.component, "vhost": a.vhost, "name": a.name})
+    return _done(a, out, f"Setting runtime parameter \"{a.name}\" for component "
+                         f"\"{a.component}\" ...")
+
+
+def cmd_clear_parameter(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    c.call("DELETE", f"/api/parameters/{q(a.component)}/{q(a.vhost)}/{q(a.name)}")
+    return _done(a, out, f"Clearing runtime parameter \"{a.name}\" for component "
+                         f"\"{a.component}\" ...")
+
+
+def cmd_export_definitions(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    defs = c.get("/api/definitions")
+    text = json.dumps(defs, indent=2) + "\n"
+    if a.path == "-":
+        out.write(text)
+        return EX_OK
+    try:
+        with open(a.path, "w") as fh:
+            fh.write(text)
+    except OSError as exc:
+        raise CtlError(f"cannot write {a.path}: {exc}", EX_NOINPUT) from None
+    return _done(a, out, f"Exported definitions to {a.path}")
+
+
+def cmd_import_definitions(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    try:
+        text = sys.stdin.read() if a.path == "-" else open(a.path).read()  # noqa: SIM115
+    except OSError as exc:
+        raise CtlError(f"cannot read {a.path}: {exc}", EX_NOINPUT) from None
+    defs = _json_arg(text, "definitions file")
+    if not isinstance(defs, dict):
+        raise CtlError("definitions file must hold a JSON object", EX_DATAERR)
+    c.call("POST", "/api/definitions", defs)
+    return _done(a, out, f"Imported definitions from {a.path}")
+
+
+def cmd_purge_queue(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    c.call("DELETE", f"/api/queues/{q(a.vhost)}/{q(a.name)}/contents")
+    return _done(a, out, f"Purging queue '{a.name}' in vhost '{a.vhost}' ...")
+
+
+def cmd_delete_queue(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    query = "&".join(x for x in ("if-empty=true" if a.if_empty else "",
+                                 "if-unused=true" if a.if_unused else "") if x)
+    path = f"/api/queues/{q(a.vhost)}/{q(a.name)}"
+    c.get(path)  # 404 -> exit 1, like rabbitmqctl for a missing queue
+    c.call("DELETE", path + (f"?{query}" if query else ""))
+    return _done(a, out, f"Deleting queue '{a.name}' on vhost '{a.vhost}' ...")
+
+
+def cmd_close_connection(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    c.call("DELETE", f"/api/connections/{q(a.name)}", headers={"X-Reason": a.reason})
+    return _done(a, out, f"Closing connection {a.name}, reason: {a.reason}...")
+
+
+# ---------------------------------------------------------------------------- parser
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EX_USAGE, f"{self.prog}: error: {message}\n")
+
+
+Command = Callable[[Client, argparse.Namespace, TextIO], int]
+
+
+def _common(suppress: bool) -> Parser:
+    """Global options, accepted before or after the command.
+
+    The copy attached to each command has SUPPRESS defaults, so an option given before
+    the command is not reset by the command's own defaults."""
+
+    def d(value: Any) -> Any:
+        return argparse.SUPPRESS if suppress else value
+
+    common = Parser(add_help=False)
+    common.add_argument("--url", default=d(os.environ.get("AMQPCTL_URL",
+                                                          "http://127.0.0.1:15672")),
+                        help="HTTP API base URL (env AMQPCTL_URL)")
+    common.add_argument("-u", "--username",
+                        default=d(os.environ.get("AMQPCTL_USERNAME", "guest")))
+    common.add_argument("--password", default=d(os.environ.get("AMQPCTL_PASSWORD", "guest")))
+    common.add_argument("-p", "--vhost", default=d("/"), help="virtual host (default /)")
+    common.add_argument("--json", action="store_true", default=d(False),
+                        help="machine-readable output")
+    common.add_argument("-q", "--quiet", action="store_true", default=d(False))
+    common.add_argument("-s", "--silent", "--no-table-headers", dest="no_table_headers",
+                        action="store_true", default=d(False),
+                        help="tables without the header row")
+    common.add_argument("-t", "--timeout", type=float, default=d(30.0))
+    common.add_argument("--cacert", default=d(None), help="CA file to verify an https API")
+    common.add_argument("--insecure", action="store_true", default=d(False),
+                        help="skip https verification")
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common(suppress=True)
+    parser = Parser(prog="amqpctl", parents=[_common(suppress=False)],
+                    description="Operate amqpd through its HTTP API (rabbitmqctl-style).")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    sub.required = True
+
+    def add(name: str, func: Command, help_: str, *arguments: tuple[tuple[str, ...],
+                                                                    dict[str, Any]]) -> None:
+        p = sub.add_parser(name, parents=[common], help=help_, description=help_)
+        for flags, kw in arguments:
+            p.add_argument(*flags, **kw)
+        p.set_defaults(func=func)
+
+    def arg(*flags: str, **kw: Any) -> tuple[tuple[str, ...], dict[str, Any]]:
+        return flags, kw
+
+    add("status", cmd_status, "node status and totals")
+    for kind in LISTS:
+        p = sub.add_parser(f"list_{kind}", parents=[common],
+                           help=f"list {kind} (columns like rabbitmqctl)")
+        p.add_argument("columns", nargs="*", help="columns (default: "
+                       f"{' '.join(LISTS[kind][2])})")
+        p.set_defaults(func=lambda c, a, o, kind=kind: run_list(kind, c, a, o))
+    add("add_user", cmd_add_user, "create a user", arg("name"),
+        arg("new_password", metavar="password"),
+        arg("--tags", default="", help="comma-separated tags"))
+    add("delete_user", cmd_delete_user, "delete a user", arg("name"))
+    add("change_password", cmd_change_password, "set a user's password", arg("name"),
+        arg("new_password", metavar="password"))
+    add("set_user_tags", cmd_set_user_tags, "replace a user's tags", arg("name"),
+        arg("tags", nargs="*"))
+    add("add_vhost", cmd_add_vhost, "create a vhost", arg("name"),
+        arg("--description", default=""))
+    add("delete_vhost", cmd_delete_vhost, "delete a vhost and everything in it", arg("name"))
+    add("set_permissions", cmd_set_permissions, "set a user's permissions in a vhost",
+        arg("user"), arg("conf"), arg("write"), arg("read"))
+    add("clear_permissions", cmd_clear_permissions, "remove a user's permissions in a vhost",
+        arg("user"))
+    add("set_policy", cmd_set_policy, "set a policy", arg("name"), arg("pattern"),
+        arg("definition", help="JSON object"), arg("--priority", type=int, default=0),
+        arg("--apply-to", default="all"))
+    add("clear_policy", cmd_clear_policy, "remove a policy", arg("name"))
+    add("set_parameter", cmd_set_parameter, "set a runtime parameter", arg("component"),
+        arg("name"), arg("value", help="JSON value"))
+    add("clear_parameter", cmd_clear_parameter, "remove a runtime parameter",
+        arg("component"), arg("name"))
+    add("export_definitions", cmd_export_definitions, "write definitions JSON (- = stdout)",
+        arg("path"))
+    add("import_definitions", cmd_import_definitions, "load definitions JSON (- = stdin)",
+        arg("path"))
+    add("purge_queue", cmd_purge_queue, "remove a queue's ready messages", arg("name"))
+    add("delete_queue", cmd_delete_queue, "delete a queue", arg("name"),
+        arg("--if-empty", action="store_true"), arg("--if-unused", action="store_true"))
+    add("close_connection", cmd_close_connection, "close a client connection",
+        arg("name"), arg("reason", nargs="?", default="Closed via amqpctl"))
+    return parser
+
+
+def _ssl_context(args: argparse.Namespace) -> ssl.SSLContext | None:
+    if not args.url.startswith("https"):
+        return None
+    ctx = ssl.create_default_context(cafile=args.cacert)
+    if args.insecure:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    args = build_parser().parse_args(argv)
+    try:
+        client = Client(args.url, args.username, args.password, args.timeout,
+                        _ssl_context(args))
+        return int(args.func(client, args, out))
+    except CtlError as exc:
+        if args.json:
+            json.dump({"result": "error", "message": str(exc), "exit_code": exc.code}, out)
+            out.write("\n")
+        print(f"Error: {exc}", file=sys.stderr)
+        return exc.code
+    except (ssl.SSLError, OSError) as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return EX_UNAVAILABLE
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
