@@ -39,6 +39,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--report", help="write JSON results here")
     ap.add_argument("--jobs", type=int, default=4, help="cases run in parallel (default 4)")
     ap.add_argument("--timeout", type=float, default=5.0, help="socket timeout per operation")
+    ap.add_argument("--alarm-cmd", default=os.environ.get("AMQP_ALARM_CMD"),
+                    help="shell command raising a resource alarm on the broker (enables the "
+                         "connection.blocked/unblocked cases, which then run alone)")
+    ap.add_argument("--clear-alarm-cmd", default=os.environ.get("AMQP_CLEAR_ALARM_CMD"),
+                    help="shell command clearing that alarm")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
     ap.add_argument("--quiet", action="store_true", help="print only failures and the summary")
     args = ap.parse_args(argv)
@@ -52,7 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not cases:
         print("no case matches", file=sys.stderr)
         return 2
-    settings = Settings(url=args.url, http_url=args.http_url, timeout=args.timeout)
+    settings = Settings(url=args.url, http_url=args.http_url, timeout=args.timeout,
+                        alarm_cmd=args.alarm_cmd, clear_alarm_cmd=args.clear_alarm_cmd)
     width = max(len(c.id) for c in cases)
     t0 = time.monotonic()
 

@@ -39,19 +39,24 @@ class Case:
     func: Callable[[Context], None]
     doc: str = ""
     slow: bool = False
+    exclusive: bool = False  # runs alone, after all others (it affects the whole broker)
 
 
 REGISTRY: dict[str, Case] = {}
 
 
-def case(case_id: str, area: str, slow: bool = False) -> Callable[[Callable[[Context], None]],
-                                                                  Callable[[Context], None]]:
+CaseFunc = Callable[["Context"], None]
+
+
+def case(case_id: str, area: str, slow: bool = False,
+         exclusive: bool = False) -> Callable[[CaseFunc], CaseFunc]:
     """Register a case. The id names the method or feature and the rule it checks."""
 
-    def deco(func: Callable[[Context], None]) -> Callable[[Context], None]:
+    def deco(func: CaseFunc) -> CaseFunc:
         if case_id in REGISTRY:
             raise ValueError(f"duplicate case id {case_id}")
-        REGISTRY[case_id] = Case(case_id, area, func, (func.__doc__ or "").strip(), slow)
+        REGISTRY[case_id] = Case(case_id, area, func, (func.__doc__ or "").strip(), slow,
+                                 exclusive)
         return func
 
     return deco
@@ -98,6 +103,10 @@ class Settings:
     url: str
     http_url: str | None = None
     timeout: float = 5.0
+    # Shell commands that raise and clear a resource alarm on the broker (for the
+    # connection.blocked/unblocked cases); those cases skip when they are not given.
+    alarm_cmd: str | None = None
+    clear_alarm_cmd: str | None = None
 
 
 @dataclass
@@ -367,6 +376,20 @@ class Context:
             check(text in got.text, f"reply text containing {text!r}", repr(got.text))
         return got
 
+    # -- broker administration hooks ---------------------------------------------------
+    def admin(self, which: str) -> None:
+        """Run the configured alarm_cmd / clear_alarm_cmd shell command."""
+        import subprocess
+
+        cmd = getattr(self.settings, which)
+        if not cmd:
+            raise Skip(f"needs --{which.replace('_', '-')}")
+        proc = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=60,
+                              check=False)
+        if proc.returncode != 0:
+            raise CaseFailure(f"{which} to succeed", f"exit {proc.returncode}: "
+                              f"{(proc.stderr or proc.stdout).strip()[:200]}")
+
     # -- HTTP management API -----------------------------------------------------------
     def http(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         if not self.settings.http_url:
@@ -467,8 +490,9 @@ def run_all(cases: list[Case], settings: Settings, jobs: int = 4,
 
     lock = threading.Lock()
     results: list[Result] = []
-    # Slow cases start first so that they overlap with the many quick ones.
-    ordered = sorted(cases, key=lambda c: not c.slow)
+    # Slow cases start first so that they overlap with the many quick ones; exclusive
+    # ones (they affect the whole broker) run alone at the end.
+    ordered = sorted((c for c in cases if not c.exclusive), key=lambda c: not c.slow)
 
     def one(c: Case) -> Result:
         r = run_case(c, settings)
@@ -480,6 +504,9 @@ def run_all(cases: list[Case], settings: Settings, jobs: int = 4,
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         list(pool.map(one, ordered))
+    for c in cases:
+        if c.exclusive:
+            one(c)
     order = {c.id: i for i, c in enumerate(cases)}
     results.sort(key=lambda r: order[r.id])
     return results

@@ -6,10 +6,12 @@ RabbitMQ::
 
     python -m devtools.rabbitmq start --dir /tmp/rmq [--plugins rabbitmq_management]
     python -m devtools.rabbitmq stop --dir /tmp/rmq
+    python -m devtools.rabbitmq ctl --dir /tmp/rmq -- list_queues name messages
 
 ``start`` prints one JSON line ``{"amqp_url", "http_url", "pid", "dir", ...}`` once the
 node accepts AMQP connections, and writes the same object to ``DIR/rabbitmq.json``;
-``stop`` reads that file and stops exactly that node (and the private epmd it started).
+``stop`` reads that file and stops exactly that node (and the private epmd it started);
+``ctl`` runs rabbitmqctl against that node (same cookie, node name and epmd port).
 
 From Python::
 
@@ -346,6 +348,27 @@ def stop(directory: str | os.PathLike[str], timeout: float = STOP_TIMEOUT, *,
     _stop_epmd(info, epmd_proc)
 
 
+def ctl_command(info: RabbitInfo, *args: str) -> tuple[list[str], dict[str, str]]:
+    """argv and environment that run rabbitmqctl against the node in *info*."""
+    server = find_server()
+    rabbitmqctl = str(Path(server).with_name("rabbitmqctl"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RABBITMQ_", "ERL_"))}
+    env.update(HOME=info.dir, ERL_EPMD_PORT=str(info.epmd_port),
+               RABBITMQ_CONF_ENV_FILE=str(Path(info.dir) / "rabbitmq-env.conf"))
+    return [rabbitmqctl, "-q", "-n", info.nodename, *args], env
+
+
+def ctl(info: RabbitInfo, *args: str, timeout: float = 60) -> str:
+    """Run rabbitmqctl against the node; return its stdout (RabbitMQError on failure)."""
+    argv, env = ctl_command(info, *args)
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout,
+                          check=False)
+    if proc.returncode != 0:
+        raise RabbitMQError(f"rabbitmqctl {' '.join(args)} failed ({proc.returncode}): "
+                            f"{proc.stderr.strip() or proc.stdout.strip()}")
+    return proc.stdout
+
+
 @contextlib.contextmanager
 def running_rabbitmq(tmpdir: str | os.PathLike[str], plugins: Sequence[str] = (),
                      timeout: float = START_TIMEOUT) -> Iterator[RabbitInfo]:
@@ -368,9 +391,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_stop = sub.add_parser("stop", help="stop the node started in --dir")
     p_stop.add_argument("--dir", required=True)
     p_stop.add_argument("--timeout", type=float, default=STOP_TIMEOUT)
+    p_ctl = sub.add_parser("ctl", help="run rabbitmqctl against the node started in --dir")
+    p_ctl.add_argument("--dir", required=True)
+    p_ctl.add_argument("args", nargs=argparse.REMAINDER, help="rabbitmqctl arguments")
     args = parser.parse_args(argv)
     try:
-        if args.cmd == "start":
+        if args.cmd == "ctl":
+            ctl_args = args.args[1:] if args.args[:1] == ["--"] else args.args
+            print(ctl(RabbitInfo.load(args.dir), *ctl_args), end="")
+        elif args.cmd == "start":
             info = start(args.dir, plugins=args.plugins.split(","), timeout=args.timeout)
             print(info.to_json(), flush=True)
         else:

@@ -399,3 +399,62 @@ def close_deletes_exclusive(ctx: Context) -> None:
         if time.monotonic() > deadline:
             raise CaseFailure("exclusive queue deleted with its connection", "queue exists")
         time.sleep(0.05)
+
+
+@case("connection.secure-ok/instead-of-start-ok-refused", A, slow=True)
+def secure_ok_unsolicited(ctx: Context) -> None:
+    """secure-ok is only valid as the answer to connection.secure; sent instead of
+    start-ok it is a handshake violation (RabbitMQ drops the connection)."""
+    rc = ctx.raw(timeout=8)
+    rc.send(PROTOCOL_HEADER)
+    rc.read_until((C.Connection.Start,))
+    rc.send_method(C.Connection.SecureOk(response="x"))
+    try:
+        f = rc.read_frame(timeout=8)
+    except RawClosed:
+        return
+    if isinstance(f.value, C.Connection.Close):
+        return
+    raise CaseFailure("the connection refused", f)
+
+
+def _blocked_publisher(ctx: Context) -> tuple[Any, list[str], list[str]]:
+    conn = ctx.connect()
+    blocked: list[str] = []
+    unblocked: list[str] = []
+    conn.add_on_connection_blocked_callback(
+        lambda _c, m: blocked.append(str(getattr(m.method, "reason", ""))))
+    conn.add_on_connection_unblocked_callback(lambda _c, m: unblocked.append("unblocked"))
+    return conn, blocked, unblocked
+
+
+@case("connection.blocked/resource-alarm-blocks-publishing-connection", A, exclusive=True)
+def blocked_on_alarm(ctx: Context) -> None:
+    """With a resource alarm in effect a publishing connection gets connection.blocked
+    (needs --alarm-cmd/--clear-alarm-cmd)."""
+    conn, blocked, _ = _blocked_publisher(ctx)
+    ch = conn.channel()
+    q = ctx.queue(ch)
+    ctx.on_cleanup(lambda: ctx.admin("clear_alarm_cmd"))
+    ctx.admin("alarm_cmd")
+    ch.basic_publish("", q, b"during-alarm")
+    ctx.pump(conn, lambda: bool(blocked), 15)
+    check(bool(blocked), "connection.blocked", "nothing within 15 s")
+    ctx.note(f"Connection.Blocked reason={blocked[0]!r}")
+
+
+@case("connection.unblocked/sent-when-alarm-clears-and-held-publish-delivered", A,
+      exclusive=True)
+def unblocked_after_alarm(ctx: Context) -> None:
+    conn, blocked, unblocked = _blocked_publisher(ctx)
+    ch = conn.channel()
+    q = ctx.queue(ch)
+    ctx.on_cleanup(lambda: ctx.admin("clear_alarm_cmd"))
+    ctx.admin("alarm_cmd")
+    ch.basic_publish("", q, b"held")
+    ctx.pump(conn, lambda: bool(blocked), 15)
+    check(bool(blocked), "connection.blocked", "nothing within 15 s")
+    ctx.admin("clear_alarm_cmd")
+    ctx.pump(conn, lambda: bool(unblocked), 15)
+    check(bool(unblocked), "connection.unblocked", "nothing within 15 s")
+    eq(ctx.must_get(ch, q, timeout=5).body, b"held", "the publish held during the alarm")

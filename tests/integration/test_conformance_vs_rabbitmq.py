@@ -7,6 +7,8 @@ installed. Only the amqpd-only extensions (x-delayed-message) may be skipped.
 
 from __future__ import annotations
 
+import shlex
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +20,13 @@ from devtools.rabbitmq import RabbitInfo, RabbitMQNotInstalled, find_server, run
 pytestmark = pytest.mark.rabbitmq
 
 PLUGINS = ("rabbitmq_management", "rabbitmq_consistent_hash_exchange")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _watermark_cmd(info: RabbitInfo, value: str) -> str:
+    """A shell command setting the node's memory watermark (0.000001 raises the alarm)."""
+    return (f"cd {shlex.quote(str(ROOT))} && {shlex.quote(sys.executable)} -m devtools.rabbitmq"
+            f" ctl --dir {shlex.quote(info.dir)} -- set_vm_memory_high_watermark {value}")
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +42,10 @@ def rabbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitInfo]:
 def test_suite_passes_against_rabbitmq(rabbit: RabbitInfo) -> None:
     cases = select(None)
     assert len(cases) >= 250
-    results = run_all(cases, Settings(url=rabbit.amqp_url, http_url=rabbit.http_url), jobs=4)
+    settings = Settings(url=rabbit.amqp_url, http_url=rabbit.http_url,
+                        alarm_cmd=_watermark_cmd(rabbit, "0.000001"),
+                        clear_alarm_cmd=_watermark_cmd(rabbit, "0.4"))
+    results = run_all(cases, settings, jobs=4)
     failed = [f"{r.id}: {r.detail}" for r in results if r.result == "fail"]
     assert failed == []
     skipped = {r.id for r in results if r.result == "skip"}
