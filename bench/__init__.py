@@ -1,0 +1,1 @@
+"""amqpd benchmark suite: raw-socket load generator, amqpd vs RabbitMQ side by side."""

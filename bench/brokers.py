@@ -1,0 +1,241 @@
+"""The brokers under test: amqpd and RabbitMQ, started on free ports with their own dirs.
+
+Each broker exposes ``url``, ``pid`` (the process whose RSS and CPU are sampled: the
+``python -m amqpd`` process, RabbitMQ's ``beam.smp``), ``data_dir`` (for disk use),
+``start()``, ``stop()`` and ``restart()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.loadgen import Conn, ProtocolError
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, in seconds."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def disk_used(path: str | os.PathLike[str]) -> int:
+    """Bytes allocated on disk under path (like du -s)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+    return total
+
+
+class Sampler:
+    """Samples a process's RSS in a thread; records peak RSS and CPU used in between."""
+
+    def __init__(self, pid: int | None, interval: float = 0.1) -> None:
+        self.pid = pid
+        self.interval = interval
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.cpu0 = self.cpu1 = 0.0
+        self.t0 = self.t1 = 0.0
+
+    def __enter__(self) -> Sampler:
+        if self.pid:
+            self.cpu0 = cpu_seconds(self.pid)
+            self.peak = rss_bytes(self.pid)
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        self.t0 = time.monotonic()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.peak = max(self.peak, rss_bytes(self.pid or 0))
+
+    def __exit__(self, *exc: Any) -> None:
+        self.t1 = time.monotonic()
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self.pid:
+            self.cpu1 = cpu_seconds(self.pid)
+            self.peak = max(self.peak, rss_bytes(self.pid))
+
+    @property
+    def cpu_percent(self) -> float | None:
+        if not self.pid or self.t1 <= self.t0:
+            return None
+        return 100.0 * (self.cpu1 - self.cpu0) / (self.t1 - self.t0)
+
+
+class Broker:
+    name = "broker"
+    url = ""
+    pid: int | None = None
+    data_dir: Path | None = None
+    can_restart = True
+
+    def start(self) -> float:
+        """Start; return seconds until it accepted an AMQP connection."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def restart(self) -> float:
+        self.stop()
+        return self.start()
+
+    def wait_amqp(self, deadline: float) -> None:
+        while True:
+            try:
+                Conn(self.url, timeout=5.0).close()
+                return
+            except (OSError, ProtocolError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+
+class AmqpdBroker(Broker):
+    name = "amqpd"
+
+    def __init__(self, workdir: Path, extra_args: list[str] | None = None) -> None:
+        from tests.support.brokerproc import BrokerProcess
+
+        self.data_dir = workdir / "amqpd-data"
+        self.proc = BrokerProcess(self.data_dir, extra_args=list(extra_args or []),
+                                  env={"AMQPD_HTTP_PORT": "0"})
+
+    def start(self) -> float:
+        t0 = time.monotonic()
+        self.proc.port = 0
+        self.proc.start(timeout=600.0)
+        self.url = self.proc.url
+        assert self.proc.proc is not None
+        self.pid = self.proc.proc.pid
+        self.wait_amqp(time.monotonic() + 600)
+        return time.monotonic() - t0
+
+    def stop(self) -> None:
+        self.proc.stop(timeout=300.0)
+
+    def version(self) -> str:
+        try:
+            out = subprocess.run([sys.executable, "-m", "amqpd", "--version"],
+                                 capture_output=True, text=True, timeout=30)
+            return out.stdout.strip() or out.stderr.strip()
+        except (OSError, subprocess.SubprocessError):
+            return "amqpd"
+
+
+class _FixedToken:
+    """Stands in for ``secrets`` in devtools.rabbitmq so a restart keeps the node name
+    (Mnesia's directory is named after the node)."""
+
+    def __init__(self, suffix: str) -> None:
+        self.suffix = suffix
+
+    def token_hex(self, n: int | None = None) -> str:
+        return self.suffix if n == 4 else secrets.token_hex(n)
+
+
+class RabbitBroker(Broker):
+    name = "rabbitmq"
+
+    def __init__(self, workdir: Path) -> None:
+        self.dir = workdir / "rabbitmq"
+        self.data_dir = self.dir / "mnesia"
+        self.nodename: str | None = None
+        self.info: Any = None
+
+    def start(self) -> float:
+        from devtools import rabbitmq as rmq
+
+        t0 = time.monotonic()
+        if self.nodename is None:
+            self.info = rmq.start(self.dir)
+        else:
+            suffix = self.nodename.split("@")[0].removeprefix("rabbit-")
+            saved = rmq.secrets
+            rmq.secrets = _FixedToken(suffix)  # type: ignore[assignment]
+            try:
+                self.info = rmq.start(self.dir)
+            finally:
+                rmq.secrets = saved
+        self.nodename = self.info.nodename
+        self.url = self.info.amqp_url
+        self.pid = self._beam_pid()
+        return time.monotonic() - t0
+
+    def _beam_pid(self) -> int | None:
+        with contextlib.suppress(OSError, ValueError):
+            return int((self.dir / "rabbitmq.pid").read_text().strip())
+        # fall back: a beam.smp whose ancestor is the wrapper script
+        for p in Path("/proc").iterdir():
+            if p.name.isdigit():
+                with contextlib.suppress(OSError):
+                    if (p / "comm").read_text().strip() == "beam.smp" and \
+                            self.nodename and self.nodename.encode() in \
+                            (p / "cmdline").read_bytes():
+                        return int(p.name)
+        return None
+
+    def stop(self) -> None:
+        from devtools import rabbitmq as rmq
+
+        rmq.stop(self.dir)
+
+    def version(self) -> str:
+        ctl = shutil.which("rabbitmqctl") or "/usr/lib/rabbitmq/bin/rabbitmqctl"
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            out = subprocess.run([ctl, "version"], capture_output=True, text=True,
+                                 timeout=30)
+            if out.stdout.strip():
+                return "RabbitMQ " + out.stdout.strip()
+        return "RabbitMQ"
+
+
+class ExternalBroker(Broker):
+    """A broker given by URL: not started or stopped here, so no RSS/CPU/restart."""
+
+    can_restart = False
+
+    def __init__(self, name: str, url: str) -> None:
+        self.name = name
+        self.url = url
+
+    def start(self) -> float:
+        self.wait_amqp(time.monotonic() + 30)
+        return 0.0
+
+    def stop(self) -> None:
+        pass
+
+    def version(self) -> str:
+        return f"{self.name} at {self.url.split('@')[-1]}"
