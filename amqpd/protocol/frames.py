@@ -70,9 +70,10 @@ class FrameReader:
             if stop >= end:
                 break
             if buf[stop] != FRAME_END:
+                bad = buf[stop]  # read before the buffer shifts
                 del buf[:pos]
                 self.salvaged = frames
-                raise FrameError(f"invalid frame end byte 0x{buf[stop]:02x} (expected 0xce)")
+                raise FrameError(f"invalid frame end byte 0x{bad:02x} (expected 0xce)")
             if ftype not in (1, 2, 3, 8):
                 del buf[:pos]
                 self.salvaged = frames
