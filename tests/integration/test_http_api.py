@@ -186,9 +186,11 @@ def test_amqp_permission_refused_with_403(api: Api, broker: BrokerProcess) -> No
 
 
 def test_failed_login_closes_with_403(broker: BrokerProcess) -> None:
-    with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+    with pytest.raises(pika.exceptions.ProbableAuthenticationError) as err:
         pika.BlockingConnection(pika.URLParameters(
             f"amqp://guest:wrong@127.0.0.1:{broker.port}/%2F"))
+    # pika advertises authentication_failure_close, so it gets connection.close 403
+    assert "403" in str(err.value) and "ACCESS_REFUSED" in str(err.value)
 
 
 # ---------------------------------------------------------------------------- queues
