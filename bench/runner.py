@@ -14,6 +14,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from bench.brokers import Broker, Sampler, disk_used, rss_bytes
@@ -169,12 +170,20 @@ def run_flow(broker: Broker, publishers: list[PublisherSpec],
         run.invalid.append("a publisher did not report")
     if len(cons) < len(consumers):
         run.invalid.append("a consumer did not report")
+    _flow_metrics(run, publishers, pubs, cons, bool(consumers), expected or 0, t_go,
+                  t_pub_end, sampler)
+    return run
+
+
+def _flow_metrics(run: Run, publishers: list[PublisherSpec], pubs: dict[int, PublisherResult],
+                  cons: dict[int, ConsumerResult], consuming: bool, expected: int,
+                  t_go: float, t_pub_end: float, sampler: Sampler) -> None:
     m = run.metrics
-    confirm = any(s.confirm_window for s in publishers)
+    published = sum(r.published for r in pubs.values())
     if published:
         m["publish_rate"] = published / max(1e-9, t_pub_end - t_go)
     m["published"] = published
-    if confirm:
+    if any(s.confirm_window for s in publishers):
         confirmed = sum(r.confirmed for r in pubs.values())
         nacked = sum(r.nacked for r in pubs.values())
         m["confirmed"] = confirmed
@@ -184,11 +193,12 @@ def run_flow(broker: Broker, publishers: list[PublisherSpec],
             run.invalid.append(f"confirmed {confirmed} != published {published}")
     for s in publishers:
         r = pubs.get(s.pubid)
-        if s.sync_queue is not None and r is not None and r.queue_count is not None:
-            if r.queue_count != r.published:
-                run.invalid.append(f"queue {s.sync_queue} holds {r.queue_count} messages, "
-                                   f"published {r.published}")
-    if consumers:
+        if (s.sync_queue is not None and r is not None and r.queue_count is not None
+                and r.queue_count != r.published):
+            run.invalid.append(f"queue {s.sync_queue} holds {r.queue_count} messages, "
+                               f"published {r.published}")
+    gen_cpu = sum(r.cpu for r in pubs.values()) + sum(c.cpu for c in cons.values())
+    if consuming:
         received = sum(c.received for c in cons.values())
         gaps = sum(c.gaps for c in cons.values())
         disorder = sum(c.disorder for c in cons.values())
@@ -210,16 +220,12 @@ def run_flow(broker: Broker, publishers: list[PublisherSpec],
             m["lat_p50_ms"] = percentile(lat, 50) / 1000.0
             m["lat_p99_ms"] = percentile(lat, 99) / 1000.0
             m["lat_max_ms"] = max(lat) / 1000.0
-        gen_cpu = sum(c.cpu for c in cons.values()) + sum(r.cpu for r in pubs.values())
-    else:
-        gen_cpu = sum(r.cpu for r in pubs.values())
     window = sampler.t1 - sampler.t0
     if sampler.cpu_percent is not None:
         m["broker_cpu_pct"] = sampler.cpu_percent
         m["peak_rss_mb"] = sampler.peak / 2**20
     if window > 0:
         m["gen_cpu_pct"] = 100.0 * gen_cpu / window
-    return run
 
 
 def _errors(run: Run, pubs: dict[int, PublisherResult],
@@ -477,7 +483,6 @@ def run_backlog(broker: Broker, qname: str, count: int, body_size: int = 16,
             m["rss_after_restart_mb"] = rss_bytes(broker.pid) / 2**20
     cons = [[ConsumerSpec([qname], prefetch=1000)]]
     drain = run_flow(broker, [], cons, expected=count)
-    got = drain.metrics.get("delivered", 0)
     run.invalid += drain.invalid
     m["drain_rate"] = drain.metrics.get("deliver_rate", 0.0)
     m["drain_cpu_pct"] = drain.metrics.get("broker_cpu_pct", float("nan"))
@@ -493,12 +498,12 @@ def median(values: list[float]) -> float:
 def host_info() -> dict[str, str]:
     info = {"cpus": str(os.cpu_count())}
     with contextlib.suppress(OSError):
-        for line in open("/proc/cpuinfo"):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 info["cpu"] = line.split(":", 1)[1].strip()
                 break
     with contextlib.suppress(OSError):
-        for line in open("/proc/meminfo"):
+        for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemTotal"):
                 info["mem"] = f"{int(line.split()[1]) / 2**20:.1f} GiB"
                 break
