@@ -53,6 +53,7 @@ class QueueExt:
         self.last_used = time.monotonic()
         self.expires_armed: float | None = None
         self.sac_order: list[Consumer] = []
+        self.sac_draining: Consumer | None = None
         self.configure(opts)
 
     def configure(self, opts: QueueOptions) -> None:
@@ -220,6 +221,11 @@ class QueueExt:
         q = self.queue
         if self.sac:
             current = set(map(id, q.consumers))
+            if self.sac_order and id(self.sac_order[0]) not in current and \
+                    self.sac_order[0].unacked > 0:
+                # the active consumer left with deliveries outstanding: its successor
+                # starts once they are settled or requeued, so it sees them first
+                self.sac_draining = self.sac_order[0]
             order = [c for c in self.sac_order if id(c) in current]
             known = set(map(id, order))
             order.extend(c for c in q.consumers if id(c) not in known)
@@ -228,6 +234,11 @@ class QueueExt:
         self.touch()
 
     def sac_consumer(self) -> Consumer | None:
+        draining = self.sac_draining
+        if draining is not None:
+            if draining.unacked > 0:
+                return None
+            self.sac_draining = None
         if not self.sac_order:
             return None
         c = self.sac_order[0]
