@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from amqpd.http.core import Ctx, Router, json_response, no_content, not_found, select_columns
@@ -9,6 +10,8 @@ from amqpd.http.core import Ctx, Router, json_response, no_content, not_found, s
 if TYPE_CHECKING:
     from amqpd.broker.channel import Channel
     from amqpd.session import Session
+
+log = logging.getLogger("amqpd.http.connections")
 
 
 def _jsonable(value: Any) -> Any:
@@ -134,6 +137,8 @@ async def close_connection(ctx: Ctx) -> Any:
     if not ctx.is_admin and session.username != ctx.username:
         raise not_found()
     reason = ctx.request.headers.get("X-Reason", "Closed via management plugin")
+    log.info("closing connection via HTTP API: connection=%s user=%s reason=%s", session.name,
+             session.username, reason)
     close_session(session, reason)
     return no_content()
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
+import structlog
 from aiohttp import web
 
 from amqpd.protocol.errors import AMQPError
@@ -288,6 +289,10 @@ def make_dispatcher(
         try:
             route, params = router.resolve(request.method, split_raw_path(request.raw_path))
             user = authenticate(broker, request) if route.auth else None
+            # each request runs in its own task, so this context ends with the request
+            structlog.contextvars.bind_contextvars(
+                http_method=request.method, http_path=request.path,
+                http_user=user.name if user else None)
             return await route.handler(Ctx(broker, request, user, params))
         except HttpError as exc:
             return error_response(exc)
