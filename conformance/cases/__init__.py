@@ -9,6 +9,7 @@ from conformance.cases import (  # noqa: F401
     extensions,
     extensions2,
     frames,
+    http_api,
     queue,
     routing,
 )

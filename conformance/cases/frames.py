@@ -357,3 +357,25 @@ def interleaved(ctx: Context) -> None:
     ch = ctx.channel()
     got = sorted(m.body for m in [ctx.must_get(ch, q), ctx.must_get(ch, q)])
     eq(got, [b"c1", b"c2"], "bodies")
+
+
+@case("basic.publish/body-above-max-message-size-406-PRECONDITION_FAILED", A, slow=True)
+def max_message_size(ctx: Context) -> None:
+    """A message larger than max_message_size (RabbitMQ default 128 MiB) closes the channel
+    with 406 (RabbitMQ never uses 311 CONTENT_TOO_LARGE)."""
+    rc = _opened(ctx)
+    q = ctx.name()
+    ctx.track_queue(q)
+    rc.rpc(C.Queue.Declare(queue=q), 1, (C.Queue.DeclareOk,))
+    n = 134217728 + 1
+    rc.send(marshal_method(C.Basic.Publish(exchange="", routing_key=q), 1)
+            + marshal_header(1, n))
+    chunk = b"x" * (rc.frame_max - 8)
+    sent = 0
+    while sent < n:
+        k = min(len(chunk), n - sent)
+        rc.send(raw_frame(3, 1, chunk[:k]))
+        sent += k
+    f = rc.read_until((C.Channel.Close, C.Connection.Close), timeout=20)
+    eq((f.value.name, f.value.reply_code), ("Channel.Close", 406), "reply")
+    check("max size" in f.value.reply_text, "text mentioning the max size", f.value.reply_text)

@@ -1,0 +1,155 @@
+"""The management HTTP API (RabbitMQ paths and JSON shapes); skipped without --http-url.
+
+Only what is immediate is checked: definitions (queues, exchanges, bindings, vhosts),
+health checks and authentication. Statistics (message counts) lag by the broker's stats
+interval in RabbitMQ, so they are not asserted.
+"""
+
+from __future__ import annotations
+
+import http.client
+import time
+import urllib.parse
+from typing import Any
+from urllib.parse import quote
+
+from conformance.framework import Context, case, check, eq
+
+A = "http-api"
+
+
+def _vh(ctx: Context) -> str:
+    return quote(ctx.vhost, safe="")
+
+
+@case("http-api/overview-has-version-and-node", A)
+def overview(ctx: Context) -> None:
+    status, body = ctx.http("GET", "/api/overview")
+    eq(status, 200, "HTTP status")
+    for key in ("management_version", "node", "rabbitmq_version"):
+        check(key in body, f"key {key!r}", sorted(body)[:20])
+
+
+@case("http-api/bad-credentials-401", A)
+def unauthorised(ctx: Context) -> None:
+    ctx.http("GET", "/api/overview")  # skips without --http-url
+    u = urllib.parse.urlsplit(ctx.settings.http_url or "")
+    conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port or 15672, timeout=5)
+    conn.request("GET", "/api/overview", headers={"Authorization": "Basic bm9wZTpub3Bl"})
+    resp = conn.getresponse()
+    resp.read()
+    conn.close()
+    eq(resp.status, 401, "HTTP status")
+
+
+@case("http-api/declared-queue-listed-with-arguments", A)
+def queue_listed(ctx: Context) -> None:
+    ch = ctx.channel()
+    q = ctx.queue(ch, durable=True, arguments={"x-max-length": 7})
+    status, body = ctx.http("GET", f"/api/queues/{_vh(ctx)}/{quote(q, safe='')}")
+    eq(status, 200, "HTTP status")
+    eq((body.get("name"), body.get("durable"), body.get("arguments")),
+       (q, True, {"x-max-length": 7}), "name/durable/arguments")
+
+
+@case("http-api/missing-queue-404", A)
+def queue_missing(ctx: Context) -> None:
+    status, _ = ctx.http("GET", f"/api/queues/{_vh(ctx)}/{ctx.name()}")
+    eq(status, 404, "HTTP status")
+
+
+@case("http-api/put-queue-then-amqp-passive-declare-finds-it", A)
+def put_queue(ctx: Context) -> None:
+    q = ctx.name()
+    ctx.track_queue(q)
+    status, _ = ctx.http("PUT", f"/api/queues/{_vh(ctx)}/{q}",
+                         {"durable": False, "auto_delete": False, "arguments": {}})
+    check(status in (201, 204), "201/204", status)
+    ctx.channel().queue_declare(q, passive=True)
+
+
+@case("http-api/delete-queue-removes-it", A)
+def delete_queue(ctx: Context) -> None:
+    ch = ctx.channel()
+    q = ctx.queue(ch)
+    status, _ = ctx.http("DELETE", f"/api/queues/{_vh(ctx)}/{q}")
+    eq(status, 204, "HTTP status")
+    ctx.channel_error(ch, lambda: ch.queue_declare(q, passive=True), 404)
+
+
+@case("http-api/exchange-listed-with-type", A)
+def exchange_listed(ctx: Context) -> None:
+    ch = ctx.channel()
+    x = ctx.exchange(ch, "topic")
+    status, body = ctx.http("GET", f"/api/exchanges/{_vh(ctx)}/{x}")
+    eq(status, 200, "HTTP status")
+    eq((body.get("name"), body.get("type")), (x, "topic"), "name/type")
+
+
+@case("http-api/binding-listed", A)
+def binding_listed(ctx: Context) -> None:
+    ch = ctx.channel()
+    x = ctx.exchange(ch, "direct")
+    q = ctx.bound_queue(ch, x, "rk.http")
+    status, body = ctx.http("GET", f"/api/bindings/{_vh(ctx)}/e/{x}/q/{q}")
+    eq(status, 200, "HTTP status")
+    keys = [b.get("routing_key") for b in body]
+    eq(keys, ["rk.http"], "binding routing keys")
+
+
+@case("http-api/publish-and-get-through-api", A)
+def publish_get(ctx: Context) -> None:
+    ch = ctx.channel()
+    q = ctx.queue(ch)
+    status, body = ctx.http("POST", f"/api/exchanges/{_vh(ctx)}/amq.default/publish",
+                            {"properties": {}, "routing_key": q, "payload": "via-http",
+                             "payload_encoding": "string"})
+    eq((status, body), (200, {"routed": True}), "publish response")
+    eq(ctx.must_get(ch, q).body, b"via-http", "body")
+
+
+@case("http-api/health-check-alarms-ok", A)
+def health_alarms(ctx: Context) -> None:
+    status, body = ctx.http("GET", "/api/health/checks/alarms")
+    eq((status, body), (200, {"status": "ok"}), "response")
+
+
+@case("http-api/health-check-port-listener-amqp", A)
+def health_port(ctx: Context) -> None:
+    port = ctx.params.port
+    status, body = ctx.http("GET", f"/api/health/checks/port-listener/{port}")
+    eq((status, body), (200, {"status": "ok", "port": port}), "response")
+
+
+@case("http-api/health-check-port-listener-unknown-503", A)
+def health_port_bad(ctx: Context) -> None:
+    status, body = ctx.http("GET", "/api/health/checks/port-listener/1")
+    eq((status, body.get("status"), body.get("missing")), (503, "failed", 1), "response")
+
+
+@case("http-api/aliveness-test-ok", A)
+def aliveness(ctx: Context) -> None:
+    status, body = ctx.http("GET", f"/api/aliveness-test/{_vh(ctx)}")
+    eq((status, body), (200, {"status": "ok"}), "response")
+
+
+@case("http-api/connection-name-visible", A)
+def connection_name(ctx: Context) -> None:
+    """The client's connection_name property is shown by /api/connections."""
+    ctx.connect()
+    deadline = time.monotonic() + 8
+    names: list[Any] = []
+    while time.monotonic() < deadline:
+        status, body = ctx.http("GET", "/api/connections")
+        eq(status, 200, "HTTP status")
+        names = [c.get("client_properties", {}).get("connection_name") for c in body]
+        if ctx.case_id in names:
+            return
+        time.sleep(0.25)
+    check(False, f"a connection named {ctx.case_id!r}", names[:10])
+
+
+@case("http-api/vhost-listed", A)
+def vhost_listed(ctx: Context) -> None:
+    status, body = ctx.http("GET", f"/api/vhosts/{_vh(ctx)}")
+    eq((status, body.get("name")), (200, ctx.vhost), "response")
