@@ -1,0 +1,94 @@
+"""Extensions on durable queues and exchanges survive a restart (graceful and kill -9)."""
+
+from __future__ import annotations
+
+import pika
+
+from tests.integration.ext_support import channel, count, drain, get_msg, set_policy, wait_for
+
+PERSISTENT = 2
+
+
+def _pub(ch, exchange: str, key: str, body: bytes, **props) -> None:
+    ch.basic_publish(exchange, key, body, pika.BasicProperties(delivery_mode=PERSISTENT,
+                                                               **props))
+
+
+def test_ttl_dead_letters_and_priorities_survive_restart(fresh_broker) -> None:
+    fresh_broker.start()
+    with channel(fresh_broker.url) as ch:
+        ch.confirm_delivery()
+        ch.queue_declare("r.dead", durable=True)
+        ch.queue_declare("r.ttl", durable=True, arguments={
+            "x-message-ttl": 1500, "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": "r.dead"})
+        ch.queue_declare("r.keep", durable=True, arguments={"x-message-ttl": 600000})
+        ch.queue_declare("r.prio", durable=True, arguments={"x-max-priority": 9})
+        ch.queue_declare("r.rej", durable=True, arguments={
+            "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "r.dead"})
+        _pub(ch, "", "r.ttl", b"expires-after-restart")
+        _pub(ch, "", "r.keep", b"kept")
+        for body, prio in ((b"low", 1), (b"high", 9), (b"mid", 5), (b"high2", 9)):
+            _pub(ch, "", "r.prio", body, priority=prio)
+        _pub(ch, "", "r.rej", b"rejected-before")
+        method = wait_for(lambda: ch.basic_get("r.rej", auto_ack=False)[0], 3)
+        ch.basic_reject(method.delivery_tag, requeue=False)
+        wait_for(lambda: count(ch, "r.dead") == 1, 3)
+    fresh_broker.stop()
+    fresh_broker.start()
+    with channel(fresh_broker.url) as ch:
+        assert count(ch, "r.keep") == 1
+        assert drain(ch, "r.prio") == [b"high", b"high2", b"mid", b"low"]
+        # the message dead-lettered before the restart kept its x-death
+        _m, props, body = get_msg(ch, "r.dead")
+        assert body == b"rejected-before"
+        assert props.headers["x-death"][0]["reason"] == "rejected"
+        # TTL still applies after the restart: the message expires and is dead-lettered
+        _m, props, body = get_msg(ch, "r.dead", timeout=5)
+        assert body == b"expires-after-restart"
+        assert props.headers["x-death"][0]["reason"] == "expired"
+        assert props.headers["x-death"][0]["queue"] == "r.ttl"
+        assert count(ch, "r.ttl") == 0
+        # and a new message still gets the queue's priorities
+        for body, prio in ((b"a", 0), (b"b", 3)):
+            _pub(ch, "", "r.prio", body, priority=prio)
+        assert drain(ch, "r.prio") == [b"b", b"a"]
+
+
+def test_delayed_messages_survive_kill(fresh_broker) -> None:
+    fresh_broker.start()
+    with channel(fresh_broker.url) as ch:
+        ch.exchange_declare("r.delay", "x-delayed-message", durable=True,
+                            arguments={"x-delayed-type": "direct"})
+        ch.queue_declare("r.delayed", durable=True)
+        ch.queue_bind("r.delayed", "r.delay", "k")
+        ch.confirm_delivery()  # confirms wait for the log
+        for i in range(20):
+            _pub(ch, "r.delay", "k", f"m{i}".encode(), headers={"x-delay": 1200 + 10 * i})
+        ch.basic_publish("r.delay", "k", b"transient", pika.BasicProperties(
+            headers={"x-delay": 1200}))
+    fresh_broker.kill()  # kill -9 after the confirms
+    fresh_broker.start()
+    with channel(fresh_broker.url) as ch:
+        wait_for(lambda: count(ch, "r.delayed") == 20, 10, 0.05)
+        assert drain(ch, "r.delayed") == [f"m{i}".encode() for i in range(20)]
+    fresh_broker.stop()
+    fresh_broker.start()  # delivered messages were settled under the exchange's key
+    with channel(fresh_broker.url) as ch:
+        assert count(ch, "r.delayed") == 0
+        ch.basic_publish("", "r.delayed", b"fence")
+        assert get_msg(ch, "r.delayed")[2] == b"fence"
+
+
+def test_policies_survive_restart(fresh_broker) -> None:
+    fresh_broker.start()
+    assert set_policy(fresh_broker.http_url, "/", "r-pol", "^rpol\\.",
+                      {"max-length": 1}, priority=3, apply_to="queues") in (201, 204)
+    with channel(fresh_broker.url) as ch:
+        ch.queue_declare("rpol.q", durable=True)
+    fresh_broker.stop()
+    fresh_broker.start()
+    with channel(fresh_broker.url) as ch:
+        for body in (b"1", b"2", b"3"):
+            ch.basic_publish("", "rpol.q", body)
+        assert drain(ch, "rpol.q") == [b"3"]
