@@ -131,6 +131,10 @@ class Channel:
     def _exchange_declare(self, m: commands.Exchange.Declare) -> None:
         if not m.passive:
             self._check("configure", "exchange", m.exchange)
+            ae = (m.arguments or {}).get("alternate-exchange")
+            if isinstance(ae, str):  # RabbitMQ: read on the exchange, write on its AE
+                self._check("read", "exchange", m.exchange)
+                self._check("write", "exchange", ae)
         self.vhost.declare_exchange(
             m.exchange, m.exchange_type, passive=m.passive, durable=m.durable,
             auto_delete=m.auto_delete, internal=m.internal, arguments=m.arguments,
@@ -170,6 +174,10 @@ class Channel:
                 server_named = True
         if not m.passive:
             self._check("configure", "queue", name)
+            dlx = (m.arguments or {}).get("x-dead-letter-exchange")
+            if isinstance(dlx, str):  # RabbitMQ: read on the queue, write on its DLX
+                self._check("read", "queue", name)
+                self._check("write", "exchange", dlx)
         owner = self.session
         q = self.vhost.declare_queue(
             name, passive=m.passive, durable=m.durable,

@@ -66,13 +66,17 @@ async def put_exchange(ctx: Ctx) -> Any:
     name = url_name(ctx.params["name"])
     body = await ctx.json_object()
     type_ = as_str(body.get("type"), "type")
+    arguments = as_dict(body.get("arguments"), "arguments")
     ctx.check(vh.name, "configure", "exchange", name)
+    if isinstance(arguments.get("alternate-exchange"), str):
+        ctx.check(vh.name, "read", "exchange", name)
+        ctx.check(vh.name, "write", "exchange", arguments["alternate-exchange"])
     existed = name in vh.exchanges
     vh.declare_exchange(
         name, type_, durable=as_bool(body.get("durable"), "durable", True),
         auto_delete=as_bool(body.get("auto_delete"), "auto_delete"),
         internal=as_bool(body.get("internal"), "internal"),
-        arguments=as_dict(body.get("arguments"), "arguments"))
+        arguments=arguments)
     return no_content() if existed else created()
 
 

@@ -86,9 +86,12 @@ async def put_queue(ctx: Ctx) -> Any:
     body = await ctx.json_object()
     if not name:
         raise bad_request("queue name must not be empty")
-    ctx.check(vh.name, "configure", "queue", name)
-    existed = name in vh.queues
     arguments = as_dict(body.get("arguments"), "arguments")
+    ctx.check(vh.name, "configure", "queue", name)
+    if isinstance(arguments.get("x-dead-letter-exchange"), str):
+        ctx.check(vh.name, "read", "queue", name)
+        ctx.check(vh.name, "write", "exchange", arguments["x-dead-letter-exchange"])
+    existed = name in vh.queues
     vh.declare_queue(name, durable=as_bool(body.get("durable"), "durable", True),
                      auto_delete=as_bool(body.get("auto_delete"), "auto_delete"),
                      arguments=arguments)
