@@ -44,6 +44,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("amqpd.server")
 
+# What an in-memory ready message costs beyond its body (entry, message object, strings):
+# the memory budgets count it, so a backlog of tiny messages pages out too.
+MESSAGE_OVERHEAD = 256
+
 CAPABILITIES = {
     "publisher_confirms": True,
     "exchange_exchange_bindings": True,
@@ -229,7 +233,8 @@ class Broker:
             confirm_now(None)
         limit = self.settings.queue_memory_limit
         for q in queues:
-            if (q.ready_bytes > limit or self.paging_all) and self.store is not None:
+            if (q.ready_bytes + len(q.ready) * MESSAGE_OVERHEAD > limit or self.paging_all) \
+                    and self.store is not None:
                 q.enqueue(self._paged(q, message))
             else:
                 q.enqueue(message)
@@ -262,7 +267,7 @@ class Broker:
         total = 0
         for vhost in self.vhosts.values():
             for q in vhost.queues.values():
-                total += q.ready_bytes
+                total += q.ready_bytes + len(q.ready) * MESSAGE_OVERHEAD
         self.ready_bytes_total = total
         self.paging_all = total > self.settings.message_memory_budget
 
@@ -377,11 +382,24 @@ class Broker:
                  time.monotonic() - started)
 
     def _restore_definitions(self, defs: dict[str, Any]) -> None:
+        """Boot from the saved definitions. Default user and vhost exist only on a first
+        boot (as in RabbitMQ): once saved definitions hold users, they are the truth,
+        with the config file's users applied on top."""
         if not any(defs.get(k) for k in ("vhosts", "queues", "exchanges", "users")):
             return
         from amqpd.broker.definitions import import_definitions
 
+        if defs.get("users"):
+            self.auth.users.clear()
+            self.auth.permissions.clear()
+            self.auth.version += 1
         import_definitions(self, defs)
+        s = self.settings
+        for u in s.users:
+            self.auth.add_user(u.name, u.password, u.tags, password_hash=u.password_hash,
+                               algorithm=u.hashing_algorithm)
+        for p in s.permissions:
+            self.auth.set_permissions(p.user, p.vhost, p.configure, p.write, p.read)
 
     def definitions_changed(self) -> None:
         """Durable topology changed: save it once, at the end of this tick."""

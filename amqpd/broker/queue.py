@@ -14,26 +14,16 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from amqpd.broker.message import LoggedMessage, Message
+from amqpd.broker.queue_entry import QueueEntry
+from amqpd.broker.ready import ReadyList
 
 if TYPE_CHECKING:
     from amqpd.broker.extensions import QueueExt
     from amqpd.broker.vhost import VHost
-
-
-class QueueEntry:
-    """One message's place in one queue (the message itself may be shared)."""
-
-    __slots__ = ("message", "redelivered", "seq")
-
-    def __init__(self, message: Message, seq: int, redelivered: bool = False) -> None:
-        self.message = message
-        self.seq = seq
-        self.redelivered = redelivered
 
 
 class ConsumerChannel(Protocol):
@@ -83,7 +73,7 @@ class Queue:
         self.exclusive_owner = exclusive_owner
         self.auto_delete = auto_delete
         self.arguments = dict(arguments or {})
-        self.ready: deque[QueueEntry] = deque()
+        self.ready: ReadyList = ReadyList()  # extensions may swap in their own structure
         self.ready_bytes = 0
         self.unacked_count = 0
         self.consumers: list[Consumer] = []
@@ -112,8 +102,10 @@ class Queue:
 
     # ------------------------------------------------------------------ enqueue
     def enqueue(self, message: Message) -> None:
-        props = message.properties
-        if self.ext is not None or (props and props[0] & 0x01):  # 0x01: expiration flag
+        # per-message TTL: the expiration flag bit (0x01); a log-only message was checked
+        # before it was paged out, and reading its properties would cost a disk read
+        if self.ext is not None or (type(message) is not LoggedMessage and (
+                props := message.properties) and props[0] & 0x01):
             from amqpd.broker.extensions import queue_enqueue
 
             queue_enqueue(self, message)
@@ -129,7 +121,11 @@ class Queue:
         if self.ext is not None:
             self.ext.restore(message, redelivered)
             return
-        self.ready.append(QueueEntry(message, next(self._seq), redelivered))
+        if type(message) is LoggedMessage and isinstance(self.ready, ReadyList):
+            self.ready.append_logged(message._store, message.position, message.size,
+                                     next(self._seq), redelivered)
+        else:
+            self.ready.append(QueueEntry(message, next(self._seq), redelivered))
         self.ready_bytes += message.size
 
     def requeue(self, entries: Iterable[QueueEntry]) -> None:
@@ -146,6 +142,8 @@ class Queue:
                 ready.appendleft(entry)
             elif entry.seq > ready[-1].seq:
                 ready.append(entry)
+            elif isinstance(ready, ReadyList):
+                ready.insert_by_seq(entry)
             else:
                 seqs = [e.seq for e in ready]
                 ready.insert(bisect.bisect_left(seqs, entry.seq), entry)
@@ -255,8 +253,12 @@ class Queue:
     # ------------------------------------------------------------------ purge / delete
     def purge(self) -> int:
         n = len(self.ready)
-        positions = [e.message.position for e in self.ready if e.message.position >= 0]
-        self.ready.clear()
+        ready = self.ready
+        if isinstance(ready, ReadyList):
+            positions = ready.positions()
+        else:
+            positions = [e.message.position for e in ready if e.message.position >= 0]
+        ready.clear()
         self.ready_bytes = 0
         if positions and self.in_store:
             self.vhost.store_settle(self, positions)

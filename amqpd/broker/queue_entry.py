@@ -1,0 +1,19 @@
+"""A message's place in one queue (kept apart so ready.py and queue.py can share it)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from amqpd.broker.message import Message
+
+
+class QueueEntry:
+    """One message's place in one queue (the message itself may be shared)."""
+
+    __slots__ = ("message", "redelivered", "seq")
+
+    def __init__(self, message: Message, seq: int, redelivered: bool = False) -> None:
+        self.message = message
+        self.seq = seq
+        self.redelivered = redelivered
