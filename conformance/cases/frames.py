@@ -379,3 +379,19 @@ def max_message_size(ctx: Context) -> None:
     f = rc.read_until((C.Channel.Close, C.Connection.Close), timeout=20)
     eq((f.value.name, f.value.reply_code), ("Channel.Close", 406), "reply")
     check("max size" in f.value.reply_text, "text mentioning the max size", f.value.reply_text)
+
+
+@case("frame/body-overrunning-declared-size-then-method-505-or-501", A)
+def body_overrun(ctx: Context) -> None:
+    """Body frames carrying more than the content header's body-size. RabbitMQ 3.10.8 keeps
+    waiting for "the rest" of the body and closes with 505 UNEXPECTED_FRAME when the next
+    method arrives; an immediate 501 FRAME_ERROR is accepted too."""
+    rc = _opened(ctx)
+    rc.send(marshal_method(C.Basic.Publish(exchange="", routing_key="nowhere"), 1)
+            + marshal_header(1, 3) + marshal_body(1, b"hello")
+            + marshal_method(C.Basic.Qos(prefetch_count=1), 1))
+    close = rc.expect_close()
+    if close is None:
+        raise CaseFailure("connection.close 505 or 501", "socket closed without close")
+    check(close.reply_code in (501, 505), "connection.close 505 or 501",
+          f"{close.reply_code} {close.reply_text}")
