@@ -168,3 +168,21 @@ def test_bad_definitions_file_fails_boot(fresh_broker: BrokerProcess, tmp_path: 
     fresh_broker.env["AMQPD_DEFINITIONS_FILE"] = str(path)
     with pytest.raises(RuntimeError, match="exited with 1"):
         fresh_broker.start()
+
+
+def test_api_changes_survive_restart(fresh_broker: BrokerProcess) -> None:
+    fresh_broker.start()
+    api = Api(fresh_broker.http_url)
+    api.put("/api/users/carol", {"password": "pw", "tags": "management"})
+    api.put("/api/vhosts/v9", {"description": "nine"})
+    api.put("/api/permissions/v9/carol", {"configure": ".*", "write": ".*", "read": ".*"})
+    api.put("/api/queues/v9/dq", {"durable": True})
+    api.put("/api/policies/v9/p", {"pattern": "^d", "definition": {"max-length": 3}})
+    api.put("/api/global-parameters/gp", {"value": 1})
+    fresh_broker.stop()
+    fresh_broker.start()
+    api = Api(fresh_broker.http_url)
+    assert api.get("/api/vhosts/v9").json()["description"] == "nine"
+    for path in ("/api/users/carol", "/api/permissions/v9/carol", "/api/queues/v9/dq",
+                 "/api/policies/v9/p", "/api/global-parameters/gp"):
+        assert api.get(path).status == 200, path
