@@ -81,6 +81,10 @@ def listeners(ctx: Ctx) -> list[dict[str, Any]]:
     node = ctx.broker.settings.node_name
     out = [{"node": node, "protocol": proto, "ip_address": host, "port": port,
             "socket_opts": {}} for proto, host, port in ctx.broker.listeners]
+    http = getattr(ctx.broker, "http", None)
+    if http is not None and http.port:
+        out.append({"node": node, "protocol": "https" if ctx.request.app["http_tls"] else "http",
+                    "ip_address": http.host, "port": http.port, "socket_opts": {}})
     return out
 
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import ssl
+import subprocess
+import sys
 from pathlib import Path
 
 import pika
@@ -106,6 +109,16 @@ def test_pika_over_amqps_and_https_api(fresh_broker: BrokerProcess, tmp_path: Pa
     r = api.get("/api/health/checks/certificate-expiration/1/months")
     assert r.status == 503 and r.json()["status"] == "failed"  # server cert: 10 days
     conn.close()
+    ctl = subprocess.run([sys.executable, "-m", "amqpd.ctl", "--url",
+                          f"https://localhost:{proc.http_port}", "--cacert", str(pki["ca"]),
+                          "--json", "status"], capture_output=True, text=True, timeout=30,
+                         check=False)
+    assert ctl.returncode == 0, ctl.stderr
+    assert f"amqps:127.0.0.1:{proc.info['tls_port']}" in json.loads(ctl.stdout)["listeners"]
+    untrusted = subprocess.run([sys.executable, "-m", "amqpd.ctl", "--url",
+                                f"https://localhost:{proc.http_port}", "status"],
+                               capture_output=True, text=True, timeout=30, check=False)
+    assert untrusted.returncode == 69  # certificate not trusted: cannot connect
     # plain HTTP to the HTTPS port does not get an API answer
     with pytest.raises(OSError):
         Api(f"http://127.0.0.1:{proc.http_port}").get("/api/overview")
