@@ -8,16 +8,19 @@ only an index over it (``index.py``). Two threads touch the log:
 
 * the **event-loop thread** calls ``append_*``. Each call encodes one record, gives it
   the next position (= global byte offset; the log rolls to a new segment here, so
-  positions are known at once), applies it to the in-memory index and pushes a job on
-  the writer's deque. No I/O, no lock, no fsync.
+  positions are known at once), applies it to the in-memory index and adds it to a
+  bytearray. ``commit`` only remembers the callback; at the end of the tick
+  (``loop.call_soon``) the bytearray goes to the writer as one chunk followed by all
+  of the tick's callbacks as one job (also every 1 MiB). No I/O, no lock, no fsync.
 * the **writer thread** (``writer.py``) writes what is queued and, when a
   :meth:`commit` is waiting, fsyncs once for everybody (group commit), then hands the
   callbacks back with ``loop.call_soon_threadsafe``.
 
 ::
 
-      append_enqueue ──encode──> index.enqueue ──> deque ──> writer: pwrite ─┐
-      commit(cb) ─────────────────────────────────> deque ──> fsync once ────┤
+      append_enqueue ─encode─> index.enqueue ─> bytearray ─┐
+      commit(cb) ───────────────────────── (chunk, cb) ────┴> deque ─> writer: pwrite
+                                                                       fsync once ───┐
                                    loop.call_soon_threadsafe(cb(None)) <─────┘
 
 Positions and relocation
@@ -55,6 +58,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import struct
 import threading
 import time
 from array import array
@@ -72,7 +76,7 @@ from amqpd.store.writer import CHECKPOINT, COMMIT, DELETE, WRITE, Writer
 log = logging.getLogger("amqpd.store")
 
 MiB = 1 << 20
-_WAKE_BYTES = 1 * MiB  # wake the writer without a commit once this much is queued
+_WAKE_BYTES = 1 * MiB  # hand over and wake the writer without a commit at this size
 _SETTLE_CHUNK = 65536  # positions per SETTLE record
 _QCACHE_MAX = 4096
 
@@ -112,7 +116,12 @@ class SharedLog:
 
         self._index = LiveIndex()
         self._segments: dict[int, Segment] = {}
-        self._unwritten: dict[int, StoredMessage] = {}
+        self._buf = bytearray()  # records not yet handed to the writer
+        self._buf_start = 0  # position of self._buf[0]
+        self._buf_base = 0  # segment the buffer belongs to
+        self._pending: dict[int, bytes] = {}  # chunks handed over, not yet written
+        self._callbacks: list[Callable[[BaseException | None], None]] = []  # this tick's
+        self._tick_scheduled = False
         self._cache: collections.OrderedDict[int, StoredMessage] = collections.OrderedDict()
         self._cache_bytes = 0
         self._qcache: dict[tuple[str, ...], bytes] = {}
@@ -121,7 +130,6 @@ class SharedLog:
         self._end = 0
         self._seq = 0
         self._since_checkpoint = 0
-        self._since_wake = 0
         self._checkpoint_seen = -1
         self._records = 0
         self._relocated = 0
@@ -151,7 +159,7 @@ class SharedLog:
         self._writer = Writer(
             self.directory,
             self._segments,
-            self._unwritten,
+            self._pending,
             sync=self.fsync_policy == "batch",
             loop=self.loop,
         )
@@ -182,7 +190,7 @@ class SharedLog:
         self._state = "closed"
         for seg in self._segments.values():
             seg.close()
-        self._unwritten.clear()
+        self._pending.clear()
         self._cache.clear()
 
     @property
@@ -219,13 +227,14 @@ class SharedLog:
         disk (their commits failed) are simply not in the store any more."""
         old = self._writer
         assert old is not None
+        self._push()  # settles appended while failed go to `discarded` as well
         old.stop()  # it discards whatever is still queued
         redo = old.discarded
         old_end = self._end
         for seg in self._segments.values():
             seg.close()
         self._segments = {}
-        self._unwritten = {}
+        self._pending = {}
         self._cache.clear()
         self._cache_bytes = 0
         self._state = "new"
@@ -265,20 +274,36 @@ class SharedLog:
         self._seq += 1
         if rtype == fmt.CHECKPOINT:
             payload = fmt.encode_checkpoint(pos)
-        record = fmt.encode_record(rtype, self._seq, payload)
-        w = self._writer
-        assert w is not None
-        w.jobs.append((WRITE, self._active, pos, record))
+        buf = self._buf
+        if not buf:
+            self._buf_start = pos
+            self._buf_base = self._active
+        buf += fmt.encode_record(rtype, self._seq, payload)
         self._end = pos + n
         self._records += 1
         self._since_checkpoint += n
-        self._since_wake += n
-        if self._since_wake >= _WAKE_BYTES:
-            self._since_wake = 0
-            w.wake.set()
+        if len(buf) >= _WAKE_BYTES:
+            self._push()
+            assert self._writer is not None
+            self._writer.wake.set()
         return pos
 
+    def _push(self) -> None:
+        """Hand the buffered records to the writer as one chunk, then the commit
+        callbacks waiting for them (no wake-up: callers decide)."""
+        w = self._writer
+        assert w is not None
+        if self._buf:
+            chunk = bytes(self._buf)
+            self._buf.clear()
+            self._pending[self._buf_start] = chunk
+            w.jobs.append((WRITE, self._buf_base, self._buf_start, chunk))
+        if self._callbacks:
+            w.jobs.append((COMMIT, self._callbacks))
+            self._callbacks = []
+
     def _roll(self) -> None:
+        self._push()  # a chunk never spans two segments
         self._active = self._end
         self._end = self._active + fmt.FILE_HEADER_SIZE
         self._index.add_segment(self._active)
@@ -300,7 +325,6 @@ class SharedLog:
                 self._qcache.clear()
             qbytes = self._qcache[key] = fmt.encode_queues(key)
         pos = self._append(fmt.ENQUEUE, fmt.encode_enqueue(0, qbytes, message))
-        self._unwritten[pos] = message
         self._index.enqueue(key, pos, len(message.body), self._active)
         self._cache_put(pos, message)
         self._after_append()
@@ -346,9 +370,22 @@ class SharedLog:
         w = self._writer
         if self._state != "open" or w is None:
             raise StoreError("store is not open")
-        w.jobs.append((COMMIT, callback))
-        self._since_wake = 0
-        w.wake.set()
+        self._callbacks.append(callback)
+        if self.loop is None:
+            self._push()
+            w.wake.set()
+        elif not self._tick_scheduled:
+            # Group commit per event-loop tick: every commit made during this tick
+            # (one per confirm, typically) travels to the writer together, after the
+            # tick's records, in one job.
+            self._tick_scheduled = True
+            self.loop.call_soon(self._end_of_tick)
+
+    def _end_of_tick(self) -> None:
+        self._tick_scheduled = False
+        if self._state == "open" and self._writer is not None:
+            self._push()
+            self._writer.wake.set()
 
     def sync(self, timeout: float | None = 30.0) -> None:
         """Block until everything appended so far is durable (tests, shutdown).
@@ -367,7 +404,8 @@ class SharedLog:
         for _ in range(2):  # twice if garbage collection queued segment deletions
             done.clear()
             result.clear()
-            w.jobs.append((COMMIT, cb, True))  # True: call on the writer thread
+            self._push()
+            w.jobs.append((COMMIT, [cb], True))  # True: call on the writer thread
             w.wake.set()
             if not done.wait(timeout):
                 raise StoreError("sync timed out")
@@ -386,11 +424,34 @@ class SharedLog:
             cache.move_to_end(position)
             return msg
         cur = self._index.reloc.get(position, position)
-        msg = self._unwritten.get(cur)
+        msg = self._read_unwritten(cur)
         if msg is None:
             msg = self._read_disk(cur)
         self._cache_put(position, msg)
         return msg
+
+    def _read_unwritten(self, position: int) -> StoredMessage | None:
+        """A record still in the loop buffer or in a chunk the writer has not written."""
+        if self._buf and position >= self._buf_start:
+            data: bytes | bytearray = self._buf
+            offset = position - self._buf_start
+        else:
+            # list(): the writer pops from the dict concurrently
+            for start, chunk in list(self._pending.items()):
+                if start <= position < start + len(chunk):
+                    data, offset = chunk, position - start
+                    break
+            else:
+                return None
+        try:
+            length = fmt.RECORD_HEADER.unpack_from(data, offset)[1]
+            record = bytes(data[offset : offset + fmt.HEADER_SIZE + length])
+            rtype, _, p, e = fmt.decode_record(record)
+            if rtype != fmt.ENQUEUE:
+                raise fmt.CorruptRecord(f"record type {rtype}, expected ENQUEUE")
+            return fmt.decode_enqueue(memoryview(record)[p:e])[2]
+        except (fmt.FormatError, struct.error) as exc:
+            raise StoreError(f"no message at position {position}: {exc}") from None
 
     def _read_disk(self, position: int) -> StoredMessage:
         try:
@@ -443,6 +504,7 @@ class SharedLog:
         self._compact()
         pos = self._append(fmt.CHECKPOINT, b"\0" * 8)
         data = checkpoint.encode(pos, self._seq, self._index)
+        self._push()
         w.jobs.append((CHECKPOINT, pos, data))
         w.wake.set()
         self._since_checkpoint = 0
@@ -460,6 +522,8 @@ class SharedLog:
             base = bases[i]
             if index.seg_live.get(base) == 0 and bases[i + 1] <= durable:
                 doomed.append(base)
+        if doomed:
+            self._push()  # the settles that emptied them go first
         for base in doomed:
             index.remove_segment(base)
             w.jobs.append((DELETE, base))
@@ -488,7 +552,6 @@ class SharedLog:
                     log.error("compaction skipped a message: %s", exc)
                     continue
                 pos = self._append(fmt.ENQUEUE, fmt.encode_enqueue(stable, queues, msg))
-                self._unwritten[pos] = msg
                 index.relocate(stable, queues, pos, len(msg.body), self._active)
                 for name in queues:
                     if stable in index.queues[name].delivered:
@@ -513,6 +576,7 @@ class SharedLog:
             "fsync_avg_us": (w.fsync_total_us // fsyncs) if w and fsyncs else 0,
             "records_written": self._records,
             "bytes_written": w.records_bytes if w else 0,
+            "buffered_bytes": len(self._buf),
             "buffered_jobs": len(w.jobs) if w else 0,
             "live_messages": self._index.live_pairs,
             "queues": sum(1 for q in self._index.queues.values() if len(q)),

@@ -1,15 +1,16 @@
 """The one writer thread: write, fsync, and answer every waiting commit at once.
 
-Group commit (DESIGN.md "Hot path"): the event-loop thread only appends *jobs* to a
+Group commit (DESIGN.md "Hot path"): the event-loop thread gathers records in a
+bytearray and hands over one *chunk* (many records) per commit, as a job on a
 ``collections.deque`` (append/popleft are atomic, no lock on the hot path). Jobs are
 processed strictly in order, so a commit callback queued after some records is
 answered only after those records are written (and fsync'd in ``"batch"`` mode)::
 
     loop thread                           writer thread
     -----------                           -------------
-    WRITE(base, pos, bytes)  --+          wake (commit / backlog / close)
-    WRITE(...)                 |  deque   drain every job present:
-    COMMIT(callback)  ---------+------->    WRITE: coalesce per segment, pwrite
+    WRITE(base, pos, chunk)  --+          wake (commit / backlog / close)
+    WRITE(...)                 |  deque   take the jobs present now:
+    COMMIT([callbacks]) -------+------->    WRITE: coalesce per segment, pwrite
     CHECKPOINT(covered, data)  |            CHECKPOINT/DELETE: flush+fsync first
     DELETE(base)               |          fsync dirty segments once   <- group commit
     STOP  ---------------------+          loop.call_soon_threadsafe(fire all callbacks)
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from amqpd.store import checkpoint
+from amqpd.store import format as fmt
 from amqpd.store.api import StoreError
 from amqpd.store.segment import Segment, fsync_directory
 
@@ -45,8 +47,8 @@ log = logging.getLogger("amqpd.store")
 Callback = Callable[[BaseException | None], None]
 
 # job kinds (first tuple element)
-WRITE = 0  # (WRITE, base, position, data)
-COMMIT = 1  # (COMMIT, callback[, direct]): direct = call on this thread, not the loop
+WRITE = 0  # (WRITE, base, position, chunk): records back to back, from position on
+COMMIT = 1  # (COMMIT, [callbacks][, direct]): direct = call on this thread, not the loop
 CHECKPOINT = 2  # (CHECKPOINT, covered, data)
 DELETE = 3  # (DELETE, base)
 STOP = 5  # (STOP,)
@@ -71,14 +73,14 @@ class Writer:
         self,
         directory: Path,
         segments: dict[int, Segment],
-        unwritten: dict[int, Any],
+        pending: dict[int, bytes],
         *,
         sync: bool,
         loop: asyncio.AbstractEventLoop | None,
     ) -> None:
         self.directory = directory
         self.segments = segments  # shared with the loop thread (reads)
-        self.unwritten = unwritten  # position -> message, popped once written
+        self.pending = pending  # chunk position -> chunk, popped once written (reads)
         self.sync = sync
         self.loop = loop
         self.jobs: collections.deque[tuple[Any, ...]] = collections.deque()
@@ -133,7 +135,7 @@ class Writer:
                     self._discard(job[3])
                 continue
             if kind == COMMIT:
-                (direct if len(job) > 2 else callbacks).append((job[1], None))
+                (direct if len(job) > 2 else callbacks).extend((cb, None) for cb in job[1])
                 continue
             # CHECKPOINT, DELETE, STOP: everything before must be on disk first.
             self._flush(pending)
@@ -207,15 +209,22 @@ class Writer:
                     self._discard(pending[k][3])
                 return
             self._dirty.add(seg)
-            unwritten = self.unwritten
             for k in range(i, j):
-                unwritten.pop(pending[k][2], None)
+                self.pending.pop(pending[k][2], None)
                 self.records_bytes += len(pending[k][3])
             i = j
 
-    def _discard(self, record: bytes) -> None:
-        if record[_TYPE_OFFSET] in _KEEP_ON_FAILURE:
-            self.discarded.append(record)
+    def _discard(self, chunk: bytes) -> None:
+        """Keep the settle-type records of a chunk that will not be written."""
+        offset = 0
+        while offset < len(chunk):
+            try:
+                _, _, _, end = fmt.decode_record(chunk, offset)
+            except fmt.FormatError:  # cannot happen: we framed it ourselves
+                return
+            if chunk[offset + _TYPE_OFFSET] in _KEEP_ON_FAILURE:
+                self.discarded.append(chunk[offset:end])
+            offset = end
 
     def _fsync(self) -> None:
         if not self._dirty or self.failed is not None:

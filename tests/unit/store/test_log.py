@@ -11,6 +11,7 @@ import pytest
 from amqpd.store import checkpoint
 from amqpd.store.api import StoreError
 from amqpd.store.log import SharedLog
+from amqpd.store.segment import Segment
 
 from .conftest import Q1, crash_copy, msg, wait_commit
 
@@ -108,3 +109,26 @@ def test_read_of_unknown_position(make_log: Any) -> None:
     s.sync()
     with pytest.raises(StoreError):
         s.read(p + 3)
+
+
+def test_read_while_the_writer_is_busy(make_log: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks handed to the writer but not yet written are readable too."""
+    s = make_log(body_cache_bytes=0)
+    gate = threading.Event()
+    real = Segment.append
+
+    def slow_append(self: Segment, data: bytes) -> None:
+        assert gate.wait(10)
+        real(self, data)
+
+    monkeypatch.setattr(Segment, "append", slow_append)
+    first = [s.append_enqueue([Q1], msg(i)) for i in range(50)]
+    done = threading.Event()
+    s.commit(lambda exc: done.set())
+    second = [s.append_enqueue([Q1], msg(50 + i)) for i in range(50)]
+    assert not done.is_set()
+    assert [s.read(p) for p in first + second] == [msg(i) for i in range(100)]
+    gate.set()
+    assert done.wait(10)
+    assert wait_commit(s) is None
+    assert [s.read(p) for p in first + second] == [msg(i) for i in range(100)]
