@@ -33,11 +33,12 @@ nothing outside the store ever sees the move.
 
 Checkpoints, GC, compaction
 ---------------------------
-Every ``checkpoint_every_bytes`` of log (and at every segment roll and at close) the
-loop thread first compacts (copies forward the live messages of old segments whose
-live share fell to ``compact_ratio``), then appends a CHECKPOINT record and hands a
-snapshot of the index to the writer, which writes the ``checkpoint`` file once the log
-is durable up to that record. A segment is deleted when it holds no live message, is
+Every ``checkpoint_every_bytes`` of log (or four times the last snapshot's size, if
+larger), at every segment roll and at close, the loop thread first compacts (copies
+forward the live messages of old segments whose live share fell to
+``compact_ratio``), then appends a CHECKPOINT record and hands a snapshot of the index
+to the writer, which writes the ``checkpoint`` file once the log is durable up to
+that record. A segment is deleted when it holds no live message, is
 not the active one, *and* a durable checkpoint lies past its end: only then can no
 replay need its SETTLE records.
 
@@ -130,6 +131,7 @@ class SharedLog:
         self._end = 0
         self._seq = 0
         self._since_checkpoint = 0
+        self._checkpoint_due = checkpoint_every_bytes
         self._checkpoint_seen = -1
         self._records = 0
         self._relocated = 0
@@ -307,10 +309,10 @@ class SharedLog:
         self._active = self._end
         self._end = self._active + fmt.FILE_HEADER_SIZE
         self._index.add_segment(self._active)
-        self._since_checkpoint = self.checkpoint_every_bytes  # checkpoint after this op
+        self._since_checkpoint = 1 << 62  # checkpoint after this op: lets GC start
 
     def _after_append(self) -> None:
-        if self._since_checkpoint >= self.checkpoint_every_bytes:
+        if self._since_checkpoint >= self._checkpoint_due:
             self._checkpoint()
 
     def append_enqueue(self, queues: Sequence[str], message: StoredMessage) -> int:
@@ -508,6 +510,9 @@ class SharedLog:
         w.jobs.append((CHECKPOINT, pos, data))
         w.wake.set()
         self._since_checkpoint = 0
+        # A big backlog makes a big snapshot: space them out so checkpoint writes stay
+        # under ~25% of log traffic (replay after a crash grows alike, still bounded).
+        self._checkpoint_due = max(self.checkpoint_every_bytes, 4 * len(data))
 
     def _collect_garbage(self) -> bool:
         """Delete segments with nothing live that a durable checkpoint lies past."""
