@@ -82,7 +82,7 @@ def decode_method(payload: bytes) -> PamqpFrame:
     cls = commands.INDEX_MAPPING.get(index)
     if cls is None:
         raise CommandInvalid(f"unknown method class {index >> 16} method {index & 0xFFFF}")
-    method = cls.__new__(cls)
+    method = cls.__new__(cls)  # type: ignore[call-overload]
     try:
         method.unmarshal(payload[4:])
     except (struct.error, IndexError) as exc:  # ran out of bytes: a truncated frame
@@ -94,9 +94,10 @@ def decode_method(payload: bytes) -> PamqpFrame:
             raise FrameError(
                 f"method frame {cls.__name__} is truncated", index >> 16, index & 0xFFFF
             ) from exc
-        raise SyntaxError_(
-            f"malformed {cls.__name__} method frame: {exc}", index >> 16, index & 0xFFFF
-        ) from exc
+        # RabbitMQ answers any undecodable method arguments with 501, never 502.
+        text = ("Malformed UTF-8 in shortstr" if isinstance(exc, UnicodeDecodeError)
+                else f"cannot decode {cls.__name__} arguments: {exc}")
+        raise FrameError(text, index >> 16, index & 0xFFFF) from exc
     return method
 
 
@@ -147,6 +148,8 @@ def decode_properties(raw: bytes) -> dict[str, Any]:
     for name, bit, kind in PROPERTY_FIELDS:
         if flags & bit:
             used, value = decode.by_type(data, kind)
+            if used > len(data):  # pamqp slices short strings without checking the length
+                raise ValueError(f"property {name} is truncated")
             out[name] = value
             data = data[used:]
     return out

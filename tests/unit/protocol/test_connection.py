@@ -274,6 +274,12 @@ def test_channel_max_closed_channels_free_their_slot() -> None:
     (wire.raw_frame(4, 1, b"abc"), 501),  # unknown frame type
     (wire.raw_frame(1, 1, b"\x00\x14\x00\x0a\x00", end=0), 501),  # bad frame end
     (wire.method(1, C.Basic.Publish(immediate=True)) + wire.content(1, b"x"), 540),
+    # undecodable arguments are 501 in RabbitMQ (bad UTF-8, unknown field-table type)
+    (wire.raw_frame(1, 1, b"\x00\x32\x00\x0a\x00\x00\x02\xff\xfe\x00\x00\x00\x00\x00"), 501),
+    (wire.raw_frame(1, 1, b"\x00\x32\x00\x0a\x00\x00\x02qq\x00\x00\x00\x00\x06\x01kZabc"), 501),
+    # content header whose properties run past the frame
+    (wire.method(1, C.Basic.Publish()) + wire.raw_frame(
+        2, 1, b"\x00\x3c\x00\x00" + (1).to_bytes(8, "big") + b"\x80\x00\x10ab"), 502),
 ])
 def test_connection_errors(frames: bytes, code: int) -> None:
     pair = Pair(broker=real_broker())
