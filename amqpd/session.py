@@ -69,6 +69,7 @@ class Session:
         self.channels: dict[int, Channel] = {}
         self.exclusive_queues: list[Queue] = []
         self.blocked_delivery = False
+        self.delivery_stalled = False  # deliveries held back by the per-tick burst cap
         self.blocked = False  # connection.blocked sent (alarm)
         self.has_published = False
         self._perm_cache: dict[tuple[str, str, str], bool] = {}

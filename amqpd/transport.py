@@ -61,6 +61,9 @@ class AMQPProtocol(asyncio.Protocol):
         data = session.conn.data_to_send()
         if data and not transport.is_closing():
             transport.write(data)
+        if session.delivery_stalled and not session.blocked_delivery:
+            session.delivery_stalled = False
+            self.broker.reschedule_session(session)
         if session.conn.should_close_transport and not transport.is_closing():
             transport.close()
 

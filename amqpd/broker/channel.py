@@ -38,6 +38,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("amqpd.channel")
 
+# Deliveries queued for one connection in one tick stop here (no-ack consumers have no
+# prefetch limit: without a cap a million-message backlog would be encoded in one go).
+DELIVERY_BURST_BYTES = 1 << 20
+
 
 class Unacked:
     __slots__ = ("consumer", "entry", "queue")
@@ -277,7 +281,12 @@ class Channel:
 
     # ------------------------------------------------------------------ delivery
     def can_deliver(self, consumer: Consumer) -> bool:
-        if self.closed or not self.flow_active or self.session.blocked_delivery:
+        session = self.session
+        if self.closed or not self.flow_active or session.blocked_delivery:
+            return False
+        if session.conn.out_bytes > DELIVERY_BURST_BYTES:
+            # enough for this tick: resume after the transport has taken it
+            session.delivery_stalled = True
             return False
         if consumer.no_ack:
             return True

@@ -132,6 +132,7 @@ class AMQPConnection:
         self.reader = FrameReader(PRE_TUNE_FRAME_MAX)
         self._header_buf = b""
         self._out: list[bytes] = []
+        self.out_bytes = 0  # queued for the peer this tick: deliveries stop past a cap
         self.channels: dict[int, ChannelSlot] = {}
         self.channel_max = self.limits.channel_max
         self.frame_max = PRE_TUNE_FRAME_MAX
@@ -150,6 +151,7 @@ class AMQPConnection:
     def write(self, data: bytes) -> None:
         """Queue bytes for the peer (frames already encoded)."""
         self._out.append(data)
+        self.out_bytes += len(data)
         if self.on_output is not None:
             self.on_output()
 
@@ -161,6 +163,7 @@ class AMQPConnection:
             return b""
         data = b"".join(self._out)
         self._out.clear()
+        self.out_bytes = 0
         self.last_sent = self.clock()
         return data
 
