@@ -52,6 +52,18 @@ def disk_used(path: str | os.PathLike[str]) -> int:
     return total
 
 
+def host_cpu() -> tuple[float, float]:
+    """(busy, total) jiffies of all CPUs from /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            vals = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
+    total = sum(vals[:8])
+    return float(total - idle), float(total)
+
+
 class Sampler:
     """Samples a process's RSS in a thread; records peak RSS and CPU used in between."""
 
@@ -65,6 +77,7 @@ class Sampler:
         self.t0 = self.t1 = 0.0
 
     def __enter__(self) -> Sampler:
+        self.host0 = host_cpu()
         if self.pid:
             self.cpu0 = cpu_seconds(self.pid)
             self.peak = rss_bytes(self.pid)
@@ -79,12 +92,23 @@ class Sampler:
 
     def __exit__(self, *exc: Any) -> None:
         self.t1 = time.monotonic()
+        self.host1 = host_cpu()
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
         if self.pid:
             self.cpu1 = cpu_seconds(self.pid)
             self.peak = max(self.peak, rss_bytes(self.pid))
+
+    @property
+    def host_percent(self) -> float | None:
+        """CPU busy on the whole machine, 100 % = one core (everything: broker, load
+        generator and any other process)."""
+        busy = self.host1[0] - self.host0[0]
+        total = self.host1[1] - self.host0[1]
+        if total <= 0:
+            return None
+        return 100.0 * (os.cpu_count() or 1) * busy / total
 
     @property
     def cpu_percent(self) -> float | None:

@@ -11,6 +11,7 @@ import contextlib
 import datetime as dt
 import json
 import math
+import os
 import platform
 import subprocess
 import sys
@@ -58,18 +59,23 @@ METRICS: dict[str, list[tuple[str, str, bool]]] = {
                 ("peak_rss_mb", "broker peak RSS MiB", False)],
     "pubsub-16": [("publish_rate", "publish msg/s", True),
                   ("deliver_rate", "deliver msg/s", True),
+                  ("deliver_rate_during_publish", "deliver msg/s while publishing", True),
                   ("broker_cpu_pct", "broker CPU %", False)],
     "pubsub-1k": [("publish_rate", "publish msg/s", True),
                   ("deliver_rate", "deliver msg/s", True),
+                  ("deliver_rate_during_publish", "deliver msg/s while publishing", True),
                   ("broker_cpu_pct", "broker CPU %", False)],
     "confirms": [("publish_rate", "confirmed msg/s", True),
                  ("deliver_rate", "deliver msg/s", True),
+                 ("deliver_rate_during_publish", "deliver msg/s while publishing", True),
                  ("broker_cpu_pct", "broker CPU %", False)],
     "fanout-10": [("publish_rate", "publish msg/s", True),
                   ("deliver_rate", "deliveries msg/s (all 10 queues)", True),
+                  ("deliver_rate_during_publish", "deliveries msg/s while publishing", True),
                   ("broker_cpu_pct", "broker CPU %", False)],
     "queues-1000": [("publish_rate", "publish msg/s", True),
                     ("deliver_rate", "deliver msg/s", True),
+                    ("deliver_rate_during_publish", "deliver msg/s while publishing", True),
                     ("broker_cpu_pct", "broker CPU %", False),
                     ("peak_rss_mb", "broker peak RSS MiB", False)],
     "latency": [("lat_p50_ms", "latency p50 ms", False),
@@ -89,8 +95,17 @@ METRICS: dict[str, list[tuple[str, str, bool]]] = {
                    ("idle_cpu_pct", "broker CPU % while idle", False)],
     "delayed": [("publish_rate", "publish msg/s", True),
                 ("deliver_rate", "deliver msg/s", True),
-                ("lat_p99_ms", "lateness p99 ms", False)],
+                ("lat_p50_ms", "lateness p50 ms (receive - send - x-delay)", False),
+                ("lat_p99_ms", "lateness p99 ms", False),
+                ("lat_max_ms", "lateness max ms", False)],
 }
+
+NOISE = ("other_cpu_pct", "other processes' CPU % (noise)", False)
+for _scen in ("publish", "pubsub-16", "pubsub-1k", "confirms", "fanout-10", "queues-1000",
+              "latency"):
+    METRICS[_scen].append(("gen_cpu_pct", "load generator CPU %", False))
+    METRICS[_scen].append(NOISE)
+NO_RATIO = {"other_cpu_pct", "gen_cpu_pct"}
 
 DEFAULT_SCENARIOS = ["publish", "pubsub-16", "pubsub-1k", "confirms", "fanout-10",
                      "queues-1000", "latency", "backlog", "idle-conns"]
@@ -215,8 +230,9 @@ def scen_delayed(b: Broker, o: Options, d: float) -> Run:
 
         pubs = [PublisherSpec(1, targets, count=o.delayed_count, batch=1000,
                               headers_fn=headers)]
-        run = run_flow(b, pubs, [[ConsumerSpec([q], prefetch=1000)]],
-                       idle_timeout=o.delayed_spread + 60)
+        spec = ConsumerSpec([q], prefetch=1000, latency=True,
+                            offsets_us=[d * 1000.0 for d in delays])
+        run = run_flow(b, pubs, [[spec]], idle_timeout=o.delayed_spread + 60)
         run.notes.append("per-stream order is checked; streams are delay values")
         return run
     finally:
@@ -275,12 +291,16 @@ def render(results: dict[str, dict[str, list[Run]]], brokers: list[Broker],
     for b in brokers:
         lines.append(f"- {b.name}: {meta['versions'].get(b.name, '')}")
     lines += ["", "Broker and load generator share the machine's cores: the broker CPU "
-              "column (100 % = one core) says how much of them the broker used.", "",
+              "column (100 % = one core) says how much of them the broker used; "
+              "`host CPU %` (in the JSON) is the whole machine's, of 200 %. Other "
+              "processes on the machine (other developers' brokers and tests) were not "
+              "stopped: see the load note below.", "",
               f"Settings: duration {meta['duration']} s per run, warm-up "
               f"{meta['warmup']} s, {meta['repeat']} repetitions (backlog: 1), "
               f"{meta['publishers']} publisher process(es), backlog "
               f"{meta['backlog_count']:,} messages, {meta['idle_conns']} idle connections. "
-              "Brokers alternate within each repetition (order flipped every repetition).",
+              "Brokers alternate within each repetition (order flipped every repetition). "
+              f"The suite ran at nice {meta.get('nice', 0)}.",
               "", "## Side by side (medians of valid runs)", ""]
     head = "| scenario | metric | " + " | ".join(names)
     if len(names) == 2:
@@ -296,7 +316,11 @@ def render(results: dict[str, dict[str, list[Run]]], brokers: list[Broker],
                 continue
             row = f"| {scen} | {label} | " + " | ".join(_fmt(m) for m in meds)
             if len(names) == 2:
-                row += f" | {_ratio(meds[0], meds[1])} | {'higher' if higher else 'lower'}"
+                if key in NO_RATIO:
+                    row += " | | "
+                else:
+                    row += (f" | {_ratio(meds[0], meds[1])} | "
+                            f"{'higher' if higher else 'lower'}")
             lines.append(row + f" | {valid} |")
     lines += ["", "## Load generator ceiling (no broker)", "",
               "Publishers write to a sink that completes the AMQP handshake and then "
@@ -352,12 +376,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="smoke mode: 1.5 s runs, 1 repetition, no warm-up, small backlog")
     p.add_argument("--out", default="bench/RESULTS.md")
     p.add_argument("--workdir", help="broker data dirs (default: a temp dir)")
+    p.add_argument("--nice", type=int, default=-10,
+                   help="scheduling niceness for the suite, its brokers and generators "
+                   "(default -10 when allowed: this machine is shared)")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     raise_nofile()
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, 0, args.nice)
     o = Options(duration=args.duration, warmup=args.warmup, repeat=args.repeat,
                 publishers=args.publishers, backlog_count=args.backlog_count,
                 idle_conns=args.idle_conns, delayed_count=args.delayed_count,
@@ -393,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
             "host": host_info(), "versions": versions, "duration": o.duration,
             "warmup": o.warmup, "repeat": o.repeat, "publishers": o.publishers,
             "backlog_count": o.backlog_count, "idle_conns": o.idle_conns,
+            "nice": os.getpriority(os.PRIO_PROCESS, 0),
             "json": str(json_path)}
     started: list[Broker] = []
     try:

@@ -450,6 +450,7 @@ class ConsumerSpec:
     ack_every: int = 0               # 0: prefetch // 4
     no_ack: bool = False
     latency: bool = False            # keep one latency sample per delivery
+    offsets_us: list[float] | None = None  # per stream id: subtracted from latency
 
 
 @dataclass
@@ -516,6 +517,7 @@ def _parse(cc: _ConsumerConn, res: ConsumerResult) -> None:
     body_unpack = BODY.unpack_from
     last_seq = res.last_seq
     latency = cc.spec.latency
+    offsets = cc.spec.offsets_us
     lat = res.latencies_us
     received = 0
     while end - pos >= 7:
@@ -536,7 +538,8 @@ def _parse(cc: _ConsumerConn, res: ConsumerResult) -> None:
                 if seq > last:
                     last_seq[key] = seq
                 if latency:
-                    lat.append((time.monotonic_ns() - ts) / 1000.0)
+                    us = (time.monotonic_ns() - ts) / 1000.0
+                    lat.append(us - offsets[stream] if offsets else us)
                 cc.first_body = False
             cc.body_left -= size
             res.bytes += size

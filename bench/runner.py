@@ -132,6 +132,8 @@ def run_flow(broker: Broker, publishers: list[PublisherSpec],
             go.set()
             longest = max((s.duration + s.count / 1000 for s in publishers), default=0)
             collect(t_go + longest + SETUP_TIMEOUT + 600, True)
+            during = sum(progress) if consumers else 0
+            t_during = time.monotonic()
             published = sum(r.published for r in pubs.values())
             if expected is None:
                 expected = published * fanout
@@ -172,6 +174,9 @@ def run_flow(broker: Broker, publishers: list[PublisherSpec],
         run.invalid.append("a consumer did not report")
     _flow_metrics(run, publishers, pubs, cons, bool(consumers), expected or 0, t_go,
                   t_pub_end, sampler)
+    if consumers and publishers and t_during > t_go:
+        # how far consumers kept up while publishers were running
+        run.metrics["deliver_rate_during_publish"] = during / (t_during - t_go)
     return run
 
 
@@ -226,6 +231,11 @@ def _flow_metrics(run: Run, publishers: list[PublisherSpec], pubs: dict[int, Pub
         m["peak_rss_mb"] = sampler.peak / 2**20
     if window > 0:
         m["gen_cpu_pct"] = 100.0 * gen_cpu / window
+    if sampler.host_percent is not None:
+        m["host_cpu_pct"] = sampler.host_percent
+        if "broker_cpu_pct" in m and "gen_cpu_pct" in m:
+            m["other_cpu_pct"] = max(0.0, m["host_cpu_pct"] - m["broker_cpu_pct"]
+                                     - m["gen_cpu_pct"])
 
 
 def _errors(run: Run, pubs: dict[int, PublisherResult],
@@ -390,13 +400,22 @@ def _idle_worker(url: str, n: int, opened: Any, stop: Any, out: Any) -> None:
             c.sock.close()
 
 
+def _rss_median(pid: int, samples: int = 11, interval: float = 0.2) -> int:
+    """Median of a few RSS samples: a garbage-collected VM's RSS wobbles."""
+    values = []
+    for _ in range(samples):
+        values.append(rss_bytes(pid))
+        time.sleep(interval)
+    return int(statistics.median(values))
+
+
 def run_idle_connections(broker: Broker, n: int, settle: float = 3.0) -> Run:
     run = Run()
     if not broker.pid:
         run.invalid.append("broker PID unknown: cannot measure RSS")
         return run
     time.sleep(settle)
-    before = rss_bytes(broker.pid)
+    before = _rss_median(broker.pid)
     opened = CTX.Event()
     stop = CTX.Event()
     out: Any = CTX.Queue()
@@ -408,7 +427,7 @@ def run_idle_connections(broker: Broker, n: int, settle: float = 3.0) -> Run:
         time.sleep(settle)
         with Sampler(broker.pid) as s:
             time.sleep(settle)
-        after = rss_bytes(broker.pid)
+        after = _rss_median(broker.pid)
     finally:
         stop.set()
         p.join(30)
