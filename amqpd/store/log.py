@@ -188,6 +188,7 @@ class SharedLog:
         assert self._writer is not None
         if self._writer.failed is None:
             self._checkpoint()
+        self._push()  # nobody waits forever: callbacks get their answer (maybe an error)
         self._writer.stop()
         self._state = "closed"
         for seg in self._segments.values():

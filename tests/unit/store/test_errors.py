@@ -130,3 +130,30 @@ def test_callback_exceptions_do_not_break_the_writer(make_log: Any) -> None:
 
     s.commit(bad)
     assert wait_commit(s) is None
+
+
+def test_close_while_failed_answers_every_commit(
+    make_log: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = make_log(retry_after=3600.0)
+    s.append_enqueue([Q1], msg(1))
+    monkeypatch.setattr(os, "pwrite", DiskFull(0))
+    assert isinstance(wait_commit(s), StoreError)
+    answers: list[BaseException | None] = []
+    s.commit(answers.append)
+    s.close()
+    assert len(answers) == 1 and isinstance(answers[0], StoreError)
+
+
+async def test_close_right_after_commit_on_a_loop(tmp_path: Path) -> None:
+    """A commit made in the same tick as close() is still answered."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    s = SharedLog(tmp_path / "log", loop=loop)
+    s.open()
+    s.append_enqueue([Q1], msg(1))
+    fut: asyncio.Future[BaseException | None] = loop.create_future()
+    s.commit(fut.set_result)
+    s.close()
+    assert await asyncio.wait_for(fut, 10) is None
