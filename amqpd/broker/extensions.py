@@ -9,6 +9,7 @@ an ``expiration`` property (a raw flag-bit test, no decoding).
 
 from __future__ import annotations
 
+import bisect
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -131,14 +132,25 @@ class QueueExt:
             self._arm_expiry(expires)
 
     def requeue(self, entries: list[QueueEntry]) -> None:
+        """Entries go back to their original places (per priority level in a priority
+        queue); an expired one is then dropped from the head as RabbitMQ does."""
         q = self.queue
-        ready = q.ready
-        assert isinstance(ready, PriorityReady)
-        for entry in entries:
+        ready: Any = q.ready
+        for entry in sorted(entries, key=lambda e: e.seq, reverse=True):
             q.unacked_count -= 1
             entry.redelivered = True
             q.ready_bytes += entry.message.size
-            ready.put_back(self._timed(entry))
+            if isinstance(ready, PriorityReady):
+                ready.put_back(self._timed(entry))
+            elif not ready or entry.seq < ready[0].seq:
+                ready.appendleft(entry)
+            elif entry.seq > ready[-1].seq:
+                ready.append(entry)
+            elif hasattr(ready, "insert_by_seq"):
+                ready.insert_by_seq(entry)
+            else:
+                seqs = [e.seq for e in ready]
+                ready.insert(bisect.bisect_left(seqs, entry.seq), entry)
         self._arm_expiry_at_head()
         if q.consumers:
             q.vhost.schedule_dispatch(q)

@@ -140,3 +140,19 @@ def test_dlx_by_policy_and_argument_wins(broker) -> None:
         assert get_msg(ch, "dl7p.dead")[2] == b"dl7.q1"
         assert get_msg(ch, "dl7a.dead")[2] == b"dl7.q2"
         assert count(ch, "dl7p.dead") == 0
+
+
+def test_requeued_expired_message_is_dead_lettered_not_redelivered(broker) -> None:
+    with channel(broker.url) as ch:
+        _dlx(ch, "dl8")
+        ch.queue_declare("dl8.q", arguments={"x-message-ttl": 60,
+                                             "x-dead-letter-exchange": "dl8.dlx"})
+        ch.queue_declare("dl8.clock", arguments={"x-message-ttl": 120})
+        ch.basic_publish("", "dl8.q", b"m")
+        ch.basic_publish("", "dl8.clock", b"tick")
+        m = get_msg_noack(ch, "dl8.q")
+        wait_for(lambda: count(ch, "dl8.clock") == 0, 3)  # > 60 ms have passed
+        ch.basic_nack(m.delivery_tag, requeue=True)
+        _m, props, body = get_msg(ch, "dl8.dead")
+        assert body == b"m" and props.headers["x-death"][0]["reason"] == "expired"
+        assert ch.basic_get("dl8.q", auto_ack=True)[0] is None
