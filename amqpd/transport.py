@@ -38,7 +38,7 @@ class AMQPProtocol(asyncio.Protocol):
                                self.broker.limits(), name=name)
         self.session.protocol = self  # type: ignore[attr-defined]
         self.session.conn.on_output = self._schedule_flush
-        transport.set_write_buffer_limits(high=4 * 1024 * 1024)
+        transport.set_write_buffer_limits(high=4 * 1024 * 1024)  # type: ignore[attr-defined]
         self.broker.transports.add(self)
 
     def data_received(self, data: bytes) -> None:

@@ -262,10 +262,11 @@ class Channel:
         q.add_consumer(consumer)
 
     def _basic_cancel(self, m: commands.Basic.Cancel) -> None:
-        consumer = self.consumers.pop(m.consumer_tag, None)
+        tag = m.consumer_tag or ""
+        consumer = self.consumers.pop(tag, None)
         if not m.nowait:
             self.session.conn.write(
-                codec.method_frame(self.number, 60, 31, codec.shortstr(m.consumer_tag))
+                codec.method_frame(self.number, 60, 31, codec.shortstr(tag))
             )
         if consumer is not None:
             consumer.queue.remove_consumer(consumer)
@@ -394,7 +395,7 @@ class Channel:
             queue.settle(entries)
 
     def _basic_reject(self, m: commands.Basic.Reject) -> None:
-        self._reject(m.delivery_tag, False, m.requeue)
+        self._reject(m.delivery_tag or 0, False, m.requeue)
 
     def _basic_nack(self, m: commands.Basic.Nack) -> None:
         self._reject(m.delivery_tag, m.multiple, m.requeue)

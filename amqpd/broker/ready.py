@@ -175,7 +175,8 @@ class ReadyList:
             if not len(head):
                 chunks.popleft()
         else:
-            entry = chunks.popleft()
+            entry = head
+            chunks.popleft()
         self._len -= 1
         return entry
 
