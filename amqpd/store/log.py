@@ -18,10 +18,15 @@ only an index over it (``index.py``). Two threads touch the log:
 
 ::
 
-      append_enqueue ─encode─> index.enqueue ─> bytearray ─┐
-      commit(cb) ───────────────────────── (chunk, cb) ────┴> deque ─> writer: pwrite
-                                                                       fsync once ───┐
-                                   loop.call_soon_threadsafe(cb(None)) <─────┘
+    loop thread                                          writer thread
+    append_enqueue -encode-> index.enqueue -> bytearray
+    commit(cb)     -> tick's callback list
+    end of tick    -> deque.append(WRITE chunk, COMMIT [cbs]) -> pwrite chunk
+                                                                fsync once
+    cb(None) for every callback  <-- loop.call_soon_threadsafe --+
+
+Reads (``read``) look in a bounded LRU of recent messages, then in records not yet
+written (the bytearray and chunks in flight), then ``pread`` the segment.
 
 Positions and relocation
 ------------------------
@@ -38,17 +43,18 @@ larger), at every segment roll and at close, the loop thread first compacts (cop
 forward the live messages of old segments whose live share fell to
 ``compact_ratio``), then appends a CHECKPOINT record and hands a snapshot of the index
 to the writer, which writes the ``checkpoint`` file once the log is durable up to
-that record. A segment is deleted when it holds no live message, is
-not the active one, *and* a durable checkpoint lies past its end: only then can no
-replay need its SETTLE records.
+that record. A segment is deleted when it holds no live message, is not the active
+one, *and* a durable checkpoint lies past its end: only then can no replay need its
+SETTLE records.
 
 Failure policy
 --------------
 A write or fsync error (ENOSPC, EIO) fails every waiting and later commit with
 :class:`StoreError` (the broker nacks) and :attr:`SharedLog.failed` says why
-(``stats()["failed"] == 1``). Appends raise StoreError for ``retry_after`` seconds;
-the next append after that re-opens the log from disk (recovery, which cuts any torn
-record) and carries on, so the disk is probed at most once per ``retry_after``. What
+(``stats()["failed"] == 1``). ``append_enqueue`` raises StoreError for
+``retry_after`` seconds (settles are still accepted); the next append after that
+re-opens the log from disk (recovery, which cuts any torn record) and carries on, so
+the disk is probed at most once per ``retry_after``. What
 was committed before the error stays intact. Messages appended from the failed write
 on are not stored (their commits failed); settles and delivered marks from that time
 are re-appended after the re-open, so nothing acked comes back.
@@ -85,9 +91,24 @@ _QCACHE_MAX = 4096
 class SharedLog:
     """File-backed :class:`~amqpd.store.api.MessageStore`.
 
-    ``loop`` is where commit callbacks run (via ``call_soon_threadsafe``). With
-    ``loop=None`` they run on the writer thread, which suits tests and scripts but means
-    the callback must be thread-safe.
+    Arguments (all but ``directory`` keyword-only):
+
+    ``directory``               created if missing; holds ``*.log`` and ``checkpoint``
+    ``segment_size``            roll to a new file past this many bytes (64 MiB)
+    ``fsync``                   ``"batch"``: a commit is answered after fsync;
+                                ``"never"``: after write(2) only (survives kill -9,
+                                not power loss)
+    ``loop``                    where commit callbacks run (``call_soon_threadsafe``);
+                                commits are batched per tick of this loop. With None,
+                                each commit goes to the writer at once and callbacks
+                                run on the writer thread (tests, scripts): they must
+                                then be thread-safe.
+    ``checkpoint_every_bytes``  bounds replay after a crash (32 MiB)
+    ``body_cache_bytes``        LRU of recently written/read messages (8 MiB)
+    ``compact_ratio``           copy a segment's live messages forward once they are
+                                at most this share of what it ever held (0.1)
+    ``compact_max_bytes``       body bytes copied per checkpoint, at most (16 MiB)
+    ``retry_after``             seconds between disk probes after a write error (1.0)
     """
 
     def __init__(
