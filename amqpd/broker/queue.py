@@ -130,7 +130,7 @@ class Queue:
 
     def requeue(self, entries: Iterable[QueueEntry]) -> None:
         """Return unacked entries to their original places, marked redelivered."""
-        if self.ext is not None and self.ext.max_priority:
+        if self.ext is not None:  # per-priority places; expiry re-armed
             self.ext.requeue(list(entries))
             return
         ready = self.ready
