@@ -61,6 +61,7 @@ from amqpd.protocol.frames import (
 log = logging.getLogger("amqpd.connection")
 
 PRE_TUNE_FRAME_MAX = 4096
+CLOSING_TIMEOUT = 30.0  # seconds to wait for connection.close-ok (RabbitMQ's value)
 FRAME_MIN_SIZE = 4096
 
 
@@ -141,6 +142,7 @@ class AMQPConnection:
         self.capabilities: dict[str, Any] = {}
         self.vhost = ""
         self.created = clock()
+        self.closing_since = 0.0
         self.last_received = self.created
         self.last_sent = self.created
         self.should_close_transport = False  # transport closes the socket once drained
@@ -191,6 +193,9 @@ class AMQPConnection:
                     return
                 self._dispatch_guarded(ftype, channel, payload)
             self._close_connection(exc)
+            # The byte stream cannot be framed any more, so no close-ok could be found in
+            # it: the socket closes once connection.close is written.
+            self.should_close_transport = True
             return
         for ftype, channel, payload in frames:
             if self.state is State.CLOSED:
@@ -500,6 +505,7 @@ class AMQPConnection:
         self.close_reason = exc.reply_text
         pre_open = self.state in (State.HEADER, State.START_OK)
         self.state = State.CLOSING
+        self.closing_since = self.clock()
         self._release_channels()
         self.write(codec.close_method(0, exc.reply_code, exc.reply_text, exc.class_id,
                                       exc.method_id))
@@ -559,6 +565,11 @@ class AMQPConnection:
                 self.close_reason = "handshake timeout"
                 self.connection_lost()
                 self.should_close_transport = True
+            return
+        if self.state is State.CLOSING and now - self.closing_since > CLOSING_TIMEOUT:
+            log.info("no connection.close-ok after %ss; dropping", CLOSING_TIMEOUT)
+            self.connection_lost()
+            self.should_close_transport = True
             return
         hb = self.heartbeat
         if not hb:

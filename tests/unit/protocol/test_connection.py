@@ -439,3 +439,25 @@ def test_session_mandatory_return() -> None:
 
 def test_delegate_fake_is_a_connection_delegate() -> None:
     assert FakeDelegate().named("x") == []
+
+
+def test_frame_error_closes_the_socket_without_waiting_for_close_ok() -> None:
+    """After a framing error the stream cannot be read, so close-ok could never be found."""
+    pair = Pair()
+    pair.open()
+    out = pair.send(wire.raw_frame(4, 0, b"x"))
+    assert last_close(out).reply_code == 501
+    assert pair.server.should_close_transport
+
+
+def test_peer_that_never_sends_close_ok_is_dropped() -> None:
+    pair = Pair()
+    pair.open()
+    pair.server.close(320, "bye")
+    pair.drain()
+    pair.clock.now += 29
+    pair.server.tick(pair.clock.now)
+    assert pair.server.state is State.CLOSING
+    pair.clock.now += 2
+    pair.server.tick(pair.clock.now)
+    assert pair.server.state is State.CLOSED and pair.server.should_close_transport
