@@ -35,8 +35,8 @@ def exchange_view(ctx: Ctx, ex: Exchange) -> dict[str, Any]:
     info = dict(ex.info())
     info["user_who_performed_action"] = "rmq-internal" if ex.name.startswith("amq.") or \
         ex.name == "" else ""
-    if ex.policy:
-        info["policy"] = ex.policy.get("name") if isinstance(ex.policy, dict) else ex.policy
+    if getattr(ex, "policy_name", None):
+        info["policy"] = ex.policy_name  # type: ignore[attr-defined]
     info["message_stats"] = {}
     return info
 

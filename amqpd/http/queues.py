@@ -44,20 +44,13 @@ def queue_view(ctx: Ctx, q: Queue) -> dict[str, Any]:
         "consumer_utilisation": None,
         "exclusive_consumer_tag": None,
         "message_stats": sampler.message_stats(q),
-        "policy": _policy_name(q.policy),
-        "effective_policy_definition": (q.policy or {}).get("definition", {})
-        if isinstance(q.policy, dict) else {},
+        "policy": getattr(q, "policy_name", None),
+        "effective_policy_definition": dict(q.policy or {}),
     })
     owner = q.exclusive_owner
     if owner is not None and hasattr(owner, "name"):
         info["owner_pid_details"] = {"name": owner.name}
     return info
-
-
-def _policy_name(policy: Any) -> Any:
-    if isinstance(policy, dict):
-        return policy.get("name")
-    return policy
 
 
 def _get(ctx: Ctx, write: bool = False) -> tuple[VHost, Queue]:
@@ -143,6 +136,9 @@ async def get_messages(ctx: Ctx) -> Any:
     truncate_n = as_int(truncate, "truncate") if truncate not in (None, "") else None
     ctx.check(vh.name, "read", "queue", q.name)
     vh.check_exclusive(q, q.exclusive_owner)
+    ext = getattr(q, "ext", None)
+    if ext is not None:
+        ext.touch()  # a get counts as use for x-expires, as basic.get does
     taken: list[QueueEntry] = []
     out = []
     for _ in range(count):

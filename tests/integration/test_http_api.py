@@ -362,6 +362,10 @@ def test_policies(api: Api) -> None:
     assert got["definition"] == {"message-ttl": 1000} and got["apply-to"] == "queues"
     assert any(p["name"] == name for p in api.get("/api/policies").json())
     assert api.put(f"/api/policies/%2F/{name}", {**body, "priority": 2}).status == 204
+    api.put("/api/queues/%2F/ttl." + name, {"durable": False})
+    queue = api.get("/api/queues/%2F/ttl." + name).json()
+    assert queue["policy"] == name
+    assert queue["effective_policy_definition"] == {"message-ttl": 1000}
     assert api.put(f"/api/policies/%2F/{uid('p')}", {"pattern": "(", "definition": {}}).status \
         == 400
     assert api.put(f"/api/policies/%2F/{uid('p')}", {"pattern": ".*",
