@@ -107,7 +107,7 @@ class SharedLog:
     ``body_cache_bytes``        LRU of recently written/read messages (8 MiB)
     ``compact_ratio``           copy a segment's live messages forward once they are
                                 at most this share of what it ever held (0.1)
-    ``compact_max_bytes``       body bytes copied per checkpoint, at most (16 MiB)
+    ``compact_max_bytes``       body bytes copied per checkpoint, about (16 MiB)
     ``retry_after``             seconds between disk probes after a write error (1.0)
     """
 
@@ -154,6 +154,7 @@ class SharedLog:
         self._since_checkpoint = 0
         self._checkpoint_due = checkpoint_every_bytes
         self._checkpoint_seen = -1
+        self._checkpoint_requested = -1
         self._records = 0
         self._relocated = 0
         self._truncated = 0
@@ -527,6 +528,7 @@ class SharedLog:
             return
         self._compact()
         pos = self._append(fmt.CHECKPOINT, b"\0" * 8)
+        self._checkpoint_requested = pos
         data = checkpoint.encode(pos, self._seq, self._index)
         self._push()
         w.jobs.append((CHECKPOINT, pos, data))
@@ -535,6 +537,31 @@ class SharedLog:
         # A big backlog makes a big snapshot: space them out so checkpoint writes stay
         # under ~25% of log traffic (replay after a crash grows alike, still bounded).
         self._checkpoint_due = max(self.checkpoint_every_bytes, 4 * len(data))
+
+    def maintain(self) -> None:
+        """Optional housekeeping for quiet times; call it every second or so.
+
+        A segment emptied by settles is deleted at once if a durable checkpoint lies
+        past it (the one taken when the log rolled past it usually does), else when
+        the next append notices that checkpoint finished. With no traffic that notice
+        never comes: this delivers it, and takes a checkpoint only if an emptied
+        segment is still not covered (e.g. the roll's checkpoint was skipped during a
+        write error). Cheap when there is nothing to do."""
+        w = self._writer
+        if self._state != "open" or w is None or w.failed is not None:
+            return
+        if w.checkpoint_durable != self._checkpoint_seen:
+            self._collect_garbage()
+        if w.checkpoint_durable < self._checkpoint_requested:
+            return  # one is on its way
+        index = self._index
+        bases = index.bases
+        durable = w.checkpoint_durable
+        for i in range(len(bases) - 1):
+            if index.seg_live.get(bases[i]) == 0 and bases[i + 1] > durable:
+                self._checkpoint()
+                w.wake.set()
+                return
 
     def _collect_garbage(self) -> bool:
         """Delete segments with nothing live that a durable checkpoint lies past."""

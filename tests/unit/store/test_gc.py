@@ -148,3 +148,21 @@ def test_long_lived_backlog_does_not_pin_segments(make_log: Any, tmp_path: Path)
     s.sync()
     assert s.stats()["segments"] <= 4
     assert s.read(old) == msg(0, 40)
+
+
+def test_freed_segment_goes_at_once_and_maintain_is_cheap(make_log: Any, tmp_path: Path) -> None:
+    """The checkpoint taken at each roll already covers every older segment, so a
+    settle that empties one deletes it at once; maintain() then has nothing to do."""
+    s = make_log(segment_size=64 * 1024, checkpoint_every_bytes=1 << 30, compact_ratio=0.0)
+    ps = _fill(s, 1500)
+    s.sync()
+    assert len(_segment_files(tmp_path / "log")) == 3
+    checkpoints = s.stats()["checkpoints"]
+    second = int(_segment_files(tmp_path / "log")[1].stem)
+    s.append_settle(Q1, [p for p in ps if p < second])
+    s.sync()
+    assert len(_segment_files(tmp_path / "log")) == 2
+    for _ in range(3):
+        s.maintain()
+    s.sync()
+    assert s.stats()["checkpoints"] == checkpoints
