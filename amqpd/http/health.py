@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from amqpd.broker.message import Message
+from amqpd.broker.vhost import generate_name
 from amqpd.http.core import Ctx, Router, bad_request, json_response, not_found
 from amqpd.http.overview import alarm_set
 from amqpd.protocol import codec
@@ -99,17 +100,19 @@ async def aliveness_test(ctx: Ctx) -> Any:
     vh = ctx.vhost()
     if alarm_set(ctx.broker):
         return failed("publishers are blocked by a resource alarm", alarms=_alarms(ctx))
-    existed = ALIVENESS_QUEUE in vh.queues
-    q = vh.declare_queue(ALIVENESS_QUEUE, durable=False, auto_delete=False)
+    name = ALIVENESS_QUEUE
+    if name in vh.queues:  # someone's own queue by that name: never touch its messages
+        name = generate_name(ALIVENESS_QUEUE + "-")
+    q = vh.declare_queue(name, durable=False, auto_delete=False)
+    entry = None
     try:
-        ctx.broker.publish(vh, "", Message("", ALIVENESS_QUEUE, codec.encode_properties({}),
+        ctx.broker.publish(vh, "", Message("", name, codec.encode_properties({}),
                                            b"test_message"), None)
         entry = q.take()
         if entry is not None:
             q.delivered(entry, acked=True)
     finally:
-        if not existed:
-            vh.delete_queue(q, reason="aliveness-test done")
+        vh.delete_queue(q, reason="aliveness-test done")
     if entry is None or ctx.broker.body_of(entry.message) != b"test_message":
         return failed("aliveness-test queue is empty")
     return ok()

@@ -68,6 +68,15 @@ def test_aliveness_leaves_no_queue_and_unknown_vhost_is_404(api: Api) -> None:
     assert api.get("/api/aliveness-test/no-such-vhost").status == 404
 
 
+def test_aliveness_leaves_an_existing_queue_of_that_name_alone(api: Api) -> None:
+    api.put("/api/queues/%2F/aliveness-test", {"durable": True})
+    api.post("/api/exchanges/%2F/amq.default/publish",
+             {"routing_key": "aliveness-test", "payload": "precious"})
+    assert api.get("/api/aliveness-test/%2F").status == 200
+    assert api.get("/api/queues/%2F/aliveness-test").json()["messages"] == 1
+    assert api.delete("/api/queues/%2F/aliveness-test").status == 204
+
+
 def test_ready_needs_no_credentials(api: Api) -> None:
     r = api.as_user(None).get("/health/ready")
     assert r.status == 200 and r.json() == {"status": "ok"}
