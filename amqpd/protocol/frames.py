@@ -44,45 +44,51 @@ class FrameReader:
     __slots__ = ("_buf", "frame_max", "salvaged")
 
     def __init__(self, frame_max: int) -> None:
-        self._buf = bytearray()
+        self._buf = b""
         self.frame_max = frame_max
         # On FrameError: the complete frames that preceded the bad one, still to be handled.
         self.salvaged: list[Frame] = []
 
     def feed(self, data: bytes) -> list[Frame]:
-        """Append ``data`` and return every complete frame now available."""
-        buf = self._buf
-        buf += data
+        """Append ``data`` and return every complete frame now available.
+
+        Works on immutable bytes: usually the read starts on a frame boundary, so frames
+        are sliced straight out of ``data`` (one allocation each) and only a partial
+        last frame is kept for the next call.
+        """
+        buf = self._buf + data if self._buf else data
         frames: list[Frame] = []
+        append = frames.append
         pos = 0
         end = len(buf)
         unpack = _HEADER.unpack_from
-        limit = self.frame_max
+        limit = (self.frame_max or 0xFFFFFFFF) - FRAME_OVERHEAD
         while end - pos >= 7:
             ftype, channel, size = unpack(buf, pos)
-            if size + FRAME_OVERHEAD > limit and limit:
-                del buf[:pos]
-                self.salvaged = frames
-                raise FrameError(
-                    f"frame size {size + FRAME_OVERHEAD} exceeds negotiated frame_max {limit}"
-                )
             stop = pos + 7 + size
+            if size > limit:
+                self._fail(buf, pos, frames)
+                raise FrameError(
+                    f"frame size {size + FRAME_OVERHEAD} exceeds negotiated frame_max "
+                    f"{self.frame_max}"
+                )
             if stop >= end:
                 break
-            if buf[stop] != FRAME_END:
-                bad = buf[stop]  # read before the buffer shifts
-                del buf[:pos]
-                self.salvaged = frames
-                raise FrameError(f"invalid frame end byte 0x{bad:02x} (expected 0xce)")
-            if ftype not in (1, 2, 3, 8):
-                del buf[:pos]
-                self.salvaged = frames
+            if buf[stop] != FRAME_END or ftype > 3 and ftype != 8 or not ftype:
+                self._fail(buf, pos, frames)
+                if buf[stop] != FRAME_END:
+                    raise FrameError(
+                        f"invalid frame end byte 0x{buf[stop]:02x} (expected 0xce)"
+                    )
                 raise FrameError(f"unknown frame type {ftype}")
-            frames.append((ftype, channel, bytes(buf[pos + 7 : stop])))
+            append((ftype, channel, buf[pos + 7 : stop]))
             pos = stop + 1
-        if pos:
-            del buf[:pos]
+        self._buf = buf[pos:] if pos < end else b""
         return frames
+
+    def _fail(self, buf: bytes, pos: int, frames: list[Frame]) -> None:
+        self._buf = buf[pos:]
+        self.salvaged = frames
 
     @property
     def buffered(self) -> int:
