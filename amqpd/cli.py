@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             with open(tmp, "w") as fh:
                 json.dump({"amqp_port": broker.port, "pid": os.getpid(),
                            "listeners": broker.listeners,
-                           "http_port": broker.http.port if broker.http else None,
+                           "http_port": (broker.http.port or None) if broker.http else None,
                            "tls_port": next((p for proto, _, p in broker.listeners
                                              if proto == "amqps"), None)}, fh)
             os.replace(tmp, args.ready_file)

@@ -79,7 +79,15 @@ class HttpServer:
         host = s.http_bind or s.bind
         site = web.TCPSite(self.runner, host, s.http_port, ssl_context=ssl_ctx,
                            reuse_address=True)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            # AMQP clients matter more than the API: keep serving them, say so loudly
+            log.error("HTTP API not started: cannot listen on %s:%d: %s", host, s.http_port,
+                      exc)
+            await self.runner.cleanup()
+            self.runner = None
+            return
         server = site._server
         sockets = getattr(server, "sockets", None) or []
         if sockets:

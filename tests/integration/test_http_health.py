@@ -112,3 +112,14 @@ def test_alarm_makes_checks_503(fresh_broker: BrokerProcess) -> None:
     assert api.get("/api/nodes").json()[0]["mem_alarm"] is True
     metrics = api.as_user(None).get("/metrics").text
     assert "rabbitmq_alarms_memory_used_watermark 1" in metrics
+
+
+def test_busy_http_port_leaves_amqp_running(broker: BrokerProcess,
+                                            fresh_broker: BrokerProcess) -> None:
+    fresh_broker.env["AMQPD_HTTP_PORT"] = str(broker.http_port)  # taken by the other broker
+    fresh_broker.start()
+    assert fresh_broker.info["http_port"] is None
+    import pika
+
+    pika.BlockingConnection(pika.URLParameters(fresh_broker.url)).close()
+    assert "HTTP API not started" in fresh_broker.tail()
