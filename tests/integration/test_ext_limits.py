@@ -6,7 +6,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from tests.integration.ext_support import channel, count, drain, get_msg, set_policy
+from tests.integration.ext_support import channel, count, drain, get_msg, set_policy, wait_for
 
 
 def test_max_length_drop_head_keeps_newest(broker) -> None:
@@ -29,9 +29,11 @@ def test_unacked_messages_do_not_count(broker) -> None:
     with channel(broker.url) as ch:
         ch.queue_declare("lim.q3", arguments={"x-max-length": 1})
         ch.basic_publish("", "lim.q3", b"1")
-        method, _p, _b = ch.basic_get("lim.q3", auto_ack=False)
+        method = wait_for(lambda: ch.basic_get("lim.q3", auto_ack=False)[0], 3)
         ch.basic_publish("", "lim.q3", b"2")
-        assert count(ch, "lim.q3") == 1
+        wait_for(lambda: count(ch, "lim.q3") == 1, 3)
+        ch.basic_publish("", "lim.q3", b"3")  # now the ready one is dropped, not the unacked
+        assert get_msg(ch, "lim.q3")[2] == b"3"
         ch.basic_ack(method.delivery_tag)
 
 

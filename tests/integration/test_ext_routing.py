@@ -126,7 +126,7 @@ def test_consistent_hash_exchange(broker) -> None:
         ch.queue_bind("chx.b", "chx", "3")
         for i in range(2000):
             ch.basic_publish("chx", f"key-{i}", str(i).encode())
-        for i in range(50):  # the same routing key always lands in the same queue
+        for _i in range(50):  # the same routing key always lands in the same queue
             ch.basic_publish("chx", "sticky", b"s")
         wait_for(lambda: count(ch, "chx.a") + count(ch, "chx.b") == 2050, 5)
         a, b = drain(ch, "chx.a"), drain(ch, "chx.b")

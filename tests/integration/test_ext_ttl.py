@@ -21,7 +21,7 @@ def test_queue_ttl_expires_head_without_consumers(broker) -> None:
         ch.queue_declare("ttl.q1", arguments={"x-message-ttl": 80})
         for i in range(3):
             ch.basic_publish("", "ttl.q1", str(i).encode())
-        assert count(ch, "ttl.q1") == 3
+        wait_for(lambda: count(ch, "ttl.q1") == 3, 3)
         wait_for(lambda: count(ch, "ttl.q1") == 0, 3)
         assert ch.basic_get("ttl.q1", auto_ack=True)[0] is None
 
@@ -29,8 +29,9 @@ def test_queue_ttl_expires_head_without_consumers(broker) -> None:
 def test_per_message_expiration_never_delivered(broker) -> None:
     with channel(broker.url) as ch:
         ch.queue_declare("ttl.q2")  # a plain queue: per-message TTL still applies
-        ch.basic_publish("", "ttl.q2", b"short", pika.BasicProperties(expiration="50"))
+        ch.basic_publish("", "ttl.q2", b"short", pika.BasicProperties(expiration="150"))
         ch.basic_publish("", "ttl.q2", b"long", pika.BasicProperties(expiration="60000"))
+        wait_for(lambda: count(ch, "ttl.q2") == 2, 3)
         wait_for(lambda: count(ch, "ttl.q2") == 1, 3)
         _m, props, body = get_msg(ch, "ttl.q2")
         assert body == b"long" and props.expiration == "60000"
@@ -50,6 +51,7 @@ def test_consumer_gets_only_unexpired(broker) -> None:
     with channel(broker.url) as ch:
         ch.queue_declare("ttl.q5", arguments={"x-message-ttl": 50})
         ch.basic_publish("", "ttl.q5", b"old")
+        wait_for(lambda: count(ch, "ttl.q5") == 1, 3)
         wait_for(lambda: count(ch, "ttl.q5") == 0, 3)
         ch.queue_declare("ttl.q5", arguments={"x-message-ttl": 50})
         got: list[bytes] = []
