@@ -12,4 +12,5 @@ from conformance.cases import (  # noqa: F401
     http_api,
     queue,
     routing,
+    rules,
 )
