@@ -6,8 +6,11 @@ key; with the exchange argument ``hash-header`` that header's value; with
 ``hash-property`` one of ``message_id``, ``correlation_id``, ``timestamp``) and goes to the
 owner of the first point at or after its hash, so the same key always reaches the same
 queue while the bindings stay the same, and load spreads in proportion to the weights.
-A message without the header/property is hashed as if it had an empty value... except
-that, like the plugin, a message missing the configured header or property is not routed.
+A message without the configured header or property is still routed (its value hashes
+as empty), as the plugin does. Error texts are the plugin's (3.10.8).
+
+The plugin's ring (erlang:phash2 buckets) is not reproduced bit for bit, only its
+properties; the hash here is BLAKE2b.
 """
 
 from __future__ import annotations
@@ -43,21 +46,21 @@ class ConsistentHashExchange(Exchange):
         header = arguments.get("hash-header")
         prop = arguments.get("hash-property")
         if header is not None and prop is not None:
-            raise PreconditionFailed(
-                "Invalid argument, 'hash-header' and 'hash-property' are mutually exclusive")
+            raise PreconditionFailed("hash-header and hash-property are mutually exclusive")
         if prop is not None and prop not in _PROPERTIES:
-            raise PreconditionFailed(
-                f"Invalid argument, 'hash-property' must be one of {', '.join(_PROPERTIES)}")
+            raise PreconditionFailed(f"Unsupported property: {prop}")
         if header is not None and not isinstance(header, str):
             raise PreconditionFailed("Invalid argument, 'hash-header' must be a string")
 
     def validate_binding(self, routing_key: str, arguments: dict[str, Any]) -> None:
-        if not routing_key.strip().isdigit() or int(routing_key) < 1:
-            raise PreconditionFailed(
-                f"The binding key must be a positive integer weight: '{routing_key}'")
+        text = routing_key.strip()
+        if not text.lstrip("+-").isdigit() or len(text) - len(text.lstrip("+-")) > 1:
+            raise PreconditionFailed(f'The binding key must be an integer: <<"{routing_key}">>')
+        if int(text) < 1:
+            raise PreconditionFailed("The binding key must be greater than 0")
 
     def add_binding(self, binding: Binding) -> None:
-        weight = int(binding.routing_key)
+        weight = int(binding.routing_key.strip())
         dest_id = f"{binding.key[0]}:{binding.destination.name}".encode()
         points = [_hash(dest_id + b":" + str(i).encode()) for i in range(weight)]
         self._ring[binding.key] = points
@@ -75,27 +78,23 @@ class ConsistentHashExchange(Exchange):
         self._points = [p for p, _i, _k in pairs]
         self._owners = [self._dests[k] for _p, _i, k in pairs]
 
-    def _hash_input(self, message: Message, routing_key: str) -> bytes | None:
+    def _hash_input(self, message: Message, routing_key: str) -> bytes:
         header = self.arguments.get("hash-header")
         if header is not None:
             value = message.headers.get(header)
             if value is None:
-                return None
+                return b""
             return value if isinstance(value, bytes) else str(value).encode()
         prop = self.arguments.get("hash-property")
         if prop is not None:
             value = message.props.get(prop)
-            if value is None:
-                return None
-            return str(value).encode()
+            return b"" if value is None else str(value).encode()
         return routing_key.encode()
 
     def route(self, message: Message, routing_key: str) -> Iterable[Destination]:
         if not self._points:
             return ()
         data = self._hash_input(message, routing_key)
-        if data is None:
-            return ()
         i = bisect.bisect_left(self._points, _hash(data))
         return (self._owners[i % len(self._owners)],)
 
