@@ -222,6 +222,11 @@ def start(directory: str | os.PathLike[str], plugins: Sequence[str] = (),
     epmd = find_epmd()
     d = Path(directory).resolve()
     d.mkdir(parents=True, exist_ok=True)
+    if (d / INFO_FILE).exists():
+        old = RabbitInfo.load(d)
+        if _pid_alive(old.pid):
+            raise RabbitMQError(f"a node started in {d} is still running (pid {old.pid}); "
+                                "stop it first")
     (d / "mnesia").mkdir(exist_ok=True)
     (d / "log").mkdir(exist_ok=True)
     plugins = [p.strip() for p in plugins if p.strip()]

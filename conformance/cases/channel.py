@@ -5,11 +5,12 @@ from __future__ import annotations
 from pamqp import commands as C
 
 from conformance.framework import Context, case, check, eq
+from conformance.rawclient import RawClient
 
 A = "channel"
 
 
-def _raw(ctx: Context):  # type: ignore[no-untyped-def]
+def _raw(ctx: Context) -> RawClient:
     rc = ctx.raw()
     rc.handshake(user=ctx.user, password=ctx.password, vhost=ctx.vhost)
     return rc
