@@ -23,7 +23,8 @@ Environment variables given to the server (all derived from DIR and the free por
 - ``HOME=DIR``: the Erlang cookie (``DIR/.erlang.cookie``) is private to this node.
 - ``RABBITMQ_NODENAME=rabbit-<random>@localhost``: unique node name.
 - ``RABBITMQ_NODE_IP_ADDRESS=127.0.0.1``, ``RABBITMQ_NODE_PORT``: the AMQP listener.
-- ``RABBITMQ_DIST_PORT``: the Erlang distribution port.
+- ``RABBITMQ_DIST_PORT``: the Erlang distribution port (on 127.0.0.1, through
+  ``RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-kernel inet_dist_use_interface {127,0,0,1}``).
 - ``ERL_EPMD_PORT``: a private epmd, started here, in the foreground, so its PID is known.
 - ``RABBITMQ_MNESIA_BASE=DIR/mnesia``, ``RABBITMQ_LOG_BASE=DIR/log``,
   ``RABBITMQ_PID_FILE=DIR/rabbitmq.pid``.
@@ -252,6 +253,8 @@ def start(directory: str | os.PathLike[str], plugins: Sequence[str] = (),
         RABBITMQ_ADVANCED_CONFIG_FILE=str(d / "advanced.config"),
         RABBITMQ_ENABLED_PLUGINS_FILE=str(d / "enabled_plugins"),
         RABBITMQ_CONF_ENV_FILE=str(d / "rabbitmq-env.conf"),
+        # the distribution listener on loopback too
+        RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}",
     )
     cookie = d / ".erlang.cookie"
     if not cookie.exists():
