@@ -459,6 +459,9 @@ class Broker:
             if self.store is not None and not self.stopping:
                 # acks and delivery marks ride on confirms; without any, flush them anyway
                 self.store.commit(self._periodic_commit_done)
+                maintain = getattr(self.store, "maintain", None)
+                if maintain is not None:
+                    maintain()  # an idle node still reclaims disk
             for proto in list(self.transports):
                 if proto.session is not None:
                     proto.session.conn.tick(now)

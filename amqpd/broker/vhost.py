@@ -93,12 +93,12 @@ class VHost:
         arguments: dict[str, Any] | None = None,
     ) -> Exchange:
         existing = self.exchanges.get(name)
+        if name == "":  # even a passive declare of it is refused, as RabbitMQ does
+            raise AccessRefused("operation not permitted on the default exchange")
         if passive:
             if existing is None:
                 raise NotFound(f"no exchange '{name}' in vhost '{self.name}'")
             return existing
-        if name == "":
-            raise AccessRefused("operation not permitted on the default exchange")
         if existing is None and name.startswith("amq."):
             raise AccessRefused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
         cls = EXCHANGE_TYPES.get(type_)

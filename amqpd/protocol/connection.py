@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,6 +60,10 @@ from amqpd.protocol.frames import (
 )
 
 log = logging.getLogger("amqpd.connection")
+
+_PUBLISH_ID = b"\x00\x3c\x00\x28"  # basic.publish: class 60, method 40
+_BASIC_CLASS_WEIGHT = b"\x00\x3c\x00\x00"  # content header: class 60, weight 0
+_U64 = struct.Struct(">Q")
 
 PRE_TUNE_FRAME_MAX = 4096
 CLOSING_TIMEOUT = 30.0  # seconds to wait for connection.close-ok (RabbitMQ's value)
@@ -133,6 +138,7 @@ class AMQPConnection:
         self.reader = FrameReader(PRE_TUNE_FRAME_MAX)
         self._header_buf = b""
         self._out: list[bytes] = []
+        self._valid_props: set[bytes] = set()  # property sections already validated
         self.out_bytes = 0  # queued for the peer this tick: deliveries stop past a cap
         self.channels: dict[int, ChannelSlot] = {}
         self.channel_max = self.limits.channel_max
@@ -197,10 +203,58 @@ class AMQPConnection:
             # it: the socket closes once connection.close is written.
             self.should_close_transport = True
             return
-        for ftype, channel, payload in frames:
-            if self.state is State.CLOSED:
-                return
+        self._dispatch_frames(frames)
+
+    def _dispatch_frames(self, frames: list[tuple[int, int, bytes]]) -> None:
+        """Handle frames in order; complete publish triplets take a fast path.
+
+        The fast path covers the common shape of a publish on an open channel (method,
+        content header, one body frame, all on that channel, sizes consistent): it does
+        exactly what the general path would, minus the per-frame state machine. Anything
+        else, including every error case, goes through :meth:`_dispatch_guarded`.
+        """
+        n = len(frames)
+        i = 0
+        channels = self.channels
+        max_size = self.limits.max_message_size
+        valid = self._valid_props
+        while i < n:
+            if self.state is not State.OPEN:
+                if self.state is State.CLOSED:
+                    return
+                ftype, channel, payload = frames[i]
+                self._dispatch_guarded(ftype, channel, payload)
+                i += 1
+                continue
+            ftype, channel, payload = frames[i]
+            if ftype == 1 and i + 2 < n and payload[:4] == _PUBLISH_ID:
+                hf = frames[i + 1]
+                bf = frames[i + 2]
+                slot = channels.get(channel)
+                header = hf[2]
+                body = bf[2]
+                if (hf[0] == 2 and bf[0] == 3 and hf[1] == channel and bf[1] == channel
+                        and slot is not None and not slot.closing and slot.publish is None
+                        and len(header) >= 14 and header[:4] == _BASIC_CLASS_WEIGHT
+                        and _U64.unpack_from(header, 4)[0] == len(body)
+                        and 0 < len(body) <= max_size):
+                    props = header[12:]
+                    i += 3
+                    try:
+                        if props not in valid:
+                            codec.validate_properties(props)
+                            if len(valid) < 256:
+                                valid.add(props)
+                        exchange, routing_key, mandatory, immediate = codec.decode_publish(payload)
+                        self.delegate.on_publish(channel, exchange, routing_key, mandatory,
+                                                 immediate, props, body)
+                    except Exception as exc:
+                        if isinstance(exc, AMQPError) and not exc.class_id:
+                            exc.class_id, exc.method_id = 60, 40
+                        self._handle_error(exc, channel, ftype)
+                    continue
             self._dispatch_guarded(ftype, channel, payload)
+            i += 1
 
     def _receive_header(self, data: bytes) -> bytes:
         buf = self._header_buf + data
@@ -231,22 +285,26 @@ class AMQPConnection:
 
     def _dispatch_guarded(self, ftype: int, channel: int, payload: bytes) -> None:
         try:
-            try:
-                self._dispatch(ftype, channel, payload)
-            except AMQPError as exc:
-                if not exc.class_id and ftype == FRAME_METHOD and len(payload) >= 4:
-                    exc.class_id = (payload[0] << 8) | payload[1]
-                    exc.method_id = (payload[2] << 8) | payload[3]
-                raise
-        except ChannelError as exc:
+            self._dispatch(ftype, channel, payload)
+        except Exception as exc:
+            if isinstance(exc, AMQPError) and not exc.class_id and ftype == FRAME_METHOD \
+                    and len(payload) >= 4:
+                exc.class_id = (payload[0] << 8) | payload[1]
+                exc.method_id = (payload[2] << 8) | payload[3]
+            self._handle_error(exc, channel, ftype)
+
+    def _handle_error(self, exc: Exception, channel: int, ftype: int) -> None:
+        """The one place where faults become channel.close / connection.close."""
+        if isinstance(exc, ChannelError):
             if channel == 0 or self.state is not State.OPEN:
                 self._close_connection(exc)
             else:
                 self._close_channel(channel, exc)
-        except ConnectionError_ as exc:
+        elif isinstance(exc, ConnectionError_):
             self._close_connection(exc)
-        except Exception as exc:  # a bug: the connection dies, the broker does not
-            log.exception("internal error handling frame type %s on channel %s", ftype, channel)
+        else:  # a bug: the connection dies, the broker does not
+            log.error("internal error handling frame type %s on channel %s", ftype, channel,
+                      exc_info=exc)
             self._close_connection(InternalError(f"internal error: {type(exc).__name__}"))
 
     # ------------------------------------------------------------------ dispatch

@@ -74,7 +74,7 @@ class FrameReader:
                 )
             if stop >= end:
                 break
-            if buf[stop] != FRAME_END or ftype > 3 and ftype != 8 or not ftype:
+            if buf[stop] != FRAME_END or (ftype > 3 and ftype != 8) or not ftype:
                 self._fail(buf, pos, frames)
                 if buf[stop] != FRAME_END:
                     raise FrameError(
