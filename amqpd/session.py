@@ -18,6 +18,7 @@ from pamqp.base import Frame as PamqpFrame
 from amqpd.broker.channel import Channel
 from amqpd.broker.message import Message
 from amqpd.broker.queue import Queue
+from amqpd.logs import bind_channel
 from amqpd.protocol.connection import AMQPConnection, Limits
 from amqpd.protocol.errors import (
     ChannelErrorCode,
@@ -126,6 +127,7 @@ class Session:
         ch = self.channels.get(channel)
         if ch is None:
             raise ChannelErrorCode(f"expected 'channel.open' on channel {channel}")
+        bind_channel(channel)
         ch.handle(method)
 
     def on_publish(self, channel: int, exchange: str, routing_key: str, mandatory: bool,
@@ -144,6 +146,10 @@ class Session:
         if self.closed:
             return
         self.closed = True
+        if self.username:
+            log.info("connection closed: user=%s vhost=%s peer=%s reason=%s", self.username,
+                     self.vhost.name if self.vhost else None, self.peer,
+                     self.conn.close_reason or "socket closed")
         for ch in list(self.channels.values()):
             ch.close()
         self.channels.clear()

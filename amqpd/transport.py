@@ -12,6 +12,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
+from amqpd.logs import bind_connection, clear_context
 from amqpd.session import Session
 
 if TYPE_CHECKING:
@@ -44,7 +45,12 @@ class AMQPProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         session = self.session
         assert session is not None
-        session.conn.receive_data(data)
+        # every log event while handling this read carries the connection's identity
+        bind_connection(session.name, session.username or None, session.conn.vhost or None)
+        try:
+            session.conn.receive_data(data)
+        finally:
+            clear_context()
         self.flush()
 
     def _schedule_flush(self) -> None:
