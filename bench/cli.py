@@ -50,6 +50,7 @@ class Options:
     latency_rate: float = 1000.0
     delayed_count: int = 100_000
     delayed_spread: float = 60.0
+    sustained_rate: float = 20000.0
 
 
 # (metric key, label, higher is better)
@@ -82,6 +83,11 @@ METRICS: dict[str, list[tuple[str, str, bool]]] = {
                 ("lat_p99_ms", "latency p99 ms", False),
                 ("lat_max_ms", "latency max ms", False),
                 ("broker_cpu_pct", "broker CPU %", False)],
+    "sustained": [("deliver_rate", "deliver msg/s", True),
+                  ("lat_p50_ms", "latency p50 ms", False),
+                  ("lat_p99_ms", "latency p99 ms", False),
+                  ("lat_max_ms", "latency max ms", False),
+                  ("broker_cpu_pct", "broker CPU %", False)],
     "backlog": [("publish_rate", "publish msg/s (persistent, confirms)", True),
                 ("drain_rate", "drain msg/s", True),
                 ("peak_rss_mb", "broker peak RSS MiB", False),
@@ -102,13 +108,14 @@ METRICS: dict[str, list[tuple[str, str, bool]]] = {
 
 NOISE = ("other_cpu_pct", "other processes' CPU % (noise)", False)
 for _scen in ("publish", "pubsub-16", "pubsub-1k", "confirms", "fanout-10", "queues-1000",
-              "latency"):
+              "latency", "sustained"):
     METRICS[_scen].append(("gen_cpu_pct", "load generator CPU %", False))
     METRICS[_scen].append(NOISE)
 NO_RATIO = {"other_cpu_pct", "gen_cpu_pct"}
 
 DEFAULT_SCENARIOS = ["publish", "pubsub-16", "pubsub-1k", "confirms", "fanout-10",
-                     "queues-1000", "latency", "backlog", "idle-conns"]
+                     "queues-1000", "latency", "sustained", "backlog",
+                     "idle-conns"]
 ALL_SCENARIOS = [*DEFAULT_SCENARIOS, "delayed"]
 AMQPD_ONLY = {"delayed"}
 
@@ -197,6 +204,17 @@ def scen_latency(b: Broker, o: Options, d: float) -> Run:
         cleanup(b, [q])
 
 
+def scen_sustained(b: Broker, o: Options, d: float) -> Run:
+    """A fixed, moderate publish rate: does the consumer keep up, at what latency?"""
+    q = f"bench.sustained.{_uid()}"
+    declare(b, [q])
+    try:
+        pubs = [PublisherSpec(1, [Target("", q)], duration=d, rate=o.sustained_rate)]
+        return run_flow(b, pubs, [[ConsumerSpec([q], prefetch=1000, latency=True)]])
+    finally:
+        cleanup(b, [q])
+
+
 def scen_backlog(b: Broker, o: Options, d: float) -> Run:
     del d
     return run_backlog(b, f"bench.backlog.{_uid()}", o.backlog_count)
@@ -247,11 +265,12 @@ SCENARIOS: dict[str, Callable[[Broker, Options, float], Run]] = {
     "fanout-10": scen_fanout,
     "queues-1000": scen_queues1000,
     "latency": scen_latency,
+    "sustained": scen_sustained,
     "backlog": scen_backlog,
     "idle-conns": scen_idle,
     "delayed": scen_delayed,
 }
-NO_WARMUP = {"backlog", "idle-conns", "delayed", "latency"}
+NO_WARMUP = {"backlog", "idle-conns", "delayed", "latency", "sustained"}
 ONCE = {"backlog", "delayed"}   # expensive: one repetition unless --repeat-backlog
 
 
@@ -350,7 +369,27 @@ def render(results: dict[str, dict[str, list[Run]]], brokers: list[Broker],
         lines.append("- none")
     lines += ["", "## All runs", "", "Raw metrics of every run are in "
               f"`{meta['json']}`.", ""]
+    notes = Path(__file__).with_name("notes.md")
+    if notes.exists():
+        lines += ["", notes.read_text().rstrip(), ""]
     return "\n".join(lines)
+
+
+class _Named:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def rerender(json_path: Path, out: Path) -> None:
+    """Rewrite RESULTS.md from a results JSON (after editing bench/notes.md)."""
+    raw = json.loads(json_path.read_text())
+    meta = raw["meta"]
+    results = {s: {n: [Run(r["metrics"], r["invalid"], r.get("notes", [])) for r in runs]
+                   for n, runs in per.items()} for s, per in raw["results"].items()}
+    ceilings = {k: Run(v["metrics"], v["invalid"]) for k, v in raw["ceilings"].items()}
+    names = list(meta["versions"])
+    out.write_text(render(results, [_Named(n) for n in names],  # type: ignore[misc]
+                          ceilings, meta))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -367,6 +406,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--delayed-count", type=int, default=100_000)
     p.add_argument("--delayed-spread", type=float, default=60.0,
                    help="delays are uniform in [0, this) seconds")
+    p.add_argument("--sustained-rate", type=float, default=20000.0,
+                   help="msg/s of the sustained scenario")
+    p.add_argument("--merge", metavar="JSON",
+                   help="start from the results in this JSON: scenarios run now replace "
+                   "theirs, the rest are kept (re-run one scenario, keep the table)")
     p.add_argument("--rabbit-url", help="use this RabbitMQ instead of starting one "
                    "(no RSS/CPU/restart figures then)")
     p.add_argument("--amqpd-url", help="use this amqpd instead of starting one")
@@ -376,6 +420,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="smoke mode: 1.5 s runs, 1 repetition, no warm-up, small backlog")
     p.add_argument("--out", default="bench/RESULTS.md")
     p.add_argument("--workdir", help="broker data dirs (default: a temp dir)")
+    p.add_argument("--render", metavar="JSON",
+                   help="only rewrite --out from a results JSON written by an earlier run")
     p.add_argument("--nice", type=int, default=-10,
                    help="scheduling niceness for the suite, its brokers and generators "
                    "(default -10 when allowed: this machine is shared)")
@@ -384,13 +430,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.render:
+        rerender(Path(args.render), Path(args.out))
+        return 0
     raise_nofile()
     with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PROCESS, 0, args.nice)
     o = Options(duration=args.duration, warmup=args.warmup, repeat=args.repeat,
                 publishers=args.publishers, backlog_count=args.backlog_count,
                 idle_conns=args.idle_conns, delayed_count=args.delayed_count,
-                delayed_spread=args.delayed_spread)
+                delayed_spread=args.delayed_spread, sustained_rate=args.sustained_rate)
     if args.quick:
         o.duration, o.warmup, o.repeat = 1.5, 0.0, 1
         o.backlog_count = min(o.backlog_count, 20_000)
@@ -424,6 +473,15 @@ def main(argv: list[str] | None = None) -> int:
             "backlog_count": o.backlog_count, "idle_conns": o.idle_conns,
             "nice": os.getpriority(os.PRIO_PROCESS, 0),
             "json": str(json_path)}
+    if args.merge:
+        old = json.loads(Path(args.merge).read_text())
+        kept = {sc: {n: [Run(r["metrics"], r["invalid"], r.get("notes", [])) for r in runs]
+                     for n, runs in per.items()}
+                for sc, per in old["results"].items() if sc not in results}
+        results = {**kept, **results}
+        if args.no_ceiling:
+            ceilings = {k: Run(v["metrics"], v["invalid"]) for k, v in old["ceilings"].items()}
+        meta["command"] = old["meta"]["command"] + "; then " + meta["command"]
     started: list[Broker] = []
     try:
         if not args.no_ceiling:
