@@ -181,6 +181,22 @@ def test_headers_all_and_any(ch: Any) -> None:
     assert bodies(ch, q_any) == [b"0", b"1"]
 
 
+def test_headers_values_compare_as_rabbitmq_does(ch: Any) -> None:
+    """A boolean is not a number; a long string and a byte array with the same bytes match."""
+    x = uname("hdrtypes")
+    ch.exchange_declare(x, "headers", auto_delete=True)
+    q_int, q_bool, q_str = declare_queue(ch), declare_queue(ch), declare_queue(ch)
+    ch.queue_bind(q_int, x, arguments={"a": 1})
+    ch.queue_bind(q_bool, x, arguments={"x-match": "any", "a": True})
+    ch.queue_bind(q_str, x, arguments={"a": "1"})
+    for body, headers in ((b"int", {"a": 1}), (b"bool", {"a": True}), (b"bytes", {"a": b"1"}),
+                          (b"long", {"a": 2**40}), (b"void", {"a": None})):
+        ch.basic_publish(x, "", body, pika.BasicProperties(headers=headers))
+    assert bodies(ch, q_int) == [b"int"]
+    assert bodies(ch, q_bool) == [b"bool"]
+    assert bodies(ch, q_str) == [b"bytes"]
+
+
 def test_builtin_exchanges_exist(ch: Any) -> None:
     for name in ("amq.direct", "amq.fanout", "amq.topic", "amq.headers", "amq.match"):
         ch.exchange_declare(name, passive=True)

@@ -17,6 +17,22 @@ _MODES = ("all", "any", "all-with-x", "any-with-x")
 _MISSING = object()
 
 
+def _norm(value: Any) -> Any:
+    """The value as RabbitMQ compares it: strings and byte arrays are the same binaries,
+    a boolean never equals a number (Erlang's ``true`` is not ``1``)."""
+    if isinstance(value, bool):
+        return (bool, value)
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, list):
+        return [_norm(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _norm(v) for k, v in value.items()}
+    return value
+
+
 def _matches(mode: str, spec: dict[str, Any], headers: dict[str, Any]) -> bool:
     with_x = mode.endswith("-with-x")
     items = [(k, v) for k, v in spec.items()
@@ -26,12 +42,12 @@ def _matches(mode: str, spec: dict[str, Any], headers: dict[str, Any]) -> bool:
             got = headers.get(key, _MISSING)
             if got is _MISSING:
                 return False
-            if want is not None and got != want:  # void in the binding matches presence
+            if want is not None and _norm(got) != _norm(want):  # void matches presence
                 return False
         return True
     for key, want in items:
         got = headers.get(key, _MISSING)
-        if got is not _MISSING and (want is None or got == want):
+        if got is not _MISSING and (want is None or _norm(got) == _norm(want)):
             return True
     return False
 
