@@ -10,6 +10,7 @@ from conformance.cases import (  # noqa: F401
     extensions2,
     frames,
     http_api,
+    policies,
     queue,
     routing,
     rules,
