@@ -132,7 +132,7 @@ def _channel_close_reason(ch: BlockingChannel) -> Closed | None:
 class Context:
     case_id: str
     settings: Settings
-    _cleanups: list[Callable[[], None]] = field(default_factory=list)
+    _cleanups: list[Callable[[], object]] = field(default_factory=list)
     _connections: list[BlockingConnection] = field(default_factory=list)
     _raws: list[RawClient] = field(default_factory=list)
     _declared_queues: list[str] = field(default_factory=list)
@@ -228,7 +228,7 @@ class Context:
     def track_exchange(self, name: str) -> None:
         self._declared_exchanges.append(name)
 
-    def on_cleanup(self, fn: Callable[[], None]) -> None:
+    def on_cleanup(self, fn: Callable[[], object]) -> None:
         self._cleanups.append(fn)
 
     def bound_queue(self, ch: BlockingChannel, exchange: str, routing_key: str = "",
