@@ -84,6 +84,8 @@ class Settings:
     tls_fail_if_no_peer_cert: bool = False
     definitions_file: str = ""  # RabbitMQ-format definitions JSON imported at boot
     stats_interval: float = 5.0  # seconds between message-rate samples (management API)
+    # optional parts outside the core, by name (plugins/<name>/ or entry points)
+    plugins: list[str] = field(default_factory=list)
     # declared in the file
     users: list[UserConfig] = field(default_factory=list)
     vhosts: list[str] = field(default_factory=list)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import platform
+import secrets
 import signal
 import time
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +34,7 @@ from amqpd.broker.queue import Queue, QueueEntry
 from amqpd.broker.ttl import TimerService
 from amqpd.broker.vhost import VHost
 from amqpd.config import Settings
+from amqpd.plugins import load_plugins
 from amqpd.protocol import codec
 from amqpd.protocol.connection import Limits
 from amqpd.protocol.errors import PreconditionFailed
@@ -89,6 +92,9 @@ class Broker:
         self.parameters = ParameterStore()  # runtime parameters (shovel, federation...)
         self.http: HttpServer | None = None
         self._setup_defaults()
+        self.auth.set_internal_user(f"amqpd-internal-{secrets.token_hex(4)}",
+                                    secrets.token_urlsafe(24))
+        self.plugins = load_plugins(self, settings.plugins)
 
     # ------------------------------------------------------------------ setup
     def _setup_defaults(self) -> None:
@@ -445,6 +451,21 @@ class Broker:
 
             self.http = HttpServer(self)
             await self.http.start()
+        for plugin in self.plugins.values():
+            await plugin.start()
+
+    def local_uri(self, vhost: str = "/") -> str:
+        """An AMQP URI to this broker for plugins' links (RabbitMQ's bare "amqp://")."""
+        assert self.auth.internal is not None
+        user, password = self.auth.internal
+        host = next((h for p, h, _ in self.listeners if p == "amqp"), "127.0.0.1")
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        if ":" in host:
+            host = f"[{host}]"
+        return (f"amqp://{urllib.parse.quote(user, safe='')}:"
+                f"{urllib.parse.quote(password, safe='')}@{host}:{self.port}/"
+                f"{urllib.parse.quote(vhost, safe='')}")
 
     @property
     def port(self) -> int:
@@ -472,6 +493,11 @@ class Broker:
         if self.stopping:
             return
         self.stopping = True
+        for plugin in self.plugins.values():
+            try:
+                await plugin.stop()
+            except Exception:
+                log.exception("plugin %s failed to stop", plugin.name)
         log.info("shutting down: closing %d connections", len(self.transports))
         for server in self._servers:
             server.close()

@@ -75,6 +75,7 @@ class AuthStore:
         self.users: dict[str, User] = {}
         self.permissions: dict[tuple[str, str], Permission] = {}
         self.loopback_users: set[str] = {"guest"}
+        self.internal: tuple[str, str] | None = None
         self.version = 0  # bumped on every permission change: sessions cache checks by it
 
     def add_user(self, name: str, password: str | None = None, tags: list[str] | None = None,
@@ -101,7 +102,19 @@ class AuthStore:
         self.permissions.pop((user, vhost), None)
         self.version += 1
 
+    def set_internal_user(self, name: str, password: str) -> None:
+        """The node's own user for plugins' loopback links: full access to every vhost,
+        loopback only, never listed or exported (it is not in ``users``)."""
+        self.internal = (name, password)
+
+    def is_internal(self, user: str) -> bool:
+        return self.internal is not None and user == self.internal[0]
+
     def authenticate(self, username: str, password: str, peer_is_loopback: bool) -> User | None:
+        if self.internal is not None and username == self.internal[0]:
+            if peer_is_loopback and hmac.compare_digest(password, self.internal[1]):
+                return User(username, "", ["administrator"])
+            return None
         user = self.users.get(username)
         if user is None or not user.check(password):
             return None
@@ -110,12 +123,12 @@ class AuthStore:
         return user
 
     def can_access_vhost(self, user: str, vhost: str) -> bool:
-        return (user, vhost) in self.permissions
+        return (user, vhost) in self.permissions or self.is_internal(user)
 
     def check(self, user: str, vhost: str, kind: str, resource_type: str, name: str) -> None:
         """Raise 403 unless ``user`` has ``kind`` (configure/write/read) on the resource."""
         perm = self.permissions.get((user, vhost))
-        if perm is None or not perm.allows(kind, name):
+        if (perm is None or not perm.allows(kind, name)) and not self.is_internal(user):
             raise AccessRefused(
                 f"{kind} access to {resource_type} '{name}' in vhost '{vhost}' refused for "
                 f"user '{user}'"

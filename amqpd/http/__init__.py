@@ -39,10 +39,14 @@ RESOURCES = (overview, connections, exchanges, queues, bindings, vhosts, users, 
              parameters, definitions, health, metrics)
 
 
-def build_router() -> Router:
+def build_router(broker: Broker | None = None) -> Router:
     router = Router()
     for module in RESOURCES:
         module.routes(router)
+    for plugin in (broker.plugins.values() if broker is not None else ()):
+        add_routes = getattr(plugin, "http_routes", None)
+        if add_routes is not None:  # /api/shovels, /api/federation-links...
+            add_routes(router)
     return router
 
 
@@ -50,9 +54,9 @@ def create_app(broker: Broker, sampler: RateSampler | None = None) -> web.Applic
     app = web.Application(client_max_size=128 * 1024 * 1024)
     app["broker"] = broker
     app["sampler"] = sampler or RateSampler(broker)
-    app["http_port"] = 0
-    app["http_tls"] = False
-    app.router.add_route("*", "/{tail:.*}", make_dispatcher(broker, build_router()))
+    app["listener"] = {"port": 0, "tls": False}  # filled in once bound (a mutable holder:
+    # aiohttp forbids changing a started application's own keys)
+    app.router.add_route("*", "/{tail:.*}", make_dispatcher(broker, build_router(broker)))
     return app
 
 
@@ -94,8 +98,7 @@ class HttpServer:
             self.host, self.port = sockets[0].getsockname()[:2]
         else:
             self.host, self.port = host, s.http_port
-        self.app["http_port"] = self.port
-        self.app["http_tls"] = ssl_ctx is not None
+        self.app["listener"].update(port=self.port, tls=ssl_ctx is not None)
         self.sampler.start()
         log.info("HTTP API listening on %s://%s:%d", "https" if ssl_ctx else "http",
                  self.host, self.port)

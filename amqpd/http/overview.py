@@ -83,7 +83,7 @@ def listeners(ctx: Ctx) -> list[dict[str, Any]]:
             "socket_opts": {}} for proto, host, port in ctx.broker.listeners]
     http = getattr(ctx.broker, "http", None)
     if http is not None and http.port:
-        out.append({"node": node, "protocol": "https" if ctx.request.app["http_tls"] else "http",
+        out.append({"node": node, "protocol": "https" if ctx.request.app["listener"]["tls"] else "http",
                     "ip_address": http.host, "port": http.port, "socket_opts": {}})
     return out
 
@@ -130,7 +130,7 @@ async def overview(ctx: Ctx) -> Any:
         "node": b.settings.node_name,
         "listeners": listeners(ctx),
         "contexts": [{"node": b.settings.node_name, "description": "RabbitMQ Management",
-                      "path": "/", "port": str(ctx.request.app["http_port"])}],
+                      "path": "/", "port": str(ctx.request.app["listener"]["port"])}],
     }
     return json_response(body)
 
