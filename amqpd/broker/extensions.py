@@ -55,6 +55,7 @@ class QueueExt:
         self.expires_armed: float | None = None
         self.sac_order: list[Consumer] = []
         self.sac_draining: Consumer | None = None
+        self.timed = False  # some entry ever had an expiry (else takes skip the check)
         self.configure(opts)
 
     def configure(self, opts: QueueOptions) -> None:
@@ -113,8 +114,10 @@ class QueueExt:
                                   self._priority(message)))
         q.ready_bytes += message.size
         q.stat_publish += 1
-        if expires is not None and (self.expiry_armed is None or expires < self.expiry_armed):
-            self._arm_expiry(expires)
+        if expires is not None:
+            self.timed = True
+            if self.expiry_armed is None or expires < self.expiry_armed:
+                self._arm_expiry(expires)
         if self.opts.max_length is not None or self.opts.max_length_bytes is not None:
             limits.enforce(q)
         if q.consumers:
@@ -128,8 +131,10 @@ class QueueExt:
         q.ready.append(TimedEntry(message, next(q._seq), redelivered, expires,
                                   self._priority(message)))
         q.ready_bytes += message.size
-        if expires is not None and (self.expiry_armed is None or expires < self.expiry_armed):
-            self._arm_expiry(expires)
+        if expires is not None:
+            self.timed = True
+            if self.expiry_armed is None or expires < self.expiry_armed:
+                self._arm_expiry(expires)
 
     def requeue(self, entries: list[QueueEntry]) -> None:
         """Entries go back to their original places (per priority level in a priority
@@ -159,10 +164,12 @@ class QueueExt:
     def drop_expired_head(self) -> None:
         q = self.queue
         ready = q.ready
-        if not ready:
+        if not ready or not self.timed:
             return
         now = time.monotonic()
         expired: list[QueueEntry] = []
+        # only the head, also in a priority queue: RabbitMQ 3.10 keeps an expired
+        # low-priority message behind an unexpired higher one until it reaches the head
         while ready:
             head = ready[0]
             exp = getattr(head, "expires", None)

@@ -81,3 +81,19 @@ def test_single_active_consumer_argument_type(broker) -> None:
     with channel(broker.url) as ch, pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
         ch.queue_declare("pri.sacbad", arguments={"x-single-active-consumer": 1})
     assert "{unacceptable_type,signedint}" in e.value.reply_text
+
+
+def test_expired_message_behind_higher_priority_is_never_delivered(broker) -> None:
+    with channel(broker.url) as ch:
+        ch.queue_declare("pri.ttl", arguments={"x-max-priority": 5})
+        ch.queue_declare("pri.clock", arguments={"x-message-ttl": 150})
+        ch.basic_publish("", "pri.ttl", b"high", pika.BasicProperties(priority=5))
+        ch.basic_publish("", "pri.ttl", b"low", pika.BasicProperties(priority=1,
+                                                                     expiration="50"))
+        ch.basic_publish("", "pri.clock", b"tick")
+        wait_for(lambda: ch.queue_declare("pri.ttl", passive=True).method.message_count == 2,
+                 3)
+        # (like RabbitMQ 3.10, "low" waits behind the unexpired head until it is the head)
+        wait_for(lambda: ch.queue_declare("pri.clock", passive=True).method.message_count == 0,
+                 3)  # > 50 ms later
+        assert drain(ch, "pri.ttl") == [b"high"]
