@@ -94,6 +94,17 @@ class Alarms:
         self._set("disk", self.disk_limit > 0 and 0 <= self.free < self.disk_limit,
                   f"disk resource limit alarm: free {self.free} < limit {self.disk_limit}")
 
+    def set_memory_high_watermark(self, fraction: float | None = None,
+                                  absolute: int | None = None) -> int:
+        """Change the memory limit at run time (rabbitmqctl set_vm_memory_high_watermark);
+        the alarm is re-evaluated at once. Returns the new limit in bytes."""
+        if absolute is not None:
+            self.memory_limit = int(absolute)
+        elif fraction is not None:
+            self.memory_limit = int(total_memory() * fraction)
+        self.check()
+        return self.memory_limit
+
     def set_external(self, name: str, on: bool, detail: str) -> None:
         """Raise/clear an alarm decided elsewhere (e.g. the store failing to write)."""
         self._set(name, on, detail)

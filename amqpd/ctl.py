@@ -384,6 +384,21 @@ def cmd_close_connection(c: Client, a: argparse.Namespace, out: TextIO) -> int:
     return _done(a, out, f"Closing connection {a.name}, reason: {a.reason}...")
 
 
+def cmd_set_vm_memory_high_watermark(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    node = c.get("/api/overview")["node"]
+    if a.value == "absolute":
+        if a.bytes is None:
+            raise CtlError("absolute needs a number of bytes", EX_USAGE)
+        body: dict[str, Any] = {"absolute": int(a.bytes)}
+    else:
+        try:
+            body = {"fraction": float(a.value)}
+        except ValueError:
+            raise CtlError(f"not a fraction: {a.value!r}", EX_USAGE) from None
+    data = c.call("PUT", f"/api/nodes/{q(node)}/memory-high-watermark", body)
+    return _done(a, out, f"Setting memory threshold on {node} to {a.value} ...", data)
+
+
 # ---------------------------------------------------------------------------- parser
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
@@ -478,6 +493,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("purge_queue", cmd_purge_queue, "remove a queue's ready messages", arg("name"))
     add("delete_queue", cmd_delete_queue, "delete a queue", arg("name"),
         arg("--if-empty", action="store_true"), arg("--if-unused", action="store_true"))
+    add("set_vm_memory_high_watermark", cmd_set_vm_memory_high_watermark,
+        "memory alarm threshold: a fraction of RAM, or 'absolute BYTES'", arg("value"),
+        arg("bytes", nargs="?"))
     add("close_connection", cmd_close_connection, "close a client connection",
         arg("name"), arg("reason", nargs="?", default="Closed via amqpctl"))
     return parser

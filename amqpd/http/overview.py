@@ -168,6 +168,27 @@ async def set_cluster_name(ctx: Ctx) -> Any:
     return no_content()
 
 
+async def set_memory_watermark(ctx: Ctx) -> Any:
+    """amqpd extension: ``PUT /api/nodes/{node}/memory-high-watermark`` with
+    ``{"fraction": 0.4}`` or ``{"absolute": bytes}`` (rabbitmqctl's
+    set_vm_memory_high_watermark, over HTTP)."""
+    from amqpd.http.core import bad_request
+
+    ctx.require_admin()
+    if ctx.params["node"] != ctx.broker.settings.node_name:
+        raise not_found()
+    body = await ctx.json_object()
+    fraction, absolute = body.get("fraction"), body.get("absolute")
+    if isinstance(absolute, int) and not isinstance(absolute, bool) and absolute >= 0:
+        limit = ctx.broker.alarms.set_memory_high_watermark(absolute=absolute)
+    elif isinstance(fraction, int | float) and not isinstance(fraction, bool) and \
+            0 <= fraction <= 1:
+        limit = ctx.broker.alarms.set_memory_high_watermark(fraction=float(fraction))
+    else:
+        raise bad_request("give 'fraction' (0..1) or 'absolute' (bytes >= 0)")
+    return json_response({"memory_limit": limit, "alarms": list(ctx.broker.alarms)})
+
+
 async def extensions(ctx: Ctx) -> Any:
     return json_response([])
 
@@ -176,6 +197,7 @@ def routes(r: Router) -> None:
     r.get("/api/overview", overview)
     r.get("/api/nodes", nodes)
     r.get("/api/nodes/{node}", node)
+    r.put("/api/nodes/{node}/memory-high-watermark", set_memory_watermark)
     r.get("/api/whoami", whoami)
     r.get("/api/cluster-name", cluster_name)
     r.put("/api/cluster-name", set_cluster_name)
