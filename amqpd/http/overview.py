@@ -83,7 +83,8 @@ def listeners(ctx: Ctx) -> list[dict[str, Any]]:
             "socket_opts": {}} for proto, host, port in ctx.broker.listeners]
     http = getattr(ctx.broker, "http", None)
     if http is not None and http.port:
-        out.append({"node": node, "protocol": "https" if ctx.request.app["listener"]["tls"] else "http",
+        tls = ctx.request.app["listener"]["tls"]
+        out.append({"node": node, "protocol": "https" if tls else "http",
                     "ip_address": http.host, "port": http.port, "socket_opts": {}})
     return out
 
