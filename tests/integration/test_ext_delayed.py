@@ -87,3 +87,21 @@ def test_declare_validation(broker, args, code) -> None:
     finally:
         if conn.is_open:
             conn.close()
+
+
+def test_held_message_does_not_go_to_alternate_exchange(broker) -> None:
+    with channel(broker.url) as ch:
+        ch.exchange_declare("dx5.ae", "fanout")
+        ch.queue_declare("dx5.unrouted")
+        ch.queue_bind("dx5.unrouted", "dx5.ae")
+        ch.exchange_declare("dx5", "x-delayed-message", arguments={
+            "x-delayed-type": "direct", "alternate-exchange": "dx5.ae"})
+        ch.queue_declare("dx5.q")
+        ch.queue_bind("dx5.q", "dx5", "k")
+        ch.basic_publish("dx5", "k", b"held", pika.BasicProperties(headers={"x-delay": 30}))
+        ch.basic_publish("dx5", "other", b"lost", pika.BasicProperties(
+            headers={"x-delay": 30}))
+        assert get_msg(ch, "dx5.q")[2] == b"held"
+        # due and unroutable: now it is the alternate exchange's
+        assert get_msg(ch, "dx5.unrouted")[2] == b"lost"
+        assert count(ch, "dx5.unrouted") == 0

@@ -139,12 +139,14 @@ class DelayedMessageExchange(Exchange):
     def route(self, message: Message, routing_key: str) -> Iterable[Destination]:
         assert self._inner is not None
         if message is self.held:
-            return ()  # a CC key of a message already held: it is held once
+            return (self,)  # a CC key of a message already held: it is held once
         delay = message_delay(message)
         if delay <= 0 or self.broker is None:
             return self._inner.route(message, routing_key)
         self._hold(message, delay)
-        return ()
+        # "routed" to ourselves: the vhost has already visited this exchange, so this adds
+        # no destination, but it counts as a match (no alternate exchange for a held one)
+        return (self,)
 
     def _hold(self, message: Message, delay: int) -> None:
         broker = self.broker
@@ -163,6 +165,8 @@ class DelayedMessageExchange(Exchange):
                                           message.properties, message.body))
             message.position = position
             kept = None  # the log has it: keep 3 ints, not the body
+        else:
+            message._props = None  # the decoded headers cost more than the message itself
         heapq.heappush(self._heap, (due, next(self._ids), position, kept))
         if self._armed is None or due < self._armed:
             self._arm(due)
