@@ -1,2 +1,3 @@
 from amqpd.cli import main
+
 raise SystemExit(main())
