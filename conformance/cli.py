@@ -44,6 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "connection.blocked/unblocked cases, which then run alone)")
     ap.add_argument("--clear-alarm-cmd", default=os.environ.get("AMQP_CLEAR_ALARM_CMD"),
                     help="shell command clearing that alarm")
+    ap.add_argument("--restart-cmd", default=os.environ.get("AMQP_RESTART_CMD"),
+                    help="shell command restarting the broker with its data (enables the "
+                         "durability cases: they prepare, share one restart, then verify)")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
     ap.add_argument("--quiet", action="store_true", help="print only failures and the summary")
     args = ap.parse_args(argv)
@@ -58,7 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("no case matches", file=sys.stderr)
         return 2
     settings = Settings(url=args.url, http_url=args.http_url, timeout=args.timeout,
-                        alarm_cmd=args.alarm_cmd, clear_alarm_cmd=args.clear_alarm_cmd)
+                        alarm_cmd=args.alarm_cmd, clear_alarm_cmd=args.clear_alarm_cmd,
+                        restart_cmd=args.restart_cmd)
     width = max(len(c.id) for c in cases)
     t0 = time.monotonic()
 

@@ -10,6 +10,7 @@ parallel against a shared broker.
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.client
 import json
 import re
@@ -36,10 +37,13 @@ from conformance.rawclient import RawClient
 class Case:
     id: str
     area: str
-    func: Callable[[Context], None]
+    func: Callable[[Context], Any]
     doc: str = ""
     slow: bool = False
     exclusive: bool = False  # runs alone, after all others (it affects the whole broker)
+    # Restart cases: func prepares (returns state), verify checks after one broker restart
+    # shared by all of them (see restart_case).
+    verify: Callable[[Context, Any], None] | None = None
 
 
 REGISTRY: dict[str, Case] = {}
@@ -58,6 +62,30 @@ def case(case_id: str, area: str, slow: bool = False,
         REGISTRY[case_id] = Case(case_id, area, func, (func.__doc__ or "").strip(), slow,
                                  exclusive)
         return func
+
+    return deco
+
+
+def restart_case(case_id: str, area: str) -> Callable[
+        [Callable[[Context], Any]], Callable[[Callable[[Context, Any], None]], None]]:
+    """Register a case in two halves around a broker restart::
+
+        @restart_case("durability/...", area="durability")
+        def prepare(ctx): ...; return state
+        @prepare.verify   (the decorator returns a registrar)
+        def verify(ctx, state): ...
+
+    All restart cases share one restart (``--restart-cmd``), run after every other case.
+    """
+
+    def deco(prepare: Callable[[Context], Any]) -> Callable[
+            [Callable[[Context, Any], None]], None]:
+        def register(verify: Callable[[Context, Any], None]) -> None:
+            if case_id in REGISTRY:
+                raise ValueError(f"duplicate case id {case_id}")
+            REGISTRY[case_id] = Case(case_id, area, prepare, (prepare.__doc__ or "").strip(),
+                                     exclusive=True, verify=verify)
+        return register
 
     return deco
 
@@ -107,6 +135,10 @@ class Settings:
     # connection.blocked/unblocked cases); those cases skip when they are not given.
     alarm_cmd: str | None = None
     clear_alarm_cmd: str | None = None
+    # Shell command that restarts the broker (same address, same data); enables the
+    # durability cases, which prepare, share one restart, then verify.
+    restart_cmd: str | None = None
+    restart_timeout: float = 90.0
 
 
 @dataclass
@@ -411,6 +443,18 @@ class Context:
         return resp.status, parsed
 
     # -- teardown --------------------------------------------------------------------
+    def disconnect(self) -> None:
+        """Close this case's connections but keep what it declared (before a restart)."""
+        for rc in self._raws:
+            rc.close()
+        self._raws.clear()
+        for c in self._connections:
+            with contextlib.suppress(Exception):
+                if c.is_open:
+                    c.close()
+        self._connections.clear()
+        self._main = None
+
     def close(self) -> None:
         for fn in reversed(self._cleanups):
             with contextlib.suppress(Exception):
@@ -505,10 +549,95 @@ def run_all(cases: list[Case], settings: Settings, jobs: int = 4,
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         list(pool.map(one, ordered))
     for c in cases:
-        if c.exclusive:
+        if c.exclusive and c.verify is None:
             one(c)
+    restart = [c for c in cases if c.verify is not None]
+    if restart:
+        for r in run_restart_group(restart, settings):
+            with lock:
+                results.append(r)
+                if on_result:
+                    on_result(r)
     order = {c.id: i for i, c in enumerate(cases)}
     results.sort(key=lambda r: order[r.id])
+    return results
+
+
+def _outcome(fn: Callable[[], None]) -> tuple[str, str]:
+    try:
+        fn()
+        return "pass", ""
+    except Skip as exc:
+        return "skip", str(exc)
+    except AssertionError as exc:
+        return "fail", str(exc) or "assertion failed"
+    except Exception as exc:
+        return "fail", f"unexpected {type(exc).__name__}: {exc!r}"[:500]
+
+
+def wait_for_broker(settings: Settings, timeout: float) -> None:
+    """Until a connection can be opened (after a restart)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            params = pika.URLParameters(settings.url)
+            params.connection_attempts = 1
+            params.socket_timeout = 2
+            BlockingConnection(params).close()
+            return
+        except pex.AMQPError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.25)
+
+
+def run_restart_group(cases: list[Case], settings: Settings) -> list[Result]:
+    """Prepare every restart case, restart the broker once, verify each case."""
+    import subprocess
+
+    if not settings.restart_cmd:
+        return [Result(c.id, c.area, "skip", "needs --restart-cmd", 0.0) for c in cases]
+    t0 = time.monotonic()
+    prepared: list[tuple[Case, Context, Any]] = []
+    results: list[Result] = []
+    for c in cases:
+        ctx = Context(c.id, settings)
+        state: list[Any] = []
+
+        def prepare(c: Case = c, ctx: Context = ctx, state: list[Any] = state) -> None:
+            state.append(c.func(ctx))
+
+        outcome, detail = _outcome(prepare)
+        if outcome == "pass":
+            prepared.append((c, ctx, state[0]))
+            ctx.disconnect()
+        else:
+            with contextlib.suppress(Exception):
+                ctx.close()
+            results.append(Result(c.id, c.area, outcome, f"before restart: {detail}",
+                                  round(time.monotonic() - t0, 3)))
+    proc = subprocess.run(settings.restart_cmd, shell=True, capture_output=True, text=True,
+                          timeout=settings.restart_timeout, check=False)
+    failure = ""
+    if proc.returncode != 0:
+        failure = f"restart command failed ({proc.returncode}): " \
+                  f"{(proc.stderr or proc.stdout).strip()[:200]}"
+    else:
+        try:
+            wait_for_broker(settings, settings.restart_timeout)
+        except Exception as exc:
+            failure = f"broker not back after restart: {exc!r}"
+    for c, ctx, state in prepared:
+        verify = c.verify
+        assert verify is not None
+        if failure:
+            outcome, detail = "fail", failure
+        else:
+            outcome, detail = _outcome(functools.partial(verify, ctx, state))
+        with contextlib.suppress(Exception):
+            ctx.close()
+        results.append(Result(c.id, c.area, outcome, detail, round(time.monotonic() - t0, 3),
+                              list(ctx.observed)))
     return results
 
 

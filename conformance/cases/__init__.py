@@ -5,6 +5,7 @@ from conformance.cases import (  # noqa: F401
     channel,
     confirm_tx,
     connection,
+    durability,
     exchange,
     extensions,
     extensions2,
