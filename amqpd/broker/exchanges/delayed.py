@@ -23,6 +23,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import struct
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -63,15 +64,43 @@ def message_delay(message: Message) -> int:
     return delay
 
 
+_INT_FORMATS = {0x62: ">b", 0x73: ">h", 0x49: ">i", 0x6C: ">q"}  # b s I l: signed ints
+
+
+def _negate_raw(props: bytes) -> bytes | None:
+    """Negate x-delay in the raw property bytes (no decode/encode), or None if the header
+    cannot be found unambiguously or is not a signed integer type."""
+    i = props.find(b"\x07x-delay")
+    if i < 0 or props.find(b"\x07x-delay", i + 1) >= 0:
+        return None
+    j = i + 8
+    fmt = _INT_FORMATS.get(props[j]) if j < len(props) else None
+    if fmt is None:
+        return None
+    try:
+        value = struct.unpack_from(fmt, props, j + 1)[0]
+    except struct.error:
+        return None
+    if value <= 0:
+        return None
+    out = bytearray(props)
+    struct.pack_into(fmt, out, j + 1, -value)
+    return bytes(out)
+
+
 def _negated(message: Message, exchange: str) -> Message:
+    raw = _negate_raw(message.properties)
+    if raw is not None:
+        msg = Message(exchange, message.routing_key, raw, message.body,
+                      persistent=message.persistent)
+        return msg
     props = dict(message.props)
     headers = dict(props.get("headers") or {})
     delay = headers.get("x-delay")
     if isinstance(delay, int) and not isinstance(delay, bool):
         headers["x-delay"] = -delay
     props["headers"] = headers
-    msg = message.with_properties(props, exchange=exchange)
-    return msg
+    return message.with_properties(props, exchange=exchange)
 
 
 @register_exchange_type
@@ -87,6 +116,7 @@ class DelayedMessageExchange(Exchange):
         self.broker: Broker | None = None
         self.vhost_obj: VHost | None = None
         self.held: Message | None = None  # the message the last route() call held back
+        self._releasing: Message | None = None  # the due message being routed
         self.closed = False
         super().__init__(*args, **kwargs)
 
@@ -138,6 +168,8 @@ class DelayedMessageExchange(Exchange):
     # ------------------------------------------------------------------ routing
     def route(self, message: Message, routing_key: str) -> Iterable[Destination]:
         assert self._inner is not None
+        if message is self._releasing:
+            return self._inner.route(message, routing_key)  # due now: no second look
         if message is self.held:
             return (self,)  # a CC key of a message already held: it is held once
         delay = message_delay(message)
@@ -215,8 +247,14 @@ class DelayedMessageExchange(Exchange):
         vhost = self.vhost_obj
         assert vhost is not None and self.broker is not None
         msg = _negated(message, self.name)
-        routing_keys = [msg.routing_key, *header_routes(msg.headers)]
-        queues = vhost.route(self, msg, routing_keys)
+        routing_keys = [msg.routing_key]
+        if b"\x02CC" in msg.properties:  # decode only when there may be CC keys
+            routing_keys.extend(header_routes(msg.headers))
+        self._releasing = msg
+        try:
+            queues = vhost.route(self, msg, routing_keys)
+        finally:
+            self._releasing = None
         return enqueue_routed(self.broker, msg, queues)
 
     def close(self) -> None:
