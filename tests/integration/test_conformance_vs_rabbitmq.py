@@ -23,10 +23,10 @@ PLUGINS = ("rabbitmq_management", "rabbitmq_consistent_hash_exchange")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _watermark_cmd(info: RabbitInfo, value: str) -> str:
-    """A shell command setting the node's memory watermark (0.000001 raises the alarm)."""
+def _ctl(info: RabbitInfo, *args: str) -> str:
+    """A shell command running rabbitmqctl against the private node."""
     return (f"cd {shlex.quote(str(ROOT))} && {shlex.quote(sys.executable)} -m devtools.rabbitmq"
-            f" ctl --dir {shlex.quote(info.dir)} -- set_vm_memory_high_watermark {value}")
+            f" ctl --dir {shlex.quote(info.dir)} -- " + " ".join(args))
 
 
 @pytest.fixture(scope="module")
@@ -43,13 +43,21 @@ def test_suite_passes_against_rabbitmq(rabbit: RabbitInfo) -> None:
     cases = select(None)
     assert len(cases) >= 250
     settings = Settings(url=rabbit.amqp_url, http_url=rabbit.http_url,
-                        alarm_cmd=_watermark_cmd(rabbit, "0.000001"),
-                        clear_alarm_cmd=_watermark_cmd(rabbit, "0.4"))
+                        alarm_cmd=_ctl(rabbit, "set_vm_memory_high_watermark", "0.000001"),
+                        clear_alarm_cmd=_ctl(rabbit, "set_vm_memory_high_watermark", "0.4"),
+                        restart_cmd=_ctl(rabbit, "stop_app") + " && "
+                        + _ctl(rabbit, "start_app"))
     results = run_all(cases, settings, jobs=4)
     failed = [f"{r.id}: {r.detail}" for r in results if r.result == "fail"]
     assert failed == []
     skipped = {r.id for r in results if r.result == "skip"}
     assert all(s.startswith("x-delayed-message/") for s in skipped), skipped
+
+
+def test_every_method_has_a_case() -> None:
+    from conformance.coverage import missing
+
+    assert missing() == []
 
 
 def test_cli_exit_status_and_report(rabbit: RabbitInfo, tmp_path: Path) -> None:
