@@ -184,6 +184,11 @@ class PolicyStore:
         self._reapply(vhost)
         self.broker.definitions_changed()
 
+    def drop_vhost(self, vhost: str) -> None:
+        """Forget a deleted vhost's policies (RabbitMQ deletes them with the vhost)."""
+        if self._by_vhost.pop(vhost, None):
+            self.broker.definitions_changed()
+
     def get(self, vhost: str, name: str) -> dict[str, Any] | None:
         policy = self._by_vhost.get(vhost, {}).get(name)
         return policy.to_json() if policy is not None else None
