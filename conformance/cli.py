@@ -49,6 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "durability cases: they prepare, share one restart, then verify)")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
     ap.add_argument("--quiet", action="store_true", help="print only failures and the summary")
+    ap.add_argument("--live", action="store_true",
+                    help="print each result as it completes instead of one sorted table")
     args = ap.parse_args(argv)
 
     cases = select(args.only)
@@ -67,17 +69,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.monotonic()
 
     def live(r: Result) -> None:
-        if not args.quiet or r.result == "fail":
+        if args.live and (not args.quiet or r.result == "fail"):
             print(_row(r, width), flush=True)
 
+    print(f"{len(cases)} cases against {_redact(args.url)} ({args.jobs} jobs)", flush=True)
     results = run_all(cases, settings, jobs=args.jobs, on_result=live)
     elapsed = time.monotonic() - t0
     counts = Counter(r.result for r in results)
     failed = [r for r in results if r.result == "fail"]
+    if not args.live and not args.quiet:
+        print(f"\n{'CASE':<{width}}  {'AREA':<24} {'RESULT':<5} {'TIME':>7}")
+        for r in sorted(results, key=lambda r: (r.area, r.id)):
+            print(_row(r, width))
     if failed:
         print("\nFailures:")
         for r in failed:
             print(_row(r, width))
+    print("\nPer area (pass/fail/skip):")
+    for area in sorted({r.area for r in results}):
+        n = Counter(r.result for r in results if r.area == area)
+        print(f"  {area:<28} {n['pass']:>4} / {n['fail']:>3} / {n['skip']:>3}")
     print(f"\n{len(results)} cases: {counts['pass']} passed, {counts['fail']} failed, "
           f"{counts['skip']} skipped in {elapsed:.1f}s")
     if args.report:
