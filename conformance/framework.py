@@ -288,7 +288,7 @@ class Context:
                 return None
             time.sleep(0.02)
 
-    def must_get(self, ch: BlockingChannel, queue: str, timeout: float = 2.0,
+    def must_get(self, ch: BlockingChannel, queue: str, timeout: float = 3.0,
                  auto_ack: bool = True) -> Message:
         m = self.get(ch, queue, timeout, auto_ack)
         if m is None:
@@ -344,6 +344,14 @@ class Context:
                 return False
             conn.process_data_events(time_limit=min(0.05, left))
         return True
+
+    def settle_count(self, conn: BlockingConnection, got: list[Any], expected: int,
+                     timeout: float = 3.0, settle: float = 0.3) -> int:
+        """Pump until *got* has *expected* items (or *timeout*), then *settle* more seconds
+        so that any delivery beyond a limit has had time to show up; return len(got)."""
+        self.pump(conn, lambda: len(got) >= expected, timeout)
+        self.pump(conn, lambda: len(got) > expected, settle)
+        return len(got)
 
     @staticmethod
     def sync(ch: BlockingChannel) -> None:

@@ -552,8 +552,8 @@ def qos_prefetch(ctx: Context) -> None:
     ch.basic_qos(prefetch_count=2)
     for i in range(5):
         ch.basic_publish("", q, b"%d" % i)
-    _, got = ctx.consume(ch, q, 5, timeout=0.7)
-    eq(len(got), 2, "deliveries with prefetch 2 and no acks")
+    _, got = ctx.consume(ch, q, 2)
+    eq(ctx.settle_count(conn, got, 2), 2, "deliveries with prefetch 2 and no acks")
     ch.basic_ack(got[1].method.delivery_tag, multiple=True)
     ctx.pump(conn, lambda: len(got) >= 4, 2)
     eq(len(got), 4, "deliveries after acking two")
@@ -570,7 +570,7 @@ def qos_per_consumer(ctx: Context) -> None:
     got: list[str] = []
     ch.basic_consume(q, lambda _c, m, _p, _b: got.append(m.consumer_tag), consumer_tag="a")
     ch.basic_consume(q, lambda _c, m, _p, _b: got.append(m.consumer_tag), consumer_tag="b")
-    ctx.pump(conn, lambda: len(got) >= 3, 0.7)
+    ctx.settle_count(conn, got, 2)
     eq(sorted(got), ["a", "b"], "one unacked delivery per consumer")
 
 
@@ -588,8 +588,7 @@ def qos_global(ctx: Context) -> None:
     got: list[bytes] = []
     ch.basic_consume(q1, lambda _c, _m, _p, b: got.append(b))
     ch.basic_consume(q2, lambda _c, _m, _p, b: got.append(b))
-    ctx.pump(conn, lambda: len(got) > 3, 0.8)
-    eq(len(got), 3, "unacked deliveries on the channel")
+    eq(ctx.settle_count(conn, got, 3), 3, "unacked deliveries on the channel")
 
 
 @case("basic.qos/prefetch-zero-means-unlimited", A)

@@ -237,9 +237,10 @@ def qos_new_consumers(ctx: Context) -> None:
     for _ in range(4):
         ch.basic_publish("", q1, b"1")
         ch.basic_publish("", q2, b"2")
-    _, old = ctx.consume(ch, q1, 4, timeout=0.3)
+    _, old = ctx.consume(ch, q1, 1)
     ch.basic_qos(prefetch_count=3)
-    _, new = ctx.consume(ch, q2, 4, timeout=0.5)
+    _, new = ctx.consume(ch, q2, 3)
+    ctx.settle_count(conn, new, 3)
     eq((len(old), len(new)), (1, 3), "unacked deliveries (old consumer, new consumer)")
 
 
@@ -256,12 +257,10 @@ def qos_both(ctx: Context) -> None:
         ch.basic_publish("", q, b"x")
     got: list[str] = []
     ch.basic_consume(q, lambda _c, m, _p, _b: got.append(m.consumer_tag), consumer_tag="a")
-    ctx.pump(conn, lambda: len(got) > 2, 0.4)
-    eq(len(got), 2, "per-consumer limit 2")
+    eq(ctx.settle_count(conn, got, 2), 2, "per-consumer limit 2")
     ch.basic_consume(q, lambda _c, m, _p, _b: got.append(m.consumer_tag), consumer_tag="b")
     ch.basic_consume(q, lambda _c, m, _p, _b: got.append(m.consumer_tag), consumer_tag="c")
-    ctx.pump(conn, lambda: len(got) > 5, 0.5)
-    eq(len(got), 5, "channel-wide limit 5")
+    eq(ctx.settle_count(conn, got, 5), 5, "channel-wide limit 5")
 
 
 @case("basic.ack/multiple-covers-deliveries-of-all-consumers-on-channel", B)
