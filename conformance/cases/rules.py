@@ -415,3 +415,181 @@ def sac_count(ctx: Context) -> None:
     ch.basic_consume(q, lambda *a: None)
     ch.basic_consume(q, lambda *a: None)
     eq(ch.queue_declare(q, passive=True).method.consumer_count, 2, "consumer_count")
+
+
+# -- more rules: exclusivity mismatch, auto-delete, headers typing, tx on close, names ----
+
+
+@case("queue.declare/exclusive-redeclare-of-shared-queue-405-RESOURCE_LOCKED", Q)
+def exclusive_mismatch(ctx: Context) -> None:
+    """Declaring an existing non-exclusive queue as exclusive is refused."""
+    ch = ctx.channel()
+    q = ctx.queue(ch)
+    ch2 = ctx.connect().channel()
+    ctx.channel_error(ch2, lambda: ch2.queue_declare(q, exclusive=True), 405)
+
+
+@case("queue.declare/auto-delete-queue-deleted-when-consuming-channel-closes", Q)
+def auto_delete_channel_close(ctx: Context) -> None:
+    conn = ctx.connect()
+    ch = conn.channel()
+    q = ctx.queue(ch, auto_delete=True)
+    ch.basic_consume(q, lambda *a: None)
+    ch.close()
+    other = ctx.channel()
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        try:
+            other.queue_declare(q, passive=True)
+        except Exception:
+            return
+        time.sleep(0.05)
+    raise CaseFailure("auto-delete queue gone with its last consumer's channel", "exists")
+
+
+@case("exchange.headers/value-types-must-match", "routing")
+def headers_types(ctx: Context) -> None:
+    """A binding value 5 (integer) does not match a header "5" (string)."""
+    ch = ctx.channel()
+    x = ctx.exchange(ch, "headers")
+    q = ctx.bound_queue(ch, x, "", arguments={"x-match": "all", "n": 5})
+    ch.basic_publish(x, "", b"str", pika.BasicProperties(headers={"n": "5"}))
+    ch.basic_publish(x, "", b"int", pika.BasicProperties(headers={"n": 5}))
+    eq(ctx.bodies(ch, q), [b"int"], "bodies")
+
+
+@case("exchange.headers/all-does-not-match-message-without-headers", "routing")
+def headers_none(ctx: Context) -> None:
+    ch = ctx.channel()
+    x = ctx.exchange(ch, "headers")
+    q = ctx.bound_queue(ch, x, "", arguments={"x-match": "all", "a": "1"})
+    ch.basic_publish(x, "", b"bare")
+    ctx.get_none(ch, q)
+
+
+@case("basic.publish/mandatory-to-fanout-without-bindings-returned", B)
+def mandatory_fanout(ctx: Context) -> None:
+    conn = ctx.connect()
+    ch = conn.channel()
+    x = ctx.exchange(ch, "fanout")
+    returned: list[Any] = []
+    ch.add_on_return_callback(lambda _c, m, _p, _b: returned.append(m))
+    ch.basic_publish(x, "", b"m", mandatory=True)
+    ctx.pump(conn, lambda: bool(returned), 3)
+    check(bool(returned) and returned[0].reply_code == 312, "basic.return 312", returned)
+
+
+@case("basic.publish/mandatory-routed-through-e2e-binding-not-returned", B)
+def mandatory_e2e(ctx: Context) -> None:
+    conn = ctx.connect()
+    ch = conn.channel()
+    src = ctx.exchange(ch, "fanout")
+    dst = ctx.exchange(ch, "fanout")
+    q = ctx.bound_queue(ch, dst)
+    ch.exchange_bind(dst, src)
+    returned: list[Any] = []
+    ch.add_on_return_callback(lambda *a: returned.append(a))
+    ch.basic_publish(src, "", b"m", mandatory=True)
+    ctx.must_get(ch, q)
+    conn.process_data_events(time_limit=0.2)
+    eq(returned, [], "returns")
+
+
+@case("basic.publish/mandatory-e2e-to-nowhere-returned", B)
+def mandatory_e2e_nowhere(ctx: Context) -> None:
+    """An exchange-to-exchange hop that reaches no queue is still unroutable."""
+    conn = ctx.connect()
+    ch = conn.channel()
+    src = ctx.exchange(ch, "fanout")
+    dst = ctx.exchange(ch, "fanout")
+    ch.exchange_bind(dst, src)
+    returned: list[Any] = []
+    ch.add_on_return_callback(lambda _c, m, _p, _b: returned.append(m))
+    ch.basic_publish(src, "", b"m", mandatory=True)
+    ctx.pump(conn, lambda: bool(returned), 3)
+    check(bool(returned) and returned[0].reply_code == 312, "basic.return 312", returned)
+
+
+@case("tx.commit/uncommitted-publishes-discarded-when-connection-closes", "tx")
+def tx_close(ctx: Context) -> None:
+    conn = ctx.connect()
+    tx = conn.channel()
+    q = ctx.queue(ctx.channel())
+    tx.tx_select()
+    tx.basic_publish("", q, b"never")
+    ctx.sync(tx)
+    conn.close()
+    ctx.get_none(ctx.channel(), q)
+
+
+@case("tx.commit/uncommitted-ack-not-applied-when-channel-closes", "tx")
+def tx_ack_close(ctx: Context) -> None:
+    ch = ctx.channel()
+    q = ctx.queue(ch)
+    ch.basic_publish("", q, b"keep")
+    tx = ctx.channel()
+    tx.tx_select()
+    m = ctx.must_get(tx, q, auto_ack=False)
+    tx.basic_ack(m.method.delivery_tag)
+    tx.close()
+    eq(ctx.must_get(ch, q).body, b"keep", "message back after an uncommitted ack")
+
+
+@case("confirm.select/tags-count-only-publishes-after-select", CF)
+def confirm_after(ctx: Context) -> None:
+    q = ctx.queue()
+    rc = _raw(ctx)
+    for _ in range(3):
+        rc.publish(1, "", q, b"before")
+    rc.rpc(C.Confirm.Select(), 1, (C.Confirm.SelectOk,))
+    rc.publish(1, "", q, b"after")
+    f = rc.read_until((C.Basic.Ack, C.Basic.Nack))
+    eq((f.value.name, f.value.delivery_tag), ("Basic.Ack", 1), "first confirm")
+
+
+@case("queue.declare/unicode-queue-name-round-trip", Q)
+def unicode_queue(ctx: Context) -> None:
+    ch = ctx.channel()
+    q = ctx.queue(ch, name=ctx.name() + "-ünïcødé-队列")
+    ch.basic_publish("", q, b"u")
+    m = ctx.must_get(ch, q)
+    eq(m.method.routing_key, q, "routing key")
+
+
+@case("exchange.topic/unicode-words-match", "routing")
+def unicode_topic(ctx: Context) -> None:
+    ch = ctx.channel()
+    x = ctx.exchange(ch, "topic")
+    q = ctx.bound_queue(ch, x, "café.*")
+    ch.basic_publish(x, "café.crème", b"u")
+    eq(ctx.must_get(ch, q).body, b"u", "body")
+
+
+@case("exchange.topic/routing-key-of-255-bytes", "routing")
+def long_key(ctx: Context) -> None:
+    ch = ctx.channel()
+    x = ctx.exchange(ch, "topic")
+    key = ".".join(["w"] * 127) + "x"  # 255 bytes, 128 words
+    q = ctx.bound_queue(ch, x, "w.#")
+    ch.basic_publish(x, key, b"long")
+    m = ctx.must_get(ch, q)
+    eq(m.method.routing_key, key, "routing key")
+
+
+@case("basic.publish/large-header-value-round-trip", B)
+def big_header(ctx: Context) -> None:
+    ch = ctx.channel()
+    q = ctx.queue(ch)
+    value = "v" * 100_000
+    ch.basic_publish("", q, b"h", pika.BasicProperties(headers={"big": value}))
+    eq(ctx.must_get(ch, q).headers.get("big"), value, "100 kB header value")
+
+
+@case("x-max-priority/combined-with-message-ttl", "ext/priority")
+def priority_ttl(ctx: Context) -> None:
+    ch = ctx.channel()
+    q = ctx.queue(ch, arguments={"x-max-priority": 5, "x-message-ttl": 60000})
+    ch.basic_publish("", q, b"short", pika.BasicProperties(priority=5, expiration="30"))
+    ch.basic_publish("", q, b"low", pika.BasicProperties(priority=1))
+    time.sleep(0.2)
+    eq(ctx.bodies(ch, q), [b"low"], "the expired high-priority message is gone")
