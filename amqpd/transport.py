@@ -28,7 +28,9 @@ class AMQPProtocol(asyncio.Protocol):
         self.session: Session | None = None
         self._flush_scheduled = False
         self._loop = asyncio.get_running_loop()
-        self.reading_paused = False
+        self.reading_paused = False  # by an alarm
+        self._backlog = False  # received frames still being handled in slices
+        self._socket_paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -52,6 +54,10 @@ class AMQPProtocol(asyncio.Protocol):
         finally:
             clear_context()
         self.flush()
+        if session.conn.has_pending and not self._backlog:
+            self._backlog = True
+            self._apply_reading()
+            self._loop.call_soon(self._work_off_backlog)
 
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
@@ -82,15 +88,44 @@ class AMQPProtocol(asyncio.Protocol):
             self.session.blocked_delivery = False
             self.broker.reschedule_session(self.session)
 
+    # Reading stops for two independent reasons: a resource alarm (pause_reading /
+    # resume_reading, called by amqpd.alarms) and a backlog of received frames still
+    # being worked off in slices. The socket is read again only when neither holds.
     def pause_reading(self) -> None:
-        if self.transport is not None and not self.reading_paused:
-            self.reading_paused = True
-            self.transport.pause_reading()
+        self.reading_paused = True
+        self._apply_reading()
 
     def resume_reading(self) -> None:
-        if self.transport is not None and self.reading_paused:
-            self.reading_paused = False
-            self.transport.resume_reading()
+        self.reading_paused = False
+        self._apply_reading()
+
+    def _apply_reading(self) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        want_paused = self.reading_paused or self._backlog
+        if want_paused and not self._socket_paused:
+            self._socket_paused = True
+            transport.pause_reading()
+        elif not want_paused and self._socket_paused:
+            self._socket_paused = False
+            transport.resume_reading()
+
+    def _work_off_backlog(self) -> None:
+        session = self.session
+        if session is None or self.transport is None:
+            return
+        bind_connection(session.name, session.username or None, session.conn.vhost or None)
+        try:
+            more = session.conn.process_pending()
+        finally:
+            clear_context()
+        self.flush()
+        if more:
+            self._loop.call_soon(self._work_off_backlog)
+        else:
+            self._backlog = False
+            self._apply_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.broker.transports.discard(self)
