@@ -172,7 +172,7 @@ class Channel:
         server_named = False
         if not name:
             if m.passive:
-                name = self._queue_name("")
+                pass  # RabbitMQ: no "last queue" shortcut here, so this is 404 for ''
             else:
                 name = generate_name("amq.gen-")
                 server_named = True
@@ -350,7 +350,7 @@ class Channel:
                 taken = list(unacked.values())
                 unacked.clear()
                 return taken
-            if tag not in unacked and (not unacked or tag < next(iter(unacked))):
+            if tag not in unacked:  # RabbitMQ: even with multiple, the tag itself must exist
                 raise PreconditionFailed(f"unknown delivery tag {tag}")
             keys = []
             for key in unacked:
@@ -385,7 +385,7 @@ class Channel:
         """In a transaction, validate the tag now (errors are immediate in RabbitMQ)."""
         if multiple and tag == 0:
             return
-        if not multiple and tag not in self.unacked:
+        if tag not in self.unacked:
             raise PreconditionFailed(f"unknown delivery tag {tag}")
 
     def _do_ack(self, tag: int, multiple: bool) -> None:

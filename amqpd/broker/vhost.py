@@ -58,6 +58,9 @@ class VHost:
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, Queue] = {}
         self.on_queue_deleted: list[Callable[[Queue], None]] = []
+        # observers (federation follows a federated exchange's bindings): called with the
+        # source exchange after a bind or unbind through this API changed its bindings
+        self.on_binding_changed: list[Callable[[Exchange], None]] = []
         for xname, xtype in BUILTIN_EXCHANGES:
             self.exchanges[xname] = EXCHANGE_TYPES[xtype](name, xname, durable=True)
         self.exchanges[""] = EXCHANGE_TYPES["direct"](name, "", durable=True)
@@ -78,8 +81,12 @@ class VHost:
             raise NotFound(f"no queue '{name}' in vhost '{self.name}'")
         return q
 
-    def check_exclusive(self, queue: Queue, owner: object | None) -> None:
-        if queue.exclusive_owner is not None and queue.exclusive_owner is not owner:
+    def check_exclusive(self, queue: Queue, owner: object | None, strict: bool = False) -> None:
+        """405 unless ``owner`` may use ``queue``. ``strict`` (redeclaration, as RabbitMQ):
+        the declared exclusivity must match too, so an exclusive redeclare of a shared
+        queue, or a shared redeclare of one's own exclusive queue, is refused."""
+        if (queue.exclusive_owner is not None and queue.exclusive_owner is not owner) or (
+                strict and queue.exclusive_owner is not owner):
             raise ResourceLocked(
                 f"cannot obtain exclusive access to locked queue '{queue.name}' in vhost "
                 f"'{self.name}'. It could be originally declared on another connection or the "
@@ -199,6 +206,7 @@ class VHost:
             return existing
         if existing is not None:
             self.check_exclusive(existing, owner)
+            self.check_exclusive(existing, exclusive_owner, strict=True)
             self._check_queue_equivalent(existing, durable, exclusive_owner is not None,
                                          auto_delete, arguments or {})
             return existing
@@ -298,9 +306,12 @@ class VHost:
         if isinstance(dest, Queue):
             self.check_exclusive(dest, owner)
         src = self.get_exchange(source)
-        if src.bind(Binding(src, dest, routing_key, dict(arguments or {}))) and src.durable and \
-                getattr(dest, "durable", False):
+        if not src.bind(Binding(src, dest, routing_key, dict(arguments or {}))):
+            return
+        if src.durable and getattr(dest, "durable", False):
             self.broker.definitions_changed()
+        for cb in self.on_binding_changed:
+            cb(src)
 
     def unbind(
         self, kind: str, destination: str, source: str, routing_key: str,
@@ -320,6 +331,8 @@ class VHost:
             self._maybe_auto_delete(src)
             if src.durable:
                 self.broker.definitions_changed()
+            for cb in self.on_binding_changed:
+                cb(src)
 
     def bindings(self) -> list[Binding]:
         return [b for ex in self.exchanges.values() for b in ex.bindings.values()]

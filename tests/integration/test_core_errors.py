@@ -310,3 +310,40 @@ def test_closed_socket_reports_eof(raw: RawSocket) -> None:
     with pytest.raises((RawClosed, ConnectionResetError)):
         while True:
             raw.next(5)
+
+
+# ---------------------------------------------------------------- found by diffing with RabbitMQ
+def test_ack_multiple_needs_the_tag_itself(opened: RawSocket) -> None:
+    """RabbitMQ refuses multiple=true for a tag it never delivered, even above real ones."""
+    opened.send(wire.method(1, C.Queue.Declare(queue="", exclusive=True)))
+    queue = opened.expect(C.Queue.DeclareOk).queue
+    opened.send(wire.publish(1, "", queue, b"a"), wire.method(1, C.Basic.Get(queue=queue)))
+    assert opened.expect(C.Basic.GetOk).delivery_tag == 1
+    opened.next()
+    opened.next()  # header and body
+    opened.send(wire.method(1, C.Basic.Ack(delivery_tag=5, multiple=True)))
+    expect_channel_close(opened, 1, 406)
+    opened.open_channel(1)
+    opened.send(wire.method(1, C.Queue.Declare(queue=queue, passive=True)))
+    assert opened.expect(C.Queue.DeclareOk).message_count == 1  # requeued, not acked
+
+
+@pytest.mark.parametrize("first,second", [(False, True), (True, False)])
+def test_redeclare_with_other_exclusivity_is_405(opened: RawSocket, first: bool,
+                                                 second: bool) -> None:
+    q = uname("excl-redeclare")
+    opened.send(wire.method(1, C.Queue.Declare(queue=q, exclusive=first, auto_delete=True)))
+    opened.expect(C.Queue.DeclareOk)
+    opened.send(wire.method(1, C.Queue.Declare(queue=q, exclusive=second, auto_delete=True)))
+    expect_channel_close(opened, 1, 405)
+    opened.open_channel(1)
+    opened.send(wire.method(1, C.Queue.Delete(queue=q)))
+    opened.expect(C.Queue.DeleteOk)
+
+
+def test_passive_declare_of_empty_name_is_404(opened: RawSocket) -> None:
+    """The 'last declared queue' shortcut does not apply to queue.declare."""
+    opened.send(wire.method(1, C.Queue.Declare(queue="", exclusive=True)))
+    opened.expect(C.Queue.DeclareOk)
+    opened.send(wire.method(1, C.Queue.Declare(queue="", passive=True)))
+    expect_channel_close(opened, 1, 404)
