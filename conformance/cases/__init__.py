@@ -3,6 +3,7 @@
 from conformance.cases import (  # noqa: F401
     basic,
     channel,
+    clients,
     confirm_tx,
     connection,
     durability,
