@@ -150,6 +150,8 @@ class PolicyStore:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self._by_vhost: dict[str, dict[str, Policy]] = {}
+        # observers (federation): called after a policy was (re)applied to a queue or exchange
+        self.on_applied: list[Callable[[VHost, Queue | Exchange], None]] = []
 
     # ------------------------------------------------------------------ public API
     def set(self, vhost: str, name: str, pattern: str, definition: dict[str, Any],
@@ -227,6 +229,8 @@ class PolicyStore:
         policy = self.match(vhost.name, kind, obj.name)
         obj.policy = dict(policy.definition) if policy is not None else None
         setattr(obj, "policy_name", policy.name if policy is not None else None)  # noqa: B010
+        for cb in self.on_applied:
+            cb(vhost, obj)
 
     def _reapply(self, vhost_name: str) -> None:
         vhost = self.broker.vhosts.get(vhost_name)

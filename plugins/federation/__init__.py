@@ -1,0 +1,78 @@
+"""Federation: receive an upstream broker's exchange messages, or pull its queue's.
+
+Interoperates with RabbitMQ 3.10's ``rabbitmq_federation`` in both directions:
+
+- as a *downstream*, links (``exchange_link``, ``queue_link``) declare on the upstream
+  exactly what RabbitMQ's plugin declares;
+- as an *upstream*, the broker gains the ``x-federation-upstream`` exchange type that a
+  RabbitMQ downstream declares here (``upstream_exchange``).
+
+Configuration is RabbitMQ's: runtime parameters ``federation-upstream`` and
+``federation-upstream-set`` (``params``), applied by policies that carry
+``federation-upstream`` or ``federation-upstream-set``. Enable it with
+``plugins = ["federation"]`` or ``AMQPD_PLUGINS=federation``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from pamqp import constants as pamqp_constants
+
+from amqpd.broker.policy import register_policy_key
+from plugins.federation import http, params, upstream_exchange
+from plugins.federation.links import Supervisor
+
+if TYPE_CHECKING:
+    from amqpd.http.core import Router
+    from amqpd.server import Broker
+
+__all__ = ["FederationPlugin", "create_plugin"]
+
+
+def relax_name_patterns() -> None:
+    """Let pamqp build frames naming federation's objects.
+
+    RabbitMQ accepts any UTF-8 exchange or queue name, and federation's own names carry
+    ``>`` (``federation: X -> C``), which pamqp's 0-9-1 domain patterns refuse when a frame
+    is *built*: aiormq could not declare them as a downstream, and the broker could not
+    answer ``queue.declare-ok`` to a RabbitMQ downstream. Length limits stay checked.
+    """
+    anything = re.compile(r"[^\x00]*")
+    pamqp_constants.DOMAIN_REGEX["exchange-name"] = anything
+    pamqp_constants.DOMAIN_REGEX["queue-name"] = anything
+
+
+class FederationPlugin:
+    name = "federation"
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.supervisor = Supervisor(broker)
+        relax_name_patterns()
+        # before definitions restore: saved upstream exchanges and parameters must load
+        upstream_exchange.register()
+        for component, validate in ((params.UPSTREAM, params.validate_upstream),
+                                    (params.UPSTREAM_SET, params.validate_upstream_set)):
+            broker.parameters.register(component, validate, on_set=self._changed,
+                                       on_clear=self._changed)
+        register_policy_key(params.UPSTREAM, params.validate_policy_upstream)
+        register_policy_key(params.UPSTREAM_SET, params.validate_policy_upstream)
+        broker.policies.on_applied.append(self.supervisor.on_policy_applied)
+
+    def _changed(self, _vhost: str, _name: str, _value: object) -> None:
+        self.supervisor.schedule()
+
+    def http_routes(self, router: Router) -> None:
+        http.routes(router)
+
+    async def start(self) -> None:
+        await self.supervisor.start()
+
+    async def stop(self) -> None:
+        await self.supervisor.stop()
+
+
+def create_plugin(broker: Broker) -> FederationPlugin:
+    return FederationPlugin(broker)

@@ -1,0 +1,240 @@
+"""What exchange and queue links share: the reconnect loop, status, and local republish.
+
+A link runs on the downstream. It connects to the upstream with aiormq (a URI picked at
+random from the upstream's list, as RabbitMQ does), sets up there what its kind needs
+(:meth:`Link.setup`), then serves deliveries until the connection dies, and starts over
+after ``reconnect-delay``. Messages are republished into the local broker through its
+public Python API (:meth:`Broker.publish`) rather than a loopback AMQP connection; the
+``on_confirm`` callback of that API is what ``ack-mode`` hangs on:
+
+- ``on-confirm``: ack upstream only once the local publish is confirmed (persisted when
+  it must be); a failure nacks with requeue. Nothing is lost across outages.
+- ``on-publish``: ack as soon as the message is handed to the local broker.
+- ``no-ack``: consume without acks (fastest, loses in-flight messages on failure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+import zlib
+from typing import TYPE_CHECKING, Any
+
+import aiormq
+from aiormq.abc import DeliveredMessage
+
+from amqpd.broker.message import Message
+from amqpd.protocol import codec
+from plugins.federation.params import Upstream, strip_credentials
+
+if TYPE_CHECKING:
+    from plugins.federation.links import Supervisor
+
+log = logging.getLogger("amqpd.federation")
+
+CONNECT_TIMEOUT = 10.0
+PROPERTY_NAMES = [name for name, _bit, _kind in codec.PROPERTY_FIELDS]
+
+
+def properties_of(delivered: DeliveredMessage) -> dict[str, Any]:
+    """The delivery's basic properties as amqpd's codec names them (``type``, not
+    pamqp's ``message_type``); unset properties are left out."""
+    props = delivered.header.properties
+    out: dict[str, Any] = {}
+    for name in PROPERTY_NAMES:
+        value = getattr(props, "message_type" if name == "type" else name, None)
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def describe(exc: BaseException) -> str:
+    text = str(exc) or exc.__class__.__name__
+    return f"{exc.__class__.__name__}: {text}" if str(exc) else text
+
+
+class Link:
+    """One upstream feeding one local exchange or queue."""
+
+    kind = ""  # "exchange" | "queue"
+    CHECK_INTERVAL = 1.0  # seconds between periodic checks while running
+
+    def __init__(self, supervisor: Supervisor, vhost: str, name: str, upstream: Upstream) -> None:
+        self.supervisor = supervisor
+        self.broker = supervisor.broker
+        self.vhost = vhost
+        self.name = name
+        self.upstream = upstream
+        self.status = "starting"
+        self.error: str | None = None
+        self.timestamp = time.time()
+        self.uri = strip_credentials(upstream.uris[0])
+        self.upstream_cluster: str | None = None
+        self.current_uri = ""
+        self.conn: aiormq.abc.AbstractConnection | None = None
+        self.channel: aiormq.abc.AbstractChannel | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._acks: set[asyncio.Task[None]] = set()
+        self._wake = asyncio.Event()
+
+    # ------------------------------------------------------------------ life cycle
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"federation {self.key}")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        await self._close()
+
+    def wake(self) -> None:
+        """Something local changed (bindings, consumers): re-check now, not at the tick."""
+        self._wake.set()
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind} {self.vhost!r}/{self.name!r} <- {self.upstream.name}"
+
+    def _set_status(self, status: str, error: str | None = None) -> None:
+        if status != self.status or error != self.error:
+            self.timestamp = time.time()
+        self.status = status
+        self.error = error
+
+    async def _run(self) -> None:
+        while not self._stopping:
+            uri = random.choice(self.upstream.uris)
+            self.uri = strip_credentials(uri)
+            self.current_uri = uri
+            self._set_status("starting")
+            try:
+                conn = await asyncio.wait_for(aiormq.connect(uri), CONNECT_TIMEOUT)
+                self.conn = conn
+                props = conn.server_properties or {}
+                cluster = props.get("cluster_name")
+                self.upstream_cluster = cluster if isinstance(cluster, str) else None
+                self.channel = await conn.channel()
+                await self.setup(conn, self.channel)
+                self._set_status("running")
+                log.info("federation link running: %s", self.key)
+                await self._serve(conn)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if self._stopping:
+                    break
+                self._set_status("error", describe(exc))
+                log.warning("federation link %s failed: %s", self.key, describe(exc))
+            finally:
+                await self._close()
+            if self._stopping:
+                break
+            await asyncio.sleep(self.upstream.reconnect_delay)
+
+    async def _serve(self, conn: aiormq.abc.AbstractConnection) -> None:
+        """Run periodic checks until the upstream connection closes (then raise)."""
+        while True:
+            self._wake.clear()
+            wake = asyncio.ensure_future(self._wake.wait())
+            try:
+                await asyncio.wait({conn.closing, wake}, timeout=self.CHECK_INTERVAL,
+                                   return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                wake.cancel()
+            if conn.closing.done():
+                exc = conn.closing.exception() if not conn.closing.cancelled() else None
+                raise ConnectionError(f"upstream connection closed: {exc}")
+            await self.periodic()
+
+    async def _close(self) -> None:
+        conn, self.conn, self.channel = self.conn, None, None
+        if conn is not None and not conn.is_closed:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.close(), 5)
+
+    # ------------------------------------------------------------------ subclass hooks
+    async def setup(self, conn: aiormq.abc.AbstractConnection,
+                    channel: aiormq.abc.AbstractChannel) -> None:
+        raise NotImplementedError
+
+    async def periodic(self) -> None:
+        """Called every CHECK_INTERVAL and on :meth:`wake` while running."""
+
+    # ------------------------------------------------------------------ republish
+    def republish(self, delivered: DeliveredMessage, exchange: str, routing_key: str,
+                  props: dict[str, Any]) -> None:
+        """Publish into the local broker and settle upstream as ``ack-mode`` says."""
+        channel = delivered.channel
+        tag = getattr(delivered.delivery, "delivery_tag", 0)
+        mode = self.upstream.ack_mode
+        if not self.upstream.trust_user_id:
+            props.pop("user_id", None)
+        vhost = self.broker.vhosts.get(self.vhost)
+        message = Message(exchange, routing_key, codec.encode_properties(props), delivered.body)
+
+        def confirmed(error: BaseException | None) -> None:
+            if error is None:
+                self._settle(channel.basic_ack(tag))
+            else:
+                log.warning("federation %s: local publish failed: %s", self.key, error)
+                self._settle(channel.basic_nack(tag, requeue=True))
+
+        if vhost is None:
+            raise ConnectionError(f"vhost {self.vhost!r} is gone")
+        try:
+            self.broker.publish(vhost, exchange, message, None,
+                                on_confirm=confirmed if mode == "on-confirm" else None)
+        except Exception as exc:
+            if mode != "no-ack":
+                self._settle(channel.basic_nack(tag, requeue=True))
+            self._set_status("error", describe(exc))
+            with contextlib.suppress(Exception):
+                self._settle(channel.close())
+            return
+        if mode == "on-publish":
+            self._settle(channel.basic_ack(tag))
+
+    def settle_drop(self, delivered: DeliveredMessage) -> None:
+        """A delivery the link must not forward (loop or hop limit): ack it away."""
+        if self.upstream.ack_mode != "no-ack":
+            tag = getattr(delivered.delivery, "delivery_tag", 0)
+            self._settle(delivered.channel.basic_ack(tag))
+
+    def _settle(self, coro: Any) -> None:
+        async def run() -> None:
+            with contextlib.suppress(Exception):
+                await coro
+
+        task = asyncio.ensure_future(run())
+        self._acks.add(task)
+        task.add_done_callback(self._acks.discard)
+
+    # ------------------------------------------------------------------ status
+    def status_info(self) -> dict[str, Any]:
+        info: dict[str, Any] = {
+            "node": self.broker.settings.node_name,
+            self.kind: self.name,
+            f"upstream_{self.kind}": self.upstream_object,
+            "type": self.kind,
+            "vhost": self.vhost,
+            "upstream": self.upstream.name,
+            "id": f"{zlib.crc32(self.key.encode()):08x}",
+            "status": self.status,
+            "local_connection": "<internal>",
+            "uri": self.uri,
+            "timestamp": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.timestamp)),
+        }
+        if self.status == "error" and self.error:
+            info["error"] = self.error
+        return info
+
+    @property
+    def upstream_object(self) -> str:
+        own = self.upstream.exchange if self.kind == "exchange" else self.upstream.queue
+        return own or self.name

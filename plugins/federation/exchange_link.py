@@ -1,0 +1,227 @@
+"""An exchange link: the upstream exchange's messages, as the local bindings want them.
+
+What it declares on the upstream is exactly what RabbitMQ 3.10's
+``rabbit_federation_exchange_link`` declares, so either broker can sit on either side:
+
+    upstream X  --(local bindings, mirrored, x-bound-from)-->  "federation: X -> C A"
+        (type x-federation-upstream, durable internal auto-delete; fanout on 503)
+    "federation: X -> C A"  --("")-->  queue "federation: X -> C"  (durable, x-expires,
+        x-message-ttl, x-internal-purpose)  ==consume==>  local X (x-received-from)
+
+``C`` is the downstream's cluster name, suffixed ``:{DownX}`` (or ``:{vhost}:{DownX}``
+when the vhosts differ) when the local exchange's name is not the upstream's. The
+internal exchange alternates between suffixes ``A`` and ``B`` each time the link starts:
+the new one gets the current bindings, then the old one is deleted, so a restart never
+leaves a stale binding behind. While running, the link re-syncs bindings when the local
+exchange's bindings change, and passively re-declares its internal exchange now and then
+(a deleted one restarts the link: the "silent" failure fixed by rabbitmq-federation #60).
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.parse
+from typing import Any
+
+import aiormq
+from aiormq.abc import DeliveredMessage
+
+from amqpd.broker.exchange import args_key
+from plugins.federation.base import Link, properties_of
+from plugins.federation.headers import BINDING_HEADER, ROUTING_HEADER, prepend, should_forward
+
+INTERNAL_CHECK_INTERVAL = 30.0
+PURPOSE = {"x-internal-purpose": "federation"}
+
+
+def upstream_vhost(uri: str) -> str:
+    path = urllib.parse.urlsplit(uri).path
+    return urllib.parse.unquote(path[1:]) if len(path) > 1 else "/"
+
+
+def upstream_queue_name(upstream_x: str, upstream_vh: str, cluster: str, down_vhost: str,
+                        down_x: str) -> str:
+    if down_vhost == upstream_vh:
+        suffix = "" if down_x == upstream_x else f":{down_x}"
+    else:
+        suffix = f":{down_vhost}:{down_x}"
+    return f"federation: {upstream_x} -> {cluster}{suffix}"
+
+
+class ExchangeLink(Link):
+    kind = "exchange"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.suffix = "A"  # flipped on every start
+        self.queue = ""
+        self.internal = ""
+        self.uvhost = "/"
+        self._bound: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
+        self._next_check = 0.0
+
+    @property
+    def cluster(self) -> str:
+        return str(self.broker.settings.effective_cluster_name)
+
+    # ------------------------------------------------------------------ setup
+    async def setup(self, conn: aiormq.abc.AbstractConnection,
+                    channel: aiormq.abc.AbstractChannel) -> None:
+        up = self.upstream
+        ux = self.upstream_object
+        self.uvhost = upstream_vhost(self._connected_uri())
+        local = self.broker.vhosts[self.vhost].get_exchange(self.name)
+        await self._ensure_upstream_exchange(conn, channel, ux, local.info())
+        self.queue = upstream_queue_name(ux, self.uvhost, self.cluster, self.vhost, self.name)
+        args: dict[str, Any] = {}
+        if up.expires is not None:
+            args["x-expires"] = up.expires
+        if up.message_ttl is not None:
+            args["x-message-ttl"] = up.message_ttl
+        args.update(PURPOSE)
+        await channel.queue_declare(self.queue, durable=True, arguments=args)
+        no_ack = up.ack_mode == "no-ack"
+        if not no_ack:
+            await channel.basic_qos(prefetch_count=up.prefetch_count)
+        await channel.basic_consume(self.queue, self._on_message, no_ack=no_ack)
+        # a fresh internal exchange, bound now; then the previous one goes
+        old = f"{self.queue} {self.suffix}"
+        self.suffix = "B" if self.suffix == "A" else "A"
+        self.internal = f"{self.queue} {self.suffix}"
+        await self._disposable(conn, lambda ch: ch.exchange_delete(self.internal))
+        await self._declare_internal(conn, channel)
+        await channel.queue_bind(self.queue, self.internal, routing_key="")
+        self._bound = {}
+        await self._sync_bindings(channel)
+        await self._disposable(conn, lambda ch: ch.exchange_delete(old))
+        self._next_check = time.monotonic() + INTERNAL_CHECK_INTERVAL
+
+    def _connected_uri(self) -> str:
+        return self.current_uri or self.upstream.uris[0]
+
+    async def _ensure_upstream_exchange(self, conn: aiormq.abc.AbstractConnection,
+                                        channel: aiormq.abc.AbstractChannel, name: str,
+                                        info: dict[str, Any]) -> None:
+        try:
+            await self._disposable(conn, lambda ch: ch.exchange_declare(
+                name, passive=True), raise_errors=True)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            await channel.exchange_declare(
+                name, exchange_type=info["type"], durable=info["durable"],
+                auto_delete=info["auto_delete"], internal=info["internal"],
+                arguments=info["arguments"] or None)
+
+    async def _declare_internal(self, conn: aiormq.abc.AbstractConnection,
+                                channel: aiormq.abc.AbstractChannel) -> None:
+        """x-federation-upstream on a disposable connection (503 closes the connection);
+        plain fanout on the link's channel if the upstream does not know the type."""
+        xfu_args: dict[str, Any] = {
+            "x-max-hops": self.upstream.max_hops, "x-downstream-name": self.cluster,
+            "x-downstream-vhost": self.vhost, **PURPOSE}
+        try:
+            side = await aiormq.connect(self._connected_uri())
+        except Exception:
+            side = None
+        try:
+            if side is not None:
+                ch = await side.channel()
+                await ch.exchange_declare(self.internal, exchange_type="x-federation-upstream",
+                                          durable=True, internal=True, auto_delete=True,
+                                          arguments=xfu_args)
+                return
+        except aiormq.exceptions.ConnectionCommandInvalid:
+            pass
+        finally:
+            if side is not None and not side.is_closed:
+                await side.close()
+        await channel.exchange_declare(self.internal, exchange_type="fanout", durable=True,
+                                       internal=True, auto_delete=True, arguments=dict(PURPOSE))
+
+    @staticmethod
+    async def _disposable(conn: aiormq.abc.AbstractConnection, call: Any,
+                          raise_errors: bool = False) -> None:
+        ch = await conn.channel()
+        try:
+            await call(ch)
+        except aiormq.exceptions.AMQPChannelError:
+            if raise_errors:
+                raise
+        finally:
+            if not ch.is_closed:
+                await ch.close()
+
+    # ------------------------------------------------------------------ bindings
+    def _upstream_binding_args(self, args: dict[str, Any]) -> dict[str, Any] | None:
+        """3.10's ``update_binding``: hop count for propagating bindings, or None."""
+        max_hops = self.upstream.max_hops
+        previous = args.get(BINDING_HEADER)
+        if not isinstance(previous, list) or not previous:
+            hops = max_hops
+        else:
+            seen = any(isinstance(t, dict) and t.get("cluster-name") == self.upstream_cluster
+                       and t.get("vhost") == self.uvhost for t in previous)
+            first = previous[0] if isinstance(previous[0], dict) else {}
+            prev_hops = first.get("hops", max_hops)
+            prev_hops = prev_hops if isinstance(prev_hops, int) else max_hops
+            hops = 0 if seen else min(prev_hops - 1, max_hops)
+        if hops <= 0:
+            return None
+        info = {"cluster-name": self.cluster, "vhost": self.vhost,
+                "exchange": f"{self.vhost}:{self.name} {self.suffix}", "hops": hops}
+        return prepend(args, BINDING_HEADER, info)
+
+    def _wanted(self) -> dict[tuple[str, str], tuple[str, dict[str, Any]]]:
+        vh = self.broker.vhosts.get(self.vhost)
+        ex = vh.exchanges.get(self.name) if vh is not None else None
+        if ex is None:
+            raise ConnectionError(f"exchange {self.name!r} is gone")
+        wanted: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
+        for binding in ex.bindings.values():
+            args = self._upstream_binding_args(binding.arguments)
+            if args is not None:
+                wanted[(binding.routing_key, args_key(args))] = (binding.routing_key, args)
+        return wanted
+
+    async def _sync_bindings(self, channel: aiormq.abc.AbstractChannel) -> None:
+        wanted = self._wanted()
+        ux = self.upstream_object
+        for key, (rk, args) in wanted.items():
+            if key not in self._bound:
+                await channel.exchange_bind(destination=self.internal, source=ux,
+                                            routing_key=rk, arguments=args)
+                self._bound[key] = (rk, args)
+        for key in [k for k in self._bound if k not in wanted]:
+            rk, args = self._bound.pop(key)
+            await channel.exchange_unbind(destination=self.internal, source=ux,
+                                          routing_key=rk, arguments=args)
+
+    async def periodic(self) -> None:
+        channel, conn = self.channel, self.conn
+        if channel is None or conn is None:
+            return
+        await self._sync_bindings(channel)
+        if time.monotonic() >= self._next_check:
+            self._next_check = time.monotonic() + INTERNAL_CHECK_INTERVAL
+            try:
+                await self._disposable(conn, lambda ch: ch.exchange_declare(
+                    self.internal, passive=True), raise_errors=True)
+            except aiormq.exceptions.ChannelNotFoundEntity:
+                raise ConnectionError(
+                    f"internal upstream exchange {self.internal!r} is gone; restarting"
+                ) from None
+
+    # ------------------------------------------------------------------ deliveries
+    async def _on_message(self, delivered: DeliveredMessage) -> None:
+        props = properties_of(delivered)
+        headers = props.get("headers") if isinstance(props.get("headers"), dict) else None
+        if not should_forward(headers, self.upstream.max_hops, self.cluster, self.vhost):
+            self.settle_drop(delivered)
+            return
+        redelivered = bool(getattr(delivered.delivery, "redelivered", False))
+        table: dict[str, Any] = {"uri": self.uri, "exchange": self.upstream_object,
+                                 "redelivered": redelivered}
+        if self.upstream_cluster is not None:
+            table["cluster-name"] = self.upstream_cluster
+        table["vhost"] = self.uvhost
+        props["headers"] = prepend(headers, ROUTING_HEADER, table)
+        self.republish(delivered, self.name, delivered.routing_key or "", props)

@@ -1,0 +1,128 @@
+"""The supervisor: which exchanges and queues are federated, and their running links.
+
+The truth is computed, not tracked: :meth:`Supervisor.desired` walks every vhost's
+exchanges and queues, reads the policy applied to each (``obj.policy``) and resolves its
+``federation-upstream`` / ``federation-upstream-set`` into upstreams. :meth:`reconcile`
+then starts the links that should run, stops those that should not, and restarts any
+whose upstream definition changed. It runs when a federation parameter changes, when a
+policy is (re)applied to an object, and once a second as a safety net (an exchange
+deleted, a vhost removed). Objects that federation itself creates on an upstream
+(``x-internal-purpose``, the ``x-federation-upstream`` type) are never federated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+from plugins.federation.base import Link
+from plugins.federation.exchange_link import ExchangeLink
+from plugins.federation.params import UPSTREAM, UPSTREAM_SET, Upstream, resolve
+from plugins.federation.queue_link import QueueLink
+from plugins.federation.upstream_exchange import TYPE_NAME
+
+if TYPE_CHECKING:
+    from amqpd.broker.exchange import Exchange
+    from amqpd.broker.queue import Queue
+    from amqpd.broker.vhost import VHost
+    from amqpd.server import Broker
+
+log = logging.getLogger("amqpd.federation")
+
+LinkKey = tuple[str, str, str, str]  # (kind, vhost, object name, upstream name)
+RECONCILE_INTERVAL = 1.0
+
+
+def _federated(policy: dict[str, Any] | None) -> bool:
+    return bool(policy) and (UPSTREAM in policy or UPSTREAM_SET in policy)  # type: ignore[operator]
+
+
+def _internal(obj: Exchange | Queue) -> bool:
+    return "x-internal-purpose" in obj.arguments or getattr(obj, "type_name", "") == TYPE_NAME
+
+
+class Supervisor:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.links: dict[LinkKey, Link] = {}
+        self._running = False
+        self._dirty: asyncio.Event | None = None  # created in start(), inside the loop
+        self._task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ triggers
+    def schedule(self) -> None:
+        if self._dirty is not None:
+            self._dirty.set()
+
+    def on_policy_applied(self, _vhost: VHost, obj: Exchange | Queue) -> None:
+        if _federated(obj.policy) or any(k[2] == obj.name for k in self.links):
+            self.schedule()
+
+    def on_binding_changed(self, exchange: Exchange) -> None:
+        for (kind, vhost, name, _up), link in self.links.items():
+            if kind == "exchange" and name == exchange.name and vhost == exchange.vhost:
+                link.wake()
+
+    # ------------------------------------------------------------------ life cycle
+    async def start(self) -> None:
+        self._running = True
+        self._dirty = asyncio.Event()
+        self._dirty.set()
+        self._task = asyncio.create_task(self._loop(), name="federation supervisor")
+
+    async def stop(self) -> None:
+        self._running = False
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        links, self.links = list(self.links.values()), {}
+        await asyncio.gather(*(link.stop() for link in links), return_exceptions=True)
+
+    async def _loop(self) -> None:
+        assert self._dirty is not None
+        while self._running:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._dirty.wait(), RECONCILE_INTERVAL)
+            self._dirty.clear()
+            try:
+                await self.reconcile()
+            except Exception:
+                log.exception("federation: reconcile failed")
+
+    # ------------------------------------------------------------------ reconcile
+    def desired(self) -> dict[LinkKey, tuple[type[Link], Upstream]]:
+        params = self.broker.parameters
+        out: dict[LinkKey, tuple[type[Link], Upstream]] = {}
+        for vh in list(self.broker.vhosts.values()):
+            if self.on_binding_changed not in vh.on_binding_changed:
+                vh.on_binding_changed.append(self.on_binding_changed)
+            for ex in list(vh.exchanges.values()):
+                if ex.name and _federated(ex.policy) and not _internal(ex):
+                    for up in resolve(params, vh.name, ex.policy):
+                        out[("exchange", vh.name, ex.name, up.name)] = (ExchangeLink, up)
+            for q in list(vh.queues.values()):
+                if _federated(q.policy) and not _internal(q):
+                    for up in resolve(params, vh.name, q.policy):
+                        out[("queue", vh.name, q.name, up.name)] = (QueueLink, up)
+        return out
+
+    async def reconcile(self) -> None:
+        desired = self.desired()
+        stale = [key for key, link in self.links.items()
+                 if key not in desired or desired[key][1] != link.upstream]
+        for key in stale:
+            link = self.links.pop(key)
+            log.info("federation link stopping: %s", link.key)
+            await link.stop()
+        for key, (cls, upstream) in desired.items():
+            if key not in self.links and self._running:
+                link = cls(self, key[1], key[2], upstream)
+                self.links[key] = link
+                link.start()
+
+    def status(self, vhost: str | None = None) -> list[dict[str, Any]]:
+        return [link.status_info() for key, link in sorted(self.links.items())
+                if vhost is None or key[1] == vhost]

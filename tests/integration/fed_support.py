@@ -1,0 +1,111 @@
+"""Helpers for the federation tests: sites (amqpd processes), upstreams, policies, polling."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pika
+
+from tests.integration._http import Api, q
+from tests.support.brokerproc import BrokerProcess
+
+T = TypeVar("T")
+
+
+def site(path: Path, name: str, extra_env: dict[str, str] | None = None) -> BrokerProcess:
+    """An amqpd with federation enabled and its own cluster name (unique per site)."""
+    env = {"AMQPD_PLUGINS": "federation", "AMQPD_CLUSTER_NAME": name}
+    env.update(extra_env or {})
+    return BrokerProcess(path / name, env=env)
+
+
+def api(proc: BrokerProcess) -> Api:
+    return Api(proc.http_url)
+
+
+def amqp_uri(port: int, host: str = "127.0.0.1", vhost: str = "/", **query: Any) -> str:
+    uri = f"amqp://guest:guest@{host}:{port}/{q(vhost)}"
+    if query:
+        uri += "?" + "&".join(f"{k}={v}" for k, v in query.items())
+    return uri
+
+
+def set_upstream(proc: BrokerProcess, name: str, value: dict[str, Any],
+                 vhost: str = "/") -> None:
+    r = api(proc).request("PUT", f"/api/parameters/federation-upstream/{q(vhost)}/{q(name)}",
+                          {"value": value})
+    assert r.status in (201, 204), r.text
+
+
+def set_policy(proc: BrokerProcess, name: str, pattern: str, definition: dict[str, Any],
+               apply_to: str = "exchanges", vhost: str = "/") -> None:
+    r = api(proc).request("PUT", f"/api/policies/{q(vhost)}/{q(name)}",
+                          {"pattern": pattern, "definition": definition,
+                           "apply-to": apply_to})
+    assert r.status in (201, 204), r.text
+
+
+def links(proc: BrokerProcess) -> list[dict[str, Any]]:
+    r = api(proc).request("GET", "/api/federation-links")
+    assert r.status == 200, r.text
+    result: list[dict[str, Any]] = r.json()
+    return result
+
+
+def wait_for(fn: Callable[[], T], timeout: float = 15.0, interval: float = 0.05,
+             what: str = "condition") -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(interval)
+
+
+def wait_running(proc: BrokerProcess, n: int = 1, timeout: float = 20.0) -> list[dict[str, Any]]:
+    def ok() -> list[dict[str, Any]] | None:
+        items = links(proc)
+        running = [i for i in items if i["status"] == "running"]
+        return items if len(running) >= n else None
+    return wait_for(ok, timeout, what=f"{n} running link(s) on {proc.http_url}: "
+                    f"{links(proc)}")
+
+
+@contextlib.contextmanager
+def channel(url: str) -> Iterator[Any]:
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        yield conn.channel()
+    finally:
+        with contextlib.suppress(Exception):
+            conn.close()
+
+
+def drain(ch: Any, queue: str, expected: int, timeout: float = 15.0) -> list[tuple[Any, bytes]]:
+    """Get messages from ``queue`` until ``expected`` arrived (or time out), acking each."""
+    got: list[tuple[Any, bytes]] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < expected and time.monotonic() < deadline:
+        method, props, body = ch.basic_get(queue, auto_ack=True)
+        if method is None:
+            time.sleep(0.05)
+            continue
+        got.append((props, body))
+    return got
+
+
+def settle(ch: Any, queue: str, seconds: float = 1.0) -> list[bytes]:
+    """Whatever else arrives within ``seconds`` (to check nothing more does)."""
+    time.sleep(seconds)
+    out = []
+    while True:
+        method, _props, body = ch.basic_get(queue, auto_ack=True)
+        if method is None:
+            return out
+        out.append(body)
