@@ -298,14 +298,10 @@ class Channel:
         self.next_tag = tag + 1
         msg = entry.message
         conn = self.session.conn
-        conn.write(
-            codec.deliver_method(
-                self.number, consumer.tag_bytes, tag, entry.redelivered,
-                codec.shortstr(msg.exchange), codec.shortstr(msg.routing_key),
-            )
-            + codec.content_frames(self.number, 60, msg.properties, self.session.body_of(msg),
-                                   conn.frame_max)
-        )
+        conn.write(codec.deliver_frames(
+            self.number, consumer.tag_bytes, tag, entry.redelivered, msg.exchange,
+            msg.routing_key, msg.properties, self.session.body_of(msg), conn.frame_max,
+        ))
         self.stat_deliver += 1
         if consumer.no_ack:
             queue.delivered(entry, acked=True)

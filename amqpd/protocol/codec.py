@@ -269,6 +269,46 @@ def content_frames(
     return b"".join(parts)
 
 
+_SHORTSTR_CACHE: dict[str, bytes] = {}
+
+
+def shortstr_cached(value: str) -> bytes:
+    """shortstr() for names that recur (exchanges, routing keys): encoded once."""
+    data = _SHORTSTR_CACHE.get(value)
+    if data is None:
+        if len(_SHORTSTR_CACHE) >= 8192:  # many distinct keys: start over, stay bounded
+            _SHORTSTR_CACHE.clear()
+        data = _SHORTSTR_CACHE[value] = shortstr(value)
+    return data
+
+
+_DELIVER_HDR = struct.Struct(">BHIHH")
+_DELIVER_TAG = struct.Struct(">QB")
+
+
+def deliver_frames(
+    channel: int, consumer_tag: bytes, delivery_tag: int, redelivered: bool,
+    exchange: str, routing_key: str, properties: bytes, body: bytes, frame_max: int,
+) -> bytes:
+    """basic.deliver + content header + body, joined once (the delivery hot path)."""
+    ex = shortstr_cached(exchange)
+    rk = shortstr_cached(routing_key)
+    size = len(body)
+    method_size = 4 + len(consumer_tag) + 9 + len(ex) + len(rk)
+    if size and size <= frame_max - 8:
+        return b"".join((
+            _DELIVER_HDR.pack(1, channel, method_size, 60, 60), consumer_tag,
+            _DELIVER_TAG.pack(delivery_tag, 1 if redelivered else 0), ex, rk, FRAME_END_BYTE,
+            _CONTENT_HDR.pack(2, channel, 12 + len(properties), 60, 0, size), properties,
+            FRAME_END_BYTE, _FRAME_HDR.pack(3, channel, size), body, FRAME_END_BYTE,
+        ))
+    return b"".join((
+        _DELIVER_HDR.pack(1, channel, method_size, 60, 60), consumer_tag,
+        _DELIVER_TAG.pack(delivery_tag, 1 if redelivered else 0), ex, rk, FRAME_END_BYTE,
+        content_frames(channel, 60, properties, body, frame_max),
+    ))
+
+
 def deliver_method(
     channel: int,
     consumer_tag: bytes,
