@@ -86,6 +86,8 @@ class Settings:
     stats_interval: float = 5.0  # seconds between message-rate samples (management API)
     # optional parts outside the core, by name (plugins/<name>/ or entry points)
     plugins: list[str] = field(default_factory=list)
+    # static shovels: [[shovels]] tables with the dynamic shovel keys (plugins/shovel)
+    shovels: list[dict[str, Any]] = field(default_factory=list)
     # declared in the file
     users: list[UserConfig] = field(default_factory=list)
     vhosts: list[str] = field(default_factory=list)
@@ -97,7 +99,7 @@ class Settings:
 
 
 _SCALARS = {f.name: f for f in fields(Settings) if f.name not in ("users", "vhosts",
-                                                                   "permissions")}
+                                                                   "permissions", "shovels")}
 
 
 def _coerce(name: str, value: Any, default: Any) -> Any:
@@ -165,6 +167,8 @@ def _apply_file(settings: Settings, data: dict[str, Any], path: str) -> None:
             settings.vhosts = [v if isinstance(v, str) else v["name"] for v in value]
         elif key == "permissions":
             settings.permissions = [PermissionConfig(**p) for p in value]
+        elif key == "shovels":
+            settings.shovels = [dict(t) for t in value]
         elif key in _SCALARS:
             setattr(settings, key, _coerce(key, value, getattr(settings, key)))
         else:

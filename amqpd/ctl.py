@@ -339,6 +339,22 @@ def cmd_clear_parameter(c: Client, a: argparse.Namespace, out: TextIO) -> int:
                          f"\"{a.component}\" ...")
 
 
+def cmd_shovel_status(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    columns = ["name", "vhost", "type", "state", "src_uri", "dest_uri", "reason", "timestamp"]
+    rows = [{k: s.get(k, "") for k in columns} for s in c.get("/api/shovels")]
+    if a.json:
+        json.dump(rows, out)
+        out.write("\n")
+    else:
+        print_table(rows, columns, out, headers=not a.no_table_headers)
+    return EX_OK
+
+
+def cmd_restart_shovel(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    c.call("DELETE", f"/api/shovels/vhost/{q(a.vhost)}/{q(a.name)}/restart")
+    return _done(a, out, f"Restarting dynamic Shovel {a.name} in virtual host {a.vhost}")
+
+
 def cmd_export_definitions(c: Client, a: argparse.Namespace, out: TextIO) -> int:
     defs = c.get("/api/definitions")
     text = json.dumps(defs, indent=2) + "\n"
@@ -486,6 +502,8 @@ def build_parser() -> argparse.ArgumentParser:
         arg("name"), arg("value", help="JSON value"))
     add("clear_parameter", cmd_clear_parameter, "remove a runtime parameter",
         arg("component"), arg("name"))
+    add("shovel_status", cmd_shovel_status, "status of every shovel (plugin 'shovel')")
+    add("restart_shovel", cmd_restart_shovel, "restart a dynamic shovel", arg("name"))
     add("export_definitions", cmd_export_definitions, "write definitions JSON (- = stdout)",
         arg("path"))
     add("import_definitions", cmd_import_definitions, "load definitions JSON (- = stdin)",

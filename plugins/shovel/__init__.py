@@ -1,0 +1,106 @@
+"""The shovel plugin: move messages from a source to a destination, reliably.
+
+Dynamic shovels are ``shovel`` runtime parameters (HTTP API, ``amqpctl set_parameter``,
+definitions); static ones come from ``[[shovels]]`` tables in the config file (same keys,
+plus ``name`` and ``vhost``). Each runs as one :class:`~plugins.shovel.runner.ShovelRunner`
+task; see docs/shovel.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from plugins.shovel import http as shovel_http
+from plugins.shovel.params import parse, validate
+from plugins.shovel.runner import ShovelRunner
+
+if TYPE_CHECKING:
+    from amqpd.http.core import Router
+    from amqpd.server import Broker
+
+log = logging.getLogger("amqpd.shovel")
+
+
+class ShovelPlugin:
+    name = "shovel"
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.started = False
+        self.dynamic: dict[tuple[str, str], ShovelRunner] = {}
+        self.static: dict[tuple[str, str], ShovelRunner] = {}
+        self._stopping: set[asyncio.Task[None]] = set()
+        broker.parameters.register("shovel", validate, on_set=self._on_set,
+                                   on_clear=self._on_clear)
+        for i, table in enumerate(getattr(broker.settings, "shovels", None) or []):
+            spec = dict(table)
+            name = str(spec.pop("name", f"static-{i + 1}"))
+            vhost = str(spec.pop("vhost", "/"))
+            try:
+                defn = parse(vhost, name, spec, type_="static")
+            except ValueError as exc:
+                raise ValueError(f"static shovel {name!r}: {exc}") from None
+            self.static[(vhost, name)] = self._runner(defn)
+
+    def _runner(self, defn: Any) -> ShovelRunner:
+        s = self.broker.settings
+        return ShovelRunner(defn, local_uri=self.broker.local_uri, node=s.node_name,
+                            cluster_name=s.effective_cluster_name,
+                            on_completed=self._completed)
+
+    # ------------------------------------------------------------------ parameters
+    def _on_set(self, vhost: str, name: str, value: Any) -> None:
+        runner = self._runner(parse(vhost, name, value))
+        self._retire(self.dynamic.pop((vhost, name), None))
+        self.dynamic[(vhost, name)] = runner
+        if self.started:
+            runner.start()
+
+    def _on_clear(self, vhost: str, name: str, value: Any) -> None:
+        self._retire(self.dynamic.pop((vhost, name), None))
+
+    def _retire(self, runner: ShovelRunner | None) -> None:
+        if runner is None or runner.task is None:
+            return
+        task = asyncio.get_running_loop().create_task(runner.stop())
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+
+    def _completed(self, runner: ShovelRunner) -> None:
+        """src-delete-after reached: a dynamic shovel deletes its parameter (RabbitMQ)."""
+        d = runner.defn
+        if d.type != "dynamic" or self.dynamic.get((d.vhost, d.name)) is not runner:
+            return
+
+        def clear() -> None:
+            if self.broker.parameters.clear("shovel", d.vhost, d.name):
+                self.broker.definitions_changed()
+
+        asyncio.get_running_loop().call_soon(clear)
+
+    # ------------------------------------------------------------------ lookups
+    def all_runners(self) -> list[ShovelRunner]:
+        return [*self.static.values(), *self.dynamic.values()]
+
+    def find(self, vhost: str, name: str) -> ShovelRunner | None:
+        return self.dynamic.get((vhost, name)) or self.static.get((vhost, name))
+
+    # ------------------------------------------------------------------ life cycle
+    def http_routes(self, router: Router) -> None:
+        shovel_http.routes(router, self)
+
+    async def start(self) -> None:
+        self.started = True
+        for runner in self.all_runners():
+            runner.start()
+
+    async def stop(self) -> None:
+        self.started = False
+        await asyncio.gather(*(r.stop() for r in self.all_runners()), *self._stopping,
+                             return_exceptions=True)
+
+
+def create_plugin(broker: Broker) -> ShovelPlugin:
+    return ShovelPlugin(broker)

@@ -1,0 +1,346 @@
+"""One asyncio task per shovel: connect both ends, forward, settle, and start over on failure.
+
+Reliability (``ack-mode: on-confirm``): a source delivery is acked only once the
+destination confirmed the message published for it. Deliveries are kept in delivery
+order; a confirm marks them settled, and the run of settled deliveries at the head is
+acked at the source with one ``multiple`` ack. A destination ``nack`` nacks the source
+delivery with requeue. When either end goes away both connections are closed: the
+source broker requeues every unacked delivery (they are sent again after the reconnect,
+so duplicates are possible, never losses), and the next attempt starts after
+``reconnect-delay`` seconds. Each attempt is bounded (connect timeout), and a failing
+shovel waits between attempts: it never spins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from aiormq.abc import DeliveredMessage
+from pamqp import commands as spec
+
+from plugins.shovel.destination import AMQPDestination
+from plugins.shovel.params import ShovelDef, redact
+from plugins.shovel.source import AMQPSource
+
+log = logging.getLogger("amqpd.shovel")
+
+
+class Completed(Exception):
+    """src-delete-after reached: the shovel ends."""
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+
+
+class ShovelRunner:
+    def __init__(self, defn: ShovelDef, *, local_uri: Callable[[str], str], node: str,
+                 cluster_name: str, on_completed: Callable[[ShovelRunner], None] | None = None
+                 ) -> None:
+        self.defn = defn
+        self.local_uri = local_uri
+        self.node = node
+        self.cluster_name = cluster_name
+        self.on_completed = on_completed
+        self.state = "starting"
+        self.reason: str | None = None
+        self.timestamp = _now()
+        self.src_uri = redact(defn.src_uris[0])
+        self.dest_uri = redact(defn.dest_uris[0])
+        self.forwarded = 0  # messages settled at the source over the shovel's life
+        self.task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    # ------------------------------------------------------------------ control
+    def start(self) -> None:
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"shovel {self.defn.vhost}/{self.defn.name}")
+
+    async def stop(self) -> None:
+        task, self.task = self.task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def restart(self) -> None:
+        await self.stop()
+        self._set("starting")
+        self.start()
+
+    def status(self) -> dict[str, Any]:
+        d = self.defn
+        out: dict[str, Any] = {
+            "node": self.node, "timestamp": self.timestamp, "name": d.name, "vhost": d.vhost,
+            "type": d.type, "state": self.state,
+        }
+        if self.state == "terminated":
+            out["reason"] = self.reason or "normal"
+        out.update({"src_uri": self.src_uri, "dest_uri": self.dest_uri,
+                    "src_protocol": "amqp091", "dest_protocol": "amqp091"})
+        if d.src_queue is not None:
+            out["src_queue"] = d.src_queue
+        else:
+            out["src_exchange"] = d.src_exchange
+            out["src_exchange_key"] = d.src_exchange_key
+        if d.dest_queue is not None:
+            out["dest_queue"] = d.dest_queue
+        elif d.dest_exchange is not None:
+            out["dest_exchange"] = d.dest_exchange
+            if d.dest_exchange_key is not None:
+                out["dest_exchange_key"] = d.dest_exchange_key
+        if self.state == "running":
+            out["blocked_status"] = "running"
+        return out
+
+    def _set(self, state: str, reason: str | None = None) -> None:
+        self.state = state
+        self.reason = reason
+        self.timestamp = _now()
+
+    # ------------------------------------------------------------------ loop
+    async def _run(self) -> None:
+        d = self.defn
+        while True:
+            self._set("starting")
+            try:
+                await self._session()
+            except asyncio.CancelledError:
+                raise
+            except Completed:
+                self._set("terminated", "completed")
+                log.info("shovel %s/%s: src-delete-after reached, done", d.vhost, d.name)
+                if self.on_completed is not None:
+                    self.on_completed(self)
+                return
+            except Exception as exc:
+                reason = _describe(exc)
+                self._set("terminated", reason)
+                log.warning("shovel %s/%s failed: %s; retrying in %ss", d.vhost, d.name,
+                            reason, d.reconnect_delay)
+                if d.type == "static" and d.reconnect_delay <= 0:
+                    return  # RabbitMQ: 0 means "stop after the first failure"
+            # never spin, even with reconnect-delay 0 on a dynamic shovel
+            await asyncio.sleep(max(d.reconnect_delay, 0.05))
+
+    def _resolve(self, uris: list[str]) -> tuple[str, str]:
+        """(URI to connect to, URI to report): a random one, as RabbitMQ does."""
+        uri = random.choice(uris)
+        parts = urlsplit(uri)
+        if not parts.hostname:
+            # "amqp://" (no host) is the local broker; the path names the vhost
+            vhost = unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
+            return self.local_uri(vhost), redact(uri)
+        if parts.username is None:
+            uri = uri.replace("://", "://guest:guest@", 1)
+        return uri, redact(uri)
+
+    async def _session(self) -> None:
+        d = self.defn
+        src_uri, self.src_uri = self._resolve(d.src_uris)
+        dest_uri, self.dest_uri = self._resolve(d.dest_uris)
+        src = AMQPSource(d, src_uri)
+        dest = AMQPDestination(d, dest_uri)
+        link = _Link(self, src, dest)
+        try:
+            await link.run()
+        finally:
+            await asyncio.gather(src.close(), dest.close(), return_exceptions=True)
+
+    def forward_headers(self) -> dict[str, Any]:
+        d = self.defn
+        table: dict[str, Any] = {
+            "shovelled-by": self.cluster_name, "shovel-type": d.type, "shovel-name": d.name,
+            "shovel-vhost": d.vhost, "src-uri": self.src_uri,
+        }
+        if d.src_queue is not None:
+            table["src-queue"] = d.src_queue
+        else:
+            table["src-exchange"] = d.src_exchange
+            table["src-exchange-key"] = d.src_exchange_key
+        table["dest-uri"] = self.dest_uri
+        if d.dest_exchange is not None:
+            table["dest-exchange"] = d.dest_exchange
+        if d.dest_exchange_key is not None:
+            table["dest-exchange-key"] = d.dest_exchange_key
+        if d.dest_queue is not None:
+            table["dest-queue"] = d.dest_queue
+        return table
+
+
+class _Link:
+    """One connected attempt: source and destination open, messages flowing."""
+
+    def __init__(self, runner: ShovelRunner, src: AMQPSource, dest: AMQPDestination) -> None:
+        self.runner = runner
+        self.defn = runner.defn
+        self.src = src
+        self.dest = dest
+        self.inbox: deque[DeliveredMessage] = deque()
+        self.inbox_ready = asyncio.Event()
+        # source delivery tag -> settled? (True ack, False nack, None pending), in order
+        self.outstanding: OrderedDict[int, bool | None] = OrderedDict()
+        self.by_seq: OrderedDict[int, int] = OrderedDict()  # dest seq -> source tag
+        self.settle_ready = asyncio.Event()
+        self.nacks: list[int] = []
+        self.remaining: int | None = None  # src-delete-after countdown (None = never)
+        self.taken = 0
+        self.forward_table = runner.forward_headers() if self.defn.add_forward_headers else None
+
+    async def run(self) -> None:
+        d = self.defn
+        confirm = d.ack_mode == "on-confirm"
+        await self.dest.open(self.on_confirm if confirm else None)
+        await self.src.open(self.on_message)
+        if d.delete_after == "queue-length":
+            self.remaining = self.src.initial_length
+        elif isinstance(d.delete_after, int):
+            self.remaining = d.delete_after - self.runner.forwarded
+        if self.remaining is not None and self.remaining <= 0:
+            raise Completed
+        self.runner._set("running")
+        log.info("shovel %s/%s running: %s -> %s", d.vhost, d.name, self.runner.src_uri,
+                 self.runner.dest_uri)
+        tasks = [asyncio.ensure_future(self.forwarder()), asyncio.ensure_future(self.settler())]
+        watch = [self.src.closed(), self.dest.closed()]
+        try:
+            done, _ = await asyncio.wait([*tasks, *watch], return_when=asyncio.FIRST_COMPLETED)
+            for t in tasks:
+                if t in done:
+                    t.result()  # Completed or a failure
+            for w in watch:
+                if w in done:
+                    side = "source" if w is watch[0] else "destination"
+                    raise ConnectionError(f"{side} closed: {_describe(w.result())}")
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ------------------------------------------------------------------ source side
+    def on_message(self, message: DeliveredMessage) -> None:
+        self.inbox.append(message)
+        self.inbox_ready.set()
+
+    async def forwarder(self) -> None:
+        d = self.defn
+        mode = d.ack_mode
+        while True:
+            if not self.inbox:
+                self.inbox_ready.clear()
+                await self.inbox_ready.wait()
+                continue
+            message = self.inbox.popleft()
+            tag = int(message.delivery.delivery_tag or 0)  # type: ignore[union-attr]
+            if self.remaining is not None:
+                if self.taken >= self.remaining:
+                    continue  # beyond the limit: requeued when the source closes
+                self.taken += 1
+            exchange, routing_key, props = self.route(message)
+            if mode != "no-ack":
+                self.outstanding[tag] = None
+            seq = await self.dest.publish(exchange, routing_key, props, message.body)
+            if mode == "on-confirm":
+                self.by_seq[seq] = tag
+            elif mode == "on-publish":
+                self.outstanding[tag] = True
+                self.settle_ready.set()
+            else:
+                self.count(1)
+
+    def route(self, message: DeliveredMessage) -> tuple[str, str, spec.Basic.Properties]:
+        d = self.defn
+        delivery = message.delivery
+        exchange = getattr(delivery, "exchange", "") or ""
+        routing_key = getattr(delivery, "routing_key", "") or ""
+        if d.dest_queue is not None:
+            exchange, routing_key = "", d.dest_queue
+        elif d.dest_exchange is not None:
+            exchange = d.dest_exchange
+            if d.dest_exchange_key is not None:
+                routing_key = d.dest_exchange_key
+        props = message.header.properties
+        if d.publish_properties or d.add_forward_headers or d.add_timestamp_header:
+            for k, v in d.publish_properties.items():
+                setattr(props, k, v)
+            if d.add_forward_headers or d.add_timestamp_header:
+                headers = dict(props.headers or {})
+                if self.forward_table is not None:
+                    previous = headers.get("x-shovelled")
+                    chain = list(previous) if isinstance(previous, list) else []
+                    headers["x-shovelled"] = [dict(self.forward_table), *chain]
+                if d.add_timestamp_header:
+                    headers["x-shovelled-timestamp"] = int(time.time())
+                props.headers = headers
+        return exchange, routing_key, props
+
+    # ------------------------------------------------------------------ destination side
+    def on_confirm(self, seq: int, multiple: bool, ack: bool) -> None:
+        by_seq = self.by_seq
+        if multiple:
+            while by_seq:
+                first = next(iter(by_seq))
+                if first > seq:
+                    break
+                self._settle(by_seq.pop(first), ack)
+        else:
+            tag = by_seq.pop(seq, None)
+            if tag is not None:
+                self._settle(tag, ack)
+        self.settle_ready.set()
+
+    def _settle(self, tag: int, ack: bool) -> None:
+        if tag in self.outstanding:
+            self.outstanding[tag] = ack
+            if not ack:
+                self.nacks.append(tag)
+
+    async def settler(self) -> None:
+        """Ack (multiple) the settled run at the head; nack what the destination refused."""
+        out = self.outstanding
+        while True:
+            self.settle_ready.clear()
+            await self.settle_ready.wait()
+            if self.nacks:
+                nacks, self.nacks = self.nacks, []
+                for tag in nacks:
+                    await self.src.nack(tag, requeue=True)
+            last = None
+            acked = 0
+            while out:
+                tag, state = next(iter(out.items()))
+                if state is None:
+                    break
+                out.popitem(last=False)
+                if state:
+                    last = tag
+                    acked += 1
+            if last is not None:
+                await self.src.ack(last, multiple=True)
+            self.count(acked)
+
+    def count(self, n: int) -> None:
+        if not n:
+            return
+        self.runner.forwarded += n
+        if self.remaining is not None:
+            self.remaining -= n
+            self.taken -= n
+            if self.remaining <= 0:
+                raise Completed
+
+
+def _describe(exc: Any) -> str:
+    if isinstance(exc, BaseException):
+        text = str(exc) or type(exc).__name__
+        return f"{type(exc).__name__}: {text}" if str(exc) else text
+    return str(exc)

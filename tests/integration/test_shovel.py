@@ -1,0 +1,255 @@
+"""The shovel plugin between two amqpd processes ("sites"): keys, status, headers, life cycle."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pamqp import commands as spec
+
+from tests.integration._http import Api, q
+from tests.integration.test_shovel_helpers import (
+    count,
+    drain,
+    get_one,
+    publish,
+    set_shovel,
+    shovel_state,
+    shovels,
+    wait_for,
+)
+from tests.support.brokerproc import BrokerProcess
+
+PLUGIN_ENV = {"AMQPD_PLUGINS": "shovel", "AMQPD_CLUSTER_NAME": "site-a"}
+
+
+def uid(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def sites(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BrokerProcess,
+                                                                      BrokerProcess]]:
+    """Site A runs the shovels; site B is a plain amqpd."""
+    a = BrokerProcess(tmp_path_factory.mktemp("site-a"), env=PLUGIN_ENV).start()
+    b = BrokerProcess(tmp_path_factory.mktemp("site-b")).start()
+    yield a, b
+    a.stop()
+    b.stop()
+
+
+def test_validation_uses_rabbitmq_texts(sites: tuple[BrokerProcess, BrokerProcess]) -> None:
+    api = Api(sites[0].http_url)
+    cases = [
+        ({"src-queue": "a", "dest-uri": "amqp://"}, 'Key "src-uri" not found in bad'),
+        ({"src-uri": "amqp://", "dest-uri": "amqp://"},
+         "Must specify 'src-exchange' or 'src-queue'"),
+        ({"src-uri": "amqp://", "src-queue": "a", "src-exchange": "x", "dest-uri": "amqp://"},
+         "Cannot specify 'src-exchange' and 'src-queue'"),
+        ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://", "dest-queue": "b",
+          "dest-exchange": "x"}, "Cannot specify 'dest-exchange' and 'dest-queue'"),
+        ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://", "ack-mode": "no-ack",
+          "src-delete-after": 5}, "Cannot specify 'no-ack' and numerical 'delete-after'"),
+        ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://", "ack-mode": "x"},
+         "ack-mode should be one of"),
+        ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://",
+          "src-delete-after": "soon"}, 'should be number, "never" or "queue-length"'),
+        ({"src-uri": "amqp://", "src-queue": 5, "dest-uri": "amqp://"},
+         "src-queue should be a string, actually was 5"),
+    ]
+    for value, text in cases:
+        r = api.put("/api/parameters/shovel/%2F/bad", {"value": value})
+        assert r.status == 400, (value, r.text)
+        assert text in r.json()["reason"], (value, r.json())
+    assert api.get("/api/parameters/shovel/%2F/bad").status == 404
+
+
+async def test_dynamic_shovel_forwards_exactly(sites: tuple[BrokerProcess,
+                                                            BrokerProcess]) -> None:
+    a, b = sites
+    api = Api(a.http_url)
+    src, dest, name = uid("src"), uid("dest"), uid("sh")
+    props = spec.Basic.Properties(
+        content_type="application/json", content_encoding="utf-8", delivery_mode=2,
+        priority=3, correlation_id="corr", reply_to="replies", expiration="600000",
+        message_id="mid-1", timestamp=datetime.datetime(2024, 5, 6, 7, 8, 9, tzinfo=datetime.UTC),
+        message_type="kind", app_id="app", headers={"h": "v", "n": 7})
+    await publish(a.url, src, 1, properties=props)
+    # legacy spellings for the forward and timestamp headers
+    set_shovel(api, name, {"src-uri": "amqp://", "src-queue": src, "dest-uri": b.url,
+                           "dest-queue": dest, "add-forward-headers": True,
+                           "add-timestamp-header": True})
+    msg = await get_one(b.url, dest)
+    p = msg.header.properties
+    assert msg.body == b"0"
+    assert msg.delivery.routing_key == dest  # type: ignore[union-attr]
+    for attr in ("content_type", "content_encoding", "delivery_mode", "priority",
+                 "correlation_id", "reply_to", "expiration", "message_id", "timestamp",
+                 "message_type", "app_id"):
+        assert getattr(p, attr) == getattr(props, attr), attr
+    headers = p.headers or {}
+    assert headers["h"] == "v" and headers["n"] == 7
+    assert isinstance(headers["x-shovelled-timestamp"], int)
+    (table,) = headers["x-shovelled"]
+    host = f"127.0.0.1:{b.port}"
+    assert table == {
+        "shovelled-by": "site-a", "shovel-type": "dynamic", "shovel-name": name,
+        "shovel-vhost": "/", "src-uri": "amqp://", "src-queue": src,
+        "dest-uri": f"amqp://{host}/%2F", "dest-queue": dest,
+    }
+    (status,) = [s for s in shovels(api) if s["name"] == name]
+    assert status["state"] == "running" and status["type"] == "dynamic"
+    assert status["vhost"] == "/" and status["src_queue"] == src
+    assert status["dest_uri"] == f"amqp://{host}/%2F"  # no credentials
+    assert "guest" not in str(status)
+    assert {s["name"] for s in shovels(api, "/")} >= {name}
+    # more messages flow while it runs; delete stops it cleanly
+    await publish(a.url, src, 500, start=1)
+    bodies = await drain(b.url, dest, 500)
+    assert set(bodies) == {str(i).encode() for i in range(1, 501)}
+    assert api.delete(f"/api/parameters/shovel/%2F/{q(name)}").status == 204
+    wait_for(lambda: shovel_state(api, name) is None, 10, "shovel gone")
+    await publish(a.url, src, 10, start=1000)
+    assert await count(a.url, src) == 10  # nobody consumes any more
+
+
+async def test_exchange_source_and_original_routing(sites: tuple[BrokerProcess,
+                                                                  BrokerProcess]) -> None:
+    """src-exchange binds a server-named queue; without dest-* the route is kept."""
+    a, b = sites
+    api = Api(a.http_url)
+    name, dest = uid("sh"), uid("dest")
+    await publish(b.url, dest, 0)  # declare the destination queue on site B, bind it
+    r = Api(b.http_url).post(f"/api/bindings/%2F/e/amq.direct/q/{dest}", {"routing_key": dest})
+    assert r.status == 201, r.text
+    set_shovel(api, name, {"src-uri": "amqp://", "src-exchange": "amq.direct",
+                           "src-exchange-key": dest, "dest-uri": b.url,
+                           "ack-mode": "on-publish", "prefetch-count": 10})
+    wait_for(lambda: shovel_state(api, name) == "running", 10, "running")
+    # to amq.direct with routing key `dest` on A -> amq.direct/`dest` on B -> queue dest
+    await publish(a.url, "", 50, exchange="amq.direct", routing_key=dest, declare=False)
+    bodies = await drain(b.url, dest, 50)
+    assert sorted(bodies, key=int) == [str(i).encode() for i in range(50)]
+    (status,) = [s for s in shovels(api) if s["name"] == name]
+    assert status["src_exchange"] == "amq.direct" and status["src_exchange_key"] == dest
+    assert api.delete(f"/api/shovels/vhost/%2F/{q(name)}").status == 204
+    assert api.get(f"/api/parameters/shovel/%2F/{q(name)}").status == 404
+
+
+async def test_delete_after_queue_length_removes_the_parameter(
+        sites: tuple[BrokerProcess, BrokerProcess]) -> None:
+    a, b = sites
+    api = Api(a.http_url)
+    src, dest, name = uid("src"), uid("dest"), uid("sh")
+    await publish(a.url, src, 300)
+    set_shovel(api, name, {"src-uri": "amqp://", "src-queue": src, "dest-uri": b.url,
+                           "dest-queue": dest, "src-delete-after": "queue-length",
+                           "src-prefetch-count": 50})
+    wait_for(lambda: api.get(f"/api/parameters/shovel/%2F/{q(name)}").status == 404, 20,
+             "parameter cleared after queue-length")
+    await publish(a.url, src, 5, start=300)  # after the end: stays at the source
+    assert await count(b.url, dest) == 300
+    assert await count(a.url, src) == 5
+
+
+async def test_delete_after_n_and_restart(sites: tuple[BrokerProcess, BrokerProcess]) -> None:
+    a, b = sites
+    api = Api(a.http_url)
+    src, dest, name = uid("src"), uid("dest"), uid("sh")
+    await publish(a.url, src, 100)
+    set_shovel(api, name, {"src-uri": "amqp://", "src-queue": src, "dest-uri": [b.url],
+                           "dest-queue": dest, "delete-after": 40})
+    wait_for(lambda: api.get(f"/api/parameters/shovel/%2F/{q(name)}").status == 404, 20,
+             "parameter cleared after 40")
+    assert await count(b.url, dest) == 40
+    assert await count(a.url, src) == 60
+    # restart: a running shovel comes back running
+    name2 = uid("sh")
+    set_shovel(api, name2, {"src-uri": "amqp://", "src-queue": src, "dest-uri": b.url,
+                            "dest-queue": dest})
+    wait_for(lambda: shovel_state(api, name2) == "running", 10, "running")
+    assert api.delete(f"/api/shovels/vhost/%2F/{q(name2)}/restart").status == 204
+    wait_for(lambda: shovel_state(api, name2) == "running", 10, "running again")
+    assert api.delete(f"/api/shovels/vhost/%2F/{q(name2)}/restart2").status in (404, 405)
+    assert api.delete(f"/api/shovels/vhost/%2F/{q(uid('none'))}/restart").status == 404
+    await drain(b.url, dest, 100)
+    api.delete(f"/api/parameters/shovel/%2F/{q(name2)}")
+
+
+def test_amqpctl_set_parameter_and_shovel_status(sites: tuple[BrokerProcess,
+                                                              BrokerProcess]) -> None:
+    a, b = sites
+    name, src = uid("sh"), uid("src")
+
+    def ctl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "amqpd.ctl", "--url", a.http_url,
+                               "-u", "guest", "--password", "guest", *args],
+                              capture_output=True, text=True, timeout=30, check=False)
+
+    value = json.dumps({"src-uri": "amqp://", "src-queue": src, "dest-uri": b.url,
+                        "dest-queue": src})
+    r = ctl("set_parameter", "shovel", name, value)
+    assert r.returncode == 0, r.stderr
+    wait_for(lambda: shovel_state(Api(a.http_url), name) == "running", 10, "running")
+    r = ctl("shovel_status")
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if name in ln)
+    assert "dynamic" in line and "running" in line
+    r = ctl("--json", "shovel_status")
+    (row,) = [s for s in json.loads(r.stdout) if s["name"] == name]
+    assert row["state"] == "running"
+    assert ctl("restart_shovel", name).returncode == 0
+    assert ctl("restart_shovel", uid("none")).returncode == 1
+    assert ctl("clear_parameter", "shovel", name).returncode == 0
+    wait_for(lambda: shovel_state(Api(a.http_url), name) is None, 10, "gone")
+
+
+async def test_unreachable_destination_is_reported_then_recovers(tmp_path: Path) -> None:
+    """A destination that is down: terminated with a reason, retried, then running."""
+    b = BrokerProcess(tmp_path / "b").start()
+    port = b.port
+    b.stop()
+    a = BrokerProcess(tmp_path / "a", env=PLUGIN_ENV).start()
+    try:
+        api = Api(a.http_url)
+        src = uid("src")
+        await publish(a.url, src, 20)
+        set_shovel(api, "s", {"src-uri": "amqp://", "src-queue": src,
+                              "dest-uri": f"amqp://guest:guest@127.0.0.1:{port}/%2F",
+                              "dest-queue": src, "reconnect-delay": 0.2})
+        status = wait_for(lambda: [s for s in shovels(api) if s["state"] == "terminated"],
+                          10, "terminated with a reason")[0]
+        assert status["reason"] and "guest" not in status["reason"]
+        b.restart(keep_port=True)
+        wait_for(lambda: shovel_state(api, "s") == "running", 15, "running after restart")
+        await drain(b.url, src, 20)
+    finally:
+        a.stop()
+        b.stop()
+
+
+async def test_static_shovel_from_config(tmp_path: Path) -> None:
+    b = BrokerProcess(tmp_path / "b").start()
+    cfg = tmp_path / "amqpd.toml"
+    cfg.write_text(
+        'plugins = ["shovel"]\n\n[[shovels]]\nname = "static-one"\nsrc-uri = "amqp://"\n'
+        f'src-queue = "outbox"\ndest-uri = "{b.url}"\ndest-queue = "inbox"\n'
+        'ack-mode = "on-confirm"\nprefetch-count = 100\n')
+    a = BrokerProcess(tmp_path / "a", extra_args=["--config", str(cfg)]).start()
+    try:
+        api = Api(a.http_url)
+        wait_for(lambda: shovel_state(api, "static-one") == "running", 15, "running")
+        (status,) = shovels(api)
+        assert status["type"] == "static" and status["src_queue"] == "outbox"
+        await publish(a.url, "outbox", 100)
+        bodies = await drain(b.url, "inbox", 100)
+        assert len(set(bodies)) == 100
+    finally:
+        a.stop()
+        b.stop()

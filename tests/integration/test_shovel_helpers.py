@@ -1,0 +1,131 @@
+"""Helpers shared by the shovel tests (no tests here): publish, count, drain, poll."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiormq
+from pamqp import commands as spec
+
+from tests.integration._http import Api, q
+
+
+def wait_for(pred: Callable[[], Any], timeout: float, what: str, step: float = 0.05) -> Any:
+    """Poll pred until it returns something truthy, or fail with what (bounded)."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = pred()
+        if last:
+            return last
+        time.sleep(step)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+async def await_for(pred: Callable[[], Any], timeout: float, what: str,
+                    step: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = pred()
+        if asyncio.iscoroutine(last):
+            last = await last
+        if last:
+            return last
+        await asyncio.sleep(step)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+async def publish(url: str, queue: str, n: int, *, start: int = 0, exchange: str = "",
+                  routing_key: str | None = None, declare: bool = True,
+                  properties: spec.Basic.Properties | None = None, window: int = 2000) -> None:
+    """n persistent messages with bodies str(i), publisher-confirmed in windows."""
+    conn = await aiormq.connect(url)
+    try:
+        ch = await conn.channel()
+        if declare and queue:
+            await ch.queue_declare(queue, durable=True)
+        rk = queue if routing_key is None else routing_key
+        for base in range(start, start + n, window):
+            top = min(base + window, start + n)
+            await asyncio.gather(*(
+                ch.basic_publish(str(i).encode(), exchange=exchange, routing_key=rk,
+                                 properties=properties or spec.Basic.Properties(
+                                     delivery_mode=2, message_id=f"m{i}"))
+                for i in range(base, top)))
+    finally:
+        await conn.close()
+
+
+async def count(url: str, queue: str) -> int:
+    conn = await aiormq.connect(url)
+    try:
+        ch = await conn.channel()
+        ok = await ch.queue_declare(queue, passive=True)
+        return int(ok.message_count or 0)
+    finally:
+        await conn.close()
+
+
+async def drain(url: str, queue: str, until: int, timeout: float = 60) -> list[bytes]:
+    """Consume (auto-ack) until `until` distinct bodies arrived and the queue is empty."""
+    bodies: list[bytes] = []
+    conn = await aiormq.connect(url)
+    try:
+        ch = await conn.channel()
+        await ch.basic_qos(prefetch_count=2000)
+
+        def got(message: aiormq.abc.DeliveredMessage) -> None:
+            bodies.append(message.body)
+
+        await ch.basic_consume(queue, got, no_ack=True)  # type: ignore[arg-type]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if len(set(bodies)) >= until:
+                ok = await ch.queue_declare(queue, passive=True)
+                if not ok.message_count:
+                    await asyncio.sleep(0.2)  # let anything in flight land (then we stop)
+                    return bodies
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"drained {len(set(bodies))} distinct of {until} from {queue}")
+    finally:
+        await conn.close()
+
+
+async def get_one(url: str, queue: str, timeout: float = 10) -> aiormq.abc.DeliveredMessage:
+    conn = await aiormq.connect(url)
+    try:
+        ch = await conn.channel()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                msg = await ch.basic_get(queue, no_ack=True)
+            except aiormq.exceptions.ChannelNotFoundEntity:  # not declared yet
+                ch = await conn.channel()
+            else:
+                if isinstance(msg.delivery, spec.Basic.GetOk):
+                    return msg
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"no message in {queue}")
+    finally:
+        await conn.close()
+
+
+def shovels(api: Api, vhost: str | None = None) -> list[dict[str, Any]]:
+    path = "/api/shovels" + ("" if vhost is None else "/" + q(vhost))
+    r = api.get(path)
+    assert r.status == 200, r.text
+    return list(r.json())
+
+
+def shovel_state(api: Api, name: str, vhost: str = "/") -> str | None:
+    r = api.get(f"/api/shovels/vhost/{q(vhost)}/{q(name)}")
+    return r.json()["state"] if r.status == 200 else None
+
+
+def set_shovel(api: Api, name: str, value: dict[str, Any], vhost: str = "/") -> None:
+    r = api.put(f"/api/parameters/shovel/{q(vhost)}/{q(name)}", {"value": value})
+    assert r.status in (201, 204), r.text
