@@ -27,7 +27,7 @@ import pika
 import pika.exceptions as pex
 from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
 
-from conformance.rawclient import RawClient
+from conformance.rawclient import RawClient, RawClosed, RawTimeout
 
 # ---------------------------------------------------------------------------
 # Registry
@@ -511,14 +511,7 @@ def run_case(c: Case, settings: Settings) -> Result:
     ctx = Context(c.id, settings)
     t0 = time.monotonic()
     try:
-        c.func(ctx)
-        outcome, detail = "pass", ""
-    except Skip as exc:
-        outcome, detail = "skip", str(exc)
-    except AssertionError as exc:
-        outcome, detail = "fail", str(exc) or "assertion failed"
-    except Exception as exc:  # any other error is a failure of the broker under test
-        outcome, detail = "fail", f"unexpected {type(exc).__name__}: {exc!r}"[:500]
+        outcome, detail = _outcome(functools.partial(c.func, ctx))
     finally:
         with contextlib.suppress(Exception):
             ctx.close()
@@ -579,7 +572,13 @@ def _outcome(fn: Callable[[], None]) -> tuple[str, str]:
         return "skip", str(exc)
     except AssertionError as exc:
         return "fail", str(exc) or "assertion failed"
-    except Exception as exc:
+    except RawTimeout as exc:
+        return "fail", f"expected an answer from the broker, got nothing in time ({exc})"
+    except RawClosed as exc:
+        return "fail", f"expected an answer from the broker, got the socket closed ({exc})"
+    except pex.AMQPConnectionError as exc:
+        return "fail", f"expected a working connection, got {type(exc).__name__}: {exc!r}"[:500]
+    except Exception as exc:  # any other error is a failure of the broker under test
         return "fail", f"unexpected {type(exc).__name__}: {exc!r}"[:500]
 
 
