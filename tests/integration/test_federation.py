@@ -85,3 +85,163 @@ def test_exchange_federation_topic_bindings(two_sites) -> None:
         assert [b for _p, b in got] == [b"us-2"]
         assert settle(dch, "eu.orders", 0.5) == []
     assert links(down)[0]["status"] == "running"
+
+
+@pytest.fixture
+def ring(tmp_path: Path) -> Iterator[list[BrokerProcess]]:
+    sites = [site(tmp_path, f"ring-{n}") for n in "abc"]
+    for proc in sites:
+        proc.start()
+    yield sites
+    for proc in sites:
+        proc.stop()
+
+
+def _ring_upstreams(sites: list[BrokerProcess], max_hops: int) -> None:
+    # a <- c, b <- a, c <- b: every site's upstream is the one before it
+    for i, proc in enumerate(sites):
+        prev = sites[i - 1]
+        set_upstream(proc, "prev", {"uri": amqp_uri(prev.port), "max-hops": max_hops,
+                                    "reconnect-delay": 1})
+
+
+def _wait_links_with(sites: list[BrokerProcess], max_hops: int) -> None:
+    """Every site's link runs, and runs with this max-hops (on the upstream's exchange)."""
+    for i, proc in enumerate(sites):
+        wait_running(proc)
+        prev = sites[i - 1]
+
+        def declared() -> bool:
+            r = api(prev).request("GET", "/api/exchanges/%2F")
+            return any(x["type"] == "x-federation-upstream"
+                       and x["arguments"].get("x-max-hops") == max_hops
+                       and x["arguments"].get("x-downstream-name") == f"ring-{'abc'[i]}"
+                       for x in r.json())
+        wait_for(declared, what=f"upstream exchange with max-hops {max_hops}")
+
+
+@pytest.mark.slow
+def test_ring_of_three_max_hops_and_no_loops(ring) -> None:
+    _ring_upstreams(ring, 1)
+    chans = []
+    conns = []
+    for proc in ring:
+        conn = pika.BlockingConnection(pika.URLParameters(proc.url))
+        ch = conn.channel()
+        ch.exchange_declare("ring", "fanout", durable=True)
+        ch.queue_declare("ring.q")
+        ch.queue_bind("ring.q", "ring")
+        conns.append(conn)
+        chans.append(ch)
+        set_policy(proc, "fed-ring", "^ring$", {"federation-upstream": "prev"})
+    try:
+        _wait_links_with(ring, 1)
+        chans[0].basic_publish("ring", "", b"from-a")
+        # max-hops 1: a's own queue and b (a's downstream) only
+        assert [b for _p, b in drain(chans[1], "ring.q", 1)] == [b"from-a"]
+        assert [b for _p, b in drain(chans[0], "ring.q", 1)] == [b"from-a"]
+        assert settle(chans[2], "ring.q", 1.0) == []
+        assert settle(chans[0], "ring.q", 0.1) == []
+        assert settle(chans[1], "ring.q", 0.1) == []
+
+        # max-hops 2: a -> b -> c, and c's copy (2 hops) does not go back to a
+        _ring_upstreams(ring, 2)
+        _wait_links_with(ring, 2)
+        chans[0].basic_publish("ring", "", b"hops-2")
+        got_c = drain(chans[2], "ring.q", 1)
+        assert [b for _p, b in got_c] == [b"hops-2"]
+        hops = got_c[0][0].headers["x-received-from"]
+        assert [h["cluster-name"] for h in hops] == ["ring-b", "ring-a"]
+        assert [b for _p, b in drain(chans[1], "ring.q", 1)] == [b"hops-2"]
+        assert [b for _p, b in drain(chans[0], "ring.q", 1)] == [b"hops-2"]
+        assert settle(chans[0], "ring.q", 1.0) == []
+
+        # max-hops 10: only loop detection stops it, after one turn of the ring
+        _ring_upstreams(ring, 10)
+        _wait_links_with(ring, 10)
+        chans[1].basic_publish("ring", "", b"loop?")
+        for ch in chans:
+            assert [b for _p, b in drain(ch, "ring.q", 1)] == [b"loop?"]
+        for ch in chans:
+            assert settle(ch, "ring.q", 1.0 if ch is chans[0] else 0.1) == []
+    finally:
+        for conn in conns:
+            conn.close()
+
+
+def test_queue_federation_pulls_only_with_consumers(two_sites) -> None:
+    up, down = two_sites
+    with channel(up.url) as uch:
+        uch.queue_declare("work", durable=True)
+        for i in range(20):
+            uch.basic_publish("", "work", f"job-{i}".encode(),
+                              pika.BasicProperties(delivery_mode=2, headers={"CC": ["x"]}
+                                                   if i == 0 else None))
+    set_upstream(down, "up", {"uri": amqp_uri(up.port), "reconnect-delay": 1,
+                              "prefetch-count": 5})
+    set_policy(down, "fedq", "^work$", {"federation-upstream": "up"}, apply_to="queues")
+    with channel(down.url) as dch:
+        dch.queue_declare("work", durable=True)
+        items = wait_running(down)
+        assert items[0]["type"] == "queue" and items[0]["queue"] == "work"
+        # no consumers downstream: nothing moves
+        with channel(up.url) as uch:
+            assert settle(dch, "work", 1.0) == []
+            assert uch.queue_declare("work", passive=True).method.message_count == 20
+        got: list[tuple[object, bytes]] = []
+
+        def on_message(ch, method, props, body) -> None:
+            got.append((props, body))
+            ch.basic_ack(method.delivery_tag)
+
+        dch.basic_qos(prefetch_count=2)
+        tag = dch.basic_consume("work", on_message)
+        deadline = __import__("time").monotonic() + 15
+        while len(got) < 20 and __import__("time").monotonic() < deadline:
+            dch.connection.process_data_events(time_limit=0.1)
+        dch.basic_cancel(tag)
+        assert sorted(b for _p, b in got) == sorted(f"job-{i}".encode() for i in range(20))
+        first = next(p for p, b in got if b == b"job-0")
+        hop = first.headers["x-received-from"][0]
+        assert hop["queue"] == "work" and hop["visit-count"] == 1 and "guest" not in hop["uri"]
+        assert first.headers["x-original-routing-key"] == "work"
+        assert first.headers["x-original-exchange"] == ""
+        assert first.headers["x-original-cc"] == ["x"] and "CC" not in first.headers
+    with channel(up.url) as uch:
+        assert uch.queue_declare("work", passive=True).method.message_count == 0
+
+
+@pytest.mark.slow
+def test_upstream_killed_and_restarted_mid_stream(two_sites) -> None:
+    up, down = two_sites
+    with channel(up.url) as uch:
+        uch.exchange_declare("fed.durable", "direct", durable=True)
+    with channel(down.url) as dch:
+        dch.exchange_declare("fed.durable", "direct", durable=True)
+        dch.queue_declare("sink", durable=True)
+        dch.queue_bind("sink", "fed.durable", "k")
+    set_upstream(down, "up", {"uri": amqp_uri(up.port), "reconnect-delay": 1,
+                              "prefetch-count": 50})
+    set_policy(down, "fed", "^fed\\.", {"federation-upstream": "up"})
+    wait_running(down)
+    wait_for(lambda: any(b["routing_key"] == "k" for b in api(up).request(
+        "GET", "/api/exchanges/%2F/fed.durable/bindings/source").json()),
+        what="binding mirrored")
+
+    def publish(start: int, n: int) -> None:
+        with channel(up.url) as uch:
+            uch.confirm_delivery()
+            for i in range(start, start + n):
+                uch.basic_publish("fed.durable", "k", str(i).encode(),
+                                  pika.BasicProperties(delivery_mode=2))
+
+    publish(0, 2000)
+    up.kill()  # mid-stream: the link is still moving the backlog
+    up.restart(keep_port=True)
+    publish(2000, 500)
+    wait_running(down)
+    with channel(down.url) as dch:
+        got = drain(dch, "sink", 2500, timeout=30)
+        bodies = {int(b) for _p, b in got}
+        bodies.update(int(b) for b in settle(dch, "sink", 0.5))
+    assert bodies == set(range(2500))  # nothing lost (redeliveries may duplicate)
