@@ -74,30 +74,6 @@ class Channel:
         self.stat_publish = 0
         self.stat_deliver = 0
         self.stat_ack = 0
-        self._handlers: dict[type, Callable[[Any], None]] = {
-            commands.Channel.Flow: self._flow,
-            commands.Exchange.Declare: self._exchange_declare,
-            commands.Exchange.Delete: self._exchange_delete,
-            commands.Exchange.Bind: self._exchange_bind,
-            commands.Exchange.Unbind: self._exchange_unbind,
-            commands.Queue.Declare: self._queue_declare,
-            commands.Queue.Bind: self._queue_bind,
-            commands.Queue.Unbind: self._queue_unbind,
-            commands.Queue.Purge: self._queue_purge,
-            commands.Queue.Delete: self._queue_delete,
-            commands.Basic.Qos: self._basic_qos,
-            commands.Basic.Consume: self._basic_consume,
-            commands.Basic.Cancel: self._basic_cancel,
-            commands.Basic.Get: self._basic_get,
-            commands.Basic.Reject: self._basic_reject,
-            commands.Basic.Nack: self._basic_nack,
-            commands.Basic.Recover: self._basic_recover,
-            commands.Basic.RecoverAsync: self._basic_recover_async,
-            commands.Confirm.Select: self._confirm_select,
-            commands.Tx.Select: self._tx_select,
-            commands.Tx.Commit: self._tx_commit,
-            commands.Tx.Rollback: self._tx_rollback,
-        }
 
     # ------------------------------------------------------------------ plumbing
     @property
@@ -108,11 +84,11 @@ class Channel:
         self.session.conn.send_method(self.number, method)
 
     def handle(self, method: Any) -> None:
-        handler = self._handlers.get(type(method))
+        handler = _HANDLERS.get(type(method))
         if handler is None:
             # a method only the server may send (e.g. channel.flow-ok, basic.deliver)
             raise CommandInvalid(f"unexpected method {method.name} from the client")
-        handler(method)
+        handler(self, method)
 
     def _queue_name(self, name: str) -> str:
         """An empty queue name means the channel's last declared queue (spec rule)."""
@@ -530,5 +506,31 @@ class Channel:
         self.tx_publishes.clear()
         self.tx_acks.clear()
 
+
+# Method class -> handler: one table for all channels (not a dict of bound methods each).
+_HANDLERS: dict[type, Callable[[Channel, Any], None]] = {
+    commands.Channel.Flow: Channel._flow,
+    commands.Exchange.Declare: Channel._exchange_declare,
+    commands.Exchange.Delete: Channel._exchange_delete,
+    commands.Exchange.Bind: Channel._exchange_bind,
+    commands.Exchange.Unbind: Channel._exchange_unbind,
+    commands.Queue.Declare: Channel._queue_declare,
+    commands.Queue.Bind: Channel._queue_bind,
+    commands.Queue.Unbind: Channel._queue_unbind,
+    commands.Queue.Purge: Channel._queue_purge,
+    commands.Queue.Delete: Channel._queue_delete,
+    commands.Basic.Qos: Channel._basic_qos,
+    commands.Basic.Consume: Channel._basic_consume,
+    commands.Basic.Cancel: Channel._basic_cancel,
+    commands.Basic.Get: Channel._basic_get,
+    commands.Basic.Reject: Channel._basic_reject,
+    commands.Basic.Nack: Channel._basic_nack,
+    commands.Basic.Recover: Channel._basic_recover,
+    commands.Basic.RecoverAsync: Channel._basic_recover_async,
+    commands.Confirm.Select: Channel._confirm_select,
+    commands.Tx.Select: Channel._tx_select,
+    commands.Tx.Commit: Channel._tx_commit,
+    commands.Tx.Rollback: Channel._tx_rollback,
+}
 
 __all__ = ["Channel", "ContentTooLarge"]
