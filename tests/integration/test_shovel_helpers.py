@@ -64,7 +64,10 @@ async def count(url: str, queue: str) -> int:
     conn = await aiormq.connect(url)
     try:
         ch = await conn.channel()
-        ok = await ch.queue_declare(queue, passive=True)
+        try:
+            ok = await ch.queue_declare(queue, passive=True)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            return 0  # not declared (yet)
         return int(ok.message_count or 0)
     finally:
         await conn.close()
