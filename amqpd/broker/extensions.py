@@ -56,6 +56,10 @@ class QueueExt:
         self.sac_order: list[Consumer] = []
         self.sac_draining: Consumer | None = None
         self.timed = False  # some entry ever had an expiry (else takes skip the check)
+        # recovered entries are kept cold (log-only); their TTL counts from recovery and
+        # is worked out when one reaches the head
+        self.cold_since: float | None = None
+        self.plain = False
         self.configure(opts)
 
     def configure(self, opts: QueueOptions) -> None:
@@ -64,6 +68,7 @@ class QueueExt:
         self.rejects = opts.overflow != "drop-head" and (
             opts.max_length is not None or opts.max_length_bytes is not None)
         self.sac = opts.single_active_consumer
+        self.plain = not opts.any
         if opts.max_priority and not isinstance(q.ready, PriorityReady):
             self.max_priority = opts.max_priority
             ready = PriorityReady(opts.max_priority)
@@ -108,6 +113,14 @@ class QueueExt:
     # ------------------------------------------------------------------ enqueue
     def enqueue(self, message: Message) -> None:
         q = self.queue
+        if self.plain and (type(message) is LoggedMessage or not (
+                message.properties and message.properties[0] & _FLAG_EXPIRATION)):
+            q.ready.append(QueueEntry(message, next(q._seq)))  # nothing to track
+            q.ready_bytes += message.size
+            q.stat_publish += 1
+            if q.consumers:
+                q.vhost.schedule_dispatch(q)
+            return
         now = time.monotonic()
         expires = self._expiry(message, now)
         q.ready.append(TimedEntry(message, next(q._seq), False, expires,
@@ -125,7 +138,8 @@ class QueueExt:
 
     def restore(self, message: Message, redelivered: bool) -> None:
         """A recovered message: TTL counts again from recovery (its publish time is not
-        in the log)."""
+        in the log). Only priority queues come here (the level needs the priority); others
+        keep recovered entries cold and call :meth:`mark_cold`."""
         q = self.queue
         expires = self._expiry(message, time.monotonic())
         q.ready.append(TimedEntry(message, next(q._seq), redelivered, expires,
@@ -135,6 +149,14 @@ class QueueExt:
             self.timed = True
             if self.expiry_armed is None or expires < self.expiry_armed:
                 self._arm_expiry(expires)
+
+    def mark_cold(self) -> None:
+        """Recovered entries were added as they are (log-only): their TTL counts from now
+        and is worked out when each reaches the head (no read per recovered message)."""
+        if self.cold_since is None:
+            self.cold_since = time.monotonic()
+            self.timed = True
+            self._arm_expiry(self.cold_since)  # look at the head once recovery is done
 
     def requeue(self, entries: list[QueueEntry]) -> None:
         """Entries go back to their original places (per priority level in a priority
@@ -172,7 +194,7 @@ class QueueExt:
         # low-priority message behind an unexpired higher one until it reaches the head
         while ready:
             head = ready[0]
-            exp = getattr(head, "expires", None)
+            exp = self._head_expiry(head)
             if exp is None or exp > now:
                 break
             ready.popleft()
@@ -180,6 +202,15 @@ class QueueExt:
             expired.append(head)
         if expired:
             self.discard(q, expired, "expired")
+
+    def _head_expiry(self, head: QueueEntry) -> float | None:
+        exp = getattr(head, "expires", None)
+        if exp is not None or self.cold_since is None or isinstance(head, TimedEntry):
+            return exp
+        message = head.message  # a recovered entry: load it (take() would anyway)
+        if type(message) is LoggedMessage:
+            head.message = message = message.load()
+        return self._expiry(message, self.cold_since)
 
     def discard(self, q: Queue, entries: list[QueueEntry], reason: str) -> None:
         """Ready entries leave the queue without delivery: dead-letter, then settle."""
@@ -192,7 +223,7 @@ class QueueExt:
     def _arm_expiry_at_head(self) -> None:
         ready = self.queue.ready
         if ready:
-            exp = getattr(ready[0], "expires", None)
+            exp = self._head_expiry(ready[0])
             if exp is not None and (self.expiry_armed is None or exp < self.expiry_armed):
                 self._arm_expiry(exp)
 
@@ -334,6 +365,9 @@ def validate_queue_arguments(arguments: dict[str, Any], name: str = "",
             raise fail(key, f"{{unacceptable_type,{type_name(arguments[key])}}}")
     if "x-dead-letter-routing-key" in arguments and "x-dead-letter-exchange" not in arguments:
         raise fail("x-dead-letter-routing-key", "routing_key_but_no_dlx_defined")
+    qtype = arguments.get("x-queue-type")
+    if qtype is not None and qtype != "classic":  # amqpd queues are all classic queues
+        raise fail("x-queue-type", f'"unsupported queue type \'{qtype}\'"')
     sac = arguments.get("x-single-active-consumer")
     if sac is not None and not isinstance(sac, bool):
         raise fail("x-single-active-consumer", f"{{unacceptable_type,{type_name(sac)}}}")

@@ -118,9 +118,15 @@ class Queue:
 
     def restore(self, message: Message, redelivered: bool) -> None:
         """Put a recovered message at the tail (recovery replays in log order)."""
-        if self.ext is not None:
-            self.ext.restore(message, redelivered)
+        if self.ext is not None and self.ext.max_priority:
+            self.ext.restore(message, redelivered)  # its level needs its priority now
             return
+        if self.ext is None:  # TTLs of recovered messages are worked out at the head
+            from amqpd.broker.extensions import QueueExt
+            from amqpd.broker.policy import QueueOptions
+
+            self.ext = QueueExt(self, QueueOptions())
+        self.ext.mark_cold()
         if type(message) is LoggedMessage and isinstance(self.ready, ReadyList):
             self.ready.append_logged(message._store, message.position, message.size,
                                      next(self._seq), redelivered)

@@ -30,6 +30,9 @@ def test_ttl_dead_letters_and_priorities_survive_restart(fresh_broker) -> None:
         _pub(ch, "", "r.keep", b"kept")
         for body, prio in ((b"low", 1), (b"high", 9), (b"mid", 5), (b"high2", 9)):
             _pub(ch, "", "r.prio", body, priority=prio)
+        ch.queue_declare("r.plain", durable=True)  # per-message TTL in a plain queue
+        _pub(ch, "", "r.plain", b"expiring", expiration="1500")
+        _pub(ch, "", "r.plain", b"staying")
         _pub(ch, "", "r.rej", b"rejected-before")
         method = wait_for(lambda: ch.basic_get("r.rej", auto_ack=False)[0], 3)
         ch.basic_reject(method.delivery_tag, requeue=False)
@@ -49,6 +52,9 @@ def test_ttl_dead_letters_and_priorities_survive_restart(fresh_broker) -> None:
         assert props.headers["x-death"][0]["reason"] == "expired"
         assert props.headers["x-death"][0]["queue"] == "r.ttl"
         assert count(ch, "r.ttl") == 0
+        # the per-message TTL of a recovered message in a plain queue applies too
+        wait_for(lambda: count(ch, "r.plain") == 1, 5)
+        assert drain(ch, "r.plain") == [b"staying"]
         # and a new message still gets the queue's priorities
         for body, prio in ((b"a", 0), (b"b", 3)):
             _pub(ch, "", "r.prio", body, priority=prio)

@@ -1,21 +1,20 @@
 """x-consistent-hash: rabbitmq-consistent-hash-exchange semantics.
 
-Each binding's routing key is a *weight* (an integer, "1" to ...): a destination bound
-with weight N owns N points on a hash ring. A message is hashed (by default its routing
-key; with the exchange argument ``hash-header`` that header's value; with
-``hash-property`` one of ``message_id``, ``correlation_id``, ``timestamp``) and goes to the
-owner of the first point at or after its hash, so the same key always reaches the same
-queue while the bindings stay the same, and load spreads in proportion to the weights.
+Each binding's routing key is a *weight* (an integer >= 1): a destination bound with
+weight N owns N buckets. A message is hashed (by default its routing key; with the
+exchange argument ``hash-header`` that header's value; with ``hash-property`` one of
+``message_id``, ``correlation_id``, ``timestamp``) and jump consistent hashing picks its
+bucket, as the plugin does since 3.8: the same key always reaches the same queue while
+the bindings stay the same, and load spreads in proportion to the weights.
 A message without the configured header or property is still routed (its value hashes
 as empty), as the plugin does. Error texts are the plugin's (3.10.8).
 
-The plugin's ring (erlang:phash2 buckets) is not reproduced bit for bit, only its
-properties; the hash here is BLAKE2b.
+The key hash is BLAKE2b, not erlang:phash2, so which queue a given key lands on differs
+from RabbitMQ's choice; the distribution properties are the same.
 """
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 from collections.abc import Iterable
 from typing import Any
@@ -28,7 +27,18 @@ _PROPERTIES = ("message_id", "correlation_id", "timestamp")
 
 
 def _hash(data: bytes) -> int:
-    return int.from_bytes(hashlib.blake2b(data, digest_size=4).digest(), "big")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
+def jump_hash(key: int, buckets: int) -> int:
+    """Jump consistent hash (Lamping & Veach), which the plugin uses since RabbitMQ 3.8:
+    keys spread evenly over the buckets, and adding buckets moves only ~1/n of them."""
+    b, j = -1, 0
+    while j < buckets:
+        b = j
+        key = (key * 2862933555777941757 + 1) & 0xFFFFFFFFFFFFFFFF
+        j = int((b + 1) * (float(1 << 31) / float((key >> 33) + 1)))
+    return b
 
 
 @register_exchange_type
@@ -36,10 +46,10 @@ class ConsistentHashExchange(Exchange):
     type_name = "x-consistent-hash"
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        self._points: list[int] = []
-        self._owners: list[Destination] = []
-        self._ring: dict[tuple[str, str, str, str], list[int]] = {}
-        self._dests: dict[tuple[str, str, str, str], Destination] = {}
+        # bucket -> destination: each binding owns `weight` consecutive buckets, in
+        # binding order (removing one shifts the later ones down, as the plugin does)
+        self._buckets: list[Destination] = []
+        self._weights: dict[tuple[str, str, str, str], tuple[int, Destination]] = {}
         super().__init__(*args, **kwargs)
 
     def validate(self, arguments: dict[str, Any]) -> None:
@@ -60,23 +70,15 @@ class ConsistentHashExchange(Exchange):
             raise PreconditionFailed("The binding key must be greater than 0")
 
     def add_binding(self, binding: Binding) -> None:
-        weight = int(binding.routing_key.strip())
-        dest_id = f"{binding.key[0]}:{binding.destination.name}".encode()
-        points = [_hash(dest_id + b":" + str(i).encode()) for i in range(weight)]
-        self._ring[binding.key] = points
-        self._dests[binding.key] = binding.destination
+        self._weights[binding.key] = (int(binding.routing_key.strip()), binding.destination)
         self._rebuild()
 
     def remove_binding(self, binding: Binding) -> None:
-        self._ring.pop(binding.key, None)
-        self._dests.pop(binding.key, None)
+        self._weights.pop(binding.key, None)
         self._rebuild()
 
     def _rebuild(self) -> None:
-        pairs = sorted((p, i, key) for i, (key, pts) in enumerate(self._ring.items())
-                       for p in pts)
-        self._points = [p for p, _i, _k in pairs]
-        self._owners = [self._dests[k] for _p, _i, k in pairs]
+        self._buckets = [dest for weight, dest in self._weights.values() for _ in range(weight)]
 
     def _hash_input(self, message: Message, routing_key: str) -> bytes:
         header = self.arguments.get("hash-header")
@@ -92,11 +94,11 @@ class ConsistentHashExchange(Exchange):
         return routing_key.encode()
 
     def route(self, message: Message, routing_key: str) -> Iterable[Destination]:
-        if not self._points:
+        buckets = self._buckets
+        if not buckets:
             return ()
-        data = self._hash_input(message, routing_key)
-        i = bisect.bisect_left(self._points, _hash(data))
-        return (self._owners[i % len(self._owners)],)
+        key = _hash(self._hash_input(message, routing_key))
+        return (buckets[jump_hash(key, len(buckets))],)
 
 
 __all__ = ["ConsistentHashExchange"]
