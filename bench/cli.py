@@ -13,6 +13,7 @@ import json
 import math
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -434,6 +435,10 @@ def main(argv: list[str] | None = None) -> int:
         rerender(Path(args.render), Path(args.out))
         return 0
     raise_nofile()
+    # stop cleanly (brokers included) on SIGTERM, and on SIGINT even when started in the
+    # background by a shell (which ignores SIGINT for background jobs)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PROCESS, 0, args.nice)
     o = Options(duration=args.duration, warmup=args.warmup, repeat=args.repeat,

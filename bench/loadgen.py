@@ -164,10 +164,10 @@ class Conn:
     def delete_exchange(self, ch: int, name: str) -> None:
         self.rpc(ch, commands.Exchange.Delete(exchange=name), commands.Exchange.DeleteOk)
 
-    def close(self) -> None:
+    def close(self, timeout: float = 5.0) -> None:
         self.buf = bytearray()
         with contextlib.suppress(Exception):
-            self.sock.settimeout(5.0)
+            self.sock.settimeout(timeout)
             self.send(0, commands.Connection.Close(reply_code=200, reply_text="bye",
                                                         class_id=0, method_id=0))
             self.expect(0, commands.Connection.CloseOk)
@@ -314,6 +314,12 @@ def run_publisher(url: str, spec: PublisherSpec, go: Any = None,
             _publish_paced(conn, spec, templates, res)
         else:
             _publish_fast(conn, spec, templates, res)
+        conn.sock.settimeout(600.0)
+        if spec.close_after and not spec.confirm_window:
+            # a round trip on the publishing channel: everything before it has been
+            # read and routed by the broker (and nothing is lost in socket buffers
+            # when the connection closes)
+            conn.rpc(ch, commands.Basic.Qos(prefetch_count=0), commands.Basic.QosOk)
         if spec.sync_queue is not None:
             # RabbitMQ routes through other processes: the count may lag the last
             # publish by a little; wait (bounded) until every message is observed.
@@ -329,7 +335,9 @@ def run_publisher(url: str, spec: PublisherSpec, go: Any = None,
         res.t_end = time.monotonic()
     res.cpu = time.process_time() - t0
     if spec.close_after:
-        conn.close()
+        conn.close(timeout=120.0)
+    else:
+        conn.sock.close()
     return res
 
 
