@@ -15,13 +15,10 @@ Configuration is RabbitMQ's: runtime parameters ``federation-upstream`` and
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING
 
-from pamqp import constants as pamqp_constants
-
 from amqpd.broker.policy import register_policy_key
-from plugins.federation import http, params, upstream_exchange
+from plugins.federation import http, params, upstream_exchange, wire
 from plugins.federation.links import Supervisor
 
 if TYPE_CHECKING:
@@ -31,26 +28,13 @@ if TYPE_CHECKING:
 __all__ = ["FederationPlugin", "create_plugin"]
 
 
-def relax_name_patterns() -> None:
-    """Let pamqp build frames naming federation's objects.
-
-    RabbitMQ accepts any UTF-8 exchange or queue name, and federation's own names carry
-    ``>`` (``federation: X -> C``), which pamqp's 0-9-1 domain patterns refuse when a frame
-    is *built*: aiormq could not declare them as a downstream, and the broker could not
-    answer ``queue.declare-ok`` to a RabbitMQ downstream. Length limits stay checked.
-    """
-    anything = re.compile(r"[^\x00]*")
-    pamqp_constants.DOMAIN_REGEX["exchange-name"] = anything
-    pamqp_constants.DOMAIN_REGEX["queue-name"] = anything
-
-
 class FederationPlugin:
     name = "federation"
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.supervisor = Supervisor(broker)
-        relax_name_patterns()
+        wire.install()
         # before definitions restore: saved upstream exchanges and parameters must load
         upstream_exchange.register()
         for component, validate in ((params.UPSTREAM, params.validate_upstream),

@@ -29,6 +29,7 @@ from aiormq.abc import DeliveredMessage
 from amqpd.broker.exchange import args_key
 from plugins.federation.base import Link, properties_of
 from plugins.federation.headers import BINDING_HEADER, ROUTING_HEADER, prepend, should_forward
+from plugins.federation.wire import Long
 
 INTERNAL_CHECK_INTERVAL = 30.0
 PURPOSE = {"x-internal-purpose": "federation"}
@@ -116,7 +117,7 @@ class ExchangeLink(Link):
         """x-federation-upstream on a disposable connection (503 closes the connection);
         plain fanout on the link's channel if the upstream does not know the type."""
         xfu_args: dict[str, Any] = {
-            "x-max-hops": self.upstream.max_hops, "x-downstream-name": self.cluster,
+            "x-max-hops": Long(self.upstream.max_hops), "x-downstream-name": self.cluster,
             "x-downstream-vhost": self.vhost, **PURPOSE}
         try:
             side = await aiormq.connect(self._connected_uri())

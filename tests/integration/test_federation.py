@@ -111,11 +111,11 @@ def _wait_links_with(sites: list[BrokerProcess], max_hops: int) -> None:
         wait_running(proc)
         prev = sites[i - 1]
 
-        def declared() -> bool:
+        def declared(prev: BrokerProcess = prev, down: str = f"ring-{'abc'[i]}") -> bool:
             r = api(prev).request("GET", "/api/exchanges/%2F")
             return any(x["type"] == "x-federation-upstream"
                        and x["arguments"].get("x-max-hops") == max_hops
-                       and x["arguments"].get("x-downstream-name") == f"ring-{'abc'[i]}"
+                       and x["arguments"].get("x-downstream-name") == down
                        for x in r.json())
         wait_for(declared, what=f"upstream exchange with max-hops {max_hops}")
 
