@@ -7,6 +7,7 @@ from conformance.cases import (  # noqa: F401
     confirm_tx,
     connection,
     durability,
+    edges,
     exchange,
     extensions,
     extensions2,

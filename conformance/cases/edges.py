@@ -1,0 +1,154 @@
+"""Boundaries and RabbitMQ-specific details: frame_max and channel_max limits exactly,
+x-match variants, overflow with mandatory, priority queues with length limits."""
+
+from __future__ import annotations
+
+import pika
+from pamqp import commands as C
+
+from conformance.framework import CaseFailure, Context, case, check, eq
+from conformance.rawclient import RawClient, marshal_header, marshal_method, raw_frame
+
+F, R = "errors/frames", "routing"
+
+
+def _opened(ctx: Context, frame_max: int | None = None) -> RawClient:
+    rc = ctx.raw()
+    rc.handshake(user=ctx.user, password=ctx.password, vhost=ctx.vhost, frame_max=frame_max)
+    rc.open_channel(1)
+    return rc
+
+
+@case("frame/body-frame-exactly-frame-max-accepted", F)
+def frame_max_exact(ctx: Context) -> None:
+    """A frame of exactly frame_max octets (payload frame_max - 8) is legal."""
+    rc = _opened(ctx, frame_max=4096)
+    r = rc.rpc(C.Queue.Declare(queue="", exclusive=True), 1, (C.Queue.DeclareOk,))
+    q = r.queue
+    body = b"b" * (4096 - 8)
+    rc.send(marshal_method(C.Basic.Publish(exchange="", routing_key=q), 1)
+            + marshal_header(1, len(body)) + raw_frame(3, 1, body))
+    got = rc.rpc(C.Basic.Get(queue=q, no_ack=True), 1, (C.Basic.GetOk, C.Basic.GetEmpty))
+    check(isinstance(got, C.Basic.GetOk), "basic.get-ok", got)
+
+
+@case("frame/payload-of-frame-max-octets-tolerated", F)
+def frame_max_lenient(ctx: Context) -> None:
+    """Spec: frame_max counts the whole frame, so the payload limit is frame_max - 8.
+    RabbitMQ 3.10.8 tolerates payloads up to frame_max itself (clients with that off-by-8
+    work with it), so a drop-in broker must too."""
+    rc = _opened(ctx, frame_max=4096)
+    r = rc.rpc(C.Queue.Declare(queue="", exclusive=True), 1, (C.Queue.DeclareOk,))
+    body = b"b" * 4096
+    rc.send(marshal_method(C.Basic.Publish(exchange="", routing_key=r.queue), 1)
+            + marshal_header(1, len(body)) + raw_frame(3, 1, body))
+    got = rc.rpc(C.Basic.Get(queue=r.queue, no_ack=True), 1, (C.Basic.GetOk, C.Basic.GetEmpty))
+    check(isinstance(got, C.Basic.GetOk), "basic.get-ok", got)
+
+
+@case("frame/payload-over-frame-max-501-FRAME_ERROR", F)
+def frame_max_over(ctx: Context) -> None:
+    rc = _opened(ctx, frame_max=4096)
+    body = b"b" * 4097
+    rc.send(marshal_method(C.Basic.Publish(exchange="", routing_key="nowhere"), 1)
+            + marshal_header(1, len(body)) + raw_frame(3, 1, body))
+    close = rc.expect_close()
+    if close is None:
+        raise CaseFailure("connection.close 501", "socket closed without close")
+    eq(close.reply_code, 501, "reply code")
+
+
+@case("channel-max/all-negotiated-channels-usable", F)
+def channel_max_all(ctx: Context) -> None:
+    """Up to channel_max channels may be open at once (default 2047)."""
+    rc = ctx.raw(timeout=15)
+    rc.handshake(user=ctx.user, password=ctx.password, vhost=ctx.vhost)
+    n = rc.channel_max or 2047
+    rc.send(b"".join(marshal_method(C.Channel.Open(), i) for i in range(1, n + 1)))
+    opened = 0
+    while opened < n:
+        f = rc.read_frame()
+        if isinstance(f.value, C.Channel.OpenOk):
+            opened += 1
+        elif isinstance(f.value, (C.Connection.Close, C.Channel.Close)):
+            raise CaseFailure(f"{n} channels open", f"{f.value.name} {f.value.reply_code} "
+                              f"{f.value.reply_text} after {opened}")
+    rc.send_method(C.Channel.Open(), n + 1)
+    close = rc.expect_close(timeout=10)
+    check(close is not None and close.reply_code == 530, "connection.close 530 for one more",
+          close and close.reply_code)
+
+
+@case("exchange.declare/type-names-are-case-sensitive-503", "exchange")
+def type_case(ctx: Context) -> None:
+    conn = ctx.connect()
+    ch = conn.channel()
+    x = ctx.name("x")
+    ctx.track_exchange(x)
+    ctx.connection_error(conn, lambda: ch.exchange_declare(x, exchange_type="DIRECT"), 503)
+
+
+@case("exchange.headers/any-with-x-matches-x-prefixed-headers", R)
+def any_with_x(ctx: Context) -> None:
+    ch = ctx.channel()
+    x = ctx.exchange(ch, "headers")
+    q = ctx.bound_queue(ch, x, "", arguments={"x-match": "any-with-x", "x-tenant": "acme"})
+    ch.basic_publish(x, "", b"m", pika.BasicProperties(headers={"x-tenant": "acme"}))
+    eq(ctx.must_get(ch, q).body, b"m", "body")
+
+
+@case("exchange.headers/all-with-x-requires-x-prefixed-headers", R)
+def all_with_x(ctx: Context) -> None:
+    ch = ctx.channel()
+    x = ctx.exchange(ch, "headers")
+    q = ctx.bound_queue(ch, x, "", arguments={"x-match": "all-with-x", "x-a": "1", "b": "2"})
+    ch.basic_publish(x, "", b"partial", pika.BasicProperties(headers={"b": "2"}))
+    ch.basic_publish(x, "", b"full", pika.BasicProperties(headers={"x-a": "1", "b": "2"}))
+    eq(ctx.bodies(ch, q), [b"full"], "bodies")
+
+
+@case("exchange.headers/any-ignores-x-prefixed-headers", R)
+def any_ignores_x(ctx: Context) -> None:
+    """Plain "any" never matches on x- prefixed keys (they are ignored in the binding)."""
+    ch = ctx.channel()
+    x = ctx.exchange(ch, "headers")
+    q = ctx.bound_queue(ch, x, "", arguments={"x-match": "any", "x-a": "1", "b": "2"})
+    ch.basic_publish(x, "", b"x-only", pika.BasicProperties(headers={"x-a": "1"}))
+    ctx.get_none(ch, q)
+
+
+@case("exchange.headers/invalid-x-match-406-PRECONDITION_FAILED", R)
+def bad_x_match(ctx: Context) -> None:
+    ch = ctx.channel()
+    x = ctx.exchange(ch, "headers")
+    q = ctx.queue(ch)
+    ctx.channel_error(ch, lambda: ch.queue_bind(q, x, "", arguments={"x-match": "some",
+                                                                      "a": "1"}), 406)
+
+
+@case("x-overflow/reject-publish-with-mandatory-not-returned", "ext/length-limits")
+def reject_publish_mandatory(ctx: Context) -> None:
+    """A message refused by a full reject-publish queue was routed: no basic.return
+    (publishers learn about it from a confirm nack)."""
+    conn = ctx.connect()
+    ch = conn.channel()
+    q = ctx.queue(ch, arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+    returned: list[object] = []
+    ch.add_on_return_callback(lambda *a: returned.append(a))
+    ch.basic_publish("", q, b"1", mandatory=True)
+    ch.basic_publish("", q, b"2", mandatory=True)
+    ctx.sync(ch)
+    conn.process_data_events(time_limit=0.3)
+    eq(returned, [], "returns")
+    eq(ctx.bodies(ch, q), [b"1"], "queue")
+
+
+@case("x-max-length/priority-queue-drops-from-the-head-highest-priority", "ext/priority")
+def priority_maxlen(ctx: Context) -> None:
+    """With x-max-priority and x-max-length, drop-head removes the message at the head of
+    the queue, which is the highest-priority one (RabbitMQ 3.10)."""
+    ch = ctx.channel()
+    q = ctx.queue(ch, arguments={"x-max-priority": 5, "x-max-length": 2})
+    for p in (5, 1, 3):
+        ch.basic_publish("", q, b"%d" % p, pika.BasicProperties(priority=p))
+    eq(ctx.bodies(ch, q), [b"3", b"1"], "remaining, in delivery order")
