@@ -84,8 +84,17 @@ async def drain(url: str, queue: str, until: int, timeout: float = 60) -> list[b
         def got(message: aiormq.abc.DeliveredMessage) -> None:
             bodies.append(message.body)
 
-        await ch.basic_consume(queue, got, no_ack=True)  # type: ignore[arg-type]
         deadline = time.monotonic() + timeout
+        while True:  # the queue may not be declared yet (by the shovel)
+            try:
+                await ch.basic_consume(queue, got, no_ack=True)  # type: ignore[arg-type]
+                break
+            except aiormq.exceptions.ChannelNotFoundEntity:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
+                ch = await conn.channel()
+                await ch.basic_qos(prefetch_count=2000)
         while time.monotonic() < deadline:
             if len(set(bodies)) >= until:
                 ok = await ch.queue_declare(queue, passive=True)
