@@ -152,3 +152,58 @@ def priority_maxlen(ctx: Context) -> None:
     for p in (5, 1, 3):
         ch.basic_publish("", q, b"%d" % p, pika.BasicProperties(priority=p))
     eq(ctx.bodies(ch, q), [b"3", b"1"], "remaining, in delivery order")
+
+
+@case("basic.publish/empty-routing-key-is-not-the-last-declared-queue", "basic")
+def publish_empty_key(ctx: Context) -> None:
+    """The "last declared queue" shorthand applies to queue names, not to routing keys:
+    a publish to "" with key "" reaches no queue and a mandatory one is returned."""
+    rc = _opened(ctx)
+    r = rc.rpc(C.Queue.Declare(queue="", exclusive=True), 1, (C.Queue.DeclareOk,))
+    rc.publish(1, "", "", b"y", mandatory=True)
+    f = rc.read_until((C.Basic.Return,))
+    eq(f.value.reply_code, 312, "basic.return code")
+    got = rc.rpc(C.Basic.Get(queue=r.queue, no_ack=True), 1, (C.Basic.GetOk, C.Basic.GetEmpty))
+    check(isinstance(got, C.Basic.GetEmpty), "the declared queue stays empty", got)
+
+
+@case("basic.ack/multiple-with-unknown-tag-406-PRECONDITION_FAILED", "basic")
+def ack_multiple_unknown(ctx: Context) -> None:
+    """multiple=true still needs the tag itself to be outstanding."""
+    ch = ctx.channel()
+    q = ctx.queue(ch)
+    for i in range(2):
+        ch.basic_publish("", q, b"%d" % i)
+    for _ in range(2):
+        ctx.must_get(ch, q, auto_ack=False)
+    ctx.channel_error(ch, lambda: ch.basic_ack(5, multiple=True), 406)
+
+
+@case("basic.ack/tag-zero-without-multiple-406-PRECONDITION_FAILED", "basic")
+def ack_zero_single(ctx: Context) -> None:
+    ch = ctx.channel()
+    q = ctx.queue(ch)
+    ch.basic_publish("", q, b"x")
+    ctx.must_get(ch, q, auto_ack=False)
+    ctx.channel_error(ch, lambda: ch.basic_ack(0, multiple=False), 406)
+
+
+@case("basic.nack/multiple-with-tag-zero-requeues-all", "basic")
+def nack_zero_multiple(ctx: Context) -> None:
+    ch = ctx.channel()
+    q = ctx.queue(ch)
+    for i in range(3):
+        ch.basic_publish("", q, b"%d" % i)
+    for _ in range(3):
+        ctx.must_get(ch, q, auto_ack=False)
+    ch.basic_nack(0, multiple=True, requeue=True)
+    eq([m.body for m in ctx.drain(ch, q)], [b"0", b"1", b"2"], "requeued in order")
+
+
+@case("basic.reject/tag-zero-406-PRECONDITION_FAILED", "basic")
+def reject_zero(ctx: Context) -> None:
+    ch = ctx.channel()
+    q = ctx.queue(ch)
+    ch.basic_publish("", q, b"x")
+    ctx.must_get(ch, q, auto_ack=False)
+    ctx.channel_error(ch, lambda: ch.basic_reject(0), 406)
