@@ -240,7 +240,7 @@ class Broker:
         limit = self.settings.queue_memory_limit
         for q in queues:
             if (q.ready_bytes + len(q.ready) * MESSAGE_OVERHEAD > limit or self.paging_all) \
-                    and self.store is not None:
+                    and self.store is not None and not (props and props[0] & 0x01):  # TTL: keep
                 q.enqueue(self._paged(q, message))
             else:
                 q.enqueue(message)
