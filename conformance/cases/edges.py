@@ -207,3 +207,56 @@ def reject_zero(ctx: Context) -> None:
     ch.basic_publish("", q, b"x")
     ctx.must_get(ch, q, auto_ack=False)
     ctx.channel_error(ch, lambda: ch.basic_reject(0), 406)
+
+
+# -- queue and consumer argument validation (table-driven) ---------------------------------
+
+_BAD_QUEUE_ARGS: list[tuple[str, dict[str, object]]] = [
+    ("x-queue-mode-unknown", {"x-queue-mode": "bogus"}),
+    ("x-dead-letter-exchange-not-a-string", {"x-dead-letter-exchange": 5}),
+    ("x-max-in-memory-length-on-classic-queue", {"x-max-in-memory-length": 5}),
+    ("x-delivery-limit-on-classic-queue", {"x-delivery-limit": 3}),
+    ("x-max-priority-string", {"x-max-priority": "high"}),
+    ("x-expires-string", {"x-expires": "1000"}),
+    ("x-message-ttl-too-large", {"x-message-ttl": 2**40}),
+    ("x-queue-version-unknown", {"x-queue-version": 3}),
+]
+
+for _label, _args in _BAD_QUEUE_ARGS:
+
+    def _bad(ctx: Context, args: dict[str, object] = _args) -> None:
+        ch = ctx.channel()
+        q = ctx.name()
+        ctx.track_queue(q)
+        ctx.channel_error(ch, lambda: ch.queue_declare(q, arguments=args), 406)
+
+    case(f"queue.declare/invalid-argument-{_label}-406-PRECONDITION_FAILED", "queue")(_bad)
+
+_GOOD_QUEUE_ARGS: list[tuple[str, dict[str, object]]] = [
+    ("x-queue-mode-lazy", {"x-queue-mode": "lazy"}),
+    ("x-queue-version-2", {"x-queue-version": 2}),
+    ("x-overflow-reject-publish-dlx", {"x-overflow": "reject-publish-dlx"}),
+]
+
+for _label, _args in _GOOD_QUEUE_ARGS:
+
+    def _ok(ctx: Context, args: dict[str, object] = _args) -> None:
+        ctx.queue(ctx.channel(), arguments=args)
+
+    case(f"queue.declare/argument-{_label}-accepted", "queue")(_ok)
+
+
+@case("basic.consume/x-priority-not-an-integer-406-PRECONDITION_FAILED", "ext/consumer-priority")
+def consume_priority_str(ctx: Context) -> None:
+    ch = ctx.channel()
+    q = ctx.queue(ch)
+    ctx.channel_error(ch, lambda: ch.basic_consume(q, lambda *a: None,
+                                                   arguments={"x-priority": "high"}), 406)
+
+
+@case("basic.consume/stream-offset-on-classic-queue-406-PRECONDITION_FAILED", "basic")
+def consume_stream_offset(ctx: Context) -> None:
+    ch = ctx.channel()
+    q = ctx.queue(ch)
+    ctx.channel_error(ch, lambda: ch.basic_consume(q, lambda *a: None,
+                                                   arguments={"x-stream-offset": "first"}), 406)
