@@ -153,3 +153,124 @@ def connection_name(ctx: Context) -> None:
 def vhost_listed(ctx: Context) -> None:
     status, body = ctx.http("GET", f"/api/vhosts/{_vh(ctx)}")
     eq((status, body.get("name")), (200, ctx.vhost), "response")
+
+
+@case("http-api/no-credentials-401-with-www-authenticate", A)
+def no_credentials(ctx: Context) -> None:
+    ctx.http("GET", "/api/overview")  # skips without --http-url
+    u = urllib.parse.urlsplit(ctx.settings.http_url or "")
+    conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port or 15672, timeout=5)
+    conn.request("GET", "/api/overview")
+    resp = conn.getresponse()
+    resp.read()
+    conn.close()
+    eq(resp.status, 401, "HTTP status")
+    check("Basic" in (resp.getheader("WWW-Authenticate") or ""), "a Basic challenge",
+          resp.getheader("WWW-Authenticate"))
+
+
+@case("http-api/whoami", A)
+def whoami(ctx: Context) -> None:
+    status, body = ctx.http("GET", "/api/whoami")
+    eq((status, body.get("name")), (200, ctx.user), "response")
+
+
+@case("http-api/queue-list-contains-declared-queue", A)
+def queue_list(ctx: Context) -> None:
+    q = ctx.queue(ctx.channel())
+    status, body = ctx.http("GET", f"/api/queues/{_vh(ctx)}")
+    eq(status, 200, "HTTP status")
+    check(q in [x.get("name") for x in body], f"{q} listed", len(body))
+
+
+@case("http-api/exchange-list-contains-default-and-amq", A)
+def exchange_list(ctx: Context) -> None:
+    status, body = ctx.http("GET", f"/api/exchanges/{_vh(ctx)}")
+    eq(status, 200, "HTTP status")
+    names = {x.get("name") for x in body}
+    for n in ("", "amq.direct", "amq.fanout", "amq.topic", "amq.headers", "amq.match"):
+        check(n in names, f"exchange {n!r} listed", sorted(names)[:10])
+
+
+@case("http-api/definitions-export-has-queue-exchange-binding", A)
+def definitions(ctx: Context) -> None:
+    ch = ctx.channel()
+    x = ctx.exchange(ch, "direct", durable=True)
+    q = ctx.queue(ch, durable=True)
+    ch.queue_bind(q, x, "defs")
+    status, body = ctx.http("GET", "/api/definitions")
+    eq(status, 200, "HTTP status")
+    check(q in [i.get("name") for i in body.get("queues", [])], "queue in definitions", q)
+    check(x in [i.get("name") for i in body.get("exchanges", [])], "exchange in definitions", x)
+    check(any(b.get("source") == x and b.get("destination") == q
+              and b.get("routing_key") == "defs" for b in body.get("bindings", [])),
+          "binding in definitions", "missing")
+
+
+@case("http-api/get-messages-from-queue", A)
+def api_get(ctx: Context) -> None:
+    ch = ctx.channel()
+    q = ctx.queue(ch)
+    ch.basic_publish("", q, b"peek")
+    ctx.sync(ch)
+    status, body = ctx.http("POST", f"/api/queues/{_vh(ctx)}/{q}/get",
+                            {"count": 1, "ackmode": "ack_requeue_false", "encoding": "auto"})
+    eq(status, 200, "HTTP status")
+    eq([(m.get("payload"), m.get("routing_key")) for m in body], [("peek", q)], "messages")
+    ctx.get_none(ch, q, settle=0)
+
+
+@case("http-api/purge-queue-contents", A)
+def api_purge(ctx: Context) -> None:
+    ch = ctx.channel()
+    q = ctx.queue(ch)
+    ch.basic_publish("", q, b"1")
+    ctx.sync(ch)
+    status, _ = ctx.http("DELETE", f"/api/queues/{_vh(ctx)}/{q}/contents")
+    eq(status, 204, "HTTP status")
+    ctx.get_none(ch, q, settle=0.1)
+
+
+@case("http-api/put-exchange-and-post-binding-then-amqp-routes", A)
+def api_exchange_binding(ctx: Context) -> None:
+    ch = ctx.channel()
+    x = ctx.name("x")
+    ctx.track_exchange(x)
+    q = ctx.queue(ch)
+    status, _ = ctx.http("PUT", f"/api/exchanges/{_vh(ctx)}/{x}",
+                         {"type": "topic", "durable": False, "auto_delete": False})
+    check(status in (201, 204), "201/204", status)
+    status, _ = ctx.http("POST", f"/api/bindings/{_vh(ctx)}/e/{x}/q/{q}",
+                         {"routing_key": "api.*", "arguments": {}})
+    eq(status, 201, "binding POST status")
+    ch.basic_publish(x, "api.route", b"via-api-binding")
+    eq(ctx.must_get(ch, q).body, b"via-api-binding", "body")
+
+
+@case("http-api/nodes-listed", A)
+def nodes(ctx: Context) -> None:
+    status, body = ctx.http("GET", "/api/nodes")
+    eq(status, 200, "HTTP status")
+    check(isinstance(body, list) and len(body) >= 1 and "name" in body[0], "a node with a name",
+          body if not isinstance(body, list) else body[:1])
+
+
+for _check in ("virtual-hosts", "local-alarms", "node-is-quorum-critical"):
+
+    def _health(ctx: Context, name: str = _check) -> None:
+        status, body = ctx.http("GET", f"/api/health/checks/{name}")
+        eq((status, body.get("status")), (200, "ok"), "response")
+
+    case(f"http-api/health-check-{_check}-ok", A)(_health)
+
+
+@case("http-api/port-listener-non-integer-400", A)
+def port_bad(ctx: Context) -> None:
+    status, _ = ctx.http("GET", "/api/health/checks/port-listener/notaport")
+    eq(status, 400, "HTTP status")
+
+
+@case("http-api/aliveness-test-unknown-vhost-404", A)
+def aliveness_404(ctx: Context) -> None:
+    status, _ = ctx.http("GET", f"/api/aliveness-test/{ctx.name('vhost')}")
+    eq(status, 404, "HTTP status")
