@@ -458,3 +458,57 @@ def unblocked_after_alarm(ctx: Context) -> None:
     ctx.pump(conn, lambda: bool(unblocked), 15)
     check(bool(unblocked), "connection.unblocked", "nothing within 15 s")
     eq(ctx.must_get(ch, q, timeout=5).body, b"held", "the publish held during the alarm")
+
+
+@case("connection.start-ok/consumer_cancel_notify-false-means-no-basic-cancel", A)
+def no_cancel_notify(ctx: Context) -> None:
+    """A client that does not announce consumer_cancel_notify gets no basic.cancel when its
+    queue is deleted (the consumer just stops receiving)."""
+    rc = ctx.raw()
+    rc.handshake(user=ctx.user, password=ctx.password, vhost=ctx.vhost,
+                 capabilities={"consumer_cancel_notify": False})
+    rc.open_channel(1)
+    q = ctx.queue(ctx.channel())
+    r = rc.rpc(C.Basic.Consume(queue=q, consumer_tag="c1", no_ack=True), 1,
+               (C.Basic.ConsumeOk,))
+    check(isinstance(r, C.Basic.ConsumeOk), "basic.consume-ok", r)
+    ctx.channel().queue_delete(q)
+    try:
+        f = rc.read_frame(timeout=1.0)
+    except RawTimeout:
+        return
+    raise CaseFailure("no frame (no basic.cancel)", f)
+
+
+@case("connection.start-ok/consumer_cancel_notify-true-gets-basic-cancel", A)
+def cancel_notify(ctx: Context) -> None:
+    rc = ctx.raw()
+    rc.handshake(user=ctx.user, password=ctx.password, vhost=ctx.vhost,
+                 capabilities={"consumer_cancel_notify": True})
+    rc.open_channel(1)
+    q = ctx.queue(ctx.channel())
+    rc.rpc(C.Basic.Consume(queue=q, consumer_tag="c1", no_ack=True), 1, (C.Basic.ConsumeOk,))
+    ctx.channel().queue_delete(q)
+    f = rc.read_until((C.Basic.Cancel,), timeout=3)
+    eq(f.value.consumer_tag, "c1", "basic.cancel consumer tag")
+
+
+@case("connection.close/frames-after-client-close-ignored-until-close-ok", A)
+def after_client_close(ctx: Context) -> None:
+    """After sending connection.close a peer must discard all but close/close-ok; the
+    broker still answers with close-ok."""
+    rc = ctx.raw()
+    rc.handshake(user=ctx.user, password=ctx.password, vhost=ctx.vhost)
+    rc.open_channel(1)
+    rc.send_method(C.Connection.Close(reply_code=200, reply_text="bye", class_id=0,
+                                      method_id=0))
+    rc.send_method(C.Queue.Declare(queue="", exclusive=True), 1)
+    f = rc.read_until((C.Connection.CloseOk, C.Queue.DeclareOk), timeout=3)
+    check(isinstance(f.value, C.Connection.CloseOk), "connection.close-ok", f)
+
+
+@case("connection.start/server-properties-cluster-name-and-information", A)
+def start_more_props(ctx: Context) -> None:
+    props = _start(ctx).server_properties or {}
+    for key in ("cluster_name", "copyright", "information"):
+        check(key in props, f"server-properties key {key!r}", sorted(props))
