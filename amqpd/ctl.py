@@ -400,6 +400,30 @@ def cmd_close_connection(c: Client, a: argparse.Namespace, out: TextIO) -> int:
     return _done(a, out, f"Closing connection {a.name}, reason: {a.reason}...")
 
 
+FEDERATION_COLUMNS = ["type", "name", "vhost", "upstream", "upstream_name", "status",
+                      "uri", "timestamp", "error"]
+
+
+def cmd_federation_status(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    """rabbitmqctl federation_status: the federation plugin's links (all vhosts)."""
+    rows = []
+    for link in c.get("/api/federation-links"):
+        if a.only_down and link.get("status") == "running":
+            continue
+        kind = link.get("type", "")
+        rows.append({"type": kind, "name": link.get(kind), "vhost": link.get("vhost"),
+                     "upstream": link.get("upstream"),
+                     "upstream_name": link.get(f"upstream_{kind}"),
+                     "status": link.get("status"), "uri": link.get("uri"),
+                     "timestamp": link.get("timestamp"), "error": link.get("error", "")})
+    if a.json:
+        json.dump(rows, out)
+        out.write("\n")
+    else:
+        print_table(rows, FEDERATION_COLUMNS, out, headers=not a.no_table_headers)
+    return EX_OK
+
+
 def cmd_set_vm_memory_high_watermark(c: Client, a: argparse.Namespace, out: TextIO) -> int:
     node = c.get("/api/overview")["node"]
     if a.value == "absolute":
@@ -516,6 +540,8 @@ def build_parser() -> argparse.ArgumentParser:
         arg("bytes", nargs="?"))
     add("close_connection", cmd_close_connection, "close a client connection",
         arg("name"), arg("reason", nargs="?", default="Closed via amqpctl"))
+    add("federation_status", cmd_federation_status, "federation links and their status",
+        arg("--only-down", action="store_true", help="only links that are not running"))
     return parser
 
 

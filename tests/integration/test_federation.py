@@ -245,3 +245,76 @@ def test_upstream_killed_and_restarted_mid_stream(two_sites) -> None:
         bodies = {int(b) for _p, b in got}
         bodies.update(int(b) for b in settle(dch, "sink", 0.5))
     assert bodies == set(range(2500))  # nothing lost (redeliveries may duplicate)
+
+
+def _ctl(proc: BrokerProcess, *args: str) -> str:
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "amqpd.ctl", "--url", proc.http_url, "-u", "guest",
+           "--password", "guest", *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_configured_by_amqpctl_and_definitions_status_and_errors(two_sites) -> None:
+    import json
+
+    up, down = two_sites
+    # amqpctl set_parameter + set_policy, exactly as with rabbitmqctl
+    _ctl(down, "set_parameter", "federation-upstream", "good",
+         json.dumps({"uri": amqp_uri(up.port), "reconnect-delay": 1}))
+    _ctl(down, "set_policy", "--apply-to", "exchanges", "fed-ctl", "^ctl\\.",
+         json.dumps({"federation-upstream": "good"}))
+    # definitions import: an upstream that cannot be reached, an upstream set and a policy
+    defs = {
+        "parameters": [
+            {"component": "federation-upstream", "vhost": "/", "name": "nowhere",
+             "value": {"uri": "amqp://guest:guest@127.0.0.1:1", "reconnect-delay": 1}},
+            {"component": "federation-upstream-set", "vhost": "/", "name": "both",
+             "value": [{"upstream": "good", "max-hops": 2}, {"upstream": "nowhere"}]},
+        ],
+        "policies": [{"vhost": "/", "name": "fed-set", "pattern": "^set\\.",
+                      "apply-to": "exchanges", "definition": {
+                          "federation-upstream-set": "both"}, "priority": 1}],
+    }
+    r = api(down).request("POST", "/api/definitions", defs)
+    assert r.status in (200, 201, 204), r.text
+    # invalid values are refused with RabbitMQ's validation
+    bad = api(down).request("PUT", "/api/parameters/federation-upstream/%2F/bad",
+                            {"value": {"uri": "amqp://x", "ack-mode": "sometimes"}})
+    assert bad.status == 400
+    bad = api(down).request("PUT", "/api/parameters/federation-upstream/%2F/bad",
+                            {"value": {"exchange": "x"}})
+    assert bad.status == 400
+    with channel(down.url) as dch:
+        dch.exchange_declare("ctl.x", "fanout")
+        dch.exchange_declare("set.x", "fanout")
+    wait_running(down, 2)
+
+    def all_links() -> list[dict[str, object]] | None:
+        items = links(down)
+        return items if len(items) == 3 else None
+    items = wait_for(all_links, what="three links")
+    by = {(i["exchange"], i["upstream"]): i for i in items}
+    assert by[("ctl.x", "good")]["status"] == "running"
+    assert by[("set.x", "good")]["status"] == "running"
+    failing = wait_for(lambda: next((i for i in links(down) if i["upstream"] == "nowhere"
+                                     and i["status"] == "error"), None),
+                       what="an error status for the unreachable upstream")
+    assert failing["error"] and failing["uri"] == "amqp://127.0.0.1:1"
+    # max-hops from the set member reached the upstream's exchange
+    wait_for(lambda: any(x["type"] == "x-federation-upstream"
+                         and x["arguments"]["x-max-hops"] == 2
+                         for x in api(up).request("GET", "/api/exchanges/%2F").json()),
+             what="set member override applied")
+    out = _ctl(down, "federation_status")
+    assert "ctl.x" in out and "running" in out and "error" in out
+    down_only = json.loads(_ctl(down, "federation_status", "--only-down", "--json"))
+    assert [row["upstream"] for row in down_only] == ["nowhere"]
+    per_vhost = api(down).request("GET", "/api/federation-links/%2F").json()
+    assert len(per_vhost) == 3
+    # clearing the policy stops the links
+    _ctl(down, "clear_policy", "fed-ctl")
+    wait_for(lambda: len(links(down)) == 2, what="link stopped with its policy")
