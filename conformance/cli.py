@@ -15,7 +15,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict
 
-from conformance.framework import Result, Settings, run_all, select
+from conformance.framework import Settings
+from conformance.runner import Result, run_all, select
 
 
 def _row(r: Result, width: int) -> str:

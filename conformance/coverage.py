@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import sys
 
-from conformance.framework import Case, select
+from conformance.framework import Case
+from conformance.runner import select
 
 METHODS: dict[str, tuple[str, ...]] = {
     # connection

@@ -22,8 +22,9 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from conformance.framework import Settings, run_all, select
+from conformance.framework import Settings
 from conformance.results import render, render_observed
+from conformance.runner import run_all, select
 from devtools import amqpdproc
 from devtools.rabbitmq import running_rabbitmq
 

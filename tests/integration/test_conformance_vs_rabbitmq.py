@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.framework import Settings, run_all, select
+from conformance.framework import Settings
+from conformance.runner import run_all, select
 from devtools.rabbitmq import RabbitInfo, RabbitMQNotInstalled, find_server, running_rabbitmq
 
 pytestmark = pytest.mark.rabbitmq
