@@ -85,12 +85,20 @@ class Link:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"federation {self.key}")
 
-    async def stop(self) -> None:
+    async def stop(self, cleanup: bool = False) -> None:
+        """Stop the link. ``cleanup`` (the object is no longer federated, as opposed to a
+        shutdown or a restart) also removes what the link declared upstream, unless the
+        upstream says ``resource-cleanup-mode: never``."""
         self._stopping = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
+        conn = self.conn
+        if cleanup and conn is not None and not conn.is_closed and \
+                self.upstream.raw.get("resource-cleanup-mode") != "never":
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.cleanup(conn), 5)
         await self._close()
 
     def wake(self) -> None:
@@ -132,7 +140,8 @@ class Link:
                 self._set_status("error", describe(exc))
                 log.warning("federation link %s failed: %s", self.key, describe(exc))
             finally:
-                await self._close()
+                if not self._stopping:
+                    await self._close()
             if self._stopping:
                 break
             await asyncio.sleep(self.upstream.reconnect_delay)
@@ -165,6 +174,9 @@ class Link:
 
     async def periodic(self) -> None:
         """Called every CHECK_INTERVAL and on :meth:`wake` while running."""
+
+    async def cleanup(self, conn: aiormq.abc.AbstractConnection) -> None:
+        """Delete upstream objects that only this link used (default: none)."""
 
     # ------------------------------------------------------------------ republish
     def republish(self, delivered: DeliveredMessage, exchange: str, routing_key: str,

@@ -211,6 +211,14 @@ class ExchangeLink(Link):
                     f"internal upstream exchange {self.internal!r} is gone; restarting"
                 ) from None
 
+    async def cleanup(self, conn: aiormq.abc.AbstractConnection) -> None:
+        """No longer federated: the upstream queue and internal exchange go, as in RabbitMQ
+        (messages waiting there would never be consumed)."""
+        if self.queue:
+            await self._disposable(conn, lambda ch: ch.queue_delete(self.queue))
+        if self.internal:
+            await self._disposable(conn, lambda ch: ch.exchange_delete(self.internal))
+
     # ------------------------------------------------------------------ deliveries
     async def _on_message(self, delivered: DeliveredMessage) -> None:
         props = properties_of(delivered)

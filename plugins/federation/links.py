@@ -116,7 +116,7 @@ class Supervisor:
         for key in stale:
             link = self.links.pop(key)
             log.info("federation link stopping: %s", link.key)
-            await link.stop()
+            await link.stop(cleanup=key not in desired)
         for key, (cls, upstream) in desired.items():
             if key not in self.links and self._running:
                 link = cls(self, key[1], key[2], upstream)

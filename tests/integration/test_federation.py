@@ -318,3 +318,38 @@ def test_configured_by_amqpctl_and_definitions_status_and_errors(two_sites) -> N
     # clearing the policy stops the links
     _ctl(down, "clear_policy", "fed-ctl")
     wait_for(lambda: len(links(down)) == 2, what="link stopped with its policy")
+    # ... and removes what the link declared on the upstream
+    def cleaned() -> bool:
+        names = {x["name"] for x in api(up).request("GET", "/api/queues/%2F").json()}
+        return "federation: ctl.x -> site-down" not in names
+    wait_for(cleaned, what="upstream queue deleted after the policy went")
+
+
+def test_upstream_without_federation_plugin_falls_back_to_fanout(tmp_path: Path) -> None:
+    up = BrokerProcess(tmp_path / "plain", env={"AMQPD_CLUSTER_NAME": "plain"})
+    down = site(tmp_path, "fb-down")
+    up.start()
+    down.start()
+    try:
+        with channel(up.url) as uch:
+            uch.exchange_declare("fb.x", "direct")
+        with channel(down.url) as dch:
+            dch.exchange_declare("fb.x", "direct")
+            dch.queue_declare("fb.q")
+            dch.queue_bind("fb.q", "fb.x", "k")
+            set_upstream(down, "plain", {"uri": amqp_uri(up.port), "reconnect-delay": 1})
+            set_policy(down, "fb", "^fb\\.", {"federation-upstream": "plain"})
+            wait_running(down)
+            xs = api(up).request("GET", "/api/exchanges/%2F").json()
+            internal = [x for x in xs if x["name"].startswith("federation: fb.x -> fb-down")]
+            assert [x["type"] for x in internal] == ["fanout"]
+            wait_for(lambda: any(b["routing_key"] == "k" for b in api(up).request(
+                "GET", "/api/exchanges/%2F/fb.x/bindings/source").json()), what="binding")
+            with channel(up.url) as uch:
+                uch.basic_publish("fb.x", "k", b"via-fanout")
+                uch.basic_publish("fb.x", "other", b"unbound")
+            assert [b for _p, b in drain(dch, "fb.q", 1)] == [b"via-fanout"]
+            assert settle(dch, "fb.q", 0.5) == []
+    finally:
+        down.stop()
+        up.stop()
