@@ -23,11 +23,11 @@ every death since then (that one included) was automatic, i.e. none was ``reject
 
 from __future__ import annotations
 
-import datetime
 import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from amqpd.broker import rawprops
 from amqpd.broker.message import LoggedMessage, Message
 
 if TYPE_CHECKING:
@@ -50,47 +50,60 @@ def header_routes(headers: dict[str, Any]) -> list[str]:
 
 def make_message(message: Message, reason: str, queue_name: str, dlx: str,
                  dlrk: str | None) -> tuple[Message, list[str]]:
-    """The dead-lettered copy of ``message`` and the routing keys to publish it with."""
-    props = dict(message.props)
-    headers = dict(props.get("headers") or {})
+    """The dead-lettered copy of ``message`` and the routing keys to publish it with.
+
+    The properties are edited raw (:mod:`rawprops`): other headers keep their bytes and
+    types; x-death values get RabbitMQ's types (count is a long, time a timestamp)."""
+    headers = message.headers  # decoded, to read CC and the x-death entries
     routing_keys = [message.routing_key, *header_routes(headers)]
-    info: dict[str, Any] = {
-        "reason": reason,
-        "queue": queue_name,
-        "time": datetime.datetime.fromtimestamp(int(time.time()), tz=datetime.UTC),
-        "exchange": message.exchange,
-        "routing-keys": list(routing_keys),
-    }
-    expiration = props.pop("expiration", None)
+    fields = rawprops.split_properties(message.properties)
+    items = rawprops.header_items(fields)
+    info: list[rawprops.Item] = [
+        ("reason", rawprops.longstr(reason)),
+        ("queue", rawprops.longstr(queue_name)),
+        ("time", rawprops.timestamp(int(time.time()))),
+        ("exchange", rawprops.longstr(message.exchange)),
+        ("routing-keys", rawprops.array_value([rawprops.longstr(k) for k in routing_keys])),
+    ]
+    expiration = fields.pop("expiration", None)
     if expiration is not None:
-        info["original-expiration"] = expiration
+        info.append(("original-expiration",
+                     rawprops.longstr(expiration[1:].decode("utf-8", "replace"))))
     deaths = headers.get("x-death")
-    if not isinstance(deaths, list):
-        headers["x-first-death-reason"] = reason
-        headers["x-first-death-queue"] = queue_name
-        headers["x-first-death-exchange"] = message.exchange
-        headers["x-death"] = [{"count": 1, **info}]
+    raw_deaths = dict(items).get("x-death")
+    if not isinstance(deaths, list) or raw_deaths is None or raw_deaths[:1] != b"A":
+        rawprops.set_item(items, "x-first-death-reason", rawprops.longstr(reason))
+        rawprops.set_item(items, "x-first-death-queue", rawprops.longstr(queue_name))
+        rawprops.set_item(items, "x-first-death-exchange", rawprops.longstr(message.exchange))
+        entry = rawprops.table_value([("count", rawprops.long(1)), *info])
+        rawprops.set_item(items, "x-death", rawprops.array_value([entry]))
     else:
-        match: dict[str, Any] | None = None
-        others: list[Any] = []
-        for death in deaths:
-            if match is None and isinstance(death, dict) and death.get("queue") == queue_name \
-                    and death.get("reason") == reason:
-                match = death
-            else:
-                others.append(death)
+        raw_entries = rawprops.array_values(raw_deaths[5:])
+        match = None
+        for i, death in enumerate(deaths):
+            if isinstance(death, dict) and death.get("queue") == queue_name \
+                    and death.get("reason") == reason and raw_entries[i][:1] == b"F":
+                match = i
+                break
         if match is None:
-            entry = {"count": 1, **info}
+            entry = rawprops.table_value(rawprops.sort_items([("count", rawprops.long(1)),
+                                                              *info]))
+            others = raw_entries
         else:
-            entry = dict(match)
-            count = entry.get("count")
-            entry["count"] = (count if isinstance(count, int) else 0) + 1
-        headers["x-death"] = [dict(sorted(entry.items())), *others]
+            count = deaths[match].get("count")
+            fields_ = rawprops.table_items(raw_entries[match][5:])
+            rawprops.set_item(fields_, "count", rawprops.long(
+                (count if isinstance(count, int) else 0) + 1))
+            entry = rawprops.table_value(rawprops.sort_items(fields_))
+            others = raw_entries[:match] + raw_entries[match + 1:]
+        rawprops.set_item(items, "x-death", rawprops.array_value([entry, *others]))
+    items = rawprops.sort_items(items)  # rabbit_misc:set_table_value sorts the table
     if dlrk is not None:
-        headers.pop("CC", None)
+        items = [(k, v) for k, v in items if k != "CC"]
         routing_keys = [dlrk]
-    props["headers"] = headers
-    return message.with_properties(props, exchange=dlx, routing_key=routing_keys[0]), routing_keys
+    fields["headers"] = rawprops.encode_table(items)
+    raw = rawprops.join_properties(fields)
+    return Message(dlx, routing_keys[0], raw, message.body), routing_keys
 
 
 def is_cycle(queue_name: str, deaths: list[Any]) -> bool:

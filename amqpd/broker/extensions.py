@@ -13,7 +13,7 @@ import bisect
 import time
 from typing import TYPE_CHECKING, Any
 
-from amqpd.broker import limits
+from amqpd.broker import limits, rawprops
 from amqpd.broker.exchange import Exchange
 from amqpd.broker.message import LoggedMessage, Message
 from amqpd.broker.policy import OVERFLOW_VALUES, QueueOptions, alternate_exchange, queue_options
@@ -392,12 +392,13 @@ def prepare_publish(message: Message) -> tuple[Message, list[str]]:
                     f"{type_name(value)}}}")
             routing_keys.extend(v.decode() if isinstance(v, bytes | bytearray) else str(v)
                                 for v in value)
-        if "BCC" in headers:
-            new_props = dict(message.props)
-            new_headers = dict(headers)
-            del new_headers["BCC"]
-            new_props["headers"] = new_headers
-            message = message.with_properties(new_props)
+        if "BCC" in headers:  # removed in place, as rabbit_basic:strip_bcc does
+            fields = rawprops.split_properties(props)
+            items = [kv for kv in rawprops.header_items(fields) if kv[0] != "BCC"]
+            fields["headers"] = rawprops.encode_table(items)
+            message = Message(message.exchange, message.routing_key,
+                              rawprops.join_properties(fields), message.body,
+                              persistent=message.persistent)
     return message, routing_keys
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from amqpd.broker import rawprops
 from amqpd.broker.message import Message
 from amqpd.broker.queue import Consumer, Queue
 from amqpd.broker.vhost import generate_name
@@ -75,9 +76,10 @@ def rewrite(channel: Channel, message: Message) -> Message:
     token = _by_channel.get(id(channel))
     if token is None:
         raise PreconditionFailed("fast reply consumer does not exist")
-    props = dict(message.props)
-    props["reply_to"] = PREFIX + token
-    return message.with_properties(props)
+    fields = rawprops.split_properties(message.properties)  # other fields stay as sent
+    fields["reply_to"] = rawprops.shortstr_field(PREFIX + token)
+    return Message(message.exchange, message.routing_key, rawprops.join_properties(fields),
+                   message.body, persistent=message.persistent)
 
 
 def route(routing_key: str) -> list[Queue]:
