@@ -2,8 +2,9 @@
 
 1. Names: RabbitMQ accepts any UTF-8 exchange or queue name, and federation's own names
    carry ``>`` (``federation: X -> C``), which pamqp's 0-9-1 domain patterns refuse when
-   a frame is *built*. aiormq could not declare them as a downstream, and the broker
-   could not answer ``queue.declare-ok`` to a RabbitMQ downstream. Lengths stay checked.
+   a frame is *built* (parsing never checks them): aiormq could not declare or consume
+   them. The patterns are process-wide; the broker itself builds no frame with pamqp
+   that names a queue or exchange, so it is unaffected. Lengths stay checked.
 2. Integer types: pamqp encodes table integers in the smallest type that fits, but
    RabbitMQ's ``x-federation-upstream`` insists that ``x-max-hops`` is a ``long``
    (64-bit, ``l``). A value wrapped in :class:`Long` is always encoded that way.
