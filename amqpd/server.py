@@ -314,11 +314,9 @@ class Broker:
         """Reject argument values RabbitMQ rejects (406 PRECONDITION_FAILED)."""
         extensions.validate_queue_arguments(arguments, name, vhost)
 
-    def validate_consumer_arguments(self, arguments: dict[str, Any]) -> None:
-        if "x-priority" in arguments:
-            value = arguments["x-priority"]
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise PreconditionFailed(f"invalid arg 'x-priority' for consumer: {value!r}")
+    def validate_consumer_arguments(self, arguments: dict[str, Any], queue: str = "",
+                                    vhost: str = "") -> None:
+        extensions.validate_consumer_arguments(arguments, queue, vhost)
 
     def dead_letter(self, queue: Queue, entries: list[QueueEntry], reason: str) -> None:
         """Republish to the queue's dead-letter exchange, if any (amqpd.broker.deadletter)."""

@@ -229,7 +229,8 @@ class Channel:
             raise NotAllowed(f"attempt to reuse consumer tag '{tag}'", 60, 20)
         if q.consumers and (m.exclusive or any(c.exclusive for c in q.consumers)):
             raise AccessRefused(f"queue '{q.name}' in vhost '{self.vhost.name}' in exclusive use")
-        self.session.broker.validate_consumer_arguments(m.arguments or {})
+        self.session.broker.validate_consumer_arguments(m.arguments or {}, q.name,
+                                                        self.vhost.name)
         consumer = Consumer(self, q, tag, m.no_ack, m.exclusive, self.prefetch_consumer,
                             dict(m.arguments or {}))
         self.consumers[tag] = consumer

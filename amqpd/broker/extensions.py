@@ -338,6 +338,30 @@ def type_name(value: Any) -> str:
     return kind or ("void" if value is None else "timestamp")
 
 
+MAX_EXPIRY = 2**32 - 1  # ms: RabbitMQ's ?MAX_EXPIRY_TIMER for x-message-ttl and x-expires
+# quorum/stream-only arguments that RabbitMQ 3.10 refuses on a classic queue
+CLASSIC_UNSUPPORTED = (
+    "x-max-in-memory-length", "x-max-in-memory-bytes", "x-delivery-limit", "x-max-age",
+    "x-stream-max-segment-size-bytes", "x-initial-cluster-size",
+    "x-quorum-initial-group-size", "x-quorum-target-group-size", "x-dead-letter-strategy",
+)
+
+
+def validate_consumer_arguments(arguments: dict[str, Any], queue: str = "",
+                                vhost: str = "") -> None:
+    """basic.consume arguments, with RabbitMQ 3.10's errors for a classic queue."""
+    where = f"for queue '{queue}' in vhost '{vhost}'" if queue else "for consumer"
+    if "x-priority" in arguments:
+        value = arguments["x-priority"]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise PreconditionFailed(
+                f'invalid arg \'x-priority\' {where}: "expected integer, got '
+                f'{type_name(value)}"')
+    if "x-stream-offset" in arguments:
+        raise PreconditionFailed(
+            f"invalid arg 'x-stream-offset' {where} of queue type rabbit_classic_queue")
+
+
 def validate_queue_arguments(arguments: dict[str, Any], name: str = "",
                              vhost: str = "") -> None:
     """Reject argument values RabbitMQ 3.10 rejects, with its error terms."""
@@ -358,11 +382,31 @@ def validate_queue_arguments(arguments: dict[str, Any], name: str = "",
             raise fail(key, "{value_zero,0}")
         if key == "x-max-priority" and value > 255:
             raise fail(key, f"{{max_value_exceeded,{value}}}")
-    if "x-overflow" in arguments and arguments["x-overflow"] not in OVERFLOW_VALUES:
+        if key in ("x-message-ttl", "x-expires") and value > MAX_EXPIRY:
+            raise fail(key, f"{{value_too_large,{value}}}")
+    for key in CLASSIC_UNSUPPORTED:
+        if key in arguments:
+            raise PreconditionFailed(f"invalid arg '{key}' {where} of queue type "
+                                     "rabbit_classic_queue")
+    overflow = arguments.get("x-overflow")
+    if overflow is not None and not isinstance(overflow, str):
+        raise fail("x-overflow", f"{{unacceptable_type,{type_name(overflow)}}}")
+    if overflow is not None and overflow not in OVERFLOW_VALUES:
         raise fail("x-overflow", "invalid_overflow")
-    for key in ("x-dead-letter-exchange", "x-dead-letter-routing-key"):
-        if key in arguments and not isinstance(arguments[key], str):
-            raise fail(key, f"{{unacceptable_type,{type_name(arguments[key])}}}")
+    dlx = arguments.get("x-dead-letter-exchange")
+    if dlx is not None and not isinstance(dlx, str):
+        raise PreconditionFailed(
+            f"invalid type '{type_name(dlx)}' for arg 'x-dead-letter-exchange' in queue "
+            f"'{name}' in vhost '{vhost}'")
+    dlrk = arguments.get("x-dead-letter-routing-key")
+    if dlrk is not None and not isinstance(dlrk, str):
+        raise fail("x-dead-letter-routing-key", f"{{unacceptable_type,{type_name(dlrk)}}}")
+    mode = arguments.get("x-queue-mode")
+    if mode is not None and mode not in ("default", "lazy"):
+        raise fail("x-queue-mode", f'"unsupported queue mode \'{mode}\'"')
+    version = arguments.get("x-queue-version")
+    if version is not None and version not in (1, 2):
+        raise fail("x-queue-version", f'"unsupported queue version \'{version}\'"')
     if "x-dead-letter-routing-key" in arguments and "x-dead-letter-exchange" not in arguments:
         raise fail("x-dead-letter-routing-key", "routing_key_but_no_dlx_defined")
     qtype = arguments.get("x-queue-type")
@@ -430,5 +474,5 @@ def loaded(message: Message) -> Message:
 
 __all__ = [
     "QueueExt", "TimedEntry", "apply_policies", "enqueue_routed", "prepare_publish",
-    "queue_enqueue", "validate_queue_arguments",
+    "queue_enqueue", "validate_consumer_arguments", "validate_queue_arguments",
 ]
