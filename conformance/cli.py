@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from collections import Counter
@@ -37,6 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--http-url", default=os.environ.get("AMQP_HTTP_URL"),
                     help="management API base URL (e.g. http://127.0.0.1:15672)")
     ap.add_argument("--only", help="regular expression on case id or area")
+    ap.add_argument("--exclude", help="regular expression on case id or area to leave out")
     ap.add_argument("--report", help="write JSON results here")
     ap.add_argument("--jobs", type=int, default=4, help="cases run in parallel (default 4)")
     ap.add_argument("--timeout", type=float, default=5.0, help="socket timeout per operation")
@@ -55,6 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     cases = select(args.only)
+    if args.exclude:
+        rx = re.compile(args.exclude)
+        cases = [c for c in cases if not (rx.search(c.id) or rx.search(c.area))]
     if args.list:
         for c in cases:
             print(f"{c.id:<70} {c.area}")

@@ -199,3 +199,24 @@ def dlx_verify(ctx: Context, state: Any) -> None:
     m = ctx.must_get(ch, q, auto_ack=False)
     ch.basic_reject(m.method.delivery_tag, requeue=False)
     eq(ctx.must_get(ch, dlq).body, b"to-reject", "dead-lettered after restart")
+
+
+@restart_case("x-delayed-message/durable-delayed-message-survives-restart", A)
+def delayed_prepare(ctx: Context) -> Any:
+    """amqpd extension (skipped where x-delayed-message is not supported): a persistent
+    message waiting in a durable delayed exchange is delivered after a restart."""
+    from conformance.cases.extensions2 import _declare_or_skip
+
+    x = _declare_or_skip(ctx, "x-delayed-message", {"x-delayed-type": "direct"}, durable=True)
+    ch = ctx.channel()
+    q = ctx.queue(ch, durable=True)
+    ch.queue_bind(q, x, "k")
+    ch.basic_publish(x, "k", b"delayed", pika.BasicProperties(delivery_mode=2,
+                                                               headers={"x-delay": 1500}))
+    ctx.sync(ch)
+    return q
+
+
+@delayed_prepare
+def delayed_verify(ctx: Context, q: str) -> None:
+    eq(ctx.must_get(ctx.channel(), q, timeout=10).body, b"delayed", "delivered after restart")

@@ -576,12 +576,13 @@ def uid_not_enqueued(ctx: Context) -> None:
 # -- amqpd built-in exchange types (RabbitMQ plugins) ------------------------------------------
 
 
-def _declare_or_skip(ctx: Context, xtype: str, arguments: dict[str, Any] | None = None) -> str:
+def _declare_or_skip(ctx: Context, xtype: str, arguments: dict[str, Any] | None = None,
+                     durable: bool = False) -> str:
     conn = ctx.connect()
     ch = conn.channel()
     name = ctx.name("x")
     try:
-        ch.exchange_declare(name, exchange_type=xtype, arguments=arguments)
+        ch.exchange_declare(name, exchange_type=xtype, arguments=arguments, durable=durable)
     except pex.ConnectionClosedByBroker as exc:
         if exc.reply_code in (503, 540):
             raise Skip(f"exchange type {xtype} not supported ({exc.reply_code})")
