@@ -5,7 +5,9 @@ runs of the conformance suite against a private RabbitMQ and a private amqpd:
 
 RabbitMQ runs with the management and consistent-hash plugins, the memory-alarm hooks
 (rabbitmqctl set_vm_memory_high_watermark) and a restart hook (stop_app/start_app); amqpd
-runs from this checkout with its HTTP API and a restart hook (devtools.amqpdproc restart).
+runs from this checkout with its HTTP API, the same alarm hooks through amqpctl
+(``python -m amqpd.ctl set_vm_memory_high_watermark``) and a restart hook
+(devtools.amqpdproc restart).
 The JSON reports are kept in DIR (default: a temporary directory, removed afterwards).
 """
 
@@ -68,7 +70,14 @@ def run_amqpd(out: Path, jobs: int) -> Path:
     d = out / "amqpd"
     state = amqpdproc.start(d)
     try:
-        settings = Settings(url=str(state["amqp_url"]), http_url=str(state["http_url"]),
+        http_url = str(state["http_url"])
+
+        def watermark(value: str) -> str:
+            return _module_cmd("amqpd.ctl", "--url", http_url, "set_vm_memory_high_watermark",
+                               value)
+
+        settings = Settings(url=str(state["amqp_url"]), http_url=http_url,
+                            alarm_cmd=watermark("0.000001"), clear_alarm_cmd=watermark("0.4"),
                             restart_cmd=_module_cmd("devtools.amqpdproc", "restart",
                                                     "--dir", str(d)))
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
