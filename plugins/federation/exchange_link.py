@@ -54,7 +54,7 @@ class ExchangeLink(Link):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.suffix = "A"  # flipped on every start
+        self.suffix = "A"  # of the live internal exchange; flipped on every start
         self.queue = ""
         self.internal = ""
         self.uvhost = "/"
@@ -85,9 +85,12 @@ class ExchangeLink(Link):
         if not no_ack:
             await channel.basic_qos(prefetch_count=up.prefetch_count)
         await channel.basic_consume(self.queue, self._on_message, no_ack=no_ack)
-        # a fresh internal exchange, bound now; then the previous one goes
-        old = f"{self.queue} {self.suffix}"
-        self.suffix = "B" if self.suffix == "A" else "A"
+        # a fresh internal exchange, bound now; then the previous one goes. Which suffix is
+        # live is read from the upstream (RabbitMQ keeps it in its database): the live one
+        # stays bound until the new one is, so nothing published meanwhile is missed
+        a_live = await self._exists(conn, f"{self.queue} A")
+        old = f"{self.queue} {'A' if a_live else 'B'}"
+        self.suffix = "B" if a_live else "A"
         self.internal = f"{self.queue} {self.suffix}"
         await self._disposable(conn, lambda ch: ch.exchange_delete(self.internal))
         await self._declare_internal(conn, channel)
@@ -137,6 +140,14 @@ class ExchangeLink(Link):
                 await side.close()
         await channel.exchange_declare(self.internal, exchange_type="fanout", durable=True,
                                        internal=True, auto_delete=True, arguments=dict(PURPOSE))
+
+    async def _exists(self, conn: aiormq.abc.AbstractConnection, name: str) -> bool:
+        try:
+            await self._disposable(conn, lambda ch: ch.exchange_declare(name, passive=True),
+                                   raise_errors=True)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            return False
+        return True
 
     @staticmethod
     async def _disposable(conn: aiormq.abc.AbstractConnection, call: Any,

@@ -64,6 +64,9 @@ class QueueLink(Link):
         channel = self.channel
         if channel is None:
             return
+        consumers = getattr(channel, "consumers", {})
+        if self.consuming and self.upstream.consumer_tag not in consumers:
+            self.consuming = False  # cancelled by the upstream (queue deleted...)
         want = self._wants_messages()
         if want and not self.consuming:
             await channel.basic_consume(
