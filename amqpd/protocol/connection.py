@@ -392,7 +392,8 @@ class AMQPConnection:
             return
         if slot.publish is not None:
             raise UnexpectedFrame(
-                "expected content header for class 60, got non content header frame instead"
+                "expected content header for class 60, got non content header frame instead",
+                60, 40,
             )
         if index == codec.BASIC_PUBLISH:
             slot.publish = codec.decode_publish(payload)
@@ -404,14 +405,17 @@ class AMQPConnection:
             return
         if index == 0x0014000A:
             raise ChannelErrorCode(f"second 'channel.open' seen on channel {channel}")
+        if index == 0x001E000A:  # access.request (gone from 0-9-1): RabbitMQ grants ticket 1
+            self.write(codec.method_frame(channel, 30, 11, b"\x00\x01"))
+            return
         method = codec.decode_method(payload)
         if index == 0x00140028:  # channel.close from the peer
             del self.channels[channel]
             self.delegate.channel_closed(channel)
             self.write(codec.method_frame(channel, 20, 41))
             return
-        if index == 0x00140029:  # close-ok without a close
-            raise ChannelErrorCode(f"unexpected 'channel.close-ok' on channel {channel}")
+        if index == 0x00140029:  # close-ok without a close (RabbitMQ: 503)
+            raise CommandInvalid(f"unexpected 'channel.close-ok' on channel {channel}")
         if (index >> 16) == 10:
             raise CommandInvalid(
                 f"connection method {method.name} on channel {channel}", index >> 16, index & 0xFFFF
@@ -493,16 +497,11 @@ class AMQPConnection:
             self.close_reason = f"client closed: {method.reply_code} {method.reply_text}"
             self._finish_close(reply=True)
             return
-        if isinstance(method, commands.Connection.CloseOk):
-            self._finish_close(reply=False)
-            return
         expected = {
             State.START_OK: commands.Connection.StartOk,
             State.TUNE_OK: commands.Connection.TuneOk,
             State.OPEN_WAIT: commands.Connection.Open,
         }.get(self.state)
-        if isinstance(method, commands.Connection.Blocked | commands.Connection.Unblocked):
-            return  # clients may echo these; harmless
         if isinstance(method, commands.Connection.UpdateSecret):
             self.send_method(0, commands.Connection.UpdateSecretOk())
             return

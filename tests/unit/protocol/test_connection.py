@@ -274,6 +274,11 @@ def test_channel_max_closed_channels_free_their_slot() -> None:
     (wire.raw_frame(4, 1, b"abc"), 501),  # unknown frame type
     (wire.raw_frame(1, 1, b"\x00\x14\x00\x0a\x00", end=0), 501),  # bad frame end
     (wire.method(1, C.Basic.Publish(immediate=True)) + wire.content(1, b"x"), 540),
+    (wire.method(1, C.Channel.CloseOk()), 503),  # close-ok without a close
+    (wire.method(0, C.Connection.CloseOk()), 504),  # close-ok without a close
+    (wire.method(0, C.Connection.Blocked(reason="x")), 504),  # only servers send it
+    (wire.method(0, C.Basic.Qos()), 504),  # channel method on channel 0
+    (wire.method(0, C.Connection.Open(virtual_host="/")), 504),  # second open
     # undecodable arguments are 501 in RabbitMQ (bad UTF-8, unknown field-table type)
     (wire.raw_frame(1, 1, b"\x00\x32\x00\x0a\x00\x00\x02\xff\xfe\x00\x00\x00\x00\x00"), 501),
     (wire.raw_frame(1, 1, b"\x00\x32\x00\x0a\x00\x00\x02qq\x00\x00\x00\x00\x06\x01kZabc"), 501),
@@ -461,3 +466,13 @@ def test_peer_that_never_sends_close_ok_is_dropped() -> None:
     pair.clock.now += 2
     pair.server.tick(pair.clock.now)
     assert pair.server.state is State.CLOSED and pair.server.should_close_transport
+
+
+def test_access_request_is_granted_like_rabbitmq() -> None:
+    """access.request left the spec in 0-9-1; RabbitMQ still answers it with ticket 1."""
+    pair = Pair()
+    pair.open()
+    pair.open_channel(1)
+    pair.server.receive_data(wire.raw_frame(1, 1, b"\x00\x1e\x00\x0a\x01/\x00"))
+    assert pair.server.data_to_send() == wire.raw_frame(1, 1, b"\x00\x1e\x00\x0b\x00\x01")
+    assert pair.server.is_open
