@@ -150,3 +150,64 @@ def test_amqpd_queue_federation_from_rabbitmq(rabbit: RabbitInfo,
         wait_for(lambda: ach.connection.process_data_events(0.1) or len(got) >= 10, 20,
                  what="10 messages pulled from RabbitMQ")
         assert sorted(got) == sorted(f"w{i}".encode() for i in range(10))
+
+
+def test_rabbitmq_queue_federation_from_amqpd(rabbit: RabbitInfo,
+                                              amqpd_site: BrokerProcess) -> None:
+    with channel(amqpd_site.url) as ach:
+        ach.queue_declare("jobs.shared", durable=True)
+        for i in range(10):
+            ach.basic_publish("", "jobs.shared", f"j{i}".encode())
+    with channel(rabbit.amqp_url) as rch:
+        rch.queue_declare("jobs.shared", durable=True)
+        ctl(rabbit, "set_parameter", "federation-upstream", "amqpdq",
+            json.dumps({"uri": amqp_uri(amqpd_site.port), "reconnect-delay": 1}))
+        ctl(rabbit, "set_policy", "--apply-to", "queues", "fedq-from-amqpd", "^jobs\\.",
+            json.dumps({"federation-upstream": "amqpdq"}))
+        got: list[tuple[Any, bytes]] = []
+        rch.basic_qos(prefetch_count=3)
+        rch.basic_consume("jobs.shared", lambda ch, m, p, b: (got.append((p, b)),
+                                                               ch.basic_ack(m.delivery_tag)))
+        wait_for(lambda: rch.connection.process_data_events(0.1) or len(got) >= 10, 30,
+                 what="RabbitMQ pulled 10 messages from amqpd")
+        assert sorted(b for _p, b in got) == sorted(f"j{i}".encode() for i in range(10))
+        hop = got[0][0].headers["x-received-from"][0]
+        assert hop["queue"] == "jobs.shared" and hop["visit-count"] == 1
+        ctl(rabbit, "clear_policy", "fedq-from-amqpd")
+
+
+def test_mutual_federation_amqpd_and_rabbitmq_no_loop(rabbit: RabbitInfo,
+                                                      amqpd_site: BrokerProcess) -> None:
+    """Each federates the other's exchange, max-hops 10: a message published on either
+    side reaches the other once and never comes back (cycle detection across brokers)."""
+    with channel(rabbit.amqp_url) as rch, channel(amqpd_site.url) as ach:
+        for ch in (rch, ach):
+            ch.exchange_declare("mesh", "fanout", durable=True)
+            ch.queue_declare("mesh.q")
+            ch.queue_bind("mesh.q", "mesh")
+        ctl(rabbit, "set_parameter", "federation-upstream", "amqpd-mesh",
+            json.dumps({"uri": amqp_uri(amqpd_site.port), "reconnect-delay": 1,
+                        "max-hops": 10}))
+        ctl(rabbit, "set_policy", "--apply-to", "exchanges", "mesh", "^mesh$",
+            json.dumps({"federation-upstream": "amqpd-mesh"}))
+        set_upstream(amqpd_site, "rabbit-mesh", {"uri": rabbit.amqp_url, "reconnect-delay": 1,
+                                                 "max-hops": 10})
+        set_policy(amqpd_site, "mesh", "^mesh$", {"federation-upstream": "rabbit-mesh"})
+        wait_running(amqpd_site, timeout=30)
+
+        def both_bound() -> bool:
+            up_side = api(amqpd_site).request("GET", "/api/exchanges/%2F/mesh/bindings/source")
+            rabbit_side = ctl(rabbit, "list_bindings", "source_name", "destination_name")
+            return any(b["destination"].startswith("federation: mesh -> " + RABBIT_CLUSTER)
+                       for b in up_side.json()) and \
+                "federation: mesh -> amqpd-site" in rabbit_side
+        wait_for(both_bound, 30, what="both links bound")
+        ach.basic_publish("mesh", "", b"from-amqpd")
+        rch.basic_publish("mesh", "", b"from-rabbit")
+        got_r = drain(rch, "mesh.q", 2, timeout=20)
+        got_a = drain(ach, "mesh.q", 2, timeout=20)
+        assert sorted(b for _p, b in got_r) == [b"from-amqpd", b"from-rabbit"]
+        assert sorted(b for _p, b in got_a) == [b"from-amqpd", b"from-rabbit"]
+        assert settle(rch, "mesh.q", 1.5) == []
+        assert settle(ach, "mesh.q", 0.2) == []
+        ctl(rabbit, "clear_policy", "mesh")
