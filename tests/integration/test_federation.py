@@ -371,3 +371,33 @@ def test_upstream_without_federation_plugin_falls_back_to_fanout(tmp_path: Path)
     finally:
         down.stop()
         up.stop()
+
+
+@pytest.mark.slow
+def test_downstream_restart_keeps_federation_and_backlog(two_sites) -> None:
+    """Upstreams and policies are durable definitions: after the downstream restarts its
+    links come back, and what was published upstream meanwhile arrives."""
+    up, down = two_sites
+    with channel(up.url) as uch:
+        uch.exchange_declare("dr.x", "fanout", durable=True)
+    with channel(down.url) as dch:
+        dch.exchange_declare("dr.x", "fanout", durable=True)
+        dch.queue_declare("dr.q", durable=True)
+        dch.queue_bind("dr.q", "dr.x")
+    set_upstream(down, "up", {"uri": amqp_uri(up.port), "reconnect-delay": 1,
+                              "ack-mode": "on-publish"})
+    set_policy(down, "dr", "^dr\\.", {"federation-upstream": "up"})
+    wait_running(down)
+    wait_for(lambda: any(b["destination"].startswith("federation: dr.x") for b in api(up)
+                         .request("GET", "/api/exchanges/%2F/dr.x/bindings/source").json()),
+             what="bound")
+    down.stop()
+    with channel(up.url) as uch:
+        uch.confirm_delivery()
+        for i in range(50):
+            uch.basic_publish("dr.x", "", str(i).encode(), pika.BasicProperties(delivery_mode=2))
+    down.restart(keep_port=True)
+    wait_running(down)
+    with channel(down.url) as dch:
+        got = drain(dch, "dr.q", 50)
+    assert sorted(int(b) for _p, b in got) == list(range(50))
