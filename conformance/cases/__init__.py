@@ -1,6 +1,7 @@
 """Importing this package registers every case."""
 
 from conformance.cases import (  # noqa: F401
+    acks,
     basic,
     channel,
     clients,
@@ -11,6 +12,7 @@ from conformance.cases import (  # noqa: F401
     exchange,
     extensions,
     extensions2,
+    extensions3,
     frames,
     http_api,
     policies,

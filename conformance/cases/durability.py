@@ -205,7 +205,7 @@ def dlx_verify(ctx: Context, state: Any) -> None:
 def delayed_prepare(ctx: Context) -> Any:
     """amqpd extension (skipped where x-delayed-message is not supported): a persistent
     message waiting in a durable delayed exchange is delivered after a restart."""
-    from conformance.cases.extensions2 import _declare_or_skip
+    from conformance.cases.extensions3 import _declare_or_skip
 
     x = _declare_or_skip(ctx, "x-delayed-message", {"x-delayed-type": "direct"}, durable=True)
     ch = ctx.channel()
