@@ -111,6 +111,7 @@ def test_channels_many_and_close(conn: pika.BlockingConnection) -> None:
         c.close()
     q = declare_queue(chans[1])
     chans[3].basic_publish("", q, b"x")
+    chans[3].queue_declare(q, passive=True)  # a round trip on the publishing channel
     assert bodies(chans[1], q) == [b"x"]
 
 
@@ -558,6 +559,17 @@ def test_publisher_confirms(conn: pika.BlockingConnection) -> None:
     with pytest.raises(pex.UnroutableError):
         ch.basic_publish("amq.direct", uname("nowhere"), b"x", mandatory=True)
     assert ch.queue_declare(q, passive=True).method.message_count == 20
+
+
+def test_publisher_nack_when_queue_refuses(conn: pika.BlockingConnection) -> None:
+    """basic.nack: a full queue with x-overflow=reject-publish refuses the message."""
+    ch = conn.channel()
+    ch.confirm_delivery()
+    q = declare_queue(ch, arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+    ch.basic_publish("", q, b"fits")
+    with pytest.raises(pex.NackError):
+        ch.basic_publish("", q, b"refused")
+    assert bodies(ch, q) == [b"fits"]
 
 
 def test_confirms_for_persistent_messages_in_durable_queues(conn: pika.BlockingConnection) -> None:
