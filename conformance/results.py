@@ -79,7 +79,8 @@ def render(reports: dict[str, dict[str, Any]]) -> str:
     return "\n".join(out) + "\n"
 
 
-_NAMES = re.compile(r"conf-([qx])-[a-z0-9-]*?-[0-9a-f]{8}")
+_NAMES = re.compile(r"conf-([a-z]+)-[a-z0-9-]*?-[0-9a-f]{8}")
+_KINDS = {"q": "<queue>", "x": "<exchange>", "user": "<user>", "policy": "<policy>"}
 
 
 def render_observed(report: dict[str, Any]) -> str:
@@ -88,7 +89,7 @@ def render_observed(report: dict[str, Any]) -> str:
     out = ["| case | result | what the broker sent |", "|---|---|---|"]
     for r in sorted(report["results"], key=lambda r: r["id"]):
         for obs in r.get("observed") or []:
-            text = _NAMES.sub(lambda m: "<queue>" if m.group(1) == "q" else "<exchange>", obs)
+            text = _NAMES.sub(lambda m: _KINDS.get(m.group(1), "<name>"), obs)
             text = text.replace("|", "\\|").replace("\n", " ")
             text = re.sub(r" {2,}", " ", text)
             out.append(f"| `{r['id']}` | {r['result']} | {text} |")

@@ -1,6 +1,7 @@
 """Importing this package registers every case."""
 
 from conformance.cases import (  # noqa: F401
+    access,
     acks,
     basic,
     channel,

@@ -1,0 +1,223 @@
+"""Access control: users, vhost access and configure/write/read permissions.
+
+Each case creates its own user through the management API (so it is skipped without
+--http-url), gives it the permissions under test in the case's vhost, connects as that
+user, and deletes the user afterwards. Resource names are matched by the permission
+regular expressions, as in RabbitMQ.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from urllib.parse import quote
+
+import pika
+import pika.exceptions as pex
+from pika.adapters.blocking_connection import BlockingConnection
+
+from conformance.framework import CaseFailure, Context, case, check, eq
+
+A = "access-control"
+
+
+def _user(ctx: Context, configure: str | None = ".*", write: str | None = ".*",
+          read: str | None = ".*") -> tuple[str, str]:
+    """A new user; with permissions in the vhost unless configure is None."""
+    name = ctx.name("user")
+    password = secrets.token_hex(8)
+    status, body = ctx.http("PUT", f"/api/users/{quote(name, safe='')}",
+                            {"password": password, "tags": ""})
+    check(status in (201, 204), "user created (201/204)", f"{status} {body}")
+    ctx.on_cleanup(lambda: ctx.http("DELETE", f"/api/users/{quote(name, safe='')}"))
+    if configure is not None:
+        status, body = ctx.http(
+            "PUT", f"/api/permissions/{quote(ctx.vhost, safe='')}/{quote(name, safe='')}",
+            {"configure": configure, "write": write, "read": read})
+        check(status in (201, 204), "permissions set (201/204)", f"{status} {body}")
+    return name, password
+
+
+def _connect_as(ctx: Context, user: str, password: str) -> BlockingConnection:
+    return ctx.connect(credentials=pika.PlainCredentials(user, password))
+
+
+def _only(prefix: str) -> str:
+    return "^" + re.escape(prefix) + ".*"
+
+
+@case("access/user-with-full-permissions-can-work", A)
+def full(ctx: Context) -> None:
+    user, pw = _user(ctx)
+    ch = _connect_as(ctx, user, pw).channel()
+    q = ctx.queue(ch)
+    ch.basic_publish("", q, b"as-user")
+    eq(ctx.must_get(ch, q).body, b"as-user", "body")
+
+
+@case("access/user-without-vhost-permissions-530-NOT_ALLOWED", A)
+def no_vhost(ctx: Context) -> None:
+    user, pw = _user(ctx, configure=None)
+    try:
+        conn = _connect_as(ctx, user, pw)
+    except pex.ConnectionClosedByBroker as exc:
+        eq(exc.reply_code, 530, "connection.close code")
+        ctx.note(f"Connection.Close {exc.reply_code} {exc.reply_text!r}")
+        return
+    except pex.ProbableAccessDeniedError as exc:  # pika's wrapper around the 530 close
+        check("(530)" in str(exc), "connection.close 530 on connection.open", repr(exc))
+        ctx.note(f"Connection.Close (pika: {exc})")
+        return
+    conn.close()
+    raise CaseFailure("connection.close 530", "an open connection")
+
+
+@case("access/wrong-password-refused", A)
+def wrong_password(ctx: Context) -> None:
+    user, _ = _user(ctx)
+    try:
+        conn = _connect_as(ctx, user, "not-the-password")
+    except (pex.ProbableAuthenticationError, pex.ConnectionClosedByBroker) as exc:
+        code = getattr(exc, "reply_code", 403)
+        eq(code, 403, "reply code")
+        return
+    conn.close()
+    raise CaseFailure("login refused (403)", "an open connection")
+
+
+@case("access/configure-regex-limits-queue-declare-403", A)
+def configure_declare(ctx: Context) -> None:
+    allowed = ctx.name("ok")
+    user, pw = _user(ctx, configure=_only(allowed))
+    ch = _connect_as(ctx, user, pw).channel()
+    ctx.queue(ch, name=allowed + "-q")
+    denied = ctx.name("denied")
+    ctx.track_queue(denied)
+    ctx.channel_error(ch, lambda: ch.queue_declare(denied), 403, "ACCESS_REFUSED")
+
+
+@case("access/configure-regex-limits-exchange-declare-403", A)
+def configure_exchange(ctx: Context) -> None:
+    user, pw = _user(ctx, configure="^nothing-matches-this$")
+    ch = _connect_as(ctx, user, pw).channel()
+    x = ctx.name("x")
+    ctx.track_exchange(x)
+    ctx.channel_error(ch, lambda: ch.exchange_declare(x, exchange_type="fanout"), 403)
+
+
+@case("access/configure-regex-limits-queue-delete-403", A)
+def configure_delete(ctx: Context) -> None:
+    q = ctx.queue(ctx.channel())
+    user, pw = _user(ctx, configure="^nothing-matches-this$")
+    ch = _connect_as(ctx, user, pw).channel()
+    ctx.channel_error(ch, lambda: ch.queue_delete(q), 403)
+
+
+@case("access/passive-declare-needs-no-configure-permission", A)
+def passive_no_configure(ctx: Context) -> None:
+    q = ctx.queue(ctx.channel())
+    user, pw = _user(ctx, configure="^nothing-matches-this$")
+    ch = _connect_as(ctx, user, pw).channel()
+    ch.queue_declare(q, passive=True)
+
+
+@case("access/write-regex-limits-publish-403", A)
+def write_publish(ctx: Context) -> None:
+    x = ctx.exchange(ctx.channel(), "fanout")
+    user, pw = _user(ctx, write="^nothing-matches-this$")
+    ch = _connect_as(ctx, user, pw).channel()
+    ctx.channel_error(ch, lambda: ch.basic_publish(x, "", b"no"), 403, "ACCESS_REFUSED")
+
+
+@case("access/default-exchange-publish-needs-write-on-amq-default", A)
+def write_default(ctx: Context) -> None:
+    """Publishing through the default exchange checks write permission on the resource
+    named "amq.default"."""
+    q = ctx.queue(ctx.channel())
+    user, pw = _user(ctx, write="^amq\\.default$")
+    ch = _connect_as(ctx, user, pw).channel()
+    ch.basic_publish("", q, b"allowed")
+    ctx.sync(ch)
+    user2, pw2 = _user(ctx, write=_only(q))
+    ch2 = _connect_as(ctx, user2, pw2).channel()
+    ctx.channel_error(ch2, lambda: ch2.basic_publish("", q, b"denied"), 403)
+
+
+@case("access/read-regex-limits-consume-403", A)
+def read_consume(ctx: Context) -> None:
+    q = ctx.queue(ctx.channel())
+    user, pw = _user(ctx, read="^nothing-matches-this$")
+    ch = _connect_as(ctx, user, pw).channel()
+    ctx.channel_error(ch, lambda: ch.basic_consume(q, lambda *a: None), 403)
+
+
+@case("access/read-regex-limits-basic-get-403", A)
+def read_get(ctx: Context) -> None:
+    q = ctx.queue(ctx.channel())
+    user, pw = _user(ctx, read="^nothing-matches-this$")
+    ch = _connect_as(ctx, user, pw).channel()
+    ctx.channel_error(ch, lambda: ch.basic_get(q), 403)
+
+
+@case("access/read-regex-limits-queue-purge-403", A)
+def read_purge(ctx: Context) -> None:
+    q = ctx.queue(ctx.channel())
+    user, pw = _user(ctx, read="^nothing-matches-this$")
+    ch = _connect_as(ctx, user, pw).channel()
+    ctx.channel_error(ch, lambda: ch.queue_purge(q), 403)
+
+
+@case("access/queue-bind-needs-write-on-queue-403", A)
+def bind_write_queue(ctx: Context) -> None:
+    ch0 = ctx.channel()
+    q = ctx.queue(ch0)
+    x = ctx.exchange(ch0, "fanout")
+    user, pw = _user(ctx, write="^nothing-matches-this$")
+    ch = _connect_as(ctx, user, pw).channel()
+    ctx.channel_error(ch, lambda: ch.queue_bind(q, x, ""), 403)
+
+
+@case("access/queue-bind-needs-read-on-exchange-403", A)
+def bind_read_exchange(ctx: Context) -> None:
+    ch0 = ctx.channel()
+    q = ctx.queue(ch0)
+    x = ctx.exchange(ch0, "fanout")
+    user, pw = _user(ctx, read=_only(q))
+    ch = _connect_as(ctx, user, pw).channel()
+    ctx.channel_error(ch, lambda: ch.queue_bind(q, x, ""), 403)
+
+
+@case("access/queue-bind-allowed-with-write-queue-and-read-exchange", A)
+def bind_ok(ctx: Context) -> None:
+    ch0 = ctx.channel()
+    q = ctx.queue(ch0)
+    x = ctx.exchange(ch0, "fanout")
+    user, pw = _user(ctx, configure="^nothing-matches-this$", write=_only(q), read=_only(x))
+    ch = _connect_as(ctx, user, pw).channel()
+    ch.queue_bind(q, x, "")
+    ch0.basic_publish(x, "", b"bound-by-user")
+    eq(ctx.must_get(ch0, q).body, b"bound-by-user", "body")
+
+
+@case("access/user-id-must-be-the-connecting-user", A)
+def user_id(ctx: Context) -> None:
+    q = ctx.queue(ctx.channel())
+    user, pw = _user(ctx)
+    ch = _connect_as(ctx, user, pw).channel()
+    ch.basic_publish("", q, b"mine", pika.BasicProperties(user_id=user))
+    ctx.sync(ch)
+    ctx.channel_error(ch, lambda: ch.basic_publish("", q, b"x", pika.BasicProperties(
+        user_id=ctx.user)), 406)
+
+
+@case("access/deleted-user-cannot-log-in", A)
+def deleted_user(ctx: Context) -> None:
+    user, pw = _user(ctx)
+    status, _ = ctx.http("DELETE", f"/api/users/{quote(user, safe='')}")
+    eq(status, 204, "DELETE status")
+    try:
+        conn = _connect_as(ctx, user, pw)
+    except (pex.ProbableAuthenticationError, pex.ConnectionClosedByBroker):
+        return
+    conn.close()
+    raise CaseFailure("login refused", "an open connection")
