@@ -8,7 +8,8 @@ public Python API (:meth:`Broker.publish`) rather than a loopback AMQP connectio
 ``on_confirm`` callback of that API is what ``ack-mode`` hangs on:
 
 - ``on-confirm``: ack upstream only once the local publish is confirmed (persisted when
-  it must be); a failure nacks with requeue. Nothing is lost across outages.
+  it must be); a failure nacks with requeue. Nothing is lost across outages. Acks are
+  coalesced in order (:mod:`plugins.federation.acker`).
 - ``on-publish``: ack as soon as the message is handed to the local broker.
 - ``no-ack``: consume without acks (fastest, loses in-flight messages on failure).
 """
@@ -28,6 +29,7 @@ from aiormq.abc import DeliveredMessage
 
 from amqpd.broker.message import Message
 from amqpd.protocol import codec
+from plugins.federation.acker import Acker
 from plugins.federation.params import Upstream, strip_credentials
 
 if TYPE_CHECKING:
@@ -78,7 +80,8 @@ class Link:
         self.channel: aiormq.abc.AbstractChannel | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
-        self._acks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._acker: Acker | None = None
         self._wake = asyncio.Event()
 
     # ------------------------------------------------------------------ life cycle
@@ -182,50 +185,59 @@ class Link:
     def republish(self, delivered: DeliveredMessage, exchange: str, routing_key: str,
                   props: dict[str, Any]) -> None:
         """Publish into the local broker and settle upstream as ``ack-mode`` says."""
-        channel = delivered.channel
         tag = getattr(delivered.delivery, "delivery_tag", 0)
         mode = self.upstream.ack_mode
+        acker = self._acker_for(delivered) if mode != "no-ack" else None
+        if acker is not None:
+            acker.track(tag)
         if not self.upstream.trust_user_id:
             props.pop("user_id", None)
         vhost = self.broker.vhosts.get(self.vhost)
         message = Message(exchange, routing_key, codec.encode_properties(props), delivered.body)
 
         def confirmed(error: BaseException | None) -> None:
-            if error is None:
-                self._settle(channel.basic_ack(tag))
-            else:
+            if error is not None:
                 log.warning("federation %s: local publish failed: %s", self.key, error)
-                self._settle(channel.basic_nack(tag, requeue=True))
+            if acker is not None:
+                acker.settle(tag, error is None)
 
-        if vhost is None:
-            raise ConnectionError(f"vhost {self.vhost!r} is gone")
         try:
+            if vhost is None:
+                raise ConnectionError(f"vhost {self.vhost!r} is gone")
             self.broker.publish(vhost, exchange, message, None,
                                 on_confirm=confirmed if mode == "on-confirm" else None)
         except Exception as exc:
-            if mode != "no-ack":
-                self._settle(channel.basic_nack(tag, requeue=True))
+            if acker is not None:
+                acker.settle(tag, False)
             self._set_status("error", describe(exc))
             with contextlib.suppress(Exception):
-                self._settle(channel.close())
+                self._spawn(delivered.channel.close())
             return
-        if mode == "on-publish":
-            self._settle(channel.basic_ack(tag))
+        if acker is not None and mode == "on-publish":
+            acker.settle(tag, True)
 
     def settle_drop(self, delivered: DeliveredMessage) -> None:
         """A delivery the link must not forward (loop or hop limit): ack it away."""
         if self.upstream.ack_mode != "no-ack":
             tag = getattr(delivered.delivery, "delivery_tag", 0)
-            self._settle(delivered.channel.basic_ack(tag))
+            acker = self._acker_for(delivered)
+            acker.track(tag)
+            acker.settle(tag, True)
 
-    def _settle(self, coro: Any) -> None:
+    def _acker_for(self, delivered: DeliveredMessage) -> Acker:
+        acker = self._acker
+        if acker is None or acker.channel is not delivered.channel:
+            acker = self._acker = Acker(delivered.channel)  # a new channel: tags restart
+        return acker
+
+    def _spawn(self, coro: Any) -> None:
         async def run() -> None:
             with contextlib.suppress(Exception):
                 await coro
 
         task = asyncio.ensure_future(run())
-        self._acks.add(task)
-        task.add_done_callback(self._acks.discard)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # ------------------------------------------------------------------ status
     def status_info(self) -> dict[str, Any]:
