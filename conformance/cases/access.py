@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import time
 from urllib.parse import quote
 
 import pika
@@ -221,3 +222,80 @@ def deleted_user(ctx: Context) -> None:
         return
     conn.close()
     raise CaseFailure("login refused", "an open connection")
+
+
+# -- virtual hosts ------------------------------------------------------------------------------
+
+
+def _vhost(ctx: Context) -> str:
+    """A new vhost with full permissions for the suite's user; deleted afterwards."""
+    vh = ctx.name("vhost")
+    status, body = ctx.http("PUT", f"/api/vhosts/{quote(vh, safe='')}", {})
+    check(status in (201, 204), "vhost created (201/204)", f"{status} {body}")
+    ctx.on_cleanup(lambda: ctx.http("DELETE", f"/api/vhosts/{quote(vh, safe='')}"))
+    status, body = ctx.http("PUT", f"/api/permissions/{quote(vh, safe='')}/"
+                                   f"{quote(ctx.user, safe='')}",
+                            {"configure": ".*", "write": ".*", "read": ".*"})
+    check(status in (201, 204), "permissions set (201/204)", f"{status} {body}")
+    return vh
+
+
+def _connect_vhost(ctx: Context, vh: str) -> BlockingConnection:
+    return ctx.connect(virtual_host=vh)
+
+
+@case("vhost/new-vhost-has-the-standard-exchanges", A)
+def vhost_exchanges(ctx: Context) -> None:
+    vh = _vhost(ctx)
+    ch = _connect_vhost(ctx, vh).channel()
+    for x in ("amq.direct", "amq.fanout", "amq.topic", "amq.headers", "amq.match"):
+        ch.exchange_declare(x, passive=True)
+
+
+@case("vhost/queues-are-isolated-between-vhosts", A)
+def vhost_isolation(ctx: Context) -> None:
+    vh = _vhost(ctx)
+    q = ctx.queue(ctx.channel())
+    ch = _connect_vhost(ctx, vh).channel()
+    ctx.channel_error(ch, lambda: ch.queue_declare(q, passive=True), 404)
+
+
+@case("vhost/deleting-vhost-closes-its-connections-320-CONNECTION_FORCED", A)
+def vhost_delete(ctx: Context) -> None:
+    vh = _vhost(ctx)
+    conn = _connect_vhost(ctx, vh)
+    conn.channel()
+    status, _ = ctx.http("DELETE", f"/api/vhosts/{quote(vh, safe='')}")
+    eq(status, 204, "DELETE status")
+    try:
+        ctx.pump(conn, lambda: False, 3)
+    except pex.ConnectionClosedByBroker as exc:
+        ctx.note(f"Connection.Close {exc.reply_code} {exc.reply_text!r}")
+        eq(exc.reply_code, 320, "connection.close code")
+        return
+    raise CaseFailure("connection.close 320", "connection still open")
+
+
+@case("http-api/closing-a-connection-320-CONNECTION_FORCED", "http-api")
+def api_close_connection(ctx: Context) -> None:
+    conn = ctx.connect()
+    conn.channel()
+    name = None
+    deadline = time.monotonic() + 8
+    while name is None and time.monotonic() < deadline:
+        status, body = ctx.http("GET", "/api/connections")
+        for c in body if status == 200 else []:
+            if (c.get("client_properties") or {}).get("connection_name") == ctx.case_id:
+                name = c.get("name")
+        if name is None:
+            time.sleep(0.2)
+    check(name is not None, "the connection listed by the API", "not listed")
+    status, _ = ctx.http("DELETE", f"/api/connections/{quote(str(name), safe='')}")
+    eq(status, 204, "DELETE status")
+    try:
+        ctx.pump(conn, lambda: False, 3)
+    except pex.ConnectionClosedByBroker as exc:
+        ctx.note(f"Connection.Close {exc.reply_code} {exc.reply_text!r}")
+        eq(exc.reply_code, 320, "connection.close code")
+        return
+    raise CaseFailure("connection.close 320", "connection still open")
