@@ -26,6 +26,7 @@ from plugins.shovel.source import CONNECT_TIMEOUT, _either
 
 # (sequence number, multiple, ack?) for each confirm from the destination
 OnConfirm = Callable[[int, bool, bool], None]
+Message = tuple[str, str, spec.Basic.Properties, bytes]  # exchange, routing key, props, body
 
 
 class Destination(abc.ABC):
@@ -85,18 +86,22 @@ class AMQPDestination(Destination):
 
     async def publish(self, exchange: str, routing_key: str,
                       properties: spec.Basic.Properties, body: bytes) -> int:
+        return await self.publish_many([(exchange, routing_key, properties, body)])
+
+    async def publish_many(self, messages: list[Message]) -> int:
+        """Write messages in one go (one socket write); the first one's sequence number."""
         ch = self.channel
         assert ch is not None
-        frames: list[Any] = [
-            spec.Basic.Publish(exchange=exchange, routing_key=routing_key),
-            ContentHeader(properties=properties, body_size=len(body)),
-        ]
+        frames: list[Any] = []
         step = self.max_body
-        frames.extend(ContentBody(body[i:i + step]) for i in range(0, len(body), step))
-        self.seq += 1
-        seq = self.seq
+        for exchange, routing_key, properties, body in messages:
+            frames.append(spec.Basic.Publish(exchange=exchange, routing_key=routing_key))
+            frames.append(ContentHeader(properties=properties, body_size=len(body)))
+            frames.extend(ContentBody(body[i:i + step]) for i in range(0, len(body), step))
+        first = self.seq + 1
+        self.seq += len(messages)
         await ch.write_queue.put(ChannelFrame.marshall(channel_number=ch.number, frames=frames))
-        return seq
+        return first
 
     def closed(self) -> asyncio.Future[Any]:
         assert self.conn is not None and self.channel is not None

@@ -26,11 +26,14 @@ from urllib.parse import unquote, urlsplit
 from aiormq.abc import DeliveredMessage
 from pamqp import commands as spec
 
-from plugins.shovel.destination import AMQPDestination
+from plugins.shovel.destination import AMQPDestination, Message
 from plugins.shovel.params import ShovelDef, redact
 from plugins.shovel.source import AMQPSource
 
 log = logging.getLogger("amqpd.shovel")
+
+
+BATCH = 256  # most messages per socket write to the destination
 
 
 class Completed(Exception):
@@ -234,28 +237,41 @@ class _Link:
     async def forwarder(self) -> None:
         d = self.defn
         mode = d.ack_mode
+        inbox = self.inbox
         while True:
-            if not self.inbox:
+            if not inbox:
                 self.inbox_ready.clear()
                 await self.inbox_ready.wait()
                 continue
-            message = self.inbox.popleft()
-            tag = int(message.delivery.delivery_tag or 0)  # type: ignore[union-attr]
-            if self.remaining is not None:
-                if self.taken >= self.remaining:
-                    continue  # beyond the limit: requeued when the source closes
-                self.taken += 1
-            exchange, routing_key, props = self.route(message)
-            if mode != "no-ack":
-                self.outstanding[tag] = None
-            seq = await self.dest.publish(exchange, routing_key, props, message.body)
+            # everything that arrived since the last write goes out in one socket write
+            batch: list[Message] = []
+            tags: list[int] = []
+            while inbox and len(batch) < BATCH:
+                message = inbox.popleft()
+                if self.remaining is not None:
+                    if self.taken >= self.remaining:
+                        continue  # beyond the limit: requeued when the source closes
+                    self.taken += 1
+                tag = int(message.delivery.delivery_tag or 0)  # type: ignore[union-attr]
+                if mode != "no-ack":
+                    self.outstanding[tag] = None
+                tags.append(tag)
+                batch.append((*self.route(message), message.body))
+            if not batch:
+                continue
             if mode == "on-confirm":
-                self.by_seq[seq] = tag
-            elif mode == "on-publish":
-                self.outstanding[tag] = True
+                # registered before the write, so no confirm can come first
+                by_seq = self.by_seq
+                seq = self.dest.seq + 1
+                for i, tag in enumerate(tags):
+                    by_seq[seq + i] = tag
+            await self.dest.publish_many(batch)
+            if mode == "on-publish":
+                for tag in tags:
+                    self.outstanding[tag] = True
                 self.settle_ready.set()
-            else:
-                self.count(1)
+            elif mode == "no-ack":
+                self.count(len(tags))
 
     def route(self, message: DeliveredMessage) -> tuple[str, str, spec.Basic.Properties]:
         d = self.defn
@@ -312,6 +328,8 @@ class _Link:
             await self.settle_ready.wait()
             if self.nacks:
                 nacks, self.nacks = self.nacks, []
+                if self.remaining is not None:
+                    self.taken -= len(nacks)  # they come back and are taken again
                 for tag in nacks:
                     await self.src.nack(tag, requeue=True)
             last = None

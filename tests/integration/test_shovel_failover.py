@@ -19,7 +19,7 @@ from tests.integration.test_shovel_helpers import (
     await_for,
     count,
     drain,
-    publish,
+    publish_fast,
     set_shovel,
     shovel_state,
     shovels,
@@ -35,7 +35,7 @@ async def test_100k_on_confirm_survives_two_destination_kills(tmp_path: Path) ->
     b = BrokerProcess(tmp_path / "b").start()
     try:
         t0 = time.monotonic()
-        await publish(a.url, "orders", N)
+        await publish_fast(a.url, "orders", N)
         assert await count(a.url, "orders") == N
         t1 = time.monotonic()
         print(f"\npublished {N} in {t1 - t0:.1f}s")
@@ -85,7 +85,7 @@ async def test_source_restart_resumes(tmp_path: Path) -> None:
     b = BrokerProcess(tmp_path / "b", env={"AMQPD_PLUGINS": "shovel"}).start()
     try:
         n = 20_000
-        await publish(a.url, "jobs", n)
+        await publish_fast(a.url, "jobs", n)
         api = Api(b.http_url)
         set_shovel(api, "from-a", {"src-uri": a.url, "src-queue": "jobs",
                                    "dest-uri": "amqp://", "dest-queue": "jobs",

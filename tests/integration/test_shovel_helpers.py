@@ -60,6 +60,45 @@ async def publish(url: str, queue: str, n: int, *, start: int = 0, exchange: str
         await conn.close()
 
 
+async def publish_fast(url: str, queue: str, n: int, window: int = 5000) -> None:
+    """Like publish (bodies str(i), persistent, confirmed) but pipelined: for 100k."""
+    from plugins.shovel.destination import AMQPDestination
+    from plugins.shovel.params import parse
+
+    defn = parse("/", "publisher", {"src-uri": url, "src-queue": queue, "dest-uri": url,
+                                    "dest-queue": queue})
+    confirmed = 0
+    nacked = 0
+    progress = asyncio.Event()
+
+    def on_confirm(seq: int, multiple: bool, ack: bool) -> None:
+        nonlocal confirmed, nacked
+        if not ack:
+            nacked += 1
+        confirmed = seq if multiple else confirmed + 1
+        progress.set()
+
+    dest = AMQPDestination(defn, url)
+    await dest.open(on_confirm)
+    try:
+        sent = 0
+        while sent < n:
+            while sent - confirmed >= window:
+                progress.clear()
+                await asyncio.wait_for(progress.wait(), 30)
+            top = min(sent + 500, n)
+            await dest.publish_many([
+                ("", queue, spec.Basic.Properties(delivery_mode=2, message_id=f"m{i}"),
+                 str(i).encode()) for i in range(sent, top)])
+            sent = top
+        while confirmed < n:
+            progress.clear()
+            await asyncio.wait_for(progress.wait(), 30)
+        assert not nacked
+    finally:
+        await dest.close()
+
+
 async def count(url: str, queue: str) -> int:
     conn = await aiormq.connect(url)
     try:
