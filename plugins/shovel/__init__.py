@@ -52,7 +52,12 @@ class ShovelPlugin:
 
     # ------------------------------------------------------------------ parameters
     def _on_set(self, vhost: str, name: str, value: Any) -> None:
-        runner = self._runner(parse(vhost, name, value))
+        defn = parse(vhost, name, value)
+        old = self.dynamic.get((vhost, name))
+        alive = old is not None and old.task is not None and not old.task.done()
+        if old is not None and old.defn == defn and (alive or not self.started):
+            return  # the same definition again (definitions import): leave it running
+        runner = self._runner(defn)
         self._retire(self.dynamic.pop((vhost, name), None))
         self.dynamic[(vhost, name)] = runner
         if self.started:

@@ -15,6 +15,7 @@ from typing import Any
 
 import aiormq
 from aiormq.abc import DeliveredMessage
+from pamqp import commands as spec
 
 from plugins.shovel.params import ShovelDef
 
@@ -50,6 +51,7 @@ class AMQPSource(Source):
         self.channel: aiormq.abc.AbstractChannel | None = None
         self.queue = ""
         self.initial_length = 0  # the queue's length when the shovel started consuming
+        self._cancelled: asyncio.Future[Any] | None = None
 
     async def open(self, on_message: OnMessage) -> None:
         d = self.defn
@@ -77,6 +79,17 @@ class AMQPSource(Source):
             on_message(message)
             return None
 
+        cancelled = self._cancelled = asyncio.get_running_loop().create_future()
+        original = ch._on_cancel_frame  # type: ignore[attr-defined]
+
+        async def on_cancel(frame: Any) -> None:
+            # the broker cancelled the consumer (queue deleted...): this attempt is over
+            if isinstance(frame, spec.Basic.Cancel) and not cancelled.done():
+                cancelled.set_result(f"consumer cancelled by the broker "
+                                           f"(queue '{self.queue}')")
+            await original(frame)
+
+        ch._on_cancel_frame = on_cancel  # type: ignore[attr-defined]
         await ch.basic_consume(self.queue, deliver, no_ack=d.ack_mode == "no-ack",
                                arguments=d.src_consumer_args or None)
 
@@ -95,7 +108,8 @@ class AMQPSource(Source):
 
     def closed(self) -> asyncio.Future[Any]:
         assert self.conn is not None and self.channel is not None
-        return _either(self.conn.closing, self.channel.closing)
+        assert self._cancelled is not None
+        return _either(self.conn.closing, self.channel.closing, self._cancelled)
 
     async def close(self) -> None:
         if self.conn is not None and not self.conn.is_closed:
@@ -105,16 +119,16 @@ class AMQPSource(Source):
                 pass
 
 
-def _either(a: asyncio.Future[Any], b: asyncio.Future[Any]) -> asyncio.Future[Any]:
-    """A future done when a or b is (never raising: we only want to know *that*)."""
+def _either(*futures: asyncio.Future[Any]) -> asyncio.Future[Any]:
+    """A future done when any of futures is (never raising: we only want to know *that*)."""
     loop = asyncio.get_running_loop()
     out: asyncio.Future[Any] = loop.create_future()
 
     def done(f: asyncio.Future[Any]) -> None:
         if not out.done():
             exc = None if f.cancelled() else f.exception()
-            out.set_result(exc or "closed")
+            out.set_result(exc or (None if f.cancelled() else f.result()) or "closed")
 
-    a.add_done_callback(done)
-    b.add_done_callback(done)
+    for f in futures:
+        f.add_done_callback(done)
     return out

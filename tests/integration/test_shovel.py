@@ -182,6 +182,29 @@ async def test_delete_after_n_and_restart(sites: tuple[BrokerProcess, BrokerProc
     api.delete(f"/api/parameters/shovel/%2F/{q(name2)}")
 
 
+async def test_source_queue_deleted_shovel_recovers(sites: tuple[BrokerProcess,
+                                                                  BrokerProcess]) -> None:
+    """The broker cancels the consumer: the shovel starts over (re-declaring the queue)."""
+    a, b = sites
+    api = Api(a.http_url)
+    src, dest, name = uid("src"), uid("dest"), uid("sh")
+    set_shovel(api, name, {"src-uri": "amqp://", "src-queue": src, "dest-uri": b.url,
+                           "dest-queue": dest, "reconnect-delay": 0.1})
+    wait_for(lambda: shovel_state(api, name) == "running", 10, "running")
+    assert api.delete(f"/api/queues/%2F/{src}").status == 204
+    wait_for(lambda: api.get(f"/api/queues/%2F/{src}").status == 200, 10, "re-declared")
+    wait_for(lambda: shovel_state(api, name) == "running", 10, "running again")
+    await publish(a.url, src, 20)
+    assert len(set(await drain(b.url, dest, 20))) == 20
+    # setting the same definition again leaves it running (no restart)
+    value = api.get(f"/api/parameters/shovel/%2F/{q(name)}").json()["value"]
+    before = shovels(api)
+    set_shovel(api, name, value)
+    assert [s["timestamp"] for s in shovels(api) if s["name"] == name] == \
+        [s["timestamp"] for s in before if s["name"] == name]
+    api.delete(f"/api/parameters/shovel/%2F/{q(name)}")
+
+
 def test_amqpctl_set_parameter_and_shovel_status(sites: tuple[BrokerProcess,
                                                               BrokerProcess]) -> None:
     a, b = sites
