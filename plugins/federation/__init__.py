@@ -43,6 +43,7 @@ class FederationPlugin:
                                        on_clear=self._changed)
         register_policy_key(params.UPSTREAM, params.validate_policy_upstream)
         register_policy_key(params.UPSTREAM_SET, params.validate_policy_upstream)
+        register_policy_key(params.UPSTREAM_PATTERN, params.validate_policy_upstream)
         broker.policies.on_applied.append(self.supervisor.on_policy_applied)
 
     def _changed(self, _vhost: str, _name: str, _value: object) -> None:

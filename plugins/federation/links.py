@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from plugins.federation.base import Link
 from plugins.federation.exchange_link import ExchangeLink
-from plugins.federation.params import UPSTREAM, UPSTREAM_SET, Upstream, resolve
+from plugins.federation.params import (
+    UPSTREAM,
+    UPSTREAM_PATTERN,
+    UPSTREAM_SET,
+    Upstream,
+    resolve,
+)
 from plugins.federation.queue_link import QueueLink
 from plugins.federation.upstream_exchange import TYPE_NAME
 
@@ -36,7 +42,9 @@ RECONCILE_INTERVAL = 1.0
 
 
 def _federated(policy: dict[str, Any] | None) -> bool:
-    return bool(policy) and (UPSTREAM in policy or UPSTREAM_SET in policy)  # type: ignore[operator]
+    if not policy:
+        return False
+    return any(key in policy for key in (UPSTREAM, UPSTREAM_SET, UPSTREAM_PATTERN))
 
 
 def _internal(obj: Exchange | Queue) -> bool:

@@ -5,14 +5,16 @@ Keys and defaults are RabbitMQ 3.10.8's as coded (``rabbit_federation_parameters
 is 5 seconds, prefetch-count 1000, max-hops 1, ack-mode on-confirm. Unknown keys are
 refused, as ``rabbit_parameter_validation:proplist`` does.
 
-A policy names either one upstream (``federation-upstream``) or a set
-(``federation-upstream-set``); the implicit set ``all`` is every upstream of the vhost.
+A policy names one upstream (``federation-upstream``), a set
+(``federation-upstream-set``; the implicit set ``all`` is every upstream of the vhost), or
+a regular expression over upstream names (``federation-upstream-pattern``).
 :func:`resolve` turns a policy definition into the list of :class:`Upstream` values
 that the links of one exchange or queue use.
 """
 
 from __future__ import annotations
 
+import re
 import urllib.parse
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -22,6 +24,7 @@ if TYPE_CHECKING:
 
 UPSTREAM = "federation-upstream"
 UPSTREAM_SET = "federation-upstream-set"
+UPSTREAM_PATTERN = "federation-upstream-pattern"
 ACK_MODES = ("on-confirm", "on-publish", "no-ack")
 
 
@@ -130,6 +133,12 @@ def validate_policy_upstream(key: str, value: Any) -> None:
 
     if not isinstance(value, str) or not value:
         raise PreconditionFailed(f"{key} should be a non-empty string, got {value!r}")
+    if key == UPSTREAM_PATTERN:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise PreconditionFailed(f"{key}: {value!r} is not a regular expression: {exc}"
+                                     ) from None
 
 
 @dataclass(frozen=True)
@@ -192,9 +201,15 @@ def resolve(params: ParameterStore, vhost: str,
         return []
     single = definition.get(UPSTREAM)
     set_name = definition.get(UPSTREAM_SET)
+    pattern = definition.get(UPSTREAM_PATTERN)
     if isinstance(single, str):
         value = params.get(UPSTREAM, vhost, single)
         return [Upstream.from_value(single, value)] if isinstance(value, dict) else []
+    if isinstance(pattern, str):
+        regex = re.compile(pattern)
+        return [Upstream.from_value(item["name"], item["value"])
+                for item in params.list(UPSTREAM, vhost)
+                if isinstance(item["value"], dict) and regex.search(item["name"])]
     if not isinstance(set_name, str):
         return []
     if set_name == "all":

@@ -70,6 +70,7 @@ def test_resolve_single_set_and_all() -> None:
     (member,) = resolve(s, "/", {"federation-upstream-set": "s"})
     assert member.name == "a" and member.max_hops == 4 and member.uris == ("amqp://a",)
     assert resolve(s, "/", {"federation-upstream": "nope"}) == []
+    assert [u.name for u in resolve(s, "/", {"federation-upstream-pattern": "^b"})] == ["b"]
     assert resolve(s, "/", None) == []
     with pytest.raises(ValueError):
         s.set(params.UPSTREAM_SET, "/", "all", [])
