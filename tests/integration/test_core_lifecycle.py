@@ -64,6 +64,25 @@ def test_sigterm_closes_connections_with_320_and_exits_0(fresh_broker: BrokerPro
         client.close()
 
 
+def test_sigterm_does_not_hang_on_peers_that_never_answer(fresh_broker: BrokerProcess) -> None:
+    """A client that ignores connection.close, or one stuck mid-handshake, cannot keep the
+    broker from exiting."""
+    fresh_broker.start()
+    silent = RawSocket(fresh_broker.port)
+    silent.open(channel_max=10)
+    half = RawSocket(fresh_broker.port)
+    half.send(wire.PROTOCOL_HEADER)
+    half.expect(C.Connection.Start)
+    assert fresh_broker.proc is not None
+    started = time.monotonic()
+    fresh_broker.proc.send_signal(signal.SIGTERM)
+    assert silent.expect(C.Connection.Close, timeout=10).reply_code == 320
+    assert fresh_broker.proc.wait(20) == 0
+    assert time.monotonic() - started < 15
+    silent.close()
+    half.close()
+
+
 # ---------------------------------------------------------------- heartbeats
 def test_silent_peer_is_dropped_and_server_sends_heartbeats(broker: BrokerProcess) -> None:
     raw = RawSocket(broker.port, timeout=10)
