@@ -25,6 +25,7 @@ from amqpd.protocol.errors import (
     CommandInvalid,
     ConnectionAccessRefused,
     NotAllowed,
+    SyntaxError_,
 )
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ log = logging.getLogger("amqpd.session")
 def parse_plain(response: bytes) -> tuple[str, str]:
     parts = response.split(b"\x00")
     if len(parts) != 3:
-        raise ConnectionAccessRefused("PLAIN response is malformed")
+        raise SyntaxError_("PLAIN response is malformed")
     return parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
 
 
@@ -46,14 +47,14 @@ def parse_amqplain(response: bytes) -> tuple[str, str]:
     try:
         _, table = decode.field_table(len(response).to_bytes(4, "big") + response)
     except Exception as exc:
-        raise ConnectionAccessRefused("AMQPLAIN response is malformed") from exc
+        raise SyntaxError_("AMQPLAIN response is malformed") from exc
     login, password = table.get("LOGIN"), table.get("PASSWORD")
     if isinstance(login, bytes):
         login = login.decode()
     if isinstance(password, bytes):
         password = password.decode()
     if not isinstance(login, str) or not isinstance(password, str):
-        raise ConnectionAccessRefused("AMQPLAIN response lacks LOGIN or PASSWORD")
+        raise SyntaxError_("AMQPLAIN response lacks LOGIN or PASSWORD")
     return login, password
 
 

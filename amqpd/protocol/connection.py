@@ -538,6 +538,14 @@ class AMQPConnection:
         except ConnectionAccessRefused as exc:
             self.refuse_login(exc)
             return
+        except AMQPError as exc:
+            # Unknown mechanism, unparseable response: RabbitMQ calls these handshake errors
+            # and drops the peer without a connection.close.
+            log.info("handshake error: %s; dropping", exc.reply_text)
+            self.close_reason = exc.reply_text
+            self.connection_lost()
+            self.should_close_transport = True
+            return
         self.state = State.TUNE_OK
         lim = self.limits
         self.send_method(
