@@ -89,8 +89,15 @@ def test_header_in_pieces(raw: RawSocket) -> None:
         raw.send(bytes((byte,)))
     start = raw.expect(C.Connection.Start)
     assert set(start.mechanisms.split()) == {"PLAIN", "AMQPLAIN"}
-    caps = start.server_properties["capabilities"]
-    assert caps["publisher_confirms"] and caps["consumer_cancel_notify"]
+    # exactly the table RabbitMQ 3.10.8 advertises
+    assert start.server_properties["capabilities"] == {
+        "publisher_confirms": True, "exchange_exchange_bindings": True, "basic.nack": True,
+        "consumer_cancel_notify": True, "connection.blocked": True,
+        "consumer_priorities": True, "authentication_failure_close": True,
+        "per_consumer_qos": True, "direct_reply_to": True,
+    }
+    for key in ("product", "version", "platform", "copyright", "information", "cluster_name"):
+        assert start.server_properties.get(key), key
 
 
 def test_amqplain_login(raw: RawSocket) -> None:
