@@ -65,7 +65,7 @@ class Settings:
     segment_size: int = 64 * 1024 * 1024
     # message bodies kept in memory: beyond these, new messages of a queue live only in the
     # log (read back on delivery) and the queue holds a small index entry per message
-    queue_memory_limit: int = 64 * 1024 * 1024  # bytes of ready bodies per queue
+    queue_memory_limit: int = 16 * 1024 * 1024  # bytes of ready bodies per queue
     message_memory_budget: int = 256 * 1024 * 1024  # bytes of ready bodies in all queues
     # resource alarms (RabbitMQ's defaults): publishers are blocked above these
     vm_memory_high_watermark: float = 0.4  # fraction of physical memory

@@ -81,6 +81,7 @@ class Broker:
         self._ticker: asyncio.Task[None] | None = None
         self._pending_commit = False
         self._definitions_scheduled = False
+        self._delivered_batch: dict[str, list[int]] = {}
         self._after_commit: list[Callable[[], None]] = []
         self.started_at = time.time()
         self.listeners: list[tuple[str, str, int]] = []  # (protocol, host, port)
@@ -238,10 +239,18 @@ class Broker:
                 self._pending_commit = True
         if confirm_now is not None:
             confirm_now(None)
+        if self.store is None or (props and props[0] & 0x01):  # TTL'd messages stay whole
+            for q in queues:
+                q.enqueue(message)
+            return queues
+        # Past a queue's memory limit, a message already in the log is kept only there
+        # (free); a transient one is written there only when all queues together are over
+        # the node's budget (RabbitMQ also pages transient messages only under pressure).
         limit = self.settings.queue_memory_limit
+        logged = message.position >= 0
         for q in queues:
-            if (q.ready_bytes + len(q.ready) * MESSAGE_OVERHEAD > limit or self.paging_all) \
-                    and self.store is not None and not (props and props[0] & 0x01):  # TTL: keep
+            if self.paging_all or (logged and q.durable and
+                                   q.ready_bytes + len(q.ready) * MESSAGE_OVERHEAD > limit):
                 q.enqueue(self._paged(q, message))
             else:
                 q.enqueue(message)
@@ -297,8 +306,28 @@ class Broker:
             self.store.append_settle(queue.store_key, positions)
 
     def store_delivered(self, queue: Queue, position: int) -> None:
-        if self.store is not None:
-            self.store.append_delivered(queue.store_key, position)
+        """Delivery marks are gathered per queue and written once per tick, one record
+        each (a record per delivery cost ~16% of delivery CPU on a backlog drain)."""
+        if self.store is None:
+            return
+        batch = self._delivered_batch
+        if not batch and self._loop is not None:
+            self._loop.call_soon(self._flush_delivered)
+        batch.setdefault(queue.store_key, []).append(position)
+
+    def _flush_delivered(self) -> None:
+        batch, self._delivered_batch = self._delivered_batch, {}
+        store = self.store
+        if store is None:
+            return
+        from amqpd.store.api import StoreError
+
+        for key, positions in batch.items():
+            try:
+                store.append_delivered_many(key, positions)
+            except StoreError as exc:  # a failing store: marks are best effort
+                log.warning("delivery marks not written: %s", exc)
+                return
 
     def store_drop_queue(self, queue: Queue) -> None:
         if self.store is not None:
@@ -519,6 +548,7 @@ class Broker:
             self._ticker.cancel()
         self.timers.stop()  # no TTL or delayed-message work once the store closes
         if self.store is not None:
+            self._flush_delivered()
             self.store.close()
         log.info("shutdown complete")
 

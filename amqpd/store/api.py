@@ -96,6 +96,10 @@ class MessageStore(Protocol):
         """
         ...
 
+    def append_delivered_many(self, queue: str, positions: Iterable[int]) -> None:
+        """DELIVERED marks for many messages of one queue, in one record."""
+        ...
+
     def drop_queue(self, queue: str) -> None:
         """The queue was deleted: settle everything it still holds."""
         ...

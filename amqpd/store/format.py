@@ -30,7 +30,7 @@ Payloads (str = u16 length + UTF-8; positions are i64)::
                 origin = 0 for a fresh publish; for a copy made by compaction it is the
                 stable position (the one the broker knows) of the message it replaces.
     SETTLE      queue str | count u32 | position i64 * count
-    DELIVERED   queue str | position i64
+    DELIVERED   queue str | count u32 | positions i64[count]
     DROP_QUEUE  queue str
     CHECKPOINT  covered i64   (marker: a checkpoint file covering the log up to here)
 
@@ -244,17 +244,16 @@ def decode_settle(payload: bytes | memoryview) -> tuple[str, array[int]]:
     return queue, positions
 
 
-def encode_delivered(queue: str, position: int) -> bytes:
-    return _str(queue) + _I64.pack(position)
+def encode_delivered(queue: str, positions: Sequence[int]) -> bytes:
+    """DELIVERED marks for many messages of one queue (same layout as SETTLE)."""
+    return encode_settle(queue, positions)
 
 
-def decode_delivered(payload: bytes | memoryview) -> tuple[str, int]:
+def decode_delivered(payload: bytes | memoryview) -> tuple[str, array[int]]:
     try:
-        queue, off = _read_str(payload, 0)
-        (position,) = _I64.unpack_from(payload, off)
-    except struct.error as exc:
-        raise CorruptRecord(f"short DELIVERED payload: {exc}") from None
-    return queue, position
+        return decode_settle(payload)
+    except CorruptRecord as exc:
+        raise CorruptRecord(str(exc).replace("SETTLE", "DELIVERED")) from None
 
 
 def encode_drop_queue(queue: str) -> bytes:

@@ -83,6 +83,10 @@ class MemoryStore:
             self._delivered.setdefault(queue, set()).add(position)
             self._records += 1
 
+
+    def append_delivered_many(self, queue: str, positions: Iterable[int]) -> None:
+        for position in positions:
+            self.append_delivered(queue, position)
     def drop_queue(self, queue: str) -> None:
         self._check()
         q = self._queues.get(queue)

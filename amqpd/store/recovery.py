@@ -187,8 +187,9 @@ def _replay(data: bytes, offset: int, base: int, index: LiveIndex) -> tuple[int,
                 queue, positions = fmt.decode_settle(view[p:e])
                 index.settle(queue, positions)
             elif rtype == fmt.DELIVERED:
-                queue, position = fmt.decode_delivered(view[p:e])
-                index.delivered(queue, position)
+                queue, positions = fmt.decode_delivered(view[p:e])
+                for position in positions:
+                    index.delivered(queue, position)
             elif rtype == fmt.DROP_QUEUE:
                 index.drop(fmt.decode_drop_queue(view[p:e]))
         except (fmt.FormatError, struct.error, UnicodeDecodeError):

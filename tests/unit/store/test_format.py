@@ -38,7 +38,8 @@ def test_settle_round_trip(queue, positions):
 
 
 def test_small_records_round_trip():
-    assert fmt.decode_delivered(fmt.encode_delivered("v\x00q", 42)) == ("v\x00q", 42)
+    queue, positions = fmt.decode_delivered(fmt.encode_delivered("v\x00q", [42, 7]))
+    assert (queue, list(positions)) == ("v\x00q", [42, 7])
     assert fmt.decode_drop_queue(fmt.encode_drop_queue("v\x00q")) == "v\x00q"
     assert fmt.decode_checkpoint(fmt.encode_checkpoint(123456)) == 123456
 
