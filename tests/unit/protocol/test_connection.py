@@ -489,3 +489,29 @@ def test_unparseable_login_response_is_dropped(mechanism: str, response: str) ->
         mechanism=mechanism, response=response, locale="en_US")))
     assert out == []
     assert pair.server.should_close_transport and pair.server.state is State.CLOSED
+
+
+@pytest.mark.parametrize("header_payload,body,code", [
+    # complete publish triplets in one read (the fast path) that must still be refused
+    (b"\x00\x3c\x00\x00" + (1).to_bytes(8, "big") + b"\x80\x00\x10ab", b"x", 502),
+    (b"\x00\x3c\x00\x00" + (2).to_bytes(8, "big") + b"\x00\x00", b"xyz", 505),
+    (b"\x00\x32\x00\x00" + (1).to_bytes(8, "big") + b"\x00\x00", b"x", 505),
+])
+def test_bad_publish_triplets_in_one_read(header_payload: bytes, body: bytes, code: int) -> None:
+    pair = Pair(broker=real_broker())
+    pair.open()
+    pair.open_channel(1)
+    out = pair.send(wire.method(1, C.Basic.Publish(routing_key="q")),
+                    wire.raw_frame(2, 1, header_payload), wire.raw_frame(3, 1, body))
+    assert last_close(out).reply_code == code
+
+
+def test_good_publish_triplets_in_one_read_reach_the_queue() -> None:
+    pair = Pair(broker=real_broker())
+    pair.open()
+    pair.open_channel(1)
+    (ok,) = pair.call(1, C.Queue.Declare(queue="", exclusive=True))
+    queue = ok.value.queue
+    pair.send(b"".join(wire.publish(1, "", queue, b"m%d" % n, content_type="t") for n in range(50)))
+    (ok,) = pair.call(1, C.Queue.Declare(queue=queue, passive=True))
+    assert ok.value.message_count == 50
