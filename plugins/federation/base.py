@@ -150,18 +150,23 @@ class Link:
             await asyncio.sleep(self.upstream.reconnect_delay)
 
     async def _serve(self, conn: aiormq.abc.AbstractConnection) -> None:
-        """Run periodic checks until the upstream connection closes (then raise)."""
+        """Run periodic checks until the upstream connection or the link's channel closes
+        (then raise, and the link starts over)."""
+        channel = self.channel
+        assert channel is not None
         while True:
             self._wake.clear()
             wake = asyncio.ensure_future(self._wake.wait())
             try:
-                await asyncio.wait({conn.closing, wake}, timeout=self.CHECK_INTERVAL,
+                await asyncio.wait({conn.closing, channel.closing, wake},
+                                   timeout=self.CHECK_INTERVAL,
                                    return_when=asyncio.FIRST_COMPLETED)
             finally:
                 wake.cancel()
-            if conn.closing.done():
-                exc = conn.closing.exception() if not conn.closing.cancelled() else None
-                raise ConnectionError(f"upstream connection closed: {exc}")
+            for what, closing in (("connection", conn.closing), ("channel", channel.closing)):
+                if closing.done():
+                    exc = closing.exception() if not closing.cancelled() else None
+                    raise ConnectionError(f"upstream {what} closed: {exc}")
             await self.periodic()
 
     async def _close(self) -> None:

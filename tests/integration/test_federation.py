@@ -401,3 +401,39 @@ def test_downstream_restart_keeps_federation_and_backlog(two_sites) -> None:
     with channel(down.url) as dch:
         got = drain(dch, "dr.q", 50)
     assert sorted(int(b) for _p, b in got) == list(range(50))
+
+
+def test_deleted_internal_exchange_restarts_link(tmp_path: Path) -> None:
+    """rabbitmq-federation #60: someone deletes the link's exchange upstream; the periodic
+    passive check notices and the link rebuilds it, instead of failing silently."""
+    fast = {"AMQPD_FEDERATION_INTERNAL_EXCHANGE_CHECK_INTERVAL": "0.5"}
+    up, down = site(tmp_path, "ie-up"), site(tmp_path, "ie-down", fast)
+    up.start()
+    down.start()
+    try:
+        with channel(up.url) as uch:
+            uch.exchange_declare("ie.x", "fanout")
+        with channel(down.url) as dch:
+            dch.exchange_declare("ie.x", "fanout")
+            dch.queue_declare("ie.q")
+            dch.queue_bind("ie.q", "ie.x")
+            set_upstream(down, "up", {"uri": amqp_uri(up.port), "reconnect-delay": 1})
+            set_policy(down, "ie", "^ie\\.", {"federation-upstream": "up"})
+            wait_running(down)
+
+            def internal() -> list[str]:
+                return [x["name"] for x in api(up).request("GET", "/api/exchanges/%2F").json()
+                        if x["type"] == "x-federation-upstream"]
+            (first,) = wait_for(internal, what="internal exchange")
+            with channel(up.url) as uch:
+                uch.exchange_delete(first)
+            # without the repair nothing would reach the link's queue any more
+            (second,) = wait_for(internal, what="internal exchange rebuilt")
+            assert second[:-1] == first[:-1]
+            wait_running(down)
+            with channel(up.url) as uch:
+                uch.basic_publish("ie.x", "", b"after-repair")
+            assert [b for _p, b in drain(dch, "ie.q", 1)] == [b"after-repair"]
+    finally:
+        down.stop()
+        up.stop()
