@@ -512,3 +512,25 @@ def start_more_props(ctx: Context) -> None:
     props = _start(ctx).server_properties or {}
     for key in ("cluster_name", "copyright", "information"):
         check(key in props, f"server-properties key {key!r}", sorted(props))
+
+
+@case("connection.blocked/consumers-keep-consuming-during-alarm", A, exclusive=True)
+def consumers_during_alarm(ctx: Context) -> None:
+    """An alarm blocks publishers only: a connection that just consumes is not blocked
+    and keeps receiving, which is what lets the broker drain."""
+    ch0 = ctx.channel()
+    q = ctx.queue(ch0)
+    ch0.basic_publish("", q, b"queued-before-alarm")
+    ctx.sync(ch0)
+    consumer, consumer_blocked, _ = _blocked_publisher(ctx)
+    cch = consumer.channel()
+    publisher, blocked, _ = _blocked_publisher(ctx)
+    pch = publisher.channel()
+    ctx.on_cleanup(lambda: ctx.admin("clear_alarm_cmd"))
+    ctx.admin("alarm_cmd")
+    pch.basic_publish("", ctx.name("nowhere"), b"during-alarm")
+    ctx.pump(publisher, lambda: bool(blocked), 15)
+    check(bool(blocked), "the publisher blocked (alarm in effect)", "nothing within 15 s")
+    _, got = ctx.consume(cch, q, 1, timeout=5, auto_ack=True)
+    eq([m.body for m in got], [b"queued-before-alarm"], "consumed during the alarm")
+    eq(consumer_blocked, [], "connection.blocked sent to the consumer-only connection")
