@@ -26,6 +26,7 @@ from amqpd.broker import extensions, reply_to
 from amqpd.broker.auth import AuthStore
 from amqpd.broker.deadletter import dead_letter
 from amqpd.broker.exchange import Exchange
+from amqpd.broker.exchanges.delayed import DelayedMessageExchange
 from amqpd.broker.exchanges.delayed import recover as recover_delayed
 from amqpd.broker.limits import admit
 from amqpd.broker.message import LoggedMessage, Message
@@ -199,7 +200,7 @@ class Broker:
             queues = reply_to.route(message.routing_key)
         else:
             queues = vhost.route(exchange, message, routing_keys)
-        if not queues and getattr(exchange, "held", None) is message:  # x-delayed-message
+        if not queues and DelayedMessageExchange.last_held is message:  # held back (delay)
             if on_confirm is not None:
                 if message.position >= 0 and self.store is not None:
                     self.store.commit(on_confirm)

@@ -105,3 +105,24 @@ def test_held_message_does_not_go_to_alternate_exchange(broker) -> None:
         # due and unroutable: now it is the alternate exchange's
         assert get_msg(ch, "dx5.unrouted")[2] == b"lost"
         assert count(ch, "dx5.unrouted") == 0
+
+
+def test_held_through_exchange_binding_is_not_returned(broker) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    try:
+        ch = conn.channel()
+        returned: list[bytes] = []
+        ch.add_on_return_callback(lambda c, m, p, b: returned.append(b))
+        _delayed(ch, "dx6")
+        ch.exchange_declare("dx6.front", "fanout")
+        ch.exchange_bind("dx6", "dx6.front")
+        ch.queue_declare("dx6.q")
+        ch.queue_bind("dx6.q", "dx6", "k")
+        ch.confirm_delivery()
+        ch.basic_publish("dx6.front", "k", b"via-e2e", pika.BasicProperties(
+            headers={"x-delay": 30}), mandatory=True)
+        assert get_msg(ch, "dx6.q")[2] == b"via-e2e"
+        conn.process_data_events(0)
+        assert returned == []
+    finally:
+        conn.close()

@@ -26,7 +26,7 @@ import logging
 import struct
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from amqpd.broker.exchange import (
     EXCHANGE_TYPES,
@@ -106,6 +106,10 @@ def _negated(message: Message, exchange: str) -> Message:
 @register_exchange_type
 class DelayedMessageExchange(Exchange):
     type_name = "x-delayed-message"
+    #: the message most recently held by any delayed exchange (reached directly or through
+    #: exchange-to-exchange bindings): Broker.publish then neither returns it as
+    #: unroutable nor confirms it before the log has it
+    last_held: ClassVar[Message | None] = None
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         self._inner: Exchange | None = None
@@ -184,6 +188,7 @@ class DelayedMessageExchange(Exchange):
         broker = self.broker
         assert broker is not None
         self.held = message
+        DelayedMessageExchange.last_held = message  # publish: held, not unroutable
         due = time.monotonic() + delay / 1000
         position = -1
         kept: Message | None = message
