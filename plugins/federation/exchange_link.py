@@ -60,6 +60,7 @@ class ExchangeLink(Link):
         super().__init__(*args, **kwargs)
         self.suffix = "A"  # of the live internal exchange; flipped on every start
         self.queue = ""
+        self.consumer_tag = ""
         self.internal = ""
         self.uvhost = "/"
         self._bound: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
@@ -85,10 +86,10 @@ class ExchangeLink(Link):
             args["x-message-ttl"] = up.message_ttl
         args.update(PURPOSE)
         await channel.queue_declare(self.queue, durable=True, arguments=args)
-        no_ack = up.ack_mode == "no-ack"
-        if not no_ack:
+        if up.ack_mode != "no-ack":
             await channel.basic_qos(prefetch_count=up.prefetch_count)
-        await channel.basic_consume(self.queue, self._on_message, no_ack=no_ack)
+        self.consumer_tag = ""
+        await self._flow(channel)
         # a fresh internal exchange, bound now; then the previous one goes. Which suffix is
         # live is read from the upstream (RabbitMQ keeps it in its database): the live one
         # stays bound until the new one is, so nothing published meanwhile is missed
@@ -211,10 +212,24 @@ class ExchangeLink(Link):
             await channel.exchange_unbind(destination=self.internal, source=ux,
                                           routing_key=rk, arguments=args)
 
+    async def _flow(self, channel: aiormq.abc.AbstractChannel) -> None:
+        """Consume unless a local resource alarm (memory, disk) is on: like a publisher,
+        the link stops feeding a broker that is blocking publishers. The upstream queue
+        holds the messages meanwhile."""
+        blocked = bool(self.broker.alarms)
+        if not blocked and not self.consumer_tag:
+            ok = await channel.basic_consume(self.queue, self._on_message,
+                                             no_ack=self.upstream.ack_mode == "no-ack")
+            self.consumer_tag = ok.consumer_tag or ""
+        elif blocked and self.consumer_tag:
+            await channel.basic_cancel(self.consumer_tag)
+            self.consumer_tag = ""
+
     async def periodic(self) -> None:
         channel, conn = self.channel, self.conn
         if channel is None or conn is None:
             return
+        await self._flow(channel)
         await self._sync_bindings(channel)
         if time.monotonic() >= self._next_check:
             self._next_check = time.monotonic() + INTERNAL_CHECK_INTERVAL

@@ -55,7 +55,7 @@ class QueueLink(Link):
         q = vh.queues.get(self.name) if vh is not None else None
         if q is None:
             raise ConnectionError(f"queue {self.name!r} is gone")
-        if q.ready:
+        if q.ready or self.broker.alarms:  # a resource alarm blocks the link as a publisher
             return False
         return any(c.priority >= 0 and c.has_credit() and c.channel.can_deliver(c)
                    for c in q.consumers)

@@ -437,3 +437,44 @@ def test_deleted_internal_exchange_restarts_link(tmp_path: Path) -> None:
     finally:
         down.stop()
         up.stop()
+
+
+def test_memory_alarm_pauses_links(two_sites) -> None:
+    """A downstream in memory alarm stops consuming upstream (its links are publishers);
+    messages wait upstream and arrive once the alarm clears."""
+    up, down = two_sites
+    node = api(down).request("GET", "/api/overview").json()["node"]
+
+    def watermark(body: dict[str, object]) -> list[str]:
+        r = api(down).request("PUT", f"/api/nodes/{node}/memory-high-watermark", body)
+        assert r.status == 200, r.text
+        return r.json()["alarms"]
+
+    with channel(up.url) as uch:
+        uch.exchange_declare("ma.x", "fanout")
+    with channel(down.url) as dch:
+        dch.exchange_declare("ma.x", "fanout")
+        dch.queue_declare("ma.q")
+        dch.queue_bind("ma.q", "ma.x")
+    set_upstream(down, "up", {"uri": amqp_uri(up.port), "reconnect-delay": 1})
+    set_policy(down, "ma", "^ma\\.", {"federation-upstream": "up"})
+    wait_running(down)
+    wait_for(lambda: any(b["destination"].startswith("federation: ma.x") for b in api(up)
+                         .request("GET", "/api/exchanges/%2F/ma.x/bindings/source").json()),
+             what="bound")
+    assert "memory" in watermark({"absolute": 1})
+    try:
+        def consumers_upstream() -> int:
+            qs = api(up).request("GET", "/api/queues/%2F").json()
+            return sum(q["consumers"] for q in qs if q["name"].startswith("federation: ma.x"))
+        wait_for(lambda: consumers_upstream() == 0, what="link consumer cancelled")
+        with channel(up.url) as uch:
+            for i in range(5):
+                uch.basic_publish("ma.x", "", str(i).encode())
+        time.sleep(1.0)
+        r = api(down).request("GET", "/api/queues/%2F/ma.q")
+        assert r.json()["messages"] == 0
+    finally:
+        watermark({"fraction": 0.4})
+    with channel(down.url) as dch:
+        assert sorted(int(b) for _p, b in drain(dch, "ma.q", 5)) == list(range(5))
