@@ -15,6 +15,7 @@ from conformance.cases import (  # noqa: F401
     extensions2,
     extensions3,
     frames,
+    guarantees,
     http_api,
     policies,
     queue,
