@@ -20,6 +20,7 @@ from pamqp import commands as spec
 from plugins.shovel.params import ShovelDef
 
 CONNECT_TIMEOUT = 10.0
+FRAME_BUFFER = 4096
 
 OnMessage = Callable[[DeliveredMessage], None]
 
@@ -48,7 +49,7 @@ class AMQPSource(Source):
         self.defn = defn
         self.uri = uri
         self.conn: aiormq.abc.AbstractConnection | None = None
-        self.channel: aiormq.abc.AbstractChannel | None = None
+        self.channel: Any = None  # aiormq.Channel
         self.queue = ""
         self.initial_length = 0  # the queue's length when the shovel started consuming
         self._cancelled: asyncio.Future[Any] | None = None
@@ -79,8 +80,17 @@ class AMQPSource(Source):
             on_message(message)
             return None
 
+        if hasattr(ch, "_get_frame") and hasattr(ch, "_read_content"):
+            # hand deliveries over in the channel's reader, in order, without aiormq's
+            # task per message (the consumer callback above stays as the fallback)
+            async def on_deliver(frame: spec.Basic.Deliver) -> None:
+                header = await ch._get_frame()
+                on_message(await ch._read_content(frame, header))
+
+            ch._on_deliver_frame = on_deliver
+
         cancelled = self._cancelled = asyncio.get_running_loop().create_future()
-        original = ch._on_cancel_frame  # type: ignore[attr-defined]
+        original = ch._on_cancel_frame
 
         async def on_cancel(frame: Any) -> None:
             # the broker cancelled the consumer (queue deleted...): this attempt is over
@@ -89,13 +99,15 @@ class AMQPSource(Source):
                                            f"(queue '{self.queue}')")
             await original(frame)
 
-        ch._on_cancel_frame = on_cancel  # type: ignore[attr-defined]
+        ch._on_cancel_frame = on_cancel
         await ch.basic_consume(self.queue, deliver, no_ack=d.ack_mode == "no-ack",
                                arguments=d.src_consumer_args or None)
 
-    async def _channel(self) -> aiormq.abc.AbstractChannel:
+    async def _channel(self) -> Any:
         assert self.conn is not None
-        self.channel = await self.conn.channel(publisher_confirms=False)
+        # room for a prefetch window of frames between the socket reader and the channel
+        self.channel = await self.conn.channel(publisher_confirms=False,
+                                               frame_buffer_size=FRAME_BUFFER)
         return self.channel
 
     async def ack(self, delivery_tag: int, multiple: bool) -> None:
