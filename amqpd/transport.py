@@ -104,6 +104,8 @@ class AMQPProtocol(asyncio.Protocol):
         if transport is None or transport.is_closing():
             return
         want_paused = self.reading_paused or self._backlog
+        if self.session is not None:
+            self.session.conn.reading_paused = want_paused
         if want_paused and not self._socket_paused:
             self._socket_paused = True
             transport.pause_reading()

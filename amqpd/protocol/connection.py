@@ -153,6 +153,9 @@ class AMQPConnection:
         self.vhost = ""
         self.created = clock()
         self.closing_since = 0.0
+        # Set by the transport while it does not read the socket (resource alarm, backlog):
+        # the peer's silence is then ours, so it must not count as missed heartbeats.
+        self.reading_paused = False
         self.last_received = self.created
         self.last_sent = self.created
         self.should_close_transport = False  # transport closes the socket once drained
@@ -673,6 +676,8 @@ class AMQPConnection:
         hb = self.heartbeat
         if not hb:
             return
+        if self.reading_paused:  # RabbitMQ pauses its heartbeat monitor while blocked too
+            self.last_received = now
         if now - self.last_received > 2 * hb:
             log.warning("missed heartbeats from client, timeout: %ss", hb)
             self.close_reason = f"missed heartbeats from client, timeout: {hb}s"

@@ -114,6 +114,37 @@ def test_peer_that_sends_heartbeats_is_kept(broker: BrokerProcess) -> None:
         raw.close()
 
 
+def test_blocked_publisher_is_not_dropped_for_missed_heartbeats(
+        fresh_broker: BrokerProcess) -> None:
+    """While a resource alarm blocks a publisher the broker stops reading its socket; the
+    heartbeats it keeps sending wait there, and must not count as missed (RabbitMQ)."""
+    import subprocess
+    import sys
+
+    def watermark(value: str) -> None:
+        subprocess.run([sys.executable, "-m", "amqpd.ctl", "--url", fresh_broker.http_url,
+                        "set_vm_memory_high_watermark", value], check=True,
+                       capture_output=True, timeout=30)
+
+    fresh_broker.start()
+    raw = RawSocket(fresh_broker.port, timeout=10)
+    try:
+        raw.open(channel_max=10, heartbeat_=1, capabilities={"connection.blocked": True})
+        raw.open_channel(1)
+        raw.send(wire.publish(1, "", uname("nowhere"), b"x"))  # a publisher gets blocked
+        watermark("0.000001")
+        raw.expect(C.Connection.Blocked)
+        started = time.monotonic()
+        while time.monotonic() - started < 3.5:  # well past two heartbeat intervals
+            raw.send(wire.HEARTBEAT)
+            time.sleep(0.3)  # pacing our heartbeats, not waiting for the broker
+        watermark("0.4")
+        raw.expect(C.Connection.Unblocked)
+        raw.open_channel(2)
+    finally:
+        raw.close()
+
+
 def test_pika_heartbeat_negotiation(broker: BrokerProcess) -> None:
     p = pika.URLParameters(broker.url)
     p.heartbeat = 1

@@ -515,3 +515,19 @@ def test_good_publish_triplets_in_one_read_reach_the_queue() -> None:
     pair.send(b"".join(wire.publish(1, "", queue, b"m%d" % n, content_type="t") for n in range(50)))
     (ok,) = pair.call(1, C.Queue.Declare(queue=queue, passive=True))
     assert ok.value.message_count == 50
+
+
+def test_no_heartbeat_timeout_while_the_transport_is_not_reading() -> None:
+    """A blocked publisher (resource alarm) is not read from, so its heartbeats wait in the
+    socket: RabbitMQ pauses its heartbeat monitor meanwhile, and so must we."""
+    pair = Pair()
+    pair.open(heartbeat_=1)
+    pair.server.reading_paused = True
+    for _ in range(10):
+        pair.clock.now += 1
+        pair.server.tick(pair.clock.now)
+    assert pair.server.is_open
+    pair.server.reading_paused = False
+    pair.clock.now += 2.5
+    pair.server.tick(pair.clock.now)
+    assert pair.server.state is State.CLOSED
