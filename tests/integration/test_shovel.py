@@ -19,6 +19,7 @@ from tests.integration.test_shovel_helpers import (
     drain,
     get_one,
     publish,
+    publish_fast,
     set_shovel,
     shovel_state,
     shovels,
@@ -142,6 +143,37 @@ async def test_exchange_source_and_original_routing(sites: tuple[BrokerProcess,
     assert api.get(f"/api/parameters/shovel/%2F/{q(name)}").status == 404
 
 
+async def test_no_ack_publish_properties_and_dest_exchange_key(
+        sites: tuple[BrokerProcess, BrokerProcess]) -> None:
+    """no-ack mode; dest-exchange + dest-exchange-key; publish-properties override; a
+    message without message_id arrives without one (aiormq would add one)."""
+    a, b = sites
+    api = Api(a.http_url)
+    src, dest, name = uid("src"), uid("dest"), uid("sh")
+    await publish(b.url, dest, 0)
+    r = Api(b.http_url).post(f"/api/bindings/%2F/e/amq.topic/q/{dest}", {"routing_key": "k.#"})
+    assert r.status == 201, r.text
+    await publish_fast(a.url, src, 1, properties=spec.Basic.Properties(content_type="x/y"))
+    set_shovel(api, name, {"src-uri": "amqp://", "src-queue": src, "dest-uri": b.url,
+                           "dest-exchange": "amq.topic", "dest-exchange-key": "k.1",
+                           "ack-mode": "no-ack",
+                           "publish-properties": {"delivery_mode": 2, "app_id": "shovel"}})
+    msg = await get_one(b.url, dest)
+    p = msg.header.properties
+    assert msg.delivery.routing_key == "k.1"  # type: ignore[union-attr]
+    assert msg.delivery.exchange == "amq.topic"  # type: ignore[union-attr]
+    assert p.content_type == "x/y" and p.message_id is None
+    assert p.delivery_mode == 2 and p.app_id == "shovel"
+    assert not p.headers  # no forward headers unless asked for
+    await publish(a.url, src, 300)
+    assert len(set(await drain(b.url, dest, 300))) == 300
+    r = api.put(f"/api/parameters/shovel/%2F/{q(name)}", {"value": {
+        "src-uri": "amqp://", "src-queue": src, "dest-uri": b.url,
+        "dest-publish-properties": {"headers": {"a": 1}}}})
+    assert r.status == 400 and "headers are not supported" in r.json()["reason"]
+    api.delete(f"/api/parameters/shovel/%2F/{q(name)}")
+
+
 async def test_delete_after_queue_length_removes_the_parameter(
         sites: tuple[BrokerProcess, BrokerProcess]) -> None:
     a, b = sites
@@ -263,16 +295,27 @@ async def test_static_shovel_from_config(tmp_path: Path) -> None:
     cfg.write_text(
         'plugins = ["shovel"]\n\n[[shovels]]\nname = "static-one"\nsrc-uri = "amqp://"\n'
         f'src-queue = "outbox"\ndest-uri = "{b.url}"\ndest-queue = "inbox"\n'
-        'ack-mode = "on-confirm"\nprefetch-count = 100\n')
+        'ack-mode = "on-confirm"\nprefetch-count = 100\n'
+        # reconnect-delay 0: a static shovel stops at its first failure
+        '\n[[shovels]]\nname = "static-dead"\nsrc-uri = "amqp://"\nsrc-queue = "x"\n'
+        'dest-uri = "amqp://guest:guest@127.0.0.1:1/%2F"\nreconnect-delay = 0\n')
     a = BrokerProcess(tmp_path / "a", extra_args=["--config", str(cfg)]).start()
     try:
         api = Api(a.http_url)
         wait_for(lambda: shovel_state(api, "static-one") == "running", 15, "running")
-        (status,) = shovels(api)
+        status = next(s for s in shovels(api) if s["name"] == "static-one")
         assert status["type"] == "static" and status["src_queue"] == "outbox"
+        wait_for(lambda: shovel_state(api, "static-dead") == "terminated", 15, "terminated")
+        dead = next(s for s in shovels(api) if s["name"] == "static-dead")
+        assert dead["reason"] and dead["type"] == "static"
+        time_terminated = dead["timestamp"]
+        assert api.delete("/api/shovels/vhost/%2F/static-one").status == 404  # not a param
         await publish(a.url, "outbox", 100)
         bodies = await drain(b.url, "inbox", 100)
         assert len(set(bodies)) == 100
+        # still terminated: never retried
+        dead = next(s for s in shovels(api) if s["name"] == "static-dead")
+        assert dead["state"] == "terminated" and dead["timestamp"] == time_terminated
     finally:
         a.stop()
         b.stop()

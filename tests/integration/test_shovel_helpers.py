@@ -60,7 +60,8 @@ async def publish(url: str, queue: str, n: int, *, start: int = 0, exchange: str
         await conn.close()
 
 
-async def publish_fast(url: str, queue: str, n: int, window: int = 5000) -> None:
+async def publish_fast(url: str, queue: str, n: int, window: int = 5000,
+                       properties: spec.Basic.Properties | None = None) -> None:
     """Like publish (bodies str(i), persistent, confirmed) but pipelined: for 100k."""
     from plugins.shovel.destination import AMQPDestination
     from plugins.shovel.params import parse
@@ -88,7 +89,8 @@ async def publish_fast(url: str, queue: str, n: int, window: int = 5000) -> None
                 await asyncio.wait_for(progress.wait(), 30)
             top = min(sent + 500, n)
             await dest.publish_many([
-                ("", queue, spec.Basic.Properties(delivery_mode=2, message_id=f"m{i}"),
+                ("", queue, properties or spec.Basic.Properties(delivery_mode=2,
+                                                                message_id=f"m{i}"),
                  str(i).encode()) for i in range(sent, top)])
             sent = top
         while confirmed < n:
