@@ -400,7 +400,7 @@ def cmd_close_connection(c: Client, a: argparse.Namespace, out: TextIO) -> int:
     return _done(a, out, f"Closing connection {a.name}, reason: {a.reason}...")
 
 
-FEDERATION_COLUMNS = ["type", "name", "vhost", "upstream", "upstream_name", "status",
+FEDERATION_COLUMNS = ["id", "type", "name", "vhost", "upstream", "upstream_name", "status",
                       "uri", "timestamp", "error"]
 
 
@@ -411,7 +411,8 @@ def cmd_federation_status(c: Client, a: argparse.Namespace, out: TextIO) -> int:
         if a.only_down and link.get("status") == "running":
             continue
         kind = link.get("type", "")
-        rows.append({"type": kind, "name": link.get(kind), "vhost": link.get("vhost"),
+        rows.append({"id": link.get("id"), "type": kind, "name": link.get(kind),
+                     "vhost": link.get("vhost"),
                      "upstream": link.get("upstream"),
                      "upstream_name": link.get(f"upstream_{kind}"),
                      "status": link.get("status"), "uri": link.get("uri"),
@@ -422,6 +423,15 @@ def cmd_federation_status(c: Client, a: argparse.Namespace, out: TextIO) -> int:
     else:
         print_table(rows, FEDERATION_COLUMNS, out, headers=not a.no_table_headers)
     return EX_OK
+
+
+def cmd_restart_federation_link(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    for link in c.get("/api/federation-links"):
+        if link.get("id") == a.link_id:
+            c.call("DELETE", f"/api/federation-links/vhost/{q(link['vhost'])}/{q(a.link_id)}/"
+                             f"{q(link['node'])}/restart")
+            return _done(a, out, f"Restarting federation link with ID {a.link_id} ...")
+    raise CtlError(f"Federation link with ID {a.link_id} not found", EX_DATAERR)
 
 
 def cmd_set_vm_memory_high_watermark(c: Client, a: argparse.Namespace, out: TextIO) -> int:
@@ -542,6 +552,8 @@ def build_parser() -> argparse.ArgumentParser:
         arg("name"), arg("reason", nargs="?", default="Closed via amqpctl"))
     add("federation_status", cmd_federation_status, "federation links and their status",
         arg("--only-down", action="store_true", help="only links that are not running"))
+    add("restart_federation_link", cmd_restart_federation_link,
+        "restart a federation link (its id from federation_status)", arg("link_id"))
     return parser
 
 

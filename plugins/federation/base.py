@@ -109,6 +109,11 @@ class Link:
         self._wake.set()
 
     @property
+    def link_id(self) -> str:
+        """Stable across restarts of the link and of the broker."""
+        return f"{zlib.crc32(self.key.encode()):08x}"
+
+    @property
     def key(self) -> str:
         return f"{self.kind} {self.vhost!r}/{self.name!r} <- {self.upstream.name}"
 
@@ -253,7 +258,7 @@ class Link:
             "type": self.kind,
             "vhost": self.vhost,
             "upstream": self.upstream.name,
-            "id": f"{zlib.crc32(self.key.encode()):08x}",
+            "id": self.link_id,
             "status": self.status,
             "local_connection": "<internal>",
             "uri": self.uri,

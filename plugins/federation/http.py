@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from amqpd.http.core import Ctx, Router, json_response, select_columns
+from amqpd.http.core import Ctx, Router, json_response, no_content, not_found, select_columns
 
 if TYPE_CHECKING:
     from plugins.federation import FederationPlugin
@@ -28,6 +28,18 @@ async def list_links(ctx: Ctx) -> Any:
     return json_response(select_columns(items, ctx))
 
 
+async def restart_link(ctx: Ctx) -> Any:
+    """``DELETE /api/federation-links/vhost/{vhost}/{id}/{node}/restart`` (RabbitMQ's)."""
+    vh = ctx.vhost(write=True)
+    ctx.require_policymaker()
+    if ctx.params["node"] != ctx.broker.settings.node_name:
+        raise not_found()
+    if not await _plugin(ctx).supervisor.restart(ctx.params["id"], vh.name):
+        raise not_found()
+    return no_content()
+
+
 def routes(router: Router) -> None:
     router.get("/api/federation-links", list_links)
     router.get("/api/federation-links/{vhost}", list_links)
+    router.delete("/api/federation-links/vhost/{vhost}/{id}/{node}/restart", restart_link)

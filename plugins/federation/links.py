@@ -131,6 +131,18 @@ class Supervisor:
                 self.links[key] = link
                 link.start()
 
+    async def restart(self, link_id: str, vhost: str | None = None) -> bool:
+        """Restart one link by its status ``id`` (RabbitMQ's restart_federation_link)."""
+        for key, link in list(self.links.items()):
+            if link.link_id == link_id and (vhost is None or key[1] == vhost):
+                await link.stop()
+                fresh = type(link)(self, key[1], key[2], link.upstream)
+                if self.links.get(key) is link and self._running:
+                    self.links[key] = fresh
+                    fresh.start()
+                return True
+        return False
+
     def status(self, vhost: str | None = None) -> list[dict[str, Any]]:
         return [link.status_info() for key, link in sorted(self.links.items())
                 if vhost is None or key[1] == vhost]

@@ -333,6 +333,15 @@ def test_configured_by_amqpctl_and_definitions_status_and_errors(two_sites) -> N
     assert [row["upstream"] for row in down_only] == ["nowhere"]
     per_vhost = api(down).request("GET", "/api/federation-links/%2F").json()
     assert len(per_vhost) == 3
+    # restart one link by id (rabbitmqctl restart_federation_link)
+    link = by[("ctl.x", "good")]
+    out = _ctl(down, "restart_federation_link", link["id"])
+    assert "Restarting" in out
+    wait_for(lambda: next(i for i in links(down) if i["id"] == link["id"])["status"]
+             == "running", what="restarted link running")
+    r = api(down).request("DELETE", f"/api/federation-links/vhost/%2F/nope/{link['node']}"
+                          "/restart")
+    assert r.status == 404
     # clearing the policy stops the links
     _ctl(down, "clear_policy", "fed-ctl")
     wait_for(lambda: len(links(down)) == 2, what="link stopped with its policy")
