@@ -487,3 +487,39 @@ def test_memory_alarm_pauses_links(two_sites) -> None:
         watermark({"fraction": 0.4})
     with channel(down.url) as dch:
         assert sorted(int(b) for _p, b in drain(dch, "ma.q", 5)) == list(range(5))
+
+
+@pytest.mark.slow
+def test_chain_propagates_bindings_within_max_hops(ring) -> None:
+    """a <- b <- c (c is downstream of b, b of a), max-hops 2: a queue bound only at c
+    makes its binding travel to a through b (x-bound-from), so messages published at a
+    reach c across two links."""
+    a, b, c = ring
+    for proc in ring:
+        with channel(proc.url) as ch:
+            ch.exchange_declare("chain", "direct", durable=True)
+    set_upstream(b, "a", {"uri": amqp_uri(a.port), "max-hops": 2, "reconnect-delay": 1})
+    set_upstream(c, "b", {"uri": amqp_uri(b.port), "max-hops": 2, "reconnect-delay": 1})
+    set_policy(b, "chain", "^chain$", {"federation-upstream": "a"})
+    set_policy(c, "chain", "^chain$", {"federation-upstream": "b"})
+    wait_running(b)
+    wait_running(c)
+    with channel(c.url) as cch:
+        cch.queue_declare("chain.q")
+        cch.queue_bind("chain.q", "chain", "deep")
+
+        def bound_at_a() -> list[dict[str, object]]:
+            bindings = api(a).request("GET", "/api/exchanges/%2F/chain/bindings/source").json()
+            return [x for x in bindings if x["routing_key"] == "deep"]
+        (binding,) = wait_for(bound_at_a, what="binding propagated to a")
+        hops = binding["arguments"]["x-bound-from"]
+        assert [h["cluster-name"] for h in hops] == ["ring-b", "ring-c"]
+        assert [h["hops"] for h in hops] == [1, 2]
+        with channel(a.url) as ach:
+            ach.basic_publish("chain", "deep", b"two-hops")
+            ach.basic_publish("chain", "shallow", b"unbound")
+        got = drain(cch, "chain.q", 1)
+        assert [body for _p, body in got] == [b"two-hops"]
+        assert [h["cluster-name"] for h in got[0][0].headers["x-received-from"]] == [
+            "ring-b", "ring-a"]
+        assert settle(cch, "chain.q", 0.5) == []
