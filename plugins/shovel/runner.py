@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import re
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -34,6 +35,8 @@ log = logging.getLogger("amqpd.shovel")
 
 
 BATCH = 256  # most messages per socket write to the destination
+OPEN_TIMEOUT = 30.0  # connect + declare + consume, per end and attempt
+_CREDENTIALS = re.compile(r"(amqps?://)[^@/\s'\"]*@")
 
 
 class Completed(Exception):
@@ -202,8 +205,9 @@ class _Link:
     async def run(self) -> None:
         d = self.defn
         confirm = d.ack_mode == "on-confirm"
-        await self.dest.open(self.on_confirm if confirm else None)
-        await self.src.open(self.on_message)
+        # bounded: a peer that accepts the connection but never answers is a failure too
+        await asyncio.wait_for(self.dest.open(self.on_confirm if confirm else None), OPEN_TIMEOUT)
+        await asyncio.wait_for(self.src.open(self.on_message), OPEN_TIMEOUT)
         if d.delete_after == "queue-length":
             self.remaining = self.src.initial_length
         elif isinstance(d.delete_after, int):
@@ -358,7 +362,11 @@ class _Link:
 
 
 def _describe(exc: Any) -> str:
-    if isinstance(exc, BaseException):
-        text = str(exc) or type(exc).__name__
-        return f"{type(exc).__name__}: {text}" if str(exc) else text
-    return str(exc)
+    """A reason for the status: the exception, with any URI credentials removed."""
+    if isinstance(exc, TimeoutError):
+        text = "TimeoutError: no answer in time"
+    elif isinstance(exc, BaseException):
+        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    else:
+        text = str(exc)
+    return _CREDENTIALS.sub(r"\1", text)

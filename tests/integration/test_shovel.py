@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from pamqp import commands as spec
 
+from plugins.shovel.params import parse, redact
 from tests.integration._http import Api, q
 from tests.integration.test_shovel_helpers import (
     count,
@@ -43,6 +44,29 @@ def sites(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BrokerProc
     yield a, b
     a.stop()
     b.stop()
+
+
+def test_parse_defaults_legacy_keys_and_redaction() -> None:
+    """No broker needed: RabbitMQ's defaults, legacy spellings (modern wins), redaction."""
+    d = parse("/", "s", {"src-uri": "amqp://", "src-queue": "q", "dest-uri": ["amqp://h"]})
+    assert (d.prefetch_count, d.delete_after, d.ack_mode, d.reconnect_delay) == \
+        (1000, "never", "on-confirm", 1.0)
+    assert not d.add_forward_headers and not d.add_timestamp_header
+    assert d.publish_properties == {} and d.dest_uris == ["amqp://h"]
+    d = parse("/", "s", {"src-uri": "amqp://", "src-queue": "q", "dest-uri": "amqp://",
+                         "prefetch-count": 5, "src-prefetch-count": 7, "delete-after": 3,
+                         "add-forward-headers": True, "publish-properties": {"priority": 1}})
+    assert (d.prefetch_count, d.delete_after, d.add_forward_headers) == (7, 3, True)
+    assert d.publish_properties == {"priority": 1}
+    assert redact("amqp://user:pw@host:5673/%2F?heartbeat=5") == \
+        "amqp://host:5673/%2F?heartbeat=5"
+    assert redact("amqp://") == "amqp://"
+    with pytest.raises(ValueError, match="Unrecognised terms"):
+        parse("/", "s", {"src-uri": "amqp://", "src-queue": "q", "dest-uri": "amqp://",
+                         "dest-qeueu": "typo"})
+    with pytest.raises(ValueError, match="Unsupported protocol"):
+        parse("/", "s", {"src-uri": "amqp://", "src-queue": "q", "dest-uri": "amqp://",
+                         "dest-protocol": "amqp10"})
 
 
 def test_validation_uses_rabbitmq_texts(sites: tuple[BrokerProcess, BrokerProcess]) -> None:
