@@ -343,3 +343,28 @@ async def test_static_shovel_from_config(tmp_path: Path) -> None:
     finally:
         a.stop()
         b.stop()
+
+
+async def test_definitions_import_and_boot_restore(tmp_path: Path) -> None:
+    """A shovel from a definitions import runs, and runs again after the broker restarts."""
+    b = BrokerProcess(tmp_path / "b").start()
+    a = BrokerProcess(tmp_path / "a", env=PLUGIN_ENV).start()
+    try:
+        api = Api(a.http_url)
+        defs = {"parameters": [{"component": "shovel", "vhost": "/", "name": "imported",
+                                "value": {"src-uri": "amqp://", "src-queue": "outq",
+                                          "dest-uri": b.url, "dest-queue": "inq"}}]}
+        r = api.post("/api/definitions", defs)
+        assert r.status in (200, 201, 204), r.text
+        wait_for(lambda: shovel_state(api, "imported") == "running", 15, "running")
+        exported = api.get("/api/definitions").json()["parameters"]
+        assert [p["name"] for p in exported if p["component"] == "shovel"] == ["imported"]
+        a.stop()
+        a.start()
+        api = Api(a.http_url)
+        wait_for(lambda: shovel_state(api, "imported") == "running", 15, "running after boot")
+        await publish(a.url, "outq", 50)
+        assert len(set(await drain(b.url, "inq", 50))) == 50
+    finally:
+        a.stop()
+        b.stop()
