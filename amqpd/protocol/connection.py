@@ -436,10 +436,11 @@ class AMQPConnection:
         if slot.closing:
             return
         if not slot.expect_header:
-            raise UnexpectedFrame("unexpected content header frame")
+            raise UnexpectedFrame("expected method frame, got non method frame instead")
         class_id, size, props = codec.decode_content_header(payload)
         if class_id != 60:
-            raise UnexpectedFrame(f"content header for class {class_id}, expected class 60")
+            raise UnexpectedFrame(f"expected content header for class 60, got one for class "
+                                  f"{class_id} instead", 60, 40)
         codec.validate_properties(props)
         slot.expect_header = False
         slot.body_size = size
@@ -460,8 +461,11 @@ class AMQPConnection:
             raise ChannelErrorCode(f"expected 'channel.open' on channel {channel}")
         if slot.closing:
             return
-        if slot.publish is None or slot.expect_header:
-            raise UnexpectedFrame("unexpected content body frame")
+        if slot.expect_header:
+            raise UnexpectedFrame("expected content header for class 60, got non content "
+                                  "header frame instead", 60, 40)
+        if slot.publish is None:
+            raise UnexpectedFrame("expected method frame, got non method frame instead")
         slot.received += len(payload)
         if slot.received > slot.body_size:
             raise UnexpectedFrame(
