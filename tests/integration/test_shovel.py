@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiormq
 import pytest
 from pamqp import commands as spec
 
@@ -195,6 +196,25 @@ async def test_no_ack_publish_properties_and_dest_exchange_key(
         "src-uri": "amqp://", "src-queue": src, "dest-uri": b.url,
         "dest-publish-properties": {"headers": {"a": 1}}}})
     assert r.status == 400 and "headers are not supported" in r.json()["reason"]
+    api.delete(f"/api/parameters/shovel/%2F/{q(name)}")
+
+
+async def test_large_and_empty_bodies(sites: tuple[BrokerProcess, BrokerProcess]) -> None:
+    """Bodies larger than a frame are split again; an empty body stays empty."""
+    a, b = sites
+    api = Api(a.http_url)
+    src, dest, name = uid("src"), uid("dest"), uid("sh")
+    big = bytes(range(256)) * 4096 + b"end"  # 1 MiB + 3 bytes: several frames
+    conn = await aiormq.connect(a.url)
+    ch = await conn.channel()
+    await ch.queue_declare(src, durable=True)
+    await ch.basic_publish(big, routing_key=src)
+    await ch.basic_publish(b"", routing_key=src)
+    await conn.close()
+    set_shovel(api, name, {"src-uri": "amqp://", "src-queue": src, "dest-uri": b.url,
+                           "dest-queue": dest})
+    bodies = await drain(b.url, dest, 2)
+    assert sorted(bodies, key=len) == [b"", big]
     api.delete(f"/api/parameters/shovel/%2F/{q(name)}")
 
 
