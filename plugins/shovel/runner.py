@@ -63,7 +63,7 @@ class ShovelRunner:
         self.dest_uri = redact(defn.dest_uris[0])
         self.forwarded = 0  # messages settled at the source over the shovel's life
         self.task: asyncio.Task[None] | None = None
-        self._wake = asyncio.Event()
+        self._last_failure: str | None = None
 
     # ------------------------------------------------------------------ control
     def start(self) -> None:
@@ -130,9 +130,12 @@ class ShovelRunner:
                 return
             except Exception as exc:
                 reason = _describe(exc)
+                # the first failure of a kind is a warning; the same one again is not news
+                level = logging.DEBUG if reason == self._last_failure else logging.WARNING
+                self._last_failure = reason
                 self._set("terminated", reason)
-                log.warning("shovel %s/%s failed: %s; retrying in %ss", d.vhost, d.name,
-                            reason, d.reconnect_delay)
+                log.log(level, "shovel %s/%s failed: %s; retrying in %ss", d.vhost, d.name,
+                        reason, d.reconnect_delay)
                 if d.type == "static" and d.reconnect_delay <= 0:
                     return  # RabbitMQ: 0 means "stop after the first failure"
             # never spin, even with reconnect-delay 0 on a dynamic shovel
@@ -215,6 +218,7 @@ class _Link:
         if self.remaining is not None and self.remaining <= 0:
             raise Completed
         self.runner._set("running")
+        self.runner._last_failure = None
         log.info("shovel %s/%s running: %s -> %s", d.vhost, d.name, self.runner.src_uri,
                  self.runner.dest_uri)
         tasks = [asyncio.ensure_future(self.forwarder()), asyncio.ensure_future(self.settler())]
