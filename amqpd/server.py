@@ -203,7 +203,7 @@ class Broker:
         if not queues and DelayedMessageExchange.last_held is message:  # held back (delay)
             if on_confirm is not None:
                 if message.position >= 0 and self.store is not None:
-                    self.store.commit(on_confirm)
+                    self.commit(on_confirm)
                 else:
                     on_confirm(None)
             return queues
@@ -227,7 +227,7 @@ class Broker:
                     )
                 except StoreError as exc:
                     log.error("store refused a persistent message: %s", exc)
-                    self.alarms.set_external("store", True, f"message store failing: {exc}")
+                    self._store_failed(exc)
                     queues = [q for q in queues if not q.durable]
                     for q in queues:
                         q.enqueue(message)
@@ -235,7 +235,7 @@ class Broker:
                         on_confirm(exc)
                     return queues
                 if on_confirm is not None:
-                    self.store.commit(on_confirm)
+                    self.commit(on_confirm)
                     confirm_now = None
                 self._pending_commit = True
         if confirm_now is not None:
@@ -274,9 +274,32 @@ class Broker:
         queue.in_store = True
         return LoggedMessage(store, position, message.size)
 
+    def commit(self, callback: Callable[[BaseException | None], None]) -> None:
+        """store.commit, raising the store alarm when the write fails (the callback still
+        gets the error: a publisher confirm becomes a nack)."""
+        assert self.store is not None
+
+        def done(error: BaseException | None) -> None:
+            if error is not None:
+                self._store_failed(error)
+            callback(error)
+
+        self.store.commit(done)
+
+    def _store_failed(self, error: BaseException) -> None:
+        if "store" not in self.alarms.active:
+            log.error("message store cannot write: %s", error)
+        self.alarms.set_external("store", True, f"message store failing: {error}")
+
     def _periodic_commit_done(self, error: BaseException | None) -> None:
-        if error is None and "store" in self.alarms.active and self.store is not None \
-                and not getattr(self.store, "failed", None):
+        """Clear the store alarm once the store writes again and there is room for at
+        least a segment (else it would clear and fail again on every retry)."""
+        if error is not None:
+            self._store_failed(error)
+            return
+        if "store" in self.alarms.active and self.store is not None \
+                and not getattr(self.store, "failed", None) \
+                and self.alarms.free >= self.settings.segment_size:
             self.alarms.set_external("store", False, "message store writes again")
 
     def _check_memory(self) -> None:
