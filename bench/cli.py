@@ -222,7 +222,11 @@ def scen_backlog(b: Broker, o: Options, d: float) -> Run:
 
 
 def scen_idle(b: Broker, o: Options, d: float) -> Run:
+    """On a freshly restarted broker: memory freed by earlier scenarios would otherwise
+    absorb the new connections and hide their cost."""
     del d
+    if b.can_restart:
+        b.restart()
     return run_idle_connections(b, o.idle_conns)
 
 

@@ -704,15 +704,19 @@ _SETUP_REPLIES = {
 def _sink_conn(sock: socket.socket, totals: list[int], idx: int) -> None:
     with contextlib.suppress(OSError, ProtocolError):
         buf = _server_handshake(sock)
+        first = 0
         while True:
             # answer setup methods until the first publish, then only count bytes
             if len(buf) >= 11 and buf[0] == 1 and CLS_METH.unpack_from(buf, 7) == (60, 40):
                 break
             fr, ch, buf = _server_read(sock, buf, with_channel=True)
+            if isinstance(fr, commands.Basic.Publish):
+                first = 8 + HDR.unpack_from(frame.marshal(fr, ch), 0)[2]
+                break
             reply = _SETUP_REPLIES.get(type(fr))
             if reply is not None:
                 sock.sendall(frame.marshal(reply(fr), ch))
-        total = len(buf)
+        total = first + len(buf)
         mem = bytearray(RECV_SIZE * 4)
         view = memoryview(mem)
         while True:

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from bench.brokers import AmqpdBroker
@@ -74,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     p.add_argument("--raw", help="keep the collapsed stacks here")
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--run-seconds", type=float,
+                   help="scenario duration (default: --seconds + 3)")
+    p.add_argument("--delay", type=float, default=0.0,
+                   help="start recording this many seconds into the run (e.g. to profile "
+                   "the drain after a short publish phase)")
     args = p.parse_args(argv)
     if not shutil.which("py-spy"):
         print("py-spy not found: pip install py-spy", file=sys.stderr)
@@ -83,10 +89,12 @@ def main(argv: list[str] | None = None) -> int:
         broker.start()
         try:
             o = Options(backlog_count=200_000)
+            run_s = args.run_seconds or args.seconds + 3
             result: dict[str, object] = {}
             t = threading.Thread(target=lambda: result.setdefault(
-                "run", SCENARIOS[args.scenario](broker, o, args.seconds + 3)))
+                "run", SCENARIOS[args.scenario](broker, o, run_s)))
             t.start()
+            time.sleep(args.delay)
             raw = Path(args.raw or Path(tmp) / "stacks.txt")
             subprocess.run(["py-spy", "record", "--pid", str(broker.pid), "--format", "raw",
                             "--rate", str(args.rate), "--duration", str(int(args.seconds)),
