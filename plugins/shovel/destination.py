@@ -1,11 +1,10 @@
 """Where a shovel puts messages: an exchange (with a key), a queue, or the original route.
 
-:class:`AMQPDestination` publishes over aiormq without awaiting each confirm: publishes
-get sequence numbers (1, 2, ... on a channel in confirm mode, as the broker counts them)
-and the broker's ``basic.ack``/``basic.nack`` (``multiple`` or not) are reported to the
-runner by number. aiormq's own ``basic_publish`` is not used: it awaits every confirm
-and adds a ``message_id`` to messages without one, and a shovel must forward properties
-exactly as it received them.
+:class:`AMQPDestination` publishes without awaiting each confirm: publishes get sequence
+numbers (1, 2, ... on a channel in confirm mode, as the broker counts them) and the
+broker's ``basic.ack``/``basic.nack`` (``multiple`` or not) are reported to the runner by
+number. A burst of messages goes out in one socket write, and properties are written
+back byte for byte as they were received (see :mod:`plugins.shovel.wire`).
 """
 
 from __future__ import annotations
@@ -15,18 +14,15 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-import aiormq
-from aiormq.abc import ChannelFrame
 from pamqp import commands as spec
-from pamqp.body import ContentBody
-from pamqp.header import ContentHeader
 
 from plugins.shovel.params import ShovelDef
-from plugins.shovel.source import CONNECT_TIMEOUT, _either
+from plugins.shovel.source import _either
+from plugins.shovel.wire import Connection, NotFound
 
 # (sequence number, multiple, ack?) for each confirm from the destination
 OnConfirm = Callable[[int, bool, bool], None]
-Message = tuple[str, str, spec.Basic.Properties, bytes]  # exchange, routing key, props, body
+Message = tuple[str, str, bytes, bytes]  # exchange, routing key, raw properties, body
 
 
 class Destination(abc.ABC):
@@ -35,9 +31,8 @@ class Destination(abc.ABC):
         """Connect and declare; with on_confirm, in confirm mode."""
 
     @abc.abstractmethod
-    async def publish(self, exchange: str, routing_key: str,
-                      properties: spec.Basic.Properties, body: bytes) -> int:
-        """Write one message; its confirm sequence number."""
+    async def publish_many(self, messages: list[Message]) -> int:
+        """Write messages; the first one's confirm sequence number."""
 
     @abc.abstractmethod
     def closed(self) -> asyncio.Future[Any]: ...
@@ -50,66 +45,46 @@ class AMQPDestination(Destination):
     def __init__(self, defn: ShovelDef, uri: str) -> None:
         self.defn = defn
         self.uri = uri
-        self.conn: aiormq.abc.AbstractConnection | None = None
-        self.channel: Any = None  # aiormq.Channel (its writer queue and confirm hook)
+        self.conn: Connection | None = None
+        self.channel = 0
         self.seq = 0
-        self.max_body = 131072 - 8
 
     async def open(self, on_confirm: OnConfirm | None) -> None:
         d = self.defn
-        self.conn = await asyncio.wait_for(aiormq.connect(self.uri), CONNECT_TIMEOUT)
-        ch: Any = await self.conn.channel(publisher_confirms=False)
+        conn = self.conn = await Connection.open(self.uri)
+        ch = await conn.channel()
         if d.dest_queue is not None:
             try:
-                await ch.queue_declare(d.dest_queue, passive=True)
-            except aiormq.exceptions.ChannelNotFoundEntity:
-                ch = await self.conn.channel(publisher_confirms=False)
-                await ch.queue_declare(d.dest_queue, durable=True,
-                                       arguments=d.dest_queue_args or None)
+                await conn.rpc(ch, spec.Queue.Declare(queue=d.dest_queue, passive=True))
+            except NotFound:
+                ch = await conn.channel()
+                await conn.rpc(ch, spec.Queue.Declare(queue=d.dest_queue, durable=True,
+                                                      arguments=d.dest_queue_args or None))
         elif d.dest_exchange:
             # never declared: a missing exchange fails the shovel (404), as in RabbitMQ
-            await ch.exchange_declare(d.dest_exchange, passive=True)
+            await conn.rpc(ch, spec.Exchange.Declare(exchange=d.dest_exchange, passive=True))
         if on_confirm is not None:
-            await ch.rpc(spec.Confirm.Select())
-
-            async def confirm_frame(frame: spec.Basic.Ack | spec.Basic.Nack) -> None:
-                on_confirm(frame.delivery_tag, bool(frame.multiple),
-                           isinstance(frame, spec.Basic.Ack))
-
-            # the channel's reader dispatches confirms through this attribute
-            ch._on_confirm_frame = confirm_frame
+            await conn.rpc(ch, spec.Confirm.Select())
+            conn.on_confirm[ch] = on_confirm
         self.channel = ch
         self.seq = 0
-        tune = getattr(self.conn, "connection_tune", None)
-        if tune is not None and tune.frame_max:
-            self.max_body = int(tune.frame_max) - 8
-
-    async def publish(self, exchange: str, routing_key: str,
-                      properties: spec.Basic.Properties, body: bytes) -> int:
-        return await self.publish_many([(exchange, routing_key, properties, body)])
 
     async def publish_many(self, messages: list[Message]) -> int:
-        """Write messages in one go (one socket write); the first one's sequence number."""
-        ch = self.channel
-        assert ch is not None
-        frames: list[Any] = []
-        step = self.max_body
+        conn = self.conn
+        assert conn is not None
+        out = bytearray()
         for exchange, routing_key, properties, body in messages:
-            frames.append(spec.Basic.Publish(exchange=exchange, routing_key=routing_key))
-            frames.append(ContentHeader(properties=properties, body_size=len(body)))
-            frames.extend(ContentBody(body[i:i + step]) for i in range(0, len(body), step))
+            conn.publish_frames(self.channel, exchange, routing_key, properties, body, out)
         first = self.seq + 1
         self.seq += len(messages)
-        await ch.write_queue.put(ChannelFrame.marshall(channel_number=ch.number, frames=frames))
+        conn.write(out)
+        await conn.drain()  # the peer reads slower than we write: wait (backpressure)
         return first
 
     def closed(self) -> asyncio.Future[Any]:
-        assert self.conn is not None and self.channel is not None
-        return _either(self.conn.closing, self.channel.closing)
+        assert self.conn is not None
+        return _either(self.conn.closed, self.conn.channel_closed(self.channel))
 
     async def close(self) -> None:
-        if self.conn is not None and not self.conn.is_closed:
-            try:
-                await asyncio.wait_for(self.conn.close(), 5)
-            except Exception:  # already gone is fine
-                pass
+        if self.conn is not None:
+            await self.conn.close()

@@ -24,12 +24,10 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from aiormq.abc import DeliveredMessage
-from pamqp import commands as spec
-
 from plugins.shovel.destination import AMQPDestination, Message
 from plugins.shovel.params import ShovelDef, redact
 from plugins.shovel.source import AMQPSource
+from plugins.shovel.wire import Delivery, decode_properties, encode_properties
 
 log = logging.getLogger("amqpd.shovel")
 
@@ -194,7 +192,7 @@ class _Link:
         self.defn = runner.defn
         self.src = src
         self.dest = dest
-        self.inbox: deque[DeliveredMessage] = deque()
+        self.inbox: deque[Delivery] = deque()
         self.inbox_ready = asyncio.Event()
         # source delivery tag -> settled? (True ack, False nack, None pending), in order
         self.outstanding: OrderedDict[int, bool | None] = OrderedDict()
@@ -203,7 +201,10 @@ class _Link:
         self.nacks: list[int] = []
         self.remaining: int | None = None  # src-delete-after countdown (None = never)
         self.taken = 0
-        self.forward_table = runner.forward_headers() if self.defn.add_forward_headers else None
+        d = self.defn
+        self.forward_table = runner.forward_headers() if d.add_forward_headers else None
+        self.rewrite = bool(d.publish_properties or d.add_forward_headers
+                            or d.add_timestamp_header)
 
     async def run(self) -> None:
         d = self.defn
@@ -238,7 +239,7 @@ class _Link:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     # ------------------------------------------------------------------ source side
-    def on_message(self, message: DeliveredMessage) -> None:
+    def on_message(self, message: Delivery) -> None:
         self.inbox.append(message)
         self.inbox_ready.set()
 
@@ -260,7 +261,7 @@ class _Link:
                     if self.taken >= self.remaining:
                         continue  # beyond the limit: requeued when the source closes
                     self.taken += 1
-                tag = int(message.delivery.delivery_tag or 0)  # type: ignore[union-attr]
+                tag = message.delivery_tag
                 if mode != "no-ack":
                     self.outstanding[tag] = None
                 tags.append(tag)
@@ -281,31 +282,31 @@ class _Link:
             elif mode == "no-ack":
                 self.count(len(tags))
 
-    def route(self, message: DeliveredMessage) -> tuple[str, str, spec.Basic.Properties]:
+    def route(self, message: Delivery) -> tuple[str, str, bytes]:
+        """Where the message goes, and its properties (as received unless changed)."""
         d = self.defn
-        delivery = message.delivery
-        exchange = getattr(delivery, "exchange", "") or ""
-        routing_key = getattr(delivery, "routing_key", "") or ""
+        exchange, routing_key = message.exchange, message.routing_key
         if d.dest_queue is not None:
             exchange, routing_key = "", d.dest_queue
         elif d.dest_exchange is not None:
             exchange = d.dest_exchange
             if d.dest_exchange_key is not None:
                 routing_key = d.dest_exchange_key
-        props = message.header.properties
-        if d.publish_properties or d.add_forward_headers or d.add_timestamp_header:
-            for k, v in d.publish_properties.items():
-                setattr(props, k, v)
-            if d.add_forward_headers or d.add_timestamp_header:
-                headers = dict(props.headers or {})
-                if self.forward_table is not None:
-                    previous = headers.get("x-shovelled")
-                    chain = list(previous) if isinstance(previous, list) else []
-                    headers["x-shovelled"] = [dict(self.forward_table), *chain]
-                if d.add_timestamp_header:
-                    headers["x-shovelled-timestamp"] = int(time.time())
-                props.headers = headers
-        return exchange, routing_key, props
+        if not self.rewrite:
+            return exchange, routing_key, message.properties
+        props = decode_properties(message.properties)
+        for k, v in d.publish_properties.items():
+            setattr(props, k, v)
+        if d.add_forward_headers or d.add_timestamp_header:
+            headers = dict(props.headers or {})
+            if self.forward_table is not None:
+                previous = headers.get("x-shovelled")
+                chain = list(previous) if isinstance(previous, list) else []
+                headers["x-shovelled"] = [dict(self.forward_table), *chain]
+            if d.add_timestamp_header:
+                headers["x-shovelled-timestamp"] = int(time.time())
+            props.headers = headers
+        return exchange, routing_key, encode_properties(props)
 
     # ------------------------------------------------------------------ destination side
     def on_confirm(self, seq: int, multiple: bool, ack: bool) -> None:
@@ -339,7 +340,7 @@ class _Link:
                 if self.remaining is not None:
                     self.taken -= len(nacks)  # they come back and are taken again
                 for tag in nacks:
-                    await self.src.nack(tag, requeue=True)
+                    self.src.nack(tag, requeue=True)
             last = None
             acked = 0
             while out:
@@ -351,7 +352,7 @@ class _Link:
                     last = tag
                     acked += 1
             if last is not None:
-                await self.src.ack(last, multiple=True)
+                self.src.ack(last, multiple=True)
             self.count(acked)
 
     def count(self, n: int) -> None:

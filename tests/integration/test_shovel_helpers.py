@@ -65,6 +65,7 @@ async def publish_fast(url: str, queue: str, n: int, window: int = 5000,
     """Like publish (bodies str(i), persistent, confirmed) but pipelined: for 100k."""
     from plugins.shovel.destination import AMQPDestination
     from plugins.shovel.params import parse
+    from plugins.shovel.wire import encode_properties
 
     defn = parse("/", "publisher", {"src-uri": url, "src-queue": queue, "dest-uri": url,
                                     "dest-queue": queue})
@@ -89,9 +90,9 @@ async def publish_fast(url: str, queue: str, n: int, window: int = 5000,
                 await asyncio.wait_for(progress.wait(), 30)
             top = min(sent + 500, n)
             await dest.publish_many([
-                ("", queue, properties or spec.Basic.Properties(delivery_mode=2,
-                                                                message_id=f"m{i}"),
-                 str(i).encode()) for i in range(sent, top)])
+                ("", queue, encode_properties(properties or spec.Basic.Properties(
+                    delivery_mode=2, message_id=f"m{i}")), str(i).encode())
+                for i in range(sent, top)])
             sent = top
         while confirmed < n:
             progress.clear()
