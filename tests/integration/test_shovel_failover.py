@@ -9,6 +9,7 @@ confirmed when it died is redelivered by A), losses are not.
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from pathlib import Path
 
@@ -103,3 +104,35 @@ async def test_source_restart_resumes(tmp_path: Path) -> None:
     finally:
         a.stop()
         b.stop()
+
+
+@pytest.mark.slow
+async def test_silent_destination_detected_by_heartbeats(tmp_path: Path) -> None:
+    """A destination that stops answering (SIGSTOP) without closing its sockets is
+    noticed through heartbeats (?heartbeat=1 in the URI), and the shovel resumes after."""
+    a = BrokerProcess(tmp_path / "a", env={"AMQPD_PLUGINS": "shovel"}).start()
+    b = BrokerProcess(tmp_path / "b").start()
+    assert b.proc is not None
+    try:
+        api = Api(a.http_url)
+        set_shovel(api, "hb", {"src-uri": "amqp://", "src-queue": "q",
+                               "dest-uri": b.url + "?heartbeat=1", "dest-queue": "q",
+                               "reconnect-delay": 0.2})
+        await await_for(lambda: shovel_state(api, "hb") == "running", 15, "running")
+        await publish_fast(a.url, "q", 1000)
+        b.proc.send_signal(signal.SIGSTOP)
+        try:
+            await await_for(lambda: shovel_state(api, "hb") != "running", 15,
+                            "shovel notices the silent destination")
+        finally:
+            b.proc.send_signal(signal.SIGCONT)
+        await await_for(lambda: shovel_state(api, "hb") == "running", 20, "running again")
+        await publish_fast(a.url, "q", 1000)  # bodies 0..999 again: a second batch
+        await await_for(lambda: api.get("/api/queues/%2F/q").json().get("messages") == 0, 30,
+                        "everything acked at the source")
+        bodies = await drain(b.url, "q", 1000, timeout=60)
+        assert {int(x) for x in bodies} == set(range(1000))
+        assert len(bodies) >= 2000
+    finally:
+        b.stop()
+        a.stop()
