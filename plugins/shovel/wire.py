@@ -171,7 +171,8 @@ class Connection(asyncio.Protocol):
             client_properties={
                 "product": "amqpd-shovel", "platform": "Python",
                 "capabilities": {"publisher_confirms": True, "consumer_cancel_notify": True,
-                                 "basic.nack": True, "connection.blocked": True}},
+                                 "basic.nack": True, "connection.blocked": True,
+                                 "authentication_failure_close": True}},
             mechanism="PLAIN", response=f"\0{p.user}\0{p.password}"))
         tune = await tune_f
         self.frame_max = min(tune.frame_max or FRAME_MAX, FRAME_MAX)

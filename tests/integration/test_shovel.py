@@ -333,6 +333,21 @@ async def test_unreachable_destination_is_reported_then_recovers(tmp_path: Path)
         b.stop()
 
 
+def test_refused_credentials_reported_without_password(
+        sites: tuple[BrokerProcess, BrokerProcess]) -> None:
+    a, b = sites
+    api = Api(a.http_url)
+    name = uid("sh")
+    set_shovel(api, name, {"src-uri": "amqp://", "src-queue": uid("src"),
+                           "dest-uri": f"amqp://guest:s3cr3t-pw@127.0.0.1:{b.port}/%2F",
+                           "dest-queue": "x", "reconnect-delay": 0.2})
+    status = wait_for(lambda: next((s for s in shovels(api) if s["name"] == name
+                                    and s["state"] == "terminated"), None), 15, "terminated")
+    assert "s3cr3t-pw" not in json.dumps(status)
+    assert "403" in status["reason"] and "ACCESS_REFUSED" in status["reason"], status
+    api.delete(f"/api/parameters/shovel/%2F/{q(name)}")
+
+
 async def test_static_shovel_from_config(tmp_path: Path) -> None:
     b = BrokerProcess(tmp_path / "b").start()
     cfg = tmp_path / "amqpd.toml"
