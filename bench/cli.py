@@ -311,7 +311,8 @@ def render(results: dict[str, dict[str, list[Run]]], brokers: list[Broker],
              "## Machine", ""]
     for k, v in meta["host"].items():
         lines.append(f"- {k}: {v}")
-    lines += [f"- python: {platform.python_version()}"]
+    lines += [f"- python: {platform.python_version()}",
+              f"- amqpd commit: {meta.get('commit', '?')}"]
     for b in brokers:
         lines.append(f"- {b.name}: {meta['versions'].get(b.name, '')}")
     lines += ["", "Broker and load generator share the machine's cores: the broker CPU "
@@ -477,7 +478,8 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"when": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "command": "python -m bench " + " ".join(argv if argv is not None
                                                        else sys.argv[1:]),
-            "host": host_info(), "versions": versions, "duration": o.duration,
+            "host": host_info(), "versions": versions, "commit": git_rev(),
+            "duration": o.duration,
             "warmup": o.warmup, "repeat": o.repeat, "publishers": o.publishers,
             "backlog_count": o.backlog_count, "idle_conns": o.idle_conns,
             "nice": os.getpriority(os.PRIO_PROCESS, 0),
@@ -563,6 +565,10 @@ def _log(msg: str) -> None:
 
 def git_rev() -> str:
     with contextlib.suppress(OSError, subprocess.SubprocessError):
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip()
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no",
+                                "amqpd"], capture_output=True, text=True,
+                               timeout=10).stdout.strip()
+        return rev + (" (amqpd/ has uncommitted changes)" if dirty else "")
     return "?"
