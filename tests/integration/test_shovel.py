@@ -17,6 +17,7 @@ from pamqp import commands as spec
 from plugins.shovel.params import parse, redact
 from tests.integration._http import Api, q
 from tests.integration.test_shovel_helpers import (
+    await_for,
     count,
     drain,
     get_one,
@@ -279,6 +280,32 @@ async def test_source_queue_deleted_shovel_recovers(sites: tuple[BrokerProcess,
     assert [s["timestamp"] for s in shovels(api) if s["name"] == name] == \
         [s["timestamp"] for s in before if s["name"] == name]
     api.delete(f"/api/parameters/shovel/%2F/{q(name)}")
+
+
+async def test_destination_nack_requeues_at_the_source(
+        sites: tuple[BrokerProcess, BrokerProcess]) -> None:
+    """A full destination (reject-publish) nacks: those messages go back to the source."""
+    a, b = sites
+    api = Api(a.http_url)
+    src, dest, name = uid("src"), uid("dest"), uid("sh")
+    conn = await aiormq.connect(b.url)
+    ch = await conn.channel()
+    await ch.queue_declare(dest, durable=True, arguments={"x-max-length": 10,
+                                                         "x-overflow": "reject-publish"})
+    await conn.close()
+    await publish(a.url, src, 25)
+    set_shovel(api, name, {"src-uri": "amqp://", "src-queue": src, "dest-uri": b.url,
+                           "dest-queue": dest, "src-prefetch-count": 5})
+
+    async def ten_at_b() -> bool:
+        return await count(b.url, dest) == 10
+    await await_for(ten_at_b, 15, "destination full")
+    assert api.delete(f"/api/parameters/shovel/%2F/{q(name)}").status == 204
+    wait_for(lambda: shovel_state(api, name) is None, 10, "gone")
+
+    async def rest_at_a() -> bool:
+        return await count(a.url, src) == 15
+    await await_for(rest_at_a, 15, "the 15 refused are back at the source")
 
 
 def test_amqpctl_set_parameter_and_shovel_status(sites: tuple[BrokerProcess,
