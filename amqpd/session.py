@@ -95,6 +95,11 @@ class Session:
         else:
             raise CommandInvalid(f"unknown authentication mechanism '{mechanism}'")
         user = self.broker.auth.authenticate(username, password, self.peer_is_loopback)
+        if user is None and not self.peer_is_loopback and \
+                self.broker.auth.authenticate(username, password, True) is not None:
+            # right password, wrong place: say so, in RabbitMQ's words
+            log.warning("login refused for loopback-only user %r from %s", username, self.peer)
+            raise ConnectionAccessRefused(f"user '{username}' can only connect via localhost")
         if user is None:
             log.warning("login refused for user %r from %s (mechanism %s)", username,
                         self.peer, mechanism)

@@ -258,6 +258,16 @@ def test_guest_refused_from_a_non_loopback_address(tmp_path: Path) -> None:
     try:
         with pytest.raises(pex.ProbableAuthenticationError):
             connect(proc, "guest", "guest", "/", host=addr)
+        raw = RawSocket(proc.port, host=addr)
+        try:
+            raw.send(wire.handshake(channel_max=10))
+            raw.expect(C.Connection.Start)
+            close = raw.expect(C.Connection.Close)
+            assert close.reply_code == 403
+            assert close.reply_text == ("ACCESS_REFUSED - user 'guest' can only connect via "
+                                        "localhost")
+        finally:
+            raw.close()
         connect(proc, "remote", "pw", "/", host=addr).close()
     finally:
         proc.stop()
