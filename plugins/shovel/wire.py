@@ -184,12 +184,13 @@ class Connection(asyncio.Protocol):
             self._hb_task = self.loop.create_task(self._heartbeats(heartbeat))
 
     async def close(self) -> None:
-        if self.closed.done() or self.transport is None:
+        """Close politely (bounded), then drop the socket whatever the peer did."""
+        if self.transport is None:
             return
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.rpc(0, spec.Connection.Close(reply_code=200,
-                                                                     reply_text="shovel")),
-                                   5)
+        if not self.closed.done():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.rpc(0, spec.Connection.Close(
+                    reply_code=200, reply_text="shovel")), 5)
         self.abort()
 
     def abort(self) -> None:
