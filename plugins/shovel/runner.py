@@ -18,6 +18,7 @@ import contextlib
 import logging
 import random
 import re
+import struct
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -33,6 +34,7 @@ log = logging.getLogger("amqpd.shovel")
 
 
 BATCH = 256  # most messages per socket write to the destination
+_LONG_MARK = 1 << 62
 OPEN_TIMEOUT = 30.0  # connect + declare + consume, per end and attempt
 _CREDENTIALS = re.compile(r"(amqps?://)[^@/\s'\"]*@")
 
@@ -303,9 +305,17 @@ class _Link:
                 previous = headers.get("x-shovelled")
                 chain = list(previous) if isinstance(previous, list) else []
                 headers["x-shovelled"] = [dict(self.forward_table), *chain]
+            stamp = int(time.time())
             if d.add_timestamp_header:
-                headers["x-shovelled-timestamp"] = int(time.time())
+                # RabbitMQ sends a long (64-bit, 'l'); pamqp picks the smallest integer
+                # type, so a marker too big for 32 bits is encoded and then swapped
+                headers["x-shovelled-timestamp"] = _LONG_MARK + stamp
             props.headers = headers
+            raw = encode_properties(props)
+            if d.add_timestamp_header:
+                raw = raw.replace(b"l" + struct.pack(">q", _LONG_MARK + stamp),
+                                  b"l" + struct.pack(">q", stamp), 1)
+            return exchange, routing_key, raw
         return exchange, routing_key, encode_properties(props)
 
     # ------------------------------------------------------------------ destination side

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import datetime
 import json
+import struct
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +17,8 @@ import pytest
 from pamqp import commands as spec
 
 from plugins.shovel.params import parse, redact
+from plugins.shovel.runner import ShovelRunner, _Link
+from plugins.shovel.wire import Delivery, decode_properties, encode_properties
 from tests.integration._http import Api, q
 from tests.integration.test_shovel_helpers import (
     await_for,
@@ -71,6 +75,19 @@ def test_parse_defaults_legacy_keys_and_redaction() -> None:
                          "dest-protocol": "amqp10"})
 
 
+def test_timestamp_header_is_a_long_long() -> None:
+    """x-shovelled-timestamp goes out as RabbitMQ's `long` ('l', 64-bit), seconds."""
+    defn = parse("/", "s", {"src-uri": "amqp://", "src-queue": "q", "dest-uri": "amqp://",
+                            "add-timestamp-header": True})
+    runner = ShovelRunner(defn, local_uri=lambda v: "", node="n", cluster_name="c")
+    link = _Link(runner, None, None)  # type: ignore[arg-type]
+    raw_in = encode_properties(spec.Basic.Properties(headers={"a": 1}))
+    _, _, raw = link.route(Delivery(1, False, "", "q", raw_in, b""))
+    i = raw.index(b"x-shovelled-timestampl") + len(b"x-shovelled-timestampl")
+    assert abs(struct.unpack(">q", raw[i:i + 8])[0] - time.time()) < 60
+    assert decode_properties(raw).headers["a"] == 1  # type: ignore[index]
+
+
 def test_validation_uses_rabbitmq_texts(sites: tuple[BrokerProcess, BrokerProcess]) -> None:
     api = Api(sites[0].http_url)
     cases = [
@@ -122,7 +139,7 @@ async def test_dynamic_shovel_forwards_exactly(sites: tuple[BrokerProcess,
         assert getattr(p, attr) == getattr(props, attr), attr
     headers = p.headers or {}
     assert headers["h"] == "v" and headers["n"] == 7
-    assert isinstance(headers["x-shovelled-timestamp"], int)
+    assert abs(headers["x-shovelled-timestamp"] - time.time()) < 60  # seconds
     (table,) = headers["x-shovelled"]
     host = f"127.0.0.1:{b.port}"
     assert table == {
