@@ -45,11 +45,16 @@ async def test_100k_on_confirm_survives_two_destination_kills(tmp_path: Path) ->
                                  "dest-uri": b.url, "dest-queue": "orders",
                                  "ack-mode": "on-confirm", "reconnect-delay": 0.2})
         seen_down = set()
+        lefts: list[int] = []
         for kill_at in (N // 4, N // 2):
             async def enough(threshold: int = kill_at) -> bool:
                 return await count(b.url, "orders") >= threshold
             await await_for(enough, 60, f"{kill_at} messages at B")
             b.kill()
+            # the kill must land mid-stream, or this test proves nothing
+            left = await count(a.url, "orders")
+            assert left > 0, "the shovel finished before the kill"
+            lefts.append(left)
             # the shovel notices and says so: terminated with a reason, then starting
             down = await await_for(
                 lambda: [s for s in shovels(api) if s["state"] != "running"], 15,
@@ -73,7 +78,8 @@ async def test_100k_on_confirm_survives_two_destination_kills(tmp_path: Path) ->
         # bounded by what can be in flight at a kill: prefetch (1000) per kill
         assert duplicates <= 2 * 1000, duplicates
         print(f"\n100k shovelled across 2 kills in {time.monotonic() - t1:.1f}s, "
-              f"{duplicates} duplicates, states seen while down: {sorted(seen_down)}")
+              f"{duplicates} duplicates, left at the source at each kill: {lefts}, "
+              f"states seen while down: {sorted(seen_down)}")
     finally:
         b.stop()
         a.stop()
