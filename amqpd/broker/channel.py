@@ -437,6 +437,11 @@ class Channel:
         if len(properties) > 1 and properties[0] & 0x02:  # reply-to set: direct reply-to?
             msg = reply_to.rewrite(self, msg)
         broker = self.session.broker
+        if not mandatory:
+            broker.publish(self.vhost, exchange, msg, self.session.username,
+                           on_confirm=self._on_durable(seq) if seq else None)
+            return
+
         def unroutable() -> None:  # basic.return precedes the confirm, as in RabbitMQ
             self.session.conn.write(
                 codec.return_method(self.number, 312, "NO_ROUTE", exchange, routing_key)
@@ -446,7 +451,7 @@ class Channel:
 
         broker.publish(self.vhost, exchange, msg, self.session.username,
                        on_confirm=self._on_durable(seq) if seq else None,
-                       on_unroutable=unroutable if mandatory else None)
+                       on_unroutable=unroutable)
 
     def _on_durable(self, seq: int) -> Callable[[BaseException | None], None]:
         def done(error: BaseException | None) -> None:

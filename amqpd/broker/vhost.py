@@ -340,6 +340,16 @@ class VHost:
     # ------------------------------------------------------------------ routing
     def route(self, exchange: Exchange, message: Message, routing_keys: list[str]) -> list[Queue]:
         """Every queue the message reaches, following exchange-to-exchange bindings once."""
+        first = None
+        if len(routing_keys) == 1:
+            # the common case: one key, and it reaches one queue or none
+            first = exchange.route(message, routing_keys[0])
+            if not first and not exchange.alternate:
+                return []
+            if len(first) == 1:  # type: ignore[arg-type]
+                (dest,) = first
+                if isinstance(dest, Queue):
+                    return [dest]
         queues: dict[int, Queue] = {}
         seen: set[int] = {id(exchange)}
         pending = [exchange]
@@ -347,7 +357,9 @@ class VHost:
             ex = pending.pop()
             matched = False
             for rk in routing_keys:
-                for dest in ex.route(message, rk):
+                # route() is called once per exchange and key (some types keep state)
+                dests = first if ex is exchange and first is not None else ex.route(message, rk)
+                for dest in dests:
                     matched = True
                     if isinstance(dest, Queue):
                         queues[id(dest)] = dest
