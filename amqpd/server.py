@@ -83,6 +83,7 @@ class Broker:
         self._pending_commit = False
         self._definitions_scheduled = False
         self._delivered_batch: dict[str, list[int]] = {}
+        self._commit_waiters: list[Callable[[BaseException | None], None]] = []
         self._after_commit: list[Callable[[], None]] = []
         self.started_at = time.time()
         self.listeners: list[tuple[str, str, int]] = []  # (protocol, host, port)
@@ -275,14 +276,33 @@ class Broker:
         return LoggedMessage(store, position, message.size)
 
     def commit(self, callback: Callable[[BaseException | None], None]) -> None:
-        """store.commit, raising the store alarm when the write fails (the callback still
-        gets the error: a publisher confirm becomes a nack)."""
+        """Call back once everything appended so far is durable (or with the error).
+
+        The callbacks of one tick share a single store commit: a confirm-heavy tick adds
+        one job for the writer, not one per message. A failed write raises the store
+        alarm; the callbacks still get the error (publisher confirms become nacks).
+        """
         assert self.store is not None
+        waiters = self._commit_waiters
+        if not waiters and self._loop is not None:
+            self._loop.call_soon(self._register_commit)
+        waiters.append(callback)
+        if self._loop is None:
+            self._register_commit()
+
+    def _register_commit(self) -> None:
+        waiters, self._commit_waiters = self._commit_waiters, []
+        if not waiters or self.store is None:
+            return
 
         def done(error: BaseException | None) -> None:
             if error is not None:
                 self._store_failed(error)
-            callback(error)
+            for callback in waiters:
+                try:
+                    callback(error)
+                except Exception:
+                    log.exception("commit callback failed")
 
         self.store.commit(done)
 
@@ -572,6 +592,7 @@ class Broker:
             self._ticker.cancel()
         self.timers.stop()  # no TTL or delayed-message work once the store closes
         if self.store is not None:
+            self._register_commit()
             self._flush_delivered()
             self.store.close()
         log.info("shutdown complete")

@@ -64,6 +64,9 @@ class Channel:
         self.prefetch_channel = 0  # basic.qos global=true
         self.unacked_consumer_count = 0  # unacked deliveries to consumers needing acks
         self.confirm_mode = False
+        self._acks: list[int] = []  # confirms of this tick, not yet sent
+        self._acked_upto = 0  # every publish seq up to here has been acked or nacked
+        self._sent_single: set[int] = set()  # acked/nacked singly above _acked_upto
         self.publish_seq = 0
         self.tx_mode = False
         self.tx_publishes: list[tuple[str, str, bool, bytes, bytes]] = []
@@ -459,11 +462,51 @@ class Channel:
         return done
 
     def confirm(self, seq: int, ok: bool) -> None:
+        """Queue a publisher confirm; the tick's acks go out coalesced (see _flush_acks)."""
         if self.closed:
             return
+        if not ok:
+            self._flush_acks()  # keep order: earlier acks first
+            self._sent_single.add(seq)
+            self.session.conn.write(codec.nack_method(self.number, seq, False))
+            return
+        if not self._acks:
+            loop = self.session.broker._loop
+            if loop is not None:
+                loop.call_soon(self._flush_acks)
+        self._acks.append(seq)
+        if self.session.broker._loop is None:
+            self._flush_acks()
+
+    def _flush_acks(self) -> None:
+        """Send the pending acks: one ``multiple=true`` ack for a run that continues from
+        everything already confirmed, single acks otherwise (never re-acking a tag)."""
+        acks = self._acks
+        if not acks or self.closed:
+            acks.clear()
+            return
+        acks.sort()
+        self._acks = []
         conn = self.session.conn
-        conn.write(codec.ack_method(self.number, seq, False) if ok
-                   else codec.nack_method(self.number, seq, False))
+        single = self._sent_single
+        i, n = 0, len(acks)
+        while i < n:
+            j = i
+            while j + 1 < n and acks[j + 1] == acks[j] + 1:
+                j += 1
+            start, end = acks[i], acks[j]
+            if start == self._acked_upto + 1:
+                conn.write(codec.ack_method(self.number, end, end > start))
+                upto = end
+                while upto + 1 in single:  # tags confirmed singly earlier: now covered
+                    single.discard(upto + 1)
+                    upto += 1
+                self._acked_upto = upto
+            else:
+                for seq in range(start, end + 1):
+                    conn.write(codec.ack_method(self.number, seq, False))
+                    single.add(seq)
+            i = j + 1
 
     def _confirm_select(self, m: commands.Confirm.Select) -> None:
         if self.tx_mode:
