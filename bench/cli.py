@@ -493,6 +493,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.no_ceiling:
             ceilings = {k: Run(v["metrics"], v["invalid"]) for k, v in old["ceilings"].items()}
         meta["command"] = old["meta"]["command"] + "; then " + meta["command"]
+        meta["commit"] = (f"{old['meta'].get('commit', '?')}; {', '.join(scenarios)} "
+                          f"re-run at {meta['commit']}")
     started: list[Broker] = []
     try:
         if not args.no_ceiling:
