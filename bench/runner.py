@@ -464,7 +464,8 @@ def run_backlog(broker: Broker, qname: str, count: int, body_size: int = 16,
     pub_run = run_flow(broker, pubs, [])
     run.invalid += pub_run.invalid
     m["publish_rate"] = pub_run.metrics.get("publish_rate", 0.0)
-    m["publish_cpu_pct"] = pub_run.metrics.get("broker_cpu_pct", float("nan"))
+    if "broker_cpu_pct" in pub_run.metrics:
+        m["publish_cpu_pct"] = pub_run.metrics["broker_cpu_pct"]
     peak = pub_run.metrics.get("peak_rss_mb", 0.0)
     try:
         conn = Conn(broker.url)
@@ -504,8 +505,10 @@ def run_backlog(broker: Broker, qname: str, count: int, body_size: int = 16,
     drain = run_flow(broker, [], cons, expected=count)
     run.invalid += drain.invalid
     m["drain_rate"] = drain.metrics.get("deliver_rate", 0.0)
-    m["drain_cpu_pct"] = drain.metrics.get("broker_cpu_pct", float("nan"))
-    m["peak_rss_mb"] = max(peak, drain.metrics.get("peak_rss_mb", 0.0))
+    if "broker_cpu_pct" in drain.metrics:
+        m["drain_cpu_pct"] = drain.metrics["broker_cpu_pct"]
+    if broker.pid:
+        m["peak_rss_mb"] = max(peak, drain.metrics.get("peak_rss_mb", 0.0))
     cleanup(broker, [qname])
     return run
 
