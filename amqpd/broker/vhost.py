@@ -290,22 +290,25 @@ class VHost:
         return q.purge()
 
     # ------------------------------------------------------------------ bindings
-    def _destination(self, kind: str, name: str) -> Queue | Exchange:
-        return self.get_queue(name) if kind == "queue" else self.get_exchange(name)
+    def _binding_ends(self, kind: str, destination: str, source: str,
+                      owner: object | None) -> tuple[Exchange, Queue | Exchange]:
+        """The two ends of a (un)binding, with the checks both operations make."""
+        if source == "" or (kind == "exchange" and destination == ""):
+            raise AccessRefused("operation not permitted on the default exchange")
+        dest: Queue | Exchange
+        if kind == "queue":
+            dest = self.get_queue(destination)
+            self.check_exclusive(dest, owner)
+        else:
+            dest = self.get_exchange(destination)
+        return self.get_exchange(source), dest
 
     def bind(
         self, kind: str, destination: str, source: str, routing_key: str,
         arguments: dict[str, Any] | None = None, owner: object | None = None,
     ) -> None:
         """Bind a queue (kind='queue') or exchange (kind='exchange') to ``source``."""
-        if source == "":
-            raise AccessRefused("operation not permitted on the default exchange")
-        if kind == "exchange" and destination == "":
-            raise AccessRefused("operation not permitted on the default exchange")
-        dest = self._destination(kind, destination)
-        if isinstance(dest, Queue):
-            self.check_exclusive(dest, owner)
-        src = self.get_exchange(source)
+        src, dest = self._binding_ends(kind, destination, source, owner)
         if not src.bind(Binding(src, dest, routing_key, dict(arguments or {}))):
             return
         if src.durable and getattr(dest, "durable", False):
@@ -317,14 +320,7 @@ class VHost:
         self, kind: str, destination: str, source: str, routing_key: str,
         arguments: dict[str, Any] | None = None, owner: object | None = None,
     ) -> None:
-        if source == "":
-            raise AccessRefused("operation not permitted on the default exchange")
-        if kind == "exchange" and destination == "":
-            raise AccessRefused("operation not permitted on the default exchange")
-        dest = self._destination(kind, destination)
-        if isinstance(dest, Queue):
-            self.check_exclusive(dest, owner)
-        src = self.get_exchange(source)
+        src, _dest = self._binding_ends(kind, destination, source, owner)
         key = (kind, destination, routing_key, args_key(arguments))
         binding = src.unbind(key)
         if binding is not None:
