@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("amqpd.transport")
 
+READ_BUDGET = 64 * 1024  # bytes read from one socket per event-loop turn
+
 
 class AMQPProtocol(asyncio.Protocol):
     def __init__(self, broker: Broker) -> None:
@@ -31,6 +33,8 @@ class AMQPProtocol(asyncio.Protocol):
         self.reading_paused = False  # by an alarm
         self._backlog = False  # received frames still being handled in slices
         self._socket_paused = False
+        self._turn_bytes = 0  # read since the loop last ran its callbacks
+        self._over_budget = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -47,6 +51,15 @@ class AMQPProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         session = self.session
         assert session is not None
+        # libuv reads a readable socket up to 32 times before the loop runs callbacks, so
+        # a flooding publisher could feed megabytes per loop turn while its consumers'
+        # deliveries wait: past READ_BUDGET bytes in one turn, reading pauses until the
+        # loop has run the callbacks queued so far (dispatch among them).
+        self._turn_bytes += len(data)
+        if self._turn_bytes > READ_BUDGET and not self._over_budget:
+            self._over_budget = True
+            self._apply_reading()
+            self._loop.call_soon(self._next_turn)
         # every log event while handling this read carries the connection's identity
         bind_connection(session.name, session.username or None, session.conn.vhost or None)
         try:
@@ -88,9 +101,10 @@ class AMQPProtocol(asyncio.Protocol):
             self.session.blocked_delivery = False
             self.broker.reschedule_session(self.session)
 
-    # Reading stops for two independent reasons: a resource alarm (pause_reading /
-    # resume_reading, called by amqpd.alarms) and a backlog of received frames still
-    # being worked off in slices. The socket is read again only when neither holds.
+    # Reading stops for three independent reasons: a resource alarm (pause_reading /
+    # resume_reading, called by amqpd.alarms), a backlog of received frames still being
+    # worked off in slices, and the per-turn read budget. The socket is read again only
+    # when none holds.
     def pause_reading(self) -> None:
         self.reading_paused = True
         self._apply_reading()
@@ -103,7 +117,7 @@ class AMQPProtocol(asyncio.Protocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        want_paused = self.reading_paused or self._backlog
+        want_paused = self.reading_paused or self._backlog or self._over_budget
         if self.session is not None:
             self.session.conn.reading_paused = want_paused
         if want_paused and not self._socket_paused:
@@ -112,6 +126,11 @@ class AMQPProtocol(asyncio.Protocol):
         elif not want_paused and self._socket_paused:
             self._socket_paused = False
             transport.resume_reading()
+
+    def _next_turn(self) -> None:
+        self._turn_bytes = 0
+        self._over_budget = False
+        self._apply_reading()
 
     def _work_off_backlog(self) -> None:
         session = self.session
