@@ -337,12 +337,13 @@ class Broker:
             return self.store.read(message.position).body
         return body
 
-    def after_commit(self, callback: Callable[[], None]) -> None:
-        """Run ``callback`` once everything written so far is durable (tx.commit-ok)."""
+    def after_commit(self, callback: Callable[[BaseException | None], None]) -> None:
+        """Call back once everything written so far is durable, or with the store's
+        error (tx.commit-ok waits for this)."""
         if self.store is None or not self._pending_commit:
-            callback()
+            callback(None)
             return
-        self.store.commit(lambda _err: callback())
+        self.commit(callback)
 
     # ------------------------------------------------------------------ store hooks
     def store_settle(self, queue: Queue, positions: list[int]) -> None:

@@ -533,7 +533,19 @@ class Channel:
             self._route(exchange, routing_key, mandatory, properties, body, 0)
         for action in acks:
             action()
-        self.session.broker.after_commit(lambda: self.reply(commands.Tx.CommitOk()))
+        self.session.broker.after_commit(self._tx_committed)
+
+    def _tx_committed(self, error: BaseException | None) -> None:
+        """commit-ok only once the transaction's persistent messages are durable; if the
+        store could not write them, the publisher must not believe they are: the
+        connection is closed with 541 (nothing else tells a tx client)."""
+        if self.closed:
+            return
+        if error is None:
+            self.reply(commands.Tx.CommitOk())
+            return
+        conn = self.session.conn
+        conn.close(541, f"INTERNAL_ERROR - transaction not made durable: {error}")
 
     def _tx_rollback(self, m: commands.Tx.Rollback) -> None:
         if not self.tx_mode:

@@ -619,11 +619,13 @@ class AMQPConnection:
             self.should_close_transport = True
 
     def close(self, code: int, text: str) -> None:
-        """Server-initiated close (shutdown, management API): e.g. 320 CONNECTION_FORCED."""
-        prefix = "CONNECTION_FORCED - "
+        """Server-initiated close (shutdown, management API, a failed transaction):
+        e.g. 320 CONNECTION_FORCED, 541 INTERNAL_ERROR. ``text`` may carry the name."""
+        name = {320: "CONNECTION_FORCED", 541: "INTERNAL_ERROR"}.get(code, "CONNECTION_FORCED")
+        prefix = f"{name} - "
         err = ConnectionError_(text[len(prefix):] if text.startswith(prefix) else text)
         err.reply_code = code
-        err.name = {320: "CONNECTION_FORCED"}.get(code, "CONNECTION_FORCED")
+        err.name = name
         self._close_connection(err)
 
     def refuse_login(self, exc: AMQPError) -> None:

@@ -130,3 +130,31 @@ def test_disk_free_limit_blocks_publishers(small_disk: Path) -> None:
         assert blocked
     finally:
         broker.stop()
+
+
+def test_tx_commit_is_not_acknowledged_when_the_store_cannot_write(small_disk: Path) -> None:
+    broker = BrokerProcess(small_disk / "amqpd", env={
+        "AMQPD_SEGMENT_SIZE": str(256 * 1024), "AMQPD_DISK_FREE_LIMIT": "0"})
+    broker.start()
+    try:
+        conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+        ch = conn.channel()
+        ch.queue_declare("txfull", durable=True)
+        ch.tx_select()
+        committed = 0
+        refused = None
+        for _ in range(200):  # 50 x 20 KB per transaction into a 3 MB disk
+            try:
+                for i in range(50):
+                    ch.basic_publish("", "txfull", b"%d:" % i + b"y" * 20000,
+                                     pika.BasicProperties(delivery_mode=2))
+                ch.tx_commit()
+                committed += 1
+            except pika.exceptions.AMQPConnectionError as exc:
+                refused = exc
+                break
+        assert committed, "no transaction committed before the disk filled"
+        assert isinstance(refused, pika.exceptions.ConnectionClosedByBroker), refused
+        assert refused.reply_code == 541
+    finally:
+        broker.kill()
