@@ -4,8 +4,21 @@ PIP_FLAGS ?= --quiet --disable-pip-version-check
 
 .PHONY: run install test lint system-deps
 
+# The editable install compiles the hot path with mypyc (setup.py, ~40 s); it is redone
+# only when a source, setup.py or pyproject.toml changed since the last one, or when this
+# Python cannot import amqpd. A compiled module older than its source is never used
+# (amqpd/hotpath.py), so skipping a rebuild can cost speed, never correctness.
+INSTALL_STAMP := build/.installed
+
 install:
-	$(PYTHON) -m pip install $(PIP_FLAGS) -e '.[test,speed]'
+	@if [ -f $(INSTALL_STAMP) ] \
+	    && [ -z "$$(find amqpd setup.py pyproject.toml -newer $(INSTALL_STAMP) \( -name '*.py' -o -name '*.toml' \) | head -1)" ] \
+	    && $(PYTHON) -c 'import amqpd, pytest, hypothesis' 2>/dev/null; then \
+	  echo "amqpd is installed and up to date ($(INSTALL_STAMP))"; \
+	else \
+	  $(PYTHON) -m pip install $(PIP_FLAGS) -e '.[test,speed]' && mkdir -p build && touch $(INSTALL_STAMP); \
+	fi
+	@$(PYTHON) -c 'import amqpd.hotpath as h; print("hot path:", h.MODE)'
 
 run: install
 	$(PYTHON) -m amqpd $(ARGS)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import amqpd
+from amqpd import hotpath
 from amqpd.alarms import Alarms
 from amqpd.broker import extensions, reply_to
 from amqpd.broker.auth import AuthStore
@@ -412,8 +413,8 @@ class Broker:
             host, port = sock.getsockname()[:2]
             self.listeners.append(("amqp", host, port))
         await self._start_operations()
-        log.info("amqpd %s listening on %s", amqpd.__version__,
-                 ", ".join(f"{h}:{p}" for _, h, p in self.listeners))
+        log.info("amqpd %s listening on %s; hot path: %s", amqpd.__version__,
+                 ", ".join(f"{h}:{p}" for _, h, p in self.listeners), hotpath.MODE)
         self._ticker = asyncio.create_task(self._tick_loop())
 
     def _open_store(self) -> None:

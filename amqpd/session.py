@@ -31,6 +31,7 @@ from amqpd.protocol.errors import (
 if TYPE_CHECKING:
     from amqpd.broker.vhost import VHost
     from amqpd.server import Broker
+    from amqpd.transport import AMQPProtocol
 
 log = logging.getLogger("amqpd.session")
 
@@ -78,6 +79,7 @@ class Session:
         self._perm_version = -1
         self.connected_at = time.time()
         self.closed = False
+        self.protocol: AMQPProtocol | None = None  # set by the transport, None in tests
 
     @property
     def peer_is_loopback(self) -> bool:

@@ -43,7 +43,7 @@ class AMQPProtocol(asyncio.Protocol):
         name = f"{peer[0]}:{peer[1]} -> {sock[0]}:{sock[1]}" if peer and sock else "?"
         self.session = Session(self.broker, peer[:2] if peer else None,
                                self.broker.limits(), name=name)
-        self.session.protocol = self  # type: ignore[attr-defined]
+        self.session.protocol = self
         self.session.conn.on_output = self._schedule_flush
         transport.set_write_buffer_limits(high=4 * 1024 * 1024)  # type: ignore[attr-defined]
         self.broker.transports.add(self)

@@ -34,6 +34,7 @@ from amqpd.protocol.errors import (
 )
 
 if TYPE_CHECKING:
+    from amqpd.protocol.connection import AMQPConnection
     from amqpd.session import Session
 
 log = logging.getLogger("amqpd.channel")
@@ -80,7 +81,7 @@ class Channel:
 
     # ------------------------------------------------------------------ plumbing
     @property
-    def conn(self):  # type: ignore[no-untyped-def]
+    def conn(self) -> AMQPConnection:
         return self.session.conn
 
     def reply(self, method: Any) -> None:

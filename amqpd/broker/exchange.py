@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from mypy_extensions import mypyc_attr
+
 if TYPE_CHECKING:
     from amqpd.broker.message import Message
     from amqpd.broker.queue import Queue
@@ -48,6 +50,7 @@ class Binding:
 Destination = Any  # Queue | Exchange, kept loose to avoid an import cycle at runtime
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Exchange:
     """Base of every exchange type. Subclasses implement the binding index and route()."""
 
@@ -66,6 +69,7 @@ class Exchange:
         self.bindings: dict[tuple[str, str, str, str], Binding] = {}
         self.had_bindings = False
         self.policy: dict[str, Any] | None = None
+        self.policy_name: str | None = None
         self.alternate: str | None = None
         self.validate(self.arguments)
 

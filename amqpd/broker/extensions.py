@@ -19,6 +19,7 @@ from amqpd.broker.message import LoggedMessage, Message
 from amqpd.broker.policy import OVERFLOW_VALUES, QueueOptions, alternate_exchange, queue_options
 from amqpd.broker.priority import PriorityReady
 from amqpd.broker.queue import Consumer, Queue, QueueEntry
+from amqpd.broker.queue_entry import TimedEntry
 from amqpd.broker.ttl import ZERO_TTL_GRACE, parse_expiration
 from amqpd.protocol.errors import PreconditionFailed
 
@@ -29,18 +30,6 @@ if TYPE_CHECKING:
 _FLAG_EXPIRATION = 0x01  # in the first property-flags byte
 _FLAG_PRIORITY = 0x08
 _FLAG_HEADERS = 0x20
-
-
-class TimedEntry(QueueEntry):
-    """A queue entry that knows when it expires (monotonic seconds) and its priority."""
-
-    __slots__ = ("expires", "priority")
-
-    def __init__(self, message: Message, seq: int, redelivered: bool, expires: float | None,
-                 priority: int) -> None:
-        super().__init__(message, seq, redelivered)
-        self.expires = expires
-        self.priority = priority
 
 
 class QueueExt:
@@ -74,7 +63,7 @@ class QueueExt:
             ready = PriorityReady(opts.max_priority)
             for entry in q.ready:
                 ready.append(self._timed(entry))
-            q.ready = ready  # type: ignore[assignment]
+            q.ready = ready
         if opts.expires is not None:
             self._arm_expires(self.last_used + opts.expires / 1000)
         if q.ready:

@@ -12,7 +12,6 @@ handlers (an ack handler never finds itself inside a delivery).
 
 from __future__ import annotations
 
-import bisect
 import itertools
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -23,6 +22,7 @@ from amqpd.broker.ready import ReadyList
 
 if TYPE_CHECKING:
     from amqpd.broker.extensions import QueueExt
+    from amqpd.broker.priority import PriorityReady
     from amqpd.broker.vhost import VHost
 
 
@@ -73,7 +73,8 @@ class Queue:
         self.exclusive_owner = exclusive_owner
         self.auto_delete = auto_delete
         self.arguments = dict(arguments or {})
-        self.ready: ReadyList = ReadyList()  # extensions may swap in their own structure
+        # extensions swap in a PriorityReady for x-max-priority queues
+        self.ready: ReadyList | PriorityReady = ReadyList()
         self.ready_bytes = 0
         self.unacked_count = 0
         self.consumers: list[Consumer] = []
@@ -83,6 +84,7 @@ class Queue:
         self.deleted = False
         self.store_key = f"{vhost.name}\x00{name}"
         self.policy: dict[str, Any] | None = None
+        self.policy_name: str | None = None
         # TTL/limits/priority/DLX/x-expires/SAC state (amqpd.broker.extensions); None = none
         self.ext: QueueExt | None = None
         # counters for management stats
@@ -151,8 +153,7 @@ class Queue:
             elif isinstance(ready, ReadyList):
                 ready.insert_by_seq(entry)
             else:
-                seqs = [e.seq for e in ready]
-                ready.insert(bisect.bisect_left(seqs, entry.seq), entry)
+                ready.put_back(entry)
         if self.consumers:
             self.vhost.schedule_dispatch(self)
 

@@ -17,3 +17,19 @@ class QueueEntry:
         self.message = message
         self.seq = seq
         self.redelivered = redelivered
+
+
+class TimedEntry(QueueEntry):
+    """A queue entry that knows when it expires (monotonic seconds) and its priority.
+
+    Lives here, beside its base, because the hot-path modules are compiled together and
+    a compiled class cannot be subclassed from an interpreted module.
+    """
+
+    __slots__ = ("expires", "priority")
+
+    def __init__(self, message: Message, seq: int, redelivered: bool, expires: float | None,
+                 priority: int) -> None:
+        super().__init__(message, seq, redelivered)
+        self.expires = expires
+        self.priority = priority

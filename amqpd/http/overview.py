@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import amqpd
+from amqpd import hotpath
 from amqpd.broker.exchange import EXCHANGE_TYPES
 from amqpd.http.core import Ctx, Router, json_response, no_content, not_found
 
@@ -105,6 +106,7 @@ async def overview(ctx: Ctx) -> Any:
         "exchange_types": [{"name": n, "description": "", "enabled": True}
                            for n in sorted(EXCHANGE_TYPES)],
         "product_version": amqpd.__version__,
+        "amqpd_hot_path": hotpath.MODE,
         "product_name": "amqpd",
         "rabbitmq_version": COMPAT_VERSION,
         "cluster_name": b.settings.effective_cluster_name,

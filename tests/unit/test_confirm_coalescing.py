@@ -2,37 +2,41 @@
 
 from __future__ import annotations
 
-import struct
 from types import SimpleNamespace
-from typing import Any
+
+from pamqp import commands
 
 from amqpd.broker.channel import Channel
+from tests.unit.protocol.peer import Pair, real_broker
 
 
-class FakeConn:
-    def __init__(self) -> None:
-        self.frames: list[tuple[str, int, bool]] = []
+class ConfirmLog:
+    """The confirms the client received, as ``(kind, tag, multiple)``, read off the wire."""
 
-    def write(self, data: bytes) -> None:
-        pos = 0
-        while pos < len(data):
-            _t, _ch, size = struct.unpack_from(">BHI", data, pos)
-            payload = data[pos + 7 : pos + 7 + size]
-            cls, meth = struct.unpack_from(">HH", payload, 0)
-            tag = struct.unpack_from(">Q", payload, 4)[0]
-            bits = payload[12]
-            assert cls == 60 and meth in (80, 120)
-            self.frames.append(("ack" if meth == 80 else "nack", tag, bool(bits & 1)))
-            pos += size + 8
+    def __init__(self, pair: Pair) -> None:
+        self.pair = pair
+        self._frames: list[tuple[str, int, bool]] = []
+
+    @property
+    def frames(self) -> list[tuple[str, int, bool]]:
+        for out in self.pair.drain():
+            v = out.value
+            assert isinstance(v, commands.Basic.Ack | commands.Basic.Nack), out
+            kind = "ack" if isinstance(v, commands.Basic.Ack) else "nack"
+            self._frames.append((kind, v.delivery_tag, bool(v.multiple)))
+        return self._frames
 
 
-def make_channel() -> tuple[Channel, FakeConn]:
-    conn = FakeConn()
-    session: Any = SimpleNamespace(conn=conn, broker=SimpleNamespace(_loop=None),
-                                   vhost=None)
-    ch = Channel(session, 1)
-    ch._acks = []
-    return ch, conn
+def make_channel() -> tuple[Channel, ConfirmLog]:
+    """A real channel of a real session, in confirm mode, on a broker with no loop."""
+    pair = Pair(broker=real_broker())
+    pair.open()
+    pair.open_channel(1)
+    out = pair.call(1, commands.Confirm.Select())
+    assert isinstance(out[0].value, commands.Confirm.SelectOk)
+    assert pair.session is not None
+    ch = pair.session.channels[1]
+    return ch, ConfirmLog(pair)
 
 
 def confirmed(frames: list[tuple[str, int, bool]], upto: int) -> dict[int, str]:

@@ -8,6 +8,7 @@ a handful of keys, so the cache hit rate is high).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from amqpd.broker.exchange import Binding, Destination, Exchange, register_exchange_type
 from amqpd.broker.message import Message
@@ -51,14 +52,16 @@ def _collect(node: _Node, words: list[str], i: int, out: dict[int, Destination])
             _collect(hash_node, words, j, out)
 
 
-@register_exchange_type
 class TopicExchange(Exchange):
     type_name = "topic"
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(
+        self, vhost: str, name: str, durable: bool = False, auto_delete: bool = False,
+        internal: bool = False, arguments: dict[str, Any] | None = None,
+    ) -> None:
         self._root = _Node()
         self._cache: dict[str, list[Destination]] = {}
-        super().__init__(*args, **kwargs)
+        super().__init__(vhost, name, durable, auto_delete, internal, arguments)
 
     def add_binding(self, binding: Binding) -> None:
         node = self._root
@@ -94,3 +97,6 @@ class TopicExchange(Exchange):
             self._cache.clear()
         self._cache[routing_key] = result
         return result
+
+
+register_exchange_type(TopicExchange)

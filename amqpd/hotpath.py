@@ -1,0 +1,118 @@
+"""The compiled hot path: which modules mypyc compiles, and when the sources run instead.
+
+Every message crosses the same few modules (frame splitting, the publish fast path,
+routing, queues, deliveries, acks). Pure Python pays an interpreter dispatch and a
+dictionary lookup for every call and attribute there; mypyc compiles these modules,
+type annotations and all, into C extension modules whose classes are native structs and
+whose calls between one another are direct C calls. The profile is what picked them:
+together they were ~90 % of the broker's CPU under load.
+
+The Python sources stay the reference and run unchanged when:
+
+* nothing was compiled (no C compiler at install time, or ``AMQPD_PURE_PYTHON=1`` then);
+* ``AMQPD_PURE_PYTHON=1`` is set when the broker starts (compare the two, debug in pure);
+* any compiled module is older than its source, or some are missing: a developer edited
+  a file without re-installing. A stale build must never run, and the compiled modules
+  call each other directly, so it is all of them or none.
+
+This module imports nothing outside the standard library: ``setup.py`` reads
+:data:`COMPILED_MODULES` from it before any dependency is installed.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+# Compiled together as one mypyc group. A class defined here cannot be subclassed from
+# an interpreted module unless it says so (``mypyc_attr(allow_interpreted_subclasses)``),
+# and compiled code reads attributes of these classes straight from their structs, so
+# every attribute must be declared in ``__init__`` (no attributes set from outside).
+COMPILED_MODULES: tuple[str, ...] = (
+    "amqpd.protocol.frames",
+    "amqpd.protocol.codec",
+    "amqpd.protocol.connection",
+    "amqpd.session",
+    "amqpd.transport",
+    "amqpd.broker.channel",
+    "amqpd.broker.queue",
+    "amqpd.broker.queue_entry",
+    "amqpd.broker.reply_to",
+    "amqpd.broker.ready",
+    "amqpd.broker.vhost",
+    "amqpd.broker.exchange",
+    "amqpd.broker.exchanges.direct",
+    "amqpd.broker.exchanges.fanout",
+    "amqpd.broker.exchanges.topic",
+)
+
+PURE_ENV = "AMQPD_PURE_PYTHON"
+_ROOT = Path(__file__).resolve().parent  # the amqpd package directory
+
+
+def source_path(module: str) -> Path:
+    """``amqpd.broker.queue`` -> ``<package dir>/broker/queue.py``."""
+    return _ROOT.joinpath(*module.split(".")[1:]).with_suffix(".py")
+
+
+def _extension_path(module: str) -> Path | None:
+    src = source_path(module)
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        candidate = src.with_suffix(suffix)
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def decide(modules: Sequence[str] = COMPILED_MODULES,
+           environ: dict[str, str] | None = None) -> tuple[bool, str]:
+    """Whether the compiled modules may be used, and why (for the startup log)."""
+    env = os.environ if environ is None else environ
+    if env.get(PURE_ENV, "") not in ("", "0"):
+        return False, f"pure Python ({PURE_ENV} is set)"
+    built = {m: _extension_path(m) for m in modules}
+    missing = [m for m, p in built.items() if p is None]
+    if len(missing) == len(modules):
+        return False, "pure Python (not compiled at install)"
+    if missing:
+        return False, f"pure Python (partial build: {', '.join(missing)} not compiled)"
+    for module, ext in built.items():
+        assert ext is not None
+        src = source_path(module)
+        if src.exists() and src.stat().st_mtime > ext.stat().st_mtime:
+            return False, (f"pure Python (compiled {module} is older than its source: "
+                           "re-install to rebuild)")
+    return True, "compiled (mypyc)"
+
+
+class _SourceFinder(importlib.abc.MetaPathFinder):
+    """Loads the listed modules from their ``.py`` files even where an extension exists
+    (the default finder prefers extension modules)."""
+
+    def __init__(self, modules: Sequence[str]) -> None:
+        self.modules = frozenset(modules)
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in self.modules:
+            return None
+        src = source_path(fullname)
+        return importlib.util.spec_from_file_location(fullname, src) if src.exists() else None
+
+
+COMPILED = False
+MODE = "pure Python (not decided)"
+
+
+def install() -> None:
+    """Called once from ``amqpd/__init__.py``, before any compiled module can load."""
+    global COMPILED, MODE
+    COMPILED, MODE = decide()
+    if not COMPILED and any(_extension_path(m) for m in COMPILED_MODULES):
+        sys.meta_path.insert(0, _SourceFinder(COMPILED_MODULES))

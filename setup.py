@@ -1,0 +1,75 @@
+"""Build hook: compile amqpd's hot path with mypyc, or install pure Python when it can't.
+
+Everything else about the package is in pyproject.toml. The modules compiled are listed in
+``amqpd/hotpath.py`` (read here without importing amqpd: its dependencies are not
+installed while this runs). The compiled build is optional in every way:
+
+* ``AMQPD_PURE_PYTHON=1`` at install time skips it;
+* without mypyc (it ships with mypy, a build requirement) or a C compiler, the build
+  warns and the package installs without extensions;
+* a build that fails half-way removes what it made, so a partial build never ships
+  (``amqpd.hotpath`` would refuse one anyway and run the sources).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+HERE = Path(__file__).resolve().parent
+
+
+def _hotpath() -> Any:
+    spec = importlib.util.spec_from_file_location("_amqpd_hotpath", HERE / "amqpd/hotpath.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclass-free, but keep import machinery happy
+    spec.loader.exec_module(module)
+    return module
+
+
+def _warn(message: str) -> None:
+    print(f"amqpd setup: {message}; installing the pure-Python hot path", file=sys.stderr)
+
+
+def compiled_extensions() -> list[Any]:
+    hotpath = _hotpath()
+    if os.environ.get(hotpath.PURE_ENV, "") not in ("", "0"):
+        return []
+    try:
+        from mypyc.build import mypycify
+    except ImportError as exc:
+        _warn(f"mypyc is not available ({exc})")
+        return []
+    os.chdir(HERE)  # mypycify wants paths relative to the project
+    paths = [str(Path(*m.split(".")).with_suffix(".py")) for m in hotpath.COMPILED_MODULES]
+    try:
+        return list(mypycify(paths, opt_level="3", debug_level="0"))
+    except BaseException as exc:  # mypyc reports type errors with SystemExit
+        _warn(f"mypyc could not compile the hot path ({exc!r})")
+        return []
+
+
+class OptionalBuildExt(build_ext):
+    """All extensions or none: a failed C compile leaves the pure-Python package."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as exc:
+            _warn(f"compiling the hot path failed ({exc!r})")
+            for ext in self.extensions:
+                for path in (self.get_ext_fullpath(ext.name),
+                             os.path.join(self.build_lib, self.get_ext_filename(ext.name))):
+                    if os.path.exists(path):
+                        os.remove(path)
+            del self.extensions[:]
+
+
+setup(ext_modules=compiled_extensions(), cmdclass={"build_ext": OptionalBuildExt})
