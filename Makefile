@@ -36,5 +36,13 @@ lint: install
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m mypy
 
+# After the full suite on the installed (compiled) hot path, the same unit tests and
+# conformance suite on its pure-Python sources: both must stay correct.
+PURE_TESTS ?= tests/unit tests/integration/test_conformance_vs_amqpd.py
+
 test: install system-deps
 	$(PYTHON) -m pytest -q $(PYTEST_ARGS)
+	@if [ -n "$(PURE_TESTS)" ]; then \
+	  echo "--- again on the pure-Python hot path (AMQPD_PURE_PYTHON=1): $(PURE_TESTS)"; \
+	  AMQPD_PURE_PYTHON=1 $(PYTHON) -m pytest -q $(PURE_TESTS); \
+	fi

@@ -62,14 +62,24 @@ class OptionalBuildExt(build_ext):
     def run(self) -> None:
         try:
             super().run()
+            # build_ext skips (and then copies with their old times) extensions whose C
+            # did not change, e.g. mypyc's per-module shims; amqpd.hotpath judges a build
+            # by its files' times, so every output is dated by this build.
+            for ext in self.extensions:
+                for path in self._outputs(ext):
+                    if os.path.exists(path):
+                        os.utime(path)
         except Exception as exc:
             _warn(f"compiling the hot path failed ({exc!r})")
             for ext in self.extensions:
-                for path in (self.get_ext_fullpath(ext.name),
-                             os.path.join(self.build_lib, self.get_ext_filename(ext.name))):
+                for path in self._outputs(ext):
                     if os.path.exists(path):
                         os.remove(path)
             del self.extensions[:]
+
+    def _outputs(self, ext: Any) -> tuple[str, str]:
+        return (self.get_ext_fullpath(ext.name),
+                os.path.join(self.build_lib, self.get_ext_filename(ext.name)))
 
 
 setup(ext_modules=compiled_extensions(), cmdclass={"build_ext": OptionalBuildExt})

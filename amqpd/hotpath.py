@@ -56,13 +56,13 @@ PURE_ENV = "AMQPD_PURE_PYTHON"
 _ROOT = Path(__file__).resolve().parent  # the amqpd package directory
 
 
-def source_path(module: str) -> Path:
+def source_path(module: str, root: Path = _ROOT) -> Path:
     """``amqpd.broker.queue`` -> ``<package dir>/broker/queue.py``."""
-    return _ROOT.joinpath(*module.split(".")[1:]).with_suffix(".py")
+    return root.joinpath(*module.split(".")[1:]).with_suffix(".py")
 
 
-def _extension_path(module: str) -> Path | None:
-    src = source_path(module)
+def _extension_path(module: str, root: Path = _ROOT) -> Path | None:
+    src = source_path(module, root)
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         candidate = src.with_suffix(suffix)
         if candidate.exists():
@@ -71,12 +71,12 @@ def _extension_path(module: str) -> Path | None:
 
 
 def decide(modules: Sequence[str] = COMPILED_MODULES,
-           environ: dict[str, str] | None = None) -> tuple[bool, str]:
+           environ: dict[str, str] | None = None, root: Path = _ROOT) -> tuple[bool, str]:
     """Whether the compiled modules may be used, and why (for the startup log)."""
     env = os.environ if environ is None else environ
     if env.get(PURE_ENV, "") not in ("", "0"):
         return False, f"pure Python ({PURE_ENV} is set)"
-    built = {m: _extension_path(m) for m in modules}
+    built = {m: _extension_path(m, root) for m in modules}
     missing = [m for m, p in built.items() if p is None]
     if len(missing) == len(modules):
         return False, "pure Python (not compiled at install)"
@@ -84,7 +84,7 @@ def decide(modules: Sequence[str] = COMPILED_MODULES,
         return False, f"pure Python (partial build: {', '.join(missing)} not compiled)"
     for module, ext in built.items():
         assert ext is not None
-        src = source_path(module)
+        src = source_path(module, root)
         if src.exists() and src.stat().st_mtime > ext.stat().st_mtime:
             return False, (f"pure Python (compiled {module} is older than its source: "
                            "re-install to rebuild)")
