@@ -18,7 +18,7 @@ import time
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import amqpd
 from amqpd import hotpath
@@ -409,7 +409,7 @@ class Broker:
             backlog=1024,
         )
         self._servers.append(server)
-        for sock in server.sockets:
+        for sock in cast(Any, server).sockets:  # uvloop gives a list, typeshed says tuple
             host, port = sock.getsockname()[:2]
             self.listeners.append(("amqp", host, port))
         await self._start_operations()
@@ -517,7 +517,7 @@ class Broker:
                 lambda: AMQPProtocol(self), host=s.bind, port=s.tls_port, reuse_address=True,
                 backlog=1024, ssl=server_context(s))
             self._servers.append(tls_server)
-            for sock in tls_server.sockets:
+            for sock in cast(Any, tls_server).sockets:
                 host, port = sock.getsockname()[:2]
                 self.listeners.append(("amqps", host, port))
         if s.management:
