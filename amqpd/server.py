@@ -246,35 +246,56 @@ class Broker:
             for q in queues:
                 q.enqueue(message)
             return queues
-        # Past a queue's memory limit, a message already in the log is kept only there
-        # (free); a transient one is written there only when all queues together are over
-        # the node's budget (RabbitMQ also pages transient messages only under pressure).
-        limit = self.settings.queue_memory_limit
-        logged = message.position >= 0
-        for q in queues:
-            if self.paging_all or (logged and q.durable and
-                                   q.ready_bytes + len(q.ready) * MESSAGE_OVERHEAD > limit):
-                q.enqueue(self._paged(q, message))
-            else:
-                q.enqueue(message)
+        self._enqueue_all(queues, message)
         return queues
 
-    def _paged(self, queue: Queue, message: Message) -> Message:
-        """The message as the queue should hold it under memory pressure: log-only."""
-        store = self.store
-        assert store is not None
-        if message.position >= 0 and queue.durable:
-            return LoggedMessage(store, message.position, message.size)
+    def _enqueue_all(self, queues: list[Queue], message: Message) -> None:
+        """Enqueue, log-only where memory is short.
+
+        Past a queue's memory limit, a message already in the log is kept only there
+        (free); a transient one is written there only when all queues together are over
+        the node's budget (RabbitMQ also pages transient messages only under pressure).
+        """
+        limit = self.settings.queue_memory_limit
+        logged = message.position >= 0
+        paging_all = self.paging_all
+        shared: LoggedMessage | None = None  # the logged copy, one for every queue
+        to_write: list[Queue] | None = None  # queues whose copy must first be written
+        for q in queues:
+            if logged and q.durable and (paging_all or q.ready_bytes + len(q.ready)
+                                         * MESSAGE_OVERHEAD > limit):
+                if shared is None:
+                    shared = LoggedMessage(self.store, message.position, message.size)
+                q.enqueue(shared)
+            elif paging_all:
+                if to_write is None:
+                    to_write = []
+                to_write.append(q)
+            else:
+                q.enqueue(message)
+        if to_write is not None:
+            self._page_out(to_write, message)
+
+    def _page_out(self, queues: list[Queue], message: Message) -> None:
+        """Under node memory pressure: write the message once, for all of ``queues``,
+        and let each hold it log-only (a fan-out pays one write, not one per queue)."""
         from amqpd.store.api import StoredMessage, StoreError
 
+        store = self.store
+        assert store is not None
         try:
             position = store.append_enqueue(
-                [queue.store_key], StoredMessage(message.exchange, message.routing_key,
-                                                 message.properties, message.body))
+                [q.store_key for q in queues],
+                StoredMessage(message.exchange, message.routing_key, message.properties,
+                              message.body))
         except StoreError:
-            return message  # cannot page: keep it in memory
-        queue.in_store = True
-        return LoggedMessage(store, position, message.size)
+            for q in queues:
+                q.enqueue(message)  # cannot page: keep it in memory
+            return
+        paged = LoggedMessage(store, position, message.size)
+        for q in queues:
+            q.in_store = True
+            q.enqueue(paged)
 
     def commit(self, callback: Callable[[BaseException | None], None]) -> None:
         """Call back once everything appended so far is durable (or with the error).

@@ -80,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--delay", type=float, default=0.0,
                    help="start recording this many seconds into the run (e.g. to profile "
                    "the drain after a short publish phase)")
+    p.add_argument("--native", action="store_true",
+                   help="also sample native frames: the mypyc-compiled hot path shows up "
+                   "as its C functions (CPyDef_<module>___<Class>___<method>)")
     args = p.parse_args(argv)
     if not shutil.which("py-spy"):
         print("py-spy not found: pip install py-spy", file=sys.stderr)
@@ -98,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             raw = Path(args.raw or Path(tmp) / "stacks.txt")
             subprocess.run(["py-spy", "record", "--pid", str(broker.pid), "--format", "raw",
                             "--rate", str(args.rate), "--duration", str(int(args.seconds)),
-                            "--output", str(raw), "--nonblocking"],
+                            "--output", str(raw),
+                            *(["--native"] if args.native else ["--nonblocking"])],
                            check=False, stdout=subprocess.DEVNULL)
             t.join()
             print(f"scenario {args.scenario}: {result.get('run')}")
