@@ -206,5 +206,5 @@ class Session:
             "timeout": self.conn.heartbeat,
             "client_properties": self.conn.client_properties,
             "connected_at": int(self.connected_at * 1000),
-            "state": "blocked" if self.blocked else "running",
+            "state": "blocked" if self.blocked else "flow" if self.conn.in_flow else "running",
         }

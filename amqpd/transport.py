@@ -13,6 +13,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from amqpd.logs import bind_connection, clear_context
+from amqpd.protocol.connection import FLOW_FRAME_BUDGET, FRAME_BUDGET
 from amqpd.session import Session
 
 if TYPE_CHECKING:
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqpd.transport")
 
 READ_BUDGET = 64 * 1024  # bytes read from one socket per event-loop turn
+FLOW_READ_BUDGET = 8 * 1024  # the same for a connection in flow
 
 
 class AMQPProtocol(asyncio.Protocol):
@@ -56,7 +58,8 @@ class AMQPProtocol(asyncio.Protocol):
         # deliveries wait: past READ_BUDGET bytes in one turn, reading pauses until the
         # loop has run the callbacks queued so far (dispatch among them).
         self._turn_bytes += len(data)
-        if self._turn_bytes > READ_BUDGET and not self._over_budget:
+        budget = FLOW_READ_BUDGET if session.conn.in_flow else READ_BUDGET
+        if self._turn_bytes > budget and not self._over_budget:
             self._over_budget = True
             self._apply_reading()
             self._loop.call_soon(self._next_turn)
@@ -138,7 +141,8 @@ class AMQPProtocol(asyncio.Protocol):
             return
         bind_connection(session.name, session.username or None, session.conn.vhost or None)
         try:
-            more = session.conn.process_pending()
+            conn = session.conn
+            more = conn.process_pending(FLOW_FRAME_BUDGET if conn.in_flow else FRAME_BUDGET)
         finally:
             clear_context()
         self.flush()

@@ -67,6 +67,10 @@ _U64 = struct.Struct(">Q")
 
 # Frames handled per slice before the event loop gets a turn (about 1000 publishes).
 FRAME_BUDGET = 3000
+# Frames handled per slice while the connection is in flow (it publishes into a queue
+# whose consumers are falling behind): ~100 publishes, then deliveries and acks get the
+# loop. See docs/ARCHITECTURE.md, "Fairness and flow control".
+FLOW_FRAME_BUDGET = 300
 PRE_TUNE_FRAME_MAX = 4096
 CLOSING_TIMEOUT = 30.0  # seconds to wait for connection.close-ok (RabbitMQ's value)
 FRAME_MIN_SIZE = 4096
@@ -156,6 +160,9 @@ class AMQPConnection:
         # Set by the transport while it does not read the socket (resource alarm, backlog):
         # the peer's silence is then ours, so it must not count as missed heartbeats.
         self.reading_paused = False
+        # Set by the broker after each publish: it went into a queue whose consumers are
+        # falling behind (RabbitMQ shows such a connection in state "flow").
+        self.in_flow = False
         self.last_received = self.created
         self.last_sent = self.created
         self.should_close_transport = False  # transport closes the socket once drained
@@ -214,7 +221,7 @@ class AMQPConnection:
             self._pending.extend(frames)  # arrived while a backlog was being worked off
         else:
             self._pending, self._pending_at = frames, 0
-        self.process_pending()
+        self.process_pending(FLOW_FRAME_BUDGET if self.in_flow else FRAME_BUDGET)
 
     @property
     def has_pending(self) -> bool:
