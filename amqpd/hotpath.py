@@ -40,6 +40,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "amqpd.protocol.connection",
     "amqpd.session",
     "amqpd.transport",
+    "amqpd.server",
     "amqpd.broker.channel",
     "amqpd.broker.queue",
     "amqpd.broker.queue_entry",
@@ -50,6 +51,9 @@ COMPILED_MODULES: tuple[str, ...] = (
     "amqpd.broker.exchanges.direct",
     "amqpd.broker.exchanges.fanout",
     "amqpd.broker.exchanges.topic",
+    "amqpd.store.format",
+    "amqpd.store.index",
+    "amqpd.store.log",
 )
 
 PURE_ENV = "AMQPD_PURE_PYTHON"
