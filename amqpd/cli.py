@@ -10,13 +10,15 @@ import os
 import sys
 
 import amqpd
+from amqpd import hotpath
 from amqpd.config import ConfigError, load_settings
 from amqpd.server import Broker, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="amqpd", description="AMQP 0-9-1 message broker")
-    p.add_argument("--version", action="version", version=f"amqpd {amqpd.__version__}")
+    p.add_argument("--version", action="version",
+                   version=f"amqpd {amqpd.__version__} (hot path: {hotpath.MODE})")
     p.add_argument("--config", help="TOML config file (default: $AMQPD_CONFIG)")
     p.add_argument("--bind", help="listen address (default 0.0.0.0)")
     p.add_argument("--port", type=int, help="AMQP port (default 5672; 0 = ephemeral)")
