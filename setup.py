@@ -69,6 +69,8 @@ class OptionalBuildExt(build_ext):
                 for path in self._outputs(ext):
                     if os.path.exists(path):
                         os.utime(path)
+            if self.extensions:
+                self._stamp()
         except Exception as exc:
             _warn(f"compiling the hot path failed ({exc!r})")
             for ext in self.extensions:
@@ -76,6 +78,15 @@ class OptionalBuildExt(build_ext):
                     if os.path.exists(path):
                         os.remove(path)
             del self.extensions[:]
+
+    def _stamp(self) -> None:
+        """Record what was compiled, beside every copy of the built package (the
+        in-place one of an editable install, and the one a wheel is made from)."""
+        hotpath = _hotpath()
+        for package in {Path(self.build_lib) / "amqpd",
+                        Path(self.get_ext_fullpath("amqpd.x")).parent}:
+            if package.is_dir():
+                hotpath.write_stamp(package, sources=HERE / "amqpd")
 
     def _outputs(self, ext: Any) -> tuple[str, str]:
         return (self.get_ext_fullpath(ext.name),

@@ -11,8 +11,9 @@ The Python sources stay the reference and run unchanged when:
 
 * nothing was compiled (no C compiler at install time, or ``AMQPD_PURE_PYTHON=1`` then);
 * ``AMQPD_PURE_PYTHON=1`` is set when the broker starts (compare the two, debug in pure);
-* any compiled module is older than its source, or some are missing: a developer edited
-  a file without re-installing. A stale build must never run, and the compiled modules
+* a compiled module's source changed since the build (the build records a digest of
+  every source it compiled), or some modules are missing: a developer edited a file
+  without re-installing. A stale build must never run, and the compiled modules
   call each other directly, so it is all of them or none.
 
 This module imports nothing outside the standard library: ``setup.py`` reads
@@ -21,9 +22,11 @@ This module imports nothing outside the standard library: ``setup.py`` reads
 
 from __future__ import annotations
 
+import hashlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -57,6 +60,7 @@ COMPILED_MODULES: tuple[str, ...] = (
 )
 
 PURE_ENV = "AMQPD_PURE_PYTHON"
+STAMP = "_compiled_sources.json"  # beside the compiled package: {module: sha256 of source}
 _ROOT = Path(__file__).resolve().parent  # the amqpd package directory
 
 
@@ -74,6 +78,19 @@ def _extension_path(module: str, root: Path = _ROOT) -> Path | None:
     return None
 
 
+def source_digest(module: str, root: Path = _ROOT) -> str:
+    """What the build compiled, recorded by setup.py in :data:`STAMP` (file times are no
+    use: pip extracts a wheel's files in any order, with new times)."""
+    return hashlib.sha256(source_path(module, root).read_bytes()).hexdigest()
+
+
+def write_stamp(package_dir: Path, modules: Sequence[str] = COMPILED_MODULES,
+                sources: Path = _ROOT) -> None:
+    """Called by setup.py after a successful build: the digest of every compiled source."""
+    stamp = {m: source_digest(m, sources) for m in modules}
+    (package_dir / STAMP).write_text(json.dumps(stamp, indent=1, sort_keys=True) + "\n")
+
+
 def decide(modules: Sequence[str] = COMPILED_MODULES,
            environ: dict[str, str] | None = None, root: Path = _ROOT) -> tuple[bool, str]:
     """Whether the compiled modules may be used, and why (for the startup log)."""
@@ -86,12 +103,16 @@ def decide(modules: Sequence[str] = COMPILED_MODULES,
         return False, "pure Python (not compiled at install)"
     if missing:
         return False, f"pure Python (partial build: {', '.join(missing)} not compiled)"
-    for module, ext in built.items():
-        assert ext is not None
-        src = source_path(module, root)
-        if src.exists() and src.stat().st_mtime > ext.stat().st_mtime:
-            return False, (f"pure Python (compiled {module} is older than its source: "
-                           "re-install to rebuild)")
+    try:
+        stamp = json.loads((root / STAMP).read_text())
+    except (OSError, ValueError):
+        return False, f"pure Python (the build left no readable {STAMP}: re-install)"
+    for module in modules:
+        if not source_path(module, root).exists():
+            continue
+        if stamp.get(module) != source_digest(module, root):
+            return False, (f"pure Python (the source of {module} changed since it was "
+                           "compiled: re-install to rebuild)")
     return True, "compiled (mypyc)"
 
 

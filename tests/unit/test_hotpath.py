@@ -16,17 +16,20 @@ MODULES = ("amqpd.protocol.frames", "amqpd.broker.queue")
 EXT = importlib.machinery.EXTENSION_SUFFIXES[0]
 
 
-def make_tree(root: Path, compiled: tuple[str, ...], ext_age: float = 0.0) -> None:
-    """Sources for MODULES under ``root``; an (empty) extension file for ``compiled``."""
+def make_tree(root: Path, compiled: tuple[str, ...], stamp: bool = True) -> None:
+    """Sources for MODULES under ``root``; an (empty) extension file for ``compiled``, and
+    the build's stamp of the sources, as setup.py writes it."""
     for module in MODULES:
         src = hotpath.source_path(module, root)
         src.parent.mkdir(parents=True, exist_ok=True)
-        src.write_text("")
-        os.utime(src, (1_000_000, 1_000_000))
+        src.write_text(f"# {module}\n")
         if module in compiled:
             ext = src.with_suffix(EXT)
             ext.write_bytes(b"")
-            os.utime(ext, (1_000_000 + ext_age, 1_000_000 + ext_age))
+            # pip extracts wheels in any order: times must not matter
+            os.utime(ext, (1_000, 1_000))
+    if stamp:
+        hotpath.write_stamp(root, MODULES, sources=root)
 
 
 def test_nothing_built_runs_the_sources(tmp_path: Path) -> None:
@@ -36,27 +39,34 @@ def test_nothing_built_runs_the_sources(tmp_path: Path) -> None:
 
 
 def test_a_full_current_build_runs_compiled(tmp_path: Path) -> None:
-    make_tree(tmp_path, MODULES, ext_age=10)
+    make_tree(tmp_path, MODULES)
     assert hotpath.decide(MODULES, {}, tmp_path) == (True, "compiled (mypyc)")
 
 
 def test_the_environment_variable_forces_the_sources(tmp_path: Path) -> None:
-    make_tree(tmp_path, MODULES, ext_age=10)
+    make_tree(tmp_path, MODULES)
     ok, why = hotpath.decide(MODULES, {hotpath.PURE_ENV: "1"}, tmp_path)
     assert not ok and hotpath.PURE_ENV in why
     assert hotpath.decide(MODULES, {hotpath.PURE_ENV: "0"}, tmp_path)[0]
 
 
 def test_a_partial_build_is_never_used(tmp_path: Path) -> None:
-    make_tree(tmp_path, MODULES[:1], ext_age=10)
+    make_tree(tmp_path, MODULES[:1])
     ok, why = hotpath.decide(MODULES, {}, tmp_path)
     assert not ok and "partial build" in why and MODULES[1] in why
 
 
-def test_a_build_older_than_its_source_is_never_used(tmp_path: Path) -> None:
-    make_tree(tmp_path, MODULES, ext_age=-10)
+def test_a_build_of_another_source_is_never_used(tmp_path: Path) -> None:
+    make_tree(tmp_path, MODULES)
+    hotpath.source_path(MODULES[1], tmp_path).write_text("# edited after the build\n")
     ok, why = hotpath.decide(MODULES, {}, tmp_path)
-    assert not ok and "older than its source" in why
+    assert not ok and "changed since it was compiled" in why and MODULES[1] in why
+
+
+def test_a_build_without_its_stamp_is_never_used(tmp_path: Path) -> None:
+    make_tree(tmp_path, MODULES, stamp=False)
+    ok, why = hotpath.decide(MODULES, {}, tmp_path)
+    assert not ok and hotpath.STAMP in why
 
 
 def test_pure_mode_loads_every_listed_module_from_its_source() -> None:
