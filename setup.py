@@ -13,6 +13,7 @@ installed while this runs). The compiled build is optional in every way:
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import os
 import sys
@@ -60,6 +61,7 @@ class OptionalBuildExt(build_ext):
     """All extensions or none: a failed C compile leaves the pure-Python package."""
 
     def run(self) -> None:
+        self._remove_leftovers()
         try:
             super().run()
             # build_ext skips (and then copies with their old times) extensions whose C
@@ -78,6 +80,18 @@ class OptionalBuildExt(build_ext):
                     if os.path.exists(path):
                         os.remove(path)
             del self.extensions[:]
+
+    def _remove_leftovers(self) -> None:
+        """Compiled files of an earlier build whose module list differed: a leftover
+        module would be imported instead of its source and link to a library that is
+        no longer built (amqpd.hotpath refuses to run with one)."""
+        wanted = {self.get_ext_filename(ext.name) for ext in self.extensions}
+        for base in {Path(self.build_lib), HERE}:
+            package = base / "amqpd"
+            for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+                for path in [*package.rglob(f"*{suffix}"), *base.glob(f"*__mypyc{suffix}")]:
+                    if str(path.relative_to(base)) not in wanted:
+                        path.unlink()
 
     def _stamp(self) -> None:
         """Record what was compiled, beside every copy of the built package (the

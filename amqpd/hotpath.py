@@ -91,12 +91,30 @@ def write_stamp(package_dir: Path, modules: Sequence[str] = COMPILED_MODULES,
     (package_dir / STAMP).write_text(json.dumps(stamp, indent=1, sort_keys=True) + "\n")
 
 
+def leftovers(modules: Sequence[str] = COMPILED_MODULES, root: Path = _ROOT) -> list[str]:
+    """Modules with a compiled file that the current list does not compile: left by an
+    older build. Python would load them instead of their sources, compiled or not."""
+    listed = set(modules)
+    found = []
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        for ext in root.rglob(f"*{suffix}"):
+            rel = ext.relative_to(root).with_name(ext.name[: -len(suffix)])
+            name = ".".join(("amqpd", *rel.parts))
+            if name not in listed and (root / rel).with_suffix(".py").exists():
+                found.append(name)
+    return sorted(found)
+
+
 def decide(modules: Sequence[str] = COMPILED_MODULES,
            environ: dict[str, str] | None = None, root: Path = _ROOT) -> tuple[bool, str]:
     """Whether the compiled modules may be used, and why (for the startup log)."""
     env = os.environ if environ is None else environ
     if env.get(PURE_ENV, "") not in ("", "0"):
         return False, f"pure Python ({PURE_ENV} is set)"
+    stale = leftovers(modules, root)
+    if stale:
+        return False, (f"pure Python (compiled files left by an older build: "
+                       f"{', '.join(stale)}; re-install)")
     built = {m: _extension_path(m, root) for m in modules}
     missing = [m for m, p in built.items() if p is None]
     if len(missing) == len(modules):
@@ -139,5 +157,7 @@ def install() -> None:
     """Called once from ``amqpd/__init__.py``, before any compiled module can load."""
     global COMPILED, MODE
     COMPILED, MODE = decide()
-    if not COMPILED and any(_extension_path(m) for m in COMPILED_MODULES):
-        sys.meta_path.insert(0, _SourceFinder(COMPILED_MODULES))
+    if not COMPILED:
+        shadowed = [m for m in COMPILED_MODULES if _extension_path(m)] + leftovers()
+        if shadowed:
+            sys.meta_path.insert(0, _SourceFinder(shadowed))
