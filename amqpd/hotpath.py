@@ -95,13 +95,16 @@ def leftovers(modules: Sequence[str] = COMPILED_MODULES, root: Path = _ROOT) -> 
     """Modules with a compiled file that the current list does not compile: left by an
     older build. Python would load them instead of their sources, compiled or not."""
     listed = set(modules)
-    found = []
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        for ext in root.rglob(f"*{suffix}"):
-            rel = ext.relative_to(root).with_name(ext.name[: -len(suffix)])
-            name = ".".join(("amqpd", *rel.parts))
-            if name not in listed and (root / rel).with_suffix(".py").exists():
-                found.append(name)
+    suffixes = importlib.machinery.EXTENSION_SUFFIXES  # the most specific first
+    found = set()
+    for ext in root.rglob(f"*{suffixes[-1]}"):
+        suffix = next((x for x in suffixes if ext.name.endswith(x)), None)
+        if suffix is None:
+            continue
+        rel = ext.relative_to(root).with_name(ext.name[: -len(suffix)])
+        name = ".".join(("amqpd", *rel.parts))
+        if name not in listed and (root / rel).with_suffix(".py").exists():
+            found.add(name)
     return sorted(found)
 
 

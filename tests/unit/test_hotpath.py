@@ -95,3 +95,13 @@ def test_a_build_in_this_checkout_is_the_one_that_runs() -> None:
     import amqpd.broker.channel as channel
 
     assert not channel.__file__ or not channel.__file__.endswith(".py")
+
+
+def test_a_compiled_file_left_by_an_older_build_stops_the_compiled_path(tmp_path: Path) -> None:
+    make_tree(tmp_path, MODULES)
+    extra = hotpath.source_path("amqpd.broker.message", tmp_path)
+    extra.write_text("")
+    extra.with_suffix(EXT).write_bytes(b"")
+    assert hotpath.leftovers(MODULES, tmp_path) == ["amqpd.broker.message"]
+    ok, why = hotpath.decide(MODULES, {}, tmp_path)
+    assert not ok and "left by an older build" in why and "amqpd.broker.message" in why
