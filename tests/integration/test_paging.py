@@ -38,6 +38,21 @@ def log_bytes(data_dir: Path) -> int:
     return sum(p.stat().st_size for p in data_dir.rglob("*.log") if p.name != "amqpd.log")
 
 
+def settled_log_bytes(data_dir: Path, at_least: int = 0, timeout: float = 15.0) -> int:
+    """The log's size once it has stopped growing (transient messages are confirmed
+    before the writer thread has them on disk)."""
+    size, since = -1, time.monotonic()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        now = log_bytes(data_dir)
+        if now != size:
+            size, since = now, time.monotonic()
+        elif size >= at_least and time.monotonic() - since > 0.5:
+            return size
+        time.sleep(0.05)
+    return size
+
+
 def body(i: int) -> bytes:
     return i.to_bytes(4, "big") * (BODY // 4)
 
@@ -76,21 +91,11 @@ def test_fanout_under_memory_pressure_is_written_once_and_delivered_whole(
             assert time.monotonic() < deadline, "the broker never paged"
             n += 1
             ch.basic_publish("page.fx", "", body(n))
-        before = log_bytes(tight_broker.data_dir)
+        before = settled_log_bytes(tight_broker.data_dir)
         for i in range(n + 1, n + 1 + COUNT):
             ch.basic_publish("page.fx", "", body(i))
         payload = COUNT * BODY
-        # transient messages are confirmed before the log writer has them on disk: poll
-        # until what was logged stops growing
-        written, last_change = -1, time.monotonic()
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            now_written = log_bytes(tight_broker.data_dir) - before
-            if now_written != written:
-                written, last_change = now_written, time.monotonic()
-            elif written >= payload and time.monotonic() - last_change > 0.5:
-                break
-            time.sleep(0.05)
+        written = settled_log_bytes(tight_broker.data_dir, before + payload) - before
         # paging: each message is in the log once, whatever the number of queues
         assert payload <= written < 1.5 * payload, f"{written} bytes logged for {payload}"
         for q in queues:
