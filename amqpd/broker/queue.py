@@ -129,11 +129,13 @@ class Queue:
 
             self.ext = QueueExt(self, QueueOptions())
         self.ext.mark_cold()
+        seq = next(self._seq)
+        self.ext.cold_last = seq  # recovery replays in log order: the last one so far
         if type(message) is LoggedMessage and isinstance(self.ready, ReadyList):
             self.ready.append_logged(message._store, message.position, message.size,
-                                     next(self._seq), redelivered)
+                                     seq, redelivered)
         else:
-            self.ready.append(QueueEntry(message, next(self._seq), redelivered))
+            self.ready.append(QueueEntry(message, seq, redelivered))
         self.ready_bytes += message.size
 
     def requeue(self, entries: Iterable[QueueEntry]) -> None:

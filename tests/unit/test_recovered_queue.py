@@ -1,0 +1,47 @@
+"""A queue that came back from a restart with messages is handled by the extension layer
+(their TTLs count from recovery) only until those messages have left it."""
+
+from __future__ import annotations
+
+from pamqp import commands as C
+
+from amqpd.broker.message import Message
+from amqpd.broker.queue import Queue
+from tests.support import wire
+from tests.unit.protocol.peer import Pair, real_broker
+
+PLAIN = b"\x00\x00"  # no properties
+EXPIRING = b"\x01\x00\x05" + b"60000"  # expiration = "60000"
+
+
+def recovered_queue(props: bytes = PLAIN, n: int = 3) -> tuple[Pair, Queue]:
+    pair = Pair(broker=real_broker())
+    pair.open()
+    pair.open_channel(1)
+    pair.call(1, C.Queue.Declare(queue="rq"))
+    assert pair.session is not None
+    q = pair.session.vhost.queues["rq"]
+    for i in range(n):
+        q.restore(Message("", "rq", props, b"m%d" % i), False)
+    return pair, q
+
+
+def test_the_extension_leaves_once_the_recovered_messages_have_left() -> None:
+    pair, q = recovered_queue()
+    assert q.ext is not None
+    for _ in range(2):
+        pair.call(1, C.Basic.Get(queue="rq", no_ack=True))
+    assert q.ext is not None  # one recovered message is still there
+    pair.send(b"".join(wire.publish(1, "", "rq", b"new%d" % i) for i in range(2)))
+    pair.call(1, C.Basic.Get(queue="rq", no_ack=True))  # the last recovered one
+    pair.call(1, C.Basic.Get(queue="rq", no_ack=True))  # a new one: head is past them
+    assert q.ext is None
+    assert q.message_count == 1
+
+
+def test_a_recovered_message_with_a_ttl_keeps_the_extension() -> None:
+    pair, q = recovered_queue(EXPIRING, n=1)
+    pair.call(1, C.Basic.Get(queue="rq", no_ack=True))
+    pair.call(1, C.Basic.Get(queue="rq", no_ack=True))  # empty now
+    assert q.ext is not None and q.ext.ttl_seen
+
