@@ -6,8 +6,8 @@ PIP_FLAGS ?= --quiet --disable-pip-version-check
 
 # The editable install compiles the hot path with mypyc (setup.py, ~40 s); it is redone
 # only when a source, setup.py or pyproject.toml changed since the last one, or when this
-# Python cannot import amqpd. A compiled module older than its source is never used
-# (amqpd/hotpath.py), so skipping a rebuild can cost speed, never correctness.
+# Python cannot import amqpd. A compiled module whose source changed since the build is
+# never used (amqpd/hotpath.py), so skipping a rebuild can cost speed, never correctness.
 INSTALL_STAMP := build/.installed
 
 install:

@@ -30,7 +30,7 @@ def _hotpath() -> Any:
     spec = importlib.util.spec_from_file_location("_amqpd_hotpath", HERE / "amqpd/hotpath.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclass-free, but keep import machinery happy
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
@@ -64,13 +64,6 @@ class OptionalBuildExt(build_ext):
         self._remove_leftovers()
         try:
             super().run()
-            # build_ext skips (and then copies with their old times) extensions whose C
-            # did not change, e.g. mypyc's per-module shims; amqpd.hotpath judges a build
-            # by its files' times, so every output is dated by this build.
-            for ext in self.extensions:
-                for path in self._outputs(ext):
-                    if os.path.exists(path):
-                        os.utime(path)
             if self.extensions:
                 self._stamp()
         except Exception as exc:
@@ -86,12 +79,11 @@ class OptionalBuildExt(build_ext):
         module would be imported instead of its source and link to a library that is
         no longer built (amqpd.hotpath refuses to run with one)."""
         wanted = {self.get_ext_filename(ext.name) for ext in self.extensions}
+        suffix = importlib.machinery.EXTENSION_SUFFIXES[-1]  # ".so": every other ends so
         for base in {Path(self.build_lib), HERE}:
-            package = base / "amqpd"
-            for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-                for path in [*package.rglob(f"*{suffix}"), *base.glob(f"*__mypyc{suffix}")]:
-                    if str(path.relative_to(base)) not in wanted:
-                        path.unlink()
+            for path in [*(base / "amqpd").rglob(f"*{suffix}"), *base.glob(f"*__mypyc*{suffix}")]:
+                if str(path.relative_to(base)) not in wanted:
+                    path.unlink()
 
     def _stamp(self) -> None:
         """Record what was compiled, beside every copy of the built package (the

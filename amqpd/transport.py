@@ -13,7 +13,6 @@ import logging
 from typing import TYPE_CHECKING
 
 from amqpd.logs import bind_connection, clear_context
-from amqpd.protocol.connection import FLOW_FRAME_BUDGET, FRAME_BUDGET
 from amqpd.session import Session
 
 if TYPE_CHECKING:
@@ -141,8 +140,7 @@ class AMQPProtocol(asyncio.Protocol):
             return
         bind_connection(session.name, session.username or None, session.conn.vhost or None)
         try:
-            conn = session.conn
-            more = conn.process_pending(FLOW_FRAME_BUDGET if conn.in_flow else FRAME_BUDGET)
+            more = session.conn.process_pending()
         finally:
             clear_context()
         self.flush()

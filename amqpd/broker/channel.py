@@ -445,8 +445,9 @@ class Channel:
             msg = reply_to.rewrite(self, msg)
         broker = self.session.broker
         if not mandatory:
-            self._credit_flow(broker.publish(self.vhost, exchange, msg, self.session.username,
-                                      on_confirm=self._on_durable(seq) if seq else None))
+            queues = broker.publish(self.vhost, exchange, msg, self.session.username,
+                                    on_confirm=self._on_durable(seq) if seq else None)
+            self._credit_flow(queues)
             return
 
         def unroutable() -> None:  # basic.return precedes the confirm, as in RabbitMQ
@@ -456,9 +457,10 @@ class Channel:
                                        self.session.conn.frame_max)
             )
 
-        self._credit_flow(broker.publish(self.vhost, exchange, msg, self.session.username,
-                                  on_confirm=self._on_durable(seq) if seq else None,
-                                  on_unroutable=unroutable))
+        queues = broker.publish(self.vhost, exchange, msg, self.session.username,
+                                on_confirm=self._on_durable(seq) if seq else None,
+                                on_unroutable=unroutable)
+        self._credit_flow(queues)
 
     def _credit_flow(self, queues: list[Queue]) -> None:
         """Credit flow, the single-process way: a connection whose last publish went into a

@@ -221,14 +221,14 @@ class AMQPConnection:
             self._pending.extend(frames)  # arrived while a backlog was being worked off
         else:
             self._pending, self._pending_at = frames, 0
-        self.process_pending(FLOW_FRAME_BUDGET if self.in_flow else FRAME_BUDGET)
+        self.process_pending()
 
     @property
     def has_pending(self) -> bool:
         """Frames received but not yet handled (the transport stops reading meanwhile)."""
         return self._pending_at < len(self._pending)
 
-    def process_pending(self, budget: int = FRAME_BUDGET) -> bool:
+    def process_pending(self, budget: int = 0) -> bool:
         """Handle up to ``budget`` received frames; True if some are left for later.
 
         One socket read can hold thousands of publishes. Handling them in slices lets
@@ -236,6 +236,8 @@ class AMQPConnection:
         flooding publisher cannot starve its own consumers (RabbitMQ gets the same
         fairness from credit flow between processes).
         """
+        if not budget:  # smaller slices while in flow (see FLOW_FRAME_BUDGET)
+            budget = FLOW_FRAME_BUDGET if self.in_flow else FRAME_BUDGET
         frames, start = self._pending, self._pending_at
         stop = min(len(frames), start + budget)
         self._pending_at = stop
