@@ -14,12 +14,10 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,52 +41,6 @@ from tests.support.tcpproxy import TcpProxy
 
 pytestmark = pytest.mark.slow
 HEARTBEAT = 1  # seconds: the link notices a silent partition after a few of these
-
-
-@dataclass
-class NsBroker(BrokerProcess):
-    """An amqpd listening on ``addr``, run inside network namespace ``netns`` if set."""
-
-    addr: str = "127.0.0.1"
-    netns: str | None = None
-
-    @property
-    def url(self) -> str:
-        return f"amqp://guest:guest@{self.addr}:{self.port}/%2F"
-
-    @property
-    def http_url(self) -> str:
-        return f"http://{self.addr}:{self.http_port}"
-
-    def start(self, timeout: float = 20.0) -> NsBroker:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        ready = self.data_dir / "ready.json"
-        ready.unlink(missing_ok=True)
-        prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
-        args = [*prefix, sys.executable, "-m", "amqpd", "--bind", self.addr,
-                "--port", str(self.port), "--data-dir", str(self.data_dir),
-                "--ready-file", str(ready), *self.extra_args]
-        env = {**os.environ, "AMQPD_HTTP_PORT": "0", **self.env}
-        log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
-        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                     cwd=str(Path(__file__).resolve().parents[2]))
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if ready.exists():
-                self.info = json.loads(ready.read_text())
-                self.port = int(self.info["amqp_port"])
-                self.http_port = int(self.info.get("http_port") or 0)
-                return self
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"amqpd exited with {self.proc.returncode}:\n{self.tail()}")
-            time.sleep(0.02)
-        self.kill()
-        raise RuntimeError(f"amqpd did not become ready in {timeout}s:\n{self.tail()}")
-
-    def stop(self, timeout: float = 15.0) -> int | None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return super().stop(timeout)
 
 
 def _ip(*args: str) -> None:
@@ -195,10 +147,11 @@ def test_partition_with_network_namespace_or_proxy(tmp_path: Path) -> None:
     with veth_namespace() as net:
         if net is not None:
             ns, host_if, host_addr, ns_addr = net
-            up = NsBroker(tmp_path / "hq", env={**env, "AMQPD_CLUSTER_NAME": "hq"},
-                          addr=host_addr)
-            down = NsBroker(tmp_path / "branch", env={**env, "AMQPD_CLUSTER_NAME": "branch"},
-                            addr=ns_addr, netns=ns)
+            up = BrokerProcess(tmp_path / "hq", env={**env, "AMQPD_CLUSTER_NAME": "hq"},
+                               bind=host_addr)
+            down = BrokerProcess(tmp_path / "branch",
+                                 env={**env, "AMQPD_CLUSTER_NAME": "branch"}, bind=ns_addr,
+                                 command_prefix=["ip", "netns", "exec", ns])
             up.start()
             down.start()
             try:
@@ -210,22 +163,15 @@ def test_partition_with_network_namespace_or_proxy(tmp_path: Path) -> None:
                 down.stop()
                 up.stop()
             return
-    # fallback: a TCP proxy between the sites
-    up, down = site(tmp_path, "hq"), site(tmp_path, "branch")
-    up.start()
-    down.start()
-    proxy = TcpProxy("127.0.0.1", up.port).start()
-    try:
-        _federate(up, down, amqp_uri(proxy.port, heartbeat=HEARTBEAT))
-        _partition_round(up, down, proxy.cut, proxy.restore)
-    finally:
-        proxy.stop()
-        down.stop()
-        up.stop()
+    _partition_through_proxy(tmp_path)  # fallback: a TCP proxy between the sites
 
 
 def test_partition_through_tcp_proxy(tmp_path: Path) -> None:
     """The same scenario through the proxy, blackhole mode, wherever namespaces exist."""
+    _partition_through_proxy(tmp_path)
+
+
+def _partition_through_proxy(tmp_path: Path) -> None:
     up, down = site(tmp_path, "hq"), site(tmp_path, "branch")
     up.start()
     down.start()

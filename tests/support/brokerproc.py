@@ -23,17 +23,20 @@ class BrokerProcess:
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     port: int = 0
+    bind: str = "127.0.0.1"
+    # prepended to the command line, e.g. ``ip netns exec <ns>`` to run in a namespace
+    command_prefix: list[str] = field(default_factory=list)
     http_port: int = 0
     proc: subprocess.Popen[bytes] | None = None
     info: dict[str, Any] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
-        return f"amqp://guest:guest@127.0.0.1:{self.port}/%2F"
+        return f"amqp://guest:guest@{self.bind}:{self.port}/%2F"
 
     @property
     def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+        return f"http://{self.bind}:{self.http_port}"
 
     @property
     def log_path(self) -> Path:
@@ -44,7 +47,7 @@ class BrokerProcess:
         ready = self.data_dir / "ready.json"
         if ready.exists():
             ready.unlink()
-        args = [sys.executable, "-m", "amqpd", "--bind", "127.0.0.1",
+        args = [*self.command_prefix, sys.executable, "-m", "amqpd", "--bind", self.bind,
                 "--port", str(self.port), "--data-dir", str(self.data_dir),
                 "--ready-file", str(ready), *self.extra_args]
         env = dict(os.environ)
