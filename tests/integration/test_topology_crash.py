@@ -188,3 +188,64 @@ def test_old_definitions_file_is_migrated(tmp_path: Path) -> None:
             broker.restart(keep_port=False)
     finally:
         broker.kill()
+
+
+def test_acknowledged_http_and_amqp_changes_survive_kill9_and_vhost_delete_is_whole(
+        tmp_path: Path) -> None:
+    """Users, permissions, policies, vhosts (HTTP) and exchanges, queues, bindings and
+    messages (AMQP) acknowledged before a kill -9 are back after it; a deleted vhost takes
+    all of its topology with it, so re-creating it finds nothing left over."""
+    broker = BrokerProcess(tmp_path / "data").start()
+    try:
+        api = Api(broker.http_url)
+        assert api.put("/api/vhosts/t").status == 201
+        assert api.put("/api/users/bob", {"password": "pw", "tags": ""}).status == 201
+        assert api.put("/api/permissions/t/bob",
+                       {"configure": ".*", "write": ".*", "read": ".*"}).status == 201
+        assert api.put("/api/permissions/t/guest",
+                       {"configure": ".*", "write": ".*", "read": ".*"}).status == 201
+        assert api.put("/api/policies/t/lim", {"pattern": "^q", "definition":
+                                               {"max-length": 7}}).status == 201
+        url = broker.url.rsplit("/", 1)[0] + "/t"
+        conn = pika.BlockingConnection(pika.URLParameters(url))
+        ch = conn.channel()
+        ch.exchange_declare("x1", "topic", durable=True)
+        ch.exchange_declare("x2", "fanout", durable=True)
+        ch.exchange_bind("x2", "x1", routing_key="#")
+        for i in range(20):
+            ch.queue_declare(f"q{i}", durable=True)
+            ch.queue_bind(f"q{i}", "x2")
+        ch.confirm_delivery()
+        ch.basic_publish("x1", "a", b"m", pika.BasicProperties(delivery_mode=2))
+        ch.queue_delete("q19")
+        broker.kill()
+        broker.restart(keep_port=False)
+
+        api = Api(broker.http_url)
+        assert {v["name"] for v in api.get("/api/vhosts").json()} >= {"/", "t"}
+        assert "bob" in {u["name"] for u in api.get("/api/users").json()}
+        assert api.get("/api/permissions/t/bob").json()["configure"] == ".*"
+        assert api.get("/api/policies/t/lim").json()["definition"] == {"max-length": 7}
+        queues = {x["name"]: x for x in api.get("/api/queues/t").json()}
+        assert set(queues) == {f"q{i}" for i in range(19)}
+        assert queues["q0"]["messages"] == 1
+        bindings = api.get("/api/bindings/t").json()
+        assert sum(1 for b in bindings if b["source"] == "x2") == 19
+        assert any(b["source"] == "x1" and b["destination"] == "x2" for b in bindings)
+
+        assert api.delete("/api/vhosts/t").status == 204
+        broker.kill()
+        broker.restart(keep_port=False)
+        api = Api(broker.http_url)
+        assert "t" not in {v["name"] for v in api.get("/api/vhosts").json()}
+        assert api.put("/api/vhosts/t").status == 201
+        broker.kill()  # nothing of the old vhost may come back with the new one
+        broker.restart(keep_port=False)
+        api = Api(broker.http_url)
+        assert api.get("/api/queues/t").json() == []
+        assert {x["name"] for x in api.get("/api/exchanges/t").json()} == {
+            "", "amq.direct", "amq.fanout", "amq.topic", "amq.headers", "amq.match"}
+        assert api.get("/api/permissions/t/bob").status == 404
+        assert api.get("/api/policies/t/lim").status == 404
+    finally:
+        broker.kill()
