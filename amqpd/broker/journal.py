@@ -253,8 +253,9 @@ class DefinitionJournal:
         queues: list[dict[str, Any]] = []
         exchanges: list[dict[str, Any]] = []
         bindings: list[dict[str, Any]] = []
-        for (kind, _key), body in entries.items():
-            item = json.loads(body)
+        # one parse for all bodies: per-call overhead dominated 200,000 small loads
+        items = json.loads(b"[" + b",".join(entries.values()) + b"]")
+        for (kind, _key), item in zip(entries, items, strict=True):
             if kind == fmt.DEF_QUEUE:
                 queues.append(item)
             elif kind == fmt.DEF_EXCHANGE:
