@@ -144,7 +144,7 @@ def settled_rss(pid: int | None, seconds: float = 3.0) -> int:
 
 
 def run_side_by_side(brokers: list[Broker], sizes: list[int], declares: int, clients: int,
-                     routed: int, reps: int) -> list[dict[str, Any]]:
+                     routed: int, reps: int, restart: bool = True) -> list[dict[str, Any]]:
     """Both brokers run at once; each measurement alternates between them, ``reps``
     times, so a noisy neighbour hits both alike (the ratio is the figure to read)."""
     rows: list[dict[str, Any]] = []
@@ -191,6 +191,9 @@ def run_side_by_side(brokers: list[Broker], sizes: list[int], declares: int, cli
         emit({"broker": b.name, "what": "rss_loaded", "queues": total,
               "rss_bytes": settled_rss(b.pid)})
     for b in brokers:
+        if not restart:
+            b.stop()
+            continue
         t = b.restart()
         rss_after = settled_rss(b.pid)
         emit({"broker": b.name, "what": "restart", "queues": total, "seconds": t,
@@ -248,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--routed", type=int, default=50000)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--no-restart", action="store_true", help="skip the restarts")
     ap.add_argument("--only", choices=("amqpd", "rabbitmq"))
     ap.add_argument("--out")
     args = ap.parse_args(argv)
@@ -260,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.only != "amqpd":
             brokers.append(RabbitBroker(work / "r"))
         rows = run_side_by_side(brokers, sizes, args.declares, args.clients, args.routed,
-                                args.reps)
+                                args.reps, not args.no_restart)
     md = to_markdown(rows)
     print(md)
     if args.out:
