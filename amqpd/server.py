@@ -3,7 +3,8 @@
 One Broker per process. It owns the asyncio listeners, the node-wide store, the auth
 store and the vhosts, and it provides the services that cut across vhosts: the dispatch
 scheduler (queues that became deliverable this tick are dispatched once, at its end),
-persistence of messages and durable definitions, and graceful shutdown.
+persistence of messages, durable definitions (records in the same log, through
+``broker/journal.py``), and graceful shutdown.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ from amqpd.alarms import Alarms
 from amqpd.broker import extensions, reply_to
 from amqpd.broker.auth import AuthStore
 from amqpd.broker.deadletter import dead_letter
-from amqpd.broker.exchange import Exchange
+from amqpd.broker.exchange import Binding, Exchange
 from amqpd.broker.exchanges.delayed import DelayedMessageExchange
 from amqpd.broker.exchanges.delayed import recover as recover_delayed
+from amqpd.broker.journal import DefinitionJournal
 from amqpd.broker.limits import admit
 from amqpd.broker.message import LoggedMessage, Message
 from amqpd.broker.parameters import ParameterStore
@@ -82,7 +84,7 @@ class Broker:
         self._servers: list[asyncio.base_events.Server] = []
         self._ticker: asyncio.Task[None] | None = None
         self._pending_commit = False
-        self._definitions_scheduled = False
+        self.definitions = DefinitionJournal(self)  # durable topology -> log records
         self._delivered_batch: dict[str, list[int]] = {}
         self._commit_waiters: list[Callable[[BaseException | None], None]] = []
         self._after_commit: list[Callable[[], None]] = []
@@ -440,12 +442,10 @@ class Broker:
 
     def _open_store(self) -> None:
         """Open the log, restore durable definitions, then put messages back in queues."""
-        from amqpd.store.definitions import DefinitionsStore
         from amqpd.store.log import SharedLog
 
         s = self.settings
         data = Path(s.data_dir)
-        self.definitions_store = DefinitionsStore(data / "definitions.json")
         if not s.persistence:
             return
         started = time.monotonic()
@@ -453,7 +453,8 @@ class Broker:
                           fsync="never" if s.fsync == "never" else "batch", loop=self._loop)
         recovered = store.open()
         self.store = store
-        self._restore_definitions(self.definitions_store.load())
+        self._recover_definitions(recovered.definitions, data / "definitions.json")
+        defined = time.monotonic()
         n = 0
         for key, rq in recovered.queues.items():
             vhost_name, _, queue_name = key.partition("\x00")
@@ -479,8 +480,30 @@ class Broker:
         if recovered.truncated_bytes:
             log.warning("store: truncated %d bytes of torn or corrupt log tail",
                         recovered.truncated_bytes)
-        log.info("recovered %d messages in %d queues in %.2fs", n, len(recovered.queues),
-                 time.monotonic() - started)
+        log.info("recovered %d definitions in %.2fs, %d messages in %d queues in %.2fs",
+                 len(recovered.definitions), defined - started, n, len(recovered.queues),
+                 time.monotonic() - defined)
+
+    def _recover_definitions(self, entries: dict[tuple[int, str], bytes],
+                             legacy: Path) -> None:
+        """Definitions from the log; on the first start after issue 22, from the old
+        definitions.json (migrated into the log once)."""
+        journal = self.definitions
+        assert self.store is not None
+        journal.attach(self.store)
+        if entries:
+            journal.restore(entries)
+            if legacy.exists():  # migrated, but the rename did not happen (crash)
+                legacy.rename(legacy.with_name(legacy.name + ".migrated"))
+        elif legacy.exists():
+            journal.migrate(legacy)
+        s = self.settings
+        for u in s.users:  # the config file's users apply on top, as before
+            self.auth.add_user(u.name, u.password, u.tags, password_hash=u.password_hash,
+                               algorithm=u.hashing_algorithm)
+        for p in s.permissions:
+            self.auth.set_permissions(p.user, p.vhost, p.configure, p.write, p.read)
+        journal.changed(None, False)  # first start: the defaults; later: config users
 
     def _restore_definitions(self, defs: dict[str, Any]) -> None:
         """Boot from the saved definitions. Default user and vhost exist only on a first
@@ -502,22 +525,13 @@ class Broker:
         for p in s.permissions:
             self.auth.set_permissions(p.user, p.vhost, p.configure, p.write, p.read)
 
-    def definitions_changed(self) -> None:
-        """Durable topology changed: save it once, at the end of this tick."""
-        if self._definitions_scheduled or self._loop is None:
-            return
-        self._definitions_scheduled = True
-        self._loop.call_soon(self._save_definitions)
-
-    def _save_definitions(self) -> None:
-        from amqpd.broker.definitions import export_definitions
-
-        self._definitions_scheduled = False
-        try:
-            # export covers durable objects only: transient ones never reach the file
-            self.definitions_store.save(export_definitions(self))
-        except Exception:
-            log.exception("could not save definitions")
+    def definitions_changed(self, obj: Queue | Exchange | Binding | None = None,
+                            deleted: bool = False) -> None:
+        """The one hook for persisting durable topology: ``obj`` (a queue, exchange or
+        binding) was declared, or deleted; without ``obj``, users, vhosts, permissions,
+        policies or parameters changed. Recorded in the log at once (a record, not a
+        rewrite); a reply that must wait for durability uses ``self.definitions``."""
+        self.definitions.changed(obj, deleted)
 
     async def _start_operations(self) -> None:
         """Boot definitions file, the amqps listener and the HTTP API (operations issue)."""

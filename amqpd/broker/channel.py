@@ -81,6 +81,9 @@ class Channel:
         self.stat_publish = 0
         self.stat_deliver = 0
         self.stat_ack = 0
+        # topology -ok frames waiting for their definition change to be durable, with
+        # the journal count each one needs (see _reply_ok)
+        self._held: list[tuple[int, bytes]] = []
 
     # ------------------------------------------------------------------ plumbing
     @property
@@ -96,6 +99,40 @@ class Channel:
             # a method only the server may send (e.g. channel.flow-ok, basic.deliver)
             raise CommandInvalid(f"unexpected method {method.name} from the client")
         handler(self, method)
+
+    def _reply_ok(self, frame: bytes) -> None:
+        """Send a topology method's -ok once every definition change recorded so far
+        (this method's included) is durable, and never ahead of an earlier one still
+        waiting: a declare-ok promises the object survives a crash (issue 22)."""
+        journal = self.session.broker.definitions
+        target = journal.recorded
+        held = self._held
+        if not held and target <= journal.durable:
+            self.session.conn.write(frame)
+            return
+        held.append((target, frame))
+        if len(held) == 1:
+            journal.when_durable(target, self._release_held)
+
+    def _release_held(self, error: BaseException | None) -> None:
+        held = self._held
+        if self.closed:
+            held.clear()
+            return
+        if error is not None:  # the client must not believe the change is durable
+            held.clear()
+            self.session.conn.close(
+                541, f"INTERNAL_ERROR - definition change not made durable: {error}")
+            return
+        journal = self.session.broker.definitions
+        write = self.session.conn.write
+        i = 0
+        while i < len(held) and held[i][0] <= journal.durable:
+            write(held[i][1])
+            i += 1
+        del held[:i]
+        if held:
+            journal.when_durable(held[-1][0], self._release_held)
 
     def _queue_name(self, name: str) -> str:
         """An empty queue name means the channel's last declared queue (spec rule)."""
@@ -127,27 +164,27 @@ class Channel:
             auto_delete=m.auto_delete, internal=m.internal, arguments=m.arguments,
         )
         if not m.nowait:
-            self.session.conn.write(codec.method_frame(self.number, 40, 11))
+            self._reply_ok(codec.method_frame(self.number, 40, 11))
 
     def _exchange_delete(self, m: commands.Exchange.Delete) -> None:
         self._check("configure", "exchange", m.exchange)
         self.vhost.delete_exchange(m.exchange, if_unused=m.if_unused)
         if not m.nowait:
-            self.session.conn.write(codec.method_frame(self.number, 40, 21))
+            self._reply_ok(codec.method_frame(self.number, 40, 21))
 
     def _exchange_bind(self, m: commands.Exchange.Bind) -> None:
         self._check("write", "exchange", m.destination)
         self._check("read", "exchange", m.source)
         self.vhost.bind("exchange", m.destination, m.source, m.routing_key, m.arguments)
         if not m.nowait:
-            self.session.conn.write(codec.method_frame(self.number, 40, 31))
+            self._reply_ok(codec.method_frame(self.number, 40, 31))
 
     def _exchange_unbind(self, m: commands.Exchange.Unbind) -> None:
         self._check("write", "exchange", m.destination)
         self._check("read", "exchange", m.source)
         self.vhost.unbind("exchange", m.destination, m.source, m.routing_key, m.arguments)
         if not m.nowait:
-            self.session.conn.write(codec.method_frame(self.number, 40, 51))
+            self._reply_ok(codec.method_frame(self.number, 40, 51))
 
     # ------------------------------------------------------------------ queue
     def _queue_declare(self, m: commands.Queue.Declare) -> None:
@@ -177,7 +214,7 @@ class Channel:
         if not m.nowait:
             args = codec.shortstr(q.name) + (len(q.ready)).to_bytes(4, "big") + \
                 len(q.consumers).to_bytes(4, "big")
-            self.session.conn.write(codec.method_frame(self.number, 50, 11, args))
+            self._reply_ok(codec.method_frame(self.number, 50, 11, args))
 
     def _queue_bind(self, m: commands.Queue.Bind) -> None:
         queue = self._queue_name(m.queue)
@@ -186,7 +223,7 @@ class Channel:
         self._check("read", "exchange", m.exchange)
         self.vhost.bind("queue", queue, m.exchange, routing_key, m.arguments, owner=self.session)
         if not m.nowait:
-            self.session.conn.write(codec.method_frame(self.number, 50, 21))
+            self._reply_ok(codec.method_frame(self.number, 50, 21))
 
     def _queue_unbind(self, m: commands.Queue.Unbind) -> None:
         queue = self._queue_name(m.queue)
@@ -195,14 +232,14 @@ class Channel:
         self._check("read", "exchange", m.exchange)
         self.vhost.unbind("queue", queue, m.exchange, routing_key, m.arguments,
                           owner=self.session)
-        self.session.conn.write(codec.method_frame(self.number, 50, 51))
+        self._reply_ok(codec.method_frame(self.number, 50, 51))
 
     def _queue_purge(self, m: commands.Queue.Purge) -> None:
         queue = self._queue_name(m.queue)
         self._check("read", "queue", queue)
         n = self.vhost.purge_queue(queue, owner=self.session)
         if not m.nowait:
-            self.session.conn.write(codec.method_frame(self.number, 50, 31, n.to_bytes(4, "big")))
+            self._reply_ok(codec.method_frame(self.number, 50, 31, n.to_bytes(4, "big")))
 
     def _queue_delete(self, m: commands.Queue.Delete) -> None:
         queue = self._queue_name(m.queue)
@@ -210,7 +247,7 @@ class Channel:
         n = self.vhost.delete_queue_named(queue, if_unused=m.if_unused, if_empty=m.if_empty,
                                           owner=self.session)
         if not m.nowait:
-            self.session.conn.write(codec.method_frame(self.number, 50, 41, n.to_bytes(4, "big")))
+            self._reply_ok(codec.method_frame(self.number, 50, 41, n.to_bytes(4, "big")))
 
     # ------------------------------------------------------------------ basic: qos/consume
     def _basic_qos(self, m: commands.Basic.Qos) -> None:

@@ -71,6 +71,9 @@ class Exchange:
         self.policy: dict[str, Any] | None = None
         self.policy_name: str | None = None
         self.alternate: str | None = None
+        # bindings whose destination is this exchange (None until the first): deleting
+        # it then costs what it is bound by, not a scan of every binding in the vhost
+        self.inbound: set[Binding] | None = None
         self.validate(self.arguments)
 
     # --- called BEFORE declaration, to check arguments; raise PreconditionFailed etc.
@@ -100,12 +103,19 @@ class Exchange:
         self.bindings[binding.key] = binding
         self.had_bindings = True
         self.add_binding(binding)
+        dest = binding.destination
+        if dest.inbound is None:
+            dest.inbound = set()
+        dest.inbound.add(binding)
         return True
 
     def unbind(self, key: tuple[str, str, str, str]) -> Binding | None:
         binding = self.bindings.pop(key, None)
         if binding is not None:
             self.remove_binding(binding)
+            inbound = binding.destination.inbound
+            if inbound is not None:
+                inbound.discard(binding)
         return binding
 
     def close(self) -> None:

@@ -323,6 +323,8 @@ def apply_policies(broker: Broker, vhost: VHost, obj: Queue | Exchange) -> None:
         if attach is not None:
             attach(broker, vhost)
         return
+    if obj.ext is None and obj.policy is None and not obj.arguments:
+        return  # the common plain queue: no options to derive (restart declares 100,000)
     opts = queue_options(obj.arguments, obj.policy)
     if obj.ext is not None:
         obj.ext.configure(opts)

@@ -21,6 +21,7 @@ from amqpd.broker.queue_entry import QueueEntry
 from amqpd.broker.ready import ReadyList
 
 if TYPE_CHECKING:
+    from amqpd.broker.exchange import Binding
     from amqpd.broker.extensions import QueueExt
     from amqpd.broker.priority import PriorityReady
     from amqpd.broker.vhost import VHost
@@ -93,6 +94,8 @@ class Queue:
         self.stat_ack = 0
         self.stat_redeliver = 0
         self.on_removed: list[Callable[[Queue], None]] = []
+        # bindings to this queue (Exchange.bind keeps it): delete finds them directly
+        self.inbound: set[Binding] | None = None
 
     @property
     def exclusive(self) -> bool:

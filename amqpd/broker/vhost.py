@@ -120,7 +120,7 @@ class VHost:
         self.exchanges[name] = ex
         self.broker.apply_policies_to(self, ex)
         if durable:
-            self.broker.definitions_changed()
+            self.broker.definitions_changed(ex)
         log.debug("exchange declared: %s %s", name, type_)
         return ex
 
@@ -161,23 +161,18 @@ class VHost:
 
     def _remove_exchange(self, ex: Exchange) -> None:
         self.exchanges.pop(ex.name, None)
+        changed = self.broker.definitions_changed
         for binding in list(ex.bindings.values()):
             ex.unbind(binding.key)
-            self._after_unbind(binding)
+            changed(binding, True)
         # bindings where this exchange is the destination
-        for other in list(self.exchanges.values()):
-            for key, binding in list(other.bindings.items()):
-                if binding.destination is ex:
-                    other.unbind(key)
-                    self._maybe_auto_delete(other)
+        for binding in list(ex.inbound or ()):
+            binding.source.unbind(binding.key)
+            changed(binding, True)
+            self._maybe_auto_delete(binding.source)
         ex.close()
         if ex.durable:
-            self.broker.definitions_changed()
-
-    def _after_unbind(self, binding: Binding) -> None:
-        dest = binding.destination
-        if isinstance(dest, Exchange):
-            return
+            changed(ex, True)
 
     def _maybe_auto_delete(self, ex: Exchange) -> None:
         if ex.auto_delete and not ex.bindings and ex.had_bindings and ex.name in self.exchanges:
@@ -219,7 +214,7 @@ class VHost:
         self.exchanges[""].bind(Binding(self.exchanges[""], q, name, {}))
         self.broker.apply_policies_to(self, q)
         if durable and exclusive_owner is None:
-            self.broker.definitions_changed()
+            self.broker.definitions_changed(q)
         log.debug("queue declared: %s", name)
         return q
 
@@ -267,17 +262,17 @@ class VHost:
             return
         q.deleted = True
         del self.queues[q.name]
-        for ex in list(self.exchanges.values()):
-            for key, binding in list(ex.bindings.items()):
-                if binding.destination is q:
-                    ex.unbind(key)
-                    self._maybe_auto_delete(ex)
+        changed = self.broker.definitions_changed
+        for binding in list(q.inbound or ()):
+            binding.source.unbind(binding.key)
+            changed(binding, True)
+            self._maybe_auto_delete(binding.source)
         q.cancel_all_consumers()
         q.ready.clear()
+        if q.durable:
+            changed(q, True)  # before the drop: the definition's delete settles it too
         if q.in_store:
             self.broker.store_drop_queue(q)
-            if q.exclusive_owner is None:
-                self.broker.definitions_changed()
         for cb in self.on_queue_deleted:
             cb(q)
         for cb in q.on_removed:
@@ -309,10 +304,10 @@ class VHost:
     ) -> None:
         """Bind a queue (kind='queue') or exchange (kind='exchange') to ``source``."""
         src, dest = self._binding_ends(kind, destination, source, owner)
-        if not src.bind(Binding(src, dest, routing_key, dict(arguments or {}))):
+        binding = Binding(src, dest, routing_key, dict(arguments or {}))
+        if not src.bind(binding):
             return
-        if src.durable and getattr(dest, "durable", False):
-            self.broker.definitions_changed()
+        self.broker.definitions_changed(binding)
         for cb in self.on_binding_changed:
             cb(src)
 
@@ -324,9 +319,8 @@ class VHost:
         key = (kind, destination, routing_key, args_key(arguments))
         binding = src.unbind(key)
         if binding is not None:
+            self.broker.definitions_changed(binding, True)
             self._maybe_auto_delete(src)
-            if src.durable:
-                self.broker.definitions_changed()
             for cb in self.on_binding_changed:
                 cb(src)
 

@@ -293,7 +293,11 @@ def make_dispatcher(
             structlog.contextvars.bind_contextvars(
                 http_method=request.method, http_path=request.path,
                 http_user=user.name if user else None)
-            return await route.handler(Ctx(broker, request, user, params))
+            response = await route.handler(Ctx(broker, request, user, params))
+            if request.method != "GET":
+                # a change is acknowledged only once its definition records are durable
+                await broker.definitions.wait_durable()
+            return response
         except HttpError as exc:
             return error_response(exc)
         except AMQPError as exc:

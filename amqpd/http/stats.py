@@ -73,9 +73,11 @@ class RateSampler:
         seen: set[int] = set()
         for obj in self._objects():
             key = id(obj)
-            seen.add(key)
             counts = {n: getattr(obj, n, 0) for n in COUNTERS}
             prev = self._prev.get(key)
+            if prev is None and not any(counts.values()):
+                continue  # idle since it was made: no entry (100,000 idle queues cost 0)
+            seen.add(key)
             if prev is not None and now > prev[0]:
                 dt = now - prev[0]
                 self.rates[key] = {n: max(counts[n] - prev[1][n], 0) / dt for n in COUNTERS}

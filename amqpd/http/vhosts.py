@@ -42,6 +42,9 @@ def delete_vhost(broker: Broker, name: str) -> None:
     for q in list(vh.queues.values()):
         vh.delete_queue(q, reason="vhost deleted")
     for ex in list(vh.exchanges.values()):
+        for binding in list(ex.bindings.values()):  # exchange-to-exchange ones are left
+            broker.definitions_changed(binding, True)
+        broker.definitions_changed(ex, True)
         ex.close()
     for key in [k for k in broker.auth.permissions if k[1] == name]:
         del broker.auth.permissions[key]

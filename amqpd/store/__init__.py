@@ -10,6 +10,7 @@ Module map (each file has one job; read them in this order):
     checkpoint.py   snapshot of the index, so restart replays only a bounded tail
     recovery.py     checkpoint + CRC-checked replay; torn tails truncated
     log.py          SharedLog: ties the above together (the file MessageStore)
+    defs.py         DefinitionState: durable topology as applied from DEFINITION records
     memory.py       MemoryStore: same contract, nothing on disk
-    definitions.py  DefinitionsStore: durable topology as RabbitMQ definitions JSON
+    definitions.py  DefinitionsStore: the definitions.json of old data dirs (migration)
 """

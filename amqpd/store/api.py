@@ -63,6 +63,8 @@ class RecoveredState:
     queues: dict[str, RecoveredQueue] = field(default_factory=dict)
     truncated_bytes: int = 0  # torn/corrupt tail removed during recovery
     last_sequence: int = 0  # highest record sequence number seen
+    # durable definitions (store/defs.py): (kind, key) -> JSON body, kinds in format.DEF_*
+    definitions: dict[tuple[int, str], bytes] = field(default_factory=dict)
 
 
 class StoreError(Exception):
@@ -102,6 +104,13 @@ class MessageStore(Protocol):
 
     def drop_queue(self, queue: str) -> None:
         """The queue was deleted: settle everything it still holds."""
+        ...
+
+    def append_definition(self, kind: int, key: str, body: bytes) -> None:
+        """A durable definition was put (``body``: its JSON) or deleted (``body`` empty).
+
+        Deleting a queue's definition (``format.DEF_QUEUE``, key = queue key) also
+        settles its messages. Durable once a later :meth:`commit` answers."""
         ...
 
     def read(self, position: int) -> StoredMessage:

@@ -1,5 +1,8 @@
 """DefinitionsStore: durable topology (users, vhosts, queues, exchanges, bindings...).
 
+Since issue 22 durable topology lives in the shared log (``defs.py``); this file format
+is what data dirs from before hold, read once to migrate them (``broker/journal.py``).
+
 Kept in RabbitMQ's definitions JSON shape, so ``rabbitmqctl export_definitions`` output
 can be loaded and ours can be fed to RabbitMQ. Topology changes rarely and is small, so
 the whole document is rewritten on every change, atomically: write a temp file, fsync

@@ -33,6 +33,12 @@ Payloads (str = u16 length + UTF-8; positions are i64)::
     DELIVERED   queue str | count u32 | positions i64[count]
     DROP_QUEUE  queue str
     CHECKPOINT  covered i64   (marker: a checkpoint file covering the log up to here)
+    DEFINITION  count u32 | count * (kind u8 | key str32 | body str32)   (str32 = u32 + bytes)
+                durable topology changes (issue 22), applied in order and all or nothing
+                (one record, one CRC). ``kind`` is one of the DEF_* constants; ``key``
+                names the object (for DEF_QUEUE it is the queue key, so deleting a
+                queue's definition also settles its messages); ``body`` is the object
+                as compact JSON in RabbitMQ's definitions shape, empty when deleted.
 
 The body is written once however many queues the message was routed to.
 """
@@ -66,15 +72,32 @@ SETTLE = 2
 DELIVERED = 3
 DROP_QUEUE = 4
 CHECKPOINT = 5
+# Definition records start at 32 so message-side kinds can grow below without a clash.
+DEFINITION = 32
 BIG_ENDIAN_HOST = sys.byteorder == "big"  # arrays are stored little-endian
 
-RECORD_TYPES = frozenset({ENQUEUE, SETTLE, DELIVERED, DROP_QUEUE, CHECKPOINT})
+RECORD_TYPES = frozenset({ENQUEUE, SETTLE, DELIVERED, DROP_QUEUE, CHECKPOINT, DEFINITION})
+
+# Kinds of object a DEFINITION change names (never renumber: they are on disk).
+DEF_VHOST = 1
+DEF_USER = 2
+DEF_PERMISSION = 3
+DEF_TOPIC_PERMISSION = 4
+DEF_POLICY = 5
+DEF_PARAMETER = 6
+DEF_GLOBAL_PARAMETER = 7
+DEF_VHOST_LIMITS = 8
+DEF_EXCHANGE = 9
+DEF_QUEUE = 10
+DEF_BINDING = 11
+DEF_KINDS = frozenset(range(DEF_VHOST, DEF_BINDING + 1))
 
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
 _I64_U16 = struct.Struct("<qH")
 _I64_U32 = struct.Struct("<qI")
+_DEF_HEAD = struct.Struct("<BI")
 
 
 class FormatError(Exception):
@@ -278,3 +301,55 @@ def decode_checkpoint(payload: bytes | memoryview) -> int:
     if len(payload) != 8:
         raise CorruptRecord("CHECKPOINT payload must be 8 bytes")
     return int(_I64.unpack_from(payload, 0)[0])
+
+
+# A change: (kind, key, body); body b"" = the object was deleted.
+DefinitionChange = tuple[int, str, bytes]
+
+
+def encode_definition_changes(changes: Sequence[DefinitionChange]) -> bytes:
+    """DEFINITION payload (also the checkpoint's snapshot of every definition)."""
+    parts = [_U32.pack(len(changes))]
+    for kind, key, body in changes:
+        raw = key.encode()
+        parts.append(_DEF_HEAD.pack(kind, len(raw)))
+        parts.append(raw)
+        parts.append(_U32.pack(len(body)))
+        parts.append(body)
+    return b"".join(parts)
+
+
+def decode_definition_changes(
+    payload: bytes | memoryview, offset: int = 0, end: int | None = None
+) -> tuple[list[DefinitionChange], int]:
+    """(changes, offset after them); ``end`` bounds the read (default: the payload)."""
+    if end is None:
+        end = len(payload)
+    try:
+        (count,) = _U32.unpack_from(payload, offset)
+        off = offset + 4
+        changes: list[DefinitionChange] = []
+        for _ in range(count):
+            kind, klen = _DEF_HEAD.unpack_from(payload, off)
+            off += _DEF_HEAD.size
+            key = bytes(payload[off : off + klen]).decode()
+            off += klen
+            (blen,) = _U32.unpack_from(payload, off)
+            off += 4
+            body = bytes(payload[off : off + blen])
+            off += blen
+            if off > end:
+                raise CorruptRecord("DEFINITION change runs past the payload")
+            if kind not in DEF_KINDS:
+                raise CorruptRecord(f"unknown definition kind {kind}")
+            changes.append((kind, key, body))
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise CorruptRecord(f"short or bad DEFINITION payload: {exc}") from None
+    return changes, off
+
+
+def decode_definition(payload: bytes | memoryview) -> list[DefinitionChange]:
+    changes, off = decode_definition_changes(payload)
+    if off != len(payload):
+        raise CorruptRecord("DEFINITION payload has trailing bytes")
+    return changes

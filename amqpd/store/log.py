@@ -76,6 +76,7 @@ from typing import Literal
 from amqpd.store import checkpoint, recovery
 from amqpd.store import format as fmt
 from amqpd.store.api import RecoveredQueue, RecoveredState, StoredMessage, StoreError
+from amqpd.store.defs import DefinitionState
 from amqpd.store.index import LiveIndex
 from amqpd.store.segment import Segment
 from amqpd.store.writer import CHECKPOINT, COMMIT, DELETE, WRITE, Writer
@@ -140,6 +141,10 @@ class SharedLog:
         self.retry_after = retry_after
 
         self._index = LiveIndex()
+        self._defs = DefinitionState()
+        # definition changes of this stretch of the tick: one DEFINITION record, written
+        # before the next record of any other kind (so the log keeps their order)
+        self._defs_pending: list[fmt.DefinitionChange] = []
         self._segments: dict[int, Segment] = {}
         self._buf = bytearray()  # records not yet handed to the writer
         self._buf_start = 0  # position of self._buf[0]
@@ -172,6 +177,7 @@ class SharedLog:
         self.directory.mkdir(parents=True, exist_ok=True)
         rec = recovery.recover(self.directory)
         self._index = rec.index
+        self._defs = rec.definitions
         self._seq = rec.sequence
         self._truncated = rec.truncated_bytes
         for base, path in rec.segments.items():
@@ -195,7 +201,8 @@ class SharedLog:
         self._writer.start()
         self._state = "open"
 
-        state = RecoveredState(truncated_bytes=rec.truncated_bytes, last_sequence=rec.sequence)
+        state = RecoveredState(truncated_bytes=rec.truncated_bytes, last_sequence=rec.sequence,
+                               definitions=dict(self._defs.entries))
         for name, q in self._index.queues.items():
             if len(q):
                 positions, sizes = q.live()
@@ -289,9 +296,14 @@ class SharedLog:
                 self.append_delivered_many(*fmt.decode_delivered(payload))
             elif rtype == fmt.DROP_QUEUE:
                 self.drop_queue(fmt.decode_drop_queue(payload))
+            elif rtype == fmt.DEFINITION:
+                self._defs_pending.extend(fmt.decode_definition(payload))
+        self._flush_definitions()
 
     def _append(self, rtype: int, payload: bytes) -> int:
         """Frame, place and queue one record; return its position."""
+        if self._defs_pending and rtype != fmt.DEFINITION:
+            self._flush_definitions()
         n = fmt.HEADER_SIZE + len(payload)
         pos = self._end
         if pos + n > self._active + self.segment_size and pos > (
@@ -321,6 +333,8 @@ class SharedLog:
         callbacks waiting for them (no wake-up: callers decide)."""
         w = self._writer
         assert w is not None
+        if self._defs_pending:
+            self._flush_definitions()
         if self._buf:
             chunk = bytes(self._buf)
             self._buf.clear()
@@ -400,6 +414,33 @@ class SharedLog:
             return
         self._append(fmt.DROP_QUEUE, fmt.encode_drop_queue(queue))
         if self._index.drop(queue):
+            self._collect_garbage()
+        self._after_append()
+
+    def append_definition(self, kind: int, key: str, body: bytes) -> None:
+        """A durable definition changed (``body`` empty: deleted); see ``defs.py``.
+
+        Changes made together (a queue delete and its bindings) share one record, so
+        they survive a crash together or not at all; durable once a commit says so."""
+        self._writable()
+        self._defs_pending.append((kind, key, body))
+
+    def definitions(self) -> dict[tuple[int, str], bytes]:
+        """The durable definitions as recorded so far (a copy)."""
+        self._flush_definitions()
+        return dict(self._defs.entries)
+
+    def _flush_definitions(self) -> None:
+        changes = self._defs_pending
+        if not changes or self._writer is None:
+            return
+        self._defs_pending = []
+        self._append(fmt.DEFINITION, fmt.encode_definition_changes(changes))
+        emptied = False
+        for queue in self._defs.apply(changes):
+            if self._index.drop(queue):
+                emptied = True
+        if emptied:
             self._collect_garbage()
         self._after_append()
 
@@ -568,14 +609,16 @@ class SharedLog:
         self._compact()
         pos = self._append(fmt.CHECKPOINT, b"\0" * 8)
         self._checkpoint_requested = pos
-        data = checkpoint.encode(pos, self._seq, self._index)
+        data = checkpoint.encode_index(pos, self._seq, self._index)
         self._push()
-        w.jobs.append((CHECKPOINT, pos, data))
+        # the definitions part is encoded by the writer, from a copy taken now
+        w.jobs.append((CHECKPOINT, pos, data, dict(self._defs.entries)))
         w.wake.set()
         self._since_checkpoint = 0
         # A big backlog makes a big snapshot: space them out so checkpoint writes stay
         # under ~25% of log traffic (replay after a crash grows alike, still bounded).
-        self._checkpoint_due = max(self.checkpoint_every_bytes, 4 * len(data))
+        self._checkpoint_due = max(self.checkpoint_every_bytes,
+                                   4 * (len(data) + self._defs.nbytes))
 
     def maintain(self) -> None:
         """Optional housekeeping for quiet times; call it every second or so.
@@ -673,6 +716,7 @@ class SharedLog:
             "buffered_jobs": len(w.jobs) if w else 0,
             "live_messages": self._index.live_pairs,
             "queues": sum(1 for q in self._index.queues.values() if len(q)),
+            "definitions": len(self._defs),
             "relocated": len(self._index.reloc),
             "relocations_total": self._relocated,
             "checkpoints": w.checkpoints if w else 0,

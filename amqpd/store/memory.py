@@ -15,6 +15,7 @@ from array import array
 from collections.abc import Callable, Iterable, Sequence
 
 from amqpd.store.api import RecoveredState, StoredMessage, StoreError
+from amqpd.store.defs import DefinitionState
 
 
 class MemoryStore:
@@ -34,6 +35,7 @@ class MemoryStore:
         self._records = 0
         self._live = 0
         self._open = False
+        self._defs = DefinitionState()
         self._closed = False
         self.failed: str | None = None
 
@@ -94,6 +96,15 @@ class MemoryStore:
             self.append_settle(queue, list(q))
             del self._queues[queue]
             self._delivered.pop(queue, None)
+
+    def append_definition(self, kind: int, key: str, body: bytes) -> None:
+        self._check()
+        self._records += 1
+        for queue in self._defs.apply(((kind, key, body),)):
+            self.drop_queue(queue)
+
+    def definitions(self) -> dict[tuple[int, str], bytes]:
+        return dict(self._defs.entries)
 
     def read(self, position: int) -> StoredMessage:
         try:

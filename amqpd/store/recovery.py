@@ -15,6 +15,10 @@ Theory of operation::
     4. forget index entries whose segment file is gone (cannot happen unless files
        were removed by hand; logged as an error)
 
+Durable definitions come back the same way: the checkpoint's snapshot of them, then
+every DEFINITION record after ``covered`` applied in log order. A DEFINITION record is
+one CRC-checked unit, so a torn one is cut with the tail and none of its changes apply.
+
 Restart time is therefore bounded by ``checkpoint_every_bytes`` of replay plus a
 memcpy of the checkpoint arrays, not by history. Records *before* ``covered`` are not
 read, so damage there is only found when the message is read (``read`` raises
@@ -32,6 +36,7 @@ from pathlib import Path
 from amqpd.store import checkpoint
 from amqpd.store import format as fmt
 from amqpd.store.api import StoreError
+from amqpd.store.defs import DefinitionState
 from amqpd.store.index import LiveIndex
 from amqpd.store.segment import parse_segment_name
 
@@ -51,6 +56,7 @@ class Recovered:
     truncated_bytes: int
     replayed_bytes: int
     covered: int  # checkpoint position used, -1 for a full replay
+    definitions: DefinitionState
 
 
 def _list_segments(directory: Path) -> dict[int, Path]:
@@ -96,10 +102,12 @@ def recover(directory: Path) -> Recovered:
     covered = -1
     sequence = 0
     index = LiveIndex()
+    defs = DefinitionState()
     if loaded is not None:
         cp, cindex = loaded
         if _checkpoint_is_in_log(segments, cp.covered):
             index, covered, sequence = cindex, cp.covered, cp.sequence
+            defs.apply(cp.definitions)
         else:
             log.warning(
                 "checkpoint at %d has no matching record in the log; replaying everything",
@@ -126,7 +134,7 @@ def recover(directory: Path) -> Recovered:
         except ValueError as exc:
             raise StoreError(f"{path}: {exc}") from None
         start = max(covered - base, fmt.FILE_HEADER_SIZE)
-        good, seq = _replay(data, start, base, index)
+        good, seq = _replay(data, start, base, index, defs)
         sequence = max(sequence, seq)
         replayed += good - start
         if good < len(data):
@@ -151,10 +159,11 @@ def recover(directory: Path) -> Recovered:
         end = 0
     if covered >= 0:
         end = max(end, covered + fmt.HEADER_SIZE + 8)
-    return Recovered(index, segments, end, sequence, truncated, replayed, covered)
+    return Recovered(index, segments, end, sequence, truncated, replayed, covered, defs)
 
 
-def _replay(data: bytes, offset: int, base: int, index: LiveIndex) -> tuple[int, int]:
+def _replay(data: bytes, offset: int, base: int, index: LiveIndex,
+            defs: DefinitionState) -> tuple[int, int]:
     """Apply records from ``offset``; return (offset of the first bad byte, last seq)."""
     size = len(data)
     view = memoryview(data)
@@ -192,6 +201,9 @@ def _replay(data: bytes, offset: int, base: int, index: LiveIndex) -> tuple[int,
                     index.delivered(queue, position)
             elif rtype == fmt.DROP_QUEUE:
                 index.drop(fmt.decode_drop_queue(view[p:e]))
+            elif rtype == fmt.DEFINITION:
+                for queue in defs.apply(fmt.decode_definition(view[p:e])):
+                    index.drop(queue)
         except (fmt.FormatError, struct.error, UnicodeDecodeError):
             break
         seq = seq_here

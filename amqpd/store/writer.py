@@ -11,7 +11,8 @@ answered only after those records are written (and fsync'd in ``"batch"`` mode):
     WRITE(base, pos, chunk)  --+          wake (commit / backlog / close)
     WRITE(...)                 |  deque   take the jobs present now:
     COMMIT([callbacks]) -------+------->    WRITE: coalesce per segment, pwrite
-    CHECKPOINT(covered, data)  |            CHECKPOINT/DELETE: flush+fsync first
+    CHECKPOINT(covered, data,  |            CHECKPOINT/DELETE: flush+fsync first
+      definitions)             |              (and encode the definitions part)
     DELETE(base)               |          fsync dirty segments once   <- group commit
     STOP  ---------------------+          loop.call_soon_threadsafe(fire all callbacks)
 
@@ -20,7 +21,7 @@ The segment being written is cut back to its last good size (``Segment.append``)
 every callback of the batch and every later one receives a :class:`StoreError`, and
 every later WRITE is discarded, because writing past a hole would put garbage in
 the middle of a segment. So what is on disk is always a clean prefix of each
-segment. Discarded SETTLE/DELIVERED/DROP_QUEUE records are kept in
+segment. Discarded SETTLE/DELIVERED/DROP_QUEUE/DEFINITION records are kept in
 :attr:`Writer.discarded` so the log can re-append them once it has re-opened itself
 from disk (ENQUEUEs are not: their commits failed, the publisher was nacked). A failed
 writer is never reused: the log stops it and starts a new one.
@@ -49,11 +50,11 @@ Callback = Callable[[BaseException | None], None]
 # job kinds (first tuple element)
 WRITE = 0  # (WRITE, base, position, chunk): records back to back, from position on
 COMMIT = 1  # (COMMIT, [callbacks][, direct]): direct = call on this thread, not the loop
-CHECKPOINT = 2  # (CHECKPOINT, covered, data)
+CHECKPOINT = 2  # (CHECKPOINT, covered, index data[, definitions]): see checkpoint.finish
 DELETE = 3  # (DELETE, base)
 STOP = 5  # (STOP,)
 
-_KEEP_ON_FAILURE = (2, 3, 4)  # format.SETTLE, DELIVERED, DROP_QUEUE
+_KEEP_ON_FAILURE = (2, 3, 4, 32)  # format.SETTLE, DELIVERED, DROP_QUEUE, DEFINITION
 _TYPE_OFFSET = 16  # record header: crc u32, length u32, sequence u64, type u8
 
 
@@ -142,7 +143,8 @@ class Writer:
             pending = []
             self._fsync()
             if kind == CHECKPOINT:
-                self._checkpoint(job[1], job[2])
+                data = job[2] if len(job) < 4 else checkpoint.finish(job[2], job[3])
+                self._checkpoint(job[1], data)
             elif kind == DELETE:
                 self._delete(job[1])
             else:
