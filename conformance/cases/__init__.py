@@ -19,6 +19,7 @@ from conformance.cases import (  # noqa: F401
     http_api,
     policies,
     queue,
+    quorum,
     routing,
     rules,
 )
