@@ -17,6 +17,7 @@ from conformance.cases import (  # noqa: F401
     frames,
     guarantees,
     http_api,
+    http_clients,
     policies,
     queue,
     quorum,
