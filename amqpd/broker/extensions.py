@@ -20,7 +20,7 @@ from amqpd.broker.policy import OVERFLOW_VALUES, QueueOptions, alternate_exchang
 from amqpd.broker.priority import PriorityReady
 from amqpd.broker.queue import Consumer, Queue, QueueEntry
 from amqpd.broker.queue_entry import TimedEntry
-from amqpd.broker.quorum import QuorumState, is_quorum
+from amqpd.broker.quorum import QuorumState, is_quorum, keeps_every_message
 from amqpd.broker.ttl import ZERO_TTL_GRACE, parse_expiration
 from amqpd.protocol.errors import PreconditionFailed
 
@@ -472,6 +472,8 @@ def enqueue_routed(broker: Broker, message: Message, queues: list[Queue]) -> boo
     if not queues:
         return False
     queues, _refused = limits.admit(broker, queues, message)
+    if queues and not message.persistent and broker.quorum_queues:
+        message.persistent = keeps_every_message(queues)
     wrote = False
     if queues and message.persistent and broker.store is not None:
         durable = [q.store_key for q in queues if q.durable]

@@ -22,6 +22,7 @@ measured on it (see conformance/cases/quorum.py):
   by quorum queues and behaves as ``drop-head`` (RabbitMQ logs a warning, so do we).
 * Refused: global QoS on a channel consuming from one (540 NOT_IMPLEMENTED at
   basic.consume), queue.delete with if-unused or if-empty (540).
+* Every message is kept on disk, transient ones too (``keeps_every_message``).
 
 What replication would add (a leader, members, majority confirms) is not here: a quorum
 queue on one node is its own leader and only member, and ``node-is-quorum-critical`` is
@@ -73,6 +74,14 @@ SOFT_LIMIT = 0.8  # rabbit_fifo accepts publishes again at 80 % of the length li
 
 def is_quorum(arguments: dict[str, Any] | None) -> bool:
     return bool(arguments) and arguments.get("x-queue-type") == TYPE_NAME  # type: ignore[union-attr]
+
+
+def keeps_every_message(queues: list[Queue]) -> bool:
+    """True if a quorum queue is among ``queues``: a quorum queue writes every message it
+    takes to disk, transient ones too (the publisher's confirm then waits for it). A
+    durable classic queue reached by the same transient message keeps it as well: the
+    message is written once, for all its queues."""
+    return any(q.ext is not None and q.ext.quorum is not None for q in queues)
 
 
 def state_of(queue: Queue) -> QuorumState | None:
@@ -147,6 +156,12 @@ class QuorumState:
         self.queue = queue
         self.delivery_limit: int | None = None
         self.blocked = False  # reject-publish: over the limit, not yet back to 80 %
+        broker = queue.vhost.broker
+        broker.quorum_queues += 1  # the broker writes transient messages while any exist
+        queue.on_removed.append(self._removed)
+
+    def _removed(self, queue: Queue) -> None:
+        queue.vhost.broker.quorum_queues -= 1
 
     def configure(self, opts: QueueOptions) -> QueueOptions:
         """Take the effective options (arguments + policy); return them as a quorum

@@ -22,7 +22,7 @@ import pika
 import pika.exceptions as pex
 from pika.adapters.blocking_connection import BlockingChannel
 
-from conformance.framework import Context, case, check, eq
+from conformance.framework import Context, case, check, eq, restart_case
 
 A = "quorum-queues"
 QQ = {"x-queue-type": "quorum"}
@@ -463,3 +463,22 @@ def api_put(ctx: Context) -> None:
     eq((status, body), (400, {"error": "bad_request", "reason": f"invalid property "
                               f"'non-durable' for queue '{name}' in vhost '{ctx.vhost}'"}),
        "answer")
+
+
+# -- across a restart (needs --restart-cmd) ---------------------------------------------------
+
+@restart_case("quorum/transient-and-persistent-messages-survive-restart", "durability")
+def restart_prepare(ctx: Context) -> Any:
+    ch = _confirming(ctx)
+    q = _qq(ctx, ch, **{"x-delivery-limit": 5})
+    _publish(ch, q, b"transient", pika.BasicProperties(delivery_mode=1))
+    _publish(ch, q, b"persistent", pika.BasicProperties(delivery_mode=2))
+    return q
+
+
+@restart_prepare
+def restart_verify(ctx: Context, q: str) -> None:
+    ch = ctx.channel()
+    ok = ch.queue_declare(q, durable=True, arguments={**QQ, "x-delivery-limit": 5})
+    eq(ok.method.message_count, 2, "messages after the restart")
+    eq(ctx.bodies(ch, q), [b"transient", b"persistent"], "bodies in order")
