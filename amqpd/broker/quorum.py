@@ -28,7 +28,8 @@ What replication would add (a leader, members, majority confirms) is not here: a
 queue on one node is its own leader and only member, and ``node-is-quorum-critical`` is
 healthy. The classic queue machinery does the rest (TTL, limits, DLX, single active
 consumer, x-expires); this module keeps what differs, behind a few hooks in
-``extensions.py``, ``limits.py``, ``deadletter.py``, ``channel.py`` and ``vhost.py``.
+``extensions.py``, ``limits.py``, ``deadletter.py``, ``channel.py``, ``vhost.py`` and
+``server.py`` (the publish path's ``keeps_every_message``).
 """
 
 from __future__ import annotations
