@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 import amqpd
 from amqpd import hotpath
 from amqpd.alarms import Alarms
-from amqpd.broker import extensions, reply_to
+from amqpd.broker import extensions, quorum, reply_to
 from amqpd.broker.auth import AuthStore
 from amqpd.broker.deadletter import dead_letter
 from amqpd.broker.exchange import Binding, Exchange
@@ -94,6 +94,9 @@ class Broker:
         self.alarms = Alarms(self)
         self.paging_all = False
         self.ready_bytes_total = 0
+        # how many quorum queues exist: while any do, a transient message routed to one
+        # is written to the store like a persistent one (broker/quorum.py)
+        self.quorum_queues = 0
         self.policies = PolicyStore(self)
         self.timers = TimerService()  # TTL, x-expires and delayed-message deadlines
         self.parameters = ParameterStore()  # runtime parameters (shovel, federation...)
@@ -219,6 +222,8 @@ class Broker:
             if refused and on_confirm is not None:
                 on_confirm(PreconditionFailed("rejected by a queue's length limit"))
                 on_confirm = confirm_now = None
+        if queues and not message.persistent and self.quorum_queues:
+            message.persistent = quorum.keeps_every_message(queues)
         if queues and message.persistent and self.store is not None:
             durable = [q.store_key for q in queues if q.durable]
             if durable:

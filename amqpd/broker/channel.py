@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
-from amqpd.broker import reply_to
+from amqpd.broker import quorum, reply_to
 from amqpd.broker.message import Message
 from amqpd.broker.queue import Consumer, Queue, QueueEntry
 from amqpd.broker.vhost import generate_name
@@ -273,6 +273,8 @@ class Channel:
             raise NotAllowed(f"attempt to reuse consumer tag '{tag}'", 60, 20)
         if q.consumers and (m.exclusive or any(c.exclusive for c in q.consumers)):
             raise AccessRefused(f"queue '{q.name}' in vhost '{self.vhost.name}' in exclusive use")
+        if q.ext is not None and q.ext.quorum is not None:
+            quorum.check_consume(q, self.prefetch_channel, m.arguments or {})
         self.session.broker.validate_consumer_arguments(m.arguments or {}, q.name,
                                                         self.vhost.name)
         consumer = Consumer(self, q, tag, m.no_ack, m.exclusive, self.prefetch_consumer,
@@ -343,6 +345,8 @@ class Channel:
         if entry is None:
             self.session.conn.write(codec.method_frame(self.number, 60, 72, b"\x00"))
             return
+        if q.ext is not None and q.ext.quorum is not None:
+            entry = q.ext.quorum.for_get(entry)  # x-delivery-count, even the first time
         tag = self.next_tag
         self.next_tag = tag + 1
         msg = entry.message

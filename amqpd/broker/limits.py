@@ -12,7 +12,8 @@ bytes are body bytes, as in RabbitMQ. Overflow behaviours:
 * ``reject-publish-dlx``: as reject-publish, and the refused message is dead-lettered.
 
 Refusal is decided *before* the message is written to the log, so a refused message never
-reaches the store on behalf of the queue that refused it.
+reaches the store on behalf of the queue that refused it. Quorum queues refuse by their
+own rule (over the limit, then until back at 80 %: amqpd.broker.quorum).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def admit(broker: Broker, queues: list[Queue], message: Message) -> tuple[list[Q
     refused: list[Queue] | None = None
     for q in queues:
         ext = q.ext
-        if ext is not None and ext.rejects and would_overflow(q, message):
+        if ext is not None and ext.rejects and (
+                ext.quorum.refuses() if ext.quorum is not None else would_overflow(q, message)):
             if refused is None:
                 refused = []
             refused.append(q)
@@ -57,6 +59,8 @@ def enforce(queue: Queue) -> None:
     """drop-head: trim the head until the queue is within its limits."""
     ext = queue.ext
     if ext is None or ext.rejects:
+        if ext is not None and ext.quorum is not None:
+            ext.quorum.after_enqueue()
         return
     opts = ext.opts
     max_len, max_bytes = opts.max_length, opts.max_length_bytes

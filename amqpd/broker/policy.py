@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from amqpd.broker.quorum import is_quorum
 from amqpd.protocol.errors import PreconditionFailed
 
 if TYPE_CHECKING:
@@ -33,9 +34,11 @@ if TYPE_CHECKING:
     from amqpd.server import Broker
 
 APPLY_TO = ("all", "queues", "exchanges", "classic_queues", "quorum_queues", "streams")
-# every amqpd queue is a classic queue: classic_queues means queues; the others match none
-_APPLY_KIND = {"all": "all", "queues": "queues", "exchanges": "exchanges",
-               "classic_queues": "queues", "quorum_queues": "none", "streams": "none"}
+# what each apply-to matches: a kind (queues, exchanges) and, for queues, their type
+# (amqpd has classic and quorum queues; a streams policy matches nothing)
+_APPLY_KIND = {"all": ("all", None), "queues": ("queues", None),
+               "exchanges": ("exchanges", None), "classic_queues": ("queues", "classic"),
+               "quorum_queues": ("queues", "quorum"), "streams": ("none", None)}
 OVERFLOW_VALUES = ("drop-head", "reject-publish", "reject-publish-dlx")
 
 
@@ -114,9 +117,11 @@ class Policy:
     definition: dict[str, Any]
     priority: int
 
-    def applies_to(self, kind: str, name: str) -> bool:
-        applies = _APPLY_KIND[self.apply_to]
+    def applies_to(self, kind: str, name: str, queue_type: str = "classic") -> bool:
+        applies, of_type = _APPLY_KIND[self.apply_to]
         if applies != "all" and applies != kind:
+            return False
+        if of_type is not None and of_type != queue_type:
             return False
         return self.regex.search(name) is not None
 
@@ -211,11 +216,12 @@ class PolicyStore:
                      priority=item.get("priority", 0), apply_to=item.get("apply-to", "all"))
 
     # ------------------------------------------------------------------ matching
-    def match(self, vhost: str, kind: str, name: str) -> Policy | None:
+    def match(self, vhost: str, kind: str, name: str,
+              queue_type: str = "classic") -> Policy | None:
         """The policy that applies to a queue (kind 'queues') or exchange ('exchanges')."""
         best: Policy | None = None
         for policy in self._by_vhost.get(vhost, {}).values():
-            if policy.applies_to(kind, name) and (
+            if policy.applies_to(kind, name, queue_type) and (
                     best is None or policy.priority > best.priority
                     or (policy.priority == best.priority and policy.name < best.name)):
                 best = policy
@@ -226,7 +232,8 @@ class PolicyStore:
         from amqpd.broker.exchange import Exchange
 
         kind = "exchanges" if isinstance(obj, Exchange) else "queues"
-        policy = self.match(vhost.name, kind, obj.name)
+        queue_type = "quorum" if kind == "queues" and is_quorum(obj.arguments) else "classic"
+        policy = self.match(vhost.name, kind, obj.name, queue_type)
         obj.policy = dict(policy.definition) if policy is not None else None
         setattr(obj, "policy_name", policy.name if policy is not None else None)  # noqa: B010
         for cb in self.on_applied:

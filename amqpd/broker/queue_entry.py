@@ -33,3 +33,17 @@ class TimedEntry(QueueEntry):
         super().__init__(message, seq, redelivered)
         self.expires = expires
         self.priority = priority
+
+
+class QuorumEntry(TimedEntry):
+    """A delivery a quorum queue got back: ``message`` carries ``x-delivery-count``;
+    ``base`` is the message as published (what dead-lettering republishes) and ``count``
+    how many times it was delivered and returned (amqpd.broker.quorum)."""
+
+    __slots__ = ("base", "count")
+
+    def __init__(self, message: Message, seq: int, redelivered: bool, expires: float | None,
+                 priority: int, base: Message, count: int) -> None:
+        super().__init__(message, seq, redelivered, expires, priority)
+        self.base = base
+        self.count = count

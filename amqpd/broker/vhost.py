@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import amqpd.broker.exchanges  # noqa: F401 - registers the built-in exchange types
+from amqpd.broker import quorum
 from amqpd.broker.exchange import EXCHANGE_TYPES, Binding, Exchange, args_key
 from amqpd.broker.message import Message
 from amqpd.broker.queue import Queue
@@ -144,7 +145,7 @@ class VHost:
         if got_ae != have_ae:
             raise PreconditionFailed(
                 f"inequivalent arg 'alternate-exchange' for exchange '{ex.name}' in vhost "
-                f"'{self.name}': received {_describe(got_ae)} but current is {_describe(have_ae)}"
+                f"'{self.name}': {_received(got_ae, have_ae)}"
             )
 
     def delete_exchange(self, name: str, if_unused: bool = False) -> None:
@@ -207,7 +208,13 @@ class VHost:
             return existing
         if name.startswith("amq.") and not server_named:
             raise AccessRefused(f"queue name '{name}' contains reserved prefix 'amq.*'")
-        self.broker.validate_queue_arguments(arguments or {}, name, self.name)
+        if quorum.is_quorum(arguments):
+            quorum.validate_declare(name, self.name, durable=durable,
+                                    exclusive=exclusive_owner is not None,
+                                    auto_delete=auto_delete, arguments=arguments or {},
+                                    server_named=server_named)
+        else:
+            self.broker.validate_queue_arguments(arguments or {}, name, self.name)
         q = Queue(self, name, durable=durable, exclusive_owner=exclusive_owner,
                   auto_delete=auto_delete, arguments=arguments)
         self.queues[name] = q
@@ -232,13 +239,14 @@ class VHost:
                     f"inequivalent arg '{field}' for queue '{q.name}' in vhost '{self.name}': "
                     f"received '{_fmt(got)}' but current is '{_fmt(have)}'"
                 )
-        keys = {k for k in set(arguments) | set(q.arguments) if k in EQUIVALENCE_ARGS}
+        compared = quorum.QUEUE_ARGUMENTS if quorum.is_quorum(q.arguments) else EQUIVALENCE_ARGS
+        keys = {k for k in set(arguments) | set(q.arguments) if k in compared}
         for key in sorted(keys):
             got_v, have_v = arguments.get(key), q.arguments.get(key)
             if got_v != have_v:
                 raise PreconditionFailed(
                     f"inequivalent arg '{key}' for queue '{q.name}' in vhost '{self.name}': "
-                    f"received {_describe(got_v)} but current is {_describe(have_v)}"
+                    f"{_received(got_v, have_v)}"
                 )
 
     def delete_queue_named(
@@ -249,6 +257,7 @@ class VHost:
         if q is None:
             return 0  # idempotent, as in RabbitMQ 3.x
         self.check_exclusive(q, owner)
+        quorum.check_delete(q, if_unused, if_empty)
         if if_unused and q.consumers:
             raise PreconditionFailed(f"queue '{name}' in vhost '{self.name}' in use")
         if if_empty and q.ready:
@@ -380,8 +389,21 @@ EQUIVALENCE_ARGS = frozenset({
 })
 
 
+def _kind(value: Any) -> str:
+    """The AMQP field type a client sent ``value`` as (pika's choice for integers)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return "signedint" if -(2**31) <= value < 2**31 else "long"
+    return {bool: "bool", str: "longstr", float: "double"}.get(type(value), "table")
+
+
 def _describe(value: Any) -> str:
     if value is None:
         return "none"
-    kind = {bool: "bool", int: "long", str: "longstr", float: "double"}.get(type(value), "table")
-    return f"the value '{_fmt(value)}' of type '{kind}'"
+    return f"the value '{_fmt(value)}' of type '{_kind(value)}'"
+
+
+def _received(got: Any, have: Any) -> str:
+    """RabbitMQ's wording: bare values when both sides have one of the same type."""
+    if got is not None and have is not None and _kind(got) == _kind(have):
+        return f"received '{_fmt(got)}' but current is '{_fmt(have)}'"
+    return f"received {_describe(got)} but current is {_describe(have)}"

@@ -1,4 +1,4 @@
-"""/api/bindings: list, create (POST, 201 + Location) and delete by properties key.
+"""/api/bindings: list, create (POST, 201 + relative Location) and delete by properties key.
 
 A binding is named in URLs by its ``properties_key``: the routing key when there are no
 arguments (``~`` for an empty key), else ``<routing key>~<hash of the arguments>``.
@@ -11,9 +11,12 @@ import hashlib
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from aiohttp import web
+
 from amqpd.broker.exchange import args_key
 from amqpd.http.core import (
     Ctx,
+    HttpError,
     Router,
     as_dict,
     as_str,
@@ -22,6 +25,7 @@ from amqpd.http.core import (
     not_found,
     select_columns,
 )
+from amqpd.protocol.errors import NotFound
 
 if TYPE_CHECKING:
     from amqpd.broker.exchange import Binding
@@ -90,11 +94,14 @@ async def create_binding(ctx: Ctx) -> Any:
     source, dest = ctx.params["source"], ctx.params["destination"]
     ctx.check(vh.name, "write", kind, dest)
     ctx.check(vh.name, "read", "exchange", source)
-    vh.bind(kind, dest, source, routing_key, arguments)
-    location = "/api/bindings/{}/e/{}/{}/{}/{}".format(
-        *(quote(x, safe="") for x in (vh.name, source, kind[0], dest,
-                                       properties_key(routing_key, arguments))))
-    return json_response({}, 201, {"Location": location})
+    try:
+        vh.bind(kind, dest, source, routing_key, arguments)
+    except NotFound as exc:  # RabbitMQ names an AMQP-side 404 "not_found" here
+        raise HttpError(404, "not_found", exc.text) from None
+    # 201 with no body and the new binding's URL relative to the request's, as RabbitMQ
+    # answers (clients such as AMQPStorm's management API read no JSON from it)
+    location = f"{quote(dest, safe='')}/{quote(properties_key(routing_key, arguments), safe='')}"
+    return web.Response(status=201, headers={"Location": location})
 
 
 def _find(ctx: Ctx) -> tuple[Any, str, Binding]:

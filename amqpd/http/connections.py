@@ -49,6 +49,12 @@ def connection_view(ctx: Ctx, session: Session) -> dict[str, Any]:
         "user_who_performed_action": info.get("user"),
         "channel_max": info.get("channel_max"),
     })
+    for key in ("ssl_protocol", "ssl_key_exchange", "ssl_cipher", "ssl_hash",
+                "peer_cert_subject", "peer_cert_issuer", "peer_cert_validity"):
+        info.setdefault(key, None)  # RabbitMQ lists them, null without client certificates
+    name = info["client_properties"].get("connection_name")
+    if isinstance(name, str):  # what a client names its connection, as RabbitMQ shows it
+        info["user_provided_name"] = name
     return info
 
 

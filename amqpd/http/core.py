@@ -353,39 +353,56 @@ def as_str(value: Any, name: str, default: str | None = None) -> str:
     return value
 
 
+MAX_PAGE_SIZE = 500
+
+
 def select_columns(items: list[dict[str, Any]], ctx: Ctx) -> Any:
-    """RabbitMQ's list query options: sort, sort_reverse, columns, and pagination."""
+    """RabbitMQ's list query options: sort, sort_reverse, columns, and pagination.
+
+    Pagination (``page``, ``page_size`` up to 500, ``name`` with ``use_regex``, matched
+    without regard to case) answers RabbitMQ's envelope: ``total_count`` before the
+    name filter, ``filtered_count`` after it, ``page_count`` 0 for an empty result; a
+    page past the end is 400 ``page_out_of_range``. ``name`` only filters a paginated
+    request, as in RabbitMQ."""
     q = ctx.query
     sort = q.get("sort")
     if sort:
         items = sorted(items, key=lambda i: _sort_key(_dotted(i, sort)),
                        reverse=q.get("sort_reverse") == "true")
+    columns = q.get("columns")
+    project = [c for c in columns.split(",") if c] if columns else None
+    if "page" not in q:
+        return [_project(i, project) for i in items] if project else items
+    try:
+        page = int(q.get("page", ""))
+        size = int(q.get("page_size", "100"))
+    except ValueError:
+        raise bad_request("Pagination parameters are invalid") from None
+    if page < 1 or not 1 <= size <= MAX_PAGE_SIZE:
+        raise HttpError(400, "invalid_pagination_parameters",
+                        f"Invalid pagination parameters: page number {page}, page size {size}")
+    total = len(items)
     name_filter = q.get("name")
     if name_filter:
-        if q.get("use_regex") == "true":
-            import re
+        import re
 
-            try:
-                rx = re.compile(name_filter)
-            except re.error:
-                raise bad_request("Invalid regex") from None
-            items = [i for i in items if rx.search(str(i.get("name", "")))]
-        else:
-            items = [i for i in items if name_filter in str(i.get("name", ""))]
-    columns = q.get("columns")
-    if columns:
-        cols = [c for c in columns.split(",") if c]
-        items = [_project(i, cols) for i in items]
-    if "page" in q:
-        page = max(as_int(q.get("page"), "page", 1), 1)
-        size = max(min(as_int(q.get("page_size"), "page_size", 100), 500), 1)
-        start = (page - 1) * size
-        total = len(items)
-        return {"filtered_count": total, "item_count": len(items[start:start + size]),
-                "items": items[start:start + size], "page": page,
-                "page_count": max((total + size - 1) // size, 1), "page_size": size,
-                "total_count": total}
-    return items
+        pattern = name_filter if q.get("use_regex") == "true" else re.escape(name_filter)
+        try:
+            rx = re.compile(pattern, re.IGNORECASE)
+        except re.error:
+            raise bad_request("Pagination parameters are invalid") from None
+        items = [i for i in items if rx.search(str(i.get("name", "")))]
+    filtered = len(items)
+    start = (page - 1) * size
+    if page > 1 and start >= filtered:
+        raise HttpError(400, "page_out_of_range",
+                        f"Page out of range, page: {page} page size: {size}, len: {filtered}")
+    chunk = items[start:start + size]
+    if project:
+        chunk = [_project(i, project) for i in chunk]
+    return {"filtered_count": filtered, "item_count": len(chunk), "items": chunk,
+            "page": page, "page_count": (filtered + size - 1) // size, "page_size": size,
+            "total_count": total}
 
 
 def _sort_key(value: Any) -> tuple[int, Any]:

@@ -17,6 +17,9 @@ from amqpd.protocol import codec
 
 ALARM_RESOURCES = {"memory": "memory", "disk": "disk space", "fd": "file descriptors",
                    "file_descriptors": "file descriptors"}
+# the resource names of RabbitMQ's alarm terms ({resource_limit, Resource, Node})
+ERLANG_RESOURCES = {"memory": "memory", "disk": "disk", "fd": "file_descriptors",
+                    "file_descriptors": "file_descriptors"}
 PROTOCOL_ALIASES = {"amqp091": "amqp", "amqp": "amqp", "amqp/ssl": "amqps", "amqps": "amqps",
                     "http": "http", "https": "https"}
 ALIVENESS_QUEUE = "aliveness-test"
@@ -93,6 +96,22 @@ async def quorum_critical(ctx: Ctx) -> Any:
     return ok(reason="single node cluster")
 
 
+async def node_healthcheck(ctx: Ctx) -> Any:
+    """The 3.x ``/api/healthchecks/node[/{node}]`` (AMQPStorm's ``healthchecks.get``):
+    ok unless a resource alarm is in effect; another node's name is 404, as RabbitMQ
+    answers for a node that is not in the cluster."""
+    node = ctx.broker.settings.node_name
+    wanted = ctx.params.get("node")
+    if wanted is not None and wanted != node:
+        raise not_found()
+    found = sorted(alarm_set(ctx.broker))
+    if found:
+        terms = ",".join(f"{{resource_limit,{ERLANG_RESOURCES.get(a, a)},'{node}'}}"
+                         for a in found)
+        return failed(f"resource alarm(s) in effect:[{terms}]")
+    return ok()
+
+
 async def aliveness_test(ctx: Ctx) -> Any:
     """Declare, publish, get back; 503 while an alarm blocks publishers (REFERENCE §6).
 
@@ -158,6 +177,8 @@ def routes(r: Router) -> None:
     r.get("/api/health/checks/node-is-quorum-critical", quorum_critical)
     r.get("/api/health/checks/certificate-expiration/{within}/{unit}", certificate_expiration)
     r.get("/api/aliveness-test/{vhost}", aliveness_test)
+    r.get("/api/healthchecks/node", node_healthcheck)
+    r.get("/api/healthchecks/node/{node}", node_healthcheck)
     r.get("/health/ready", ready, auth=False)
     r.get("/api/health/ready", ready, auth=False)
 

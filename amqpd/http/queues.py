@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from amqpd.broker.quorum import is_quorum
+from amqpd.broker.quorum import queue_info as quorum_info
 from amqpd.http.bindings import binding_view
 from amqpd.http.core import (
     Ctx,
@@ -47,6 +49,8 @@ def queue_view(ctx: Ctx, q: Queue) -> dict[str, Any]:
         "policy": getattr(q, "policy_name", None),
         "effective_policy_definition": dict(q.policy or {}),
     })
+    if is_quorum(q.arguments):
+        info.update(quorum_info(q, ctx.broker.settings.node_name))
     owner = q.exclusive_owner
     if owner is not None and hasattr(owner, "name"):
         info["owner_pid_details"] = {"name": owner.name}

@@ -22,7 +22,7 @@ def vhost_view(ctx: Ctx, vh: VHost) -> dict[str, Any]:
         "name": vh.name,
         "description": meta.get("description", ""),
         "tags": meta.get("tags", []),
-        "default_queue_type": meta.get("default_queue_type", "classic"),
+        "default_queue_type": meta.get("default_queue_type", "undefined"),  # as RabbitMQ 3.10
         "metadata": {"description": meta.get("description", ""), "tags": meta.get("tags", [])},
         "tracing": False,
         "cluster_state": {ctx.broker.settings.node_name: "running"},
@@ -81,6 +81,9 @@ async def put_vhost(ctx: Ctx) -> Any:
         meta["default_queue_type"] = str(body["default_queue_type"])
     ctx.broker.add_vhost(name)
     if not existed:
+        # RabbitMQ grants the user who creates a vhost full permissions in it, so a
+        # client can create one over the API and connect to it at once
+        ctx.broker.auth.set_permissions(ctx.username, name, ".*", ".*", ".*")
         ctx.broker.definitions_changed()
     return no_content() if existed else created()
 

@@ -17,8 +17,10 @@ from conformance.cases import (  # noqa: F401
     frames,
     guarantees,
     http_api,
+    http_clients,
     policies,
     queue,
+    quorum,
     routing,
     rules,
 )

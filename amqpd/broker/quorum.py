@@ -1,0 +1,282 @@
+"""Quorum queues on one node: RabbitMQ 3.10's ``x-queue-type: quorum`` without replication.
+
+Clients and frameworks (Celery, Spring AMQP, MassTransit...) declare quorum queues; on a
+single node amqpd gives them the semantics RabbitMQ 3.10.8 gives a quorum queue, as
+measured on it (see conformance/cases/quorum.py):
+
+* Declaration: durable only; never exclusive, auto-delete or server-named; only the
+  arguments of :data:`QUEUE_ARGUMENTS` are checked (and compared on redeclare), the other
+  RabbitMQ queue arguments are refused as not supported "of queue type
+  rabbit_quorum_queue" and unknown ``x-`` arguments are kept as they are.
+* Delivery count: every return of a delivery (nack/reject with requeue, channel or
+  connection closed with it unacked, basic.recover) counts. A returned message goes to
+  the *back* of the queue and carries an ``x-delivery-count`` header (a long) from then
+  on; basic.get also shows it on a first delivery (value 0), basic.deliver does not.
+* ``x-delivery-limit`` (argument, or ``delivery-limit`` policy: the lower wins; a
+  non-integer argument means none): a message returned more often than the limit is
+  dead-lettered with reason ``delivery_limit`` (or dropped without a DLX). The
+  dead-lettered copy does not carry the ``x-delivery-count`` header.
+* Overflow: ``drop-head`` as classic queues; ``reject-publish`` refuses publishes while
+  the queue is *over* its limit, and once that happened keeps refusing until the queue is
+  down to 80 % of it (rabbit_fifo's soft limit); ``reject-publish-dlx`` is not supported
+  by quorum queues and behaves as ``drop-head`` (RabbitMQ logs a warning, so do we).
+* Refused: global QoS on a channel consuming from one (540 NOT_IMPLEMENTED at
+  basic.consume), queue.delete with if-unused or if-empty (540).
+* Every message is kept on disk, transient ones too (``keeps_every_message``).
+
+What replication would add (a leader, members, majority confirms) is not here: a quorum
+queue on one node is its own leader and only member, and ``node-is-quorum-critical`` is
+healthy. The classic queue machinery does the rest (TTL, limits, DLX, single active
+consumer, x-expires); this module keeps what differs, behind a few hooks in
+``extensions.py``, ``limits.py``, ``deadletter.py``, ``channel.py``, ``vhost.py`` and
+``server.py`` (the publish path's ``keeps_every_message``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import TYPE_CHECKING, Any
+
+from amqpd.broker import rawprops
+from amqpd.broker.message import LoggedMessage, Message
+from amqpd.broker.queue_entry import QuorumEntry
+from amqpd.protocol.errors import NotImplemented_, PreconditionFailed
+
+if TYPE_CHECKING:
+    from amqpd.broker.policy import QueueOptions
+    from amqpd.broker.queue import Queue, QueueEntry
+
+log = logging.getLogger("amqpd.quorum")
+
+TYPE_NAME = "quorum"
+MODULE = "rabbit_quorum_queue"  # the name RabbitMQ's error texts use
+# The queue arguments a 3.10 quorum queue takes (its capabilities' queue_arguments):
+# checked on declare and compared on redeclare; the others below are refused.
+QUEUE_ARGUMENTS = frozenset({
+    "x-expires", "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-max-length",
+    "x-max-length-bytes", "x-max-in-memory-length", "x-max-in-memory-bytes", "x-overflow",
+    "x-single-active-consumer", "x-queue-type", "x-quorum-initial-group-size",
+    "x-delivery-limit", "x-message-ttl", "x-dead-letter-strategy",
+})
+# RabbitMQ queue arguments that only other queue types take
+UNSUPPORTED_ARGUMENTS = (
+    "x-max-priority", "x-queue-mode", "x-queue-version", "x-queue-master-locator",
+    "x-max-age", "x-stream-max-segment-size-bytes", "x-initial-cluster-size",
+)
+# what extensions.validate_queue_arguments checks for a classic queue as well
+_COMMON_ARGUMENTS = ("x-expires", "x-message-ttl", "x-dead-letter-exchange",
+                     "x-dead-letter-routing-key", "x-max-length", "x-max-length-bytes",
+                     "x-overflow", "x-single-active-consumer")
+DLX_STRATEGIES = ("at-most-once", "at-least-once")
+DELIVERY_COUNT = "x-delivery-count"
+SOFT_LIMIT = 0.8  # rabbit_fifo accepts publishes again at 80 % of the length limit
+
+
+def is_quorum(arguments: dict[str, Any] | None) -> bool:
+    return bool(arguments) and arguments.get("x-queue-type") == TYPE_NAME  # type: ignore[union-attr]
+
+
+def keeps_every_message(queues: list[Queue]) -> bool:
+    """True if a quorum queue is among ``queues``: a quorum queue writes every message it
+    takes to disk, transient ones too (the publisher's confirm then waits for it). A
+    durable classic queue reached by the same transient message keeps it as well: the
+    message is written once, for all its queues."""
+    return any(q.ext is not None and q.ext.quorum is not None for q in queues)
+
+
+def state_of(queue: Queue) -> QuorumState | None:
+    """The quorum state of ``queue``, or None for any other queue."""
+    ext = queue.ext
+    return ext.quorum if ext is not None else None
+
+
+# ---------------------------------------------------------------------------- declaring
+def validate_declare(name: str, vhost: str, *, durable: bool, exclusive: bool,
+                     auto_delete: bool, arguments: dict[str, Any], server_named: bool) -> None:
+    """Refuse what RabbitMQ 3.10.8 refuses when a quorum queue is declared, in its order:
+    a server-generated name, the values of the arguments a quorum queue takes, arguments
+    it does not take, then auto-delete, exclusive and non-durable."""
+    if server_named:
+        raise PreconditionFailed(f"Cannot declare a server-named queue for type {MODULE}")
+    from amqpd.broker.extensions import type_name, validate_queue_arguments
+
+    where = f"for queue '{name}' in vhost '{vhost}'"
+    validate_queue_arguments({k: v for k, v in arguments.items() if k in _COMMON_ARGUMENTS},
+                             name, vhost)
+    for key in ("x-max-in-memory-length", "x-max-in-memory-bytes",
+                "x-quorum-initial-group-size"):
+        if key not in arguments:
+            continue
+        value = arguments[key]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise PreconditionFailed(
+                f"invalid arg '{key}' {where}: \"expected integer, got {type_name(value)}\"")
+        if value < 0:
+            raise PreconditionFailed(f"invalid arg '{key}' {where}: {{value_negative,{value}}}")
+        if key == "x-quorum-initial-group-size" and value == 0:
+            raise PreconditionFailed(f"invalid arg '{key}' {where}: {{value_zero,0}}")
+    strategy = arguments.get("x-dead-letter-strategy")
+    if strategy is not None and strategy not in DLX_STRATEGIES:
+        raise PreconditionFailed(
+            f"invalid arg 'x-dead-letter-strategy' {where}: invalid_dlx_strategy")
+    for key in arguments:  # the first one the client sent, as RabbitMQ reports it
+        if key in UNSUPPORTED_ARGUMENTS:
+            raise PreconditionFailed(f"invalid arg '{key}' {where} of queue type {MODULE}")
+    for prop, bad in (("auto-delete", auto_delete), ("exclusive-owner", exclusive),
+                      ("non-durable", not durable)):
+        if bad:
+            raise PreconditionFailed(f"invalid property '{prop}' {where}")
+
+
+def check_delete(queue: Queue, if_unused: bool, if_empty: bool) -> None:
+    """queue.delete's conditional flags are refused by quorum queues (540, RabbitMQ)."""
+    flag = "if-unused" if if_unused else "if-empty" if if_empty else None
+    if flag is not None and is_quorum(queue.arguments):
+        raise NotImplemented_(
+            f"cannot delete queue '{queue.name}' in vhost '{queue.vhost.name}'. queue.delete "
+            f"operations with {flag} flag set are not supported by quorum queues")
+
+
+def check_consume(queue: Queue, global_prefetch: int, arguments: dict[str, Any]) -> None:
+    """basic.consume on a quorum queue: no global QoS (540) and no stream offset (406)."""
+    if global_prefetch:
+        raise NotImplemented_(f"queue '{queue.name}' in vhost '{queue.vhost.name}' does not "
+                              "support global qos", 60, 20)
+    if "x-stream-offset" in arguments:
+        raise PreconditionFailed(f"invalid arg 'x-stream-offset' for queue '{queue.name}' in "
+                                 f"vhost '{queue.vhost.name}' of queue type {MODULE}")
+
+
+# ---------------------------------------------------------------------------- the state
+class QuorumState:
+    """What a quorum queue keeps beyond a classic one: its delivery limit and whether
+    reject-publish currently refuses publishes. Lives on ``queue.ext.quorum``."""
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+        self.delivery_limit: int | None = None
+        self.blocked = False  # reject-publish: over the limit, not yet back to 80 %
+        broker = queue.vhost.broker
+        broker.quorum_queues += 1  # the broker writes transient messages while any exist
+        queue.on_removed.append(self._removed)
+
+    def _removed(self, queue: Queue) -> None:
+        queue.vhost.broker.quorum_queues -= 1
+
+    def configure(self, opts: QueueOptions) -> QueueOptions:
+        """Take the effective options (arguments + policy); return them as a quorum
+        queue applies them."""
+        q = self.queue
+        arg = q.arguments.get("x-delivery-limit")
+        if isinstance(arg, bool) or not isinstance(arg, int):
+            arg = None
+        pol = (q.policy or {}).get("delivery-limit")
+        if isinstance(pol, bool) or not isinstance(pol, int):
+            pol = None
+        limits = [v for v in (arg, pol) if v is not None]
+        self.delivery_limit = min(limits) if limits else None
+        if opts.overflow == "reject-publish-dlx":
+            log.warning("queue '%s' in vhost '%s': overflow reject-publish-dlx is not "
+                        "supported by quorum queues; drop-head applies", q.name, q.vhost.name)
+            opts = dataclasses.replace(opts, overflow="drop-head")
+        if opts.overflow != "reject-publish":
+            self.blocked = False
+        return opts
+
+    # -- reject-publish ------------------------------------------------------------------
+    def refuses(self) -> bool:
+        """True while reject-publish refuses a new message (called before enqueueing)."""
+        if self.blocked and self._below_soft_limit():
+            self.blocked = False
+        return self.blocked or self._over_limit()
+
+    def after_enqueue(self) -> None:
+        """reject-publish: the queue went over its limit; refuse until back at 80 %."""
+        if self._over_limit():
+            self.blocked = True
+
+    def _over_limit(self) -> bool:
+        q = self.queue
+        opts = q.ext.opts  # type: ignore[union-attr]
+        return (opts.max_length is not None and len(q.ready) > opts.max_length) or (
+            opts.max_length_bytes is not None and q.ready_bytes > opts.max_length_bytes)
+
+    def _below_soft_limit(self) -> bool:
+        q = self.queue
+        opts = q.ext.opts  # type: ignore[union-attr]
+        return (opts.max_length is None or len(q.ready) <= int(opts.max_length * SOFT_LIMIT)) \
+            and (opts.max_length_bytes is None
+                 or q.ready_bytes <= int(opts.max_length_bytes * SOFT_LIMIT))
+
+    # -- deliveries ----------------------------------------------------------------------
+    def for_get(self, entry: QueueEntry) -> QueueEntry:
+        """basic.get shows the delivery count even on a first delivery (0)."""
+        if isinstance(entry, QuorumEntry):
+            return entry
+        base = entry.message
+        return QuorumEntry(_with_count(base, 0), entry.seq, entry.redelivered,
+                           getattr(entry, "expires", None), 0, base, 0)
+
+    def requeue(self, entries: list[QueueEntry]) -> None:
+        """Deliveries come back: each counts one more delivery and goes to the back of the
+        queue with its count in ``x-delivery-count``; past the delivery limit it is
+        dead-lettered (reason ``delivery_limit``) instead."""
+        q = self.queue
+        ext = q.ext
+        assert ext is not None
+        if self.blocked and self._below_soft_limit():
+            self.blocked = False
+        broker = q.vhost.broker
+        for entry in sorted(entries, key=lambda e: e.seq):
+            if isinstance(entry, QuorumEntry):
+                base, count = entry.base, entry.count + 1
+            else:
+                base, count = entry.message, 1
+            if self.delivery_limit is not None and count > self.delivery_limit:
+                # settle() counts it as acked, as RabbitMQ's stats do for a discard
+                broker.dead_letter(q, [_entry_of(base, entry.seq)], "delivery_limit")
+                q.settle([entry])
+                continue
+            q.unacked_count -= 1
+            back = QuorumEntry(_with_count(base, count), next(q._seq), True,
+                               getattr(entry, "expires", None), 0, base, count)
+            q.ready.append(back)
+            q.ready_bytes += back.message.size
+            if back.expires is not None:
+                ext.timed = True
+        ext.arm_expiry_at_head()
+        if q.consumers:
+            q.vhost.schedule_dispatch(q)
+
+
+def _entry_of(message: Message, seq: int) -> QueueEntry:
+    from amqpd.broker.queue_entry import QueueEntry
+
+    return QueueEntry(message, seq)
+
+
+def _with_count(message: Message, count: int) -> Message:
+    """A copy of ``message`` whose headers carry ``x-delivery-count`` (a long), set as
+    RabbitMQ sets a header: replaced if present, the table sorted by key."""
+    if type(message) is LoggedMessage:
+        message = message.load()
+    fields = rawprops.split_properties(message.properties)
+    items = [kv for kv in rawprops.header_items(fields) if kv[0] != DELIVERY_COUNT]
+    items.append((DELIVERY_COUNT, rawprops.long(count)))
+    fields["headers"] = rawprops.encode_table(rawprops.sort_items(items))
+    copy = Message(message.exchange, message.routing_key, rawprops.join_properties(fields),
+                   message.body, persistent=message.persistent)
+    copy.position = message.position
+    return copy
+
+
+def queue_info(queue: Queue, node: str) -> dict[str, Any]:
+    """The quorum-only fields of /api/queues: one node is leader, member and online."""
+    return {"type": TYPE_NAME, "leader": node, "members": [node], "online": [node]}
+
+
+__all__ = [
+    "QUEUE_ARGUMENTS", "QuorumState", "check_consume", "check_delete", "is_quorum",
+    "queue_info", "state_of", "validate_declare",
+]
