@@ -4,8 +4,9 @@
 # one already active in the shell ($VIRTUAL_ENV), or else the project's own .venv/,
 # made with $(PYTHON) (devtools/venv.sh; it says what to install when that Python
 # cannot make virtualenvs, and installs python3-venv itself when run as root).
-# `make run PYTHON=/usr/bin/python3` picks the interpreter .venv/ is made with;
-# `make VENV=/path/to/env ...` another virtualenv.
+# `make run PYTHON=/usr/bin/python3` picks the interpreter a new .venv/ is made with (an
+# existing one is kept while it works: delete it to change); `make VENV=/path/to/env ...`
+# installs into another virtualenv.
 PYTHON ?= python3
 ifdef VIRTUAL_ENV
 VENV ?= $(VIRTUAL_ENV)
