@@ -1,27 +1,47 @@
 # The two set-up commands of README.md are `make run` and `make test`.
+#
+# Everything is installed into a virtualenv, never into the Python that runs make: the
+# one already active in the shell ($VIRTUAL_ENV), or else the project's own .venv/,
+# made with $(PYTHON) (devtools/venv.sh; it says what to install when that Python
+# cannot make virtualenvs, and installs python3-venv itself when run as root).
+# `make run PYTHON=/usr/bin/python3` picks the interpreter a new .venv/ is made with (an
+# existing one is kept while it works: delete it to change); `make VENV=/path/to/env ...`
+# installs into another virtualenv.
 PYTHON ?= python3
+ifdef VIRTUAL_ENV
+VENV ?= $(VIRTUAL_ENV)
+else
+VENV ?= .venv
+endif
+PY := $(VENV)/bin/python
 PIP_FLAGS ?= --quiet --disable-pip-version-check
 
-.PHONY: run install test lint system-deps
+.PHONY: run install venv test lint system-deps
+
+venv:
+	@sh devtools/venv.sh '$(PYTHON)' '$(VENV)'
 
 # The editable install compiles the hot path with mypyc (setup.py, ~40 s); it is redone
-# only when a source, setup.py or pyproject.toml changed since the last one, or when this
-# Python cannot import amqpd. A compiled module whose source changed since the build is
+# only when a source, setup.py or pyproject.toml changed since the last one, or when the
+# virtualenv's amqpd is not this checkout's (the stamp, kept in the virtualenv, names the
+# checkout it was made from). A compiled module whose source changed since the build is
 # never used (amqpd/hotpath.py), so skipping a rebuild can cost speed, never correctness.
-INSTALL_STAMP := build/.installed
+INSTALL_STAMP := $(VENV)/.amqpd-installed
 
-install:
-	@if [ -f $(INSTALL_STAMP) ] \
-	    && [ -z "$$(find amqpd setup.py pyproject.toml -newer $(INSTALL_STAMP) \( -name '*.py' -o -name '*.toml' \) | head -1)" ] \
-	    && $(PYTHON) -c 'import amqpd, pytest, hypothesis' 2>/dev/null; then \
-	  echo "amqpd is installed and up to date ($(INSTALL_STAMP))"; \
+install: venv
+	@if [ -f '$(INSTALL_STAMP)' ] && [ "$$(cat '$(INSTALL_STAMP)')" = '$(CURDIR)' ] \
+	    && [ -z "$$(find amqpd setup.py pyproject.toml -newer '$(INSTALL_STAMP)' \( -name '*.py' -o -name '*.toml' \) | head -1)" ] \
+	    && '$(PY)' -I -c 'import os, sys, amqpd, pytest, hypothesis; sys.exit(not os.path.samefile(amqpd.__file__, sys.argv[1]))' \
+	         '$(CURDIR)/amqpd/__init__.py' 2>/dev/null; then \
+	  echo "amqpd is installed in $(VENV) and up to date"; \
 	else \
-	  $(PYTHON) -m pip install $(PIP_FLAGS) -e '.[test,speed]' && mkdir -p build && touch $(INSTALL_STAMP); \
+	  echo "installing amqpd and its test tools into $(VENV)"; \
+	  '$(PY)' -m pip install $(PIP_FLAGS) -e '.[test,speed]' && echo '$(CURDIR)' > '$(INSTALL_STAMP)'; \
 	fi
-	@$(PYTHON) -c 'import amqpd.hotpath as h; print("hot path:", h.MODE)'
+	@'$(PY)' -c 'import amqpd.hotpath as h; print("hot path:", h.MODE)'
 
 run: install
-	$(PYTHON) -m amqpd $(ARGS)
+	'$(PY)' -m amqpd $(ARGS)
 
 # RabbitMQ (the conformance reference) from Debian's package, when we may install it.
 system-deps:
@@ -33,16 +53,16 @@ system-deps:
 	fi
 
 lint: install
-	$(PYTHON) -m ruff check .
-	$(PYTHON) -m mypy
+	'$(PY)' -m ruff check .
+	'$(PY)' -m mypy
 
 # After the full suite on the installed (compiled) hot path, the same unit tests and
 # conformance suite on its pure-Python sources: both must stay correct.
 PURE_TESTS ?= tests/unit tests/integration/test_conformance_vs_amqpd.py
 
 test: install system-deps
-	$(PYTHON) -m pytest -q $(PYTEST_ARGS)
+	'$(PY)' -m pytest -q $(PYTEST_ARGS)
 	@if [ -n "$(PURE_TESTS)" ]; then \
 	  echo "--- again on the pure-Python hot path (AMQPD_PURE_PYTHON=1): $(PURE_TESTS)"; \
-	  AMQPD_PURE_PYTHON=1 $(PYTHON) -m pytest -q $(PURE_TESTS); \
+	  AMQPD_PURE_PYTHON=1 '$(PY)' -m pytest -q $(PURE_TESTS); \
 	fi

@@ -6,7 +6,8 @@ installed while this runs). The compiled build is optional in every way:
 
 * ``AMQPD_PURE_PYTHON=1`` at install time skips it;
 * without mypyc (it ships with mypy, a build requirement) or a C compiler, the build
-  warns and the package installs without extensions;
+  warns and the package installs without extensions (a compiler that is not on PATH
+  is noticed before mypyc spends half a minute translating the modules to C);
 * a build that fails half-way removes what it made, so a partial build never ships
   (``amqpd.hotpath`` would refuse one anyway and run the sources).
 """
@@ -16,7 +17,10 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import os
+import shlex
+import shutil
 import sys
+import sysconfig
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +43,33 @@ def _warn(message: str) -> None:
     print(f"amqpd setup: {message}; installing the pure-Python hot path", file=sys.stderr)
 
 
+def _missing_compiler() -> str | None:
+    """Why the C compiler the build would use cannot run, or None if it is there (or
+    unknown, as with MSVC: then the build itself finds out)."""
+    cc = os.environ.get("CC") or sysconfig.get_config_var("CC")
+    if not cc:
+        return None
+    program = shlex.split(cc)[0]
+    if shutil.which(program) is None:
+        return f"no C compiler ({program} is not on PATH)"
+    return None
+
+
+# The setup.py commands that compile. A PEP 517 frontend also runs this file for
+# metadata (egg_info, dist_info) and for the sdist: those need no translation to C.
+BUILD_COMMANDS = frozenset({"build", "build_ext", "bdist_wheel", "editable_wheel",
+                            "develop", "install", "bdist_egg"})
+
+
 def compiled_extensions() -> list[Any]:
     hotpath = _hotpath()
     if os.environ.get(hotpath.PURE_ENV, "") not in ("", "0"):
+        return []
+    if BUILD_COMMANDS.isdisjoint(sys.argv[1:]):
+        return []
+    missing = _missing_compiler()
+    if missing:
+        _warn(missing)
         return []
     try:
         from mypyc.build import mypycify

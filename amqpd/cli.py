@@ -10,7 +10,7 @@ import os
 import sys
 
 import amqpd
-from amqpd import hotpath
+from amqpd import hotpath, sdnotify
 from amqpd.config import ConfigError, load_settings
 from amqpd.server import Broker, serve
 
@@ -70,6 +70,11 @@ def main(argv: list[str] | None = None) -> int:
                            "tls_port": next((p for proto, _, p in broker.listeners
                                              if proto == "amqps"), None)}, fh)
             os.replace(tmp, args.ready_file)
+        # systemd Type=notify (etc/amqpd.service): every listener is up now
+        listening = ", ".join(f"{proto} {host}:{port}" for proto, host, port in broker.listeners)
+        if broker.http is not None and broker.http.port:
+            listening += f", http port {broker.http.port}"
+        sdnotify.notify(f"READY=1\nSTATUS=listening on {listening}")
 
     try:
         asyncio.run(serve(settings, ready))

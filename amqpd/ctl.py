@@ -1,11 +1,14 @@
 """``amqpctl``: operate amqpd through its HTTP API, with rabbitmqctl's command names.
 
-    amqpctl [--url URL] [-u USER] [--password PW] [-p VHOST] [--json] COMMAND [ARGS]
+    amqpctl [--url URL | --config FILE] [-u USER] [--password PW] [-p VHOST] [--json]
+            COMMAND [ARGS]
 
 ``list_*`` commands take rabbitmqctl's column names (``amqpctl list_queues name
 messages consumers``); output is an aligned table for people, or JSON (``--json``) for
 scripts. Connection settings also come from ``AMQPCTL_URL``, ``AMQPCTL_USERNAME`` and
-``AMQPCTL_PASSWORD``.
+``AMQPCTL_PASSWORD``. Without a URL, amqpctl reaches the broker of this machine the way
+rabbitmqctl does: from the broker's own config file and ``AMQPD_*`` variables (address,
+port, TLS and credentials; see ``amqpd/ctl_target.py``).
 
 Exit codes (stable, for scripts):
 
@@ -30,9 +33,12 @@ import ssl
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NoReturn, TextIO
 from urllib.parse import quote
+
+from amqpd import ctl_target
+from amqpd.config import ConfigError
 
 EX_OK = 0
 EX_NOT_FOUND = 1
@@ -56,8 +62,9 @@ def q(value: str) -> str:
 # ---------------------------------------------------------------------------- HTTP client
 class Client:
     def __init__(self, url: str, username: str, password: str, timeout: float,
-                 context: ssl.SSLContext | None) -> None:
+                 context: ssl.SSLContext | None, origin: str = "") -> None:
         self.url = url.rstrip("/")
+        self.origin = f" (from {origin})" if origin else ""
         self.auth = base64.b64encode(f"{username}:{password}".encode()).decode()
         self.timeout = timeout
         self.context = context
@@ -78,7 +85,8 @@ class Client:
             raise _http_error(exc) from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise CtlError(f"cannot connect to {self.url}: {reason}", EX_UNAVAILABLE) from None
+            raise CtlError(f"cannot connect to {self.url}{self.origin}: {reason}",
+                           EX_UNAVAILABLE) from None
         if not raw:
             return None
         try:
@@ -469,12 +477,17 @@ def _common(suppress: bool) -> Parser:
         return argparse.SUPPRESS if suppress else value
 
     common = Parser(add_help=False)
-    common.add_argument("--url", default=d(os.environ.get("AMQPCTL_URL",
-                                                          "http://127.0.0.1:15672")),
-                        help="HTTP API base URL (env AMQPCTL_URL)")
-    common.add_argument("-u", "--username",
-                        default=d(os.environ.get("AMQPCTL_USERNAME", "guest")))
-    common.add_argument("--password", default=d(os.environ.get("AMQPCTL_PASSWORD", "guest")))
+    common.add_argument("--url", default=d(None),
+                        help="HTTP API base URL (env AMQPCTL_URL; default: the API of the "
+                             "broker configured by --config / AMQPD_* variables)")
+    common.add_argument("--config", default=d(None),
+                        help="the broker's config file, to find its API and credentials "
+                             f"(default: $AMQPD_CONFIG, else {ctl_target.DEFAULT_CONFIG} "
+                             "if it exists)")
+    common.add_argument("-u", "--username", default=d(None),
+                        help="(env AMQPCTL_USERNAME; default: the broker's default_user "
+                             "without --url, guest with it)")
+    common.add_argument("--password", default=d(None), help="(env AMQPCTL_PASSWORD)")
     common.add_argument("-p", "--vhost", default=d("/"), help="virtual host (default /)")
     common.add_argument("--json", action="store_true", default=d(False),
                         help="machine-readable output")
@@ -557,9 +570,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _ssl_context(args: argparse.Namespace) -> ssl.SSLContext | None:
-    if not args.url.startswith("https"):
+def target(args: argparse.Namespace,
+           environ: Mapping[str, str] = os.environ) -> ctl_target.Target:
+    """Which API to call and as whom: ``--url``/``AMQPCTL_URL`` as given (user guest by
+    default), else the local broker found from its settings (ctl_target)."""
+    url = args.url or environ.get("AMQPCTL_URL")
+    if url:
+        found = ctl_target.Target(url=url, username="guest", password="guest",
+                                  pinned_cert=None, origin="")
+    else:
+        try:
+            found = ctl_target.discover(args.config, environ)
+        except ctl_target.Unreadable as exc:
+            raise CtlError(str(exc), EX_NOINPUT) from None
+        except ctl_target.NoApi as exc:
+            raise CtlError(str(exc), EX_USAGE) from None
+        except ConfigError as exc:
+            raise CtlError(f"the broker's settings: {exc}", EX_DATAERR) from None
+    username = args.username or environ.get("AMQPCTL_USERNAME") or found.username
+    password = args.password or environ.get("AMQPCTL_PASSWORD") or found.password
+    return ctl_target.Target(url=found.url, username=username, password=password,
+                             pinned_cert=found.pinned_cert, origin=found.origin)
+
+
+def _ssl_context(args: argparse.Namespace, found: ctl_target.Target) -> ssl.SSLContext | None:
+    if not found.url.startswith("https"):
         return None
+    if found.pinned_cert is not None and not args.cacert and not args.insecure:
+        return ctl_target.pinned_context(found.pinned_cert)
     ctx = ssl.create_default_context(cafile=args.cacert)
     if args.insecure:
         ctx.check_hostname = False
@@ -571,8 +609,9 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     args = build_parser().parse_args(argv)
     try:
-        client = Client(args.url, args.username, args.password, args.timeout,
-                        _ssl_context(args))
+        found = target(args)
+        client = Client(found.url, found.username, found.password, args.timeout,
+                        _ssl_context(args, found), found.origin)
         return int(args.func(client, args, out))
     except CtlError as exc:
         if args.json:
