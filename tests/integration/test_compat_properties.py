@@ -27,9 +27,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pamqp import commands
 
-from devtools.rabbitmq import RabbitMQNotInstalled, find_server, running_rabbitmq
 from tests.support import wire
-from tests.support.brokerproc import BrokerProcess
+from tests.support.targets import both_brokers
+
+__all__ = ["both_brokers"]  # the fixture, imported for pytest
 
 # content property flag bits, in wire order (AMQP 0-9-1 basic class)
 FIELDS = (
@@ -179,26 +180,9 @@ class Peer:
         self.sock.close()
 
 
-@pytest.fixture(scope="module", params=["amqpd", "rabbitmq"])
-def broker_port(request: pytest.FixtureRequest,
-                tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    if request.param == "amqpd":
-        proc = BrokerProcess(tmp_path_factory.mktemp("amqpd"))
-        proc.start()
-        yield proc.port
-        proc.stop()
-        return
-    try:
-        find_server()
-    except RabbitMQNotInstalled as exc:
-        pytest.skip(str(exc))
-    with running_rabbitmq(tmp_path_factory.mktemp("rabbitmq")) as info:
-        yield info.amqp_port
-
-
 @pytest.fixture(scope="module")
-def peer(broker_port: int) -> Iterator[list[Peer]]:
-    holder = [Peer(broker_port)]
+def peer(both_brokers: int) -> Iterator[list[Peer]]:
+    holder = [Peer(both_brokers)]
     yield holder
     holder[0].close()
 
@@ -208,20 +192,20 @@ def peer(broker_port: int) -> Iterator[list[Peer]]:
                                  HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(props=properties(), body=st.binary(min_size=1, max_size=64))
 def test_any_well_formed_properties_are_carried_through(
-        peer: list[Peer], broker_port: int, props: bytes, body: bytes) -> None:
+        peer: list[Peer], both_brokers: int, props: bytes, body: bytes) -> None:
     try:
         got = peer[0].round_trip(props, body)
     except BaseException:
         peer[0].close()  # a fresh connection for the next example (and the shrinking)
-        peer[0] = Peer(broker_port)
+        peer[0] = Peer(both_brokers)
         raise
     assert got == props
 
 
-def test_extreme_timestamps_and_non_utf8_strings(broker_port: int) -> None:
+def test_extreme_timestamps_and_non_utf8_strings(both_brokers: int) -> None:
     """The cases that failed before, spelled out: the largest timestamp (past year 9999)
     with reply-to and user-id decoding forced, and non-UTF-8 short strings."""
-    p = Peer(broker_port)
+    p = Peer(both_brokers)
     try:
         for props in (
             struct.pack(">H", 1 << 9 | 1 << 6 | 1 << 4) + _shortstr(b"reply-here")
