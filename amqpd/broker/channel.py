@@ -275,8 +275,10 @@ class Channel:
             loop.call_soon(self._send_cancel, consumer.tag_bytes)
 
     def _send_cancel(self, tag_bytes: bytes) -> None:
+        # nowait=true, as RabbitMQ sends it: a client must not answer with cancel-ok
+        # (@cloudamqp/amqp-client would, and both brokers close on that with 503)
         if not self.closed:
-            self.session.conn.write(codec.method_frame(self.number, 60, 30, tag_bytes + b"\x00"))
+            self.session.conn.write(codec.method_frame(self.number, 60, 30, tag_bytes + b"\x01"))
 
     # ------------------------------------------------------------------ delivery
     def can_deliver(self, consumer: Consumer) -> bool:

@@ -193,7 +193,8 @@ def get_count_expired(ctx: Context) -> None:
 def delete_consumed(ctx: Context) -> None:
     """A channel that deletes the queue it consumes from gets queue.delete-ok first, then
     basic.cancel (py-amqp/kombu wait for delete-ok and fail on a cancel before it); a
-    consumer on another channel of the connection gets its cancel after that delete-ok."""
+    consumer on another channel of the connection gets its cancel too. RabbitMQ sends
+    these cancels with nowait=true."""
     rc = _opened(ctx)
     rc.open_channel(2)
     q = _exclusive_queue(rc)
@@ -207,12 +208,14 @@ def delete_consumed(ctx: Context) -> None:
         except RawTimeout:
             break
         if isinstance(f.value, C.Basic.Cancel):
-            seen.append((f.channel, f"cancel {f.value.consumer_tag}"))
+            # nowait=true: the client must not answer (RabbitMQ closes on a cancel-ok)
+            seen.append((f.channel, f"cancel {f.value.consumer_tag} nowait={f.value.nowait}"))
         elif f.type != 8:
             seen.append((f.channel, f.name))
     # the order across channels is not defined (RabbitMQ's channels are processes)
-    eq([x for ch, x in seen if ch == 1], ["Queue.DeleteOk", "cancel own"], "channel 1")
-    eq([x for ch, x in seen if ch == 2], ["cancel other"], "channel 2")
+    eq([x for ch, x in seen if ch == 1], ["Queue.DeleteOk", "cancel own nowait=True"],
+       "channel 1")
+    eq([x for ch, x in seen if ch == 2], ["cancel other nowait=True"], "channel 2")
 
 
 # ---------------------------------------------------------------- channel reuse

@@ -25,6 +25,12 @@ async function rpc() {
     }
     await rpcClient.close()
     result.rpcCall = (await server.rpcCall(queue, "once", { timeout: 5000 })).bodyString()
+    // each rpcCall opens and closes a channel of its own: numbers are reused
+    result.sequentialCalls = 0
+    for (let i = 0; i < 10; i++) {
+      const reply = await server.rpcCall(queue, `n${i}`, { timeout: 5000 })
+      if (reply.bodyString() === `processed:n${i}`) result.sequentialCalls += 1
+    }
     // a client on a connection of its own
     const other = await AMQPSession.connect(url)
     try {

@@ -5,7 +5,9 @@
 - @cloudamqp/amqp-client with heartbeat=1 (it only echoes the broker's heartbeats and
   drops a socket silent for one second) stays connected while idle;
 - @cloudamqp/amqp-client's session RPC (rpcServer / rpcClient / rpcCall over direct
-  reply-to), with server and client on one connection and on two.
+  reply-to), with server and client on one connection and on two, and its clean-up
+  (the queue deleted under the server's consumer: the broker's basic.cancel must carry
+  nowait=true, or the client answers cancel-ok and the connection dies with 503).
 """
 
 from __future__ import annotations
@@ -53,5 +55,6 @@ def test_amqp_client_rpc_over_direct_reply_to(both_brokers: int, node_modules: P
     assert result == {
         "sameConnection": ["processed:a", "processed:b", "processed:c"],
         "rpcCall": "processed:once",
+        "sequentialCalls": 10,
         "otherConnection": ["processed:x", "processed:y"],
     }
