@@ -618,6 +618,8 @@ class Broker:
                     320, "CONNECTION_FORCED - broker forced connection closure with reason "
                     "'shutdown'")
                 proto.session.conn.should_close_transport = True
+            if proto.session is not None:
+                proto.session.conn.linger = False  # shutting down: no lingering close
             proto.flush()
         deadline = time.monotonic() + 5
         while self.transports and time.monotonic() < deadline:

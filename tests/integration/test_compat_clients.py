@@ -4,8 +4,8 @@ RabbitMQ 3.10.8; each test runs on amqpd and on a private RabbitMQ.
 - py-amqp (kombu's transport): deleting the queue one consumes from returns (it waits for
   queue.delete-ok and raises ConsumerCancelled if basic.cancel comes first);
 - aio-pika: unbinding from an exchange that is gone, and the RPC pattern's cleanup;
-- reopening a channel after a channel error gets the same 404 again (AMQPStorm checks
-  this with its own client; here with py-amqp, the frames being the same).
+- reopening a channel after a channel error gets the same 404 again, with py-amqp and
+  with AMQPStorm (which checks exactly this in its own tests).
 """
 
 from __future__ import annotations
@@ -93,3 +93,21 @@ def test_aio_pika_unbind_of_what_is_gone_and_rpc_cleanup(both_brokers: int) -> N
 
     product, open_after = asyncio.run(asyncio.wait_for(main(), 30))
     assert (product, open_after) == (42, True)
+
+
+def test_amqpstorm_reopened_channel_gets_404_again(both_brokers: int) -> None:
+    amqpstorm = pytest.importorskip("amqpstorm", reason="AMQPStorm is not installed")
+    conn = amqpstorm.Connection("127.0.0.1", "guest", "guest", port=both_brokers, timeout=5)
+    try:
+        ch = conn.channel()
+        missing = _name("missing")
+        codes = []
+        for _ in range(3):
+            with pytest.raises(amqpstorm.AMQPChannelError) as err:
+                ch.queue.declare(missing, passive=True)
+            codes.append(err.value.error_code)
+            ch.open()  # the same channel number, at once
+        assert codes == [404, 404, 404]
+        assert ch.channel_id == 1
+    finally:
+        conn.close()
