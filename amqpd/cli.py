@@ -20,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version",
                    version=f"amqpd {amqpd.__version__} (hot path: {hotpath.MODE})")
     p.add_argument("--config", help="TOML config file (default: $AMQPD_CONFIG)")
-    p.add_argument("--bind", help="listen address (default 0.0.0.0)")
+    p.add_argument("--bind", help="listen address (default: every interface, IPv4 and IPv6)")
     p.add_argument("--port", type=int, help="AMQP port (default 5672; 0 = ephemeral)")
     p.add_argument("--data-dir", help="data directory (default ./amqpd-data)")
     p.add_argument("--node-name", help="node name (default amqpd@<hostname>)")

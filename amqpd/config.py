@@ -40,7 +40,7 @@ class PermissionConfig:
 @dataclass
 class Settings:
     # listeners
-    bind: str = "0.0.0.0"
+    bind: str = ""  # "" = every interface, IPv4 ([0.0.0.0]) and IPv6 ([::]), as RabbitMQ
     port: int = 5672
     # node
     node_name: str = field(default_factory=lambda: f"amqpd@{socket.gethostname()}")

@@ -432,18 +432,38 @@ class Broker:
         s = self.settings
         Path(s.data_dir).mkdir(parents=True, exist_ok=True)
         self._open_store()
-        server = await self._loop.create_server(
-            lambda: AMQPProtocol(self), host=s.bind, port=s.port, reuse_address=True,
-            backlog=1024,
-        )
-        self._servers.append(server)
-        for sock in cast(Any, server).sockets:  # uvloop gives a list, typeshed says tuple
-            host, port = sock.getsockname()[:2]
+        for host, port in await self._listen(s.port):
             self.listeners.append(("amqp", host, port))
         await self._start_operations()
         log.info("amqpd %s listening on %s; hot path: %s", amqpd.__version__,
                  ", ".join(f"{h}:{p}" for _, h, p in self.listeners), hotpath.MODE)
         self._ticker = asyncio.create_task(self._tick_loop())
+
+    async def _listen(self, port: int, ssl: Any = None) -> list[tuple[str, int]]:
+        """Open the AMQP listener(s) on ``settings.bind``; ``""`` (the default) means every
+        interface, IPv4 and IPv6, on one port, as RabbitMQ listens by default (a client
+        that resolves localhost to ::1 must reach it). Without IPv6 on the machine the
+        IPv4 listener is enough."""
+        assert self._loop is not None
+        bind = self.settings.bind
+        hosts = ["0.0.0.0", "::"] if bind == "" else [bind]
+        bound: list[tuple[str, int]] = []
+        for host in hosts:
+            try:
+                server = await self._loop.create_server(
+                    lambda: AMQPProtocol(self), host=host, port=port, reuse_address=True,
+                    backlog=1024, ssl=ssl)
+            except OSError as exc:
+                if host != "::" or not bound:
+                    raise
+                log.info("no IPv6 listener on port %d (%s); IPv4 only", port, exc)
+                continue
+            self._servers.append(server)
+            for sock in cast(Any, server).sockets:  # uvloop: a list; typeshed: a tuple
+                addr = sock.getsockname()
+                bound.append((addr[0], addr[1]))
+            port = bound[0][1]  # an ephemeral port: the IPv6 listener takes the same one
+        return bound
 
     def _open_store(self) -> None:
         """Open the log, restore durable definitions, then put messages back in queues."""
@@ -552,13 +572,7 @@ class Broker:
                 import_definitions(self, json.load(fh))
             log.info("imported definitions from %s", s.definitions_file)
         if tls_configured(s):
-            assert self._loop is not None
-            tls_server = await self._loop.create_server(
-                lambda: AMQPProtocol(self), host=s.bind, port=s.tls_port, reuse_address=True,
-                backlog=1024, ssl=server_context(s))
-            self._servers.append(tls_server)
-            for sock in cast(Any, tls_server).sockets:
-                host, port = sock.getsockname()[:2]
+            for host, port in await self._listen(s.tls_port, ssl=server_context(s)):
                 self.listeners.append(("amqps", host, port))
         if s.management:
             from amqpd.http import HttpServer
@@ -623,6 +637,8 @@ class Broker:
                     320, "CONNECTION_FORCED - broker forced connection closure with reason "
                     "'shutdown'")
                 proto.session.conn.should_close_transport = True
+            if proto.session is not None:
+                proto.session.conn.linger = False  # shutting down: no lingering close
             proto.flush()
         deadline = time.monotonic() + 5
         while self.transports and time.monotonic() < deadline:

@@ -4,6 +4,13 @@ Everything a connection produces during one event-loop tick (replies, deliveries
 scheduled dispatch, confirms) is joined and written with a single ``transport.write``.
 When the kernel buffer backs up (``pause_writing``), deliveries to this connection stop
 until it drains, so a slow consumer cannot make the broker buffer without bound.
+
+Each connection that negotiated heartbeats gets two timers, as in RabbitMQ: a sender every
+heartbeat/2 s and a monitor every heartbeat s (a once-a-second tick is too coarse for
+``heartbeat=1``: a client that drops a socket silent for one second would be lost).
+After a client's connection.close the socket *lingers*: it is read and discarded until
+the peer closes it or the linger timeout passes, so unread client data never turns the
+close into a TCP reset.
 """
 
 from __future__ import annotations
@@ -36,6 +43,9 @@ class AMQPProtocol(asyncio.Protocol):
         self._socket_paused = False
         self._turn_bytes = 0  # read since the loop last ran its callbacks
         self._over_budget = False
+        self._beat_timer: asyncio.TimerHandle | None = None  # heartbeat sender
+        self._monitor_timer: asyncio.TimerHandle | None = None  # heartbeat monitor
+        self._linger_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -68,6 +78,8 @@ class AMQPProtocol(asyncio.Protocol):
             session.conn.receive_data(data)
         finally:
             clear_context()
+        if self._monitor_timer is None and session.conn.heartbeat:
+            self._start_heartbeats(session.conn.heartbeat)
         self.flush()
         if session.conn.has_pending and not self._backlog:
             self._backlog = True
@@ -92,7 +104,41 @@ class AMQPProtocol(asyncio.Protocol):
             session.delivery_stalled = False
             self.broker.reschedule_session(session)
         if session.conn.should_close_transport and not transport.is_closing():
-            transport.close()
+            if not session.conn.linger:
+                transport.close()
+            elif self._linger_timer is None:
+                self._linger_timer = self._loop.call_later(session.conn.linger_timeout,
+                                                           self._end_linger)
+                self._apply_reading()  # drain whatever the peer still sends
+
+    def _end_linger(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def eof_received(self) -> bool | None:
+        return None  # the peer closed its end: close ours (ends a linger too)
+
+    # ------------------------------------------------------------------ heartbeats
+    def _start_heartbeats(self, heartbeat: int) -> None:
+        self._beat_timer = self._loop.call_later(heartbeat / 2, self._beat)
+        self._monitor_timer = self._loop.call_later(heartbeat, self._monitor)
+
+    def _beat(self) -> None:
+        session = self.session
+        if session is None or self.transport is None:
+            return
+        session.conn.heartbeat_send()
+        self.flush()
+        self._beat_timer = self._loop.call_later(session.conn.heartbeat / 2, self._beat)
+
+    def _monitor(self) -> None:
+        session = self.session
+        if session is None or self.transport is None:
+            return
+        conn = session.conn
+        conn.heartbeat_check(conn.clock())
+        self.flush()
+        self._monitor_timer = self._loop.call_later(conn.heartbeat, self._monitor)
 
     def pause_writing(self) -> None:
         if self.session is not None:
@@ -119,7 +165,8 @@ class AMQPProtocol(asyncio.Protocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        want_paused = self.reading_paused or self._backlog or self._over_budget
+        want_paused = (self.reading_paused or self._backlog or self._over_budget) and \
+            self._linger_timer is None
         if self.session is not None:
             self.session.conn.reading_paused = want_paused
         if want_paused and not self._socket_paused:
@@ -152,6 +199,9 @@ class AMQPProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.broker.transports.discard(self)
+        for timer in (self._beat_timer, self._monitor_timer, self._linger_timer):
+            if timer is not None:
+                timer.cancel()
         if self.session is not None:
             if exc is not None:
                 log.info("connection lost: %s (%s)", self.session.name, exc)

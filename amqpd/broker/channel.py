@@ -7,7 +7,8 @@ unacked map (a dict, insertion-ordered) is also ordered by tag, which makes
 
 QoS follows RabbitMQ's reading of basic.qos: ``global=false`` sets the limit for each
 consumer created afterwards on this channel; ``global=true`` sets one limit shared by all
-consumers of the channel. Both can be in force at once.
+consumers of the channel. Both are in force at once only when the global one came last:
+RabbitMQ 3.10's ``global=false`` also lifts the channel-wide limit.
 """
 
 from __future__ import annotations
@@ -256,7 +257,10 @@ class Channel:
         if m.global_:
             self.prefetch_channel = m.prefetch_count
         else:
+            # RabbitMQ 3.10 also lifts the channel-wide limit here, so global=true followed
+            # by global=false leaves only per-consumer limits (global=false first keeps both)
             self.prefetch_consumer = m.prefetch_count
+            self.prefetch_channel = 0
         self.reply(commands.Basic.QosOk())
         self._schedule_all()
 
@@ -298,10 +302,22 @@ class Channel:
         """The queue went away: tell the client, if it said it understands basic.cancel."""
         if self.consumers.pop(consumer.tag, None) is None or self.closed:
             return
-        if self.session.conn.capabilities.get("consumer_cancel_notify"):
-            self.session.conn.write(
-                codec.method_frame(self.number, 60, 30, consumer.tag_bytes + b"\x00")
-            )
+        if not self.session.conn.capabilities.get("consumer_cancel_notify"):
+            return
+        # RabbitMQ's channel learns of the queue's end after the fact, so a channel that
+        # deleted the queue it consumes from gets queue.delete-ok first, then basic.cancel
+        # (py-amqp waits for delete-ok and fails on a cancel before it)
+        loop = self.session.broker._loop
+        if loop is None:
+            self._send_cancel(consumer.tag_bytes)
+        else:
+            loop.call_soon(self._send_cancel, consumer.tag_bytes)
+
+    def _send_cancel(self, tag_bytes: bytes) -> None:
+        # nowait=true, as RabbitMQ sends it: a client must not answer with cancel-ok
+        # (@cloudamqp/amqp-client would, and both brokers close on that with 503)
+        if not self.closed:
+            self.session.conn.write(codec.method_frame(self.number, 60, 30, tag_bytes + b"\x01"))
 
     # ------------------------------------------------------------------ delivery
     def can_deliver(self, consumer: Consumer) -> bool:
@@ -345,8 +361,10 @@ class Channel:
         if entry is None:
             self.session.conn.write(codec.method_frame(self.number, 60, 72, b"\x00"))
             return
-        if q.ext is not None and q.ext.quorum is not None:
-            entry = q.ext.quorum.for_get(entry)  # x-delivery-count, even the first time
+        if q.ext is not None:
+            if q.ext.quorum is not None:
+                entry = q.ext.quorum.for_get(entry)  # x-delivery-count, even the first time
+            q.ext.drop_expired_head()  # RabbitMQ's message-count leaves them out
         tag = self.next_tag
         self.next_tag = tag + 1
         msg = entry.message
@@ -470,6 +488,10 @@ class Channel:
             raise AccessRefused(
                 f"cannot publish to internal exchange '{exchange}' in vhost '{self.vhost.name}'"
             )
+        if len(properties) > 1 and properties[0] & 0x10:  # delivery-mode present
+            mode = codec.delivery_mode(properties)
+            if mode != 1 and mode != 2:  # RabbitMQ 3.10 refuses any other value
+                raise PreconditionFailed(f"invalid message: {{delivery_mode_unknown,{mode}}}")
         if self.confirm_mode:
             self.publish_seq += 1
         self.stat_publish += 1

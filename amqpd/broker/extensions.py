@@ -21,7 +21,7 @@ from amqpd.broker.priority import PriorityReady
 from amqpd.broker.queue import Consumer, Queue, QueueEntry
 from amqpd.broker.queue_entry import TimedEntry
 from amqpd.broker.quorum import QuorumState, is_quorum, keeps_every_message
-from amqpd.broker.ttl import ZERO_TTL_GRACE, parse_expiration
+from amqpd.broker.ttl import parse_expiration
 from amqpd.protocol.errors import PreconditionFailed
 
 if TYPE_CHECKING:
@@ -104,7 +104,7 @@ class QueueExt:
                 ttl = per_message
         if ttl is None:
             return None
-        return now + (ttl / 1000 if ttl else ZERO_TTL_GRACE)
+        return now + ttl / 1000
 
     # ------------------------------------------------------------------ enqueue
     def enqueue(self, message: Message) -> None:
@@ -119,6 +119,9 @@ class QueueExt:
             return
         now = time.monotonic()
         expires = self._expiry(message, now)
+        if ((expires is not None and expires <= now) or self._too_big_alone(message)) and \
+                self._deliver_at_once(message, expires):
+            return
         q.ready.append(TimedEntry(message, next(q._seq), False, expires,
                                   self._priority(message)))
         q.ready_bytes += message.size
@@ -131,6 +134,29 @@ class QueueExt:
             limits.enforce(q)
         if q.consumers:
             q.vhost.schedule_dispatch(q)
+
+    def _too_big_alone(self, message: Message) -> bool:
+        """Would drop-head trim this message even from an empty queue?"""
+        opts = self.opts
+        return not self.rejects and (opts.max_length == 0 or (
+            opts.max_length_bytes is not None and message.size > opts.max_length_bytes))
+
+    def _deliver_at_once(self, message: Message, expires: float | None) -> bool:
+        """RabbitMQ offers a new message to a waiting consumer before it is ever queued
+        (the queue is empty whenever a consumer has credit). That decides the fate of a
+        message the queue could not keep: TTL 0 (expired on arrival) or over a length
+        limit of 0. Such a message goes out now or never; anything else is dispatched at
+        the end of the tick as usual."""
+        q = self.queue
+        if q.ready or not q.consumers:
+            return False
+        consumer = q._next_consumer()
+        if consumer is None:
+            return False
+        q.stat_publish += 1
+        consumer.channel.deliver(consumer, q, TimedEntry(
+            loaded(message), next(q._seq), False, expires, self._priority(message)))
+        return True
 
     def restore(self, message: Message, redelivered: bool) -> None:
         """A recovered message: TTL counts again from recovery (its publish time is not

@@ -25,11 +25,6 @@ from typing import Any
 
 from amqpd.protocol.errors import PreconditionFailed
 
-#: grace (seconds) before a zero-TTL message counts as expired, so a consumer that is
-#: ready in the same event-loop tick still gets it (RabbitMQ delivers TTL=0 messages to
-#: waiting consumers and drops them otherwise)
-ZERO_TTL_GRACE = 0.0005
-
 
 def parse_expiration(value: Any) -> int:
     """The ``expiration`` property (a string of milliseconds), as RabbitMQ parses it
@@ -124,4 +119,4 @@ class TimerService:
         self._heap.clear()
 
 
-__all__ = ["ZERO_TTL_GRACE", "TimerService", "parse_expiration"]
+__all__ = ["TimerService", "parse_expiration"]

@@ -324,7 +324,21 @@ class VHost:
         self, kind: str, destination: str, source: str, routing_key: str,
         arguments: dict[str, Any] | None = None, owner: object | None = None,
     ) -> None:
-        src, _dest = self._binding_ends(kind, destination, source, owner)
+        """Remove a binding. As RabbitMQ 3.10 does, a missing source, destination or
+        binding is not an error: there is nothing to remove, and the caller answers
+        unbind-ok (aio-pika's cleanups rely on it)."""
+        if source == "" or (kind == "exchange" and destination == ""):
+            raise AccessRefused("operation not permitted on the default exchange")
+        src = self.exchanges.get(source)
+        dest: Queue | Exchange | None
+        if kind == "queue":
+            dest = self.queues.get(destination)
+            if dest is not None:
+                self.check_exclusive(dest, owner)
+        else:
+            dest = self.exchanges.get(destination)
+        if src is None or dest is None:
+            return
         key = (kind, destination, routing_key, args_key(arguments))
         binding = src.unbind(key)
         if binding is not None:

@@ -15,9 +15,10 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from pamqp import commands, decode, encode
+from pamqp import commands, encode
 from pamqp.base import Frame as PamqpFrame
 
+from amqpd.protocol import fields
 from amqpd.protocol.errors import CommandInvalid, FrameError, SyntaxError_
 from amqpd.protocol.frames import FRAME_END_BYTE
 
@@ -147,8 +148,9 @@ def decode_properties(raw: bytes) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, bit, kind in PROPERTY_FIELDS:
         if flags & bit:
-            used, value = decode.by_type(data, kind)
-            if used > len(data):  # pamqp slices short strings without checking the length
+            # fields.by_type, not pamqp's: any well-formed value decodes (see fields.py)
+            used, value = fields.by_type(data, kind)
+            if used > len(data):
                 raise ValueError(f"property {name} is truncated")
             out[name] = value
             data = data[used:]
@@ -164,7 +166,13 @@ def encode_properties(props: dict[str, Any]) -> bytes:
         if value is None:
             continue
         flags |= bit
-        parts.append(encode.by_type(value, kind))
+        if kind == "timestamp" and isinstance(value, int):  # one datetime cannot hold
+            parts.append(_U64.pack(value))
+        elif kind == "shortstr" and isinstance(value, str):  # maybe not UTF-8 (fields.text)
+            data = value.encode("utf-8", "surrogateescape")
+            parts.append(bytes((len(data),)) + data)
+        else:
+            parts.append(encode.by_type(value, kind))
     return _U16.pack(flags) + b"".join(parts)
 
 
@@ -211,7 +219,7 @@ def validate_properties(raw: bytes) -> None:
                 pos += 1 + raw[pos]
             elif kind == "table":
                 size = int.from_bytes(raw[pos:pos + 4], "big")
-                decode.field_table(raw[pos:pos + 4 + size])
+                fields.table(raw[pos:pos + 4 + size])
                 pos += 4 + size
             else:
                 pos += _FIXED_WIDTH[kind]

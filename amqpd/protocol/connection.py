@@ -40,12 +40,12 @@ from amqpd.protocol.errors import (
     AMQPError,
     ChannelError,
     ChannelErrorCode,
+    ChannelMaxReached,
     CommandInvalid,
     ConnectionAccessRefused,
     ConnectionError_,
     FrameError,
     InternalError,
-    NotAllowed,
     PreconditionFailed,
     SyntaxError_,
     UnexpectedFrame,
@@ -165,7 +165,15 @@ class AMQPConnection:
         self.in_flow = False
         self.last_received = self.created
         self.last_sent = self.created
+        # heartbeat monitor state (see heartbeat_check / heartbeat_send)
+        self.sent_bytes = 0
+        self._beat_mark = -1  # sent_bytes at the last sender check (+8 if it beat)
+        self._checked_at = self.created
+        self._missed_checks = 0
         self.should_close_transport = False  # transport closes the socket once drained
+        # After a client's connection.close: the socket is not closed at once but drained
+        # until the peer closes it or linger_timeout passes (see _finish_close).
+        self.linger = False
         self.close_reason: str = ""
         self.on_output: Callable[[], None] | None = None  # transport: "flush this tick"
 
@@ -186,6 +194,7 @@ class AMQPConnection:
         data = b"".join(self._out)
         self._out.clear()
         self.out_bytes = 0
+        self.sent_bytes += len(data)
         self.last_sent = self.clock()
         return data
 
@@ -333,8 +342,8 @@ class AMQPConnection:
         try:
             self._dispatch(ftype, channel, payload)
         except Exception as exc:
-            if isinstance(exc, AMQPError) and not exc.class_id and ftype == FRAME_METHOD \
-                    and len(payload) >= 4:
+            if isinstance(exc, AMQPError) and not exc.class_id and exc.names_method \
+                    and ftype == FRAME_METHOD and len(payload) >= 4:
                 exc.class_id = (payload[0] << 8) | payload[1]
                 exc.method_id = (payload[2] << 8) | payload[3]
             self._handle_error(exc, channel, ftype)
@@ -388,7 +397,7 @@ class AMQPConnection:
                 raise ChannelErrorCode(f"expected 'channel.open' on channel {channel}")
             # RabbitMQ counts open channels (any channel number is accepted).
             if self.channel_max and len(self.channels) >= self.channel_max:
-                raise NotAllowed(
+                raise ChannelMaxReached(
                     f"number of channels opened ({len(self.channels)}) has reached the "
                     f"negotiated channel_max ({self.channel_max})"
                 )
@@ -401,6 +410,9 @@ class AMQPConnection:
                 del self.channels[channel]
             elif index == 0x00140028:  # channel.close crossed ours
                 self.write(codec.method_frame(channel, 20, 41))
+            elif index == 0x0014000A:
+                # reopened before its close-ok: the number is still taken (RabbitMQ: 504)
+                raise ChannelErrorCode("second 'channel.open' seen")
             return
         if slot.publish is not None:
             raise UnexpectedFrame(
@@ -596,6 +608,8 @@ class AMQPConnection:
         self.frame_max = frame_max or lim.frame_max
         self.channel_max = method.channel_max or lim.channel_max or 65535
         self.heartbeat = method.heartbeat
+        self._checked_at = self.clock()  # the heartbeat monitor and sender start here
+        self._beat_mark = -1  # the sender's first check always beats (as RabbitMQ's)
         self.reader.frame_max = self.frame_max
         self.state = State.OPEN_WAIT
 
@@ -622,6 +636,10 @@ class AMQPConnection:
         self.state = State.CLOSING
         self.closing_since = self.clock()
         self._release_channels()
+        # The connection is over for the broker now, not at close-ok: RabbitMQ deletes
+        # its exclusive queues before it sends connection.close, so a client that
+        # reconnects at once can declare them again.
+        self.delegate.on_connection_closed()
         self.write(codec.close_method(0, exc.reply_code, exc.reply_text, exc.class_id,
                                       exc.method_id))
         if pre_open and exc.reply_code != 403:
@@ -652,6 +670,11 @@ class AMQPConnection:
     def _finish_close(self, reply: bool) -> None:
         if reply:
             self.write(codec.method_frame(0, 10, 51))
+            # The peer may have written more after its close (amqplib interleaves
+            # channels, so publishes can follow the close on the wire). Closing a socket
+            # with unread data makes the kernel answer with a reset, and the client sees
+            # ECONNRESET instead of close-ok: drain and discard until it closes instead.
+            self.linger = True
         self.state = State.CLOSED
         self.should_close_transport = True
         self._release_channels()
@@ -673,7 +696,7 @@ class AMQPConnection:
 
     # ------------------------------------------------------------------ timers
     def tick(self, now: float) -> None:
-        """Called about once a second: heartbeats and handshake timeout."""
+        """Called about once a second: handshake and closing timeouts."""
         if self.state is State.CLOSED:
             return
         if self.state is not State.OPEN and self.state is not State.CLOSING:
@@ -688,19 +711,44 @@ class AMQPConnection:
             self.connection_lost()
             self.should_close_transport = True
             return
+
+    # Heartbeats run on timers of their own (the transport calls these), as RabbitMQ's two
+    # heartbeat processes do: a sender every heartbeat/2 s and a monitor every heartbeat s.
+    @property
+    def linger_timeout(self) -> float:
+        """How long a closed connection's socket is drained before it is closed anyway:
+        RabbitMQ's rule, the heartbeat interval if below 30 s, else 30 s."""
         hb = self.heartbeat
-        if not hb:
+        return float(hb) if 0 < hb < CLOSING_TIMEOUT else CLOSING_TIMEOUT
+
+    def heartbeat_send(self) -> None:
+        """Every heartbeat/2 s: a heartbeat frame unless something else was sent since the
+        last call (RabbitMQ sends one every half interval on an idle connection)."""
+        if self.state is not State.OPEN and self.state is not State.OPEN_WAIT:
             return
-        if self.reading_paused:  # RabbitMQ pauses its heartbeat monitor while blocked too
-            self.last_received = now
-        if now - self.last_received > 2 * hb:
+        pending = self.sent_bytes + self.out_bytes
+        if pending == self._beat_mark or self._beat_mark < 0:
+            self.write(HEARTBEAT_FRAME)
+            pending += len(HEARTBEAT_FRAME)
+        self._beat_mark = pending
+
+    def heartbeat_check(self, now: float) -> None:
+        """Every heartbeat s: any byte received since the last check is a sign of life;
+        the second check in a row without one drops the peer (RabbitMQ's monitor: 2-3
+        intervals of silence). Paused while the transport does not read the socket."""
+        if self.state is not State.OPEN and self.state is not State.OPEN_WAIT:
+            return
+        if self.reading_paused or self.last_received > self._checked_at:
+            self._missed_checks = 0
+        else:
+            self._missed_checks += 1
+        self._checked_at = now
+        if self._missed_checks >= 2:
+            hb = self.heartbeat
             log.warning("missed heartbeats from client, timeout: %ss", hb)
             self.close_reason = f"missed heartbeats from client, timeout: {hb}s"
             self.connection_lost()
             self.should_close_transport = True
-            return
-        if now - self.last_sent >= hb / 2:
-            self.write(HEARTBEAT_FRAME)
 
 
 __all__ = ["AMQPConnection", "ConnectionDelegate", "Limits", "State", "SyntaxError_"]

@@ -16,6 +16,9 @@ class AMQPError(Exception):
 
     reply_code: int = 541
     name: str = "INTERNAL_ERROR"
+    # False for the few faults RabbitMQ reports with class and method 0 even though a
+    # method caused them (the connection layer then leaves the ids at 0)
+    names_method: bool = True
 
     def __init__(self, text: str, class_id: int = 0, method_id: int = 0) -> None:
         super().__init__(text)
@@ -102,6 +105,13 @@ class ResourceError(ConnectionError_):
 
 class NotAllowed(ConnectionError_):
     reply_code, name = 530, "NOT_ALLOWED"
+
+
+class ChannelMaxReached(NotAllowed):
+    """530 for a channel.open past the negotiated channel_max: RabbitMQ 3.10 sends this
+    connection.close with class and method 0/0, not 20/10."""
+
+    names_method = False
 
 
 class NotImplemented_(ConnectionError_):

@@ -6,6 +6,7 @@ from conformance.cases import (  # noqa: F401
     basic,
     channel,
     clients,
+    compat,
     confirm_tx,
     connection,
     durability,

@@ -124,7 +124,7 @@ def test_client_close(opened: RawSocket) -> None:
     opened.send(wire.method(0, C.Connection.Close(reply_code=200, reply_text="bye",
                                                   class_id=0, method_id=0)))
     opened.expect(C.Connection.CloseOk)
-    # now it is the client's turn to close the socket (amqpd also closes its end)
+    # now it is the client's turn to close the socket (amqpd drains its end until then)
 
 
 def test_channel_close_both_ways(opened: RawSocket) -> None:

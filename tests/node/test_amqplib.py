@@ -3,30 +3,13 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import uuid
 from pathlib import Path
 
-import pytest
-
 from tests.support.brokerproc import BrokerProcess
 
 HERE = Path(__file__).parent
-
-
-@pytest.fixture(scope="module")
-def node_modules() -> Path:
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        pytest.skip("node/npm not installed")
-    if not (HERE / "node_modules" / "amqplib").is_dir():
-        try:
-            subprocess.run([npm, "install", "--no-audit", "--no-fund", "--no-save"], cwd=HERE,
-                           check=True, capture_output=True, timeout=120)
-        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-            pytest.skip(f"npm install failed (offline?): {exc}")
-    return HERE / "node_modules"
 
 
 def test_amqplib_publish_consume_confirm(broker: BrokerProcess, node_modules: Path) -> None:

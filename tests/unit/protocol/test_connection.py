@@ -373,26 +373,47 @@ def test_message_over_max_size_is_406_on_the_channel() -> None:
 
 # ---------------------------------------------------------------- heartbeats and timeouts
 def test_server_sends_heartbeats_when_idle() -> None:
+    """The sender runs every heartbeat/2 s and beats unless something else went out since
+    its last run (RabbitMQ: a heartbeat every half interval on an idle connection)."""
     pair = Pair()
     pair.open(heartbeat_=4)
-    pair.clock.now += 2
-    pair.server.receive_data(HEARTBEAT_FRAME)  # the client is alive
-    pair.server.tick(pair.clock.now)
+    pair.server.data_to_send()
+    pair.server.heartbeat_send()  # the first run always beats
     assert pair.server.data_to_send() == HEARTBEAT_FRAME
+    pair.server.heartbeat_send()  # only our own heartbeat went out since
+    assert pair.server.data_to_send() == HEARTBEAT_FRAME
+    pair.call(0, C.Connection.UpdateSecret(new_secret="s", reason="r"))  # traffic
+    pair.server.heartbeat_send()
+    assert pair.server.data_to_send() == b""
     assert pair.server.is_open
 
 
-def test_silent_peer_is_dropped_after_two_intervals() -> None:
+def test_silent_peer_is_dropped_at_the_second_silent_check() -> None:
     pair = Pair()
     pair.open(heartbeat_=2)
-    pair.clock.now += 3.9
-    pair.server.tick(pair.clock.now)
+    pair.clock.now += 1
+    pair.server.receive_data(HEARTBEAT_FRAME)
+    pair.clock.now += 1
+    pair.server.heartbeat_check(pair.clock.now)  # a heartbeat arrived since the start
+    pair.clock.now += 2
+    pair.server.heartbeat_check(pair.clock.now)  # silent once: still alive
     assert pair.server.is_open
-    pair.clock.now += 0.2
-    pair.server.tick(pair.clock.now)
+    pair.clock.now += 2
+    pair.server.heartbeat_check(pair.clock.now)
     assert pair.server.state is State.CLOSED
     assert pair.server.should_close_transport
     assert pair.delegate.named("on_connection_closed")
+
+
+def test_any_inbound_traffic_counts_as_life() -> None:
+    pair = Pair()
+    pair.open(heartbeat_=1)
+    for _ in range(10):
+        pair.clock.now += 1
+        pair.server.receive_data(wire.method(0, C.Connection.UpdateSecret(
+            new_secret="s", reason="r")))  # no heartbeat frame, but traffic
+        pair.server.heartbeat_check(pair.clock.now)
+    assert pair.server.is_open
 
 
 def test_heartbeat_zero_disables_both_directions() -> None:
@@ -525,9 +546,10 @@ def test_no_heartbeat_timeout_while_the_transport_is_not_reading() -> None:
     pair.server.reading_paused = True
     for _ in range(10):
         pair.clock.now += 1
-        pair.server.tick(pair.clock.now)
+        pair.server.heartbeat_check(pair.clock.now)
     assert pair.server.is_open
     pair.server.reading_paused = False
-    pair.clock.now += 2.5
-    pair.server.tick(pair.clock.now)
+    for _ in range(2):
+        pair.clock.now += 1
+        pair.server.heartbeat_check(pair.clock.now)
     assert pair.server.state is State.CLOSED

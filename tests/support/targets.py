@@ -1,0 +1,37 @@
+"""A broker of each kind for tests that must pass on both: amqpd and a private RabbitMQ
+3.10 (skipped, with the reason, where rabbitmq-server is not installed).
+
+Import :func:`both_brokers` into a test module; it yields the AMQP port of a broker
+started for that module, once per kind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from devtools.rabbitmq import RabbitMQNotInstalled, find_server, running_rabbitmq
+from tests.support.brokerproc import BrokerProcess
+
+
+@pytest.fixture(scope="module", params=["amqpd", "rabbitmq"])
+def both_brokers(request: pytest.FixtureRequest,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    if request.param == "amqpd":
+        proc = BrokerProcess(tmp_path_factory.mktemp("amqpd"))
+        proc.start()
+        try:
+            yield proc.port
+        finally:
+            proc.stop()
+        return
+    try:
+        find_server()
+    except RabbitMQNotInstalled as exc:
+        pytest.skip(str(exc))
+    with running_rabbitmq(tmp_path_factory.mktemp("rabbitmq")) as info:
+        yield info.amqp_port
+
+
+__all__ = ["both_brokers"]
