@@ -22,7 +22,9 @@ measured on it (see conformance/cases/quorum.py):
   by quorum queues and behaves as ``drop-head`` (RabbitMQ logs a warning, so do we).
 * Refused: global QoS on a channel consuming from one (540 NOT_IMPLEMENTED at
   basic.consume), queue.delete with if-unused or if-empty (540).
-* Every message is kept on disk, transient ones too (``keeps_every_message``).
+* Every message is kept on disk, transient ones too (``keeps_every_message``); a
+  returned message is written again with its count (and its old record settled), so
+  after a restart it is at the back of the queue with the count it had.
 
 What replication would add (a leader, members, majority confirms) is not here: a quorum
 queue on one node is its own leader and only member, and ``node-is-quorum-critical`` is
@@ -214,9 +216,45 @@ class QuorumState:
         """basic.get shows the delivery count even on a first delivery (0)."""
         if isinstance(entry, QuorumEntry):
             return entry
-        base = entry.message
-        return QuorumEntry(_with_count(base, 0), entry.seq, entry.redelivered,
-                           getattr(entry, "expires", None), 0, base, 0)
+        base, count = self._counted(entry)
+        return QuorumEntry(_with_count(base, count), entry.seq, entry.redelivered,
+                           getattr(entry, "expires", None), 0, base, count)
+
+    def _counted(self, entry: QueueEntry) -> tuple[Message, int]:
+        """The message as published and its delivery count so far. An entry recovered
+        after a restart carries its count in the header it was stored with."""
+        message = entry.message
+        ext = self.queue.ext
+        if ext is None or entry.seq > ext.cold_last:
+            return message, 0
+        if type(message) is LoggedMessage:
+            message = message.load()
+        count = message.headers.get(DELIVERY_COUNT)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            return message, 0
+        return _without_count(message), count
+
+    def _store_count(self, old: Message, new: Message) -> None:
+        """Write the returned message again, with its count, and settle the old record:
+        after a restart it is at the back of the queue with the count it had, as in
+        RabbitMQ (whose log keeps the count). Without a store (or if it fails) the count
+        lives in memory only."""
+        q = self.queue
+        store = q.vhost.broker.store
+        if store is None or not q.in_store or old.position < 0:
+            return
+        from amqpd.store.api import StoredMessage, StoreError
+
+        try:
+            new.position = store.append_enqueue(
+                [q.store_key], StoredMessage(new.exchange, new.routing_key, new.properties,
+                                             new.body))
+            store.append_delivered(q.store_key, new.position)  # redelivered after recovery
+            store.append_settle(q.store_key, [old.position])
+            store.commit(lambda _error: None)
+        except StoreError as exc:
+            log.warning("queue '%s' in vhost '%s': delivery count not written: %s",
+                        q.name, q.vhost.name, exc)
 
     def requeue(self, entries: list[QueueEntry]) -> None:
         """Deliveries come back: each counts one more delivery and goes to the back of the
@@ -232,14 +270,18 @@ class QuorumState:
             if isinstance(entry, QuorumEntry):
                 base, count = entry.base, entry.count + 1
             else:
-                base, count = entry.message, 1
+                base, count = self._counted(entry)
+                count += 1
             if self.delivery_limit is not None and count > self.delivery_limit:
                 # settle() counts it as acked, as RabbitMQ's stats do for a discard
                 broker.dead_letter(q, [_entry_of(base, entry.seq)], "delivery_limit")
                 q.settle([entry])
                 continue
             q.unacked_count -= 1
-            back = QuorumEntry(_with_count(base, count), next(q._seq), True,
+            message = _with_count(base, count)
+            message.position = entry.message.position  # the record it lives in so far
+            self._store_count(entry.message, message)
+            back = QuorumEntry(message, next(q._seq), True,
                                getattr(entry, "expires", None), 0, base, count)
             q.ready.append(back)
             q.ready_bytes += back.message.size
@@ -265,6 +307,18 @@ def _with_count(message: Message, count: int) -> Message:
     items = [kv for kv in rawprops.header_items(fields) if kv[0] != DELIVERY_COUNT]
     items.append((DELIVERY_COUNT, rawprops.long(count)))
     fields["headers"] = rawprops.encode_table(rawprops.sort_items(items))
+    copy = Message(message.exchange, message.routing_key, rawprops.join_properties(fields),
+                   message.body, persistent=message.persistent)
+    copy.position = message.position
+    return copy
+
+
+def _without_count(message: Message) -> Message:
+    """``message`` as published: without the ``x-delivery-count`` header it was stored
+    with (what dead-lettering republishes, and what a new count is set on)."""
+    fields = rawprops.split_properties(message.properties)
+    items = [kv for kv in rawprops.header_items(fields) if kv[0] != DELIVERY_COUNT]
+    fields["headers"] = rawprops.encode_table(items)
     copy = Message(message.exchange, message.routing_key, rawprops.join_properties(fields),
                    message.body, persistent=message.persistent)
     copy.position = message.position

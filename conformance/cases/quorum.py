@@ -467,12 +467,15 @@ def api_put(ctx: Context) -> None:
 
 # -- across a restart (needs --restart-cmd) ---------------------------------------------------
 
-@restart_case("quorum/transient-and-persistent-messages-survive-restart", "durability")
+@restart_case("quorum/messages-and-delivery-counts-survive-restart", "durability")
 def restart_prepare(ctx: Context) -> Any:
     ch = _confirming(ctx)
     q = _qq(ctx, ch, **{"x-delivery-limit": 5})
     _publish(ch, q, b"transient", pika.BasicProperties(delivery_mode=1))
     _publish(ch, q, b"persistent", pika.BasicProperties(delivery_mode=2))
+    first = ctx.must_get(ch, q, auto_ack=False)
+    ch.basic_nack(first.method.delivery_tag, requeue=True)  # to the back, counted
+    ctx.sync(ch)
     return q
 
 
@@ -480,5 +483,8 @@ def restart_prepare(ctx: Context) -> Any:
 def restart_verify(ctx: Context, q: str) -> None:
     ch = ctx.channel()
     ok = ch.queue_declare(q, durable=True, arguments={**QQ, "x-delivery-limit": 5})
-    eq(ok.method.message_count, 2, "messages after the restart")
-    eq(ctx.bodies(ch, q), [b"transient", b"persistent"], "bodies in order")
+    eq(ok.method.message_count, 2, "messages after the restart (transient kept)")
+    got = [(m.body, _delivery_count(m.properties)) for m in ctx.drain(ch, q)]
+    # the order after a restart is not compared: RabbitMQ 3.10.8 puts the returned
+    # message back in its publish order (before the restart it was at the back)
+    eq(sorted(got), [(b"persistent", 0), (b"transient", 1)], "(body, x-delivery-count)")
