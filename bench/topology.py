@@ -47,7 +47,7 @@ from typing import Any
 
 from pamqp import commands
 
-from bench.brokers import AmqpdBroker, Broker, RabbitBroker, rss_bytes
+from bench.brokers import AmqpdBroker, Broker, RabbitBroker, cpu_seconds, rss_bytes
 from bench.loadgen import Conn, PublisherSpec, Target, run_publisher
 
 PREFILL_PROCS = 4
@@ -153,6 +153,14 @@ def run_side_by_side(brokers: list[Broker], sizes: list[int], declares: int, cli
         rows.append(row)
         print(json.dumps(row), flush=True)
 
+    def timed(b: Broker, fn: Any, *args: Any) -> dict[str, Any]:
+        """fn's figures plus the broker's own CPU seconds meanwhile (beam.smp: all its
+        scheduler threads), to tell a disk-bound rate from a CPU-bound one."""
+        cpu0 = cpu_seconds(b.pid or 0)
+        out: dict[str, Any] = fn(*args)
+        out["broker_cpu_s"] = cpu_seconds(b.pid or 0) - cpu0
+        return out
+
     empty: dict[str, int] = {}
     for b in brokers:
         b.start()
@@ -172,19 +180,20 @@ def run_side_by_side(brokers: list[Broker], sizes: list[int], declares: int, cli
         for rep in range(reps):
             for b in brokers:
                 emit({"broker": b.name, "what": "one_client", "size": existing + created,
-                      "rep": rep, **one_client(b.url, f"one{size}r{rep}", declares)})
+                      "rep": rep, **timed(b, one_client, b.url, f"one{size}r{rep}",
+                                          declares)})
             created += declares
             for b in brokers:
                 emit({"broker": b.name, "what": "many_clients", "size": existing + created,
-                      "rep": rep, **many_clients(b.url, f"many{size}r{rep}", declares,
-                                                 clients)})
+                      "rep": rep, **timed(b, many_clients, b.url, f"many{size}r{rep}",
+                                          declares, clients)})
             created += declares
     total = existing + created
     if routed:
         for rep in range(reps):
             for b in brokers:
                 emit({"broker": b.name, "what": "topic_routing", "bindings": total,
-                      "rep": rep, **routing(b.url, keys, routed)})
+                      "rep": rep, **timed(b, routing, b.url, keys, routed)})
         for b in brokers:
             purge_all(b.url, keys)
     for b in brokers:

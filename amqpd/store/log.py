@@ -47,6 +47,14 @@ that record. A segment is deleted when it holds no live message, is not the acti
 one, *and* a durable checkpoint lies past its end: only then can no replay need its
 SETTLE records.
 
+Definitions
+-----------
+Durable topology changes arrive through ``append_definition`` and wait in a list until
+the next record of any other kind, the end of the tick or a checkpoint; then they go
+out as one DEFINITION record (all of them or none survive a crash) and are applied to
+the :class:`~amqpd.store.defs.DefinitionState`, in log order with the messages. A
+checkpoint carries a snapshot of that state, encoded by the writer from a copy.
+
 Failure policy
 --------------
 A write or fsync error (ENOSPC, EIO) fails every waiting and later commit with
