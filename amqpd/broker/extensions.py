@@ -128,7 +128,9 @@ class QueueExt:
         q.stat_publish += 1
         if expires is not None:
             self.timed = self.ttl_seen = True
-            if self.expiry_armed is None or expires < self.expiry_armed:
+            if expires <= now:  # TTL 0: gone now if it is at the head (RabbitMQ)
+                self.drop_expired_head()
+            elif self.expiry_armed is None or expires < self.expiry_armed:
                 self._arm_expiry(expires)
         if self.opts.max_length is not None or self.opts.max_length_bytes is not None:
             limits.enforce(q)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pika
 import pytest
 
+from amqpd.config import Settings
 from tests.support.brokerproc import BrokerProcess
 
 
@@ -61,6 +62,10 @@ def test_default_listener_takes_ipv4_and_ipv6_on_one_port(default_bind: BrokerPr
     assert listeners == {("0.0.0.0", port), ("::", port)}
     assert _round_trip("127.0.0.1", port) == b"via 127.0.0.1"
     assert _round_trip("::1", port) == b"via ::1"
+
+
+def test_every_interface_is_the_default() -> None:
+    assert Settings().bind == ""
 
 
 def test_explicit_ipv4_bind_stays_ipv4_only(broker: BrokerProcess) -> None:

@@ -10,8 +10,8 @@ returns exactly the bytes that were published, on amqpd and on a private RabbitM
 Left out, because RabbitMQ refuses them by design: a delivery mode other than 1 or 2
 (406 ``{delivery_mode_unknown,N}``, a conformance case), an ``expiration`` (it must be a
 number, and would expire the message), a ``user-id`` other than the login, ``CC``/``BCC``
-headers (routing, stripped), and NaN or infinite floats (RabbitMQ's table parser rejects
-them and drops the connection).
+headers (routing, stripped), and NaN or infinite floats (RabbitMQ's table parser cannot
+take them: connection.close 541).
 """
 
 from __future__ import annotations
