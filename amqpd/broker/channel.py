@@ -81,6 +81,7 @@ class Channel:
         self.stat_publish = 0
         self.stat_deliver = 0
         self.stat_ack = 0
+        self.stat_confirm = 0  # publisher confirms (basic.ack) sent; read by http/stats
 
     # ------------------------------------------------------------------ plumbing
     @property
@@ -490,6 +491,7 @@ class Channel:
             self._sent_single.add(seq)
             self.session.conn.write(codec.nack_method(self.number, seq, False))
             return
+        self.stat_confirm += 1
         if not self._acks:
             loop = self.session.broker._loop
             if loop is not None:
