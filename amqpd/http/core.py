@@ -294,20 +294,16 @@ def authenticate(broker: Broker, request: web.Request) -> User:
 
 
 def authenticate_session(broker: Broker, request: web.Request) -> User:
-    """The user behind a live session cookie; the user's tags are read afresh each time,
-    so a changed tag takes effect at once."""
-    users = broker.auth.users
-
-    def password_hash_of(name: str) -> str | None:
-        found = users.get(name)
-        return found.password_hash if found is not None else None
-
-    name = request.app["sessions"].lookup(request.cookies[COOKIE], password_hash_of)
-    user = users.get(name) if name is not None else None
+    """The user behind a live session cookie, authenticated afresh as Basic would be: a
+    changed password, a deleted user or changed tags take effect at once."""
+    sessions = request.app["sessions"]
+    token = request.cookies[COOKIE]
+    found = sessions.lookup(token)
+    user = broker.auth.authenticate(found[0], found[1], is_loopback(request)) if found else None
     if user is None:
+        if found is not None:
+            sessions.drop(token)  # the password changed or the user is gone
         raise HttpError(401, "not_authorized", "Login session expired or ended")
-    if name in broker.auth.loopback_users and not is_loopback(request):
-        raise HttpError(401, "not_authorized", "Login failed")
     if request.method not in ("GET", "HEAD") and UI_HEADER not in request.headers:
         # a cross-site form cannot set this header (see amqpd.http.sessions)
         raise HttpError(403, "access_refused",

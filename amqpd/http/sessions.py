@@ -2,14 +2,17 @@
 
 RabbitMQ's UI keeps Basic credentials in the browser; amqpd's does not. ``POST /api/login``
 checks the user's password and management tags, then sets an ``HttpOnly``,
-``SameSite=Strict`` cookie holding a random token. The page's scripts never see the token,
-the password is never stored in the page, and ``POST /api/logout`` revokes it.
+``SameSite=Strict`` cookie holding a random 256-bit token. The page's scripts never see the
+token, the password is never stored in the page, and ``POST /api/logout`` revokes it.
 
-Only the SHA-256 of each token is kept, with the user name, the expiry time and a
-fingerprint of the user's password hash, in ``<data dir>/http-sessions.json`` (mode 0600):
-a page left open across a broker restart keeps its session, while changing or deleting
-the user ends every session of theirs (the fingerprint no longer matches). The file is
-rewritten on login and logout only, which are rare.
+The server keeps, per session, the SHA-256 of the token, the user name, the expiry time,
+and the password *encrypted with a key only the cookie holds* (a keystream from
+HMAC-SHA256 keyed by the token, used for this one message). Each request decrypts it
+with the presented token and authenticates exactly as HTTP Basic would, so a changed
+password or a deleted user ends the session at once, while a broker restart (which may
+re-hash configured users' passwords with a new salt) does not. The records live in
+``<data dir>/http-sessions.json`` (mode 0600), rewritten on login and logout only; the
+file alone reveals neither tokens nor passwords.
 
 A request authenticated by cookie that changes something (any method but GET/HEAD) must
 also carry ``X-Requested-With``: a cross-site form cannot set that header, so it cannot
@@ -18,7 +21,10 @@ ride on the cookie even where ``SameSite`` is not honoured.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
+import hmac
 import json
 import logging
 import os
@@ -38,20 +44,40 @@ SESSION_TTL = 8 * 3600.0
 MAX_SESSIONS = 10_000  # a bound, so a login loop cannot grow the file without end
 
 
-def password_fingerprint(password_hash: str) -> str:
-    """Changes whenever the password does; says nothing useful about it."""
-    return hashlib.sha256(("amqpd-session:" + password_hash).encode()).hexdigest()[:32]
-
-
 def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _keystream(token: str, n: int) -> bytes:
+    out = b""
+    counter = 0
+    while len(out) < n:
+        out += hmac.new(token.encode(), b"amqpd-session-password/%d" % counter,
+                        hashlib.sha256).digest()
+        counter += 1
+    return out[:n]
+
+
+def seal(token: str, secret: str) -> str:
+    data = secret.encode()
+    return base64.b64encode(bytes(a ^ b for a, b in zip(data, _keystream(token, len(data)),
+                                                       strict=True))).decode()
+
+
+def unseal(token: str, sealed: str) -> str | None:
+    try:
+        data = base64.b64decode(sealed, validate=True)
+        return bytes(a ^ b for a, b in zip(data, _keystream(token, len(data)),
+                                           strict=True)).decode()
+    except (binascii.Error, ValueError, UnicodeDecodeError):
+        return None
 
 
 @dataclass
 class SessionRecord:
     user: str
     expires: float  # wall-clock seconds (sessions outlive the process)
-    fingerprint: str
+    sealed: str  # the password, encrypted under the token (see the module docstring)
 
 
 class SessionStore:
@@ -72,7 +98,7 @@ class SessionStore:
             now = time.time()
             for digest, rec in dict(raw).items():
                 record = SessionRecord(str(rec["user"]), float(rec["expires"]),
-                                       str(rec["fingerprint"]))
+                                       str(rec["sealed"]))
                 if record.expires > now:
                     self.sessions[str(digest)] = record
         except (OSError, ValueError, TypeError, KeyError) as exc:
@@ -83,7 +109,7 @@ class SessionStore:
     def _save(self) -> None:
         if self.path is None:
             return
-        data = {d: {"user": r.user, "expires": r.expires, "fingerprint": r.fingerprint}
+        data = {d: {"user": r.user, "expires": r.expires, "sealed": r.sealed}
                 for d, r in self.sessions.items()}
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -97,7 +123,7 @@ class SessionStore:
                         self.path, exc)
 
     # ------------------------------------------------------------------ sessions
-    def create(self, user: str, password_hash: str) -> str:
+    def create(self, user: str, password: str) -> str:
         """A new session for ``user``; returns the token to put in the cookie."""
         now = time.time()
         self._expire(now)
@@ -105,27 +131,22 @@ class SessionStore:
             oldest = min(self.sessions, key=lambda d: self.sessions[d].expires)
             del self.sessions[oldest]
         token = secrets.token_urlsafe(32)
-        self.sessions[_digest(token)] = SessionRecord(
-            user, now + self.ttl, password_fingerprint(password_hash))
+        self.sessions[_digest(token)] = SessionRecord(user, now + self.ttl,
+                                                      seal(token, password))
         self._save()
         return token
 
-    def lookup(self, token: str, password_hash_of: Any) -> str | None:
-        """The user a live token stands for, or None.
-
-        ``password_hash_of(name)`` gives the user's current password hash (None once the
-        user is gone): a session ends when its user's password changes."""
+    def lookup(self, token: str) -> tuple[str, str] | None:
+        """(user, password) of a live session, for the caller to authenticate afresh."""
         digest = _digest(token)
         record = self.sessions.get(digest)
         if record is None:
             return None
-        current = password_hash_of(record.user)
-        if record.expires <= time.time() or current is None or \
-                not secrets.compare_digest(password_fingerprint(current), record.fingerprint):
-            del self.sessions[digest]
-            self._save()
+        if record.expires <= time.time():
+            self.drop(token)
             return None
-        return record.user
+        password = unseal(token, record.sealed)
+        return None if password is None else (record.user, password)
 
     def drop(self, token: str) -> bool:
         if self.sessions.pop(_digest(token), None) is None:
