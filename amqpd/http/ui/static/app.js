@@ -158,8 +158,16 @@ async function refreshOverview() {
 async function start(user) {
   state.me = who(user);
   await refreshOverview();
-  // the heartbeat: notices a broker that went away even on pages that do not poll
-  if (!state.heartbeat) state.heartbeat = setInterval(() => { if (state.me) refreshOverview(); }, 5000);
+  // the heartbeat: notices a broker that went away (or came back) within two seconds,
+  // even on pages that do not poll; the overview (plugins, cluster name) every 30 s
+  if (!state.heartbeat) {
+    let beats = 0;
+    state.heartbeat = setInterval(() => {
+      if (!state.me) return;
+      if (++beats % 15 === 0) refreshOverview();
+      else api.get("/api/whoami").catch(() => { /* the banner says it */ });
+    }, 2000);
+  }
   if (location.hash.startsWith("#/login")) location.hash = "#/";
   route();
 }
