@@ -13,13 +13,12 @@ export class Chart {
     this.names = names;
     this.el = h("div", { class: "chart", id, dataset: { points: "0" } });
     container.append(this.el);
-    const width = Math.max(Math.min(container.clientWidth || 600, 900) - 20, 300);
+    const width = Math.max(Math.min(container.clientWidth || 600, 1400) - 20, 300);
     const opts = {
       width, height,
       legend: { live: false },
       cursor: { show: false },
-      // at least a minute wide, at most `window` seconds, ending at the newest point
-      scales: { x: { time: true, range: (u, min, max) => [Math.min(min, max - 60), max] }, y: { range: (u, min, max) => [0, Math.max(max * 1.1, 1)] } },
+      scales: { x: { time: true, auto: false }, y: { range: (u, min, max) => [0, Math.max(max * 1.1, 1)] } },
       axes: [{}, { values: (u, ticks) => ticks.map((v) => `${fmtShort(v)}${unit}`), size: 70 }],
       series: [{}, ...names.map((n, i) => ({ label: n, stroke: COLOURS[i % COLOURS.length], width: 2, points: { show: false } }))],
     };
@@ -31,10 +30,15 @@ export class Chart {
   set(rows) {
     const data = [rows.map((r) => r[0]), ...this.names.map((_, i) => rows.map((r) => r[i + 1]))];
     this.plot.setData(data);
+    // the time axis: at least a minute wide, ending at the newest point (or now)
+    const last = rows.length ? rows[rows.length - 1][0] : Date.now() / 1000;
+    const first = rows.length ? rows[0][0] : last;
+    this.plot.setScale("x", { min: Math.min(first, last - 60), max: last });
     this.el.dataset.points = String(rows.length);
     this.last = rows.length ? rows[rows.length - 1].slice(1) : [];
     // the latest values, readable without the canvas (for people and for tests)
     this.el.dataset.latest = JSON.stringify(this.last);
+    this.el.dataset.newest = rows.length ? String(rows[rows.length - 1][0]) : "";
     this.el.dataset.max = String(Math.max(0, ...rows.flatMap((r) => r.slice(1))));
   }
 

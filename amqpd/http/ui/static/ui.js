@@ -29,9 +29,11 @@ export function clear(el, ...children) { el.replaceChildren(); append(el, childr
 
 export function link(href, text) { return h("a", { href }, text); }
 
+const NUMBER = new Intl.NumberFormat("en-US");  // one formatter: toLocaleString makes one per call
+
 export function fmtNum(n) {
   if (n === undefined || n === null || Number.isNaN(n)) return "—";
-  return Number(n).toLocaleString("en-US");
+  return NUMBER.format(Number(n));
 }
 
 export function fmtRate(details) {
