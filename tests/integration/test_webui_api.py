@@ -104,6 +104,15 @@ def test_login_sets_an_httponly_cookie_that_authenticates(broker: BrokerProcess)
     assert b.call("PUT", f"/api/queues/%2F/{uid('cookie-q')}", {})[0] == 201
 
 
+def test_the_definitions_download_link_works_with_the_cookie(broker: BrokerProcess) -> None:
+    b = Browser(broker.http_url)
+    assert b.call("POST", "/api/login", {"username": "guest", "password": "guest"})[0] == 200
+    status, headers, body = b.call("GET", "/api/definitions?download=defs.json", ui=False)
+    assert status == 200
+    assert headers["Content-Disposition"] == 'attachment; filename="defs.json"'
+    assert "queues" in json.loads(body)
+
+
 def test_cookie_writes_need_the_ui_header(broker: BrokerProcess) -> None:
     b = Browser(broker.http_url)
     assert b.call("POST", "/api/login", {"username": "guest", "password": "guest"})[0] == 200

@@ -307,6 +307,22 @@ def test_the_rate_chart_moves_while_a_publisher_runs(ui: Any, broker: BrokerProc
     assert publisher.sent > 0
 
 
+def test_alarms_are_shown_plainly(ui: Any, broker: BrokerProcess, api: Api) -> None:
+    node = api.get("/api/nodes").json()[0]["name"]
+    watermark = f"/api/nodes/{q(node)}/memory-high-watermark"
+    assert api.put(watermark, {"absolute": 1}).status == 200  # memory alarm at once
+    try:
+        go(ui, broker.http_url, "", "#alarm-list")
+        wait_text(ui, "#alarm-list", "Memory alarm")
+        assert "Publishers are blocked" in text_of(ui, "#alarm-list")
+        assert "ALARM" in text_of(ui, "#node")
+        shot(ui, "overview-memory-alarm", full=False)
+    finally:
+        assert api.put(watermark, {"fraction": 0.4}).status == 200
+    go(ui, broker.http_url, "", "#alarm-list")
+    wait_text(ui, "#alarm-list", "No resource alarms.")
+
+
 # ---------------------------------------------------------------------------- other pages
 def test_every_page_renders(ui: Any, broker: BrokerProcess, api: Api) -> None:
     label = uid("ui-test-client")
