@@ -102,6 +102,28 @@ def test_a_management_user_sees_no_admin_pages(
     wait_text(browser, "main", "No such page")
 
 
+def test_a_refused_action_is_reported_and_the_user_stays_logged_in(
+        browser: Any, broker: BrokerProcess, api: Api) -> None:  # noqa: F811
+    """A monitoring user reads every vhost but may change none: the API's 401
+    not_authorised is shown on the page, not taken for an ended session."""
+    name, queue = uid("watcher"), uid("watched")
+    api.put(f"/api/users/{name}", {"password": "pw", "tags": "monitoring"})
+    api.put(f"/api/queues/%2F/{queue}", {"durable": False})
+    api.post("/api/exchanges/%2F/amq.default/publish",
+             {"routing_key": queue, "payload": "keep me", "properties": {}})
+    login(browser, broker.http_url, name, "pw")
+    go(browser, broker.http_url, f"queues/%2F/{q(queue)}", "#queue-details table")
+    assert not browser.find_elements("css selector", "#move-messages")  # policymakers only
+    purge = next(b for b in browser.find_elements("css selector", "main button.danger")
+                 if b.text == "Purge messages")
+    purge.click()
+    browser.switch_to.alert.accept()
+    wait_text(browser, "main .form-status.error", "Access refused")
+    assert name in text_of(browser, "#whoami")
+    assert not browser.find_elements("css selector", "#login-form")
+    assert api.get(f"/api/queues/%2F/{queue}").json()["messages"] == 1
+
+
 # ---------------------------------------------------------------------------- queues
 def test_a_queue_declared_over_amqp_appears_with_its_message_count(
         ui: Any, broker: BrokerProcess) -> None:

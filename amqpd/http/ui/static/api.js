@@ -70,7 +70,9 @@ export async function request(method, path, body, { raw = false, quiet401 = fals
   if (!resp.ok) {
     let error = "", reason = text.slice(0, 500);
     try { const j = JSON.parse(text); error = j.error || ""; reason = j.reason || reason; } catch (_) { /* not JSON */ }
-    if (resp.status === 401 && !quiet401 && path !== "/api/login") emit("unauthorised", reason);
+    // "not_authorized" is a failed login or an ended session; "not_authorised" (RabbitMQ's
+    // spelling for a missing tag or vhost access) is a refusal the page just reports
+    if (resp.status === 401 && error === "not_authorized" && !quiet401 && path !== "/api/login") emit("unauthorised", reason);
     throw new ApiError(resp.status, error, reason, path);
   }
   if (raw) return text;

@@ -50,7 +50,7 @@ export async function render(ctx) {
       }, { id: "get-messages" }), got),
     section("Publish a message", h("p", { class: "muted" }, "Published to the default exchange with this queue's name as routing key."),
       publishForm(vhost, "", { routingKey: name, fixedKey: true, after: refresh })),
-    ctx.plugins.includes("shovel") ? section("Move messages", h("p", { class: "muted" }, "A shovel moves every message now in this queue to another queue of this vhost, then removes itself."),
+    ctx.plugins.includes("shovel") && ctx.me.policymaker ? section("Move messages", h("p", { class: "muted" }, "A shovel moves every message now in this queue to another queue of this vhost, then removes itself."),
       form([{ name: "dest", label: "Destination queue", required: true }], "Move messages", async (v) => {
         const value = {
           "src-uri": `amqp:///${api.seg(vhost)}`, "src-queue": name, "src-protocol": "amqp091", "src-prefetch-count": 1000,
