@@ -357,13 +357,35 @@ def test_every_page_renders(ui: Any, broker: BrokerProcess, api: Api) -> None:
         queue = uid("consumed")
         ch.queue_declare(queue)
         ch.basic_consume(queue, lambda *a: None)
+        # a shovel and a federation link, so their status pages show one each
+        shovel, upstream, policy = uid("keep-shovel"), uid("up"), uid("fed")
+        api.put(f"/api/queues/%2F/{shovel}-src", {"durable": False})
+        api.put(f"/api/queues/%2F/{shovel}-dest", {"durable": False})
+        assert api.put(f"/api/parameters/shovel/%2F/{shovel}", {"value": {
+            "src-uri": "amqp://", "src-queue": f"{shovel}-src", "dest-uri": "amqp://",
+            "dest-queue": f"{shovel}-dest"}}).status == 201
+        api.put(f"/api/exchanges/%2F/{upstream}-x", {"type": "topic"})
+        api.put(f"/api/exchanges/%2F/fedlocal-{upstream}", {"type": "topic"})
+        assert api.put(f"/api/parameters/federation-upstream/%2F/{upstream}", {"value": {
+            "uri": broker.url, "exchange": f"{upstream}-x"}}).status == 201
+        assert api.put(f"/api/policies/%2F/{policy}", {
+            "pattern": f"^fedlocal-{upstream}$", "apply-to": "exchanges",
+            "definition": {"federation-upstream": upstream}}).status == 201
+        go(ui, broker.http_url, "shovels", "#shovels-table")
+        wait_text(ui, "#shovels-table", "running", timeout=20)
+        shot(ui, "shovels")
+        go(ui, broker.http_url, "federation", "#federation-table")
+        wait_text(ui, "#federation-table", "running", timeout=20)
+        assert upstream in text_of(ui, "#federation-upstreams")
+        shot(ui, "federation")
+        api.delete(f"/api/policies/%2F/{policy}")
+        api.delete(f"/api/parameters/federation-upstream/%2F/{upstream}")
+        api.delete(f"/api/parameters/shovel/%2F/{shovel}")
         pages = [("", "#rate-chart", "overview-top"),
                  ("connections", "#connections-table", "connections"),
                  ("channels", "#channels-table", "channels"),
                  ("exchanges", "#exchanges-table", "exchanges"),
                  ("exchanges/%2F/amq.topic", "#bindings-out table", "exchange"),
-                 ("shovels", "#shovels-table", "shovels"),
-                 ("federation", "#federation-table", "federation"),
                  (f"queues/%2F/{q(queue)}", "#queue-details table", "queue-with-consumer")]
         for path, ready, name in pages:
             go(ui, broker.http_url, path, ready)

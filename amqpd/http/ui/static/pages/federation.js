@@ -3,6 +3,9 @@
 import * as api from "../api.js";
 import { clear, dangerButton, fmtJson, h, section, table } from "../ui.js";
 
+// passwords in upstream URIs stay in the API, off the screen
+const redact = (text) => text.replace(/(amqps?:\/\/[^:/@"]*):[^@/"]*@/g, "$1:***@");
+
 export async function render(ctx) {
   const links = h("div", { id: "federation-links" }), upstreams = h("div", { id: "federation-upstreams" });
   ctx.root.append(h("h1", {}, "Federation"), section("Links", links), ctx.me.policymaker ? section("Upstreams", upstreams) : null);
@@ -21,7 +24,7 @@ export async function render(ctx) {
       const ups = await api.get("/api/parameters/federation-upstream");
       if (!ctx.live()) return;
       clear(upstreams, table([{ title: "Name", get: (u) => u.name }, { title: "Virtual host", get: (u) => u.vhost },
-        { title: "Definition", get: (u) => fmtJson(u.value) }], ups, { empty: "No upstreams." }));
+        { title: "Definition", get: (u) => redact(fmtJson(u.value)) }], ups, { empty: "No upstreams." }));
     }
   });
 }
