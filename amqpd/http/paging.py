@@ -39,9 +39,7 @@ def paged_list(ctx: Ctx, objects: list[T], view: Callable[[T], dict[str, Any]],
     page, size = page_params(q)
     chosen = filter_by_name(objects, q, name_of)
     if sort:
-        key = sort_keys[sort]
-        chosen = sorted(chosen, key=lambda o: _sort_key(key(o)),
-                        reverse=q.get("sort_reverse") == "true")
+        chosen = _sorted(chosen, sort_keys[sort], q.get("sort_reverse") == "true")
     filtered = len(chosen)
     items = [view(o) for o in page_slice(chosen, page, size)]
     columns = q.get("columns")
@@ -49,3 +47,15 @@ def paged_list(ctx: Ctx, objects: list[T], view: Callable[[T], dict[str, Any]],
         cols = [c for c in columns.split(",") if c]
         items = [_project(i, cols) for i in items]
     return page_body(items, page, size, filtered, total)
+
+
+def _sorted(objects: list[T], key: Callable[[T], Any], reverse: bool) -> list[T]:
+    """Stable sort on one key per object, read once; the same order select_columns gives
+    (numbers before strings), without wrapping every comparison when the keys are all
+    strings or all numbers, which they are for every key in practice."""
+    keys = [key(o) for o in objects]
+    if not (all(type(k) is str for k in keys)
+            or all(type(k) is int or type(k) is float for k in keys)):
+        keys = [_sort_key(k) for k in keys]
+    order = sorted(range(len(objects)), key=keys.__getitem__, reverse=reverse)
+    return [objects[i] for i in order]

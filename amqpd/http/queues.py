@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -63,9 +64,11 @@ def _get(ctx: Ctx, write: bool = False) -> tuple[VHost, Queue]:
     return vh, q
 
 
+by_name = operator.attrgetter("name")
+
 # sort keys the paged list reads from the queue itself (see amqpd.http.paging)
 QUEUE_SORT_KEYS: dict[str, Callable[[Any], Any]] = {  # each takes a Queue
-    "name": lambda q: q.name,
+    "name": by_name,
     "vhost": lambda q: q.vhost.name,
     "messages": lambda q: len(q.ready) + q.unacked_count,
     "messages_ready": lambda q: len(q.ready),
@@ -79,7 +82,7 @@ QUEUE_SORT_KEYS: dict[str, Callable[[Any], Any]] = {  # each takes a Queue
 
 async def list_queues(ctx: Ctx) -> Any:
     vhosts = [ctx.vhost()] if "vhost" in ctx.params else ctx.visible_vhosts()
-    objects = [q for vh in vhosts for q in sorted(vh.queues.values(), key=lambda q: q.name)]
+    objects = [q for vh in vhosts for q in sorted(vh.queues.values(), key=by_name)]
     return json_response(paged_list(ctx, objects, lambda q: queue_view(ctx, q),
                                     lambda q: q.name, QUEUE_SORT_KEYS))
 
