@@ -124,11 +124,13 @@ async function route() {
     overview: state.overview,
     // run fn now and every `ms` while this page stays open
     every(ms, fn) {
+      let busy = false;  // a slow answer must not overlap (and be overtaken by) the next
       const tick = async () => {
-        if (generation !== state.generation) return;
+        if (generation !== state.generation || busy) return;
+        busy = true;
         try { await fn(); } catch (exc) {
           if (!(exc instanceof api.NetworkError)) console.warn(exc);
-        }
+        } finally { busy = false; }
       };
       state.timers.push(setInterval(tick, ms));
       return tick();

@@ -31,9 +31,11 @@ export async function render(ctx) {
       return `Exchange ${v.name} declared.`;
     }, { id: "add-exchange" })));
 
+  let latest = 0;  // only the newest request draws
   async function refresh() {
+    const mine = ++latest;
     const items = await api.get(`/api/exchanges${view.vhost ? "/" + api.seg(view.vhost) : ""}`);
-    if (!ctx.live()) return;
+    if (!ctx.live() || mine !== latest) return;
     clear(list, table([
       { title: "Virtual host", get: (e) => e.vhost },
       { title: "Name", get: (e) => link(exchangeHref(e.vhost, e.name), e.name || "(AMQP default)"), cls: "name" },

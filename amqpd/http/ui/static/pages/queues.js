@@ -42,7 +42,9 @@ export async function render(ctx) {
     refresh();
   }
 
+  let latest = 0;  // only the newest request draws: an older answer must not undo a click
   async function refresh() {
+    const mine = ++latest;
     const path = `/api/queues${view.vhost ? "/" + api.seg(view.vhost) : ""}` + api.query({
       page: view.page, page_size: view.pageSize, name: view.name, use_regex: view.regex ? "true" : "",
       sort: view.sort.key, sort_reverse: view.sort.reverse ? "true" : "false", columns: COLUMNS,
@@ -52,10 +54,10 @@ export async function render(ctx) {
       res = await api.get(path);
     } catch (exc) {
       if (exc instanceof api.ApiError && exc.error === "page_out_of_range" && view.page > 1) { view.page = 1; return refresh(); }
-      clear(listBox, h("div", { class: "form-status error" }, describeError(exc)));
+      if (mine === latest) clear(listBox, h("div", { class: "form-status error" }, describeError(exc)));
       return;
     }
-    if (!ctx.live()) return;
+    if (!ctx.live() || mine !== latest) return;
     const ms = (q) => q.message_stats || {};
     clear(listBox, pager(res, (p) => { view.page = p; refresh(); }), table([
       { title: "Virtual host", get: (q) => q.vhost, sort: "vhost" },
