@@ -212,6 +212,8 @@ def test_create_a_user_and_a_policy(ui: Any, broker: BrokerProcess, api: Api) ->
     go(ui, broker.http_url, "admin/users", "#add-user")
     fill(ui, "#add-user", {"name": user, "password": "pw-ui", "tags": "monitoring, policymaker"})
     submit(ui, "#add-user", f"User {user} saved.")
+    password = ui.find_element("css selector", "#add-user [name=password]")
+    assert password.get_attribute("value") == ""  # not left in the page
     wait_text(ui, "#users-table", user)
     shot(ui, "admin-users")
     made = api.get(f"/api/users/{user}").json()

@@ -33,6 +33,7 @@ const RENDER = {
       const payload = { tags: v.tags };
       if (v.password) payload.password = v.password;
       await api.put(`/api/users/${api.seg(v.name)}`, payload);
+      body.querySelector("#add-user [name=password]").value = "";  // not left in the page
       await refresh();
       return `User ${v.name} saved.`;
     }, { id: "add-user" })));
