@@ -43,13 +43,20 @@ install: venv
 run: install
 	'$(PY)' -m amqpd $(ARGS)
 
-# RabbitMQ (the conformance reference) from Debian's package, when we may install it.
+# RabbitMQ (the conformance reference) and headless Chromium with its driver (the web UI's
+# browser tests) from Debian's packages, when we may install them.
 system-deps:
 	@if ! [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rabbitmq-server) \
 	      >/dev/null 2>&1 || echo "warning: could not install rabbitmq-server; RabbitMQ tests will skip"; \
 	  else echo "note: rabbitmq-server not installed; RabbitMQ tests will skip"; fi; \
+	fi
+	@if ! [ -x /usr/bin/chromium ] || ! [ -x /usr/bin/chromedriver ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) \
+	      >/dev/null 2>&1 || echo "warning: could not install chromium; web UI browser tests will skip"; \
+	  else echo "note: chromium/chromium-driver not installed; web UI browser tests will skip"; fi; \
 	fi
 
 lint: install

@@ -85,6 +85,7 @@ class Channel:
         # topology -ok frames waiting for their definition change to be durable, with
         # the journal count each one needs (see _reply_ok)
         self._held: list[tuple[int, bytes]] = []
+        self.stat_confirm = 0  # publisher confirms (basic.ack) sent; read by http/stats
 
     # ------------------------------------------------------------------ plumbing
     @property
@@ -553,6 +554,7 @@ class Channel:
             self._sent_single.add(seq)
             self.session.conn.write(codec.nack_method(self.number, seq, False))
             return
+        self.stat_confirm += 1
         if not self._acks:
             loop = self.session.broker._loop
             if loop is not None:

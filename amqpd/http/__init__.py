@@ -2,13 +2,15 @@
 
 One module per resource (LavinMQ's controllers): ``overview``, ``connections``,
 ``exchanges``, ``queues``, ``bindings``, ``vhosts``, ``users``, ``policies``,
-``parameters``, ``definitions``, ``health``, ``metrics``. Each exposes ``routes(router)``.
+``parameters``, ``definitions``, ``health``, ``metrics``, ``topic_permissions``, and
+``webui`` (the management web UI at ``/`` and its login). Each exposes ``routes(router)``.
 :class:`HttpServer` is started and stopped by the broker.
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -24,10 +26,13 @@ from amqpd.http import (
     parameters,
     policies,
     queues,
+    topic_permissions,
     users,
     vhosts,
+    webui,
 )
 from amqpd.http.core import Router, make_dispatcher
+from amqpd.http.sessions import SessionStore
 from amqpd.http.stats import RateSampler
 
 if TYPE_CHECKING:
@@ -36,7 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqpd.http")
 
 RESOURCES = (overview, connections, exchanges, queues, bindings, vhosts, users, policies,
-             parameters, definitions, health, metrics)
+             parameters, definitions, health, metrics, topic_permissions, webui)
 
 
 def build_router(broker: Broker | None = None) -> Router:
@@ -54,6 +59,7 @@ def create_app(broker: Broker, sampler: RateSampler | None = None) -> web.Applic
     app = web.Application(client_max_size=128 * 1024 * 1024)
     app["broker"] = broker
     app["sampler"] = sampler or RateSampler(broker)
+    app["sessions"] = SessionStore(Path(broker.settings.data_dir) / "http-sessions.json")
     app["listener"] = {"port": 0, "tls": False}  # filled in once bound (a mutable holder:
     # aiohttp forbids changing a started application's own keys)
     app.router.add_route("*", "/{tail:.*}", make_dispatcher(broker, build_router(broker)))

@@ -4,7 +4,8 @@ Routing is done on the *raw* request path, split on ``/`` and unquoted segment b
 segment, because RabbitMQ's paths carry ``%2F`` for the default vhost and names may
 contain any character: ``/api/queues/%2F/a%2Fb`` is vhost ``/``, queue ``a/b``.
 
-Authentication is HTTP Basic against the broker's users. What a user may do is decided
+Authentication is HTTP Basic against the broker's users, or the web UI's login session
+cookie (:mod:`amqpd.http.sessions`). What a user may do is decided
 by tags, as in RabbitMQ's management plugin:
 
 - ``management``: the API, restricted to vhosts the user has permissions in, and only
@@ -25,14 +26,16 @@ import base64
 import binascii
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import unquote
 
 import structlog
 from aiohttp import web
 
+from amqpd.http.sessions import COOKIE, UI_HEADER
 from amqpd.protocol.errors import AMQPError
 
 if TYPE_CHECKING:
@@ -90,9 +93,11 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
-def error_response(exc: HttpError) -> web.Response:
+def error_response(exc: HttpError, challenge: bool = True) -> web.Response:
+    """``challenge=False`` leaves out ``WWW-Authenticate``: the web UI asks for it, so a
+    401 shows its own login form instead of the browser's Basic-auth dialog."""
     body = {"error": exc.error, "reason": exc.reason, **exc.extra}
-    headers = {"WWW-Authenticate": REALM} if exc.status == 401 else None
+    headers = {"WWW-Authenticate": REALM} if exc.status == 401 and challenge else None
     return json_response(body, exc.status, headers)
 
 
@@ -262,8 +267,16 @@ def split_raw_path(raw_path: str) -> list[str]:
     return [unquote(s) for s in segments]
 
 
+def is_loopback(request: web.Request) -> bool:
+    remote = request.remote or ""
+    return remote.startswith(("127.", "::ffff:127.")) or remote in ("::1", "")
+
+
 def authenticate(broker: Broker, request: web.Request) -> User:
+    """HTTP Basic, or else the web UI's session cookie (amqpd.http.sessions)."""
     header = request.headers.get("Authorization", "")
+    if not header and COOKIE in request.cookies and "sessions" in request.app:
+        return authenticate_session(broker, request)
     if not header.lower().startswith("basic "):
         raise HttpError(401, "not_authorized", "Login failed")
     try:
@@ -271,12 +284,30 @@ def authenticate(broker: Broker, request: web.Request) -> User:
         username, _, password = decoded.partition(":")
     except (binascii.Error, UnicodeDecodeError, ValueError):
         raise HttpError(401, "not_authorized", "Login failed") from None
-    remote = request.remote or ""
-    loopback = remote.startswith(("127.", "::ffff:127.")) or remote in ("::1", "")
-    user = broker.auth.authenticate(username, password, loopback)
+    user = broker.auth.authenticate(username, password, is_loopback(request))
     if user is None:
-        log.warning("HTTP API login refused for user %r from %s", username, remote)
+        log.warning("HTTP API login refused for user %r from %s", username, request.remote)
         raise HttpError(401, "not_authorized", "Login failed")
+    if not set(user.tags) & MANAGEMENT_TAGS:
+        raise not_authorised("Not management user")
+    return user
+
+
+def authenticate_session(broker: Broker, request: web.Request) -> User:
+    """The user behind a live session cookie, authenticated afresh as Basic would be: a
+    changed password, a deleted user or changed tags take effect at once."""
+    sessions = request.app["sessions"]
+    token = request.cookies[COOKIE]
+    found = sessions.lookup(token)
+    user = broker.auth.authenticate(found[0], found[1], is_loopback(request)) if found else None
+    if user is None:
+        if found is not None:
+            sessions.drop(token)  # the password changed or the user is gone
+        raise HttpError(401, "not_authorized", "Login session expired or ended")
+    if request.method not in ("GET", "HEAD") and UI_HEADER not in request.headers:
+        # a cross-site form cannot set this header (see amqpd.http.sessions)
+        raise HttpError(403, "access_refused",
+                        f"a request authenticated by cookie must carry {UI_HEADER}")
     if not set(user.tags) & MANAGEMENT_TAGS:
         raise not_authorised("Not management user")
     return user
@@ -299,7 +330,7 @@ def make_dispatcher(
                 await broker.definitions.wait_durable()
             return response
         except HttpError as exc:
-            return error_response(exc)
+            return error_response(exc, UI_HEADER not in request.headers)
         except AMQPError as exc:
             return error_response(amqp_error_to_http(exc))
         except web.HTTPException:
@@ -353,54 +384,79 @@ def as_str(value: Any, name: str, default: str | None = None) -> str:
     return value
 
 
-MAX_PAGE_SIZE = 500
-
-
 def select_columns(items: list[dict[str, Any]], ctx: Ctx) -> Any:
-    """RabbitMQ's list query options: sort, sort_reverse, columns, and pagination.
+    """RabbitMQ's list query options: ``name`` (+ ``use_regex``), ``sort``,
+    ``sort_reverse``, ``columns``, and pagination (``page``, ``page_size``).
 
-    Pagination (``page``, ``page_size`` up to 500, ``name`` with ``use_regex``, matched
-    without regard to case) answers RabbitMQ's envelope: ``total_count`` before the
-    name filter, ``filtered_count`` after it, ``page_count`` 0 for an empty result; a
-    page past the end is 400 ``page_out_of_range``. ``name`` only filters a paginated
-    request, as in RabbitMQ."""
+    As RabbitMQ does: filter, then sort, then cut the page, then project columns; a paged
+    answer counts the items before (``total_count``) and after (``filtered_count``) the
+    filter."""
     q = ctx.query
+    total = len(items)
+    items = filter_by_name(items, q, lambda i: str(i.get("name", "")))
     sort = q.get("sort")
     if sort:
         items = sorted(items, key=lambda i: _sort_key(_dotted(i, sort)),
                        reverse=q.get("sort_reverse") == "true")
+    paged = "page" in q
+    if paged:
+        page, size = page_params(q)
+        filtered = len(items)
+        items = page_slice(items, page, size)
     columns = q.get("columns")
-    project = [c for c in columns.split(",") if c] if columns else None
-    if "page" not in q:
-        return [_project(i, project) for i in items] if project else items
+    if columns:
+        cols = [c for c in columns.split(",") if c]
+        items = [_project(i, cols) for i in items]
+    if paged:
+        return page_body(items, page, size, filtered, total)
+    return items
+
+
+T = TypeVar("T")
+MAX_PAGE_SIZE = 500  # RabbitMQ's limit
+
+
+def filter_by_name(items: list[T], q: Any, name_of: Callable[[T], str]) -> list[T]:
+    """``name=`` keeps items whose name contains the text, ignoring case (a regular
+    expression with ``use_regex=true``), as RabbitMQ's UI filter box does."""
+    text = q.get("name")
+    if not text:
+        return items
+    pattern = text if q.get("use_regex") == "true" else re.escape(text)
     try:
-        page = int(q.get("page", ""))
-        size = int(q.get("page_size", "100"))
+        rx = re.compile(pattern, re.IGNORECASE)
+    except re.error as exc:
+        raise bad_request(f"Invalid regex: {exc}") from None
+    return [i for i in items if rx.search(name_of(i))]
+
+
+def page_params(q: Any) -> tuple[int, int]:
+    """``page`` and ``page_size``, refused with RabbitMQ 3.10.8's errors (asked of it)."""
+    try:
+        page, size = int(q.get("page") or 1), int(q.get("page_size") or 100)
     except ValueError:
         raise bad_request("Pagination parameters are invalid") from None
     if page < 1 or not 1 <= size <= MAX_PAGE_SIZE:
         raise HttpError(400, "invalid_pagination_parameters",
-                        f"Invalid pagination parameters: page number {page}, page size {size}")
-    total = len(items)
-    name_filter = q.get("name")
-    if name_filter:
-        import re
+                        f"Invalid pagination parameters: page number {page}, "
+                        f"page size {size}")
+    return page, size
 
-        pattern = name_filter if q.get("use_regex") == "true" else re.escape(name_filter)
-        try:
-            rx = re.compile(pattern, re.IGNORECASE)
-        except re.error:
-            raise bad_request("Pagination parameters are invalid") from None
-        items = [i for i in items if rx.search(str(i.get("name", "")))]
-    filtered = len(items)
+
+def page_slice(items: list[T], page: int, size: int) -> list[T]:
+    """The page's items; any page but the first that starts past the end is refused,
+    as RabbitMQ 3.10.8 does (the first page of an empty result is an empty page)."""
     start = (page - 1) * size
-    if page > 1 and start >= filtered:
+    if page > 1 and start >= len(items):
         raise HttpError(400, "page_out_of_range",
-                        f"Page out of range, page: {page} page size: {size}, len: {filtered}")
-    chunk = items[start:start + size]
-    if project:
-        chunk = [_project(i, project) for i in chunk]
-    return {"filtered_count": filtered, "item_count": len(chunk), "items": chunk,
+                        f"Page out of range, page: {page} page size: {size}, "
+                        f"len: {len(items)}")
+    return items[start:start + size]
+
+
+def page_body(items: list[Any], page: int, size: int, filtered: int,
+              total: int) -> dict[str, Any]:
+    return {"filtered_count": filtered, "item_count": len(items), "items": items,
             "page": page, "page_count": (filtered + size - 1) // size, "page_size": size,
             "total_count": total}
 

@@ -12,7 +12,7 @@ from typing import Any
 import amqpd
 from amqpd import hotpath
 from amqpd.broker.exchange import EXCHANGE_TYPES
-from amqpd.http.core import Ctx, Router, json_response, no_content, not_found
+from amqpd.http.core import Ctx, Router, bad_request, json_response, no_content, not_found
 
 # The management API version amqpd's paths and JSON shapes follow (rabbitmqadmin and
 # dashboards read ``rabbitmq_version``); ``product_version`` is amqpd's own.
@@ -90,6 +90,16 @@ def listeners(ctx: Ctx) -> list[dict[str, Any]]:
     return out
 
 
+def sample_window(ctx: Ctx, age_key: str, incr_key: str) -> tuple[float, float]:
+    """RabbitMQ's ``msg_rates_age``/``msg_rates_incr`` (and ``lengths_*``) in seconds."""
+    try:
+        age = float(ctx.query.get(age_key) or 0)
+        incr = float(ctx.query.get(incr_key) or 0)
+    except ValueError:
+        raise bad_request(f"{age_key} and {incr_key} must be numbers") from None
+    return max(age, 0.0), max(incr, 0.0)
+
+
 async def overview(ctx: Ctx) -> Any:
     b = ctx.broker
     vhosts = ctx.visible_vhosts()
@@ -114,7 +124,8 @@ async def overview(ctx: Ctx) -> Any:
         "erlang_full_version": f"Python {platform.python_version()}",
         "disable_stats": False,
         "enable_queue_totals": False,
-        "message_stats": sampler.overview_stats(),
+        "message_stats": sampler.overview_stats(
+            *sample_window(ctx, "msg_rates_age", "msg_rates_incr")),
         "churn_rates": {},
         "queue_totals": {
             "messages": ready + unacked, "messages_details": {"rate": 0.0},
@@ -130,11 +141,18 @@ async def overview(ctx: Ctx) -> Any:
             "queues": len(queues),
         },
         "statistics_db_event_queue": 0,
+        # amqpd's own: which plugins run, so a client (the web UI) knows which pages exist
+        "amqpd_plugins": sorted(getattr(b, "plugins", {}) or {}),
         "node": b.settings.node_name,
         "listeners": listeners(ctx),
         "contexts": [{"node": b.settings.node_name, "description": "RabbitMQ Management",
                       "path": "/", "port": str(ctx.request.app["listener"]["port"])}],
     }
+    lengths_age, lengths_incr = sample_window(ctx, "lengths_age", "lengths_incr")
+    if lengths_age > 0:
+        totals: Any = body["queue_totals"]
+        for key, samples in sampler.length_samples(lengths_age, lengths_incr).items():
+            totals[f"{key}_details"].update(samples)
     return json_response(body)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from amqpd.broker.quorum import is_quorum
@@ -22,6 +24,7 @@ from amqpd.http.core import (
     select_columns,
 )
 from amqpd.http.messages import decode_json_properties, encode_payload
+from amqpd.http.paging import paged_list
 
 if TYPE_CHECKING:
     from amqpd.broker.queue import Queue, QueueEntry
@@ -65,11 +68,27 @@ def _get(ctx: Ctx, write: bool = False) -> tuple[VHost, Queue]:
     return vh, q
 
 
+by_name = operator.attrgetter("name")
+
+# sort keys the paged list reads from the queue itself (see amqpd.http.paging)
+QUEUE_SORT_KEYS: dict[str, Callable[[Any], Any]] = {  # each takes a Queue
+    "name": by_name,
+    "vhost": lambda q: q.vhost.name,
+    "messages": lambda q: len(q.ready) + q.unacked_count,
+    "messages_ready": lambda q: len(q.ready),
+    "messages_unacknowledged": lambda q: q.unacked_count,
+    "consumers": lambda q: len(q.consumers),
+    "durable": lambda q: q.durable,
+    "auto_delete": lambda q: q.auto_delete,
+    "exclusive": lambda q: q.exclusive,
+}
+
+
 async def list_queues(ctx: Ctx) -> Any:
     vhosts = [ctx.vhost()] if "vhost" in ctx.params else ctx.visible_vhosts()
-    items = [queue_view(ctx, q) for vh in vhosts
-             for q in sorted(vh.queues.values(), key=lambda q: q.name)]
-    return json_response(select_columns(items, ctx))
+    objects = [q for vh in vhosts for q in sorted(vh.queues.values(), key=by_name)]
+    return json_response(paged_list(ctx, objects, lambda q: queue_view(ctx, q),
+                                    lambda q: q.name, QUEUE_SORT_KEYS))
 
 
 async def get_queue(ctx: Ctx) -> Any:

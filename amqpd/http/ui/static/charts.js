@@ -1,0 +1,85 @@
+// Rate and length charts over uPlot (vendor/uplot, loaded by index.html as window.uPlot).
+//
+// The overview's history comes from the server (RabbitMQ's `samples`: cumulative counts,
+// newest first); a queue page keeps the rates it polls. Either way a chart is fed rows of
+// [unix seconds, value per series...] and redraws in place.
+
+import { h } from "./ui.js";
+
+const COLOURS = ["#2b6cb0", "#2f855a", "#b7791f", "#805ad5", "#c53030", "#4a5568"];
+
+export class Chart {
+  constructor(container, names, { unit = "/s", height = 180, id } = {}) {
+    this.names = names;
+    this.el = h("div", { class: "chart", id, dataset: { points: "0" } });
+    container.append(this.el);
+    const width = Math.max(Math.min(container.clientWidth || 600, 1400) - 20, 300);
+    const opts = {
+      width, height,
+      legend: { live: false },
+      cursor: { show: false },
+      scales: { x: { time: true, auto: false }, y: { range: (u, min, max) => [0, Math.max(max * 1.1, 1)] } },
+      axes: [{}, { values: (u, ticks) => ticks.map((v) => `${fmtShort(v)}${unit}`), size: 70 }],
+      series: [{}, ...names.map((n, i) => ({ label: n, stroke: COLOURS[i % COLOURS.length], width: 2, points: { show: false } }))],
+    };
+    this.plot = new window.uPlot(opts, [[], ...names.map(() => [])], this.el);
+    this.last = [];
+  }
+
+  // rows: [[t_seconds, v1, v2, ...], ...] oldest first
+  set(rows) {
+    const data = [rows.map((r) => r[0]), ...this.names.map((_, i) => rows.map((r) => r[i + 1]))];
+    this.plot.setData(data);
+    // the time axis: at least a minute wide, ending at the newest point (or now)
+    const last = rows.length ? rows[rows.length - 1][0] : Date.now() / 1000;
+    const first = rows.length ? rows[0][0] : last;
+    this.plot.setScale("x", { min: Math.min(first, last - 60), max: last });
+    this.el.dataset.points = String(rows.length);
+    this.last = rows.length ? rows[rows.length - 1].slice(1) : [];
+    // the latest values, readable without the canvas (for people and for tests)
+    this.el.dataset.latest = JSON.stringify(this.last);
+    this.el.dataset.newest = rows.length ? String(rows[rows.length - 1][0]) : "";
+    this.el.dataset.max = String(Math.max(0, ...rows.flatMap((r) => r.slice(1))));
+  }
+
+  destroy() { this.plot.destroy(); }
+}
+
+function fmtShort(v) {
+  if (v >= 1e6) return `${(v / 1e6).toFixed(1)}M`;
+  if (v >= 1e3) return `${(v / 1e3).toFixed(1)}k`;
+  return v % 1 ? v.toFixed(1) : String(v);
+}
+
+// RabbitMQ-shaped details {samples:[{sample, timestamp}] newest first} for several
+// series -> rate rows, oldest first, one per interval between samples
+export function ratesFromSamples(detailsList) {
+  const series = detailsList.map((d) => (d && d.samples ? d.samples : []));
+  const n = Math.min(...series.map((s) => s.length));
+  const rows = [];
+  for (let i = n - 2; i >= 0; i--) {
+    const t = series[0][i].timestamp, dt = (t - series[0][i + 1].timestamp) / 1000;
+    if (dt <= 0) continue;
+    rows.push([t / 1000, ...series.map((s) => Math.max(s[i].sample - s[i + 1].sample, 0) / dt)]);
+  }
+  return rows;
+}
+
+export function lengthsFromSamples(detailsList) {
+  const series = detailsList.map((d) => (d && d.samples ? d.samples : []));
+  const n = Math.min(...series.map((s) => s.length));
+  const rows = [];
+  for (let i = n - 1; i >= 0; i--) rows.push([series[0][i].timestamp / 1000, ...series.map((s) => s[i].sample)]);
+  return rows;
+}
+
+// rates polled by a page, kept for `seconds`
+export class History {
+  constructor(seconds = 600) { this.seconds = seconds; this.rows = []; }
+  push(values) {
+    const now = Date.now() / 1000;
+    this.rows.push([now, ...values]);
+    while (this.rows.length && this.rows[0][0] < now - this.seconds) this.rows.shift();
+    return this.rows;
+  }
+}

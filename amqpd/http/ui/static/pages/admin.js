@@ -1,0 +1,187 @@
+// Admin: users, virtual hosts, permissions, topic permissions, policies and limits.
+// Administrators see every tab; policymakers see policies only (as in RabbitMQ's UI).
+
+import * as api from "../api.js";
+import { clear, dangerButton, describeError, fmtJson, fmtNum, form, h, parseArgs, section, table } from "../ui.js";
+
+const TABS = [
+  ["users", "Users", (me) => me.admin], ["vhosts", "Virtual hosts", (me) => me.admin],
+  ["permissions", "Permissions", (me) => me.admin], ["topic-permissions", "Topic permissions", (me) => me.admin],
+  ["policies", "Policies", (me) => me.policymaker], ["limits", "Limits", (me) => me.admin],
+];
+
+export async function render(ctx) {
+  const tabs = TABS.filter(([, , can]) => can(ctx.me));
+  const current = tabs.find(([k]) => k === ctx.params[0]) || tabs[0];
+  ctx.root.append(h("h1", {}, "Admin"), h("nav", { class: "tabs" }, tabs.map(([k, label]) =>
+    h("a", { href: `#/admin/${k}`, class: k === current[0] ? "active" : "", id: `tab-${k}` }, label))));
+  const body = h("div", { id: `admin-${current[0]}` });
+  ctx.root.append(body);
+  await RENDER[current[0]](ctx, body);
+}
+
+const names = async (path) => (await api.get(`${path}?columns=name`)).map((x) => x.name);
+
+const RENDER = {
+  async users(ctx, body) {
+    const list = h("div");
+    body.append(section("Users", list), section("Add or update a user", form([
+      { name: "name", label: "Username", required: true },
+      { name: "password", label: "Password", type: "password", autocomplete: "new-password", help: "Leave empty when updating tags only." },
+      { name: "tags", label: "Tags", placeholder: "administrator, monitoring, policymaker, management", help: "Comma-separated." },
+    ], "Save user", async (v) => {
+      const payload = { tags: v.tags };
+      if (v.password) payload.password = v.password;
+      await api.put(`/api/users/${api.seg(v.name)}`, payload);
+      body.querySelector("#add-user [name=password]").value = "";  // not left in the page
+      await refresh();
+      return `User ${v.name} saved.`;
+    }, { id: "add-user" })));
+    async function refresh() {
+      const [users, perms] = await Promise.all([api.get("/api/users"), api.get("/api/permissions")]);
+      clear(list, table([
+        { title: "Name", get: (u) => u.name, cls: "name" },
+        { title: "Tags", get: (u) => u.tags.join(", ") },
+        { title: "Can access vhosts", get: (u) => perms.filter((p) => p.user === u.name).map((p) => p.vhost).join(", ") || "none" },
+        { title: "Has password", get: (u) => (u.password_hash ? "yes" : "no") },
+        { title: "", get: (u) => (u.name === ctx.me.name ? "(you)" : dangerButton("Delete", `Delete user ${u.name}?`, async () => { await api.del(`/api/users/${api.seg(u.name)}`); await refresh(); })) },
+      ], users, { id: "users-table" }));
+    }
+    await refresh();
+  },
+
+  async vhosts(ctx, body) {
+    const list = h("div");
+    body.append(section("Virtual hosts", list), section("Add a virtual host", form([
+      { name: "name", label: "Name", required: true }, { name: "description", label: "Description" },
+      { name: "tags", label: "Tags", placeholder: "comma-separated" },
+    ], "Add vhost", async (v) => {
+      await api.put(`/api/vhosts/${api.seg(v.name)}`, { description: v.description, tags: v.tags });
+      await refresh();
+      return `Virtual host ${v.name} added (remember to give users permissions in it).`;
+    }, { id: "add-vhost" })));
+    async function refresh() {
+      const vhosts = await api.get("/api/vhosts");
+      clear(list, table([
+        { title: "Name", get: (v) => v.name, cls: "name" }, { title: "Description", get: (v) => v.description },
+        { title: "Tags", get: (v) => (v.tags || []).join(", ") },
+        { title: "Ready", get: (v) => fmtNum(v.messages_ready), cls: "num" }, { title: "Unacked", get: (v) => fmtNum(v.messages_unacknowledged), cls: "num" },
+        { title: "", get: (v) => (v.name === "/" ? "" : dangerButton("Delete", `Delete vhost ${v.name} with all its queues and messages?`, async () => { await api.del(`/api/vhosts/${api.seg(v.name)}`); await refresh(); })) },
+      ], vhosts, { id: "vhosts-table" }));
+    }
+    await refresh();
+  },
+
+  async permissions(ctx, body) {
+    const [users, vhosts] = await Promise.all([names("/api/users"), names("/api/vhosts")]);
+    const list = h("div");
+    body.append(section("Permissions", list), section("Set permission", form([
+      { name: "user", label: "User", type: "select", options: users }, { name: "vhost", label: "Virtual host", type: "select", options: vhosts },
+      { name: "configure", label: "Configure regexp", value: ".*" }, { name: "write", label: "Write regexp", value: ".*" },
+      { name: "read", label: "Read regexp", value: ".*" },
+    ], "Set permission", async (v) => {
+      await api.put(`/api/permissions/${api.seg(v.vhost)}/${api.seg(v.user)}`, { configure: v.configure, write: v.write, read: v.read });
+      await refresh();
+      return `Permissions of ${v.user} in ${v.vhost} set.`;
+    }, { id: "set-permission" })));
+    async function refresh() {
+      const perms = await api.get("/api/permissions");
+      clear(list, table([
+        { title: "User", get: (p) => p.user }, { title: "Virtual host", get: (p) => p.vhost },
+        { title: "Configure", get: (p) => p.configure }, { title: "Write", get: (p) => p.write }, { title: "Read", get: (p) => p.read },
+        { title: "", get: (p) => dangerButton("Clear", null, async () => { await api.del(`/api/permissions/${api.seg(p.vhost)}/${api.seg(p.user)}`); await refresh(); }) },
+      ], perms, { id: "permissions-table" }));
+    }
+    await refresh();
+  },
+
+  async "topic-permissions"(ctx, body) {
+    const [users, vhosts] = await Promise.all([names("/api/users"), names("/api/vhosts")]);
+    const list = h("div");
+    body.append(section("Topic permissions", list), section("Set topic permission", form([
+      { name: "user", label: "User", type: "select", options: users }, { name: "vhost", label: "Virtual host", type: "select", options: vhosts },
+      { name: "exchange", label: "Exchange", value: "amq.topic" },
+      { name: "write", label: "Write regexp", value: ".*" }, { name: "read", label: "Read regexp", value: ".*" },
+    ], "Set topic permission", async (v) => {
+      await api.put(`/api/topic-permissions/${api.seg(v.vhost)}/${api.seg(v.user)}`, { exchange: v.exchange, write: v.write, read: v.read });
+      await refresh();
+      return "Topic permission set.";
+    }, { id: "set-topic-permission" })));
+    async function refresh() {
+      const perms = await api.get("/api/topic-permissions");
+      clear(list, table([
+        { title: "User", get: (p) => p.user }, { title: "Virtual host", get: (p) => p.vhost }, { title: "Exchange", get: (p) => p.exchange },
+        { title: "Write", get: (p) => p.write }, { title: "Read", get: (p) => p.read },
+        { title: "", get: (p) => dangerButton("Clear", null, async () => { await api.del(`/api/topic-permissions/${api.seg(p.vhost)}/${api.seg(p.user)}/${api.seg(p.exchange)}`); await refresh(); }) },
+      ], perms, { id: "topic-permissions-table" }));
+    }
+    await refresh();
+  },
+
+  async policies(ctx, body) {
+    const vhosts = await names("/api/vhosts");
+    const list = h("div");
+    body.append(section("Policies", list), section("Add or update a policy", form([
+      { name: "vhost", label: "Virtual host", type: "select", options: vhosts }, { name: "name", label: "Name", required: true },
+      { name: "pattern", label: "Pattern", placeholder: "^amq\\.", required: true },
+      { name: "apply-to", label: "Apply to", type: "select", options: [["all", "Exchanges and queues"], ["queues", "Queues"], ["exchanges", "Exchanges"]] },
+      { name: "priority", label: "Priority", type: "number", value: "0" },
+      { name: "definition", label: "Definition", type: "textarea", rows: 3, placeholder: "max-length=1000\nmessage-ttl=60000 (key=value lines or JSON)", required: true },
+    ], "Save policy", async (v) => {
+      await api.put(`/api/policies/${api.seg(v.vhost)}/${api.seg(v.name)}`,
+        { pattern: v.pattern, "apply-to": v["apply-to"], priority: Number(v.priority || 0), definition: parseArgs(v.definition) });
+      await refresh();
+      return `Policy ${v.name} saved.`;
+    }, { id: "add-policy" })));
+    async function refresh() {
+      const pols = await api.get("/api/policies");
+      clear(list, table([
+        { title: "Virtual host", get: (p) => p.vhost }, { title: "Name", get: (p) => p.name, cls: "name" },
+        { title: "Pattern", get: (p) => p.pattern }, { title: "Apply to", get: (p) => p["apply-to"] },
+        { title: "Definition", get: (p) => fmtJson(p.definition) }, { title: "Priority", get: (p) => String(p.priority) },
+        { title: "", get: (p) => dangerButton("Delete", `Delete policy ${p.name}?`, async () => { await api.del(`/api/policies/${api.seg(p.vhost)}/${api.seg(p.name)}`); await refresh(); }) },
+      ], pols, { id: "policies-table" }));
+    }
+    await refresh();
+  },
+
+  async limits(ctx, body) {
+    const [users, vhosts] = await Promise.all([names("/api/users"), names("/api/vhosts")]);
+    const vlist = h("div"), ulist = h("div");
+    body.append(
+      section("Virtual host limits", vlist, form([
+        { name: "vhost", label: "Virtual host", type: "select", options: vhosts },
+        { name: "limit", label: "Limit", type: "select", options: ["max-connections", "max-queues"] },
+        { name: "value", label: "Value", type: "number", help: "-1 for no limit" },
+      ], "Set limit", async (v) => {
+        await api.put(`/api/vhost-limits/${api.seg(v.vhost)}/${v.limit}`, { value: Number(v.value) });
+        await refresh();
+        return "Limit set.";
+      }, { id: "set-vhost-limit" })),
+      section("User limits", ulist, form([
+        { name: "user", label: "User", type: "select", options: users },
+        { name: "limit", label: "Limit", type: "select", options: ["max-connections", "max-channels"] },
+        { name: "value", label: "Value", type: "number", help: "-1 for no limit" },
+      ], "Set limit", async (v) => {
+        await api.put(`/api/user-limits/${api.seg(v.user)}/${v.limit}`, { value: Number(v.value) });
+        await refresh();
+        return "Limit set.";
+      }, { id: "set-user-limit" })));
+    const limitRows = (items, key, path) => items.flatMap((it) => Object.entries(it.value || {}).map(([limit, value]) => ({ who: it[key], limit, value, path })));
+    async function show(el, path, key) {
+      try {
+        const rows = limitRows(await api.get(path), key, path);
+        clear(el, table([{ title: key === "vhost" ? "Virtual host" : "User", get: (r) => r.who }, { title: "Limit", get: (r) => r.limit },
+          { title: "Value", get: (r) => String(r.value) },
+          { title: "", get: (r) => dangerButton("Clear", null, async () => { await api.del(`${path}/${api.seg(r.who)}/${r.limit}`); await refresh(); }) },
+        ], rows, { empty: "No limits set." }));
+      } catch (exc) {
+        const missing = exc instanceof api.ApiError && exc.status === 404;
+        clear(el, h("div", { class: "form-status error" }, missing
+          ? `This broker does not offer limits here yet (GET ${path} answered 404).` : describeError(exc)));
+      }
+    }
+    async function refresh() { await Promise.all([show(vlist, "/api/vhost-limits", "vhost"), show(ulist, "/api/user-limits", "user")]); }
+    await refresh();
+  },
+};

@@ -1,0 +1,47 @@
+// Pieces several pages share: the vhost picker, the pager, links to objects.
+
+import * as api from "../api.js";
+import { button, clear, fmtNum, h } from "../ui.js";
+
+export async function vhostNames() {
+  const vhosts = await api.get("/api/vhosts?columns=name");
+  return vhosts.map((v) => v.name);
+}
+
+export function vhostSelect(names, value, onchange, { all = true, id } = {}) {
+  const sel = h("select", { id, onchange: () => onchange(sel.value) },
+    all ? h("option", { value: "" }, "All vhosts") : null,
+    names.map((n) => h("option", { value: n }, n)));
+  sel.value = value || (all ? "" : names[0] || "/");
+  return sel;
+}
+
+export function queueHref(vhost, name) { return `#/queues/${api.seg(vhost)}/${api.seg(name)}`; }
+export function exchangeHref(vhost, name) { return `#/exchanges/${api.seg(vhost)}/${api.seg(name || "amq.default")}`; }
+export function connectionHref(name) { return `#/connections/${api.seg(name)}`; }
+
+// a RabbitMQ paged answer -> "page x of y" and buttons; onPage(n) asks for another page
+export function pager(res, onPage, { id = "pager" } = {}) {
+  const last = Math.max(res.page_count, 1);
+  return h("div", { class: "pager", id },
+    button("« first", () => onPage(1), { cls: "small" }),
+    button("‹ prev", () => onPage(Math.max(res.page - 1, 1)), { cls: "small" }),
+    h("span", { class: "page-info" }, `Page ${res.page} of ${last} · `,
+      h("span", { class: "filtered-count" }, fmtNum(res.filtered_count)),
+      ` matching of ${fmtNum(res.total_count)}`),
+    button("next ›", () => onPage(Math.min(res.page + 1, last)), { cls: "small", title: "next page" }),
+    button("last »", () => onPage(last), { cls: "small" }));
+}
+
+// a filter box that calls back 300 ms after the last keystroke
+export function filterBox(value, regex, onchange, { placeholder = "Filter by name" } = {}) {
+  let timer = null;
+  const input = h("input", { type: "search", placeholder, value, id: "filter", oninput: () => {
+    clearTimeout(timer);
+    timer = setTimeout(() => onchange(input.value, check.checked), 300);
+  } });
+  const check = h("input", { type: "checkbox", id: "filter-regex", checked: regex, onchange: () => onchange(input.value, check.checked) });
+  return h("span", { class: "filter" }, input, h("label", {}, check, " regex"));
+}
+
+export function errorBox(el, exc, describe) { clear(el, h("div", { class: "form-status error" }, describe(exc))); }

@@ -1,0 +1,94 @@
+// Exchanges: the list (with a form to add one) and an exchange's page: its bindings in
+// both directions, binding it to a queue or exchange, publishing to it, deleting it.
+
+import * as api from "../api.js";
+import { clear, dangerButton, fmtJson, form, h, link, parseArgs, section, table } from "../ui.js";
+import { exchangeHref, queueHref, vhostNames, vhostSelect } from "./common.js";
+import { publishForm } from "./publish.js";
+
+const view = { vhost: "" };
+
+export async function render(ctx) {
+  if (ctx.params.length >= 2) return renderOne(ctx, ctx.params[0], ctx.params[1]);
+  const names = await vhostNames();
+  const list = h("div", { id: "exchange-list" });
+  const types = (ctx.overview && ctx.overview.exchange_types || []).map((t) => t.name);
+  ctx.root.append(h("h1", {}, "Exchanges"),
+    h("div", { class: "toolbar" }, vhostSelect(names, view.vhost, (v) => { view.vhost = v; refresh(); })),
+    list,
+    section("Add an exchange", form([
+      { name: "vhost", label: "Virtual host", type: "select", options: names },
+      { name: "name", label: "Name", required: true },
+      { name: "type", label: "Type", type: "select", options: types.length ? types : ["direct", "fanout", "topic", "headers"] },
+      { name: "durable", label: "Durable", type: "checkbox", value: true },
+      { name: "auto_delete", label: "Auto delete", type: "checkbox" },
+      { name: "internal", label: "Internal", type: "checkbox" },
+      { name: "arguments", label: "Arguments", type: "textarea", rows: 2, placeholder: "alternate-exchange=my-ae" },
+    ], "Add exchange", async (v) => {
+      await api.put(`/api/exchanges/${api.seg(v.vhost)}/${api.seg(v.name)}`,
+        { type: v.type, durable: v.durable, auto_delete: v.auto_delete, internal: v.internal, arguments: parseArgs(v.arguments) });
+      refresh();
+      return `Exchange ${v.name} declared.`;
+    }, { id: "add-exchange" })));
+
+  let latest = 0;  // only the newest request draws
+  async function refresh() {
+    const mine = ++latest;
+    const items = await api.get(`/api/exchanges${view.vhost ? "/" + api.seg(view.vhost) : ""}`);
+    if (!ctx.live() || mine !== latest) return;
+    clear(list, table([
+      { title: "Virtual host", get: (e) => e.vhost },
+      { title: "Name", get: (e) => link(exchangeHref(e.vhost, e.name), e.name || "(AMQP default)"), cls: "name" },
+      { title: "Type", get: (e) => e.type },
+      { title: "Features", get: (e) => [e.durable ? "D " : "", e.auto_delete ? "AD " : "", e.internal ? "I " : "", fmtJson(e.arguments)].join("") },
+      { title: "Policy", get: (e) => e.policy || "" },
+    ], items, { id: "exchanges-table" }));
+  }
+  await ctx.every(10000, refresh);
+}
+
+async function renderOne(ctx, vhost, name) {
+  const urlName = name || "amq.default";
+  const base = `/api/exchanges/${api.seg(vhost)}/${api.seg(urlName)}`;
+  const details = h("div");
+  const out = h("div", { id: "bindings-out" });
+  const incoming = h("div", { id: "bindings-in" });
+  const real = urlName === "amq.default" ? "" : urlName;
+  ctx.root.append(h("p", {}, link("#/exchanges", "« Exchanges")),
+    h("h1", {}, "Exchange ", h("span", { class: "objname" }, real || "(AMQP default)"), h("span", { class: "muted" }, ` in vhost ${vhost}`)),
+    section("Details", details),
+    section("Bindings from this exchange", out, real ? form([
+      { name: "kind", label: "To", type: "select", options: [["q", "Queue"], ["e", "Exchange"]] },
+      { name: "destination", label: "Name", required: true },
+      { name: "routing_key", label: "Routing key" },
+      { name: "arguments", label: "Arguments", type: "textarea", rows: 2 },
+    ], "Bind", async (v) => {
+      await api.post(`/api/bindings/${api.seg(vhost)}/e/${api.seg(real)}/${v.kind}/${api.seg(v.destination)}`,
+        { routing_key: v.routing_key, arguments: parseArgs(v.arguments) });
+      await refresh();
+      return "Bound.";
+    }, { id: "add-binding" }) : h("p", { class: "muted" }, "The default exchange binds every queue by its name; those bindings cannot change.")),
+    section("Bindings to this exchange", incoming),
+    section("Publish a message", publishForm(vhost, urlName)),
+    real && !real.startsWith("amq.") ? section("Delete", dangerButton("Delete this exchange", `Delete exchange ${real}?`, async () => {
+      await api.del(base); ctx.go("#/exchanges"); return "Deleted.";
+    })) : null);
+
+  const dest = (b) => (b.destination_type === "queue" ? link(queueHref(vhost, b.destination), `queue ${b.destination}`) : link(exchangeHref(vhost, b.destination), `exchange ${b.destination}`));
+  async function refresh() {
+    const [e, from, to] = await Promise.all([api.get(base), api.get(`${base}/bindings/source`), api.get(`${base}/bindings/destination`)]);
+    if (!ctx.live()) return;
+    clear(details, table([{ title: "Type", get: (x) => x.type }, { title: "Durable", get: (x) => String(x.durable) },
+      { title: "Auto delete", get: (x) => String(x.auto_delete) }, { title: "Internal", get: (x) => String(x.internal) },
+      { title: "Arguments", get: (x) => fmtJson(x.arguments) }, { title: "Policy", get: (x) => x.policy || "" }], [e]));
+    const unbind = (b) => dangerButton("Unbind", null, async () => {
+      await api.del(`/api/bindings/${api.seg(vhost)}/e/${api.seg(b.source)}/${b.destination_type[0]}/${api.seg(b.destination)}/${api.seg(b.properties_key)}`);
+      await refresh();
+    });
+    clear(out, table([{ title: "To", get: dest }, { title: "Routing key", get: (b) => b.routing_key },
+      { title: "Arguments", get: (b) => fmtJson(b.arguments) }, { title: "", get: (b) => (real ? unbind(b) : "") }], real ? from : [], { empty: real ? "No bindings." : "(implicit)" }));
+    clear(incoming, table([{ title: "From", get: (b) => link(exchangeHref(vhost, b.source), b.source) },
+      { title: "Routing key", get: (b) => b.routing_key }, { title: "Arguments", get: (b) => fmtJson(b.arguments) }, { title: "", get: unbind }], to));
+  }
+  await ctx.every(10000, refresh);
+}

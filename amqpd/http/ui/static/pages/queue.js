@@ -1,0 +1,133 @@
+// One queue: details and policy, its rates, consumers, bindings (add and remove), and the
+// message tools: get (ack mode, count, encoding), publish, purge, delete, and moving its
+// messages to another queue through a shovel when the shovel plugin runs.
+
+import * as api from "../api.js";
+import { Chart, History } from "../charts.js";
+import { clear, dangerButton, fmtBytes, fmtJson, fmtNum, fmtRate, form, h, kv, link, parseArgs, section, table } from "../ui.js";
+import { connectionHref, exchangeHref } from "./common.js";
+import { features } from "./queues.js";
+import { publishForm } from "./publish.js";
+
+const RATES = ["publish", "deliver_get", "ack", "redeliver"];
+
+export async function render(ctx) {
+  const [vhost, name] = ctx.params;
+  const base = `/api/queues/${api.seg(vhost)}/${api.seg(name)}`;
+  const details = h("div", { id: "queue-details" });
+  const chartBox = h("div", { class: "chart-box" });
+  const rateNow = h("div", { class: "muted", id: "queue-rates-now" });
+  const consumers = h("div", { id: "queue-consumers" });
+  const bindings = h("div", { id: "queue-bindings" });
+  const got = h("div", { id: "got-messages" });
+  ctx.root.append(
+    h("p", {}, link("#/queues", "« Queues")),
+    h("h1", {}, "Queue ", h("span", { class: "objname", id: "queue-name" }, name), h("span", { class: "muted" }, ` in vhost ${vhost}`)),
+    section("Details", details),
+    section("Message rates (since this page opened)", chartBox, rateNow),
+    section("Consumers", consumers),
+    section("Bindings", bindings, form([
+      { name: "source", label: "From exchange", required: true },
+      { name: "routing_key", label: "Routing key" },
+      { name: "arguments", label: "Arguments", type: "textarea", rows: 2, placeholder: "key=value lines or JSON" },
+    ], "Bind", async (v) => {
+      await api.post(`/api/bindings/${api.seg(vhost)}/e/${api.seg(v.source)}/q/${api.seg(name)}`,
+        { routing_key: v.routing_key, arguments: parseArgs(v.arguments) });
+      await refreshBindings();
+      return "Bound.";
+    }, { id: "add-binding" })),
+    section("Get messages", h("p", { class: "muted" }, "Getting messages is destructive unless the ack mode requeues them (a requeued message comes back marked redelivered)."),
+      form([
+        { name: "ackmode", label: "Ack mode", type: "select", options: [["ack_requeue_true", "Nack, requeue true"], ["ack_requeue_false", "Ack (remove from the queue)"], ["reject_requeue_true", "Reject, requeue true"], ["reject_requeue_false", "Reject, requeue false (dead-letter)"]] },
+        { name: "encoding", label: "Encoding", type: "select", options: [["auto", "Auto string / base64"], ["base64", "base64"]] },
+        { name: "count", label: "Messages", type: "number", value: "1" },
+        { name: "truncate", label: "Truncate payloads at (bytes)", type: "number", value: "50000" },
+      ], "Get messages", async (v) => {
+        const msgs = await api.post(`${base}/get`, { count: Number(v.count), ackmode: v.ackmode, encoding: v.encoding, truncate: v.truncate ? Number(v.truncate) : undefined });
+        showMessages(got, msgs);
+        refresh();
+        return msgs.length ? `${msgs.length} message(s).` : "The queue is empty.";
+      }, { id: "get-messages" }), got),
+    section("Publish a message", h("p", { class: "muted" }, "Published to the default exchange with this queue's name as routing key."),
+      publishForm(vhost, "", { routingKey: name, fixedKey: true, after: refresh })),
+    ctx.plugins.includes("shovel") && ctx.me.policymaker ? section("Move messages", h("p", { class: "muted" }, "A shovel moves every message now in this queue to another queue of this vhost, then removes itself."),
+      form([{ name: "dest", label: "Destination queue", required: true }], "Move messages", async (v) => {
+        const value = {
+          "src-uri": `amqp:///${api.seg(vhost)}`, "src-queue": name, "src-protocol": "amqp091", "src-prefetch-count": 1000,
+          "src-delete-after": "queue-length", "dest-protocol": "amqp091", "dest-uri": `amqp:///${api.seg(vhost)}`,
+          "dest-queue": v.dest, "dest-add-forward-headers": false, "ack-mode": "on-confirm",
+        };
+        await api.put(`/api/parameters/shovel/${api.seg(vhost)}/${api.seg(`Move from ${name}`)}`, { value });
+        return `Shovel "Move from ${name}" started; see the Shovels page for its progress.`;
+      }, { id: "move-messages" })) : null,
+    section("Purge and delete",
+      dangerButton("Purge messages", `Remove every ready message from ${name}?`, async () => { await api.del(`${base}/contents`); refresh(); return "Purged."; }),
+      " ",
+      dangerButton("Delete queue", `Delete queue ${name} and its messages?`, async () => { await api.del(base); ctx.go("#/queues"); return "Deleted."; })),
+  );
+  const chart = new Chart(chartBox, ["publish", "deliver", "ack", "redeliver"], { id: "queue-rate-chart" });
+  const history = new History();
+
+  async function refresh() {
+    let q;
+    try { q = await api.get(base); } catch (exc) {
+      if (exc instanceof api.ApiError && exc.status === 404) {
+        clear(details, h("div", { class: "form-status error" }, `Queue ${name} does not exist in vhost ${vhost} (any more).`));
+        return;
+      }
+      throw exc;
+    }
+    if (!ctx.live()) return;
+    const m = q.message_stats || {};
+    clear(details, kv([
+      ["Features", features(q)], ["State", q.state], ["Type", q.type],
+      ["Policy", q.policy || "none"], ["Effective policy definition", fmtJson(q.effective_policy_definition) || "—"],
+      ["Arguments", fmtJson(q.arguments) || "none"],
+      ["Exclusive owner", q.owner_pid_details ? link(connectionHref(q.owner_pid_details.name), q.owner_pid_details.name) : "none"],
+      ["Consumers", fmtNum(q.consumers)],
+      ["Messages ready", h("span", { id: "messages-ready" }, fmtNum(q.messages_ready))],
+      ["Messages unacked", fmtNum(q.messages_unacknowledged)],
+      ["Messages total", h("span", { id: "messages-total" }, fmtNum(q.messages))],
+      ["Ready bytes", fmtBytes(q.message_bytes_ready)],
+    ]));
+    chart.set(history.push(RATES.map((k) => (m[`${k}_details`] || {}).rate || 0)));
+    clear(rateNow, RATES.map((k) => `${k.replace("_get", "")} ${fmtRate(m[`${k}_details`])}`).join(" · "));
+    const all = await api.get(`/api/consumers/${api.seg(vhost)}`);
+    if (!ctx.live()) return;
+    clear(consumers, table([
+      { title: "Consumer tag", get: (c) => c.consumer_tag },
+      { title: "Channel", get: (c) => c.channel_details.name },
+      { title: "Ack required", get: (c) => (c.ack_required ? "yes" : "no") },
+      { title: "Exclusive", get: (c) => (c.exclusive ? "yes" : "no") },
+      { title: "Prefetch", get: (c) => String(c.prefetch_count) },
+      { title: "Arguments", get: (c) => fmtJson(c.arguments) },
+    ], all.filter((c) => c.queue.name === name), { empty: "No consumers." }));
+  }
+
+  async function refreshBindings() {
+    const list = await api.get(`${base}/bindings`);
+    if (!ctx.live()) return;
+    clear(bindings, table([
+      { title: "From", get: (b) => (b.source ? link(exchangeHref(vhost, b.source), b.source) : "(default exchange binding)") },
+      { title: "Routing key", get: (b) => b.routing_key },
+      { title: "Arguments", get: (b) => fmtJson(b.arguments) },
+      { title: "", get: (b) => (b.source ? dangerButton("Unbind", null, async () => {
+        await api.del(`/api/bindings/${api.seg(vhost)}/e/${api.seg(b.source)}/q/${api.seg(name)}/${api.seg(b.properties_key)}`);
+        await refreshBindings();
+      }) : "") },
+    ], list, { id: "bindings-table" }));
+  }
+
+  await refreshBindings();
+  await ctx.every(5000, refresh);
+}
+
+function showMessages(el, msgs) {
+  clear(el, msgs.map((m, i) => h("div", { class: "message", dataset: { index: String(i) } },
+    h("h3", {}, `Message ${i + 1}`),
+    kv([
+      ["Exchange", m.exchange || "(AMQP default)"], ["Routing key", m.routing_key], ["Redelivered", m.redelivered ? "yes" : "no"],
+      ["Properties", fmtJson(m.properties) || "none"], ["Messages left in queue", fmtNum(m.message_count)],
+      [`Payload (${fmtNum(m.payload_bytes)} bytes, ${m.payload_encoding})`, h("pre", { class: "payload" }, m.payload)],
+    ]))));
+}

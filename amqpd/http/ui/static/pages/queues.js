@@ -1,0 +1,86 @@
+// Queues: a list paged, sorted and filtered by the server (RabbitMQ's page, page_size,
+// sort, sort_reverse, name, use_regex), so it stays fast with tens of thousands of queues;
+// and a form to add one.
+
+import * as api from "../api.js";
+import { clear, describeError, fmtNum, fmtRate, form, h, link, parseArgs, section, table } from "../ui.js";
+import { filterBox, pager, queueHref, vhostNames, vhostSelect } from "./common.js";
+
+const view = { vhost: "", name: "", regex: false, page: 1, pageSize: 100, sort: { key: "name", reverse: false } };
+const COLUMNS = "name,vhost,durable,auto_delete,exclusive,arguments,policy,state,consumers,messages,messages_ready," +
+  "messages_unacknowledged,message_stats.publish_details.rate,message_stats.deliver_get_details.rate,message_stats.ack_details.rate";
+
+export async function render(ctx) {
+  if (ctx.params.length >= 2) return (await import("./queue.js")).render(ctx);
+  const names = await vhostNames();
+  const listBox = h("div", { id: "queue-list" });
+  const sizeSel = h("select", { id: "page-size", onchange: () => { view.pageSize = Number(sizeSel.value); view.page = 1; refresh(); } },
+    [20, 100, 500].map((n) => h("option", { value: n }, `${n} per page`)));
+  sizeSel.value = String(view.pageSize);
+  ctx.root.append(h("h1", {}, "Queues"),
+    h("div", { class: "toolbar" },
+      vhostSelect(names, view.vhost, (v) => { view.vhost = v; view.page = 1; refresh(); }, { id: "vhost-filter" }),
+      filterBox(view.name, view.regex, (name, regex) => { view.name = name; view.regex = regex; view.page = 1; refresh(); }),
+      sizeSel),
+    listBox,
+    section("Add a queue", form([
+      { name: "vhost", label: "Virtual host", type: "select", options: names, value: view.vhost || names[0] },
+      { name: "name", label: "Name", required: true },
+      { name: "durable", label: "Durable", type: "checkbox", value: true },
+      { name: "auto_delete", label: "Auto delete", type: "checkbox", value: false },
+      { name: "arguments", label: "Arguments", type: "textarea", rows: 2, placeholder: "x-max-length=1000\nx-queue-mode=lazy  (or a JSON object)" },
+    ], "Add queue", async (v) => {
+      await api.put(`/api/queues/${api.seg(v.vhost)}/${api.seg(v.name)}`,
+        { durable: v.durable, auto_delete: v.auto_delete, arguments: parseArgs(v.arguments) });
+      refresh();
+      return `Queue ${v.name} declared.`;
+    }, { id: "add-queue" })));
+
+  function onSort(key) {
+    view.sort = { key, reverse: view.sort.key === key ? !view.sort.reverse : false };
+    view.page = 1;
+    refresh();
+  }
+
+  let latest = 0;  // only the newest request draws: an older answer must not undo a click
+  async function refresh() {
+    const mine = ++latest;
+    const path = `/api/queues${view.vhost ? "/" + api.seg(view.vhost) : ""}` + api.query({
+      page: view.page, page_size: view.pageSize, name: view.name, use_regex: view.regex ? "true" : "",
+      sort: view.sort.key, sort_reverse: view.sort.reverse ? "true" : "false", columns: COLUMNS,
+    });
+    let res;
+    try {
+      res = await api.get(path);
+    } catch (exc) {
+      if (exc instanceof api.ApiError && exc.error === "page_out_of_range" && view.page > 1) { view.page = 1; return refresh(); }
+      if (mine === latest) clear(listBox, h("div", { class: "form-status error" }, describeError(exc)));
+      return;
+    }
+    if (!ctx.live() || mine !== latest) return;
+    const ms = (q) => q.message_stats || {};
+    clear(listBox, pager(res, (p) => { view.page = p; refresh(); }), table([
+      { title: "Virtual host", get: (q) => q.vhost, sort: "vhost" },
+      { title: "Name", get: (q) => link(queueHref(q.vhost, q.name), q.name), sort: "name", cls: "name" },
+      { title: "Features", get: (q) => features(q) },
+      { title: "Policy", get: (q) => q.policy || "" },
+      { title: "Consumers", get: (q) => fmtNum(q.consumers), sort: "consumers", cls: "num" },
+      { title: "Ready", get: (q) => fmtNum(q.messages_ready), sort: "messages_ready", cls: "num" },
+      { title: "Unacked", get: (q) => fmtNum(q.messages_unacknowledged), sort: "messages_unacknowledged", cls: "num" },
+      { title: "Total", get: (q) => fmtNum(q.messages), sort: "messages", cls: "num messages" },
+      { title: "incoming", get: (q) => fmtRate(ms(q).publish_details), cls: "num" },
+      { title: "deliver / get", get: (q) => fmtRate(ms(q).deliver_get_details), cls: "num" },
+      { title: "ack", get: (q) => fmtRate(ms(q).ack_details), cls: "num" },
+    ], res.items, { sort: view.sort, onSort, id: "queues-table", empty: view.name ? "No queue matches the filter." : "No queues." }));
+  }
+  await ctx.every(5000, refresh);
+}
+
+export function features(q) {
+  const f = [];
+  if (q.durable) f.push(h("abbr", { title: "durable", class: "feature" }, "D"));
+  if (q.auto_delete) f.push(h("abbr", { title: "auto-delete", class: "feature" }, "AD"));
+  if (q.exclusive) f.push(h("abbr", { title: "exclusive", class: "feature" }, "Excl"));
+  for (const k of Object.keys(q.arguments || {})) f.push(h("abbr", { title: `${k}: ${JSON.stringify(q.arguments[k])}`, class: "feature arg" }, k.replace(/^x-/, "")));
+  return f;
+}

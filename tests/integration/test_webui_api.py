@@ -1,0 +1,309 @@
+"""The web UI's server side without a browser: static files, login sessions, paging,
+rate samples and topic permissions, against a real amqpd over HTTP."""
+
+from __future__ import annotations
+
+import http.cookiejar
+import json
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+
+from tests.integration._http import Api, q
+from tests.support.brokerproc import BrokerProcess
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    proc = BrokerProcess(tmp_path_factory.mktemp("amqpd"), env={"AMQPD_STATS_INTERVAL": "0.5"})
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def api(broker: BrokerProcess) -> Api:
+    return Api(broker.http_url)
+
+
+def uid(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+class Browser:
+    """A cookie-keeping HTTP client, like the page's fetch() (no Authorization header)."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        self.jar = http.cookiejar.CookieJar()
+        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.jar))
+
+    def call(self, method: str, path: str, body: Any = None, ui: bool = True,
+             headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base + path, data=data, method=method)
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        if ui:
+            req.add_header("X-Requested-With", "amqpd-ui")
+        for k, v in (headers or {}).items():
+            req.add_header(k, v)
+        try:
+            with self.opener.open(req, timeout=10) as resp:
+                return resp.status, dict(resp.headers), resp.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, dict(exc.headers), exc.read()
+
+
+# ---------------------------------------------------------------------------- static files
+def test_the_ui_is_served_at_the_root_with_its_assets(broker: BrokerProcess) -> None:
+    b = Browser(broker.http_url)
+    status, headers, body = b.call("GET", "/", ui=False)
+    assert status == 200 and headers["Content-Type"].startswith("text/html")
+    assert b'src="static/app.js"' in body
+    assert "script-src 'self'" in headers["Content-Security-Policy"]
+    for path, kind in (("/static/app.js", "text/javascript"), ("/static/style.css", "text/css"),
+                       ("/static/pages/queues.js", "text/javascript"),
+                       ("/static/vendor/uplot/uPlot.iife.min.js", "text/javascript")):
+        status, headers, body = b.call("GET", path, ui=False)
+        assert status == 200, path
+        assert headers["Content-Type"].startswith(kind), path
+        assert body, path
+    etag = b.call("GET", "/static/app.js", ui=False)[1]["ETag"]
+    assert b.call("GET", "/static/app.js", ui=False, headers={"If-None-Match": etag})[0] == 304
+
+
+def test_static_paths_cannot_leave_the_static_directory(broker: BrokerProcess) -> None:
+    b = Browser(broker.http_url)
+    for path in ("/static/..%2F..%2Fwebui.py", "/static/%2E%2E/webui.py", "/static/.hidden",
+                 "/static/nope.js", "/static/vendor/uplot/..%2F..%2Findex.html"):
+        status, _, body = b.call("GET", path, ui=False)
+        assert status == 404, path
+        assert json.loads(body)["error"] == "Object Not Found"
+
+
+# ---------------------------------------------------------------------------- sessions
+def test_login_sets_an_httponly_cookie_that_authenticates(broker: BrokerProcess) -> None:
+    b = Browser(broker.http_url)
+    assert b.call("GET", "/api/whoami")[0] == 401
+    status, headers, body = b.call("POST", "/api/login", {"username": "guest", "password": "guest"})
+    assert status == 200
+    assert json.loads(body) == {"name": "guest", "tags": ["administrator"]}
+    cookie = headers["Set-Cookie"]
+    assert "amqpd_session=" in cookie and "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    assert "guest" not in cookie.split(";")[0]  # a random token, not the credentials
+    status, _, body = b.call("GET", "/api/whoami")
+    assert status == 200 and json.loads(body)["name"] == "guest"
+    assert b.call("PUT", f"/api/queues/%2F/{uid('cookie-q')}", {})[0] == 201
+
+
+def test_the_definitions_download_link_works_with_the_cookie(broker: BrokerProcess) -> None:
+    b = Browser(broker.http_url)
+    assert b.call("POST", "/api/login", {"username": "guest", "password": "guest"})[0] == 200
+    status, headers, body = b.call("GET", "/api/definitions?download=defs.json", ui=False)
+    assert status == 200
+    assert headers["Content-Disposition"] == 'attachment; filename="defs.json"'
+    assert "queues" in json.loads(body)
+
+
+def test_cookie_writes_need_the_ui_header(broker: BrokerProcess) -> None:
+    b = Browser(broker.http_url)
+    assert b.call("POST", "/api/login", {"username": "guest", "password": "guest"})[0] == 200
+    assert b.call("GET", "/api/overview", ui=False)[0] == 200
+    status, _, body = b.call("PUT", f"/api/queues/%2F/{uid('csrf')}", {}, ui=False)
+    assert status == 403
+    assert "X-Requested-With" in json.loads(body)["reason"]
+
+
+def test_failed_login_says_why_without_a_basic_challenge(api: Api, broker: BrokerProcess) -> None:
+    b = Browser(broker.http_url)
+    status, headers, body = b.call("POST", "/api/login", {"username": "guest", "password": "no"})
+    assert status == 401 and "WWW-Authenticate" not in headers
+    assert "Login failed" in json.loads(body)["reason"]
+    name = uid("plain")
+    api.put(f"/api/users/{name}", {"password": "pw", "tags": ""})
+    status, _, body = b.call("POST", "/api/login", {"username": name, "password": "pw"})
+    assert status == 401 and json.loads(body)["error"] == "not_authorised"
+    status, _, _ = b.call("POST", "/api/login", {"username": 5})
+    assert status == 400
+    # the ordinary API still challenges clients that are not the UI
+    assert api.as_user(None).get("/api/overview").headers["WWW-Authenticate"]
+
+
+def test_logout_and_password_change_end_sessions(api: Api, broker: BrokerProcess) -> None:
+    name = uid("admin")
+    assert api.put(f"/api/users/{name}", {"password": "pw1", "tags": "administrator"}).status == 201
+    first, second = Browser(broker.http_url), Browser(broker.http_url)
+    for b in (first, second):
+        assert b.call("POST", "/api/login", {"username": name, "password": "pw1"})[0] == 200
+    assert first.call("POST", "/api/logout")[0] == 204
+    assert first.call("GET", "/api/whoami")[0] == 401
+    assert second.call("GET", "/api/whoami")[0] == 200
+    assert api.put(f"/api/users/{name}", {"password": "pw2", "tags": "administrator"}).status == 204
+    assert second.call("GET", "/api/whoami")[0] == 401
+
+
+def test_tags_are_read_afresh_for_each_request(api: Api, broker: BrokerProcess) -> None:
+    name = uid("mgr")
+    api.put(f"/api/users/{name}", {"password": "pw", "tags": "administrator"})
+    b = Browser(broker.http_url)
+    assert b.call("POST", "/api/login", {"username": name, "password": "pw"})[0] == 200
+    assert b.call("GET", "/api/users")[0] == 200
+    user = api.get(f"/api/users/{name}").json()
+    api.put(f"/api/users/{name}", {"password_hash": user["password_hash"], "tags": "management"})
+    assert b.call("GET", "/api/users")[0] == 401
+    assert b.call("GET", "/api/overview")[0] == 200
+
+
+# ---------------------------------------------------------------------------- paging
+@pytest.fixture(scope="module")
+def paged_vhost(api: Api) -> str:
+    vhost = uid("pg")
+    assert api.put(f"/api/vhosts/{vhost}").status == 201
+    api.put(f"/api/permissions/{vhost}/guest", {"configure": ".*", "write": ".*", "read": ".*"})
+    for i in range(25):
+        assert api.put(f"/api/queues/{vhost}/q{i:03d}", {"durable": False}).status == 201
+    api.put(f"/api/queues/{vhost}/Other", {"durable": False})
+    for n in range(3):
+        api.post(f"/api/exchanges/{vhost}/amq.default/publish",
+                 {"routing_key": "q007", "payload": f"m{n}", "properties": {}})
+    return vhost
+
+
+def test_queue_pages_count_filter_and_sort_as_rabbitmq(api: Api, paged_vhost: str) -> None:
+    r = api.get(f"/api/queues/{paged_vhost}?page=2&page_size=10&name=Q0&sort=name").json()
+    assert {k: r[k] for k in ("page", "page_size", "page_count", "item_count",
+                              "filtered_count", "total_count")} == {
+        "page": 2, "page_size": 10, "page_count": 3, "item_count": 10,
+        "filtered_count": 25, "total_count": 26}
+    assert [i["name"] for i in r["items"]] == [f"q{i:03d}" for i in range(10, 20)]
+    r = api.get(f"/api/queues/{paged_vhost}?page=1&page_size=3&sort=messages"
+                "&sort_reverse=true&columns=name,messages").json()
+    assert r["items"][0] == {"name": "q007", "messages": 3}
+    r = api.get(f"/api/queues/{paged_vhost}?page=1&page_size=5&name=^q00[12]$"
+                "&use_regex=true").json()
+    assert [i["name"] for i in r["items"]] == ["q001", "q002"]
+    empty = api.get(f"/api/queues/{paged_vhost}?page=1&name=nothing-like-this").json()
+    assert empty["page_count"] == 0 and empty["items"] == [] and empty["total_count"] == 26
+
+
+def test_a_slow_sort_key_gives_the_same_answer(api: Api, paged_vhost: str) -> None:
+    """Sorting on a key the fast path does not know builds every view, same shape."""
+    r = api.get(f"/api/queues/{paged_vhost}?page=1&page_size=4&sort=message_bytes"
+                "&sort_reverse=true").json()
+    assert r["items"][0]["name"] == "q007" and r["filtered_count"] == 26
+
+
+def test_bad_pages_get_rabbitmqs_errors(api: Api, paged_vhost: str) -> None:
+    r = api.get(f"/api/queues/{paged_vhost}?page=9&page_size=10")
+    assert r.status == 400 and r.json()["error"] == "page_out_of_range"
+    for query in ("page=0", "page=1&page_size=501", "page=1&page_size=0"):
+        r = api.get(f"/api/queues/{paged_vhost}?{query}")
+        assert r.status == 400 and r.json()["error"] == "invalid_pagination_parameters", query
+    r = api.get(f"/api/queues/{paged_vhost}?page=x")
+    assert r.status == 400 and r.json()["error"] == "bad_request"
+    r = api.get(f"/api/queues/{paged_vhost}?page=1&name=(&use_regex=true")
+    assert r.status == 400
+
+
+def test_unpaged_lists_keep_their_plain_shape(api: Api, paged_vhost: str) -> None:
+    items = api.get(f"/api/queues/{paged_vhost}?columns=name&name=other").json()
+    assert items == [{"name": "Other"}]
+
+
+# ---------------------------------------------------------------------------- rates
+def test_overview_returns_rate_and_length_samples(api: Api, broker: BrokerProcess) -> None:
+    queue = uid("rates")
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    try:
+        ch = conn.channel()
+        ch.queue_declare(queue)
+        ch.confirm_delivery()
+        deadline = time.monotonic() + 20
+        stats: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            for _ in range(20):
+                ch.basic_publish("", queue, b"x")
+            stats = api.get("/api/overview?msg_rates_age=60&msg_rates_incr=0.5"
+                            "&lengths_age=60&lengths_incr=0.5").json()
+            details = stats["message_stats"]["confirm_details"]
+            if details["rate"] > 0 and len(details["samples"]) >= 3:
+                break
+        ms = stats["message_stats"]
+        assert ms["confirm"] >= 20 and ms["confirm_details"]["rate"] > 0
+        samples = ms["publish_details"]["samples"]
+        assert len(samples) >= 3 and set(samples[0]) == {"sample", "timestamp"}
+        stamps = [s["timestamp"] for s in samples]
+        assert stamps == sorted(stamps, reverse=True)  # newest first, as RabbitMQ
+        assert samples[0]["sample"] >= samples[-1]["sample"]
+        assert {"avg", "avg_rate"} <= set(ms["publish_details"])
+        lengths = stats["queue_totals"]["messages_ready_details"]
+        assert lengths["samples"] and lengths["samples"][0]["sample"] >= 0
+        plain = api.get("/api/overview").json()["message_stats"]["publish_details"]
+        assert "samples" not in plain
+        assert api.get("/api/overview?msg_rates_age=x").status == 400
+    finally:
+        conn.close()
+
+
+def test_channels_report_their_confirm_rate(api: Api, broker: BrokerProcess) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for _ in range(5):
+            ch.basic_publish("", "", b"x")  # unroutable to no queue: still confirmed
+        chans = [c for c in api.get("/api/channels").json() if c["confirm"]]
+        assert any(c["message_stats"].get("confirm", 0) >= 5 for c in chans)
+    finally:
+        conn.close()
+
+
+def test_overview_names_the_plugins(api: Api) -> None:
+    assert api.get("/api/overview").json()["amqpd_plugins"] == []
+
+
+# ---------------------------------------------------------------------------- topic permissions
+def test_topic_permissions_are_set_read_and_cleared(api: Api) -> None:
+    name = uid("tp")
+    api.put(f"/api/users/{name}", {"password": "pw", "tags": ""})
+    body = {"exchange": "amq.topic", "write": "^a", "read": ".*"}
+    assert api.put(f"/api/topic-permissions/%2F/{name}", body).status == 201
+    assert api.put(f"/api/topic-permissions/%2F/{name}", {**body, "read": "^b"}).status == 204
+    assert api.put(f"/api/topic-permissions/%2F/{name}",
+                   {"exchange": "other", "write": ".*", "read": ".*"}).status == 201
+    got = api.get(f"/api/topic-permissions/%2F/{name}").json()
+    assert {"user": name, "vhost": "/", "exchange": "amq.topic", "write": "^a",
+            "read": "^b"} in got and len(got) == 2
+    assert len(api.get(f"/api/users/{name}/topic-permissions").json()) == 2
+    exported = api.get("/api/definitions").json()["topic_permissions"]
+    assert sum(1 for t in exported if t["user"] == name) == 2
+    assert api.put(f"/api/topic-permissions/%2F/{name}",
+                   {"exchange": "x", "write": "(", "read": ""}).status == 400
+    assert api.delete(f"/api/topic-permissions/%2F/{name}/other").status == 204
+    assert api.delete(f"/api/topic-permissions/%2F/{name}").status == 204
+    assert api.get(f"/api/topic-permissions/%2F/{name}").status == 404
+    assert api.delete(f"/api/topic-permissions/%2F/{name}").status == 404
+    assert api.put(f"/api/topic-permissions/{q('no-such-vhost')}/{name}", body).status == 404
+
+
+def test_sessions_survive_a_broker_restart(tmp_path: Path) -> None:
+    proc = BrokerProcess(tmp_path / "amqpd")
+    proc.start()
+    try:
+        b = Browser(proc.http_url)
+        assert b.call("POST", "/api/login", {"username": "guest", "password": "guest"})[0] == 200
+        port = proc.http_port
+        proc.stop()
+        proc.env["AMQPD_HTTP_PORT"] = str(port)
+        proc.start()
+        assert b.call("GET", "/api/whoami")[0] == 200
+    finally:
+        proc.stop()
