@@ -298,8 +298,11 @@ class DefinitionJournal:
                 log.error("recovery: queue %r skipped: vhost %r is gone", q["name"], q["vhost"])
                 continue
             try:
+                # only a server-named queue may carry the reserved "amq." prefix; saying
+                # server_named for every queue would make a quorum queue refuse itself
                 vh.declare_queue(q["name"], durable=True, auto_delete=q["auto_delete"],
-                                 arguments=q["arguments"], server_named=True)
+                                 arguments=q["arguments"],
+                                 server_named=q["name"].startswith("amq."))
             except AMQPError as exc:
                 log.error("recovery: queue %r in vhost %r skipped: %s", q["name"],
                           q["vhost"], exc.text)
