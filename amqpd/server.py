@@ -32,6 +32,7 @@ from amqpd.broker.exchanges.delayed import recover as recover_delayed
 from amqpd.broker.limits import admit
 from amqpd.broker.message import LoggedMessage, Message
 from amqpd.broker.parameters import ParameterStore
+from amqpd.broker.persist import stored_message
 from amqpd.broker.policy import PolicyStore
 from amqpd.broker.queue import Queue, QueueEntry
 from amqpd.broker.ttl import TimerService
@@ -220,13 +221,11 @@ class Broker:
         if queues and message.persistent and self.store is not None:
             durable = [q.store_key for q in queues if q.durable]
             if durable:
-                from amqpd.store.api import StoredMessage, StoreError
+                from amqpd.store.api import StoreError
 
                 try:
                     message.position = self.store.append_enqueue(
-                        durable, StoredMessage(message.exchange, message.routing_key,
-                                               message.properties, message.body)
-                    )
+                        durable, stored_message(message))
                 except StoreError as exc:
                     log.error("store refused a persistent message: %s", exc)
                     self._store_failed(exc)
@@ -279,15 +278,15 @@ class Broker:
     def _page_out(self, queues: list[Queue], message: Message) -> None:
         """Under node memory pressure: write the message once, for all of ``queues``,
         and let each hold it log-only (a fan-out pays one write, not one per queue)."""
-        from amqpd.store.api import StoredMessage, StoreError
+        from amqpd.store.api import StoreError
 
         store = self.store
         assert store is not None
         try:
+            # transient: a paged copy is never recovered (RabbitMQ drops transient
+            # messages at restart, paged or not)
             position = store.append_enqueue(
-                [q.store_key for q in queues],
-                StoredMessage(message.exchange, message.routing_key, message.properties,
-                              message.body))
+                [q.store_key for q in queues], stored_message(message, transient=True))
         except StoreError:
             for q in queues:
                 q.enqueue(message)  # cannot page: keep it in memory
@@ -377,6 +376,7 @@ class Broker:
         each (a record per delivery cost ~16% of delivery CPU on a backlog drain)."""
         if self.store is None:
             return
+        self.store.delivering(queue.store_key, position)  # before the bytes leave
         batch = self._delivered_batch
         if not batch and self._loop is not None:
             self._loop.call_soon(self._flush_delivered)
@@ -473,8 +473,10 @@ class Broker:
                 store.drop_queue(key)  # transient or server-named: nothing can consume these
                 continue
             redelivered = rq.redelivered
-            for position, size in zip(rq.positions, rq.sizes, strict=True):
-                queue.restore(LoggedMessage(store, position, size), position in redelivered)
+            for position, size, stamp, extra in zip(rq.positions, rq.sizes, rq.stamps,
+                                                    rq.extra, strict=True):
+                queue.restore(LoggedMessage(store, position, size), position in redelivered,
+                              stamp >> 1, extra)
             n += len(rq.positions)
         if recovered.truncated_bytes:
             log.warning("store: truncated %d bytes of torn or corrupt log tail",
