@@ -536,9 +536,14 @@ class Broker:
             log.info("imported definitions from %s", s.definitions_file)
         if tls_configured(s):
             assert self._loop is not None
-            tls_server = await self._loop.create_server(
-                lambda: AMQPProtocol(self), host=s.bind, port=s.tls_port, reuse_address=True,
-                backlog=1024, ssl=server_context(s))
+            try:
+                tls_server = await self._loop.create_server(
+                    lambda: AMQPProtocol(self), host=s.bind, port=s.tls_port,
+                    reuse_address=True, backlog=1024, ssl=server_context(s))
+            except OSError as exc:
+                raise OSError(exc.errno, f"amqps listener cannot listen on "
+                                         f"{s.bind}:{s.tls_port}: {exc.strerror or exc}"
+                              ) from exc
             self._servers.append(tls_server)
             for sock in cast(Any, tls_server).sockets:
                 host, port = sock.getsockname()[:2]
@@ -640,7 +645,12 @@ def tune_gc() -> None:
 async def serve(settings: Settings, ready: Callable[[Broker], None] | None = None) -> None:
     """Run a broker until SIGTERM/SIGINT."""
     broker = Broker(settings)
-    await broker.start()
+    try:
+        await broker.start()
+    except BaseException:
+        # a listener could not bind (or boot failed): undo what started, then exit
+        await broker.stop()
+        raise
     tune_gc()
     if ready is not None:
         ready(broker)
