@@ -190,6 +190,26 @@ class Session:
         if len(self._perm_cache) < 1024:
             self._perm_cache[key] = True
 
+    def check_topic(self, permission: str, exchange: str, routing_key: str) -> None:
+        """Topic permission on a topic exchange (broker/topic_auth.py), cached like
+        :meth:`check_permission`."""
+        entries = self.broker.parameters.topic_permissions
+        if not entries:
+            return
+        auth = self.broker.auth
+        if self._perm_version != auth.version:
+            self._perm_cache.clear()
+            self._perm_version = auth.version
+        key = ("topic:" + permission, exchange, routing_key)
+        if key in self._perm_cache:
+            return
+        from amqpd.broker import topic_auth
+
+        topic_auth.check(entries, self.username, self.vhost.name, exchange, routing_key,
+                         permission)
+        if len(self._perm_cache) < 1024:
+            self._perm_cache[key] = True
+
     def body_of(self, message: Message) -> bytes:
         return self.broker.body_of(message)
 

@@ -108,6 +108,12 @@ class Channel:
     def _check(self, kind: str, resource: str, name: str) -> None:
         self.session.check_permission(kind, resource, name)
 
+    def _check_topic_read(self, source: str, routing_key: str) -> None:
+        """Binding to a topic exchange needs topic read permission on the key."""
+        ex = self.vhost.exchanges.get(source)
+        if ex is not None and ex.type_name == "topic":
+            self.session.check_topic("read", source, routing_key)
+
     # ------------------------------------------------------------------ channel
     def _flow(self, m: commands.Channel.Flow) -> None:
         if not m.active:
@@ -138,6 +144,7 @@ class Channel:
     def _exchange_bind(self, m: commands.Exchange.Bind) -> None:
         self._check("write", "exchange", m.destination)
         self._check("read", "exchange", m.source)
+        self._check_topic_read(m.source, m.routing_key)
         self.vhost.bind("exchange", m.destination, m.source, m.routing_key, m.arguments)
         if not m.nowait:
             self.session.conn.write(codec.method_frame(self.number, 40, 31))
@@ -145,6 +152,7 @@ class Channel:
     def _exchange_unbind(self, m: commands.Exchange.Unbind) -> None:
         self._check("write", "exchange", m.destination)
         self._check("read", "exchange", m.source)
+        self._check_topic_read(m.source, m.routing_key)
         self.vhost.unbind("exchange", m.destination, m.source, m.routing_key, m.arguments)
         if not m.nowait:
             self.session.conn.write(codec.method_frame(self.number, 40, 51))
@@ -184,6 +192,7 @@ class Channel:
         routing_key = m.routing_key if (m.routing_key or m.queue) else queue
         self._check("write", "queue", queue)
         self._check("read", "exchange", m.exchange)
+        self._check_topic_read(m.exchange, routing_key)
         self.vhost.bind("queue", queue, m.exchange, routing_key, m.arguments, owner=self.session)
         if not m.nowait:
             self.session.conn.write(codec.method_frame(self.number, 50, 21))
@@ -193,6 +202,7 @@ class Channel:
         routing_key = m.routing_key if (m.routing_key or m.queue) else queue
         self._check("write", "queue", queue)
         self._check("read", "exchange", m.exchange)
+        self._check_topic_read(m.exchange, routing_key)
         self.vhost.unbind("queue", queue, m.exchange, routing_key, m.arguments,
                           owner=self.session)
         self.session.conn.write(codec.method_frame(self.number, 50, 51))
@@ -429,6 +439,8 @@ class Channel:
             raise AccessRefused(
                 f"cannot publish to internal exchange '{exchange}' in vhost '{self.vhost.name}'"
             )
+        if ex.type_name == "topic":
+            self.session.check_topic("write", exchange, routing_key)
         if self.confirm_mode:
             self.publish_seq += 1
         self.stat_publish += 1

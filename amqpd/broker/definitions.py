@@ -309,6 +309,7 @@ def _apply(broker: Broker, data: dict[str, Any], vhost: str | None) -> None:
         topic = _entries(data, "topic_permissions")
         if topic:
             broker.parameters.topic_permissions = [dict(t) for t in topic]
+            auth.version += 1  # enforced (broker/topic_auth.py): cached checks go
         for g in _entries(data, "global_parameters"):
             name = g.get("name")
             if name == "cluster_name" and isinstance(g.get("value"), str):

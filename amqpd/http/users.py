@@ -186,6 +186,57 @@ async def list_topic_permissions(ctx: Ctx) -> Any:
     return json_response(ctx.broker.parameters.topic_permissions)
 
 
+def _topic_entries(ctx: Ctx, user: str | None = None,
+                   vhost: str | None = None) -> list[dict[str, Any]]:
+    return [e for e in ctx.broker.parameters.topic_permissions
+            if (user is None or e.get("user") == user)
+            and (vhost is None or e.get("vhost") == vhost)]
+
+
+async def get_topic_permission(ctx: Ctx) -> Any:
+    ctx.require_admin()
+    vhost, user = _perm_target(ctx)
+    found = _topic_entries(ctx, user, vhost)
+    if not found:
+        raise not_found()
+    return json_response(found)
+
+
+async def put_topic_permission(ctx: Ctx) -> Any:
+    """Set one exchange's topic permission for (user, vhost); enforced at once
+    (broker/topic_auth.py)."""
+    from amqpd.broker import topic_auth
+
+    ctx.require_admin()
+    vhost, user = _perm_target(ctx)
+    body = await ctx.json_object()
+    exchange = as_str(body.get("exchange"), "exchange")
+    write, read = (validate_regex(body.get(k, ""), k) for k in ("write", "read"))
+    existed = topic_auth.put(ctx.broker.parameters.topic_permissions, user, vhost, exchange,
+                             write, read)
+    ctx.broker.auth.version += 1  # sessions drop their cached checks
+    ctx.broker.definitions_changed()
+    return no_content() if existed else created()
+
+
+async def delete_topic_permission(ctx: Ctx) -> Any:
+    from amqpd.broker import topic_auth
+
+    ctx.require_admin()
+    vhost, user = _perm_target(ctx)
+    exchange = ctx.request.query.get("exchange")
+    if not topic_auth.remove(ctx.broker.parameters.topic_permissions, user, vhost, exchange):
+        raise not_found()
+    ctx.broker.auth.version += 1
+    ctx.broker.definitions_changed()
+    return no_content()
+
+
+async def user_topic_permissions(ctx: Ctx) -> Any:
+    ctx.require_admin()
+    return json_response(_topic_entries(ctx, user=_user(ctx).name))
+
+
 def routes(r: Router) -> None:
     r.get("/api/users", list_users)
     r.get("/api/users/without-permissions", users_without_permissions)
@@ -198,3 +249,7 @@ def routes(r: Router) -> None:
     r.put("/api/permissions/{vhost}/{user}", put_permission)
     r.delete("/api/permissions/{vhost}/{user}", delete_permission)
     r.get("/api/topic-permissions", list_topic_permissions)
+    r.get("/api/topic-permissions/{vhost}/{user}", get_topic_permission)
+    r.put("/api/topic-permissions/{vhost}/{user}", put_topic_permission)
+    r.delete("/api/topic-permissions/{vhost}/{user}", delete_topic_permission)
+    r.get("/api/users/{name}/topic-permissions", user_topic_permissions)
