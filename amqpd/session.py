@@ -80,6 +80,10 @@ class Session:
         self.connected_at = time.time()
         self.closed = False
         self.protocol: AMQPProtocol | None = None  # set by the transport, None in tests
+        self.peer_cert: dict[str, Any] | None = None  # verified client certificate (amqps)
+        self.tls = False
+        self.conn.mechanisms = " ".join(m for m in broker.settings.auth_mechanisms
+                                        if m != "EXTERNAL")
 
     @property
     def peer_is_loopback(self) -> bool:
@@ -88,14 +92,26 @@ class Session:
         host = self.peer[0]
         return host.startswith(("127.", "::ffff:127.")) or host in ("::1", "localhost")
 
+    def tls_established(self, peer_cert: dict[str, Any] | None) -> None:
+        """Called by the transport on an amqps connection, before connection.start:
+        EXTERNAL is offered (first, as configured) when the peer sent a certificate."""
+        self.tls = True
+        self.peer_cert = peer_cert
+        if peer_cert and "EXTERNAL" in self.broker.settings.auth_mechanisms:
+            self.conn.mechanisms = " ".join(self.broker.settings.auth_mechanisms)
+
     # ------------------------------------------------------------------ delegate
     def authenticate(self, mechanism: str, response: bytes, client_properties: dict) -> None:
+        offered = self.conn.mechanisms.split()
+        if mechanism not in offered:
+            raise CommandInvalid(f"unknown authentication mechanism '{mechanism}'")
+        if mechanism == "EXTERNAL":
+            self._authenticate_external()
+            return
         if mechanism == "PLAIN":
             username, password = parse_plain(response)
-        elif mechanism == "AMQPLAIN":
-            username, password = parse_amqplain(response)
         else:
-            raise CommandInvalid(f"unknown authentication mechanism '{mechanism}'")
+            username, password = parse_amqplain(response)
         user = self.broker.auth.authenticate(username, password, self.peer_is_loopback)
         if user is None and not self.peer_is_loopback and \
                 self.broker.auth.authenticate(username, password, True) is not None:
@@ -109,6 +125,29 @@ class Session:
                 f"Login was refused using authentication mechanism {mechanism}. "
                 "For details see the broker logfile."
             )
+        self.username = username
+        self.user_tags = list(user.tags)
+
+    def _authenticate_external(self) -> None:
+        """SASL EXTERNAL (rabbitmq_auth_mechanism_ssl): the user is named by the verified
+        client certificate; no password. The user must exist, and loopback-only users
+        stay loopback-only."""
+        from amqpd.tls import login_from_certificate
+
+        username = login_from_certificate(self.peer_cert,
+                                          self.broker.settings.ssl_cert_login_from)
+        user = self.broker.auth.users.get(username) if username else None
+        if user is not None and not self.peer_is_loopback and \
+                username in self.broker.auth.loopback_users:
+            log.warning("login refused for loopback-only user %r from %s", username, self.peer)
+            raise ConnectionAccessRefused(f"user '{username}' can only connect via localhost")
+        if user is None:
+            log.warning("EXTERNAL login refused from %s: %s", self.peer,
+                        "no peer certificate" if not self.peer_cert else
+                        f"user '{username}' - invalid credentials")
+            raise ConnectionAccessRefused(
+                "Login was refused using authentication mechanism EXTERNAL. "
+                "For details see the broker logfile.")
         self.username = username
         self.user_tags = list(user.tags)
 
