@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 import amqpd
 from amqpd import hotpath
 from amqpd.alarms import Alarms
-from amqpd.broker import extensions, reply_to
+from amqpd.broker import extensions, reply_to, resource_limits
 from amqpd.broker.auth import AuthStore
 from amqpd.broker.deadletter import dead_letter
 from amqpd.broker.exchange import Exchange
@@ -96,6 +96,7 @@ class Broker:
         self.policies = PolicyStore(self)
         self.timers = TimerService()  # TTL, x-expires and delayed-message deadlines
         self.parameters = ParameterStore()  # runtime parameters (shovel, federation...)
+        resource_limits.register(self)  # the vhost-limits component
         self.http: HttpServer | None = None
         self._setup_defaults()
         self.auth.set_internal_user(f"amqpd-internal-{secrets.token_hex(4)}",

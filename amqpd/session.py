@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from pamqp import decode
 from pamqp.base import Frame as PamqpFrame
 
+from amqpd.broker import resource_limits
 from amqpd.broker.channel import Channel
 from amqpd.broker.message import Message
 from amqpd.broker.queue import Queue
@@ -158,11 +159,13 @@ class Session:
         if not self.broker.auth.can_access_vhost(self.username, vhost):
             raise NotAllowed(f"access to vhost '{vhost}' refused for user '{self.username}'",
                              10, 40)
+        resource_limits.check_connection(self.broker, self, vhost)
         self.vhost = vh
         self.broker.session_opened(self)
         log.info("connection opened: user=%s vhost=%s peer=%s", self.username, vhost, self.peer)
 
     def channel_opened(self, channel: int) -> None:
+        resource_limits.check_channel(self.broker, self)
         self.channels[channel] = Channel(self, channel)
 
     def channel_closed(self, channel: int) -> None:

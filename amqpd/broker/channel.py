@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
-from amqpd.broker import reply_to
+from amqpd.broker import reply_to, resource_limits
 from amqpd.broker.message import Message
 from amqpd.broker.queue import Consumer, Queue, QueueEntry
 from amqpd.broker.vhost import generate_name
@@ -173,6 +173,9 @@ class Channel:
             if isinstance(dlx, str):  # RabbitMQ: read on the queue, write on its DLX
                 self._check("read", "queue", name)
                 self._check("write", "exchange", dlx)
+            if name not in self.vhost.queues:  # the vhost's max-queues limit
+                resource_limits.check_queue(self.session.broker, self.vhost.name,
+                                            len(self.vhost.queues), name)
         owner = self.session
         q = self.vhost.declare_queue(
             name, passive=m.passive, durable=m.durable,

@@ -19,6 +19,7 @@ from amqpd.http import (
     definitions,
     exchanges,
     health,
+    limits,
     metrics,
     overview,
     parameters,
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqpd.http")
 
 RESOURCES = (overview, connections, exchanges, queues, bindings, vhosts, users, policies,
-             parameters, definitions, health, metrics)
+             parameters, definitions, health, metrics, limits)
 
 
 def build_router(broker: Broker | None = None) -> Router:

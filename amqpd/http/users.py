@@ -35,10 +35,10 @@ def parse_tags(value: Any) -> list[str]:
     raise bad_request("tags must be a string or a list of strings")
 
 
-def user_view(user: User) -> dict[str, Any]:
+def user_view(user: User, limits: dict[str, int] | None = None) -> dict[str, Any]:
     return {"name": user.name, "password_hash": user.password_hash,
             "hashing_algorithm": user.hashing_algorithm, "tags": list(user.tags),
-            "limits": {}}
+            "limits": dict(limits or {})}
 
 
 def permission_view(user: str, vhost: str, p: Permission) -> dict[str, Any]:
@@ -56,7 +56,9 @@ def _user(ctx: Ctx) -> User:
 async def list_users(ctx: Ctx) -> Any:
     ctx.require_admin()
     users = sorted(ctx.broker.auth.users.values(), key=lambda u: u.name)
-    return json_response(select_columns([user_view(u) for u in users], ctx))
+    limits = ctx.broker.parameters.user_limits
+    return json_response(select_columns([user_view(u, limits.get(u.name)) for u in users],
+                                        ctx))
 
 
 async def users_without_permissions(ctx: Ctx) -> Any:
@@ -68,7 +70,8 @@ async def users_without_permissions(ctx: Ctx) -> Any:
 
 async def get_user(ctx: Ctx) -> Any:
     ctx.require_admin()
-    return json_response(user_view(_user(ctx)))
+    user = _user(ctx)
+    return json_response(user_view(user, ctx.broker.parameters.user_limits.get(user.name)))
 
 
 def apply_user(ctx_broker: Any, name: str, body: dict[str, Any]) -> bool:
