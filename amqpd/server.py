@@ -31,6 +31,7 @@ from amqpd.broker.exchanges.delayed import DelayedMessageExchange
 from amqpd.broker.exchanges.delayed import recover as recover_delayed
 from amqpd.broker.limits import admit
 from amqpd.broker.message import LoggedMessage, Message
+from amqpd.broker.operator_policy import OperatorPolicyStore
 from amqpd.broker.parameters import ParameterStore
 from amqpd.broker.persist import stored_message
 from amqpd.broker.policy import PolicyStore
@@ -94,6 +95,7 @@ class Broker:
         self.paging_all = False
         self.ready_bytes_total = 0
         self.policies = PolicyStore(self)
+        self.operator_policies = OperatorPolicyStore(self)
         self.timers = TimerService()  # TTL, x-expires and delayed-message deadlines
         self.parameters = ParameterStore()  # runtime parameters (shovel, federation...)
         resource_limits.register(self)  # the vhost-limits component
@@ -455,6 +457,7 @@ class Broker:
         recovered = store.open()
         self.store = store
         self._restore_definitions(self.definitions_store.load())
+        self.operator_policies.restore(data)
         n = 0
         for key, rq in recovered.queues.items():
             vhost_name, _, queue_name = key.partition("\x00")

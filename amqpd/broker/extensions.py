@@ -366,6 +366,11 @@ def apply_policies(broker: Broker, vhost: VHost, obj: Queue | Exchange) -> None:
             attach(broker, vhost)
         return
     opts = queue_options(obj.arguments, obj.policy)
+    operator = broker.operator_policies.match(vhost.name, "queues", obj.name)
+    if operator is not None:  # caps what arguments and the user's policy give
+        from amqpd.broker.operator_policy import cap
+
+        cap(opts, operator.definition)
     if obj.ext is not None:
         obj.ext.configure(opts)
     elif opts.any:

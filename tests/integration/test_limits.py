@@ -121,3 +121,43 @@ def test_channel_max_and_max_message_size(tmp_path: Path) -> None:
         conn.close()
     finally:
         proc.stop()
+
+
+def test_operator_policies_cap_queue_limits(fresh_broker: BrokerProcess) -> None:
+    """The lower of the operator policy and the queue's own limit wins (RabbitMQ 3.10:
+    an operator max-length 2 over x-max-length 5 keeps 2 messages); shown in the API,
+    kept across a restart, unknown keys refused with RabbitMQ's words."""
+    fresh_broker.start()
+    api = Api(fresh_broker.http_url)
+    body = {"pattern": "^opq", "definition": {"max-length": 2}, "priority": 0,
+            "apply-to": "queues"}
+    assert api.put("/api/operator-policies/%2F/op1", body).status == 201
+    listed = api.get("/api/operator-policies").json()
+    assert listed == [{"vhost": "/", "name": "op1", "pattern": "^opq", "apply-to": "queues",
+                       "definition": {"max-length": 2}, "priority": 0}]
+    assert api.get("/api/operator-policies/%2F").json() == listed
+    bad = api.put("/api/operator-policies/%2F/op2", {
+        "pattern": "^opq", "definition": {"alternate-exchange": "x"}, "apply-to": "queues"})
+    assert bad.status == 400
+    assert "are not recognised policy settings" in bad.json()["reason"]
+    conn = connect(fresh_broker)
+    ch = conn.channel()
+    ch.queue_declare("opq1", durable=True, arguments={"x-max-length": 5})
+    ch.queue_declare("other1", durable=True, arguments={"x-max-length": 5})
+    ch.confirm_delivery()
+    for _ in range(6):
+        ch.basic_publish("", "opq1", b"x")
+        ch.basic_publish("", "other1", b"x")
+    assert ch.queue_declare("opq1", passive=True).method.message_count == 2
+    assert ch.queue_declare("other1", passive=True).method.message_count == 5
+    conn.close()
+    q = api.get("/api/queues/%2F/opq1").json()
+    assert q["operator_policy"] == "op1"
+    assert q["effective_policy_definition"] == {"max-length": 2}
+    assert fresh_broker.stop() == 0
+    fresh_broker.start()
+    api = Api(fresh_broker.http_url)
+    assert api.get("/api/operator-policies").json() == listed
+    assert api.get("/api/queues/%2F/opq1").json()["operator_policy"] == "op1"
+    assert api.delete("/api/operator-policies/%2F/op1").status == 204
+    assert api.get("/api/operator-policies").json() == []
