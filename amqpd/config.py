@@ -82,6 +82,11 @@ class Settings:
     tls_ca: str = ""
     tls_verify_peer: bool = False
     tls_fail_if_no_peer_cert: bool = False
+    # SASL mechanisms offered (RabbitMQ's auth_mechanisms); EXTERNAL (user name from the
+    # client certificate, as rabbitmq_auth_mechanism_ssl) is offered only on TLS
+    # connections that presented a verified certificate
+    auth_mechanisms: list[str] = field(default_factory=lambda: ["PLAIN", "AMQPLAIN"])
+    ssl_cert_login_from: str = "distinguished_name"  # or "common_name"
     definitions_file: str = ""  # RabbitMQ-format definitions JSON imported at boot
     stats_interval: float = 5.0  # seconds between message-rate samples (management API)
     # optional parts outside the core, by name (plugins/<name>/ or entry points)
@@ -148,6 +153,12 @@ def load_settings(
             setattr(settings, name, _coerce(name, value, getattr(settings, name)))
     if not settings.node_name:
         settings.node_name = f"amqpd@{socket.gethostname()}"
+    unknown = set(settings.auth_mechanisms) - {"PLAIN", "AMQPLAIN", "EXTERNAL"}
+    if unknown:
+        raise ConfigError(f"setting 'auth_mechanisms': unknown mechanism(s) {sorted(unknown)}")
+    if settings.ssl_cert_login_from not in ("distinguished_name", "common_name"):
+        raise ConfigError("setting 'ssl_cert_login_from' must be 'distinguished_name' or "
+                          f"'common_name', not {settings.ssl_cert_login_from!r}")
     if settings.fsync not in ("batch", "never"):
         raise ConfigError(f"setting 'fsync' must be 'batch' or 'never', not {settings.fsync!r}")
     return settings

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 import amqpd
 from amqpd import hotpath
 from amqpd.alarms import Alarms
-from amqpd.broker import extensions, quorum, reply_to
+from amqpd.broker import extensions, quorum, reply_to, resource_limits
 from amqpd.broker.auth import AuthStore
 from amqpd.broker.deadletter import dead_letter
 from amqpd.broker.exchange import Binding, Exchange
@@ -33,7 +33,9 @@ from amqpd.broker.exchanges.delayed import recover as recover_delayed
 from amqpd.broker.journal import DefinitionJournal
 from amqpd.broker.limits import admit
 from amqpd.broker.message import LoggedMessage, Message
+from amqpd.broker.operator_policy import OperatorPolicyStore
 from amqpd.broker.parameters import ParameterStore
+from amqpd.broker.persist import stored_message
 from amqpd.broker.policy import PolicyStore
 from amqpd.broker.queue import Queue, QueueEntry
 from amqpd.broker.ttl import TimerService
@@ -98,8 +100,10 @@ class Broker:
         # is written to the store like a persistent one (broker/quorum.py)
         self.quorum_queues = 0
         self.policies = PolicyStore(self)
+        self.operator_policies = OperatorPolicyStore(self)
         self.timers = TimerService()  # TTL, x-expires and delayed-message deadlines
         self.parameters = ParameterStore()  # runtime parameters (shovel, federation...)
+        resource_limits.register(self)  # the vhost-limits component
         self.http: HttpServer | None = None
         self._setup_defaults()
         self.auth.set_internal_user(f"amqpd-internal-{secrets.token_hex(4)}",
@@ -227,13 +231,11 @@ class Broker:
         if queues and message.persistent and self.store is not None:
             durable = [q.store_key for q in queues if q.durable]
             if durable:
-                from amqpd.store.api import StoredMessage, StoreError
+                from amqpd.store.api import StoreError
 
                 try:
                     message.position = self.store.append_enqueue(
-                        durable, StoredMessage(message.exchange, message.routing_key,
-                                               message.properties, message.body)
-                    )
+                        durable, stored_message(message))
                 except StoreError as exc:
                     log.error("store refused a persistent message: %s", exc)
                     self._store_failed(exc)
@@ -286,15 +288,15 @@ class Broker:
     def _page_out(self, queues: list[Queue], message: Message) -> None:
         """Under node memory pressure: write the message once, for all of ``queues``,
         and let each hold it log-only (a fan-out pays one write, not one per queue)."""
-        from amqpd.store.api import StoredMessage, StoreError
+        from amqpd.store.api import StoreError
 
         store = self.store
         assert store is not None
         try:
+            # transient: a paged copy is never recovered (RabbitMQ drops transient
+            # messages at restart, paged or not)
             position = store.append_enqueue(
-                [q.store_key for q in queues],
-                StoredMessage(message.exchange, message.routing_key, message.properties,
-                              message.body))
+                [q.store_key for q in queues], stored_message(message, transient=True))
         except StoreError:
             for q in queues:
                 q.enqueue(message)  # cannot page: keep it in memory
@@ -384,6 +386,7 @@ class Broker:
         each (a record per delivery cost ~16% of delivery CPU on a backlog drain)."""
         if self.store is None:
             return
+        self.store.delivering(queue.store_key, position)  # before the bytes leave
         batch = self._delivered_batch
         if not batch and self._loop is not None:
             self._loop.call_soon(self._flush_delivered)
@@ -454,10 +457,13 @@ class Broker:
                     lambda: AMQPProtocol(self), host=host, port=port, reuse_address=True,
                     backlog=1024, ssl=ssl)
             except OSError as exc:
-                if host != "::" or not bound:
-                    raise
-                log.info("no IPv6 listener on port %d (%s); IPv4 only", port, exc)
-                continue
+                if host == "::" and bound:
+                    log.info("no IPv6 listener on port %d (%s); IPv4 only", port, exc)
+                    continue
+                # start-up refuses half a broker: name the listener that could not bind
+                name = "amqp" if ssl is None else "amqps"
+                raise OSError(exc.errno, f"{name} listener cannot listen on "
+                                         f"{host}:{port}: {exc.strerror or exc}") from exc
             self._servers.append(server)
             for sock in cast(Any, server).sockets:  # uvloop: a list; typeshed: a tuple
                 addr = sock.getsockname()
@@ -480,6 +486,7 @@ class Broker:
         self.store = store
         self._recover_definitions(recovered.definitions, data / "definitions.json")
         defined = time.monotonic()
+        self.operator_policies.restore(data)
         n = 0
         for key, rq in recovered.queues.items():
             vhost_name, _, queue_name = key.partition("\x00")
@@ -499,8 +506,10 @@ class Broker:
                 store.drop_queue(key)  # transient or server-named: nothing can consume these
                 continue
             redelivered = rq.redelivered
-            for position, size in zip(rq.positions, rq.sizes, strict=True):
-                queue.restore(LoggedMessage(store, position, size), position in redelivered)
+            for position, size, stamp, extra in zip(rq.positions, rq.sizes, rq.stamps,
+                                                    rq.extra, strict=True):
+                queue.restore(LoggedMessage(store, position, size), position in redelivered,
+                              stamp >> 1, extra)
             n += len(rq.positions)
         if recovered.truncated_bytes:
             log.warning("store: truncated %d bytes of torn or corrupt log tail",
@@ -673,7 +682,12 @@ def tune_gc() -> None:
 async def serve(settings: Settings, ready: Callable[[Broker], None] | None = None) -> None:
     """Run a broker until SIGTERM/SIGINT."""
     broker = Broker(settings)
-    await broker.start()
+    try:
+        await broker.start()
+    except BaseException:
+        # a listener could not bind (or boot failed): undo what started, then exit
+        await broker.stop()
+        raise
     tune_gc()
     if ready is not None:
         ready(broker)

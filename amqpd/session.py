@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from pamqp import decode
 from pamqp.base import Frame as PamqpFrame
 
+from amqpd.broker import resource_limits
 from amqpd.broker.channel import Channel
 from amqpd.broker.message import Message
 from amqpd.broker.queue import Queue
@@ -80,6 +81,10 @@ class Session:
         self.connected_at = time.time()
         self.closed = False
         self.protocol: AMQPProtocol | None = None  # set by the transport, None in tests
+        self.peer_cert: dict[str, Any] | None = None  # verified client certificate (amqps)
+        self.tls = False
+        self.conn.mechanisms = " ".join(m for m in broker.settings.auth_mechanisms
+                                        if m != "EXTERNAL")
 
     @property
     def peer_is_loopback(self) -> bool:
@@ -88,14 +93,26 @@ class Session:
         host = self.peer[0]
         return host.startswith(("127.", "::ffff:127.")) or host in ("::1", "localhost")
 
+    def tls_established(self, peer_cert: dict[str, Any] | None) -> None:
+        """Called by the transport on an amqps connection, before connection.start:
+        EXTERNAL is offered (first, as configured) when the peer sent a certificate."""
+        self.tls = True
+        self.peer_cert = peer_cert
+        if peer_cert and "EXTERNAL" in self.broker.settings.auth_mechanisms:
+            self.conn.mechanisms = " ".join(self.broker.settings.auth_mechanisms)
+
     # ------------------------------------------------------------------ delegate
     def authenticate(self, mechanism: str, response: bytes, client_properties: dict) -> None:
+        offered = self.conn.mechanisms.split()
+        if mechanism not in offered:
+            raise CommandInvalid(f"unknown authentication mechanism '{mechanism}'")
+        if mechanism == "EXTERNAL":
+            self._authenticate_external()
+            return
         if mechanism == "PLAIN":
             username, password = parse_plain(response)
-        elif mechanism == "AMQPLAIN":
-            username, password = parse_amqplain(response)
         else:
-            raise CommandInvalid(f"unknown authentication mechanism '{mechanism}'")
+            username, password = parse_amqplain(response)
         user = self.broker.auth.authenticate(username, password, self.peer_is_loopback)
         if user is None and not self.peer_is_loopback and \
                 self.broker.auth.authenticate(username, password, True) is not None:
@@ -112,6 +129,29 @@ class Session:
         self.username = username
         self.user_tags = list(user.tags)
 
+    def _authenticate_external(self) -> None:
+        """SASL EXTERNAL (rabbitmq_auth_mechanism_ssl): the user is named by the verified
+        client certificate; no password. The user must exist, and loopback-only users
+        stay loopback-only."""
+        from amqpd.tls import login_from_certificate
+
+        username = login_from_certificate(self.peer_cert,
+                                          self.broker.settings.ssl_cert_login_from)
+        user = self.broker.auth.users.get(username) if username else None
+        if user is not None and not self.peer_is_loopback and \
+                username in self.broker.auth.loopback_users:
+            log.warning("login refused for loopback-only user %r from %s", username, self.peer)
+            raise ConnectionAccessRefused(f"user '{username}' can only connect via localhost")
+        if user is None:
+            log.warning("EXTERNAL login refused from %s: %s", self.peer,
+                        "no peer certificate" if not self.peer_cert else
+                        f"user '{username}' - invalid credentials")
+            raise ConnectionAccessRefused(
+                "Login was refused using authentication mechanism EXTERNAL. "
+                "For details see the broker logfile.")
+        self.username = username
+        self.user_tags = list(user.tags)
+
     def open_vhost(self, vhost: str) -> None:
         vh = self.broker.vhosts.get(vhost)
         if vh is None:
@@ -119,11 +159,13 @@ class Session:
         if not self.broker.auth.can_access_vhost(self.username, vhost):
             raise NotAllowed(f"access to vhost '{vhost}' refused for user '{self.username}'",
                              10, 40)
+        resource_limits.check_connection(self.broker, self, vhost)
         self.vhost = vh
         self.broker.session_opened(self)
         log.info("connection opened: user=%s vhost=%s peer=%s", self.username, vhost, self.peer)
 
     def channel_opened(self, channel: int) -> None:
+        resource_limits.check_channel(self.broker, self)
         self.channels[channel] = Channel(self, channel)
 
     def channel_closed(self, channel: int) -> None:
@@ -187,6 +229,26 @@ class Session:
         if key in self._perm_cache:
             return
         auth.check(self.username, self.vhost.name, kind, resource, name)
+        if len(self._perm_cache) < 1024:
+            self._perm_cache[key] = True
+
+    def check_topic(self, permission: str, exchange: str, routing_key: str) -> None:
+        """Topic permission on a topic exchange (broker/topic_auth.py), cached like
+        :meth:`check_permission`."""
+        entries = self.broker.parameters.topic_permissions
+        if not entries:
+            return
+        auth = self.broker.auth
+        if self._perm_version != auth.version:
+            self._perm_cache.clear()
+            self._perm_version = auth.version
+        key = ("topic:" + permission, exchange, routing_key)
+        if key in self._perm_cache:
+            return
+        from amqpd.broker import topic_auth
+
+        topic_auth.check(entries, self.username, self.vhost.name, exchange, routing_key,
+                         permission)
         if len(self._perm_cache) < 1024:
             self._perm_cache[key] = True
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ssl
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from amqpd.config import Settings
@@ -65,4 +65,36 @@ def certificate_expires_within(settings: Settings, days: int) -> list[dict[str, 
             if cert.not_valid_after_utc <= limit:
                 out.append({"file": path, "subject": cert.subject.rfc4514_string(),
                             "not_after": cert.not_valid_after_utc.isoformat()})
+    return out
+
+
+_SHORT = {"commonName": "CN", "organizationName": "O", "organizationalUnitName": "OU",
+          "countryName": "C", "localityName": "L", "stateOrProvinceName": "ST",
+          "domainComponent": "DC", "userId": "UID", "streetAddress": "STREET"}
+
+
+def login_from_certificate(cert: dict[str, Any] | None, login_from: str) -> str:
+    """The user name a verified client certificate gives (rabbitmq_auth_mechanism_ssl's
+    ``ssl_cert_login_from``): its subject's common name, or the whole distinguished
+    name (RFC 4514 order, most specific first: ``CN=guest,O=example``). ``cert`` is
+    ``SSLObject.getpeercert()``; "" when there is none or it has no common name."""
+    if not cert:
+        return ""
+    rdns = cert.get("subject", ())
+    if login_from == "common_name":
+        for rdn in rdns:
+            for key, value in rdn:
+                if key == "commonName":
+                    return str(value)
+        return ""
+    parts = []
+    for rdn in reversed(rdns):
+        parts.append("+".join(f"{_SHORT.get(k, k)}={_escape(str(v))}" for k, v in rdn))
+    return ",".join(parts)
+
+
+def _escape(value: str) -> str:
+    out = "".join("\\" + c if c in ',+"\\<>;=' else c for c in value)
+    if out.startswith((" ", "#")):
+        out = "\\" + out
     return out

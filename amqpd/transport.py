@@ -55,6 +55,9 @@ class AMQPProtocol(asyncio.Protocol):
         self.session = Session(self.broker, peer[:2] if peer else None,
                                self.broker.limits(), name=name)
         self.session.protocol = self
+        ssl_object = transport.get_extra_info("ssl_object")
+        if ssl_object is not None:  # amqps: the handshake is done, the peer is known
+            self.session.tls_established(ssl_object.getpeercert())
         self.session.conn.on_output = self._schedule_flush
         transport.set_write_buffer_limits(high=4 * 1024 * 1024)  # type: ignore[attr-defined]
         self.broker.transports.add(self)

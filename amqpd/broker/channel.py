@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
-from amqpd.broker import quorum, reply_to
+from amqpd.broker import quorum, reply_to, resource_limits
 from amqpd.broker.message import Message
 from amqpd.broker.queue import Consumer, Queue, QueueEntry
 from amqpd.broker.vhost import generate_name
@@ -147,6 +147,12 @@ class Channel:
     def _check(self, kind: str, resource: str, name: str) -> None:
         self.session.check_permission(kind, resource, name)
 
+    def _check_topic_read(self, source: str, routing_key: str) -> None:
+        """Binding to a topic exchange needs topic read permission on the key."""
+        ex = self.vhost.exchanges.get(source)
+        if ex is not None and ex.type_name == "topic":
+            self.session.check_topic("read", source, routing_key)
+
     # ------------------------------------------------------------------ channel
     def _flow(self, m: commands.Channel.Flow) -> None:
         if not m.active:
@@ -177,6 +183,7 @@ class Channel:
     def _exchange_bind(self, m: commands.Exchange.Bind) -> None:
         self._check("write", "exchange", m.destination)
         self._check("read", "exchange", m.source)
+        self._check_topic_read(m.source, m.routing_key)
         self.vhost.bind("exchange", m.destination, m.source, m.routing_key, m.arguments)
         if not m.nowait:
             self._reply_ok(codec.method_frame(self.number, 40, 31))
@@ -184,6 +191,7 @@ class Channel:
     def _exchange_unbind(self, m: commands.Exchange.Unbind) -> None:
         self._check("write", "exchange", m.destination)
         self._check("read", "exchange", m.source)
+        self._check_topic_read(m.source, m.routing_key)
         self.vhost.unbind("exchange", m.destination, m.source, m.routing_key, m.arguments)
         if not m.nowait:
             self._reply_ok(codec.method_frame(self.number, 40, 51))
@@ -204,6 +212,9 @@ class Channel:
             if isinstance(dlx, str):  # RabbitMQ: read on the queue, write on its DLX
                 self._check("read", "queue", name)
                 self._check("write", "exchange", dlx)
+            if name not in self.vhost.queues:  # the vhost's max-queues limit
+                resource_limits.check_queue(self.session.broker, self.vhost.name,
+                                            len(self.vhost.queues), name)
         owner = self.session
         q = self.vhost.declare_queue(
             name, passive=m.passive, durable=m.durable,
@@ -223,6 +234,7 @@ class Channel:
         routing_key = m.routing_key if (m.routing_key or m.queue) else queue
         self._check("write", "queue", queue)
         self._check("read", "exchange", m.exchange)
+        self._check_topic_read(m.exchange, routing_key)
         self.vhost.bind("queue", queue, m.exchange, routing_key, m.arguments, owner=self.session)
         if not m.nowait:
             self._reply_ok(codec.method_frame(self.number, 50, 21))
@@ -232,6 +244,7 @@ class Channel:
         routing_key = m.routing_key if (m.routing_key or m.queue) else queue
         self._check("write", "queue", queue)
         self._check("read", "exchange", m.exchange)
+        self._check_topic_read(m.exchange, routing_key)
         self.vhost.unbind("queue", queue, m.exchange, routing_key, m.arguments,
                           owner=self.session)
         self._reply_ok(codec.method_frame(self.number, 50, 51))
@@ -493,6 +506,8 @@ class Channel:
             mode = codec.delivery_mode(properties)
             if mode != 1 and mode != 2:  # RabbitMQ 3.10 refuses any other value
                 raise PreconditionFailed(f"invalid message: {{delivery_mode_unknown,{mode}}}")
+        if ex.type_name == "topic":
+            self.session.check_topic("write", exchange, routing_key)
         if self.confirm_mode:
             self.publish_seq += 1
         self.stat_publish += 1

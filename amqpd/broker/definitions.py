@@ -90,7 +90,8 @@ def export_definitions(broker: Broker, vhost: str | None = None) -> dict[str, An
                 "exchanges": [_drop_vhost(x) for x in exchanges],
                 "bindings": [_drop_vhost(b) for b in bindings]}
     users = [{"name": u.name, "password_hash": u.password_hash,
-              "hashing_algorithm": u.hashing_algorithm, "tags": list(u.tags), "limits": {}}
+              "hashing_algorithm": u.hashing_algorithm, "tags": list(u.tags),
+              "limits": dict(params.user_limits.get(u.name, {}))}
              for u in sorted(auth.users.values(), key=lambda u: u.name)]
     vhost_list = []
     for vh in vhosts:
@@ -294,6 +295,10 @@ def _apply(broker: Broker, data: dict[str, Any], vhost: str | None) -> None:
                 password_hash = u.get("password_hash") or ""
             auth.add_user(u["name"], tags=_tags(u.get("tags"), ""),
                           password_hash=password_hash, algorithm=algorithm)
+            if isinstance(u.get("limits"), dict) and u["limits"]:
+                from amqpd.broker.resource_limits import USER_LIMITS, validate
+
+                broker.parameters.user_limits[u["name"]] = validate(u["limits"], USER_LIMITS)
         for v in _entries(data, "vhosts"):
             broker.add_vhost(v["name"])
             meta: dict[str, Any] = v["metadata"] if isinstance(v.get("metadata"), dict) else {}
@@ -309,6 +314,7 @@ def _apply(broker: Broker, data: dict[str, Any], vhost: str | None) -> None:
         topic = _entries(data, "topic_permissions")
         if topic:
             broker.parameters.topic_permissions = [dict(t) for t in topic]
+            auth.version += 1  # enforced (broker/topic_auth.py): cached checks go
         for g in _entries(data, "global_parameters"):
             name = g.get("name")
             if name == "cluster_name" and isinstance(g.get("value"), str):

@@ -50,6 +50,11 @@ class QueueExt:
         # is worked out when one reaches the head
         self.cold_since: float | None = None
         self.cold_last = -1  # sequence number of the last recovered entry
+        # recovered entries whose record carried their publish time: position ->
+        # monotonic deadline (absent: no TTL); cold_legacy: some record did not say,
+        # so those entries fall back to reading the message at the head
+        self.cold_deadlines: dict[int, float] = {}
+        self.cold_legacy = False
         self.ttl_seen = False  # some entry of this queue ever had an expiry
         self.plain = False
         # a quorum queue's delivery limit and reject-publish state (amqpd.broker.quorum)
@@ -160,23 +165,51 @@ class QueueExt:
             loaded(message), next(q._seq), False, expires, self._priority(message)))
         return True
 
-    def restore(self, message: Message, redelivered: bool) -> None:
-        """A recovered message: TTL counts again from recovery (its publish time is not
-        in the log). Only priority queues come here (the level needs the priority); others
-        keep recovered entries cold and call :meth:`mark_cold`."""
+    def restore(self, message: Message, redelivered: bool, published: int = 0,
+                extra: int = 0) -> None:
+        """A recovered message of a priority queue (the level needs the priority; other
+        queues keep recovered entries cold and call :meth:`mark_cold`). With the
+        record's ``published``/``extra`` nothing is read; a record from before they
+        were logged is read for both, and its TTL counts again from recovery."""
         q = self.queue
-        expires = self._expiry(message, time.monotonic())
-        q.ready.append(TimedEntry(message, next(q._seq), redelivered, expires,
-                                  self._priority(message)))
+        if published:
+            expires = self._recovered_deadline(published, extra)
+            priority = min(extra & 0xFF, self.max_priority)
+        else:
+            expires = self._expiry(message, time.monotonic())
+            priority = self._priority(message)
+        q.ready.append(TimedEntry(message, next(q._seq), redelivered, expires, priority))
         q.ready_bytes += message.size
         if expires is not None:
             self.timed = True
             if self.expiry_armed is None or expires < self.expiry_armed:
                 self._arm_expiry(expires)
 
-    def mark_cold(self) -> None:
-        """Recovered entries were added as they are (log-only): their TTL counts from now
-        and is worked out when each reaches the head (no read per recovered message)."""
+    def _recovered_deadline(self, published: int, extra: int) -> float | None:
+        """Monotonic deadline of a recovered message from its publish time (wall ms)
+        and its own expiry: the clock kept running while the broker was down."""
+        deadline = extra >> 8  # per-message expiry, wall ms (0: none)
+        ttl = self.opts.message_ttl
+        if ttl is not None and (not deadline or published + ttl < deadline):
+            deadline = published + ttl
+        if not deadline:
+            return None
+        self.ttl_seen = self.timed = True
+        from amqpd.broker.persist import monotonic_deadline
+
+        return monotonic_deadline(deadline)
+
+    def mark_cold(self, position: int = -1, published: int = 0, extra: int = 0) -> None:
+        """A recovered entry was added as it is (log-only). Its deadline comes from the
+        record (publish time and expiry); for a record from before those were logged,
+        TTL counts from recovery and is worked out when it reaches the head (no read
+        per recovered message)."""
+        if published:
+            deadline = self._recovered_deadline(published, extra)
+            if deadline is not None:
+                self.cold_deadlines[position] = deadline
+        else:
+            self.cold_legacy = True
         if self.cold_since is None:
             self.cold_since = time.monotonic()
             self.timed = True
@@ -240,6 +273,8 @@ class QueueExt:
         extension only to work out their TTLs loses it again: with it, every later
         message takes the extension path (measured ~30 % slower publish+consume)."""
         self.cold_since = None
+        self.cold_deadlines = {}
+        self.cold_legacy = False
         q = self.queue
         if self.plain and not self.ttl_seen and not self.sac and self.quorum is None \
                 and q.ext is self:
@@ -249,7 +284,14 @@ class QueueExt:
         exp = getattr(head, "expires", None)
         if exp is not None or self.cold_since is None or isinstance(head, TimedEntry):
             return exp
-        message = head.message  # a recovered entry: load it (take() would anyway)
+        message = head.message  # a recovered entry
+        if self.cold_deadlines:
+            exp = self.cold_deadlines.get(message.position)
+            if exp is not None:
+                return exp
+        if not self.cold_legacy:
+            return None  # its record said: no TTL
+        # from an older log: load it (take() would anyway)
         if type(message) is LoggedMessage:
             head.message = message = message.load()
         exp = self._expiry(message, self.cold_since)
@@ -364,6 +406,11 @@ def apply_policies(broker: Broker, vhost: VHost, obj: Queue | Exchange) -> None:
     if obj.ext is None and obj.policy is None and not obj.arguments:
         return  # the common plain queue: no options to derive (restart declares 100,000)
     opts = queue_options(obj.arguments, obj.policy)
+    operator = broker.operator_policies.match(vhost.name, "queues", obj.name)
+    if operator is not None:  # caps what arguments and the user's policy give
+        from amqpd.broker.operator_policy import cap
+
+        cap(opts, operator.definition)
     if obj.ext is not None:
         obj.ext.configure(opts)
     elif opts.any or is_quorum(obj.arguments):
@@ -508,11 +555,9 @@ def enqueue_routed(broker: Broker, message: Message, queues: list[Queue]) -> boo
     if queues and message.persistent and broker.store is not None:
         durable = [q.store_key for q in queues if q.durable]
         if durable:
-            from amqpd.store.api import StoredMessage
+            from amqpd.broker.persist import stored_message
 
-            message.position = broker.store.append_enqueue(
-                durable, StoredMessage(message.exchange, message.routing_key,
-                                       message.properties, message.body))
+            message.position = broker.store.append_enqueue(durable, stored_message(message))
             wrote = True
     for q in queues:
         q.enqueue(message)

@@ -42,8 +42,10 @@ class ParameterStore:
         self.values: dict[tuple[str, str, str], Any] = {}  # (component, vhost, name)
         self.global_values: dict[str, Any] = {}
         self.vhost_meta: dict[str, dict[str, Any]] = {}
-        # topic permissions round-trip through definitions; not enforced yet
+        # topic permissions (enforced by broker/topic_auth.py) and user limits
+        # (broker/resource_limits.py): user -> {"max-connections": n, ...}
         self.topic_permissions: list[dict[str, Any]] = []
+        self.user_limits: dict[str, dict[str, int]] = {}
         self.on_change: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------------ registry

@@ -177,11 +177,11 @@ class PolicyStore:
             raise PreconditionFailed(f"priority must be an integer, got {priority!r}")
         if vhost not in self.broker.vhosts:
             raise PreconditionFailed(f"no vhost '{vhost}'")
-        definition = validate_definition(definition)
+        definition = self.validate(definition)
         self._by_vhost.setdefault(vhost, {})[name] = Policy(
             vhost, name, pattern, regex, apply_to, definition, priority)
         self._reapply(vhost)
-        self.broker.definitions_changed()
+        self.changed()
 
     def clear(self, vhost: str, name: str) -> None:
         """Remove a policy; clearing one that does not exist is not an error."""
@@ -189,12 +189,20 @@ class PolicyStore:
         if not policies or policies.pop(name, None) is None:
             return
         self._reapply(vhost)
-        self.broker.definitions_changed()
+        self.changed()
 
     def drop_vhost(self, vhost: str) -> None:
         """Forget a deleted vhost's policies (RabbitMQ deletes them with the vhost)."""
         if self._by_vhost.pop(vhost, None):
-            self.broker.definitions_changed()
+            self.changed()
+
+    def validate(self, definition: Any) -> dict[str, Any]:
+        """Check a definition's keys and values (operator policies allow fewer)."""
+        return validate_definition(definition)
+
+    def changed(self) -> None:
+        """Persist: policies travel in the definitions file."""
+        self.broker.definitions_changed()
 
     def get(self, vhost: str, name: str) -> dict[str, Any] | None:
         policy = self._by_vhost.get(vhost, {}).get(name)

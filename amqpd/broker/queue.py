@@ -121,17 +121,23 @@ class Queue:
         if self.consumers:
             self.vhost.schedule_dispatch(self)
 
-    def restore(self, message: Message, redelivered: bool) -> None:
-        """Put a recovered message at the tail (recovery replays in log order)."""
+    def restore(self, message: Message, redelivered: bool, published: int = 0,
+                extra: int = 0) -> None:
+        """Put a recovered message at the tail (recovery replays in log order).
+
+        ``published`` (wall-clock ms, 0 if the log did not say) and ``extra``
+        (expires_ms << 8 | priority) come from the store's record, so neither TTL nor
+        priority needs the message read back."""
         if self.ext is not None and self.ext.max_priority:
-            self.ext.restore(message, redelivered)  # its level needs its priority now
+            # its level needs its priority now
+            self.ext.restore(message, redelivered, published, extra)
             return
         if self.ext is None:  # TTLs of recovered messages are worked out at the head
             from amqpd.broker.extensions import QueueExt
             from amqpd.broker.policy import QueueOptions
 
             self.ext = QueueExt(self, QueueOptions())
-        self.ext.mark_cold()
+        self.ext.mark_cold(message.position, published, extra)
         seq = next(self._seq)
         self.ext.cold_last = seq  # recovery replays in log order: the last one so far
         if type(message) is LoggedMessage and isinstance(self.ready, ReadyList):
@@ -200,6 +206,8 @@ class Queue:
         if acked:
             self.stat_ack += 1
             if entry.message.position >= 0 and self.in_store:
+                # marked too: if the settle is lost in a crash it comes back redelivered
+                self.vhost.store_delivered(self, entry.message.position)
                 self.vhost.store_settle(self, [entry.message.position])
         else:
             self.unacked_count += 1

@@ -21,12 +21,12 @@ from amqpd.http import (
     definitions,
     exchanges,
     health,
+    limits,
     metrics,
     overview,
     parameters,
     policies,
     queues,
-    topic_permissions,
     users,
     vhosts,
     webui,
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqpd.http")
 
 RESOURCES = (overview, connections, exchanges, queues, bindings, vhosts, users, policies,
-             parameters, definitions, health, metrics, topic_permissions, webui)
+             parameters, definitions, health, metrics, webui, limits)
 
 
 def build_router(broker: Broker | None = None) -> Router:
@@ -92,12 +92,13 @@ class HttpServer:
         try:
             await site.start()
         except OSError as exc:
-            # AMQP clients matter more than the API: keep serving them, say so loudly
-            log.error("HTTP API not started: cannot listen on %s:%d: %s", host, s.http_port,
-                      exc)
+            # Half a broker (AMQP without its API, so no health checks, no management)
+            # is worse than none: refuse to start, as RabbitMQ does when a listener
+            # cannot bind.
             await self.runner.cleanup()
             self.runner = None
-            return
+            raise OSError(exc.errno, f"HTTP API cannot listen on {host}:{s.http_port}: "
+                                     f"{exc.strerror or exc}") from exc
         server = site._server
         sockets = getattr(server, "sockets", None) or []
         if sockets:

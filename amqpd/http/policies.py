@@ -94,9 +94,47 @@ async def delete_policy(ctx: Ctx) -> Any:
 
 
 async def list_operator_policies(ctx: Ctx) -> Any:
+    ctx.require_admin()
+    store = ctx.broker.operator_policies
     if "vhost" in ctx.params:
-        ctx.vhost()
-    return json_response([])
+        return json_response(select_columns(store.list(ctx.vhost().name), ctx))
+    return json_response(select_columns(store.list(), ctx))
+
+
+async def get_operator_policy(ctx: Ctx) -> Any:
+    ctx.require_admin()
+    p = ctx.broker.operator_policies.get(ctx.vhost().name, ctx.params["name"])
+    if p is None:
+        raise not_found()
+    return json_response(p)
+
+
+async def put_operator_policy(ctx: Ctx) -> Any:
+    """Operator policies cap queue limits (amqpd/broker/operator_policy.py)."""
+    from amqpd.protocol.errors import PreconditionFailed
+
+    ctx.require_admin()
+    vh = ctx.vhost(write=True)
+    body = await ctx.json_object()
+    pattern, definition, priority, apply_to = validate_policy(body)
+    store = ctx.broker.operator_policies
+    existed = store.get(vh.name, ctx.params["name"]) is not None
+    try:
+        store.set(vh.name, ctx.params["name"], pattern, definition, priority=priority,
+                  apply_to=apply_to)
+    except PreconditionFailed as exc:
+        raise bad_request(f"Validation failed\n\n{exc.text}\n") from None
+    return no_content() if existed else created()
+
+
+async def delete_operator_policy(ctx: Ctx) -> Any:
+    ctx.require_admin()
+    vh = ctx.vhost(write=True)
+    store = ctx.broker.operator_policies
+    if store.get(vh.name, ctx.params["name"]) is None:
+        raise not_found()
+    store.clear(vh.name, ctx.params["name"])
+    return no_content()
 
 
 def routes(r: Router) -> None:
@@ -107,3 +145,6 @@ def routes(r: Router) -> None:
     r.delete("/api/policies/{vhost}/{name}", delete_policy)
     r.get("/api/operator-policies", list_operator_policies)
     r.get("/api/operator-policies/{vhost}", list_operator_policies)
+    r.get("/api/operator-policies/{vhost}/{name}", get_operator_policy)
+    r.put("/api/operator-policies/{vhost}/{name}", put_operator_policy)
+    r.delete("/api/operator-policies/{vhost}/{name}", delete_operator_policy)

@@ -35,6 +35,9 @@ ACKMODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true",
 
 
 def queue_view(ctx: Ctx, q: Queue) -> dict[str, Any]:
+    from amqpd.broker.operator_policy import effective_definition
+
+    operator = ctx.broker.operator_policies.match(q.vhost.name, "queues", q.name)
     info = dict(q.info())
     sampler = ctx.request.app["sampler"]
     info.update({
@@ -50,7 +53,9 @@ def queue_view(ctx: Ctx, q: Queue) -> dict[str, Any]:
         "exclusive_consumer_tag": None,
         "message_stats": sampler.message_stats(q),
         "policy": getattr(q, "policy_name", None),
-        "effective_policy_definition": dict(q.policy or {}),
+        "operator_policy": operator.name if operator is not None else None,
+        "effective_policy_definition": effective_definition(
+            q.policy, operator.definition if operator is not None else None),
     })
     if is_quorum(q.arguments):
         info.update(quorum_info(q, ctx.broker.settings.node_name))

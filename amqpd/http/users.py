@@ -36,10 +36,10 @@ def parse_tags(value: Any) -> list[str]:
     raise bad_request("tags must be a string or a list of strings")
 
 
-def user_view(user: User) -> dict[str, Any]:
+def user_view(user: User, limits: dict[str, int] | None = None) -> dict[str, Any]:
     return {"name": user.name, "password_hash": user.password_hash,
             "hashing_algorithm": user.hashing_algorithm, "tags": list(user.tags),
-            "limits": {}}
+            "limits": dict(limits or {})}
 
 
 def permission_view(user: str, vhost: str, p: Permission) -> dict[str, Any]:
@@ -57,7 +57,9 @@ def _user(ctx: Ctx) -> User:
 async def list_users(ctx: Ctx) -> Any:
     ctx.require_admin()
     users = sorted(ctx.broker.auth.users.values(), key=lambda u: u.name)
-    return json_response(select_columns([user_view(u) for u in users], ctx))
+    limits = ctx.broker.parameters.user_limits
+    return json_response(select_columns([user_view(u, limits.get(u.name)) for u in users],
+                                        ctx))
 
 
 async def users_without_permissions(ctx: Ctx) -> Any:
@@ -69,7 +71,8 @@ async def users_without_permissions(ctx: Ctx) -> Any:
 
 async def get_user(ctx: Ctx) -> Any:
     ctx.require_admin()
-    return json_response(user_view(_user(ctx)))
+    user = _user(ctx)
+    return json_response(user_view(user, ctx.broker.parameters.user_limits.get(user.name)))
 
 
 def apply_user(ctx_broker: Any, name: str, body: dict[str, Any]) -> bool:
@@ -215,6 +218,58 @@ async def list_topic_permissions(ctx: Ctx) -> Any:
     return json_response(ctx.broker.parameters.topic_permissions)
 
 
+def _topic_entries(ctx: Ctx, user: str | None = None,
+                   vhost: str | None = None) -> list[dict[str, Any]]:
+    return [e for e in ctx.broker.parameters.topic_permissions
+            if (user is None or e.get("user") == user)
+            and (vhost is None or e.get("vhost") == vhost)]
+
+
+async def get_topic_permission(ctx: Ctx) -> Any:
+    ctx.require_admin()
+    vhost, user = _perm_target(ctx)
+    found = _topic_entries(ctx, user, vhost)
+    if not found:
+        raise not_found()
+    return json_response(found)
+
+
+async def put_topic_permission(ctx: Ctx) -> Any:
+    """Set one exchange's topic permission for (user, vhost); enforced at once
+    (broker/topic_auth.py)."""
+    from amqpd.broker import topic_auth
+
+    ctx.require_admin()
+    vhost, user = _perm_target(ctx)
+    body = await ctx.json_object()
+    exchange = as_str(body.get("exchange"), "exchange")
+    write, read = (validate_regex(body.get(k, ""), k) for k in ("write", "read"))
+    existed = topic_auth.put(ctx.broker.parameters.topic_permissions, user, vhost, exchange,
+                             write, read)
+    ctx.broker.auth.version += 1  # sessions drop their cached checks
+    ctx.broker.definitions_changed()
+    return no_content() if existed else created()
+
+
+async def delete_topic_permission(ctx: Ctx) -> Any:
+    from amqpd.broker import topic_auth
+
+    ctx.require_admin()
+    vhost, user = _perm_target(ctx)
+    # one exchange's entry: by path (the web UI) or query; otherwise all of the user's
+    exchange = ctx.params.get("exchange") or ctx.request.query.get("exchange")
+    if not topic_auth.remove(ctx.broker.parameters.topic_permissions, user, vhost, exchange):
+        raise not_found()
+    ctx.broker.auth.version += 1
+    ctx.broker.definitions_changed()
+    return no_content()
+
+
+async def user_topic_permissions(ctx: Ctx) -> Any:
+    ctx.require_admin()
+    return json_response(_topic_entries(ctx, user=_user(ctx).name))
+
+
 def routes(r: Router) -> None:
     r.get("/api/users", list_users)
     r.get("/api/users/without-permissions", users_without_permissions)
@@ -228,3 +283,8 @@ def routes(r: Router) -> None:
     r.put("/api/permissions/{vhost}/{user}", put_permission)
     r.delete("/api/permissions/{vhost}/{user}", delete_permission)
     r.get("/api/topic-permissions", list_topic_permissions)
+    r.get("/api/topic-permissions/{vhost}/{user}", get_topic_permission)
+    r.put("/api/topic-permissions/{vhost}/{user}", put_topic_permission)
+    r.delete("/api/topic-permissions/{vhost}/{user}", delete_topic_permission)
+    r.delete("/api/topic-permissions/{vhost}/{user}/{exchange}", delete_topic_permission)
+    r.get("/api/users/{name}/topic-permissions", user_topic_permissions)

@@ -115,10 +115,20 @@ async def start_vhost(ctx: Ctx) -> Any:
     return no_content()
 
 
+async def vhost_topic_permissions(ctx: Ctx) -> Any:
+    ctx.require_admin()
+    name = ctx.params["name"]
+    if name not in ctx.broker.vhosts:
+        raise not_found()
+    return json_response([e for e in ctx.broker.parameters.topic_permissions
+                          if e.get("vhost") == name])
+
+
 def routes(r: Router) -> None:
     r.get("/api/vhosts", list_vhosts)
     r.get("/api/vhosts/{name}", get_vhost)
     r.put("/api/vhosts/{name}", put_vhost)
     r.delete("/api/vhosts/{name}", remove_vhost)
     r.get("/api/vhosts/{name}/permissions", vhost_permissions)
+    r.get("/api/vhosts/{name}/topic-permissions", vhost_topic_permissions)
     r.post("/api/vhosts/{name}/start/{node}", start_vhost)

@@ -138,6 +138,7 @@ class AMQPConnection:
     ) -> None:
         self.delegate = delegate
         self.server_properties = server_properties
+        self.mechanisms = "PLAIN AMQPLAIN"  # offered in connection.start (set by the delegate)
         self.limits = limits or Limits()
         self.clock = clock
         self.state = State.HEADER
@@ -332,7 +333,7 @@ class AMQPConnection:
                 version_major=0,
                 version_minor=9,
                 server_properties=self.server_properties,
-                mechanisms="PLAIN AMQPLAIN",
+                mechanisms=self.mechanisms,
                 locales="en_US",
             ),
         )

@@ -41,6 +41,11 @@ class StoredMessage:
     routing_key: str
     properties: bytes
     body: bytes
+    # What recovery needs without reading the message back (format.ENQUEUE_META):
+    published: int = 0  # wall-clock ms at publish (0: unknown, a log from before)
+    expires: int = 0  # absolute per-message expiry, wall-clock ms (0: none)
+    priority: int = 0  # the priority property (0 when absent)
+    transient: bool = False  # paged out under memory pressure: never recovered
 
 
 @dataclass(slots=True)
@@ -54,6 +59,11 @@ class RecoveredQueue:
     positions: array[int] = field(default_factory=lambda: array("q"))
     sizes: array[int] = field(default_factory=lambda: array("q"))  # body sizes
     redelivered: set[int] = field(default_factory=set)  # positions with a DELIVERED record
+    # parallel to positions, from ENQUEUE_META (see index.QueueIndex): stamps are
+    # published_ms << 1 (0: a record from before ENQUEUE_META; TTL and priority must
+    # then be read from the message itself), extra is expires_ms << 8 | priority
+    stamps: array[int] = field(default_factory=lambda: array("q"))
+    extra: array[int] = field(default_factory=lambda: array("q"))
 
 
 @dataclass(slots=True)
@@ -96,6 +106,11 @@ class MessageStore(Protocol):
 
         Need not be durable on its own: it rides on the next commit.
         """
+        ...
+
+    def delivering(self, queue: str, position: int) -> None:
+        """The message is being handed to a consumer now (before its bytes leave): a
+        crash from here on must bring it back redelivered. Synchronous and cheap."""
         ...
 
     def append_delivered_many(self, queue: str, positions: Iterable[int]) -> None:

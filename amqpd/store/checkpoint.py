@@ -22,13 +22,18 @@ entries is a memcpy, not a million objects)::
       | nqueues u32 | per queue: name str | count i64 | positions i64*count
       |                           | sizes i64*count | ndelivered i64 | positions i64*nd
       | nreloc i64 | stable i64*nreloc | current i64*nreloc | refs i64*nreloc
-      | definitions (version 2): every durable definition, encoded as one DEFINITION
-        payload of puts (``format.encode_definition_changes``)
+    version 2 adds, per queue after ``sizes``: stamps i64*count | extra i64*count
+    (index.QueueIndex), and at the end the carried settles (index.py):
+      | ncarry u32 | per segment: base i64 | nqueues u32 | per queue: name str
+      |                           | n i64 | stables i64*n | currents i64*n
+      | definitions: every durable definition, encoded as one DEFINITION payload of
+        puts (``format.encode_definition_changes``)
+    A version 1 file (written before) still loads: stamps and extra are then 0
+    ("unknown"), nothing is carried and there are no definitions.
 
 The index part is encoded on the event-loop thread (arrays copy fast); the definitions
 part, which grows with the topology (about 30 MB at 100,000 queues and bindings), is
-encoded by the writer thread from a copy of the entries (:func:`finish`). Version 1
-files (no definitions section) still load.
+encoded by the writer thread from a copy of the entries (:func:`finish`).
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ log = logging.getLogger("amqpd.store")
 
 MAGIC = b"AMQC"
 VERSION = 2
-_VERSIONS = (1, 2)
+READABLE = (1, 2)
 FILE_NAME = "checkpoint"
 _HEAD = struct.Struct("<4sHIQ")
 _I64 = struct.Struct("<q")
@@ -120,12 +125,23 @@ def encode_index(covered: int, sequence: int, index: LiveIndex) -> bytes:
         parts.append(struct.pack("<H", len(raw)) + raw + _I64.pack(len(positions)))
         parts.append(_arr_bytes(positions))
         parts.append(_arr_bytes(sizes))
+        stamps, extra = q.live_meta()
+        parts.append(_arr_bytes(stamps))
+        parts.append(_arr_bytes(extra))
         parts.append(_I64.pack(len(q.delivered)))
         parts.append(_arr_bytes(array("q", sorted(q.delivered))))
     parts.append(_I64.pack(len(index.reloc)))
     parts.append(_arr_bytes(array("q", index.reloc.keys())))
     parts.append(_arr_bytes(array("q", index.reloc.values())))
     parts.append(_arr_bytes(array("q", (index.reloc_refs[k] for k in index.reloc))))
+    parts.append(_U32.pack(len(index.carry)))
+    for base, per_queue in index.carry.items():
+        parts.append(_I64.pack(base) + _U32.pack(len(per_queue)))
+        for name, (stables, currents) in per_queue.items():
+            raw = name.encode()
+            parts.append(struct.pack("<H", len(raw)) + raw + _I64.pack(len(stables)))
+            parts.append(_arr_bytes(stables))
+            parts.append(_arr_bytes(currents))
     return b"".join(parts)
 
 
@@ -168,7 +184,7 @@ def _decode(data: memoryview, index: LiveIndex) -> Checkpoint:
     if len(data) < _HEAD.size:
         raise CheckpointError("shorter than its header")
     magic, version, crc, length = _HEAD.unpack_from(data, 0)
-    if magic != MAGIC or version not in _VERSIONS:
+    if magic != MAGIC or version not in READABLE:
         raise CheckpointError(f"bad magic/version {magic!r}/{version}")
     body = data[_HEAD.size :]
     if len(body) != length:
@@ -194,6 +210,11 @@ def _decode(data: memoryview, index: LiveIndex) -> Checkpoint:
         q = QueueIndex()
         q.positions, off = _arr(body, off + 8, count)
         q.sizes, off = _arr(body, off, count)
+        if version >= 2:
+            q.stamps, off = _arr(body, off, count)
+            q.extra, off = _arr(body, off, count)
+        else:
+            q.stamps, q.extra = array("q", bytes(8 * count)), array("q", bytes(8 * count))
         (nd,) = _I64.unpack_from(body, off)
         delivered, off = _arr(body, off + 8, nd)
         q.delivered = set(delivered)
@@ -207,6 +228,7 @@ def _decode(data: memoryview, index: LiveIndex) -> Checkpoint:
     index.reloc_refs = dict(zip(stables, refs, strict=True))
     definitions: list[DefinitionChange] = []
     if version >= 2:
+        off = _decode_carry(body, off, index)
         try:
             definitions, off = decode_definition_changes(body, off)
         except FormatError as exc:
@@ -214,3 +236,20 @@ def _decode(data: memoryview, index: LiveIndex) -> Checkpoint:
     if off != len(body):
         raise CheckpointError("trailing bytes")
     return Checkpoint(covered, sequence, definitions)
+
+
+def _decode_carry(body: memoryview, off: int, index: LiveIndex) -> int:
+    (nbases,) = _U32.unpack_from(body, off)
+    off += 4
+    for _ in range(nbases):
+        base, nq = struct.unpack_from("<qI", body, off)
+        off += 12
+        per_queue = index.carry.setdefault(base, {})
+        for _ in range(nq):
+            (nlen,) = struct.unpack_from("<H", body, off)
+            name = bytes(body[off + 2 : off + 2 + nlen]).decode()
+            (n,) = _I64.unpack_from(body, off + 2 + nlen)
+            stables, off = _arr(body, off + 10 + nlen, n)
+            currents, off = _arr(body, off, n)
+            per_queue[name] = (stables, currents)
+    return off

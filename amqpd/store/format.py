@@ -39,8 +39,17 @@ Payloads (str = u16 length + UTF-8; positions are i64)::
                 names the object (for DEF_QUEUE it is the queue key, so deleting a
                 queue's definition also settles its messages); ``body`` is the object
                 as compact JSON in RabbitMQ's definitions shape, empty when deleted.
+    ENQUEUE_META  flags u8 | priority u8 | published_ms i64 | expires_ms i64
+                | the ENQUEUE payload
+                what recovery needs without reading the message: ``published_ms``
+                (wall clock, so queue TTLs keep counting across a restart),
+                ``expires_ms`` (absolute per-message expiry, 0 = none), the priority,
+                and flag TRANSIENT (a transient message paged out under memory
+                pressure: recovery drops it, as RabbitMQ drops transient messages).
 
-The body is written once however many queues the message was routed to.
+The body is written once however many queues the message was routed to. Record types
+only ever get added (ENQUEUE_META came after ENQUEUE, as type 20): a log written
+before ENQUEUE_META existed is read as it always was.
 """
 
 from __future__ import annotations
@@ -72,12 +81,18 @@ SETTLE = 2
 DELIVERED = 3
 DROP_QUEUE = 4
 CHECKPOINT = 5
+ENQUEUE_META = 20
 # Definition records start at 32 so message-side kinds can grow below without a clash.
 DEFINITION = 32
 BIG_ENDIAN_HOST = sys.byteorder == "big"  # arrays are stored little-endian
 
-RECORD_TYPES = frozenset({ENQUEUE, SETTLE, DELIVERED, DROP_QUEUE, CHECKPOINT, DEFINITION})
+RECORD_TYPES = frozenset({ENQUEUE, SETTLE, DELIVERED, DROP_QUEUE, CHECKPOINT, ENQUEUE_META,
+                          DEFINITION})
+ENQUEUE_TYPES = frozenset({ENQUEUE, ENQUEUE_META})
 
+META = struct.Struct("<BBqq")
+META_SIZE = META.size  # 18
+FLAG_TRANSIENT = 0x01
 # Kinds of object a DEFINITION change names (never renumber: they are on disk).
 DEF_VHOST = 1
 DEF_USER = 2
@@ -220,8 +235,40 @@ def decode_enqueue_index(
     return origin, queues, end - off
 
 
+def encode_meta(message: StoredMessage) -> bytes:
+    """The ENQUEUE_META header for ``message`` (see the module docstring)."""
+    flags = FLAG_TRANSIENT if message.transient else 0
+    return META.pack(flags, message.priority, message.published, message.expires)
+
+
+def has_meta(message: StoredMessage) -> bool:
+    """Whether the message needs an ENQUEUE_META record (else a plain ENQUEUE does)."""
+    return bool(message.published or message.transient or message.priority
+                or message.expires)
+
+
+def decode_meta(payload: bytes | memoryview, start: int = 0) -> tuple[int, int, int, int]:
+    """(flags, priority, published_ms, expires_ms) of an ENQUEUE_META payload."""
+    if len(payload) - start < META_SIZE:
+        raise CorruptRecord("ENQUEUE_META shorter than its header")
+    flags, priority, published, expires = META.unpack_from(payload, start)
+    return int(flags), int(priority), int(published), int(expires)
+
+
+def decode_any_enqueue(rtype: int, payload: bytes | memoryview
+                       ) -> tuple[int, list[str], StoredMessage]:
+    """Full decode of an ENQUEUE or ENQUEUE_META payload: (origin, queues, message)."""
+    if rtype != ENQUEUE_META:
+        return decode_enqueue(payload)
+    flags, priority, published, expires = decode_meta(payload)
+    origin, queues, m = decode_enqueue(memoryview(payload)[META_SIZE:])
+    m.transient = bool(flags & FLAG_TRANSIENT)
+    m.priority, m.published, m.expires = priority, published, expires
+    return origin, queues, m
+
+
 def decode_enqueue(payload: bytes | memoryview) -> tuple[int, list[str], StoredMessage]:
-    """Full decode: (origin, queues, message)."""
+    """Full decode of a plain ENQUEUE payload: (origin, queues, message)."""
     try:
         origin, n = _I64_U16.unpack_from(payload, 0)
         off = 10

@@ -10,6 +10,11 @@ No object per message::
     QueueIndex (one per queue that ever held a persistent message)
       positions  array('q')  ascending stable positions   8 B/message
       sizes      array('q')  body sizes, parallel          8 B/message
+      stamps     array('q')  published_ms << 1 | transient 8 B/message (0: unknown)
+      extra      array('q')  expires_ms << 8 | priority    8 B/message
+                             (both from ENQUEUE_META: what recovery needs for TTL,
+                             priority and dropping paged transient messages without
+                             reading a single message back)
       head       int         entries before head are settled
       dead       set[int]    settled entries past head (out-of-order acks), kept small
                              by compaction of the arrays once it grows
@@ -21,6 +26,17 @@ No object per message::
       seg_total  dict[base, int]  pairs ever placed there (for the compaction ratio)
       reloc      dict[pos, pos]   stable position -> where compaction copied the message
       reloc_refs dict[pos, int]   live pairs of a relocated message (drop the map entry)
+      carry      dict[base, dict[queue, (stables, currents)]]   settles written in
+                 segment ``base`` of messages that lie in older segments (see below)
+
+Carried settles. Segments are deleted out of order: a dead segment goes as soon as a
+durable checkpoint lies past it, even while older segments live on. Its SETTLE records
+may be the only ones saying that a message in an older, surviving segment is done with.
+With the checkpoint, nobody replays those records; without it (the file lost or
+damaged), a full replay would bring such messages back. So each segment remembers the
+settles it holds for older messages, and when it is deleted the log first re-appends
+those still needed (their ENQUEUE or a compaction copy is still on disk) as SETTLE
+records in the active segment, where they are remembered again.
 
 A message's *stable position* is the position ``append_enqueue`` returned. It never
 changes: compaction writes a copy elsewhere and records ``reloc[stable] = new``, so the
@@ -38,11 +54,13 @@ from collections.abc import Iterable, Sequence
 class QueueIndex:
     """The live messages of one queue, in queue order, as flat arrays."""
 
-    __slots__ = ("dead", "delivered", "head", "positions", "sizes")
+    __slots__ = ("dead", "delivered", "extra", "head", "positions", "sizes", "stamps")
 
     def __init__(self) -> None:
         self.positions: array[int] = array("q")
         self.sizes: array[int] = array("q")
+        self.stamps: array[int] = array("q")
+        self.extra: array[int] = array("q")
         self.head = 0
         self.dead: set[int] = set()
         self.delivered: set[int] = set()
@@ -50,11 +68,13 @@ class QueueIndex:
     def __len__(self) -> int:
         return len(self.positions) - self.head - len(self.dead)
 
-    def add(self, position: int, size: int) -> None:
+    def add(self, position: int, size: int, stamp: int = 0, extra: int = 0) -> None:
         positions = self.positions
         if not positions or position > positions[-1]:
             positions.append(position)
             self.sizes.append(size)
+            self.stamps.append(stamp)
+            self.extra.append(extra)
             return
         # Out of order: only a full replay meeting a compaction copy of an old message
         # whose original segment is gone. Rare; keep the arrays sorted anyway.
@@ -66,6 +86,8 @@ class QueueIndex:
             return
         insort(positions, position)
         self.sizes.insert(i, size)
+        self.stamps.insert(i, stamp)
+        self.extra.insert(i, extra)
 
     def _find(self, position: int) -> int:
         """Array index of a live ``position``, or -1."""
@@ -81,6 +103,11 @@ class QueueIndex:
     def size_of(self, position: int) -> int:
         i = self._find(position)
         return self.sizes[i] if i >= 0 else -1
+
+    def meta_of(self, position: int) -> tuple[int, int]:
+        """(stamp, extra) of a live message, (0, 0) if it is not live here."""
+        i = self._find(position)
+        return (self.stamps[i], self.extra[i]) if i >= 0 else (0, 0)
 
     def remove(self, position: int) -> bool:
         """Settle one message; False if it was not live here (double ack, replay)."""
@@ -112,6 +139,8 @@ class QueueIndex:
         if self.head:
             del self.positions[: self.head]
             del self.sizes[: self.head]
+            del self.stamps[: self.head]
+            del self.extra[: self.head]
             self.head = 0
 
     def compact(self) -> None:
@@ -122,24 +151,36 @@ class QueueIndex:
         # Cut the dead entries out with slices (memcpy) between their indexes: the cost
         # is O(dead * log n) Python steps, not O(n), so a checkpoint of a big queue with
         # a few out-of-order acks stays a copy.
-        positions, sizes, head = self.positions, self.sizes, self.head
+        positions, head = self.positions, self.head
         cuts = sorted(bisect_left(positions, p, head) for p in self.dead)
-        keep_p: array[int] = array("q")
-        keep_s: array[int] = array("q")
+        columns = (positions, self.sizes, self.stamps, self.extra)
+        kept: tuple[array[int], ...] = tuple(array("q") for _ in columns)
         prev = head
         for i in cuts:
-            keep_p += positions[prev:i]
-            keep_s += sizes[prev:i]
+            for keep, col in zip(kept, columns, strict=True):
+                keep += col[prev:i]
             prev = i + 1
-        keep_p += positions[prev:]
-        keep_s += sizes[prev:]
-        self.positions, self.sizes, self.head = keep_p, keep_s, 0
+        for keep, col in zip(kept, columns, strict=True):
+            keep += col[prev:]
+        self.positions, self.sizes, self.stamps, self.extra = kept
+        self.head = 0
         self.dead.clear()
 
     def live(self) -> tuple[array[int], array[int]]:
         """Copies of the live (positions, sizes), in queue order."""
         self.compact()
         return array("q", self.positions), array("q", self.sizes)
+
+    def live_meta(self) -> tuple[array[int], array[int]]:
+        """Copies of the live (stamps, extra), parallel to :meth:`live`."""
+        self.compact()
+        return array("q", self.stamps), array("q", self.extra)
+
+    def transient(self) -> list[int]:
+        """Live positions whose record is flagged TRANSIENT (dropped at recovery)."""
+        stamps, positions, dead = self.stamps, self.positions, self.dead
+        return [positions[i] for i in range(self.head, len(positions))
+                if stamps[i] & 1 and positions[i] not in dead]
 
     def live_positions(self) -> Iterable[int]:
         dead = self.dead
@@ -170,6 +211,7 @@ class LiveIndex:
         self.seg_total: dict[int, int] = {}
         self.reloc: dict[int, int] = {}
         self.reloc_refs: dict[int, int] = {}
+        self.carry: dict[int, dict[str, tuple[array[int], array[int]]]] = {}
         self.live_pairs = 0
 
     # -- segments -----------------------------------------------------------------
@@ -185,6 +227,7 @@ class LiveIndex:
         self.seg_total[base] = 0
 
     def remove_segment(self, base: int) -> None:
+        self.carry.pop(base, None)
         i = bisect_left(self.bases, base)
         if i < len(self.bases) and self.bases[i] == base:
             del self.bases[i]
@@ -204,21 +247,23 @@ class LiveIndex:
 
     # -- applying records ---------------------------------------------------------
 
-    def enqueue(self, queues: Sequence[str], position: int, size: int, base: int) -> None:
+    def enqueue(self, queues: Sequence[str], position: int, size: int, base: int,
+                stamp: int = 0, extra: int = 0) -> None:
         """A fresh ENQUEUE at ``position`` inside segment ``base``."""
         qs = self.queues
         for name in queues:
             q = qs.get(name)
             if q is None:
                 q = qs[name] = QueueIndex()
-            q.add(position, size)
+            q.add(position, size, stamp, extra)
         n = len(queues)
         self.seg_live[base] += n
         self.seg_total[base] += n
         self.live_pairs += n
 
     def relocate(
-        self, stable: int, queues: Sequence[str], position: int, size: int, base: int
+        self, stable: int, queues: Sequence[str], position: int, size: int, base: int,
+        stamp: int = 0, extra: int = 0,
     ) -> None:
         """A compaction copy of message ``stable`` for ``queues`` now lives at
         ``position`` in segment ``base``.
@@ -244,7 +289,7 @@ class LiveIndex:
                 q = self.queues.get(name)
                 if q is None:
                     q = self.queues[name] = QueueIndex()
-                q.add(stable, size)
+                q.add(stable, size, stamp, extra)
             self.live_pairs += moved
         self.seg_live[base] += moved
         self.seg_total[base] += moved
@@ -289,6 +334,51 @@ class LiveIndex:
         if not len(q):
             q.compact()
         return emptied
+
+    def note_carry(self, base: int, queue: str, positions: Sequence[int]) -> None:
+        """Settles of ``queue`` written in segment ``base``: remember those of messages
+        in older segments (call before :meth:`settle`, which forgets relocations)."""
+        if not positions or min(positions) >= base:
+            return
+        q = self.queues.get(queue)
+        if q is None:
+            return
+        per_queue = self.carry.setdefault(base, {})
+        entry = per_queue.get(queue)
+        if entry is None:
+            entry = per_queue[queue] = (array("q"), array("q"))
+        stables, currents = entry
+        reloc = self.reloc
+        for p in positions:
+            if p < base and p in q:
+                stables.append(p)
+                currents.append(reloc.get(p, p))
+
+    def carried_for(self, base: int, survivors: set[int]
+                    ) -> dict[str, tuple[array[int], array[int]]]:
+        """Forget the settles remembered for segment ``base`` (being deleted); return
+        those still needed: the message's ENQUEUE (or a copy) may lie in a surviving
+        segment older than ``base``."""
+        carried = self.carry.pop(base, None)
+        if not carried or not any(b < base for b in survivors):
+            return {}
+        out: dict[str, tuple[array[int], array[int]]] = {}
+        for queue, (stables, currents) in carried.items():
+            keep_s: array[int] = array("q")
+            keep_c: array[int] = array("q")
+            for s, c in zip(stables, currents, strict=True):
+                if s != c or self._holder(s) in survivors or self._holder(c) in survivors:
+                    keep_s.append(s)
+                    keep_c.append(c)
+            if keep_s:
+                out[queue] = (keep_s, keep_c)
+        return out
+
+    def _holder(self, position: int) -> int:
+        try:
+            return self.segment_of(position)
+        except KeyError:
+            return -1
 
     def delivered(self, queue: str, position: int) -> None:
         q = self.queues.get(queue)

@@ -81,7 +81,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Literal
 
-from amqpd.store import checkpoint, recovery
+from amqpd.store import checkpoint, marks, recovery
 from amqpd.store import format as fmt
 from amqpd.store.api import RecoveredQueue, RecoveredState, StoredMessage, StoreError
 from amqpd.store.defs import DefinitionState
@@ -175,6 +175,7 @@ class SharedLog:
         self._relocated = 0
         self._truncated = 0
         self._state = "new"  # new -> open -> closed
+        self._journal = marks.DeliveryJournal(self.directory)
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -211,12 +212,25 @@ class SharedLog:
 
         state = RecoveredState(truncated_bytes=rec.truncated_bytes, last_sequence=rec.sequence,
                                definitions=dict(self._defs.entries))
+        self._apply_promises(marks.read(self.directory))
+        self._journal.open()
+        dropped = 0
+        for name, q in list(self._index.queues.items()):
+            transient = q.transient()
+            if transient:  # paged out under memory pressure, never meant to survive
+                self.append_settle(name, transient)
+                dropped += len(transient)
+        if dropped:
+            log.info("dropped %d transient messages paged out before the restart", dropped)
         for name, q in self._index.queues.items():
             if len(q):
                 positions, sizes = q.live()
-                state.queues[name] = RecoveredQueue(positions, sizes, set(q.delivered))
+                stamps, extra = q.live_meta()
+                state.queues[name] = RecoveredQueue(positions, sizes, set(q.delivered),
+                                                    stamps, extra)
         just_marker = fmt.HEADER_SIZE + 8  # replay always re-reads the CHECKPOINT record
-        if rec.replayed_bytes > just_marker or rec.truncated_bytes or rec.covered < 0:
+        if rec.replayed_bytes > just_marker or rec.truncated_bytes or rec.covered < 0 \
+                or dropped:
             self._checkpoint()  # so the next restart starts from here
         return state
 
@@ -226,10 +240,14 @@ class SharedLog:
             self._state = "closed"
             return
         assert self._writer is not None
-        if self._writer.failed is None:
+        clean = self._writer.failed is None
+        if clean:
             self._checkpoint()
         self._push()  # nobody waits forever: callbacks get their answer (maybe an error)
         self._writer.stop()
+        clean = clean and self._writer.failed is None
+        # After a clean close the log has every DELIVERED mark: promises are not needed.
+        self._journal.close(remove=clean)
         self._state = "closed"
         for seg in self._segments.values():
             seg.close()
@@ -374,8 +392,15 @@ class SharedLog:
             if len(self._qcache) >= _QCACHE_MAX:
                 self._qcache.clear()
             qbytes = self._qcache[key] = fmt.encode_queues(key)
-        pos = self._append(fmt.ENQUEUE, fmt.encode_enqueue(0, qbytes, message))
-        self._index.enqueue(key, pos, len(message.body), self._active)
+        payload = fmt.encode_enqueue(0, qbytes, message)
+        if fmt.has_meta(message):
+            pos = self._append(fmt.ENQUEUE_META, fmt.encode_meta(message) + payload)
+            self._index.enqueue(key, pos, len(message.body), self._active,
+                                message.published << 1 | message.transient,
+                                message.expires << 8 | message.priority)
+        else:
+            pos = self._append(fmt.ENQUEUE, payload)
+            self._index.enqueue(key, pos, len(message.body), self._active)
         # Not cached here: the broker keeps recent messages itself, a paged-out one is
         # read long after it would have left an LRU, and one not yet written is read
         # from the write buffer. Caching on append cost ~11% of persistent publish CPU.
@@ -391,6 +416,7 @@ class SharedLog:
         for i in range(0, len(arr), _SETTLE_CHUNK):
             chunk = arr[i : i + _SETTLE_CHUNK]
             self._append(fmt.SETTLE, fmt.encode_settle(queue, chunk))
+            self._index.note_carry(self._active, queue, chunk)
             emptied = self._index.settle(queue, chunk)
             if emptied:
                 self._collect_garbage()
@@ -415,12 +441,41 @@ class SharedLog:
         delivered.update(fresh)
         self._after_append()
 
+    def delivering(self, queue: str, position: int) -> None:
+        """A message of ``queue`` is being handed to a consumer now: make sure a crash
+        from here on brings it back redelivered (marks.py). Synchronous and cheap: at
+        most one write(2), and only when the queue's promise does not cover it yet."""
+        if position > self._journal.promised.get(queue, -1) and self._state == "open":
+            self._journal.promise(queue, position, self._end)
+
+    def _apply_promises(self, promised: dict[str, int]) -> int:
+        """After a crash: messages the journal says may have been delivered become
+        DELIVERED (durably, before the journal is started afresh); return how many."""
+        n = 0
+        for queue, upto in promised.items():
+            q = self._index.queues.get(queue)
+            if q is None:
+                continue
+            fresh = [p for p in q.range(-1, upto + 1) if p not in q.delivered]
+            if fresh:
+                self.append_delivered_many(queue, fresh)
+                n += len(fresh)
+        if n:
+            self.sync()
+            log.warning("unclean shutdown: %d messages that may have been delivered "
+                        "come back marked redelivered", n)
+        return n
+
     def drop_queue(self, queue: str) -> None:
         """Settle everything the queue holds (queue.delete)."""
+        self._journal.forget(queue)
         self._writable()
         if queue not in self._index.queues:
             return
         self._append(fmt.DROP_QUEUE, fmt.encode_drop_queue(queue))
+        base = self._active
+        older = [p for p in self._index.queues[queue].live_positions() if p < base]
+        self._index.note_carry(base, queue, older)
         if self._index.drop(queue):
             self._collect_garbage()
         self._after_append()
@@ -535,9 +590,9 @@ class SharedLog:
             length = fmt.RECORD_HEADER.unpack_from(data, offset)[1]
             record = bytes(data[offset : offset + fmt.HEADER_SIZE + length])
             rtype, _, p, e = fmt.decode_record(record)
-            if rtype != fmt.ENQUEUE:
+            if rtype not in fmt.ENQUEUE_TYPES:
                 raise fmt.CorruptRecord(f"record type {rtype}, expected ENQUEUE")
-            return fmt.decode_enqueue(memoryview(record)[p:e])[2]
+            return fmt.decode_any_enqueue(rtype, memoryview(record)[p:e])[2]
         except (fmt.FormatError, struct.error) as exc:
             raise StoreError(f"no message at position {position}: {exc}") from None
 
@@ -557,9 +612,9 @@ class SharedLog:
                 if need > len(data) and need <= fmt.HEADER_SIZE + fmt.MAX_PAYLOAD:
                     data = seg.read(offset, need)
             rtype, _, p, e = fmt.decode_record(data, 0)
-            if rtype != fmt.ENQUEUE:
+            if rtype not in fmt.ENQUEUE_TYPES:
                 raise fmt.CorruptRecord(f"record type {rtype}, expected ENQUEUE")
-            msg = fmt.decode_enqueue(memoryview(data)[p:e])[2]
+            msg = fmt.decode_any_enqueue(rtype, memoryview(data)[p:e])[2]
         except (OSError, fmt.FormatError) as exc:
             raise StoreError(f"cannot read message at {position} in {seg.path}: {exc}") from None
         self._read_ahead(data, e, position)
@@ -581,8 +636,8 @@ class SharedLog:
                 rtype, _, p, e = fmt.decode_record(view, pos)
             except fmt.FormatError:
                 return  # a record cut by the window's end, or damage: stop here
-            if rtype == fmt.ENQUEUE:
-                origin, _queues, msg = fmt.decode_enqueue(view[p:e])
+            if rtype in fmt.ENQUEUE_TYPES:
+                origin, _queues, msg = fmt.decode_any_enqueue(rtype, view[p:e])
                 if not origin:  # never moved: its stable position is where it lies
                     self._cache_put(first + pos, msg)
                     cached += 1
@@ -667,7 +722,18 @@ class SharedLog:
             if index.seg_live.get(base) == 0 and bases[i + 1] <= durable:
                 doomed.append(base)
         if doomed:
-            self._push()  # the settles that emptied them go first
+            survivors = set(bases).difference(doomed)
+            for base in doomed:
+                for queue, (stables, currents) in index.carried_for(base, survivors).items():
+                    self._append(fmt.SETTLE, fmt.encode_settle(queue, stables))
+                    per_queue = index.carry.setdefault(self._active, {})
+                    old = per_queue.get(queue)
+                    if old is None:
+                        per_queue[queue] = (stables, currents)
+                    else:
+                        old[0].extend(stables)
+                        old[1].extend(currents)
+            self._push()  # the settles that emptied them (and the carried ones) go first
         for base in doomed:
             index.remove_segment(base)
             w.jobs.append((DELETE, base))
@@ -695,8 +761,16 @@ class SharedLog:
                     # Unreadable: leave it (and its segment) where it is.
                     log.error("compaction skipped a message: %s", exc)
                     continue
-                pos = self._append(fmt.ENQUEUE, fmt.encode_enqueue(stable, queues, msg))
-                index.relocate(stable, queues, pos, len(msg.body), self._active)
+                stamp, extra = index.queues[queues[0]].meta_of(stable)
+                msg.published, msg.transient = stamp >> 1, bool(stamp & 1)
+                msg.expires, msg.priority = extra >> 8, extra & 0xFF
+                payload = fmt.encode_enqueue(stable, queues, msg)
+                if fmt.has_meta(msg):
+                    pos = self._append(fmt.ENQUEUE_META, fmt.encode_meta(msg) + payload)
+                else:
+                    pos = self._append(fmt.ENQUEUE, payload)
+                index.relocate(stable, queues, pos, len(msg.body), self._active, stamp,
+                               extra)
                 for name in queues:
                     if stable in index.queues[name].delivered:
                         self._append(fmt.DELIVERED, fmt.encode_delivered(name, (stable,)))

@@ -86,6 +86,9 @@ class MemoryStore:
             self._records += 1
 
 
+    def delivering(self, queue: str, position: int) -> None:
+        """Nothing survives a restart here, so there is nothing to promise."""
+
     def append_delivered_many(self, queue: str, positions: Iterable[int]) -> None:
         for position in positions:
             self.append_delivered(queue, position)

@@ -14,6 +14,10 @@ Theory of operation::
        because the writer rolled after a write error, so it holds later records)
     4. forget index entries whose segment file is gone (cannot happen unless files
        were removed by hand; logged as an error)
+    5. a full replay over a log with a hole (segments deleted between survivors, and
+       the checkpoint lost): settles are carried forward on deletion (index.py), but
+       to be safe with logs from before that, messages before the hole come back
+       marked redelivered, with a warning
 
 Durable definitions come back the same way: the checkpoint's snapshot of them, then
 every DEFINITION record after ``covered`` applied in log order. A DEFINITION record is
@@ -27,6 +31,7 @@ StoreError) - the same trade Kafka makes for flushed segments.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import struct
@@ -152,6 +157,8 @@ def recover(directory: Path) -> Recovered:
                 os.fsync(f.fileno())
 
     _forget_missing_segments(index, segments)
+    if covered < 0:
+        _mark_before_gaps(index, segments)
     if segments:
         last = next(reversed(segments))
         end = last + segments[last].stat().st_size
@@ -174,7 +181,13 @@ def _replay(data: bytes, offset: int, base: int, index: LiveIndex,
     while offset < size:
         try:
             rtype, seq_here, p, e = decode_record(view, offset)
-            if rtype == fmt.ENQUEUE:
+            if rtype == fmt.ENQUEUE or rtype == fmt.ENQUEUE_META:
+                stamp = extra = 0
+                if rtype == fmt.ENQUEUE_META:
+                    flags, prio, published, expires = fmt.decode_meta(view[:e], p)
+                    stamp = published << 1 | (flags & fmt.FLAG_TRANSIENT)
+                    extra = expires << 8 | prio
+                    p += fmt.META_SIZE
                 origin, n = _I64_U16.unpack_from(view, p)
                 q = p + 10
                 for _ in range(n):
@@ -189,26 +202,53 @@ def _replay(data: bytes, offset: int, base: int, index: LiveIndex,
                 if q > e:
                     raise fmt.CorruptRecord("ENQUEUE fields run past the payload")
                 if origin == 0:
-                    index.enqueue(queues, base + offset, e - q, base)
+                    index.enqueue(queues, base + offset, e - q, base, stamp, extra)
                 else:
-                    index.relocate(origin, queues, base + offset, e - q, base)
+                    index.relocate(origin, queues, base + offset, e - q, base, stamp, extra)
             elif rtype == fmt.SETTLE:
                 queue, positions = fmt.decode_settle(view[p:e])
+                index.note_carry(base, queue, positions)
                 index.settle(queue, positions)
             elif rtype == fmt.DELIVERED:
                 queue, positions = fmt.decode_delivered(view[p:e])
                 for position in positions:
                     index.delivered(queue, position)
             elif rtype == fmt.DROP_QUEUE:
-                index.drop(fmt.decode_drop_queue(view[p:e]))
+                _drop_carrying(index, base, fmt.decode_drop_queue(view[p:e]))
             elif rtype == fmt.DEFINITION:
                 for queue in defs.apply(fmt.decode_definition(view[p:e])):
-                    index.drop(queue)
+                    _drop_carrying(index, base, queue)
         except (fmt.FormatError, struct.error, UnicodeDecodeError):
             break
         seq = seq_here
         offset = e
     return offset, seq
+
+
+def _mark_before_gaps(index: LiveIndex, segments: dict[int, Path]) -> None:
+    """A full replay (no usable checkpoint) over a log with a hole: segments deleted
+    between surviving ones may have held SETTLE and DELIVERED records of messages that
+    lie before the hole. Settles are carried forward when a segment is deleted (see
+    index.py), but a log written before that existed did not; so every message before
+    the last hole comes back marked redelivered, and the start-up log says so."""
+    bases = list(segments)
+    hole = -1
+    for here, after in itertools.pairwise(bases):
+        if here + segments[here].stat().st_size < after:
+            hole = after
+    if hole < 0:
+        return
+    marked = 0
+    for q in index.queues.values():
+        for position in q.range(-1, hole):
+            if position not in q.delivered:
+                q.delivered.add(position)
+                marked += 1
+    if marked:
+        log.warning(
+            "no usable checkpoint and segments before %d were deleted: their settle and "
+            "delivery records may be gone, so %d messages stored before it come back "
+            "marked redelivered", hole, marked)
 
 
 def _forget_missing_segments(index: LiveIndex, segments: dict[int, Path]) -> None:
@@ -230,3 +270,12 @@ def _forget_missing_segments(index: LiveIndex, segments: dict[int, Path]) -> Non
             index.settle(name, gone)
     for b in stale:
         index.remove_segment(b)
+
+
+def _drop_carrying(index: LiveIndex, base: int, name: str) -> None:
+    """Drop a deleted queue's entries, first noting those in older segments as carried
+    settles (index.py), so a later loss of the checkpoint cannot bring them back."""
+    dq = index.queues.get(name)
+    if dq is not None:
+        index.note_carry(base, name, [x for x in dq.live_positions() if x < base])
+    index.drop(name)

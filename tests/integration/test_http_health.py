@@ -114,12 +114,11 @@ def test_alarm_makes_checks_503(fresh_broker: BrokerProcess) -> None:
     assert "rabbitmq_alarms_memory_used_watermark 1" in metrics
 
 
-def test_busy_http_port_leaves_amqp_running(broker: BrokerProcess,
-                                            fresh_broker: BrokerProcess) -> None:
+def test_busy_http_port_refuses_the_start(broker: BrokerProcess,
+                                          fresh_broker: BrokerProcess) -> None:
+    """Half a broker (AMQP without its API) is refused, as RabbitMQ refuses to start
+    when a listener cannot bind (issue 18; tests/integration/test_startup_refusal.py)."""
     fresh_broker.env["AMQPD_HTTP_PORT"] = str(broker.http_port)  # taken by the other broker
-    fresh_broker.start()
-    assert fresh_broker.info["http_port"] is None
-    import pika
-
-    pika.BlockingConnection(pika.URLParameters(fresh_broker.url)).close()
-    assert "HTTP API not started" in fresh_broker.tail()
+    with pytest.raises(RuntimeError, match="exited with 1"):
+        fresh_broker.start()
+    assert "HTTP API cannot listen on" in fresh_broker.tail()

@@ -55,3 +55,19 @@ def test_users_and_permissions_from_file(tmp_path: Path) -> None:
     assert s.vhosts == ["/", "app"]
     assert s.users[0].name == "u" and s.users[0].tags == ["management"]
     assert s.permissions[0].vhost == "app"
+
+
+def test_auth_mechanisms_and_certificate_login() -> None:
+    from amqpd.config import ConfigError, load_settings
+    from amqpd.tls import login_from_certificate
+
+    s = load_settings(environ={"AMQPD_AUTH_MECHANISMS": "EXTERNAL,PLAIN",
+                               "AMQPD_SSL_CERT_LOGIN_FROM": "common_name"})
+    assert s.auth_mechanisms == ["EXTERNAL", "PLAIN"]
+    with pytest.raises(ConfigError):
+        load_settings(environ={"AMQPD_AUTH_MECHANISMS": "KERBEROS"})
+    cert = {"subject": ((("countryName", "FR"),), (("organizationName", "A, B"),),
+                        (("commonName", "guest"),))}
+    assert login_from_certificate(cert, "common_name") == "guest"
+    assert login_from_certificate(cert, "distinguished_name") == "CN=guest,O=A\\, B,C=FR"
+    assert login_from_certificate(None, "common_name") == ""

@@ -45,3 +45,53 @@ def test_a_recovered_message_with_a_ttl_keeps_the_extension() -> None:
     pair.call(1, C.Basic.Get(queue="rq", no_ack=True))  # empty now
     assert q.ext is not None and q.ext.ttl_seen
 
+
+
+class _NoReads:
+    """A store that must not be read: recovery has to manage with the record's meta."""
+
+    def read(self, position: int) -> None:
+        raise AssertionError(f"recovery read message {position}")
+
+
+def test_a_priority_queue_recovers_without_reading_any_message() -> None:
+    import time
+
+    from amqpd.broker.message import LoggedMessage
+
+    pair = Pair(broker=real_broker())
+    pair.open()
+    pair.open_channel(1)
+    pair.call(1, C.Queue.Declare(queue="pq", arguments={"x-max-priority": 5,
+                                                         "x-message-ttl": 60000}))
+    assert pair.session is not None
+    q = pair.session.vhost.queues["pq"]
+    now_ms = int(time.time() * 1000)
+    store = _NoReads()
+    for position, priority in ((8, 1), (16, 9), (24, 0)):
+        q.restore(LoggedMessage(store, position, 10), False, now_ms - 30_000, priority)
+    levels = [[e.message.position for e in level] for level in q.ready.levels]  # type: ignore[attr-defined]
+    assert levels == [[24], [8], [], [], [], [16]], "priority capped at x-max-priority"
+    head = q.ready[0]
+    assert 25 < head.expires - time.monotonic() < 31, "TTL counts from the publish time"
+
+
+def test_a_recovered_message_expires_from_its_publish_time() -> None:
+    import time
+
+    from amqpd.broker.message import LoggedMessage
+
+    pair = Pair(broker=real_broker())
+    pair.open()
+    pair.open_channel(1)
+    pair.call(1, C.Queue.Declare(queue="tq", arguments={"x-message-ttl": 60000}))
+    assert pair.session is not None
+    q = pair.session.vhost.queues["tq"]
+    now_ms = int(time.time() * 1000)
+    store = _NoReads()
+    q.restore(LoggedMessage(store, 8, 10), False, now_ms - 61_000, 0)  # expired
+    q.restore(LoggedMessage(store, 16, 10), False, now_ms - 1_000, 0)
+    q.restore(LoggedMessage(store, 24, 10), False, now_ms - 1_000, (now_ms - 1) << 8)
+    assert q.ext is not None
+    q.ext.drop_expired_head()
+    assert [e.message.position for e in q.ready] == [16, 24]

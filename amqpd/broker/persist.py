@@ -1,0 +1,50 @@
+"""What the broker hands the store for one message: the message plus what recovery
+needs without reading it back (publish time, per-message expiry, priority, and whether
+it is a transient message paged out under memory pressure).
+
+Recovery uses these (store/format.py, ENQUEUE_META) so that a restart neither restarts
+TTL clocks (a message expires when it would have without the restart) nor reads every
+recovered body of a priority queue to learn its level, and so that a transient message
+paged to the log is dropped instead of coming back.
+"""
+
+from __future__ import annotations
+
+import time
+
+from amqpd.broker.message import Message
+from amqpd.broker.ttl import parse_expiration
+from amqpd.protocol.errors import PreconditionFailed
+from amqpd.store.api import StoredMessage
+
+_FLAG_EXPIRATION = 0x01  # in the first property-flags byte
+_FLAG_PRIORITY = 0x08
+
+
+def stored_message(message: Message, *, transient: bool = False) -> StoredMessage:
+    """The StoredMessage for ``message``, stamped now (wall clock, milliseconds)."""
+    props = message.properties
+    published = int(time.time() * 1000)
+    expires = priority = 0
+    if props and props[0] & (_FLAG_EXPIRATION | _FLAG_PRIORITY):
+        decoded = message.props
+        if props[0] & _FLAG_EXPIRATION:
+            try:
+                ttl = parse_expiration(decoded.get("expiration"))
+            except PreconditionFailed:  # refused at publish; nothing to keep
+                ttl = None
+            if ttl is not None:
+                expires = published + ttl
+        if props[0] & _FLAG_PRIORITY:
+            value = decoded.get("priority") or 0
+            priority = max(0, min(255, int(value)))
+    return StoredMessage(message.exchange, message.routing_key, props, message.body,
+                         published, expires, priority, transient)
+
+
+def monotonic_deadline(wall_ms: int) -> float:
+    """A wall-clock deadline (ms) as a ``time.monotonic()`` one."""
+    return time.monotonic() + (wall_ms - time.time() * 1000) / 1000
+
+
+__all__ = ["monotonic_deadline", "stored_message"]

@@ -1,0 +1,1 @@
+"""Coverage-guided fuzzing (atheris) of the frame parser and connection state machine."""

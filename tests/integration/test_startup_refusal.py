@@ -1,0 +1,75 @@
+"""Start-up refuses half a broker: a port that is already taken (HTTP API, amqps) stops
+the start with a clear error and a non-zero exit, as RabbitMQ does, instead of serving
+AMQP without its API or its TLS listener."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_tls import make_pki
+from tests.support.brokerproc import BrokerProcess
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A loopback port with a listener on it (ours, for the test's duration)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    try:
+        yield int(sock.getsockname()[1])
+    finally:
+        sock.close()
+
+
+def _refused(proc: BrokerProcess) -> tuple[int, str]:
+    with pytest.raises(RuntimeError, match="exited with"):
+        proc.start(timeout=30)
+    assert proc.proc is not None
+    return int(proc.proc.returncode), proc.log_path.read_text(errors="replace")
+
+
+def test_http_port_in_use_stops_the_start(tmp_path: Path, taken_port: int) -> None:
+    proc = BrokerProcess(tmp_path / "data", env={"AMQPD_HTTP_PORT": str(taken_port)})
+    try:
+        code, log = _refused(proc)
+    finally:
+        proc.kill()
+    assert code != 0
+    assert f"HTTP API cannot listen on 127.0.0.1:{taken_port}" in log
+    assert "cannot start" in log
+
+
+def test_tls_port_in_use_stops_the_start(tmp_path: Path, taken_port: int) -> None:
+    pki = make_pki(tmp_path)
+    proc = BrokerProcess(tmp_path / "data", extra_args=["--tls-port", str(taken_port)], env={
+        "AMQPD_TLS_CERT": str(pki["server_cert"]), "AMQPD_TLS_KEY": str(pki["server_key"]),
+        "AMQPD_TLS_CA": str(pki["ca"])})
+    try:
+        code, log = _refused(proc)
+    finally:
+        proc.kill()
+    assert code != 0
+    assert f"amqps listener cannot listen on 127.0.0.1:{taken_port}" in log
+
+
+def test_the_store_is_closed_cleanly_after_a_refused_start(tmp_path: Path,
+                                                           taken_port: int) -> None:
+    """The refused start undid itself: the next start finds a cleanly closed store (no
+    delivery journal left behind) and runs."""
+    data = tmp_path / "data"
+    proc = BrokerProcess(data, env={"AMQPD_HTTP_PORT": str(taken_port)})
+    try:
+        _refused(proc)
+    finally:
+        proc.kill()
+    assert not (data / "log" / "delivered.journal").exists()
+    ok = BrokerProcess(data).start()
+    try:
+        assert ok.proc is not None and ok.proc.poll() is None
+    finally:
+        assert ok.stop() == 0
