@@ -110,7 +110,8 @@ def small_entries(broker: Broker) -> Entries:
     for u in auth.users.values():
         out[(fmt.DEF_USER, u.name)] = _json(
             {"name": u.name, "password_hash": u.password_hash,
-             "hashing_algorithm": u.hashing_algorithm, "tags": list(u.tags), "limits": {}})
+             "hashing_algorithm": u.hashing_algorithm, "tags": list(u.tags),
+             "limits": dict(params.user_limits.get(u.name, {}))})
     for name in broker.vhosts:
         meta = params.vhost_meta.get(name, {})
         out[(fmt.DEF_VHOST, name)] = _json(

@@ -139,6 +139,7 @@ def test_a_version_1_checkpoint_still_loads(make_log: Any, tmp_path: Path,
     (s.directory / checkpoint.FILE_NAME).write_bytes(_encode_v1(cp.covered, cp.sequence, index))
     loaded = checkpoint.load(s.directory)
     assert loaded is not None, "a version 1 checkpoint must load"
+    assert loaded[0].definitions == []  # version 1 had no definitions section
     again = SharedLog(s.directory, segment_size=64 * 1024)
     state = again.open()
     try:
