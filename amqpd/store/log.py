@@ -470,15 +470,27 @@ class SharedLog:
         """Settle everything the queue holds (queue.delete)."""
         self._journal.forget(queue)
         self._writable()
+        # a pending DEFINITION record deleting this durable queue drops it too (and
+        # recovery replays it so): write that first, then only what is left needs a
+        # DROP_QUEUE record
+        self._flush_definitions()
         if queue not in self._index.queues:
             return
         self._append(fmt.DROP_QUEUE, fmt.encode_drop_queue(queue))
-        base = self._active
-        older = [p for p in self._index.queues[queue].live_positions() if p < base]
-        self._index.note_carry(base, queue, older)
-        if self._index.drop(queue):
+        if self._drop_carrying(queue):
             self._collect_garbage()
         self._after_append()
+
+    def _drop_carrying(self, queue: str) -> bool:
+        """Drop a queue from the index after a record that drops it (in the active
+        segment), first noting its entries in older segments as carried settles
+        (index.py), as recovery does. True when a segment became garbage."""
+        q = self._index.queues.get(queue)
+        if q is None:
+            return False
+        base = self._active
+        self._index.note_carry(base, queue, [p for p in q.live_positions() if p < base])
+        return self._index.drop(queue)
 
     def append_definition(self, kind: int, key: str, body: bytes) -> None:
         """A durable definition changed (``body`` empty: deleted); see ``defs.py``.
@@ -501,7 +513,7 @@ class SharedLog:
         self._append(fmt.DEFINITION, fmt.encode_definition_changes(changes))
         emptied = False
         for queue in self._defs.apply(changes):
-            if self._index.drop(queue):
+            if self._drop_carrying(queue):
                 emptied = True
         if emptied:
             self._collect_garbage()
