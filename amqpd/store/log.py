@@ -484,13 +484,13 @@ class SharedLog:
     def _drop_carrying(self, queue: str) -> bool:
         """Drop a queue from the index after a record that drops it (in the active
         segment), first noting its entries in older segments as carried settles
-        (index.py), as recovery does. True when a segment became garbage."""
+        (index.py), as recovery does. True when some segment became garbage."""
         q = self._index.queues.get(queue)
         if q is None:
             return False
         base = self._active
         self._index.note_carry(base, queue, [p for p in q.live_positions() if p < base])
-        return self._index.drop(queue)
+        return bool(self._index.drop(queue))
 
     def append_definition(self, kind: int, key: str, body: bytes) -> None:
         """A durable definition changed (``body`` empty: deleted); see ``defs.py``.
