@@ -20,6 +20,7 @@ from amqpd.broker.message import Message
 from amqpd.broker.queue import Queue
 from amqpd.logs import bind_channel
 from amqpd.protocol.connection import AMQPConnection, Limits
+from amqpd.protocol.constants import CLASS_CONNECTION, CONNECTION_OPEN, method_of
 from amqpd.protocol.errors import (
     ChannelErrorCode,
     CommandInvalid,
@@ -115,10 +116,11 @@ class Session:
     def open_vhost(self, vhost: str) -> None:
         vh = self.broker.vhosts.get(vhost)
         if vh is None:
-            raise NotAllowed(f"vhost {vhost} not found", 10, 40)
+            raise NotAllowed(f"vhost {vhost} not found", CLASS_CONNECTION,
+                             method_of(CONNECTION_OPEN))
         if not self.broker.auth.can_access_vhost(self.username, vhost):
             raise NotAllowed(f"access to vhost '{vhost}' refused for user '{self.username}'",
-                             10, 40)
+                             CLASS_CONNECTION, method_of(CONNECTION_OPEN))
         self.vhost = vh
         self.broker.session_opened(self)
         log.info("connection opened: user=%s vhost=%s peer=%s", self.username, vhost, self.peer)

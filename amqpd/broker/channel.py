@@ -23,6 +23,7 @@ from amqpd.broker.message import Message
 from amqpd.broker.queue import Consumer, Queue, QueueEntry
 from amqpd.broker.vhost import generate_name
 from amqpd.protocol import codec
+from amqpd.protocol import constants as C
 from amqpd.protocol.errors import (
     AccessRefused,
     CommandInvalid,
@@ -127,27 +128,27 @@ class Channel:
             auto_delete=m.auto_delete, internal=m.internal, arguments=m.arguments,
         )
         if not m.nowait:
-            self.session.conn.write(codec.method_frame(self.number, 40, 11))
+            self.session.conn.write(codec.method_frame(self.number, C.EXCHANGE_DECLARE_OK))
 
     def _exchange_delete(self, m: commands.Exchange.Delete) -> None:
         self._check("configure", "exchange", m.exchange)
         self.vhost.delete_exchange(m.exchange, if_unused=m.if_unused)
         if not m.nowait:
-            self.session.conn.write(codec.method_frame(self.number, 40, 21))
+            self.session.conn.write(codec.method_frame(self.number, C.EXCHANGE_DELETE_OK))
 
     def _exchange_bind(self, m: commands.Exchange.Bind) -> None:
         self._check("write", "exchange", m.destination)
         self._check("read", "exchange", m.source)
         self.vhost.bind("exchange", m.destination, m.source, m.routing_key, m.arguments)
         if not m.nowait:
-            self.session.conn.write(codec.method_frame(self.number, 40, 31))
+            self.session.conn.write(codec.method_frame(self.number, C.EXCHANGE_BIND_OK))
 
     def _exchange_unbind(self, m: commands.Exchange.Unbind) -> None:
         self._check("write", "exchange", m.destination)
         self._check("read", "exchange", m.source)
         self.vhost.unbind("exchange", m.destination, m.source, m.routing_key, m.arguments)
         if not m.nowait:
-            self.session.conn.write(codec.method_frame(self.number, 40, 51))
+            self.session.conn.write(codec.method_frame(self.number, C.EXCHANGE_UNBIND_OK))
 
     # ------------------------------------------------------------------ queue
     def _queue_declare(self, m: commands.Queue.Declare) -> None:
@@ -177,7 +178,7 @@ class Channel:
         if not m.nowait:
             args = codec.shortstr(q.name) + (len(q.ready)).to_bytes(4, "big") + \
                 len(q.consumers).to_bytes(4, "big")
-            self.session.conn.write(codec.method_frame(self.number, 50, 11, args))
+            self.session.conn.write(codec.method_frame(self.number, C.QUEUE_DECLARE_OK, args))
 
     def _queue_bind(self, m: commands.Queue.Bind) -> None:
         queue = self._queue_name(m.queue)
@@ -186,7 +187,7 @@ class Channel:
         self._check("read", "exchange", m.exchange)
         self.vhost.bind("queue", queue, m.exchange, routing_key, m.arguments, owner=self.session)
         if not m.nowait:
-            self.session.conn.write(codec.method_frame(self.number, 50, 21))
+            self.session.conn.write(codec.method_frame(self.number, C.QUEUE_BIND_OK))
 
     def _queue_unbind(self, m: commands.Queue.Unbind) -> None:
         queue = self._queue_name(m.queue)
@@ -195,14 +196,15 @@ class Channel:
         self._check("read", "exchange", m.exchange)
         self.vhost.unbind("queue", queue, m.exchange, routing_key, m.arguments,
                           owner=self.session)
-        self.session.conn.write(codec.method_frame(self.number, 50, 51))
+        self.session.conn.write(codec.method_frame(self.number, C.QUEUE_UNBIND_OK))
 
     def _queue_purge(self, m: commands.Queue.Purge) -> None:
         queue = self._queue_name(m.queue)
         self._check("read", "queue", queue)
         n = self.vhost.purge_queue(queue, owner=self.session)
         if not m.nowait:
-            self.session.conn.write(codec.method_frame(self.number, 50, 31, n.to_bytes(4, "big")))
+            self.session.conn.write(codec.method_frame(self.number, C.QUEUE_PURGE_OK,
+                                                        n.to_bytes(4, "big")))
 
     def _queue_delete(self, m: commands.Queue.Delete) -> None:
         queue = self._queue_name(m.queue)
@@ -210,7 +212,8 @@ class Channel:
         n = self.vhost.delete_queue_named(queue, if_unused=m.if_unused, if_empty=m.if_empty,
                                           owner=self.session)
         if not m.nowait:
-            self.session.conn.write(codec.method_frame(self.number, 50, 41, n.to_bytes(4, "big")))
+            self.session.conn.write(codec.method_frame(self.number, C.QUEUE_DELETE_OK,
+                                                        n.to_bytes(4, "big")))
 
     # ------------------------------------------------------------------ basic: qos/consume
     def _basic_qos(self, m: commands.Basic.Qos) -> None:
@@ -233,7 +236,8 @@ class Channel:
         self.vhost.check_exclusive(q, self.session)
         tag = m.consumer_tag or generate_name("amq.ctag-")
         if tag in self.consumers:
-            raise NotAllowed(f"attempt to reuse consumer tag '{tag}'", 60, 20)
+            raise NotAllowed(f"attempt to reuse consumer tag '{tag}'",
+                             C.class_of(C.BASIC_CONSUME), C.method_of(C.BASIC_CONSUME))
         if q.consumers and (m.exclusive or any(c.exclusive for c in q.consumers)):
             raise AccessRefused(f"queue '{q.name}' in vhost '{self.vhost.name}' in exclusive use")
         self.session.broker.validate_consumer_arguments(m.arguments or {}, q.name,
@@ -242,7 +246,8 @@ class Channel:
                             dict(m.arguments or {}))
         self.consumers[tag] = consumer
         if not m.nowait:
-            self.session.conn.write(codec.method_frame(self.number, 60, 21, codec.shortstr(tag)))
+            self.session.conn.write(codec.method_frame(self.number, C.BASIC_CONSUME_OK,
+                                                        codec.shortstr(tag)))
         q.add_consumer(consumer)
 
     def _basic_cancel(self, m: commands.Basic.Cancel) -> None:
@@ -250,7 +255,7 @@ class Channel:
         consumer = self.consumers.pop(tag, None)
         if not m.nowait:
             self.session.conn.write(
-                codec.method_frame(self.number, 60, 31, codec.shortstr(tag))
+                codec.method_frame(self.number, C.BASIC_CANCEL_OK, codec.shortstr(tag))
             )
         if consumer is not None:
             consumer.queue.remove_consumer(consumer)
@@ -261,7 +266,7 @@ class Channel:
             return
         if self.session.conn.capabilities.get("consumer_cancel_notify"):
             self.session.conn.write(
-                codec.method_frame(self.number, 60, 30, consumer.tag_bytes + b"\x00")
+                codec.method_frame(self.number, C.BASIC_CANCEL, consumer.tag_bytes + b"\x00")
             )
 
     # ------------------------------------------------------------------ delivery
@@ -304,7 +309,7 @@ class Channel:
             q.ext.touch()  # basic.get counts as use for x-expires
         entry = q.take()
         if entry is None:
-            self.session.conn.write(codec.method_frame(self.number, 60, 72, b"\x00"))
+            self.session.conn.write(codec.method_frame(self.number, C.BASIC_GET_EMPTY, b"\x00"))
             return
         tag = self.next_tag
         self.next_tag = tag + 1
@@ -313,7 +318,8 @@ class Channel:
         conn.write(
             codec.get_ok_method(self.number, tag, entry.redelivered, msg.exchange,
                                 msg.routing_key, len(q.ready))
-            + codec.content_frames(self.number, 60, msg.properties, self.session.body_of(msg),
+            + codec.content_frames(self.number, C.CLASS_BASIC, msg.properties,
+                                   self.session.body_of(msg),
                                    conn.frame_max)
         )
         if m.no_ack:
@@ -441,7 +447,7 @@ class Channel:
     def _route(self, exchange: str, routing_key: str, mandatory: bool, properties: bytes,
                body: bytes, seq: int) -> None:
         msg = Message(exchange, routing_key, properties, body)
-        if len(properties) > 1 and properties[0] & 0x02:  # reply-to set: direct reply-to?
+        if len(properties) > 1 and properties[0] & C.FLAG_REPLY_TO_HI:  # direct reply-to?
             msg = reply_to.rewrite(self, msg)
         broker = self.session.broker
         if not mandatory:
@@ -453,7 +459,7 @@ class Channel:
         def unroutable() -> None:  # basic.return precedes the confirm, as in RabbitMQ
             self.session.conn.write(
                 codec.return_method(self.number, 312, "NO_ROUTE", exchange, routing_key)
-                + codec.content_frames(self.number, 60, properties, body,
+                + codec.content_frames(self.number, C.CLASS_BASIC, properties, body,
                                        self.session.conn.frame_max)
             )
 

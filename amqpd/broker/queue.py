@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from amqpd.broker.message import LoggedMessage, Message
 from amqpd.broker.queue_entry import QueueEntry
 from amqpd.broker.ready import ReadyList
+from amqpd.protocol.constants import FLAG_EXPIRATION_HI
 
 if TYPE_CHECKING:
     from amqpd.broker.extensions import QueueExt
@@ -104,10 +105,10 @@ class Queue:
 
     # ------------------------------------------------------------------ enqueue
     def enqueue(self, message: Message) -> None:
-        # per-message TTL: the expiration flag bit (0x01); a log-only message was checked
-        # before it was paged out, and reading its properties would cost a disk read
+        # per-message TTL (the expiration flag); a log-only message was checked before it
+        # was paged out, and reading its properties would cost a disk read
         if self.ext is not None or (type(message) is not LoggedMessage and (
-                props := message.properties) and props[0] & 0x01):
+                props := message.properties) and props[0] & FLAG_EXPIRATION_HI):
             from amqpd.broker.extensions import queue_enqueue
 
             queue_enqueue(self, message)

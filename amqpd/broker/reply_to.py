@@ -20,6 +20,7 @@ from amqpd.broker.message import Message
 from amqpd.broker.queue import Consumer, Queue
 from amqpd.broker.vhost import generate_name
 from amqpd.protocol import codec
+from amqpd.protocol.constants import BASIC_CONSUME_OK
 from amqpd.protocol.errors import PreconditionFailed
 
 if TYPE_CHECKING:
@@ -65,7 +66,8 @@ def consume(channel: Channel, consumer_tag: str, no_ack: bool, nowait: bool) -> 
     _by_token[token] = queue
     _by_channel[id(channel)] = token
     if not nowait:
-        channel.session.conn.write(codec.method_frame(channel.number, 60, 21, codec.shortstr(tag)))
+        channel.session.conn.write(codec.method_frame(channel.number, BASIC_CONSUME_OK,
+                                                   codec.shortstr(tag)))
     queue.add_consumer(consumer)
 
 
