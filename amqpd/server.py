@@ -40,7 +40,9 @@ from amqpd.config import Settings
 from amqpd.plugins import load_plugins
 from amqpd.protocol import codec
 from amqpd.protocol.connection import Limits
+from amqpd.protocol.constants import FLAG_EXPIRATION_HI, FLAG_HEADERS_HI, FLAG_USER_ID_LO
 from amqpd.protocol.errors import PreconditionFailed
+from amqpd.store.memory import MemoryStore
 from amqpd.transport import AMQPProtocol
 
 if TYPE_CHECKING:
@@ -75,7 +77,11 @@ class Broker:
         self.vhosts: dict[str, VHost] = {}
         self.sessions: set[Session] = set()
         self.transports: set[AMQPProtocol] = set()
-        self.store: MessageStore | None = None
+        # "no persistence" is the in-memory store, opened at once so that a Broker that
+        # is never started (unit tests) has one too; start() swaps in the shared log
+        # when persistence is on
+        self.store: MessageStore = MemoryStore()
+        self.store.open()
         self._dirty: dict[int, Queue] = {}
         self._dispatch_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -187,7 +193,7 @@ class Broker:
         message then reaches only non-durable queues and the publisher gets a nack).
         """
         props = message.properties
-        if len(props) >= 2 and props[1] & 0x10 and username is not None:  # user-id flag
+        if len(props) >= 2 and props[1] & FLAG_USER_ID_LO and username is not None:
             user_id = message.props.get("user_id")
             if user_id is not None and user_id != username:
                 raise PreconditionFailed(
@@ -195,7 +201,7 @@ class Broker:
                     f"'{username}'"
                 )
         routing_keys = [message.routing_key]
-        if len(props) >= 2 and props[0] & 0x21:  # expiration or headers: check, CC/BCC
+        if len(props) >= 2 and props[0] & (FLAG_EXPIRATION_HI | FLAG_HEADERS_HI):  # CC/BCC
             message, routing_keys = extensions.prepare_publish(message)
         exchange = vhost.get_exchange(exchange_name)
         if not exchange_name and message.routing_key.startswith(reply_to.PREFIX):
@@ -204,7 +210,7 @@ class Broker:
             queues = vhost.route(exchange, message, routing_keys)
         if not queues and DelayedMessageExchange.last_held is message:  # held back (delay)
             if on_confirm is not None:
-                if message.position >= 0 and self.store is not None:
+                if message.position >= 0:
                     self.commit(on_confirm)
                 else:
                     on_confirm(None)
@@ -217,7 +223,7 @@ class Broker:
             if refused and on_confirm is not None:
                 on_confirm(PreconditionFailed("rejected by a queue's length limit"))
                 on_confirm = confirm_now = None
-        if queues and message.persistent and self.store is not None:
+        if queues and message.persistent:
             durable = [q.store_key for q in queues if q.durable]
             if durable:
                 from amqpd.store.api import StoredMessage, StoreError
@@ -242,7 +248,8 @@ class Broker:
                 self._pending_commit = True
         if confirm_now is not None:
             confirm_now(None)
-        if self.store is None or (props and props[0] & 0x01):  # TTL'd messages stay whole
+        if not self.store.on_disk or (props and props[0] & FLAG_EXPIRATION_HI):
+            # nowhere to page to, or TTL'd (kept whole: expiry reads the properties)
             for q in queues:
                 q.enqueue(message)
             return queues
@@ -282,7 +289,6 @@ class Broker:
         from amqpd.store.api import StoredMessage, StoreError
 
         store = self.store
-        assert store is not None
         try:
             position = store.append_enqueue(
                 [q.store_key for q in queues],
@@ -304,7 +310,6 @@ class Broker:
         one job for the writer, not one per message. A failed write raises the store
         alarm; the callbacks still get the error (publisher confirms become nacks).
         """
-        assert self.store is not None
         waiters = self._commit_waiters
         if not waiters and self._loop is not None:
             self._loop.call_soon(self._register_commit)
@@ -314,7 +319,7 @@ class Broker:
 
     def _register_commit(self) -> None:
         waiters, self._commit_waiters = self._commit_waiters, []
-        if not waiters or self.store is None:
+        if not waiters:
             return
 
         def done(error: BaseException | None) -> None:
@@ -339,7 +344,7 @@ class Broker:
         if error is not None:
             self._store_failed(error)
             return
-        if "store" in self.alarms.active and self.store is not None \
+        if "store" in self.alarms.active \
                 and not getattr(self.store, "failed", None) \
                 and self.alarms.free >= self.settings.segment_size:
             self.alarms.set_external("store", False, "message store writes again")
@@ -351,32 +356,31 @@ class Broker:
             for q in vhost.queues.values():
                 total += q.ready_bytes + len(q.ready) * MESSAGE_OVERHEAD
         self.ready_bytes_total = total
-        self.paging_all = total > self.settings.message_memory_budget
+        # paging to a store that keeps everything in memory would free nothing
+        self.paging_all = self.store.on_disk and total > self.settings.message_memory_budget
 
     def body_of(self, message: Message) -> bytes:
         body = message.body
-        if body is None and self.store is not None:  # evicted: read back from the log
+        if body is None:  # evicted: read back from the log
             return self.store.read(message.position).body
         return body
 
     def after_commit(self, callback: Callable[[BaseException | None], None]) -> None:
         """Call back once everything written so far is durable, or with the store's
         error (tx.commit-ok waits for this)."""
-        if self.store is None or not self._pending_commit:
+        if not self._pending_commit:
             callback(None)
             return
         self.commit(callback)
 
     # ------------------------------------------------------------------ store hooks
     def store_settle(self, queue: Queue, positions: list[int]) -> None:
-        if self.store is not None and not queue.deleted:
+        if not queue.deleted:
             self.store.append_settle(queue.store_key, positions)
 
     def store_delivered(self, queue: Queue, position: int) -> None:
         """Delivery marks are gathered per queue and written once per tick, one record
         each (a record per delivery cost ~16% of delivery CPU on a backlog drain)."""
-        if self.store is None:
-            return
         batch = self._delivered_batch
         if not batch and self._loop is not None:
             self._loop.call_soon(self._flush_delivered)
@@ -385,8 +389,6 @@ class Broker:
     def _flush_delivered(self) -> None:
         batch, self._delivered_batch = self._delivered_batch, {}
         store = self.store
-        if store is None:
-            return
         from amqpd.store.api import StoreError
 
         for key, positions in batch.items():
@@ -397,8 +399,7 @@ class Broker:
                 return
 
     def store_drop_queue(self, queue: Queue) -> None:
-        if self.store is not None:
-            self.store.drop_queue(queue.store_key)
+        self.store.drop_queue(queue.store_key)
 
     # ------------------------------------------------------------------ extension hooks
     def apply_policies_to(self, vhost: VHost, obj: Queue | Exchange) -> None:
@@ -447,6 +448,8 @@ class Broker:
         data = Path(s.data_dir)
         self.definitions_store = DefinitionsStore(data / "definitions.json")
         if not s.persistence:
+            assert isinstance(self.store, MemoryStore)
+            self.store.loop = self._loop  # commit callbacks on the loop, as the log's are
             return
         started = time.monotonic()
         store = SharedLog(data / "log", segment_size=s.segment_size,
@@ -572,7 +575,7 @@ class Broker:
             now = time.monotonic()
             self.alarms.check()
             self._check_memory()
-            if self.store is not None and not self.stopping:
+            if not self.stopping:
                 # acks and delivery marks ride on confirms; without any, flush them anyway
                 self.store.commit(self._periodic_commit_done)
                 maintain = getattr(self.store, "maintain", None)
@@ -614,10 +617,9 @@ class Broker:
         if self._ticker is not None:
             self._ticker.cancel()
         self.timers.stop()  # no TTL or delayed-message work once the store closes
-        if self.store is not None:
-            self._register_commit()
-            self._flush_delivered()
-            self.store.close()
+        self._register_commit()
+        self._flush_delivered()
+        self.store.close()
         log.info("shutdown complete")
 
 

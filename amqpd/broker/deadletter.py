@@ -140,7 +140,7 @@ def dead_letter(broker: Broker, queue: Queue, entries: list[QueueEntry], reason:
             deaths = dl.headers.get("x-death") or []
             targets = [q for q in targets if not is_cycle(q.name, deaths)]
             wrote |= enqueue_routed(broker, dl, targets)
-    if wrote and broker.store is not None:
+    if wrote:
         broker.store.commit(lambda _err: None)
 
 

@@ -21,15 +21,13 @@ from amqpd.broker.priority import PriorityReady
 from amqpd.broker.queue import Consumer, Queue, QueueEntry
 from amqpd.broker.queue_entry import TimedEntry
 from amqpd.broker.ttl import ZERO_TTL_GRACE, parse_expiration
+from amqpd.protocol.constants import FLAG_EXPIRATION_HI, FLAG_HEADERS_HI, FLAG_PRIORITY_HI
 from amqpd.protocol.errors import PreconditionFailed
 
 if TYPE_CHECKING:
     from amqpd.broker.vhost import VHost
     from amqpd.server import Broker
 
-_FLAG_EXPIRATION = 0x01  # in the first property-flags byte
-_FLAG_PRIORITY = 0x08
-_FLAG_HEADERS = 0x20
 
 
 class QueueExt:
@@ -82,7 +80,7 @@ class QueueExt:
         if not self.max_priority:
             return 0
         props = message.properties
-        if not (props and props[0] & _FLAG_PRIORITY):
+        if not (props and props[0] & FLAG_PRIORITY_HI):
             return 0
         value = message.props.get("priority") or 0
         return value if value <= self.max_priority else self.max_priority
@@ -90,7 +88,7 @@ class QueueExt:
     def _expiry(self, message: Message, now: float) -> float | None:
         ttl = self.opts.message_ttl
         props = message.properties
-        if props and props[0] & _FLAG_EXPIRATION:
+        if props and props[0] & FLAG_EXPIRATION_HI:
             try:
                 per_message = parse_expiration(message.props.get("expiration"))
             except PreconditionFailed:
@@ -105,7 +103,7 @@ class QueueExt:
     def enqueue(self, message: Message) -> None:
         q = self.queue
         if self.plain and (type(message) is LoggedMessage or not (
-                message.properties and message.properties[0] & _FLAG_EXPIRATION)):
+                message.properties and message.properties[0] & FLAG_EXPIRATION_HI)):
             q.ready.append(QueueEntry(message, next(q._seq)))  # nothing to track
             q.ready_bytes += message.size
             q.stat_publish += 1
@@ -429,9 +427,9 @@ def prepare_publish(message: Message) -> tuple[Message, list[str]]:
     keys, with BCC stripped from what is stored and delivered."""
     props = message.properties
     routing_keys = [message.routing_key]
-    if props[0] & _FLAG_EXPIRATION:
+    if props[0] & FLAG_EXPIRATION_HI:
         parse_expiration(message.props.get("expiration"))
-    if props[0] & _FLAG_HEADERS and (b"\x02CC" in props or b"\x03BCC" in props):
+    if props[0] & FLAG_HEADERS_HI and (b"\x02CC" in props or b"\x03BCC" in props):
         headers = message.headers
         for key in ("CC", "BCC"):
             value = headers.get(key)
@@ -461,7 +459,7 @@ def enqueue_routed(broker: Broker, message: Message, queues: list[Queue]) -> boo
         return False
     queues, _refused = limits.admit(broker, queues, message)
     wrote = False
-    if queues and message.persistent and broker.store is not None:
+    if queues and message.persistent:
         durable = [q.store_key for q in queues if q.durable]
         if durable:
             from amqpd.store.api import StoredMessage

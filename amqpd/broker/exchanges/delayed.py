@@ -36,6 +36,7 @@ from amqpd.broker.exchange import (
     register_exchange_type,
 )
 from amqpd.broker.message import Message
+from amqpd.protocol.constants import FLAG_HEADERS_HI
 from amqpd.protocol.errors import CommandInvalid, PreconditionFailed
 
 if TYPE_CHECKING:
@@ -46,7 +47,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqpd.delayed")
 
 KEY_PREFIX = "amq.delayed."
-_FLAG_HEADERS = 0x20
 
 
 def store_key(vhost: str, exchange: str) -> str:
@@ -56,7 +56,7 @@ def store_key(vhost: str, exchange: str) -> str:
 def message_delay(message: Message) -> int:
     """The x-delay header in ms (0 when absent, not an integer, or not positive)."""
     props = message.properties
-    if not (props and props[0] & _FLAG_HEADERS and b"\x07x-delay" in props):
+    if not (props and props[0] & FLAG_HEADERS_HI and b"\x07x-delay" in props):
         return 0
     delay = message.headers.get("x-delay")
     if isinstance(delay, bool) or not isinstance(delay, int) or delay <= 0:
@@ -193,7 +193,7 @@ class DelayedMessageExchange(Exchange):
         position = -1
         kept: Message | None = message
         store = broker.store
-        if message.persistent and self.durable and store is not None:
+        if message.persistent and self.durable:
             from amqpd.store.api import StoredMessage
 
             due_ms = int(time.time() * 1000) + delay
@@ -230,17 +230,16 @@ class DelayedMessageExchange(Exchange):
             budget -= 1
             _due, _seq, position, message = heapq.heappop(heap)
             if message is None:
-                assert store is not None
                 stored = store.read(position)
                 message = Message(self.name, stored.routing_key, stored.properties,
                                   stored.body, persistent=True)
             if position >= 0:
                 settled.append(position)
             wrote |= self._route_due(message)
-        if settled and store is not None:
+        if settled:
             store.append_settle(self.key, settled)
             wrote = True
-        if wrote and store is not None:
+        if wrote:
             store.commit(lambda _err: None)
         if heap:
             self._arm(heap[0][0] if budget else now)
@@ -265,7 +264,7 @@ class DelayedMessageExchange(Exchange):
     def close(self) -> None:
         self.closed = True
         self._heap.clear()
-        if self.broker is not None and self.broker.store is not None and self.durable:
+        if self.broker is not None and self.durable:
             self.broker.store.drop_queue(self.key)
 
     # ------------------------------------------------------------------ recovery
@@ -283,7 +282,6 @@ def recover(broker: Broker, key: str, recovered: RecoveredQueue) -> bool:
     if not name.startswith(KEY_PREFIX):
         return False
     store = broker.store
-    assert store is not None
     vhost = broker.vhosts.get(vhost_name)
     ex = vhost.exchanges.get(name[len(KEY_PREFIX):]) if vhost is not None else None
     if not isinstance(ex, DelayedMessageExchange) or ex.broker is None:
