@@ -46,6 +46,8 @@ COMPILED_MODULES: tuple[str, ...] = (
     "amqpd.transport",
     "amqpd.server",
     "amqpd.broker.channel",
+    "amqpd.broker.publish",
+    "amqpd.broker.queue_type",
     "amqpd.broker.queue",
     "amqpd.broker.queue_entry",
     "amqpd.broker.reply_to",

@@ -1,9 +1,14 @@
 """One AMQP channel's broker-side state: consumers, unacked deliveries, QoS, confirms, tx.
 
 The protocol layer hands this class complete commands; it answers through the
-connection's output buffer. Delivery tags are per channel and strictly increasing, so the
-unacked map (a dict, insertion-ordered) is also ordered by tag, which makes
-``multiple=true`` acks a walk from the front.
+connection's output buffer. Topology, consumer and basic.get commands go through the
+public broker API (``broker.api``), so they follow the same rules and error codes as the
+HTTP API and plugins; the per-message calls (publish, deliver, settle) go straight to the
+compiled publish pipeline and queue types.
+
+Delivery tags are per channel and strictly increasing, so the unacked map (a dict,
+insertion-ordered) is also ordered by tag, which makes ``multiple=true`` acks a walk
+from the front.
 
 QoS follows RabbitMQ's reading of basic.qos: ``global=false`` sets the limit for each
 consumer created afterwards on this channel; ``global=true`` sets one limit shared by all
@@ -20,7 +25,8 @@ from pamqp import commands
 
 from amqpd.broker import reply_to
 from amqpd.broker.message import Message
-from amqpd.broker.queue import Consumer, Queue, QueueEntry
+from amqpd.broker.queue import Consumer, QueueEntry
+from amqpd.broker.queue_type import QueueType
 from amqpd.broker.vhost import generate_name
 from amqpd.protocol import codec
 from amqpd.protocol import constants as C
@@ -35,6 +41,7 @@ from amqpd.protocol.errors import (
 )
 
 if TYPE_CHECKING:
+    from amqpd.broker.api import BrokerAPI
     from amqpd.protocol.connection import AMQPConnection
     from amqpd.session import Session
 
@@ -51,7 +58,7 @@ DELIVERY_BURST_BYTES = 1 << 20
 class Unacked:
     __slots__ = ("consumer", "entry", "queue")
 
-    def __init__(self, queue: Queue, entry: QueueEntry, consumer: Consumer | None) -> None:
+    def __init__(self, queue: QueueType, entry: QueueEntry, consumer: Consumer | None) -> None:
         self.queue = queue
         self.entry = entry
         self.consumer = consumer
@@ -62,6 +69,7 @@ class Channel:
         self.session = session
         self.number = number
         self.vhost = session.vhost
+        self.api: BrokerAPI = session.broker.api
         self.consumers: dict[str, Consumer] = {}
         self.unacked: dict[int, Unacked] = {}
         self.next_tag = 1
@@ -123,8 +131,8 @@ class Channel:
             if isinstance(ae, str):  # RabbitMQ: read on the exchange, write on its AE
                 self._check("read", "exchange", m.exchange)
                 self._check("write", "exchange", ae)
-        self.vhost.declare_exchange(
-            m.exchange, m.exchange_type, passive=m.passive, durable=m.durable,
+        self.api.declare_exchange(
+            self.vhost, m.exchange, m.exchange_type, passive=m.passive, durable=m.durable,
             auto_delete=m.auto_delete, internal=m.internal, arguments=m.arguments,
         )
         if not m.nowait:
@@ -132,21 +140,23 @@ class Channel:
 
     def _exchange_delete(self, m: commands.Exchange.Delete) -> None:
         self._check("configure", "exchange", m.exchange)
-        self.vhost.delete_exchange(m.exchange, if_unused=m.if_unused)
+        self.api.delete_exchange(self.vhost, m.exchange, if_unused=m.if_unused)
         if not m.nowait:
             self.session.conn.write(codec.method_frame(self.number, C.EXCHANGE_DELETE_OK))
 
     def _exchange_bind(self, m: commands.Exchange.Bind) -> None:
         self._check("write", "exchange", m.destination)
         self._check("read", "exchange", m.source)
-        self.vhost.bind("exchange", m.destination, m.source, m.routing_key, m.arguments)
+        self.api.bind(self.vhost, "exchange", m.destination, m.source, m.routing_key,
+                      m.arguments)
         if not m.nowait:
             self.session.conn.write(codec.method_frame(self.number, C.EXCHANGE_BIND_OK))
 
     def _exchange_unbind(self, m: commands.Exchange.Unbind) -> None:
         self._check("write", "exchange", m.destination)
         self._check("read", "exchange", m.source)
-        self.vhost.unbind("exchange", m.destination, m.source, m.routing_key, m.arguments)
+        self.api.unbind(self.vhost, "exchange", m.destination, m.source, m.routing_key,
+                        m.arguments)
         if not m.nowait:
             self.session.conn.write(codec.method_frame(self.number, C.EXCHANGE_UNBIND_OK))
 
@@ -167,8 +177,8 @@ class Channel:
                 self._check("read", "queue", name)
                 self._check("write", "exchange", dlx)
         owner = self.session
-        q = self.vhost.declare_queue(
-            name, passive=m.passive, durable=m.durable,
+        q = self.api.declare_queue(
+            self.vhost, name, passive=m.passive, durable=m.durable,
             exclusive_owner=owner if m.exclusive else None, auto_delete=m.auto_delete,
             arguments=m.arguments, owner=owner, server_named=server_named,
         )
@@ -176,7 +186,7 @@ class Channel:
             self.session.own_queue(q)
         self.last_queue = q.name
         if not m.nowait:
-            args = codec.shortstr(q.name) + (len(q.ready)).to_bytes(4, "big") + \
+            args = codec.shortstr(q.name) + q.message_count.to_bytes(4, "big") + \
                 len(q.consumers).to_bytes(4, "big")
             self.session.conn.write(codec.method_frame(self.number, C.QUEUE_DECLARE_OK, args))
 
@@ -185,7 +195,8 @@ class Channel:
         routing_key = m.routing_key if (m.routing_key or m.queue) else queue
         self._check("write", "queue", queue)
         self._check("read", "exchange", m.exchange)
-        self.vhost.bind("queue", queue, m.exchange, routing_key, m.arguments, owner=self.session)
+        self.api.bind(self.vhost, "queue", queue, m.exchange, routing_key, m.arguments,
+                      owner=self.session)
         if not m.nowait:
             self.session.conn.write(codec.method_frame(self.number, C.QUEUE_BIND_OK))
 
@@ -194,14 +205,14 @@ class Channel:
         routing_key = m.routing_key if (m.routing_key or m.queue) else queue
         self._check("write", "queue", queue)
         self._check("read", "exchange", m.exchange)
-        self.vhost.unbind("queue", queue, m.exchange, routing_key, m.arguments,
-                          owner=self.session)
+        self.api.unbind(self.vhost, "queue", queue, m.exchange, routing_key, m.arguments,
+                        owner=self.session)
         self.session.conn.write(codec.method_frame(self.number, C.QUEUE_UNBIND_OK))
 
     def _queue_purge(self, m: commands.Queue.Purge) -> None:
         queue = self._queue_name(m.queue)
         self._check("read", "queue", queue)
-        n = self.vhost.purge_queue(queue, owner=self.session)
+        n = self.api.purge_queue(self.vhost, queue, owner=self.session)
         if not m.nowait:
             self.session.conn.write(codec.method_frame(self.number, C.QUEUE_PURGE_OK,
                                                         n.to_bytes(4, "big")))
@@ -209,8 +220,8 @@ class Channel:
     def _queue_delete(self, m: commands.Queue.Delete) -> None:
         queue = self._queue_name(m.queue)
         self._check("configure", "queue", queue)
-        n = self.vhost.delete_queue_named(queue, if_unused=m.if_unused, if_empty=m.if_empty,
-                                          owner=self.session)
+        n = self.api.delete_queue(self.vhost, queue, if_unused=m.if_unused,
+                                  if_empty=m.if_empty, owner=self.session)
         if not m.nowait:
             self.session.conn.write(codec.method_frame(self.number, C.QUEUE_DELETE_OK,
                                                         n.to_bytes(4, "big")))
@@ -232,23 +243,20 @@ class Channel:
             reply_to.consume(self, m.consumer_tag, m.no_ack, m.nowait)
             return
         self._check("read", "queue", queue_name)
-        q = self.vhost.get_queue(queue_name)
-        self.vhost.check_exclusive(q, self.session)
+        api = self.api
+        api.check_exclusive(api.queue(self.vhost, queue_name), self.session)  # 404, 405
         tag = m.consumer_tag or generate_name("amq.ctag-")
         if tag in self.consumers:
             raise NotAllowed(f"attempt to reuse consumer tag '{tag}'",
                              C.class_of(C.BASIC_CONSUME), C.method_of(C.BASIC_CONSUME))
-        if q.consumers and (m.exclusive or any(c.exclusive for c in q.consumers)):
-            raise AccessRefused(f"queue '{q.name}' in vhost '{self.vhost.name}' in exclusive use")
-        self.session.broker.validate_consumer_arguments(m.arguments or {}, q.name,
-                                                        self.vhost.name)
-        consumer = Consumer(self, q, tag, m.no_ack, m.exclusive, self.prefetch_consumer,
-                            dict(m.arguments or {}))
+        consumer = api.consume(self.vhost, queue_name, self, tag, no_ack=m.no_ack,
+                               exclusive=m.exclusive, prefetch=self.prefetch_consumer,
+                               arguments=m.arguments, owner=self.session)
         self.consumers[tag] = consumer
         if not m.nowait:
             self.session.conn.write(codec.method_frame(self.number, C.BASIC_CONSUME_OK,
                                                         codec.shortstr(tag)))
-        q.add_consumer(consumer)
+        api.start_consumer(consumer)
 
     def _basic_cancel(self, m: commands.Basic.Cancel) -> None:
         tag = m.consumer_tag or ""
@@ -258,7 +266,7 @@ class Channel:
                 codec.method_frame(self.number, C.BASIC_CANCEL_OK, codec.shortstr(tag))
             )
         if consumer is not None:
-            consumer.queue.remove_consumer(consumer)
+            self.api.cancel(consumer)
 
     def consumer_cancelled_by_server(self, consumer: Consumer) -> None:
         """The queue went away: tell the client, if it said it understands basic.cancel."""
@@ -282,7 +290,7 @@ class Channel:
             return True
         return not self.prefetch_channel or self.unacked_consumer_count < self.prefetch_channel
 
-    def deliver(self, consumer: Consumer, queue: Queue, entry: QueueEntry) -> None:
+    def deliver(self, consumer: Consumer, queue: QueueType, entry: QueueEntry) -> None:
         tag = self.next_tag
         self.next_tag = tag + 1
         msg = entry.message
@@ -303,10 +311,9 @@ class Channel:
     def _basic_get(self, m: commands.Basic.Get) -> None:
         queue_name = self._queue_name(m.queue)
         self._check("read", "queue", queue_name)
-        q = self.vhost.get_queue(queue_name)
-        self.vhost.check_exclusive(q, self.session)
-        if q.ext is not None:
-            q.ext.touch()  # basic.get counts as use for x-expires
+        q = self.api.queue(self.vhost, queue_name)
+        self.api.check_exclusive(q, self.session)
+        q.touch()  # basic.get counts as use for x-expires
         entry = q.take()
         if entry is None:
             self.session.conn.write(codec.method_frame(self.number, C.BASIC_GET_EMPTY, b"\x00"))
@@ -317,7 +324,7 @@ class Channel:
         conn = self.session.conn
         conn.write(
             codec.get_ok_method(self.number, tag, entry.redelivered, msg.exchange,
-                                msg.routing_key, len(q.ready))
+                                msg.routing_key, q.message_count)
             + codec.content_frames(self.number, C.CLASS_BASIC, msg.properties,
                                    self.session.body_of(msg),
                                    conn.frame_max)
@@ -349,9 +356,9 @@ class Channel:
             raise PreconditionFailed(f"unknown delivery tag {tag}")
         return [item]
 
-    def _release(self, items: list[Unacked]) -> dict[Queue, list[QueueEntry]]:
+    def _release(self, items: list[Unacked]) -> dict[QueueType, list[QueueEntry]]:
         """Credit goes back to consumers; entries grouped by queue."""
-        by_queue: dict[Queue, list[QueueEntry]] = {}
+        by_queue: dict[QueueType, list[QueueEntry]] = {}
         for item in items:
             consumer = item.consumer
             if consumer is not None:
@@ -449,10 +456,10 @@ class Channel:
         msg = Message(exchange, routing_key, properties, body)
         if len(properties) > 1 and properties[0] & C.FLAG_REPLY_TO_HI:  # direct reply-to?
             msg = reply_to.rewrite(self, msg)
-        broker = self.session.broker
+        publisher = self.session.broker.publisher  # the pipeline itself (compiled)
         if not mandatory:
-            queues = broker.publish(self.vhost, exchange, msg, self.session.username,
-                                    on_confirm=self._on_durable(seq) if seq else None)
+            queues = publisher.publish(self.vhost, exchange, msg, self.session.username,
+                                       on_confirm=self._on_durable(seq) if seq else None)
             self._credit_flow(queues)
             return
 
@@ -463,12 +470,12 @@ class Channel:
                                        self.session.conn.frame_max)
             )
 
-        queues = broker.publish(self.vhost, exchange, msg, self.session.username,
-                                on_confirm=self._on_durable(seq) if seq else None,
-                                on_unroutable=unroutable)
+        queues = publisher.publish(self.vhost, exchange, msg, self.session.username,
+                                   on_confirm=self._on_durable(seq) if seq else None,
+                                   on_unroutable=unroutable)
         self._credit_flow(queues)
 
-    def _credit_flow(self, queues: list[Queue]) -> None:
+    def _credit_flow(self, queues: list[QueueType]) -> None:
         """Credit flow, the single-process way: a connection whose last publish went into a
         queue whose consumers are falling behind is handled in smaller slices per loop
         turn, so deliveries and acks get their share of the CPU instead of a backlog
@@ -477,7 +484,7 @@ class Channel:
         small slices still come round at once."""
         flow = False
         for q in queues:
-            if len(q.ready) > FLOW_BACKLOG and q.consumers:
+            if q.message_count > FLOW_BACKLOG and q.consumers:
                 flow = True
                 break
         self.session.conn.in_flow = flow
@@ -559,7 +566,7 @@ class Channel:
             self._route(exchange, routing_key, mandatory, properties, body, 0)
         for action in acks:
             action()
-        self.session.broker.after_commit(self._tx_committed)
+        self.session.broker.publisher.after_commit(self._tx_committed)
 
     def _tx_committed(self, error: BaseException | None) -> None:
         """commit-ok only once the transaction's persistent messages are durable; if the

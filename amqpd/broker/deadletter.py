@@ -31,7 +31,8 @@ from amqpd.broker import rawprops
 from amqpd.broker.message import LoggedMessage, Message
 
 if TYPE_CHECKING:
-    from amqpd.broker.queue import Queue, QueueEntry
+    from amqpd.broker.queue import QueueEntry
+    from amqpd.broker.queue_type import QueueType
     from amqpd.server import Broker
 
 log = logging.getLogger("amqpd.deadletter")
@@ -114,7 +115,7 @@ def is_cycle(queue_name: str, deaths: list[Any]) -> bool:
     return False
 
 
-def dead_letter(broker: Broker, queue: Queue, entries: list[QueueEntry], reason: str) -> None:
+def dead_letter(broker: Broker, queue: QueueType, entries: list[QueueEntry], reason: str) -> None:
     """Republish ``entries`` (already out of ``queue``) to the queue's DLX, if it has one."""
     ext = queue.ext
     dlx = ext.opts.dead_letter_exchange if ext is not None else None

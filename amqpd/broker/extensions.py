@@ -20,6 +20,7 @@ from amqpd.broker.policy import OVERFLOW_VALUES, QueueOptions, alternate_exchang
 from amqpd.broker.priority import PriorityReady
 from amqpd.broker.queue import Consumer, Queue, QueueEntry
 from amqpd.broker.queue_entry import TimedEntry
+from amqpd.broker.queue_type import QueueType
 from amqpd.broker.ttl import ZERO_TTL_GRACE, parse_expiration
 from amqpd.protocol.constants import FLAG_EXPIRATION_HI, FLAG_HEADERS_HI, FLAG_PRIORITY_HI
 from amqpd.protocol.errors import PreconditionFailed
@@ -313,7 +314,7 @@ def queue_enqueue(queue: Queue, message: Message) -> None:
     ext.enqueue(message)
 
 
-def apply_policies(broker: Broker, vhost: VHost, obj: Queue | Exchange) -> None:
+def apply_policies(broker: Broker, vhost: VHost, obj: QueueType | Exchange) -> None:
     broker.policies.apply(vhost, obj)
     if isinstance(obj, Exchange):
         obj.alternate = alternate_exchange(obj.arguments, obj.policy)
@@ -324,7 +325,7 @@ def apply_policies(broker: Broker, vhost: VHost, obj: Queue | Exchange) -> None:
     opts = queue_options(obj.arguments, obj.policy)
     if obj.ext is not None:
         obj.ext.configure(opts)
-    elif opts.any:
+    elif opts.any and isinstance(obj, Queue):  # these extensions are the classic queue's
         obj.ext = QueueExt(obj, opts)
 
 
@@ -414,9 +415,7 @@ def validate_queue_arguments(arguments: dict[str, Any], name: str = "",
         raise fail("x-queue-version", f'"unsupported queue version \'{version}\'"')
     if "x-dead-letter-routing-key" in arguments and "x-dead-letter-exchange" not in arguments:
         raise fail("x-dead-letter-routing-key", "routing_key_but_no_dlx_defined")
-    qtype = arguments.get("x-queue-type")
-    if qtype is not None and qtype != "classic":  # amqpd queues are all classic queues
-        raise fail("x-queue-type", f'"unsupported queue type \'{qtype}\'"')
+    # x-queue-type picked this validation; an unknown type is refused by queue_type.resolve
     sac = arguments.get("x-single-active-consumer")
     if sac is not None and not isinstance(sac, bool):
         raise fail("x-single-active-consumer", f"{{unacceptable_type,{type_name(sac)}}}")
@@ -451,7 +450,7 @@ def prepare_publish(message: Message) -> tuple[Message, list[str]]:
     return message, routing_keys
 
 
-def enqueue_routed(broker: Broker, message: Message, queues: list[Queue]) -> bool:
+def enqueue_routed(broker: Broker, message: Message, queues: list[QueueType]) -> bool:
     """Put a broker-made message (dead-lettered, delayed and now due) into ``queues``:
     length limits apply, persistent copies for durable queues go to the log (no confirm
     waits for them). True if something was written to the store (caller commits)."""

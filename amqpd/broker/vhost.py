@@ -1,9 +1,11 @@
-"""A virtual host: its exchanges, queues and bindings. This is the public broker API.
+"""A virtual host: its exchanges, queues and bindings, and the rules for changing them.
 
-The AMQP channel layer, the HTTP API and plugins (shovel, federation) all change
-topology and publish through these methods, so the rules (reserved ``amq.`` names,
-equivalence checks, exclusivity, RabbitMQ's error texts) live in one place. Methods raise
-:mod:`amqpd.protocol.errors` exceptions; callers translate them (AMQP close, HTTP 4xx).
+The rules (reserved ``amq.`` names, equivalence checks, exclusivity, RabbitMQ's error
+texts) live here, in one place; callers outside the broker package reach them through
+the public broker API (:mod:`amqpd.broker.api`), which delegates to these methods.
+Methods raise :mod:`amqpd.protocol.errors` exceptions; callers translate them (AMQP
+close, HTTP 4xx). Queues are held as :class:`~amqpd.broker.queue_type.QueueType`:
+``x-queue-type`` picks the implementation at declaration.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import amqpd.broker.exchanges  # noqa: F401 - registers the built-in exchange types
+import amqpd.broker.exchanges
+import amqpd.broker.queue  # noqa: F401 - registers the classic queue type
 from amqpd.broker.exchange import EXCHANGE_TYPES, Binding, Exchange, args_key
 from amqpd.broker.message import Message
-from amqpd.broker.queue import Queue
+from amqpd.broker.queue_type import QueueType, resolve
+from amqpd.broker.reply_to import DefaultExchange, ReplyRegistry, pseudo_queue
 from amqpd.protocol.errors import (
     AccessRefused,
     CommandInvalid,
@@ -56,14 +60,16 @@ class VHost:
         self.broker = broker
         self.name = name
         self.exchanges: dict[str, Exchange] = {}
-        self.queues: dict[str, Queue] = {}
-        self.on_queue_deleted: list[Callable[[Queue], None]] = []
+        self.queues: dict[str, QueueType] = {}
+        self.on_queue_deleted: list[Callable[[QueueType], None]] = []
         # observers (federation follows a federated exchange's bindings): called with the
         # source exchange after a bind or unbind through this API changed its bindings
         self.on_binding_changed: list[Callable[[Exchange], None]] = []
+        # direct reply-to inboxes of this vhost; the default exchange routes replies there
+        self.replies = ReplyRegistry()
         for xname, xtype in BUILTIN_EXCHANGES:
             self.exchanges[xname] = EXCHANGE_TYPES[xtype](name, xname, durable=True)
-        self.exchanges[""] = EXCHANGE_TYPES["direct"](name, "", durable=True)
+        self.exchanges[""] = DefaultExchange(name, self.replies)
 
     def __repr__(self) -> str:
         return f"<VHost {self.name!r}>"
@@ -75,13 +81,13 @@ class VHost:
             raise NotFound(f"no exchange '{name}' in vhost '{self.name}'")
         return ex
 
-    def get_queue(self, name: str) -> Queue:
+    def get_queue(self, name: str) -> QueueType:
         q = self.queues.get(name)
         if q is None:
             raise NotFound(f"no queue '{name}' in vhost '{self.name}'")
         return q
 
-    def check_exclusive(self, queue: Queue, owner: object | None, strict: bool = False) -> None:
+    def check_exclusive(self, queue: QueueType, owner: object | None, strict: bool = False) -> None:
         """405 unless ``owner`` may use ``queue``. ``strict`` (redeclaration, as RabbitMQ):
         the declared exclusivity must match too, so an exclusive redeclare of a shared
         queue, or a shared redeclare of one's own exclusive queue, is refused."""
@@ -189,15 +195,13 @@ class VHost:
         exclusive_owner: object | None = None, auto_delete: bool = False,
         arguments: dict[str, Any] | None = None, owner: object | None = None,
         server_named: bool = False,
-    ) -> Queue:
+    ) -> QueueType:
         """Declare (or passively check) a queue. ``owner`` is the declaring connection."""
         existing = self.queues.get(name)
-        if existing is not None and existing.ext is not None:
-            existing.ext.touch()  # a declare counts as use for x-expires
+        if existing is not None:
+            existing.touch()  # a declare counts as use for x-expires
         if passive:
             if existing is None:
-                from amqpd.broker.reply_to import pseudo_queue
-
                 pseudo = pseudo_queue(self, name)
                 if pseudo is not None:
                     return pseudo
@@ -212,9 +216,9 @@ class VHost:
             return existing
         if name.startswith("amq.") and not server_named:
             raise AccessRefused(f"queue name '{name}' contains reserved prefix 'amq.*'")
-        self.broker.validate_queue_arguments(arguments or {}, name, self.name)
-        q = Queue(self, name, durable=durable, exclusive_owner=exclusive_owner,
-                  auto_delete=auto_delete, arguments=arguments)
+        cls = resolve(arguments or {}, name, self.name)  # x-queue-type; arguments checked
+        q = cls(self, name, durable=durable, exclusive_owner=exclusive_owner,
+                auto_delete=auto_delete, arguments=arguments)
         self.queues[name] = q
         self.exchanges[""].bind(Binding(self.exchanges[""], q, name, {}))
         self.broker.apply_policies_to(self, q)
@@ -224,7 +228,7 @@ class VHost:
         return q
 
     def _check_queue_equivalent(
-        self, q: Queue, durable: bool, exclusive: bool, auto_delete: bool,
+        self, q: QueueType, durable: bool, exclusive: bool, auto_delete: bool,
         arguments: dict[str, Any],
     ) -> None:
         for field, got, have in (
@@ -256,13 +260,13 @@ class VHost:
         self.check_exclusive(q, owner)
         if if_unused and q.consumers:
             raise PreconditionFailed(f"queue '{name}' in vhost '{self.name}' in use")
-        if if_empty and q.ready:
+        if if_empty and q.message_count:
             raise PreconditionFailed(f"queue '{name}' in vhost '{self.name}' not empty")
-        n = len(q.ready)
+        n = q.message_count
         self.delete_queue(q, reason="deleted")
         return n
 
-    def delete_queue(self, q: Queue, reason: str = "deleted") -> None:
+    def delete_queue(self, q: QueueType, reason: str = "deleted") -> None:
         if q.deleted or self.queues.get(q.name) is not q:
             return
         q.deleted = True
@@ -272,12 +276,10 @@ class VHost:
                 if binding.destination is q:
                     ex.unbind(key)
                     self._maybe_auto_delete(ex)
-        q.cancel_all_consumers()
-        q.ready.clear()
-        if q.in_store:
-            self.broker.store_drop_queue(q)
-            if q.exclusive_owner is None:
-                self.broker.definitions_changed()
+        in_store = q.in_store
+        q.delete()
+        if in_store and q.exclusive_owner is None:
+            self.broker.definitions_changed()
         for cb in self.on_queue_deleted:
             cb(q)
         for cb in q.on_removed:
@@ -291,11 +293,11 @@ class VHost:
 
     # ------------------------------------------------------------------ bindings
     def _binding_ends(self, kind: str, destination: str, source: str,
-                      owner: object | None) -> tuple[Exchange, Queue | Exchange]:
+                      owner: object | None) -> tuple[Exchange, QueueType | Exchange]:
         """The two ends of a (un)binding, with the checks both operations make."""
         if source == "" or (kind == "exchange" and destination == ""):
             raise AccessRefused("operation not permitted on the default exchange")
-        dest: Queue | Exchange
+        dest: QueueType | Exchange
         if kind == "queue":
             dest = self.get_queue(destination)
             self.check_exclusive(dest, owner)
@@ -334,8 +336,13 @@ class VHost:
         return [b for ex in self.exchanges.values() for b in ex.bindings.values()]
 
     # ------------------------------------------------------------------ routing
-    def route(self, exchange: Exchange, message: Message, routing_keys: list[str]) -> list[Queue]:
-        """Every queue the message reaches, following exchange-to-exchange bindings once."""
+    def route(self, exchange: Exchange, message: Message,
+              routing_keys: list[str]) -> list[QueueType]:
+        """Every queue the message reaches, following exchange-to-exchange bindings once.
+
+        This is the one routing result: direct reply-to inboxes (the default exchange)
+        and a delayed exchange's held messages come back as destinations like any queue.
+        """
         first = None
         if len(routing_keys) == 1:
             # the common case: one key, and it reaches one queue or none
@@ -344,9 +351,9 @@ class VHost:
                 return []
             if len(first) == 1:  # type: ignore[arg-type]
                 (dest,) = first
-                if isinstance(dest, Queue):
+                if isinstance(dest, QueueType):
                     return [dest]
-        queues: dict[int, Queue] = {}
+        queues: dict[int, QueueType] = {}
         seen: set[int] = {id(exchange)}
         pending = [exchange]
         while pending:
@@ -357,7 +364,7 @@ class VHost:
                 dests = first if ex is exchange and first is not None else ex.route(message, rk)
                 for dest in dests:
                     matched = True
-                    if isinstance(dest, Queue):
+                    if isinstance(dest, QueueType):
                         queues[id(dest)] = dest
                     elif id(dest) not in seen:
                         seen.add(id(dest))
@@ -369,14 +376,17 @@ class VHost:
                     pending.append(alt)
         return list(queues.values())
 
-    def schedule_dispatch(self, queue: Queue) -> None:
+    def schedule_dispatch(self, queue: QueueType) -> None:
         self.broker.schedule_dispatch(queue)
 
-    def store_settle(self, queue: Queue, positions: list[int]) -> None:
-        self.broker.store_settle(queue, positions)
+    def store_settle(self, queue: QueueType, positions: list[int]) -> None:
+        self.broker.publisher.store_settle(queue, positions)
 
-    def store_delivered(self, queue: Queue, position: int) -> None:
-        self.broker.store_delivered(queue, position)
+    def store_delivered(self, queue: QueueType, position: int) -> None:
+        self.broker.publisher.store_delivered(queue, position)
+
+    def store_drop_queue(self, queue: QueueType) -> None:
+        self.broker.publisher.store_drop_queue(queue)
 
 
 EQUIVALENCE_ARGS = frozenset({

@@ -11,7 +11,7 @@ import hashlib
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from amqpd.broker.exchange import args_key
+from amqpd.broker.api import args_key
 from amqpd.http.core import (
     Ctx,
     Router,
@@ -24,7 +24,7 @@ from amqpd.http.core import (
 )
 
 if TYPE_CHECKING:
-    from amqpd.broker.exchange import Binding
+    from amqpd.broker.api import Binding
 
 
 def properties_key(routing_key: str, arguments: dict[str, Any]) -> str:

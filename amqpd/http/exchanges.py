@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from amqpd.broker.message import Message
+from amqpd.broker.api import Message
 from amqpd.http.bindings import binding_view
 from amqpd.http.core import (
     Ctx,
@@ -22,8 +22,7 @@ from amqpd.http.core import (
 from amqpd.http.messages import decode_payload, encode_json_properties
 
 if TYPE_CHECKING:
-    from amqpd.broker.exchange import Exchange
-    from amqpd.broker.vhost import VHost
+    from amqpd.broker.api import Exchange, VHost
 
 
 def url_name(name: str) -> str:
@@ -112,8 +111,8 @@ async def publish(ctx: Ctx) -> Any:
     alarms = getattr(ctx.broker, "alarms", None)
     if alarms:
         raise bad_request("publishing is blocked by a resource alarm")
-    queues = ctx.broker.publish(vh, ex.name, Message(ex.name, routing_key, props, payload),
-                                ctx.username)
+    queues = ctx.api.publish(vh, ex.name, Message(ex.name, routing_key, props, payload),
+                             ctx.username)
     return json_response({"routed": bool(queues)})
 
 

@@ -71,11 +71,11 @@ def collect(ctx: Ctx, per_object: bool = False) -> str:
           sum(len(q.consumers) for q in queues))
     e.add("rabbitmq_queues", "gauge", "Queues available", len(queues))
     e.add("rabbitmq_queue_messages_ready", "gauge", "Messages ready to be delivered",
-          sum(len(q.ready) for q in queues))
+          sum(q.message_count for q in queues))
     e.add("rabbitmq_queue_messages_unacked", "gauge", "Messages delivered but not acked",
           sum(q.unacked_count for q in queues))
     e.add("rabbitmq_queue_messages", "gauge", "Ready and unacknowledged messages",
-          sum(len(q.ready) + q.unacked_count for q in queues))
+          sum(q.message_count + q.unacked_count for q in queues))
     e.add("rabbitmq_queue_messages_ready_bytes", "gauge", "Size of ready message bodies",
           sum(q.ready_bytes for q in queues))
     sampler = ctx.request.app["sampler"]
@@ -111,7 +111,7 @@ def collect(ctx: Ctx, per_object: bool = False) -> str:
         for q in queues:
             labels = {"vhost": q.vhost.name, "queue": q.name}
             e.add("rabbitmq_detailed_queue_messages_ready", "gauge",
-                  "Ready messages per queue", len(q.ready), labels)
+                  "Ready messages per queue", q.message_count, labels)
             e.add("rabbitmq_detailed_queue_messages_unacked", "gauge",
                   "Unacked messages per queue", q.unacked_count, labels)
             e.add("rabbitmq_detailed_queue_consumers", "gauge", "Consumers per queue",

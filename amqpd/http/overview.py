@@ -11,7 +11,7 @@ from typing import Any
 
 import amqpd
 from amqpd import hotpath
-from amqpd.broker.exchange import EXCHANGE_TYPES
+from amqpd.broker.api import EXCHANGE_TYPES
 from amqpd.http.core import Ctx, Router, json_response, no_content, not_found
 
 # The management API version amqpd's paths and JSON shapes follow (rabbitmqadmin and
@@ -94,7 +94,7 @@ async def overview(ctx: Ctx) -> Any:
     b = ctx.broker
     vhosts = ctx.visible_vhosts()
     queues = [q for vh in vhosts for q in vh.queues.values()]
-    ready = sum(len(q.ready) for q in queues)
+    ready = sum(q.message_count for q in queues)
     unacked = sum(q.unacked_count for q in queues)
     sessions = [s for s in b.sessions if ctx.is_monitor or s.username == ctx.username]
     sampler = ctx.request.app["sampler"]

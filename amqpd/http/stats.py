@@ -15,8 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from amqpd.broker.queue import Queue
-    from amqpd.server import Broker
+    from amqpd.broker.api import Broker, QueueType
 
 SAMPLE_INTERVAL = 5.0
 COUNTERS = ("stat_publish", "stat_deliver", "stat_ack", "stat_redeliver")
@@ -51,7 +50,7 @@ class RateSampler:
             await asyncio.sleep(self.interval)
             self.sample()
 
-    def _queue_deleted(self, queue: Queue) -> None:
+    def _queue_deleted(self, queue: QueueType) -> None:
         for name in COUNTERS:
             self.retired[name] += getattr(queue, name, 0)
         self._prev.pop(id(queue), None)

@@ -29,7 +29,7 @@ from pamqp import commands as spec
 from pamqp import frame as pframe
 from pamqp.header import ContentHeader, ProtocolHeader
 
-from amqpd.protocol import constants as C
+from amqpd.broker.api import wire as C
 
 FRAME_MAX = 131072
 WRITE_BUFFER = 4 * 1024 * 1024  # bytes queued in the transport before publishers wait
