@@ -154,7 +154,23 @@ class BrokerAPI:
         return self.vhost(vhost).bindings()
 
     def sessions(self) -> list[Session]:
+        """Open client connections (past the handshake)."""
         return list(self._broker.sessions)
+
+    def socket_count(self) -> int:
+        """Accepted sockets, handshaking or not."""
+        return len(self._broker.transports)
+
+    def on_queue_deleted(self, vhost: VHost | str,
+                         callback: Callable[[QueueType], None]) -> None:
+        """Call ``callback(queue)`` after each queue deletion in the vhost."""
+        vh = self.vhost(vhost)
+        if callback not in vh.on_queue_deleted:
+            vh.on_queue_deleted.append(callback)
+
+    def store_stats(self) -> dict[str, int]:
+        """The message store's numbers (bytes on disk, fsyncs...) for metrics."""
+        return dict(self._broker.store.stats())
 
     # ------------------------------------------------------------------ exchanges
     def declare_exchange(

@@ -60,19 +60,21 @@ def _between(ctx: Ctx) -> tuple[Any, str, list[Binding]]:
     source = ctx.params["source"]
     source = "" if source == "amq.default" else source
     dest = ctx.params["destination"]
-    if source not in vh.exchanges:
+    api = ctx.api
+    src = api.find_exchange(vh.name, source)
+    if src is None:
         raise not_found()
-    if (kind == "queue" and dest not in vh.queues) or (
-            kind == "exchange" and dest not in vh.exchanges):
+    if (kind == "queue" and api.find_queue(vh.name, dest) is None) or (
+            kind == "exchange" and api.find_exchange(vh.name, dest) is None):
         raise not_found()
-    found = [b for b in vh.exchanges[source].bindings.values()
+    found = [b for b in src.bindings.values()
              if b.destination_type == kind and b.destination.name == dest]
     return vh, kind, found
 
 
 async def list_bindings(ctx: Ctx) -> Any:
     vhosts = [ctx.vhost()] if "vhost" in ctx.params else ctx.visible_vhosts()
-    items = [binding_view(b, vh.name) for vh in vhosts for b in vh.bindings()]
+    items = [binding_view(b, vh.name) for vh in vhosts for b in ctx.api.bindings(vh)]
     return json_response(select_columns(items, ctx))
 
 
@@ -90,7 +92,7 @@ async def create_binding(ctx: Ctx) -> Any:
     source, dest = ctx.params["source"], ctx.params["destination"]
     ctx.check(vh.name, "write", kind, dest)
     ctx.check(vh.name, "read", "exchange", source)
-    vh.bind(kind, dest, source, routing_key, arguments)
+    ctx.api.bind(vh, kind, dest, source, routing_key, arguments)
     location = "/api/bindings/{}/e/{}/{}/{}/{}".format(
         *(quote(x, safe="") for x in (vh.name, source, kind[0], dest,
                                        properties_key(routing_key, arguments))))
@@ -114,7 +116,7 @@ async def delete_binding(ctx: Ctx) -> Any:
     vh, kind, b = _find(ctx)
     ctx.check(vh.name, "write", kind, b.destination.name)
     ctx.check(vh.name, "read", "exchange", b.source.name)
-    vh.unbind(kind, b.destination.name, b.source.name, b.routing_key, b.arguments)
+    ctx.api.unbind(vh, kind, b.destination.name, b.source.name, b.routing_key, b.arguments)
     return no_content()
 
 

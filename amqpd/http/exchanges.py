@@ -42,7 +42,7 @@ def exchange_view(ctx: Ctx, ex: Exchange) -> dict[str, Any]:
 
 def _get(ctx: Ctx) -> tuple[VHost, Exchange]:
     vh = ctx.vhost()
-    ex = vh.exchanges.get(url_name(ctx.params["name"]))
+    ex = ctx.api.find_exchange(vh.name, url_name(ctx.params["name"]))
     if ex is None:
         raise not_found()
     return vh, ex
@@ -51,7 +51,7 @@ def _get(ctx: Ctx) -> tuple[VHost, Exchange]:
 async def list_exchanges(ctx: Ctx) -> Any:
     vhosts = [ctx.vhost()] if "vhost" in ctx.params else ctx.visible_vhosts()
     items = [exchange_view(ctx, ex) for vh in vhosts
-             for ex in sorted(vh.exchanges.values(), key=lambda e: e.name)]
+             for ex in ctx.api.exchanges(vh)]
     return json_response(select_columns(items, ctx))
 
 
@@ -70,9 +70,9 @@ async def put_exchange(ctx: Ctx) -> Any:
     if isinstance(arguments.get("alternate-exchange"), str):
         ctx.check(vh.name, "read", "exchange", name)
         ctx.check(vh.name, "write", "exchange", arguments["alternate-exchange"])
-    existed = name in vh.exchanges
-    vh.declare_exchange(
-        name, type_, durable=as_bool(body.get("durable"), "durable", True),
+    existed = ctx.api.find_exchange(vh.name, name) is not None
+    ctx.api.declare_exchange(
+        vh, name, type_, durable=as_bool(body.get("durable"), "durable", True),
         auto_delete=as_bool(body.get("auto_delete"), "auto_delete"),
         internal=as_bool(body.get("internal"), "internal"),
         arguments=arguments)
@@ -82,7 +82,7 @@ async def put_exchange(ctx: Ctx) -> Any:
 async def delete_exchange(ctx: Ctx) -> Any:
     vh, ex = _get(ctx)
     ctx.check(vh.name, "configure", "exchange", ex.name)
-    vh.delete_exchange(ex.name, if_unused="if-unused" in ctx.query)
+    ctx.api.delete_exchange(vh, ex.name, if_unused="if-unused" in ctx.query)
     return no_content()
 
 
@@ -94,7 +94,7 @@ async def source_bindings(ctx: Ctx) -> Any:
 
 async def destination_bindings(ctx: Ctx) -> Any:
     vh, ex = _get(ctx)
-    items = [binding_view(b, vh.name) for b in vh.bindings()
+    items = [binding_view(b, vh.name) for b in ctx.api.bindings(vh)
              if b.destination is ex]
     return json_response(select_columns(items, ctx))
 

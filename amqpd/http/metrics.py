@@ -62,8 +62,8 @@ def collect(ctx: Ctx, per_object: bool = False) -> str:
            "product_name": "amqpd"})
     e.add("rabbitmq_identity_info", "untyped", "Node and cluster identity", 1,
           {"rabbitmq_node": s.node_name, "rabbitmq_cluster": s.effective_cluster_name})
-    sessions = [x for x in b.sessions if x.vhost is not None]
-    queues = [q for vh in b.vhosts.values() for q in vh.queues.values()]
+    sessions = [x for x in b.api.sessions() if x.vhost is not None]
+    queues = [q for vh in b.api.vhosts() for q in b.api.queues(vh)]
     e.add("rabbitmq_connections", "gauge", "Connections currently open", len(sessions))
     e.add("rabbitmq_channels", "gauge", "Channels currently open",
           sum(len(x.channels) for x in sessions))
@@ -127,7 +127,7 @@ def collect(ctx: Ctx, per_object: bool = False) -> str:
 
 def _store_metrics(b: Any, e: Exposition) -> None:
     try:
-        stats = dict(b.store.stats())
+        stats = b.api.store_stats()
     except Exception:  # metrics are best effort: a failing store still gets scraped
         stats = {}
     fsyncs = int(stats.get("fsyncs", 0))

@@ -58,12 +58,13 @@ class RateSampler:
 
     def _objects(self) -> list[Any]:
         objs: list[Any] = []
-        for vh in self.broker.vhosts.values():
+        api = self.broker.api
+        for vh in api.vhosts():
             if id(vh) not in self._hooked:
                 self._hooked.add(id(vh))
-                vh.on_queue_deleted.append(self._queue_deleted)
-            objs.extend(vh.queues.values())
-        for session in list(self.broker.sessions):
+                api.on_queue_deleted(vh, self._queue_deleted)
+            objs.extend(api.queues(vh))
+        for session in api.sessions():
             objs.extend(session.channels.values())
         return objs
 
@@ -92,8 +93,9 @@ class RateSampler:
 
     def node_totals(self) -> dict[str, int]:
         totals = dict(self.retired)
-        for vh in self.broker.vhosts.values():
-            for q in vh.queues.values():
+        api = self.broker.api
+        for vh in api.vhosts():
+            for q in api.queues(vh):
                 for n in COUNTERS:
                     totals[n] += getattr(q, n, 0)
         return totals
