@@ -30,7 +30,7 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from pamqp import commands
 from pamqp.base import Frame as PamqpFrame
@@ -570,8 +570,10 @@ class AMQPConnection:
         self.client_properties = dict(method.client_properties or {})
         caps = self.client_properties.get("capabilities")
         self.capabilities = dict(caps) if isinstance(caps, dict) else {}
-        raw: str | bytes | None = method.response
-        # pamqp hands a long string back as str when it is valid UTF-8: undo exactly that.
+        # pamqp hands a long string back as str when it is valid UTF-8 and as bytes when
+        # it is not (its stub says str: read it untyped, or compiled code raises
+        # TypeError on a non-UTF-8 response); undo exactly that.
+        raw: Any = cast(Any, method).response
         response = raw.encode("utf-8") if isinstance(raw, str) else raw or b""
         try:
             self.delegate.authenticate(method.mechanism, response, self.client_properties)
