@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from amqpd.broker.exchange import Binding, Exchange
-from amqpd.broker.queue import Queue
+from amqpd.broker.queue_type import QueueType
 from amqpd.protocol.errors import AMQPError
 from amqpd.store import format as fmt
 
@@ -71,7 +71,7 @@ def _json(value: dict[str, Any]) -> bytes:
     return json.dumps(value, separators=(",", ":"), default=str).encode()
 
 
-def queue_entry(q: Queue) -> tuple[str, bytes]:
+def queue_entry(q: QueueType) -> tuple[str, bytes]:
     return (f"{q.vhost.name}\x00{q.name}", _json(
         {"name": q.name, "vhost": q.vhost.name, "durable": True,
          "auto_delete": q.auto_delete, "arguments": q.arguments}))
@@ -91,16 +91,16 @@ def binding_entry(b: Binding) -> tuple[str, bytes]:
          "destination_type": kind, "routing_key": rk, "arguments": b.arguments}))
 
 
-def persisted(obj: Queue | Exchange | Binding) -> bool:
+def persisted(obj: QueueType | Exchange | Binding) -> bool:
     """Does this object outlive a restart (RabbitMQ's rules)?"""
-    if isinstance(obj, Queue):
+    if isinstance(obj, QueueType):
         return obj.durable and obj.exclusive_owner is None
     if isinstance(obj, Exchange):
         return obj.durable and obj.name not in BUILTIN_EXCHANGES
     src, dest = obj.source, obj.destination
     if not src.name or not src.durable or not dest.durable:
         return False
-    return not isinstance(dest, Queue) or dest.exclusive_owner is None
+    return not isinstance(dest, QueueType) or dest.exclusive_owner is None
 
 
 def small_entries(broker: Broker) -> Entries:
@@ -152,7 +152,7 @@ class DefinitionJournal:
         self.store = store
 
     # ------------------------------------------------------------------ recording
-    def changed(self, obj: Queue | Exchange | Binding | None, deleted: bool) -> None:
+    def changed(self, obj: QueueType | Exchange | Binding | None, deleted: bool) -> None:
         store = self.store
         if store is None or self.restoring:
             return
@@ -161,7 +161,7 @@ class DefinitionJournal:
             return
         if not persisted(obj):
             return
-        if isinstance(obj, Queue):
+        if isinstance(obj, QueueType):
             kind, (key, body) = fmt.DEF_QUEUE, queue_entry(obj)
         elif isinstance(obj, Exchange):
             kind, (key, body) = fmt.DEF_EXCHANGE, exchange_entry(obj)
@@ -176,7 +176,7 @@ class DefinitionJournal:
             store.append_definition(kind, key, body)
         except StoreError as exc:  # the commit a reply waits for reports it
             log.error("definition change not recorded: %s", exc)
-            self.broker._store_failed(exc)
+            self.broker.publisher.store_failed(exc)
         self.recorded += 1
 
     def _record_small(self) -> None:
@@ -220,7 +220,7 @@ class DefinitionJournal:
                 self.durable = target
             callback(error)
 
-        self.broker.commit(done)
+        self.broker.publisher.commit(done)
 
     async def wait_durable(self) -> None:
         """For the HTTP API: return once everything recorded so far is durable."""
@@ -298,8 +298,11 @@ class DefinitionJournal:
                 log.error("recovery: queue %r skipped: vhost %r is gone", q["name"], q["vhost"])
                 continue
             try:
+                # server_named only lets a recovered amq.* name past the reserved-prefix
+                # check; saying it of every queue would make quorum queues refuse it
                 vh.declare_queue(q["name"], durable=True, auto_delete=q["auto_delete"],
-                                 arguments=q["arguments"], server_named=True)
+                                 arguments=q["arguments"],
+                                 server_named=q["name"].startswith("amq."))
             except AMQPError as exc:
                 log.error("recovery: queue %r in vhost %r skipped: %s", q["name"],
                           q["vhost"], exc.text)

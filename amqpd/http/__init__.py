@@ -31,7 +31,7 @@ from amqpd.http.core import Router, make_dispatcher
 from amqpd.http.stats import RateSampler
 
 if TYPE_CHECKING:
-    from amqpd.server import Broker
+    from amqpd.broker.api import Broker
 
 log = logging.getLogger("amqpd.http")
 

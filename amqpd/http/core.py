@@ -33,12 +33,10 @@ from urllib.parse import unquote
 import structlog
 from aiohttp import web
 
-from amqpd.protocol.errors import AMQPError
+from amqpd.broker.api import AMQPError
 
 if TYPE_CHECKING:
-    from amqpd.broker.auth import User
-    from amqpd.broker.vhost import VHost
-    from amqpd.server import Broker
+    from amqpd.broker.api import Broker, BrokerAPI, User, VHost
 
 log = logging.getLogger("amqpd.http")
 
@@ -118,6 +116,11 @@ class Ctx:
     params: dict[str, str]
 
     @property
+    def api(self) -> BrokerAPI:
+        """The public broker API: what a handler changes or reads the broker through."""
+        return self.broker.api
+
+    @property
     def username(self) -> str:
         return self.user.name if self.user else ""
 
@@ -154,10 +157,10 @@ class Ctx:
             raise not_authorised("Not policymaker user")
 
     def can_see_vhost(self, name: str) -> bool:
-        return self.is_monitor or self.broker.auth.can_access_vhost(self.username, name)
+        return self.is_monitor or self.api.can_access_vhost(self.username, name)
 
     def visible_vhosts(self) -> list[VHost]:
-        return [vh for name, vh in self.broker.vhosts.items() if self.can_see_vhost(name)]
+        return [vh for vh in self.api.vhosts() if self.can_see_vhost(vh.name)]
 
     def vhost(self, name: str | None = None, *, write: bool = False) -> VHost:
         """The vhost named in the path: 404 if unknown, 401 if the user has no access.
@@ -165,10 +168,10 @@ class Ctx:
         ``write`` demands real permissions in it (monitoring can read every vhost but
         not change it)."""
         name = self.params["vhost"] if name is None else name
-        vh = self.broker.vhosts.get(name)
-        if vh is None:
+        if not self.api.has_vhost(name):
             raise not_found()
-        allowed = self.broker.auth.can_access_vhost(self.username, name) or (
+        vh = self.api.vhost(name)
+        allowed = self.api.can_access_vhost(self.username, name) or (
             not write and self.is_monitor) or (write and self.is_admin)
         if not allowed:
             raise not_authorised("Access refused.")
@@ -176,9 +179,9 @@ class Ctx:
 
     def check(self, vhost: str, kind: str, resource_type: str, name: str) -> None:
         """AMQP-style resource permission check (configure/write/read regexes)."""
-        if self.is_admin and not self.broker.auth.can_access_vhost(self.username, vhost):
+        if self.is_admin and not self.api.can_access_vhost(self.username, vhost):
             return  # administrators manage vhosts they hold no permissions in
-        self.broker.auth.check(self.username, vhost, kind, resource_type, name)
+        self.api.check_permission(self.username, vhost, kind, resource_type, name)
 
     async def json(self) -> Any:
         raw = await self.request.read()
@@ -296,7 +299,7 @@ def make_dispatcher(
             response = await route.handler(Ctx(broker, request, user, params))
             if request.method != "GET":
                 # a change is acknowledged only once its definition records are durable
-                await broker.definitions.wait_durable()
+                await broker.api.wait_durable()
             return response
         except HttpError as exc:
             return error_response(exc)

@@ -20,25 +20,15 @@ from amqpd.http.core import (
 APPLY_TO = ("all", "queues", "exchanges", "classic_queues", "quorum_queues", "streams")
 
 
-def _policies(ctx: Ctx) -> Any:
-    policies = getattr(ctx.broker, "policies", None)
-    if policies is None:
-        raise not_found("policies are not available")
-    return policies
-
-
 def _find(ctx: Ctx, vhost: str, name: str) -> dict[str, Any] | None:
-    for p in _policies(ctx).list(vhost):
-        if p.get("name") == name:
-            return p  # type: ignore[no-any-return]
-    return None
+    return ctx.api.policy(vhost, name)
 
 
 async def list_policies(ctx: Ctx) -> Any:
     if "vhost" in ctx.params:
-        items = _policies(ctx).list(ctx.vhost().name)
+        items = ctx.api.policies(ctx.vhost().name)
     else:
-        items = [p for p in _policies(ctx).list() if ctx.can_see_vhost(p.get("vhost", ""))]
+        items = [p for p in ctx.api.policies() if ctx.can_see_vhost(p.get("vhost", ""))]
     return json_response(select_columns(items, ctx))
 
 
@@ -75,11 +65,10 @@ async def put_policy(ctx: Ctx) -> Any:
     pattern, definition, priority, apply_to = validate_policy(body)
     existed = _find(ctx, vh.name, ctx.params["name"]) is not None
     try:
-        _policies(ctx).set(vh.name, ctx.params["name"], pattern, definition,
+        ctx.api.set_policy(vh.name, ctx.params["name"], pattern, definition,
                            priority=priority, apply_to=apply_to)
     except (ValueError, TypeError) as exc:
         raise bad_request(str(exc)) from None
-    ctx.broker.definitions_changed()
     return no_content() if existed else created()
 
 
@@ -88,8 +77,7 @@ async def delete_policy(ctx: Ctx) -> Any:
     ctx.require_policymaker()
     if _find(ctx, vh.name, ctx.params["name"]) is None:
         raise not_found()
-    _policies(ctx).clear(vh.name, ctx.params["name"])
-    ctx.broker.definitions_changed()
+    ctx.api.clear_policy(vh.name, ctx.params["name"])
     return no_content()
 
 

@@ -15,8 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from amqpd.broker.queue import Queue
-    from amqpd.server import Broker
+    from amqpd.broker.api import Broker, QueueType
 
 SAMPLE_INTERVAL = 5.0
 COUNTERS = ("stat_publish", "stat_deliver", "stat_ack", "stat_redeliver")
@@ -51,7 +50,7 @@ class RateSampler:
             await asyncio.sleep(self.interval)
             self.sample()
 
-    def _queue_deleted(self, queue: Queue) -> None:
+    def _queue_deleted(self, queue: QueueType) -> None:
         for name in COUNTERS:
             self.retired[name] += getattr(queue, name, 0)
         self._prev.pop(id(queue), None)
@@ -59,12 +58,13 @@ class RateSampler:
 
     def _objects(self) -> list[Any]:
         objs: list[Any] = []
-        for vh in self.broker.vhosts.values():
+        api = self.broker.api
+        for vh in api.vhosts():
             if id(vh) not in self._hooked:
                 self._hooked.add(id(vh))
-                vh.on_queue_deleted.append(self._queue_deleted)
-            objs.extend(vh.queues.values())
-        for session in list(self.broker.sessions):
+                api.on_queue_deleted(vh, self._queue_deleted)
+            objs.extend(api.queues(vh))
+        for session in api.sessions():
             objs.extend(session.channels.values())
         return objs
 
@@ -95,8 +95,9 @@ class RateSampler:
 
     def node_totals(self) -> dict[str, int]:
         totals = dict(self.retired)
-        for vh in self.broker.vhosts.values():
-            for q in vh.queues.values():
+        api = self.broker.api
+        for vh in api.vhosts():
+            for q in api.queues(vh):
                 for n in COUNTERS:
                     totals[n] += getattr(q, n, 0)
         return totals
