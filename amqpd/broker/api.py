@@ -10,9 +10,10 @@ store. The rules therefore live in one place:
   access refused, 530 not allowed...); the channel turns them into ``channel.close``,
   the HTTP layer into 4xx responses.
 * Durable state saves itself: every change to durable topology, users, permissions,
-  vhosts, policies or parameters made here (or by the stores underneath) schedules the
-  definitions save through :meth:`Broker.definitions_changed`, the one trigger; no caller
-  of this API persists anything by hand.
+  vhosts, policies or parameters made here (or by the stores underneath) is recorded in
+  the log through :meth:`Broker.definitions_changed`, the one trigger (a definition
+  record, :mod:`amqpd.broker.journal`); no caller of this API persists anything by
+  hand, and :meth:`wait_durable` returns once what was recorded is durable.
 * Per-message work (publish, deliver, settle) runs in compiled code: :meth:`publish` is
   the publish pipeline (:mod:`amqpd.broker.publish`) and a fetched message is settled
   through its queue type (:mod:`amqpd.broker.queue_type`).
