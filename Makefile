@@ -31,7 +31,7 @@ INSTALL_STAMP := $(VENV)/.amqpd-installed
 install: venv
 	@if [ -f '$(INSTALL_STAMP)' ] && [ "$$(cat '$(INSTALL_STAMP)')" = '$(CURDIR)' ] \
 	    && [ -z "$$(find amqpd setup.py pyproject.toml -newer '$(INSTALL_STAMP)' \( -name '*.py' -o -name '*.toml' \) | head -1)" ] \
-	    && '$(PY)' -I -c 'import os, sys, amqpd, pytest, hypothesis; sys.exit(not os.path.samefile(amqpd.__file__, sys.argv[1]))' \
+	    && '$(PY)' -I -c 'import os, sys, amqpd, pytest, hypothesis, xdist; sys.exit(not os.path.samefile(amqpd.__file__, sys.argv[1]))' \
 	         '$(CURDIR)/amqpd/__init__.py' 2>/dev/null; then \
 	  echo "amqpd is installed in $(VENV) and up to date"; \
 	else \
@@ -69,9 +69,22 @@ lint: install
 # conformance suite on its pure-Python sources: both must stay correct.
 PURE_TESTS ?= tests/unit tests/integration/test_conformance_vs_amqpd.py
 
+# Both runs are spread over TEST_WORKERS pytest-xdist processes. Most tests wait on
+# brokers and sockets rather than compute, so there are more workers than CPUs (never
+# fewer than 2). --dist loadfile keeps each test file on one worker, so a module's shared
+# broker, private RabbitMQ or built wheel is started once, not once per worker; files
+# go out in collection order (--no-loadscope-reorder), where tests/conftest.py puts the
+# files with slow tests first, so the longest start at once and the short fill in.
+# (loadgroup, which could spread more finely, does nothing under pytest 9: xdist 3.8
+# renames item._nodeid, which pytest 9 no longer reads.)
+# `make test TEST_WORKERS=0` runs everything in this one process, as plain pytest does.
+CPUS := $(shell nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)
+TEST_WORKERS ?= $(shell echo $$(( $(CPUS) + $(CPUS) / 2 > 2 ? $(CPUS) + $(CPUS) / 2 : 2 )))
+XDIST_ARGS ?= -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
 test: install system-deps
-	'$(PY)' -m pytest -q $(PYTEST_ARGS)
+	'$(PY)' -m pytest -q $(PYTEST_ARGS) $(XDIST_ARGS)
 	@if [ -n "$(PURE_TESTS)" ]; then \
 	  echo "--- again on the pure-Python hot path (AMQPD_PURE_PYTHON=1): $(PURE_TESTS)"; \
-	  AMQPD_PURE_PYTHON=1 '$(PY)' -m pytest -q $(PURE_TESTS); \
+	  AMQPD_PURE_PYTHON=1 '$(PY)' -m pytest -q $(PURE_TESTS) $(XDIST_ARGS); \
 	fi

@@ -1,4 +1,10 @@
-"""Shared fixtures: a real amqpd process per test module (or per test when it must die)."""
+"""Shared fixtures: a real amqpd process per test module (or per test when it must die).
+
+Also the order files run in: those holding a test marked ``slow`` first. Under
+pytest-xdist (``make test``: ``--dist loadfile --no-loadscope-reorder``) each file goes
+to one worker in this order, so the longest ones start at once instead of last, and the
+many short files fill the other workers meanwhile. Within a file nothing moves.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,11 @@ from pathlib import Path
 import pytest
 
 from tests.support.brokerproc import BrokerProcess
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    slow = {item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in slow)  # stable
 
 
 @pytest.fixture(scope="module")

@@ -34,6 +34,10 @@ def amqpd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         amqpdproc.stop(d)
 
 
+# hundreds of cases: minutes on a loaded machine (seconds on a quiet one), so a
+# longer limit than the suite's 300 s; slow files also start first under xdist
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_suite_passes_against_amqpd(amqpd: dict[str, Any]) -> None:
     py = shlex.quote(sys.executable)
     ctl = f"{py} -m amqpd.ctl --url {amqpd['http_url']} set_vm_memory_high_watermark"

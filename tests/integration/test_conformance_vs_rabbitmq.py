@@ -40,6 +40,10 @@ def rabbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitInfo]:
         yield info
 
 
+# hundreds of cases: minutes on a loaded machine (seconds on a quiet one), so a
+# longer limit than the suite's 300 s; slow files also start first under xdist
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_suite_passes_against_rabbitmq(rabbit: RabbitInfo) -> None:
     cases = select(None)
     assert len(cases) >= 250

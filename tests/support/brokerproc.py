@@ -91,7 +91,7 @@ class BrokerProcess:
             self.proc.kill()
             self.proc.wait(10)
 
-    def restart(self, keep_port: bool = True) -> BrokerProcess:
+    def restart(self, keep_port: bool = True, timeout: float = 20.0) -> BrokerProcess:
         if not keep_port:
             self.port = 0
-        return self.start()
+        return self.start(timeout)
