@@ -33,6 +33,7 @@ import argparse
 import asyncio
 import contextlib
 import csv
+import functools
 import os
 import struct
 import sys
@@ -138,26 +139,31 @@ class Soak:
                 conn = await aio_pika.connect(self.url)
                 async with conn:
                     ch = await conn.channel(publisher_confirms=True)
-                    ex = ch.default_exchange
                     window: list[Any] = []
-
-                    async def step() -> None:
-                        body = STAMP.pack(time.time()) + b"x" * 248
-                        # a task, so the message goes out now, not when the window is awaited
-                        window.append(asyncio.ensure_future(ex.publish(aio_pika.Message(
-                            body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
-                            "soak.work")))
-                        self.c.published += 1
-                        if len(window) >= 50:
-                            batch = window[:]
-                            window.clear()
-                            await asyncio.gather(*batch)
-                            self.c.confirmed += len(batch)
-
-                    await self.paced(self.rate, step)
+                    await self.paced(self.rate, functools.partial(
+                        self._confirmed_step, ch.default_exchange, window))
             except Exception as exc:  # the broker restarted, a timeout: count, go on
                 self.error(exc)
                 await asyncio.sleep(1)
+
+    async def _confirmed_step(self, ex: Any, window: list[Any]) -> None:
+        body = STAMP.pack(time.time()) + b"x" * 248
+        # a task, so the message goes out now, not when the window is awaited
+        window.append(asyncio.ensure_future(ex.publish(aio_pika.Message(
+            body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), "soak.work")))
+        self.c.published += 1
+        if len(window) >= 50:
+            batch = window[:]
+            window.clear()
+            await asyncio.gather(*batch)
+            self.c.confirmed += len(batch)
+
+    async def _side_step(self, ex: Any, n: list[int]) -> None:
+        n[0] += 1
+        body = STAMP.pack(time.time()) + b"t" * 120
+        await ex.publish(aio_pika.Message(body), "soak.ttl")
+        if n[0] % 3 == 0:
+            await ex.publish(aio_pika.Message(body), "soak.slow")
 
     async def side_publisher(self) -> None:
         """TTL and slow-consumer traffic, without confirms."""
@@ -166,19 +172,9 @@ class Soak:
                 conn = await aio_pika.connect(self.url)
                 async with conn:
                     ch = await conn.channel()
-                    ex = ch.default_exchange
-                    n = 0
-
-                    async def step() -> None:
-                        nonlocal n
-                        n += 1
-                        body = STAMP.pack(time.time()) + b"t" * 120
-                        await ex.publish(aio_pika.Message(body), "soak.ttl")
-                        if n % 3 == 0:
-                            await ex.publish(aio_pika.Message(body), "soak.slow")
-
                     # rate/4 to the TTL queue, a third of that (about rate/12) to the slow one
-                    await self.paced(max(self.rate / 4, 1), step)
+                    await self.paced(max(self.rate / 4, 1), functools.partial(
+                        self._side_step, ch.default_exchange, [0]))
             except Exception as exc:
                 self.error(exc)
                 await asyncio.sleep(1)
