@@ -140,8 +140,11 @@ class Soak:
                 async with conn:
                     ch = await conn.channel(publisher_confirms=True)
                     window: list[Any] = []
-                    await self.paced(self.rate, functools.partial(
-                        self._confirmed_step, ch.default_exchange, window))
+                    try:
+                        await self.paced(self.rate, functools.partial(
+                            self._confirmed_step, ch.default_exchange, window))
+                    finally:  # the end (or a failure): collect what is still in flight
+                        await asyncio.gather(*window, return_exceptions=True)
             except Exception as exc:  # the broker restarted, a timeout: count, go on
                 self.error(exc)
                 await asyncio.sleep(1)
