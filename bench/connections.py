@@ -13,8 +13,9 @@ PLAIN, tune-ok with the heartbeat, connection.open) and opens one channel.
 (connection.close / close-ok, then the socket) are started at ``--churn-rate`` a second
 for ``--churn-seconds``, at most 2,000 in flight; the achieved rate is reported. The
 broker's RSS and open fds are read after a 5 s warm-up of the same churn (so one-time
-allocations are not counted as growth) and again once the churn is over and the fd count
-has settled.
+allocations are not counted as growth) and again after each of ``--churn-rounds``
+rounds, once the fd count has settled: RSS that grows every round is a leak, RSS that
+grows in the first round only is the high-water mark of connections in flight.
 
 **Hold**: ``--connections`` connections are opened (256 at a time) and held for ``--hold``
 seconds with heartbeats on (both sides send one every heartbeat/2 s when idle; a
@@ -37,6 +38,7 @@ import contextlib
 import json
 import os
 import resource
+import signal
 import statistics
 import struct
 import subprocess
@@ -49,7 +51,7 @@ from typing import Any
 from pamqp import commands as spec
 from pamqp import frame as pframe
 
-from bench.brokers import cpu_seconds, rss_bytes
+from bench.brokers import cpu_seconds, host_cpu, rss_bytes
 
 _FRAME = struct.Struct(">BHI")
 _IDS = struct.Struct(">HH")
@@ -145,6 +147,11 @@ class Client(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(self.frames["close"])
 
+    def abort(self) -> None:
+        self.closing = True
+        if self.transport is not None:
+            self.transport.abort()
+
     def heartbeat(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(HB)
@@ -174,7 +181,11 @@ async def open_client(host: str, port: int, i: int, frames: dict[str, bytes],
     loop = asyncio.get_running_loop()
     _, client = await asyncio.wait_for(loop.create_connection(
         lambda: Client(frames, stats), host, port, local_addr=_source(i)), timeout)
-    await asyncio.wait_for(client.ready, timeout)
+    try:
+        await asyncio.wait_for(client.ready, timeout)
+    except BaseException:
+        client.abort()  # given up on: the socket goes too (no leak on our side)
+        raise
     return client
 
 
@@ -243,19 +254,20 @@ async def hold(host: str, port: int, url: str, pid: int, n: int, seconds: float,
                 if len(errors) < 5:
                     errors.append(f"{type(exc).__name__}: {exc}")
 
-    t0 = time.monotonic()
-    await asyncio.gather(*(one(i) for i in range(n)))
-    ramp = time.monotonic() - t0
-    print(f"hold: {len(clients)} connections open in {ramp:.1f} s "
-          f"({stats['failed']} failed {errors[:2]})", flush=True)
-
     async def beat() -> None:
         while True:
             await asyncio.sleep(heartbeat / 2)
             for c in clients:
                 c.heartbeat()
 
+    # beating from the start: a slow ramp must not let the first connections time out
     beater = asyncio.ensure_future(beat())
+    t0 = time.monotonic()
+    await asyncio.gather(*(one(i) for i in range(n)))
+    ramp = time.monotonic() - t0
+    print(f"hold: {len(clients)} connections open in {ramp:.1f} s "
+          f"({stats['failed']} failed {errors[:2]})", flush=True)
+
     prober = start_probe(url, max(seconds - 5, 5))
     samples = []
     cpu0 = cpu_seconds(pid)
@@ -289,7 +301,8 @@ async def hold(host: str, port: int, url: str, pid: int, n: int, seconds: float,
     }
 
 
-async def churn(host: str, port: int, pid: int, rate: float, seconds: float) -> dict[str, Any]:
+async def churn(host: str, port: int, pid: int, rate: float, seconds: float,
+                rounds: int = 1) -> dict[str, Any]:
     frames = _frames(0)
     stats = {"dropped": 0, "heartbeats_in": 0}
     done = {"ok": 0, "failed": 0}
@@ -300,12 +313,15 @@ async def churn(host: str, port: int, pid: int, rate: float, seconds: float) -> 
     async def one() -> None:
         i = counter[0]
         counter[0] += 1
+        c: Client | None = None
         try:
             c = await open_client(host, port, i, frames, stats, timeout=30)
             c.close()
             await asyncio.wait_for(c.closed, 30)
             done["ok"] += 1
         except Exception as exc:
+            if c is not None:
+                c.abort()
             done["failed"] += 1
             if len(errors) < 5:
                 errors.append(f"{type(exc).__name__}: {exc}")
@@ -346,19 +362,28 @@ async def churn(host: str, port: int, pid: int, rate: float, seconds: float) -> 
     await run(5.0)  # warm-up
     fds0 = await settled_fds()
     rss0 = rss_bytes(pid)
-    cpu0 = cpu_seconds(pid)
-    n, elapsed = await run(seconds)
-    cpu = cpu_seconds(pid) - cpu0
-    fds1 = await settled_fds()
-    rss1 = rss_bytes(pid)
-    return {
-        "target_per_s": rate, "seconds": seconds, "completed": n,
-        "achieved_per_s": round(n / elapsed, 1), "failed": done["failed"], "errors": errors,
-        "broker_cpu_s": round(cpu, 1),
+    out: dict[str, Any] = {
+        "target_per_s": rate, "seconds": seconds, "rounds": [],
         "rss_fresh_mib": round(rss_fresh / 2**20, 1), "fds_fresh": fds_fresh,
-        "rss_before_mib": round(rss0 / 2**20, 1), "rss_after_mib": round(rss1 / 2**20, 1),
-        "fds_before": fds0, "fds_after": fds1,
-    }
+        "rss_before_mib": round(rss0 / 2**20, 1), "fds_before": fds0}
+    # several rounds tell a leak (RSS grows every round) from a high-water mark (the
+    # first round's peak of half-open connections, reused by the next rounds)
+    for _ in range(rounds):
+        failed0 = done["failed"]
+        cpu0, own0, host0 = cpu_seconds(pid), time.process_time(), host_cpu()
+        n, elapsed = await run(seconds)
+        cpu, own, host1 = cpu_seconds(pid) - cpu0, time.process_time() - own0, host_cpu()
+        fds1 = await settled_fds()
+        busy = (host1[0] - host0[0]) / max(host1[1] - host0[1], 1)
+        out["rounds"].append({
+            "completed": n, "achieved_per_s": round(n / elapsed, 1),
+            "failed": done["failed"] - failed0, "broker_cpu_s": round(cpu, 1),
+            "loadgen_cpu_s": round(own, 1), "wall_s": round(elapsed, 1),
+            "host_cpu_busy": round(busy, 2),
+            "rss_after_mib": round(rss_bytes(pid) / 2**20, 1), "fds_after": fds1})
+        print(f"  churn round: {out['rounds'][-1]}", flush=True)
+    out["errors"] = errors
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -369,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heartbeat", type=int, default=10, help="seconds (negotiated)")
     p.add_argument("--churn-rate", type=float, default=1000.0)
     p.add_argument("--churn-seconds", type=float, default=60.0)
+    p.add_argument("--churn-rounds", type=int, default=2,
+                   help="churn periods back to back (RSS after each)")
     p.add_argument("--only", choices=["hold", "churn"])
     p.add_argument("--json", action="store_true")
     p.add_argument("--probe", help=argparse.SUPPRESS)
@@ -377,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.probe:
         print(json.dumps(probe(args.probe, args.probe_seconds)))
         return 0
+    # SIGTERM ends the run through the finally clauses (the broker child is stopped)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     soft, hard = raise_nofile()
     print(f"RLIMIT_NOFILE raised to {soft} (hard limit {hard}) for the load generator and "
           f"the broker child", flush=True)
@@ -395,7 +424,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if args.only in (None, "churn"):
                 result["churn"] = asyncio.run(churn(broker.bind, broker.port, pid,
-                                                    args.churn_rate, args.churn_seconds))
+                                                    args.churn_rate, args.churn_seconds,
+                                                    args.churn_rounds))
                 print(f"churn: {json.dumps(result['churn'])}", flush=True)
             if args.only in (None, "hold"):
                 result["hold"] = asyncio.run(hold(broker.bind, broker.port, broker.url, pid,

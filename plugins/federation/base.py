@@ -25,6 +25,7 @@ import contextlib
 import functools
 import logging
 import random
+import struct
 import time
 import zlib
 from typing import TYPE_CHECKING, Any
@@ -40,14 +41,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("amqpd.federation")
 
+_U16 = struct.Struct(">H")
+_USER_ID = 1 << 4  # the user-id property's flag bit
 SETUP_TIMEOUT = 30.0  # declares and binds upstream, per attempt (a silent peer fails it)
 PRODUCT = "amqpd-federation"
-
-
-def properties_of(delivery: Delivery) -> dict[str, Any]:
-    """The delivery's basic properties as amqpd's codec names them; unset ones are left
-    out."""
-    return codec.decode_properties(delivery.properties)
 
 
 def describe(exc: BaseException) -> str:
@@ -195,17 +192,21 @@ class Link:
 
     # ------------------------------------------------------------------ republish
     def republish(self, delivery: Delivery, exchange: str, routing_key: str,
-                  props: dict[str, Any]) -> None:
-        """Publish into the local broker and settle upstream as ``ack-mode`` says."""
+                  properties: bytes) -> None:
+        """Publish into the local broker (``properties`` raw, as the link rewrote them)
+        and settle upstream as ``ack-mode`` says."""
         tag = delivery.delivery_tag
         mode = self.upstream.ack_mode
         acker = self._acker if mode != "no-ack" else None
         if acker is not None:
             acker.track(tag)
-        if not self.upstream.trust_user_id:
+        if not self.upstream.trust_user_id and len(properties) >= 2 and \
+                _U16.unpack_from(properties, 0)[0] & _USER_ID:
+            props = codec.decode_properties(properties)  # rare: only such messages pay
             props.pop("user_id", None)
+            properties = codec.encode_properties(props)
         vhost = self.broker.vhosts.get(self.vhost)
-        message = Message(exchange, routing_key, codec.encode_properties(props), delivery.body)
+        message = Message(exchange, routing_key, properties, delivery.body)
 
         def confirmed(error: BaseException | None) -> None:
             if error is not None:

@@ -21,13 +21,22 @@ rabbitmq-federation #60).
 from __future__ import annotations
 
 import os
+import struct
 import time
 import urllib.parse
 from typing import Any
 
 from amqpd.broker.exchange import args_key
-from plugins.federation.base import PRODUCT, Link, properties_of
-from plugins.federation.headers import BINDING_HEADER, ROUTING_HEADER, prepend, should_forward
+from plugins.federation.base import PRODUCT, Link, log
+from plugins.federation.headers import (
+    BINDING_HEADER,
+    ROUTING_HEADER,
+    RawHeaders,
+    forward_ok,
+    prepend,
+    prepend_raw,
+)
+from plugins.shovel.methods import field_value
 from plugins.shovel.wire import AMQPError, Connection, Delivery, NotFound
 
 # RabbitMQ's ``internal_exchange_check_interval`` (90 s); the environment can shorten it
@@ -62,6 +71,7 @@ class ExchangeLink(Link):
         self.uvhost = "/"
         self._bound: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
         self._next_check = 0.0
+        self._hops: dict[bool, bytes] = {}
 
     @property
     def cluster(self) -> str:
@@ -72,6 +82,7 @@ class ExchangeLink(Link):
         up = self.upstream
         ux = self.upstream_object
         self.uvhost = upstream_vhost(self._connected_uri())
+        self._hops = {}  # x-received-from tables, per redelivered flag (a new connection)
         local = self.broker.vhosts[self.vhost].get_exchange(self.name)
         await self._ensure_upstream_exchange(conn, channel, ux, local.info())
         self.queue = upstream_queue_name(ux, self.uvhost, self.cluster, self.vhost, self.name)
@@ -247,15 +258,27 @@ class ExchangeLink(Link):
 
     # ------------------------------------------------------------------ deliveries
     def on_delivery(self, delivery: Delivery) -> None:
-        props = properties_of(delivery)
-        headers = props.get("headers") if isinstance(props.get("headers"), dict) else None
-        if not should_forward(headers, self.upstream.max_hops, self.cluster, self.vhost):
+        """Loop and hop check, then ``x-received-from`` prepended, on the raw properties
+        (:class:`~plugins.federation.headers.RawHeaders`)."""
+        try:
+            headers = RawHeaders.parse(delivery.properties)
+            received = headers.decoded(ROUTING_HEADER)
+        except (ValueError, IndexError, struct.error) as exc:
+            # the upstream accepted it, so this is unlikely; never loop on it
+            log.warning("federation %s: dropping a message with unreadable headers: %s",
+                        self.key, exc)
             self.settle_drop(delivery)
             return
-        table: dict[str, Any] = {"uri": self.uri, "exchange": self.upstream_object,
-                                 "redelivered": delivery.redelivered}
-        if self.upstream_cluster is not None:
-            table["cluster-name"] = self.upstream_cluster
-        table["vhost"] = self.uvhost
-        props["headers"] = prepend(headers, ROUTING_HEADER, table)
-        self.republish(delivery, self.name, delivery.routing_key, props)
+        if not forward_ok(received, self.upstream.max_hops, self.cluster, self.vhost):
+            self.settle_drop(delivery)
+            return
+        hop = self._hops.get(delivery.redelivered)
+        if hop is None:  # the same for every message of this connection: encoded once
+            table: dict[str, Any] = {"uri": self.uri, "exchange": self.upstream_object,
+                                     "redelivered": delivery.redelivered}
+            if self.upstream_cluster is not None:
+                table["cluster-name"] = self.upstream_cluster
+            table["vhost"] = self.uvhost
+            hop = self._hops[delivery.redelivered] = field_value(table)
+        prepend_raw(headers, ROUTING_HEADER, hop)
+        self.republish(delivery, self.name, delivery.routing_key, headers.encode())

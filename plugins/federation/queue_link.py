@@ -17,10 +17,12 @@ to ``x-original-cc`` (so the local publish does not fan out again).
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
-from plugins.federation.base import Link, properties_of
-from plugins.federation.headers import ROUTING_HEADER
+from plugins.federation.base import Link, log
+from plugins.federation.headers import ROUTING_HEADER, RawHeaders, array_items
+from plugins.shovel.methods import field_value
 from plugins.shovel.wire import Connection, Delivery
 
 POLL_INTERVAL = 0.05  # seconds between checks of the local queue's demand
@@ -77,34 +79,39 @@ class QueueLink(Link):
             await conn.basic_cancel(channel, self.upstream.consumer_tag)
             self.consuming = False
 
-    def _headers(self, delivery: Delivery, headers: dict[str, Any]) -> dict[str, Any]:
+    def _headers(self, delivery: Delivery, headers: RawHeaders) -> None:
+        """Rewrite the raw headers for the local republish (see the module docstring);
+        entries and earlier hops that do not change are kept byte for byte."""
         table: dict[str, Any] = {"uri": self.uri, "queue": self.upstream_object}
-        been = headers.get(ROUTING_HEADER)
-        out = dict(headers)
+        been = headers.decoded(ROUTING_HEADER)
+        kept: list[bytes] = []
+        count = 0
         if isinstance(been, list):
-            count = 0
-            rest = []
-            for item in been:
+            for item, raw in zip(been, array_items(headers.get(ROUTING_HEADER)), strict=True):
                 if isinstance(item, dict) and all(item.get(k) == table.get(k)
                                                   for k in ("uri", "virtual_host", "queue")):
                     seen = item.get("visit-count")
                     count = seen if isinstance(seen, int) else 0
                 else:
-                    rest.append(item)
-            been = rest
+                    kept.append(raw)
         else:
-            out["x-original-exchange"] = delivery.exchange
-            out["x-original-routing-key"] = delivery.routing_key
-            been, count = [], 0
-        if "CC" in out:
-            out["x-original-cc"] = out.pop("CC")
+            headers.set("x-original-exchange", field_value(delivery.exchange))
+            headers.set("x-original-routing-key", field_value(delivery.routing_key))
+        cc = headers.pop("CC")
+        if cc is not None:
+            headers.set("x-original-cc", cc)
         table["redelivered"] = delivery.redelivered
         table["visit-count"] = count + 1
-        out[ROUTING_HEADER] = [table, *been]
-        return out
+        items = field_value(table) + b"".join(kept)
+        headers.set(ROUTING_HEADER, b"A" + len(items).to_bytes(4, "big") + items)
 
     def on_delivery(self, delivery: Delivery) -> None:
-        props = properties_of(delivery)
-        headers = props.get("headers") if isinstance(props.get("headers"), dict) else {}
-        props["headers"] = self._headers(delivery, headers or {})
-        self.republish(delivery, "", self.name, props)
+        try:
+            headers = RawHeaders.parse(delivery.properties)
+            self._headers(delivery, headers)
+        except (ValueError, IndexError, struct.error) as exc:
+            log.warning("federation %s: dropping a message with unreadable headers: %s",
+                        self.key, exc)
+            self.settle_drop(delivery)
+            return
+        self.republish(delivery, "", self.name, headers.encode())
