@@ -30,12 +30,33 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from pamqp import commands
 from pamqp.base import Frame as PamqpFrame
 
 from amqpd.protocol import codec
+from amqpd.protocol.constants import (
+    ACCESS_REQUEST,
+    ACCESS_REQUEST_OK,
+    BASIC_ACK,
+    BASIC_PUBLISH,
+    CHANNEL_CLOSE,
+    CHANNEL_CLOSE_OK,
+    CHANNEL_OPEN,
+    CHANNEL_OPEN_OK,
+    CLASS_BASIC,
+    CLASS_CONNECTION,
+    CONNECTION_CLOSE,
+    CONNECTION_CLOSE_OK,
+    CONNECTION_OPEN_OK,
+    FRAME_BODY,
+    FRAME_HEADER,
+    FRAME_HEARTBEAT,
+    FRAME_METHOD,
+    class_of,
+    method_of,
+)
 from amqpd.protocol.errors import (
     AMQPError,
     ChannelError,
@@ -51,9 +72,6 @@ from amqpd.protocol.errors import (
     UnexpectedFrame,
 )
 from amqpd.protocol.frames import (
-    FRAME_HEADER,
-    FRAME_HEARTBEAT,
-    FRAME_METHOD,
     HEARTBEAT_FRAME,
     PROTOCOL_HEADER,
     FrameReader,
@@ -61,8 +79,11 @@ from amqpd.protocol.frames import (
 
 log = logging.getLogger("amqpd.connection")
 
-_PUBLISH_ID = b"\x00\x3c\x00\x28"  # basic.publish: class 60, method 40
-_BASIC_CLASS_WEIGHT = b"\x00\x3c\x00\x00"  # content header: class 60, weight 0
+_PUBLISH_ID = BASIC_PUBLISH.to_bytes(4, "big")  # how a publish method payload starts
+_BASIC_CLASS_WEIGHT = (CLASS_BASIC << 16).to_bytes(4, "big")  # content header: basic, weight 0
+# (class id, method id) of basic.publish, for errors found in its content frames
+_PUB_CLASS = class_of(BASIC_PUBLISH)
+_PUB_METHOD = method_of(BASIC_PUBLISH)
 _U64 = struct.Struct(">Q")
 
 # Frames handled per slice before the event loop gets a turn (about 1000 publishes).
@@ -283,13 +304,14 @@ class AMQPConnection:
                 i += 1
                 continue
             ftype, channel, payload = frames[i]
-            if ftype == 1 and i + 2 < n and payload[:4] == _PUBLISH_ID:
+            if ftype == FRAME_METHOD and i + 2 < n and payload[:4] == _PUBLISH_ID:
                 hf = frames[i + 1]
                 bf = frames[i + 2]
                 slot = channels.get(channel)
                 header = hf[2]
                 body = bf[2]
-                if (hf[0] == 2 and bf[0] == 3 and hf[1] == channel and bf[1] == channel
+                if (hf[0] == FRAME_HEADER and bf[0] == FRAME_BODY and hf[1] == channel
+                        and bf[1] == channel
                         and slot is not None and not slot.closing and slot.publish is None
                         and len(header) >= 14 and header[:4] == _BASIC_CLASS_WEIGHT
                         and _U64.unpack_from(header, 4)[0] == len(body)
@@ -306,7 +328,7 @@ class AMQPConnection:
                                                  immediate, props, body)
                     except Exception as exc:
                         if isinstance(exc, AMQPError) and not exc.class_id:
-                            exc.class_id, exc.method_id = 60, 40
+                            exc.class_id, exc.method_id = _PUB_CLASS, _PUB_METHOD
                         self._handle_error(exc, channel, ftype)
                     continue
             self._dispatch_guarded(ftype, channel, payload)
@@ -373,8 +395,8 @@ class AMQPConnection:
             # After sending connection.close we only wait for close-ok (or close).
             if ftype == FRAME_METHOD and channel == 0:
                 index = codec.method_id(payload)
-                if index in (0x000A0033, 0x000A0032):  # close-ok / close
-                    self._finish_close(reply=index == 0x000A0032)
+                if index in (CONNECTION_CLOSE_OK, CONNECTION_CLOSE):
+                    self._finish_close(reply=index == CONNECTION_CLOSE)
             return
         if channel == 0:
             if ftype != FRAME_METHOD:
@@ -394,7 +416,7 @@ class AMQPConnection:
     def _channel_method(self, channel: int, slot: ChannelSlot | None, payload: bytes) -> None:
         index = codec.method_id(payload)
         if slot is None:
-            if index != 0x0014000A:  # channel.open
+            if index != CHANNEL_OPEN:
                 raise ChannelErrorCode(f"expected 'channel.open' on channel {channel}")
             # RabbitMQ counts open channels (any channel number is accepted).
             if self.channel_max and len(self.channels) >= self.channel_max:
@@ -404,52 +426,53 @@ class AMQPConnection:
                 )
             self.channels[channel] = ChannelSlot()
             self.delegate.channel_opened(channel)
-            self.write(codec.method_frame(channel, 20, 11, b"\x00\x00\x00\x00"))
+            self.write(codec.method_frame(channel, CHANNEL_OPEN_OK, b"\x00\x00\x00\x00"))
             return
         if slot.closing:
-            if index == 0x00140029:  # channel.close-ok
+            if index == CHANNEL_CLOSE_OK:
                 del self.channels[channel]
-            elif index == 0x00140028:  # channel.close crossed ours
-                self.write(codec.method_frame(channel, 20, 41))
-            elif index == 0x0014000A:
+            elif index == CHANNEL_CLOSE:  # crossed ours
+                self.write(codec.method_frame(channel, CHANNEL_CLOSE_OK))
+            elif index == CHANNEL_OPEN:
                 # reopened before its close-ok: the number is still taken (RabbitMQ: 504)
                 raise ChannelErrorCode("second 'channel.open' seen")
             return
         if slot.publish is not None:
             raise UnexpectedFrame(
                 "expected content header for class 60, got non content header frame instead",
-                60, 40,
+                _PUB_CLASS, _PUB_METHOD,
             )
-        if index == codec.BASIC_PUBLISH:
+        if index == BASIC_PUBLISH:
             slot.publish = codec.decode_publish(payload)
             slot.expect_header = True
             return
-        if index == codec.BASIC_ACK:
+        if index == BASIC_ACK:
             tag, multiple = codec.decode_ack(payload)
             self.delegate.on_ack(channel, tag, multiple)
             return
-        if index == 0x0014000A:
+        if index == CHANNEL_OPEN:
             raise ChannelErrorCode(f"second 'channel.open' seen on channel {channel}")
-        if index == 0x001E000A:  # access.request (gone from 0-9-1): RabbitMQ grants ticket 1
-            self.write(codec.method_frame(channel, 30, 11, b"\x00\x01"))
+        if index == ACCESS_REQUEST:  # access.request (gone from 0-9-1): RabbitMQ grants ticket 1
+            self.write(codec.method_frame(channel, ACCESS_REQUEST_OK, b"\x00\x01"))
             return
         method = codec.decode_method(payload)
-        if index == 0x00140028:  # channel.close from the peer
+        if index == CHANNEL_CLOSE:  # from the peer
             del self.channels[channel]
             self.delegate.channel_closed(channel)
-            self.write(codec.method_frame(channel, 20, 41))
+            self.write(codec.method_frame(channel, CHANNEL_CLOSE_OK))
             return
-        if index == 0x00140029:  # close-ok without a close (RabbitMQ: 503)
+        if index == CHANNEL_CLOSE_OK:  # without a close (RabbitMQ: 503)
             raise CommandInvalid(f"unexpected 'channel.close-ok' on channel {channel}")
-        if (index >> 16) == 10:
+        if class_of(index) == CLASS_CONNECTION:
             raise CommandInvalid(
-                f"connection method {method.name} on channel {channel}", index >> 16, index & 0xFFFF
+                f"connection method {method.name} on channel {channel}", class_of(index),
+                method_of(index),
             )
         try:
             self.delegate.on_method(channel, method)
         except AMQPError as exc:
             if not exc.class_id:
-                exc.class_id, exc.method_id = index >> 16, index & 0xFFFF
+                exc.class_id, exc.method_id = class_of(index), method_of(index)
             raise
 
     def _content_header(self, channel: int, slot: ChannelSlot | None, payload: bytes) -> None:
@@ -460,9 +483,9 @@ class AMQPConnection:
         if not slot.expect_header:
             raise UnexpectedFrame("expected method frame, got non method frame instead")
         class_id, size, props = codec.decode_content_header(payload)
-        if class_id != 60:
+        if class_id != CLASS_BASIC:
             raise UnexpectedFrame(f"expected content header for class 60, got one for class "
-                                  f"{class_id} instead", 60, 40)
+                                  f"{class_id} instead", _PUB_CLASS, _PUB_METHOD)
         codec.validate_properties(props)
         slot.expect_header = False
         slot.body_size = size
@@ -473,7 +496,7 @@ class AMQPConnection:
             slot.publish = None
             raise PreconditionFailed(
                 f"message size {size} is larger than configured max size "
-                f"{self.limits.max_message_size}", 60, 40
+                f"{self.limits.max_message_size}", _PUB_CLASS, _PUB_METHOD
             )
         if size == 0:
             self._publish_complete(channel, slot)
@@ -485,7 +508,7 @@ class AMQPConnection:
             return
         if slot.expect_header:
             raise UnexpectedFrame("expected content header for class 60, got non content "
-                                  "header frame instead", 60, 40)
+                                  "header frame instead", _PUB_CLASS, _PUB_METHOD)
         if slot.publish is None:
             raise UnexpectedFrame("expected method frame, got non method frame instead")
         slot.received += len(payload)
@@ -511,14 +534,15 @@ class AMQPConnection:
             )
         except AMQPError as exc:
             if not exc.class_id:
-                exc.class_id, exc.method_id = 60, 40
+                exc.class_id, exc.method_id = _PUB_CLASS, _PUB_METHOD
             raise
 
     # ------------------------------------------------------------------ channel 0
     def _connection_method(self, payload: bytes) -> None:
         index = codec.method_id(payload)
-        if index >> 16 != 10:
-            raise ChannelErrorCode(f"non-connection method on channel 0 (class {index >> 16})")
+        if class_of(index) != CLASS_CONNECTION:
+            raise ChannelErrorCode(
+                f"non-connection method on channel 0 (class {class_of(index)})")
         method = codec.decode_method(payload)
         name = type(method).__name__
         if isinstance(method, commands.Connection.Close):
@@ -537,7 +561,7 @@ class AMQPConnection:
         if expected is None or not isinstance(method, expected):
             if self.state is State.OPEN:
                 raise ChannelErrorCode(f"unexpected method connection.{name} in state running",
-                                       10, index & 0xFFFF)
+                                       CLASS_CONNECTION, method_of(index))
             # During the handshake RabbitMQ just drops a peer that breaks the sequence.
             log.info("handshake violation: connection.%s in state %s; dropping", name,
                      self.state.value)
@@ -553,14 +577,16 @@ class AMQPConnection:
             self.delegate.open_vhost(method.virtual_host)
             self.vhost = method.virtual_host
             self.state = State.OPEN
-            self.write(codec.method_frame(0, 10, 41, b"\x00"))
+            self.write(codec.method_frame(0, CONNECTION_OPEN_OK, b"\x00"))
 
     def _start_ok(self, method: commands.Connection.StartOk) -> None:
         self.client_properties = dict(method.client_properties or {})
         caps = self.client_properties.get("capabilities")
         self.capabilities = dict(caps) if isinstance(caps, dict) else {}
-        raw: str | bytes | None = method.response
-        # pamqp hands a long string back as str when it is valid UTF-8: undo exactly that.
+        # pamqp hands a long string back as str when it is valid UTF-8 and as bytes when
+        # it is not (its stub says str: read it untyped, or compiled code raises
+        # TypeError on a non-UTF-8 response); undo exactly that.
+        raw: Any = cast(Any, method).response
         response = raw.encode("utf-8") if isinstance(raw, str) else raw or b""
         try:
             self.delegate.authenticate(method.mechanism, response, self.client_properties)
@@ -670,7 +696,7 @@ class AMQPConnection:
 
     def _finish_close(self, reply: bool) -> None:
         if reply:
-            self.write(codec.method_frame(0, 10, 51))
+            self.write(codec.method_frame(0, CONNECTION_CLOSE_OK))
             # The peer may have written more after its close (amqplib interleaves
             # channels, so publishes can follow the close on the wire). Closing a socket
             # with unread data makes the kernel answer with a reset, and the client sees

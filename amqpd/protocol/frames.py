@@ -17,19 +17,15 @@ from __future__ import annotations
 
 import struct
 
+from amqpd.protocol.constants import FRAME_BODY, FRAME_END, FRAME_HEARTBEAT
 from amqpd.protocol.errors import FrameError
 
-FRAME_METHOD = 1
-FRAME_HEADER = 2
-FRAME_BODY = 3
-FRAME_HEARTBEAT = 8
-FRAME_END = 0xCE
-FRAME_END_BYTE = b"\xce"
+FRAME_END_BYTE = bytes((FRAME_END,))
 FRAME_OVERHEAD = 8  # 7-byte header + frame-end
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 
 _HEADER = struct.Struct(">BHI")
-HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
+HEARTBEAT_FRAME = bytes((FRAME_HEARTBEAT, 0, 0, 0, 0, 0, 0, FRAME_END))
 
 Frame = tuple[int, int, bytes]
 
@@ -76,7 +72,8 @@ class FrameReader:
                 )
             if stop >= end:
                 break
-            if buf[stop] != FRAME_END or (ftype > 3 and ftype != 8) or not ftype:
+            if buf[stop] != FRAME_END or not ftype or (
+                    ftype > FRAME_BODY and ftype != FRAME_HEARTBEAT):
                 self._fail(buf, pos, frames)
                 if buf[stop] != FRAME_END:
                     raise FrameError(

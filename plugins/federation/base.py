@@ -8,7 +8,7 @@ Deliveries reach :meth:`Link.on_delivery` synchronously, in wire order, with the
 properties as raw bytes; only ``headers`` changes on the way.
 
 Messages are republished into the local broker through its public Python API
-(:meth:`Broker.publish`) rather than a loopback AMQP connection; the ``on_confirm``
+(:meth:`BrokerAPI.publish`) rather than a loopback AMQP connection; the ``on_confirm``
 callback of that API is what ``ack-mode`` hangs on:
 
 - ``on-confirm``: ack upstream only once the local publish is confirmed (persisted when
@@ -30,8 +30,7 @@ import time
 import zlib
 from typing import TYPE_CHECKING, Any
 
-from amqpd.broker.message import Message
-from amqpd.protocol import codec
+from amqpd.broker.api import Message, codec
 from plugins.federation.acker import Acker
 from plugins.federation.params import Upstream, strip_credentials
 from plugins.shovel.wire import Connection, Delivery
@@ -60,7 +59,7 @@ class Link:
 
     def __init__(self, supervisor: Supervisor, vhost: str, name: str, upstream: Upstream) -> None:
         self.supervisor = supervisor
-        self.broker = supervisor.broker
+        self.api = supervisor.api
         self.vhost = vhost
         self.name = name
         self.upstream = upstream
@@ -205,7 +204,6 @@ class Link:
             props = codec.decode_properties(properties)  # rare: only such messages pay
             props.pop("user_id", None)
             properties = codec.encode_properties(props)
-        vhost = self.broker.vhosts.get(self.vhost)
         message = Message(exchange, routing_key, properties, delivery.body)
 
         def confirmed(error: BaseException | None) -> None:
@@ -215,10 +213,9 @@ class Link:
                 acker.settle(tag, error is None)
 
         try:
-            if vhost is None:
-                raise ConnectionError(f"vhost {self.vhost!r} is gone")
-            self.broker.publish(vhost, exchange, message, None,
-                                on_confirm=confirmed if mode == "on-confirm" else None)
+            # 404 once the vhost or exchange is gone: the link errors and restarts
+            self.api.publish(self.vhost, exchange, message, None,
+                             on_confirm=confirmed if mode == "on-confirm" else None)
         except Exception as exc:
             if acker is not None:
                 acker.settle(tag, False)
@@ -249,7 +246,7 @@ class Link:
     # ------------------------------------------------------------------ status
     def status_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {
-            "node": self.broker.settings.node_name,
+            "node": self.api.settings.node_name,
             self.kind: self.name,
             f"upstream_{self.kind}": self.upstream_object,
             "type": self.kind,

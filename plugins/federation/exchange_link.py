@@ -26,7 +26,7 @@ import time
 import urllib.parse
 from typing import Any
 
-from amqpd.broker.exchange import args_key
+from amqpd.broker.api import args_key
 from plugins.federation.base import PRODUCT, Link, log
 from plugins.federation.headers import (
     BINDING_HEADER,
@@ -75,7 +75,7 @@ class ExchangeLink(Link):
 
     @property
     def cluster(self) -> str:
-        return str(self.broker.settings.effective_cluster_name)
+        return str(self.api.settings.effective_cluster_name)
 
     # ------------------------------------------------------------------ setup
     async def setup(self, conn: Connection, channel: int) -> None:
@@ -83,7 +83,7 @@ class ExchangeLink(Link):
         ux = self.upstream_object
         self.uvhost = upstream_vhost(self._connected_uri())
         self._hops = {}  # x-received-from tables, per redelivered flag (a new connection)
-        local = self.broker.vhosts[self.vhost].get_exchange(self.name)
+        local = self.api.exchange(self.vhost, self.name)
         await self._ensure_upstream_exchange(conn, channel, ux, local.info())
         self.queue = upstream_queue_name(ux, self.uvhost, self.cluster, self.vhost, self.name)
         args: dict[str, Any] = {}
@@ -198,8 +198,7 @@ class ExchangeLink(Link):
         return prepend(args, BINDING_HEADER, info)
 
     def _wanted(self) -> dict[tuple[str, str], tuple[str, dict[str, Any]]]:
-        vh = self.broker.vhosts.get(self.vhost)
-        ex = vh.exchanges.get(self.name) if vh is not None else None
+        ex = self.api.find_exchange(self.vhost, self.name)
         if ex is None:
             raise ConnectionError(f"exchange {self.name!r} is gone")
         wanted: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
@@ -224,7 +223,7 @@ class ExchangeLink(Link):
         """Consume unless a local resource alarm (memory, disk) is on: like a publisher,
         the link stops feeding a broker that is blocking publishers. The upstream queue
         holds the messages meanwhile."""
-        blocked = bool(self.broker.alarms)
+        blocked = self.api.alarms_active()
         if not blocked and not self.consumer_tag:
             self.consumer_tag = await conn.basic_consume(
                 channel, self.queue, no_ack=self.upstream.ack_mode == "no-ack")
