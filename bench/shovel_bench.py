@@ -83,7 +83,11 @@ def run_amqpd(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.monotonic()
         urllib.request.urlopen(req, timeout=10).read()
         t1 = wait_count(b.url, QUEUE_B, args.messages, args.timeout)
-        return _result("amqpd", args, t1 - t0)
+        out = _result("amqpd", args, t1 - t0)
+        time.sleep(1.0)  # then count: all N at B, once, nothing ready at A
+        out["dest_count"], out["source_left"] = queue_len(b.url, QUEUE_B), queue_len(a.url,
+                                                                                     QUEUE_A)
+        return out
     finally:
         a.stop()
         b.stop()

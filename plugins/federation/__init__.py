@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from amqpd.broker.api import register_policy_key
-from plugins.federation import http, params, upstream_exchange, wire
+from plugins.federation import http, params, upstream_exchange
 from plugins.federation.links import Supervisor
 
 if TYPE_CHECKING:
@@ -34,7 +34,6 @@ class FederationPlugin:
     def __init__(self, api: BrokerAPI) -> None:
         self.api = api
         self.supervisor = Supervisor(api)
-        wire.install()
         # before definitions restore: saved upstream exchanges and parameters must load
         upstream_exchange.register()
         for component, validate in ((params.UPSTREAM, params.validate_upstream),

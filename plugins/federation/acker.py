@@ -12,18 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
-from typing import Any
+from collections.abc import Callable
 
 
 class Acker:
-    def __init__(self, channel: Any) -> None:
-        self.channel = channel
+    """Ordered settlement of one channel's deliveries (a new channel: a new Acker, since
+    delivery tags restart). ``ack(tag, multiple)`` and ``nack(tag)`` write the frames
+    (the link client's, which never block: the socket's buffer absorbs them)."""
+
+    def __init__(self, ack: Callable[[int, bool], None], nack: Callable[[int], None]) -> None:
+        self._ack = ack
+        self._nack = nack
         self._outstanding: collections.deque[int] = collections.deque()
         self._settled: dict[int, bool] = {}  # tag -> ok
         self._scheduled = False
-        self._lock = asyncio.Lock()
-        self._tasks: set[asyncio.Task[None]] = set()
 
     def track(self, tag: int) -> None:
         """A delivery arrived (call in delivery order)."""
@@ -37,7 +39,6 @@ class Acker:
 
     def _flush(self) -> None:
         self._scheduled = False
-        ops: list[tuple[bool, int]] = []
         last_ok: int | None = None
         outstanding, settled = self._outstanding, self._settled
         while outstanding and outstanding[0] in settled:
@@ -46,21 +47,8 @@ class Acker:
                 last_ok = tag
                 continue
             if last_ok is not None:
-                ops.append((True, last_ok))
+                self._ack(last_ok, True)
                 last_ok = None
-            ops.append((False, tag))
+            self._nack(tag)
         if last_ok is not None:
-            ops.append((True, last_ok))
-        if ops:
-            task = asyncio.ensure_future(self._send(ops))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    async def _send(self, ops: list[tuple[bool, int]]) -> None:
-        async with self._lock:  # FIFO: flushes reach the wire in order
-            with contextlib.suppress(Exception):  # a dead channel: upstream requeues
-                for ok, tag in ops:
-                    if ok:
-                        await self.channel.basic_ack(tag, multiple=True)
-                    else:
-                        await self.channel.basic_nack(tag, multiple=False, requeue=True)
+            self._ack(last_ok, True)

@@ -1,11 +1,15 @@
 """What exchange and queue links share: the reconnect loop, status, and local republish.
 
-A link runs on the downstream. It connects to the upstream with aiormq (a URI picked at
-random from the upstream's list, as RabbitMQ does), sets up there what its kind needs
-(:meth:`Link.setup`), then serves deliveries until the connection dies, and starts over
-after ``reconnect-delay``. Messages are republished into the local broker through its
-public Python API (:meth:`BrokerAPI.publish`) rather than a loopback AMQP connection; the
-``on_confirm`` callback of that API is what ``ack-mode`` hangs on:
+A link runs on the downstream. It connects to the upstream with the link client that
+shovels use (:mod:`plugins.shovel.wire`; a URI picked at random from the upstream's list,
+as RabbitMQ does), sets up there what its kind needs (:meth:`Link.setup`), then serves
+deliveries until the connection dies, and starts over after ``reconnect-delay``.
+Deliveries reach :meth:`Link.on_delivery` synchronously, in wire order, with their
+properties as raw bytes; only ``headers`` changes on the way.
+
+Messages are republished into the local broker through its public Python API
+(:meth:`BrokerAPI.publish`) rather than a loopback AMQP connection; the ``on_confirm``
+callback of that API is what ``ack-mode`` hangs on:
 
 - ``on-confirm``: ack upstream only once the local publish is confirmed (persisted when
   it must be); a failure nacks with requeue. Nothing is lost across outages. Acks are
@@ -18,38 +22,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
+import struct
 import time
 import zlib
 from typing import TYPE_CHECKING, Any
 
-import aiormq
-from aiormq.abc import DeliveredMessage
-
 from amqpd.broker.api import Message, codec
 from plugins.federation.acker import Acker
 from plugins.federation.params import Upstream, strip_credentials
+from plugins.shovel.wire import Connection, Delivery
 
 if TYPE_CHECKING:
     from plugins.federation.links import Supervisor
 
 log = logging.getLogger("amqpd.federation")
 
-CONNECT_TIMEOUT = 10.0
-PROPERTY_NAMES = [name for name, _bit, _kind in codec.PROPERTY_FIELDS]
-
-
-def properties_of(delivered: DeliveredMessage) -> dict[str, Any]:
-    """The delivery's basic properties as amqpd's codec names them (``type``, not
-    pamqp's ``message_type``); unset properties are left out."""
-    props = delivered.header.properties
-    out: dict[str, Any] = {}
-    for name in PROPERTY_NAMES:
-        value = getattr(props, "message_type" if name == "type" else name, None)
-        if value is not None:
-            out[name] = value
-    return out
+_U16 = struct.Struct(">H")
+_USER_ID = 1 << 4  # the user-id property's flag bit
+SETUP_TIMEOUT = 30.0  # declares and binds upstream, per attempt (a silent peer fails it)
+PRODUCT = "amqpd-federation"
 
 
 def describe(exc: BaseException) -> str:
@@ -75,8 +69,8 @@ class Link:
         self.uri = strip_credentials(upstream.uris[0])
         self.upstream_cluster: str | None = None
         self.current_uri = ""
-        self.conn: aiormq.abc.AbstractConnection | None = None
-        self.channel: aiormq.abc.AbstractChannel | None = None
+        self.conn: Connection | None = None
+        self.channel = 0  # the link's channel on conn (0: none)
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._tasks: set[asyncio.Task[None]] = set()
@@ -97,7 +91,7 @@ class Link:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
         conn = self.conn
-        if cleanup and conn is not None and not conn.is_closed and \
+        if cleanup and conn is not None and not conn.closed.done() and \
                 self.upstream.raw.get("resource-cleanup-mode") != "never":
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.cleanup(conn), 5)
@@ -129,13 +123,18 @@ class Link:
             self.current_uri = uri
             self._set_status("starting")
             try:
-                conn = await asyncio.wait_for(aiormq.connect(uri), CONNECT_TIMEOUT)
+                # bounded by the URI's connection_timeout (10 s by default)
+                conn = await Connection.open(uri, product=PRODUCT)
                 self.conn = conn
-                props = conn.server_properties or {}
-                cluster = props.get("cluster_name")
+                cluster = conn.server_properties.get("cluster_name")
+                if isinstance(cluster, bytes):
+                    cluster = cluster.decode("utf-8", "replace")
                 self.upstream_cluster = cluster if isinstance(cluster, str) else None
                 self.channel = await conn.channel()
-                await self.setup(conn, self.channel)
+                # a fresh channel: delivery tags start again at 1
+                self._acker = Acker(functools.partial(conn.ack, self.channel),
+                                    functools.partial(conn.nack, self.channel))
+                await asyncio.wait_for(self.setup(conn, self.channel), SETUP_TIMEOUT)
                 self._set_status("running")
                 log.info("federation link running: %s", self.key)
                 await self._serve(conn)
@@ -145,7 +144,8 @@ class Link:
                 if self._stopping:
                     break
                 self._set_status("error", describe(exc))
-                log.warning("federation link %s failed: %s", self.key, describe(exc))
+                log.warning("federation link %s failed: %s", self.key, describe(exc),
+                            exc_info=log.isEnabledFor(logging.DEBUG))
             finally:
                 if not self._stopping:
                     await self._close()
@@ -153,55 +153,58 @@ class Link:
                 break
             await asyncio.sleep(self.upstream.reconnect_delay)
 
-    async def _serve(self, conn: aiormq.abc.AbstractConnection) -> None:
+    async def _serve(self, conn: Connection) -> None:
         """Run periodic checks until the upstream connection or the link's channel closes
         (then raise, and the link starts over)."""
-        channel = self.channel
-        assert channel is not None
+        closings = (("connection", conn.closed), ("channel", conn.channel_closed(self.channel)))
         while True:
             self._wake.clear()
             wake = asyncio.ensure_future(self._wake.wait())
             try:
-                await asyncio.wait({conn.closing, channel.closing, wake},
+                await asyncio.wait({closings[0][1], closings[1][1], wake},
                                    timeout=self.CHECK_INTERVAL,
                                    return_when=asyncio.FIRST_COMPLETED)
             finally:
                 wake.cancel()
-            for what, closing in (("connection", conn.closing), ("channel", channel.closing)):
+            for what, closing in closings:
                 if closing.done():
                     exc = closing.exception() if not closing.cancelled() else None
-                    raise ConnectionError(f"upstream {what} closed: {exc}")
+                    raise ConnectionError(f"upstream {what} closed: {exc or closing.result()}")
             await self.periodic()
 
     async def _close(self) -> None:
-        conn, self.conn, self.channel = self.conn, None, None
-        if conn is not None and not conn.is_closed:
+        conn, self.conn, self.channel = self.conn, None, 0
+        if conn is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(conn.close(), 5)
+                await asyncio.wait_for(conn.close(), 6)  # (itself bounded to 5 s)
+            conn.abort()
 
     # ------------------------------------------------------------------ subclass hooks
-    async def setup(self, conn: aiormq.abc.AbstractConnection,
-                    channel: aiormq.abc.AbstractChannel) -> None:
+    async def setup(self, conn: Connection, channel: int) -> None:
         raise NotImplementedError
 
     async def periodic(self) -> None:
         """Called every CHECK_INTERVAL and on :meth:`wake` while running."""
 
-    async def cleanup(self, conn: aiormq.abc.AbstractConnection) -> None:
+    async def cleanup(self, conn: Connection) -> None:
         """Delete upstream objects that only this link used (default: none)."""
 
     # ------------------------------------------------------------------ republish
-    def republish(self, delivered: DeliveredMessage, exchange: str, routing_key: str,
-                  props: dict[str, Any]) -> None:
-        """Publish into the local broker and settle upstream as ``ack-mode`` says."""
-        tag = getattr(delivered.delivery, "delivery_tag", 0)
+    def republish(self, delivery: Delivery, exchange: str, routing_key: str,
+                  properties: bytes) -> None:
+        """Publish into the local broker (``properties`` raw, as the link rewrote them)
+        and settle upstream as ``ack-mode`` says."""
+        tag = delivery.delivery_tag
         mode = self.upstream.ack_mode
-        acker = self._acker_for(delivered) if mode != "no-ack" else None
+        acker = self._acker if mode != "no-ack" else None
         if acker is not None:
             acker.track(tag)
-        if not self.upstream.trust_user_id:
+        if not self.upstream.trust_user_id and len(properties) >= 2 and \
+                _U16.unpack_from(properties, 0)[0] & _USER_ID:
+            props = codec.decode_properties(properties)  # rare: only such messages pay
             props.pop("user_id", None)
-        message = Message(exchange, routing_key, codec.encode_properties(props), delivered.body)
+            properties = codec.encode_properties(props)
+        message = Message(exchange, routing_key, properties, delivery.body)
 
         def confirmed(error: BaseException | None) -> None:
             if error is not None:
@@ -217,25 +220,19 @@ class Link:
             if acker is not None:
                 acker.settle(tag, False)
             self._set_status("error", describe(exc))
-            with contextlib.suppress(Exception):
-                self._spawn(delivered.channel.close())
+            conn = self.conn
+            if conn is not None:  # the link's channel closes: the link starts over
+                self._spawn(conn.close_channel(self.channel))
             return
         if acker is not None and mode == "on-publish":
             acker.settle(tag, True)
 
-    def settle_drop(self, delivered: DeliveredMessage) -> None:
+    def settle_drop(self, delivery: Delivery) -> None:
         """A delivery the link must not forward (loop or hop limit): ack it away."""
-        if self.upstream.ack_mode != "no-ack":
-            tag = getattr(delivered.delivery, "delivery_tag", 0)
-            acker = self._acker_for(delivered)
-            acker.track(tag)
-            acker.settle(tag, True)
-
-    def _acker_for(self, delivered: DeliveredMessage) -> Acker:
         acker = self._acker
-        if acker is None or acker.channel is not delivered.channel:
-            acker = self._acker = Acker(delivered.channel)  # a new channel: tags restart
-        return acker
+        if self.upstream.ack_mode != "no-ack" and acker is not None:
+            acker.track(delivery.delivery_tag)
+            acker.settle(delivery.delivery_tag, True)
 
     def _spawn(self, coro: Any) -> None:
         async def run() -> None:

@@ -21,17 +21,23 @@ rabbitmq-federation #60).
 from __future__ import annotations
 
 import os
+import struct
 import time
 import urllib.parse
 from typing import Any
 
-import aiormq
-from aiormq.abc import DeliveredMessage
-
 from amqpd.broker.api import args_key
-from plugins.federation.base import Link, properties_of
-from plugins.federation.headers import BINDING_HEADER, ROUTING_HEADER, prepend, should_forward
-from plugins.federation.wire import Long
+from plugins.federation.base import PRODUCT, Link, log
+from plugins.federation.headers import (
+    BINDING_HEADER,
+    ROUTING_HEADER,
+    RawHeaders,
+    forward_ok,
+    prepend,
+    prepend_raw,
+)
+from plugins.shovel.methods import field_value
+from plugins.shovel.wire import AMQPError, Connection, Delivery, NotFound
 
 # RabbitMQ's ``internal_exchange_check_interval`` (90 s); the environment can shorten it
 INTERNAL_CHECK_INTERVAL = float(os.environ.get(
@@ -65,17 +71,18 @@ class ExchangeLink(Link):
         self.uvhost = "/"
         self._bound: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
         self._next_check = 0.0
+        self._hops: dict[bool, bytes] = {}
 
     @property
     def cluster(self) -> str:
         return str(self.api.settings.effective_cluster_name)
 
     # ------------------------------------------------------------------ setup
-    async def setup(self, conn: aiormq.abc.AbstractConnection,
-                    channel: aiormq.abc.AbstractChannel) -> None:
+    async def setup(self, conn: Connection, channel: int) -> None:
         up = self.upstream
         ux = self.upstream_object
         self.uvhost = upstream_vhost(self._connected_uri())
+        self._hops = {}  # x-received-from tables, per redelivered flag (a new connection)
         local = self.api.exchange(self.vhost, self.name)
         await self._ensure_upstream_exchange(conn, channel, ux, local.info())
         self.queue = upstream_queue_name(ux, self.uvhost, self.cluster, self.vhost, self.name)
@@ -85,11 +92,12 @@ class ExchangeLink(Link):
         if up.message_ttl is not None:
             args["x-message-ttl"] = up.message_ttl
         args.update(PURPOSE)
-        await channel.queue_declare(self.queue, durable=True, arguments=args)
+        await conn.queue_declare(channel, self.queue, durable=True, arguments=args)
         if up.ack_mode != "no-ack":
-            await channel.basic_qos(prefetch_count=up.prefetch_count)
+            await conn.basic_qos(channel, up.prefetch_count)
         self.consumer_tag = ""
-        await self._flow(channel)
+        conn.on_delivery[channel] = self.on_delivery
+        await self._flow(conn, channel)
         # a fresh internal exchange, bound now; then the previous one goes. Which suffix is
         # live is read from the upstream (RabbitMQ keeps it in its database): the live one
         # stays bound until the new one is, so nothing published meanwhile is missed
@@ -97,75 +105,77 @@ class ExchangeLink(Link):
         old = f"{self.queue} {'A' if a_live else 'B'}"
         self.suffix = "B" if a_live else "A"
         self.internal = f"{self.queue} {self.suffix}"
-        await self._disposable(conn, lambda ch: ch.exchange_delete(self.internal))
+        await self._disposable(conn, lambda ch: conn.exchange_delete(ch, self.internal))
         await self._declare_internal(conn, channel)
-        await channel.queue_bind(self.queue, self.internal, routing_key="")
+        await conn.queue_bind(channel, self.queue, self.internal, "")
         self._bound = {}
-        await self._sync_bindings(channel)
-        await self._disposable(conn, lambda ch: ch.exchange_delete(old))
+        await self._sync_bindings(conn, channel)
+        await self._disposable(conn, lambda ch: conn.exchange_delete(ch, old))
         self._next_check = time.monotonic() + INTERNAL_CHECK_INTERVAL
 
     def _connected_uri(self) -> str:
         return self.current_uri or self.upstream.uris[0]
 
-    async def _ensure_upstream_exchange(self, conn: aiormq.abc.AbstractConnection,
-                                        channel: aiormq.abc.AbstractChannel, name: str,
+    async def _ensure_upstream_exchange(self, conn: Connection, channel: int, name: str,
                                         info: dict[str, Any]) -> None:
         try:
-            await self._disposable(conn, lambda ch: ch.exchange_declare(
-                name, passive=True), raise_errors=True)
-        except aiormq.exceptions.ChannelNotFoundEntity:
-            await channel.exchange_declare(
-                name, exchange_type=info["type"], durable=info["durable"],
+            await self._disposable(conn, lambda ch: conn.exchange_declare(
+                ch, name, passive=True), raise_errors=True)
+        except NotFound:
+            await conn.exchange_declare(
+                channel, name, info["type"], durable=info["durable"],
                 auto_delete=info["auto_delete"], internal=info["internal"],
                 arguments=info["arguments"] or None)
 
-    async def _declare_internal(self, conn: aiormq.abc.AbstractConnection,
-                                channel: aiormq.abc.AbstractChannel) -> None:
+    async def _declare_internal(self, conn: Connection, channel: int) -> None:
         """x-federation-upstream on a disposable connection (503 closes the connection);
         plain fanout on the link's channel if the upstream does not know the type."""
         xfu_args: dict[str, Any] = {
-            "x-max-hops": Long(self.upstream.max_hops), "x-downstream-name": self.cluster,
+            "x-max-hops": self.upstream.max_hops, "x-downstream-name": self.cluster,
             "x-downstream-vhost": self.vhost, **PURPOSE}
         try:
-            side = await aiormq.connect(self._connected_uri())
+            side: Connection | None = await Connection.open(self._connected_uri(),
+                                                            product=PRODUCT)
         except Exception:
             side = None
         try:
             if side is not None:
                 ch = await side.channel()
-                await ch.exchange_declare(self.internal, exchange_type="x-federation-upstream",
-                                          durable=True, internal=True, auto_delete=True,
-                                          arguments=xfu_args)
+                await side.exchange_declare(ch, self.internal, "x-federation-upstream",
+                                            durable=True, internal=True, auto_delete=True,
+                                            arguments=xfu_args)
                 return
-        except aiormq.exceptions.ConnectionCommandInvalid:
-            pass
+        except AMQPError as exc:
+            if exc.code != 503:  # COMMAND_INVALID: an upstream without the type
+                raise
         finally:
-            if side is not None and not side.is_closed:
+            if side is not None:
                 await side.close()
-        await channel.exchange_declare(self.internal, exchange_type="fanout", durable=True,
-                                       internal=True, auto_delete=True, arguments=dict(PURPOSE))
+        await conn.exchange_declare(channel, self.internal, "fanout", durable=True,
+                                    internal=True, auto_delete=True, arguments=dict(PURPOSE))
 
-    async def _exists(self, conn: aiormq.abc.AbstractConnection, name: str) -> bool:
+    async def _exists(self, conn: Connection, name: str) -> bool:
         try:
-            await self._disposable(conn, lambda ch: ch.exchange_declare(name, passive=True),
-                                   raise_errors=True)
-        except aiormq.exceptions.ChannelNotFoundEntity:
+            await self._disposable(conn, lambda ch: conn.exchange_declare(
+                ch, name, passive=True), raise_errors=True)
+        except NotFound:
             return False
         return True
 
     @staticmethod
-    async def _disposable(conn: aiormq.abc.AbstractConnection, call: Any,
-                          raise_errors: bool = False) -> None:
+    async def _disposable(conn: Connection, call: Any, raise_errors: bool = False) -> None:
+        """Run ``call(channel)`` on a channel of its own (a channel error, such as a
+        passive declare's 404, closes only that one)."""
         ch = await conn.channel()
         try:
             await call(ch)
-        except aiormq.exceptions.AMQPChannelError:
+        except AMQPError as exc:
+            if exc.scope != "channel":
+                raise
             if raise_errors:
                 raise
         finally:
-            if not ch.is_closed:
-                await ch.close()
+            await conn.close_channel(ch)
 
     # ------------------------------------------------------------------ bindings
     def _upstream_binding_args(self, args: dict[str, Any]) -> dict[str, Any] | None:
@@ -198,68 +208,76 @@ class ExchangeLink(Link):
                 wanted[(binding.routing_key, args_key(args))] = (binding.routing_key, args)
         return wanted
 
-    async def _sync_bindings(self, channel: aiormq.abc.AbstractChannel) -> None:
+    async def _sync_bindings(self, conn: Connection, channel: int) -> None:
         wanted = self._wanted()
         ux = self.upstream_object
         for key, (rk, args) in wanted.items():
             if key not in self._bound:
-                await channel.exchange_bind(destination=self.internal, source=ux,
-                                            routing_key=rk, arguments=args)
+                await conn.exchange_bind(channel, self.internal, ux, rk, args)
                 self._bound[key] = (rk, args)
         for key in [k for k in self._bound if k not in wanted]:
             rk, args = self._bound.pop(key)
-            await channel.exchange_unbind(destination=self.internal, source=ux,
-                                          routing_key=rk, arguments=args)
+            await conn.exchange_unbind(channel, self.internal, ux, rk, args)
 
-    async def _flow(self, channel: aiormq.abc.AbstractChannel) -> None:
+    async def _flow(self, conn: Connection, channel: int) -> None:
         """Consume unless a local resource alarm (memory, disk) is on: like a publisher,
         the link stops feeding a broker that is blocking publishers. The upstream queue
         holds the messages meanwhile."""
         blocked = self.api.alarms_active()
         if not blocked and not self.consumer_tag:
-            ok = await channel.basic_consume(self.queue, self._on_message,
-                                             no_ack=self.upstream.ack_mode == "no-ack")
-            self.consumer_tag = ok.consumer_tag or ""
+            self.consumer_tag = await conn.basic_consume(
+                channel, self.queue, no_ack=self.upstream.ack_mode == "no-ack")
         elif blocked and self.consumer_tag:
-            await channel.basic_cancel(self.consumer_tag)
+            await conn.basic_cancel(channel, self.consumer_tag)
             self.consumer_tag = ""
 
     async def periodic(self) -> None:
         channel, conn = self.channel, self.conn
-        if channel is None or conn is None:
+        if not channel or conn is None:
             return
-        await self._flow(channel)
-        await self._sync_bindings(channel)
+        await self._flow(conn, channel)
+        await self._sync_bindings(conn, channel)
         if time.monotonic() >= self._next_check:
             self._next_check = time.monotonic() + INTERNAL_CHECK_INTERVAL
             try:
-                await self._disposable(conn, lambda ch: ch.exchange_declare(
-                    self.internal, passive=True), raise_errors=True)
-            except aiormq.exceptions.ChannelNotFoundEntity:
+                await self._disposable(conn, lambda ch: conn.exchange_declare(
+                    ch, self.internal, passive=True), raise_errors=True)
+            except NotFound:
                 raise ConnectionError(
                     f"internal upstream exchange {self.internal!r} is gone; restarting"
                 ) from None
 
-    async def cleanup(self, conn: aiormq.abc.AbstractConnection) -> None:
+    async def cleanup(self, conn: Connection) -> None:
         """No longer federated: the upstream queue and internal exchange go, as in RabbitMQ
         (messages waiting there would never be consumed)."""
         if self.queue:
-            await self._disposable(conn, lambda ch: ch.queue_delete(self.queue))
+            await self._disposable(conn, lambda ch: conn.queue_delete(ch, self.queue))
         if self.internal:
-            await self._disposable(conn, lambda ch: ch.exchange_delete(self.internal))
+            await self._disposable(conn, lambda ch: conn.exchange_delete(ch, self.internal))
 
     # ------------------------------------------------------------------ deliveries
-    async def _on_message(self, delivered: DeliveredMessage) -> None:
-        props = properties_of(delivered)
-        headers = props.get("headers") if isinstance(props.get("headers"), dict) else None
-        if not should_forward(headers, self.upstream.max_hops, self.cluster, self.vhost):
-            self.settle_drop(delivered)
+    def on_delivery(self, delivery: Delivery) -> None:
+        """Loop and hop check, then ``x-received-from`` prepended, on the raw properties
+        (:class:`~plugins.federation.headers.RawHeaders`)."""
+        try:
+            headers = RawHeaders.parse(delivery.properties)
+            received = headers.decoded(ROUTING_HEADER)
+        except (ValueError, IndexError, struct.error) as exc:
+            # the upstream accepted it, so this is unlikely; never loop on it
+            log.warning("federation %s: dropping a message with unreadable headers: %s",
+                        self.key, exc)
+            self.settle_drop(delivery)
             return
-        redelivered = bool(getattr(delivered.delivery, "redelivered", False))
-        table: dict[str, Any] = {"uri": self.uri, "exchange": self.upstream_object,
-                                 "redelivered": redelivered}
-        if self.upstream_cluster is not None:
-            table["cluster-name"] = self.upstream_cluster
-        table["vhost"] = self.uvhost
-        props["headers"] = prepend(headers, ROUTING_HEADER, table)
-        self.republish(delivered, self.name, delivered.routing_key or "", props)
+        if not forward_ok(received, self.upstream.max_hops, self.cluster, self.vhost):
+            self.settle_drop(delivery)
+            return
+        hop = self._hops.get(delivery.redelivered)
+        if hop is None:  # the same for every message of this connection: encoded once
+            table: dict[str, Any] = {"uri": self.uri, "exchange": self.upstream_object,
+                                     "redelivered": delivery.redelivered}
+            if self.upstream_cluster is not None:
+                table["cluster-name"] = self.upstream_cluster
+            table["vhost"] = self.uvhost
+            hop = self._hops[delivery.redelivered] = field_value(table)
+        prepend_raw(headers, ROUTING_HEADER, hop)
+        self.republish(delivery, self.name, delivery.routing_key, headers.encode())

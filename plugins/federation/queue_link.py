@@ -17,13 +17,13 @@ to ``x-original-cc`` (so the local publish does not fan out again).
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
-import aiormq
-from aiormq.abc import DeliveredMessage
-
-from plugins.federation.base import Link, properties_of
-from plugins.federation.headers import ROUTING_HEADER
+from plugins.federation.base import Link, log
+from plugins.federation.headers import ROUTING_HEADER, RawHeaders, array_items
+from plugins.shovel.methods import field_value
+from plugins.shovel.wire import Connection, Delivery
 
 POLL_INTERVAL = 0.05  # seconds between checks of the local queue's demand
 
@@ -36,19 +36,24 @@ class QueueLink(Link):
         super().__init__(*args, **kwargs)
         self.consuming = False
 
-    async def setup(self, conn: aiormq.abc.AbstractConnection,
-                    channel: aiormq.abc.AbstractChannel) -> None:
-        caps: Any = (conn.server_properties or {}).get("capabilities")
+    async def setup(self, conn: Connection, channel: int) -> None:
+        caps: Any = conn.server_properties.get("capabilities")
         if not isinstance(caps, dict) or caps.get("consumer_priorities") is not True:
             raise ConnectionError("upstream lacks consumer priorities")
         local = self.api.queue(self.vhost, self.name)
-        await channel.queue_declare(self.upstream_object, durable=local.durable,
-                                    auto_delete=local.auto_delete,
-                                    arguments=dict(local.arguments) or None)
+        await conn.queue_declare(channel, self.upstream_object, durable=local.durable,
+                                 auto_delete=local.auto_delete,
+                                 arguments=dict(local.arguments) or None)
         if self.upstream.ack_mode != "no-ack":
-            await channel.basic_qos(prefetch_count=self.upstream.prefetch_count)
+            await conn.basic_qos(channel, self.upstream.prefetch_count)
         self.consuming = False
+        conn.on_delivery[channel] = self.on_delivery
+        conn.on_cancel[channel] = self._cancelled
         await self.periodic()
+
+    def _cancelled(self, _consumer_tag: str) -> None:
+        """The upstream cancelled our consumer (its queue was deleted...)."""
+        self.consuming = False
 
     def _wants_messages(self) -> bool:
         if self.api.find_queue(self.vhost, self.name) is None:
@@ -58,51 +63,52 @@ class QueueLink(Link):
         return self.api.has_demand(self.vhost, self.name, min_priority=0)
 
     async def periodic(self) -> None:
-        channel = self.channel
-        if channel is None:
+        channel, conn = self.channel, self.conn
+        if not channel or conn is None:
             return
-        consumers = getattr(channel, "consumers", {})
-        if self.consuming and self.upstream.consumer_tag not in consumers:
-            self.consuming = False  # cancelled by the upstream (queue deleted...)
         want = self._wants_messages()
         if want and not self.consuming:
-            await channel.basic_consume(
-                self.upstream_object, self._on_message,
-                no_ack=self.upstream.ack_mode == "no-ack",
+            await conn.basic_consume(
+                channel, self.upstream_object, no_ack=self.upstream.ack_mode == "no-ack",
                 consumer_tag=self.upstream.consumer_tag, arguments={"x-priority": -1})
             self.consuming = True
         elif not want and self.consuming:
-            await channel.basic_cancel(self.upstream.consumer_tag)
+            await conn.basic_cancel(channel, self.upstream.consumer_tag)
             self.consuming = False
 
-    def _headers(self, delivered: DeliveredMessage, headers: dict[str, Any]) -> dict[str, Any]:
+    def _headers(self, delivery: Delivery, headers: RawHeaders) -> None:
+        """Rewrite the raw headers for the local republish (see the module docstring);
+        entries and earlier hops that do not change are kept byte for byte."""
         table: dict[str, Any] = {"uri": self.uri, "queue": self.upstream_object}
-        been = headers.get(ROUTING_HEADER)
-        out = dict(headers)
+        been = headers.decoded(ROUTING_HEADER)
+        kept: list[bytes] = []
+        count = 0
         if isinstance(been, list):
-            count = 0
-            rest = []
-            for item in been:
+            for item, raw in zip(been, array_items(headers.get(ROUTING_HEADER)), strict=True):
                 if isinstance(item, dict) and all(item.get(k) == table.get(k)
                                                   for k in ("uri", "virtual_host", "queue")):
                     seen = item.get("visit-count")
                     count = seen if isinstance(seen, int) else 0
                 else:
-                    rest.append(item)
-            been = rest
+                    kept.append(raw)
         else:
-            out["x-original-exchange"] = getattr(delivered.delivery, "exchange", "") or ""
-            out["x-original-routing-key"] = delivered.routing_key or ""
-            been, count = [], 0
-        if "CC" in out:
-            out["x-original-cc"] = out.pop("CC")
-        table["redelivered"] = bool(getattr(delivered.delivery, "redelivered", False))
+            headers.set("x-original-exchange", field_value(delivery.exchange))
+            headers.set("x-original-routing-key", field_value(delivery.routing_key))
+        cc = headers.pop("CC")
+        if cc is not None:
+            headers.set("x-original-cc", cc)
+        table["redelivered"] = delivery.redelivered
         table["visit-count"] = count + 1
-        out[ROUTING_HEADER] = [table, *been]
-        return out
+        items = field_value(table) + b"".join(kept)
+        headers.set(ROUTING_HEADER, b"A" + len(items).to_bytes(4, "big") + items)
 
-    async def _on_message(self, delivered: DeliveredMessage) -> None:
-        props = properties_of(delivered)
-        headers = props.get("headers") if isinstance(props.get("headers"), dict) else {}
-        props["headers"] = self._headers(delivered, headers or {})
-        self.republish(delivered, "", self.name, props)
+    def on_delivery(self, delivery: Delivery) -> None:
+        try:
+            headers = RawHeaders.parse(delivery.properties)
+            self._headers(delivery, headers)
+        except (ValueError, IndexError, struct.error) as exc:
+            log.warning("federation %s: dropping a message with unreadable headers: %s",
+                        self.key, exc)
+            self.settle_drop(delivery)
+            return
+        self.republish(delivery, "", self.name, headers.encode())

@@ -55,14 +55,14 @@ class AMQPDestination(Destination):
         ch = await conn.channel()
         if d.dest_queue is not None:
             try:
-                await conn.rpc(ch, spec.Queue.Declare(queue=d.dest_queue, passive=True))
+                await conn.queue_declare(ch, d.dest_queue, passive=True)
             except NotFound:
                 ch = await conn.channel()
-                await conn.rpc(ch, spec.Queue.Declare(queue=d.dest_queue, durable=True,
-                                                      arguments=d.dest_queue_args or None))
+                await conn.queue_declare(ch, d.dest_queue, durable=True,
+                                         arguments=d.dest_queue_args or None)
         elif d.dest_exchange:
             # never declared: a missing exchange fails the shovel (404), as in RabbitMQ
-            await conn.rpc(ch, spec.Exchange.Declare(exchange=d.dest_exchange, passive=True))
+            await conn.exchange_declare(ch, d.dest_exchange, passive=True)
         if on_confirm is not None:
             await conn.rpc(ch, spec.Confirm.Select())
             conn.on_confirm[ch] = on_confirm

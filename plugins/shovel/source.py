@@ -14,8 +14,6 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from pamqp import commands as spec
-
 from plugins.shovel.params import ShovelDef
 from plugins.shovel.wire import Connection, Delivery, NotFound
 
@@ -56,24 +54,22 @@ class AMQPSource(Source):
         conn = self.conn = await Connection.open(self.uri)
         ch = self.channel = await conn.channel()
         if d.src_exchange is not None:
-            ok = await conn.rpc(ch, spec.Queue.Declare(queue="", exclusive=True,
-                                                       auto_delete=True))
+            ok = await conn.queue_declare(ch, "", exclusive=True, auto_delete=True)
             self.queue = ok.queue
-            await conn.rpc(ch, spec.Queue.Bind(queue=self.queue, exchange=d.src_exchange,
-                                               routing_key=d.src_exchange_key))
+            await conn.queue_bind(ch, self.queue, d.src_exchange, d.src_exchange_key)
         else:
             assert d.src_queue is not None
             self.queue = d.src_queue
             try:
-                ok = await conn.rpc(ch, spec.Queue.Declare(queue=self.queue, passive=True))
+                ok = await conn.queue_declare(ch, self.queue, passive=True)
             except NotFound:
                 # missing: declared durable (with src-queue-args when given), as RabbitMQ
                 ch = self.channel = await conn.channel()
-                ok = await conn.rpc(ch, spec.Queue.Declare(
-                    queue=self.queue, durable=True, arguments=d.src_queue_args or None))
+                ok = await conn.queue_declare(ch, self.queue, durable=True,
+                                              arguments=d.src_queue_args or None)
             self.initial_length = ok.message_count or 0
         if d.ack_mode != "no-ack":
-            await conn.rpc(ch, spec.Basic.Qos(prefetch_count=d.prefetch_count))
+            await conn.basic_qos(ch, d.prefetch_count)
         cancelled = self._cancelled = asyncio.get_running_loop().create_future()
 
         def on_cancel(consumer_tag: str) -> None:
@@ -83,8 +79,8 @@ class AMQPSource(Source):
 
         conn.on_delivery[ch] = on_message
         conn.on_cancel[ch] = on_cancel
-        await conn.rpc(ch, spec.Basic.Consume(queue=self.queue, no_ack=d.ack_mode == "no-ack",
-                                              arguments=d.src_consumer_args or None))
+        await conn.basic_consume(ch, self.queue, no_ack=d.ack_mode == "no-ack",
+                                 arguments=d.src_consumer_args or None)
 
     def ack(self, delivery_tag: int, multiple: bool) -> None:
         assert self.conn is not None

@@ -1,11 +1,19 @@
-"""A small AMQP 0-9-1 client made for shovelling: messages pass through undecoded.
+"""The link client: a small AMQP 0-9-1 client through which messages pass undecoded.
 
-A shovel forwards what it receives, so the hot path never decodes a message: a delivery
-is the exchange, routing key and delivery tag from ``basic.deliver`` plus the *raw*
-property bytes of its content header and the body; a publish writes those bytes back
-(the properties are decoded, with pamqp, only when the shovel must change them: forward
-headers, timestamp header, publish properties). Everything else (handshake, declares,
-consume, confirm.select, close) is ordinary pamqp frames, one RPC at a time.
+It is the one client of both link plugins: shovels (source and destination) and
+federation links (the upstream connection). A link forwards what it receives, so the
+hot path never decodes a message: a delivery is the exchange, routing key and delivery
+tag from ``basic.deliver`` plus the *raw* property bytes of its content header and the
+body; a publish writes those bytes back (the properties are decoded only when a link must
+change them: forward headers, ``x-received-from``, publish properties).
+
+Methods that carry names or tables (declares, binds, deletes, consume, cancel) are
+encoded here (:mod:`plugins.shovel.methods`), not with pamqp: RabbitMQ accepts any UTF-8
+name (federation's own are ``federation: X -> C``), which pamqp's 0-9-1 domain patterns
+refuse, and table integers go out as RabbitMQ's own clients send them (64-bit ``l``).
+Other methods (handshake, qos, confirm.select, close) are pamqp frames; replies are
+parsed with pamqp, which never validates names when parsing. One RPC per channel at a
+time.
 
 Frames are parsed in ``data_received`` from one buffer, without a task or queue per
 frame; deliveries and confirms reach their callbacks synchronously, in wire order.
@@ -30,6 +38,7 @@ from pamqp import frame as pframe
 from pamqp.header import ContentHeader, ProtocolHeader
 
 from amqpd.broker.api import wire as C
+from plugins.shovel import methods
 
 FRAME_MAX = 131072
 WRITE_BUFFER = 4 * 1024 * 1024  # bytes queued in the transport before publishers wait
@@ -53,6 +62,7 @@ class AMQPError(Exception):
         super().__init__(f"{scope} closed: {code} {text}")
         self.code = code
         self.text = text
+        self.scope = scope
 
 
 class NotFound(AMQPError):
@@ -139,7 +149,10 @@ class Connection(asyncio.Protocol):
         self.closed: asyncio.Future[Any] = self.loop.create_future()
         self._waiters: dict[int, asyncio.Future[Any]] = {}  # channel -> RPC reply
         self._channel_closed: dict[int, asyncio.Future[Any]] = {}
-        self._next_channel = 1
+        self._live: set[int] = set()  # open channel numbers (freed ones are reused)
+        self.channel_max = 2047
+        self.server_properties: dict[str, Any] = {}
+        self.product = "amqpd-shovel"
         self._can_write = asyncio.Event()
         self._can_write.set()
         self._wrote = False
@@ -153,7 +166,7 @@ class Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ open / close
     @classmethod
-    async def open(cls, uri: str) -> Connection:
+    async def open(cls, uri: str, product: str = "amqpd-shovel") -> Connection:
         params = parse_uri(uri)
         loop = asyncio.get_running_loop()
         context = _tls_context(uri) if params.tls else None
@@ -161,6 +174,7 @@ class Connection(asyncio.Protocol):
             loop.create_connection(lambda: cls(params), params.host, params.port,
                                    ssl=context),
             params.connect_timeout)
+        conn.product = product
         try:
             await asyncio.wait_for(conn._handshake(), params.connect_timeout)
         except BaseException:
@@ -172,11 +186,11 @@ class Connection(asyncio.Protocol):
         p = self.params
         start = self._expect(0)
         self._write(_PROTOCOL_HEADER)
-        await start
+        self.server_properties = dict((await start).server_properties or {})
         tune_f = self._expect(0)
         self.send(0, spec.Connection.StartOk(
             client_properties={
-                "product": "amqpd-shovel", "platform": "Python",
+                "product": self.product, "platform": "Python",
                 "capabilities": {"publisher_confirms": True, "consumer_cancel_notify": True,
                                  "basic.nack": True, "connection.blocked": True,
                                  "authentication_failure_close": True}},
@@ -184,7 +198,8 @@ class Connection(asyncio.Protocol):
         tune = await tune_f
         self.frame_max = min(tune.frame_max or FRAME_MAX, FRAME_MAX)
         heartbeat = min(tune.heartbeat, p.heartbeat) if tune.heartbeat else p.heartbeat
-        self.send(0, spec.Connection.TuneOk(channel_max=tune.channel_max or 2047,
+        self.channel_max = min(tune.channel_max or 2047, 2047)
+        self.send(0, spec.Connection.TuneOk(channel_max=self.channel_max,
                                             frame_max=self.frame_max, heartbeat=heartbeat))
         await self.rpc(0, spec.Connection.Open(virtual_host=p.vhost))
         if heartbeat:
@@ -224,11 +239,91 @@ class Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ channels / RPC
     async def channel(self) -> int:
-        number = self._next_channel
-        self._next_channel += 1
+        """Open a channel: the lowest free number (closed ones are reused, so a link
+        that opens a disposable channel now and then never runs out)."""
+        number = next((n for n in range(1, self.channel_max + 1) if n not in self._live), 0)
+        if not number:
+            raise AMQPError(0, f"all {self.channel_max} channels in use", "connection")
+        self._live.add(number)
         self._channel_closed[number] = self.loop.create_future()
-        await self.rpc(number, spec.Channel.Open())
+        try:
+            await self.rpc(number, spec.Channel.Open())
+        except BaseException:
+            self._release(number)
+            raise
         return number
+
+    async def close_channel(self, number: int) -> None:
+        """Close a channel (bounded); its ``channel_closed`` future completes."""
+        if number in self._live and not self.closed.done():
+            with contextlib.suppress(AMQPError, ConnectionError, asyncio.TimeoutError):
+                await asyncio.wait_for(self.rpc(number, spec.Channel.Close(
+                    reply_code=200, reply_text="closed", class_id=0, method_id=0)), 5)
+        fut = self._channel_closed.get(number)
+        if fut is not None and not fut.done():
+            fut.set_result("channel closed by the link")
+        self._release(number)
+
+    def _release(self, number: int) -> None:
+        self._live.discard(number)
+        self.on_delivery.pop(number, None)
+        self.on_confirm.pop(number, None)
+        self.on_cancel.pop(number, None)
+        self._content.pop(number, None)
+
+    # ------------------------------------------------------------------ named methods
+    async def queue_declare(self, channel: int, queue: str, *, passive: bool = False,
+                            durable: bool = False, exclusive: bool = False,
+                            auto_delete: bool = False,
+                            arguments: dict[str, Any] | None = None) -> Any:
+        """queue.declare; the DeclareOk (queue, message_count, consumer_count)."""
+        return await self.rpc_frame(channel, methods.queue_declare(
+            channel, queue, passive, durable, exclusive, auto_delete, arguments))
+
+    async def queue_bind(self, channel: int, queue: str, exchange: str, routing_key: str = "",
+                         arguments: dict[str, Any] | None = None) -> None:
+        await self.rpc_frame(channel, methods.queue_bind(channel, queue, exchange,
+                                                         routing_key, arguments))
+
+    async def queue_delete(self, channel: int, queue: str) -> None:
+        await self.rpc_frame(channel, methods.queue_delete(channel, queue))
+
+    async def exchange_declare(self, channel: int, exchange: str, exchange_type: str = "direct",
+                               *, passive: bool = False, durable: bool = False,
+                               auto_delete: bool = False, internal: bool = False,
+                               arguments: dict[str, Any] | None = None) -> None:
+        await self.rpc_frame(channel, methods.exchange_declare(
+            channel, exchange, exchange_type, passive, durable, auto_delete, internal,
+            arguments))
+
+    async def exchange_delete(self, channel: int, exchange: str) -> None:
+        await self.rpc_frame(channel, methods.exchange_delete(channel, exchange))
+
+    async def exchange_bind(self, channel: int, destination: str, source: str,
+                            routing_key: str = "",
+                            arguments: dict[str, Any] | None = None) -> None:
+        await self.rpc_frame(channel, methods.exchange_bind(
+            channel, destination, source, routing_key, arguments, unbind=False))
+
+    async def exchange_unbind(self, channel: int, destination: str, source: str,
+                              routing_key: str = "",
+                              arguments: dict[str, Any] | None = None) -> None:
+        await self.rpc_frame(channel, methods.exchange_bind(
+            channel, destination, source, routing_key, arguments, unbind=True))
+
+    async def basic_qos(self, channel: int, prefetch_count: int) -> None:
+        await self.rpc(channel, spec.Basic.Qos(prefetch_count=prefetch_count))
+
+    async def basic_consume(self, channel: int, queue: str, *, consumer_tag: str = "",
+                            no_ack: bool = False,
+                            arguments: dict[str, Any] | None = None) -> str:
+        """Start consuming (set ``on_delivery[channel]`` first); the consumer tag."""
+        ok = await self.rpc_frame(channel, methods.basic_consume(
+            channel, queue, consumer_tag, no_ack, arguments))
+        return str(ok.consumer_tag or consumer_tag)
+
+    async def basic_cancel(self, channel: int, consumer_tag: str) -> None:
+        await self.rpc_frame(channel, methods.basic_cancel(channel, consumer_tag))
 
     def channel_closed(self, number: int) -> asyncio.Future[Any]:
         return self._channel_closed[number]
@@ -239,10 +334,14 @@ class Connection(asyncio.Protocol):
         return fut
 
     async def rpc(self, channel: int, method: Any) -> Any:
+        return await self.rpc_frame(channel, pframe.marshal(method, channel))
+
+    async def rpc_frame(self, channel: int, frame: bytes) -> Any:
+        """Send one method frame and wait for the reply on its channel."""
         if self.closed.done():
             raise ConnectionError("connection closed")
         fut = self._expect(channel)
-        self.send(channel, method)
+        self._write(frame)
         done, _ = await asyncio.wait([fut, self.closed], return_when=asyncio.FIRST_COMPLETED)
         if fut not in done:
             fut.cancel()
@@ -381,6 +480,7 @@ class Connection(asyncio.Protocol):
                 if fut is not None and not fut.done():
                     fut.set_exception(exc)
                     fut.exception()
+            self._release(channel)
             return
         if isinstance(method, spec.Connection.Close):
             self.send(0, spec.Connection.CloseOk())

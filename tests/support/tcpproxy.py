@@ -1,17 +1,23 @@
-"""A TCP proxy a test controls, to cut and restore a link between two local processes.
+"""A TCP proxy a test controls, to cut, slow down and restore a link between two processes.
 
 It runs its own asyncio loop in a thread, listens on an ephemeral loopback port and
-forwards every accepted connection to ``target``. :meth:`TcpProxy.cut` simulates a
-network partition in one of two ways:
+forwards every accepted connection to ``target``. The faults it injects:
 
-- ``"blackhole"`` (the default, like a pulled cable): existing connections stay open but
-  no byte crosses in either direction, and new connections are accepted and then stall.
-  Peers notice only through AMQP heartbeats, exactly as across a real partition.
-- ``"reset"``: every connection is closed at once and new ones are refused (a peer that
-  rebooted, a firewall that sends RST).
+- :meth:`TcpProxy.cut` ``"blackhole"`` (the default, like a pulled cable): existing
+  connections stay open and the proxy goes on reading from both sides, but forwards
+  nothing; new connections are accepted and then stall. Peers notice only through AMQP
+  heartbeats, exactly as across a real partition.
+- :meth:`TcpProxy.cut` ``"reset"``: every connection is closed at once and new ones are
+  refused until :meth:`restore` (a peer that rebooted, a firewall that sends RST).
+- :meth:`TcpProxy.reset_all`: every connection open now is closed at once (aborted, so
+  the peers see a reset); new ones are accepted as usual (a flapping middlebox).
+- :meth:`TcpProxy.delay`: every chunk of bytes is forwarded ``ms`` milliseconds after it
+  was read, in both directions, without limiting throughput (a long, fat pipe); 0 ends it.
 
 :meth:`restore` lets bytes flow again; connections that stalled in a blackhole are
-closed then (their peers have given up on them), so clients reconnect cleanly.
+closed then (their peers have given up on them, and what was read meanwhile was dropped),
+so clients reconnect cleanly. ``accepted`` counts connections accepted over the proxy's
+life, so a test can see that a peer reconnected.
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ class TcpProxy:
         self.host = host
         self.port = 0
         self.mode: str | None = None  # None = connected, else "blackhole" / "reset"
+        self.delay_s = 0.0  # added to every chunk's trip through the proxy
+        self.accepted = 0
         self._pipes: set[_Pipe] = set()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
@@ -67,6 +75,14 @@ class TcpProxy:
 
     def restore(self) -> None:
         self._call(self._restore())
+
+    def reset_all(self) -> None:
+        """Abort every connection open now; keep accepting new ones."""
+        self._call(self._reset_all())
+
+    def delay(self, ms: float) -> None:
+        """Forward every chunk ``ms`` milliseconds late from now on (0: no delay)."""
+        self.delay_s = max(0.0, ms / 1000)
 
     def set_target(self, host: str, port: int) -> None:
         """Forward new connections elsewhere (a restarted upstream on a new port)."""
@@ -100,6 +116,11 @@ class TcpProxy:
                 pipe.close()
             self._pipes.clear()
 
+    async def _reset_all(self) -> None:
+        for pipe in list(self._pipes):
+            pipe.close()
+        self._pipes.clear()
+
     async def _restore(self) -> None:
         stalled = self.mode == "blackhole"
         self.mode = None
@@ -113,6 +134,7 @@ class TcpProxy:
         if self.mode == "reset":
             writer.transport.abort()
             return
+        self.accepted += 1
         pipe = _Pipe(writer)
         self._pipes.add(pipe)
         try:
@@ -128,18 +150,44 @@ class TcpProxy:
 
     async def _copy(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                     pipe: _Pipe) -> None:
+        """One direction: a reader that stamps each chunk with when it is due, and a
+        writer that sends it then (so a delay adds latency, not a throughput limit)."""
+        loop = asyncio.get_running_loop()
+        chunks: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue(maxsize=64)
+
+        async def send() -> None:
+            try:
+                while True:
+                    item = await chunks.get()
+                    if item is None:
+                        return
+                    due, data = item
+                    wait = due - loop.time()
+                    if wait > 0:
+                        await asyncio.sleep(wait)
+                    await self._flowing.wait()  # what was queued before a blackhole waits
+                    if pipe not in self._pipes:
+                        return
+                    writer.write(data)
+                    await writer.drain()
+            except OSError:
+                pipe.close()  # the other side is gone: so is this connection
+
+        sender = asyncio.create_task(send())
         try:
-            while True:
+            while not sender.done():
                 data = await reader.read(65536)
                 if not data:
                     break
-                await self._flowing.wait()  # a blackhole holds bytes back
-                if pipe not in self._pipes:
-                    return
-                writer.write(data)
-                await writer.drain()
+                if self.mode == "blackhole":
+                    continue  # read, forward nothing
+                await chunks.put((loop.time() + self.delay_s, data))
+            if not sender.done():
+                await chunks.put(None)
+                await sender
         except (OSError, asyncio.CancelledError):
             pass
         finally:
+            sender.cancel()
             pipe.close()
             self._pipes.discard(pipe)

@@ -11,16 +11,16 @@ class FakeChannel:
     def __init__(self) -> None:
         self.sent: list[tuple[str, int, bool]] = []
 
-    async def basic_ack(self, tag: int, multiple: bool = False) -> None:
+    def basic_ack(self, tag: int, multiple: bool = False) -> None:
         self.sent.append(("ack", tag, multiple))
 
-    async def basic_nack(self, tag: int, multiple: bool = False, requeue: bool = True) -> None:
-        self.sent.append(("nack", tag, multiple))
+    def basic_nack(self, tag: int) -> None:
+        self.sent.append(("nack", tag, False))
 
 
 async def test_prefix_acked_once_out_of_order_waits() -> None:
     ch = FakeChannel()
-    acker = Acker(ch)
+    acker = Acker(ch.basic_ack, ch.basic_nack)
     for tag in range(1, 6):
         acker.track(tag)
     for tag in (2, 1, 3, 5):  # 4 is still in flight
@@ -34,7 +34,7 @@ async def test_prefix_acked_once_out_of_order_waits() -> None:
 
 async def test_failed_delivery_nacked_alone_in_sequence() -> None:
     ch = FakeChannel()
-    acker = Acker(ch)
+    acker = Acker(ch.basic_ack, ch.basic_nack)
     for tag in range(1, 5):
         acker.track(tag)
     acker.settle(1, True)

@@ -13,7 +13,6 @@ from plugins.federation.exchange_link import upstream_queue_name, upstream_vhost
 from plugins.federation.headers import ROUTING_HEADER, prepend, should_forward
 from plugins.federation.params import Upstream, resolve, strip_credentials
 from plugins.federation.upstream_exchange import FederationUpstreamExchange
-from plugins.federation.wire import Long, install
 
 
 def store() -> ParameterStore:
@@ -120,12 +119,3 @@ def test_upstream_exchange_type_filters() -> None:
     assert list(ex.route(_msg(one), "any")) == []  # max-hops 1 reached
     with pytest.raises(PreconditionFailed):
         FederationUpstreamExchange("/", "bad", arguments={"x-downstream-name": "d"})
-
-
-def test_wire_long_and_names() -> None:
-    from pamqp import commands, encode
-
-    install()
-    assert encode.table_integer(Long(1))[:1] == b"l"
-    assert encode.table_integer(1)[:1] != b"l"
-    commands.Queue.Declare(queue="federation: x -> down")  # no ValueError
