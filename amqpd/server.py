@@ -93,9 +93,6 @@ class Broker:
         self.listeners: list[tuple[str, str, int]] = []  # (protocol, host, port)
         self.stopping = False
         self.alarms = Alarms(self)
-        # how many quorum queues exist: while any do, a transient message routed to one
-        # is written to the store like a persistent one (broker/quorum.py)
-        self.quorum_queues = 0
         self.publisher = Publisher(self)
         self.policies = PolicyStore(self)
         self.operator_policies = OperatorPolicyStore(self)

@@ -33,7 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from amqpd.broker import quorum, resource_limits, topic_auth
+# quorum is imported for its effect: it registers x-queue-type quorum
+from amqpd.broker import quorum, resource_limits, topic_auth  # noqa: F401
 from amqpd.broker.auth import HASHING_SHA256, Permission, User, hash_password
 from amqpd.broker.definitions import DefinitionsError, export_definitions, import_definitions
 from amqpd.broker.exchange import EXCHANGE_TYPES, Binding, Destination, Exchange, args_key
@@ -266,7 +267,7 @@ class BrokerAPI:
         q = self.queue(vhost, name)
         q.vhost.check_exclusive(q, owner)
         q.touch()
-        entry = q.take()
+        entry = q.fetch()  # as basic.get shows it (a quorum queue's x-delivery-count)
         if entry is None:
             return None
         body = self._broker.body_of(entry.message)
@@ -306,9 +307,7 @@ class BrokerAPI:
         if q.consumers and (exclusive or any(c.exclusive for c in q.consumers)):
             raise AccessRefused(f"queue '{q.name}' in vhost '{vh.name}' in exclusive use")
         args = dict(arguments or {})
-        if q.ext is not None and q.ext.quorum is not None:  # the channel's global prefetch
-            quorum.check_consume(q, global_prefetch, args)
-        q.validate_consumer_arguments(args, q.name, vh.name)
+        q.check_consume(args, global_prefetch)  # global_prefetch: the channel's global QoS
         consumer = Consumer(channel, q, tag, no_ack, exclusive, prefetch, args)
         return consumer
 
@@ -333,10 +332,8 @@ class BrokerAPI:
 
     def queue_type_info(self, q: QueueType) -> dict[str, Any]:
         """What the management API shows of a queue beyond :meth:`QueueType.info` for
-        its kind: a quorum queue's type, leader, members and online nodes."""
-        if isinstance(q, Queue) and quorum.state_of(q) is not None:
-            return quorum.queue_info(q, self._broker.settings.node_name)
-        return {}
+        its kind (:meth:`QueueType.type_info`), e.g. a quorum queue's leader and members."""
+        return q.type_info(self._broker.settings.node_name)
 
     # ------------------------------------------------------------------ durability
     async def wait_durable(self) -> None:

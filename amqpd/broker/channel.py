@@ -383,13 +383,11 @@ class Channel:
         q = self.api.queue(self.vhost, queue_name)
         self.api.check_exclusive(q, self.session)
         q.touch()  # basic.get counts as use for x-expires
-        entry = q.take()
+        entry = q.fetch()
         if entry is None:
             self.session.conn.write(codec.method_frame(self.number, C.BASIC_GET_EMPTY, b"\x00"))
             return
         if q.ext is not None:
-            if q.ext.quorum is not None:
-                entry = q.ext.quorum.for_get(entry)  # x-delivery-count, even the first time
             q.ext.drop_expired_head()  # RabbitMQ's message-count leaves them out
         tag = self.next_tag
         self.next_tag = tag + 1

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 
 from amqpd.broker import rawprops
 from amqpd.broker.message import LoggedMessage, Message
-from amqpd.broker.queue_entry import QuorumEntry
 
 if TYPE_CHECKING:
     from amqpd.broker.queue import QueueEntry
@@ -133,9 +132,8 @@ def dead_letter(broker: Broker, queue: QueueType, entries: list[QueueEntry], rea
     dlrk = ext.opts.dead_letter_routing_key if ext is not None else None
     wrote = False
     for entry in entries:
-        # a quorum queue's returned delivery: republish it as published, without the
-        # x-delivery-count header RabbitMQ adds only on delivery
-        message = entry.base if isinstance(entry, QuorumEntry) else entry.message
+        # as published: a quorum queue's returned delivery without x-delivery-count
+        message = queue.published_message(entry)
         if type(message) is LoggedMessage:
             message = message.load()
         dl, routing_keys = make_message(message, reason, queue.name, dlx, dlrk)

@@ -21,7 +21,6 @@ from amqpd.broker.priority import PriorityReady
 from amqpd.broker.queue import Consumer, Queue, QueueEntry
 from amqpd.broker.queue_entry import TimedEntry
 from amqpd.broker.queue_type import QueueType
-from amqpd.broker.quorum import QuorumState, is_quorum, keeps_every_message
 from amqpd.broker.ttl import parse_expiration
 from amqpd.protocol.constants import FLAG_EXPIRATION_HI, FLAG_HEADERS_HI, FLAG_PRIORITY_HI
 from amqpd.protocol.errors import PreconditionFailed
@@ -56,14 +55,11 @@ class QueueExt:
         self.cold_legacy = False
         self.ttl_seen = False  # some entry of this queue ever had an expiry
         self.plain = False
-        # a quorum queue's delivery limit and reject-publish state (amqpd.broker.quorum)
-        self.quorum = QuorumState(queue) if is_quorum(queue.arguments) else None
         self.configure(opts)
 
     def configure(self, opts: QueueOptions) -> None:
         q = self.queue
-        if self.quorum is not None:
-            opts = self.quorum.configure(opts)
+        opts = q.effective_options(opts)  # as the queue's type applies them
         self.opts = opts
         self.rejects = opts.overflow != "drop-head" and (
             opts.max_length is not None or opts.max_length_bytes is not None)
@@ -216,11 +212,7 @@ class QueueExt:
 
     def requeue(self, entries: list[QueueEntry]) -> None:
         """Entries go back to their original places (per priority level in a priority
-        queue); an expired one is then dropped from the head as RabbitMQ does. A quorum
-        queue puts them at the back, counted (amqpd.broker.quorum)."""
-        if self.quorum is not None:
-            self.quorum.requeue(entries)
-            return
+        queue); an expired one is then dropped from the head as RabbitMQ does."""
         q = self.queue
         ready: Any = q.ready
         for entry in sorted(entries, key=lambda e: e.seq, reverse=True):
@@ -275,7 +267,7 @@ class QueueExt:
         self.cold_deadlines = {}
         self.cold_legacy = False
         q = self.queue
-        if self.plain and not self.ttl_seen and not self.sac and self.quorum is None \
+        if self.plain and not self.ttl_seen and not self.sac and not q.needs_ext \
                 and q.ext is self:
             q.ext = None
 
@@ -412,8 +404,8 @@ def apply_policies(broker: Broker, vhost: VHost, obj: QueueType | Exchange) -> N
         cap(opts, operator.definition)
     if obj.ext is not None:
         obj.ext.configure(opts)
-    elif (opts.any or is_quorum(obj.arguments)) and isinstance(obj, Queue):
-        # these extensions (and the quorum state riding on them) are the classic queue's
+    elif isinstance(obj, Queue) and (opts.any or obj.needs_ext):
+        # these extensions are the classic queue's (a quorum queue builds on them)
         obj.ext = QueueExt(obj, opts)
 
 
@@ -506,8 +498,9 @@ def validate_queue_arguments(arguments: dict[str, Any], name: str = "",
     qtype = arguments.get("x-queue-type")
     if qtype is not None and not isinstance(qtype, str):
         raise fail("x-queue-type", f"{{unacceptable_type,{type_name(qtype)}}}")
-    # otherwise x-queue-type picked this validation (quorum queues are checked in
-    # quorum.py); an unknown type is refused by queue_type.resolve
+    # otherwise x-queue-type picked this validation (a quorum queue checks the arguments
+    # it shares with classic ones here: QuorumQueue.validate_arguments); an unknown type
+    # is refused by queue_type.resolve
     sac = arguments.get("x-single-active-consumer")
     if sac is not None and not isinstance(sac, bool):
         raise fail("x-single-active-consumer", f"{{unacceptable_type,{type_name(sac)}}}")
@@ -549,8 +542,8 @@ def enqueue_routed(broker: Broker, message: Message, queues: list[QueueType]) ->
     if not queues:
         return False
     queues, _refused = limits.admit(broker, queues, message)
-    if queues and not message.persistent and broker.quorum_queues:
-        message.persistent = keeps_every_message(queues)
+    if queues and not message.persistent and broker.publisher.keeping_queues:
+        message.persistent = any(q.keeps_every_message for q in queues)
     wrote = False
     if queues and message.persistent:
         durable = [q.store_key for q in queues if q.durable]

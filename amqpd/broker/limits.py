@@ -12,8 +12,9 @@ bytes are body bytes, as in RabbitMQ. Overflow behaviours:
 * ``reject-publish-dlx``: as reject-publish, and the refused message is dead-lettered.
 
 Refusal is decided *before* the message is written to the log, so a refused message never
-reaches the store on behalf of the queue that refused it. Quorum queues refuse by their
-own rule (over the limit, then until back at 80 %: amqpd.broker.quorum).
+reaches the store on behalf of the queue that refused it. Whether a queue refuses is its
+type's answer (``QueueType.refuses_publish``: the classic queue refuses what would go
+over the limit, a quorum queue refuses over it and then until back at 80 %).
 """
 
 from __future__ import annotations
@@ -41,8 +42,7 @@ def admit(broker: Broker, queues: list[QueueType],
     refused: list[QueueType] | None = None
     for q in queues:
         ext = q.ext
-        if ext is not None and ext.rejects and (
-                ext.quorum.refuses() if ext.quorum is not None else would_overflow(q, message)):
+        if ext is not None and ext.rejects and q.refuses_publish(message):
             if refused is None:
                 refused = []
             refused.append(q)
@@ -61,8 +61,8 @@ def enforce(queue: Queue) -> None:
     """drop-head: trim the head of a classic queue until it is within its limits."""
     ext = queue.ext
     if ext is None or ext.rejects:
-        if ext is not None and ext.quorum is not None:
-            ext.quorum.after_enqueue()
+        if ext is not None:
+            queue.after_enqueue_rejecting()
         return
     opts = ext.opts
     max_len, max_bytes = opts.max_length, opts.max_length_bytes

@@ -24,7 +24,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from amqpd.broker.quorum import is_quorum
 from amqpd.protocol.errors import PreconditionFailed
 
 if TYPE_CHECKING:
@@ -240,7 +239,7 @@ class PolicyStore:
         from amqpd.broker.exchange import Exchange
 
         kind = "exchanges" if isinstance(obj, Exchange) else "queues"
-        queue_type = "quorum" if kind == "queues" and is_quorum(obj.arguments) else "classic"
+        queue_type = obj.type_name if kind == "queues" else "classic"
         policy = self.match(vhost.name, kind, obj.name, queue_type)
         obj.policy = dict(policy.definition) if policy is not None else None
         setattr(obj, "policy_name", policy.name if policy is not None else None)  # noqa: B010

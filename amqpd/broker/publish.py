@@ -25,7 +25,6 @@ from amqpd.broker.message import LoggedMessage, Message
 from amqpd.broker.persist import stored_message
 from amqpd.broker.queue import Queue
 from amqpd.broker.queue_type import QueueType
-from amqpd.broker.quorum import keeps_every_message
 from amqpd.protocol.constants import FLAG_EXPIRATION_HI, FLAG_HEADERS_HI, FLAG_USER_ID_LO
 from amqpd.protocol.errors import PreconditionFailed
 
@@ -55,6 +54,10 @@ class Publisher:
         self._pending_commit = False
         self._commit_waiters: list[OnConfirm] = []
         self._delivered_batch: dict[str, list[int]] = {}
+        # how many queues of a type that keeps every message (quorum) exist: while any
+        # do, a transient message routed to one is written to the store like a
+        # persistent one (QueueType.keeps_every_message)
+        self.keeping_queues = 0
 
     def publish(
         self, vhost: VHost, exchange_name: str, message: Message, username: str | None,
@@ -91,9 +94,10 @@ class Publisher:
             if refused and on_confirm is not None:
                 on_confirm(PreconditionFailed("rejected by a queue's length limit"))
                 on_confirm = confirm_now = None
-        if queues and not message.persistent and self.broker.quorum_queues:
-            # a quorum queue writes every message it takes, transient ones too
-            message.persistent = keeps_every_message(queues)
+        if queues and not message.persistent and self.keeping_queues:
+            # a quorum queue writes every message it takes, transient ones too (a durable
+            # classic queue reached by the same message keeps it as well: one write)
+            message.persistent = any(q.keeps_every_message for q in queues)
         store = self.broker.store
         if queues and message.persistent:
             durable = [q.store_key for q in queues if q.durable]

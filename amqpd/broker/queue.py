@@ -20,6 +20,8 @@ import itertools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from mypy_extensions import mypyc_attr
+
 from amqpd.broker.message import LoggedMessage, Message
 from amqpd.broker.queue_entry import QueueEntry
 from amqpd.broker.queue_type import QueueType, register_queue_type
@@ -65,8 +67,10 @@ class Consumer:
         return self.no_ack or not self.prefetch or self.unacked < self.prefetch
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Queue(QueueType):
-    """A classic queue: everything in this process, backlogs paged to the shared log."""
+    """A classic queue: everything in this process, backlogs paged to the shared log.
+    The one-node quorum queue (amqpd.broker.quorum, interpreted) builds on it."""
 
     type_name = "classic"
 
@@ -98,6 +102,11 @@ class Queue(QueueType):
     @property
     def message_count(self) -> int:
         return len(self.ready)
+
+    def refuses_publish(self, message: Message) -> bool:
+        from amqpd.broker.limits import would_overflow
+
+        return would_overflow(self, message)
 
     def touch(self) -> None:
         if self.ext is not None:

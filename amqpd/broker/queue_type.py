@@ -2,10 +2,14 @@
 
 Modelled on RabbitMQ's ``rabbit_queue_type`` behaviour. The channel, the vhost and the
 public broker API hold queues as :class:`QueueType` and call only the methods below, so
-a new kind of queue (quorum, mirrored, stream) is a second implementation registered
-with :func:`register_queue_type` under the name clients pass as ``x-queue-type``, and
-neither the channel nor the API changes for it. Today's queue is the first
-implementation: ``classic`` (:class:`amqpd.broker.queue.Queue`), the default.
+a new kind of queue (mirrored, stream) is a second implementation registered with
+:func:`register_queue_type` under the name clients pass as ``x-queue-type``, and neither
+the channel nor the API changes for it. ``classic`` (:class:`amqpd.broker.queue.Queue`)
+is the default; ``quorum`` (:class:`amqpd.broker.quorum.QuorumQueue`, one node) is the
+second. What a type refuses or answers differently (declare flags, redeclare
+equivalence, conditional delete, consume, basic.get, dead-lettering, overflow, the
+management fields) is a method or class attribute here with the classic answer as its
+default, so no caller asks which type it holds.
 
 The base class is compiled with the hot path: a call through it is a native method
 call (a vtable slot), not a Python attribute lookup. A type written in an interpreted
@@ -15,13 +19,16 @@ path of its users belongs in a compiled module (``amqpd/hotpath.py``).
 When each method is called (the entry's life: enqueue -> take -> delivered ->
 settle | requeue):
 
-* :meth:`validate_arguments` -- BEFORE declaration, with the declare arguments; raise
-  406 PRECONDITION_FAILED with RabbitMQ's text for what this type refuses
-  (:meth:`validate_consumer_arguments` likewise before a consumer is attached).
+* :meth:`validate_declaration` -- BEFORE declaration, with the declare flags and
+  arguments (by default :meth:`validate_arguments`, the arguments alone); raise 406
+  PRECONDITION_FAILED with RabbitMQ's text for what this type refuses.
+  :meth:`check_consume` likewise before a consumer is attached (by default
+  :meth:`validate_consumer_arguments`), :meth:`check_delete` before a queue.delete.
 * ``__init__`` -- on declaration (and on recovery, before :meth:`restore`).
 * :meth:`enqueue` -- a routed message arrives (publish pipeline, dead-lettering,
   delayed messages falling due).
-* :meth:`take` -- a consumer with credit or basic.get wants the head; None when empty.
+* :meth:`take` -- a consumer with credit wants the head; None when empty.
+  :meth:`fetch` -- the same for basic.get (a type may show the entry differently).
 * :meth:`delivered` -- the entry left for a consumer; ``acked`` for no-ack deliveries.
 * :meth:`settle` / :meth:`requeue` -- the client acked (or rejected without requeue),
   or the entries go back to their places marked redelivered.
@@ -31,6 +38,10 @@ settle | requeue):
   (the broker's dispatch scheduler calls it, never a handler inline).
 * :meth:`delete` -- once, when the queue is deleted, after its bindings are gone.
 * :meth:`restore` -- at boot, once per recovered message, in log order.
+
+Overflow with ``reject-publish``: :meth:`refuses_publish` before a message is admitted
+(only when the queue's overflow rejects), :meth:`after_enqueue_rejecting` after one was.
+Dead-lettering republishes :meth:`published_message` of an entry.
 """
 
 from __future__ import annotations
@@ -46,6 +57,7 @@ if TYPE_CHECKING:
     from amqpd.broker.exchange import Binding
     from amqpd.broker.extensions import QueueExt
     from amqpd.broker.message import Message
+    from amqpd.broker.policy import QueueOptions
     from amqpd.broker.queue import Consumer
     from amqpd.broker.queue_entry import QueueEntry
     from amqpd.broker.vhost import VHost
@@ -59,6 +71,13 @@ class QueueType:
     read, and the operations the channel and the API call."""
 
     type_name: ClassVar[str] = ""
+    # a transient message routed to a queue of this type is written to the store like a
+    # persistent one (the publish pipeline checks it while any such queue exists)
+    keeps_every_message: ClassVar[bool] = False
+    # always carries QueueExt (amqpd.broker.extensions), even without options
+    needs_ext: ClassVar[bool] = False
+    # arguments compared on redeclare; None: the classic set (vhost.EQUIVALENCE_ARGS)
+    compared_arguments: ClassVar[frozenset[str] | None] = None
 
     def __init__(
         self, vhost: VHost, name: str, durable: bool = False,
@@ -97,10 +116,26 @@ class QueueType:
         """Refuse declare arguments this type does not accept (406)."""
 
     @classmethod
+    def validate_declaration(cls, arguments: dict[str, Any], name: str, vhost: str,
+                             durable: bool, exclusive: bool, auto_delete: bool,
+                             server_named: bool) -> None:
+        """Refuse a declaration this type does not accept (406): by default only its
+        arguments are checked; a type with rules on the flags overrides this."""
+        cls.validate_arguments(arguments, name, vhost)
+
+    @classmethod
     def validate_consumer_arguments(cls, arguments: dict[str, Any], name: str,
                                     vhost: str) -> None:
         """Refuse basic.consume arguments this type does not accept (406); called before
         the consumer is attached."""
+
+    def check_consume(self, arguments: dict[str, Any], global_prefetch: int) -> None:
+        """basic.consume on this queue, before the consumer is attached:
+        ``global_prefetch`` is the channel's global QoS (0: none)."""
+        self.validate_consumer_arguments(arguments, self.name, self.vhost.name)
+
+    def check_delete(self, if_unused: bool, if_empty: bool) -> None:
+        """queue.delete with these flags, before they are looked at (no refusal here)."""
 
     # --- state the channel and the API read
     @property
@@ -114,6 +149,11 @@ class QueueType:
 
     def touch(self) -> None:
         """The queue was used (declare, basic.get): restarts its ``x-expires`` clock."""
+
+    def type_info(self, node: str) -> dict[str, Any]:
+        """The management API's fields for this type beyond :meth:`info` (``node``: this
+        broker's node name), e.g. a quorum queue's leader and members."""
+        return {}
 
     def info(self) -> dict[str, Any]:
         return {
@@ -137,8 +177,32 @@ class QueueType:
     def take(self) -> QueueEntry | None:
         raise NotImplementedError
 
+    def fetch(self) -> QueueEntry | None:
+        """basic.get: the head, as :meth:`take` gives it unless the type shows a fetched
+        entry differently."""
+        return self.take()
+
     def delivered(self, entry: QueueEntry, acked: bool) -> None:
         raise NotImplementedError
+
+    def published_message(self, entry: QueueEntry) -> Message:
+        """The message of ``entry`` as it was published (what dead-lettering
+        republishes): the entry's own unless the type decorated it."""
+        return entry.message
+
+    def refuses_publish(self, message: Message) -> bool:
+        """overflow=reject-publish[-dlx]: would ``message`` be refused now? Asked only
+        while the queue's overflow rejects and it has a length limit."""
+        raise NotImplementedError
+
+    def effective_options(self, opts: QueueOptions) -> QueueOptions:
+        """The options (arguments + policies) as this type applies them; called each time
+        they are worked out."""
+        return opts
+
+    def after_enqueue_rejecting(self) -> None:
+        """A message was enqueued while the overflow rejects (a type may start refusing
+        from here on)."""
 
     def settle(self, entries: Iterable[QueueEntry]) -> None:
         raise NotImplementedError
@@ -188,8 +252,10 @@ def queue_type_name(arguments: dict[str, Any] | None) -> Any:
     return DEFAULT_TYPE if value is None else value
 
 
-def resolve(arguments: dict[str, Any], name: str, vhost: str) -> type[QueueType]:
-    """The type a declaration picks, its arguments validated by that type. An unknown
+def resolve(arguments: dict[str, Any], name: str, vhost: str, durable: bool = False,
+            exclusive: bool = False, auto_delete: bool = False,
+            server_named: bool = False) -> type[QueueType]:
+    """The type a declaration picks, the declaration validated by that type. An unknown
     type is checked against the classic rules first, then refused (RabbitMQ's text)."""
     wanted = queue_type_name(arguments)
     cls = QUEUE_TYPES.get(wanted) if isinstance(wanted, str) else None
@@ -198,7 +264,8 @@ def resolve(arguments: dict[str, Any], name: str, vhost: str) -> type[QueueType]
         where = f"for queue '{name}' in vhost '{vhost}'" if name else "for queue"
         raise PreconditionFailed(
             f"invalid arg 'x-queue-type' {where}: \"unsupported queue type '{wanted}'\"")
-    cls.validate_arguments(arguments, name, vhost)
+    cls.validate_declaration(arguments, name, vhost, durable, exclusive, auto_delete,
+                             server_named)
     return cls
 
 

@@ -28,28 +28,37 @@ measured on it (see conformance/cases/quorum.py):
 
 What replication would add (a leader, members, majority confirms) is not here: a quorum
 queue on one node is its own leader and only member, and ``node-is-quorum-critical`` is
-healthy. The classic queue machinery does the rest (TTL, limits, DLX, single active
-consumer, x-expires); this module keeps what differs, behind a few hooks in
-``extensions.py``, ``limits.py``, ``deadletter.py``, ``channel.py``, ``vhost.py`` and
-``server.py`` (the publish path's ``keeps_every_message``).
+healthy.
+
+:class:`QuorumQueue` is the queue-type seam's ``quorum`` implementation
+(:mod:`amqpd.broker.queue_type`), picked by ``x-queue-type: quorum``. On one node it is
+the classic queue (TTL, limits, DLX, single active consumer, x-expires all come from
+:class:`amqpd.broker.queue.Queue` and its extensions) with the seam's methods
+overridden where the list above differs: the declare, consume and delete refusals,
+requeue at the back with a count, basic.get's count, the reject-publish soft limit, the
+management fields. A replicated
+implementation (issue 16) would register under the same name in its place, keeping the
+refusals (the class-level checks here) and replacing where messages live.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from amqpd.broker import rawprops
 from amqpd.broker.message import LoggedMessage, Message
-from amqpd.broker.queue_entry import QuorumEntry
+from amqpd.broker.queue import Queue
+from amqpd.broker.queue_entry import QueueEntry, QuorumEntry
+from amqpd.broker.queue_type import QueueType, register_queue_type
 from amqpd.protocol.constants import BASIC_CONSUME, CLASS_BASIC, method_of
 from amqpd.protocol.errors import NotImplemented_, PreconditionFailed
 
 if TYPE_CHECKING:
     from amqpd.broker.policy import QueueOptions
-    from amqpd.broker.queue import Queue, QueueEntry
-    from amqpd.broker.queue_type import QueueType
+    from amqpd.broker.vhost import VHost
 
 log = logging.getLogger("amqpd.quorum")
 
@@ -77,157 +86,167 @@ DELIVERY_COUNT = "x-delivery-count"
 SOFT_LIMIT = 0.8  # rabbit_fifo accepts publishes again at 80 % of the length limit
 
 
-def is_quorum(arguments: dict[str, Any] | None) -> bool:
-    return bool(arguments) and arguments.get("x-queue-type") == TYPE_NAME  # type: ignore[union-attr]
-
-
-def keeps_every_message(queues: list[QueueType]) -> bool:
-    """True if a quorum queue is among ``queues``: a quorum queue writes every message it
-    takes to disk, transient ones too (the publisher's confirm then waits for it). A
-    durable classic queue reached by the same transient message keeps it as well: the
-    message is written once, for all its queues."""
-    return any(q.ext is not None and q.ext.quorum is not None for q in queues)
-
-
-def state_of(queue: Queue) -> QuorumState | None:
-    """The quorum state of ``queue``, or None for any other queue."""
-    ext = queue.ext
-    return ext.quorum if ext is not None else None
-
-
 # ---------------------------------------------------------------------------- declaring
-def validate_declare(name: str, vhost: str, *, durable: bool, exclusive: bool,
-                     auto_delete: bool, arguments: dict[str, Any], server_named: bool) -> None:
-    """Refuse what RabbitMQ 3.10.8 refuses when a quorum queue is declared, in its order:
-    a server-generated name, the values of the arguments a quorum queue takes, arguments
-    it does not take, then auto-delete, exclusive and non-durable."""
-    if server_named:
-        raise PreconditionFailed(f"Cannot declare a server-named queue for type {MODULE}")
-    from amqpd.broker.extensions import type_name, validate_queue_arguments
+class QuorumQueue(Queue):
+    """``x-queue-type: quorum`` on one node: the classic queue with RabbitMQ 3.10's
+    quorum refusals, delivery counting and reject-publish soft limit (module docstring).
+    """
 
-    where = f"for queue '{name}' in vhost '{vhost}'"
-    validate_queue_arguments({k: v for k, v in arguments.items() if k in _COMMON_ARGUMENTS},
-                             name, vhost)
-    for key in ("x-max-in-memory-length", "x-max-in-memory-bytes",
-                "x-quorum-initial-group-size"):
-        if key not in arguments:
-            continue
-        value = arguments[key]
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise PreconditionFailed(
-                f"invalid arg '{key}' {where}: \"expected integer, got {type_name(value)}\"")
-        if value < 0:
-            raise PreconditionFailed(f"invalid arg '{key}' {where}: {{value_negative,{value}}}")
-        if key == "x-quorum-initial-group-size" and value == 0:
-            raise PreconditionFailed(f"invalid arg '{key}' {where}: {{value_zero,0}}")
-    strategy = arguments.get("x-dead-letter-strategy")
-    if strategy is not None and strategy not in DLX_STRATEGIES:
-        raise PreconditionFailed(
-            f"invalid arg 'x-dead-letter-strategy' {where}: invalid_dlx_strategy")
-    for key in arguments:  # the first one the client sent, as RabbitMQ reports it
-        if key in UNSUPPORTED_ARGUMENTS:
-            raise PreconditionFailed(f"invalid arg '{key}' {where} of queue type {MODULE}")
-    for prop, bad in (("auto-delete", auto_delete), ("exclusive-owner", exclusive),
-                      ("non-durable", not durable)):
-        if bad:
-            raise PreconditionFailed(f"invalid property '{prop}' {where}")
+    type_name = TYPE_NAME
+    keeps_every_message = True
+    needs_ext = True  # the delivery limit and reject-publish are worked out there
+    compared_arguments = QUEUE_ARGUMENTS
 
-
-def check_delete(queue: QueueType, if_unused: bool, if_empty: bool) -> None:
-    """queue.delete's conditional flags are refused by quorum queues (540, RabbitMQ)."""
-    flag = "if-unused" if if_unused else "if-empty" if if_empty else None
-    if flag is not None and is_quorum(queue.arguments):
-        raise NotImplemented_(
-            f"cannot delete queue '{queue.name}' in vhost '{queue.vhost.name}'. queue.delete "
-            f"operations with {flag} flag set are not supported by quorum queues")
-
-
-def check_consume(queue: QueueType, global_prefetch: int, arguments: dict[str, Any]) -> None:
-    """basic.consume on a quorum queue: no global QoS (540) and no stream offset (406)."""
-    if global_prefetch:
-        raise NotImplemented_(f"queue '{queue.name}' in vhost '{queue.vhost.name}' does not "
-                              "support global qos", CLASS_BASIC,
-                              method_of(BASIC_CONSUME))
-    if "x-stream-offset" in arguments:
-        raise PreconditionFailed(f"invalid arg 'x-stream-offset' for queue '{queue.name}' in "
-                                 f"vhost '{queue.vhost.name}' of queue type {MODULE}")
-
-
-# ---------------------------------------------------------------------------- the state
-class QuorumState:
-    """What a quorum queue keeps beyond a classic one: its delivery limit and whether
-    reject-publish currently refuses publishes. Lives on ``queue.ext.quorum``."""
-
-    def __init__(self, queue: Queue) -> None:
-        self.queue = queue
+    def __init__(
+        self, vhost: VHost, name: str, durable: bool = False,
+        exclusive_owner: object | None = None, auto_delete: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(vhost, name, durable, exclusive_owner, auto_delete, arguments)
         self.delivery_limit: int | None = None
         self.blocked = False  # reject-publish: over the limit, not yet back to 80 %
-        broker = queue.vhost.broker
-        broker.quorum_queues += 1  # the broker writes transient messages while any exist
-        queue.on_removed.append(self._removed)
+        publisher = vhost.broker.publisher
+        publisher.keeping_queues += 1  # transient messages are written while any exist
+        self.on_removed.append(_removed)
 
-    def _removed(self, queue: QueueType) -> None:
-        queue.vhost.broker.quorum_queues -= 1
+    # -- refusals ------------------------------------------------------------------------
+    @classmethod
+    def validate_arguments(cls, arguments: dict[str, Any], name: str, vhost: str) -> None:
+        """The values of the arguments a quorum queue takes, then those it does not take
+        (the first one the client sent, as RabbitMQ reports it)."""
+        from amqpd.broker.extensions import type_name, validate_queue_arguments
 
-    def configure(self, opts: QueueOptions) -> QueueOptions:
-        """Take the effective options (arguments + policy); return them as a quorum
-        queue applies them."""
-        q = self.queue
-        arg = q.arguments.get("x-delivery-limit")
+        where = f"for queue '{name}' in vhost '{vhost}'"
+        validate_queue_arguments(
+            {k: v for k, v in arguments.items() if k in _COMMON_ARGUMENTS}, name, vhost)
+        for key in ("x-max-in-memory-length", "x-max-in-memory-bytes",
+                    "x-quorum-initial-group-size"):
+            if key not in arguments:
+                continue
+            value = arguments[key]
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise PreconditionFailed(
+                    f"invalid arg '{key}' {where}: \"expected integer, got {type_name(value)}\"")
+            if value < 0:
+                raise PreconditionFailed(
+                    f"invalid arg '{key}' {where}: {{value_negative,{value}}}")
+            if key == "x-quorum-initial-group-size" and value == 0:
+                raise PreconditionFailed(f"invalid arg '{key}' {where}: {{value_zero,0}}")
+        strategy = arguments.get("x-dead-letter-strategy")
+        if strategy is not None and strategy not in DLX_STRATEGIES:
+            raise PreconditionFailed(
+                f"invalid arg 'x-dead-letter-strategy' {where}: invalid_dlx_strategy")
+        for key in arguments:
+            if key in UNSUPPORTED_ARGUMENTS:
+                raise PreconditionFailed(f"invalid arg '{key}' {where} of queue type {MODULE}")
+
+    @classmethod
+    def validate_declaration(cls, arguments: dict[str, Any], name: str, vhost: str,
+                             durable: bool, exclusive: bool, auto_delete: bool,
+                             server_named: bool) -> None:
+        """Refuse what RabbitMQ 3.10.8 refuses when a quorum queue is declared, in its
+        order: a server-generated name, the arguments, then auto-delete, exclusive and
+        non-durable."""
+        if server_named:
+            raise PreconditionFailed(f"Cannot declare a server-named queue for type {MODULE}")
+        cls.validate_arguments(arguments, name, vhost)
+        for prop, bad in (("auto-delete", auto_delete), ("exclusive-owner", exclusive),
+                          ("non-durable", not durable)):
+            if bad:
+                raise PreconditionFailed(
+                    f"invalid property '{prop}' for queue '{name}' in vhost '{vhost}'")
+
+    def check_consume(self, arguments: dict[str, Any], global_prefetch: int) -> None:
+        """basic.consume: no global QoS (540) and no stream offset (406)."""
+        if global_prefetch:
+            raise NotImplemented_(f"queue '{self.name}' in vhost '{self.vhost.name}' does not "
+                                  "support global qos", CLASS_BASIC,
+                                  method_of(BASIC_CONSUME))
+        if "x-stream-offset" in arguments:
+            raise PreconditionFailed(
+                f"invalid arg 'x-stream-offset' for queue '{self.name}' in vhost "
+                f"'{self.vhost.name}' of queue type {MODULE}")
+        super().check_consume(arguments, global_prefetch)
+
+    def check_delete(self, if_unused: bool, if_empty: bool) -> None:
+        """queue.delete's conditional flags are refused by quorum queues (540)."""
+        flag = "if-unused" if if_unused else "if-empty" if if_empty else None
+        if flag is not None:
+            raise NotImplemented_(
+                f"cannot delete queue '{self.name}' in vhost '{self.vhost.name}'. "
+                f"queue.delete operations with {flag} flag set are not supported by "
+                "quorum queues")
+
+    def type_info(self, node: str) -> dict[str, Any]:
+        """One node is leader, member and online."""
+        return {"type": TYPE_NAME, "leader": node, "members": [node], "online": [node]}
+
+    # -- options -------------------------------------------------------------------------
+    def effective_options(self, opts: QueueOptions) -> QueueOptions:
+        """The delivery limit (argument or policy, the lower wins); reject-publish-dlx
+        is not supported and behaves as drop-head."""
+        arg = self.arguments.get("x-delivery-limit")
         if isinstance(arg, bool) or not isinstance(arg, int):
             arg = None
-        pol = (q.policy or {}).get("delivery-limit")
+        pol = (self.policy or {}).get("delivery-limit")
         if isinstance(pol, bool) or not isinstance(pol, int):
             pol = None
         limits = [v for v in (arg, pol) if v is not None]
         self.delivery_limit = min(limits) if limits else None
         if opts.overflow == "reject-publish-dlx":
             log.warning("queue '%s' in vhost '%s': overflow reject-publish-dlx is not "
-                        "supported by quorum queues; drop-head applies", q.name, q.vhost.name)
+                        "supported by quorum queues; drop-head applies",
+                        self.name, self.vhost.name)
             opts = dataclasses.replace(opts, overflow="drop-head")
         if opts.overflow != "reject-publish":
             self.blocked = False
         return opts
 
     # -- reject-publish ------------------------------------------------------------------
-    def refuses(self) -> bool:
-        """True while reject-publish refuses a new message (called before enqueueing)."""
+    def refuses_publish(self, message: Message) -> bool:
+        """True while reject-publish refuses a new message: over the limit, or once it
+        was, until back at 80 % of it."""
         if self.blocked and self._below_soft_limit():
             self.blocked = False
         return self.blocked or self._over_limit()
 
-    def after_enqueue(self) -> None:
+    def after_enqueue_rejecting(self) -> None:
         """reject-publish: the queue went over its limit; refuse until back at 80 %."""
         if self._over_limit():
             self.blocked = True
 
     def _over_limit(self) -> bool:
-        q = self.queue
-        opts = q.ext.opts  # type: ignore[union-attr]
-        return (opts.max_length is not None and len(q.ready) > opts.max_length) or (
-            opts.max_length_bytes is not None and q.ready_bytes > opts.max_length_bytes)
+        opts = self.ext.opts  # type: ignore[union-attr]
+        return (opts.max_length is not None and len(self.ready) > opts.max_length) or (
+            opts.max_length_bytes is not None and self.ready_bytes > opts.max_length_bytes)
 
     def _below_soft_limit(self) -> bool:
-        q = self.queue
-        opts = q.ext.opts  # type: ignore[union-attr]
-        return (opts.max_length is None or len(q.ready) <= int(opts.max_length * SOFT_LIMIT)) \
+        opts = self.ext.opts  # type: ignore[union-attr]
+        return (opts.max_length is None
+                or len(self.ready) <= int(opts.max_length * SOFT_LIMIT)) \
             and (opts.max_length_bytes is None
-                 or q.ready_bytes <= int(opts.max_length_bytes * SOFT_LIMIT))
+                 or self.ready_bytes <= int(opts.max_length_bytes * SOFT_LIMIT))
 
     # -- deliveries ----------------------------------------------------------------------
-    def for_get(self, entry: QueueEntry) -> QueueEntry:
+    def fetch(self) -> QueueEntry | None:
         """basic.get shows the delivery count even on a first delivery (0)."""
-        if isinstance(entry, QuorumEntry):
+        entry = self.take()
+        if entry is None or isinstance(entry, QuorumEntry):
             return entry
         base, count = self._counted(entry)
         return QuorumEntry(_with_count(base, count), entry.seq, entry.redelivered,
                            getattr(entry, "expires", None), 0, base, count)
 
+    def published_message(self, entry: QueueEntry) -> Message:
+        """A returned delivery is republished as published, without the
+        x-delivery-count header RabbitMQ adds only on delivery."""
+        return entry.base if isinstance(entry, QuorumEntry) else entry.message
+
     def _counted(self, entry: QueueEntry) -> tuple[Message, int]:
         """The message as published and its delivery count so far. An entry recovered
         after a restart carries its count in the header it was stored with."""
         message = entry.message
-        ext = self.queue.ext
+        ext = self.ext
         if ext is None or entry.seq > ext.cold_last:
             return message, 0
         if type(message) is LoggedMessage:
@@ -240,35 +259,33 @@ class QuorumState:
     def _store_count(self, old: Message, new: Message) -> None:
         """Write the returned message again, with its count, and settle the old record:
         after a restart it is at the back of the queue with the count it had, as in
-        RabbitMQ (whose log keeps the count). Without a store (or if it fails) the count
-        lives in memory only."""
-        q = self.queue
-        store = q.vhost.broker.store
-        if store is None or not q.in_store or old.position < 0:
+        RabbitMQ (whose log keeps the count). If the store fails the count lives in
+        memory only."""
+        store = self.vhost.broker.store
+        if not self.in_store or old.position < 0:
             return
         from amqpd.store.api import StoredMessage, StoreError
 
         try:
             new.position = store.append_enqueue(
-                [q.store_key], StoredMessage(new.exchange, new.routing_key, new.properties,
-                                             new.body))
-            store.append_delivered(q.store_key, new.position)  # redelivered after recovery
-            store.append_settle(q.store_key, [old.position])
+                [self.store_key], StoredMessage(new.exchange, new.routing_key,
+                                                new.properties, new.body))
+            store.append_delivered(self.store_key, new.position)  # redelivered after recovery
+            store.append_settle(self.store_key, [old.position])
             store.commit(lambda _error: None)
         except StoreError as exc:
             log.warning("queue '%s' in vhost '%s': delivery count not written: %s",
-                        q.name, q.vhost.name, exc)
+                        self.name, self.vhost.name, exc)
 
-    def requeue(self, entries: list[QueueEntry]) -> None:
+    def requeue(self, entries: Iterable[QueueEntry]) -> None:
         """Deliveries come back: each counts one more delivery and goes to the back of the
         queue with its count in ``x-delivery-count``; past the delivery limit it is
         dead-lettered (reason ``delivery_limit``) instead."""
-        q = self.queue
-        ext = q.ext
+        ext = self.ext
         assert ext is not None
         if self.blocked and self._below_soft_limit():
             self.blocked = False
-        broker = q.vhost.broker
+        broker = self.vhost.broker
         for entry in sorted(entries, key=lambda e: e.seq):
             if isinstance(entry, QuorumEntry):
                 base, count = entry.base, entry.count + 1
@@ -277,28 +294,29 @@ class QuorumState:
                 count += 1
             if self.delivery_limit is not None and count > self.delivery_limit:
                 # settle() counts it as acked, as RabbitMQ's stats do for a discard
-                broker.dead_letter(q, [_entry_of(base, entry.seq)], "delivery_limit")
-                q.settle([entry])
+                broker.dead_letter(self, [QueueEntry(base, entry.seq)], "delivery_limit")
+                self.settle([entry])
                 continue
-            q.unacked_count -= 1
+            self.unacked_count -= 1
             message = _with_count(base, count)
             message.position = entry.message.position  # the record it lives in so far
             self._store_count(entry.message, message)
-            back = QuorumEntry(message, next(q._seq), True,
+            back = QuorumEntry(message, next(self._seq), True,
                                getattr(entry, "expires", None), 0, base, count)
-            q.ready.append(back)
-            q.ready_bytes += back.message.size
+            self.ready.append(back)
+            self.ready_bytes += back.message.size
             if back.expires is not None:
                 ext.timed = True
         ext.arm_expiry_at_head()
-        if q.consumers:
-            q.vhost.schedule_dispatch(q)
+        if self.consumers:
+            self.vhost.schedule_dispatch(self)
 
 
-def _entry_of(message: Message, seq: int) -> QueueEntry:
-    from amqpd.broker.queue_entry import QueueEntry
+register_queue_type(QuorumQueue)
 
-    return QueueEntry(message, seq)
+
+def _removed(queue: QueueType) -> None:
+    queue.vhost.broker.publisher.keeping_queues -= 1
 
 
 def _with_count(message: Message, count: int) -> Message:
@@ -328,12 +346,4 @@ def _without_count(message: Message) -> Message:
     return copy
 
 
-def queue_info(queue: Queue, node: str) -> dict[str, Any]:
-    """The quorum-only fields of /api/queues: one node is leader, member and online."""
-    return {"type": TYPE_NAME, "leader": node, "members": [node], "online": [node]}
-
-
-__all__ = [
-    "QUEUE_ARGUMENTS", "QuorumState", "check_consume", "check_delete", "is_quorum",
-    "queue_info", "state_of", "validate_declare",
-]
+__all__ = ["DELIVERY_COUNT", "QUEUE_ARGUMENTS", "QuorumQueue"]

@@ -18,10 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import amqpd.broker.exchanges
 import amqpd.broker.queue  # noqa: F401 - registers the classic queue type
-from amqpd.broker import quorum
 from amqpd.broker.exchange import EXCHANGE_TYPES, Binding, Exchange, args_key
 from amqpd.broker.message import Message
-from amqpd.broker.queue_type import DEFAULT_TYPE, QUEUE_TYPES, QueueType, resolve
+from amqpd.broker.queue_type import QueueType, resolve
 from amqpd.broker.reply_to import DefaultExchange, ReplyRegistry, pseudo_queue
 from amqpd.protocol.errors import (
     AccessRefused,
@@ -212,16 +211,9 @@ class VHost:
             return existing
         if name.startswith("amq.") and not server_named:
             raise AccessRefused(f"queue name '{name}' contains reserved prefix 'amq.*'")
-        if quorum.is_quorum(arguments):
-            # a quorum queue is the classic implementation with quorum state on its
-            # extensions (amqpd.broker.quorum): its own checks, not the classic ones
-            quorum.validate_declare(name, self.name, durable=durable,
-                                    exclusive=exclusive_owner is not None,
-                                    auto_delete=auto_delete, arguments=arguments or {},
-                                    server_named=server_named)
-            cls = QUEUE_TYPES[DEFAULT_TYPE]
-        else:
-            cls = resolve(arguments or {}, name, self.name)  # x-queue-type; arguments checked
+        # x-queue-type picks the type, which checks the declaration
+        cls = resolve(arguments or {}, name, self.name, durable, exclusive_owner is not None,
+                      auto_delete, server_named)
         q = cls(self, name, durable=durable, exclusive_owner=exclusive_owner,
                 auto_delete=auto_delete, arguments=arguments)
         self.queues[name] = q
@@ -246,7 +238,7 @@ class VHost:
                     f"inequivalent arg '{field}' for queue '{q.name}' in vhost '{self.name}': "
                     f"received '{_fmt(got)}' but current is '{_fmt(have)}'"
                 )
-        compared = quorum.QUEUE_ARGUMENTS if quorum.is_quorum(q.arguments) else EQUIVALENCE_ARGS
+        compared = q.compared_arguments or EQUIVALENCE_ARGS
         keys = {k for k in set(arguments) | set(q.arguments) if k in compared}
         for key in sorted(keys):
             got_v, have_v = arguments.get(key), q.arguments.get(key)
@@ -264,7 +256,7 @@ class VHost:
         if q is None:
             return 0  # idempotent, as in RabbitMQ 3.x
         self.check_exclusive(q, owner)
-        quorum.check_delete(q, if_unused, if_empty)
+        q.check_delete(if_unused, if_empty)
         if if_unused and q.consumers:
             raise PreconditionFailed(f"queue '{name}' in vhost '{self.name}' in use")
         if if_empty and q.message_count:
