@@ -11,7 +11,7 @@ import sys
 
 import amqpd
 from amqpd import hotpath, sdnotify
-from amqpd.config import ConfigError, load_settings
+from amqpd.config import REPLICATION_KEYS, ConfigError, ReplicationConfig, load_settings
 from amqpd.server import Broker, serve
 
 
@@ -31,6 +31,14 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "needs tls_cert and tls_key)")
     p.add_argument("--ready-file", help="write listener ports as JSON here once listening "
                                         "(for tests and supervisors)")
+    rep = p.add_argument_group("replication (the warren; docs/warren.md)")
+    for name, f in REPLICATION_KEYS.items():
+        default = getattr(ReplicationConfig(), name)
+        kind: type = float if isinstance(default, float) else (
+            int if isinstance(default, int) else str)
+        help_ = "comma-separated list" if isinstance(default, list) else None
+        rep.add_argument("--replication-" + name.replace("_", "-"), type=kind, help=help_,
+                         dest="replication_" + name, metavar=f.name.upper())
     return p
 
 
@@ -42,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
             "node_name": args.node_name, "log_level": args.log_level,
             "log_format": args.log_format, "http_port": args.http_port,
             "tls_port": args.tls_port,
+            **{"replication_" + k: getattr(args, "replication_" + k) for k in REPLICATION_KEYS},
         })
     except ConfigError as exc:
         print(f"amqpd: {exc}", file=sys.stderr)
