@@ -263,6 +263,32 @@ def cmd_status(c: Client, a: argparse.Namespace, out: TextIO) -> int:
     return EX_OK
 
 
+CLUSTER_COLUMNS = ["name", "role", "epoch", "running", "in_sync", "lag_records",
+                   "lag_bytes", "lag_seconds"]
+
+
+def cmd_cluster_status(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    """Every node of the warren (rabbitmqctl cluster_status's place): role, epoch and
+    replication lag, from the API of whichever node is asked."""
+    rows = []
+    for n in c.get("/api/nodes"):
+        rep = n.get("amqpd_replication") or {}
+        lag = {k: rep.get(k) for k in ("lag_records", "lag_bytes", "lag_seconds")}
+        if n.get("amqpd_role") == "active" and rep.get("standbys"):
+            # the active knows each standby's lag better than their last etcd record
+            lag = {k: ", ".join(f"{s.get('name')}={s.get(k)}" for s in rep["standbys"])
+                   for k in lag}
+        rows.append({"name": n.get("name"), "role": n.get("amqpd_role") or "single",
+                     "epoch": n.get("amqpd_epoch"), "running": n.get("running", True),
+                     "in_sync": n.get("amqpd_in_sync"), **lag})
+    if a.json:
+        json.dump(rows, out)
+        out.write("\n")
+        return EX_OK
+    print_table(rows, CLUSTER_COLUMNS, out, not a.no_table_headers)
+    return EX_OK
+
+
 def _tags(c: Client) -> list[str]:
     me = c.get("/api/whoami")
     return list(me.get("tags", [])) if isinstance(me, dict) else []
@@ -520,6 +546,8 @@ def build_parser() -> argparse.ArgumentParser:
         return flags, kw
 
     add("status", cmd_status, "node status and totals")
+    add("cluster_status", cmd_cluster_status,
+        "the warren's nodes: role, epoch, in-sync, replication lag")
     for kind in LISTS:
         p = sub.add_parser(f"list_{kind}", parents=[common],
                            help=f"list {kind} (columns like rabbitmqctl)")

@@ -48,6 +48,7 @@ from amqpd.protocol.errors import PreconditionFailed
 from amqpd.transport import AMQPProtocol
 
 if TYPE_CHECKING:
+    from amqpd.coord.warren import Warren
     from amqpd.http import HttpServer
     from amqpd.session import Session
     from amqpd.store.api import MessageStore
@@ -105,6 +106,7 @@ class Broker:
         self.parameters = ParameterStore()  # runtime parameters (shovel, federation...)
         resource_limits.register(self)  # the vhost-limits component
         self.http: HttpServer | None = None
+        self.warren: Warren | None = None  # the active/standby pair ([replication])
         self._setup_defaults()
         self.auth.set_internal_user(f"amqpd-internal-{secrets.token_hex(4)}",
                                     secrets.token_urlsafe(24))
@@ -688,6 +690,11 @@ async def serve(settings: Settings, ready: Callable[[Broker], None] | None = Non
         # a listener could not bind (or boot failed): undo what started, then exit
         await broker.stop()
         raise
+    if settings.replication is not None:
+        from amqpd.coord.warren import Warren
+
+        broker.warren = Warren(broker, settings.replication)
+        await broker.warren.start()
     tune_gc()
     if ready is not None:
         ready(broker)
@@ -696,6 +703,8 @@ async def serve(settings: Settings, ready: Callable[[Broker], None] | None = Non
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    if broker.warren is not None:
+        await broker.warren.stop()  # an active hands over at once (fence, revoke lease)
     await broker.stop()
 
 

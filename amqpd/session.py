@@ -25,6 +25,7 @@ from amqpd.protocol.errors import (
     ChannelErrorCode,
     CommandInvalid,
     ConnectionAccessRefused,
+    ConnectionForced,
     NotAllowed,
     SyntaxError_,
 )
@@ -153,6 +154,11 @@ class Session:
         self.user_tags = list(user.tags)
 
     def open_vhost(self, vhost: str) -> None:
+        warren = self.broker.warren
+        refusal = warren.refusal() if warren is not None else None
+        if refusal is not None:  # a warren standby: clients belong on the active node
+            log.info("connection refused from %s: %s", self.peer, refusal)
+            raise ConnectionForced(refusal)
         vh = self.broker.vhosts.get(vhost)
         if vh is None:
             raise NotAllowed(f"vhost {vhost} not found", 10, 40)

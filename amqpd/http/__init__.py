@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -56,7 +56,14 @@ def build_router(broker: Broker | None = None) -> Router:
 
 
 def create_app(broker: Broker, sampler: RateSampler | None = None) -> web.Application:
-    app = web.Application(client_max_size=128 * 1024 * 1024)
+    @web.middleware
+    async def role_header(request: web.Request, handler: Any) -> web.StreamResponse:
+        response = await handler(request)
+        if broker.warren is not None:  # every answer says which part this node plays
+            response.headers["X-Amqpd-Role"] = broker.warren.role
+        return response
+
+    app = web.Application(client_max_size=128 * 1024 * 1024, middlewares=[role_header])
     app["broker"] = broker
     app["sampler"] = sampler or RateSampler(broker)
     app["sessions"] = SessionStore(Path(broker.settings.data_dir) / "http-sessions.json")

@@ -107,6 +107,7 @@ def collect(ctx: Ctx, per_object: bool = False) -> str:
     e.add("rabbitmq_alarms_file_descriptor_limit", "gauge",
           "1 if the file descriptor alarm is in effect", int("fd" in alarms))
     _store_metrics(b, e)
+    _warren_metrics(b, e)
     if per_object:
         for q in queues:
             labels = {"vhost": q.vhost.name, "queue": q.name}
@@ -142,6 +143,55 @@ def _store_metrics(b: Any, e: Exposition) -> None:
     e.add("amqpd_store_log_bytes", "gauge", "Size of the message log segments on disk",
           int(stats.get("bytes_on_disk", 0)))
     e.add("amqpd_store_segments", "gauge", "Message log segments", int(stats.get("segments", 0)))
+
+
+def _warren_metrics(b: Any, e: Exposition) -> None:
+    """The warren: role, epoch, lease, fencing and replication lag (absent on a single
+    node). Roles: 0 candidate, 1 active, 2 standby, 3 promoting, 4 fenced, 5 stopped."""
+    warren = getattr(b, "warren", None)
+    if warren is None:
+        return
+    e.add("amqpd_warren_role", "gauge", "This node's warren role (1 active, 2 standby, "
+          "0 candidate, 3 promoting, 4 fenced, 5 stopped)", warren.role_code())
+    e.add("amqpd_warren_epoch", "gauge", "Leadership epoch this node leads or follows",
+          warren.epoch)
+    e.add("amqpd_warren_lease_held", "gauge", "1 while this node holds the leader lease",
+          int(warren.holds_lease()))
+    e.add("amqpd_warren_accepting_publishes", "gauge",
+          "1 on the node clients belong on (what /health/active says)",
+          int(warren.accepting_publishes()))
+    e.add("amqpd_warren_in_sync", "gauge", "1 on a standby within max_lag of its active",
+          int(warren.in_sync()))
+    election = warren.election
+    if election is not None:
+        remaining = max(election.fence_at - time.monotonic(), 0.0) \
+            if election.holds_lease() else 0.0
+        e.add("amqpd_warren_lease_remaining_seconds", "gauge",
+              "Seconds before this active fences itself unless it renews its lease",
+              round(remaining, 3))
+        e.add("amqpd_warren_takeovers_total", "counter",
+              "Times this node took the leader key", election.takeovers)
+        e.add("amqpd_warren_fences_total", "counter",
+              "Times this node fenced itself (lease not renewed in time, or lost)",
+              election.fences)
+    status = warren.replication_status()
+    for s in status.get("standbys", []):
+        labels = {"standby": str(s.get("name", ""))}
+        for key in ("lag_records", "lag_bytes", "lag_seconds"):
+            if key in s:
+                e.add(f"amqpd_replication_standby_{key}", "gauge",
+                      f"Replication lag of each standby ({key.split('_')[1]})",
+                      s[key], labels)
+        e.add("amqpd_replication_standby_in_sync", "gauge",
+              "1 while the standby is in the in-sync set", int(bool(s.get("in_sync"))),
+              labels)
+    if "insync_count" in status:
+        e.add("amqpd_replication_insync_standbys", "gauge", "Standbys in the in-sync set",
+              status["insync_count"])
+    for key in ("lag_records", "lag_bytes", "lag_seconds"):
+        if key in status:
+            e.add(f"amqpd_replication_{key}", "gauge",
+                  f"This standby's lag behind its active ({key.split('_')[1]})", status[key])
 
 
 async def metrics(ctx: Ctx) -> Any:

@@ -144,6 +144,8 @@ async def overview(ctx: Ctx) -> Any:
         # amqpd's own: which plugins run, so a client (the web UI) knows which pages exist
         "amqpd_plugins": sorted(getattr(b, "plugins", {}) or {}),
         "node": b.settings.node_name,
+        # amqpd's own: this node's part in a warren (active / standby / ...), or None
+        "amqpd_role": b.warren.role if b.warren is not None else None,
         "listeners": listeners(ctx),
         "contexts": [{"node": b.settings.node_name, "description": "RabbitMQ Management",
                       "path": "/", "port": str(ctx.request.app["listener"]["port"])}],
@@ -156,16 +158,28 @@ async def overview(ctx: Ctx) -> Any:
     return json_response(body)
 
 
+def _all_nodes(ctx: Ctx) -> list[dict[str, Any]]:
+    """This node, then (in a warren) the others as they last recorded themselves in etcd,
+    each with amqpd's role, epoch and replication lag fields."""
+    info = node_info(ctx)
+    warren = ctx.broker.warren
+    if warren is None:
+        return [info]
+    info.update(warren.node_fields())
+    return [info, *warren.peer_nodes()]
+
+
 async def nodes(ctx: Ctx) -> Any:
     ctx.require_monitor()
-    return json_response([node_info(ctx)])
+    return json_response(_all_nodes(ctx))
 
 
 async def node(ctx: Ctx) -> Any:
     ctx.require_monitor()
-    if ctx.params["node"] != ctx.broker.settings.node_name:
+    found = next((n for n in _all_nodes(ctx) if n.get("name") == ctx.params["node"]), None)
+    if found is None:
         raise not_found()
-    return json_response(node_info(ctx))
+    return json_response(found)
 
 
 async def whoami(ctx: Ctx) -> Any:
