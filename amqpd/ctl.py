@@ -272,7 +272,7 @@ def cmd_cluster_status(c: Client, a: argparse.Namespace, out: TextIO) -> int:
     replication lag, from the API of whichever node is asked."""
     rows = []
     for n in c.get("/api/nodes"):
-        rep = n.get("amqpd_replication") or {}
+        rep = n.get("replication") or {}
         lag = {k: rep.get(k) for k in ("lag_records", "lag_bytes", "lag_seconds")}
         if n.get("amqpd_role") == "active" and rep.get("standbys"):
             # the active knows each standby's lag better than their last etcd record

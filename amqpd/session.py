@@ -104,6 +104,11 @@ class Session:
 
     # ------------------------------------------------------------------ delegate
     def authenticate(self, mechanism: str, response: bytes, client_properties: dict) -> None:
+        warren = self.broker.warren
+        refusal = warren.refusal() if warren is not None else None
+        if refusal is not None:  # a warren standby: clients belong on the active node
+            log.info("connection refused from %s: %s", self.peer, refusal)
+            raise ConnectionForced(refusal)
         offered = self.conn.mechanisms.split()
         if mechanism not in offered:
             raise CommandInvalid(f"unknown authentication mechanism '{mechanism}'")
@@ -154,11 +159,6 @@ class Session:
         self.user_tags = list(user.tags)
 
     def open_vhost(self, vhost: str) -> None:
-        warren = self.broker.warren
-        refusal = warren.refusal() if warren is not None else None
-        if refusal is not None:  # a warren standby: clients belong on the active node
-            log.info("connection refused from %s: %s", self.peer, refusal)
-            raise ConnectionForced(refusal)
         vh = self.broker.vhosts.get(vhost)
         if vh is None:
             raise NotAllowed(f"vhost {vhost} not found", 10, 40)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from amqpd.coord.election import (
     ACTIVE,
     CANDIDATE,
+    PROMOTING,
     ROLE_CODES,
     STANDBY,
     Election,
@@ -65,6 +66,7 @@ class Warren:
         self.peers_at = 0.0
         self._peer_task: asyncio.Task[None] | None = None
         self._fencing: asyncio.Future[Any] | None = None
+        self._refusers: list[asyncio.base_events.Server] = []
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -87,7 +89,13 @@ class Warren:
             self._peer_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._peer_task
+        self._close_refuser()
         if self.election is not None:
+            roles = self.roles
+            if self.election.role in (ACTIVE, PROMOTING) and roles is not None:
+                # every client closed before the lease goes: then a standby may take over
+                self.fenced, self.fence_reason = True, "node is stopping"
+                await roles.fence()
             await self.election.stop()
             await self.election.etcd.close()
 
@@ -117,20 +125,26 @@ class Warren:
 
     # ------------------------------------------------------------------ what others ask
     @property
+    def roles(self) -> Any:
+        """The replication layer's role hooks (amqpd/replication/roles.py)."""
+        return getattr(self.broker, "roles", None)
+
+    @property
     def role(self) -> str:
         if self.election is not None:
             return self.election.role
-        role = str(getattr(self.broker, "role", "") or self.config.role)
-        return "fenced" if self.fenced else role
+        roles = self.roles
+        return str(roles.role) if roles is not None else self.config.role
 
     @property
     def epoch(self) -> int:
         if self.election is not None:
             return self.election.epoch
-        return int(getattr(self.broker, "epoch", 0) or 0)
+        roles = self.roles
+        return int(roles.epoch) if roles is not None else 0
 
     def holds_lease(self) -> bool:
-        """Leads by etcd's word (static active: by configuration)."""
+        """Leads by etcd's word (a static active: by configuration)."""
         if self.election is not None:
             return self.election.holds_lease()
         return self.role == ACTIVE
@@ -138,8 +152,9 @@ class Warren:
     def accepting_publishes(self) -> bool:
         """This node is the one clients must reach: it leads and takes publishes."""
         b = self.broker
+        roles = self.roles
         return (self.holds_lease() and not self.fenced and not b.stopping
-                and not getattr(b, "fenced", False)
+                and (roles is None or roles.role == ACTIVE)
                 and any(proto in ("amqp", "amqps") for proto, _, _ in b.listeners))
 
     def in_sync(self) -> bool:
@@ -147,10 +162,9 @@ class Warren:
         if self.role != STANDBY:
             return False
         follower = self.follower()
-        if follower is None or not getattr(follower, "connected", False):
+        if follower is None or not follower.connected:
             return False
-        lag = float(getattr(follower, "lag", 0.0) or 0.0)
-        return lag <= self.config.max_lag
+        return float(follower.lag) <= self.config.max_lag
 
     def leader(self) -> LeaderInfo | None:
         return self.election.leader if self.election is not None else None
@@ -168,97 +182,106 @@ class Warren:
 
     # ------------------------------------------------------------------ replication state
     def source(self) -> Any:
-        return getattr(self.broker, "replication_source", None)
+        roles = self.roles
+        return roles.source if roles is not None else None
 
     def follower(self) -> Any:
-        return getattr(self.broker, "replication_follower", None)
+        roles = self.roles
+        return roles.follower if roles is not None else None
 
     def replication_status(self) -> dict[str, Any]:
-        """Lag in records, bytes and seconds, as the replication layer reports it."""
-        out: dict[str, Any] = {}
-        follower = self.follower()
-        if follower is not None and self.role != ACTIVE:
-            out.update(connected=bool(getattr(follower, "connected", False)),
-                       last_seq=int(getattr(follower, "last_seq", 0) or 0),
-                       lag_seconds=float(getattr(follower, "lag", 0.0) or 0.0),
-                       lag_records=int(getattr(follower, "lag_records", 0) or 0),
-                       lag_bytes=int(getattr(follower, "lag_bytes", 0) or 0),
-                       in_sync=self.in_sync())
-        source = self.source()
-        if source is not None and self.role == ACTIVE:
-            with contextlib.suppress(Exception):
-                out["standbys"] = [self._standby_dict(s) for s in source.standbys()]
-                out["insync_count"] = int(source.insync_count())
-        return out
-
-    @staticmethod
-    def _standby_dict(s: Any) -> dict[str, Any]:
-        if isinstance(s, dict):
-            return dict(s)
-        return {k: getattr(s, k) for k in ("name", "acked_seq", "lag_records", "lag_bytes",
-                                           "lag_seconds", "lag", "in_sync", "connected")
-                if hasattr(s, k)}
+        """The replication layer's figures (lag in records, bytes, seconds)."""
+        roles = self.roles
+        return dict(roles.status()) if roles is not None else {}
 
     # ------------------------------------------------------------------ NodeHooks
     async def become_active(self, epoch: int) -> None:
-        b: Any = self.broker
-        self.fenced = False
-        if not self.started_role:
-            await _maybe_await(b.start_as_active(epoch))
+        roles = self.roles
+        self._close_refuser()
+        if roles.role == "fenced":
+            # lost the lease, nobody else took it, and we take it back at a new epoch:
+            # start over from the log as a restarted process would
+            broker: Any = self.broker
+            broker.close_store()
+            broker.reset_state()
+        if roles.follower is not None:
+            await roles.promote(epoch)  # stops following once all received is durable
         else:
-            await _maybe_await(b.promote(epoch))
+            await roles.start_as_active(epoch)
+        self.fenced = False
         self.started_role = ACTIVE
         log.info("warren: %s is the active node at epoch %d", self.name, epoch)
 
     async def become_standby(self, leader: LeaderInfo) -> None:
-        b: Any = self.broker
+        roles = self.roles
         if not leader.replication:
             raise RuntimeError(f"the active {leader.node} publishes no replication address")
-        if not self.started_role:
-            await _maybe_await(b.start_as_standby(leader.replication, leader.epoch))
+        if roles.role == "starting":
+            await roles.start_as_standby(leader.replication, leader.epoch)
         else:
-            await _maybe_await(b.demote_and_follow(leader.replication, leader.epoch))
+            await roles.demote_and_follow(leader.replication, leader.epoch)
         self.started_role = STANDBY
         self.fenced = False
+        await self._open_refuser()
 
     def fence(self, reason: str) -> None:
         self.fenced = True
         self.fence_reason = reason
-        fence = getattr(self.broker, "fence", None)
-        if fence is None:
-            log.error("warren: the broker has no fence(); cannot stop publishes")
+        roles = self.roles
+        if roles is None:
+            log.error("warren: no replication layer to fence")
             return
-        result = fence()
-        if inspect.isawaitable(result):  # the closing part may be async; the stop is not
-            self._fencing = asyncio.ensure_future(result)
+        # roles.fence() closes the listeners and sends every client its 320 before its
+        # first await; it runs at the very next turn of the loop
+        self._fencing = asyncio.ensure_future(roles.fence())
 
     def log_position(self) -> tuple[int, int]:
-        follower = self.follower()
-        if follower is not None and self.started_role == STANDBY:
-            return (int(getattr(follower, "epoch", 0) or 0),
-                    int(getattr(follower, "last_seq", 0) or 0))
-        store = self.broker.store
-        seq = 0
-        for name in ("durable_seq", "last_seq"):
-            value = getattr(store, name, None) if store is not None else None
-            if value is not None:
-                seq = int(value() if callable(value) else value)
-                break
-        return self.epoch, seq
+        roles = self.roles
+        follower, source = roles.follower, roles.source
+        if follower is not None:
+            return int(follower.epoch), int(follower.last_seq)
+        if source is not None:
+            return int(roles.epoch), int(source.last_seq)
+        from amqpd.store.tail import scan_tail
+
+        return int(roles.history.last_epoch), int(scan_tail(roles.log_dir).last_seq)
 
     def insync_standbys(self) -> dict[str, int]:
         source = self.source()
         if source is None:
             return {}
-        out: dict[str, int] = {}
-        for s in source.standbys():
-            d = self._standby_dict(s)
-            if d.get("in_sync"):
-                out[str(d.get("name"))] = int(d.get("acked_seq", 0) or 0)
-        return out
+        return {s.name: int(s.acked_seq) for s in source.standbys() if s.in_sync}
 
     def status(self) -> dict[str, Any]:
-        return {"replication": self.replication_status(), "in_sync": self.in_sync()}
+        rep = self.replication_status()
+        rep.pop("history", None)
+        return {"replication": rep, "in_sync": self.in_sync()}
+
+    # ------------------------------------------------------------------ the standby's door
+    async def _open_refuser(self) -> None:
+        """A standby listens on its AMQP port only to tell clients where the active is:
+        each connection is closed with 320 and a reason naming it (Session.authenticate
+        asks :meth:`refusal`). Closed again before this node serves clients itself."""
+        if self._refusers or not self.broker.settings.port:
+            return
+        from amqpd.transport import AMQPProtocol
+
+        loop = asyncio.get_running_loop()
+        s = self.broker.settings
+        for host in (["0.0.0.0"] if s.bind == "" else [s.bind]):
+            try:
+                self._refusers.append(await loop.create_server(
+                    lambda: AMQPProtocol(self.broker), host=host, port=s.port,
+                    reuse_address=True))
+            except OSError as exc:
+                log.warning("warren: standby cannot listen on %s:%d to redirect clients: %s",
+                            host, s.port, exc)
+
+    def _close_refuser(self) -> None:
+        """A client still in its handshake there will be served: the node is taking over."""
+        refusers, self._refusers = self._refusers, []
+        for server in refusers:
+            server.close()
 
     # ------------------------------------------------------------------ views
     def role_code(self) -> int:
@@ -271,8 +294,7 @@ class Warren:
                 "amqpd_holds_lease": self.holds_lease(),
                 "amqpd_accepting_publishes": self.accepting_publishes(),
                 "amqpd_in_sync": self.in_sync(),
-                "amqpd_leader": leader.node if leader is not None else None,
-                "amqpd_replication": self.replication_status()}
+                "amqpd_leader": leader.node if leader is not None else None}
 
     def peer_nodes(self) -> list[dict[str, Any]]:
         """The other nodes, as /api/nodes entries, from their last etcd records. A record
@@ -286,7 +308,7 @@ class Warren:
                         "amqpd_role": rec.get("role"), "amqpd_epoch": rec.get("epoch"),
                         "amqpd_in_sync": rec.get("in_sync"),
                         "amqpd_leader": rec.get("leader"),
-                        "amqpd_replication": rec.get("replication") or {},
+                        "replication": rec.get("replication") or {},
                         "amqpd_record_age_seconds": round(age, 3),
                         "amqpd_addresses": {k: rec.get(k) for k in ("amqp", "http",
                                                                     "replication")}})

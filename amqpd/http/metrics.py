@@ -146,8 +146,9 @@ def _store_metrics(b: Any, e: Exposition) -> None:
 
 
 def _warren_metrics(b: Any, e: Exposition) -> None:
-    """The warren: role, epoch, lease, fencing and replication lag (absent on a single
-    node). Roles: 0 candidate, 1 active, 2 standby, 3 promoting, 4 fenced, 5 stopped."""
+    """The warren's election: role, epoch, lease, fencing (absent on a single node; the
+    replication lag figures are amqpd_replication_*). Roles: 0 candidate, 1 active,
+    2 standby, 3 promoting, 4 fenced, 5 stopped."""
     warren = getattr(b, "warren", None)
     if warren is None:
         return
@@ -174,24 +175,6 @@ def _warren_metrics(b: Any, e: Exposition) -> None:
         e.add("amqpd_warren_fences_total", "counter",
               "Times this node fenced itself (lease not renewed in time, or lost)",
               election.fences)
-    status = warren.replication_status()
-    for s in status.get("standbys", []):
-        labels = {"standby": str(s.get("name", ""))}
-        for key in ("lag_records", "lag_bytes", "lag_seconds"):
-            if key in s:
-                e.add(f"amqpd_replication_standby_{key}", "gauge",
-                      f"Replication lag of each standby ({key.split('_')[1]})",
-                      s[key], labels)
-        e.add("amqpd_replication_standby_in_sync", "gauge",
-              "1 while the standby is in the in-sync set", int(bool(s.get("in_sync"))),
-              labels)
-    if "insync_count" in status:
-        e.add("amqpd_replication_insync_standbys", "gauge", "Standbys in the in-sync set",
-              status["insync_count"])
-    for key in ("lag_records", "lag_bytes", "lag_seconds"):
-        if key in status:
-            e.add(f"amqpd_replication_{key}", "gauge",
-                  f"This standby's lag behind its active ({key.split('_')[1]})", status[key])
 
 
 async def metrics(ctx: Ctx) -> Any:
