@@ -42,6 +42,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _replication_info(broker: Broker) -> dict[str, object] | None:
+    roles = broker.roles
+    if roles is None:
+        return None
+    source = roles.source
+    return {"role": roles.role, "epoch": roles.epoch,
+            "port": source.port if source is not None else None}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -77,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
                            "listeners": broker.listeners,
                            "http_port": (broker.http.port or None) if broker.http else None,
                            "tls_port": next((p for proto, _, p in broker.listeners
-                                             if proto == "amqps"), None)}, fh)
+                                             if proto == "amqps"), None),
+                           # the warren: role and the replication listener's port
+                           "replication": _replication_info(broker)}, fh)
             os.replace(tmp, args.ready_file)
         # systemd Type=notify (etc/amqpd.service): every listener is up now
         listening = ", ".join(f"{proto} {host}:{port}" for proto, host, port in broker.listeners)

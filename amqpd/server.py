@@ -106,13 +106,46 @@ class Broker:
         self.parameters = ParameterStore()  # runtime parameters (shovel, federation...)
         resource_limits.register(self)  # the vhost-limits component
         self.http: HttpServer | None = None
-        self.warren: Warren | None = None  # the active/standby pair ([replication])
+        # the warren (amqpd/replication/roles.py): None on a single node
+        self.roles: Any = None
+        # its etcd election and health (amqpd/coord/warren.py): None on a single node
+        self.warren: Warren | None = None
+        # called again when the listeners change (a standby promoted): the ready file
+        self.on_ready: Callable[[Broker], None] | None = None
         self._setup_defaults()
         self.auth.set_internal_user(f"amqpd-internal-{secrets.token_hex(4)}",
                                     secrets.token_urlsafe(24))
         self.plugins = load_plugins(self, settings.plugins)
 
     # ------------------------------------------------------------------ setup
+    def reset_state(self) -> None:
+        """Forget every vhost, queue, user and policy held in memory (a demoted warren
+        node, whose store is closed: it will recover them from its log when promoted,
+        as a restarted process does)."""
+        self.auth = AuthStore()
+        self.auth.loopback_users = set(self.settings.loopback_users)
+        self.vhosts = {}
+        self._dirty = {}
+        self.definitions = DefinitionJournal(self)
+        self._delivered_batch = {}
+        self._commit_waiters = []
+        self._after_commit = []
+        self._pending_commit = False
+        self.paging_all = False
+        self.ready_bytes_total = 0
+        self.quorum_queues = 0
+        self.policies = PolicyStore(self)
+        self.operator_policies = OperatorPolicyStore(self)
+        self.timers.stop()
+        self.timers = TimerService()
+        if self._loop is not None:
+            self.timers.start(self._loop)
+        self.parameters = ParameterStore()
+        resource_limits.register(self)
+        self._setup_defaults()
+        self.auth.set_internal_user(f"amqpd-internal-{secrets.token_hex(4)}",
+                                    secrets.token_urlsafe(24))
+
     def _setup_defaults(self) -> None:
         s = self.settings
         self.add_vhost(s.default_vhost)
@@ -329,7 +362,7 @@ class Broker:
             return
 
         def done(error: BaseException | None) -> None:
-            if error is not None:
+            if error is not None and not _not_replicated(error):
                 self._store_failed(error)
             for callback in waiters:
                 try:
@@ -348,7 +381,8 @@ class Broker:
         """Clear the store alarm once the store writes again and there is room for at
         least a segment (else it would clear and fail again on every retry)."""
         if error is not None:
-            self._store_failed(error)
+            if not _not_replicated(error):
+                self._store_failed(error)
             return
         if "store" in self.alarms.active and self.store is not None \
                 and not getattr(self.store, "failed", None) \
@@ -436,13 +470,72 @@ class Broker:
         self.timers.start(self._loop)
         s = self.settings
         Path(s.data_dir).mkdir(parents=True, exist_ok=True)
+        if s.replication is not None:
+            # the warren: the role decides whether the store opens and clients are served
+            from amqpd.replication.roles import RoleHooks
+
+            self.roles = RoleHooks(self)
+            await self.roles.start()
+            return
         self._open_store()
+        await self.serve_clients()
+        await self.start_http()
+        await self.start_plugins()
+
+    async def serve_clients(self) -> None:
+        """Open the AMQP (and amqps) listeners over the open store; boot definitions."""
+        s = self.settings
         for host, port in await self._listen(s.port):
             self.listeners.append(("amqp", host, port))
         await self._start_operations()
         log.info("amqpd %s listening on %s; hot path: %s", amqpd.__version__,
                  ", ".join(f"{h}:{p}" for _, h, p in self.listeners), hotpath.MODE)
-        self._ticker = asyncio.create_task(self._tick_loop())
+        if self._ticker is None:
+            self._ticker = asyncio.create_task(self._tick_loop())
+
+    async def start_http(self) -> None:
+        """The management API (a warren standby serves it before any store is open)."""
+        if self.settings.management and self.http is None:
+            from amqpd.http import HttpServer
+
+            self.http = HttpServer(self)
+            await self.http.start()
+
+    async def start_plugins(self) -> None:
+        for plugin in self.plugins.values():
+            await plugin.start()
+
+    async def close_clients(self, reason: str) -> None:
+        """Stop listening for AMQP and close every client connection with 320
+        CONNECTION_FORCED (shutdown; a fenced warren node)."""
+        for server in self._servers:
+            server.close()
+        self._servers = []
+        self.listeners = [entry for entry in self.listeners if entry[0] not in
+                          ("amqp", "amqps")]
+        for proto in list(self.transports):
+            if proto.session is not None and proto.session.conn.is_open:
+                proto.session.conn.close(
+                    320, "CONNECTION_FORCED - broker forced connection closure with reason "
+                    f"'{reason}'")
+                proto.session.conn.should_close_transport = True
+            if proto.session is not None:
+                proto.session.conn.linger = False  # no lingering close
+            proto.flush()
+        deadline = time.monotonic() + 5
+        while self.transports and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for proto in list(self.transports):
+            if proto.transport is not None:
+                proto.transport.abort()
+
+    def close_store(self) -> None:
+        """Flush what is pending and close the store (shutdown; a demoted warren node)."""
+        if self.store is not None:
+            self._register_commit()
+            self._flush_delivered()
+            self.store.close()
+            self.store = None
 
     async def _listen(self, port: int, ssl: Any = None) -> list[tuple[str, int]]:
         """Open the AMQP listener(s) on ``settings.bind``; ``""`` (the default) means every
@@ -585,13 +678,6 @@ class Broker:
         if tls_configured(s):
             for host, port in await self._listen(s.tls_port, ssl=server_context(s)):
                 self.listeners.append(("amqps", host, port))
-        if s.management:
-            from amqpd.http import HttpServer
-
-            self.http = HttpServer(self)
-            await self.http.start()
-        for plugin in self.plugins.values():
-            await plugin.start()
 
     def local_uri(self, vhost: str = "/") -> str:
         """An AMQP URI to this broker for plugins' links (RabbitMQ's bare "amqp://")."""
@@ -608,7 +694,8 @@ class Broker:
 
     @property
     def port(self) -> int:
-        return self.listeners[0][2]
+        """The AMQP port (0 while none is open: a warren standby)."""
+        return self.listeners[0][2] if self.listeners else 0
 
     async def _tick_loop(self) -> None:
         while True:
@@ -642,29 +729,21 @@ class Broker:
             server.close()
         if self.http is not None:
             await self.http.stop()
-        for proto in list(self.transports):
-            if proto.session is not None and proto.session.conn.is_open:
-                proto.session.conn.close(
-                    320, "CONNECTION_FORCED - broker forced connection closure with reason "
-                    "'shutdown'")
-                proto.session.conn.should_close_transport = True
-            if proto.session is not None:
-                proto.session.conn.linger = False  # shutting down: no lingering close
-            proto.flush()
-        deadline = time.monotonic() + 5
-        while self.transports and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        for proto in list(self.transports):
-            if proto.transport is not None:
-                proto.transport.abort()
+        await self.close_clients("shutdown")
         if self._ticker is not None:
             self._ticker.cancel()
         self.timers.stop()  # no TTL or delayed-message work once the store closes
-        if self.store is not None:
-            self._register_commit()
-            self._flush_delivered()
-            self.store.close()
+        if self.roles is not None:
+            await self.roles.stop()
+        self.close_store()
         log.info("shutdown complete")
+
+
+def _not_replicated(error: BaseException) -> bool:
+    """A nack for want of in-sync standbys (warren): no disk trouble, no store alarm."""
+    from amqpd.store.api import NotReplicated
+
+    return isinstance(error, NotReplicated)
 
 
 def tune_gc() -> None:
@@ -690,14 +769,15 @@ async def serve(settings: Settings, ready: Callable[[Broker], None] | None = Non
         # a listener could not bind (or boot failed): undo what started, then exit
         await broker.stop()
         raise
+    tune_gc()
+    broker.on_ready = ready
+    if ready is not None:
+        ready(broker)
     if settings.replication is not None:
         from amqpd.coord.warren import Warren
 
         broker.warren = Warren(broker, settings.replication)
-        await broker.warren.start()
-    tune_gc()
-    if ready is not None:
-        ready(broker)
+        await broker.warren.start()  # role "auto": etcd decides; else a static role
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -2,7 +2,8 @@
 
 One module per resource (LavinMQ's controllers): ``overview``, ``connections``,
 ``exchanges``, ``queues``, ``bindings``, ``vhosts``, ``users``, ``policies``,
-``parameters``, ``definitions``, ``health``, ``metrics``, ``topic_permissions``, and
+``parameters``, ``definitions``, ``health``, ``metrics``, ``topic_permissions``,
+``replication`` (the warren), and
 ``webui`` (the management web UI at ``/`` and its login). Each exposes ``routes(router)``.
 :class:`HttpServer` is started and stopped by the broker.
 """
@@ -27,6 +28,7 @@ from amqpd.http import (
     parameters,
     policies,
     queues,
+    replication,
     users,
     vhosts,
     webui,
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqpd.http")
 
 RESOURCES = (overview, connections, exchanges, queues, bindings, vhosts, users, policies,
-             parameters, definitions, health, metrics, webui, limits)
+             parameters, definitions, health, metrics, webui, limits, replication)
 
 
 def build_router(broker: Broker | None = None) -> Router:

@@ -123,7 +123,55 @@ def collect(ctx: Ctx, per_object: bool = False) -> str:
                   "Messages delivered per queue", q.stat_deliver, labels)
             e.add("rabbitmq_detailed_queue_messages_acked_total", "counter",
                   "Messages acked per queue", q.stat_ack, labels)
+    _replication(b, e)
     return e.text()
+
+
+def _replication(broker: Any, e: Exposition) -> None:
+    """``amqpd_replication_*``: the warren's role, epoch, in-sync set and lag."""
+    from amqpd.http.replication import status
+
+    r = status(broker)
+    if r is None:
+        return
+    for role in ("active", "standby", "fenced", "starting"):
+        e.add("amqpd_replication_role", "gauge", "1 for this node's current warren role",
+              r["role"] == role, {"role": role})
+    e.add("amqpd_replication_epoch", "gauge", "Leadership epoch this node knows", r["epoch"])
+    e.add("amqpd_replication_last_sequence", "gauge",
+          "Last log sequence written (active) or durably received (standby)",
+          r.get("last_seq", 0))
+    if "standbys" in r:
+        e.add("amqpd_replication_insync_standbys", "gauge", "Standbys in the in-sync set",
+              r["insync_count"])
+        e.add("amqpd_replication_min_insync_standbys", "gauge",
+              "In-sync standbys a confirm waits for", r["min_insync_standbys"])
+        e.add("amqpd_replication_left_insync_total", "counter",
+              "Times a standby left the in-sync set (lag past max_lag)",
+              r["left_insync_total"])
+        e.add("amqpd_replication_nacked_commits_total", "counter",
+              "Group commits nacked for want of in-sync standbys", r["nacked_total"])
+        e.add("amqpd_replication_auth_failures_total", "counter",
+              "Replication connections refused by authentication", r["auth_failures_total"])
+        for sb in r["standbys"]:
+            labels = {"standby": sb["name"], "address": sb["address"]}
+            e.add("amqpd_replication_standby_lag_records", "gauge",
+                  "Records the standby has not acknowledged", sb["lag_records"], labels)
+            e.add("amqpd_replication_standby_lag_bytes", "gauge",
+                  "Log bytes the standby has not acknowledged", sb["lag_bytes"], labels)
+            e.add("amqpd_replication_standby_lag_seconds", "gauge",
+                  "Age of the oldest record the standby has not acknowledged",
+                  sb["lag_seconds"], labels)
+            e.add("amqpd_replication_standby_in_sync", "gauge",
+                  "1 while the standby is in the in-sync set", sb["in_sync"], labels)
+    if "connected" in r:
+        e.add("amqpd_replication_follower_connected", "gauge",
+              "1 while this standby is connected to the active", r["connected"])
+        e.add("amqpd_replication_follower_lag_records", "gauge",
+              "Records the active announced that are not durable here", r["lag_records"])
+        e.add("amqpd_replication_follower_lag_seconds", "gauge",
+              "Seconds since this standby last held everything announced",
+              r["lag_seconds"])
 
 
 def _store_metrics(b: Any, e: Exposition) -> None:

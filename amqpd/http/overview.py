@@ -70,7 +70,15 @@ def node_info(ctx: Ctx) -> dict[str, Any]:
                           "version": amqpd.__version__}],
         "enabled_plugins": ["rabbitmq_management", "rabbitmq_prometheus"],
         "being_drained": False,
+        # the warren: role, epoch, standbys' lag (None on a single node)
+        "replication": _replication(b),
     }
+
+
+def _replication(broker: Any) -> dict[str, Any] | None:
+    from amqpd.http.replication import status
+
+    return status(broker)
 
 
 def alarm_set(broker: Any) -> set[str]:
