@@ -184,10 +184,16 @@ async def standby(ctx: Ctx) -> Any:
     if warren is None:
         return failed("this node is not part of a warren (no [replication] section)")
     if warren.in_sync():
-        return ok(**_warren_fields(warren), **warren.replication_status())
+        return ok(**_warren_fields(warren), replication=_lag(warren))
     reason = ("not a standby" if warren.role != "standby"
               else "standby is not in sync with its active")
-    return failed(reason, **_warren_fields(warren), **warren.replication_status())
+    return failed(reason, **_warren_fields(warren), replication=_lag(warren))
+
+
+def _lag(warren: Any) -> dict[str, Any]:
+    rep = warren.replication_status()
+    return {k: rep[k] for k in ("connected", "last_seq", "active_seq", "lag_records",
+                                "lag_seconds") if k in rep}
 
 
 async def certificate_expiration(ctx: Ctx) -> Any:
