@@ -528,6 +528,29 @@ def _common(suppress: bool) -> Parser:
     return common
 
 
+def cmd_promote(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    """A static warren standby becomes active (the manual failover without etcd)."""
+    r = c.call("POST", "/api/replication/promote", {})
+    ports = ", ".join(f"{x['protocol']}:{x['port']}" for x in (r or {}).get("listeners", []))
+    return _done(a, out, f"promoted: active at epoch {r['epoch']}, listening on {ports}", r)
+
+
+def cmd_replication_status(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    r = c.get("/api/replication")
+    if a.json:
+        json.dump(r, out)
+        out.write("\n")
+        return EX_OK
+    for key in ("node", "role", "epoch", "mode", "last_seq", "active", "connected",
+                "lag_records", "lag_seconds", "insync_count", "min_insync_standbys"):
+        if key in r:
+            out.write(f"{key}: {_cell(r[key])}\n")
+    if r.get("standbys"):
+        print_table(r["standbys"], ["name", "address", "acked_seq", "lag_records",
+                                    "lag_bytes", "lag_seconds", "in_sync"], out)
+    return EX_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = _common(suppress=True)
     parser = Parser(prog="amqpctl", parents=[_common(suppress=False)],
@@ -591,6 +614,10 @@ def build_parser() -> argparse.ArgumentParser:
         arg("bytes", nargs="?"))
     add("close_connection", cmd_close_connection, "close a client connection",
         arg("name"), arg("reason", nargs="?", default="Closed via amqpctl"))
+    add("promote", cmd_promote, "promote this warren standby to active (static roles: "
+        "the manual failover; see docs/warren.md)")
+    add("replication_status", cmd_replication_status,
+        "warren role, epoch and standbys' lag")
     add("federation_status", cmd_federation_status, "federation links and their status",
         arg("--only-down", action="store_true", help="only links that are not running"))
     add("restart_federation_link", cmd_restart_federation_link,
