@@ -57,6 +57,8 @@ class ReplicationConfig:
 
     node_name: str = ""  # "" = the node's node_name
     listen: str = ""  # host:port of this node's replication listener; "" = none
+    # host:port the other nodes reach that listener at (etcd tells them); "" = listen
+    advertise: str = ""
     peers: list[str] = field(default_factory=list)  # the other nodes' replication host:port
     secret: str = ""
     secret_file: str = ""
@@ -104,6 +106,8 @@ def check_replication(rc: ReplicationConfig) -> None:
         addr = rc.listen if name == "listen" else name
         if addr:
             _split_addr(addr, "replication.listen" if name == "listen" else "replication.peers")
+    if rc.advertise:
+        _split_addr(rc.advertise, "replication.advertise")
     if rc.role == "auto" and not rc.etcd:
         raise ConfigError("setting 'replication.role' is 'auto' (leader election through etcd) "
                           "but 'replication.etcd' names no endpoint; set role = 'active' or "

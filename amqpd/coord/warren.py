@@ -108,7 +108,8 @@ class Warren:
         http = ""
         if b.http is not None and b.http.port:
             http = _addr(s.http_bind or s.bind, b.http.port)
-        return {"amqp": amqp, "http": http, "replication": self.config.listen}
+        return {"amqp": amqp, "http": http,
+                "replication": self.config.advertise or self.config.listen}
 
     async def _refresh_peers(self) -> None:
         assert self.election is not None
