@@ -110,6 +110,10 @@ class Broker:
         self.roles: Any = None
         # its etcd election and health (amqpd/coord/warren.py): None on a single node
         self.warren: Warren | None = None
+        # set while a warren standby takes over: every recovered message counts as
+        # delivered once (redelivered=true), since the old active may have delivered it
+        # and its delivery marks need not have reached this node before it died
+        self.takeover_redelivers = False
         # called again when the listeners change (a standby promoted): the ready file
         self.on_ready: Callable[[Broker], None] | None = None
         self._setup_defaults()
@@ -601,9 +605,11 @@ class Broker:
                 store.drop_queue(key)  # transient or server-named: nothing can consume these
                 continue
             redelivered = rq.redelivered
+            everything = self.takeover_redelivers
             for position, size, stamp, extra in zip(rq.positions, rq.sizes, rq.stamps,
                                                     rq.extra, strict=True):
-                queue.restore(LoggedMessage(store, position, size), position in redelivered,
+                queue.restore(LoggedMessage(store, position, size),
+                              everything or position in redelivered,
                               stamp >> 1, extra)
             n += len(rq.positions)
         if recovered.truncated_bytes:

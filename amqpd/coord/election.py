@@ -348,9 +348,14 @@ class Election:
 
     def _fence_due(self) -> None:
         self._fence_timer = None
-        if self.role in (ACTIVE, PROMOTING) and self.clock() >= self.fence_at:
-            self._lose(f"lease not renewed for {self.clock() - self.renewed_at:.2f}s "
-                       f"(ttl {self.settings.lease_ttl}s)")
+        if self.role not in (ACTIVE, PROMOTING):
+            return
+        early = self.fence_at - self.clock()
+        if early > 0:  # a loop's timer may fire a little before our clock says (uvloop)
+            self._fence_timer = asyncio.get_running_loop().call_later(early, self._fence_due)
+            return
+        self._lose(f"lease not renewed for {self.clock() - self.renewed_at:.2f}s "
+                   f"(ttl {self.settings.lease_ttl}s)")
 
     async def _renew_loop(self) -> None:
         interval = self.settings.lease_ttl / 6
@@ -361,6 +366,9 @@ class Election:
             except EtcdError as exc:
                 log.warning("warren: lease renewal failed: %s (fencing in %.2fs)",
                             exc, max(self.fence_at - self.clock(), 0.0))
+                if self.clock() >= self.fence_at:  # the timer's job, should it be late
+                    self._fence_due()
+                    return
             else:
                 if ttl <= 0:
                     self._lose("the lease is gone (expired or revoked in etcd)")

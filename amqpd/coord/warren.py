@@ -206,7 +206,11 @@ class Warren:
             broker.close_store()
             broker.reset_state()
         if roles.follower is not None:
-            await roles.promote(epoch)  # stops following once all received is durable
+            self.broker.takeover_redelivers = True
+            try:
+                await roles.promote(epoch)  # stops following once all received is durable
+            finally:
+                self.broker.takeover_redelivers = False
         else:
             await roles.start_as_active(epoch)
         self.fenced = False

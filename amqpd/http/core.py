@@ -321,8 +321,10 @@ def make_dispatcher(
             route, params = router.resolve(request.method, split_raw_path(request.raw_path))
             user = authenticate(broker, request) if route.auth else None
             if broker.warren is not None and request.method not in ("GET", "HEAD") \
-                    and route.auth and not broker.warren.accepting_publishes():
+                    and route.auth and not broker.warren.accepting_publishes() \
+                    and not request.path.startswith("/api/replication/"):
                 # a standby's definitions come from its active's log: read-only here
+                # (but for the replication layer's own operations: amqpctl promote)
                 raise HttpError(503, "not_active", broker.warren.refusal()
                                 or "this node is not the active one")
             # each request runs in its own task, so this context ends with the request

@@ -82,6 +82,7 @@ def test_kill9_failover_through_haproxy_and_back(tmp_path: Path, etcd: EtcdProce
     rng = random.Random()
     a = WarrenNode("a", tmp_path / "a", [etcd.url], PREFIX)
     b = WarrenNode("b", tmp_path / "b", [etcd.url], PREFIX)
+    a.peers, b.peers = [b.repl_addr], [a.repl_addr]  # synchronous: confirms wait for b
     nodes = [a, b]
     hap: HAProxyProcess | None = None
     pubs: list[Publisher] = []

@@ -9,6 +9,7 @@ the broker, and must then carry redelivered=true.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from dataclasses import dataclass, field
@@ -19,24 +20,28 @@ import pika.exceptions
 CLIENT_ERRORS = (pika.exceptions.AMQPError, OSError, ConnectionError)
 
 
-def connect(url: str, deadline: float) -> pika.BlockingConnection:
-    params = pika.URLParameters(url)
-    params.socket_timeout = 2.0
-    params.blocked_connection_timeout = 60.0
-    params.heartbeat = 5
+def connect(url: str | list[str], deadline: float) -> pika.BlockingConnection:
+    """A connection to ``url`` (or the first of several that takes it: both warren nodes,
+    without HAProxy), retried until ``deadline``."""
+    urls = [url] if isinstance(url, str) else list(url)
     last: BaseException | None = None
     while time.monotonic() < deadline:
-        try:
-            return pika.BlockingConnection(params)
-        except CLIENT_ERRORS as exc:
-            last = exc
-            time.sleep(0.1)
-    raise TimeoutError(f"no connection to {url}: {last!r}")
+        for one in urls:
+            params = pika.URLParameters(one)
+            params.socket_timeout = 2.0
+            params.blocked_connection_timeout = 60.0
+            params.heartbeat = 5
+            try:
+                return pika.BlockingConnection(params)
+            except CLIENT_ERRORS as exc:
+                last = exc
+        time.sleep(0.1)
+    raise TimeoutError(f"no connection to {urls}: {last!r}")
 
 
 @dataclass
 class Publisher:
-    url: str
+    url: str | list[str]
     queue: str
     body_size: int = 64
     confirmed: list[int] = field(default_factory=list)
@@ -91,7 +96,7 @@ class Publisher:
 
 @dataclass
 class Consumer:
-    url: str
+    url: str | list[str]
     queue: str
     prefetch: int = 50
     seen: list[tuple[int, bool]] = field(default_factory=list)  # (seq, redelivered)
@@ -152,5 +157,5 @@ def check_delivery(queue: str, publisher: Publisher, consumer: Consumer) -> None
     missing = sorted(set(publisher.confirmed) - seen)
     assert not missing, (f"{queue}: {len(missing)} confirmed messages never consumed, "
                          f"first {missing[:10]}")
-    out_of_order = [(a, b) for a, b in zip(seen_first, seen_first[1:]) if b < a]
+    out_of_order = [(a, b) for a, b in itertools.pairwise(seen_first) if b < a]
     assert not out_of_order, f"{queue}: order broken at {out_of_order[:5]}"
