@@ -177,7 +177,8 @@ class RoleHooks:
             out["standbys"] = [s.__dict__ for s in src.standbys()]
         if self.follower is not None:
             f = self.follower
-            out.update(active=f.active_addr, active_name=f.active_name,
+            self.epoch = max(self.epoch, f.epoch)  # the active's, learnt on WELCOME
+            out.update(epoch=self.epoch, active=f.active_addr, active_name=f.active_name,
                        connected=f.connected, last_seq=f.last_seq, active_seq=f.active_seq,
                        lag_records=f.lag_records, lag_seconds=round(f.lag, 3),
                        bytes_received=f.bytes_received, refused=f.refused)

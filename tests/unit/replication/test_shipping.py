@@ -163,3 +163,46 @@ async def test_confirms_nacked_without_an_in_sync_standby(tmp_path: Path) -> Non
     finally:
         await src.stop()
         store.close()
+
+
+async def test_standby_behind_the_live_segments_resyncs_from_a_snapshot(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "amqpd.replication")
+    store, src = await _active(tmp_path / "a")
+    f = _follower(tmp_path / "b")
+    try:
+        positions = [store.append_enqueue(["q"], _msg(i)) for i in range(50)]
+        store.sync()
+        f.start(f"127.0.0.1:{src.port}")
+        await until(lambda: f.last_seq == store.last_sequence)
+        await f.stop()  # the standby goes away holding the first segments
+        positions += [store.append_enqueue(["q"], _msg(i)) for i in range(50, 400)]
+        store.append_settle("q", positions[:-20])  # the old segments become garbage
+        deadline = time.monotonic() + 10
+        while 0 in store.segment_sizes():  # GC, once a checkpoint lies past them
+            assert time.monotonic() < deadline, "GC did not delete the first segment"
+            store.checkpoint()
+            store.sync()
+            store.maintain()
+            await asyncio.sleep(0.01)
+        store.sync()
+        f = _follower(tmp_path / "b")
+        f.start(f"127.0.0.1:{src.port}")
+        await until(lambda: f.last_seq == store.last_sequence)
+        await f.stop()
+        assert "(snapshot at" in caplog.text
+        live = sorted(p.name for p in (tmp_path / "a").glob("*.log"))
+        assert live == sorted(p.name for p in (tmp_path / "b").glob("*.log"))
+        for name in live:
+            assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    finally:
+        await f.stop()
+        await src.stop()
+        store.close()
+    copy = SharedLog(tmp_path / "b")
+    state = copy.open()
+    try:
+        assert [copy.read(p).body for p in state.queues["q"].positions] == \
+            [_msg(i).body for i in range(380, 400)]
+    finally:
+        copy.close()
