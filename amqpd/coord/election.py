@@ -21,9 +21,11 @@ Theory of operation. Every key lives under ``prefix`` (``/amqpd/warren`` by defa
     it is how a standby proves, after the active is gone, that it holds every confirmed
     record. A takeover guards ``mod_revision(state)`` too and rewrites it (the new active
     is then the only in-sync member), so eligibility and takeover are one atomic step.
-``nodes/<name>``
+``nodes/<name>``, ``alive/<name>``
     Each node's own status (role, epoch, log position, lag, addresses, a wall-clock
-    stamp), for ``/api/nodes`` and ``amqpctl cluster_status``; informational only.
+    stamp), rewritten when it changes, and its presence under a lease of three
+    ``lease_ttl`` that it keeps alive, for ``/api/nodes`` and ``amqpctl cluster_status``;
+    informational only.
 
 The in-sync rule (Kafka's ISR, LavinMQ's etcd election): a node may take the leader key
 only when ``state`` is absent (nothing was ever active under this prefix), names it as
@@ -59,6 +61,9 @@ from typing import Any, Protocol
 from amqpd.coord.etcd import Compare, EtcdClient, EtcdError, Get, KeyValue, Put
 
 log = logging.getLogger("amqpd.coord.election")
+
+# seconds between rewrites of an unchanged node record (its lag figures and stamp)
+RECORD_REFRESH = 10.0
 
 # roles, as /api/nodes, /health/* and metrics report them
 CANDIDATE = "candidate"  # deciding (start-up, or after losing leadership)
@@ -145,6 +150,7 @@ class Election:
         self.epoch_key = f"{p}/epoch"
         self.state_key = f"{p}/state"
         self.nodes_prefix = f"{p}/nodes/"
+        self.alive_prefix = f"{p}/alive/"
         self.role = CANDIDATE
         self.epoch = 0  # the epoch this node last led or followed
         self.leader: LeaderInfo | None = None
@@ -160,6 +166,9 @@ class Election:
         self._fence_timer: asyncio.TimerHandle | None = None
         self._published_state: dict[str, Any] | None = None
         self._wake = asyncio.Event()
+        self._record_written: dict[str, Any] | None = None
+        self._record_at = 0.0
+        self._presence = 0  # the lease of alive/<name>
         self.changed: Callable[[], Awaitable[None] | None] | None = None
 
     # ------------------------------------------------------------------ public
@@ -193,6 +202,10 @@ class Election:
             self.lease_id = 0
         with contextlib.suppress(EtcdError):
             await self._publish_node(timeout=self.settings.lease_ttl / 3)
+        if self._presence:
+            with contextlib.suppress(EtcdError):
+                await self.etcd.revoke(self._presence, timeout=self.settings.lease_ttl / 3)
+            self._presence = 0
 
     # ------------------------------------------------------------------ the loop
     async def _run(self) -> None:
@@ -431,13 +444,30 @@ class Election:
             self._lose("the leader key is no longer ours")
 
     async def _publish_node(self, timeout: float) -> None:
+        """This node's record under ``nodes/<name>``, rewritten only when something other
+        than its lag figures changed, or every ``RECORD_REFRESH`` seconds (each write is
+        an etcd revision, kept until etcd compacts), and its presence under
+        ``alive/<name>``, attached to a lease that keep-alives (no revisions) renew."""
         epoch, seq = self.hooks.log_position()
         record = {"node": self.settings.node_name, "role": self.role, "epoch": self.epoch,
                   "log_epoch": epoch, "seq": seq, "leader": self.leader.node
-                  if self.leader else None, "updated": time.time(),
-                  **self.settings.addresses, **self.hooks.status()}
-        await self.etcd.put(self.nodes_prefix + self.settings.node_name, json.dumps(record),
+                  if self.leader else None, **self.settings.addresses,
+                  **self.hooks.status()}
+        steady = {k: v for k, v in record.items() if k not in ("seq", "replication")}
+        now = self.clock()
+        if steady != self._record_written or now - self._record_at >= RECORD_REFRESH:
+            record["updated"] = time.time()
+            await self.etcd.put(self.nodes_prefix + self.settings.node_name,
+                                json.dumps(record), timeout=timeout)
+            self._record_written, self._record_at = steady, now
+        if self.role == STOPPED:
+            return
+        if self._presence and await self.etcd.keepalive(self._presence, timeout) > 0:
+            return
+        lease = await self.etcd.grant(math.ceil(self.settings.lease_ttl * 3), timeout)
+        await self.etcd.put(self.alive_prefix + self.settings.node_name, "1", lease.id,
                             timeout=timeout)
+        self._presence = lease.id
 
     async def _notify(self) -> None:
         if self.changed is not None:
@@ -446,12 +476,17 @@ class Election:
                 await result
 
     async def nodes(self, timeout: float = 1.0) -> list[dict[str, Any]]:
-        """Every node's last record (for /api/nodes and amqpctl cluster_status)."""
+        """Every node's last record (for /api/nodes and amqpctl cluster_status), with
+        ``alive``: whether its presence lease still runs."""
         kvs = await self.etcd.get_prefix(self.nodes_prefix, timeout=timeout)
+        alive = {kv.key.decode(errors="replace").rpartition("/")[2]
+                 for kv in await self.etcd.get_prefix(self.alive_prefix, timeout=timeout)}
         out = []
         for kv in kvs:
             with contextlib.suppress(ValueError):
-                out.append(kv.json())
+                record = kv.json()
+                record["alive"] = record.get("node") in alive
+                out.append(record)
         return out
 
 

@@ -67,6 +67,7 @@ class Warren:
         self._peer_task: asyncio.Task[None] | None = None
         self._fencing: asyncio.Future[Any] | None = None
         self._refusers: list[asyncio.base_events.Server] = []
+        self._idle_position: tuple[int, int] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -243,13 +244,19 @@ class Warren:
     def log_position(self) -> tuple[int, int]:
         roles = self.roles
         follower, source = roles.follower, roles.source
+        if follower is not None or source is not None:
+            self._idle_position = None
         if follower is not None:
             return int(follower.epoch), int(follower.last_seq)
         if source is not None:
             return int(roles.epoch), int(source.last_seq)
-        from amqpd.store.tail import scan_tail
+        # neither following nor serving: the log does not move; read its end once
+        if self._idle_position is None:
+            from amqpd.store.tail import scan_tail
 
-        return int(roles.history.last_epoch), int(scan_tail(roles.log_dir).last_seq)
+            self._idle_position = (int(roles.history.last_epoch),
+                                   int(scan_tail(roles.log_dir).last_seq))
+        return self._idle_position
 
     def insync_standbys(self) -> dict[str, int]:
         source = self.source()
@@ -302,14 +309,13 @@ class Warren:
                 "amqpd_leader": leader.node if leader is not None else None}
 
     def peer_nodes(self) -> list[dict[str, Any]]:
-        """The other nodes, as /api/nodes entries, from their last etcd records. A record
-        older than three lease periods counts as not running."""
-        stale = max(self.config.lease_ttl * 3, 3.0)
+        """The other nodes, as /api/nodes entries, from their last etcd records; one whose
+        presence lease ran out (three lease periods) is not running."""
         out = []
         for rec in self.peers:
             age = time.time() - float(rec.get("updated", 0))
             out.append({"name": rec.get("node"), "type": "disc",
-                        "running": age < stale and rec.get("role") != "stopped",
+                        "running": bool(rec.get("alive")) and rec.get("role") != "stopped",
                         "amqpd_role": rec.get("role"), "amqpd_epoch": rec.get("epoch"),
                         "amqpd_in_sync": rec.get("in_sync"),
                         "amqpd_leader": rec.get("leader"),

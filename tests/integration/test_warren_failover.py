@@ -11,13 +11,21 @@ redelivered, and each queue's messages came in publish order.
 
 from __future__ import annotations
 
+import base64
+import io
+import json
 import random
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import pika
+import pika.exceptions
 import pytest
 
+from amqpd import ctl
 from tests.integration.warren_clients import Consumer, Publisher, check_delivery, connect
 from tests.support import etcdproc, haproxyproc
 from tests.support.etcdproc import EtcdProcess
@@ -78,6 +86,24 @@ def _fail_over(old: WarrenNode, new: WarrenNode, etcd: EtcdProcess,
     return int(epoch)
 
 
+def _standby_turns_clients_away(standby: WarrenNode, active: WarrenNode) -> None:
+    """Straight to the standby's AMQP port: closed with 320 naming the active; its HTTP
+    API reads, refuses changes, and says its role."""
+    with pytest.raises(pika.exceptions.AMQPConnectionError) as refused:
+        pika.BlockingConnection(pika.URLParameters(standby.url))
+    assert "320" in str(refused.value) and \
+        f"the active node is {active.name} at 127.0.0.1:{active.amqp_port}" in \
+        str(refused.value), refused.value
+    req = urllib.request.Request(f"{standby.http_url}/api/vhosts/not-here", method="PUT",
+                                 data=b"{}", headers={"Content-Type": "application/json"})
+    req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+    with pytest.raises(urllib.error.HTTPError) as change:
+        urllib.request.urlopen(req, timeout=5)
+    assert change.value.code == 503 and change.value.headers["X-Amqpd-Role"] == "standby"
+    assert active.name in json.loads(change.value.read())["reason"]
+    assert standby.api("/api/overview")["amqpd_role"] == "standby"
+
+
 def test_kill9_failover_through_haproxy_and_back(tmp_path: Path, etcd: EtcdProcess) -> None:
     rng = random.Random()
     a = WarrenNode("a", tmp_path / "a", [etcd.url], PREFIX)
@@ -135,6 +161,12 @@ def test_kill9_failover_through_haproxy_and_back(tmp_path: Path, etcd: EtcdProce
         nodes_seen = {n["name"]: n for n in a.api("/api/nodes")}
         assert nodes_seen["a"]["amqpd_role"] == "active"
         assert nodes_seen["b"]["amqpd_role"] == "standby" and nodes_seen["b"]["running"]
+        _standby_turns_clients_away(b, active=a)
+        out = io.StringIO()
+        assert ctl.main(["--url", b.http_url, "cluster_status", "--json"], out=out) == 0
+        rows = {r["name"]: r for r in json.loads(out.getvalue())}
+        assert rows["b"]["role"] == "standby" and rows["b"]["epoch"] == 3
+        assert rows["b"]["lag_records"] == 0 and rows["a"]["role"] == "active"
     finally:
         for w in (*pubs, *cons):
             w.stop.set()

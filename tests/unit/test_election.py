@@ -91,9 +91,20 @@ async def until(cond: Callable[[], bool], timeout: float = 10.0, what: str = "")
         await asyncio.sleep(0.02)
 
 
+_clients: list[EtcdClient] = []
+
+
+@pytest.fixture(autouse=True)
+async def _close_clients() -> AsyncIterator[None]:
+    yield
+    while _clients:
+        await _clients.pop().close()
+
+
 def make(url: str, name: str, prefix: str, ttl: float = TTL) -> tuple[Election, FakeNode]:
     node = FakeNode()
-    election = Election(EtcdClient([url], timeout=1.0), node,
+    _clients.append(EtcdClient([url], timeout=1.0))
+    election = Election(_clients[-1], node,
                         ElectionSettings(name, prefix=prefix, lease_ttl=ttl,
                                          addresses={"amqp": f"{name}:5672"}))
     return election, node
