@@ -135,8 +135,8 @@ class ReplicationSource:
         self.left_insync = 0  # times a standby left the in-sync set (metric)
         self.auth_failures = 0
         self._fds: dict[int, int] = {}
-        self._server: asyncio.base_events.Server | None = None
         self._sock: socket.socket | None = None
+        self._tls: ssl.SSLContext | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped = False
@@ -171,20 +171,16 @@ class ReplicationSource:
     async def _open_listener(self) -> None:
         host, port = split_addr(self.config.listen)
         ctx = self._tls_context()
-        if ctx is not None:
-            self._server = await asyncio.start_server(self._stream_client, host, port,
-                                                      ssl=ctx, reuse_address=True)
-            self.port = self._server.sockets[0].getsockname()[1]
-        else:
-            family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, port))
-            sock.listen(16)
-            sock.setblocking(False)
-            self._sock = sock
-            self.port = sock.getsockname()[1]
-            self._spawn(self._accept_loop(sock))
+        self._tls = ctx
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(16)
+        sock.setblocking(False)
+        self._sock = sock
+        self.port = sock.getsockname()[1]
+        self._spawn(self._accept_loop(sock))
         log.info("replication listener on %s:%d (%s), epoch %d", host, self.port,
                  "TLS" if ctx else "HMAC", self.epoch)
 
@@ -203,8 +199,6 @@ class ReplicationSource:
         """Stop serving (fence, demotion, shutdown): close the listener and standbys,
         detach from the log; waiting confirms are nacked."""
         self._stopped = True
-        if self._server is not None:
-            self._server.close()
         if self._sock is not None:
             self._sock.close()
         for peer in list(self.peers):
@@ -335,12 +329,29 @@ class ReplicationSource:
                 await asyncio.sleep(0.1)
                 continue
             address = f"{addr[0]}:{addr[1]}"
-            self._spawn(self._serve(SocketConn(client, address)))
+            if self._tls is None:
+                self._spawn(self._serve(SocketConn(client, address)))
+            else:
+                self._spawn(self._serve_tls(client, address, self._tls))
 
-    async def _stream_client(self, reader: asyncio.StreamReader,
-                             writer: asyncio.StreamWriter) -> None:
-        addr = writer.get_extra_info("peername") or ("?", 0)
-        await self._serve(StreamConn(reader, writer, f"{addr[0]}:{addr[1]}"))
+    async def _serve_tls(self, client: socket.socket, address: str,
+                         ctx: ssl.SSLContext) -> None:
+        """TLS on an accepted socket: the handshake (client certificate included) fails
+        here, where it is counted and logged, not silently inside asyncio."""
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        protocol = asyncio.StreamReaderProtocol(reader)
+        try:
+            transport, _ = await loop.connect_accepted_socket(
+                lambda: protocol, client, ssl=ctx, ssl_handshake_timeout=_HANDSHAKE_TIMEOUT)
+        except (ssl.SSLError, OSError, TimeoutError) as exc:
+            self.auth_failures += 1
+            log.warning("replication: refused %s: TLS handshake failed: %s", address,
+                        str(exc) or type(exc).__name__)
+            client.close()
+            return
+        writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+        await self._serve(StreamConn(reader, writer, address))
 
     async def _serve(self, conn: Conn) -> None:
         peer = _Peer(conn, conn.peer)
@@ -354,7 +365,7 @@ class ReplicationSource:
             return
         except (TimeoutError, wire.ProtocolError, ConnectionError, OSError) as exc:
             log.warning("replication: handshake with %s failed: %s", conn.peer,
-                        exc or type(exc).__name__)
+                        str(exc) or type(exc).__name__)
             await _send_error(conn, str(exc))
             conn.close()
             return

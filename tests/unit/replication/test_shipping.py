@@ -206,3 +206,47 @@ async def test_standby_behind_the_live_segments_resyncs_from_a_snapshot(
             [_msg(i).body for i in range(380, 400)]
     finally:
         copy.close()
+
+
+async def test_tls_with_client_certificates_instead_of_a_secret(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    pytest.importorskip("cryptography", reason="cryptography makes the test certificates")
+    from tests.integration.test_tls import make_pki
+
+    caplog.set_level(logging.INFO, "amqpd.replication")
+    pki = make_pki(tmp_path)
+    d = tmp_path / "a"
+    store = SharedLog(d, loop=asyncio.get_running_loop())
+    store.open()
+    src = ReplicationSource(store, ReplicationConfig(
+        node_name="a", listen="127.0.0.1:0", role="active", peers=["127.0.0.1:1"],
+        tls_cert=str(pki["server_cert"]), tls_key=str(pki["server_key"]),
+        tls_ca=str(pki["ca"])), EpochHistory(d), 1)
+    await src.start()
+
+    def follower(where: Path, with_cert: bool) -> ReplicationFollower:
+        cert = pki["client_cert"] if with_cert else pki["server_cert"]
+        key = pki["client_key"] if with_cert else pki["server_key"]
+        cfg = ReplicationConfig(node_name="b", role="standby", peers=["x:1"],
+                                tls_cert=str(cert), tls_key=str(key), tls_ca=str(pki["ca"]))
+        return ReplicationFollower(where, cfg, EpochHistory(where))
+
+    good = follower(tmp_path / "b", True)
+    bad = follower(tmp_path / "c", False)  # a server-only certificate is no client's
+    try:
+        for i in range(20):
+            store.append_enqueue(["q"], _msg(i))
+        store.sync()
+        good.start(f"127.0.0.1:{src.port}")
+        await until(lambda: good.last_seq == store.last_sequence)
+        assert "(TLS)" in caplog.text
+        bad.start(f"127.0.0.1:{src.port}")
+        await until(lambda: "TLS handshake failed" in caplog.text
+                    and "cannot follow the active" in caplog.text)
+        assert not bad.connected and bad.last_seq == 0 and src.auth_failures >= 1
+        assert [s.name for s in src.standbys()] == ["b"]
+    finally:
+        await bad.stop()
+        await good.stop()
+        await src.stop()
+        store.close()
