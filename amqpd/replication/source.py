@@ -34,8 +34,9 @@ callbacks (publisher confirms, tx.commit-ok) until ``min_insync_standbys`` in-sy
 standbys acknowledged its last sequence (:class:`SyncGate`); when fewer are in sync
 for ``insync_timeout`` seconds the callbacks get :class:`NotReplicated` (a nack).
 
-GC: the log's ``retain`` keeps every segment from the lowest cursor of a connected
-standby. A standby that asks for a segment GC already deleted gets a SNAPSHOT: it drops
+GC: the log's ``retain`` keeps every segment from the one holding the lowest
+acknowledged position of a connected standby (not what was merely sent: a standby that
+reconnects resumes from what it holds durably). A standby that asks for a segment GC already deleted gets a SNAPSHOT: it drops
 its log and receives the live segments (and the current checkpoint) from the first.
 """
 
@@ -96,7 +97,7 @@ class _Peer:
         self.name = "?"
         self.base = 0  # cursor: segment base ...
         self.offset = 0  # ... and offset in it of the next byte to send
-        self.retain = 0  # lowest position it may still need (0 until WELCOME)
+        self.retain = 0  # base of the segment holding its acked position (GC keeps it)
         self.ops: collections.deque[tuple[Any, ...]] = collections.deque()
         self.wake = asyncio.Event()
         self.acked_seq = 0
@@ -515,7 +516,6 @@ class ReplicationSource:
             nxt = next((b for b in self.written if b > peer.base), None)
             if nxt is not None:
                 peer.base, peer.offset = nxt, 0
-                peer.retain = nxt  # it has every segment before this one now
                 continue
             if peer.ops and peer.ops[0][0] == "c":
                 await peer.wake.wait()  # a checkpoint past what is written: wait for it
@@ -543,6 +543,8 @@ class ReplicationSource:
                 if seq < peer.acked_seq:
                     raise wire.ProtocolError(f"ACK went backwards ({seq} < {peer.acked_seq})")
                 peer.acked_seq, peer.acked_pos = seq, pos
+                # GC may take what it holds durably: segments before the acked one
+                peer.retain = max((b for b in self.written if b <= pos), default=peer.retain)
                 if seq >= self.last_seq and not peer.in_sync:
                     peer.caught_up = peer.in_sync = True
                     log.info("replication: standby %s (%s) is in sync at seq %d",

@@ -250,3 +250,58 @@ async def test_tls_with_client_certificates_instead_of_a_secret(
         await good.stop()
         await src.stop()
         store.close()
+
+
+async def test_gc_keeps_what_a_connected_standby_still_needs(tmp_path: Path) -> None:
+    store, src = await _active(tmp_path / "a")
+    loop = asyncio.get_running_loop()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # fills up at once
+    sock.setblocking(False)
+    try:
+        positions = [store.append_enqueue(["q"], StoredMessage("", "q", b"", b"x" * 8000))
+                     for _ in range(1000)]  # 8 MB over many 64 KiB segments
+        store.sync()
+        await loop.sock_connect(sock, ("127.0.0.1", src.port))
+
+        async def frame() -> tuple[int, bytes]:
+            head = b""
+            while len(head) < 5:
+                head += await loop.sock_recv(sock, 5 - len(head))
+            ftype, n = wire.parse_header(head)
+            body = b""
+            while len(body) < n:
+                body += await loop.sock_recv(sock, n - len(body))
+            return ftype, body
+
+        nonce = b"m" * 16
+        await loop.sock_sendall(sock, wire.hello(nonce, "slow"))
+        _, payload = await frame()
+        theirs, _name = wire.parse_challenge(payload)
+        await loop.sock_sendall(sock, wire.frame(wire.AUTH, wire.mac(
+            b"s3cret", b"standby", theirs, nonce, "slow")))
+        assert (await frame())[0] == wire.AUTH_OK
+        await loop.sock_sendall(sock, wire.follow(wire.Follow(0, 0, 0, 0)))
+        assert (await frame())[0] == wire.WELCOME
+        await until(lambda: len(src.standbys()) == 1)
+        # a standby that reads nothing more: its cursor stays in the first segments
+        store.append_settle("q", positions)
+        for _ in range(5):
+            store.checkpoint()
+            store.sync()
+            store.maintain()
+            await asyncio.sleep(0.05)
+        assert 0 in store.segment_sizes()  # still needed by the connected standby
+        sock.close()
+        await until(lambda: not src.standbys())
+        deadline = time.monotonic() + 10
+        while 0 in store.segment_sizes():  # gone once nobody needs it
+            assert time.monotonic() < deadline, "GC did not resume"
+            store.checkpoint()
+            store.sync()
+            store.maintain()
+            await asyncio.sleep(0.02)
+    finally:
+        sock.close()
+        await src.stop()
+        store.close()
