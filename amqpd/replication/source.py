@@ -36,8 +36,9 @@ for ``insync_timeout`` seconds the callbacks get :class:`NotReplicated` (a nack)
 
 GC: the log's ``retain`` keeps every segment from the one holding the lowest
 acknowledged position of a connected standby (not what was merely sent: a standby that
-reconnects resumes from what it holds durably). A standby that asks for a segment GC already deleted gets a SNAPSHOT: it drops
-its log and receives the live segments (and the current checkpoint) from the first.
+reconnects resumes from what it holds durably). A standby that asks for a segment GC
+already deleted gets a SNAPSHOT: it drops its log and receives the live segments (and
+the current checkpoint) from the first.
 """
 
 from __future__ import annotations
