@@ -181,6 +181,9 @@ class ReplicationFollower:
             log.info("replication: following %s (%s) at epoch %d from seq %d (%s)",
                      self.active_name, self.active_addr, w.epoch, self._valid_seq,
                      "snapshot" if w.decision == wire.SNAPSHOT else "continue")
+            # what we hold durably already: on a quiet active this is what puts a
+            # standby that was only briefly away back in the in-sync set
+            await conn.send(wire.pair(wire.ACK, self._valid_seq, self._valid_pos))
             syncer = asyncio.ensure_future(self._syncer(conn))
             await self._receive(conn, syncer)
             return False

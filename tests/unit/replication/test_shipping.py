@@ -305,3 +305,23 @@ async def test_gc_keeps_what_a_connected_standby_still_needs(tmp_path: Path) -> 
         sock.close()
         await src.stop()
         store.close()
+
+
+async def test_a_standby_back_on_a_quiet_active_is_in_sync_at_once(tmp_path: Path) -> None:
+    store, src = await _active(tmp_path / "a")
+    f = _follower(tmp_path / "b")
+    try:
+        for i in range(10):
+            store.append_enqueue(["q"], _msg(i))
+        store.sync()
+        f.start(f"127.0.0.1:{src.port}")
+        await until(lambda: src.insync_count() == 1 and f.last_seq == store.last_sequence)
+        await f.stop()
+        await until(lambda: src.insync_count() == 0)
+        f = _follower(tmp_path / "b")
+        f.start(f"127.0.0.1:{src.port}")  # nothing new to send: its first ACK says so
+        await until(lambda: src.insync_count() == 1)
+    finally:
+        await f.stop()
+        await src.stop()
+        store.close()
