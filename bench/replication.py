@@ -61,9 +61,11 @@ def alone(root: Path, body: int, duration: float) -> dict[str, Any]:
         proc.stop()
 
 
-def sync_pair(root: Path, body: int, duration: float) -> dict[str, Any]:
+def sync_pair(root: Path, body: int, duration: float,
+              standby_root: Path | None = None) -> dict[str, Any]:
     active = node(root / "sa", "bench-a", "active").start()
-    standby = node(root / "sb", "bench-b", "standby", replication_addr(active)).start()
+    standby = node((standby_root or root) / "sb", "bench-b", "standby",
+                   replication_addr(active)).start()
     try:
         wait_for(lambda: status(active)["insync_count"] == 1, 60, "the standby in sync")
         _declare(active.url, "rb.sync")
@@ -130,6 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--body", type=int, default=100)
     p.add_argument("--duration", type=float, default=10.0)
     p.add_argument("--out", default="")
+    p.add_argument("--standby-on-tmpfs", action="store_true",
+                   help="also measure the sync pair with the standby's data on /dev/shm "
+                        "(on one machine both fsyncs hit the same disk; this shows how "
+                        "much of the cost is that)")
     a = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="amqpd-bench-repl-") as tmp:
         root = Path(tmp)
@@ -141,6 +147,11 @@ def main(argv: list[str] | None = None) -> int:
         print("sync standby:", result["sync_standby"], flush=True)
         result["sync_vs_alone"] = round(result["sync_standby"]["rate"]
                                         / max(result["alone"]["rate"], 1), 2)
+        if a.standby_on_tmpfs:
+            with tempfile.TemporaryDirectory(prefix="amqpd-bench-sb-", dir="/dev/shm") as shm:
+                result["sync_standby_tmpfs"] = sync_pair(root / "t", a.body, a.duration,
+                                                         Path(shm))
+            print("sync standby on tmpfs:", result["sync_standby_tmpfs"], flush=True)
         result["catch_up"] = catch_up(root, a.body, a.messages, a.duration)
         print("catch-up:", result["catch_up"], flush=True)
     print(json.dumps(result, indent=2))

@@ -113,8 +113,8 @@ class ReplicationFollower:
 
     async def _run(self) -> None:
         delay = 0.2
+        last_error, last_logged = "", 0.0
         while True:
-            started = time.monotonic()
             try:
                 again = await self._session()
                 if again:
@@ -127,9 +127,14 @@ class ReplicationFollower:
                 log.error("replication: the active at %s refused us or failed to prove the "
                           "shared secret: %s", self.active_addr, exc)
             except (TimeoutError, wire.ProtocolError, OSError, ConnectionError) as exc:
-                if self.connected or time.monotonic() - started > 1:
-                    log.warning("replication: lost the active at %s: %s", self.active_addr,
-                                exc or type(exc).__name__)
+                text = str(exc) or type(exc).__name__
+                now = time.monotonic()
+                if self.connected or text != last_error or now - last_logged > 30:
+                    # every new reason once, a repeated one every 30 s
+                    log.warning("replication: %s the active at %s: %s",
+                                "lost" if self.connected else "cannot follow",
+                                self.active_addr, text)
+                    last_error, last_logged = text, now
             except Exception:
                 log.exception("replication: following %s failed", self.active_addr)
             finally:
@@ -176,6 +181,9 @@ class ReplicationFollower:
             log.info("replication: following %s (%s) at epoch %d from seq %d (%s)",
                      self.active_name, self.active_addr, w.epoch, self._valid_seq,
                      "snapshot" if w.decision == wire.SNAPSHOT else "continue")
+            # what we hold durably already: on a quiet active this is what puts a
+            # standby that was only briefly away back in the in-sync set
+            await conn.send(wire.pair(wire.ACK, self._valid_seq, self._valid_pos))
             syncer = asyncio.ensure_future(self._syncer(conn))
             await self._receive(conn, syncer)
             return False

@@ -144,7 +144,13 @@ class RoleHooks:
             return
         self.role = "fenced"
         log.warning("replication: FENCED: no more publishes; closing client connections")
-        await self.broker.close_clients("fenced: this node is no longer the active")
+        broker = self.broker
+        for plugin in broker.plugins.values():  # shovels, federation: the active's work
+            try:
+                await plugin.stop()
+            except Exception:
+                log.exception("plugin %s failed to stop", plugin.name)
+        await broker.close_clients("fenced: this node is no longer the active")
         if self.source is not None:
             await self.source.stop()
             self.source = None

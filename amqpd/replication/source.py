@@ -34,9 +34,11 @@ callbacks (publisher confirms, tx.commit-ok) until ``min_insync_standbys`` in-sy
 standbys acknowledged its last sequence (:class:`SyncGate`); when fewer are in sync
 for ``insync_timeout`` seconds the callbacks get :class:`NotReplicated` (a nack).
 
-GC: the log's ``retain`` keeps every segment from the lowest cursor of a connected
-standby. A standby that asks for a segment GC already deleted gets a SNAPSHOT: it drops
-its log and receives the live segments (and the current checkpoint) from the first.
+GC: the log's ``retain`` keeps every segment from the one holding the lowest
+acknowledged position of a connected standby (not what was merely sent: a standby that
+reconnects resumes from what it holds durably). A standby that asks for a segment GC
+already deleted gets a SNAPSHOT: it drops its log and receives the live segments (and
+the current checkpoint) from the first.
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ class _Peer:
         self.name = "?"
         self.base = 0  # cursor: segment base ...
         self.offset = 0  # ... and offset in it of the next byte to send
-        self.retain = 0  # lowest position it may still need (0 until WELCOME)
+        self.retain = 0  # base of the segment holding its acked position (GC keeps it)
         self.ops: collections.deque[tuple[Any, ...]] = collections.deque()
         self.wake = asyncio.Event()
         self.acked_seq = 0
@@ -135,8 +137,8 @@ class ReplicationSource:
         self.left_insync = 0  # times a standby left the in-sync set (metric)
         self.auth_failures = 0
         self._fds: dict[int, int] = {}
-        self._server: asyncio.base_events.Server | None = None
         self._sock: socket.socket | None = None
+        self._tls: ssl.SSLContext | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped = False
@@ -171,20 +173,16 @@ class ReplicationSource:
     async def _open_listener(self) -> None:
         host, port = split_addr(self.config.listen)
         ctx = self._tls_context()
-        if ctx is not None:
-            self._server = await asyncio.start_server(self._stream_client, host, port,
-                                                      ssl=ctx, reuse_address=True)
-            self.port = self._server.sockets[0].getsockname()[1]
-        else:
-            family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, port))
-            sock.listen(16)
-            sock.setblocking(False)
-            self._sock = sock
-            self.port = sock.getsockname()[1]
-            self._spawn(self._accept_loop(sock))
+        self._tls = ctx
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(16)
+        sock.setblocking(False)
+        self._sock = sock
+        self.port = sock.getsockname()[1]
+        self._spawn(self._accept_loop(sock))
         log.info("replication listener on %s:%d (%s), epoch %d", host, self.port,
                  "TLS" if ctx else "HMAC", self.epoch)
 
@@ -203,8 +201,6 @@ class ReplicationSource:
         """Stop serving (fence, demotion, shutdown): close the listener and standbys,
         detach from the log; waiting confirms are nacked."""
         self._stopped = True
-        if self._server is not None:
-            self._server.close()
         if self._sock is not None:
             self._sock.close()
         for peer in list(self.peers):
@@ -335,12 +331,29 @@ class ReplicationSource:
                 await asyncio.sleep(0.1)
                 continue
             address = f"{addr[0]}:{addr[1]}"
-            self._spawn(self._serve(SocketConn(client, address)))
+            if self._tls is None:
+                self._spawn(self._serve(SocketConn(client, address)))
+            else:
+                self._spawn(self._serve_tls(client, address, self._tls))
 
-    async def _stream_client(self, reader: asyncio.StreamReader,
-                             writer: asyncio.StreamWriter) -> None:
-        addr = writer.get_extra_info("peername") or ("?", 0)
-        await self._serve(StreamConn(reader, writer, f"{addr[0]}:{addr[1]}"))
+    async def _serve_tls(self, client: socket.socket, address: str,
+                         ctx: ssl.SSLContext) -> None:
+        """TLS on an accepted socket: the handshake (client certificate included) fails
+        here, where it is counted and logged, not silently inside asyncio."""
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        protocol = asyncio.StreamReaderProtocol(reader)
+        try:
+            transport, _ = await loop.connect_accepted_socket(
+                lambda: protocol, client, ssl=ctx, ssl_handshake_timeout=_HANDSHAKE_TIMEOUT)
+        except (ssl.SSLError, OSError, TimeoutError) as exc:
+            self.auth_failures += 1
+            log.warning("replication: refused %s: TLS handshake failed: %s", address,
+                        str(exc) or type(exc).__name__)
+            client.close()
+            return
+        writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+        await self._serve(StreamConn(reader, writer, address))
 
     async def _serve(self, conn: Conn) -> None:
         peer = _Peer(conn, conn.peer)
@@ -354,7 +367,7 @@ class ReplicationSource:
             return
         except (TimeoutError, wire.ProtocolError, ConnectionError, OSError) as exc:
             log.warning("replication: handshake with %s failed: %s", conn.peer,
-                        exc or type(exc).__name__)
+                        str(exc) or type(exc).__name__)
             await _send_error(conn, str(exc))
             conn.close()
             return
@@ -504,7 +517,6 @@ class ReplicationSource:
             nxt = next((b for b in self.written if b > peer.base), None)
             if nxt is not None:
                 peer.base, peer.offset = nxt, 0
-                peer.retain = nxt  # it has every segment before this one now
                 continue
             if peer.ops and peer.ops[0][0] == "c":
                 await peer.wake.wait()  # a checkpoint past what is written: wait for it
@@ -532,6 +544,8 @@ class ReplicationSource:
                 if seq < peer.acked_seq:
                     raise wire.ProtocolError(f"ACK went backwards ({seq} < {peer.acked_seq})")
                 peer.acked_seq, peer.acked_pos = seq, pos
+                # GC may take what it holds durably: segments before the acked one
+                peer.retain = max((b for b in self.written if b <= pos), default=peer.retain)
                 if seq >= self.last_seq and not peer.in_sync:
                     peer.caught_up = peer.in_sync = True
                     log.info("replication: standby %s (%s) is in sync at seq %d",

@@ -206,3 +206,122 @@ async def test_standby_behind_the_live_segments_resyncs_from_a_snapshot(
             [_msg(i).body for i in range(380, 400)]
     finally:
         copy.close()
+
+
+async def test_tls_with_client_certificates_instead_of_a_secret(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    pytest.importorskip("cryptography", reason="cryptography makes the test certificates")
+    from tests.integration.test_tls import make_pki
+
+    caplog.set_level(logging.INFO, "amqpd.replication")
+    pki = make_pki(tmp_path)
+    d = tmp_path / "a"
+    store = SharedLog(d, loop=asyncio.get_running_loop())
+    store.open()
+    src = ReplicationSource(store, ReplicationConfig(
+        node_name="a", listen="127.0.0.1:0", role="active", peers=["127.0.0.1:1"],
+        tls_cert=str(pki["server_cert"]), tls_key=str(pki["server_key"]),
+        tls_ca=str(pki["ca"])), EpochHistory(d), 1)
+    await src.start()
+
+    def follower(where: Path, with_cert: bool) -> ReplicationFollower:
+        cert = pki["client_cert"] if with_cert else pki["server_cert"]
+        key = pki["client_key"] if with_cert else pki["server_key"]
+        cfg = ReplicationConfig(node_name="b", role="standby", peers=["x:1"],
+                                tls_cert=str(cert), tls_key=str(key), tls_ca=str(pki["ca"]))
+        return ReplicationFollower(where, cfg, EpochHistory(where))
+
+    good = follower(tmp_path / "b", True)
+    bad = follower(tmp_path / "c", False)  # a server-only certificate is no client's
+    try:
+        for i in range(20):
+            store.append_enqueue(["q"], _msg(i))
+        store.sync()
+        good.start(f"127.0.0.1:{src.port}")
+        await until(lambda: good.last_seq == store.last_sequence)
+        assert "(TLS)" in caplog.text
+        bad.start(f"127.0.0.1:{src.port}")
+        await until(lambda: "TLS handshake failed" in caplog.text
+                    and "cannot follow the active" in caplog.text)
+        assert not bad.connected and bad.last_seq == 0 and src.auth_failures >= 1
+        assert [s.name for s in src.standbys()] == ["b"]
+    finally:
+        await bad.stop()
+        await good.stop()
+        await src.stop()
+        store.close()
+
+
+async def test_gc_keeps_what_a_connected_standby_still_needs(tmp_path: Path) -> None:
+    store, src = await _active(tmp_path / "a")
+    loop = asyncio.get_running_loop()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # fills up at once
+    sock.setblocking(False)
+    try:
+        positions = [store.append_enqueue(["q"], StoredMessage("", "q", b"", b"x" * 8000))
+                     for _ in range(1000)]  # 8 MB over many 64 KiB segments
+        store.sync()
+        await loop.sock_connect(sock, ("127.0.0.1", src.port))
+
+        async def frame() -> tuple[int, bytes]:
+            head = b""
+            while len(head) < 5:
+                head += await loop.sock_recv(sock, 5 - len(head))
+            ftype, n = wire.parse_header(head)
+            body = b""
+            while len(body) < n:
+                body += await loop.sock_recv(sock, n - len(body))
+            return ftype, body
+
+        nonce = b"m" * 16
+        await loop.sock_sendall(sock, wire.hello(nonce, "slow"))
+        _, payload = await frame()
+        theirs, _name = wire.parse_challenge(payload)
+        await loop.sock_sendall(sock, wire.frame(wire.AUTH, wire.mac(
+            b"s3cret", b"standby", theirs, nonce, "slow")))
+        assert (await frame())[0] == wire.AUTH_OK
+        await loop.sock_sendall(sock, wire.follow(wire.Follow(0, 0, 0, 0)))
+        assert (await frame())[0] == wire.WELCOME
+        await until(lambda: len(src.standbys()) == 1)
+        # a standby that reads nothing more: its cursor stays in the first segments
+        store.append_settle("q", positions)
+        for _ in range(5):
+            store.checkpoint()
+            store.sync()
+            store.maintain()
+            await asyncio.sleep(0.05)
+        assert 0 in store.segment_sizes()  # still needed by the connected standby
+        sock.close()
+        await until(lambda: not src.standbys())
+        deadline = time.monotonic() + 10
+        while 0 in store.segment_sizes():  # gone once nobody needs it
+            assert time.monotonic() < deadline, "GC did not resume"
+            store.checkpoint()
+            store.sync()
+            store.maintain()
+            await asyncio.sleep(0.02)
+    finally:
+        sock.close()
+        await src.stop()
+        store.close()
+
+
+async def test_a_standby_back_on_a_quiet_active_is_in_sync_at_once(tmp_path: Path) -> None:
+    store, src = await _active(tmp_path / "a")
+    f = _follower(tmp_path / "b")
+    try:
+        for i in range(10):
+            store.append_enqueue(["q"], _msg(i))
+        store.sync()
+        f.start(f"127.0.0.1:{src.port}")
+        await until(lambda: src.insync_count() == 1 and f.last_seq == store.last_sequence)
+        await f.stop()
+        await until(lambda: src.insync_count() == 0)
+        f = _follower(tmp_path / "b")
+        f.start(f"127.0.0.1:{src.port}")  # nothing new to send: its first ACK says so
+        await until(lambda: src.insync_count() == 1)
+    finally:
+        await f.stop()
+        await src.stop()
+        store.close()
