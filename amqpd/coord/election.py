@@ -54,7 +54,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -169,7 +169,6 @@ class Election:
         self._record_written: dict[str, Any] | None = None
         self._record_at = 0.0
         self._presence = 0  # the lease of alive/<name>
-        self.changed: Callable[[], Awaitable[None] | None] | None = None
 
     # ------------------------------------------------------------------ public
     def start(self) -> None:
@@ -258,7 +257,6 @@ class Election:
         self.epoch = leader.epoch
         self.role = STANDBY
         await self.hooks.become_standby(leader)
-        await self._notify()
 
     # ------------------------------------------------------------------ takeover
     def eligible(self, state: dict[str, Any] | None) -> str:
@@ -342,7 +340,6 @@ class Election:
         if self.role == PROMOTING:  # not fenced while promoting
             self.role = ACTIVE
             log.info("warren: active at epoch %d", new_epoch)
-        await self._notify()
         return True
 
     # ------------------------------------------------------------------ leading
@@ -468,12 +465,6 @@ class Election:
         await self.etcd.put(self.alive_prefix + self.settings.node_name, "1", lease.id,
                             timeout=timeout)
         self._presence = lease.id
-
-    async def _notify(self) -> None:
-        if self.changed is not None:
-            result = self.changed()
-            if result is not None:
-                await result
 
     async def nodes(self, timeout: float = 1.0) -> list[dict[str, Any]]:
         """Every node's last record (for /api/nodes and amqpctl cluster_status), with
