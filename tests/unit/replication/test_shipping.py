@@ -122,8 +122,9 @@ async def test_catch_up_then_live_tail_byte_for_byte(tmp_path: Path) -> None:
         store.append_definition(fmt.DEF_QUEUE, "/\0q", b'{"name":"q"}')
         store.sync()
         f.start(f"127.0.0.1:{src.port}")
-        await until(lambda: f.last_seq == store.last_sequence)
-        assert src.insync_count() == 1 and src.standbys()[0].in_sync
+        # durable there, then acknowledged here (the ACK is on its way a moment later)
+        await until(lambda: f.last_seq == store.last_sequence and src.insync_count() == 1)
+        assert src.standbys()[0].in_sync
         confirmed: list[BaseException | None] = []
         for i in range(300, 400):  # live tail, with a synchronous commit
             store.append_enqueue(["q"], _msg(i))
