@@ -43,8 +43,9 @@ install: venv
 run: install
 	'$(PY)' -m amqpd $(ARGS)
 
-# RabbitMQ (the conformance reference) and headless Chromium with its driver (the web UI's
-# browser tests) from Debian's packages, when we may install them.
+# RabbitMQ (the conformance reference), headless Chromium with its driver (the web UI's
+# browser tests), etcd and HAProxy (the warren's tests: tests/support/etcdproc.py and
+# haproxyproc.py) from Debian's packages, when we may install them.
 system-deps:
 	@if ! [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -57,6 +58,12 @@ system-deps:
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) \
 	      >/dev/null 2>&1 || echo "warning: could not install chromium; web UI browser tests will skip"; \
 	  else echo "note: chromium/chromium-driver not installed; web UI browser tests will skip"; fi; \
+	fi
+	@if ! command -v etcd >/dev/null || ! { command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ]; }; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server haproxy) \
+	      >/dev/null 2>&1 || echo "warning: could not install etcd-server/haproxy; warren tests will skip"; \
+	  else echo "note: etcd-server/haproxy not installed; warren tests will skip"; fi; \
 	fi
 
 lint: install

@@ -11,7 +11,7 @@ import sys
 
 import amqpd
 from amqpd import hotpath, sdnotify
-from amqpd.config import ConfigError, load_settings
+from amqpd.config import REPLICATION_KEYS, ConfigError, ReplicationConfig, load_settings
 from amqpd.server import Broker, serve
 
 
@@ -31,7 +31,24 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "needs tls_cert and tls_key)")
     p.add_argument("--ready-file", help="write listener ports as JSON here once listening "
                                         "(for tests and supervisors)")
+    rep = p.add_argument_group("replication (the warren; docs/warren.md)")
+    for name, f in REPLICATION_KEYS.items():
+        default = getattr(ReplicationConfig(), name)
+        kind: type = float if isinstance(default, float) else (
+            int if isinstance(default, int) else str)
+        help_ = "comma-separated list" if isinstance(default, list) else None
+        rep.add_argument("--replication-" + name.replace("_", "-"), type=kind, help=help_,
+                         dest="replication_" + name, metavar=f.name.upper())
     return p
+
+
+def _replication_info(broker: Broker) -> dict[str, object] | None:
+    roles = broker.roles
+    if roles is None:
+        return None
+    source = roles.source
+    return {"role": roles.role, "epoch": roles.epoch,
+            "port": source.port if source is not None else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             "node_name": args.node_name, "log_level": args.log_level,
             "log_format": args.log_format, "http_port": args.http_port,
             "tls_port": args.tls_port,
+            **{"replication_" + k: getattr(args, "replication_" + k) for k in REPLICATION_KEYS},
         })
     except ConfigError as exc:
         print(f"amqpd: {exc}", file=sys.stderr)
@@ -68,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
                            "listeners": broker.listeners,
                            "http_port": (broker.http.port or None) if broker.http else None,
                            "tls_port": next((p for proto, _, p in broker.listeners
-                                             if proto == "amqps"), None)}, fh)
+                                             if proto == "amqps"), None),
+                           # the warren: role and the replication listener's port
+                           "replication": _replication_info(broker)}, fh)
             os.replace(tmp, args.ready_file)
         # systemd Type=notify (etc/amqpd.service): every listener is up now
         listening = ", ".join(f"{proto} {host}:{port}" for proto, host, port in broker.listeners)

@@ -3,6 +3,13 @@
 Every scalar setting has an environment variable named ``AMQPD_`` + its upper-cased name
 (``port`` -> ``AMQPD_PORT``, ``data_dir`` -> ``AMQPD_DATA_DIR``). Lists of users, vhosts
 and permissions come from the config file only.
+
+The ``[replication]`` section (the warren, docs/warren.md) is the one section that is not
+flattened: its keys reuse names of node-wide settings (``node_name``, ``tls_cert``), so it
+is parsed into its own typed :class:`ReplicationConfig`, and its environment variables are
+``AMQPD_REPLICATION_`` + the upper-cased key (``AMQPD_REPLICATION_LISTEN``). Without the
+section, any such variable or ``--replication-*`` flag, ``Settings.replication`` is None
+and the node is a single broker exactly as before.
 """
 
 from __future__ import annotations
@@ -35,6 +42,101 @@ class PermissionConfig:
     configure: str = ".*"
     write: str = ".*"
     read: str = ".*"
+
+
+@dataclass
+class ReplicationConfig:
+    """The warren: this node's part in an active/standby pair (amqpd/replication/).
+
+    Addresses are ``host:port`` strings. ``listen`` empty means this node serves no
+    replication listener (a pure standby). ``secret`` (or the first line of
+    ``secret_file``) authenticates standbys by HMAC challenge-response; with ``tls_cert``
+    and ``tls_key`` the listener speaks TLS, and with ``tls_ca`` it requires client
+    certificates signed by that CA (standbys present the same cert/key).
+    """
+
+    node_name: str = ""  # "" = the node's node_name
+    listen: str = ""  # host:port of this node's replication listener; "" = none
+    # host:port the other nodes reach that listener at (etcd tells them); "" = listen
+    advertise: str = ""
+    peers: list[str] = field(default_factory=list)  # the other nodes' replication host:port
+    secret: str = ""
+    secret_file: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
+    role: str = "auto"  # auto (etcd decides) | active | standby (static, no failover)
+    etcd: list[str] = field(default_factory=list)  # etcd endpoint URLs
+    etcd_prefix: str = "/amqpd/warren"
+    lease_ttl: float = 3.0  # seconds
+    mode: str = "sync"  # sync | async
+    min_insync_standbys: int = 1
+    max_lag: float = 5.0  # seconds a standby may lag before it leaves the in-sync set
+    insync_timeout: float = 10.0  # seconds a confirm waits for in-sync standbys, then nack
+
+    def shared_secret(self) -> bytes:
+        """The secret as bytes: ``secret``, else the first line of ``secret_file``."""
+        if self.secret:
+            return self.secret.encode()
+        if self.secret_file:
+            try:
+                text = Path(self.secret_file).read_text()
+            except OSError as exc:
+                raise ConfigError(f"replication secret_file: {exc}") from exc
+            line = text.strip().splitlines()[0] if text.strip() else ""
+            return line.encode()
+        return b""
+
+
+REPLICATION_KEYS = {f.name: f for f in fields(ReplicationConfig)}
+
+
+def _replication_default(name: str) -> Any:
+    return getattr(ReplicationConfig(), name)
+
+
+def check_replication(rc: ReplicationConfig) -> None:
+    """Refuse settings that cannot run, naming the key (called by load_settings)."""
+    if rc.role not in ("auto", "active", "standby"):
+        raise ConfigError(f"setting 'replication.role' must be 'auto', 'active' or 'standby', "
+                          f"not {rc.role!r}")
+    if rc.mode not in ("sync", "async"):
+        raise ConfigError(f"setting 'replication.mode' must be 'sync' or 'async', not {rc.mode!r}")
+    for name in ("listen", *rc.peers):
+        addr = rc.listen if name == "listen" else name
+        if addr:
+            _split_addr(addr, "replication.listen" if name == "listen" else "replication.peers")
+    if rc.advertise:
+        _split_addr(rc.advertise, "replication.advertise")
+    if rc.role == "auto" and not rc.etcd:
+        raise ConfigError("setting 'replication.role' is 'auto' (leader election through etcd) "
+                          "but 'replication.etcd' names no endpoint; set role = 'active' or "
+                          "'standby' for a static pair")
+    if rc.role == "standby" and not rc.peers:
+        raise ConfigError("setting 'replication.role' is 'standby' but 'replication.peers' "
+                          "names no active to follow")
+    if bool(rc.tls_cert) != bool(rc.tls_key):
+        raise ConfigError("settings 'replication.tls_cert' and 'replication.tls_key' go together")
+    if not rc.shared_secret() and not (rc.tls_cert and rc.tls_ca):
+        raise ConfigError("the replication listener is never open without authentication: set "
+                          "'replication.secret' (or secret_file), or tls_cert + tls_key + tls_ca")
+    for key in ("lease_ttl", "max_lag", "insync_timeout"):
+        if getattr(rc, key) <= 0:
+            raise ConfigError(f"setting 'replication.{key}' must be > 0")
+    if rc.min_insync_standbys < 0:
+        raise ConfigError("setting 'replication.min_insync_standbys' must be >= 0")
+
+
+def _split_addr(addr: str, key: str) -> tuple[str, int]:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ConfigError(f"setting {key!r}: {addr!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+def split_addr(addr: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` too) -> (host, port); ConfigError when malformed."""
+    return _split_addr(addr, "address")
 
 
 @dataclass
@@ -97,6 +199,8 @@ class Settings:
     users: list[UserConfig] = field(default_factory=list)
     vhosts: list[str] = field(default_factory=list)
     permissions: list[PermissionConfig] = field(default_factory=list)
+    # the warren ([replication]); None = a single node, exactly as without the feature
+    replication: ReplicationConfig | None = None
 
     @property
     def effective_cluster_name(self) -> str:
@@ -104,7 +208,8 @@ class Settings:
 
 
 _SCALARS = {f.name: f for f in fields(Settings) if f.name not in ("users", "vhosts",
-                                                                   "permissions", "shovels")}
+                                                                   "permissions", "shovels",
+                                                                   "replication")}
 
 
 def _coerce(name: str, value: Any, default: Any) -> Any:
@@ -148,8 +253,16 @@ def load_settings(
         key = "AMQPD_" + name.upper()
         if key in env:
             setattr(settings, name, _coerce(name, env[key], getattr(settings, name)))
+    for name in REPLICATION_KEYS:
+        key = "AMQPD_REPLICATION_" + name.upper()
+        if key in env:
+            _set_replication(settings, name, env[key])
     for name, value in (overrides or {}).items():
-        if value is not None:
+        if value is None:
+            continue
+        if name.startswith("replication_") and name[12:] in REPLICATION_KEYS:
+            _set_replication(settings, name[12:], value)
+        else:
             setattr(settings, name, _coerce(name, value, getattr(settings, name)))
     if not settings.node_name:
         settings.node_name = f"amqpd@{socket.gethostname()}"
@@ -161,13 +274,35 @@ def load_settings(
                           f"'common_name', not {settings.ssl_cert_login_from!r}")
     if settings.fsync not in ("batch", "never"):
         raise ConfigError(f"setting 'fsync' must be 'batch' or 'never', not {settings.fsync!r}")
+    if settings.replication is not None:
+        if not settings.replication.node_name:
+            settings.replication.node_name = settings.node_name
+        check_replication(settings.replication)
+        if not settings.persistence:
+            # the warren ships the shared log: the in-memory store has none to ship
+            raise ConfigError("a [replication] section needs 'persistence = true': the "
+                              "standby follows the active's log, and with persistence off "
+                              "there is none (remove [replication] or turn persistence on)")
     return settings
+
+
+def _set_replication(settings: Settings, name: str, value: Any) -> None:
+    if settings.replication is None:
+        settings.replication = ReplicationConfig()
+    setattr(settings.replication, name,
+            _coerce("replication." + name, value, _replication_default(name)))
 
 
 def _apply_file(settings: Settings, data: dict[str, Any], path: str) -> None:
     flat: dict[str, Any] = {}
     for key, value in data.items():
-        if isinstance(value, dict) and key not in ("users",):
+        if key == "replication" and isinstance(value, dict):
+            settings.replication = settings.replication or ReplicationConfig()
+            for rkey, rvalue in value.items():
+                if rkey not in REPLICATION_KEYS:
+                    raise ConfigError(f"{path}: unknown setting 'replication.{rkey}'")
+                _set_replication(settings, rkey, rvalue)
+        elif isinstance(value, dict) and key not in ("users",):
             flat.update(value)  # [sections] are only for readability
         else:
             flat[key] = value

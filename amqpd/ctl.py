@@ -263,6 +263,32 @@ def cmd_status(c: Client, a: argparse.Namespace, out: TextIO) -> int:
     return EX_OK
 
 
+CLUSTER_COLUMNS = ["name", "role", "epoch", "running", "in_sync", "lag_records",
+                   "lag_bytes", "lag_seconds"]
+
+
+def cmd_cluster_status(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    """Every node of the warren (rabbitmqctl cluster_status's place): role, epoch and
+    replication lag, from the API of whichever node is asked."""
+    rows = []
+    for n in c.get("/api/nodes"):
+        rep = n.get("replication") or {}
+        lag = {k: rep.get(k) for k in ("lag_records", "lag_bytes", "lag_seconds")}
+        if n.get("amqpd_role") == "active" and rep.get("standbys"):
+            # the active knows each standby's lag better than their last etcd record
+            lag = {k: ", ".join(f"{s.get('name')}={s.get(k)}" for s in rep["standbys"])
+                   for k in lag}
+        rows.append({"name": n.get("name"), "role": n.get("amqpd_role") or "single",
+                     "epoch": n.get("amqpd_epoch"), "running": n.get("running", True),
+                     "in_sync": n.get("amqpd_in_sync"), **lag})
+    if a.json:
+        json.dump(rows, out)
+        out.write("\n")
+        return EX_OK
+    print_table(rows, CLUSTER_COLUMNS, out, not a.no_table_headers)
+    return EX_OK
+
+
 def _tags(c: Client) -> list[str]:
     me = c.get("/api/whoami")
     return list(me.get("tags", [])) if isinstance(me, dict) else []
@@ -502,6 +528,29 @@ def _common(suppress: bool) -> Parser:
     return common
 
 
+def cmd_promote(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    """A static warren standby becomes active (the manual failover without etcd)."""
+    r = c.call("POST", "/api/replication/promote", {})
+    ports = ", ".join(f"{x['protocol']}:{x['port']}" for x in (r or {}).get("listeners", []))
+    return _done(a, out, f"promoted: active at epoch {r['epoch']}, listening on {ports}", r)
+
+
+def cmd_replication_status(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    r = c.get("/api/replication")
+    if a.json:
+        json.dump(r, out)
+        out.write("\n")
+        return EX_OK
+    for key in ("node", "role", "epoch", "mode", "last_seq", "active", "connected",
+                "lag_records", "lag_seconds", "insync_count", "min_insync_standbys"):
+        if key in r:
+            out.write(f"{key}: {_cell(r[key])}\n")
+    if r.get("standbys"):
+        print_table(r["standbys"], ["name", "address", "acked_seq", "lag_records",
+                                    "lag_bytes", "lag_seconds", "in_sync"], out)
+    return EX_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = _common(suppress=True)
     parser = Parser(prog="amqpctl", parents=[_common(suppress=False)],
@@ -520,6 +569,8 @@ def build_parser() -> argparse.ArgumentParser:
         return flags, kw
 
     add("status", cmd_status, "node status and totals")
+    add("cluster_status", cmd_cluster_status,
+        "the warren's nodes: role, epoch, in-sync, replication lag")
     for kind in LISTS:
         p = sub.add_parser(f"list_{kind}", parents=[common],
                            help=f"list {kind} (columns like rabbitmqctl)")
@@ -563,6 +614,10 @@ def build_parser() -> argparse.ArgumentParser:
         arg("bytes", nargs="?"))
     add("close_connection", cmd_close_connection, "close a client connection",
         arg("name"), arg("reason", nargs="?", default="Closed via amqpctl"))
+    add("promote", cmd_promote, "promote this warren standby to active (static roles: "
+        "the manual failover; see docs/warren.md)")
+    add("replication_status", cmd_replication_status,
+        "warren role, epoch and standbys' lag")
     add("federation_status", cmd_federation_status, "federation links and their status",
         arg("--only-down", action="store_true", help="only links that are not running"))
     add("restart_federation_link", cmd_restart_federation_link,

@@ -51,6 +51,7 @@ from amqpd.store.memory import MemoryStore
 from amqpd.transport import AMQPProtocol
 
 if TYPE_CHECKING:
+    from amqpd.coord.warren import Warren
     from amqpd.http import HttpServer
     from amqpd.session import Session
     from amqpd.store.api import MessageStore
@@ -104,12 +105,48 @@ class Broker:
         # durable state saves itself: users, permissions and parameters report changes
         self.auth.on_change.append(self.definitions_changed)
         self.parameters.on_change.append(self.definitions_changed)
+        # the warren (amqpd/replication/roles.py): None on a single node
+        self.roles: Any = None
+        # its etcd election and health (amqpd/coord/warren.py): None on a single node
+        self.warren: Warren | None = None
+        # set while a warren standby takes over: every recovered message counts as
+        # delivered once (redelivered=true), since the old active may have delivered it
+        # and its delivery marks need not have reached this node before it died
+        self.takeover_redelivers = False
+        # called again when the listeners change (a standby promoted): the ready file
+        self.on_ready: Callable[[Broker], None] | None = None
         self._setup_defaults()
         self.auth.set_internal_user(f"amqpd-internal-{secrets.token_hex(4)}",
                                     secrets.token_urlsafe(24))
         self.plugins = load_plugins(self.api, settings.plugins)
 
     # ------------------------------------------------------------------ setup
+    def reset_state(self) -> None:
+        """Forget every vhost, queue, user and policy held in memory (a demoted warren
+        node, whose store is closed: it will recover them from its log when promoted,
+        as a restarted process does)."""
+        self.auth = AuthStore()
+        self.auth.loopback_users = set(self.settings.loopback_users)
+        self.vhosts = {}
+        self._dirty = {}
+        self.definitions = DefinitionJournal(self)
+        self.quorum_queues = 0
+        self.publisher = Publisher(self)  # no commit waiters or delivery marks carried
+        self.publisher.loop = self._loop
+        self.policies = PolicyStore(self)
+        self.operator_policies = OperatorPolicyStore(self)
+        self.timers.stop()
+        self.timers = TimerService()
+        if self._loop is not None:
+            self.timers.start(self._loop)
+        self.parameters = ParameterStore()
+        resource_limits.register(self)
+        self.auth.on_change.append(self.definitions_changed)
+        self.parameters.on_change.append(self.definitions_changed)
+        self._setup_defaults()
+        self.auth.set_internal_user(f"amqpd-internal-{secrets.token_hex(4)}",
+                                    secrets.token_urlsafe(24))
+
     def _setup_defaults(self) -> None:
         s = self.settings
         self.add_vhost(s.default_vhost)
@@ -224,13 +261,74 @@ class Broker:
         self.timers.start(self._loop)
         s = self.settings
         Path(s.data_dir).mkdir(parents=True, exist_ok=True)
+        if s.replication is not None:
+            # the warren: the role decides whether the store opens and clients are served
+            from amqpd.replication.roles import RoleHooks
+
+            self.roles = RoleHooks(self)
+            await self.roles.start()
+            return
         self._open_store()
+        await self.serve_clients()
+        await self.start_http()
+        await self.start_plugins()
+
+    async def serve_clients(self) -> None:
+        """Open the AMQP (and amqps) listeners over the open store; boot definitions."""
+        s = self.settings
         for host, port in await self._listen(s.port):
             self.listeners.append(("amqp", host, port))
         await self._start_operations()
         log.info("amqpd %s listening on %s; hot path: %s", amqpd.__version__,
                  ", ".join(f"{h}:{p}" for _, h, p in self.listeners), hotpath.MODE)
-        self._ticker = asyncio.create_task(self._tick_loop())
+        if self._ticker is None:
+            self._ticker = asyncio.create_task(self._tick_loop())
+
+    async def start_http(self) -> None:
+        """The management API (a warren standby serves it before any store is open)."""
+        if self.settings.management and self.http is None:
+            from amqpd.http import HttpServer
+
+            self.http = HttpServer(self)
+            await self.http.start()
+
+    async def start_plugins(self) -> None:
+        for plugin in self.plugins.values():
+            await plugin.start()
+
+    async def close_clients(self, reason: str) -> None:
+        """Stop listening for AMQP and close every client connection with 320
+        CONNECTION_FORCED (shutdown; a fenced warren node)."""
+        for server in self._servers:
+            server.close()
+        self._servers = []
+        self.listeners = [entry for entry in self.listeners if entry[0] not in
+                          ("amqp", "amqps")]
+        for proto in list(self.transports):
+            if proto.session is not None and proto.session.conn.is_open:
+                proto.session.conn.close(
+                    320, "CONNECTION_FORCED - broker forced connection closure with reason "
+                    f"'{reason}'")
+                proto.session.conn.should_close_transport = True
+            if proto.session is not None:
+                proto.session.conn.linger = False  # no lingering close
+            proto.flush()
+        deadline = time.monotonic() + 5
+        while self.transports and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for proto in list(self.transports):
+            if proto.transport is not None:
+                proto.transport.abort()
+
+    def close_store(self) -> None:
+        """Flush what is pending and close the store (shutdown; a demoted warren node).
+        The in-memory store stands in afterwards, so ``store`` is always a store (a
+        demoted node serves no client: nothing is written to it)."""
+        self.publisher.register_commit()
+        self.publisher.flush_delivered()
+        self.store.close()
+        self.store = MemoryStore(loop=self._loop)
+        self.store.open()
 
     async def _listen(self, port: int, ssl: Any = None) -> list[tuple[str, int]]:
         """Open the AMQP listener(s) on ``settings.bind``; ``""`` (the default) means every
@@ -298,9 +396,11 @@ class Broker:
                 store.drop_queue(key)  # transient or server-named: nothing can consume these
                 continue
             redelivered = rq.redelivered
+            everything = self.takeover_redelivers
             for position, size, stamp, extra in zip(rq.positions, rq.sizes, rq.stamps,
                                                     rq.extra, strict=True):
-                queue.restore(LoggedMessage(store, position, size), position in redelivered,
+                queue.restore(LoggedMessage(store, position, size),
+                              everything or position in redelivered,
                               stamp >> 1, extra)
             n += len(rq.positions)
         if recovered.truncated_bytes:
@@ -373,13 +473,6 @@ class Broker:
         if tls_configured(s):
             for host, port in await self._listen(s.tls_port, ssl=server_context(s)):
                 self.listeners.append(("amqps", host, port))
-        if s.management:
-            from amqpd.http import HttpServer
-
-            self.http = HttpServer(self)
-            await self.http.start()
-        for plugin in self.plugins.values():
-            await plugin.start()
 
     def local_uri(self, vhost: str = "/") -> str:
         """An AMQP URI to this broker for plugins' links (RabbitMQ's bare "amqp://")."""
@@ -396,7 +489,8 @@ class Broker:
 
     @property
     def port(self) -> int:
-        return self.listeners[0][2]
+        """The AMQP port (0 while none is open: a warren standby)."""
+        return self.listeners[0][2] if self.listeners else 0
 
     async def _tick_loop(self) -> None:
         while True:
@@ -430,27 +524,13 @@ class Broker:
             server.close()
         if self.http is not None:
             await self.http.stop()
-        for proto in list(self.transports):
-            if proto.session is not None and proto.session.conn.is_open:
-                proto.session.conn.close(
-                    320, "CONNECTION_FORCED - broker forced connection closure with reason "
-                    "'shutdown'")
-                proto.session.conn.should_close_transport = True
-            if proto.session is not None:
-                proto.session.conn.linger = False  # shutting down: no lingering close
-            proto.flush()
-        deadline = time.monotonic() + 5
-        while self.transports and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        for proto in list(self.transports):
-            if proto.transport is not None:
-                proto.transport.abort()
+        await self.close_clients("shutdown")
         if self._ticker is not None:
             self._ticker.cancel()
         self.timers.stop()  # no TTL or delayed-message work once the store closes
-        self.publisher.register_commit()
-        self.publisher.flush_delivered()
-        self.store.close()
+        if self.roles is not None:
+            await self.roles.stop()
+        self.close_store()
         log.info("shutdown complete")
 
 
@@ -478,13 +558,21 @@ async def serve(settings: Settings, ready: Callable[[Broker], None] | None = Non
         await broker.stop()
         raise
     tune_gc()
+    broker.on_ready = ready
     if ready is not None:
         ready(broker)
+    if settings.replication is not None:
+        from amqpd.coord.warren import Warren
+
+        broker.warren = Warren(broker.api, broker.roles, settings.replication)
+        await broker.warren.start()  # role "auto": etcd decides; else a static role
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    if broker.warren is not None:
+        await broker.warren.stop()  # an active hands over at once (fence, revoke lease)
     await broker.stop()
 
 

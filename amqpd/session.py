@@ -26,6 +26,7 @@ from amqpd.protocol.errors import (
     ChannelErrorCode,
     CommandInvalid,
     ConnectionAccessRefused,
+    ConnectionForced,
     NotAllowed,
     SyntaxError_,
 )
@@ -84,6 +85,10 @@ class Session:
         self.protocol: AMQPProtocol | None = None  # set by the transport, None in tests
         self.peer_cert: dict[str, Any] | None = None  # verified client certificate (amqps)
         self.tls = False
+        # a warren node that serves no client (a standby): why, naming the active; set at
+        # start-ok, sent as connection.close 320 at connection.open (where a close frame
+        # is allowed; a start-ok error only drops the socket)
+        self.refused: str | None = None
         self.conn.mechanisms = " ".join(m for m in broker.settings.auth_mechanisms
                                         if m != "EXTERNAL")
 
@@ -104,6 +109,11 @@ class Session:
 
     # ------------------------------------------------------------------ delegate
     def authenticate(self, mechanism: str, response: bytes, client_properties: dict) -> None:
+        warren = self.broker.warren
+        if warren is not None:
+            self.refused = warren.refusal()
+            if self.refused is not None:  # no credentials are checked: nothing is served
+                return
         offered = self.conn.mechanisms.split()
         if mechanism not in offered:
             raise CommandInvalid(f"unknown authentication mechanism '{mechanism}'")
@@ -154,6 +164,9 @@ class Session:
         self.user_tags = list(user.tags)
 
     def open_vhost(self, vhost: str) -> None:
+        if self.refused is not None:  # a warren standby: clients belong on the active
+            log.info("connection refused from %s: %s", self.peer, self.refused)
+            raise ConnectionForced(self.refused)
         vh = self.broker.vhosts.get(vhost)
         if vh is None:
             raise NotAllowed(f"vhost {vhost} not found", CLASS_CONNECTION,

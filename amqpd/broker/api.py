@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 # quorum is imported for its effect: it registers x-queue-type quorum
 from amqpd.broker import quorum, resource_limits, topic_auth  # noqa: F401
@@ -89,6 +89,59 @@ class Fetched:
         return self.entry.redelivered
 
 
+class WarrenStatus(Protocol):
+    """What a warren node says about its part in the pair (read-only): the health checks,
+    ``/api/nodes``, the metrics and the standby's refusal ask this. It is
+    :class:`amqpd.coord.warren.Warren`; ``BrokerAPI.warren()`` is None on a single node."""
+
+    @property
+    def role(self) -> str:
+        """candidate | promoting | active | standby | fenced | stopped (static roles:
+        the replication layer's starting | active | standby | fenced)."""
+        ...
+
+    @property
+    def epoch(self) -> int: ...
+
+    def accepting_publishes(self) -> bool:
+        """The lease holder that takes publishes (what /health/active says)."""
+        ...
+
+    def refusal(self) -> str | None:
+        """Why a client may not use this node, naming the active; None: it may."""
+        ...
+
+    def in_sync(self) -> bool:
+        """A connected standby within ``replication.max_lag`` of its active."""
+        ...
+
+    def holds_lease(self) -> bool: ...
+
+    def role_code(self) -> int:
+        """The role as a number, for the ``amqpd_warren_role`` gauge."""
+        ...
+
+    def active_node(self) -> str | None:
+        """The node that holds the leader key, as etcd last said (None: unknown)."""
+        ...
+
+    def replication_status(self) -> dict[str, Any]:
+        """The replication layer's figures (lag in records, bytes, seconds)."""
+        ...
+
+    def node_fields(self) -> dict[str, Any]:
+        """amqpd's warren fields of this node's ``/api/nodes`` entry."""
+        ...
+
+    def peer_nodes(self) -> list[dict[str, Any]]:
+        """The other nodes, as ``/api/nodes`` entries, from their last etcd records."""
+        ...
+
+    def election_figures(self) -> dict[str, Any] | None:
+        """Lease and election counters for the metrics (None: a static role)."""
+        ...
+
+
 class BrokerAPI:
     """Everything outside the broker package may do to a broker (one per broker)."""
 
@@ -108,6 +161,15 @@ class BrokerAPI:
     def listeners(self) -> list[tuple[str, str, int]]:
         """(protocol, host, port) of every bound listener (empty before start)."""
         return list(self._broker.listeners)
+
+    def http_port(self) -> int:
+        """The bound port of the HTTP API (0 while it is not listening)."""
+        http = self._broker.http
+        return int(http.port or 0) if http is not None else 0
+
+    def stopping(self) -> bool:
+        """True once the node has begun to shut down."""
+        return self._broker.stopping
 
     def alarms_active(self) -> bool:
         """True while a resource alarm blocks publishers (memory, disk, store)."""
@@ -178,6 +240,32 @@ class BrokerAPI:
     def store_stats(self) -> dict[str, int]:
         """The message store's numbers (bytes on disk, fsyncs...) for metrics."""
         return dict(self._broker.store.stats())
+
+    # ------------------------------------------------------------------ the warren
+    def warren(self) -> WarrenStatus | None:
+        """This node's part in a warren (amqpd/coord), or None on a single node."""
+        return self._broker.warren
+
+    def replication_status(self) -> dict[str, Any] | None:
+        """The replication layer's figures (what ``GET /api/replication`` shows: role,
+        epoch, standbys and their lag), or None when replication is not configured."""
+        roles = self._broker.roles
+        return dict(roles.status()) if roles is not None else None
+
+    async def promote(self) -> int:
+        """A static warren standby becomes active at the next epoch (``amqpctl
+        promote``: the manual failover without etcd); returns the epoch. 405
+        RESOURCE_LOCKED when the role cannot change now (e.g. already active), 406
+        PRECONDITION_FAILED when replication is not configured."""
+        from amqpd.replication.roles import RoleError
+
+        roles = self._broker.roles
+        if roles is None:
+            raise PreconditionFailed("replication is not configured on this node")
+        try:
+            return int(await roles.promote())
+        except RoleError as exc:
+            raise ResourceLocked(str(exc)) from None
 
     # ------------------------------------------------------------------ exchanges
     def declare_exchange(
@@ -617,6 +705,7 @@ __all__ = [
     "UnknownComponent",
     "User",
     "VHost",
+    "WarrenStatus",
     "args_key",
     "codec",
     "generate_name",

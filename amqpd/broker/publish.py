@@ -218,7 +218,15 @@ class Publisher:
         self.broker.store.commit(done)
 
     def store_failed(self, error: BaseException) -> None:
-        """The store could not write: raise the store alarm (publishers are blocked)."""
+        """The store could not write: raise the store alarm (publishers are blocked).
+
+        A warren's :class:`~amqpd.store.api.NotReplicated` (durable here, too few in-sync
+        standbys acknowledged it in time) is a nack for the publisher but no disk
+        trouble: no alarm."""
+        from amqpd.store.api import NotReplicated
+
+        if isinstance(error, NotReplicated):
+            return
         alarms = self.broker.alarms
         if "store" not in alarms.active:
             log.error("message store cannot write: %s", error)

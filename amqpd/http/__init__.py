@@ -2,7 +2,8 @@
 
 One module per resource (LavinMQ's controllers): ``overview``, ``connections``,
 ``exchanges``, ``queues``, ``bindings``, ``vhosts``, ``users``, ``policies``,
-``parameters``, ``definitions``, ``health``, ``metrics``, ``topic_permissions``, and
+``parameters``, ``definitions``, ``health``, ``metrics``, ``topic_permissions``,
+``replication`` (the warren), and
 ``webui`` (the management web UI at ``/`` and its login). Each exposes ``routes(router)``.
 :class:`HttpServer` is started and stopped by the broker.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -27,6 +28,7 @@ from amqpd.http import (
     parameters,
     policies,
     queues,
+    replication,
     users,
     vhosts,
     webui,
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqpd.http")
 
 RESOURCES = (overview, connections, exchanges, queues, bindings, vhosts, users, policies,
-             parameters, definitions, health, metrics, webui, limits)
+             parameters, definitions, health, metrics, webui, limits, replication)
 
 
 def build_router(broker: Broker | None = None) -> Router:
@@ -56,7 +58,15 @@ def build_router(broker: Broker | None = None) -> Router:
 
 
 def create_app(broker: Broker, sampler: RateSampler | None = None) -> web.Application:
-    app = web.Application(client_max_size=128 * 1024 * 1024)
+    @web.middleware
+    async def role_header(request: web.Request, handler: Any) -> web.StreamResponse:
+        response = await handler(request)
+        warren = broker.api.warren()
+        if warren is not None:  # every answer says which part this node plays
+            response.headers["X-Amqpd-Role"] = warren.role
+        return response
+
+    app = web.Application(client_max_size=128 * 1024 * 1024, middlewares=[role_header])
     app["broker"] = broker
     app["sampler"] = sampler or RateSampler(broker)
     app["sessions"] = SessionStore(Path(broker.settings.data_dir) / "http-sessions.json")

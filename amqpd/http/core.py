@@ -324,6 +324,14 @@ def make_dispatcher(
         try:
             route, params = router.resolve(request.method, split_raw_path(request.raw_path))
             user = authenticate(broker, request) if route.auth else None
+            warren = broker.api.warren()
+            if warren is not None and request.method not in ("GET", "HEAD") \
+                    and route.auth and not warren.accepting_publishes() \
+                    and not request.path.startswith("/api/replication/"):
+                # a standby's definitions come from its active's log: read-only here
+                # (but for the replication layer's own operations: amqpctl promote)
+                raise HttpError(503, "not_active", warren.refusal()
+                                or "this node is not the active one")
             # each request runs in its own task, so this context ends with the request
             structlog.contextvars.bind_contextvars(
                 http_method=request.method, http_path=request.path,

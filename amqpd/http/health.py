@@ -1,15 +1,23 @@
-"""Health checks with RabbitMQ 3.10's paths and bodies (REFERENCE §2.4), plus /health/ready.
+"""Health checks with RabbitMQ 3.10's paths and bodies (REFERENCE §2.4), plus /health/*.
 
 ``/api/health/checks/*`` and ``/api/aliveness-test/{vhost}`` need a management user, as in
-RabbitMQ. ``/health/ready`` needs no credentials, so a load balancer's ``httpchk`` can
-use it: 200 while the AMQP listeners are up and no resource alarm blocks publishers.
+RabbitMQ. ``/health/ready``, ``/health/active`` and ``/health/standby`` need no
+credentials and read a few attributes only, so a load balancer's ``httpchk`` can poll
+them every 100 ms:
+
+- ``/health/ready``: 200 while the node serves its role (an active's AMQP listeners are
+  up; a warren standby is following) and no resource alarm blocks publishers.
+- ``/health/active``: 200 only on the node that holds the warren lease and takes
+  publishes (HAProxy sends clients there: etc/haproxy.cfg); 503 everywhere else. A single
+  node without ``[replication]`` is its own active node whenever it is ready.
+- ``/health/standby``: 200 on a warren standby that is connected and within ``max_lag``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from amqpd.broker.api import Message, codec, generate_name
+from amqpd.broker.api import Message, WarrenStatus, codec, generate_name
 from amqpd.http.core import Ctx, Router, bad_request, json_response, not_found
 from amqpd.http.overview import alarm_set
 
@@ -136,17 +144,53 @@ async def aliveness_test(ctx: Ctx) -> Any:
     return ok()
 
 
+def _warren_fields(warren: WarrenStatus) -> dict[str, Any]:
+    return {"role": warren.role, "epoch": warren.epoch, "active_node": warren.active_node()}
+
+
 async def ready(ctx: Ctx) -> Any:
     """Unauthenticated readiness for load balancers."""
     b = ctx.broker
+    warren = b.api.warren()
     if getattr(b, "stopping", False):
         return failed("node is shutting down")
-    if not any(proto in ("amqp", "amqps") for proto, _, _ in b.listeners):
+    if warren is not None and warren.role == "standby":
+        pass  # a standby serves no client: following its active is its whole job
+    elif not any(proto in ("amqp", "amqps") for proto, _, _ in b.listeners):
         return failed("No active listener")
     found = _alarms(ctx)
     if found:
         return failed("There are alarms in effect on the node", alarms=found)
     return ok()
+
+
+async def active(ctx: Ctx) -> Any:
+    """200 only where clients belong: the lease holder that takes publishes."""
+    warren = ctx.api.warren()
+    if warren is None:
+        return await ready(ctx)
+    if warren.accepting_publishes() and not _alarms(ctx):
+        return ok(**_warren_fields(warren))
+    return failed(warren.refusal() or "publishers are blocked by a resource alarm",
+                  **_warren_fields(warren))
+
+
+async def standby(ctx: Ctx) -> Any:
+    """200 on an in-sync warren standby (it could take over without losing a confirm)."""
+    warren = ctx.api.warren()
+    if warren is None:
+        return failed("this node is not part of a warren (no [replication] section)")
+    if warren.in_sync():
+        return ok(**_warren_fields(warren), replication=_lag(warren))
+    reason = ("not a standby" if warren.role != "standby"
+              else "standby is not in sync with its active")
+    return failed(reason, **_warren_fields(warren), replication=_lag(warren))
+
+
+def _lag(warren: WarrenStatus) -> dict[str, Any]:
+    rep = warren.replication_status()
+    return {k: rep[k] for k in ("connected", "last_seq", "active_seq", "lag_records",
+                                "lag_seconds") if k in rep}
 
 
 async def certificate_expiration(ctx: Ctx) -> Any:
@@ -179,6 +223,8 @@ def routes(r: Router) -> None:
     r.get("/api/healthchecks/node", node_healthcheck)
     r.get("/api/healthchecks/node/{node}", node_healthcheck)
     r.get("/health/ready", ready, auth=False)
+    r.get("/health/active", active, auth=False)
+    r.get("/health/standby", standby, auth=False)
     r.get("/api/health/ready", ready, auth=False)
 
 

@@ -107,6 +107,7 @@ def collect(ctx: Ctx, per_object: bool = False) -> str:
     e.add("rabbitmq_alarms_file_descriptor_limit", "gauge",
           "1 if the file descriptor alarm is in effect", int("fd" in alarms))
     _store_metrics(b, e)
+    _warren_metrics(b, e)
     if per_object:
         for q in queues:
             labels = {"vhost": q.vhost.name, "queue": q.name}
@@ -122,7 +123,53 @@ def collect(ctx: Ctx, per_object: bool = False) -> str:
                   "Messages delivered per queue", q.stat_deliver, labels)
             e.add("rabbitmq_detailed_queue_messages_acked_total", "counter",
                   "Messages acked per queue", q.stat_ack, labels)
+    _replication(b, e)
     return e.text()
+
+
+def _replication(broker: Any, e: Exposition) -> None:
+    """``amqpd_replication_*``: the warren's role, epoch, in-sync set and lag."""
+    r = broker.api.replication_status()
+    if r is None:
+        return
+    for role in ("active", "standby", "fenced", "starting"):
+        e.add("amqpd_replication_role", "gauge", "1 for this node's current warren role",
+              r["role"] == role, {"role": role})
+    e.add("amqpd_replication_epoch", "gauge", "Leadership epoch this node knows", r["epoch"])
+    e.add("amqpd_replication_last_sequence", "gauge",
+          "Last log sequence written (active) or durably received (standby)",
+          r.get("last_seq", 0))
+    if "standbys" in r:
+        e.add("amqpd_replication_insync_standbys", "gauge", "Standbys in the in-sync set",
+              r["insync_count"])
+        e.add("amqpd_replication_min_insync_standbys", "gauge",
+              "In-sync standbys a confirm waits for", r["min_insync_standbys"])
+        e.add("amqpd_replication_left_insync_total", "counter",
+              "Times a standby left the in-sync set (lag past max_lag)",
+              r["left_insync_total"])
+        e.add("amqpd_replication_nacked_commits_total", "counter",
+              "Group commits nacked for want of in-sync standbys", r["nacked_total"])
+        e.add("amqpd_replication_auth_failures_total", "counter",
+              "Replication connections refused by authentication", r["auth_failures_total"])
+        for sb in r["standbys"]:
+            labels = {"standby": sb["name"], "address": sb["address"]}
+            e.add("amqpd_replication_standby_lag_records", "gauge",
+                  "Records the standby has not acknowledged", sb["lag_records"], labels)
+            e.add("amqpd_replication_standby_lag_bytes", "gauge",
+                  "Log bytes the standby has not acknowledged", sb["lag_bytes"], labels)
+            e.add("amqpd_replication_standby_lag_seconds", "gauge",
+                  "Age of the oldest record the standby has not acknowledged",
+                  sb["lag_seconds"], labels)
+            e.add("amqpd_replication_standby_in_sync", "gauge",
+                  "1 while the standby is in the in-sync set", sb["in_sync"], labels)
+    if "connected" in r:
+        e.add("amqpd_replication_follower_connected", "gauge",
+              "1 while this standby is connected to the active", r["connected"])
+        e.add("amqpd_replication_follower_lag_records", "gauge",
+              "Records the active announced that are not durable here", r["lag_records"])
+        e.add("amqpd_replication_follower_lag_seconds", "gauge",
+              "Seconds since this standby last held everything announced",
+              r["lag_seconds"])
 
 
 def _store_metrics(b: Any, e: Exposition) -> None:
@@ -139,6 +186,36 @@ def _store_metrics(b: Any, e: Exposition) -> None:
     e.add("amqpd_store_log_bytes", "gauge", "Size of the message log segments on disk",
           int(stats.get("bytes_on_disk", 0)))
     e.add("amqpd_store_segments", "gauge", "Message log segments", int(stats.get("segments", 0)))
+
+
+def _warren_metrics(b: Any, e: Exposition) -> None:
+    """The warren's election: role, epoch, lease, fencing (absent on a single node; the
+    replication lag figures are amqpd_replication_*). Roles: 0 candidate, 1 active,
+    2 standby, 3 promoting, 4 fenced, 5 stopped."""
+    warren = b.api.warren()
+    if warren is None:
+        return
+    e.add("amqpd_warren_role", "gauge", "This node's warren role (1 active, 2 standby, "
+          "0 candidate, 3 promoting, 4 fenced, 5 stopped)", warren.role_code())
+    e.add("amqpd_warren_epoch", "gauge", "Leadership epoch this node leads or follows",
+          warren.epoch)
+    e.add("amqpd_warren_lease_held", "gauge", "1 while this node holds the leader lease",
+          int(warren.holds_lease()))
+    e.add("amqpd_warren_accepting_publishes", "gauge",
+          "1 on the node clients belong on (what /health/active says)",
+          int(warren.accepting_publishes()))
+    e.add("amqpd_warren_in_sync", "gauge", "1 on a standby within max_lag of its active",
+          int(warren.in_sync()))
+    figures = warren.election_figures()
+    if figures is not None:
+        e.add("amqpd_warren_lease_remaining_seconds", "gauge",
+              "Seconds before this active fences itself unless it renews its lease",
+              figures["lease_remaining_seconds"])
+        e.add("amqpd_warren_takeovers_total", "counter",
+              "Times this node took the leader key", figures["takeovers"])
+        e.add("amqpd_warren_fences_total", "counter",
+              "Times this node fenced itself (lease not renewed in time, or lost)",
+              figures["fences"])
 
 
 async def metrics(ctx: Ctx) -> Any:

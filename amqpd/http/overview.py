@@ -7,12 +7,15 @@ import platform
 import resource
 import shutil
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import amqpd
 from amqpd import hotpath
 from amqpd.broker.api import EXCHANGE_TYPES
 from amqpd.http.core import Ctx, Router, bad_request, json_response, no_content, not_found
+
+if TYPE_CHECKING:
+    from amqpd.broker.api import Broker
 
 # The management API version amqpd's paths and JSON shapes follow (rabbitmqadmin and
 # dashboards read ``rabbitmq_version``); ``product_version`` is amqpd's own.
@@ -70,7 +73,18 @@ def node_info(ctx: Ctx) -> dict[str, Any]:
                           "version": amqpd.__version__}],
         "enabled_plugins": ["rabbitmq_management", "rabbitmq_prometheus"],
         "being_drained": False,
+        # the warren: role, epoch, standbys' lag (None on a single node)
+        "replication": _replication(b),
     }
+
+
+def _replication(broker: Broker) -> dict[str, Any] | None:
+    return broker.api.replication_status()
+
+
+def _role(broker: Broker) -> str | None:
+    warren = broker.api.warren()
+    return warren.role if warren is not None else None
 
 
 def alarm_set(broker: Any) -> set[str]:
@@ -144,6 +158,8 @@ async def overview(ctx: Ctx) -> Any:
         # amqpd's own: which plugins run, so a client (the web UI) knows which pages exist
         "amqpd_plugins": sorted(getattr(b, "plugins", {}) or {}),
         "node": b.settings.node_name,
+        # amqpd's own: this node's part in a warren (active / standby / ...), or None
+        "amqpd_role": _role(b),
         "listeners": listeners(ctx),
         "contexts": [{"node": b.settings.node_name, "description": "RabbitMQ Management",
                       "path": "/", "port": str(ctx.request.app["listener"]["port"])}],
@@ -156,16 +172,28 @@ async def overview(ctx: Ctx) -> Any:
     return json_response(body)
 
 
+def _all_nodes(ctx: Ctx) -> list[dict[str, Any]]:
+    """This node, then (in a warren) the others as they last recorded themselves in etcd,
+    each with amqpd's role, epoch and replication lag fields."""
+    info = node_info(ctx)
+    warren = ctx.api.warren()
+    if warren is None:
+        return [info]
+    info.update(warren.node_fields())
+    return [info, *warren.peer_nodes()]
+
+
 async def nodes(ctx: Ctx) -> Any:
     ctx.require_monitor()
-    return json_response([node_info(ctx)])
+    return json_response(_all_nodes(ctx))
 
 
 async def node(ctx: Ctx) -> Any:
     ctx.require_monitor()
-    if ctx.params["node"] != ctx.broker.settings.node_name:
+    found = next((n for n in _all_nodes(ctx) if n.get("name") == ctx.params["node"]), None)
+    if found is None:
         raise not_found()
-    return json_response(node_info(ctx))
+    return json_response(found)
 
 
 async def whoami(ctx: Ctx) -> Any:

@@ -84,6 +84,12 @@ class StoreError(Exception):
     """A write or read failed (disk full, I/O error). The broker nacks or blocks."""
 
 
+class NotReplicated(StoreError):
+    """Durable here, but too few in-sync standbys acknowledged it within
+    ``replication.insync_timeout`` (warren, mode "sync"): the confirm is a nack. The
+    disk is fine, so this raises no store alarm."""
+
+
 class MessageStore(Protocol):
     """A node-wide append-only log of ENQUEUE / SETTLE / DELIVERED records.
 

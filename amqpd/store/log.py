@@ -55,6 +55,16 @@ out as one DEFINITION record (all of them or none survive a crash) and are appli
 the :class:`~amqpd.store.defs.DefinitionState`, in log order with the messages. A
 checkpoint carries a snapshot of that state, encoded by the writer from a copy.
 
+Replication hooks
+-----------------
+A warren active (amqpd/replication/) sets three attributes, all None on a single node:
+``observer`` (handed to the writer: told what was written, checkpointed, deleted),
+``commit_gate`` (wraps the callbacks of each group commit with the last sequence they
+cover, so a confirm also waits for the in-sync standbys: the confirm path itself is
+unchanged) and ``retain`` (the lowest log position a connected standby still needs:
+GC keeps every segment from there on). ``truncate_after`` cuts, on a closed log, a
+tail that a new active never had (``tail.py``).
+
 Failure policy
 --------------
 A write or fsync error (ENOSPC, EIO) fails every waiting and later commit with
@@ -177,6 +187,10 @@ class SharedLog:
         self._truncated = 0
         self._state = "new"  # new -> open -> closed
         self._journal = marks.DeliveryJournal(self.directory)
+        self.observer: Callable[[list[tuple[object, ...]]], None] | None = None
+        self.commit_gate: Callable[[int, list[Callable[[BaseException | None], None]]],
+                                   list[Callable[[BaseException | None], None]]] | None = None
+        self.retain: Callable[[], int] | None = None
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -207,6 +221,7 @@ class SharedLog:
             loop=self.loop,
         )
         self._writer.checkpoint_durable = rec.covered
+        self._writer.observer = self.observer
         self._checkpoint_seen = rec.covered
         self._writer.start()
         self._state = "open"
@@ -259,6 +274,40 @@ class SharedLog:
     def failed(self) -> str | None:
         """Why the store refuses writes (disk full, I/O error), or None when healthy."""
         return self._writer.failed if self._writer is not None else None
+
+    @property
+    def last_sequence(self) -> int:
+        """The sequence number of the last record appended (0: none yet)."""
+        return self._seq
+
+    @property
+    def end_position(self) -> int:
+        """The log position just past the last record appended."""
+        return self._end
+
+    def segment_sizes(self) -> dict[int, int]:
+        """base -> bytes written, of every segment file (in log order)."""
+        return {base: self._segments[base].size for base in sorted(self._segments)}
+
+    def set_observer(
+        self, observer: Callable[[list[tuple[object, ...]]], None] | None
+    ) -> None:
+        """Install (or remove) the writer's observer (replication; writer.py)."""
+        self.observer = observer
+        if self._writer is not None:
+            self._writer.observer = observer
+
+    def promises(self) -> dict[str, int]:
+        """The delivery journal's standing promises (queue -> position; marks.py)."""
+        return self._journal.promised
+
+    def truncate_after(self, seq: int) -> int:
+        """Cut every record after sequence ``seq`` (before ``open``): see ``tail.py``."""
+        if self._state != "new":
+            raise StoreError("truncate_after() needs a closed log")
+        from amqpd.store.tail import truncate_after
+
+        return truncate_after(self.directory, seq)
 
     # -- appends (event-loop thread) ----------------------------------------------
 
@@ -366,10 +415,13 @@ class SharedLog:
             chunk = bytes(self._buf)
             self._buf.clear()
             self._pending[self._buf_start] = chunk
-            w.jobs.append((WRITE, self._buf_base, self._buf_start, chunk))
+            w.jobs.append((WRITE, self._buf_base, self._buf_start, chunk, self._seq))
         if self._callbacks:
-            w.jobs.append((COMMIT, self._callbacks))
+            callbacks = self._callbacks
             self._callbacks = []
+            if self.commit_gate is not None:
+                callbacks = self.commit_gate(self._seq, callbacks)
+            w.jobs.append((COMMIT, callbacks))
 
     def _roll(self) -> None:
         self._push()  # a chunk never spans two segments
@@ -730,9 +782,12 @@ class SharedLog:
         index = self._index
         bases = index.bases
         doomed = []
+        # a connected standby still reading a segment keeps it (replication)
+        keep_from = self.retain() if self.retain is not None else durable
         for i in range(len(bases) - 1):  # the last one is the active segment
             base = bases[i]
-            if index.seg_live.get(base) == 0 and bases[i + 1] <= durable:
+            if index.seg_live.get(base) == 0 and bases[i + 1] <= durable \
+                    and bases[i + 1] <= keep_from:
                 doomed.append(base)
         if doomed:
             survivors = set(bases).difference(doomed)

@@ -25,6 +25,13 @@ segment. Discarded SETTLE/DELIVERED/DROP_QUEUE/DEFINITION records are kept in
 :attr:`Writer.discarded` so the log can re-append them once it has re-opened itself
 from disk (ENQUEUEs are not: their commits failed, the publisher was nacked). A failed
 writer is never reused: the log stops it and starts a new one.
+
+Replication (amqpd/replication/source.py) watches through :attr:`Writer.observer`:
+called on this thread with a list of events, as soon as written bytes are in the
+files (before their fsync, so a standby's fsync runs in parallel with ours) and after
+checkpoints and deletions: ``("w", base, size, last_seq)`` segment ``base`` now holds
+``size`` bytes of whole records up to sequence ``last_seq``; ``("c", covered, data)`` a
+checkpoint file with these bytes is durable; ``("d", base)`` the segment was deleted.
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ log = logging.getLogger("amqpd.store")
 Callback = Callable[[BaseException | None], None]
 
 # job kinds (first tuple element)
-WRITE = 0  # (WRITE, base, position, chunk): records back to back, from position on
+WRITE = 0  # (WRITE, base, position, chunk, last_seq): whole records from position on
 COMMIT = 1  # (COMMIT, [callbacks][, direct]): direct = call on this thread, not the loop
 CHECKPOINT = 2  # (CHECKPOINT, covered, index data[, definitions]): see checkpoint.finish
 DELETE = 3  # (DELETE, base)
@@ -95,6 +102,8 @@ class Writer:
         self.fsync_total_us = 0
         self.records_bytes = 0
         self.checkpoints = 0
+        self.observer: Callable[[list[tuple[Any, ...]]], None] | None = None
+        self._events: list[tuple[Any, ...]] = []
         self._dirty: set[Segment] = set()
         self._thread = threading.Thread(target=self._run, name="amqpd-store-writer", daemon=True)
 
@@ -150,6 +159,7 @@ class Writer:
             else:
                 stop = True
         self._flush(pending)
+        self._notify()
         if callbacks or direct or stop:
             self._fsync()
         self._answer_failed(callbacks)
@@ -214,7 +224,18 @@ class Writer:
             for k in range(i, j):
                 self.pending.pop(pending[k][2], None)
                 self.records_bytes += len(pending[k][3])
+            if self.observer is not None:
+                self._events.append(("w", base, seg.size, pending[j - 1][4]))
             i = j
+
+    def _notify(self) -> None:
+        """Hand the events gathered so far to the observer (replication)."""
+        if self._events and self.observer is not None:
+            events, self._events = self._events, []
+            try:
+                self.observer(events)
+            except Exception:
+                log.exception("store observer failed")
 
     def _discard(self, chunk: bytes) -> None:
         """Keep the settle-type records of a chunk that will not be written."""
@@ -259,6 +280,9 @@ class Writer:
             return
         self.checkpoints += 1
         self.checkpoint_durable = covered
+        if self.observer is not None:
+            self._events.append(("c", covered, data))
+            self._notify()
 
     def _delete(self, base: int) -> None:
         if self.failed is not None:
@@ -271,3 +295,6 @@ class Writer:
             seg.unlink()
         except OSError as exc:
             log.error("store could not delete segment %s: %s", seg.path, exc)
+        if self.observer is not None:
+            self._events.append(("d", base))
+            self._notify()

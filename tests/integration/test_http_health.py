@@ -82,6 +82,20 @@ def test_ready_needs_no_credentials(api: Api) -> None:
     assert r.status == 200 and r.json() == {"status": "ok"}
 
 
+def test_single_node_is_its_own_active_and_no_standby(api: Api) -> None:
+    """Without [replication] the one node is where clients belong (an HAProxy in front
+    of a single node works unchanged); it is nobody's standby."""
+    anonymous = api.as_user(None)
+    r = anonymous.get("/health/active")
+    assert r.status == 200 and r.json() == {"status": "ok"}
+    r = anonymous.get("/health/standby")
+    assert r.status == 503 and "not part of a warren" in r.json()["reason"]
+    assert "X-Amqpd-Role" not in r.headers
+    assert api.get("/api/overview").json()["amqpd_role"] is None
+    nodes = api.get("/api/nodes").json()
+    assert len(nodes) == 1 and "amqpd_role" not in nodes[0]
+
+
 def test_certificate_expiration_bad_unit(api: Api) -> None:
     assert api.get("/api/health/checks/certificate-expiration/1/fortnights").status == 400
 

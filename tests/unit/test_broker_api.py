@@ -369,3 +369,15 @@ def test_operator_policy_caps_the_effective_definition(api: BrokerAPI) -> None:
     assert api.operator_policy("/", "cap") is None
     assert api.effective_policy(api.queue("/", "q")) == (
         None, {"max-length": 100, "message-ttl": 5000})
+
+
+def test_single_node_has_no_warren(api: BrokerAPI) -> None:
+    """Without [replication] the warren views are absent and promote is refused (406),
+    which the HTTP API shows as 404 / 400 (tests/integration/test_warren_static.py has
+    the pair)."""
+    assert api.warren() is None
+    assert api.replication_status() is None
+    assert api.http_port() == 0 and not api.stopping()
+    with pytest.raises(AMQPError) as info:
+        asyncio.run(api.promote())
+    assert info.value.reply_code == 406

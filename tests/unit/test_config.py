@@ -71,3 +71,94 @@ def test_auth_mechanisms_and_certificate_login() -> None:
     assert login_from_certificate(cert, "common_name") == "guest"
     assert login_from_certificate(cert, "distinguished_name") == "CN=guest,O=A\\, B,C=FR"
     assert login_from_certificate(None, "common_name") == ""
+
+
+def test_no_replication_section_is_a_single_node() -> None:
+    assert load_settings(TOML, environ={}).replication is None
+
+
+def test_every_replication_key_is_documented_in_etc_toml() -> None:
+    from amqpd.config import REPLICATION_KEYS
+
+    text = TOML.read_text()
+    section = text[text.index("# [replication]"):]
+    missing = [k for k in REPLICATION_KEYS if not re.search(rf"^#\s*{k}\s*=", section, re.M)]
+    assert not missing, f"replication keys not documented in etc/amqpd.toml: {missing}"
+
+
+def test_replication_section_file_env_flags(tmp_path: Path) -> None:
+    cfg = tmp_path / "r.toml"
+    cfg.write_text('node_name = "n1"\n[replication]\nlisten = "127.0.0.1:5680"\n'
+                   'peers = ["127.0.0.1:5681"]\nsecret = "s"\nrole = "active"\n'
+                   'lease_ttl = 2\n')
+    s = load_settings(cfg, {"replication_mode": "async"},
+                      environ={"AMQPD_REPLICATION_MAX_LAG": "1.5",
+                               "AMQPD_REPLICATION_PEERS": "a:1, b:2"})
+    rc = s.replication
+    assert rc is not None
+    assert rc.node_name == "n1" and rc.listen == "127.0.0.1:5680"
+    assert rc.peers == ["a:1", "b:2"] and rc.role == "active"
+    assert rc.lease_ttl == 2.0 and isinstance(rc.lease_ttl, float)
+    assert rc.mode == "async" and rc.max_lag == 1.5
+    assert rc.min_insync_standbys == 1 and rc.insync_timeout == 10.0
+    assert rc.etcd_prefix == "/amqpd/warren"
+    assert s.node_name == "n1"  # the section's keys do not leak into the node's settings
+
+
+def test_replication_env_alone_enables_it() -> None:
+    s = load_settings(None, environ={"AMQPD_REPLICATION_ROLE": "active",
+                                     "AMQPD_REPLICATION_SECRET": "x"})
+    assert s.replication is not None and s.replication.role == "active"
+
+
+@pytest.mark.parametrize("env, fragment", [
+    ({"AMQPD_REPLICATION_ROLE": "boss", "AMQPD_REPLICATION_SECRET": "x"}, "replication.role"),
+    ({"AMQPD_REPLICATION_ROLE": "active"}, "authentication"),
+    ({"AMQPD_REPLICATION_ROLE": "auto", "AMQPD_REPLICATION_SECRET": "x"}, "etcd"),
+    ({"AMQPD_REPLICATION_ROLE": "standby", "AMQPD_REPLICATION_SECRET": "x"}, "peers"),
+    ({"AMQPD_REPLICATION_ROLE": "active", "AMQPD_REPLICATION_SECRET": "x",
+      "AMQPD_REPLICATION_LISTEN": "nohost"}, "host:port"),
+    ({"AMQPD_REPLICATION_ROLE": "active", "AMQPD_REPLICATION_SECRET": "x",
+      "AMQPD_REPLICATION_MODE": "maybe"}, "replication.mode"),
+    ({"AMQPD_REPLICATION_ROLE": "active", "AMQPD_REPLICATION_SECRET": "x",
+      "AMQPD_REPLICATION_MAX_LAG": "x"}, "replication.max_lag"),
+])
+def test_replication_bad_values_are_named(env: dict[str, str], fragment: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        load_settings(None, environ=env)
+
+
+def test_replication_unknown_key_refused(tmp_path: Path) -> None:
+    cfg = tmp_path / "u.toml"
+    cfg.write_text('[replication]\nsecret = "s"\nrole = "active"\nlisten_port = 1\n')
+    with pytest.raises(ConfigError, match=re.escape("replication.listen_port")):
+        load_settings(cfg, environ={})
+
+
+def test_replication_needs_persistence(tmp_path: Path) -> None:
+    """The warren ships the shared log; the in-memory store of persistence = false has
+    none, so the pair is refused at start with a reason, not half started."""
+    cfg = tmp_path / "p.toml"
+    cfg.write_text('persistence = false\n[replication]\nsecret = "s"\nrole = "active"\n')
+    with pytest.raises(ConfigError, match=re.escape("'persistence = true'")):
+        load_settings(cfg, environ={})
+    s = load_settings(cfg, environ={"AMQPD_PERSISTENCE": "true"})
+    assert s.replication is not None and s.persistence
+
+
+def test_replication_secret_file(tmp_path: Path) -> None:
+    (tmp_path / "sec").write_text("topsecret\n")
+    s = load_settings(None, environ={"AMQPD_REPLICATION_ROLE": "active",
+                                     "AMQPD_REPLICATION_SECRET_FILE": str(tmp_path / "sec")})
+    assert s.replication is not None and s.replication.shared_secret() == b"topsecret"
+
+
+def test_replication_cli_flags() -> None:
+    from amqpd.cli import build_parser
+
+    args = build_parser().parse_args(["--replication-role", "standby",
+                                      "--replication-peers", "h:1",
+                                      "--replication-min-insync-standbys", "2",
+                                      "--replication-max-lag", "0.5"])
+    assert args.replication_role == "standby" and args.replication_peers == "h:1"
+    assert args.replication_min_insync_standbys == 2 and args.replication_max_lag == 0.5

@@ -1,0 +1,164 @@
+"""Warren replication figures, in one run (issue 14):
+
+1. the confirmed persistent publish rate of a node alone;
+2. the same with a synchronous standby (mode "sync", min_insync_standbys = 1);
+3. catch-up: an active preloaded with ``--messages`` persistent messages (confirmed),
+   then a standby starts while a publisher keeps publishing with confirms: the
+   catch-up time and speed (log bytes / time until the standby acknowledged everything
+   the active held when it started) and the publisher's rate meanwhile. During catch-up
+   the active runs with min_insync_standbys = 0 (a standby that is not yet in sync
+   cannot hold confirms; with 1, publishers would be nacked until it is, as Kafka
+   refuses writes below min.insync.replicas).
+
+Static roles, no etcd; processes and ports as in tests/integration/warren_support.py.
+Usage: ``python -m bench.replication [--messages 1000000] [--body 100] [--duration 10]
+[--out bench/RESULTS-replication.json]``. Timings are reported, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.loadgen import Conn, PublisherResult, PublisherSpec, Target, run_publisher
+from tests.integration.warren_support import node, replication_addr, status, wait_for
+from tests.support.brokerproc import BrokerProcess
+
+
+def _declare(url: str, queue: str) -> None:
+    c = Conn(url)
+    ch = c.open_channel(1)
+    c.declare_queue(ch, queue, durable=True)
+    c.close()
+
+
+def _publish(url: str, queue: str, body: int, duration: float = 0.0, count: int = 0,
+             window: int = 1000) -> PublisherResult:
+    spec = PublisherSpec(1, [Target("", queue)], body_size=body, persistent=True,
+                         confirm_window=window, duration=duration, count=count)
+    res = run_publisher(url, spec)
+    if res.error:
+        raise RuntimeError(f"publisher: {res.error}")
+    return res
+
+
+def _rate(res: PublisherResult) -> float:
+    return res.confirmed / max(res.t_end - res.t_start, 1e-9)
+
+
+def alone(root: Path, body: int, duration: float) -> dict[str, Any]:
+    proc = BrokerProcess(root / "alone").start()
+    try:
+        _declare(proc.url, "rb.alone")
+        res = _publish(proc.url, "rb.alone", body, duration)
+        return {"confirmed": res.confirmed, "nacked": res.nacked, "rate": round(_rate(res))}
+    finally:
+        proc.stop()
+
+
+def sync_pair(root: Path, body: int, duration: float,
+              standby_root: Path | None = None) -> dict[str, Any]:
+    active = node(root / "sa", "bench-a", "active").start()
+    standby = node((standby_root or root) / "sb", "bench-b", "standby",
+                   replication_addr(active)).start()
+    try:
+        wait_for(lambda: status(active)["insync_count"] == 1, 60, "the standby in sync")
+        _declare(active.url, "rb.sync")
+        res = _publish(active.url, "rb.sync", body, duration)
+        return {"confirmed": res.confirmed, "nacked": res.nacked, "rate": round(_rate(res))}
+    finally:
+        standby.stop()
+        active.stop()
+
+
+def catch_up(root: Path, body: int, messages: int, duration: float) -> dict[str, Any]:
+    active = node(root / "ca", "bench-a", "active", min_insync_standbys=0).start()
+    standby: BrokerProcess | None = None
+    try:
+        _declare(active.url, "rb.preload")
+        t0 = time.monotonic()
+        pre = _publish(active.url, "rb.preload", body, count=messages)
+        preload_s = time.monotonic() - t0
+        st = status(active)
+        target_seq = st["last_seq"]
+        log_bytes = sum(p.stat().st_size for p in (root / "ca" / "log").glob("*.log"))
+        _declare(active.url, "rb.during")
+        during: list[PublisherResult] = []
+        pub = threading.Thread(target=lambda: during.append(
+            _publish(active.url, "rb.during", body, duration)))
+        started = time.monotonic()
+        standby = node(root / "cb", "bench-b", "standby", replication_addr(active))
+        pub.start()
+        standby.start(timeout=60)
+        connected = None
+        done = None
+        deadline = time.monotonic() + 1800
+        while time.monotonic() < deadline:
+            sbs = status(active)["standbys"]
+            now = time.monotonic()
+            if sbs and connected is None:
+                connected = now
+            if sbs and sbs[0]["acked_seq"] >= target_seq:
+                done = now
+                break
+            time.sleep(0.05)
+        pub.join()
+        if done is None or connected is None:
+            raise RuntimeError("the standby did not catch up in 30 minutes")
+        res = during[0]
+        return {"preloaded": pre.confirmed, "preload_rate": round(pre.confirmed / preload_s),
+                "log_bytes": log_bytes, "target_seq": target_seq,
+                "standby_start_to_caught_up_s": round(done - started, 2),
+                "connected_to_caught_up_s": round(done - connected, 2),
+                "catch_up_mb_per_s": round(log_bytes / (done - connected) / 1e6, 1),
+                "catch_up_records_per_s": round(target_seq / (done - connected)),
+                "publish_during_confirmed": res.confirmed,
+                "publish_during_rate": round(_rate(res)),
+                "publisher_s": round(res.t_end - res.t_start, 2)}
+    finally:
+        if standby is not None:
+            standby.stop()
+        active.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.replication", description=__doc__)
+    p.add_argument("--messages", type=int, default=1_000_000)
+    p.add_argument("--body", type=int, default=100)
+    p.add_argument("--duration", type=float, default=10.0)
+    p.add_argument("--out", default="")
+    p.add_argument("--standby-on-tmpfs", action="store_true",
+                   help="also measure the sync pair with the standby's data on /dev/shm "
+                        "(on one machine both fsyncs hit the same disk; this shows how "
+                        "much of the cost is that)")
+    a = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="amqpd-bench-repl-") as tmp:
+        root = Path(tmp)
+        result: dict[str, Any] = {"messages": a.messages, "body": a.body,
+                                  "duration": a.duration}
+        result["alone"] = alone(root, a.body, a.duration)
+        print("alone:", result["alone"], flush=True)
+        result["sync_standby"] = sync_pair(root, a.body, a.duration)
+        print("sync standby:", result["sync_standby"], flush=True)
+        result["sync_vs_alone"] = round(result["sync_standby"]["rate"]
+                                        / max(result["alone"]["rate"], 1), 2)
+        if a.standby_on_tmpfs:
+            with tempfile.TemporaryDirectory(prefix="amqpd-bench-sb-", dir="/dev/shm") as shm:
+                result["sync_standby_tmpfs"] = sync_pair(root / "t", a.body, a.duration,
+                                                         Path(shm))
+            print("sync standby on tmpfs:", result["sync_standby_tmpfs"], flush=True)
+        result["catch_up"] = catch_up(root, a.body, a.messages, a.duration)
+        print("catch-up:", result["catch_up"], flush=True)
+    print(json.dumps(result, indent=2))
+    if a.out:
+        Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,161 @@
+"""Client traffic for the warren tests: publishers with confirms and consumers with
+manual acks, each in its own thread with its own pika connection, reconnecting (through
+HAProxy) whenever the broker goes away, and recording what they saw.
+
+A publisher never republishes a message it did not get a confirm for: it moves on to
+the next sequence number. So any message a consumer sees twice was delivered twice by
+the broker, and must then carry redelivered=true.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+
+import pika
+import pika.exceptions
+
+CLIENT_ERRORS = (pika.exceptions.AMQPError, OSError, ConnectionError)
+
+
+def connect(url: str | list[str], deadline: float) -> pika.BlockingConnection:
+    """A connection to ``url`` (or the first of several that takes it: both warren nodes,
+    without HAProxy), retried until ``deadline``."""
+    urls = [url] if isinstance(url, str) else list(url)
+    last: BaseException | None = None
+    while time.monotonic() < deadline:
+        for one in urls:
+            params = pika.URLParameters(one)
+            params.socket_timeout = 2.0
+            params.blocked_connection_timeout = 60.0
+            params.heartbeat = 5
+            try:
+                return pika.BlockingConnection(params)
+            except CLIENT_ERRORS as exc:
+                last = exc
+        time.sleep(0.1)
+    raise TimeoutError(f"no connection to {urls}: {last!r}")
+
+
+@dataclass
+class Publisher:
+    url: str | list[str]
+    queue: str
+    body_size: int = 64
+    confirmed: list[int] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)  # nacked or cut off: not confirmed
+    reconnects: int = 0
+    error: BaseException | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def start(self) -> Publisher:
+        self.thread = threading.Thread(target=self._run, daemon=True,
+                                       name=f"pub-{self.queue}")
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        seq = 0
+        pad = b"x" * self.body_size
+        try:
+            while not self.stop.is_set():
+                conn = connect(self.url, time.monotonic() + 60)
+                try:
+                    ch = conn.channel()
+                    ch.confirm_delivery()
+                    while not self.stop.is_set():
+                        seq += 1
+                        try:
+                            ch.basic_publish("", self.queue, b"%d:" % seq + pad,
+                                             pika.BasicProperties(delivery_mode=2))
+                        except pika.exceptions.NackError:
+                            self.failed.append(seq)
+                            continue
+                        except CLIENT_ERRORS:
+                            self.failed.append(seq)
+                            raise
+                        self.confirmed.append(seq)
+                except CLIENT_ERRORS:
+                    self.reconnects += 1
+                finally:
+                    try:
+                        conn.close()
+                    except CLIENT_ERRORS:
+                        pass
+        except BaseException as exc:  # surfaced by the test
+            self.error = exc
+
+    def finish(self) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(90)
+
+
+@dataclass
+class Consumer:
+    url: str | list[str]
+    queue: str
+    prefetch: int = 50
+    seen: list[tuple[int, bool]] = field(default_factory=list)  # (seq, redelivered)
+    reconnects: int = 0
+    error: BaseException | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def start(self) -> Consumer:
+        self.thread = threading.Thread(target=self._run, daemon=True,
+                                       name=f"con-{self.queue}")
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                conn = connect(self.url, time.monotonic() + 60)
+                try:
+                    ch = conn.channel()
+                    ch.basic_qos(prefetch_count=self.prefetch)
+                    for method, _props, body in ch.consume(self.queue, auto_ack=False,
+                                                           inactivity_timeout=0.2):
+                        if self.stop.is_set():
+                            break
+                        if method is None:
+                            continue
+                        seq = int(body.split(b":", 1)[0])
+                        self.seen.append((seq, bool(method.redelivered)))
+                        ch.basic_ack(method.delivery_tag)
+                except CLIENT_ERRORS:
+                    self.reconnects += 1
+                finally:
+                    try:
+                        conn.close()
+                    except CLIENT_ERRORS:
+                        pass
+        except BaseException as exc:
+            self.error = exc
+
+    def finish(self) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(30)
+
+
+def check_delivery(queue: str, publisher: Publisher, consumer: Consumer) -> None:
+    """Every confirmed message consumed; repeats only with redelivered=true; the first
+    delivery of each message in publish order."""
+    seen_first: list[int] = []
+    seen: set[int] = set()
+    for seq, redelivered in consumer.seen:
+        if seq in seen:
+            assert redelivered, f"{queue}: message {seq} delivered again without redelivered"
+            continue
+        seen.add(seq)
+        seen_first.append(seq)
+    missing = sorted(set(publisher.confirmed) - seen)
+    assert not missing, (f"{queue}: {len(missing)} confirmed messages never consumed, "
+                         f"first {missing[:10]}")
+    out_of_order = [(a, b) for a, b in itertools.pairwise(seen_first) if b < a]
+    assert not out_of_order, f"{queue}: order broken at {out_of_order[:5]}"
