@@ -91,6 +91,10 @@ def test_ten_thousand_queues_page_sort_and_filter(browser: Any,  # noqa: F811
     browser.find_element("css selector", "#filter").send_keys("^SCALE-0000[1-3]$")
     browser.find_element("css selector", "#filter-regex").click()
     wait_text(browser, "#pager", "3 matching of 10,000")
-    names = [e.text for e in browser.find_elements("css selector", "#queues-table td.name")]
-    assert sorted(names) == ["scale-00001", "scale-00002", "scale-00003"]
+    # The table may redraw once more after the pager's count changes (the filter's request
+    # and the periodic refresh race), so read the rows through wait(), which looks again
+    # when an element goes stale.
+    want = ["scale-00001", "scale-00002", "scale-00003"]
+    wait(browser, lambda d: sorted(e.text for e in d.find_elements(
+        "css selector", "#queues-table td.name")) == want, what="the three regex matches")
     shot(browser, "queues-10k-filtered", full=False)
