@@ -47,6 +47,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "amqpd.broker.channel",
     "amqpd.broker.queue",
     "amqpd.broker.queue_entry",
+    "amqpd.broker.message",
     "amqpd.broker.reply_to",
     "amqpd.broker.ready",
     "amqpd.broker.vhost",
