@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from amqpd.broker.message import LoggedMessage, Message
-from amqpd.broker.queue_entry import QueueEntry
+from amqpd.broker.queue_entry import QueueEntry, TimedEntry
 from amqpd.broker.ready import ReadyList
 
 if TYPE_CHECKING:
@@ -149,6 +149,16 @@ class Queue:
 
     def requeue(self, entries: Iterable[QueueEntry]) -> None:
         """Return unacked entries to their original places, marked redelivered."""
+        if self.ext is None:
+            entries = list(entries)
+            for entry in entries:
+                if isinstance(entry, TimedEntry) and entry.expires is not None:
+                    # it left while the queue had its TTL extension, which the queue
+                    # dropped once empty (QueueExt.drained): it comes back with it
+                    from amqpd.broker.extensions import give_expiry_back
+
+                    give_expiry_back(self, entries)
+                    break
         if self.ext is not None:  # per-priority places; expiry re-armed
             self.ext.requeue(list(entries))
             return
@@ -196,6 +206,8 @@ class Queue:
         if type(message) is LoggedMessage:  # body lives only in the log: read it back
             entry.message = message = message.load()
         self.ready_bytes -= message.size
+        if not ready and self.ext is not None and self.ext.plain:
+            self.ext.drained()
         return entry
 
     def delivered(self, entry: QueueEntry, acked: bool) -> None:
