@@ -48,6 +48,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "amqpd.broker.queue",
     "amqpd.broker.queue_entry",
     "amqpd.broker.message",
+    "amqpd.broker.persist",
     "amqpd.broker.reply_to",
     "amqpd.broker.ready",
     "amqpd.broker.vhost",

@@ -496,7 +496,7 @@ class Channel:
                 properties: bytes, body: bytes) -> None:
         if immediate:
             raise NotImplemented_("immediate=true")
-        self._check("write", "exchange", exchange or "amq.default")
+        self.session.check_publish(exchange)
         ex = self.vhost.get_exchange(exchange)
         if ex.internal:
             raise AccessRefused(

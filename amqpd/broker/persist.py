@@ -11,14 +11,15 @@ paged to the log is dropped instead of coming back.
 from __future__ import annotations
 
 import time
+from typing import Final
 
 from amqpd.broker.message import Message
 from amqpd.broker.ttl import parse_expiration
 from amqpd.protocol.errors import PreconditionFailed
 from amqpd.store.api import StoredMessage
 
-_FLAG_EXPIRATION = 0x01  # in the first property-flags byte
-_FLAG_PRIORITY = 0x08
+_FLAG_EXPIRATION: Final = 0x01  # in the first property-flags byte
+_FLAG_PRIORITY: Final = 0x08
 
 
 def stored_message(message: Message, *, transient: bool = False) -> StoredMessage:
