@@ -62,6 +62,8 @@ system-deps:
 lint: install
 	'$(PY)' -m ruff check .
 	'$(PY)' -m mypy
+	@# lint-imports (import-linter): the layer contracts in pyproject.toml
+	'$(PY)' -c 'import sys; from importlinter.cli import lint_imports_command as c; sys.exit(c())'
 
 # After the full suite on the installed (compiled) hot path, the same unit tests and
 # conformance suite on its pure-Python sources: both must stay correct.

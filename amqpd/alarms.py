@@ -15,6 +15,7 @@ import os
 from typing import TYPE_CHECKING
 
 from amqpd.protocol import codec
+from amqpd.protocol.constants import CONNECTION_BLOCKED, CONNECTION_UNBLOCKED
 
 if TYPE_CHECKING:
     from amqpd.server import Broker
@@ -132,7 +133,8 @@ class Alarms:
             return
         session.blocked = True
         if session.conn.capabilities.get("connection.blocked"):
-            session.conn.write(codec.method_frame(0, 10, 60, codec.shortstr(self.reason())))
+            session.conn.write(codec.method_frame(0, CONNECTION_BLOCKED,
+                                                     codec.shortstr(self.reason())))
         proto = getattr(session, "protocol", None)
         if proto is not None:
             proto.pause_reading()
@@ -142,7 +144,7 @@ class Alarms:
             return
         session.blocked = False
         if session.conn.capabilities.get("connection.blocked"):
-            session.conn.write(codec.method_frame(0, 10, 61))
+            session.conn.write(codec.method_frame(0, CONNECTION_UNBLOCKED))
         proto = getattr(session, "protocol", None)
         if proto is not None:
             proto.resume_reading()

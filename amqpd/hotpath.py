@@ -38,6 +38,7 @@ from types import ModuleType
 # and compiled code reads attributes of these classes straight from their structs, so
 # every attribute must be declared in ``__init__`` (no attributes set from outside).
 COMPILED_MODULES: tuple[str, ...] = (
+    "amqpd.protocol.constants",
     "amqpd.protocol.frames",
     "amqpd.protocol.codec",
     "amqpd.protocol.connection",
@@ -45,6 +46,8 @@ COMPILED_MODULES: tuple[str, ...] = (
     "amqpd.transport",
     "amqpd.server",
     "amqpd.broker.channel",
+    "amqpd.broker.publish",
+    "amqpd.broker.queue_type",
     "amqpd.broker.queue",
     "amqpd.broker.queue_entry",
     "amqpd.broker.message",

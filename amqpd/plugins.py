@@ -1,17 +1,18 @@
 """Plugins: optional parts (shovel, federation) that live outside the core.
 
 A plugin talks to brokers only through AMQP (for the local broker too, with the URI
-:meth:`Broker.local_uri` gives it) and through the broker's public Python API (vhosts,
-``broker.parameters``, ``broker.policies``). It is enabled by name in the config
-(``plugins = ["shovel"]`` or ``AMQPD_PLUGINS=shovel,federation``) and found either under
-the entry-point group ``amqpd.plugins`` or as the module ``plugins.<name>`` of this
-repository; either way a ``create_plugin(broker)`` callable builds it.
+:meth:`BrokerAPI.local_uri` gives it) and through the public broker API
+(:class:`amqpd.broker.api.BrokerAPI`: topology, publish, ``parameters``, policies), which
+is all it is given. It is enabled by name in the config (``plugins = ["shovel"]`` or
+``AMQPD_PLUGINS=shovel,federation``) and found either under the entry-point group
+``amqpd.plugins`` or as the module ``plugins.<name>`` of this repository; either way a
+``create_plugin(api)`` callable builds it.
 
 Life cycle, and why in this order:
 
-1. ``create_plugin(broker)`` runs while the broker is being built, before durable
+1. ``create_plugin(api)`` runs while the broker is being built, before durable
    definitions are restored, so a plugin can register its runtime-parameter component
-   (``broker.parameters.register(...)``) and saved parameters validate at boot.
+   (``api.parameters.register(...)``) and saved parameters validate at boot.
 2. ``http_routes(router)`` (optional) adds the plugin's API paths (``/api/shovels``...).
 3. ``await start()`` runs once the AMQP listeners and the HTTP API are up, so links to
    the local broker can connect.
@@ -26,7 +27,7 @@ from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from amqpd.server import Broker
+    from amqpd.broker.api import BrokerAPI
 
 log = logging.getLogger("amqpd.plugins")
 
@@ -53,13 +54,13 @@ def _factory(name: str) -> Any:
                           f"no module plugins.{name}): {exc}") from exc
     factory = getattr(module, "create_plugin", None)
     if factory is None:
-        raise PluginError(f"plugin module plugins.{name} has no create_plugin(broker)")
+        raise PluginError(f"plugin module plugins.{name} has no create_plugin(api)")
     return factory
 
 
-def load_plugins(broker: Broker, names: list[str]) -> dict[str, Plugin]:
+def load_plugins(api: BrokerAPI, names: list[str]) -> dict[str, Plugin]:
     plugins: dict[str, Plugin] = {}
     for name in names:
-        plugins[name] = _factory(name)(broker)
+        plugins[name] = _factory(name)(api)
         log.info("plugin enabled: %s", name)
     return plugins

@@ -1,10 +1,13 @@
-"""The Broker: lifecycle, listeners, vhosts, users, the store, and what ties them together.
+"""The Broker: the process lifecycle, the listeners, and what the broker package hangs on.
 
 One Broker per process. It owns the asyncio listeners, the node-wide store, the auth
-store and the vhosts, and it provides the services that cut across vhosts: the dispatch
-scheduler (queues that became deliverable this tick are dispatched once, at its end),
-persistence of messages, durable definitions (records in the same log, through
-``broker/journal.py``), and graceful shutdown.
+store, the vhosts, the publish pipeline (``publisher``, :mod:`amqpd.broker.publish`) and
+the public broker API (``api``, :mod:`amqpd.broker.api`). It runs what is tied to the
+event loop and the process: the dispatch scheduler (queues that became deliverable this
+tick are dispatched once, at its end), the once-a-second tick (alarms, memory budget,
+idle commits, heartbeats), durable definitions (records in the same log, through
+``broker/journal.py``: the one trigger is :meth:`Broker.definitions_changed`), boot and
+recovery, and graceful shutdown.
 """
 
 from __future__ import annotations
@@ -19,36 +22,32 @@ import time
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import amqpd
 from amqpd import hotpath
 from amqpd.alarms import Alarms
-from amqpd.broker import extensions, quorum, reply_to, resource_limits
+from amqpd.broker import extensions, resource_limits
+from amqpd.broker.api import BrokerAPI
 from amqpd.broker.auth import AuthStore
 from amqpd.broker.deadletter import dead_letter
 from amqpd.broker.exchange import Binding, Exchange
-from amqpd.broker.exchanges.delayed import DelayedMessageExchange
 from amqpd.broker.exchanges.delayed import recover as recover_delayed
 from amqpd.broker.journal import DefinitionJournal
-from amqpd.broker.limits import admit
 from amqpd.broker.message import LoggedMessage, Message
 from amqpd.broker.operator_policy import OperatorPolicyStore
 from amqpd.broker.parameters import ParameterStore
-from amqpd.broker.persist import stored_message
 from amqpd.broker.policy import PolicyStore
-from amqpd.broker.queue import Queue, QueueEntry
+from amqpd.broker.publish import Publisher
+from amqpd.broker.queue import QueueEntry
+from amqpd.broker.queue_type import QueueType
 from amqpd.broker.ttl import TimerService
 from amqpd.broker.vhost import VHost
 from amqpd.config import Settings
 from amqpd.plugins import load_plugins
 from amqpd.protocol import codec
 from amqpd.protocol.connection import Limits
-from amqpd.protocol.errors import PreconditionFailed
-
-# at module level: a function-level import runs on every call (6.8 % of persistent
-# publishing in the compiled profile)
-from amqpd.store.api import StoreError
+from amqpd.store.memory import MemoryStore
 from amqpd.transport import AMQPProtocol
 
 if TYPE_CHECKING:
@@ -57,10 +56,6 @@ if TYPE_CHECKING:
     from amqpd.store.api import MessageStore
 
 log = logging.getLogger("amqpd.server")
-
-# What an in-memory ready message costs beyond its body (entry, message object, strings):
-# the memory budgets count it, so a backlog of tiny messages pages out too.
-MESSAGE_OVERHEAD: Final = 256
 
 CAPABILITIES = {
     "publisher_confirms": True,
@@ -75,16 +70,6 @@ CAPABILITIES = {
 }
 
 
-def _may_refuse(queues: list[Queue]) -> bool:
-    """Whether a queue on the route might refuse a message (``x-overflow`` reject-publish,
-    a quorum queue's limit): only then is :func:`admit` asked, the rest pay nothing."""
-    for q in queues:
-        ext = q.ext
-        if ext is not None and ext.rejects:
-            return True
-    return False
-
-
 class Broker:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -93,36 +78,39 @@ class Broker:
         self.vhosts: dict[str, VHost] = {}
         self.sessions: set[Session] = set()
         self.transports: set[AMQPProtocol] = set()
-        self.store: MessageStore | None = None
-        self._dirty: dict[int, Queue] = {}
+        # "no persistence" is the in-memory store, opened at once so that a Broker that
+        # is never started (unit tests) has one too; start() swaps in the shared log
+        # when persistence is on
+        self.store: MessageStore = MemoryStore()
+        self.store.open()
+        self._dirty: dict[int, QueueType] = {}
         self._dispatch_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._servers: list[asyncio.base_events.Server] = []
         self._ticker: asyncio.Task[None] | None = None
-        self._pending_commit = False
         self.definitions = DefinitionJournal(self)  # durable topology -> log records
-        self._delivered_batch: dict[str, list[int]] = {}
-        self._commit_waiters: list[Callable[[BaseException | None], None]] = []
-        self._after_commit: list[Callable[[], None]] = []
         self.started_at = time.time()
         self.listeners: list[tuple[str, str, int]] = []  # (protocol, host, port)
         self.stopping = False
         self.alarms = Alarms(self)
-        self.paging_all = False
-        self.ready_bytes_total = 0
         # how many quorum queues exist: while any do, a transient message routed to one
         # is written to the store like a persistent one (broker/quorum.py)
         self.quorum_queues = 0
+        self.publisher = Publisher(self)
         self.policies = PolicyStore(self)
         self.operator_policies = OperatorPolicyStore(self)
         self.timers = TimerService()  # TTL, x-expires and delayed-message deadlines
         self.parameters = ParameterStore()  # runtime parameters (shovel, federation...)
         resource_limits.register(self)  # the vhost-limits component
         self.http: HttpServer | None = None
+        self.api = BrokerAPI(self)  # what http/, plugins and (next) the cluster use
+        # durable state saves itself: users, permissions and parameters report changes
+        self.auth.on_change.append(self.definitions_changed)
+        self.parameters.on_change.append(self.definitions_changed)
         self._setup_defaults()
         self.auth.set_internal_user(f"amqpd-internal-{secrets.token_hex(4)}",
                                     secrets.token_urlsafe(24))
-        self.plugins = load_plugins(self, settings.plugins)
+        self.plugins = load_plugins(self.api, settings.plugins)
 
     # ------------------------------------------------------------------ setup
     def _setup_defaults(self) -> None:
@@ -176,7 +164,7 @@ class Broker:
                 self.schedule_dispatch(consumer.queue)
 
     # ------------------------------------------------------------------ dispatch
-    def schedule_dispatch(self, queue: Queue) -> None:
+    def schedule_dispatch(self, queue: QueueType) -> None:
         self._dirty[id(queue)] = queue
         if not self._dispatch_scheduled:
             self._dispatch_scheduled = True
@@ -196,249 +184,46 @@ class Broker:
             self._dispatch_scheduled = True
             self._loop.call_soon(self._run_dispatch)
 
-    # ------------------------------------------------------------------ publishing
-    def publish(
-        self, vhost: VHost, exchange_name: str, message: Message, username: str | None,
-        on_confirm: Callable[[BaseException | None], None] | None = None,
-        on_unroutable: Callable[[], None] | None = None,
-    ) -> list[Queue]:
-        """Route and enqueue a message; persist it if it must survive a restart.
+    # ------------------------------------------------------------------ persistence
+    def body_of(self, message: Message) -> bytes:
+        """The message body, read back from the log when it was paged out."""
+        return self.publisher.body_of(message)
 
-        ``on_confirm`` (publisher confirms) is called exactly once: after the store's
-        group commit for a persistent message routed to durable queues, at once for
-        anything else, and with the error if the store could not take the message (the
-        message then reaches only non-durable queues and the publisher gets a nack).
-        """
-        props = message.properties
-        if len(props) >= 2 and props[1] & 0x10 and username is not None:  # user-id flag
-            user_id = message.props.get("user_id")
-            if user_id is not None and user_id != username:
-                raise PreconditionFailed(
-                    f"user_id property set to '{user_id}' but authenticated user was "
-                    f"'{username}'"
-                )
-        routing_keys = [message.routing_key]
-        if len(props) >= 2 and props[0] & 0x21:  # expiration or headers: check, CC/BCC
-            message, routing_keys = extensions.prepare_publish(message)
-        exchange = vhost.get_exchange(exchange_name)
-        if not exchange_name and message.routing_key.startswith(reply_to.PREFIX):
-            queues = reply_to.route(message.routing_key)
-        else:
-            queues = vhost.route(exchange, message, routing_keys)
-        if not queues and DelayedMessageExchange.last_held is message:  # held back (delay)
-            if on_confirm is not None:
-                if message.position >= 0 and self.store is not None:
-                    self.commit(on_confirm)
-                else:
-                    on_confirm(None)
-            return queues
-        if not queues and on_unroutable is not None:
-            on_unroutable()
-        confirm_now = on_confirm
-        if queues and _may_refuse(queues):
-            queues, refused = admit(self, queues, message)  # overflow=reject-publish[-dlx]
-            if refused and on_confirm is not None:
-                on_confirm(PreconditionFailed("rejected by a queue's length limit"))
-                on_confirm = confirm_now = None
-        if queues and not message.persistent and self.quorum_queues:
-            message.persistent = quorum.keeps_every_message(queues)
-        if queues and message.persistent and self.store is not None:
-            durable = [q.store_key for q in queues if q.durable]
-            if durable:
-                try:
-                    message.position = self.store.append_enqueue(
-                        durable, stored_message(message))
-                except StoreError as exc:
-                    log.error("store refused a persistent message: %s", exc)
-                    self._store_failed(exc)
-                    queues = [q for q in queues if not q.durable]
-                    for q in queues:
-                        q.enqueue(message)
-                    if on_confirm is not None:
-                        on_confirm(exc)
-                    return queues
-                if on_confirm is not None:
-                    self.commit(on_confirm)
-                    confirm_now = None
-                self._pending_commit = True
-        if confirm_now is not None:
-            confirm_now(None)
-        if self.store is None or (props and props[0] & 0x01):  # TTL'd messages stay whole
-            for q in queues:
-                q.enqueue(message)
-            return queues
-        self._enqueue_all(queues, message)
-        return queues
-
-    def _enqueue_all(self, queues: list[Queue], message: Message) -> None:
-        """Enqueue, log-only where memory is short.
-
-        Past a queue's memory limit, a message already in the log is kept only there
-        (free); a transient one is written there only when all queues together are over
-        the node's budget (RabbitMQ also pages transient messages only under pressure).
-        """
-        limit = self.settings.queue_memory_limit
-        logged = message.position >= 0
-        paging_all = self.paging_all
-        shared: LoggedMessage | None = None  # the logged copy, one for every queue
-        to_write: list[Queue] | None = None  # queues whose copy must first be written
-        for q in queues:
-            if logged and q.durable and (paging_all or q.ready_bytes + len(q.ready)
-                                         * MESSAGE_OVERHEAD > limit):
-                if shared is None:
-                    shared = LoggedMessage(self.store, message.position, message.size)
-                q.enqueue(shared)
-            elif paging_all:
-                if to_write is None:
-                    to_write = []
-                to_write.append(q)
-            else:
-                q.enqueue(message)
-        if to_write is not None:
-            self._page_out(to_write, message)
-
-    def _page_out(self, queues: list[Queue], message: Message) -> None:
-        """Under node memory pressure: write the message once, for all of ``queues``,
-        and let each hold it log-only (a fan-out pays one write, not one per queue)."""
-        store = self.store
-        assert store is not None
-        try:
-            # transient: a paged copy is never recovered (RabbitMQ drops transient
-            # messages at restart, paged or not)
-            position = store.append_enqueue(
-                [q.store_key for q in queues], stored_message(message, transient=True))
-        except StoreError:
-            for q in queues:
-                q.enqueue(message)  # cannot page: keep it in memory
-            return
-        paged = LoggedMessage(store, position, message.size)
-        for q in queues:
-            q.in_store = True
-            q.enqueue(paged)
-
-    def commit(self, callback: Callable[[BaseException | None], None]) -> None:
-        """Call back once everything appended so far is durable (or with the error).
-
-        The callbacks of one tick share a single store commit: a confirm-heavy tick adds
-        one job for the writer, not one per message. A failed write raises the store
-        alarm; the callbacks still get the error (publisher confirms become nacks).
-        """
-        assert self.store is not None
-        waiters = self._commit_waiters
-        if not waiters and self._loop is not None:
-            self._loop.call_soon(self._register_commit)
-        waiters.append(callback)
-        if self._loop is None:
-            self._register_commit()
-
-    def _register_commit(self) -> None:
-        waiters, self._commit_waiters = self._commit_waiters, []
-        if not waiters or self.store is None:
-            return
-
-        def done(error: BaseException | None) -> None:
-            if error is not None:
-                self._store_failed(error)
-            for callback in waiters:
-                try:
-                    callback(error)
-                except Exception:
-                    log.exception("commit callback failed")
-
-        self.store.commit(done)
-
-    def _store_failed(self, error: BaseException) -> None:
-        if "store" not in self.alarms.active:
-            log.error("message store cannot write: %s", error)
-        self.alarms.set_external("store", True, f"message store failing: {error}")
+    def store_drop_queue(self, queue: QueueType) -> None:
+        self.publisher.store_drop_queue(queue)
 
     def _periodic_commit_done(self, error: BaseException | None) -> None:
         """Clear the store alarm once the store writes again and there is room for at
         least a segment (else it would clear and fail again on every retry)."""
         if error is not None:
-            self._store_failed(error)
+            self.publisher.store_failed(error)
             return
-        if "store" in self.alarms.active and self.store is not None \
+        if "store" in self.alarms.active \
                 and not getattr(self.store, "failed", None) \
                 and self.alarms.free >= self.settings.segment_size:
             self.alarms.set_external("store", False, "message store writes again")
 
-    def _check_memory(self) -> None:
-        """Once a second: page new messages of every queue while bodies exceed the budget."""
-        total = 0
-        for vhost in self.vhosts.values():
-            for q in vhost.queues.values():
-                total += q.ready_bytes + len(q.ready) * MESSAGE_OVERHEAD
-        self.ready_bytes_total = total
-        self.paging_all = total > self.settings.message_memory_budget
-
-    def body_of(self, message: Message) -> bytes:
-        body = message.body
-        if body is None and self.store is not None:  # evicted: read back from the log
-            return self.store.read(message.position).body
-        return body
-
-    def after_commit(self, callback: Callable[[BaseException | None], None]) -> None:
-        """Call back once everything written so far is durable, or with the store's
-        error (tx.commit-ok waits for this)."""
-        if self.store is None or not self._pending_commit:
-            callback(None)
-            return
-        self.commit(callback)
-
-    # ------------------------------------------------------------------ store hooks
-    def store_settle(self, queue: Queue, positions: list[int]) -> None:
-        if self.store is not None and not queue.deleted:
-            self.store.append_settle(queue.store_key, positions)
-
-    def store_delivered(self, queue: Queue, position: int) -> None:
-        """Delivery marks are gathered per queue and written once per tick, one record
-        each (a record per delivery cost ~16% of delivery CPU on a backlog drain)."""
-        if self.store is None:
-            return
-        self.store.delivering(queue.store_key, position)  # before the bytes leave
-        batch = self._delivered_batch
-        if not batch and self._loop is not None:
-            self._loop.call_soon(self._flush_delivered)
-        batch.setdefault(queue.store_key, []).append(position)
-
-    def _flush_delivered(self) -> None:
-        batch, self._delivered_batch = self._delivered_batch, {}
-        store = self.store
-        if store is None:
-            return
-        for key, positions in batch.items():
-            try:
-                store.append_delivered_many(key, positions)
-            except StoreError as exc:  # a failing store: marks are best effort
-                log.warning("delivery marks not written: %s", exc)
-                return
-
-    def store_drop_queue(self, queue: Queue) -> None:
-        if self.store is not None:
-            self.store.drop_queue(queue.store_key)
+    def close_session(self, session: Session, code: int, reason: str) -> None:
+        """Close one client connection (``connection.close`` with ``code``), now."""
+        if session.conn.is_open:
+            session.conn.close(code, reason)
+        proto = session.protocol
+        if proto is not None:
+            proto.flush()
 
     # ------------------------------------------------------------------ extension hooks
-    def apply_policies_to(self, vhost: VHost, obj: Queue | Exchange) -> None:
+    def apply_policies_to(self, vhost: VHost, obj: QueueType | Exchange) -> None:
         """Set ``obj.policy`` from the matching policy, then the options it drives."""
         extensions.apply_policies(self, vhost, obj)
 
-    def validate_queue_arguments(self, arguments: dict[str, Any], name: str = "",
-                                 vhost: str = "") -> None:
-        """Reject argument values RabbitMQ rejects (406 PRECONDITION_FAILED)."""
-        extensions.validate_queue_arguments(arguments, name, vhost)
-
-    def validate_consumer_arguments(self, arguments: dict[str, Any], queue: str = "",
-                                    vhost: str = "") -> None:
-        extensions.validate_consumer_arguments(arguments, queue, vhost)
-
-    def dead_letter(self, queue: Queue, entries: list[QueueEntry], reason: str) -> None:
+    def dead_letter(self, queue: QueueType, entries: list[QueueEntry], reason: str) -> None:
         """Republish to the queue's dead-letter exchange, if any (amqpd.broker.deadletter)."""
         dead_letter(self, queue, entries, reason)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self.publisher.loop = self._loop
         self.timers.start(self._loop)
         s = self.settings
         Path(s.data_dir).mkdir(parents=True, exist_ok=True)
@@ -486,6 +271,8 @@ class Broker:
         s = self.settings
         data = Path(s.data_dir)
         if not s.persistence:
+            assert isinstance(self.store, MemoryStore)
+            self.store.loop = self._loop  # commit callbacks on the loop, as the log's are
             return
         started = time.monotonic()
         store = SharedLog(data / "log", segment_size=s.segment_size,
@@ -556,9 +343,7 @@ class Broker:
         from amqpd.broker.definitions import import_definitions
 
         if defs.get("users"):
-            self.auth.users.clear()
-            self.auth.permissions.clear()
-            self.auth.version += 1
+            self.auth.clear()
         import_definitions(self, defs)
         s = self.settings
         for u in s.users:
@@ -567,7 +352,7 @@ class Broker:
         for p in s.permissions:
             self.auth.set_permissions(p.user, p.vhost, p.configure, p.write, p.read)
 
-    def definitions_changed(self, obj: Queue | Exchange | Binding | None = None,
+    def definitions_changed(self, obj: QueueType | Exchange | Binding | None = None,
                             deleted: bool = False) -> None:
         """The one hook for persisting durable topology: ``obj`` (a queue, exchange or
         binding) was declared, or deleted; without ``obj``, users, vhosts, permissions,
@@ -621,8 +406,8 @@ class Broker:
             await asyncio.sleep(1.0)
             now = time.monotonic()
             self.alarms.check()
-            self._check_memory()
-            if self.store is not None and not self.stopping:
+            self.publisher.check_memory()
+            if not self.stopping:
                 # acks and delivery marks ride on confirms; without any, flush them anyway
                 self.store.commit(self._periodic_commit_done)
                 maintain = getattr(self.store, "maintain", None)
@@ -666,10 +451,9 @@ class Broker:
         if self._ticker is not None:
             self._ticker.cancel()
         self.timers.stop()  # no TTL or delayed-message work once the store closes
-        if self.store is not None:
-            self._register_commit()
-            self._flush_delivered()
-            self.store.close()
+        self.publisher.register_commit()
+        self.publisher.flush_delivered()
+        self.store.close()
         log.info("shutdown complete")
 
 

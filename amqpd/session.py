@@ -18,9 +18,10 @@ from pamqp.base import Frame as PamqpFrame
 from amqpd.broker import resource_limits
 from amqpd.broker.channel import Channel
 from amqpd.broker.message import Message
-from amqpd.broker.queue import Queue
+from amqpd.broker.queue_type import QueueType
 from amqpd.logs import bind_channel
 from amqpd.protocol.connection import AMQPConnection, Limits
+from amqpd.protocol.constants import CLASS_CONNECTION, CONNECTION_OPEN, method_of
 from amqpd.protocol.errors import (
     ChannelErrorCode,
     CommandInvalid,
@@ -71,7 +72,7 @@ class Session:
         self.user_tags: list[str] = []
         self.vhost: VHost = None  # type: ignore[assignment]
         self.channels: dict[int, Channel] = {}
-        self.exclusive_queues: list[Queue] = []
+        self.exclusive_queues: list[QueueType] = []
         self.blocked_delivery = False
         self.delivery_stalled = False  # deliveries held back by the per-tick burst cap
         self.blocked = False  # connection.blocked sent (alarm)
@@ -156,10 +157,11 @@ class Session:
     def open_vhost(self, vhost: str) -> None:
         vh = self.broker.vhosts.get(vhost)
         if vh is None:
-            raise NotAllowed(f"vhost {vhost} not found", 10, 40)
+            raise NotAllowed(f"vhost {vhost} not found", CLASS_CONNECTION,
+                             method_of(CONNECTION_OPEN))
         if not self.broker.auth.can_access_vhost(self.username, vhost):
             raise NotAllowed(f"access to vhost '{vhost}' refused for user '{self.username}'",
-                             10, 40)
+                             CLASS_CONNECTION, method_of(CONNECTION_OPEN))
         resource_limits.check_connection(self.broker, self, vhost)
         self.vhost = vh
         self.broker.session_opened(self)
@@ -210,12 +212,12 @@ class Session:
         self.broker.session_closed(self)
 
     # ------------------------------------------------------------------ helpers
-    def own_queue(self, queue: Queue) -> None:
+    def own_queue(self, queue: QueueType) -> None:
         if queue not in self.exclusive_queues:
             self.exclusive_queues.append(queue)
             queue.on_removed.append(self._forget_queue)
 
-    def _forget_queue(self, queue: Queue) -> None:
+    def _forget_queue(self, queue: QueueType) -> None:
         if queue in self.exclusive_queues:
             self.exclusive_queues.remove(queue)
 

@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from amqpd.protocol.errors import AccessRefused
@@ -77,6 +78,8 @@ class AuthStore:
         self.loopback_users: set[str] = {"guest"}
         self.internal: tuple[str, str] | None = None
         self.version = 0  # bumped on every permission change: sessions cache checks by it
+        # called after every change to users or permissions (the broker saves definitions)
+        self.on_change: list[Callable[[], None]] = []
 
     def add_user(self, name: str, password: str | None = None, tags: list[str] | None = None,
                  password_hash: str | None = None, algorithm: str = HASHING_SHA256) -> User:
@@ -84,6 +87,7 @@ class AuthStore:
             password_hash = hash_password(password, algorithm) if password is not None else ""
         user = User(name, password_hash, list(tags or []), algorithm)
         self.users[name] = user
+        self._changed()
         return user
 
     def delete_user(self, name: str) -> bool:
@@ -92,15 +96,36 @@ class AuthStore:
         for key in [k for k in self.permissions if k[0] == name]:
             del self.permissions[key]
         self.version += 1
+        self._changed()
         return True
 
     def set_permissions(self, user: str, vhost: str, configure: str, write: str, read: str) -> None:
         self.permissions[(user, vhost)] = Permission(configure, write, read)
         self.version += 1
+        self._changed()
 
     def clear_permissions(self, user: str, vhost: str) -> None:
         self.permissions.pop((user, vhost), None)
         self.version += 1
+        self._changed()
+
+    def clear_vhost(self, vhost: str) -> None:
+        """Forget every permission in a deleted vhost."""
+        for key in [k for k in self.permissions if k[1] == vhost]:
+            del self.permissions[key]
+        self.version += 1
+        self._changed()
+
+    def clear(self) -> None:
+        """Forget every user and permission (saved definitions replace them at boot)."""
+        self.users.clear()
+        self.permissions.clear()
+        self.version += 1
+        self._changed()
+
+    def _changed(self) -> None:
+        for callback in self.on_change:
+            callback()
 
     def set_internal_user(self, name: str, password: str) -> None:
         """The node's own user for plugins' loopback links: full access to every vhost,

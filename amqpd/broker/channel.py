@@ -1,9 +1,14 @@
 """One AMQP channel's broker-side state: consumers, unacked deliveries, QoS, confirms, tx.
 
 The protocol layer hands this class complete commands; it answers through the
-connection's output buffer. Delivery tags are per channel and strictly increasing, so the
-unacked map (a dict, insertion-ordered) is also ordered by tag, which makes
-``multiple=true`` acks a walk from the front.
+connection's output buffer. Topology, consumer and basic.get commands go through the
+public broker API (``broker.api``), so they follow the same rules and error codes as the
+HTTP API and plugins; the per-message calls (publish, deliver, settle) go straight to the
+compiled publish pipeline and queue types.
+
+Delivery tags are per channel and strictly increasing, so the unacked map (a dict,
+insertion-ordered) is also ordered by tag, which makes ``multiple=true`` acks a walk
+from the front.
 
 QoS follows RabbitMQ's reading of basic.qos: ``global=false`` sets the limit for each
 consumer created afterwards on this channel; ``global=true`` sets one limit shared by all
@@ -19,11 +24,13 @@ from typing import TYPE_CHECKING, Any, Final
 
 from pamqp import commands
 
-from amqpd.broker import quorum, reply_to, resource_limits
+from amqpd.broker import reply_to, resource_limits
 from amqpd.broker.message import Message
-from amqpd.broker.queue import Consumer, Queue, QueueEntry
+from amqpd.broker.queue import Consumer, QueueEntry
+from amqpd.broker.queue_type import QueueType
 from amqpd.broker.vhost import generate_name
 from amqpd.protocol import codec
+from amqpd.protocol import constants as C
 from amqpd.protocol.errors import (
     AccessRefused,
     CommandInvalid,
@@ -35,6 +42,7 @@ from amqpd.protocol.errors import (
 )
 
 if TYPE_CHECKING:
+    from amqpd.broker.api import BrokerAPI
     from amqpd.protocol.connection import AMQPConnection
     from amqpd.session import Session
 
@@ -51,7 +59,7 @@ DELIVERY_BURST_BYTES: Final = 1 << 20
 class Unacked:
     __slots__ = ("consumer", "entry", "queue")
 
-    def __init__(self, queue: Queue, entry: QueueEntry, consumer: Consumer | None) -> None:
+    def __init__(self, queue: QueueType, entry: QueueEntry, consumer: Consumer | None) -> None:
         self.queue = queue
         self.entry = entry
         self.consumer = consumer
@@ -62,6 +70,7 @@ class Channel:
         self.session = session
         self.number = number
         self.vhost = session.vhost
+        self.api: BrokerAPI = session.broker.api
         self.consumers: dict[str, Consumer] = {}
         self.unacked: dict[int, Unacked] = {}
         self.next_tag = 1
@@ -167,34 +176,36 @@ class Channel:
             if isinstance(ae, str):  # RabbitMQ: read on the exchange, write on its AE
                 self._check("read", "exchange", m.exchange)
                 self._check("write", "exchange", ae)
-        self.vhost.declare_exchange(
-            m.exchange, m.exchange_type, passive=m.passive, durable=m.durable,
+        self.api.declare_exchange(
+            self.vhost, m.exchange, m.exchange_type, passive=m.passive, durable=m.durable,
             auto_delete=m.auto_delete, internal=m.internal, arguments=m.arguments,
         )
         if not m.nowait:
-            self._reply_ok(codec.method_frame(self.number, 40, 11))
+            self._reply_ok(codec.method_frame(self.number, C.EXCHANGE_DECLARE_OK))
 
     def _exchange_delete(self, m: commands.Exchange.Delete) -> None:
         self._check("configure", "exchange", m.exchange)
-        self.vhost.delete_exchange(m.exchange, if_unused=m.if_unused)
+        self.api.delete_exchange(self.vhost, m.exchange, if_unused=m.if_unused)
         if not m.nowait:
-            self._reply_ok(codec.method_frame(self.number, 40, 21))
+            self._reply_ok(codec.method_frame(self.number, C.EXCHANGE_DELETE_OK))
 
     def _exchange_bind(self, m: commands.Exchange.Bind) -> None:
         self._check("write", "exchange", m.destination)
         self._check("read", "exchange", m.source)
         self._check_topic_read(m.source, m.routing_key)
-        self.vhost.bind("exchange", m.destination, m.source, m.routing_key, m.arguments)
+        self.api.bind(self.vhost, "exchange", m.destination, m.source, m.routing_key,
+                      m.arguments)
         if not m.nowait:
-            self._reply_ok(codec.method_frame(self.number, 40, 31))
+            self._reply_ok(codec.method_frame(self.number, C.EXCHANGE_BIND_OK))
 
     def _exchange_unbind(self, m: commands.Exchange.Unbind) -> None:
         self._check("write", "exchange", m.destination)
         self._check("read", "exchange", m.source)
         self._check_topic_read(m.source, m.routing_key)
-        self.vhost.unbind("exchange", m.destination, m.source, m.routing_key, m.arguments)
+        self.api.unbind(self.vhost, "exchange", m.destination, m.source, m.routing_key,
+                        m.arguments)
         if not m.nowait:
-            self._reply_ok(codec.method_frame(self.number, 40, 51))
+            self._reply_ok(codec.method_frame(self.number, C.EXCHANGE_UNBIND_OK))
 
     # ------------------------------------------------------------------ queue
     def _queue_declare(self, m: commands.Queue.Declare) -> None:
@@ -216,8 +227,8 @@ class Channel:
                 resource_limits.check_queue(self.session.broker, self.vhost.name,
                                             len(self.vhost.queues), name)
         owner = self.session
-        q = self.vhost.declare_queue(
-            name, passive=m.passive, durable=m.durable,
+        q = self.api.declare_queue(
+            self.vhost, name, passive=m.passive, durable=m.durable,
             exclusive_owner=owner if m.exclusive else None, auto_delete=m.auto_delete,
             arguments=m.arguments, owner=owner, server_named=server_named,
         )
@@ -225,9 +236,9 @@ class Channel:
             self.session.own_queue(q)
         self.last_queue = q.name
         if not m.nowait:
-            args = codec.shortstr(q.name) + (len(q.ready)).to_bytes(4, "big") + \
+            args = codec.shortstr(q.name) + q.message_count.to_bytes(4, "big") + \
                 len(q.consumers).to_bytes(4, "big")
-            self._reply_ok(codec.method_frame(self.number, 50, 11, args))
+            self._reply_ok(codec.method_frame(self.number, C.QUEUE_DECLARE_OK, args))
 
     def _queue_bind(self, m: commands.Queue.Bind) -> None:
         queue = self._queue_name(m.queue)
@@ -235,9 +246,10 @@ class Channel:
         self._check("write", "queue", queue)
         self._check("read", "exchange", m.exchange)
         self._check_topic_read(m.exchange, routing_key)
-        self.vhost.bind("queue", queue, m.exchange, routing_key, m.arguments, owner=self.session)
+        self.api.bind(self.vhost, "queue", queue, m.exchange, routing_key, m.arguments,
+                      owner=self.session)
         if not m.nowait:
-            self._reply_ok(codec.method_frame(self.number, 50, 21))
+            self._reply_ok(codec.method_frame(self.number, C.QUEUE_BIND_OK))
 
     def _queue_unbind(self, m: commands.Queue.Unbind) -> None:
         queue = self._queue_name(m.queue)
@@ -245,24 +257,26 @@ class Channel:
         self._check("write", "queue", queue)
         self._check("read", "exchange", m.exchange)
         self._check_topic_read(m.exchange, routing_key)
-        self.vhost.unbind("queue", queue, m.exchange, routing_key, m.arguments,
-                          owner=self.session)
-        self._reply_ok(codec.method_frame(self.number, 50, 51))
+        self.api.unbind(self.vhost, "queue", queue, m.exchange, routing_key, m.arguments,
+                        owner=self.session)
+        self._reply_ok(codec.method_frame(self.number, C.QUEUE_UNBIND_OK))
 
     def _queue_purge(self, m: commands.Queue.Purge) -> None:
         queue = self._queue_name(m.queue)
         self._check("read", "queue", queue)
-        n = self.vhost.purge_queue(queue, owner=self.session)
+        n = self.api.purge_queue(self.vhost, queue, owner=self.session)
         if not m.nowait:
-            self._reply_ok(codec.method_frame(self.number, 50, 31, n.to_bytes(4, "big")))
+            self._reply_ok(codec.method_frame(self.number, C.QUEUE_PURGE_OK,
+                                              n.to_bytes(4, "big")))
 
     def _queue_delete(self, m: commands.Queue.Delete) -> None:
         queue = self._queue_name(m.queue)
         self._check("configure", "queue", queue)
-        n = self.vhost.delete_queue_named(queue, if_unused=m.if_unused, if_empty=m.if_empty,
-                                          owner=self.session)
+        n = self.api.delete_queue(self.vhost, queue, if_unused=m.if_unused,
+                                  if_empty=m.if_empty, owner=self.session)
         if not m.nowait:
-            self._reply_ok(codec.method_frame(self.number, 50, 41, n.to_bytes(4, "big")))
+            self._reply_ok(codec.method_frame(self.number, C.QUEUE_DELETE_OK,
+                                              n.to_bytes(4, "big")))
 
     # ------------------------------------------------------------------ basic: qos/consume
     def _basic_qos(self, m: commands.Basic.Qos) -> None:
@@ -284,33 +298,31 @@ class Channel:
             reply_to.consume(self, m.consumer_tag, m.no_ack, m.nowait)
             return
         self._check("read", "queue", queue_name)
-        q = self.vhost.get_queue(queue_name)
-        self.vhost.check_exclusive(q, self.session)
+        api = self.api
+        api.check_exclusive(api.queue(self.vhost, queue_name), self.session)  # 404, 405
         tag = m.consumer_tag or generate_name("amq.ctag-")
         if tag in self.consumers:
-            raise NotAllowed(f"attempt to reuse consumer tag '{tag}'", 60, 20)
-        if q.consumers and (m.exclusive or any(c.exclusive for c in q.consumers)):
-            raise AccessRefused(f"queue '{q.name}' in vhost '{self.vhost.name}' in exclusive use")
-        if q.ext is not None and q.ext.quorum is not None:
-            quorum.check_consume(q, self.prefetch_channel, m.arguments or {})
-        self.session.broker.validate_consumer_arguments(m.arguments or {}, q.name,
-                                                        self.vhost.name)
-        consumer = Consumer(self, q, tag, m.no_ack, m.exclusive, self.prefetch_consumer,
-                            dict(m.arguments or {}))
+            raise NotAllowed(f"attempt to reuse consumer tag '{tag}'",
+                             C.class_of(C.BASIC_CONSUME), C.method_of(C.BASIC_CONSUME))
+        consumer = api.consume(self.vhost, queue_name, self, tag, no_ack=m.no_ack,
+                               exclusive=m.exclusive, prefetch=self.prefetch_consumer,
+                               arguments=m.arguments, owner=self.session,
+                               global_prefetch=self.prefetch_channel)
         self.consumers[tag] = consumer
         if not m.nowait:
-            self.session.conn.write(codec.method_frame(self.number, 60, 21, codec.shortstr(tag)))
-        q.add_consumer(consumer)
+            self.session.conn.write(codec.method_frame(self.number, C.BASIC_CONSUME_OK,
+                                                        codec.shortstr(tag)))
+        api.start_consumer(consumer)
 
     def _basic_cancel(self, m: commands.Basic.Cancel) -> None:
         tag = m.consumer_tag or ""
         consumer = self.consumers.pop(tag, None)
         if not m.nowait:
             self.session.conn.write(
-                codec.method_frame(self.number, 60, 31, codec.shortstr(tag))
+                codec.method_frame(self.number, C.BASIC_CANCEL_OK, codec.shortstr(tag))
             )
         if consumer is not None:
-            consumer.queue.remove_consumer(consumer)
+            self.api.cancel(consumer)
 
     def consumer_cancelled_by_server(self, consumer: Consumer) -> None:
         """The queue went away: tell the client, if it said it understands basic.cancel."""
@@ -331,7 +343,8 @@ class Channel:
         # nowait=true, as RabbitMQ sends it: a client must not answer with cancel-ok
         # (@cloudamqp/amqp-client would, and both brokers close on that with 503)
         if not self.closed:
-            self.session.conn.write(codec.method_frame(self.number, 60, 30, tag_bytes + b"\x01"))
+            self.session.conn.write(codec.method_frame(self.number, C.BASIC_CANCEL,
+                                                        tag_bytes + b"\x01"))
 
     # ------------------------------------------------------------------ delivery
     def can_deliver(self, consumer: Consumer) -> bool:
@@ -346,7 +359,7 @@ class Channel:
             return True
         return not self.prefetch_channel or self.unacked_consumer_count < self.prefetch_channel
 
-    def deliver(self, consumer: Consumer, queue: Queue, entry: QueueEntry) -> None:
+    def deliver(self, consumer: Consumer, queue: QueueType, entry: QueueEntry) -> None:
         tag = self.next_tag
         self.next_tag = tag + 1
         msg = entry.message
@@ -367,13 +380,12 @@ class Channel:
     def _basic_get(self, m: commands.Basic.Get) -> None:
         queue_name = self._queue_name(m.queue)
         self._check("read", "queue", queue_name)
-        q = self.vhost.get_queue(queue_name)
-        self.vhost.check_exclusive(q, self.session)
-        if q.ext is not None:
-            q.ext.touch()  # basic.get counts as use for x-expires
+        q = self.api.queue(self.vhost, queue_name)
+        self.api.check_exclusive(q, self.session)
+        q.touch()  # basic.get counts as use for x-expires
         entry = q.take()
         if entry is None:
-            self.session.conn.write(codec.method_frame(self.number, 60, 72, b"\x00"))
+            self.session.conn.write(codec.method_frame(self.number, C.BASIC_GET_EMPTY, b"\x00"))
             return
         if q.ext is not None:
             if q.ext.quorum is not None:
@@ -385,8 +397,9 @@ class Channel:
         conn = self.session.conn
         conn.write(
             codec.get_ok_method(self.number, tag, entry.redelivered, msg.exchange,
-                                msg.routing_key, len(q.ready))
-            + codec.content_frames(self.number, 60, msg.properties, self.session.body_of(msg),
+                                msg.routing_key, q.message_count)
+            + codec.content_frames(self.number, C.CLASS_BASIC, msg.properties,
+                                   self.session.body_of(msg),
                                    conn.frame_max)
         )
         if m.no_ack:
@@ -416,9 +429,9 @@ class Channel:
             raise PreconditionFailed(f"unknown delivery tag {tag}")
         return [item]
 
-    def _release(self, items: list[Unacked]) -> dict[Queue, list[QueueEntry]]:
+    def _release(self, items: list[Unacked]) -> dict[QueueType, list[QueueEntry]]:
         """Credit goes back to consumers; entries grouped by queue."""
-        by_queue: dict[Queue, list[QueueEntry]] = {}
+        by_queue: dict[QueueType, list[QueueEntry]] = {}
         for item in items:
             consumer = item.consumer
             if consumer is not None:
@@ -503,11 +516,12 @@ class Channel:
                 f"cannot publish to internal exchange '{exchange}' in vhost '{self.vhost.name}'"
             )
         persistent = False
-        if len(properties) > 1 and properties[0] & 0x10:  # delivery-mode present
+        if len(properties) > 1 and properties[0] & C.FLAG_DELIVERY_MODE_HI:
             mode = codec.delivery_mode(properties)
-            if mode != 1 and mode != 2:  # RabbitMQ 3.10 refuses any other value
+            # RabbitMQ 3.10 refuses any value but these two
+            if mode != C.DELIVERY_TRANSIENT and mode != C.DELIVERY_PERSISTENT:
                 raise PreconditionFailed(f"invalid message: {{delivery_mode_unknown,{mode}}}")
-            persistent = mode == 2
+            persistent = mode == C.DELIVERY_PERSISTENT
         if ex.type_name == "topic":
             self.session.check_topic("write", exchange, routing_key)
         if self.confirm_mode:
@@ -522,34 +536,35 @@ class Channel:
     def _route(self, exchange: str, routing_key: str, mandatory: bool, properties: bytes,
                body: bytes, seq: int, persistent: bool | None = None) -> None:
         msg = Message(exchange, routing_key, properties, body, persistent)
-        if len(properties) > 1 and properties[0] & 0x02:  # reply-to set: direct reply-to?
+        if len(properties) > 1 and properties[0] & C.FLAG_REPLY_TO_HI:  # direct reply-to?
             msg = reply_to.rewrite(self, msg)
         if mandatory:
             self._route_mandatory(exchange, routing_key, properties, body, seq, msg)
             return
-        queues = self.session.broker.publish(self.vhost, exchange, msg, self.session.username,
-                                             on_confirm=self._on_durable(seq) if seq else None)
+        publisher = self.session.broker.publisher  # the pipeline itself (compiled)
+        queues = publisher.publish(self.vhost, exchange, msg, self.session.username,
+                                   on_confirm=self._on_durable(seq) if seq else None)
         self._credit_flow(queues)
 
     def _route_mandatory(self, exchange: str, routing_key: str, properties: bytes,
                          body: bytes, seq: int, msg: Message) -> None:
         """Apart from :meth:`_route`: compiled, a function with a nested one builds its
         closure environment on every call, taken or not."""
-        broker = self.session.broker
+        publisher = self.session.broker.publisher
 
         def unroutable() -> None:  # basic.return precedes the confirm, as in RabbitMQ
             self.session.conn.write(
                 codec.return_method(self.number, 312, "NO_ROUTE", exchange, routing_key)
-                + codec.content_frames(self.number, 60, properties, body,
+                + codec.content_frames(self.number, C.CLASS_BASIC, properties, body,
                                        self.session.conn.frame_max)
             )
 
-        queues = broker.publish(self.vhost, exchange, msg, self.session.username,
-                                on_confirm=self._on_durable(seq) if seq else None,
-                                on_unroutable=unroutable)
+        queues = publisher.publish(self.vhost, exchange, msg, self.session.username,
+                                   on_confirm=self._on_durable(seq) if seq else None,
+                                   on_unroutable=unroutable)
         self._credit_flow(queues)
 
-    def _credit_flow(self, queues: list[Queue]) -> None:
+    def _credit_flow(self, queues: list[QueueType]) -> None:
         """Credit flow, the single-process way: a connection whose last publish went into a
         queue whose consumers are falling behind is handled in smaller slices per loop
         turn, so deliveries and acks get their share of the CPU instead of a backlog
@@ -558,7 +573,7 @@ class Channel:
         small slices still come round at once."""
         flow = False
         for q in queues:
-            if len(q.ready) > FLOW_BACKLOG and q.consumers:
+            if q.message_count > FLOW_BACKLOG and q.consumers:
                 flow = True
                 break
         self.session.conn.in_flow = flow
@@ -641,7 +656,7 @@ class Channel:
             self._route(exchange, routing_key, mandatory, properties, body, 0)
         for action in acks:
             action()
-        self.session.broker.after_commit(self._tx_committed)
+        self.session.broker.publisher.after_commit(self._tx_committed)
 
     def _tx_committed(self, error: BaseException | None) -> None:
         """commit-ok only once the transaction's persistent messages are durable; if the

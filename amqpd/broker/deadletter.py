@@ -32,7 +32,8 @@ from amqpd.broker.message import LoggedMessage, Message
 from amqpd.broker.queue_entry import QuorumEntry
 
 if TYPE_CHECKING:
-    from amqpd.broker.queue import Queue, QueueEntry
+    from amqpd.broker.queue import QueueEntry
+    from amqpd.broker.queue_type import QueueType
     from amqpd.server import Broker
 
 log = logging.getLogger("amqpd.deadletter")
@@ -115,7 +116,7 @@ def is_cycle(queue_name: str, deaths: list[Any]) -> bool:
     return False
 
 
-def dead_letter(broker: Broker, queue: Queue, entries: list[QueueEntry], reason: str) -> None:
+def dead_letter(broker: Broker, queue: QueueType, entries: list[QueueEntry], reason: str) -> None:
     """Republish ``entries`` (already out of ``queue``) to the queue's DLX, if it has one."""
     ext = queue.ext
     dlx = ext.opts.dead_letter_exchange if ext is not None else None
@@ -143,7 +144,7 @@ def dead_letter(broker: Broker, queue: Queue, entries: list[QueueEntry], reason:
             deaths = dl.headers.get("x-death") or []
             targets = [q for q in targets if not is_cycle(q.name, deaths)]
             wrote |= enqueue_routed(broker, dl, targets)
-    if wrote and broker.store is not None:
+    if wrote:
         broker.store.commit(lambda _err: None)
 
 

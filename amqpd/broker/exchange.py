@@ -20,7 +20,7 @@ from mypy_extensions import mypyc_attr
 
 if TYPE_CHECKING:
     from amqpd.broker.message import Message
-    from amqpd.broker.queue import Queue
+    from amqpd.broker.queue_type import QueueType
 
 
 def args_key(arguments: dict[str, Any] | None) -> str:
@@ -33,7 +33,7 @@ def args_key(arguments: dict[str, Any] | None) -> str:
 @dataclass(slots=True, eq=False)
 class Binding:
     source: Exchange
-    destination: Queue | Exchange
+    destination: QueueType | Exchange
     routing_key: str
     arguments: dict[str, Any]
     key: tuple[str, str, str, str] = field(init=False)
@@ -47,7 +47,7 @@ class Binding:
         return self.key[0]
 
 
-Destination = Any  # Queue | Exchange, kept loose to avoid an import cycle at runtime
+Destination = Any  # QueueType | Exchange, kept loose to avoid an import cycle at runtime
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)

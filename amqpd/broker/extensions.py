@@ -20,17 +20,16 @@ from amqpd.broker.policy import OVERFLOW_VALUES, QueueOptions, alternate_exchang
 from amqpd.broker.priority import PriorityReady
 from amqpd.broker.queue import Consumer, Queue, QueueEntry
 from amqpd.broker.queue_entry import TimedEntry
+from amqpd.broker.queue_type import QueueType
 from amqpd.broker.quorum import QuorumState, is_quorum, keeps_every_message
 from amqpd.broker.ttl import parse_expiration
+from amqpd.protocol.constants import FLAG_EXPIRATION_HI, FLAG_HEADERS_HI, FLAG_PRIORITY_HI
 from amqpd.protocol.errors import PreconditionFailed
 
 if TYPE_CHECKING:
     from amqpd.broker.vhost import VHost
     from amqpd.server import Broker
 
-_FLAG_EXPIRATION = 0x01  # in the first property-flags byte
-_FLAG_PRIORITY = 0x08
-_FLAG_HEADERS = 0x20
 
 
 class QueueExt:
@@ -92,7 +91,7 @@ class QueueExt:
         if not self.max_priority:
             return 0
         props = message.properties
-        if not (props and props[0] & _FLAG_PRIORITY):
+        if not (props and props[0] & FLAG_PRIORITY_HI):
             return 0
         value = message.props.get("priority") or 0
         return value if value <= self.max_priority else self.max_priority
@@ -100,7 +99,7 @@ class QueueExt:
     def _expiry(self, message: Message, now: float) -> float | None:
         ttl = self.opts.message_ttl
         props = message.properties
-        if props and props[0] & _FLAG_EXPIRATION:
+        if props and props[0] & FLAG_EXPIRATION_HI:
             try:
                 per_message = parse_expiration(message.props.get("expiration"))
             except PreconditionFailed:
@@ -115,7 +114,7 @@ class QueueExt:
     def enqueue(self, message: Message) -> None:
         q = self.queue
         if self.plain and (type(message) is LoggedMessage or not (
-                message.properties and message.properties[0] & _FLAG_EXPIRATION)):
+                message.properties and message.properties[0] & FLAG_EXPIRATION_HI)):
             q.ready.append(QueueEntry(message, next(q._seq)))  # nothing to track
             q.ready_bytes += message.size
             q.stat_publish += 1
@@ -420,7 +419,7 @@ def queue_enqueue(queue: Queue, message: Message) -> None:
     ext.enqueue(message)
 
 
-def apply_policies(broker: Broker, vhost: VHost, obj: Queue | Exchange) -> None:
+def apply_policies(broker: Broker, vhost: VHost, obj: QueueType | Exchange) -> None:
     broker.policies.apply(vhost, obj)
     if isinstance(obj, Exchange):
         obj.alternate = alternate_exchange(obj.arguments, obj.policy)
@@ -438,7 +437,8 @@ def apply_policies(broker: Broker, vhost: VHost, obj: Queue | Exchange) -> None:
         cap(opts, operator.definition)
     if obj.ext is not None:
         obj.ext.configure(opts)
-    elif opts.any or is_quorum(obj.arguments):
+    elif (opts.any or is_quorum(obj.arguments)) and isinstance(obj, Queue):
+        # these extensions (and the quorum state riding on them) are the classic queue's
         obj.ext = QueueExt(obj, opts)
 
 
@@ -531,8 +531,8 @@ def validate_queue_arguments(arguments: dict[str, Any], name: str = "",
     qtype = arguments.get("x-queue-type")
     if qtype is not None and not isinstance(qtype, str):
         raise fail("x-queue-type", f"{{unacceptable_type,{type_name(qtype)}}}")
-    if qtype is not None and qtype != "classic":  # quorum queues are checked in quorum.py
-        raise fail("x-queue-type", f'"unsupported queue type \'{qtype}\'"')
+    # otherwise x-queue-type picked this validation (quorum queues are checked in
+    # quorum.py); an unknown type is refused by queue_type.resolve
     sac = arguments.get("x-single-active-consumer")
     if sac is not None and not isinstance(sac, bool):
         raise fail("x-single-active-consumer", f"{{unacceptable_type,{type_name(sac)}}}")
@@ -543,9 +543,9 @@ def prepare_publish(message: Message) -> tuple[Message, list[str]]:
     keys, with BCC stripped from what is stored and delivered."""
     props = message.properties
     routing_keys = [message.routing_key]
-    if props[0] & _FLAG_EXPIRATION:
+    if props[0] & FLAG_EXPIRATION_HI:
         parse_expiration(message.props.get("expiration"))
-    if props[0] & _FLAG_HEADERS and (b"\x02CC" in props or b"\x03BCC" in props):
+    if props[0] & FLAG_HEADERS_HI and (b"\x02CC" in props or b"\x03BCC" in props):
         headers = message.headers
         for key in ("CC", "BCC"):
             value = headers.get(key)
@@ -567,7 +567,7 @@ def prepare_publish(message: Message) -> tuple[Message, list[str]]:
     return message, routing_keys
 
 
-def enqueue_routed(broker: Broker, message: Message, queues: list[Queue]) -> bool:
+def enqueue_routed(broker: Broker, message: Message, queues: list[QueueType]) -> bool:
     """Put a broker-made message (dead-lettered, delayed and now due) into ``queues``:
     length limits apply, persistent copies for durable queues go to the log (no confirm
     waits for them). True if something was written to the store (caller commits)."""
@@ -577,7 +577,7 @@ def enqueue_routed(broker: Broker, message: Message, queues: list[Queue]) -> boo
     if queues and not message.persistent and broker.quorum_queues:
         message.persistent = keeps_every_message(queues)
     wrote = False
-    if queues and message.persistent and broker.store is not None:
+    if queues and message.persistent:
         durable = [q.store_key for q in queues if q.durable]
         if durable:
             from amqpd.broker.persist import stored_message

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from amqpd.broker.exchange import Binding, Exchange
-from amqpd.broker.queue import Queue
+from amqpd.broker.queue_type import QueueType
 from amqpd.protocol.errors import AMQPError
 from amqpd.store import format as fmt
 
@@ -71,7 +71,7 @@ def _json(value: dict[str, Any]) -> bytes:
     return json.dumps(value, separators=(",", ":"), default=str).encode()
 
 
-def queue_entry(q: Queue) -> tuple[str, bytes]:
+def queue_entry(q: QueueType) -> tuple[str, bytes]:
     return (f"{q.vhost.name}\x00{q.name}", _json(
         {"name": q.name, "vhost": q.vhost.name, "durable": True,
          "auto_delete": q.auto_delete, "arguments": q.arguments}))
@@ -91,16 +91,16 @@ def binding_entry(b: Binding) -> tuple[str, bytes]:
          "destination_type": kind, "routing_key": rk, "arguments": b.arguments}))
 
 
-def persisted(obj: Queue | Exchange | Binding) -> bool:
+def persisted(obj: QueueType | Exchange | Binding) -> bool:
     """Does this object outlive a restart (RabbitMQ's rules)?"""
-    if isinstance(obj, Queue):
+    if isinstance(obj, QueueType):
         return obj.durable and obj.exclusive_owner is None
     if isinstance(obj, Exchange):
         return obj.durable and obj.name not in BUILTIN_EXCHANGES
     src, dest = obj.source, obj.destination
     if not src.name or not src.durable or not dest.durable:
         return False
-    return not isinstance(dest, Queue) or dest.exclusive_owner is None
+    return not isinstance(dest, QueueType) or dest.exclusive_owner is None
 
 
 def small_entries(broker: Broker) -> Entries:
@@ -153,7 +153,7 @@ class DefinitionJournal:
         self.store = store
 
     # ------------------------------------------------------------------ recording
-    def changed(self, obj: Queue | Exchange | Binding | None, deleted: bool) -> None:
+    def changed(self, obj: QueueType | Exchange | Binding | None, deleted: bool) -> None:
         store = self.store
         if store is None or self.restoring:
             return
@@ -162,7 +162,7 @@ class DefinitionJournal:
             return
         if not persisted(obj):
             return
-        if isinstance(obj, Queue):
+        if isinstance(obj, QueueType):
             kind, (key, body) = fmt.DEF_QUEUE, queue_entry(obj)
         elif isinstance(obj, Exchange):
             kind, (key, body) = fmt.DEF_EXCHANGE, exchange_entry(obj)
@@ -177,7 +177,7 @@ class DefinitionJournal:
             store.append_definition(kind, key, body)
         except StoreError as exc:  # the commit a reply waits for reports it
             log.error("definition change not recorded: %s", exc)
-            self.broker._store_failed(exc)
+            self.broker.publisher.store_failed(exc)
         self.recorded += 1
 
     def _record_small(self) -> None:
@@ -221,7 +221,7 @@ class DefinitionJournal:
                 self.durable = target
             callback(error)
 
-        self.broker.commit(done)
+        self.broker.publisher.commit(done)
 
     async def wait_durable(self) -> None:
         """For the HTTP API: return once everything recorded so far is durable."""

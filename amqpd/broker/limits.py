@@ -23,20 +23,22 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from amqpd.broker.message import Message
     from amqpd.broker.queue import Queue
+    from amqpd.broker.queue_type import QueueType
     from amqpd.server import Broker
 
 
-def would_overflow(queue: Queue, message: Message) -> bool:
+def would_overflow(queue: QueueType, message: Message) -> bool:
     opts = queue.ext.opts  # type: ignore[union-attr]
-    if opts.max_length is not None and len(queue.ready) + 1 > opts.max_length:
+    if opts.max_length is not None and queue.message_count + 1 > opts.max_length:
         return True
     return opts.max_length_bytes is not None and \
         queue.ready_bytes + message.size > opts.max_length_bytes
 
 
-def admit(broker: Broker, queues: list[Queue], message: Message) -> tuple[list[Queue], bool]:
+def admit(broker: Broker, queues: list[QueueType],
+          message: Message) -> tuple[list[QueueType], bool]:
     """The queues that accept ``message``, and whether any refused it."""
-    refused: list[Queue] | None = None
+    refused: list[QueueType] | None = None
     for q in queues:
         ext = q.ext
         if ext is not None and ext.rejects and (
@@ -56,7 +58,7 @@ def admit(broker: Broker, queues: list[Queue], message: Message) -> tuple[list[Q
 
 
 def enforce(queue: Queue) -> None:
-    """drop-head: trim the head until the queue is within its limits."""
+    """drop-head: trim the head of a classic queue until it is within its limits."""
     ext = queue.ext
     if ext is None or ext.rejects:
         if ext is not None and ext.quorum is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from amqpd.protocol import codec
+from amqpd.protocol.constants import DELIVERY_PERSISTENT
 
 
 class Message:
@@ -38,7 +39,8 @@ class Message:
         self._properties = properties
         self._body = body
         self.persistent: bool = (
-            codec.delivery_mode(properties) == 2 if persistent is None else persistent
+            codec.delivery_mode(properties) == DELIVERY_PERSISTENT if persistent is None
+            else persistent
         )
         self.position = -1
         self._props: dict[str, Any] | None = None

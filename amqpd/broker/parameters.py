@@ -5,9 +5,11 @@ RabbitMQ keeps shovel, federation-upstream and similar settings as *runtime para
 before parameters of it are accepted; plugins register a validator (raise ``ValueError``
 with a readable message to refuse a value) and optional change callbacks::
 
-    broker.parameters.register("shovel", validate_shovel, on_set=start, on_clear=stop)
+    api.parameters.register("shovel", validate_shovel, on_set=start, on_clear=stop)
 
-Unknown components are refused, as RabbitMQ does ("component X not found"). Operator
+Unknown components are refused, as RabbitMQ does ("component X not found"). Every change
+calls the ``on_change`` callbacks; the broker hangs its definitions save there, so a
+parameter set or cleared is saved without the caller asking. Operator
 metadata for vhosts (description, tags, default queue type) and topic permissions live
 here too, since nothing
 else in the broker needs it.

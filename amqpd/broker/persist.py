@@ -11,15 +11,12 @@ paged to the log is dropped instead of coming back.
 from __future__ import annotations
 
 import time
-from typing import Final
 
 from amqpd.broker.message import Message
 from amqpd.broker.ttl import parse_expiration
+from amqpd.protocol.constants import FLAG_EXPIRATION_HI, FLAG_PRIORITY_HI
 from amqpd.protocol.errors import PreconditionFailed
 from amqpd.store.api import StoredMessage
-
-_FLAG_EXPIRATION: Final = 0x01  # in the first property-flags byte
-_FLAG_PRIORITY: Final = 0x08
 
 
 def stored_message(message: Message, *, transient: bool = False) -> StoredMessage:
@@ -27,16 +24,16 @@ def stored_message(message: Message, *, transient: bool = False) -> StoredMessag
     props = message.properties
     published = int(time.time() * 1000)
     expires = priority = 0
-    if props and props[0] & (_FLAG_EXPIRATION | _FLAG_PRIORITY):
+    if props and props[0] & (FLAG_EXPIRATION_HI | FLAG_PRIORITY_HI):
         decoded = message.props
-        if props[0] & _FLAG_EXPIRATION:
+        if props[0] & FLAG_EXPIRATION_HI:
             try:
                 ttl = parse_expiration(decoded.get("expiration"))
             except PreconditionFailed:  # refused at publish; nothing to keep
                 ttl = None
             if ttl is not None:
                 expires = published + ttl
-        if props[0] & _FLAG_PRIORITY:
+        if props[0] & FLAG_PRIORITY_HI:
             value = decoded.get("priority") or 0
             priority = max(0, min(255, int(value)))
     return StoredMessage(message.exchange, message.routing_key, props, message.body,

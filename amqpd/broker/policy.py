@@ -29,7 +29,7 @@ from amqpd.protocol.errors import PreconditionFailed
 
 if TYPE_CHECKING:
     from amqpd.broker.exchange import Exchange
-    from amqpd.broker.queue import Queue
+    from amqpd.broker.queue_type import QueueType
     from amqpd.broker.vhost import VHost
     from amqpd.server import Broker
 
@@ -156,7 +156,7 @@ class PolicyStore:
         self.broker = broker
         self._by_vhost: dict[str, dict[str, Policy]] = {}
         # observers (federation): called after a policy was (re)applied to a queue or exchange
-        self.on_applied: list[Callable[[VHost, Queue | Exchange], None]] = []
+        self.on_applied: list[Callable[[VHost, QueueType | Exchange], None]] = []
 
     # ------------------------------------------------------------------ public API
     def set(self, vhost: str, name: str, pattern: str, definition: dict[str, Any],
@@ -235,7 +235,7 @@ class PolicyStore:
                 best = policy
         return best
 
-    def apply(self, vhost: VHost, obj: Queue | Exchange) -> None:
+    def apply(self, vhost: VHost, obj: QueueType | Exchange) -> None:
         """Set ``obj.policy`` (and ``obj.policy_name``) from the matching policy."""
         from amqpd.broker.exchange import Exchange
 

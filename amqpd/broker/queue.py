@@ -1,28 +1,32 @@
-"""A queue: ready messages in order, its consumers, and the dispatch loop between them.
+"""The classic queue: ready messages in order, its consumers, and the dispatch loop.
+
+The first implementation of the queue-type seam (:mod:`amqpd.broker.queue_type`),
+registered as ``classic``, the type a declaration without ``x-queue-type`` gets.
 
 Ordering: every entry carries a queue-local sequence number. Requeued messages (nack,
 reject, channel close) go back to their original place, as RabbitMQ does, so a consumer
 that rejects and re-reads sees the queue's order again.
 
 Dispatch is *scheduled*, not run inline: publishing, acking or consuming marks the queue
-dirty and the vhost runs :meth:`Queue.dispatch` once at the end of the event-loop tick.
-That batches deliveries (one socket write per tick) and keeps re-entrancy out of the
-handlers (an ack handler never finds itself inside a delivery).
+dirty (``vhost.schedule_dispatch``) and the broker's dispatch scheduler runs
+:meth:`Queue.dispatch` once at the end of the event-loop tick. That batches deliveries
+(one socket write per tick) and keeps re-entrancy out of the handlers (an ack handler
+never finds itself inside a delivery).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from amqpd.broker.message import LoggedMessage, Message
 from amqpd.broker.queue_entry import QueueEntry, TimedEntry
+from amqpd.broker.queue_type import QueueType, register_queue_type
 from amqpd.broker.ready import ReadyList
+from amqpd.protocol.constants import FLAG_EXPIRATION_HI
 
 if TYPE_CHECKING:
-    from amqpd.broker.exchange import Binding
-    from amqpd.broker.extensions import QueueExt
     from amqpd.broker.priority import PriorityReady
     from amqpd.broker.vhost import VHost
 
@@ -31,7 +35,7 @@ class ConsumerChannel(Protocol):
     """What a queue needs from the channel that owns a consumer."""
 
     def can_deliver(self, consumer: Consumer) -> bool: ...
-    def deliver(self, consumer: Consumer, queue: Queue, entry: QueueEntry) -> None: ...
+    def deliver(self, consumer: Consumer, queue: QueueType, entry: QueueEntry) -> None: ...
     def consumer_cancelled_by_server(self, consumer: Consumer) -> None: ...
 
 
@@ -42,7 +46,7 @@ class Consumer:
     )
 
     def __init__(
-        self, channel: ConsumerChannel, queue: Queue, tag: str, no_ack: bool, exclusive: bool,
+        self, channel: ConsumerChannel, queue: QueueType, tag: str, no_ack: bool, exclusive: bool,
         prefetch: int, arguments: dict[str, Any],
     ) -> None:
         self.channel = channel
@@ -61,56 +65,50 @@ class Consumer:
         return self.no_ack or not self.prefetch or self.unacked < self.prefetch
 
 
-class Queue:
+class Queue(QueueType):
+    """A classic queue: everything in this process, backlogs paged to the shared log."""
+
+    type_name = "classic"
+
     def __init__(
         self, vhost: VHost, name: str, durable: bool = False, exclusive_owner: object | None = None,
         auto_delete: bool = False, arguments: dict[str, Any] | None = None,
     ) -> None:
-        self.vhost = vhost
-        self.name = name
-        self.durable = durable
-        # the store holds entries of this queue: durable, or paged out under memory pressure
-        self.in_store = durable
-        self.exclusive_owner = exclusive_owner
-        self.auto_delete = auto_delete
-        self.arguments = dict(arguments or {})
+        super().__init__(vhost, name, durable, exclusive_owner, auto_delete, arguments)
         # extensions swap in a PriorityReady for x-max-priority queues
         self.ready: ReadyList | PriorityReady = ReadyList()
-        self.ready_bytes = 0
-        self.unacked_count = 0
-        self.consumers: list[Consumer] = []
         self._rr = 0
         self._seq = itertools.count(1)
         self.had_consumers = False
-        self.deleted = False
-        self.store_key = f"{vhost.name}\x00{name}"
-        self.policy: dict[str, Any] | None = None
-        self.policy_name: str | None = None
-        # TTL/limits/priority/DLX/x-expires/SAC state (amqpd.broker.extensions); None = none
-        self.ext: QueueExt | None = None
-        # counters for management stats
-        self.stat_publish = 0
-        self.stat_deliver = 0
-        self.stat_ack = 0
-        self.stat_redeliver = 0
-        self.on_removed: list[Callable[[Queue], None]] = []
-        # bindings to this queue (Exchange.bind keeps it): delete finds them directly
-        self.inbound: set[Binding] | None = None
 
-    @property
-    def exclusive(self) -> bool:
-        return self.exclusive_owner is not None
+    @classmethod
+    def validate_arguments(cls, arguments: dict[str, Any], name: str, vhost: str) -> None:
+        """RabbitMQ 3.10's checks for a classic queue (amqpd.broker.extensions)."""
+        from amqpd.broker.extensions import validate_queue_arguments
+
+        validate_queue_arguments(arguments, name, vhost)
+
+    @classmethod
+    def validate_consumer_arguments(cls, arguments: dict[str, Any], name: str,
+                                    vhost: str) -> None:
+        from amqpd.broker.extensions import validate_consumer_arguments
+
+        validate_consumer_arguments(arguments, name, vhost)
 
     @property
     def message_count(self) -> int:
         return len(self.ready)
 
+    def touch(self) -> None:
+        if self.ext is not None:
+            self.ext.touch()
+
     # ------------------------------------------------------------------ enqueue
     def enqueue(self, message: Message) -> None:
-        # per-message TTL: the expiration flag bit (0x01); a log-only message was checked
-        # before it was paged out, and reading its properties would cost a disk read
+        # per-message TTL (the expiration flag); a log-only message was checked before it
+        # was paged out, and reading its properties would cost a disk read
         if self.ext is not None or (type(message) is not LoggedMessage and (
-                props := message.properties) and props[0] & 0x01):
+                props := message.properties) and props[0] & FLAG_EXPIRATION_HI):
             from amqpd.broker.extensions import queue_enqueue
 
             queue_enqueue(self, message)
@@ -301,16 +299,12 @@ class Queue:
             self.consumers.remove(consumer)
             consumer.channel.consumer_cancelled_by_server(consumer)
 
-    def info(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "vhost": self.vhost.name,
-            "durable": self.durable,
-            "auto_delete": self.auto_delete,
-            "exclusive": self.exclusive,
-            "arguments": self.arguments,
-            "messages_ready": len(self.ready),
-            "messages_unacknowledged": self.unacked_count,
-            "messages": len(self.ready) + self.unacked_count,
-            "consumers": len(self.consumers),
-        }
+    def delete(self) -> None:
+        """Consumers are told (basic.cancel), messages dropped, the store forgets it."""
+        self.cancel_all_consumers()
+        self.ready.clear()
+        if self.in_store:
+            self.vhost.store_drop_queue(self)
+
+
+register_queue_type(Queue)

@@ -43,11 +43,13 @@ from typing import TYPE_CHECKING, Any
 from amqpd.broker import rawprops
 from amqpd.broker.message import LoggedMessage, Message
 from amqpd.broker.queue_entry import QuorumEntry
+from amqpd.protocol.constants import BASIC_CONSUME, CLASS_BASIC, method_of
 from amqpd.protocol.errors import NotImplemented_, PreconditionFailed
 
 if TYPE_CHECKING:
     from amqpd.broker.policy import QueueOptions
     from amqpd.broker.queue import Queue, QueueEntry
+    from amqpd.broker.queue_type import QueueType
 
 log = logging.getLogger("amqpd.quorum")
 
@@ -79,7 +81,7 @@ def is_quorum(arguments: dict[str, Any] | None) -> bool:
     return bool(arguments) and arguments.get("x-queue-type") == TYPE_NAME  # type: ignore[union-attr]
 
 
-def keeps_every_message(queues: list[Queue]) -> bool:
+def keeps_every_message(queues: list[QueueType]) -> bool:
     """True if a quorum queue is among ``queues``: a quorum queue writes every message it
     takes to disk, transient ones too (the publisher's confirm then waits for it). A
     durable classic queue reached by the same transient message keeps it as well: the
@@ -131,7 +133,7 @@ def validate_declare(name: str, vhost: str, *, durable: bool, exclusive: bool,
             raise PreconditionFailed(f"invalid property '{prop}' {where}")
 
 
-def check_delete(queue: Queue, if_unused: bool, if_empty: bool) -> None:
+def check_delete(queue: QueueType, if_unused: bool, if_empty: bool) -> None:
     """queue.delete's conditional flags are refused by quorum queues (540, RabbitMQ)."""
     flag = "if-unused" if if_unused else "if-empty" if if_empty else None
     if flag is not None and is_quorum(queue.arguments):
@@ -140,11 +142,12 @@ def check_delete(queue: Queue, if_unused: bool, if_empty: bool) -> None:
             f"operations with {flag} flag set are not supported by quorum queues")
 
 
-def check_consume(queue: Queue, global_prefetch: int, arguments: dict[str, Any]) -> None:
+def check_consume(queue: QueueType, global_prefetch: int, arguments: dict[str, Any]) -> None:
     """basic.consume on a quorum queue: no global QoS (540) and no stream offset (406)."""
     if global_prefetch:
         raise NotImplemented_(f"queue '{queue.name}' in vhost '{queue.vhost.name}' does not "
-                              "support global qos", 60, 20)
+                              "support global qos", CLASS_BASIC,
+                              method_of(BASIC_CONSUME))
     if "x-stream-offset" in arguments:
         raise PreconditionFailed(f"invalid arg 'x-stream-offset' for queue '{queue.name}' in "
                                  f"vhost '{queue.vhost.name}' of queue type {MODULE}")
@@ -163,7 +166,7 @@ class QuorumState:
         broker.quorum_queues += 1  # the broker writes transient messages while any exist
         queue.on_removed.append(self._removed)
 
-    def _removed(self, queue: Queue) -> None:
+    def _removed(self, queue: QueueType) -> None:
         queue.vhost.broker.quorum_queues -= 1
 
     def configure(self, opts: QueueOptions) -> QueueOptions:

@@ -1,9 +1,11 @@
-"""A virtual host: its exchanges, queues and bindings. This is the public broker API.
+"""A virtual host: its exchanges, queues and bindings, and the rules for changing them.
 
-The AMQP channel layer, the HTTP API and plugins (shovel, federation) all change
-topology and publish through these methods, so the rules (reserved ``amq.`` names,
-equivalence checks, exclusivity, RabbitMQ's error texts) live in one place. Methods raise
-:mod:`amqpd.protocol.errors` exceptions; callers translate them (AMQP close, HTTP 4xx).
+The rules (reserved ``amq.`` names, equivalence checks, exclusivity, RabbitMQ's error
+texts) live here, in one place; callers outside the broker package reach them through
+the public broker API (:mod:`amqpd.broker.api`), which delegates to these methods.
+Methods raise :mod:`amqpd.protocol.errors` exceptions; callers translate them (AMQP
+close, HTTP 4xx). Queues are held as :class:`~amqpd.broker.queue_type.QueueType`:
+``x-queue-type`` picks the implementation at declaration.
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import amqpd.broker.exchanges  # noqa: F401 - registers the built-in exchange types
+import amqpd.broker.exchanges
+import amqpd.broker.queue  # noqa: F401 - registers the classic queue type
 from amqpd.broker import quorum
 from amqpd.broker.exchange import EXCHANGE_TYPES, Binding, Exchange, args_key
 from amqpd.broker.message import Message
-from amqpd.broker.queue import Queue
+from amqpd.broker.queue_type import DEFAULT_TYPE, QUEUE_TYPES, QueueType, resolve
+from amqpd.broker.reply_to import DefaultExchange, ReplyRegistry, pseudo_queue
 from amqpd.protocol.errors import (
     AccessRefused,
     CommandInvalid,
@@ -57,14 +61,16 @@ class VHost:
         self.broker = broker
         self.name = name
         self.exchanges: dict[str, Exchange] = {}
-        self.queues: dict[str, Queue] = {}
-        self.on_queue_deleted: list[Callable[[Queue], None]] = []
+        self.queues: dict[str, QueueType] = {}
+        self.on_queue_deleted: list[Callable[[QueueType], None]] = []
         # observers (federation follows a federated exchange's bindings): called with the
         # source exchange after a bind or unbind through this API changed its bindings
         self.on_binding_changed: list[Callable[[Exchange], None]] = []
+        # direct reply-to inboxes of this vhost; the default exchange routes replies there
+        self.replies = ReplyRegistry()
         for xname, xtype in BUILTIN_EXCHANGES:
             self.exchanges[xname] = EXCHANGE_TYPES[xtype](name, xname, durable=True)
-        self.exchanges[""] = EXCHANGE_TYPES["direct"](name, "", durable=True)
+        self.exchanges[""] = DefaultExchange(name, self.replies)
 
     def __repr__(self) -> str:
         return f"<VHost {self.name!r}>"
@@ -76,13 +82,13 @@ class VHost:
             raise NotFound(f"no exchange '{name}' in vhost '{self.name}'")
         return ex
 
-    def get_queue(self, name: str) -> Queue:
+    def get_queue(self, name: str) -> QueueType:
         q = self.queues.get(name)
         if q is None:
             raise NotFound(f"no queue '{name}' in vhost '{self.name}'")
         return q
 
-    def check_exclusive(self, queue: Queue, owner: object | None, strict: bool = False) -> None:
+    def check_exclusive(self, queue: QueueType, owner: object | None, strict: bool = False) -> None:
         """405 unless ``owner`` may use ``queue``. ``strict`` (redeclaration, as RabbitMQ):
         the declared exclusivity must match too, so an exclusive redeclare of a shared
         queue, or a shared redeclare of one's own exclusive queue, is refused."""
@@ -185,15 +191,13 @@ class VHost:
         exclusive_owner: object | None = None, auto_delete: bool = False,
         arguments: dict[str, Any] | None = None, owner: object | None = None,
         server_named: bool = False,
-    ) -> Queue:
+    ) -> QueueType:
         """Declare (or passively check) a queue. ``owner`` is the declaring connection."""
         existing = self.queues.get(name)
-        if existing is not None and existing.ext is not None:
-            existing.ext.touch()  # a declare counts as use for x-expires
+        if existing is not None:
+            existing.touch()  # a declare counts as use for x-expires
         if passive:
             if existing is None:
-                from amqpd.broker.reply_to import pseudo_queue
-
                 pseudo = pseudo_queue(self, name)
                 if pseudo is not None:
                     return pseudo
@@ -209,14 +213,17 @@ class VHost:
         if name.startswith("amq.") and not server_named:
             raise AccessRefused(f"queue name '{name}' contains reserved prefix 'amq.*'")
         if quorum.is_quorum(arguments):
+            # a quorum queue is the classic implementation with quorum state on its
+            # extensions (amqpd.broker.quorum): its own checks, not the classic ones
             quorum.validate_declare(name, self.name, durable=durable,
                                     exclusive=exclusive_owner is not None,
                                     auto_delete=auto_delete, arguments=arguments or {},
                                     server_named=server_named)
+            cls = QUEUE_TYPES[DEFAULT_TYPE]
         else:
-            self.broker.validate_queue_arguments(arguments or {}, name, self.name)
-        q = Queue(self, name, durable=durable, exclusive_owner=exclusive_owner,
-                  auto_delete=auto_delete, arguments=arguments)
+            cls = resolve(arguments or {}, name, self.name)  # x-queue-type; arguments checked
+        q = cls(self, name, durable=durable, exclusive_owner=exclusive_owner,
+                auto_delete=auto_delete, arguments=arguments)
         self.queues[name] = q
         self.exchanges[""].bind(Binding(self.exchanges[""], q, name, {}))
         self.broker.apply_policies_to(self, q)
@@ -226,7 +233,7 @@ class VHost:
         return q
 
     def _check_queue_equivalent(
-        self, q: Queue, durable: bool, exclusive: bool, auto_delete: bool,
+        self, q: QueueType, durable: bool, exclusive: bool, auto_delete: bool,
         arguments: dict[str, Any],
     ) -> None:
         for field, got, have in (
@@ -260,13 +267,13 @@ class VHost:
         quorum.check_delete(q, if_unused, if_empty)
         if if_unused and q.consumers:
             raise PreconditionFailed(f"queue '{name}' in vhost '{self.name}' in use")
-        if if_empty and q.ready:
+        if if_empty and q.message_count:
             raise PreconditionFailed(f"queue '{name}' in vhost '{self.name}' not empty")
-        n = len(q.ready)
+        n = q.message_count
         self.delete_queue(q, reason="deleted")
         return n
 
-    def delete_queue(self, q: Queue, reason: str = "deleted") -> None:
+    def delete_queue(self, q: QueueType, reason: str = "deleted") -> None:
         if q.deleted or self.queues.get(q.name) is not q:
             return
         q.deleted = True
@@ -276,12 +283,9 @@ class VHost:
             binding.source.unbind(binding.key)
             changed(binding, True)
             self._maybe_auto_delete(binding.source)
-        q.cancel_all_consumers()
-        q.ready.clear()
         if q.durable:
             changed(q, True)  # before the drop: the definition's delete settles it too
-        if q.in_store:
-            self.broker.store_drop_queue(q)
+        q.delete()  # consumers cancelled, messages dropped, the store forgets it
         for cb in self.on_queue_deleted:
             cb(q)
         for cb in q.on_removed:
@@ -295,11 +299,11 @@ class VHost:
 
     # ------------------------------------------------------------------ bindings
     def _binding_ends(self, kind: str, destination: str, source: str,
-                      owner: object | None) -> tuple[Exchange, Queue | Exchange]:
+                      owner: object | None) -> tuple[Exchange, QueueType | Exchange]:
         """The two ends of a (un)binding, with the checks both operations make."""
         if source == "" or (kind == "exchange" and destination == ""):
             raise AccessRefused("operation not permitted on the default exchange")
-        dest: Queue | Exchange
+        dest: QueueType | Exchange
         if kind == "queue":
             dest = self.get_queue(destination)
             self.check_exclusive(dest, owner)
@@ -330,7 +334,7 @@ class VHost:
         if source == "" or (kind == "exchange" and destination == ""):
             raise AccessRefused("operation not permitted on the default exchange")
         src = self.exchanges.get(source)
-        dest: Queue | Exchange | None
+        dest: QueueType | Exchange | None
         if kind == "queue":
             dest = self.queues.get(destination)
             if dest is not None:
@@ -351,8 +355,13 @@ class VHost:
         return [b for ex in self.exchanges.values() for b in ex.bindings.values()]
 
     # ------------------------------------------------------------------ routing
-    def route(self, exchange: Exchange, message: Message, routing_keys: list[str]) -> list[Queue]:
-        """Every queue the message reaches, following exchange-to-exchange bindings once."""
+    def route(self, exchange: Exchange, message: Message,
+              routing_keys: list[str]) -> list[QueueType]:
+        """Every queue the message reaches, following exchange-to-exchange bindings once.
+
+        This is the one routing result: direct reply-to inboxes (the default exchange)
+        and a delayed exchange's held messages come back as destinations like any queue.
+        """
         first = None
         if len(routing_keys) == 1:
             # the common case: one key, and it reaches one queue or none
@@ -361,9 +370,9 @@ class VHost:
                 return []
             if len(first) == 1:  # type: ignore[arg-type]
                 (dest,) = first
-                if isinstance(dest, Queue):
+                if isinstance(dest, QueueType):
                     return [dest]
-        queues: dict[int, Queue] = {}
+        queues: dict[int, QueueType] = {}
         seen: set[int] = {id(exchange)}
         pending = [exchange]
         while pending:
@@ -374,7 +383,7 @@ class VHost:
                 dests = first if ex is exchange and first is not None else ex.route(message, rk)
                 for dest in dests:
                     matched = True
-                    if isinstance(dest, Queue):
+                    if isinstance(dest, QueueType):
                         queues[id(dest)] = dest
                     elif id(dest) not in seen:
                         seen.add(id(dest))
@@ -386,14 +395,17 @@ class VHost:
                     pending.append(alt)
         return list(queues.values())
 
-    def schedule_dispatch(self, queue: Queue) -> None:
+    def schedule_dispatch(self, queue: QueueType) -> None:
         self.broker.schedule_dispatch(queue)
 
-    def store_settle(self, queue: Queue, positions: list[int]) -> None:
-        self.broker.store_settle(queue, positions)
+    def store_settle(self, queue: QueueType, positions: list[int]) -> None:
+        self.broker.publisher.store_settle(queue, positions)
 
-    def store_delivered(self, queue: Queue, position: int) -> None:
-        self.broker.store_delivered(queue, position)
+    def store_delivered(self, queue: QueueType, position: int) -> None:
+        self.broker.publisher.store_delivered(queue, position)
+
+    def store_drop_queue(self, queue: QueueType) -> None:
+        self.broker.publisher.store_drop_queue(queue)
 
 
 EQUIVALENCE_ARGS = frozenset({

@@ -36,7 +36,7 @@ from amqpd.http.sessions import SessionStore
 from amqpd.http.stats import RateSampler
 
 if TYPE_CHECKING:
-    from amqpd.server import Broker
+    from amqpd.broker.api import Broker
 
 log = logging.getLogger("amqpd.http")
 

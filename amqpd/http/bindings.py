@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 from aiohttp import web
 
-from amqpd.broker.exchange import args_key
+from amqpd.broker.api import NotFound, args_key
 from amqpd.http.core import (
     Ctx,
     HttpError,
@@ -25,10 +25,9 @@ from amqpd.http.core import (
     not_found,
     select_columns,
 )
-from amqpd.protocol.errors import NotFound
 
 if TYPE_CHECKING:
-    from amqpd.broker.exchange import Binding
+    from amqpd.broker.api import Binding
 
 
 def properties_key(routing_key: str, arguments: dict[str, Any]) -> str:
@@ -64,19 +63,21 @@ def _between(ctx: Ctx) -> tuple[Any, str, list[Binding]]:
     source = ctx.params["source"]
     source = "" if source == "amq.default" else source
     dest = ctx.params["destination"]
-    if source not in vh.exchanges:
+    api = ctx.api
+    src = api.find_exchange(vh.name, source)
+    if src is None:
         raise not_found()
-    if (kind == "queue" and dest not in vh.queues) or (
-            kind == "exchange" and dest not in vh.exchanges):
+    if (kind == "queue" and api.find_queue(vh.name, dest) is None) or (
+            kind == "exchange" and api.find_exchange(vh.name, dest) is None):
         raise not_found()
-    found = [b for b in vh.exchanges[source].bindings.values()
+    found = [b for b in src.bindings.values()
              if b.destination_type == kind and b.destination.name == dest]
     return vh, kind, found
 
 
 async def list_bindings(ctx: Ctx) -> Any:
     vhosts = [ctx.vhost()] if "vhost" in ctx.params else ctx.visible_vhosts()
-    items = [binding_view(b, vh.name) for vh in vhosts for b in vh.bindings()]
+    items = [binding_view(b, vh.name) for vh in vhosts for b in ctx.api.bindings(vh)]
     return json_response(select_columns(items, ctx))
 
 
@@ -95,7 +96,7 @@ async def create_binding(ctx: Ctx) -> Any:
     ctx.check(vh.name, "write", kind, dest)
     ctx.check(vh.name, "read", "exchange", source)
     try:
-        vh.bind(kind, dest, source, routing_key, arguments)
+        ctx.api.bind(vh, kind, dest, source, routing_key, arguments)
     except NotFound as exc:  # RabbitMQ names an AMQP-side 404 "not_found" here
         raise HttpError(404, "not_found", exc.text) from None
     # 201 with no body and the new binding's URL relative to the request's, as RabbitMQ
@@ -121,7 +122,7 @@ async def delete_binding(ctx: Ctx) -> Any:
     vh, kind, b = _find(ctx)
     ctx.check(vh.name, "write", kind, b.destination.name)
     ctx.check(vh.name, "read", "exchange", b.source.name)
-    vh.unbind(kind, b.destination.name, b.source.name, b.routing_key, b.arguments)
+    ctx.api.unbind(vh, kind, b.destination.name, b.source.name, b.routing_key, b.arguments)
     return no_content()
 
 

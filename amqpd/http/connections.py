@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING, Any
 from amqpd.http.core import Ctx, Router, json_response, no_content, not_found, select_columns
 
 if TYPE_CHECKING:
-    from amqpd.broker.channel import Channel
-    from amqpd.session import Session
+    from amqpd.broker.api import Channel, Session
 
 log = logging.getLogger("amqpd.http.connections")
 
@@ -111,7 +110,7 @@ def consumer_view(ctx: Ctx, session: Session, channel: Channel, consumer: Any) -
 
 def visible_sessions(ctx: Ctx, vhost: str | None = None) -> list[Session]:
     out = []
-    for s in list(ctx.broker.sessions):
+    for s in ctx.api.sessions():
         if s.vhost is None or (vhost is not None and s.vhost.name != vhost):
             continue
         if ctx.is_monitor or s.username == ctx.username:
@@ -145,16 +144,8 @@ async def close_connection(ctx: Ctx) -> Any:
     reason = ctx.request.headers.get("X-Reason", "Closed via management plugin")
     log.info("closing connection via HTTP API: connection=%s user=%s reason=%s", session.name,
              session.username, reason)
-    close_session(session, reason)
+    ctx.api.close_connection(session, reason)
     return no_content()
-
-
-def close_session(session: Session, reason: str) -> None:
-    if session.conn.is_open:
-        session.conn.close(320, reason)
-    proto = getattr(session, "protocol", None)
-    if proto is not None:
-        proto.flush()
 
 
 async def connection_channels(ctx: Ctx) -> Any:
@@ -181,7 +172,7 @@ async def get_channel(ctx: Ctx) -> Any:
 async def list_consumers(ctx: Ctx) -> Any:
     vhost = ctx.vhost().name if "vhost" in ctx.params else None
     items = []
-    for s in list(ctx.broker.sessions):
+    for s in ctx.api.sessions():
         if s.vhost is None or (vhost is not None and s.vhost.name != vhost):
             continue
         if not ctx.can_see_vhost(s.vhost.name):

@@ -35,13 +35,11 @@ from urllib.parse import unquote
 import structlog
 from aiohttp import web
 
+from amqpd.broker.api import AMQPError
 from amqpd.http.sessions import COOKIE, UI_HEADER
-from amqpd.protocol.errors import AMQPError
 
 if TYPE_CHECKING:
-    from amqpd.broker.auth import User
-    from amqpd.broker.vhost import VHost
-    from amqpd.server import Broker
+    from amqpd.broker.api import Broker, BrokerAPI, User, VHost
 
 log = logging.getLogger("amqpd.http")
 
@@ -123,6 +121,11 @@ class Ctx:
     params: dict[str, str]
 
     @property
+    def api(self) -> BrokerAPI:
+        """The public broker API: what a handler changes or reads the broker through."""
+        return self.broker.api
+
+    @property
     def username(self) -> str:
         return self.user.name if self.user else ""
 
@@ -159,10 +162,10 @@ class Ctx:
             raise not_authorised("Not policymaker user")
 
     def can_see_vhost(self, name: str) -> bool:
-        return self.is_monitor or self.broker.auth.can_access_vhost(self.username, name)
+        return self.is_monitor or self.api.can_access_vhost(self.username, name)
 
     def visible_vhosts(self) -> list[VHost]:
-        return [vh for name, vh in self.broker.vhosts.items() if self.can_see_vhost(name)]
+        return [vh for vh in self.api.vhosts() if self.can_see_vhost(vh.name)]
 
     def vhost(self, name: str | None = None, *, write: bool = False) -> VHost:
         """The vhost named in the path: 404 if unknown, 401 if the user has no access.
@@ -170,10 +173,10 @@ class Ctx:
         ``write`` demands real permissions in it (monitoring can read every vhost but
         not change it)."""
         name = self.params["vhost"] if name is None else name
-        vh = self.broker.vhosts.get(name)
-        if vh is None:
+        if not self.api.has_vhost(name):
             raise not_found()
-        allowed = self.broker.auth.can_access_vhost(self.username, name) or (
+        vh = self.api.vhost(name)
+        allowed = self.api.can_access_vhost(self.username, name) or (
             not write and self.is_monitor) or (write and self.is_admin)
         if not allowed:
             raise not_authorised("Access refused.")
@@ -181,9 +184,9 @@ class Ctx:
 
     def check(self, vhost: str, kind: str, resource_type: str, name: str) -> None:
         """AMQP-style resource permission check (configure/write/read regexes)."""
-        if self.is_admin and not self.broker.auth.can_access_vhost(self.username, vhost):
+        if self.is_admin and not self.api.can_access_vhost(self.username, vhost):
             return  # administrators manage vhosts they hold no permissions in
-        self.broker.auth.check(self.username, vhost, kind, resource_type, name)
+        self.api.check_permission(self.username, vhost, kind, resource_type, name)
 
     async def json(self) -> Any:
         raw = await self.request.read()
@@ -284,7 +287,7 @@ def authenticate(broker: Broker, request: web.Request) -> User:
         username, _, password = decoded.partition(":")
     except (binascii.Error, UnicodeDecodeError, ValueError):
         raise HttpError(401, "not_authorized", "Login failed") from None
-    user = broker.auth.authenticate(username, password, is_loopback(request))
+    user = broker.api.authenticate(username, password, is_loopback(request))
     if user is None:
         log.warning("HTTP API login refused for user %r from %s", username, request.remote)
         raise HttpError(401, "not_authorized", "Login failed")
@@ -299,7 +302,8 @@ def authenticate_session(broker: Broker, request: web.Request) -> User:
     sessions = request.app["sessions"]
     token = request.cookies[COOKIE]
     found = sessions.lookup(token)
-    user = broker.auth.authenticate(found[0], found[1], is_loopback(request)) if found else None
+    api = broker.api
+    user = api.authenticate(found[0], found[1], is_loopback(request)) if found else None
     if user is None:
         if found is not None:
             sessions.drop(token)  # the password changed or the user is gone
@@ -327,7 +331,7 @@ def make_dispatcher(
             response = await route.handler(Ctx(broker, request, user, params))
             if request.method != "GET":
                 # a change is acknowledged only once its definition records are durable
-                await broker.definitions.wait_durable()
+                await broker.api.wait_durable()
             return response
         except HttpError as exc:
             return error_response(exc, UI_HEADER not in request.headers)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from amqpd.broker.definitions import DefinitionsError, export_definitions, import_definitions
+from amqpd.broker.api import DefinitionsError
 from amqpd.http.core import Ctx, Router, bad_request, json_response, no_content
 
 
@@ -15,7 +15,7 @@ async def get_definitions(ctx: Ctx) -> Any:
     if "download" in ctx.query:
         headers = {"Content-Disposition":
                    f'attachment; filename="{ctx.query["download"] or "definitions.json"}"'}
-    return json_response(export_definitions(ctx.broker, vhost), headers=headers)
+    return json_response(ctx.api.export_definitions(vhost), headers=headers)
 
 
 async def post_definitions(ctx: Ctx) -> Any:
@@ -25,7 +25,7 @@ async def post_definitions(ctx: Ctx) -> Any:
     if not isinstance(body, dict):
         raise bad_request("definitions must be a JSON object")
     try:
-        import_definitions(ctx.broker, body, vhost)
+        ctx.api.import_definitions(body, vhost)
     except DefinitionsError as exc:
         raise bad_request(str(exc)) from None
     return no_content()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from amqpd.broker.message import Message
+from amqpd.broker.api import Message
 from amqpd.http.bindings import binding_view
 from amqpd.http.core import (
     Ctx,
@@ -22,8 +22,7 @@ from amqpd.http.core import (
 from amqpd.http.messages import decode_payload, encode_json_properties
 
 if TYPE_CHECKING:
-    from amqpd.broker.exchange import Exchange
-    from amqpd.broker.vhost import VHost
+    from amqpd.broker.api import Exchange, VHost
 
 
 def url_name(name: str) -> str:
@@ -43,7 +42,7 @@ def exchange_view(ctx: Ctx, ex: Exchange) -> dict[str, Any]:
 
 def _get(ctx: Ctx) -> tuple[VHost, Exchange]:
     vh = ctx.vhost()
-    ex = vh.exchanges.get(url_name(ctx.params["name"]))
+    ex = ctx.api.find_exchange(vh.name, url_name(ctx.params["name"]))
     if ex is None:
         raise not_found()
     return vh, ex
@@ -52,7 +51,7 @@ def _get(ctx: Ctx) -> tuple[VHost, Exchange]:
 async def list_exchanges(ctx: Ctx) -> Any:
     vhosts = [ctx.vhost()] if "vhost" in ctx.params else ctx.visible_vhosts()
     items = [exchange_view(ctx, ex) for vh in vhosts
-             for ex in sorted(vh.exchanges.values(), key=lambda e: e.name)]
+             for ex in ctx.api.exchanges(vh)]
     return json_response(select_columns(items, ctx))
 
 
@@ -71,9 +70,9 @@ async def put_exchange(ctx: Ctx) -> Any:
     if isinstance(arguments.get("alternate-exchange"), str):
         ctx.check(vh.name, "read", "exchange", name)
         ctx.check(vh.name, "write", "exchange", arguments["alternate-exchange"])
-    existed = name in vh.exchanges
-    vh.declare_exchange(
-        name, type_, durable=as_bool(body.get("durable"), "durable", True),
+    existed = ctx.api.find_exchange(vh.name, name) is not None
+    ctx.api.declare_exchange(
+        vh, name, type_, durable=as_bool(body.get("durable"), "durable", True),
         auto_delete=as_bool(body.get("auto_delete"), "auto_delete"),
         internal=as_bool(body.get("internal"), "internal"),
         arguments=arguments)
@@ -83,7 +82,7 @@ async def put_exchange(ctx: Ctx) -> Any:
 async def delete_exchange(ctx: Ctx) -> Any:
     vh, ex = _get(ctx)
     ctx.check(vh.name, "configure", "exchange", ex.name)
-    vh.delete_exchange(ex.name, if_unused="if-unused" in ctx.query)
+    ctx.api.delete_exchange(vh, ex.name, if_unused="if-unused" in ctx.query)
     return no_content()
 
 
@@ -95,7 +94,7 @@ async def source_bindings(ctx: Ctx) -> Any:
 
 async def destination_bindings(ctx: Ctx) -> Any:
     vh, ex = _get(ctx)
-    items = [binding_view(b, vh.name) for b in vh.bindings()
+    items = [binding_view(b, vh.name) for b in ctx.api.bindings(vh)
              if b.destination is ex]
     return json_response(select_columns(items, ctx))
 
@@ -112,8 +111,8 @@ async def publish(ctx: Ctx) -> Any:
     alarms = getattr(ctx.broker, "alarms", None)
     if alarms:
         raise bad_request("publishing is blocked by a resource alarm")
-    queues = ctx.broker.publish(vh, ex.name, Message(ex.name, routing_key, props, payload),
-                                ctx.username)
+    queues = ctx.api.publish(vh, ex.name, Message(ex.name, routing_key, props, payload),
+                             ctx.username)
     return json_response({"routed": bool(queues)})
 
 

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from amqpd.broker.message import Message
-from amqpd.broker.vhost import generate_name
+from amqpd.broker.api import Message, codec, generate_name
 from amqpd.http.core import Ctx, Router, bad_request, json_response, not_found
 from amqpd.http.overview import alarm_set
-from amqpd.protocol import codec
 
 ALARM_RESOURCES = {"memory": "memory", "disk": "disk space", "fd": "file descriptors",
                    "file_descriptors": "file descriptors"}
@@ -120,19 +118,20 @@ async def aliveness_test(ctx: Ctx) -> Any:
     if alarm_set(ctx.broker):
         return failed("publishers are blocked by a resource alarm", alarms=_alarms(ctx))
     name = ALIVENESS_QUEUE
-    if name in vh.queues:  # someone's own queue by that name: never touch its messages
+    api = ctx.api
+    if api.find_queue(vh.name, name) is not None:  # someone's own queue: never touch it
         name = generate_name(ALIVENESS_QUEUE + "-")
-    q = vh.declare_queue(name, durable=False, auto_delete=False)
-    entry = None
+    api.declare_queue(vh, name, durable=False, auto_delete=False)
+    got = None
     try:
-        ctx.broker.publish(vh, "", Message("", name, codec.encode_properties({}),
-                                           b"test_message"), None)
-        entry = q.take()
-        if entry is not None:
-            q.delivered(entry, acked=True)
+        api.publish(vh, "", Message("", name, codec.encode_properties({}), b"test_message"),
+                    None)
+        got = api.get(vh, name)
+        if got is not None:
+            api.ack([got])
     finally:
-        vh.delete_queue(q, reason="aliveness-test done")
-    if entry is None or ctx.broker.body_of(entry.message) != b"test_message":
+        api.delete_queue(vh, name)
+    if got is None or got.body != b"test_message":
         return failed("aliveness-test queue is empty")
     return ok()
 

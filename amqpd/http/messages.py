@@ -7,8 +7,8 @@ import binascii
 import datetime as dt
 from typing import Any
 
+from amqpd.broker.api import codec
 from amqpd.http.core import bad_request
-from amqpd.protocol import codec
 
 _STR_PROPS = ("content_type", "content_encoding", "correlation_id", "reply_to", "expiration",
               "message_id", "type", "user_id", "app_id", "cluster_id")

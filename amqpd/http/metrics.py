@@ -62,8 +62,8 @@ def collect(ctx: Ctx, per_object: bool = False) -> str:
            "product_name": "amqpd"})
     e.add("rabbitmq_identity_info", "untyped", "Node and cluster identity", 1,
           {"rabbitmq_node": s.node_name, "rabbitmq_cluster": s.effective_cluster_name})
-    sessions = [x for x in b.sessions if x.vhost is not None]
-    queues = [q for vh in b.vhosts.values() for q in vh.queues.values()]
+    sessions = [x for x in b.api.sessions() if x.vhost is not None]
+    queues = [q for vh in b.api.vhosts() for q in b.api.queues(vh)]
     e.add("rabbitmq_connections", "gauge", "Connections currently open", len(sessions))
     e.add("rabbitmq_channels", "gauge", "Channels currently open",
           sum(len(x.channels) for x in sessions))
@@ -71,11 +71,11 @@ def collect(ctx: Ctx, per_object: bool = False) -> str:
           sum(len(q.consumers) for q in queues))
     e.add("rabbitmq_queues", "gauge", "Queues available", len(queues))
     e.add("rabbitmq_queue_messages_ready", "gauge", "Messages ready to be delivered",
-          sum(len(q.ready) for q in queues))
+          sum(q.message_count for q in queues))
     e.add("rabbitmq_queue_messages_unacked", "gauge", "Messages delivered but not acked",
           sum(q.unacked_count for q in queues))
     e.add("rabbitmq_queue_messages", "gauge", "Ready and unacknowledged messages",
-          sum(len(q.ready) + q.unacked_count for q in queues))
+          sum(q.message_count + q.unacked_count for q in queues))
     e.add("rabbitmq_queue_messages_ready_bytes", "gauge", "Size of ready message bodies",
           sum(q.ready_bytes for q in queues))
     sampler = ctx.request.app["sampler"]
@@ -111,7 +111,7 @@ def collect(ctx: Ctx, per_object: bool = False) -> str:
         for q in queues:
             labels = {"vhost": q.vhost.name, "queue": q.name}
             e.add("rabbitmq_detailed_queue_messages_ready", "gauge",
-                  "Ready messages per queue", len(q.ready), labels)
+                  "Ready messages per queue", q.message_count, labels)
             e.add("rabbitmq_detailed_queue_messages_unacked", "gauge",
                   "Unacked messages per queue", q.unacked_count, labels)
             e.add("rabbitmq_detailed_queue_consumers", "gauge", "Consumers per queue",
@@ -126,13 +126,10 @@ def collect(ctx: Ctx, per_object: bool = False) -> str:
 
 
 def _store_metrics(b: Any, e: Exposition) -> None:
-    store = getattr(b, "store", None)
-    stats: dict[str, int] = {}
-    if store is not None:
-        try:
-            stats = dict(store.stats())
-        except Exception:
-            stats = {}
+    try:
+        stats = b.api.store_stats()
+    except Exception:  # metrics are best effort: a failing store still gets scraped
+        stats = {}
     fsyncs = int(stats.get("fsyncs", 0))
     e.add("rabbitmq_io_sync_ops_total", "counter", "fsync calls by the message log", fsyncs)
     e.add("rabbitmq_io_sync_time_seconds_total", "counter", "Time spent in fsync",

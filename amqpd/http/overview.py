@@ -11,7 +11,7 @@ from typing import Any
 
 import amqpd
 from amqpd import hotpath
-from amqpd.broker.exchange import EXCHANGE_TYPES
+from amqpd.broker.api import EXCHANGE_TYPES
 from amqpd.http.core import Ctx, Router, bad_request, json_response, no_content, not_found
 
 # The management API version amqpd's paths and JSON shapes follow (rabbitmqadmin and
@@ -58,9 +58,9 @@ def node_info(ctx: Ctx) -> dict[str, Any]:
         "disk_free_alarm": "disk" in alarms,
         "fd_used": fd_used,
         "fd_total": fd_total,
-        "sockets_used": len(b.transports),
+        "sockets_used": b.api.socket_count(),
         "sockets_total": fd_total,
-        "proc_used": len(b.sessions),
+        "proc_used": len(b.api.sessions()),
         "proc_total": 1048576,
         "processors": os.cpu_count() or 1,
         "uptime": int((time.time() - b.started_at) * 1000),
@@ -103,10 +103,10 @@ def sample_window(ctx: Ctx, age_key: str, incr_key: str) -> tuple[float, float]:
 async def overview(ctx: Ctx) -> Any:
     b = ctx.broker
     vhosts = ctx.visible_vhosts()
-    queues = [q for vh in vhosts for q in vh.queues.values()]
-    ready = sum(len(q.ready) for q in queues)
+    queues = [q for vh in vhosts for q in ctx.api.queues(vh)]
+    ready = sum(q.message_count for q in queues)
     unacked = sum(q.unacked_count for q in queues)
-    sessions = [s for s in b.sessions if ctx.is_monitor or s.username == ctx.username]
+    sessions = [s for s in ctx.api.sessions() if ctx.is_monitor or s.username == ctx.username]
     sampler = ctx.request.app["sampler"]
     body = {
         "management_version": COMPAT_VERSION,
@@ -137,7 +137,7 @@ async def overview(ctx: Ctx) -> Any:
             "channels": sum(len(s.channels) for s in sessions),
             "connections": len(sessions),
             "consumers": sum(len(q.consumers) for q in queues),
-            "exchanges": sum(len(vh.exchanges) for vh in vhosts),
+            "exchanges": sum(len(ctx.api.exchanges(vh)) for vh in vhosts),
             "queues": len(queues),
         },
         "statistics_db_event_queue": 0,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from amqpd.broker.parameters import UnknownComponent
+from amqpd.broker.api import UnknownComponent
 from amqpd.http.core import (
     Ctx,
     Router,
@@ -21,7 +21,7 @@ async def list_parameters(ctx: Ctx) -> Any:
     ctx.require_policymaker()
     component = ctx.params.get("component")
     vhost = ctx.vhost().name if "vhost" in ctx.params else None
-    items = [p for p in ctx.broker.parameters.list(component, vhost)
+    items = [p for p in ctx.api.parameters.list(component, vhost)
              if ctx.can_see_vhost(p["vhost"])]
     return json_response(select_columns(items, ctx))
 
@@ -30,7 +30,7 @@ async def get_parameter(ctx: Ctx) -> Any:
     ctx.require_policymaker()
     vh = ctx.vhost()
     c, n = ctx.params["component"], ctx.params["name"]
-    value = ctx.broker.parameters.get(c, vh.name, n)
+    value = ctx.api.parameters.get(c, vh.name, n)
     if value is None:
         raise not_found()
     return json_response({"component": c, "vhost": vh.name, "name": n, "value": value})
@@ -43,36 +43,34 @@ async def put_parameter(ctx: Ctx) -> Any:
     if "value" not in body:
         raise bad_request("value is required")
     try:
-        new = ctx.broker.parameters.set(ctx.params["component"], vh.name, ctx.params["name"],
+        new = ctx.api.parameters.set(ctx.params["component"], vh.name, ctx.params["name"],
                                         body["value"])
     except UnknownComponent as exc:
         raise bad_request(str(exc)) from None
     except (ValueError, TypeError) as exc:
         raise bad_request(f"Validation failed\n\n{exc}") from None
-    ctx.broker.definitions_changed()
     return created() if new else no_content()
 
 
 async def delete_parameter(ctx: Ctx) -> Any:
     vh = ctx.vhost(write=True)
     ctx.require_policymaker()
-    if not ctx.broker.parameters.clear(ctx.params["component"], vh.name, ctx.params["name"]):
+    if not ctx.api.parameters.clear(ctx.params["component"], vh.name, ctx.params["name"]):
         raise not_found()
-    ctx.broker.definitions_changed()
     return no_content()
 
 
 async def list_global(ctx: Ctx) -> Any:
     ctx.require_admin()
-    return json_response(ctx.broker.parameters.list_global())
+    return json_response(ctx.api.parameters.list_global())
 
 
 async def get_global(ctx: Ctx) -> Any:
     ctx.require_admin()
     name = ctx.params["name"]
-    if name not in ctx.broker.parameters.global_values:
+    if name not in ctx.api.parameters.global_values:
         raise not_found()
-    return json_response({"name": name, "value": ctx.broker.parameters.global_values[name]})
+    return json_response({"name": name, "value": ctx.api.parameters.global_values[name]})
 
 
 async def put_global(ctx: Ctx) -> Any:
@@ -80,16 +78,14 @@ async def put_global(ctx: Ctx) -> Any:
     body = await ctx.json_object()
     if "value" not in body:
         raise bad_request("value is required")
-    new = ctx.broker.parameters.set_global(ctx.params["name"], body["value"])
-    ctx.broker.definitions_changed()
+    new = ctx.api.parameters.set_global(ctx.params["name"], body["value"])
     return created() if new else no_content()
 
 
 async def delete_global(ctx: Ctx) -> Any:
     ctx.require_admin()
-    if not ctx.broker.parameters.clear_global(ctx.params["name"]):
+    if not ctx.api.parameters.clear_global(ctx.params["name"]):
         raise not_found()
-    ctx.broker.definitions_changed()
     return no_content()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from amqpd.broker.api import PreconditionFailed
 from amqpd.http.core import (
     Ctx,
     Router,
@@ -20,25 +21,15 @@ from amqpd.http.core import (
 APPLY_TO = ("all", "queues", "exchanges", "classic_queues", "quorum_queues", "streams")
 
 
-def _policies(ctx: Ctx) -> Any:
-    policies = getattr(ctx.broker, "policies", None)
-    if policies is None:
-        raise not_found("policies are not available")
-    return policies
-
-
 def _find(ctx: Ctx, vhost: str, name: str) -> dict[str, Any] | None:
-    for p in _policies(ctx).list(vhost):
-        if p.get("name") == name:
-            return p  # type: ignore[no-any-return]
-    return None
+    return ctx.api.policy(vhost, name)
 
 
 async def list_policies(ctx: Ctx) -> Any:
     if "vhost" in ctx.params:
-        items = _policies(ctx).list(ctx.vhost().name)
+        items = ctx.api.policies(ctx.vhost().name)
     else:
-        items = [p for p in _policies(ctx).list() if ctx.can_see_vhost(p.get("vhost", ""))]
+        items = [p for p in ctx.api.policies() if ctx.can_see_vhost(p.get("vhost", ""))]
     return json_response(select_columns(items, ctx))
 
 
@@ -75,11 +66,10 @@ async def put_policy(ctx: Ctx) -> Any:
     pattern, definition, priority, apply_to = validate_policy(body)
     existed = _find(ctx, vh.name, ctx.params["name"]) is not None
     try:
-        _policies(ctx).set(vh.name, ctx.params["name"], pattern, definition,
+        ctx.api.set_policy(vh.name, ctx.params["name"], pattern, definition,
                            priority=priority, apply_to=apply_to)
     except (ValueError, TypeError) as exc:
         raise bad_request(str(exc)) from None
-    ctx.broker.definitions_changed()
     return no_content() if existed else created()
 
 
@@ -88,22 +78,20 @@ async def delete_policy(ctx: Ctx) -> Any:
     ctx.require_policymaker()
     if _find(ctx, vh.name, ctx.params["name"]) is None:
         raise not_found()
-    _policies(ctx).clear(vh.name, ctx.params["name"])
-    ctx.broker.definitions_changed()
+    ctx.api.clear_policy(vh.name, ctx.params["name"])
     return no_content()
 
 
 async def list_operator_policies(ctx: Ctx) -> Any:
     ctx.require_admin()
-    store = ctx.broker.operator_policies
     if "vhost" in ctx.params:
-        return json_response(select_columns(store.list(ctx.vhost().name), ctx))
-    return json_response(select_columns(store.list(), ctx))
+        return json_response(select_columns(ctx.api.operator_policies(ctx.vhost().name), ctx))
+    return json_response(select_columns(ctx.api.operator_policies(), ctx))
 
 
 async def get_operator_policy(ctx: Ctx) -> Any:
     ctx.require_admin()
-    p = ctx.broker.operator_policies.get(ctx.vhost().name, ctx.params["name"])
+    p = ctx.api.operator_policy(ctx.vhost().name, ctx.params["name"])
     if p is None:
         raise not_found()
     return json_response(p)
@@ -111,17 +99,14 @@ async def get_operator_policy(ctx: Ctx) -> Any:
 
 async def put_operator_policy(ctx: Ctx) -> Any:
     """Operator policies cap queue limits (amqpd/broker/operator_policy.py)."""
-    from amqpd.protocol.errors import PreconditionFailed
-
     ctx.require_admin()
     vh = ctx.vhost(write=True)
     body = await ctx.json_object()
     pattern, definition, priority, apply_to = validate_policy(body)
-    store = ctx.broker.operator_policies
-    existed = store.get(vh.name, ctx.params["name"]) is not None
+    existed = ctx.api.operator_policy(vh.name, ctx.params["name"]) is not None
     try:
-        store.set(vh.name, ctx.params["name"], pattern, definition, priority=priority,
-                  apply_to=apply_to)
+        ctx.api.set_operator_policy(vh.name, ctx.params["name"], pattern, definition,
+                                    priority=priority, apply_to=apply_to)
     except PreconditionFailed as exc:
         raise bad_request(f"Validation failed\n\n{exc.text}\n") from None
     return no_content() if existed else created()
@@ -130,10 +115,9 @@ async def put_operator_policy(ctx: Ctx) -> Any:
 async def delete_operator_policy(ctx: Ctx) -> Any:
     ctx.require_admin()
     vh = ctx.vhost(write=True)
-    store = ctx.broker.operator_policies
-    if store.get(vh.name, ctx.params["name"]) is None:
+    if ctx.api.operator_policy(vh.name, ctx.params["name"]) is None:
         raise not_found()
-    store.clear(vh.name, ctx.params["name"])
+    ctx.api.clear_operator_policy(vh.name, ctx.params["name"])
     return no_content()
 
 

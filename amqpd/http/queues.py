@@ -6,8 +6,6 @@ import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from amqpd.broker.quorum import is_quorum
-from amqpd.broker.quorum import queue_info as quorum_info
 from amqpd.http.bindings import binding_view
 from amqpd.http.core import (
     Ctx,
@@ -27,22 +25,19 @@ from amqpd.http.messages import decode_json_properties, encode_payload
 from amqpd.http.paging import paged_list
 
 if TYPE_CHECKING:
-    from amqpd.broker.queue import Queue, QueueEntry
-    from amqpd.broker.vhost import VHost
+    from amqpd.broker.api import Fetched, QueueType, VHost
 
 ACKMODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true",
             "reject_requeue_false")
 
 
-def queue_view(ctx: Ctx, q: Queue) -> dict[str, Any]:
-    from amqpd.broker.operator_policy import effective_definition
-
-    operator = ctx.broker.operator_policies.match(q.vhost.name, "queues", q.name)
+def queue_view(ctx: Ctx, q: QueueType) -> dict[str, Any]:
+    operator_name, effective = ctx.api.effective_policy(q)
     info = dict(q.info())
     sampler = ctx.request.app["sampler"]
     info.update({
         "node": ctx.broker.settings.node_name,
-        "type": "classic",
+        "type": q.type_name,
         "state": "running",
         "message_bytes": q.ready_bytes,
         "message_bytes_ready": q.ready_bytes,
@@ -53,21 +48,19 @@ def queue_view(ctx: Ctx, q: Queue) -> dict[str, Any]:
         "exclusive_consumer_tag": None,
         "message_stats": sampler.message_stats(q),
         "policy": getattr(q, "policy_name", None),
-        "operator_policy": operator.name if operator is not None else None,
-        "effective_policy_definition": effective_definition(
-            q.policy, operator.definition if operator is not None else None),
+        "operator_policy": operator_name,
+        "effective_policy_definition": effective,
     })
-    if is_quorum(q.arguments):
-        info.update(quorum_info(q, ctx.broker.settings.node_name))
+    info.update(ctx.api.queue_type_info(q))  # a quorum queue's leader and members
     owner = q.exclusive_owner
     if owner is not None and hasattr(owner, "name"):
         info["owner_pid_details"] = {"name": owner.name}
     return info
 
 
-def _get(ctx: Ctx, write: bool = False) -> tuple[VHost, Queue]:
+def _get(ctx: Ctx, write: bool = False) -> tuple[VHost, QueueType]:
     vh = ctx.vhost(write=write)
-    q = vh.queues.get(ctx.params["name"])
+    q = ctx.api.find_queue(vh.name, ctx.params["name"])
     if q is None:
         raise not_found()
     return vh, q
@@ -76,11 +69,11 @@ def _get(ctx: Ctx, write: bool = False) -> tuple[VHost, Queue]:
 by_name = operator.attrgetter("name")
 
 # sort keys the paged list reads from the queue itself (see amqpd.http.paging)
-QUEUE_SORT_KEYS: dict[str, Callable[[Any], Any]] = {  # each takes a Queue
+QUEUE_SORT_KEYS: dict[str, Callable[[Any], Any]] = {  # each takes a QueueType
     "name": by_name,
     "vhost": lambda q: q.vhost.name,
-    "messages": lambda q: len(q.ready) + q.unacked_count,
-    "messages_ready": lambda q: len(q.ready),
+    "messages": lambda q: q.message_count + q.unacked_count,
+    "messages_ready": lambda q: q.message_count,
     "messages_unacknowledged": lambda q: q.unacked_count,
     "consumers": lambda q: len(q.consumers),
     "durable": lambda q: q.durable,
@@ -91,7 +84,7 @@ QUEUE_SORT_KEYS: dict[str, Callable[[Any], Any]] = {  # each takes a Queue
 
 async def list_queues(ctx: Ctx) -> Any:
     vhosts = [ctx.vhost()] if "vhost" in ctx.params else ctx.visible_vhosts()
-    objects = [q for vh in vhosts for q in sorted(vh.queues.values(), key=by_name)]
+    objects = [q for vh in vhosts for q in ctx.api.queues(vh)]
     return json_response(paged_list(ctx, objects, lambda q: queue_view(ctx, q),
                                     lambda q: q.name, QUEUE_SORT_KEYS))
 
@@ -112,31 +105,31 @@ async def put_queue(ctx: Ctx) -> Any:
     if isinstance(arguments.get("x-dead-letter-exchange"), str):
         ctx.check(vh.name, "read", "queue", name)
         ctx.check(vh.name, "write", "exchange", arguments["x-dead-letter-exchange"])
-    existed = name in vh.queues
-    vh.declare_queue(name, durable=as_bool(body.get("durable"), "durable", True),
-                     auto_delete=as_bool(body.get("auto_delete"), "auto_delete"),
-                     arguments=arguments)
+    existed = ctx.api.find_queue(vh.name, name) is not None
+    ctx.api.declare_queue(vh, name, durable=as_bool(body.get("durable"), "durable", True),
+                          auto_delete=as_bool(body.get("auto_delete"), "auto_delete"),
+                          arguments=arguments)
     return no_content() if existed else created()
 
 
 async def delete_queue(ctx: Ctx) -> Any:
     vh, q = _get(ctx, write=True)
     ctx.check(vh.name, "configure", "queue", q.name)
-    vh.delete_queue_named(q.name, if_unused="if-unused" in ctx.query,
-                          if_empty="if-empty" in ctx.query, owner=q.exclusive_owner)
+    ctx.api.delete_queue(vh, q.name, if_unused="if-unused" in ctx.query,
+                         if_empty="if-empty" in ctx.query, owner=q.exclusive_owner)
     return no_content()
 
 
 async def purge(ctx: Ctx) -> Any:
     vh, q = _get(ctx, write=True)
     ctx.check(vh.name, "read", "queue", q.name)
-    vh.purge_queue(q.name, owner=q.exclusive_owner)
+    ctx.api.purge_queue(vh, q.name, owner=q.exclusive_owner)
     return no_content()
 
 
 async def queue_bindings(ctx: Ctx) -> Any:
     vh, q = _get(ctx)
-    items = [binding_view(b, vh.name) for b in vh.bindings() if b.destination is q]
+    items = [binding_view(b, vh.name) for b in ctx.api.bindings(vh) if b.destination is q]
     return json_response(select_columns(items, ctx))
 
 
@@ -163,39 +156,31 @@ async def get_messages(ctx: Ctx) -> Any:
     truncate = body.get("truncate")
     truncate_n = as_int(truncate, "truncate") if truncate not in (None, "") else None
     ctx.check(vh.name, "read", "queue", q.name)
-    vh.check_exclusive(q, q.exclusive_owner)
-    ext = getattr(q, "ext", None)
-    if ext is not None:
-        ext.touch()  # a get counts as use for x-expires, as basic.get does
-    taken: list[QueueEntry] = []
+    taken: list[Fetched] = []
     out = []
     for _ in range(count):
-        entry = q.take()
-        if entry is None:
+        got = ctx.api.get(vh, q.name, owner=q.exclusive_owner)
+        if got is None:
             break
-        taken.append(entry)
-        msg = entry.message
-        data = ctx.broker.body_of(msg)
-        payload, enc = encode_payload(data, encoding, truncate_n)
+        taken.append(got)
+        msg = got.message
+        payload, enc = encode_payload(got.body, encoding, truncate_n)
         out.append({
-            "payload_bytes": len(data),
-            "redelivered": entry.redelivered,
+            "payload_bytes": len(got.body),
+            "redelivered": got.redelivered,
             "exchange": msg.exchange,
             "routing_key": msg.routing_key,
-            "message_count": len(q.ready),
+            "message_count": got.message_count,
             "properties": decode_json_properties(msg.properties),
             "payload": payload,
             "payload_encoding": enc,
         })
-    for entry in taken:
-        q.delivered(entry, acked=False)
     if ackmode.endswith("requeue_true"):
-        q.requeue(taken)
+        ctx.api.reject(taken, requeue=True)
     elif ackmode == "reject_requeue_false":
-        ctx.broker.dead_letter(q, taken, "rejected")
-        q.settle(taken)
+        ctx.api.reject(taken, requeue=False)
     else:
-        q.settle(taken)
+        ctx.api.ack(taken)
     return json_response(out)
 
 

@@ -24,8 +24,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from amqpd.broker.queue import Queue
-    from amqpd.server import Broker
+    from amqpd.broker.api import Broker, QueueType
 
 SAMPLE_INTERVAL = 5.0
 HISTORY_SECONDS = 600.0  # RabbitMQ's basic rates mode keeps 10 minutes at full detail
@@ -76,7 +75,7 @@ class RateSampler:
             await asyncio.sleep(self.interval)
             self.sample()
 
-    def _queue_deleted(self, queue: Queue) -> None:
+    def _queue_deleted(self, queue: QueueType) -> None:
         for name in QUEUE_COUNTERS:
             self.retired[name] += getattr(queue, name, 0)
         self._prev.pop(id(queue), None)
@@ -84,12 +83,13 @@ class RateSampler:
 
     def _objects(self) -> list[Any]:
         objs: list[Any] = []
-        for vh in self.broker.vhosts.values():
+        api = self.broker.api
+        for vh in api.vhosts():
             if id(vh) not in self._hooked:
                 self._hooked.add(id(vh))
-                vh.on_queue_deleted.append(self._queue_deleted)
-            objs.extend(vh.queues.values())
-        for session in list(self.broker.sessions):
+                api.on_queue_deleted(vh, self._queue_deleted)
+            objs.extend(api.queues(vh))
+        for session in api.sessions():
             objs.extend(session.channels.values())
         return objs
 
@@ -120,19 +120,21 @@ class RateSampler:
                                for n in COUNTERS}
         self._node_prev = (now, totals)
         ready = unacked = 0
-        for vh in self.broker.vhosts.values():
-            for q in vh.queues.values():
-                ready += len(q.ready)
+        api = self.broker.api
+        for vh in api.vhosts():
+            for q in api.queues(vh):
+                ready += q.message_count
                 unacked += q.unacked_count
         self.history.append(HistoryPoint(int(time.time() * 1000), totals, ready, unacked))
 
     def node_totals(self) -> dict[str, int]:
         totals = dict(self.retired)
-        for vh in self.broker.vhosts.values():
-            for q in vh.queues.values():
+        api = self.broker.api
+        for vh in api.vhosts():
+            for q in api.queues(vh):
                 for n in QUEUE_COUNTERS:
                     totals[n] += getattr(q, n, 0)
-        for session in list(self.broker.sessions):
+        for session in api.sessions():
             for ch in session.channels.values():
                 count = getattr(ch, "stat_confirm", 0)
                 self._confirms_seen[id(ch)] = count

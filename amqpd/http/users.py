@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from amqpd.broker.auth import HASHING_SHA256, hash_password
+from amqpd.broker.api import HASHING_SHA256, BrokerAPI, hash_password
 from amqpd.http.core import (
     Ctx,
     Router,
@@ -19,7 +19,7 @@ from amqpd.http.core import (
 )
 
 if TYPE_CHECKING:
-    from amqpd.broker.auth import Permission, User
+    from amqpd.broker.api import Permission, User
 
 HASHING_ALGORITHMS = ("rabbit_password_hashing_sha256", "rabbit_password_hashing_sha512",
                       "rabbit_password_hashing_md5")
@@ -48,7 +48,7 @@ def permission_view(user: str, vhost: str, p: Permission) -> dict[str, Any]:
 
 
 def _user(ctx: Ctx) -> User:
-    user = ctx.broker.auth.users.get(ctx.params["name"])
+    user = ctx.api.user(ctx.params["name"])
     if user is None:
         raise not_found()
     return user
@@ -56,35 +56,32 @@ def _user(ctx: Ctx) -> User:
 
 async def list_users(ctx: Ctx) -> Any:
     ctx.require_admin()
-    users = sorted(ctx.broker.auth.users.values(), key=lambda u: u.name)
-    limits = ctx.broker.parameters.user_limits
-    return json_response(select_columns([user_view(u, limits.get(u.name)) for u in users],
-                                        ctx))
+    limits = ctx.api.user_limits()
+    return json_response(select_columns([user_view(u, limits.get(u.name))
+                                         for u in ctx.api.users()], ctx))
 
 
 async def users_without_permissions(ctx: Ctx) -> Any:
     ctx.require_admin()
-    with_perms = {u for u, _ in ctx.broker.auth.permissions}
-    return json_response([user_view(u) for u in ctx.broker.auth.users.values()
-                          if u.name not in with_perms])
+    with_perms = {u for u, _v, _p in ctx.api.permissions()}
+    return json_response([user_view(u) for u in ctx.api.users() if u.name not in with_perms])
 
 
 async def get_user(ctx: Ctx) -> Any:
     ctx.require_admin()
     user = _user(ctx)
-    return json_response(user_view(user, ctx.broker.parameters.user_limits.get(user.name)))
+    return json_response(user_view(user, ctx.api.user_limits().get(user.name)))
 
 
-def apply_user(ctx_broker: Any, name: str, body: dict[str, Any]) -> bool:
+def apply_user(api: BrokerAPI, name: str, body: dict[str, Any]) -> bool:
     """Create or update a user from management JSON; True if it was created."""
-    auth = ctx_broker.auth
     if not name:
         raise bad_request("user name must not be empty")
     tags = parse_tags(body.get("tags"))
     algorithm = body.get("hashing_algorithm") or HASHING_SHA256
     if algorithm not in HASHING_ALGORITHMS:
         raise bad_request(f"unknown hashing algorithm {algorithm}")
-    existing = auth.users.get(name)
+    existing = api.user(name)
     if "password" in body and body["password"] is not None:
         password = as_str(body["password"], "password")
         password_hash = hash_password(password, algorithm)
@@ -104,22 +101,19 @@ def apply_user(ctx_broker: Any, name: str, body: dict[str, Any]) -> bool:
         password_hash, algorithm = existing.password_hash, existing.hashing_algorithm
     else:
         raise bad_request("Must provide password or password_hash")
-    auth.add_user(name, tags=tags, password_hash=password_hash, algorithm=algorithm)
-    ctx_broker.definitions_changed()
-    return existing is None
+    return api.put_user(name, tags=tags, password_hash=password_hash, algorithm=algorithm)
 
 
 async def put_user(ctx: Ctx) -> Any:
     ctx.require_admin()
     body = await ctx.json_object()
-    return created() if apply_user(ctx.broker, ctx.params["name"], body) else no_content()
+    return created() if apply_user(ctx.api, ctx.params["name"], body) else no_content()
 
 
 async def delete_user(ctx: Ctx) -> Any:
     ctx.require_admin()
-    if not ctx.broker.auth.delete_user(ctx.params["name"]):
+    if not ctx.api.delete_user(ctx.params["name"]):
         raise not_found()
-    ctx.broker.definitions_changed()
     return no_content()
 
 
@@ -140,34 +134,30 @@ async def bulk_delete_users(ctx: Ctx) -> Any:
     names = body["users"]
     if not isinstance(names, list):  # RabbitMQ 3.10.8 crashes here (500)
         raise bad_request("users must be a list of user names")
-    auth = ctx.broker.auth
-    try:
-        for name in names:
-            if not isinstance(name, str) or not auth.delete_user(name):
-                return json_response({"error": "bad_request", "reason": ["no_such_user", name]},
-                                     400)
-    finally:
-        ctx.broker.definitions_changed()
+    for name in names:  # each deletion saves itself (the API's auth store reports it)
+        if not isinstance(name, str) or not ctx.api.delete_user(name):
+            return json_response({"error": "bad_request", "reason": ["no_such_user", name]},
+                                 400)
     return no_content()
 
 
 async def user_permissions(ctx: Ctx) -> Any:
     ctx.require_admin()
     user = _user(ctx)
-    return json_response([permission_view(u, v, p) for (u, v), p in
-                          sorted(ctx.broker.auth.permissions.items()) if u == user.name])
+    return json_response([permission_view(u, v, p) for u, v, p in ctx.api.permissions()
+                          if u == user.name])
 
 
 async def list_permissions(ctx: Ctx) -> Any:
     ctx.require_admin()
     return json_response(select_columns(
-        [permission_view(u, v, p) for (u, v), p in sorted(ctx.broker.auth.permissions.items())],
+        [permission_view(u, v, p) for u, v, p in ctx.api.permissions()],
         ctx))
 
 
 def _perm_target(ctx: Ctx) -> tuple[str, str]:
     vhost, user = ctx.params["vhost"], ctx.params["user"]
-    if vhost not in ctx.broker.vhosts or user not in ctx.broker.auth.users:
+    if not ctx.api.has_vhost(vhost) or ctx.api.user(user) is None:
         raise not_found()
     return vhost, user
 
@@ -175,7 +165,7 @@ def _perm_target(ctx: Ctx) -> tuple[str, str]:
 async def get_permission(ctx: Ctx) -> Any:
     ctx.require_admin()
     vhost, user = _perm_target(ctx)
-    p = ctx.broker.auth.permissions.get((user, vhost))
+    p = ctx.api.permission(user, vhost)
     if p is None:
         raise not_found()
     return json_response(permission_view(user, vhost, p))
@@ -197,32 +187,26 @@ async def put_permission(ctx: Ctx) -> Any:
     vhost, user = _perm_target(ctx)
     body = await ctx.json_object()
     perms = [validate_regex(body.get(k), k) for k in ("configure", "write", "read")]
-    existed = (user, vhost) in ctx.broker.auth.permissions
-    ctx.broker.auth.set_permissions(user, vhost, *perms)
-    ctx.broker.definitions_changed()
-    return no_content() if existed else created()
+    new = ctx.api.set_permissions(user, vhost, *perms)
+    return created() if new else no_content()
 
 
 async def delete_permission(ctx: Ctx) -> Any:
     ctx.require_admin()
     vhost, user = _perm_target(ctx)
-    if (user, vhost) not in ctx.broker.auth.permissions:
+    if not ctx.api.clear_permissions(user, vhost):
         raise not_found()
-    ctx.broker.auth.clear_permissions(user, vhost)
-    ctx.broker.definitions_changed()
     return no_content()
 
 
 async def list_topic_permissions(ctx: Ctx) -> Any:
     ctx.require_admin()
-    return json_response(ctx.broker.parameters.topic_permissions)
+    return json_response(ctx.api.topic_permissions())
 
 
 def _topic_entries(ctx: Ctx, user: str | None = None,
                    vhost: str | None = None) -> list[dict[str, Any]]:
-    return [e for e in ctx.broker.parameters.topic_permissions
-            if (user is None or e.get("user") == user)
-            and (vhost is None or e.get("vhost") == vhost)]
+    return ctx.api.topic_permissions(user, vhost)
 
 
 async def get_topic_permission(ctx: Ctx) -> Any:
@@ -237,31 +221,22 @@ async def get_topic_permission(ctx: Ctx) -> Any:
 async def put_topic_permission(ctx: Ctx) -> Any:
     """Set one exchange's topic permission for (user, vhost); enforced at once
     (broker/topic_auth.py)."""
-    from amqpd.broker import topic_auth
-
     ctx.require_admin()
     vhost, user = _perm_target(ctx)
     body = await ctx.json_object()
     exchange = as_str(body.get("exchange"), "exchange")
     write, read = (validate_regex(body.get(k, ""), k) for k in ("write", "read"))
-    existed = topic_auth.put(ctx.broker.parameters.topic_permissions, user, vhost, exchange,
-                             write, read)
-    ctx.broker.auth.version += 1  # sessions drop their cached checks
-    ctx.broker.definitions_changed()
+    existed = ctx.api.put_topic_permission(user, vhost, exchange, write, read)
     return no_content() if existed else created()
 
 
 async def delete_topic_permission(ctx: Ctx) -> Any:
-    from amqpd.broker import topic_auth
-
     ctx.require_admin()
     vhost, user = _perm_target(ctx)
     # one exchange's entry: by path (the web UI) or query; otherwise all of the user's
     exchange = ctx.params.get("exchange") or ctx.request.query.get("exchange")
-    if not topic_auth.remove(ctx.broker.parameters.topic_permissions, user, vhost, exchange):
+    if not ctx.api.clear_topic_permissions(user, vhost, exchange):
         raise not_found()
-    ctx.broker.auth.version += 1
-    ctx.broker.definitions_changed()
     return no_content()
 
 

@@ -87,13 +87,12 @@ async def login(ctx: Ctx) -> Any:
     body = await ctx.json_object()
     username = as_str(body.get("username"), "username")
     password = as_str(body.get("password"), "password")
-    broker = ctx.broker
-    user = broker.auth.authenticate(username, password, is_loopback(ctx.request))
+    user = ctx.api.authenticate(username, password, is_loopback(ctx.request))
     if user is None:
         log.warning("web UI login refused for user %r from %s", username, ctx.request.remote)
         raise HttpError(401, "not_authorized", "Login failed: wrong user name or password"
                         + (" (this user may log in from localhost only)"
-                           if username in broker.auth.loopback_users else ""))
+                           if ctx.api.is_loopback_only(username) else ""))
     if not set(user.tags) & MANAGEMENT_TAGS:
         raise not_authorised("Not management user: the user needs the management, "
                              "policymaker, monitoring or administrator tag")

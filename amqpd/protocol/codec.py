@@ -19,6 +19,37 @@ from pamqp import commands, encode
 from pamqp.base import Frame as PamqpFrame
 
 from amqpd.protocol import fields
+from amqpd.protocol.constants import (
+    BASIC_ACK,
+    BASIC_DELIVER,
+    BASIC_GET_OK,
+    BASIC_NACK,
+    BASIC_PUBLISH,
+    BASIC_RETURN,
+    CHANNEL_CLOSE,
+    CLASS_BASIC,
+    CONNECTION_CLOSE,
+    FLAG_APP_ID,
+    FLAG_CLUSTER_ID,
+    FLAG_CONTENT_ENCODING,
+    FLAG_CONTENT_TYPE,
+    FLAG_CONTINUATION,
+    FLAG_CORRELATION_ID,
+    FLAG_DELIVERY_MODE,
+    FLAG_EXPIRATION,
+    FLAG_HEADERS,
+    FLAG_MESSAGE_ID,
+    FLAG_PRIORITY,
+    FLAG_REPLY_TO,
+    FLAG_TIMESTAMP,
+    FLAG_TYPE,
+    FLAG_USER_ID,
+    FRAME_BODY,
+    FRAME_HEADER,
+    FRAME_METHOD,
+    class_of,
+    method_of,
+)
 from amqpd.protocol.errors import CommandInvalid, FrameError, SyntaxError_
 from amqpd.protocol.frames import FRAME_END_BYTE
 
@@ -28,27 +59,8 @@ encode.support_deprecated_rabbitmq(True)
 _U16: Final = struct.Struct(">H")
 _U64: Final = struct.Struct(">Q")
 _FRAME_HDR: Final = struct.Struct(">BHI")
-_METHOD_HDR: Final = struct.Struct(">BHIHH")  # frame header + class id + method id
+_METHOD_HDR: Final = struct.Struct(">BHII")  # frame header + method index (class, method)
 _CONTENT_HDR: Final = struct.Struct(">BHIHHQ")  # frame header + class, weight, body size
-
-BASIC_PUBLISH: Final = (60 << 16) | 40
-BASIC_ACK: Final = (60 << 16) | 80
-
-# property flag bits (content header), most significant first
-FLAG_CONTENT_TYPE: Final = 1 << 15
-FLAG_CONTENT_ENCODING: Final = 1 << 14
-FLAG_HEADERS: Final = 1 << 13
-FLAG_DELIVERY_MODE: Final = 1 << 12
-FLAG_PRIORITY = 1 << 11
-FLAG_CORRELATION_ID = 1 << 10
-FLAG_REPLY_TO = 1 << 9
-FLAG_EXPIRATION = 1 << 8
-FLAG_MESSAGE_ID = 1 << 7
-FLAG_TIMESTAMP = 1 << 6
-FLAG_TYPE = 1 << 5
-FLAG_USER_ID = 1 << 4
-FLAG_APP_ID = 1 << 3
-FLAG_CLUSTER_ID = 1 << 2
 
 # (property name, flag bit, pamqp type) in wire order
 PROPERTY_FIELDS: tuple[tuple[str, int, str], ...] = (
@@ -70,6 +82,10 @@ PROPERTY_FIELDS: tuple[tuple[str, int, str], ...] = (
 
 
 # --------------------------------------------------------------------------- decoding
+def _ids(index: int) -> tuple[int, int]:
+    return class_of(index), method_of(index)
+
+
 def method_id(payload: bytes) -> int:
     """``class_id << 16 | method_id`` of a method frame payload."""
     if len(payload) < 4:
@@ -82,23 +98,24 @@ def decode_method(payload: bytes) -> PamqpFrame:
     index = method_id(payload)
     cls = commands.INDEX_MAPPING.get(index)
     if cls is None:
-        raise CommandInvalid(f"unknown method class {index >> 16} method {index & 0xFFFF}")
+        raise CommandInvalid(
+            f"unknown method class {class_of(index)} method {method_of(index)}")
     method = cls.__new__(cls)  # type: ignore[call-overload]
     try:
         method.unmarshal(payload[4:])
     except (struct.error, IndexError) as exc:  # ran out of bytes: a truncated frame
         raise FrameError(
-            f"method frame {cls.__name__} is truncated", index >> 16, index & 0xFFFF
+            f"method frame {cls.__name__} is truncated", class_of(index), method_of(index)
         ) from exc
     except Exception as exc:
         if "unpack" in str(exc) or "not enough" in str(exc).lower():
             raise FrameError(
-                f"method frame {cls.__name__} is truncated", index >> 16, index & 0xFFFF
+                f"method frame {cls.__name__} is truncated", class_of(index), method_of(index)
             ) from exc
         # RabbitMQ answers any undecodable method arguments with 501, never 502.
         text = ("Malformed UTF-8 in shortstr" if isinstance(exc, UnicodeDecodeError)
                 else f"cannot decode {cls.__name__} arguments: {exc}")
-        raise FrameError(text, index >> 16, index & 0xFFFF) from exc
+        raise FrameError(text, class_of(index), method_of(index)) from exc
     return method
 
 
@@ -114,7 +131,7 @@ def decode_publish(payload: bytes) -> tuple[str, str, bool, bool]:
         pos += 1 + n
         bits = payload[pos]
     except (IndexError, UnicodeDecodeError) as exc:
-        raise SyntaxError_("malformed basic.publish method frame", 60, 40) from exc
+        raise SyntaxError_("malformed basic.publish method frame", *_ids(BASIC_PUBLISH)) from exc
     return exchange, routing_key, bool(bits & 1), bool(bits & 2)
 
 
@@ -123,9 +140,9 @@ def decode_publish_at(buf: bytes, start: int, end: int,
     """:func:`decode_publish` of the method payload at ``buf[start:end]``, read in place
     (the connection's publish fast path: no slice of the method frame).
 
-    ``names`` maps the raw bytes of exchange names and routing keys already seen on the
-    connection to their ``str``: a publisher repeats a few names, so every queued message
-    shares one string instead of holding a copy (the caller bounds the map).
+    ``names`` maps the raw bytes of exchange names and routing keys already seen to their
+    ``str``: publishers repeat a few names, so every queued message shares one string
+    instead of holding a copy (the caller owns and bounds the map).
     """
     pos = start + 6  # class, method, reserved-1 (ticket)
     try:
@@ -149,14 +166,14 @@ def decode_publish_at(buf: bytes, start: int, end: int,
             routing_key = names[raw] = raw.decode()
         bits = buf[pos]
     except (IndexError, UnicodeDecodeError) as exc:
-        raise SyntaxError_("malformed basic.publish method frame", 60, 40) from exc
+        raise SyntaxError_("malformed basic.publish method frame", *_ids(BASIC_PUBLISH)) from exc
     return exchange, routing_key, bool(bits & 1), bool(bits & 2)
 
 
 def decode_ack(payload: bytes) -> tuple[int, bool]:
     """basic.ack args: (delivery_tag, multiple)."""
     if len(payload) < 13:
-        raise SyntaxError_("malformed basic.ack method frame", 60, 80)
+        raise SyntaxError_("malformed basic.ack method frame", *_ids(BASIC_ACK))
     return _U64.unpack_from(payload, 4)[0], bool(payload[12] & 1)
 
 
@@ -175,7 +192,7 @@ def decode_properties(raw: bytes) -> dict[str, Any]:
         return {}
     flags = _U16.unpack_from(raw, 0)[0]
     pos = 2
-    while flags & 1:  # continuation flag words (never used by 0-9-1 basic, but legal)
+    while flags & FLAG_CONTINUATION:  # more flag words (never used by 0-9-1 basic, but legal)
         flags = _U16.unpack_from(raw, pos)[0]
         pos += 2
     flags = _U16.unpack_from(raw, 0)[0]
@@ -243,7 +260,7 @@ def validate_properties(raw: bytes) -> None:
     if len(raw) < 2:
         raise SyntaxError_("malformed content header properties: no property flags")
     flags = (raw[0] << 8) | raw[1]
-    if flags & 1:
+    if flags & FLAG_CONTINUATION:
         raise SyntaxError_("malformed content header properties: continuation flags")
     pos, end = 2, len(raw)
     try:
@@ -276,10 +293,11 @@ def table(value: dict[str, Any] | None) -> bytes:
     return encode.field_table(value or {})
 
 
-def method_frame(channel: int, class_id: int, method_id_: int, args: bytes = b"") -> bytes:
-    """One method frame around already-encoded arguments."""
+def method_frame(channel: int, index: int, args: bytes = b"") -> bytes:
+    """One method frame around already-encoded arguments; ``index`` is a method id of
+    :mod:`amqpd.protocol.constants` (class and method in one u32)."""
     return (
-        _METHOD_HDR.pack(1, channel, len(args) + 4, class_id, method_id_)
+        _METHOD_HDR.pack(FRAME_METHOD, channel, len(args) + 4, index)
         + args
         + FRAME_END_BYTE
     )
@@ -287,8 +305,7 @@ def method_frame(channel: int, class_id: int, method_id_: int, args: bytes = b""
 
 def pamqp_frame(channel: int, method: PamqpFrame) -> bytes:
     """Encode a method object with pamqp (for methods with no names in them)."""
-    index = method.index  # type: ignore[attr-defined]
-    return method_frame(channel, index >> 16, index & 0xFFFF, method.marshal())
+    return method_frame(channel, method.index, method.marshal())  # type: ignore[attr-defined]
 
 
 def content_frames(
@@ -296,7 +313,8 @@ def content_frames(
 ) -> bytes:
     """Content header + body frames, the body split to fit ``frame_max``."""
     header = (
-        _CONTENT_HDR.pack(2, channel, 12 + len(properties), class_id, 0, len(body))
+        _CONTENT_HDR.pack(FRAME_HEADER, channel, 12 + len(properties), class_id, 0,
+                          len(body))
         + properties
         + FRAME_END_BYTE
     )
@@ -304,11 +322,11 @@ def content_frames(
         return header
     chunk = frame_max - 8 if frame_max else len(body)
     if len(body) <= chunk:
-        return header + _FRAME_HDR.pack(3, channel, len(body)) + body + FRAME_END_BYTE
+        return header + _FRAME_HDR.pack(FRAME_BODY, channel, len(body)) + body + FRAME_END_BYTE
     parts = [header]
     for start in range(0, len(body), chunk):
         piece = body[start : start + chunk]
-        parts.append(_FRAME_HDR.pack(3, channel, len(piece)) + piece + FRAME_END_BYTE)
+        parts.append(_FRAME_HDR.pack(FRAME_BODY, channel, len(piece)) + piece + FRAME_END_BYTE)
     return b"".join(parts)
 
 
@@ -325,7 +343,7 @@ def shortstr_cached(value: str) -> bytes:
     return data
 
 
-_DELIVER_HDR: Final = struct.Struct(">BHIHH")
+_DELIVER_HDR: Final = struct.Struct(">BHII")
 _DELIVER_TAG: Final = struct.Struct(">QB")
 
 
@@ -340,15 +358,16 @@ def deliver_frames(
     method_size = 4 + len(consumer_tag) + 9 + len(ex) + len(rk)
     if size and size <= frame_max - 8:
         return b"".join((
-            _DELIVER_HDR.pack(1, channel, method_size, 60, 60), consumer_tag,
+            _DELIVER_HDR.pack(FRAME_METHOD, channel, method_size, BASIC_DELIVER), consumer_tag,
             _DELIVER_TAG.pack(delivery_tag, 1 if redelivered else 0), ex, rk, FRAME_END_BYTE,
-            _CONTENT_HDR.pack(2, channel, 12 + len(properties), 60, 0, size), properties,
-            FRAME_END_BYTE, _FRAME_HDR.pack(3, channel, size), body, FRAME_END_BYTE,
+            _CONTENT_HDR.pack(FRAME_HEADER, channel, 12 + len(properties), CLASS_BASIC, 0, size),
+            properties,
+            FRAME_END_BYTE, _FRAME_HDR.pack(FRAME_BODY, channel, size), body, FRAME_END_BYTE,
         ))
     return b"".join((
-        _DELIVER_HDR.pack(1, channel, method_size, 60, 60), consumer_tag,
+        _DELIVER_HDR.pack(FRAME_METHOD, channel, method_size, BASIC_DELIVER), consumer_tag,
         _DELIVER_TAG.pack(delivery_tag, 1 if redelivered else 0), ex, rk, FRAME_END_BYTE,
-        content_frames(channel, 60, properties, body, frame_max),
+        content_frames(channel, CLASS_BASIC, properties, body, frame_max),
     ))
 
 
@@ -365,7 +384,7 @@ def deliver_method(
         (consumer_tag, _U64.pack(delivery_tag), b"\x01" if redelivered else b"\x00",
          exchange, routing_key)
     )
-    return method_frame(channel, 60, 60, args)
+    return method_frame(channel, BASIC_DELIVER, args)
 
 
 def get_ok_method(
@@ -380,25 +399,25 @@ def get_ok_method(
         (_U64.pack(delivery_tag), b"\x01" if redelivered else b"\x00",
          shortstr(exchange), shortstr(routing_key), struct.pack(">I", message_count))
     )
-    return method_frame(channel, 60, 71, args)
+    return method_frame(channel, BASIC_GET_OK, args)
 
 
 def return_method(channel: int, code: int, text: str, exchange: str, routing_key: str) -> bytes:
     args = struct.pack(">H", code) + shortstr(text) + shortstr(exchange) + shortstr(routing_key)
-    return method_frame(channel, 60, 50, args)
+    return method_frame(channel, BASIC_RETURN, args)
 
 
 def ack_method(channel: int, delivery_tag: int, multiple: bool) -> bytes:
     flag = b"\x01" if multiple else b"\x00"
-    return method_frame(channel, 60, 80, _U64.pack(delivery_tag) + flag)
+    return method_frame(channel, BASIC_ACK, _U64.pack(delivery_tag) + flag)
 
 
 def nack_method(channel: int, delivery_tag: int, multiple: bool) -> bytes:
     bits = 0x02 | (1 if multiple else 0)  # requeue=true, as RabbitMQ sends
-    return method_frame(channel, 60, 120, _U64.pack(delivery_tag) + bytes((bits,)))
+    return method_frame(channel, BASIC_NACK, _U64.pack(delivery_tag) + bytes((bits,)))
 
 
 def close_method(channel: int, code: int, text: str, class_id: int, method_id_: int) -> bytes:
     """connection.close on channel 0, channel.close otherwise."""
     args = struct.pack(">H", code) + shortstr(text[:255]) + struct.pack(">HH", class_id, method_id_)
-    return method_frame(channel, 10 if channel == 0 else 20, 50 if channel == 0 else 40, args)
+    return method_frame(channel, CONNECTION_CLOSE if channel == 0 else CHANNEL_CLOSE, args)

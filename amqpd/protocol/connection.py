@@ -29,12 +29,33 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, cast
 
 from pamqp import commands
 from pamqp.base import Frame as PamqpFrame
 
 from amqpd.protocol import codec
+from amqpd.protocol.constants import (
+    ACCESS_REQUEST,
+    ACCESS_REQUEST_OK,
+    BASIC_ACK,
+    BASIC_PUBLISH,
+    CHANNEL_CLOSE,
+    CHANNEL_CLOSE_OK,
+    CHANNEL_OPEN,
+    CHANNEL_OPEN_OK,
+    CLASS_BASIC,
+    CLASS_CONNECTION,
+    CONNECTION_CLOSE,
+    CONNECTION_CLOSE_OK,
+    CONNECTION_OPEN_OK,
+    FRAME_BODY,
+    FRAME_HEADER,
+    FRAME_HEARTBEAT,
+    FRAME_METHOD,
+    class_of,
+    method_of,
+)
 from amqpd.protocol.errors import (
     AMQPError,
     ChannelError,
@@ -50,9 +71,6 @@ from amqpd.protocol.errors import (
     UnexpectedFrame,
 )
 from amqpd.protocol.frames import (
-    FRAME_HEADER,
-    FRAME_HEARTBEAT,
-    FRAME_METHOD,
     HEARTBEAT_FRAME,
     PROTOCOL_HEADER,
     FrameReader,
@@ -72,6 +90,9 @@ def _u64(buf: bytes, at: int) -> int:
 # a publisher with a new routing key per message just keeps refilling it.
 NAMES_MAX: Final = 4096
 _NAMES: Final[dict[bytes, str]] = {}
+# (class id, method id) of basic.publish, for errors found in its content frames
+_PUB_CLASS: Final = class_of(BASIC_PUBLISH)
+_PUB_METHOD: Final = method_of(BASIC_PUBLISH)
 
 # Frames handled per slice before the event loop gets a turn (about 1000 publishes).
 FRAME_BUDGET: Final = 3000
@@ -280,21 +301,21 @@ class AMQPConnection:
                     return True
                 ftype = buf[pos]
                 channel = (buf[pos + 1] << 8) | buf[pos + 2]
-                # basic.publish: class 60, method 40
-                if (ftype == 1 and stop - pos >= 11 and buf[pos + 8] == 60
-                        and buf[pos + 10] == 40 and buf[pos + 7] == 0 and buf[pos + 9] == 0
-                        and self.state is State.OPEN):
+                # basic.publish (class and method ids are below 256: high octets 0)
+                if (ftype == FRAME_METHOD and stop - pos >= 11 and buf[pos + 8] == _PUB_CLASS
+                        and buf[pos + 10] == _PUB_METHOD and buf[pos + 7] == 0
+                        and buf[pos + 9] == 0 and self.state is State.OPEN):
                     h = stop + 1
                     hstop = reader.frame_end(h, False)
-                    # content header of class 60, weight 0, on the same channel
-                    if (hstop > 0 and buf[h] == 2 and hstop - h >= 21
+                    # content header of class basic, weight 0, on the same channel
+                    if (hstop > 0 and buf[h] == FRAME_HEADER and hstop - h >= 21
                             and (buf[h + 1] << 8) | buf[h + 2] == channel
-                            and buf[h + 7] == 0 and buf[h + 8] == 60 and buf[h + 9] == 0
-                            and buf[h + 10] == 0):
+                            and buf[h + 7] == 0 and buf[h + 8] == CLASS_BASIC
+                            and buf[h + 9] == 0 and buf[h + 10] == 0):
                         b = hstop + 1
                         bstop = reader.frame_end(b, False)
                         slot = channels.get(channel)
-                        if (bstop > 0 and buf[b] == 3
+                        if (bstop > 0 and buf[b] == FRAME_BODY
                                 and (buf[b + 1] << 8) | buf[b + 2] == channel
                                 and slot is not None and not slot.closing
                                 and slot.publish is None
@@ -323,7 +344,7 @@ class AMQPConnection:
                                                     immediate, props, body)
                             except Exception as exc:
                                 if isinstance(exc, AMQPError) and not exc.class_id:
-                                    exc.class_id, exc.method_id = 60, 40
+                                    exc.class_id, exc.method_id = _PUB_CLASS, _PUB_METHOD
                                 self._handle_error(exc, channel, ftype)
                                 if self.state is State.CLOSED:
                                     reader.clear()
@@ -401,8 +422,8 @@ class AMQPConnection:
             # After sending connection.close we only wait for close-ok (or close).
             if ftype == FRAME_METHOD and channel == 0:
                 index = codec.method_id(payload)
-                if index in (0x000A0033, 0x000A0032):  # close-ok / close
-                    self._finish_close(reply=index == 0x000A0032)
+                if index in (CONNECTION_CLOSE_OK, CONNECTION_CLOSE):
+                    self._finish_close(reply=index == CONNECTION_CLOSE)
             return
         if channel == 0:
             if ftype != FRAME_METHOD:
@@ -422,7 +443,7 @@ class AMQPConnection:
     def _channel_method(self, channel: int, slot: ChannelSlot | None, payload: bytes) -> None:
         index = codec.method_id(payload)
         if slot is None:
-            if index != 0x0014000A:  # channel.open
+            if index != CHANNEL_OPEN:
                 raise ChannelErrorCode(f"expected 'channel.open' on channel {channel}")
             # RabbitMQ counts open channels (any channel number is accepted).
             if self.channel_max and len(self.channels) >= self.channel_max:
@@ -432,52 +453,53 @@ class AMQPConnection:
                 )
             self.channels[channel] = ChannelSlot()
             self.delegate.channel_opened(channel)
-            self.write(codec.method_frame(channel, 20, 11, b"\x00\x00\x00\x00"))
+            self.write(codec.method_frame(channel, CHANNEL_OPEN_OK, b"\x00\x00\x00\x00"))
             return
         if slot.closing:
-            if index == 0x00140029:  # channel.close-ok
+            if index == CHANNEL_CLOSE_OK:
                 del self.channels[channel]
-            elif index == 0x00140028:  # channel.close crossed ours
-                self.write(codec.method_frame(channel, 20, 41))
-            elif index == 0x0014000A:
+            elif index == CHANNEL_CLOSE:  # crossed ours
+                self.write(codec.method_frame(channel, CHANNEL_CLOSE_OK))
+            elif index == CHANNEL_OPEN:
                 # reopened before its close-ok: the number is still taken (RabbitMQ: 504)
                 raise ChannelErrorCode("second 'channel.open' seen")
             return
         if slot.publish is not None:
             raise UnexpectedFrame(
                 "expected content header for class 60, got non content header frame instead",
-                60, 40,
+                _PUB_CLASS, _PUB_METHOD,
             )
-        if index == codec.BASIC_PUBLISH:
+        if index == BASIC_PUBLISH:
             slot.publish = codec.decode_publish(payload)
             slot.expect_header = True
             return
-        if index == codec.BASIC_ACK:
+        if index == BASIC_ACK:
             tag, multiple = codec.decode_ack(payload)
             self.delegate.on_ack(channel, tag, multiple)
             return
-        if index == 0x0014000A:
+        if index == CHANNEL_OPEN:
             raise ChannelErrorCode(f"second 'channel.open' seen on channel {channel}")
-        if index == 0x001E000A:  # access.request (gone from 0-9-1): RabbitMQ grants ticket 1
-            self.write(codec.method_frame(channel, 30, 11, b"\x00\x01"))
+        if index == ACCESS_REQUEST:  # access.request (gone from 0-9-1): RabbitMQ grants ticket 1
+            self.write(codec.method_frame(channel, ACCESS_REQUEST_OK, b"\x00\x01"))
             return
         method = codec.decode_method(payload)
-        if index == 0x00140028:  # channel.close from the peer
+        if index == CHANNEL_CLOSE:  # from the peer
             del self.channels[channel]
             self.delegate.channel_closed(channel)
-            self.write(codec.method_frame(channel, 20, 41))
+            self.write(codec.method_frame(channel, CHANNEL_CLOSE_OK))
             return
-        if index == 0x00140029:  # close-ok without a close (RabbitMQ: 503)
+        if index == CHANNEL_CLOSE_OK:  # without a close (RabbitMQ: 503)
             raise CommandInvalid(f"unexpected 'channel.close-ok' on channel {channel}")
-        if (index >> 16) == 10:
+        if class_of(index) == CLASS_CONNECTION:
             raise CommandInvalid(
-                f"connection method {method.name} on channel {channel}", index >> 16, index & 0xFFFF
+                f"connection method {method.name} on channel {channel}", class_of(index),
+                method_of(index),
             )
         try:
             self.delegate.on_method(channel, method)
         except AMQPError as exc:
             if not exc.class_id:
-                exc.class_id, exc.method_id = index >> 16, index & 0xFFFF
+                exc.class_id, exc.method_id = class_of(index), method_of(index)
             raise
 
     def _content_header(self, channel: int, slot: ChannelSlot | None, payload: bytes) -> None:
@@ -488,9 +510,9 @@ class AMQPConnection:
         if not slot.expect_header:
             raise UnexpectedFrame("expected method frame, got non method frame instead")
         class_id, size, props = codec.decode_content_header(payload)
-        if class_id != 60:
+        if class_id != CLASS_BASIC:
             raise UnexpectedFrame(f"expected content header for class 60, got one for class "
-                                  f"{class_id} instead", 60, 40)
+                                  f"{class_id} instead", _PUB_CLASS, _PUB_METHOD)
         codec.validate_properties(props)
         slot.expect_header = False
         slot.body_size = size
@@ -501,7 +523,7 @@ class AMQPConnection:
             slot.publish = None
             raise PreconditionFailed(
                 f"message size {size} is larger than configured max size "
-                f"{self.limits.max_message_size}", 60, 40
+                f"{self.limits.max_message_size}", _PUB_CLASS, _PUB_METHOD
             )
         if size == 0:
             self._publish_complete(channel, slot)
@@ -513,7 +535,7 @@ class AMQPConnection:
             return
         if slot.expect_header:
             raise UnexpectedFrame("expected content header for class 60, got non content "
-                                  "header frame instead", 60, 40)
+                                  "header frame instead", _PUB_CLASS, _PUB_METHOD)
         if slot.publish is None:
             raise UnexpectedFrame("expected method frame, got non method frame instead")
         slot.received += len(payload)
@@ -539,14 +561,15 @@ class AMQPConnection:
             )
         except AMQPError as exc:
             if not exc.class_id:
-                exc.class_id, exc.method_id = 60, 40
+                exc.class_id, exc.method_id = _PUB_CLASS, _PUB_METHOD
             raise
 
     # ------------------------------------------------------------------ channel 0
     def _connection_method(self, payload: bytes) -> None:
         index = codec.method_id(payload)
-        if index >> 16 != 10:
-            raise ChannelErrorCode(f"non-connection method on channel 0 (class {index >> 16})")
+        if class_of(index) != CLASS_CONNECTION:
+            raise ChannelErrorCode(
+                f"non-connection method on channel 0 (class {class_of(index)})")
         method = codec.decode_method(payload)
         name = type(method).__name__
         if isinstance(method, commands.Connection.Close):
@@ -565,7 +588,7 @@ class AMQPConnection:
         if expected is None or not isinstance(method, expected):
             if self.state is State.OPEN:
                 raise ChannelErrorCode(f"unexpected method connection.{name} in state running",
-                                       10, index & 0xFFFF)
+                                       CLASS_CONNECTION, method_of(index))
             # During the handshake RabbitMQ just drops a peer that breaks the sequence.
             log.info("handshake violation: connection.%s in state %s; dropping", name,
                      self.state.value)
@@ -581,14 +604,16 @@ class AMQPConnection:
             self.delegate.open_vhost(method.virtual_host)
             self.vhost = method.virtual_host
             self.state = State.OPEN
-            self.write(codec.method_frame(0, 10, 41, b"\x00"))
+            self.write(codec.method_frame(0, CONNECTION_OPEN_OK, b"\x00"))
 
     def _start_ok(self, method: commands.Connection.StartOk) -> None:
         self.client_properties = dict(method.client_properties or {})
         caps = self.client_properties.get("capabilities")
         self.capabilities = dict(caps) if isinstance(caps, dict) else {}
-        raw: str | bytes | None = method.response
-        # pamqp hands a long string back as str when it is valid UTF-8: undo exactly that.
+        # pamqp hands a long string back as str when it is valid UTF-8 and as bytes when
+        # it is not (its stub says str: read it untyped, or compiled code raises
+        # TypeError on a non-UTF-8 response); undo exactly that.
+        raw: Any = cast(Any, method).response
         response = raw.encode("utf-8") if isinstance(raw, str) else raw or b""
         try:
             self.delegate.authenticate(method.mechanism, response, self.client_properties)
@@ -698,7 +723,7 @@ class AMQPConnection:
 
     def _finish_close(self, reply: bool) -> None:
         if reply:
-            self.write(codec.method_frame(0, 10, 51))
+            self.write(codec.method_frame(0, CONNECTION_CLOSE_OK))
             # The peer may have written more after its close (amqplib interleaves
             # channels, so publishes can follow the close on the wire). Closing a socket
             # with unread data makes the kernel answer with a reset, and the client sees

@@ -19,18 +19,14 @@ from __future__ import annotations
 
 from typing import Final
 
+from amqpd.protocol.constants import FRAME_BODY, FRAME_END, FRAME_HEARTBEAT
 from amqpd.protocol.errors import FrameError
 
-FRAME_METHOD: Final = 1
-FRAME_HEADER: Final = 2
-FRAME_BODY: Final = 3
-FRAME_HEARTBEAT: Final = 8
-FRAME_END: Final = 0xCE
-FRAME_END_BYTE: Final = b"\xce"
+FRAME_END_BYTE: Final = bytes((FRAME_END,))
 FRAME_OVERHEAD: Final = 8  # 7-byte header + frame-end
 PROTOCOL_HEADER: Final = b"AMQP\x00\x00\x09\x01"
 
-HEARTBEAT_FRAME: Final = b"\x08\x00\x00\x00\x00\x00\x00\xce"
+HEARTBEAT_FRAME: Final = bytes((FRAME_HEARTBEAT, 0, 0, 0, 0, 0, 0, FRAME_END))
 
 Frame = tuple[int, int, bytes]
 
@@ -99,7 +95,8 @@ class FrameReader:
         if stop >= end:
             return -1
         ftype = buf[pos]
-        if buf[stop] != FRAME_END or (ftype > 3 and ftype != 8) or not ftype:
+        if buf[stop] != FRAME_END or not ftype or (
+                ftype > FRAME_BODY and ftype != FRAME_HEARTBEAT):
             if not strict:
                 return -1
             if buf[stop] != FRAME_END:

@@ -1,7 +1,10 @@
 """The one interface between the broker and whatever keeps messages across a restart.
 
-Only persistent messages (delivery_mode 2) routed to durable queues reach the store;
-transient messages and non-durable queues never touch it. The broker calls the
+What reaches the store: at publish time, persistent messages (delivery_mode 2) routed to
+durable queues. Under memory pressure the broker also pages messages out to it, transient
+ones and those of non-durable queues included, when the store is ``on_disk`` (their
+records then die with the queue or at the next restart's recovery, which drops queues
+that are not durable). The broker calls the
 ``append_*`` methods from the event-loop thread; they must be cheap (buffer the
 record, no fsync). Durability is requested separately with :meth:`MessageStore.commit`,
 which is how group commit works: the broker appends any number of records during one
@@ -86,8 +89,12 @@ class MessageStore(Protocol):
 
     Implementations: ``amqpd.store.log.SharedLog`` (segmented files, CRC, group-commit
     fsync in a worker thread) and ``amqpd.store.memory.MemoryStore`` (same contract,
-    nothing on disk; for tests and ``persistence = false``).
+    nothing on disk; the store of ``persistence = false``, and of tests).
     """
+
+    #: True when what is appended can be dropped from memory and read back later (the
+    #: shared log); False for the in-memory store, to which paging would save nothing.
+    on_disk: bool
 
     def open(self) -> RecoveredState:
         """Recover from disk (checkpoint + replay; torn tail truncated). Called once."""

@@ -139,6 +139,7 @@ class SharedLog:
         if fsync not in ("batch", "never"):
             raise ValueError(f"fsync must be 'batch' or 'never', not {fsync!r}")
         self.directory = Path(directory)
+        self.on_disk = True  # what is appended can leave memory (MessageStore.on_disk)
         self.segment_size = segment_size
         self.fsync_policy = fsync
         self.loop = loop

@@ -1,7 +1,11 @@
 """MemoryStore: the MessageStore contract with nothing on disk.
 
-For tests and for ``persistence = false``: the broker runs the same code path, and the
-store contract tests run against this and ``SharedLog`` alike (NATS memstore/filestore).
+The store of a broker with ``persistence = false`` (and of unit tests): the broker runs the
+same code path as with the shared log, persistent messages of durable queues are
+appended here and confirmed after :meth:`MemoryStore.commit`, and nothing survives the
+process. The store contract tests run against this and ``SharedLog`` alike (NATS
+memstore/filestore). ``on_disk`` is False: the broker never pages messages out to it
+(that would free no memory).
 
 Positions grow like a log's would (each message advances by its size), so code that
 accidentally relies on "position == counter" fails here as it would against a file.
@@ -27,6 +31,7 @@ class MemoryStore:
 
     def __init__(self, *, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.loop = loop
+        self.on_disk = False  # keeps bodies in memory: paging to it would save nothing
         self._messages: dict[int, StoredMessage] = {}
         self._refs: dict[int, int] = {}
         self._queues: dict[str, dict[int, None]] = {}  # insertion-ordered sets
@@ -92,6 +97,7 @@ class MemoryStore:
     def append_delivered_many(self, queue: str, positions: Iterable[int]) -> None:
         for position in positions:
             self.append_delivered(queue, position)
+
     def drop_queue(self, queue: str) -> None:
         self._check()
         q = self._queues.get(queue)

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from amqpd.broker.policy import register_policy_key
+from amqpd.broker.api import register_policy_key
 from plugins.federation import http, params, upstream_exchange, wire
 from plugins.federation.links import Supervisor
 
 if TYPE_CHECKING:
+    from amqpd.broker.api import BrokerAPI
     from amqpd.http.core import Router
-    from amqpd.server import Broker
 
 __all__ = ["FederationPlugin", "create_plugin"]
 
@@ -31,20 +31,20 @@ __all__ = ["FederationPlugin", "create_plugin"]
 class FederationPlugin:
     name = "federation"
 
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
-        self.supervisor = Supervisor(broker)
+    def __init__(self, api: BrokerAPI) -> None:
+        self.api = api
+        self.supervisor = Supervisor(api)
         wire.install()
         # before definitions restore: saved upstream exchanges and parameters must load
         upstream_exchange.register()
         for component, validate in ((params.UPSTREAM, params.validate_upstream),
                                     (params.UPSTREAM_SET, params.validate_upstream_set)):
-            broker.parameters.register(component, validate, on_set=self._changed,
+            api.parameters.register(component, validate, on_set=self._changed,
                                        on_clear=self._changed)
         register_policy_key(params.UPSTREAM, params.validate_policy_upstream)
         register_policy_key(params.UPSTREAM_SET, params.validate_policy_upstream)
         register_policy_key(params.UPSTREAM_PATTERN, params.validate_policy_upstream)
-        broker.policies.on_applied.append(self.supervisor.on_policy_applied)
+        api.on_policy_applied(self.supervisor.on_policy_applied)
 
     def _changed(self, _vhost: str, _name: str, _value: object) -> None:
         self.supervisor.schedule()
@@ -59,5 +59,5 @@ class FederationPlugin:
         await self.supervisor.stop()
 
 
-def create_plugin(broker: Broker) -> FederationPlugin:
-    return FederationPlugin(broker)
+def create_plugin(api: BrokerAPI) -> FederationPlugin:
+    return FederationPlugin(api)

@@ -4,7 +4,7 @@ A link runs on the downstream. It connects to the upstream with aiormq (a URI pi
 random from the upstream's list, as RabbitMQ does), sets up there what its kind needs
 (:meth:`Link.setup`), then serves deliveries until the connection dies, and starts over
 after ``reconnect-delay``. Messages are republished into the local broker through its
-public Python API (:meth:`Broker.publish`) rather than a loopback AMQP connection; the
+public Python API (:meth:`BrokerAPI.publish`) rather than a loopback AMQP connection; the
 ``on_confirm`` callback of that API is what ``ack-mode`` hangs on:
 
 - ``on-confirm``: ack upstream only once the local publish is confirmed (persisted when
@@ -27,8 +27,7 @@ from typing import TYPE_CHECKING, Any
 import aiormq
 from aiormq.abc import DeliveredMessage
 
-from amqpd.broker.message import Message
-from amqpd.protocol import codec
+from amqpd.broker.api import Message, codec
 from plugins.federation.acker import Acker
 from plugins.federation.params import Upstream, strip_credentials
 
@@ -66,7 +65,7 @@ class Link:
 
     def __init__(self, supervisor: Supervisor, vhost: str, name: str, upstream: Upstream) -> None:
         self.supervisor = supervisor
-        self.broker = supervisor.broker
+        self.api = supervisor.api
         self.vhost = vhost
         self.name = name
         self.upstream = upstream
@@ -202,7 +201,6 @@ class Link:
             acker.track(tag)
         if not self.upstream.trust_user_id:
             props.pop("user_id", None)
-        vhost = self.broker.vhosts.get(self.vhost)
         message = Message(exchange, routing_key, codec.encode_properties(props), delivered.body)
 
         def confirmed(error: BaseException | None) -> None:
@@ -212,10 +210,9 @@ class Link:
                 acker.settle(tag, error is None)
 
         try:
-            if vhost is None:
-                raise ConnectionError(f"vhost {self.vhost!r} is gone")
-            self.broker.publish(vhost, exchange, message, None,
-                                on_confirm=confirmed if mode == "on-confirm" else None)
+            # 404 once the vhost or exchange is gone: the link errors and restarts
+            self.api.publish(self.vhost, exchange, message, None,
+                             on_confirm=confirmed if mode == "on-confirm" else None)
         except Exception as exc:
             if acker is not None:
                 acker.settle(tag, False)
@@ -252,7 +249,7 @@ class Link:
     # ------------------------------------------------------------------ status
     def status_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {
-            "node": self.broker.settings.node_name,
+            "node": self.api.settings.node_name,
             self.kind: self.name,
             f"upstream_{self.kind}": self.upstream_object,
             "type": self.kind,

@@ -28,7 +28,7 @@ from typing import Any
 import aiormq
 from aiormq.abc import DeliveredMessage
 
-from amqpd.broker.exchange import args_key
+from amqpd.broker.api import args_key
 from plugins.federation.base import Link, properties_of
 from plugins.federation.headers import BINDING_HEADER, ROUTING_HEADER, prepend, should_forward
 from plugins.federation.wire import Long
@@ -68,7 +68,7 @@ class ExchangeLink(Link):
 
     @property
     def cluster(self) -> str:
-        return str(self.broker.settings.effective_cluster_name)
+        return str(self.api.settings.effective_cluster_name)
 
     # ------------------------------------------------------------------ setup
     async def setup(self, conn: aiormq.abc.AbstractConnection,
@@ -76,7 +76,7 @@ class ExchangeLink(Link):
         up = self.upstream
         ux = self.upstream_object
         self.uvhost = upstream_vhost(self._connected_uri())
-        local = self.broker.vhosts[self.vhost].get_exchange(self.name)
+        local = self.api.exchange(self.vhost, self.name)
         await self._ensure_upstream_exchange(conn, channel, ux, local.info())
         self.queue = upstream_queue_name(ux, self.uvhost, self.cluster, self.vhost, self.name)
         args: dict[str, Any] = {}
@@ -188,8 +188,7 @@ class ExchangeLink(Link):
         return prepend(args, BINDING_HEADER, info)
 
     def _wanted(self) -> dict[tuple[str, str], tuple[str, dict[str, Any]]]:
-        vh = self.broker.vhosts.get(self.vhost)
-        ex = vh.exchanges.get(self.name) if vh is not None else None
+        ex = self.api.find_exchange(self.vhost, self.name)
         if ex is None:
             raise ConnectionError(f"exchange {self.name!r} is gone")
         wanted: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
@@ -216,7 +215,7 @@ class ExchangeLink(Link):
         """Consume unless a local resource alarm (memory, disk) is on: like a publisher,
         the link stops feeding a broker that is blocking publishers. The upstream queue
         holds the messages meanwhile."""
-        blocked = bool(self.broker.alarms)
+        blocked = self.api.alarms_active()
         if not blocked and not self.consumer_tag:
             ok = await channel.basic_consume(self.queue, self._on_message,
                                              no_ack=self.upstream.ack_mode == "no-ack")

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 def _plugin(ctx: Ctx) -> FederationPlugin:
-    plugin: FederationPlugin = ctx.broker.plugins["federation"]  # type: ignore[assignment]
+    plugin: FederationPlugin = ctx.api.plugin("federation")  # type: ignore[assignment]
     return plugin
 
 
@@ -32,7 +32,7 @@ async def restart_link(ctx: Ctx) -> Any:
     """``DELETE /api/federation-links/vhost/{vhost}/{id}/{node}/restart`` (RabbitMQ's)."""
     vh = ctx.vhost(write=True)
     ctx.require_policymaker()
-    if ctx.params["node"] != ctx.broker.settings.node_name:
+    if ctx.params["node"] != ctx.api.settings.node_name:
         raise not_found()
     if not await _plugin(ctx).supervisor.restart(ctx.params["id"], vh.name):
         raise not_found()

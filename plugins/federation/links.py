@@ -30,10 +30,7 @@ from plugins.federation.queue_link import QueueLink
 from plugins.federation.upstream_exchange import TYPE_NAME
 
 if TYPE_CHECKING:
-    from amqpd.broker.exchange import Exchange
-    from amqpd.broker.queue import Queue
-    from amqpd.broker.vhost import VHost
-    from amqpd.server import Broker
+    from amqpd.broker.api import BrokerAPI, Exchange, QueueType, VHost
 
 log = logging.getLogger("amqpd.federation")
 
@@ -47,13 +44,13 @@ def _federated(policy: dict[str, Any] | None) -> bool:
     return any(key in policy for key in (UPSTREAM, UPSTREAM_SET, UPSTREAM_PATTERN))
 
 
-def _internal(obj: Exchange | Queue) -> bool:
+def _internal(obj: Exchange | QueueType) -> bool:
     return "x-internal-purpose" in obj.arguments or getattr(obj, "type_name", "") == TYPE_NAME
 
 
 class Supervisor:
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
+    def __init__(self, api: BrokerAPI) -> None:
+        self.api = api
         self.links: dict[LinkKey, Link] = {}
         self._running = False
         self._dirty: asyncio.Event | None = None  # created in start(), inside the loop
@@ -64,7 +61,7 @@ class Supervisor:
         if self._dirty is not None:
             self._dirty.set()
 
-    def on_policy_applied(self, _vhost: VHost, obj: Exchange | Queue) -> None:
+    def on_policy_applied(self, _vhost: VHost, obj: Exchange | QueueType) -> None:
         if _federated(obj.policy) or any(k[2] == obj.name for k in self.links):
             self.schedule()
 
@@ -102,16 +99,16 @@ class Supervisor:
 
     # ------------------------------------------------------------------ reconcile
     def desired(self) -> dict[LinkKey, tuple[type[Link], Upstream]]:
-        params = self.broker.parameters
+        api = self.api
+        params = api.parameters
         out: dict[LinkKey, tuple[type[Link], Upstream]] = {}
-        for vh in list(self.broker.vhosts.values()):
-            if self.on_binding_changed not in vh.on_binding_changed:
-                vh.on_binding_changed.append(self.on_binding_changed)
-            for ex in list(vh.exchanges.values()):
+        for vh in api.vhosts():
+            api.on_binding_changed(vh, self.on_binding_changed)
+            for ex in api.exchanges(vh):
                 if ex.name and _federated(ex.policy) and not _internal(ex):
                     for up in resolve(params, vh.name, ex.policy):
                         out[("exchange", vh.name, ex.name, up.name)] = (ExchangeLink, up)
-            for q in list(vh.queues.values()):
+            for q in api.queues(vh):
                 if _federated(q.policy) and not _internal(q):
                     for up in resolve(params, vh.name, q.policy):
                         out[("queue", vh.name, q.name, up.name)] = (QueueLink, up)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from amqpd.broker.parameters import ParameterStore
+    from amqpd.broker.api import ParameterStore
 
 UPSTREAM = "federation-upstream"
 UPSTREAM_SET = "federation-upstream-set"
@@ -129,7 +129,7 @@ def validate_upstream_set(_vhost: str, name: str, value: Any) -> None:
 
 
 def validate_policy_upstream(key: str, value: Any) -> None:
-    from amqpd.protocol.errors import PreconditionFailed
+    from amqpd.broker.api import PreconditionFailed
 
     if not isinstance(value, str) or not value:
         raise PreconditionFailed(f"{key} should be a non-empty string, got {value!r}")

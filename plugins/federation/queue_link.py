@@ -41,7 +41,7 @@ class QueueLink(Link):
         caps: Any = (conn.server_properties or {}).get("capabilities")
         if not isinstance(caps, dict) or caps.get("consumer_priorities") is not True:
             raise ConnectionError("upstream lacks consumer priorities")
-        local = self.broker.vhosts[self.vhost].get_queue(self.name)
+        local = self.api.queue(self.vhost, self.name)
         await channel.queue_declare(self.upstream_object, durable=local.durable,
                                     auto_delete=local.auto_delete,
                                     arguments=dict(local.arguments) or None)
@@ -51,14 +51,11 @@ class QueueLink(Link):
         await self.periodic()
 
     def _wants_messages(self) -> bool:
-        vh = self.broker.vhosts.get(self.vhost)
-        q = vh.queues.get(self.name) if vh is not None else None
-        if q is None:
+        if self.api.find_queue(self.vhost, self.name) is None:
             raise ConnectionError(f"queue {self.name!r} is gone")
-        if q.ready or self.broker.alarms:  # a resource alarm blocks the link as a publisher
+        if self.api.alarms_active():  # a resource alarm blocks the link as a publisher
             return False
-        return any(c.priority >= 0 and c.has_credit() and c.channel.can_deliver(c)
-                   for c in q.consumers)
+        return self.api.has_demand(self.vhost, self.name, min_priority=0)
 
     async def periodic(self) -> None:
         channel = self.channel

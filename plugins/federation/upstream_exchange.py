@@ -19,9 +19,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from amqpd.broker.exchange import Binding, Destination, Exchange, register_exchange_type
-from amqpd.broker.message import Message
-from amqpd.protocol.errors import PreconditionFailed
+from amqpd.broker.api import (
+    Binding,
+    Destination,
+    Exchange,
+    Message,
+    PreconditionFailed,
+    register_exchange_type,
+)
 from plugins.federation.headers import should_forward
 
 TYPE_NAME = "x-federation-upstream"

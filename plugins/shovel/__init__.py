@@ -17,8 +17,8 @@ from plugins.shovel.params import parse, validate
 from plugins.shovel.runner import ShovelRunner
 
 if TYPE_CHECKING:
+    from amqpd.broker.api import BrokerAPI
     from amqpd.http.core import Router
-    from amqpd.server import Broker
 
 log = logging.getLogger("amqpd.shovel")
 
@@ -26,15 +26,15 @@ log = logging.getLogger("amqpd.shovel")
 class ShovelPlugin:
     name = "shovel"
 
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
+    def __init__(self, api: BrokerAPI) -> None:
+        self.api = api
         self.started = False
         self.dynamic: dict[tuple[str, str], ShovelRunner] = {}
         self.static: dict[tuple[str, str], ShovelRunner] = {}
         self._stopping: set[asyncio.Task[None]] = set()
-        broker.parameters.register("shovel", validate, on_set=self._on_set,
+        api.parameters.register("shovel", validate, on_set=self._on_set,
                                    on_clear=self._on_clear)
-        for i, table in enumerate(getattr(broker.settings, "shovels", None) or []):
+        for i, table in enumerate(getattr(api.settings, "shovels", None) or []):
             spec = dict(table)
             name = str(spec.pop("name", f"static-{i + 1}"))
             vhost = str(spec.pop("vhost", "/"))
@@ -45,8 +45,8 @@ class ShovelPlugin:
             self.static[(vhost, name)] = self._runner(defn)
 
     def _runner(self, defn: Any) -> ShovelRunner:
-        s = self.broker.settings
-        return ShovelRunner(defn, local_uri=self.broker.local_uri, node=s.node_name,
+        s = self.api.settings
+        return ShovelRunner(defn, local_uri=self.api.local_uri, node=s.node_name,
                             cluster_name=s.effective_cluster_name,
                             on_completed=self._completed)
 
@@ -80,8 +80,7 @@ class ShovelPlugin:
             return
 
         def clear() -> None:
-            if self.broker.parameters.clear("shovel", d.vhost, d.name):
-                self.broker.definitions_changed()
+            self.api.parameters.clear("shovel", d.vhost, d.name)  # saved by the store
 
         asyncio.get_running_loop().call_soon(clear)
 
@@ -107,5 +106,5 @@ class ShovelPlugin:
                              return_exceptions=True)
 
 
-def create_plugin(broker: Broker) -> ShovelPlugin:
-    return ShovelPlugin(broker)
+def create_plugin(api: BrokerAPI) -> ShovelPlugin:
+    return ShovelPlugin(api)

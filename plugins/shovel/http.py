@@ -28,9 +28,8 @@ def routes(router: Router, plugin: ShovelPlugin) -> None:
     async def delete_shovel(ctx: Ctx) -> Any:
         vh = ctx.vhost(write=True)
         ctx.require_policymaker()
-        if not ctx.broker.parameters.clear("shovel", vh.name, ctx.params["name"]):
+        if not ctx.api.parameters.clear("shovel", vh.name, ctx.params["name"]):
             raise not_found()
-        ctx.broker.definitions_changed()
         return no_content()
 
     async def restart_shovel(ctx: Ctx) -> Any:

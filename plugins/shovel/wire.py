@@ -29,6 +29,8 @@ from pamqp import commands as spec
 from pamqp import frame as pframe
 from pamqp.header import ContentHeader, ProtocolHeader
 
+from amqpd.broker.api import wire as C
+
 FRAME_MAX = 131072
 WRITE_BUFFER = 4 * 1024 * 1024  # bytes queued in the transport before publishers wait
 _FRAME = struct.Struct(">BHI")
@@ -37,6 +39,11 @@ _PROTOCOL_HEADER = ProtocolHeader().marshal()
 _U16 = struct.Struct(">H")
 _U64B = struct.Struct(">QB")
 _HDR = struct.Struct(">HHQ")
+_END = bytes((C.FRAME_END,))
+_PUBLISH = C.BASIC_PUBLISH.to_bytes(4, "big")
+_ACK = C.BASIC_ACK.to_bytes(4, "big")
+_NACK = C.BASIC_NACK.to_bytes(4, "big")
+_DELIVER = C.BASIC_DELIVER.to_bytes(4, "big")
 
 
 class AMQPError(Exception):
@@ -94,7 +101,7 @@ def parse_uri(uri: str) -> Params:
 
 def decode_properties(raw: bytes) -> spec.Basic.Properties:
     header = ContentHeader()
-    header.unmarshal(_HDR.pack(60, 0, 0) + raw)
+    header.unmarshal(_HDR.pack(C.CLASS_BASIC, 0, 0) + raw)
     return header.properties
 
 
@@ -263,26 +270,26 @@ class Connection(asyncio.Protocol):
     def publish_frames(self, channel: int, exchange: str, routing_key: str,
                        properties: bytes, body: bytes, out: bytearray) -> None:
         """Append one publish (method, header, body frames) to out."""
-        method = b"\x00\x3c\x00\x28\x00\x00" + _shortstr(exchange) + _shortstr(routing_key) \
+        method = _PUBLISH + b"\x00\x00" + _shortstr(exchange) + _shortstr(routing_key) \
             + b"\x00"
-        out += _FRAME.pack(1, channel, len(method)) + method + b"\xce"
-        header = _HDR.pack(60, 0, len(body)) + properties
-        out += _FRAME.pack(2, channel, len(header)) + header + b"\xce"
+        out += _FRAME.pack(C.FRAME_METHOD, channel, len(method)) + method + _END
+        header = _HDR.pack(C.CLASS_BASIC, 0, len(body)) + properties
+        out += _FRAME.pack(C.FRAME_HEADER, channel, len(header)) + header + _END
         step = self.frame_max - 8
         for i in range(0, len(body), step):
             chunk = body[i:i + step]
-            out += _FRAME.pack(3, channel, len(chunk)) + chunk + b"\xce"
+            out += _FRAME.pack(C.FRAME_BODY, channel, len(chunk)) + chunk + _END
 
     def write(self, data: bytes | bytearray) -> None:
         self._write(data)
 
     def ack(self, channel: int, tag: int, multiple: bool) -> None:
-        payload = b"\x00\x3c\x00\x50" + _U64B.pack(tag, 1 if multiple else 0)
-        self._write(_FRAME.pack(1, channel, len(payload)) + payload + b"\xce")
+        payload = _ACK + _U64B.pack(tag, 1 if multiple else 0)
+        self._write(_FRAME.pack(C.FRAME_METHOD, channel, len(payload)) + payload + _END)
 
     def nack(self, channel: int, tag: int, requeue: bool = True) -> None:
-        payload = b"\x00\x3c\x00\x78" + _U64B.pack(tag, 2 if requeue else 0)
-        self._write(_FRAME.pack(1, channel, len(payload)) + payload + b"\xce")
+        payload = _NACK + _U64B.pack(tag, 2 if requeue else 0)
+        self._write(_FRAME.pack(C.FRAME_METHOD, channel, len(payload)) + payload + _END)
 
     # ------------------------------------------------------------------ protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -324,11 +331,11 @@ class Connection(asyncio.Protocol):
                 end = pos + 7 + size
                 if n < end + 1:
                     break
-                if ftype == 3:
+                if ftype == C.FRAME_BODY:
                     self._on_body(channel, bytes(buf[pos + 7:end]))
-                elif ftype == 1:
+                elif ftype == C.FRAME_METHOD:
                     self._on_method(channel, buf, pos, end)
-                elif ftype == 2:
+                elif ftype == C.FRAME_HEADER:
                     self._on_header(channel, bytes(buf[pos + 7:end]))
                 pos = end + 1
         except Exception as exc:
@@ -340,7 +347,7 @@ class Connection(asyncio.Protocol):
 
     def _on_method(self, channel: int, buf: bytearray, pos: int, end: int) -> None:
         key = bytes(buf[pos + 7:pos + 11])
-        if key == b"\x00\x3c\x00\x3c":  # basic.deliver
+        if key == _DELIVER:
             p = pos + 11
             ln = buf[p]
             p += 1 + ln  # consumer tag
@@ -355,11 +362,11 @@ class Connection(asyncio.Protocol):
             self._content[channel] = [Delivery(tag, bool(bits & 1), exchange, routing_key,
                                                b"", b""), 0, [], 0]
             return
-        if key in (b"\x00\x3c\x00\x50", b"\x00\x3c\x00\x78"):  # basic.ack / basic.nack
+        if key in (_ACK, _NACK):
             tag, bits = _U64B.unpack_from(buf, pos + 11)
             cb = self.on_confirm.get(channel)
             if cb is not None:
-                cb(tag, bool(bits & 1), key[3] == 0x50)
+                cb(tag, bool(bits & 1), key == _ACK)
             return
         _, _, method = pframe.unmarshal(bytes(buf[pos:end + 1]))
         if isinstance(method, spec.Basic.Cancel):

@@ -10,6 +10,7 @@ import pika
 import pytest
 
 import amqpd.plugins
+from amqpd.broker.api import BrokerAPI
 from amqpd.config import Settings
 from amqpd.plugins import PluginError, load_plugins
 from amqpd.server import Broker
@@ -18,15 +19,15 @@ from amqpd.server import Broker
 class FakePlugin:
     name = "fake"
 
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
+    def __init__(self, api: BrokerAPI) -> None:
+        self.api = api  # plugins are given the public broker API, nothing else
         self.events: list[str] = ["created"]
 
     def http_routes(self, router: Any) -> None:
         self.events.append("routes")
 
     async def start(self) -> None:
-        self.events.append(f"start listeners={len(self.broker.listeners)}")
+        self.events.append(f"start listeners={len(self.api.listeners())}")
 
     async def stop(self) -> None:
         self.events.append("stop")

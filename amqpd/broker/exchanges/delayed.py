@@ -16,6 +16,13 @@ is written once to the shared log under the internal store key
 in the stored record's exchange field as ``"<exchange>\\x00<due_ms>"``; the heap then keeps
 only its log position and size, not its body. At recovery :func:`recover` rebuilds the
 heap from that key; when a message is routed its record is settled under the key.
+
+Routing: a message to hold is routed, like any other, to a destination: the exchange's
+:class:`HeldMessages`, a queue type that is never in ``vhost.queues`` and whose
+:meth:`~HeldMessages.enqueue` puts the message into the heap. So the publish pipeline
+sees a routed message (not unroutable, no alternate exchange), and when the hold wrote
+the message to the log the pipeline's confirm waits for the commit, as for a durable
+queue.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import logging
 import struct
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from amqpd.broker.exchange import (
     EXCHANGE_TYPES,
@@ -36,6 +43,8 @@ from amqpd.broker.exchange import (
     register_exchange_type,
 )
 from amqpd.broker.message import Message
+from amqpd.broker.queue_type import QueueType
+from amqpd.protocol.constants import FLAG_HEADERS_HI
 from amqpd.protocol.errors import CommandInvalid, PreconditionFailed
 
 if TYPE_CHECKING:
@@ -46,7 +55,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqpd.delayed")
 
 KEY_PREFIX = "amq.delayed."
-_FLAG_HEADERS = 0x20
 
 
 def store_key(vhost: str, exchange: str) -> str:
@@ -56,7 +64,7 @@ def store_key(vhost: str, exchange: str) -> str:
 def message_delay(message: Message) -> int:
     """The x-delay header in ms (0 when absent, not an integer, or not positive)."""
     props = message.properties
-    if not (props and props[0] & _FLAG_HEADERS and b"\x07x-delay" in props):
+    if not (props and props[0] & FLAG_HEADERS_HI and b"\x07x-delay" in props):
         return 0
     delay = message.headers.get("x-delay")
     if isinstance(delay, bool) or not isinstance(delay, int) or delay <= 0:
@@ -103,13 +111,30 @@ def _negated(message: Message, exchange: str) -> Message:
     return message.with_properties(props, exchange=exchange)
 
 
+class HeldMessages(QueueType):
+    """Where a delayed exchange routes a message it holds back: enqueue = hold.
+
+    Not a queue clients see (never in ``vhost.queues``, no consumers); it exists so that
+    holding is a routing result like any other. Its count is the exchange's backlog.
+    """
+
+    type_name = "x-delayed-held"
+
+    def __init__(self, exchange: DelayedMessageExchange, vhost: VHost) -> None:
+        super().__init__(vhost, f"{KEY_PREFIX}{exchange.name}")
+        self.exchange = exchange
+
+    @property
+    def message_count(self) -> int:
+        return self.exchange.pending
+
+    def enqueue(self, message: Message) -> None:
+        self.exchange._hold(message, message_delay(message))
+
+
 @register_exchange_type
 class DelayedMessageExchange(Exchange):
     type_name = "x-delayed-message"
-    #: the message most recently held by any delayed exchange (reached directly or through
-    #: exchange-to-exchange bindings): Broker.publish then neither returns it as
-    #: unroutable nor confirms it before the log has it
-    last_held: ClassVar[Message | None] = None
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         self._inner: Exchange | None = None
@@ -119,6 +144,7 @@ class DelayedMessageExchange(Exchange):
         self._armed: float | None = None
         self.broker: Broker | None = None
         self.vhost_obj: VHost | None = None
+        self.held_messages: HeldMessages | None = None  # the destination of held ones
         self.held: Message | None = None  # the message the last route() call held back
         self._releasing: Message | None = None  # the due message being routed
         self.closed = False
@@ -142,6 +168,7 @@ class DelayedMessageExchange(Exchange):
         """Called once the exchange is declared (policy application hook)."""
         self.broker = broker
         self.vhost_obj = vhost
+        self.held_messages = HeldMessages(self, vhost)
 
     @property
     def key(self) -> str:
@@ -174,33 +201,33 @@ class DelayedMessageExchange(Exchange):
         assert self._inner is not None
         if message is self._releasing:
             return self._inner.route(message, routing_key)  # due now: no second look
-        if message is self.held:
-            return (self,)  # a CC key of a message already held: it is held once
-        delay = message_delay(message)
-        if delay <= 0 or self.broker is None:
+        held = self.held_messages
+        if held is None:
             return self._inner.route(message, routing_key)
-        self._hold(message, delay)
-        # "routed" to ourselves: the vhost has already visited this exchange, so this adds
-        # no destination, but it counts as a match (no alternate exchange for a held one)
-        return (self,)
+        if message is self.held:
+            return (held,)  # a CC key of a message already held: still one destination
+        delay = message_delay(message)
+        if delay <= 0:
+            return self._inner.route(message, routing_key)
+        self.held = message
+        return (held,)  # the pipeline enqueues it there: HeldMessages.enqueue holds it
 
     def _hold(self, message: Message, delay: int) -> None:
         broker = self.broker
         assert broker is not None
-        self.held = message
-        DelayedMessageExchange.last_held = message  # publish: held, not unroutable
         due = time.monotonic() + delay / 1000
         position = -1
         kept: Message | None = message
         store = broker.store
-        if message.persistent and self.durable and store is not None:
+        if message.persistent and self.durable:
             from amqpd.store.api import StoredMessage
 
             due_ms = int(time.time() * 1000) + delay
             position = store.append_enqueue(
                 [self.key], StoredMessage(f"{self.name}\x00{due_ms}", message.routing_key,
                                           message.properties, message.body))
-            message.position = position
+            if message.position < 0:  # the confirm waits for this write (publish pipeline)
+                message.position = position
             kept = None  # the log has it: keep 3 ints, not the body
         else:
             message._props = None  # the decoded headers cost more than the message itself
@@ -230,17 +257,16 @@ class DelayedMessageExchange(Exchange):
             budget -= 1
             _due, _seq, position, message = heapq.heappop(heap)
             if message is None:
-                assert store is not None
                 stored = store.read(position)
                 message = Message(self.name, stored.routing_key, stored.properties,
                                   stored.body, persistent=True)
             if position >= 0:
                 settled.append(position)
             wrote |= self._route_due(message)
-        if settled and store is not None:
+        if settled:
             store.append_settle(self.key, settled)
             wrote = True
-        if wrote and store is not None:
+        if wrote:
             store.commit(lambda _err: None)
         if heap:
             self._arm(heap[0][0] if budget else now)
@@ -265,7 +291,7 @@ class DelayedMessageExchange(Exchange):
     def close(self) -> None:
         self.closed = True
         self._heap.clear()
-        if self.broker is not None and self.broker.store is not None and self.durable:
+        if self.broker is not None and self.durable:
             self.broker.store.drop_queue(self.key)
 
     # ------------------------------------------------------------------ recovery
@@ -283,7 +309,6 @@ def recover(broker: Broker, key: str, recovered: RecoveredQueue) -> bool:
     if not name.startswith(KEY_PREFIX):
         return False
     store = broker.store
-    assert store is not None
     vhost = broker.vhosts.get(vhost_name)
     ex = vhost.exchanges.get(name[len(KEY_PREFIX):]) if vhost is not None else None
     if not isinstance(ex, DelayedMessageExchange) or ex.broker is None:
@@ -297,4 +322,4 @@ def recover(broker: Broker, key: str, recovered: RecoveredQueue) -> bool:
     return True
 
 
-__all__ = ["DelayedMessageExchange", "message_delay", "recover", "store_key"]
+__all__ = ["DelayedMessageExchange", "HeldMessages", "message_delay", "recover", "store_key"]

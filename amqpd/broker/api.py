@@ -1,0 +1,632 @@
+"""The public broker API: the one way into the broker from outside the broker package.
+
+The AMQP channel, the HTTP API (``amqpd/http/``), the plugins (shovel, federation) and,
+next, the cluster code change topology, move messages and read state through
+:class:`BrokerAPI` (``broker.api``), never by reaching into vhosts, queues or the auth
+store. The rules therefore live in one place:
+
+* Errors are :mod:`amqpd.protocol.errors` exceptions carrying the AMQP reply code the
+  AMQP layer has always sent (404 not found, 405 locked, 406 precondition failed, 403
+  access refused, 530 not allowed...); the channel turns them into ``channel.close``,
+  the HTTP layer into 4xx responses.
+* Durable state saves itself: every change to durable topology, users, permissions,
+  vhosts, policies or parameters made here (or by the stores underneath) is recorded in
+  the log through :meth:`Broker.definitions_changed`, the one trigger (a definition
+  record, :mod:`amqpd.broker.journal`); no caller of this API persists anything by
+  hand, and :meth:`wait_durable` returns once what was recorded is durable. (User
+  limits and topic permissions live beside the parameters and are recorded by the
+  methods here that change them; operator policies keep their own file, as RabbitMQ
+  keeps them out of definitions.)
+* Per-message work (publish, deliver, settle) runs in compiled code: :meth:`publish` is
+  the publish pipeline (:mod:`amqpd.broker.publish`) and a fetched message is settled
+  through its queue type (:mod:`amqpd.broker.queue_type`).
+
+Names are looked up per call (``vhost`` is a vhost name or a :class:`VHost`), so a caller
+holds no references that outlive a deletion. The types re-exported at the bottom are the
+ones callers may hold and read (a queue's name, counters, ``info()``), not mutate.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from amqpd.broker import quorum, resource_limits, topic_auth
+from amqpd.broker.auth import HASHING_SHA256, Permission, User, hash_password
+from amqpd.broker.definitions import DefinitionsError, export_definitions, import_definitions
+from amqpd.broker.exchange import EXCHANGE_TYPES, Binding, Destination, Exchange, args_key
+from amqpd.broker.exchange import register_exchange_type as register_exchange_type
+from amqpd.broker.message import Message
+from amqpd.broker.operator_policy import effective_definition
+from amqpd.broker.parameters import ParameterStore, UnknownComponent
+from amqpd.broker.policy import register_policy_key
+from amqpd.broker.queue import Consumer, Queue, QueueEntry
+from amqpd.broker.queue_type import QUEUE_TYPES, QueueType, queue_type_name, register_queue_type
+from amqpd.broker.vhost import VHost, generate_name
+from amqpd.protocol import codec
+from amqpd.protocol import constants as wire
+from amqpd.protocol.errors import (
+    AccessRefused,
+    AMQPError,
+    NotFound,
+    PreconditionFailed,
+    ResourceLocked,
+)
+
+if TYPE_CHECKING:
+    # for annotations of callers (http/, plugins), which import only this module
+    from amqpd.broker.channel import Channel  # noqa: F401
+    from amqpd.config import Settings
+    from amqpd.server import Broker
+    from amqpd.session import Session
+
+log = logging.getLogger("amqpd.api")
+
+# The content-header property names, in wire order, as the broker spells them.
+PROPERTY_NAMES: tuple[str, ...] = tuple(name for name, _bit, _kind in codec.PROPERTY_FIELDS)
+
+OnConfirm = Callable[[BaseException | None], None]
+
+
+@dataclass(slots=True)
+class Fetched:
+    """A message taken from a queue by :meth:`BrokerAPI.get`, not yet settled."""
+
+    queue: QueueType
+    entry: QueueEntry
+    body: bytes
+    message_count: int  # ready messages left in the queue after this one
+
+    @property
+    def message(self) -> Message:
+        return self.entry.message
+
+    @property
+    def redelivered(self) -> bool:
+        return self.entry.redelivered
+
+
+class BrokerAPI:
+    """Everything outside the broker package may do to a broker (one per broker)."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+
+    # ------------------------------------------------------------------ the node
+    @property
+    def settings(self) -> Settings:
+        """The node's configuration (read-only by convention)."""
+        return self._broker.settings
+
+    def local_uri(self, vhost: str = "/") -> str:
+        """An AMQP URI to this broker, for plugins' links (RabbitMQ's bare "amqp://")."""
+        return self._broker.local_uri(vhost)
+
+    def listeners(self) -> list[tuple[str, str, int]]:
+        """(protocol, host, port) of every bound listener (empty before start)."""
+        return list(self._broker.listeners)
+
+    def alarms_active(self) -> bool:
+        """True while a resource alarm blocks publishers (memory, disk, store)."""
+        return bool(self._broker.alarms)
+
+    def plugin(self, name: str) -> Any:
+        """An enabled plugin by name (KeyError if it is not enabled)."""
+        return self._broker.plugins[name]
+
+    def on_policy_applied(self, callback: Callable[[VHost, QueueType | Exchange], None]) -> None:
+        """Call ``callback(vhost, queue or exchange)`` after a policy is (re)applied."""
+        self._broker.policies.on_applied.append(callback)
+
+    # ------------------------------------------------------------------ lookups
+    def vhost(self, vhost: VHost | str) -> VHost:
+        """The vhost, or 404 NOT_FOUND."""
+        if isinstance(vhost, VHost):
+            return vhost
+        vh = self._broker.vhosts.get(vhost)
+        if vh is None:
+            raise NotFound(f"no vhost '{vhost}'")
+        return vh
+
+    def vhosts(self) -> list[VHost]:
+        return sorted(self._broker.vhosts.values(), key=lambda v: v.name)
+
+    def has_vhost(self, name: str) -> bool:
+        return name in self._broker.vhosts
+
+    def exchange(self, vhost: VHost | str, name: str) -> Exchange:
+        return self.vhost(vhost).get_exchange(name)
+
+    def queue(self, vhost: VHost | str, name: str) -> QueueType:
+        return self.vhost(vhost).get_queue(name)
+
+    def find_queue(self, vhost: str, name: str) -> QueueType | None:
+        vh = self._broker.vhosts.get(vhost)
+        return vh.queues.get(name) if vh is not None else None
+
+    def find_exchange(self, vhost: str, name: str) -> Exchange | None:
+        vh = self._broker.vhosts.get(vhost)
+        return vh.exchanges.get(name) if vh is not None else None
+
+    def queues(self, vhost: VHost | str) -> list[QueueType]:
+        return sorted(self.vhost(vhost).queues.values(), key=lambda q: q.name)
+
+    def exchanges(self, vhost: VHost | str) -> list[Exchange]:
+        return sorted(self.vhost(vhost).exchanges.values(), key=lambda e: e.name)
+
+    def bindings(self, vhost: VHost | str) -> list[Binding]:
+        return self.vhost(vhost).bindings()
+
+    def sessions(self) -> list[Session]:
+        """Open client connections (past the handshake)."""
+        return list(self._broker.sessions)
+
+    def socket_count(self) -> int:
+        """Accepted sockets, handshaking or not."""
+        return len(self._broker.transports)
+
+    def on_queue_deleted(self, vhost: VHost | str,
+                         callback: Callable[[QueueType], None]) -> None:
+        """Call ``callback(queue)`` after each queue deletion in the vhost."""
+        vh = self.vhost(vhost)
+        if callback not in vh.on_queue_deleted:
+            vh.on_queue_deleted.append(callback)
+
+    def store_stats(self) -> dict[str, int]:
+        """The message store's numbers (bytes on disk, fsyncs...) for metrics."""
+        return dict(self._broker.store.stats())
+
+    # ------------------------------------------------------------------ exchanges
+    def declare_exchange(
+        self, vhost: VHost | str, name: str, type_: str, *, passive: bool = False,
+        durable: bool = False, auto_delete: bool = False, internal: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> Exchange:
+        """exchange.declare: 403 on ``amq.*`` and the default exchange, 404 (passive),
+        503 unknown type, 406 inequivalent redeclaration."""
+        return self.vhost(vhost).declare_exchange(
+            name, type_, passive=passive, durable=durable, auto_delete=auto_delete,
+            internal=internal, arguments=arguments)
+
+    def delete_exchange(self, vhost: VHost | str, name: str, *, if_unused: bool = False) -> None:
+        """exchange.delete: idempotent; 403 on built-ins, 406 in use with ``if_unused``."""
+        self.vhost(vhost).delete_exchange(name, if_unused=if_unused)
+
+    # ------------------------------------------------------------------ queues
+    def declare_queue(
+        self, vhost: VHost | str, name: str, *, passive: bool = False, durable: bool = False,
+        exclusive_owner: object | None = None, auto_delete: bool = False,
+        arguments: dict[str, Any] | None = None, owner: object | None = None,
+        server_named: bool = False,
+    ) -> QueueType:
+        """queue.declare: ``x-queue-type`` picks the queue type; 404 (passive), 405
+        (another connection's exclusive queue), 406 (inequivalent, bad arguments), 403
+        (``amq.*`` names)."""
+        return self.vhost(vhost).declare_queue(
+            name, passive=passive, durable=durable, exclusive_owner=exclusive_owner,
+            auto_delete=auto_delete, arguments=arguments, owner=owner,
+            server_named=server_named)
+
+    def delete_queue(
+        self, vhost: VHost | str, name: str, *, if_unused: bool = False,
+        if_empty: bool = False, owner: object | None = None,
+    ) -> int:
+        """queue.delete: the number of ready messages dropped; idempotent."""
+        return self.vhost(vhost).delete_queue_named(
+            name, if_unused=if_unused, if_empty=if_empty, owner=owner)
+
+    def purge_queue(self, vhost: VHost | str, name: str, *, owner: object | None = None) -> int:
+        """queue.purge: the number of ready messages dropped."""
+        return self.vhost(vhost).purge_queue(name, owner=owner)
+
+    def check_exclusive(self, queue: QueueType, owner: object | None) -> None:
+        """405 RESOURCE_LOCKED unless ``owner`` may use ``queue``."""
+        queue.vhost.check_exclusive(queue, owner)
+
+    # ------------------------------------------------------------------ bindings
+    def bind(
+        self, vhost: VHost | str, kind: str, destination: str, source: str,
+        routing_key: str, arguments: dict[str, Any] | None = None,
+        owner: object | None = None,
+    ) -> None:
+        """queue.bind (``kind="queue"``) or exchange.bind (``kind="exchange"``)."""
+        self.vhost(vhost).bind(kind, destination, source, routing_key, arguments, owner)
+
+    def unbind(
+        self, vhost: VHost | str, kind: str, destination: str, source: str,
+        routing_key: str, arguments: dict[str, Any] | None = None,
+        owner: object | None = None,
+    ) -> None:
+        self.vhost(vhost).unbind(kind, destination, source, routing_key, arguments, owner)
+
+    def on_binding_changed(self, vhost: VHost | str, callback: Callable[[Exchange], None]) -> None:
+        """Call ``callback(source exchange)`` after each bind/unbind in the vhost."""
+        vh = self.vhost(vhost)
+        if callback not in vh.on_binding_changed:
+            vh.on_binding_changed.append(callback)
+
+    # ------------------------------------------------------------------ messages
+    def publish(
+        self, vhost: VHost | str, exchange: str, message: Message, username: str | None,
+        on_confirm: OnConfirm | None = None, on_unroutable: Callable[[], None] | None = None,
+    ) -> list[QueueType]:
+        """Route and enqueue ``message``: the publish pipeline every publisher uses
+        (see :meth:`amqpd.broker.publish.Publisher.publish` for the confirm contract).
+        404 for an unknown exchange; 406 for a forged user-id or bad expiration."""
+        vh = self.vhost(vhost)
+        return self._broker.publisher.publish(vh, exchange, message, username, on_confirm,
+                                              on_unroutable)
+
+    def get(self, vhost: VHost | str, name: str, *, owner: object | None = None) -> Fetched | None:
+        """basic.get without a channel: take the head of the queue (None when empty).
+        The result stays unacknowledged until :meth:`ack` or :meth:`reject`. A get
+        counts as use of the queue for ``x-expires``, as basic.get does."""
+        q = self.queue(vhost, name)
+        q.vhost.check_exclusive(q, owner)
+        q.touch()
+        entry = q.take()
+        if entry is None:
+            return None
+        body = self._broker.body_of(entry.message)
+        q.delivered(entry, acked=False)
+        return Fetched(q, entry, body, q.message_count)
+
+    def ack(self, fetched: list[Fetched]) -> None:
+        """The fetched messages are done with."""
+        for queue, entries in _by_queue(fetched).items():
+            queue.settle(entries)
+
+    def reject(self, fetched: list[Fetched], requeue: bool) -> None:
+        """basic.reject / basic.nack: back to their places (marked redelivered), or
+        dead-lettered (reason ``rejected``) and settled."""
+        for queue, entries in _by_queue(fetched).items():
+            if requeue and not queue.deleted:
+                queue.requeue(entries)
+            else:
+                self._broker.dead_letter(queue, entries, "rejected")
+                queue.settle(entries)
+
+    def body_of(self, message: Message) -> bytes:
+        return self._broker.body_of(message)
+
+    # ------------------------------------------------------------------ consumers
+    def consume(
+        self, vhost: VHost | str, name: str, channel: Any, tag: str, *, no_ack: bool,
+        exclusive: bool, prefetch: int, arguments: dict[str, Any] | None,
+        owner: object | None, global_prefetch: int = 0,
+    ) -> Consumer:
+        """basic.consume: attach a consumer of ``channel`` (which implements
+        :class:`amqpd.broker.queue.ConsumerChannel`). 404, 405 (exclusive queue of
+        another connection), 403 ACCESS_REFUSED (exclusive use), 406 (bad arguments)."""
+        vh = self.vhost(vhost)
+        q = vh.get_queue(name)
+        vh.check_exclusive(q, owner)
+        if q.consumers and (exclusive or any(c.exclusive for c in q.consumers)):
+            raise AccessRefused(f"queue '{q.name}' in vhost '{vh.name}' in exclusive use")
+        args = dict(arguments or {})
+        if q.ext is not None and q.ext.quorum is not None:  # the channel's global prefetch
+            quorum.check_consume(q, global_prefetch, args)
+        q.validate_consumer_arguments(args, q.name, vh.name)
+        consumer = Consumer(channel, q, tag, no_ack, exclusive, prefetch, args)
+        return consumer
+
+    def start_consumer(self, consumer: Consumer) -> None:
+        """Begin deliveries to a consumer made by :meth:`consume` (after consume-ok)."""
+        consumer.queue.add_consumer(consumer)
+
+    def cancel(self, consumer: Consumer) -> None:
+        """basic.cancel: no more deliveries; an auto-delete queue may go with it."""
+        consumer.queue.remove_consumer(consumer)
+
+    def has_demand(self, vhost: str, name: str, min_priority: int = 0) -> bool:
+        """Would a message put into this queue now go straight to a consumer? True when
+        the queue has nothing ready and a consumer of priority >= ``min_priority`` has
+        credit and an open, unblocked channel (federated queues pull only then).
+        404 if the queue does not exist."""
+        q = self.queue(vhost, name)
+        if q.message_count:
+            return False
+        return any(c.priority >= min_priority and c.has_credit() and c.channel.can_deliver(c)
+                   for c in q.consumers)
+
+    def queue_type_info(self, q: QueueType) -> dict[str, Any]:
+        """What the management API shows of a queue beyond :meth:`QueueType.info` for
+        its kind: a quorum queue's type, leader, members and online nodes."""
+        if isinstance(q, Queue) and quorum.state_of(q) is not None:
+            return quorum.queue_info(q, self._broker.settings.node_name)
+        return {}
+
+    # ------------------------------------------------------------------ durability
+    async def wait_durable(self) -> None:
+        """Return once every definition change recorded so far is durable (a change made
+        through this API is acknowledged only then; raises if the store failed)."""
+        await self._broker.definitions.wait_durable()
+
+    # ------------------------------------------------------------------ vhosts
+    def add_vhost(self, name: str, *, description: str | None = None,
+                  tags: list[str] | None = None,
+                  default_queue_type: str | None = None) -> bool:
+        """Create a vhost (or update its metadata); True if it was created."""
+        broker = self._broker
+        existed = name in broker.vhosts
+        meta = broker.parameters.vhost_meta.setdefault(name, {})
+        if description is not None:
+            meta["description"] = description
+        if tags is not None:
+            meta["tags"] = tags
+        if default_queue_type is not None:
+            meta["default_queue_type"] = default_queue_type
+        broker.add_vhost(name)
+        broker.definitions_changed()
+        return not existed
+
+    def vhost_meta(self, name: str) -> dict[str, Any]:
+        return dict(self._broker.parameters.vhost_meta.get(name, {}))
+
+    def delete_vhost(self, name: str) -> None:
+        """Close the vhost's connections (320), drop its queues, exchanges, permissions,
+        policies and parameters. 404 if there is no such vhost."""
+        broker = self._broker
+        vh = self.vhost(name)
+        del broker.vhosts[name]
+        for session in list(broker.sessions):
+            if session.vhost is vh:
+                self.close_connection(session, f"vhost '{name}' is deleted")
+        for q in list(vh.queues.values()):
+            vh.delete_queue(q, reason="vhost deleted")
+        changed = broker.definitions_changed
+        for ex in list(vh.exchanges.values()):
+            for binding in list(ex.bindings.values()):  # exchange-to-exchange ones are left
+                changed(binding, True)
+            changed(ex, True)
+            ex.close()
+        broker.auth.clear_vhost(name)
+        broker.parameters.clear_vhost(name)
+        for p in broker.policies.list(name):
+            broker.policies.clear(name, p["name"])
+        broker.definitions_changed()
+
+    # ------------------------------------------------------------------ connections
+    def close_connection(self, session: Session, reason: str) -> None:
+        """Close a client connection with 320 CONNECTION_FORCED and ``reason``."""
+        broker = self._broker
+        broker.close_session(session, 320, reason)
+
+    # ------------------------------------------------------------------ users, permissions
+    def users(self) -> list[User]:
+        return sorted(self._broker.auth.users.values(), key=lambda u: u.name)
+
+    def user(self, name: str) -> User | None:
+        return self._broker.auth.users.get(name)
+
+    def put_user(self, name: str, *, tags: list[str], password: str | None = None,
+                 password_hash: str | None = None,
+                 algorithm: str = HASHING_SHA256) -> bool:
+        """Create or replace a user; True if it was created."""
+        auth = self._broker.auth
+        existed = name in auth.users
+        auth.add_user(name, password, tags, password_hash=password_hash, algorithm=algorithm)
+        return not existed
+
+    def delete_user(self, name: str) -> bool:
+        return self._broker.auth.delete_user(name)
+
+    def permissions(self) -> list[tuple[str, str, Permission]]:
+        """(user, vhost, permission), sorted."""
+        return [(u, v, p) for (u, v), p in sorted(self._broker.auth.permissions.items())]
+
+    def permission(self, user: str, vhost: str) -> Permission | None:
+        return self._broker.auth.permissions.get((user, vhost))
+
+    def set_permissions(self, user: str, vhost: str, configure: str, write: str,
+                        read: str) -> bool:
+        """True if the user had no permissions in the vhost before."""
+        auth = self._broker.auth
+        existed = (user, vhost) in auth.permissions
+        auth.set_permissions(user, vhost, configure, write, read)
+        return not existed
+
+    def clear_permissions(self, user: str, vhost: str) -> bool:
+        auth = self._broker.auth
+        if (user, vhost) not in auth.permissions:
+            return False
+        auth.clear_permissions(user, vhost)
+        return True
+
+    def can_access_vhost(self, user: str, vhost: str) -> bool:
+        return self._broker.auth.can_access_vhost(user, vhost)
+
+    def authenticate(self, username: str, password: str,
+                     peer_is_loopback: bool) -> User | None:
+        return self._broker.auth.authenticate(username, password, peer_is_loopback)
+
+    def is_loopback_only(self, user: str) -> bool:
+        """True if ``user`` may connect from localhost only (``loopback_users``)."""
+        return user in self._broker.auth.loopback_users
+
+    def check_permission(self, user: str, vhost: str, kind: str, resource_type: str,
+                         name: str) -> None:
+        """403 ACCESS_REFUSED unless ``user`` may ``kind`` the resource."""
+        self._broker.auth.check(user, vhost, kind, resource_type, name)
+
+    # ------------------------------------------------------------------ policies
+    def set_policy(self, vhost: str, name: str, pattern: Any, definition: Any, *,
+                   priority: Any = 0, apply_to: Any = "all") -> None:
+        """406 on an invalid policy (RabbitMQ's validation)."""
+        self._broker.policies.set(vhost, name, pattern, definition, priority=priority,
+                                  apply_to=apply_to)
+
+    def clear_policy(self, vhost: str, name: str) -> None:
+        self._broker.policies.clear(vhost, name)
+
+    def policy(self, vhost: str, name: str) -> dict[str, Any] | None:
+        return self._broker.policies.get(vhost, name)
+
+    def policies(self, vhost: str | None = None) -> list[dict[str, Any]]:
+        return self._broker.policies.list(vhost)
+
+    # ------------------------------------------------------------------ operator policies
+    def operator_policies(self, vhost: str | None = None) -> list[dict[str, Any]]:
+        return self._broker.operator_policies.list(vhost)
+
+    def operator_policy(self, vhost: str, name: str) -> dict[str, Any] | None:
+        return self._broker.operator_policies.get(vhost, name)
+
+    def set_operator_policy(self, vhost: str, name: str, pattern: Any, definition: Any, *,
+                            priority: Any = 0, apply_to: Any = "all") -> None:
+        """406 on an invalid operator policy (only the keys that cap queue limits)."""
+        self._broker.operator_policies.set(vhost, name, pattern, definition,
+                                           priority=priority, apply_to=apply_to)
+
+    def clear_operator_policy(self, vhost: str, name: str) -> None:
+        self._broker.operator_policies.clear(vhost, name)
+
+    def effective_policy(self, q: QueueType) -> tuple[str | None, dict[str, Any]]:
+        """The name of the operator policy applying to ``q`` (None if none) and the
+        definition in force: the policy's, lowered to the operator policy's caps."""
+        operator = self._broker.operator_policies.match(q.vhost.name, "queues", q.name)
+        return (operator.name if operator is not None else None,
+                effective_definition(q.policy,
+                                     operator.definition if operator is not None else None))
+
+    # ------------------------------------------------------------------ limits
+    def vhost_limits(self, vhost: str) -> dict[str, int]:
+        """A vhost's limits (``max-connections``, ``max-queues``); {} when none."""
+        return dict(resource_limits.vhost_limits(self._broker, vhost))
+
+    def set_vhost_limit(self, vhost: str, name: str, value: Any) -> None:
+        """ValueError (RabbitMQ's words) for an unknown limit or a non-integer value;
+        404 NOT_FOUND for an unknown vhost."""
+        self.vhost(vhost)
+        checked = resource_limits.validate({name: value}, resource_limits.VHOST_LIMITS)
+        limits = self.vhost_limits(vhost)
+        limits.update(checked)
+        self._broker.parameters.set(resource_limits.COMPONENT, vhost, "limits", limits)
+
+    def clear_vhost_limit(self, vhost: str, name: str) -> bool:
+        """False if the vhost had no such limit."""
+        limits = self.vhost_limits(vhost)
+        if name not in limits:
+            return False
+        del limits[name]
+        if limits:
+            self._broker.parameters.set(resource_limits.COMPONENT, vhost, "limits", limits)
+        else:
+            self._broker.parameters.clear(resource_limits.COMPONENT, vhost, "limits")
+        return True
+
+    def user_limits(self) -> dict[str, dict[str, int]]:
+        """Every user's limits (``max-connections``, ``max-channels``), by user."""
+        return {u: dict(v) for u, v in self._broker.parameters.user_limits.items()}
+
+    def set_user_limit(self, user: str, name: str, value: Any) -> None:
+        """ValueError (RabbitMQ's words) for an unknown limit or a non-integer value;
+        404 NOT_FOUND for an unknown user."""
+        if user not in self._broker.auth.users:
+            raise NotFound(f"no user '{user}'")
+        checked = resource_limits.validate({name: value}, resource_limits.USER_LIMITS)
+        self._broker.parameters.user_limits.setdefault(user, {}).update(checked)
+        self._broker.definitions_changed()
+
+    def clear_user_limit(self, user: str, name: str) -> bool:
+        """False if the user had no such limit."""
+        all_limits = self._broker.parameters.user_limits
+        limits = all_limits.get(user, {})
+        if name not in limits:
+            return False
+        del limits[name]
+        if not limits:
+            all_limits.pop(user, None)
+        self._broker.definitions_changed()
+        return True
+
+    # ------------------------------------------------------------------ topic permissions
+    def topic_permissions(self, user: str | None = None,
+                          vhost: str | None = None) -> list[dict[str, Any]]:
+        """Topic permission entries (RabbitMQ's shape), all or one user's / vhost's."""
+        return [dict(e) for e in self._broker.parameters.topic_permissions
+                if (user is None or e.get("user") == user)
+                and (vhost is None or e.get("vhost") == vhost)]
+
+    def put_topic_permission(self, user: str, vhost: str, exchange: str, write: str,
+                             read: str) -> bool:
+        """Set one exchange's topic permission for (user, vhost), enforced at once;
+        True if it replaced one."""
+        broker = self._broker
+        existed = topic_auth.put(broker.parameters.topic_permissions, user, vhost,
+                                 exchange, write, read)
+        broker.auth.version += 1  # sessions drop their cached checks
+        broker.definitions_changed()
+        return existed
+
+    def clear_topic_permissions(self, user: str, vhost: str,
+                                exchange: str | None = None) -> int:
+        """Remove the user's topic permissions in the vhost (one exchange's, or all);
+        how many went."""
+        broker = self._broker
+        gone = topic_auth.remove(broker.parameters.topic_permissions, user, vhost, exchange)
+        if gone:
+            broker.auth.version += 1
+            broker.definitions_changed()
+        return gone
+
+    # ------------------------------------------------------------------ parameters
+    @property
+    def parameters(self) -> ParameterStore:
+        """Runtime parameters (components register validators here); every change
+        through it is saved."""
+        return self._broker.parameters
+
+    # ------------------------------------------------------------------ definitions
+    def export_definitions(self, vhost: str | None = None) -> dict[str, Any]:
+        return export_definitions(self._broker, vhost)
+
+    def import_definitions(self, data: Any, vhost: str | None = None) -> None:
+        """Raises :class:`DefinitionsError` (HTTP 400) on a bad document."""
+        import_definitions(self._broker, data, vhost)
+
+
+def _by_queue(fetched: list[Fetched]) -> dict[QueueType, list[QueueEntry]]:
+    out: dict[QueueType, list[QueueEntry]] = {}
+    for f in fetched:
+        out.setdefault(f.queue, []).append(f.entry)
+    return out
+
+
+__all__ = [
+    "EXCHANGE_TYPES",
+    "HASHING_SHA256",
+    "PROPERTY_NAMES",
+    "QUEUE_TYPES",
+    "AMQPError",
+    "AccessRefused",
+    "Binding",
+    "BrokerAPI",
+    "Consumer",
+    "DefinitionsError",
+    "Destination",
+    "Exchange",
+    "Fetched",
+    "Message",
+    "NotFound",
+    "ParameterStore",
+    "Permission",
+    "PreconditionFailed",
+    "Queue",
+    "QueueType",
+    "ResourceLocked",
+    "UnknownComponent",
+    "User",
+    "VHost",
+    "args_key",
+    "codec",
+    "generate_name",
+    "hash_password",
+    "queue_type_name",
+    "register_exchange_type",
+    "register_policy_key",
+    "register_queue_type",
+    "wire",
+]

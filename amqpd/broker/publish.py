@@ -1,0 +1,282 @@
+"""The publish pipeline, and the persistence glue every message passes through.
+
+:meth:`Publisher.publish` is what every publisher uses: the AMQP channel, the HTTP API's
+``.../publish`` and plugins (through :meth:`amqpd.broker.api.BrokerAPI.publish`). It
+checks what needs the properties (user-id, expiration, CC/BCC), routes through the
+vhost (:meth:`VHost.route`; direct reply-to and held delayed messages are destinations
+like any queue), applies length limits, writes persistent messages for durable queues
+to the store once, answers the publisher confirm, and enqueues -- log-only where memory
+is short (paging).
+
+It also owns what batches store traffic across a tick: one store commit for every
+confirm waiter of the tick, DELIVERED marks gathered per queue, and the memory budget
+that decides paging. The :class:`~amqpd.server.Broker` keeps the process lifecycle.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final
+
+from amqpd.broker import extensions
+from amqpd.broker.limits import admit
+from amqpd.broker.message import LoggedMessage, Message
+from amqpd.broker.persist import stored_message
+from amqpd.broker.queue import Queue
+from amqpd.broker.queue_type import QueueType
+from amqpd.broker.quorum import keeps_every_message
+from amqpd.protocol.constants import FLAG_EXPIRATION_HI, FLAG_HEADERS_HI, FLAG_USER_ID_LO
+from amqpd.protocol.errors import PreconditionFailed
+from amqpd.store.api import StoreError
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from amqpd.broker.vhost import VHost
+    from amqpd.server import Broker
+
+log = logging.getLogger("amqpd.publish")
+
+# What an in-memory ready message costs beyond its body (entry, message object, strings):
+# the memory budgets count it, so a backlog of tiny messages pages out too.
+MESSAGE_OVERHEAD: Final = 256
+
+OnConfirm = Callable[[BaseException | None], None]
+
+
+def _may_refuse(queues: list[QueueType]) -> bool:
+    """Whether a queue on the route might refuse a message (``x-overflow`` reject-publish,
+    a quorum queue's limit): only then is :func:`admit` asked, the rest pay nothing."""
+    for q in queues:
+        ext = q.ext
+        if ext is not None and ext.rejects:
+            return True
+    return False
+
+
+class Publisher:
+    """One per broker (``broker.publisher``)."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.loop: asyncio.AbstractEventLoop | None = None  # set by Broker.start
+        self.paging_all = False  # node over its message memory budget: page everything
+        self.ready_bytes_total = 0
+        self._pending_commit = False
+        self._commit_waiters: list[OnConfirm] = []
+        self._delivered_batch: dict[str, list[int]] = {}
+
+    def publish(
+        self, vhost: VHost, exchange_name: str, message: Message, username: str | None,
+        on_confirm: OnConfirm | None = None,
+        on_unroutable: Callable[[], None] | None = None,
+    ) -> list[QueueType]:
+        """Route and enqueue a message; persist it if it must survive a restart.
+
+        ``on_confirm`` (publisher confirms) is called exactly once: after the store's
+        group commit when the message was written to the store (persistent and routed to
+        durable queues, or held by a durable delayed exchange), at once for anything
+        else, and with the error if the store could not take the message (the message
+        then reaches only non-durable queues and the publisher gets a nack).
+        ``on_unroutable`` (mandatory) is called when no destination took the message.
+        """
+        props = message.properties
+        if len(props) >= 2 and props[1] & FLAG_USER_ID_LO and username is not None:
+            user_id = message.props.get("user_id")
+            if user_id is not None and user_id != username:
+                raise PreconditionFailed(
+                    f"user_id property set to '{user_id}' but authenticated user was "
+                    f"'{username}'"
+                )
+        routing_keys = [message.routing_key]
+        if len(props) >= 2 and props[0] & (FLAG_EXPIRATION_HI | FLAG_HEADERS_HI):  # CC/BCC
+            message, routing_keys = extensions.prepare_publish(message)
+        exchange = vhost.get_exchange(exchange_name)
+        queues = vhost.route(exchange, message, routing_keys)
+        if not queues and on_unroutable is not None:
+            on_unroutable()
+        confirm_now = on_confirm
+        if queues and _may_refuse(queues):
+            queues, refused = admit(self.broker, queues, message)  # overflow=reject-publish[-dlx]
+            if refused and on_confirm is not None:
+                on_confirm(PreconditionFailed("rejected by a queue's length limit"))
+                on_confirm = confirm_now = None
+        if queues and not message.persistent and self.broker.quorum_queues:
+            # a quorum queue writes every message it takes, transient ones too
+            message.persistent = keeps_every_message(queues)
+        store = self.broker.store
+        if queues and message.persistent:
+            durable = [q.store_key for q in queues if q.durable]
+            if durable:
+                try:
+                    message.position = store.append_enqueue(durable, stored_message(message))
+                except StoreError as exc:
+                    log.error("store refused a persistent message: %s", exc)
+                    self.store_failed(exc)
+                    queues = [q for q in queues if not q.durable]
+                    for q in queues:
+                        q.enqueue(message)
+                    if on_confirm is not None:
+                        on_confirm(exc)
+                    return queues
+                if on_confirm is not None:
+                    self.commit(on_confirm)
+                    confirm_now = None
+                self._pending_commit = True
+        if not store.on_disk or (props and props[0] & FLAG_EXPIRATION_HI):
+            # nowhere to page to, or TTL'd (kept whole: expiry reads the properties)
+            for q in queues:
+                q.enqueue(message)
+        else:
+            self._enqueue_all(queues, message)
+        if confirm_now is not None:
+            # a destination may have written the message itself (a durable delayed
+            # exchange holding a persistent one): then the confirm waits for the log
+            if message.position >= 0:
+                self.commit(confirm_now)
+            else:
+                confirm_now(None)
+        return queues
+
+    def _enqueue_all(self, queues: list[QueueType], message: Message) -> None:
+        """Enqueue, log-only where memory is short.
+
+        Past a queue's memory limit, a message already in the log is kept only there
+        (free); a transient one is written there only when all queues together are over
+        the node's budget (RabbitMQ also pages transient messages only under pressure).
+        Paging is the classic queue's: other queue types take the message as it is.
+        """
+        limit = self.broker.settings.queue_memory_limit
+        logged = message.position >= 0
+        paging_all = self.paging_all
+        shared: LoggedMessage | None = None  # the logged copy, one for every queue
+        to_write: list[QueueType] | None = None  # queues whose copy must first be written
+        for q in queues:
+            if not isinstance(q, Queue):
+                q.enqueue(message)
+            elif logged and q.durable and (paging_all or q.ready_bytes + len(q.ready)
+                                           * MESSAGE_OVERHEAD > limit):
+                if shared is None:
+                    shared = LoggedMessage(self.broker.store, message.position, message.size)
+                q.enqueue(shared)
+            elif paging_all:
+                if to_write is None:
+                    to_write = []
+                to_write.append(q)
+            else:
+                q.enqueue(message)
+        if to_write is not None:
+            self._page_out(to_write, message)
+
+    def _page_out(self, queues: list[QueueType], message: Message) -> None:
+        """Under node memory pressure: write the message once, for all of ``queues``,
+        and let each hold it log-only (a fan-out pays one write, not one per queue)."""
+        store = self.broker.store
+        try:
+            # transient: a paged copy is never recovered (RabbitMQ drops transient
+            # messages at restart, paged or not)
+            position = store.append_enqueue(
+                [q.store_key for q in queues], stored_message(message, transient=True))
+        except StoreError:
+            for q in queues:
+                q.enqueue(message)  # cannot page: keep it in memory
+            return
+        paged = LoggedMessage(store, position, message.size)
+        for q in queues:
+            q.in_store = True
+            q.enqueue(paged)
+
+    def commit(self, callback: OnConfirm) -> None:
+        """Call back once everything appended so far is durable (or with the error).
+
+        The callbacks of one tick share a single store commit: a confirm-heavy tick adds
+        one job for the writer, not one per message. A failed write raises the store
+        alarm; the callbacks still get the error (publisher confirms become nacks).
+        """
+        waiters = self._commit_waiters
+        loop = self.loop
+        if not waiters and loop is not None:
+            loop.call_soon(self.register_commit)
+        waiters.append(callback)
+        if loop is None:
+            self.register_commit()
+
+    def register_commit(self) -> None:
+        """Hand this tick's commit waiters to the store (at the end of the tick, or at
+        shutdown)."""
+        waiters, self._commit_waiters = self._commit_waiters, []
+        if not waiters:
+            return
+
+        def done(error: BaseException | None) -> None:
+            if error is not None:
+                self.store_failed(error)
+            for callback in waiters:
+                try:
+                    callback(error)
+                except Exception:
+                    log.exception("commit callback failed")
+
+        self.broker.store.commit(done)
+
+    def store_failed(self, error: BaseException) -> None:
+        """The store could not write: raise the store alarm (publishers are blocked)."""
+        alarms = self.broker.alarms
+        if "store" not in alarms.active:
+            log.error("message store cannot write: %s", error)
+        alarms.set_external("store", True, f"message store failing: {error}")
+
+    def check_memory(self) -> None:
+        """Once a second: page new messages of every queue while bodies exceed the budget."""
+        total = 0
+        for vhost in self.broker.vhosts.values():
+            for q in vhost.queues.values():
+                total += q.ready_bytes + q.message_count * MESSAGE_OVERHEAD
+        self.ready_bytes_total = total
+        # paging to a store that keeps everything in memory would free nothing
+        self.paging_all = self.broker.store.on_disk and \
+            total > self.broker.settings.message_memory_budget
+
+    def body_of(self, message: Message) -> bytes:
+        body = message.body
+        if body is None:  # evicted: read back from the log
+            return self.broker.store.read(message.position).body
+        return body
+
+    def after_commit(self, callback: OnConfirm) -> None:
+        """Call back once everything written so far is durable, or with the store's
+        error (tx.commit-ok waits for this)."""
+        if not self._pending_commit:
+            callback(None)
+            return
+        self.commit(callback)
+
+    # ------------------------------------------------------------------ store hooks
+    def store_settle(self, queue: QueueType, positions: list[int]) -> None:
+        if not queue.deleted:
+            self.broker.store.append_settle(queue.store_key, positions)
+
+    def store_delivered(self, queue: QueueType, position: int) -> None:
+        """Delivery marks are gathered per queue and written once per tick, one record
+        each (a record per delivery cost ~16% of delivery CPU on a backlog drain).
+        The store is told at once, before the bytes leave (its delivery promise)."""
+        self.broker.store.delivering(queue.store_key, position)
+        batch = self._delivered_batch
+        if not batch and self.loop is not None:
+            self.loop.call_soon(self.flush_delivered)
+        batch.setdefault(queue.store_key, []).append(position)
+
+    def flush_delivered(self) -> None:
+        """Write the gathered DELIVERED marks (end of tick, or at shutdown)."""
+        batch, self._delivered_batch = self._delivered_batch, {}
+        store = self.broker.store
+        for key, positions in batch.items():
+            try:
+                store.append_delivered_many(key, positions)
+            except StoreError as exc:  # a failing store: marks are best effort
+                log.warning("delivery marks not written: %s", exc)
+                return
+
+    def store_drop_queue(self, queue: QueueType) -> None:
+        self.broker.store.drop_queue(queue.store_key)

@@ -1,0 +1,371 @@
+"""The public broker API (amqpd.broker.api), table-driven, no sockets.
+
+A Broker is built but never started (no listeners, the in-memory store, no event loop:
+commits and dispatch run when asked). Each row of a table is one call through the API
+and the AMQP reply code it must raise, the same code the AMQP layer sends for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amqpd.broker.api import AMQPError, BrokerAPI, Message, codec
+from amqpd.config import Settings
+from amqpd.server import Broker
+
+OWNER_A = object()  # two connections, for exclusivity
+OWNER_B = object()
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Broker:
+    return Broker(Settings(data_dir=str(tmp_path), persistence=False))
+
+
+@pytest.fixture
+def api(broker: Broker) -> BrokerAPI:
+    a = broker.api
+    a.declare_exchange("/", "ex", "direct", durable=True)
+    a.declare_queue("/", "q", durable=True)
+    a.bind("/", "queue", "q", "ex", "k")
+    a.declare_queue("/", "mine", exclusive_owner=OWNER_A, owner=OWNER_A)
+    return a
+
+
+def msg(body: bytes = b"m", rk: str = "k", exchange: str = "ex", **props: Any) -> Message:
+    return Message(exchange, rk, codec.encode_properties(props), body)
+
+
+# (call, reply code); every call runs against the fixture's topology
+ERRORS: list[tuple[str, Callable[[BrokerAPI], object], int]] = [
+    ("declare the default exchange", lambda a: a.declare_exchange("/", "", "direct"), 403),
+    ("declare amq.*", lambda a: a.declare_exchange("/", "amq.mine", "direct"), 403),
+    ("unknown exchange type", lambda a: a.declare_exchange("/", "x", "nope"), 503),
+    ("passive, missing exchange",
+     lambda a: a.declare_exchange("/", "nope", "direct", passive=True), 404),
+    ("inequivalent exchange type",
+     lambda a: a.declare_exchange("/", "ex", "fanout", durable=True), 406),
+    ("delete a built-in exchange", lambda a: a.delete_exchange("/", "amq.direct"), 403),
+    ("delete an exchange in use", lambda a: a.delete_exchange("/", "ex", if_unused=True), 406),
+    ("declare an amq.* queue", lambda a: a.declare_queue("/", "amq.q"), 403),
+    ("passive, missing queue", lambda a: a.declare_queue("/", "nope", passive=True), 404),
+    ("inequivalent durable", lambda a: a.declare_queue("/", "q", durable=False), 406),
+    ("another connection's exclusive queue",
+     lambda a: a.declare_queue("/", "mine", passive=True, owner=OWNER_B), 405),
+    ("bad x-max-length",
+     lambda a: a.declare_queue("/", "bad", arguments={"x-max-length": "ten"}), 406),
+    ("unknown x-queue-type",
+     lambda a: a.declare_queue("/", "t", arguments={"x-queue-type": "no-such-type"}), 406),
+    ("quorum-only argument on classic",
+     lambda a: a.declare_queue("/", "t", arguments={"x-delivery-limit": 3}), 406),
+    ("purge a missing queue", lambda a: a.purge_queue("/", "nope"), 404),
+    ("purge another's exclusive queue", lambda a: a.purge_queue("/", "mine", owner=OWNER_B),
+     405),
+    ("bind a missing queue", lambda a: a.bind("/", "queue", "nope", "ex", "k"), 404),
+    ("bind from a missing exchange", lambda a: a.bind("/", "queue", "q", "nope", "k"), 404),
+    ("bind to the default exchange", lambda a: a.bind("/", "queue", "q", "", "k"), 403),
+    ("publish to a missing exchange", lambda a: a.publish("/", "nope", msg(), "guest"), 404),
+    ("forged user-id", lambda a: a.publish("/", "ex", msg(user_id="mallory"), "guest"), 406),
+    ("bad expiration", lambda a: a.publish("/", "ex", msg(expiration="soon"), "guest"), 406),
+    ("get from a missing queue", lambda a: a.get("/", "nope"), 404),
+    ("get another's exclusive queue", lambda a: a.get("/", "mine", owner=OWNER_B), 405),
+    ("missing vhost", lambda a: a.declare_queue("nope", "q"), 404),
+]
+
+
+@pytest.mark.parametrize(("call", "code"), [(c, code) for _n, c, code in ERRORS],
+                         ids=[n for n, _c, _code in ERRORS])
+def test_errors_carry_the_amqp_reply_code(api: BrokerAPI, call: Callable[[BrokerAPI], object],
+                                          code: int) -> None:
+    with pytest.raises(AMQPError) as info:
+        call(api)
+    assert info.value.reply_code == code
+
+
+IDEMPOTENT: list[tuple[str, Callable[[BrokerAPI], object]]] = [
+    ("redeclare an exchange", lambda a: a.declare_exchange("/", "ex", "direct", durable=True)),
+    ("redeclare a queue", lambda a: a.declare_queue("/", "q", durable=True)),
+    ("delete a missing exchange", lambda a: a.delete_exchange("/", "nope")),
+    ("delete a missing queue", lambda a: a.delete_queue("/", "nope")),
+    ("bind twice", lambda a: a.bind("/", "queue", "q", "ex", "k")),
+    ("unbind what is not bound", lambda a: a.unbind("/", "queue", "q", "ex", "other")),
+    ("explicit classic type", lambda a: a.declare_queue(
+        "/", "c", arguments={"x-queue-type": "classic"})),
+]
+
+
+@pytest.mark.parametrize("call", [c for _n, c in IDEMPOTENT], ids=[n for n, _c in IDEMPOTENT])
+def test_idempotent_operations_succeed(api: BrokerAPI, call: Callable[[BrokerAPI], object]) -> None:
+    call(api)
+
+
+def test_publish_routes_and_reports_unroutable(api: BrokerAPI) -> None:
+    returned: list[bool] = []
+    assert [q.name for q in api.publish("/", "ex", msg(), None)] == ["q"]
+    assert api.publish("/", "ex", msg(rk="nowhere"), None,
+                       on_unroutable=lambda: returned.append(True)) == []
+    assert returned == [True]
+    assert api.queue("/", "q").message_count == 1
+
+
+def test_publish_confirms_once(api: BrokerAPI) -> None:
+    confirms: list[BaseException | None] = []
+    api.publish("/", "ex", msg(delivery_mode=2), None, on_confirm=confirms.append)
+    api.publish("/", "ex", msg(), None, on_confirm=confirms.append)
+    assert confirms == [None, None]
+
+
+# (what the client does with three fetched messages, ready after, unacked after)
+SETTLEMENTS: list[tuple[str, Callable[[BrokerAPI, list[Any]], None], int, int]] = [
+    ("ack", lambda a, f: a.ack(f), 0, 0),
+    ("reject, requeue", lambda a, f: a.reject(f, requeue=True), 3, 0),
+    ("reject, drop", lambda a, f: a.reject(f, requeue=False), 0, 0),
+    ("leave unsettled", lambda a, f: None, 0, 3),
+]
+
+
+@pytest.mark.parametrize(("settle", "ready", "unacked"),
+                         [(s, r, u) for _n, s, r, u in SETTLEMENTS],
+                         ids=[n for n, *_ in SETTLEMENTS])
+def test_get_then_settle(api: BrokerAPI, settle: Callable[[BrokerAPI, list[Any]], None],
+                         ready: int, unacked: int) -> None:
+    for body in (b"1", b"2", b"3"):
+        api.publish("/", "ex", msg(body), None)
+    fetched = [api.get("/", "q") for _ in range(3)]
+    assert api.get("/", "q") is None
+    assert [f.body for f in fetched if f is not None] == [b"1", b"2", b"3"]
+    assert [f.message_count for f in fetched if f is not None] == [2, 1, 0]
+    settle(api, [f for f in fetched if f is not None])
+    q = api.queue("/", "q")
+    assert (q.message_count, q.unacked_count) == (ready, unacked)
+
+
+def test_requeued_messages_come_back_first_and_redelivered(api: BrokerAPI) -> None:
+    for body in (b"1", b"2"):
+        api.publish("/", "ex", msg(body), None)
+    first = api.get("/", "q")
+    assert first is not None and not first.redelivered
+    api.reject([first], requeue=True)
+    again = api.get("/", "q")
+    assert again is not None and again.body == b"1" and again.redelivered
+
+
+def test_rejected_without_requeue_is_dead_lettered(api: BrokerAPI) -> None:
+    api.declare_queue("/", "dlq")
+    api.declare_queue("/", "src", arguments={"x-dead-letter-exchange": "",
+                                             "x-dead-letter-routing-key": "dlq"})
+    api.publish("/", "", msg(b"x", rk="src", exchange=""), None)
+    got = api.get("/", "src")
+    assert got is not None
+    api.reject([got], requeue=False)
+    dead = api.get("/", "dlq")
+    assert dead is not None and dead.body == b"x"
+    assert dead.message.headers["x-death"][0]["reason"] == "rejected"
+
+
+def test_delete_and_purge_count_ready_messages(api: BrokerAPI) -> None:
+    for _ in range(4):
+        api.publish("/", "ex", msg(), None)
+    with pytest.raises(AMQPError) as info:
+        api.delete_queue("/", "q", if_empty=True)
+    assert info.value.reply_code == 406
+    assert api.purge_queue("/", "q") == 4
+    api.publish("/", "ex", msg(), None)
+    assert api.delete_queue("/", "q") == 1
+    assert api.find_queue("/", "q") is None
+
+
+class RecordingChannel:
+    """A ConsumerChannel that takes every delivery (what the AMQP channel would send)."""
+
+    def __init__(self) -> None:
+        self.delivered: list[bytes] = []
+        self.cancelled: list[str] = []
+
+    def can_deliver(self, consumer: Any) -> bool:
+        return True
+
+    def deliver(self, consumer: Any, queue: Any, entry: Any) -> None:
+        self.delivered.append(entry.message.body)
+        queue.delivered(entry, acked=True)
+
+    def consumer_cancelled_by_server(self, consumer: Any) -> None:
+        self.cancelled.append(consumer.tag)
+
+
+def test_consume_exclusivity_and_arguments(api: BrokerAPI) -> None:
+    ch = RecordingChannel()
+    excl = api.consume("/", "q", ch, "a", no_ack=True, exclusive=True, prefetch=0,
+                       arguments=None, owner=OWNER_A)
+    api.start_consumer(excl)
+    with pytest.raises(AMQPError) as info:
+        api.consume("/", "q", ch, "b", no_ack=True, exclusive=False, prefetch=0,
+                    arguments=None, owner=OWNER_A)
+    assert info.value.reply_code == 403
+    with pytest.raises(AMQPError) as info:
+        api.consume("/", "mine", ch, "c", no_ack=True, exclusive=False, prefetch=0,
+                    arguments=None, owner=OWNER_B)
+    assert info.value.reply_code == 405
+    api.cancel(excl)
+    with pytest.raises(AMQPError) as info:
+        api.consume("/", "q", ch, "d", no_ack=True, exclusive=False, prefetch=0,
+                    arguments={"x-priority": "high"}, owner=OWNER_A)
+    assert info.value.reply_code == 406
+
+
+def test_demand_follows_consumers_and_backlog(api: BrokerAPI) -> None:
+    ch = RecordingChannel()
+    assert not api.has_demand("/", "q")  # nobody consumes
+    consumer = api.consume("/", "q", ch, "a", no_ack=True, exclusive=False, prefetch=0,
+                           arguments=None, owner=None)
+    api.start_consumer(consumer)
+    assert api.has_demand("/", "q")
+    api.publish("/", "ex", msg(), None)
+    assert not api.has_demand("/", "q")  # a backlog: nothing more wanted
+    api.queue("/", "q").dispatch()
+    assert ch.delivered == [b"m"]
+    assert api.has_demand("/", "q")
+
+
+def test_delete_vhost_takes_everything_with_it(api: BrokerAPI) -> None:
+    assert api.add_vhost("v2", description="second")
+    assert not api.add_vhost("v2")
+    api.put_user("bob", tags=[], password="pw")
+    api.set_permissions("bob", "v2", ".*", ".*", ".*")
+    api.declare_queue("v2", "q2")
+    api.set_policy("v2", "p", ".*", {"max-length": 1})
+    api.delete_vhost("v2")
+    assert not api.has_vhost("v2")
+    assert api.permission("bob", "v2") is None
+    assert api.policies("v2") == []
+    with pytest.raises(AMQPError):
+        api.delete_vhost("v2")
+
+
+# durable state saves itself: (change through the API, what the saved file then holds)
+SAVED: list[tuple[str, Callable[[BrokerAPI], None], Callable[[dict[str, Any]], bool]]] = [
+    ("durable exchange", lambda a: a.declare_exchange("/", "dx", "topic", durable=True),
+     lambda d: any(x["name"] == "dx" for x in d["exchanges"])),
+    ("durable queue", lambda a: a.declare_queue("/", "dq", durable=True),
+     lambda d: any(q["name"] == "dq" for q in d["queues"])),
+    ("binding", lambda a: a.bind("/", "queue", "q", "amq.topic", "a.#"),
+     lambda d: any(b["source"] == "amq.topic" and b["destination"] == "q"
+                   for b in d["bindings"])),
+    ("user", lambda a: a.put_user("carol", tags=["management"], password="pw"),
+     lambda d: any(u["name"] == "carol" for u in d["users"])),
+    ("permission", lambda a: a.set_permissions("guest", "/", "^x$", ".*", ".*"),
+     lambda d: any(p["configure"] == "^x$" for p in d["permissions"])),
+    ("vhost", lambda a: a.add_vhost("saved"),
+     lambda d: any(v["name"] == "saved" for v in d["vhosts"])),
+    ("policy", lambda a: a.set_policy("/", "ttl", "^q$", {"message-ttl": 5}),
+     lambda d: any(p["name"] == "ttl" for p in d["policies"])),
+    ("queue deleted", lambda a: a.delete_queue("/", "q"),
+     lambda d: not any(q["name"] == "q" for q in d["queues"])),
+    ("user limit", lambda a: a.set_user_limit("guest", "max-channels", 5),
+     lambda d: any(u["name"] == "guest" and u["limits"] == {"max-channels": 5}
+                   for u in d["users"])),
+    ("vhost limit", lambda a: a.set_vhost_limit("/", "max-queues", 10),
+     lambda d: any(p["component"] == "vhost-limits" and p["value"] == {"max-queues": 10}
+                   for p in d["parameters"])),
+    ("topic permission",
+     lambda a: a.put_topic_permission("guest", "/", "amq.topic", "^a", "^b") and None,
+     lambda d: any(t["exchange"] == "amq.topic" and t["write"] == "^a"
+                   for t in d["topic_permissions"])),
+]
+
+
+@pytest.mark.parametrize(("change", "holds"), [(c, h) for _n, c, h in SAVED],
+                         ids=[n for n, *_ in SAVED])
+def test_durable_state_saves_itself(api: BrokerAPI, broker: Broker, tmp_path: Path,
+                                    change: Callable[[BrokerAPI], None],
+                                    holds: Callable[[dict[str, Any]], bool]) -> None:
+    """The change reaches the store as definition records (issue 22's journal) without
+    the caller asking, and a broker rebuilt from those records has it."""
+    journal = broker.definitions
+
+    async def run() -> None:
+        broker._loop = asyncio.get_running_loop()
+        broker.store.loop = broker._loop  # type: ignore[attr-defined]
+        journal.attach(broker.store)
+        journal.record_all()  # the fixture's topology, as a booted broker has it
+        change(api)  # nobody asks for a save
+        await api.wait_durable()
+
+    asyncio.run(run())
+    assert journal.durable == journal.recorded
+    fresh = Broker(Settings(data_dir=str(tmp_path / "fresh"), persistence=False))
+    fresh.definitions.restore(broker.store.definitions())  # type: ignore[attr-defined]
+    assert holds(fresh.api.export_definitions())
+
+
+# limits through the API: (call, the exception it raises)
+LIMIT_ERRORS: list[tuple[str, Callable[[BrokerAPI], object], type[Exception]]] = [
+    ("unknown vhost limit", lambda a: a.set_vhost_limit("/", "max-bananas", 1), ValueError),
+    ("vhost limit not a number", lambda a: a.set_vhost_limit("/", "max-queues", "ten"),
+     ValueError),
+    ("limit of a missing vhost", lambda a: a.set_vhost_limit("nope", "max-queues", 1),
+     AMQPError),
+    ("user-only limit on a vhost", lambda a: a.set_vhost_limit("/", "max-channels", 1),
+     ValueError),
+    ("unknown user limit", lambda a: a.set_user_limit("guest", "max-queues", 1), ValueError),
+    ("limit of a missing user", lambda a: a.set_user_limit("nobody", "max-channels", 1),
+     AMQPError),
+]
+
+
+@pytest.mark.parametrize(("call", "error"), [(c, e) for _n, c, e in LIMIT_ERRORS],
+                         ids=[n for n, *_ in LIMIT_ERRORS])
+def test_limit_errors(api: BrokerAPI, call: Callable[[BrokerAPI], object],
+                      error: type[Exception]) -> None:
+    with pytest.raises(error):
+        call(api)
+    assert api.vhost_limits("/") == {}
+    assert api.user_limits() == {}
+
+
+def test_limits_set_and_clear(api: BrokerAPI) -> None:
+    api.set_vhost_limit("/", "max-queues", 10)
+    api.set_vhost_limit("/", "max-connections", 3)
+    assert api.vhost_limits("/") == {"max-queues": 10, "max-connections": 3}
+    assert api.clear_vhost_limit("/", "max-queues")
+    assert not api.clear_vhost_limit("/", "max-queues")
+    assert api.vhost_limits("/") == {"max-connections": 3}
+    assert api.clear_vhost_limit("/", "max-connections")
+    assert api.vhost_limits("/") == {}
+    api.set_user_limit("guest", "max-channels", 2)
+    assert api.user_limits() == {"guest": {"max-channels": 2}}
+    assert api.clear_user_limit("guest", "max-channels")
+    assert not api.clear_user_limit("guest", "max-channels")
+    assert api.user_limits() == {}
+
+
+def test_topic_permissions_apply_at_once(api: BrokerAPI, broker: Broker) -> None:
+    version = broker.auth.version
+    assert not api.put_topic_permission("guest", "/", "amq.topic", "^a", "^b")
+    assert api.put_topic_permission("guest", "/", "amq.topic", "^c", "^d")
+    assert broker.auth.version > version  # sessions drop their cached checks
+    assert api.topic_permissions("guest", "/") == [
+        {"user": "guest", "vhost": "/", "exchange": "amq.topic", "write": "^c", "read": "^d"}]
+    assert api.topic_permissions(vhost="other") == []
+    assert api.clear_topic_permissions("guest", "/", "amq.topic") == 1
+    assert api.clear_topic_permissions("guest", "/") == 0
+    assert api.topic_permissions() == []
+
+
+def test_operator_policy_caps_the_effective_definition(api: BrokerAPI) -> None:
+    api.set_policy("/", "p", "^q$", {"max-length": 100, "message-ttl": 5000})
+    api.set_operator_policy("/", "cap", "^q", {"max-length": 10}, apply_to="queues")
+    assert [p["name"] for p in api.operator_policies("/")] == ["cap"]
+    assert api.effective_policy(api.queue("/", "q")) == (
+        "cap", {"max-length": 10, "message-ttl": 5000})
+    with pytest.raises(AMQPError):  # only the keys that cap limits
+        api.set_operator_policy("/", "bad", ".*", {"alternate-exchange": "x"})
+    api.clear_operator_policy("/", "cap")
+    assert api.operator_policy("/", "cap") is None
+    assert api.effective_policy(api.queue("/", "q")) == (
+        None, {"max-length": 100, "message-ttl": 5000})
