@@ -50,6 +50,8 @@ COMPILED_MODULES: tuple[str, ...] = (
     "amqpd.broker.queue_type",
     "amqpd.broker.queue",
     "amqpd.broker.queue_entry",
+    "amqpd.broker.message",
+    "amqpd.broker.persist",
     "amqpd.broker.reply_to",
     "amqpd.broker.ready",
     "amqpd.broker.vhost",

@@ -80,6 +80,7 @@ class Session:
         self.has_published = False
         self._perm_cache: dict[tuple[str, str, str], bool] = {}
         self._perm_version = -1
+        self._write_ok: str | None = None  # the exchange last published to, allowed
         self.connected_at = time.time()
         self.closed = False
         self.protocol: AMQPProtocol | None = None  # set by the transport, None in tests
@@ -246,6 +247,15 @@ class Session:
         auth.check(self.username, self.vhost.name, kind, resource, name)
         if len(self._perm_cache) < 1024:
             self._perm_cache[key] = True
+
+    def check_publish(self, exchange: str) -> None:
+        """Write permission on the exchange of a publish. A publisher repeats the same
+        exchange, so the last one allowed is remembered until permissions change: no
+        key tuple and no cache lookup per message."""
+        if exchange == self._write_ok and self._perm_version == self.broker.auth.version:
+            return
+        self.check_permission("write", "exchange", exchange or "amq.default")
+        self._write_ok = exchange
 
     def check_topic(self, permission: str, exchange: str, routing_key: str) -> None:
         """Topic permission on a topic exchange (broker/topic_auth.py), cached like

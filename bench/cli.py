@@ -91,6 +91,8 @@ METRICS: dict[str, list[tuple[str, str, bool]]] = {
                   ("broker_cpu_pct", "broker CPU %", False)],
     "backlog": [("publish_rate", "publish msg/s (persistent, confirms)", True),
                 ("drain_rate", "drain msg/s", True),
+                ("publish_cpu_us_per_msg", "broker CPU µs/msg publishing", False),
+                ("drain_cpu_us_per_msg", "broker CPU µs/msg draining", False),
                 ("peak_rss_mb", "broker peak RSS MiB", False),
                 ("rss_backlog_mb", "RSS with backlog MiB", False),
                 ("disk_mb", "disk used MiB", False),
@@ -108,8 +110,12 @@ METRICS: dict[str, list[tuple[str, str, bool]]] = {
 }
 
 NOISE = ("other_cpu_pct", "other processes' CPU % (noise)", False)
+# broker CPU time over the run / messages moved (the larger of published and delivered)
+CPU_PER_MSG = ("broker_cpu_us_per_msg", "broker CPU µs/msg", False)
 for _scen in ("publish", "pubsub-16", "pubsub-1k", "confirms", "fanout-10", "queues-1000",
               "latency", "sustained"):
+    _at = next(i for i, (k, _l, _h) in enumerate(METRICS[_scen]) if k == "broker_cpu_pct")
+    METRICS[_scen].insert(_at + 1, CPU_PER_MSG)
     METRICS[_scen].append(("gen_cpu_pct", "load generator CPU %", False))
     METRICS[_scen].append(NOISE)
 NO_RATIO = {"other_cpu_pct", "gen_cpu_pct"}

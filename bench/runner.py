@@ -229,6 +229,12 @@ def _flow_metrics(run: Run, publishers: list[PublisherSpec], pubs: dict[int, Pub
     if sampler.cpu_percent is not None:
         m["broker_cpu_pct"] = sampler.cpu_percent
         m["peak_rss_mb"] = sampler.peak / 2**20
+        # what one message costs the broker, whatever the rate it reached: its CPU time
+        # over the window divided by the messages it moved (the larger of published and
+        # delivered: a fanout-10 publish counts as its 10 deliveries)
+        moved = max(published, int(m.get("delivered", 0)))
+        if moved:
+            m["broker_cpu_us_per_msg"] = 1e6 * (sampler.cpu1 - sampler.cpu0) / moved
     if window > 0:
         m["gen_cpu_pct"] = 100.0 * gen_cpu / window
     if sampler.host_percent is not None:
@@ -466,6 +472,8 @@ def run_backlog(broker: Broker, qname: str, count: int, body_size: int = 16,
     m["publish_rate"] = pub_run.metrics.get("publish_rate", 0.0)
     if "broker_cpu_pct" in pub_run.metrics:
         m["publish_cpu_pct"] = pub_run.metrics["broker_cpu_pct"]
+    if "broker_cpu_us_per_msg" in pub_run.metrics:
+        m["publish_cpu_us_per_msg"] = pub_run.metrics["broker_cpu_us_per_msg"]
     peak = pub_run.metrics.get("peak_rss_mb", 0.0)
     try:
         conn = Conn(broker.url)
@@ -507,6 +515,8 @@ def run_backlog(broker: Broker, qname: str, count: int, body_size: int = 16,
     m["drain_rate"] = drain.metrics.get("deliver_rate", 0.0)
     if "broker_cpu_pct" in drain.metrics:
         m["drain_cpu_pct"] = drain.metrics["broker_cpu_pct"]
+    if "broker_cpu_us_per_msg" in drain.metrics:
+        m["drain_cpu_us_per_msg"] = drain.metrics["broker_cpu_us_per_msg"]
     if broker.pid:
         m["peak_rss_mb"] = max(peak, drain.metrics.get("peak_rss_mb", 0.0))
     cleanup(broker, [qname])

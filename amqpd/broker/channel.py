@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from pamqp import commands
 
@@ -49,11 +49,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqpd.channel")
 
 # A queue with consumers and more ready messages than this puts its publishers in flow.
-FLOW_BACKLOG = 10_000
+FLOW_BACKLOG: Final = 10_000
 
 # Deliveries queued for one connection in one tick stop here (no-ack consumers have no
 # prefetch limit: without a cap a million-message backlog would be encoded in one go).
-DELIVERY_BURST_BYTES = 1 << 20
+DELIVERY_BURST_BYTES: Final = 1 << 20
 
 
 class Unacked:
@@ -507,17 +507,19 @@ class Channel:
                 properties: bytes, body: bytes) -> None:
         if immediate:
             raise NotImplemented_("immediate=true")
-        self._check("write", "exchange", exchange or "amq.default")
+        self.session.check_publish(exchange)
         ex = self.vhost.get_exchange(exchange)
         if ex.internal:
             raise AccessRefused(
                 f"cannot publish to internal exchange '{exchange}' in vhost '{self.vhost.name}'"
             )
+        persistent = False
         if len(properties) > 1 and properties[0] & C.FLAG_DELIVERY_MODE_HI:
             mode = codec.delivery_mode(properties)
             # RabbitMQ 3.10 refuses any value but these two
             if mode != C.DELIVERY_TRANSIENT and mode != C.DELIVERY_PERSISTENT:
                 raise PreconditionFailed(f"invalid message: {{delivery_mode_unknown,{mode}}}")
+            persistent = mode == C.DELIVERY_PERSISTENT
         if ex.type_name == "topic":
             self.session.check_topic("write", exchange, routing_key)
         if self.confirm_mode:
@@ -527,19 +529,26 @@ class Channel:
             self.tx_publishes.append((exchange, routing_key, mandatory, properties, body))
             return
         self._route(exchange, routing_key, mandatory, properties, body,
-                    self.publish_seq if self.confirm_mode else 0)
+                    self.publish_seq if self.confirm_mode else 0, persistent)
 
     def _route(self, exchange: str, routing_key: str, mandatory: bool, properties: bytes,
-               body: bytes, seq: int) -> None:
-        msg = Message(exchange, routing_key, properties, body)
+               body: bytes, seq: int, persistent: bool | None = None) -> None:
+        msg = Message(exchange, routing_key, properties, body, persistent)
         if len(properties) > 1 and properties[0] & C.FLAG_REPLY_TO_HI:  # direct reply-to?
             msg = reply_to.rewrite(self, msg)
-        publisher = self.session.broker.publisher  # the pipeline itself (compiled)
-        if not mandatory:
-            queues = publisher.publish(self.vhost, exchange, msg, self.session.username,
-                                       on_confirm=self._on_durable(seq) if seq else None)
-            self._credit_flow(queues)
+        if mandatory:
+            self._route_mandatory(exchange, routing_key, properties, body, seq, msg)
             return
+        publisher = self.session.broker.publisher  # the pipeline itself (compiled)
+        queues = publisher.publish(self.vhost, exchange, msg, self.session.username,
+                                   on_confirm=self._on_durable(seq) if seq else None)
+        self._credit_flow(queues)
+
+    def _route_mandatory(self, exchange: str, routing_key: str, properties: bytes,
+                         body: bytes, seq: int, msg: Message) -> None:
+        """Apart from :meth:`_route`: compiled, a function with a nested one builds its
+        closure environment on every call, taken or not."""
+        publisher = self.session.broker.publisher
 
         def unroutable() -> None:  # basic.return precedes the confirm, as in RabbitMQ
             self.session.conn.write(

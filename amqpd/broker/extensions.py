@@ -258,6 +258,8 @@ class QueueExt:
             self.discard(q, expired, "expired")
         if self.cold_since is not None and (not ready or ready[0].seq > self.cold_last):
             self._cold_done()
+        if expired and not ready and self.plain:
+            self.drained()
 
     def _cold_done(self) -> None:
         """Every recovered entry has left the ready list. A queue that was given this
@@ -269,6 +271,18 @@ class QueueExt:
         q = self.queue
         if self.plain and not self.ttl_seen and not self.sac and not q.needs_ext \
                 and q.ext is self:
+            q.ext = None
+
+    def drained(self) -> None:
+        """The ready list has just emptied. A queue with no TTL, limits, priorities,
+        dead-lettering, expiry or single active consumer of its own was given this
+        extension only for messages with an expiration of their own (or recovered ones):
+        with none left it drops it, or every later message would take the extension
+        path for good (measured ~30 % slower publish+consume). An unacknowledged entry
+        with an expiry that is requeued brings it back (:func:`give_expiry_back`)."""
+        q = self.queue
+        if self.plain and not self.sac and self.quorum is None and q.ext is self \
+                and not q.ready:
             q.ext = None
 
     def _head_expiry(self, head: QueueEntry) -> float | None:
@@ -379,6 +393,17 @@ class QueueExt:
 
 
 # ---------------------------------------------------------------------- broker hooks
+def give_expiry_back(queue: Queue, entries: list[QueueEntry]) -> None:
+    """Requeued entries with an expiry return to a queue that dropped its extension
+    since they left (:meth:`QueueExt.drained`): it gets a fresh one, armed for them."""
+    ext = queue.ext = QueueExt(queue, QueueOptions())
+    ext.timed = ext.ttl_seen = True
+    deadlines = [e.expires for e in entries
+                 if isinstance(e, TimedEntry) and e.expires is not None]
+    if deadlines:
+        ext._arm_expiry(min(deadlines))
+
+
 def queue_enqueue(queue: Queue, message: Message) -> None:
     ext = queue.ext
     if ext is None:

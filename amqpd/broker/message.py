@@ -15,25 +15,30 @@ from amqpd.protocol.constants import DELIVERY_PERSISTENT
 
 
 class Message:
+    """The message as published. Its content is read through properties (``exchange``,
+    ``routing_key``, ``properties``, ``body``, ``size``) so :class:`LoggedMessage` can
+    answer them from the log instead; the module is compiled with the hot path, where a
+    property of a compiled class costs a direct call, not an interpreted frame."""
+
     __slots__ = (
+        "_body",
+        "_exchange",
+        "_properties",
         "_props",
-        "body",
-        "exchange",
+        "_routing_key",
         "persistent",
         "position",
-        "properties",
-        "routing_key",
     )
 
     def __init__(
         self, exchange: str, routing_key: str, properties: bytes, body: bytes,
         persistent: bool | None = None,
     ) -> None:
-        self.exchange = exchange
-        self.routing_key = routing_key
-        self.properties = properties
-        self.body = body
-        self.persistent = (
+        self._exchange = exchange
+        self._routing_key = routing_key
+        self._properties = properties
+        self._body = body
+        self.persistent: bool = (
             codec.delivery_mode(properties) == DELIVERY_PERSISTENT if persistent is None
             else persistent
         )
@@ -41,20 +46,37 @@ class Message:
         self._props: dict[str, Any] | None = None
 
     @property
+    def exchange(self) -> str:
+        return self._exchange
+
+    @property
+    def routing_key(self) -> str:
+        return self._routing_key
+
+    @property
+    def properties(self) -> bytes:
+        return self._properties
+
+    @property
+    def body(self) -> bytes:
+        return self._body
+
+    @property
+    def size(self) -> int:
+        return len(self._body)
+
+    @property
     def props(self) -> dict[str, Any]:
         """Decoded properties (cached); decoding happens at most once per message."""
-        if self._props is None:
-            self._props = codec.decode_properties(self.properties)
-        return self._props
+        props = self._props
+        if props is None:
+            props = self._props = codec.decode_properties(self.properties)
+        return props
 
     @property
     def headers(self) -> dict[str, Any]:
         headers = self.props.get("headers")
         return headers if isinstance(headers, dict) else {}
-
-    @property
-    def size(self) -> int:
-        return len(self.body)
 
     def with_properties(self, props: dict[str, Any], exchange: str | None = None,
                         routing_key: str | None = None) -> Message:
@@ -80,11 +102,10 @@ class LoggedMessage(Message):
     __slots__ = ("_size", "_store")
 
     def __init__(self, store: Any, position: int, size: int) -> None:
+        super().__init__("", "", b"", b"", True)
         self._store = store
         self.position = position
         self._size = size
-        self.persistent = True
-        self._props = None
 
     def load(self) -> Message:
         stored = self._store.read(self.position)
@@ -93,23 +114,23 @@ class LoggedMessage(Message):
         msg.position = self.position
         return msg
 
-    @property  # type: ignore[override]
+    @property
     def size(self) -> int:
         return self._size
 
-    # Attribute access that needs content loads it (rare: TTL/priority/headers checks).
-    @property  # type: ignore[override]
-    def exchange(self) -> str:  # type: ignore[override]
-        return self._store.read(self.position).exchange
+    # Content is read from the log when asked for (rare: TTL/priority/headers checks).
+    @property
+    def exchange(self) -> str:
+        return str(self._store.read(self.position).exchange)
 
-    @property  # type: ignore[override]
-    def routing_key(self) -> str:  # type: ignore[override]
-        return self._store.read(self.position).routing_key
+    @property
+    def routing_key(self) -> str:
+        return str(self._store.read(self.position).routing_key)
 
-    @property  # type: ignore[override]
-    def properties(self) -> bytes:  # type: ignore[override]
-        return self._store.read(self.position).properties
+    @property
+    def properties(self) -> bytes:
+        return bytes(self._store.read(self.position).properties)
 
-    @property  # type: ignore[override]
-    def body(self) -> bytes:  # type: ignore[override]
-        return self._store.read(self.position).body
+    @property
+    def body(self) -> bytes:
+        return bytes(self._store.read(self.position).body)

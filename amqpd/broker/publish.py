@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from amqpd.broker import extensions
 from amqpd.broker.limits import admit
@@ -27,6 +27,7 @@ from amqpd.broker.queue import Queue
 from amqpd.broker.queue_type import QueueType
 from amqpd.protocol.constants import FLAG_EXPIRATION_HI, FLAG_HEADERS_HI, FLAG_USER_ID_LO
 from amqpd.protocol.errors import PreconditionFailed
+from amqpd.store.api import StoreError
 
 if TYPE_CHECKING:
     import asyncio
@@ -38,9 +39,19 @@ log = logging.getLogger("amqpd.publish")
 
 # What an in-memory ready message costs beyond its body (entry, message object, strings):
 # the memory budgets count it, so a backlog of tiny messages pages out too.
-MESSAGE_OVERHEAD = 256
+MESSAGE_OVERHEAD: Final = 256
 
 OnConfirm = Callable[[BaseException | None], None]
+
+
+def _may_refuse(queues: list[QueueType]) -> bool:
+    """Whether a queue on the route might refuse a message (``x-overflow`` reject-publish,
+    a quorum queue's limit): only then is :func:`admit` asked, the rest pay nothing."""
+    for q in queues:
+        ext = q.ext
+        if ext is not None and ext.rejects:
+            return True
+    return False
 
 
 class Publisher:
@@ -89,7 +100,7 @@ class Publisher:
         if not queues and on_unroutable is not None:
             on_unroutable()
         confirm_now = on_confirm
-        if queues:
+        if queues and _may_refuse(queues):
             queues, refused = admit(self.broker, queues, message)  # overflow=reject-publish[-dlx]
             if refused and on_confirm is not None:
                 on_confirm(PreconditionFailed("rejected by a queue's length limit"))
@@ -102,8 +113,6 @@ class Publisher:
         if queues and message.persistent:
             durable = [q.store_key for q in queues if q.durable]
             if durable:
-                from amqpd.store.api import StoreError
-
                 try:
                     message.position = store.append_enqueue(durable, stored_message(message))
                 except StoreError as exc:
@@ -167,8 +176,6 @@ class Publisher:
     def _page_out(self, queues: list[QueueType], message: Message) -> None:
         """Under node memory pressure: write the message once, for all of ``queues``,
         and let each hold it log-only (a fan-out pays one write, not one per queue)."""
-        from amqpd.store.api import StoreError
-
         store = self.broker.store
         try:
             # transient: a paged copy is never recovered (RabbitMQ drops transient
@@ -276,8 +283,6 @@ class Publisher:
         """Write the gathered DELIVERED marks (end of tick, or at shutdown)."""
         batch, self._delivered_batch = self._delivered_batch, {}
         store = self.broker.store
-        from amqpd.store.api import StoreError
-
         for key, positions in batch.items():
             try:
                 store.append_delivered_many(key, positions)

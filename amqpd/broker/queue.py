@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from mypy_extensions import mypyc_attr
 
 from amqpd.broker.message import LoggedMessage, Message
-from amqpd.broker.queue_entry import QueueEntry
+from amqpd.broker.queue_entry import QueueEntry, TimedEntry
 from amqpd.broker.queue_type import QueueType, register_queue_type
 from amqpd.broker.ready import ReadyList
 from amqpd.protocol.constants import FLAG_EXPIRATION_HI
@@ -156,6 +156,16 @@ class Queue(QueueType):
 
     def requeue(self, entries: Iterable[QueueEntry]) -> None:
         """Return unacked entries to their original places, marked redelivered."""
+        if self.ext is None:
+            entries = list(entries)
+            for entry in entries:
+                if isinstance(entry, TimedEntry) and entry.expires is not None:
+                    # it left while the queue had its TTL extension, which the queue
+                    # dropped once empty (QueueExt.drained): it comes back with it
+                    from amqpd.broker.extensions import give_expiry_back
+
+                    give_expiry_back(self, entries)
+                    break
         if self.ext is not None:  # per-priority places; expiry re-armed
             self.ext.requeue(list(entries))
             return
@@ -203,6 +213,8 @@ class Queue(QueueType):
         if type(message) is LoggedMessage:  # body lives only in the log: read it back
             entry.message = message = message.load()
         self.ready_bytes -= message.size
+        if not ready and self.ext is not None and self.ext.plain:
+            self.ext.drained()
         return entry
 
     def delivered(self, entry: QueueEntry, acked: bool) -> None:

@@ -13,7 +13,7 @@ Two speeds, on purpose (see DESIGN.md "Hot path"):
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import Any, Final
 
 from pamqp import commands, encode
 from pamqp.base import Frame as PamqpFrame
@@ -56,11 +56,11 @@ from amqpd.protocol.frames import FRAME_END_BYTE
 # RabbitMQ's own table encoding picks 'I' for 32-bit and 'l' for 64-bit integers.
 encode.support_deprecated_rabbitmq(True)
 
-_U16 = struct.Struct(">H")
-_U64 = struct.Struct(">Q")
-_FRAME_HDR = struct.Struct(">BHI")
-_METHOD_HDR = struct.Struct(">BHII")  # frame header + method index (class, method)
-_CONTENT_HDR = struct.Struct(">BHIHHQ")  # frame header + class, weight, body size
+_U16: Final = struct.Struct(">H")
+_U64: Final = struct.Struct(">Q")
+_FRAME_HDR: Final = struct.Struct(">BHI")
+_METHOD_HDR: Final = struct.Struct(">BHII")  # frame header + method index (class, method)
+_CONTENT_HDR: Final = struct.Struct(">BHIHHQ")  # frame header + class, weight, body size
 
 # (property name, flag bit, pamqp type) in wire order
 PROPERTY_FIELDS: tuple[tuple[str, int, str], ...] = (
@@ -130,6 +130,41 @@ def decode_publish(payload: bytes) -> tuple[str, str, bool, bool]:
         routing_key = payload[pos + 1 : pos + 1 + n].decode()
         pos += 1 + n
         bits = payload[pos]
+    except (IndexError, UnicodeDecodeError) as exc:
+        raise SyntaxError_("malformed basic.publish method frame", *_ids(BASIC_PUBLISH)) from exc
+    return exchange, routing_key, bool(bits & 1), bool(bits & 2)
+
+
+def decode_publish_at(buf: bytes, start: int, end: int,
+                      names: dict[bytes, str]) -> tuple[str, str, bool, bool]:
+    """:func:`decode_publish` of the method payload at ``buf[start:end]``, read in place
+    (the connection's publish fast path: no slice of the method frame).
+
+    ``names`` maps the raw bytes of exchange names and routing keys already seen to their
+    ``str``: publishers repeat a few names, so every queued message shares one string
+    instead of holding a copy (the caller owns and bounds the map).
+    """
+    pos = start + 6  # class, method, reserved-1 (ticket)
+    try:
+        if pos >= end:
+            raise IndexError
+        n = buf[pos]
+        stop = pos + 1 + n
+        if stop >= end:
+            raise IndexError
+        raw = buf[pos + 1:stop]
+        exchange = names.get(raw)
+        if exchange is None:
+            exchange = names[raw] = raw.decode()
+        n = buf[stop]
+        pos = stop + 1 + n
+        if pos >= end:
+            raise IndexError
+        raw = buf[stop + 1:pos]
+        routing_key = names.get(raw)
+        if routing_key is None:
+            routing_key = names[raw] = raw.decode()
+        bits = buf[pos]
     except (IndexError, UnicodeDecodeError) as exc:
         raise SyntaxError_("malformed basic.publish method frame", *_ids(BASIC_PUBLISH)) from exc
     return exchange, routing_key, bool(bits & 1), bool(bits & 2)
@@ -295,7 +330,7 @@ def content_frames(
     return b"".join(parts)
 
 
-_SHORTSTR_CACHE: dict[str, bytes] = {}
+_SHORTSTR_CACHE: Final[dict[str, bytes]] = {}
 
 
 def shortstr_cached(value: str) -> bytes:
@@ -308,8 +343,8 @@ def shortstr_cached(value: str) -> bytes:
     return data
 
 
-_DELIVER_HDR = struct.Struct(">BHII")
-_DELIVER_TAG = struct.Struct(">QB")
+_DELIVER_HDR: Final = struct.Struct(">BHII")
+_DELIVER_TAG: Final = struct.Struct(">QB")
 
 
 def deliver_frames(

@@ -26,11 +26,10 @@ from __future__ import annotations
 
 import enum
 import logging
-import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import Any, Final, Protocol, cast
 
 from pamqp import commands
 from pamqp.base import Frame as PamqpFrame
@@ -79,22 +78,31 @@ from amqpd.protocol.frames import (
 
 log = logging.getLogger("amqpd.connection")
 
-_PUBLISH_ID = BASIC_PUBLISH.to_bytes(4, "big")  # how a publish method payload starts
-_BASIC_CLASS_WEIGHT = (CLASS_BASIC << 16).to_bytes(4, "big")  # content header: basic, weight 0
+
+def _u64(buf: bytes, at: int) -> int:
+    """The big-endian unsigned 64-bit integer at ``buf[at:at + 8]`` (no slice, no tuple)."""
+    return ((buf[at] << 56) | (buf[at + 1] << 48) | (buf[at + 2] << 40) | (buf[at + 3] << 32)
+            | (buf[at + 4] << 24) | (buf[at + 5] << 16) | (buf[at + 6] << 8) | buf[at + 7])
+
+
+# Exchange names and routing keys seen in publishes (raw bytes -> str), shared by every
+# connection: queued messages share one string per name instead of a copy each. Bounded;
+# a publisher with a new routing key per message just keeps refilling it.
+NAMES_MAX: Final = 4096
+_NAMES: Final[dict[bytes, str]] = {}
 # (class id, method id) of basic.publish, for errors found in its content frames
-_PUB_CLASS = class_of(BASIC_PUBLISH)
-_PUB_METHOD = method_of(BASIC_PUBLISH)
-_U64 = struct.Struct(">Q")
+_PUB_CLASS: Final = class_of(BASIC_PUBLISH)
+_PUB_METHOD: Final = method_of(BASIC_PUBLISH)
 
 # Frames handled per slice before the event loop gets a turn (about 1000 publishes).
-FRAME_BUDGET = 3000
+FRAME_BUDGET: Final = 3000
 # Frames handled per slice while the connection is in flow (it publishes into a queue
 # whose consumers are falling behind): ~100 publishes, then deliveries and acks get the
 # loop. See docs/ARCHITECTURE.md, "Fairness and flow control".
-FLOW_FRAME_BUDGET = 300
-PRE_TUNE_FRAME_MAX = 4096
-CLOSING_TIMEOUT = 30.0  # seconds to wait for connection.close-ok (RabbitMQ's value)
-FRAME_MIN_SIZE = 4096
+FLOW_FRAME_BUDGET: Final = 300
+PRE_TUNE_FRAME_MAX: Final = 4096
+CLOSING_TIMEOUT: Final = 30.0  # seconds to wait for connection.close-ok (RabbitMQ's value)
+FRAME_MIN_SIZE: Final = 4096
 
 
 class State(enum.Enum):
@@ -166,9 +174,9 @@ class AMQPConnection:
         self.reader = FrameReader(PRE_TUNE_FRAME_MAX)
         self._header_buf = b""
         self._out: list[bytes] = []
-        self._valid_props: set[bytes] = set()  # property sections already validated
-        self._pending: list[tuple[int, int, bytes]] = []  # received, not yet handled
-        self._pending_at = 0
+        # property sections already validated, each mapped to itself (the shared copy)
+        self._valid_props: dict[bytes, bytes] = {}
+        self._more = False  # complete frames wait in the reader (a slice was used up)
         self.out_bytes = 0  # queued for the peer this tick: deliveries stop past a cap
         self.channels: dict[int, ChannelSlot] = {}
         self.channel_max = self.limits.channel_max
@@ -234,30 +242,13 @@ class AMQPConnection:
             data = self._receive_header(data)
             if not data:
                 return
-        try:
-            frames = self.reader.feed(data)
-        except FrameError as exc:
-            # Frames before the bad one are still processed, then the connection closes.
-            frames, self.reader.salvaged = self.reader.salvaged, []
-            for ftype, channel, payload in frames:
-                if self.state is State.CLOSED:
-                    return
-                self._dispatch_guarded(ftype, channel, payload)
-            self._close_connection(exc)
-            # The byte stream cannot be framed any more, so no close-ok could be found in
-            # it: the socket closes once connection.close is written.
-            self.should_close_transport = True
-            return
-        if self._pending_at < len(self._pending):
-            self._pending.extend(frames)  # arrived while a backlog was being worked off
-        else:
-            self._pending, self._pending_at = frames, 0
+        self.reader.append(data)  # after any frames of a backlog still being worked off
         self.process_pending()
 
     @property
     def has_pending(self) -> bool:
         """Frames received but not yet handled (the transport stops reading meanwhile)."""
-        return self._pending_at < len(self._pending)
+        return self._more
 
     def process_pending(self, budget: int = 0) -> bool:
         """Handle up to ``budget`` received frames; True if some are left for later.
@@ -269,70 +260,106 @@ class AMQPConnection:
         """
         if not budget:  # smaller slices while in flow (see FLOW_FRAME_BUDGET)
             budget = FLOW_FRAME_BUDGET if self.in_flow else FRAME_BUDGET
-        frames, start = self._pending, self._pending_at
-        stop = min(len(frames), start + budget)
-        self._pending_at = stop
-        self._dispatch_frames(frames, start, stop)
-        if stop >= len(frames):
-            self._pending, self._pending_at = [], 0
-            return False
-        if self.state is State.CLOSED:
-            self._pending, self._pending_at = [], 0
-            return False
-        return True
+        try:
+            self._more = self._dispatch_frames(budget)
+        except FrameError as exc:
+            # The frames before the bad one were handled; now the connection closes. The
+            # byte stream cannot be framed any more, so no close-ok could be found in it:
+            # the socket closes once connection.close is written.
+            self._more = False
+            self.reader.clear()
+            self._close_connection(exc)
+            self.should_close_transport = True
+        return self._more
 
-    def _dispatch_frames(self, frames: list[tuple[int, int, bytes]], i: int = 0,
-                         n: int | None = None) -> None:
-        """Handle frames in order; complete publish triplets take a fast path.
+    def _dispatch_frames(self, budget: int) -> bool:
+        """Handle complete frames in order, up to ``budget``; True if more are waiting.
 
-        The fast path covers the common shape of a publish on an open channel (method,
-        content header, one body frame, all on that channel, sizes consistent): it does
-        exactly what the general path would, minus the per-frame state machine. Anything
-        else, including every error case, goes through :meth:`_dispatch_guarded`.
+        Frames are read in place in the reader's buffer. Complete publish triplets take
+        a fast path: the common shape of a publish on an open channel (method, content
+        header, one body frame, all on that channel, sizes consistent) does exactly what
+        the general path would, minus the per-frame state machine and minus any tuple or
+        slice but the two the message keeps (its property and body bytes). Anything
+        else, including every error case, goes through :meth:`_dispatch_guarded`. A
+        malformed frame raises :class:`FrameError` once the frames before it are handled.
         """
-        if n is None:
-            n = len(frames)
+        reader = self.reader
+        buf = reader.data
+        pos = reader.pos
         channels = self.channels
         max_size = self.limits.max_message_size
         valid = self._valid_props
-        while i < n:
-            if self.state is not State.OPEN:
-                if self.state is State.CLOSED:
-                    return
-                ftype, channel, payload = frames[i]
+        names = _NAMES
+        delegate = self.delegate
+        handled = 0
+        try:
+            while True:
+                stop = reader.frame_end(pos)
+                if stop < 0:
+                    return False
+                if handled >= budget:
+                    return True
+                ftype = buf[pos]
+                channel = (buf[pos + 1] << 8) | buf[pos + 2]
+                # basic.publish (class and method ids are below 256: high octets 0)
+                if (ftype == FRAME_METHOD and stop - pos >= 11 and buf[pos + 8] == _PUB_CLASS
+                        and buf[pos + 10] == _PUB_METHOD and buf[pos + 7] == 0
+                        and buf[pos + 9] == 0 and self.state is State.OPEN):
+                    h = stop + 1
+                    hstop = reader.frame_end(h, False)
+                    # content header of class basic, weight 0, on the same channel
+                    if (hstop > 0 and buf[h] == FRAME_HEADER and hstop - h >= 21
+                            and (buf[h + 1] << 8) | buf[h + 2] == channel
+                            and buf[h + 7] == 0 and buf[h + 8] == CLASS_BASIC
+                            and buf[h + 9] == 0 and buf[h + 10] == 0):
+                        b = hstop + 1
+                        bstop = reader.frame_end(b, False)
+                        slot = channels.get(channel)
+                        if (bstop > 0 and buf[b] == FRAME_BODY
+                                and (buf[b + 1] << 8) | buf[b + 2] == channel
+                                and slot is not None and not slot.closing
+                                and slot.publish is None
+                                and _u64(buf, h + 11) == bstop - b - 7
+                                and 0 < bstop - b - 7 <= max_size):
+                            props = buf[h + 19:hstop]
+                            body = buf[b + 7:bstop]
+                            method_at = pos + 7
+                            pos = bstop + 1
+                            handled += 3
+                            try:
+                                # one shared copy of each property section (and name)
+                                # seen before, validated once: queued messages share it
+                                shared = valid.get(props)
+                                if shared is None:
+                                    codec.validate_properties(props)
+                                    if len(valid) < 256:
+                                        valid[props] = props
+                                else:
+                                    props = shared
+                                if len(names) > NAMES_MAX:
+                                    names.clear()
+                                exchange, routing_key, mandatory, immediate = \
+                                    codec.decode_publish_at(buf, method_at, stop, names)
+                                delegate.on_publish(channel, exchange, routing_key, mandatory,
+                                                    immediate, props, body)
+                            except Exception as exc:
+                                if isinstance(exc, AMQPError) and not exc.class_id:
+                                    exc.class_id, exc.method_id = _PUB_CLASS, _PUB_METHOD
+                                self._handle_error(exc, channel, ftype)
+                                if self.state is State.CLOSED:
+                                    reader.clear()
+                                    return False
+                            continue
+                payload = buf[pos + 7:stop]
+                pos = stop + 1
+                handled += 1
                 self._dispatch_guarded(ftype, channel, payload)
-                i += 1
-                continue
-            ftype, channel, payload = frames[i]
-            if ftype == FRAME_METHOD and i + 2 < n and payload[:4] == _PUBLISH_ID:
-                hf = frames[i + 1]
-                bf = frames[i + 2]
-                slot = channels.get(channel)
-                header = hf[2]
-                body = bf[2]
-                if (hf[0] == FRAME_HEADER and bf[0] == FRAME_BODY and hf[1] == channel
-                        and bf[1] == channel
-                        and slot is not None and not slot.closing and slot.publish is None
-                        and len(header) >= 14 and header[:4] == _BASIC_CLASS_WEIGHT
-                        and _U64.unpack_from(header, 4)[0] == len(body)
-                        and 0 < len(body) <= max_size):
-                    props = header[12:]
-                    i += 3
-                    try:
-                        if props not in valid:
-                            codec.validate_properties(props)
-                            if len(valid) < 256:
-                                valid.add(props)
-                        exchange, routing_key, mandatory, immediate = codec.decode_publish(payload)
-                        self.delegate.on_publish(channel, exchange, routing_key, mandatory,
-                                                 immediate, props, body)
-                    except Exception as exc:
-                        if isinstance(exc, AMQPError) and not exc.class_id:
-                            exc.class_id, exc.method_id = _PUB_CLASS, _PUB_METHOD
-                        self._handle_error(exc, channel, ftype)
-                    continue
-            self._dispatch_guarded(ftype, channel, payload)
-            i += 1
+                if self.state is State.CLOSED:
+                    reader.clear()
+                    return False
+        finally:
+            if reader.data is buf:
+                reader.pos = pos
 
     def _receive_header(self, data: bytes) -> bytes:
         buf = self._header_buf + data

@@ -39,11 +39,12 @@ def test_the_extension_leaves_once_the_recovered_messages_have_left() -> None:
     assert q.message_count == 1
 
 
-def test_a_recovered_message_with_a_ttl_keeps_the_extension() -> None:
-    pair, q = recovered_queue(EXPIRING, n=1)
+def test_a_recovered_message_with_a_ttl_keeps_the_extension_while_it_is_there() -> None:
+    pair, q = recovered_queue(EXPIRING, n=2)
     pair.call(1, C.Basic.Get(queue="rq", no_ack=True))
+    assert q.ext is not None and q.ext.ttl_seen  # the other one still has its TTL
     pair.call(1, C.Basic.Get(queue="rq", no_ack=True))  # empty now
-    assert q.ext is not None and q.ext.ttl_seen
+    assert q.ext is None
 
 
 
