@@ -281,7 +281,7 @@ class QueueExt:
         path for good (measured ~30 % slower publish+consume). An unacknowledged entry
         with an expiry that is requeued brings it back (:func:`give_expiry_back`)."""
         q = self.queue
-        if self.plain and not self.sac and self.quorum is None and q.ext is self \
+        if self.plain and not self.sac and not q.needs_ext and q.ext is self \
                 and not q.ready:
             q.ext = None
 
