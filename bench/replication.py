@@ -2,6 +2,9 @@
 
 1. the confirmed persistent publish rate of a node alone;
 2. the same with a synchronous standby (mode "sync", min_insync_standbys = 1);
+   RabbitMQ 3.10 alone (a private node from devtools, a durable classic queue) with the
+   same publisher in the same run, unless ``--no-rabbitmq``: RabbitMQ confirms without
+   fsyncing each batch, amqpd confirms after its fsync (and the standby's);
 3. catch-up: an active preloaded with ``--messages`` persistent messages (confirmed),
    then a standby starts while a publisher keeps publishing with confirms: the
    catch-up time and speed (log bytes / time until the standby acknowledged everything
@@ -59,6 +62,22 @@ def alone(root: Path, body: int, duration: float) -> dict[str, Any]:
         return {"confirmed": res.confirmed, "nacked": res.nacked, "rate": round(_rate(res))}
     finally:
         proc.stop()
+
+
+def rabbitmq_alone(root: Path, body: int, duration: float) -> dict[str, Any]:
+    """The same publisher against a private RabbitMQ (None figures when it is missing)."""
+    from devtools import rabbitmq as rmq
+
+    try:
+        info = rmq.start(root / "rmq")
+    except rmq.RabbitMQNotInstalled as exc:
+        return {"skipped": str(exc)}
+    try:
+        _declare(info.amqp_url, "rb.rabbitmq")
+        res = _publish(info.amqp_url, "rb.rabbitmq", body, duration)
+        return {"confirmed": res.confirmed, "nacked": res.nacked, "rate": round(_rate(res))}
+    finally:
+        rmq.stop(root / "rmq")
 
 
 def sync_pair(root: Path, body: int, duration: float,
@@ -132,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--body", type=int, default=100)
     p.add_argument("--duration", type=float, default=10.0)
     p.add_argument("--out", default="")
+    p.add_argument("--no-rabbitmq", action="store_true",
+                   help="leave out RabbitMQ 3.10 alone (measured by default, same publisher)")
     p.add_argument("--standby-on-tmpfs", action="store_true",
                    help="also measure the sync pair with the standby's data on /dev/shm "
                         "(on one machine both fsyncs hit the same disk; this shows how "
@@ -147,6 +168,13 @@ def main(argv: list[str] | None = None) -> int:
         print("sync standby:", result["sync_standby"], flush=True)
         result["sync_vs_alone"] = round(result["sync_standby"]["rate"]
                                         / max(result["alone"]["rate"], 1), 2)
+        if not a.no_rabbitmq:
+            result["rabbitmq_alone"] = rabbitmq_alone(root, a.body, a.duration)
+            print("RabbitMQ alone:", result["rabbitmq_alone"], flush=True)
+            rmq_rate = result["rabbitmq_alone"].get("rate")
+            if rmq_rate:
+                result["sync_vs_rabbitmq"] = round(result["sync_standby"]["rate"] / rmq_rate, 2)
+                result["alone_vs_rabbitmq"] = round(result["alone"]["rate"] / rmq_rate, 2)
         if a.standby_on_tmpfs:
             with tempfile.TemporaryDirectory(prefix="amqpd-bench-sb-", dir="/dev/shm") as shm:
                 result["sync_standby_tmpfs"] = sync_pair(root / "t", a.body, a.duration,
