@@ -289,7 +289,7 @@ class Broker:
         if self.settings.management and self.http is None:
             from amqpd.http import HttpServer
 
-            self.http = HttpServer(self)
+            self.http = HttpServer(self.api)
             await self.http.start()
 
     async def start_plugins(self) -> None:

@@ -142,6 +142,21 @@ class WarrenStatus(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    """The node-level facts ``/api/overview``, ``/api/nodes`` and ``/metrics`` show, read
+    at one moment by :meth:`BrokerAPI.node_status` (a copy: holding it holds nothing)."""
+
+    name: str  # the node name (``rabbit@host`` in RabbitMQ's spelling)
+    cluster_name: str  # the set cluster name, else the node name
+    started_at: float  # wall-clock seconds since the epoch when the broker was built
+    alarms: tuple[str, ...]  # active resource alarms, sorted ("disk", "memory", "store")
+    memory_limit: int  # the memory high watermark in bytes (0: none)
+    disk_free_limit: int  # the free-disk low watermark in bytes
+    data_dir: str  # where the node keeps its files (its disk_free is measured there)
+    plugins: tuple[str, ...]  # the enabled plugins' names, sorted
+
+
 class BrokerAPI:
     """Everything outside the broker package may do to a broker (one per broker)."""
 
@@ -166,6 +181,67 @@ class BrokerAPI:
         """The bound port of the HTTP API (0 while it is not listening)."""
         http = self._broker.http
         return int(http.port or 0) if http is not None else 0
+
+    def node_name(self) -> str:
+        """This node's name (the ``node`` field of every management object)."""
+        return self._broker.settings.node_name
+
+    def data_dir(self) -> str:
+        """The node's data directory (the HTTP layer keeps its login sessions there)."""
+        return str(self._broker.settings.data_dir)
+
+    def cluster_name(self) -> str:
+        """The cluster name: the one set (config, definitions, ``PUT /api/cluster-name``),
+        else the node name, as RabbitMQ answers for a node nobody named a cluster."""
+        return self._broker.settings.effective_cluster_name
+
+    def set_cluster_name(self, name: str) -> None:
+        """Rename the cluster for this run of the node. Like a definitions import of the
+        ``cluster_name`` global parameter it is not written to the log: a restart goes
+        back to the configured name (exported definitions carry the new one)."""
+        self._broker.settings.cluster_name = name
+
+    def node_status(self) -> NodeStatus:
+        """The node's identity, uptime origin, alarms and limits, as one snapshot."""
+        b = self._broker
+        alarms = b.alarms
+        return NodeStatus(
+            name=b.settings.node_name,
+            cluster_name=b.settings.effective_cluster_name,
+            started_at=b.started_at,
+            alarms=tuple(sorted(alarms)),
+            memory_limit=int(alarms.memory_limit or 0),
+            disk_free_limit=int(alarms.disk_limit or 0),
+            data_dir=str(b.settings.data_dir),
+            plugins=tuple(sorted(b.plugins)),
+        )
+
+    def alarms(self) -> list[str]:
+        """The resource alarms in effect, sorted ("disk", "memory", "store"); empty: none."""
+        return sorted(self._broker.alarms)
+
+    def set_memory_high_watermark(self, *, fraction: float | None = None,
+                                  absolute: int | None = None) -> int:
+        """Change the memory limit at run time (rabbitmqctl set_vm_memory_high_watermark):
+        ``absolute`` bytes, else ``fraction`` of the machine's memory. The memory alarm
+        is re-evaluated at once; returns the new limit in bytes. Not persisted: a restart
+        goes back to the configured watermark, as in RabbitMQ."""
+        return self._broker.alarms.set_memory_high_watermark(fraction=fraction,
+                                                             absolute=absolute)
+
+    def enabled_plugins(self) -> list[str]:
+        """The names of the enabled plugins, sorted (the web UI shows their pages)."""
+        return sorted(self._broker.plugins)
+
+    def plugin_http_routes(self) -> list[Callable[[Any], None]]:
+        """Each enabled plugin's ``http_routes(router)`` hook, in plugin order: the HTTP
+        layer calls them with its router to add ``/api/shovels``, ``/api/federation-links``."""
+        hooks: list[Callable[[Any], None]] = []
+        for plugin in self._broker.plugins.values():
+            add_routes = getattr(plugin, "http_routes", None)
+            if add_routes is not None:
+                hooks.append(add_routes)
+        return hooks
 
     def stopping(self) -> bool:
         """True once the node has begun to shut down."""
@@ -695,6 +771,7 @@ __all__ = [
     "Exchange",
     "Fetched",
     "Message",
+    "NodeStatus",
     "NotFound",
     "ParameterStore",
     "Permission",

@@ -38,7 +38,7 @@ from amqpd.http.sessions import SessionStore
 from amqpd.http.stats import RateSampler
 
 if TYPE_CHECKING:
-    from amqpd.broker.api import Broker
+    from amqpd.broker.api import BrokerAPI
 
 log = logging.getLogger("amqpd.http")
 
@@ -46,49 +46,48 @@ RESOURCES = (overview, connections, exchanges, queues, bindings, vhosts, users, 
              parameters, definitions, health, metrics, webui, limits, replication)
 
 
-def build_router(broker: Broker | None = None) -> Router:
+def build_router(api: BrokerAPI | None = None) -> Router:
     router = Router()
     for module in RESOURCES:
         module.routes(router)
-    for plugin in (broker.plugins.values() if broker is not None else ()):
-        add_routes = getattr(plugin, "http_routes", None)
-        if add_routes is not None:  # /api/shovels, /api/federation-links...
-            add_routes(router)
+    for add_routes in (api.plugin_http_routes() if api is not None else ()):
+        add_routes(router)  # /api/shovels, /api/federation-links...
     return router
 
 
-def create_app(broker: Broker, sampler: RateSampler | None = None) -> web.Application:
+def create_app(api: BrokerAPI, sampler: RateSampler | None = None) -> web.Application:
     @web.middleware
     async def role_header(request: web.Request, handler: Any) -> web.StreamResponse:
         response = await handler(request)
-        warren = broker.api.warren()
+        warren = api.warren()
         if warren is not None:  # every answer says which part this node plays
             response.headers["X-Amqpd-Role"] = warren.role
         return response
 
     app = web.Application(client_max_size=128 * 1024 * 1024, middlewares=[role_header])
-    app["broker"] = broker
-    app["sampler"] = sampler or RateSampler(broker)
-    app["sessions"] = SessionStore(Path(broker.settings.data_dir) / "http-sessions.json")
-    app["listener"] = {"port": 0, "tls": False}  # filled in once bound (a mutable holder:
-    # aiohttp forbids changing a started application's own keys)
-    app.router.add_route("*", "/{tail:.*}", make_dispatcher(broker, build_router(broker)))
+    app["api"] = api
+    app["sampler"] = sampler or RateSampler(api)
+    app["sessions"] = SessionStore(Path(api.data_dir()) / "http-sessions.json")
+    # this listener, filled in once bound (a mutable holder: aiohttp forbids changing a
+    # started application's own keys)
+    app["listener"] = {"host": "", "port": 0, "tls": False}
+    app.router.add_route("*", "/{tail:.*}", make_dispatcher(api, build_router(api)))
     return app
 
 
 class HttpServer:
     """The API listener: ``await start()`` binds (port 0 = ephemeral), ``port`` says where."""
 
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
-        self.sampler = RateSampler(broker, max(broker.settings.stats_interval, 0.1))
-        self.app = create_app(broker, self.sampler)
+    def __init__(self, api: BrokerAPI) -> None:
+        self.api = api
+        self.sampler = RateSampler(api, max(api.settings.stats_interval, 0.1))
+        self.app = create_app(api, self.sampler)
         self.runner: web.AppRunner | None = None
         self.port = 0
         self.host = ""
 
     async def start(self) -> None:
-        s = self.broker.settings
+        s = self.api.settings
         ssl_ctx = None
         if s.http_tls:
             from amqpd.tls import server_context
@@ -115,7 +114,7 @@ class HttpServer:
             self.host, self.port = sockets[0].getsockname()[:2]
         else:
             self.host, self.port = host, s.http_port
-        self.app["listener"].update(port=self.port, tls=ssl_ctx is not None)
+        self.app["listener"].update(host=self.host, port=self.port, tls=ssl_ctx is not None)
         self.sampler.start()
         log.info("HTTP API listening on %s://%s:%d", "https" if ssl_ctx else "http",
                  self.host, self.port)

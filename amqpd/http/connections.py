@@ -38,7 +38,7 @@ def connection_view(ctx: Ctx, session: Session) -> dict[str, Any]:
     transport = getattr(proto, "transport", None)
     sock = transport.get_extra_info("sockname") if transport is not None else None
     info.update({
-        "node": ctx.broker.settings.node_name,
+        "node": ctx.api.node_name(),
         "type": "network",
         "protocol": "AMQP 0-9-1",
         "auth_mechanism": "PLAIN",
@@ -66,7 +66,7 @@ def channel_view(ctx: Ctx, session: Session, channel: Channel) -> dict[str, Any]
     return {
         "name": channel_name(session, channel),
         "number": channel.number,
-        "node": ctx.broker.settings.node_name,
+        "node": ctx.api.node_name(),
         "user": session.username,
         "vhost": session.vhost.name if session.vhost else None,
         "connection_details": {"name": session.name,
@@ -94,7 +94,7 @@ def consumer_view(ctx: Ctx, session: Session, channel: Channel, consumer: Any) -
         "channel_details": {
             "name": channel_name(session, channel), "number": channel.number,
             "connection_name": session.name, "user": session.username,
-            "node": ctx.broker.settings.node_name,
+            "node": ctx.api.node_name(),
             "peer_host": session.peer[0] if session.peer else None,
             "peer_port": session.peer[1] if session.peer else None,
         },

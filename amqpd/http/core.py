@@ -39,7 +39,7 @@ from amqpd.broker.api import AMQPError
 from amqpd.http.sessions import COOKIE, UI_HEADER
 
 if TYPE_CHECKING:
-    from amqpd.broker.api import Broker, BrokerAPI, User, VHost
+    from amqpd.broker.api import BrokerAPI, User, VHost
 
 log = logging.getLogger("amqpd.http")
 
@@ -113,17 +113,13 @@ def amqp_error_to_http(exc: AMQPError) -> HttpError:
 # ---------------------------------------------------------------------------- context
 @dataclass
 class Ctx:
-    """One request: the broker, the authenticated user, path parameters, query."""
+    """One request: the public broker API (all a handler changes or reads the broker
+    through), the authenticated user, path parameters, query."""
 
-    broker: Broker
+    api: BrokerAPI
     request: web.Request
     user: User | None
     params: dict[str, str]
-
-    @property
-    def api(self) -> BrokerAPI:
-        """The public broker API: what a handler changes or reads the broker through."""
-        return self.broker.api
 
     @property
     def username(self) -> str:
@@ -275,11 +271,11 @@ def is_loopback(request: web.Request) -> bool:
     return remote.startswith(("127.", "::ffff:127.")) or remote in ("::1", "")
 
 
-def authenticate(broker: Broker, request: web.Request) -> User:
+def authenticate(api: BrokerAPI, request: web.Request) -> User:
     """HTTP Basic, or else the web UI's session cookie (amqpd.http.sessions)."""
     header = request.headers.get("Authorization", "")
     if not header and COOKIE in request.cookies and "sessions" in request.app:
-        return authenticate_session(broker, request)
+        return authenticate_session(api, request)
     if not header.lower().startswith("basic "):
         raise HttpError(401, "not_authorized", "Login failed")
     try:
@@ -287,7 +283,7 @@ def authenticate(broker: Broker, request: web.Request) -> User:
         username, _, password = decoded.partition(":")
     except (binascii.Error, UnicodeDecodeError, ValueError):
         raise HttpError(401, "not_authorized", "Login failed") from None
-    user = broker.api.authenticate(username, password, is_loopback(request))
+    user = api.authenticate(username, password, is_loopback(request))
     if user is None:
         log.warning("HTTP API login refused for user %r from %s", username, request.remote)
         raise HttpError(401, "not_authorized", "Login failed")
@@ -296,13 +292,12 @@ def authenticate(broker: Broker, request: web.Request) -> User:
     return user
 
 
-def authenticate_session(broker: Broker, request: web.Request) -> User:
+def authenticate_session(api: BrokerAPI, request: web.Request) -> User:
     """The user behind a live session cookie, authenticated afresh as Basic would be: a
     changed password, a deleted user or changed tags take effect at once."""
     sessions = request.app["sessions"]
     token = request.cookies[COOKIE]
     found = sessions.lookup(token)
-    api = broker.api
     user = api.authenticate(found[0], found[1], is_loopback(request)) if found else None
     if user is None:
         if found is not None:
@@ -318,13 +313,13 @@ def authenticate_session(broker: Broker, request: web.Request) -> User:
 
 
 def make_dispatcher(
-    broker: Broker, router: Router,
+    api: BrokerAPI, router: Router,
 ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def dispatch(request: web.Request) -> web.StreamResponse:
         try:
             route, params = router.resolve(request.method, split_raw_path(request.raw_path))
-            user = authenticate(broker, request) if route.auth else None
-            warren = broker.api.warren()
+            user = authenticate(api, request) if route.auth else None
+            warren = api.warren()
             if warren is not None and request.method not in ("GET", "HEAD") \
                     and route.auth and not warren.accepting_publishes() \
                     and not request.path.startswith("/api/replication/"):
@@ -336,10 +331,10 @@ def make_dispatcher(
             structlog.contextvars.bind_contextvars(
                 http_method=request.method, http_path=request.path,
                 http_user=user.name if user else None)
-            response = await route.handler(Ctx(broker, request, user, params))
+            response = await route.handler(Ctx(api, request, user, params))
             if request.method != "GET":
                 # a change is acknowledged only once its definition records are durable
-                await broker.api.wait_durable()
+                await api.wait_durable()
             return response
         except HttpError as exc:
             return error_response(exc, UI_HEADER not in request.headers)

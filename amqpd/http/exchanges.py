@@ -108,8 +108,7 @@ async def publish(ctx: Ctx) -> Any:
     ctx.check(vh.name, "write", "exchange", ex.name or "amq.default")
     if ex.internal:
         raise bad_request(f"cannot publish to internal exchange '{ex.name}'")
-    alarms = getattr(ctx.broker, "alarms", None)
-    if alarms:
+    if ctx.api.alarms_active():
         raise bad_request("publishing is blocked by a resource alarm")
     queues = ctx.api.publish(vh, ex.name, Message(ex.name, routing_key, props, payload),
                              ctx.username)

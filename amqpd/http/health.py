@@ -40,9 +40,9 @@ def failed(reason: str, **extra: Any) -> Any:
 
 
 def _alarms(ctx: Ctx) -> list[dict[str, str]]:
-    node = ctx.broker.settings.node_name
+    node = ctx.api.node_name()
     return [{"resource": ALARM_RESOURCES.get(a, a), "node": node}
-            for a in sorted(alarm_set(ctx.broker))]
+            for a in sorted(alarm_set(ctx.api))]
 
 
 async def alarms(ctx: Ctx) -> Any:
@@ -60,7 +60,7 @@ async def local_alarms(ctx: Ctx) -> Any:
 
 
 def _ports(ctx: Ctx) -> list[int]:
-    ports = [port for _, _, port in ctx.broker.listeners]
+    ports = [port for _, _, port in ctx.api.listeners()]
     http_port = ctx.request.app.get("http_port")
     if http_port:
         ports.append(http_port)
@@ -79,7 +79,7 @@ async def port_listener(ctx: Ctx) -> Any:
 
 
 async def protocol_listener(ctx: Ctx) -> Any:
-    protocols = {proto for proto, _, _ in ctx.broker.listeners}
+    protocols = {proto for proto, _, _ in ctx.api.listeners()}
     protocols.add("https" if ctx.request.app.get("http_tls") else "http")
     wanted = [p.strip() for p in ctx.params["protocol"].split(",") if p.strip()]
     missing = [p for p in wanted if PROTOCOL_ALIASES.get(p.lower(), p.lower()) not in protocols]
@@ -106,11 +106,11 @@ async def node_healthcheck(ctx: Ctx) -> Any:
     """The 3.x ``/api/healthchecks/node[/{node}]`` (AMQPStorm's ``healthchecks.get``):
     ok unless a resource alarm is in effect; another node's name is 404, as RabbitMQ
     answers for a node that is not in the cluster."""
-    node = ctx.broker.settings.node_name
+    node = ctx.api.node_name()
     wanted = ctx.params.get("node")
     if wanted is not None and wanted != node:
         raise not_found()
-    found = sorted(alarm_set(ctx.broker))
+    found = sorted(alarm_set(ctx.api))
     if found:
         terms = ",".join(f"{{resource_limit,{ERLANG_RESOURCES.get(a, a)},'{node}'}}"
                          for a in found)
@@ -123,7 +123,7 @@ async def aliveness_test(ctx: Ctx) -> Any:
 
     The queue is deleted afterwards, unlike RabbitMQ 3.x, which left it behind."""
     vh = ctx.vhost()
-    if alarm_set(ctx.broker):
+    if alarm_set(ctx.api):
         return failed("publishers are blocked by a resource alarm", alarms=_alarms(ctx))
     name = ALIVENESS_QUEUE
     api = ctx.api
@@ -150,13 +150,13 @@ def _warren_fields(warren: WarrenStatus) -> dict[str, Any]:
 
 async def ready(ctx: Ctx) -> Any:
     """Unauthenticated readiness for load balancers."""
-    b = ctx.broker
-    warren = b.api.warren()
-    if getattr(b, "stopping", False):
+    api = ctx.api
+    warren = api.warren()
+    if api.stopping():
         return failed("node is shutting down")
     if warren is not None and warren.role == "standby":
         pass  # a standby serves no client: following its active is its whole job
-    elif not any(proto in ("amqp", "amqps") for proto, _, _ in b.listeners):
+    elif not any(proto in ("amqp", "amqps") for proto, _, _ in api.listeners()):
         return failed("No active listener")
     found = _alarms(ctx)
     if found:
@@ -204,7 +204,7 @@ async def certificate_expiration(ctx: Ctx) -> Any:
     days_per = {"days": 1, "weeks": 7, "months": 30, "years": 365}.get(unit)
     if days_per is None or within < 0:
         raise bad_request("Invalid unit")
-    expiring = certificate_expires_within(ctx.broker.settings, within * days_per)
+    expiring = certificate_expires_within(ctx.api.settings, within * days_per)
     if expiring:
         return failed("Certificates expiring", expired=expiring)
     return ok()

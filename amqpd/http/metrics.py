@@ -15,8 +15,9 @@ from typing import Any
 from aiohttp import web
 
 import amqpd
+from amqpd.broker.api import BrokerAPI
 from amqpd.http.core import Ctx, Router
-from amqpd.http.overview import alarm_set, fd_counts, memory_used
+from amqpd.http.overview import fd_counts, memory_used
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -54,16 +55,16 @@ def _num(value: float) -> str:
 
 
 def collect(ctx: Ctx, per_object: bool = False) -> str:
-    b = ctx.broker
+    api = ctx.api
+    status = api.node_status()
     e = Exposition()
-    s = b.settings
     e.add("rabbitmq_build_info", "untyped", "amqpd version and the RabbitMQ API it follows", 1,
           {"rabbitmq_version": "3.10.8", "product_version": amqpd.__version__,
            "product_name": "amqpd"})
     e.add("rabbitmq_identity_info", "untyped", "Node and cluster identity", 1,
-          {"rabbitmq_node": s.node_name, "rabbitmq_cluster": s.effective_cluster_name})
-    sessions = [x for x in b.api.sessions() if x.vhost is not None]
-    queues = [q for vh in b.api.vhosts() for q in b.api.queues(vh)]
+          {"rabbitmq_node": status.name, "rabbitmq_cluster": status.cluster_name})
+    sessions = [x for x in api.sessions() if x.vhost is not None]
+    queues = [q for vh in api.vhosts() for q in api.queues(vh)]
     e.add("rabbitmq_connections", "gauge", "Connections currently open", len(sessions))
     e.add("rabbitmq_channels", "gauge", "Channels currently open",
           sum(len(x.channels) for x in sessions))
@@ -98,16 +99,16 @@ def collect(ctx: Ctx, per_object: bool = False) -> str:
     e.add("rabbitmq_process_open_fds", "gauge", "Open file descriptors", fd_used)
     e.add("rabbitmq_process_max_fds", "gauge", "File descriptor limit", fd_total)
     e.add("rabbitmq_erlang_uptime_seconds", "gauge", "Node uptime",
-          round(time.time() - b.started_at, 3))
-    alarms = alarm_set(b)
+          round(time.time() - status.started_at, 3))
+    alarms = set(status.alarms)
     e.add("rabbitmq_alarms_memory_used_watermark", "gauge",
           "1 if the memory alarm is in effect", int("memory" in alarms))
     e.add("rabbitmq_alarms_free_disk_space_watermark", "gauge",
           "1 if the disk alarm is in effect", int("disk" in alarms))
     e.add("rabbitmq_alarms_file_descriptor_limit", "gauge",
           "1 if the file descriptor alarm is in effect", int("fd" in alarms))
-    _store_metrics(b, e)
-    _warren_metrics(b, e)
+    _store_metrics(api, e)
+    _warren_metrics(api, e)
     if per_object:
         for q in queues:
             labels = {"vhost": q.vhost.name, "queue": q.name}
@@ -123,13 +124,13 @@ def collect(ctx: Ctx, per_object: bool = False) -> str:
                   "Messages delivered per queue", q.stat_deliver, labels)
             e.add("rabbitmq_detailed_queue_messages_acked_total", "counter",
                   "Messages acked per queue", q.stat_ack, labels)
-    _replication(b, e)
+    _replication(api, e)
     return e.text()
 
 
-def _replication(broker: Any, e: Exposition) -> None:
+def _replication(api: BrokerAPI, e: Exposition) -> None:
     """``amqpd_replication_*``: the warren's role, epoch, in-sync set and lag."""
-    r = broker.api.replication_status()
+    r = api.replication_status()
     if r is None:
         return
     for role in ("active", "standby", "fenced", "starting"):
@@ -172,9 +173,9 @@ def _replication(broker: Any, e: Exposition) -> None:
               r["lag_seconds"])
 
 
-def _store_metrics(b: Any, e: Exposition) -> None:
+def _store_metrics(api: BrokerAPI, e: Exposition) -> None:
     try:
-        stats = b.api.store_stats()
+        stats = api.store_stats()
     except Exception:  # metrics are best effort: a failing store still gets scraped
         stats = {}
     fsyncs = int(stats.get("fsyncs", 0))
@@ -188,11 +189,11 @@ def _store_metrics(b: Any, e: Exposition) -> None:
     e.add("amqpd_store_segments", "gauge", "Message log segments", int(stats.get("segments", 0)))
 
 
-def _warren_metrics(b: Any, e: Exposition) -> None:
+def _warren_metrics(api: BrokerAPI, e: Exposition) -> None:
     """The warren's election: role, epoch, lease, fencing (absent on a single node; the
     replication lag figures are amqpd_replication_*). Roles: 0 candidate, 1 active,
     2 standby, 3 promoting, 4 fenced, 5 stopped."""
-    warren = b.api.warren()
+    warren = api.warren()
     if warren is None:
         return
     e.add("amqpd_warren_role", "gauge", "This node's warren role (1 active, 2 standby, "

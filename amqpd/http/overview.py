@@ -7,15 +7,12 @@ import platform
 import resource
 import shutil
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import amqpd
 from amqpd import hotpath
-from amqpd.broker.api import EXCHANGE_TYPES
+from amqpd.broker.api import EXCHANGE_TYPES, BrokerAPI
 from amqpd.http.core import Ctx, Router, bad_request, json_response, no_content, not_found
-
-if TYPE_CHECKING:
-    from amqpd.broker.api import Broker
 
 # The management API version amqpd's paths and JSON shapes follow (rabbitmqadmin and
 # dashboards read ``rabbitmq_version``); ``product_version`` is amqpd's own.
@@ -40,33 +37,33 @@ def fd_counts() -> tuple[int, int]:
 
 
 def node_info(ctx: Ctx) -> dict[str, Any]:
-    b = ctx.broker
-    s = b.settings
+    api = ctx.api
+    status = api.node_status()
     fd_used, fd_total = fd_counts()
     try:
-        disk_free = shutil.disk_usage(s.data_dir).free
+        disk_free = shutil.disk_usage(status.data_dir).free
     except OSError:
         disk_free = 0
-    alarms = alarm_set(b)
+    alarms = set(status.alarms)
     return {
-        "name": s.node_name,
+        "name": status.name,
         "type": "disc",
         "running": True,
         "os_pid": str(os.getpid()),
         "mem_used": memory_used(),
-        "mem_limit": int(getattr(b.alarms, "memory_limit", 0) or 0),
+        "mem_limit": status.memory_limit,
         "mem_alarm": "memory" in alarms,
         "disk_free": disk_free,
-        "disk_free_limit": int(getattr(b.alarms, "disk_limit", s.disk_free_limit) or 0),
+        "disk_free_limit": status.disk_free_limit,
         "disk_free_alarm": "disk" in alarms,
         "fd_used": fd_used,
         "fd_total": fd_total,
-        "sockets_used": b.api.socket_count(),
+        "sockets_used": api.socket_count(),
         "sockets_total": fd_total,
-        "proc_used": len(b.api.sessions()),
+        "proc_used": len(api.sessions()),
         "proc_total": 1048576,
         "processors": os.cpu_count() or 1,
-        "uptime": int((time.time() - b.started_at) * 1000),
+        "uptime": int((time.time() - status.started_at) * 1000),
         "run_queue": 0,
         "partitions": [],
         "applications": [{"name": "amqpd", "description": "amqpd",
@@ -74,33 +71,28 @@ def node_info(ctx: Ctx) -> dict[str, Any]:
         "enabled_plugins": ["rabbitmq_management", "rabbitmq_prometheus"],
         "being_drained": False,
         # the warren: role, epoch, standbys' lag (None on a single node)
-        "replication": _replication(b),
+        "replication": api.replication_status(),
     }
 
 
-def _replication(broker: Broker) -> dict[str, Any] | None:
-    return broker.api.replication_status()
-
-
-def _role(broker: Broker) -> str | None:
-    warren = broker.api.warren()
+def _role(api: BrokerAPI) -> str | None:
+    warren = api.warren()
     return warren.role if warren is not None else None
 
 
-def alarm_set(broker: Any) -> set[str]:
-    alarms = getattr(broker, "alarms", None)
-    return set(alarms) if alarms else set()
+def alarm_set(api: BrokerAPI) -> set[str]:
+    """The names of the resource alarms in effect ("memory", "disk", "store")."""
+    return set(api.alarms())
 
 
 def listeners(ctx: Ctx) -> list[dict[str, Any]]:
-    node = ctx.broker.settings.node_name
+    node = ctx.api.node_name()
     out = [{"node": node, "protocol": proto, "ip_address": host, "port": port,
-            "socket_opts": {}} for proto, host, port in ctx.broker.listeners]
-    http = getattr(ctx.broker, "http", None)
-    if http is not None and http.port:
-        tls = ctx.request.app["listener"]["tls"]
-        out.append({"node": node, "protocol": "https" if tls else "http",
-                    "ip_address": http.host, "port": http.port, "socket_opts": {}})
+            "socket_opts": {}} for proto, host, port in ctx.api.listeners()]
+    http = ctx.request.app["listener"]  # this HTTP listener, once bound
+    if http["port"]:
+        out.append({"node": node, "protocol": "https" if http["tls"] else "http",
+                    "ip_address": http["host"], "port": http["port"], "socket_opts": {}})
     return out
 
 
@@ -115,7 +107,7 @@ def sample_window(ctx: Ctx, age_key: str, incr_key: str) -> tuple[float, float]:
 
 
 async def overview(ctx: Ctx) -> Any:
-    b = ctx.broker
+    status = ctx.api.node_status()
     vhosts = ctx.visible_vhosts()
     queues = [q for vh in vhosts for q in ctx.api.queues(vh)]
     ready = sum(q.message_count for q in queues)
@@ -133,7 +125,7 @@ async def overview(ctx: Ctx) -> Any:
         "amqpd_hot_path": hotpath.MODE,
         "product_name": "amqpd",
         "rabbitmq_version": COMPAT_VERSION,
-        "cluster_name": b.settings.effective_cluster_name,
+        "cluster_name": status.cluster_name,
         "erlang_version": f"Python {platform.python_version()}",
         "erlang_full_version": f"Python {platform.python_version()}",
         "disable_stats": False,
@@ -156,12 +148,12 @@ async def overview(ctx: Ctx) -> Any:
         },
         "statistics_db_event_queue": 0,
         # amqpd's own: which plugins run, so a client (the web UI) knows which pages exist
-        "amqpd_plugins": sorted(getattr(b, "plugins", {}) or {}),
-        "node": b.settings.node_name,
+        "amqpd_plugins": list(status.plugins),
+        "node": status.name,
         # amqpd's own: this node's part in a warren (active / standby / ...), or None
-        "amqpd_role": _role(b),
+        "amqpd_role": _role(ctx.api),
         "listeners": listeners(ctx),
-        "contexts": [{"node": b.settings.node_name, "description": "RabbitMQ Management",
+        "contexts": [{"node": status.name, "description": "RabbitMQ Management",
                       "path": "/", "port": str(ctx.request.app["listener"]["port"])}],
     }
     lengths_age, lengths_incr = sample_window(ctx, "lengths_age", "lengths_incr")
@@ -202,7 +194,7 @@ async def whoami(ctx: Ctx) -> Any:
 
 
 async def cluster_name(ctx: Ctx) -> Any:
-    return json_response({"name": ctx.broker.settings.effective_cluster_name})
+    return json_response({"name": ctx.api.cluster_name()})
 
 
 async def set_cluster_name(ctx: Ctx) -> Any:
@@ -210,10 +202,8 @@ async def set_cluster_name(ctx: Ctx) -> Any:
     body = await ctx.json_object()
     name = body.get("name")
     if not isinstance(name, str) or not name:
-        from amqpd.http.core import bad_request
-
         raise bad_request("name must be a non-empty string")
-    ctx.broker.settings.cluster_name = name
+    ctx.api.set_cluster_name(name)
     return no_content()
 
 
@@ -221,21 +211,19 @@ async def set_memory_watermark(ctx: Ctx) -> Any:
     """amqpd extension: ``PUT /api/nodes/{node}/memory-high-watermark`` with
     ``{"fraction": 0.4}`` or ``{"absolute": bytes}`` (rabbitmqctl's
     set_vm_memory_high_watermark, over HTTP)."""
-    from amqpd.http.core import bad_request
-
     ctx.require_admin()
-    if ctx.params["node"] != ctx.broker.settings.node_name:
+    if ctx.params["node"] != ctx.api.node_name():
         raise not_found()
     body = await ctx.json_object()
     fraction, absolute = body.get("fraction"), body.get("absolute")
     if isinstance(absolute, int) and not isinstance(absolute, bool) and absolute >= 0:
-        limit = ctx.broker.alarms.set_memory_high_watermark(absolute=absolute)
+        limit = ctx.api.set_memory_high_watermark(absolute=absolute)
     elif isinstance(fraction, int | float) and not isinstance(fraction, bool) and \
             0 <= fraction <= 1:
-        limit = ctx.broker.alarms.set_memory_high_watermark(fraction=float(fraction))
+        limit = ctx.api.set_memory_high_watermark(fraction=float(fraction))
     else:
         raise bad_request("give 'fraction' (0..1) or 'absolute' (bytes >= 0)")
-    return json_response({"memory_limit": limit, "alarms": list(ctx.broker.alarms)})
+    return json_response({"memory_limit": limit, "alarms": ctx.api.alarms()})
 
 
 async def extensions(ctx: Ctx) -> Any:

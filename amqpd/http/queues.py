@@ -36,7 +36,7 @@ def queue_view(ctx: Ctx, q: QueueType) -> dict[str, Any]:
     info = dict(q.info())
     sampler = ctx.request.app["sampler"]
     info.update({
-        "node": ctx.broker.settings.node_name,
+        "node": ctx.api.node_name(),
         "type": q.type_name,
         "state": "running",
         "message_bytes": q.ready_bytes,

@@ -24,7 +24,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from amqpd.broker.api import Broker, QueueType
+    from amqpd.broker.api import BrokerAPI, QueueType
 
 SAMPLE_INTERVAL = 5.0
 HISTORY_SECONDS = 600.0  # RabbitMQ's basic rates mode keeps 10 minutes at full detail
@@ -46,8 +46,8 @@ class HistoryPoint:
 
 
 class RateSampler:
-    def __init__(self, broker: Broker, interval: float = SAMPLE_INTERVAL) -> None:
-        self.broker = broker
+    def __init__(self, api: BrokerAPI, interval: float = SAMPLE_INTERVAL) -> None:
+        self.api = api
         self.interval = interval
         self._prev: dict[int, tuple[float, dict[str, int]]] = {}
         self.rates: dict[int, dict[str, float]] = {}  # id(object) -> counter -> rate/s
@@ -83,7 +83,7 @@ class RateSampler:
 
     def _objects(self) -> list[Any]:
         objs: list[Any] = []
-        api = self.broker.api
+        api = self.api
         for vh in api.vhosts():
             if id(vh) not in self._hooked:
                 self._hooked.add(id(vh))
@@ -120,7 +120,7 @@ class RateSampler:
                                for n in COUNTERS}
         self._node_prev = (now, totals)
         ready = unacked = 0
-        api = self.broker.api
+        api = self.api
         for vh in api.vhosts():
             for q in api.queues(vh):
                 ready += q.message_count
@@ -129,7 +129,7 @@ class RateSampler:
 
     def node_totals(self) -> dict[str, int]:
         totals = dict(self.retired)
-        api = self.broker.api
+        api = self.api
         for vh in api.vhosts():
             for q in api.queues(vh):
                 for n in QUEUE_COUNTERS:

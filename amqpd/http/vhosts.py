@@ -24,7 +24,7 @@ def vhost_view(ctx: Ctx, vh: VHost) -> dict[str, Any]:
         "default_queue_type": meta.get("default_queue_type", "undefined"),  # as RabbitMQ 3.10
         "metadata": {"description": meta.get("description", ""), "tags": meta.get("tags", [])},
         "tracing": False,
-        "cluster_state": {ctx.broker.settings.node_name: "running"},
+        "cluster_state": {ctx.api.node_name(): "running"},
         "messages": ready + unacked,
         "messages_ready": ready,
         "messages_unacknowledged": unacked,

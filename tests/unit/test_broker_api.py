@@ -381,3 +381,33 @@ def test_single_node_has_no_warren(api: BrokerAPI) -> None:
     with pytest.raises(AMQPError) as info:
         asyncio.run(api.promote())
     assert info.value.reply_code == 406
+
+
+def test_node_facts_the_http_layer_reads(broker: Broker, api: BrokerAPI) -> None:
+    """Node name, cluster name, limits and plugins come through the API (http/ holds no
+    Broker); the snapshot is a copy of what the node holds at that moment."""
+    node = broker.settings.node_name
+    assert api.node_name() == node and api.cluster_name() == node  # unnamed: the node's
+    assert api.data_dir() == broker.settings.data_dir
+    assert api.enabled_plugins() == [] and api.plugin_http_routes() == []
+    status = api.node_status()
+    assert (status.name, status.cluster_name, status.plugins) == (node, node, ())
+    assert status.started_at == broker.started_at
+    assert status.alarms == tuple(api.alarms())
+    assert status.disk_free_limit == broker.settings.disk_free_limit
+    api.set_cluster_name("east")
+    assert api.cluster_name() == "east" and api.node_status().cluster_name == "east"
+    assert status.cluster_name == node  # the earlier snapshot did not change
+    assert api.export_definitions()["global_parameters"][0] == {
+        "name": "cluster_name", "value": "east"}
+
+
+def test_memory_watermark_is_reevaluated_at_once(api: BrokerAPI) -> None:
+    """One byte: this process is over it, the memory alarm is on and publishers are
+    blocked; 0 (no limit) clears it again (rabbitmqctl set_vm_memory_high_watermark)."""
+    assert api.set_memory_high_watermark(absolute=1) == 1
+    assert "memory" in api.alarms() and api.alarms_active()
+    assert api.node_status().memory_limit == 1
+    assert api.set_memory_high_watermark(absolute=0) == 0
+    assert "memory" not in api.alarms()
+    assert api.set_memory_high_watermark(fraction=0.5) == api.node_status().memory_limit > 0
