@@ -7,10 +7,10 @@ broker's work, not the disk) gets E durable queues in vhost ``/``, each bound to
 ``amq.topic`` and holding one persistent message, plus a vhost ``doomed`` with
 ``--delete`` such queues. Timed: deleting ``--delete`` of the queues in ``/`` (the
 channel's path: ``VHost.delete_queue_named``), purging as many (E >= 2 x --delete),
-and deleting the vhost ``doomed`` (the HTTP API's ``delete_vhost``), each followed by
-the store commit that
-makes it durable. Flat figures across E mean linear in what is deleted. No sockets, no
-client: the AMQP-level declare rates are ``python -m bench.topology``.
+and deleting the vhost ``doomed`` (``BrokerAPI.delete_vhost``, what the HTTP API
+calls), each followed by the store commit that makes it durable. Flat figures across E
+mean linear in what is deleted. No sockets, no client: the AMQP-level declare rates
+are ``python -m bench.topology``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from pathlib import Path
 
 from amqpd.broker.message import Message
 from amqpd.config import Settings
-from amqpd.http.vhosts import delete_vhost
 from amqpd.server import Broker
 from amqpd.store.log import SharedLog
 
@@ -44,7 +43,7 @@ def _fill(b: Broker, vhost: str, prefix: str, n: int) -> None:
         name = f"{prefix}{i}"
         vh.declare_queue(name, durable=True)
         vh.bind("queue", name, "amq.topic", f"k.{name}")
-        b.publish(vh, "", Message("", name, PROPS, b"x" * 16), None)
+        b.publisher.publish(vh, "", Message("", name, PROPS, b"x" * 16), None)
 
 
 def run(existing: int, delete: int, no_gc: bool = False) -> dict[str, float]:
@@ -76,7 +75,7 @@ def run(existing: int, delete: int, no_gc: bool = False) -> dict[str, float]:
         _sync(store)
         out["purge_queues_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        delete_vhost(b, "doomed")
+        b.api.delete_vhost("doomed")
         _sync(store)
         out["delete_vhost_s"] = time.perf_counter() - t0
         store.close()
