@@ -246,7 +246,7 @@ class Link:
     # ------------------------------------------------------------------ status
     def status_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {
-            "node": self.api.settings.node_name,
+            "node": self.api.node_name(),
             self.kind: self.name,
             f"upstream_{self.kind}": self.upstream_object,
             "type": self.kind,

@@ -32,7 +32,7 @@ async def restart_link(ctx: Ctx) -> Any:
     """``DELETE /api/federation-links/vhost/{vhost}/{id}/{node}/restart`` (RabbitMQ's)."""
     vh = ctx.vhost(write=True)
     ctx.require_policymaker()
-    if ctx.params["node"] != ctx.api.settings.node_name:
+    if ctx.params["node"] != ctx.api.node_name():
         raise not_found()
     if not await _plugin(ctx).supervisor.restart(ctx.params["id"], vh.name):
         raise not_found()
