@@ -61,7 +61,7 @@ async def local_alarms(ctx: Ctx) -> Any:
 
 def _ports(ctx: Ctx) -> list[int]:
     ports = [port for _, _, port in ctx.api.listeners()]
-    http_port = ctx.request.app.get("http_port")
+    http_port = ctx.request.app["listener"]["port"]  # this HTTP listener, once bound
     if http_port:
         ports.append(http_port)
     return ports
@@ -80,7 +80,7 @@ async def port_listener(ctx: Ctx) -> Any:
 
 async def protocol_listener(ctx: Ctx) -> Any:
     protocols = {proto for proto, _, _ in ctx.api.listeners()}
-    protocols.add("https" if ctx.request.app.get("http_tls") else "http")
+    protocols.add("https" if ctx.request.app["listener"]["tls"] else "http")
     wanted = [p.strip() for p in ctx.params["protocol"].split(",") if p.strip()]
     missing = [p for p in wanted if PROTOCOL_ALIASES.get(p.lower(), p.lower()) not in protocols]
     if not wanted or missing:

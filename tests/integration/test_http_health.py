@@ -51,6 +51,17 @@ def test_port_listener(api: Api, broker: BrokerProcess) -> None:
     assert r.json() == {"error": "bad_request", "reason": "Invalid port"}
 
 
+def test_http_listener_counts_as_a_listener(api: Api, broker: BrokerProcess) -> None:
+    """RabbitMQ lists the management listener among the node's listeners (``http`` on its
+    port), so both checks pass for it; the HTTP listener's own port and scheme are read from
+    what it bound."""
+    assert api.get(f"/api/health/checks/port-listener/{broker.http_port}").json() == {
+        "status": "ok", "port": broker.http_port}
+    assert api.get("/api/health/checks/protocol-listener/http").json() == {
+        "status": "ok", "protocol": "http"}
+    assert api.get("/api/health/checks/protocol-listener/https").status == 503
+
+
 def test_protocol_listener_missing(api: Api) -> None:
     r = api.get("/api/health/checks/protocol-listener/mqtt")
     assert r.status == 503
