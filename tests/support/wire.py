@@ -80,6 +80,28 @@ def handshake(vhost: str = "/", user: str = "guest", password: str = "guest",
     ))
 
 
+@dataclass
+class AccessRequestOk:
+    """access.request-ok (class 30, method 11): gone from 0-9-1 and from pamqp, yet RabbitMQ
+    and amqpd still answer an old client's access.request with it (ticket 1)."""
+
+    ticket: int
+    name = "Access.RequestOk"
+
+
+ACCESS_REQUEST_OK_PREFIX = b"\x01"  # a method frame; class 30, method 11 follow the header
+
+
+def _access_request_ok(buf: bytes, size: int) -> AccessRequestOk | None:
+    """The frame at the start of ``buf`` decoded as access.request-ok, if it is one."""
+    if buf[:1] != ACCESS_REQUEST_OK_PREFIX or size != 6 or buf[7 + size] != 0xCE:
+        return None
+    class_id, method_id, ticket = struct.unpack_from(">HHH", buf, 7)
+    if (class_id, method_id) != (30, 11):
+        return None
+    return AccessRequestOk(ticket)
+
+
 class ClientCodec:
     """Splits server bytes into :class:`Out` frames; a bare protocol header is kept apart."""
 
@@ -96,6 +118,12 @@ class ClientCodec:
             size = struct.unpack_from(">I", self.buf, 3)[0]
             if len(self.buf) < size + 8:
                 break
+            access_ok = _access_request_ok(self.buf, size)
+            if access_ok is not None:
+                channel = struct.unpack_from(">H", self.buf, 1)[0]
+                self.buf = self.buf[size + 8:]
+                out.append(Out(channel, access_ok))
+                continue
             used, channel, value = frame.unmarshal(self.buf)  # raises on a malformed frame
             self.buf = self.buf[used:]
             out.append(Out(channel, value))

@@ -164,3 +164,19 @@ def test_a_valid_script_runs_clean() -> None:
 def test_protocol_header_only_once() -> None:
     pair = run(PROTOCOL_HEADER + PROTOCOL_HEADER, [])
     assert not pair.server.is_open
+
+
+def test_access_request_is_granted_ticket_one() -> None:
+    """A bit flip can turn any method into access.request (class 30, gone from 0-9-1);
+    the server answers access.request-ok with ticket 1 as RabbitMQ does, and the test's
+    own frame reader must read that answer (pamqp no longer knows class 30)."""
+    request = wire.method(1, C.Basic.Qos())
+    # basic.qos is class 60 method 10; rewrite the class id to 30 -> access.request
+    payload = bytearray(request)
+    payload[7:9] = (30).to_bytes(2, "big")
+    payload[9:11] = (10).to_bytes(2, "big")
+    pair = Pair(broker=real_broker())
+    outs = pair.send(OPEN + bytes(payload))
+    granted = [o for o in outs if isinstance(o.value, wire.AccessRequestOk)]
+    assert [(o.channel, o.value.ticket) for o in granted] == [(1, 1)], outs
+    assert pair.server.is_open
