@@ -367,9 +367,15 @@ class BrokerAPI:
         server_named: bool = False,
     ) -> QueueType:
         """queue.declare: ``x-queue-type`` picks the queue type; 404 (passive), 405
-        (another connection's exclusive queue), 406 (inequivalent, bad arguments), 403
-        (``amq.*`` names)."""
-        return self.vhost(vhost).declare_queue(
+        (another connection's exclusive queue), 406 (inequivalent, bad arguments, or a
+        new queue over the vhost's ``max-queues`` limit), 403 (``amq.*`` names).
+
+        The queue limit is enforced here, for every declaring caller (AMQP, HTTP,
+        plugins), as RabbitMQ enforces it for AMQP and management alike."""
+        vh = self.vhost(vhost)
+        if not passive and name not in vh.queues:
+            resource_limits.check_queue(self._broker, vh.name, len(vh.queues), name)
+        return vh.declare_queue(
             name, passive=passive, durable=durable, exclusive_owner=exclusive_owner,
             auto_delete=auto_delete, arguments=arguments, owner=owner,
             server_named=server_named)
@@ -394,17 +400,26 @@ class BrokerAPI:
     def bind(
         self, vhost: VHost | str, kind: str, destination: str, source: str,
         routing_key: str, arguments: dict[str, Any] | None = None,
-        owner: object | None = None,
+        owner: object | None = None, username: str | None = None,
     ) -> None:
-        """queue.bind (``kind="queue"``) or exchange.bind (``kind="exchange"``)."""
-        self.vhost(vhost).bind(kind, destination, source, routing_key, arguments, owner)
+        """queue.bind (``kind="queue"``) or exchange.bind (``kind="exchange"``). With
+        ``username``, a topic exchange as source needs that user's topic read
+        permission on the key first (403, :meth:`check_topic_permission`)."""
+        vh = self.vhost(vhost)
+        if username is not None:
+            self.check_topic_permission(username, vh, source, routing_key, "read")
+        vh.bind(kind, destination, source, routing_key, arguments, owner)
 
     def unbind(
         self, vhost: VHost | str, kind: str, destination: str, source: str,
         routing_key: str, arguments: dict[str, Any] | None = None,
-        owner: object | None = None,
+        owner: object | None = None, username: str | None = None,
     ) -> None:
-        self.vhost(vhost).unbind(kind, destination, source, routing_key, arguments, owner)
+        """queue.unbind / exchange.unbind; ``username`` as for :meth:`bind`."""
+        vh = self.vhost(vhost)
+        if username is not None:
+            self.check_topic_permission(username, vh, source, routing_key, "read")
+        vh.unbind(kind, destination, source, routing_key, arguments, owner)
 
     def on_binding_changed(self, vhost: VHost | str, callback: Callable[[Exchange], None]) -> None:
         """Call ``callback(source exchange)`` after each bind/unbind in the vhost."""
@@ -419,8 +434,15 @@ class BrokerAPI:
     ) -> list[QueueType]:
         """Route and enqueue ``message``: the publish pipeline every publisher uses
         (see :meth:`amqpd.broker.publish.Publisher.publish` for the confirm contract).
-        404 for an unknown exchange; 406 for a forged user-id or bad expiration."""
+        404 for an unknown exchange; 406 for a forged user-id or bad expiration; with
+        ``username``, 403 when a topic exchange refuses that user's routing key (topic
+        write permission, :meth:`check_topic_permission`). The AMQP channel applies the
+        same check through its session's cache before its per-message call into the
+        pipeline."""
         vh = self.vhost(vhost)
+        if username is not None:
+            self.check_topic_permission(username, vh, exchange, message.routing_key,
+                                        "write")
         return self._broker.publisher.publish(vh, exchange, message, username, on_confirm,
                                               on_unroutable)
 
@@ -611,6 +633,20 @@ class BrokerAPI:
                          name: str) -> None:
         """403 ACCESS_REFUSED unless ``user`` may ``kind`` the resource."""
         self._broker.auth.check(user, vhost, kind, resource_type, name)
+
+    def check_topic_permission(self, user: str, vhost: VHost | str, exchange: str,
+                               routing_key: str, permission: str) -> None:
+        """403 ACCESS_REFUSED (RabbitMQ's text) unless ``user``'s topic permission
+        ``permission`` ("write": publish, "read": bind/unbind) allows ``routing_key`` on
+        ``exchange``; only topic exchanges are checked, and a missing exchange passes
+        (the operation itself then answers 404), as in RabbitMQ."""
+        vh = self.vhost(vhost)
+        entries = self._broker.parameters.topic_permissions
+        if not entries:
+            return
+        ex = vh.exchanges.get(exchange)
+        if ex is not None and ex.type_name == "topic":
+            topic_auth.check(entries, user, vh.name, exchange, routing_key, permission)
 
     # ------------------------------------------------------------------ policies
     def set_policy(self, vhost: str, name: str, pattern: Any, definition: Any, *,

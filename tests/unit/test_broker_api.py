@@ -75,6 +75,23 @@ ERRORS: list[tuple[str, Callable[[BrokerAPI], object], int]] = [
     ("get from a missing queue", lambda a: a.get("/", "nope"), 404),
     ("get another's exclusive queue", lambda a: a.get("/", "mine", owner=OWNER_B), 405),
     ("missing vhost", lambda a: a.declare_queue("nope", "q"), 404),
+    # the vhost's max-queues limit (the fixture holds two queues): one check for AMQP
+    # and HTTP alike
+    ("new queue over max-queues",
+     lambda a: (a.set_vhost_limit("/", "max-queues", 2), a.declare_queue("/", "third")), 406),
+    ("server-named queue over max-queues",
+     lambda a: (a.set_vhost_limit("/", "max-queues", 0),
+                a.declare_queue("/", "amq.gen-x", server_named=True)), 406),
+    # topic permissions: write on publish, read on bind/unbind, for the named user
+    ("topic write refused",
+     lambda a: (a.put_topic_permission("guest", "/", "amq.topic", "^a", "^a"),
+                a.publish("/", "amq.topic", msg(rk="b", exchange="amq.topic"), "guest")), 403),
+    ("topic read refused on bind",
+     lambda a: (a.put_topic_permission("guest", "/", "amq.topic", "^a", "^a"),
+                a.bind("/", "queue", "q", "amq.topic", "b", username="guest")), 403),
+    ("topic read refused on unbind",
+     lambda a: (a.put_topic_permission("guest", "/", "amq.topic", "^a", "^a"),
+                a.unbind("/", "queue", "q", "amq.topic", "b", username="guest")), 403),
 ]
 
 
@@ -96,6 +113,21 @@ IDEMPOTENT: list[tuple[str, Callable[[BrokerAPI], object]]] = [
     ("unbind what is not bound", lambda a: a.unbind("/", "queue", "q", "ex", "other")),
     ("explicit classic type", lambda a: a.declare_queue(
         "/", "c", arguments={"x-queue-type": "classic"})),
+    ("redeclare at the queue limit", lambda a: (
+        a.set_vhost_limit("/", "max-queues", 2), a.declare_queue("/", "q", durable=True))),
+    ("passive declare at the queue limit", lambda a: (
+        a.set_vhost_limit("/", "max-queues", 0), a.declare_queue("/", "q", passive=True))),
+    ("topic key allowed", lambda a: (
+        a.put_topic_permission("guest", "/", "amq.topic", "^a", "^a"),
+        a.publish("/", "amq.topic", msg(rk="a.b", exchange="amq.topic"), "guest"),
+        a.bind("/", "queue", "q", "amq.topic", "a.b", username="guest"))),
+    ("topic permissions bind only their exchange", lambda a: (
+        a.put_topic_permission("guest", "/", "amq.topic", "^a", "^a"),
+        a.publish("/", "ex", msg(rk="b"), "guest"),
+        a.bind("/", "queue", "q", "ex", "b", username="guest"))),
+    ("no user named: no topic check", lambda a: (
+        a.put_topic_permission("guest", "/", "amq.topic", "^a", "^a"),
+        a.publish("/", "amq.topic", msg(rk="b", exchange="amq.topic"), None))),
 ]
 
 
