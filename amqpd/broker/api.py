@@ -29,9 +29,12 @@ ones callers may hold and read (a queue's name, counters, ``info()``), not mutat
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
+
+from amqpd import hotpath
 
 # quorum is imported for its effect: it registers x-queue-type quorum
 from amqpd.broker import quorum, resource_limits, topic_auth  # noqa: F401
@@ -155,6 +158,7 @@ class NodeStatus:
     disk_free_limit: int  # the free-disk low watermark in bytes
     data_dir: str  # where the node keeps its files (its disk_free is measured there)
     plugins: tuple[str, ...]  # the enabled plugins' names, sorted
+    hot_path: str  # how the hot path runs: amqpd.hotpath.MODE ("compiled (mypyc)", ...)
 
 
 class BrokerAPI:
@@ -214,6 +218,7 @@ class BrokerAPI:
             disk_free_limit=int(alarms.disk_limit or 0),
             data_dir=str(b.settings.data_dir),
             plugins=tuple(sorted(b.plugins)),
+            hot_path=hotpath.MODE,
         )
 
     def alarms(self) -> list[str]:
@@ -605,11 +610,20 @@ class BrokerAPI:
 
     def set_permissions(self, user: str, vhost: str, configure: str, write: str,
                         read: str) -> bool:
-        """True if the user had no permissions in the vhost before."""
+        """True if the user had no permissions in the vhost before. 404 NOT_FOUND for an
+        unknown user or vhost, 406 PRECONDITION_FAILED for a pattern that is not a
+        regular expression."""
+        self._permission_target(user, vhost)
+        _check_patterns(configure=configure, write=write, read=read)
         auth = self._broker.auth
         existed = (user, vhost) in auth.permissions
         auth.set_permissions(user, vhost, configure, write, read)
         return not existed
+
+    def _permission_target(self, user: str, vhost: str) -> None:
+        if user not in self._broker.auth.users:
+            raise NotFound(f"no user '{user}'")
+        self.vhost(vhost)
 
     def clear_permissions(self, user: str, vhost: str) -> bool:
         auth = self._broker.auth
@@ -750,7 +764,9 @@ class BrokerAPI:
     def put_topic_permission(self, user: str, vhost: str, exchange: str, write: str,
                              read: str) -> bool:
         """Set one exchange's topic permission for (user, vhost), enforced at once;
-        True if it replaced one."""
+        True if it replaced one. 404 and 406 as :meth:`set_permissions`."""
+        self._permission_target(user, vhost)
+        _check_patterns(write=write, read=read)
         broker = self._broker
         existed = topic_auth.put(broker.parameters.topic_permissions, user, vhost,
                                  exchange, write, read)
@@ -783,6 +799,15 @@ class BrokerAPI:
     def import_definitions(self, data: Any, vhost: str | None = None) -> None:
         """Raises :class:`DefinitionsError` (HTTP 400) on a bad document."""
         import_definitions(self._broker, data, vhost)
+
+
+def _check_patterns(**patterns: str) -> None:
+    """406 unless every permission pattern compiles (what HTTP has always answered 400)."""
+    for name, text in patterns.items():
+        try:
+            re.compile(text)
+        except re.error as exc:
+            raise PreconditionFailed(f"{name}: invalid regular expression: {exc}") from None
 
 
 def _by_queue(fetched: list[Fetched]) -> dict[QueueType, list[QueueEntry]]:
