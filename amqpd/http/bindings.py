@@ -94,9 +94,10 @@ async def create_binding(ctx: Ctx) -> Any:
     arguments = as_dict(body.get("arguments"), "arguments")
     source, dest = ctx.params["source"], ctx.params["destination"]
     ctx.check(vh.name, "write", kind, dest)
-    ctx.check(vh.name, "read", "exchange", source)
+    ctx.check(vh.name, "read", "exchange", source)  # permissions name it amq.default
     try:
-        ctx.api.bind(vh, kind, dest, source, routing_key, arguments, username=ctx.username)
+        ctx.api.bind(vh, kind, dest, "" if source == "amq.default" else source, routing_key,
+                     arguments, username=ctx.username)
     except NotFound as exc:  # RabbitMQ names an AMQP-side 404 "not_found" here
         raise HttpError(404, "not_found", exc.text) from None
     except AccessRefused:

@@ -147,7 +147,8 @@ def test_http_publish_and_bindings_obey_topic_permissions(broker: BrokerProcess,
       ``{"routed":false}``;
     * POST /api/bindings/%2F/e/amq.topic/q/Q, key "b.x": 401 ``{"error":
       "not_authorised","reason":"Access refused."}`` (also when Q does not exist); key
-      "a.x": 201; DELETE of a binding whose key read no longer allows: 401, the same.
+      "a.x": 201; DELETE of a binding whose key read no longer allows: 401, the same;
+      a binding from amq.default (AMQP's 403): 401, the same.
     """
     conn = pika.BlockingConnection(pika.URLParameters(broker.url))
     try:
@@ -169,6 +170,8 @@ def test_http_publish_and_bindings_obey_topic_permissions(broker: BrokerProcess,
         r = api.post("/api/bindings/%2F/e/amq.topic/q/tp.nosuch", {"routing_key": "b.x"})
         assert (r.status, r.json()) == (401, refusal)
         assert api.post(bindings, {"routing_key": "a.x"}).status == 201
+        r = api.post("/api/bindings/%2F/e/amq.default/q/tp.http", {"routing_key": "x"})
+        assert (r.status, r.json()) == (401, refusal)  # RabbitMQ: the same for this 403
         keys = sorted(b["routing_key"] for b in api.get(bindings).json())
         assert keys == ["#", "a.x"]
         r = api.delete(bindings + "/%23")  # read "^a" refuses the removal of "#"
