@@ -29,9 +29,12 @@ ones callers may hold and read (a queue's name, counters, ``info()``), not mutat
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
+
+from amqpd import hotpath
 
 # quorum is imported for its effect: it registers x-queue-type quorum
 from amqpd.broker import quorum, resource_limits, topic_auth  # noqa: F401
@@ -155,6 +158,7 @@ class NodeStatus:
     disk_free_limit: int  # the free-disk low watermark in bytes
     data_dir: str  # where the node keeps its files (its disk_free is measured there)
     plugins: tuple[str, ...]  # the enabled plugins' names, sorted
+    hot_path: str  # how the hot path runs: amqpd.hotpath.MODE ("compiled (mypyc)", ...)
 
 
 class BrokerAPI:
@@ -214,6 +218,7 @@ class BrokerAPI:
             disk_free_limit=int(alarms.disk_limit or 0),
             data_dir=str(b.settings.data_dir),
             plugins=tuple(sorted(b.plugins)),
+            hot_path=hotpath.MODE,
         )
 
     def alarms(self) -> list[str]:
@@ -367,9 +372,15 @@ class BrokerAPI:
         server_named: bool = False,
     ) -> QueueType:
         """queue.declare: ``x-queue-type`` picks the queue type; 404 (passive), 405
-        (another connection's exclusive queue), 406 (inequivalent, bad arguments), 403
-        (``amq.*`` names)."""
-        return self.vhost(vhost).declare_queue(
+        (another connection's exclusive queue), 406 (inequivalent, bad arguments, or a
+        new queue over the vhost's ``max-queues`` limit), 403 (``amq.*`` names).
+
+        The queue limit is enforced here, for every declaring caller (AMQP, HTTP,
+        plugins), as RabbitMQ enforces it for AMQP and management alike."""
+        vh = self.vhost(vhost)
+        if not passive and name not in vh.queues:
+            resource_limits.check_queue(self._broker, vh.name, len(vh.queues), name)
+        return vh.declare_queue(
             name, passive=passive, durable=durable, exclusive_owner=exclusive_owner,
             auto_delete=auto_delete, arguments=arguments, owner=owner,
             server_named=server_named)
@@ -394,17 +405,26 @@ class BrokerAPI:
     def bind(
         self, vhost: VHost | str, kind: str, destination: str, source: str,
         routing_key: str, arguments: dict[str, Any] | None = None,
-        owner: object | None = None,
+        owner: object | None = None, username: str | None = None,
     ) -> None:
-        """queue.bind (``kind="queue"``) or exchange.bind (``kind="exchange"``)."""
-        self.vhost(vhost).bind(kind, destination, source, routing_key, arguments, owner)
+        """queue.bind (``kind="queue"``) or exchange.bind (``kind="exchange"``). With
+        ``username``, a topic exchange as source needs that user's topic read
+        permission on the key first (403, :meth:`check_topic_permission`)."""
+        vh = self.vhost(vhost)
+        if username is not None:
+            self.check_topic_permission(username, vh, source, routing_key, "read")
+        vh.bind(kind, destination, source, routing_key, arguments, owner)
 
     def unbind(
         self, vhost: VHost | str, kind: str, destination: str, source: str,
         routing_key: str, arguments: dict[str, Any] | None = None,
-        owner: object | None = None,
+        owner: object | None = None, username: str | None = None,
     ) -> None:
-        self.vhost(vhost).unbind(kind, destination, source, routing_key, arguments, owner)
+        """queue.unbind / exchange.unbind; ``username`` as for :meth:`bind`."""
+        vh = self.vhost(vhost)
+        if username is not None:
+            self.check_topic_permission(username, vh, source, routing_key, "read")
+        vh.unbind(kind, destination, source, routing_key, arguments, owner)
 
     def on_binding_changed(self, vhost: VHost | str, callback: Callable[[Exchange], None]) -> None:
         """Call ``callback(source exchange)`` after each bind/unbind in the vhost."""
@@ -419,8 +439,15 @@ class BrokerAPI:
     ) -> list[QueueType]:
         """Route and enqueue ``message``: the publish pipeline every publisher uses
         (see :meth:`amqpd.broker.publish.Publisher.publish` for the confirm contract).
-        404 for an unknown exchange; 406 for a forged user-id or bad expiration."""
+        404 for an unknown exchange; 406 for a forged user-id or bad expiration; with
+        ``username``, 403 when a topic exchange refuses that user's routing key (topic
+        write permission, :meth:`check_topic_permission`). The AMQP channel applies the
+        same check through its session's cache before its per-message call into the
+        pipeline."""
         vh = self.vhost(vhost)
+        if username is not None:
+            self.check_topic_permission(username, vh, exchange, message.routing_key,
+                                        "write")
         return self._broker.publisher.publish(vh, exchange, message, username, on_confirm,
                                               on_unroutable)
 
@@ -583,11 +610,20 @@ class BrokerAPI:
 
     def set_permissions(self, user: str, vhost: str, configure: str, write: str,
                         read: str) -> bool:
-        """True if the user had no permissions in the vhost before."""
+        """True if the user had no permissions in the vhost before. 404 NOT_FOUND for an
+        unknown user or vhost, 406 PRECONDITION_FAILED for a pattern that is not a
+        regular expression."""
+        self._permission_target(user, vhost)
+        _check_patterns(configure=configure, write=write, read=read)
         auth = self._broker.auth
         existed = (user, vhost) in auth.permissions
         auth.set_permissions(user, vhost, configure, write, read)
         return not existed
+
+    def _permission_target(self, user: str, vhost: str) -> None:
+        if user not in self._broker.auth.users:
+            raise NotFound(f"no user '{user}'")
+        self.vhost(vhost)
 
     def clear_permissions(self, user: str, vhost: str) -> bool:
         auth = self._broker.auth
@@ -611,6 +647,20 @@ class BrokerAPI:
                          name: str) -> None:
         """403 ACCESS_REFUSED unless ``user`` may ``kind`` the resource."""
         self._broker.auth.check(user, vhost, kind, resource_type, name)
+
+    def check_topic_permission(self, user: str, vhost: VHost | str, exchange: str,
+                               routing_key: str, permission: str) -> None:
+        """403 ACCESS_REFUSED (RabbitMQ's text) unless ``user``'s topic permission
+        ``permission`` ("write": publish, "read": bind/unbind) allows ``routing_key`` on
+        ``exchange``; only topic exchanges are checked, and a missing exchange passes
+        (the operation itself then answers 404), as in RabbitMQ."""
+        vh = self.vhost(vhost)
+        entries = self._broker.parameters.topic_permissions
+        if not entries:
+            return
+        ex = vh.exchanges.get(exchange)
+        if ex is not None and ex.type_name == "topic":
+            topic_auth.check(entries, user, vh.name, exchange, routing_key, permission)
 
     # ------------------------------------------------------------------ policies
     def set_policy(self, vhost: str, name: str, pattern: Any, definition: Any, *,
@@ -714,7 +764,9 @@ class BrokerAPI:
     def put_topic_permission(self, user: str, vhost: str, exchange: str, write: str,
                              read: str) -> bool:
         """Set one exchange's topic permission for (user, vhost), enforced at once;
-        True if it replaced one."""
+        True if it replaced one. 404 and 406 as :meth:`set_permissions`."""
+        self._permission_target(user, vhost)
+        _check_patterns(write=write, read=read)
         broker = self._broker
         existed = topic_auth.put(broker.parameters.topic_permissions, user, vhost,
                                  exchange, write, read)
@@ -747,6 +799,15 @@ class BrokerAPI:
     def import_definitions(self, data: Any, vhost: str | None = None) -> None:
         """Raises :class:`DefinitionsError` (HTTP 400) on a bad document."""
         import_definitions(self._broker, data, vhost)
+
+
+def _check_patterns(**patterns: str) -> None:
+    """406 unless every permission pattern compiles (what HTTP has always answered 400)."""
+    for name, text in patterns.items():
+        try:
+            re.compile(text)
+        except re.error as exc:
+            raise PreconditionFailed(f"{name}: invalid regular expression: {exc}") from None
 
 
 def _by_queue(fetched: list[Fetched]) -> dict[QueueType, list[QueueEntry]]:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from pamqp import commands
 
-from amqpd.broker import reply_to, resource_limits
+from amqpd.broker import reply_to
 from amqpd.broker.message import Message
 from amqpd.broker.queue import Consumer, QueueEntry
 from amqpd.broker.queue_type import QueueType
@@ -156,12 +156,6 @@ class Channel:
     def _check(self, kind: str, resource: str, name: str) -> None:
         self.session.check_permission(kind, resource, name)
 
-    def _check_topic_read(self, source: str, routing_key: str) -> None:
-        """Binding to a topic exchange needs topic read permission on the key."""
-        ex = self.vhost.exchanges.get(source)
-        if ex is not None and ex.type_name == "topic":
-            self.session.check_topic("read", source, routing_key)
-
     # ------------------------------------------------------------------ channel
     def _flow(self, m: commands.Channel.Flow) -> None:
         if not m.active:
@@ -192,18 +186,16 @@ class Channel:
     def _exchange_bind(self, m: commands.Exchange.Bind) -> None:
         self._check("write", "exchange", m.destination)
         self._check("read", "exchange", m.source)
-        self._check_topic_read(m.source, m.routing_key)
         self.api.bind(self.vhost, "exchange", m.destination, m.source, m.routing_key,
-                      m.arguments)
+                      m.arguments, username=self.session.username)  # + topic read
         if not m.nowait:
             self._reply_ok(codec.method_frame(self.number, C.EXCHANGE_BIND_OK))
 
     def _exchange_unbind(self, m: commands.Exchange.Unbind) -> None:
         self._check("write", "exchange", m.destination)
         self._check("read", "exchange", m.source)
-        self._check_topic_read(m.source, m.routing_key)
         self.api.unbind(self.vhost, "exchange", m.destination, m.source, m.routing_key,
-                        m.arguments)
+                        m.arguments, username=self.session.username)  # + topic read
         if not m.nowait:
             self._reply_ok(codec.method_frame(self.number, C.EXCHANGE_UNBIND_OK))
 
@@ -223,9 +215,6 @@ class Channel:
             if isinstance(dlx, str):  # RabbitMQ: read on the queue, write on its DLX
                 self._check("read", "queue", name)
                 self._check("write", "exchange", dlx)
-            if name not in self.vhost.queues:  # the vhost's max-queues limit
-                resource_limits.check_queue(self.session.broker, self.vhost.name,
-                                            len(self.vhost.queues), name)
         owner = self.session
         q = self.api.declare_queue(
             self.vhost, name, passive=m.passive, durable=m.durable,
@@ -245,9 +234,8 @@ class Channel:
         routing_key = m.routing_key if (m.routing_key or m.queue) else queue
         self._check("write", "queue", queue)
         self._check("read", "exchange", m.exchange)
-        self._check_topic_read(m.exchange, routing_key)
         self.api.bind(self.vhost, "queue", queue, m.exchange, routing_key, m.arguments,
-                      owner=self.session)
+                      owner=self.session, username=self.session.username)  # + topic read
         if not m.nowait:
             self._reply_ok(codec.method_frame(self.number, C.QUEUE_BIND_OK))
 
@@ -256,9 +244,8 @@ class Channel:
         routing_key = m.routing_key if (m.routing_key or m.queue) else queue
         self._check("write", "queue", queue)
         self._check("read", "exchange", m.exchange)
-        self._check_topic_read(m.exchange, routing_key)
         self.api.unbind(self.vhost, "queue", queue, m.exchange, routing_key, m.arguments,
-                        owner=self.session)
+                        owner=self.session, username=self.session.username)  # + topic read
         self._reply_ok(codec.method_frame(self.number, C.QUEUE_UNBIND_OK))
 
     def _queue_purge(self, m: commands.Queue.Purge) -> None:

@@ -24,7 +24,9 @@ measured on it (see conformance/cases/quorum.py):
   basic.consume), queue.delete with if-unused or if-empty (540).
 * Every message is kept on disk, transient ones too (``keeps_every_message``); a
   returned message is written again with its count (and its old record settled), so
-  after a restart it is at the back of the queue with the count it had.
+  after a restart (or a kill -9) it is at the back of the queue with the count it had,
+  redelivered, and with the publish time and expiry of its first record (its TTL
+  counts from the publish, not from the return or the restart).
 
 What replication would add (a leader, members, majority confirms) is not here: a quorum
 queue on one node is its own leader and only member, and ``node-is-quorum-critical`` is
@@ -259,17 +261,23 @@ class QuorumQueue(Queue):
     def _store_count(self, old: Message, new: Message) -> None:
         """Write the returned message again, with its count, and settle the old record:
         after a restart it is at the back of the queue with the count it had, as in
-        RabbitMQ (whose log keeps the count). If the store fails the count lives in
-        memory only."""
+        RabbitMQ (whose log keeps the count), marked redelivered. The new record keeps
+        what the publish pipeline stamped on the old one (publish time, per-message
+        expiry, priority: ENQUEUE_META, :func:`amqpd.broker.persist.stored_message`), so
+        its TTL clock keeps running from the publish across a restart, as a classic
+        queue's message's does. If the store fails the count lives in memory only."""
         store = self.vhost.broker.store
         if not self.in_store or old.position < 0:
             return
         from amqpd.store.api import StoredMessage, StoreError
 
         try:
+            first = store.read(old.position)  # its stamps (a cache or read-ahead hit, often)
             new.position = store.append_enqueue(
                 [self.store_key], StoredMessage(new.exchange, new.routing_key,
-                                                new.properties, new.body))
+                                                new.properties, new.body, first.published,
+                                                first.expires, first.priority,
+                                                first.transient))
             store.append_delivered(self.store_key, new.position)  # redelivered after recovery
             store.append_settle(self.store_key, [old.position])
             store.commit(lambda _error: None)

@@ -17,7 +17,9 @@ errors are RabbitMQ's, recorded against 3.10.8:
   ``number of channels opened for user 'U' has reached the maximum allowed user limit
   of (N)``;
 * queue.declare of a new queue over max-queues: 406 ``cannot declare queue 'Q': queue
-  limit in vhost 'V' (N) is reached``.
+  limit in vhost 'V' (N) is reached`` (checked by ``BrokerAPI.declare_queue`` for every
+  caller; ``PUT /api/queues`` answers it as 400 ``bad_request`` with the same text, as
+  RabbitMQ's management API does).
 """
 
 from __future__ import annotations

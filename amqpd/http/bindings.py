@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 from aiohttp import web
 
-from amqpd.broker.api import NotFound, args_key
+from amqpd.broker.api import AccessRefused, NotFound, args_key
 from amqpd.http.core import (
     Ctx,
     HttpError,
@@ -94,11 +94,14 @@ async def create_binding(ctx: Ctx) -> Any:
     arguments = as_dict(body.get("arguments"), "arguments")
     source, dest = ctx.params["source"], ctx.params["destination"]
     ctx.check(vh.name, "write", kind, dest)
-    ctx.check(vh.name, "read", "exchange", source)
+    ctx.check(vh.name, "read", "exchange", source)  # permissions name it amq.default
     try:
-        ctx.api.bind(vh, kind, dest, source, routing_key, arguments)
+        ctx.api.bind(vh, kind, dest, "" if source == "amq.default" else source, routing_key,
+                     arguments, username=ctx.username)
     except NotFound as exc:  # RabbitMQ names an AMQP-side 404 "not_found" here
         raise HttpError(404, "not_found", exc.text) from None
+    except AccessRefused:
+        raise _refused() from None
     # 201 with no body and the new binding's URL relative to the request's, as RabbitMQ
     # answers (clients such as AMQPStorm's management API read no JSON from it)
     location = f"{quote(dest, safe='')}/{quote(properties_key(routing_key, arguments), safe='')}"
@@ -122,8 +125,19 @@ async def delete_binding(ctx: Ctx) -> Any:
     vh, kind, b = _find(ctx)
     ctx.check(vh.name, "write", kind, b.destination.name)
     ctx.check(vh.name, "read", "exchange", b.source.name)
-    ctx.api.unbind(vh, kind, b.destination.name, b.source.name, b.routing_key, b.arguments)
+    try:
+        ctx.api.unbind(vh, kind, b.destination.name, b.source.name, b.routing_key,
+                       b.arguments, username=ctx.username)
+    except AccessRefused:
+        raise _refused() from None
     return no_content()
+
+
+def _refused() -> HttpError:
+    """A binding the broker refuses (topic read permission on the key, the default
+    exchange): RabbitMQ 3.10.8 answers 401 ``not_authorised`` "Access refused." for
+    both, create and delete alike, not the AMQP 403 text."""
+    return HttpError(401, "not_authorised", "Access refused.")
 
 
 def routes(r: Router) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from amqpd.broker.api import Message
+from amqpd.broker.api import AMQPError, Message
 from amqpd.http.bindings import binding_view
 from amqpd.http.core import (
     Ctx,
@@ -110,8 +110,15 @@ async def publish(ctx: Ctx) -> Any:
         raise bad_request(f"cannot publish to internal exchange '{ex.name}'")
     if ctx.api.alarms_active():
         raise bad_request("publishing is blocked by a resource alarm")
-    queues = ctx.api.publish(vh, ex.name, Message(ex.name, routing_key, props, payload),
-                             ctx.username)
+    try:
+        queues = ctx.api.publish(vh, ex.name, Message(ex.name, routing_key, props, payload),
+                                 ctx.username)
+    except AMQPError as exc:
+        # RabbitMQ 3.10.8 publishes through a channel and answers 400 with the channel's
+        # error, e.g. "403 ACCESS_REFUSED - access to topic 'b.x' in exchange
+        # 'amq.topic' in vhost '/' refused for user 'guest'" (a topic write refusal) or
+        # "406 PRECONDITION_FAILED - user_id property set to 'bob' but ..."
+        raise bad_request(f"{exc.reply_code} {exc.name} - {exc.text}") from None
     return json_response({"routed": bool(queues)})
 
 

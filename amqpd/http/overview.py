@@ -10,7 +10,6 @@ import time
 from typing import Any
 
 import amqpd
-from amqpd import hotpath
 from amqpd.broker.api import EXCHANGE_TYPES, BrokerAPI
 from amqpd.http.core import Ctx, Router, bad_request, json_response, no_content, not_found
 
@@ -122,7 +121,7 @@ async def overview(ctx: Ctx) -> Any:
         "exchange_types": [{"name": n, "description": "", "enabled": True}
                            for n in sorted(EXCHANGE_TYPES)],
         "product_version": amqpd.__version__,
-        "amqpd_hot_path": hotpath.MODE,
+        "amqpd_hot_path": status.hot_path,
         "product_name": "amqpd",
         "rabbitmq_version": COMPAT_VERSION,
         "cluster_name": status.cluster_name,

@@ -75,7 +75,7 @@ class ExchangeLink(Link):
 
     @property
     def cluster(self) -> str:
-        return str(self.api.settings.effective_cluster_name)
+        return self.api.cluster_name()
 
     # ------------------------------------------------------------------ setup
     async def setup(self, conn: Connection, channel: int) -> None:

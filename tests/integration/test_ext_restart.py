@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pika
 
 from tests.integration.ext_support import channel, count, drain, get_msg, set_policy, wait_for
@@ -98,3 +100,47 @@ def test_policies_survive_restart(fresh_broker) -> None:
         for body in (b"1", b"2", b"3"):
             ch.basic_publish("", "rpol.q", body)
         assert drain(ch, "rpol.q") == [b"3"]
+
+
+def test_held_messages_keep_their_due_time_in_the_log_index(fresh_broker, tmp_path) -> None:
+    """A held message is written as the publish pipeline writes one for a durable queue
+    (ENQUEUE_META), its due time as the record's expiry: the store's index carries it,
+    so recovery learns every due time without reading a held message, and after a kill
+    -9 the messages are released in due order, not before they are due. (Records from
+    before this kept the due time only inside the message's exchange field, which
+    recovery had to read back message by message.)"""
+    import shutil
+
+    from amqpd.broker.exchanges.delayed import store_key
+    from amqpd.store.log import SharedLog
+
+    fresh_broker.start()
+    delays = [3000 + 100 * i for i in range(5)]
+    with channel(fresh_broker.url) as ch:
+        ch.exchange_declare("r.meta", "x-delayed-message", durable=True,
+                            arguments={"x-delayed-type": "direct"})
+        ch.queue_declare("r.meta.q", durable=True)
+        ch.queue_bind("r.meta.q", "r.meta", "k")
+        ch.confirm_delivery()  # confirms wait for the log
+        before = int(time.time() * 1000)
+        for i, delay in reversed(list(enumerate(delays))):
+            _pub(ch, "r.meta", "k", f"d{i}".encode(), headers={"x-delay": delay})
+        after = int(time.time() * 1000)
+    fresh_broker.kill()
+    copy = tmp_path / "log-copy"  # read offline, the broker's own directory untouched
+    shutil.copytree(fresh_broker.data_dir / "log", copy)
+    store = SharedLog(copy)
+    try:
+        held = store.open().queues[store_key("/", "r.meta")]
+    finally:
+        store.close()
+    assert len(held.positions) == 5
+    assert all(stamp >> 1 for stamp in held.stamps), "no publish time in the record"
+    dues = sorted(extra >> 8 for extra in held.extra)
+    assert all(before + d <= due <= after + d for d, due in zip(delays, dues, strict=True))
+    fresh_broker.start()
+    with channel(fresh_broker.url) as ch:
+        wait_for(lambda: count(ch, "r.meta.q") >= 1, 10, 0.02)
+        assert int(time.time() * 1000) >= before + delays[0], "released before due"
+        wait_for(lambda: count(ch, "r.meta.q") == 5, 10, 0.05)
+        assert drain(ch, "r.meta.q") == [f"d{i}".encode() for i in range(5)]

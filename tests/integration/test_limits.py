@@ -60,6 +60,27 @@ def test_vhost_limits(broker: BrokerProcess, api: Api) -> None:
     assert api.put("/api/vhost-limits/%2F/max-queues", {"value": "x"}).status == 400
 
 
+def test_http_queue_create_obeys_max_queues(broker: BrokerProcess, api: Api) -> None:
+    """PUT /api/queues goes through the same limit as queue.declare (BrokerAPI). RabbitMQ
+    3.10.8 (private node, max-queues 1, one queue there) answered PUT of a new queue,
+    classic or quorum, with 400 ``{"error":"bad_request","reason":"cannot declare queue
+    'lim2': queue limit in vhost '/' (1) is reached"}`` and PUT of the existing one
+    with 204."""
+    existing = len(api.get("/api/queues/%2F").json())
+    assert api.put("/api/vhost-limits/%2F/max-queues", {"value": existing + 1}).status == 204
+    try:
+        assert api.put("/api/queues/%2F/lim.h1", {"durable": True}).status == 201
+        for args in ({}, {"x-queue-type": "quorum"}):
+            r = api.put("/api/queues/%2F/lim.h2", {"durable": True, "arguments": args})
+            assert (r.status, r.json()) == (400, {
+                "error": "bad_request", "reason": "cannot declare queue 'lim.h2': queue "
+                f"limit in vhost '/' ({existing + 1}) is reached"})
+        assert api.get("/api/queues/%2F/lim.h2").status == 404
+        assert api.put("/api/queues/%2F/lim.h1", {"durable": True}).status == 204
+    finally:
+        api.delete("/api/queues/%2F/lim.h1")
+
+
 def test_user_limits(broker: BrokerProcess, api: Api) -> None:
     assert api.put("/api/user-limits/guest/max-connections", {"value": 1}).status == 204
     assert api.put("/api/user-limits/guest/max-channels", {"value": 1}).status == 204

@@ -133,3 +133,53 @@ def test_imported_topic_permissions_are_enforced(broker: BrokerProcess, api: Api
     assert r.status in (200, 201, 204)
     assert attempt(broker, publish("ok")) is None
     assert attempt(broker, publish("no")) == (403, refused("no"))
+
+
+def test_http_publish_and_bindings_obey_topic_permissions(broker: BrokerProcess,
+                                                          api: Api) -> None:
+    """The management API goes through the same check as basic.publish and queue.bind
+    (BrokerAPI.check_topic_permission). Answers recorded against RabbitMQ 3.10.8 (a
+    private node from devtools/rabbitmq.py, write "^a", read "^a" on amq.topic):
+
+    * POST /api/exchanges/%2F/amq.topic/publish, routing key "b.x": 400
+      ``{"error":"bad_request","reason":"403 ACCESS_REFUSED - access to topic 'b.x' in
+      exchange 'amq.topic' in vhost '/' refused for user 'guest'"}``; key "a.x": 200
+      ``{"routed":false}``;
+    * POST /api/bindings/%2F/e/amq.topic/q/Q, key "b.x": 401 ``{"error":
+      "not_authorised","reason":"Access refused."}`` (also when Q does not exist); key
+      "a.x": 201; DELETE of a binding whose key read no longer allows: 401, the same;
+      a binding from amq.default (AMQP's 403): 401, the same.
+    """
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    try:
+        ch = conn.channel()
+        ch.queue_declare("tp.http", auto_delete=False)
+        ch.queue_bind("tp.http", "amq.topic", "#")  # before read "^a" would refuse it
+        assert put(api, "^a", "^a") == 201
+        path = "/api/exchanges/%2F/amq.topic/publish"
+        r = api.post(path, {"routing_key": "b.x", "payload": "x"})
+        assert r.status == 400
+        assert r.json() == {"error": "bad_request", "reason": "403 " + refused("b.x")}
+        assert ch.queue_declare("tp.http", passive=True).method.message_count == 0
+        r = api.post(path, {"routing_key": "a.x", "payload": "x"})
+        assert (r.status, r.json()) == (200, {"routed": True})
+        bindings = "/api/bindings/%2F/e/amq.topic/q/tp.http"
+        refusal = {"error": "not_authorised", "reason": "Access refused."}
+        r = api.post(bindings, {"routing_key": "b.x"})
+        assert (r.status, r.json()) == (401, refusal)
+        r = api.post("/api/bindings/%2F/e/amq.topic/q/tp.nosuch", {"routing_key": "b.x"})
+        assert (r.status, r.json()) == (401, refusal)
+        assert api.post(bindings, {"routing_key": "a.x"}).status == 201
+        r = api.post("/api/bindings/%2F/e/amq.default/q/tp.http", {"routing_key": "x"})
+        assert (r.status, r.json()) == (401, refusal)  # RabbitMQ: the same for this 403
+        keys = sorted(b["routing_key"] for b in api.get(bindings).json())
+        assert keys == ["#", "a.x"]
+        r = api.delete(bindings + "/%23")  # read "^a" refuses the removal of "#"
+        assert (r.status, r.json()) == (401, refusal)
+        assert api.delete(bindings + "/a.x").status == 204
+        assert put(api, ".*", ".*") == 204
+        assert api.delete(bindings + "/%23").status == 204
+    finally:
+        if conn.is_open:
+            conn.channel().queue_delete("tp.http")
+            conn.close()

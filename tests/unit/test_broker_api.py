@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from amqpd.broker.api import AMQPError, BrokerAPI, Message, codec
+from amqpd import hotpath
+from amqpd.broker.api import AMQPError, BrokerAPI, Message, UnknownComponent, codec
 from amqpd.config import Settings
 from amqpd.server import Broker
 
@@ -75,6 +76,65 @@ ERRORS: list[tuple[str, Callable[[BrokerAPI], object], int]] = [
     ("get from a missing queue", lambda a: a.get("/", "nope"), 404),
     ("get another's exclusive queue", lambda a: a.get("/", "mine", owner=OWNER_B), 405),
     ("missing vhost", lambda a: a.declare_queue("nope", "q"), 404),
+    ("unbind another's exclusive queue",
+     lambda a: a.unbind("/", "queue", "mine", "amq.direct", "k", owner=OWNER_B), 405),
+    ("unbind from the default exchange", lambda a: a.unbind("/", "queue", "q", "", "q"), 403),
+    ("exchange.bind to a missing exchange",
+     lambda a: a.bind("/", "exchange", "nope", "ex", "k"), 404),
+    ("delete another's exclusive queue",
+     lambda a: a.delete_queue("/", "mine", owner=OWNER_B), 405),
+    ("consume a missing queue",
+     lambda a: a.consume("/", "nope", RecordingChannel(), "t", no_ack=True, exclusive=False,
+                         prefetch=0, arguments=None, owner=OWNER_A), 404),
+    ("look up a missing queue", lambda a: a.queue("/", "nope"), 404),
+    ("look up a missing exchange", lambda a: a.exchange("/", "nope"), 404),
+    # vhosts, users, permissions
+    ("delete a missing vhost", lambda a: a.delete_vhost("nope"), 404),
+    ("look up a missing vhost", lambda a: a.vhost("nope"), 404),
+    ("permissions of a missing user",
+     lambda a: a.set_permissions("nobody", "/", ".*", ".*", ".*"), 404),
+    ("permissions in a missing vhost",
+     lambda a: a.set_permissions("guest", "nope", ".*", ".*", ".*"), 404),
+    ("permission pattern not a regex",
+     lambda a: a.set_permissions("guest", "/", "(", ".*", ".*"), 406),
+    ("topic permission pattern not a regex",
+     lambda a: a.put_topic_permission("guest", "/", "amq.topic", ".*", "("), 406),
+    ("topic permission of a missing user",
+     lambda a: a.put_topic_permission("nobody", "/", "amq.topic", ".*", ".*"), 404),
+    ("no permissions in the vhost",
+     lambda a: (a.put_user("bob", tags=[], password="pw"),
+                a.check_permission("bob", "/", "configure", "queue", "x")), 403),
+    ("permission pattern does not match",
+     lambda a: (a.put_user("bob", tags=[], password="pw"),
+                a.set_permissions("bob", "/", "^a", ".*", ".*"),
+                a.check_permission("bob", "/", "configure", "queue", "x")), 403),
+    # policies (RabbitMQ's validation)
+    ("policy pattern not a regex", lambda a: a.set_policy("/", "p", "(", {"max-length": 1}),
+     406),
+    ("unknown policy key", lambda a: a.set_policy("/", "p", ".*", {"nope": 1}), 406),
+    ("bad policy value", lambda a: a.set_policy("/", "p", ".*", {"max-length": "x"}), 406),
+    ("empty policy", lambda a: a.set_policy("/", "p", ".*", {}), 406),
+    ("policy applies to nothing known",
+     lambda a: a.set_policy("/", "p", ".*", {"max-length": 1}, apply_to="x"), 406),
+    ("policy in a missing vhost",
+     lambda a: a.set_policy("nope", "p", ".*", {"max-length": 1}), 406),
+    # the vhost's max-queues limit (the fixture holds two queues): one check for AMQP
+    # and HTTP alike
+    ("new queue over max-queues",
+     lambda a: (a.set_vhost_limit("/", "max-queues", 2), a.declare_queue("/", "third")), 406),
+    ("server-named queue over max-queues",
+     lambda a: (a.set_vhost_limit("/", "max-queues", 0),
+                a.declare_queue("/", "amq.gen-x", server_named=True)), 406),
+    # topic permissions: write on publish, read on bind/unbind, for the named user
+    ("topic write refused",
+     lambda a: (a.put_topic_permission("guest", "/", "amq.topic", "^a", "^a"),
+                a.publish("/", "amq.topic", msg(rk="b", exchange="amq.topic"), "guest")), 403),
+    ("topic read refused on bind",
+     lambda a: (a.put_topic_permission("guest", "/", "amq.topic", "^a", "^a"),
+                a.bind("/", "queue", "q", "amq.topic", "b", username="guest")), 403),
+    ("topic read refused on unbind",
+     lambda a: (a.put_topic_permission("guest", "/", "amq.topic", "^a", "^a"),
+                a.unbind("/", "queue", "q", "amq.topic", "b", username="guest")), 403),
 ]
 
 
@@ -96,6 +156,30 @@ IDEMPOTENT: list[tuple[str, Callable[[BrokerAPI], object]]] = [
     ("unbind what is not bound", lambda a: a.unbind("/", "queue", "q", "ex", "other")),
     ("explicit classic type", lambda a: a.declare_queue(
         "/", "c", arguments={"x-queue-type": "classic"})),
+    # RabbitMQ 3.10.8 answered unbind-ok to all four (asked over AMQP with pika)
+    ("unbind a missing queue", lambda a: a.unbind("/", "queue", "nope", "ex", "k")),
+    ("unbind from a missing exchange", lambda a: a.unbind("/", "queue", "q", "nope", "k")),
+    ("exchange.unbind, missing destination",
+     lambda a: a.unbind("/", "exchange", "nope", "amq.direct", "k")),
+    ("exchange.unbind, missing source",
+     lambda a: a.unbind("/", "exchange", "amq.fanout", "nope", "k")),
+    ("delete a missing user", lambda a: a.delete_user("nope")),
+    ("clear permissions never set", lambda a: a.clear_permissions("guest", "nope")),
+    ("redeclare at the queue limit", lambda a: (
+        a.set_vhost_limit("/", "max-queues", 2), a.declare_queue("/", "q", durable=True))),
+    ("passive declare at the queue limit", lambda a: (
+        a.set_vhost_limit("/", "max-queues", 0), a.declare_queue("/", "q", passive=True))),
+    ("topic key allowed", lambda a: (
+        a.put_topic_permission("guest", "/", "amq.topic", "^a", "^a"),
+        a.publish("/", "amq.topic", msg(rk="a.b", exchange="amq.topic"), "guest"),
+        a.bind("/", "queue", "q", "amq.topic", "a.b", username="guest"))),
+    ("topic permissions bind only their exchange", lambda a: (
+        a.put_topic_permission("guest", "/", "amq.topic", "^a", "^a"),
+        a.publish("/", "ex", msg(rk="b"), "guest"),
+        a.bind("/", "queue", "q", "ex", "b", username="guest"))),
+    ("no user named: no topic check", lambda a: (
+        a.put_topic_permission("guest", "/", "amq.topic", "^a", "^a"),
+        a.publish("/", "amq.topic", msg(rk="b", exchange="amq.topic"), None))),
 ]
 
 
@@ -303,6 +387,88 @@ def test_durable_state_saves_itself(api: BrokerAPI, broker: Broker, tmp_path: Pa
     assert holds(fresh.api.export_definitions())
 
 
+# parameters through the API: (call, the exception it raises)
+PARAMETER_ERRORS: list[tuple[str, Callable[[BrokerAPI], object], type[Exception]]] = [
+    ("unknown component", lambda a: a.parameters.set("nope", "/", "n", {}), UnknownComponent),
+    ("value the component refuses",
+     lambda a: a.parameters.set("vhost-limits", "/", "limits", {"max-bananas": 1}),
+     ValueError),
+    ("misnamed vhost limits",
+     lambda a: a.parameters.set("vhost-limits", "/", "other", {"max-queues": 1}), ValueError),
+]
+
+
+@pytest.mark.parametrize(("call", "error"), [(c, e) for _n, c, e in PARAMETER_ERRORS],
+                         ids=[n for n, *_ in PARAMETER_ERRORS])
+def test_parameter_errors(api: BrokerAPI, call: Callable[[BrokerAPI], object],
+                          error: type[Exception]) -> None:
+    with pytest.raises(error):
+        call(api)
+    assert api.parameters.list(None, None) == []
+
+
+def test_parameters_set_list_and_clear(api: BrokerAPI) -> None:
+    seen: list[tuple[str, str, Any]] = []
+    api.parameters.register("test-component",
+                            lambda vh, name, value: seen.append((vh, name, value)))
+    assert api.parameters.set("test-component", "/", "one", {"x": 1})
+    assert not api.parameters.set("test-component", "/", "one", {"x": 2})  # replaced
+    assert seen == [("/", "one", {"x": 1}), ("/", "one", {"x": 2})]
+    assert api.parameters.get("test-component", "/", "one") == {"x": 2}
+    assert [p["name"] for p in api.parameters.list("test-component", "/")] == ["one"]
+    assert api.parameters.clear("test-component", "/", "one")
+    assert not api.parameters.clear("test-component", "/", "one")
+    assert api.parameters.get("test-component", "/", "one") is None
+
+
+def test_lists_are_sorted_and_stats_count(api: BrokerAPI) -> None:
+    """list and stats: what the management API and the plugins read."""
+    api.declare_queue("/", "a")
+    assert [q.name for q in api.queues("/")] == ["a", "mine", "q"]
+    assert {"", "amq.direct", "ex"} <= {e.name for e in api.exchanges("/")}
+    assert [(b.source.name, b.destination.name, b.routing_key) for b in api.bindings("/")
+            if b.source.name == "ex"] == [("ex", "q", "k")]
+    assert [v.name for v in api.vhosts()] == ["/"]
+    for _ in range(3):
+        api.publish("/", "ex", msg(), None)
+    got = api.get("/", "q")
+    assert got is not None
+    q = api.queue("/", "q")
+    assert (q.message_count, q.unacked_count) == (2, 1)
+    info = q.info()
+    assert (info["messages"], info["messages_ready"], info["messages_unacknowledged"]) == (
+        3, 2, 1)
+    api.reject([got], requeue=True)
+    assert (q.message_count, q.unacked_count) == (3, 0)
+
+
+def test_users_and_permissions(api: BrokerAPI) -> None:
+    assert api.put_user("bob", tags=["management"], password="pw")
+    assert not api.put_user("bob", tags=["monitoring"], password="pw2")  # replaced
+    assert [u.name for u in api.users()] == ["bob", "guest"]
+    assert api.authenticate("bob", "pw2", peer_is_loopback=False) is not None
+    assert api.authenticate("bob", "pw", peer_is_loopback=False) is None
+    assert not api.can_access_vhost("bob", "/")
+    assert api.set_permissions("bob", "/", "^b", ".*", ".*")
+    assert not api.set_permissions("bob", "/", "^b\\.", ".*", ".*")
+    assert api.can_access_vhost("bob", "/")
+    api.check_permission("bob", "/", "configure", "queue", "b.q")  # allowed: no raise
+    assert api.clear_permissions("bob", "/")
+    assert not api.can_access_vhost("bob", "/")
+    assert api.delete_user("bob") and api.user("bob") is None
+
+
+def test_several_fetched_messages_settle_at_once_as_nack_multiple(api: BrokerAPI) -> None:
+    """basic.nack(multiple) is reject() of several: each back in its place, redelivered."""
+    for body in (b"1", b"2", b"3"):
+        api.publish("/", "ex", msg(body), None)
+    fetched = [api.get("/", "q") for _ in range(3)]
+    api.reject([f for f in fetched[:2] if f is not None], requeue=True)
+    again = [api.get("/", "q") for _ in range(2)]
+    assert [(f.body, f.redelivered) for f in again if f is not None] == [
+        (b"1", True), (b"2", True)]
+
+
 # limits through the API: (call, the exception it raises)
 LIMIT_ERRORS: list[tuple[str, Callable[[BrokerAPI], object], type[Exception]]] = [
     ("unknown vhost limit", lambda a: a.set_vhost_limit("/", "max-bananas", 1), ValueError),
@@ -395,6 +561,7 @@ def test_node_facts_the_http_layer_reads(broker: Broker, api: BrokerAPI) -> None
     assert status.started_at == broker.started_at
     assert status.alarms == tuple(api.alarms())
     assert status.disk_free_limit == broker.settings.disk_free_limit
+    assert status.hot_path == hotpath.MODE  # what /api/overview shows as amqpd_hot_path
     api.set_cluster_name("east")
     assert api.cluster_name() == "east" and api.node_status().cluster_name == "east"
     assert status.cluster_name == node  # the earlier snapshot did not change

@@ -328,3 +328,28 @@ def test_policies_apply_to_quorum_queues_by_type(api: BrokerAPI) -> None:
     q = quorum(api)
     c = api.declare_queue("/", "c")
     assert q.policy_name == "ql" and c.policy_name is None
+
+
+def test_a_returned_message_is_written_again_with_its_first_stamps(api: BrokerAPI) -> None:
+    """The record written for a return (with x-delivery-count) keeps the publish time
+    and expiry the publish pipeline stamped on the first, so a restart neither restarts
+    its TTL clock nor forgets it was delivered (tests/integration/test_quorum_restart.py
+    has the restart)."""
+    store = api._broker.store  # the in-memory store: what the log would be handed
+    quorum(api, **{"x-message-ttl": 60000})
+    api.publish("/", "", Message("", "qq", codec.encode_properties({"expiration": "30000"}),
+                                 b"m"), None)
+    got = api.get("/", "qq")
+    assert got is not None
+    first = store.read(got.message.position)
+    assert first.published > 0 and first.expires == first.published + 30000
+    api.reject([got], requeue=True)
+    again = api.get("/", "qq")
+    assert again is not None and again.message.headers["x-delivery-count"] == 1
+    position = again.message.position
+    assert position != got.message.position
+    record = store.read(position)
+    assert (record.published, record.expires, record.transient) == (
+        first.published, first.expires, False)
+    assert codec.decode_properties(record.properties)["headers"]["x-delivery-count"] == 1
+    assert position in store._delivered.get(api.queue("/", "qq").store_key, set())

@@ -12,10 +12,16 @@ Design: all of an exchange's delayed messages sit in one heap ordered by due tim
 exchange keeps a single entry in the broker's :class:`~amqpd.broker.ttl.TimerService` for
 its earliest due time (no timer per message). A persistent message on a durable exchange
 is written once to the shared log under the internal store key
-``"<vhost>\\x00amq.delayed.<exchange>"``, with its absolute due time (wall clock, ms) kept
-in the stored record's exchange field as ``"<exchange>\\x00<due_ms>"``; the heap then keeps
-only its log position and size, not its body. At recovery :func:`recover` rebuilds the
-heap from that key; when a message is routed its record is settled under the key.
+``"<vhost>\\x00amq.delayed.<exchange>"``, as the publish pipeline writes a message for a
+durable queue (:func:`amqpd.broker.persist.stored_message`: an ENQUEUE_META record with
+its publish time), except that the record's expiry is the hold's: its absolute due time
+(wall clock, ms). The store keeps that in its index and checkpoint, so at recovery
+:func:`recover` rebuilds the heap from the key without reading a single held message
+(a log from before kept the due time in the record's exchange field as
+``"<exchange>\\x00<due_ms>"``; such records are still read for it). The heap keeps only
+a stored message's log position, not its body; when a message is routed its record is
+settled under the key. The message's own expiration applies once it is routed to a
+queue, counted from then, as with the RabbitMQ plugin.
 
 Routing: a message to hold is routed, like any other, to a destination: the exchange's
 :class:`HeldMessages`, a queue type that is never in ``vhost.queues`` and whose
@@ -43,6 +49,7 @@ from amqpd.broker.exchange import (
     register_exchange_type,
 )
 from amqpd.broker.message import Message
+from amqpd.broker.persist import stored_message
 from amqpd.broker.queue_type import QueueType
 from amqpd.protocol.constants import FLAG_HEADERS_HI
 from amqpd.protocol.errors import CommandInvalid, PreconditionFailed
@@ -220,12 +227,9 @@ class DelayedMessageExchange(Exchange):
         kept: Message | None = message
         store = broker.store
         if message.persistent and self.durable:
-            from amqpd.store.api import StoredMessage
-
-            due_ms = int(time.time() * 1000) + delay
-            position = store.append_enqueue(
-                [self.key], StoredMessage(f"{self.name}\x00{due_ms}", message.routing_key,
-                                          message.properties, message.body))
+            record = stored_message(message)  # stamped as for a durable queue...
+            record.expires = record.published + delay  # ...but it expires when due
+            position = store.append_enqueue([self.key], record)
             if message.position < 0:  # the confirm waits for this write (publish pipeline)
                 message.position = position
             kept = None  # the log has it: keep 3 ints, not the body
@@ -314,9 +318,13 @@ def recover(broker: Broker, key: str, recovered: RecoveredQueue) -> bool:
     if not isinstance(ex, DelayedMessageExchange) or ex.broker is None:
         store.drop_queue(key)  # its exchange is gone
         return True
-    for position in recovered.positions:
-        stored_exchange = store.read(position).exchange
-        _, _, due = stored_exchange.rpartition("\x00")
+    for position, stamp, extra in zip(recovered.positions, recovered.stamps,
+                                      recovered.extra, strict=True):
+        if stamp >> 1:  # ENQUEUE_META: the record's expiry is the due time
+            ex.restore(position, extra >> 8)
+            continue
+        # a record from before ENQUEUE_META: "<exchange>\x00<due_ms>" as its exchange
+        _, _, due = store.read(position).exchange.rpartition("\x00")
         ex.restore(position, int(due) if due.isdigit() else 0)
     log.info("delayed exchange '%s': %d messages recovered", ex.name, len(recovered.positions))
     return True
