@@ -84,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
                 await asyncio.sleep(0.2)
             got = json.loads(done.read_text())
             figures: dict[str, Any] = {
+                "rss_before_gc_mib": round(got["rss_before_gc"] / 2**20, 1),
+                "gc_unreachable": got["gc_unreachable"],
+                "gc_unreachable_types": dict(list(got["gc_unreachable_types"].items())[:8]),
                 "probe_rss_mib": round(got["rss"] / 2**20, 1),
                 "rss_after_trim_mib": round(got["rss_after_trim"] / 2**20, 1)
                 if "rss_after_trim" in got else None,
