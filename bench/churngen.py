@@ -149,7 +149,12 @@ class Generator:
                 if nxt < now - 1:
                     self.behind += 1
                     nxt = now  # fell behind by a second: that rate is not reachable
-            wait = max(0.0, min(nxt - time.monotonic(), 0.005)) if starting else 0.05
+            if not starting:
+                wait = 0.05
+            elif len(self.live) >= max_inflight:
+                wait = 0.005  # nothing may start before one finishes: no busy wait
+            else:
+                wait = max(0.0, min(nxt - time.monotonic(), 0.005))
             for key, events in self.sel.select(wait):
                 if key.data.step == "connecting":
                     self.writable(key.data)
