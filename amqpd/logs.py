@@ -14,8 +14,9 @@ logged meanwhile carries them. ``log_format`` is ``json`` or ``console``.
 
 Cost matters here: the transport binds the context on every socket read, and a broker
 under connection churn logs two lines per connection (opened, closed; RabbitMQ logs
-three). Through structlog's pipeline a line cost ~150-400 µs and binding ~15 µs, a
-quarter of the broker's CPU per connection (py-spy, bench/RESULTS-hardening.md). So the
+three). Through structlog's pipeline a line cost ~250-450 µs on the shared VM, binding
+~15 µs: a quarter of the broker's CPU per connection (py-spy, bench/RESULTS-hardening.md;
+rendered here, ~140 µs measured in the same minute as 254 µs before). So the
 connection context is one plain :class:`~contextvars.ContextVar` holding a tuple, and
 :class:`_Formatter` renders the common record (a stdlib record with no exception, stack
 or ``extra`` fields) itself, in exactly the shape structlog would; anything else still

@@ -2,10 +2,11 @@
 
 Each connection is a few lines of state over raw AMQP frames: protocol header ->
 connection.start -> start-ok (PLAIN) -> tune -> tune-ok + connection.open -> open-ok ->
-channel.open -> open-ok -> connection.close -> close-ok -> the socket is closed. One
-generator process spends ~3x less CPU per connection this way than with an asyncio
-protocol, futures and ``wait_for`` per connection (measured side by side on the shared
-VM: the generator shares the two cores with the broker it measures).
+channel.open -> open-ok -> connection.close -> close-ok -> the socket is closed. The
+generator shares the two cores of the development VM with the broker it measures, so
+its own cost counts: ~370 µs of CPU per connection this way, where an asyncio protocol
+with futures and ``wait_for`` per connection spent ~600 µs (two runs on the shared VM,
+not side by side).
 
 Used by ``bench.connections`` (``--churn-worker``), several processes at once.
 """
