@@ -78,6 +78,7 @@ class Broker:
         self.auth.loopback_users = set(settings.loopback_users)
         self.vhosts: dict[str, VHost] = {}
         self.sessions: set[Session] = set()
+        self._server_properties: dict[str, Any] | None = None
         self.transports: set[AMQPProtocol] = set()
         # "no persistence" is the in-memory store, opened at once so that a Broker that
         # is never started (unit tests) has one too; start() swaps in the shared log
@@ -169,15 +170,21 @@ class Broker:
         return vh
 
     def server_properties(self) -> dict[str, Any]:
-        return {
-            "product": "amqpd",
-            "version": amqpd.__version__,
-            "platform": f"Python {platform.python_version()}",
-            "copyright": "amqpd contributors",
-            "information": "Licensed under the Apache 2.0 license",
-            "cluster_name": self.settings.effective_cluster_name,
-            "capabilities": dict(CAPABILITIES),
-        }
+        """The same dict for every connection until the cluster name changes (the
+        connection machine encodes connection.start once per dict); read-only."""
+        name = self.settings.effective_cluster_name
+        props = self._server_properties
+        if props is None or props["cluster_name"] != name:
+            props = self._server_properties = {
+                "product": "amqpd",
+                "version": amqpd.__version__,
+                "platform": f"Python {platform.python_version()}",
+                "copyright": "amqpd contributors",
+                "information": "Licensed under the Apache 2.0 license",
+                "cluster_name": name,
+                "capabilities": dict(CAPABILITIES),
+            }
+        return props
 
     def limits(self) -> Limits:
         s = self.settings

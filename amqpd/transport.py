@@ -205,8 +205,13 @@ class AMQPProtocol(asyncio.Protocol):
         for timer in (self._beat_timer, self._monitor_timer, self._linger_timer):
             if timer is not None:
                 timer.cancel()
+        # nothing may point back at this protocol or the session any more: each
+        # connection is then freed by reference counting, not left to the cyclic
+        # collector (see AMQPConnection.detach)
+        self._beat_timer = self._monitor_timer = self._linger_timer = None
         if self.session is not None:
             if exc is not None:
                 log.info("connection lost: %s (%s)", self.session.name, exc)
-            self.session.conn.connection_lost()
+            self.session.conn.detach()
+            self.session.protocol = None
         self.transport = None

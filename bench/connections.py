@@ -2,20 +2,25 @@
 
     python -m bench.connections [--connections 10000] [--hold 60] [--heartbeat 10]
                                 [--churn-rate 1000] [--churn-seconds 60]
-                                [--only hold|churn] [--json]
+                                [--churn-rounds 2] [--workers 2] [--max-inflight 2000]
+                                [--broker amqpd|rabbitmq] [--only hold|churn] [--json]
 
-One amqpd is started on free ports (its own data dir). The load generator is one asyncio
-process speaking raw AMQP frames (a client library per connection would be the
-bottleneck): each connection does the real handshake (protocol header, start-ok with
-PLAIN, tune-ok with the heartbeat, connection.open) and opens one channel.
+One amqpd is started on free ports (its own data dir). The load generators speak raw
+AMQP frames (a client library per connection would be the bottleneck): each connection
+does the real handshake (protocol header, start-ok with PLAIN, tune-ok with the
+heartbeat, connection.open) and opens one channel.
 
 **Churn** (first, on the fresh broker): connections that open a channel and close
 (connection.close / close-ok, then the socket) are started at ``--churn-rate`` a second
-for ``--churn-seconds``, at most 2,000 in flight; the achieved rate is reported. The
-broker's RSS and open fds are read after a 5 s warm-up of the same churn (so one-time
-allocations are not counted as growth) and again after each of ``--churn-rounds``
-rounds, once the fd count has settled: RSS that grows every round is a leak, RSS that
-grows in the first round only is the high-water mark of connections in flight.
+for ``--churn-seconds``, at most ``--max-inflight`` in flight, by ``--workers``
+generator processes sharing the rate (bench/churngen.py: one epoll loop over
+non-blocking sockets each, no asyncio). The achieved rate counts completed connections
+over the whole round (the last ones' drain included). The broker's RSS and open fds are
+read after a 5 s warm-up of the same churn (so one-time allocations are not counted as
+growth) and again after each of ``--churn-rounds`` rounds, once the fd count has
+settled: RSS that grows every round is a leak, RSS that grows in the first round only
+is the high-water mark of connections in flight (bench/churn_memory.py looks inside).
+``--broker rabbitmq`` runs the same churn against a private RabbitMQ 3.10 instead.
 
 **Hold**: ``--connections`` connections are opened (256 at a time) and held for ``--hold``
 seconds with heartbeats on (both sides send one every heartbeat/2 s when idle; a
@@ -45,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -301,50 +307,46 @@ async def hold(host: str, port: int, url: str, pid: int, n: int, seconds: float,
     }
 
 
+def _worker_main(target: str, rate: float, seconds: float, max_inflight: int, first: int,
+                 stride: int) -> dict[str, Any]:
+    """One churn generator process (``--churn-worker``): bench/churngen.py's epoll loop
+    over raw sockets. Connection ``k`` of this process is number ``first + k * stride``
+    overall (its source address), so several processes do not share addresses."""
+    from bench.churngen import Generator
+
+    host, _, port = target.rpartition(":")
+    return Generator(host, int(port), _frames(0)).run(rate, seconds, max_inflight, first,
+                                                     stride)
+
+
 async def churn(host: str, port: int, pid: int, rate: float, seconds: float,
-                rounds: int = 1) -> dict[str, Any]:
-    frames = _frames(0)
-    stats = {"dropped": 0, "heartbeats_in": 0}
-    done = {"ok": 0, "failed": 0}
+                rounds: int = 1, workers: int = 1, max_inflight: int = 2000,
+                warmup: float = 5.0,
+                after_round: Callable[[int], Awaitable[dict[str, Any]]] | None = None,
+                ) -> dict[str, Any]:
+    """Rounds of churn against one broker; its RSS and fds after a warm-up and after
+    each round. ``workers`` generator processes share the rate and the in-flight bound
+    (one asyncio process could not start 1,000 connections a second beside a broker on
+    two cores). ``after_round(n)`` (n = 0 after the warm-up) may add figures of its own
+    to each round's record (bench/churn_memory.py takes heap snapshots there)."""
     errors: list[str] = []
-    inflight: set[asyncio.Task[None]] = set()
-    counter = [0]
 
-    async def one() -> None:
-        i = counter[0]
-        counter[0] += 1
-        c: Client | None = None
-        try:
-            c = await open_client(host, port, i, frames, stats, timeout=30)
-            c.close()
-            await asyncio.wait_for(c.closed, 30)
-            done["ok"] += 1
-        except Exception as exc:
-            if c is not None:
-                c.abort()
-            done["failed"] += 1
-            if len(errors) < 5:
-                errors.append(f"{type(exc).__name__}: {exc}")
-
-    async def run(duration: float) -> tuple[int, float]:
-        start_ok = done["ok"]
-        t0 = time.monotonic()
-        period = 1.0 / rate
-        nxt = t0
-        while time.monotonic() - t0 < duration:
-            # start what is due now (bounded in flight: a slow broker is not buried)
-            now = time.monotonic()
-            while nxt <= now and len(inflight) < 2000:
-                t = asyncio.ensure_future(one())
-                inflight.add(t)
-                t.add_done_callback(inflight.discard)
-                nxt += period
-            if nxt < now - 1:
-                nxt = now  # fell behind by a second: that rate is not reachable
-            await asyncio.sleep(0.001)
-        if inflight:
-            await asyncio.wait(set(inflight), timeout=60)
-        return done["ok"] - start_ok, time.monotonic() - t0
+    async def run(duration: float) -> dict[str, Any]:
+        procs = [await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bench.connections", "--churn-worker", f"{host}:{port}",
+            "--churn-rate", str(rate / workers), "--churn-seconds", str(duration),
+            "--max-inflight", str(max(1, max_inflight // workers)),
+            "--worker-index", str(w), "--workers", str(workers),
+            stdout=asyncio.subprocess.PIPE) for w in range(workers)]
+        outs = [json.loads((await p.communicate())[0].decode().strip().splitlines()[-1])
+                for p in procs]
+        for o in outs:
+            errors.extend(o["errors"][: max(0, 5 - len(errors))])
+        return {"ok": sum(o["ok"] for o in outs), "failed": sum(o["failed"] for o in outs),
+                "start_window_s": max(o["start_window_s"] for o in outs),
+                "wall_s": max(o["wall_s"] for o in outs),
+                "loadgen_cpu_s": round(sum(o["cpu_s"] for o in outs), 1),
+                "fell_behind": sum(o["fell_behind"] for o in outs)}
 
     async def settled_fds() -> int:
         last, stable_since = open_fds(pid), time.monotonic()
@@ -359,28 +361,39 @@ async def churn(host: str, port: int, pid: int, rate: float, seconds: float,
         return last
 
     rss_fresh, fds_fresh = rss_bytes(pid), open_fds(pid)
-    await run(5.0)  # warm-up
+    if warmup > 0:
+        await run(warmup)  # one-time allocations are not growth
     fds0 = await settled_fds()
     rss0 = rss_bytes(pid)
     out: dict[str, Any] = {
-        "target_per_s": rate, "seconds": seconds, "rounds": [],
+        "target_per_s": rate, "seconds": seconds, "workers": workers,
+        "max_inflight": max_inflight, "rounds": [],
         "rss_fresh_mib": round(rss_fresh / 2**20, 1), "fds_fresh": fds_fresh,
         "rss_before_mib": round(rss0 / 2**20, 1), "fds_before": fds0}
+    if after_round is not None:
+        out["before"] = await after_round(0)
     # several rounds tell a leak (RSS grows every round) from a high-water mark (the
     # first round's peak of half-open connections, reused by the next rounds)
-    for _ in range(rounds):
-        failed0 = done["failed"]
-        cpu0, own0, host0 = cpu_seconds(pid), time.process_time(), host_cpu()
-        n, elapsed = await run(seconds)
-        cpu, own, host1 = cpu_seconds(pid) - cpu0, time.process_time() - own0, host_cpu()
+    for n_round in range(1, rounds + 1):
+        cpu0, host0 = cpu_seconds(pid), host_cpu()
+        load0 = os.getloadavg()[0]
+        r = await run(seconds)
+        cpu, host1 = cpu_seconds(pid) - cpu0, host_cpu()
         fds1 = await settled_fds()
         busy = (host1[0] - host0[0]) / max(host1[1] - host0[1], 1)
         out["rounds"].append({
-            "completed": n, "achieved_per_s": round(n / elapsed, 1),
-            "failed": done["failed"] - failed0, "broker_cpu_s": round(cpu, 1),
-            "loadgen_cpu_s": round(own, 1), "wall_s": round(elapsed, 1),
+            # completed over the whole round, the drain of the last ones included
+            "completed": r["ok"], "achieved_per_s": round(r["ok"] / r["wall_s"], 1),
+            "started_per_s": round((r["ok"] + r["failed"]) / r["start_window_s"], 1),
+            "failed": r["failed"], "broker_cpu_s": round(cpu, 1),
+            "broker_cpu_us_per_conn": round(cpu / max(r["ok"], 1) * 1e6),
+            "loadgen_cpu_s": r["loadgen_cpu_s"], "wall_s": r["wall_s"],
+            "start_window_s": r["start_window_s"], "fell_behind": r["fell_behind"],
             "host_cpu_busy": round(busy, 2),
+            "loadavg_1m_before_after": [round(load0, 2), round(os.getloadavg()[0], 2)],
             "rss_after_mib": round(rss_bytes(pid) / 2**20, 1), "fds_after": fds1})
+        if after_round is not None:
+            out["rounds"][-1].update(await after_round(n_round))
         print(f"  churn round: {out['rounds'][-1]}", flush=True)
     out["errors"] = errors
     return out
@@ -396,14 +409,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--churn-seconds", type=float, default=60.0)
     p.add_argument("--churn-rounds", type=int, default=2,
                    help="churn periods back to back (RSS after each)")
+    p.add_argument("--workers", type=int, default=2,
+                   help="churn generator processes sharing the rate")
+    p.add_argument("--max-inflight", type=int, default=2000,
+                   help="churn connections in flight at most (all workers together)")
+    p.add_argument("--warmup", type=float, default=5.0, help="churn seconds before 'before'")
+    p.add_argument("--broker", choices=["amqpd", "rabbitmq"], default="amqpd",
+                   help="churn only: RabbitMQ 3.10 (devtools' private node) with the same "
+                        "generator, for a ratio")
     p.add_argument("--only", choices=["hold", "churn"])
     p.add_argument("--json", action="store_true")
     p.add_argument("--probe", help=argparse.SUPPRESS)
     p.add_argument("--probe-seconds", type=float, default=10, help=argparse.SUPPRESS)
+    p.add_argument("--churn-worker", help=argparse.SUPPRESS)
+    p.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.probe:
         print(json.dumps(probe(args.probe, args.probe_seconds)))
         return 0
+    if args.churn_worker:
+        raise_nofile()
+        print(json.dumps(_worker_main(args.churn_worker, args.churn_rate, args.churn_seconds,
+                                      args.max_inflight, args.worker_index, args.workers)))
+        return 0
+    if args.broker == "rabbitmq":
+        return _churn_rabbitmq(args)
     # SIGTERM ends the run through the finally clauses (the broker child is stopped)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     soft, hard = raise_nofile()
@@ -423,9 +453,9 @@ def main(argv: list[str] | None = None) -> int:
                                            if line.startswith("Max open files"))
         try:
             if args.only in (None, "churn"):
-                result["churn"] = asyncio.run(churn(broker.bind, broker.port, pid,
-                                                    args.churn_rate, args.churn_seconds,
-                                                    args.churn_rounds))
+                result["churn"] = asyncio.run(churn(
+                    broker.bind, broker.port, pid, args.churn_rate, args.churn_seconds,
+                    args.churn_rounds, args.workers, args.max_inflight, args.warmup))
                 print(f"churn: {json.dumps(result['churn'])}", flush=True)
             if args.only in (None, "hold"):
                 result["hold"] = asyncio.run(hold(broker.bind, broker.port, broker.url, pid,
@@ -441,6 +471,30 @@ def main(argv: list[str] | None = None) -> int:
     if "hold" in result:
         h = {k: v for k, v in result["hold"].items() if k != "samples"}
         print("hold:", json.dumps(h, indent=1))
+    return 0
+
+
+def _churn_rabbitmq(args: argparse.Namespace) -> int:
+    """The same churn against a private RabbitMQ 3.10 (its beam.smp's RSS and fds)."""
+    from urllib.parse import urlsplit
+
+    from bench.brokers import RabbitBroker
+
+    raise_nofile()
+    with tempfile.TemporaryDirectory(prefix="bench-conns-rmq-") as tmp:
+        rmq = RabbitBroker(Path(tmp))
+        rmq.start()
+        try:
+            assert rmq.pid is not None
+            where = urlsplit(rmq.url)
+            result = {"broker": rmq.version(), "churn": asyncio.run(churn(
+                where.hostname or "127.0.0.1", where.port or 5672, rmq.pid,
+                args.churn_rate, args.churn_seconds, args.churn_rounds, args.workers,
+                args.max_inflight, args.warmup))}
+        finally:
+            rmq.stop()
+    json.dump(result, sys.stdout, indent=1)
+    print()
     return 0
 
 

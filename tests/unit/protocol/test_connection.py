@@ -45,6 +45,21 @@ def test_wrong_header_gets_ours_back_and_close(header: bytes) -> None:
     assert pair.server.data_to_send() == b""
 
 
+def test_connection_start_follows_a_new_cluster_name() -> None:
+    """connection.start is encoded once per properties dict (a cache): a renamed
+    cluster gets a new dict, and the next connection announces the new name."""
+    broker = real_broker(cluster_name="first")
+    assert broker.server_properties() is broker.server_properties()
+    (start,) = Pair(broker=broker).send(PROTOCOL_HEADER)
+    assert start.value.server_properties["cluster_name"] == "first"
+    (again,) = Pair(broker=broker).send(PROTOCOL_HEADER)
+    assert again.value.server_properties == start.value.server_properties
+    broker.settings.cluster_name = "second"  # what BrokerAPI.set_cluster_name does
+    (renamed,) = Pair(broker=broker).send(PROTOCOL_HEADER)
+    assert renamed.value.server_properties["cluster_name"] == "second"
+    assert set(renamed.value.mechanisms.split()) == {"PLAIN", "AMQPLAIN"}
+
+
 # ---------------------------------------------------------------- start / tune / open
 def test_full_handshake_plain() -> None:
     pair = Pair()
