@@ -78,6 +78,9 @@ class QueueType:
     needs_ext: ClassVar[bool] = False
     # arguments compared on redeclare; None: the classic set (vhost.EQUIVALENCE_ARGS)
     compared_arguments: ClassVar[frozenset[str] | None] = None
+    # the queue lives on another node (amqpd.cluster.remote_queue): the publish pipeline
+    # hands it messages through :meth:`forward`, basic.get goes through :meth:`fetch_for`
+    remote: ClassVar[bool] = False
 
     def __init__(
         self, vhost: VHost, name: str, durable: bool = False,
@@ -183,6 +186,17 @@ class QueueType:
         return self.take()
 
     def delivered(self, entry: QueueEntry, acked: bool) -> None:
+        raise NotImplementedError
+
+    def forward(self, message: Message,
+                on_confirm: Callable[[BaseException | None], None] | None) -> None:
+        """A :attr:`remote` queue: take a routed message, calling ``on_confirm`` (if
+        given) once its node has it as safe as its own publishers' messages."""
+        raise NotImplementedError
+
+    def fetch_for(self, channel: Any, no_ack: bool) -> None:
+        """A :attr:`remote` queue's basic.get: answered later through
+        ``channel.answer_get`` (the head is on another node)."""
         raise NotImplementedError
 
     def published_message(self, entry: QueueEntry) -> Message:

@@ -156,7 +156,8 @@ class Link(asyncio.Protocol):
             self._handshake_timer.cancel()
             self._handshake_timer = None
         if not self.manager.adopt(self):
-            self._fail("a link to this node is up already", refuse=True)
+            self._fail("not accepted now (a link is up already, or the peer is not "
+                       "seen as running)", refuse=True)
             return
         self.up = True
         log.info("link to %s up", self.peer)
@@ -212,11 +213,15 @@ class LinkManager:
     """This node's links: the listener, the diallers, and the one live link per peer."""
 
     def __init__(self, node: str, cookie: bytes, handler: LinkHandler,
-                 resolve: Callable[[str], tuple[str, int] | None]) -> None:
+                 resolve: Callable[[str], tuple[str, int] | None],
+                 accept: Callable[[str], bool] = lambda peer: True) -> None:
         self.node = node
         self.cookie = cookie
         self.handler = handler
         self.resolve = resolve  # peer name -> its link address (the cluster view)
+        # whether a peer may have a link now (the view counts it as running): a node
+        # the cluster has lost sight of is refused until it is seen again
+        self.accept = accept
         self.links: dict[str, Link] = {}
         self.server: asyncio.base_events.Server | None = None
         self.address: tuple[str, int] | None = None
@@ -234,7 +239,7 @@ class LinkManager:
     def adopt(self, link: Link) -> bool:
         """A link finished its handshake: it is *the* link to its peer unless one is."""
         old = self.links.get(link.peer)
-        if old is not None and not old.closed:
+        if (old is not None and not old.closed) or not self.accept(link.peer):
             return False
         self._epoch += 1
         link.epoch = self._epoch
