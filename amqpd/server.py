@@ -109,6 +109,11 @@ class Broker:
         self.roles: Any = None
         # its etcd election and health (amqpd/coord/warren.py): None on a single node
         self.warren: Warren | None = None
+        # a cluster's queue leader locator (amqpd.cluster.remote_queue.place): given a
+        # durable queue being declared, the queue led by another node, or None to create
+        # it here; None on a single node
+        self.queue_placer: Callable[[VHost, str, type[QueueType], bool, dict[str, Any]],
+                                    QueueType | None] | None = None
         # set while a warren standby takes over: every recovered message counts as
         # delivered once (redelivered=true), since the old active may have delivered it
         # and its delivery marks need not have reached this node before it died

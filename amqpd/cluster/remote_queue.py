@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
@@ -50,7 +51,7 @@ from amqpd.broker.queue_type import QUEUE_TYPES, QueueType, queue_type_name
 from amqpd.cluster import link_wire as W
 from amqpd.cluster.link import Link, LinkManager
 from amqpd.protocol.constants import FLAG_EXPIRATION_HI
-from amqpd.protocol.errors import NotFound, PreconditionFailed
+from amqpd.protocol.errors import AMQPError, NotFound, PreconditionFailed
 
 if TYPE_CHECKING:
     from amqpd.broker.api import BrokerAPI
@@ -62,6 +63,7 @@ log = logging.getLogger("amqpd.cluster.queues")
 PUBLISH_WINDOW: Final = 2000  # publishes in flight per stream before the leader's credit
 DELIVERY_WINDOW: Final = 500  # deliveries in flight to a consumer without a prefetch
 STATS_INTERVAL: Final = 1.0
+LOCATORS: Final = ("client-local", "min-masters", "random")  # RabbitMQ 3.10's names
 
 OnConfirm = Callable[[BaseException | None], None]
 _NONE: Final = object()
@@ -633,10 +635,12 @@ class ClusterQueues:
     links, the remote queues it holds (user side) and the streams it serves (leader
     side)."""
 
-    def __init__(self, api: BrokerAPI, view: Any, cookie: bytes) -> None:
+    def __init__(self, api: BrokerAPI, view: Any, cookie: bytes,
+                 locator: str = "client-local") -> None:
         self.api = api
         self.broker: Broker = api._broker
         self.view = view
+        self.locator = locator  # cluster.queue_leader_locator
         self.node: str = view.node_name
         self.links = LinkManager(self.node, cookie, self, self._address, view.is_running)
         self.remote: dict[str, dict[int, RemoteQueue]] = {}  # peer -> stream -> queue
@@ -644,12 +648,15 @@ class ClusterQueues:
         self.served: dict[Link, dict[int, Served]] = {}
         self._stats_handle: asyncio.TimerHandle | None = None
         self._credit_flush = False
+        self._declares: dict[int, RemoteQueue] = {}
+        self._next_declare = 0
 
     def _address(self, peer: str) -> tuple[str, int] | None:
         info = self.view.nodes().get(peer)
         return info.link if info is not None else None
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
+        self.broker.queue_placer = self.place
         address = await self.links.listen(host, port)
         self.view.subscribe(self._node_changed)
         for name in self.view.nodes():
@@ -660,6 +667,7 @@ class ClusterQueues:
         return address
 
     async def stop(self) -> None:
+        self.broker.queue_placer = None
         if self._stats_handle is not None:
             self._stats_handle.cancel()
         await self.links.close()
@@ -694,6 +702,99 @@ class ClusterQueues:
             if queue.link is not None:
                 queue.link.send(W.encode(W.CLOSE, queue.stream))
 
+    # -- leader locators -----------------------------------------------------------------
+    def locator_for(self, vhost: str, name: str, cls: type[QueueType],
+                    arguments: dict[str, Any]) -> str:
+        """``x-queue-master-locator``, else the ``queue-master-locator`` policy key, else
+        ``cluster.queue_leader_locator`` (RabbitMQ 3.10's order)."""
+        value = arguments.get("x-queue-master-locator")
+        if isinstance(value, str) and value in LOCATORS:
+            return value
+        policy = self.broker.policies.match(vhost, "queues", name, cls.type_name)
+        if policy is not None:
+            value = policy.definition.get("queue-master-locator")
+            if isinstance(value, str) and value in LOCATORS:
+                return value
+        return self.locator
+
+    def choose_leader(self, locator: str) -> str:
+        """The node a new queue is led by: this one (client-local), the running node
+        leading the fewest queues (min-masters), or any running node (random)."""
+        others = sorted(n for n in self.view.nodes() if n != self.node
+                        and self.view.is_running(n) and self.links.link(n) is not None)
+        running = [self.node, *others]
+        if locator == "random":
+            return random.choice(running)
+        if locator == "min-masters":
+            counts = dict.fromkeys(running, 0)
+            for leader in self._leaders():
+                if leader in counts:
+                    counts[leader] += 1
+            return min(running, key=lambda n: (counts[n], n != self.node, n))
+        return self.node
+
+    def _leaders(self) -> list[str]:
+        catalogue = getattr(self.view, "catalogue", None)
+        if isinstance(catalogue, dict) and catalogue:
+            return [str(v) for v in catalogue.values()]
+        out = []
+        for vh in self.broker.vhosts.values():
+            for q in vh.queues.values():
+                if isinstance(q, RemoteQueue):
+                    out.append(q.leader)
+                elif q.durable and not q.exclusive:
+                    out.append(self.node)
+        return out
+
+    def place(self, vhost: VHost, name: str, cls: type[QueueType], auto_delete: bool,
+              arguments: dict[str, Any]) -> QueueType | None:
+        """``Broker.queue_placer``: a new durable queue led by another node when the
+        locator picks one (that node is asked to create it, ahead of everything this
+        node sends about it on the link); None: create it here."""
+        locator = self.locator_for(vhost.name, name, cls, arguments)
+        if locator == "client-local":
+            return None
+        leader = self.choose_leader(locator)
+        link = self.links.link(leader)
+        if leader == self.node or link is None:
+            return None
+        self._next_declare += 1
+        link.send(W.encode(W.DECLARE, 0, self._next_declare, {
+            "vhost": vhost.name, "name": name, "auto_delete": auto_delete,
+            "arguments": _jsonable(arguments)}))
+        q = materialise(self.api, vhost.name, {"name": name, "durable": True,
+                                               "auto_delete": auto_delete,
+                                               "arguments": arguments}, leader)
+        assert isinstance(q, RemoteQueue)
+        self._declares[self._next_declare] = q
+        log.info("queue '%s' in vhost '%s' declared with leader %s (%s)", name,
+                 vhost.name, leader, locator)
+        return q
+
+    def _declare_here(self, link: Link, req: int, body: dict[str, Any]) -> None:
+        """A peer's locator chose this node to lead a queue: create it (as a declare
+        here would, so the cluster's definitions record this node as its leader)."""
+        code, text = 0, ""
+        self.broker.queue_placer = None  # here, whatever this node's locator would say
+        try:
+            self.api.declare_queue(body["vhost"], body["name"], durable=True,
+                                   auto_delete=bool(body.get("auto_delete")),
+                                   arguments=dict(body.get("arguments") or {}))
+        except AMQPError as exc:
+            code, text = exc.reply_code, str(exc)
+        finally:
+            self.broker.queue_placer = self.place
+        link.send(W.encode(W.DECLARED, 0, req, code, text))
+
+    def _declared(self, req: int, code: int, text: str) -> None:
+        q = self._declares.pop(req, None)
+        if q is None or not code:
+            return
+        log.warning("queue '%s' in vhost '%s': leader %s refused to create it: %s %s",
+                    q.name, q.vhost.name, q.leader, code, text)
+        q.gone = True
+        q.vhost.delete_queue(q)
+
     # -- LinkHandler ---------------------------------------------------------------------
     def link_up(self, link: Link) -> None:
         self.served[link] = {}
@@ -712,6 +813,12 @@ class ClusterQueues:
     def frame(self, link: Link, kind: int, stream: int, f: list[Any]) -> None:
         if kind < W.OPEN:
             raise W.WireError(f"handshake frame {kind} on a live link")
+        if kind == W.DECLARE:
+            self._declare_here(link, f[0], f[1])
+            return
+        if kind == W.DECLARED:
+            self._declared(*f)
+            return
         if kind in _LEADER_SIDE:
             self._serve(link, kind, stream, f)
             return
@@ -848,11 +955,12 @@ _LEADER_SIDE = frozenset({W.OPEN, W.CLOSE, W.PUBLISH, W.CONSUME, W.GRANT, W.CANC
 _INSTANCES: dict[int, ClusterQueues] = {}
 
 
-async def start(api: BrokerAPI, view: Any, cookie: bytes, host: str,
-                port: int) -> ClusterQueues:
+async def start(api: BrokerAPI, view: Any, cookie: bytes, host: str, port: int,
+                locator: str = "client-local") -> ClusterQueues:
     """Start this node's links and queue streams (the cluster's startup calls it once
-    the view is up); ``(host, port)`` is ``cluster.link_listen``."""
-    cluster = ClusterQueues(api, view, cookie)
+    the view is up); ``(host, port)`` is ``cluster.link_listen``, ``locator``
+    ``cluster.queue_leader_locator``."""
+    cluster = ClusterQueues(api, view, cookie, locator)
     await cluster.start(host, port)
     _INSTANCES[id(api)] = cluster
     return cluster

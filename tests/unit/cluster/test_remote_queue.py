@@ -153,7 +153,7 @@ async def test_prefetch_bounds_what_the_leader_hands_out(nodes: tuple[Node, Node
         await ch.set_qos(prefetch_count=3)
         queue = await ch.get_queue("q2", ensure=False)
         received: list[aio_pika.abc.AbstractIncomingMessage] = []
-        await queue.consume(received.append)
+        await queue.consume(_collect(received))
         local = a.broker.vhosts["/"].queues["q2"]
         await until(lambda: len(received) == 3)
         await asyncio.sleep(0.2)  # more would have come by now if the limit leaked
@@ -206,7 +206,7 @@ async def test_queue_deleted_on_the_leader_cancels_consumers_on_b(
     try:
         ch = await conn.channel()
         queue = await ch.get_queue("q4", ensure=False)
-        tag = await queue.consume(lambda m: None)
+        tag = await queue.consume(_ignore)
         await until(lambda: len(a.broker.vhosts["/"].queues["q4"].consumers) == 1)
         raw = await ch.get_underlay_channel()
         assert tag in raw.consumers
@@ -229,7 +229,7 @@ async def test_node_loss_cancels_consumers_nacks_and_answers_404(
     try:
         ch = await conn.channel()
         queue = await ch.get_queue("q5", ensure=False)
-        tag = await queue.consume(lambda m: None)
+        tag = await queue.consume(_ignore)
         raw = await ch.get_underlay_channel()
         await until(lambda: len(a.broker.vhosts["/"].queues["q5"].consumers) == 1)
         # A leaves the cluster's sight (its heartbeats stop): the view says so
@@ -269,3 +269,37 @@ def _msg(queue: str, i: int) -> Any:
     from amqpd.broker.api import Message, codec
 
     return Message("", queue, codec.encode_properties({"delivery_mode": 2}), str(i).encode())
+
+
+async def test_min_masters_locator_places_the_queue_on_the_other_node(
+        nodes: tuple[Node, Node]) -> None:
+    a, b = nodes
+    b.broker.api.declare_queue("/", "led-by-b", durable=True)  # B leads one, A none
+    conn = await aio_pika.connect(b.url)
+    try:
+        ch = await conn.channel(publisher_confirms=True)
+        await ch.declare_queue("placed", durable=True,
+                               arguments={"x-queue-master-locator": "min-masters"})
+        here = b.broker.vhosts["/"].queues["placed"]
+        assert isinstance(here, RemoteQueue) and here.leader == "a@test"
+        await until(lambda: "placed" in a.broker.vhosts["/"].queues)
+        there = a.broker.vhosts["/"].queues["placed"]
+        assert not there.remote and there.durable
+        await ch.default_exchange.publish(aio_pika.Message(b"m", delivery_mode=2),
+                                          routing_key="placed")
+        assert there.message_count == 1
+        # client-local (the default) keeps the next one here
+        await ch.declare_queue("local", durable=True)
+        assert not b.broker.vhosts["/"].queues["local"].remote
+    finally:
+        await conn.close()
+
+
+def _collect(into: list[Any]) -> Callable[[Any], Any]:
+    async def on_message(message: Any) -> None:
+        into.append(message)
+    return on_message
+
+
+async def _ignore(message: Any) -> None:
+    return None
