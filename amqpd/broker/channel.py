@@ -485,8 +485,7 @@ class Channel:
             if requeue and not queue.deleted:
                 queue.requeue(entries)
             else:
-                self.session.broker.dead_letter(queue, entries, "rejected")
-                queue.settle(entries)
+                queue.reject(entries)
 
     def _basic_recover(self, m: commands.Basic.Recover) -> None:
         if not m.requeue:

@@ -31,7 +31,8 @@ settle | requeue):
   :meth:`fetch` -- the same for basic.get (a type may show the entry differently).
 * :meth:`delivered` -- the entry left for a consumer; ``acked`` for no-ack deliveries.
 * :meth:`settle` / :meth:`requeue` -- the client acked (or rejected without requeue),
-  or the entries go back to their places marked redelivered.
+  or the entries go back to their places marked redelivered. :meth:`reject` -- rejected
+  without requeue: dead-lettered, then settled.
 * :meth:`add_consumer` / :meth:`remove_consumer` -- basic.consume / basic.cancel and
   channel close.
 * :meth:`dispatch` -- at the end of a tick in which the queue became deliverable
@@ -223,6 +224,12 @@ class QueueType:
 
     def requeue(self, entries: Iterable[QueueEntry]) -> None:
         raise NotImplementedError
+
+    def reject(self, entries: list[QueueEntry]) -> None:
+        """Rejected without requeue (basic.reject/nack): dead-lettered if the queue has
+        a dead-letter exchange, then settled."""
+        self.vhost.broker.dead_letter(self, entries, "rejected")
+        self.settle(entries)
 
     def purge(self) -> int:
         """Drop every ready message; how many there were."""

@@ -53,6 +53,7 @@ GET_OK: Final = 41  # request id, delivery id, redelivered, ready, exchange, key
 GET_EMPTY: Final = 42  # request id
 SETTLE: Final = 50  # delivery ids (acked, or rejected without requeue)
 REQUEUE: Final = 51  # delivery ids
+REJECT: Final = 52  # delivery ids (rejected without requeue: dead-lettered on the leader)
 PURGE: Final = 60  # request id
 PURGED: Final = 61  # request id, count
 DELETE: Final = 62  # request id
@@ -66,7 +67,7 @@ LAYOUTS: Final[dict[int, str]] = {
     PUBLISH: "QBssbb", CONFIRM: "QB", CREDIT: "I",
     CONSUME: "IBIj", DELIVER: "IQBQssbb", GRANT: "II", CANCEL: "I", CANCELLED: "I",
     GET: "IB", GET_OK: "IQBQssbb", GET_EMPTY: "I",
-    SETTLE: "L", REQUEUE: "L",
+    SETTLE: "L", REQUEUE: "L", REJECT: "L",
     PURGE: "I", PURGED: "IQ", DELETE: "I", DELETED: "IQ",
     DECLARE: "Ij", DECLARED: "IIs",
 }

@@ -19,8 +19,9 @@ over the link to the leader (:mod:`amqpd.cluster.link`, frames in
   node grants: the consumer's prefetch (granted again as the client acks or requeues)
   or, without one, :data:`DELIVERY_WINDOW` (granted again as deliveries go out). The
   deliveries wait here in order until the client's channel may take them.
-* acks, nack/reject, requeue, channel close: :meth:`settle` / :meth:`requeue` send the
-  leader's delivery ids back; the leader settles or puts them back in place.
+* acks, nack/reject, requeue, channel close: :meth:`settle` / :meth:`reject` /
+  :meth:`requeue` send the leader's delivery ids back; the leader settles them,
+  dead-letters them (its queue has the dead-letter options) or puts them back in place.
 * basic.get, purge, delete: a request on the stream (basic.get's answer comes later,
   through ``Channel.answer_get``).
 * counts (declare-ok, management): the leader's, as last reported (with each delivery
@@ -290,6 +291,15 @@ class RemoteQueue(QueueType):
         if ids:
             self._send(W.encode(W.REQUEUE, self.stream, ids))
 
+    def reject(self, entries: list[QueueEntry]) -> None:
+        """The leader dead-letters them (its queue has the dead-letter options)."""
+        ids = self._settled(entries)
+        self.stat_ack += len(entries)
+        if ids:
+            self._send(W.encode(W.REJECT, self.stream, ids))
+        if self._cons:
+            self.vhost.schedule_dispatch(self)
+
     def purge(self) -> int:
         if not self.available:
             raise self._unavailable()
@@ -525,12 +535,15 @@ class Served:
         enqueue_here(self.broker, q, Message(exchange, key, props, body, persistent),
                      on_confirm)
 
-    def settle(self, ids: list[int], requeue: bool) -> None:
+    def settle(self, ids: list[int], how: int) -> None:
+        """``how``: SETTLE (acked), REQUEUE or REJECT."""
         entries = [e for e in (self.unacked.pop(i, None) for i in ids) if e is not None]
         if not entries or self.queue.deleted:
             return
-        if requeue:
+        if how == W.REQUEUE:
             self.queue.requeue(entries)
+        elif how == W.REJECT:
+            self.queue.reject(entries)
         else:
             self.queue.settle(entries)
 
@@ -870,10 +883,8 @@ class ClusterQueues:
         if kind == W.PUBLISH:
             served.publish(*f)
             self._schedule_credit()
-        elif kind == W.SETTLE:
-            served.settle(f[0], requeue=False)
-        elif kind == W.REQUEUE:
-            served.settle(f[0], requeue=True)
+        elif kind in (W.SETTLE, W.REQUEUE, W.REJECT):
+            served.settle(f[0], kind)
         elif kind == W.CONSUME:
             served.consume(*f)
         elif kind == W.GRANT:
@@ -950,7 +961,8 @@ class ClusterQueues:
 
 
 _LEADER_SIDE = frozenset({W.OPEN, W.CLOSE, W.PUBLISH, W.CONSUME, W.GRANT, W.CANCEL, W.GET,
-                          W.SETTLE, W.REQUEUE, W.PURGE, W.DELETE, W.DECLARE})
+                          W.SETTLE, W.REQUEUE, W.REJECT, W.PURGE, W.DELETE,
+                          W.DECLARE})
 
 _INSTANCES: dict[int, ClusterQueues] = {}
 

@@ -171,7 +171,9 @@ async def test_prefetch_bounds_what_the_leader_hands_out(nodes: tuple[Node, Node
 
 async def test_nack_requeue_get_and_reject(nodes: tuple[Node, Node]) -> None:
     a, b = nodes
-    rq = lead(a, b, "q3")
+    a.broker.api.declare_queue("/", "q3-dead", durable=True)
+    rq = lead(a, b, "q3", **{"x-dead-letter-exchange": "",
+                             "x-dead-letter-routing-key": "q3-dead"})
     await until(lambda: rq.available)
     for i in range(3):
         a.broker.api.publish("/", "", _msg("q3", i), None)
@@ -185,6 +187,8 @@ async def test_nack_requeue_get_and_reject(nodes: tuple[Node, Node]) -> None:
         again = await queue.get(timeout=5)
         assert again.body == b"0" and again.redelivered  # back in its place
         await again.reject(requeue=False)
+        dead = a.broker.vhosts["/"].queues["q3-dead"]
+        await until(lambda: dead.message_count == 1)  # dead-lettered by the leader
         second = await queue.get(no_ack=True, timeout=5)
         assert second.body == b"1"
         local = a.broker.vhosts["/"].queues["q3"]
