@@ -28,7 +28,7 @@ import amqpd
 from amqpd import hotpath
 from amqpd.alarms import Alarms
 from amqpd.broker import extensions, resource_limits
-from amqpd.broker.api import BrokerAPI
+from amqpd.broker.api import BrokerAPI, ClusterStatus
 from amqpd.broker.auth import AuthStore
 from amqpd.broker.deadletter import dead_letter
 from amqpd.broker.exchange import Binding, Exchange
@@ -109,6 +109,8 @@ class Broker:
         self.roles: Any = None
         # its etcd election and health (amqpd/coord/warren.py): None on a single node
         self.warren: Warren | None = None
+        # the cluster (amqpd/cluster/, issue 15): None on a single node
+        self.cluster: ClusterStatus | None = None
         # set while a warren standby takes over: every recovered message counts as
         # delivered once (redelivered=true), since the old active may have delivered it
         # and its delivery marks need not have reached this node before it died
@@ -558,6 +560,14 @@ async def serve(settings: Settings, ready: Callable[[Broker], None] | None = Non
         await broker.stop()
         raise
     tune_gc()
+    cluster = None
+    if settings.cluster.enabled:
+        from amqpd.cluster.node import Cluster
+
+        # joins, syncs definitions from etcd (paused until then), starts heartbeats
+        cluster = Cluster(broker.api, settings)
+        broker.cluster = cluster
+        await cluster.start()
     broker.on_ready = ready
     if ready is not None:
         ready(broker)
@@ -573,6 +583,8 @@ async def serve(settings: Settings, ready: Callable[[Broker], None] | None = Non
     await stop.wait()
     if broker.warren is not None:
         await broker.warren.stop()  # an active hands over at once (fence, revoke lease)
+    if cluster is not None:
+        await cluster.stop()  # revokes the lease: the others see this node go at once
     await broker.stop()
 
 
