@@ -6,7 +6,10 @@ inbound heartbeats through a UDP relay, so a test can cut one node off (a partit
 
 from __future__ import annotations
 
+import json
 import socket
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -41,6 +44,7 @@ class ClusterNode:
     prefix: str
     cluster: str = "c1"
     partition_handling: str = "pause_minority"
+    lease_ttl: float = 5.0
     # the partition test's controls: etcd reached through a proxy, heartbeats to this
     # node through a relay
     etcd_proxy: TcpProxy | None = None
@@ -56,6 +60,7 @@ class ClusterNode:
                "AMQPD_CLUSTER_ETCD": etcd, "AMQPD_CLUSTER_ETCD_PREFIX": self.prefix,
                "AMQPD_CLUSTER_COOKIE": COOKIE,
                "AMQPD_CLUSTER_PARTITION_HANDLING": self.partition_handling,
+               "AMQPD_CLUSTER_LEASE_TTL": str(self.lease_ttl),
                "AMQPD_CLUSTER_HEARTBEAT_LISTEN": f"127.0.0.1:{self.hb_port}"}
         if self.relay is not None:
             env["AMQPD_CLUSTER_HEARTBEAT_ADVERTISE"] = self.relay.addr
@@ -81,6 +86,18 @@ class ClusterNode:
         assert r.status == 200, r.text
         data: dict[str, Any] = r.json()
         return data
+
+    def ctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """``amqpctl --url <this node> ...``"""
+        assert self.proc is not None
+        out = subprocess.run([sys.executable, "-m", "amqpd.ctl", "--url", self.proc.http_url,
+                              *args], capture_output=True, text=True, timeout=30, check=False)
+        if check:
+            assert out.returncode == 0, out.stdout + out.stderr
+        return out
+
+    def ctl_json(self, *args: str) -> Any:
+        return json.loads(self.ctl("--json", *args).stdout)
 
     def stop(self) -> None:
         if self.proc is not None:
