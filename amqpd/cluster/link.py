@@ -13,7 +13,9 @@ Once up, a :class:`Link` carries frames for many queue streams at once
 go out in one ``transport.write``. Flow control is by credit, per stream, in the frames
 themselves (publish credit from the leader, delivery credit from the consumer's node),
 so one busy queue cannot stall the others on the link; a link whose socket buffer grows
-past :data:`HIGH_WATER` also stops reading from the peer until it drains.
+past :data:`HIGH_WATER` also stops reading from the peer until it drains. Both ends send
+a PING every :data:`PING_INTERVAL`, so a link that stays silent means a peer that cannot
+be reached (amqpd.cluster.remote_queue closes it then, if the cluster view agrees).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, cast
 
 from amqpd.cluster import link_wire as W
 
@@ -32,6 +34,8 @@ HANDSHAKE_TIMEOUT: Final = 5.0
 RECONNECT_MIN: Final = 0.1
 RECONNECT_MAX: Final = 2.0
 HIGH_WATER: Final = 8 << 20
+PING_INTERVAL: Final = 0.5  # a live link is never silent longer than this
+_PING: Final = W.encode(W.PING, 0)
 
 
 class LinkHandler(Protocol):
@@ -60,12 +64,12 @@ class Link(asyncio.Protocol):
         self._flush_scheduled = False
         self._handshake_timer: asyncio.TimerHandle | None = None
         self.epoch = 0  # set when up: streams of an older link are told apart
+        self.last_heard = 0.0  # loop time of the last bytes from the peer
 
     # -- asyncio.Protocol ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        transport.set_write_buffer_limits(high=HIGH_WATER)
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self.transport.set_write_buffer_limits(high=HIGH_WATER)
         loop = asyncio.get_running_loop()
         self._handshake_timer = loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_expired)
         if self.dialler:
@@ -75,6 +79,7 @@ class Link(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
+        self.last_heard = asyncio.get_running_loop().time()
         if self._magic is not None:  # listener: the dialler's MAGIC first
             need = len(W.MAGIC) - len(self._magic)
             self._magic += data[:need]
@@ -93,6 +98,8 @@ class Link(asyncio.Protocol):
         for kind, stream, fields in frames:
             if self.closed:
                 return
+            if kind == W.PING and self.up:
+                continue
             if self.up:
                 try:
                     self.manager.handler.frame(self, kind, stream, fields)
@@ -228,13 +235,21 @@ class LinkManager:
         self._wanted: dict[str, asyncio.Task[None]] = {}
         self._epoch = 0
         self.closing = False
+        self._pinger: asyncio.TimerHandle | None = None
 
     async def listen(self, host: str, port: int) -> tuple[str, int]:
         loop = asyncio.get_running_loop()
         self.server = await loop.create_server(lambda: Link(self, False), host, port)
+        self._pinger = loop.call_later(PING_INTERVAL, self._ping)
         sock = self.server.sockets[0].getsockname()
         self.address = (sock[0], sock[1])
         return self.address
+
+    def _ping(self) -> None:
+        for link in self.links.values():
+            if link.up:
+                link.send(_PING)
+        self._pinger = asyncio.get_running_loop().call_later(PING_INTERVAL, self._ping)
 
     def adopt(self, link: Link) -> bool:
         """A link finished its handshake: it is *the* link to its peer unless one is."""
@@ -296,6 +311,8 @@ class LinkManager:
 
     async def close(self) -> None:
         self.closing = True
+        if self._pinger is not None:
+            self._pinger.cancel()
         for task in self._wanted.values():
             task.cancel()
         self._wanted.clear()

@@ -33,6 +33,7 @@ CHALLENGE: Final = 2  # listener -> dialler: node name, nonce, listener's proof
 PROVE: Final = 3  # dialler -> listener: dialler's proof
 WELCOME: Final = 4  # listener -> dialler: accepted
 REFUSED: Final = 5  # either way: why, then the connection closes
+PING: Final = 6  # either way, on a live link every PING_INTERVAL: it is alive
 
 # queue streams (the user opens, the leader answers)
 OPEN: Final = 10  # vhost, queue name
@@ -62,7 +63,7 @@ DECLARE: Final = 70  # request id, declaration (JSON): create the queue here (lo
 DECLARED: Final = 71  # request id, reply code (0: ok), text
 
 LAYOUTS: Final[dict[int, str]] = {
-    HELLO: "sb", CHALLENGE: "sbb", PROVE: "b", WELCOME: "", REFUSED: "s",
+    HELLO: "sb", CHALLENGE: "sbb", PROVE: "b", WELCOME: "", REFUSED: "s", PING: "",
     OPEN: "ss", OPENED: "QQI", FAILED: "Is", CLOSE: "", STATS: "QQI",
     PUBLISH: "QBssbb", CONFIRM: "QB", CREDIT: "I",
     CONSUME: "IBIj", DELIVER: "IQBQssbb", GRANT: "II", CANCEL: "I", CANCELLED: "I",

@@ -64,6 +64,8 @@ log = logging.getLogger("amqpd.cluster.queues")
 PUBLISH_WINDOW: Final = 2000  # publishes in flight per stream before the leader's credit
 DELIVERY_WINDOW: Final = 500  # deliveries in flight to a consumer without a prefetch
 STATS_INTERVAL: Final = 1.0
+# a link to a node the view does not see running is closed once silent this long
+LINK_SILENCE: Final = 2.0
 LOCATORS: Final = ("client-local", "min-masters", "random")  # RabbitMQ 3.10's names
 
 OnConfirm = Callable[[BaseException | None], None]
@@ -691,9 +693,25 @@ class ClusterQueues:
         if running:
             self.links.want(node)
         else:
+            asyncio.get_running_loop().create_task(self._watch_down(node))
+
+    async def _watch_down(self, node: str) -> None:
+        """The view lost sight of ``node`` (heartbeats late or gone). A dead process
+        closes its links itself (the kernel does); a link still carrying traffic is
+        kept (a busy node's heartbeats can be late: closing would nack everything in
+        flight); a silent one is closed while the view still says so, as in a network
+        partition: its queues are then down here."""
+        loop = asyncio.get_running_loop()
+        while not self.links.closing and not self.view.is_running(node):
             link = self.links.links.get(node)
-            if link is not None:
-                link.close()  # out of the cluster's sight: its queues are down here
+            if link is None or link.closed:
+                return
+            if loop.time() - link.last_heard >= LINK_SILENCE:
+                log.warning("link to %s closed: the node is not seen running and the "
+                            "link is silent", node)
+                link.close()
+                return
+            await asyncio.sleep(LINK_SILENCE / 4)
 
     # -- user side -----------------------------------------------------------------------
     def adopt(self, queue: RemoteQueue, leader: str) -> None:

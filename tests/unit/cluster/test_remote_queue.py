@@ -67,7 +67,7 @@ class Node:
         return f"amqp://guest:guest@127.0.0.1:{port}/"
 
 
-async def until(cond: Callable[[], Any], timeout: float = 10.0) -> None:
+async def until(cond: Callable[[], Any], timeout: float = 15.0) -> None:
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
     while not cond():
@@ -236,7 +236,11 @@ async def test_node_loss_cancels_consumers_nacks_and_answers_404(
         tag = await queue.consume(_ignore)
         raw = await ch.get_underlay_channel()
         await until(lambda: len(a.broker.vhosts["/"].queues["q5"].consumers) == 1)
-        # A leaves the cluster's sight (its heartbeats stop): the view says so
+        # A is cut off: B's view stops seeing it (its heartbeats stop) and the link
+        # goes silent (no more pings from A), so B closes the link after LINK_SILENCE
+        pinger = a.cluster.links._pinger
+        assert pinger is not None
+        pinger.cancel()
         b.view.shared["a@test"] = NodeInfo("a@test", None, 0, 0, False)
         for cb in b.view.callbacks:
             cb("a@test", False)
@@ -253,6 +257,7 @@ async def test_node_loss_cancels_consumers_nacks_and_answers_404(
     finally:
         await conn.close()
     # A is back: the queue works again, its messages where they were
+    a.cluster.links._ping()
     b.view.shared["a@test"] = NodeInfo("a@test", a.cluster.links.address, 0, 0, True)
     for cb in a.view.callbacks:
         cb("b@test", True)
@@ -307,3 +312,17 @@ def _collect(into: list[Any]) -> Callable[[Any], Any]:
 
 async def _ignore(message: Any) -> None:
     return None
+
+
+async def test_a_busy_link_survives_a_late_heartbeat(nodes: tuple[Node, Node]) -> None:
+    """The view flips A to down for a moment (its heartbeats were late) while the link
+    still carries pings: nothing is closed, nobody is cancelled."""
+    a, b = nodes
+    rq = lead(a, b, "q6")
+    await until(lambda: rq.available)
+    link = b.cluster.links.link("a@test")
+    b.view.shared["a@test"] = NodeInfo("a@test", a.cluster.links.address, 0, 0, False)
+    for cb in b.view.callbacks:
+        cb("a@test", False)
+    await asyncio.sleep(3.0)  # longer than LINK_SILENCE
+    assert b.cluster.links.link("a@test") is link and rq.available
