@@ -73,7 +73,7 @@ class Link(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self._handshake_timer = loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_expired)
         if self.dialler:
-            transport.write(W.MAGIC + W.encode(W.HELLO, 0, self.manager.node, self._nonce))
+            self.transport.write(W.MAGIC + W.encode(W.HELLO, 0, self.manager.node, self._nonce))
             self._magic = None
 
     def data_received(self, data: bytes) -> None:
