@@ -11,9 +11,10 @@
    by node A): connected to A (local) against connected to B (every publish forwarded to
    A, confirmed after A's group commit).
 
-Durable queues (the cluster knows durable queues only), transient messages, no confirms, consumers acking with prefetch 1000 in 1-3;
-``--count`` messages per publisher. Generators are raw-frame (bench/loadgen.py), one
-process each. Timings are reported, never asserted.
+Durable queues (the cluster knows durable queues only), transient messages, no
+confirms, consumers acking with prefetch 1000 in 1-3; ``--count`` messages per
+publisher. Generators are raw-frame (bench/loadgen.py), one process each. Timings are
+reported, never asserted.
 
 RabbitMQ side by side needs a local RabbitMQ cluster (several rabbit nodes on one host
 under distinct names and ports, joined with ``rabbitmqctl join_cluster``); not run here
