@@ -567,7 +567,12 @@ async def serve(settings: Settings, ready: Callable[[Broker], None] | None = Non
         # joins, syncs definitions from etcd (paused until then), starts heartbeats
         cluster = Cluster(broker.api, settings)
         broker.cluster = cluster
-        await cluster.start()
+        try:
+            await cluster.start()
+        except BaseException:  # e.g. another running node holds this node's name
+            await cluster.stop()
+            await broker.stop()
+            raise
     broker.on_ready = ready
     if ready is not None:
         ready(broker)
