@@ -91,6 +91,7 @@ class Membership:
         return isinstance(data, dict) and data.get("cluster") == self.cluster_name
 
     def _write_marker(self) -> None:
+        self.marker.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.marker.with_suffix(".tmp")
         tmp.write_text(json.dumps({"cluster": self.cluster_name,
                                    "node": self.view.node_name, "joined": time.time()}))
@@ -144,6 +145,14 @@ class Membership:
         await self.etcd.put(self.key("nodes", self.view.node_name),
                             json.dumps(self.record()), lease=lease.id)
         self.last_renewal = time.monotonic()
+
+    async def update_record(self) -> None:
+        """Write this node's record again under its lease (an address changed)."""
+        if not self.lease_id:
+            await self.register()
+            return
+        await self.etcd.put(self.key("nodes", self.view.node_name),
+                            json.dumps(self.record()), lease=self.lease_id)
 
     async def forget(self, node: str) -> None:
         """Remove a stopped node from the members (RabbitMQ's forget_cluster_node)."""

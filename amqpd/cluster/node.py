@@ -133,8 +133,9 @@ class Cluster(ClusterView):
                 "host": socket.gethostname(), "pid": os.getpid()}
 
     async def publish_record(self) -> None:
-        """Write this node's record again (its link listener started after joining)."""
-        await self.membership.register()
+        """Write this node's record again (its link listener started after joining:
+        set ``link_address`` first)."""
+        await self.membership.update_record()
 
     def heartbeat_targets(self) -> dict[str, tuple[str, int]]:
         out = {}
