@@ -580,7 +580,13 @@ async def serve(settings: Settings, ready: Callable[[Broker], None] | None = Non
                                           cc.queue_leader_locator)
         cluster.link_address = queues.links.address
         # joins, syncs definitions from etcd (paused until then), starts heartbeats
-        await cluster.start()
+        try:
+            await cluster.start()
+        except BaseException:  # e.g. another running node holds this node's name
+            await queues.stop()
+            await cluster.stop()
+            await broker.stop()
+            raise
     broker.on_ready = ready
     if ready is not None:
         ready(broker)

@@ -144,16 +144,7 @@ class DefinitionMirror:
         if self.applying:
             return  # a change that came from etcd: it is there already
         ident = (kind, key)
-        if kind == KIND_QUEUE:
-            vhost, _, name = key.partition("\x00")
-            if body:
-                leader = self.view.catalogue.get((vhost, name)) or self.view.node_name
-                item = json.loads(body)
-                item["node"] = leader
-                body = json.dumps(item, separators=(",", ":"), default=str).encode()
-                self.view.catalogue[(vhost, name)] = leader
-            else:
-                self.view.catalogue.pop((vhost, name), None)
+        body = self._outgoing(kind, key, body)
         self.enqueued += 1
         self.pending.append((self.enqueued, kind, key, body))
         self.inflight[ident] += 1
@@ -162,6 +153,21 @@ class DefinitionMirror:
         else:
             self.state.pop(ident, None)
         self._wake.set()
+
+    def _outgoing(self, kind: int, key: str, body: bytes) -> bytes:
+        """The entry as etcd gets it: a queue's names its leader (this node, unless the
+        catalogue says another node leads it), and the catalogue follows."""
+        if kind != KIND_QUEUE:
+            return body
+        vhost, _, name = key.partition("\x00")
+        if not body:
+            self.view.catalogue.pop((vhost, name), None)
+            return body
+        leader = self.view.catalogue.get((vhost, name)) or self.view.node_name
+        item = json.loads(body)
+        item["node"] = leader
+        self.view.catalogue[(vhost, name)] = leader
+        return json.dumps(item, separators=(",", ":"), default=str).encode()
 
     def after_mirrored(self, callback: OnDone) -> OnDone:
         """``callback`` delayed until etcd holds every change enqueued so far."""
@@ -270,17 +276,29 @@ class DefinitionMirror:
         """Read the prefix once and bring this node in line (or seed a fresh cluster)."""
         for _ in range(3):
             revision, kvs = await self.etcd.range_prefix(self.prefix)
-            if kvs:
+            seeded = await self.etcd.get(self.seed_key) if not kvs else None
+            if kvs or seeded is not None:
+                # (seeded and empty: the cluster holds no definitions, really)
                 self._resync(revision, kvs, first=not self.synced)
                 self.synced = True
                 return
-            claim = await self.etcd.txn([Compare("create", self.seed_key, "==", 0)],
-                                        [Put(self.seed_key, self.view.node_name)])
+            local = sorted(self.api.definition_entries().items(),
+                           key=lambda e: RANK[e[0][0]])
+            # the claim carries the first entries, so that "seeded" never means "empty
+            # for now"; the rest (a big node) follows in order through the push task
+            first = [(ident, self._outgoing(ident[0], ident[1], body))
+                     for ident, body in local[:BATCH]]
+            claim = await self.etcd.txn(
+                [Compare("create", self.seed_key, "==", 0)],
+                [Put(self.seed_key, self.view.node_name),
+                 *(Put(self.etcd_key(*ident), body) for ident, body in first)])
             if claim.succeeded:
-                local = self.api.definition_entries()
                 log.info("cluster: etcd holds no definitions; seeding it with this node's "
                          "%d", len(local))
-                for (kind, key), body in sorted(local.items(), key=lambda e: RANK[e[0][0]]):
+                for ident, body in first:
+                    self.state[ident] = body
+                    self.known_rev[ident] = claim.revision
+                for (kind, key), body in local[BATCH:]:
                     self.recorded(kind, key, body)
                 self.revision = claim.revision
                 self.synced = True

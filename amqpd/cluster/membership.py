@@ -28,6 +28,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +43,21 @@ log = logging.getLogger("amqpd.cluster.membership")
 
 class NotAllowed(RuntimeError):
     """An operation the cluster's state refuses (the message says why)."""
+
+
+class NodeNameInUse(ValueError):
+    """Another running process holds this node's name in the cluster: refused at start
+    (node names must be distinct, as Erlang distribution makes them in RabbitMQ)."""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class Membership:
@@ -74,6 +91,7 @@ class Membership:
         return isinstance(data, dict) and data.get("cluster") == self.cluster_name
 
     def _write_marker(self) -> None:
+        self.marker.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.marker.with_suffix(".tmp")
         tmp.write_text(json.dumps({"cluster": self.cluster_name,
                                    "node": self.view.node_name, "joined": time.time()}))
@@ -82,6 +100,9 @@ class Membership:
     async def start(self) -> None:
         """Join on first start (or find out that this node was forgotten), register."""
         me = self.view.node_name
+        held = await self.etcd.get(self.key("nodes", me))
+        if held is not None:
+            self._check_name_free(held.json() if held.value else {})
         existing = await self.etcd.get(self.key("members", me))
         if existing is None and self._marker_says_joined():
             self.forgotten = True
@@ -94,6 +115,20 @@ class Membership:
             self._write_marker()
         await self.register()
         await self.poll()
+
+    def _check_name_free(self, rec: dict[str, Any]) -> None:
+        """A record of this name under a live lease: ours from before a kill -9 (same
+        host, that process gone: its lease just has not run out), or another process's."""
+        if not isinstance(rec, dict):
+            return
+        host, pid = rec.get("host"), rec.get("pid")
+        if host == socket.gethostname() and isinstance(pid, int) \
+                and (pid == os.getpid() or not _pid_alive(pid)):
+            return
+        raise NodeNameInUse(
+            f"node name {self.view.node_name!r} is in use in cluster {self.cluster_name!r} "
+            f"by a running node (host {host}, pid {pid}); every node needs a distinct "
+            "node_name")
 
     async def join(self) -> None:
         me = self.view.node_name
@@ -110,6 +145,14 @@ class Membership:
         await self.etcd.put(self.key("nodes", self.view.node_name),
                             json.dumps(self.record()), lease=lease.id)
         self.last_renewal = time.monotonic()
+
+    async def update_record(self) -> None:
+        """Write this node's record again under its lease (an address changed)."""
+        if not self.lease_id:
+            await self.register()
+            return
+        await self.etcd.put(self.key("nodes", self.view.node_name),
+                            json.dumps(self.record()), lease=self.lease_id)
 
     async def forget(self, node: str) -> None:
         """Remove a stopped node from the members (RabbitMQ's forget_cluster_node)."""

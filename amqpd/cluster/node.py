@@ -28,6 +28,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -126,11 +128,14 @@ class Cluster(ClusterView):
             _addr(*self.link_address) if self.link_address is not None else "")
         heartbeat = self.config.heartbeat_advertise or _addr(*self.heartbeats.address)
         return {"name": self.node_name, "link": link, "heartbeat": heartbeat,
-                "amqp_port": amqp, "http_port": api.http_port(), "started": self.started_at}
+                "amqp_port": amqp, "http_port": api.http_port(), "started": self.started_at,
+                # who holds the name: a second process with it is refused at start
+                "host": socket.gethostname(), "pid": os.getpid()}
 
     async def publish_record(self) -> None:
-        """Write this node's record again (its link listener started after joining)."""
-        await self.membership.register()
+        """Write this node's record again (its link listener started after joining:
+        set ``link_address`` first)."""
+        await self.membership.update_record()
 
     def heartbeat_targets(self) -> dict[str, tuple[str, int]]:
         out = {}

@@ -243,3 +243,12 @@ def test_forget_and_join_cluster(nodes: list[ClusterNode]) -> None:
     c.ctl("join_cluster", "node-a")
     wait_formed(nodes)
     amqp(c).close()
+
+
+def test_a_second_node_with_a_taken_name_is_refused(tmp_path: Path,
+                                                     nodes: list[ClusterNode]) -> None:
+    a = nodes[0]
+    twin = ClusterNode("node-a", tmp_path / "twin", a.etcd_url, a.prefix)
+    with pytest.raises(RuntimeError, match="in use"):
+        twin.start()
+    assert a.status()["running_nodes"] == ["node-a", "node-b", "node-c"]

@@ -177,7 +177,7 @@ def test_ignore_keeps_serving(tmp_path: Path, etcd: EtcdProcess) -> None:
         for n in nodes:
             n.start()
         wait_formed(nodes)
-        a, b = nodes
+        _a, b = nodes
         proxy.cut("blackhole")
         wait_for(lambda: not b.status()["etcd_reachable"], 20, "node-b loses etcd", b.tail)
         assert not b.status()["paused"]
