@@ -519,7 +519,7 @@ class Served:
         self._next += 1
         return self._next
 
-    def publish(self, seq: int, persistent: bool, exchange: str, key: str, props: bytes,
+    def publish(self, seq: int, persistent: int, exchange: str, key: str, props: bytes,
                 body: bytes) -> None:
         """Enqueue as this node's publish pipeline would (limits, store, paging);
         CONFIRM once the store has it (its group commit) or at once."""
@@ -534,7 +534,7 @@ class Served:
             if on_confirm is not None:
                 on_confirm(LinkLost("queue deleted"))
             return
-        enqueue_here(self.broker, q, Message(exchange, key, props, body, persistent),
+        enqueue_here(self.broker, q, Message(exchange, key, props, body, bool(persistent)),
                      on_confirm)
 
     def settle(self, ids: list[int], how: int) -> None:
@@ -549,14 +549,14 @@ class Served:
         else:
             self.queue.settle(entries)
 
-    def consume(self, cid: int, no_ack: bool, credit: int, args: dict[str, Any]) -> None:
+    def consume(self, cid: int, no_ack: int, credit: int, args: dict[str, Any]) -> None:
         q = self.queue
         exclusive = bool(args.get("exclusive"))
         if q.deleted or (q.consumers and (exclusive or any(c.exclusive for c in q.consumers))):
             self.link.send(W.encode(W.CANCELLED, self.stream, cid))
             return
         proxy = _Proxy(self, cid, credit)
-        consumer = Consumer(proxy, q, str(args.get("tag", "")), no_ack, exclusive, 0,
+        consumer = Consumer(proxy, q, str(args.get("tag", "")), bool(no_ack), exclusive, 0,
                             dict(args.get("arguments") or {}))
         proxy.consumer = consumer
         self.proxies[cid] = proxy
@@ -574,7 +574,8 @@ class Served:
             proxy.closed = True
             self.queue.remove_consumer(proxy.consumer)
 
-    def get(self, req: int, no_ack: bool) -> None:
+    def get(self, req: int, wire_no_ack: int) -> None:
+        no_ack = bool(wire_no_ack)  # the compiled queue types want a bool, not the u8
         q = self.queue
         q.touch()
         entry = q.fetch()
