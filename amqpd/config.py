@@ -12,8 +12,9 @@ section, any such variable or ``--replication-*`` flag, ``Settings.replication``
 and the node is a single broker exactly as before.
 
 The ``[cluster]`` section (issue 15, docs/clustering.md) is typed the same way
-(:class:`ClusterConfig`, ``AMQPD_CLUSTER_<KEY>``, ``--cluster-<key>``) and always present:
-its ``name`` empty (the default) means no cluster, and nothing of it starts.
+(:class:`ClusterConfig`, ``AMQPD_CLUSTER_<KEY>``, ``--cluster-<key>``; its ``name`` is
+``AMQPD_CLUSTER``, since ``AMQPD_CLUSTER_NAME`` is the node-wide ``cluster_name``) and
+always present: its ``name`` empty (the default) means no cluster, nothing of it starts.
 """
 
 from __future__ import annotations
@@ -154,6 +155,13 @@ class ClusterConfig:
 
 
 CLUSTER_KEYS = {f.name: f for f in fields(ClusterConfig)}
+
+
+def cluster_env_var(key: str) -> str:
+    """``AMQPD_CLUSTER_<KEY>``, but ``AMQPD_CLUSTER`` for ``name``: AMQPD_CLUSTER_NAME
+    has long been the node-wide ``cluster_name`` (the name advertised to clients and
+    federation peers), and keeps that meaning."""
+    return "AMQPD_CLUSTER" if key == "name" else "AMQPD_CLUSTER_" + key.upper()
 
 
 def check_cluster(cc: ClusterConfig) -> None:
@@ -354,7 +362,7 @@ def load_settings(
         if key in env:
             _set_replication(settings, name, env[key])
     for name in CLUSTER_KEYS:
-        key = "AMQPD_CLUSTER_" + name.upper()
+        key = cluster_env_var(name)
         if key in env:
             _set_cluster(settings, name, env[key])
     for name, value in (overrides or {}).items():

@@ -182,7 +182,7 @@ class Broker:
             "platform": f"Python {platform.python_version()}",
             "copyright": "amqpd contributors",
             "information": "Licensed under the Apache 2.0 license",
-            "cluster_name": self.settings.effective_cluster_name,
+            "cluster_name": self.api.cluster_name(),
             "capabilities": dict(CAPABILITIES),
         }
 

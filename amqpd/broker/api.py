@@ -250,11 +250,12 @@ class BrokerAPI:
     def cluster_name(self) -> str:
         """The cluster name: the one set (config, definitions, ``PUT /api/cluster-name``),
         else the node name, as RabbitMQ answers for a node nobody named a cluster. In a
-        cluster: the name set cluster-wide, else ``cluster.name``."""
+        cluster: the name set cluster-wide, else the configured one, else ``cluster.name``."""
         cluster = self._broker.cluster
+        settings = self._broker.settings
         if cluster is not None:
-            return cluster.display_name() or self._broker.settings.cluster.name
-        return self._broker.settings.effective_cluster_name
+            return cluster.display_name() or settings.cluster_name or settings.cluster.name
+        return settings.effective_cluster_name
 
     def cluster(self) -> ClusterStatus | None:
         """This node's cluster (amqpd/cluster/), or None on a single node."""

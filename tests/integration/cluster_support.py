@@ -56,7 +56,7 @@ class ClusterNode:
         etcd = self.etcd_url
         if self.etcd_proxy is not None:
             etcd = f"http://127.0.0.1:{self.etcd_proxy.port}"
-        env = {"AMQPD_NODE_NAME": self.name, "AMQPD_CLUSTER_NAME": self.cluster,
+        env = {"AMQPD_NODE_NAME": self.name, "AMQPD_CLUSTER": self.cluster,
                "AMQPD_CLUSTER_ETCD": etcd, "AMQPD_CLUSTER_ETCD_PREFIX": self.prefix,
                "AMQPD_CLUSTER_COOKIE": COOKIE,
                "AMQPD_CLUSTER_PARTITION_HANDLING": self.partition_handling,

@@ -170,6 +170,10 @@ def test_membership_nodes_name_and_a_returning_node(nodes: list[ClusterNode]) ->
     b.ctl("set_cluster_name", "prod-eu")
     wait_for(lambda: all(n.api.get("/api/overview").json()["cluster_name"] == "prod-eu"
                          for n in nodes), 15, "cluster name everywhere")
+    conn = amqp(c)  # and clients see it in connection.start's server properties
+    advertised = conn._impl.server_properties["cluster_name"]
+    assert (advertised.decode() if isinstance(advertised, bytes) else advertised) == "prod-eu"
+    conn.close()
 
     # c stops cleanly: the others list it as a member that does not run
     c.stop()

@@ -192,16 +192,16 @@ def test_cluster_section_file_env_flags(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("env, words", [
-    ({"AMQPD_CLUSTER_NAME": "x"}, "cluster.etcd"),
-    ({"AMQPD_CLUSTER_NAME": "x", "AMQPD_CLUSTER_ETCD": "http://e:1",
+    ({"AMQPD_CLUSTER": "x"}, "cluster.etcd"),
+    ({"AMQPD_CLUSTER": "x", "AMQPD_CLUSTER_ETCD": "http://e:1",
       "AMQPD_CLUSTER_PARTITION_HANDLING": "autoheal"}, "partition_handling"),
-    ({"AMQPD_CLUSTER_NAME": "x", "AMQPD_CLUSTER_ETCD": "http://e:1",
+    ({"AMQPD_CLUSTER": "x", "AMQPD_CLUSTER_ETCD": "http://e:1",
       "AMQPD_CLUSTER_QUEUE_LEADER_LOCATOR": "nearest"}, "queue_leader_locator"),
-    ({"AMQPD_CLUSTER_NAME": "x", "AMQPD_CLUSTER_ETCD": "http://e:1",
+    ({"AMQPD_CLUSTER": "x", "AMQPD_CLUSTER_ETCD": "http://e:1",
       "AMQPD_CLUSTER_HEARTBEAT_LISTEN": "nowhere"}, "heartbeat_listen"),
-    ({"AMQPD_CLUSTER_NAME": "x", "AMQPD_CLUSTER_ETCD": "http://e:1",
+    ({"AMQPD_CLUSTER": "x", "AMQPD_CLUSTER_ETCD": "http://e:1",
       "AMQPD_CLUSTER_HEARTBEAT_TIMEOUT": "0.1"}, "heartbeat_timeout"),
-    ({"AMQPD_CLUSTER_NAME": "x", "AMQPD_CLUSTER_ETCD": "http://e:1",
+    ({"AMQPD_CLUSTER": "x", "AMQPD_CLUSTER_ETCD": "http://e:1",
       "AMQPD_REPLICATION_ROLE": "active", "AMQPD_REPLICATION_SECRET": "s",
       "AMQPD_REPLICATION_LISTEN": "127.0.0.1:1"}, "not both"),
 ])
@@ -218,3 +218,13 @@ def test_cluster_cookie_file_created_once(tmp_path: Path) -> None:
     assert first and (tmp_path / "cluster.cookie").stat().st_mode & 0o777 == 0o600
     assert cc.shared_cookie(str(tmp_path)) == first
     assert ClusterConfig(cookie="abc").shared_cookie(str(tmp_path)) == b"abc"
+
+
+def test_amqpd_cluster_name_stays_the_advertised_name() -> None:
+    """AMQPD_CLUSTER_NAME is the node-wide cluster_name (server properties, federation);
+    the [cluster] section's name is AMQPD_CLUSTER."""
+    s = load_settings(None, environ={"AMQPD_CLUSTER_NAME": "site-a"})
+    assert s.cluster_name == "site-a" and not s.cluster.enabled
+    s = load_settings(None, environ={"AMQPD_CLUSTER": "prod",
+                                     "AMQPD_CLUSTER_ETCD": "http://e:1"})
+    assert s.cluster.name == "prod" and s.cluster_name == ""
