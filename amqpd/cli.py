@@ -11,7 +11,14 @@ import sys
 
 import amqpd
 from amqpd import hotpath, sdnotify
-from amqpd.config import REPLICATION_KEYS, ConfigError, ReplicationConfig, load_settings
+from amqpd.config import (
+    CLUSTER_KEYS,
+    REPLICATION_KEYS,
+    ClusterConfig,
+    ConfigError,
+    ReplicationConfig,
+    load_settings,
+)
 from amqpd.server import Broker, serve
 
 
@@ -39,6 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
         help_ = "comma-separated list" if isinstance(default, list) else None
         rep.add_argument("--replication-" + name.replace("_", "-"), type=kind, help=help_,
                          dest="replication_" + name, metavar=f.name.upper())
+    clu = p.add_argument_group("cluster (docs/clustering.md)")
+    for name, f in CLUSTER_KEYS.items():
+        default = getattr(ClusterConfig(), name)
+        kind = float if isinstance(default, float) else (
+            int if isinstance(default, int) else str)
+        help_ = "comma-separated list" if isinstance(default, list) else None
+        clu.add_argument("--cluster-" + name.replace("_", "-"), type=kind, help=help_,
+                         dest="cluster_" + name, metavar=f.name.upper())
     return p
 
 
@@ -60,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             "log_format": args.log_format, "http_port": args.http_port,
             "tls_port": args.tls_port,
             **{"replication_" + k: getattr(args, "replication_" + k) for k in REPLICATION_KEYS},
+            **{"cluster_" + k: getattr(args, "cluster_" + k) for k in CLUSTER_KEYS},
         })
     except ConfigError as exc:
         print(f"amqpd: {exc}", file=sys.stderr)

@@ -10,6 +10,11 @@ is parsed into its own typed :class:`ReplicationConfig`, and its environment var
 ``AMQPD_REPLICATION_`` + the upper-cased key (``AMQPD_REPLICATION_LISTEN``). Without the
 section, any such variable or ``--replication-*`` flag, ``Settings.replication`` is None
 and the node is a single broker exactly as before.
+
+The ``[cluster]`` section (issue 15, docs/clustering.md) is typed the same way
+(:class:`ClusterConfig`, ``AMQPD_CLUSTER_<KEY>``, ``--cluster-<key>``; its ``name`` is
+``AMQPD_CLUSTER``, since ``AMQPD_CLUSTER_NAME`` is the node-wide ``cluster_name``) and
+always present: its ``name`` empty (the default) means no cluster, nothing of it starts.
 """
 
 from __future__ import annotations
@@ -89,6 +94,103 @@ class ReplicationConfig:
 
 
 REPLICATION_KEYS = {f.name: f for f in fields(ReplicationConfig)}
+
+PARTITION_HANDLING = ("pause_minority", "ignore")
+LEADER_LOCATORS = ("client-local", "min-masters", "random")
+
+
+@dataclass
+class ClusterConfig:
+    """This node's membership of a named cluster (amqpd/cluster/, docs/clustering.md).
+
+    ``name`` empty: a single node, nothing of the cluster starts. The node's name is the
+    node-wide ``node_name``. Membership, definitions and partition decisions go through
+    etcd (``etcd``, keys under ``etcd_prefix``/``name``); node-to-node UDP heartbeats
+    (``heartbeat_listen``) notice a dead node within about ``heartbeat_timeout`` seconds,
+    the etcd lease (``lease_ttl``) is the slow backstop. ``cookie`` (or the first line of
+    ``cookie_file``; by default a file in the data directory created on first start)
+    authenticates inter-node links and heartbeats, as Erlang's cookie does.
+    """
+
+    name: str = ""  # "" = no cluster
+    etcd: list[str] = field(default_factory=list)  # etcd endpoint URLs
+    etcd_prefix: str = "/amqpd/cluster"
+    link_listen: str = "127.0.0.1:0"  # inter-node link listener host:port (0 = ephemeral)
+    link_advertise: str = ""  # "" = what link_listen bound
+    heartbeat_listen: str = "127.0.0.1:0"  # UDP host:port of the heartbeat socket
+    heartbeat_advertise: str = ""  # where other nodes send heartbeats; "" = what it bound
+    heartbeat_interval: float = 0.2  # seconds between heartbeats to each running node
+    heartbeat_timeout: float = 1.0  # seconds of silence after which a node is not running
+    lease_ttl: float = 5.0  # seconds of the node's etcd lease (its presence key)
+    cookie: str = ""
+    cookie_file: str = ""  # "" = <data_dir>/cluster.cookie, created on first start
+    partition_handling: str = "pause_minority"  # pause_minority | ignore
+    queue_leader_locator: str = "client-local"  # client-local | min-masters | random
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.name)
+
+    def shared_cookie(self, data_dir: str) -> bytes:
+        """The cookie as bytes: ``cookie``, else the first line of ``cookie_file`` (by
+        default ``<data_dir>/cluster.cookie``, written with a random value on first use,
+        mode 0600; nodes of one cluster must then be given the same file)."""
+        if self.cookie:
+            return self.cookie.encode()
+        path = Path(self.cookie_file or os.path.join(data_dir, "cluster.cookie"))
+        if not path.exists() and not self.cookie_file:
+            import secrets
+
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secrets.token_urlsafe(32) + "\n")
+        try:
+            text = path.read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"cluster cookie_file: {exc}") from exc
+        if not text:
+            raise ConfigError(f"cluster cookie_file {path} is empty")
+        return text.splitlines()[0].encode()
+
+
+CLUSTER_KEYS = {f.name: f for f in fields(ClusterConfig)}
+
+
+def cluster_env_var(key: str) -> str:
+    """``AMQPD_CLUSTER_<KEY>``, but ``AMQPD_CLUSTER`` for ``name``: AMQPD_CLUSTER_NAME
+    has long been the node-wide ``cluster_name`` (the name advertised to clients and
+    federation peers), and keeps that meaning."""
+    return "AMQPD_CLUSTER" if key == "name" else "AMQPD_CLUSTER_" + key.upper()
+
+
+def check_cluster(cc: ClusterConfig) -> None:
+    """Refuse cluster settings that cannot run, naming the key (called by load_settings)."""
+    if not cc.enabled:
+        return
+    if not cc.etcd:
+        raise ConfigError("setting 'cluster.name' is set but 'cluster.etcd' names no "
+                          "endpoint: membership and definitions go through etcd")
+    if cc.partition_handling not in PARTITION_HANDLING:
+        raise ConfigError("setting 'cluster.partition_handling' must be 'pause_minority' or "
+                          f"'ignore', not {cc.partition_handling!r}")
+    if cc.queue_leader_locator not in LEADER_LOCATORS:
+        raise ConfigError("setting 'cluster.queue_leader_locator' must be one of "
+                          f"{', '.join(LEADER_LOCATORS)}, not {cc.queue_leader_locator!r}")
+    for key in ("link_listen", "heartbeat_listen", "link_advertise", "heartbeat_advertise"):
+        value = getattr(cc, key)
+        if value:
+            _split_addr(value, "cluster." + key)
+    for key in ("heartbeat_interval", "heartbeat_timeout", "lease_ttl"):
+        if getattr(cc, key) <= 0:
+            raise ConfigError(f"setting 'cluster.{key}' must be > 0")
+    if cc.heartbeat_timeout <= cc.heartbeat_interval:
+        raise ConfigError("setting 'cluster.heartbeat_timeout' must be longer than "
+                          "'cluster.heartbeat_interval'")
+    if cc.lease_ttl < 2:
+        raise ConfigError("setting 'cluster.lease_ttl' must be >= 2 seconds (etcd's minimum)")
+    if "/" in cc.name:
+        raise ConfigError("setting 'cluster.name' may not contain '/' (it is an etcd key part)")
 
 
 def _replication_default(name: str) -> Any:
@@ -201,6 +303,8 @@ class Settings:
     permissions: list[PermissionConfig] = field(default_factory=list)
     # the warren ([replication]); None = a single node, exactly as without the feature
     replication: ReplicationConfig | None = None
+    # the cluster ([cluster]); its name empty = a single node, exactly as without it
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     @property
     def effective_cluster_name(self) -> str:
@@ -209,7 +313,7 @@ class Settings:
 
 _SCALARS = {f.name: f for f in fields(Settings) if f.name not in ("users", "vhosts",
                                                                    "permissions", "shovels",
-                                                                   "replication")}
+                                                                   "replication", "cluster")}
 
 
 def _coerce(name: str, value: Any, default: Any) -> Any:
@@ -257,11 +361,17 @@ def load_settings(
         key = "AMQPD_REPLICATION_" + name.upper()
         if key in env:
             _set_replication(settings, name, env[key])
+    for name in CLUSTER_KEYS:
+        key = cluster_env_var(name)
+        if key in env:
+            _set_cluster(settings, name, env[key])
     for name, value in (overrides or {}).items():
         if value is None:
             continue
         if name.startswith("replication_") and name[12:] in REPLICATION_KEYS:
             _set_replication(settings, name[12:], value)
+        elif name.startswith("cluster_") and name[8:] in CLUSTER_KEYS:
+            _set_cluster(settings, name[8:], value)
         else:
             setattr(settings, name, _coerce(name, value, getattr(settings, name)))
     if not settings.node_name:
@@ -274,6 +384,10 @@ def load_settings(
                           f"'common_name', not {settings.ssl_cert_login_from!r}")
     if settings.fsync not in ("batch", "never"):
         raise ConfigError(f"setting 'fsync' must be 'batch' or 'never', not {settings.fsync!r}")
+    check_cluster(settings.cluster)
+    if settings.cluster.enabled and settings.replication is not None:
+        raise ConfigError("a node is either in a [cluster] or in a warren ([replication]), "
+                          "not both")
     if settings.replication is not None:
         if not settings.replication.node_name:
             settings.replication.node_name = settings.node_name
@@ -293,6 +407,11 @@ def _set_replication(settings: Settings, name: str, value: Any) -> None:
             _coerce("replication." + name, value, _replication_default(name)))
 
 
+def _set_cluster(settings: Settings, name: str, value: Any) -> None:
+    setattr(settings.cluster, name,
+            _coerce("cluster." + name, value, getattr(ClusterConfig(), name)))
+
+
 def _apply_file(settings: Settings, data: dict[str, Any], path: str) -> None:
     flat: dict[str, Any] = {}
     for key, value in data.items():
@@ -302,6 +421,11 @@ def _apply_file(settings: Settings, data: dict[str, Any], path: str) -> None:
                 if rkey not in REPLICATION_KEYS:
                     raise ConfigError(f"{path}: unknown setting 'replication.{rkey}'")
                 _set_replication(settings, rkey, rvalue)
+        elif key == "cluster" and isinstance(value, dict):
+            for ckey, cvalue in value.items():
+                if ckey not in CLUSTER_KEYS:
+                    raise ConfigError(f"{path}: unknown setting 'cluster.{ckey}'")
+                _set_cluster(settings, ckey, cvalue)
         elif isinstance(value, dict) and key not in ("users",):
             flat.update(value)  # [sections] are only for readability
         else:

@@ -267,9 +267,24 @@ CLUSTER_COLUMNS = ["name", "role", "epoch", "running", "in_sync", "lag_records",
                    "lag_bytes", "lag_seconds"]
 
 
+def _cluster_status(c: Client) -> dict[str, Any] | None:
+    """The cluster's status (``GET /api/cluster/status``), None outside a cluster."""
+    try:
+        found = c.get("/api/cluster/status")
+    except CtlError as exc:
+        if exc.code == EX_NOT_FOUND:  # a broker from before issue 15
+            return None
+        raise
+    return found if isinstance(found, dict) and found.get("cluster") else None
+
+
 def cmd_cluster_status(c: Client, a: argparse.Namespace, out: TextIO) -> int:
-    """Every node of the warren (rabbitmqctl cluster_status's place): role, epoch and
-    replication lag, from the API of whichever node is asked."""
+    """rabbitmqctl cluster_status: in a cluster, its name, the members (disk nodes), the
+    running nodes, the partitions this node sees and whether it is paused; in a warren,
+    every node's role, epoch and replication lag. From whichever node is asked."""
+    status = _cluster_status(c)
+    if status is not None:
+        return _print_cluster(c, a, out, status)
     rows = []
     for n in c.get("/api/nodes"):
         rep = n.get("replication") or {}
@@ -286,6 +301,56 @@ def cmd_cluster_status(c: Client, a: argparse.Namespace, out: TextIO) -> int:
         out.write("\n")
         return EX_OK
     print_table(rows, CLUSTER_COLUMNS, out, not a.no_table_headers)
+    return EX_OK
+
+
+def _print_cluster(c: Client, a: argparse.Namespace, out: TextIO,
+                   status: dict[str, Any]) -> int:
+    nodes = c.get("/api/nodes")
+    if a.json:
+        json.dump({**status, "nodes": nodes}, out)
+        out.write("\n")
+        return EX_OK
+    out.write(f"Cluster status of node {status['node']} ...\n")
+    out.write(f"Basics\n\nCluster name: {status['cluster_name']}\n\n")
+    for title, key in (("Disk Nodes", "disk_nodes"), ("Running Nodes", "running_nodes")):
+        out.write(f"{title}\n\n" + "".join(f"{n}\n" for n in status[key]) + "\n")
+    out.write("Network Partitions\n\n")
+    partitions = status.get("partitions") or {}
+    if not partitions:
+        out.write("(none)\n")
+    for node, others in partitions.items():
+        out.write(f"Node {node} cannot communicate with {', '.join(others)}\n")
+    out.write(f"\nPartition handling: {status.get('partition_handling')}\n")
+    paused = status.get("paused")
+    out.write(f"Paused: {_cell(paused)}"
+              + (f" ({status.get('pause_reason')})" if paused else "") + "\n")
+    return EX_OK
+
+
+def cmd_join_cluster(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    """Make the node asked a member of the cluster ``a.node`` belongs to (again, after
+    forget_cluster_node; its definitions are replaced by the cluster's)."""
+    status = c.call("POST", "/api/cluster/join", {"node": a.node})
+    if a.json:
+        json.dump(status, out)
+        out.write("\n")
+    else:
+        out.write(f"Clustering node {status.get('node')} with {a.node}\n")
+    return EX_OK
+
+
+def cmd_forget_cluster_node(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    c.call("DELETE", f"/api/cluster/nodes/{q(a.node)}")
+    if not a.quiet:
+        out.write(f"Removing node {a.node} from the cluster\n")
+    return EX_OK
+
+
+def cmd_set_cluster_name(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    c.call("PUT", "/api/cluster-name", {"name": a.name})
+    if not a.quiet:
+        out.write(f"Setting cluster name to {a.name} ...\n")
     return EX_OK
 
 
@@ -570,7 +635,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("status", cmd_status, "node status and totals")
     add("cluster_status", cmd_cluster_status,
-        "the warren's nodes: role, epoch, in-sync, replication lag")
+        "the cluster's members, running nodes, partitions (in a warren: the nodes' role, "
+        "epoch, in-sync, replication lag)")
+    add("join_cluster", cmd_join_cluster, "make this node a member of the cluster NODE "
+        "is in (again, after forget_cluster_node)", arg("node"))
+    add("forget_cluster_node", cmd_forget_cluster_node,
+        "remove a stopped node from the cluster's members", arg("node"))
+    add("set_cluster_name", cmd_set_cluster_name, "set the cluster's name (cluster-wide)",
+        arg("name"))
     for kind in LISTS:
         p = sub.add_parser(f"list_{kind}", parents=[common],
                            help=f"list {kind} (columns like rabbitmqctl)")

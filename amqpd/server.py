@@ -28,7 +28,7 @@ import amqpd
 from amqpd import hotpath
 from amqpd.alarms import Alarms
 from amqpd.broker import extensions, resource_limits
-from amqpd.broker.api import BrokerAPI
+from amqpd.broker.api import BrokerAPI, ClusterStatus
 from amqpd.broker.auth import AuthStore
 from amqpd.broker.deadletter import dead_letter
 from amqpd.broker.exchange import Binding, Exchange
@@ -110,6 +110,13 @@ class Broker:
         self.roles: Any = None
         # its etcd election and health (amqpd/coord/warren.py): None on a single node
         self.warren: Warren | None = None
+        # a cluster's queue leader locator (amqpd.cluster.remote_queue.place): given a
+        # durable queue being declared, the queue led by another node, or None to create
+        # it here; None on a single node
+        self.queue_placer: Callable[[VHost, str, type[QueueType], bool, dict[str, Any]],
+                                    QueueType | None] | None = None
+        # the cluster (amqpd/cluster/, issue 15): None on a single node
+        self.cluster: ClusterStatus | None = None
         # set while a warren standby takes over: every recovered message counts as
         # delivered once (redelivered=true), since the old active may have delivered it
         # and its delivery marks need not have reached this node before it died
@@ -172,7 +179,7 @@ class Broker:
     def server_properties(self) -> dict[str, Any]:
         """The same dict for every connection until the cluster name changes (the
         connection machine encodes connection.start once per dict); read-only."""
-        name = self.settings.effective_cluster_name
+        name = self.api.cluster_name()
         props = self._server_properties
         if props is None or props["cluster_name"] != name:
             props = self._server_properties = {
@@ -565,6 +572,28 @@ async def serve(settings: Settings, ready: Callable[[Broker], None] | None = Non
         await broker.stop()
         raise
     tune_gc()
+    cluster = None
+    if settings.cluster.enabled:
+        from amqpd.cluster import remote_queue
+        from amqpd.cluster.node import Cluster
+        from amqpd.config import split_addr
+
+        cluster = Cluster(broker.api, settings)
+        broker.cluster = cluster
+        # the inter-node links listen first: the node's record names their address
+        cc = settings.cluster
+        queues = await remote_queue.start(broker.api, cluster, cluster.cookie,
+                                          *split_addr(cc.link_listen),
+                                          cc.queue_leader_locator)
+        cluster.link_address = queues.links.address
+        # joins, syncs definitions from etcd (paused until then), starts heartbeats
+        try:
+            await cluster.start()
+        except BaseException:  # e.g. another running node holds this node's name
+            await queues.stop()
+            await cluster.stop()
+            await broker.stop()
+            raise
     broker.on_ready = ready
     if ready is not None:
         ready(broker)
@@ -580,6 +609,9 @@ async def serve(settings: Settings, ready: Callable[[Broker], None] | None = Non
     await stop.wait()
     if broker.warren is not None:
         await broker.warren.stop()  # an active hands over at once (fence, revoke lease)
+    if cluster is not None:
+        await cluster.stop()  # revokes the lease: the others see this node go at once
+        await queues.stop()
     await broker.stop()
 
 

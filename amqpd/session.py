@@ -110,7 +110,8 @@ class Session:
 
     # ------------------------------------------------------------------ delegate
     def authenticate(self, mechanism: str, response: bytes, client_properties: dict) -> None:
-        warren = self.broker.warren
+        # a warren standby, or a paused cluster node (pause_minority), serves no client
+        warren = self.broker.warren or self.broker.cluster
         if warren is not None:
             self.refused = warren.refusal()
             if self.refused is not None:  # no credentials are checked: nothing is served

@@ -40,6 +40,7 @@ from amqpd import hotpath
 from amqpd.broker import quorum, resource_limits, topic_auth  # noqa: F401
 from amqpd.broker.auth import HASHING_SHA256, Permission, User, hash_password
 from amqpd.broker.definitions import DefinitionsError, export_definitions, import_definitions
+from amqpd.broker.defsync import KIND_NAMES as DEFINITION_KINDS
 from amqpd.broker.exchange import EXCHANGE_TYPES, Binding, Destination, Exchange, args_key
 from amqpd.broker.exchange import register_exchange_type as register_exchange_type
 from amqpd.broker.message import Message
@@ -145,6 +146,62 @@ class WarrenStatus(Protocol):
         ...
 
 
+class ClusterStatus(Protocol):
+    """What the broker and the HTTP API ask of the cluster (issue 15): it is
+    :class:`amqpd.cluster.node.Cluster`, a :class:`amqpd.cluster.view.ClusterView`;
+    ``BrokerAPI.cluster()`` is None on a single node (``cluster.name`` empty)."""
+
+    node_name: str
+
+    def serving(self) -> bool:
+        """False while this node is paused (pause_minority) or not yet in sync."""
+        ...
+
+    def refusal(self) -> str | None:
+        """Why an AMQP client may not use this node now; None: it may."""
+        ...
+
+    def is_running(self, node: str) -> bool: ...
+
+    def queue_leader(self, vhost: str, name: str) -> str | None:
+        """The node that leads a durable queue, from the cluster's catalogue."""
+        ...
+
+    def records_queue(self, vhost: str, name: str) -> bool:
+        """Does this node record the queue's definition in its own log (it leads it)?"""
+        ...
+
+    def definition_recorded(self, kind: int, key: str, body: bytes) -> None:
+        """The journal recorded a definition change here: mirror it to the cluster."""
+        ...
+
+    def after_mirrored(self, callback: OnConfirm) -> OnConfirm:
+        """``callback`` wrapped to run once the changes recorded so far are in etcd."""
+        ...
+
+    def display_name(self) -> str | None:
+        """The cluster name set cluster-wide (``set_cluster_name``), None if unset."""
+        ...
+
+    async def set_display_name(self, name: str) -> None: ...
+
+    def node_entries(self) -> list[dict[str, Any]]:
+        """Every member as an ``/api/nodes`` entry (RabbitMQ's fields + ``running``)."""
+        ...
+
+    def status(self) -> dict[str, Any]:
+        """``amqpctl cluster_status``: members, running nodes, partitions, paused."""
+        ...
+
+    async def join(self, via: str) -> dict[str, Any]: ...
+
+    async def forget(self, node: str) -> None: ...
+
+    def complete_export(self, data: dict[str, Any], vhost: str | None) -> dict[str, Any]:
+        """Add the catalogue's queues and bindings that no local object stands for."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class NodeStatus:
     """The node-level facts ``/api/overview``, ``/api/nodes`` and ``/metrics`` show, read
@@ -196,8 +253,68 @@ class BrokerAPI:
 
     def cluster_name(self) -> str:
         """The cluster name: the one set (config, definitions, ``PUT /api/cluster-name``),
-        else the node name, as RabbitMQ answers for a node nobody named a cluster."""
-        return self._broker.settings.effective_cluster_name
+        else the node name, as RabbitMQ answers for a node nobody named a cluster. In a
+        cluster: the name set cluster-wide, else the configured one, else ``cluster.name``."""
+        cluster = self._broker.cluster
+        settings = self._broker.settings
+        if cluster is not None:
+            return cluster.display_name() or settings.cluster_name or settings.cluster.name
+        return settings.effective_cluster_name
+
+    def cluster(self) -> ClusterStatus | None:
+        """This node's cluster (amqpd/cluster/), or None on a single node."""
+        return self._broker.cluster
+
+    async def set_cluster_name_everywhere(self, name: str) -> None:
+        """``PUT /api/cluster-name``, ``amqpctl set_cluster_name``: in a cluster the
+        name is written to etcd and every node answers it (also after restarts); on a
+        single node it is :meth:`set_cluster_name`."""
+        cluster = self._broker.cluster
+        if cluster is None:
+            self.set_cluster_name(name)
+            return
+        await cluster.set_display_name(name)
+
+    async def join_cluster(self, via: str) -> dict[str, Any]:
+        """``amqpctl join_cluster <via>``: make this node a member of the cluster
+        ``via`` belongs to (again, after forget_cluster_node); its definitions are
+        replaced by the cluster's. 404 if ``via`` is no member; 400 without a cluster."""
+        cluster = self._require_cluster()
+        try:
+            return await cluster.join(via)
+        except LookupError as exc:
+            raise NotFound(str(exc)) from None
+
+    async def forget_cluster_node(self, node: str) -> None:
+        """``amqpctl forget_cluster_node``: remove a stopped node from the members.
+        405 (HTTP 409) while it runs or for this node itself; 404 for a non-member."""
+        cluster = self._require_cluster()
+        try:
+            await cluster.forget(node)
+        except LookupError as exc:
+            raise NotFound(str(exc)) from None
+        except RuntimeError as exc:  # amqpd.cluster.membership.NotAllowed
+            raise ResourceLocked(str(exc)) from None
+
+    def _require_cluster(self) -> ClusterStatus:
+        cluster = self._broker.cluster
+        if cluster is None:
+            raise PreconditionFailed("this node is not in a cluster (cluster.name is not set)")
+        return cluster
+
+    # ------------------------------------------------------------------ cluster definitions
+    def definition_entries(self) -> dict[tuple[int, str], bytes]:
+        """Every durable definition, as the journal records it (the cluster's mirror)."""
+        from amqpd.broker.defsync import local_entries
+
+        return local_entries(self._broker)
+
+    def apply_definition(self, kind: int, key: str, body: bytes | None) -> None:
+        """Apply a definition change made on another node (an empty body deletes);
+        raises when it cannot be applied (the caller logs it)."""
+        from amqpd.broker.defsync import apply_entry
+
+        apply_entry(self._broker, kind, key, body)
 
     def set_cluster_name(self, name: str) -> None:
         """Rename the cluster for this run of the node. Like a definitions import of the
@@ -211,7 +328,7 @@ class BrokerAPI:
         alarms = b.alarms
         return NodeStatus(
             name=b.settings.node_name,
-            cluster_name=b.settings.effective_cluster_name,
+            cluster_name=self.cluster_name(),
             started_at=b.started_at,
             alarms=tuple(sorted(alarms)),
             memory_limit=int(alarms.memory_limit or 0),
@@ -794,7 +911,11 @@ class BrokerAPI:
 
     # ------------------------------------------------------------------ definitions
     def export_definitions(self, vhost: str | None = None) -> dict[str, Any]:
-        return export_definitions(self._broker, vhost)
+        data = export_definitions(self._broker, vhost)
+        cluster = self._broker.cluster
+        if cluster is not None:  # the whole cluster's topology, whichever node leads it
+            data = cluster.complete_export(data, vhost)
+        return data
 
     def import_definitions(self, data: Any, vhost: str | None = None) -> None:
         """Raises :class:`DefinitionsError` (HTTP 400) on a bad document."""
@@ -818,6 +939,7 @@ def _by_queue(fetched: list[Fetched]) -> dict[QueueType, list[QueueEntry]]:
 
 
 __all__ = [
+    "DEFINITION_KINDS",
     "EXCHANGE_TYPES",
     "HASHING_SHA256",
     "PROPERTY_NAMES",
@@ -826,6 +948,7 @@ __all__ = [
     "AccessRefused",
     "Binding",
     "BrokerAPI",
+    "ClusterStatus",
     "Consumer",
     "DefinitionsError",
     "Destination",

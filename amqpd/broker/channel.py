@@ -370,24 +370,32 @@ class Channel:
         q = self.api.queue(self.vhost, queue_name)
         self.api.check_exclusive(q, self.session)
         q.touch()  # basic.get counts as use for x-expires
+        if q.remote:  # led by another node: answered when it replies
+            q.fetch_for(self, m.no_ack)
+            return
         entry = q.fetch()
+        if entry is not None and q.ext is not None:
+            q.ext.drop_expired_head()  # RabbitMQ's message-count leaves them out
+        self.answer_get(q, entry, m.no_ack, q.message_count)
+
+    def answer_get(self, q: QueueType, entry: QueueEntry | None, no_ack: bool,
+                   message_count: int) -> None:
+        """basic.get-ok with ``entry`` (get-empty for None), which leaves ``q`` now."""
         if entry is None:
             self.session.conn.write(codec.method_frame(self.number, C.BASIC_GET_EMPTY, b"\x00"))
             return
-        if q.ext is not None:
-            q.ext.drop_expired_head()  # RabbitMQ's message-count leaves them out
         tag = self.next_tag
         self.next_tag = tag + 1
         msg = entry.message
         conn = self.session.conn
         conn.write(
             codec.get_ok_method(self.number, tag, entry.redelivered, msg.exchange,
-                                msg.routing_key, q.message_count)
+                                msg.routing_key, message_count)
             + codec.content_frames(self.number, C.CLASS_BASIC, msg.properties,
                                    self.session.body_of(msg),
                                    conn.frame_max)
         )
-        if m.no_ack:
+        if no_ack:
             q.delivered(entry, acked=True)
         else:
             self.unacked[tag] = Unacked(q, entry, None)
@@ -464,8 +472,7 @@ class Channel:
             if requeue and not queue.deleted:
                 queue.requeue(entries)
             else:
-                self.session.broker.dead_letter(queue, entries, "rejected")
-                queue.settle(entries)
+                queue.reject(entries)
 
     def _basic_recover(self, m: commands.Basic.Recover) -> None:
         if not m.requeue:

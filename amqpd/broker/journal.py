@@ -22,6 +22,12 @@ none. Durability for a reply: :meth:`target` names "everything recorded so far" 
 :meth:`when_durable` calls back once the store's commit covers it; the channel holds a
 declare-ok until then, the HTTP API its response.
 
+In a cluster (``broker.cluster``, amqpd/cluster/) every recorded entry is also handed to
+the cluster's mirror, which writes it to etcd for the other nodes, and a reply waits for
+that as well (``after_mirrored``). A queue led by another node is not recorded here at
+all: its definition lives in the cluster's catalogue. With persistence off the entries
+still reach the mirror (there is no store to record them in).
+
 Keys (the store treats them as opaque, except a queue's, which is its queue key)::
 
     DEF_VHOST name                  DEF_USER name          DEF_PERMISSION user NUL vhost
@@ -155,7 +161,8 @@ class DefinitionJournal:
     # ------------------------------------------------------------------ recording
     def changed(self, obj: QueueType | Exchange | Binding | None, deleted: bool) -> None:
         store = self.store
-        if store is None or self.restoring:
+        cluster = self.broker.cluster
+        if self.restoring or (store is None and cluster is None):
             return
         if obj is None:
             self._record_small()
@@ -163,6 +170,8 @@ class DefinitionJournal:
         if not persisted(obj):
             return
         if isinstance(obj, QueueType):
+            if cluster is not None and not cluster.records_queue(obj.vhost.name, obj.name):
+                return  # led by another node: its definition is the cluster's, not ours
             kind, (key, body) = fmt.DEF_QUEUE, queue_entry(obj)
         elif isinstance(obj, Exchange):
             kind, (key, body) = fmt.DEF_EXCHANGE, exchange_entry(obj)
@@ -170,19 +179,22 @@ class DefinitionJournal:
             kind, (key, body) = fmt.DEF_BINDING, binding_entry(obj)
         self._append(store, kind, key, b"" if deleted else body)
 
-    def _append(self, store: MessageStore, kind: int, key: str, body: bytes) -> None:
+    def _append(self, store: MessageStore | None, kind: int, key: str, body: bytes) -> None:
         from amqpd.store.api import StoreError
 
-        try:
-            store.append_definition(kind, key, body)
-        except StoreError as exc:  # the commit a reply waits for reports it
-            log.error("definition change not recorded: %s", exc)
-            self.broker.publisher.store_failed(exc)
+        if store is not None:
+            try:
+                store.append_definition(kind, key, body)
+            except StoreError as exc:  # the commit a reply waits for reports it
+                log.error("definition change not recorded: %s", exc)
+                self.broker.publisher.store_failed(exc)
         self.recorded += 1
+        cluster = self.broker.cluster
+        if cluster is not None:  # the cluster mirrors it to every node (through etcd)
+            cluster.definition_recorded(kind, key, body)
 
     def _record_small(self) -> None:
         store = self.store
-        assert store is not None
         now = small_entries(self.broker)
         old = self._small
         for ident, body in now.items():
@@ -212,15 +224,26 @@ class DefinitionJournal:
 
     def when_durable(self, target: int, callback: Callback) -> None:
         """Call back once the changes up to ``target`` are durable (maybe at once)."""
-        if target <= self.durable or self.store is None:
+        if target <= self.durable:
+            callback(None)
+            return
+        cluster = self.broker.cluster
+        if self.store is None and cluster is None:
             callback(None)
             return
 
-        def done(error: BaseException | None) -> None:
+        def durable(error: BaseException | None) -> None:
             if error is None and target > self.durable:
                 self.durable = target
             callback(error)
 
+        done: Callback = durable
+        if cluster is not None:
+            # in a cluster a change is acknowledged once etcd holds it as well
+            done = cluster.after_mirrored(durable)
+        if self.store is None:
+            done(None)
+            return
         self.broker.publisher.commit(done)
 
     async def wait_durable(self) -> None:
@@ -228,7 +251,7 @@ class DefinitionJournal:
         import asyncio
 
         target = self.recorded
-        if target <= self.durable or self.store is None:
+        if target <= self.durable or (self.store is None and self.broker.cluster is None):
             return
         fut: asyncio.Future[BaseException | None] = \
             asyncio.get_running_loop().create_future()

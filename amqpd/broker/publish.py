@@ -54,6 +54,24 @@ def _may_refuse(queues: list[QueueType]) -> bool:
     return False
 
 
+class JointConfirm:
+    """One publisher confirm over several parts (this node's store and each node a
+    message was forwarded to): ``done`` once, when every part answered, with the first
+    error if any."""
+
+    def __init__(self, done: OnConfirm, parts: int) -> None:
+        self.done = done
+        self.left = parts
+        self.error: BaseException | None = None
+
+    def part(self, error: BaseException | None) -> None:
+        if error is not None and self.error is None:
+            self.error = error
+        self.left -= 1
+        if self.left == 0:
+            self.done(self.error)
+
+
 class Publisher:
     """One per broker (``broker.publisher``)."""
 
@@ -69,6 +87,9 @@ class Publisher:
         # do, a transient message routed to one is written to the store like a
         # persistent one (QueueType.keeps_every_message)
         self.keeping_queues = 0
+        # how many queues led by another node this node knows (amqpd.cluster): while
+        # any do, routed messages are split between local queues and forwarded ones
+        self.remote_queues = 0
 
     def publish(
         self, vhost: VHost, exchange_name: str, message: Message, username: str | None,
@@ -105,6 +126,10 @@ class Publisher:
             if refused and on_confirm is not None:
                 on_confirm(PreconditionFailed("rejected by a queue's length limit"))
                 on_confirm = confirm_now = None
+        forwarded: list[QueueType] | None = None
+        if self.remote_queues and queues:
+            queues, forwarded, on_confirm = self._forward(queues, message, on_confirm)
+            confirm_now = on_confirm
         if queues and not message.persistent and self.keeping_queues:
             # a quorum queue writes every message it takes, transient ones too (a durable
             # classic queue reached by the same message keeps it as well: one write)
@@ -141,7 +166,33 @@ class Publisher:
                 self.commit(confirm_now)
             else:
                 confirm_now(None)
+        if forwarded:
+            return queues + forwarded
         return queues
+
+    def _forward(self, queues: list[QueueType], message: Message,
+                 on_confirm: OnConfirm | None,
+                 ) -> tuple[list[QueueType], list[QueueType] | None, OnConfirm | None]:
+        """Hand ``message`` to the queues on the route led by other nodes; the local
+        queues, those, and the confirm the local part answers (the publisher's confirm
+        comes once every part answered, a nack if any part failed)."""
+        local: list[QueueType] = []
+        remote: list[QueueType] = []
+        for q in queues:
+            if q.remote:
+                remote.append(q)
+            else:
+                local.append(q)
+        if not remote:
+            return queues, None, on_confirm
+        if on_confirm is None:
+            for q in remote:
+                q.forward(message, None)
+            return local, remote, None
+        joint = JointConfirm(on_confirm, len(remote) + 1)
+        for q in remote:
+            q.forward(message, joint.part)
+        return local, remote, joint.part
 
     def _enqueue_all(self, queues: list[QueueType], message: Message) -> None:
         """Enqueue, log-only where memory is short.

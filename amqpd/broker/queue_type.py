@@ -31,7 +31,8 @@ settle | requeue):
   :meth:`fetch` -- the same for basic.get (a type may show the entry differently).
 * :meth:`delivered` -- the entry left for a consumer; ``acked`` for no-ack deliveries.
 * :meth:`settle` / :meth:`requeue` -- the client acked (or rejected without requeue),
-  or the entries go back to their places marked redelivered.
+  or the entries go back to their places marked redelivered. :meth:`reject` -- rejected
+  without requeue: dead-lettered, then settled.
 * :meth:`add_consumer` / :meth:`remove_consumer` -- basic.consume / basic.cancel and
   channel close.
 * :meth:`dispatch` -- at the end of a tick in which the queue became deliverable
@@ -78,6 +79,9 @@ class QueueType:
     needs_ext: ClassVar[bool] = False
     # arguments compared on redeclare; None: the classic set (vhost.EQUIVALENCE_ARGS)
     compared_arguments: ClassVar[frozenset[str] | None] = None
+    # the queue lives on another node (amqpd.cluster.remote_queue): the publish pipeline
+    # hands it messages through :meth:`forward`, basic.get goes through :meth:`fetch_for`
+    remote: ClassVar[bool] = False
 
     def __init__(
         self, vhost: VHost, name: str, durable: bool = False,
@@ -185,6 +189,17 @@ class QueueType:
     def delivered(self, entry: QueueEntry, acked: bool) -> None:
         raise NotImplementedError
 
+    def forward(self, message: Message,
+                on_confirm: Callable[[BaseException | None], None] | None) -> None:
+        """A :attr:`remote` queue: take a routed message, calling ``on_confirm`` (if
+        given) once its node has it as safe as its own publishers' messages."""
+        raise NotImplementedError
+
+    def fetch_for(self, channel: Any, no_ack: bool) -> None:
+        """A :attr:`remote` queue's basic.get: answered later through
+        ``channel.answer_get`` (the head is on another node)."""
+        raise NotImplementedError
+
     def published_message(self, entry: QueueEntry) -> Message:
         """The message of ``entry`` as it was published (what dead-lettering
         republishes): the entry's own unless the type decorated it."""
@@ -209,6 +224,12 @@ class QueueType:
 
     def requeue(self, entries: Iterable[QueueEntry]) -> None:
         raise NotImplementedError
+
+    def reject(self, entries: list[QueueEntry]) -> None:
+        """Rejected without requeue (basic.reject/nack): dead-lettered if the queue has
+        a dead-letter exchange, then settled."""
+        self.vhost.broker.dead_letter(self, entries, "rejected")
+        self.settle(entries)
 
     def purge(self) -> int:
         """Drop every ready message; how many there were."""

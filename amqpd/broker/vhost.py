@@ -214,6 +214,11 @@ class VHost:
         # x-queue-type picks the type, which checks the declaration
         cls = resolve(arguments or {}, name, self.name, durable, exclusive_owner is not None,
                       auto_delete, server_named)
+        placer = self.broker.queue_placer  # a cluster's leader locator; None on one node
+        if placer is not None and durable and exclusive_owner is None:
+            placed = placer(self, name, cls, auto_delete, arguments or {})
+            if placed is not None:  # led by another node, which was asked to create it
+                return placed
         q = cls(self, name, durable=durable, exclusive_owner=exclusive_owner,
                 auto_delete=auto_delete, arguments=arguments)
         self.queues[name] = q

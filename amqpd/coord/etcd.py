@@ -7,10 +7,12 @@ etcd-server 3.4 included) needs nothing but the aiohttp the HTTP API already use
 gateway is a thin mapping of the gRPC messages: keys and values travel base64-encoded,
 64-bit integers as decimal strings, and fields that hold their zero value are left out.
 
-Only what leader election needs is here: leases (grant, keep-alive, revoke), single-key
-and prefix reads, puts, deletes and transactions. Every call has a deadline (``timeout``,
-overridable per call): a coordinator that does not answer in time is the same as one
-that is gone, and callers (the election's fencing above all) must learn it promptly.
+Only what leader election and the cluster need is here: leases (grant, keep-alive,
+revoke), single-key and prefix reads, puts, deletes, transactions, and prefix watches
+(the gateway's streaming ``/v3/watch``: one JSON object per line). Every call has a
+deadline (``timeout``, overridable per call): a coordinator that does not answer in time
+is the same as one that is gone, and callers (the election's fencing above all) must
+learn it promptly.
 Several endpoints may be given; a call that cannot reach one tries the next within the
 same deadline.
 """
@@ -21,7 +23,7 @@ import base64
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -144,6 +146,20 @@ Op = Put | Get | Delete
 
 
 @dataclass(frozen=True)
+class WatchEvent:
+    """One change seen by a watch: ``deleted`` or a put of ``kv`` (whose ``value`` is
+    empty for a delete), at ``kv.mod_revision``."""
+
+    deleted: bool
+    kv: KeyValue
+
+
+class WatchCompacted(EtcdError):
+    """The watch's start revision was compacted away: read the prefix again, then watch
+    from the revision that read answered at."""
+
+
+@dataclass(frozen=True)
 class TxnResult:
     succeeded: bool
     revision: int
@@ -254,6 +270,66 @@ class EtcdClient:
                                               "range_end": _b64(_prefix_end(raw))}, timeout)
         return [KeyValue.from_json(kv) for kv in answer.get("kvs") or []]
 
+    async def range_prefix(self, prefix: bytes | str,
+                           timeout: float | None = None) -> tuple[int, list[KeyValue]]:
+        """Every key under ``prefix`` and the store revision the read saw (watch from the
+        next one to miss nothing and see nothing twice)."""
+        raw = prefix.encode() if isinstance(prefix, str) else prefix
+        answer = await self.call("kv/range", {"key": _b64(raw),
+                                              "range_end": _b64(_prefix_end(raw))}, timeout)
+        revision = int(answer.get("header", {}).get("revision", 0))
+        return revision, [KeyValue.from_json(kv) for kv in answer.get("kvs") or []]
+
+    async def watch_prefix(self, prefix: bytes | str, start_revision: int,
+                           connect_timeout: float | None = None,
+                           ) -> AsyncIterator[list[WatchEvent]]:
+        """Changes under ``prefix`` from ``start_revision`` on, one list per etcd
+        response (the changes of one revision travel together), until the stream ends
+        (raises :class:`EtcdUnavailable`) or the revision was compacted
+        (:class:`WatchCompacted`). The caller decides how long it waits for the next
+        batch; the stream itself has no deadline (etcd sends progress only on changes).
+        """
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=16, force_close=False))
+        raw = prefix.encode() if isinstance(prefix, str) else prefix
+        body = {"create_request": {"key": _b64(raw), "range_end": _b64(_prefix_end(raw)),
+                                   "start_revision": str(start_revision)}}
+        url = f"{self.endpoints[self._current]}/v3/watch"
+        timeout = self.timeout if connect_timeout is None else connect_timeout
+        try:
+            async with self._session.post(url, json=body, timeout=aiohttp.ClientTimeout(
+                    total=None, sock_connect=timeout)) as resp:
+                if resp.status >= 400:
+                    raise EtcdRequestError(f"etcd watch: HTTP {resp.status}", 0)
+                async for line in resp.content:
+                    if not line.strip():
+                        continue
+                    try:
+                        answer = json.loads(line)
+                    except ValueError as exc:
+                        raise EtcdError(f"etcd watch: not JSON: {line[:200]!r}") from exc
+                    if "error" in answer:
+                        raise EtcdRequestError(f"etcd watch: {answer['error']}",
+                                               int(answer["error"].get("grpc_code", 0)))
+                    result = answer.get("result") or {}
+                    if int(result.get("compact_revision", 0) or 0):
+                        raise WatchCompacted(f"etcd watch: revision {start_revision} was "
+                                             f"compacted (now {result['compact_revision']})")
+                    if result.get("canceled"):
+                        raise EtcdUnavailable("etcd watch: canceled by the server: "
+                                              + str(result.get("cancel_reason", "")))
+                    events = [WatchEvent(e.get("type") == "DELETE",
+                                         KeyValue.from_json(e.get("kv") or {}))
+                              for e in result.get("events") or []]
+                    if events:
+                        yield events
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            self._current = (self._current + 1) % len(self.endpoints)
+            raise EtcdUnavailable(f"etcd watch on {url}: {type(exc).__name__} {exc}") from exc
+        self._current = (self._current + 1) % len(self.endpoints)
+        raise EtcdUnavailable(f"etcd watch on {url}: the stream ended")
+
     async def put(self, key: bytes | str, value: bytes | str, lease: int = 0,
                   timeout: float | None = None) -> int:
         answer = await self.call("kv/put", Put(key, value, lease).to_json()["request_put"],
@@ -281,4 +357,5 @@ class EtcdClient:
 
 
 __all__ = ["Compare", "Delete", "EtcdClient", "EtcdError", "EtcdRequestError",
-           "EtcdUnavailable", "Get", "KeyValue", "Lease", "Put", "TxnResult"]
+           "EtcdUnavailable", "Get", "KeyValue", "Lease", "Put", "TxnResult", "WatchCompacted",
+           "WatchEvent"]

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from amqpd.http import (
     bindings,
+    cluster,
     connections,
     definitions,
     exchanges,
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqpd.http")
 
 RESOURCES = (overview, connections, exchanges, queues, bindings, vhosts, users, policies,
-             parameters, definitions, health, metrics, webui, limits, replication)
+             parameters, definitions, health, metrics, webui, limits, replication, cluster)
 
 
 def build_router(api: BrokerAPI | None = None) -> Router:

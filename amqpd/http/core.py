@@ -327,6 +327,13 @@ def make_dispatcher(
                 # (but for the replication layer's own operations: amqpctl promote)
                 raise HttpError(503, "not_active", warren.refusal()
                                 or "this node is not the active one")
+            cluster = api.cluster()
+            if cluster is not None and request.method not in ("GET", "HEAD") \
+                    and route.auth and not cluster.serving() \
+                    and not request.path.startswith("/api/cluster/"):
+                # a paused cluster node takes no change (it could not reach the others);
+                # join_cluster and forget_cluster_node still work
+                raise HttpError(503, "paused", cluster.refusal() or "this node is paused")
             # each request runs in its own task, so this context ends with the request
             structlog.contextvars.bind_contextvars(
                 http_method=request.method, http_path=request.path,

@@ -167,6 +167,13 @@ def _all_nodes(ctx: Ctx) -> list[dict[str, Any]]:
     """This node, then (in a warren) the others as they last recorded themselves in etcd,
     each with amqpd's role, epoch and replication lag fields."""
     info = node_info(ctx)
+    cluster = ctx.api.cluster()
+    if cluster is not None:
+        # every member: this node's full entry, the others' from the cluster's view
+        others = [n for n in cluster.node_entries() if n["name"] != info["name"]]
+        mine = next((n for n in cluster.node_entries() if n["name"] == info["name"]), {})
+        info.update(mine)
+        return [info, *others]
     warren = ctx.api.warren()
     if warren is None:
         return [info]
@@ -202,7 +209,7 @@ async def set_cluster_name(ctx: Ctx) -> Any:
     name = body.get("name")
     if not isinstance(name, str) or not name:
         raise bad_request("name must be a non-empty string")
-    ctx.api.set_cluster_name(name)
+    await ctx.api.set_cluster_name_everywhere(name)
     return no_content()
 
 

@@ -162,3 +162,69 @@ def test_replication_cli_flags() -> None:
                                       "--replication-max-lag", "0.5"])
     assert args.replication_role == "standby" and args.replication_peers == "h:1"
     assert args.replication_min_insync_standbys == 2 and args.replication_max_lag == 0.5
+
+
+def test_no_cluster_name_is_a_single_node() -> None:
+    s = load_settings(TOML, environ={})
+    assert s.cluster.name == "" and not s.cluster.enabled
+
+
+def test_every_cluster_key_is_documented_in_etc_toml() -> None:
+    from amqpd.config import CLUSTER_KEYS
+
+    text = TOML.read_text()
+    section = text[text.index("# [cluster]"):]
+    missing = [k for k in CLUSTER_KEYS if not re.search(rf"^#\s*{k}\s*=", section, re.M)]
+    assert not missing, f"cluster keys not documented in etc/amqpd.toml: {missing}"
+
+
+def test_cluster_section_file_env_flags(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('node_name = "n1"\n[cluster]\nname = "prod"\n'
+                   'etcd = ["http://127.0.0.1:2379"]\npartition_handling = "ignore"\n')
+    s = load_settings(cfg, {"cluster_lease_ttl": 3.0},
+                      environ={"AMQPD_CLUSTER_HEARTBEAT_TIMEOUT": "1.5"})
+    c = s.cluster
+    assert (c.name, c.etcd, c.partition_handling) == ("prod", ["http://127.0.0.1:2379"],
+                                                     "ignore")
+    assert c.lease_ttl == 3.0 and c.heartbeat_timeout == 1.5
+    assert s.node_name == "n1" and s.cluster_name == ""  # the display name is apart
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"AMQPD_CLUSTER": "x"}, "cluster.etcd"),
+    ({"AMQPD_CLUSTER": "x", "AMQPD_CLUSTER_ETCD": "http://e:1",
+      "AMQPD_CLUSTER_PARTITION_HANDLING": "autoheal"}, "partition_handling"),
+    ({"AMQPD_CLUSTER": "x", "AMQPD_CLUSTER_ETCD": "http://e:1",
+      "AMQPD_CLUSTER_QUEUE_LEADER_LOCATOR": "nearest"}, "queue_leader_locator"),
+    ({"AMQPD_CLUSTER": "x", "AMQPD_CLUSTER_ETCD": "http://e:1",
+      "AMQPD_CLUSTER_HEARTBEAT_LISTEN": "nowhere"}, "heartbeat_listen"),
+    ({"AMQPD_CLUSTER": "x", "AMQPD_CLUSTER_ETCD": "http://e:1",
+      "AMQPD_CLUSTER_HEARTBEAT_TIMEOUT": "0.1"}, "heartbeat_timeout"),
+    ({"AMQPD_CLUSTER": "x", "AMQPD_CLUSTER_ETCD": "http://e:1",
+      "AMQPD_REPLICATION_ROLE": "active", "AMQPD_REPLICATION_SECRET": "s",
+      "AMQPD_REPLICATION_LISTEN": "127.0.0.1:1"}, "not both"),
+])
+def test_cluster_settings_refused(env: dict[str, str], words: str) -> None:
+    with pytest.raises(ConfigError, match=words):
+        load_settings(None, environ=env)
+
+
+def test_cluster_cookie_file_created_once(tmp_path: Path) -> None:
+    from amqpd.config import ClusterConfig
+
+    cc = ClusterConfig(name="x", etcd=["http://e:1"])
+    first = cc.shared_cookie(str(tmp_path))
+    assert first and (tmp_path / "cluster.cookie").stat().st_mode & 0o777 == 0o600
+    assert cc.shared_cookie(str(tmp_path)) == first
+    assert ClusterConfig(cookie="abc").shared_cookie(str(tmp_path)) == b"abc"
+
+
+def test_amqpd_cluster_name_stays_the_advertised_name() -> None:
+    """AMQPD_CLUSTER_NAME is the node-wide cluster_name (server properties, federation);
+    the [cluster] section's name is AMQPD_CLUSTER."""
+    s = load_settings(None, environ={"AMQPD_CLUSTER_NAME": "site-a"})
+    assert s.cluster_name == "site-a" and not s.cluster.enabled
+    s = load_settings(None, environ={"AMQPD_CLUSTER": "prod",
+                                     "AMQPD_CLUSTER_ETCD": "http://e:1"})
+    assert s.cluster.name == "prod" and s.cluster_name == ""

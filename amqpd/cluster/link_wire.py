@@ -1,0 +1,201 @@
+"""The inter-node link's wire format: frames, their fields, and the cookie handshake.
+
+Sans-IO (no sockets, no asyncio), so the format is tested apart from the connection
+(:mod:`amqpd.cluster.link`). One link carries everything two nodes say to each other
+about queues, multiplexed by a *stream* number: the node that uses a queue led by its
+peer opens a stream for it and every frame about that queue carries the stream's number.
+
+A frame is ``length:u32 type:u8 stream:u32 fields...`` (``length`` counts what follows
+it). Each frame type has a fixed field layout (:data:`LAYOUTS`): ``I`` u32, ``Q`` u64,
+``B`` u8, ``s`` bytes with a u16 length, ``b`` bytes with a u32 length, ``j`` JSON (u32
+length; control frames only, never per message), ``L`` a list of u64 (u32 count).
+
+The handshake authenticates both ends with the shared cookie without sending it: each
+side sends a random nonce and proves it holds the cookie with an HMAC-SHA256 over both
+nonces and both node names (:func:`proof`), the dialler's proof tagged ``client``, the
+listener's ``server``, so a proof can be neither replayed nor reflected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import struct
+from typing import Any, Final
+
+MAGIC: Final = b"AMQPD-LINK\x00\x01"  # the dialler's first bytes (protocol version 1)
+MAX_FRAME: Final = 256 << 20  # a message body is bounded by the AMQP frame limits anyway
+
+# handshake (stream 0)
+HELLO: Final = 1  # dialler -> listener: node name, nonce
+CHALLENGE: Final = 2  # listener -> dialler: node name, nonce, listener's proof
+PROVE: Final = 3  # dialler -> listener: dialler's proof
+WELCOME: Final = 4  # listener -> dialler: accepted
+REFUSED: Final = 5  # either way: why, then the connection closes
+PING: Final = 6  # either way, on a live link every PING_INTERVAL: it is alive
+
+# queue streams (the user opens, the leader answers)
+OPEN: Final = 10  # vhost, queue name
+OPENED: Final = 11  # ready, unacked, consumers
+FAILED: Final = 12  # reply code, text (the stream is closed)
+CLOSE: Final = 13  # the user is done with the stream
+STATS: Final = 14  # leader -> user: ready, unacked, consumers (about once a second)
+PUBLISH: Final = 20  # seq (0: unconfirmed), persistent, exchange, key, props, body
+CONFIRM: Final = 21  # leader -> user: seq, ok (every publish seq <= is answered first)
+CREDIT: Final = 22  # leader -> user: more publishes it may send
+CONSUME: Final = 30  # consumer id, no_ack, credit, arguments
+DELIVER: Final = 31  # consumer id, delivery id, redelivered, ready, exchange, key, props, body
+GRANT: Final = 32  # user -> leader: consumer id, more deliveries it may send
+CANCEL: Final = 33  # user -> leader: consumer id
+CANCELLED: Final = 34  # leader -> user: consumer id (queue deleted: basic.cancel)
+GET: Final = 40  # request id, no_ack
+GET_OK: Final = 41  # request id, delivery id, redelivered, ready, exchange, key, props, body
+GET_EMPTY: Final = 42  # request id
+SETTLE: Final = 50  # delivery ids (acked, or rejected without requeue)
+REQUEUE: Final = 51  # delivery ids
+REJECT: Final = 52  # delivery ids (rejected without requeue: dead-lettered on the leader)
+PURGE: Final = 60  # request id
+PURGED: Final = 61  # request id, count
+DELETE: Final = 62  # request id
+DELETED: Final = 63  # request id, count
+DECLARE: Final = 70  # request id, declaration (JSON): create the queue here (locators)
+DECLARED: Final = 71  # request id, reply code (0: ok), text
+
+LAYOUTS: Final[dict[int, str]] = {
+    HELLO: "sb", CHALLENGE: "sbb", PROVE: "b", WELCOME: "", REFUSED: "s", PING: "",
+    OPEN: "ss", OPENED: "QQI", FAILED: "Is", CLOSE: "", STATS: "QQI",
+    PUBLISH: "QBssbb", CONFIRM: "QB", CREDIT: "I",
+    CONSUME: "IBIj", DELIVER: "IQBQssbb", GRANT: "II", CANCEL: "I", CANCELLED: "I",
+    GET: "IB", GET_OK: "IQBQssbb", GET_EMPTY: "I",
+    SETTLE: "L", REQUEUE: "L", REJECT: "L",
+    PURGE: "I", PURGED: "IQ", DELETE: "I", DELETED: "IQ",
+    DECLARE: "Ij", DECLARED: "IIs",
+}
+
+_HEAD = struct.Struct(">IBI")
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+
+
+class WireError(Exception):
+    """The peer sent something this format does not allow (the link is closed)."""
+
+
+def encode(kind: int, stream: int, *fields: Any) -> bytes:
+    """One frame of type ``kind`` on ``stream`` with ``fields`` in its layout's order."""
+    layout = LAYOUTS[kind]
+    if len(fields) != len(layout):
+        raise ValueError(f"frame {kind} takes {len(layout)} fields, got {len(fields)}")
+    parts: list[bytes] = []
+    for code, value in zip(layout, fields, strict=True):
+        if code == "I":
+            parts.append(_U32.pack(value))
+        elif code == "Q":
+            parts.append(_U64.pack(value))
+        elif code == "B":
+            parts.append(bytes((int(value),)))
+        elif code == "s":
+            raw = value.encode() if isinstance(value, str) else value
+            parts.append(_U16.pack(len(raw)) + raw)
+        elif code == "b":
+            parts.append(_U32.pack(len(value)) + value)
+        elif code == "j":
+            raw = json.dumps(value, separators=(",", ":")).encode()
+            parts.append(_U32.pack(len(raw)) + raw)
+        else:  # "L"
+            parts.append(_U32.pack(len(value)) + b"".join(_U64.pack(v) for v in value))
+    body = b"".join(parts)
+    return _HEAD.pack(len(body) + 5, kind, stream) + body
+
+
+def decode_fields(kind: int, data: bytes | memoryview) -> list[Any]:
+    """The fields of a frame's body (after its head); WireError if it does not fit."""
+    layout = LAYOUTS.get(kind)
+    if layout is None:
+        raise WireError(f"unknown frame type {kind}")
+    view = memoryview(data)
+    pos = 0
+    out: list[Any] = []
+    try:
+        for code in layout:
+            if code == "I":
+                out.append(_U32.unpack_from(view, pos)[0])
+                pos += 4
+            elif code == "Q":
+                out.append(_U64.unpack_from(view, pos)[0])
+                pos += 8
+            elif code == "B":
+                out.append(view[pos])
+                pos += 1
+            elif code == "s":
+                n = _U16.unpack_from(view, pos)[0]
+                raw = bytes(view[pos + 2:pos + 2 + n])
+                if len(raw) != n:
+                    raise WireError("short string field")
+                out.append(raw.decode())
+                pos += 2 + n
+            elif code in "bj":
+                n = _U32.unpack_from(view, pos)[0]
+                raw = bytes(view[pos + 4:pos + 4 + n])
+                if len(raw) != n:
+                    raise WireError("short bytes field")
+                out.append(raw if code == "b" else json.loads(raw))
+                pos += 4 + n
+            else:  # "L"
+                n = _U32.unpack_from(view, pos)[0]
+                end = pos + 4 + 8 * n
+                if end > len(view):
+                    raise WireError("short list field")
+                out.append(list(struct.unpack_from(f">{n}Q", view, pos + 4)))
+                pos = end
+    except (struct.error, IndexError, UnicodeDecodeError, ValueError) as exc:
+        raise WireError(f"malformed frame {kind}: {exc}") from exc
+    if pos != len(view):
+        raise WireError(f"frame {kind} has {len(view) - pos} bytes too many")
+    return out
+
+
+class FrameReader:
+    """Splits received bytes into ``(kind, stream, fields)`` frames."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[int, int, list[Any]]]:
+        buf = self._buf
+        buf += data
+        frames: list[tuple[int, int, list[Any]]] = []
+        pos = 0
+        n = len(buf)
+        while n - pos >= 9:
+            length, kind, stream = _HEAD.unpack_from(buf, pos)
+            if length < 5 or length > MAX_FRAME:
+                raise WireError(f"frame length {length} out of range")
+            end = pos + 4 + length
+            if end > n:
+                break
+            frames.append((kind, stream, decode_fields(kind, bytes(buf[pos + 9:end]))))
+            pos = end
+        if pos:
+            del buf[:pos]
+        return frames
+
+
+def proof(cookie: bytes, role: str, dialler: str, listener: str, dialler_nonce: bytes,
+          listener_nonce: bytes) -> bytes:
+    """What ``role`` ("client": the dialler, "server": the listener) sends to show it
+    holds ``cookie``: bound to both names and both nonces, so it is worthless anywhere
+    else."""
+    msg = b"\x00".join((role.encode(), dialler.encode(), listener.encode(), dialler_nonce,
+                        listener_nonce))
+    return hmac.new(cookie, msg, hashlib.sha256).digest()
+
+
+def proof_ok(expected: bytes, got: bytes) -> bool:
+    return hmac.compare_digest(expected, got)
+
+
+__all__ = ["LAYOUTS", "MAGIC", "FrameReader", "WireError", "decode_fields", "encode",
+           "proof", "proof_ok"]

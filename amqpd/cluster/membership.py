@@ -1,0 +1,227 @@
+"""Membership through etcd: who joined the cluster, who runs now, what the cluster is called.
+
+Keys under ``{etcd_prefix}/{cluster name}/``:
+
+* ``members/<node>``: the node has joined (JSON ``{"name", "joined"}``, no lease). Written
+  when a node first starts in the cluster or by ``amqpctl join_cluster``; deleted only
+  by ``amqpctl forget_cluster_node`` (refused while that node runs). The members are
+  what a majority is counted over.
+* ``nodes/<node>``: the node's record (``{name, link, heartbeat, amqp_port, http_port,
+  started}``) attached to its lease (``lease_ttl``), renewed every third of it. Present
+  = the process runs and reaches etcd. Revoked on a clean stop, so the others see the
+  node go at once; after a kill -9 it expires with the lease (the heartbeats tell
+  sooner).
+* ``meta/cluster_name``: the name ``set_cluster_name`` gave the cluster.
+
+A node that once joined keeps a marker (``<data_dir>/cluster.json``). Finding the marker
+but not its ``members/`` key at start means it was forgotten while it was down; it then
+stays paused (serves no client) until ``amqpctl join_cluster`` makes it a member again,
+as a forgotten RabbitMQ node must be reset and joined again.
+
+:meth:`Membership.poll` reads members and records every ``poll_interval``; each answer
+refreshes :attr:`last_ok`, which is what "this node reaches etcd" means to the pause
+decision. Every etcd call has a deadline (the client's ``timeout``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from amqpd.cluster.view import ClusterView
+from amqpd.coord.etcd import EtcdClient, EtcdError, Get
+
+log = logging.getLogger("amqpd.cluster.membership")
+
+
+class NotAllowed(RuntimeError):
+    """An operation the cluster's state refuses (the message says why)."""
+
+
+class NodeNameInUse(ValueError):
+    """Another running process holds this node's name in the cluster: refused at start
+    (node names must be distinct, as Erlang distribution makes them in RabbitMQ)."""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Membership:
+    def __init__(self, view: ClusterView, etcd: EtcdClient, root: str, lease_ttl: float,
+                 record: Callable[[], dict[str, Any]], data_dir: str,
+                 cluster_name: str) -> None:
+        self.view = view
+        self.etcd = etcd
+        self.root = root
+        self.lease_ttl = lease_ttl
+        self.record = record  # this node's nodes/ record, built when written
+        self.marker = Path(data_dir) / "cluster.json"
+        self.cluster_name = cluster_name
+        self.poll_interval = min(0.5, lease_ttl / 6)
+        self.lease_id = 0
+        self.last_ok = float("-inf")  # time.monotonic() of the last etcd answer
+        self.last_renewal = float("-inf")
+        self.display_name: str | None = None
+        self.forgotten = False
+        self._last_error_log = 0.0
+
+    def key(self, section: str, name: str = "") -> str:
+        return f"{self.root}/{section}/{name}"
+
+    # ------------------------------------------------------------------ joining
+    def _marker_says_joined(self) -> bool:
+        try:
+            data = json.loads(self.marker.read_text())
+        except (OSError, ValueError):
+            return False
+        return isinstance(data, dict) and data.get("cluster") == self.cluster_name
+
+    def _write_marker(self) -> None:
+        self.marker.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.marker.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"cluster": self.cluster_name,
+                                   "node": self.view.node_name, "joined": time.time()}))
+        tmp.replace(self.marker)
+
+    async def start(self) -> None:
+        """Join on first start (or find out that this node was forgotten), register."""
+        me = self.view.node_name
+        held = await self.etcd.get(self.key("nodes", me))
+        if held is not None:
+            self._check_name_free(held.json() if held.value else {})
+        existing = await self.etcd.get(self.key("members", me))
+        if existing is None and self._marker_says_joined():
+            self.forgotten = True
+            log.error("cluster: this node was removed from cluster %r (forget_cluster_node) "
+                      "while it was down; it serves no client until `amqpctl join_cluster "
+                      "<member>` joins it again", self.cluster_name)
+        elif existing is None:
+            await self.join()
+        else:
+            self._write_marker()
+        await self.register()
+        await self.poll()
+
+    def _check_name_free(self, rec: dict[str, Any]) -> None:
+        """A record of this name under a live lease: ours from before a kill -9 (same
+        host, that process gone: its lease just has not run out), or another process's."""
+        if not isinstance(rec, dict):
+            return
+        host, pid = rec.get("host"), rec.get("pid")
+        if host == socket.gethostname() and isinstance(pid, int) \
+                and (pid == os.getpid() or not _pid_alive(pid)):
+            return
+        raise NodeNameInUse(
+            f"node name {self.view.node_name!r} is in use in cluster {self.cluster_name!r} "
+            f"by a running node (host {host}, pid {pid}); every node needs a distinct "
+            "node_name")
+
+    async def join(self) -> None:
+        me = self.view.node_name
+        await self.etcd.put(self.key("members", me),
+                            json.dumps({"name": me, "joined": time.time()}))
+        self._write_marker()
+        self.forgotten = False
+        log.info("cluster: node %s joined cluster %r", me, self.cluster_name)
+
+    async def register(self) -> None:
+        """A fresh lease and this node's record under it."""
+        lease = await self.etcd.grant(max(round(self.lease_ttl), 2))
+        self.lease_id = lease.id
+        await self.etcd.put(self.key("nodes", self.view.node_name),
+                            json.dumps(self.record()), lease=lease.id)
+        self.last_renewal = time.monotonic()
+
+    async def update_record(self) -> None:
+        """Write this node's record again under its lease (an address changed)."""
+        if not self.lease_id:
+            await self.register()
+            return
+        await self.etcd.put(self.key("nodes", self.view.node_name),
+                            json.dumps(self.record()), lease=self.lease_id)
+
+    async def forget(self, node: str) -> None:
+        """Remove a stopped node from the members (RabbitMQ's forget_cluster_node)."""
+        if node == self.view.node_name:
+            raise NotAllowed("a node cannot forget itself; run forget_cluster_node on "
+                             "another member")
+        if self.view.is_running(node) or node in self.view.records:
+            raise NotAllowed(f"node {node} is running; stop it first")
+        if await self.etcd.get(self.key("members", node)) is None:
+            raise LookupError(f"node {node} is not a member of cluster {self.cluster_name!r}")
+        await self.etcd.delete(self.key("members", node))
+        log.warning("cluster: node %s forgotten (removed from the members)", node)
+        await self.poll()
+
+    # ------------------------------------------------------------------ the loop
+    async def poll(self) -> None:
+        members = await self.etcd.get_prefix(self.key("members"))
+        records = await self.etcd.get_prefix(self.key("nodes"))
+        meta = await self.etcd.txn([], [Get(self.key("meta", "cluster_name"))])
+        names = {kv.key.decode().rsplit("/", 1)[-1] for kv in members}
+        recs: dict[str, dict[str, Any]] = {}
+        for kv in records:
+            try:
+                rec = kv.json()
+            except ValueError:
+                continue
+            if isinstance(rec, dict):
+                recs[kv.key.decode().rsplit("/", 1)[-1]] = rec
+        found = meta.responses[0] if meta.responses else []
+        self.display_name = found[0].value.decode() if found and found[0].value else None
+        self.last_ok = time.monotonic()
+        self.view.update(names, recs)
+        if self.view.node_name not in recs and self.lease_id:
+            # our lease ran out (etcd was out of reach longer than it): a new one
+            log.warning("cluster: this node's etcd lease expired; registering again")
+            await self.register()
+
+    async def run(self) -> None:
+        renew_every = self.lease_ttl / 3
+        while True:
+            try:
+                if time.monotonic() - self.last_renewal >= renew_every:
+                    ttl = await self.etcd.keepalive(self.lease_id) if self.lease_id else 0
+                    if ttl <= 0:
+                        await self.register()
+                    else:
+                        self.last_renewal = time.monotonic()
+                await self.poll()
+            except asyncio.CancelledError:
+                raise
+            except EtcdError as exc:
+                now = time.monotonic()
+                if now - self._last_error_log > 5:
+                    self._last_error_log = now
+                    log.warning("cluster: etcd out of reach: %s", exc)
+            await asyncio.sleep(self.poll_interval)
+
+    async def set_display_name(self, name: str) -> None:
+        await self.etcd.put(self.key("meta", "cluster_name"), name)
+        self.display_name = name
+
+    async def leave(self) -> None:
+        """A clean stop: revoke the lease, so the record goes at once (still a member)."""
+        if self.lease_id:
+            try:
+                await self.etcd.revoke(self.lease_id, timeout=1.0)
+            except EtcdError as exc:
+                log.info("cluster: lease not revoked (%s); it expires by itself", exc)
+            self.lease_id = 0
+
+
+__all__ = ["Membership", "NotAllowed"]

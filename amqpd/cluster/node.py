@@ -1,0 +1,292 @@
+"""Cluster: one node's part in a named cluster (``broker.cluster``, ``api.cluster()``).
+
+It is the :class:`~amqpd.cluster.view.ClusterView` the rest of the broker reads, and it
+runs what feeds the view and acts on it:
+
+* :class:`~amqpd.cluster.membership.Membership`: joining, the lease and the node's
+  record, reading members and records from etcd;
+* :class:`~amqpd.cluster.heartbeat.Heartbeats`: UDP heartbeats to and from the others;
+* :class:`~amqpd.cluster.definitions.DefinitionMirror`: one set of definitions;
+* the partition decision, every ``DECIDE_INTERVAL`` seconds.
+
+Partition handling (RabbitMQ's ``cluster_partition_handling``): with ``pause_minority``
+(the default) a node that does not see more than half of the members running, or that
+has not reached etcd for ``etcd_grace`` seconds (an unreachable coordinator counts as not
+seeing a majority: the definitions and the membership are etcd's), *pauses*: it closes
+every AMQP connection with 320 CONNECTION_FORCED and refuses new ones at
+connection.open, until it sees a majority again; it also refuses HTTP API changes
+(503). With ``ignore`` it goes on serving whatever it sees. In both modes a node serves
+no client before its first sync with etcd, nor after it was forgotten. Health checks
+stay per node: they answer for this node whatever the cluster does.
+
+Nothing here reaches into the broker: everything goes through
+:class:`amqpd.broker.api.BrokerAPI` (the import-linter contract in pyproject.toml).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+from amqpd.cluster.definitions import KIND_BINDING, KIND_QUEUE, DefinitionMirror
+from amqpd.cluster.heartbeat import Heartbeats
+from amqpd.cluster.membership import Membership, NotAllowed
+from amqpd.cluster.view import ClusterView, parse_addr
+from amqpd.config import split_addr
+from amqpd.coord.etcd import EtcdClient, EtcdError
+
+if TYPE_CHECKING:
+    from amqpd.broker.api import BrokerAPI
+    from amqpd.config import Settings
+
+log = logging.getLogger("amqpd.cluster")
+
+DECIDE_INTERVAL = 0.1
+START_DEADLINE = 10.0  # seconds start() waits for etcd before going on in the background
+
+
+def _addr(host: str, port: int) -> str:
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class Cluster(ClusterView):
+    def __init__(self, api: BrokerAPI, settings: Settings) -> None:
+        cc = settings.cluster
+        super().__init__(settings.node_name, cc.heartbeat_timeout)
+        self.api = api
+        self.config = cc
+        self.cluster_name = cc.name
+        self.root = f"{cc.etcd_prefix.rstrip('/')}/{cc.name}"
+        self.cookie = cc.shared_cookie(settings.data_dir)
+        self.started_at = time.time()
+        self.etcd_grace = max(cc.lease_ttl * 0.6, 2.0)
+        self.etcd = EtcdClient(cc.etcd, timeout=1.0)
+        self.membership = Membership(self, self.etcd, self.root, cc.lease_ttl, self.record,
+                                     settings.data_dir, cc.name)
+        self.mirror = DefinitionMirror(self, api, self.etcd, self.root)
+        self.heartbeats = Heartbeats(self, cc.name, self.cookie, split_addr(cc.heartbeat_listen),
+                                     cc.heartbeat_interval, self.heartbeat_targets)
+        # the inter-node link listener's address, once it listens (amqpd/cluster/link.py)
+        self.link_address: tuple[str, int] | None = None
+        self.pauses = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._sync_task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Heartbeats, then join and sync with etcd (up to START_DEADLINE; after that the
+        node goes on trying in the background, paused)."""
+        await self.heartbeats.start()
+        self._sync_task = asyncio.create_task(self._first_sync(), name="cluster-first-sync")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._sync_task), START_DEADLINE)
+        self._tasks.append(asyncio.create_task(self._decide_loop(), name="cluster-decide"))
+        self.decide()
+
+    async def _first_sync(self) -> None:
+        delay = 0.2
+        while True:
+            try:
+                await self.membership.start()
+                await self.mirror.initial_sync()
+                break
+            except EtcdError as exc:
+                log.warning("cluster: cannot reach etcd to join %r yet: %s", self.cluster_name,
+                            exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        self.mirror.start()
+        self._tasks.append(asyncio.create_task(self.membership.run(), name="cluster-members"))
+        log.info("cluster: node %s in cluster %r with %s", self.node_name, self.cluster_name,
+                 ", ".join(sorted(self.members)))
+
+    async def stop(self) -> None:
+        await self.mirror.stop()
+        for task in [*self._tasks, *([self._sync_task] if self._sync_task else [])]:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        await self.heartbeats.stop()
+        await self.membership.leave()
+        await self.etcd.close()
+
+    # ------------------------------------------------------------------ records
+    def record(self) -> dict[str, Any]:
+        """This node's ``nodes/`` record (the contract in /work/wt/CLUSTER.md)."""
+        api = self.api
+        amqp = next((p for proto, _h, p in api.listeners() if proto == "amqp"), 0)
+        link = self.config.link_advertise or (
+            _addr(*self.link_address) if self.link_address is not None else "")
+        heartbeat = self.config.heartbeat_advertise or _addr(*self.heartbeats.address)
+        return {"name": self.node_name, "link": link, "heartbeat": heartbeat,
+                "amqp_port": amqp, "http_port": api.http_port(), "started": self.started_at,
+                # who holds the name: a second process with it is refused at start
+                "host": socket.gethostname(), "pid": os.getpid()}
+
+    async def publish_record(self) -> None:
+        """Write this node's record again (its link listener started after joining:
+        set ``link_address`` first)."""
+        await self.membership.update_record()
+
+    def heartbeat_targets(self) -> dict[str, tuple[str, int]]:
+        out = {}
+        for name, rec in self.records.items():
+            if name == self.node_name:
+                continue
+            addr = parse_addr(rec.get("heartbeat"))
+            if addr is not None:
+                out[name] = addr
+        return out
+
+    # ------------------------------------------------------------------ the decision
+    def etcd_reachable(self) -> bool:
+        return time.monotonic() - self.membership.last_ok <= self.etcd_grace
+
+    def pause_cause(self) -> str | None:
+        """Why this node must not serve clients now; None: it may."""
+        if not self.mirror.synced:
+            return "it has not yet synchronised with the cluster through etcd"
+        if self.membership.forgotten:
+            return ("it was removed from the cluster (forget_cluster_node); "
+                    "`amqpctl join_cluster <member>` joins it again")
+        if self.config.partition_handling != "pause_minority":
+            return None
+        if not self.etcd_reachable():
+            return "it cannot reach etcd (cluster_partition_handling = pause_minority)"
+        if not self.sees_majority():
+            running = [m for m in sorted(self.members) if self.is_running(m)]
+            return (f"it sees {len(running)} of {len(self.members)} cluster members "
+                    f"({', '.join(running)}): a minority "
+                    "(cluster_partition_handling = pause_minority)")
+        return None
+
+    def decide(self) -> None:
+        cause = self.pause_cause()
+        if cause is not None and not self.paused:
+            self.paused, self.pause_reason = True, cause
+            self.pauses += 1
+            log.warning("cluster: node %s pauses: %s", self.node_name, cause)
+            for session in self.api.sessions():
+                self.api.close_connection(session, self.refusal() or cause)
+        elif cause is None and self.paused:
+            self.paused, self.pause_reason = False, ""
+            log.info("cluster: node %s serves clients (sees %d of %d members)",
+                     self.node_name, sum(1 for m in self.members if self.is_running(m)),
+                     len(self.members))
+        elif cause is not None:
+            self.pause_reason = cause
+        self.check_changes()
+
+    async def _decide_loop(self) -> None:
+        while True:
+            await asyncio.sleep(DECIDE_INTERVAL)
+            try:
+                self.decide()
+            except Exception:
+                log.exception("cluster: partition decision failed")
+
+    def refusal(self) -> str | None:
+        if not self.paused:
+            return None
+        return f"node {self.node_name} is paused: {self.pause_reason}"
+
+    # ------------------------------------------------------------------ ClusterStatus
+    def records_queue(self, vhost: str, name: str) -> bool:
+        return self.catalogue.get((vhost, name)) in (None, self.node_name)
+
+    def definition_recorded(self, kind: int, key: str, body: bytes) -> None:
+        self.mirror.recorded(kind, key, body)
+
+    def after_mirrored(self, callback: Any) -> Any:
+        return self.mirror.after_mirrored(callback)
+
+    def display_name(self) -> str | None:
+        return self.membership.display_name
+
+    async def set_display_name(self, name: str) -> None:
+        await self.membership.set_display_name(name)
+
+    async def join(self, via: str) -> dict[str, Any]:
+        """``amqpctl join_cluster <via>``: (re)join the cluster ``via`` is a member of."""
+        await self.membership.poll()
+        if via != self.node_name and via not in self.members:
+            raise LookupError(f"node {via} is not a member of cluster {self.cluster_name!r} "
+                              f"(members: {', '.join(sorted(self.members)) or 'none'})")
+        await self.membership.join()
+        await self.membership.poll()
+        # etcd's definitions replace what this node held while it was out
+        await self.mirror.initial_sync()
+        self.decide()
+        return self.status()
+
+    async def forget(self, node: str) -> None:
+        await self.membership.forget(node)
+
+    def node_entries(self) -> list[dict[str, Any]]:
+        out = []
+        for name, info in self.nodes().items():
+            rec = self.records.get(name, {})
+            entry: dict[str, Any] = {
+                "name": name, "type": "disc", "running": info.running,
+                "partitions": [], "being_drained": False,
+                "amqpd_member": name in self.members,
+                "amqpd_addresses": {"link": rec.get("link"), "heartbeat": rec.get("heartbeat"),
+                                    "amqp_port": info.amqp_port,
+                                    "http_port": info.http_port},
+            }
+            if name == self.node_name:
+                entry["partitions"] = self.partitioned_from()
+                entry["amqpd_paused"] = self.paused
+                entry["amqpd_pause_reason"] = self.pause_reason or None
+            elif "started" in rec:
+                entry["uptime"] = int((time.time() - float(rec["started"])) * 1000)
+            out.append(entry)
+        return out
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "cluster_name": self.display_name() or self.cluster_name,
+            "cluster": self.cluster_name,
+            "node": self.node_name,
+            "disk_nodes": sorted(self.members),
+            "running_nodes": self.running_nodes(),
+            "partitions": {self.node_name: self.partitioned_from()}
+            if self.partitioned_from() else {},
+            "partition_handling": self.config.partition_handling,
+            "paused": self.paused,
+            "pause_reason": self.pause_reason or None,
+            "etcd_reachable": self.etcd_reachable(),
+            "definitions_revision": self.mirror.revision,
+            "definitions_pending": len(self.mirror.pending),
+        }
+
+    def complete_export(self, data: dict[str, Any], vhost: str | None) -> dict[str, Any]:
+        def ident(section: str, item: dict[str, Any]) -> tuple[Any, ...]:
+            vh = item.get("vhost", vhost)
+            if section == "queues":
+                return (vh, item.get("name"))
+            return (vh, *sorted((k, repr(v)) for k, v in item.items() if k != "vhost"))
+
+        for section, kind in (("queues", KIND_QUEUE), ("bindings", KIND_BINDING)):
+            have = {ident(section, item) for item in data.get(section, [])}
+            for item in self.mirror.catalogue_items(kind):
+                if vhost is not None and item.get("vhost") != vhost:
+                    continue
+                if ident(section, item) in have:
+                    continue
+                if vhost is not None:
+                    item = {k: v for k, v in item.items() if k != "vhost"}
+                data.setdefault(section, []).append(item)
+        return data
+
+
+__all__ = ["Cluster", "NotAllowed"]

@@ -1,0 +1,1027 @@
+"""Queues led by another node: :class:`RemoteQueue` here, :class:`Served` on the leader.
+
+Every queue lives on one node, its leader. Any other node that knows the queue (the
+cluster's definitions: :func:`materialise`) holds a :class:`RemoteQueue` in its vhost in
+the queue's place, a queue type (:mod:`amqpd.broker.queue_type`) whose operations go
+over the link to the leader (:mod:`amqpd.cluster.link`, frames in
+:mod:`amqpd.cluster.link_wire`), so channels, exchanges and the API use it as any queue:
+
+* publish: routing happens on the node where the message arrives; the publish pipeline
+  hands the message to :meth:`RemoteQueue.forward`. The leader enqueues it as its own
+  publish pipeline would (length limits, the store for persistent messages in durable
+  queues) and confirms it after its group commit; the publisher's confirm waits for that
+  (:class:`amqpd.broker.publish.JointConfirm`). Publishes are sent within a credit the
+  leader grants per stream (:data:`PUBLISH_WINDOW`, given back as it takes them), so a
+  fast publisher is held on its own node, where its queue shows the backlog and the
+  channel's flow control slows it.
+* consume: the leader attaches a consumer of its own (priority, exclusive and single
+  active consumer are the leader's business) that delivers only within the credit this
+  node grants: the consumer's prefetch (granted again as the client acks or requeues)
+  or, without one, :data:`DELIVERY_WINDOW` (granted again as deliveries go out). The
+  deliveries wait here in order until the client's channel may take them.
+* acks, nack/reject, requeue, channel close: :meth:`settle` / :meth:`reject` /
+  :meth:`requeue` send the leader's delivery ids back; the leader settles them,
+  dead-letters them (its queue has the dead-letter options) or puts them back in place.
+* basic.get, purge, delete: a request on the stream (basic.get's answer comes later,
+  through ``Channel.answer_get``).
+* counts (declare-ok, management): the leader's, as last reported (with each delivery
+  and about once a second).
+
+Node loss: when the link to the leader goes, every consumer of its queues here gets
+basic.cancel, publishes waiting for a confirm get a nack, and until the link is back the
+queue answers declare, basic.get and basic.consume with 404 ``home node '<node>' of
+durable queue '<name>' in vhost '<vhost>' is down or inaccessible``; publishes routed to
+it are nacked. Delivery ids of the old link are dead: the leader has put those messages
+back already.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+from amqpd.broker.message import Message
+from amqpd.broker.persist import stored_message
+from amqpd.broker.queue import Consumer
+from amqpd.broker.queue_entry import QueueEntry
+from amqpd.broker.queue_type import QUEUE_TYPES, QueueType, queue_type_name
+from amqpd.cluster import link_wire as W
+from amqpd.cluster.link import Link, LinkManager
+from amqpd.protocol.constants import FLAG_EXPIRATION_HI
+from amqpd.protocol.errors import AMQPError, NotFound, PreconditionFailed
+
+if TYPE_CHECKING:
+    from amqpd.broker.api import BrokerAPI
+    from amqpd.broker.vhost import VHost
+    from amqpd.server import Broker
+
+log = logging.getLogger("amqpd.cluster.queues")
+
+PUBLISH_WINDOW: Final = 2000  # publishes in flight per stream before the leader's credit
+DELIVERY_WINDOW: Final = 500  # deliveries in flight to a consumer without a prefetch
+STATS_INTERVAL: Final = 1.0
+# a link to a node the view does not see running is closed once silent this long
+LINK_SILENCE: Final = 2.0
+LOCATORS: Final = ("client-local", "min-masters", "random")  # RabbitMQ 3.10's names
+
+OnConfirm = Callable[[BaseException | None], None]
+_NONE: Final = object()
+
+
+class LinkLost(Exception):
+    """The link to the queue's leader went before it answered."""
+
+
+def home_node_down(node: str, name: str, vhost: str, durable: bool) -> NotFound:
+    """RabbitMQ 3.10's 404 for a queue whose node is down."""
+    kind = "durable queue" if durable else "queue"
+    return NotFound(f"home node '{node}' of {kind} '{name}' in vhost '{vhost}' is down "
+                    "or inaccessible")
+
+
+# ---------------------------------------------------------------------- this node's side
+class _RemoteConsumer:
+    """A local consumer of a remote queue: its deliveries waiting for its channel."""
+
+    __slots__ = ("buffer", "by_settle", "consumer", "id")
+
+    def __init__(self, cid: int, consumer: Consumer) -> None:
+        self.id = cid
+        self.consumer = consumer
+        self.buffer: deque[QueueEntry] = deque()
+        # credit comes back on ack/requeue (prefetch) or on hand-out (no limit)
+        self.by_settle = bool(consumer.prefetch) and not consumer.no_ack
+
+
+class RemoteQueue(QueueType):
+    """A queue whose leader is ``leader`` (module docstring). The class is specialised
+    per real type (:func:`remote_class`) so redeclare compares what that type compares."""
+
+    remote = True
+    real_type = "classic"
+
+    def __init__(
+        self, vhost: VHost, name: str, durable: bool = False,
+        exclusive_owner: object | None = None, auto_delete: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(vhost, name, durable, exclusive_owner, auto_delete, arguments)
+        self.in_store = False  # its messages are in the leader's store, never here
+        self.leader = ""
+        self.cluster: ClusterQueues | None = None
+        self.link: Link | None = None
+        self.stream = 0
+        self.gone = False  # the leader says the queue no longer exists
+        self.ready_count = 0
+        self.remote_unacked = 0
+        self.remote_consumers = 0
+        self._credit = 0
+        self._unsent: deque[bytes] = deque()
+        self._pub_seq = 0
+        self._confirms: dict[int, OnConfirm] = {}
+        self._cons: dict[int, _RemoteConsumer] = {}
+        self._by_consumer: dict[int, _RemoteConsumer] = {}  # id(Consumer) -> state
+        self._next_cid = 0
+        self._owner: dict[int, _RemoteConsumer | None] = {}  # live delivery id -> consumer
+        self._gets: dict[int, tuple[Any, bool]] = {}
+        self._next_req = 0
+        self._requests: dict[int, Callable[[int], None]] = {}
+        self._grants: dict[int, int] = {}
+        vhost.broker.publisher.remote_queues += 1
+        self.on_removed.append(_removed)
+
+    # -- state ---------------------------------------------------------------------------
+    @property
+    def available(self) -> bool:
+        return self.link is not None and not self.gone
+
+    @property
+    def message_count(self) -> int:
+        return self.ready_count + len(self._unsent)
+
+    def info(self) -> dict[str, Any]:
+        out = super().info()
+        out["type"] = self.real_type
+        out["messages_unacknowledged"] = self.remote_unacked
+        out["messages"] = self.message_count + self.remote_unacked
+        out["consumers"] = self.remote_consumers
+        return out
+
+    def type_info(self, node: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"node": self.leader, "type": self.real_type}
+        if self.real_type == "quorum":
+            out.update(leader=self.leader, members=[self.leader], online=(
+                [self.leader] if self.available else []))
+        if not self.available:
+            out["state"] = "down"
+        return out
+
+    def _unavailable(self) -> NotFound:
+        if self.gone:
+            return NotFound(f"no queue '{self.name}' in vhost '{self.vhost.name}'")
+        return home_node_down(self.leader, self.name, self.vhost.name, self.durable)
+
+    def touch(self) -> None:
+        """Every declare passes here first: 404 while the leader is out of reach."""
+        if not self.available:
+            raise self._unavailable()
+
+    def check_consume(self, arguments: dict[str, Any], global_prefetch: int) -> None:
+        if not self.available:
+            raise self._unavailable()
+        QUEUE_TYPES.get(self.real_type, QUEUE_TYPES["classic"]).validate_consumer_arguments(
+            arguments, self.name, self.vhost.name)
+
+    def check_delete(self, if_unused: bool, if_empty: bool) -> None:
+        if not self.available:
+            raise self._unavailable()
+
+    def _send(self, frame: bytes) -> None:
+        if self.link is not None:
+            self.link.send(frame)
+
+    # -- publish -------------------------------------------------------------------------
+    def enqueue(self, message: Message) -> None:
+        """Unconfirmed (dead-lettering, delayed messages falling due)."""
+        self.forward(message, None)
+
+    def forward(self, message: Message, on_confirm: OnConfirm | None) -> None:
+        if not self.available:
+            if on_confirm is not None:
+                on_confirm(LinkLost(f"queue '{self.name}': leader {self.leader} unreachable"))
+            return
+        seq = 0
+        if on_confirm is not None:
+            self._pub_seq += 1
+            seq = self._pub_seq
+            self._confirms[seq] = on_confirm
+        self.stat_publish += 1
+        body = self.vhost.broker.publisher.body_of(message)
+        frame = W.encode(W.PUBLISH, self.stream, seq, bool(message.persistent),
+                         message.exchange, message.routing_key, message.properties, body)
+        if self._credit > 0 and not self._unsent:
+            self._credit -= 1
+            self._send(frame)
+        else:
+            self._unsent.append(frame)
+
+    def refuses_publish(self, message: Message) -> bool:
+        return False  # the leader applies its length limits
+
+    def _got_credit(self, n: int) -> None:
+        self._credit += n
+        unsent = self._unsent
+        while unsent and self._credit > 0:
+            self._credit -= 1
+            self._send(unsent.popleft())
+
+    def _confirmed(self, seq: int, ok: bool) -> None:
+        callback = self._confirms.pop(seq, None)
+        if callback is not None:
+            callback(None if ok else PreconditionFailed(
+                f"queue '{self.name}' on {self.leader} refused the message"))
+
+    # -- deliveries ----------------------------------------------------------------------
+    def take(self) -> QueueEntry | None:
+        return None  # deliveries arrive from the leader (dispatch)
+
+    def fetch_for(self, channel: Any, no_ack: bool) -> None:
+        if not self.available:
+            raise self._unavailable()
+        self._next_req += 1
+        self._gets[self._next_req] = (channel, no_ack)
+        self._send(W.encode(W.GET, self.stream, self._next_req, no_ack))
+
+    def _got(self, req: int, delivery: int, redelivered: bool, ready: int,
+             exchange: str, key: str, props: bytes, body: bytes) -> None:
+        channel, no_ack = self._gets.pop(req, (None, True))
+        self.ready_count = ready
+        entry = QueueEntry(Message(exchange, key, props, body), delivery, bool(redelivered))
+        if channel is None or channel.closed:
+            if not no_ack:
+                self._send(W.encode(W.REQUEUE, self.stream, [delivery]))
+            return
+        if not no_ack:
+            self._owner[delivery] = None
+        channel.answer_get(self, entry, no_ack, ready)
+
+    def _got_empty(self, req: int) -> None:
+        channel, _ = self._gets.pop(req, (None, True))
+        if channel is not None and not channel.closed:
+            channel.answer_get(self, None, True, 0)
+
+    def delivered(self, entry: QueueEntry, acked: bool) -> None:
+        self.stat_deliver += 1
+        if entry.redelivered:
+            self.stat_redeliver += 1
+        if acked:
+            self.stat_ack += 1
+        else:
+            self.unacked_count += 1
+
+    def _settled(self, entries: list[QueueEntry]) -> list[int]:
+        """The live delivery ids among ``entries`` (credit back to their consumers)."""
+        ids = []
+        owner = self._owner
+        grants = self._grants
+        for entry in entries:
+            self.unacked_count -= 1
+            if entry.seq not in owner:
+                continue  # from a link that is gone: the leader put it back already
+            state = owner.pop(entry.seq)
+            ids.append(entry.seq)
+            if state is not None and state.by_settle and state.id in self._cons:
+                grants[state.id] = grants.get(state.id, 0) + 1
+        self._send_grants()
+        return ids
+
+    def settle(self, entries: Any) -> None:
+        entries = list(entries)
+        ids = self._settled(entries)
+        self.stat_ack += len(entries)
+        if ids:
+            self._send(W.encode(W.SETTLE, self.stream, ids))
+        if self._cons:
+            self.vhost.schedule_dispatch(self)
+
+    def requeue(self, entries: Any) -> None:
+        ids = self._settled(list(entries))
+        if ids:
+            self._send(W.encode(W.REQUEUE, self.stream, ids))
+
+    def reject(self, entries: list[QueueEntry]) -> None:
+        """The leader dead-letters them (its queue has the dead-letter options)."""
+        ids = self._settled(entries)
+        self.stat_ack += len(entries)
+        if ids:
+            self._send(W.encode(W.REJECT, self.stream, ids))
+        if self._cons:
+            self.vhost.schedule_dispatch(self)
+
+    def purge(self) -> int:
+        if not self.available:
+            raise self._unavailable()
+        n = self.ready_count
+        self.ready_count = 0
+        self._request(W.PURGE, lambda count: None)
+        return n
+
+    def _request(self, kind: int, answer: Callable[[int], None]) -> None:
+        self._next_req += 1
+        self._requests[self._next_req] = answer
+        self._send(W.encode(kind, self.stream, self._next_req))
+
+    def restore(self, message: Message, redelivered: bool, published: int = 0,
+                extra: int = 0) -> None:
+        raise NotImplementedError("a remote queue has nothing in this node's store")
+
+    # -- consumers -----------------------------------------------------------------------
+    def add_consumer(self, consumer: Consumer) -> None:
+        self.consumers.append(consumer)
+        self._next_cid += 1
+        state = _RemoteConsumer(self._next_cid, consumer)
+        self._cons[state.id] = state
+        self._by_consumer[id(consumer)] = state
+        window = consumer.prefetch if state.by_settle else DELIVERY_WINDOW
+        args = {"tag": consumer.tag, "exclusive": consumer.exclusive,
+                "arguments": _jsonable(consumer.arguments)}
+        self._send(W.encode(W.CONSUME, self.stream, state.id, consumer.no_ack, window, args))
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        state = self._by_consumer.pop(id(consumer), None)
+        if state is None:
+            return
+        try:
+            self.consumers.remove(consumer)
+        except ValueError:
+            pass
+        del self._cons[state.id]
+        self._send(W.encode(W.CANCEL, self.stream, state.id))
+        # deliveries not handed to the client go back to the leader
+        back = [e.seq for e in state.buffer if self._owner.pop(e.seq, _NONE) is not _NONE]
+        state.buffer.clear()
+        if back:
+            self._send(W.encode(W.REQUEUE, self.stream, back))
+
+    def _deliver(self, cid: int, delivery: int, redelivered: bool, ready: int,
+                 exchange: str, key: str, props: bytes, body: bytes) -> None:
+        self.ready_count = ready
+        state = self._cons.get(cid)
+        if state is None:  # cancelled meanwhile: the CANCEL and a REQUEUE are on the way
+            self._send(W.encode(W.REQUEUE, self.stream, [delivery]))
+            return
+        entry = QueueEntry(Message(exchange, key, props, body), delivery, bool(redelivered))
+        if not state.consumer.no_ack:
+            self._owner[delivery] = state
+        state.buffer.append(entry)
+        self.vhost.schedule_dispatch(self)
+
+    def dispatch(self) -> None:
+        """Hand waiting deliveries to their consumers as their channels allow."""
+        grants = self._grants
+        for state in list(self._cons.values()):
+            consumer = state.consumer
+            buffer = state.buffer
+            n = 0
+            while buffer and consumer.has_credit() and consumer.channel.can_deliver(consumer):
+                consumer.channel.deliver(consumer, self, buffer.popleft())
+                n += 1
+                if state.id not in self._cons:
+                    break  # the channel went while delivering
+            if n and not state.by_settle:
+                grants[state.id] = grants.get(state.id, 0) + n
+        self._send_grants()
+
+    def _send_grants(self) -> None:
+        grants = self._grants
+        if grants:
+            for cid, n in grants.items():
+                self._send(W.encode(W.GRANT, self.stream, cid, n))
+            grants.clear()
+
+    def _cancelled(self, cid: int) -> None:
+        state = self._cons.get(cid)
+        if state is None:
+            return
+        consumer = state.consumer
+        self.remove_consumer(consumer)
+        consumer.channel.consumer_cancelled_by_server(consumer)
+
+    # -- link ----------------------------------------------------------------------------
+    def attach(self, link: Link, stream: int) -> None:
+        self.link = link
+        self.stream = stream
+        self._credit = PUBLISH_WINDOW
+        link.send(W.encode(W.OPEN, stream, self.vhost.name, self.name))
+
+    def detach(self) -> None:
+        """The link went: consumers cancelled, confirms nacked, requests answered."""
+        self.link = None
+        self._unsent.clear()
+        confirms, self._confirms = self._confirms, {}
+        for callback in confirms.values():
+            callback(LinkLost(f"link to {self.leader} lost"))
+        for state in list(self._cons.values()):
+            consumer = state.consumer
+            del self._cons[state.id]
+            self._by_consumer.pop(id(consumer), None)
+            try:
+                self.consumers.remove(consumer)
+            except ValueError:
+                pass
+            consumer.channel.consumer_cancelled_by_server(consumer)
+        self._owner.clear()  # the leader requeued them when the link went
+        gets, self._gets = self._gets, {}
+        for channel, _ in gets.values():
+            if not channel.closed:
+                channel.answer_get(self, None, True, 0)
+        requests, self._requests = self._requests, {}
+        for answer in requests.values():
+            answer(0)
+
+    def delete(self) -> None:
+        """Deleted here (queue.delete, or the definition went): consumers told, and the
+        leader asked to delete it too (it answers 0 if it is gone already)."""
+        for consumer in list(self.consumers):
+            self.remove_consumer(consumer)
+            consumer.channel.consumer_cancelled_by_server(consumer)
+        if self.available:
+            self._request(W.DELETE, lambda count: None)
+        if self.cluster is not None:
+            self.cluster.forget(self)
+
+
+def _removed(queue: QueueType) -> None:
+    queue.vhost.broker.publisher.remote_queues -= 1
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
+
+
+_CLASSES: dict[str, type[RemoteQueue]] = {}
+
+
+def remote_class(type_name: str) -> type[RemoteQueue]:
+    """RemoteQueue for a queue of ``type_name`` on its leader: redeclares compare what
+    that type compares."""
+    cls = _CLASSES.get(type_name)
+    if cls is None:
+        real = QUEUE_TYPES.get(type_name, QUEUE_TYPES["classic"])
+        cls = type(f"Remote{real.__name__}", (RemoteQueue,), {
+            "real_type": type_name, "compared_arguments": real.compared_arguments,
+            "__module__": __name__})
+        _CLASSES[type_name] = cls
+    return cls
+
+
+# ---------------------------------------------------------------------- the leader's side
+class _Proxy:
+    """The leader's stand-in for a channel on the consuming node: delivers within the
+    credit that node granted (``ConsumerChannel`` of amqpd.broker.queue)."""
+
+    def __init__(self, served: Served, cid: int, credit: int) -> None:
+        self.served = served
+        self.cid = cid
+        self.credit = credit
+        self.consumer: Consumer | None = None
+        self.closed = False
+
+    def can_deliver(self, consumer: Consumer) -> bool:
+        return self.credit > 0 and not self.closed
+
+    def deliver(self, consumer: Consumer, queue: QueueType, entry: QueueEntry) -> None:
+        self.credit -= 1
+        served = self.served
+        delivery = served.next_id()
+        msg = entry.message
+        queue.delivered(entry, acked=consumer.no_ack)
+        if not consumer.no_ack:
+            served.unacked[delivery] = entry
+        served.link.send(W.encode(
+            W.DELIVER, served.stream, self.cid, delivery, entry.redelivered,
+            queue.message_count, msg.exchange, msg.routing_key, msg.properties,
+            served.broker.publisher.body_of(msg)))
+
+    def consumer_cancelled_by_server(self, consumer: Consumer) -> None:
+        self.closed = True
+        self.served.proxies.pop(self.cid, None)
+        self.served.link.send(W.encode(W.CANCELLED, self.served.stream, self.cid))
+
+
+class Served:
+    """One stream a peer opened on this node's queue ``queue``."""
+
+    def __init__(self, broker: Broker, link: Link, stream: int, queue: QueueType) -> None:
+        self.broker = broker
+        self.link = link
+        self.stream = stream
+        self.queue = queue
+        self.proxies: dict[int, _Proxy] = {}
+        self.unacked: dict[int, QueueEntry] = {}
+        self._next = 0
+        self.credit_due = 0
+        self.last_stats: tuple[int, int, int] | None = None
+
+    def next_id(self) -> int:
+        self._next += 1
+        return self._next
+
+    def publish(self, seq: int, persistent: int, exchange: str, key: str, props: bytes,
+                body: bytes) -> None:
+        """Enqueue as this node's publish pipeline would (limits, store, paging);
+        CONFIRM once the store has it (its group commit) or at once."""
+        self.credit_due += 1
+        q = self.queue
+        link, stream = self.link, self.stream
+        on_confirm: OnConfirm | None = None
+        if seq:
+            def on_confirm(error: BaseException | None) -> None:
+                link.send(W.encode(W.CONFIRM, stream, seq, error is None))
+        if q.deleted:
+            if on_confirm is not None:
+                on_confirm(LinkLost("queue deleted"))
+            return
+        enqueue_here(self.broker, q, Message(exchange, key, props, body, bool(persistent)),
+                     on_confirm)
+
+    def settle(self, ids: list[int], how: int) -> None:
+        """``how``: SETTLE (acked), REQUEUE or REJECT."""
+        entries = [e for e in (self.unacked.pop(i, None) for i in ids) if e is not None]
+        if not entries or self.queue.deleted:
+            return
+        if how == W.REQUEUE:
+            self.queue.requeue(entries)
+        elif how == W.REJECT:
+            self.queue.reject(entries)
+        else:
+            self.queue.settle(entries)
+
+    def consume(self, cid: int, no_ack: int, credit: int, args: dict[str, Any]) -> None:
+        q = self.queue
+        exclusive = bool(args.get("exclusive"))
+        if q.deleted or (q.consumers and (exclusive or any(c.exclusive for c in q.consumers))):
+            self.link.send(W.encode(W.CANCELLED, self.stream, cid))
+            return
+        proxy = _Proxy(self, cid, credit)
+        consumer = Consumer(proxy, q, str(args.get("tag", "")), bool(no_ack), exclusive, 0,
+                            dict(args.get("arguments") or {}))
+        proxy.consumer = consumer
+        self.proxies[cid] = proxy
+        q.add_consumer(consumer)
+
+    def grant(self, cid: int, n: int) -> None:
+        proxy = self.proxies.get(cid)
+        if proxy is not None:
+            proxy.credit += n
+            self.queue.vhost.schedule_dispatch(self.queue)
+
+    def cancel(self, cid: int) -> None:
+        proxy = self.proxies.pop(cid, None)
+        if proxy is not None and proxy.consumer is not None:
+            proxy.closed = True
+            self.queue.remove_consumer(proxy.consumer)
+
+    def get(self, req: int, wire_no_ack: int) -> None:
+        no_ack = bool(wire_no_ack)  # the compiled queue types want a bool, not the u8
+        q = self.queue
+        q.touch()
+        entry = q.fetch()
+        if entry is None:
+            self.link.send(W.encode(W.GET_EMPTY, self.stream, req))
+            return
+        if q.ext is not None:
+            q.ext.drop_expired_head()
+        delivery = self.next_id()
+        q.delivered(entry, acked=no_ack)
+        if not no_ack:
+            self.unacked[delivery] = entry
+        msg = entry.message
+        self.link.send(W.encode(
+            W.GET_OK, self.stream, req, delivery, entry.redelivered, q.message_count,
+            msg.exchange, msg.routing_key, msg.properties, self.broker.publisher.body_of(msg)))
+
+    def close(self) -> None:
+        """The peer is gone or done: its consumers removed, its unacked put back."""
+        for cid in list(self.proxies):
+            self.cancel(cid)
+        entries = list(self.unacked.values())
+        self.unacked.clear()
+        if entries and not self.queue.deleted:
+            self.queue.requeue(entries)
+
+    def stats(self) -> tuple[int, int, int]:
+        q = self.queue
+        return q.message_count, q.unacked_count, len(q.consumers)
+
+
+def enqueue_here(broker: Broker, q: QueueType, message: Message,
+                 on_confirm: OnConfirm | None) -> None:
+    """The publish pipeline's steps after routing, for one local queue."""
+    from amqpd.broker.limits import admit
+    from amqpd.store.api import StoreError
+
+    publisher = broker.publisher
+    ext = q.ext
+    if ext is not None and ext.rejects:
+        _accepted, refused = admit(broker, [q], message)
+        if refused:
+            if on_confirm is not None:
+                on_confirm(PreconditionFailed("rejected by a queue's length limit"))
+            return
+    if not message.persistent and q.keeps_every_message:
+        message.persistent = True
+    store = broker.store
+    if message.persistent and q.durable:
+        try:
+            message.position = store.append_enqueue([q.store_key], stored_message(message))
+        except StoreError as exc:
+            publisher.store_failed(exc)
+            if on_confirm is not None:
+                on_confirm(exc)
+            return
+        publisher._pending_commit = True
+        if on_confirm is not None:
+            publisher.commit(on_confirm)
+            on_confirm = None
+    props = message.properties
+    if not store.on_disk or (props and props[0] & FLAG_EXPIRATION_HI):
+        q.enqueue(message)
+    else:
+        publisher._enqueue_all([q], message)
+    if on_confirm is not None:
+        on_confirm(None)
+
+
+# ---------------------------------------------------------------------- the node's queues
+class ClusterQueues:
+    """This node's side of queues across the cluster: the :class:`LinkHandler` of its
+    links, the remote queues it holds (user side) and the streams it serves (leader
+    side)."""
+
+    def __init__(self, api: BrokerAPI, view: Any, cookie: bytes,
+                 locator: str = "client-local") -> None:
+        self.api = api
+        self.broker: Broker = api._broker
+        self.view = view
+        self.locator = locator  # cluster.queue_leader_locator
+        self.node: str = view.node_name
+        self.links = LinkManager(self.node, cookie, self, self._address, view.is_running)
+        self.remote: dict[str, dict[int, RemoteQueue]] = {}  # peer -> stream -> queue
+        self._next_stream = 0
+        self.served: dict[Link, dict[int, Served]] = {}
+        self._stats_handle: asyncio.TimerHandle | None = None
+        self._credit_flush = False
+        self._declares: dict[int, RemoteQueue] = {}
+        self._next_declare = 0
+
+    def _address(self, peer: str) -> tuple[str, int] | None:
+        info = self.view.nodes().get(peer)
+        return info.link if info is not None else None
+
+    async def start(self, host: str, port: int) -> tuple[str, int]:
+        self.broker.queue_placer = self.place
+        address = await self.links.listen(host, port)
+        self.view.subscribe(self._node_changed)
+        for name in self.view.nodes():
+            if name != self.node and self.view.is_running(name):
+                self.links.want(name)
+        self._stats_handle = asyncio.get_running_loop().call_later(
+            STATS_INTERVAL, self._send_stats)
+        return address
+
+    async def stop(self) -> None:
+        self.broker.queue_placer = None
+        if self._stats_handle is not None:
+            self._stats_handle.cancel()
+        await self.links.close()
+
+    def _node_changed(self, node: str, running: bool) -> None:
+        if node == self.node:
+            return
+        if running:
+            self.links.want(node)
+        else:
+            asyncio.get_running_loop().create_task(self._watch_down(node))
+
+    async def _watch_down(self, node: str) -> None:
+        """The view lost sight of ``node`` (heartbeats late or gone). A dead process
+        closes its links itself (the kernel does); a link still carrying traffic is
+        kept (a busy node's heartbeats can be late: closing would nack everything in
+        flight); a silent one is closed while the view still says so, as in a network
+        partition: its queues are then down here."""
+        loop = asyncio.get_running_loop()
+        while not self.links.closing and not self.view.is_running(node):
+            link = self.links.links.get(node)
+            if link is None or link.closed:
+                return
+            if loop.time() - link.last_heard >= LINK_SILENCE:
+                log.warning("link to %s closed: the node is not seen running and the "
+                            "link is silent", node)
+                link.close()
+                return
+            await asyncio.sleep(LINK_SILENCE / 4)
+
+    # -- user side -----------------------------------------------------------------------
+    def adopt(self, queue: RemoteQueue, leader: str) -> None:
+        queue.leader = leader
+        queue.cluster = self
+        self._next_stream += 1
+        self.remote.setdefault(leader, {})[self._next_stream] = queue
+        queue.stream = self._next_stream
+        link = self.links.link(leader)
+        if link is not None:
+            queue.attach(link, queue.stream)
+        else:
+            self.links.want(leader)
+
+    def forget(self, queue: RemoteQueue) -> None:
+        streams = self.remote.get(queue.leader, {})
+        if streams.get(queue.stream) is queue:
+            del streams[queue.stream]
+            if queue.link is not None:
+                queue.link.send(W.encode(W.CLOSE, queue.stream))
+
+    # -- leader locators -----------------------------------------------------------------
+    def locator_for(self, vhost: str, name: str, cls: type[QueueType],
+                    arguments: dict[str, Any]) -> str:
+        """``x-queue-master-locator``, else the ``queue-master-locator`` policy key, else
+        ``cluster.queue_leader_locator`` (RabbitMQ 3.10's order)."""
+        value = arguments.get("x-queue-master-locator")
+        if isinstance(value, str) and value in LOCATORS:
+            return value
+        policy = self.broker.policies.match(vhost, "queues", name, cls.type_name)
+        if policy is not None:
+            value = policy.definition.get("queue-master-locator")
+            if isinstance(value, str) and value in LOCATORS:
+                return value
+        return self.locator
+
+    def choose_leader(self, locator: str) -> str:
+        """The node a new queue is led by: this one (client-local), the running node
+        leading the fewest queues (min-masters), or any running node (random)."""
+        others = sorted(n for n in self.view.nodes() if n != self.node
+                        and self.view.is_running(n) and self.links.link(n) is not None)
+        running = [self.node, *others]
+        if locator == "random":
+            return random.choice(running)
+        if locator == "min-masters":
+            counts = dict.fromkeys(running, 0)
+            for leader in self._leaders():
+                if leader in counts:
+                    counts[leader] += 1
+            return min(running, key=lambda n: (counts[n], n != self.node, n))
+        return self.node
+
+    def _leaders(self) -> list[str]:
+        catalogue = getattr(self.view, "catalogue", None)
+        if isinstance(catalogue, dict) and catalogue:
+            return [str(v) for v in catalogue.values()]
+        out = []
+        for vh in self.broker.vhosts.values():
+            for q in vh.queues.values():
+                if isinstance(q, RemoteQueue):
+                    out.append(q.leader)
+                elif q.durable and not q.exclusive:
+                    out.append(self.node)
+        return out
+
+    def place(self, vhost: VHost, name: str, cls: type[QueueType], auto_delete: bool,
+              arguments: dict[str, Any]) -> QueueType | None:
+        """``Broker.queue_placer``: a new durable queue led by another node when the
+        locator picks one (that node is asked to create it, ahead of everything this
+        node sends about it on the link); None: create it here."""
+        locator = self.locator_for(vhost.name, name, cls, arguments)
+        if locator == "client-local":
+            return None
+        leader = self.choose_leader(locator)
+        link = self.links.link(leader)
+        if leader == self.node or link is None:
+            return None
+        self._next_declare += 1
+        link.send(W.encode(W.DECLARE, 0, self._next_declare, {
+            "vhost": vhost.name, "name": name, "auto_delete": auto_delete,
+            "arguments": _jsonable(arguments)}))
+        q = materialise(self.api, vhost.name, {"name": name, "durable": True,
+                                               "auto_delete": auto_delete,
+                                               "arguments": arguments}, leader)
+        assert isinstance(q, RemoteQueue)
+        self._declares[self._next_declare] = q
+        log.info("queue '%s' in vhost '%s' declared with leader %s (%s)", name,
+                 vhost.name, leader, locator)
+        return q
+
+    def _declare_here(self, link: Link, req: int, body: dict[str, Any]) -> None:
+        """A peer's locator chose this node to lead a queue: create it (as a declare
+        here would, so the cluster's definitions record this node as its leader)."""
+        code, text = 0, ""
+        self.broker.queue_placer = None  # here, whatever this node's locator would say
+        try:
+            self.api.declare_queue(body["vhost"], body["name"], durable=True,
+                                   auto_delete=bool(body.get("auto_delete")),
+                                   arguments=dict(body.get("arguments") or {}))
+        except AMQPError as exc:
+            code, text = exc.reply_code, str(exc)
+        finally:
+            self.broker.queue_placer = self.place
+        link.send(W.encode(W.DECLARED, 0, req, code, text))
+
+    def _declared(self, req: int, code: int, text: str) -> None:
+        q = self._declares.pop(req, None)
+        if q is None or not code:
+            return
+        log.warning("queue '%s' in vhost '%s': leader %s refused to create it: %s %s",
+                    q.name, q.vhost.name, q.leader, code, text)
+        q.gone = True
+        q.vhost.delete_queue(q)
+
+    # -- LinkHandler ---------------------------------------------------------------------
+    def link_up(self, link: Link) -> None:
+        self.served[link] = {}
+        for stream, queue in self.remote.get(link.peer, {}).items():
+            queue.attach(link, stream)
+
+    def link_down(self, link: Link) -> None:
+        for served in self.served.pop(link, {}).values():
+            served.close()
+        for queue in self.remote.get(link.peer, {}).values():
+            if queue.link is link:
+                queue.detach()
+        if not self.links.closing and self.view.is_running(link.peer):
+            self.links.want(link.peer)
+
+    def frame(self, link: Link, kind: int, stream: int, f: list[Any]) -> None:
+        if kind < W.OPEN:
+            raise W.WireError(f"handshake frame {kind} on a live link")
+        if kind == W.DECLARE:
+            self._declare_here(link, f[0], f[1])
+            return
+        if kind == W.DECLARED:
+            self._declared(*f)
+            return
+        if kind in _LEADER_SIDE:
+            self._serve(link, kind, stream, f)
+            return
+        queue = self.remote.get(link.peer, {}).get(stream)
+        if queue is None or queue.link is not link:
+            if kind == W.DELIVER:  # a stream we closed: give it back
+                link.send(W.encode(W.REQUEUE, stream, [f[1]]))
+            return
+        if kind == W.CONFIRM:
+            queue._confirmed(f[0], bool(f[1]))
+        elif kind == W.DELIVER:
+            queue._deliver(*f)
+        elif kind == W.CREDIT:
+            queue._got_credit(f[0])
+        elif kind in (W.OPENED, W.STATS):
+            queue.ready_count, queue.remote_unacked, queue.remote_consumers = f
+        elif kind == W.GET_OK:
+            queue._got(*f)
+        elif kind == W.GET_EMPTY:
+            queue._got_empty(f[0])
+        elif kind == W.CANCELLED:
+            queue._cancelled(f[0])
+        elif kind in (W.PURGED, W.DELETED):
+            answer = queue._requests.pop(f[0], None)
+            if answer is not None:
+                answer(f[1])
+        elif kind == W.FAILED:
+            log.warning("queue '%s' in vhost '%s' on %s: %s %s", queue.name,
+                        queue.vhost.name, link.peer, f[0], f[1])
+            queue.gone = True
+            queue.detach()
+            queue.link = link  # still reachable; ``gone`` answers 404
+
+    # -- leader side ---------------------------------------------------------------------
+    def _serve(self, link: Link, kind: int, stream: int, f: list[Any]) -> None:
+        streams = self.served.setdefault(link, {})
+        if kind == W.OPEN:
+            self._open(link, streams, stream, f[0], f[1])
+            return
+        served = streams.get(stream)
+        if served is None:
+            if kind == W.PUBLISH and f[0]:
+                link.send(W.encode(W.CONFIRM, stream, f[0], False))
+            elif kind == W.CONSUME:
+                link.send(W.encode(W.CANCELLED, stream, f[0]))
+            elif kind == W.GET:
+                link.send(W.encode(W.GET_EMPTY, stream, f[0]))
+            return
+        if kind == W.PUBLISH:
+            served.publish(*f)
+            self._schedule_credit()
+        elif kind in (W.SETTLE, W.REQUEUE, W.REJECT):
+            served.settle(f[0], kind)
+        elif kind == W.CONSUME:
+            served.consume(*f)
+        elif kind == W.GRANT:
+            served.grant(*f)
+        elif kind == W.CANCEL:
+            served.cancel(f[0])
+        elif kind == W.GET:
+            served.get(*f)
+        elif kind == W.PURGE:
+            n = 0 if served.queue.deleted else served.queue.purge()
+            link.send(W.encode(W.PURGED, stream, f[0], n))
+        elif kind == W.DELETE:
+            q = served.queue
+            n = 0
+            if not q.deleted:
+                n = q.message_count
+                q.vhost.delete_queue(q)
+            link.send(W.encode(W.DELETED, stream, f[0], n))
+        elif kind == W.CLOSE:
+            served.close()
+            del streams[stream]
+
+    def _open(self, link: Link, streams: dict[int, Served], stream: int, vhost: str,
+              name: str) -> None:
+        vh = self.broker.vhosts.get(vhost)
+        q = vh.queues.get(name) if vh is not None else None
+        if q is None or q.remote:
+            link.send(W.encode(W.FAILED, stream, 404,
+                               f"NOT_FOUND - no queue '{name}' in vhost '{vhost}'"))
+            return
+        if q.exclusive:
+            link.send(W.encode(W.FAILED, stream, 405,
+                               f"RESOURCE_LOCKED - cannot obtain exclusive access to "
+                               f"locked queue '{name}' in vhost '{vhost}'"))
+            return
+        old = streams.pop(stream, None)
+        if old is not None:
+            old.close()
+        served = Served(self.broker, link, stream, q)
+        streams[stream] = served
+        served.last_stats = served.stats()
+        link.send(W.encode(W.OPENED, stream, *served.last_stats))
+        q.on_removed.append(lambda _q: self._queue_removed(link, stream, served))
+
+    def _queue_removed(self, link: Link, stream: int, served: Served) -> None:
+        streams = self.served.get(link)
+        if streams is not None and streams.get(stream) is served:
+            del streams[stream]
+            link.send(W.encode(W.FAILED, stream, 404, "NOT_FOUND - queue deleted"))
+
+    def _schedule_credit(self) -> None:
+        if not self._credit_flush:
+            self._credit_flush = True
+            asyncio.get_running_loop().call_soon(self._flush_credit)
+
+    def _flush_credit(self) -> None:
+        """Credit back for the publishes taken this tick, one frame per stream."""
+        self._credit_flush = False
+        for link, streams in self.served.items():
+            for stream, served in streams.items():
+                if served.credit_due:
+                    link.send(W.encode(W.CREDIT, stream, served.credit_due))
+                    served.credit_due = 0
+
+    def _send_stats(self) -> None:
+        for link, streams in self.served.items():
+            for stream, served in streams.items():
+                now = served.stats()
+                if now != served.last_stats:
+                    served.last_stats = now
+                    link.send(W.encode(W.STATS, stream, *now))
+        self._stats_handle = asyncio.get_running_loop().call_later(
+            STATS_INTERVAL, self._send_stats)
+
+
+_LEADER_SIDE = frozenset({W.OPEN, W.CLOSE, W.PUBLISH, W.CONSUME, W.GRANT, W.CANCEL, W.GET,
+                          W.SETTLE, W.REQUEUE, W.REJECT, W.PURGE, W.DELETE,
+                          W.DECLARE})
+
+_INSTANCES: dict[int, ClusterQueues] = {}
+
+
+async def start(api: BrokerAPI, view: Any, cookie: bytes, host: str, port: int,
+                locator: str = "client-local") -> ClusterQueues:
+    """Start this node's links and queue streams (the cluster's startup calls it once
+    the view is up); ``(host, port)`` is ``cluster.link_listen``, ``locator``
+    ``cluster.queue_leader_locator``."""
+    cluster = ClusterQueues(api, view, cookie, locator)
+    await cluster.start(host, port)
+    _INSTANCES[id(api)] = cluster
+    return cluster
+
+
+def materialise(api: BrokerAPI, vhost: str, definition: dict[str, Any],
+                leader: str) -> QueueType:
+    """The definitions applier's hook for a queue whose leader is another node: a
+    :class:`RemoteQueue` in the vhost in the queue's place (``definition`` as the
+    definitions export writes a queue: name, durable, auto_delete, arguments)."""
+    cluster = _INSTANCES[id(api)]
+    vh = cluster.broker.vhosts[vhost]
+    name = definition["name"]
+    existing = vh.queues.get(name)
+    if isinstance(existing, RemoteQueue) and existing.leader == leader:
+        return existing
+    if existing is not None:
+        vh.delete_queue(existing)
+    arguments = dict(definition.get("arguments") or {})
+    cls = remote_class(str(queue_type_name(arguments)))
+    q = cls(vh, name, durable=bool(definition.get("durable", True)),
+            auto_delete=bool(definition.get("auto_delete", False)), arguments=arguments)
+    from amqpd.broker.exchange import Binding
+
+    vh.queues[name] = q
+    vh.exchanges[""].bind(Binding(vh.exchanges[""], q, name, {}))
+    cluster.broker.apply_policies_to(vh, q)
+    cluster.adopt(q, leader)
+    return q
+
+
+__all__ = ["ClusterQueues", "RemoteQueue", "Served", "enqueue_here", "home_node_down",
+           "materialise", "remote_class", "start"]

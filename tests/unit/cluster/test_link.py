@@ -1,0 +1,108 @@
+"""Inter-node links over loopback (amqpd.cluster.link): handshake, multiplexing, reconnect."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from amqpd.cluster import link_wire as W
+from amqpd.cluster.link import Link, LinkManager
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.ups: list[str] = []
+        self.downs: list[str] = []
+        self.frames: list[tuple[str, int, int, list[Any]]] = []
+
+    def link_up(self, link: Link) -> None:
+        self.ups.append(link.peer)
+
+    def link_down(self, link: Link) -> None:
+        self.downs.append(link.peer)
+
+    def frame(self, link: Link, kind: int, stream: int, fields: list[Any]) -> None:
+        self.frames.append((link.peer, kind, stream, fields))
+
+
+async def until(cond: Any, timeout: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not cond():
+        assert loop.time() < end, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def pair(cookie_a: bytes = b"c", cookie_b: bytes = b"c") -> tuple[
+        LinkManager, Recorder, LinkManager, Recorder]:
+    ra, rb = Recorder(), Recorder()
+    addrs: dict[str, tuple[str, int]] = {}
+    a = LinkManager("a@x", cookie_a, ra, addrs.get)
+    b = LinkManager("b@x", cookie_b, rb, addrs.get)
+    addrs["a@x"] = await a.listen("127.0.0.1", 0)
+    addrs["b@x"] = await b.listen("127.0.0.1", 0)
+    return a, ra, b, rb
+
+
+async def test_handshake_then_frames_both_ways_on_many_streams() -> None:
+    a, ra, b, rb = await pair()
+    try:
+        a.want("b@x")
+        b.want("a@x")  # sorts second: does not dial, waits
+        await until(lambda: a.link("b@x") and b.link("a@x"))
+        assert ra.ups == ["b@x"] and rb.ups == ["a@x"]
+        la, lb = a.link("b@x"), b.link("a@x")
+        assert la is not None and lb is not None
+        for stream in range(1, 4):
+            la.send(W.encode(W.PUBLISH, stream, stream, 1, "ex", "rk", b"", b"x" * stream))
+        lb.send(W.encode(W.CONFIRM, 2, 2, 1))
+        await until(lambda: len(rb.frames) == 3 and len(ra.frames) == 1)
+        assert [f[2] for f in rb.frames] == [1, 2, 3]
+        assert rb.frames[2] == ("a@x", W.PUBLISH, 3, [3, 1, "ex", "rk", b"", b"xxx"])
+        assert ra.frames == [("b@x", W.CONFIRM, 2, [2, 1])]
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_wrong_cookie_is_refused_and_never_up() -> None:
+    a, ra, b, rb = await pair(b"one", b"two")
+    try:
+        a.want("b@x")
+        await asyncio.sleep(0.5)  # several dial attempts (backoff from 0.1 s)
+        assert ra.ups == [] and rb.ups == []
+        assert a.link("b@x") is None and b.link("a@x") is None
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_stranger_without_the_preamble_is_dropped() -> None:
+    a, _ra, b, rb = await pair()
+    try:
+        assert b.address is not None
+        reader, writer = await asyncio.open_connection(*b.address)
+        writer.write(b"AMQP\x00\x00\x09\x01")
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed, no reply
+        writer.close()
+        assert rb.ups == []
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_reconnects_after_the_link_drops() -> None:
+    a, ra, b, rb = await pair()
+    try:
+        a.want("b@x")
+        await until(lambda: b.link("a@x") is not None)
+        first = b.link("a@x")
+        assert first is not None and first.transport is not None
+        first.transport.abort()  # the TCP connection dies under both
+        await until(lambda: ra.downs == ["b@x"] and rb.downs == ["a@x"])
+        await until(lambda: a.link("b@x") is not None and b.link("a@x") is not None)
+        assert b.link("a@x") is not first
+        assert ra.ups == ["b@x", "b@x"]
+    finally:
+        await a.close()
+        await b.close()

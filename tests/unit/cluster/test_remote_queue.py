@@ -1,0 +1,328 @@
+"""Queues led by another node (amqpd.cluster.remote_queue), two brokers in one process.
+
+Both brokers run in the test's event loop with real AMQP listeners on ephemeral ports and
+a real link between them; a small fixed view stands for the cluster's membership (etcd,
+amqpd.cluster.view) and the queue is made known on B through the definitions hook
+(:func:`materialise`), as the cluster's definitions applier does. Clients are aio-pika
+over real sockets; the queue's leader is A, the clients talk to B.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import pytest
+
+from amqpd.cluster import remote_queue
+from amqpd.cluster.remote_queue import ClusterQueues, RemoteQueue
+from amqpd.config import Settings
+from amqpd.server import Broker
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    link: tuple[str, int] | None
+    amqp_port: int
+    http_port: int
+    running: bool
+
+
+class FakeView:
+    """The ClusterView interface of docs/clustering.md over a dict the test controls."""
+
+    def __init__(self, node_name: str, shared: dict[str, NodeInfo]) -> None:
+        self.node_name = node_name
+        self.shared = shared
+        self.callbacks: list[Callable[[str, bool], None]] = []
+
+    def nodes(self) -> dict[str, NodeInfo]:
+        return dict(self.shared)
+
+    def is_running(self, node: str) -> bool:
+        info = self.shared.get(node)
+        return info is not None and info.running
+
+    def subscribe(self, callback: Callable[[str, bool], None]) -> None:
+        self.callbacks.append(callback)
+
+    def serving(self) -> bool:
+        return True
+
+
+@dataclass
+class Node:
+    broker: Broker
+    cluster: ClusterQueues
+    view: FakeView
+
+    @property
+    def url(self) -> str:
+        port = next(p for proto, _h, p in self.broker.listeners if proto == "amqp")
+        return f"amqp://guest:guest@127.0.0.1:{port}/"
+
+
+async def until(cond: Callable[[], Any], timeout: float = 15.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not cond():
+        assert loop.time() < end, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def start_node(name: str, tmp: Path, shared: dict[str, NodeInfo]) -> Node:
+    broker = Broker(Settings(data_dir=str(tmp / name), port=0, management=False,
+                             node_name=name))
+    await broker.start()
+    view = FakeView(name, shared)
+    cluster = await remote_queue.start(broker.api, view, b"secret", "127.0.0.1", 0)
+    assert cluster.links.address is not None
+    shared[name] = NodeInfo(name, cluster.links.address, 0, 0, True)
+    return Node(broker, cluster, view)
+
+
+@pytest.fixture
+async def nodes(tmp_path: Path) -> AsyncIterator[tuple[Node, Node]]:
+    shared: dict[str, NodeInfo] = {}
+    a = await start_node("a@test", tmp_path, shared)
+    b = await start_node("b@test", tmp_path, shared)
+    a.cluster.links.want("b@test")  # a sorts first: it dials
+    await until(lambda: a.cluster.links.link("b@test") and b.cluster.links.link("a@test"))
+    yield a, b
+    for node in (b, a):
+        await node.cluster.stop()
+        await node.broker.stop()
+
+
+def lead(a: Node, b: Node, name: str, **arguments: Any) -> RemoteQueue:
+    """Declare ``name`` on A (its leader) and make it known on B."""
+    a.broker.api.declare_queue("/", name, durable=True, arguments=arguments)
+    q = remote_queue.materialise(b.broker.api, "/", {"name": name, "durable": True,
+                                                     "arguments": arguments}, "a@test")
+    assert isinstance(q, RemoteQueue)
+    return q
+
+
+async def test_publish_on_b_confirmed_after_a_stored_it_then_consumed_in_order(
+        nodes: tuple[Node, Node]) -> None:
+    a, b = nodes
+    rq = lead(a, b, "q1")
+    await until(lambda: rq.available)
+    conn = await aio_pika.connect(b.url)
+    try:
+        ch = await conn.channel(publisher_confirms=True)
+        for i in range(500):
+            await ch.default_exchange.publish(
+                aio_pika.Message(str(i).encode(), delivery_mode=2), routing_key="q1")
+        local = a.broker.vhosts["/"].queues["q1"]
+        assert local.message_count == 500  # on the leader, before anyone consumed
+        assert local.stat_publish == 500
+        await until(lambda: rq.message_count == 500)  # the leader's count, reported
+        declared = await ch.declare_queue("q1", durable=True)
+        assert declared.declaration_result.message_count == 500
+        cch = await conn.channel()
+        await cch.set_qos(prefetch_count=10)
+        queue = await cch.get_queue("q1", ensure=False)
+        got: list[int] = []
+        async with queue.iterator() as it:
+            async for message in it:
+                got.append(int(message.body))
+                await message.ack()
+                if len(got) == 500:
+                    break
+        assert got == list(range(500))
+        await until(lambda: local.message_count == 0 and local.unacked_count == 0)
+    finally:
+        await conn.close()
+
+
+async def test_prefetch_bounds_what_the_leader_hands_out(nodes: tuple[Node, Node]) -> None:
+    a, b = nodes
+    rq = lead(a, b, "q2")
+    await until(lambda: rq.available)
+    for i in range(50):
+        a.broker.api.publish("/", "", _msg("q2", i), None)
+    conn = await aio_pika.connect(b.url)
+    try:
+        ch = await conn.channel()
+        await ch.set_qos(prefetch_count=3)
+        queue = await ch.get_queue("q2", ensure=False)
+        received: list[aio_pika.abc.AbstractIncomingMessage] = []
+        await queue.consume(_collect(received))
+        local = a.broker.vhosts["/"].queues["q2"]
+        await until(lambda: len(received) == 3)
+        await asyncio.sleep(0.2)  # more would have come by now if the limit leaked
+        assert len(received) == 3
+        assert local.unacked_count == 3 and local.message_count == 47
+        await received[0].ack()
+        await until(lambda: len(received) == 4)
+        assert [int(m.body) for m in received] == [0, 1, 2, 3]
+    finally:
+        await conn.close()
+    # the channel went: its unacked messages are back on the leader, in place
+    await until(lambda: local.message_count == 49 and local.unacked_count == 0)
+    assert local.ready[0].redelivered
+
+
+async def test_nack_requeue_get_and_reject(nodes: tuple[Node, Node]) -> None:
+    a, b = nodes
+    a.broker.api.declare_queue("/", "q3-dead", durable=True)
+    rq = lead(a, b, "q3", **{"x-dead-letter-exchange": "",
+                             "x-dead-letter-routing-key": "q3-dead"})
+    await until(lambda: rq.available)
+    for i in range(3):
+        a.broker.api.publish("/", "", _msg("q3", i), None)
+    conn = await aio_pika.connect(b.url)
+    try:
+        ch = await conn.channel()
+        queue = await ch.get_queue("q3", ensure=False)
+        first = await queue.get(timeout=5)
+        assert first.body == b"0" and not first.redelivered
+        await first.nack(requeue=True)
+        again = await queue.get(timeout=5)
+        assert again.body == b"0" and again.redelivered  # back in its place
+        await again.reject(requeue=False)
+        dead = a.broker.vhosts["/"].queues["q3-dead"]
+        await until(lambda: dead.message_count == 1)  # dead-lettered by the leader
+        second = await queue.get(no_ack=True, timeout=5)
+        assert second.body == b"1"
+        local = a.broker.vhosts["/"].queues["q3"]
+        await until(lambda: local.message_count == 1 and local.unacked_count == 0)
+        third = await queue.get(timeout=5)
+        await third.ack()
+        assert await queue.get(fail=False, timeout=5) is None  # get-empty
+        await until(lambda: local.unacked_count == 0 and local.message_count == 0)
+    finally:
+        await conn.close()
+
+
+async def test_queue_deleted_on_the_leader_cancels_consumers_on_b(
+        nodes: tuple[Node, Node]) -> None:
+    a, b = nodes
+    rq = lead(a, b, "q4")
+    await until(lambda: rq.available)
+    conn = await aio_pika.connect(b.url)
+    try:
+        ch = await conn.channel()
+        queue = await ch.get_queue("q4", ensure=False)
+        tag = await queue.consume(_ignore)
+        await until(lambda: len(a.broker.vhosts["/"].queues["q4"].consumers) == 1)
+        raw = await ch.get_underlay_channel()
+        assert tag in raw.consumers
+        a.broker.api.delete_queue("/", "q4")
+        await until(lambda: not rq.consumers)
+        await until(lambda: tag not in raw.consumers)  # basic.cancel reached the client
+        with pytest.raises(aio_pika.exceptions.ChannelNotFoundEntity) as info:
+            await ch.declare_queue("q4", durable=True, passive=True)
+        assert "no queue 'q4'" in str(info.value)
+    finally:
+        await conn.close()
+
+
+async def test_node_loss_cancels_consumers_nacks_and_answers_404(
+        nodes: tuple[Node, Node]) -> None:
+    a, b = nodes
+    rq = lead(a, b, "q5")
+    await until(lambda: rq.available)
+    conn = await aio_pika.connect(b.url)
+    try:
+        ch = await conn.channel()
+        queue = await ch.get_queue("q5", ensure=False)
+        tag = await queue.consume(_ignore)
+        raw = await ch.get_underlay_channel()
+        await until(lambda: len(a.broker.vhosts["/"].queues["q5"].consumers) == 1)
+        # A is cut off: B's view stops seeing it (its heartbeats stop) and the link
+        # goes silent (no more pings from A), so B closes the link after LINK_SILENCE
+        pinger = a.cluster.links._pinger
+        assert pinger is not None
+        pinger.cancel()
+        b.view.shared["a@test"] = NodeInfo("a@test", None, 0, 0, False)
+        for cb in b.view.callbacks:
+            cb("a@test", False)
+        await until(lambda: not rq.available and not rq.consumers)
+        await until(lambda: tag not in raw.consumers)  # basic.cancel reached the client
+        with pytest.raises(aio_pika.exceptions.ChannelNotFoundEntity) as info:
+            await ch.declare_queue("q5", durable=True)
+        assert ("home node 'a@test' of durable queue 'q5' in vhost '/' is down or "
+                "inaccessible") in str(info.value)
+        ch2 = await conn.channel(publisher_confirms=True)
+        with pytest.raises(aio_pika.exceptions.DeliveryError):
+            await ch2.default_exchange.publish(aio_pika.Message(b"x", delivery_mode=2),
+                                               routing_key="q5")
+    finally:
+        await conn.close()
+    # A is back: the queue works again, its messages where they were
+    a.cluster.links._ping()
+    b.view.shared["a@test"] = NodeInfo("a@test", a.cluster.links.address, 0, 0, True)
+    for cb in a.view.callbacks:
+        cb("b@test", True)
+    await until(lambda: rq.available)
+    conn = await aio_pika.connect(b.url)
+    try:
+        ch = await conn.channel(publisher_confirms=True)
+        await ch.default_exchange.publish(aio_pika.Message(b"y", delivery_mode=2),
+                                          routing_key="q5")
+        got = await (await ch.get_queue("q5", ensure=False)).get(timeout=5)
+        assert got.body == b"y"
+        await got.ack()
+    finally:
+        await conn.close()
+
+
+def _msg(queue: str, i: int) -> Any:
+    from amqpd.broker.api import Message, codec
+
+    return Message("", queue, codec.encode_properties({"delivery_mode": 2}), str(i).encode())
+
+
+async def test_min_masters_locator_places_the_queue_on_the_other_node(
+        nodes: tuple[Node, Node]) -> None:
+    a, b = nodes
+    b.broker.api.declare_queue("/", "led-by-b", durable=True)  # B leads one, A none
+    conn = await aio_pika.connect(b.url)
+    try:
+        ch = await conn.channel(publisher_confirms=True)
+        await ch.declare_queue("placed", durable=True,
+                               arguments={"x-queue-master-locator": "min-masters"})
+        here = b.broker.vhosts["/"].queues["placed"]
+        assert isinstance(here, RemoteQueue) and here.leader == "a@test"
+        await until(lambda: "placed" in a.broker.vhosts["/"].queues)
+        there = a.broker.vhosts["/"].queues["placed"]
+        assert not there.remote and there.durable
+        await ch.default_exchange.publish(aio_pika.Message(b"m", delivery_mode=2),
+                                          routing_key="placed")
+        assert there.message_count == 1
+        # client-local (the default) keeps the next one here
+        await ch.declare_queue("local", durable=True)
+        assert not b.broker.vhosts["/"].queues["local"].remote
+    finally:
+        await conn.close()
+
+
+def _collect(into: list[Any]) -> Callable[[Any], Any]:
+    async def on_message(message: Any) -> None:
+        into.append(message)
+    return on_message
+
+
+async def _ignore(message: Any) -> None:
+    return None
+
+
+async def test_a_busy_link_survives_a_late_heartbeat(nodes: tuple[Node, Node]) -> None:
+    """The view flips A to down for a moment (its heartbeats were late) while the link
+    still carries pings: nothing is closed, nobody is cancelled."""
+    a, b = nodes
+    rq = lead(a, b, "q6")
+    await until(lambda: rq.available)
+    link = b.cluster.links.link("a@test")
+    b.view.shared["a@test"] = NodeInfo("a@test", a.cluster.links.address, 0, 0, False)
+    for cb in b.view.callbacks:
+        cb("a@test", False)
+    await asyncio.sleep(3.0)  # longer than LINK_SILENCE
+    assert b.cluster.links.link("a@test") is link and rq.available
