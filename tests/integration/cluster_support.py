@@ -6,19 +6,21 @@ inbound heartbeats through a UDP relay, so a test can cut one node off (a partit
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tests.integration._http import Api
 from tests.support.brokerproc import BrokerProcess
+from tests.support.etcdproc import EtcdProcess
 from tests.support.tcpproxy import TcpProxy
 from tests.support.udpproxy import UdpRelay
 
@@ -138,3 +140,30 @@ def wait_formed(nodes: list[ClusterNode], timeout: float = 30.0) -> None:
 
     wait_for(formed, timeout, f"cluster of {names} formed",
              lambda: "\n".join(f"--- {n.name}\n{n.tail()}" for n in nodes))
+
+
+@contextlib.contextmanager
+def private_etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
+    """A private etcd under ``tmp_path``, killed (by its PID) on the way out."""
+    proc = EtcdProcess(tmp_path / "etcd").start()
+    try:
+        yield proc
+    finally:
+        proc.kill()
+
+
+@contextlib.contextmanager
+def three_nodes(tmp_path: Path, etcd_url: str) -> Iterator[list[ClusterNode]]:
+    """node-a, node-b and node-c under a fresh prefix, formed; every one started is stopped
+    on the way out, even when a later one failed to start."""
+    prefix = new_prefix()
+    started: list[ClusterNode] = []
+    try:
+        for name in ("a", "b", "c"):
+            started.append(ClusterNode(f"node-{name}", tmp_path / name, etcd_url,
+                                       prefix).start())
+        wait_formed(started)
+        yield started
+    finally:
+        for n in started:
+            n.stop()

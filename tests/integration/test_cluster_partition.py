@@ -28,6 +28,7 @@ from tests.integration.cluster_support import (
     ClusterNode,
     free_udp_port,
     new_prefix,
+    private_etcd,
     wait_for,
     wait_formed,
 )
@@ -47,9 +48,8 @@ COUNT = 300
 
 @pytest.fixture
 def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
-    proc = EtcdProcess(tmp_path / "etcd").start()
-    yield proc
-    proc.kill()
+    with private_etcd(tmp_path) as proc:
+        yield proc
 
 
 @pytest.fixture

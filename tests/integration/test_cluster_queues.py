@@ -30,7 +30,12 @@ from bench.loadgen import (
     run_publisher,
 )
 from tests.integration._http import q
-from tests.integration.cluster_support import ClusterNode, new_prefix, wait_for, wait_formed
+from tests.integration.cluster_support import (
+    ClusterNode,
+    private_etcd,
+    three_nodes,
+    wait_for,
+)
 from tests.support import etcdproc
 from tests.support.etcdproc import EtcdProcess
 
@@ -42,24 +47,14 @@ pytestmark = [
 
 @pytest.fixture
 def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
-    proc = EtcdProcess(tmp_path / "etcd").start()
-    yield proc
-    proc.kill()
+    with private_etcd(tmp_path) as proc:
+        yield proc
 
 
 @pytest.fixture
 def nodes(tmp_path: Path, etcd: EtcdProcess) -> Iterator[list[ClusterNode]]:
-    prefix = new_prefix()
-    started: list[ClusterNode] = []
-    try:
-        for name in ("a", "b", "c"):
-            started.append(ClusterNode(f"node-{name}", tmp_path / name, etcd.url,
-                                       prefix).start())
-        wait_formed(started)
+    with three_nodes(tmp_path, etcd.url) as started:
         yield started
-    finally:
-        for n in started:
-            n.stop()
 
 
 def queue_info(node: ClusterNode, name: str) -> dict[str, Any] | None:
