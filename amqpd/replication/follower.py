@@ -65,6 +65,7 @@ class ReplicationFollower:
         self.auth_failures = 0
         self._behind_since: float | None = None
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         # writing state (one session at a time)
         self._fds: dict[int, int] = {}
         self._dirty: set[int] = set()
@@ -98,15 +99,28 @@ class ReplicationFollower:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._journal.promised = marks.read(self.directory)
         self._journal.open()
+        self._stopping = False
         self._task = asyncio.ensure_future(self._run())
         log.info("replication: following the active at %s", active_addr)
 
     async def stop(self) -> None:
         """Stop following; everything received is fsync'd and closed on return."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        self._stopping = True
+        task, self._task = self._task, None
+        if task is not None:
+            # Python 3.11's asyncio.wait_for can swallow a cancellation that arrives as the
+            # awaited connect completes (a refused connect to a dead active completes at
+            # once): _run then goes round again. The flag ends the loop at its next turn;
+            # the repeated cancel reaches a session that had already begun.
+            for _ in range(50):
+                task.cancel()
+                await asyncio.wait([task], timeout=0.1)
+                if task.done():
+                    break
+            else:
+                log.error("replication: the follower did not stop within 5 s")
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                log.warning("replication: the follower ended with %r", task.exception())
         await self._close_files()
         self._journal.close(remove=False)
         self.connected = False
@@ -114,7 +128,7 @@ class ReplicationFollower:
     async def _run(self) -> None:
         delay = 0.2
         last_error, last_logged = "", 0.0
-        while True:
+        while not self._stopping:
             try:
                 again = await self._session()
                 if again:
@@ -140,6 +154,8 @@ class ReplicationFollower:
             finally:
                 self.connected = False
                 await self._close_files()
+            if self._stopping:
+                return
             if self.refused:
                 delay = 2.0
             await asyncio.sleep(delay)

@@ -326,3 +326,31 @@ async def test_a_standby_back_on_a_quiet_active_is_in_sync_at_once(tmp_path: Pat
         await f.stop()
         await src.stop()
         store.close()
+
+
+async def test_stop_ends_a_follower_whose_cancellation_was_swallowed(tmp_path: Path) -> None:
+    """Python 3.11's asyncio.wait_for returns the awaited result (here: raises the connect's
+    OSError) when a cancellation arrives just as a refused connect completes, so the
+    cancel is lost. Seen in CI as `amqpctl promote` hanging for 30 s on a standby whose
+    active had been killed. stop() must end the follower all the same."""
+    follower = _follower(tmp_path / "b")
+    swallowed = 0
+
+    async def session() -> bool:
+        nonlocal swallowed
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            if swallowed:  # the race happens once; later cancels go through
+                raise
+            swallowed += 1
+            raise OSError("Connect call failed ('127.0.0.1', 1)") from None
+        return False
+
+    follower._session = session  # type: ignore[method-assign]
+    follower.start("127.0.0.1:1")
+    await asyncio.sleep(0.05)  # the follower is inside its session
+    stopping = asyncio.ensure_future(follower.stop())
+    done, _ = await asyncio.wait([stopping], timeout=5)
+    assert stopping in done, "stop() did not return within 5 s"
+    assert swallowed == 1
