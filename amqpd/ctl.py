@@ -401,8 +401,18 @@ def cmd_delete_vhost(c: Client, a: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_set_permissions(c: Client, a: argparse.Namespace, out: TextIO) -> int:
-    c.call("PUT", f"/api/permissions/{q(a.vhost)}/{q(a.user)}",
-           {"configure": a.conf, "write": a.write, "read": a.read})
+    try:
+        c.call("PUT", f"/api/permissions/{q(a.vhost)}/{q(a.user)}",
+               {"configure": a.conf, "write": a.write, "read": a.read})
+    except CtlError as exc:
+        if "vhost_or_user_not_found" not in str(exc):
+            raise
+        # the API answers 400 for either (as RabbitMQ's); say which, as rabbitmqctl does
+        try:
+            c.get(f"/api/vhosts/{q(a.vhost)}")
+        except CtlError:
+            raise CtlError(f"Virtual host {a.vhost} does not exist", EX_NOT_FOUND) from None
+        raise CtlError(f"User {a.user} does not exist", EX_NOT_FOUND) from None
     return _done(a, out, f"Setting permissions for user \"{a.user}\" in vhost \"{a.vhost}\" ...")
 
 

@@ -65,6 +65,11 @@ def not_found(reason: str = "Not Found") -> HttpError:
     return HttpError(404, "Object Not Found", reason)
 
 
+def vhost_not_found() -> HttpError:
+    """PUT of a queue or exchange in an unknown vhost (RabbitMQ 3.10.8's body)."""
+    return HttpError(404, "not_found", "vhost_not_found")
+
+
 def not_authorised(reason: str = "Not administrator user") -> HttpError:
     return HttpError(401, "not_authorised", reason)
 
@@ -163,14 +168,16 @@ class Ctx:
     def visible_vhosts(self) -> list[VHost]:
         return [vh for vh in self.api.vhosts() if self.can_see_vhost(vh.name)]
 
-    def vhost(self, name: str | None = None, *, write: bool = False) -> VHost:
-        """The vhost named in the path: 404 if unknown, 401 if the user has no access.
+    def vhost(self, name: str | None = None, *, write: bool = False,
+              unknown: HttpError | None = None) -> VHost:
+        """The vhost named in the path: 404 if unknown (or ``unknown``, where RabbitMQ
+        answers otherwise), 401 if the user has no access.
 
         ``write`` demands real permissions in it (monitoring can read every vhost but
         not change it)."""
         name = self.params["vhost"] if name is None else name
         if not self.api.has_vhost(name):
-            raise not_found()
+            raise unknown if unknown is not None else not_found()
         vh = self.api.vhost(name)
         allowed = self.api.can_access_vhost(self.username, name) or (
             not write and self.is_monitor) or (write and self.is_admin)

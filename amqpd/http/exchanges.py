@@ -16,8 +16,10 @@ from amqpd.http.core import (
     created,
     json_response,
     no_content,
+    not_authorised,
     not_found,
     select_columns,
+    vhost_not_found,
 )
 from amqpd.http.messages import decode_payload, encode_json_properties
 
@@ -61,7 +63,7 @@ async def get_exchange(ctx: Ctx) -> Any:
 
 
 async def put_exchange(ctx: Ctx) -> Any:
-    vh = ctx.vhost(write=True)
+    vh = ctx.vhost(write=True, unknown=vhost_not_found())
     name = url_name(ctx.params["name"])
     body = await ctx.json_object()
     type_ = as_str(body.get("type"), "type")
@@ -100,6 +102,8 @@ async def destination_bindings(ctx: Ctx) -> Any:
 
 
 async def publish(ctx: Ctx) -> Any:
+    # RabbitMQ 3.10.8 answers a publish into an unknown vhost as one without access
+    ctx.vhost(unknown=not_authorised("Access refused."))
     vh, ex = _get(ctx)
     body = await ctx.json_object()
     routing_key = as_str(body.get("routing_key"), "routing_key")

@@ -20,6 +20,7 @@ from amqpd.http.core import (
     no_content,
     not_found,
     select_columns,
+    vhost_not_found,
 )
 from amqpd.http.messages import decode_json_properties, encode_payload
 from amqpd.http.paging import paged_list
@@ -95,7 +96,7 @@ async def get_queue(ctx: Ctx) -> Any:
 
 
 async def put_queue(ctx: Ctx) -> Any:
-    vh = ctx.vhost(write=True)
+    vh = ctx.vhost(write=True, unknown=vhost_not_found())
     name = ctx.params["name"]
     body = await ctx.json_object()
     if not name:

@@ -94,7 +94,11 @@ def test_users_vhosts_permissions(ctl, api: Api, broker: BrokerProcess) -> None:
     assert api.get(f"/api/users/{user}").json()["tags"] == ["management", "policymaker"]
     assert ctl("add_vhost", vhost).returncode == 0
     assert ctl("set_permissions", "-p", vhost, user, ".*", ".*", ".*").returncode == 0
-    assert ctl("set_permissions", "-p", "no-such-vhost", user, ".*", ".*", ".*").returncode == 1
+    r = ctl("set_permissions", "-p", "no-such-vhost", user, ".*", ".*", ".*")
+    assert (r.returncode, r.stderr.strip()) == (
+        1, "Error: Virtual host no-such-vhost does not exist")
+    r = ctl("set_permissions", "-p", vhost, "no-such-user", ".*", ".*", ".*")
+    assert (r.returncode, r.stderr.strip()) == (1, "Error: User no-such-user does not exist")
     assert ctl("set_permissions", "-p", vhost, user, "(", ".*", ".*").returncode == 65
     perms = json.loads(ctl("list_permissions", "-p", vhost, "--json").stdout)
     # the vhost was created over the API by guest, who got full permissions in it

@@ -81,6 +81,38 @@ def test_http_queue_create_obeys_max_queues(broker: BrokerProcess, api: Api) -> 
         api.delete("/api/queues/%2F/lim.h1")
 
 
+def test_definitions_import_obeys_max_queues(broker: BrokerProcess, api: Api) -> None:
+    """An import is checked against the vhost's queue limit as a whole, before anything
+    is applied. RabbitMQ 3.10.8 (private node, vhost 'lim' with max-queues 1) answered
+    POST /api/definitions with three new queues with 400 and this reason, and imported
+    none; re-importing a queue that exists does not count against the limit."""
+    assert api.put("/api/vhosts/lim.imp", {}).status == 201
+    try:
+        assert api.put("/api/vhost-limits/lim.imp/max-queues", {"value": 1}).status == 204
+
+        def doc(*names: str) -> dict[str, object]:
+            return {"queues": [{"name": n, "vhost": "lim.imp", "durable": True,
+                                "auto_delete": False, "arguments": {}} for n in names]}
+
+        r = api.post("/api/definitions", doc("q1", "q2", "q3"))
+        assert (r.status, r.json()) == (400, {
+            "error": "bad_request",
+            "reason": 'Adding 3 queue(s) to virtual host "lim.imp" would exceed the limit '
+                      "of 1 queue(s).\n\nThis virtual host currently has 0 queue(s) "
+                      "defined.\n\nImport aborted!"})
+        assert api.get("/api/queues/lim.imp").json() == []
+        assert api.post("/api/definitions", doc("q1")).status == 204
+        assert api.post("/api/definitions", doc("q1")).status == 204  # exists: not new
+        one_vhost = {"queues": [{"name": n, "durable": True, "auto_delete": False,
+                                 "arguments": {}} for n in ("q5", "q6")]}
+        r = api.post("/api/definitions/lim.imp", one_vhost)
+        assert r.status == 400
+        assert "currently has 1 queue(s) defined" in r.json()["reason"]
+        assert [q["name"] for q in api.get("/api/queues/lim.imp").json()] == ["q1"]
+    finally:
+        api.delete("/api/vhosts/lim.imp")
+
+
 def test_user_limits(broker: BrokerProcess, api: Api) -> None:
     assert api.put("/api/user-limits/guest/max-connections", {"value": 1}).status == 204
     assert api.put("/api/user-limits/guest/max-channels", {"value": 1}).status == 204
