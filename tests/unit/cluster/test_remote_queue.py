@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
+import aiormq
 import pytest
 
 from amqpd.cluster import remote_queue
@@ -326,3 +327,51 @@ async def test_a_busy_link_survives_a_late_heartbeat(nodes: tuple[Node, Node]) -
         cb("a@test", False)
     await asyncio.sleep(3.0)  # longer than LINK_SILENCE
     assert b.cluster.links.link("a@test") is link and rq.available
+
+
+async def test_tx_commit_ok_waits_for_the_leaders_group_commit(
+        nodes: tuple[Node, Node], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transactional channel on B publishing to a queue led by A: tx.commit-ok comes
+    only once A's group commit has the messages (as a confirm would); a message the
+    leader refuses fails the transaction (406 "partial tx completion", RabbitMQ 3.10)."""
+    a, b = nodes
+    rq = lead(a, b, "q7")
+    full = lead(a, b, "q7-full", **{"x-max-length": 0, "x-overflow": "reject-publish"})
+    await until(lambda: rq.available and full.available)
+    held: list[tuple[Callable[[BaseException | None], None], BaseException | None]] = []
+    real = remote_queue.enqueue_here
+
+    def slow_commit(broker: Any, q: Any, message: Any, on_confirm: Any) -> None:
+        """A's group commit, held until the test lets it finish."""
+        if on_confirm is None:
+            real(broker, q, message, None)
+            return
+        real(broker, q, message, lambda error: held.append((on_confirm, error)))
+
+    monkeypatch.setattr(remote_queue, "enqueue_here", slow_commit)
+    conn = await aio_pika.connect(b.url)
+    try:
+        ch = await conn.channel(publisher_confirms=False)
+        raw = await ch.get_underlay_channel()
+        await raw.tx_select()
+        for i in range(3):
+            await raw.basic_publish(str(i).encode(), routing_key="q7",
+                                    properties=aiormq.spec.Basic.Properties(delivery_mode=2))
+        commit = asyncio.ensure_future(raw.tx_commit())
+        local = a.broker.vhosts["/"].queues["q7"]
+        await until(lambda: len(held) == 3)
+        await asyncio.sleep(0.2)  # commit-ok would have come by now
+        assert not commit.done(), "tx.commit-ok before the leader's group commit"
+        assert local.message_count == 3
+        for callback, error in held:
+            callback(error)
+        held.clear()
+        await asyncio.wait_for(commit, 5)
+        monkeypatch.setattr(remote_queue, "enqueue_here", real)
+        # the leader refuses a message (its length limit): the transaction fails
+        await raw.basic_publish(b"x", routing_key="q7-full")
+        with pytest.raises(aiormq.exceptions.ChannelPreconditionFailed) as info:
+            await raw.tx_commit()
+        assert "partial tx completion" in str(info.value)
+    finally:
+        await conn.close()
