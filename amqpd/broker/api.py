@@ -175,6 +175,11 @@ class ClusterStatus(Protocol):
         """The journal recorded a definition change here: mirror it to the cluster."""
         ...
 
+    def transient_declared(self, queue: QueueType) -> None:
+        """A non-durable, non-exclusive queue was created here: make it known on
+        every node (amqpd/cluster/transient.py)."""
+        ...
+
     def after_mirrored(self, callback: OnConfirm) -> OnConfirm:
         """``callback`` wrapped to run once the changes recorded so far are in etcd."""
         ...

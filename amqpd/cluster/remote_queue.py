@@ -839,6 +839,9 @@ class ClusterQueues:
         for queue in self.remote.get(link.peer, {}).values():
             if queue.link is link:
                 queue.detach()
+        lost = getattr(self.view, "node_lost", None)  # the cluster's non-durable queues
+        if lost is not None and not self.links.closing:
+            lost(link.peer)
         if not self.links.closing and self.view.is_running(link.peer):
             self.links.want(link.peer)
 
