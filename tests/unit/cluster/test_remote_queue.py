@@ -251,10 +251,16 @@ async def test_node_loss_cancels_consumers_nacks_and_answers_404(
             await ch.declare_queue("q5", durable=True)
         assert ("home node 'a@test' of durable queue 'q5' in vhost '/' is down or "
                 "inaccessible") in str(info.value)
-        ch2 = await conn.channel(publisher_confirms=True)
-        with pytest.raises(aio_pika.exceptions.DeliveryError):
-            await ch2.default_exchange.publish(aio_pika.Message(b"x", delivery_mode=2),
-                                               routing_key="q5")
+        # as RabbitMQ 3.10: routed nowhere (the queue's node is down), so the confirm is
+        # an ack and a mandatory message comes back (312 NO_ROUTE)
+        ch2 = await conn.channel(publisher_confirms=True, on_return_raises=True)
+        await ch2.default_exchange.publish(aio_pika.Message(b"x", delivery_mode=2),
+                                           routing_key="q5", mandatory=False)
+        with pytest.raises(aiormq.exceptions.PublishError) as returned:
+            await ch2.default_exchange.publish(
+                aio_pika.Message(b"x", delivery_mode=2, message_id="m1"), routing_key="q5",
+                mandatory=True)
+        assert returned.value.frame.reply_code == 312
     finally:
         await conn.close()
     # A is back: the queue works again, its messages where they were
