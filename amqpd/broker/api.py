@@ -175,6 +175,12 @@ class ClusterStatus(Protocol):
         """The journal recorded a definition change here: mirror it to the cluster."""
         ...
 
+    def runs_here(self, key: str) -> bool:
+        """Is this node the one of the cluster that runs the singleton ``key`` (a
+        dynamic shovel, a federated exchange's link)? Every node answers the same from
+        the running members it sees; a paused node runs none."""
+        ...
+
     def transient_declared(self, queue: QueueType) -> None:
         """A non-durable, non-exclusive queue was created here: make it known on
         every node (amqpd/cluster/transient.py)."""
@@ -300,6 +306,21 @@ class BrokerAPI:
             raise NotFound(str(exc)) from None
         except RuntimeError as exc:  # amqpd.cluster.membership.NotAllowed
             raise ResourceLocked(str(exc)) from None
+
+    def runs_here(self, key: str) -> bool:
+        """Does this node run the cluster-wide singleton ``key`` (a dynamic shovel, a
+        federated exchange's link: one node of a cluster runs each, as RabbitMQ's
+        mirrored supervisors do)? Always on a single node; not before the cluster has
+        started on a node configured for one."""
+        cluster = self._broker.cluster
+        if cluster is None:
+            return not self.clustered()
+        return cluster.runs_here(key)
+
+    def clustered(self) -> bool:
+        """Is this node configured to be in a cluster (``cluster.name`` set)? True from
+        the start, before the cluster itself is up (plugins start first)."""
+        return bool(self._broker.settings.cluster.enabled)
 
     def _require_cluster(self) -> ClusterStatus:
         cluster = self._broker.cluster

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import socket
@@ -211,6 +212,21 @@ class Cluster(ClusterView):
 
     def definition_recorded(self, kind: int, key: str, body: bytes) -> None:
         self.mirror.recorded(kind, key, body)
+
+    def runs_here(self, key: str) -> bool:
+        """The running member ranked first for ``key`` by rendezvous hashing runs it:
+        every node computes the same owner from the same view, owners spread over the
+        nodes, and a node's loss moves only its own singletons."""
+        if self.paused or not self.mirror.synced:
+            return False
+        running = [n for n in self.members if n == self.node_name or self.is_running(n)]
+        if self.node_name not in running:
+            return False
+
+        def rank(node: str) -> bytes:
+            return hashlib.sha256(f"{node}\0{key}".encode()).digest()
+
+        return max(running, key=rank) == self.node_name
 
     def transient_declared(self, queue: Any) -> None:
         self.transient.declared(queue)

@@ -35,8 +35,7 @@ from typing import TYPE_CHECKING, Any
 from amqpd.coord.etcd import EtcdClient, EtcdError
 
 if TYPE_CHECKING:
-    from amqpd.broker.api import BrokerAPI
-    from amqpd.broker.queue_type import QueueType
+    from amqpd.broker.api import BrokerAPI, QueueType
     from amqpd.cluster.node import Cluster
 
 log = logging.getLogger("amqpd.cluster.transient")
