@@ -381,3 +381,73 @@ async def test_tx_commit_ok_waits_for_the_leaders_group_commit(
         assert "partial tx completion" in str(info.value)
     finally:
         await conn.close()
+
+
+async def test_federation_links_run_on_one_node(nodes: tuple[Node, Node],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A federated queue's link runs on its leader only (B holds a remote stand-in and
+    runs none); a federated exchange's link runs on the node runs_here picks."""
+    from plugins.federation import create_plugin
+
+    a, b = nodes
+    supervisors = {}
+    for node in (a, b):
+        api = node.broker.api
+        supervisors[node.view.node_name] = create_plugin(api).supervisor
+        api.parameters.set("federation-upstream", "/", "up", {"uri": "amqp://127.0.0.1:1"})
+        api.set_policy("/", "fed", "^f", {"federation-upstream": "up"})
+        api.declare_exchange("/", "fx", "fanout", durable=True)
+    lead(a, b, "fq")
+    on_a = supervisors["a@test"].desired()
+    on_b = supervisors["b@test"].desired()
+    assert ("queue", "/", "fq", "up") in on_a
+    assert ("queue", "/", "fq", "up") not in on_b  # led by A: its link runs there
+    assert ("exchange", "/", "fx", "up") in on_b  # a single node runs every one
+    monkeypatch.setattr(b.broker.api, "runs_here", lambda key: key != "federation///fx")
+    assert ("exchange", "/", "fx", "up") not in supervisors["b@test"].desired()
+
+
+async def test_locators_policy_key_config_and_random(nodes: tuple[Node, Node]) -> None:
+    """The other leader locators (RabbitMQ 3.10's names and order): the
+    ``queue-master-locator`` policy key, ``cluster.queue_leader_locator`` (the
+    ClusterQueues' ``locator``), and ``random`` over the running nodes."""
+    a, b = nodes
+    b.broker.api.declare_queue("/", "led-by-b", durable=True)  # B leads one, A none
+    b.broker.api.set_policy("/", "place", "^pol-", {"queue-master-locator": "min-masters"},
+                            apply_to="queues")
+    conn = await aio_pika.connect(b.url)
+    try:
+        ch = await conn.channel()
+        await ch.declare_queue("pol-q", durable=True)  # the policy's min-masters: A
+        here = b.broker.vhosts["/"].queues["pol-q"]
+        assert isinstance(here, RemoteQueue) and here.leader == "a@test"
+        # the argument wins over the policy
+        await ch.declare_queue("pol-local", durable=True,
+                               arguments={"x-queue-master-locator": "client-local"})
+        assert not b.broker.vhosts["/"].queues["pol-local"].remote
+        # the node's configured locator, without argument or policy
+        b.cluster.locator = "min-masters"
+        await ch.declare_queue("conf-q", durable=True)  # A leads 1, B 2
+        assert b.broker.vhosts["/"].queues["conf-q"].remote
+        b.cluster.locator = "client-local"
+        await ch.declare_queue("conf-local", durable=True)
+        assert not b.broker.vhosts["/"].queues["conf-local"].remote
+        # random: over both running nodes (all 24 on one node: p = 2 ** -23)
+        placed: dict[str, str] = {}
+        for i in range(24):
+            await ch.declare_queue(f"rnd-{i}", durable=True,
+                                   arguments={"x-queue-master-locator": "random"})
+            q = b.broker.vhosts["/"].queues[f"rnd-{i}"]
+            placed[q.name] = q.leader if isinstance(q, RemoteQueue) else "b@test"
+        assert set(placed.values()) == {"a@test", "b@test"}
+        # the chosen leader created it
+        await until(lambda: all(name in a.broker.vhosts["/"].queues
+                                for name, leader in placed.items() if leader == "a@test"))
+        # a node not seen running is never chosen
+        b.view.shared["a@test"] = NodeInfo("a@test", a.cluster.links.address, 0, 0, False)
+        for i in range(8):
+            await ch.declare_queue(f"rnd-down-{i}", durable=True,
+                                   arguments={"x-queue-master-locator": "random"})
+            assert not b.broker.vhosts["/"].queues[f"rnd-down-{i}"].remote
+    finally:
+        await conn.close()
