@@ -186,6 +186,11 @@ class ClusterStatus(Protocol):
         every node (amqpd/cluster/transient.py)."""
         ...
 
+    def transient_binding(self, binding: Binding) -> None:
+        """A binding that is no durable definition was made or removed here (a
+        non-durable queue's bindings are known on every node too)."""
+        ...
+
     def after_mirrored(self, callback: OnConfirm) -> OnConfirm:
         """``callback`` wrapped to run once the changes recorded so far are in etcd."""
         ...

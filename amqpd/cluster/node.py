@@ -231,6 +231,9 @@ class Cluster(ClusterView):
     def transient_declared(self, queue: Any) -> None:
         self.transient.declared(queue)
 
+    def transient_binding(self, binding: Any) -> None:
+        self.transient.binding_changed(binding)
+
     def node_lost(self, node: str) -> None:
         """The inter-node link to ``node`` went (remote_queue's ``on_link_down``)."""
         self.transient.node_lost(node)

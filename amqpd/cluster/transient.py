@@ -19,6 +19,11 @@ sees it down (its heartbeats stopped), they delete its non-durable queues at onc
 lost node. A node whose lease was renewed (etcd out of reach longer than the lease)
 writes its keys again under the new one; a node seen running again is read back.
 
+A queue's key also carries its bindings from exchanges every node knows (durable
+exchanges and ``amq.*``), so a message published on any node reaches it: the others
+bind their stand-in the same way (routing happens where a message arrives). Bindings
+from non-durable exchanges stay on the queue's node, as non-durable exchanges do.
+
 Exclusive queues are not here: they belong to one connection on one node and go with
 it (RabbitMQ's exclusive queues of a lost node go away too).
 """
@@ -86,19 +91,42 @@ class TransientQueues:
         return node, vhost, name
 
     # ------------------------------------------------------------------ this node's queues
+    def _body(self, q: QueueType) -> str:
+        """The queue as the others get it, with its bindings from exchanges every node
+        knows (durable ones and the ``amq.*`` ones; not the default exchange)."""
+        bindings = sorted(
+            [b.source.name, b.routing_key, _jsonable(b.arguments)]
+            for b in (q.inbound or ())
+            if b.source.name and (b.source.durable or b.source.name.startswith("amq.")))
+        return json.dumps({"name": q.name, "vhost": q.vhost.name, "durable": False,
+                           "auto_delete": q.auto_delete,
+                           "arguments": _jsonable(q.arguments), "node": self.node,
+                           "bindings": bindings}, separators=(",", ":"), sort_keys=True)
+
     def declared(self, q: QueueType) -> None:
         """A non-durable, non-exclusive queue was created here: make it known."""
         if q.remote:
             return
         ident = (q.vhost.name, q.name)
-        body = json.dumps({"name": q.name, "vhost": q.vhost.name, "durable": False,
-                           "auto_delete": q.auto_delete,
-                           "arguments": _jsonable(q.arguments), "node": self.node},
-                          separators=(",", ":"))
+        body = self._body(q)
         self.mine[ident] = body
         self.pending[ident] = body
         q.on_removed.append(lambda _q: self._removed(ident))
         self._wake.set()
+
+    def binding_changed(self, binding: Any) -> None:
+        """A binding that is not a durable definition changed here: if its queue is
+        one of this node's non-durable queues, the others get the queue's bindings
+        again (so a message published on any node reaches it)."""
+        q = binding.destination
+        ident = (q.vhost.name, q.name) if binding.destination_type == "queue" else None
+        if ident is None or ident not in self.mine or q.vhost.queues.get(q.name) is not q:
+            return
+        body = self._body(q)
+        if body != self.mine[ident]:
+            self.mine[ident] = body
+            self.pending[ident] = body
+            self._wake.set()
 
     def _removed(self, ident: Ident) -> None:
         if self.mine.pop(ident, None) is not None:
@@ -172,10 +200,35 @@ class TransientQueues:
         if not self.cluster.is_running(node):
             return  # its queues are being deleted; read back when it is seen again
         try:
-            materialise(self.api, vhost, json.loads(value), node)
+            item = json.loads(value)
+            q = materialise(self.api, vhost, item, node)
+            self._sync_bindings(q, item.get("bindings") or [])
         except Exception as exc:
             log.error("cluster: non-durable queue %r in vhost %r of %s not made known "
                       "here: %s", name, vhost, node, exc)
+
+    def _sync_bindings(self, q: Any, wanted: list[list[Any]]) -> None:
+        """Bind the stand-in ``q`` as its node has the queue bound (routing happens on
+        the node where a message arrives)."""
+        def ident(source: str, key: str, arguments: Any) -> str:
+            return json.dumps([source, key, _jsonable(arguments)], sort_keys=True)
+
+        want = {ident(*w): w for w in wanted if len(w) == 3}
+        have = {ident(b.source.name, b.routing_key, b.arguments): b
+                for b in list(q.inbound or ()) if b.source.name}
+        vhost = q.vhost.name
+        for key, b in have.items():
+            if key not in want:
+                self.api.unbind(vhost, "queue", q.name, b.source.name, b.routing_key,
+                                b.arguments)
+        for key, (source, rk, arguments) in want.items():
+            if key in have:
+                continue
+            try:
+                self.api.bind(vhost, "queue", q.name, source, rk, dict(arguments or {}))
+            except Exception as exc:  # its exchange not (yet) known here
+                log.warning("cluster: binding of non-durable queue %r to %r in vhost %r "
+                            "not made here: %s", q.name, source, vhost, exc)
 
     def _drop(self, q: Any) -> None:
         q.gone = True  # nothing to ask of its leader: the queue is gone there

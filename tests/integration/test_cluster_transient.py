@@ -1,7 +1,8 @@
 """Non-durable queues across the cluster (issue 15, RabbitMQ 3.10's classic non-durable
 queues), three amqpd nodes and one etcd on loopback: a non-durable queue declared on
 node A is listed by /api/queues on every node with ``node``, found by a passive and a
-full declare on the others and usable from there; when A is killed (kill -9) it is
+full declare on the others and usable from there, its bindings known there too (a
+message published on another node reaches it); when A is killed (kill -9) it is
 deleted on the others (a consumer there gets basic.cancel) and does not come back when
 A restarts; nor after a full cluster restart.
 """
@@ -103,6 +104,19 @@ def test_non_durable_queue_known_everywhere_and_gone_with_its_node(
              ContentHeader(0, len(body), commands.Basic.Properties()), ContentBody(body))
     wait_for(lambda: (queue_info(a, "tq") or {}).get("messages") == 1, 10,
              "the message on node-a", a.tail)
+    pub.close()
+    # bound on A to amq.topic: a message published to it on C reaches it too (routing
+    # happens on C, which binds its stand-in as A has the queue bound)
+    owner.bind(ch, "tq", "amq.topic", "t.#")
+    wait_for(lambda: any(x["destination"] == "tq" for x in c.api.get(
+        "/api/exchanges/%2F/amq.topic/bindings/source").json()), 15,
+        "the binding known on node-c", c.tail)
+    pub = Conn(c.url)
+    pch = pub.open_channel(1)
+    pub.send(pch, commands.Basic.Publish(exchange="amq.topic", routing_key="t.x"),
+             ContentHeader(0, len(body), commands.Basic.Properties()), ContentBody(body))
+    wait_for(lambda: (queue_info(a, "tq") or {}).get("messages") == 2, 10,
+             "the topic message on node-a", a.tail)
     pub.close()
     # a consumer on B
     cons = Conn(b.url)
