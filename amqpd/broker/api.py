@@ -182,8 +182,8 @@ class ClusterStatus(Protocol):
         ...
 
     def transient_declared(self, queue: QueueType) -> None:
-        """A non-durable, non-exclusive queue was created here: make it known on
-        every node (amqpd/cluster/transient.py)."""
+        """A queue that is no durable definition (non-durable, or exclusive) was
+        created here: make it known on every node (amqpd/cluster/transient.py)."""
         ...
 
     def transient_binding(self, binding: Binding) -> None:

@@ -552,7 +552,8 @@ class Served:
     def consume(self, cid: int, no_ack: int, credit: int, args: dict[str, Any]) -> None:
         q = self.queue
         exclusive = bool(args.get("exclusive"))
-        if q.deleted or (q.consumers and (exclusive or any(c.exclusive for c in q.consumers))):
+        if q.deleted or q.exclusive or (q.consumers and (exclusive or any(
+                c.exclusive for c in q.consumers))):
             self.link.send(W.encode(W.CANCELLED, self.stream, cid))
             return
         proxy = _Proxy(self, cid, credit)
@@ -937,11 +938,8 @@ class ClusterQueues:
             link.send(W.encode(W.FAILED, stream, 404,
                                f"NOT_FOUND - no queue '{name}' in vhost '{vhost}'"))
             return
-        if q.exclusive:
-            link.send(W.encode(W.FAILED, stream, 405,
-                               f"RESOURCE_LOCKED - cannot obtain exclusive access to "
-                               f"locked queue '{name}' in vhost '{vhost}'"))
-            return
+        # an exclusive queue is opened too (publishes from other nodes reach it, as in
+        # RabbitMQ); consuming is refused (Served.consume), other nodes refuse it first
         old = streams.pop(stream, None)
         if old is not None:
             old.close()

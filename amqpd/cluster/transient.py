@@ -24,8 +24,10 @@ exchanges and ``amq.*``), so a message published on any node reaches it: the oth
 bind their stand-in the same way (routing happens where a message arrives). Bindings
 from non-durable exchanges stay on the queue's node, as non-durable exchanges do.
 
-Exclusive queues are not here: they belong to one connection on one node and go with
-it (RabbitMQ's exclusive queues of a lost node go away too).
+Exclusive queues are here too, as in RabbitMQ: listed on every node, reached by
+publishes from any node (their bindings travel with them), refused to every other
+connection (405 RESOURCE_LOCKED: their stand-in's owner is ``ELSEWHERE``), deleted
+with their connection or their node.
 """
 
 from __future__ import annotations
@@ -58,6 +60,14 @@ def _jsonable(value: Any) -> Any:
     if value is None or isinstance(value, bool | int | float | str):
         return value
     return str(value)
+
+
+ELSEWHERE = object()  # the owner of an exclusive queue whose connection is on another node
+
+
+def _transient(q: Any) -> bool:
+    """A stand-in this module made (a non-durable or an exclusive queue)."""
+    return not q.durable or q.exclusive_owner is not None
 
 
 class TransientQueues:
@@ -98,13 +108,14 @@ class TransientQueues:
             [b.source.name, b.routing_key, _jsonable(b.arguments)]
             for b in (q.inbound or ())
             if b.source.name and (b.source.durable or b.source.name.startswith("amq.")))
-        return json.dumps({"name": q.name, "vhost": q.vhost.name, "durable": False,
-                           "auto_delete": q.auto_delete,
+        return json.dumps({"name": q.name, "vhost": q.vhost.name, "durable": q.durable,
+                           "exclusive": q.exclusive, "auto_delete": q.auto_delete,
                            "arguments": _jsonable(q.arguments), "node": self.node,
                            "bindings": bindings}, separators=(",", ":"), sort_keys=True)
 
     def declared(self, q: QueueType) -> None:
-        """A non-durable, non-exclusive queue was created here: make it known."""
+        """A queue that is no durable definition (non-durable, or exclusive) was
+        created here: make it known."""
         if q.remote:
             return
         ident = (q.vhost.name, q.name)
@@ -190,7 +201,7 @@ class TransientQueues:
         existing = vh.queues.get(name)
         if value is None:
             if isinstance(existing, RemoteQueue) and existing.leader == node \
-                    and not existing.durable:
+                    and _transient(existing):
                 self._drop(existing)
             return
         if existing is not None and not isinstance(existing, RemoteQueue):
@@ -202,6 +213,10 @@ class TransientQueues:
         try:
             item = json.loads(value)
             q = materialise(self.api, vhost, item, node)
+            if item.get("exclusive") and q.exclusive_owner is None:
+                # a connection on its node owns it: every client here is refused with
+                # 405 RESOURCE_LOCKED (declare, consume, get), publishes reach it
+                q.exclusive_owner = ELSEWHERE
             self._sync_bindings(q, item.get("bindings") or [])
         except Exception as exc:
             log.error("cluster: non-durable queue %r in vhost %r of %s not made known "
@@ -220,12 +235,13 @@ class TransientQueues:
         for key, b in have.items():
             if key not in want:
                 self.api.unbind(vhost, "queue", q.name, b.source.name, b.routing_key,
-                                b.arguments)
+                                b.arguments, owner=q.exclusive_owner)
         for key, (source, rk, arguments) in want.items():
             if key in have:
                 continue
             try:
-                self.api.bind(vhost, "queue", q.name, source, rk, dict(arguments or {}))
+                self.api.bind(vhost, "queue", q.name, source, rk, dict(arguments or {}),
+                              owner=q.exclusive_owner)  # (ELSEWHERE: as its owner)
             except Exception as exc:  # its exchange not (yet) known here
                 log.warning("cluster: binding of non-durable queue %r to %r in vhost %r "
                             "not made here: %s", q.name, source, vhost, exc)
@@ -244,7 +260,7 @@ class TransientQueues:
         n = 0
         for vh in list(self.api._broker.vhosts.values()):
             for q in list(vh.queues.values()):
-                if isinstance(q, RemoteQueue) and q.leader == node and not q.durable:
+                if isinstance(q, RemoteQueue) and q.leader == node and _transient(q):
                     self._drop(q)
                     n += 1
         if n:
@@ -286,7 +302,7 @@ class TransientQueues:
                 self._apply(*parsed, kv.value)
         for vh in list(self.api._broker.vhosts.values()):
             for q in list(vh.queues.values()):
-                if isinstance(q, RemoteQueue) and not q.durable \
+                if isinstance(q, RemoteQueue) and _transient(q) \
                         and (q.leader, vh.name, q.name) not in present:
                     self._drop(q)
         self.revision = max(self.revision, revision)

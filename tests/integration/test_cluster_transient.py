@@ -4,7 +4,9 @@ node A is listed by /api/queues on every node with ``node``, found by a passive 
 full declare on the others and usable from there, its bindings known there too (a
 message published on another node reaches it); when A is killed (kill -9) it is
 deleted on the others (a consumer there gets basic.cancel) and does not come back when
-A restarts; nor after a full cluster restart.
+A restarts; nor after a full cluster restart. An exclusive queue of a connection on A
+is listed everywhere, refused to other connections (405), reached by publishes on other
+nodes and deleted with A.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ def transient_keys(node: ClusterNode) -> list[str]:
 
 
 def passive_404(node: ClusterNode, name: str) -> str:
+    """The channel error a passive declare of ``name`` on ``node`` gets."""
     conn = Conn(node.url)
     try:
         with pytest.raises(ProtocolError) as info:
@@ -118,6 +121,26 @@ def test_non_durable_queue_known_everywhere_and_gone_with_its_node(
     wait_for(lambda: (queue_info(a, "tq") or {}).get("messages") == 2, 10,
              "the topic message on node-a", a.tail)
     pub.close()
+    # an exclusive queue of that connection: listed everywhere, locked to everyone
+    # else (405), reached by a publish on another node, gone with its node
+    owner.rpc(ch, commands.Queue.Declare(queue="xq", exclusive=True),
+              commands.Queue.DeclareOk)
+    owner.bind(ch, "xq", "amq.topic", "t.#")
+    for n in (b, c):
+        wait_for(lambda n=n: listed(n, "xq") == "node-a" and any(
+            x["destination"] == "xq" for x in n.api.get(
+                "/api/exchanges/%2F/amq.topic/bindings/source").json()), 15,
+            f"xq and its binding on {n.name}", n.tail)
+        assert passive_404(n, "xq").startswith(
+            "channel.close 405 RESOURCE_LOCKED - cannot obtain exclusive access to locked "
+            "queue 'xq'")
+    pub = Conn(b.url)
+    pch = pub.open_channel(1)
+    pub.send(pch, commands.Basic.Publish(exchange="amq.topic", routing_key="t.y"),
+             ContentHeader(0, len(body), commands.Basic.Properties()), ContentBody(body))
+    wait_for(lambda: (queue_info(a, "xq") or {}).get("messages") == 1, 10,
+             "the message in xq on node-a", a.tail)
+    pub.close()
     # a consumer on B
     cons = Conn(b.url)
     cch = cons.open_channel(1)
@@ -130,8 +153,8 @@ def test_non_durable_queue_known_everywhere_and_gone_with_its_node(
     cons.close()
     owner.sock.close()
     for n in (b, c):
-        wait_for(lambda n=n: listed(n, "tq") is None, 15, f"tq deleted on {n.name}",
-                 n.tail)
+        wait_for(lambda n=n: listed(n, "tq") is None and listed(n, "xq") is None, 15,
+                 f"tq and xq deleted on {n.name}", n.tail)
         assert passive_404(n, "tq") == "channel.close 404 NOT_FOUND - no queue 'tq' in vhost '/'"
     # the name is free: declared on C now, it is C's
     conn = Conn(c.url)
