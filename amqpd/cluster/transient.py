@@ -195,9 +195,9 @@ class TransientQueues:
             return
         from amqpd.cluster.remote_queue import RemoteQueue, materialise
 
-        vh = self.api._broker.vhosts.get(vhost)
-        if vh is None:
+        if not self.api.has_vhost(vhost):
             return
+        vh = self.api.vhost(vhost)
         existing = vh.queues.get(name)
         if value is None:
             if isinstance(existing, RemoteQueue) and existing.leader == node \
@@ -258,7 +258,7 @@ class TransientQueues:
         if self.cluster.is_running(node):
             return  # a broken link to a live node: it comes back
         n = 0
-        for vh in list(self.api._broker.vhosts.values()):
+        for vh in self.api.vhosts():
             for q in list(vh.queues.values()):
                 if isinstance(q, RemoteQueue) and q.leader == node and _transient(q):
                     self._drop(q)
@@ -300,7 +300,7 @@ class TransientQueues:
             if parsed is not None:
                 present.add(parsed)
                 self._apply(*parsed, kv.value)
-        for vh in list(self.api._broker.vhosts.values()):
+        for vh in self.api.vhosts():
             for q in list(vh.queues.values()):
                 if isinstance(q, RemoteQueue) and _transient(q) \
                         and (q.leader, vh.name, q.name) not in present:
