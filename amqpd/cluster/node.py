@@ -75,6 +75,7 @@ class Cluster(ClusterView):
                                      settings.data_dir, cc.name)
         self.mirror = DefinitionMirror(self, api, self.etcd, self.root)
         self.transient = TransientQueues(self, api, self.etcd, self.root)
+        self.subscribe(self.transient.node_changed)  # from the first view change on
         self.heartbeats = Heartbeats(self, cc.name, self.cookie, split_addr(cc.heartbeat_listen),
                                      cc.heartbeat_interval, self.heartbeat_targets)
         # the inter-node link listener's address, once it listens (amqpd/cluster/link.py)
@@ -108,7 +109,6 @@ class Cluster(ClusterView):
                 delay = min(delay * 2, 2.0)
         self.mirror.start()
         self.transient.start()
-        self.subscribe(self.transient.node_changed)
         self._tasks.append(asyncio.create_task(self.membership.run(), name="cluster-members"))
         log.info("cluster: node %s in cluster %r with %s", self.node_name, self.cluster_name,
                  ", ".join(sorted(self.members)))

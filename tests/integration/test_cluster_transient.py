@@ -167,6 +167,9 @@ def test_non_durable_queue_known_everywhere_and_gone_with_its_node(
     declare_on(a, "marker")  # once B lists this, B has seen everything A did before
     wait_for(lambda: listed(b, "marker") == "node-a" and listed(b, "tq2") == "node-c",
              30, "marker and tq2 on node-b", b.tail)
+    # the restarted node learns the others' non-durable queues
+    wait_for(lambda: listed(a, "tq2") == "node-c" and usable(a, "tq2"), 30,
+             "tq2 known on the restarted node-a", a.tail)
     for n in nodes:
         assert listed(n, "tq") is None, f"tq came back on {n.name}"
 
