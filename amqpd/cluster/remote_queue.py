@@ -30,9 +30,10 @@ over the link to the leader (:mod:`amqpd.cluster.link`, frames in
 Node loss: when the link to the leader goes, every consumer of its queues here gets
 basic.cancel, publishes waiting for a confirm get a nack, and until the link is back the
 queue answers declare, basic.get and basic.consume with 404 ``home node '<node>' of
-durable queue '<name>' in vhost '<vhost>' is down or inaccessible``; publishes routed to
-it are nacked. Delivery ids of the old link are dead: the leader has put those messages
-back already.
+durable queue '<name>' in vhost '<vhost>' is down or inaccessible``; the publish
+pipeline leaves it out of routes (``available`` is False: the message is unroutable
+there, as in RabbitMQ 3.10). Delivery ids of the old link are dead: the leader has put
+those messages back already.
 """
 
 from __future__ import annotations
