@@ -175,6 +175,22 @@ class ClusterStatus(Protocol):
         """The journal recorded a definition change here: mirror it to the cluster."""
         ...
 
+    def runs_here(self, key: str) -> bool:
+        """Is this node the one of the cluster that runs the singleton ``key`` (a
+        dynamic shovel, a federated exchange's link)? Every node answers the same from
+        the running members it sees; a paused node runs none."""
+        ...
+
+    def transient_declared(self, queue: QueueType) -> None:
+        """A queue that is no durable definition (non-durable, or exclusive) was
+        created here: make it known on every node (amqpd/cluster/transient.py)."""
+        ...
+
+    def transient_binding(self, binding: Binding) -> None:
+        """A binding that is no durable definition was made or removed here (a
+        non-durable queue's bindings are known on every node too)."""
+        ...
+
     def after_mirrored(self, callback: OnConfirm) -> OnConfirm:
         """``callback`` wrapped to run once the changes recorded so far are in etcd."""
         ...
@@ -295,6 +311,21 @@ class BrokerAPI:
             raise NotFound(str(exc)) from None
         except RuntimeError as exc:  # amqpd.cluster.membership.NotAllowed
             raise ResourceLocked(str(exc)) from None
+
+    def runs_here(self, key: str) -> bool:
+        """Does this node run the cluster-wide singleton ``key`` (a dynamic shovel, a
+        federated exchange's link: one node of a cluster runs each, as RabbitMQ's
+        mirrored supervisors do)? Always on a single node; not before the cluster has
+        started on a node configured for one."""
+        cluster = self._broker.cluster
+        if cluster is None:
+            return not self.clustered()
+        return cluster.runs_here(key)
+
+    def clustered(self) -> bool:
+        """Is this node configured to be in a cluster (``cluster.name`` set)? True from
+        the start, before the cluster itself is up (plugins start first)."""
+        return bool(self._broker.settings.cluster.enabled)
 
     def _require_cluster(self) -> ClusterStatus:
         cluster = self._broker.cluster

@@ -26,6 +26,7 @@ from pamqp import commands
 
 from amqpd.broker import reply_to
 from amqpd.broker.message import Message
+from amqpd.broker.publish import JointConfirm
 from amqpd.broker.queue import Consumer, QueueEntry
 from amqpd.broker.queue_type import QueueType
 from amqpd.broker.vhost import generate_name
@@ -40,6 +41,7 @@ from amqpd.protocol.errors import (
     NotImplemented_,
     PreconditionFailed,
 )
+from amqpd.store.api import StoreError
 
 if TYPE_CHECKING:
     from amqpd.broker.api import BrokerAPI
@@ -526,23 +528,32 @@ class Channel:
                     self.publish_seq if self.confirm_mode else 0, persistent)
 
     def _route(self, exchange: str, routing_key: str, mandatory: bool, properties: bytes,
-               body: bytes, seq: int, persistent: bool | None = None) -> None:
+               body: bytes, seq: int, persistent: bool | None = None,
+               on_done: Callable[[BaseException | None], None] | None = None) -> None:
+        """``on_done``: a transaction's part (tx.commit waits for every message's
+        leader, :meth:`_tx_commit`), in place of a confirm for ``seq``."""
         msg = Message(exchange, routing_key, properties, body, persistent)
         if len(properties) > 1 and properties[0] & C.FLAG_REPLY_TO_HI:  # direct reply-to?
             msg = reply_to.rewrite(self, msg)
         if mandatory:
-            self._route_mandatory(exchange, routing_key, properties, body, seq, msg)
+            self._route_mandatory(exchange, routing_key, properties, body, seq, msg,
+                                  on_done)
             return
         publisher = self.session.broker.publisher  # the pipeline itself (compiled)
+        on_confirm = on_done if on_done is not None else (
+            self._on_durable(seq) if seq else None)
         queues = publisher.publish(self.vhost, exchange, msg, self.session.username,
-                                   on_confirm=self._on_durable(seq) if seq else None)
+                                   on_confirm=on_confirm)
         self._credit_flow(queues)
 
     def _route_mandatory(self, exchange: str, routing_key: str, properties: bytes,
-                         body: bytes, seq: int, msg: Message) -> None:
+                         body: bytes, seq: int, msg: Message,
+                         on_done: Callable[[BaseException | None], None] | None) -> None:
         """Apart from :meth:`_route`: compiled, a function with a nested one builds its
         closure environment on every call, taken or not."""
         publisher = self.session.broker.publisher
+        on_confirm = on_done if on_done is not None else (
+            self._on_durable(seq) if seq else None)
 
         def unroutable() -> None:  # basic.return precedes the confirm, as in RabbitMQ
             self.session.conn.write(
@@ -552,8 +563,7 @@ class Channel:
             )
 
         queues = publisher.publish(self.vhost, exchange, msg, self.session.username,
-                                   on_confirm=self._on_durable(seq) if seq else None,
-                                   on_unroutable=unroutable)
+                                   on_confirm=on_confirm, on_unroutable=unroutable)
         self._credit_flow(queues)
 
     def _credit_flow(self, queues: list[QueueType]) -> None:
@@ -642,25 +652,38 @@ class Channel:
             raise PreconditionFailed("channel is not transactional")
         publishes, self.tx_publishes = self.tx_publishes, []
         acks, self.tx_acks = self.tx_acks, []
+        publisher = self.session.broker.publisher
+        # in a cluster a message may go to queues led by other nodes: commit-ok waits
+        # for each of them as a confirm would (their leaders' group commits), and for
+        # this node's store (after_commit)
+        joint: JointConfirm | None = None
+        if publishes and publisher.remote_queues:
+            joint = JointConfirm(self._tx_committed, len(publishes) + 1)
         for exchange, routing_key, mandatory, properties, body in publishes:
             if exchange not in self.vhost.exchanges:
                 raise NotFound(f"no exchange '{exchange}' in vhost '{self.vhost.name}'")
-            self._route(exchange, routing_key, mandatory, properties, body, 0)
+            self._route(exchange, routing_key, mandatory, properties, body, 0, None,
+                        joint.part if joint is not None else None)
         for action in acks:
             action()
-        self.session.broker.publisher.after_commit(self._tx_committed)
+        publisher.after_commit(joint.part if joint is not None else self._tx_committed)
 
     def _tx_committed(self, error: BaseException | None) -> None:
         """commit-ok only once the transaction's persistent messages are durable; if the
         store could not write them, the publisher must not believe they are: the
-        connection is closed with 541 (nothing else tells a tx client)."""
+        connection is closed with 541 (nothing else tells a tx client). A message a
+        queue refused (its leader node lost, a length limit) fails the transaction as
+        RabbitMQ 3.10 does: channel error 406 "partial tx completion"."""
         if self.closed:
             return
         if error is None:
             self.reply(commands.Tx.CommitOk())
             return
         conn = self.session.conn
-        conn.close(541, f"INTERNAL_ERROR - transaction not made durable: {error}")
+        if isinstance(error, StoreError):
+            conn.close(541, f"INTERNAL_ERROR - transaction not made durable: {error}")
+        else:
+            conn._close_channel(self.number, PreconditionFailed("partial tx completion"))
 
     def _tx_rollback(self, m: commands.Tx.Rollback) -> None:
         if not self.tx_mode:

@@ -168,6 +168,8 @@ class DefinitionJournal:
             self._record_small()
             return
         if not persisted(obj):
+            if cluster is not None and not isinstance(obj, QueueType | Exchange):
+                cluster.transient_binding(obj)  # a non-durable queue's, cluster-wide
             return
         if isinstance(obj, QueueType):
             if cluster is not None and not cluster.records_queue(obj.vhost.name, obj.name):

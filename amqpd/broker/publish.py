@@ -54,6 +54,16 @@ def _may_refuse(queues: list[QueueType]) -> bool:
     return False
 
 
+def _reachable(queues: list[QueueType]) -> list[QueueType]:
+    """The route without the queues whose leader node is out of reach: RabbitMQ 3.10
+    routes nothing to a queue whose node is down (the message is unroutable there: a
+    mandatory one comes back with basic.return, the confirm is an ack)."""
+    for q in queues:
+        if q.remote and not getattr(q, "available", True):
+            return [q for q in queues if not q.remote or getattr(q, "available", True)]
+    return queues
+
+
 class JointConfirm:
     """One publisher confirm over several parts (this node's store and each node a
     message was forwarded to): ``done`` once, when every part answered, with the first
@@ -118,6 +128,8 @@ class Publisher:
             message, routing_keys = extensions.prepare_publish(message)
         exchange = vhost.get_exchange(exchange_name)
         queues = vhost.route(exchange, message, routing_keys)
+        if self.remote_queues and queues:
+            queues = _reachable(queues)
         if not queues and on_unroutable is not None:
             on_unroutable()
         confirm_now = on_confirm

@@ -226,6 +226,8 @@ class VHost:
         self.broker.apply_policies_to(self, q)
         if durable and exclusive_owner is None:
             self.broker.definitions_changed(q)
+        elif self.broker.cluster is not None:
+            self.broker.cluster.transient_declared(q)  # known on every node (issue 15)
         log.debug("queue declared: %s", name)
         return q
 

@@ -84,6 +84,7 @@ APPLY_ORDER = ["vhost", "user", "permission", "topic_permission", "global_parame
                "parameter", "policy", "exchange", "queue", "binding"]
 RANK = {KIND_BY_NAME[name]: i for i, name in enumerate(APPLY_ORDER)}
 BATCH = 64  # operations per etcd transaction (etcd allows 128 by default)
+MIRROR_TIMEOUT = 10.0  # seconds a reply waits for etcd to take a definition change
 
 
 def _norm(kind: int, body: bytes | None) -> Any:
@@ -170,14 +171,30 @@ class DefinitionMirror:
         return json.dumps(item, separators=(",", ":"), default=str).encode()
 
     def after_mirrored(self, callback: OnDone) -> OnDone:
-        """``callback`` delayed until etcd holds every change enqueued so far."""
+        """``callback`` delayed until etcd holds every change enqueued so far, or
+        called with :class:`EtcdUnavailable` after MIRROR_TIMEOUT seconds (etcd out of
+        reach: with ``partition_handling = ignore`` the node goes on serving, and a
+        client must not wait for ever; the change stays queued and reaches etcd when
+        it is back)."""
         target = self.enqueued
 
         def done(error: BaseException | None) -> None:
             if error is not None or target <= self.pushed:
                 callback(error)
-            else:
-                self.waiters.append((target, callback))
+                return
+            called = [False]
+
+            def once(err: BaseException | None) -> None:
+                if not called[0]:
+                    called[0] = True
+                    timer.cancel()
+                    callback(err)
+
+            timer = asyncio.get_running_loop().call_later(MIRROR_TIMEOUT, lambda: once(
+                EtcdUnavailable(f"etcd has not taken the change within {MIRROR_TIMEOUT:g} s "
+                                f"({len(self.pending)} pending; it is applied here and "
+                                "goes to etcd when etcd is reachable)")))
+            self.waiters.append((target, once))
 
         return done
 

@@ -7,6 +7,7 @@ runs what feeds the view and acts on it:
   record, reading members and records from etcd;
 * :class:`~amqpd.cluster.heartbeat.Heartbeats`: UDP heartbeats to and from the others;
 * :class:`~amqpd.cluster.definitions.DefinitionMirror`: one set of definitions;
+* :class:`~amqpd.cluster.transient.TransientQueues`: non-durable queues on every node;
 * the partition decision, every ``DECIDE_INTERVAL`` seconds.
 
 Partition handling (RabbitMQ's ``cluster_partition_handling``): with ``pause_minority``
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import socket
@@ -36,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from amqpd.cluster.definitions import KIND_BINDING, KIND_QUEUE, DefinitionMirror
 from amqpd.cluster.heartbeat import Heartbeats
 from amqpd.cluster.membership import Membership, NotAllowed
+from amqpd.cluster.transient import TransientQueues
 from amqpd.cluster.view import ClusterView, parse_addr
 from amqpd.config import split_addr
 from amqpd.coord.etcd import EtcdClient, EtcdError
@@ -71,6 +74,8 @@ class Cluster(ClusterView):
         self.membership = Membership(self, self.etcd, self.root, cc.lease_ttl, self.record,
                                      settings.data_dir, cc.name)
         self.mirror = DefinitionMirror(self, api, self.etcd, self.root)
+        self.transient = TransientQueues(self, api, self.etcd, self.root)
+        self.subscribe(self.transient.node_changed)  # from the first view change on
         self.heartbeats = Heartbeats(self, cc.name, self.cookie, split_addr(cc.heartbeat_listen),
                                      cc.heartbeat_interval, self.heartbeat_targets)
         # the inter-node link listener's address, once it listens (amqpd/cluster/link.py)
@@ -103,12 +108,14 @@ class Cluster(ClusterView):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
         self.mirror.start()
+        self.transient.start()
         self._tasks.append(asyncio.create_task(self.membership.run(), name="cluster-members"))
         log.info("cluster: node %s in cluster %r with %s", self.node_name, self.cluster_name,
                  ", ".join(sorted(self.members)))
 
     async def stop(self) -> None:
         await self.mirror.stop()
+        await self.transient.stop()
         for task in [*self._tasks, *([self._sync_task] if self._sync_task else [])]:
             task.cancel()
         for task in self._tasks:
@@ -205,6 +212,31 @@ class Cluster(ClusterView):
 
     def definition_recorded(self, kind: int, key: str, body: bytes) -> None:
         self.mirror.recorded(kind, key, body)
+
+    def runs_here(self, key: str) -> bool:
+        """The running member ranked first for ``key`` by rendezvous hashing runs it:
+        every node computes the same owner from the same view, owners spread over the
+        nodes, and a node's loss moves only its own singletons."""
+        if self.paused or not self.mirror.synced:
+            return False
+        running = [n for n in self.members if n == self.node_name or self.is_running(n)]
+        if self.node_name not in running:
+            return False
+
+        def rank(node: str) -> bytes:
+            return hashlib.sha256(f"{node}\0{key}".encode()).digest()
+
+        return max(running, key=rank) == self.node_name
+
+    def transient_declared(self, queue: Any) -> None:
+        self.transient.declared(queue)
+
+    def transient_binding(self, binding: Any) -> None:
+        self.transient.binding_changed(binding)
+
+    def node_lost(self, node: str) -> None:
+        """The inter-node link to ``node`` went (remote_queue's ``on_link_down``)."""
+        self.transient.node_lost(node)
 
     def after_mirrored(self, callback: Any) -> Any:
         return self.mirror.after_mirrored(callback)

@@ -30,9 +30,10 @@ over the link to the leader (:mod:`amqpd.cluster.link`, frames in
 Node loss: when the link to the leader goes, every consumer of its queues here gets
 basic.cancel, publishes waiting for a confirm get a nack, and until the link is back the
 queue answers declare, basic.get and basic.consume with 404 ``home node '<node>' of
-durable queue '<name>' in vhost '<vhost>' is down or inaccessible``; publishes routed to
-it are nacked. Delivery ids of the old link are dead: the leader has put those messages
-back already.
+durable queue '<name>' in vhost '<vhost>' is down or inaccessible``; the publish
+pipeline leaves it out of routes (``available`` is False: the message is unroutable
+there, as in RabbitMQ 3.10). Delivery ids of the old link are dead: the leader has put
+those messages back already.
 """
 
 from __future__ import annotations
@@ -552,7 +553,8 @@ class Served:
     def consume(self, cid: int, no_ack: int, credit: int, args: dict[str, Any]) -> None:
         q = self.queue
         exclusive = bool(args.get("exclusive"))
-        if q.deleted or (q.consumers and (exclusive or any(c.exclusive for c in q.consumers))):
+        if q.deleted or q.exclusive or (q.consumers and (exclusive or any(
+                c.exclusive for c in q.consumers))):
             self.link.send(W.encode(W.CANCELLED, self.stream, cid))
             return
         proxy = _Proxy(self, cid, credit)
@@ -839,6 +841,9 @@ class ClusterQueues:
         for queue in self.remote.get(link.peer, {}).values():
             if queue.link is link:
                 queue.detach()
+        lost = getattr(self.view, "node_lost", None)  # the cluster's non-durable queues
+        if lost is not None and not self.links.closing:
+            lost(link.peer)
         if not self.links.closing and self.view.is_running(link.peer):
             self.links.want(link.peer)
 
@@ -934,11 +939,8 @@ class ClusterQueues:
             link.send(W.encode(W.FAILED, stream, 404,
                                f"NOT_FOUND - no queue '{name}' in vhost '{vhost}'"))
             return
-        if q.exclusive:
-            link.send(W.encode(W.FAILED, stream, 405,
-                               f"RESOURCE_LOCKED - cannot obtain exclusive access to "
-                               f"locked queue '{name}' in vhost '{vhost}'"))
-            return
+        # an exclusive queue is opened too (publishes from other nodes reach it, as in
+        # RabbitMQ); consuming is refused (Served.consume), other nodes refuse it first
         old = streams.pop(stream, None)
         if old is not None:
             old.close()

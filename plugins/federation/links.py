@@ -8,6 +8,12 @@ whose upstream definition changed. It runs when a federation parameter changes, 
 policy is (re)applied to an object, and once a second as a safety net (an exchange
 deleted, a vhost removed). Objects that federation itself creates on an upstream
 (``x-internal-purpose``, the ``x-federation-upstream`` type) are never federated.
+
+In a cluster (issue 15) each link runs on one node, as in RabbitMQ 3.10: a federated
+queue's links on the node that leads the queue (other nodes hold a remote stand-in and
+skip it), a federated exchange's links on the one node :meth:`BrokerAPI.runs_here`
+picks for it (a supervisor that is mirrored across the cluster in RabbitMQ); the
+once-a-second reconcile moves them when a node goes or comes.
 """
 
 from __future__ import annotations
@@ -105,11 +111,13 @@ class Supervisor:
         for vh in api.vhosts():
             api.on_binding_changed(vh, self.on_binding_changed)
             for ex in api.exchanges(vh):
-                if ex.name and _federated(ex.policy) and not _internal(ex):
+                if ex.name and _federated(ex.policy) and not _internal(ex) \
+                        and api.runs_here(f"federation/{vh.name}/{ex.name}"):
                     for up in resolve(params, vh.name, ex.policy):
                         out[("exchange", vh.name, ex.name, up.name)] = (ExchangeLink, up)
             for q in api.queues(vh):
-                if _federated(q.policy) and not _internal(q):
+                # a queue led by another node: its link runs there
+                if _federated(q.policy) and not _internal(q) and not q.remote:
                     for up in resolve(params, vh.name, q.policy):
                         out[("queue", vh.name, q.name, up.name)] = (QueueLink, up)
         return out

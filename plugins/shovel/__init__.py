@@ -9,6 +9,7 @@ task; see docs/shovel.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("amqpd.shovel")
 
+PLACE_INTERVAL = 0.5  # seconds between checks of which dynamic shovels run here
+
 
 class ShovelPlugin:
     name = "shovel"
@@ -32,6 +35,7 @@ class ShovelPlugin:
         self.dynamic: dict[tuple[str, str], ShovelRunner] = {}
         self.static: dict[tuple[str, str], ShovelRunner] = {}
         self._stopping: set[asyncio.Task[None]] = set()
+        self._placer: asyncio.Task[None] | None = None
         api.parameters.register("shovel", validate, on_set=self._on_set,
                                    on_clear=self._on_clear)
         for i, table in enumerate(getattr(api.settings, "shovels", None) or []):
@@ -60,7 +64,7 @@ class ShovelPlugin:
         runner = self._runner(defn)
         self._retire(self.dynamic.pop((vhost, name), None))
         self.dynamic[(vhost, name)] = runner
-        if self.started:
+        if self.started and self._placed_here(defn):
             runner.start()
 
     def _on_clear(self, vhost: str, name: str, value: Any) -> None:
@@ -84,9 +88,37 @@ class ShovelPlugin:
 
         asyncio.get_running_loop().call_soon(clear)
 
+    # ------------------------------------------------------------------ cluster
+    def _placed_here(self, defn: Any) -> bool:
+        """In a cluster one node runs each dynamic shovel (RabbitMQ 3.10 runs dynamic
+        shovels under a mirrored supervisor: one node of the cluster, another one when
+        that node goes); static shovels are each node's own configuration."""
+        return defn.type != "dynamic" or self.api.runs_here(
+            f"shovel/{defn.vhost}/{defn.name}")
+
+    async def _place_loop(self) -> None:
+        """Follow the cluster's membership: start the dynamic shovels this node now
+        runs, stop the ones another node runs now (PLACE_INTERVAL apart)."""
+        while self.started:
+            for runner in list(self.dynamic.values()):
+                here = self._placed_here(runner.defn)
+                if here and runner.task is None:
+                    log.info("shovel '%s' in vhost '%s' runs on this node",
+                             runner.defn.name, runner.defn.vhost)
+                    runner.start()
+                elif not here and runner.task is not None:
+                    log.info("shovel '%s' in vhost '%s' runs on another node now",
+                             runner.defn.name, runner.defn.vhost)
+                    await runner.stop()
+            await asyncio.sleep(PLACE_INTERVAL)
+
     # ------------------------------------------------------------------ lookups
     def all_runners(self) -> list[ShovelRunner]:
-        return [*self.static.values(), *self.dynamic.values()]
+        """This node's shovels: its static ones and the dynamic ones it runs (in a
+        cluster, each dynamic shovel is listed by the node that runs it)."""
+        return [*self.static.values(),
+                *(r for r in self.dynamic.values()
+                  if r.task is not None or not self.api.clustered())]
 
     def find(self, vhost: str, name: str) -> ShovelRunner | None:
         return self.dynamic.get((vhost, name)) or self.static.get((vhost, name))
@@ -97,13 +129,23 @@ class ShovelPlugin:
 
     async def start(self) -> None:
         self.started = True
-        for runner in self.all_runners():
-            runner.start()
+        for runner in [*self.static.values(), *self.dynamic.values()]:
+            if self._placed_here(runner.defn):
+                runner.start()
+        if self.api.clustered():
+            self._placer = asyncio.get_running_loop().create_task(
+                self._place_loop(), name="shovel placement")
 
     async def stop(self) -> None:
         self.started = False
-        await asyncio.gather(*(r.stop() for r in self.all_runners()), *self._stopping,
-                             return_exceptions=True)
+        if self._placer is not None:
+            self._placer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._placer
+            self._placer = None
+        await asyncio.gather(*(r.stop() for r in [*self.static.values(),
+                                                  *self.dynamic.values()]),
+                             *self._stopping, return_exceptions=True)
 
 
 def create_plugin(api: BrokerAPI) -> ShovelPlugin:

@@ -52,6 +52,7 @@ class ClusterNode:
     etcd_proxy: TcpProxy | None = None
     relay: UdpRelay | None = None
     hb_port: int = field(default_factory=free_udp_port)
+    extra_env: dict[str, str] = field(default_factory=dict)  # e.g. AMQPD_PLUGINS
     proc: BrokerProcess | None = None
 
     def start(self) -> ClusterNode:
@@ -66,6 +67,7 @@ class ClusterNode:
                "AMQPD_CLUSTER_HEARTBEAT_LISTEN": f"127.0.0.1:{self.hb_port}"}
         if self.relay is not None:
             env["AMQPD_CLUSTER_HEARTBEAT_ADVERTISE"] = self.relay.addr
+        env.update(self.extra_env)
         if self.proc is None:
             self.proc = BrokerProcess(self.data_dir, env=env)
         else:

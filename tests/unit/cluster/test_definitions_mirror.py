@@ -189,3 +189,30 @@ async def test_returning_node_applies_deletes(etcd: EtcdProcess) -> None:
             await stop(m3)
     finally:
         await stop(m1)
+
+
+async def test_a_reply_waits_for_etcd_a_bounded_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """etcd out of reach (partition_handling = ignore serves on): the reply to a
+    definition change gets an error after MIRROR_TIMEOUT instead of waiting for ever."""
+    from amqpd.cluster import definitions
+    from amqpd.coord.etcd import EtcdUnavailable
+
+    monkeypatch.setattr(definitions, "MIRROR_TIMEOUT", 0.5)
+    api = FakeAPI()
+    mirror = DefinitionMirror(ClusterView("lonely"), api,  # type: ignore[arg-type]
+                              EtcdClient(["http://127.0.0.1:9"], timeout=0.2), "/nowhere")
+    api.mirror = mirror
+    mirror.start()
+    try:
+        api.change("queue", "/\x00q", {"name": "q", "vhost": "/", "durable": True})
+        got: list[BaseException | None] = []
+        mirror.after_mirrored(got.append)(None)
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert len(got) == 1 and isinstance(got[0], EtcdUnavailable), got
+        assert "within 0.5 s" in str(got[0])
+        assert len(mirror.pending) == 1  # still queued for etcd
+    finally:
+        await mirror.stop(drain=0)
+        await mirror.etcd.close()

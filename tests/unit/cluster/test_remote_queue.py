@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
+import aiormq
 import pytest
 
 from amqpd.cluster import remote_queue
@@ -250,10 +251,16 @@ async def test_node_loss_cancels_consumers_nacks_and_answers_404(
             await ch.declare_queue("q5", durable=True)
         assert ("home node 'a@test' of durable queue 'q5' in vhost '/' is down or "
                 "inaccessible") in str(info.value)
-        ch2 = await conn.channel(publisher_confirms=True)
-        with pytest.raises(aio_pika.exceptions.DeliveryError):
-            await ch2.default_exchange.publish(aio_pika.Message(b"x", delivery_mode=2),
-                                               routing_key="q5")
+        # as RabbitMQ 3.10: routed nowhere (the queue's node is down), so the confirm is
+        # an ack and a mandatory message comes back (312 NO_ROUTE)
+        ch2 = await conn.channel(publisher_confirms=True, on_return_raises=True)
+        await ch2.default_exchange.publish(aio_pika.Message(b"x", delivery_mode=2),
+                                           routing_key="q5", mandatory=False)
+        with pytest.raises(aiormq.exceptions.PublishError) as returned:
+            await ch2.default_exchange.publish(
+                aio_pika.Message(b"x", delivery_mode=2, message_id="m1"), routing_key="q5",
+                mandatory=True)
+        assert returned.value.frame.reply_code == 312
     finally:
         await conn.close()
     # A is back: the queue works again, its messages where they were
@@ -326,3 +333,121 @@ async def test_a_busy_link_survives_a_late_heartbeat(nodes: tuple[Node, Node]) -
         cb("a@test", False)
     await asyncio.sleep(3.0)  # longer than LINK_SILENCE
     assert b.cluster.links.link("a@test") is link and rq.available
+
+
+async def test_tx_commit_ok_waits_for_the_leaders_group_commit(
+        nodes: tuple[Node, Node], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transactional channel on B publishing to a queue led by A: tx.commit-ok comes
+    only once A's group commit has the messages (as a confirm would); a message the
+    leader refuses fails the transaction (406 "partial tx completion", RabbitMQ 3.10)."""
+    a, b = nodes
+    rq = lead(a, b, "q7")
+    full = lead(a, b, "q7-full", **{"x-max-length": 0, "x-overflow": "reject-publish"})
+    await until(lambda: rq.available and full.available)
+    held: list[tuple[Callable[[BaseException | None], None], BaseException | None]] = []
+    real = remote_queue.enqueue_here
+
+    def slow_commit(broker: Any, q: Any, message: Any, on_confirm: Any) -> None:
+        """A's group commit, held until the test lets it finish."""
+        if on_confirm is None:
+            real(broker, q, message, None)
+            return
+        real(broker, q, message, lambda error: held.append((on_confirm, error)))
+
+    monkeypatch.setattr(remote_queue, "enqueue_here", slow_commit)
+    conn = await aio_pika.connect(b.url)
+    try:
+        ch = await conn.channel(publisher_confirms=False)
+        raw = await ch.get_underlay_channel()
+        await raw.tx_select()
+        for i in range(3):
+            await raw.basic_publish(str(i).encode(), routing_key="q7",
+                                    properties=aiormq.spec.Basic.Properties(delivery_mode=2))
+        commit = asyncio.ensure_future(raw.tx_commit())
+        local = a.broker.vhosts["/"].queues["q7"]
+        await until(lambda: len(held) == 3)
+        await asyncio.sleep(0.2)  # commit-ok would have come by now
+        assert not commit.done(), "tx.commit-ok before the leader's group commit"
+        assert local.message_count == 3
+        for callback, error in held:
+            callback(error)
+        held.clear()
+        await asyncio.wait_for(commit, 5)
+        monkeypatch.setattr(remote_queue, "enqueue_here", real)
+        # the leader refuses a message (its length limit): the transaction fails
+        await raw.basic_publish(b"x", routing_key="q7-full")
+        with pytest.raises(aiormq.exceptions.ChannelPreconditionFailed) as info:
+            await raw.tx_commit()
+        assert "partial tx completion" in str(info.value)
+    finally:
+        await conn.close()
+
+
+async def test_federation_links_run_on_one_node(nodes: tuple[Node, Node],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A federated queue's link runs on its leader only (B holds a remote stand-in and
+    runs none); a federated exchange's link runs on the node runs_here picks."""
+    from plugins.federation import create_plugin
+
+    a, b = nodes
+    supervisors = {}
+    for node in (a, b):
+        api = node.broker.api
+        supervisors[node.view.node_name] = create_plugin(api).supervisor
+        api.parameters.set("federation-upstream", "/", "up", {"uri": "amqp://127.0.0.1:1"})
+        api.set_policy("/", "fed", "^f", {"federation-upstream": "up"})
+        api.declare_exchange("/", "fx", "fanout", durable=True)
+    lead(a, b, "fq")
+    on_a = supervisors["a@test"].desired()
+    on_b = supervisors["b@test"].desired()
+    assert ("queue", "/", "fq", "up") in on_a
+    assert ("queue", "/", "fq", "up") not in on_b  # led by A: its link runs there
+    assert ("exchange", "/", "fx", "up") in on_b  # a single node runs every one
+    monkeypatch.setattr(b.broker.api, "runs_here", lambda key: key != "federation///fx")
+    assert ("exchange", "/", "fx", "up") not in supervisors["b@test"].desired()
+
+
+async def test_locators_policy_key_config_and_random(nodes: tuple[Node, Node]) -> None:
+    """The other leader locators (RabbitMQ 3.10's names and order): the
+    ``queue-master-locator`` policy key, ``cluster.queue_leader_locator`` (the
+    ClusterQueues' ``locator``), and ``random`` over the running nodes."""
+    a, b = nodes
+    b.broker.api.declare_queue("/", "led-by-b", durable=True)  # B leads one, A none
+    b.broker.api.set_policy("/", "place", "^pol-", {"queue-master-locator": "min-masters"},
+                            apply_to="queues")
+    conn = await aio_pika.connect(b.url)
+    try:
+        ch = await conn.channel()
+        await ch.declare_queue("pol-q", durable=True)  # the policy's min-masters: A
+        here = b.broker.vhosts["/"].queues["pol-q"]
+        assert isinstance(here, RemoteQueue) and here.leader == "a@test"
+        # the argument wins over the policy
+        await ch.declare_queue("pol-local", durable=True,
+                               arguments={"x-queue-master-locator": "client-local"})
+        assert not b.broker.vhosts["/"].queues["pol-local"].remote
+        # the node's configured locator, without argument or policy
+        b.cluster.locator = "min-masters"
+        await ch.declare_queue("conf-q", durable=True)  # A leads 1, B 2
+        assert b.broker.vhosts["/"].queues["conf-q"].remote
+        b.cluster.locator = "client-local"
+        await ch.declare_queue("conf-local", durable=True)
+        assert not b.broker.vhosts["/"].queues["conf-local"].remote
+        # random: over both running nodes (all 24 on one node: p = 2 ** -23)
+        placed: dict[str, str] = {}
+        for i in range(24):
+            await ch.declare_queue(f"rnd-{i}", durable=True,
+                                   arguments={"x-queue-master-locator": "random"})
+            q = b.broker.vhosts["/"].queues[f"rnd-{i}"]
+            placed[q.name] = q.leader if isinstance(q, RemoteQueue) else "b@test"
+        assert set(placed.values()) == {"a@test", "b@test"}
+        # the chosen leader created it
+        await until(lambda: all(name in a.broker.vhosts["/"].queues
+                                for name, leader in placed.items() if leader == "a@test"))
+        # a node not seen running is never chosen
+        b.view.shared["a@test"] = NodeInfo("a@test", a.cluster.links.address, 0, 0, False)
+        for i in range(8):
+            await ch.declare_queue(f"rnd-down-{i}", durable=True,
+                                   arguments={"x-queue-master-locator": "random"})
+            assert not b.broker.vhosts["/"].queues[f"rnd-down-{i}"].remote
+    finally:
+        await conn.close()

@@ -1,0 +1,341 @@
+"""Non-durable queues, known on every node of the cluster (RabbitMQ 3.10's classic
+non-durable queues): declared on one node (their leader, always the declaring node),
+listed by ``/api/queues`` on every node with their ``node``, found by a declare
+(passive or not) on any node and used from there over the inter-node links; deleted
+everywhere when their node goes down, and never brought back by a restart.
+
+Why apart from the definitions (:mod:`amqpd.cluster.definitions`): those are durable and
+live in etcd for ever; a non-durable queue lives as long as its node's process. So each
+one is a key attached to its node's etcd *lease*::
+
+    {etcd_prefix}/{cluster}/transient/{node}/{vhost}/{queue}   (percent-encoded parts)
+
+with the queue's definition (as an export writes it, plus ``"node"``). The lease goes
+when the node stops cleanly (revoked) or, after a kill -9, when it runs out: etcd then
+deletes the keys itself, so a full cluster restart finds none and resurrects nothing.
+Other nodes do not wait for that: when the link to a node goes while the cluster view
+sees it down (its heartbeats stopped), they delete its non-durable queues at once
+(consumers get basic.cancel), as RabbitMQ deletes the non-durable classic queues of a
+lost node. A node whose lease was renewed (etcd out of reach longer than the lease)
+writes its keys again under the new one; a node seen running again is read back.
+
+A queue's key also carries its bindings from exchanges every node knows (durable
+exchanges and ``amq.*``), so a message published on any node reaches it: the others
+bind their stand-in the same way (routing happens where a message arrives). Bindings
+from non-durable exchanges stay on the queue's node, as non-durable exchanges do.
+
+Exclusive queues are here too, as in RabbitMQ: listed on every node, reached by
+publishes from any node (their bindings travel with them), refused to every other
+connection (405 RESOURCE_LOCKED: their stand-in's owner is ``ELSEWHERE``), deleted
+with their connection or their node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import urllib.parse
+from typing import TYPE_CHECKING, Any
+
+from amqpd.coord.etcd import EtcdClient, EtcdError
+
+if TYPE_CHECKING:
+    from amqpd.broker.api import BrokerAPI, QueueType
+    from amqpd.cluster.node import Cluster
+
+log = logging.getLogger("amqpd.cluster.transient")
+
+Ident = tuple[str, str]  # (vhost, queue)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
+
+
+ELSEWHERE = object()  # the owner of an exclusive queue whose connection is on another node
+
+
+def _transient(q: Any) -> bool:
+    """A stand-in this module made (a non-durable or an exclusive queue)."""
+    return not q.durable or q.exclusive_owner is not None
+
+
+class TransientQueues:
+    def __init__(self, cluster: Cluster, api: BrokerAPI, etcd: EtcdClient,
+                 root: str) -> None:
+        self.cluster = cluster
+        self.api = api
+        self.etcd = etcd
+        self.node = cluster.node_name
+        self.prefix = root + "/transient/"
+        self.mine: dict[Ident, str] = {}  # this node's non-durable queues -> JSON body
+        self.pending: dict[Ident, str | None] = {}  # to put (body) or delete (None)
+        self.lease = 0  # the lease this node's keys were last written under
+        self.revision = 0
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # ------------------------------------------------------------------ keys
+    def key(self, node: str, vhost: str, name: str) -> str:
+        parts = (urllib.parse.quote(p, safe="") for p in (node, vhost, name))
+        return self.prefix + "/".join(parts)
+
+    def parse(self, raw: bytes) -> tuple[str, str, str] | None:
+        text = raw.decode("utf-8", "replace")
+        if not text.startswith(self.prefix):
+            return None
+        parts = text[len(self.prefix):].split("/")
+        if len(parts) != 3:
+            return None
+        node, vhost, name = (urllib.parse.unquote(p) for p in parts)
+        return node, vhost, name
+
+    # ------------------------------------------------------------------ this node's queues
+    def _body(self, q: QueueType) -> str:
+        """The queue as the others get it, with its bindings from exchanges every node
+        knows (durable ones and the ``amq.*`` ones; not the default exchange)."""
+        bindings = sorted(
+            [b.source.name, b.routing_key, _jsonable(b.arguments)]
+            for b in (q.inbound or ())
+            if b.source.name and (b.source.durable or b.source.name.startswith("amq.")))
+        return json.dumps({"name": q.name, "vhost": q.vhost.name, "durable": q.durable,
+                           "exclusive": q.exclusive, "auto_delete": q.auto_delete,
+                           "arguments": _jsonable(q.arguments), "node": self.node,
+                           "bindings": bindings}, separators=(",", ":"), sort_keys=True)
+
+    def declared(self, q: QueueType) -> None:
+        """A queue that is no durable definition (non-durable, or exclusive) was
+        created here: make it known."""
+        if q.remote:
+            return
+        ident = (q.vhost.name, q.name)
+        body = self._body(q)
+        self.mine[ident] = body
+        self.pending[ident] = body
+        q.on_removed.append(lambda _q: self._removed(ident))
+        self._wake.set()
+
+    def binding_changed(self, binding: Any) -> None:
+        """A binding that is not a durable definition changed here: if its queue is
+        one of this node's non-durable queues, the others get the queue's bindings
+        again (so a message published on any node reaches it)."""
+        q = binding.destination
+        ident = (q.vhost.name, q.name) if binding.destination_type == "queue" else None
+        if ident is None or ident not in self.mine or q.vhost.queues.get(q.name) is not q:
+            return
+        body = self._body(q)
+        if body != self.mine[ident]:
+            self.mine[ident] = body
+            self.pending[ident] = body
+            self._wake.set()
+
+    def _removed(self, ident: Ident) -> None:
+        if self.mine.pop(ident, None) is not None:
+            self.pending[ident] = None
+            self._wake.set()
+
+    async def _push_loop(self) -> None:
+        backoff = 0.1
+        while True:
+            lease = self.cluster.membership.lease_id
+            if lease and not self.lease:
+                # keys of this node's previous process (a kill -9 and a restart within
+                # its lease): its queues are gone
+                try:
+                    for kv in await self.etcd.get_prefix(
+                            self.prefix + urllib.parse.quote(self.node, safe="") + "/"):
+                        parsed = self.parse(kv.key)
+                        if parsed is not None and parsed[1:] not in self.mine:
+                            self.pending[parsed[1:]] = None
+                except EtcdError as exc:
+                    log.warning("cluster: cannot read this node's old non-durable queues "
+                                "yet: %s", exc)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 2.0)
+                    continue
+            if lease and lease != self.lease:
+                # a new lease (first start, or the old one ran out): every key again
+                self.pending.update(self.mine)
+                self.lease = lease
+            if not self.pending or not lease:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), 0.5)
+                continue
+            ident, body = next(iter(self.pending.items()))
+            key = self.key(self.node, *ident)
+            try:
+                if body is None:
+                    await self.etcd.delete(key)
+                else:
+                    await self.etcd.put(key, body, lease=lease)
+            except EtcdError as exc:
+                log.warning("cluster: non-durable queue %r not yet in etcd: %s", ident[1],
+                            exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            backoff = 0.1
+            if self.pending.get(ident, 0) == body:
+                del self.pending[ident]
+
+    # ------------------------------------------------------------------ the others'
+    def _apply(self, node: str, vhost: str, name: str, value: bytes | None) -> None:
+        if node == self.node:
+            return
+        from amqpd.cluster.remote_queue import RemoteQueue, materialise
+
+        if not self.api.has_vhost(vhost):
+            return
+        vh = self.api.vhost(vhost)
+        existing = vh.queues.get(name)
+        if value is None:
+            if isinstance(existing, RemoteQueue) and existing.leader == node \
+                    and _transient(existing):
+                self._drop(existing)
+            return
+        if existing is not None and not isinstance(existing, RemoteQueue):
+            log.warning("cluster: non-durable queue %r in vhost %r of %s: this node has "
+                        "its own of that name; keeping it", name, vhost, node)
+            return
+        if not self.cluster.is_running(node):
+            return  # its queues are being deleted; read back when it is seen again
+        try:
+            item = json.loads(value)
+            q = materialise(self.api, vhost, item, node)
+            if item.get("exclusive") and q.exclusive_owner is None:
+                # a connection on its node owns it: every client here is refused with
+                # 405 RESOURCE_LOCKED (declare, consume, get), publishes reach it
+                q.exclusive_owner = ELSEWHERE
+            self._sync_bindings(q, item.get("bindings") or [])
+        except Exception as exc:
+            log.error("cluster: non-durable queue %r in vhost %r of %s not made known "
+                      "here: %s", name, vhost, node, exc)
+
+    def _sync_bindings(self, q: Any, wanted: list[list[Any]]) -> None:
+        """Bind the stand-in ``q`` as its node has the queue bound (routing happens on
+        the node where a message arrives)."""
+        def ident(source: str, key: str, arguments: Any) -> str:
+            return json.dumps([source, key, _jsonable(arguments)], sort_keys=True)
+
+        want = {ident(*w): w for w in wanted if len(w) == 3}
+        have = {ident(b.source.name, b.routing_key, b.arguments): b
+                for b in list(q.inbound or ()) if b.source.name}
+        vhost = q.vhost.name
+        for key, b in have.items():
+            if key not in want:
+                self.api.unbind(vhost, "queue", q.name, b.source.name, b.routing_key,
+                                b.arguments, owner=q.exclusive_owner)
+        for key, (source, rk, arguments) in want.items():
+            if key in have:
+                continue
+            try:
+                self.api.bind(vhost, "queue", q.name, source, rk, dict(arguments or {}),
+                              owner=q.exclusive_owner)  # (ELSEWHERE: as its owner)
+            except Exception as exc:  # its exchange not (yet) known here
+                log.warning("cluster: binding of non-durable queue %r to %r in vhost %r "
+                            "not made here: %s", q.name, source, vhost, exc)
+
+    def _drop(self, q: Any) -> None:
+        q.gone = True  # nothing to ask of its leader: the queue is gone there
+        q.vhost.delete_queue(q, reason="deleted with its node")
+
+    def node_lost(self, node: str) -> None:
+        """The link to ``node`` went and the view does not see it running: its
+        non-durable queues are deleted here (consumers get basic.cancel)."""
+        from amqpd.cluster.remote_queue import RemoteQueue
+
+        if self.cluster.is_running(node):
+            return  # a broken link to a live node: it comes back
+        n = 0
+        for vh in self.api.vhosts():
+            for q in list(vh.queues.values()):
+                if isinstance(q, RemoteQueue) and q.leader == node and _transient(q):
+                    self._drop(q)
+                    n += 1
+        if n:
+            log.info("cluster: node %s lost: its %d non-durable queue(s) deleted", node, n)
+
+    def node_changed(self, node: str, running: bool) -> None:
+        """The view's news: a node seen again is read back; a node seen down whose link
+        is gone already (a kill -9 closes it before the heartbeats time out) is lost."""
+        if node == self.node:
+            return
+        if running:
+            asyncio.get_running_loop().create_task(self._read_node(node))
+            return
+        from amqpd.cluster import remote_queue
+
+        queues = remote_queue._INSTANCES.get(id(self.api))
+        if queues is None or queues.links.link(node) is None:
+            self.node_lost(node)
+
+    async def _read_node(self, node: str) -> None:
+        with contextlib.suppress(EtcdError):
+            _rev, kvs = await self.etcd.range_prefix(
+                self.prefix + urllib.parse.quote(node, safe="") + "/")
+            for kv in kvs:
+                parsed = self.parse(kv.key)
+                if parsed is not None:
+                    self._apply(*parsed, kv.value)
+
+    async def sync(self) -> None:
+        """Read every node's non-durable queues; drop the ones etcd no longer has."""
+        from amqpd.cluster.remote_queue import RemoteQueue
+
+        revision, kvs = await self.etcd.range_prefix(self.prefix)
+        present: set[tuple[str, str, str]] = set()
+        for kv in kvs:
+            parsed = self.parse(kv.key)
+            if parsed is not None:
+                present.add(parsed)
+                self._apply(*parsed, kv.value)
+        for vh in self.api.vhosts():
+            for q in list(vh.queues.values()):
+                if isinstance(q, RemoteQueue) and _transient(q) \
+                        and (q.leader, vh.name, q.name) not in present:
+                    self._drop(q)
+        self.revision = max(self.revision, revision)
+
+    async def _watch_loop(self) -> None:
+        while True:
+            try:
+                await self.sync()
+                async for events in self.etcd.watch_prefix(self.prefix, self.revision + 1):
+                    for ev in events:
+                        parsed = self.parse(ev.kv.key)
+                        if parsed is not None:
+                            self._apply(*parsed, None if ev.deleted else ev.kv.value)
+                        self.revision = max(self.revision, ev.kv.mod_revision)
+            except asyncio.CancelledError:
+                raise
+            except (EtcdError, ValueError) as exc:
+                log.info("cluster: non-durable queues watch ended (%s); reading again", exc)
+            await asyncio.sleep(0.5)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._push_loop(), name="cluster-transient-push"),
+                       asyncio.create_task(self._watch_loop(),
+                                           name="cluster-transient-watch")]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+
+__all__ = ["TransientQueues"]

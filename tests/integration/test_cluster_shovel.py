@@ -1,0 +1,140 @@
+"""A dynamic shovel in a two-node cluster (issue 15): one node runs it, as RabbitMQ 3.10
+runs each dynamic shovel on one node of a cluster, so each message is moved once; when
+that node is killed, the other takes the shovel over.
+
+The shovel takes from an exchange (``src-exchange``): each running copy would declare
+its own queue bound to it, so two copies would deliver every message twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.loadgen import PublisherSpec, Target, run_publisher
+from tests.integration._http import q
+from tests.integration.cluster_support import (
+    ClusterNode,
+    new_prefix,
+    private_etcd,
+    wait_for,
+    wait_formed,
+)
+from tests.integration.test_cluster_queues import declare_on, queue_info, usable
+from tests.support import etcdproc
+
+pytestmark = [
+    pytest.mark.skipif(etcdproc.find_etcd() is None, reason=etcdproc.SKIP_REASON),
+    pytest.mark.timeout(300),
+]
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[list[ClusterNode]]:
+    """Two nodes with the shovel plugin; ``ignore``: one of two must serve alone."""
+    with private_etcd(tmp_path) as etcd:
+        prefix = new_prefix()
+        started: list[ClusterNode] = []
+        try:
+            for name in ("a", "b"):
+                started.append(ClusterNode(
+                    f"node-{name}", tmp_path / name, etcd.url, prefix,
+                    partition_handling="ignore",
+                    extra_env={"AMQPD_PLUGINS": "shovel"}).start())
+            wait_formed(started)
+            yield started
+        finally:
+            for n in started:
+                n.stop()
+
+
+def shovels(node: ClusterNode) -> list[dict[str, Any]]:
+    r = node.api.get("/api/shovels")
+    assert r.status == 200, r.text
+    items: list[dict[str, Any]] = r.json()
+    return items
+
+
+def runner_of(nodes: list[ClusterNode]) -> list[str]:
+    """The nodes that list the shovel as running."""
+    return [n.name for n in nodes for s in shovels(n)
+            if s["name"] == "mover" and s["state"] == "running"]
+
+
+def drained_into(node: ClusterNode, dests: list[str], total: int) -> bool:
+    """Every queue but ``dests`` is empty and settled (the shovel's own queue too), and
+    each of ``dests`` holds at least ``total``."""
+    r = node.api.get("/api/queues")
+    assert r.status == 200
+    for item in r.json():
+        if item.get("state") == "down":
+            continue  # led by a lost node: its counts are the last it reported
+        if item["name"] in dests:
+            if item.get("messages", 0) < total:
+                return False
+        elif item.get("messages", 0) or item.get("messages_unacknowledged", 0):
+            return False
+    return True
+
+
+def count(node: ClusterNode, name: str) -> int:
+    return int((queue_info(node, name) or {}).get("messages", -1))
+
+
+def test_a_dynamic_shovel_runs_on_one_node_and_moves_each_message_once(
+        pair: list[ClusterNode]) -> None:
+    a, b = pair
+    # srcx -> (shovel) -> dstx, a fanout to dst-a (led by a) and dst-b (led by b)
+    for n in pair:
+        declare_on(n, f"dst-{n.name[-1]}")
+    for name in ("srcx", "dstx"):
+        r = a.api.put(f"/api/exchanges/%2F/{name}", {"type": "fanout", "durable": True})
+        assert r.status in (201, 204), r.text
+    for dest in ("dst-a", "dst-b"):
+        r = a.api.post(f"/api/bindings/%2F/e/dstx/q/{dest}", {"routing_key": ""})
+        assert r.status in (201, 204), r.text
+    for n in pair:
+        wait_for(lambda n=n: usable(n, "dst-a") and usable(n, "dst-b")
+                 and len(bound_on(n, "dstx")) == 2, 30, f"topology on {n.name}", n.tail)
+    r = b.api.put("/api/parameters/shovel/%2F/mover", {"value": {
+        "src-uri": "amqp://", "src-exchange": "srcx", "dest-uri": "amqp://",
+        "dest-exchange": "dstx"}})
+    assert r.status in (201, 204), r.text
+    # its queue (exclusive, on the node that runs it) bound to srcx: one, not one per
+    # node
+    wait_for(lambda: len(runner_of(pair)) == 1 and bindings(pair) == 1, 30,
+             "the shovel running on one node, its queue bound to srcx",
+             lambda: a.tail() + b.tail())
+    runs = a if runner_of(pair) == [a.name] else b
+    pub = run_publisher(runs.url, PublisherSpec(1, [Target("srcx", "")], persistent=True,
+                                             confirm_window=50, count=300))
+    assert (pub.confirmed, pub.nacked) == (300, 0)
+    wait_for(lambda: drained_into(a, ["dst-a", "dst-b"], 300), 60,
+             "300 in dst-a and dst-b, nothing in flight", lambda: a.tail() + b.tail())
+    assert (count(a, "dst-a"), count(a, "dst-b")) == (300, 300)  # each message once
+    assert runner_of(pair) == [runs.name] and bindings(pair) == 1
+    # the node running it is killed: the other takes the shovel over
+    gone, other = runs, (b if runs is a else a)
+    gone.kill()
+    wait_for(lambda: runner_of([other]) == [other.name] and len(bound_on(other, "srcx"))
+             == 1, 30, f"the shovel running on {other.name}", other.tail)
+    mine = f"dst-{other.name[-1]}"
+    pub = run_publisher(other.url, PublisherSpec(2, [Target("srcx", "")], persistent=True,
+                                                 confirm_window=50, count=100))
+    assert (pub.confirmed, pub.nacked) == (100, 0)
+    wait_for(lambda: drained_into(other, [mine], 400), 60, f"100 more in {mine}",
+             other.tail)
+    assert count(other, mine) == 400
+
+
+def bindings(nodes: list[ClusterNode]) -> int:
+    """How many distinct queues are bound to srcx (each node lists them all)."""
+    return len({d for n in nodes for d in bound_on(n, "srcx")})
+
+
+def bound_on(node: ClusterNode, exchange: str) -> list[str]:
+    r = node.api.get(f"/api/exchanges/%2F/{q(exchange)}/bindings/source")
+    return [x["destination"] for x in r.json()] if r.status == 200 else []

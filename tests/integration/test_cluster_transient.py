@@ -1,0 +1,203 @@
+"""Non-durable queues across the cluster (issue 15, RabbitMQ 3.10's classic non-durable
+queues), three amqpd nodes and one etcd on loopback: a non-durable queue declared on
+node A is listed by /api/queues on every node with ``node``, found by a passive and a
+full declare on the others and usable from there, its bindings known there too (a
+message published on another node reaches it); when A is killed (kill -9) it is
+deleted on the others (a consumer there gets basic.cancel) and does not come back when
+A restarts; nor after a full cluster restart. An exclusive queue of a connection on A
+is listed everywhere, refused to other connections (405), reached by publishes on other
+nodes and deleted with A.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pamqp import commands
+from pamqp.body import ContentBody
+from pamqp.header import ContentHeader
+
+from bench.loadgen import Conn, ProtocolError
+from tests.integration.cluster_support import (
+    ClusterNode,
+    private_etcd,
+    three_nodes,
+    wait_for,
+    wait_formed,
+)
+from tests.integration.test_cluster_queues import declare_on, queue_info, usable
+from tests.support import etcdproc
+
+pytestmark = [
+    pytest.mark.skipif(etcdproc.find_etcd() is None, reason=etcdproc.SKIP_REASON),
+    pytest.mark.timeout(300),
+]
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[list[ClusterNode]]:
+    with private_etcd(tmp_path) as etcd, three_nodes(tmp_path, etcd.url) as started:
+        yield started
+
+
+def listed(node: ClusterNode, name: str) -> str | None:
+    """The ``node`` /api/queues on ``node`` gives for ``name`` (None: not listed)."""
+    r = node.api.get("/api/queues")
+    assert r.status == 200, r.text
+    for item in r.json():
+        if item["name"] == name:
+            return str(item["node"])
+    return None
+
+
+def transient_keys(node: ClusterNode) -> list[str]:
+    """The keys etcd holds under the cluster's ``transient/`` prefix."""
+    prefix = f"{node.prefix}/{node.cluster}/transient/".encode()
+    end = prefix[:-1] + bytes([prefix[-1] + 1])
+    req = urllib.request.Request(
+        f"{node.etcd_url}/v3/kv/range", method="POST",
+        data=json.dumps({"key": base64.b64encode(prefix).decode(),
+                         "range_end": base64.b64encode(end).decode(),
+                         "keys_only": True}).encode())
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        kvs = json.loads(resp.read()).get("kvs") or []
+    return [base64.b64decode(kv["key"]).decode() for kv in kvs]
+
+
+def passive_404(node: ClusterNode, name: str) -> str:
+    """The channel error a passive declare of ``name`` on ``node`` gets."""
+    conn = Conn(node.url)
+    try:
+        with pytest.raises(ProtocolError) as info:
+            conn.rpc(conn.open_channel(1), commands.Queue.Declare(queue=name, passive=True),
+                     commands.Queue.DeclareOk)
+        return str(info.value)
+    finally:
+        conn.close()
+
+
+def test_non_durable_queue_known_everywhere_and_gone_with_its_node(
+        nodes: list[ClusterNode]) -> None:
+    a, b, c = nodes
+    owner = Conn(a.url)  # the declaring connection stays: the queue is not exclusive
+    ch = owner.open_channel(1)
+    owner.declare_queue(ch, "tq", durable=False)
+    for n in nodes:
+        wait_for(lambda n=n: listed(n, "tq") == "node-a" and usable(n, "tq"), 30,
+                 f"tq listed with node-a and usable on {n.name}", n.tail)
+    # a full declare on C finds it (same properties), a different one is refused
+    conn = Conn(c.url)
+    try:
+        conn.declare_queue(conn.open_channel(1), "tq", durable=False)
+        with pytest.raises(ProtocolError) as info:
+            conn.declare_queue(conn.open_channel(2), "tq", durable=True)
+        assert "inequivalent arg 'durable'" in str(info.value)
+    finally:
+        conn.close()
+    # used from B: a message published on B is on A, got on C
+    pub = Conn(b.url)
+    pch = pub.open_channel(1)
+    body = b"hello"
+    pub.send(pch, commands.Basic.Publish(exchange="", routing_key="tq"),
+             ContentHeader(0, len(body), commands.Basic.Properties()), ContentBody(body))
+    wait_for(lambda: (queue_info(a, "tq") or {}).get("messages") == 1, 10,
+             "the message on node-a", a.tail)
+    pub.close()
+    # bound on A to amq.topic: a message published to it on C reaches it too (routing
+    # happens on C, which binds its stand-in as A has the queue bound)
+    owner.bind(ch, "tq", "amq.topic", "t.#")
+    wait_for(lambda: any(x["destination"] == "tq" for x in c.api.get(
+        "/api/exchanges/%2F/amq.topic/bindings/source").json()), 15,
+        "the binding known on node-c", c.tail)
+    pub = Conn(c.url)
+    pch = pub.open_channel(1)
+    pub.send(pch, commands.Basic.Publish(exchange="amq.topic", routing_key="t.x"),
+             ContentHeader(0, len(body), commands.Basic.Properties()), ContentBody(body))
+    wait_for(lambda: (queue_info(a, "tq") or {}).get("messages") == 2, 10,
+             "the topic message on node-a", a.tail)
+    pub.close()
+    # an exclusive queue of that connection: listed everywhere, locked to everyone
+    # else (405), reached by a publish on another node, gone with its node
+    owner.rpc(ch, commands.Queue.Declare(queue="xq", exclusive=True),
+              commands.Queue.DeclareOk)
+    owner.bind(ch, "xq", "amq.topic", "t.#")
+    for n in (b, c):
+        wait_for(lambda n=n: listed(n, "xq") == "node-a" and any(
+            x["destination"] == "xq" for x in n.api.get(
+                "/api/exchanges/%2F/amq.topic/bindings/source").json()), 15,
+            f"xq and its binding on {n.name}", n.tail)
+        assert passive_404(n, "xq").startswith(
+            "channel.close 405 RESOURCE_LOCKED - cannot obtain exclusive access to locked "
+            "queue 'xq'")
+    pub = Conn(b.url)
+    pch = pub.open_channel(1)
+    pub.send(pch, commands.Basic.Publish(exchange="amq.topic", routing_key="t.y"),
+             ContentHeader(0, len(body), commands.Basic.Properties()), ContentBody(body))
+    wait_for(lambda: (queue_info(a, "xq") or {}).get("messages") == 1, 10,
+             "the message in xq on node-a", a.tail)
+    pub.close()
+    # a consumer on B
+    cons = Conn(b.url)
+    cch = cons.open_channel(1)
+    cons.rpc(cch, commands.Basic.Consume(queue="tq", consumer_tag="t"),
+             commands.Basic.ConsumeOk)
+    cons.expect(cch, commands.Basic.Deliver)
+    a.kill()  # kill -9
+    cons.sock.settimeout(15)
+    assert cons.expect(cch, commands.Basic.Cancel).consumer_tag == "t"
+    cons.close()
+    owner.sock.close()
+    for n in (b, c):
+        wait_for(lambda n=n: listed(n, "tq") is None and listed(n, "xq") is None, 15,
+                 f"tq and xq deleted on {n.name}", n.tail)
+        assert passive_404(n, "tq") == "channel.close 404 NOT_FOUND - no queue 'tq' in vhost '/'"
+    # the name is free: declared on C now, it is C's
+    conn = Conn(c.url)
+    try:
+        conn.declare_queue(conn.open_channel(1), "tq2", durable=False)
+    finally:
+        conn.close()
+    a.start()
+    wait_formed(nodes)
+    declare_on(a, "marker")  # once B lists this, B has seen everything A did before
+    wait_for(lambda: listed(b, "marker") == "node-a" and listed(b, "tq2") == "node-c",
+             30, "marker and tq2 on node-b", b.tail)
+    # the restarted node learns the others' non-durable queues
+    wait_for(lambda: listed(a, "tq2") == "node-c" and usable(a, "tq2"), 30,
+             "tq2 known on the restarted node-a", a.tail)
+    for n in nodes:
+        assert listed(n, "tq") is None, f"tq came back on {n.name}"
+
+
+def test_non_durable_queues_do_not_survive_a_full_cluster_restart(
+        nodes: list[ClusterNode]) -> None:
+    a, b, c = nodes
+    for n, name in ((a, "ta"), (b, "tb")):
+        conn = Conn(n.url)
+        conn.declare_queue(conn.open_channel(1), name, durable=False)
+        conn.close()
+    declare_on(c, "durable-one")
+    for n in nodes:
+        wait_for(lambda n=n: listed(n, "ta") == "node-a" and listed(n, "tb") == "node-b"
+                 and listed(n, "durable-one") == "node-c", 30, f"queues on {n.name}",
+                 n.tail)
+    assert len(transient_keys(a)) == 2
+    for n in nodes:
+        n.kill()  # kill -9 all: their leases are still in etcd for a while
+    for n in nodes:
+        n.start()
+    wait_formed(nodes)
+    for n in nodes:
+        wait_for(lambda n=n: listed(n, "durable-one") == "node-c" and usable(n, "durable-one"),
+                 30, f"durable-one back on {n.name}", n.tail)
+    # the old processes' keys go (each restarted node deletes its own at start):
+    # nothing non-durable is listed anywhere once every node has had its first push
+    wait_for(lambda: transient_keys(a) == [], 15, "the old processes' keys gone from etcd")
+    for n in nodes:
+        assert listed(n, "ta") is None and listed(n, "tb") is None, \
+            f"a non-durable queue resurrected on {n.name}"
