@@ -50,7 +50,7 @@ from amqpd.broker.queue import Consumer
 from amqpd.broker.queue_entry import QueueEntry
 from amqpd.broker.queue_type import QUEUE_TYPES, QueueType, queue_type_name
 from amqpd.cluster import link_wire as W
-from amqpd.cluster.link import Link, LinkManager
+from amqpd.cluster.link import Link, LinkHandler, LinkManager
 from amqpd.protocol.constants import FLAG_EXPIRATION_HI
 from amqpd.protocol.errors import AMQPError, NotFound, PreconditionFailed
 
@@ -64,6 +64,11 @@ log = logging.getLogger("amqpd.cluster.queues")
 PUBLISH_WINDOW: Final = 2000  # publishes in flight per stream before the leader's credit
 DELIVERY_WINDOW: Final = 500  # deliveries in flight to a consumer without a prefetch
 STATS_INTERVAL: Final = 1.0
+# a stream the leader refuses (404) while the catalogue says it leads the queue is
+# opened again this often, this many times (its leader is taking the queue over)
+REOPEN_DELAY: Final = 0.2
+REOPEN_TRIES: Final = 50
+EXTENSION_KINDS: Final = 80  # frame types from here on belong to ClusterQueues.extensions
 # a link to a node the view does not see running is closed once silent this long
 LINK_SILENCE: Final = 2.0
 LOCATORS: Final = ("client-local", "min-masters", "random")  # RabbitMQ 3.10's names
@@ -116,6 +121,7 @@ class RemoteQueue(QueueType):
         self.link: Link | None = None
         self.stream = 0
         self.gone = False  # the leader says the queue no longer exists
+        self.reopen_tries = 0  # streams opened again after a 404 (ClusterQueues._reopen)
         self.ready_count = 0
         self.remote_unacked = 0
         self.remote_consumers = 0
@@ -666,6 +672,9 @@ class ClusterQueues:
         self._credit_flush = False
         self._declares: dict[int, RemoteQueue] = {}
         self._next_declare = 0
+        # handlers of the other stream kinds on the same links (frame types from
+        # EXTENSION_KINDS on: amqpd.cluster.mirror); told of links going up and down too
+        self.extensions: list[LinkHandler] = []
 
     def _address(self, peer: str) -> tuple[str, int] | None:
         info = self.view.nodes().get(peer)
@@ -832,6 +841,8 @@ class ClusterQueues:
         self.served[link] = {}
         for stream, queue in self.remote.get(link.peer, {}).items():
             queue.attach(link, stream)
+        for ext in self.extensions:
+            ext.link_up(link)
 
     def link_down(self, link: Link) -> None:
         for served in self.served.pop(link, {}).values():
@@ -841,10 +852,16 @@ class ClusterQueues:
                 queue.detach()
         if not self.links.closing and self.view.is_running(link.peer):
             self.links.want(link.peer)
+        for ext in self.extensions:
+            ext.link_down(link)
 
     def frame(self, link: Link, kind: int, stream: int, f: list[Any]) -> None:
         if kind < W.OPEN:
             raise W.WireError(f"handshake frame {kind} on a live link")
+        if kind >= EXTENSION_KINDS:
+            for ext in self.extensions:
+                ext.frame(link, kind, stream, f)
+            return
         if kind == W.DECLARE:
             self._declare_here(link, f[0], f[1])
             return
@@ -867,6 +884,8 @@ class ClusterQueues:
             queue._got_credit(f[0])
         elif kind in (W.OPENED, W.STATS):
             queue.ready_count, queue.remote_unacked, queue.remote_consumers = f
+            if kind == W.OPENED:
+                queue.reopen_tries = 0
         elif kind == W.GET_OK:
             queue._got(*f)
         elif kind == W.GET_EMPTY:
@@ -880,9 +899,30 @@ class ClusterQueues:
         elif kind == W.FAILED:
             log.warning("queue '%s' in vhost '%s' on %s: %s %s", queue.name,
                         queue.vhost.name, link.peer, f[0], f[1])
-            queue.gone = True
             queue.detach()
+            if f[0] == 404 and self._catalogue_leader(queue) == link.peer \
+                    and queue.reopen_tries < REOPEN_TRIES:
+                # the catalogue says the peer leads it, but its queue is not there yet (a
+                # mirror being promoted: amqpd.cluster.mirror): open the stream again
+                queue.reopen_tries += 1
+                asyncio.get_running_loop().call_later(REOPEN_DELAY, self._reopen, queue,
+                                                      link)
+                return
+            queue.gone = True
             queue.link = link  # still reachable; ``gone`` answers 404
+
+    def _catalogue_leader(self, queue: RemoteQueue) -> str | None:
+        catalogue = getattr(self.view, "catalogue", None)
+        if not isinstance(catalogue, dict):
+            return None
+        leader = catalogue.get((queue.vhost.name, queue.name))
+        return str(leader) if leader is not None else None
+
+    def _reopen(self, queue: RemoteQueue, link: Link) -> None:
+        if queue.deleted or queue.link is not None or link.closed \
+                or self.remote.get(link.peer, {}).get(queue.stream) is not queue:
+            return
+        queue.attach(link, queue.stream)
 
     # -- leader side ---------------------------------------------------------------------
     def _serve(self, link: Link, kind: int, stream: int, f: list[Any]) -> None:
@@ -1008,20 +1048,59 @@ def materialise(api: BrokerAPI, vhost: str, definition: dict[str, Any],
     existing = vh.queues.get(name)
     if isinstance(existing, RemoteQueue) and existing.leader == leader:
         return existing
-    if existing is not None:
-        vh.delete_queue(existing)
+    if isinstance(existing, RemoteQueue) and not existing.deleted:
+        # the queue has a new leader (a mirror was promoted: amqpd.cluster.mirror):
+        # the same object follows it, bindings and all
+        cluster.forget(existing)
+        if existing.link is not None:
+            existing.detach()
+        existing.gone = False
+        existing.reopen_tries = 0
+        cluster.adopt(existing, leader)
+        return existing
     arguments = dict(definition.get("arguments") or {})
     cls = remote_class(str(queue_type_name(arguments)))
     q = cls(vh, name, durable=bool(definition.get("durable", True)),
             auto_delete=bool(definition.get("auto_delete", False)), arguments=arguments)
     from amqpd.broker.exchange import Binding
 
-    vh.queues[name] = q
-    vh.exchanges[""].bind(Binding(vh.exchanges[""], q, name, {}))
+    if existing is not None:
+        # this node led it (it was down while a mirror took over): the cluster's
+        # leader holds the messages now; the bindings stay the cluster's
+        replace_queue(cluster, vh, existing, q)
+        existing.delete()
+    else:
+        vh.queues[name] = q
+        vh.exchanges[""].bind(Binding(vh.exchanges[""], q, name, {}))
     cluster.broker.apply_policies_to(vh, q)
     cluster.adopt(q, leader)
     return q
 
 
-__all__ = ["ClusterQueues", "RemoteQueue", "Served", "enqueue_here", "home_node_down",
-           "materialise", "remote_class", "start"]
+def replace_queue(cluster: ClusterQueues, vh: VHost, old: QueueType | None,
+                  new: QueueType) -> None:
+    """Put ``new`` in ``old``'s place in ``vh`` with ``old``'s bindings, recording no
+    definition change (the queue stays the same queue of the cluster; only where it is
+    led changes). A :class:`RemoteQueue` replaced stops following its leader."""
+    from amqpd.broker.exchange import Binding
+
+    vh.queues[new.name] = new
+    if old is None:
+        vh.exchanges[""].bind(Binding(vh.exchanges[""], new, new.name, {}))
+        return
+    for binding in list(old.inbound or ()):
+        source = binding.source
+        source.unbind(binding.key)
+        source.bind(Binding(source, new, binding.routing_key, binding.arguments))
+    old.deleted = True
+    if isinstance(old, RemoteQueue):
+        cluster.forget(old)
+        for consumer in list(old.consumers):
+            old.remove_consumer(consumer)
+            consumer.channel.consumer_cancelled_by_server(consumer)
+        for callback in old.on_removed:
+            callback(old)
+
+
+__all__ = ["EXTENSION_KINDS", "ClusterQueues", "RemoteQueue", "Served", "enqueue_here",
+           "home_node_down", "materialise", "remote_class", "replace_queue", "start"]

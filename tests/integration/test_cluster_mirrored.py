@@ -1,0 +1,259 @@
+"""Mirrored classic queues (issue 16) with three amqpd processes and one etcd on loopback.
+
+A policy ``ha-mode: all`` mirrors a queue led by node A on B and C. A publisher with
+confirms on B sends persistent messages to it while A is killed with kill -9 at a
+random moment (seeded; the seed and the moment are printed). A synchronised mirror is
+promoted; the publisher gets nacks for what was in flight, then confirms again; a
+consumer on C then reads every confirmed message, and a message delivered twice carries
+redelivered=true. Also what /api/queues and the mirror-sync health check show.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pamqp import body as pbody
+from pamqp import commands, frame, header
+
+from bench.loadgen import Conn, ProtocolError
+from tests.integration._http import q
+from tests.integration.cluster_support import ClusterNode, private_etcd, three_nodes, wait_for
+from tests.support import etcdproc
+from tests.support.etcdproc import EtcdProcess
+
+pytestmark = [
+    pytest.mark.skipif(etcdproc.find_etcd() is None, reason=etcdproc.SKIP_REASON),
+    pytest.mark.timeout(600),
+]
+
+QUEUE = "mirrored"
+TOTAL = int(os.environ.get("AMQPD_TEST_MIRROR_MESSAGES", "20000"))
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
+    with private_etcd(tmp_path) as proc:
+        yield proc
+
+
+@pytest.fixture
+def nodes(tmp_path: Path, etcd: EtcdProcess) -> Iterator[list[ClusterNode]]:
+    with three_nodes(tmp_path, etcd.url) as started:
+        yield started
+
+
+def queue_info(node: ClusterNode, name: str) -> dict[str, Any]:
+    r = node.api.get(f"/api/queues/%2F/{q(name)}")
+    return r.json() if r.status == 200 else {}
+
+
+def usable(node: ClusterNode, name: str) -> bool:
+    conn = Conn(node.url, timeout=5)
+    try:
+        ch = conn.open_channel(1)
+        conn.rpc(ch, commands.Queue.Declare(queue=name, passive=True),
+                 commands.Queue.DeclareOk)
+        return True
+    except ProtocolError:
+        return False
+    finally:
+        conn.sock.close()
+
+
+def mirror_all(node: ClusterNode) -> None:
+    r = node.api.put("/api/policies/%2F/ha-all", {
+        "pattern": f"^{QUEUE}$", "apply-to": "queues", "definition": {"ha-mode": "all"}})
+    assert r.status in (201, 204), r.text
+
+
+def declare(node: ClusterNode, name: str) -> None:
+    conn = Conn(node.url)
+    try:
+        conn.declare_queue(conn.open_channel(1), name, durable=True)
+    finally:
+        conn.close()
+
+
+def diagnose(nodes: list[ClusterNode]) -> str:
+    """The cluster and mirror lines of every node's log."""
+    out = []
+    for n in nodes:
+        assert n.proc is not None
+        lines = n.proc.log_path.read_text(errors="replace").splitlines()
+        out.append(f"--- {n.name}")
+        out += [ln for ln in lines if "amqpd.cluster" in ln or "Traceback" in ln
+                or "Error" in ln][-60:]
+    return "\n".join(out)
+
+
+def synchronised(node: ClusterNode, name: str) -> list[str]:
+    return list(queue_info(node, name).get("synchronised_mirror_nodes") or [])
+
+
+class Publisher:
+    """Persistent publishes with confirms in a window over one raw connection; knows
+    which message (its body) each confirm or nack is for."""
+
+    def __init__(self, url: str, window: int = 1000, batch: int = 100) -> None:
+        self.conn = Conn(url)
+        self.ch = self.conn.open_channel(1)
+        self.conn.rpc(self.ch, commands.Confirm.Select(), commands.Confirm.SelectOk)
+        self.window = window
+        self.batch = batch
+        self.seq = 0
+        self.outstanding: dict[int, int] = {}  # delivery tag -> message number
+        self.confirmed: set[int] = set()
+        self.nacked: set[int] = set()
+        self.props = commands.Basic.Properties(delivery_mode=2)
+
+    def _frames(self, number: int) -> bytes:
+        data = b"%010d" % number
+        return b"".join((
+            frame.marshal(commands.Basic.Publish(exchange="", routing_key=QUEUE), self.ch),
+            frame.marshal(header.ContentHeader(0, len(data), self.props), self.ch),
+            frame.marshal(pbody.ContentBody(data), self.ch)))
+
+    def _answer(self, fr: Any) -> None:
+        if isinstance(fr, commands.Basic.Ack | commands.Basic.Nack):
+            into = self.confirmed if isinstance(fr, commands.Basic.Ack) else self.nacked
+            tags = [fr.delivery_tag]
+            if fr.multiple:
+                tags = [t for t in self.outstanding if t <= fr.delivery_tag]
+            for tag in tags:
+                number = self.outstanding.pop(tag, None)
+                if number is not None:
+                    into.add(number)
+        elif isinstance(fr, commands.Channel.Close | commands.Connection.Close):
+            raise ProtocolError(f"closed by the broker: {fr.reply_code} {fr.reply_text}")
+
+    def publish(self, first: int, count: int) -> None:
+        out = bytearray()
+        for number in range(first, first + count):
+            self.seq += 1
+            self.outstanding[self.seq] = number
+            out += self._frames(number)
+        self.conn.sock.sendall(out)
+        while len(self.outstanding) > self.window - self.batch:
+            self._answer(self.conn.read_frame()[1])
+
+    def drain(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.outstanding and time.monotonic() < deadline:
+            self._answer(self.conn.read_frame()[1])
+
+
+def consume_all(node: ClusterNode, expect: set[int], quiet: float = 3.0,
+                limit: float = 180.0) -> list[tuple[int, bool]]:
+    """Every message of the queue read from ``node`` (acked): (number, redelivered),
+    until every expected one came and the queue stayed quiet ``quiet`` seconds."""
+    conn = Conn(node.url)
+    ch = conn.open_channel(1)
+    conn.rpc(ch, commands.Basic.Qos(prefetch_count=2000), commands.Basic.QosOk)
+    conn.rpc(ch, commands.Basic.Consume(queue=QUEUE, consumer_tag="reader"),
+             commands.Basic.ConsumeOk)
+    conn.sock.settimeout(0.5)
+    got: list[tuple[int, bool]] = []
+    seen: set[int] = set()
+    redelivered = False
+    last = time.monotonic()
+    deadline = last + limit
+    unacked = 0
+    while time.monotonic() < deadline:
+        try:
+            _ch, fr = conn.read_frame()
+        except TimeoutError:
+            if seen >= expect and time.monotonic() - last >= quiet:
+                break
+            continue
+        if isinstance(fr, commands.Basic.Deliver):
+            redelivered = bool(fr.redelivered)
+            tag = fr.delivery_tag
+        elif isinstance(fr, pbody.ContentBody):
+            number = int(fr.value)
+            got.append((number, redelivered))
+            seen.add(number)
+            last = time.monotonic()
+            unacked += 1
+            if unacked >= 500:
+                conn.send(ch, commands.Basic.Ack(delivery_tag=tag, multiple=True))
+                unacked = 0
+        elif isinstance(fr, commands.Basic.Cancel | commands.Channel.Close):
+            raise AssertionError(f"consumer on {node.name} stopped by the broker: {fr}")
+    if unacked:
+        conn.send(ch, commands.Basic.Ack(delivery_tag=tag, multiple=True))
+    conn.close()
+    return got
+
+
+def test_kill_9_of_the_leader_during_confirmed_publishing_loses_nothing_confirmed(
+        nodes: list[ClusterNode]) -> None:
+    a, b, c = nodes
+    mirror_all(a)
+    declare(a, QUEUE)
+    wait_for(lambda: sorted(synchronised(a, QUEUE)) == [b.name, c.name], 30,
+             "both mirrors synchronised", a.tail)
+    # every node reads the mirror record from etcd
+    wait_for(lambda: sorted(synchronised(b, QUEUE)) == [b.name, c.name], 10,
+             "node-b shows the mirrors", b.tail)
+    info = queue_info(b, QUEUE)
+    assert info["node"] == a.name
+    assert sorted(info["slave_nodes"]) == [b.name, c.name]
+    assert sorted(info["synchronised_slave_nodes"]) == [b.name, c.name]
+    # every mirrored queue has two synchronised copies besides A: stopping A is safe
+    assert a.api.get("/api/health/checks/node-is-mirror-sync-critical").status == 200
+
+    seed = int(os.environ.get("AMQPD_TEST_SEED", str(random.randrange(1 << 30))))
+    rng = random.Random(seed)
+    kill_at = rng.randrange(TOTAL // 10, TOTAL * 6 // 10)
+    print(f"seed {seed}: {TOTAL} messages, node-a killed after message {kill_at}")
+    pub = Publisher(b.url)
+    t0 = time.monotonic()
+    killed_at_confirmed = -1
+    number = 0
+    backoff_until = time.monotonic() + 60
+    while number < TOTAL:
+        n = min(pub.batch, TOTAL - number)
+        if number <= kill_at < number + n:
+            killed_at_confirmed = len(pub.confirmed)
+            a.kill()  # kill -9, in the middle of the publisher's window
+        nacked = len(pub.nacked)
+        pub.publish(number, n)
+        number += n
+        if killed_at_confirmed >= 0 and len(pub.nacked) > nacked and \
+                time.monotonic() < backoff_until:
+            time.sleep(0.05)  # as a client would: back off while publishes are nacked
+    pub.drain(60)
+    elapsed = time.monotonic() - t0
+    print(f"published {TOTAL} in {elapsed:.1f}s: {len(pub.confirmed)} confirmed, "
+          f"{len(pub.nacked)} nacked, {len(pub.outstanding)} unanswered")
+    assert not pub.outstanding, "every publish answered"
+    assert killed_at_confirmed >= 0
+    # publishers keep getting confirms after the failover
+    assert any(n > kill_at for n in pub.confirmed), "no confirm after the failover"
+    pub.conn.close()
+
+    # a mirror took over; C can use the queue
+    wait_for(lambda: queue_info(c, QUEUE).get("node") in (b.name, c.name)
+             and usable(c, QUEUE), 30, "the queue led by a promoted mirror",
+             lambda: diagnose(nodes))
+    leader = queue_info(c, QUEUE)["node"]
+    print(f"promoted: {leader}")
+
+    got = consume_all(c, pub.confirmed)
+    numbers = [n for n, _r in got]
+    missing = pub.confirmed - set(numbers)
+    assert not missing, f"{len(missing)} confirmed messages lost, e.g. {sorted(missing)[:10]}"
+    first: set[int] = set()
+    for n, redelivered in got:
+        if n in first:
+            assert redelivered, f"message {n} delivered twice without redelivered"
+        first.add(n)
+    assert set(numbers) <= set(range(TOTAL))
+    print(f"consumed {len(got)} ({len(got) - len(first)} duplicates, "
+          f"{sum(1 for _n, r in got if r)} redelivered)")
