@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from amqpd.cluster.mirror import MirrorCopy
+from amqpd.cluster.mirror import Leading, MirrorCopy, ReplicatingStore
 from amqpd.cluster.mirror_state import CommitGate, ReplicaSet, choose_promotion, mirror_nodes
 from amqpd.store.api import StoredMessage, StoreError
 from amqpd.store.memory import MemoryStore
@@ -189,3 +189,56 @@ def test_stored_message_fields_round_trip() -> None:
     copy.enqueue(3, False, "x", "rk", b"\x00\x00", b"body", 1234, 99, 4)
     local = copy.in_order()[0][0]
     assert store.read(local) == StoredMessage("x", "rk", b"\x00\x00", b"body", 1234, 99, 4)
+
+
+# ------------------------------------------------------------------ the leader's store
+class _FakeQueue:
+    name = "q"
+    store_key = "/\x00q"
+    policy = None
+
+
+class _FakeMirrors:
+    def __init__(self) -> None:
+        self.node = "a"
+        self.gate = CommitGate(timeout=5.0)
+
+
+def _leader_store() -> tuple[ReplicatingStore, Leading, _FakeMirrors]:
+    mirrors = _FakeMirrors()
+    inner = MemoryStore()
+    inner.open()
+    store = ReplicatingStore(inner, mirrors)  # type: ignore[arg-type]
+    lead = Leading(mirrors, "/", _FakeQueue(), {})  # type: ignore[arg-type]
+    store.by_key[lead.key] = lead
+    mirrors.gate.sets.append(lead.rs)
+    return store, lead, mirrors
+
+
+def test_the_leaders_commit_waits_for_the_synchronised_mirror() -> None:
+    store, lead, mirrors = _leader_store()
+    lead.rs.join("b")
+    pos = store.append_enqueue([lead.key], StoredMessage("", "q", b"", b"x"))
+    assert lead.live == {pos: False} and lead.rs.seq == 1
+    done: list[BaseException | None] = []
+    store.commit(done.append)
+    assert done == []  # durable here, not yet on b
+    lead.rs.ack("b", 1)
+    mirrors.gate.release()
+    assert done == [None]
+    # records of other queues pass through and need nothing
+    store.append_enqueue(["/\x00other"], StoredMessage("", "other", b"", b"y"))
+    store.commit(done.append)
+    assert done == [None, None]
+
+
+def test_the_leaders_records_settle_and_delivered_once() -> None:
+    store, lead, _mirrors = _leader_store()
+    pos = store.append_enqueue([lead.key], StoredMessage("", "q", b"", b"x"))
+    store.append_enqueue([lead.key], StoredMessage("", "q", b"", b"t", transient=True))
+    assert list(lead.live) == [pos]  # paged-out transient copies are not mirrored
+    store.delivering(lead.key, pos)
+    store.append_delivered_many(lead.key, [pos])  # the same mark again: no record
+    assert lead.live == {pos: True} and lead.rs.seq == 2
+    store.append_settle(lead.key, iter([pos]))
+    assert lead.live == {} and lead.rs.seq == 3
