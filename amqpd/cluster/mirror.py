@@ -83,7 +83,7 @@ log = logging.getLogger("amqpd.cluster.mirror")
 
 TICK: Final = 0.25  # seconds between reconciliations (policies, timeouts, failover)
 ELECTION_WAIT: Final = 2.0  # seconds a candidate waits for the other candidates
-SYNC_BATCH: Final = 4096  # backlog messages per batch (ha-sync-batch-size overrides)
+SYNC_BATCH: Final = 1024  # backlog messages per batch (ha-sync-batch-size overrides)
 LOW_WATER: Final = 1 << 20  # a backlog batch waits until the link's buffer is below this
 
 Ident = tuple[str, str]  # (vhost, queue)
@@ -665,6 +665,10 @@ class Mirrors:
             if kind == M.MACK:
                 lead.got_ack(peer, f[0])
                 self.gate.release()
+            elif kind == M.MREFUSE:
+                log.info("queue '%s' in vhost '%s': %s cannot mirror it yet: %s",
+                         lead.ident[1], lead.ident[0], peer, f[0])
+                lead.detach(peer, drop=False)  # the next reconciliation tries again
             else:
                 lead.got_synced(peer, stream)
                 self.gate.release()
@@ -699,9 +703,9 @@ class Mirrors:
         vh = self.broker.vhosts.get(vhost)
         local = vh.queues.get(name) if vh is not None else None
         if local is not None and not local.remote:
-            log.warning("queue '%s' in vhost '%s': %s asks this node to mirror it, but "
-                        "this node holds it as its leader; not mirrored here", name, vhost,
-                        link.peer)
+            # this node led it before it went down: the cluster's definitions will make
+            # it a remote queue in a moment (amqpd.cluster.remote_queue.materialise)
+            link.send(W.encode(M.MREFUSE, rid, "it still holds the queue as its leader"))
             return
         old = self.copy_of.get(ident)
         if old is not None:

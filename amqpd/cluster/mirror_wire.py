@@ -13,7 +13,9 @@ live records (enqueue with body and properties, messages settled -- acked, rejec
 purged, expired --, messages handed to a consumer: redelivered if they come back),
 each with the replication sequence number the mirror acknowledges; MDROP ends the copy.
 Mirror -> leader: MACK (every record up to a sequence number is durable here), MSYNCED
-(the backlog is durable here: the mirror may join the synchronised set).
+(the backlog is durable here: the mirror may join the synchronised set), MREFUSE (it
+cannot hold a copy yet, e.g. it still holds the queue as its old leader: the leader
+drops the stream and starts it again later).
 """
 
 from __future__ import annotations
@@ -31,16 +33,17 @@ MDELIV: Final = 85  # seq, positions
 MDROP: Final = 86  # the copy ends (queue deleted, or this node no longer mirrors it)
 MACK: Final = 87  # mirror -> leader: seq (every record <= seq is durable on the mirror)
 MSYNCED: Final = 88  # mirror -> leader: the backlog is durable here
+MREFUSE: Final = 89  # mirror -> leader: why it cannot hold the copy now (try again later)
 
 LAYOUTS: Final[dict[int, str]] = {
     MSTART: "ssQ", MBACKLOG: "QBssbbQQB", MBACKLOG_END: "Q",
     MENQ: "QQssbbQQB", MSETTLE: "QL", MDELIV: "QL", MDROP: "",
-    MACK: "Q", MSYNCED: "",
+    MACK: "Q", MSYNCED: "", MREFUSE: "s",
 }
 FIRST: Final = MSTART
-LAST: Final = MSYNCED
+LAST: Final = MREFUSE
 TO_MIRROR: Final = frozenset({MSTART, MBACKLOG, MBACKLOG_END, MENQ, MSETTLE, MDELIV, MDROP})
-TO_LEADER: Final = frozenset({MACK, MSYNCED})
+TO_LEADER: Final = frozenset({MACK, MSYNCED, MREFUSE})
 
 W.LAYOUTS.update(LAYOUTS)
 
@@ -50,4 +53,4 @@ def is_mirror_frame(kind: int) -> bool:
 
 
 __all__ = ["LAYOUTS", "MACK", "MBACKLOG", "MBACKLOG_END", "MDELIV", "MDROP", "MENQ",
-           "MSETTLE", "MSTART", "MSYNCED", "TO_LEADER", "TO_MIRROR", "is_mirror_frame"]
+           "MREFUSE", "MSETTLE", "MSTART", "MSYNCED", "TO_LEADER", "TO_MIRROR", "is_mirror_frame"]
