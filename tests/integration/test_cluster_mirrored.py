@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -151,19 +152,39 @@ class Publisher:
 def consume_all(node: ClusterNode, expect: set[int], quiet: float = 3.0,
                 limit: float = 180.0) -> list[tuple[int, bool]]:
     """Every message of the queue read from ``node`` (acked): (number, redelivered),
-    until every expected one came and the queue stayed quiet ``quiet`` seconds."""
+    until every expected one came and the queue stayed quiet ``quiet`` seconds. A
+    connection the broker closes (a node pausing for a moment under load: its
+    heartbeats were late) is opened again, as a client would; what it held unacked
+    comes back redelivered."""
+    got: list[tuple[int, bool]] = []
+    seen: set[int] = set()
+    deadline = time.monotonic() + limit
+    last = time.monotonic()
+    reconnects = 0
+    while time.monotonic() < deadline:
+        try:
+            last = _consume(node, got, seen, expect, quiet, deadline, last)
+            return got
+        except (OSError, ProtocolError) as exc:
+            reconnects += 1
+            assert reconnects <= 10, f"consumer on {node.name} lost too often: {exc}"
+            print(f"consumer on {node.name}: {exc}; consuming again")
+            wait_for(lambda: usable(node, QUEUE), 30, f"{QUEUE} usable on {node.name}",
+                     node.tail)
+    return got
+
+
+def _consume(node: ClusterNode, got: list[tuple[int, bool]], seen: set[int],
+             expect: set[int], quiet: float, deadline: float, last: float) -> float:
     conn = Conn(node.url)
     ch = conn.open_channel(1)
     conn.rpc(ch, commands.Basic.Qos(prefetch_count=2000), commands.Basic.QosOk)
     conn.rpc(ch, commands.Basic.Consume(queue=QUEUE, consumer_tag="reader"),
              commands.Basic.ConsumeOk)
     conn.sock.settimeout(0.5)
-    got: list[tuple[int, bool]] = []
-    seen: set[int] = set()
     redelivered = False
-    last = time.monotonic()
-    deadline = last + limit
     unacked = 0
+    tag = 0
     while time.monotonic() < deadline:
         try:
             _ch, fr = conn.read_frame()
@@ -183,12 +204,14 @@ def consume_all(node: ClusterNode, expect: set[int], quiet: float = 3.0,
             if unacked >= 500:
                 conn.send(ch, commands.Basic.Ack(delivery_tag=tag, multiple=True))
                 unacked = 0
-        elif isinstance(fr, commands.Basic.Cancel | commands.Channel.Close):
-            raise AssertionError(f"consumer on {node.name} stopped by the broker: {fr}")
+        elif isinstance(fr, commands.Basic.Cancel | commands.Channel.Close |
+                        commands.Connection.Close):
+            conn.sock.close()
+            raise ProtocolError(f"consumer stopped by the broker: {fr}")
     if unacked:
         conn.send(ch, commands.Basic.Ack(delivery_tag=tag, multiple=True))
     conn.close()
-    return got
+    return last
 
 
 def test_kill_9_of_the_leader_during_confirmed_publishing_loses_nothing_confirmed(
@@ -257,3 +280,91 @@ def test_kill_9_of_the_leader_during_confirmed_publishing_loses_nothing_confirme
     assert set(numbers) <= set(range(TOTAL))
     print(f"consumed {len(got)} ({len(got) - len(first)} duplicates, "
           f"{sum(1 for _n, r in got if r)} redelivered)")
+
+
+def sync_critical(node: ClusterNode) -> tuple[int, Any]:
+    r = node.api.get("/api/health/checks/node-is-mirror-sync-critical")
+    return r.status, r.json()
+
+
+def test_a_returning_mirror_catches_up_in_the_background_and_holds_everything(
+        nodes: list[ClusterNode]) -> None:
+    a, b, c = nodes
+    # mirrored on A and B only (ha-mode nodes): C uses it remotely
+    r = a.api.put("/api/policies/%2F/ha-ab", {
+        "pattern": f"^{QUEUE}$", "apply-to": "queues",
+        "definition": {"ha-mode": "nodes", "ha-params": [a.name, b.name]}})
+    assert r.status in (201, 204), r.text
+    declare(a, QUEUE)
+    wait_for(lambda: synchronised(a, QUEUE) == [b.name], 30, "node-b synchronised",
+             lambda: diagnose(nodes))
+    assert queue_info(a, QUEUE)["mirror_nodes"] == [b.name]
+    assert sync_critical(a)[0] == 200
+    pub = Publisher(a.url)
+    for first in range(0, 5000, pub.batch):
+        pub.publish(first, pub.batch)
+    pub.drain(60)
+    assert len(pub.confirmed) == 5000
+
+    # B goes: A holds the only copy, stopping it would lose data
+    b.kill()
+    wait_for(lambda: synchronised(a, QUEUE) == [], 30, "node-b left the set",
+             lambda: diagnose(nodes))
+    status, body = sync_critical(a)
+    assert status == 503, body
+    assert body["queues"] == [{"name": QUEUE, "vhost": "/"}]
+    assert sync_critical(c)[0] == 200  # C holds no copy
+    for first in range(5000, 10000, pub.batch):  # confirmed with no mirror to wait for
+        pub.publish(first, pub.batch)
+    pub.drain(60)
+    assert len(pub.confirmed) == 10000
+
+    # B returns while a publisher runs: its copy is made in the background
+    samples: list[tuple[float, int]] = []
+    stop = threading.Event()
+    failure: list[BaseException] = []
+
+    def publish() -> None:
+        number = 10000
+        try:
+            while not stop.is_set():
+                pub.publish(number, pub.batch)
+                number += pub.batch
+            pub.drain(60)
+        except BaseException as exc:  # reported by the test thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=publish)
+    thread.start()
+    try:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 2.0:
+            samples.append((time.monotonic(), len(pub.confirmed)))
+            time.sleep(0.1)
+        before = samples[-1]
+        b.start()
+        restarted = (time.monotonic(), len(pub.confirmed))
+        wait_for(lambda: synchronised(a, QUEUE) == [b.name], 90,
+                 "the returning mirror synchronised", lambda: diagnose(nodes))
+        synced = (time.monotonic(), len(pub.confirmed))
+    finally:
+        stop.set()
+        thread.join(90)
+    assert not failure, failure
+    assert not pub.outstanding
+    rate_before = (before[1] - samples[0][1]) / (before[0] - samples[0][0])
+    rate_during = (synced[1] - restarted[1]) / (synced[0] - restarted[0])
+    print(f"confirmed publishes/s: {rate_before:.0f} before node-b returned, "
+          f"{rate_during:.0f} while it caught up ({synced[0] - restarted[0]:.1f}s, "
+          f"{len(pub.confirmed)} confirmed in all)")
+    assert synced[1] > restarted[1], "publishers stalled while the mirror caught up"
+    assert sync_critical(a)[0] == 200
+    pub.conn.close()
+
+    # the copy made in the background holds every confirmed message: lose A, read on C
+    a.kill()
+    wait_for(lambda: queue_info(c, QUEUE).get("node") == b.name and usable(c, QUEUE), 30,
+             "the queue led by node-b", lambda: diagnose(nodes))
+    got = consume_all(c, pub.confirmed)
+    missing = pub.confirmed - {n for n, _r in got}
+    assert not missing, f"{len(missing)} confirmed messages lost, e.g. {sorted(missing)[:10]}"
