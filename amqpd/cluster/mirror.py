@@ -502,6 +502,7 @@ class Mirrors:
     def start(self) -> None:
         self.broker.store = self.store
         self.queues.extensions.append(self)
+        self.queues.failover_expected = self.failover_expected
         self._tasks = [asyncio.create_task(self._loop(), name="mirrors"),
                        asyncio.create_task(self._read_records(), name="mirror-records")]
 
@@ -868,6 +869,12 @@ class Mirrors:
         log.warning("queue '%s' in vhost '%s': promoted on %s after the loss of %s "
                     "(%d messages, %d of them redelivered)", name, vhost, self.node,
                     copy.leader, len(live), redelivered)
+
+    def failover_expected(self, queue: QueueType) -> bool:
+        """The link to ``queue``'s leader went: will a synchronised mirror take over
+        (its consumers elsewhere are then kept, remote_queue.RemoteQueue.detach)?"""
+        rec = self.records.get((queue.vhost.name, queue.name))
+        return rec is not None and bool(rec.get("synchronised"))
 
     # -- what the API shows ----------------------------------------------------------------
     def queue_fields(self, vhost: str, name: str) -> dict[str, Any]:

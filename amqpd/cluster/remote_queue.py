@@ -28,11 +28,14 @@ over the link to the leader (:mod:`amqpd.cluster.link`, frames in
   and about once a second).
 
 Node loss: when the link to the leader goes, every consumer of its queues here gets
-basic.cancel, publishes waiting for a confirm get a nack, and until the link is back the
-queue answers declare, basic.get and basic.consume with 404 ``home node '<node>' of
-durable queue '<name>' in vhost '<vhost>' is down or inaccessible``; publishes routed to
-it are nacked. Delivery ids of the old link are dead: the leader has put those messages
-back already.
+basic.cancel (of a mirrored queue with a synchronised mirror only those with
+``x-cancel-on-ha-failover``: the others consume again from the promoted mirror once
+the catalogue names it, amqpd.cluster.mirror), publishes waiting for a confirm get a
+nack, and until the link is back (or a new leader is known) the queue answers declare,
+basic.get and basic.consume with 404 ``home node '<node>' of durable queue '<name>' in
+vhost '<vhost>' is down or inaccessible``; publishes routed to it are nacked. Delivery
+ids of the old link are dead (entries carry them plus a base that grows with every
+stream): the leader has put those messages back already.
 """
 
 from __future__ import annotations
@@ -67,6 +70,8 @@ STATS_INTERVAL: Final = 1.0
 # a stream the leader refuses (404) while the catalogue says it leads the queue is
 # opened again this often, this many times (its leader is taking the queue over)
 REOPEN_DELAY: Final = 0.2
+# consumers kept when a mirrored queue's leader is lost wait this long for a new leader
+FAILOVER_WAIT: Final = 30.0
 REOPEN_TRIES: Final = 50
 EXTENSION_KINDS: Final = 80  # frame types from here on belong to ClusterQueues.extensions
 # a link to a node the view does not see running is closed once silent this long
@@ -133,6 +138,11 @@ class RemoteQueue(QueueType):
         self._by_consumer: dict[int, _RemoteConsumer] = {}  # id(Consumer) -> state
         self._next_cid = 0
         self._owner: dict[int, _RemoteConsumer | None] = {}  # live delivery id -> consumer
+        # the ids of this node's entries are the leader's delivery ids plus a base that
+        # grows with every stream opened, so an entry of an earlier stream (a leader
+        # since lost) can never be taken for one of the current stream's
+        self._base = 0
+        self._kept_timer: asyncio.TimerHandle | None = None
         self._gets: dict[int, tuple[Any, bool]] = {}
         self._next_req = 0
         self._requests: dict[int, Callable[[int], None]] = {}
@@ -246,13 +256,14 @@ class RemoteQueue(QueueType):
              exchange: str, key: str, props: bytes, body: bytes) -> None:
         channel, no_ack = self._gets.pop(req, (None, True))
         self.ready_count = ready
-        entry = QueueEntry(Message(exchange, key, props, body), delivery, bool(redelivered))
+        entry = QueueEntry(Message(exchange, key, props, body), self._base + delivery,
+                           bool(redelivered))
         if channel is None or channel.closed:
             if not no_ack:
                 self._send(W.encode(W.REQUEUE, self.stream, [delivery]))
             return
         if not no_ack:
-            self._owner[delivery] = None
+            self._owner[entry.seq] = None
         channel.answer_get(self, entry, no_ack, ready)
 
     def _got_empty(self, req: int) -> None:
@@ -279,7 +290,7 @@ class RemoteQueue(QueueType):
             if entry.seq not in owner:
                 continue  # from a link that is gone: the leader put it back already
             state = owner.pop(entry.seq)
-            ids.append(entry.seq)
+            ids.append(entry.seq - self._base)
             if state is not None and state.by_settle and state.id in self._cons:
                 grants[state.id] = grants.get(state.id, 0) + 1
         self._send_grants()
@@ -332,6 +343,10 @@ class RemoteQueue(QueueType):
         state = _RemoteConsumer(self._next_cid, consumer)
         self._cons[state.id] = state
         self._by_consumer[id(consumer)] = state
+        self._consume(state)
+
+    def _consume(self, state: _RemoteConsumer) -> None:
+        consumer = state.consumer
         window = consumer.prefetch if state.by_settle else DELIVERY_WINDOW
         args = {"tag": consumer.tag, "exclusive": consumer.exclusive,
                 "arguments": _jsonable(consumer.arguments)}
@@ -348,7 +363,8 @@ class RemoteQueue(QueueType):
         del self._cons[state.id]
         self._send(W.encode(W.CANCEL, self.stream, state.id))
         # deliveries not handed to the client go back to the leader
-        back = [e.seq for e in state.buffer if self._owner.pop(e.seq, _NONE) is not _NONE]
+        back = [e.seq - self._base for e in state.buffer
+                if self._owner.pop(e.seq, _NONE) is not _NONE]
         state.buffer.clear()
         if back:
             self._send(W.encode(W.REQUEUE, self.stream, back))
@@ -360,9 +376,10 @@ class RemoteQueue(QueueType):
         if state is None:  # cancelled meanwhile: the CANCEL and a REQUEUE are on the way
             self._send(W.encode(W.REQUEUE, self.stream, [delivery]))
             return
-        entry = QueueEntry(Message(exchange, key, props, body), delivery, bool(redelivered))
+        entry = QueueEntry(Message(exchange, key, props, body), self._base + delivery,
+                           bool(redelivered))
         if not state.consumer.no_ack:
-            self._owner[delivery] = state
+            self._owner[entry.seq] = state
         state.buffer.append(entry)
         self.vhost.schedule_dispatch(self)
 
@@ -402,17 +419,35 @@ class RemoteQueue(QueueType):
         self.link = link
         self.stream = stream
         self._credit = PUBLISH_WINDOW
+        self._base += 1 << 40
         link.send(W.encode(W.OPEN, stream, self.vhost.name, self.name))
+        if self._kept_timer is not None:
+            self._kept_timer.cancel()
+            self._kept_timer = None
+        for state in self._cons.values():  # consumers kept across a failover
+            self._consume(state)
 
-    def detach(self) -> None:
-        """The link went: consumers cancelled, confirms nacked, requests answered."""
+    def detach(self, keep_consumers: bool = False) -> None:
+        """The link went: consumers cancelled, confirms nacked, requests answered.
+
+        A queue with a synchronised mirror (amqpd.cluster.mirror) keeps its consumers
+        instead, except those that asked for ``x-cancel-on-ha-failover``: they consume
+        from the promoted mirror once this queue follows it (or are cancelled after
+        FAILOVER_WAIT)."""
         self.link = None
         self._unsent.clear()
         confirms, self._confirms = self._confirms, {}
         for callback in confirms.values():
             callback(LinkLost(f"link to {self.leader} lost"))
+        keep = keep_consumers or (self.cluster is not None
+                                  and self.cluster.failover_expected(self))
+        kept = 0
         for state in list(self._cons.values()):
             consumer = state.consumer
+            if keep and consumer.arguments.get("x-cancel-on-ha-failover") is not True:
+                state.buffer.clear()  # the leader's copy has them (redelivered if marked)
+                kept += 1
+                continue
             del self._cons[state.id]
             self._by_consumer.pop(id(consumer), None)
             try:
@@ -421,6 +456,9 @@ class RemoteQueue(QueueType):
                 pass
             consumer.channel.consumer_cancelled_by_server(consumer)
         self._owner.clear()  # the leader requeued them when the link went
+        if kept and self._kept_timer is None:
+            self._kept_timer = asyncio.get_running_loop().call_later(
+                FAILOVER_WAIT, self._cancel_kept)
         gets, self._gets = self._gets, {}
         for channel, _ in gets.values():
             if not channel.closed:
@@ -428,6 +466,16 @@ class RemoteQueue(QueueType):
         requests, self._requests = self._requests, {}
         for answer in requests.values():
             answer(0)
+
+    def _cancel_kept(self) -> None:
+        """No leader took over within FAILOVER_WAIT: the kept consumers are cancelled."""
+        self._kept_timer = None
+        if self.link is not None:
+            return
+        for state in list(self._cons.values()):
+            consumer = state.consumer
+            self.remove_consumer(consumer)
+            consumer.channel.consumer_cancelled_by_server(consumer)
 
     def delete(self) -> None:
         """Deleted here (queue.delete, or the definition went): consumers told, and the
@@ -675,6 +723,9 @@ class ClusterQueues:
         # handlers of the other stream kinds on the same links (frame types from
         # EXTENSION_KINDS on: amqpd.cluster.mirror); told of links going up and down too
         self.extensions: list[LinkHandler] = []
+        # whether a queue whose link to its leader went will get a new leader (a
+        # synchronised mirror; set by amqpd.cluster.mirror): its consumers are kept
+        self.failover_expected: Callable[[RemoteQueue], bool] = lambda queue: False
 
     def _address(self, peer: str) -> tuple[str, int] | None:
         info = self.view.nodes().get(peer)
@@ -899,9 +950,10 @@ class ClusterQueues:
         elif kind == W.FAILED:
             log.warning("queue '%s' in vhost '%s' on %s: %s %s", queue.name,
                         queue.vhost.name, link.peer, f[0], f[1])
-            queue.detach()
-            if f[0] == 404 and self._catalogue_leader(queue) == link.peer \
-                    and queue.reopen_tries < REOPEN_TRIES:
+            retry = f[0] == 404 and self._catalogue_leader(queue) == link.peer \
+                and queue.reopen_tries < REOPEN_TRIES
+            queue.detach(keep_consumers=retry)
+            if retry:
                 # the catalogue says the peer leads it, but its queue is not there yet (a
                 # mirror being promoted: amqpd.cluster.mirror): open the stream again
                 queue.reopen_tries += 1
@@ -1095,9 +1147,18 @@ def replace_queue(cluster: ClusterQueues, vh: VHost, old: QueueType | None,
     old.deleted = True
     if isinstance(old, RemoteQueue):
         cluster.forget(old)
+        if old._kept_timer is not None:
+            old._kept_timer.cancel()
+            old._kept_timer = None
+        follow = not new.remote and old.link is None
         for consumer in list(old.consumers):
             old.remove_consumer(consumer)
-            consumer.channel.consumer_cancelled_by_server(consumer)
+            if follow and consumer.arguments.get("x-cancel-on-ha-failover") is not True:
+                # a consumer kept across the failover consumes from the promoted copy
+                consumer.queue = new
+                new.add_consumer(consumer)
+            else:
+                consumer.channel.consumer_cancelled_by_server(consumer)
         for callback in old.on_removed:
             callback(old)
 

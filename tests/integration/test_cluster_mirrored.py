@@ -368,3 +368,75 @@ def test_a_returning_mirror_catches_up_in_the_background_and_holds_everything(
     got = consume_all(c, pub.confirmed)
     missing = pub.confirmed - {n for n, _r in got}
     assert not missing, f"{len(missing)} confirmed messages lost, e.g. {sorted(missing)[:10]}"
+
+
+def test_consumers_follow_the_promoted_mirror_unless_they_ask_to_be_cancelled(
+        nodes: list[ClusterNode]) -> None:
+    a, b, c = nodes
+    mirror_all(a)
+    declare(a, QUEUE)
+    wait_for(lambda: sorted(synchronised(c, QUEUE)) == [b.name, c.name], 30,
+             "both mirrors synchronised (as node-c reads the record)",
+             lambda: diagnose(nodes))
+    total = 1000
+    pub = Publisher(b.url)
+    for first in range(0, total, pub.batch):
+        pub.publish(first, pub.batch)
+    pub.drain(60)
+    assert len(pub.confirmed) == total
+    pub.conn.close()
+
+    # consumers on B and C through the leader A (a connection each), each holding 10
+    # unacked deliveries: keepers on both (one of them will be the promoted node), one
+    # that asks to be cancelled on C
+    conns = {"keeper-b": Conn(b.url), "keeper-c": Conn(c.url), "leaver": Conn(c.url)}
+    held: dict[str, list[int]] = {}
+    last_tag: dict[str, int] = {}
+    for tag, conn in conns.items():
+        args = {"x-cancel-on-ha-failover": True} if tag == "leaver" else {}
+        ch = conn.open_channel(1)
+        conn.rpc(ch, commands.Basic.Qos(prefetch_count=10), commands.Basic.QosOk)
+        conn.rpc(ch, commands.Basic.Consume(queue=QUEUE, consumer_tag=tag, arguments=args),
+                 commands.Basic.ConsumeOk)
+        held[tag] = []
+        while len(held[tag]) < 10:
+            _ch, fr = conn.read_frame()
+            if isinstance(fr, commands.Basic.Deliver):
+                last_tag[tag] = fr.delivery_tag
+            elif isinstance(fr, pbody.ContentBody):
+                held[tag].append(int(fr.value))
+
+    a.kill()
+    leaver = conns.pop("leaver")
+    leaver.sock.settimeout(30)
+    cancel = leaver.expect(1, commands.Basic.Cancel)
+    assert cancel.consumer_tag == "leaver"
+    leaver.close()
+    # the keepers ack what they held (those acks reach no leader: the new one has them
+    # back, redelivered) and consume on from the new leader
+    for tag, conn in conns.items():
+        conn.sock.settimeout(0.2)
+        conn.send(1, commands.Basic.Ack(delivery_tag=last_tag[tag], multiple=True))
+    got: list[tuple[int, bool]] = []
+    redelivered: dict[str, bool] = {}
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and {n for n, _r in got} < set(range(total)):
+        for tag, conn in conns.items():
+            try:
+                _ch, fr = conn.read_frame()
+            except TimeoutError:
+                continue
+            if isinstance(fr, commands.Basic.Cancel | commands.Channel.Close |
+                          commands.Connection.Close):
+                raise AssertionError(f"{tag} was stopped: {fr}\n{diagnose(nodes)}")
+            if isinstance(fr, commands.Basic.Deliver):
+                redelivered[tag] = bool(fr.redelivered)
+                conn.send(1, commands.Basic.Ack(delivery_tag=fr.delivery_tag))
+            elif isinstance(fr, pbody.ContentBody):
+                got.append((int(fr.value), redelivered[tag]))
+    for conn in conns.values():
+        conn.close()
+    numbers = {n for n, _r in got}
+    assert numbers == set(range(total)), f"{total - len(numbers)} never came to the keepers"
+    # what the consumers held unacked when A died comes back redelivered
+    assert {n for tag in held for n in held[tag]} <= {n for n, r in got if r}
