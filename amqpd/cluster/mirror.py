@@ -767,6 +767,8 @@ class Mirrors:
         """One round; True when it is decided (promoted here, elsewhere, or not
         possible)."""
         view = self.cluster
+        if view.paused:
+            return False  # a paused node (minority) never takes a queue over
         key = self.record_key(ident)
         kv = await self.etcd.get(key)
         if kv is None:
