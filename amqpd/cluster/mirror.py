@@ -197,6 +197,8 @@ class _Stream:
         self.closed = False
         self.backlog_sent = 0
         self.task: asyncio.Task[None] | None = None
+        self.batches_durable = 0  # the mirror's MBATCHED so far (backlog flow control)
+        self.batch_event = asyncio.Event()
 
 
 class Leading:
@@ -280,7 +282,7 @@ class Leading:
         if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
             batch = SYNC_BATCH
         n = 0
-        for i, pos in enumerate(positions):
+        for pos in positions:
             if s.closed:
                 return
             delivered = self.live.get(pos)
@@ -296,14 +298,22 @@ class Leading:
                                  m.routing_key, m.properties, m.body, m.published,
                                  m.expires, m.priority))
             n += 1
-            if (i + 1) % batch == 0:
-                await self._drained(s)
+            if n % batch == 0:
+                number = n // batch
+                s.link.send(W.encode(M.MBATCH, s.rid, number))
+                await self._drained(s, number - 1)
         s.backlog_sent = n
         s.link.send(W.encode(M.MBACKLOG_END, s.rid, n))
 
     @staticmethod
-    async def _drained(s: _Stream) -> None:
+    async def _drained(s: _Stream, durable: int) -> None:
+        """Wait until the mirror holds batch ``durable`` (one batch stays in flight)
+        and the link's buffer is low: the copy goes as fast as the mirror writes."""
         await asyncio.sleep(0)  # the link flushes at the end of the tick
+        while not s.closed and s.batches_durable < durable:
+            s.batch_event.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(s.batch_event.wait(), 1.0)
         transport = s.link.transport
         for _ in range(1000):
             if s.closed or transport is None or \
@@ -328,6 +338,12 @@ class Leading:
 
     def got_ack(self, node: str, seq: int) -> None:
         self.rs.ack(node, seq)
+
+    def got_batch(self, node: str, rid: int, number: int) -> None:
+        s = self.streams.get(node)
+        if s is not None and s.rid == rid and number > s.batches_durable:
+            s.batches_durable = number
+            s.batch_event.set()
 
     def got_synced(self, node: str, rid: int) -> None:
         s = self.streams.get(node)
@@ -421,6 +437,8 @@ class MirrorCopy:
         self.last_seq = start_seq
         self.backlog_done = False
         self.synced = False  # the backlog is durable here
+        self.batch = 0  # the last backlog batch received (MBATCH)
+        self.batch_told = 0  # ... and reported durable (MBATCHED)
 
     def enqueue(self, pos: int, delivered: bool, exchange: str, key: str, props: bytes,
                 body: bytes, published: int, expires: int, priority: int) -> None:
@@ -666,6 +684,8 @@ class Mirrors:
             if kind == M.MACK:
                 lead.got_ack(peer, f[0])
                 self.gate.release()
+            elif kind == M.MBATCHED:
+                lead.got_batch(peer, stream, f[0])
             elif kind == M.MREFUSE:
                 log.info("queue '%s' in vhost '%s': %s cannot mirror it yet: %s",
                          lead.ident[1], lead.ident[0], peer, f[0])
@@ -692,6 +712,8 @@ class Mirrors:
         elif kind == M.MDELIV:
             copy.last_seq = f[0]
             copy.deliver(f[1])
+        elif kind == M.MBATCH:
+            copy.batch = f[0]
         elif kind == M.MBACKLOG_END:
             copy.backlog_end()
         elif kind == M.MDROP:
@@ -732,8 +754,8 @@ class Mirrors:
 
     def _send_acks(self, _link: Link) -> None:
         due, self._ack_due = self._ack_due, set()
-        marks = [(c, c.last_seq, c.backlog_done and not c.synced) for c in due]
-        for c, _seq, synced_now in marks:
+        marks = [(c, c.last_seq, c.backlog_done and not c.synced, c.batch) for c in due]
+        for c, _seq, synced_now, _batch in marks:
             if synced_now:
                 c.synced = True
 
@@ -741,10 +763,13 @@ class Mirrors:
             if error is not None:
                 log.error("mirror copies not durable here: %s", error)
                 return
-            for c, seq, synced_now in marks:
+            for c, seq, synced_now, batch in marks:
                 link = self.queues.links.link(c.leader)
                 if link is None or self.copies.get((c.leader, c.rid)) is not c:
                     continue
+                if batch > c.batch_told:
+                    c.batch_told = batch
+                    link.send(W.encode(M.MBATCHED, c.rid, batch))
                 if synced_now:
                     link.send(W.encode(M.MSYNCED, c.rid))
                 link.send(W.encode(M.MACK, c.rid, seq))

@@ -15,7 +15,9 @@ each with the replication sequence number the mirror acknowledges; MDROP ends th
 Mirror -> leader: MACK (every record up to a sequence number is durable here), MSYNCED
 (the backlog is durable here: the mirror may join the synchronised set), MREFUSE (it
 cannot hold a copy yet, e.g. it still holds the queue as its old leader: the leader
-drops the stream and starts it again later).
+drops the stream and starts it again later). The backlog is paced: after each batch the
+leader sends MBATCH and sends the batch after next only once the mirror answered
+MBATCHED for it (durable there), so a mirror is never flooded faster than it writes.
 """
 
 from __future__ import annotations
@@ -34,16 +36,19 @@ MDROP: Final = 86  # the copy ends (queue deleted, or this node no longer mirror
 MACK: Final = 87  # mirror -> leader: seq (every record <= seq is durable on the mirror)
 MSYNCED: Final = 88  # mirror -> leader: the backlog is durable here
 MREFUSE: Final = 89  # mirror -> leader: why it cannot hold the copy now (try again later)
+MBATCH: Final = 90  # leader -> mirror: backlog batch number n ends here
+MBATCHED: Final = 91  # mirror -> leader: backlog batch n is durable here (flow control)
 
 LAYOUTS: Final[dict[int, str]] = {
     MSTART: "ssQ", MBACKLOG: "QBssbbQQB", MBACKLOG_END: "Q",
     MENQ: "QQssbbQQB", MSETTLE: "QL", MDELIV: "QL", MDROP: "",
-    MACK: "Q", MSYNCED: "", MREFUSE: "s",
+    MACK: "Q", MSYNCED: "", MREFUSE: "s", MBATCH: "Q", MBATCHED: "Q",
 }
 FIRST: Final = MSTART
-LAST: Final = MREFUSE
-TO_MIRROR: Final = frozenset({MSTART, MBACKLOG, MBACKLOG_END, MENQ, MSETTLE, MDELIV, MDROP})
-TO_LEADER: Final = frozenset({MACK, MSYNCED, MREFUSE})
+LAST: Final = MBATCHED
+TO_MIRROR: Final = frozenset({MSTART, MBACKLOG, MBACKLOG_END, MENQ, MSETTLE, MDELIV, MDROP,
+                              MBATCH})
+TO_LEADER: Final = frozenset({MACK, MSYNCED, MREFUSE, MBATCHED})
 
 W.LAYOUTS.update(LAYOUTS)
 
@@ -52,5 +57,21 @@ def is_mirror_frame(kind: int) -> bool:
     return FIRST <= kind <= LAST
 
 
-__all__ = ["LAYOUTS", "MACK", "MBACKLOG", "MBACKLOG_END", "MDELIV", "MDROP", "MENQ",
-           "MREFUSE", "MSETTLE", "MSTART", "MSYNCED", "TO_LEADER", "TO_MIRROR", "is_mirror_frame"]
+__all__ = [
+    "LAYOUTS",
+    "MACK",
+    "MBACKLOG",
+    "MBACKLOG_END",
+    "MBATCH",
+    "MBATCHED",
+    "MDELIV",
+    "MDROP",
+    "MENQ",
+    "MREFUSE",
+    "MSETTLE",
+    "MSTART",
+    "MSYNCED",
+    "TO_LEADER",
+    "TO_MIRROR",
+    "is_mirror_frame",
+]
