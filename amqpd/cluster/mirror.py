@@ -31,7 +31,8 @@ Theory of operation.
   counts on a mirror the record still calls synchronised.
 * **Catch-up.** A new (or returning) mirror gets ``MSTART``, then, in the background,
   the messages the queue held at that moment (``MBACKLOG``, read back from the
-  leader's store, in batches of ``ha-sync-batch-size`` that yield to the event loop),
+  leader's store, in batches of ``ha-sync-batch-size``, each sent once the mirror holds
+  the one before last durable: ``MBATCH`` / ``MBATCHED``),
   while the live records flow as usual; the queue keeps serving. Once the backlog is
   durable on the mirror (``MSYNCED``) it joins the synchronised set. A returning mirror
   gets a full copy (what it held is dropped at ``MSTART``).
