@@ -126,6 +126,9 @@ class ClusterConfig:
     cookie_file: str = ""  # "" = <data_dir>/cluster.cookie, created on first start
     partition_handling: str = "pause_minority"  # pause_minority | ignore
     queue_leader_locator: str = "client-local"  # client-local | min-masters | random
+    # seconds a mirrored queue's synchronised mirror may hold a confirm before it leaves
+    # the synchronised set (amqpd/cluster/mirror.py)
+    mirror_sync_timeout: float = 5.0
 
     @property
     def enabled(self) -> bool:
@@ -181,7 +184,7 @@ def check_cluster(cc: ClusterConfig) -> None:
         value = getattr(cc, key)
         if value:
             _split_addr(value, "cluster." + key)
-    for key in ("heartbeat_interval", "heartbeat_timeout", "lease_ttl"):
+    for key in ("heartbeat_interval", "heartbeat_timeout", "lease_ttl", "mirror_sync_timeout"):
         if getattr(cc, key) <= 0:
             raise ConfigError(f"setting 'cluster.{key}' must be > 0")
     if cc.heartbeat_timeout <= cc.heartbeat_interval:

@@ -594,6 +594,9 @@ async def serve(settings: Settings, ready: Callable[[Broker], None] | None = Non
             await cluster.stop()
             await broker.stop()
             raise
+        from amqpd.cluster import mirror
+
+        mirrors = mirror.start(broker.api, cluster, queues)  # mirrored queues (issue 16)
     broker.on_ready = ready
     if ready is not None:
         ready(broker)
@@ -610,6 +613,7 @@ async def serve(settings: Settings, ready: Callable[[Broker], None] | None = Non
     if broker.warren is not None:
         await broker.warren.stop()  # an active hands over at once (fence, revoke lease)
     if cluster is not None:
+        await mirrors.stop()
         await cluster.stop()  # revokes the lease: the others see this node go at once
         await queues.stop()
     await broker.stop()

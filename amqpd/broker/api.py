@@ -672,7 +672,17 @@ class BrokerAPI:
     def queue_type_info(self, q: QueueType) -> dict[str, Any]:
         """What the management API shows of a queue beyond :meth:`QueueType.info` for
         its kind (:meth:`QueueType.type_info`), e.g. a quorum queue's leader and members."""
-        return q.type_info(self._broker.settings.node_name)
+        out = q.type_info(self._broker.settings.node_name)
+        mirrors = getattr(self._broker.cluster, "mirrors", None)
+        if mirrors is not None:  # a mirrored queue's mirrors (amqpd.cluster.mirror)
+            out.update(mirrors.queue_fields(q.vhost.name, q.name))
+        return out
+
+    def mirror_sync_critical(self) -> list[tuple[str, str]]:
+        """(vhost, queue) of the mirrored queues that stopping this node would leave
+        without a synchronised replica (empty on a single node)."""
+        mirrors = getattr(self._broker.cluster, "mirrors", None)
+        return mirrors.sync_critical() if mirrors is not None else []
 
     # ------------------------------------------------------------------ durability
     async def wait_durable(self) -> None:

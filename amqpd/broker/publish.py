@@ -57,10 +57,12 @@ def _may_refuse(queues: list[QueueType]) -> bool:
 def _reachable(queues: list[QueueType]) -> list[QueueType]:
     """The route without the queues whose leader node is out of reach: RabbitMQ 3.10
     routes nothing to a queue whose node is down (the message is unroutable there: a
-    mandatory one comes back with basic.return, the confirm is an ack)."""
+    mandatory one comes back with basic.return, the confirm is an ack). A mirrored queue
+    whose synchronised mirror is taking over stays in the route (its publish is nacked
+    until the new leader is known: RemoteQueue.routable)."""
     for q in queues:
-        if q.remote and not getattr(q, "available", True):
-            return [q for q in queues if not q.remote or getattr(q, "available", True)]
+        if q.remote and not getattr(q, "routable", True):
+            return [q for q in queues if not q.remote or getattr(q, "routable", True)]
     return queues
 
 

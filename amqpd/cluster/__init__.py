@@ -19,4 +19,7 @@ here is imported. Operator guide: docs/clustering.md. The interface others code 
   connection per node pair, credit-based flow control).
 * ``remote_queue.py``: queues led by another node (``RemoteQueue``, the leader's side of
   its streams, leader locators, node loss); ``start(...)`` from ``serve``.
+* ``mirror.py``, ``mirror_state.py``, ``mirror_wire.py``: mirrored classic queues
+  (issue 16: ``ha-mode`` policies, replication, failover); ``start(...)`` from
+  ``serve``, reachable as ``cluster.mirrors``.
 """

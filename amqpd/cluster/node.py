@@ -80,6 +80,8 @@ class Cluster(ClusterView):
                                      cc.heartbeat_interval, self.heartbeat_targets)
         # the inter-node link listener's address, once it listens (amqpd/cluster/link.py)
         self.link_address: tuple[str, int] | None = None
+        # mirrored queues (amqpd.cluster.mirror.Mirrors), once serve() started them
+        self.mirrors: Any = None
         self.pauses = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._sync_task: asyncio.Task[None] | None = None

@@ -28,12 +28,15 @@ over the link to the leader (:mod:`amqpd.cluster.link`, frames in
   and about once a second).
 
 Node loss: when the link to the leader goes, every consumer of its queues here gets
-basic.cancel, publishes waiting for a confirm get a nack, and until the link is back the
-queue answers declare, basic.get and basic.consume with 404 ``home node '<node>' of
-durable queue '<name>' in vhost '<vhost>' is down or inaccessible``; the publish
-pipeline leaves it out of routes (``available`` is False: the message is unroutable
-there, as in RabbitMQ 3.10). Delivery ids of the old link are dead: the leader has put
-those messages back already.
+basic.cancel (of a mirrored queue with a synchronised mirror only those with
+``x-cancel-on-ha-failover``: the others consume again from the promoted mirror once
+the catalogue names it, amqpd.cluster.mirror), publishes waiting for a confirm get a
+nack, and until the link is back (or a new leader is known) the queue answers declare,
+basic.get and basic.consume with 404 ``home node '<node>' of durable queue '<name>' in
+vhost '<vhost>' is down or inaccessible``; the publish pipeline leaves it out of routes
+(``available`` is False: the message is unroutable there, as in RabbitMQ 3.10). Delivery
+ids of the old link are dead (entries carry them plus a base that grows with every
+stream): the leader has put those messages back already.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from amqpd.broker.queue import Consumer
 from amqpd.broker.queue_entry import QueueEntry
 from amqpd.broker.queue_type import QUEUE_TYPES, QueueType, queue_type_name
 from amqpd.cluster import link_wire as W
-from amqpd.cluster.link import Link, LinkManager
+from amqpd.cluster.link import Link, LinkHandler, LinkManager
 from amqpd.protocol.constants import FLAG_EXPIRATION_HI
 from amqpd.protocol.errors import AMQPError, NotFound, PreconditionFailed
 
@@ -65,6 +68,13 @@ log = logging.getLogger("amqpd.cluster.queues")
 PUBLISH_WINDOW: Final = 2000  # publishes in flight per stream before the leader's credit
 DELIVERY_WINDOW: Final = 500  # deliveries in flight to a consumer without a prefetch
 STATS_INTERVAL: Final = 1.0
+# a stream the leader refuses (404) while the catalogue says it leads the queue is
+# opened again this often, this many times (its leader is taking the queue over)
+REOPEN_DELAY: Final = 0.2
+# consumers kept when a mirrored queue's leader is lost wait this long for a new leader
+FAILOVER_WAIT: Final = 30.0
+REOPEN_TRIES: Final = 50
+EXTENSION_KINDS: Final = 80  # frame types from here on belong to ClusterQueues.extensions
 # a link to a node the view does not see running is closed once silent this long
 LINK_SILENCE: Final = 2.0
 LOCATORS: Final = ("client-local", "min-masters", "random")  # RabbitMQ 3.10's names
@@ -117,6 +127,7 @@ class RemoteQueue(QueueType):
         self.link: Link | None = None
         self.stream = 0
         self.gone = False  # the leader says the queue no longer exists
+        self.reopen_tries = 0  # streams opened again after a 404 (ClusterQueues._reopen)
         self.ready_count = 0
         self.remote_unacked = 0
         self.remote_consumers = 0
@@ -128,6 +139,11 @@ class RemoteQueue(QueueType):
         self._by_consumer: dict[int, _RemoteConsumer] = {}  # id(Consumer) -> state
         self._next_cid = 0
         self._owner: dict[int, _RemoteConsumer | None] = {}  # live delivery id -> consumer
+        # the ids of this node's entries are the leader's delivery ids plus a base that
+        # grows with every stream opened, so an entry of an earlier stream (a leader
+        # since lost) can never be taken for one of the current stream's
+        self._base = 0
+        self._kept_timer: asyncio.TimerHandle | None = None
         self._gets: dict[int, tuple[Any, bool]] = {}
         self._next_req = 0
         self._requests: dict[int, Callable[[int], None]] = {}
@@ -139,6 +155,15 @@ class RemoteQueue(QueueType):
     @property
     def available(self) -> bool:
         return self.link is not None and not self.gone
+
+    @property
+    def routable(self) -> bool:
+        """Whether the publish pipeline keeps this queue in a route: while its leader is
+        reachable, and while a synchronised mirror is about to take it over
+        (amqpd.cluster.mirror) -- a publish then gets a nack, not the ack-and-drop of a
+        queue whose node is down for good (RabbitMQ 3.10's unroutable case)."""
+        return self.available or (not self.gone and self.cluster is not None
+                                  and self.cluster.failover_expected(self))
 
     @property
     def message_count(self) -> int:
@@ -241,13 +266,14 @@ class RemoteQueue(QueueType):
              exchange: str, key: str, props: bytes, body: bytes) -> None:
         channel, no_ack = self._gets.pop(req, (None, True))
         self.ready_count = ready
-        entry = QueueEntry(Message(exchange, key, props, body), delivery, bool(redelivered))
+        entry = QueueEntry(Message(exchange, key, props, body), self._base + delivery,
+                           bool(redelivered))
         if channel is None or channel.closed:
             if not no_ack:
                 self._send(W.encode(W.REQUEUE, self.stream, [delivery]))
             return
         if not no_ack:
-            self._owner[delivery] = None
+            self._owner[entry.seq] = None
         channel.answer_get(self, entry, no_ack, ready)
 
     def _got_empty(self, req: int) -> None:
@@ -274,7 +300,7 @@ class RemoteQueue(QueueType):
             if entry.seq not in owner:
                 continue  # from a link that is gone: the leader put it back already
             state = owner.pop(entry.seq)
-            ids.append(entry.seq)
+            ids.append(entry.seq - self._base)
             if state is not None and state.by_settle and state.id in self._cons:
                 grants[state.id] = grants.get(state.id, 0) + 1
         self._send_grants()
@@ -327,6 +353,10 @@ class RemoteQueue(QueueType):
         state = _RemoteConsumer(self._next_cid, consumer)
         self._cons[state.id] = state
         self._by_consumer[id(consumer)] = state
+        self._consume(state)
+
+    def _consume(self, state: _RemoteConsumer) -> None:
+        consumer = state.consumer
         window = consumer.prefetch if state.by_settle else DELIVERY_WINDOW
         args = {"tag": consumer.tag, "exclusive": consumer.exclusive,
                 "arguments": _jsonable(consumer.arguments)}
@@ -343,7 +373,8 @@ class RemoteQueue(QueueType):
         del self._cons[state.id]
         self._send(W.encode(W.CANCEL, self.stream, state.id))
         # deliveries not handed to the client go back to the leader
-        back = [e.seq for e in state.buffer if self._owner.pop(e.seq, _NONE) is not _NONE]
+        back = [e.seq - self._base for e in state.buffer
+                if self._owner.pop(e.seq, _NONE) is not _NONE]
         state.buffer.clear()
         if back:
             self._send(W.encode(W.REQUEUE, self.stream, back))
@@ -355,9 +386,10 @@ class RemoteQueue(QueueType):
         if state is None:  # cancelled meanwhile: the CANCEL and a REQUEUE are on the way
             self._send(W.encode(W.REQUEUE, self.stream, [delivery]))
             return
-        entry = QueueEntry(Message(exchange, key, props, body), delivery, bool(redelivered))
+        entry = QueueEntry(Message(exchange, key, props, body), self._base + delivery,
+                           bool(redelivered))
         if not state.consumer.no_ack:
-            self._owner[delivery] = state
+            self._owner[entry.seq] = state
         state.buffer.append(entry)
         self.vhost.schedule_dispatch(self)
 
@@ -397,17 +429,35 @@ class RemoteQueue(QueueType):
         self.link = link
         self.stream = stream
         self._credit = PUBLISH_WINDOW
+        self._base += 1 << 40
         link.send(W.encode(W.OPEN, stream, self.vhost.name, self.name))
+        if self._kept_timer is not None:
+            self._kept_timer.cancel()
+            self._kept_timer = None
+        for state in self._cons.values():  # consumers kept across a failover
+            self._consume(state)
 
-    def detach(self) -> None:
-        """The link went: consumers cancelled, confirms nacked, requests answered."""
+    def detach(self, keep_consumers: bool = False) -> None:
+        """The link went: consumers cancelled, confirms nacked, requests answered.
+
+        A queue with a synchronised mirror (amqpd.cluster.mirror) keeps its consumers
+        instead, except those that asked for ``x-cancel-on-ha-failover``: they consume
+        from the promoted mirror once this queue follows it (or are cancelled after
+        FAILOVER_WAIT)."""
         self.link = None
         self._unsent.clear()
         confirms, self._confirms = self._confirms, {}
         for callback in confirms.values():
             callback(LinkLost(f"link to {self.leader} lost"))
+        keep = keep_consumers or (self.cluster is not None
+                                  and self.cluster.failover_expected(self))
+        kept = 0
         for state in list(self._cons.values()):
             consumer = state.consumer
+            if keep and consumer.arguments.get("x-cancel-on-ha-failover") is not True:
+                state.buffer.clear()  # the leader's copy has them (redelivered if marked)
+                kept += 1
+                continue
             del self._cons[state.id]
             self._by_consumer.pop(id(consumer), None)
             try:
@@ -416,6 +466,9 @@ class RemoteQueue(QueueType):
                 pass
             consumer.channel.consumer_cancelled_by_server(consumer)
         self._owner.clear()  # the leader requeued them when the link went
+        if kept and self._kept_timer is None:
+            self._kept_timer = asyncio.get_running_loop().call_later(
+                FAILOVER_WAIT, self._cancel_kept)
         gets, self._gets = self._gets, {}
         for channel, _ in gets.values():
             if not channel.closed:
@@ -423,6 +476,16 @@ class RemoteQueue(QueueType):
         requests, self._requests = self._requests, {}
         for answer in requests.values():
             answer(0)
+
+    def _cancel_kept(self) -> None:
+        """No leader took over within FAILOVER_WAIT: the kept consumers are cancelled."""
+        self._kept_timer = None
+        if self.link is not None:
+            return
+        for state in list(self._cons.values()):
+            consumer = state.consumer
+            self.remove_consumer(consumer)
+            consumer.channel.consumer_cancelled_by_server(consumer)
 
     def delete(self) -> None:
         """Deleted here (queue.delete, or the definition went): consumers told, and the
@@ -668,6 +731,12 @@ class ClusterQueues:
         self._credit_flush = False
         self._declares: dict[int, RemoteQueue] = {}
         self._next_declare = 0
+        # handlers of the other stream kinds on the same links (frame types from
+        # EXTENSION_KINDS on: amqpd.cluster.mirror); told of links going up and down too
+        self.extensions: list[LinkHandler] = []
+        # whether a queue whose link to its leader went will get a new leader (a
+        # synchronised mirror; set by amqpd.cluster.mirror): its consumers are kept
+        self.failover_expected: Callable[[RemoteQueue], bool] = lambda queue: False
 
     def _address(self, peer: str) -> tuple[str, int] | None:
         info = self.view.nodes().get(peer)
@@ -834,6 +903,8 @@ class ClusterQueues:
         self.served[link] = {}
         for stream, queue in self.remote.get(link.peer, {}).items():
             queue.attach(link, stream)
+        for ext in self.extensions:
+            ext.link_up(link)
 
     def link_down(self, link: Link) -> None:
         for served in self.served.pop(link, {}).values():
@@ -846,10 +917,16 @@ class ClusterQueues:
             lost(link.peer)
         if not self.links.closing and self.view.is_running(link.peer):
             self.links.want(link.peer)
+        for ext in self.extensions:
+            ext.link_down(link)
 
     def frame(self, link: Link, kind: int, stream: int, f: list[Any]) -> None:
         if kind < W.OPEN:
             raise W.WireError(f"handshake frame {kind} on a live link")
+        if kind >= EXTENSION_KINDS:
+            for ext in self.extensions:
+                ext.frame(link, kind, stream, f)
+            return
         if kind == W.DECLARE:
             self._declare_here(link, f[0], f[1])
             return
@@ -872,6 +949,8 @@ class ClusterQueues:
             queue._got_credit(f[0])
         elif kind in (W.OPENED, W.STATS):
             queue.ready_count, queue.remote_unacked, queue.remote_consumers = f
+            if kind == W.OPENED:
+                queue.reopen_tries = 0
         elif kind == W.GET_OK:
             queue._got(*f)
         elif kind == W.GET_EMPTY:
@@ -885,9 +964,31 @@ class ClusterQueues:
         elif kind == W.FAILED:
             log.warning("queue '%s' in vhost '%s' on %s: %s %s", queue.name,
                         queue.vhost.name, link.peer, f[0], f[1])
+            retry = f[0] == 404 and self._catalogue_leader(queue) == link.peer \
+                and queue.reopen_tries < REOPEN_TRIES
+            queue.detach(keep_consumers=retry)
+            if retry:
+                # the catalogue says the peer leads it, but its queue is not there yet (a
+                # mirror being promoted: amqpd.cluster.mirror): open the stream again
+                queue.reopen_tries += 1
+                asyncio.get_running_loop().call_later(REOPEN_DELAY, self._reopen, queue,
+                                                      link)
+                return
             queue.gone = True
-            queue.detach()
             queue.link = link  # still reachable; ``gone`` answers 404
+
+    def _catalogue_leader(self, queue: RemoteQueue) -> str | None:
+        catalogue = getattr(self.view, "catalogue", None)
+        if not isinstance(catalogue, dict):
+            return None
+        leader = catalogue.get((queue.vhost.name, queue.name))
+        return str(leader) if leader is not None else None
+
+    def _reopen(self, queue: RemoteQueue, link: Link) -> None:
+        if queue.deleted or queue.link is not None or link.closed \
+                or self.remote.get(link.peer, {}).get(queue.stream) is not queue:
+            return
+        queue.attach(link, queue.stream)
 
     # -- leader side ---------------------------------------------------------------------
     def _serve(self, link: Link, kind: int, stream: int, f: list[Any]) -> None:
@@ -1010,20 +1111,68 @@ def materialise(api: BrokerAPI, vhost: str, definition: dict[str, Any],
     existing = vh.queues.get(name)
     if isinstance(existing, RemoteQueue) and existing.leader == leader:
         return existing
-    if existing is not None:
-        vh.delete_queue(existing)
+    if isinstance(existing, RemoteQueue) and not existing.deleted:
+        # the queue has a new leader (a mirror was promoted: amqpd.cluster.mirror):
+        # the same object follows it, bindings and all
+        cluster.forget(existing)
+        if existing.link is not None:
+            existing.detach()
+        existing.gone = False
+        existing.reopen_tries = 0
+        cluster.adopt(existing, leader)
+        return existing
     arguments = dict(definition.get("arguments") or {})
     cls = remote_class(str(queue_type_name(arguments)))
     q = cls(vh, name, durable=bool(definition.get("durable", True)),
             auto_delete=bool(definition.get("auto_delete", False)), arguments=arguments)
     from amqpd.broker.exchange import Binding
 
-    vh.queues[name] = q
-    vh.exchanges[""].bind(Binding(vh.exchanges[""], q, name, {}))
+    if existing is not None:
+        # this node led it (it was down while a mirror took over): the cluster's
+        # leader holds the messages now; the bindings stay the cluster's
+        replace_queue(cluster, vh, existing, q)
+        existing.delete()
+    else:
+        vh.queues[name] = q
+        vh.exchanges[""].bind(Binding(vh.exchanges[""], q, name, {}))
     cluster.broker.apply_policies_to(vh, q)
     cluster.adopt(q, leader)
     return q
 
 
-__all__ = ["ClusterQueues", "RemoteQueue", "Served", "enqueue_here", "home_node_down",
-           "materialise", "remote_class", "start"]
+def replace_queue(cluster: ClusterQueues, vh: VHost, old: QueueType | None,
+                  new: QueueType) -> None:
+    """Put ``new`` in ``old``'s place in ``vh`` with ``old``'s bindings, recording no
+    definition change (the queue stays the same queue of the cluster; only where it is
+    led changes). A :class:`RemoteQueue` replaced stops following its leader."""
+    from amqpd.broker.exchange import Binding
+
+    vh.queues[new.name] = new
+    if old is None:
+        vh.exchanges[""].bind(Binding(vh.exchanges[""], new, new.name, {}))
+        return
+    for binding in list(old.inbound or ()):
+        source = binding.source
+        source.unbind(binding.key)
+        source.bind(Binding(source, new, binding.routing_key, binding.arguments))
+    old.deleted = True
+    if isinstance(old, RemoteQueue):
+        cluster.forget(old)
+        if old._kept_timer is not None:
+            old._kept_timer.cancel()
+            old._kept_timer = None
+        follow = not new.remote and old.link is None
+        for consumer in list(old.consumers):
+            old.remove_consumer(consumer)
+            if follow and consumer.arguments.get("x-cancel-on-ha-failover") is not True:
+                # a consumer kept across the failover consumes from the promoted copy
+                consumer.queue = new
+                new.add_consumer(consumer)
+            else:
+                consumer.channel.consumer_cancelled_by_server(consumer)
+        for callback in old.on_removed:
+            callback(old)
+
+
+__all__ = ["EXTENSION_KINDS", "ClusterQueues", "RemoteQueue", "Served", "enqueue_here",
+           "home_node_down", "materialise", "remote_class", "replace_queue", "start"]

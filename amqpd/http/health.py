@@ -95,7 +95,15 @@ async def virtual_hosts(ctx: Ctx) -> Any:
 
 
 async def mirror_sync_critical(ctx: Ctx) -> Any:
-    return ok()  # single node: no mirror's loss can make a queue lose data
+    """503 when stopping this node would leave a mirrored queue without a synchronised
+    replica (always ok on a single node: nothing is mirrored there)."""
+    critical = ctx.api.mirror_sync_critical()
+    if critical:
+        return failed("There are classic mirrored queues without online synchronised "
+                      "mirrors (queues that would potentially lose data if the target "
+                      "node is shut down)",
+                      queues=[{"name": name, "vhost": vhost} for vhost, name in critical])
+    return ok()
 
 
 async def quorum_critical(ctx: Ctx) -> Any:

@@ -1,0 +1,954 @@
+"""Mirrored classic queues (issue 16): a queue survives the loss of its node.
+
+Theory of operation.
+
+* **Which queues, where.** A durable, non-exclusive classic queue whose policy has
+  ``ha-mode`` (``all`` | ``exactly`` + ``ha-params`` = total replicas | ``nodes`` +
+  ``ha-params`` = node list; :func:`amqpd.cluster.mirror_state.mirror_nodes`) keeps
+  mirrors on other running nodes. Its leader decides (every :data:`TICK`) and writes the
+  queue's *mirror record* to etcd, ``{root}/mirrors/{vhost}/{queue}`` = ``{"leader",
+  "mirrors", "synchronised", "wanted"}``, always as a transaction guarded by the record's
+  last revision, so every node reads the same record and a deposed leader cannot
+  overwrite its successor's.
+* **What is replicated.** The leader's records for the queue, as its store sees them:
+  :class:`ReplicatingStore` wraps the node's message store and, for the keys of
+  mirrored queues, turns each enqueue (body and properties), settle (ack, reject,
+  purge, expiry, drop) and delivery mark (the message comes back redelivered) into a
+  frame on the link to each mirror (:mod:`amqpd.cluster.mirror_wire`), numbered by the
+  queue's replication sequence. Requeue needs no record: a requeued message is still
+  unsettled, and its delivery mark already says redelivered. Only persistent messages
+  are mirrored (what the leader's store holds; transient messages of a mirrored queue
+  are lost with its node, as on a restart).
+* **The mirror** (:class:`MirrorCopy`) writes the records to its own store under the
+  queue's store key, in a copy that serves no client, and acknowledges (``MACK``) once
+  its store commit made them durable.
+* **Confirms.** The wrapped store's ``commit`` -- what publisher confirms, tx.commit-ok
+  and every other durability wait of the node go through -- answers once the leader's
+  group commit is done AND every synchronised mirror acknowledged every record
+  replicated so far (:class:`amqpd.cluster.mirror_state.CommitGate`). A mirror whose
+  link goes, or that holds a waiter longer than ``cluster.mirror_sync_timeout``, leaves
+  the synchronised set (a log line) once etcd has recorded that, so a confirm never
+  counts on a mirror the record still calls synchronised.
+* **Catch-up.** A new (or returning) mirror gets ``MSTART``, then, in the background,
+  the messages the queue held at that moment (``MBACKLOG``, read back from the
+  leader's store, in batches of ``ha-sync-batch-size``, each sent once the mirror holds
+  the one before last durable: ``MBATCH`` / ``MBATCHED``),
+  while the live records flow as usual; the queue keeps serving. Once the backlog is
+  durable on the mirror (``MSYNCED``) it joins the synchronised set. A returning mirror
+  gets a full copy (what it held is dropped at ``MSTART``).
+* **Failover.** When the view says the leader's node is not running, each mirror that
+  the record calls synchronised offers itself (``{root}/mirror-candidates/{vhost}/
+  {queue}/{record revision}/{node}`` = the last sequence number it received) and, once
+  every running synchronised mirror did (or after :data:`ELECTION_WAIT`), the choice of
+  :func:`~amqpd.cluster.mirror_state.choose_promotion` (most up to date) takes over with
+  one etcd transaction on the queue's definition key (its ``node``, the catalogue's
+  leader) and its mirror record, guarded by both revisions: never two leaders. The new
+  leader turns its copy into a classic queue (unsettled messages come back, those
+  handed out before marked redelivered) in the place of the :class:`RemoteQueue`,
+  bindings kept; the other nodes' remote queues follow the catalogue to it. Consumers
+  that consumed through the old leader got basic.cancel when its link went (all of
+  them: ``x-cancel-on-ha-failover`` or not); publishers get nacks for what was in
+  flight, then confirms from the new leader.
+
+How quorum queues can reuse this: see :mod:`amqpd.cluster.mirror_state`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import urllib.parse
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from amqpd.broker.message import LoggedMessage
+from amqpd.cluster import link_wire as W
+from amqpd.cluster import mirror_wire as M
+from amqpd.cluster.mirror_state import CommitGate, ReplicaSet, choose_promotion, mirror_nodes
+from amqpd.coord.etcd import Compare, Delete, EtcdError, Put
+from amqpd.store.api import StoredMessage, queue_key
+
+if TYPE_CHECKING:
+    from amqpd.broker.api import BrokerAPI
+    from amqpd.broker.queue_type import QueueType
+    from amqpd.broker.vhost import VHost
+    from amqpd.cluster.link import Link
+    from amqpd.cluster.node import Cluster
+    from amqpd.cluster.remote_queue import ClusterQueues
+    from amqpd.store.api import MessageStore
+
+log = logging.getLogger("amqpd.cluster.mirror")
+
+TICK: Final = 0.25  # seconds between reconciliations (policies, timeouts, failover)
+ELECTION_WAIT: Final = 2.0  # seconds a candidate waits for the other candidates
+SYNC_BATCH: Final = 1024  # backlog messages per batch (ha-sync-batch-size overrides)
+LOW_WATER: Final = 1 << 20  # a backlog batch waits until the link's buffer is below this
+
+Ident = tuple[str, str]  # (vhost, queue)
+
+
+def _q(part: str) -> str:
+    return urllib.parse.quote(part, safe="")
+
+
+# ---------------------------------------------------------------------- the store wrapper
+class ReplicatingStore:
+    """The node's message store, with the records of mirrored queues this node leads
+    replicated, and commits that wait for the synchronised mirrors (module docstring).
+    Everything else passes through unchanged."""
+
+    def __init__(self, inner: MessageStore, mirrors: Mirrors) -> None:
+        self.inner = inner
+        self.mirrors = mirrors
+        self.on_disk = inner.on_disk
+        self.by_key: dict[str, Leading] = {}
+
+    def __getattr__(self, name: str) -> Any:  # failed, maintain, ... of the real store
+        return getattr(self.inner, name)
+
+    def open(self) -> Any:
+        return self.inner.open()
+
+    def append_enqueue(self, queues: Sequence[str], message: StoredMessage) -> int:
+        position = self.inner.append_enqueue(queues, message)
+        if self.by_key and not message.transient:
+            for key in queues:
+                lead = self.by_key.get(key)
+                if lead is not None:
+                    lead.enqueued(position, message)
+        return position
+
+    def append_settle(self, queue: str, positions: Iterable[int]) -> None:
+        lead = self.by_key.get(queue)
+        if lead is None:
+            self.inner.append_settle(queue, positions)
+            return
+        positions = list(positions)
+        self.inner.append_settle(queue, positions)
+        lead.settled(positions)
+
+    def append_delivered(self, queue: str, position: int) -> None:
+        self.inner.append_delivered(queue, position)
+        lead = self.by_key.get(queue)
+        if lead is not None:
+            lead.delivered([position])
+
+    def delivering(self, queue: str, position: int) -> None:
+        self.inner.delivering(queue, position)
+        lead = self.by_key.get(queue)
+        if lead is not None:
+            lead.delivered([position])
+
+    def append_delivered_many(self, queue: str, positions: Iterable[int]) -> None:
+        lead = self.by_key.get(queue)
+        if lead is None:
+            self.inner.append_delivered_many(queue, positions)
+            return
+        positions = list(positions)
+        self.inner.append_delivered_many(queue, positions)
+        lead.delivered(positions)
+
+    def drop_queue(self, queue: str) -> None:
+        self.inner.drop_queue(queue)
+        lead = self.by_key.get(queue)
+        if lead is not None:
+            lead.dropped()
+
+    def append_definition(self, kind: int, key: str, body: bytes) -> None:
+        self.inner.append_definition(kind, key, body)
+
+    def read(self, position: int) -> StoredMessage:
+        return self.inner.read(position)
+
+    def commit(self, callback: Any) -> None:
+        gate = self.mirrors.gate
+        needs = gate.needs_now()
+        if not needs and not gate.waiting:
+            self.inner.commit(callback)
+            return
+
+        def stored(error: BaseException | None) -> None:
+            if error is not None:
+                callback(error)
+            else:
+                gate.wait(needs, time.monotonic(), callback)
+
+        self.inner.commit(stored)
+
+    def stats(self) -> dict[str, int]:
+        return self.inner.stats()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+# ---------------------------------------------------------------------- the leader's side
+class _Stream:
+    """One mirror's replication stream of a queue this node leads."""
+
+    def __init__(self, node: str, rid: int, link: Link, start_seq: int) -> None:
+        self.node = node
+        self.rid = rid
+        self.link = link
+        self.start_seq = start_seq
+        self.synced = False
+        self.closed = False
+        self.backlog_sent = 0
+        self.task: asyncio.Task[None] | None = None
+        self.batches_durable = 0  # the mirror's MBATCHED so far (backlog flow control)
+        self.batch_event = asyncio.Event()
+
+
+class Leading:
+    """A mirrored queue this node leads: its live messages, the mirrors' streams, its
+    :class:`ReplicaSet` and its mirror record in etcd."""
+
+    def __init__(self, mirrors: Mirrors, vhost: str, q: QueueType,
+                 live: dict[int, bool]) -> None:
+        self.mirrors = mirrors
+        self.ident: Ident = (vhost, q.name)
+        self.q = q
+        self.key = q.store_key
+        self.rs = ReplicaSet(mirrors.node)
+        # the queue's unsettled persistent messages in log order: position -> delivered
+        self.live = live
+        self.streams: dict[str, _Stream] = {}
+        self.wanted: list[str] = []
+        self.leaving: set[str] = set()  # mirrors leaving the synchronised set (etcd first)
+        self.rev = -1  # the mod revision of our last write of the record (-1: not read)
+        self.written: dict[str, Any] | None = None
+        self.dirty = True
+        self.writing = False
+        self.deposed = False
+        self.gone = False
+
+    # -- records ------------------------------------------------------------------------
+    def _send(self, build: Any) -> None:
+        for s in self.streams.values():
+            if not s.closed:
+                s.link.send(build(s.rid))
+
+    def enqueued(self, position: int, m: StoredMessage) -> None:
+        self.live[position] = False
+        seq = self.rs.next_seq()
+        if self.streams:
+            self._send(lambda rid: W.encode(
+                M.MENQ, rid, seq, position, m.exchange, m.routing_key, m.properties, m.body,
+                m.published, m.expires, m.priority))
+
+    def settled(self, positions: list[int]) -> None:
+        live = self.live
+        done = [p for p in positions if live.pop(p, None) is not None]
+        if done:
+            seq = self.rs.next_seq()
+            if self.streams:
+                self._send(lambda rid: W.encode(M.MSETTLE, rid, seq, done))
+
+    def delivered(self, positions: list[int]) -> None:
+        live = self.live
+        marked = [p for p in positions if live.get(p) is False]
+        if marked:
+            for p in marked:
+                live[p] = True
+            seq = self.rs.next_seq()
+            if self.streams:
+                self._send(lambda rid: W.encode(M.MDELIV, rid, seq, marked))
+
+    def dropped(self) -> None:
+        """The queue was deleted here: the copies end, the record goes."""
+        self.mirrors.stop_leading(self, delete_record=True)
+
+    # -- mirrors ------------------------------------------------------------------------
+    def attach(self, node: str, link: Link) -> None:
+        self.mirrors.next_rid += 1
+        s = _Stream(node, self.mirrors.next_rid, link, self.rs.seq)
+        self.streams[node] = s
+        self.rs.attach(node)
+        vhost, name = self.ident
+        link.send(W.encode(M.MSTART, s.rid, vhost, name, s.start_seq))
+        s.task = asyncio.get_running_loop().create_task(self._backlog(s, list(self.live)))
+        self.mirrors.by_rid[(node, s.rid)] = self
+        self.dirty = True
+        log.info("queue '%s' in vhost '%s': mirror on %s starting (%d messages to copy)",
+                 name, vhost, node, len(self.live))
+
+    async def _backlog(self, s: _Stream, positions: list[int]) -> None:
+        """Copy what the queue held when the stream started, a batch at a time."""
+        store = self.mirrors.store.inner
+        policy = self.q.policy or {}
+        batch = policy.get("ha-sync-batch-size")
+        if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+            batch = SYNC_BATCH
+        n = 0
+        for pos in positions:
+            if s.closed:
+                return
+            delivered = self.live.get(pos)
+            if delivered is None:
+                continue  # settled meanwhile (the mirror saw the settle, or never needs it)
+            try:
+                m = store.read(pos)
+            except Exception as exc:  # a failing disk: the mirror stays unsynchronised
+                log.error("queue '%s': backlog read for the mirror on %s failed: %s",
+                          self.ident[1], s.node, exc)
+                return
+            s.link.send(W.encode(M.MBACKLOG, s.rid, pos, delivered, m.exchange,
+                                 m.routing_key, m.properties, m.body, m.published,
+                                 m.expires, m.priority))
+            n += 1
+            if n % batch == 0:
+                number = n // batch
+                s.link.send(W.encode(M.MBATCH, s.rid, number))
+                await self._drained(s, number - 1)
+        s.backlog_sent = n
+        s.link.send(W.encode(M.MBACKLOG_END, s.rid, n))
+
+    @staticmethod
+    async def _drained(s: _Stream, durable: int) -> None:
+        """Wait until the mirror holds batch ``durable`` (one batch stays in flight)
+        and the link's buffer is low: the copy goes as fast as the mirror writes."""
+        await asyncio.sleep(0)  # the link flushes at the end of the tick
+        while not s.closed and s.batches_durable < durable:
+            s.batch_event.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(s.batch_event.wait(), 1.0)
+        transport = s.link.transport
+        for _ in range(1000):
+            if s.closed or transport is None or \
+                    transport.get_write_buffer_size() < LOW_WATER:
+                return
+            await asyncio.sleep(0.005)
+
+    def detach(self, node: str, drop: bool) -> None:
+        """The mirror on ``node`` stops (its link went, or it is no longer wanted):
+        it leaves the synchronised set (etcd first, then the confirms stop waiting)."""
+        s = self.streams.pop(node, None)
+        if s is not None:
+            s.closed = True
+            if s.task is not None:
+                s.task.cancel()
+            self.mirrors.by_rid.pop((node, s.rid), None)
+            if drop and not s.link.closed:
+                s.link.send(W.encode(M.MDROP, s.rid))
+        if node in self.rs.synchronised:
+            self.leaving.add(node)
+        self.dirty = True
+
+    def got_ack(self, node: str, seq: int) -> None:
+        self.rs.ack(node, seq)
+
+    def got_batch(self, node: str, rid: int, number: int) -> None:
+        s = self.streams.get(node)
+        if s is not None and s.rid == rid and number > s.batches_durable:
+            s.batches_durable = number
+            s.batch_event.set()
+
+    def got_synced(self, node: str, rid: int) -> None:
+        s = self.streams.get(node)
+        if s is None or s.rid != rid or s.synced:
+            return
+        s.synced = True
+        self.rs.ack(node, s.start_seq)  # the backlog holds everything up to it
+        self.rs.join(node)
+        self.leaving.discard(node)
+        self.dirty = True
+        log.info("queue '%s' in vhost '%s': mirror on %s synchronised (%d messages "
+                 "copied in the background)", self.ident[1], self.ident[0], node,
+                 s.backlog_sent)
+
+    # -- the record ---------------------------------------------------------------------
+    def record(self) -> dict[str, Any]:
+        sync = sorted(n for n in self.rs.synchronised if n not in self.leaving)
+        return {"leader": self.mirrors.node, "mirrors": sorted(self.streams),
+                "synchronised": sync, "wanted": list(self.wanted)}
+
+    async def write(self) -> None:
+        """Bring the etcd record in line; then what left the synchronised set stops
+        counting for confirms."""
+        if self.writing or self.deposed:
+            return
+        self.writing = True
+        try:
+            while self.dirty and not self.gone:
+                self.dirty = False
+                rec = self.record()
+                leaving = set(self.leaving)
+                key = self.mirrors.record_key(self.ident)
+                etcd = self.mirrors.etcd
+                if self.rev < 0:
+                    kv = await etcd.get(key)
+                    if kv is not None:
+                        try:
+                            old = json.loads(kv.value)
+                        except ValueError:
+                            old = {}
+                        if old.get("leader") not in (None, self.mirrors.node):
+                            self._deposed(str(old.get("leader")))
+                            return
+                    self.rev = kv.mod_revision if kv is not None else 0
+                if rec != self.written or leaving:
+                    result = await etcd.txn([Compare("mod", key, "==", self.rev)],
+                                            [Put(key, json.dumps(rec))])
+                    if not result.succeeded:
+                        self.rev = -1
+                        self.dirty = True
+                        continue
+                    self.rev = result.revision
+                    self.written = rec
+                for node in leaving:
+                    if node in self.leaving and node not in rec["synchronised"]:
+                        self.leaving.discard(node)
+                        self.rs.leave(node)
+                        log.warning("queue '%s' in vhost '%s': mirror on %s left the "
+                                    "synchronised set", self.ident[1], self.ident[0], node)
+                self.mirrors.gate.release()
+        except EtcdError as exc:
+            self.dirty = True
+            log.warning("queue '%s': mirror record not written to etcd yet: %s",
+                        self.ident[1], exc)
+        finally:
+            self.writing = False
+
+    def _deposed(self, leader: str) -> None:
+        log.error("queue '%s' in vhost '%s': the cluster made %s its leader; this node "
+                  "stops leading it", self.ident[1], self.ident[0], leader)
+        self.deposed = True
+        self.mirrors.stop_leading(self, delete_record=False)
+
+
+# ---------------------------------------------------------------------- the mirror's side
+class MirrorCopy:
+    """This node's copy of a queue another node leads: the leader's records written to
+    this node's store under the queue's key; serves no client until promoted."""
+
+    def __init__(self, store: MessageStore, leader: str, rid: int, vhost: str, name: str,
+                 start_seq: int) -> None:
+        self.store = store
+        self.leader = leader
+        self.rid = rid
+        self.ident: Ident = (vhost, name)
+        self.key = queue_key(vhost, name)
+        # leader position -> [local position, size, delivered]
+        self.entries: dict[int, list[Any]] = {}
+        self.settled_early: set[int] = set()  # settled before their backlog copy came
+        self.delivered_early: set[int] = set()
+        self.last_seq = start_seq
+        self.backlog_done = False
+        self.synced = False  # the backlog is durable here
+        self.batch = 0  # the last backlog batch received (MBATCH)
+        self.batch_told = 0  # ... and reported durable (MBATCHED)
+
+    def enqueue(self, pos: int, delivered: bool, exchange: str, key: str, props: bytes,
+                body: bytes, published: int, expires: int, priority: int) -> None:
+        if pos in self.settled_early:
+            self.settled_early.discard(pos)
+            return
+        if pos in self.entries:
+            return
+        local = self.store.append_enqueue([self.key], StoredMessage(
+            exchange, key, props, body, published, expires, priority))
+        if delivered or pos in self.delivered_early:
+            self.delivered_early.discard(pos)
+            delivered = True
+            self.store.append_delivered(self.key, local)
+        self.entries[pos] = [local, len(body), delivered]
+
+    def settle(self, positions: list[int]) -> None:
+        done = []
+        for p in positions:
+            entry = self.entries.pop(p, None)
+            if entry is not None:
+                done.append(entry[0])
+            elif not self.backlog_done:
+                self.settled_early.add(p)
+        if done:
+            self.store.append_settle(self.key, done)
+
+    def deliver(self, positions: list[int]) -> None:
+        for p in positions:
+            entry = self.entries.get(p)
+            if entry is not None:
+                if not entry[2]:
+                    entry[2] = True
+                    self.store.append_delivered(self.key, entry[0])
+            elif not self.backlog_done:
+                self.delivered_early.add(p)
+
+    def backlog_end(self) -> None:
+        self.backlog_done = True
+        self.settled_early.clear()
+        self.delivered_early.clear()
+
+    def drop(self) -> None:
+        self.entries.clear()
+        self.store.drop_queue(self.key)
+
+    def in_order(self) -> list[list[Any]]:
+        """The messages in the leader's order (its log positions grow with enqueues)."""
+        return [self.entries[p] for p in sorted(self.entries)]
+
+
+# ---------------------------------------------------------------------- the node's part
+class Mirrors:
+    """This node's part in mirrored queues: what it leads, what it mirrors, the etcd
+    records, the failover (module docstring)."""
+
+    def __init__(self, api: BrokerAPI, cluster: Cluster, queues: ClusterQueues) -> None:
+        self.api = api
+        self.broker = api._broker
+        self.cluster = cluster
+        self.queues = queues
+        self.node: str = cluster.node_name
+        self.etcd = cluster.etcd
+        self.root = cluster.root
+        self.gate = CommitGate(cluster.config.mirror_sync_timeout)
+        self.store = ReplicatingStore(self.broker.store, self)
+        self.leading: dict[Ident, Leading] = {}
+        self.by_rid: dict[tuple[str, int], Leading] = {}
+        self.next_rid = 0
+        self.copies: dict[tuple[str, int], MirrorCopy] = {}  # (leader, rid) -> copy
+        self.copy_of: dict[Ident, MirrorCopy] = {}
+        self.records: dict[Ident, dict[str, Any]] = {}  # the mirror records, as last read
+        self.promoting: dict[Ident, asyncio.Task[None]] = {}
+        self.promotions = 0
+        self._ack_due: set[MirrorCopy] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        self.broker.store = self.store
+        self.queues.extensions.append(self)
+        self.queues.failover_expected = self.failover_expected
+        self._tasks = [asyncio.create_task(self._loop(), name="mirrors"),
+                       asyncio.create_task(self._read_records(), name="mirror-records")]
+
+    async def stop(self) -> None:
+        for task in [*self._tasks, *self.promoting.values()]:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.broker.store is self.store:
+            self.broker.store = self.store.inner
+        self.gate.fail_all(EtcdError("node stopping"))
+
+    def record_key(self, ident: Ident) -> str:
+        return f"{self.root}/mirrors/{_q(ident[0])}/{_q(ident[1])}"
+
+    # -- the reconciliation ---------------------------------------------------------------
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(TICK)
+            try:
+                self.reconcile()
+            except Exception:
+                log.exception("mirrors: reconciliation failed")
+
+    def reconcile(self) -> None:
+        cluster = self.cluster
+        if not cluster.mirror.synced or cluster.paused:
+            return
+        view = cluster
+        members = list(view.nodes())
+        seen: set[Ident] = set()
+        for vh in self.broker.vhosts.values():
+            for q in list(vh.queues.values()):
+                if q.remote or not q.durable or q.exclusive or q.type_name != "classic":
+                    continue
+                ident = (vh.name, q.name)
+                lead = self.leading.get(ident)
+                if lead is not None and lead.q is not q:
+                    self.stop_leading(lead, delete_record=False)
+                    lead = None
+                current = lead.wanted if lead is not None else []
+                wanted = mirror_nodes(q.policy, self.node, members, view.is_running, current)
+                if not wanted and lead is None:
+                    continue
+                seen.add(ident)
+                if lead is None:
+                    lead = self._lead(vh, q)
+                if wanted != lead.wanted:
+                    lead.wanted = wanted
+                    lead.dirty = True
+                for node in wanted:
+                    if node not in lead.streams and view.is_running(node):
+                        link = self.queues.links.link(node)
+                        if link is not None:
+                            lead.attach(node, link)
+                for node in list(lead.streams):
+                    if node not in wanted:
+                        lead.detach(node, drop=True)
+                if not wanted and not lead.streams and not lead.rs.synchronised:
+                    self.stop_leading(lead, delete_record=True)
+                    continue
+                if lead.dirty and not lead.writing:
+                    asyncio.get_running_loop().create_task(lead.write())
+        for ident, lead in list(self.leading.items()):
+            if ident not in seen and not lead.gone:
+                self.stop_leading(lead, delete_record=False)
+        now = time.monotonic()
+        for rs, node in self.gate.laggards(now):
+            for lead in self.leading.values():
+                if lead.rs is rs and node in rs.synchronised and node not in lead.leaving:
+                    log.warning("queue '%s' in vhost '%s': mirror on %s has not "
+                                "acknowledged within %.1fs", lead.ident[1], lead.ident[0],
+                                node, self.gate.timeout)
+                    lead.detach(node, drop=True)
+                    asyncio.get_running_loop().create_task(lead.write())
+        for ident, copy in list(self.copy_of.items()):
+            leader = cluster.catalogue.get(ident)
+            if ident in self.promoting:
+                continue
+            if leader != copy.leader:
+                # the queue went, or another node leads it now (it starts a fresh copy)
+                self._end_copy(copy)
+                continue
+            if not view.is_running(leader):
+                self.promoting[ident] = asyncio.get_running_loop().create_task(
+                    self._promote(ident, copy))
+
+    def _lead(self, vh: VHost, q: QueueType) -> Leading:
+        ready = getattr(q, "ready", None)
+        live: dict[int, bool] = {}
+        if ready is not None:
+            positions = ready.positions() if hasattr(ready, "positions") else [
+                e.message.position for e in ready if e.message.position >= 0]
+            live = dict.fromkeys(positions, False)
+        lead = Leading(self, vh.name, q, live)
+        self.leading[lead.ident] = lead
+        self.store.by_key[lead.key] = lead
+        self.gate.sets.append(lead.rs)
+        log.info("queue '%s' in vhost '%s' is mirrored (policy %s)", q.name, vh.name,
+                 q.policy_name)
+        return lead
+
+    def stop_leading(self, lead: Leading, delete_record: bool) -> None:
+        if lead.gone:
+            return
+        lead.gone = True
+        for node in list(lead.streams):
+            lead.detach(node, drop=True)
+        self.leading.pop(lead.ident, None)
+        if self.store.by_key.get(lead.key) is lead:
+            del self.store.by_key[lead.key]
+        with contextlib.suppress(ValueError):
+            self.gate.sets.remove(lead.rs)
+        self.gate.release()
+        if delete_record and lead.rev > 0:
+            # only the record this node wrote last: a successor's stays
+            key = self.record_key(lead.ident)
+            rev = lead.rev
+
+            async def delete() -> None:
+                with contextlib.suppress(EtcdError):
+                    await self.etcd.txn([Compare("mod", key, "==", rev)], [Delete(key)])
+
+            asyncio.get_running_loop().create_task(delete())
+
+    async def _read_records(self) -> None:
+        prefix = f"{self.root}/mirrors/"
+        while True:
+            with contextlib.suppress(EtcdError, ValueError):
+                _rev, kvs = await self.etcd.range_prefix(prefix)
+                records: dict[Ident, dict[str, Any]] = {}
+                for kv in kvs:
+                    parts = kv.key.decode()[len(prefix):].split("/")
+                    if len(parts) == 2:
+                        ident = (urllib.parse.unquote(parts[0]), urllib.parse.unquote(parts[1]))
+                        records[ident] = json.loads(kv.value)
+                self.records = records
+            await asyncio.sleep(TICK * 2)
+
+    # -- links ----------------------------------------------------------------------------
+    def link_up(self, link: Link) -> None:
+        pass  # the next reconciliation starts the mirrors the link's peer should hold
+
+    def link_down(self, link: Link) -> None:
+        for lead in list(self.leading.values()):
+            s = lead.streams.get(link.peer)
+            if s is not None and s.link is link:
+                lead.detach(link.peer, drop=False)
+                asyncio.get_running_loop().create_task(lead.write())
+        # copies of the queues the peer leads are kept: they are what failover promotes
+
+    def frame(self, link: Link, kind: int, stream: int, f: list[Any]) -> None:
+        if not M.is_mirror_frame(kind):
+            return
+        peer = link.peer
+        if kind in M.TO_LEADER:
+            lead = self.by_rid.get((peer, stream))
+            if lead is None:
+                return
+            if kind == M.MACK:
+                lead.got_ack(peer, f[0])
+                self.gate.release()
+            elif kind == M.MBATCHED:
+                lead.got_batch(peer, stream, f[0])
+            elif kind == M.MREFUSE:
+                log.info("queue '%s' in vhost '%s': %s cannot mirror it yet: %s",
+                         lead.ident[1], lead.ident[0], peer, f[0])
+                lead.detach(peer, drop=False)  # the next reconciliation tries again
+            else:
+                lead.got_synced(peer, stream)
+                self.gate.release()
+                asyncio.get_running_loop().create_task(lead.write())
+            return
+        if kind == M.MSTART:
+            self._start_copy(link, stream, f[0], f[1], f[2])
+            return
+        copy = self.copies.get((peer, stream))
+        if copy is None:
+            return
+        if kind == M.MENQ:
+            copy.last_seq = f[0]
+            copy.enqueue(f[1], False, *f[2:])
+        elif kind == M.MBACKLOG:
+            copy.enqueue(*f)
+        elif kind == M.MSETTLE:
+            copy.last_seq = f[0]
+            copy.settle(f[1])
+        elif kind == M.MDELIV:
+            copy.last_seq = f[0]
+            copy.deliver(f[1])
+        elif kind == M.MBATCH:
+            copy.batch = f[0]
+        elif kind == M.MBACKLOG_END:
+            copy.backlog_end()
+        elif kind == M.MDROP:
+            self._end_copy(copy)
+            return
+        self._schedule_ack(copy, link)
+
+    def _start_copy(self, link: Link, rid: int, vhost: str, name: str, seq: int) -> None:
+        ident = (vhost, name)
+        vh = self.broker.vhosts.get(vhost)
+        local = vh.queues.get(name) if vh is not None else None
+        if local is not None and not local.remote:
+            # this node led it before it went down: the cluster's definitions will make
+            # it a remote queue in a moment (amqpd.cluster.remote_queue.materialise)
+            link.send(W.encode(M.MREFUSE, rid, "it still holds the queue as its leader"))
+            return
+        old = self.copy_of.get(ident)
+        if old is not None:
+            self._end_copy(old)
+        store = self.store.inner
+        store.drop_queue(queue_key(vhost, name))  # a full copy: what was here goes
+        copy = MirrorCopy(store, link.peer, rid, vhost, name, seq)
+        self.copies[(link.peer, rid)] = copy
+        self.copy_of[ident] = copy
+        log.info("queue '%s' in vhost '%s': mirroring it for %s", name, vhost, link.peer)
+
+    def _end_copy(self, copy: MirrorCopy) -> None:
+        self.copies.pop((copy.leader, copy.rid), None)
+        if self.copy_of.get(copy.ident) is copy:
+            del self.copy_of[copy.ident]
+            copy.drop()
+
+    def _schedule_ack(self, copy: MirrorCopy, link: Link) -> None:
+        due = self._ack_due
+        if not due:
+            asyncio.get_running_loop().call_soon(self._send_acks, link)
+        due.add(copy)
+
+    def _send_acks(self, _link: Link) -> None:
+        due, self._ack_due = self._ack_due, set()
+        marks = [(c, c.last_seq, c.backlog_done and not c.synced, c.batch) for c in due]
+        for c, _seq, synced_now, _batch in marks:
+            if synced_now:
+                c.synced = True
+
+        def durable(error: BaseException | None) -> None:
+            if error is not None:
+                log.error("mirror copies not durable here: %s", error)
+                return
+            for c, seq, synced_now, batch in marks:
+                link = self.queues.links.link(c.leader)
+                if link is None or self.copies.get((c.leader, c.rid)) is not c:
+                    continue
+                if batch > c.batch_told:
+                    c.batch_told = batch
+                    link.send(W.encode(M.MBATCHED, c.rid, batch))
+                if synced_now:
+                    link.send(W.encode(M.MSYNCED, c.rid))
+                link.send(W.encode(M.MACK, c.rid, seq))
+
+        self.store.inner.commit(durable)
+
+    # -- failover -------------------------------------------------------------------------
+    async def _promote(self, ident: Ident, copy: MirrorCopy) -> None:
+        try:
+            for _attempt in range(20):
+                if await self._election_round(ident, copy):
+                    return
+                await asyncio.sleep(0.2)
+        except EtcdError as exc:
+            log.warning("queue '%s': failover round failed: %s", ident[1], exc)
+        finally:
+            self.promoting.pop(ident, None)
+
+    async def _election_round(self, ident: Ident, copy: MirrorCopy) -> bool:
+        """One round; True when it is decided (promoted here, elsewhere, or not
+        possible)."""
+        view = self.cluster
+        if view.paused:
+            return False  # a paused node (minority) never takes a queue over
+        key = self.record_key(ident)
+        kv = await self.etcd.get(key)
+        if kv is None:
+            return True
+        rec = json.loads(kv.value)
+        if rec.get("leader") != copy.leader or view.is_running(copy.leader):
+            return True  # somebody took over, or the leader is back
+        synchronised = [str(n) for n in rec.get("synchronised", [])]
+        if self.node not in synchronised or not copy.synced:
+            log.warning("queue '%s' in vhost '%s': leader %s lost; this node's mirror is "
+                        "not synchronised, so it is not promoted", ident[1], ident[0],
+                        copy.leader)
+            return True
+        prefix = f"{self.root}/mirror-candidates/{_q(ident[0])}/{_q(ident[1])}/" \
+                 f"{kv.mod_revision}/"
+        await self.etcd.put(prefix + self.node, str(copy.last_seq))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ELECTION_WAIT
+        candidates: dict[str, int] = {}
+        while True:
+            for c in await self.etcd.get_prefix(prefix):
+                candidates[c.key.decode()[len(prefix):]] = int(c.value or b"0")
+            expected = [n for n in synchronised if view.is_running(n)]
+            if all(n in candidates for n in expected) or loop.time() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        winner = choose_promotion(candidates, synchronised, view.is_running)
+        log.info("queue '%s' in vhost '%s': leader %s lost; candidates %s; promoting %s",
+                 ident[1], ident[0], copy.leader, candidates, winner)
+        if winner == self.node:
+            return await self._take_over(ident, copy, rec, kv.mod_revision, prefix)
+        end = loop.time() + 5.0
+        while loop.time() < end:
+            now = await self.etcd.get(key)
+            if now is None or json.loads(now.value).get("leader") != copy.leader:
+                return True
+            await asyncio.sleep(0.1)
+        return False  # the chosen one did not take over: another round
+
+    async def _take_over(self, ident: Ident, copy: MirrorCopy, rec: dict[str, Any],
+                         rec_rev: int, prefix: str) -> bool:
+        vhost, name = ident
+        defs = self.cluster.mirror
+        defs_key = defs.etcd_key(_KIND_QUEUE, f"{vhost}\x00{name}")
+        kv = await self.etcd.get(defs_key)
+        if kv is None:
+            return True
+        item = json.loads(kv.value)
+        if item.get("node") != copy.leader:
+            return True
+        item["node"] = self.node
+        mirrors = sorted((set(rec.get("wanted", [])) | {copy.leader}) - {self.node})
+        new_rec = {"leader": self.node, "mirrors": [], "synchronised": [],
+                   "wanted": mirrors}
+        result = await self.etcd.txn(
+            [Compare("mod", defs_key, "==", kv.mod_revision),
+             Compare("mod", self.record_key(ident), "==", rec_rev)],
+            [Put(defs_key, json.dumps(item, separators=(",", ":"))),
+             Put(self.record_key(ident), json.dumps(new_rec))])
+        if not result.succeeded:
+            return False
+        self._promote_here(ident, copy, item)
+        lead = self.leading.get(ident)
+        if lead is not None:
+            lead.rev = result.revision
+            lead.written = new_rec
+        with contextlib.suppress(EtcdError):
+            for c in await self.etcd.get_prefix(prefix):
+                await self.etcd.delete(c.key)
+        return True
+
+    def _promote_here(self, ident: Ident, copy: MirrorCopy, item: dict[str, Any]) -> None:
+        """Turn the copy into the queue, in the remote queue's place."""
+        from amqpd.broker.queue import Queue
+        from amqpd.cluster.remote_queue import replace_queue
+
+        vhost, name = ident
+        vh = self.broker.vhosts[vhost]
+        old = vh.queues.get(name)
+        self.cluster.catalogue[ident] = self.node
+        q = Queue(vh, name, durable=True,
+                  auto_delete=bool(old.auto_delete if old is not None
+                                   else item.get("auto_delete")),
+                  arguments=dict(old.arguments if old is not None
+                                 else item.get("arguments") or {}))
+        replace_queue(self.queues, vh, old, q)
+        self.broker.apply_policies_to(vh, q)
+        redelivered = 0
+        live: dict[int, bool] = {}
+        for local, size, delivered in copy.in_order():
+            q.restore(LoggedMessage(self.store, local, size), bool(delivered))
+            live[local] = bool(delivered)
+            redelivered += bool(delivered)
+        self.copies.pop((copy.leader, copy.rid), None)
+        self.copy_of.pop(ident, None)
+        self.broker.definitions_changed(q)  # recorded here (and in etcd: the same)
+        lead = self._lead(vh, q)
+        lead.live = live
+        self.promotions += 1
+        log.warning("queue '%s' in vhost '%s': promoted on %s after the loss of %s "
+                    "(%d messages, %d of them redelivered)", name, vhost, self.node,
+                    copy.leader, len(live), redelivered)
+
+    def failover_expected(self, queue: QueueType) -> bool:
+        """The link to ``queue``'s leader went: will a synchronised mirror take over
+        (its consumers elsewhere are then kept, remote_queue.RemoteQueue.detach)?"""
+        rec = self.records.get((queue.vhost.name, queue.name))
+        return rec is not None and bool(rec.get("synchronised"))
+
+    # -- what the API shows ----------------------------------------------------------------
+    def queue_fields(self, vhost: str, name: str) -> dict[str, Any]:
+        lead = self.leading.get((vhost, name))
+        rec = lead.record() if lead is not None else self.records.get((vhost, name))
+        if rec is None:
+            return {}
+        mirrors = list(rec.get("mirrors", []))
+        sync = list(rec.get("synchronised", []))
+        return {"mirror_nodes": mirrors, "synchronised_mirror_nodes": sync,
+                "slave_nodes": mirrors, "synchronised_slave_nodes": sync,
+                "recoverable_slaves": sync}
+
+    def sync_critical(self) -> list[tuple[str, str]]:
+        """Mirrored queues that stopping this node would leave without a synchronised
+        replica: this node holds the only running synchronised copy (leader or mirror)."""
+        out = []
+        records = dict(self.records)
+        for ident, lead in self.leading.items():
+            records[ident] = lead.record()
+        for ident, rec in records.items():
+            if not rec.get("wanted") and not rec.get("mirrors"):
+                continue
+            replicas = {str(rec.get("leader")), *map(str, rec.get("synchronised", []))}
+            running = [n for n in replicas if n == self.node or self.cluster.is_running(n)]
+            if self.node in running and len(running) == 1:
+                out.append(ident)
+        return sorted(out)
+
+
+_KIND_QUEUE = 0  # set by start(): the definitions' kind number of a queue
+_INSTANCES: dict[int, Mirrors] = {}
+
+
+def start(api: BrokerAPI, cluster: Cluster, queues: ClusterQueues) -> Mirrors:
+    """Start this node's part in mirrored queues (``serve`` calls it once the cluster
+    and its links are up)."""
+    global _KIND_QUEUE
+    from amqpd.cluster.definitions import KIND_QUEUE
+
+    _KIND_QUEUE = KIND_QUEUE
+    mirrors = Mirrors(api, cluster, queues)
+    mirrors.start()
+    cluster.mirrors = mirrors
+    _INSTANCES[id(api)] = mirrors
+    return mirrors
+
+
+__all__ = ["Leading", "MirrorCopy", "Mirrors", "ReplicatingStore", "start"]

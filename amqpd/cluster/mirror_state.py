@@ -1,0 +1,176 @@
+"""The mirrored-queue replication state machine, without sockets, etcd or asyncio.
+
+:mod:`amqpd.cluster.mirror` drives it; the unit tests drive it directly.
+
+* :class:`ReplicaSet` -- the leader's view of one mirrored queue's mirrors: the
+  replication sequence numbers it handed out, what each mirror acknowledged as durable,
+  and the *synchronised* (in-sync) set whose acknowledgements a confirm waits for.
+* :class:`CommitGate` -- the publisher confirms (and tx.commit-oks, and any other store
+  commit) waiting for the in-sync mirrors: a waiter holds, per mirrored queue that had
+  records when it started, the sequence number it needs; it is released once every
+  in-sync mirror of each acknowledged that far. Waiters are released in order (a later
+  waiter needs at least what an earlier one needs). The head waiter waiting longer than
+  the timeout names the mirrors that hold it up (:meth:`CommitGate.laggards`): they
+  leave the synchronised set (after etcd has recorded that) instead of stalling
+  publishers.
+* :func:`mirror_nodes` -- the nodes a policy's ``ha-mode`` / ``ha-params`` ask for.
+* :func:`choose_promotion` -- which synchronised mirror is promoted when the leader is
+  lost: the one that received the most records, ties to the smallest node name, so
+  every node that runs the same choice on the same candidates picks the same one.
+
+How quorum queues can reuse this: a quorum queue's confirm waits for a *majority* of
+its members rather than for all synchronised mirrors; that is
+:meth:`ReplicaSet.satisfied` with a different count (``quorum``: the number of
+acknowledgements, the leader's own included, that make a record committed), and
+:func:`choose_promotion` over the members' last sequence numbers is the longest-log
+rule of the election.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+OnCommit = Callable[[BaseException | None], None]
+
+
+class ReplicaSet:
+    """One mirrored queue on its leader: sequence numbers, acks, the synchronised set."""
+
+    def __init__(self, leader: str, synchronised: Iterable[str] = (),
+                 quorum: int | None = None) -> None:
+        self.leader = leader
+        self.seq = 0  # the last replication sequence number handed out
+        self.acked: dict[str, int] = {}  # mirror -> highest seq it holds durable
+        self.synchronised: set[str] = set(synchronised)
+        # None: every synchronised mirror must ack (mirrored queues); n: n acks counting
+        # the leader's own (a quorum queue's majority; see the module docstring)
+        self.quorum = quorum
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def attach(self, node: str) -> None:
+        """A mirror's copy (re)starts: it holds nothing yet."""
+        self.acked[node] = 0
+
+    def ack(self, node: str, seq: int) -> None:
+        if seq > self.acked.get(node, 0):
+            self.acked[node] = seq
+
+    def join(self, node: str) -> None:
+        self.synchronised.add(node)
+
+    def leave(self, node: str) -> None:
+        self.synchronised.discard(node)
+
+    def satisfied(self, seq: int) -> bool:
+        """Every record up to ``seq`` is durable where the confirm needs it."""
+        if self.quorum is None:
+            return all(self.acked.get(m, 0) >= seq for m in self.synchronised)
+        have = 1 + sum(1 for m in self.synchronised if self.acked.get(m, 0) >= seq)
+        return have >= self.quorum
+
+    def laggards(self, seq: int) -> list[str]:
+        return sorted(m for m in self.synchronised if self.acked.get(m, 0) < seq)
+
+
+@dataclass
+class Waiter:
+    started: float
+    needs: list[tuple[ReplicaSet, int]]
+    callback: OnCommit = field(repr=False)
+
+
+class CommitGate:
+    """Store commits waiting for the synchronised mirrors (module docstring)."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.waiting: deque[Waiter] = deque()
+        self.sets: list[ReplicaSet] = []  # every mirrored queue this node leads
+
+    def needs_now(self) -> list[tuple[ReplicaSet, int]]:
+        """What a commit asked for now must wait for: each set's current sequence
+        number, where some synchronised mirror has not acknowledged it yet."""
+        return [(rs, rs.seq) for rs in self.sets if rs.seq and not rs.satisfied(rs.seq)]
+
+    def wait(self, needs: list[tuple[ReplicaSet, int]], now: float,
+             callback: OnCommit) -> None:
+        """Call ``callback(None)`` once ``needs`` are met (at once if they are and
+        nobody waits before it)."""
+        if not needs and not self.waiting:
+            callback(None)
+            return
+        self.waiting.append(Waiter(now, needs, callback))
+        self.release()
+
+    def release(self) -> int:
+        """Release the waiters whose needs are met, in order; how many."""
+        n = 0
+        waiting = self.waiting
+        while waiting and all(rs.satisfied(seq) for rs, seq in waiting[0].needs):
+            waiter = waiting.popleft()
+            n += 1
+            waiter.callback(None)
+        return n
+
+    def laggards(self, now: float) -> list[tuple[ReplicaSet, str]]:
+        """The mirrors holding up a waiter older than the timeout (they must leave the
+        synchronised set)."""
+        if not self.waiting or now - self.waiting[0].started < self.timeout:
+            return []
+        out: list[tuple[ReplicaSet, str]] = []
+        for rs, seq in self.waiting[0].needs:
+            for node in rs.laggards(seq):
+                out.append((rs, node))
+        return out
+
+    def fail_all(self, error: BaseException) -> None:
+        waiting, self.waiting = self.waiting, deque()
+        for waiter in waiting:
+            waiter.callback(error)
+
+
+def mirror_nodes(policy: dict[str, Any] | None, leader: str, members: Iterable[str],
+                 running: Callable[[str], bool], current: Iterable[str] = ()) -> list[str]:
+    """The nodes (other than ``leader``) that should hold a mirror of a queue with this
+    policy definition: ``ha-mode`` ``all`` (every member), ``exactly`` (``ha-params``
+    replicas in total, the leader included: running nodes, the current mirrors first,
+    then by name), ``nodes`` (the listed nodes that are members). Empty: not mirrored."""
+    if not policy:
+        return []
+    mode = policy.get("ha-mode")
+    others = sorted(m for m in members if m != leader)
+    if mode == "all":
+        return others
+    if mode == "exactly":
+        count = policy.get("ha-params")
+        if not isinstance(count, int) or isinstance(count, bool) or count < 2:
+            return []
+        now = [m for m in current if m in others and running(m)]
+        rest = [m for m in others if m not in now and running(m)]
+        return sorted((now + rest)[:count - 1])
+    if mode == "nodes":
+        listed = policy.get("ha-params")
+        if not isinstance(listed, list):
+            return []
+        return sorted({str(n) for n in listed} & set(others))
+    return []
+
+
+def choose_promotion(candidates: dict[str, int], synchronised: Iterable[str],
+                     running: Callable[[str], bool]) -> str | None:
+    """The mirror to promote: among the running synchronised ones that offered
+    themselves (``candidates``: node -> the last replication sequence it received),
+    the most up to date; ties to the smallest name. None: nobody may be promoted."""
+    eligible = [n for n in synchronised if n in candidates and running(n)]
+    if not eligible:
+        return None
+    return min(eligible, key=lambda n: (-candidates[n], n))
+
+
+__all__ = ["CommitGate", "ReplicaSet", "Waiter", "choose_promotion", "mirror_nodes"]

@@ -1,0 +1,77 @@
+"""Frames of the mirrored-queue stream kind on the inter-node link (issue 16).
+
+They ride the same link as the queue streams (:mod:`amqpd.cluster.link_wire`: the same
+head, the same field codes) under their own frame types, 80 and up, which this module
+adds to ``link_wire.LAYOUTS`` when imported. The *stream* number of these frames is a
+replication stream the leader opened with :data:`MSTART` (one per mirrored queue and
+mirror), not a queue stream.
+
+Leader -> mirror: MSTART opens the copy (the mirror drops whatever it held for the
+queue), MBACKLOG carries the messages the queue held when the copy started (in the
+background), MBACKLOG_END says the backlog is complete; MENQ / MSETTLE / MDELIV are the
+live records (enqueue with body and properties, messages settled -- acked, rejected,
+purged, expired --, messages handed to a consumer: redelivered if they come back),
+each with the replication sequence number the mirror acknowledges; MDROP ends the copy.
+Mirror -> leader: MACK (every record up to a sequence number is durable here), MSYNCED
+(the backlog is durable here: the mirror may join the synchronised set), MREFUSE (it
+cannot hold a copy yet, e.g. it still holds the queue as its old leader: the leader
+drops the stream and starts it again later). The backlog is paced: after each batch the
+leader sends MBATCH and sends the batch after next only once the mirror answered
+MBATCHED for it (durable there), so a mirror is never flooded faster than it writes.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from amqpd.cluster import link_wire as W
+
+MSTART: Final = 80  # vhost, queue name, the replication sequence the live records follow
+MBACKLOG: Final = 81  # position, delivered, then the fields of MENQ after its position
+MBACKLOG_END: Final = 82  # how many backlog messages were sent
+MENQ: Final = 83  # seq, position, exchange, key, props, body, published, expires, priority
+MSETTLE: Final = 84  # seq, positions
+MDELIV: Final = 85  # seq, positions
+MDROP: Final = 86  # the copy ends (queue deleted, or this node no longer mirrors it)
+MACK: Final = 87  # mirror -> leader: seq (every record <= seq is durable on the mirror)
+MSYNCED: Final = 88  # mirror -> leader: the backlog is durable here
+MREFUSE: Final = 89  # mirror -> leader: why it cannot hold the copy now (try again later)
+MBATCH: Final = 90  # leader -> mirror: backlog batch number n ends here
+MBATCHED: Final = 91  # mirror -> leader: backlog batch n is durable here (flow control)
+
+LAYOUTS: Final[dict[int, str]] = {
+    MSTART: "ssQ", MBACKLOG: "QBssbbQQB", MBACKLOG_END: "Q",
+    MENQ: "QQssbbQQB", MSETTLE: "QL", MDELIV: "QL", MDROP: "",
+    MACK: "Q", MSYNCED: "", MREFUSE: "s", MBATCH: "Q", MBATCHED: "Q",
+}
+FIRST: Final = MSTART
+LAST: Final = MBATCHED
+TO_MIRROR: Final = frozenset({MSTART, MBACKLOG, MBACKLOG_END, MENQ, MSETTLE, MDELIV, MDROP,
+                              MBATCH})
+TO_LEADER: Final = frozenset({MACK, MSYNCED, MREFUSE, MBATCHED})
+
+W.LAYOUTS.update(LAYOUTS)
+
+
+def is_mirror_frame(kind: int) -> bool:
+    return FIRST <= kind <= LAST
+
+
+__all__ = [
+    "LAYOUTS",
+    "MACK",
+    "MBACKLOG",
+    "MBACKLOG_END",
+    "MBATCH",
+    "MBATCHED",
+    "MDELIV",
+    "MDROP",
+    "MENQ",
+    "MREFUSE",
+    "MSETTLE",
+    "MSTART",
+    "MSYNCED",
+    "TO_LEADER",
+    "TO_MIRROR",
+    "is_mirror_frame",
+]

@@ -1,0 +1,457 @@
+"""Mirrored classic queues (issue 16) with three amqpd processes and one etcd on loopback.
+
+A policy ``ha-mode: all`` mirrors a queue led by node A on B and C. A publisher with
+confirms on B sends persistent messages to it while A is killed with kill -9 at a
+random moment (seeded; the seed and the moment are printed). A synchronised mirror is
+promoted; the publisher gets nacks for what was in flight, then confirms again; a
+consumer on C then reads every confirmed message, and a message delivered twice carries
+redelivered=true. Also what /api/queues and the mirror-sync health check show.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pamqp import body as pbody
+from pamqp import commands, frame, header
+
+from bench.loadgen import Conn, ProtocolError
+from tests.integration._http import q
+from tests.integration.cluster_support import ClusterNode, private_etcd, three_nodes, wait_for
+from tests.support import etcdproc
+from tests.support.etcdproc import EtcdProcess
+
+pytestmark = [
+    pytest.mark.skipif(etcdproc.find_etcd() is None, reason=etcdproc.SKIP_REASON),
+    pytest.mark.timeout(600),
+]
+
+QUEUE = "mirrored"
+TOTAL = int(os.environ.get("AMQPD_TEST_MIRROR_MESSAGES", "20000"))
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
+    with private_etcd(tmp_path) as proc:
+        yield proc
+
+
+@pytest.fixture
+def nodes(tmp_path: Path, etcd: EtcdProcess) -> Iterator[list[ClusterNode]]:
+    with three_nodes(tmp_path, etcd.url) as started:
+        yield started
+
+
+def queue_info(node: ClusterNode, name: str) -> dict[str, Any]:
+    r = node.api.get(f"/api/queues/%2F/{q(name)}")
+    return r.json() if r.status == 200 else {}
+
+
+def usable(node: ClusterNode, name: str) -> bool:
+    """A passive declare on ``node`` succeeds (False also while the node refuses
+    connections: paused for a moment because a busy peer's heartbeats came late)."""
+    try:
+        conn = Conn(node.url, timeout=5)
+    except ProtocolError:
+        return False
+    try:
+        ch = conn.open_channel(1)
+        conn.rpc(ch, commands.Queue.Declare(queue=name, passive=True),
+                 commands.Queue.DeclareOk)
+        return True
+    except ProtocolError:
+        return False
+    finally:
+        conn.sock.close()
+
+
+def mirror_all(node: ClusterNode) -> None:
+    r = node.api.put("/api/policies/%2F/ha-all", {
+        "pattern": f"^{QUEUE}$", "apply-to": "queues", "definition": {"ha-mode": "all"}})
+    assert r.status in (201, 204), r.text
+
+
+def declare(node: ClusterNode, name: str) -> None:
+    conn = Conn(node.url)
+    try:
+        conn.declare_queue(conn.open_channel(1), name, durable=True)
+    finally:
+        conn.close()
+
+
+def diagnose(nodes: list[ClusterNode]) -> str:
+    """The cluster and mirror lines of every node's log."""
+    out = []
+    for n in nodes:
+        assert n.proc is not None
+        lines = n.proc.log_path.read_text(errors="replace").splitlines()
+        out.append(f"--- {n.name}")
+        out += [ln for ln in lines if "amqpd.cluster" in ln or "Traceback" in ln
+                or "Error" in ln][-60:]
+    return "\n".join(out)
+
+
+def synchronised(node: ClusterNode, name: str) -> list[str]:
+    return list(queue_info(node, name).get("synchronised_mirror_nodes") or [])
+
+
+class Publisher:
+    """Persistent publishes with confirms in a window over one raw connection; knows
+    which message (its body) each confirm or nack is for."""
+
+    def __init__(self, url: str, window: int = 1000, batch: int = 100) -> None:
+        self.conn = Conn(url)
+        self.ch = self.conn.open_channel(1)
+        self.conn.rpc(self.ch, commands.Confirm.Select(), commands.Confirm.SelectOk)
+        self.window = window
+        self.batch = batch
+        self.seq = 0
+        self.outstanding: dict[int, int] = {}  # delivery tag -> message number
+        self.confirmed: set[int] = set()
+        self.nacked: set[int] = set()
+        self.props = commands.Basic.Properties(delivery_mode=2)
+
+    def _frames(self, number: int) -> bytes:
+        data = b"%010d" % number
+        return b"".join((
+            frame.marshal(commands.Basic.Publish(exchange="", routing_key=QUEUE), self.ch),
+            frame.marshal(header.ContentHeader(0, len(data), self.props), self.ch),
+            frame.marshal(pbody.ContentBody(data), self.ch)))
+
+    def _answer(self, fr: Any) -> None:
+        if isinstance(fr, commands.Basic.Ack | commands.Basic.Nack):
+            into = self.confirmed if isinstance(fr, commands.Basic.Ack) else self.nacked
+            tags = [fr.delivery_tag]
+            if fr.multiple:
+                tags = [t for t in self.outstanding if t <= fr.delivery_tag]
+            for tag in tags:
+                number = self.outstanding.pop(tag, None)
+                if number is not None:
+                    into.add(number)
+        elif isinstance(fr, commands.Channel.Close | commands.Connection.Close):
+            raise ProtocolError(f"closed by the broker: {fr.reply_code} {fr.reply_text}")
+
+    def publish(self, first: int, count: int) -> None:
+        out = bytearray()
+        for number in range(first, first + count):
+            self.seq += 1
+            self.outstanding[self.seq] = number
+            out += self._frames(number)
+        self.conn.sock.sendall(out)
+        while len(self.outstanding) > self.window - self.batch:
+            self._answer(self.conn.read_frame()[1])
+
+    def drain(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.outstanding and time.monotonic() < deadline:
+            self._answer(self.conn.read_frame()[1])
+
+
+def consume_all(node: ClusterNode, expect: set[int], quiet: float = 3.0,
+                limit: float = 180.0) -> list[tuple[int, bool]]:
+    """Every message of the queue read from ``node`` (acked): (number, redelivered),
+    until every expected one came and the queue stayed quiet ``quiet`` seconds. A
+    connection the broker closes (a node pausing for a moment under load: its
+    heartbeats were late) is opened again, as a client would; what it held unacked
+    comes back redelivered."""
+    got: list[tuple[int, bool]] = []
+    seen: set[int] = set()
+    deadline = time.monotonic() + limit
+    last = time.monotonic()
+    reconnects = 0
+    while time.monotonic() < deadline:
+        try:
+            last = _consume(node, got, seen, expect, quiet, deadline, last)
+            return got
+        except (OSError, ProtocolError) as exc:
+            reconnects += 1
+            assert reconnects <= 10, f"consumer on {node.name} lost too often: {exc}"
+            print(f"consumer on {node.name}: {exc}; consuming again")
+            wait_for(lambda: usable(node, QUEUE), 30, f"{QUEUE} usable on {node.name}",
+                     node.tail)
+    return got
+
+
+def _consume(node: ClusterNode, got: list[tuple[int, bool]], seen: set[int],
+             expect: set[int], quiet: float, deadline: float, last: float) -> float:
+    conn = Conn(node.url)
+    ch = conn.open_channel(1)
+    conn.rpc(ch, commands.Basic.Qos(prefetch_count=2000), commands.Basic.QosOk)
+    conn.rpc(ch, commands.Basic.Consume(queue=QUEUE, consumer_tag="reader"),
+             commands.Basic.ConsumeOk)
+    conn.sock.settimeout(0.5)
+    redelivered = False
+    unacked = 0
+    tag = 0
+    while time.monotonic() < deadline:
+        try:
+            _ch, fr = conn.read_frame()
+        except TimeoutError:
+            if seen >= expect and time.monotonic() - last >= quiet:
+                break
+            continue
+        if isinstance(fr, commands.Basic.Deliver):
+            redelivered = bool(fr.redelivered)
+            tag = fr.delivery_tag
+        elif isinstance(fr, pbody.ContentBody):
+            number = int(fr.value)
+            got.append((number, redelivered))
+            seen.add(number)
+            last = time.monotonic()
+            unacked += 1
+            if unacked >= 500:
+                conn.send(ch, commands.Basic.Ack(delivery_tag=tag, multiple=True))
+                unacked = 0
+        elif isinstance(fr, commands.Basic.Cancel | commands.Channel.Close |
+                        commands.Connection.Close):
+            conn.sock.close()
+            raise ProtocolError(f"consumer stopped by the broker: {fr}")
+    if unacked:
+        conn.send(ch, commands.Basic.Ack(delivery_tag=tag, multiple=True))
+    conn.close()
+    return last
+
+
+def test_kill_9_of_the_leader_during_confirmed_publishing_loses_nothing_confirmed(
+        nodes: list[ClusterNode]) -> None:
+    a, b, c = nodes
+    mirror_all(a)
+    declare(a, QUEUE)
+    wait_for(lambda: sorted(synchronised(a, QUEUE)) == [b.name, c.name], 30,
+             "both mirrors synchronised", a.tail)
+    # every node reads the mirror record from etcd
+    wait_for(lambda: sorted(synchronised(b, QUEUE)) == [b.name, c.name], 10,
+             "node-b shows the mirrors", b.tail)
+    info = queue_info(b, QUEUE)
+    assert info["node"] == a.name
+    assert sorted(info["slave_nodes"]) == [b.name, c.name]
+    assert sorted(info["synchronised_slave_nodes"]) == [b.name, c.name]
+    # every mirrored queue has two synchronised copies besides A: stopping A is safe
+    assert a.api.get("/api/health/checks/node-is-mirror-sync-critical").status == 200
+
+    seed = int(os.environ.get("AMQPD_TEST_SEED", str(random.randrange(1 << 30))))
+    rng = random.Random(seed)
+    kill_at = rng.randrange(TOTAL // 10, TOTAL * 6 // 10)
+    print(f"seed {seed}: {TOTAL} messages, node-a killed after message {kill_at}")
+    pub = Publisher(b.url)
+    t0 = time.monotonic()
+    killed_at_confirmed = -1
+    number = 0
+    backoff_until = time.monotonic() + 60
+    while number < TOTAL:
+        n = min(pub.batch, TOTAL - number)
+        if number <= kill_at < number + n:
+            killed_at_confirmed = len(pub.confirmed)
+            a.kill()  # kill -9, in the middle of the publisher's window
+        nacked = len(pub.nacked)
+        pub.publish(number, n)
+        number += n
+        if killed_at_confirmed >= 0 and len(pub.nacked) > nacked and \
+                time.monotonic() < backoff_until:
+            time.sleep(0.05)  # as a client would: back off while publishes are nacked
+    pub.drain(60)
+    elapsed = time.monotonic() - t0
+    print(f"published {TOTAL} in {elapsed:.1f}s: {len(pub.confirmed)} confirmed, "
+          f"{len(pub.nacked)} nacked, {len(pub.outstanding)} unanswered")
+    assert not pub.outstanding, "every publish answered"
+    assert killed_at_confirmed >= 0
+    # publishers keep getting confirms after the failover
+    assert any(n > kill_at for n in pub.confirmed), "no confirm after the failover"
+    pub.conn.close()
+
+    # a mirror took over; C can use the queue
+    wait_for(lambda: queue_info(c, QUEUE).get("node") in (b.name, c.name)
+             and usable(c, QUEUE), 30, "the queue led by a promoted mirror",
+             lambda: diagnose(nodes))
+    leader = queue_info(c, QUEUE)["node"]
+    print(f"promoted: {leader}")
+
+    got = consume_all(c, pub.confirmed)
+    numbers = [n for n, _r in got]
+    missing = pub.confirmed - set(numbers)
+    assert not missing, f"{len(missing)} confirmed messages lost, e.g. {sorted(missing)[:10]}"
+    first: set[int] = set()
+    for n, redelivered in got:
+        if n in first:
+            assert redelivered, f"message {n} delivered twice without redelivered"
+        first.add(n)
+    assert set(numbers) <= set(range(TOTAL))
+    print(f"consumed {len(got)} ({len(got) - len(first)} duplicates, "
+          f"{sum(1 for _n, r in got if r)} redelivered)")
+
+    # the old leader returns: it finds the queue led elsewhere, drops its own copy and
+    # becomes a synchronised mirror of the new leader
+    a.start()
+    new_leader = b if leader == b.name else c
+    wait_for(lambda: sorted(synchronised(new_leader, QUEUE)) == sorted(
+        n.name for n in nodes if n is not new_leader), 60,
+        "the returning node-a synchronised as a mirror", lambda: diagnose(nodes))
+    assert queue_info(a, QUEUE)["node"] == leader
+    assert usable(a, QUEUE)
+
+
+def sync_critical(node: ClusterNode) -> tuple[int, Any]:
+    r = node.api.get("/api/health/checks/node-is-mirror-sync-critical")
+    return r.status, r.json()
+
+
+def test_a_returning_mirror_catches_up_in_the_background_and_holds_everything(
+        nodes: list[ClusterNode]) -> None:
+    a, b, c = nodes
+    # mirrored on A and B only (ha-mode nodes): C uses it remotely
+    r = a.api.put("/api/policies/%2F/ha-ab", {
+        "pattern": f"^{QUEUE}$", "apply-to": "queues",
+        "definition": {"ha-mode": "nodes", "ha-params": [a.name, b.name]}})
+    assert r.status in (201, 204), r.text
+    declare(a, QUEUE)
+    wait_for(lambda: synchronised(a, QUEUE) == [b.name], 30, "node-b synchronised",
+             lambda: diagnose(nodes))
+    assert queue_info(a, QUEUE)["mirror_nodes"] == [b.name]
+    assert sync_critical(a)[0] == 200
+    pub = Publisher(a.url)
+    for first in range(0, 5000, pub.batch):
+        pub.publish(first, pub.batch)
+    pub.drain(60)
+    assert len(pub.confirmed) == 5000
+
+    # B goes: A holds the only copy, stopping it would lose data
+    b.kill()
+    wait_for(lambda: synchronised(a, QUEUE) == [], 30, "node-b left the set",
+             lambda: diagnose(nodes))
+    status, body = sync_critical(a)
+    assert status == 503, body
+    assert body["queues"] == [{"name": QUEUE, "vhost": "/"}]
+    assert sync_critical(c)[0] == 200  # C holds no copy
+    for first in range(5000, 10000, pub.batch):  # confirmed with no mirror to wait for
+        pub.publish(first, pub.batch)
+    pub.drain(60)
+    assert len(pub.confirmed) == 10000
+
+    # B returns while a publisher runs: its copy is made in the background
+    samples: list[tuple[float, int]] = []
+    stop = threading.Event()
+    failure: list[BaseException] = []
+
+    def publish() -> None:
+        number = 10000
+        try:
+            while not stop.is_set():
+                pub.publish(number, pub.batch)
+                number += pub.batch
+            pub.drain(60)
+        except BaseException as exc:  # reported by the test thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=publish)
+    thread.start()
+    try:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 2.0:
+            samples.append((time.monotonic(), len(pub.confirmed)))
+            time.sleep(0.1)
+        before = samples[-1]
+        b.start()
+        restarted = (time.monotonic(), len(pub.confirmed))
+        wait_for(lambda: synchronised(a, QUEUE) == [b.name], 90,
+                 "the returning mirror synchronised", lambda: diagnose(nodes))
+        synced = (time.monotonic(), len(pub.confirmed))
+    finally:
+        stop.set()
+        thread.join(90)
+    assert not failure, failure
+    assert not pub.outstanding
+    rate_before = (before[1] - samples[0][1]) / (before[0] - samples[0][0])
+    rate_during = (synced[1] - restarted[1]) / (synced[0] - restarted[0])
+    print(f"confirmed publishes/s: {rate_before:.0f} before node-b returned, "
+          f"{rate_during:.0f} while it caught up ({synced[0] - restarted[0]:.1f}s, "
+          f"{len(pub.confirmed)} confirmed in all)")
+    assert synced[1] > restarted[1], "publishers stalled while the mirror caught up"
+    assert sync_critical(a)[0] == 200
+    pub.conn.close()
+
+    # the copy made in the background holds every confirmed message: lose A, read on C
+    a.kill()
+    wait_for(lambda: queue_info(c, QUEUE).get("node") == b.name and usable(c, QUEUE), 30,
+             "the queue led by node-b", lambda: diagnose(nodes))
+    got = consume_all(c, pub.confirmed)
+    missing = pub.confirmed - {n for n, _r in got}
+    assert not missing, f"{len(missing)} confirmed messages lost, e.g. {sorted(missing)[:10]}"
+
+
+def test_consumers_follow_the_promoted_mirror_unless_they_ask_to_be_cancelled(
+        nodes: list[ClusterNode]) -> None:
+    a, b, c = nodes
+    mirror_all(a)
+    declare(a, QUEUE)
+    wait_for(lambda: sorted(synchronised(c, QUEUE)) == [b.name, c.name], 30,
+             "both mirrors synchronised (as node-c reads the record)",
+             lambda: diagnose(nodes))
+    total = 1000
+    pub = Publisher(b.url)
+    for first in range(0, total, pub.batch):
+        pub.publish(first, pub.batch)
+    pub.drain(60)
+    assert len(pub.confirmed) == total
+    pub.conn.close()
+
+    # consumers on B and C through the leader A (a connection each), each holding 10
+    # unacked deliveries: keepers on both (one of them will be the promoted node), one
+    # that asks to be cancelled on C
+    conns = {"keeper-b": Conn(b.url), "keeper-c": Conn(c.url), "leaver": Conn(c.url)}
+    held: dict[str, list[int]] = {}
+    last_tag: dict[str, int] = {}
+    for tag, conn in conns.items():
+        args = {"x-cancel-on-ha-failover": True} if tag == "leaver" else {}
+        ch = conn.open_channel(1)
+        conn.rpc(ch, commands.Basic.Qos(prefetch_count=10), commands.Basic.QosOk)
+        conn.rpc(ch, commands.Basic.Consume(queue=QUEUE, consumer_tag=tag, arguments=args),
+                 commands.Basic.ConsumeOk)
+        held[tag] = []
+        while len(held[tag]) < 10:
+            _ch, fr = conn.read_frame()
+            if isinstance(fr, commands.Basic.Deliver):
+                last_tag[tag] = fr.delivery_tag
+            elif isinstance(fr, pbody.ContentBody):
+                held[tag].append(int(fr.value))
+
+    a.kill()
+    leaver = conns.pop("leaver")
+    leaver.sock.settimeout(30)
+    cancel = leaver.expect(1, commands.Basic.Cancel)
+    assert cancel.consumer_tag == "leaver"
+    leaver.close()
+    # the keepers ack what they held (those acks reach no leader: the new one has them
+    # back, redelivered) and consume on from the new leader
+    for tag, conn in conns.items():
+        conn.sock.settimeout(0.2)
+        conn.send(1, commands.Basic.Ack(delivery_tag=last_tag[tag], multiple=True))
+    got: list[tuple[int, bool]] = []
+    redelivered: dict[str, bool] = {}
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and {n for n, _r in got} < set(range(total)):
+        for tag, conn in conns.items():
+            try:
+                _ch, fr = conn.read_frame()
+            except TimeoutError:
+                continue
+            if isinstance(fr, commands.Basic.Cancel | commands.Channel.Close |
+                          commands.Connection.Close):
+                raise AssertionError(f"{tag} was stopped: {fr}\n{diagnose(nodes)}")
+            if isinstance(fr, commands.Basic.Deliver):
+                redelivered[tag] = bool(fr.redelivered)
+                conn.send(1, commands.Basic.Ack(delivery_tag=fr.delivery_tag))
+            elif isinstance(fr, pbody.ContentBody):
+                got.append((int(fr.value), redelivered[tag]))
+    for conn in conns.values():
+        conn.close()
+    numbers = {n for n, _r in got}
+    assert numbers == set(range(total)), f"{total - len(numbers)} never came to the keepers"
+    # what the consumers held unacked when A died comes back redelivered
+    assert {n for tag in held for n in held[tag]} <= {n for n, r in got if r}

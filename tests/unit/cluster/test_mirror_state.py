@@ -1,0 +1,244 @@
+"""Mirrored-queue replication without sockets (amqpd.cluster.mirror_state, MirrorCopy):
+the synchronised set and the confirms that wait for it, the mirrors a policy asks for,
+the promotion choice, and a mirror's copy applying the leader's records."""
+
+from __future__ import annotations
+
+import pytest
+
+from amqpd.cluster.mirror import Leading, MirrorCopy, ReplicatingStore
+from amqpd.cluster.mirror_state import CommitGate, ReplicaSet, choose_promotion, mirror_nodes
+from amqpd.store.api import StoredMessage, StoreError
+from amqpd.store.memory import MemoryStore
+
+
+def everyone(_node: str) -> bool:
+    return True
+
+
+# ------------------------------------------------------------------ the synchronised set
+def test_a_confirm_waits_for_every_synchronised_mirror() -> None:
+    rs = ReplicaSet("a", ["b", "c"])
+    gate = CommitGate(timeout=5.0)
+    gate.sets.append(rs)
+    rs.next_seq()
+    rs.next_seq()
+    done: list[BaseException | None] = []
+    gate.wait(gate.needs_now(), 0.0, done.append)
+    assert done == []
+    rs.ack("b", 2)
+    gate.release()
+    assert done == []  # c has not acknowledged
+    rs.ack("c", 1)
+    gate.release()
+    assert done == []
+    rs.ack("c", 2)
+    assert gate.release() == 1
+    assert done == [None]
+
+
+def test_a_mirror_not_synchronised_is_not_waited_for() -> None:
+    rs = ReplicaSet("a", ["b"])
+    gate = CommitGate(timeout=5.0)
+    gate.sets.append(rs)
+    rs.attach("c")  # catching up: not synchronised yet
+    rs.next_seq()
+    done: list[BaseException | None] = []
+    gate.wait(gate.needs_now(), 0.0, done.append)
+    rs.ack("b", 1)
+    gate.release()
+    assert done == [None]
+
+
+def test_nothing_to_wait_for_answers_at_once_and_waiters_are_released_in_order() -> None:
+    gate = CommitGate(timeout=5.0)
+    done: list[str] = []
+    gate.wait([], 0.0, lambda e: done.append("first"))
+    assert done == ["first"]
+    rs = ReplicaSet("a", ["b"])
+    gate.sets.append(rs)
+    rs.next_seq()
+    gate.wait(gate.needs_now(), 0.0, lambda e: done.append("second"))
+    # a later commit with nothing of its own to wait for still waits behind it
+    gate.wait([], 0.0, lambda e: done.append("third"))
+    assert done == ["first"]
+    rs.ack("b", 1)
+    gate.release()
+    assert done == ["first", "second", "third"]
+
+
+def test_a_slow_mirror_is_named_after_the_timeout_and_leaving_releases() -> None:
+    rs = ReplicaSet("a", ["b", "c"])
+    gate = CommitGate(timeout=5.0)
+    gate.sets.append(rs)
+    rs.next_seq()
+    done: list[BaseException | None] = []
+    gate.wait(gate.needs_now(), 10.0, done.append)
+    rs.ack("b", 1)
+    gate.release()
+    assert gate.laggards(14.9) == []
+    assert gate.laggards(15.1) == [(rs, "c")]
+    rs.leave("c")  # (after etcd recorded it)
+    gate.release()
+    assert done == [None]
+
+
+def test_synced_mirror_joins_with_the_backlog_covering_its_start() -> None:
+    rs = ReplicaSet("a")
+    for _ in range(5):
+        rs.next_seq()
+    rs.attach("b")
+    rs.ack("b", 5)  # MSYNCED: the backlog holds everything up to the start
+    rs.join("b")
+    assert rs.satisfied(5)
+    rs.next_seq()
+    assert not rs.satisfied(6)
+    assert rs.laggards(6) == ["b"]
+
+
+def test_majority_commit_counts_the_leader() -> None:
+    rs = ReplicaSet("a", ["b", "c"], quorum=2)
+    rs.next_seq()
+    assert not rs.satisfied(1)
+    rs.ack("c", 1)
+    assert rs.satisfied(1)
+
+
+# ------------------------------------------------------------------ policy -> mirrors
+def test_ha_mode_all_exactly_and_nodes() -> None:
+    members = ["a", "b", "c", "d"]
+    assert mirror_nodes({"ha-mode": "all"}, "a", members, everyone) == ["b", "c", "d"]
+    assert mirror_nodes({"ha-mode": "exactly", "ha-params": 2}, "a", members,
+                        everyone) == ["b"]
+    assert mirror_nodes({"ha-mode": "exactly", "ha-params": 3}, "a", members,
+                        lambda n: n != "b") == ["c", "d"]
+    # the current mirrors are kept first
+    assert mirror_nodes({"ha-mode": "exactly", "ha-params": 2}, "a", members, everyone,
+                        current=["d"]) == ["d"]
+    assert mirror_nodes({"ha-mode": "nodes", "ha-params": ["c", "x", "a"]}, "a", members,
+                        everyone) == ["c"]
+    assert mirror_nodes(None, "a", members, everyone) == []
+    assert mirror_nodes({"max-length": 3}, "a", members, everyone) == []
+    assert mirror_nodes({"ha-mode": "exactly", "ha-params": "two"}, "a", members,
+                        everyone) == []
+
+
+# ------------------------------------------------------------------ promotion
+def test_the_most_up_to_date_running_synchronised_mirror_is_promoted() -> None:
+    assert choose_promotion({"b": 10, "c": 12}, ["b", "c"], everyone) == "c"
+    assert choose_promotion({"b": 12, "c": 12}, ["b", "c"], everyone) == "b"  # by name
+    # an unsynchronised mirror never, however far it got
+    assert choose_promotion({"b": 10, "d": 99}, ["b", "c"], everyone) == "b"
+    # a candidate that stopped running is passed over
+    assert choose_promotion({"b": 10, "c": 12}, ["b", "c"], lambda n: n != "c") == "b"
+    assert choose_promotion({}, ["b"], everyone) is None
+    assert choose_promotion({"d": 1}, ["b"], everyone) is None
+
+
+# ------------------------------------------------------------------ the mirror's copy
+def _copy() -> tuple[MirrorCopy, MemoryStore]:
+    store = MemoryStore()
+    store.open()
+    return MirrorCopy(store, "a", 1, "/", "q", 0), store
+
+
+def _enq(copy: MirrorCopy, pos: int, delivered: bool = False) -> None:
+    copy.enqueue(pos, delivered, "", "q", b"", b"%d" % pos, 0, 0, 0)
+
+
+def test_copy_applies_enqueue_settle_and_delivered() -> None:
+    copy, store = _copy()
+    for pos in (10, 20, 30):
+        _enq(copy, pos)
+    copy.settle([20])
+    copy.deliver([30])
+    order = copy.in_order()
+    assert [store.read(e[0]).body for e in order] == [b"10", b"30"]
+    assert [e[2] for e in order] == [False, True]
+
+
+def test_backlog_arriving_after_live_records_is_ordered_and_settles_apply() -> None:
+    copy, store = _copy()
+    _enq(copy, 50)  # a live enqueue after the copy started
+    copy.settle([5])  # settles a backlog message not yet copied
+    copy.deliver([7])
+    _enq(copy, 5)  # backlog: dropped, it was settled
+    _enq(copy, 7)  # backlog: comes marked delivered
+    _enq(copy, 9)
+    copy.backlog_end()
+    order = copy.in_order()
+    assert [store.read(e[0]).body for e in order] == [b"7", b"9", b"50"]
+    assert [e[2] for e in order] == [True, False, False]
+    # after the backlog, a settle for an unknown position is not remembered
+    copy.settle([1000])
+    assert copy.settled_early == set()
+
+
+def test_drop_settles_everything_in_the_store() -> None:
+    copy, store = _copy()
+    _enq(copy, 1)
+    local = copy.in_order()[0][0]
+    copy.drop()
+    assert copy.in_order() == []
+    with pytest.raises(StoreError):
+        store.read(local)
+
+
+def test_stored_message_fields_round_trip() -> None:
+    copy, store = _copy()
+    copy.enqueue(3, False, "x", "rk", b"\x00\x00", b"body", 1234, 99, 4)
+    local = copy.in_order()[0][0]
+    assert store.read(local) == StoredMessage("x", "rk", b"\x00\x00", b"body", 1234, 99, 4)
+
+
+# ------------------------------------------------------------------ the leader's store
+class _FakeQueue:
+    name = "q"
+    store_key = "/\x00q"
+    policy = None
+
+
+class _FakeMirrors:
+    def __init__(self) -> None:
+        self.node = "a"
+        self.gate = CommitGate(timeout=5.0)
+
+
+def _leader_store() -> tuple[ReplicatingStore, Leading, _FakeMirrors]:
+    mirrors = _FakeMirrors()
+    inner = MemoryStore()
+    inner.open()
+    store = ReplicatingStore(inner, mirrors)  # type: ignore[arg-type]
+    lead = Leading(mirrors, "/", _FakeQueue(), {})  # type: ignore[arg-type]
+    store.by_key[lead.key] = lead
+    mirrors.gate.sets.append(lead.rs)
+    return store, lead, mirrors
+
+
+def test_the_leaders_commit_waits_for_the_synchronised_mirror() -> None:
+    store, lead, mirrors = _leader_store()
+    lead.rs.join("b")
+    pos = store.append_enqueue([lead.key], StoredMessage("", "q", b"", b"x"))
+    assert lead.live == {pos: False} and lead.rs.seq == 1
+    done: list[BaseException | None] = []
+    store.commit(done.append)
+    assert done == []  # durable here, not yet on b
+    lead.rs.ack("b", 1)
+    mirrors.gate.release()
+    assert done == [None]
+    # records of other queues pass through and need nothing
+    store.append_enqueue(["/\x00other"], StoredMessage("", "other", b"", b"y"))
+    store.commit(done.append)
+    assert done == [None, None]
+
+
+def test_the_leaders_records_settle_and_delivered_once() -> None:
+    store, lead, _mirrors = _leader_store()
+    pos = store.append_enqueue([lead.key], StoredMessage("", "q", b"", b"x"))
+    store.append_enqueue([lead.key], StoredMessage("", "q", b"", b"t", transient=True))
+    assert list(lead.live) == [pos]  # paged-out transient copies are not mirrored
+    store.delivering(lead.key, pos)
+    store.append_delivered_many(lead.key, [pos])  # the same mark again: no record
+    assert lead.live == {pos: True} and lead.rs.seq == 2
+    store.append_settle(lead.key, iter([pos]))
+    assert lead.live == {} and lead.rs.seq == 3
