@@ -230,6 +230,17 @@ def start_cluster(directory: str | os.PathLike[str], nodes: int = 2,
     return cluster
 
 
+def queue_leaders(node: RabbitInfo, vhost: str = "/") -> dict[str, str]:
+    """Queue name -> the node its (classic) queue process runs on, i.e. its leader,
+    from rabbitmqctl's table on *node* (a pid prints as ``<node.n.n.n>`` there)."""
+    out = ctl(node, "list_queues", "-p", vhost, "--no-table-headers", "name", "pid")
+    leaders = {}
+    for line in out.splitlines():
+        name, _, pid = line.partition("\t")
+        leaders[name] = pid.strip().lstrip("<").rsplit(".", 3)[0]
+    return leaders
+
+
 def kill_node(node: RabbitInfo) -> None:
     """kill -9 of the node's Erlang VM (a hard node loss); returns once it is dead."""
     beam = _beam_pid(Path(node.dir))

@@ -39,6 +39,7 @@ from devtools.rabbitmq import RabbitInfo, RabbitMQError, RabbitMQNotInstalled, f
 from devtools.rabbitmq_cluster import (
     ClusterInfo,
     kill_node,
+    queue_leaders,
     restart_node,
     running_nodes,
     start_cluster,
@@ -347,7 +348,7 @@ def seen(cluster: ClusterInfo) -> dict[str, Any]:
     assert isinstance(other.call(ch, commands.Queue.Declare(queue=DQ2, durable=True),
                                  commands.Queue.DeclareOk), commands.Queue.DeclareOk)
     other.close()
-    placement = _queue_nodes(cluster)
+    placement = queue_leaders(n1)
     out["leaders"] = placement
 
     # consumers on node 2 of node 1's durable queue: one with consumer_cancel_notify,
@@ -445,19 +446,6 @@ def seen(cluster: ClusterInfo) -> dict[str, Any]:
         Path(report).write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out, indent=2))
     return out
-
-
-def _queue_nodes(cluster: ClusterInfo) -> dict[str, str]:
-    """Queue name -> the node of its process (its leader), from rabbitmqctl's table
-    (a pid prints as <node.n.n.n> there)."""
-    from devtools.rabbitmq import ctl
-
-    out = ctl(cluster.nodes[0], "list_queues", "--no-table-headers", "name", "pid")
-    leaders = {}
-    for line in out.splitlines():
-        name, _, pid = line.partition("\t")
-        leaders[name] = pid.strip().lstrip("<").rsplit(".", 3)[0]
-    return leaders
 
 
 def _list_queues(node: RabbitInfo) -> dict[str, str]:
