@@ -28,14 +28,14 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 from pamqp import commands, frame
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
-from devtools.rabbitmq import RabbitInfo, RabbitMQError, RabbitMQNotInstalled, find_server
+from devtools.rabbitmq import RabbitMQError, RabbitMQNotInstalled, ctl, find_server
 from devtools.rabbitmq_cluster import (
     ClusterInfo,
     kill_node,
@@ -54,11 +54,17 @@ HDR = struct.Struct(">BHI")
 WAIT = 15.0  # how long an answer may take on a loaded machine
 
 
+class Endpoint(Protocol):
+    """A node as :class:`Raw` reaches it (a RabbitInfo, or anything with the port)."""
+
+    amqp_port: int
+
+
 class Raw:
     """A blocking AMQP client on raw frames that returns the broker's answer as sent:
     the reply method, or the channel.close / connection.close with its code and text."""
 
-    def __init__(self, node: RabbitInfo, capabilities: bool = True) -> None:
+    def __init__(self, node: Endpoint, capabilities: bool = True) -> None:
         self.sock = socket.create_connection(("127.0.0.1", node.amqp_port), WAIT)
         self.buf = bytearray()
         self.frames: list[tuple[int, Any]] = []  # read but not yet asked for
@@ -200,7 +206,7 @@ def describe(fr: Any) -> str:
     return str(fr.name)
 
 
-def attempt(node: RabbitInfo, method: Any, reply: type, *, confirm: bool = False,
+def attempt(node: Endpoint, method: Any, reply: type, *, confirm: bool = False,
             publish: dict[str, Any] | None = None) -> str:
     """One operation on a fresh channel of a fresh connection to *node*."""
     c = Raw(node)
@@ -223,7 +229,7 @@ class Streaming:
     BATCH = 100
     LIMIT = 30_000
 
-    def __init__(self, node: RabbitInfo, queue: str) -> None:
+    def __init__(self, node: Endpoint, queue: str) -> None:
         self.c = Raw(node)
         self.ch = self.c.channel()
         self.c.call(self.ch, commands.Confirm.Select(), commands.Confirm.SelectOk)
@@ -322,11 +328,38 @@ DQ, TQ, XQ = "ref-durable-on-1", "ref-transient-on-1", "ref-exclusive-on-1"
 DQ2 = "ref-durable-on-2"
 
 
-@pytest.fixture(scope="module")
-def seen(cluster: ClusterInfo) -> dict[str, Any]:
+class Pair(Protocol):
+    """Two nodes of a cluster of some broker, as :func:`observe` drives them."""
+
+    n1: Endpoint
+    n2: Endpoint
+    name1: str
+    name2: str
+
+    def leaders(self) -> dict[str, str]:
+        """Queue name -> the name of the node that leads it."""
+
+    def wait_known(self, queue: str) -> None:
+        """Until node 2 can use node 1's durable *queue*."""
+
+    def kill1(self) -> None:
+        """kill -9 of node 1."""
+
+    def wait_down(self) -> None:
+        """Until node 2 sees node 1 down."""
+
+    def states_on_2(self) -> dict[str, str]:
+        """Queue name -> state, as node 2 lists its queues."""
+
+    def restart1(self) -> None:
+        """Start node 1 again with its data; return once node 2 sees it running.
+        ``n1`` is node 1 as restarted."""
+
+
+def observe(pair: Pair) -> dict[str, Any]:
     """Set up, kill node 1, and record node 2's answers to every operation."""
-    n1, n2 = cluster.nodes
-    out: dict[str, Any] = {"node1": n1.nodename, "node2": n2.nodename}
+    n1, n2 = pair.n1, pair.n2
+    out: dict[str, Any] = {"node1": pair.name1, "node2": pair.name2}
     setup = Raw(n1)
     ch = setup.channel()
     # RabbitMQ 3.10's default locator is client-local: declared on node 1, led by it
@@ -348,8 +381,8 @@ def seen(cluster: ClusterInfo) -> dict[str, Any]:
     assert isinstance(other.call(ch, commands.Queue.Declare(queue=DQ2, durable=True),
                                  commands.Queue.DeclareOk), commands.Queue.DeclareOk)
     other.close()
-    placement = queue_leaders(n1)
-    out["leaders"] = placement
+    pair.wait_known(DQ)
+    out["leaders"] = pair.leaders()
 
     # consumers on node 2 of node 1's durable queue: one with consumer_cancel_notify,
     # one without
@@ -374,13 +407,10 @@ def seen(cluster: ClusterInfo) -> dict[str, Any]:
     stream.start()
     assert stream.wait_acked(1000), "the streaming publisher did not get going"
     stream.mark()
-    kill_node(n1)
+    pair.kill1()
     stream.stop()
     setup.close()
-    deadline = time.monotonic() + 60
-    while n1.nodename in running_nodes(n2):
-        assert time.monotonic() < deadline, "node 2 still sees node 1 running"
-        time.sleep(0.2)
+    pair.wait_down()
 
     out["in_flight"] = stream.outcome()
     for name, (c, wch) in watchers.items():
@@ -425,11 +455,11 @@ def seen(cluster: ClusterInfo) -> dict[str, Any]:
                                        publish={"queue": DQ2, "body": b"fine"})
     out["own_queue_passive"] = attempt(
         n2, commands.Queue.Declare(queue=DQ2, passive=True), commands.Queue.DeclareOk)
-    out["queues_listed_on_2"] = _list_queues(n2)
+    out["queues_listed_on_2"] = pair.states_on_2()
 
     # node 1 comes back with its data
-    n1 = restart_node(cluster, 0)
-    wait_running(n2, [n1.nodename, n2.nodename])
+    pair.restart1()
+    pair.wait_known(DQ)
     back = Raw(n2)
     bch = back.channel()
     ok = back.call(bch, commands.Queue.Declare(queue=DQ, passive=True),
@@ -441,18 +471,50 @@ def seen(cluster: ClusterInfo) -> dict[str, Any]:
     out["in_flight"]["found_after_restart"] = out["after_restart_bodies"].get("s", 0)
     out["after_restart_nondurable"] = attempt(
         n2, commands.Queue.Declare(queue=TQ, passive=True), commands.Queue.DeclareOk)
+    return out
+
+
+class RabbitPair:
+    """The private RabbitMQ cluster's two nodes as a :class:`Pair`."""
+
+    def __init__(self, cluster: ClusterInfo) -> None:
+        self.cluster = cluster
+        self.n1, self.n2 = cluster.nodes
+        self.name1, self.name2 = self.n1.nodename, self.n2.nodename
+
+    def leaders(self) -> dict[str, str]:
+        return queue_leaders(self.n2)
+
+    def wait_known(self, queue: str) -> None:
+        pass  # a declare-ok means every node's Mnesia holds the queue
+
+    def kill1(self) -> None:
+        kill_node(self.n1)
+
+    def wait_down(self) -> None:
+        deadline = time.monotonic() + 60
+        while self.name1 in running_nodes(self.n2):
+            assert time.monotonic() < deadline, "node 2 still sees node 1 running"
+            time.sleep(0.2)
+
+    def states_on_2(self) -> dict[str, str]:
+        rows = json.loads(ctl(self.n2, "list_queues", "name", "state", "--formatter",
+                              "json"))
+        return {r["name"]: r["state"] for r in rows}
+
+    def restart1(self) -> None:
+        self.n1 = restart_node(self.cluster, 0)
+        wait_running(self.n2, [self.name1, self.name2])
+
+
+@pytest.fixture(scope="module")
+def seen(cluster: ClusterInfo) -> dict[str, Any]:
+    out = observe(RabbitPair(cluster))
     report = os.environ.get("RABBITMQ_CLUSTER_REFERENCE_OUT")
     if report:
         Path(report).write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out, indent=2))
     return out
-
-
-def _list_queues(node: RabbitInfo) -> dict[str, str]:
-    from devtools.rabbitmq import ctl
-
-    rows = json.loads(ctl(node, "list_queues", "name", "state", "--formatter", "json"))
-    return {r["name"]: r["state"] for r in rows}
 
 
 def home_node_down(node: str, queue: str) -> str:
