@@ -410,8 +410,14 @@ def _is_our_epmd(pid: int, port: int) -> bool:
 
 
 def _beam_pid(d: Path) -> int | None:
+    """The Erlang VM's PID from the node's pid file, if that process is still the VM
+    of the node started in *d* (a PID left by a killed node may be reused by now)."""
     with contextlib.suppress(OSError, ValueError):
-        return int((d / "rabbitmq.pid").read_text().strip())
+        pid = int((d / "rabbitmq.pid").read_text().strip())
+        nodename = RabbitInfo.load(d).nodename
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if f"RABBITMQ_NODENAME={nodename}".encode() in env:
+            return pid
     return None
 
 
