@@ -56,6 +56,7 @@ from devtools.rabbitmq import (
     RabbitInfo,
     RabbitMQError,
     RabbitMQNotInstalled,
+    _amqp_ready,
     _beam_pid,
     _is_our_epmd,
     _pid_alive,
@@ -70,7 +71,10 @@ from devtools.rabbitmq import (
 )
 
 CLUSTER_FILE = "cluster.json"
-JOIN_TIMEOUT = 120.0
+# rabbitmqctl boots an Erlang VM of its own for every command: 2-3 s on a quiet
+# machine, 25-35 s measured under a load average of 15 on two cores
+CTL_TIMEOUT = 120.0
+JOIN_TIMEOUT = 300.0
 
 
 @dataclasses.dataclass
@@ -143,7 +147,7 @@ def _stop_epmd(cluster: ClusterInfo) -> None:
 def running_nodes(node: RabbitInfo) -> list[str]:
     """The running nodes *node*'s cluster_status reports ([] if it cannot answer)."""
     try:
-        out = ctl(node, "cluster_status", "--formatter", "json", timeout=30)
+        out = ctl(node, "cluster_status", "--formatter", "json", timeout=CTL_TIMEOUT)
     except (RabbitMQError, subprocess.TimeoutExpired):
         return []
     try:
@@ -168,8 +172,6 @@ def wait_running(node: RabbitInfo, names: Sequence[str],
 
 
 def _wait_amqp(node: RabbitInfo, timeout: float) -> None:
-    from devtools.rabbitmq import _amqp_ready
-
     deadline = time.monotonic() + timeout
     while not _amqp_ready(node.amqp_port):
         if time.monotonic() > deadline:
@@ -180,10 +182,10 @@ def _wait_amqp(node: RabbitInfo, timeout: float) -> None:
 
 def join(node: RabbitInfo, seed: RabbitInfo, timeout: float = JOIN_TIMEOUT) -> None:
     """Make the fresh *node* a member of *seed*'s cluster (RabbitMQ's own procedure)."""
-    ctl(node, "stop_app", timeout=timeout)
-    ctl(node, "join_cluster", seed.nodename, timeout=timeout)
-    ctl(node, "start_app", timeout=timeout)
-    _wait_amqp(node, timeout)
+    deadline = time.monotonic() + timeout
+    for args in (("stop_app",), ("join_cluster", seed.nodename), ("start_app",)):
+        ctl(node, *args, timeout=max(CTL_TIMEOUT, deadline - time.monotonic()))
+    _wait_amqp(node, max(30.0, deadline - time.monotonic()))
 
 
 def start_cluster(directory: str | os.PathLike[str], nodes: int = 2,
@@ -233,7 +235,8 @@ def start_cluster(directory: str | os.PathLike[str], nodes: int = 2,
 def queue_leaders(node: RabbitInfo, vhost: str = "/") -> dict[str, str]:
     """Queue name -> the node its (classic) queue process runs on, i.e. its leader,
     from rabbitmqctl's table on *node* (a pid prints as ``<node.n.n.n>`` there)."""
-    out = ctl(node, "list_queues", "-p", vhost, "--no-table-headers", "name", "pid")
+    out = ctl(node, "list_queues", "-p", vhost, "--no-table-headers", "name", "pid",
+              timeout=CTL_TIMEOUT)
     leaders = {}
     for line in out.splitlines():
         name, _, pid = line.partition("\t")
@@ -319,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             ctl_args = args.args[1:] if args.args[:1] == ["--"] else args.args
             node = ClusterInfo.load(args.dir).nodes[args.node - 1]
-            print(ctl(node, *ctl_args), end="")
+            print(ctl(node, *ctl_args, timeout=CTL_TIMEOUT), end="")
     except RabbitMQNotInstalled as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3

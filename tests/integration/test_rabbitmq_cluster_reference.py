@@ -37,6 +37,7 @@ from pamqp.header import ContentHeader
 
 from devtools.rabbitmq import RabbitMQError, RabbitMQNotInstalled, ctl, find_server
 from devtools.rabbitmq_cluster import (
+    CTL_TIMEOUT,
     ClusterInfo,
     kill_node,
     queue_leaders,
@@ -492,14 +493,14 @@ class RabbitPair:
         kill_node(self.n1)
 
     def wait_down(self) -> None:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 300  # one rabbitmqctl call: up to 35 s under load
         while self.name1 in running_nodes(self.n2):
             assert time.monotonic() < deadline, "node 2 still sees node 1 running"
             time.sleep(0.2)
 
     def states_on_2(self) -> dict[str, str]:
         rows = json.loads(ctl(self.n2, "list_queues", "name", "state", "--formatter",
-                              "json"))
+                              "json", timeout=CTL_TIMEOUT))
         return {r["name"]: r["state"] for r in rows}
 
     def restart1(self) -> None:
