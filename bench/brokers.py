@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import shutil
 import subprocess
 import sys
@@ -178,17 +177,6 @@ class AmqpdBroker(Broker):
             return "amqpd"
 
 
-class _FixedToken:
-    """Stands in for ``secrets`` in devtools.rabbitmq so a restart keeps the node name
-    (Mnesia's directory is named after the node)."""
-
-    def __init__(self, suffix: str) -> None:
-        self.suffix = suffix
-
-    def token_hex(self, n: int | None = None) -> str:
-        return self.suffix if n == 4 else secrets.token_hex(n)
-
-
 class RabbitBroker(Broker):
     name = "rabbitmq"
 
@@ -202,16 +190,8 @@ class RabbitBroker(Broker):
         from devtools import rabbitmq as rmq
 
         t0 = time.monotonic()
-        if self.nodename is None:
-            self.info = rmq.start(self.dir)
-        else:
-            suffix = self.nodename.split("@")[0].removeprefix("rabbit-")
-            saved = rmq.secrets
-            rmq.secrets = _FixedToken(suffix)  # type: ignore[assignment]
-            try:
-                self.info = rmq.start(self.dir)
-            finally:
-                rmq.secrets = saved
+        # a restart keeps the node name: Mnesia's directory is named after the node
+        self.info = rmq.start(self.dir, nodename=self.nodename)
         self.nodename = self.info.nodename
         self.url = self.info.amqp_url
         self.pid = self._beam_pid()

@@ -1,27 +1,32 @@
-"""Cluster figures (issue 15), two amqpd nodes and one etcd on this machine:
+"""Cluster figures (issue 15), two nodes on this machine, amqpd and RabbitMQ 3.10 side by
+side:
 
 1. aggregate throughput, one node alone (no cluster): ``--queues`` queues, one publisher
    and one consumer process per queue, every client on that node;
 2. the same load on a two-node cluster with queues led by both nodes (locator
-   client-local: each queue declared on the node that leads it) and every client on its
-   queue's leader: both nodes' cores at work;
-3. the same two nodes with every client on the *other* node: each message crosses the
-   inter-node link twice (publish to the leader, delivery back);
+   client-local, both brokers' default: each queue declared on the node that leads it)
+   and every client on its queue's leader: both nodes' cores at work;
+3. the same two nodes with every client on the *other* node: each message crosses
+   between the nodes twice (publish to the leader, delivery back);
 4. the cost of a remote hop for a publisher with confirms (persistent, durable queue led
    by node A): connected to A (local) against connected to B (every publish forwarded to
-   A, confirmed after A's group commit).
+   A, confirmed after A has it on disk).
 
-Durable queues (the cluster knows durable queues only), transient messages, no
+amqpd: two amqpd processes and one etcd (tests/integration/cluster_support.py).
+RabbitMQ: two nodes of Debian's rabbitmq-server on one private epmd, joined with
+``rabbitmqctl join_cluster`` (devtools/rabbitmq_cluster.py); classic queues, whose
+leaders are checked with ``rabbitmqctl list_queues name pid``. Scenario 1 runs on a
+single node of each that is in no cluster.
+
+Durable queues (amqpd's cluster knows durable queues only), transient messages, no
 confirms, consumers acking with prefetch 1000 in 1-3; ``--count`` messages per
-publisher. Generators are raw-frame (bench/loadgen.py), one process each. Timings are
-reported, never asserted.
-
-RabbitMQ side by side needs a local RabbitMQ cluster (several rabbit nodes on one host
-under distinct names and ports, joined with ``rabbitmqctl join_cluster``); not run here
-(see docs/benchmarks.md for why).
+publisher; fresh queues for every scenario and run. Generators are raw-frame
+(bench/loadgen.py), one process each; every delivery is counted and checked in order.
+With ``--runs N`` every scenario runs N times on the same brokers and the median rate is
+reported. Timings are reported, never asserted.
 
 Usage: ``python -m bench.cluster [--queues 2] [--count 200000] [--hop-count 20000]
-[--out bench/RESULTS-cluster.json]``.
+[--runs 1] [--brokers amqpd,rabbitmq] [--out bench/RESULTS-cluster.json]``.
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import queue as queue_mod
+import statistics
 import tempfile
 import threading
 import time
@@ -127,73 +134,203 @@ def hop(url: str, queue: str, count: int) -> dict[str, Any]:
             "seconds": round(took, 3), "rate": round(res.confirmed / took) if took else 0}
 
 
+def wait_usable(urls: list[str], name: str) -> None:
+    for url in urls:
+        wait_for(lambda url=url: usable(url, name), 30, f"{name} usable at {url}")
+
+
+def one_node(url: str, args: argparse.Namespace, tag: str) -> dict[str, Any]:
+    """Scenario 1 on fresh queues."""
+    names = [f"one-{tag}-{i}" for i in range(args.queues)]
+    for name in names:
+        declare(url, name, durable=True)
+    urls = dict.fromkeys(names, url)
+    return load(names, urls, urls, args.count)
+
+
+def two_nodes(a_url: str, b_url: str, args: argparse.Namespace, tag: str,
+              leaders_of: Any = None) -> dict[str, Any]:
+    """Scenarios 2-4 on fresh queues: queue i declared on (so led by) node i % 2.
+    *leaders_of*, if given, answers queue name -> leader node (0 or 1) to check that."""
+    out: dict[str, Any] = {}
+    both = [a_url, b_url]
+    for key, swap in (("two_nodes_clients_on_leaders", False),
+                      ("two_nodes_clients_elsewhere", True)):
+        names = [f"two-{tag}-{key[-7:]}-{i}" for i in range(args.queues)]
+        leader: dict[str, int] = {}
+        for i, name in enumerate(names):
+            leader[name] = i % 2
+            declare(both[i % 2], name, durable=True)
+        for name in names:
+            wait_usable(both, name)
+        if leaders_of is not None:
+            got = leaders_of()
+            wrong = {n: got.get(n) for n in names if got.get(n) != leader[n]}
+            if wrong:
+                raise RuntimeError(f"queues not led where declared: {wrong}")
+        urls = {n: both[(leader[n] + 1) % 2 if swap else leader[n]] for n in names}
+        out[key] = load(names, urls, urls, args.count)
+        print(f"  {key}:", out[key], flush=True)
+    hop_q = f"hop-{tag}"
+    declare(a_url, hop_q, durable=True)
+    wait_usable(both, hop_q)
+    out["confirmed_publish_local"] = hop(a_url, hop_q, args.hop_count)
+    out["confirmed_publish_remote_hop"] = hop(b_url, hop_q, args.hop_count)
+    print("  confirmed publish, local:", out["confirmed_publish_local"],
+          "remote hop:", out["confirmed_publish_remote_hop"], flush=True)
+    return out
+
+
+SCENARIOS = ("one_node", "two_nodes_clients_on_leaders", "two_nodes_clients_elsewhere",
+             "confirmed_publish_local", "confirmed_publish_remote_hop")
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median rate of every scenario over the runs (all runs kept), and the ratios."""
+    out: dict[str, Any] = {"runs": runs}
+    for sc in SCENARIOS:
+        rates = [r[sc]["rate"] for r in runs if sc in r]
+        valid = all(r[sc].get("valid", not r[sc].get("error")) for r in runs if sc in r)
+        out[sc] = {"median_rate": round(statistics.median(rates)) if rates else None,
+                   "rates": rates, "valid": valid}
+    one = out["one_node"]["median_rate"]
+    two = out["two_nodes_clients_on_leaders"]["median_rate"]
+    out["speedup_two_nodes_vs_one"] = round(two / one, 2) if one and two else None
+    loc = out["confirmed_publish_local"]["median_rate"]
+    rem = out["confirmed_publish_remote_hop"]["median_rate"]
+    out["remote_hop_vs_local"] = round(rem / loc, 2) if loc and rem else None
+    return out
+
+
+def run_amqpd(root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    runs: list[dict[str, Any]] = [{} for _ in range(args.runs)]
+    single = BrokerProcess(root / "single").start()
+    try:
+        for i in range(args.runs):
+            runs[i]["one_node"] = one_node(single.url, args, f"r{i}")
+            print(f"amqpd run {i + 1}, one node:", runs[i]["one_node"], flush=True)
+    finally:
+        single.stop()
+    etcd = EtcdProcess(root / "etcd").start()
+    nodes: list[ClusterNode] = []
+    try:
+        prefix = new_prefix()
+        for name in ("a", "b"):
+            nodes.append(ClusterNode(f"bench-{name}", root / name, etcd.url, prefix).start())
+        wait_formed(nodes)
+        a, b = nodes
+        for i in range(args.runs):
+            print(f"amqpd run {i + 1}, two nodes:", flush=True)
+            runs[i].update(two_nodes(a.url, b.url, args, f"r{i}"))
+    finally:
+        for n in nodes:
+            with contextlib.suppress(Exception):
+                n.stop()
+        etcd.kill()
+    return summarise(runs)
+
+
+def run_rabbitmq(root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    from devtools import rabbitmq as rmq
+    from devtools import rabbitmq_cluster as rmqc
+
+    runs: list[dict[str, Any]] = [{} for _ in range(args.runs)]
+    info = rmq.start(root / "rmq-single")
+    try:
+        for i in range(args.runs):
+            runs[i]["one_node"] = one_node(info.amqp_url, args, f"r{i}")
+            print(f"rabbitmq run {i + 1}, one node:", runs[i]["one_node"], flush=True)
+    finally:
+        rmq.stop(root / "rmq-single")
+    cluster = rmqc.start_cluster(root / "rmq-cluster", nodes=2)
+    try:
+        a, b = cluster.nodes
+        version = "RabbitMQ " + rmq.ctl(a, "version").strip()
+        index = {a.nodename: 0, b.nodename: 1}
+
+        def leaders_of() -> dict[str, int]:
+            return {q: index.get(n, -1) for q, n in rmqc.queue_leaders(a).items()}
+
+        for i in range(args.runs):
+            print(f"rabbitmq run {i + 1}, two nodes:", flush=True)
+            runs[i].update(two_nodes(a.amqp_url, b.amqp_url, args, f"r{i}", leaders_of))
+    finally:
+        rmqc.stop_cluster(root / "rmq-cluster")
+    out = summarise(runs)
+    out["version"] = version
+    return out
+
+
+def _num(x: int | None) -> str:
+    return "-" if x is None else f"{x:,}"
+
+
+def table(res: dict[str, Any]) -> str:
+    """The markdown rows of bench/RESULTS-cluster.md."""
+    names = {
+        "one_node": "1. one node alone, queues' clients on it",
+        "two_nodes_clients_on_leaders": "2. two nodes, a queue led by each, clients on "
+                                        "their queue's leader",
+        "two_nodes_clients_elsewhere": "3. two nodes, clients on the *other* node",
+        "confirmed_publish_local": "4a. confirmed persistent publish, on the leader",
+        "confirmed_publish_remote_hop": "4b. confirmed persistent publish, on the other "
+                                        "node (remote hop)",
+    }
+    am, rb = res.get("amqpd"), res.get("rabbitmq")
+    lines = ["| scenario | amqpd msgs/s | RabbitMQ msgs/s | amqpd / RabbitMQ |",
+             "|---|---|---|---|"]
+    for sc, label in names.items():
+        x = am[sc]["median_rate"] if am else None
+        y = rb[sc]["median_rate"] if rb else None
+        ratio = f"{x / y:.2f}" if x and y else "-"
+        lines.append(f"| {label} | {_num(x)} | {_num(y)} | {ratio} |")
+    for key, label in (("speedup_two_nodes_vs_one", "two nodes / one node (2 / 1)"),
+                       ("remote_hop_vs_local", "remote hop / local (4b / 4a)")):
+        x = am[key] if am else None
+        y = rb[key] if rb else None
+        lines.append(f"| {label} | {x} | {y} | |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--queues", type=int, default=2)
     ap.add_argument("--count", type=int, default=200_000)
     ap.add_argument("--hop-count", type=int, default=20_000)
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--brokers", default="amqpd,rabbitmq",
+                    help="comma-separated: amqpd, rabbitmq (skipped with a note if "
+                         "rabbitmq-server is not installed)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
-    out: dict[str, Any] = {"queues": args.queues, "count_per_publisher": args.count}
+    brokers = [b.strip() for b in args.brokers.split(",") if b.strip()]
+    out: dict[str, Any] = {"queues": args.queues, "count_per_publisher": args.count,
+                           "hop_count": args.hop_count, "runs": args.runs,
+                           "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                           "loadavg_start": os.getloadavg()}
     with tempfile.TemporaryDirectory(prefix="amqpd-bench-cluster-") as tmp:
         root = Path(tmp)
-        # 1. one node alone
-        single = BrokerProcess(root / "single").start()
-        try:
-            names = [f"one-{i}" for i in range(args.queues)]
-            for name in names:
-                declare(single.url, name, durable=True)
-            urls = dict.fromkeys(names, single.url)
-            out["one_node"] = load(names, urls, urls, args.count)
-            print("one node:", out["one_node"], flush=True)
-        finally:
-            single.stop()
-        # 2-4. two nodes
-        etcd = EtcdProcess(root / "etcd").start()
-        nodes: list[ClusterNode] = []
-        try:
-            prefix = new_prefix()
-            for name in ("a", "b"):
-                nodes.append(ClusterNode(f"bench-{name}", root / name, etcd.url,
-                                         prefix).start())
-            wait_formed(nodes)
-            a, b = nodes
-            leader: dict[str, ClusterNode] = {}
-            names = [f"two-{i}" for i in range(args.queues)]
-            for i, name in enumerate(names):
-                leader[name] = nodes[i % 2]
-                declare(leader[name].url, name, durable=True)
-            for name in names:
-                for n in nodes:
-                    wait_for(lambda n=n, name=name: usable(n.url, name), 30,
-                             f"{name} usable on {n.name}")
-            other = {name: (b if leader[name] is a else a) for name in names}
-            local = {name: leader[name].url for name in names}
-            remote = {name: other[name].url for name in names}
-            out["two_nodes_clients_on_leaders"] = load(names, local, local, args.count)
-            print("two nodes, clients on leaders:", out["two_nodes_clients_on_leaders"],
-                  flush=True)
-            out["two_nodes_clients_elsewhere"] = load(names, remote, remote, args.count)
-            print("two nodes, clients elsewhere:", out["two_nodes_clients_elsewhere"],
-                  flush=True)
-            declare(a.url, "hop", durable=True)
-            wait_for(lambda: usable(b.url, "hop"), 30, "hop usable on b")
-            out["confirmed_publish_local"] = hop(a.url, "hop", args.hop_count)
-            out["confirmed_publish_remote_hop"] = hop(b.url, "hop", args.hop_count)
-            print("confirmed publish, local:", out["confirmed_publish_local"],
-                  "remote hop:", out["confirmed_publish_remote_hop"], flush=True)
-        finally:
-            for n in nodes:
-                with contextlib.suppress(Exception):
-                    n.stop()
-            etcd.kill()
-    one = out["one_node"]["rate"]
-    out["speedup_two_nodes_vs_one"] = round(out["two_nodes_clients_on_leaders"]["rate"]
-                                            / one, 2) if one else None
-    loc = out["confirmed_publish_local"]["rate"]
-    out["remote_hop_vs_local"] = round(out["confirmed_publish_remote_hop"]["rate"] / loc,
-                                       2) if loc else None
-    print(json.dumps(out, indent=2))
+        if "amqpd" in brokers:
+            out["amqpd"] = run_amqpd(root / "amqpd", args)
+        if "rabbitmq" in brokers:
+            from devtools.rabbitmq import RabbitMQNotInstalled, find_server
+
+            try:
+                find_server()
+            except RabbitMQNotInstalled as exc:
+                out["rabbitmq_skipped"] = str(exc)
+            else:
+                out["rabbitmq"] = run_rabbitmq(root / "rabbitmq", args)
+    out["loadavg_end"] = os.getloadavg()
+    am, rb = out.get("amqpd"), out.get("rabbitmq")
+    if am and rb:
+        out["amqpd_vs_rabbitmq"] = {
+            sc: round(am[sc]["median_rate"] / rb[sc]["median_rate"], 2)
+            if am[sc]["median_rate"] and rb[sc]["median_rate"] else None
+            for sc in SCENARIOS}
+    print(json.dumps({k: v for k, v in out.items() if k not in ("amqpd", "rabbitmq")},
+                     indent=2))
+    print(table(out))
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
 

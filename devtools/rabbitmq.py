@@ -39,6 +39,11 @@ Variables read by this module:
   (default ``/usr/lib/rabbitmq/bin/rabbitmq-server``, then ``$PATH``).
 - ``EPMD``: path of ``epmd`` (default: found on ``$PATH``).
 
+A node that dies while starting because a port it was given was taken meanwhile is
+started once more with fresh ports (``start(..., retries=1)``). Nodes of a cluster share
+a cookie and an epmd (``start(..., cookie=..., epmd_port=...)``): see
+devtools/rabbitmq_cluster.py.
+
 The default ``guest`` user stays loopback-only, exactly as in a stock install; every
 listener binds 127.0.0.1. If RabbitMQ is not installed, :class:`RabbitMQNotInstalled`
 is raised so that callers can skip.
@@ -216,9 +221,47 @@ def _write_files(d: Path, amqp_port: int, plugins: Sequence[str], ports: dict[st
     (d / "enabled_plugins").write_text("[" + ",".join(plugins) + "].\n")
 
 
+class _StartCrashed(RabbitMQError):
+    """The node exited while starting for a reason a fresh set of ports may cure."""
+
+
+# What RabbitMQ says when a port it was given was taken between free_ports() and its
+# own bind (other work on the machine picks ephemeral ports too).
+_PORT_RACE_MARKERS = (b"dist_port_already_used", b"eaddrinuse", b"port_already_used")
+
+
 def start(directory: str | os.PathLike[str], plugins: Sequence[str] = (),
-          timeout: float = START_TIMEOUT) -> RabbitInfo:
-    """Start a node in the background; return once it accepts AMQP connections."""
+          timeout: float = START_TIMEOUT, *, nodename: str | None = None,
+          cookie: str | None = None, epmd_port: int | None = None,
+          retries: int = 1) -> RabbitInfo:
+    """Start a node in the background; return once it accepts AMQP connections.
+
+    *nodename* fixes the node name (a restart must keep it: Mnesia's directory is named
+    after the node); *cookie* the Erlang cookie (nodes of one cluster share it);
+    *epmd_port* makes the node register with an epmd the caller runs (a cluster's
+    nodes must meet on one epmd) instead of starting its own.
+
+    A node that dies during start because a port it was given was taken meanwhile
+    (``dist_port_already_used``), or whose wrapper exits with status 0 before the node
+    answered (the wrapper's exit status whenever the VM stops), is started again with
+    fresh ports, up to *retries* times: free ports are only free when looked at.
+    """
+    attempt = 0
+    while True:
+        try:
+            return _start_once(directory, plugins, timeout, nodename=nodename,
+                               cookie=cookie, epmd_port=epmd_port)
+        except _StartCrashed as exc:
+            attempt += 1
+            if attempt > retries:
+                raise RabbitMQError(str(exc)) from None
+            print(f"devtools.rabbitmq: {exc}; starting again with fresh ports",
+                  file=sys.stderr, flush=True)
+
+
+def _start_once(directory: str | os.PathLike[str], plugins: Sequence[str],
+                timeout: float, *, nodename: str | None, cookie: str | None,
+                epmd_port: int | None) -> RabbitInfo:
     server = find_server()
     epmd = find_epmd()
     d = Path(directory).resolve()
@@ -233,11 +276,96 @@ def start(directory: str | os.PathLike[str], plugins: Sequence[str] = (),
     plugins = [p.strip() for p in plugins if p.strip()]
     listen_plugins = [p for p in plugins if p in _PLUGIN_PORT_KEYS]
     ports = free_ports(3 + len(listen_plugins))
-    amqp_port, dist_port, epmd_port = ports[:3]
+    amqp_port, dist_port = ports[:2]
+    own_epmd = epmd_port is None
+    if epmd_port is None:
+        epmd_port = ports[2]
     plugin_ports = dict(zip(listen_plugins, ports[3:], strict=True))
     _write_files(d, amqp_port, plugins, plugin_ports)
-    nodename = f"rabbit-{secrets.token_hex(4)}@localhost"
+    if nodename is None:
+        nodename = f"rabbit-{secrets.token_hex(4)}@localhost"
 
+    env = server_env(d, nodename, amqp_port, dist_port, epmd_port)
+    cookie_file = d / ".erlang.cookie"
+    if cookie is not None:
+        if not cookie_file.exists() or cookie_file.read_text() != cookie:
+            with contextlib.suppress(FileNotFoundError):
+                cookie_file.unlink()
+            cookie_file.write_text(cookie)
+            cookie_file.chmod(0o400)
+    elif not cookie_file.exists():
+        cookie_file.write_text(secrets.token_hex(16))
+        cookie_file.chmod(0o400)
+
+    out_path = d / "server.out"
+    out_offset = out_path.stat().st_size if out_path.exists() else 0
+    log = open(out_path, "ab")  # noqa: SIM115 - handed to the child
+    epmd_proc: subprocess.Popen[bytes] | None = None
+    try:
+        if own_epmd:
+            epmd_proc = subprocess.Popen(
+                [epmd, "-port", str(epmd_port), "-address", "127.0.0.1"],
+                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                start_new_session=True,
+            )
+        proc = subprocess.Popen(
+            [server], env=env, cwd=str(d), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            start_new_session=True,
+        )
+    finally:
+        log.close()
+    http_url = None
+    if "rabbitmq_management" in plugin_ports:
+        http_url = f"http://127.0.0.1:{plugin_ports['rabbitmq_management']}"
+    info = RabbitInfo(
+        amqp_url=f"amqp://guest:guest@127.0.0.1:{amqp_port}/%2F",
+        http_url=http_url, pid=proc.pid, dir=str(d), amqp_port=amqp_port,
+        dist_port=dist_port, epmd_port=epmd_port,
+        epmd_pid=epmd_proc.pid if epmd_proc is not None else None,
+        nodename=nodename, plugin_ports=plugin_ports,
+    )
+    (d / INFO_FILE).write_text(info.to_json() + "\n")
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            # the wrapper is gone; make sure its VM is too before anything else
+            beam = _beam_pid(d)
+            if beam is not None and _pid_alive(beam):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(beam, signal.SIGKILL)
+                _wait_dead(beam, time.monotonic() + 10)
+            _stop_epmd(info, epmd_proc)
+            msg = (f"rabbitmq-server exited with status {proc.returncode} during start; "
+                   f"see {out_path} and {d / 'log'}")
+            if proc.returncode == 0 or _port_race(out_path, out_offset):
+                raise _StartCrashed(msg)
+            raise RabbitMQError(msg)
+        if _amqp_ready(amqp_port) and (http_url is None or _port_open(plugin_ports[
+                "rabbitmq_management"])):
+            return info
+        if time.monotonic() > deadline:
+            stop(d, proc=proc, epmd_proc=epmd_proc)
+            raise RabbitMQError(f"rabbitmq-server did not accept AMQP within {timeout:.0f} s; "
+                                f"see {d / 'log'}")
+        time.sleep(0.2)
+
+
+def _port_race(out_path: Path, offset: int) -> bool:
+    """Whether what the server printed since *offset* says a port was taken."""
+    try:
+        with open(out_path, "rb") as f:
+            f.seek(offset)
+            text = f.read().lower()
+    except OSError:
+        return False
+    return any(m in text for m in _PORT_RACE_MARKERS)
+
+
+def server_env(d: Path, nodename: str, amqp_port: int, dist_port: int,
+               epmd_port: int) -> dict[str, str]:
+    """The environment rabbitmq-server runs with: everything under *d*, nothing from
+    the caller's RABBITMQ_* / ERL_* variables, nothing from /etc/rabbitmq."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RABBITMQ_", "ERL_"))}
     env.update(
         HOME=str(d),
@@ -256,50 +384,7 @@ def start(directory: str | os.PathLike[str], plugins: Sequence[str] = (),
         # the distribution listener on loopback too
         RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}",
     )
-    cookie = d / ".erlang.cookie"
-    if not cookie.exists():
-        cookie.write_text(secrets.token_hex(16))
-        cookie.chmod(0o400)
-
-    log = open(d / "server.out", "ab")  # noqa: SIM115 - handed to the child
-    try:
-        epmd_proc = subprocess.Popen(
-            [epmd, "-port", str(epmd_port), "-address", "127.0.0.1"],
-            env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-        )
-        proc = subprocess.Popen(
-            [server], env=env, cwd=str(d), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-            start_new_session=True,
-        )
-    finally:
-        log.close()
-    http_url = None
-    if "rabbitmq_management" in plugin_ports:
-        http_url = f"http://127.0.0.1:{plugin_ports['rabbitmq_management']}"
-    info = RabbitInfo(
-        amqp_url=f"amqp://guest:guest@127.0.0.1:{amqp_port}/%2F",
-        http_url=http_url, pid=proc.pid, dir=str(d), amqp_port=amqp_port,
-        dist_port=dist_port, epmd_port=epmd_port, epmd_pid=epmd_proc.pid,
-        nodename=nodename, plugin_ports=plugin_ports,
-    )
-    (d / INFO_FILE).write_text(info.to_json() + "\n")
-
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            _stop_epmd(info, epmd_proc)
-            raise RabbitMQError(
-                f"rabbitmq-server exited with status {proc.returncode} during start; "
-                f"see {d / 'server.out'} and {d / 'log'}"
-            )
-        if _amqp_ready(amqp_port) and (http_url is None or _port_open(plugin_ports[
-                "rabbitmq_management"])):
-            return info
-        if time.monotonic() > deadline:
-            stop(d, proc=proc, epmd_proc=epmd_proc)
-            raise RabbitMQError(f"rabbitmq-server did not accept AMQP within {timeout:.0f} s; "
-                                f"see {d / 'log'}")
-        time.sleep(0.2)
+    return env
 
 
 def _stop_epmd(info: RabbitInfo, epmd_proc: subprocess.Popen[bytes] | None = None) -> None:
@@ -325,8 +410,14 @@ def _is_our_epmd(pid: int, port: int) -> bool:
 
 
 def _beam_pid(d: Path) -> int | None:
+    """The Erlang VM's PID from the node's pid file, if that process is still the VM
+    of the node started in *d* (a PID left by a killed node may be reused by now)."""
     with contextlib.suppress(OSError, ValueError):
-        return int((d / "rabbitmq.pid").read_text().strip())
+        pid = int((d / "rabbitmq.pid").read_text().strip())
+        nodename = RabbitInfo.load(d).nodename
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if f"RABBITMQ_NODENAME={nodename}".encode() in env:
+            return pid
     return None
 
 
