@@ -29,6 +29,7 @@ from amqpd.broker.ready import ReadyList
 from amqpd.protocol.constants import FLAG_EXPIRATION_HI
 
 if TYPE_CHECKING:
+    from amqpd.broker.channel import Channel
     from amqpd.broker.priority import PriorityReady
     from amqpd.broker.vhost import VHost
 
@@ -41,10 +42,18 @@ class ConsumerChannel(Protocol):
     def consumer_cancelled_by_server(self, consumer: Consumer) -> None: ...
 
 
+def _as_channel(channel: ConsumerChannel) -> Channel | None:
+    """``channel`` when it is an AMQP :class:`~amqpd.broker.channel.Channel` (imported
+    here, once per consumer: channel.py imports this module)."""
+    from amqpd.broker.channel import Channel
+
+    return channel if isinstance(channel, Channel) else None
+
+
 class Consumer:
     __slots__ = (
-        "arguments", "channel", "exclusive", "no_ack", "prefetch", "priority", "queue", "tag",
-        "tag_bytes", "unacked",
+        "arguments", "channel", "exclusive", "local", "no_ack", "prefetch", "priority", "queue",
+        "tag", "tag_bytes", "unacked",
     )
 
     def __init__(
@@ -52,6 +61,12 @@ class Consumer:
         prefetch: int, arguments: dict[str, Any],
     ) -> None:
         self.channel = channel
+        # The same object typed as the AMQP channel, when that is what owns the consumer
+        # (any other owner, such as a cluster link's proxy, leaves it None). The queue
+        # calls the channel twice per message: through this attribute the compiled build
+        # makes a native call; through the protocol-typed ``channel`` each is a Python
+        # method call (name lookup, arguments boxed and parsed again).
+        self.local: Channel | None = _as_channel(channel)
         self.queue = queue
         self.tag = tag
         self.tag_bytes = bytes((len(tag.encode()),)) + tag.encode()
@@ -65,6 +80,23 @@ class Consumer:
 
     def has_credit(self) -> bool:
         return self.no_ack or not self.prefetch or self.unacked < self.prefetch
+
+    def can_receive(self) -> bool:
+        """Credit left, and the owning channel takes a delivery now."""
+        if not self.has_credit():
+            return False
+        local = self.local
+        if local is not None:
+            return local.can_deliver(self)
+        return self.channel.can_deliver(self)
+
+    def deliver(self, queue: QueueType, entry: QueueEntry) -> None:
+        """Hand ``entry`` to the owning channel."""
+        local = self.local
+        if local is not None:
+            local.deliver(self, queue, entry)
+        else:
+            self.channel.deliver(self, queue, entry)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -263,7 +295,7 @@ class Queue(QueueType):
             entry = self.take()
             if entry is None:
                 return
-            consumer.channel.deliver(consumer, self, entry)
+            consumer.deliver(self, entry)
 
     def _next_consumer(self) -> Consumer | None:
         if self.ext is not None and self.ext.sac:
@@ -279,13 +311,13 @@ class Queue(QueueType):
         m = len(same)
         for i in range(m):
             c = same[(self._rr + i) % m]
-            if c.has_credit() and c.channel.can_deliver(c):
+            if c.can_receive():
                 self._rr = (self._rr + i + 1) % m
                 return c
         if m == n:
             return None
         for c in consumers[m:]:
-            if c.has_credit() and c.channel.can_deliver(c):
+            if c.can_receive():
                 return c
         return None
 

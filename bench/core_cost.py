@@ -1,0 +1,152 @@
+"""What one message costs the broker's core, measured without sockets or an event loop.
+
+    python -m bench.core_cost [--body 1024] [--messages 60000] [--batch 60] [--repeat 5]
+    python -m bench.core_cost --callgrind [--body 1024] [--messages 6000]
+
+The socket benchmarks (``python -m bench``) need a quiet machine: on a shared one the
+broker, the load generator and everybody else's processes fight for the same cores and
+their rates move by 10-40 % between runs. This drives the real code instead, sans-IO,
+the way tests/unit/protocol/peer.py does: a real :class:`~amqpd.server.Broker` with the
+shared log open, one publishing and one consuming :class:`~amqpd.session.Session`, fed
+``--batch`` publish triplets per read (60 x 1 KiB is about what one 64 KiB read holds),
+the queue dispatched after each read and the consumer's deliveries acked with one
+``multiple`` ack (prefetch 1000), as the pubsub scenarios do. What it leaves out is the
+transport (uvloop, socket reads and writes) and the per-tick callbacks.
+
+Two figures:
+
+* the default run prints the process CPU time per message (``--repeat`` runs; the
+  minimum is the least disturbed by other processes);
+* ``--callgrind`` runs the same loop twice under valgrind's callgrind, with N and 3N
+  messages, and prints the instructions per message (the difference over 2N, so start-up
+  and imports cancel out) with the functions that take most of them. Instruction counts
+  do not depend on the machine's load: two builds compare exactly, run after run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def run_loop(body_size: int, messages: int, batch: int, repeat: int) -> list[float]:
+    """CPU µs per message of each of ``repeat`` runs of ``messages`` messages."""
+    import asyncio
+
+    from pamqp import commands
+
+    from tests.support import wire
+    from tests.unit.protocol.peer import Pair, real_broker
+
+    data_dir = tempfile.mkdtemp(prefix="amqpd-core-cost-")
+    try:
+        broker = real_broker(persistence=True, data_dir=data_dir)
+        loop = asyncio.new_event_loop()  # never run: the store only keeps it for callbacks
+        broker._loop = loop
+        broker._open_store()
+        publisher, consumer = Pair(broker=broker), Pair(broker=broker)
+        for pair in (publisher, consumer):
+            pair.open()
+            pair.open_channel(1)
+        publisher.call(1, commands.Queue.Declare(queue="core-cost"))
+        consumer.call(1, commands.Basic.Qos(prefetch_count=1000))
+        consumer.call(1, commands.Basic.Consume(queue="core-cost", consumer_tag="c"))
+        chunk = wire.publish(1, "", "core-cost", b"\0" * body_size, delivery_mode=1) * batch
+        pub, con = publisher.server, consumer.server
+        tag = 0
+        delivered = 0  # bytes the consumer was sent
+        results = []
+        for _ in range(repeat):
+            started = time.process_time()
+            for _ in range(messages // batch):
+                pub.receive_data(chunk)
+                broker._run_dispatch()
+                pub.data_to_send()
+                delivered += len(con.data_to_send())
+                tag += batch
+                con.receive_data(wire.method(1, commands.Basic.Ack(delivery_tag=tag,
+                                                                   multiple=True)))
+                broker._run_dispatch()
+                delivered += len(con.data_to_send())
+            results.append(1e6 * (time.process_time() - started) / (messages // batch * batch))
+        left = broker.vhosts["/"].queues["core-cost"].message_count
+        if left or delivered < tag * body_size:
+            raise RuntimeError(f"{left} messages left in the queue, {delivered} bytes "
+                               f"delivered for {tag} messages: the loop lost track")
+        broker.store.close()
+        loop.close()
+        return results
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+_LINE = re.compile(r"\s*([\d,]+) \([ \d.]+%\)\s+(.*)$")
+
+
+def _costs(outfile: Path) -> dict[str, int]:
+    """Self instructions per function from a callgrind output file."""
+    text = subprocess.run(["callgrind_annotate", "--threshold=100", "--inclusive=no",
+                           str(outfile)], capture_output=True, text=True, check=True).stdout
+    costs: dict[str, int] = {}
+    for line in text.splitlines():
+        m = _LINE.match(line)
+        if m is None:
+            continue
+        name = re.sub(r" \[.*\]$", "", m.group(2)).rpartition(":")[2]
+        name = re.sub(r"'\d+$", "", name)  # recursion levels
+        costs[name] = costs.get(name, 0) + int(m.group(1).replace(",", ""))
+    return costs
+
+
+def callgrind(body_size: int, messages: int, batch: int, top: int) -> int:
+    if not shutil.which("valgrind") or not shutil.which("callgrind_annotate"):
+        print("valgrind (callgrind) not found: apt-get install valgrind", file=sys.stderr)
+        return 3
+    with tempfile.TemporaryDirectory(prefix="amqpd-callgrind-") as tmp:
+        runs = {}
+        for n in (messages, 3 * messages):
+            out = Path(tmp) / f"callgrind.{n}"
+            subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+                            sys.executable, "-m", "bench.core_cost", "--body", str(body_size),
+                            "--messages", str(n), "--batch", str(batch), "--repeat", "1"],
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            runs[n] = _costs(out)
+    small, big = runs[messages], runs[3 * messages]
+    per = {k: (big.get(k, 0) - small.get(k, 0)) / (2 * messages) for k in set(small) | set(big)}
+    total = per.pop("PROGRAM TOTALS", 0.0)
+    print(f"body {body_size} B, batch {batch}: {total:,.0f} instructions per message")
+    for name, cost in sorted(per.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"  {cost:8,.0f}  {100 * cost / total:5.1f}%  {name}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.core_cost", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--body", type=int, default=1024, help="body size in bytes")
+    p.add_argument("--messages", type=int, default=60_000)
+    p.add_argument("--batch", type=int, default=60, help="publishes per read")
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--callgrind", action="store_true",
+                   help="instructions per message under valgrind (load-independent)")
+    p.add_argument("--top", type=int, default=25)
+    args = p.parse_args(argv)
+    if args.callgrind:
+        return callgrind(args.body, args.messages, args.batch, args.top)
+    from amqpd import hotpath
+
+    results = run_loop(args.body, args.messages, args.batch, args.repeat)
+    print(f"body {args.body} B, batch {args.batch}, {hotpath.MODE}: CPU µs/msg "
+          f"min {min(results):.2f} median {sorted(results)[len(results) // 2]:.2f} "
+          f"(runs: {', '.join(f'{r:.2f}' for r in results)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
