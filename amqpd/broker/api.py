@@ -561,6 +561,10 @@ class BrokerAPI:
         vh = self.vhost(vhost)
         if username is not None:
             self.check_topic_permission(username, vh, source, routing_key, "read")
+            if kind == "queue":  # a client's bind (not the cluster's replay of one)
+                queue = vh.queues.get(destination)
+                if queue is not None:
+                    queue.check_bind()
         vh.bind(kind, destination, source, routing_key, arguments, owner)
 
     def unbind(

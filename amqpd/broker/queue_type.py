@@ -141,6 +141,10 @@ class QueueType:
     def check_delete(self, if_unused: bool, if_empty: bool) -> None:
         """queue.delete with these flags, before they are looked at (no refusal here)."""
 
+    def check_bind(self) -> None:
+        """A client's queue.bind to this queue (no refusal here; a queue whose leader
+        node is down answers 404 as RabbitMQ 3.10 does)."""
+
     # --- state the channel and the API read
     @property
     def exclusive(self) -> bool:

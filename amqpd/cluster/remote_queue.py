@@ -206,6 +206,10 @@ class RemoteQueue(QueueType):
         if not self.available:
             raise self._unavailable()
 
+    def check_bind(self) -> None:
+        if not self.available:
+            raise self._unavailable()
+
     def _send(self, frame: bytes) -> None:
         if self.link is not None:
             self.link.send(frame)

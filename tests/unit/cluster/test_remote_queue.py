@@ -251,6 +251,10 @@ async def test_node_loss_cancels_consumers_nacks_and_answers_404(
             await ch.declare_queue("q5", durable=True)
         assert ("home node 'a@test' of durable queue 'q5' in vhost '/' is down or "
                 "inaccessible") in str(info.value)
+        ch = await conn.channel()  # queue.bind: the same 404, as RabbitMQ 3.10.8's
+        with pytest.raises(aio_pika.exceptions.ChannelNotFoundEntity) as info:
+            await (await ch.get_queue("q5", ensure=False)).bind("amq.direct", "k")
+        assert "home node 'a@test' of durable queue 'q5'" in str(info.value)
         # as RabbitMQ 3.10: routed nowhere (the queue's node is down), so the confirm is
         # an ack and a mandatory message comes back (312 NO_ROUTE)
         ch2 = await conn.channel(publisher_confirms=True, on_return_raises=True)
