@@ -153,6 +153,7 @@ def assert_404_on(node: ClusterNode) -> None:
         conn.close()
 
 
+@pytest.mark.slow
 def test_kill_9_at_a_random_moment_under_traffic(nodes: list[ClusterNode]) -> None:
     seed = int(os.environ.get("AMQPD_KILL_SEED") or random.SystemRandom().randrange(1 << 30))
     print(f"AMQPD_KILL_SEED={seed}")

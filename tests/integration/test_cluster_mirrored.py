@@ -219,6 +219,7 @@ def _consume(node: ClusterNode, got: list[tuple[int, bool]], seen: set[int],
     return last
 
 
+@pytest.mark.slow
 def test_kill_9_of_the_leader_during_confirmed_publishing_loses_nothing_confirmed(
         nodes: list[ClusterNode]) -> None:
     a, b, c = nodes
