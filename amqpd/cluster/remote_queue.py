@@ -363,7 +363,7 @@ class RemoteQueue(QueueType):
         consumer = state.consumer
         window = consumer.prefetch if state.by_settle else DELIVERY_WINDOW
         args = {"tag": consumer.tag, "exclusive": consumer.exclusive,
-                "arguments": _jsonable(consumer.arguments)}
+                "arguments": jsonable(consumer.arguments)}
         self._send(W.encode(W.CONSUME, self.stream, state.id, consumer.no_ack, window, args))
 
     def remove_consumer(self, consumer: Consumer) -> None:
@@ -507,11 +507,13 @@ def _removed(queue: QueueType) -> None:
     queue.vhost.broker.publisher.remote_queues -= 1
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
+    """Queue and consumer arguments as link frames and etcd keys carry them (JSON): AMQP
+    tables may hold bytes and decimals, which JSON does not."""
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if isinstance(value, bytes):
         return value.decode(errors="replace")
     if value is None or isinstance(value, bool | int | float | str):
@@ -868,7 +870,7 @@ class ClusterQueues:
         self._next_declare += 1
         link.send(W.encode(W.DECLARE, 0, self._next_declare, {
             "vhost": vhost.name, "name": name, "auto_delete": auto_delete,
-            "arguments": _jsonable(arguments)}))
+            "arguments": jsonable(arguments)}))
         q = materialise(self.api, vhost.name, {"name": name, "durable": True,
                                                "auto_delete": auto_delete,
                                                "arguments": arguments}, leader)

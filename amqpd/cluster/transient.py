@@ -39,6 +39,7 @@ import logging
 import urllib.parse
 from typing import TYPE_CHECKING, Any
 
+from amqpd.cluster.remote_queue import jsonable
 from amqpd.coord.etcd import EtcdClient, EtcdError
 
 if TYPE_CHECKING:
@@ -48,18 +49,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqpd.cluster.transient")
 
 Ident = tuple[str, str]  # (vhost, queue)
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, bytes):
-        return value.decode(errors="replace")
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    return str(value)
 
 
 ELSEWHERE = object()  # the owner of an exclusive queue whose connection is on another node
@@ -105,12 +94,12 @@ class TransientQueues:
         """The queue as the others get it, with its bindings from exchanges every node
         knows (durable ones and the ``amq.*`` ones; not the default exchange)."""
         bindings = sorted(
-            [b.source.name, b.routing_key, _jsonable(b.arguments)]
+            [b.source.name, b.routing_key, jsonable(b.arguments)]
             for b in (q.inbound or ())
             if b.source.name and (b.source.durable or b.source.name.startswith("amq.")))
         return json.dumps({"name": q.name, "vhost": q.vhost.name, "durable": q.durable,
                            "exclusive": q.exclusive, "auto_delete": q.auto_delete,
-                           "arguments": _jsonable(q.arguments), "node": self.node,
+                           "arguments": jsonable(q.arguments), "node": self.node,
                            "bindings": bindings}, separators=(",", ":"), sort_keys=True)
 
     def declared(self, q: QueueType) -> None:
@@ -226,7 +215,7 @@ class TransientQueues:
         """Bind the stand-in ``q`` as its node has the queue bound (routing happens on
         the node where a message arrives)."""
         def ident(source: str, key: str, arguments: Any) -> str:
-            return json.dumps([source, key, _jsonable(arguments)], sort_keys=True)
+            return json.dumps([source, key, jsonable(arguments)], sort_keys=True)
 
         want = {ident(*w): w for w in wanted if len(w) == 3}
         have = {ident(b.source.name, b.routing_key, b.arguments): b
