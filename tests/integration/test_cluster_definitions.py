@@ -13,7 +13,6 @@ passive declares here are of exchanges, and of queues only on their leader.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +23,6 @@ from tests.integration._http import q
 from tests.integration.cluster_support import (
     ClusterNode,
     new_prefix,
-    private_etcd,
-    three_nodes,
     wait_for,
     wait_formed,
 )
@@ -36,18 +33,6 @@ pytestmark = [
     pytest.mark.skipif(etcdproc.find_etcd() is None, reason=etcdproc.SKIP_REASON),
     pytest.mark.timeout(240),
 ]
-
-
-@pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
-    with private_etcd(tmp_path) as proc:
-        yield proc
-
-
-@pytest.fixture
-def nodes(tmp_path: Path, etcd: EtcdProcess) -> Iterator[list[ClusterNode]]:
-    with three_nodes(tmp_path, etcd.url) as started:
-        yield started
 
 
 def on_all(nodes: list[ClusterNode], path: str, status: int = 200,

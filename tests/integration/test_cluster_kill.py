@@ -18,9 +18,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 from pamqp import commands
@@ -30,8 +28,6 @@ from pamqp.header import ContentHeader
 from bench.loadgen import Conn, ProtocolError
 from tests.integration.cluster_support import (
     ClusterNode,
-    private_etcd,
-    three_nodes,
     wait_for,
 )
 from tests.integration.test_cluster_queues import (
@@ -50,12 +46,6 @@ pytestmark = [
 TEXT = ("NOT_FOUND - home node 'node-a' of durable queue 'hot' in vhost '/' is down "
         "or inaccessible")
 WINDOW = 64  # publishes in flight before the publisher waits for confirms
-
-
-@pytest.fixture
-def nodes(tmp_path: Path) -> Iterator[list[ClusterNode]]:
-    with private_etcd(tmp_path) as etcd, three_nodes(tmp_path, etcd.url) as started:
-        yield started
 
 
 @dataclass

@@ -14,8 +14,6 @@ import os
 import random
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,9 +22,8 @@ from pamqp import commands, frame, header
 
 from bench.loadgen import Conn, ProtocolError
 from tests.integration._http import q
-from tests.integration.cluster_support import ClusterNode, private_etcd, three_nodes, wait_for
+from tests.integration.cluster_support import ClusterNode, wait_for
 from tests.support import etcdproc
-from tests.support.etcdproc import EtcdProcess
 
 pytestmark = [
     pytest.mark.skipif(etcdproc.find_etcd() is None, reason=etcdproc.SKIP_REASON),
@@ -35,18 +32,6 @@ pytestmark = [
 
 QUEUE = "mirrored"
 TOTAL = int(os.environ.get("AMQPD_TEST_MIRROR_MESSAGES", "20000"))
-
-
-@pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
-    with private_etcd(tmp_path) as proc:
-        yield proc
-
-
-@pytest.fixture
-def nodes(tmp_path: Path, etcd: EtcdProcess) -> Iterator[list[ClusterNode]]:
-    with three_nodes(tmp_path, etcd.url) as started:
-        yield started
 
 
 def queue_info(node: ClusterNode, name: str) -> dict[str, Any]:

@@ -28,7 +28,6 @@ from tests.integration.cluster_support import (
     ClusterNode,
     free_udp_port,
     new_prefix,
-    private_etcd,
     wait_for,
     wait_formed,
 )
@@ -44,12 +43,6 @@ pytestmark = [
 
 QUEUE = "partition-q"
 COUNT = 300
-
-
-@pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
-    with private_etcd(tmp_path) as proc:
-        yield proc
 
 
 @pytest.fixture

@@ -14,8 +14,6 @@ from __future__ import annotations
 import base64
 import json
 import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from pamqp import commands
@@ -25,8 +23,6 @@ from pamqp.header import ContentHeader
 from bench.loadgen import Conn, ProtocolError
 from tests.integration.cluster_support import (
     ClusterNode,
-    private_etcd,
-    three_nodes,
     wait_for,
     wait_formed,
 )
@@ -37,12 +33,6 @@ pytestmark = [
     pytest.mark.skipif(etcdproc.find_etcd() is None, reason=etcdproc.SKIP_REASON),
     pytest.mark.timeout(300),
 ]
-
-
-@pytest.fixture
-def nodes(tmp_path: Path) -> Iterator[list[ClusterNode]]:
-    with private_etcd(tmp_path) as etcd, three_nodes(tmp_path, etcd.url) as started:
-        yield started
 
 
 def listed(node: ClusterNode, name: str) -> str | None:

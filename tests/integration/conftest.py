@@ -1,0 +1,25 @@
+"""Fixtures the cluster tests share: a private etcd and three amqpd nodes joined through
+it (tests/integration/cluster_support.py starts them). A test file that needs another
+shape (two nodes, other settings) defines its own fixture of the same name."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.cluster_support import ClusterNode, private_etcd, three_nodes
+from tests.support.etcdproc import EtcdProcess
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
+    with private_etcd(tmp_path) as proc:
+        yield proc
+
+
+@pytest.fixture
+def nodes(tmp_path: Path, etcd: EtcdProcess) -> Iterator[list[ClusterNode]]:
+    with three_nodes(tmp_path, etcd.url) as started:
+        yield started
