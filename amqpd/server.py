@@ -597,6 +597,9 @@ async def serve(settings: Settings, ready: Callable[[Broker], None] | None = Non
         from amqpd.cluster import mirror
 
         mirrors = mirror.start(broker.api, cluster, queues)  # mirrored queues (issue 16)
+        from amqpd.cluster import quorum_group
+
+        groups = quorum_group.start(broker.api, cluster, queues)  # quorum queues' groups
     broker.on_ready = ready
     if ready is not None:
         ready(broker)
@@ -613,6 +616,7 @@ async def serve(settings: Settings, ready: Callable[[Broker], None] | None = Non
     if broker.warren is not None:
         await broker.warren.stop()  # an active hands over at once (fence, revoke lease)
     if cluster is not None:
+        await groups.stop()
         await mirrors.stop()
         await cluster.stop()  # revokes the lease: the others see this node go at once
         await queues.stop()

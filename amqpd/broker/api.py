@@ -680,7 +680,16 @@ class BrokerAPI:
         mirrors = getattr(self._broker.cluster, "mirrors", None)
         if mirrors is not None:  # a mirrored queue's mirrors (amqpd.cluster.mirror)
             out.update(mirrors.queue_fields(q.vhost.name, q.name))
+        groups = getattr(self._broker.cluster, "quorum_groups", None)
+        if groups is not None and getattr(q, "real_type", q.type_name) == "quorum":
+            out.update(groups.queue_fields(q.vhost.name, q.name))
         return out
+
+    def quorum_critical(self) -> list[tuple[str, str]]:
+        """(vhost, queue) of the quorum queues that stopping this node would leave
+        without a majority of running members (empty on a single node)."""
+        groups = getattr(self._broker.cluster, "quorum_groups", None)
+        return groups.quorum_critical() if groups is not None else []
 
     def mirror_sync_critical(self) -> list[tuple[str, str]]:
         """(vhost, queue) of the mirrored queues that stopping this node would leave

@@ -28,9 +28,10 @@ measured on it (see conformance/cases/quorum.py):
   redelivered, and with the publish time and expiry of its first record (its TTL
   counts from the publish, not from the return or the restart).
 
-What replication would add (a leader, members, majority confirms) is not here: a quorum
-queue on one node is its own leader and only member, and ``node-is-quorum-critical`` is
-healthy.
+On one node a quorum queue is its own leader and only member, and
+``node-is-quorum-critical`` is healthy. In a cluster the replica group (members on
+other nodes, majority commit, elections) is :mod:`amqpd.cluster.quorum_group`, which
+sets :attr:`QuorumQueue.group` on the node that leads the queue.
 
 :class:`QuorumQueue` is the queue-type seam's ``quorum`` implementation
 (:mod:`amqpd.broker.queue_type`), picked by ``x-queue-type: quorum``. On one node it is
@@ -107,6 +108,10 @@ class QuorumQueue(Queue):
         super().__init__(vhost, name, durable, exclusive_owner, auto_delete, arguments)
         self.delivery_limit: int | None = None
         self.blocked = False  # reject-publish: over the limit, not yet back to 80 %
+        # in a cluster, the replica group this node leads the queue for
+        # (amqpd.cluster.quorum_group.GroupLeading): without a majority, nothing is
+        # delivered (its serving() says when)
+        self.group: Any = None
         publisher = vhost.broker.publisher
         publisher.keeping_queues += 1  # transient messages are written while any exist
         self.on_removed.append(_removed)
@@ -230,8 +235,17 @@ class QuorumQueue(Queue):
                  or self.ready_bytes <= int(opts.max_length_bytes * SOFT_LIMIT))
 
     # -- deliveries ----------------------------------------------------------------------
+    def dispatch(self) -> None:
+        """As a classic queue's, except while the replica group lacks a majority."""
+        if self.group is not None and not self.group.serving():
+            return
+        super().dispatch()
+
     def fetch(self) -> QueueEntry | None:
-        """basic.get shows the delivery count even on a first delivery (0)."""
+        """basic.get shows the delivery count even on a first delivery (0); nothing
+        while the replica group lacks a majority."""
+        if self.group is not None and not self.group.serving():
+            return None
         entry = self.take()
         if entry is None or isinstance(entry, QuorumEntry):
             return entry

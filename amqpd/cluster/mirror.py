@@ -86,6 +86,7 @@ TICK: Final = 0.25  # seconds between reconciliations (policies, timeouts, failo
 ELECTION_WAIT: Final = 2.0  # seconds a candidate waits for the other candidates
 SYNC_BATCH: Final = 1024  # backlog messages per batch (ha-sync-batch-size overrides)
 LOW_WATER: Final = 1 << 20  # a backlog batch waits until the link's buffer is below this
+STREAM_SPLIT: Final = 1 << 31  # replication streams from here on: quorum queues'
 
 Ident = tuple[str, str]  # (vhost, queue)
 
@@ -674,8 +675,14 @@ class Mirrors:
                 asyncio.get_running_loop().create_task(lead.write())
         # copies of the queues the peer leads are kept: they are what failover promotes
 
+    def owns_stream(self, stream: int) -> bool:
+        """Whether a replication stream number is this instance's: quorum queues
+        (amqpd.cluster.quorum_group) reuse these frames with numbers from
+        :data:`STREAM_SPLIT` on, so the two never take each other's streams."""
+        return stream < STREAM_SPLIT
+
     def frame(self, link: Link, kind: int, stream: int, f: list[Any]) -> None:
-        if not M.is_mirror_frame(kind):
+        if not M.is_mirror_frame(kind) or not self.owns_stream(stream):
             return
         peer = link.peer
         if kind in M.TO_LEADER:

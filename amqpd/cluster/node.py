@@ -82,6 +82,8 @@ class Cluster(ClusterView):
         self.link_address: tuple[str, int] | None = None
         # mirrored queues (amqpd.cluster.mirror.Mirrors), once serve() started them
         self.mirrors: Any = None
+        # quorum queues' replica groups (amqpd.cluster.quorum_group.QuorumGroups)
+        self.quorum_groups: Any = None
         self.pauses = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._sync_task: asyncio.Task[None] | None = None

@@ -107,7 +107,18 @@ async def mirror_sync_critical(ctx: Ctx) -> Any:
 
 
 async def quorum_critical(ctx: Ctx) -> Any:
-    return ok(reason="single node cluster")
+    """503 when stopping this node would leave a quorum queue without a majority of
+    running members (RabbitMQ's text and queue list); a single node is ok."""
+    if ctx.api.cluster() is None:
+        return ok(reason="single node cluster")
+    critical = ctx.api.quorum_critical()
+    if critical:
+        return failed("There are quorum queues that would lose their quorum if the "
+                      "target node is shut down",
+                      queues=[{"name": name, "virtual_host": vhost, "type": "quorum",
+                               "readable_name": f"queue '{name}' in vhost '{vhost}'"}
+                              for vhost, name in critical])
+    return ok()
 
 
 async def node_healthcheck(ctx: Ctx) -> Any:

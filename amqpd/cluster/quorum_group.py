@@ -1,0 +1,636 @@
+"""Quorum queues across nodes (issue 16's second half): a replica group with majority
+commit, elections with terms, membership edits.
+
+Theory of operation. It reuses the mirrored-queue machinery of
+:mod:`amqpd.cluster.mirror` (the store wrapper that ships a queue's records, the copy a
+member keeps, the background catch-up, the commit gate) with a group's rules in place
+of a policy's:
+
+* **Members at declare.** A durable ``x-queue-type: quorum`` queue is created on the
+  declaring node (or where the leader locator put it), which leads it. Its leader
+  writes the queue's *group record* to etcd, ``{root}/quorum/{vhost}/{queue}`` =
+  ``{"leader", "members", "term", "mirrors", "synchronised", "wanted"}``, created once
+  (a transaction on the key's absence): ``x-quorum-initial-group-size`` members
+  (:func:`amqpd.cluster.quorum_state.initial_members`), term 1. Every write after is a
+  transaction guarded by the record's last revision, so a deposed leader cannot
+  overwrite its successor's record. Every node reads the records (``/api/queues``
+  shows ``leader``, ``members``, ``online``; the quorum-critical health check).
+* **Majority commit.** The leader replicates the queue's records to every other member
+  (frames of :mod:`amqpd.cluster.mirror_wire`, on replication streams numbered from
+  :data:`amqpd.cluster.mirror.STREAM_SPLIT`), each stream preceded by :data:`QTERM`
+  naming the leader's term. A commit (publisher confirm, tx.commit-ok) answers once the
+  records are durable on a majority of the members, the leader's own log included
+  (:class:`~amqpd.cluster.mirror_state.ReplicaSet` with ``quorum``); a member counts
+  once its copy of the backlog is complete. A commit the majority does not acknowledge
+  within ``cluster.mirror_sync_timeout`` fails (the publisher gets a nack), and while
+  fewer than a majority of members hold a complete, connected copy the leader delivers
+  nothing (:attr:`amqpd.broker.quorum.QuorumQueue.group`): it never diverges.
+* **Terms.** A member refuses a replication stream whose term is older than the
+  newest it knows (from an earlier stream or from the record), so a deposed leader's
+  records are refused.
+* **Election.** When the view says the leader's node is not running, every member
+  offers itself under ``{root}/quorum-candidates/{vhost}/{queue}/{record revision}/``
+  with the last sequence number it holds (-1 while its copy is incomplete); once the
+  running members offered (or after :data:`~amqpd.cluster.mirror.ELECTION_WAIT`)
+  :func:`~amqpd.cluster.quorum_state.choose_leader` picks the longest log among a
+  majority of the members (no majority: nobody; the queue refuses until nodes return).
+  The winner takes over with one etcd transaction on the queue's definition (its
+  leader node) and the group record (term + 1), guarded by both revisions: never two
+  leaders. Its copy becomes a :class:`~amqpd.broker.quorum.QuorumQueue`; messages handed
+  out before come back redelivered, each counted as one return by the delivery-count
+  rules of :mod:`amqpd.broker.quorum` (``x-delivery-count``, ``x-delivery-limit``).
+  Consumers elsewhere are kept (:class:`~amqpd.cluster.remote_queue.RemoteQueue`
+  follows the catalogue to the new leader) as RabbitMQ's quorum-queue consumers
+  survive a leader change.
+* **Membership.** ``add_member`` / ``delete_member`` / ``grow`` / ``shrink`` edit the
+  record's members in etcd (a transaction); the leader adopts the record's members
+  when its revision moved: a new member gets a copy in the background and counts once
+  it is complete; a removed one gets ``MDROP`` (its copy goes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import urllib.parse
+from typing import TYPE_CHECKING, Any, Final
+
+from amqpd.broker.message import LoggedMessage
+from amqpd.cluster import link_wire as W
+from amqpd.cluster import mirror_wire as M
+from amqpd.cluster.mirror import (
+    ELECTION_WAIT,
+    STREAM_SPLIT,
+    Leading,
+    MirrorCopy,
+    Mirrors,
+)
+from amqpd.cluster.quorum_state import (
+    MembershipError,
+    NoQuorum,
+    add_member,
+    choose_leader,
+    expire_waiters,
+    group_size,
+    grow_targets,
+    initial_members,
+    majority,
+    quorum_critical,
+    remove_member,
+)
+from amqpd.coord.etcd import Compare, EtcdError, Put
+
+if TYPE_CHECKING:
+    from amqpd.broker.api import BrokerAPI
+    from amqpd.broker.queue_type import QueueType
+    from amqpd.broker.vhost import VHost
+    from amqpd.cluster.link import Link
+    from amqpd.cluster.node import Cluster
+    from amqpd.cluster.remote_queue import ClusterQueues, RemoteQueue
+
+log = logging.getLogger("amqpd.cluster.quorum")
+
+QTERM: Final = 100  # leader -> member: the term of the replication stream about to start
+W.LAYOUTS[QTERM] = "Q"
+
+Ident = tuple[str, str]
+
+
+def _q(part: str) -> str:
+    return urllib.parse.quote(part, safe="")
+
+
+class GroupLeading(Leading):
+    """A quorum queue this node leads: :class:`~amqpd.cluster.mirror.Leading` with the
+    group's members, its term, and a majority for commits."""
+
+    def __init__(self, groups: QuorumGroups, vhost: str, q: QueueType,
+                 live: dict[int, bool], members: list[str], term: int) -> None:
+        super().__init__(groups, vhost, q, live)
+        self.groups = groups
+        self.term = term
+        self.members: list[str] = []
+        self.set_members(members)
+        self.was_serving = False
+
+    def set_members(self, members: list[str]) -> None:
+        self.members = list(members)
+        self.rs.quorum = majority(len(self.members))
+        self.wanted = sorted(m for m in self.members if m != self.groups.node)
+        for node in list(self.streams):
+            if node not in self.wanted:
+                self.detach(node, drop=True)
+                self.rs.leave(node)
+                self.leaving.discard(node)
+        self.dirty = True
+
+    def attach(self, node: str, link: Link) -> None:
+        link.send(W.encode(QTERM, self.mirrors.next_rid + 1, self.term))
+        super().attach(node, link)
+
+    def serving(self) -> bool:
+        """A majority of the members (the leader included) hold a complete copy on a
+        live stream: only then does the leader deliver."""
+        complete = sum(1 for s in self.streams.values() if s.synced and not s.closed)
+        return 1 + complete >= majority(len(self.members))
+
+    def record(self) -> dict[str, Any]:
+        rec = super().record()
+        rec["members"] = list(self.members)
+        rec["term"] = self.term
+        return rec
+
+    async def write(self) -> None:
+        """As :meth:`Leading.write`, except that a record changed by a membership edit
+        (this node still its leader, a newer revision) is adopted first: its members
+        replace ours, then ours is written."""
+        if self.writing or self.deposed:
+            return
+        self.writing = True
+        groups = self.groups
+        try:
+            while self.dirty and not self.gone:
+                self.dirty = False
+                key = groups.record_key(self.ident)
+                etcd = groups.etcd
+                if self.rev < 0:
+                    kv = await etcd.get(key)
+                    if kv is not None:
+                        try:
+                            old = json.loads(kv.value)
+                        except ValueError:
+                            old = {}
+                        if old.get("leader") not in (None, groups.node):
+                            self._deposed(str(old.get("leader")))
+                            return
+                        members = [str(m) for m in old.get("members") or []]
+                        if members and members != self.members:
+                            log.info("queue '%s' in vhost '%s': members now %s",
+                                     self.ident[1], self.ident[0], members)
+                            self.set_members(members)
+                    self.rev = kv.mod_revision if kv is not None else 0
+                rec = self.record()
+                leaving = set(self.leaving)
+                if rec != self.written or leaving:
+                    result = await etcd.txn([Compare("mod", key, "==", self.rev)],
+                                            [Put(key, json.dumps(rec))])
+                    if not result.succeeded:
+                        self.rev = -1
+                        self.dirty = True
+                        continue
+                    self.rev = result.revision
+                    self.written = rec
+                for node in leaving:
+                    if node in self.leaving and node not in rec["synchronised"]:
+                        self.leaving.discard(node)
+                        self.rs.leave(node)
+                        log.warning("queue '%s' in vhost '%s': member %s's copy is not "
+                                    "counted until it is complete again", self.ident[1],
+                                    self.ident[0], node)
+                groups.gate.release()
+        except EtcdError as exc:
+            self.dirty = True
+            log.warning("queue '%s': group record not written to etcd yet: %s",
+                        self.ident[1], exc)
+        finally:
+            self.writing = False
+
+
+class QuorumGroups(Mirrors):
+    """This node's part in quorum queues' replica groups (module docstring)."""
+
+    def __init__(self, api: BrokerAPI, cluster: Cluster, queues: ClusterQueues) -> None:
+        super().__init__(api, cluster, queues)
+        self.next_rid = STREAM_SPLIT
+        self.stream_terms: dict[tuple[str, int], int] = {}  # (leader, rid) -> its QTERM
+        self.known_terms: dict[Ident, int] = {}  # the newest term seen per queue
+        self.revisions: dict[Ident, int] = {}  # the records' mod revisions, as last read
+        self.establishing: set[Ident] = set()
+        self.elections = 0
+        self._spawned: set[asyncio.Task[None]] = set()
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        self.broker.store = self.store
+        self.queues.extensions.append(self)
+        previous = self.queues.failover_expected
+
+        def expected(queue: RemoteQueue) -> bool:
+            return self.failover_expected(queue) or previous(queue)
+
+        self.queues.failover_expected = expected
+        self._tasks = [asyncio.create_task(self._loop(), name="quorum-groups"),
+                       asyncio.create_task(self._read_records(), name="quorum-records")]
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._spawned.add(task)
+        task.add_done_callback(self._spawned.discard)
+
+    def record_key(self, ident: Ident) -> str:
+        return f"{self.root}/quorum/{_q(ident[0])}/{_q(ident[1])}"
+
+    def owns_stream(self, stream: int) -> bool:
+        return stream >= STREAM_SPLIT
+
+    async def _read_records(self) -> None:
+        prefix = f"{self.root}/quorum/"
+        while True:
+            with contextlib.suppress(EtcdError, ValueError):
+                _rev, kvs = await self.etcd.range_prefix(prefix)
+                records: dict[Ident, dict[str, Any]] = {}
+                revisions: dict[Ident, int] = {}
+                for kv in kvs:
+                    parts = kv.key.decode()[len(prefix):].split("/")
+                    if len(parts) == 2:
+                        ident = (urllib.parse.unquote(parts[0]),
+                                 urllib.parse.unquote(parts[1]))
+                        rec = json.loads(kv.value)
+                        records[ident] = rec
+                        revisions[ident] = kv.mod_revision
+                        term = int(rec.get("term", 0))
+                        if term > self.known_terms.get(ident, 0):
+                            self.known_terms[ident] = term
+                self.records = records
+                self.revisions = revisions
+            await asyncio.sleep(0.5)
+
+    # -- the reconciliation ---------------------------------------------------------------
+    def reconcile(self) -> None:
+        cluster = self.cluster
+        if not cluster.mirror.synced or cluster.paused:
+            return
+        view = cluster
+        loop = asyncio.get_running_loop()
+        seen: set[Ident] = set()
+        for vh in self.broker.vhosts.values():
+            for q in list(vh.queues.values()):
+                if q.remote or not q.durable or q.type_name != "quorum":
+                    continue
+                ident = (vh.name, q.name)
+                seen.add(ident)
+                lead = self.leading.get(ident)
+                if lead is not None and lead.q is not q:
+                    self.stop_leading(lead, delete_record=False)
+                    lead = None
+                if lead is None:
+                    if ident not in self.establishing:
+                        self.establishing.add(ident)
+                        self._spawn(self._establish(vh, q))
+                    continue
+                assert isinstance(lead, GroupLeading)
+                rev = self.revisions.get(ident)
+                if rev is not None and lead.rev > 0 and rev > lead.rev and \
+                        self.records.get(ident, {}).get("leader") == self.node:
+                    lead.rev = -1  # edited (membership): write() adopts it
+                    lead.dirty = True
+                for node in lead.wanted:
+                    if node not in lead.streams and view.is_running(node):
+                        link = self.queues.links.link(node)
+                        if link is not None:
+                            lead.attach(node, link)
+                if lead.dirty and not lead.writing:
+                    self._spawn(lead.write())
+                serving = lead.serving()
+                if serving != lead.was_serving:
+                    lead.was_serving = serving
+                    if serving:
+                        log.info("queue '%s' in vhost '%s': a majority of %s holds it; "
+                                 "serving", q.name, vh.name, lead.members)
+                        vh.schedule_dispatch(q)
+                    else:
+                        log.warning("queue '%s' in vhost '%s': fewer than a majority of "
+                                    "%s hold it; publishes are refused and nothing is "
+                                    "delivered until they do", q.name, vh.name,
+                                    lead.members)
+        for ident, lead in list(self.leading.items()):
+            if ident not in seen and not lead.gone:
+                self.stop_leading(lead, delete_record=False)
+        expired = expire_waiters(self.gate, time.monotonic(), NoQuorum(
+            "a majority of the quorum queue's members did not acknowledge in time"))
+        if expired:
+            log.warning("%d commits not acknowledged by a majority within %.1fs: "
+                        "refused (nack)", expired, self.gate.timeout)
+        for ident, copy in list(self.copy_of.items()):
+            leader = cluster.catalogue.get(ident)
+            if ident in self.promoting:
+                continue
+            if leader != copy.leader:
+                self._end_copy(copy)
+                continue
+            if not view.is_running(leader):
+                self.promoting[ident] = loop.create_task(self._promote(ident, copy))
+
+    async def _establish(self, vh: VHost, q: QueueType) -> None:
+        """Lead a quorum queue this node holds: create its group record (a new queue) or
+        take up the one that names this node (a restart)."""
+        ident = (vh.name, q.name)
+        try:
+            key = self.record_key(ident)
+            kv = await self.etcd.get(key)
+            rec: dict[str, Any]
+            if kv is None:
+                view = self.cluster
+                members = initial_members(self.node, group_size(q.arguments),
+                                          list(view.nodes()), view.is_running)
+                rec = {"leader": self.node, "members": members, "term": 1, "mirrors": [],
+                       "synchronised": [], "wanted": members[1:]}
+                result = await self.etcd.txn([Compare("create", key, "==", 0)],
+                                             [Put(key, json.dumps(rec))])
+                if not result.succeeded:
+                    return  # the next reconciliation reads it
+                rev = result.revision
+                log.info("quorum queue '%s' in vhost '%s': members %s", q.name, vh.name,
+                         members)
+            else:
+                rec = json.loads(kv.value)
+                rev = kv.mod_revision
+                if rec.get("leader") != self.node:
+                    log.warning("quorum queue '%s' in vhost '%s' is here but the group "
+                                "record names %s its leader: not leading it", q.name,
+                                vh.name, rec.get("leader"))
+                    return
+            if vh.queues.get(q.name) is not q or ident in self.leading:
+                return
+            lead = self._lead_group(vh, q, [str(m) for m in rec["members"]],
+                                    int(rec.get("term", 1)), None)
+            lead.rev = rev
+            lead.written = rec
+        except (EtcdError, ValueError, KeyError) as exc:
+            log.warning("quorum queue '%s': group record not read yet: %s", q.name, exc)
+        finally:
+            self.establishing.discard(ident)
+
+    def _lead_group(self, vh: VHost, q: QueueType, members: list[str], term: int,
+                    live: dict[int, bool] | None) -> GroupLeading:
+        if live is None:
+            live = {}
+            ready = getattr(q, "ready", None)
+            if ready is not None:
+                positions = ready.positions() if hasattr(ready, "positions") else [
+                    e.message.position for e in ready if e.message.position >= 0]
+                live = dict.fromkeys(positions, False)
+        lead = GroupLeading(self, vh.name, q, live, members, term)
+        self.leading[lead.ident] = lead
+        self.store.by_key[lead.key] = lead
+        self.gate.sets.append(lead.rs)
+        self.known_terms[lead.ident] = max(term, self.known_terms.get(lead.ident, 0))
+        q.group = lead  # type: ignore[attr-defined]
+        log.info("quorum queue '%s' in vhost '%s': leading it (term %d, members %s)",
+                 q.name, vh.name, term, members)
+        return lead
+
+    def stop_leading(self, lead: Leading, delete_record: bool) -> None:
+        if getattr(lead.q, "group", None) is lead:
+            lead.q.group = None  # type: ignore[attr-defined]
+        super().stop_leading(lead, delete_record)
+
+    # -- links ----------------------------------------------------------------------------
+    def frame(self, link: Link, kind: int, stream: int, f: list[Any]) -> None:
+        if kind == QTERM:
+            self.stream_terms[(link.peer, stream)] = f[0]
+            return
+        if not M.is_mirror_frame(kind) or not self.owns_stream(stream):
+            return
+        if kind == M.MSTART:
+            term = self.stream_terms.pop((link.peer, stream), 0)
+            ident = (f[0], f[1])
+            known = self.known_terms.get(ident, 0)
+            if term < known:
+                log.warning("queue '%s' in vhost '%s': %s replicates it with term %d, "
+                            "older than term %d: refused", f[1], f[0], link.peer, term,
+                            known)
+                link.send(W.encode(M.MREFUSE, stream, f"term {term} is older than {known}"))
+                return
+            self.known_terms[ident] = term
+        super().frame(link, kind, stream, f)
+
+    # -- the election ---------------------------------------------------------------------
+    async def _election_round(self, ident: Ident, copy: MirrorCopy) -> bool:
+        view = self.cluster
+        if view.paused:
+            return False  # a paused node (minority) never takes a queue over
+        key = self.record_key(ident)
+        kv = await self.etcd.get(key)
+        if kv is None:
+            return True
+        rec = json.loads(kv.value)
+        if rec.get("leader") != copy.leader or view.is_running(copy.leader):
+            return True  # somebody took over, or the leader is back
+        members = [str(m) for m in rec.get("members", [])]
+        if self.node not in members:
+            return True
+        prefix = f"{self.root}/quorum-candidates/{_q(ident[0])}/{_q(ident[1])}/" \
+                 f"{kv.mod_revision}/"
+        offer = copy.last_seq if copy.synced else -1
+        await self.etcd.put(prefix + self.node, str(offer))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ELECTION_WAIT
+        offers: dict[str, int] = {}
+        while True:
+            for c in await self.etcd.get_prefix(prefix):
+                offers[c.key.decode()[len(prefix):]] = int(c.value or b"-1")
+            expected = [n for n in members if n != copy.leader and view.is_running(n)]
+            if all(n in offers for n in expected) or loop.time() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        winner = choose_leader(offers, members)
+        if winner is None:
+            log.warning("queue '%s' in vhost '%s': leader %s lost and no majority of %s "
+                        "can elect another (offers %s): the queue waits for members to "
+                        "return", ident[1], ident[0], copy.leader, members, offers)
+            await asyncio.sleep(1.0)
+            return False
+        log.info("queue '%s' in vhost '%s': leader %s lost; offers %s; electing %s",
+                 ident[1], ident[0], copy.leader, offers, winner)
+        if winner == self.node:
+            return await self._take_over_group(ident, copy, rec, kv.mod_revision, prefix)
+        end = loop.time() + 5.0
+        while loop.time() < end:
+            now = await self.etcd.get(key)
+            if now is None or json.loads(now.value).get("leader") != copy.leader:
+                return True
+            await asyncio.sleep(0.1)
+        return False
+
+    async def _take_over_group(self, ident: Ident, copy: MirrorCopy, rec: dict[str, Any],
+                               rec_rev: int, prefix: str) -> bool:
+        from amqpd.cluster.definitions import KIND_QUEUE
+
+        vhost, name = ident
+        defs_key = self.cluster.mirror.etcd_key(KIND_QUEUE, f"{vhost}\x00{name}")
+        kv = await self.etcd.get(defs_key)
+        if kv is None:
+            return True
+        item = json.loads(kv.value)
+        if item.get("node") != copy.leader:
+            return True
+        item["node"] = self.node
+        members = [str(m) for m in rec.get("members", [])]
+        term = int(rec.get("term", 1)) + 1
+        new_rec = {"leader": self.node, "members": members, "term": term, "mirrors": [],
+                   "synchronised": [], "wanted": sorted(m for m in members
+                                                        if m != self.node)}
+        result = await self.etcd.txn(
+            [Compare("mod", defs_key, "==", kv.mod_revision),
+             Compare("mod", self.record_key(ident), "==", rec_rev)],
+            [Put(defs_key, json.dumps(item, separators=(",", ":"))),
+             Put(self.record_key(ident), json.dumps(new_rec))])
+        if not result.succeeded:
+            return False
+        self.known_terms[ident] = term
+        lead = self._promote_group(ident, copy, item, members, term)
+        lead.rev = result.revision
+        lead.written = new_rec
+        self.elections += 1
+        with contextlib.suppress(EtcdError):
+            for c in await self.etcd.get_prefix(prefix):
+                await self.etcd.delete(c.key)
+        return True
+
+    def _promote_group(self, ident: Ident, copy: MirrorCopy, item: dict[str, Any],
+                       members: list[str], term: int) -> GroupLeading:
+        """Turn the copy into the quorum queue, in the remote queue's place. Messages
+        handed out before count one return each (broker/quorum.py's rules)."""
+        from amqpd.broker.quorum import QuorumQueue
+        from amqpd.cluster.remote_queue import replace_queue
+
+        vhost, name = ident
+        vh = self.broker.vhosts[vhost]
+        old = vh.queues.get(name)
+        self.cluster.catalogue[ident] = self.node
+        q = QuorumQueue(vh, name, durable=True, auto_delete=False,
+                        arguments=dict(old.arguments if old is not None
+                                       else item.get("arguments") or {}))
+        replace_queue(self.queues, vh, old, q)
+        self.broker.apply_policies_to(vh, q)
+        live: dict[int, bool] = {}
+        returned: list[tuple[int, int]] = []
+        for local, size, delivered in copy.in_order():
+            if delivered:
+                returned.append((local, size))
+                live[local] = True
+            else:
+                q.restore(LoggedMessage(self.store, local, size), False)
+                live[local] = False
+        self.copies.pop((copy.leader, copy.rid), None)
+        self.copy_of.pop(ident, None)
+        self.broker.definitions_changed(q)
+        lead = self._lead_group(vh, q, members, term, live)
+        for local, size in returned:
+            self._returned(q, local, size)
+        self.promotions += 1
+        log.warning("queue '%s' in vhost '%s': elected leader on %s (term %d) after the "
+                    "loss of %s (%d messages, %d of them handed out before: redelivered)",
+                    name, vhost, self.node, term, copy.leader, len(live), len(returned))
+        return lead
+
+    def _returned(self, q: Any, local: int, size: int) -> None:
+        """A message handed out by the lost leader comes back: one more delivery counted
+        (x-delivery-count), at the back, redelivered; past the delivery limit it is
+        dead-lettered instead."""
+        from amqpd.broker.queue_entry import QueueEntry
+        from amqpd.broker.quorum import DELIVERY_COUNT, _with_count, _without_count
+
+        old = LoggedMessage(self.store, local, size).load()
+        count = old.headers.get(DELIVERY_COUNT)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            count = 0
+        base = _without_count(old)
+        count += 1
+        if q.delivery_limit is not None and count > q.delivery_limit:
+            self.broker.dead_letter(q, [QueueEntry(base, 0)], "delivery_limit")
+            self.store.append_settle(q.store_key, [local])
+            return
+        new = _with_count(base, count)
+        new.position = local
+        q._store_count(old, new)
+        if new.position == local:  # not written again (the store failed): keep the old
+            q.restore(LoggedMessage(self.store, local, size), True)
+            return
+        q.restore(LoggedMessage(self.store, new.position, len(new.body)), True)
+
+    def failover_expected(self, queue: QueueType) -> bool:
+        """A quorum queue whose leader's link went will get a new leader when a majority
+        of its members (the lost leader aside) is running."""
+        rec = self.records.get((queue.vhost.name, queue.name))
+        if rec is None:
+            return False
+        members = [str(m) for m in rec.get("members", [])]
+        leader = str(rec.get("leader"))
+        up = [m for m in members if m != leader and
+              (m == self.node or self.cluster.is_running(m))]
+        return len(up) >= majority(len(members))
+
+    # -- what the API shows ----------------------------------------------------------------
+    def queue_fields(self, vhost: str, name: str) -> dict[str, Any]:
+        lead = self.leading.get((vhost, name))
+        rec = lead.record() if lead is not None else self.records.get((vhost, name))
+        if rec is None:
+            return {}
+        members = [str(m) for m in rec.get("members", [])]
+        leader = str(rec.get("leader"))
+        online = [m for m in members if m == self.node or self.cluster.is_running(m)]
+        return {"leader": leader, "node": leader, "members": members, "online": online}
+
+    def sync_critical(self) -> list[tuple[str, str]]:
+        return []  # mirrored queues only (amqpd.cluster.mirror)
+
+    def quorum_critical(self) -> list[tuple[str, str]]:
+        records = dict(self.records)
+        for ident, lead in self.leading.items():
+            records[ident] = lead.record()
+        return quorum_critical(records, self.node, self.cluster.is_running)
+
+    # -- membership (amqpctl add_member, delete_member, grow, shrink) ---------------------
+    async def edit_members(self, vhost: str, name: str, add: str | None = None,
+                           remove: str | None = None) -> list[str]:
+        """Add or remove one member in the group record (a transaction on its last
+        revision); the leader adopts it. The new members; MembershipError, LookupError
+        (no such quorum queue)."""
+        key = self.record_key((vhost, name))
+        for _attempt in range(20):
+            kv = await self.etcd.get(key)
+            if kv is None:
+                raise LookupError(f"no quorum queue '{name}' in vhost '{vhost}'")
+            rec = json.loads(kv.value)
+            members = [str(m) for m in rec.get("members", [])]
+            if add is not None:
+                members = add_member(members, add, self.cluster.nodes())
+            if remove is not None:
+                members = remove_member(members, remove, str(rec.get("leader")))
+            rec["members"] = members
+            rec["wanted"] = sorted(m for m in members if m != rec.get("leader"))
+            rec["synchronised"] = [m for m in rec.get("synchronised", []) if m in members]
+            rec["mirrors"] = [m for m in rec.get("mirrors", []) if m in members]
+            result = await self.etcd.txn([Compare("mod", key, "==", kv.mod_revision)],
+                                         [Put(key, json.dumps(rec))])
+            if result.succeeded:
+                self.records[(vhost, name)] = rec
+                self.revisions[(vhost, name)] = result.revision
+                log.info("quorum queue '%s' in vhost '%s': members now %s", name, vhost,
+                         members)
+                return members
+            await asyncio.sleep(0.05)
+        raise MembershipError("the group record kept changing; try again")
+
+    def grow_targets(self, node: str, strategy: str) -> list[Ident]:
+        return grow_targets(self.records, node, strategy)
+
+    def shrink_targets(self, node: str) -> list[Ident]:
+        return sorted(i for i, r in self.records.items() if node in r.get("members", []))
+
+
+def start(api: BrokerAPI, cluster: Cluster, queues: ClusterQueues) -> QuorumGroups:
+    """Start this node's part in quorum queues' groups (``serve`` calls it after
+    :func:`amqpd.cluster.mirror.start`)."""
+    groups = QuorumGroups(api, cluster, queues)
+    groups.start()
+    cluster.quorum_groups = groups
+    return groups
+
+
+__all__ = ["QTERM", "GroupLeading", "QuorumGroups", "start"]

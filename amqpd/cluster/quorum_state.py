@@ -1,0 +1,150 @@
+"""The replica-group rules of quorum queues across nodes, without sockets, etcd or asyncio.
+
+:mod:`amqpd.cluster.quorum_group` drives them; the unit tests drive them directly.
+
+* :func:`majority` -- how many members (the leader included) make a record committed,
+  and how many must be reachable for an election: more than half.
+* :func:`group_size` / :func:`initial_members` -- the members a new quorum queue gets:
+  ``x-quorum-initial-group-size`` of them (RabbitMQ 3.10's default: 3, its
+  ``quorum_cluster_size``; a size above the cluster's size means every node), the leader
+  (the declaring node) first, then the running nodes by name.
+* :func:`choose_leader` -- the election: among the offers of the surviving members
+  (member -> the last replication sequence number it holds; -1: its copy is not
+  complete yet, so it may vote but never lead), nobody when fewer than a majority of the
+  members offered; else the longest log, ties to the smallest name, so every member that
+  runs the choice on the same offers picks the same one. A record committed by a
+  majority is held by at least one member of any majority, and a complete copy with a
+  longer log holds every record of a shorter one (records arrive in order on one link),
+  so the winner holds every confirmed message.
+* :func:`quorum_critical` -- what ``node-is-quorum-critical`` reports.
+* :func:`add_member` / :func:`remove_member` -- membership edits with RabbitMQ's refusals.
+* :func:`expire_waiters` -- the bounded wait: commits a group without a majority holds
+  longer than the timeout are failed (the publisher gets a nack) instead of waiting for
+  ever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from amqpd.cluster.mirror_state import CommitGate
+
+DEFAULT_GROUP_SIZE = 3  # RabbitMQ 3.10's quorum_cluster_size
+
+
+class MembershipError(ValueError):
+    """A membership edit that RabbitMQ refuses as well (the text says why)."""
+
+
+class NoQuorum(Exception):
+    """A commit that a quorum queue's majority did not acknowledge in time."""
+
+
+def majority(members: int) -> int:
+    return members // 2 + 1
+
+
+def group_size(arguments: dict[str, Any]) -> int:
+    """The initial group size a declare asks for (validated at declare by
+    :meth:`amqpd.broker.quorum.QuorumQueue.validate_arguments`)."""
+    value = arguments.get("x-quorum-initial-group-size")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return DEFAULT_GROUP_SIZE
+    return value
+
+
+def initial_members(leader: str, size: int, nodes: Iterable[str],
+                    running: Callable[[str], bool]) -> list[str]:
+    """The members of a new group: the leader, then running nodes by name, ``size`` in
+    all (fewer when the cluster has fewer running nodes)."""
+    others = sorted(n for n in set(nodes) if n != leader and running(n))
+    return [leader, *others[:max(size - 1, 0)]]
+
+
+def choose_leader(offers: dict[str, int], members: Iterable[str]) -> str | None:
+    """The election's winner among ``offers`` (module docstring); None: no majority of
+    the members offered, or none of them holds a complete copy."""
+    members = list(members)
+    offered = {n: seq for n, seq in offers.items() if n in members}
+    if len(offered) < majority(len(members)):
+        return None
+    complete = [n for n, seq in offered.items() if seq >= 0]
+    if not complete:
+        return None
+    return min(complete, key=lambda n: (-offered[n], n))
+
+
+def has_majority(members: Iterable[str], up: Callable[[str], bool]) -> bool:
+    members = list(members)
+    return sum(1 for m in members if up(m)) >= majority(len(members))
+
+
+def quorum_critical(records: dict[tuple[str, str], dict[str, Any]], node: str,
+                    running: Callable[[str], bool]) -> list[tuple[str, str]]:
+    """The quorum queues with a member on ``node`` whose running members are no more
+    than a majority: stopping ``node`` would leave them without one (RabbitMQ's
+    ``length(Up) =< MinQuorum``)."""
+    out = []
+    for ident, rec in records.items():
+        members = [str(m) for m in rec.get("members", [])]
+        if node not in members:
+            continue
+        up = [m for m in members if m == node or running(m)]
+        if len(up) <= majority(len(members)):
+            out.append(ident)
+    return sorted(out)
+
+
+def add_member(members: list[str], node: str, known: Iterable[str]) -> list[str]:
+    if node not in set(known):
+        raise MembershipError(f"{node} is not a member of the cluster")
+    if node in members:
+        raise MembershipError(f"{node} is already a member of the group")
+    return [*members, node]
+
+
+def remove_member(members: list[str], node: str, leader: str) -> list[str]:
+    if node not in members:
+        raise MembershipError(f"{node} is not a member of the group")
+    if len(members) == 1:
+        raise MembershipError("cannot remove the last member of the group (last_node)")
+    if node == leader:
+        raise MembershipError(f"{node} leads the group: amqpd moves no leader on "
+                              "request; stop that node first (a new leader is elected)")
+    return [m for m in members if m != node]
+
+
+def grow_targets(records: dict[tuple[str, str], dict[str, Any]], node: str,
+                 strategy: str) -> list[tuple[str, str]]:
+    """``rabbitmq-queues grow <node> all|even``: the queues that gain ``node`` as a
+    member (``even``: only those with an even number of members)."""
+    out = []
+    for ident, rec in records.items():
+        members = list(rec.get("members", []))
+        if node in members:
+            continue
+        if strategy == "even" and len(members) % 2:
+            continue
+        out.append(ident)
+    return sorted(out)
+
+
+def expire_waiters(gate: CommitGate, now: float, error: BaseException) -> int:
+    """Fail, in order, the waiters older than the gate's timeout; how many."""
+    n = 0
+    waiting = gate.waiting
+    while waiting and now - waiting[0].started >= gate.timeout:
+        waiter = waiting.popleft()
+        n += 1
+        waiter.callback(error)
+    if n:
+        gate.release()
+    return n
+
+
+__all__ = [
+    "DEFAULT_GROUP_SIZE", "MembershipError", "NoQuorum", "add_member", "choose_leader",
+    "expire_waiters", "group_size", "grow_targets", "has_majority", "initial_members",
+    "majority", "quorum_critical", "remove_member",
+]

@@ -1,0 +1,388 @@
+"""Quorum queues across nodes (issue 16) with three amqpd processes and one etcd on loopback.
+
+A quorum queue declared on node A gets members on A, B and C (RabbitMQ 3.10's default
+group size of 3), recorded in etcd so every node shows the same ``leader`` / ``members``
+/ ``online``. A publisher with confirms on B sends persistent messages while a consumer
+on C reads them; A (the leader) is killed with kill -9 at a seeded random moment; the
+member with the longest log among B and C is elected; the consumer goes on from the new
+leader; every confirmed message is consumed, a duplicate only with redelivered=true.
+Also: one of three nodes down keeps the queue serving, two down refuse publishes with a
+nack and deliver nothing, and nothing confirmed is lost when they return; the
+quorum-critical health check; membership edits with amqpctl.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pamqp import body as pbody
+from pamqp import commands, frame, header
+
+from bench.loadgen import Conn, ProtocolError
+from tests.integration._http import q
+from tests.integration.cluster_support import ClusterNode, new_prefix, wait_for, wait_formed
+from tests.support import etcdproc
+from tests.support.etcdproc import EtcdProcess
+
+pytestmark = [
+    pytest.mark.skipif(etcdproc.find_etcd() is None, reason=etcdproc.SKIP_REASON),
+    pytest.mark.timeout(600),
+]
+
+QUEUE = "qq"
+QUORUM = {"x-queue-type": "quorum"}
+TOTAL = int(os.environ.get("AMQPD_TEST_QUORUM_MESSAGES", "20000"))
+
+
+def queue_info(node: ClusterNode, name: str = QUEUE) -> dict[str, Any]:
+    r = node.api.get(f"/api/queues/%2F/{q(name)}")
+    return r.json() if r.status == 200 else {}
+
+
+def declare(node: ClusterNode, name: str = QUEUE, **arguments: Any) -> None:
+    conn = Conn(node.url)
+    try:
+        conn.declare_queue(conn.open_channel(1), name, durable=True,
+                           arguments={**QUORUM, **arguments})
+    finally:
+        conn.close()
+
+
+def diagnose(nodes: list[ClusterNode]) -> str:
+    out = []
+    for n in nodes:
+        assert n.proc is not None
+        lines = n.proc.log_path.read_text(errors="replace").splitlines()
+        out.append(f"--- {n.name}")
+        out += [ln for ln in lines if "amqpd.cluster" in ln or "Traceback" in ln
+                or "Error" in ln][-60:]
+    return "\n".join(out)
+
+
+def critical(node: ClusterNode) -> tuple[int, Any]:
+    r = node.api.get("/api/health/checks/node-is-quorum-critical")
+    return r.status, r.json()
+
+
+def group_formed(nodes: list[ClusterNode], leader: ClusterNode) -> None:
+    """Every node shows the group; the leader's members hold complete copies."""
+    names = sorted(n.name for n in nodes)
+
+    def formed() -> bool:
+        for n in nodes:
+            info = queue_info(n)
+            if info.get("leader") != leader.name or sorted(info.get("members", [])) != names:
+                return False
+            if sorted(info.get("online", [])) != names:
+                return False
+        return True
+
+    wait_for(formed, 30, "the group shown on every node", lambda: diagnose(nodes))
+
+
+class Publisher:
+    """Persistent publishes with confirms in a window over one raw connection; knows
+    which message (its body) each confirm or nack is for."""
+
+    def __init__(self, url: str, window: int = 1000, batch: int = 100) -> None:
+        self.conn = Conn(url)
+        self.ch = self.conn.open_channel(1)
+        self.conn.rpc(self.ch, commands.Confirm.Select(), commands.Confirm.SelectOk)
+        self.window = window
+        self.batch = batch
+        self.seq = 0
+        self.outstanding: dict[int, int] = {}
+        self.confirmed: set[int] = set()
+        self.nacked: set[int] = set()
+        self.props = commands.Basic.Properties(delivery_mode=2)
+
+    def _frames(self, number: int) -> bytes:
+        data = b"%010d" % number
+        return b"".join((
+            frame.marshal(commands.Basic.Publish(exchange="", routing_key=QUEUE), self.ch),
+            frame.marshal(header.ContentHeader(0, len(data), self.props), self.ch),
+            frame.marshal(pbody.ContentBody(data), self.ch)))
+
+    def _answer(self, fr: Any) -> None:
+        if isinstance(fr, commands.Basic.Ack | commands.Basic.Nack):
+            into = self.confirmed if isinstance(fr, commands.Basic.Ack) else self.nacked
+            tags = [fr.delivery_tag]
+            if fr.multiple:
+                tags = [t for t in self.outstanding if t <= fr.delivery_tag]
+            for tag in tags:
+                number = self.outstanding.pop(tag, None)
+                if number is not None:
+                    into.add(number)
+        elif isinstance(fr, commands.Channel.Close | commands.Connection.Close):
+            raise ProtocolError(f"closed by the broker: {fr.reply_code} {fr.reply_text}")
+
+    def publish(self, first: int, count: int) -> None:
+        out = bytearray()
+        for number in range(first, first + count):
+            self.seq += 1
+            self.outstanding[self.seq] = number
+            out += self._frames(number)
+        self.conn.sock.sendall(out)
+        while len(self.outstanding) > self.window - self.batch:
+            self._answer(self.conn.read_frame()[1])
+
+    def drain(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.outstanding and time.monotonic() < deadline:
+            self._answer(self.conn.read_frame()[1])
+
+
+class Consumer(threading.Thread):
+    """Consumes QUEUE on one node (prefetch, acks in batches) until told to stop; what
+    it got: (number, redelivered). A cancel or a closed connection is recorded and the
+    consumer starts again (a client would)."""
+
+    def __init__(self, node: ClusterNode) -> None:
+        super().__init__(daemon=True)
+        self.node = node
+        self.got: list[tuple[int, bool]] = []
+        self.seen: set[int] = set()
+        self.stopped = threading.Event()
+        self.interruptions: list[str] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            while not self.stopped.is_set():
+                try:
+                    self._consume()
+                except (OSError, ProtocolError) as exc:
+                    self.interruptions.append(str(exc))
+                    if len(self.interruptions) > 20:
+                        raise
+                    time.sleep(0.5)
+        except BaseException as exc:  # reported by the test thread
+            self.error = exc
+
+    def _consume(self) -> None:
+        conn = Conn(self.node.url)
+        try:
+            ch = conn.open_channel(1)
+            conn.rpc(ch, commands.Basic.Qos(prefetch_count=500), commands.Basic.QosOk)
+            conn.rpc(ch, commands.Basic.Consume(queue=QUEUE, consumer_tag="reader"),
+                     commands.Basic.ConsumeOk)
+            conn.sock.settimeout(0.3)
+            redelivered = False
+            unacked = 0
+            tag = 0
+            while not self.stopped.is_set():
+                try:
+                    _ch, fr = conn.read_frame()
+                except TimeoutError:
+                    if unacked:
+                        conn.send(ch, commands.Basic.Ack(delivery_tag=tag, multiple=True))
+                        unacked = 0
+                    continue
+                if isinstance(fr, commands.Basic.Deliver):
+                    redelivered = bool(fr.redelivered)
+                    tag = fr.delivery_tag
+                elif isinstance(fr, pbody.ContentBody):
+                    number = int(fr.value)
+                    self.got.append((number, redelivered))
+                    self.seen.add(number)
+                    unacked += 1
+                    if unacked >= 100:
+                        conn.send(ch, commands.Basic.Ack(delivery_tag=tag, multiple=True))
+                        unacked = 0
+                elif isinstance(fr, commands.Basic.Cancel | commands.Channel.Close |
+                                commands.Connection.Close):
+                    raise ProtocolError(f"consumer stopped by the broker: {fr}")
+            if unacked:
+                conn.send(ch, commands.Basic.Ack(delivery_tag=tag, multiple=True))
+        finally:
+            conn.sock.close()
+
+
+def check_consumed(got: list[tuple[int, bool]], confirmed: set[int]) -> None:
+    numbers = [n for n, _r in got]
+    missing = confirmed - set(numbers)
+    assert not missing, f"{len(missing)} confirmed messages lost, e.g. {sorted(missing)[:10]}"
+    first: set[int] = set()
+    for n, redelivered in got:
+        if n in first:
+            assert redelivered, f"message {n} delivered twice without redelivered"
+        first.add(n)
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_leader_during_confirmed_publishing_loses_nothing_confirmed(
+        nodes: list[ClusterNode]) -> None:
+    a, b, c = nodes
+    declare(a)
+    group_formed(nodes, a)
+    info = queue_info(b)
+    assert info["type"] == "quorum"
+    assert info["node"] == a.name
+    # three members, all running: stopping any one node leaves a majority
+    for n in nodes:
+        assert critical(n)[0] == 200, critical(n)
+
+    seed = int(os.environ.get("AMQPD_TEST_SEED", str(random.randrange(1 << 30))))
+    rng = random.Random(seed)
+    kill_at = rng.randrange(TOTAL // 10, TOTAL * 6 // 10)
+    print(f"seed {seed}: {TOTAL} messages, node-a killed after message {kill_at}")
+    consumer = Consumer(c)
+    consumer.start()
+    pub = Publisher(b.url)
+    t0 = time.monotonic()
+    killed_at_confirmed = -1
+    number = 0
+    backoff_until = time.monotonic() + 60
+    try:
+        while number < TOTAL:
+            n = min(pub.batch, TOTAL - number)
+            if number <= kill_at < number + n:
+                killed_at_confirmed = len(pub.confirmed)
+                a.kill()  # kill -9, in the middle of the publisher's window
+            nacked = len(pub.nacked)
+            pub.publish(number, n)
+            number += n
+            if killed_at_confirmed >= 0 and len(pub.nacked) > nacked and \
+                    time.monotonic() < backoff_until:
+                time.sleep(0.05)  # as a client would: back off while publishes are nacked
+        pub.drain(60)
+        elapsed = time.monotonic() - t0
+        print(f"published {TOTAL} in {elapsed:.1f}s: {len(pub.confirmed)} confirmed, "
+              f"{len(pub.nacked)} nacked, {len(pub.outstanding)} unanswered")
+        assert not pub.outstanding, "every publish answered"
+        assert killed_at_confirmed >= 0
+        assert any(n > kill_at for n in pub.confirmed), "no confirm after the election"
+        pub.conn.close()
+
+        wait_for(lambda: queue_info(c).get("leader") in (b.name, c.name), 30,
+                 "a new leader elected", lambda: diagnose(nodes))
+        leader = queue_info(c)["leader"]
+        print(f"elected: {leader}")
+        wait_for(lambda: consumer.seen >= pub.confirmed, 180,
+                 "the consumer on node-c got every confirmed message",
+                 lambda: f"{len(pub.confirmed - consumer.seen)} missing; "
+                         f"interruptions {consumer.interruptions}\n{diagnose(nodes)}")
+    finally:
+        consumer.stopped.set()
+        consumer.join(30)
+    assert consumer.error is None, consumer.error
+    check_consumed(consumer.got, pub.confirmed)
+    # the consumer on a surviving node went on from the new leader without being stopped
+    assert not consumer.interruptions, consumer.interruptions
+    print(f"consumed {len(consumer.got)} ({sum(1 for _n, r in consumer.got if r)} "
+          "redelivered)")
+    # the group has two running members of three: each of them is now critical
+    new_leader = b if leader == b.name else c
+    assert critical(new_leader)[0] == 503
+    # the old leader returns as a member of the new leader's group
+    a.start()
+    wait_for(lambda: sorted(queue_info(a).get("online", [])) == sorted(n.name for n in nodes)
+             and queue_info(a).get("leader") == leader, 60, "node-a back in the group",
+             lambda: diagnose(nodes))
+    wait_for(lambda: critical(new_leader)[0] == 200, 60, "node-a's copy complete again",
+             lambda: diagnose(nodes))
+
+
+def get_one(node: ClusterNode) -> int | None:
+    """basic.get (acked) on ``node``: the message number, or None when empty."""
+    conn = Conn(node.url)
+    try:
+        ch = conn.open_channel(1)
+        conn.send(ch, commands.Basic.Get(queue=QUEUE, no_ack=True))
+        while True:
+            _ch, fr = conn.read_frame()
+            if isinstance(fr, commands.Basic.GetEmpty):
+                return None
+            if isinstance(fr, pbody.ContentBody):
+                return int(fr.value)
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def ignoring(tmp_path: Path, etcd: EtcdProcess) -> Iterator[list[ClusterNode]]:
+    """Three nodes with ``partition_handling = ignore``: a node that sees only itself
+    keeps running (with pause_minority it would pause, and so would its queues), so
+    what a quorum queue's group does without its majority shows."""
+    prefix = new_prefix()
+    started: list[ClusterNode] = []
+    try:
+        for name in ("a", "b", "c"):
+            started.append(ClusterNode(f"node-{name}", tmp_path / name, etcd.url, prefix,
+                                       partition_handling="ignore").start())
+        wait_formed(started)
+        yield started
+    finally:
+        for n in started:
+            n.stop()
+
+
+def test_one_node_down_serves_two_down_refuse_and_nothing_confirmed_is_lost(
+        ignoring: list[ClusterNode]) -> None:
+    nodes = ignoring
+    a, b, c = nodes
+    declare(a)
+    group_formed(nodes, a)
+    pub = Publisher(a.url)
+    for first in range(0, 1000, pub.batch):
+        pub.publish(first, pub.batch)
+    pub.drain(60)
+    assert len(pub.confirmed) == 1000
+
+    # C goes: A and B are a majority of three; the queue keeps serving
+    c.kill()
+    wait_for(lambda: critical(a)[0] == 503, 30, "node-a quorum-critical",
+             lambda: diagnose(nodes))
+    status, body = critical(a)
+    assert status == 503
+    assert body["status"] == "failed"
+    assert body["reason"] == ("There are quorum queues that would lose their quorum if "
+                              "the target node is shut down")
+    assert body["queues"] == [{"name": QUEUE, "virtual_host": "/", "type": "quorum",
+                               "readable_name": f"queue '{QUEUE}' in vhost '/'"}]
+    assert sorted(queue_info(a)["online"]) == [a.name, b.name]
+    for first in range(1000, 2000, pub.batch):
+        pub.publish(first, pub.batch)
+    pub.drain(60)
+    assert len(pub.confirmed) == 2000, f"{len(pub.nacked)} nacked with one node down"
+
+    # B goes too: A alone is no majority; publishes are refused, nothing is delivered
+    b.kill()
+    wait_for(lambda: sorted(queue_info(a)["online"]) == [a.name], 30, "only node-a online",
+             lambda: diagnose(nodes))
+    for first in range(2000, 2100, pub.batch):
+        pub.publish(first, pub.batch)
+    pub.drain(60)
+    assert not pub.outstanding
+    refused = {n for n in range(2000, 2100) if n in pub.nacked}
+    assert refused == set(range(2000, 2100)), \
+        f"{len(pub.confirmed & set(range(2000, 2100)))} confirmed without a majority"
+    assert get_one(a) is None, "delivered without a majority"
+
+    # both return: the group has its majority again, every confirmed message is there
+    b.start()
+    c.start()
+    wait_for(lambda: critical(a)[0] == 200, 90, "the group complete again",
+             lambda: diagnose(nodes))
+    assert queue_info(b)["leader"] == a.name
+    for first in range(3000, 3500, pub.batch):
+        pub.publish(first, pub.batch)
+    pub.drain(60)
+    assert set(range(3000, 3500)) <= pub.confirmed
+    pub.conn.close()
+    consumer = Consumer(b)
+    consumer.start()
+    try:
+        wait_for(lambda: consumer.seen >= pub.confirmed, 60, "every confirmed message",
+                 lambda: f"{len(pub.confirmed - consumer.seen)} missing\n{diagnose(nodes)}")
+    finally:
+        consumer.stopped.set()
+        consumer.join(30)
+    check_consumed(consumer.got, pub.confirmed)
