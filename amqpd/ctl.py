@@ -603,6 +603,44 @@ def _common(suppress: bool) -> Parser:
     return common
 
 
+def cmd_add_member(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    """``rabbitmq-queues add_member [--vhost V] <queue> <node>``."""
+    r = c.call("PUT", f"/api/quorum-queues/{q(a.vhost)}/{q(a.queue)}/members/{q(a.node)}")
+    return _done(a, out, f"Adding a replica for queue {a.queue} on node {a.node}...", r)
+
+
+def cmd_delete_member(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    """``rabbitmq-queues delete_member [--vhost V] <queue> <node>``."""
+    r = c.call("DELETE", f"/api/quorum-queues/{q(a.vhost)}/{q(a.queue)}/members/{q(a.node)}")
+    return _done(a, out, f"Removing a replica for queue {a.queue} on node {a.node}...", r)
+
+
+def _membership_rows(a: argparse.Namespace, out: TextIO, rows: list[dict[str, Any]]) -> int:
+    if a.errors_only:
+        rows = [r for r in rows if r.get("result") != "ok"]
+    if a.json:
+        json.dump(rows, out)
+        out.write("\n")
+    else:
+        print_table(rows, ["vhost", "name", "size", "result"], out)
+    return EX_OK
+
+
+def cmd_grow(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    """``rabbitmq-queues grow <node> <all|even> [--vhost-pattern P] [--queue-pattern P]
+    [--errors-only]``."""
+    rows = c.call("POST", "/api/quorum-queues/grow", {
+        "node": a.node, "strategy": a.strategy, "vhost_pattern": a.vhost_pattern,
+        "queue_pattern": a.queue_pattern})
+    return _membership_rows(a, out, rows or [])
+
+
+def cmd_shrink(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    """``rabbitmq-queues shrink <node> [--errors-only]``."""
+    rows = c.call("POST", "/api/quorum-queues/shrink", {"node": a.node})
+    return _membership_rows(a, out, rows or [])
+
+
 def cmd_promote(c: Client, a: argparse.Namespace, out: TextIO) -> int:
     """A static warren standby becomes active (the manual failover without etcd)."""
     r = c.call("POST", "/api/replication/promote", {})
@@ -689,6 +727,16 @@ def build_parser() -> argparse.ArgumentParser:
     add("import_definitions", cmd_import_definitions, "load definitions JSON (- = stdin)",
         arg("path"))
     add("purge_queue", cmd_purge_queue, "remove a queue's ready messages", arg("name"))
+    add("add_member", cmd_add_member, "add a member (replica) on NODE to a quorum queue's "
+        "group (rabbitmq-queues add_member)", arg("queue"), arg("node"))
+    add("delete_member", cmd_delete_member, "remove NODE's member from a quorum queue's "
+        "group (rabbitmq-queues delete_member)", arg("queue"), arg("node"))
+    add("grow", cmd_grow, "add a member on NODE to every quorum queue ('even': those with "
+        "an even number of members) (rabbitmq-queues grow)", arg("node"),
+        arg("strategy", choices=["all", "even"]), arg("--vhost-pattern", default=".*"),
+        arg("--queue-pattern", default=".*"), arg("--errors-only", action="store_true"))
+    add("shrink", cmd_shrink, "remove NODE's member from every quorum queue "
+        "(rabbitmq-queues shrink)", arg("node"), arg("--errors-only", action="store_true"))
     add("delete_queue", cmd_delete_queue, "delete a queue", arg("name"),
         arg("--if-empty", action="store_true"), arg("--if-unused", action="store_true"))
     add("set_vm_memory_high_watermark", cmd_set_vm_memory_high_watermark,

@@ -29,6 +29,7 @@ from amqpd.http import (
     parameters,
     policies,
     queues,
+    quorum_members,
     replication,
     users,
     vhosts,
@@ -44,7 +45,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqpd.http")
 
 RESOURCES = (overview, connections, exchanges, queues, bindings, vhosts, users, policies,
-             parameters, definitions, health, metrics, webui, limits, replication, cluster)
+             parameters, definitions, health, metrics, webui, limits, replication, cluster,
+             quorum_members)
 
 
 def build_router(api: BrokerAPI | None = None) -> Router:

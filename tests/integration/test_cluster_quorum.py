@@ -386,3 +386,64 @@ def test_one_node_down_serves_two_down_refuse_and_nothing_confirmed_is_lost(
         consumer.stopped.set()
         consumer.join(30)
     check_consumed(consumer.got, pub.confirmed)
+
+
+def members(node: ClusterNode) -> list[str]:
+    return sorted(queue_info(node).get("members", []))
+
+
+def test_members_are_added_and_removed_with_amqpctl_and_a_new_one_catches_up(
+        nodes: list[ClusterNode]) -> None:
+    a, b, c = nodes
+    declare(a, **{"x-quorum-initial-group-size": 2})
+    wait_for(lambda: all(members(n) == [a.name, b.name] for n in nodes), 30,
+             "two members shown everywhere", lambda: diagnose(nodes))
+    # two members, both running: stopping either loses the majority (RabbitMQ: 2 =< 2)
+    wait_for(lambda: critical(a)[0] == 503, 30, "node-a critical")
+    assert critical(c)[0] == 200  # no member on node-c
+    pub = Publisher(a.url)
+    for first in range(0, 2000, pub.batch):
+        pub.publish(first, pub.batch)
+    pub.drain(60)
+    assert len(pub.confirmed) == 2000
+
+    # refusals, as rabbitmq-queues gives them
+    out = b.ctl("add_member", QUEUE, "node-x", check=False)
+    assert out.returncode != 0 and "not a member of the cluster" in out.stdout + out.stderr
+    out = b.ctl("add_member", QUEUE, b.name, check=False)
+    assert out.returncode != 0 and "already a member" in out.stdout + out.stderr
+    out = b.ctl("delete_member", "no-such-queue", b.name, check=False)
+    assert out.returncode != 0
+    # add node-c from another node than the leader: it copies the backlog in the background
+    b.ctl("add_member", QUEUE, c.name)
+    wait_for(lambda: all(members(n) == sorted([a.name, b.name, c.name]) for n in nodes), 30,
+             "node-c a member everywhere", lambda: diagnose(nodes))
+    wait_for(lambda: critical(a)[0] == 200, 30, "three members: node-a not critical")
+    # node-b leaves (shrink): [a, c] is a group of two, so a confirm now needs node-c's
+    # copy complete and its acknowledgement
+    rows = c.ctl_json("shrink", b.name)
+    assert rows == [{"vhost": "/", "name": QUEUE, "size": 2, "result": "ok"}]
+    wait_for(lambda: all(members(n) == sorted([a.name, c.name]) for n in nodes), 30,
+             "node-b removed everywhere", lambda: diagnose(nodes))
+    for first in range(2000, 2500, pub.batch):
+        pub.publish(first, pub.batch)
+    pub.drain(60)
+    assert set(range(2000, 2500)) <= pub.confirmed, \
+        f"{len(pub.nacked)} nacked: node-c's copy never completed\n{diagnose(nodes)}"
+    # the leader's member cannot be deleted on request (amqpd moves no leader)
+    out = c.ctl("delete_member", QUEUE, a.name, check=False)
+    assert out.returncode != 0 and "leads the group" in out.stdout + out.stderr
+    # grow node-b on queues with an even number of members: back to three
+    rows = a.ctl_json("grow", b.name, "even")
+    assert rows == [{"vhost": "/", "name": QUEUE, "size": 3, "result": "ok"}]
+    wait_for(lambda: members(a) == sorted(n.name for n in nodes), 30, "node-b back")
+    pub.conn.close()
+    consumer = Consumer(c)
+    consumer.start()
+    try:
+        wait_for(lambda: consumer.seen >= pub.confirmed, 60, "every confirmed message",
+                 lambda: f"{len(pub.confirmed - consumer.seen)} missing\n{diagnose(nodes)}")
+    finally:
+        consumer.stopped.set()
+        consumer.join(30)
+    check_consumed(consumer.got, pub.confirmed)
