@@ -115,6 +115,7 @@ class GroupLeading(Leading):
         self.members: list[str] = []
         self.set_members(members)
         self.was_serving = False
+        self.fenced = False  # deposed: refuses and holds until the queue is replaced
 
     def set_members(self, members: list[str]) -> None:
         self.members = list(members)
@@ -127,6 +128,19 @@ class GroupLeading(Leading):
                 self.leaving.discard(node)
         self.dirty = True
 
+    def fence(self) -> None:
+        """The cluster elected another leader while this node still holds the queue:
+        until the definitions replace it with the remote queue, it delivers nothing and
+        every commit after a record of it fails (nack): never two leaders accepting
+        publishes. The records stay with the commit gate, which a majority that can
+        never answer (one more than the members) makes unsatisfiable."""
+        self.fenced = True
+        for node in list(self.streams):
+            self.detach(node, drop=False)
+        self.rs.synchronised.clear()
+        self.rs.quorum = len(self.members) + 1
+        self.leaving.clear()
+
     def attach(self, node: str, link: Link) -> None:
         link.send(W.encode(QTERM, self.mirrors.next_rid + 1, self.term))
         super().attach(node, link)
@@ -134,6 +148,8 @@ class GroupLeading(Leading):
     def serving(self) -> bool:
         """A majority of the members (the leader included) hold a complete copy on a
         live stream: only then does the leader deliver."""
+        if self.fenced:
+            return False
         complete = sum(1 for s in self.streams.values() if s.synced and not s.closed)
         return 1 + complete >= majority(len(self.members))
 
@@ -209,6 +225,9 @@ class QuorumGroups(Mirrors):
         self.known_terms: dict[Ident, int] = {}  # the newest term seen per queue
         self.revisions: dict[Ident, int] = {}  # the records' mod revisions, as last read
         self.establishing: set[Ident] = set()
+        # copies (leader, rid) whose member offered itself in an election: they take no
+        # more records from that leader (a vote ends its term here, as in Raft)
+        self.frozen: set[tuple[str, int]] = set()
         self.elections = 0
         self._spawned: set[asyncio.Task[None]] = set()
 
@@ -282,6 +301,8 @@ class QuorumGroups(Mirrors):
                         self._spawn(self._establish(vh, q))
                     continue
                 assert isinstance(lead, GroupLeading)
+                if lead.fenced:
+                    continue
                 rev = self.revisions.get(ident)
                 if rev is not None and lead.rev > 0 and rev > lead.rev and \
                         self.records.get(ident, {}).get("leader") == self.node:
@@ -323,6 +344,23 @@ class QuorumGroups(Mirrors):
                 continue
             if not view.is_running(leader):
                 self.promoting[ident] = loop.create_task(self._promote(ident, copy))
+            elif (copy.leader, copy.rid) in self.frozen:
+                self._thaw(copy)
+
+    def _thaw(self, copy: MirrorCopy) -> None:
+        """The leader this copy voted against is back and still leads: the copy missed
+        its records since the vote, so it ends, and the leader is told to copy again."""
+        self.frozen.discard((copy.leader, copy.rid))
+        self._end_copy(copy)
+        link = self.queues.links.link(copy.leader)
+        if link is not None:
+            link.send(W.encode(M.MREFUSE, copy.rid, "an election was held: copy again"))
+        log.info("queue '%s' in vhost '%s': leader %s is back; its copy starts again",
+                 copy.ident[1], copy.ident[0], copy.leader)
+
+    def _end_copy(self, copy: MirrorCopy) -> None:
+        self.frozen.discard((copy.leader, copy.rid))
+        super()._end_copy(copy)
 
     async def _establish(self, vh: VHost, q: QueueType) -> None:
         """Lead a quorum queue this node holds: create its group record (a new queue) or
@@ -384,6 +422,11 @@ class QuorumGroups(Mirrors):
         return lead
 
     def stop_leading(self, lead: Leading, delete_record: bool) -> None:
+        vh = self.broker.vhosts.get(lead.ident[0])
+        if isinstance(lead, GroupLeading) and lead.deposed and not lead.gone and \
+                vh is not None and vh.queues.get(lead.q.name) is lead.q:
+            lead.fence()  # stopped for real once the queue is replaced (reconcile)
+            return
         if getattr(lead.q, "group", None) is lead:
             lead.q.group = None  # type: ignore[attr-defined]
         super().stop_leading(lead, delete_record)
@@ -406,6 +449,8 @@ class QuorumGroups(Mirrors):
                 link.send(W.encode(M.MREFUSE, stream, f"term {term} is older than {known}"))
                 return
             self.known_terms[ident] = term
+        elif kind in M.TO_MIRROR and (link.peer, stream) in self.frozen:
+            return  # voted in an election: the old leader's records are refused
         super().frame(link, kind, stream, f)
 
     # -- the election ---------------------------------------------------------------------
@@ -426,6 +471,7 @@ class QuorumGroups(Mirrors):
         prefix = f"{self.root}/quorum-candidates/{_q(ident[0])}/{_q(ident[1])}/" \
                  f"{kv.mod_revision}/"
         offer = copy.last_seq if copy.synced else -1
+        self.frozen.add((copy.leader, copy.rid))
         await self.etcd.put(prefix + self.node, str(offer))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + ELECTION_WAIT
@@ -518,6 +564,7 @@ class QuorumGroups(Mirrors):
                 live[local] = False
         self.copies.pop((copy.leader, copy.rid), None)
         self.copy_of.pop(ident, None)
+        self.frozen.discard((copy.leader, copy.rid))
         self.broker.definitions_changed(q)
         lead = self._lead_group(vh, q, members, term, live)
         for local, size in returned:

@@ -229,6 +229,7 @@ def test_a_member_refuses_a_stream_whose_term_is_older_than_it_knows(
     groups = QuorumGroups.__new__(QuorumGroups)
     groups.stream_terms = {}
     groups.known_terms = {}
+    groups.frozen = set()
     new, old = _Link("node-b"), _Link("node-a")
     rid_new, rid_old = STREAM_SPLIT + 1, STREAM_SPLIT + 7
     # the new leader (term 2) starts its stream: accepted, term 2 known from now on
@@ -244,3 +245,10 @@ def test_a_member_refuses_a_stream_whose_term_is_older_than_it_knows(
     # classic mirroring's streams (below STREAM_SPLIT) are not the groups' to take
     groups.frame(new, M.MSTART, 5, ["/", "mirrored", 0])
     assert len(passed) == 1
+    # once this member offered itself in an election, the old leader's records on its
+    # stream are refused (not applied, never acknowledged)
+    groups.frozen.add(("node-b", rid_new))
+    groups.frame(new, M.MENQ, rid_new, [1, 0, "", "qq", b"", b"x", 0, 0, 0])
+    assert len(passed) == 1
+    groups.frame(old, M.MENQ, STREAM_SPLIT + 9, [1, 0, "", "qq", b"", b"x", 0, 0, 0])
+    assert passed[-1] == ("node-a", M.MENQ, STREAM_SPLIT + 9)
