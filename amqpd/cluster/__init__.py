@@ -22,4 +22,7 @@ here is imported. Operator guide: docs/clustering.md. The interface others code 
 * ``mirror.py``, ``mirror_state.py``, ``mirror_wire.py``: mirrored classic queues
   (issue 16: ``ha-mode`` policies, replication, failover); ``start(...)`` from
   ``serve``, reachable as ``cluster.mirrors``.
+* ``quorum_group.py``, ``quorum_state.py``: quorum queues' replica groups (issue 16:
+  members, majority commit, terms and elections, membership edits); ``start(...)``
+  from ``serve`` after the mirrors, reachable as ``cluster.quorum_groups``.
 """
