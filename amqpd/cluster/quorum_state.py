@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from amqpd.cluster.mirror_state import CommitGate
+from amqpd.store.api import NotReplicated
 
 DEFAULT_GROUP_SIZE = 3  # RabbitMQ 3.10's quorum_cluster_size
 
@@ -37,8 +38,9 @@ class MembershipError(ValueError):
     """A membership edit that RabbitMQ refuses as well (the text says why)."""
 
 
-class NoQuorum(Exception):
-    """A commit that a quorum queue's majority did not acknowledge in time."""
+class NoQuorum(NotReplicated):
+    """A commit that a quorum queue's majority did not acknowledge in time: a nack for
+    the publisher, and (as a warren's NotReplicated) no store alarm: the disk is fine."""
 
 
 def majority(members: int) -> int:

@@ -27,9 +27,17 @@ from pamqp import commands, frame, header
 
 from bench.loadgen import Conn, ProtocolError
 from tests.integration._http import q
-from tests.integration.cluster_support import ClusterNode, new_prefix, wait_for, wait_formed
+from tests.integration.cluster_support import (
+    ClusterNode,
+    free_udp_port,
+    new_prefix,
+    wait_for,
+    wait_formed,
+)
 from tests.support import etcdproc
 from tests.support.etcdproc import EtcdProcess
+from tests.support.tcpproxy import TcpProxy
+from tests.support.udpproxy import UdpRelay
 
 pytestmark = [
     pytest.mark.skipif(etcdproc.find_etcd() is None, reason=etcdproc.SKIP_REASON),
@@ -376,6 +384,8 @@ def test_one_node_down_serves_two_down_refuse_and_nothing_confirmed_is_lost(
     assert refused == set(range(2000, 2100)), \
         f"{len(pub.confirmed & set(range(2000, 2100)))} confirmed without a majority"
     assert get_one(a) is None, "delivered without a majority"
+    # refusals, not a failing disk: no store alarm
+    assert a.api.get("/api/health/checks/local-alarms").status == 200
 
     # both return: the group has its majority again, every confirmed message is there
     b.start()
@@ -458,3 +468,91 @@ def test_members_are_added_and_removed_with_amqpctl_and_a_new_one_catches_up(
         consumer.stopped.set()
         consumer.join(30)
     check_consumed(consumer.got, pub.confirmed)
+
+
+@pytest.fixture
+def cut_off(tmp_path: Path, etcd: EtcdProcess) -> Iterator[list[ClusterNode]]:
+    """Three nodes with ``partition_handling = ignore``, each reaching etcd through a TCP
+    proxy and getting its heartbeats through a UDP relay the test controls
+    (tests/integration/test_cluster_partition.py's controls): a node cut off keeps
+    serving its clients, so a deposed leader's behaviour shows."""
+    prefix = new_prefix()
+    started: list[ClusterNode] = []
+    try:
+        for name in ("a", "b", "c"):
+            hb_port = free_udp_port()
+            relay = UdpRelay(("127.0.0.1", hb_port)).start()
+            proxy = TcpProxy("127.0.0.1", etcd.client_port).start()
+            started.append(ClusterNode(f"node-{name}", tmp_path / name, etcd.url, prefix,
+                                       partition_handling="ignore", etcd_proxy=proxy,
+                                       relay=relay, hb_port=hb_port))
+        for n in started:
+            n.start()
+        wait_formed(started)
+        yield started
+    finally:
+        for n in started:
+            n.stop()
+            if n.relay is not None:
+                n.relay.stop()
+            if n.etcd_proxy is not None:
+                n.etcd_proxy.stop()
+
+
+def test_a_cut_off_leader_confirms_nothing_while_the_majority_elects_another(
+        cut_off: list[ClusterNode]) -> None:
+    """The leader A loses etcd and the heartbeats (partition_handling = ignore: it keeps
+    its clients); B and C elect a new leader; whatever A's publisher sends meanwhile is
+    refused (nack), B's publisher gets confirms: never two leaders accepting publishes.
+    After the heal A follows the new leader, and every confirmed message is there."""
+    from tests.integration.test_cluster_partition import heal, isolate
+
+    nodes = cut_off
+    a, b, c = nodes
+    declare(a)
+    group_formed(nodes, a)
+    pub_a = Publisher(a.url)
+    for first in range(0, 500, pub_a.batch):
+        pub_a.publish(first, pub_a.batch)
+    pub_a.drain(60)
+    assert len(pub_a.confirmed) == 500
+
+    isolate(a, [b, c])
+    wait_for(lambda: queue_info(b).get("leader") in (b.name, c.name), 60,
+             "B and C elect a new leader", lambda: diagnose(nodes))
+    new_leader = queue_info(b)["leader"]
+    print(f"elected during the partition: {new_leader}")
+    # A still has its clients; what they publish to its old copy is never confirmed
+    for first in range(10000, 10200, pub_a.batch):
+        pub_a.publish(first, pub_a.batch)
+    pub_a.drain(60)
+    assert not pub_a.outstanding
+    during = set(range(10000, 10200))
+    assert not pub_a.confirmed & during, \
+        f"{len(pub_a.confirmed & during)} confirmed by the cut-off old leader"
+    # refusals, not a failing disk: no store alarm
+    assert a.api.get("/api/health/checks/local-alarms").status == 200
+    # the majority's side confirms
+    pub_b = Publisher(b.url)
+    for first in range(20000, 20500, pub_b.batch):
+        pub_b.publish(first, pub_b.batch)
+    pub_b.drain(60)
+    assert len(pub_b.confirmed) == 500, f"{len(pub_b.nacked)} nacked on the majority"
+    pub_a.conn.close()
+    pub_b.conn.close()
+
+    heal(a, [b, c])
+    wait_formed(nodes, timeout=60)
+    wait_for(lambda: queue_info(a).get("leader") == new_leader and
+             sorted(queue_info(a).get("online", [])) == sorted(n.name for n in nodes), 60,
+             "node-a follows the new leader", lambda: diagnose(nodes))
+    confirmed = pub_a.confirmed | pub_b.confirmed
+    consumer = Consumer(a)
+    consumer.start()
+    try:
+        wait_for(lambda: consumer.seen >= confirmed, 60, "every confirmed message",
+                 lambda: f"{len(confirmed - consumer.seen)} missing\n{diagnose(nodes)}")
+    finally:
+        consumer.stopped.set()
+        consumer.join(30)
+    check_consumed(consumer.got, confirmed)
