@@ -11,7 +11,8 @@ of a policy's:
   writes the queue's *group record* to etcd, ``{root}/quorum/{vhost}/{queue}`` =
   ``{"leader", "members", "term", "mirrors", "synchronised", "wanted"}``, created once
   (a transaction on the key's absence): ``x-quorum-initial-group-size`` members
-  (:func:`amqpd.cluster.quorum_state.initial_members`), term 1. Every write after is a
+  (:func:`amqpd.cluster.quorum_state.initial_members`), its first term above any a
+  queue of that name had before (the etcd revision + 1). Every write after is a
   transaction guarded by the record's last revision, so a deposed leader cannot
   overwrite its successor's record. Every node reads the records (``/api/queues``
   shows ``leader``, ``members``, ``online``; the quorum-critical health check).
@@ -368,14 +369,18 @@ class QuorumGroups(Mirrors):
         ident = (vh.name, q.name)
         try:
             key = self.record_key(ident)
-            kv = await self.etcd.get(key)
+            revision, kvs = await self.etcd.range_prefix(key)
+            kv = next((k for k in kvs if k.key.decode() == key), None)
             rec: dict[str, Any]
             if kv is None:
                 view = self.cluster
                 members = initial_members(self.node, group_size(q.arguments),
                                           list(view.nodes()), view.is_running)
-                rec = {"leader": self.node, "members": members, "term": 1, "mirrors": [],
-                       "synchronised": [], "wanted": members[1:]}
+                # the first term is above every term a queue of this name had before
+                # (each of its elections was an etcd write, so its term is at most the
+                # revision now): members that remember those refuse nothing new
+                rec = {"leader": self.node, "members": members, "term": revision + 1,
+                       "mirrors": [], "synchronised": [], "wanted": members[1:]}
                 result = await self.etcd.txn([Compare("create", key, "==", 0)],
                                              [Put(key, json.dumps(rec))])
                 if not result.succeeded:

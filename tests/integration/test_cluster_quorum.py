@@ -307,6 +307,17 @@ def test_kill_9_of_the_leader_during_confirmed_publishing_loses_nothing_confirme
              lambda: diagnose(nodes))
     wait_for(lambda: critical(new_leader)[0] == 200, 60, "node-a's copy complete again",
              lambda: diagnose(nodes))
+    # deleted and declared again (on node-c): a new group whose streams the members,
+    # which remember the old group's newer term, still accept
+    assert new_leader.api.delete(f"/api/queues/%2F/{q(QUEUE)}").status == 204
+    wait_for(lambda: all(not queue_info(n) for n in nodes), 30, "the queue gone everywhere")
+    declare(c)
+    group_formed(nodes, c)
+    pub = Publisher(a.url)
+    pub.publish(0, pub.batch)
+    pub.drain(60)
+    assert len(pub.confirmed) == pub.batch, f"{len(pub.nacked)} nacked\n{diagnose(nodes)}"
+    pub.conn.close()
 
 
 def get_one(node: ClusterNode) -> int | None:
