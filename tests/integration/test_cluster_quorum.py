@@ -152,9 +152,11 @@ class Consumer(threading.Thread):
     it got: (number, redelivered). A cancel or a closed connection is recorded and the
     consumer starts again (a client would)."""
 
-    def __init__(self, node: ClusterNode) -> None:
+    def __init__(self, node: ClusterNode, prefetch: int = 500, ack: bool = True) -> None:
         super().__init__(daemon=True)
         self.node = node
+        self.prefetch = prefetch
+        self.ack = ack  # False: holds every delivery unacknowledged
         self.got: list[tuple[int, bool]] = []
         self.seen: set[int] = set()
         self.stopped = threading.Event()
@@ -180,7 +182,8 @@ class Consumer(threading.Thread):
         conn = Conn(self.node.url)
         try:
             ch = conn.open_channel(1)
-            conn.rpc(ch, commands.Basic.Qos(prefetch_count=500), commands.Basic.QosOk)
+            conn.rpc(ch, commands.Basic.Qos(prefetch_count=self.prefetch),
+                     commands.Basic.QosOk)
             conn.rpc(ch, commands.Basic.Consume(queue=QUEUE, consumer_tag="reader"),
                      commands.Basic.ConsumeOk)
             conn.sock.settimeout(0.3)
@@ -192,7 +195,7 @@ class Consumer(threading.Thread):
                 try:
                     _ch, fr = conn.read_frame()
                 except TimeoutError:
-                    if unacked:
+                    if unacked and self.ack:
                         conn.send(ch, commands.Basic.Ack(delivery_tag=tag, multiple=True))
                         unacked = 0
                     continue
@@ -208,13 +211,13 @@ class Consumer(threading.Thread):
                     self.got.append((number, redelivered))
                     self.seen.add(number)
                     unacked += 1
-                    if unacked >= 100:
+                    if unacked >= 100 and self.ack:
                         conn.send(ch, commands.Basic.Ack(delivery_tag=tag, multiple=True))
                         unacked = 0
                 elif isinstance(fr, commands.Basic.Cancel | commands.Channel.Close |
                                 commands.Connection.Close):
                     raise ProtocolError(f"consumer stopped by the broker: {fr}")
-            if unacked:
+            if unacked and self.ack:
                 conn.send(ch, commands.Basic.Ack(delivery_tag=tag, multiple=True))
         finally:
             conn.sock.close()
@@ -250,6 +253,9 @@ def test_kill_9_of_the_leader_during_confirmed_publishing_loses_nothing_confirme
     print(f"seed {seed}: {TOTAL} messages, node-a killed after message {kill_at}")
     consumer = Consumer(c)
     consumer.start()
+    # a consumer on node-b that holds 20 deliveries unacknowledged across the kill
+    holder = Consumer(b, prefetch=20, ack=False)
+    holder.start()
     pub = Publisher(b.url)
     t0 = time.monotonic()
     killed_at_confirmed = -1
@@ -286,16 +292,22 @@ def test_kill_9_of_the_leader_during_confirmed_publishing_loses_nothing_confirme
                          f"interruptions {consumer.interruptions}\n{diagnose(nodes)}")
     finally:
         consumer.stopped.set()
+        holder.stopped.set()
         consumer.join(30)
+        holder.join(30)
     assert consumer.error is None, consumer.error
+    assert holder.error is None and not holder.interruptions, holder.interruptions
     check_consumed(consumer.got, pub.confirmed)
     # the consumer on a surviving node went on from the new leader without being stopped
     assert not consumer.interruptions, consumer.interruptions
     print(f"consumed {len(consumer.got)} ({sum(1 for _n, r in consumer.got if r)} "
           "redelivered)")
     # what the lost leader had handed out came back once: x-delivery-count 1
-    # (broker/quorum.py's rule: every return of a delivery counts)
-    assert consumer.counts, "nothing was redelivered"
+    # (broker/quorum.py's rule: every return of a delivery counts); the holder's 20
+    # among them
+    held = {n for n, _r in holder.got}
+    assert len(held) == 20, len(held)
+    assert held <= set(consumer.counts), held - set(consumer.counts)
     assert set(consumer.counts.values()) == {1}, consumer.counts
     # the group has two running members of three: each of them is now critical
     new_leader = b if leader == b.name else c
