@@ -125,8 +125,9 @@ class GroupLeading(Leading):
         for node in list(self.streams):
             if node not in self.wanted:
                 self.detach(node, drop=True)
+        for node in list(self.rs.synchronised):
+            if node not in self.wanted:
                 self.rs.leave(node)
-                self.leaving.discard(node)
         self.dirty = True
 
     def fence(self) -> None:
@@ -140,11 +141,22 @@ class GroupLeading(Leading):
             self.detach(node, drop=False)
         self.rs.synchronised.clear()
         self.rs.quorum = len(self.members) + 1
-        self.leaving.clear()
 
     def attach(self, node: str, link: Link) -> None:
+        # a new copy is incomplete until its backlog is: it stops counting for commits
+        # at once (stricter, so no etcd write needs to come first as for mirrors)
+        self.rs.leave(node)
+        self.leaving.discard(node)
         link.send(W.encode(QTERM, self.mirrors.next_rid + 1, self.term))
         super().attach(node, link)
+
+    def detach(self, node: str, drop: bool) -> None:
+        if node in self.rs.synchronised:
+            log.warning("queue '%s' in vhost '%s': member %s's copy is not counted until "
+                        "it is complete again", self.ident[1], self.ident[0], node)
+        super().detach(node, drop)
+        self.rs.leave(node)
+        self.leaving.discard(node)
 
     def serving(self) -> bool:
         """A majority of the members (the leader included) hold a complete copy on a
@@ -163,7 +175,8 @@ class GroupLeading(Leading):
     async def write(self) -> None:
         """As :meth:`Leading.write`, except that a record changed by a membership edit
         (this node still its leader, a newer revision) is adopted first: its members
-        replace ours, then ours is written."""
+        replace ours, then ours is written; and no member waits in ``leaving`` (a copy
+        stops counting for commits as soon as its stream ends: :meth:`detach`)."""
         if self.writing or self.deposed:
             return
         self.writing = True
@@ -190,8 +203,7 @@ class GroupLeading(Leading):
                             self.set_members(members)
                     self.rev = kv.mod_revision if kv is not None else 0
                 rec = self.record()
-                leaving = set(self.leaving)
-                if rec != self.written or leaving:
+                if rec != self.written:
                     result = await etcd.txn([Compare("mod", key, "==", self.rev)],
                                             [Put(key, json.dumps(rec))])
                     if not result.succeeded:
@@ -200,13 +212,6 @@ class GroupLeading(Leading):
                         continue
                     self.rev = result.revision
                     self.written = rec
-                for node in leaving:
-                    if node in self.leaving and node not in rec["synchronised"]:
-                        self.leaving.discard(node)
-                        self.rs.leave(node)
-                        log.warning("queue '%s' in vhost '%s': member %s's copy is not "
-                                    "counted until it is complete again", self.ident[1],
-                                    self.ident[0], node)
                 groups.gate.release()
         except EtcdError as exc:
             self.dirty = True
