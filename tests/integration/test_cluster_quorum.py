@@ -366,6 +366,25 @@ def ignoring(tmp_path: Path, etcd: EtcdProcess) -> Iterator[list[ClusterNode]]:
             n.stop()
 
 
+def tx_publish(node: ClusterNode, number: int) -> str:
+    """One persistent message in a transaction on ``node``: "commit-ok", or how the
+    broker refused (the connection or channel close)."""
+    conn = Conn(node.url)
+    try:
+        ch = conn.open_channel(1)
+        conn.rpc(ch, commands.Tx.Select(), commands.Tx.SelectOk)
+        data = b"%010d" % number
+        conn.send(ch, commands.Basic.Publish(exchange="", routing_key=QUEUE),
+                  header.ContentHeader(0, len(data), commands.Basic.Properties(delivery_mode=2)),
+                  pbody.ContentBody(data))
+        conn.rpc(ch, commands.Tx.Commit(), commands.Tx.CommitOk)
+        return "commit-ok"
+    except ProtocolError as exc:
+        return str(exc)
+    finally:
+        conn.sock.close()
+
+
 def test_one_node_down_serves_two_down_refuse_and_nothing_confirmed_is_lost(
         ignoring: list[ClusterNode]) -> None:
     nodes = ignoring
@@ -394,6 +413,8 @@ def test_one_node_down_serves_two_down_refuse_and_nothing_confirmed_is_lost(
         pub.publish(first, pub.batch)
     pub.drain(60)
     assert len(pub.confirmed) == 2000, f"{len(pub.nacked)} nacked with one node down"
+    assert tx_publish(a, 2500) == "commit-ok"  # tx.commit-ok after the majority's acks
+    pub.confirmed.add(2500)
 
     # B goes too: A alone is no majority; publishes are refused, nothing is delivered
     b.kill()
@@ -407,6 +428,10 @@ def test_one_node_down_serves_two_down_refuse_and_nothing_confirmed_is_lost(
     assert refused == set(range(2000, 2100)), \
         f"{len(pub.confirmed & set(range(2000, 2100)))} confirmed without a majority"
     assert get_one(a) is None, "delivered without a majority"
+    # a transaction is not made durable on a majority: its connection is closed (541),
+    # never a commit-ok
+    refusal = tx_publish(a, 2600)
+    assert refusal.startswith("connection.close 541"), refusal
     # refusals, not a failing disk: no store alarm
     assert a.api.get("/api/health/checks/local-alarms").status == 200
 
