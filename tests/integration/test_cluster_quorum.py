@@ -604,3 +604,27 @@ def test_a_cut_off_leader_confirms_nothing_while_the_majority_elects_another(
         consumer.stopped.set()
         consumer.join(30)
     check_consumed(consumer.got, confirmed)
+
+
+def test_a_leader_locator_puts_the_leader_elsewhere(nodes: list[ClusterNode]) -> None:
+    """A ``queue-master-locator: min-masters`` policy: node-a already leads a queue, so
+    a quorum queue declared on node-a is led by node-b, which creates the group."""
+    a, b, _c = nodes
+    conn = Conn(a.url)
+    try:
+        conn.declare_queue(conn.open_channel(1), "filler", durable=True)
+    finally:
+        conn.close()
+    r = a.api.put("/api/policies/%2F/locate", {
+        "pattern": f"^{QUEUE}$", "apply-to": "queues",
+        "definition": {"queue-master-locator": "min-masters"}})
+    assert r.status in (201, 204), r.text
+    wait_for(lambda: all(any(p["name"] == "locate" for p in n.api.get("/api/policies").json())
+                         for n in nodes), 30, "the policy everywhere")
+    declare(a)
+    group_formed(nodes, b)
+    pub = Publisher(a.url)
+    pub.publish(0, pub.batch)
+    pub.drain(60)
+    assert len(pub.confirmed) == pub.batch, f"{len(pub.nacked)} nacked\n{diagnose(nodes)}"
+    pub.conn.close()
