@@ -105,7 +105,7 @@ def publish(url: str, name: str, args: argparse.Namespace) -> dict[str, Any]:
              for s in specs]
     for p in procs:
         p.start()
-    results = []
+    results: list[Any] = []
     try:
         ready.wait(timeout=120)
         t_go = time.monotonic()
