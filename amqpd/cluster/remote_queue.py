@@ -692,7 +692,7 @@ def enqueue_here(broker: Broker, q: QueueType, message: Message,
             if on_confirm is not None:
                 on_confirm(PreconditionFailed("rejected by a queue's length limit"))
             return
-    if not message.persistent and q.keeps_every_message:
+    if not message.persistent and (q.keeps_every_message or q.mirrored):
         message.persistent = True
     store = broker.store
     if message.persistent and q.durable:

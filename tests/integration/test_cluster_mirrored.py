@@ -294,7 +294,8 @@ def test_a_returning_mirror_catches_up_in_the_background_and_holds_everything(
     # mirrored on A and B only (ha-mode nodes): C uses it remotely
     r = a.api.put("/api/policies/%2F/ha-ab", {
         "pattern": f"^{QUEUE}$", "apply-to": "queues",
-        "definition": {"ha-mode": "nodes", "ha-params": [a.name, b.name]}})
+        "definition": {"ha-mode": "nodes", "ha-params": [a.name, b.name],
+                       "ha-sync-mode": "automatic"}})
     assert r.status in (201, 204), r.text
     declare(a, QUEUE)
     wait_for(lambda: synchronised(a, QUEUE) == [b.name], 30, "node-b synchronised",
@@ -441,3 +442,112 @@ def test_consumers_follow_the_promoted_mirror_unless_they_ask_to_be_cancelled(
     assert numbers == set(range(total)), f"{total - len(numbers)} never came to the keepers"
     # what the consumers held unacked when A died comes back redelivered
     assert {n for tag in held for n in held[tag]} <= {n for n, r in got if r}
+
+
+def message_count(node: ClusterNode, name: str) -> int:
+    conn = Conn(node.url)
+    try:
+        return conn.message_count(conn.open_channel(1), name)
+    finally:
+        conn.close()
+
+
+def publish_confirmed(node: ClusterNode, first: int, count: int) -> None:
+    pub = Publisher(node.url)
+    for n in range(first, first + count, pub.batch):
+        pub.publish(n, min(pub.batch, first + count - n))
+    pub.drain(60)
+    assert pub.confirmed == set(range(first, first + count)), "every publish confirmed"
+    pub.conn.close()
+
+
+def mirror_on_b_unsynchronised(a: ClusterNode, b: ClusterNode, nodes: list[ClusterNode],
+                               old: int, new: int, extra: dict[str, Any] | None = None,
+                               ) -> None:
+    """``old`` messages in the queue led by A, then a mirror on B with ha-sync-mode
+    manual (the default): B gets only the ``new`` messages published after it joined,
+    so it stays unsynchronised while the old ones are in the queue."""
+    declare(a, QUEUE)
+    publish_confirmed(a, 0, old)
+    r = a.api.put("/api/policies/%2F/ha-ab", {
+        "pattern": f"^{QUEUE}$", "apply-to": "queues",
+        "definition": {"ha-mode": "nodes", "ha-params": [a.name, b.name], **(extra or {})}})
+    assert r.status in (201, 204), r.text
+    wait_for(lambda: queue_info(a, QUEUE).get("mirror_nodes") == [b.name], 30,
+             "a mirror on node-b", lambda: diagnose(nodes))
+    # once every node reads the record naming B's mirror (failover needs it)
+    wait_for(lambda: queue_info(b, QUEUE).get("mirror_nodes") == [b.name], 30,
+             "node-b reads the record", lambda: diagnose(nodes))
+    publish_confirmed(a, old, new)
+    assert synchronised(a, QUEUE) == [], "a manual mirror lacking old messages is not in sync"
+
+
+def log_of(node: ClusterNode) -> str:
+    assert node.proc is not None
+    return node.proc.log_path.read_text(errors="replace")
+
+
+def test_manual_sync_unsynchronised_mirror_promoted_on_failure_then_sync_queue(
+        nodes: list[ClusterNode]) -> None:
+    a, b, c = nodes
+    mirror_on_b_unsynchronised(a, b, nodes, old=300, new=100)
+
+    # kill -9 of the leader: ha-promote-on-failure always (the default) promotes the
+    # unsynchronised mirror; what it lacks (the 300 older messages) is lost, as RabbitMQ
+    a.kill()
+    wait_for(lambda: queue_info(c, QUEUE).get("node") == b.name and usable(c, QUEUE), 60,
+             "the unsynchronised mirror on node-b promoted", lambda: diagnose(nodes))
+    assert message_count(c, QUEUE) == 100
+
+    # A returns as a mirror of B; manual: it lacks B's 100 messages and stays
+    # unsynchronised until an operator asks (here on C, which passes it to B)
+    a.start()
+    wait_for(lambda: queue_info(b, QUEUE).get("mirror_nodes") == [a.name], 60,
+             "node-a mirrors node-b's queue", lambda: diagnose(nodes))
+    assert synchronised(b, QUEUE) == []
+    out = c.ctl("sync_queue", "-p", "/", QUEUE)
+    assert "Synchronising queue" in out.stdout
+    wait_for(lambda: synchronised(b, QUEUE) == [a.name], 60, "node-a synchronised",
+             lambda: diagnose(nodes))
+    assert "100 messages" in log_of(b).split("mirror on node-a synchronised")[-1][:40]
+    # the management API's action answers too; a missing queue is 404 (amqpctl exit 1)
+    r = c.api.post(f"/api/queues/%2F/{QUEUE}/actions", {"action": "cancel_sync"})
+    assert r.status == 204, r.text
+    assert c.api.post(f"/api/queues/%2F/{QUEUE}/actions", {"action": "x"}).status == 400
+    assert c.ctl("sync_queue", "no-such-queue", check=False).returncode != 0
+    got = consume_all(c, set(range(300, 400)))
+    assert {n for n, _r in got} == set(range(300, 400))
+
+
+def test_a_controlled_stop_hands_over_only_to_a_synchronised_mirror(
+        nodes: list[ClusterNode]) -> None:
+    a, b, c = nodes
+    mirror_on_b_unsynchronised(a, b, nodes, old=200, new=100)
+
+    # SIGTERM of the leader's node: ha-promote-on-shutdown when-synced (the default)
+    # leaves the queue down rather than promote B, which lacks 200 messages
+    a.stop()
+    wait_for(lambda: "stays down until node-a returns" in log_of(b), 30,
+             "node-b declining to take over", lambda: diagnose(nodes))
+    assert queue_info(c, QUEUE).get("node") == a.name
+    assert not usable(c, QUEUE)
+
+    # A returns with everything; B's copy (its node never went) is kept: A sends it
+    # only the 200 it lacks, once asked (manual)
+    a.start()
+    wait_for(lambda: usable(c, QUEUE) and message_count(c, QUEUE) == 300, 60,
+             "the queue back with its 300 messages", lambda: diagnose(nodes))
+    wait_for(lambda: "mirror on node-b holds 100 of its messages (0 dropped), lacks 200"
+             in log_of(a), 60, "node-b's copy kept", lambda: diagnose(nodes))
+    a.ctl("sync_queue", QUEUE)
+    wait_for(lambda: synchronised(a, QUEUE) == [b.name], 60, "node-b synchronised",
+             lambda: diagnose(nodes))
+    line = log_of(a).split("mirror on node-b synchronised (")[-1].split(")")[0]
+    assert line.startswith("200 messages"), line
+    assert line.endswith("100 it held kept"), line
+
+    # synchronised now: a second controlled stop hands the queue over to B
+    a.stop()
+    wait_for(lambda: queue_info(c, QUEUE).get("node") == b.name and usable(c, QUEUE), 60,
+             "node-b took over after the controlled stop", lambda: diagnose(nodes))
+    assert message_count(c, QUEUE) == 300
