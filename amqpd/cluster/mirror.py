@@ -33,7 +33,9 @@ Theory of operation.
   counts on a mirror the record still calls synchronised.
 * **Catch-up.** A new (or returning) mirror gets ``MSTART`` and answers ``MHAVE``:
   the leader positions it still holds of an earlier copy from this leader (its link
-  came back while its node kept running; empty otherwise). The leader settles there
+  came back, or its node restarted: :mod:`amqpd.cluster.mirror_map` keeps the copy's
+  leader positions on disk, and :meth:`Mirrors._adopt` takes the recovered messages
+  back as the copy). The leader settles there
   what was settled meanwhile; what the queue held at ``MSTART`` that the mirror lacks
   is its *missing* set. ``ha-sync-mode`` ``automatic`` copies it at once, ``manual``
   (the default) only on ``sync_queue`` (:meth:`Leading.sync`, any node:
@@ -83,6 +85,7 @@ from typing import TYPE_CHECKING, Any, Final
 from amqpd.broker.message import LoggedMessage
 from amqpd.cluster import link_wire as W
 from amqpd.cluster import mirror_wire as M
+from amqpd.cluster.mirror_map import CopyMap, map_path
 from amqpd.cluster.mirror_state import (
     CommitGate,
     ReplicaSet,
@@ -107,6 +110,7 @@ log = logging.getLogger("amqpd.cluster.mirror")
 
 TICK: Final = 0.25  # seconds between reconciliations (policies, timeouts, failover)
 ELECTION_WAIT: Final = 2.0  # seconds a candidate waits for the other candidates
+HAVE_WAIT: Final = 10.0  # seconds a new stream waits for the mirror's MHAVE
 DECLINED_RETRY: Final = 5.0  # seconds before a mirror that may not take over looks again
 SHUTDOWN_MARK: Final = 2.0  # seconds a stopping leader gives etcd to record its stop
 SYNC_BATCH: Final = 1024  # backlog messages per batch (ha-sync-batch-size overrides)
@@ -227,6 +231,7 @@ class _Stream:
         self.batches = 0  # backlog batches sent (MBATCH)
         self.batch_event = asyncio.Event()
         self.candidates: list[int] = []  # what the queue held at MSTART (it may lack)
+        self.started = time.monotonic()
         # what the queue holds that the mirror lacks, in queue order; None until the
         # mirror said what it has (MHAVE)
         self.missing: dict[int, None] | None = None
@@ -534,8 +539,9 @@ class MirrorCopy:
     this node's store under the queue's key; serves no client until promoted."""
 
     def __init__(self, store: MessageStore, leader: str, rid: int, vhost: str, name: str,
-                 start_seq: int) -> None:
+                 start_seq: int, cmap: CopyMap | None = None) -> None:
         self.store = store
+        self.map = cmap  # leader position -> local position on disk (mirror_map)
         self.leader = leader
         self.rid = rid
         self.ident: Ident = (vhost, name)
@@ -563,6 +569,8 @@ class MirrorCopy:
         self.batch = 0
         self.batch_told = 0
         self.declined = 0.0
+        if self.map is not None:
+            self.map.rewrite((lp, e[0]) for lp, e in self.entries.items())
 
     def seen(self, seq: int) -> None:
         if seq > self.last_seq:
@@ -577,6 +585,8 @@ class MirrorCopy:
             return
         local = self.store.append_enqueue([self.key], StoredMessage(
             exchange, key, props, body, published, expires, priority))
+        if self.map is not None:
+            self.map.add(pos, local)
         if delivered or pos in self.delivered_early:
             self.delivered_early.discard(pos)
             delivered = True
@@ -612,6 +622,14 @@ class MirrorCopy:
     def drop(self) -> None:
         self.entries.clear()
         self.store.drop_queue(self.key)
+        self.forget_map()
+
+    def forget_map(self) -> None:
+        """The copy is no longer a copy (dropped, or promoted: its messages are the
+        queue's own now): its map goes."""
+        if self.map is not None:
+            self.map.remove()
+            self.map = None
 
     def in_order(self) -> list[list[Any]]:
         """The messages in the leader's order (its log positions grow with enqueues)."""
@@ -649,6 +667,7 @@ class Mirrors:
         self.broker.store = self.store
         self.queues.extensions.append(self)
         self.queues.failover_expected = self.failover_expected
+        self._adopt_retired()
         self._tasks = [asyncio.create_task(self._loop(), name="mirrors"),
                        asyncio.create_task(self._read_records(), name="mirror-records")]
 
@@ -665,6 +684,56 @@ class Mirrors:
         if self.broker.store is self.store:
             self.broker.store = self.store.inner
         self.gate.fail_all(EtcdError("node stopping"))
+
+    # -- copies kept across a restart of this node -----------------------------------------
+    def _new_map(self, ident: Ident, leader: str) -> CopyMap | None:
+        if not self.store.on_disk:
+            return None
+        path = map_path(self.broker.settings.data_dir, queue_key(*ident))
+        return CopyMap(path, ident[0], ident[1], leader)
+
+    def _adopt_retired(self) -> None:
+        """Queues this node held locally that another node leads (the cluster found
+        them at start, remote_queue.ClusterQueues.retire): those that were this node's
+        mirror copies become copies again (the leader then sends only what they lack);
+        the others are deleted."""
+        retired = self.queues.retired
+        while retired:
+            ident, q = retired.popitem()
+            if not self._adopt(ident, q):
+                q.delete()
+
+    def _adopt(self, ident: Ident, q: QueueType) -> bool:
+        if not self.store.on_disk or ident in self.copy_of:
+            return False
+        loaded = CopyMap.load(map_path(self.broker.settings.data_dir, q.store_key))
+        if loaded is None:
+            return False
+        cmap, to_leader = loaded
+        leader = self.cluster.catalogue.get(ident)
+        if leader is None or leader == self.node or cmap.leader != leader:
+            cmap.remove()  # a copy of another leader's log: its positions mean nothing
+            return False
+        copy = MirrorCopy(self.store.inner, leader, 0, ident[0], ident[1], 0, cmap)
+        orphans: list[int] = []
+        ready = getattr(q, "ready", None)
+        for entry in ready if ready is not None else ():
+            local = entry.message.position
+            lp = to_leader.get(local)
+            if lp is None or lp in copy.entries:
+                orphans.append(local)  # its map record was lost: fetched again
+                continue
+            copy.entries[lp] = [local, entry.message.size, bool(entry.redelivered)]
+        q.in_store = False  # the messages stay in the store: they are the copy's now
+        q.delete()
+        if orphans:
+            self.store.inner.append_settle(q.store_key, orphans)
+        cmap.rewrite((lp, e[0]) for lp, e in copy.entries.items())
+        self.copy_of[ident] = copy
+        log.info("queue '%s' in vhost '%s': the copy of %s's queue kept across this node's "
+                 "restart (%d messages, %d without a map record dropped)", ident[1],
+                 ident[0], leader, len(copy.entries), len(orphans))
+        return True
 
     async def _mark_shutdown(self) -> None:
         for lead in list(self.leading.values()):
@@ -711,6 +780,7 @@ class Mirrors:
                 log.exception("mirrors: reconciliation failed")
 
     def reconcile(self) -> None:
+        self._adopt_retired()
         cluster = self.cluster
         if not cluster.mirror.synced or cluster.paused:
             return
@@ -741,9 +811,12 @@ class Mirrors:
                         link = self.queues.links.link(node)
                         if link is not None:
                             lead.attach(node, link)
-                for node in list(lead.streams):
+                for node, s in list(lead.streams.items()):
                     if node not in wanted:
                         lead.detach(node, drop=True)
+                    elif s.missing is None and time.monotonic() - s.started > HAVE_WAIT:
+                        # no MHAVE: the mirror was not ready for MSTART; start again
+                        lead.detach(node, drop=False)
                 if not wanted and not lead.streams and not lead.rs.synchronised:
                     self.stop_leading(lead, delete_record=True)
                     continue
@@ -924,6 +997,7 @@ class Mirrors:
 
     def _start_copy(self, link: Link, rid: int, vhost: str, name: str, seq: int) -> None:
         ident = (vhost, name)
+        self._adopt_retired()
         vh = self.broker.vhosts.get(vhost)
         local = vh.queues.get(name) if vh is not None else None
         if local is not None and not local.remote:
@@ -942,7 +1016,10 @@ class Mirrors:
                 self._end_copy(old)
             store = self.store.inner
             store.drop_queue(queue_key(vhost, name))  # what was here is another log's
-            copy = MirrorCopy(store, link.peer, rid, vhost, name, seq)
+            copy = MirrorCopy(store, link.peer, rid, vhost, name, seq,
+                              self._new_map(ident, link.peer))
+            if copy.map is not None:
+                copy.map.rewrite(())
         self.copies[(link.peer, rid)] = copy
         self.copy_of[ident] = copy
         link.send(W.encode(M.MHAVE, rid, sorted(copy.entries)))
@@ -967,6 +1044,8 @@ class Mirrors:
         for c, _seq, synced_now, _batch in marks:
             if synced_now:
                 c.synced = True
+            if c.map is not None:
+                c.map.flush()
 
         def durable(error: BaseException | None) -> None:
             if error is not None:
@@ -1126,6 +1205,7 @@ class Mirrors:
             redelivered += bool(delivered)
         self.copies.pop((copy.leader, copy.rid), None)
         self.copy_of.pop(ident, None)
+        copy.forget_map()
         self.broker.definitions_changed(q)  # recorded here (and in etcd: the same)
         lead = self._lead(vh, q)
         lead.live = live

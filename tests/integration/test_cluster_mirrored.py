@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import threading
 import time
 from typing import Any
@@ -362,6 +363,15 @@ def test_a_returning_mirror_catches_up_in_the_background_and_holds_everything(
     assert synced[1] > restarted[1], "publishers stalled while the mirror caught up"
     assert sync_critical(a)[0] == 200
     pub.conn.close()
+    # B kept the 5,000 it held across its restart (nothing was consumed): A sent only
+    # what was published after B went (5,000 and those before B's copy restarted),
+    # every frame one 10-byte message's
+    line = log_of(a).split("mirror on node-b synchronised (")[-1].split(")")[0]
+    print(f"node-a: mirror on node-b synchronised ({line})")
+    copied, nbytes, kept = (int(w) for w in re.findall(r"\d+", line))
+    assert kept == 5000, line
+    assert 5000 <= copied <= len(pub.confirmed) - 5000 + pub.window, line
+    assert nbytes % copied == 0 and nbytes // copied < 200, line
 
     # the copy made in the background holds every confirmed message: lose A, read on C
     a.kill()
@@ -551,3 +561,44 @@ def test_a_controlled_stop_hands_over_only_to_a_synchronised_mirror(
     wait_for(lambda: queue_info(c, QUEUE).get("node") == b.name and usable(c, QUEUE), 60,
              "node-b took over after the controlled stop", lambda: diagnose(nodes))
     assert message_count(c, QUEUE) == 300
+
+
+def test_transient_messages_and_unacked_deliveries_are_mirrored(
+        nodes: list[ClusterNode]) -> None:
+    a, b, c = nodes
+    declare(a, QUEUE)
+    publish_confirmed(a, 0, 50)
+    # a consumer on A holds 10 of them unacknowledged when the policy applies
+    holder = Conn(a.url)
+    ch = holder.open_channel(1)
+    holder.rpc(ch, commands.Basic.Qos(prefetch_count=10), commands.Basic.QosOk)
+    holder.rpc(ch, commands.Basic.Consume(queue=QUEUE, consumer_tag="holder"),
+               commands.Basic.ConsumeOk)
+    held = 0
+    while held < 10:
+        if isinstance(holder.read_frame()[1], pbody.ContentBody):
+            held += 1
+    r = a.api.put("/api/policies/%2F/ha-ab", {
+        "pattern": f"^{QUEUE}$", "apply-to": "queues",
+        "definition": {"ha-mode": "nodes", "ha-params": [a.name, b.name],
+                       "ha-sync-mode": "automatic"}})
+    assert r.status in (201, 204), r.text
+    wait_for(lambda: synchronised(a, QUEUE) == [b.name]
+             and synchronised(b, QUEUE) == [b.name], 30, "node-b synchronised",
+             lambda: diagnose(nodes))
+    # 20 non-persistent messages, confirmed once B has them too
+    pub = Publisher(a.url)
+    pub.props = commands.Basic.Properties(delivery_mode=1)
+    pub.publish(1000, 20)
+    pub.drain(60)
+    assert pub.confirmed == set(range(1000, 1020))
+    pub.conn.close()
+
+    a.kill()
+    holder.sock.close()
+    wait_for(lambda: queue_info(c, QUEUE).get("node") == b.name and usable(c, QUEUE), 60,
+             "node-b promoted", lambda: diagnose(nodes))
+    assert message_count(c, QUEUE) == 70
+    got = consume_all(c, set(range(50)) | set(range(1000, 1020)))
+    assert {n for n, _r in got} == set(range(50)) | set(range(1000, 1020))
+    assert sum(1 for _n, r in got if r) >= 10  # the held ones come back redelivered

@@ -5,6 +5,7 @@ the promotion choice, and a mirror's copy applying the leader's records."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from amqpd.cluster import link_wire as W
 from amqpd.cluster import mirror_wire as M
 from amqpd.cluster.mirror import Leading, MirrorCopy, ReplicatingStore
+from amqpd.cluster.mirror_map import CopyMap, map_path
 from amqpd.cluster.mirror_state import (
     CommitGate,
     ReplicaSet,
@@ -383,6 +385,29 @@ async def test_a_returning_mirror_keeps_what_it_holds_and_gets_only_the_tail() -
     assert link.of(M.MBACKLOG_END) == [[2]]
 
 
+def test_the_copy_map_survives_a_restart_and_ignores_a_torn_record(tmp_path: Path) -> None:
+    store = MemoryStore()
+    store.open()
+    path = map_path(tmp_path, "/\x00q")
+    cmap = CopyMap(path, "/", "q", "node-a")
+    copy = MirrorCopy(store, "node-a", 1, "/", "q", 0, cmap)
+    cmap.rewrite(())
+    _enq(copy, 10)
+    _enq(copy, 20)
+    cmap.flush()
+    with path.open("ab") as f:
+        f.write(b"\x00" * 5)  # a torn record
+    loaded = CopyMap.load(path)
+    assert loaded is not None
+    again, to_leader = loaded
+    assert again.leader == "node-a" and (again.vhost, again.queue) == ("/", "q")
+    assert to_leader == {e[0]: lp for lp, e in copy.entries.items()}
+    copy.restart(2, 0)  # rewritten from the entries
+    assert CopyMap.load(path)[1] == to_leader  # type: ignore[index]
+    copy.drop()
+    assert not path.exists() and CopyMap.load(path) is None
+
+
 def test_a_copy_restarted_by_the_same_leader_keeps_its_entries() -> None:
     copy, store = _copy()
     _enq(copy, 10)
@@ -395,3 +420,16 @@ def test_a_copy_restarted_by_the_same_leader_keeps_its_entries() -> None:
     copy.seen(30)  # a record numbered before the restart does not move it back
     assert copy.last_seq == 40
     assert [store.read(e[0]).body for e in copy.in_order()] == [b"20"]
+
+
+def test_policy_values_of_the_ha_keys_are_checked_as_rabbitmq_does() -> None:
+    from amqpd.broker.policy import validate_definition
+    from amqpd.protocol.errors import PreconditionFailed
+
+    ok = {"ha-mode": "all", "ha-sync-mode": "automatic", "ha-sync-batch-size": 10,
+          "ha-promote-on-failure": "when-synced", "ha-promote-on-shutdown": "always"}
+    assert validate_definition(ok) == ok
+    for key, bad in (("ha-sync-mode", "sometimes"), ("ha-promote-on-failure", "never"),
+                     ("ha-promote-on-shutdown", 1), ("ha-sync-batch-size", 0)):
+        with pytest.raises(PreconditionFailed, match=key):
+            validate_definition({"ha-mode": "all", key: bad})
