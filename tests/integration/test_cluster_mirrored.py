@@ -10,11 +10,14 @@ redelivered=true. Also what /api/queues and the mirror-sync health check show.
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import random
 import re
 import threading
 import time
+import urllib.request
 from typing import Any
 
 import pytest
@@ -25,6 +28,7 @@ from bench.loadgen import Conn, ProtocolError
 from tests.integration._http import q
 from tests.integration.cluster_support import ClusterNode, wait_for
 from tests.support import etcdproc
+from tests.support.etcdproc import EtcdProcess
 
 pytestmark = [
     pytest.mark.skipif(etcdproc.find_etcd() is None, reason=etcdproc.SKIP_REASON),
@@ -602,3 +606,52 @@ def test_transient_messages_and_unacked_deliveries_are_mirrored(
     got = consume_all(c, set(range(50)) | set(range(1000, 1020)))
     assert {n for n, _r in got} == set(range(50)) | set(range(1000, 1020))
     assert sum(1 for _n, r in got if r) >= 10  # the held ones come back redelivered
+
+
+def mirror_record(etcd: EtcdProcess, node: ClusterNode, name: str) -> dict[str, Any]:
+    """The queue's mirror record as etcd holds it (what every mirror decides on)."""
+    key = f"{node.prefix}/{node.cluster}/mirrors/%2F/{q(name)}"
+    req = urllib.request.Request(
+        etcd.url + "/v3/kv/range", method="POST",
+        data=json.dumps({"key": base64.b64encode(key.encode()).decode()}).encode())
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        kvs = json.load(resp).get("kvs") or []
+    return dict(json.loads(base64.b64decode(kvs[0]["value"]))) if kvs else {}
+
+
+def test_promotion_when_synced_on_failure_and_always_on_shutdown(
+        nodes: list[ClusterNode], etcd: EtcdProcess) -> None:
+    a, b, c = nodes
+    mirror_on_b_unsynchronised(a, b, nodes, old=100, new=50,
+                               extra={"ha-promote-on-failure": "when-synced"})
+    wait_for(lambda: mirror_record(etcd, a, QUEUE).get("promote_on_failure") == "when-synced"
+             and mirror_record(etcd, a, QUEUE).get("mirrors") == [b.name], 30,
+             "the record says when-synced", lambda: diagnose(nodes))
+
+    # kill -9 with only an unsynchronised mirror, ha-promote-on-failure when-synced: the
+    # queue stays down until its leader returns, with everything
+    a.kill()
+    wait_for(lambda: "so it is not promoted (ha-promote-on-failure when-synced)"
+             in log_of(b), 30, "node-b declining", lambda: diagnose(nodes))
+    assert queue_info(c, QUEUE).get("node") == a.name
+    assert not usable(c, QUEUE)
+    a.start()
+    wait_for(lambda: usable(c, QUEUE) and message_count(c, QUEUE) == 150, 60,
+             "the queue back with its 150 messages", lambda: diagnose(nodes))
+
+    # ha-promote-on-shutdown always (on failure: always, the default): a controlled
+    # stop hands over to the unsynchronised mirror; what it lacks is lost
+    r = a.api.put("/api/policies/%2F/ha-ab", {
+        "pattern": f"^{QUEUE}$", "apply-to": "queues",
+        "definition": {"ha-mode": "nodes", "ha-params": [a.name, b.name],
+                       "ha-promote-on-shutdown": "always"}})
+    assert r.status in (201, 204), r.text
+    wait_for(lambda: mirror_record(etcd, a, QUEUE).get("promote_on_shutdown") == "always"
+             and mirror_record(etcd, a, QUEUE).get("promote_on_failure") == "always"
+             and mirror_record(etcd, a, QUEUE).get("mirrors") == [b.name], 30,
+             "the record says always", lambda: diagnose(nodes))
+    assert synchronised(a, QUEUE) == []  # B kept its 50, lacks the 100 older ones
+    a.stop()
+    wait_for(lambda: queue_info(c, QUEUE).get("node") == b.name and usable(c, QUEUE), 60,
+             "node-b took over after the controlled stop", lambda: diagnose(nodes))
+    assert message_count(c, QUEUE) == 50
