@@ -1110,6 +1110,10 @@ class Mirrors:
                             "(ha-promote-on-failure %s)", ident[1], ident[0], copy.leader,
                             on_failure)
             return True
+        if not am_synced and copy.leader in self.cluster.records:
+            # an unsynchronised copy takes over only once the leader's lease is gone
+            # too: late heartbeats of a busy leader must not cost what this copy lacks
+            return False
         prefix = f"{self.root}/mirror-candidates/{_q(ident[0])}/{_q(ident[1])}/" \
                  f"{kv.mod_revision}/"
         await self.etcd.put(prefix + self.node, json.dumps(
