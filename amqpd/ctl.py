@@ -504,6 +504,21 @@ def cmd_delete_queue(c: Client, a: argparse.Namespace, out: TextIO) -> int:
     return _done(a, out, f"Deleting queue '{a.name}' on vhost '{a.vhost}' ...")
 
 
+def _queue_action(c: Client, a: argparse.Namespace, action: str) -> None:
+    c.get(f"/api/queues/{q(a.vhost)}/{q(a.name)}")  # 404 -> exit 1, as rabbitmqctl
+    c.call("POST", f"/api/queues/{q(a.vhost)}/{q(a.name)}/actions", {"action": action})
+
+
+def cmd_sync_queue(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    _queue_action(c, a, "sync")
+    return _done(a, out, f"Synchronising queue '{a.name}' in vhost '{a.vhost}' ...")
+
+
+def cmd_cancel_sync_queue(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    _queue_action(c, a, "cancel_sync")
+    return _done(a, out, f"Stopping synchronising queue '{a.name}' in vhost '{a.vhost}' ...")
+
+
 def cmd_close_connection(c: Client, a: argparse.Namespace, out: TextIO) -> int:
     c.call("DELETE", f"/api/connections/{q(a.name)}", headers={"X-Reason": a.reason})
     return _done(a, out, f"Closing connection {a.name}, reason: {a.reason}...")
@@ -739,6 +754,10 @@ def build_parser() -> argparse.ArgumentParser:
         "(rabbitmq-queues shrink)", arg("node"), arg("--errors-only", action="store_true"))
     add("delete_queue", cmd_delete_queue, "delete a queue", arg("name"),
         arg("--if-empty", action="store_true"), arg("--if-unused", action="store_true"))
+    add("sync_queue", cmd_sync_queue, "copy what a mirrored queue's unsynchronised "
+        "mirrors lack (in the background: the queue keeps serving)", arg("name"))
+    add("cancel_sync_queue", cmd_cancel_sync_queue, "stop a mirrored queue's "
+        "synchronisation", arg("name"))
     add("set_vm_memory_high_watermark", cmd_set_vm_memory_high_watermark,
         "memory alarm threshold: a fraction of RAM, or 'absolute BYTES'", arg("value"),
         arg("bytes", nargs="?"))

@@ -568,7 +568,7 @@ def enqueue_routed(broker: Broker, message: Message, queues: list[QueueType]) ->
         return False
     queues, _refused = limits.admit(broker, queues, message)
     if queues and not message.persistent and broker.publisher.keeping_queues:
-        message.persistent = any(q.keeps_every_message for q in queues)
+        message.persistent = any(q.keeps_every_message or q.mirrored for q in queues)
     wrote = False
     if queues and message.persistent:
         durable = [q.store_key for q in queues if q.durable]

@@ -67,6 +67,14 @@ def _overflow(key: str, value: Any) -> None:
         )
 
 
+def _either(first: str, second: str) -> Callable[[str, Any], None]:
+    """A key taking one of two words (RabbitMQ 3.10's ha-sync-mode, ha-promote-on-*)."""
+    def check(key: str, value: Any) -> None:
+        if value not in (first, second):
+            raise PreconditionFailed(f'{key} must be "{first}" or "{second}", got {value!r}')
+    return check
+
+
 def _any(key: str, value: Any) -> None:
     """Keys owned by other subsystems (mirroring, federation...) validate themselves."""
 
@@ -84,10 +92,10 @@ POLICY_KEYS: dict[str, Callable[[str, Any], None]] = {
     # recognised by RabbitMQ 3.10 and owned elsewhere (or inert here)
     "ha-mode": _any,
     "ha-params": _any,
-    "ha-sync-mode": _any,
-    "ha-sync-batch-size": _any,
-    "ha-promote-on-shutdown": _any,
-    "ha-promote-on-failure": _any,
+    "ha-sync-mode": _either("manual", "automatic"),
+    "ha-sync-batch-size": _pos_int,
+    "ha-promote-on-shutdown": _either("always", "when-synced"),
+    "ha-promote-on-failure": _either("always", "when-synced"),
     "queue-master-locator": _any,
     "queue-mode": _any,
     "queue-version": _any,

@@ -95,9 +95,10 @@ class Publisher:
         self._pending_commit = False
         self._commit_waiters: list[OnConfirm] = []
         self._delivered_batch: dict[str, list[int]] = {}
-        # how many queues of a type that keeps every message (quorum) exist: while any
-        # do, a transient message routed to one is written to the store like a
-        # persistent one (QueueType.keeps_every_message)
+        # how many queues of a type that keeps every message (quorum), or mirrored
+        # queues led here, exist: while any do, a transient message routed to one is
+        # written to the store like a persistent one (QueueType.keeps_every_message,
+        # QueueType.mirrored)
         self.keeping_queues = 0
         # how many queues led by another node this node knows (amqpd.cluster): while
         # any do, routed messages are split between local queues and forwarded ones
@@ -147,7 +148,7 @@ class Publisher:
         if queues and not message.persistent and self.keeping_queues:
             # a quorum queue writes every message it takes, transient ones too (a durable
             # classic queue reached by the same message keeps it as well: one write)
-            message.persistent = any(q.keeps_every_message for q in queues)
+            message.persistent = any(q.keeps_every_message or q.mirrored for q in queues)
         store = self.broker.store
         if queues and message.persistent:
             durable = [q.store_key for q in queues if q.durable]

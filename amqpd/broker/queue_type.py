@@ -113,6 +113,9 @@ class QueueType:
         self.on_removed: list[Callable[[QueueType], None]] = []
         # bindings to this queue (Exchange.bind keeps it): delete finds them directly
         self.inbound: set[Binding] | None = None
+        # a mirrored classic queue (amqpd.cluster.mirror) keeps every message like a
+        # keeps_every_message type while it is mirrored, so transient ones are mirrored
+        self.mirrored = False
 
     # --- called BEFORE declaration
     @classmethod

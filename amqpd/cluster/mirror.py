@@ -16,9 +16,11 @@ Theory of operation.
   purge, expiry, drop) and delivery mark (the message comes back redelivered) into a
   frame on the link to each mirror (:mod:`amqpd.cluster.mirror_wire`), numbered by the
   queue's replication sequence. Requeue needs no record: a requeued message is still
-  unsettled, and its delivery mark already says redelivered. Only persistent messages
-  are mirrored (what the leader's store holds; transient messages of a mirrored queue
-  are lost with its node, as on a restart).
+  unsettled, and its delivery mark already says redelivered. Every message is
+  mirrored: while the queue is mirrored it keeps transient messages in the store too
+  (``QueueType.mirrored``, as a quorum queue's ``keeps_every_message``). A queue
+  that starts being mirrored counts its ready messages and its unacknowledged
+  deliveries (local channels and other nodes' consumers) as what the mirror lacks.
 * **The mirror** (:class:`MirrorCopy`) writes the records to its own store under the
   queue's store key, in a copy that serves no client, and acknowledges (``MACK``) once
   its store commit made them durable.
@@ -29,26 +31,42 @@ Theory of operation.
   link goes, or that holds a waiter longer than ``cluster.mirror_sync_timeout``, leaves
   the synchronised set (a log line) once etcd has recorded that, so a confirm never
   counts on a mirror the record still calls synchronised.
-* **Catch-up.** A new (or returning) mirror gets ``MSTART``, then, in the background,
-  the messages the queue held at that moment (``MBACKLOG``, read back from the
-  leader's store, in batches of ``ha-sync-batch-size``, each sent once the mirror holds
-  the one before last durable: ``MBATCH`` / ``MBATCHED``),
-  while the live records flow as usual; the queue keeps serving. Once the backlog is
-  durable on the mirror (``MSYNCED``) it joins the synchronised set. A returning mirror
-  gets a full copy (what it held is dropped at ``MSTART``).
-* **Failover.** When the view says the leader's node is not running, each mirror that
-  the record calls synchronised offers itself (``{root}/mirror-candidates/{vhost}/
-  {queue}/{record revision}/{node}`` = the last sequence number it received) and, once
-  every running synchronised mirror did (or after :data:`ELECTION_WAIT`), the choice of
-  :func:`~amqpd.cluster.mirror_state.choose_promotion` (most up to date) takes over with
+* **Catch-up.** A new (or returning) mirror gets ``MSTART`` and answers ``MHAVE``:
+  the leader positions it still holds of an earlier copy from this leader (its link
+  came back, or its node restarted: :mod:`amqpd.cluster.mirror_map` keeps the copy's
+  leader positions on disk, and :meth:`Mirrors._adopt` takes the recovered messages
+  back as the copy). The leader settles there
+  what was settled meanwhile; what the queue held at ``MSTART`` that the mirror lacks
+  is its *missing* set. ``ha-sync-mode`` ``automatic`` copies it at once, ``manual``
+  (the default) only on ``sync_queue`` (:meth:`Leading.sync`, any node:
+  ``MSYNCREQ``), otherwise it waits until those messages are settled. The copy
+  (``MBACKLOG``, read back from the leader's store, in batches of
+  ``ha-sync-batch-size``, each sent once the mirror holds the one before last
+  durable: ``MBATCH`` / ``MBATCHED``) runs in the background while the live records
+  flow as usual; the queue keeps serving. Once nothing it lacks is left
+  (``MBACKLOG_END``) and that is durable on the mirror (``MSYNCED``) it joins the
+  synchronised set.
+* **Failover.** When the view says the leader's node is not running, each mirror
+  holding a copy may offer itself (``{root}/mirror-candidates/{vhost}/{queue}/{record
+  revision}/{node}`` = the last sequence number it received and whether it is
+  synchronised): a synchronised one always, an unsynchronised one only if the record's
+  ``promote_on_failure`` (or, when the record says the leader stopped in a controlled
+  way, ``promote_on_shutdown``) allows it
+  (:func:`~amqpd.cluster.mirror_state.may_promote_unsynchronised`). Once every
+  running synchronised mirror did (or after :data:`ELECTION_WAIT`), the choice of
+  :func:`~amqpd.cluster.mirror_state.choose_promotion` (most up to date, synchronised
+  first) takes over with
   one etcd transaction on the queue's definition key (its ``node``, the catalogue's
   leader) and its mirror record, guarded by both revisions: never two leaders. The new
   leader turns its copy into a classic queue (unsettled messages come back, those
   handed out before marked redelivered) in the place of the :class:`RemoteQueue`,
   bindings kept; the other nodes' remote queues follow the catalogue to it. Consumers
-  that consumed through the old leader got basic.cancel when its link went (all of
-  them: ``x-cancel-on-ha-failover`` or not); publishers get nacks for what was in
-  flight, then confirms from the new leader.
+  that consumed through the old leader consume on from the new one, unless they asked
+  for ``x-cancel-on-ha-failover`` (then basic.cancel; remote_queue.replace_queue);
+  publishers get nacks for what was in flight, then confirms from the new leader.
+* **Controlled stop.** :meth:`Mirrors.stop` (SIGTERM) first writes ``"shutdown":
+  true`` into the record of every queue this node leads, so their mirrors apply
+  ``ha-promote-on-shutdown``.
 
 How quorum queues can reuse this: see :mod:`amqpd.cluster.mirror_state`.
 """
@@ -67,7 +85,15 @@ from typing import TYPE_CHECKING, Any, Final
 from amqpd.broker.message import LoggedMessage
 from amqpd.cluster import link_wire as W
 from amqpd.cluster import mirror_wire as M
-from amqpd.cluster.mirror_state import CommitGate, ReplicaSet, choose_promotion, mirror_nodes
+from amqpd.cluster.mirror_map import CopyMap, map_path
+from amqpd.cluster.mirror_state import (
+    CommitGate,
+    ReplicaSet,
+    choose_promotion,
+    ha_setting,
+    may_promote_unsynchronised,
+    mirror_nodes,
+)
 from amqpd.coord.etcd import Compare, Delete, EtcdError, Put
 from amqpd.store.api import StoredMessage, queue_key
 
@@ -84,6 +110,9 @@ log = logging.getLogger("amqpd.cluster.mirror")
 
 TICK: Final = 0.25  # seconds between reconciliations (policies, timeouts, failover)
 ELECTION_WAIT: Final = 2.0  # seconds a candidate waits for the other candidates
+HAVE_WAIT: Final = 10.0  # seconds a new stream waits for the mirror's MHAVE
+DECLINED_RETRY: Final = 5.0  # seconds before a mirror that may not take over looks again
+SHUTDOWN_MARK: Final = 2.0  # seconds a stopping leader gives etcd to record its stop
 SYNC_BATCH: Final = 1024  # backlog messages per batch (ha-sync-batch-size overrides)
 LOW_WATER: Final = 1 << 20  # a backlog batch waits until the link's buffer is below this
 STREAM_SPLIT: Final = 1 << 31  # replication streams from here on: quorum queues'
@@ -115,7 +144,7 @@ class ReplicatingStore:
 
     def append_enqueue(self, queues: Sequence[str], message: StoredMessage) -> int:
         position = self.inner.append_enqueue(queues, message)
-        if self.by_key and not message.transient:
+        if self.by_key:
             for key in queues:
                 lead = self.by_key.get(key)
                 if lead is not None:
@@ -200,7 +229,16 @@ class _Stream:
         self.backlog_sent = 0
         self.task: asyncio.Task[None] | None = None
         self.batches_durable = 0  # the mirror's MBATCHED so far (backlog flow control)
+        self.batches = 0  # backlog batches sent (MBATCH)
         self.batch_event = asyncio.Event()
+        self.candidates: list[int] = []  # what the queue held at MSTART (it may lack)
+        self.started = time.monotonic()
+        # what the queue holds that the mirror lacks, in queue order; None until the
+        # mirror said what it has (MHAVE)
+        self.missing: dict[int, None] | None = None
+        self.ended = False  # MBACKLOG_END sent: nothing it lacks is left
+        self.kept = 0  # messages the mirror already held (an earlier copy)
+        self.backlog_bytes = 0  # bytes of MBACKLOG frames sent
 
 
 class Leading:
@@ -247,6 +285,12 @@ class Leading:
             seq = self.rs.next_seq()
             if self.streams:
                 self._send(lambda rid: W.encode(M.MSETTLE, rid, seq, done))
+                for s in self.streams.values():
+                    if s.missing:  # ha-sync-mode manual: synchronised once they are gone
+                        for p in done:
+                            s.missing.pop(p, None)
+                        if not s.missing:
+                            self._maybe_end(s)
 
     def delivered(self, positions: list[int]) -> None:
         live = self.live
@@ -266,27 +310,91 @@ class Leading:
     def attach(self, node: str, link: Link) -> None:
         self.mirrors.next_rid += 1
         s = _Stream(node, self.mirrors.next_rid, link, self.rs.seq)
+        s.candidates = list(self.live)
         self.streams[node] = s
         self.rs.attach(node)
         vhost, name = self.ident
         link.send(W.encode(M.MSTART, s.rid, vhost, name, s.start_seq))
-        s.task = asyncio.get_running_loop().create_task(self._backlog(s, list(self.live)))
         self.mirrors.by_rid[(node, s.rid)] = self
         self.dirty = True
-        log.info("queue '%s' in vhost '%s': mirror on %s starting (%d messages to copy)",
-                 name, vhost, node, len(self.live))
+        log.info("queue '%s' in vhost '%s': mirror on %s starting (%d messages in the "
+                 "queue)", name, vhost, node, len(self.live))
 
-    async def _backlog(self, s: _Stream, positions: list[int]) -> None:
-        """Copy what the queue held when the stream started, a batch at a time."""
+    def sync_mode(self) -> str:
+        return ha_setting(self.q.policy, "ha-sync-mode")
+
+    def got_have(self, node: str, rid: int, positions: list[int]) -> None:
+        """The mirror's answer to MSTART: the positions it still holds. It keeps
+        those the queue still holds, drops the others, and lacks the rest."""
+        s = self.streams.get(node)
+        if s is None or s.rid != rid or s.missing is not None:
+            return
+        live = self.live
+        have = set(positions)
+        stale = [p for p in positions if p not in live]
+        kept = [p for p in positions if p in live]
+        s.kept = len(kept)
+        s.missing = {p: None for p in s.candidates if p in live and p not in have}
+        s.candidates = []
+        if stale:  # settled while it was away
+            s.link.send(W.encode(M.MSETTLE, rid, s.start_seq, stale))
+        marked = [p for p in kept if live[p]]
+        if marked:
+            s.link.send(W.encode(M.MDELIV, rid, s.start_seq, marked))
+        vhost, name = self.ident
+        mode = self.sync_mode()
+        log.info("queue '%s' in vhost '%s': mirror on %s holds %d of its messages "
+                 "(%d dropped), lacks %d (ha-sync-mode %s)", name, vhost, node, len(kept),
+                 len(stale), len(s.missing), mode)
+        if mode == "automatic" and s.missing:
+            self._start_sync(s)
+        else:
+            self._maybe_end(s)
+
+    def _start_sync(self, s: _Stream) -> bool:
+        if s.closed or s.ended or s.missing is None or \
+                (s.task is not None and not s.task.done()):
+            return False
+        s.task = asyncio.get_running_loop().create_task(self._backlog(s))
+        return True
+
+    def _maybe_end(self, s: _Stream, in_task: bool = False) -> None:
+        """Nothing the mirror lacks is left: tell it (it then reports synchronised)."""
+        if s.closed or s.ended or s.missing is None or s.missing:
+            return
+        if not in_task and s.task is not None and not s.task.done():
+            return
+        s.ended = True
+        s.link.send(W.encode(M.MBACKLOG_END, s.rid, s.backlog_sent))
+
+    def sync(self) -> int:
+        """``sync_queue``: copy what the unsynchronised mirrors lack, in the
+        background (the queue keeps serving); how many copies started."""
+        return sum(self._start_sync(s) for s in self.streams.values() if not s.synced)
+
+    def cancel_sync(self) -> int:
+        """``cancel_sync_queue``: stop the copies running; what was copied stays."""
+        n = 0
+        for s in self.streams.values():
+            if s.task is not None and not s.task.done() and not s.ended:
+                s.task.cancel()
+                s.task = None
+                n += 1
+        return n
+
+    async def _backlog(self, s: _Stream) -> None:
+        """Copy what the mirror lacks, a batch at a time."""
         store = self.mirrors.store.inner
         policy = self.q.policy or {}
         batch = policy.get("ha-sync-batch-size")
         if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
             batch = SYNC_BATCH
+        missing = s.missing
+        assert missing is not None
         n = 0
-        for pos in positions:
-            if s.closed:
-                return
+        while missing and not s.closed:
+            pos = next(iter(missing))
+            del missing[pos]
             delivered = self.live.get(pos)
             if delivered is None:
                 continue  # settled meanwhile (the mirror saw the settle, or never needs it)
@@ -295,17 +403,20 @@ class Leading:
             except Exception as exc:  # a failing disk: the mirror stays unsynchronised
                 log.error("queue '%s': backlog read for the mirror on %s failed: %s",
                           self.ident[1], s.node, exc)
+                missing[pos] = None
                 return
-            s.link.send(W.encode(M.MBACKLOG, s.rid, pos, delivered, m.exchange,
-                                 m.routing_key, m.properties, m.body, m.published,
-                                 m.expires, m.priority))
+            frame = W.encode(M.MBACKLOG, s.rid, pos, delivered, m.exchange,
+                             m.routing_key, m.properties, m.body, m.published,
+                             m.expires, m.priority)
+            s.backlog_bytes += len(frame)
+            s.link.send(frame)
             n += 1
+            s.backlog_sent += 1
             if n % batch == 0:
-                number = n // batch
-                s.link.send(W.encode(M.MBATCH, s.rid, number))
-                await self._drained(s, number - 1)
-        s.backlog_sent = n
-        s.link.send(W.encode(M.MBACKLOG_END, s.rid, n))
+                s.batches += 1
+                s.link.send(W.encode(M.MBATCH, s.rid, s.batches))
+                await self._drained(s, s.batches - 1)
+        self._maybe_end(s, in_task=True)
 
     @staticmethod
     async def _drained(s: _Stream, durable: int) -> None:
@@ -356,15 +467,18 @@ class Leading:
         self.rs.join(node)
         self.leaving.discard(node)
         self.dirty = True
-        log.info("queue '%s' in vhost '%s': mirror on %s synchronised (%d messages "
-                 "copied in the background)", self.ident[1], self.ident[0], node,
-                 s.backlog_sent)
+        log.info("queue '%s' in vhost '%s': mirror on %s synchronised (%d messages, "
+                 "%d bytes copied in the background; %d it held kept)", self.ident[1],
+                 self.ident[0], node, s.backlog_sent, s.backlog_bytes, s.kept)
 
     # -- the record ---------------------------------------------------------------------
     def record(self) -> dict[str, Any]:
         sync = sorted(n for n in self.rs.synchronised if n not in self.leaving)
+        policy = self.q.policy
         return {"leader": self.mirrors.node, "mirrors": sorted(self.streams),
-                "synchronised": sync, "wanted": list(self.wanted)}
+                "synchronised": sync, "wanted": list(self.wanted),
+                "promote_on_failure": ha_setting(policy, "ha-promote-on-failure"),
+                "promote_on_shutdown": ha_setting(policy, "ha-promote-on-shutdown")}
 
     async def write(self) -> None:
         """Bring the etcd record in line; then what left the synchronised set stops
@@ -426,8 +540,9 @@ class MirrorCopy:
     this node's store under the queue's key; serves no client until promoted."""
 
     def __init__(self, store: MessageStore, leader: str, rid: int, vhost: str, name: str,
-                 start_seq: int) -> None:
+                 start_seq: int, cmap: CopyMap | None = None) -> None:
         self.store = store
+        self.map = cmap  # leader position -> local position on disk (mirror_map)
         self.leader = leader
         self.rid = rid
         self.ident: Ident = (vhost, name)
@@ -441,6 +556,26 @@ class MirrorCopy:
         self.synced = False  # the backlog is durable here
         self.batch = 0  # the last backlog batch received (MBATCH)
         self.batch_told = 0  # ... and reported durable (MBATCHED)
+        self.declined = 0.0  # when it last declined to take over (monotonic)
+
+    def restart(self, rid: int, start_seq: int) -> None:
+        """A new stream from the same leader: what this copy holds is kept (the
+        leader drops what was settled meanwhile and sends only what it lacks)."""
+        self.rid = rid
+        self.last_seq = start_seq
+        self.settled_early.clear()
+        self.delivered_early.clear()
+        self.backlog_done = False
+        self.synced = False
+        self.batch = 0
+        self.batch_told = 0
+        self.declined = 0.0
+        if self.map is not None:
+            self.map.rewrite((lp, e[0]) for lp, e in self.entries.items())
+
+    def seen(self, seq: int) -> None:
+        if seq > self.last_seq:
+            self.last_seq = seq
 
     def enqueue(self, pos: int, delivered: bool, exchange: str, key: str, props: bytes,
                 body: bytes, published: int, expires: int, priority: int) -> None:
@@ -451,6 +586,8 @@ class MirrorCopy:
             return
         local = self.store.append_enqueue([self.key], StoredMessage(
             exchange, key, props, body, published, expires, priority))
+        if self.map is not None:
+            self.map.add(pos, local)
         if delivered or pos in self.delivered_early:
             self.delivered_early.discard(pos)
             delivered = True
@@ -486,6 +623,14 @@ class MirrorCopy:
     def drop(self) -> None:
         self.entries.clear()
         self.store.drop_queue(self.key)
+        self.forget_map()
+
+    def forget_map(self) -> None:
+        """The copy is no longer a copy (dropped, or promoted: its messages are the
+        queue's own now): its map goes."""
+        if self.map is not None:
+            self.map.remove()
+            self.map = None
 
     def in_order(self) -> list[list[Any]]:
         """The messages in the leader's order (its log positions grow with enqueues)."""
@@ -523,10 +668,15 @@ class Mirrors:
         self.broker.store = self.store
         self.queues.extensions.append(self)
         self.queues.failover_expected = self.failover_expected
+        self._adopt_retired()
         self._tasks = [asyncio.create_task(self._loop(), name="mirrors"),
                        asyncio.create_task(self._read_records(), name="mirror-records")]
 
     async def stop(self) -> None:
+        """A controlled stop (SIGTERM): the records of the queues this node leads say
+        so first, so their mirrors apply ``ha-promote-on-shutdown``."""
+        with contextlib.suppress(TimeoutError, EtcdError):
+            await asyncio.wait_for(self._mark_shutdown(), SHUTDOWN_MARK)
         for task in [*self._tasks, *self.promoting.values()]:
             task.cancel()
         for task in self._tasks:
@@ -535,6 +685,88 @@ class Mirrors:
         if self.broker.store is self.store:
             self.broker.store = self.store.inner
         self.gate.fail_all(EtcdError("node stopping"))
+
+    # -- copies kept across a restart of this node -----------------------------------------
+    def _new_map(self, ident: Ident, leader: str) -> CopyMap | None:
+        if not self.store.on_disk:
+            return None
+        path = map_path(self.broker.settings.data_dir, queue_key(*ident))
+        return CopyMap(path, ident[0], ident[1], leader)
+
+    def _adopt_retired(self) -> None:
+        """Queues this node held locally that another node leads (the cluster found
+        them at start, remote_queue.ClusterQueues.retire): those that were this node's
+        mirror copies become copies again (the leader then sends only what they lack);
+        the others are deleted."""
+        retired = self.queues.retired
+        while retired:
+            ident, q = retired.popitem()
+            if not self._adopt(ident, q):
+                q.delete()
+
+    def _adopt(self, ident: Ident, q: QueueType) -> bool:
+        if not self.store.on_disk or ident in self.copy_of:
+            return False
+        loaded = CopyMap.load(map_path(self.broker.settings.data_dir, q.store_key))
+        if loaded is None:
+            return False
+        cmap, to_leader = loaded
+        leader = self.cluster.catalogue.get(ident)
+        if leader is None or leader == self.node or cmap.leader != leader:
+            cmap.remove()  # a copy of another leader's log: its positions mean nothing
+            return False
+        copy = MirrorCopy(self.store.inner, leader, 0, ident[0], ident[1], 0, cmap)
+        orphans: list[int] = []
+        ready = getattr(q, "ready", None)
+        for entry in ready if ready is not None else ():
+            local = entry.message.position
+            lp = to_leader.get(local)
+            if lp is None or lp in copy.entries:
+                orphans.append(local)  # its map record was lost: fetched again
+                continue
+            copy.entries[lp] = [local, entry.message.size, bool(entry.redelivered)]
+        q.in_store = False  # the messages stay in the store: they are the copy's now
+        q.delete()
+        if orphans:
+            self.store.inner.append_settle(q.store_key, orphans)
+        cmap.rewrite((lp, e[0]) for lp, e in copy.entries.items())
+        self.copy_of[ident] = copy
+        log.info("queue '%s' in vhost '%s': the copy of %s's queue kept across this node's "
+                 "restart (%d messages, %d without a map record dropped)", ident[1],
+                 ident[0], leader, len(copy.entries), len(orphans))
+        return True
+
+    async def _mark_shutdown(self) -> None:
+        for lead in list(self.leading.values()):
+            lead.deposed = True  # no more writes of the record from here
+            if lead.rev <= 0 or lead.gone:
+                continue
+            rec = {**lead.record(), "shutdown": True}
+            key = self.record_key(lead.ident)
+            result = await self.etcd.txn([Compare("mod", key, "==", lead.rev)],
+                                         [Put(key, json.dumps(rec))])
+            if result.succeeded:
+                log.info("queue '%s' in vhost '%s': leader stopping (synchronised "
+                         "mirrors: %s)", lead.ident[1], lead.ident[0],
+                         ", ".join(rec["synchronised"]) or "none")
+
+    def request_sync(self, vhost: str, name: str, action: str) -> bool:
+        """``sync_queue`` / ``cancel_sync_queue`` on any node: done here if this node
+        leads the queue, else passed to its leader over the link. False: the leader
+        cannot be reached."""
+        ident = (vhost, name)
+        lead = self.leading.get(ident)
+        if lead is not None:
+            n = lead.sync() if action == "sync" else lead.cancel_sync()
+            log.info("queue '%s' in vhost '%s': %s (%d mirror copies)", name, vhost,
+                     action, n)
+            return True
+        leader = self.cluster.catalogue.get(ident)
+        link = self.queues.links.link(leader) if leader and leader != self.node else None
+        if link is None:
+            return False
+        link.send(W.encode(M.MSYNCREQ, 0, vhost, name, action))
+        return True
 
     def record_key(self, ident: Ident) -> str:
         return f"{self.root}/mirrors/{_q(ident[0])}/{_q(ident[1])}"
@@ -549,6 +781,7 @@ class Mirrors:
                 log.exception("mirrors: reconciliation failed")
 
     def reconcile(self) -> None:
+        self._adopt_retired()
         cluster = self.cluster
         if not cluster.mirror.synced or cluster.paused:
             return
@@ -579,12 +812,17 @@ class Mirrors:
                         link = self.queues.links.link(node)
                         if link is not None:
                             lead.attach(node, link)
-                for node in list(lead.streams):
+                for node, s in list(lead.streams.items()):
                     if node not in wanted:
                         lead.detach(node, drop=True)
+                    elif s.missing is None and time.monotonic() - s.started > HAVE_WAIT:
+                        # no MHAVE: the mirror was not ready for MSTART; start again
+                        lead.detach(node, drop=False)
                 if not wanted and not lead.streams and not lead.rs.synchronised:
                     self.stop_leading(lead, delete_record=True)
                     continue
+                if not lead.dirty and lead.record() != lead.written:
+                    lead.dirty = True  # e.g. the policy's ha-promote-on-* changed
                 if lead.dirty and not lead.writing:
                     asyncio.get_running_loop().create_task(lead.write())
         for ident, lead in list(self.leading.items()):
@@ -599,6 +837,12 @@ class Mirrors:
                                 node, self.gate.timeout)
                     lead.detach(node, drop=True)
                     asyncio.get_running_loop().create_task(lead.write())
+        self._watch_leaders(now)
+
+    def _watch_leaders(self, now: float) -> None:
+        """The copies this node holds: a leader gone from the catalogue ends its copy;
+        a leader not running starts the failover."""
+        cluster = self.cluster
         for ident, copy in list(self.copy_of.items()):
             leader = cluster.catalogue.get(ident)
             if ident in self.promoting:
@@ -607,7 +851,7 @@ class Mirrors:
                 # the queue went, or another node leads it now (it starts a fresh copy)
                 self._end_copy(copy)
                 continue
-            if not view.is_running(leader):
+            if not cluster.is_running(leader) and now - copy.declined > DECLINED_RETRY:
                 self.promoting[ident] = asyncio.get_running_loop().create_task(
                     self._promote(ident, copy))
 
@@ -618,7 +862,11 @@ class Mirrors:
             positions = ready.positions() if hasattr(ready, "positions") else [
                 e.message.position for e in ready if e.message.position >= 0]
             live = dict.fromkeys(positions, False)
+        for pos in self._unacked_positions(q):  # handed to consumers, not yet settled
+            live[pos] = True
         lead = Leading(self, vh.name, q, live)
+        q.mirrored = True  # transient messages are written (and so mirrored) too
+        self.broker.publisher.keeping_queues += 1
         self.leading[lead.ident] = lead
         self.store.by_key[lead.key] = lead
         self.gate.sets.append(lead.rs)
@@ -626,10 +874,30 @@ class Mirrors:
                  q.policy_name)
         return lead
 
+    def _unacked_positions(self, q: QueueType) -> list[int]:
+        """The log positions of ``q``'s deliveries not yet settled: on this node's
+        channels and on the links of consumers on other nodes."""
+        out = []
+        for proto in list(self.broker.transports):
+            session = proto.session
+            for ch in list(getattr(session, "channels", {}).values()):
+                for u in list(ch.unacked.values()):
+                    if u.queue is q and u.entry.message.position >= 0:
+                        out.append(u.entry.message.position)
+        for streams in self.queues.served.values():
+            for served in streams.values():
+                if served.queue is q:
+                    out += [e.message.position for e in served.unacked.values()
+                            if e.message.position >= 0]
+        return sorted(out)
+
     def stop_leading(self, lead: Leading, delete_record: bool) -> None:
         if lead.gone:
             return
         lead.gone = True
+        if lead.q.mirrored:
+            lead.q.mirrored = False
+            self.broker.publisher.keeping_queues -= 1
         for node in list(lead.streams):
             lead.detach(node, drop=True)
         self.leading.pop(lead.ident, None)
@@ -694,6 +962,8 @@ class Mirrors:
                 self.gate.release()
             elif kind == M.MBATCHED:
                 lead.got_batch(peer, stream, f[0])
+            elif kind == M.MHAVE:
+                lead.got_have(peer, stream, list(f[0]))
             elif kind == M.MREFUSE:
                 log.info("queue '%s' in vhost '%s': %s cannot mirror it yet: %s",
                          lead.ident[1], lead.ident[0], peer, f[0])
@@ -706,19 +976,22 @@ class Mirrors:
         if kind == M.MSTART:
             self._start_copy(link, stream, f[0], f[1], f[2])
             return
+        if kind == M.MSYNCREQ:
+            self.request_sync(f[0], f[1], f[2])
+            return
         copy = self.copies.get((peer, stream))
         if copy is None:
             return
         if kind == M.MENQ:
-            copy.last_seq = f[0]
+            copy.seen(f[0])
             copy.enqueue(f[1], False, *f[2:])
         elif kind == M.MBACKLOG:
             copy.enqueue(*f)
         elif kind == M.MSETTLE:
-            copy.last_seq = f[0]
+            copy.seen(f[0])
             copy.settle(f[1])
         elif kind == M.MDELIV:
-            copy.last_seq = f[0]
+            copy.seen(f[0])
             copy.deliver(f[1])
         elif kind == M.MBATCH:
             copy.batch = f[0]
@@ -731,6 +1004,7 @@ class Mirrors:
 
     def _start_copy(self, link: Link, rid: int, vhost: str, name: str, seq: int) -> None:
         ident = (vhost, name)
+        self._adopt_retired()
         vh = self.broker.vhosts.get(vhost)
         local = vh.queues.get(name) if vh is not None else None
         if local is not None and not local.remote:
@@ -739,14 +1013,25 @@ class Mirrors:
             link.send(W.encode(M.MREFUSE, rid, "it still holds the queue as its leader"))
             return
         old = self.copy_of.get(ident)
-        if old is not None:
-            self._end_copy(old)
-        store = self.store.inner
-        store.drop_queue(queue_key(vhost, name))  # a full copy: what was here goes
-        copy = MirrorCopy(store, link.peer, rid, vhost, name, seq)
+        if old is not None and old.leader == link.peer and ident not in self.promoting:
+            # the same leader again (its link came back): keep what the copy holds
+            self.copies.pop((old.leader, old.rid), None)
+            old.restart(rid, seq)
+            copy = old
+        else:
+            if old is not None:
+                self._end_copy(old)
+            store = self.store.inner
+            store.drop_queue(queue_key(vhost, name))  # what was here is another log's
+            copy = MirrorCopy(store, link.peer, rid, vhost, name, seq,
+                              self._new_map(ident, link.peer))
+            if copy.map is not None:
+                copy.map.rewrite(())
         self.copies[(link.peer, rid)] = copy
         self.copy_of[ident] = copy
-        log.info("queue '%s' in vhost '%s': mirroring it for %s", name, vhost, link.peer)
+        link.send(W.encode(M.MHAVE, rid, sorted(copy.entries)))
+        log.info("queue '%s' in vhost '%s': mirroring it for %s (%d messages held)", name,
+                 vhost, link.peer, len(copy.entries))
 
     def _end_copy(self, copy: MirrorCopy) -> None:
         self.copies.pop((copy.leader, copy.rid), None)
@@ -766,6 +1051,8 @@ class Mirrors:
         for c, _seq, synced_now, _batch in marks:
             if synced_now:
                 c.synced = True
+            if c.map is not None:
+                c.map.flush()
 
         def durable(error: BaseException | None) -> None:
             if error is not None:
@@ -810,27 +1097,59 @@ class Mirrors:
         if rec.get("leader") != copy.leader or view.is_running(copy.leader):
             return True  # somebody took over, or the leader is back
         synchronised = [str(n) for n in rec.get("synchronised", [])]
-        if self.node not in synchronised or not copy.synced:
-            log.warning("queue '%s' in vhost '%s': leader %s lost; this node's mirror is "
-                        "not synchronised, so it is not promoted", ident[1], ident[0],
-                        copy.leader)
+        shutdown = bool(rec.get("shutdown"))
+        on_failure = str(rec.get("promote_on_failure", "always"))
+        on_shutdown = str(rec.get("promote_on_shutdown", "when-synced"))
+        unsync_ok = may_promote_unsynchronised(on_failure, on_shutdown, shutdown)
+        am_synced = self.node in synchronised and copy.synced
+        if not am_synced and not unsync_ok:
+            copy.declined = time.monotonic()
+            if shutdown:
+                log.warning("queue '%s' in vhost '%s': leader %s stopped with no "
+                            "synchronised mirror available; this node's mirror is not "
+                            "synchronised, so the queue stays down until %s returns "
+                            "(ha-promote-on-shutdown %s, ha-promote-on-failure %s)",
+                            ident[1], ident[0], copy.leader, copy.leader, on_shutdown,
+                            on_failure)
+            else:
+                log.warning("queue '%s' in vhost '%s': leader %s lost; this node's mirror "
+                            "is not synchronised, so it is not promoted "
+                            "(ha-promote-on-failure %s)", ident[1], ident[0], copy.leader,
+                            on_failure)
             return True
+        if not am_synced and copy.leader in self.cluster.records:
+            # an unsynchronised copy takes over only once the leader's lease is gone
+            # too: late heartbeats of a busy leader must not cost what this copy lacks
+            return False
         prefix = f"{self.root}/mirror-candidates/{_q(ident[0])}/{_q(ident[1])}/" \
                  f"{kv.mod_revision}/"
-        await self.etcd.put(prefix + self.node, str(copy.last_seq))
+        await self.etcd.put(prefix + self.node, json.dumps(
+            {"seq": copy.last_seq, "synced": am_synced}))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + ELECTION_WAIT
         candidates: dict[str, int] = {}
+        synced_candidates: list[str] = []
         while True:
             for c in await self.etcd.get_prefix(prefix):
-                candidates[c.key.decode()[len(prefix):]] = int(c.value or b"0")
+                node = c.key.decode()[len(prefix):]
+                try:
+                    offer = json.loads(c.value)
+                    candidates[node] = int(offer["seq"])
+                except (ValueError, KeyError, TypeError):
+                    continue
+                if offer.get("synced") is True and node in synchronised and \
+                        node not in synced_candidates:
+                    synced_candidates.append(node)
             expected = [n for n in synchronised if view.is_running(n)]
+            if not expected and unsync_ok:  # every running mirror may take over
+                expected = [str(n) for n in rec.get("mirrors", []) if view.is_running(n)]
             if all(n in candidates for n in expected) or loop.time() > deadline:
                 break
             await asyncio.sleep(0.05)
-        winner = choose_promotion(candidates, synchronised, view.is_running)
-        log.info("queue '%s' in vhost '%s': leader %s lost; candidates %s; promoting %s",
-                 ident[1], ident[0], copy.leader, candidates, winner)
+        winner = choose_promotion(candidates, synced_candidates, view.is_running, unsync_ok)
+        log.info("queue '%s' in vhost '%s': leader %s %s; candidates %s (synchronised %s); "
+                 "promoting %s", ident[1], ident[0], copy.leader,
+                 "stopped" if shutdown else "lost", candidates, synced_candidates, winner)
         if winner == self.node:
             return await self._take_over(ident, copy, rec, kv.mod_revision, prefix)
         end = loop.time() + 5.0
@@ -897,6 +1216,7 @@ class Mirrors:
             redelivered += bool(delivered)
         self.copies.pop((copy.leader, copy.rid), None)
         self.copy_of.pop(ident, None)
+        copy.forget_map()
         self.broker.definitions_changed(q)  # recorded here (and in etcd: the same)
         lead = self._lead(vh, q)
         lead.live = live
@@ -909,7 +1229,12 @@ class Mirrors:
         """The link to ``queue``'s leader went: will a synchronised mirror take over
         (its consumers elsewhere are then kept, remote_queue.RemoteQueue.detach)?"""
         rec = self.records.get((queue.vhost.name, queue.name))
-        return rec is not None and bool(rec.get("synchronised"))
+        if rec is None:
+            return False
+        unsync_ok = may_promote_unsynchronised(
+            str(rec.get("promote_on_failure", "always")),
+            str(rec.get("promote_on_shutdown", "when-synced")), bool(rec.get("shutdown")))
+        return bool(rec.get("synchronised")) or (unsync_ok and bool(rec.get("mirrors")))
 
     # -- what the API shows ----------------------------------------------------------------
     def queue_fields(self, vhost: str, name: str) -> dict[str, Any]:

@@ -14,9 +14,12 @@
   leave the synchronised set (after etcd has recorded that) instead of stalling
   publishers.
 * :func:`mirror_nodes` -- the nodes a policy's ``ha-mode`` / ``ha-params`` ask for.
-* :func:`choose_promotion` -- which synchronised mirror is promoted when the leader is
-  lost: the one that received the most records, ties to the smallest node name, so
-  every node that runs the same choice on the same candidates picks the same one.
+* :func:`choose_promotion` -- which mirror is promoted when the leader is lost: the
+  synchronised one that received the most records, ties to the smallest node name, so
+  every node that runs the same choice on the same candidates picks the same one; an
+  unsynchronised one only where the policy allows it
+  (:func:`may_promote_unsynchronised`: ``ha-promote-on-failure`` /
+  ``ha-promote-on-shutdown``, read with :func:`ha_setting`).
 
 How quorum queues can reuse this: a quorum queue's confirm waits for a *majority* of
 its members rather than for all synchronised mirrors; that is
@@ -162,15 +165,61 @@ def mirror_nodes(policy: dict[str, Any] | None, leader: str, members: Iterable[s
     return []
 
 
+# The ``ha-*`` keys that change what a mirror does, their RabbitMQ 3.10 defaults, and
+# the values RabbitMQ accepts (REFERENCE.md 2.1; an unknown value counts as the default)
+HA_DEFAULTS: dict[str, str] = {
+    "ha-sync-mode": "manual",
+    "ha-promote-on-failure": "always",
+    "ha-promote-on-shutdown": "when-synced",
+}
+HA_VALUES: dict[str, tuple[str, ...]] = {
+    "ha-sync-mode": ("manual", "automatic"),
+    "ha-promote-on-failure": ("always", "when-synced"),
+    "ha-promote-on-shutdown": ("always", "when-synced"),
+}
+
+
+def ha_setting(policy: dict[str, Any] | None, key: str) -> str:
+    """The value of ``key`` (one of :data:`HA_DEFAULTS`) a policy definition gives."""
+    value = (policy or {}).get(key)
+    return value if value in HA_VALUES[key] else HA_DEFAULTS[key]
+
+
+def may_promote_unsynchronised(on_failure: str, on_shutdown: str, shutdown: bool) -> bool:
+    """Whether a mirror that is not synchronised may take over when no synchronised
+    one can: after a failure if ``ha-promote-on-failure`` is ``always`` (the default);
+    after a controlled stop of the leader's node only if ``ha-promote-on-shutdown`` is
+    ``always`` too (``when-synced`` on failure overrides ``always`` on shutdown)."""
+    if on_failure != "always":
+        return False
+    return on_shutdown == "always" if shutdown else True
+
+
 def choose_promotion(candidates: dict[str, int], synchronised: Iterable[str],
-                     running: Callable[[str], bool]) -> str | None:
+                     running: Callable[[str], bool],
+                     unsynchronised_ok: bool = False) -> str | None:
     """The mirror to promote: among the running synchronised ones that offered
     themselves (``candidates``: node -> the last replication sequence it received),
-    the most up to date; ties to the smallest name. None: nobody may be promoted."""
+    the most up to date; ties to the smallest name. With no such mirror and
+    ``unsynchronised_ok`` (:func:`may_promote_unsynchronised`), the most up to date of
+    the other running candidates (what it lacks is lost, as in RabbitMQ). None: nobody
+    may be promoted."""
     eligible = [n for n in synchronised if n in candidates and running(n)]
+    if not eligible and unsynchronised_ok:
+        eligible = [n for n in candidates if running(n)]
     if not eligible:
         return None
     return min(eligible, key=lambda n: (-candidates[n], n))
 
 
-__all__ = ["CommitGate", "ReplicaSet", "Waiter", "choose_promotion", "mirror_nodes"]
+__all__ = [
+    "HA_DEFAULTS",
+    "HA_VALUES",
+    "CommitGate",
+    "ReplicaSet",
+    "Waiter",
+    "choose_promotion",
+    "ha_setting",
+    "may_promote_unsynchronised",
+    "mirror_nodes",
+]

@@ -6,9 +6,13 @@ adds to ``link_wire.LAYOUTS`` when imported. The *stream* number of these frames
 replication stream the leader opened with :data:`MSTART` (one per mirrored queue and
 mirror), not a queue stream.
 
-Leader -> mirror: MSTART opens the copy (the mirror drops whatever it held for the
-queue), MBACKLOG carries the messages the queue held when the copy started (in the
-background), MBACKLOG_END says the backlog is complete; MENQ / MSETTLE / MDELIV are the
+Leader -> mirror: MSTART opens the copy; the mirror answers MHAVE with the leader
+positions it still holds of an earlier copy from the same leader (it keeps those and
+drops anything else it held for the queue); the leader settles those it no longer
+holds and sends only what the mirror lacks: MBACKLOG carries the messages the queue
+held when the copy started and the mirror lacks (in the background: at once with
+``ha-sync-mode: automatic``, on ``sync_queue`` with ``manual``), MBACKLOG_END says
+nothing the mirror lacks is left (copied, or settled meanwhile); MENQ / MSETTLE / MDELIV are the
 live records (enqueue with body and properties, messages settled -- acked, rejected,
 purged, expired --, messages handed to a consumer: redelivered if they come back),
 each with the replication sequence number the mirror acknowledges; MDROP ends the copy.
@@ -18,6 +22,8 @@ cannot hold a copy yet, e.g. it still holds the queue as its old leader: the lea
 drops the stream and starts it again later). The backlog is paced: after each batch the
 leader sends MBATCH and sends the batch after next only once the mirror answered
 MBATCHED for it (durable there), so a mirror is never flooded faster than it writes.
+MSYNCREQ asks the leader, from the node an operator asked, to start or cancel the
+copy of what its mirrors lack (``amqpctl sync_queue`` / ``cancel_sync_queue``).
 """
 
 from __future__ import annotations
@@ -38,17 +44,20 @@ MSYNCED: Final = 88  # mirror -> leader: the backlog is durable here
 MREFUSE: Final = 89  # mirror -> leader: why it cannot hold the copy now (try again later)
 MBATCH: Final = 90  # leader -> mirror: backlog batch number n ends here
 MBATCHED: Final = 91  # mirror -> leader: backlog batch n is durable here (flow control)
+MHAVE: Final = 92  # mirror -> leader, answering MSTART: the leader positions it holds
+MSYNCREQ: Final = 93  # any node -> the leader (stream 0): vhost, queue, "sync"|"cancel_sync"
 
 LAYOUTS: Final[dict[int, str]] = {
     MSTART: "ssQ", MBACKLOG: "QBssbbQQB", MBACKLOG_END: "Q",
     MENQ: "QQssbbQQB", MSETTLE: "QL", MDELIV: "QL", MDROP: "",
     MACK: "Q", MSYNCED: "", MREFUSE: "s", MBATCH: "Q", MBATCHED: "Q",
+    MHAVE: "L", MSYNCREQ: "sss",
 }
 FIRST: Final = MSTART
-LAST: Final = MBATCHED
+LAST: Final = MSYNCREQ
 TO_MIRROR: Final = frozenset({MSTART, MBACKLOG, MBACKLOG_END, MENQ, MSETTLE, MDELIV, MDROP,
                               MBATCH})
-TO_LEADER: Final = frozenset({MACK, MSYNCED, MREFUSE, MBATCHED})
+TO_LEADER: Final = frozenset({MACK, MSYNCED, MREFUSE, MBATCHED, MHAVE})
 
 W.LAYOUTS.update(LAYOUTS)
 
@@ -67,10 +76,12 @@ __all__ = [
     "MDELIV",
     "MDROP",
     "MENQ",
+    "MHAVE",
     "MREFUSE",
     "MSETTLE",
     "MSTART",
     "MSYNCED",
+    "MSYNCREQ",
     "TO_LEADER",
     "TO_MIRROR",
     "is_mirror_frame",

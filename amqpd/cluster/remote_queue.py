@@ -692,7 +692,7 @@ def enqueue_here(broker: Broker, q: QueueType, message: Message,
             if on_confirm is not None:
                 on_confirm(PreconditionFailed("rejected by a queue's length limit"))
             return
-    if not message.persistent and q.keeps_every_message:
+    if not message.persistent and (q.keeps_every_message or q.mirrored):
         message.persistent = True
     store = broker.store
     if message.persistent and q.durable:
@@ -740,6 +740,9 @@ class ClusterQueues:
         # handlers of the other stream kinds on the same links (frame types from
         # EXTENSION_KINDS on: amqpd.cluster.mirror); told of links going up and down too
         self.extensions: list[LinkHandler] = []
+        # queues this node held that another node leads (found at start): a mirror's
+        # copy is adopted again by amqpd.cluster.mirror, the others deleted there
+        self.retired: dict[tuple[str, str], QueueType] = {}
         # whether a queue whose link to its leader went will get a new leader (a
         # synchronised mirror; set by amqpd.cluster.mirror): its consumers are kept
         self.failover_expected: Callable[[RemoteQueue], bool] = lambda queue: False
@@ -803,6 +806,15 @@ class ClusterQueues:
             queue.attach(link, queue.stream)
         else:
             self.links.want(leader)
+
+    def retire(self, queue: QueueType) -> None:
+        """``queue`` was this node's own and another node leads it now: deleted here
+        unless it holds messages, which may be this node's mirror copy of it (kept
+        across a restart; amqpd.cluster.mirror adopts or deletes it)."""
+        if queue.message_count or queue.unacked_count:
+            self.retired[(queue.vhost.name, queue.name)] = queue
+        else:
+            queue.delete()
 
     def forget(self, queue: RemoteQueue) -> None:
         streams = self.remote.get(queue.leader, {})
@@ -1137,7 +1149,7 @@ def materialise(api: BrokerAPI, vhost: str, definition: dict[str, Any],
         # this node led it (it was down while a mirror took over): the cluster's
         # leader holds the messages now; the bindings stay the cluster's
         replace_queue(cluster, vh, existing, q)
-        existing.delete()
+        cluster.retire(existing)
     else:
         vh.queues[name] = q
         vh.exchanges[""].bind(Binding(vh.exchanges[""], q, name, {}))

@@ -135,10 +135,18 @@ async def queue_bindings(ctx: Ctx) -> Any:
 
 
 async def queue_actions(ctx: Ctx) -> Any:
-    _get(ctx, write=True)
+    """``sync`` / ``cancel_sync`` of a mirrored queue's unsynchronised mirrors (the
+    copy runs in the background on the queue's leader: the queue keeps serving); a
+    queue that is not mirrored has nothing to do, as in RabbitMQ."""
+    vh, q = _get(ctx, write=True)
     body = await ctx.json_object()
-    if body.get("action") not in ("sync", "cancel_sync"):
+    action = body.get("action")
+    if action not in ("sync", "cancel_sync"):
         raise bad_request("action must be 'sync' or 'cancel_sync'")
+    cluster = ctx.api.cluster()
+    mirrors = getattr(cluster, "mirrors", None) if cluster is not None else None
+    if mirrors is not None:
+        mirrors.request_sync(vh.name, q.name, str(action))
     return no_content()
 
 

@@ -10,10 +10,14 @@ redelivered=true. Also what /api/queues and the mirror-sync health check show.
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import random
+import re
 import threading
 import time
+import urllib.request
 from typing import Any
 
 import pytest
@@ -24,6 +28,7 @@ from bench.loadgen import Conn, ProtocolError
 from tests.integration._http import q
 from tests.integration.cluster_support import ClusterNode, wait_for
 from tests.support import etcdproc
+from tests.support.etcdproc import EtcdProcess
 
 pytestmark = [
     pytest.mark.skipif(etcdproc.find_etcd() is None, reason=etcdproc.SKIP_REASON),
@@ -294,7 +299,8 @@ def test_a_returning_mirror_catches_up_in_the_background_and_holds_everything(
     # mirrored on A and B only (ha-mode nodes): C uses it remotely
     r = a.api.put("/api/policies/%2F/ha-ab", {
         "pattern": f"^{QUEUE}$", "apply-to": "queues",
-        "definition": {"ha-mode": "nodes", "ha-params": [a.name, b.name]}})
+        "definition": {"ha-mode": "nodes", "ha-params": [a.name, b.name],
+                       "ha-sync-mode": "automatic"}})
     assert r.status in (201, 204), r.text
     declare(a, QUEUE)
     wait_for(lambda: synchronised(a, QUEUE) == [b.name], 30, "node-b synchronised",
@@ -361,6 +367,15 @@ def test_a_returning_mirror_catches_up_in_the_background_and_holds_everything(
     assert synced[1] > restarted[1], "publishers stalled while the mirror caught up"
     assert sync_critical(a)[0] == 200
     pub.conn.close()
+    # B kept the 5,000 it held across its restart (nothing was consumed): A sent only
+    # what was published after B went (5,000 and those before B's copy restarted),
+    # every frame one 10-byte message's
+    line = log_of(a).split("mirror on node-b synchronised (")[-1].split(")")[0]
+    print(f"node-a: mirror on node-b synchronised ({line})")
+    copied, nbytes, kept = (int(w) for w in re.findall(r"\d+", line))
+    assert kept == 5000, line
+    assert 5000 <= copied <= len(pub.confirmed) - 5000 + pub.window, line
+    assert nbytes % copied == 0 and nbytes // copied < 200, line
 
     # the copy made in the background holds every confirmed message: lose A, read on C
     a.kill()
@@ -441,3 +456,202 @@ def test_consumers_follow_the_promoted_mirror_unless_they_ask_to_be_cancelled(
     assert numbers == set(range(total)), f"{total - len(numbers)} never came to the keepers"
     # what the consumers held unacked when A died comes back redelivered
     assert {n for tag in held for n in held[tag]} <= {n for n, r in got if r}
+
+
+def message_count(node: ClusterNode, name: str) -> int:
+    conn = Conn(node.url)
+    try:
+        return conn.message_count(conn.open_channel(1), name)
+    finally:
+        conn.close()
+
+
+def publish_confirmed(node: ClusterNode, first: int, count: int) -> None:
+    pub = Publisher(node.url)
+    for n in range(first, first + count, pub.batch):
+        pub.publish(n, min(pub.batch, first + count - n))
+    pub.drain(60)
+    assert pub.confirmed == set(range(first, first + count)), "every publish confirmed"
+    pub.conn.close()
+
+
+def mirror_on_b_unsynchronised(a: ClusterNode, b: ClusterNode, nodes: list[ClusterNode],
+                               old: int, new: int, extra: dict[str, Any] | None = None,
+                               ) -> None:
+    """``old`` messages in the queue led by A, then a mirror on B with ha-sync-mode
+    manual (the default): B gets only the ``new`` messages published after it joined,
+    so it stays unsynchronised while the old ones are in the queue."""
+    declare(a, QUEUE)
+    publish_confirmed(a, 0, old)
+    r = a.api.put("/api/policies/%2F/ha-ab", {
+        "pattern": f"^{QUEUE}$", "apply-to": "queues",
+        "definition": {"ha-mode": "nodes", "ha-params": [a.name, b.name], **(extra or {})}})
+    assert r.status in (201, 204), r.text
+    wait_for(lambda: queue_info(a, QUEUE).get("mirror_nodes") == [b.name], 30,
+             "a mirror on node-b", lambda: diagnose(nodes))
+    # once every node reads the record naming B's mirror (failover needs it)
+    wait_for(lambda: queue_info(b, QUEUE).get("mirror_nodes") == [b.name], 30,
+             "node-b reads the record", lambda: diagnose(nodes))
+    publish_confirmed(a, old, new)
+    assert synchronised(a, QUEUE) == [], "a manual mirror lacking old messages is not in sync"
+
+
+def log_of(node: ClusterNode) -> str:
+    assert node.proc is not None
+    return node.proc.log_path.read_text(errors="replace")
+
+
+def test_manual_sync_unsynchronised_mirror_promoted_on_failure_then_sync_queue(
+        nodes: list[ClusterNode]) -> None:
+    a, b, c = nodes
+    mirror_on_b_unsynchronised(a, b, nodes, old=300, new=100)
+
+    # kill -9 of the leader: ha-promote-on-failure always (the default) promotes the
+    # unsynchronised mirror; what it lacks (the 300 older messages) is lost, as RabbitMQ
+    a.kill()
+    wait_for(lambda: queue_info(c, QUEUE).get("node") == b.name and usable(c, QUEUE), 60,
+             "the unsynchronised mirror on node-b promoted", lambda: diagnose(nodes))
+    assert message_count(c, QUEUE) == 100
+
+    # A returns as a mirror of B; manual: it lacks B's 100 messages and stays
+    # unsynchronised until an operator asks (here on C, which passes it to B)
+    a.start()
+    wait_for(lambda: queue_info(b, QUEUE).get("mirror_nodes") == [a.name], 60,
+             "node-a mirrors node-b's queue", lambda: diagnose(nodes))
+    assert synchronised(b, QUEUE) == []
+    out = c.ctl("sync_queue", "-p", "/", QUEUE)
+    assert "Synchronising queue" in out.stdout
+    wait_for(lambda: synchronised(b, QUEUE) == [a.name], 60, "node-a synchronised",
+             lambda: diagnose(nodes))
+    assert "100 messages" in log_of(b).split("mirror on node-a synchronised")[-1][:40]
+    # the management API's action answers too; a missing queue is 404 (amqpctl exit 1)
+    r = c.api.post(f"/api/queues/%2F/{QUEUE}/actions", {"action": "cancel_sync"})
+    assert r.status == 204, r.text
+    assert c.api.post(f"/api/queues/%2F/{QUEUE}/actions", {"action": "x"}).status == 400
+    assert c.ctl("sync_queue", "no-such-queue", check=False).returncode != 0
+    got = consume_all(c, set(range(300, 400)))
+    assert {n for n, _r in got} == set(range(300, 400))
+
+
+def test_a_controlled_stop_hands_over_only_to_a_synchronised_mirror(
+        nodes: list[ClusterNode]) -> None:
+    a, b, c = nodes
+    mirror_on_b_unsynchronised(a, b, nodes, old=200, new=100)
+
+    # SIGTERM of the leader's node: ha-promote-on-shutdown when-synced (the default)
+    # leaves the queue down rather than promote B, which lacks 200 messages
+    a.stop()
+    wait_for(lambda: "stays down until node-a returns" in log_of(b), 30,
+             "node-b declining to take over", lambda: diagnose(nodes))
+    assert queue_info(c, QUEUE).get("node") == a.name
+    assert not usable(c, QUEUE)
+
+    # A returns with everything; B's copy (its node never went) is kept: A sends it
+    # only the 200 it lacks, once asked (manual)
+    a.start()
+    wait_for(lambda: usable(c, QUEUE) and message_count(c, QUEUE) == 300, 60,
+             "the queue back with its 300 messages", lambda: diagnose(nodes))
+    wait_for(lambda: "mirror on node-b holds 100 of its messages (0 dropped), lacks 200"
+             in log_of(a), 60, "node-b's copy kept", lambda: diagnose(nodes))
+    a.ctl("sync_queue", QUEUE)
+    wait_for(lambda: synchronised(a, QUEUE) == [b.name], 60, "node-b synchronised",
+             lambda: diagnose(nodes))
+    line = log_of(a).split("mirror on node-b synchronised (")[-1].split(")")[0]
+    assert line.startswith("200 messages"), line
+    assert line.endswith("100 it held kept"), line
+
+    # synchronised now: a second controlled stop hands the queue over to B
+    a.stop()
+    wait_for(lambda: queue_info(c, QUEUE).get("node") == b.name and usable(c, QUEUE), 60,
+             "node-b took over after the controlled stop", lambda: diagnose(nodes))
+    assert message_count(c, QUEUE) == 300
+
+
+def test_transient_messages_and_unacked_deliveries_are_mirrored(
+        nodes: list[ClusterNode]) -> None:
+    a, b, c = nodes
+    declare(a, QUEUE)
+    publish_confirmed(a, 0, 50)
+    # a consumer on A holds 10 of them unacknowledged when the policy applies
+    holder = Conn(a.url)
+    ch = holder.open_channel(1)
+    holder.rpc(ch, commands.Basic.Qos(prefetch_count=10), commands.Basic.QosOk)
+    holder.rpc(ch, commands.Basic.Consume(queue=QUEUE, consumer_tag="holder"),
+               commands.Basic.ConsumeOk)
+    held = 0
+    while held < 10:
+        if isinstance(holder.read_frame()[1], pbody.ContentBody):
+            held += 1
+    r = a.api.put("/api/policies/%2F/ha-ab", {
+        "pattern": f"^{QUEUE}$", "apply-to": "queues",
+        "definition": {"ha-mode": "nodes", "ha-params": [a.name, b.name],
+                       "ha-sync-mode": "automatic"}})
+    assert r.status in (201, 204), r.text
+    wait_for(lambda: synchronised(a, QUEUE) == [b.name]
+             and synchronised(b, QUEUE) == [b.name], 30, "node-b synchronised",
+             lambda: diagnose(nodes))
+    # 20 non-persistent messages, confirmed once B has them too
+    pub = Publisher(a.url)
+    pub.props = commands.Basic.Properties(delivery_mode=1)
+    pub.publish(1000, 20)
+    pub.drain(60)
+    assert pub.confirmed == set(range(1000, 1020))
+    pub.conn.close()
+
+    a.kill()
+    holder.sock.close()
+    wait_for(lambda: queue_info(c, QUEUE).get("node") == b.name and usable(c, QUEUE), 60,
+             "node-b promoted", lambda: diagnose(nodes))
+    assert message_count(c, QUEUE) == 70
+    got = consume_all(c, set(range(50)) | set(range(1000, 1020)))
+    assert {n for n, _r in got} == set(range(50)) | set(range(1000, 1020))
+    assert sum(1 for _n, r in got if r) >= 10  # the held ones come back redelivered
+
+
+def mirror_record(etcd: EtcdProcess, node: ClusterNode, name: str) -> dict[str, Any]:
+    """The queue's mirror record as etcd holds it (what every mirror decides on)."""
+    key = f"{node.prefix}/{node.cluster}/mirrors/%2F/{q(name)}"
+    req = urllib.request.Request(
+        etcd.url + "/v3/kv/range", method="POST",
+        data=json.dumps({"key": base64.b64encode(key.encode()).decode()}).encode())
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        kvs = json.load(resp).get("kvs") or []
+    return dict(json.loads(base64.b64decode(kvs[0]["value"]))) if kvs else {}
+
+
+def test_promotion_when_synced_on_failure_and_always_on_shutdown(
+        nodes: list[ClusterNode], etcd: EtcdProcess) -> None:
+    a, b, c = nodes
+    mirror_on_b_unsynchronised(a, b, nodes, old=100, new=50,
+                               extra={"ha-promote-on-failure": "when-synced"})
+    wait_for(lambda: mirror_record(etcd, a, QUEUE).get("promote_on_failure") == "when-synced"
+             and mirror_record(etcd, a, QUEUE).get("mirrors") == [b.name], 30,
+             "the record says when-synced", lambda: diagnose(nodes))
+
+    # kill -9 with only an unsynchronised mirror, ha-promote-on-failure when-synced: the
+    # queue stays down until its leader returns, with everything
+    a.kill()
+    wait_for(lambda: "so it is not promoted (ha-promote-on-failure when-synced)"
+             in log_of(b), 30, "node-b declining", lambda: diagnose(nodes))
+    assert queue_info(c, QUEUE).get("node") == a.name
+    assert not usable(c, QUEUE)
+    a.start()
+    wait_for(lambda: usable(c, QUEUE) and message_count(c, QUEUE) == 150, 60,
+             "the queue back with its 150 messages", lambda: diagnose(nodes))
+
+    # ha-promote-on-shutdown always (on failure: always, the default): a controlled
+    # stop hands over to the unsynchronised mirror; what it lacks is lost
+    r = a.api.put("/api/policies/%2F/ha-ab", {
+        "pattern": f"^{QUEUE}$", "apply-to": "queues",
+        "definition": {"ha-mode": "nodes", "ha-params": [a.name, b.name],
+                       "ha-promote-on-shutdown": "always"}})
+    assert r.status in (201, 204), r.text
+    wait_for(lambda: mirror_record(etcd, a, QUEUE).get("promote_on_shutdown") == "always"
+             and mirror_record(etcd, a, QUEUE).get("promote_on_failure") == "always"
+             and mirror_record(etcd, a, QUEUE).get("mirrors") == [b.name], 30,
+             "the record says always", lambda: diagnose(nodes))
+    assert synchronised(a, QUEUE) == []  # B kept its 50, lacks the 100 older ones
+    a.stop()
+    wait_for(lambda: queue_info(c, QUEUE).get("node") == b.name and usable(c, QUEUE), 60,
+             "node-b took over after the controlled stop", lambda: diagnose(nodes))
+    assert message_count(c, QUEUE) == 50

@@ -4,10 +4,24 @@ the promotion choice, and a mirror's copy applying the leader's records."""
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+from typing import Any
+
 import pytest
 
+from amqpd.cluster import link_wire as W
+from amqpd.cluster import mirror_wire as M
 from amqpd.cluster.mirror import Leading, MirrorCopy, ReplicatingStore
-from amqpd.cluster.mirror_state import CommitGate, ReplicaSet, choose_promotion, mirror_nodes
+from amqpd.cluster.mirror_map import CopyMap, map_path
+from amqpd.cluster.mirror_state import (
+    CommitGate,
+    ReplicaSet,
+    choose_promotion,
+    ha_setting,
+    may_promote_unsynchronised,
+    mirror_nodes,
+)
 from amqpd.store.api import StoredMessage, StoreError
 from amqpd.store.memory import MemoryStore
 
@@ -195,13 +209,16 @@ def test_stored_message_fields_round_trip() -> None:
 class _FakeQueue:
     name = "q"
     store_key = "/\x00q"
-    policy = None
+    policy: dict[str, Any] | None = None
 
 
 class _FakeMirrors:
     def __init__(self) -> None:
         self.node = "a"
         self.gate = CommitGate(timeout=5.0)
+        self.next_rid = 0
+        self.by_rid: dict[Any, Any] = {}
+        self.store: Any = None
 
 
 def _leader_store() -> tuple[ReplicatingStore, Leading, _FakeMirrors]:
@@ -209,6 +226,7 @@ def _leader_store() -> tuple[ReplicatingStore, Leading, _FakeMirrors]:
     inner = MemoryStore()
     inner.open()
     store = ReplicatingStore(inner, mirrors)  # type: ignore[arg-type]
+    mirrors.store = store
     lead = Leading(mirrors, "/", _FakeQueue(), {})  # type: ignore[arg-type]
     store.by_key[lead.key] = lead
     mirrors.gate.sets.append(lead.rs)
@@ -235,10 +253,183 @@ def test_the_leaders_commit_waits_for_the_synchronised_mirror() -> None:
 def test_the_leaders_records_settle_and_delivered_once() -> None:
     store, lead, _mirrors = _leader_store()
     pos = store.append_enqueue([lead.key], StoredMessage("", "q", b"", b"x"))
-    store.append_enqueue([lead.key], StoredMessage("", "q", b"", b"t", transient=True))
-    assert list(lead.live) == [pos]  # paged-out transient copies are not mirrored
+    paged = store.append_enqueue([lead.key], StoredMessage("", "q", b"", b"t", transient=True))
+    assert list(lead.live) == [pos, paged]  # every message of a mirrored queue, transient too
     store.delivering(lead.key, pos)
     store.append_delivered_many(lead.key, [pos])  # the same mark again: no record
-    assert lead.live == {pos: True} and lead.rs.seq == 2
-    store.append_settle(lead.key, iter([pos]))
-    assert lead.live == {} and lead.rs.seq == 3
+    assert lead.live == {pos: True, paged: False} and lead.rs.seq == 3
+    store.append_settle(lead.key, iter([pos, paged]))
+    assert lead.live == {} and lead.rs.seq == 4
+
+
+# ------------------------------------------------------------------ promotion policy
+def test_ha_settings_default_as_rabbitmq_3_10() -> None:
+    assert ha_setting(None, "ha-sync-mode") == "manual"
+    assert ha_setting({}, "ha-promote-on-failure") == "always"
+    assert ha_setting({}, "ha-promote-on-shutdown") == "when-synced"
+    assert ha_setting({"ha-sync-mode": "automatic"}, "ha-sync-mode") == "automatic"
+    assert ha_setting({"ha-sync-mode": "sometimes"}, "ha-sync-mode") == "manual"
+
+
+def test_unsynchronised_promotion_follows_failure_and_shutdown_settings() -> None:
+    # failure: ha-promote-on-failure decides
+    assert may_promote_unsynchronised("always", "when-synced", shutdown=False)
+    assert not may_promote_unsynchronised("when-synced", "always", shutdown=False)
+    # controlled stop: ha-promote-on-shutdown decides, when-synced on failure overrides
+    assert not may_promote_unsynchronised("always", "when-synced", shutdown=True)
+    assert may_promote_unsynchronised("always", "always", shutdown=True)
+    assert not may_promote_unsynchronised("when-synced", "always", shutdown=True)
+
+
+def test_an_unsynchronised_mirror_is_promoted_only_when_allowed_and_none_is_synced() -> None:
+    assert choose_promotion({"c": 7}, [], everyone) is None
+    assert choose_promotion({"c": 7, "d": 9}, [], everyone, unsynchronised_ok=True) == "d"
+    # a synchronised one still wins over a further unsynchronised one
+    assert choose_promotion({"b": 5, "d": 9}, ["b"], everyone, unsynchronised_ok=True) == "b"
+    assert choose_promotion({"d": 9}, [], lambda n: n != "d", unsynchronised_ok=True) is None
+
+
+# ------------------------------------------------------------------ sync mode, returning mirrors
+class _FakeLink:
+    def __init__(self) -> None:
+        self.frames: list[tuple[int, list[Any]]] = []
+        self.closed = False
+        self.transport = None
+
+    def send(self, data: bytes) -> None:
+        kind = data[4]
+        self.frames.append((kind, W.decode_fields(kind, data[9:])))
+
+    def kinds(self) -> list[int]:
+        return [k for k, _f in self.frames]
+
+    def of(self, kind: int) -> list[list[Any]]:
+        return [f for k, f in self.frames if k == kind]
+
+
+def _with_messages(n: int, policy: dict[str, Any] | None = None,
+                   ) -> tuple[ReplicatingStore, Leading, list[int]]:
+    store, lead, _mirrors = _leader_store()
+    lead.q.policy = policy  # type: ignore[misc]
+    positions = [store.append_enqueue([lead.key], StoredMessage("", "q", b"", b"m%d" % i))
+                 for i in range(n)]
+    return store, lead, positions
+
+
+async def test_manual_sync_copies_nothing_and_syncs_once_the_old_messages_are_gone() -> None:
+    store, lead, pos = _with_messages(3)
+    link = _FakeLink()
+    lead.attach("b", link)  # type: ignore[arg-type]
+    assert link.kinds() == [M.MSTART]
+    rid = lead.streams["b"].rid
+    lead.got_have("b", rid, [])
+    store.append_enqueue([lead.key], StoredMessage("", "q", b"", b"new"))  # live: mirrored
+    await asyncio.sleep(0)
+    assert M.MBACKLOG not in link.kinds() and M.MBACKLOG_END not in link.kinds()
+    assert M.MENQ in link.kinds()
+    store.append_settle(lead.key, pos[:2])
+    assert M.MBACKLOG_END not in link.kinds()
+    store.append_settle(lead.key, pos[2:])
+    assert link.of(M.MBACKLOG_END) == [[0]]  # nothing it lacks is left: it may sync
+
+
+async def test_automatic_sync_and_sync_queue_copy_in_batches_what_the_mirror_lacks() -> None:
+    _store, lead, pos = _with_messages(5, {"ha-sync-mode": "automatic",
+                                           "ha-sync-batch-size": 2})
+    link = _FakeLink()
+    lead.attach("b", link)  # type: ignore[arg-type]
+    s = lead.streams["b"]
+    lead.got_have("b", s.rid, [])
+    assert s.task is not None
+    s.batches_durable = 10  # the mirror holds every batch at once (no flow control wait)
+    await asyncio.wait_for(s.task, 5)
+    assert [f[0] for f in link.of(M.MBACKLOG)] == pos
+    assert link.of(M.MBATCH) == [[1], [2]]
+    assert link.of(M.MBACKLOG_END) == [[5]]
+    assert s.backlog_bytes == sum(len(W.encode(M.MBACKLOG, s.rid, *f))
+                                  for f in link.of(M.MBACKLOG))
+
+    # manual: nothing until sync_queue; cancel_sync_queue stops it
+    _store2, lead2, pos2 = _with_messages(4)
+    link2 = _FakeLink()
+    lead2.attach("b", link2)  # type: ignore[arg-type]
+    s2 = lead2.streams["b"]
+    lead2.got_have("b", s2.rid, [])
+    assert s2.task is None
+    assert lead2.sync() == 1
+    assert lead2.cancel_sync() == 1
+    await asyncio.sleep(0)
+    assert s2.missing is not None and len(s2.missing) == 4
+    assert lead2.sync() == 1
+    assert s2.task is not None
+    await asyncio.wait_for(s2.task, 5)
+    assert [f[0] for f in link2.of(M.MBACKLOG)] == pos2
+    assert link2.of(M.MBACKLOG_END) == [[4]]
+
+
+async def test_a_returning_mirror_keeps_what_it_holds_and_gets_only_the_tail() -> None:
+    store, lead, pos = _with_messages(6, {"ha-sync-mode": "automatic"})
+    store.append_settle(lead.key, [pos[0]])  # settled while the mirror was away
+    link = _FakeLink()
+    lead.attach("b", link)  # type: ignore[arg-type]
+    s = lead.streams["b"]
+    store.delivering(lead.key, pos[1])
+    # it held the first four (as of when it left): keeps 1-3, drops 0, lacks 4 and 5
+    lead.got_have("b", s.rid, pos[:4])
+    assert link.of(M.MSETTLE)[-1][1] == [pos[0]]
+    assert link.of(M.MDELIV)[-1][1] == [pos[1]]
+    assert s.kept == 3
+    assert s.task is not None
+    await asyncio.wait_for(s.task, 5)
+    assert [f[0] for f in link.of(M.MBACKLOG)] == pos[4:]
+    assert link.of(M.MBACKLOG_END) == [[2]]
+
+
+def test_the_copy_map_survives_a_restart_and_ignores_a_torn_record(tmp_path: Path) -> None:
+    store = MemoryStore()
+    store.open()
+    path = map_path(tmp_path, "/\x00q")
+    cmap = CopyMap(path, "/", "q", "node-a")
+    copy = MirrorCopy(store, "node-a", 1, "/", "q", 0, cmap)
+    cmap.rewrite(())
+    _enq(copy, 10)
+    _enq(copy, 20)
+    cmap.flush()
+    with path.open("ab") as f:
+        f.write(b"\x00" * 5)  # a torn record
+    loaded = CopyMap.load(path)
+    assert loaded is not None
+    again, to_leader = loaded
+    assert again.leader == "node-a" and (again.vhost, again.queue) == ("/", "q")
+    assert to_leader == {e[0]: lp for lp, e in copy.entries.items()}
+    copy.restart(2, 0)  # rewritten from the entries
+    assert CopyMap.load(path)[1] == to_leader  # type: ignore[index]
+    copy.drop()
+    assert not path.exists() and CopyMap.load(path) is None
+
+
+def test_a_copy_restarted_by_the_same_leader_keeps_its_entries() -> None:
+    copy, store = _copy()
+    _enq(copy, 10)
+    _enq(copy, 20)
+    copy.backlog_end()
+    copy.synced = True
+    copy.restart(7, 40)
+    assert sorted(copy.entries) == [10, 20] and not copy.synced and copy.rid == 7
+    copy.settle([10])  # the leader settles what went while it was away
+    copy.seen(30)  # a record numbered before the restart does not move it back
+    assert copy.last_seq == 40
+    assert [store.read(e[0]).body for e in copy.in_order()] == [b"20"]
+
+
+def test_policy_values_of_the_ha_keys_are_checked_as_rabbitmq_does() -> None:
+    from amqpd.broker.policy import validate_definition
+    from amqpd.protocol.errors import PreconditionFailed
+
+    ok = {"ha-mode": "all", "ha-sync-mode": "automatic", "ha-sync-batch-size": 10,
+          "ha-promote-on-failure": "when-synced", "ha-promote-on-shutdown": "always"}
+    assert validate_definition(ok) == ok
+    for key, bad in (("ha-sync-mode", "sometimes"), ("ha-promote-on-failure", "never"),
+                     ("ha-promote-on-shutdown", 1), ("ha-sync-batch-size", 0)):
+        with pytest.raises(PreconditionFailed, match=key):
+            validate_definition({"ha-mode": "all", key: bad})
