@@ -191,6 +191,11 @@ class ClusterStatus(Protocol):
         non-durable queue's bindings are known on every node too)."""
         ...
 
+    def transient_recorded(self, kind: int, key: str, body: bytes) -> bool:
+        """A non-durable exchange or a binding that is not durable changed here (an
+        empty body deletes): make it cluster-wide. True: a reply waits for etcd."""
+        ...
+
     def after_mirrored(self, callback: OnConfirm) -> OnConfirm:
         """``callback`` wrapped to run once the changes recorded so far are in etcd."""
         ...
@@ -339,6 +344,13 @@ class BrokerAPI:
         from amqpd.broker.defsync import local_entries
 
         return local_entries(self._broker)
+
+    def transient_definition_entries(self) -> dict[tuple[int, str], bytes]:
+        """The non-durable exchanges and bindings, as the journal's entries (a cluster
+        makes them cluster-wide: amqpd/cluster/transient_defs.py)."""
+        from amqpd.broker.defsync import transient_entries
+
+        return transient_entries(self._broker)
 
     def apply_definition(self, kind: int, key: str, body: bytes | None) -> None:
         """Apply a definition change made on another node (an empty body deletes);

@@ -139,6 +139,10 @@ class DefinitionMirror:
             return None
         return kind, "\x00".join(urllib.parse.unquote(p) for p in rest.split("/"))
 
+    def local_entries(self) -> dict[Ident, bytes]:
+        """What this node holds of the entries this mirror keeps (the durable ones)."""
+        return self.api.definition_entries()
+
     # ------------------------------------------------------------------ local -> etcd
     def recorded(self, kind: int, key: str, body: bytes) -> None:
         """The journal's hook: a change made on this node; etcd gets it in order."""
@@ -299,7 +303,7 @@ class DefinitionMirror:
                 self._resync(revision, kvs, first=not self.synced)
                 self.synced = True
                 return
-            local = sorted(self.api.definition_entries().items(),
+            local = sorted(self.local_entries().items(),
                            key=lambda e: RANK[e[0][0]])
             # the claim carries the first entries, so that "seeded" never means "empty
             # for now"; the rest (a big node) follows in order through the push task
@@ -331,7 +335,7 @@ class DefinitionMirror:
                 remote[ident] = (kv.value, kv.mod_revision)
         if first:
             # what this node holds from its own log (or its defaults)
-            for ident, body in self.api.definition_entries().items():
+            for ident, body in self.local_entries().items():
                 self.state.setdefault(ident, body)
         puts = sorted(remote.items(), key=lambda e: RANK[e[0][0]])
         for ident, (value, rev) in puts:
