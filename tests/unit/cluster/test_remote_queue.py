@@ -455,3 +455,55 @@ async def test_locators_policy_key_config_and_random(nodes: tuple[Node, Node]) -
             assert not b.broker.vhosts["/"].queues[f"rnd-down-{i}"].remote
     finally:
         await conn.close()
+
+
+async def test_exclusive_consumer_conflict_is_403_at_consume_counts_are_the_leaders(
+        nodes: tuple[Node, Node]) -> None:
+    """As RabbitMQ 3.10 (a two-node cluster asked, docs/clustering.md): a consume on B of
+    a queue led by A where A has an exclusive consumer is refused at basic.consume with
+    403 ACCESS_REFUSED (no consume-ok, then basic.cancel), and B's declare-ok counts
+    the leader's consumers and messages as they are now, not B's own or a stale report."""
+    a, b = nodes
+    rq = lead(a, b, "q-excl")
+    await until(lambda: rq.available)
+    ca = await aio_pika.connect(a.url)
+    cb = await aio_pika.connect(b.url)
+    try:
+        cha = await ca.channel()
+        qa = await cha.get_queue("q-excl", ensure=False)
+        await qa.consume(_ignore, exclusive=True)
+        a.broker.api.publish("/", "", _msg("q-excl", 0), None)
+        a.broker.api.publish("/", "", _msg("q-excl", 1), None)
+        cha2 = await ca.channel()
+        await cha2.declare_queue("q-excl", durable=True, passive=True)
+        # at once on B (no STATS report in between can have told B): the leader's
+        leader = a.broker.vhosts["/"].queues["q-excl"]
+        rq.remote_consumers = 0  # what B last heard, say
+        chb = await cb.channel()
+        declared = await chb.declare_queue("q-excl", durable=True, passive=True)
+        assert declared.declaration_result.consumer_count == len(leader.consumers) == 1
+        assert declared.declaration_result.message_count == leader.message_count
+        qb = await chb.get_queue("q-excl", ensure=False)
+        with pytest.raises(aiormq.exceptions.ChannelAccessRefused) as info:
+            await qb.consume(_ignore)
+        assert "queue 'q-excl' in vhost '/' in exclusive use" in str(info.value)
+        assert not rq.consumers and len(leader.consumers) == 1
+        # and the other way round: an exclusive consume on B while A has a consumer
+        await cha.close()
+        await until(lambda: not leader.consumers)
+        cha = await ca.channel()
+        await (await cha.get_queue("q-excl", ensure=False)).consume(_ignore)
+        chb = await cb.channel()
+        with pytest.raises(aiormq.exceptions.ChannelAccessRefused):
+            await (await chb.get_queue("q-excl", ensure=False)).consume(_ignore,
+                                                                        exclusive=True)
+        # a consume the leader accepts gets consume-ok, then its deliveries
+        chb = await cb.channel()
+        got: list[Any] = []
+        await (await chb.get_queue("q-excl", ensure=False)).consume(_collect(got),
+                                                                     no_ack=True)
+        await cha.close()  # A's consumer goes: the messages come to B's
+        await until(lambda: len(got) == 2)
+    finally:
+        await ca.close()
+        await cb.close()
