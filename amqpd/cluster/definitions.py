@@ -84,7 +84,9 @@ APPLY_ORDER = ["vhost", "user", "permission", "topic_permission", "global_parame
                "parameter", "policy", "exchange", "queue", "binding"]
 RANK = {KIND_BY_NAME[name]: i for i, name in enumerate(APPLY_ORDER)}
 BATCH = 64  # operations per etcd transaction (etcd allows 128 by default)
-MIRROR_TIMEOUT = 10.0  # seconds a reply waits for etcd to take a definition change
+# seconds a reply waits for etcd to take a definition change, by default
+# (cluster.definition_timeout)
+MIRROR_TIMEOUT = 10.0
 
 
 def _norm(kind: int, body: bytes | None) -> Any:
@@ -102,8 +104,9 @@ def _norm(kind: int, body: bytes | None) -> Any:
 
 class DefinitionMirror:
     def __init__(self, view: ClusterView, api: BrokerAPI, etcd: EtcdClient,
-                 root: str) -> None:
+                 root: str, timeout: float | None = None) -> None:
         self.view = view
+        self.timeout = MIRROR_TIMEOUT if timeout is None else timeout
         self.api = api
         self.etcd = etcd
         self.prefix = root + "/defs/"
@@ -176,7 +179,7 @@ class DefinitionMirror:
 
     def after_mirrored(self, callback: OnDone) -> OnDone:
         """``callback`` delayed until etcd holds every change enqueued so far, or
-        called with :class:`EtcdUnavailable` after MIRROR_TIMEOUT seconds (etcd out of
+        called with :class:`EtcdUnavailable` after ``timeout`` seconds (etcd out of
         reach: with ``partition_handling = ignore`` the node goes on serving, and a
         client must not wait for ever; the change stays queued and reaches etcd when
         it is back)."""
@@ -194,8 +197,8 @@ class DefinitionMirror:
                     timer.cancel()
                     callback(err)
 
-            timer = asyncio.get_running_loop().call_later(MIRROR_TIMEOUT, lambda: once(
-                EtcdUnavailable(f"etcd has not taken the change within {MIRROR_TIMEOUT:g} s "
+            timer = asyncio.get_running_loop().call_later(self.timeout, lambda: once(
+                EtcdUnavailable(f"etcd has not taken the change within {self.timeout:g} s "
                                 f"({len(self.pending)} pending; it is applied here and "
                                 "goes to etcd when etcd is reachable)")))
             self.waiters.append((target, once))

@@ -76,9 +76,10 @@ class Cluster(ClusterView):
         self.etcd = EtcdClient(cc.etcd, timeout=1.0)
         self.membership = Membership(self, self.etcd, self.root, cc.lease_ttl, self.record,
                                      settings.data_dir, cc.name)
-        self.mirror = DefinitionMirror(self, api, self.etcd, self.root)
+        self.mirror = DefinitionMirror(self, api, self.etcd, self.root, cc.definition_timeout)
         self.transient = TransientQueues(self, api, self.etcd, self.root)
-        self.tdefs = TransientDefinitions(self, api, self.etcd, self.root, cc.lease_ttl)
+        self.tdefs = TransientDefinitions(self, api, self.etcd, self.root, cc.lease_ttl,
+                                          cc.definition_timeout)
         self.heard_at: dict[str, float] = {}  # node -> monotonic time of a real heartbeat
         self.subscribe(self.transient.node_changed)  # from the first view change on
         self.heartbeats = Heartbeats(self, cc.name, self.cookie, split_addr(cc.heartbeat_listen),

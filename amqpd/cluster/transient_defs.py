@@ -70,8 +70,8 @@ def _incarnation_dir(n: int) -> str:
 
 class TransientDefinitions(DefinitionMirror):
     def __init__(self, cluster: Cluster, api: BrokerAPI, etcd: EtcdClient, root: str,
-                 lease_ttl: float) -> None:
-        super().__init__(cluster, api, etcd, root)
+                 lease_ttl: float, timeout: float | None = None) -> None:
+        super().__init__(cluster, api, etcd, root, timeout)
         self.cluster = cluster
         self.root = root
         self.base = root + "/tdefs/"
