@@ -10,6 +10,8 @@ runs what feeds the view and acts on it:
 * :class:`~amqpd.cluster.transient.TransientQueues`: non-durable queues on every node;
 * :class:`~amqpd.cluster.transient_defs.TransientDefinitions`: non-durable exchanges and
   bindings on every node, for one incarnation of the cluster;
+* :class:`~amqpd.cluster.node_info.NodeInfoBoard`: facts a node publishes for the
+  others (the dynamic shovels it runs);
 * the partition decision, every ``DECIDE_INTERVAL`` seconds.
 
 Partition handling (RabbitMQ's ``cluster_partition_handling``): with ``pause_minority``
@@ -40,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from amqpd.cluster.definitions import KIND_BINDING, KIND_QUEUE, DefinitionMirror
 from amqpd.cluster.heartbeat import Heartbeats
 from amqpd.cluster.membership import Membership, NotAllowed
+from amqpd.cluster.node_info import NodeInfoBoard
 from amqpd.cluster.transient import TransientQueues
 from amqpd.cluster.transient_defs import TransientDefinitions
 from amqpd.cluster.view import ClusterView, parse_addr
@@ -81,6 +84,7 @@ class Cluster(ClusterView):
         self.tdefs = TransientDefinitions(self, api, self.etcd, self.root, cc.lease_ttl,
                                           cc.definition_timeout)
         self.heard_at: dict[str, float] = {}  # node -> monotonic time of a real heartbeat
+        self.info = NodeInfoBoard(self, self.etcd, self.root)  # what nodes tell each other
         self.subscribe(self.transient.node_changed)  # from the first view change on
         self.heartbeats = Heartbeats(self, cc.name, self.cookie, split_addr(cc.heartbeat_listen),
                                      cc.heartbeat_interval, self.heartbeat_targets)
@@ -128,12 +132,14 @@ class Cluster(ClusterView):
         self.mirror.start()
         self.tdefs.start()
         self.transient.start()
+        self.info.start()
         log.info("cluster: node %s in cluster %r with %s", self.node_name, self.cluster_name,
                  ", ".join(sorted(self.members)))
 
     async def stop(self) -> None:
         await self.mirror.stop()
         await self.tdefs.stop()
+        await self.info.stop()
         await self.transient.stop()
         for task in [*self._tasks, *([self._sync_task] if self._sync_task else [])]:
             task.cancel()
@@ -274,6 +280,12 @@ class Cluster(ClusterView):
             return False
         self.tdefs.recorded(kind, key, body)
         return True
+
+    def share_info(self, section: str, value: Any) -> None:
+        self.info.share(section, value)
+
+    async def peer_info(self, section: str) -> dict[str, Any]:
+        return await self.info.read(section)
 
     def after_mirrored(self, callback: Any) -> Any:
         return self.mirror.after_mirrored(self.tdefs.after_mirrored(callback))
