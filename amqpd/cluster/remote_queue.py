@@ -546,10 +546,20 @@ class RemoteQueue(QueueType):
         A queue with a synchronised mirror (amqpd.cluster.mirror) keeps its consumers
         instead, except those that asked for ``x-cancel-on-ha-failover``: they consume
         from the promoted mirror once this queue follows it (or are cancelled after
-        FAILOVER_WAIT)."""
+        FAILOVER_WAIT).
+
+        Publishes still waiting for the leader's credit never reach it: they are
+        dropped here, and those a publisher waits a confirm for are nacked (a
+        transaction holding one fails), with a log line -- nothing waits for a credit
+        that cannot come."""
         self.link = None
+        waiting = len(self._unsent)
         self._unsent.clear()
         confirms, self._confirms = self._confirms, {}
+        if waiting or confirms:
+            log.warning("queue '%s' in vhost '%s': link to its leader %s lost; %d "
+                        "publish(es) waiting for its credit dropped, %d confirm(s) nacked",
+                        self.name, self.vhost.name, self.leader, waiting, len(confirms))
         for callback in confirms.values():
             callback(LinkLost(f"link to {self.leader} lost"))
         keep = keep_consumers or (self.cluster is not None
@@ -1126,8 +1136,10 @@ class ClusterQueues:
             return
         served = streams.get(stream)
         if served is None:
-            if kind == W.PUBLISH and f[0]:
-                link.send(W.encode(W.CONFIRM, stream, f[0], False))
+            if kind == W.PUBLISH:
+                if f[0]:
+                    link.send(W.encode(W.CONFIRM, stream, f[0], False))
+                link.send(W.encode(W.CREDIT, stream, 1))  # its credit is not lost
             elif kind == W.CONSUME:
                 link.send(W.encode(W.CONSUMED, stream, f[0], 404, "no such queue stream"))
             elif kind == W.GET:

@@ -507,3 +507,46 @@ async def test_exclusive_consumer_conflict_is_403_at_consume_counts_are_the_lead
     finally:
         await ca.close()
         await cb.close()
+
+
+async def test_publishes_waiting_for_credit_are_nacked_when_the_leader_goes(
+        nodes: tuple[Node, Node], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A publisher on B whose messages wait beyond the leader's credit (A grants none
+    any more: its loop took them but gives nothing back) is not left hanging when A
+    goes away: every one of them is nacked, with a log line, and the channel goes on."""
+    a, b = nodes
+    rq = lead(a, b, "q-credit")
+    await until(lambda: rq.available)
+    monkeypatch.setattr(a.cluster, "_schedule_credit", lambda: None)  # no more credit
+    rq._credit = 3  # three more may go; the rest waits on B
+    conn = await aio_pika.connect(b.url)
+    try:
+        ch = await conn.channel(publisher_confirms=True)
+        sends = [asyncio.ensure_future(ch.default_exchange.publish(
+            aio_pika.Message(str(i).encode(), delivery_mode=2), routing_key="q-credit"))
+            for i in range(10)]
+        await until(lambda: len(rq._unsent) == 7)
+        await until(lambda: sum(s.done() for s in sends) == 3)  # the three A took
+        assert all(s.exception() is None for s in sends if s.done())
+        await asyncio.sleep(0.2)
+        assert sum(s.done() for s in sends) == 3  # the rest really waits
+        # A goes away: its pings stop, the view stops seeing it, B closes the link
+        pinger = a.cluster.links._pinger
+        assert pinger is not None
+        pinger.cancel()
+        b.view.shared["a@test"] = NodeInfo("a@test", None, 0, 0, False)
+        caplog.set_level("WARNING", logger="amqpd.cluster.queues")
+        for cb in b.view.callbacks:
+            cb("a@test", False)
+        _done, pending = await asyncio.wait(sends, timeout=15)
+        assert not pending, "a publish waiting for credit was left hanging"
+        nacked = [s for s in sends if isinstance(s.exception(), aiormq.exceptions.DeliveryError)]
+        assert len(nacked) == 7
+        assert not rq._unsent and rq.message_count == rq.ready_count
+        assert "7 publish(es) waiting for its credit dropped, 7 confirm(s) nacked" in \
+            caplog.text
+        # the channel is still usable (a nack is no channel error)
+        await ch.declare_queue("local-on-b", durable=True)
+    finally:
+        await conn.close()
