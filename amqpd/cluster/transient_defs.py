@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import logging
 import os
 import socket
@@ -101,8 +102,14 @@ class TransientDefinitions(DefinitionMirror):
                 break
             guard = (Compare("mod", self.incarnation_key, "==", kv.mod_revision)
                      if kv is not None else Compare("create", self.incarnation_key, "==", 0))
-            result = await self.etcd.txn([guard], [Put(self.incarnation_key,
-                                                       str(current + 1))])
+            # this node's record names the new incarnation in the same transaction, so
+            # a node that starts next sees it running there (and does not start yet
+            # another incarnation)
+            record = dict(self.cluster.record(), incarnation=current + 1)
+            result = await self.etcd.txn([guard], [
+                Put(self.incarnation_key, str(current + 1)),
+                Put(self.root + "/nodes/" + self.cluster.node_name, json.dumps(record),
+                    lease=self.cluster.membership.lease_id)])
             if result.succeeded:
                 self._use(current + 1)
                 # every older incarnation's entries go (etcd key order = number order)
