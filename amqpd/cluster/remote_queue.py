@@ -1158,7 +1158,9 @@ class ClusterQueues:
             served.cancel(f[0])
         elif kind == W.GET:
             served.get(*f)
-        elif kind == W.COUNT:
+        elif kind == W.COUNT:  # a declare on the user's node: a use, as a declare here
+            if not served.queue.deleted:
+                served.queue.touch()  # (x-expires starts again)
             link.send(W.encode(W.COUNTED, stream, f[0], *served.stats()))
         elif kind == W.PURGE:
             n = 0 if served.queue.deleted else served.queue.purge()

@@ -550,3 +550,24 @@ async def test_publishes_waiting_for_credit_are_nacked_when_the_leader_goes(
         await ch.declare_queue("local-on-b", durable=True)
     finally:
         await conn.close()
+
+
+async def test_a_declare_on_b_counts_as_use_of_the_queue_on_its_leader(
+        nodes: tuple[Node, Node]) -> None:
+    """x-expires: a declare on B (which asks A for its counts) keeps the queue on A
+    from expiring, as a declare on A does; without them it expires."""
+    a, b = nodes
+    rq = lead(a, b, "q-exp", **{"x-expires": 3000})
+    await until(lambda: rq.available)
+    conn = await aio_pika.connect(b.url)
+    try:
+        ch = await conn.channel()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 5.0  # longer than x-expires
+        while loop.time() < end:
+            await ch.declare_queue("q-exp", durable=True, passive=True)
+            await asyncio.sleep(0.2)
+        assert "q-exp" in a.broker.vhosts["/"].queues
+        await until(lambda: "q-exp" not in a.broker.vhosts["/"].queues)  # unused: gone
+    finally:
+        await conn.close()
