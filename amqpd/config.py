@@ -121,6 +121,9 @@ class ClusterConfig:
     heartbeat_advertise: str = ""  # where other nodes send heartbeats; "" = what it bound
     heartbeat_interval: float = 0.2  # seconds between heartbeats to each running node
     heartbeat_timeout: float = 1.0  # seconds of silence after which a node is not running
+    # seconds a reply to a definition change (declare-ok, an HTTP change) waits for etcd
+    # to hold it before the client is told it failed (etcd out of reach)
+    definition_timeout: float = 10.0
     lease_ttl: float = 5.0  # seconds of the node's etcd lease (its presence key)
     cookie: str = ""
     cookie_file: str = ""  # "" = <data_dir>/cluster.cookie, created on first start
@@ -184,7 +187,8 @@ def check_cluster(cc: ClusterConfig) -> None:
         value = getattr(cc, key)
         if value:
             _split_addr(value, "cluster." + key)
-    for key in ("heartbeat_interval", "heartbeat_timeout", "lease_ttl", "mirror_sync_timeout"):
+    for key in ("heartbeat_interval", "heartbeat_timeout", "lease_ttl", "mirror_sync_timeout",
+                "definition_timeout"):
         if getattr(cc, key) <= 0:
             raise ConfigError(f"setting 'cluster.{key}' must be > 0")
     if cc.heartbeat_timeout <= cc.heartbeat_interval:

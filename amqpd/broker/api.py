@@ -191,6 +191,19 @@ class ClusterStatus(Protocol):
         non-durable queue's bindings are known on every node too)."""
         ...
 
+    def share_info(self, section: str, value: Any) -> None:
+        """This node's ``section`` (JSON-able) for the other nodes to read."""
+        ...
+
+    async def peer_info(self, section: str) -> dict[str, Any]:
+        """The other running nodes' ``section``, by node name."""
+        ...
+
+    def transient_recorded(self, kind: int, key: str, body: bytes) -> bool:
+        """A non-durable exchange or a binding that is not durable changed here (an
+        empty body deletes): make it cluster-wide. True: a reply waits for etcd."""
+        ...
+
     def after_mirrored(self, callback: OnConfirm) -> OnConfirm:
         """``callback`` wrapped to run once the changes recorded so far are in etcd."""
         ...
@@ -322,6 +335,22 @@ class BrokerAPI:
             return not self.clustered()
         return cluster.runs_here(key)
 
+    def share_cluster_info(self, section: str, value: Any) -> None:
+        """In a cluster, publish this node's ``section`` (JSON-able; e.g. the dynamic
+        shovels it runs) for the other nodes (amqpd/cluster/node_info.py); nothing on
+        a single node."""
+        cluster = self._broker.cluster
+        if cluster is not None:
+            cluster.share_info(section, value)
+
+    async def cluster_info(self, section: str) -> dict[str, Any]:
+        """The other running nodes' ``section`` by node name ({} on a single node):
+        what lets any node answer for the whole cluster, as RabbitMQ's do."""
+        cluster = self._broker.cluster
+        if cluster is None:
+            return {}
+        return await cluster.peer_info(section)
+
     def clustered(self) -> bool:
         """Is this node configured to be in a cluster (``cluster.name`` set)? True from
         the start, before the cluster itself is up (plugins start first)."""
@@ -339,6 +368,13 @@ class BrokerAPI:
         from amqpd.broker.defsync import local_entries
 
         return local_entries(self._broker)
+
+    def transient_definition_entries(self) -> dict[tuple[int, str], bytes]:
+        """The non-durable exchanges and bindings, as the journal's entries (a cluster
+        makes them cluster-wide: amqpd/cluster/transient_defs.py)."""
+        from amqpd.broker.defsync import transient_entries
+
+        return transient_entries(self._broker)
 
     def apply_definition(self, kind: int, key: str, body: bytes | None) -> None:
         """Apply a definition change made on another node (an empty body deletes);

@@ -34,6 +34,7 @@ from amqpd.protocol import codec
 from amqpd.protocol import constants as C
 from amqpd.protocol.errors import (
     AccessRefused,
+    AMQPError,
     CommandInvalid,
     ContentTooLarge,
     NotAllowed,
@@ -227,9 +228,17 @@ class Channel:
             self.session.own_queue(q)
         self.last_queue = q.name
         if not m.nowait:
-            args = codec.shortstr(q.name) + q.message_count.to_bytes(4, "big") + \
-                len(q.consumers).to_bytes(4, "big")
-            self._reply_ok(codec.method_frame(self.number, C.QUEUE_DECLARE_OK, args))
+            if q.remote:  # led by another node: the counts its leader has now
+                name = q.name
+                q.counts_for(lambda ready, consumers: self._declare_ok(name, ready, consumers))
+                return
+            self._declare_ok(q.name, q.message_count, len(q.consumers))
+
+    def _declare_ok(self, name: str, ready: int, consumers: int) -> None:
+        if self.closed:
+            return
+        args = codec.shortstr(name) + ready.to_bytes(4, "big") + consumers.to_bytes(4, "big")
+        self._reply_ok(codec.method_frame(self.number, C.QUEUE_DECLARE_OK, args))
 
     def _queue_bind(self, m: commands.Queue.Bind) -> None:
         queue = self._queue_name(m.queue)
@@ -298,10 +307,32 @@ class Channel:
                                arguments=m.arguments, owner=self.session,
                                global_prefetch=self.prefetch_channel)
         self.consumers[tag] = consumer
+        if consumer.queue.remote:  # led by another node: consume-ok once it accepted
+            nowait = m.nowait
+            consumer.queue.consume_for(
+                consumer, lambda error: self._remote_consumed(consumer, nowait, error))
+            return
         if not m.nowait:
             self.session.conn.write(codec.method_frame(self.number, C.BASIC_CONSUME_OK,
                                                         codec.shortstr(tag)))
         api.start_consumer(consumer)
+
+    def _remote_consumed(self, consumer: Consumer, nowait: bool,
+                         error: BaseException | None) -> None:
+        """The leader's answer to a consume of a queue it leads (RabbitMQ's channel
+        waits for its queue's answer too): consume-ok, or the channel error it gave."""
+        if self.closed or self.consumers.get(consumer.tag) is not consumer:
+            return
+        if error is not None:
+            del self.consumers[consumer.tag]
+            exc = error if isinstance(error, AMQPError) else NotFound(str(error))
+            exc.class_id = C.class_of(C.BASIC_CONSUME)
+            exc.method_id = C.method_of(C.BASIC_CONSUME)
+            self.session.conn._close_channel(self.number, exc)
+            return
+        if not nowait:
+            self.session.conn.write(codec.method_frame(self.number, C.BASIC_CONSUME_OK,
+                                                        consumer.tag_bytes))
 
     def _basic_cancel(self, m: commands.Basic.Cancel) -> None:
         tag = m.consumer_tag or ""

@@ -27,12 +27,14 @@ from typing import TYPE_CHECKING, Any
 from amqpd.broker import topic_auth
 from amqpd.broker.definitions import import_definitions
 from amqpd.broker.journal import (
+    BUILTIN_EXCHANGES,
     binding_entry,
     exchange_entry,
     persisted,
     queue_entry,
     small_entries,
 )
+from amqpd.broker.queue_type import QueueType
 from amqpd.store import format as fmt
 
 if TYPE_CHECKING:
@@ -72,6 +74,28 @@ def local_entries(broker: Broker) -> Entries:
                 if persisted(b):
                     key, body = binding_entry(b)
                     out[(fmt.DEF_BINDING, key)] = body
+    return out
+
+
+def transient_entries(broker: Broker) -> Entries:
+    """The non-durable exchanges and the bindings that are not durable (those not to a
+    non-durable or exclusive queue) this broker holds: in a cluster they are
+    cluster-wide, as in RabbitMQ (amqpd/cluster/transient_defs.py)."""
+    out: Entries = {}
+    for vh in broker.vhosts.values():
+        for x in vh.exchanges.values():
+            if x.name not in BUILTIN_EXCHANGES and not persisted(x):
+                key, body = exchange_entry(x)
+                out[(fmt.DEF_EXCHANGE, key)] = body
+        for x in vh.exchanges.values():
+            if not x.name:
+                continue
+            for b in x.bindings.values():
+                dest = b.destination
+                if persisted(b) or (isinstance(dest, QueueType) and not persisted(dest)):
+                    continue
+                key, body = binding_entry(b)
+                out[(fmt.DEF_BINDING, key)] = body
     return out
 
 
@@ -145,7 +169,7 @@ def _apply_topology(broker: Broker, kind: int, parts: list[str],
             return
         if existing is not None and exchange_entry(existing)[1] != _canonical(item):
             vh.delete_exchange(name)  # redefined elsewhere: the cluster's version wins
-        vh.declare_exchange(name, item["type"], durable=True,
+        vh.declare_exchange(name, item["type"], durable=item.get("durable", True),
                             auto_delete=item.get("auto_delete", False),
                             internal=item.get("internal", False),
                             arguments=item.get("arguments") or {})
@@ -176,10 +200,11 @@ def _apply_topology(broker: Broker, kind: int, parts: list[str],
 def _canonical(item: dict[str, Any]) -> bytes:
     """An exchange item as the journal encodes it (to compare with a local exchange)."""
     return json.dumps({"name": item["name"], "vhost": item["vhost"], "type": item["type"],
-                       "durable": True, "auto_delete": item.get("auto_delete", False),
+                       "durable": item.get("durable", True),
+                       "auto_delete": item.get("auto_delete", False),
                        "internal": item.get("internal", False),
                        "arguments": item.get("arguments") or {}},
                       separators=(",", ":"), default=str).encode()
 
 
-__all__ = ["KIND_NAMES", "apply_entry", "local_entries"]
+__all__ = ["KIND_NAMES", "apply_entry", "local_entries", "transient_entries"]

@@ -85,7 +85,7 @@ def queue_entry(q: QueueType) -> tuple[str, bytes]:
 
 def exchange_entry(x: Exchange) -> tuple[str, bytes]:
     return (f"{x.vhost}\x00{x.name}", _json(
-        {"name": x.name, "vhost": x.vhost, "type": x.type_name, "durable": True,
+        {"name": x.name, "vhost": x.vhost, "type": x.type_name, "durable": x.durable,
          "auto_delete": x.auto_delete, "internal": x.internal, "arguments": x.arguments}))
 
 
@@ -168,8 +168,8 @@ class DefinitionJournal:
             self._record_small()
             return
         if not persisted(obj):
-            if cluster is not None and not isinstance(obj, QueueType | Exchange):
-                cluster.transient_binding(obj)  # a non-durable queue's, cluster-wide
+            if cluster is not None and not isinstance(obj, QueueType):
+                self._transient(obj, deleted)
             return
         if isinstance(obj, QueueType):
             if cluster is not None and not cluster.records_queue(obj.vhost.name, obj.name):
@@ -194,6 +194,28 @@ class DefinitionJournal:
         cluster = self.broker.cluster
         if cluster is not None:  # the cluster mirrors it to every node (through etcd)
             cluster.definition_recorded(kind, key, body)
+
+    def _transient(self, obj: Exchange | Binding, deleted: bool) -> None:
+        """In a cluster, non-durable exchanges and the bindings that are not durable are
+        cluster-wide too, as in RabbitMQ (amqpd/cluster/transient_defs.py): not in the
+        log, but a reply waits for etcd as for a durable change. A binding to a
+        non-durable or exclusive queue travels with its queue (cluster/transient.py)."""
+        cluster = self.broker.cluster
+        assert cluster is not None
+        if isinstance(obj, Exchange):
+            if obj.name in BUILTIN_EXCHANGES:
+                return
+            kind, (key, body) = fmt.DEF_EXCHANGE, exchange_entry(obj)
+        else:
+            dest = obj.destination
+            if isinstance(dest, QueueType) and not persisted(dest):
+                cluster.transient_binding(obj)  # a non-durable queue's, cluster-wide
+                return
+            if not obj.source.name:
+                return
+            kind, (key, body) = fmt.DEF_BINDING, binding_entry(obj)
+        if cluster.transient_recorded(kind, key, b"" if deleted else body):
+            self.recorded += 1  # the reply waits for etcd (when_durable)
 
     def _record_small(self) -> None:
         store = self.store

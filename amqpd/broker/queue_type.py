@@ -207,6 +207,18 @@ class QueueType:
         ``channel.answer_get`` (the head is on another node)."""
         raise NotImplementedError
 
+    def consume_for(self, consumer: Any,
+                    answer: Callable[[BaseException | None], None]) -> None:
+        """A :attr:`remote` queue's basic.consume: ``consumer`` is attached once the
+        queue's node accepted it; ``answer`` gets None then, or the refusal (403 for
+        an exclusive consumer there) -- before any delivery."""
+        raise NotImplementedError
+
+    def counts_for(self, answer: Callable[[int, int], None]) -> None:
+        """A :attr:`remote` queue's declare-ok counts: ``answer(messages, consumers)``
+        as the queue's node has them when it is asked."""
+        raise NotImplementedError
+
     def published_message(self, entry: QueueEntry) -> Message:
         """The message of ``entry`` as it was published (what dead-lettering
         republishes): the entry's own unless the type decorated it."""

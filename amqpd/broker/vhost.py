@@ -125,8 +125,7 @@ class VHost:
                  arguments=arguments)
         self.exchanges[name] = ex
         self.broker.apply_policies_to(self, ex)
-        if durable:
-            self.broker.definitions_changed(ex)
+        self.broker.definitions_changed(ex)  # (non-durable: cluster-wide in a cluster)
         log.debug("exchange declared: %s %s", name, type_)
         return ex
 
@@ -177,8 +176,7 @@ class VHost:
             changed(binding, True)
             self._maybe_auto_delete(binding.source)
         ex.close()
-        if ex.durable:
-            changed(ex, True)
+        changed(ex, True)
 
     def _maybe_auto_delete(self, ex: Exchange) -> None:
         if ex.auto_delete and not ex.bindings and ex.had_bindings and ex.name in self.exchanges:

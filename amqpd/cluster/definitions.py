@@ -84,7 +84,9 @@ APPLY_ORDER = ["vhost", "user", "permission", "topic_permission", "global_parame
                "parameter", "policy", "exchange", "queue", "binding"]
 RANK = {KIND_BY_NAME[name]: i for i, name in enumerate(APPLY_ORDER)}
 BATCH = 64  # operations per etcd transaction (etcd allows 128 by default)
-MIRROR_TIMEOUT = 10.0  # seconds a reply waits for etcd to take a definition change
+# seconds a reply waits for etcd to take a definition change, by default
+# (cluster.definition_timeout)
+MIRROR_TIMEOUT = 10.0
 
 
 def _norm(kind: int, body: bytes | None) -> Any:
@@ -102,8 +104,9 @@ def _norm(kind: int, body: bytes | None) -> Any:
 
 class DefinitionMirror:
     def __init__(self, view: ClusterView, api: BrokerAPI, etcd: EtcdClient,
-                 root: str) -> None:
+                 root: str, timeout: float | None = None) -> None:
         self.view = view
+        self.timeout = MIRROR_TIMEOUT if timeout is None else timeout
         self.api = api
         self.etcd = etcd
         self.prefix = root + "/defs/"
@@ -139,6 +142,10 @@ class DefinitionMirror:
             return None
         return kind, "\x00".join(urllib.parse.unquote(p) for p in rest.split("/"))
 
+    def local_entries(self) -> dict[Ident, bytes]:
+        """What this node holds of the entries this mirror keeps (the durable ones)."""
+        return self.api.definition_entries()
+
     # ------------------------------------------------------------------ local -> etcd
     def recorded(self, kind: int, key: str, body: bytes) -> None:
         """The journal's hook: a change made on this node; etcd gets it in order."""
@@ -172,7 +179,7 @@ class DefinitionMirror:
 
     def after_mirrored(self, callback: OnDone) -> OnDone:
         """``callback`` delayed until etcd holds every change enqueued so far, or
-        called with :class:`EtcdUnavailable` after MIRROR_TIMEOUT seconds (etcd out of
+        called with :class:`EtcdUnavailable` after ``timeout`` seconds (etcd out of
         reach: with ``partition_handling = ignore`` the node goes on serving, and a
         client must not wait for ever; the change stays queued and reaches etcd when
         it is back)."""
@@ -190,8 +197,8 @@ class DefinitionMirror:
                     timer.cancel()
                     callback(err)
 
-            timer = asyncio.get_running_loop().call_later(MIRROR_TIMEOUT, lambda: once(
-                EtcdUnavailable(f"etcd has not taken the change within {MIRROR_TIMEOUT:g} s "
+            timer = asyncio.get_running_loop().call_later(self.timeout, lambda: once(
+                EtcdUnavailable(f"etcd has not taken the change within {self.timeout:g} s "
                                 f"({len(self.pending)} pending; it is applied here and "
                                 "goes to etcd when etcd is reachable)")))
             self.waiters.append((target, once))
@@ -299,7 +306,7 @@ class DefinitionMirror:
                 self._resync(revision, kvs, first=not self.synced)
                 self.synced = True
                 return
-            local = sorted(self.api.definition_entries().items(),
+            local = sorted(self.local_entries().items(),
                            key=lambda e: RANK[e[0][0]])
             # the claim carries the first entries, so that "seeded" never means "empty
             # for now"; the rest (a big node) follows in order through the push task
@@ -331,7 +338,7 @@ class DefinitionMirror:
                 remote[ident] = (kv.value, kv.mod_revision)
         if first:
             # what this node holds from its own log (or its defaults)
-            for ident, body in self.api.definition_entries().items():
+            for ident, body in self.local_entries().items():
                 self.state.setdefault(ident, body)
         puts = sorted(remote.items(), key=lambda e: RANK[e[0][0]])
         for ident, (value, rev) in puts:

@@ -49,6 +49,7 @@ DELIVER: Final = 31  # consumer id, delivery id, redelivered, ready, exchange, k
 GRANT: Final = 32  # user -> leader: consumer id, more deliveries it may send
 CANCEL: Final = 33  # user -> leader: consumer id
 CANCELLED: Final = 34  # leader -> user: consumer id (queue deleted: basic.cancel)
+CONSUMED: Final = 35  # leader -> user: consumer id, reply code (0: accepted), text
 GET: Final = 40  # request id, no_ack
 GET_OK: Final = 41  # request id, delivery id, redelivered, ready, exchange, key, props, body
 GET_EMPTY: Final = 42  # request id
@@ -59,6 +60,8 @@ PURGE: Final = 60  # request id
 PURGED: Final = 61  # request id, count
 DELETE: Final = 62  # request id
 DELETED: Final = 63  # request id, count
+COUNT: Final = 64  # user -> leader: request id (a declare-ok's counts)
+COUNTED: Final = 65  # leader -> user: request id, ready, unacked, consumers
 DECLARE: Final = 70  # request id, declaration (JSON): create the queue here (locators)
 DECLARED: Final = 71  # request id, reply code (0: ok), text
 
@@ -67,9 +70,10 @@ LAYOUTS: Final[dict[int, str]] = {
     OPEN: "ss", OPENED: "QQI", FAILED: "Is", CLOSE: "", STATS: "QQI",
     PUBLISH: "QBssbb", CONFIRM: "QB", CREDIT: "I",
     CONSUME: "IBIj", DELIVER: "IQBQssbb", GRANT: "II", CANCEL: "I", CANCELLED: "I",
+    CONSUMED: "IIs",
     GET: "IB", GET_OK: "IQBQssbb", GET_EMPTY: "I",
     SETTLE: "L", REQUEUE: "L", REJECT: "L",
-    PURGE: "I", PURGED: "IQ", DELETE: "I", DELETED: "IQ",
+    PURGE: "I", PURGED: "IQ", DELETE: "I", DELETED: "IQ", COUNT: "I", COUNTED: "IQQI",
     DECLARE: "Ij", DECLARED: "IIs",
 }
 

@@ -8,6 +8,10 @@ runs what feeds the view and acts on it:
 * :class:`~amqpd.cluster.heartbeat.Heartbeats`: UDP heartbeats to and from the others;
 * :class:`~amqpd.cluster.definitions.DefinitionMirror`: one set of definitions;
 * :class:`~amqpd.cluster.transient.TransientQueues`: non-durable queues on every node;
+* :class:`~amqpd.cluster.transient_defs.TransientDefinitions`: non-durable exchanges and
+  bindings on every node, for one incarnation of the cluster;
+* :class:`~amqpd.cluster.node_info.NodeInfoBoard`: facts a node publishes for the
+  others (the dynamic shovels it runs);
 * the partition decision, every ``DECIDE_INTERVAL`` seconds.
 
 Partition handling (RabbitMQ's ``cluster_partition_handling``): with ``pause_minority``
@@ -38,7 +42,9 @@ from typing import TYPE_CHECKING, Any
 from amqpd.cluster.definitions import KIND_BINDING, KIND_QUEUE, DefinitionMirror
 from amqpd.cluster.heartbeat import Heartbeats
 from amqpd.cluster.membership import Membership, NotAllowed
+from amqpd.cluster.node_info import NodeInfoBoard
 from amqpd.cluster.transient import TransientQueues
+from amqpd.cluster.transient_defs import TransientDefinitions
 from amqpd.cluster.view import ClusterView, parse_addr
 from amqpd.config import split_addr
 from amqpd.coord.etcd import EtcdClient, EtcdError
@@ -73,8 +79,12 @@ class Cluster(ClusterView):
         self.etcd = EtcdClient(cc.etcd, timeout=1.0)
         self.membership = Membership(self, self.etcd, self.root, cc.lease_ttl, self.record,
                                      settings.data_dir, cc.name)
-        self.mirror = DefinitionMirror(self, api, self.etcd, self.root)
+        self.mirror = DefinitionMirror(self, api, self.etcd, self.root, cc.definition_timeout)
         self.transient = TransientQueues(self, api, self.etcd, self.root)
+        self.tdefs = TransientDefinitions(self, api, self.etcd, self.root, cc.lease_ttl,
+                                          cc.definition_timeout)
+        self.heard_at: dict[str, float] = {}  # node -> monotonic time of a real heartbeat
+        self.info = NodeInfoBoard(self, self.etcd, self.root)  # what nodes tell each other
         self.subscribe(self.transient.node_changed)  # from the first view change on
         self.heartbeats = Heartbeats(self, cc.name, self.cookie, split_addr(cc.heartbeat_listen),
                                      cc.heartbeat_interval, self.heartbeat_targets)
@@ -111,14 +121,27 @@ class Cluster(ClusterView):
                             exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
-        self.mirror.start()
-        self.transient.start()
+        # the lease is renewed from here on: deciding the incarnation may take a lease
         self._tasks.append(asyncio.create_task(self.membership.run(), name="cluster-members"))
+        while True:
+            try:
+                await self.tdefs.join()
+                break
+            except EtcdError as exc:
+                log.warning("cluster: cannot read the non-durable definitions yet: %s", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        self.mirror.start()
+        self.tdefs.start()
+        self.transient.start()
+        self.info.start()
         log.info("cluster: node %s in cluster %r with %s", self.node_name, self.cluster_name,
                  ", ".join(sorted(self.members)))
 
     async def stop(self) -> None:
         await self.mirror.stop()
+        await self.tdefs.stop()
+        await self.info.stop()
         await self.transient.stop()
         for task in [*self._tasks, *([self._sync_task] if self._sync_task else [])]:
             task.cancel()
@@ -140,6 +163,8 @@ class Cluster(ClusterView):
         heartbeat = self.config.heartbeat_advertise or _addr(*self.heartbeats.address)
         return {"name": self.node_name, "link": link, "heartbeat": heartbeat,
                 "amqp_port": amqp, "http_port": api.http_port(), "started": self.started_at,
+                # the incarnation whose non-durable definitions it holds (transient_defs)
+                "incarnation": self.tdefs.incarnation,
                 # who holds the name: a second process with it is refused at start
                 "host": socket.gethostname(), "pid": os.getpid()}
 
@@ -147,6 +172,14 @@ class Cluster(ClusterView):
         """Write this node's record again (its link listener started after joining:
         set ``link_address`` first)."""
         await self.membership.update_record()
+
+    def heartbeat(self, node: str) -> None:
+        self.heard_at[node] = time.monotonic()
+        super().heartbeat(node)
+
+    def heard_since(self, node: str, since: float) -> bool:
+        """Has a heartbeat of ``node`` arrived since ``since`` (time.monotonic())?"""
+        return self.heard_at.get(node, float("-inf")) >= since
 
     def heartbeat_targets(self) -> dict[str, tuple[str, int]]:
         out = {}
@@ -164,7 +197,7 @@ class Cluster(ClusterView):
 
     def pause_cause(self) -> str | None:
         """Why this node must not serve clients now; None: it may."""
-        if not self.mirror.synced:
+        if not self.mirror.synced or not self.tdefs.synced:
             return "it has not yet synchronised with the cluster through etcd"
         if self.membership.forgotten:
             return ("it was removed from the cluster (forget_cluster_node); "
@@ -242,8 +275,22 @@ class Cluster(ClusterView):
         """The inter-node link to ``node`` went (remote_queue's ``on_link_down``)."""
         self.transient.node_lost(node)
 
+    def transient_recorded(self, kind: int, key: str, body: bytes) -> bool:
+        """A non-durable exchange or binding changed here: to etcd, unless the change
+        is one a definition from another node caused (that node writes it)."""
+        if self.mirror.applying or self.tdefs.applying or not self.tdefs.synced:
+            return False
+        self.tdefs.recorded(kind, key, body)
+        return True
+
+    def share_info(self, section: str, value: Any) -> None:
+        self.info.share(section, value)
+
+    async def peer_info(self, section: str) -> dict[str, Any]:
+        return await self.info.read(section)
+
     def after_mirrored(self, callback: Any) -> Any:
-        return self.mirror.after_mirrored(callback)
+        return self.mirror.after_mirrored(self.tdefs.after_mirrored(callback))
 
     def display_name(self) -> str | None:
         return self.membership.display_name

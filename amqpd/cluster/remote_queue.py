@@ -15,7 +15,10 @@ over the link to the leader (:mod:`amqpd.cluster.link`, frames in
   fast publisher is held on its own node, where its queue shows the backlog and the
   channel's flow control slows it.
 * consume: the leader attaches a consumer of its own (priority, exclusive and single
-  active consumer are the leader's business) that delivers only within the credit this
+  active consumer are the leader's business) or refuses it (403 for an exclusive
+  consumer there), and the client's consume-ok waits for that answer
+  (:meth:`RemoteQueue.consume_for`, bounded by :data:`ANSWER_TIMEOUT`). It delivers
+  only within the credit this
   node grants: the consumer's prefetch (granted again as the client acks or requeues)
   or, without one, :data:`DELIVERY_WINDOW` (granted again as deliveries go out). The
   deliveries wait here in order until the client's channel may take them.
@@ -24,8 +27,8 @@ over the link to the leader (:mod:`amqpd.cluster.link`, frames in
   dead-letters them (its queue has the dead-letter options) or puts them back in place.
 * basic.get, purge, delete: a request on the stream (basic.get's answer comes later,
   through ``Channel.answer_get``).
-* counts (declare-ok, management): the leader's, as last reported (with each delivery
-  and about once a second).
+* counts: a declare-ok asks the leader (:meth:`RemoteQueue.counts_for`); the management
+  API shows them as last reported (with each delivery and about once a second).
 
 Node loss: when the link to the leader goes, every consumer of its queues here gets
 basic.cancel (of a mirrored queue with a synchronised mirror only those with
@@ -56,7 +59,13 @@ from amqpd.broker.queue_type import QUEUE_TYPES, QueueType, queue_type_name
 from amqpd.cluster import link_wire as W
 from amqpd.cluster.link import Link, LinkHandler, LinkManager
 from amqpd.protocol.constants import FLAG_EXPIRATION_HI
-from amqpd.protocol.errors import AMQPError, NotFound, PreconditionFailed
+from amqpd.protocol.errors import (
+    AccessRefused,
+    AMQPError,
+    NotFound,
+    PreconditionFailed,
+    ResourceLocked,
+)
 
 if TYPE_CHECKING:
     from amqpd.broker.api import BrokerAPI
@@ -68,6 +77,8 @@ log = logging.getLogger("amqpd.cluster.queues")
 PUBLISH_WINDOW: Final = 2000  # publishes in flight per stream before the leader's credit
 DELIVERY_WINDOW: Final = 500  # deliveries in flight to a consumer without a prefetch
 STATS_INTERVAL: Final = 1.0
+# a consume (consume-ok) and a declare's counts wait this long at most for the leader
+ANSWER_TIMEOUT: Final = 5.0
 # a stream the leader refuses (404) while the catalogue says it leads the queue is
 # opened again this often, this many times (its leader is taking the queue over)
 REOPEN_DELAY: Final = 0.2
@@ -98,7 +109,7 @@ def home_node_down(node: str, name: str, vhost: str, durable: bool) -> NotFound:
 class _RemoteConsumer:
     """A local consumer of a remote queue: its deliveries waiting for its channel."""
 
-    __slots__ = ("buffer", "by_settle", "consumer", "id")
+    __slots__ = ("answer", "buffer", "by_settle", "consumer", "id", "timer")
 
     def __init__(self, cid: int, consumer: Consumer) -> None:
         self.id = cid
@@ -106,6 +117,9 @@ class _RemoteConsumer:
         self.buffer: deque[QueueEntry] = deque()
         # credit comes back on ack/requeue (prefetch) or on hand-out (no limit)
         self.by_settle = bool(consumer.prefetch) and not consumer.no_ack
+        # the channel's callback while the leader has not yet accepted the consumer
+        self.answer: Callable[[BaseException | None], None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
 
 
 class RemoteQueue(QueueType):
@@ -147,6 +161,7 @@ class RemoteQueue(QueueType):
         self._gets: dict[int, tuple[Any, bool]] = {}
         self._next_req = 0
         self._requests: dict[int, Callable[[int], None]] = {}
+        self._counts: dict[int, Callable[[int, int], None]] = {}
         self._grants: dict[int, int] = {}
         vhost.broker.publisher.remote_queues += 1
         self.on_removed.append(_removed)
@@ -359,6 +374,85 @@ class RemoteQueue(QueueType):
         self._by_consumer[id(consumer)] = state
         self._consume(state)
 
+    def consume_for(self, consumer: Consumer,
+                    answer: Callable[[BaseException | None], None]) -> None:
+        """basic.consume: the leader attaches its stand-in and answers (CONSUMED)
+        before any delivery; ``answer`` is called then (consume-ok), or with the
+        leader's refusal (403 ACCESS_REFUSED for an exclusive consumer there), or with
+        the 404 of a leader out of reach when the link goes or ANSWER_TIMEOUT passes."""
+        self.add_consumer(consumer)
+        state = self._by_consumer[id(consumer)]
+        state.answer = answer
+        state.timer = asyncio.get_running_loop().call_later(
+            ANSWER_TIMEOUT, self._consume_timeout, state)
+
+    def _consumed(self, cid: int, code: int, text: str) -> None:
+        state = self._cons.get(cid)
+        if state is None:
+            return  # cancelled meanwhile (a CANCEL is on the way)
+        answer = state.answer
+        if state.timer is not None:
+            state.timer.cancel()
+            state.timer = None
+        state.answer = None
+        if code:
+            error = {403: AccessRefused, 405: ResourceLocked}.get(code, NotFound)(text)
+            self._forget_consumer(state)  # never attached on the leader
+            if answer is not None:
+                answer(error)
+            else:  # consuming again after a failover, refused by the new leader
+                state.consumer.channel.consumer_cancelled_by_server(state.consumer)
+            return
+        if answer is not None:
+            answer(None)
+            if state.buffer:
+                self.vhost.schedule_dispatch(self)
+
+    def _consume_timeout(self, state: _RemoteConsumer) -> None:
+        state.timer = None
+        answer = state.answer
+        if answer is None or self._cons.get(state.id) is not state:
+            return
+        log.warning("queue '%s' in vhost '%s': leader %s did not answer a basic.consume "
+                    "within %g s; refused", self.name, self.vhost.name, self.leader,
+                    ANSWER_TIMEOUT)
+        state.answer = None
+        self.remove_consumer(state.consumer)
+        answer(home_node_down(self.leader, self.name, self.vhost.name, self.durable))
+
+    def _forget_consumer(self, state: _RemoteConsumer) -> None:
+        """``state`` is no consumer here any more (nothing is said to the leader)."""
+        if state.timer is not None:
+            state.timer.cancel()
+            state.timer = None
+        self._cons.pop(state.id, None)
+        self._by_consumer.pop(id(state.consumer), None)
+        try:
+            self.consumers.remove(state.consumer)
+        except ValueError:
+            pass
+
+    def counts_for(self, answer: Callable[[int, int], None]) -> None:
+        """A declare-ok's counts as the leader has them now (the last reported ones if
+        the leader is out of reach or does not answer within ANSWER_TIMEOUT)."""
+        if not self.available:
+            answer(self.message_count, self.remote_consumers)
+            return
+        self._next_req += 1
+        req = self._next_req
+        self._counts[req] = answer
+        self._send(W.encode(W.COUNT, self.stream, req))
+        asyncio.get_running_loop().call_later(ANSWER_TIMEOUT, self._count_answer, req)
+
+    def _count_answer(self, req: int) -> None:
+        answer = self._counts.pop(req, None)
+        if answer is not None:
+            answer(self.message_count, self.remote_consumers)
+
+    def _counted(self, req: int, ready: int, unacked: int, consumers: int) -> None:
+        self.ready_count, self.remote_unacked, self.remote_consumers = ready, unacked, consumers
+        self._count_answer(req)
+
     def _consume(self, state: _RemoteConsumer) -> None:
         consumer = state.consumer
         window = consumer.prefetch if state.by_settle else DELIVERY_WINDOW
@@ -370,6 +464,9 @@ class RemoteQueue(QueueType):
         state = self._by_consumer.pop(id(consumer), None)
         if state is None:
             return
+        if state.timer is not None:
+            state.timer.cancel()
+            state.timer = None
         try:
             self.consumers.remove(consumer)
         except ValueError:
@@ -401,6 +498,8 @@ class RemoteQueue(QueueType):
         """Hand waiting deliveries to their consumers as their channels allow."""
         grants = self._grants
         for state in list(self._cons.values()):
+            if state.answer is not None:
+                continue  # consume-ok not sent yet
             consumer = state.consumer
             buffer = state.buffer
             n = 0
@@ -447,10 +546,20 @@ class RemoteQueue(QueueType):
         A queue with a synchronised mirror (amqpd.cluster.mirror) keeps its consumers
         instead, except those that asked for ``x-cancel-on-ha-failover``: they consume
         from the promoted mirror once this queue follows it (or are cancelled after
-        FAILOVER_WAIT)."""
+        FAILOVER_WAIT).
+
+        Publishes still waiting for the leader's credit never reach it: they are
+        dropped here, and those a publisher waits a confirm for are nacked (a
+        transaction holding one fails), with a log line -- nothing waits for a credit
+        that cannot come."""
         self.link = None
+        waiting = len(self._unsent)
         self._unsent.clear()
         confirms, self._confirms = self._confirms, {}
+        if waiting or confirms:
+            log.warning("queue '%s' in vhost '%s': link to its leader %s lost; %d "
+                        "publish(es) waiting for its credit dropped, %d confirm(s) nacked",
+                        self.name, self.vhost.name, self.leader, waiting, len(confirms))
         for callback in confirms.values():
             callback(LinkLost(f"link to {self.leader} lost"))
         keep = keep_consumers or (self.cluster is not None
@@ -458,6 +567,12 @@ class RemoteQueue(QueueType):
         kept = 0
         for state in list(self._cons.values()):
             consumer = state.consumer
+            answer = state.answer
+            if answer is not None:  # the leader never answered: the consume fails
+                state.answer = None
+                self._forget_consumer(state)
+                answer(self._unavailable())
+                continue
             if keep and consumer.arguments.get("x-cancel-on-ha-failover") is not True:
                 state.buffer.clear()  # the leader's copy has them (redelivered if marked)
                 kept += 1
@@ -478,8 +593,10 @@ class RemoteQueue(QueueType):
             if not channel.closed:
                 channel.answer_get(self, None, True, 0)
         requests, self._requests = self._requests, {}
-        for answer in requests.values():
-            answer(0)
+        for done in requests.values():
+            done(0)
+        for req in list(self._counts):
+            self._count_answer(req)
 
     def _cancel_kept(self) -> None:
         """No leader took over within FAILOVER_WAIT: the kept consumers are cancelled."""
@@ -620,12 +737,23 @@ class Served:
             self.queue.settle(entries)
 
     def consume(self, cid: int, no_ack: int, credit: int, args: dict[str, Any]) -> None:
+        """Attach a consumer standing for one on the user's node, or refuse it as a
+        consume here would be refused (CONSUMED with the reply code either way, before
+        any delivery: the user's consume-ok waits for it)."""
         q = self.queue
         exclusive = bool(args.get("exclusive"))
-        if q.deleted or q.exclusive or (q.consumers and (exclusive or any(
-                c.exclusive for c in q.consumers))):
-            self.link.send(W.encode(W.CANCELLED, self.stream, cid))
+        where = f"queue '{q.name}' in vhost '{q.vhost.name}'"
+        refusal: tuple[int, str] | None = None
+        if q.deleted:
+            refusal = 404, f"no {where}"
+        elif q.exclusive:
+            refusal = 405, f"cannot obtain exclusive access to locked {where}"
+        elif q.consumers and (exclusive or any(c.exclusive for c in q.consumers)):
+            refusal = 403, f"{where} in exclusive use"
+        if refusal is not None:
+            self.link.send(W.encode(W.CONSUMED, self.stream, cid, *refusal))
             return
+        self.link.send(W.encode(W.CONSUMED, self.stream, cid, 0, ""))
         proxy = _Proxy(self, cid, credit)
         consumer = Consumer(proxy, q, str(args.get("tag", "")), bool(no_ack), exclusive, 0,
                             dict(args.get("arguments") or {}))
@@ -975,6 +1103,10 @@ class ClusterQueues:
             queue._got_empty(f[0])
         elif kind == W.CANCELLED:
             queue._cancelled(f[0])
+        elif kind == W.CONSUMED:
+            queue._consumed(*f)
+        elif kind == W.COUNTED:
+            queue._counted(*f)
         elif kind in (W.PURGED, W.DELETED):
             answer = queue._requests.pop(f[0], None)
             if answer is not None:
@@ -1016,10 +1148,12 @@ class ClusterQueues:
             return
         served = streams.get(stream)
         if served is None:
-            if kind == W.PUBLISH and f[0]:
-                link.send(W.encode(W.CONFIRM, stream, f[0], False))
+            if kind == W.PUBLISH:
+                if f[0]:
+                    link.send(W.encode(W.CONFIRM, stream, f[0], False))
+                link.send(W.encode(W.CREDIT, stream, 1))  # its credit is not lost
             elif kind == W.CONSUME:
-                link.send(W.encode(W.CANCELLED, stream, f[0]))
+                link.send(W.encode(W.CONSUMED, stream, f[0], 404, "no such queue stream"))
             elif kind == W.GET:
                 link.send(W.encode(W.GET_EMPTY, stream, f[0]))
             return
@@ -1036,6 +1170,10 @@ class ClusterQueues:
             served.cancel(f[0])
         elif kind == W.GET:
             served.get(*f)
+        elif kind == W.COUNT:  # a declare on the user's node: a use, as a declare here
+            if not served.queue.deleted:
+                served.queue.touch()  # (x-expires starts again)
+            link.send(W.encode(W.COUNTED, stream, f[0], *served.stats()))
         elif kind == W.PURGE:
             n = 0 if served.queue.deleted else served.queue.purge()
             link.send(W.encode(W.PURGED, stream, f[0], n))
@@ -1101,7 +1239,7 @@ class ClusterQueues:
 
 
 _LEADER_SIDE = frozenset({W.OPEN, W.CLOSE, W.PUBLISH, W.CONSUME, W.GRANT, W.CANCEL, W.GET,
-                          W.SETTLE, W.REQUEUE, W.REJECT, W.PURGE, W.DELETE,
+                          W.SETTLE, W.REQUEUE, W.REJECT, W.PURGE, W.DELETE, W.COUNT,
                           W.DECLARE})
 
 _INSTANCES: dict[int, ClusterQueues] = {}

@@ -19,10 +19,11 @@ sees it down (its heartbeats stopped), they delete its non-durable queues at onc
 lost node. A node whose lease was renewed (etcd out of reach longer than the lease)
 writes its keys again under the new one; a node seen running again is read back.
 
-A queue's key also carries its bindings from exchanges every node knows (durable
-exchanges and ``amq.*``), so a message published on any node reaches it: the others
-bind their stand-in the same way (routing happens where a message arrives). Bindings
-from non-durable exchanges stay on the queue's node, as non-durable exchanges do.
+A queue's key also carries its bindings (from any exchange but the default one: every
+exchange is known on every node, the non-durable ones through
+:mod:`amqpd.cluster.transient_defs`), so a message published on any node reaches it:
+the others bind their stand-in the same way (routing happens where a message arrives),
+and a binding whose exchange is not known yet is made when it is.
 
 Exclusive queues are here too, as in RabbitMQ: listed on every node, reached by
 publishes from any node (their bindings travel with them), refused to every other
@@ -71,6 +72,8 @@ class TransientQueues:
         self.pending: dict[Ident, str | None] = {}  # to put (body) or delete (None)
         self.lease = 0  # the lease this node's keys were last written under
         self.revision = 0
+        # the bindings the others' queues have (vhost, queue) -> [[source, key, args]]
+        self.wanted: dict[Ident, list[list[Any]]] = {}
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -91,12 +94,12 @@ class TransientQueues:
 
     # ------------------------------------------------------------------ this node's queues
     def _body(self, q: QueueType) -> str:
-        """The queue as the others get it, with its bindings from exchanges every node
-        knows (durable ones and the ``amq.*`` ones; not the default exchange)."""
+        """The queue as the others get it, with its bindings (every exchange is known on
+        every node, non-durable ones too: amqpd/cluster/transient_defs.py; not the
+        default exchange's)."""
         bindings = sorted(
             [b.source.name, b.routing_key, jsonable(b.arguments)]
-            for b in (q.inbound or ())
-            if b.source.name and (b.source.durable or b.source.name.startswith("amq.")))
+            for b in (q.inbound or ()) if b.source.name)
         return json.dumps({"name": q.name, "vhost": q.vhost.name, "durable": q.durable,
                            "exclusive": q.exclusive, "auto_delete": q.auto_delete,
                            "arguments": jsonable(q.arguments), "node": self.node,
@@ -206,7 +209,8 @@ class TransientQueues:
                 # a connection on its node owns it: every client here is refused with
                 # 405 RESOURCE_LOCKED (declare, consume, get), publishes reach it
                 q.exclusive_owner = ELSEWHERE
-            self._sync_bindings(q, item.get("bindings") or [])
+            self.wanted[(vhost, name)] = item.get("bindings") or []
+            self._sync_bindings(q, self.wanted[(vhost, name)])
         except Exception as exc:
             log.error("cluster: non-durable queue %r in vhost %r of %s not made known "
                       "here: %s", name, vhost, node, exc)
@@ -235,7 +239,22 @@ class TransientQueues:
                 log.warning("cluster: binding of non-durable queue %r to %r in vhost %r "
                             "not made here: %s", q.name, source, vhost, exc)
 
+    def exchange_known(self, vhost: str, exchange: str) -> None:
+        """An exchange became known here (a non-durable one, from etcd): the others'
+        queues bound to it that could not be bound before are bound now."""
+        from amqpd.cluster.remote_queue import RemoteQueue
+
+        if not self.api.has_vhost(vhost):
+            return
+        queues = self.api.vhost(vhost).queues
+        for (vh, name), wanted in list(self.wanted.items()):
+            q = queues.get(name)
+            if vh == vhost and isinstance(q, RemoteQueue) and _transient(q) \
+                    and any(w and w[0] == exchange for w in wanted):
+                self._sync_bindings(q, wanted)
+
     def _drop(self, q: Any) -> None:
+        self.wanted.pop((q.vhost.name, q.name), None)
         q.gone = True  # nothing to ask of its leader: the queue is gone there
         q.vhost.delete_queue(q, reason="deleted with its node")
 

@@ -110,12 +110,15 @@ class ShovelPlugin:
                     log.info("shovel '%s' in vhost '%s' runs on another node now",
                              runner.defn.name, runner.defn.vhost)
                     await runner.stop()
+            # what the others list for this node in /api/shovels (written when it changes)
+            self.api.share_cluster_info("shovels", [
+                r.status() for r in self.dynamic.values() if r.task is not None])
             await asyncio.sleep(PLACE_INTERVAL)
 
     # ------------------------------------------------------------------ lookups
     def all_runners(self) -> list[ShovelRunner]:
         """This node's shovels: its static ones and the dynamic ones it runs (in a
-        cluster, each dynamic shovel is listed by the node that runs it)."""
+        cluster the other nodes' dynamic ones come from ``api.cluster_info``)."""
         return [*self.static.values(),
                 *(r for r in self.dynamic.values()
                   if r.task is not None or not self.api.clustered())]

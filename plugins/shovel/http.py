@@ -12,10 +12,15 @@ if TYPE_CHECKING:
 
 def routes(router: Router, plugin: ShovelPlugin) -> None:
     async def list_shovels(ctx: Ctx) -> Any:
+        """This node's shovels and, in a cluster, the dynamic shovels every other
+        running node runs (each with its ``node``), as RabbitMQ's answer on any node."""
         vhost = ctx.vhost().name if "vhost" in ctx.params else None
-        items = [r.status() for r in plugin.all_runners()
-                 if (vhost is None or r.defn.vhost == vhost) and ctx.can_see_vhost(r.defn.vhost)]
-        items.sort(key=lambda s: (s["vhost"], s["name"]))
+        items = [r.status() for r in plugin.all_runners()]
+        for statuses in (await ctx.api.cluster_info("shovels")).values():
+            items.extend(s for s in statuses if isinstance(s, dict) and "vhost" in s)
+        items = [s for s in items if (vhost is None or s["vhost"] == vhost)
+                 and ctx.can_see_vhost(s["vhost"])]
+        items.sort(key=lambda s: (s["vhost"], s["name"], s.get("node", "")))
         return json_response(select_columns(items, ctx))
 
     async def get_shovel(ctx: Ctx) -> Any:
@@ -23,6 +28,12 @@ def routes(router: Router, plugin: ShovelPlugin) -> None:
         runner = plugin.find(vh.name, ctx.params["name"])
         if runner is None:
             raise not_found()
+        if runner.defn.type == "dynamic" and runner.task is None and ctx.api.clustered():
+            # another node of the cluster runs it: its status is that node's
+            for statuses in (await ctx.api.cluster_info("shovels")).values():
+                for s in statuses:
+                    if s.get("vhost") == vh.name and s.get("name") == runner.defn.name:
+                        return json_response(s)
         return json_response(runner.status())
 
     async def delete_shovel(ctx: Ctx) -> Any:

@@ -59,9 +59,10 @@ def shovels(node: ClusterNode) -> list[dict[str, Any]]:
 
 
 def runner_of(nodes: list[ClusterNode]) -> list[str]:
-    """The nodes that list the shovel as running."""
-    return [n.name for n in nodes for s in shovels(n)
-            if s["name"] == "mover" and s["state"] == "running"]
+    """The nodes the shovel runs on, as ``nodes`` list it (each node lists the whole
+    cluster's dynamic shovels with their ``node``, as RabbitMQ's do)."""
+    return sorted({s["node"] for n in nodes for s in shovels(n)
+                   if s["name"] == "mover" and s["state"] == "running"})
 
 
 def drained_into(node: ClusterNode, dests: list[str], total: int) -> bool:
@@ -109,6 +110,13 @@ def test_a_dynamic_shovel_runs_on_one_node_and_moves_each_message_once(
              "the shovel running on one node, its queue bound to srcx",
              lambda: a.tail() + b.tail())
     runs = a if runner_of(pair) == [a.name] else b
+    # any node answers for the cluster: both list it once, running on ``runs``
+    for n in pair:
+        wait_for(lambda n=n: [(s["node"], s["state"]) for s in shovels(n)
+                              if s["name"] == "mover"] == [(runs.name, "running")], 15,
+                 f"/api/shovels on {n.name} lists mover on {runs.name}", n.tail)
+        r = n.api.get("/api/shovels/vhost/%2F/mover")
+        assert r.status == 200 and r.json()["node"] == runs.name, r.text
     pub = run_publisher(runs.url, PublisherSpec(1, [Target("srcx", "")], persistent=True,
                                              confirm_window=50, count=300))
     assert (pub.confirmed, pub.nacked) == (300, 0)

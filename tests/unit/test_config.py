@@ -188,6 +188,15 @@ def test_cluster_section_file_env_flags(tmp_path: Path) -> None:
     assert (c.name, c.etcd, c.partition_handling) == ("prod", ["http://127.0.0.1:2379"],
                                                      "ignore")
     assert c.lease_ttl == 3.0 and c.heartbeat_timeout == 1.5
+    assert c.definition_timeout == 10.0  # the default
+    s = load_settings(cfg, {"cluster_definition_timeout": 2.5},
+                      environ={"AMQPD_CLUSTER_HEARTBEAT_TIMEOUT": "3"})
+    assert (s.cluster.definition_timeout, s.cluster.heartbeat_timeout) == (2.5, 3.0)
+    s = load_settings(cfg, environ={"AMQPD_CLUSTER_DEFINITION_TIMEOUT": "30"})
+    assert s.cluster.definition_timeout == 30.0
+    cfg.write_text(cfg.read_text() + "definition_timeout = 4.0\nheartbeat_timeout = 2.0\n")
+    s = load_settings(cfg, environ={})
+    assert (s.cluster.definition_timeout, s.cluster.heartbeat_timeout) == (4.0, 2.0)
     assert s.node_name == "n1" and s.cluster_name == ""  # the display name is apart
 
 
@@ -201,6 +210,8 @@ def test_cluster_section_file_env_flags(tmp_path: Path) -> None:
       "AMQPD_CLUSTER_HEARTBEAT_LISTEN": "nowhere"}, "heartbeat_listen"),
     ({"AMQPD_CLUSTER": "x", "AMQPD_CLUSTER_ETCD": "http://e:1",
       "AMQPD_CLUSTER_HEARTBEAT_TIMEOUT": "0.1"}, "heartbeat_timeout"),
+    ({"AMQPD_CLUSTER": "x", "AMQPD_CLUSTER_ETCD": "http://e:1",
+      "AMQPD_CLUSTER_DEFINITION_TIMEOUT": "0"}, "definition_timeout"),
     ({"AMQPD_CLUSTER": "x", "AMQPD_CLUSTER_ETCD": "http://e:1",
       "AMQPD_REPLICATION_ROLE": "active", "AMQPD_REPLICATION_SECRET": "s",
       "AMQPD_REPLICATION_LISTEN": "127.0.0.1:1"}, "not both"),

@@ -191,16 +191,16 @@ async def test_returning_node_applies_deletes(etcd: EtcdProcess) -> None:
         await stop(m1)
 
 
-async def test_a_reply_waits_for_etcd_a_bounded_time(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_reply_waits_for_etcd_a_bounded_time() -> None:
     """etcd out of reach (partition_handling = ignore serves on): the reply to a
-    definition change gets an error after MIRROR_TIMEOUT instead of waiting for ever."""
-    from amqpd.cluster import definitions
+    definition change gets an error after cluster.definition_timeout instead of waiting
+    for ever."""
     from amqpd.coord.etcd import EtcdUnavailable
 
-    monkeypatch.setattr(definitions, "MIRROR_TIMEOUT", 0.5)
     api = FakeAPI()
     mirror = DefinitionMirror(ClusterView("lonely"), api,  # type: ignore[arg-type]
-                              EtcdClient(["http://127.0.0.1:9"], timeout=0.2), "/nowhere")
+                              EtcdClient(["http://127.0.0.1:9"], timeout=0.2), "/nowhere",
+                              timeout=0.5)
     api.mirror = mirror
     mirror.start()
     try:

@@ -455,3 +455,119 @@ async def test_locators_policy_key_config_and_random(nodes: tuple[Node, Node]) -
             assert not b.broker.vhosts["/"].queues[f"rnd-down-{i}"].remote
     finally:
         await conn.close()
+
+
+async def test_exclusive_consumer_conflict_is_403_at_consume_counts_are_the_leaders(
+        nodes: tuple[Node, Node]) -> None:
+    """As RabbitMQ 3.10 (a two-node cluster asked, docs/clustering.md): a consume on B of
+    a queue led by A where A has an exclusive consumer is refused at basic.consume with
+    403 ACCESS_REFUSED (no consume-ok, then basic.cancel), and B's declare-ok counts
+    the leader's consumers and messages as they are now, not B's own or a stale report."""
+    a, b = nodes
+    rq = lead(a, b, "q-excl")
+    await until(lambda: rq.available)
+    ca = await aio_pika.connect(a.url)
+    cb = await aio_pika.connect(b.url)
+    try:
+        cha = await ca.channel()
+        qa = await cha.get_queue("q-excl", ensure=False)
+        await qa.consume(_ignore, exclusive=True)
+        a.broker.api.publish("/", "", _msg("q-excl", 0), None)
+        a.broker.api.publish("/", "", _msg("q-excl", 1), None)
+        cha2 = await ca.channel()
+        await cha2.declare_queue("q-excl", durable=True, passive=True)
+        # at once on B (no STATS report in between can have told B): the leader's
+        leader = a.broker.vhosts["/"].queues["q-excl"]
+        rq.remote_consumers = 0  # what B last heard, say
+        chb = await cb.channel()
+        declared = await chb.declare_queue("q-excl", durable=True, passive=True)
+        assert declared.declaration_result.consumer_count == len(leader.consumers) == 1
+        assert declared.declaration_result.message_count == leader.message_count
+        qb = await chb.get_queue("q-excl", ensure=False)
+        with pytest.raises(aiormq.exceptions.ChannelAccessRefused) as info:
+            await qb.consume(_ignore)
+        assert "queue 'q-excl' in vhost '/' in exclusive use" in str(info.value)
+        assert not rq.consumers and len(leader.consumers) == 1
+        # and the other way round: an exclusive consume on B while A has a consumer
+        await cha.close()
+        await until(lambda: not leader.consumers)
+        cha = await ca.channel()
+        await (await cha.get_queue("q-excl", ensure=False)).consume(_ignore)
+        chb = await cb.channel()
+        with pytest.raises(aiormq.exceptions.ChannelAccessRefused):
+            await (await chb.get_queue("q-excl", ensure=False)).consume(_ignore,
+                                                                        exclusive=True)
+        # a consume the leader accepts gets consume-ok, then its deliveries
+        chb = await cb.channel()
+        got: list[Any] = []
+        await (await chb.get_queue("q-excl", ensure=False)).consume(_collect(got),
+                                                                     no_ack=True)
+        await cha.close()  # A's consumer goes: the messages come to B's
+        await until(lambda: len(got) == 2)
+    finally:
+        await ca.close()
+        await cb.close()
+
+
+async def test_publishes_waiting_for_credit_are_nacked_when_the_leader_goes(
+        nodes: tuple[Node, Node], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A publisher on B whose messages wait beyond the leader's credit (A grants none
+    any more: its loop took them but gives nothing back) is not left hanging when A
+    goes away: every one of them is nacked, with a log line, and the channel goes on."""
+    a, b = nodes
+    rq = lead(a, b, "q-credit")
+    await until(lambda: rq.available)
+    monkeypatch.setattr(a.cluster, "_schedule_credit", lambda: None)  # no more credit
+    rq._credit = 3  # three more may go; the rest waits on B
+    conn = await aio_pika.connect(b.url)
+    try:
+        ch = await conn.channel(publisher_confirms=True)
+        sends = [asyncio.ensure_future(ch.default_exchange.publish(
+            aio_pika.Message(str(i).encode(), delivery_mode=2), routing_key="q-credit"))
+            for i in range(10)]
+        await until(lambda: len(rq._unsent) == 7)
+        await until(lambda: sum(s.done() for s in sends) == 3)  # the three A took
+        assert all(s.exception() is None for s in sends if s.done())
+        await asyncio.sleep(0.2)
+        assert sum(s.done() for s in sends) == 3  # the rest really waits
+        # A goes away: its pings stop, the view stops seeing it, B closes the link
+        pinger = a.cluster.links._pinger
+        assert pinger is not None
+        pinger.cancel()
+        b.view.shared["a@test"] = NodeInfo("a@test", None, 0, 0, False)
+        caplog.set_level("WARNING", logger="amqpd.cluster.queues")
+        for cb in b.view.callbacks:
+            cb("a@test", False)
+        _done, pending = await asyncio.wait(sends, timeout=15)
+        assert not pending, "a publish waiting for credit was left hanging"
+        nacked = [s for s in sends if isinstance(s.exception(), aiormq.exceptions.DeliveryError)]
+        assert len(nacked) == 7
+        assert not rq._unsent and rq.message_count == rq.ready_count
+        assert "7 publish(es) waiting for its credit dropped, 7 confirm(s) nacked" in \
+            caplog.text
+        # the channel is still usable (a nack is no channel error)
+        await ch.declare_queue("local-on-b", durable=True)
+    finally:
+        await conn.close()
+
+
+async def test_a_declare_on_b_counts_as_use_of_the_queue_on_its_leader(
+        nodes: tuple[Node, Node]) -> None:
+    """x-expires: a declare on B (which asks A for its counts) keeps the queue on A
+    from expiring, as a declare on A does; without them it expires."""
+    a, b = nodes
+    rq = lead(a, b, "q-exp", **{"x-expires": 3000})
+    await until(lambda: rq.available)
+    conn = await aio_pika.connect(b.url)
+    try:
+        ch = await conn.channel()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 5.0  # longer than x-expires
+        while loop.time() < end:
+            await ch.declare_queue("q-exp", durable=True, passive=True)
+            await asyncio.sleep(0.2)
+        assert "q-exp" in a.broker.vhosts["/"].queues
+        await until(lambda: "q-exp" not in a.broker.vhosts["/"].queues)  # unused: gone
+    finally:
+        await conn.close()
