@@ -146,6 +146,13 @@ class WarrenStatus(Protocol):
         ...
 
 
+class MembershipError(ValueError):
+    """A quorum queue membership edit that RabbitMQ refuses as well (the text says why).
+
+    Defined here, not in the cluster package that raises it, so the HTTP layer can tell
+    it apart while reaching the cluster through this API only."""
+
+
 class ClusterStatus(Protocol):
     """What the broker and the HTTP API ask of the cluster (issue 15): it is
     :class:`amqpd.cluster.node.Cluster`, a :class:`amqpd.cluster.view.ClusterView`;

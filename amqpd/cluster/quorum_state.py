@@ -28,14 +28,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from amqpd.broker.api import MembershipError as MembershipError
 from amqpd.cluster.mirror_state import CommitGate
 from amqpd.store.api import NotReplicated
 
 DEFAULT_GROUP_SIZE = 3  # RabbitMQ 3.10's quorum_cluster_size
-
-
-class MembershipError(ValueError):
-    """A membership edit that RabbitMQ refuses as well (the text says why)."""
 
 
 class NoQuorum(NotReplicated):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from amqpd.cluster.quorum_state import MembershipError
+from amqpd.broker.api import MembershipError
 from amqpd.http.core import Ctx, HttpError, Router, bad_request, json_response, not_found
 
 
