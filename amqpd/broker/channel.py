@@ -97,6 +97,7 @@ class Channel:
         # the journal count each one needs (see _reply_ok)
         self._held: list[tuple[int, bytes]] = []
         self.stat_confirm = 0  # publisher confirms (basic.ack) sent; read by http/stats
+        self._frames = codec.DeliveryFrames(number)  # what its deliveries repeat
 
     # ------------------------------------------------------------------ plumbing
     @property
@@ -352,11 +353,9 @@ class Channel:
         tag = self.next_tag
         self.next_tag = tag + 1
         msg = entry.message
-        conn = self.session.conn
-        conn.write(codec.deliver_frames(
-            self.number, consumer.tag_bytes, tag, entry.redelivered, msg.exchange,
-            msg.routing_key, msg.properties, self.session.body_of(msg), conn.frame_max,
-        ))
+        self.session.conn.write_delivery(
+            self._frames, consumer.tag_bytes, tag, entry.redelivered, msg.exchange,
+            msg.routing_key, msg.properties, self.session.body_of(msg))
         self.stat_deliver += 1
         if consumer.no_ack:
             queue.delivered(entry, acked=True)

@@ -259,6 +259,17 @@ class AMQPConnection:
         if self.on_output is not None:
             self.on_output()
 
+    def write_delivery(self, frames: codec.DeliveryFrames, consumer_tag: bytes,
+                       delivery_tag: int, redelivered: bool, exchange: str, routing_key: str,
+                       properties: bytes, body: bytes) -> None:
+        """Queue a basic.deliver with its content, in parts (:class:`codec.DeliveryFrames`:
+        the body is copied once, when :meth:`data_to_send` joins the tick's output)."""
+        self.out_bytes += frames.append_to(self._out, consumer_tag, delivery_tag, redelivered,
+                                           exchange, routing_key, properties, body,
+                                           self.frame_max)
+        if self.on_output is not None:
+            self.on_output()
+
     def send_method(self, channel: int, method: PamqpFrame) -> None:
         self.write(codec.pamqp_frame(channel, method))
 
