@@ -412,6 +412,10 @@ class Channel:
                 return taken
             if tag not in unacked:  # RabbitMQ: even with multiple, the tag itself must exist
                 raise PreconditionFailed(f"unknown delivery tag {tag}")
+            if tag == self.next_tag - 1:  # the last one sent: everything goes
+                taken = list(unacked.values())
+                unacked.clear()
+                return taken
             keys = []
             for key in unacked:
                 if key > tag:
