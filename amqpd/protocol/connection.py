@@ -360,7 +360,10 @@ class AMQPConnection:
         valid = self._valid_props
         names = _NAMES
         delegate = self.delegate
-        target = delegate if isinstance(delegate, PublishTarget) else None
+        # declared, not inferred: narrowed by isinstance the variable would be an
+        # intersection type, which the compiled build calls by name again
+        target: PublishTarget | None = (
+            delegate if isinstance(delegate, PublishTarget) else None)
         handled = 0
         try:
             while True:
