@@ -86,6 +86,7 @@ class Broker:
         self.store: MessageStore = MemoryStore()
         self.store.open()
         self._dirty: dict[int, QueueType] = {}
+        self._last_dirty: QueueType | None = None  # the queue last put in _dirty
         self._dispatch_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._servers: list[asyncio.base_events.Server] = []
@@ -137,6 +138,7 @@ class Broker:
         self.auth.loopback_users = set(self.settings.loopback_users)
         self.vhosts = {}
         self._dirty = {}
+        self._last_dirty = None
         self.definitions = DefinitionJournal(self)
         self.quorum_queues = 0
         self.publisher = Publisher(self)  # no commit waiters or delivery marks carried
@@ -213,6 +215,9 @@ class Broker:
 
     # ------------------------------------------------------------------ dispatch
     def schedule_dispatch(self, queue: QueueType) -> None:
+        if queue is self._last_dirty:  # every publish of a run marks the same queue
+            return
+        self._last_dirty = queue
         self._dirty[id(queue)] = queue
         if not self._dispatch_scheduled:
             self._dispatch_scheduled = True
@@ -223,6 +228,7 @@ class Broker:
         self._dispatch_scheduled = False
         for _ in range(3):  # dispatch may dirty other queues (rare); bounded
             dirty, self._dirty = self._dirty, {}
+            self._last_dirty = None
             for queue in dirty.values():
                 if not queue.deleted:
                     queue.dispatch()

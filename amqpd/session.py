@@ -20,7 +20,7 @@ from amqpd.broker.channel import Channel
 from amqpd.broker.message import Message
 from amqpd.broker.queue_type import QueueType
 from amqpd.logs import bind_channel
-from amqpd.protocol.connection import AMQPConnection, Limits
+from amqpd.protocol.connection import AMQPConnection, Limits, PublishTarget
 from amqpd.protocol.constants import CLASS_CONNECTION, CONNECTION_OPEN, method_of
 from amqpd.protocol.errors import (
     ChannelErrorCode,
@@ -62,7 +62,7 @@ def parse_amqplain(response: bytes) -> tuple[str, str]:
     return login, password
 
 
-class Session:
+class Session(PublishTarget):
     def __init__(self, broker: Broker, peer: tuple[str, int] | None, limits: Limits,
                  name: str = "") -> None:
         self.broker = broker

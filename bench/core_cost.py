@@ -2,6 +2,7 @@
 
     python -m bench.core_cost [--body 1024] [--messages 60000] [--batch 60] [--repeat 5]
     python -m bench.core_cost --callgrind [--body 1024] [--messages 6000]
+    python -m bench.core_cost --confirms [--body 16] [--callgrind | --fsync-split]
 
 The socket benchmarks (``python -m bench``) need a quiet machine: on a shared one the
 broker, the load generator and everybody else's processes fight for the same cores and
@@ -12,6 +13,15 @@ shared log open, one publishing and one consuming :class:`~amqpd.session.Session
 the queue dispatched after each read and the consumer's deliveries acked with one
 ``multiple`` ack (prefetch 1000), as the pubsub scenarios do. What it leaves out is the
 transport (uvloop, socket reads and writes) and the per-tick callbacks.
+
+``--confirms`` is the ``confirms`` scenario's shape instead: persistent messages to a
+durable queue, the publisher in confirm mode. Its per-tick callbacks matter (the group
+commit, the coalesced acks, the DELIVERED marks), so a small stand-in for the event loop
+runs them after each read, and each batch waits for its group commit (write and
+fdatasync in the store's writer thread) to come back confirmed before the consumer's
+deliveries are read: one fsync per ``--batch`` messages. ``--fsync-split`` runs that
+shape twice, with the store's fsync on and off, and prints both (CPU µs and wall µs per
+message): what the fsync itself costs beside the per-message work.
 
 Two figures:
 
@@ -33,6 +43,102 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+
+class _Ticks:
+    """The event loop's part in the confirms shape: ``call_soon`` queues a callback,
+    :meth:`run` runs everything queued (the end of a tick); the store's writer thread
+    hands its commit callbacks back through ``call_soon_threadsafe`` and wakes
+    :meth:`wait`."""
+
+    def __init__(self) -> None:
+        import collections
+        import threading
+
+        self.ready: collections.deque = collections.deque()
+        self.woken = threading.Event()
+
+    def call_soon(self, callback: Any, *args: Any) -> None:
+        self.ready.append((callback, args))
+
+    def call_soon_threadsafe(self, callback: Any, *args: Any) -> None:
+        self.ready.append((callback, args))  # deque.append is atomic
+        self.woken.set()
+
+    def run(self) -> None:
+        ready = self.ready
+        while ready:
+            callback, args = ready.popleft()
+            callback(*args)
+
+    def wait(self, timeout: float) -> bool:
+        woken = self.woken.wait(timeout)
+        self.woken.clear()
+        return woken
+
+
+def run_confirms(body_size: int, messages: int, batch: int, repeat: int,
+                 fsync: bool = True) -> list[tuple[float, float]]:
+    """(CPU µs, wall µs) per message of each run of the confirms shape."""
+    from pamqp import commands
+
+    from tests.support import wire
+    from tests.unit.protocol.peer import Pair, real_broker
+
+    data_dir = tempfile.mkdtemp(prefix="amqpd-core-cost-")
+    try:
+        broker = real_broker(persistence=True, data_dir=data_dir,
+                             fsync="batch" if fsync else "never")
+        ticks = _Ticks()
+        broker._loop = ticks  # type: ignore[assignment]
+        broker.publisher.loop = ticks  # type: ignore[assignment]
+        broker._open_store()
+        publisher, consumer = Pair(broker=broker), Pair(broker=broker)
+        for pair in (publisher, consumer):
+            pair.open()
+            pair.open_channel(1)
+        publisher.call(1, commands.Queue.Declare(queue="core-cost", durable=True))
+        publisher.call(1, commands.Confirm.Select())
+        consumer.call(1, commands.Basic.Qos(prefetch_count=1000))
+        consumer.call(1, commands.Basic.Consume(queue="core-cost", consumer_tag="c"))
+        ticks.run()
+        chunk = wire.publish(1, "", "core-cost", b"\0" * body_size, delivery_mode=2) * batch
+        pub, con = publisher.server, consumer.server
+        assert publisher.session is not None
+        channel = publisher.session.channels[1]
+        tag = 0
+        delivered = 0
+        confirmed = 0  # bytes of confirms the publisher was sent
+        results = []
+        for _ in range(repeat):
+            started, wall = time.process_time(), time.perf_counter()
+            for _ in range(messages // batch):
+                pub.receive_data(chunk)
+                ticks.run()  # dispatch, the tick's group commit handed to the writer
+                tag += batch
+                deadline = time.monotonic() + 30
+                while channel._acked_upto < tag:
+                    if not ticks.wait(max(0.0, deadline - time.monotonic())):
+                        raise RuntimeError(f"confirms stopped at {channel._acked_upto}")
+                    ticks.run()
+                confirmed += len(pub.data_to_send())
+                delivered += len(con.data_to_send())
+                con.receive_data(wire.method(1, commands.Basic.Ack(delivery_tag=tag,
+                                                                   multiple=True)))
+                ticks.run()
+                delivered += len(con.data_to_send())
+            n = messages // batch * batch
+            results.append((1e6 * (time.process_time() - started) / n,
+                            1e6 * (time.perf_counter() - wall) / n))
+        left = broker.vhosts["/"].queues["core-cost"].message_count
+        if left or delivered < tag * body_size or not confirmed:
+            raise RuntimeError(f"{left} messages left in the queue, {delivered} bytes "
+                               f"delivered for {tag} messages: the loop lost track")
+        broker.store.close()
+        return results
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def run_loop(body_size: int, messages: int, batch: int, repeat: int) -> list[float]:
@@ -104,7 +210,8 @@ def _costs(outfile: Path) -> dict[str, int]:
     return costs
 
 
-def callgrind(body_size: int, messages: int, batch: int, top: int) -> int:
+def callgrind(body_size: int, messages: int, batch: int, top: int,
+              confirms: bool = False) -> int:
     if not shutil.which("valgrind") or not shutil.which("callgrind_annotate"):
         print("valgrind (callgrind) not found: apt-get install valgrind", file=sys.stderr)
         return 3
@@ -114,13 +221,15 @@ def callgrind(body_size: int, messages: int, batch: int, top: int) -> int:
             out = Path(tmp) / f"callgrind.{n}"
             subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
                             sys.executable, "-m", "bench.core_cost", "--body", str(body_size),
-                            "--messages", str(n), "--batch", str(batch), "--repeat", "1"],
+                            "--messages", str(n), "--batch", str(batch), "--repeat", "1",
+                            *(["--confirms"] if confirms else [])],
                            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             runs[n] = _costs(out)
     small, big = runs[messages], runs[3 * messages]
     per = {k: (big.get(k, 0) - small.get(k, 0)) / (2 * messages) for k in set(small) | set(big)}
     total = per.pop("PROGRAM TOTALS", 0.0)
-    print(f"body {body_size} B, batch {batch}: {total:,.0f} instructions per message")
+    shape = "confirms, " if confirms else ""
+    print(f"{shape}body {body_size} B, batch {batch}: {total:,.0f} instructions per message")
     for name, cost in sorted(per.items(), key=lambda kv: -kv[1])[:top]:
         print(f"  {cost:8,.0f}  {100 * cost / total:5.1f}%  {name}")
     return 0
@@ -136,10 +245,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--callgrind", action="store_true",
                    help="instructions per message under valgrind (load-independent)")
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--confirms", action="store_true",
+                   help="persistent messages, durable queue, publisher confirms (fsync)")
+    p.add_argument("--fsync-split", action="store_true",
+                   help="with --confirms: the same with the store's fsync on and off")
     args = p.parse_args(argv)
     if args.callgrind:
-        return callgrind(args.body, args.messages, args.batch, args.top)
+        return callgrind(args.body, args.messages, args.batch, args.top, args.confirms)
     from amqpd import hotpath
+
+    if args.confirms:
+        for fsync in (True, False) if args.fsync_split else (True,):
+            runs = run_confirms(args.body, args.messages, args.batch, args.repeat, fsync)
+            cpu = sorted(r[0] for r in runs)
+            wall = sorted(r[1] for r in runs)
+            print(f"confirms, body {args.body} B, batch {args.batch}, fsync "
+                  f"{'on' if fsync else 'off'}, {hotpath.MODE}: CPU µs/msg min {cpu[0]:.2f}"
+                  f" median {cpu[len(cpu) // 2]:.2f}; wall µs/msg min {wall[0]:.2f} median "
+                  f"{wall[len(wall) // 2]:.2f}")
+        return 0
 
     results = run_loop(args.body, args.messages, args.batch, args.repeat)
     print(f"body {args.body} B, batch {args.batch}, {hotpath.MODE}: CPU µs/msg "

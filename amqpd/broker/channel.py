@@ -98,6 +98,7 @@ class Channel:
         # the journal count each one needs (see _reply_ok)
         self._held: list[tuple[int, bytes]] = []
         self.stat_confirm = 0  # publisher confirms (basic.ack) sent; read by http/stats
+        self._frames = codec.DeliveryFrames(number)  # what its deliveries repeat
 
     # ------------------------------------------------------------------ plumbing
     @property
@@ -383,11 +384,9 @@ class Channel:
         tag = self.next_tag
         self.next_tag = tag + 1
         msg = entry.message
-        conn = self.session.conn
-        conn.write(codec.deliver_frames(
-            self.number, consumer.tag_bytes, tag, entry.redelivered, msg.exchange,
-            msg.routing_key, msg.properties, self.session.body_of(msg), conn.frame_max,
-        ))
+        self.session.conn.write_delivery(
+            self._frames, consumer.tag_bytes, tag, entry.redelivered, msg.exchange,
+            msg.routing_key, msg.properties, self.session.body_of(msg))
         self.stat_deliver += 1
         if consumer.no_ack:
             queue.delivered(entry, acked=True)
@@ -444,6 +443,10 @@ class Channel:
                 return taken
             if tag not in unacked:  # RabbitMQ: even with multiple, the tag itself must exist
                 raise PreconditionFailed(f"unknown delivery tag {tag}")
+            if tag == self.next_tag - 1:  # the last one sent: everything goes
+                taken = list(unacked.values())
+                unacked.clear()
+                return taken
             keys = []
             for key in unacked:
                 if key > tag:

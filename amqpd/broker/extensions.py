@@ -111,7 +111,7 @@ class QueueExt:
         q = self.queue
         if self.plain and (type(message) is LoggedMessage or not (
                 message.properties and message.properties[0] & FLAG_EXPIRATION_HI)):
-            q.ready.append(QueueEntry(message, next(q._seq)))  # nothing to track
+            q.ready.append(QueueEntry(message, q._seq.take()))  # nothing to track
             q.ready_bytes += message.size
             q.stat_publish += 1
             if q.consumers:
@@ -122,7 +122,7 @@ class QueueExt:
         if ((expires is not None and expires <= now) or self._too_big_alone(message)) and \
                 self._deliver_at_once(message, expires):
             return
-        q.ready.append(TimedEntry(message, next(q._seq), False, expires,
+        q.ready.append(TimedEntry(message, q._seq.take(), False, expires,
                                   self._priority(message)))
         q.ready_bytes += message.size
         q.stat_publish += 1
@@ -157,7 +157,7 @@ class QueueExt:
             return False
         q.stat_publish += 1
         consumer.channel.deliver(consumer, q, TimedEntry(
-            loaded(message), next(q._seq), False, expires, self._priority(message)))
+            loaded(message), q._seq.take(), False, expires, self._priority(message)))
         return True
 
     def restore(self, message: Message, redelivered: bool, published: int = 0,
@@ -173,7 +173,7 @@ class QueueExt:
         else:
             expires = self._expiry(message, time.monotonic())
             priority = self._priority(message)
-        q.ready.append(TimedEntry(message, next(q._seq), redelivered, expires, priority))
+        q.ready.append(TimedEntry(message, q._seq.take(), redelivered, expires, priority))
         q.ready_bytes += message.size
         if expires is not None:
             self.timed = True

@@ -16,14 +16,13 @@ never finds itself inside a delivery).
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mypy_extensions import mypyc_attr
 
 from amqpd.broker.message import LoggedMessage, Message
-from amqpd.broker.queue_entry import QueueEntry, TimedEntry
+from amqpd.broker.queue_entry import QueueEntry, SeqCounter, TimedEntry
 from amqpd.broker.queue_type import QueueType, register_queue_type
 from amqpd.broker.ready import ReadyList
 from amqpd.protocol.constants import FLAG_EXPIRATION_HI
@@ -114,7 +113,7 @@ class Queue(QueueType):
         # extensions swap in a PriorityReady for x-max-priority queues
         self.ready: ReadyList | PriorityReady = ReadyList()
         self._rr = 0
-        self._seq = itertools.count(1)
+        self._seq = SeqCounter(1)
         self.had_consumers = False
 
     @classmethod
@@ -154,7 +153,7 @@ class Queue(QueueType):
 
             queue_enqueue(self, message)
             return
-        self.ready.append(QueueEntry(message, next(self._seq)))
+        self.ready.append(QueueEntry(message, self._seq.take()))
         self.ready_bytes += message.size
         self.stat_publish += 1
         if self.consumers:
@@ -177,7 +176,7 @@ class Queue(QueueType):
 
             self.ext = QueueExt(self, QueueOptions())
         self.ext.mark_cold(message.position, published, extra)
-        seq = next(self._seq)
+        seq = self._seq.take()
         self.ext.cold_last = seq  # recovery replays in log order: the last one so far
         if type(message) is LoggedMessage and isinstance(self.ready, ReadyList):
             self.ready.append_logged(message._store, message.position, message.size,

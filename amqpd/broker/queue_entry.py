@@ -8,6 +8,23 @@ if TYPE_CHECKING:
     from amqpd.broker.message import Message
 
 
+class SeqCounter:
+    """A queue's sequence numbers, 1, 2, 3, ... (:meth:`take`). Compiled code calls it
+    natively; ``next()`` on an ``itertools.count`` was a look-up of ``next`` in builtins
+    and a Python call, ~500 instructions per enqueue. No ``__next__``: mypyc 2.4 types
+    that slot wrongly for an ``int`` result (the C build fails)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, start: int = 1) -> None:
+        self.value = start
+
+    def take(self) -> int:
+        value = self.value
+        self.value = value + 1
+        return value
+
+
 class QueueEntry:
     """One message's place in one queue (the message itself may be shared)."""
 

@@ -323,7 +323,7 @@ class QuorumQueue(Queue):
             message = _with_count(base, count)
             message.position = entry.message.position  # the record it lives in so far
             self._store_count(entry.message, message)
-            back = QuorumEntry(message, next(self._seq), True,
+            back = QuorumEntry(message, self._seq.take(), True,
                                getattr(entry, "expires", None), 0, base, count)
             self.ready.append(back)
             self.ready_bytes += back.message.size

@@ -59,40 +59,41 @@ import sys
 import zlib
 from array import array
 from collections.abc import Sequence
+from typing import Final
 
 from amqpd.store.api import StoredMessage
 
-MAGIC = b"AMQL"
-VERSION = 1
+MAGIC: Final = b"AMQL"
+VERSION: Final = 1
 
-FILE_HEADER = struct.Struct("<4sHH")
-FILE_HEADER_SIZE = FILE_HEADER.size  # 8
+FILE_HEADER: Final = struct.Struct("<4sHH")
+FILE_HEADER_SIZE: Final = FILE_HEADER.size  # 8
 
-RECORD_HEADER = struct.Struct("<IIQB")
-HEADER_SIZE = RECORD_HEADER.size  # 17
-_HEADER_TAIL = struct.Struct("<IQB")  # the crc-covered part of the header
+RECORD_HEADER: Final = struct.Struct("<IIQB")
+HEADER_SIZE: Final = RECORD_HEADER.size  # 17
+_HEADER_TAIL: Final = struct.Struct("<IQB")  # the crc-covered part of the header
 
 # A record longer than this is treated as garbage (a flipped length byte), not as a
 # request to allocate gigabytes during recovery.
-MAX_PAYLOAD = 1 << 30
+MAX_PAYLOAD: Final = 1 << 30
 
-ENQUEUE = 1
-SETTLE = 2
-DELIVERED = 3
-DROP_QUEUE = 4
-CHECKPOINT = 5
-ENQUEUE_META = 20
+ENQUEUE: Final = 1
+SETTLE: Final = 2
+DELIVERED: Final = 3
+DROP_QUEUE: Final = 4
+CHECKPOINT: Final = 5
+ENQUEUE_META: Final = 20
 # Definition records start at 32 so message-side kinds can grow below without a clash.
-DEFINITION = 32
-BIG_ENDIAN_HOST = sys.byteorder == "big"  # arrays are stored little-endian
+DEFINITION: Final = 32
+BIG_ENDIAN_HOST: Final = sys.byteorder == "big"  # arrays are stored little-endian
 
-RECORD_TYPES = frozenset({ENQUEUE, SETTLE, DELIVERED, DROP_QUEUE, CHECKPOINT, ENQUEUE_META,
+RECORD_TYPES: Final = frozenset({ENQUEUE, SETTLE, DELIVERED, DROP_QUEUE, CHECKPOINT, ENQUEUE_META,
                           DEFINITION})
-ENQUEUE_TYPES = frozenset({ENQUEUE, ENQUEUE_META})
+ENQUEUE_TYPES: Final = frozenset({ENQUEUE, ENQUEUE_META})
 
-META = struct.Struct("<BBqq")
-META_SIZE = META.size  # 18
-FLAG_TRANSIENT = 0x01
+META: Final = struct.Struct("<BBqq")
+META_SIZE: Final = META.size  # 18
+FLAG_TRANSIENT: Final = 0x01
 # Kinds of object a DEFINITION change names (never renumber: they are on disk).
 DEF_VHOST = 1
 DEF_USER = 2
@@ -107,12 +108,12 @@ DEF_QUEUE = 10
 DEF_BINDING = 11
 DEF_KINDS = frozenset(range(DEF_VHOST, DEF_BINDING + 1))
 
-_U16 = struct.Struct("<H")
-_U32 = struct.Struct("<I")
-_I64 = struct.Struct("<q")
-_I64_U16 = struct.Struct("<qH")
-_I64_U32 = struct.Struct("<qI")
-_DEF_HEAD = struct.Struct("<BI")
+_U16: Final = struct.Struct("<H")
+_U32: Final = struct.Struct("<I")
+_I64: Final = struct.Struct("<q")
+_I64_U16: Final = struct.Struct("<qH")
+_I64_U32: Final = struct.Struct("<qI")
+_DEF_HEAD: Final = struct.Struct("<BI")
 
 
 class FormatError(Exception):
@@ -144,11 +145,15 @@ def check_file_header(data: bytes) -> None:
         raise ValueError(f"segment version {version}, this build reads {VERSION}")
 
 
+# zlib.crc32 once: a compiled module reads another module's attribute by name per call
+_crc32: Final = zlib.crc32
+
+
 def encode_record(rtype: int, seq: int, payload: bytes) -> bytes:
     """Frame a payload: header with CRC32 over length, sequence, type and payload."""
     tail = _HEADER_TAIL.pack(len(payload), seq, rtype)
-    crc = zlib.crc32(payload, zlib.crc32(tail))
-    return b"".join((_U32.pack(crc), tail, payload))
+    crc: int = _crc32(payload, _crc32(tail))
+    return b"".join((crc.to_bytes(4, "little"), tail, payload))
 
 
 def decode_record(buf: bytes | memoryview, offset: int = 0) -> tuple[int, int, int, int]:
@@ -177,7 +182,9 @@ def decode_record(buf: bytes | memoryview, offset: int = 0) -> tuple[int, int, i
 
 def _str(value: str) -> bytes:
     raw = value.encode()
-    return _U16.pack(len(raw)) + raw
+    if len(raw) > 0xFFFF:
+        raise struct.error("string longer than 65535 bytes")
+    return len(raw).to_bytes(2, "little") + raw
 
 
 def _read_str(buf: bytes | memoryview, offset: int) -> tuple[str, int]:
@@ -202,11 +209,11 @@ def encode_enqueue(
     props = message.properties
     return b"".join(
         (
-            _I64.pack(origin),
+            origin.to_bytes(8, "little", signed=True),
             qbytes,
             _str(message.exchange),
             _str(message.routing_key),
-            _U32.pack(len(props)),
+            len(props).to_bytes(4, "little"),
             props,
             message.body,
         )

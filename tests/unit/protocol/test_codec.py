@@ -173,3 +173,49 @@ def test_names_rabbitmq_accepts_but_the_spec_does_not() -> None:
     (m,) = parse(codec.get_ok_method(1, 1, False, "ex/with space", "rk#*é", 0))
     assert (m.exchange, m.routing_key) == ("ex/with space", "rk#*é")
     assert frame  # pamqp's frame module is what the client side uses
+
+
+def _deliveries() -> list[tuple]:
+    """(consumer tag, delivery tag, redelivered, exchange, routing key, properties, body,
+    frame_max): runs that keep and change each repeated part, names equal but not the
+    same objects, empty and multi-frame bodies, a tag and a size past 32 bits."""
+    tag_a, tag_b = codec.shortstr("ctag-a"), codec.shortstr("another-tag")
+    props_1 = codec.encode_properties({"delivery_mode": 2})
+    props_2 = codec.encode_properties({"content_type": "text/plain", "priority": 3})
+    ex_copy = "".join(["amq.", "direct"])  # equal to "amq.direct", another object
+    return [
+        (tag_a, 1, False, "", "q", props_1, b"x" * 16, 131072),
+        (tag_a, 2, True, "", "q", props_1, b"y" * 16, 131072),
+        (tag_a, 3, False, "amq.direct", "q", props_1, b"z" * 100, 131072),
+        (tag_a, 4, False, ex_copy, "q", props_1, b"z" * 100, 131072),
+        (tag_a, 5, False, ex_copy, "q", props_2, b"w" * 7, 131072),
+        (tag_b, 6, False, ex_copy, "q", props_2, b"w" * 7, 131072),
+        (tag_b, 7, False, ex_copy, "other.key", props_2, b"", 131072),
+        (tag_b, 8, True, ex_copy, "other.key", props_2, b"v" * 5000, 4096),
+        (tag_b, 9, False, ex_copy, "other.key", props_2, b"v" * 4088, 4096),
+        (tag_b, 10, False, ex_copy, "other.key", props_2, b"v" * 4089, 4096),
+        (tag_b, 2**40, False, ex_copy, "other.key", b"\x00\x00", b"u", 0),
+        (tag_b, 2**40 + 1, False, ex_copy, "other.key", b"\x00\x00", b"u", 131072),
+    ]
+
+
+@pytest.mark.parametrize("channel", [1, 2047, 65535])
+def test_delivery_frames_match_deliver_frames(channel: int) -> None:
+    """The parts DeliveryFrames appends, joined, are the bytes deliver_frames builds,
+    whatever changed since the channel's previous delivery."""
+    frames = codec.DeliveryFrames(channel)
+    for ctag, tag, redelivered, exchange, rk, props, body, frame_max in _deliveries():
+        out: list[bytes] = [b"before"]
+        n = frames.append_to(out, ctag, tag, redelivered, exchange, rk, props, body,
+                             frame_max)
+        expected = codec.deliver_frames(channel, ctag, tag, redelivered, exchange, rk,
+                                        props, body, frame_max)
+        assert out[0] == b"before"
+        assert b"".join(out[1:]) == expected
+        assert n == len(expected)
+    ctag, tag, redelivered, exchange, rk, props, body, frame_max = _deliveries()[1]
+    out = []
+    frames.append_to(out, ctag, tag, redelivered, exchange, rk, props, body, frame_max)
+    deliver, header, content = parse(b"".join(out))
+    assert deliver.delivery_tag == 2 and deliver.redelivered and deliver.routing_key == "q"
+    assert header.body_size == 16 and content.value == b"y" * 16
