@@ -697,12 +697,26 @@ class Mirrors:
         """Queues this node held locally that another node leads (the cluster found
         them at start, remote_queue.ClusterQueues.retire): those that were this node's
         mirror copies become copies again (the leader then sends only what they lack);
-        the others are deleted."""
+        the others are deleted. Only the queues :meth:`adopts`: quorum queues'
+        copies are amqpd.cluster.quorum_group's (its own streams and copies), never
+        this instance's."""
         retired = self.queues.retired
-        while retired:
-            ident, q = retired.popitem()
+        for ident, q in list(retired.items()):
+            # the cluster's type: the remote queue now in its place says it (a copy
+            # recovered without a local definition was recreated as a classic queue)
+            vh = self.broker.vhosts.get(ident[0])
+            now = vh.queues.get(ident[1]) if vh is not None else None
+            if not self.adopts(str(getattr(now, "real_type", q.type_name))):
+                continue
+            del retired[ident]
             if not self._adopt(ident, q):
                 q.delete()
+
+    def adopts(self, type_name: str) -> bool:
+        """Whether a retired queue of the cluster's type ``type_name`` is this
+        instance's to adopt or delete: every type but quorum queues
+        (amqpd.cluster.quorum_group's instance takes those)."""
+        return type_name != "quorum"
 
     def _adopt(self, ident: Ident, q: QueueType) -> bool:
         if not self.store.on_disk or ident in self.copy_of:

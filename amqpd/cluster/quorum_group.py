@@ -22,10 +22,14 @@ of a policy's:
   naming the leader's term. A commit (publisher confirm, tx.commit-ok) answers once the
   records are durable on a majority of the members, the leader's own log included
   (:class:`~amqpd.cluster.mirror_state.ReplicaSet` with ``quorum``); a member counts
-  once its copy of the backlog is complete. A commit the majority does not acknowledge
-  within ``cluster.mirror_sync_timeout`` fails (the publisher gets a nack), and while
-  fewer than a majority of members hold a complete, connected copy the leader delivers
-  nothing (:attr:`amqpd.broker.quorum.QuorumQueue.group`): it never diverges.
+  once its copy of the backlog is complete. It always copies what it lacks at once
+  (:meth:`GroupLeading.sync_mode`: no ``ha-sync-mode`` here); one that returns (its
+  link, or its node restarted: :meth:`QuorumGroups.adopts`) keeps what it holds of the
+  same leader's log and gets only the rest (``MHAVE``, :mod:`amqpd.cluster.mirror_map`).
+  A commit the majority does not acknowledge within ``cluster.mirror_sync_timeout``
+  fails (the publisher gets a nack), and while fewer than a majority of members hold
+  a complete, connected copy the leader delivers nothing
+  (:attr:`amqpd.broker.quorum.QuorumQueue.group`): it never diverges.
 * **Terms.** A member refuses a replication stream whose term is older than the
   newest it knows (from an earlier stream or from the record), so a deposed leader's
   records are refused.
@@ -64,6 +68,7 @@ from amqpd.cluster import link_wire as W
 from amqpd.cluster import mirror_wire as M
 from amqpd.cluster.mirror import (
     ELECTION_WAIT,
+    HAVE_WAIT,
     STREAM_SPLIT,
     Leading,
     MirrorCopy,
@@ -150,6 +155,19 @@ class GroupLeading(Leading):
         link.send(W.encode(QTERM, self.mirrors.next_rid + 1, self.term))
         super().attach(node, link)
 
+    def connect(self) -> None:
+        """Streams to the running members that have none; a stream whose member never
+        answered ``MSTART`` (``MHAVE``: it was not ready) starts again."""
+        groups = self.groups
+        for node in self.wanted:
+            if node not in self.streams and groups.cluster.is_running(node):
+                link = groups.queues.links.link(node)
+                if link is not None:
+                    self.attach(node, link)
+        for node, s in list(self.streams.items()):
+            if s.missing is None and time.monotonic() - s.started > HAVE_WAIT:
+                self.detach(node, drop=False)
+
     def detach(self, node: str, drop: bool) -> None:
         if node in self.rs.synchronised:
             log.warning("queue '%s' in vhost '%s': member %s's copy is not counted until "
@@ -166,10 +184,20 @@ class GroupLeading(Leading):
         complete = sum(1 for s in self.streams.values() if s.synced and not s.closed)
         return 1 + complete >= majority(len(self.members))
 
+    def sync_mode(self) -> str:
+        """A member always copies what it lacks at once: quorum queues have no
+        ``ha-sync-mode`` (a ``manual`` copy would leave a returning member out of the
+        majority until everything it lacks was consumed)."""
+        return "automatic"
+
     def record(self) -> dict[str, Any]:
         rec = super().record()
         rec["members"] = list(self.members)
         rec["term"] = self.term
+        # the ha-promote-* keys are mirrored queues' policy: elections follow the term
+        # rules (quorum_state.choose_leader) whatever a policy says
+        rec.pop("promote_on_failure", None)
+        rec.pop("promote_on_shutdown", None)
         return rec
 
     async def write(self) -> None:
@@ -247,6 +275,7 @@ class QuorumGroups(Mirrors):
             return self.failover_expected(queue) or previous(queue)
 
         self.queues.failover_expected = expected
+        self._adopt_retired()
         self._tasks = [asyncio.create_task(self._loop(), name="quorum-groups"),
                        asyncio.create_task(self._read_records(), name="quorum-records")]
 
@@ -257,6 +286,16 @@ class QuorumGroups(Mirrors):
 
     def record_key(self, ident: Ident) -> str:
         return f"{self.root}/quorum/{_q(ident[0])}/{_q(ident[1])}"
+
+    def adopts(self, type_name: str) -> bool:
+        """A member's copy kept across its node's restart (ClusterQueues.retire) is
+        taken up again only by this instance: its map holds the leader's positions,
+        which the leader reconciles at ``MSTART`` (``MHAVE``) whatever the term."""
+        return type_name == "quorum"
+
+    async def _mark_shutdown(self) -> None:
+        """Nothing to mark: ``ha-promote-on-shutdown`` is mirrored queues' only; a
+        group elects by its term rules however its leader stopped."""
 
     def owns_stream(self, stream: int) -> bool:
         return stream >= STREAM_SPLIT
@@ -285,6 +324,7 @@ class QuorumGroups(Mirrors):
 
     # -- the reconciliation ---------------------------------------------------------------
     def reconcile(self) -> None:
+        self._adopt_retired()
         cluster = self.cluster
         if not cluster.mirror.synced or cluster.paused:
             return
@@ -314,11 +354,7 @@ class QuorumGroups(Mirrors):
                         self.records.get(ident, {}).get("leader") == self.node:
                     lead.rev = -1  # edited (membership): write() adopts it
                     lead.dirty = True
-                for node in lead.wanted:
-                    if node not in lead.streams and view.is_running(node):
-                        link = self.queues.links.link(node)
-                        if link is not None:
-                            lead.attach(node, link)
+                lead.connect()
                 if lead.dirty and not lead.writing:
                     self._spawn(lead.write())
                 serving = lead.serving()
@@ -575,6 +611,7 @@ class QuorumGroups(Mirrors):
         self.copies.pop((copy.leader, copy.rid), None)
         self.copy_of.pop(ident, None)
         self.frozen.discard((copy.leader, copy.rid))
+        copy.forget_map()  # its messages are the queue's own now
         self.broker.definitions_changed(q)
         lead = self._lead_group(vh, q, members, term, live)
         for local, size in returned:
