@@ -155,15 +155,18 @@ def private_etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
 
 
 @contextlib.contextmanager
-def three_nodes(tmp_path: Path, etcd_url: str) -> Iterator[list[ClusterNode]]:
+def three_nodes(tmp_path: Path, etcd_url: str, extra_env: dict[str, str] | None = None,
+                lease_ttl: float = 5.0) -> Iterator[list[ClusterNode]]:
     """node-a, node-b and node-c under a fresh prefix, formed; every one started is stopped
-    on the way out, even when a later one failed to start."""
+    on the way out, even when a later one failed to start. ``extra_env``: settings every
+    node gets (e.g. a longer heartbeat timeout)."""
     prefix = new_prefix()
     started: list[ClusterNode] = []
     try:
         for name in ("a", "b", "c"):
-            started.append(ClusterNode(f"node-{name}", tmp_path / name, etcd_url,
-                                       prefix).start())
+            started.append(ClusterNode(f"node-{name}", tmp_path / name, etcd_url, prefix,
+                                       lease_ttl=lease_ttl,
+                                       extra_env=dict(extra_env or {})).start())
         wait_formed(started)
         yield started
     finally:

@@ -31,6 +31,7 @@ from tests.integration.cluster_support import (
     ClusterNode,
     free_udp_port,
     new_prefix,
+    three_nodes,
     wait_for,
     wait_formed,
 )
@@ -234,9 +235,32 @@ def check_consumed(got: list[tuple[int, bool]], confirmed: set[int]) -> None:
         first.add(n)
 
 
+# The failure detectors of the kill test's nodes. With the defaults a survivor whose
+# event loop is starved for a second on a loaded CI machine (the election and the
+# promotion of a copy of thousands of messages run on it, beside two other brokers and
+# the clients) stops sending heartbeats that long (heartbeat timeout 1 s), or waits for
+# a starved etcd longer than its grace (0.6 x the lease, 3 s): it, or the other
+# survivor that then sees only itself, pauses (pause_minority) and closes every
+# connection with 320 -- a partition, handled as one, but not what this test is about
+# (seeds 993290911, 857078444, 1010016328 under load). RabbitMQ's net_ticktime is 60 s;
+# these still see node-a's kill within 5 s.
+KILL_TEST_HEARTBEAT_TIMEOUT = "5"
+KILL_TEST_LEASE_TTL = 10.0  # etcd grace 6 s
+
+
+@pytest.fixture
+def tolerant_nodes(tmp_path: Path, etcd: EtcdProcess) -> Iterator[list[ClusterNode]]:
+    """Three nodes whose failure detectors a scheduling stall under load does not reach."""
+    with three_nodes(tmp_path, etcd.url, {
+            "AMQPD_CLUSTER_HEARTBEAT_TIMEOUT": KILL_TEST_HEARTBEAT_TIMEOUT},
+            lease_ttl=KILL_TEST_LEASE_TTL) as started:
+        yield started
+
+
 @pytest.mark.slow
 def test_kill_9_of_the_leader_during_confirmed_publishing_loses_nothing_confirmed(
-        nodes: list[ClusterNode]) -> None:
+        tolerant_nodes: list[ClusterNode]) -> None:
+    nodes = tolerant_nodes
     a, b, c = nodes
     declare(a)
     group_formed(nodes, a)
