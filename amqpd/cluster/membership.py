@@ -19,8 +19,10 @@ stays paused (serves no client) until ``amqpctl join_cluster`` makes it a member
 as a forgotten RabbitMQ node must be reset and joined again.
 
 :meth:`Membership.poll` reads members and records every ``poll_interval``; each answer
-refreshes :attr:`last_ok`, which is what "this node reaches etcd" means to the pause
-decision. Every etcd call has a deadline (the client's ``timeout``).
+refreshes :attr:`last_ok` (on the node's ``LoopClock``: this loop's own stalls are not
+etcd's silence), which with :attr:`last_renewal` (wall time: the lease is counted down on
+etcd's clock) is what "this node reaches etcd" means to the pause decision. Every etcd
+call has a deadline (the client's ``timeout``).
 """
 
 from __future__ import annotations
@@ -63,8 +65,9 @@ def _pid_alive(pid: int) -> bool:
 class Membership:
     def __init__(self, view: ClusterView, etcd: EtcdClient, root: str, lease_ttl: float,
                  record: Callable[[], dict[str, Any]], data_dir: str,
-                 cluster_name: str) -> None:
+                 cluster_name: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.view = view
+        self.clock = clock  # what last_ok is measured on (LoopClock in a running node)
         self.etcd = etcd
         self.root = root
         self.lease_ttl = lease_ttl
@@ -73,7 +76,7 @@ class Membership:
         self.cluster_name = cluster_name
         self.poll_interval = min(0.5, lease_ttl / 6)
         self.lease_id = 0
-        self.last_ok = float("-inf")  # time.monotonic() of the last etcd answer
+        self.last_ok = float("-inf")  # clock() of the last etcd answer
         self.last_renewal = float("-inf")
         self.display_name: str | None = None
         self.forgotten = False
@@ -183,7 +186,7 @@ class Membership:
                 recs[kv.key.decode().rsplit("/", 1)[-1]] = rec
         found = meta.responses[0] if meta.responses else []
         self.display_name = found[0].value.decode() if found and found[0].value else None
-        self.last_ok = time.monotonic()
+        self.last_ok = self.clock()
         self.view.update(names, recs)
         if self.view.node_name not in recs and self.lease_id:
             # our lease ran out (etcd was out of reach longer than it): a new one

@@ -12,12 +12,15 @@ runs what feeds the view and acts on it:
   bindings on every node, for one incarnation of the cluster;
 * :class:`~amqpd.cluster.node_info.NodeInfoBoard`: facts a node publishes for the
   others (the dynamic shovels it runs);
-* the partition decision, every ``DECIDE_INTERVAL`` seconds.
+* the partition decision, every ``DECIDE_INTERVAL`` seconds;
+* :class:`~amqpd.cluster.loop_clock.LoopClock`: the clock the view measures silence on,
+  which leaves out this node's own event-loop stalls.
 
 Partition handling (RabbitMQ's ``cluster_partition_handling``): with ``pause_minority``
 (the default) a node that does not see more than half of the members running, or that
-has not reached etcd for ``etcd_grace`` seconds (an unreachable coordinator counts as not
-seeing a majority: the definitions and the membership are etcd's), *pauses*: it closes
+has not reached etcd for ``etcd_grace`` seconds of its own running time, or whose lease
+may have run out (an unreachable coordinator counts as not seeing a majority: the
+definitions and the membership are etcd's), *pauses*: it closes
 every AMQP connection with 320 CONNECTION_FORCED and refuses new ones at
 connection.open, until it sees a majority again; it also refuses HTTP API changes
 (503). With ``ignore`` it goes on serving whatever it sees. In both modes a node serves
@@ -41,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from amqpd.cluster.definitions import KIND_BINDING, KIND_QUEUE, DefinitionMirror
 from amqpd.cluster.heartbeat import Heartbeats
+from amqpd.cluster.loop_clock import LoopClock
 from amqpd.cluster.membership import Membership, NotAllowed
 from amqpd.cluster.node_info import NodeInfoBoard
 from amqpd.cluster.transient import TransientQueues
@@ -68,7 +72,9 @@ def _addr(host: str, port: int) -> str:
 class Cluster(ClusterView):
     def __init__(self, api: BrokerAPI, settings: Settings) -> None:
         cc = settings.cluster
-        super().__init__(settings.node_name, cc.heartbeat_timeout)
+        # silence is measured on a clock that does not count this loop's own stalls
+        self.loop_clock = LoopClock()
+        super().__init__(settings.node_name, cc.heartbeat_timeout, clock=self.loop_clock)
         self.api = api
         self.config = cc
         self.cluster_name = cc.name
@@ -78,7 +84,7 @@ class Cluster(ClusterView):
         self.etcd_grace = max(cc.lease_ttl * 0.6, 2.0)
         self.etcd = EtcdClient(cc.etcd, timeout=1.0)
         self.membership = Membership(self, self.etcd, self.root, cc.lease_ttl, self.record,
-                                     settings.data_dir, cc.name)
+                                     settings.data_dir, cc.name, clock=self.loop_clock)
         self.mirror = DefinitionMirror(self, api, self.etcd, self.root, cc.definition_timeout)
         self.transient = TransientQueues(self, api, self.etcd, self.root)
         self.tdefs = TransientDefinitions(self, api, self.etcd, self.root, cc.lease_ttl,
@@ -102,6 +108,7 @@ class Cluster(ClusterView):
     async def start(self) -> None:
         """Heartbeats, then join and sync with etcd (up to START_DEADLINE; after that the
         node goes on trying in the background, paused)."""
+        self._tasks.append(asyncio.create_task(self.loop_clock.run(), name="cluster-clock"))
         await self.heartbeats.start()
         self._sync_task = asyncio.create_task(self._first_sync(), name="cluster-first-sync")
         with contextlib.suppress(TimeoutError):
@@ -193,7 +200,15 @@ class Cluster(ClusterView):
 
     # ------------------------------------------------------------------ the decision
     def etcd_reachable(self) -> bool:
-        return time.monotonic() - self.membership.last_ok <= self.etcd_grace
+        """An etcd answer within ``etcd_grace`` of this loop's running time, and the lease
+        renewed within its TTL of wall time. The first excuses this node's own stalls (the
+        answers waiting in the socket were not late); the second does not: etcd counts the
+        lease down on its own clock, and a node whose lease may be gone must stop serving
+        before the others act on it."""
+        m = self.membership
+        if self.clock() - m.last_ok > self.etcd_grace:
+            return False
+        return m.last_renewal == float("-inf") or time.monotonic() - m.last_renewal <= m.lease_ttl
 
     def pause_cause(self) -> str | None:
         """Why this node must not serve clients now; None: it may."""
@@ -350,6 +365,10 @@ class Cluster(ClusterView):
             "etcd_reachable": self.etcd_reachable(),
             "definitions_revision": self.mirror.revision,
             "definitions_pending": len(self.mirror.pending),
+            # this node's own event-loop stalls (left out of failure detection)
+            "pauses": self.pauses,
+            "loop_stalls": self.loop_clock.stalls,
+            "longest_loop_stall": round(self.loop_clock.longest, 3),
         }
 
     def complete_export(self, data: dict[str, Any], vhost: str | None) -> dict[str, Any]:

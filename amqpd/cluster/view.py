@@ -13,7 +13,10 @@ heartbeat within ``heartbeat_timeout``. A node killed with SIGKILL stops sending
 so the others see it stop running within about a second; the lease (several seconds) is
 the backstop for a node whose UDP packets still arrive but that lost etcd. A record seen
 for the first time counts as a heartbeat (a grace period of one timeout), so a node that
-just started is not reported down before its first datagram can have arrived.
+just started is not reported down before its first datagram can have arrived. Silence
+is measured on ``clock`` (a running node's ``LoopClock``, loop_clock.py), which does not
+count this node's own event-loop stalls: heartbeats that arrived during a stall were not
+late.
 
 The pause decision (pause_minority) is made by ``node.py`` from :meth:`sees_majority`;
 the view only holds its outcome (:meth:`serving`).
