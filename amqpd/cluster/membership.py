@@ -19,10 +19,12 @@ stays paused (serves no client) until ``amqpctl join_cluster`` makes it a member
 as a forgotten RabbitMQ node must be reset and joined again.
 
 :meth:`Membership.poll` reads members and records every ``poll_interval``; each answer
-refreshes :attr:`last_ok` (on the node's ``LoopClock``: this loop's own stalls are not
-etcd's silence), which with :attr:`last_renewal` (wall time: the lease is counted down on
-etcd's clock) is what "this node reaches etcd" means to the pause decision. Every etcd
-call has a deadline (the client's ``timeout``).
+refreshes :attr:`last_ok`, as does every other successful etcd call of the node (under
+load three sequential reads may each take most of a second: only the gaps between
+answers matter). It is kept on the node's ``LoopClock`` (this loop's own stalls are not
+etcd's silence); with :attr:`last_renewal` (wall time: the lease is counted down on
+etcd's clock) it is what "this node reaches etcd" means to the pause decision. Every
+etcd call has a deadline (the client's ``timeout``).
 """
 
 from __future__ import annotations
@@ -76,7 +78,8 @@ class Membership:
         self.cluster_name = cluster_name
         self.poll_interval = min(0.5, lease_ttl / 6)
         self.lease_id = 0
-        self.last_ok = float("-inf")  # clock() of the last etcd answer
+        self.last_ok = float("-inf")  # clock() of the last etcd answer (any caller's)
+        etcd.on_answer = self._answered
         self.last_renewal = float("-inf")
         self.display_name: str | None = None
         self.forgotten = False
@@ -171,6 +174,9 @@ class Membership:
         await self.poll()
 
     # ------------------------------------------------------------------ the loop
+    def _answered(self) -> None:
+        self.last_ok = self.clock()
+
     async def poll(self) -> None:
         members = await self.etcd.get_prefix(self.key("members"))
         records = await self.etcd.get_prefix(self.key("nodes"))

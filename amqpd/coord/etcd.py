@@ -23,7 +23,7 @@ import base64
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -186,6 +186,9 @@ class EtcdClient:
         self.timeout = timeout
         self._current = 0  # the endpoint that answered last: tried first next time
         self._session: aiohttp.ClientSession | None = None
+        # called after every successful answer: whoever decides "etcd is reachable"
+        # (cluster membership) hears of every call that got through, not only its own
+        self.on_answer: Callable[[], None] | None = None
 
     async def close(self) -> None:
         if self._session is not None:
@@ -232,6 +235,8 @@ class EtcdClient:
             if "error" in answer or resp.status >= 400:
                 message = answer.get("message") or answer.get("error") or text[:200]
                 raise EtcdRequestError(f"etcd {path}: {message}", int(answer.get("code", 0)))
+            if self.on_answer is not None:
+                self.on_answer()
             return answer
         raise EtcdUnavailable(f"etcd {path}: no endpoint answered in time ("
                               + "; ".join(errors or ["deadline passed"]) + ")")
