@@ -1255,9 +1255,9 @@ class Mirrors:
         ident = (queue.vhost.name, queue.name)
         lost = str(getattr(queue, "leader", ""))
         copy = self.copy_of.get(ident)
-        if copy is not None and copy.leader == lost and (
+        if copy is not None and copy.leader == lost and not copy.declined and (
                 copy.synced or ha_setting(queue.policy, "ha-promote-on-failure") == "always"):
-            return True
+            return True  # (a copy that declined to take over is no reason: the record)
         rec = self.records.get(ident)
         if rec is None:
             return bool(mirror_nodes(queue.policy, lost, self.cluster.nodes(),

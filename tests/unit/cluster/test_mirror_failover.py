@@ -106,6 +106,12 @@ def test_a_mirror_keeps_its_consumers_before_it_has_read_the_mirror_record() -> 
     assert m.failover_expected(FakeRemote("node-a", policy=None))
     # a copy of another leader's log is no reason
     assert not m.failover_expected(FakeRemote("node-c", policy=None))
+    # nor one that declined to take over (the record said it may not): the record
+    # decides then
+    m.copy_of[("/", "mirrored")].declined = 1.0
+    assert not m.failover_expected(FakeRemote("node-a", policy=None))
+    m.records[("/", "mirrored")] = record()
+    assert m.failover_expected(FakeRemote("node-a", policy=None))
 
 
 def test_an_unsynchronised_copy_counts_where_the_policy_lets_it_take_over() -> None:

@@ -660,3 +660,44 @@ async def test_consumers_follow_a_new_leader_while_the_old_leaders_link_is_up(
     finally:
         await c.cluster.stop()
         await c.broker.stop()
+
+
+async def test_kept_consumers_wait_while_a_mirror_can_still_take_over(
+        nodes: tuple[Node, Node], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The link to the leader went and a failover is expected: the kept consumers are
+    not cancelled when FAILOVER_WAIT passes while a mirror can still take over (a slow
+    election), only once none can (qk1), or after FAILOVER_LIMIT (qk2)."""
+    monkeypatch.setattr(remote_queue, "FAILOVER_WAIT", 0.2)
+    a, b = nodes
+    expected = [True]
+    kept_checks: list[RemoteQueue] = []
+    b.cluster.failover_expected = lambda queue: expected[0]
+    b.cluster.failover_kept = kept_checks.append
+    for name, limit in (("qk1", 60.0), ("qk2", 3.0)):
+        monkeypatch.setattr(remote_queue, "FAILOVER_LIMIT", limit)
+        expected[0] = True
+        rq = lead(a, b, name)
+        await _kept_then_cancelled(a, b, rq, expected if limit > 5 else None)
+        assert kept_checks[-1] is rq  # the mirrors were asked to check etcd's record
+
+
+async def _kept_then_cancelled(a: Node, b: Node, rq: RemoteQueue,
+                               expected: list[bool] | None) -> None:
+    await until(lambda: rq.available)
+    conn, _got, keeper, leaver, raw = await _consumers_on_b(b, rq.name)
+    try:
+        await until(lambda: len(a.broker.vhosts["/"].queues[rq.name].consumers) == 2)
+        rq.detach()  # as when the link goes (the leader lost)
+        await until(lambda: leaver not in raw.consumers)
+        assert keeper in raw.consumers
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 0.8  # four FAILOVER_WAITs
+        while loop.time() < end:
+            assert keeper in raw.consumers and rq.consumers
+            await asyncio.sleep(0.05)
+        if expected is not None:
+            expected[0] = False  # the record shows no mirror can take over any more
+        await until(lambda: keeper not in raw.consumers, 10)  # basic.cancel
+        assert not rq.consumers
+    finally:
+        await conn.close()
