@@ -1252,6 +1252,8 @@ class Mirrors:
         first: a copy of the lost leader's queue held here (this node takes part in
         the election), else the record as last read, else -- no record read yet --
         the queue's policy (:meth:`failover_kept` then checks etcd's record)."""
+        if not self.adopts(str(getattr(queue, "real_type", queue.type_name))):
+            return False  # a quorum queue: amqpd.cluster.quorum_group decides
         ident = (queue.vhost.name, queue.name)
         lost = str(getattr(queue, "leader", ""))
         copy = self.copy_of.get(ident)

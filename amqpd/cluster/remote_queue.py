@@ -33,15 +33,15 @@ over the link to the leader (:mod:`amqpd.cluster.link`, frames in
 Node loss: when the link to the leader goes, every consumer of its queues here gets
 basic.cancel (of a mirrored queue a mirror can take over only those with
 ``x-cancel-on-ha-failover``: the others consume again from the promoted mirror once
-the catalogue names it, or at once if this node is the one promoted; whichever comes
-first, the link's end or the promotion; amqpd.cluster.mirror), publishes waiting for a
-confirm get a
-nack, and until the link is back (or a new leader is known) the queue answers declare,
-basic.get and basic.consume with 404 ``home node '<node>' of durable queue '<name>' in
-vhost '<vhost>' is down or inaccessible``; the publish pipeline leaves it out of routes
-(``available`` is False: the message is unroutable there, as in RabbitMQ 3.10). Delivery
-ids of the old link are dead (entries carry them plus a base that grows with every
-stream): the leader has put those messages back already.
+the catalogue names it, or from this node's new queue if the mirror here is promoted,
+in whichever order the link's end and the promotion come; amqpd.cluster.mirror),
+publishes waiting for a confirm get a nack, and until the link is back (or a new
+leader is known) the queue answers declare, basic.get and basic.consume with 404
+``home node '<node>' of durable queue '<name>' in vhost '<vhost>' is down or
+inaccessible``; the publish pipeline leaves it out of routes (``available`` is False:
+the message is unroutable there, as in RabbitMQ 3.10). Delivery ids of the old link
+are dead (entries carry them plus a base that grows with every stream): the leader has
+put those messages back already.
 """
 
 from __future__ import annotations
@@ -902,7 +902,7 @@ class ClusterQueues:
         # copy is adopted again by amqpd.cluster.mirror, the others deleted there
         self.retired: dict[tuple[str, str], QueueType] = {}
         # whether a queue whose link to its leader went will get a new leader (a
-        # synchronised mirror; set by amqpd.cluster.mirror): its consumers are kept
+        # mirror can take over; set by amqpd.cluster.mirror): its consumers are kept
         self.failover_expected: Callable[[RemoteQueue], bool] = lambda queue: False
         # told when a queue kept its consumers on failover_expected's word: the mirrors
         # check that word against etcd's record (RemoteQueue.cancel_kept if it is wrong)

@@ -198,5 +198,6 @@ async def test_the_check_leaves_a_queue_that_followed_a_new_leader_alone() -> No
     assert q.cancelled == 0
     quorum = FakeRemote("node-a")
     quorum.real_type = "quorum"  # amqpd.cluster.quorum_group's business
+    assert not m.failover_expected(quorum)  # type: ignore[arg-type]
     m.failover_kept(quorum)  # type: ignore[arg-type]
     assert not m._checks
