@@ -463,8 +463,10 @@ def test_consumers_follow_a_leader_killed_the_moment_its_mirrors_are_in_sync(
     """The leader is killed right after its mirrors became synchronised: a mirror may
     not have read the queue's mirror record from etcd yet (every node reads them
     periodically) when its link to the leader goes. Its consumers are kept all the
-    same (it holds a copy of the queue; CI once saw keeper-b cancelled here, and so did
-    about one run in two on the old code) and consume from the promoted mirror."""
+    same (it holds a copy of the queue) and consume from the promoted mirror. CI once
+    saw keeper-b cancelled in this order of events; before the fix this test failed
+    that way in 1 of 4 runs (the decision itself: tests/unit/cluster/
+    test_mirror_failover.py, deterministic)."""
     a, b, c = nodes
     declare(a, QUEUE)
     wait_for(lambda: usable(b, QUEUE) and usable(c, QUEUE), 30, "the queue known on B, C",
