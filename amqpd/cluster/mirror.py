@@ -111,6 +111,7 @@ log = logging.getLogger("amqpd.cluster.mirror")
 TICK: Final = 0.25  # seconds between reconciliations (policies, timeouts, failover)
 ELECTION_WAIT: Final = 2.0  # seconds a candidate waits for the other candidates
 HAVE_WAIT: Final = 10.0  # seconds a new stream waits for the mirror's MHAVE
+KEPT_CHECK_TRIES: Final = 20  # etcd reads of a record to confirm kept consumers
 DECLINED_RETRY: Final = 5.0  # seconds before a mirror that may not take over looks again
 SHUTDOWN_MARK: Final = 2.0  # seconds a stopping leader gives etcd to record its stop
 SYNC_BATCH: Final = 1024  # backlog messages per batch (ha-sync-batch-size overrides)
@@ -662,12 +663,14 @@ class Mirrors:
         self.promotions = 0
         self._ack_due: set[MirrorCopy] = set()
         self._tasks: list[asyncio.Task[None]] = []
+        self._checks: set[asyncio.Task[None]] = set()  # failover_kept's etcd reads
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
         self.broker.store = self.store
         self.queues.extensions.append(self)
         self.queues.failover_expected = self.failover_expected
+        self.queues.failover_kept = self.failover_kept
         self._adopt_retired()
         self._tasks = [asyncio.create_task(self._loop(), name="mirrors"),
                        asyncio.create_task(self._read_records(), name="mirror-records")]
@@ -677,7 +680,7 @@ class Mirrors:
         so first, so their mirrors apply ``ha-promote-on-shutdown``."""
         with contextlib.suppress(TimeoutError, EtcdError):
             await asyncio.wait_for(self._mark_shutdown(), SHUTDOWN_MARK)
-        for task in [*self._tasks, *self.promoting.values()]:
+        for task in [*self._tasks, *self.promoting.values(), *self._checks]:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
@@ -1240,15 +1243,83 @@ class Mirrors:
                     copy.leader, len(live), redelivered)
 
     def failover_expected(self, queue: QueueType) -> bool:
-        """The link to ``queue``'s leader went: will a synchronised mirror take over
-        (its consumers elsewhere are then kept, remote_queue.RemoteQueue.detach)?"""
-        rec = self.records.get((queue.vhost.name, queue.name))
+        """The link to ``queue``'s leader went (or its kept consumers have waited a
+        while): can a mirror take over (its consumers elsewhere are then kept,
+        remote_queue.RemoteQueue.detach)?
+
+        Decided on what this node knows now, whichever of the link's end, the view's
+        news and the periodic read of the mirror records (every ``2 * TICK``) came
+        first: a copy of the lost leader's queue held here (this node takes part in
+        the election), else the record as last read, else -- no record read yet --
+        the queue's policy (:meth:`failover_kept` then checks etcd's record)."""
+        if not self.adopts(str(getattr(queue, "real_type", queue.type_name))):
+            return False  # a quorum queue: amqpd.cluster.quorum_group decides
+        ident = (queue.vhost.name, queue.name)
+        lost = str(getattr(queue, "leader", ""))
+        copy = self.copy_of.get(ident)
+        if copy is not None and copy.leader == lost and not copy.declined and (
+                copy.synced or ha_setting(queue.policy, "ha-promote-on-failure") == "always"):
+            return True  # (a copy that declined to take over is no reason: the record)
+        rec = self.records.get(ident)
+        if rec is None:
+            return bool(mirror_nodes(queue.policy, lost, self.cluster.nodes(),
+                                     self._up))
+        return self.could_take_over(rec, lost)
+
+    def _up(self, node: str) -> bool:
+        return node == self.node or self.cluster.is_running(node)
+
+    def could_take_over(self, rec: dict[str, Any] | None, lost: str) -> bool:
+        """Whether the mirror record ``rec`` of a queue whose leader ``lost`` is gone
+        leaves a mirror that may take over: a synchronised one on a running node, or
+        any running one where an unsynchronised mirror may be promoted. A record that
+        names another leader already: yes (the catalogue follows). No record: the
+        queue has no mirror."""
         if rec is None:
             return False
+        if rec.get("leader") != lost:
+            return True
         unsync_ok = may_promote_unsynchronised(
             str(rec.get("promote_on_failure", "always")),
             str(rec.get("promote_on_shutdown", "when-synced")), bool(rec.get("shutdown")))
-        return bool(rec.get("synchronised")) or (unsync_ok and bool(rec.get("mirrors")))
+        pool = [str(n) for n in rec.get("synchronised", [])]
+        if unsync_ok:
+            pool += [str(n) for n in rec.get("mirrors", [])]
+        return any(n != lost and self._up(n) for n in pool)
+
+    def failover_kept(self, queue: QueueType) -> None:
+        """``queue`` kept its consumers on :meth:`failover_expected`'s word: read the
+        queue's record from etcd now, and cancel them if no mirror can take over after
+        all (the record read here before was late, or the policy promised mirrors the
+        leader never had). Quorum queues are amqpd.cluster.quorum_group's."""
+        if not self.adopts(str(getattr(queue, "real_type", queue.type_name))):
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._check_kept(queue, str(getattr(queue, "leader", ""))))
+        self._checks.add(task)
+        task.add_done_callback(self._checks.discard)
+
+    async def _check_kept(self, queue: Any, lost: str) -> None:
+        ident = (queue.vhost.name, queue.name)
+        key = self.record_key(ident)
+        for _attempt in range(KEPT_CHECK_TRIES):
+            try:
+                kv = await self.etcd.get(key)
+            except EtcdError as exc:
+                log.info("queue '%s' in vhost '%s': mirror record not read (%s); "
+                         "trying again", ident[1], ident[0], exc)
+                await asyncio.sleep(TICK)
+                continue
+            if queue.link is not None or queue.deleted or queue.leader != lost:
+                return  # followed a new leader meanwhile, or the old one is back
+            rec = json.loads(kv.value) if kv is not None else None
+            if not self.could_take_over(rec, lost):
+                log.warning("queue '%s' in vhost '%s': leader %s lost and no mirror can "
+                            "take over; its consumers here are cancelled", ident[1],
+                            ident[0], lost)
+                queue.cancel_kept()
+            return
+        # etcd out of reach: RemoteQueue._cancel_kept decides after FAILOVER_WAIT
 
     # -- what the API shows ----------------------------------------------------------------
     def queue_fields(self, vhost: str, name: str) -> dict[str, Any]:

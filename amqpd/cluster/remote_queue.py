@@ -31,15 +31,17 @@ over the link to the leader (:mod:`amqpd.cluster.link`, frames in
   API shows them as last reported (with each delivery and about once a second).
 
 Node loss: when the link to the leader goes, every consumer of its queues here gets
-basic.cancel (of a mirrored queue with a synchronised mirror only those with
+basic.cancel (of a mirrored queue a mirror can take over only those with
 ``x-cancel-on-ha-failover``: the others consume again from the promoted mirror once
-the catalogue names it, amqpd.cluster.mirror), publishes waiting for a confirm get a
-nack, and until the link is back (or a new leader is known) the queue answers declare,
-basic.get and basic.consume with 404 ``home node '<node>' of durable queue '<name>' in
-vhost '<vhost>' is down or inaccessible``; the publish pipeline leaves it out of routes
-(``available`` is False: the message is unroutable there, as in RabbitMQ 3.10). Delivery
-ids of the old link are dead (entries carry them plus a base that grows with every
-stream): the leader has put those messages back already.
+the catalogue names it, or from this node's new queue if the mirror here is promoted,
+in whichever order the link's end and the promotion come; amqpd.cluster.mirror),
+publishes waiting for a confirm get a nack, and until the link is back (or a new
+leader is known) the queue answers declare, basic.get and basic.consume with 404
+``home node '<node>' of durable queue '<name>' in vhost '<vhost>' is down or
+inaccessible``; the publish pipeline leaves it out of routes (``available`` is False:
+the message is unroutable there, as in RabbitMQ 3.10). Delivery ids of the old link
+are dead (entries carry them plus a base that grows with every stream): the leader has
+put those messages back already.
 """
 
 from __future__ import annotations
@@ -83,7 +85,10 @@ ANSWER_TIMEOUT: Final = 5.0
 # opened again this often, this many times (its leader is taking the queue over)
 REOPEN_DELAY: Final = 0.2
 # consumers kept when a mirrored queue's leader is lost wait this long for a new leader
+# before the failover is looked at again (RemoteQueue._cancel_kept): they are cancelled
+# then unless a mirror can still take over, and after FAILOVER_LIMIT in any case
 FAILOVER_WAIT: Final = 30.0
+FAILOVER_LIMIT: Final = 300.0
 REOPEN_TRIES: Final = 50
 EXTENSION_KINDS: Final = 80  # frame types from here on belong to ClusterQueues.extensions
 # a link to a node the view does not see running is closed once silent this long
@@ -158,6 +163,7 @@ class RemoteQueue(QueueType):
         # since lost) can never be taken for one of the current stream's
         self._base = 0
         self._kept_timer: asyncio.TimerHandle | None = None
+        self._kept_since = 0.0  # loop time the consumers were first kept (detach)
         self._gets: dict[int, tuple[Any, bool]] = {}
         self._next_req = 0
         self._requests: dict[int, Callable[[int], None]] = {}
@@ -543,10 +549,13 @@ class RemoteQueue(QueueType):
     def detach(self, keep_consumers: bool = False) -> None:
         """The link went: consumers cancelled, confirms nacked, requests answered.
 
-        A queue with a synchronised mirror (amqpd.cluster.mirror) keeps its consumers
-        instead, except those that asked for ``x-cancel-on-ha-failover``: they consume
-        from the promoted mirror once this queue follows it (or are cancelled after
-        FAILOVER_WAIT).
+        A queue a mirror can take over (amqpd.cluster.mirror: ``failover_expected``)
+        keeps its consumers instead, except those that asked for
+        ``x-cancel-on-ha-failover``: they consume from the promoted mirror once this
+        queue follows it. They are cancelled if etcd's record shows no mirror can take
+        over (``failover_kept``, checked at once) or none did in the end
+        (:meth:`_cancel_kept`). ``keep_consumers``: the queue follows a new leader
+        already known, whatever ``failover_expected`` says.
 
         Publishes still waiting for the leader's credit never reach it: they are
         dropped here, and those a publisher waits a confirm for are nacked (a
@@ -586,8 +595,11 @@ class RemoteQueue(QueueType):
             consumer.channel.consumer_cancelled_by_server(consumer)
         self._owner.clear()  # the leader requeued them when the link went
         if kept and self._kept_timer is None:
-            self._kept_timer = asyncio.get_running_loop().call_later(
-                FAILOVER_WAIT, self._cancel_kept)
+            loop = asyncio.get_running_loop()
+            self._kept_since = loop.time()
+            self._kept_timer = loop.call_later(FAILOVER_WAIT, self._cancel_kept)
+            if self.cluster is not None and not keep_consumers:
+                self.cluster.failover_kept(self)
         gets, self._gets = self._gets, {}
         for channel, _ in gets.values():
             if not channel.closed:
@@ -599,8 +611,26 @@ class RemoteQueue(QueueType):
             self._count_answer(req)
 
     def _cancel_kept(self) -> None:
-        """No leader took over within FAILOVER_WAIT: the kept consumers are cancelled."""
+        """No leader took over within FAILOVER_WAIT: the kept consumers are cancelled,
+        unless a mirror can still take over (a slow election on a loaded machine), for
+        at most FAILOVER_LIMIT."""
         self._kept_timer = None
+        if self.link is not None or self.deleted:
+            return
+        loop = asyncio.get_running_loop()
+        if self.cluster is not None and self.cluster.failover_expected(self) \
+                and loop.time() - self._kept_since < FAILOVER_LIMIT:
+            self._kept_timer = loop.call_later(FAILOVER_WAIT, self._cancel_kept)
+            return
+        self.cancel_kept()
+
+    def cancel_kept(self) -> None:
+        """The consumers kept across a failover are cancelled: no leader will take the
+        queue over (amqpd.cluster.mirror found no mirror to promote, or the wait is
+        over)."""
+        if self._kept_timer is not None:
+            self._kept_timer.cancel()
+            self._kept_timer = None
         if self.link is not None:
             return
         for state in list(self._cons.values()):
@@ -872,8 +902,11 @@ class ClusterQueues:
         # copy is adopted again by amqpd.cluster.mirror, the others deleted there
         self.retired: dict[tuple[str, str], QueueType] = {}
         # whether a queue whose link to its leader went will get a new leader (a
-        # synchronised mirror; set by amqpd.cluster.mirror): its consumers are kept
+        # mirror can take over; set by amqpd.cluster.mirror): its consumers are kept
         self.failover_expected: Callable[[RemoteQueue], bool] = lambda queue: False
+        # told when a queue kept its consumers on failover_expected's word: the mirrors
+        # check that word against etcd's record (RemoteQueue.cancel_kept if it is wrong)
+        self.failover_kept: Callable[[RemoteQueue], None] = lambda queue: None
 
     def _address(self, peer: str) -> tuple[str, int] | None:
         info = self.view.nodes().get(peer)
@@ -1272,7 +1305,12 @@ def materialise(api: BrokerAPI, vhost: str, definition: dict[str, Any],
         # the same object follows it, bindings and all
         cluster.forget(existing)
         if existing.link is not None:
-            existing.detach()
+            # the link to the old leader is still up (it was deposed, or this node has
+            # not seen it go yet): its consumers follow the new leader all the same;
+            # only x-cancel-on-ha-failover ones are cancelled (whatever the mirror
+            # records read here say: they may already name the new leader, with no
+            # mirror of its own yet)
+            existing.detach(keep_consumers=True)
         existing.gone = False
         existing.reopen_tries = 0
         cluster.adopt(existing, leader)
@@ -1314,10 +1352,16 @@ def replace_queue(cluster: ClusterQueues, vh: VHost, old: QueueType | None,
     old.deleted = True
     if isinstance(old, RemoteQueue):
         cluster.forget(old)
+        if old.link is not None:
+            # this node took the queue over while its link to the old leader is still
+            # up (the leader was deposed, or its link's end is not seen yet): what was
+            # in flight there is over (confirms nacked, deliveries the leader's copy
+            # has); the consumers follow as if the link had gone
+            old.detach(keep_consumers=True)
         if old._kept_timer is not None:
             old._kept_timer.cancel()
             old._kept_timer = None
-        follow = not new.remote and old.link is None
+        follow = not new.remote
         for consumer in list(old.consumers):
             old.remove_consumer(consumer)
             if follow and consumer.arguments.get("x-cancel-on-ha-failover") is not True:

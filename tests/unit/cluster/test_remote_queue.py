@@ -571,3 +571,133 @@ async def test_a_declare_on_b_counts_as_use_of_the_queue_on_its_leader(
         await until(lambda: "q-exp" not in a.broker.vhosts["/"].queues)  # unused: gone
     finally:
         await conn.close()
+
+
+async def _consumers_on_b(b: Node, name: str) -> tuple[Any, list[bytes], str, str, Any]:
+    """A keeper (follows a failover) and a leaver (``x-cancel-on-ha-failover``) on B,
+    consuming ``name`` through its leader; what the keeper receives lands in the list."""
+    conn = await aio_pika.connect(b.url)
+    ch = await conn.channel()
+    queue = await ch.get_queue(name, ensure=False)
+    got: list[bytes] = []
+
+    async def keep(message: Any) -> None:
+        got.append(message.body)
+        await message.ack()
+
+    keeper = await queue.consume(keep)
+    leaver = await queue.consume(_ignore, arguments={"x-cancel-on-ha-failover": True})
+    return conn, got, keeper, leaver, await ch.get_underlay_channel()
+
+
+async def test_consumers_follow_a_promotion_here_while_the_old_leaders_link_is_up(
+        nodes: tuple[Node, Node]) -> None:
+    """B takes the queue over (a mirror promoted: replace_queue) before it has seen its
+    link to A go (or while A, deposed, still runs): B's consumers consume on from B's
+    new queue, as after the link's end; only x-cancel-on-ha-failover ones are
+    cancelled."""
+    from amqpd.broker.queue import Queue
+
+    a, b = nodes
+    rq = lead(a, b, "qp")
+    await until(lambda: rq.available)
+    conn, got, keeper, leaver, raw = await _consumers_on_b(b, "qp")
+    try:
+        await until(lambda: len(a.broker.vhosts["/"].queues["qp"].consumers) == 2)
+        assert rq.link is not None
+        vh = b.broker.vhosts["/"]
+        promoted = Queue(vh, "qp", durable=True)
+        remote_queue.replace_queue(b.cluster, vh, rq, promoted)
+        await until(lambda: leaver not in raw.consumers)  # basic.cancel: it asked for it
+        assert [c.tag for c in promoted.consumers] == [keeper]
+        await until(lambda: not a.broker.vhosts["/"].queues["qp"].consumers)  # stream closed
+        ch = await conn.channel(publisher_confirms=True)
+        await ch.default_exchange.publish(aio_pika.Message(b"after", delivery_mode=2),
+                                          routing_key="qp")
+        await until(lambda: got == [b"after"])
+        assert keeper in raw.consumers
+    finally:
+        await conn.close()
+
+
+async def test_consumers_follow_a_new_leader_while_the_old_leaders_link_is_up(
+        nodes: tuple[Node, Node], tmp_path: Path) -> None:
+    """The catalogue names a new leader (C) while B's link to the old one (A) is still
+    up and B's mirror records (failover_expected) say nothing of a failover, as when
+    they already name C with no mirror of its own: B's consumers consume from C; only
+    x-cancel-on-ha-failover ones are cancelled."""
+    a, b = nodes
+    c = await start_node("c@test", tmp_path, a.view.shared)
+    try:
+        a.cluster.links.want("c@test")
+        b.cluster.links.want("c@test")
+        await until(lambda: a.cluster.links.link("c@test") and b.cluster.links.link("c@test"))
+        rq = lead(a, b, "qf")
+        await until(lambda: rq.available)
+        conn, got, keeper, leaver, raw = await _consumers_on_b(b, "qf")
+        try:
+            await until(lambda: len(a.broker.vhosts["/"].queues["qf"].consumers) == 2)
+            assert not b.cluster.failover_expected(rq)
+            c.broker.api.declare_queue("/", "qf", durable=True)  # the promoted mirror
+            same = remote_queue.materialise(b.broker.api, "/", {
+                "name": "qf", "durable": True, "arguments": {}}, "c@test")
+            assert same is rq and rq.leader == "c@test"
+            await until(lambda: leaver not in raw.consumers)
+            on_c = c.broker.vhosts["/"].queues["qf"]
+            await until(lambda: len(on_c.consumers) == 1)
+            assert on_c.consumers[0].tag == keeper
+            pub = await aio_pika.connect(c.url)
+            try:
+                pch = await pub.channel(publisher_confirms=True)
+                await pch.default_exchange.publish(
+                    aio_pika.Message(b"from c", delivery_mode=2), routing_key="qf")
+            finally:
+                await pub.close()
+            await until(lambda: got == [b"from c"])
+            assert keeper in raw.consumers
+        finally:
+            await conn.close()
+    finally:
+        await c.cluster.stop()
+        await c.broker.stop()
+
+
+async def test_kept_consumers_wait_while_a_mirror_can_still_take_over(
+        nodes: tuple[Node, Node], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The link to the leader went and a failover is expected: the kept consumers are
+    not cancelled when FAILOVER_WAIT passes while a mirror can still take over (a slow
+    election), only once none can (qk1), or after FAILOVER_LIMIT (qk2)."""
+    monkeypatch.setattr(remote_queue, "FAILOVER_WAIT", 0.2)
+    a, b = nodes
+    expected = [True]
+    kept_checks: list[RemoteQueue] = []
+    b.cluster.failover_expected = lambda queue: expected[0]
+    b.cluster.failover_kept = kept_checks.append
+    for name, limit in (("qk1", 60.0), ("qk2", 3.0)):
+        monkeypatch.setattr(remote_queue, "FAILOVER_LIMIT", limit)
+        expected[0] = True
+        rq = lead(a, b, name)
+        await _kept_then_cancelled(a, b, rq, expected if limit > 5 else None)
+        assert kept_checks[-1] is rq  # the mirrors were asked to check etcd's record
+
+
+async def _kept_then_cancelled(a: Node, b: Node, rq: RemoteQueue,
+                               expected: list[bool] | None) -> None:
+    await until(lambda: rq.available)
+    conn, _got, keeper, leaver, raw = await _consumers_on_b(b, rq.name)
+    try:
+        await until(lambda: len(a.broker.vhosts["/"].queues[rq.name].consumers) == 2)
+        rq.detach()  # as when the link goes (the leader lost)
+        await until(lambda: leaver not in raw.consumers)
+        assert keeper in raw.consumers
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 0.8  # four FAILOVER_WAITs
+        while loop.time() < end:
+            assert keeper in raw.consumers and rq.consumers
+            await asyncio.sleep(0.05)
+        if expected is not None:
+            expected[0] = False  # the record shows no mirror can take over any more
+        await until(lambda: keeper not in raw.consumers, 10)  # basic.cancel
+        assert not rq.consumers
+    finally:
+        await conn.close()
