@@ -15,12 +15,15 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pika
 import pytest
 
-from tests.integration.cluster_support import ClusterNode, wait_for, wait_formed
+from tests.integration.cluster_support import ClusterNode, three_nodes, wait_for, wait_formed
 from tests.support import etcdproc
+from tests.support.etcdproc import EtcdProcess
 
 pytestmark = [
     pytest.mark.skipif(etcdproc.find_etcd() is None, reason=etcdproc.SKIP_REASON),
@@ -29,6 +32,14 @@ pytestmark = [
 
 STALL = 2.5  # seconds: over heartbeat_timeout (1 s) and the etcd grace (3 s) minus the
 # poll interval, under the lease (5 s) less one renewal period (5/3 s)
+
+
+@pytest.fixture
+def nodes(tmp_path: Path, etcd: EtcdProcess) -> Iterator[list[ClusterNode]]:
+    """The product's 1 s heartbeat timeout (the shared fixture's nodes wait 3 s): the
+    others must count the stopped node down well inside its lease."""
+    with three_nodes(tmp_path, etcd.url, {"AMQPD_CLUSTER_HEARTBEAT_TIMEOUT": "1"}) as started:
+        yield started
 
 
 def test_a_node_that_stalled_shorter_than_its_lease_keeps_its_clients(
