@@ -41,7 +41,11 @@ leader is known) the queue answers declare, basic.get and basic.consume with 404
 inaccessible``; the publish pipeline leaves it out of routes (``available`` is False:
 the message is unroutable there, as in RabbitMQ 3.10). Delivery ids of the old link
 are dead (entries carry them plus a base that grows with every stream): the leader has
-put those messages back already.
+put those messages back already. A consumer kept across the failover still has them
+unacked on its channel, and they count against its prefetch as the client sees it: the
+new leader is granted only what that window has left, and a credit more as each of them
+is settled (else deliveries would wait here for a channel that may not take them, and
+the queue's other consumers would never get them).
 """
 
 from __future__ import annotations
@@ -158,6 +162,10 @@ class RemoteQueue(QueueType):
         self._by_consumer: dict[int, _RemoteConsumer] = {}  # id(Consumer) -> state
         self._next_cid = 0
         self._owner: dict[int, _RemoteConsumer | None] = {}  # live delivery id -> consumer
+        # deliveries of a lost leader's stream still unacked on their channel, for a
+        # consumer kept across the failover: they count against its prefetch until the
+        # client settles them (the new leader holds those messages again, redelivered)
+        self._stale: dict[int, _RemoteConsumer] = {}
         # the ids of this node's entries are the leader's delivery ids plus a base that
         # grows with every stream opened, so an entry of an earlier stream (a leader
         # since lost) can never be taken for one of the current stream's
@@ -323,13 +331,31 @@ class RemoteQueue(QueueType):
         for entry in entries:
             self.unacked_count -= 1
             if entry.seq not in owner:
-                continue  # from a link that is gone: the leader put it back already
+                # from a link that is gone: the leader put it back already
+                kept = self._stale.pop(entry.seq, None)
+                if kept is not None:
+                    self._stale_settled(kept)
+                continue
             state = owner.pop(entry.seq)
             ids.append(entry.seq - self._base)
             if state is not None and state.by_settle and state.id in self._cons:
                 grants[state.id] = grants.get(state.id, 0) + 1
         self._send_grants()
         return ids
+
+    def _stale_settled(self, state: _RemoteConsumer) -> None:
+        """A kept consumer's client settled a delivery of a lost leader: a place in its
+        prefetch window is free again. Following a new leader elsewhere, the consumer
+        was asked only for what its window had left (:meth:`_consume`), so that leader
+        gets a credit back; following a promoted copy on this node
+        (:func:`replace_queue`), that queue gets to deliver again."""
+        consumer = state.consumer
+        target = consumer.queue
+        if target is not self:
+            if not target.deleted:
+                self.vhost.schedule_dispatch(target)
+        elif state.by_settle and state.id in self._cons and self.link is not None:
+            self._grants[state.id] = self._grants.get(state.id, 0) + 1
 
     def settle(self, entries: Any) -> None:
         entries = list(entries)
@@ -460,8 +486,15 @@ class RemoteQueue(QueueType):
         self._count_answer(req)
 
     def _consume(self, state: _RemoteConsumer) -> None:
+        """Attach ``state``'s consumer on the leader. With a prefetch, the leader may
+        hand out what the window has left: a consumer kept across a failover still
+        holds the lost leader's unacked deliveries on its channel (``_stale``; each
+        settled one grants a credit back), and a full prefetch on top of them would
+        leave deliveries waiting here for ever that its channel may not take."""
         consumer = state.consumer
-        window = consumer.prefetch if state.by_settle else DELIVERY_WINDOW
+        window = DELIVERY_WINDOW
+        if state.by_settle:
+            window = max(0, consumer.prefetch - consumer.unacked)
         args = {"tag": consumer.tag, "exclusive": consumer.exclusive,
                 "arguments": jsonable(consumer.arguments)}
         self._send(W.encode(W.CONSUME, self.stream, state.id, consumer.no_ack, window, args))
@@ -593,6 +626,10 @@ class RemoteQueue(QueueType):
             except ValueError:
                 pass
             consumer.channel.consumer_cancelled_by_server(consumer)
+        stale = self._stale
+        for seq, owner in self._owner.items():
+            if owner is not None and owner.id in self._cons:
+                stale[seq] = owner  # still on a kept consumer's channel, unacked
         self._owner.clear()  # the leader requeued them when the link went
         if kept and self._kept_timer is None:
             loop = asyncio.get_running_loop()

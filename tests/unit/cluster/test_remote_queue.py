@@ -701,3 +701,91 @@ async def _kept_then_cancelled(a: Node, b: Node, rq: RemoteQueue,
         assert not rq.consumers
     finally:
         await conn.close()
+
+
+async def _kept_across_a_new_stream(a: Node, b: Node, name: str, prefetch: int) -> tuple[
+        RemoteQueue, Any, list[aio_pika.abc.AbstractIncomingMessage]]:
+    """A consumer on B with ``prefetch`` holds that many deliveries unacked when B loses
+    the queue's stream and keeps the consumer (as for a quorum queue whose leader is
+    lost: amqpd.cluster.quorum_group)."""
+    rq = lead(a, b, name)
+    await until(lambda: rq.available)
+    for i in range(10):
+        a.broker.api.publish("/", "", _msg(name, i), None)
+    conn = await aio_pika.connect(b.url)
+    ch = await conn.channel()
+    await ch.set_qos(prefetch_count=prefetch)
+    received: list[aio_pika.abc.AbstractIncomingMessage] = []
+    await (await ch.get_queue(name, ensure=False)).consume(_collect(received))
+    await until(lambda: len(received) == prefetch)
+    rq.detach(keep_consumers=True)
+    assert rq.consumers  # kept, waiting for a leader
+    return rq, conn, received
+
+
+async def test_a_kept_consumer_following_a_new_leader_gets_only_its_free_prefetch(
+        nodes: tuple[Node, Node]) -> None:
+    """Issue 16, the quorum kill test's "20 missing" when node-c won: the new leader
+    requeues what the lost one had handed out (redelivered), while the client still holds
+    those deliveries unacked; the consumer's prefetch counts them, so the new leader must
+    not hand it a full prefetch more: those deliveries would wait on B for ever, lost to
+    the queue's other consumers."""
+    a, b = nodes
+    rq, conn, received = await _kept_across_a_new_stream(a, b, "q-kept", 3)
+    try:
+        link = b.cluster.links.link("a@test")
+        assert link is not None
+        # the stream opened again stands for the new leader: A drops the old stream's
+        # stand-in and puts its 3 deliveries back in place, redelivered
+        rq.attach(link, rq.stream)
+        local = a.broker.vhosts["/"].queues["q-kept"]
+        await until(lambda: local.consumers)
+        await asyncio.sleep(0.2)  # anything handed out by now would show
+        assert local.unacked_count == 0, "a full prefetch on top of 3 unacked deliveries"
+        assert local.message_count == 10 and len(received) == 3
+        # each old delivery settled frees one place in the window: one more comes
+        await received[0].ack()
+        await until(lambda: len(received) == 4)
+        assert received[3].body == b"0" and received[3].redelivered
+        await received[1].nack(requeue=True)
+        await until(lambda: len(received) == 5)
+        assert received[4].body == b"1" and received[4].redelivered
+        await asyncio.sleep(0.2)
+        assert len(received) == 5 and local.unacked_count == 2
+        await received[2].reject(requeue=False)
+        await received[3].ack()
+        await until(lambda: len(received) == 7)
+        assert [int(m.body) for m in received[5:]] == [2, 3]
+    finally:
+        await conn.close()
+    # settling an old delivery settles nothing on the leader (it holds that message
+    # again): only the ack of message 0's redelivery took one away
+    await until(lambda: local.unacked_count == 0 and local.message_count == 9)
+
+
+async def test_a_kept_consumer_following_a_copy_here_gets_deliveries_as_it_settles(
+        nodes: tuple[Node, Node]) -> None:
+    """The other side of a failover: the queue's new leader is B itself (its copy is
+    promoted, replace_queue moves the kept consumer onto it); settling the lost
+    leader's deliveries frees the consumer's window, and the new queue delivers at once,
+    not at its next publish."""
+    from amqpd.broker.queue_type import QUEUE_TYPES
+
+    a, b = nodes
+    rq, conn, received = await _kept_across_a_new_stream(a, b, "q-here", 2)
+    try:
+        vh = b.broker.vhosts["/"]
+        new = QUEUE_TYPES["classic"](vh, "q-here", durable=False)
+        remote_queue.replace_queue(b.cluster, vh, rq, new)
+        new.enqueue(_msg("q-here", 100))
+        new.enqueue(_msg("q-here", 101))
+        await asyncio.sleep(0.2)
+        assert len(received) == 2 and new.message_count == 2  # the window is full
+        await received[0].ack()
+        await until(lambda: len(received) == 3)
+        assert received[2].body == b"100"
+        await received[1].ack()
+        await until(lambda: len(received) == 4)
+        assert received[3].body == b"101"
+    finally:
+        await conn.close()
