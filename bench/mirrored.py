@@ -19,9 +19,8 @@ otherwise the row says ``invalid`` and why.
 
 What was measured is said next to each figure: the queue's replicas as the broker's
 ``/api/queues/{vhost}/{name}`` lists them (``node`` plus ``synchronised_slave_nodes``
-for a mirrored queue, ``members`` for a quorum queue). An amqpd quorum queue has one
-member until quorum queues span nodes (another branch): the bench then says so rather
-than calling it replicated.
+for a mirrored queue, ``members`` for a quorum queue); a queue that turns out to have
+one replica is reported as "one node only", not as replicated.
 
 amqpd: three amqpd processes and one etcd (tests/integration/cluster_support.py).
 RabbitMQ: three nodes of Debian's rabbitmq-server on one private epmd, joined with
