@@ -643,6 +643,10 @@ class Mirrors:
     """This node's part in mirrored queues: what it leads, what it mirrors, the etcd
     records, the failover (module docstring)."""
 
+    # what failover_kept's etcd check logs: the record it reads, what it found missing
+    RECORD = "mirror"
+    NO_TAKE_OVER = "no mirror can take over"
+
     def __init__(self, api: BrokerAPI, cluster: Cluster, queues: ClusterQueues) -> None:
         self.api = api
         self.broker = api._broker
@@ -1291,7 +1295,8 @@ class Mirrors:
         """``queue`` kept its consumers on :meth:`failover_expected`'s word: read the
         queue's record from etcd now, and cancel them if no mirror can take over after
         all (the record read here before was late, or the policy promised mirrors the
-        leader never had). Quorum queues are amqpd.cluster.quorum_group's."""
+        leader never had). Quorum queues are amqpd.cluster.quorum_group's (the same
+        check on their group record, with their :meth:`could_take_over`)."""
         if not self.adopts(str(getattr(queue, "real_type", queue.type_name))):
             return
         task = asyncio.get_running_loop().create_task(
@@ -1306,17 +1311,17 @@ class Mirrors:
             try:
                 kv = await self.etcd.get(key)
             except EtcdError as exc:
-                log.info("queue '%s' in vhost '%s': mirror record not read (%s); "
-                         "trying again", ident[1], ident[0], exc)
+                log.info("queue '%s' in vhost '%s': %s record not read (%s); "
+                         "trying again", ident[1], ident[0], self.RECORD, exc)
                 await asyncio.sleep(TICK)
                 continue
             if queue.link is not None or queue.deleted or queue.leader != lost:
                 return  # followed a new leader meanwhile, or the old one is back
             rec = json.loads(kv.value) if kv is not None else None
             if not self.could_take_over(rec, lost):
-                log.warning("queue '%s' in vhost '%s': leader %s lost and no mirror can "
-                            "take over; its consumers here are cancelled", ident[1],
-                            ident[0], lost)
+                log.warning("queue '%s' in vhost '%s': leader %s lost and %s; its "
+                            "consumers here are cancelled", ident[1], ident[0], lost,
+                            self.NO_TAKE_OVER)
                 queue.cancel_kept()
             return
         # etcd out of reach: RemoteQueue._cancel_kept decides after FAILOVER_WAIT

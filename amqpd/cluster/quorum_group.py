@@ -252,6 +252,9 @@ class GroupLeading(Leading):
 class QuorumGroups(Mirrors):
     """This node's part in quorum queues' replica groups (module docstring)."""
 
+    RECORD = "group"
+    NO_TAKE_OVER = "no majority of its members can elect a new one"
+
     def __init__(self, api: BrokerAPI, cluster: Cluster, queues: ClusterQueues) -> None:
         super().__init__(api, cluster, queues)
         self.next_rid = STREAM_SPLIT
@@ -275,6 +278,13 @@ class QuorumGroups(Mirrors):
             return self.failover_expected(queue) or previous(queue)
 
         self.queues.failover_expected = expected
+        previous_kept = self.queues.failover_kept
+
+        def kept(queue: RemoteQueue) -> None:  # each acts on its own queue type only
+            self.failover_kept(queue)
+            previous_kept(queue)
+
+        self.queues.failover_kept = kept
         self._adopt_retired()
         self._tasks = [asyncio.create_task(self._loop(), name="quorum-groups"),
                        asyncio.create_task(self._read_records(), name="quorum-records")]
@@ -648,16 +658,42 @@ class QuorumGroups(Mirrors):
         q.restore(LoggedMessage(self.store, new.position, len(new.body)), True)
 
     def failover_expected(self, queue: QueueType) -> bool:
-        """A quorum queue whose leader's link went will get a new leader when a majority
-        of its members (the lost leader aside) is running."""
+        """The link to quorum queue ``queue``'s leader went (or its kept consumers have
+        waited a while): will the group elect a new leader (its consumers here are then
+        kept, remote_queue.RemoteQueue.detach)? Only if a majority of its members, the
+        lost leader aside, is running (:func:`~amqpd.cluster.quorum_state.choose_leader`).
+
+        Decided on what this node knows now, whichever of the link's end, the view's
+        news and the periodic read of the group records (every 0.5 s) came first: the
+        record as last read, else -- no record read yet, the queue declared moments
+        before its leader died -- the queue's type: a quorum queue always has a group
+        (written at declare), of ``x-quorum-initial-group-size`` members among the
+        cluster's nodes, so the running nodes other than the lost leader, this one (a
+        member holding a copy here, or not) included, decide. Consumers kept on that
+        word are checked against etcd's record at once (:meth:`failover_kept`)."""
+        if not self.adopts(str(getattr(queue, "real_type", queue.type_name))):
+            return False  # a mirrored queue: amqpd.cluster.mirror decides
+        lost = str(getattr(queue, "leader", ""))
         rec = self.records.get((queue.vhost.name, queue.name))
+        if rec is not None:
+            return self.could_take_over(rec, lost)
+        nodes = list(self.cluster.nodes())
+        size = min(group_size(dict(getattr(queue, "arguments", None) or {})), len(nodes))
+        others = sum(1 for n in nodes if n != lost and self._up(n))
+        return min(others, size - 1) >= majority(size)
+
+    def could_take_over(self, rec: dict[str, Any] | None, lost: str) -> bool:
+        """Whether the group record ``rec`` of a quorum queue whose leader ``lost`` is
+        gone lets a majority of its members (the lost leader aside) elect a new one. A
+        record that names another leader already: yes (the catalogue follows). No
+        record: the leader died before it wrote one, so there is no group to elect."""
         if rec is None:
             return False
+        if rec.get("leader") != lost:
+            return True
         members = [str(m) for m in rec.get("members", [])]
-        leader = str(rec.get("leader"))
-        up = [m for m in members if m != leader and
-              (m == self.node or self.cluster.is_running(m))]
-        return len(up) >= majority(len(members))
+        up = [m for m in members if m != lost and self._up(m)]
+        return bool(members) and len(up) >= majority(len(members))
 
     # -- what the API shows ----------------------------------------------------------------
     def queue_fields(self, vhost: str, name: str) -> dict[str, Any]:
