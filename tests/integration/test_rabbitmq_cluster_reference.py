@@ -704,14 +704,14 @@ def observe_quorum_leader_loss(cluster: ClusterInfo) -> dict[str, Any]:
     kill_node(n1)
     # what the survivors get, unasked, while a new leader is elected
     survivors = {k: v for k, v in consumers.items() if k != "near_on_1"}
-    out["after_kill"] = {k: collect(c, 15 if k == "far_on_2" else 3)
+    out["after_kill"] = {k: collect(c, 8 if k == "far_on_2" else 2)
                          for k, (c, _, _) in survivors.items()}
     out["leaders_after"] = qq_leaders(n2)
     # ack every delivery of before the kill by its old tag, then see what follows
     out["after_ack"] = {}
     for k, (c, ch, held) in survivors.items():
         c.send(ch, commands.Basic.Ack(delivery_tag=held[-1]["tag"], multiple=True))
-        out["after_ack"][k] = collect(c, 5)
+        out["after_ack"][k] = collect(c, 3)
     # then ack as they come until nothing more does: every message the queues still hold
     out["rest"] = {}
     for k, (c, ch, _) in survivors.items():
