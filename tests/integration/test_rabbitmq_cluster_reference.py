@@ -12,6 +12,13 @@ operation on node 1's queues. Every answer is recorded with its exact reply code
 written up in docs/clustering.md ("RabbitMQ 3.10 as measured"). Node 1 is then
 restarted and what its durable queue holds is counted, by message.
 
+A private three-node cluster (its own fixture) answers what becomes of a quorum queue
+consumer's unacked deliveries when the leader's node is killed: two quorum queues led
+by node 1 hold 50 confirmed persistent messages each; one is consumed from nodes 2 and
+3, the other from nodes 1 and 2 (prefetch 10, no acks); node 1 is killed with kill -9
+and what each surviving consumer gets is recorded, before and after it acks its held
+deliveries by their old tags.
+
 Set RABBITMQ_CLUSTER_REFERENCE_OUT=file.json to keep every answer recorded.
 
 Skipped, with the reason, when RabbitMQ is not installed or the cluster cannot start.
@@ -35,7 +42,7 @@ from pamqp import commands, frame
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
-from devtools.rabbitmq import RabbitMQError, RabbitMQNotInstalled, ctl, find_server
+from devtools.rabbitmq import RabbitInfo, RabbitMQError, RabbitMQNotInstalled, ctl, find_server
 from devtools.rabbitmq_cluster import (
     CTL_TIMEOUT,
     ClusterInfo,
@@ -593,3 +600,193 @@ def test_the_node_returns_with_its_persistent_messages(seen: dict[str, Any]) -> 
         f"Queue.DeclareOk messages={3 + found} consumers=0"
     assert seen["after_restart_bodies"] == {"before": 3, "s": found}
     assert seen["after_restart_nondurable"] == no_queue(TQ)
+
+
+# --- quorum queue consumers when the leader's node is killed (a three-node cluster) ---
+
+QQ_FAR, QQ_NEAR = "ref-qq-consumers-elsewhere", "ref-qq-consumer-on-leader"
+QQ_COUNT, QQ_PREFETCH = 50, 10
+
+
+@pytest.fixture(scope="module")
+def cluster3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterInfo]:
+    try:
+        find_server()
+    except RabbitMQNotInstalled as exc:
+        pytest.skip(str(exc))
+    d = tmp_path_factory.mktemp("rabbitmq-cluster3")
+    try:
+        c = start_cluster(d, nodes=3)
+    except RabbitMQError as exc:
+        pytest.skip(f"a three-node RabbitMQ cluster could not be started here: {exc}")
+    try:
+        yield c
+    finally:
+        stop_cluster(d)
+
+
+def qq_leaders(node: RabbitInfo) -> dict[str, str]:
+    """Quorum queue name -> its leader's node name, as rabbitmqctl on *node* lists it."""
+    out = ctl(node, "list_queues", "--no-table-headers", "name", "leader",
+              timeout=CTL_TIMEOUT)
+    return dict(line.split("\t", 1) for line in out.splitlines() if "\t" in line)
+
+
+def collect(c: Raw, seconds: float) -> list[dict[str, Any]]:
+    """Every delivery, cancel or close *c* gets within *seconds*, in order."""
+    events: list[dict[str, Any]] = []
+    deadline = time.monotonic() + seconds
+    pending: dict[str, Any] | None = None
+    while True:
+        if c.frames:
+            got: tuple[int, Any] | None = c.frames.pop(0)
+        else:
+            got = c._read(deadline)
+        if got is None:
+            return events
+        ch, fr = got
+        if isinstance(fr, commands.Basic.Deliver):
+            pending = {"ch": ch, "tag": fr.delivery_tag, "redelivered": fr.redelivered,
+                       "ctag": fr.consumer_tag}
+        elif isinstance(fr, ContentHeader) and pending is not None:
+            headers = fr.properties.headers or {}
+            pending["count"] = headers.get("x-delivery-count")
+        elif isinstance(fr, ContentBody) and pending is not None:
+            pending["body"] = bytes(fr.value).decode()
+            events.append(pending)
+            pending = None
+        elif isinstance(fr, str):
+            events.append({"event": fr})
+            return events
+        else:
+            events.append({"event": describe(fr), "ch": ch})
+            if isinstance(fr, commands.Connection.Close):
+                return events
+
+
+def qq_consumer(node: Endpoint, queue: str) -> tuple[Raw, int, list[dict[str, Any]]]:
+    """A consumer with prefetch QQ_PREFETCH and manual acks, once it holds that many."""
+    c = Raw(node)
+    ch = c.channel()
+    c.call(ch, commands.Basic.Qos(prefetch_count=QQ_PREFETCH), commands.Basic.QosOk)
+    ok = c.call(ch, commands.Basic.Consume(queue=queue, consumer_tag=f"ctag-{queue}"),
+                commands.Basic.ConsumeOk)
+    assert isinstance(ok, commands.Basic.ConsumeOk), describe(ok)
+    got: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 30
+    while len(got) < QQ_PREFETCH and time.monotonic() < deadline:
+        got += collect(c, min(1.0, deadline - time.monotonic()))
+    return c, ch, got
+
+
+def observe_quorum_leader_loss(cluster: ClusterInfo) -> dict[str, Any]:
+    """Two quorum queues led by node 1: one consumed from nodes 2 and 3, one from
+    nodes 1 and 2; kill -9 node 1 and record what every surviving consumer gets."""
+    n1, n2, n3 = cluster.nodes
+    out: dict[str, Any] = {"nodes": [n.nodename for n in cluster.nodes]}
+    setup = Raw(n1)
+    ch = setup.channel()
+    setup.call(ch, commands.Confirm.Select(), commands.Confirm.SelectOk)
+    for q in (QQ_FAR, QQ_NEAR):
+        ok = setup.call(ch, commands.Queue.Declare(
+            queue=q, durable=True, arguments={"x-queue-type": "quorum"}),
+            commands.Queue.DeclareOk)
+        assert isinstance(ok, commands.Queue.DeclareOk), describe(ok)
+        for i in range(QQ_COUNT):
+            setup.publish(ch, q, b"m-%02d" % i)
+            assert setup.confirm_outcome(ch) == ["Basic.Ack"]
+    setup.close()
+    out["leaders_before"] = qq_leaders(n2)
+    consumers = {
+        "far_on_2": qq_consumer(n2, QQ_FAR), "far_on_3": qq_consumer(n3, QQ_FAR),
+        "near_on_1": qq_consumer(n1, QQ_NEAR), "near_on_2": qq_consumer(n2, QQ_NEAR)}
+    out["before"] = {k: [d["body"] for d in v[2]] for k, v in consumers.items()}
+    kill_node(n1)
+    # what the survivors get, unasked, while a new leader is elected
+    survivors = {k: v for k, v in consumers.items() if k != "near_on_1"}
+    out["after_kill"] = {k: collect(c, 8 if k == "far_on_2" else 2)
+                         for k, (c, _, _) in survivors.items()}
+    out["leaders_after"] = qq_leaders(n2)
+    # ack every delivery of before the kill by its old tag, then see what follows
+    out["after_ack"] = {}
+    for k, (c, ch, held) in survivors.items():
+        c.send(ch, commands.Basic.Ack(delivery_tag=held[-1]["tag"], multiple=True))
+        out["after_ack"][k] = collect(c, 3)
+    # then ack as they come until nothing more does: every message the queues still hold
+    out["rest"] = {}
+    for k, (c, ch, _) in survivors.items():
+        got = out["after_ack"][k]
+        rest: list[dict[str, Any]] = []
+        for _ in range(QQ_COUNT // QQ_PREFETCH):
+            if not got or "tag" not in got[-1]:
+                break
+            c.send(ch, commands.Basic.Ack(delivery_tag=got[-1]["tag"], multiple=True))
+            got = collect(c, 2)
+            rest += got
+        out["rest"][k] = rest
+    for q in (QQ_FAR, QQ_NEAR):
+        out[f"left_in_{q}"] = attempt(n2, commands.Queue.Declare(queue=q, passive=True),
+                                      commands.Queue.DeclareOk)
+    for c, _, _ in consumers.values():
+        c.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def qq_seen(cluster3: ClusterInfo) -> dict[str, Any]:
+    out = observe_quorum_leader_loss(cluster3)
+    report = os.environ.get("RABBITMQ_CLUSTER_REFERENCE_OUT")
+    if report:
+        Path(report).with_suffix(".quorum.json").write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(out, indent=2))
+    return out
+
+
+def bodies(events: list[dict[str, Any]]) -> list[str]:
+    return [e.get("body", e.get("event", "?")) for e in events]
+
+
+def names(first: int, last: int) -> list[str]:
+    return [f"m-{i:02d}" for i in range(first, last + 1)]
+
+
+def test_quorum_queue_gets_a_new_leader_among_the_survivors(qq_seen: dict[str, Any]) -> None:
+    n1 = qq_seen["nodes"][0]
+    assert qq_seen["leaders_before"] == {QQ_FAR: n1, QQ_NEAR: n1}
+    for q in (QQ_FAR, QQ_NEAR):
+        assert qq_seen["leaders_after"][q] in qq_seen["nodes"][1:], q
+    assert qq_seen["before"]["far_on_2"] == names(0, 9)
+    assert qq_seen["before"]["far_on_3"] == names(10, 19)
+
+
+def test_quorum_consumers_on_survivors_keep_their_checkouts(qq_seen: dict[str, Any]) -> None:
+    # no basic.cancel, nothing redelivered: the deliveries stay checked out to them
+    for k in ("far_on_2", "far_on_3", "near_on_2"):
+        assert qq_seen["after_kill"][k] == [], k
+    # acked with the old delivery tags, they are gone; the next ones follow, never
+    # one of the held messages again
+    after = qq_seen["after_ack"]
+    assert bodies(after["far_on_2"]) == names(20, 29)
+    assert bodies(after["far_on_3"]) == names(30, 39)
+    for k in ("far_on_2", "far_on_3"):
+        assert [e["tag"] for e in after[k]] == list(range(11, 21))
+        assert not any(e["redelivered"] or e["count"] is not None for e in after[k])
+    rest = qq_seen["rest"]
+    assert sorted(bodies(rest["far_on_2"]) + bodies(rest["far_on_3"])) == names(40, 49)
+    assert qq_seen[f"left_in_{QQ_FAR}"] == "Queue.DeclareOk messages=0 consumers=2"
+
+
+def test_quorum_consumer_on_the_lost_node_has_its_deliveries_returned(
+        qq_seen: dict[str, Any]) -> None:
+    assert qq_seen["before"]["near_on_1"] == names(0, 9)
+    assert qq_seen["before"]["near_on_2"] == names(10, 19)
+    # the lost consumer's ten come back first, redelivered, x-delivery-count 1, to the
+    # survivor once it has room
+    back = qq_seen["after_ack"]["near_on_2"]
+    assert bodies(back) == names(0, 9)
+    assert all(e["redelivered"] and e["count"] == 1 for e in back), back
+    rest = qq_seen["rest"]["near_on_2"]
+    assert bodies(rest) == names(20, 49)
+    assert not any(e["redelivered"] or e["count"] is not None for e in rest)
+    # the lost node's consumer is still counted (3.10.8 as measured)
+    assert qq_seen[f"left_in_{QQ_NEAR}"] == "Queue.DeclareOk messages=0 consumers=2"
