@@ -157,7 +157,6 @@ def run_publish_only(body_size: int, messages: int, batch: int, repeat: int) -> 
     from pamqp import commands
 
     from amqpd.server import tune_gc
-
     from tests.support import wire
     from tests.unit.protocol.peer import Pair, real_broker
 
