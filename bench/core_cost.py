@@ -3,6 +3,7 @@
     python -m bench.core_cost [--body 1024] [--messages 60000] [--batch 60] [--repeat 5]
     python -m bench.core_cost --callgrind [--body 1024] [--messages 6000]
     python -m bench.core_cost --confirms [--body 16] [--callgrind | --fsync-split]
+    python -m bench.core_cost --publish-only [--body 16] [--callgrind]
 
 The socket benchmarks (``python -m bench``) need a quiet machine: on a shared one the
 broker, the load generator and everybody else's processes fight for the same cores and
@@ -22,6 +23,14 @@ fdatasync in the store's writer thread) to come back confirmed before the consum
 deliveries are read: one fsync per ``--batch`` messages. ``--fsync-split`` runs that
 shape twice, with the store's fsync on and off, and prints both (CPU µs and wall µs per
 message): what the fsync itself costs beside the per-message work.
+
+``--publish-only`` is the ``publish`` scenario's shape: transient publish triplets, the
+same ``--batch`` per read, to a queue with no consumer, which grows for the whole run
+(the queue is dispatched after each read, as the event loop would, and finds nobody).
+The cyclic collector is tuned as the broker tunes it (``server.tune_gc``): every queued
+message is a tracked object, and what the collector costs depends on its thresholds.
+Use ``--messages`` of 20000 or more with ``--callgrind`` so young collections (one per
+~25,000 messages) fall into the difference of the two runs.
 
 Two figures:
 
@@ -141,6 +150,50 @@ def run_confirms(body_size: int, messages: int, batch: int, repeat: int,
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
+def run_publish_only(body_size: int, messages: int, batch: int, repeat: int) -> list[float]:
+    """CPU µs per message of each of ``repeat`` runs: publishes, no consumer."""
+    import asyncio
+
+    from pamqp import commands
+
+    from amqpd.server import tune_gc
+    from tests.support import wire
+    from tests.unit.protocol.peer import Pair, real_broker
+
+    data_dir = tempfile.mkdtemp(prefix="amqpd-core-cost-")
+    try:
+        broker = real_broker(persistence=True, data_dir=data_dir)
+        loop = asyncio.new_event_loop()  # never run: the store only keeps it for callbacks
+        broker._loop = loop
+        broker._open_store()
+        publisher = Pair(broker=broker)
+        publisher.open()
+        publisher.open_channel(1)
+        publisher.call(1, commands.Queue.Declare(queue="core-cost"))
+        chunk = wire.publish(1, "", "core-cost", b"\0" * body_size, delivery_mode=1) * batch
+        pub = publisher.server
+        tune_gc()  # as the broker does at start-up: the queue grows, the collector walks it
+        sent = 0
+        results = []
+        for _ in range(repeat):
+            started = time.process_time()
+            for _ in range(messages // batch):
+                pub.receive_data(chunk)
+                broker._run_dispatch()
+                pub.data_to_send()
+                sent += batch
+            results.append(1e6 * (time.process_time() - started) / (messages // batch * batch))
+        held = broker.vhosts["/"].queues["core-cost"].message_count
+        if held != sent:
+            raise RuntimeError(f"{held} messages in the queue for {sent} published: "
+                               "the loop lost track")
+        broker.store.close()
+        loop.close()
+        return results
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
 def run_loop(body_size: int, messages: int, batch: int, repeat: int) -> list[float]:
     """CPU µs per message of each of ``repeat`` runs of ``messages`` messages."""
     import asyncio
@@ -211,7 +264,7 @@ def _costs(outfile: Path) -> dict[str, int]:
 
 
 def callgrind(body_size: int, messages: int, batch: int, top: int,
-              confirms: bool = False) -> int:
+              confirms: bool = False, publish_only: bool = False) -> int:
     if not shutil.which("valgrind") or not shutil.which("callgrind_annotate"):
         print("valgrind (callgrind) not found: apt-get install valgrind", file=sys.stderr)
         return 3
@@ -222,13 +275,14 @@ def callgrind(body_size: int, messages: int, batch: int, top: int,
             subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
                             sys.executable, "-m", "bench.core_cost", "--body", str(body_size),
                             "--messages", str(n), "--batch", str(batch), "--repeat", "1",
-                            *(["--confirms"] if confirms else [])],
+                            *(["--confirms"] if confirms else []),
+                            *(["--publish-only"] if publish_only else [])],
                            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             runs[n] = _costs(out)
     small, big = runs[messages], runs[3 * messages]
     per = {k: (big.get(k, 0) - small.get(k, 0)) / (2 * messages) for k in set(small) | set(big)}
     total = per.pop("PROGRAM TOTALS", 0.0)
-    shape = "confirms, " if confirms else ""
+    shape = "confirms, " if confirms else "publish-only, " if publish_only else ""
     print(f"{shape}body {body_size} B, batch {batch}: {total:,.0f} instructions per message")
     for name, cost in sorted(per.items(), key=lambda kv: -kv[1])[:top]:
         print(f"  {cost:8,.0f}  {100 * cost / total:5.1f}%  {name}")
@@ -249,10 +303,19 @@ def main(argv: list[str] | None = None) -> int:
                    help="persistent messages, durable queue, publisher confirms (fsync)")
     p.add_argument("--fsync-split", action="store_true",
                    help="with --confirms: the same with the store's fsync on and off")
+    p.add_argument("--publish-only", action="store_true",
+                   help="transient publishes to a queue with no consumer (it grows)")
     args = p.parse_args(argv)
     if args.callgrind:
-        return callgrind(args.body, args.messages, args.batch, args.top, args.confirms)
+        return callgrind(args.body, args.messages, args.batch, args.top, args.confirms,
+                         args.publish_only)
     from amqpd import hotpath
+
+    if args.publish_only:
+        results = run_publish_only(args.body, args.messages, args.batch, args.repeat)
+        print(f"publish-only, body {args.body} B, batch {args.batch}, {hotpath.MODE}: CPU "
+              f"µs/msg min {min(results):.2f} median {sorted(results)[len(results) // 2]:.2f}")
+        return 0
 
     if args.confirms:
         for fsync in (True, False) if args.fsync_split else (True,):

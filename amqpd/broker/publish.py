@@ -217,8 +217,10 @@ class Publisher:
         the node's budget (RabbitMQ also pages transient messages only under pressure).
         Paging is the classic queue's: other queue types take the message as it is.
         """
-        limit = self.broker.settings.queue_memory_limit
         logged = message.position >= 0
+        # only a logged message may be held log-only: a transient one (the common case)
+        # does not read the setting (an attribute of an interpreted object)
+        limit = self.broker.settings.queue_memory_limit if logged else 0
         paging_all = self.paging_all
         shared: LoggedMessage | None = None  # the logged copy, one for every queue
         to_write: list[QueueType] | None = None  # queues whose copy must first be written

@@ -79,10 +79,14 @@ from amqpd.protocol.frames import (
 log = logging.getLogger("amqpd.connection")
 
 
-def _u64(buf: bytes, at: int) -> int:
-    """The big-endian unsigned 64-bit integer at ``buf[at:at + 8]`` (no slice, no tuple)."""
-    return ((buf[at] << 56) | (buf[at + 1] << 48) | (buf[at + 2] << 40) | (buf[at + 3] << 32)
-            | (buf[at + 4] << 24) | (buf[at + 5] << 16) | (buf[at + 6] << 8) | buf[at + 7])
+def _is_u64(buf: bytes, at: int, value: int) -> bool:
+    """Whether the big-endian unsigned 64-bit integer at ``buf[at:at + 8]`` is ``value``,
+    a size below 4 GiB (no slice, no tuple). Compiled, shifts into the top octets of a
+    64-bit integer overflow the tagged ``int`` into boxed longs: the high half need
+    only be zero, and the low half fits a tagged ``int``."""
+    return (buf[at] == 0 and buf[at + 1] == 0 and buf[at + 2] == 0 and buf[at + 3] == 0
+            and ((buf[at + 4] << 24) | (buf[at + 5] << 16) | (buf[at + 6] << 8)
+                 | buf[at + 7]) == value)
 
 
 # Exchange names and routing keys seen in publishes (raw bytes -> str), shared by every
@@ -365,6 +369,11 @@ class AMQPConnection:
         target: PublishTarget | None = (
             delegate if isinstance(delegate, PublishTarget) else None)
         handled = 0
+        # the last publish on this read: its property bytes (the shared copy), its method
+        # payload and what that decoded to
+        last_props = b""
+        last_method = b""
+        last_publish: tuple[str, str, bool, bool] = ("", "", False, False)
         try:
             while True:
                 stop = reader.frame_end(pos)
@@ -392,7 +401,7 @@ class AMQPConnection:
                                 and (buf[b + 1] << 8) | buf[b + 2] == channel
                                 and slot is not None and not slot.closing
                                 and slot.publish is None
-                                and _u64(buf, h + 11) == bstop - b - 7
+                                and _is_u64(buf, h + 11, bstop - b - 7)
                                 and 0 < bstop - b - 7 <= max_size):
                             props = buf[h + 19:hstop]
                             body = buf[b + 7:bstop]
@@ -402,17 +411,28 @@ class AMQPConnection:
                             try:
                                 # one shared copy of each property section (and name)
                                 # seen before, validated once: queued messages share it
-                                shared = valid.get(props)
-                                if shared is None:
-                                    codec.validate_properties(props)
-                                    if len(valid) < 256:
-                                        valid[props] = props
+                                # a publisher repeats itself: the same properties and
+                                # method as the publish before cost a compare, not a
+                                # hash and a dict look-up per name (nor their slices)
+                                if props == last_props:
+                                    props = last_props
                                 else:
-                                    props = shared
-                                if len(names) > NAMES_MAX:
-                                    names.clear()
-                                exchange, routing_key, mandatory, immediate = \
-                                    codec.decode_publish_at(buf, method_at, stop, names)
+                                    shared = valid.get(props)
+                                    if shared is None:
+                                        codec.validate_properties(props)
+                                        if len(valid) < 256:
+                                            valid[props] = props
+                                    else:
+                                        props = shared
+                                    last_props = props
+                                method = buf[method_at:stop]
+                                if method != last_method:
+                                    if len(names) > NAMES_MAX:
+                                        names.clear()
+                                    last_publish = codec.decode_publish_at(
+                                        buf, method_at, stop, names)
+                                    last_method = method
+                                exchange, routing_key, mandatory, immediate = last_publish
                                 if target is not None:
                                     target.on_publish(channel, exchange, routing_key,
                                                       mandatory, immediate, props, body)

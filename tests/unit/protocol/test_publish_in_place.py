@@ -104,3 +104,20 @@ def test_slices_are_worked_off_in_order() -> None:
         rounds += 1
     assert not pair.server.has_pending
     assert [p[5] for p in rec.published] == [b"%d" % n for n in range(250)]
+
+
+def test_a_publish_like_the_one_before_reuses_it_and_a_different_one_does_not() -> None:
+    # the fast path reuses the previous publish's properties and decoded method when
+    # their bytes are equal: runs of equal publishes, interrupted by different ones
+    shapes = [("", "a", False, "t"), ("", "a", False, "t"), ("ex", "a", False, "t"),
+              ("ex", "a", True, "t"), ("ex", "a", True, "u"), ("", "b", False, "u"),
+              ("", "a", False, "t"), ("", "a", False, "t")]
+    pair, rec = opened()
+    pair.server.receive_data(b"".join(
+        wire.publish(1, ex, rk, b"m%d" % n, mandatory=mandatory, content_type=ct)
+        for n, (ex, rk, mandatory, ct) in enumerate(shapes)))
+    assert [(ex, rk, mandatory, body) for _, ex, rk, mandatory, _, body in rec.published] == [
+        (ex, rk, mandatory, b"m%d" % n) for n, (ex, rk, mandatory, _) in enumerate(shapes)]
+    props = [p for _, _, _, _, p, _ in rec.published]
+    assert [p == props[0] for p in props] == [ct == "t" for _, _, _, ct in shapes]
+    assert all(p is props[0] for p in props if p == props[0])  # one shared copy
