@@ -338,11 +338,13 @@ def delayed(ctx: Context) -> None:
     ch = ctx.channel()
     q = ctx.bound_queue(ch, x, "k")
     t0 = time.monotonic()
-    ch.basic_publish(x, "k", b"later", _props(headers={"x-delay": 300}))
+    # 1.5 s, not 0.3 s: the empty check below must land inside the delay, and on a loaded
+    # CI machine publish + settle + basic.get once took longer than 0.3 s
+    ch.basic_publish(x, "k", b"later", _props(headers={"x-delay": 1500}))
     ctx.get_none(ch, q, settle=0.1)
-    m = ctx.must_get(ch, q, timeout=3)
+    m = ctx.must_get(ch, q, timeout=5)
     eq(m.body, b"later", "body")
-    check(time.monotonic() - t0 >= 0.25, "delivered after the delay", time.monotonic() - t0)
+    check(time.monotonic() - t0 >= 1.45, "delivered after the delay", time.monotonic() - t0)
 
 
 @case("x-delayed-message/no-delay-header-delivers-now", AMQPD)
