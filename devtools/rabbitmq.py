@@ -143,8 +143,56 @@ def find_epmd() -> str:
     return epmd
 
 
+# Where free_ports() looks: below the kernel's ephemeral range, so that no bind(0) and
+# no outgoing connection on the machine is handed one of the node's ports while the node
+# is stopped between `rabbitmqctl stop_app` and `start_app` (a conformance restart).
+_STABLE_LOW = 10000
+_PICK_ATTEMPTS = 500
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's ephemeral port range (Linux's default when it cannot be read)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_ports(n: int) -> list[int]:
-    """n distinct free loopback TCP ports (held open together so they differ)."""
+    """n distinct loopback TCP ports that are free now and that the kernel does not hand
+    out by itself (outside its ephemeral range, when it leaves room below it).
+
+    A node keeps its ports across ``stop_app``/``start_app``; a port from the ephemeral
+    range may meanwhile become another process's (a test's bind(0) or the local end of a
+    connection), and the node's listener then fails to start (CI saw
+    ``could_not_start_listener`` for the management port). Each candidate is checked with
+    a bind without SO_REUSEADDR, which also refuses a port held in TIME_WAIT.
+    """
+    low, _high = _ephemeral_range()
+    if low - _STABLE_LOW < 1000:
+        return _kernel_ports(n)
+    rng = secrets.SystemRandom()
+    chosen: list[int] = []
+    for _ in range(_PICK_ATTEMPTS):
+        if len(chosen) == n:
+            break
+        port = rng.randrange(_STABLE_LOW, low)
+        if port in chosen:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        chosen.append(port)
+    if len(chosen) < n:
+        raise RabbitMQError(f"no {n} free ports found in {_STABLE_LOW}-{low - 1}")
+    return chosen
+
+
+def _kernel_ports(n: int) -> list[int]:
+    """n distinct free ports chosen by the kernel (held open together so they differ)."""
     socks = []
     try:
         for _ in range(n):

@@ -1,0 +1,51 @@
+"""devtools.rabbitmq.free_ports: ports a stopped-and-restarted server can bind again.
+
+A RabbitMQ node keeps its ports across ``rabbitmqctl stop_app`` / ``start_app`` (the
+conformance suite's restart); a port from the kernel's ephemeral range can meanwhile be
+handed to someone else's bind(0) or outgoing connection, and CI once saw the node's
+management listener fail to start that way. free_ports() therefore picks below that
+range."""
+
+from __future__ import annotations
+
+import random
+import socket
+
+import pytest
+
+from devtools import rabbitmq as rmq
+
+
+def test_ports_are_distinct_bindable_and_below_the_ephemeral_range() -> None:
+    low, _high = rmq._ephemeral_range()
+    ports = rmq.free_ports(20)
+    assert len(set(ports)) == 20
+    if low - rmq._STABLE_LOW >= 1000:
+        assert all(rmq._STABLE_LOW <= p < low for p in ports), ports
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", port))
+
+
+def test_a_port_in_use_is_never_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first candidates drawn are a port with a listener on it: it is passed over."""
+    low, _high = rmq._ephemeral_range()
+    if low - rmq._STABLE_LOW < 1000:
+        pytest.skip("the ephemeral range leaves no room below it: kernel-chosen ports")
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind(("127.0.0.1", rmq.free_ports(1)[0]))
+        listener.listen(1)
+        taken = listener.getsockname()[1]
+        draws = [taken, taken]
+
+        class TakenFirst(random.Random):
+            def randrange(self, start: int, stop: int | None = None, step: int = 1) -> int:
+                return draws.pop() if draws else super().randrange(start, stop, step)
+
+        monkeypatch.setattr(rmq.secrets, "SystemRandom", TakenFirst)
+        (port,) = rmq.free_ports(1)
+        assert port != taken
+        assert not draws  # both draws of the taken port were made and refused
+    finally:
+        listener.close()
