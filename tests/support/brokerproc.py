@@ -1,4 +1,4 @@
-"""Start real amqpd processes for integration tests: ephemeral ports, temp data dirs.
+"""Start real amqpd processes for integration tests: free loopback ports, temp data dirs.
 
 The broker writes its listener ports to a ready file once it listens; we poll for that
 file with a deadline instead of sleeping. Processes are ended by their own PID only.
@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from devtools.rabbitmq import free_ports
 
 
 @dataclass
@@ -43,6 +45,14 @@ class BrokerProcess:
         return self.data_dir / "amqpd.log"
 
     def start(self, timeout: float = 20.0) -> BrokerProcess:
+        """Start the broker and wait for its ready file.
+
+        Without a port given, one is chosen outside the kernel's ephemeral range
+        (:func:`devtools.rabbitmq.free_ports`): ``restart()`` keeps the port, and an
+        ephemeral one could become another process's (a bind(0), the local end of a
+        connection) while the broker is down."""
+        if self.port == 0:
+            (self.port,) = free_ports(1)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         ready = self.data_dir / "ready.json"
         if ready.exists():
