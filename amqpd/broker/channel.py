@@ -687,11 +687,12 @@ class Channel:
         publishes, self.tx_publishes = self.tx_publishes, []
         acks, self.tx_acks = self.tx_acks, []
         publisher = self.session.broker.publisher
-        # in a cluster a message may go to queues led by other nodes: commit-ok waits
-        # for each of them as a confirm would (their leaders' group commits), and for
-        # this node's store (after_commit)
+        # each publish answers as a confirm would: a queue's refusal (x-overflow
+        # reject-publish) fails the commit; in a cluster, commit-ok also waits for the
+        # queues led by other nodes (their leaders' group commits); and for this node's
+        # store (after_commit)
         joint: JointConfirm | None = None
-        if publishes and publisher.remote_queues:
+        if publishes:
             joint = JointConfirm(self._tx_committed, len(publishes) + 1)
         for exchange, routing_key, mandatory, properties, body in publishes:
             if exchange not in self.vhost.exchanges:

@@ -251,6 +251,22 @@ def tx_ack_rollback(ctx: Context) -> None:
     eq(ctx.must_get(ch, q).method.redelivered, True, "requeued after rollback and close")
 
 
+@case("tx.commit/reject-publish-refusal-406-partial-tx-completion", TX)
+def tx_commit_refused(ctx: Context) -> None:
+    """RabbitMQ 3.10.8, asked 2026-12-02: a transaction whose publishes a
+    reject-publish queue partly refused commits the rest and answers tx.commit with
+    channel.close 406 PRECONDITION_FAILED "partial tx completion"."""
+    ch = ctx.channel()
+    q = ctx.queue(ch, arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+    tx = ctx.channel()
+    tx.tx_select()
+    for body in (b"1", b"2", b"3"):
+        tx.basic_publish("", q, body)
+    ctx.channel_error(tx, tx.tx_commit, 406, "partial tx completion")
+    eq(ctx.must_get(ch, q).body, b"1", "the publish the queue took is committed")
+    ctx.get_none(ch, q)
+
+
 @case("tx.commit/without-select-406-PRECONDITION_FAILED", TX)
 def commit_no_select(ctx: Context) -> None:
     ch = ctx.channel()
