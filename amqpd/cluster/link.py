@@ -100,6 +100,11 @@ class Link(asyncio.Protocol):
                 return
             if kind == W.PING and self.up:
                 continue
+            if kind == W.REFUSED and self.up:
+                # the dialler that had our welcome did not adopt the link after all (it
+                # had one up already: both nodes dialled at once); not a protocol error
+                self._fail(f"refused by peer: {fields[0]}", refuse=False)
+                return
             if self.up:
                 try:
                     self.manager.handler.frame(self, kind, stream, fields)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
+
+import pytest
 
 from amqpd.cluster import link_wire as W
 from amqpd.cluster.link import Link, LinkManager
@@ -103,6 +106,30 @@ async def test_reconnects_after_the_link_drops() -> None:
         await until(lambda: a.link("b@x") is not None and b.link("a@x") is not None)
         assert b.link("a@x") is not first
         assert ra.ups == ["b@x", "b@x"]
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_refusal_on_a_live_link_closes_it_quietly(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Both nodes dialled at once: the dialler that had the listener's welcome may
+    refuse the link after all (it adopted the other one). The listener's link is up by
+    then; the refusal closes it with a warning, not a traceback for a 'handshake frame
+    on a live link'."""
+    a, _ra, b, rb = await pair()
+    try:
+        a.want("b@x")
+        await until(lambda: a.link("b@x") is not None and b.link("a@x") is not None)
+        la = a.link("b@x")
+        assert la is not None
+        caplog.set_level(logging.WARNING, logger="amqpd.cluster")
+        la.send(W.encode(W.REFUSED, 0, "a link is up already"))
+        await until(lambda: rb.downs == ["a@x"])
+        assert rb.frames == []
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert any("refused by peer: a link is up already" in r.getMessage()
+                   for r in caplog.records)
     finally:
         await a.close()
         await b.close()
