@@ -32,12 +32,9 @@ Usage: ``python -m bench.cluster [--queues 2] [--count 200000] [--hop-count 2000
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import queue as queue_mod
 import statistics
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -45,9 +42,9 @@ from typing import Any
 
 from bench.loadgen import Conn, ConsumerSpec, PublisherSpec, Target, run_publisher
 from bench.runner import CTX, _cons_worker, _pub_worker
-from tests.integration.cluster_support import ClusterNode, new_prefix, wait_for, wait_formed
+from bench.side_by_side import add_broker_options, amqpd_cluster, num, run_side_by_side
+from tests.integration.cluster_support import wait_for
 from tests.support.brokerproc import BrokerProcess
-from tests.support.etcdproc import EtcdProcess
 
 
 def declare(url: str, name: str, durable: bool = False) -> None:
@@ -211,22 +208,10 @@ def run_amqpd(root: Path, args: argparse.Namespace) -> dict[str, Any]:
             print(f"amqpd run {i + 1}, one node:", runs[i]["one_node"], flush=True)
     finally:
         single.stop()
-    etcd = EtcdProcess(root / "etcd").start()
-    nodes: list[ClusterNode] = []
-    try:
-        prefix = new_prefix()
-        for name in ("a", "b"):
-            nodes.append(ClusterNode(f"bench-{name}", root / name, etcd.url, prefix).start())
-        wait_formed(nodes)
-        a, b = nodes
+    with amqpd_cluster(root, ("a", "b")) as (a, b):
         for i in range(args.runs):
             print(f"amqpd run {i + 1}, two nodes:", flush=True)
             runs[i].update(two_nodes(a.url, b.url, args, f"r{i}"))
-    finally:
-        for n in nodes:
-            with contextlib.suppress(Exception):
-                n.stop()
-        etcd.kill()
     return summarise(runs)
 
 
@@ -261,10 +246,6 @@ def run_rabbitmq(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _num(x: int | None) -> str:
-    return "-" if x is None else f"{x:,}"
-
-
 def table(res: dict[str, Any]) -> str:
     """The markdown rows of bench/RESULTS-cluster.md."""
     names = {
@@ -283,7 +264,7 @@ def table(res: dict[str, Any]) -> str:
         x = am[sc]["median_rate"] if am else None
         y = rb[sc]["median_rate"] if rb else None
         ratio = f"{x / y:.2f}" if x and y else "-"
-        lines.append(f"| {label} | {_num(x)} | {_num(y)} | {ratio} |")
+        lines.append(f"| {label} | {num(x)} | {num(y)} | {ratio} |")
     for key, label in (("speedup_two_nodes_vs_one", "two nodes / one node (2 / 1)"),
                        ("remote_hop_vs_local", "remote hop / local (4b / 4a)")):
         x = am[key] if am else None
@@ -298,41 +279,13 @@ def main() -> None:
     ap.add_argument("--count", type=int, default=200_000)
     ap.add_argument("--hop-count", type=int, default=20_000)
     ap.add_argument("--runs", type=int, default=1)
-    ap.add_argument("--brokers", default="amqpd,rabbitmq",
-                    help="comma-separated: amqpd, rabbitmq (skipped with a note if "
-                         "rabbitmq-server is not installed)")
-    ap.add_argument("--out", default="")
+    add_broker_options(ap)
     args = ap.parse_args()
-    brokers = [b.strip() for b in args.brokers.split(",") if b.strip()]
     out: dict[str, Any] = {"queues": args.queues, "count_per_publisher": args.count,
                            "hop_count": args.hop_count, "runs": args.runs,
                            "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                            "loadavg_start": os.getloadavg()}
-    with tempfile.TemporaryDirectory(prefix="amqpd-bench-cluster-") as tmp:
-        root = Path(tmp)
-        if "amqpd" in brokers:
-            out["amqpd"] = run_amqpd(root / "amqpd", args)
-        if "rabbitmq" in brokers:
-            from devtools.rabbitmq import RabbitMQNotInstalled, find_server
-
-            try:
-                find_server()
-            except RabbitMQNotInstalled as exc:
-                out["rabbitmq_skipped"] = str(exc)
-            else:
-                out["rabbitmq"] = run_rabbitmq(root / "rabbitmq", args)
-    out["loadavg_end"] = os.getloadavg()
-    am, rb = out.get("amqpd"), out.get("rabbitmq")
-    if am and rb:
-        out["amqpd_vs_rabbitmq"] = {
-            sc: round(am[sc]["median_rate"] / rb[sc]["median_rate"], 2)
-            if am[sc]["median_rate"] and rb[sc]["median_rate"] else None
-            for sc in SCENARIOS}
-    print(json.dumps({k: v for k, v in out.items() if k not in ("amqpd", "rabbitmq")},
-                     indent=2))
-    print(table(out))
-    if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    run_side_by_side(out, args, "amqpd-bench-cluster-", run_amqpd, run_rabbitmq, SCENARIOS, table)
 
 
 if __name__ == "__main__":

@@ -45,14 +45,20 @@ Two figures:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from amqpd.server import Broker
+    from tests.unit.protocol.peer import Pair
 
 
 class _Ticks:
@@ -150,26 +156,42 @@ def run_confirms(body_size: int, messages: int, batch: int, repeat: int,
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
-def run_publish_only(body_size: int, messages: int, batch: int, repeat: int) -> list[float]:
-    """CPU µs per message of each of ``repeat`` runs: publishes, no consumer."""
+@contextlib.contextmanager
+def _transient_setup() -> Iterator[tuple[Broker, Pair]]:
+    """The shape the transient runs share: a real broker with the shared log open in a
+    temporary directory, and a publishing session on channel 1 that has declared the
+    queue ``core-cost``. The store is given an event loop that never runs (it only keeps
+    it for callbacks); store and loop are closed after a run that did not fail, and the
+    directory is removed in any case."""
     import asyncio
 
     from pamqp import commands
 
-    from amqpd.server import tune_gc
-    from tests.support import wire
     from tests.unit.protocol.peer import Pair, real_broker
 
     data_dir = tempfile.mkdtemp(prefix="amqpd-core-cost-")
     try:
         broker = real_broker(persistence=True, data_dir=data_dir)
-        loop = asyncio.new_event_loop()  # never run: the store only keeps it for callbacks
+        loop = asyncio.new_event_loop()
         broker._loop = loop
         broker._open_store()
         publisher = Pair(broker=broker)
         publisher.open()
         publisher.open_channel(1)
         publisher.call(1, commands.Queue.Declare(queue="core-cost"))
+        yield broker, publisher
+        broker.store.close()
+        loop.close()
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def run_publish_only(body_size: int, messages: int, batch: int, repeat: int) -> list[float]:
+    """CPU µs per message of each of ``repeat`` runs: publishes, no consumer."""
+    from amqpd.server import tune_gc
+    from tests.support import wire
+
+    with _transient_setup() as (broker, publisher):
         chunk = wire.publish(1, "", "core-cost", b"\0" * body_size, delivery_mode=1) * batch
         pub = publisher.server
         tune_gc()  # as the broker does at start-up: the queue grows, the collector walks it
@@ -187,33 +209,20 @@ def run_publish_only(body_size: int, messages: int, batch: int, repeat: int) -> 
         if held != sent:
             raise RuntimeError(f"{held} messages in the queue for {sent} published: "
                                "the loop lost track")
-        broker.store.close()
-        loop.close()
-        return results
-    finally:
-        shutil.rmtree(data_dir, ignore_errors=True)
+    return results
 
 
 def run_loop(body_size: int, messages: int, batch: int, repeat: int) -> list[float]:
     """CPU µs per message of each of ``repeat`` runs of ``messages`` messages."""
-    import asyncio
-
     from pamqp import commands
 
     from tests.support import wire
-    from tests.unit.protocol.peer import Pair, real_broker
+    from tests.unit.protocol.peer import Pair
 
-    data_dir = tempfile.mkdtemp(prefix="amqpd-core-cost-")
-    try:
-        broker = real_broker(persistence=True, data_dir=data_dir)
-        loop = asyncio.new_event_loop()  # never run: the store only keeps it for callbacks
-        broker._loop = loop
-        broker._open_store()
-        publisher, consumer = Pair(broker=broker), Pair(broker=broker)
-        for pair in (publisher, consumer):
-            pair.open()
-            pair.open_channel(1)
-        publisher.call(1, commands.Queue.Declare(queue="core-cost"))
+    with _transient_setup() as (broker, publisher):
+        consumer = Pair(broker=broker)
+        consumer.open()
+        consumer.open_channel(1)
         consumer.call(1, commands.Basic.Qos(prefetch_count=1000))
         consumer.call(1, commands.Basic.Consume(queue="core-cost", consumer_tag="c"))
         chunk = wire.publish(1, "", "core-cost", b"\0" * body_size, delivery_mode=1) * batch
@@ -238,11 +247,7 @@ def run_loop(body_size: int, messages: int, batch: int, repeat: int) -> list[flo
         if left or delivered < tag * body_size:
             raise RuntimeError(f"{left} messages left in the queue, {delivered} bytes "
                                f"delivered for {tag} messages: the loop lost track")
-        broker.store.close()
-        loop.close()
-        return results
-    finally:
-        shutil.rmtree(data_dir, ignore_errors=True)
+    return results
 
 
 _LINE = re.compile(r"\s*([\d,]+) \([ \d.]+%\)\s+(.*)$")

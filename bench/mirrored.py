@@ -36,11 +36,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import queue as queue_mod
 import statistics
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -48,9 +46,9 @@ from typing import Any
 
 from bench.loadgen import Conn, PublisherSpec, Target
 from bench.runner import CTX, _pub_worker
+from bench.side_by_side import add_broker_options, amqpd_cluster, num, run_side_by_side
 from tests.integration._http import Api, q
-from tests.integration.cluster_support import ClusterNode, new_prefix, wait_for, wait_formed
-from tests.support.etcdproc import EtcdProcess
+from tests.integration.cluster_support import wait_for
 
 KINDS = ("classic", "mirrored", "quorum")
 POLICY = {"pattern": "^mirrored-", "apply-to": "queues",
@@ -190,20 +188,9 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_amqpd(root: Path, args: argparse.Namespace) -> dict[str, Any]:
-    etcd = EtcdProcess(root / "etcd").start()
-    nodes: list[ClusterNode] = []
-    try:
-        prefix = new_prefix()
-        for name in ("a", "b", "c"):
-            nodes.append(ClusterNode(f"bench-{name}", root / name, etcd.url, prefix).start())
-        wait_formed(nodes)
+    with amqpd_cluster(root, ("a", "b", "c")) as nodes:
         a = nodes[0]
         return runs_on(a.url, a.api, args, "amqpd")
-    finally:
-        for n in nodes:
-            with contextlib.suppress(Exception):
-                n.stop()
-        etcd.kill()
 
 
 def run_rabbitmq(root: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -224,10 +211,6 @@ def run_rabbitmq(root: Path, args: argparse.Namespace) -> dict[str, Any]:
         rmqc.stop_cluster(root / "rmq")
 
 
-def _num(x: int | None) -> str:
-    return "-" if x is None else f"{x:,}"
-
-
 def _where(nodes: list[str]) -> str:
     return f"{len(nodes)} ({'replicated' if len(nodes) > 1 else 'one node only'})"
 
@@ -243,7 +226,7 @@ def table(res: dict[str, Any]) -> str:
         ratio = f"{x / y:.2f}" if x and y else "-"
         xr = _where(am[kind]["replicas"]) if am else "-"
         yr = _where(rb[kind]["replicas"]) if rb else "-"
-        lines.append(f"| {kind} | {_num(x)} | {xr} | {_num(y)} | {yr} | {ratio} |")
+        lines.append(f"| {kind} | {num(x)} | {xr} | {num(y)} | {yr} | {ratio} |")
     for kind in ("mirrored", "quorum"):
         x = am[f"{kind}_vs_classic"] if am else None
         y = rb[f"{kind}_vs_classic"] if rb else None
@@ -258,41 +241,14 @@ def main() -> None:
     ap.add_argument("--body-size", type=int, default=256)
     ap.add_argument("--window", type=int, default=500, help="unconfirmed per publisher")
     ap.add_argument("--runs", type=int, default=1)
-    ap.add_argument("--brokers", default="amqpd,rabbitmq",
-                    help="comma-separated: amqpd, rabbitmq (skipped with a note if "
-                         "rabbitmq-server is not installed)")
-    ap.add_argument("--out", default="")
+    add_broker_options(ap)
     args = ap.parse_args()
-    brokers = [b.strip() for b in args.brokers.split(",") if b.strip()]
     out: dict[str, Any] = {"publishers": args.publishers, "count_per_publisher": args.count,
                            "body_size": args.body_size, "window": args.window,
                            "runs": args.runs,
                            "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                            "loadavg_start": os.getloadavg()}
-    with tempfile.TemporaryDirectory(prefix="amqpd-bench-mirrored-") as tmp:
-        root = Path(tmp)
-        if "amqpd" in brokers:
-            out["amqpd"] = run_amqpd(root / "amqpd", args)
-        if "rabbitmq" in brokers:
-            from devtools.rabbitmq import RabbitMQNotInstalled, find_server
-
-            try:
-                find_server()
-            except RabbitMQNotInstalled as exc:
-                out["rabbitmq_skipped"] = str(exc)
-            else:
-                out["rabbitmq"] = run_rabbitmq(root / "rabbitmq", args)
-    out["loadavg_end"] = os.getloadavg()
-    am, rb = out.get("amqpd"), out.get("rabbitmq")
-    if am and rb:
-        out["amqpd_vs_rabbitmq"] = {
-            k: round(am[k]["median_rate"] / rb[k]["median_rate"], 2)
-            if am[k]["median_rate"] and rb[k]["median_rate"] else None for k in KINDS}
-    print(json.dumps({k: v for k, v in out.items() if k not in ("amqpd", "rabbitmq")},
-                     indent=2))
-    print(table(out))
-    if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    run_side_by_side(out, args, "amqpd-bench-mirrored-", run_amqpd, run_rabbitmq, KINDS, table)
 
 
 if __name__ == "__main__":

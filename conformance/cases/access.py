@@ -15,11 +15,12 @@ from urllib.parse import quote
 
 import pika
 import pika.exceptions as pex
-from pika.adapters.blocking_connection import BlockingConnection
+from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
 
 from conformance.framework import CaseFailure, Context, case, check, eq
 
 A = "access-control"
+NOTHING = "^nothing-matches-this$"  # a permission no resource name matches
 
 
 def _user(ctx: Context, configure: str | None = ".*", write: str | None = ".*",
@@ -47,10 +48,16 @@ def _only(prefix: str) -> str:
     return "^" + re.escape(prefix) + ".*"
 
 
+def _channel_as(ctx: Context, configure: str = ".*", write: str = ".*",
+                read: str = ".*") -> BlockingChannel:
+    """A channel of a connection as a new user with these permissions in the vhost."""
+    user, pw = _user(ctx, configure, write, read)
+    return _connect_as(ctx, user, pw).channel()
+
+
 @case("access/user-with-full-permissions-can-work", A)
 def full(ctx: Context) -> None:
-    user, pw = _user(ctx)
-    ch = _connect_as(ctx, user, pw).channel()
+    ch = _channel_as(ctx)
     q = ctx.queue(ch)
     ch.basic_publish("", q, b"as-user")
     eq(ctx.must_get(ch, q).body, b"as-user", "body")
@@ -89,8 +96,7 @@ def wrong_password(ctx: Context) -> None:
 @case("access/configure-regex-limits-queue-declare-403", A)
 def configure_declare(ctx: Context) -> None:
     allowed = ctx.name("ok")
-    user, pw = _user(ctx, configure=_only(allowed))
-    ch = _connect_as(ctx, user, pw).channel()
+    ch = _channel_as(ctx, configure=_only(allowed))
     ctx.queue(ch, name=allowed + "-q")
     denied = ctx.name("denied")
     ctx.track_queue(denied)
@@ -99,8 +105,7 @@ def configure_declare(ctx: Context) -> None:
 
 @case("access/configure-regex-limits-exchange-declare-403", A)
 def configure_exchange(ctx: Context) -> None:
-    user, pw = _user(ctx, configure="^nothing-matches-this$")
-    ch = _connect_as(ctx, user, pw).channel()
+    ch = _channel_as(ctx, configure=NOTHING)
     x = ctx.name("x")
     ctx.track_exchange(x)
     ctx.channel_error(ch, lambda: ch.exchange_declare(x, exchange_type="fanout"), 403)
@@ -109,24 +114,21 @@ def configure_exchange(ctx: Context) -> None:
 @case("access/configure-regex-limits-queue-delete-403", A)
 def configure_delete(ctx: Context) -> None:
     q = ctx.queue(ctx.channel())
-    user, pw = _user(ctx, configure="^nothing-matches-this$")
-    ch = _connect_as(ctx, user, pw).channel()
+    ch = _channel_as(ctx, configure=NOTHING)
     ctx.channel_error(ch, lambda: ch.queue_delete(q), 403)
 
 
 @case("access/passive-declare-needs-no-configure-permission", A)
 def passive_no_configure(ctx: Context) -> None:
     q = ctx.queue(ctx.channel())
-    user, pw = _user(ctx, configure="^nothing-matches-this$")
-    ch = _connect_as(ctx, user, pw).channel()
+    ch = _channel_as(ctx, configure=NOTHING)
     ch.queue_declare(q, passive=True)
 
 
 @case("access/write-regex-limits-publish-403", A)
 def write_publish(ctx: Context) -> None:
     x = ctx.exchange(ctx.channel(), "fanout")
-    user, pw = _user(ctx, write="^nothing-matches-this$")
-    ch = _connect_as(ctx, user, pw).channel()
+    ch = _channel_as(ctx, write=NOTHING)
     ctx.channel_error(ch, lambda: ch.basic_publish(x, "", b"no"), 403, "ACCESS_REFUSED")
 
 
@@ -135,36 +137,31 @@ def write_default(ctx: Context) -> None:
     """Publishing through the default exchange checks write permission on the resource
     named "amq.default"."""
     q = ctx.queue(ctx.channel())
-    user, pw = _user(ctx, write="^amq\\.default$")
-    ch = _connect_as(ctx, user, pw).channel()
+    ch = _channel_as(ctx, write="^amq\\.default$")
     ch.basic_publish("", q, b"allowed")
     ctx.sync(ch)
-    user2, pw2 = _user(ctx, write=_only(q))
-    ch2 = _connect_as(ctx, user2, pw2).channel()
+    ch2 = _channel_as(ctx, write=_only(q))
     ctx.channel_error(ch2, lambda: ch2.basic_publish("", q, b"denied"), 403)
 
 
 @case("access/read-regex-limits-consume-403", A)
 def read_consume(ctx: Context) -> None:
     q = ctx.queue(ctx.channel())
-    user, pw = _user(ctx, read="^nothing-matches-this$")
-    ch = _connect_as(ctx, user, pw).channel()
+    ch = _channel_as(ctx, read=NOTHING)
     ctx.channel_error(ch, lambda: ch.basic_consume(q, lambda *a: None), 403)
 
 
 @case("access/read-regex-limits-basic-get-403", A)
 def read_get(ctx: Context) -> None:
     q = ctx.queue(ctx.channel())
-    user, pw = _user(ctx, read="^nothing-matches-this$")
-    ch = _connect_as(ctx, user, pw).channel()
+    ch = _channel_as(ctx, read=NOTHING)
     ctx.channel_error(ch, lambda: ch.basic_get(q), 403)
 
 
 @case("access/read-regex-limits-queue-purge-403", A)
 def read_purge(ctx: Context) -> None:
     q = ctx.queue(ctx.channel())
-    user, pw = _user(ctx, read="^nothing-matches-this$")
-    ch = _connect_as(ctx, user, pw).channel()
+    ch = _channel_as(ctx, read=NOTHING)
     ctx.channel_error(ch, lambda: ch.queue_purge(q), 403)
 
 
@@ -173,8 +170,7 @@ def bind_write_queue(ctx: Context) -> None:
     ch0 = ctx.channel()
     q = ctx.queue(ch0)
     x = ctx.exchange(ch0, "fanout")
-    user, pw = _user(ctx, write="^nothing-matches-this$")
-    ch = _connect_as(ctx, user, pw).channel()
+    ch = _channel_as(ctx, write=NOTHING)
     ctx.channel_error(ch, lambda: ch.queue_bind(q, x, ""), 403)
 
 
@@ -183,8 +179,7 @@ def bind_read_exchange(ctx: Context) -> None:
     ch0 = ctx.channel()
     q = ctx.queue(ch0)
     x = ctx.exchange(ch0, "fanout")
-    user, pw = _user(ctx, read=_only(q))
-    ch = _connect_as(ctx, user, pw).channel()
+    ch = _channel_as(ctx, read=_only(q))
     ctx.channel_error(ch, lambda: ch.queue_bind(q, x, ""), 403)
 
 
@@ -193,8 +188,7 @@ def bind_ok(ctx: Context) -> None:
     ch0 = ctx.channel()
     q = ctx.queue(ch0)
     x = ctx.exchange(ch0, "fanout")
-    user, pw = _user(ctx, configure="^nothing-matches-this$", write=_only(q), read=_only(x))
-    ch = _connect_as(ctx, user, pw).channel()
+    ch = _channel_as(ctx, configure=NOTHING, write=_only(q), read=_only(x))
     ch.queue_bind(q, x, "")
     ch0.basic_publish(x, "", b"bound-by-user")
     eq(ctx.must_get(ch0, q).body, b"bound-by-user", "body")

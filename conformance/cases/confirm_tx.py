@@ -7,6 +7,7 @@ from typing import Any
 
 import pika
 from pamqp import commands as C
+from pika.adapters.blocking_connection import BlockingChannel
 
 from conformance.framework import CaseFailure, Context, case, check, eq
 from conformance.rawclient import RawClient, marshal_body, marshal_header, marshal_method
@@ -223,15 +224,22 @@ def tx_rollback(ctx: Context) -> None:
     ctx.get_none(ch, q)
 
 
-@case("tx.commit/acks-applied-at-commit", TX)
-def tx_acks(ctx: Context) -> None:
-    ch = ctx.channel()
-    q = ctx.queue(ch)
+def _acked_in_tx(ctx: Context, ch: BlockingChannel, q: str) -> BlockingChannel:
+    """A message published to ``q`` (on ``ch``), then got on a new channel in tx mode
+    and acked there, not yet committed: that channel."""
     ch.basic_publish("", q, b"a")
     tx = ctx.channel()
     tx.tx_select()
     m = ctx.must_get(tx, q, auto_ack=False)
     tx.basic_ack(m.method.delivery_tag)
+    return tx
+
+
+@case("tx.commit/acks-applied-at-commit", TX)
+def tx_acks(ctx: Context) -> None:
+    ch = ctx.channel()
+    q = ctx.queue(ch)
+    tx = _acked_in_tx(ctx, ch, q)
     tx.tx_commit()
     tx.close()
     ctx.get_none(ch, q)
@@ -241,11 +249,7 @@ def tx_acks(ctx: Context) -> None:
 def tx_ack_rollback(ctx: Context) -> None:
     ch = ctx.channel()
     q = ctx.queue(ch)
-    ch.basic_publish("", q, b"a")
-    tx = ctx.channel()
-    tx.tx_select()
-    m = ctx.must_get(tx, q, auto_ack=False)
-    tx.basic_ack(m.method.delivery_tag)
+    tx = _acked_in_tx(ctx, ch, q)
     tx.tx_rollback()
     tx.close()  # still unacked, so closing requeues it
     eq(ctx.must_get(ch, q).method.redelivered, True, "requeued after rollback and close")

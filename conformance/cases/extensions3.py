@@ -11,6 +11,7 @@ from typing import Any
 import pika
 import pika.exceptions as pex
 from pamqp import commands as C
+from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
 
 from conformance.cases.confirm_tx import _pub, _raw, acks_until
 from conformance.framework import CaseFailure, Context, Skip, case, check, eq
@@ -83,20 +84,34 @@ def drt_stale(ctx: Context) -> None:
 # -- consumer priorities -------------------------------------------------------------------------
 
 
+def _consume_tagged(ch: BlockingChannel, q: str, got: list[str], tag: str,
+                    arguments: dict[str, Any] | None = None) -> None:
+    """An auto-ack consumer ``tag`` on ``q`` that notes its tag in ``got`` for every
+    delivery it gets."""
+    ch.basic_consume(q, lambda _c, m, _p, _b: got.append(m.consumer_tag), auto_ack=True,
+                     consumer_tag=tag, arguments=arguments)
+
+
+def _deliveries(ctx: Context, conn: BlockingConnection, ch: BlockingChannel, q: str,
+                got: list[str], n: int, body: bytes) -> Counter[str]:
+    """``n`` messages published to ``q``, and once as many deliveries came (3 s at most),
+    how many each consumer tag got."""
+    for _ in range(n):
+        ch.basic_publish("", q, body)
+    ctx.pump(conn, lambda: len(got) >= n, 3)
+    return Counter(got)
+
+
 @case("x-priority/higher-priority-consumer-gets-messages", CPRI)
 def cpri(ctx: Context) -> None:
     conn = ctx.connect()
     ch = conn.channel()
     q = ctx.queue(ch)
     got: list[str] = []
-    ch.basic_consume(q, lambda _c, m, _p, _b: got.append(m.consumer_tag), auto_ack=True,
-                     consumer_tag="low", arguments={"x-priority": 1})
-    ch.basic_consume(q, lambda _c, m, _p, _b: got.append(m.consumer_tag), auto_ack=True,
-                     consumer_tag="high", arguments={"x-priority": 10})
-    for _ in range(6):
-        ch.basic_publish("", q, b"p")
-    ctx.pump(conn, lambda: len(got) >= 6, 3)
-    eq(Counter(got), Counter({"high": 6}), "deliveries per consumer")
+    _consume_tagged(ch, q, got, "low", {"x-priority": 1})
+    _consume_tagged(ch, q, got, "high", {"x-priority": 10})
+    eq(_deliveries(ctx, conn, ch, q, got, 6, b"p"), Counter({"high": 6}),
+       "deliveries per consumer")
 
 
 @case("x-priority/blocked-high-priority-lets-lower-consume", CPRI)
@@ -124,12 +139,8 @@ def cpri_equal(ctx: Context) -> None:
     q = ctx.queue(ch)
     got: list[str] = []
     for tag in ("a", "b"):
-        ch.basic_consume(q, lambda _c, m, _p, _b: got.append(m.consumer_tag), auto_ack=True,
-                         consumer_tag=tag, arguments={"x-priority": 5})
-    for _ in range(6):
-        ch.basic_publish("", q, b"p")
-    ctx.pump(conn, lambda: len(got) >= 6, 3)
-    eq(Counter(got), Counter({"a": 3, "b": 3}), "deliveries")
+        _consume_tagged(ch, q, got, tag, {"x-priority": 5})
+    eq(_deliveries(ctx, conn, ch, q, got, 6, b"p"), Counter({"a": 3, "b": 3}), "deliveries")
 
 
 @case("x-priority/negative-priority-below-default", CPRI)
@@ -138,14 +149,9 @@ def cpri_negative(ctx: Context) -> None:
     ch = conn.channel()
     q = ctx.queue(ch)
     got: list[str] = []
-    ch.basic_consume(q, lambda _c, m, _p, _b: got.append(m.consumer_tag), auto_ack=True,
-                     consumer_tag="neg", arguments={"x-priority": -5})
-    ch.basic_consume(q, lambda _c, m, _p, _b: got.append(m.consumer_tag), auto_ack=True,
-                     consumer_tag="default")
-    for _ in range(4):
-        ch.basic_publish("", q, b"p")
-    ctx.pump(conn, lambda: len(got) >= 4, 3)
-    eq(Counter(got), Counter({"default": 4}), "deliveries")
+    _consume_tagged(ch, q, got, "neg", {"x-priority": -5})
+    _consume_tagged(ch, q, got, "default")
+    eq(_deliveries(ctx, conn, ch, q, got, 4, b"p"), Counter({"default": 4}), "deliveries")
 
 
 # -- single active consumer ------------------------------------------------------------------
@@ -158,12 +164,8 @@ def sac(ctx: Context) -> None:
     q = ctx.queue(ch, arguments={"x-single-active-consumer": True})
     got: list[str] = []
     for tag in ("first", "second"):
-        ch.basic_consume(q, lambda _c, m, _p, _b: got.append(m.consumer_tag), auto_ack=True,
-                         consumer_tag=tag)
-    for _ in range(5):
-        ch.basic_publish("", q, b"s")
-    ctx.pump(conn, lambda: len(got) >= 5, 3)
-    eq(Counter(got), Counter({"first": 5}), "deliveries")
+        _consume_tagged(ch, q, got, tag)
+    eq(_deliveries(ctx, conn, ch, q, got, 5, b"s"), Counter({"first": 5}), "deliveries")
 
 
 @case("x-single-active-consumer/next-consumer-takes-over-on-cancel", SAC)
@@ -173,13 +175,9 @@ def sac_failover(ctx: Context) -> None:
     q = ctx.queue(ch, arguments={"x-single-active-consumer": True})
     got: list[str] = []
     for tag in ("first", "second"):
-        ch.basic_consume(q, lambda _c, m, _p, _b: got.append(m.consumer_tag), auto_ack=True,
-                         consumer_tag=tag)
+        _consume_tagged(ch, q, got, tag)
     ch.basic_cancel("first")
-    for _ in range(3):
-        ch.basic_publish("", q, b"s")
-    ctx.pump(conn, lambda: len(got) >= 3, 3)
-    eq(Counter(got), Counter({"second": 3}), "deliveries")
+    eq(_deliveries(ctx, conn, ch, q, got, 3, b"s"), Counter({"second": 3}), "deliveries")
 
 
 @case("x-single-active-consumer/unacked-requeued-to-next-consumer", SAC)

@@ -2,6 +2,8 @@
 sharing one private etcd (tests/support/etcdproc.py) on loopback, each test under its
 own etcd prefix. Optionally each node's etcd traffic goes through a TCP proxy and its
 inbound heartbeats through a UDP relay, so a test can cut one node off (a partition).
+Also the clients the queue failover tests share (mirrored and quorum queues): a publisher
+with confirms, a consumer thread, and the kill-in-the-middle publishing loop.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -18,6 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pamqp import body as pbody
+from pamqp import commands, frame, header
+
+from bench.loadgen import Conn, ProtocolError
 from tests.integration._http import Api
 from tests.support.brokerproc import BrokerProcess
 from tests.support.etcdproc import EtcdProcess
@@ -164,7 +171,8 @@ def private_etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
 
 @contextlib.contextmanager
 def three_nodes(tmp_path: Path, etcd_url: str, extra_env: dict[str, str] | None = None,
-                lease_ttl: float = 5.0) -> Iterator[list[ClusterNode]]:
+                lease_ttl: float = 5.0, partition_handling: str = "pause_minority",
+                ) -> Iterator[list[ClusterNode]]:
     """node-a, node-b and node-c under a fresh prefix, formed; every one started is stopped
     on the way out, even when a later one failed to start. ``extra_env``: settings every
     node gets (e.g. a longer heartbeat timeout)."""
@@ -174,9 +182,229 @@ def three_nodes(tmp_path: Path, etcd_url: str, extra_env: dict[str, str] | None 
         for name in ("a", "b", "c"):
             started.append(ClusterNode(f"node-{name}", tmp_path / name, etcd_url, prefix,
                                        lease_ttl=lease_ttl,
+                                       partition_handling=partition_handling,
                                        extra_env=dict(extra_env or {})).start())
         wait_formed(started)
         yield started
     finally:
         for n in started:
             n.stop()
+
+
+def diagnose(nodes: list[ClusterNode]) -> str:
+    """The cluster lines (and errors) of every node's log, for a failing wait."""
+    out = []
+    for n in nodes:
+        assert n.proc is not None
+        lines = n.proc.log_path.read_text(errors="replace").splitlines()
+        out.append(f"--- {n.name}")
+        out += [ln for ln in lines if "amqpd.cluster" in ln or "Traceback" in ln
+                or "Error" in ln][-60:]
+    return "\n".join(out)
+
+
+class ConfirmPublisher:
+    """Persistent publishes to ``queue`` with confirms in a window over one raw
+    connection; knows which message (its body, a number) each confirm or nack is for."""
+
+    def __init__(self, url: str, queue: str, window: int = 1000, batch: int = 100) -> None:
+        self.conn = Conn(url)
+        self.ch = self.conn.open_channel(1)
+        self.conn.rpc(self.ch, commands.Confirm.Select(), commands.Confirm.SelectOk)
+        self.queue = queue
+        self.window = window
+        self.batch = batch
+        self.seq = 0
+        self.outstanding: dict[int, int] = {}  # delivery tag -> message number
+        self.confirmed: set[int] = set()
+        self.nacked: set[int] = set()
+        self.props = commands.Basic.Properties(delivery_mode=2)
+
+    def _frames(self, number: int) -> bytes:
+        data = b"%010d" % number
+        return b"".join((
+            frame.marshal(commands.Basic.Publish(exchange="", routing_key=self.queue),
+                          self.ch),
+            frame.marshal(header.ContentHeader(0, len(data), self.props), self.ch),
+            frame.marshal(pbody.ContentBody(data), self.ch)))
+
+    def _answer(self, fr: Any) -> None:
+        if isinstance(fr, commands.Basic.Ack | commands.Basic.Nack):
+            into = self.confirmed if isinstance(fr, commands.Basic.Ack) else self.nacked
+            tags = [fr.delivery_tag]
+            if fr.multiple:
+                tags = [t for t in self.outstanding if t <= fr.delivery_tag]
+            for tag in tags:
+                number = self.outstanding.pop(tag, None)
+                if number is not None:
+                    into.add(number)
+        elif isinstance(fr, commands.Channel.Close | commands.Connection.Close):
+            raise ProtocolError(f"closed by the broker: {fr.reply_code} {fr.reply_text}")
+
+    def publish(self, first: int, count: int) -> None:
+        out = bytearray()
+        for number in range(first, first + count):
+            self.seq += 1
+            self.outstanding[self.seq] = number
+            out += self._frames(number)
+        self.conn.sock.sendall(out)
+        while len(self.outstanding) > self.window - self.batch:
+            self._answer(self.conn.read_frame()[1])
+
+    def drain(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.outstanding and time.monotonic() < deadline:
+            self._answer(self.conn.read_frame()[1])
+
+    def publish_range(self, first: int, end: int) -> None:
+        """Messages ``first`` to ``end`` - 1 in batches, then their answers (60 s)."""
+        for number in range(first, end, self.batch):
+            self.publish(number, min(self.batch, end - number))
+        self.drain(60)
+
+
+def publish_killing(pub: ConfirmPublisher, total: int, kill_at: int, victim: ClusterNode,
+                    backoff: Callable[[], None] | None = None) -> int:
+    """Messages 0 to ``total`` - 1 in batches of ``pub.batch``; ``victim`` killed with
+    kill -9 just before the batch holding message ``kill_at`` (in the middle of the
+    publisher's window). After the kill, while a batch comes back with nacks, ``backoff``
+    is called (for the first 60 s), as a client would back off. Answers how many were
+    confirmed at the kill. The caller drains."""
+    killed_at_confirmed = -1
+    number = 0
+    backoff_until = time.monotonic() + 60
+    while number < total:
+        n = min(pub.batch, total - number)
+        if number <= kill_at < number + n:
+            killed_at_confirmed = len(pub.confirmed)
+            victim.kill()
+        nacked = len(pub.nacked)
+        pub.publish(number, n)
+        number += n
+        if backoff is not None and killed_at_confirmed >= 0 and \
+                len(pub.nacked) > nacked and time.monotonic() < backoff_until:
+            backoff()
+    return killed_at_confirmed
+
+
+def publishing_thread(pub: ConfirmPublisher, first: int, stop: threading.Event,
+                      failure: list[BaseException]) -> threading.Thread:
+    """A thread (not started) that publishes batches from message ``first`` on until
+    ``stop`` is set, then waits for the answers (60 s); what it raises goes into
+    ``failure``, for the test thread to report."""
+
+    def publish() -> None:
+        number = first
+        try:
+            while not stop.is_set():
+                pub.publish(number, pub.batch)
+                number += pub.batch
+            pub.drain(60)
+        except BaseException as exc:  # reported by the test thread
+            failure.append(exc)
+
+    return threading.Thread(target=publish)
+
+
+class QueueConsumer(threading.Thread):
+    """Consumes ``queue`` on one node (prefetch, acks in batches) until told to stop;
+    what it got: (number, redelivered). A cancel or a closed connection is recorded and
+    the consumer starts again (a client would)."""
+
+    def __init__(self, node: ClusterNode, queue: str, prefetch: int = 500,
+                 ack: bool = True) -> None:
+        super().__init__(daemon=True)
+        self.node = node
+        self.queue = queue
+        self.prefetch = prefetch
+        self.ack = ack  # False: holds every delivery unacknowledged
+        self.got: list[tuple[int, bool]] = []
+        self.seen: set[int] = set()
+        self.stopped = threading.Event()
+        self.interruptions: list[str] = []
+        # x-delivery-count of each redelivered message (None: no header)
+        self.counts: dict[int, Any] = {}
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            while not self.stopped.is_set():
+                try:
+                    self._consume()
+                except (OSError, ProtocolError) as exc:
+                    self.interruptions.append(str(exc))
+                    if len(self.interruptions) > 20:
+                        raise
+                    time.sleep(0.5)
+        except BaseException as exc:  # reported by the test thread
+            self.error = exc
+
+    def _consume(self) -> None:
+        conn = Conn(self.node.url)
+        try:
+            ch = conn.open_channel(1)
+            conn.rpc(ch, commands.Basic.Qos(prefetch_count=self.prefetch),
+                     commands.Basic.QosOk)
+            conn.rpc(ch, commands.Basic.Consume(queue=self.queue, consumer_tag="reader"),
+                     commands.Basic.ConsumeOk)
+            conn.sock.settimeout(0.3)
+            redelivered = False
+            count: Any = None
+            unacked = 0
+            tag = 0
+            while not self.stopped.is_set():
+                try:
+                    _ch, fr = conn.read_frame()
+                except TimeoutError:
+                    if unacked and self.ack:
+                        conn.send(ch, commands.Basic.Ack(delivery_tag=tag, multiple=True))
+                        unacked = 0
+                    continue
+                if isinstance(fr, commands.Basic.Deliver):
+                    redelivered = bool(fr.redelivered)
+                    tag = fr.delivery_tag
+                elif isinstance(fr, header.ContentHeader):
+                    count = (fr.properties.headers or {}).get("x-delivery-count")
+                elif isinstance(fr, pbody.ContentBody):
+                    number = int(fr.value)
+                    if redelivered:
+                        self.counts[number] = count
+                    self.got.append((number, redelivered))
+                    self.seen.add(number)
+                    unacked += 1
+                    if unacked >= 100 and self.ack:
+                        conn.send(ch, commands.Basic.Ack(delivery_tag=tag, multiple=True))
+                        unacked = 0
+                elif isinstance(fr, commands.Basic.Cancel | commands.Channel.Close |
+                                commands.Connection.Close):
+                    raise ProtocolError(f"consumer stopped by the broker: {fr}")
+            if unacked and self.ack:
+                conn.send(ch, commands.Basic.Ack(delivery_tag=tag, multiple=True))
+        finally:
+            conn.sock.close()
+
+
+@contextlib.contextmanager
+def running(*consumers: QueueConsumer) -> Iterator[None]:
+    """The consumers started, and on the way out told to stop and joined (30 s each)."""
+    for c in consumers:
+        c.start()
+    try:
+        yield
+    finally:
+        for c in consumers:
+            c.stopped.set()
+        for c in consumers:
+            c.join(30)
+
+
+def check_consumed(got: list[tuple[int, bool]], confirmed: set[int]) -> None:
+    """Every confirmed message among ``got``, and one delivered twice only redelivered."""
+    numbers = [n for n, _r in got]
+    missing = confirmed - set(numbers)
+    assert not missing, f"{len(missing)} confirmed messages lost, e.g. {sorted(missing)[:10]}"
+    first: set[int] = set()
+    for n, redelivered in got:
+        if n in first:
+            assert redelivered, f"message {n} delivered twice without redelivered"
+        first.add(n)

@@ -18,15 +18,24 @@ import re
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from pamqp import body as pbody
-from pamqp import commands, frame, header
+from pamqp import commands
 
 from bench.loadgen import Conn, ProtocolError
 from tests.integration._http import q
-from tests.integration.cluster_support import ClusterNode, wait_for
+from tests.integration.cluster_support import (
+    ClusterNode,
+    ConfirmPublisher,
+    check_consumed,
+    diagnose,
+    publish_killing,
+    publishing_thread,
+    wait_for,
+)
 from tests.support import etcdproc
 from tests.support.etcdproc import EtcdProcess
 
@@ -76,72 +85,15 @@ def declare(node: ClusterNode, name: str) -> None:
         conn.close()
 
 
-def diagnose(nodes: list[ClusterNode]) -> str:
-    """The cluster and mirror lines of every node's log."""
-    out = []
-    for n in nodes:
-        assert n.proc is not None
-        lines = n.proc.log_path.read_text(errors="replace").splitlines()
-        out.append(f"--- {n.name}")
-        out += [ln for ln in lines if "amqpd.cluster" in ln or "Traceback" in ln
-                or "Error" in ln][-60:]
-    return "\n".join(out)
-
-
 def synchronised(node: ClusterNode, name: str) -> list[str]:
     return list(queue_info(node, name).get("synchronised_mirror_nodes") or [])
 
 
-class Publisher:
-    """Persistent publishes with confirms in a window over one raw connection; knows
-    which message (its body) each confirm or nack is for."""
+class Publisher(ConfirmPublisher):
+    """Confirmed publishes to QUEUE (cluster_support.ConfirmPublisher)."""
 
     def __init__(self, url: str, window: int = 1000, batch: int = 100) -> None:
-        self.conn = Conn(url)
-        self.ch = self.conn.open_channel(1)
-        self.conn.rpc(self.ch, commands.Confirm.Select(), commands.Confirm.SelectOk)
-        self.window = window
-        self.batch = batch
-        self.seq = 0
-        self.outstanding: dict[int, int] = {}  # delivery tag -> message number
-        self.confirmed: set[int] = set()
-        self.nacked: set[int] = set()
-        self.props = commands.Basic.Properties(delivery_mode=2)
-
-    def _frames(self, number: int) -> bytes:
-        data = b"%010d" % number
-        return b"".join((
-            frame.marshal(commands.Basic.Publish(exchange="", routing_key=QUEUE), self.ch),
-            frame.marshal(header.ContentHeader(0, len(data), self.props), self.ch),
-            frame.marshal(pbody.ContentBody(data), self.ch)))
-
-    def _answer(self, fr: Any) -> None:
-        if isinstance(fr, commands.Basic.Ack | commands.Basic.Nack):
-            into = self.confirmed if isinstance(fr, commands.Basic.Ack) else self.nacked
-            tags = [fr.delivery_tag]
-            if fr.multiple:
-                tags = [t for t in self.outstanding if t <= fr.delivery_tag]
-            for tag in tags:
-                number = self.outstanding.pop(tag, None)
-                if number is not None:
-                    into.add(number)
-        elif isinstance(fr, commands.Channel.Close | commands.Connection.Close):
-            raise ProtocolError(f"closed by the broker: {fr.reply_code} {fr.reply_text}")
-
-    def publish(self, first: int, count: int) -> None:
-        out = bytearray()
-        for number in range(first, first + count):
-            self.seq += 1
-            self.outstanding[self.seq] = number
-            out += self._frames(number)
-        self.conn.sock.sendall(out)
-        while len(self.outstanding) > self.window - self.batch:
-            self._answer(self.conn.read_frame()[1])
-
-    def drain(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while self.outstanding and time.monotonic() < deadline:
-            self._answer(self.conn.read_frame()[1])
+        super().__init__(url, QUEUE, window, batch)
 
 
 def consume_all(node: ClusterNode, expect: set[int], quiet: float = 3.0,
@@ -233,20 +185,9 @@ def test_kill_9_of_the_leader_during_confirmed_publishing_loses_nothing_confirme
     print(f"seed {seed}: {TOTAL} messages, node-a killed after message {kill_at}")
     pub = Publisher(b.url)
     t0 = time.monotonic()
-    killed_at_confirmed = -1
-    number = 0
-    backoff_until = time.monotonic() + 60
-    while number < TOTAL:
-        n = min(pub.batch, TOTAL - number)
-        if number <= kill_at < number + n:
-            killed_at_confirmed = len(pub.confirmed)
-            a.kill()  # kill -9, in the middle of the publisher's window
-        nacked = len(pub.nacked)
-        pub.publish(number, n)
-        number += n
-        if killed_at_confirmed >= 0 and len(pub.nacked) > nacked and \
-                time.monotonic() < backoff_until:
-            time.sleep(0.05)  # as a client would: back off while publishes are nacked
+    # as a client would: back off while publishes are nacked
+    killed_at_confirmed = publish_killing(pub, TOTAL, kill_at, a,
+                                          backoff=lambda: time.sleep(0.05))
     pub.drain(60)
     elapsed = time.monotonic() - t0
     print(f"published {TOTAL} in {elapsed:.1f}s: {len(pub.confirmed)} confirmed, "
@@ -265,16 +206,10 @@ def test_kill_9_of_the_leader_during_confirmed_publishing_loses_nothing_confirme
     print(f"promoted: {leader}")
 
     got = consume_all(c, pub.confirmed)
-    numbers = [n for n, _r in got]
-    missing = pub.confirmed - set(numbers)
-    assert not missing, f"{len(missing)} confirmed messages lost, e.g. {sorted(missing)[:10]}"
-    first: set[int] = set()
-    for n, redelivered in got:
-        if n in first:
-            assert redelivered, f"message {n} delivered twice without redelivered"
-        first.add(n)
-    assert set(numbers) <= set(range(TOTAL))
-    print(f"consumed {len(got)} ({len(got) - len(first)} duplicates, "
+    check_consumed(got, pub.confirmed)
+    numbers = {n for n, _r in got}
+    assert numbers <= set(range(TOTAL))
+    print(f"consumed {len(got)} ({len(got) - len(numbers)} duplicates, "
           f"{sum(1 for _n, r in got if r)} redelivered)")
 
     # the old leader returns: it finds the queue led elsewhere, drops its own copy and
@@ -308,9 +243,7 @@ def test_a_returning_mirror_catches_up_in_the_background_and_holds_everything(
     assert queue_info(a, QUEUE)["mirror_nodes"] == [b.name]
     assert sync_critical(a)[0] == 200
     pub = Publisher(a.url)
-    for first in range(0, 5000, pub.batch):
-        pub.publish(first, pub.batch)
-    pub.drain(60)
+    pub.publish_range(0, 5000)
     assert len(pub.confirmed) == 5000
 
     # B goes: A holds the only copy, stopping it would lose data
@@ -321,27 +254,14 @@ def test_a_returning_mirror_catches_up_in_the_background_and_holds_everything(
     assert status == 503, body
     assert body["queues"] == [{"name": QUEUE, "vhost": "/"}]
     assert sync_critical(c)[0] == 200  # C holds no copy
-    for first in range(5000, 10000, pub.batch):  # confirmed with no mirror to wait for
-        pub.publish(first, pub.batch)
-    pub.drain(60)
+    pub.publish_range(5000, 10000)  # confirmed with no mirror to wait for
     assert len(pub.confirmed) == 10000
 
     # B returns while a publisher runs: its copy is made in the background
     samples: list[tuple[float, int]] = []
     stop = threading.Event()
     failure: list[BaseException] = []
-
-    def publish() -> None:
-        number = 10000
-        try:
-            while not stop.is_set():
-                pub.publish(number, pub.batch)
-                number += pub.batch
-            pub.drain(60)
-        except BaseException as exc:  # reported by the test thread
-            failure.append(exc)
-
-    thread = threading.Thread(target=publish)
+    thread = publishing_thread(pub, 10000, stop, failure)
     thread.start()
     try:
         t0 = time.monotonic()
@@ -386,6 +306,31 @@ def test_a_returning_mirror_catches_up_in_the_background_and_holds_everything(
     assert not missing, f"{len(missing)} confirmed messages lost, e.g. {sorted(missing)[:10]}"
 
 
+def leaver_cancelled(conns: dict[str, Conn]) -> None:
+    """The consumer tagged "leaver" (x-cancel-on-ha-failover) gets basic.cancel within
+    30 s of its leader's loss; its connection is taken out of ``conns`` and closed."""
+    leaver = conns.pop("leaver")
+    leaver.sock.settimeout(30)
+    assert leaver.expect(1, commands.Basic.Cancel).consumer_tag == "leaver"
+    leaver.close()
+
+
+def frames_round(conns: dict[str, Conn], nodes: list[ClusterNode],
+                 ) -> Iterator[tuple[str, Conn, Any]]:
+    """One frame from each consumer's connection in turn, (tag, connection, frame); a
+    connection with none within its socket timeout is passed over. A consumer the broker
+    stops (cancel, channel or connection close) fails the test."""
+    for tag, conn in conns.items():
+        try:
+            _ch, fr = conn.read_frame()
+        except TimeoutError:
+            continue
+        if isinstance(fr, commands.Basic.Cancel | commands.Channel.Close |
+                      commands.Connection.Close):
+            raise AssertionError(f"{tag} was stopped: {fr}\n{diagnose(nodes)}")
+        yield tag, conn, fr
+
+
 def test_consumers_follow_the_promoted_mirror_unless_they_ask_to_be_cancelled(
         nodes: list[ClusterNode]) -> None:
     a, b, c = nodes
@@ -396,9 +341,7 @@ def test_consumers_follow_the_promoted_mirror_unless_they_ask_to_be_cancelled(
              lambda: diagnose(nodes))
     total = 1000
     pub = Publisher(b.url)
-    for first in range(0, total, pub.batch):
-        pub.publish(first, pub.batch)
-    pub.drain(60)
+    pub.publish_range(0, total)
     assert len(pub.confirmed) == total
     pub.conn.close()
 
@@ -423,11 +366,7 @@ def test_consumers_follow_the_promoted_mirror_unless_they_ask_to_be_cancelled(
                 held[tag].append(int(fr.value))
 
     a.kill()
-    leaver = conns.pop("leaver")
-    leaver.sock.settimeout(30)
-    cancel = leaver.expect(1, commands.Basic.Cancel)
-    assert cancel.consumer_tag == "leaver"
-    leaver.close()
+    leaver_cancelled(conns)
     # the keepers ack what they held (those acks reach no leader: the new one has them
     # back, redelivered) and consume on from the new leader
     for tag, conn in conns.items():
@@ -437,14 +376,7 @@ def test_consumers_follow_the_promoted_mirror_unless_they_ask_to_be_cancelled(
     redelivered: dict[str, bool] = {}
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and {n for n, _r in got} < set(range(total)):
-        for tag, conn in conns.items():
-            try:
-                _ch, fr = conn.read_frame()
-            except TimeoutError:
-                continue
-            if isinstance(fr, commands.Basic.Cancel | commands.Channel.Close |
-                          commands.Connection.Close):
-                raise AssertionError(f"{tag} was stopped: {fr}\n{diagnose(nodes)}")
+        for tag, conn, fr in frames_round(conns, nodes):
             if isinstance(fr, commands.Basic.Deliver):
                 redelivered[tag] = bool(fr.redelivered)
                 conn.send(1, commands.Basic.Ack(delivery_tag=fr.delivery_tag))
@@ -483,10 +415,7 @@ def test_consumers_follow_a_leader_killed_the_moment_its_mirrors_are_in_sync(
         assert time.monotonic() < deadline, f"mirrors not in sync\n{diagnose(nodes)}"
         time.sleep(0.01)
     a.kill()
-    leaver = conns.pop("leaver")
-    leaver.sock.settimeout(30)
-    assert leaver.expect(1, commands.Basic.Cancel).consumer_tag == "leaver"
-    leaver.close()
+    leaver_cancelled(conns)
     wait_for(lambda: usable(c, QUEUE), 60, "a mirror promoted", lambda: diagnose(nodes))
     total = 20
     publish_confirmed(c, 0, total)
@@ -495,14 +424,7 @@ def test_consumers_follow_a_leader_killed_the_moment_its_mirrors_are_in_sync(
     got: dict[str, set[int]] = {tag: set() for tag in conns}
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and set().union(*got.values()) != set(range(total)):
-        for tag, conn in conns.items():
-            try:
-                _ch, fr = conn.read_frame()
-            except TimeoutError:
-                continue
-            if isinstance(fr, commands.Basic.Cancel | commands.Channel.Close |
-                          commands.Connection.Close):
-                raise AssertionError(f"{tag} was stopped: {fr}\n{diagnose(nodes)}")
+        for tag, _conn, fr in frames_round(conns, nodes):
             if isinstance(fr, pbody.ContentBody):
                 got[tag].add(int(fr.value))
     for conn in conns.values():
@@ -523,9 +445,7 @@ def message_count(node: ClusterNode, name: str) -> int:
 
 def publish_confirmed(node: ClusterNode, first: int, count: int) -> None:
     pub = Publisher(node.url)
-    for n in range(first, first + count, pub.batch):
-        pub.publish(n, min(pub.batch, first + count - n))
-    pub.drain(60)
+    pub.publish_range(first, first + count)
     assert pub.confirmed == set(range(first, first + count)), "every publish confirmed"
     pub.conn.close()
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import random
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,14 +22,20 @@ from typing import Any
 
 import pytest
 from pamqp import body as pbody
-from pamqp import commands, frame, header
+from pamqp import commands, header
 
 from bench.loadgen import Conn, ProtocolError
 from tests.integration._http import q
 from tests.integration.cluster_support import (
     ClusterNode,
+    ConfirmPublisher,
+    QueueConsumer,
+    check_consumed,
+    diagnose,
     free_udp_port,
     new_prefix,
+    publish_killing,
+    running,
     three_nodes,
     wait_for,
     wait_formed,
@@ -64,17 +69,6 @@ def declare(node: ClusterNode, name: str = QUEUE, **arguments: Any) -> None:
         conn.close()
 
 
-def diagnose(nodes: list[ClusterNode]) -> str:
-    out = []
-    for n in nodes:
-        assert n.proc is not None
-        lines = n.proc.log_path.read_text(errors="replace").splitlines()
-        out.append(f"--- {n.name}")
-        out += [ln for ln in lines if "amqpd.cluster" in ln or "Traceback" in ln
-                or "Error" in ln][-60:]
-    return "\n".join(out)
-
-
 def critical(node: ClusterNode) -> tuple[int, Any]:
     r = node.api.get("/api/health/checks/node-is-quorum-critical")
     return r.status, r.json()
@@ -96,143 +90,29 @@ def group_formed(nodes: list[ClusterNode], leader: ClusterNode) -> None:
     wait_for(formed, 30, "the group shown on every node", lambda: diagnose(nodes))
 
 
-class Publisher:
-    """Persistent publishes with confirms in a window over one raw connection; knows
-    which message (its body) each confirm or nack is for."""
+class Publisher(ConfirmPublisher):
+    """Confirmed publishes to QUEUE (cluster_support.ConfirmPublisher)."""
 
     def __init__(self, url: str, window: int = 1000, batch: int = 100) -> None:
-        self.conn = Conn(url)
-        self.ch = self.conn.open_channel(1)
-        self.conn.rpc(self.ch, commands.Confirm.Select(), commands.Confirm.SelectOk)
-        self.window = window
-        self.batch = batch
-        self.seq = 0
-        self.outstanding: dict[int, int] = {}
-        self.confirmed: set[int] = set()
-        self.nacked: set[int] = set()
-        self.props = commands.Basic.Properties(delivery_mode=2)
-
-    def _frames(self, number: int) -> bytes:
-        data = b"%010d" % number
-        return b"".join((
-            frame.marshal(commands.Basic.Publish(exchange="", routing_key=QUEUE), self.ch),
-            frame.marshal(header.ContentHeader(0, len(data), self.props), self.ch),
-            frame.marshal(pbody.ContentBody(data), self.ch)))
-
-    def _answer(self, fr: Any) -> None:
-        if isinstance(fr, commands.Basic.Ack | commands.Basic.Nack):
-            into = self.confirmed if isinstance(fr, commands.Basic.Ack) else self.nacked
-            tags = [fr.delivery_tag]
-            if fr.multiple:
-                tags = [t for t in self.outstanding if t <= fr.delivery_tag]
-            for tag in tags:
-                number = self.outstanding.pop(tag, None)
-                if number is not None:
-                    into.add(number)
-        elif isinstance(fr, commands.Channel.Close | commands.Connection.Close):
-            raise ProtocolError(f"closed by the broker: {fr.reply_code} {fr.reply_text}")
-
-    def publish(self, first: int, count: int) -> None:
-        out = bytearray()
-        for number in range(first, first + count):
-            self.seq += 1
-            self.outstanding[self.seq] = number
-            out += self._frames(number)
-        self.conn.sock.sendall(out)
-        while len(self.outstanding) > self.window - self.batch:
-            self._answer(self.conn.read_frame()[1])
-
-    def drain(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while self.outstanding and time.monotonic() < deadline:
-            self._answer(self.conn.read_frame()[1])
+        super().__init__(url, QUEUE, window, batch)
 
 
-class Consumer(threading.Thread):
-    """Consumes QUEUE on one node (prefetch, acks in batches) until told to stop; what
-    it got: (number, redelivered). A cancel or a closed connection is recorded and the
-    consumer starts again (a client would)."""
+class Consumer(QueueConsumer):
+    """A consumer thread on QUEUE (cluster_support.QueueConsumer)."""
 
     def __init__(self, node: ClusterNode, prefetch: int = 500, ack: bool = True) -> None:
-        super().__init__(daemon=True)
-        self.node = node
-        self.prefetch = prefetch
-        self.ack = ack  # False: holds every delivery unacknowledged
-        self.got: list[tuple[int, bool]] = []
-        self.seen: set[int] = set()
-        self.stopped = threading.Event()
-        self.interruptions: list[str] = []
-        # x-delivery-count of each redelivered message (None: no header)
-        self.counts: dict[int, Any] = {}
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            while not self.stopped.is_set():
-                try:
-                    self._consume()
-                except (OSError, ProtocolError) as exc:
-                    self.interruptions.append(str(exc))
-                    if len(self.interruptions) > 20:
-                        raise
-                    time.sleep(0.5)
-        except BaseException as exc:  # reported by the test thread
-            self.error = exc
-
-    def _consume(self) -> None:
-        conn = Conn(self.node.url)
-        try:
-            ch = conn.open_channel(1)
-            conn.rpc(ch, commands.Basic.Qos(prefetch_count=self.prefetch),
-                     commands.Basic.QosOk)
-            conn.rpc(ch, commands.Basic.Consume(queue=QUEUE, consumer_tag="reader"),
-                     commands.Basic.ConsumeOk)
-            conn.sock.settimeout(0.3)
-            redelivered = False
-            count: Any = None
-            unacked = 0
-            tag = 0
-            while not self.stopped.is_set():
-                try:
-                    _ch, fr = conn.read_frame()
-                except TimeoutError:
-                    if unacked and self.ack:
-                        conn.send(ch, commands.Basic.Ack(delivery_tag=tag, multiple=True))
-                        unacked = 0
-                    continue
-                if isinstance(fr, commands.Basic.Deliver):
-                    redelivered = bool(fr.redelivered)
-                    tag = fr.delivery_tag
-                elif isinstance(fr, header.ContentHeader):
-                    count = (fr.properties.headers or {}).get("x-delivery-count")
-                elif isinstance(fr, pbody.ContentBody):
-                    number = int(fr.value)
-                    if redelivered:
-                        self.counts[number] = count
-                    self.got.append((number, redelivered))
-                    self.seen.add(number)
-                    unacked += 1
-                    if unacked >= 100 and self.ack:
-                        conn.send(ch, commands.Basic.Ack(delivery_tag=tag, multiple=True))
-                        unacked = 0
-                elif isinstance(fr, commands.Basic.Cancel | commands.Channel.Close |
-                                commands.Connection.Close):
-                    raise ProtocolError(f"consumer stopped by the broker: {fr}")
-            if unacked and self.ack:
-                conn.send(ch, commands.Basic.Ack(delivery_tag=tag, multiple=True))
-        finally:
-            conn.sock.close()
+        super().__init__(node, QUEUE, prefetch, ack)
 
 
-def check_consumed(got: list[tuple[int, bool]], confirmed: set[int]) -> None:
-    numbers = [n for n, _r in got]
-    missing = confirmed - set(numbers)
-    assert not missing, f"{len(missing)} confirmed messages lost, e.g. {sorted(missing)[:10]}"
-    first: set[int] = set()
-    for n, redelivered in got:
-        if n in first:
-            assert redelivered, f"message {n} delivered twice without redelivered"
-        first.add(n)
+def consume_every_confirmed(node: ClusterNode, confirmed: set[int],
+                            nodes: list[ClusterNode]) -> None:
+    """A consumer on ``node`` gets every confirmed message within 60 s, a message
+    delivered twice only redelivered."""
+    consumer = Consumer(node)
+    with running(consumer):
+        wait_for(lambda: consumer.seen >= confirmed, 60, "every confirmed message",
+                 lambda: f"{len(confirmed - consumer.seen)} missing\n{diagnose(nodes)}")
+    check_consumed(consumer.got, confirmed)
 
 
 # The failure detectors of the kill test's nodes. With the defaults a survivor whose
@@ -276,34 +156,22 @@ def test_kill_9_of_the_leader_during_confirmed_publishing_loses_nothing_confirme
     kill_at = rng.randrange(TOTAL // 10, TOTAL * 6 // 10)
     print(f"seed {seed}: {TOTAL} messages, node-a killed after message {kill_at}")
     consumer = Consumer(c)
-    consumer.start()
     # a consumer on node-b that holds 20 deliveries unacknowledged across the kill: the
     # new leader has them again (redelivered) and, node-b or node-c, hands the holder
     # nothing more, its window being full (node-c winning was seed 704744393's "20
     # missing": test_holders_on_both_survivors_keep_their_windows_across_the_election)
     holder = Consumer(b, prefetch=20, ack=False)
-    holder.start()
-    pub = Publisher(b.url)
-    t0 = time.monotonic()
-    killed_at_confirmed = -1
-    number = 0
-    backoff_until = time.monotonic() + 60
-    try:
-        while number < TOTAL:
-            n = min(pub.batch, TOTAL - number)
-            if number <= kill_at < number + n:
-                killed_at_confirmed = len(pub.confirmed)
-                a.kill()  # kill -9, in the middle of the publisher's window
-            nacked = len(pub.nacked)
-            pub.publish(number, n)
-            number += n
-            if killed_at_confirmed >= 0 and len(pub.nacked) > nacked and \
-                    time.monotonic() < backoff_until:
-                # as a client would: back off while publishes are nacked, here until the
-                # group has a new leader (polled; with this test's 5 s heartbeat timeout
-                # the rest of the messages were otherwise all sent, and nacked, before it)
-                wait_for(lambda: queue_info(b).get("leader") in (b.name, c.name), 30,
-                         "a new leader elected while publishing", lambda: diagnose(nodes))
+    with running(consumer, holder):
+        pub = Publisher(b.url)
+        t0 = time.monotonic()
+        # as a client would: back off while publishes are nacked, here until the group
+        # has a new leader (polled; with this test's 5 s heartbeat timeout the rest of the
+        # messages were otherwise all sent, and nacked, before it)
+        killed_at_confirmed = publish_killing(
+            pub, TOTAL, kill_at, a,
+            backoff=lambda: wait_for(lambda: queue_info(b).get("leader") in (b.name, c.name),
+                                     30, "a new leader elected while publishing",
+                                     lambda: diagnose(nodes)))
         pub.drain(60)
         elapsed = time.monotonic() - t0
         print(f"published {TOTAL} in {elapsed:.1f}s: {len(pub.confirmed)} confirmed, "
@@ -321,11 +189,6 @@ def test_kill_9_of_the_leader_during_confirmed_publishing_loses_nothing_confirme
                  "the consumer on node-c got every confirmed message",
                  lambda: f"{len(pub.confirmed - consumer.seen)} missing; "
                          f"interruptions {consumer.interruptions}\n{diagnose(nodes)}")
-    finally:
-        consumer.stopped.set()
-        holder.stopped.set()
-        consumer.join(30)
-        holder.join(30)
     assert consumer.error is None, consumer.error
     assert holder.error is None and not holder.interruptions, holder.interruptions
     check_consumed(consumer.got, pub.confirmed)
@@ -378,9 +241,7 @@ def test_holders_on_both_survivors_keep_their_windows_across_the_election(
     declare(a)
     group_formed(nodes, a)
     pub = Publisher(a.url)
-    for first in range(0, 500, pub.batch):
-        pub.publish(first, pub.batch)
-    pub.drain(60)
+    pub.publish_range(0, 500)
     assert len(pub.confirmed) == 500, f"{len(pub.nacked)} nacked"
     pub.conn.close()
     holders = [Consumer(n, prefetch=20, ack=False) for n in (b, c)]
@@ -453,17 +314,8 @@ def ignoring(tmp_path: Path, etcd: EtcdProcess) -> Iterator[list[ClusterNode]]:
     """Three nodes with ``partition_handling = ignore``: a node that sees only itself
     keeps running (with pause_minority it would pause, and so would its queues), so
     what a quorum queue's group does without its majority shows."""
-    prefix = new_prefix()
-    started: list[ClusterNode] = []
-    try:
-        for name in ("a", "b", "c"):
-            started.append(ClusterNode(f"node-{name}", tmp_path / name, etcd.url, prefix,
-                                       partition_handling="ignore").start())
-        wait_formed(started)
+    with three_nodes(tmp_path, etcd.url, partition_handling="ignore") as started:
         yield started
-    finally:
-        for n in started:
-            n.stop()
 
 
 def tx_publish(node: ClusterNode, number: int) -> str:
@@ -492,9 +344,7 @@ def test_one_node_down_serves_two_down_refuse_and_nothing_confirmed_is_lost(
     declare(a)
     group_formed(nodes, a)
     pub = Publisher(a.url)
-    for first in range(0, 1000, pub.batch):
-        pub.publish(first, pub.batch)
-    pub.drain(60)
+    pub.publish_range(0, 1000)
     assert len(pub.confirmed) == 1000
 
     # C goes: A and B are a majority of three; the queue keeps serving
@@ -509,9 +359,7 @@ def test_one_node_down_serves_two_down_refuse_and_nothing_confirmed_is_lost(
     assert body["queues"] == [{"name": QUEUE, "virtual_host": "/", "type": "quorum",
                                "readable_name": f"queue '{QUEUE}' in vhost '/'"}]
     assert sorted(queue_info(a)["online"]) == [a.name, b.name]
-    for first in range(1000, 2000, pub.batch):
-        pub.publish(first, pub.batch)
-    pub.drain(60)
+    pub.publish_range(1000, 2000)
     assert len(pub.confirmed) == 2000, f"{len(pub.nacked)} nacked with one node down"
     assert tx_publish(a, 2500) == "commit-ok"  # tx.commit-ok after the majority's acks
     pub.confirmed.add(2500)
@@ -520,9 +368,7 @@ def test_one_node_down_serves_two_down_refuse_and_nothing_confirmed_is_lost(
     b.kill()
     wait_for(lambda: sorted(queue_info(a)["online"]) == [a.name], 30, "only node-a online",
              lambda: diagnose(nodes))
-    for first in range(2000, 2100, pub.batch):
-        pub.publish(first, pub.batch)
-    pub.drain(60)
+    pub.publish_range(2000, 2100)
     assert not pub.outstanding
     refused = {n for n in range(2000, 2100) if n in pub.nacked}
     assert refused == set(range(2000, 2100)), \
@@ -541,20 +387,10 @@ def test_one_node_down_serves_two_down_refuse_and_nothing_confirmed_is_lost(
     wait_for(lambda: critical(a)[0] == 200, 90, "the group complete again",
              lambda: diagnose(nodes))
     assert queue_info(b)["leader"] == a.name
-    for first in range(3000, 3500, pub.batch):
-        pub.publish(first, pub.batch)
-    pub.drain(60)
+    pub.publish_range(3000, 3500)
     assert set(range(3000, 3500)) <= pub.confirmed
     pub.conn.close()
-    consumer = Consumer(b)
-    consumer.start()
-    try:
-        wait_for(lambda: consumer.seen >= pub.confirmed, 60, "every confirmed message",
-                 lambda: f"{len(pub.confirmed - consumer.seen)} missing\n{diagnose(nodes)}")
-    finally:
-        consumer.stopped.set()
-        consumer.join(30)
-    check_consumed(consumer.got, pub.confirmed)
+    consume_every_confirmed(b, pub.confirmed, nodes)
 
 
 def members(node: ClusterNode) -> list[str]:
@@ -571,9 +407,7 @@ def test_members_are_added_and_removed_with_amqpctl_and_a_new_one_catches_up(
     wait_for(lambda: critical(a)[0] == 503, 30, "node-a critical")
     assert critical(c)[0] == 200  # no member on node-c
     pub = Publisher(a.url)
-    for first in range(0, 2000, pub.batch):
-        pub.publish(first, pub.batch)
-    pub.drain(60)
+    pub.publish_range(0, 2000)
     assert len(pub.confirmed) == 2000
 
     # refusals, as rabbitmq-queues gives them
@@ -594,9 +428,7 @@ def test_members_are_added_and_removed_with_amqpctl_and_a_new_one_catches_up(
     assert rows == [{"vhost": "/", "name": QUEUE, "size": 2, "result": "ok"}]
     wait_for(lambda: all(members(n) == sorted([a.name, c.name]) for n in nodes), 30,
              "node-b removed everywhere", lambda: diagnose(nodes))
-    for first in range(2000, 2500, pub.batch):
-        pub.publish(first, pub.batch)
-    pub.drain(60)
+    pub.publish_range(2000, 2500)
     assert set(range(2000, 2500)) <= pub.confirmed, \
         f"{len(pub.nacked)} nacked: node-c's copy never completed\n{diagnose(nodes)}"
     # the leader's member cannot be deleted on request (amqpd moves no leader)
@@ -607,15 +439,7 @@ def test_members_are_added_and_removed_with_amqpctl_and_a_new_one_catches_up(
     assert rows == [{"vhost": "/", "name": QUEUE, "size": 3, "result": "ok"}]
     wait_for(lambda: members(a) == sorted(n.name for n in nodes), 30, "node-b back")
     pub.conn.close()
-    consumer = Consumer(c)
-    consumer.start()
-    try:
-        wait_for(lambda: consumer.seen >= pub.confirmed, 60, "every confirmed message",
-                 lambda: f"{len(pub.confirmed - consumer.seen)} missing\n{diagnose(nodes)}")
-    finally:
-        consumer.stopped.set()
-        consumer.join(30)
-    check_consumed(consumer.got, pub.confirmed)
+    consume_every_confirmed(c, pub.confirmed, nodes)
 
 
 @pytest.fixture
@@ -660,9 +484,7 @@ def test_a_cut_off_leader_confirms_nothing_while_the_majority_elects_another(
     declare(a)
     group_formed(nodes, a)
     pub_a = Publisher(a.url)
-    for first in range(0, 500, pub_a.batch):
-        pub_a.publish(first, pub_a.batch)
-    pub_a.drain(60)
+    pub_a.publish_range(0, 500)
     assert len(pub_a.confirmed) == 500
 
     isolate(a, [b, c])
@@ -671,9 +493,7 @@ def test_a_cut_off_leader_confirms_nothing_while_the_majority_elects_another(
     new_leader = queue_info(b)["leader"]
     print(f"elected during the partition: {new_leader}")
     # A still has its clients; what they publish to its old copy is never confirmed
-    for first in range(10000, 10200, pub_a.batch):
-        pub_a.publish(first, pub_a.batch)
-    pub_a.drain(60)
+    pub_a.publish_range(10000, 10200)
     assert not pub_a.outstanding
     during = set(range(10000, 10200))
     assert not pub_a.confirmed & during, \
@@ -682,9 +502,7 @@ def test_a_cut_off_leader_confirms_nothing_while_the_majority_elects_another(
     assert a.api.get("/api/health/checks/local-alarms").status == 200
     # the majority's side confirms
     pub_b = Publisher(b.url)
-    for first in range(20000, 20500, pub_b.batch):
-        pub_b.publish(first, pub_b.batch)
-    pub_b.drain(60)
+    pub_b.publish_range(20000, 20500)
     assert len(pub_b.confirmed) == 500, f"{len(pub_b.nacked)} nacked on the majority"
     pub_a.conn.close()
     pub_b.conn.close()
@@ -694,16 +512,7 @@ def test_a_cut_off_leader_confirms_nothing_while_the_majority_elects_another(
     wait_for(lambda: queue_info(a).get("leader") == new_leader and
              sorted(queue_info(a).get("online", [])) == sorted(n.name for n in nodes), 60,
              "node-a follows the new leader", lambda: diagnose(nodes))
-    confirmed = pub_a.confirmed | pub_b.confirmed
-    consumer = Consumer(a)
-    consumer.start()
-    try:
-        wait_for(lambda: consumer.seen >= confirmed, 60, "every confirmed message",
-                 lambda: f"{len(confirmed - consumer.seen)} missing\n{diagnose(nodes)}")
-    finally:
-        consumer.stopped.set()
-        consumer.join(30)
-    check_consumed(consumer.got, confirmed)
+    consume_every_confirmed(a, pub_a.confirmed | pub_b.confirmed, nodes)
 
 
 def test_a_leader_locator_puts_the_leader_elsewhere(nodes: list[ClusterNode]) -> None:

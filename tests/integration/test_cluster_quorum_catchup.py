@@ -29,15 +29,21 @@ from typing import Any
 
 import pytest
 
-from tests.integration.cluster_support import ClusterNode, wait_for
+from tests.integration.cluster_support import (
+    ClusterNode,
+    check_consumed,
+    diagnose,
+    publish_killing,
+    publishing_thread,
+    running,
+    wait_for,
+)
 from tests.integration.test_cluster_quorum import (
     QUEUE,
     Consumer,
     Publisher,
-    check_consumed,
     critical,
     declare,
-    diagnose,
     group_formed,
     queue_info,
 )
@@ -93,13 +99,7 @@ def test_a_returning_member_catches_up_while_publishers_get_confirms(
 
     # the backlog, with C killed in the middle of it: A and B confirm everything
     pub = Publisher(b.url)
-    number = 0
-    while number < BACKLOG:
-        n = min(pub.batch, BACKLOG - number)
-        if number <= kill_at < number + n:
-            c.kill()  # kill -9, with the publisher's window full
-        pub.publish(number, n)
-        number += n
+    publish_killing(pub, BACKLOG, kill_at, c)  # kill -9, with the publisher's window full
     pub.drain(60)
     assert not pub.outstanding, "every publish answered"
     assert len(pub.confirmed) == BACKLOG, \
@@ -114,22 +114,12 @@ def test_a_returning_member_catches_up_while_publishers_get_confirms(
     stop = threading.Event()
     failure: list[BaseException] = []
 
-    def publish() -> None:
-        nonlocal number
-        try:
-            while not stop.is_set():
-                pub.publish(number, pub.batch)
-                number += pub.batch
-            pub.drain(60)
-        except BaseException as exc:  # reported by the test thread
-            failure.append(exc)
-
     def complete() -> bool:
         return (c.name in group_record(a).get("synchronised", []) and
                 all(sorted(queue_info(n).get("online", [])) == names for n in nodes))
 
     samples: list[tuple[float, int]] = []  # (time, confirmed) every poll
-    thread = threading.Thread(target=publish)
+    thread = publishing_thread(pub, BACKLOG, stop, failure)
     starter: threading.Thread | None = None
     thread.start()
     try:
@@ -197,15 +187,11 @@ def test_a_returning_member_catches_up_while_publishers_get_confirms(
              "a new leader elected", lambda: diagnose(nodes))
     print(f"elected after node-a's kill: {queue_info(c)['leader']}")
     consumer = Consumer(c)
-    consumer.start()
-    try:
+    with running(consumer):
         wait_for(lambda: consumer.seen >= pub.confirmed or consumer.error is not None, 300,
                  "the consumer on node-c got every confirmed message",
                  lambda: f"{len(pub.confirmed - consumer.seen)} missing; "
                          f"interruptions {consumer.interruptions}\n{diagnose(nodes)}")
-    finally:
-        consumer.stopped.set()
-        consumer.join(30)
     assert consumer.error is None, consumer.error
     check_consumed(consumer.got, pub.confirmed)
     print(f"consumed {len(consumer.got)} on node-c "

@@ -315,21 +315,29 @@ class Streaming:
                 "at_kill": self.at_kill}
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterInfo]:
+def rabbitmq_cluster(tmp_path_factory: pytest.TempPathFactory, nodes: int,
+                     ) -> Iterator[ClusterInfo]:
+    """A private RabbitMQ cluster of ``nodes`` nodes, stopped on the way out; the tests
+    that use it are skipped, with the reason, where RabbitMQ is not installed or such a
+    cluster cannot be started here. The module fixtures below are made of it."""
     try:
         find_server()
     except RabbitMQNotInstalled as exc:
         pytest.skip(str(exc))
-    d = tmp_path_factory.mktemp("rabbitmq-cluster")
+    d = tmp_path_factory.mktemp(f"rabbitmq-cluster{nodes}")
     try:
-        c = start_cluster(d, nodes=2)
+        c = start_cluster(d, nodes=nodes)
     except RabbitMQError as exc:
-        pytest.skip(f"a two-node RabbitMQ cluster could not be started here: {exc}")
+        pytest.skip(f"a {nodes}-node RabbitMQ cluster could not be started here: {exc}")
     try:
         yield c
     finally:
         stop_cluster(d)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterInfo]:
+    yield from rabbitmq_cluster(tmp_path_factory, 2)
 
 
 DQ, TQ, XQ = "ref-durable-on-1", "ref-transient-on-1", "ref-exclusive-on-1"
@@ -610,19 +618,7 @@ QQ_COUNT, QQ_PREFETCH = 50, 10
 
 @pytest.fixture(scope="module")
 def cluster3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterInfo]:
-    try:
-        find_server()
-    except RabbitMQNotInstalled as exc:
-        pytest.skip(str(exc))
-    d = tmp_path_factory.mktemp("rabbitmq-cluster3")
-    try:
-        c = start_cluster(d, nodes=3)
-    except RabbitMQError as exc:
-        pytest.skip(f"a three-node RabbitMQ cluster could not be started here: {exc}")
-    try:
-        yield c
-    finally:
-        stop_cluster(d)
+    yield from rabbitmq_cluster(tmp_path_factory, 3)
 
 
 def qq_leaders(node: RabbitInfo) -> dict[str, str]:
