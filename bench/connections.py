@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from pamqp import commands as spec
+from pamqp import common
 from pamqp import frame as pframe
 
 from bench.brokers import cpu_seconds, host_cpu, rss_bytes
@@ -68,8 +69,8 @@ CH_OPEN_OK = (20, 11)
 
 
 def _frames(heartbeat: int) -> dict[str, bytes]:
-    caps = {"publisher_confirms": True, "consumer_cancel_notify": True,
-            "connection.blocked": True, "basic.nack": True}
+    caps: common.FieldTable = {"publisher_confirms": True, "consumer_cancel_notify": True,
+                               "connection.blocked": True, "basic.nack": True}
     return {
         "start_ok": pframe.marshal(spec.Connection.StartOk(
             client_properties={"product": "amqpd-bench-connections", "capabilities": caps},

@@ -19,8 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from amqpd.broker.exchanges.delayed import recover, store_key
+from amqpd.broker.exchanges.delayed import DelayedMessageExchange, recover, store_key
 from amqpd.broker.message import Message
+from amqpd.broker.queue import Queue
 from amqpd.config import Settings
 from amqpd.protocol import codec
 from amqpd.server import Broker
@@ -56,8 +57,10 @@ async def run(n: int) -> None:
         vh.declare_exchange("dx", "x-delayed-message", durable=True,
                             arguments={"x-delayed-type": "direct"})
         q = vh.declare_queue("q", durable=True)
+        assert isinstance(q, Queue)  # a classic queue: no x-queue-type
         vh.bind("queue", "q", "dx", "k")
         ex = vh.exchanges["dx"]
+        assert isinstance(ex, DelayedMessageExchange)
 
         # 1. hold n persistent messages due between 1 hour and 40 days from now
         r0 = rss_mb()
@@ -65,7 +68,7 @@ async def run(n: int) -> None:
         for _ in range(n):
             props = codec.encode_properties({"delivery_mode": 2, "headers": {
                 "x-delay": 3_600_000 + rng.randrange(40 * DAY_MS)}})
-            b.publish(vh, "dx", Message("dx", "k", props, b"x" * 64), None)
+            b.publisher.publish(vh, "dx", Message("dx", "k", props, b"x" * 64), None)
         hold_s = time.perf_counter() - t0
         b.store.commit(lambda _e: None)
         await asyncio.sleep(0.2)
@@ -81,7 +84,7 @@ async def run(n: int) -> None:
             delay = rng.randrange(2000)
             dues.append(time.monotonic() + delay / 1000)
             props = codec.encode_properties({"headers": {"x-delay": delay}})
-            b.publish(vh, "dx", Message("dx", "k", props, b"y" * 64), None)
+            b.publisher.publish(vh, "dx", Message("dx", "k", props, b"y" * 64), None)
         publish_end = time.monotonic()
         last = max(dues)
         while len(q.ready) < burst:
@@ -104,8 +107,10 @@ async def run(n: int) -> None:
         key = store_key("/", "dx")
         recover(b2, key, state.queues[key])
         t2 = time.perf_counter()
+        ex2 = vh2.exchanges["dx"]
+        assert isinstance(ex2, DelayedMessageExchange)
         print(f"restart: log open {t1 - t0:.1f} s, heap of "
-              f"{vh2.exchanges['dx'].pending:,} rebuilt in {t2 - t1:.1f} s")
+              f"{ex2.pending:,} rebuilt in {t2 - t1:.1f} s")
         b2.store.close()
 
 

@@ -18,6 +18,7 @@ the consume loop).
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import resource
 import selectors
@@ -286,6 +287,7 @@ def _read_confirms(sock: socket.socket, buf: bytearray, conf: _Confirms,
                 conf.settle(tag, bool(buf[pos + 19] & 1), meth == 120)
             elif (cls, meth) in ((10, 50), (20, 40)):
                 _n, _c, fr = frame.unmarshal(bytes(buf[pos:fend + 1]))
+                assert isinstance(fr, (commands.Connection.Close, commands.Channel.Close))
                 raise ProtocolError(f"broker closed: {fr.reply_code} {fr.reply_text}")
         pos = fend + 1
     del buf[:pos]
@@ -471,7 +473,8 @@ class ConsumerResult:
     t_first: float = 0.0
     t_last: float = 0.0
     latencies_us: list[float] = field(default_factory=list)
-    last_seq: dict[tuple[bytes, int, int], int] = field(default_factory=dict)
+    # builtins.bytes: the field ``bytes`` above shadows the type inside this class body
+    last_seq: dict[tuple[builtins.bytes, int, int], int] = field(default_factory=dict)
     cpu: float = 0.0
     error: str | None = None
 
@@ -568,6 +571,7 @@ def _parse(cc: _ConsumerConn, res: ConsumerResult) -> None:
                     res.redelivered += 1
             elif (cls, meth) in ((10, 50), (20, 40)):
                 _n, _c, fr = frame.unmarshal(bytes(buf[pos:fend + 1]))
+                assert isinstance(fr, (commands.Connection.Close, commands.Channel.Close))
                 raise ProtocolError(f"broker closed: {fr.reply_code} {fr.reply_text}")
             elif cls == 60 and meth == 30:
                 raise ProtocolError("consumer cancelled by broker")

@@ -54,7 +54,7 @@ def count(ch: BlockingChannel, queue: str) -> int:
 
 
 def drain(ch: BlockingChannel, queue: str) -> list[bytes]:
-    out = []
+    out: list[bytes] = []
     while True:
         method, _props, body = ch.basic_get(queue, auto_ack=True)
         if method is None:

@@ -56,7 +56,7 @@ def links(proc: BrokerProcess) -> list[dict[str, Any]]:
     return result
 
 
-def wait_for(fn: Callable[[], T], timeout: float = 15.0, interval: float = 0.05,
+def wait_for(fn: Callable[[], T | None], timeout: float = 15.0, interval: float = 0.05,
              what: str = "condition") -> T:
     deadline = time.monotonic() + timeout
     while True:
@@ -103,7 +103,7 @@ def drain(ch: Any, queue: str, expected: int, timeout: float = 15.0) -> list[tup
 def settle(ch: Any, queue: str, seconds: float = 1.0) -> list[bytes]:
     """Whatever else arrives within ``seconds`` (to check nothing more does)."""
     time.sleep(seconds)
-    out = []
+    out: list[bytes] = []
     while True:
         method, _props, body = ch.basic_get(queue, auto_ack=True)
         if method is None:

@@ -25,7 +25,12 @@ from urllib.parse import urlparse
 
 from devtools.rabbitmq_cluster import start_cluster, stop_cluster
 from tests.integration.cluster_support import ClusterNode, new_prefix, wait_for, wait_formed
-from tests.integration.test_rabbitmq_cluster_reference import RabbitPair, attempt, observe
+from tests.integration.test_rabbitmq_cluster_reference import (
+    Endpoint,
+    RabbitPair,
+    attempt,
+    observe,
+)
 from tests.support.etcdproc import EtcdProcess
 
 
@@ -39,7 +44,9 @@ class AmqpdPair:
 
     def __init__(self, a: ClusterNode, b: ClusterNode) -> None:
         self.a, self.b = a, b
-        self.n1, self.n2 = Port(a), Port(b)
+        # typed as the Protocol's mutable attributes are (invariant): Pair.n1 is an Endpoint
+        self.n1: Endpoint = Port(a)
+        self.n2: Endpoint = Port(b)
         self.name1, self.name2 = a.name, b.name
 
     def leaders(self) -> dict[str, str]:

@@ -55,7 +55,7 @@ def test_memory_alarm_blocks_and_unblocks_publishers(broker: BrokerProcess) -> N
         conn.process_data_events(0.1)
     assert events == ["blocked", "unblocked"]
     assert _get(broker.http_url + "/api/health/checks/alarms")[0] == 200
-    bodies = []
+    bodies: list[bytes] = []
     deadline = time.monotonic() + 10
     while len(bodies) < 2 and time.monotonic() < deadline:
         method, _props, body = ch.basic_get(q, auto_ack=True)

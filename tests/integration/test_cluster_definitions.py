@@ -39,8 +39,9 @@ def on_all(nodes: list[ClusterNode], path: str, status: int = 200,
            timeout: float = 15.0) -> list[Any]:
     """Wait until GET ``path`` answers ``status`` on every node; the bodies."""
     for n in nodes:
-        wait_for(lambda n=n: n.api.get(path).status == status, timeout,
-                 f"GET {path} -> {status} on {n.name}", n.tail)
+        def answers(n: ClusterNode = n) -> bool:
+            return n.api.get(path).status == status
+        wait_for(answers, timeout, f"GET {path} -> {status} on {n.name}", n.tail)
     return [n.api.get(path).json() if status == 200 else None for n in nodes]
 
 

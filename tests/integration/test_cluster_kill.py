@@ -120,6 +120,7 @@ def consume(url: str, stop: threading.Event, out: Consumed, prefetch: int = 50) 
                 deliver = fr
             elif isinstance(fr, ContentBody) and deliver is not None:
                 out.got.append((int(fr.value), bool(deliver.redelivered)))
+                assert deliver.delivery_tag is not None  # always set on a decoded Deliver
                 conn.send(ch, commands.Basic.Ack(delivery_tag=deliver.delivery_tag))
                 deliver = None
             elif isinstance(fr, commands.Basic.Cancel):
@@ -205,7 +206,7 @@ def test_kill_9_at_a_random_moment_under_traffic(nodes: list[ClusterNode]) -> No
     assert not missing, f"confirmed but lost: {sorted(missing)[:20]} (seed {seed})"
     assert {n for n, _ in everything} <= set(range(1, pub.sent + 1)) - pub.returned
     counted: set[int] = set()
-    for n, redelivered in everything:
-        assert n not in counted or redelivered, \
-            f"message {n} delivered twice, the second time without redelivered (seed {seed})"
-        counted.add(n)
+    for num, redelivered in everything:
+        assert num not in counted or redelivered, \
+            f"message {num} delivered twice, the second time without redelivered (seed {seed})"
+        counted.add(num)

@@ -128,8 +128,9 @@ def test_minority_pauses_and_resumes_without_loss(cluster: list[ClusterNode]) ->
 
     # the majority goes on, and sees c gone (heartbeats: well before the lease ends)
     for n in (a, b):
-        wait_for(lambda n=n: n.status()["running_nodes"] == ["node-a", "node-b"]
-                 and not n.status()["paused"], 20, f"{n.name} sees node-c down", n.tail)
+        def sees_c_down(n: ClusterNode = n) -> bool:
+            return n.status()["running_nodes"] == ["node-a", "node-b"] and not n.status()["paused"]
+        wait_for(sees_c_down, 20, f"{n.name} sees node-c down", n.tail)
     conn = amqp(a)
     ch = conn.channel()
     ch.queue_declare("majority-q", durable=True)

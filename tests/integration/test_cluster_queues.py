@@ -70,9 +70,9 @@ def declare_on(node: ClusterNode, name: str, **arguments: Any) -> None:
 
 def wait_known_everywhere(nodes: list[ClusterNode], name: str, leader: str) -> None:
     for n in nodes:
-        wait_for(lambda n=n: (queue_info(n, name) or {}).get("node") == leader
-                 and usable(n, name), 30, f"queue {name} led by {leader} usable on {n.name}",
-                 n.tail)
+        def led_and_usable(n: ClusterNode = n) -> bool:
+            return (queue_info(n, name) or {}).get("node") == leader and usable(n, name)
+        wait_for(led_and_usable, 30, f"queue {name} led by {leader} usable on {n.name}", n.tail)
 
 
 @pytest.mark.slow

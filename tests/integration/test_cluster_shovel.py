@@ -98,8 +98,9 @@ def test_a_dynamic_shovel_runs_on_one_node_and_moves_each_message_once(
         r = a.api.post(f"/api/bindings/%2F/e/dstx/q/{dest}", {"routing_key": ""})
         assert r.status in (201, 204), r.text
     for n in pair:
-        wait_for(lambda n=n: usable(n, "dst-a") and usable(n, "dst-b")
-                 and len(bound_on(n, "dstx")) == 2, 30, f"topology on {n.name}", n.tail)
+        def topology(n: ClusterNode = n) -> bool:
+            return usable(n, "dst-a") and usable(n, "dst-b") and len(bound_on(n, "dstx")) == 2
+        wait_for(topology, 30, f"topology on {n.name}", n.tail)
     r = b.api.put("/api/parameters/shovel/%2F/mover", {"value": {
         "src-uri": "amqp://", "src-exchange": "srcx", "dest-uri": "amqp://",
         "dest-exchange": "dstx"}})
@@ -112,9 +113,11 @@ def test_a_dynamic_shovel_runs_on_one_node_and_moves_each_message_once(
     runs = a if runner_of(pair) == [a.name] else b
     # any node answers for the cluster: both list it once, running on ``runs``
     for n in pair:
-        wait_for(lambda n=n: [(s["node"], s["state"]) for s in shovels(n)
-                              if s["name"] == "mover"] == [(runs.name, "running")], 15,
-                 f"/api/shovels on {n.name} lists mover on {runs.name}", n.tail)
+        def lists_mover(n: ClusterNode = n) -> bool:
+            return [(s["node"], s["state"]) for s in shovels(n)
+                    if s["name"] == "mover"] == [(runs.name, "running")]
+        wait_for(lists_mover, 15, f"/api/shovels on {n.name} lists mover on {runs.name}",
+                 n.tail)
         r = n.api.get("/api/shovels/vhost/%2F/mover")
         assert r.status == 200 and r.json()["node"] == runs.name, r.text
     pub = run_publisher(runs.url, PublisherSpec(1, [Target("srcx", "")], persistent=True,

@@ -78,8 +78,9 @@ def test_non_durable_queue_known_everywhere_and_gone_with_its_node(
     ch = owner.open_channel(1)
     owner.declare_queue(ch, "tq", durable=False)
     for n in nodes:
-        wait_for(lambda n=n: listed(n, "tq") == "node-a" and usable(n, "tq"), 30,
-                 f"tq listed with node-a and usable on {n.name}", n.tail)
+        def tq_on_a(n: ClusterNode = n) -> bool:
+            return listed(n, "tq") == "node-a" and usable(n, "tq")
+        wait_for(tq_on_a, 30, f"tq listed with node-a and usable on {n.name}", n.tail)
     # a full declare on C finds it (same properties), a different one is refused
     conn = Conn(c.url)
     try:
@@ -117,10 +118,11 @@ def test_non_durable_queue_known_everywhere_and_gone_with_its_node(
               commands.Queue.DeclareOk)
     owner.bind(ch, "xq", "amq.topic", "t.#")
     for n in (b, c):
-        wait_for(lambda n=n: listed(n, "xq") == "node-a" and any(
-            x["destination"] == "xq" for x in n.api.get(
-                "/api/exchanges/%2F/amq.topic/bindings/source").json()), 15,
-            f"xq and its binding on {n.name}", n.tail)
+        def xq_bound(n: ClusterNode = n) -> bool:
+            return listed(n, "xq") == "node-a" and any(
+                x["destination"] == "xq" for x in n.api.get(
+                    "/api/exchanges/%2F/amq.topic/bindings/source").json())
+        wait_for(xq_bound, 15, f"xq and its binding on {n.name}", n.tail)
         assert passive_404(n, "xq").startswith(
             "channel.close 405 RESOURCE_LOCKED - cannot obtain exclusive access to locked "
             "queue 'xq'")
@@ -143,8 +145,9 @@ def test_non_durable_queue_known_everywhere_and_gone_with_its_node(
     cons.close()
     owner.sock.close()
     for n in (b, c):
-        wait_for(lambda n=n: listed(n, "tq") is None and listed(n, "xq") is None, 15,
-                 f"tq and xq deleted on {n.name}", n.tail)
+        def both_gone(n: ClusterNode = n) -> bool:
+            return listed(n, "tq") is None and listed(n, "xq") is None
+        wait_for(both_gone, 15, f"tq and xq deleted on {n.name}", n.tail)
         assert passive_404(n, "tq") == "channel.close 404 NOT_FOUND - no queue 'tq' in vhost '/'"
     # the name is free: declared on C now, it is C's
     conn = Conn(c.url)
@@ -173,9 +176,10 @@ def test_non_durable_queues_do_not_survive_a_full_cluster_restart(
         conn.close()
     declare_on(c, "durable-one")
     for n in nodes:
-        wait_for(lambda n=n: listed(n, "ta") == "node-a" and listed(n, "tb") == "node-b"
-                 and listed(n, "durable-one") == "node-c", 30, f"queues on {n.name}",
-                 n.tail)
+        def all_listed(n: ClusterNode = n) -> bool:
+            return (listed(n, "ta") == "node-a" and listed(n, "tb") == "node-b"
+                    and listed(n, "durable-one") == "node-c")
+        wait_for(all_listed, 30, f"queues on {n.name}", n.tail)
     assert len(transient_keys(a)) == 2
     for n in nodes:
         n.kill()  # kill -9 all: their leases are still in etcd for a while
@@ -183,8 +187,9 @@ def test_non_durable_queues_do_not_survive_a_full_cluster_restart(
         n.start()
     wait_formed(nodes)
     for n in nodes:
-        wait_for(lambda n=n: listed(n, "durable-one") == "node-c" and usable(n, "durable-one"),
-                 30, f"durable-one back on {n.name}", n.tail)
+        def durable_back(n: ClusterNode = n) -> bool:
+            return listed(n, "durable-one") == "node-c" and usable(n, "durable-one")
+        wait_for(durable_back, 30, f"durable-one back on {n.name}", n.tail)
     # the old processes' keys go (each restarted node deletes its own at start):
     # nothing non-durable is listed anywhere once every node has had its first push
     wait_for(lambda: transient_keys(a) == [], 15, "the old processes' keys gone from etcd")

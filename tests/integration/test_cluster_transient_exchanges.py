@@ -81,10 +81,11 @@ def test_non_durable_exchange_is_cluster_wide_outlives_its_node_not_the_cluster(
              commands.Exchange.BindOk)
     conn.close()
     for n in (b, c):
-        wait_for(lambda n=n: passive_exchange(n, "tx") == "ok"
-                 and (exchange_on(n, "tx") or {}).get("durable") is False
-                 and ("exchange", "tx", "") in bound(n, "dx"), 30,
-                 f"tx and dx->tx known on {n.name}", n.tail)
+        def tx_known(n: ClusterNode = n) -> bool:
+            return (passive_exchange(n, "tx") == "ok"
+                    and (exchange_on(n, "tx") or {}).get("durable") is False
+                    and ("exchange", "tx", "") in bound(n, "dx"))
+        wait_for(tx_known, 30, f"tx and dx->tx known on {n.name}", n.tail)
     # used from B and C: a durable queue led by C bound to it on B, a message published
     # through it on C (and through dx on A) reaches the queue
     declare_on(c, "dq")
@@ -93,8 +94,9 @@ def test_non_durable_exchange_is_cluster_wide_outlives_its_node_not_the_cluster(
     conn.bind(conn.open_channel(1), "dq", "tx", "k")
     conn.close()
     for n in nodes:
-        wait_for(lambda n=n: ("queue", "dq", "k") in bound(n, "tx"), 30,
-                 f"tx->dq known on {n.name}", n.tail)
+        def binding_known(n: ClusterNode = n) -> bool:
+            return ("queue", "dq", "k") in bound(n, "tx")
+        wait_for(binding_known, 30, f"tx->dq known on {n.name}", n.tail)
     publish(c, "tx", "k")
     publish(a, "dx", "k")
     wait_for(lambda: messages(c, "dq") == 2, 15, "both messages in dq", c.tail)
@@ -131,13 +133,15 @@ def test_non_durable_exchange_is_cluster_wide_outlives_its_node_not_the_cluster(
              commands.Queue.UnbindOk)
     conn.close()
     for n in nodes:
-        wait_for(lambda n=n: exchange_on(n, "ax") is None, 30, f"ax gone on {n.name}",
-                 n.tail)
+        def ax_gone(n: ClusterNode = n) -> bool:
+            return exchange_on(n, "ax") is None
+        wait_for(ax_gone, 30, f"ax gone on {n.name}", n.tail)
     # the declaring node killed: the exchange and its bindings stay on the others
     a.kill()
     for n in (b, c):
-        wait_for(lambda n=n: a.name not in n.status()["running_nodes"], 15,
-                 f"{n.name} sees node-a down", n.tail)
+        def sees_a_down(n: ClusterNode = n) -> bool:
+            return a.name not in n.status()["running_nodes"]
+        wait_for(sees_a_down, 15, f"{n.name} sees node-a down", n.tail)
         assert passive_exchange(n, "tx") == "ok"
         assert ("queue", "dq", "k") in bound(n, "tx")
         assert ("exchange", "tx", "") in bound(n, "dx")
@@ -157,7 +161,9 @@ def test_non_durable_exchange_is_cluster_wide_outlives_its_node_not_the_cluster(
         n.start()
     wait_formed(nodes)
     for n in nodes:
-        wait_for(lambda n=n: usable(n, "dq"), 30, f"dq back on {n.name}", n.tail)
+        def dq_back(n: ClusterNode = n) -> bool:
+            return usable(n, "dq")
+        wait_for(dq_back, 30, f"dq back on {n.name}", n.tail)
         assert passive_exchange(n, "tx").startswith(
             "channel.close 404 NOT_FOUND - no exchange 'tx' in vhost '/'"), n.name
         assert exchange_on(n, "tx") is None
@@ -167,5 +173,6 @@ def test_non_durable_exchange_is_cluster_wide_outlives_its_node_not_the_cluster(
     conn.declare_exchange(conn.open_channel(1), "tx", "topic", durable=False)
     conn.close()
     for n in (a, c):
-        wait_for(lambda n=n: (exchange_on(n, "tx") or {}).get("type") == "topic", 30,
-                 f"the new tx on {n.name}", n.tail)
+        def new_tx(n: ClusterNode = n) -> bool:
+            return (exchange_on(n, "tx") or {}).get("type") == "topic"
+        wait_for(new_tx, 30, f"the new tx on {n.name}", n.tail)

@@ -28,7 +28,7 @@ async def connection(broker: BrokerProcess) -> AsyncIterator[aio_pika.abc.Abstra
 
 
 async def drain(queue: aio_pika.abc.AbstractQueue) -> list[bytes]:
-    out = []
+    out: list[bytes] = []
     for _ in range(1000):
         msg = await queue.get(no_ack=True, fail=False, timeout=TIMEOUT)
         if msg is None:
@@ -88,7 +88,7 @@ async def test_mandatory_return(connection) -> None:
     channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
     with pytest.raises(aio_pika.exceptions.DeliveryError) as err:
         await channel.default_exchange.publish(Message(b"x"), uname("nobody"), mandatory=True)
-    assert err.value.message.body == b"x"
+    assert err.value.message is not None and err.value.message.body == b"x"
 
 
 async def test_nack_requeue_redelivered_and_get_empty(connection) -> None:

@@ -55,7 +55,7 @@ def declare_queue(ch: Any, **kwargs: Any) -> str:
 
 
 def bodies(ch: Any, queue: str) -> list[bytes]:
-    out = []
+    out: list[bytes] = []
     for _ in range(1000):
         method, _props, body = ch.basic_get(queue, auto_ack=True)
         if method is None:

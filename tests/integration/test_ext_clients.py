@@ -18,6 +18,7 @@ async def test_aio_pika_direct_reply_to_rpc_and_dead_letter(broker) -> None:
 
         async def serve(message: aio_pika.abc.AbstractIncomingMessage) -> None:
             async with message.process():
+                assert message.reply_to is not None  # the client below always sets it
                 await server_ch.default_exchange.publish(
                     aio_pika.Message(message.body[::-1], correlation_id=message.correlation_id),
                     routing_key=message.reply_to)
@@ -55,7 +56,10 @@ async def test_aio_pika_direct_reply_to_rpc_and_dead_letter(broker) -> None:
             if got is not None:
                 break
             await asyncio.sleep(0.01)
-        assert got is not None and got.headers["x-death"][0]["reason"] == "rejected"
+        assert got is not None
+        deaths = got.headers["x-death"]
+        assert isinstance(deaths, list) and isinstance(deaths[0], dict)
+        assert deaths[0]["reason"] == "rejected"
 
 
 def test_kombu_priority_and_ttl(broker) -> None:

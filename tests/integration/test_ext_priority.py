@@ -5,6 +5,7 @@ from __future__ import annotations
 import pika
 import pika.exceptions
 import pytest
+from pika.adapters.blocking_connection import BlockingChannel
 
 from tests.integration.ext_support import channel, drain, wait_for
 
@@ -63,8 +64,11 @@ def test_single_active_consumer_and_failover(broker) -> None:
         ch_a.queue_declare("pri.sac", arguments={"x-single-active-consumer": True})
         got: dict[str, list[bytes]] = {"a": [], "b": []}
         ch_a.basic_consume("pri.sac", lambda c, m, p, b: got["a"].append(b))  # never acks
-        ch_b.basic_consume("pri.sac", lambda c, m, p, b: (got["b"].append(b),
-                                                            c.basic_ack(m.delivery_tag)))
+        def take_and_ack(c: BlockingChannel, m: pika.spec.Basic.Deliver,
+                         _p: pika.BasicProperties, b: bytes) -> None:
+            got["b"].append(b)
+            c.basic_ack(m.delivery_tag)
+        ch_b.basic_consume("pri.sac", take_and_ack)
         for i in range(3):
             _pub(ch_b, "pri.sac", str(i).encode())
         wait_for(lambda: (conn.process_data_events(0.01), got["a"])[1], 3)

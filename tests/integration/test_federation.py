@@ -6,9 +6,11 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pika
 import pytest
+from pika.adapters.blocking_connection import BlockingChannel
 
 from tests.integration.fed_support import (
     amqp_uri,
@@ -190,9 +192,10 @@ def test_queue_federation_pulls_only_with_consumers(two_sites) -> None:
         with channel(up.url) as uch:
             assert settle(dch, "work", 1.0) == []
             assert uch.queue_declare("work", passive=True).method.message_count == 20
-        got: list[tuple[object, bytes]] = []
+        got: list[tuple[pika.BasicProperties, bytes]] = []
 
-        def on_message(ch, method, props, body) -> None:
+        def on_message(ch: BlockingChannel, method: pika.spec.Basic.Deliver,
+                       props: pika.BasicProperties, body: bytes) -> None:
             got.append((props, body))
             ch.basic_ack(method.delivery_tag)
 
@@ -311,7 +314,7 @@ def test_configured_by_amqpctl_and_definitions_status_and_errors(two_sites) -> N
         dch.exchange_declare("set.x", "fanout")
     wait_running(down, 2)
 
-    def all_links() -> list[dict[str, object]] | None:
+    def all_links() -> list[dict[str, Any]] | None:
         items = links(down)
         return items if len(items) == 3 else None
     items = wait_for(all_links, what="three links")
@@ -508,7 +511,7 @@ def test_chain_propagates_bindings_within_max_hops(ring) -> None:
         cch.queue_declare("chain.q")
         cch.queue_bind("chain.q", "chain", "deep")
 
-        def bound_at_a() -> list[dict[str, object]]:
+        def bound_at_a() -> list[dict[str, Any]]:
             bindings = api(a).request("GET", "/api/exchanges/%2F/chain/bindings/source").json()
             return [x for x in bindings if x["routing_key"] == "deep"]
         (binding,) = wait_for(bound_at_a, what="binding propagated to a")

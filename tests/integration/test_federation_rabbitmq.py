@@ -15,6 +15,7 @@ from typing import Any
 
 import pika
 import pytest
+from pika.adapters.blocking_connection import BlockingChannel
 
 from devtools.rabbitmq import RabbitInfo, RabbitMQNotInstalled, ctl, find_server, running_rabbitmq
 from tests.integration.fed_support import (
@@ -145,8 +146,11 @@ def test_amqpd_queue_federation_from_rabbitmq(rabbit: RabbitInfo,
         assert settle(ach, "shared.work", 0.5) == []  # no consumer: nothing pulled
         got: list[bytes] = []
         ach.basic_qos(prefetch_count=3)
-        ach.basic_consume("shared.work", lambda ch, m, p, b: (got.append(b),
-                                                               ch.basic_ack(m.delivery_tag)))
+        def take_and_ack(ch: BlockingChannel, m: pika.spec.Basic.Deliver,
+                         _p: pika.BasicProperties, b: bytes) -> None:
+            got.append(b)
+            ch.basic_ack(m.delivery_tag)
+        ach.basic_consume("shared.work", take_and_ack)
         wait_for(lambda: ach.connection.process_data_events(0.1) or len(got) >= 10, 20,
                  what="10 messages pulled from RabbitMQ")
         assert sorted(got) == sorted(f"w{i}".encode() for i in range(10))
@@ -166,8 +170,11 @@ def test_rabbitmq_queue_federation_from_amqpd(rabbit: RabbitInfo,
             json.dumps({"federation-upstream": "amqpdq"}))
         got: list[tuple[Any, bytes]] = []
         rch.basic_qos(prefetch_count=3)
-        rch.basic_consume("jobs.shared", lambda ch, m, p, b: (got.append((p, b)),
-                                                               ch.basic_ack(m.delivery_tag)))
+        def keep_and_ack(ch: BlockingChannel, m: pika.spec.Basic.Deliver,
+                         p: pika.BasicProperties, b: bytes) -> None:
+            got.append((p, b))
+            ch.basic_ack(m.delivery_tag)
+        rch.basic_consume("jobs.shared", keep_and_ack)
         wait_for(lambda: rch.connection.process_data_events(0.1) or len(got) >= 10, 30,
                  what="RabbitMQ pulled 10 messages from amqpd")
         assert sorted(b for _p, b in got) == sorted(f"j{i}".encode() for i in range(10))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pika
 import pika.exceptions
@@ -103,8 +104,9 @@ def test_definitions_import_obeys_max_queues(broker: BrokerProcess, api: Api) ->
         assert api.get("/api/queues/lim.imp").json() == []
         assert api.post("/api/definitions", doc("q1")).status == 204
         assert api.post("/api/definitions", doc("q1")).status == 204  # exists: not new
-        one_vhost = {"queues": [{"name": n, "durable": True, "auto_delete": False,
-                                 "arguments": {}} for n in ("q5", "q6")]}
+        one_vhost: dict[str, Any] = {"queues": [
+            {"name": n, "durable": True, "auto_delete": False, "arguments": {}}
+            for n in ("q5", "q6")]}
         r = api.post("/api/definitions/lim.imp", one_vhost)
         assert r.status == 400
         assert "currently has 1 queue(s) defined" in r.json()["reason"]

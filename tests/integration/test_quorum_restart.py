@@ -46,7 +46,7 @@ def _return_once(ch: pika.adapters.blocking_connection.BlockingChannel, queue: s
 
 
 def get_msg_unacked(ch: pika.adapters.blocking_connection.BlockingChannel,
-                    queue: str) -> tuple[object, object, bytes]:
+                    queue: str) -> tuple[pika.spec.Basic.GetOk, pika.BasicProperties, bytes]:
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         method, props, body = ch.basic_get(queue, auto_ack=False)

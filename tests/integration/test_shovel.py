@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiormq
 import pytest
@@ -137,7 +138,8 @@ async def test_dynamic_shovel_forwards_exactly(sites: tuple[BrokerProcess,
                  "correlation_id", "reply_to", "expiration", "message_id", "timestamp",
                  "message_type", "app_id"):
         assert getattr(p, attr) == getattr(props, attr), attr
-    headers = p.headers or {}
+    # the decoded field table (any AMQP field type): the assertions below check the values
+    headers: dict[str, Any] = p.headers or {}
     assert headers["h"] == "v" and headers["n"] == 7
     assert abs(headers["x-shovelled-timestamp"] - time.time()) < 60  # seconds
     (table,) = headers["x-shovelled"]

@@ -54,8 +54,10 @@ async def test_100k_on_confirm_survives_two_destination_kills(tmp_path: Path) ->
         seen_down = set()
         lefts: list[int] = []
         for kill_at in (N // 4, N // 2):
-            await await_progress(lambda: count(b.url, "orders"),
-                                 lambda n, at=kill_at: n >= at, 60, f"{kill_at} messages at B")
+            def reached(n: int, at: int = kill_at) -> bool:
+                return n >= at
+            await await_progress(lambda: count(b.url, "orders"), reached, 60,
+                                 f"{kill_at} messages at B")
             b.kill()
             # the kill must land mid-stream, or this test proves nothing
             left = await count(a.url, "orders")

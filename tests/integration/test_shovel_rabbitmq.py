@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from pamqp import commands as spec
@@ -69,7 +70,8 @@ async def test_amqpd_shovel_to_rabbitmq(rabbit: RabbitInfo, amqpd: BrokerProcess
     msg = await get_one(rurl, dest)
     p = msg.header.properties
     assert msg.body == b"0" and p.content_type == "text/plain" and p.message_id == "m-1"
-    (table,) = (p.headers or {})["x-shovelled"]
+    headers: dict[str, Any] = p.headers or {}  # the decoded field table
+    (table,) = headers["x-shovelled"]
     assert table["shovelled-by"] == "amqpd-site" and table["dest-queue"] == dest
     assert "guest" not in table["dest-uri"]
     await publish(amqpd.url, src, 2000, start=1)

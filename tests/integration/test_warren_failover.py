@@ -170,7 +170,8 @@ def test_kill9_failover_through_haproxy_and_back(tmp_path: Path, etcd: EtcdProce
         assert isinstance(rows["b"]["lag_records"], int) and rows["b"]["in_sync"] is True
         assert rows["a"]["role"] == "active"
     finally:
-        for w in (*pubs, *cons):
+        workers: list[Publisher | Consumer] = [*pubs, *cons]
+        for w in workers:
             w.stop.set()
         if hap is not None:
             hap.kill()

@@ -18,7 +18,7 @@ from tests.support.brokerproc import BrokerProcess
 SECRET = "warren-test-secret"
 
 
-def node(data_dir: Path, name: str, role: str, peer: str = "127.0.0.1:1",
+def node(data_dir: Path, name: str, role: str, peer: str = "127.0.0.1:1", /,
          **settings: object) -> BrokerProcess:
     """A node with static ``role``; its replication listener on an ephemeral port."""
     env = {"AMQPD_REPLICATION_ROLE": role, "AMQPD_REPLICATION_NODE_NAME": name,

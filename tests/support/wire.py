@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pamqp import body as pbody
-from pamqp import commands, frame, header, heartbeat
+from pamqp import commands, common, frame, header, heartbeat
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 HEARTBEAT = b"\x08\x00\x00\x00\x00\x00\x00\xce"
@@ -66,8 +66,9 @@ def handshake(vhost: str = "/", user: str = "guest", password: str = "guest",
               channel_max: int = 0, frame_max: int = 131072, heartbeat_: int = 0,
               capabilities: dict[str, Any] | None = None) -> bytes:
     """Everything a client sends up to and including connection.open, pipelined."""
-    caps = {"authentication_failure_close": True, "consumer_cancel_notify": True,
-            "basic.nack": True, "publisher_confirms": True}
+    caps: common.FieldTable = {
+        "authentication_failure_close": True, "consumer_cancel_notify": True,
+        "basic.nack": True, "publisher_confirms": True}
     caps.update(capabilities or {})
     return b"".join((
         PROTOCOL_HEADER,

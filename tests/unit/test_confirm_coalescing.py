@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+import asyncio
+from collections.abc import Iterator
 
+import pytest
 from pamqp import commands
 
 from amqpd.broker.channel import Channel
@@ -25,6 +27,15 @@ class ConfirmLog:
             kind = "ack" if isinstance(v, commands.Basic.Ack) else "nack"
             self._frames.append((kind, v.delivery_tag, bool(v.multiple)))
         return self._frames
+
+
+@pytest.fixture
+def idle_loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """A real event loop that is never run: what the channel schedules on it waits, and
+    the test flushes instead, as the end of the broker's tick does."""
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
 
 
 def make_channel() -> tuple[Channel, ConfirmLog]:
@@ -51,10 +62,11 @@ def confirmed(frames: list[tuple[str, int, bool]], upto: int) -> dict[int, str]:
     return out
 
 
-def test_in_order_confirms_coalesce_into_one_multiple_ack() -> None:
+def test_in_order_confirms_coalesce_into_one_multiple_ack(
+        idle_loop: asyncio.AbstractEventLoop) -> None:
     ch, conn = make_channel()
     # a loop that never runs the scheduled flush: the test flushes, like the tick's end
-    ch.session.broker._loop = SimpleNamespace(call_soon=lambda f: None)
+    ch.session.broker._loop = idle_loop
     for seq in (1, 2, 3, 4):
         ch.confirm(seq, True)
     ch._flush_acks()
@@ -62,9 +74,10 @@ def test_in_order_confirms_coalesce_into_one_multiple_ack() -> None:
     confirmed(conn.frames, 4)
 
 
-def test_out_of_order_and_nacks_never_double_confirm() -> None:
+def test_out_of_order_and_nacks_never_double_confirm(
+        idle_loop: asyncio.AbstractEventLoop) -> None:
     ch, conn = make_channel()
-    ch.session.broker._loop = SimpleNamespace(call_soon=lambda f: None)
+    ch.session.broker._loop = idle_loop
     # 3 and 4 confirm first (transient), 1-2 wait for a commit, 5 is nacked, then 6-8
     for seq in (3, 4):
         ch.confirm(seq, True)

@@ -50,7 +50,8 @@ def test_tables_round_trip() -> None:
              "a": [1, "x", {"k": 2}], "nested": {"deep": [False]}}
     _, _, method = pframe.unmarshal(methods.queue_declare(1, "q", False, False, False, False,
                                                           value))
-    assert method.arguments == value  # type: ignore[attr-defined]
+    assert isinstance(method, commands.Queue.Declare)
+    assert method.arguments == value
 
 
 def test_overlong_name_refused() -> None:

@@ -117,8 +117,8 @@ def test_requeue_restores_order_and_marks_redelivered(api: BrokerAPI) -> None:
         q.enqueue(message(body))
     a, b = q.take(), q.take()
     assert a is not None and b is not None
-    for e in (a, b):
-        q.delivered(e, acked=False)
+    for entry in (a, b):
+        q.delivered(entry, acked=False)
     q.requeue([b, a])  # any order in, queue order out
     out = []
     while (e := q.take()) is not None:

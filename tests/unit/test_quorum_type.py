@@ -24,6 +24,7 @@ from amqpd.broker.api import (
 )
 from amqpd.config import Settings
 from amqpd.server import Broker
+from amqpd.store.memory import MemoryStore
 
 Q = {"x-queue-type": "quorum"}
 
@@ -37,7 +38,7 @@ def message(body: bytes, rk: str = "qq") -> Message:
     return Message("", rk, codec.encode_properties({}), body)
 
 
-def quorum(api: BrokerAPI, name: str = "qq", **args: Any) -> QueueType:
+def quorum(api: BrokerAPI, name: str = "qq", /, **args: Any) -> QueueType:
     q = api.declare_queue("/", name, durable=True, arguments={**Q, **args})
     assert q.type_name == "quorum"
     return q
@@ -95,9 +96,10 @@ def test_declaration_refusals(api: BrokerAPI, kw: dict[str, Any], args: dict[str
 
 
 # arguments a quorum queue takes (and a classic one refuses)
-ACCEPTED = [{"x-delivery-limit": 3}, {"x-dead-letter-strategy": "at-least-once"},
-            {"x-max-in-memory-length": 10}, {"x-quorum-initial-group-size": 3},
-            {"x-some-unknown": "kept"}]
+ACCEPTED: list[dict[str, Any]] = [
+    {"x-delivery-limit": 3}, {"x-dead-letter-strategy": "at-least-once"},
+    {"x-max-in-memory-length": 10}, {"x-quorum-initial-group-size": 3},
+    {"x-some-unknown": "kept"}]
 
 
 @pytest.mark.parametrize("args", ACCEPTED, ids=[next(iter(a)) for a in ACCEPTED])
@@ -336,6 +338,7 @@ def test_a_returned_message_is_written_again_with_its_first_stamps(api: BrokerAP
     its TTL clock nor forgets it was delivered (tests/integration/test_quorum_restart.py
     has the restart)."""
     store = api._broker.store  # the in-memory store: what the log would be handed
+    assert isinstance(store, MemoryStore)
     quorum(api, **{"x-message-ttl": 60000})
     api.publish("/", "", Message("", "qq", codec.encode_properties({"expiration": "30000"}),
                                  b"m"), None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pamqp import commands as C
 
 from amqpd.broker.message import Message
+from amqpd.broker.priority import PriorityReady
 from amqpd.broker.queue import Queue
 from tests.support import wire
 from tests.unit.protocol.peer import Pair, real_broker
@@ -21,6 +22,7 @@ def recovered_queue(props: bytes = PLAIN, n: int = 3) -> tuple[Pair, Queue]:
     pair.call(1, C.Queue.Declare(queue="rq"))
     assert pair.session is not None
     q = pair.session.vhost.queues["rq"]
+    assert isinstance(q, Queue)  # no x-queue-type: a classic queue
     for i in range(n):
         q.restore(Message("", "rq", props, b"m%d" % i), False)
     return pair, q
@@ -67,11 +69,12 @@ def test_a_priority_queue_recovers_without_reading_any_message() -> None:
                                                          "x-message-ttl": 60000}))
     assert pair.session is not None
     q = pair.session.vhost.queues["pq"]
+    assert isinstance(q, Queue) and isinstance(q.ready, PriorityReady)
     now_ms = int(time.time() * 1000)
     store = _NoReads()
     for position, priority in ((8, 1), (16, 9), (24, 0)):
         q.restore(LoggedMessage(store, position, 10), False, now_ms - 30_000, priority)
-    levels = [[e.message.position for e in level] for level in q.ready.levels]  # type: ignore[attr-defined]
+    levels = [[e.message.position for e in level] for level in q.ready.levels]
     assert levels == [[24], [8], [], [], [], [16]], "priority capped at x-max-priority"
     head = q.ready[0]
     assert 25 < head.expires - time.monotonic() < 31, "TTL counts from the publish time"
@@ -88,6 +91,7 @@ def test_a_recovered_message_expires_from_its_publish_time() -> None:
     pair.call(1, C.Queue.Declare(queue="tq", arguments={"x-message-ttl": 60000}))
     assert pair.session is not None
     q = pair.session.vhost.queues["tq"]
+    assert isinstance(q, Queue)
     now_ms = int(time.time() * 1000)
     store = _NoReads()
     q.restore(LoggedMessage(store, 8, 10), False, now_ms - 61_000, 0)  # expired

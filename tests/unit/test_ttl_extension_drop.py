@@ -22,7 +22,9 @@ def plain_queue() -> tuple[Pair, Queue]:
     pair.open_channel(1)
     pair.call(1, C.Queue.Declare(queue="q"))
     assert pair.session is not None
-    return pair, pair.session.vhost.queues["q"]
+    q = pair.session.vhost.queues["q"]
+    assert isinstance(q, Queue)  # no x-queue-type: a classic queue
+    return pair, q
 
 
 def got(out: list) -> list[type]:

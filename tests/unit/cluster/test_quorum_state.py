@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from amqpd.cluster import mirror_wire as M
+from amqpd.cluster.link import Link
 from amqpd.cluster.mirror import STREAM_SPLIT, Mirrors
 from amqpd.cluster.mirror_state import CommitGate, ReplicaSet
 from amqpd.cluster.quorum_group import QTERM, QuorumGroups
@@ -211,13 +212,15 @@ def test_grow_all_or_even() -> None:
 
 
 # ------------------------------------------------------------------ terms on the member
-class _Link:
-    def __init__(self, peer: str) -> None:
+class _Link(Link):
+    """A link that is never connected: its peer, and the frames sent on it kept."""
+
+    def __init__(self, peer: str) -> None:  # no Link.__init__: no manager, no transport
         self.peer = peer
         self.sent: list[bytes] = []
 
-    def send(self, data: bytes) -> None:
-        self.sent.append(data)
+    def send(self, frame: bytes) -> None:
+        self.sent.append(frame)
 
 
 def test_a_member_refuses_a_stream_whose_term_is_older_than_it_knows(

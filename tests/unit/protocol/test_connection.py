@@ -20,7 +20,9 @@ def test_header_gets_connection_start() -> None:
     assert isinstance(start.value, C.Connection.Start)
     assert (start.value.version_major, start.value.version_minor) == (0, 9)
     assert set(start.value.mechanisms.split()) == {"PLAIN", "AMQPLAIN"}
-    assert start.value.server_properties["capabilities"]["publisher_confirms"] is True
+    capabilities = start.value.server_properties["capabilities"]
+    assert isinstance(capabilities, dict)
+    assert capabilities["publisher_confirms"] is True
 
 
 def test_header_in_single_bytes() -> None:
@@ -450,7 +452,8 @@ def test_handshake_timeout() -> None:
 
 # ---------------------------------------------------------------- with the real broker
 def test_session_publish_get_consume_ack() -> None:
-    pair = Pair(broker=real_broker())
+    broker = real_broker()
+    pair = Pair(broker=broker)
     pair.open()
     pair.open_channel(1)
     (ok,) = pair.call(1, C.Queue.Declare(queue="", exclusive=True))
@@ -464,7 +467,7 @@ def test_session_publish_get_consume_ack() -> None:
                                      "ContentBody"]
     assert out[1].value.delivery_tag == 2 and out[3].value.value == b"two"
     pair.call(1, C.Basic.Ack(delivery_tag=2, multiple=True))
-    assert pair.broker.vhosts["/"].queues[queue].unacked_count == 0
+    assert broker.vhosts["/"].queues[queue].unacked_count == 0
     out = pair.call(1, C.Basic.Ack(delivery_tag=99))
     assert last_close(out).reply_code == 406
 

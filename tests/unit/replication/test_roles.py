@@ -71,7 +71,11 @@ async def test_roles_change_back_and_forth(tmp_path: Path) -> None:
         # a client of the active is closed with 320 when the node is fenced
         client = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{a.port}/")
         closed: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
-        client.close_callbacks.add(lambda _c, exc: closed.done() or closed.set_result(exc))
+
+        def on_close(_client: object, exc: BaseException | None) -> None:
+            if not closed.done():
+                closed.set_result(exc)
+        client.close_callbacks.add(on_close)
         await until(lambda: _in_sync(a))
         await a.roles.fence()
         exc = await asyncio.wait_for(closed, 10)

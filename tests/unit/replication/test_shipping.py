@@ -30,7 +30,7 @@ async def until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
         await asyncio.sleep(0.01)
 
 
-def _cfg(name: str, secret: str = "s3cret", **kw: object) -> ReplicationConfig:
+def _cfg(name: str, secret: str = "s3cret", /, **kw: object) -> ReplicationConfig:
     c = ReplicationConfig(node_name=name, secret=secret, peers=["127.0.0.1:1"], **kw)  # type: ignore[arg-type]
     return c
 
@@ -47,7 +47,7 @@ async def _active(d: Path, **kw: object) -> tuple[SharedLog, ReplicationSource]:
 
 
 def _follower(d: Path, secret: str = "s3cret") -> ReplicationFollower:
-    return ReplicationFollower(d, _cfg("b", secret=secret, role="standby"), EpochHistory(d))
+    return ReplicationFollower(d, _cfg("b", secret, role="standby"), EpochHistory(d))
 
 
 def _msg(i: int) -> StoredMessage:

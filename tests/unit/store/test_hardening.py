@@ -14,7 +14,7 @@ import struct
 import zlib
 from array import array
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 
@@ -24,7 +24,17 @@ from amqpd.store.log import SharedLog
 
 from .conftest import Q1, Q2, crash_copy, msg, open_log, wait_commit
 
-SMALL = {"segment_size": 4096, "checkpoint_every_bytes": 1 << 30, "compact_ratio": 0.0}
+
+class LogSizes(TypedDict):
+    """SharedLog keyword arguments for small segments and no automatic checkpoint."""
+
+    segment_size: int
+    checkpoint_every_bytes: int
+    compact_ratio: float
+
+
+SMALL: LogSizes = {"segment_size": 4096, "checkpoint_every_bytes": 1 << 30,
+                   "compact_ratio": 0.0}
 
 
 def kill_copy(store: SharedLog, dst: Path) -> Path:
