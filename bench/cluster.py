@@ -133,7 +133,9 @@ def hop(url: str, queue: str, count: int) -> dict[str, Any]:
 
 def wait_usable(urls: list[str], name: str) -> None:
     for url in urls:
-        wait_for(lambda url=url: usable(url, name), 30, f"{name} usable at {url}")
+        def ready(url: str = url) -> bool:
+            return usable(url, name)
+        wait_for(ready, 30, f"{name} usable at {url}")
 
 
 def one_node(url: str, args: argparse.Namespace, tag: str) -> dict[str, Any]:

@@ -362,6 +362,7 @@ class QueueConsumer(threading.Thread):
                     continue
                 if isinstance(fr, commands.Basic.Deliver):
                     redelivered = bool(fr.redelivered)
+                    assert fr.delivery_tag is not None
                     tag = fr.delivery_tag
                 elif isinstance(fr, header.ContentHeader):
                     count = (fr.properties.headers or {}).get("x-delivery-count")

@@ -141,6 +141,7 @@ def _consume(node: ClusterNode, got: list[tuple[int, bool]], seen: set[int],
             continue
         if isinstance(fr, commands.Basic.Deliver):
             redelivered = bool(fr.redelivered)
+            assert fr.delivery_tag is not None
             tag = fr.delivery_tag
         elif isinstance(fr, pbody.ContentBody):
             number = int(fr.value)
@@ -352,7 +353,7 @@ def test_consumers_follow_the_promoted_mirror_unless_they_ask_to_be_cancelled(
     held: dict[str, list[int]] = {}
     last_tag: dict[str, int] = {}
     for tag, conn in conns.items():
-        args = {"x-cancel-on-ha-failover": True} if tag == "leaver" else {}
+        args: dict[str, Any] = {"x-cancel-on-ha-failover": True} if tag == "leaver" else {}
         ch = conn.open_channel(1)
         conn.rpc(ch, commands.Basic.Qos(prefetch_count=10), commands.Basic.QosOk)
         conn.rpc(ch, commands.Basic.Consume(queue=QUEUE, consumer_tag=tag, arguments=args),
@@ -361,6 +362,7 @@ def test_consumers_follow_the_promoted_mirror_unless_they_ask_to_be_cancelled(
         while len(held[tag]) < 10:
             _ch, fr = conn.read_frame()
             if isinstance(fr, commands.Basic.Deliver):
+                assert fr.delivery_tag is not None
                 last_tag[tag] = fr.delivery_tag
             elif isinstance(fr, pbody.ContentBody):
                 held[tag].append(int(fr.value))
@@ -379,6 +381,7 @@ def test_consumers_follow_the_promoted_mirror_unless_they_ask_to_be_cancelled(
         for tag, conn, fr in frames_round(conns, nodes):
             if isinstance(fr, commands.Basic.Deliver):
                 redelivered[tag] = bool(fr.redelivered)
+                assert fr.delivery_tag is not None
                 conn.send(1, commands.Basic.Ack(delivery_tag=fr.delivery_tag))
             elif isinstance(fr, pbody.ContentBody):
                 got.append((int(fr.value), redelivered[tag]))
@@ -405,7 +408,7 @@ def test_consumers_follow_a_leader_killed_the_moment_its_mirrors_are_in_sync(
              lambda: diagnose(nodes))
     conns = {"keeper-b": Conn(b.url), "keeper-c": Conn(c.url), "leaver": Conn(c.url)}
     for tag, conn in conns.items():
-        args = {"x-cancel-on-ha-failover": True} if tag == "leaver" else {}
+        args: dict[str, Any] = {"x-cancel-on-ha-failover": True} if tag == "leaver" else {}
         ch = conn.open_channel(1)
         conn.rpc(ch, commands.Basic.Consume(queue=QUEUE, consumer_tag=tag, arguments=args),
                  commands.Basic.ConsumeOk)

@@ -65,7 +65,8 @@ WAIT = 15.0  # how long an answer may take on a loaded machine
 class Endpoint(Protocol):
     """A node as :class:`Raw` reaches it (a RabbitInfo, or anything with the port)."""
 
-    amqp_port: int
+    @property
+    def amqp_port(self) -> int: ...
 
 
 class Raw:
@@ -78,8 +79,8 @@ class Raw:
         self.frames: list[tuple[int, Any]] = []  # read but not yet asked for
         self.sock.sendall(b"AMQP\x00\x00\x09\x01")
         self._wait(0, commands.Connection.Start)
-        caps = {"publisher_confirms": True, "basic.nack": True,
-                "consumer_cancel_notify": True} if capabilities else {}
+        caps: dict[str, Any] = {"publisher_confirms": True, "basic.nack": True,
+                                "consumer_cancel_notify": True} if capabilities else {}
         self.send(0, commands.Connection.StartOk(
             client_properties={"product": "cluster-reference", "capabilities": caps},
             mechanism="PLAIN", response="\0guest\0guest", locale="en_US"))
@@ -347,8 +348,12 @@ DQ2 = "ref-durable-on-2"
 class Pair(Protocol):
     """Two nodes of a cluster of some broker, as :func:`observe` drives them."""
 
-    n1: Endpoint
-    n2: Endpoint
+    @property
+    def n1(self) -> Endpoint: ...
+
+    @property
+    def n2(self) -> Endpoint: ...
+
     name1: str
     name2: str
 
