@@ -12,9 +12,9 @@ clients is ``python -m bench --scenarios delayed``.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -114,9 +114,12 @@ async def run(n: int) -> None:
         b2.store.close()
 
 
-def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
-    asyncio.run(run(n))
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.delayed_1m",
+                                 description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("n", nargs="?", type=int, default=1_000_000,
+                    help="how many delayed messages (default 1,000,000)")
+    asyncio.run(run(ap.parse_args(argv).n))
 
 
 if __name__ == "__main__":
