@@ -31,7 +31,11 @@ measured on it (see conformance/cases/quorum.py):
 On one node a quorum queue is its own leader and only member, and
 ``node-is-quorum-critical`` is healthy. In a cluster the replica group (members on
 other nodes, majority commit, elections) is :mod:`amqpd.cluster.quorum_group`, which
-sets :attr:`QuorumQueue.group` on the node that leads the queue.
+sets :attr:`QuorumQueue.group` on the node that leads the queue. After an election the
+new leader takes what the lost one had handed out as its own deliveries
+(:meth:`QuorumQueue.checked_out_entry`); what comes back of those goes to the *front*
+of the queue, counted (:meth:`QuorumQueue.return_checked_out`), as RabbitMQ 3.10.8
+returns a lost node's consumers' checkouts.
 
 :class:`QuorumQueue` is the queue-type seam's ``quorum`` implementation
 (:mod:`amqpd.broker.queue_type`), picked by ``x-queue-type: quorum``. On one node it is

@@ -16,7 +16,9 @@ Theory of operation.
   purge, expiry, drop) and delivery mark (the message comes back redelivered) into a
   frame on the link to each mirror (:mod:`amqpd.cluster.mirror_wire`), numbered by the
   queue's replication sequence. Requeue needs no record: a requeued message is still
-  unsettled, and its delivery mark already says redelivered. Every message is
+  unsettled, and its delivery mark already says redelivered. (A quorum group marks a
+  delivery with the node holding it instead, :meth:`Leading.checked_out`:
+  amqpd.cluster.quorum_group.) Every message is
   mirrored: while the queue is mirrored it keeps transient messages in the store too
   (``QueueType.mirrored``, as a quorum queue's ``keeps_every_message``). A queue
   that starts being mirrored counts its ready messages and its unacknowledged

@@ -41,12 +41,23 @@ of a policy's:
   majority of the members (no majority: nobody; the queue refuses until nodes return).
   The winner takes over with one etcd transaction on the queue's definition (its
   leader node) and the group record (term + 1), guarded by both revisions: never two
-  leaders. Its copy becomes a :class:`~amqpd.broker.quorum.QuorumQueue`; messages handed
-  out before come back redelivered, each counted as one return by the delivery-count
-  rules of :mod:`amqpd.broker.quorum` (``x-delivery-count``, ``x-delivery-limit``).
+  leaders. Its copy becomes a :class:`~amqpd.broker.quorum.QuorumQueue`.
   Consumers elsewhere are kept (:class:`~amqpd.cluster.remote_queue.RemoteQueue`
   follows the catalogue to the new leader) as RabbitMQ's quorum-queue consumers
   survive a leader change.
+* **Checkouts.** Every delivery is recorded with the node whose consumer holds it
+  (:data:`MHELD`; :meth:`GroupLeading.checked_out`, the holder named by
+  ``remote_queue.Served.delivered``), so the member elected after the leader's loss
+  knows whose consumers hold what, as RabbitMQ's Raft log does. What consumers on the
+  lost node (or a node not running) held comes back at once: redelivered, counted as
+  one return (``x-delivery-count``, ``x-delivery-limit``: :mod:`amqpd.broker.quorum`),
+  at the front of the queue in its order. What consumers on running nodes hold stays
+  checked out to them (:attr:`GroupLeading.checkouts`) until their node reclaims it by
+  the lost leader's positions (``RECLAIM``, :meth:`GroupLeading.reclaim`; the elected
+  node's own channels at once, :meth:`QuorumGroups._reclaim_here`) -- from then on they
+  are that stream's deliveries, and the client's acks by the old tags settle them --
+  or says it holds none of it, goes down, or :data:`CHECKOUT_WAIT` passes: then it
+  comes back as the lost node's does.
 * **Membership.** ``add_member`` / ``delete_member`` / ``grow`` / ``shrink`` edit the
   record's members in etcd (a transaction); the leader adopts the record's members
   when its revision moved: a new member gets a copy in the background and counts once

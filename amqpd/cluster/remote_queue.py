@@ -40,12 +40,21 @@ leader is known) the queue answers declare, basic.get and basic.consume with 404
 ``home node '<node>' of durable queue '<name>' in vhost '<vhost>' is down or
 inaccessible``; the publish pipeline leaves it out of routes (``available`` is False:
 the message is unroutable there, as in RabbitMQ 3.10). Delivery ids of the old link
-are dead (entries carry them plus a base that grows with every stream): the leader has
-put those messages back already. A consumer kept across the failover still has them
-unacked on its channel, and they count against its prefetch as the client sees it: the
-new leader is granted only what that window has left, and a credit more as each of them
-is settled (else deliveries would wait here for a channel that may not take them, and
-the queue's other consumers would never get them).
+are dead (entries carry them plus a base that grows with every stream): a mirrored
+queue's new leader has put those messages back already. A consumer kept across the
+failover still has them unacked on its channel, and they count against its prefetch as
+the client sees it: the new leader is granted only what that window has left, and a
+credit more as each of them is settled (else deliveries would wait here for a channel
+that may not take them, and the queue's other consumers would never get them).
+
+A quorum queue's new leader keeps them checked out to this node instead (RabbitMQ
+3.10's checkouts survive an election; amqpd.cluster.quorum_group): its leader names
+every delivery's store position (DELIVER / GET_OK), and when the queue is opened on
+the new leader, RECLAIM names, by the lost leader's positions, what this node's
+channels still hold (:class:`_Held`); RECLAIMED gives each the delivery id it has on
+the new stream, so the client's ack, nack or reject by the old tag settles it there
+(one settled meanwhile is settled at once). What this node does not name, the new
+leader returns to the queue.
 """
 
 from __future__ import annotations
