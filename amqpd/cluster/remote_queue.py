@@ -53,8 +53,10 @@ every delivery's store position (DELIVER / GET_OK), and when the queue is opened
 the new leader, RECLAIM names, by the lost leader's positions, what this node's
 channels still hold (:class:`_Held`); RECLAIMED gives each the delivery id it has on
 the new stream, so the client's ack, nack or reject by the old tag settles it there
-(one settled meanwhile is settled at once). What this node does not name, the new
-leader returns to the queue.
+(one settled meanwhile is settled at once). The last acks and rejects sent to the lost
+leader (:data:`RECENT_SETTLES`) are named too: one it never took is settled on the new
+leader, not redelivered. What this node does not name, the new leader returns to the
+queue.
 """
 
 from __future__ import annotations
@@ -103,6 +105,9 @@ REOPEN_DELAY: Final = 0.2
 FAILOVER_WAIT: Final = 30.0
 FAILOVER_LIMIT: Final = 300.0
 REOPEN_TRIES: Final = 50
+# a quorum queue's acks and rejects remembered (by position) for naming to a new leader
+# if the current one is lost before it took them
+RECENT_SETTLES: Final = 1024
 EXTENSION_KINDS: Final = 80  # frame types from here on belong to ClusterQueues.extensions
 # a link to a node the view does not see running is closed once silent this long
 LINK_SILENCE: Final = 2.0
@@ -201,6 +206,10 @@ class RemoteQueue(QueueType):
         # those messages again, redelivered
         self._stale: dict[int, _Held] = {}
         self._held_done: list[_Held] = []  # settled by the client before any RECLAIM
+        # a quorum queue's latest acks and rejects sent to the leader, by position: if
+        # the leader is lost, those it never took are named to the next one (RECLAIM)
+        # and settled there, not redelivered
+        self._recent: deque[tuple[int, int]] = deque(maxlen=RECENT_SETTLES)
         self._reclaiming: dict[tuple[str, int], _Held] = {}  # RECLAIM sent, no answer yet
         # reclaimed deliveries are the current stream's: their entries' id -> live id
         self._renamed: dict[int, int] = {}
@@ -385,7 +394,9 @@ class RemoteQueue(QueueType):
                     self._held_settled(held, how)
                 continue
             state = owner.pop(seq)
-            self._pos.pop(seq, None)
+            position = self._pos.pop(seq, None)
+            if position is not None and how != W.REQUEUE:
+                self._recent.append((position, how))
             ids.append(seq - self._base)
             if state is not None and state.by_settle and state.id in self._cons:
                 grants[state.id] = grants.get(state.id, 0) + 1
@@ -654,20 +665,19 @@ class RemoteQueue(QueueType):
         held checked out for this node until it says (amqpd.cluster.quorum_group), so
         the client's acks by the old delivery tags settle them. Always sent, empty too:
         it is this node's whole answer, and what it does not name is returned."""
-        by_origin: dict[str, list[_Held]] = {}
-        for held in [*self._stale.values(), *self._held_done]:
+        by_origin: dict[str, dict[int, _Held]] = {}
+        for held in [*self._held_done, *self._stale.values()]:  # held ones win
             if held.origin and held.position >= 0:
-                by_origin.setdefault(held.origin, []).append(held)
+                by_origin.setdefault(held.origin, {})[held.position] = held
         self._held_done = []
         self._reclaiming = {}
         if not by_origin:
             self._send(W.encode(W.RECLAIM, self.stream, "", []))
             return
         for origin, helds in by_origin.items():
-            for held in helds:
-                self._reclaiming[(origin, held.position)] = held
-            self._send(W.encode(W.RECLAIM, self.stream, origin,
-                                sorted(h.position for h in helds)))
+            for position, held in helds.items():
+                self._reclaiming[(origin, position)] = held
+            self._send(W.encode(W.RECLAIM, self.stream, origin, sorted(helds)))
 
     def _reclaimed(self, origin: str, positions: list[int], ids: list[int],
                    news: list[int]) -> None:
@@ -684,6 +694,8 @@ class RemoteQueue(QueueType):
                 continue
             if held.done:
                 self._send(W.encode(held.done, self.stream, [delivery]))
+                if new and held.done != W.REQUEUE:
+                    self._recent.append((new - 1, held.done))
                 continue
             if self._stale.get(held.key) is not held:
                 continue
@@ -760,6 +772,13 @@ class RemoteQueue(QueueType):
                                    self._cons else None, self.leader, position)
         self._owner.clear()  # the leader requeued them when the link went
         positions.clear()
+        for position, how in self._recent:
+            # settled just before the link went: the lost leader may never have taken
+            # it, and then the next one holds it for this node; named, it is settled
+            held = _Held(-1, None, self.leader, position)
+            held.done = how
+            self._held_done.append(held)
+        self._recent.clear()
         alias.clear()
         self._renamed.clear()
         for held in self._reclaiming.values():  # asked, never answered: ask again
@@ -937,7 +956,7 @@ class Served:
         ids: list[int] = []
         news: list[int] = []
         for position in positions:
-            entry = got.get(position)
+            entry = got.pop(position, None)  # once, even if named twice
             if entry is None:
                 ids.append(0)
                 news.append(0)

@@ -126,17 +126,20 @@ async def test_held_deliveries_are_reclaimed_by_position_and_settled_once(
     assert rq._stale == {}  # m4 is a live delivery of node-c's stream now
 
     # node-c is lost too before the client settles m4: named to the next leader by
-    # node-c's position (504), and its reject goes there by the id it gets there
+    # node-c's position (504), and its reject goes there by the id it gets there; m2's
+    # and m0's settles, sent to node-c just before, are named too (node-c may never
+    # have taken them: here it had, so the next leader does not hold them)
     rq.detach(keep_consumers=True)
     rq.leader = "node-b"
     third = FakeLink("node-b")
     rq.attach(third, 9)  # type: ignore[arg-type]
     frames = third.take()
-    assert frames[1] == (W.RECLAIM, ["node-c", [504]])
-    rq._reclaimed("node-c", [504], [5], [901])
+    assert frames[1] == (W.RECLAIM, ["node-c", [500, 502, 504]])
+    rq._reclaimed("node-c", [500, 502, 504], [0, 0, 5], [0, 0, 901])
     consumer.unacked -= 1
     rq.reject([e[4]])
     frames = third.take()
     assert (W.REJECT, [[5]]) in frames
     assert grants(frames) == 1
     assert not rq._stale and not rq._owner and not rq._held_done and not rq._renamed
+    assert list(rq._recent) == [(900, W.REJECT)]  # node-b's position of m4, rejected
