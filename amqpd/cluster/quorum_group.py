@@ -763,8 +763,7 @@ class QuorumGroups(Mirrors):
         lead.checkouts_from = copy.leader
         lead.checkouts_until = time.monotonic() + CHECKOUT_WAIT
         q.return_checked_out(returned)
-        if old is not None:
-            self._reclaim_here(old, lead)
+        self._reclaim_here(old, lead)
         self.promotions += 1
         log.warning("queue '%s' in vhost '%s': elected leader on %s (term %d) after the "
                     "loss of %s (%d messages; of those handed out before, %d returned, "
@@ -773,7 +772,7 @@ class QuorumGroups(Mirrors):
                     sum(len(k) for k in kept.values()), sorted(kept) or "no node")
         return lead
 
-    def _reclaim_here(self, old: QueueType, lead: GroupLeading) -> None:
+    def _reclaim_here(self, old: QueueType | None, lead: GroupLeading) -> None:
         """This node's own consumers followed the promoted queue (replace_queue): what
         their channels hold of the lost leader (the remote queue's held deliveries)
         becomes the new queue's deliveries in place, so the client's acks by the old
