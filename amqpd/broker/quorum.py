@@ -31,7 +31,11 @@ measured on it (see conformance/cases/quorum.py):
 On one node a quorum queue is its own leader and only member, and
 ``node-is-quorum-critical`` is healthy. In a cluster the replica group (members on
 other nodes, majority commit, elections) is :mod:`amqpd.cluster.quorum_group`, which
-sets :attr:`QuorumQueue.group` on the node that leads the queue.
+sets :attr:`QuorumQueue.group` on the node that leads the queue. After an election the
+new leader takes what the lost one had handed out as its own deliveries
+(:meth:`QuorumQueue.checked_out_entry`); what comes back of those goes to the *front*
+of the queue, counted (:meth:`QuorumQueue.return_checked_out`), as RabbitMQ 3.10.8
+returns a lost node's consumers' checkouts.
 
 :class:`QuorumQueue` is the queue-type seam's ``quorum`` implementation
 (:mod:`amqpd.broker.queue_type`), picked by ``x-queue-type: quorum``. On one node it is
@@ -332,6 +336,49 @@ class QuorumQueue(Queue):
         ext.arm_expiry_at_head()
         if self.consumers:
             self.vhost.schedule_dispatch(self)
+
+    # -- across an election (amqpd.cluster.quorum_group) ---------------------------------
+    def checked_out_entry(self, message: Message) -> QuorumEntry:
+        """A message a lost leader had handed to a consumer, as one of this queue's
+        deliveries not yet acknowledged: its count so far from the header it was stored
+        with, and a place (``seq``) taken now, so that when it comes back it goes there
+        (:meth:`return_checked_out`)."""
+        if type(message) is LoggedMessage:
+            message = message.load()
+        count = message.headers.get(DELIVERY_COUNT)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            count = 0
+        self.unacked_count += 1
+        return QuorumEntry(message, self._seq.take(), True, None, 0,
+                           _without_count(message), count)
+
+    def return_checked_out(self, entries: Iterable[QueueEntry]) -> None:
+        """Deliveries that consumers of a lost leader held come back: each counts one
+        more delivery, as a requeue does (``x-delivery-count``, dead-lettered past the
+        delivery limit), but goes back to its place, not to the back: the places
+        :meth:`checked_out_entry` took at the election are ahead of every message never
+        delivered, so they come first, in their order, as RabbitMQ 3.10.8 returns a lost
+        node's consumers' checkouts (docs/clustering.md)."""
+        ext = self.ext
+        assert ext is not None
+        broker = self.vhost.broker
+        back: list[QueueEntry] = []
+        for entry in sorted(entries, key=lambda e: e.seq):
+            if isinstance(entry, QuorumEntry):
+                base, count = entry.base, entry.count + 1
+            else:
+                base, count = self._counted(entry)
+                count += 1
+            if self.delivery_limit is not None and count > self.delivery_limit:
+                broker.dead_letter(self, [QueueEntry(base, entry.seq)], "delivery_limit")
+                self.settle([entry])
+                continue
+            message = _with_count(base, count)
+            message.position = entry.message.position
+            self._store_count(entry.message, message)
+            back.append(QuorumEntry(message, entry.seq, True, None, 0, base, count))
+        if back:
+            ext.requeue(back)
 
 
 register_queue_type(QuorumQueue)

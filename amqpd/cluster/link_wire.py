@@ -24,7 +24,7 @@ import json
 import struct
 from typing import Any, Final
 
-MAGIC: Final = b"AMQPD-LINK\x00\x01"  # the dialler's first bytes (protocol version 1)
+MAGIC: Final = b"AMQPD-LINK\x00\x02"  # the dialler's first bytes (protocol version 2)
 MAX_FRAME: Final = 256 << 20  # a message body is bounded by the AMQP frame limits anyway
 
 # handshake (stream 0)
@@ -45,13 +45,21 @@ PUBLISH: Final = 20  # seq (0: unconfirmed), persistent, exchange, key, props, b
 CONFIRM: Final = 21  # leader -> user: seq, ok (every publish seq <= is answered first)
 CREDIT: Final = 22  # leader -> user: more publishes it may send
 CONSUME: Final = 30  # consumer id, no_ack, credit, arguments
-DELIVER: Final = 31  # consumer id, delivery id, redelivered, ready, exchange, key, props, body
+DELIVER: Final = 31  # consumer id, delivery id, redelivered, ready, exchange, key, props, body,
+#   the leader's store position + 1 (0: not sent; quorum queues only: RECLAIM names it)
 GRANT: Final = 32  # user -> leader: consumer id, more deliveries it may send
 CANCEL: Final = 33  # user -> leader: consumer id
 CANCELLED: Final = 34  # leader -> user: consumer id (queue deleted: basic.cancel)
 CONSUMED: Final = 35  # leader -> user: consumer id, reply code (0: accepted), text
+# user -> a quorum queue's new leader, once per stream opened: the deliveries of the lost
+# leader ``origin`` (its store positions) still unacked on this node's channels
+RECLAIM: Final = 36  # origin node ("": none), positions
+# leader -> user: per position asked, the delivery id it is on this stream now (0: no
+# longer held for this node: returned to the queue) and its new store position + 1
+RECLAIMED: Final = 37  # origin node, positions, delivery ids, new positions + 1
 GET: Final = 40  # request id, no_ack
-GET_OK: Final = 41  # request id, delivery id, redelivered, ready, exchange, key, props, body
+GET_OK: Final = 41  # request id, delivery id, redelivered, ready, exchange, key, props, body,
+#   the leader's store position + 1 (as DELIVER)
 GET_EMPTY: Final = 42  # request id
 SETTLE: Final = 50  # delivery ids (acked, or rejected without requeue)
 REQUEUE: Final = 51  # delivery ids
@@ -69,9 +77,9 @@ LAYOUTS: Final[dict[int, str]] = {
     HELLO: "sb", CHALLENGE: "sbb", PROVE: "b", WELCOME: "", REFUSED: "s", PING: "",
     OPEN: "ss", OPENED: "QQI", FAILED: "Is", CLOSE: "", STATS: "QQI",
     PUBLISH: "QBssbb", CONFIRM: "QB", CREDIT: "I",
-    CONSUME: "IBIj", DELIVER: "IQBQssbb", GRANT: "II", CANCEL: "I", CANCELLED: "I",
-    CONSUMED: "IIs",
-    GET: "IB", GET_OK: "IQBQssbb", GET_EMPTY: "I",
+    CONSUME: "IBIj", DELIVER: "IQBQssbbQ", GRANT: "II", CANCEL: "I", CANCELLED: "I",
+    CONSUMED: "IIs", RECLAIM: "sL", RECLAIMED: "sLLL",
+    GET: "IB", GET_OK: "IQBQssbbQ", GET_EMPTY: "I",
     SETTLE: "L", REQUEUE: "L", REJECT: "L",
     PURGE: "I", PURGED: "IQ", DELETE: "I", DELETED: "IQ", COUNT: "I", COUNTED: "IQQI",
     DECLARE: "Ij", DECLARED: "IIs",

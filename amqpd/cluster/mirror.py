@@ -16,7 +16,9 @@ Theory of operation.
   purge, expiry, drop) and delivery mark (the message comes back redelivered) into a
   frame on the link to each mirror (:mod:`amqpd.cluster.mirror_wire`), numbered by the
   queue's replication sequence. Requeue needs no record: a requeued message is still
-  unsettled, and its delivery mark already says redelivered. Every message is
+  unsettled, and its delivery mark already says redelivered. (A quorum group marks a
+  delivery with the node holding it instead, :meth:`Leading.checked_out`:
+  amqpd.cluster.quorum_group.) Every message is
   mirrored: while the queue is mirrored it keeps transient messages in the store too
   (``QueueType.mirrored``, as a quorum queue's ``keeps_every_message``). A queue
   that starts being mirrored counts its ready messages and its unacknowledged
@@ -171,7 +173,7 @@ class ReplicatingStore:
         self.inner.delivering(queue, position)
         lead = self.by_key.get(queue)
         if lead is not None:
-            lead.delivered([position])
+            lead.checked_out(position)
 
     def append_delivered_many(self, queue: str, positions: Iterable[int]) -> None:
         lead = self.by_key.get(queue)
@@ -302,6 +304,12 @@ class Leading:
             seq = self.rs.next_seq()
             if self.streams:
                 self._send(lambda rid: W.encode(M.MDELIV, rid, seq, marked))
+
+    def checked_out(self, position: int) -> None:
+        """The message at ``position`` is being handed to a consumer (or basic.get): a
+        mirrored queue records only that it was delivered (a quorum group also who
+        holds it: amqpd.cluster.quorum_group)."""
+        self.delivered([position])
 
     def dropped(self) -> None:
         """The queue was deleted here: the copies end, the record goes."""
@@ -552,6 +560,10 @@ class MirrorCopy:
         self.entries: dict[int, list[Any]] = {}
         self.settled_early: set[int] = set()  # settled before their backlog copy came
         self.delivered_early: set[int] = set()
+        # a quorum group's checkouts: leader position -> the node whose consumer holds
+        # it (amqpd.cluster.quorum_group's MHELD); ..._early: before the backlog copy
+        self.holders: dict[int, str] = {}
+        self.held_early: dict[int, str] = {}
         self.last_seq = start_seq
         self.backlog_done = False
         self.synced = False  # the backlog is durable here
@@ -566,6 +578,8 @@ class MirrorCopy:
         self.last_seq = start_seq
         self.settled_early.clear()
         self.delivered_early.clear()
+        self.holders.clear()  # the leader says again who holds what (after MHAVE)
+        self.held_early.clear()
         self.backlog_done = False
         self.synced = False
         self.batch = 0
@@ -594,11 +608,15 @@ class MirrorCopy:
             delivered = True
             self.store.append_delivered(self.key, local)
         self.entries[pos] = [local, len(body), delivered]
+        holder = self.held_early.pop(pos, None)
+        if holder is not None:
+            self.holders[pos] = holder
 
     def settle(self, positions: list[int]) -> None:
         done = []
         for p in positions:
             entry = self.entries.pop(p, None)
+            self.holders.pop(p, None)
             if entry is not None:
                 done.append(entry[0])
             elif not self.backlog_done:
@@ -616,10 +634,25 @@ class MirrorCopy:
             elif not self.backlog_done:
                 self.delivered_early.add(p)
 
+    def hold(self, node: str, positions: list[int]) -> None:
+        """A quorum group's checkout: these messages are delivered, held by a consumer
+        on ``node`` (the leader's own name for its local consumers)."""
+        for p in positions:
+            entry = self.entries.get(p)
+            if entry is not None:
+                if not entry[2]:
+                    entry[2] = True
+                    self.store.append_delivered(self.key, entry[0])
+                self.holders[p] = node
+            elif not self.backlog_done:
+                self.delivered_early.add(p)
+                self.held_early[p] = node
+
     def backlog_end(self) -> None:
         self.backlog_done = True
         self.settled_early.clear()
         self.delivered_early.clear()
+        self.held_early.clear()
 
     def drop(self) -> None:
         self.entries.clear()

@@ -41,12 +41,23 @@ of a policy's:
   majority of the members (no majority: nobody; the queue refuses until nodes return).
   The winner takes over with one etcd transaction on the queue's definition (its
   leader node) and the group record (term + 1), guarded by both revisions: never two
-  leaders. Its copy becomes a :class:`~amqpd.broker.quorum.QuorumQueue`; messages handed
-  out before come back redelivered, each counted as one return by the delivery-count
-  rules of :mod:`amqpd.broker.quorum` (``x-delivery-count``, ``x-delivery-limit``).
+  leaders. Its copy becomes a :class:`~amqpd.broker.quorum.QuorumQueue`.
   Consumers elsewhere are kept (:class:`~amqpd.cluster.remote_queue.RemoteQueue`
   follows the catalogue to the new leader) as RabbitMQ's quorum-queue consumers
   survive a leader change.
+* **Checkouts.** Every delivery is recorded with the node whose consumer holds it
+  (:data:`MHELD`; :meth:`GroupLeading.checked_out`, the holder named by
+  ``remote_queue.Served.delivered``), so the member elected after the leader's loss
+  knows whose consumers hold what, as RabbitMQ's Raft log does. What consumers on the
+  lost node (or a node not running) held comes back at once: redelivered, counted as
+  one return (``x-delivery-count``, ``x-delivery-limit``: :mod:`amqpd.broker.quorum`),
+  at the front of the queue in its order. What consumers on running nodes hold stays
+  checked out to them (:attr:`GroupLeading.checkouts`) until their node reclaims it by
+  the lost leader's positions (``RECLAIM``, :meth:`GroupLeading.reclaim`; the elected
+  node's own channels at once, :meth:`QuorumGroups._reclaim_here`) -- from then on they
+  are that stream's deliveries, and the client's acks by the old tags settle them --
+  or says it holds none of it, goes down, or :data:`CHECKOUT_WAIT` passes: then it
+  comes back as the lost node's does.
 * **Membership.** ``add_member`` / ``delete_member`` / ``grow`` / ``shrink`` edit the
   record's members in etcd (a transaction); the leader adopts the record's members
   when its revision moved: a new member gets a copy in the background and counts once
@@ -100,7 +111,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqpd.cluster.quorum")
 
 QTERM: Final = 100  # leader -> member: the term of the replication stream about to start
+# leader -> member: seq, node, positions: checked out to a consumer on that node (the
+# leader's own name for its local consumers); also delivered (MDELIV's mark)
+MHELD: Final = 101
 W.LAYOUTS[QTERM] = "Q"
+W.LAYOUTS[MHELD] = "QsL"
+# after an election, what consumers on a running node held stays checked out to them
+# until that node names it (RECLAIM), says it holds none of it, goes down, or this long
+CHECKOUT_WAIT: Final = 30.0
 
 Ident = tuple[str, str]
 
@@ -122,6 +140,15 @@ class GroupLeading(Leading):
         self.set_members(members)
         self.was_serving = False
         self.fenced = False  # deposed: refuses and holds until the queue is replaced
+        # the node whose consumer the delivery being recorded goes to ("": this node's;
+        # remote_queue.Served.delivered sets it around the queue's ``delivered``)
+        self.holder = ""
+        self.holders: dict[int, str] = {}  # position -> node holding it checked out
+        # after an election: node -> {lost leader's position: the queue's delivery}
+        # kept checked out for that node's consumers until it reclaims them
+        self.checkouts: dict[str, dict[int, Any]] = {}
+        self.checkouts_from = ""  # the lost leader those positions are of
+        self.checkouts_until = 0.0  # monotonic: returned then at the latest
 
     def set_members(self, members: list[str]) -> None:
         self.members = list(members)
@@ -134,6 +161,83 @@ class GroupLeading(Leading):
             if node not in self.wanted:
                 self.rs.leave(node)
         self.dirty = True
+
+    # -- checkouts --------------------------------------------------------------------------
+    def checked_out(self, position: int) -> None:
+        """A delivery (ReplicatingStore.delivering): delivered, and held by a consumer
+        on ``holder``'s node, told to the members in one record (MHELD), so the member
+        elected after this node's loss knows whose consumers hold what."""
+        live = self.live
+        if position not in live:
+            return
+        live[position] = True
+        holder = self.holder or self.groups.node
+        self.holders[position] = holder
+        seq = self.rs.next_seq()
+        if self.streams:
+            self._send(lambda rid: W.encode(MHELD, rid, seq, holder, [position]))
+
+    def settled(self, positions: list[int]) -> None:
+        super().settled(positions)
+        holders = self.holders
+        if holders:
+            for p in positions:
+                holders.pop(p, None)
+
+    def got_have(self, node: str, rid: int, positions: list[int]) -> None:
+        """As :meth:`Leading.got_have`, then who holds what: the member's copy learns
+        it for what it kept and for what the backlog brings."""
+        s = self.streams.get(node)
+        fresh = s is not None and s.rid == rid and s.missing is None
+        super().got_have(node, rid, positions)
+        if not fresh or s is None or s.closed:
+            return
+        by_node: dict[str, list[int]] = {}
+        for p, holder in self.holders.items():
+            by_node.setdefault(holder, []).append(p)
+        for holder, held in by_node.items():
+            s.link.send(W.encode(MHELD, rid, s.start_seq, holder, held))
+
+    def reclaim(self, node: str, origin: str, positions: list[int]) -> dict[int, Any]:
+        """``node``'s RECLAIM (remote_queue.Served.reclaim): of what this group kept
+        checked out for its consumers since the election, the messages it names by
+        ``origin``'s (the lost leader's) positions are handed back (position ->
+        delivery); the rest it no longer holds: returned to the queue. A RECLAIM of
+        another leader's positions hands nothing back (another may follow)."""
+        pending = self.checkouts.get(node)
+        if pending is None:
+            return {}
+        got: dict[int, Any] = {}
+        if origin == self.checkouts_from:
+            got = {p: pending.pop(p) for p in positions if p in pending}
+        elif origin:
+            return {}
+        del self.checkouts[node]
+        self.give_back(node, list(pending.values()), "not held there any more")
+        log.info("queue '%s' in vhost '%s': %d deliveries held on %s since the election "
+                 "handed back to it", self.ident[1], self.ident[0], len(got), node)
+        return got
+
+    def give_back(self, node: str, entries: list[Any], why: str) -> None:
+        """Checkouts kept for ``node`` come back to the queue (front, redelivered,
+        counted once more: QuorumQueue.return_checked_out)."""
+        if not entries or self.q.deleted:
+            return
+        log.info("queue '%s' in vhost '%s': %d deliveries held on %s returned (%s)",
+                 self.ident[1], self.ident[0], len(entries), node, why)
+        self.q.return_checked_out(entries)  # type: ignore[attr-defined]
+
+    def expire_checkouts(self, now: float) -> None:
+        """Checkouts kept for a node that went down, or kept longer than
+        :data:`CHECKOUT_WAIT`, come back to the queue."""
+        groups = self.groups
+        for node in list(self.checkouts):
+            if node != groups.node and not groups.cluster.is_running(node):
+                self.give_back(node, list(self.checkouts.pop(node).values()),
+                               "its node is down")
+            elif now >= self.checkouts_until:
+                self.give_back(node, list(self.checkouts.pop(node).values()),
+                               f"not reclaimed within {CHECKOUT_WAIT:g} s")
 
     def fence(self) -> None:
         """The cluster elected another leader while this node still holds the queue:
@@ -359,6 +463,8 @@ class QuorumGroups(Mirrors):
                 assert isinstance(lead, GroupLeading)
                 if lead.fenced:
                     continue
+                if lead.checkouts:
+                    lead.expire_checkouts(time.monotonic())
                 rev = self.revisions.get(ident)
                 if rev is not None and lead.rev > 0 and rev > lead.rev and \
                         self.records.get(ident, {}).get("leader") == self.node:
@@ -492,6 +598,14 @@ class QuorumGroups(Mirrors):
         if kind == QTERM:
             self.stream_terms[(link.peer, stream)] = f[0]
             return
+        if kind == MHELD:
+            copy = self.copies.get((link.peer, stream))
+            if copy is None or (link.peer, stream) in self.frozen:
+                return
+            copy.seen(f[0])
+            copy.hold(f[1], f[2])
+            self._schedule_ack(copy, link)
+            return
         if not M.is_mirror_frame(kind) or not self.owns_stream(stream):
             return
         if kind == M.MSTART:
@@ -595,8 +709,15 @@ class QuorumGroups(Mirrors):
 
     def _promote_group(self, ident: Ident, copy: MirrorCopy, item: dict[str, Any],
                        members: list[str], term: int) -> GroupLeading:
-        """Turn the copy into the quorum queue, in the remote queue's place. Messages
-        handed out before count one return each (broker/quorum.py's rules)."""
+        """Turn the copy into the quorum queue, in the remote queue's place.
+
+        What the lost leader had handed out (MHELD: whose consumers hold it) is, in the
+        leader's order, at the front: what consumers on the lost node, or on a node not
+        running, held is returned at once (redelivered, counted once more:
+        broker/quorum.py's rules); what consumers on running nodes hold stays checked
+        out to them (:meth:`GroupLeading.reclaim`; this node's own at once,
+        :meth:`_reclaim_here`), returned to its place if they do not take it back.
+        Then the messages not held, in order (redelivered if they had been before)."""
         from amqpd.broker.quorum import QuorumQueue
         from amqpd.cluster.remote_queue import replace_queue
 
@@ -610,52 +731,82 @@ class QuorumGroups(Mirrors):
         replace_queue(self.queues, vh, old, q)
         self.broker.apply_policies_to(vh, q)
         live: dict[int, bool] = {}
-        returned: list[tuple[int, int]] = []
-        for local, size, delivered in copy.in_order():
-            if delivered:
-                returned.append((local, size))
-                live[local] = True
+        held: list[tuple[int, int, int, str]] = []  # leader position, local, size, holder
+        ready: list[tuple[int, int, bool]] = []
+        for lp in sorted(copy.entries):
+            local, size, delivered = copy.entries[lp]
+            live[local] = bool(delivered)
+            holder = copy.holders.get(lp) if delivered else None
+            if holder is None:
+                ready.append((local, size, bool(delivered)))
             else:
-                q.restore(LoggedMessage(self.store, local, size), False)
-                live[local] = False
+                held.append((lp, local, size, holder))
         self.copies.pop((copy.leader, copy.rid), None)
         self.copy_of.pop(ident, None)
         self.frozen.discard((copy.leader, copy.rid))
         copy.forget_map()  # its messages are the queue's own now
         self.broker.definitions_changed(q)
         lead = self._lead_group(vh, q, members, term, live)
-        for local, size in returned:
-            self._returned(q, local, size)
+        returned: list[Any] = []
+        kept: dict[str, dict[int, Any]] = {}
+        for lp, local, size, holder in held:  # their places: ahead of the rest
+            entry = q.checked_out_entry(LoggedMessage(self.store, local, size))
+            if holder != copy.leader and (holder == self.node or
+                                          self.cluster.is_running(holder)):
+                kept.setdefault(holder, {})[lp] = entry
+                lead.holders[local] = holder
+            else:
+                returned.append(entry)
+        for local, size, redelivered in ready:
+            q.restore(LoggedMessage(self.store, local, size), redelivered)
+        lead.checkouts = kept
+        lead.checkouts_from = copy.leader
+        lead.checkouts_until = time.monotonic() + CHECKOUT_WAIT
+        q.return_checked_out(returned)
+        self._reclaim_here(old, lead)
         self.promotions += 1
         log.warning("queue '%s' in vhost '%s': elected leader on %s (term %d) after the "
-                    "loss of %s (%d messages, %d of them handed out before: redelivered)",
-                    name, vhost, self.node, term, copy.leader, len(live), len(returned))
+                    "loss of %s (%d messages; of those handed out before, %d returned, "
+                    "%d kept for consumers on %s)", name, vhost, self.node, term,
+                    copy.leader, len(live), len(returned),
+                    sum(len(k) for k in kept.values()), sorted(kept) or "no node")
         return lead
 
-    def _returned(self, q: Any, local: int, size: int) -> None:
-        """A message handed out by the lost leader comes back: one more delivery counted
-        (x-delivery-count), at the back, redelivered; past the delivery limit it is
-        dead-lettered instead."""
-        from amqpd.broker.queue_entry import QueueEntry
-        from amqpd.broker.quorum import DELIVERY_COUNT, _with_count, _without_count
-
-        old = LoggedMessage(self.store, local, size).load()
-        count = old.headers.get(DELIVERY_COUNT)
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            count = 0
-        base = _without_count(old)
-        count += 1
-        if q.delivery_limit is not None and count > q.delivery_limit:
-            self.broker.dead_letter(q, [QueueEntry(base, 0)], "delivery_limit")
-            self.store.append_settle(q.store_key, [local])
+    def _reclaim_here(self, old: QueueType | None, lead: GroupLeading) -> None:
+        """This node's own consumers followed the promoted queue (replace_queue): what
+        their channels hold of the lost leader (the remote queue's held deliveries)
+        becomes the new queue's deliveries in place, so the client's acks by the old
+        delivery tags settle them; the rest kept for this node is returned."""
+        pending = lead.checkouts.pop(self.node, None)
+        if pending is None:
             return
-        new = _with_count(base, count)
-        new.position = local
-        q._store_count(old, new)
-        if new.position == local:  # not written again (the store failed): keep the old
-            q.restore(LoggedMessage(self.store, local, size), True)
-            return
-        q.restore(LoggedMessage(self.store, new.position, len(new.body)), True)
+        stale = getattr(old, "_stale", None)
+        origin = lead.checkouts_from
+        if stale:
+            for proto in list(self.broker.transports):
+                session = proto.session
+                for ch in list(getattr(session, "channels", {}).values()):
+                    for item in list(ch.unacked.values()):
+                        if item.queue is not old:
+                            continue
+                        held = stale.get(item.entry.seq)
+                        if held is None or held.origin != origin or \
+                                held.position not in pending:
+                            continue
+                        del stale[item.entry.seq]
+                        item.queue = lead.q
+                        item.entry = pending.pop(held.position)
+        done = getattr(old, "_held_done", [])
+        for held in list(done):  # settled by the client before the election ended
+            entry = pending.pop(held.position, None) if held.origin == origin else None
+            if entry is None:
+                continue
+            done.remove(held)
+            if held.done == W.SETTLE:
+                lead.q.settle([entry])
+            else:
+                lead.q.reject([entry])
+        lead.give_back(self.node, list(pending.values()), "not held here any more")
 
     def failover_expected(self, queue: QueueType) -> bool:
         """The link to quorum queue ``queue``'s leader went (or its kept consumers have

@@ -40,12 +40,23 @@ leader is known) the queue answers declare, basic.get and basic.consume with 404
 ``home node '<node>' of durable queue '<name>' in vhost '<vhost>' is down or
 inaccessible``; the publish pipeline leaves it out of routes (``available`` is False:
 the message is unroutable there, as in RabbitMQ 3.10). Delivery ids of the old link
-are dead (entries carry them plus a base that grows with every stream): the leader has
-put those messages back already. A consumer kept across the failover still has them
-unacked on its channel, and they count against its prefetch as the client sees it: the
-new leader is granted only what that window has left, and a credit more as each of them
-is settled (else deliveries would wait here for a channel that may not take them, and
-the queue's other consumers would never get them).
+are dead (entries carry them plus a base that grows with every stream): a mirrored
+queue's new leader has put those messages back already. A consumer kept across the
+failover still has them unacked on its channel, and they count against its prefetch as
+the client sees it: the new leader is granted only what that window has left, and a
+credit more as each of them is settled (else deliveries would wait here for a channel
+that may not take them, and the queue's other consumers would never get them).
+
+A quorum queue's new leader keeps them checked out to this node instead (RabbitMQ
+3.10's checkouts survive an election; amqpd.cluster.quorum_group): its leader names
+every delivery's store position (DELIVER / GET_OK), and when the queue is opened on
+the new leader, RECLAIM names, by the lost leader's positions, what this node's
+channels still hold (:class:`_Held`); RECLAIMED gives each the delivery id it has on
+the new stream, so the client's ack, nack or reject by the old tag settles it there
+(one settled meanwhile is settled at once). The last acks and rejects sent to the lost
+leader (:data:`RECENT_SETTLES`) are named too: one it never took is settled on the new
+leader, not redelivered. What this node does not name, the new leader returns to the
+queue.
 """
 
 from __future__ import annotations
@@ -94,6 +105,9 @@ REOPEN_DELAY: Final = 0.2
 FAILOVER_WAIT: Final = 30.0
 FAILOVER_LIMIT: Final = 300.0
 REOPEN_TRIES: Final = 50
+# a quorum queue's acks and rejects remembered (by position) for naming to a new leader
+# if the current one is lost before it took them
+RECENT_SETTLES: Final = 1024
 EXTENSION_KINDS: Final = 80  # frame types from here on belong to ClusterQueues.extensions
 # a link to a node the view does not see running is closed once silent this long
 LINK_SILENCE: Final = 2.0
@@ -131,6 +145,25 @@ class _RemoteConsumer:
         self.timer: asyncio.TimerHandle | None = None
 
 
+class _Held:
+    """A delivery of a lost leader still unacknowledged on a channel here (``key``: the
+    id its entry has there). For a quorum queue, ``origin`` and ``position`` name the
+    message in that leader's log, so the new leader can hand it back to this node
+    (RECLAIM); ``done`` is how the client settled it while no leader had it back yet
+    (SETTLE, REJECT or REQUEUE: told once reclaimed; one requeued before RECLAIM is
+    not named in it, so the new leader returns the message itself)."""
+
+    __slots__ = ("done", "key", "origin", "position", "state")
+
+    def __init__(self, key: int, state: _RemoteConsumer | None, origin: str,
+                 position: int) -> None:
+        self.key = key
+        self.state = state
+        self.origin = origin
+        self.position = position
+        self.done = 0
+
+
 class RemoteQueue(QueueType):
     """A queue whose leader is ``leader`` (module docstring). The class is specialised
     per real type (:func:`remote_class`) so redeclare compares what that type compares."""
@@ -162,10 +195,25 @@ class RemoteQueue(QueueType):
         self._by_consumer: dict[int, _RemoteConsumer] = {}  # id(Consumer) -> state
         self._next_cid = 0
         self._owner: dict[int, _RemoteConsumer | None] = {}  # live delivery id -> consumer
-        # deliveries of a lost leader's stream still unacked on their channel, for a
-        # consumer kept across the failover: they count against its prefetch until the
-        # client settles them (the new leader holds those messages again, redelivered)
-        self._stale: dict[int, _RemoteConsumer] = {}
+        # a quorum queue's leader names each delivery's store position: live delivery
+        # id -> position, what RECLAIM asks a new leader for after a failover
+        self._pos: dict[int, int] = {}
+        # deliveries of a lost leader's stream still unacked on their channel (entry id
+        # -> _Held), for a consumer kept across the failover (and a quorum queue's
+        # basic.get): they count against the consumer's prefetch until the client
+        # settles them. A quorum queue's new leader keeps them checked out to this node
+        # and hands them back (RECLAIM / RECLAIMED); another queue's new leader holds
+        # those messages again, redelivered
+        self._stale: dict[int, _Held] = {}
+        self._held_done: list[_Held] = []  # settled by the client before any RECLAIM
+        # a quorum queue's latest acks and rejects sent to the leader, by position: if
+        # the leader is lost, those it never took are named to the next one (RECLAIM)
+        # and settled there, not redelivered
+        self._recent: deque[tuple[int, int]] = deque(maxlen=RECENT_SETTLES)
+        self._reclaiming: dict[tuple[str, int], _Held] = {}  # RECLAIM sent, no answer yet
+        # reclaimed deliveries are the current stream's: their entries' id -> live id
+        self._renamed: dict[int, int] = {}
+        self._alias: dict[int, int] = {}  # ... and back
         # the ids of this node's entries are the leader's delivery ids plus a base that
         # grows with every stream opened, so an entry of an earlier stream (a leader
         # since lost) can never be taken for one of the current stream's
@@ -296,7 +344,7 @@ class RemoteQueue(QueueType):
         self._send(W.encode(W.GET, self.stream, self._next_req, no_ack))
 
     def _got(self, req: int, delivery: int, redelivered: bool, ready: int,
-             exchange: str, key: str, props: bytes, body: bytes) -> None:
+             exchange: str, key: str, props: bytes, body: bytes, position: int) -> None:
         channel, no_ack = self._gets.pop(req, (None, True))
         self.ready_count = ready
         entry = QueueEntry(Message(exchange, key, props, body), self._base + delivery,
@@ -307,6 +355,8 @@ class RemoteQueue(QueueType):
             return
         if not no_ack:
             self._owner[entry.seq] = None
+            if position:
+                self._pos[entry.seq] = position - 1
         channel.answer_get(self, entry, no_ack, ready)
 
     def _got_empty(self, req: int) -> None:
@@ -323,25 +373,48 @@ class RemoteQueue(QueueType):
         else:
             self.unacked_count += 1
 
-    def _settled(self, entries: list[QueueEntry]) -> list[int]:
-        """The live delivery ids among ``entries`` (credit back to their consumers)."""
+    def _settled(self, entries: list[QueueEntry], how: int) -> list[int]:
+        """The live delivery ids among ``entries`` (credit back to their consumers);
+        ``how``: SETTLE, REQUEUE or REJECT."""
         ids = []
         owner = self._owner
         grants = self._grants
+        renamed = self._renamed
         for entry in entries:
             self.unacked_count -= 1
-            if entry.seq not in owner:
-                # from a link that is gone: the leader put it back already
-                kept = self._stale.pop(entry.seq, None)
-                if kept is not None:
-                    self._stale_settled(kept)
+            seq = entry.seq
+            if renamed:
+                seq = renamed.pop(seq, seq)
+                self._alias.pop(seq, None)
+            if seq not in owner:
+                # from a link that is gone: the leader put it back already, or a quorum
+                # queue's new leader keeps it for this node (_Held)
+                held = self._stale.pop(seq, None)
+                if held is not None:
+                    self._held_settled(held, how)
                 continue
-            state = owner.pop(entry.seq)
-            ids.append(entry.seq - self._base)
+            state = owner.pop(seq)
+            position = self._pos.pop(seq, None)
+            if position is not None and how != W.REQUEUE:
+                self._recent.append((position, how))
+            ids.append(seq - self._base)
             if state is not None and state.by_settle and state.id in self._cons:
                 grants[state.id] = grants.get(state.id, 0) + 1
         self._send_grants()
         return ids
+
+    def _held_settled(self, held: _Held, how: int) -> None:
+        """The client settled a delivery of a lost leader: its consumer's window has a
+        place again; a quorum queue's new leader is told (now if it answered RECLAIM
+        already, else once it does) unless the message went back to the queue."""
+        if held.state is not None:
+            self._stale_settled(held.state)
+        if not held.origin or held.position < 0:
+            return
+        held.done = how
+        if self._reclaiming.get((held.origin, held.position)) is not held and \
+                how != W.REQUEUE:  # a requeue: the new leader returns what it is not named
+            self._held_done.append(held)
 
     def _stale_settled(self, state: _RemoteConsumer) -> None:
         """A kept consumer's client settled a delivery of a lost leader: a place in its
@@ -359,7 +432,7 @@ class RemoteQueue(QueueType):
 
     def settle(self, entries: Any) -> None:
         entries = list(entries)
-        ids = self._settled(entries)
+        ids = self._settled(entries, W.SETTLE)
         self.stat_ack += len(entries)
         if ids:
             self._send(W.encode(W.SETTLE, self.stream, ids))
@@ -367,13 +440,13 @@ class RemoteQueue(QueueType):
             self.vhost.schedule_dispatch(self)
 
     def requeue(self, entries: Any) -> None:
-        ids = self._settled(list(entries))
+        ids = self._settled(list(entries), W.REQUEUE)
         if ids:
             self._send(W.encode(W.REQUEUE, self.stream, ids))
 
     def reject(self, entries: list[QueueEntry]) -> None:
         """The leader dead-letters them (its queue has the dead-letter options)."""
-        ids = self._settled(entries)
+        ids = self._settled(entries, W.REJECT)
         self.stat_ack += len(entries)
         if ids:
             self._send(W.encode(W.REJECT, self.stream, ids))
@@ -515,12 +588,14 @@ class RemoteQueue(QueueType):
         # deliveries not handed to the client go back to the leader
         back = [e.seq - self._base for e in state.buffer
                 if self._owner.pop(e.seq, _NONE) is not _NONE]
+        for e in state.buffer:
+            self._pos.pop(e.seq, None)
         state.buffer.clear()
         if back:
             self._send(W.encode(W.REQUEUE, self.stream, back))
 
     def _deliver(self, cid: int, delivery: int, redelivered: bool, ready: int,
-                 exchange: str, key: str, props: bytes, body: bytes) -> None:
+                 exchange: str, key: str, props: bytes, body: bytes, position: int) -> None:
         self.ready_count = ready
         state = self._cons.get(cid)
         if state is None:  # cancelled meanwhile: the CANCEL and a REQUEUE are on the way
@@ -530,6 +605,8 @@ class RemoteQueue(QueueType):
                            bool(redelivered))
         if not state.consumer.no_ack:
             self._owner[entry.seq] = state
+            if position:  # a quorum queue's: RECLAIM names it after a failover
+                self._pos[entry.seq] = position - 1
         state.buffer.append(entry)
         self.vhost.schedule_dispatch(self)
 
@@ -573,11 +650,62 @@ class RemoteQueue(QueueType):
         self._credit = PUBLISH_WINDOW
         self._base += 1 << 40
         link.send(W.encode(W.OPEN, stream, self.vhost.name, self.name))
+        if self.real_type == "quorum":
+            self._reclaim()  # ahead of the consumers: what they hold stays theirs
         if self._kept_timer is not None:
             self._kept_timer.cancel()
             self._kept_timer = None
         for state in self._cons.values():  # consumers kept across a failover
             self._consume(state)
+
+    def _reclaim(self) -> None:
+        """Tell a quorum queue's leader (a new one after a failover, or the same one
+        again) which deliveries of a lost leader this node's channels still hold, by
+        that leader's store positions: the leader keeps the messages its consumers here
+        held checked out for this node until it says (amqpd.cluster.quorum_group), so
+        the client's acks by the old delivery tags settle them. Always sent, empty too:
+        it is this node's whole answer, and what it does not name is returned."""
+        by_origin: dict[str, dict[int, _Held]] = {}
+        for held in [*self._held_done, *self._stale.values()]:  # held ones win
+            if held.origin and held.position >= 0:
+                by_origin.setdefault(held.origin, {})[held.position] = held
+        self._held_done = []
+        self._reclaiming = {}
+        if not by_origin:
+            self._send(W.encode(W.RECLAIM, self.stream, "", []))
+            return
+        for origin, helds in by_origin.items():
+            for position, held in helds.items():
+                self._reclaiming[(origin, position)] = held
+            self._send(W.encode(W.RECLAIM, self.stream, origin, sorted(helds)))
+
+    def _reclaimed(self, origin: str, positions: list[int], ids: list[int],
+                   news: list[int]) -> None:
+        """The leader's answer to RECLAIM: a delivery it hands back is one of this
+        stream's from now on (its entry keeps the id the channel knows), or, if the
+        client settled it meanwhile, is settled there now; one it no longer holds for
+        this node (returned to the queue) stays a dead delivery here."""
+        for position, delivery, new in zip(positions, ids, news, strict=False):
+            held = self._reclaiming.pop((origin, position), None)
+            if held is None:
+                continue
+            if not delivery:
+                held.origin = ""  # redelivered from the queue: its ack settles nothing
+                continue
+            if held.done:
+                self._send(W.encode(held.done, self.stream, [delivery]))
+                if new and held.done != W.REQUEUE:
+                    self._recent.append((new - 1, held.done))
+                continue
+            if self._stale.get(held.key) is not held:
+                continue
+            del self._stale[held.key]
+            live = self._base + delivery
+            self._owner[live] = held.state
+            if new:
+                self._pos[live] = new - 1
+            self._renamed[held.key] = live
+            self._alias[live] = held.key
 
     def detach(self, keep_consumers: bool = False) -> None:
         """The link went: consumers cancelled, confirms nacked, requests answered.
@@ -608,6 +736,11 @@ class RemoteQueue(QueueType):
                                   and self.cluster.failover_expected(self))
         kept = 0
         for state in list(self._cons.values()):
+            # what waits here was never handed to the client, so it is not held here:
+            # the leader's copy has it (a quorum queue's new leader returns it)
+            for e in state.buffer:
+                self._owner.pop(e.seq, None)
+                self._pos.pop(e.seq, None)
             consumer = state.consumer
             answer = state.answer
             if answer is not None:  # the leader never answered: the consume fails
@@ -627,10 +760,31 @@ class RemoteQueue(QueueType):
                 pass
             consumer.channel.consumer_cancelled_by_server(consumer)
         stale = self._stale
+        positions = self._pos
+        alias = self._alias
         for seq, owner in self._owner.items():
-            if owner is not None and owner.id in self._cons:
-                stale[seq] = owner  # still on a kept consumer's channel, unacked
+            position = positions.get(seq, -1)
+            if (owner is not None and owner.id in self._cons) or position >= 0:
+                # still on a channel here, unacked (a kept consumer's, or a quorum
+                # queue's basic.get): the key is the id its entry has there
+                key = alias.get(seq, seq)
+                stale[key] = _Held(key, owner if owner is not None and owner.id in
+                                   self._cons else None, self.leader, position)
         self._owner.clear()  # the leader requeued them when the link went
+        positions.clear()
+        for position, how in self._recent:
+            # settled just before the link went: the lost leader may never have taken
+            # it, and then the next one holds it for this node; named, it is settled
+            held = _Held(-1, None, self.leader, position)
+            held.done = how
+            self._held_done.append(held)
+        self._recent.clear()
+        alias.clear()
+        self._renamed.clear()
+        for held in self._reclaiming.values():  # asked, never answered: ask again
+            if held.done and held.done != W.REQUEUE:
+                self._held_done.append(held)
+        self._reclaiming = {}
         if kept and self._kept_timer is None:
             loop = asyncio.get_running_loop()
             self._kept_since = loop.time()
@@ -741,13 +895,13 @@ class _Proxy:
         served = self.served
         delivery = served.next_id()
         msg = entry.message
-        queue.delivered(entry, acked=consumer.no_ack)
+        position = served.delivered(queue, entry, consumer.no_ack)
         if not consumer.no_ack:
             served.unacked[delivery] = entry
         served.link.send(W.encode(
             W.DELIVER, served.stream, self.cid, delivery, entry.redelivered,
             queue.message_count, msg.exchange, msg.routing_key, msg.properties,
-            served.broker.publisher.body_of(msg)))
+            served.broker.publisher.body_of(msg), position))
 
     def consumer_cancelled_by_server(self, consumer: Consumer) -> None:
         self.closed = True
@@ -772,6 +926,46 @@ class Served:
     def next_id(self) -> int:
         self._next += 1
         return self._next
+
+    def delivered(self, queue: QueueType, entry: QueueEntry, no_ack: bool) -> int:
+        """``queue.delivered`` for a delivery to the peer; a quorum queue's replica
+        group records the checkout as the peer's (amqpd.cluster.quorum_group: it
+        survives an election), and the peer learns the message's store position
+        (+ 1; 0 for other queues) to name it after one (RECLAIM)."""
+        group = getattr(queue, "group", None)
+        if group is None:
+            queue.delivered(entry, acked=no_ack)
+            return 0
+        group.holder = self.link.peer
+        try:
+            queue.delivered(entry, acked=no_ack)
+        finally:
+            group.holder = ""
+        position = entry.message.position
+        return position + 1 if position >= 0 and not no_ack else 0
+
+    def reclaim(self, origin: str, positions: list[int]) -> None:
+        """The peer's RECLAIM: what the quorum queue's group kept checked out for it
+        since the election becomes this stream's deliveries (their ids answered in
+        RECLAIMED); what it does not name is returned to the queue."""
+        q = self.queue
+        group = getattr(q, "group", None)
+        got: dict[int, QueueEntry] = {}
+        if group is not None and not q.deleted:
+            got = group.reclaim(self.link.peer, origin, positions)
+        ids: list[int] = []
+        news: list[int] = []
+        for position in positions:
+            entry = got.pop(position, None)  # once, even if named twice
+            if entry is None:
+                ids.append(0)
+                news.append(0)
+                continue
+            delivery = self.next_id()
+            self.unacked[delivery] = entry
+            ids.append(delivery)
+            news.append(entry.message.position + 1)
+        self.link.send(W.encode(W.RECLAIMED, self.stream, origin, positions, ids, news))
 
     def publish(self, seq: int, persistent: int, exchange: str, key: str, props: bytes,
                 body: bytes) -> None:
@@ -851,13 +1045,14 @@ class Served:
         if q.ext is not None:
             q.ext.drop_expired_head()
         delivery = self.next_id()
-        q.delivered(entry, acked=no_ack)
+        position = self.delivered(q, entry, no_ack)
         if not no_ack:
             self.unacked[delivery] = entry
         msg = entry.message
         self.link.send(W.encode(
             W.GET_OK, self.stream, req, delivery, entry.redelivered, q.message_count,
-            msg.exchange, msg.routing_key, msg.properties, self.broker.publisher.body_of(msg)))
+            msg.exchange, msg.routing_key, msg.properties, self.broker.publisher.body_of(msg),
+            position))
 
     def close(self) -> None:
         """The peer is gone or done: its consumers removed, its unacked put back."""
@@ -1175,6 +1370,8 @@ class ClusterQueues:
             queue._cancelled(f[0])
         elif kind == W.CONSUMED:
             queue._consumed(*f)
+        elif kind == W.RECLAIMED:
+            queue._reclaimed(*f)
         elif kind == W.COUNTED:
             queue._counted(*f)
         elif kind in (W.PURGED, W.DELETED):
@@ -1238,6 +1435,8 @@ class ClusterQueues:
             served.grant(*f)
         elif kind == W.CANCEL:
             served.cancel(f[0])
+        elif kind == W.RECLAIM:
+            served.reclaim(f[0], f[1])
         elif kind == W.GET:
             served.get(*f)
         elif kind == W.COUNT:  # a declare on the user's node: a use, as a declare here
@@ -1310,7 +1509,7 @@ class ClusterQueues:
 
 _LEADER_SIDE = frozenset({W.OPEN, W.CLOSE, W.PUBLISH, W.CONSUME, W.GRANT, W.CANCEL, W.GET,
                           W.SETTLE, W.REQUEUE, W.REJECT, W.PURGE, W.DELETE, W.COUNT,
-                          W.DECLARE})
+                          W.DECLARE, W.RECLAIM})
 
 _INSTANCES: dict[int, ClusterQueues] = {}
 

@@ -184,6 +184,35 @@ def test_a_returned_delivery_goes_to_the_back_counted(api: BrokerAPI) -> None:
     assert (q.message_count, q.unacked_count) == (0, 0)
 
 
+def test_checkouts_returned_after_an_election_go_to_the_front_counted(
+        api: BrokerAPI) -> None:
+    """What a lost leader's consumers held comes back ahead of every message never
+    delivered, in its order, counted once more (amqpd.cluster.quorum_group calls
+    ``return_checked_out`` on the new leader; RabbitMQ 3.10.8 as measured)."""
+    q = quorum(api)
+    for i in range(6):
+        q.enqueue(message(b"m%d" % i))
+    held = [q.take() for _ in range(3)]
+    for e in held:
+        assert e is not None
+        q.delivered(e, acked=False)
+    q.return_checked_out([held[1], held[0]])  # type: ignore[attr-defined]
+    assert q.unacked_count == 1  # m2 is still held
+    out = []
+    while (e := q.take()) is not None:
+        out.append((e.message.body, e.redelivered, count_of(e)))
+    assert out == [(b"m0", True, 1), (b"m1", True, 1), (b"m3", False, None),
+                   (b"m4", False, None), (b"m5", False, None)]
+    # past the delivery limit a returned checkout is dead-lettered instead
+    limited = quorum(api, "limited", **{"x-delivery-limit": 0})
+    limited.enqueue(message(b"x", "limited"))
+    x = limited.take()
+    assert x is not None
+    limited.delivered(x, acked=False)
+    limited.return_checked_out([x])  # type: ignore[attr-defined]
+    assert (limited.message_count, limited.unacked_count) == (0, 0)
+
+
 def test_fetch_shows_the_count_even_the_first_time(api: BrokerAPI) -> None:
     q = quorum(api)
     q.enqueue(message(b"x"))
