@@ -60,7 +60,7 @@ def queue_info(node: ClusterNode, name: str = QUEUE) -> dict[str, Any]:
     return r.json() if r.status == 200 else {}
 
 
-def declare(node: ClusterNode, name: str = QUEUE, **arguments: Any) -> None:
+def declare(node: ClusterNode, name: str = QUEUE, /, **arguments: Any) -> None:
     conn = Conn(node.url)
     try:
         conn.declare_queue(conn.open_channel(1), name, durable=True,

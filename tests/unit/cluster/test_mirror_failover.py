@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 from amqpd.cluster.mirror import MirrorCopy, Mirrors
 from amqpd.coord.etcd import EtcdError
@@ -32,9 +32,10 @@ class FakeCluster:
         self.root = "/amqpd/c1"
         self.config = SimpleNamespace(mirror_sync_timeout=5.0)
         self.catalogue: dict[tuple[str, str], str] = {}
+        self.members = ["node-a", "node-b", "node-c"]
 
     def nodes(self) -> dict[str, Any]:
-        return dict.fromkeys(["node-a", "node-b", "node-c"])
+        return dict.fromkeys(self.members)
 
     def is_running(self, node: str) -> bool:
         return node in self.running
@@ -72,6 +73,11 @@ class FakeRemote:
         self.cancelled += 1
 
 
+def remote(leader: str, policy: dict[str, Any] | None = HA_ALL) -> Any:
+    """A :class:`FakeRemote` where the code under test wants a queue (duck-typed)."""
+    return FakeRemote(leader, policy)
+
+
 def mirrors_on(node: str, running: set[str]) -> Mirrors:
     cluster = FakeCluster(node, running)
     broker = SimpleNamespace(store=MemoryStore())
@@ -101,45 +107,45 @@ def test_a_mirror_keeps_its_consumers_before_it_has_read_the_mirror_record() -> 
     m = mirrors_on("node-b", {"node-a", "node-b", "node-c"})
     hold_copy(m, "node-a", synced=True)
     assert m.records == {}
-    assert m.failover_expected(FakeRemote("node-a"))
+    assert m.failover_expected(remote("node-a"))
     # ... even if the policy did not say so here yet
-    assert m.failover_expected(FakeRemote("node-a", policy=None))
+    assert m.failover_expected(remote("node-a", policy=None))
     # a copy of another leader's log is no reason
-    assert not m.failover_expected(FakeRemote("node-c", policy=None))
+    assert not m.failover_expected(remote("node-c", policy=None))
     # nor one that declined to take over (the record said it may not): the record
     # decides then
     m.copy_of[("/", "mirrored")].declined = 1.0
-    assert not m.failover_expected(FakeRemote("node-a", policy=None))
+    assert not m.failover_expected(remote("node-a", policy=None))
     m.records[("/", "mirrored")] = record()
-    assert m.failover_expected(FakeRemote("node-a", policy=None))
+    assert m.failover_expected(remote("node-a", policy=None))
 
 
 def test_an_unsynchronised_copy_counts_where_the_policy_lets_it_take_over() -> None:
     m = mirrors_on("node-b", {"node-a", "node-b", "node-c"})
     hold_copy(m, "node-a", synced=False)
-    assert m.failover_expected(FakeRemote("node-a", policy=None))  # "always": default
+    assert m.failover_expected(remote("node-a", policy=None))  # "always": default
     when_synced = {"ha-mode": "nodes", "ha-params": ["node-a", "node-b"],
                    "ha-promote-on-failure": "when-synced"}
-    m.cluster.nodes = lambda: {"node-a": None, "node-b": None}  # type: ignore[method-assign]
+    cast(FakeCluster, m.cluster).members = ["node-a", "node-b"]
     # when-synced: not on the copy's word; the policy's mirror node-b is this one...
-    assert m.failover_expected(FakeRemote("node-a", policy=when_synced))
+    assert m.failover_expected(remote("node-a", policy=when_synced))
     # ... but the record, once read, decides: node-b is not synchronised
     m.records[("/", "mirrored")] = record(mirrors=["node-b"], synchronised=[],
                                           promote_on_failure="when-synced")
-    assert not m.failover_expected(FakeRemote("node-a", policy=when_synced))
+    assert not m.failover_expected(remote("node-a", policy=when_synced))
 
 
 def test_without_a_copy_or_a_record_the_policy_decides() -> None:
     m = mirrors_on("node-c", {"node-a", "node-b", "node-c"})
-    assert m.failover_expected(FakeRemote("node-a", policy=HA_ALL))
-    assert not m.failover_expected(FakeRemote("node-a", policy=None))
-    assert not m.failover_expected(FakeRemote("node-a", policy={"ha-mode": "nodes",
+    assert m.failover_expected(remote("node-a", policy=HA_ALL))
+    assert not m.failover_expected(remote("node-a", policy=None))
+    assert not m.failover_expected(remote("node-a", policy={"ha-mode": "nodes",
                                                                 "ha-params": ["node-a"]}))
 
 
 def test_the_record_decides_by_the_mirrors_that_run() -> None:
     m = mirrors_on("node-c", {"node-a", "node-b", "node-c"})
-    q = FakeRemote("node-a", policy=None)
+    q = remote("node-a", policy=None)
     m.records[("/", "mirrored")] = record(mirrors=["node-b"])
     assert m.failover_expected(q)
     m.cluster.running.discard("node-b")  # type: ignore[attr-defined]
@@ -156,8 +162,8 @@ def test_the_record_decides_by_the_mirrors_that_run() -> None:
     assert m.failover_expected(q)
 
 
-async def _check(m: Mirrors, q: FakeRemote) -> None:
-    m.failover_kept(q)  # type: ignore[arg-type]
+async def _check(m: Mirrors, q: Any) -> None:
+    m.failover_kept(q)
     assert len(m._checks) == 1
     await asyncio.wait_for(asyncio.gather(*m._checks), 5)
 
@@ -169,7 +175,7 @@ def put(m: Mirrors, rec: dict[str, Any]) -> None:
 async def test_kept_consumers_are_cancelled_when_etcd_has_no_record() -> None:
     # kept on the policy's word; the leader never wrote a record (no mirror ever)
     m = mirrors_on("node-c", {"node-a", "node-b", "node-c"})
-    q = FakeRemote("node-a")
+    q = remote("node-a")
     assert m.failover_expected(q)
     await _check(m, q)
     assert q.cancelled == 1
@@ -179,7 +185,7 @@ async def test_kept_consumers_stay_when_etcd_has_a_mirror_to_promote() -> None:
     m = mirrors_on("node-c", {"node-a", "node-b", "node-c"})
     put(m, record())
     m.etcd.failures = 2  # type: ignore[attr-defined]  # read again after a failure
-    q = FakeRemote("node-a")
+    q = remote("node-a")
     await _check(m, q)
     assert q.cancelled == 0
     # a record whose mirrors are all down: cancelled
@@ -191,12 +197,12 @@ async def test_kept_consumers_stay_when_etcd_has_a_mirror_to_promote() -> None:
 
 async def test_the_check_leaves_a_queue_that_followed_a_new_leader_alone() -> None:
     m = mirrors_on("node-c", {"node-a", "node-b", "node-c"})
-    q = FakeRemote("node-a")
+    q = remote("node-a")
     m.failover_kept(q)  # type: ignore[arg-type]
     q.leader = "node-b"  # the catalogue named the promoted mirror meanwhile
     await asyncio.wait_for(asyncio.gather(*m._checks), 5)
     assert q.cancelled == 0
-    quorum = FakeRemote("node-a")
+    quorum = remote("node-a")
     quorum.real_type = "quorum"  # amqpd.cluster.quorum_group's business
     assert not m.failover_expected(quorum)  # type: ignore[arg-type]
     m.failover_kept(quorum)  # type: ignore[arg-type]

@@ -13,12 +13,14 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aio_pika
 import aiormq
+import pamqp.commands
 import pytest
 
+from amqpd.broker.queue import Queue
 from amqpd.cluster import remote_queue
 from amqpd.cluster.remote_queue import ClusterQueues, RemoteQueue
 from amqpd.config import Settings
@@ -167,6 +169,7 @@ async def test_prefetch_bounds_what_the_leader_hands_out(nodes: tuple[Node, Node
         await conn.close()
     # the channel went: its unacked messages are back on the leader, in place
     await until(lambda: local.message_count == 49 and local.unacked_count == 0)
+    assert isinstance(local, Queue)
     assert local.ready[0].redelivered
 
 
@@ -213,7 +216,7 @@ async def test_queue_deleted_on_the_leader_cancels_consumers_on_b(
         queue = await ch.get_queue("q4", ensure=False)
         tag = await queue.consume(_ignore)
         await until(lambda: len(a.broker.vhosts["/"].queues["q4"].consumers) == 1)
-        raw = await ch.get_underlay_channel()
+        raw = cast(aiormq.Channel, await ch.get_underlay_channel())
         assert tag in raw.consumers
         a.broker.api.delete_queue("/", "q4")
         await until(lambda: not rq.consumers)
@@ -235,7 +238,7 @@ async def test_node_loss_cancels_consumers_nacks_and_answers_404(
         ch = await conn.channel()
         queue = await ch.get_queue("q5", ensure=False)
         tag = await queue.consume(_ignore)
-        raw = await ch.get_underlay_channel()
+        raw = cast(aiormq.Channel, await ch.get_underlay_channel())
         await until(lambda: len(a.broker.vhosts["/"].queues["q5"].consumers) == 1)
         # A is cut off: B's view stops seeing it (its heartbeats stop) and the link
         # goes silent (no more pings from A), so B closes the link after LINK_SILENCE
@@ -264,7 +267,9 @@ async def test_node_loss_cancels_consumers_nacks_and_answers_404(
             await ch2.default_exchange.publish(
                 aio_pika.Message(b"x", delivery_mode=2, message_id="m1"), routing_key="q5",
                 mandatory=True)
-        assert returned.value.frame.reply_code == 312
+        frame = returned.value.frame
+        assert isinstance(frame, pamqp.commands.Basic.Return)
+        assert frame.reply_code == 312
     finally:
         await conn.close()
     # A is back: the queue works again, its messages where they were
