@@ -96,7 +96,7 @@ from amqpd.cluster.mirror_state import (
     may_promote_unsynchronised,
     mirror_nodes,
 )
-from amqpd.coord.etcd import Compare, Delete, EtcdError, Put
+from amqpd.coord.etcd import Compare, EtcdError, Put, delete_own
 from amqpd.store.api import StoredMessage, queue_key
 
 if TYPE_CHECKING:
@@ -960,16 +960,30 @@ class Mirrors:
         with contextlib.suppress(ValueError):
             self.gate.sets.remove(lead.rs)
         self.gate.release()
-        if delete_record and lead.rev > 0:
-            # only the record this node wrote last: a successor's stays
+        if delete_record:
+            # only the record this node wrote: a successor's stays. A write of ours may
+            # still be in flight (lead.rev older than the record, or 0 / -1: none known
+            # yet): then the record's value says whether it is still ours. A record
+            # left behind would name this node the leader of a queue declared again
+            # elsewhere, which would then never lead it.
             key = self.record_key(lead.ident)
-            rev = lead.rev
 
             async def delete() -> None:
                 with contextlib.suppress(EtcdError):
-                    await self.etcd.txn([Compare("mod", key, "==", rev)], [Delete(key)])
+                    await delete_own(self.etcd, key, lead.rev,
+                                     lambda value: self.record_is_ours(lead, value))
 
             asyncio.get_running_loop().create_task(delete())
+
+    def record_is_ours(self, lead: Leading, value: bytes) -> bool:
+        """Whether a record read from etcd is the one ``lead`` (stopped) wrote: it names
+        this node the leader and this node has not taken up the queue again since."""
+        try:
+            rec = json.loads(value)
+        except ValueError:
+            return False
+        return (isinstance(rec, dict) and rec.get("leader") == self.node
+                and self.leading.get(lead.ident) in (None, lead))
 
     async def _read_records(self) -> None:
         prefix = f"{self.root}/mirrors/"

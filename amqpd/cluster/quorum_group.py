@@ -593,6 +593,16 @@ class QuorumGroups(Mirrors):
             lead.q.group = None  # type: ignore[attr-defined]
         super().stop_leading(lead, delete_record)
 
+    def record_is_ours(self, lead: Leading, value: bytes) -> bool:
+        """A group record is ours only in the term this node led it (a record of a later
+        term names this node again only if it was elected again)."""
+        if not super().record_is_ours(lead, value) or not isinstance(lead, GroupLeading):
+            return False
+        try:
+            return int(json.loads(value).get("term", 0)) == lead.term
+        except (ValueError, TypeError):
+            return False
+
     # -- links ----------------------------------------------------------------------------
     def frame(self, link: Link, kind: int, stream: int, f: list[Any]) -> None:
         if kind == QTERM:

@@ -364,3 +364,25 @@ class EtcdClient:
 __all__ = ["Compare", "Delete", "EtcdClient", "EtcdError", "EtcdRequestError",
            "EtcdUnavailable", "Get", "KeyValue", "Lease", "Put", "TxnResult", "WatchCompacted",
            "WatchEvent"]
+
+
+async def delete_own(etcd: EtcdClient, key: str, revision: int,
+                     still_ours: Callable[[bytes], bool], attempts: int = 5) -> bool:
+    """Delete ``key`` if it is still the record this node wrote: guarded by
+    ``revision`` (its last write as known here), and when that guard fails (a write of
+    ours that was in flight landed after ``revision`` was read, or ``revision`` was not
+    known: 0 or less) by the record's current revision, as long as ``still_ours`` says
+    its value is ours (not a successor's). True once it is gone; False when it is not
+    ours or it kept changing for ``attempts`` reads."""
+    for _ in range(attempts):
+        if revision > 0:
+            result = await etcd.txn([Compare("mod", key, "==", revision)], [Delete(key)])
+            if result.succeeded:
+                return True
+        kv = await etcd.get(key)
+        if kv is None:
+            return True
+        if not still_ours(kv.value):
+            return False
+        revision = kv.mod_revision
+    return False
