@@ -45,6 +45,37 @@ from amqpd.coord.etcd import EtcdClient, EtcdError, Get
 log = logging.getLogger("amqpd.cluster.membership")
 
 
+class EtcdReach:
+    """Whether this node may count on etcd (the pause decision's "reaches etcd").
+
+    Reachable: an etcd answer within ``grace`` on the node's loop clock (its own stalls
+    excused), and the lease renewed within its TTL of wall time (etcd counts it down on
+    its own clock). Once that failed, it holds again only after a lease renewal that
+    came after the failure: answers to other calls alone would let a node that was cut
+    off serve again on a lease about to run out (its renewal waiting behind a call
+    still hanging on the cut), pause again a moment later, and serve again after the
+    renewal -- clients would see it flap."""
+
+    def __init__(self, grace: float, clock: Callable[[], float],
+                 wall: Callable[[], float] = time.monotonic) -> None:
+        self.grace = grace
+        self.clock = clock
+        self.wall = wall
+        self.lost_at: float | None = None  # wall time of the first failed check
+
+    def check(self, last_ok: float, last_renewal: float, lease_ttl: float) -> bool:
+        leased = last_renewal != float("-inf")
+        ok = self.clock() - last_ok <= self.grace and (
+            not leased or self.wall() - last_renewal <= lease_ttl)
+        if ok and self.lost_at is not None and leased and last_renewal <= self.lost_at:
+            ok = False  # back, but the lease not yet renewed since it was lost
+        if ok:
+            self.lost_at = None
+        elif self.lost_at is None:
+            self.lost_at = self.wall()
+        return ok
+
+
 class NotAllowed(RuntimeError):
     """An operation the cluster's state refuses (the message says why)."""
 

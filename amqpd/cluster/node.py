@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from amqpd.cluster.definitions import KIND_BINDING, KIND_QUEUE, DefinitionMirror
 from amqpd.cluster.heartbeat import Heartbeats
 from amqpd.cluster.loop_clock import LoopClock
-from amqpd.cluster.membership import Membership, NotAllowed
+from amqpd.cluster.membership import EtcdReach, Membership, NotAllowed
 from amqpd.cluster.node_info import NodeInfoBoard
 from amqpd.cluster.transient import TransientQueues
 from amqpd.cluster.transient_defs import TransientDefinitions
@@ -82,6 +82,7 @@ class Cluster(ClusterView):
         self.cookie = cc.shared_cookie(settings.data_dir)
         self.started_at = time.time()
         self.etcd_grace = max(cc.lease_ttl * 0.6, 2.0)
+        self.etcd_reach = EtcdReach(self.etcd_grace, self.loop_clock)
         self.etcd = EtcdClient(cc.etcd, timeout=1.0)
         self.membership = Membership(self, self.etcd, self.root, cc.lease_ttl, self.record,
                                      settings.data_dir, cc.name, clock=self.loop_clock)
@@ -204,11 +205,10 @@ class Cluster(ClusterView):
         renewed within its TTL of wall time. The first excuses this node's own stalls (the
         answers waiting in the socket were not late); the second does not: etcd counts the
         lease down on its own clock, and a node whose lease may be gone must stop serving
-        before the others act on it."""
+        before the others act on it. Once lost, it counts as back only after a lease
+        renewal (:class:`~amqpd.cluster.membership.EtcdReach`)."""
         m = self.membership
-        if self.clock() - m.last_ok > self.etcd_grace:
-            return False
-        return m.last_renewal == float("-inf") or time.monotonic() - m.last_renewal <= m.lease_ttl
+        return self.etcd_reach.check(m.last_ok, m.last_renewal, m.lease_ttl)
 
     def pause_cause(self) -> str | None:
         """Why this node must not serve clients now; None: it may."""
