@@ -159,9 +159,10 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
-def free_ports(n: int) -> list[int]:
-    """n distinct loopback TCP ports that are free now and that the kernel does not hand
-    out by itself (outside its ephemeral range, when it leaves room below it).
+def free_ports(n: int, kind: socket.SocketKind = socket.SOCK_STREAM) -> list[int]:
+    """n distinct loopback ports (TCP, or UDP with ``kind=SOCK_DGRAM``) that are free now
+    and that the kernel does not hand out by itself (outside its ephemeral range, when
+    it leaves room below it).
 
     A node keeps its ports across ``stop_app``/``start_app``; a port from the ephemeral
     range may meanwhile become another process's (a test's bind(0) or the local end of a
@@ -171,7 +172,7 @@ def free_ports(n: int) -> list[int]:
     """
     low, _high = _ephemeral_range()
     if low - _STABLE_LOW < 1000:
-        return _kernel_ports(n)
+        return _kernel_ports(n, kind)
     rng = secrets.SystemRandom()
     chosen: list[int] = []
     for _ in range(_PICK_ATTEMPTS):
@@ -180,7 +181,7 @@ def free_ports(n: int) -> list[int]:
         port = rng.randrange(_STABLE_LOW, low)
         if port in chosen:
             continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        with socket.socket(socket.AF_INET, kind) as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
@@ -191,12 +192,12 @@ def free_ports(n: int) -> list[int]:
     return chosen
 
 
-def _kernel_ports(n: int) -> list[int]:
+def _kernel_ports(n: int, kind: socket.SocketKind = socket.SOCK_STREAM) -> list[int]:
     """n distinct free ports chosen by the kernel (held open together so they differ)."""
     socks = []
     try:
         for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s = socket.socket(socket.AF_INET, kind)
             s.bind(("127.0.0.1", 0))
             socks.append(s)
         return [s.getsockname()[1] for s in socks]

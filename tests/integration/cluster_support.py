@@ -25,6 +25,7 @@ from pamqp import body as pbody
 from pamqp import commands, frame, header
 
 from bench.loadgen import Conn, ProtocolError
+from devtools.rabbitmq import free_ports
 from tests.integration._http import Api
 from tests.support.brokerproc import BrokerProcess
 from tests.support.etcdproc import EtcdProcess
@@ -35,10 +36,9 @@ COOKIE = "cluster-test-cookie"
 
 
 def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A UDP port for a node's heartbeats, kept across its restarts: outside the kernel's
+    ephemeral range, so no other socket is handed it while the node is down."""
+    return free_ports(1, socket.SOCK_DGRAM)[0]
 
 
 def new_prefix() -> str:

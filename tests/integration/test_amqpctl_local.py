@@ -7,7 +7,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import socket
 import subprocess
 import sys
 import uuid
@@ -19,14 +18,14 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from devtools.rabbitmq import free_ports
 from tests.support.brokerproc import BrokerProcess
 
 
 def free_port() -> int:
-    """A port nobody listens on now (the broker binds it right after)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nobody listens on now (the broker binds it right after), outside the
+    kernel's ephemeral range (devtools.rabbitmq.free_ports)."""
+    return free_ports(1)[0]
 
 
 def ctl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

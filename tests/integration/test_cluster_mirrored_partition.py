@@ -19,7 +19,6 @@ once (blackholes: bytes stop, sockets stay open). Then:
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from bench.loadgen import Conn, ProtocolError
+from devtools.rabbitmq import free_ports
 from tests.integration.cluster_support import (
     ClusterNode,
     free_udp_port,
@@ -57,9 +57,8 @@ pytestmark = [
 
 
 def free_tcp_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A link port kept across restarts: outside the kernel's ephemeral range."""
+    return free_ports(1)[0]
 
 
 @pytest.fixture

@@ -49,3 +49,14 @@ def test_a_port_in_use_is_never_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
         assert not draws  # both draws of the taken port were made and refused
     finally:
         listener.close()
+
+
+def test_udp_ports_for_heartbeats() -> None:
+    low, _high = rmq._ephemeral_range()
+    ports = rmq.free_ports(3, socket.SOCK_DGRAM)
+    assert len(set(ports)) == 3
+    if low - rmq._STABLE_LOW >= 1000:
+        assert all(rmq._STABLE_LOW <= p < low for p in ports), ports
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind(("127.0.0.1", port))
