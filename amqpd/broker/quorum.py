@@ -311,22 +311,12 @@ class QuorumQueue(Queue):
         assert ext is not None
         if self.blocked and self._below_soft_limit():
             self.blocked = False
-        broker = self.vhost.broker
         for entry in sorted(entries, key=lambda e: e.seq):
-            if isinstance(entry, QuorumEntry):
-                base, count = entry.base, entry.count + 1
-            else:
-                base, count = self._counted(entry)
-                count += 1
-            if self.delivery_limit is not None and count > self.delivery_limit:
-                # settle() counts it as acked, as RabbitMQ's stats do for a discard
-                broker.dead_letter(self, [QueueEntry(base, entry.seq)], "delivery_limit")
-                self.settle([entry])
+            returned = self._one_more_return(entry)
+            if returned is None:
                 continue
             self.unacked_count -= 1
-            message = _with_count(base, count)
-            message.position = entry.message.position  # the record it lives in so far
-            self._store_count(entry.message, message)
+            message, base, count = returned
             back = QuorumEntry(message, self._seq.take(), True,
                                getattr(entry, "expires", None), 0, base, count)
             self.ready.append(back)
@@ -336,6 +326,26 @@ class QuorumQueue(Queue):
         ext.arm_expiry_at_head()
         if self.consumers:
             self.vhost.schedule_dispatch(self)
+
+    def _one_more_return(self, entry: QueueEntry) -> tuple[Message, Message, int] | None:
+        """A delivery coming back counts one more (``x-delivery-count``): past the
+        delivery limit it is dead-lettered and settled (None; settle() counts it as
+        acked, as RabbitMQ's stats do for a discard); else the message with its new
+        count, written where it lives so far, with its base and the count."""
+        if isinstance(entry, QuorumEntry):
+            base, count = entry.base, entry.count + 1
+        else:
+            base, count = self._counted(entry)
+            count += 1
+        if self.delivery_limit is not None and count > self.delivery_limit:
+            self.vhost.broker.dead_letter(self, [QueueEntry(base, entry.seq)],
+                                          "delivery_limit")
+            self.settle([entry])
+            return None
+        message = _with_count(base, count)
+        message.position = entry.message.position  # the record it lives in so far
+        self._store_count(entry.message, message)
+        return message, base, count
 
     # -- across an election (amqpd.cluster.quorum_group) ---------------------------------
     def checked_out_entry(self, message: Message) -> QuorumEntry:
@@ -361,21 +371,12 @@ class QuorumQueue(Queue):
         node's consumers' checkouts (docs/clustering.md)."""
         ext = self.ext
         assert ext is not None
-        broker = self.vhost.broker
         back: list[QueueEntry] = []
         for entry in sorted(entries, key=lambda e: e.seq):
-            if isinstance(entry, QuorumEntry):
-                base, count = entry.base, entry.count + 1
-            else:
-                base, count = self._counted(entry)
-                count += 1
-            if self.delivery_limit is not None and count > self.delivery_limit:
-                broker.dead_letter(self, [QueueEntry(base, entry.seq)], "delivery_limit")
-                self.settle([entry])
+            returned = self._one_more_return(entry)
+            if returned is None:
                 continue
-            message = _with_count(base, count)
-            message.position = entry.message.position
-            self._store_count(entry.message, message)
+            message, base, count = returned
             back.append(QuorumEntry(message, entry.seq, True, None, 0, base, count))
         if back:
             ext.requeue(back)

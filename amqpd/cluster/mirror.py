@@ -637,15 +637,11 @@ class MirrorCopy:
     def hold(self, node: str, positions: list[int]) -> None:
         """A quorum group's checkout: these messages are delivered, held by a consumer
         on ``node`` (the leader's own name for its local consumers)."""
+        self.deliver(positions)
         for p in positions:
-            entry = self.entries.get(p)
-            if entry is not None:
-                if not entry[2]:
-                    entry[2] = True
-                    self.store.append_delivered(self.key, entry[0])
+            if p in self.entries:
                 self.holders[p] = node
             elif not self.backlog_done:
-                self.delivered_early.add(p)
                 self.held_early[p] = node
 
     def backlog_end(self) -> None:
