@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pamqp import body as pbody
-from pamqp import commands, common, frame, header, heartbeat
+from pamqp import commands, common, exceptions, frame, header, heartbeat
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 HEARTBEAT = b"\x08\x00\x00\x00\x00\x00\x00\xce"
@@ -90,6 +90,36 @@ class AccessRequestOk:
     name = "Access.RequestOk"
 
 
+@dataclass
+class RawContentHeader:
+    """A content header whose property bytes pamqp cannot decode as text.
+
+    The broker passes a publisher's property bytes through unchanged (DESIGN.md: decoded
+    lazily, only when something needs them), as RabbitMQ does, so a header table key or
+    short string that is not UTF-8 reaches the consumer as it was sent. pamqp decodes
+    every short string as UTF-8 and refuses such a frame; the test client keeps it raw,
+    with the fields a test checks, instead of failing on the broker's faithful copy.
+    """
+
+    class_id: int
+    body_size: int
+    properties: bytes
+    name = "ContentHeader(raw)"
+
+
+FRAME_HEADER = 2
+
+
+def _raw_content_header(buf: bytes, size: int) -> RawContentHeader:
+    class_id, _weight, body_size = struct.unpack_from(">HHQ", buf, 7)
+    return RawContentHeader(class_id, body_size, bytes(buf[7 + 12:7 + size]))
+
+
+def _undecodable_text(error: exceptions.UnmarshalingException) -> bool:
+    """True when pamqp refused a frame only for text that is not UTF-8."""
+    return isinstance(error.__cause__, UnicodeDecodeError)
+
+
 ACCESS_REQUEST_OK_PREFIX = b"\x01"  # a method frame; class 30, method 11 follow the header
 
 
@@ -125,7 +155,14 @@ class ClientCodec:
                 self.buf = self.buf[size + 8:]
                 out.append(Out(channel, access_ok))
                 continue
-            used, channel, value = frame.unmarshal(self.buf)  # raises on a malformed frame
+            value: Any
+            try:
+                used, channel, value = frame.unmarshal(self.buf)  # raises on a malformed frame
+            except exceptions.UnmarshalingException as error:
+                if self.buf[0] != FRAME_HEADER or not _undecodable_text(error):
+                    raise
+                channel = struct.unpack_from(">H", self.buf, 1)[0]
+                used, value = size + 8, _raw_content_header(self.buf, size)
             self.buf = self.buf[used:]
             out.append(Out(channel, value))
         return out

@@ -7,12 +7,12 @@ import struct
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pamqp import commands, frame
+from pamqp import commands, exceptions, frame
 
 from amqpd.protocol import codec
 from amqpd.protocol.errors import AMQPError, CommandInvalid, FrameError, SyntaxError_
 from tests.support import wire
-from tests.support.wire import ClientCodec
+from tests.support.wire import ClientCodec, RawContentHeader
 
 
 def payload_of(data: bytes) -> bytes:
@@ -219,3 +219,21 @@ def test_delivery_frames_match_deliver_frames(channel: int) -> None:
     deliver, header, content = parse(b"".join(out))
     assert deliver.delivery_tag == 2 and deliver.redelivered and deliver.routing_key == "q"
     assert header.body_size == 16 and content.value == b"y" * 16
+
+
+def test_client_codec_keeps_a_non_utf8_content_header_raw() -> None:
+    """The broker copies a publisher's property bytes through; the test client must read
+    a header table whose key is not UTF-8 (found by test_fuzz) without failing."""
+    props = b"\x20\x00" + b"\x00\x00\x00\x04" + b"\x01\x80V\x00"  # headers {b"\x80": void}
+    payload = struct.pack(">HHQ", 60, 0, 5) + props
+    frame_bytes = struct.pack(">BHI", 2, 1, len(payload)) + payload + b"\xce"
+    (out,) = ClientCodec().feed(frame_bytes)
+    assert out.channel == 1
+    assert out.value == RawContentHeader(60, 5, props)
+
+
+def test_client_codec_still_refuses_a_malformed_method() -> None:
+    payload = b"\x00\x28\x00\x0a" + b"\x00\x00\x01\x80"  # exchange.declare, cut short
+    frame_bytes = struct.pack(">BHI", 1, 1, len(payload)) + payload + b"\xce"
+    with pytest.raises(exceptions.UnmarshalingException):
+        ClientCodec().feed(frame_bytes)
