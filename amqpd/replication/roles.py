@@ -110,6 +110,7 @@ class RoleHooks:
         await self.source.start()
         await broker.serve_clients()
         await broker.start_http()
+        broker.announce()
         await broker.start_plugins()
         self.role = "active"
         log.warning("replication: this node (%s) is ACTIVE at epoch %d",

@@ -42,6 +42,8 @@ def test_http_port_in_use_stops_the_start(tmp_path: Path, taken_port: int) -> No
     assert code != 0
     assert f"HTTP API cannot listen on 127.0.0.1:{taken_port}" in log
     assert "cannot start" in log
+    # every listener is bound before the start-up line: AMQP never said it was listening
+    assert "listening on" not in log
 
 
 def test_tls_port_in_use_stops_the_start(tmp_path: Path, taken_port: int) -> None:
@@ -73,3 +75,21 @@ def test_the_store_is_closed_cleanly_after_a_refused_start(tmp_path: Path,
         assert ok.proc is not None and ok.proc.poll() is None
     finally:
         assert ok.stop() == 0
+
+
+def test_ipv6_addresses_are_logged_in_brackets(tmp_path: Path) -> None:
+    """Issue 33: ``http://:::24012`` read as an address; ``[::1]:port`` does not."""
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 in this Python")
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback on this machine: {exc}")
+    proc = BrokerProcess(tmp_path / "data", bind="::1").start(timeout=30)
+    try:
+        log = proc.log_path.read_text(errors="replace")
+    finally:
+        assert proc.stop() == 0
+    assert f"listening on amqp [::1]:{proc.port}" in log
+    assert f"HTTP API listening on http://[::1]:{proc.http_port}" in log
