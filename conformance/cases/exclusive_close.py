@@ -79,6 +79,11 @@ def _close(rc: RawClient) -> None:
                                       method_id=0))
 
 
+def _close_and_wait(rc: RawClient) -> None:
+    _close(rc)
+    _close_ok(rc)
+
+
 def _ends(ctx: Context, channels: int, end: Callable[[RawClient], None]) -> None:
     names = [ctx.name(f"queue-{i + 1}") for i in range(QUEUES)]
     owner = _owner(ctx, names, channels)
@@ -92,19 +97,13 @@ def _ends(ctx: Context, channels: int, end: Callable[[RawClient], None]) -> None
 @case("queue.declare/exclusive-consumed-queues-gone-at-connection-close", "queue")
 def gone_at_close(ctx: Context) -> None:
     """connection.close, close-ok, then a new connection redeclares both queues."""
-    def end(rc: RawClient) -> None:
-        _close(rc)
-        _close_ok(rc)
-    _ends(ctx, 1, end)
+    _ends(ctx, 1, _close_and_wait)
 
 
 @case("queue.declare/exclusive-consumed-queues-gone-at-close-on-two-channels", "queue")
 def gone_at_close_two_channels(ctx: Context) -> None:
     """The same with each queue consumed on its own channel."""
-    def end(rc: RawClient) -> None:
-        _close(rc)
-        _close_ok(rc)
-    _ends(ctx, 2, end)
+    _ends(ctx, 2, _close_and_wait)
 
 
 @case("queue.declare/exclusive-consumed-queues-gone-close-ok-not-awaited", "queue")
@@ -136,8 +135,7 @@ def gone_channel_close_first(ctx: Context) -> None:
                     break
             except (RawClosed, RawTimeout) as exc:
                 raise CaseFailure("channel.close-ok", repr(exc)) from exc
-        _close(rc)
-        _close_ok(rc)
+        _close_and_wait(rc)
     _ends(ctx, 1, end)
 
 

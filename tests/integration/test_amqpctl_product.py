@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from amqpd.ctl_target import DEFAULT_CONFIG
-from devtools.rabbitmq import RabbitInfo, RabbitMQNotInstalled, find_server, running_rabbitmq
+from devtools.rabbitmq import RabbitInfo
 from tests.support.brokerproc import BrokerProcess
+from tests.support.targets import private_rabbitmq
 
 
 def ctl(*args: str) -> subprocess.CompletedProcess[str]:
@@ -31,12 +32,7 @@ def ctl(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def rabbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitInfo]:
-    try:
-        find_server()
-    except RabbitMQNotInstalled as exc:
-        pytest.skip(str(exc))
-    with running_rabbitmq(tmp_path_factory.mktemp("rabbitmq"),
-                          plugins=("rabbitmq_management",)) as info:
+    with private_rabbitmq(tmp_path_factory, ("rabbitmq_management",)) as info:
         yield info
 
 

@@ -12,9 +12,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from amqpd.http.metrics_objects import DETAILED_FAMILIES, PER_OBJECT
-from devtools.rabbitmq import RabbitInfo, RabbitMQNotInstalled, find_server, running_rabbitmq
+from devtools.rabbitmq import RabbitInfo
 from tests.integration._http import Api
 from tests.support.brokerproc import BrokerProcess
+from tests.support.targets import private_rabbitmq
 
 
 def _value(text: str, name: str) -> float:
@@ -163,12 +164,7 @@ def test_detailed_families(broker: BrokerProcess) -> None:
 
 @pytest.fixture(scope="module")
 def rabbit_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitInfo]:
-    try:
-        find_server()
-    except RabbitMQNotInstalled as exc:
-        pytest.skip(str(exc))
-    with running_rabbitmq(tmp_path_factory.mktemp("rabbitmq"),
-                          plugins=("rabbitmq_prometheus",)) as info:
+    with private_rabbitmq(tmp_path_factory, ("rabbitmq_prometheus",)) as info:
         yield info
 
 
