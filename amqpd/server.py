@@ -378,7 +378,8 @@ class Broker:
                 # start-up refuses half a broker: name the listener that could not bind
                 name = "amqp" if ssl is None else "amqps"
                 raise OSError(exc.errno, f"{name} listener cannot listen on "
-                                         f"{host}:{port}: {exc.strerror or exc}") from exc
+                                         f"{host_port(host, port)}: "
+                                         f"{exc.strerror or exc}") from exc
             self._servers.append(server)
             for sock in cast(Any, server).sockets:  # uvloop: a list; typeshed: a tuple
                 addr = sock.getsockname()

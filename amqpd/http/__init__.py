@@ -110,7 +110,7 @@ class HttpServer:
             # cannot bind.
             await self.runner.cleanup()
             self.runner = None
-            raise OSError(exc.errno, f"HTTP API cannot listen on {host}:{s.http_port}: "
+            raise OSError(exc.errno, f"HTTP API cannot listen on {host_port(host, s.http_port)}: "
                                      f"{exc.strerror or exc}") from exc
         server = site._server
         sockets = getattr(server, "sockets", None) or []

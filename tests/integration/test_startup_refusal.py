@@ -8,8 +8,10 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
+import pika
 import pytest
 
+from tests.integration._http import Api
 from tests.integration.test_tls import make_pki
 from tests.support.brokerproc import BrokerProcess
 
@@ -89,7 +91,17 @@ def test_ipv6_addresses_are_logged_in_brackets(tmp_path: Path) -> None:
     proc = BrokerProcess(tmp_path / "data", bind="::1").start(timeout=30)
     try:
         log = proc.log_path.read_text(errors="replace")
+        conn = pika.BlockingConnection(pika.URLParameters(
+            f"amqp://guest:guest@[::1]:{proc.port}/%2F"))
+        try:
+            names = [c["name"] for c in Api(f"http://[::1]:{proc.http_port}")
+                     .get("/api/connections").json()]
+        finally:
+            conn.close()
     finally:
         assert proc.stop() == 0
     assert f"listening on amqp [::1]:{proc.port}" in log
     assert f"HTTP API listening on http://[::1]:{proc.http_port}" in log
+    # the connection's name writes both ends as RabbitMQ does: [::1]:PORT -> [::1]:PORT
+    assert len(names) == 1 and names[0].startswith("[::1]:"), names
+    assert names[0].endswith(f" -> [::1]:{proc.port}"), names
