@@ -17,6 +17,8 @@ from amqpd.config import (
     ClusterConfig,
     ConfigError,
     ReplicationConfig,
+    check_data_dir,
+    host_port,
     load_settings,
 )
 from amqpd.server import Broker, serve
@@ -77,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             **{"replication_" + k: getattr(args, "replication_" + k) for k in REPLICATION_KEYS},
             **{"cluster_" + k: getattr(args, "cluster_" + k) for k in CLUSTER_KEYS},
         })
+        check_data_dir(settings.data_dir)
     except ConfigError as exc:
         print(f"amqpd: {exc}", file=sys.stderr)
         return 2
@@ -107,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
                            "replication": _replication_info(broker)}, fh)
             os.replace(tmp, args.ready_file)
         # systemd Type=notify (etc/amqpd.service): every listener is up now
-        listening = ", ".join(f"{proto} {host}:{port}" for proto, host, port in broker.listeners)
+        listening = ", ".join(f"{proto} {host_port(host, port)}"
+                              for proto, host, port in broker.listeners)
         if broker.http is not None and broker.http.port:
             listening += f", http port {broker.http.port}"
         sdnotify.notify(f"READY=1\nSTATUS=listening on {listening}")

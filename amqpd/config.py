@@ -31,6 +31,12 @@ class ConfigError(Exception):
     """A setting has a wrong type or value; the message names it."""
 
 
+MAX_PORT = 65535
+# the settings that are TCP ports; 0 asks the kernel for an ephemeral one (tests do)
+PORT_SETTINGS = ("port", "http_port", "tls_port")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
 @dataclass
 class UserConfig:
     name: str
@@ -240,7 +246,16 @@ def _split_addr(addr: str, key: str) -> tuple[str, int]:
     host, sep, port = addr.rpartition(":")
     if not sep or not port.isdigit() or not host:
         raise ConfigError(f"setting {key!r}: {addr!r} is not host:port")
+    if int(port) > MAX_PORT:
+        raise ConfigError(f"setting {key!r}: port {port} in {addr!r} is out of range "
+                          f"(0 = ephemeral, or 1-{MAX_PORT})")
     return host.strip("[]"), int(port)
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port`` for logs and URLs, an IPv6 address in brackets (``[::]:5672``), so
+    the port cannot be read as the address's last group (split_addr's inverse)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def split_addr(addr: str) -> tuple[str, int]:
@@ -391,6 +406,7 @@ def load_settings(
                           f"'common_name', not {settings.ssl_cert_login_from!r}")
     if settings.fsync not in ("batch", "never"):
         raise ConfigError(f"setting 'fsync' must be 'batch' or 'never', not {settings.fsync!r}")
+    check_node_settings(settings)
     check_cluster(settings.cluster)
     if settings.cluster.enabled and settings.replication is not None:
         raise ConfigError("a node is either in a [cluster] or in a warren ([replication]), "
@@ -405,6 +421,36 @@ def load_settings(
                               "standby follows the active's log, and with persistence off "
                               "there is none (remove [replication] or turn persistence on)")
     return settings
+
+
+def check_node_settings(settings: Settings) -> None:
+    """Refuse a port outside 0-65535 (the socket layer would wrap it or raise
+    OverflowError at bind time) and a log level logging does not have (it would fall
+    back to info in silence), naming the setting, wherever it came from."""
+    for name in PORT_SETTINGS:
+        port = getattr(settings, name)
+        if not 0 <= port <= MAX_PORT:
+            raise ConfigError(f"setting {name!r}: port {port} is out of range "
+                              f"(0 = ephemeral, or 1-{MAX_PORT})")
+    if settings.log_level not in LOG_LEVELS:
+        raise ConfigError(f"setting 'log_level' must be one of {', '.join(LOG_LEVELS)}, "
+                          f"not {settings.log_level!r}")
+
+
+def check_data_dir(path: str) -> None:
+    """Make the data directory (and its parents) or say, naming it, why it cannot be
+    one: a file in its place, a parent that is a file, no permission to write. The
+    broker would otherwise stop on the bare OSError ("[Errno 17] File exists")."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"data directory {path!r} is not a directory (a file is there)")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"data directory {path!r} cannot be created: "
+                          f"{exc.strerror or exc}") from exc
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise ConfigError(f"data directory {path!r} is not writable by this user")
 
 
 def _set_replication(settings: Settings, name: str, value: Any) -> None:

@@ -490,23 +490,34 @@ def cmd_import_definitions(c: Client, a: argparse.Namespace, out: TextIO) -> int
     return _done(a, out, f"Imported definitions from {a.path}")
 
 
+def _queue_call(c: Client, a: argparse.Namespace, method: str, suffix: str = "",
+                body: Any = None) -> None:
+    """A call on the queue ``a.name`` in ``a.vhost``; a 404 names them (the API's own
+    reason is a bare "Not Found"), and exits 1 as rabbitmqctl does for a missing queue."""
+    try:
+        c.call(method, f"/api/queues/{q(a.vhost)}/{q(a.name)}{suffix}", body)
+    except CtlError as exc:
+        if exc.code != EX_NOT_FOUND:
+            raise
+        raise CtlError(f"queue '{a.name}' in vhost '{a.vhost}' not found",
+                       EX_NOT_FOUND) from None
+
+
 def cmd_purge_queue(c: Client, a: argparse.Namespace, out: TextIO) -> int:
-    c.call("DELETE", f"/api/queues/{q(a.vhost)}/{q(a.name)}/contents")
+    _queue_call(c, a, "DELETE", "/contents")
     return _done(a, out, f"Purging queue '{a.name}' in vhost '{a.vhost}' ...")
 
 
 def cmd_delete_queue(c: Client, a: argparse.Namespace, out: TextIO) -> int:
     query = "&".join(x for x in ("if-empty=true" if a.if_empty else "",
                                  "if-unused=true" if a.if_unused else "") if x)
-    path = f"/api/queues/{q(a.vhost)}/{q(a.name)}"
-    c.get(path)  # 404 -> exit 1, like rabbitmqctl for a missing queue
-    c.call("DELETE", path + (f"?{query}" if query else ""))
+    _queue_call(c, a, "DELETE", f"?{query}" if query else "")
     return _done(a, out, f"Deleting queue '{a.name}' on vhost '{a.vhost}' ...")
 
 
 def _queue_action(c: Client, a: argparse.Namespace, action: str) -> None:
-    c.get(f"/api/queues/{q(a.vhost)}/{q(a.name)}")  # 404 -> exit 1, as rabbitmqctl
-    c.call("POST", f"/api/queues/{q(a.vhost)}/{q(a.name)}/actions", {"action": action})
+    _queue_call(c, a, "GET")
+    _queue_call(c, a, "POST", "/actions", {"action": action})
 
 
 def cmd_sync_queue(c: Client, a: argparse.Namespace, out: TextIO) -> int:
@@ -691,7 +702,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, parents=[common], help=help_, description=help_)
         for flags, kw in arguments:
             p.add_argument(*flags, **kw)
-        p.set_defaults(func=func)
+        p.set_defaults(func=func, amqpd_only=name in AMQPD_ONLY)
 
     def arg(*flags: str, **kw: Any) -> tuple[tuple[str, ...], dict[str, Any]]:
         return flags, kw
@@ -774,6 +785,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# commands whose API paths only amqpd serves (node memory, the cluster's membership,
+# quorum-queue members, the warren): against another product they would 404 or do
+# something else, so they are refused with the product named
+AMQPD_ONLY = frozenset({"join_cluster", "forget_cluster_node", "set_vm_memory_high_watermark",
+                        "add_member", "delete_member", "grow", "shrink", "promote",
+                        "replication_status"})
+
+
+def require_amqpd(c: Client, command: str) -> None:
+    """Refuse an amqpd-only command when the API is another product's (RabbitMQ answers
+    on 15672 too, and amqpctl with no --url goes there)."""
+    overview = c.get("/api/overview")
+    product = overview.get("product_name") if isinstance(overview, dict) else None
+    if product != "amqpd":
+        version = overview.get("product_version", "") if isinstance(overview, dict) else ""
+        who = f"{product} {version}".strip() if product else "not amqpd (no product_name)"
+        raise CtlError(f"{command} is an amqpd command, but the broker at {c.url}"
+                       f"{c.origin} is {who}; pass --url to reach an amqpd broker",
+                       EX_USAGE)
+
+
 def target(args: argparse.Namespace,
            environ: Mapping[str, str] = os.environ) -> ctl_target.Target:
     """Which API to call and as whom: ``--url``/``AMQPCTL_URL`` as given (user guest by
@@ -816,6 +848,12 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         found = target(args)
         client = Client(found.url, found.username, found.password, args.timeout,
                         _ssl_context(args, found), found.origin)
+        if found.origin == ctl_target.DEFAULTS_ORIGIN:
+            # nothing said which broker: say which one this is, before anything happens
+            print(f"amqpctl: no --url, no amqpd config file and no AMQPD_* variables: "
+                  f"using the API at {found.url} (amqpd's defaults)", file=sys.stderr)
+        if getattr(args, "amqpd_only", False):  # list_* commands do not set it
+            require_amqpd(client, args.command)
         return int(args.func(client, args, out))
     except CtlError as exc:
         if args.json:

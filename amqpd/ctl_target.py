@@ -31,6 +31,8 @@ from pathlib import Path
 from amqpd.config import ConfigError, Settings, load_settings
 
 DEFAULT_CONFIG = "/etc/amqpd/amqpd.toml"
+# Target.origin when neither a config file nor an AMQPD_* variable was found
+DEFAULTS_ORIGIN = "amqpd's default settings"
 
 _SETTING_VARIABLES = frozenset(f"AMQPD_{f.name.upper()}" for f in fields(Settings))
 
@@ -107,7 +109,7 @@ def discover(config: str | None, environ: Mapping[str, str] | None = None) -> Ta
     origin = " and ".join(filter(None, [
         f"config file {path}" if path else "",
         f"environment ({', '.join(variables)})" if variables else "",
-    ])) or "amqpd's default settings"
+    ])) or DEFAULTS_ORIGIN
     return from_settings(settings, origin)
 
 

@@ -43,7 +43,7 @@ from amqpd.broker.queue import QueueEntry
 from amqpd.broker.queue_type import QueueType
 from amqpd.broker.ttl import TimerService
 from amqpd.broker.vhost import VHost
-from amqpd.config import Settings
+from amqpd.config import Settings, host_port
 from amqpd.plugins import load_plugins
 from amqpd.protocol import codec
 from amqpd.protocol.connection import Limits
@@ -291,7 +291,16 @@ class Broker:
         self._open_store()
         await self.serve_clients()
         await self.start_http()
+        self.announce()
         await self.start_plugins()
+
+    def announce(self) -> None:
+        """Log the start-up line once every listener (AMQP, amqps, HTTP) is bound: a
+        broker whose HTTP port is taken stops before it, so its log never says it was
+        listening (the error names the listener that failed)."""
+        log.info("amqpd %s listening on %s; hot path: %s", amqpd.__version__,
+                 ", ".join(f"{proto} {host_port(h, p)}" for proto, h, p in self.listeners),
+                 hotpath.MODE)
 
     async def serve_clients(self) -> None:
         """Open the AMQP (and amqps) listeners over the open store; boot definitions."""
@@ -299,8 +308,6 @@ class Broker:
         for host, port in await self._listen(s.port):
             self.listeners.append(("amqp", host, port))
         await self._start_operations()
-        log.info("amqpd %s listening on %s; hot path: %s", amqpd.__version__,
-                 ", ".join(f"{h}:{p}" for _, h, p in self.listeners), hotpath.MODE)
         if self._ticker is None:
             self._ticker = asyncio.create_task(self._tick_loop())
 
@@ -371,7 +378,8 @@ class Broker:
                 # start-up refuses half a broker: name the listener that could not bind
                 name = "amqp" if ssl is None else "amqps"
                 raise OSError(exc.errno, f"{name} listener cannot listen on "
-                                         f"{host}:{port}: {exc.strerror or exc}") from exc
+                                         f"{host_port(host, port)}: "
+                                         f"{exc.strerror or exc}") from exc
             self._servers.append(server)
             for sock in cast(Any, server).sockets:  # uvloop: a list; typeshed: a tuple
                 addr = sock.getsockname()

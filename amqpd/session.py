@@ -220,7 +220,11 @@ class Session(PublishTarget):
         for ch in list(self.channels.values()):
             ch.close()
         self.channels.clear()
-        for q in self.exclusive_queues:
+        # a copy: each deletion calls _forget_queue (on_removed), which takes the queue
+        # out of this list; iterating the list itself skipped every second queue, so
+        # the second of two exclusive queues outlived its owner (issue 33: 405
+        # RESOURCE_LOCKED on a new connection's redeclare)
+        for q in list(self.exclusive_queues):
             q.vhost.delete_queue(q, reason="exclusive owner gone")
         self.exclusive_queues.clear()
         self.broker.session_closed(self)

@@ -19,6 +19,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
+from amqpd.config import host_port
 from amqpd.logs import bind_connection, clear_context
 from amqpd.session import Session
 
@@ -51,7 +52,9 @@ class AMQPProtocol(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         sock = transport.get_extra_info("sockname")
-        name = f"{peer[0]}:{peer[1]} -> {sock[0]}:{sock[1]}" if peer and sock else "?"
+        # RabbitMQ's connection name; an IPv6 address in brackets, as RabbitMQ writes it
+        name = (f"{host_port(peer[0], peer[1])} -> {host_port(sock[0], sock[1])}"
+                if peer and sock else "?")
         self.session = Session(self.broker, peer[:2] if peer else None,
                                self.broker.limits(), name=name)
         self.session.protocol = self

@@ -3,8 +3,10 @@
 The shape is RabbitMQ 3.10's ``GET /api/definitions`` (``rabbitmqctl export_definitions``),
 so a RabbitMQ export imports here and an amqpd export imports into RabbitMQ:
 ``users, vhosts, permissions, topic_permissions, parameters, global_parameters, policies,
-queues, exchanges, bindings``. Exported topology is what survives a restart: durable,
-non-exclusive queues, durable user exchanges, and bindings between exported objects.
+queues, exchanges, bindings``. The export holds what RabbitMQ 3.10.8 exports: every
+queue but the exclusive ones (a transient one with ``"durable": false``), every user
+exchange, durable or not, and the bindings between exported objects (or from the
+built-in ``amq.*`` exchanges to them).
 
 Import checks the whole document before changing anything, so a bad file is refused
 with a :class:`DefinitionsError` naming the offending entry, and the broker is unchanged.
@@ -47,8 +49,9 @@ def export_definitions(broker: Broker, vhost: str | None = None) -> dict[str, An
     vhosts = [vh for name, vh in sorted(broker.vhosts.items()) if vhost in (None, name)]
     queues, exchanges, bindings = [], [], []
     for vh in vhosts:
-        exported_q = {q.name for q in vh.queues.values() if q.durable and not q.exclusive}
-        exported_x = {x.name for x in vh.exchanges.values() if x.durable and x.name and
+        # exclusive queues live and die with their connection: never exported
+        exported_q = {q.name for q in vh.queues.values() if not q.exclusive}
+        exported_x = {x.name for x in vh.exchanges.values() if x.name and
                       not (x.name.startswith("amq.") and x.name in _BUILTIN)}
         for name in sorted(exported_q):
             q = vh.queues[name]
@@ -60,12 +63,10 @@ def export_definitions(broker: Broker, vhost: str | None = None) -> dict[str, An
                               "durable": x.durable, "auto_delete": x.auto_delete,
                               "internal": x.internal, "arguments": x.arguments})
         for b in vh.bindings():
-            if not b.source.name or not b.source.durable:
-                continue
+            if not b.source.name:
+                continue  # the default exchange's implicit bindings
             dest = b.destination.name
-            if (b.destination_type == "queue" and dest not in exported_q) or (
-                    b.destination_type == "exchange" and not getattr(b.destination, "durable",
-                                                                      False)):
+            if b.destination_type == "queue" and dest not in exported_q:
                 continue
             bindings.append({"source": b.source.name, "vhost": vh.name, "destination": dest,
                              "destination_type": b.destination_type,

@@ -28,6 +28,7 @@ from collections.abc import Callable
 import asyncio_dgram
 
 from amqpd.cluster.view import ClusterView
+from amqpd.config import host_port
 
 log = logging.getLogger("amqpd.cluster.heartbeat")
 
@@ -79,7 +80,8 @@ class Heartbeats:
         self.address = (host, port)
         self._tasks = [asyncio.create_task(self._send_loop(), name="cluster-heartbeat-send"),
                        asyncio.create_task(self._recv_loop(), name="cluster-heartbeat-recv")]
-        log.info("cluster heartbeats on udp %s:%d every %.2fs", host, port, self.interval)
+        log.info("cluster heartbeats on udp %s every %.2fs", host_port(host, port),
+                 self.interval)
 
     async def stop(self) -> None:
         for task in self._tasks:

@@ -50,7 +50,7 @@ from amqpd.cluster.node_info import NodeInfoBoard
 from amqpd.cluster.transient import TransientQueues
 from amqpd.cluster.transient_defs import TransientDefinitions
 from amqpd.cluster.view import ClusterView, parse_addr
-from amqpd.config import split_addr
+from amqpd.config import host_port, split_addr
 from amqpd.coord.etcd import EtcdClient, EtcdError
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ START_DEADLINE = 10.0  # seconds start() waits for etcd before going on in the b
 def _addr(host: str, port: int) -> str:
     if host in ("", "0.0.0.0", "::"):
         host = "127.0.0.1"
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return host_port(host, port)
 
 
 class Cluster(ClusterView):

@@ -24,6 +24,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from amqpd.config import host_port
 from amqpd.coord.election import (
     ACTIVE,
     CANDIDATE,
@@ -52,7 +53,7 @@ async def _maybe_await(result: Any) -> None:
 def _addr(host: str, port: int) -> str:
     if host in ("", "0.0.0.0", "::"):
         host = "127.0.0.1"
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return host_port(host, port)
 
 
 class Warren:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from amqpd.config import host_port
 from amqpd.http import (
     bindings,
     cluster,
@@ -109,7 +110,7 @@ class HttpServer:
             # cannot bind.
             await self.runner.cleanup()
             self.runner = None
-            raise OSError(exc.errno, f"HTTP API cannot listen on {host}:{s.http_port}: "
+            raise OSError(exc.errno, f"HTTP API cannot listen on {host_port(host, s.http_port)}: "
                                      f"{exc.strerror or exc}") from exc
         server = site._server
         sockets = getattr(server, "sockets", None) or []
@@ -119,8 +120,8 @@ class HttpServer:
             self.host, self.port = host, s.http_port
         self.app["listener"].update(host=self.host, port=self.port, tls=ssl_ctx is not None)
         self.sampler.start()
-        log.info("HTTP API listening on %s://%s:%d", "https" if ssl_ctx else "http",
-                 self.host, self.port)
+        log.info("HTTP API listening on %s://%s", "https" if ssl_ctx else "http",
+                 host_port(self.host, self.port))
 
     async def stop(self) -> None:
         await self.sampler.stop()

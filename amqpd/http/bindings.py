@@ -1,7 +1,8 @@
 """/api/bindings: list, create (POST, 201 + relative Location) and delete by properties key.
 
-A binding is named in URLs by its ``properties_key``: the routing key when there are no
-arguments (``~`` for an empty key), else ``<routing key>~<hash of the arguments>``.
+A binding is named in URLs by its ``properties_key``: the routing key, form-encoded as
+RabbitMQ 3.10 does (``a.%23`` for ``a.#``, see quote_key), when there are no arguments
+(``~`` for an empty key), else ``<encoded routing key>~<hash of the arguments>``.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
+from urllib.parse import quote, quote_plus
 
 from aiohttp import web
 
@@ -30,11 +31,22 @@ if TYPE_CHECKING:
     from amqpd.broker.api import Binding
 
 
-def properties_key(routing_key: str, arguments: dict[str, Any]) -> str:
+def quote_key(routing_key: str) -> str:
+    """The routing key as RabbitMQ 3.10 writes it in a properties key: form-encoded
+    (UTF-8, space as ``+``) with only letters, digits and ``-_.`` left as they are, so
+    ``a.#`` is ``a.%23`` and ``~`` (the key's separator) ``%7E``."""
+    return quote_plus(routing_key, safe="").replace("~", "%7E")
+
+
+def properties_key(routing_key: str, arguments: dict[str, Any], *,
+                   quoted: bool = True) -> str:
+    """``quoted=False`` gives the form amqpd used before issue 33 (the routing key as
+    it is), still accepted to name a binding in a URL."""
+    key = quote_key(routing_key) if quoted else routing_key
     if not arguments:
-        return routing_key or "~"
+        return key or "~"
     digest = hashlib.md5(args_key(arguments).encode(), usedforsecurity=False).digest()
-    return f"{routing_key}~{base64.urlsafe_b64encode(digest).decode().rstrip('=')}"
+    return f"{key}~{base64.urlsafe_b64encode(digest).decode().rstrip('=')}"
 
 
 def binding_view(b: Binding, vhost: str) -> dict[str, Any]:
@@ -110,8 +122,12 @@ async def create_binding(ctx: Ctx) -> Any:
 
 def _find(ctx: Ctx) -> tuple[Any, str, Binding]:
     vh, kind, found = _between(ctx)
+    wanted = ctx.params["props"]
     for b in found:
-        if properties_key(b.routing_key, b.arguments) == ctx.params["props"]:
+        if properties_key(b.routing_key, b.arguments) == wanted:
+            return vh, kind, b
+    for b in found:  # the unquoted form of earlier amqpd versions (a.# for a.%23)
+        if properties_key(b.routing_key, b.arguments, quoted=False) == wanted:
             return vh, kind, b
     raise not_found()
 

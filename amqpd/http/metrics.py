@@ -1,4 +1,5 @@
-"""Prometheus text exposition at /metrics (aggregated) and /metrics/per-object.
+"""Prometheus text exposition at /metrics (aggregated), /metrics/per-object and
+/metrics/detailed (amqpd/http/metrics_objects.py has the per-object series).
 
 Names follow RabbitMQ's ``rabbitmq_prometheus`` plugin wherever it has the metric
 (``rabbitmq_connections``, ``rabbitmq_queue_messages_ready``,
@@ -16,6 +17,7 @@ from aiohttp import web
 
 import amqpd
 from amqpd.broker.api import BrokerAPI
+from amqpd.http import metrics_objects
 from amqpd.http.core import Ctx, Router
 from amqpd.http.overview import fd_counts, memory_used
 
@@ -23,23 +25,35 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class Exposition:
+    """The text exposition, one family at a time: every sample of a family is written
+    under its one TYPE/HELP header, whatever order they were added in. (Added in turn,
+    per queue, the families' lines interleaved, and parsers such as prometheus_client's
+    then reported a family twice, the second time as ``unknown``.)"""
+
     def __init__(self) -> None:
-        self.lines: list[str] = []
-        self._seen: set[str] = set()
+        # name -> (TYPE/HELP header lines, sample lines), in first-added order
+        self._families: dict[str, tuple[list[str], list[str]]] = {}
 
     def add(self, name: str, kind: str, help_: str, value: float,
             labels: dict[str, str] | None = None) -> None:
-        if name not in self._seen:
-            self._seen.add(name)
-            self.lines.append(f"# TYPE {name} {kind}")
-            self.lines.append(f"# HELP {name} {help_}")
+        family = self._families.get(name)
+        if family is None:
+            family = self._families[name] = ([f"# TYPE {name} {kind}",
+                                              f"# HELP {name} {help_}"], [])
         label = ""
         if labels:
             label = "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "}"
-        self.lines.append(f"{name}{label} {_num(value)}")
+        family[1].append(f"{name}{label} {_num(value)}")
+
+    def declare(self, name: str, kind: str, help_: str) -> None:
+        """A family with no sample yet (RabbitMQ lists one with no connection open too)."""
+        if name not in self._families:
+            self._families[name] = ([f"# TYPE {name} {kind}", f"# HELP {name} {help_}"], [])
 
     def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
+        lines = [line for header, samples in self._families.values()
+                 for line in (*header, *samples)]
+        return "\n".join(lines) + "\n"
 
 
 def _escape(value: str) -> str:
@@ -54,15 +68,23 @@ def _num(value: float) -> str:
     return repr(float(value))
 
 
-def collect(ctx: Ctx, per_object: bool = False) -> str:
-    api = ctx.api
+def _identity(api: BrokerAPI, e: Exposition) -> None:
     status = api.node_status()
-    e = Exposition()
     e.add("rabbitmq_build_info", "untyped", "amqpd version and the RabbitMQ API it follows", 1,
           {"rabbitmq_version": "3.10.8", "product_version": amqpd.__version__,
            "product_name": "amqpd"})
     e.add("rabbitmq_identity_info", "untyped", "Node and cluster identity", 1,
           {"rabbitmq_node": status.name, "rabbitmq_cluster": status.cluster_name})
+
+
+def collect(ctx: Ctx, per_object: bool = False) -> str:
+    """The node's series; ``per_object`` (/metrics/per-object) replaces the queue totals
+    with one series per queue under the same names, and adds connections and channels,
+    as RabbitMQ's plugin does (amqpd/http/metrics_objects.py)."""
+    api = ctx.api
+    status = api.node_status()
+    e = Exposition()
+    _identity(api, e)
     sessions = [x for x in api.sessions() if x.vhost is not None]
     queues = [q for vh in api.vhosts() for q in api.queues(vh)]
     e.add("rabbitmq_connections", "gauge", "Connections currently open", len(sessions))
@@ -71,14 +93,17 @@ def collect(ctx: Ctx, per_object: bool = False) -> str:
     e.add("rabbitmq_consumers", "gauge", "Consumers currently connected",
           sum(len(q.consumers) for q in queues))
     e.add("rabbitmq_queues", "gauge", "Queues available", len(queues))
-    e.add("rabbitmq_queue_messages_ready", "gauge", "Messages ready to be delivered",
-          sum(q.message_count for q in queues))
-    e.add("rabbitmq_queue_messages_unacked", "gauge", "Messages delivered but not acked",
-          sum(q.unacked_count for q in queues))
-    e.add("rabbitmq_queue_messages", "gauge", "Ready and unacknowledged messages",
-          sum(q.message_count + q.unacked_count for q in queues))
-    e.add("rabbitmq_queue_messages_ready_bytes", "gauge", "Size of ready message bodies",
-          sum(q.ready_bytes for q in queues))
+    if per_object:
+        metrics_objects.per_object(e, api)
+    else:
+        e.add("rabbitmq_queue_messages_ready", "gauge", "Messages ready to be delivered",
+              sum(q.message_count for q in queues))
+        e.add("rabbitmq_queue_messages_unacked", "gauge", "Messages delivered but not acked",
+              sum(q.unacked_count for q in queues))
+        e.add("rabbitmq_queue_messages", "gauge", "Ready and unacknowledged messages",
+              sum(q.message_count + q.unacked_count for q in queues))
+        e.add("rabbitmq_queue_messages_ready_bytes", "gauge", "Size of ready message bodies",
+              sum(q.ready_bytes for q in queues))
     sampler = ctx.request.app["sampler"]
     totals = sampler.node_totals()
     e.add("rabbitmq_global_messages_received_total", "counter",
@@ -109,21 +134,6 @@ def collect(ctx: Ctx, per_object: bool = False) -> str:
           "1 if the file descriptor alarm is in effect", int("fd" in alarms))
     _store_metrics(api, e)
     _warren_metrics(api, e)
-    if per_object:
-        for q in queues:
-            labels = {"vhost": q.vhost.name, "queue": q.name}
-            e.add("rabbitmq_detailed_queue_messages_ready", "gauge",
-                  "Ready messages per queue", q.message_count, labels)
-            e.add("rabbitmq_detailed_queue_messages_unacked", "gauge",
-                  "Unacked messages per queue", q.unacked_count, labels)
-            e.add("rabbitmq_detailed_queue_consumers", "gauge", "Consumers per queue",
-                  len(q.consumers), labels)
-            e.add("rabbitmq_detailed_queue_messages_published_total", "counter",
-                  "Messages enqueued per queue", q.stat_publish, labels)
-            e.add("rabbitmq_detailed_queue_messages_delivered_total", "counter",
-                  "Messages delivered per queue", q.stat_deliver, labels)
-            e.add("rabbitmq_detailed_queue_messages_acked_total", "counter",
-                  "Messages acked per queue", q.stat_ack, labels)
     _replication(api, e)
     return e.text()
 
@@ -228,6 +238,18 @@ async def metrics_per_object(ctx: Ctx) -> Any:
                         headers={"Content-Type": CONTENT_TYPE})
 
 
+async def metrics_detailed(ctx: Ctx) -> Any:
+    """``/metrics/detailed?family=queue_coarse_metrics&family=...[&vhost=...]``: only the
+    groups asked for (and the build and identity info), as RabbitMQ 3.10 serves it."""
+    query = ctx.request.query
+    vhosts = set(query.getall("vhost")) if "vhost" in query else None
+    e = Exposition()
+    metrics_objects.detailed(e, ctx.api, query.getall("family", []), vhosts)
+    _identity(ctx.api, e)
+    return web.Response(text=e.text(), headers={"Content-Type": CONTENT_TYPE})
+
+
 def routes(r: Router) -> None:
     r.get("/metrics", metrics, auth=False)
     r.get("/metrics/per-object", metrics_per_object, auth=False)
+    r.get("/metrics/detailed", metrics_detailed, auth=False)

@@ -259,6 +259,7 @@ class AMQPConnection:
         self.last_sent = self.created
         # heartbeat monitor state (see heartbeat_check / heartbeat_send)
         self.sent_bytes = 0
+        self.received_bytes = 0  # every byte read (Prometheus connection_coarse_metrics)
         self._beat_mark = -1  # sent_bytes at the last sender check (+8 if it beat)
         self._checked_at = self.created
         self._missed_checks = 0
@@ -311,6 +312,7 @@ class AMQPConnection:
         if self.state is State.CLOSED:
             return
         self.last_received = self.clock()
+        self.received_bytes += len(data)
         if self.state is State.HEADER:
             data = self._receive_header(data)
             if not data:

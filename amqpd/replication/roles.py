@@ -37,6 +37,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from amqpd.config import host_port
 from amqpd.replication.epochs import EpochHistory
 from amqpd.replication.follower import ReplicationFollower
 from amqpd.replication.source import ReplicationSource
@@ -110,6 +111,7 @@ class RoleHooks:
         await self.source.start()
         await broker.serve_clients()
         await broker.start_http()
+        broker.announce()
         await broker.start_plugins()
         self.role = "active"
         log.warning("replication: this node (%s) is ACTIVE at epoch %d",
@@ -199,8 +201,8 @@ class RoleHooks:
                     lambda: AMQPProtocol(broker), host=host, port=s.port,
                     reuse_address=True))
             except OSError as exc:
-                log.warning("warren: standby cannot listen on %s:%d to redirect clients: %s",
-                            host, s.port, exc)
+                log.warning("warren: standby cannot listen on %s to redirect clients: %s",
+                            host_port(host, s.port), exc)
 
     def close_door(self) -> None:
         """A client still in its handshake there will be served: the node is taking over."""

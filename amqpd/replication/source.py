@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from amqpd.config import ReplicationConfig, split_addr
+from amqpd.config import ReplicationConfig, host_port, split_addr
 from amqpd.replication import wire
 from amqpd.replication.conn import Conn, SocketConn, StreamConn
 from amqpd.replication.epochs import EpochHistory, decide
@@ -183,7 +183,7 @@ class ReplicationSource:
         self._sock = sock
         self.port = sock.getsockname()[1]
         self._spawn(self._accept_loop(sock))
-        log.info("replication listener on %s:%d (%s), epoch %d", host, self.port,
+        log.info("replication listener on %s (%s), epoch %d", host_port(host, self.port),
                  "TLS" if ctx else "HMAC", self.epoch)
 
     def _tls_context(self) -> ssl.SSLContext | None:

@@ -12,6 +12,7 @@ from conformance.cases import (  # noqa: F401
     durability,
     edges,
     exchange,
+    exclusive_close,
     extensions,
     extensions2,
     extensions3,

@@ -161,6 +161,26 @@ def post_binding_args(ctx: Context) -> None:
     eq(_request(ctx, "DELETE", urllib.parse.urljoin(base, loc)).status, 204, "delete")
 
 
+@case("http-api/binding-properties-key-percent-encodes-the-routing-key", A)
+def binding_properties_key_encoded(ctx: Context) -> None:
+    """RabbitMQ 3.10.8 names a binding by its routing key form-encoded (``a.#`` is
+    ``a.%23``, a space ``+``, ``~`` ``%7E``), and deletes it by that name
+    (``rabbitmqadmin delete binding ... properties_key=a.%23``)."""
+    ch = ctx.channel()
+    q = ctx.queue(ch)
+    base = f"/api/bindings/{_vh(ctx)}/e/amq.topic/q/{quote(q, safe='')}"
+    keys = {"a.#": "a.%23", "b c/*~": "b+c%2F%2A%7E"}
+    for key, expected in keys.items():
+        r = _request(ctx, "POST", base, {"routing_key": key})
+        eq((r.status, r.headers.get("location")), (201, f"{q}/{quote(expected, safe='')}"),
+           f"status, Location for {key!r}")
+    listed = {b["routing_key"]: b["properties_key"] for b in _request(ctx, "GET", base).json()}
+    eq(listed, keys, "properties_key by routing key")
+    eq(_request(ctx, "DELETE", f"{base}/{quote('a.%23', safe='')}").status, 204, "delete")
+    left = [b["routing_key"] for b in _request(ctx, "GET", base).json()]
+    eq(left, ["b c/*~"], "bindings left")
+
+
 @case("http-api/post-binding-missing-exchange-404-not_found", A)
 def post_binding_missing(ctx: Context) -> None:
     ch = ctx.channel()

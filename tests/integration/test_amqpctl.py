@@ -168,7 +168,12 @@ def test_purge_delete_queue_and_close_connection(ctl, api: Api,  # type: ignore[
     assert ctl("purge_queue", name).returncode == 0
     assert api.get(f"/api/queues/%2F/{name}").json()["messages"] == 0
     assert ctl("delete_queue", name).returncode == 0
-    assert ctl("delete_queue", name).returncode == 1
+    missing = ctl("delete_queue", name)
+    assert missing.returncode == 1
+    assert missing.stderr == f"Error: queue '{name}' in vhost '/' not found\n"
+    missing = ctl("purge_queue", "-p", "no-such-vhost", name)
+    assert missing.returncode == 1
+    assert missing.stderr == f"Error: queue '{name}' in vhost 'no-such-vhost' not found\n"
     assert ctl("purge_queue", name).returncode == 1
     params = pika.URLParameters(broker.url)
     params.client_properties = {"connection_name": "ctl-close"}

@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,40 @@ def test_users_vhosts_policies_and_definitions(admin, tmp_path: Path) -> None:  
     r = admin("delete", "queue", "name=never-declared-anywhere", "--vhost=no-such-vhost",
               check=False)
     assert r.returncode != 0 and "Not found" in r.stdout + r.stderr
+
+
+# what RabbitMQ 3.10.8 answered for these routing keys (the private node of
+# devtools/rabbitmq.py, GET /api/bindings/%2F/e/amq.topic/q/<queue>, issue 33)
+RABBITMQ_PROPERTIES_KEYS = {"a.#": "a.%23", "x y/z*~+\u00e9%": "x+y%2Fz%2A%7E%2B%C3%A9%25",
+                            "": "~", "plain-key_1.2": "plain-key_1.2"}
+
+
+def test_properties_key_is_percent_encoded_as_rabbitmq(admin, broker: BrokerProcess) -> None:  # type: ignore[no-untyped-def]
+    api = Api(broker.http_url)
+    admin("declare", "queue", "name=pk-q")
+    try:
+        for key, expected in RABBITMQ_PROPERTIES_KEYS.items():
+            r = api.post("/api/bindings/%2F/e/amq.topic/q/pk-q", {"routing_key": key})
+            assert r.status == 201
+            # the Location names the binding by its properties key, quoted once more
+            assert r.headers["Location"] == "pk-q/" + urllib.parse.quote(expected, safe="")
+        listed = api.get("/api/bindings/%2F/e/amq.topic/q/pk-q").json()
+        assert {b["routing_key"]: b["properties_key"] for b in listed} == \
+            RABBITMQ_PROPERTIES_KEYS
+        # rabbitmqadmin deletes by the properties key RabbitMQ would give
+        admin("delete", "binding", "source=amq.topic", "destination=pk-q",
+              "destination_type=queue", "properties_key=a.%23")
+        left = {b["routing_key"] for b in api.get("/api/bindings/%2F/e/amq.topic/q/pk-q").json()}
+        assert left == set(RABBITMQ_PROPERTIES_KEYS) - {"a.#"}
+        # a key that names no binding is a 404, and so rabbitmqadmin fails
+        r = admin("delete", "binding", "source=amq.topic", "destination=pk-q",
+                  "destination_type=queue", "properties_key=a.%23", check=False)
+        assert r.returncode != 0 and "Not found" in r.stdout + r.stderr
+        # the form earlier amqpd versions used (the key as it is) still names it
+        quoted = urllib.parse.quote("x y/z*~+\u00e9%", safe="")
+        assert api.request("DELETE", f"/api/bindings/%2F/e/amq.topic/q/pk-q/{quoted}"
+                           ).status == 204
+        left = {b["routing_key"] for b in api.get("/api/bindings/%2F/e/amq.topic/q/pk-q").json()}
+        assert left == {"", "plain-key_1.2"}
+    finally:
+        admin("delete", "queue", "name=pk-q")

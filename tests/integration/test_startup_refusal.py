@@ -8,8 +8,10 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
+import pika
 import pytest
 
+from tests.integration._http import Api
 from tests.integration.test_tls import make_pki
 from tests.support.brokerproc import BrokerProcess
 
@@ -42,6 +44,8 @@ def test_http_port_in_use_stops_the_start(tmp_path: Path, taken_port: int) -> No
     assert code != 0
     assert f"HTTP API cannot listen on 127.0.0.1:{taken_port}" in log
     assert "cannot start" in log
+    # every listener is bound before the start-up line: AMQP never said it was listening
+    assert "listening on" not in log
 
 
 def test_tls_port_in_use_stops_the_start(tmp_path: Path, taken_port: int) -> None:
@@ -73,3 +77,31 @@ def test_the_store_is_closed_cleanly_after_a_refused_start(tmp_path: Path,
         assert ok.proc is not None and ok.proc.poll() is None
     finally:
         assert ok.stop() == 0
+
+
+def test_ipv6_addresses_are_logged_in_brackets(tmp_path: Path) -> None:
+    """Issue 33: ``http://:::24012`` read as an address; ``[::1]:port`` does not."""
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 in this Python")
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback on this machine: {exc}")
+    proc = BrokerProcess(tmp_path / "data", bind="::1").start(timeout=30)
+    try:
+        log = proc.log_path.read_text(errors="replace")
+        conn = pika.BlockingConnection(pika.URLParameters(
+            f"amqp://guest:guest@[::1]:{proc.port}/%2F"))
+        try:
+            names = [c["name"] for c in Api(f"http://[::1]:{proc.http_port}")
+                     .get("/api/connections").json()]
+        finally:
+            conn.close()
+    finally:
+        assert proc.stop() == 0
+    assert f"listening on amqp [::1]:{proc.port}" in log
+    assert f"HTTP API listening on http://[::1]:{proc.http_port}" in log
+    # the connection's name writes both ends as RabbitMQ does: [::1]:PORT -> [::1]:PORT
+    assert len(names) == 1 and names[0].startswith("[::1]:"), names
+    assert names[0].endswith(f" -> [::1]:{proc.port}"), names

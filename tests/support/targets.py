@@ -7,11 +7,12 @@ started for that module, once per kind.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import pytest
 
-from devtools.rabbitmq import RabbitMQNotInstalled, find_server, running_rabbitmq
+from devtools.rabbitmq import RabbitInfo, RabbitMQNotInstalled, find_server, running_rabbitmq
 from tests.support.brokerproc import BrokerProcess
 
 
@@ -26,12 +27,21 @@ def both_brokers(request: pytest.FixtureRequest,
         finally:
             proc.stop()
         return
+    with private_rabbitmq(tmp_path_factory) as info:
+        yield info.amqp_port
+
+
+@contextmanager
+def private_rabbitmq(tmp_path_factory: pytest.TempPathFactory,
+                     plugins: Sequence[str] = ()) -> Iterator[RabbitInfo]:
+    """A private RabbitMQ node with ``plugins`` for a fixture, or the test skipped with
+    the reason where rabbitmq-server is not installed."""
     try:
         find_server()
     except RabbitMQNotInstalled as exc:
         pytest.skip(str(exc))
-    with running_rabbitmq(tmp_path_factory.mktemp("rabbitmq")) as info:
-        yield info.amqp_port
+    with running_rabbitmq(tmp_path_factory.mktemp("rabbitmq"), plugins=plugins) as info:
+        yield info
 
 
-__all__ = ["both_brokers"]
+__all__ = ["both_brokers", "private_rabbitmq"]

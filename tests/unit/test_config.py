@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from amqpd.config import _SCALARS, ConfigError, load_settings
+from amqpd.config import (
+    _SCALARS,
+    ConfigError,
+    check_data_dir,
+    host_port,
+    load_settings,
+    split_addr,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 TOML = ROOT / "etc" / "amqpd.toml"
@@ -239,3 +247,49 @@ def test_amqpd_cluster_name_stays_the_advertised_name() -> None:
     s = load_settings(None, environ={"AMQPD_CLUSTER": "prod",
                                      "AMQPD_CLUSTER_ETCD": "http://e:1"})
     assert s.cluster.name == "prod" and s.cluster_name == ""
+
+
+@pytest.mark.parametrize(("source", "fragment"), [
+    ({"file": "port = 99999\n"}, "setting 'port': port 99999 is out of range"),
+    ({"env": {"AMQPD_HTTP_PORT": "70000"}}, "setting 'http_port': port 70000 is out of range"),
+    ({"flags": {"tls_port": -1}}, "setting 'tls_port': port -1 is out of range"),
+    ({"file": "[replication]\nrole = 'active'\nlisten = '127.0.0.1:70000'\nsecret = 's'\n"},
+     "port 70000 in '127.0.0.1:70000' is out of range"),
+    ({"env": {"AMQPD_CLUSTER": "c", "AMQPD_CLUSTER_ETCD": "http://127.0.0.1:2379",
+              "AMQPD_CLUSTER_LINK_LISTEN": "127.0.0.1:65536"}}, "port 65536"),
+    ({"file": "log_level = 'verbose'\n"}, "setting 'log_level' must be one of debug, info"),
+])
+def test_ports_and_log_level_are_checked_wherever_they_come_from(
+        tmp_path: Path, source: dict[str, Any], fragment: str) -> None:
+    cfg = None
+    if "file" in source:
+        cfg = tmp_path / "c.toml"
+        cfg.write_text(source["file"])
+    with pytest.raises(ConfigError) as err:
+        load_settings(cfg, source.get("flags"), environ=source.get("env", {}))
+    assert fragment in str(err.value)
+
+
+def test_the_port_range_ends_are_accepted() -> None:
+    s = load_settings(None, {"port": 0, "http_port": 65535, "tls_port": 1}, environ={})
+    assert (s.port, s.http_port, s.tls_port) == (0, 65535, 1)
+
+
+def test_host_port_brackets_ipv6() -> None:
+    assert host_port("::", 5672) == "[::]:5672"
+    assert host_port("::1", 15672) == "[::1]:15672"
+    assert host_port("127.0.0.1", 5672) == "127.0.0.1:5672"
+    assert split_addr(host_port("::1", 80)) == ("::1", 80)
+
+
+def test_data_dir_problems_name_the_data_directory(tmp_path: Path) -> None:
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    with pytest.raises(ConfigError, match=r"data directory '.*file' is not a directory"):
+        check_data_dir(str(a_file))
+    with pytest.raises(ConfigError, match=r"data directory '.*file/sub' cannot be created: "
+                                          r"Not a directory"):
+        check_data_dir(str(a_file / "sub"))
+    fresh = tmp_path / "a" / "b"
+    check_data_dir(str(fresh))
+    assert fresh.is_dir()

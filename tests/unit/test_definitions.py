@@ -44,12 +44,29 @@ def test_round_trip(broker: Broker) -> None:
     assert fresh.auth.authenticate("a", "pw", peer_is_loopback=True) is not None
 
 
-def test_transient_objects_are_not_exported(broker: Broker) -> None:
+def test_transient_objects_are_exported_exclusive_queues_are_not(broker: Broker) -> None:
+    """What RabbitMQ 3.10.8's GET /api/definitions held for the same topology (issue 33,
+    a private node): transient queues and exchanges with "durable": false, no exclusive
+    queue, and the bindings between what is exported."""
     vh = broker.vhosts["/"]
     vh.declare_queue("transient", durable=False)
     vh.declare_queue("durable", durable=True)
-    names = [q["name"] for q in export_definitions(broker)["queues"]]
-    assert names == ["durable"]
+    owner = object()
+    vh.declare_queue("gone-with-its-connection", exclusive_owner=owner, owner=owner)
+    vh.declare_exchange("t-x", "topic", durable=False)
+    vh.bind("queue", "transient", "t-x", "a.#")
+    vh.bind("queue", "gone-with-its-connection", "t-x", "b.#", owner=owner)
+    vh.bind("queue", "transient", "amq.topic", "c")
+    out = export_definitions(broker)
+    assert [(q["name"], q["durable"]) for q in out["queues"]] == [
+        ("durable", True), ("transient", False)]
+    assert [(x["name"], x["durable"]) for x in out["exchanges"]] == [("t-x", False)]
+    assert sorted((b["source"], b["destination"], b["routing_key"])
+                  for b in out["bindings"]) == [("amq.topic", "transient", "c"),
+                                                ("t-x", "transient", "a.#")]
+    fresh = Broker(Settings(data_dir=broker.settings.data_dir, persistence=False))
+    import_definitions(fresh, out)
+    assert fresh.vhosts["/"].queues["transient"].durable is False
 
 
 @pytest.mark.parametrize("defs", [
