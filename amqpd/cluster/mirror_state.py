@@ -132,6 +132,43 @@ class CommitGate:
                 out.append((rs, node))
         return out
 
+    def abandon(self, rs: ReplicaSet, error: BaseException | None) -> int:
+        """``rs`` stops counting: its queue is no longer led here (deleted, deposed,
+        replaced). No acknowledgement of its mirrors will come any more, so a waiter
+        that needs it would wait for ever and, the gate releasing in order, every
+        commit of the node behind it (declare-oks, HTTP responses and confirms of
+        unrelated queues: the silent node of issue 28). With ``error`` None (the queue
+        was deleted: nothing of it needs a mirror) those needs are waived; else those
+        waiters fail with ``error`` (a nack: what the mirrors hold is not known).
+        Answers how many waiters failed."""
+        failed = 0
+        kept: deque[Waiter] = deque()
+        for waiter in self.waiting:
+            if not any(need is rs for need, _seq in waiter.needs):
+                kept.append(waiter)
+            elif error is None:
+                waiter.needs = [(need, seq) for need, seq in waiter.needs if need is not rs]
+                kept.append(waiter)
+            else:
+                failed += 1
+                waiter.callback(error)
+        self.waiting = kept
+        self.release()
+        return failed
+
+    def expire(self, now: float, limit: float, error: BaseException) -> list[Waiter]:
+        """Fail, in order, the waiters that started ``limit`` seconds or more before
+        ``now``; the expired ones (their needs say what they waited for)."""
+        out: list[Waiter] = []
+        waiting = self.waiting
+        while waiting and now - waiting[0].started >= limit:
+            waiter = waiting.popleft()
+            out.append(waiter)
+            waiter.callback(error)
+        if out:
+            self.release()
+        return out
+
     def fail_all(self, error: BaseException) -> None:
         waiting, self.waiting = self.waiting, deque()
         for waiter in waiting:

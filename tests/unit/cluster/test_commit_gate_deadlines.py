@@ -1,0 +1,145 @@
+"""No commit waits for ever on the mirrors' acknowledgements (issue 28, "a node that goes
+silent"): the node-wide :class:`~amqpd.cluster.mirror_state.CommitGate` releases its
+waiters in order, so one that can never be released held every later store commit of
+the node -- declare-oks (passive ones too: they wait behind earlier changes), HTTP
+``PUT`` responses and the confirms of every queue the node leads.
+
+The case found by reading the code: a mirrored queue's leader that stops leading it
+(deposed by a failover while it was stopped, or the queue replaced) removed its
+replica set from the gate, but a commit already waiting for that set's mirrors stayed
+waiting; their acknowledgements never come (the streams were dropped), and nothing
+expired it (``laggards`` only acts on queues still led here).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from amqpd.cluster.deadlines import CommitDeadlines, describe_waiter
+from amqpd.cluster.mirror import Mirrors
+from amqpd.cluster.mirror_state import CommitGate, ReplicaSet
+from amqpd.store.api import NotReplicated, StoredMessage
+from amqpd.store.memory import MemoryStore
+
+
+def _gate_with(rs: ReplicaSet) -> CommitGate:
+    gate = CommitGate(timeout=5.0)
+    gate.sets.append(rs)
+    return gate
+
+
+def test_abandoning_a_set_fails_its_waiters_and_releases_those_behind() -> None:
+    rs = ReplicaSet("a", ["b"])
+    other = ReplicaSet("a", ["c"])
+    gate = _gate_with(rs)
+    gate.sets.append(other)
+    rs.next_seq()
+    done: list[Any] = []
+    gate.wait(gate.needs_now(), 0.0, lambda e: done.append(("first", e)))
+    gate.wait([], 0.0, lambda e: done.append(("second", e)))  # waits behind it
+    other.next_seq()
+    gate.wait([(other, 1)], 0.0, lambda e: done.append(("third", e)))
+    assert done == []
+    gate.sets.remove(rs)
+    error = NotReplicated("deposed")
+    assert gate.abandon(rs, error) == 1
+    assert done == [("first", error), ("second", None)]  # third still needs c
+    other.ack("c", 1)
+    gate.release()
+    assert done[-1] == ("third", None)
+    assert not gate.waiting
+
+
+def test_abandoning_a_deleted_queues_set_waives_its_needs() -> None:
+    rs = ReplicaSet("a", ["b"])
+    gate = _gate_with(rs)
+    rs.next_seq()
+    done: list[BaseException | None] = []
+    gate.wait(gate.needs_now(), 0.0, done.append)
+    assert gate.abandon(rs, None) == 0
+    assert done == [None]
+
+
+def test_expire_fails_only_the_waiters_past_the_limit_in_order() -> None:
+    rs = ReplicaSet("a", ["b"])
+    gate = _gate_with(rs)
+    rs.next_seq()
+    done: list[Any] = []
+    gate.wait(gate.needs_now(), 10.0, lambda e: done.append(("old", e)))
+    gate.wait(gate.needs_now(), 20.0, lambda e: done.append(("new", e)))
+    error = NotReplicated("too late")
+    assert gate.expire(24.0, 15.0, error) == []
+    expired = gate.expire(25.0, 15.0, error)
+    assert len(expired) == 1 and done == [("old", error)]
+    assert gate.waiting and gate.waiting[0].started == 20.0
+
+
+# ------------------------------------------------------------------ through Mirrors
+class _Cluster:
+    node_name = "node-a"
+    etcd = SimpleNamespace()
+    root = "/amqpd/c1"
+    config = SimpleNamespace(mirror_sync_timeout=5.0)
+
+
+class _Queue:
+    name = "mirrored"
+    store_key = "/\x00mirrored"
+    policy: dict[str, Any] | None = {"ha-mode": "all"}
+    mirrored = False
+
+
+def _mirrors() -> Mirrors:
+    inner = MemoryStore()
+    inner.open()
+    broker = SimpleNamespace(store=inner, publisher=SimpleNamespace(keeping_queues=0))
+    return Mirrors(SimpleNamespace(_broker=broker), _Cluster(),  # type: ignore[arg-type]
+                   SimpleNamespace())  # type: ignore[arg-type]
+
+
+def _leading(m: Mirrors) -> Any:
+    from amqpd.cluster.mirror import Leading
+
+    lead = Leading(m, "/", _Queue(), {})  # type: ignore[arg-type]
+    m.leading[lead.ident] = lead
+    m.store.by_key[lead.key] = lead
+    m.gate.sets.append(lead.rs)
+    lead.rs.join("node-b")  # a synchronised mirror that will never answer again
+    return lead
+
+
+def test_a_deposed_leader_does_not_hold_the_nodes_commits_for_ever() -> None:
+    m = _mirrors()
+    lead = _leading(m)
+    m.store.append_enqueue([lead.key], StoredMessage("", "mirrored", b"", b"x"))
+    confirm: list[BaseException | None] = []
+    m.store.commit(confirm.append)  # a publisher confirm waiting for node-b
+    declare: list[BaseException | None] = []
+    # a declare-ok recorded after it: every commit covers the records before it, so
+    # it needs node-b's acknowledgement as well
+    m.store.commit(declare.append)
+    assert confirm == [] and declare == []
+    m.stop_leading(lead, delete_record=False)  # deposed: another node leads it now
+    assert len(confirm) == 1 and isinstance(confirm[0], NotReplicated)
+    assert len(declare) == 1 and isinstance(declare[0], NotReplicated)  # a 541, not silence
+    later: list[BaseException | None] = []
+    m.store.commit(later.append)
+    assert later == [None]
+
+
+def test_the_deadline_names_what_a_stuck_commit_waits_for() -> None:
+    m = _mirrors()
+    lead = _leading(m)
+    m.store.append_enqueue([lead.key], StoredMessage("", "mirrored", b"", b"x"))
+    done: list[BaseException | None] = []
+    m.store.commit(done.append)
+    waiter = m.gate.waiting[0]
+    text = describe_waiter(waiter, {lead.rs: lead.ident})
+    assert "queue 'mirrored' in vhost '/'" in text and "node-b" in text
+    deadlines = CommitDeadlines(definition_timeout=10.0)
+    deadlines.watch("mirrored queues", m.gate, lambda: {lead.rs: lead.ident})
+    assert deadlines.sweep(waiter.started + 14.0) == 0  # 5 s gate + 10 s definitions
+    assert deadlines.sweep(waiter.started + 15.5) == 1
+    assert len(done) == 1 and isinstance(done[0], NotReplicated)
+    assert "node-b" in str(done[0])
