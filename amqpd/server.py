@@ -616,7 +616,7 @@ async def serve(settings: Settings, ready: Callable[[Broker], None] | None = Non
 
         # no commit waits on the replicas for ever (issue 28)
         deadlines = commit_deadlines.start(cc.definition_timeout, mirrors=mirrors,
-                                           quorum=groups)
+                                           quorum=groups, queues=queues)
         broker.watchdog.add_source("replicas", deadlines.waits)
     broker.on_ready = ready
     if ready is not None:

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -37,6 +38,7 @@ log = logging.getLogger("amqpd.cluster.deadlines")
 
 Ident = tuple[str, str]  # (vhost, queue)
 IdentsOf = Callable[[], Mapping[ReplicaSet, Ident]]
+OnConfirm = Callable[[BaseException | None], None]
 SWEEP_INTERVAL = 0.5  # seconds between sweeps
 
 
@@ -70,11 +72,18 @@ class CommitDeadlines:
         self.watched: list[_Watched] = []
         self.refused = 0  # commits refused so far (for tests and the status)
         self._task: asyncio.Task[None] | None = None
+        # forwarded publishes' confirms: a little longer than the leader's own deadline
+        # (its nack, when it gives one, comes first)
+        self.confirms = ConfirmDeadlines(0.0)
 
     def watch(self, name: str, gate: CommitGate, idents: IdentsOf) -> None:
         """Keep ``gate`` (``name``: whose, for the log) within its deadline;
         ``idents`` maps its replica sets to their queues, for the log lines."""
         self.watched.append(_Watched(name, gate, idents))
+
+    def confirm_limit(self, gate_timeout: float) -> float:
+        """How long a forwarded publish waits for its leader's confirm."""
+        return gate_timeout + 2 * self.definition_timeout
 
     def limit(self, gate: CommitGate) -> float:
         return gate.timeout + self.definition_timeout
@@ -110,7 +119,7 @@ class CommitDeadlines:
             for waiter in w.gate.waiting:
                 out.append((waiter.started,
                             f"{w.name} commit: {describe_waiter(waiter, idents)}"))
-        return out
+        return out + self.confirms.waits(now)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -128,9 +137,73 @@ class CommitDeadlines:
         while True:
             await asyncio.sleep(SWEEP_INTERVAL)
             try:
-                self.sweep(time.monotonic())
+                now = time.monotonic()
+                self.sweep(now)
+                self.confirms.sweep(now)
             except Exception:
                 log.exception("cluster: commit deadline sweep failed")
+
+
+class _Pending:
+    """One forwarded publish's confirm: answered once, by the leader or the deadline."""
+
+    __slots__ = ("callback", "done")
+
+    def __init__(self, callback: OnConfirm) -> None:
+        self.callback = callback
+        self.done = False
+
+    def answer(self, error: BaseException | None) -> None:
+        if not self.done:
+            self.done = True
+            self.callback(error)
+
+
+class ConfirmDeadlines:
+    """Deadlines of the confirms a node waits for from another node (a publish
+    forwarded to a queue's leader: amqpd/cluster/remote_queue.py). The leader's own
+    commit is bounded (:class:`CommitDeadlines`) and a link that goes nacks what it
+    carried; this bounds what is left (a leader that answers everything but that
+    confirm): past ``limit`` seconds the publisher gets a nack and a log line names
+    the queue and its leader; the leader's late answer is then ignored. Checked by a
+    sweep (:meth:`sweep`), not a timer per message: forwarding is a hot path."""
+
+    def __init__(self, limit: float) -> None:
+        self.limit = limit
+        self.refused = 0
+        self._due: deque[tuple[float, _Pending, str]] = deque()
+
+    def track(self, callback: OnConfirm, what: str) -> OnConfirm:
+        """``callback`` as it must be handed on: answered at most once, with a nack
+        after ``limit`` seconds (``what``: the queue and its leader, for the log)."""
+        pending = _Pending(callback)
+        self._due.append((time.monotonic() + self.limit, pending, what))
+        return pending.answer
+
+    def sweep(self, now: float) -> int:
+        due = self._due
+        n = 0
+        late: dict[str, int] = {}
+        while due and (due[0][1].done or due[0][0] <= now):
+            _at, pending, what = due.popleft()
+            if pending.done:
+                continue
+            n += 1
+            late[what] = late.get(what, 0) + 1
+            pending.answer(NotReplicated(f"no confirm from {what} within {self.limit:g} s"))
+        for what, count in late.items():
+            log.error("%d forwarded publish(es) to %s not confirmed within %.1f s: nacked",
+                      count, what, self.limit)
+        self.refused += n
+        return n
+
+    def waits(self, now: float) -> list[tuple[float, str]]:
+        """The oldest confirm still waiting, per queue (for the watchdog)."""
+        oldest: dict[str, float] = {}
+        for at, pending, what in self._due:
+            if not pending.done and what not in oldest:
+                oldest[what] = at - self.limit
+        return [(started, f"a confirm from {what}") for what, started in oldest.items()]
 
 
 class GateOwner(Protocol):
@@ -149,14 +222,24 @@ def _idents_of(owner: GateOwner) -> IdentsOf:
     return idents
 
 
+class ConfirmUser(Protocol):
+    """ClusterQueues (amqpd/cluster/remote_queue.py): where forwarded publishes'
+    confirms are tracked."""
+
+    confirm_deadlines: ConfirmDeadlines | None
+
+
 def start(definition_timeout: float, mirrors: GateOwner, quorum: GateOwner,
-          ) -> CommitDeadlines:
-    """The deadlines of the mirrored queues' and the quorum queues' gates, running."""
+          queues: ConfirmUser) -> CommitDeadlines:
+    """The deadlines of the mirrored queues' and the quorum queues' gates and of the
+    confirms of publishes forwarded to other nodes, running."""
     deadlines = CommitDeadlines(definition_timeout)
+    deadlines.confirms.limit = deadlines.confirm_limit(mirrors.gate.timeout)
+    queues.confirm_deadlines = deadlines.confirms
     for name, owner in (("mirrored queues", mirrors), ("quorum queues", quorum)):
         deadlines.watch(name, owner.gate, _idents_of(owner))
     deadlines.start()
     return deadlines
 
 
-__all__ = ["CommitDeadlines", "describe_waiter", "start"]
+__all__ = ["CommitDeadlines", "ConfirmDeadlines", "describe_waiter", "start"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from amqpd.cluster.deadlines import CommitDeadlines, describe_waiter
+from amqpd.cluster.deadlines import CommitDeadlines, ConfirmDeadlines, describe_waiter
 from amqpd.cluster.mirror import Mirrors
 from amqpd.cluster.mirror_state import CommitGate, ReplicaSet
 from amqpd.store.api import NotReplicated, StoredMessage
@@ -143,3 +143,27 @@ def test_the_deadline_names_what_a_stuck_commit_waits_for() -> None:
     assert deadlines.sweep(waiter.started + 15.5) == 1
     assert len(done) == 1 and isinstance(done[0], NotReplicated)
     assert "node-b" in str(done[0])
+
+
+# ------------------------------------------------------------------ forwarded confirms
+def test_a_forwarded_confirm_is_nacked_once_past_its_deadline(
+        monkeypatch: Any) -> None:
+    import amqpd.cluster.deadlines as deadlines_module
+
+    clock = [100.0]
+    monkeypatch.setattr(deadlines_module.time, "monotonic", lambda: clock[0])
+    confirms = ConfirmDeadlines(limit=25.0)
+    got: list[Any] = []
+    late = confirms.track(lambda e: got.append(("late", e)), "queue 'q' on node-b")
+    clock[0] = 101.0
+    fine = confirms.track(lambda e: got.append(("fine", e)), "queue 'q' on node-b")
+    fine(None)  # the leader confirmed it
+    assert confirms.waits(110.0) == [(100.0, "a confirm from queue 'q' on node-b")]
+    assert confirms.sweep(124.9) == 0
+    assert confirms.sweep(125.0) == 1
+    assert got[0] == ("fine", None)
+    assert got[1][0] == "late" and isinstance(got[1][1], NotReplicated)
+    assert "node-b" in str(got[1][1])
+    late(None)  # the leader's answer after the nack: ignored
+    assert len(got) == 2
+    assert confirms.waits(130.0) == [] and confirms.sweep(200.0) == 0
