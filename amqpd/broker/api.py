@@ -61,6 +61,10 @@ from amqpd.protocol.errors import (
     ResourceLocked,
 )
 
+# a commit the replicas did not acknowledge: a nack, not disk trouble (the cluster
+# refuses waits with it: amqpd/cluster/deadlines.py, mirror.py)
+from amqpd.store.api import NotReplicated as NotReplicated
+
 if TYPE_CHECKING:
     # for annotations of callers (http/, plugins), which import only this module
     from amqpd.broker.channel import Channel  # noqa: F401

@@ -31,8 +31,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from amqpd.broker.api import NotReplicated
 from amqpd.cluster.mirror_state import CommitGate, ReplicaSet, Waiter
-from amqpd.store.api import NotReplicated
 
 log = logging.getLogger("amqpd.cluster.deadlines")
 

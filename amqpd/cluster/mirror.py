@@ -84,6 +84,7 @@ import urllib.parse
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
+from amqpd.broker.api import NotReplicated
 from amqpd.broker.message import LoggedMessage
 from amqpd.cluster import link_wire as W
 from amqpd.cluster import mirror_wire as M
@@ -97,7 +98,7 @@ from amqpd.cluster.mirror_state import (
     mirror_nodes,
 )
 from amqpd.coord.etcd import Compare, EtcdError, Put, delete_own
-from amqpd.store.api import NotReplicated, StoredMessage, queue_key
+from amqpd.store.api import StoredMessage, queue_key
 
 if TYPE_CHECKING:
     from amqpd.broker.api import BrokerAPI
