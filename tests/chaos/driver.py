@@ -107,6 +107,7 @@ def schedule(seed: int, duration: float, gap: tuple[float, float]) -> list[Fault
 class Result:
     seed: int
     duration: float
+    rerun: str = ""  # the command line that replays the schedule
     faults: list[str] = field(default_factory=list)
     confirmed: dict[str, int] = field(default_factory=dict)
     lost: dict[str, list[int]] = field(default_factory=dict)
@@ -138,8 +139,7 @@ class Result:
 
     def report(self) -> str:
         lines = [f"chaos seed={self.seed} duration={self.duration:g}s "
-                 f"(re-run: python -m tests.chaos --seed {self.seed} "
-                 f"--duration {self.duration:g})",
+                 f"(re-run: {self.rerun})",
                  f"faults ({len(self.faults)}): " + "; ".join(self.faults),
                  "confirmed: " + ", ".join(f"{q}={n}" for q, n in
                                            sorted(self.confirmed.items())),
@@ -165,7 +165,9 @@ class Chaos:
         self.gap = gap
         self.new_queue_every = new_queue_every
         self.rate = rate
-        self.result = Result(seed, duration)
+        self.result = Result(seed, duration, rerun=(
+            f"python -m tests.chaos --seed {seed} --duration {duration:g} "
+            f"--gap {gap[0]:g} {gap[1]:g} --rate {rate:g}"))
         self.rng = random.Random(seed ^ 0x5EED)  # the clients' choices
         self.etcd: EtcdProcess | None = None
         self.nodes: list[ClusterNode] = []
@@ -521,10 +523,10 @@ class Chaos:
 def run(seed: int, duration: float, workdir: Path, **kwargs: Any) -> Result:
     """One seeded run under ``workdir`` (the nodes' data and logs stay there)."""
     workdir.mkdir(parents=True, exist_ok=True)
+    chaos = Chaos(workdir, seed, duration, **kwargs)
     print(f"chaos: seed={seed} duration={duration:g}s workdir={workdir} "
-          f"(re-run: python -m tests.chaos --seed {seed} --duration {duration:g})",
-          flush=True)
-    return Chaos(workdir, seed, duration, **kwargs).run()
+          f"(re-run: {chaos.result.rerun})", flush=True)
+    return chaos.run()
 
 
 __all__ = ["Chaos", "Fault", "Result", "run", "schedule"]
