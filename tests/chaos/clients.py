@@ -69,7 +69,6 @@ class Ledger:
     confirmed: set[int] = field(default_factory=set)
     nacks: int = 0
     resent: int = 0
-    reconnects: int = 0
     # every delivery: (number, attempt, redelivered)
     delivered: list[tuple[int, int, bool]] = field(default_factory=list)
     seen: set[int] = field(default_factory=set)
@@ -99,14 +98,47 @@ class Ledger:
         return out
 
 
-class Publisher(threading.Thread):
+class _Reconnecting(threading.Thread):
+    """A client thread: one session (a connection) after another until told to stop;
+    what ends a session unexpectedly is kept in ``error`` for the driver."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(daemon=True, name=name)
+        self.stopping = threading.Event()
+        self.interruptions = 0  # sessions ended by a connection error
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            while not self.stopping.is_set():
+                try:
+                    self._session()
+                except ClientError:
+                    self.interruptions += 1
+                    time.sleep(0.3)
+        except BaseException as exc:  # reported by the driver
+            self.error = exc
+
+    def _session(self) -> None:
+        raise NotImplementedError
+
+
+def settled(outstanding: dict[int, int], fr: Any) -> list[int]:
+    """The message numbers a basic.ack or basic.nack answers (taken out of
+    ``outstanding``: delivery tag -> number)."""
+    tags = [fr.delivery_tag] if not fr.multiple else \
+        [t for t in outstanding if t <= fr.delivery_tag]
+    return [n for n in (outstanding.pop(t, -1) for t in tags) if n >= 0]
+
+
+class Publisher(_Reconnecting):
     """Publishes numbered persistent messages to ``queue`` with confirms until told to
     stop, at about ``rate`` messages a second, re-sending on its next connection what
     was nacked or unanswered."""
 
     def __init__(self, ledger: Ledger, urls: Urls, rng: random.Random, rate: float = 100.0,
                  window: int = 200, batch: int = 20) -> None:
-        super().__init__(daemon=True, name=f"pub-{ledger.queue}")
+        super().__init__(f"pub-{ledger.queue}")
         self.ledger = ledger
         self.urls = urls
         self.rng = rng
@@ -116,19 +148,6 @@ class Publisher(threading.Thread):
         self.next_number = 0
         self.attempt = 0
         self.resend: list[int] = []  # numbers to send again
-        self.stopping = threading.Event()
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            while not self.stopping.is_set():
-                try:
-                    self._session()
-                except ClientError:
-                    self.ledger.reconnects += 1
-                    time.sleep(0.3)
-        except BaseException as exc:  # reported by the driver
-            self.error = exc
 
     def _session(self) -> None:
         conn = connect(self.urls, self.rng)
@@ -167,12 +186,7 @@ class Publisher(threading.Thread):
     def _answer(self, conn: Conn, outstanding: dict[int, int]) -> None:
         _ch, fr = conn.read_frame()
         if isinstance(fr, commands.Basic.Ack | commands.Basic.Nack):
-            tags = [fr.delivery_tag] if not fr.multiple else \
-                [t for t in outstanding if t <= fr.delivery_tag]
-            for tag in tags:
-                number = outstanding.pop(tag, None)
-                if number is None:
-                    continue
+            for number in settled(outstanding, fr):
                 if isinstance(fr, commands.Basic.Ack):
                     with self.ledger.lock:
                         self.ledger.confirmed.add(number)
@@ -212,11 +226,8 @@ def publish_once(urls: Urls, rng: random.Random, ledger: Ledger, numbers: list[i
         while outstanding and time.monotonic() < deadline:
             _ch, fr = conn.read_frame()
             if isinstance(fr, commands.Basic.Ack | commands.Basic.Nack):
-                tags = [fr.delivery_tag] if not fr.multiple else \
-                    [t for t in outstanding if t <= fr.delivery_tag]
-                for tag in tags:
-                    sent = outstanding.pop(tag, -1)
-                    if sent >= 0 and isinstance(fr, commands.Basic.Ack):
+                for sent in settled(outstanding, fr):
+                    if isinstance(fr, commands.Basic.Ack):
                         with ledger.lock:
                             ledger.confirmed.add(sent)
                             ledger.confirmed_at[sent] = time.monotonic()
@@ -229,32 +240,18 @@ def publish_once(urls: Urls, rng: random.Random, ledger: Ledger, numbers: list[i
             conn.sock.close()
 
 
-class Consumer(threading.Thread):
+class Consumer(_Reconnecting):
     """Consumes ``queues`` (one channel each) with a prefetch, acking in batches, and
     consumes again through another node when its connection goes."""
 
     def __init__(self, ledgers: list[Ledger], urls: Urls, rng: random.Random,
                  prefetch: int = 200) -> None:
-        super().__init__(daemon=True, name="consumer-" + "+".join(x.queue for x in ledgers))
+        super().__init__("consumer-" + "+".join(x.queue for x in ledgers))
         self.ledgers = {x.queue: x for x in ledgers}
         self.urls = urls
         self.rng = rng
         self.prefetch = prefetch
-        self.stopping = threading.Event()
         self.kick = threading.Event()  # set: reconnect (through another node, maybe)
-        self.interruptions = 0
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            while not self.stopping.is_set():
-                try:
-                    self._session()
-                except ClientError:
-                    self.interruptions += 1
-                    time.sleep(0.3)
-        except BaseException as exc:  # reported by the driver
-            self.error = exc
 
     def _session(self) -> None:
         conn = connect(self.urls, self.rng)
