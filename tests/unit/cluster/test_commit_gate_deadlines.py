@@ -167,3 +167,63 @@ def test_a_forwarded_confirm_is_nacked_once_past_its_deadline(
     late(None)  # the leader's answer after the nack: ignored
     assert len(got) == 2
     assert confirms.waits(130.0) == [] and confirms.sweep(200.0) == 0
+
+
+class _SlowStore:
+    """The node's store with its commit answered later (an fsync under load)."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryStore()
+        self.inner.open()
+        self.on_disk = False
+        self.later: list[Any] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def commit(self, callback: Any) -> None:
+        self.later.append(callback)
+
+    def done(self) -> None:
+        later, self.later = self.later, []
+        for callback in later:
+            callback(None)
+
+
+def _mirrors_over(inner: Any) -> Mirrors:
+    broker = SimpleNamespace(store=inner, publisher=SimpleNamespace(keeping_queues=0))
+    return Mirrors(SimpleNamespace(_broker=broker), _Cluster(),  # type: ignore[arg-type]
+                   SimpleNamespace())  # type: ignore[arg-type]
+
+
+def test_a_commit_whose_store_write_outlives_the_leadership_does_not_wait_for_ever() -> None:
+    """Found by the chaos test (seed 3, 120 s): the commit's needs are taken when it
+    starts, the gate gets it after the store's own commit; a leader that stopped
+    leading in between left it waiting for acknowledgements that never come (refused
+    only by the hard deadline, 15 s later, with every commit behind it)."""
+    slow = _SlowStore()
+    m = _mirrors_over(slow)
+    lead = _leading(m)
+    m.store.append_enqueue([lead.key], StoredMessage("", "mirrored", b"", b"x"))
+    confirm: list[BaseException | None] = []
+    m.store.commit(confirm.append)  # needs node-b's ack; the store has not answered
+    m.stop_leading(lead, delete_record=False)  # deposed meanwhile
+    slow.done()
+    assert len(confirm) == 1 and isinstance(confirm[0], NotReplicated)
+    assert not m.gate.waiting
+    after: list[BaseException | None] = []
+    m.store.commit(after.append)
+    slow.done()
+    assert after == [None]
+
+
+def test_a_late_commit_of_a_deleted_queue_is_released() -> None:
+    rs = ReplicaSet("a", ["b"])
+    gate = _gate_with(rs)
+    rs.next_seq()
+    needs = gate.needs_now()  # taken when the commit started
+    gate.sets.remove(rs)
+    gate.abandon(rs, None)  # the queue was deleted (Mirrors.stop_leading)
+    done: list[BaseException | None] = []
+    gate.wait(needs, 0.0, done.append)  # the store's commit answered only now
+    assert done == [None] and not gate.waiting
