@@ -98,19 +98,21 @@ class Watchdog:
 
     # ------------------------------------------------------------------ waits
     def report(self, now: float) -> int:
-        """Log each overdue wait once; how many lines."""
+        """Log the waits that became overdue since the last report, once each: a line
+        per source, with how many and the oldest of them; how many lines."""
         overdue = self.overdue(now)
         keys = {(started, what) for started, _name, what in overdue}
         self._reported &= keys  # forget the waits that ended
-        n = 0
-        for started, name, what in overdue:
-            if (started, what) in self._reported:
-                continue
-            self._reported.add((started, what))
-            n += 1
-            log.warning("watchdog: a request has waited %.1f s (over %g s) on %s: %s",
-                        now - started, self.wait_limit, name, what)
-        return n
+        fresh: dict[str, list[tuple[float, str]]] = {}
+        for started, name, what in overdue:  # oldest first
+            if (started, what) not in self._reported:
+                self._reported.add((started, what))
+                fresh.setdefault(name, []).append((started, what))
+        for name, waits in fresh.items():
+            started, what = waits[0]
+            log.warning("watchdog: %d request(s) have waited over %g s on %s; the oldest "
+                        "%.1f s: %s", len(waits), self.wait_limit, name, now - started, what)
+        return len(fresh)
 
     async def _report_loop(self) -> None:
         while True:

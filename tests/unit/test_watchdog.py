@@ -74,8 +74,17 @@ def test_an_overdue_wait_is_logged_once_with_what_it_waits_on(
         assert dog.report(111.0) == 0  # once
         assert dog.report(115.5) == 1
     lines = [r.message for r in caplog.records]
-    assert any("on replicas: etcd" in m for m in lines)
+    assert any("1 request(s) have waited over 10 s on replicas; the oldest 10.0 s: etcd"
+               in m for m in lines)
     assert any("node-b's confirm" in m for m in lines)
+
+
+def test_waits_overdue_together_are_one_line_per_source() -> None:
+    dog = Watchdog(wait_limit=10.0)
+    dog.add_source("replicas", lambda now: [(100.0 + i / 10, f"commit {i}") for i in range(5)])
+    dog.add_source("definitions", lambda now: [(101.0, "change 7")])
+    assert dog.report(112.0) == 2
+    assert dog.report(113.0) == 0
 
 
 def test_a_failing_source_does_not_hide_the_others() -> None:
