@@ -23,7 +23,6 @@ not in the gates' reconciliations, so it runs whatever state those are in.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -127,11 +126,10 @@ class CommitDeadlines:
                                                             name="cluster-deadlines")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)  # its CancelledError
 
     async def _run(self) -> None:
         while True:

@@ -227,3 +227,27 @@ def test_a_late_commit_of_a_deleted_queue_is_released() -> None:
     done: list[BaseException | None] = []
     gate.wait(needs, 0.0, done.append)  # the store's commit answered only now
     assert done == [None] and not gate.waiting
+
+
+async def test_the_sweep_runs_on_its_own_and_stops() -> None:
+    import asyncio
+    import time
+
+    rs = ReplicaSet("a", ["b"])
+    gate = _gate_with(rs)
+    rs.next_seq()
+    done: list[BaseException | None] = []
+    gate.wait(gate.needs_now(), time.monotonic() - 60.0, done.append)  # long overdue
+    deadlines = CommitDeadlines(definition_timeout=1.0)
+    deadlines.watch("mirrored queues", gate, lambda: {rs: ("/", "q")})
+    deadlines.start()
+    try:
+        for _ in range(50):
+            if done:
+                break
+            await asyncio.sleep(0.1)
+        assert len(done) == 1 and isinstance(done[0], NotReplicated)
+        assert deadlines.refused == 1
+    finally:
+        await deadlines.stop()
+    assert deadlines._task is None
