@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from amqpd.broker.api import OnConfirm
 from amqpd.config import Settings
 from amqpd.http.health import node_can_declare
 from amqpd.server import Broker
 from amqpd.watchdog import Watchdog
+from tests.support.deferred_store import DeferredCommitStore
 
 
 def _busy_step(seconds: float) -> None:
@@ -99,29 +99,8 @@ def test_a_failing_source_does_not_hide_the_others() -> None:
 
 
 # ------------------------------------------------------------------ the health check
-class _StuckStore:
-    """A store whose commits do not come back until released (replicas that do not
-    acknowledge, as the node of issue 28 met)."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.waiting: list[OnConfirm] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def append_definition(self, kind: int, key: str, body: bytes) -> None:
-        pass
-
-    def commit(self, callback: OnConfirm) -> None:
-        self.waiting.append(callback)
-
-    def release(self) -> None:
-        waiting, self.waiting = self.waiting, []
-        for callback in waiting:
-            callback(None)
-
-
+# (a store whose commits do not come back until released: replicas that do not
+# acknowledge, as the node of issue 28 met)
 def _check(broker: Broker) -> tuple[int, dict[str, Any]]:
     ctx = SimpleNamespace(api=broker.api)
     resp = asyncio.run(node_can_declare(ctx))  # type: ignore[arg-type]
@@ -131,7 +110,7 @@ def _check(broker: Broker) -> tuple[int, dict[str, Any]]:
 def test_node_can_declare_fails_while_a_declare_waits_past_the_limit(tmp_path: Path) -> None:
     broker = Broker(Settings(data_dir=str(tmp_path), persistence=False))
     assert _check(broker) == (200, {"status": "ok"})
-    stuck = _StuckStore(broker.store)
+    stuck = DeferredCommitStore(broker.store)
     broker.store = stuck  # type: ignore[assignment]
     broker.definitions.attach(stuck)  # type: ignore[arg-type]
     broker.api.declare_queue("/", "q", durable=True)

@@ -21,6 +21,7 @@ from amqpd.cluster.mirror import Mirrors
 from amqpd.cluster.mirror_state import CommitGate, ReplicaSet
 from amqpd.store.api import NotReplicated, StoredMessage
 from amqpd.store.memory import MemoryStore
+from tests.support.deferred_store import DeferredCommitStore
 
 
 def _gate_with(rs: ReplicaSet) -> CommitGate:
@@ -169,27 +170,6 @@ def test_a_forwarded_confirm_is_nacked_once_past_its_deadline(
     assert confirms.waits(130.0) == [] and confirms.sweep(200.0) == 0
 
 
-class _SlowStore:
-    """The node's store with its commit answered later (an fsync under load)."""
-
-    def __init__(self) -> None:
-        self.inner = MemoryStore()
-        self.inner.open()
-        self.on_disk = False
-        self.later: list[Any] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def commit(self, callback: Any) -> None:
-        self.later.append(callback)
-
-    def done(self) -> None:
-        later, self.later = self.later, []
-        for callback in later:
-            callback(None)
-
-
 def _mirrors_over(inner: Any) -> Mirrors:
     broker = SimpleNamespace(store=inner, publisher=SimpleNamespace(keeping_queues=0))
     return Mirrors(SimpleNamespace(_broker=broker), _Cluster(),  # type: ignore[arg-type]
@@ -201,19 +181,20 @@ def test_a_commit_whose_store_write_outlives_the_leadership_does_not_wait_for_ev
     starts, the gate gets it after the store's own commit; a leader that stopped
     leading in between left it waiting for acknowledgements that never come (refused
     only by the hard deadline, 15 s later, with every commit behind it)."""
-    slow = _SlowStore()
+    slow = DeferredCommitStore(MemoryStore())  # an fsync under load
+    slow.inner.open()
     m = _mirrors_over(slow)
     lead = _leading(m)
     m.store.append_enqueue([lead.key], StoredMessage("", "mirrored", b"", b"x"))
     confirm: list[BaseException | None] = []
     m.store.commit(confirm.append)  # needs node-b's ack; the store has not answered
     m.stop_leading(lead, delete_record=False)  # deposed meanwhile
-    slow.done()
+    slow.release()
     assert len(confirm) == 1 and isinstance(confirm[0], NotReplicated)
     assert not m.gate.waiting
     after: list[BaseException | None] = []
     m.store.commit(after.append)
-    slow.done()
+    slow.release()
     assert after == [None]
 
 
