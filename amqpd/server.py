@@ -49,6 +49,7 @@ from amqpd.protocol import codec
 from amqpd.protocol.connection import Limits
 from amqpd.store.memory import MemoryStore
 from amqpd.transport import AMQPProtocol
+from amqpd.watchdog import Watchdog
 
 if TYPE_CHECKING:
     from amqpd.coord.warren import Warren
@@ -92,6 +93,9 @@ class Broker:
         self._servers: list[asyncio.base_events.Server] = []
         self._ticker: asyncio.Task[None] | None = None
         self.definitions = DefinitionJournal(self)  # durable topology -> log records
+        # event-loop stalls and requests waiting too long, in the log (issue 28)
+        self.watchdog = Watchdog(wait_limit=settings.cluster.definition_timeout)
+        self.watchdog.add_source("definitions", lambda now: self.definitions.waits(now))
         self.started_at = time.time()
         self.listeners: list[tuple[str, str, int]] = []  # (protocol, host, port)
         self.stopping = False
@@ -279,6 +283,7 @@ class Broker:
         self._loop = asyncio.get_running_loop()
         self.publisher.loop = self._loop
         self.timers.start(self._loop)
+        self.watchdog.start()
         s = self.settings
         Path(s.data_dir).mkdir(parents=True, exist_ok=True)
         if s.replication is not None:
@@ -559,6 +564,7 @@ class Broker:
         if self.roles is not None:
             await self.roles.stop()
         self.close_store()
+        await self.watchdog.stop()
         log.info("shutdown complete")
 
 
@@ -614,6 +620,12 @@ async def serve(settings: Settings, ready: Callable[[Broker], None] | None = Non
         from amqpd.cluster import quorum_group
 
         groups = quorum_group.start(broker.api, cluster, queues)  # quorum queues' groups
+        from amqpd.cluster import deadlines as commit_deadlines
+
+        # no commit waits on the replicas for ever (issue 28)
+        deadlines = commit_deadlines.start(cc.definition_timeout, mirrors=mirrors,
+                                           quorum=groups, queues=queues)
+        broker.watchdog.add_source("replicas", deadlines.waits)
     broker.on_ready = ready
     if ready is not None:
         ready(broker)
@@ -630,6 +642,7 @@ async def serve(settings: Settings, ready: Callable[[Broker], None] | None = Non
     if broker.warren is not None:
         await broker.warren.stop()  # an active hands over at once (fence, revoke lease)
     if cluster is not None:
+        await deadlines.stop()
         await groups.stop()
         await mirrors.stop()
         await cluster.stop()  # revokes the lease: the others see this node go at once

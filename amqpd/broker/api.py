@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -59,6 +60,10 @@ from amqpd.protocol.errors import (
     PreconditionFailed,
     ResourceLocked,
 )
+
+# a commit the replicas did not acknowledge: a nack, not disk trouble (the cluster
+# refuses waits with it: amqpd/cluster/deadlines.py, mirror.py)
+from amqpd.store.api import NotReplicated as NotReplicated
 
 if TYPE_CHECKING:
     # for annotations of callers (http/, plugins), which import only this module
@@ -739,6 +744,18 @@ class BrokerAPI:
         without a synchronised replica (empty on a single node)."""
         mirrors = getattr(self._broker.cluster, "mirrors", None)
         return mirrors.sync_critical() if mirrors is not None else []
+
+    def overdue_waits(self, source: str | None = None) -> list[tuple[float, str, str]]:
+        """Requests waiting longer than ``definition_timeout`` (amqpd/watchdog.py):
+        ``(seconds waited, source, what they wait on)``; ``source`` "definitions": only
+        the definition changes (declares, HTTP writes) waiting to become durable."""
+        now = time.monotonic()
+        return [(now - started, name, what) for started, name, what
+                in self._broker.watchdog.overdue(now, source)]
+
+    def wait_limit(self) -> float:
+        """The seconds after which a waiting request is overdue (definition_timeout)."""
+        return self._broker.watchdog.wait_limit
 
     # ------------------------------------------------------------------ durability
     async def wait_durable(self) -> None:

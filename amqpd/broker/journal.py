@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -154,6 +155,10 @@ class DefinitionJournal:
         self.recorded = 0  # changes handed to the store so far
         self.durable = 0  # ... of which a commit has confirmed this many
         self._small: Entries = {}  # the small sections as last recorded
+        # durability waits in progress: id -> (time.monotonic() it began, the change
+        # count it needs), for the watchdog and the node-can-declare health check
+        self._waits: dict[int, tuple[float, int]] = {}
+        self._next_wait = 0
 
     def attach(self, store: MessageStore) -> None:
         self.store = store
@@ -256,7 +261,12 @@ class DefinitionJournal:
             callback(None)
             return
 
+        self._next_wait += 1
+        wait = self._next_wait
+        self._waits[wait] = (time.monotonic(), target)
+
         def durable(error: BaseException | None) -> None:
+            self._waits.pop(wait, None)
             if error is None and target > self.durable:
                 self.durable = target
             callback(error)
@@ -269,6 +279,18 @@ class DefinitionJournal:
             done(None)
             return
         self.broker.publisher.commit(done)
+
+    def waits(self, now: float) -> list[tuple[float, str]]:
+        """The durability waits in progress (a declare-ok, an HTTP response), as
+        ``(started, what)`` for amqpd/watchdog.py; oldest first."""
+        out = []
+        for started, target in self._waits.values():
+            where = "the store's commit"
+            if self.broker.cluster is not None:
+                where += " and etcd"
+            out.append((started, f"definition change {target} to become durable "
+                                 f"({where}; {self.durable} of {self.recorded} are)"))
+        return out
 
     async def wait_durable(self) -> None:
         """For the HTTP API: return once everything recorded so far is durable."""

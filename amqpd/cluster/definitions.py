@@ -448,8 +448,23 @@ class DefinitionMirror:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._push_loop(), name="cluster-defs-push"),
-                       asyncio.create_task(self._watch_loop(), name="cluster-defs-watch")]
+        self._tasks = [self._run(self._push_loop, "cluster-defs-push"),
+                       self._run(self._watch_loop, "cluster-defs-watch")]
+
+    def _run(self, loop: Callable[[], Any], name: str) -> asyncio.Task[None]:
+        """Run one of the two loops; one that ends by an unexpected exception is logged
+        and started again: without the push loop no change of this node would reach
+        etcd again, and every declare here would wait out its deadline (issue 28)."""
+        task: asyncio.Task[None] = asyncio.create_task(loop(), name=name)
+
+        def ended(t: asyncio.Task[None]) -> None:
+            if t.cancelled() or t not in self._tasks:
+                return
+            log.error("cluster: %s ended (%r); starting it again", name, t.exception())
+            self._tasks[self._tasks.index(t)] = self._run(loop, name)
+
+        task.add_done_callback(ended)
+        return task
 
     async def stop(self, drain: float = 2.0) -> None:
         """Give pending changes a moment to reach etcd, then stop."""

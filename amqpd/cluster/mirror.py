@@ -84,6 +84,7 @@ import urllib.parse
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
+from amqpd.broker.api import NotReplicated
 from amqpd.broker.message import LoggedMessage
 from amqpd.cluster import link_wire as W
 from amqpd.cluster import mirror_wire as M
@@ -955,7 +956,16 @@ class Mirrors:
             del self.store.by_key[lead.key]
         with contextlib.suppress(ValueError):
             self.gate.sets.remove(lead.rs)
-        self.gate.release()
+        # its mirrors' acknowledgements end here: a commit waiting for them must not
+        # wait for ever (CommitGate.abandon). Deleted (delete_record): waived; else
+        # (deposed, replaced) a nack, what the mirrors hold being unknown
+        failed = self.gate.abandon(lead.rs, None if delete_record else NotReplicated(
+            f"queue '{lead.ident[1]}' is no longer led here; its mirrors' "
+            "acknowledgements will not come"))
+        if failed:
+            log.warning("queue '%s' in vhost '%s': no longer led here; %d commit(s) "
+                        "waiting for its mirrors refused (nack)", lead.ident[1],
+                        lead.ident[0], failed)
         if delete_record:
             # only the record this node wrote: a successor's stays. A write of ours may
             # still be in flight (lead.rev older than the record, or 0 / -1: none known

@@ -31,6 +31,7 @@ rule of the election.
 
 from __future__ import annotations
 
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -95,6 +96,11 @@ class CommitGate:
         self.timeout = timeout
         self.waiting: deque[Waiter] = deque()
         self.sets: list[ReplicaSet] = []  # every mirrored queue this node leads
+        # sets abandoned (:meth:`abandon`) -> the error their needs end with (None:
+        # waived), for the commits that computed their needs before and arrive after
+        # (the store's own commit runs in between): weak, gone with the set
+        self.retired: weakref.WeakKeyDictionary[ReplicaSet, BaseException | None] = \
+            weakref.WeakKeyDictionary()
 
     def needs_now(self) -> list[tuple[ReplicaSet, int]]:
         """What a commit asked for now must wait for: each set's current sequence
@@ -105,6 +111,17 @@ class CommitGate:
              callback: OnCommit) -> None:
         """Call ``callback(None)`` once ``needs`` are met (at once if they are and
         nobody waits before it)."""
+        if needs and self.retired:
+            kept = []
+            for rs, seq in needs:
+                if rs not in self.retired:
+                    kept.append((rs, seq))
+                    continue
+                error = self.retired[rs]
+                if error is not None:
+                    callback(error)
+                    return
+            needs = kept
         if not needs and not self.waiting:
             callback(None)
             return
@@ -130,6 +147,46 @@ class CommitGate:
         for rs, seq in self.waiting[0].needs:
             for node in rs.laggards(seq):
                 out.append((rs, node))
+        return out
+
+    def abandon(self, rs: ReplicaSet, error: BaseException | None) -> int:
+        """``rs`` stops counting: its queue is no longer led here (deleted, deposed,
+        replaced). No acknowledgement of its mirrors will come any more, so a waiter
+        that needs it would wait for ever and, the gate releasing in order, every
+        commit of the node behind it (declare-oks, HTTP responses and confirms of
+        unrelated queues: the silent node of issue 28). With ``error`` None (the queue
+        was deleted: nothing of it needs a mirror) those needs are waived; else those
+        waiters fail with ``error`` (a nack: what the mirrors hold is not known).
+        A commit that computed its needs before and reaches :meth:`wait` only after
+        (its store commit ran in between) is treated the same way there.
+        Answers how many waiters failed."""
+        self.retired[rs] = error
+        failed = 0
+        kept: deque[Waiter] = deque()
+        for waiter in self.waiting:
+            if not any(need is rs for need, _seq in waiter.needs):
+                kept.append(waiter)
+            elif error is None:
+                waiter.needs = [(need, seq) for need, seq in waiter.needs if need is not rs]
+                kept.append(waiter)
+            else:
+                failed += 1
+                waiter.callback(error)
+        self.waiting = kept
+        self.release()
+        return failed
+
+    def expire(self, now: float, limit: float, error: BaseException) -> list[Waiter]:
+        """Fail, in order, the waiters that started ``limit`` seconds or more before
+        ``now``; the expired ones (their needs say what they waited for)."""
+        out: list[Waiter] = []
+        waiting = self.waiting
+        while waiting and now - waiting[0].started >= limit:
+            waiter = waiting.popleft()
+            out.append(waiter)
+            waiter.callback(error)
+        if out:
+            self.release()
         return out
 
     def fail_all(self, error: BaseException) -> None:

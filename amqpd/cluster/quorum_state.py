@@ -131,15 +131,7 @@ def grow_targets(records: dict[tuple[str, str], dict[str, Any]], node: str,
 
 def expire_waiters(gate: CommitGate, now: float, error: BaseException) -> int:
     """Fail, in order, the waiters older than the gate's timeout; how many."""
-    n = 0
-    waiting = gate.waiting
-    while waiting and now - waiting[0].started >= gate.timeout:
-        waiter = waiting.popleft()
-        n += 1
-        waiter.callback(error)
-    if n:
-        gate.release()
-    return n
+    return len(gate.expire(now, gate.timeout, error))
 
 
 __all__ = [

@@ -87,6 +87,7 @@ from amqpd.protocol.errors import (
 if TYPE_CHECKING:
     from amqpd.broker.api import BrokerAPI
     from amqpd.broker.vhost import VHost
+    from amqpd.cluster.deadlines import ConfirmDeadlines
     from amqpd.server import Broker
 
 log = logging.getLogger("amqpd.cluster.queues")
@@ -303,6 +304,10 @@ class RemoteQueue(QueueType):
             return
         seq = 0
         if on_confirm is not None:
+            deadlines = self.cluster.confirm_deadlines if self.cluster is not None else None
+            if deadlines is not None:  # a nack if the leader never answers (issue 28)
+                on_confirm = deadlines.track(on_confirm, f"queue '{self.name}' on "
+                                                         f"{self.leader}")
             self._pub_seq += 1
             seq = self._pub_seq
             self._confirms[seq] = on_confirm
@@ -1133,6 +1138,8 @@ class ClusterQueues:
         # queues this node held that another node leads (found at start): a mirror's
         # copy is adopted again by amqpd.cluster.mirror, the others deleted there
         self.retired: dict[tuple[str, str], QueueType] = {}
+        # the deadlines of forwarded publishes' confirms (amqpd.cluster.deadlines)
+        self.confirm_deadlines: ConfirmDeadlines | None = None
         # whether a queue whose link to its leader went will get a new leader (a
         # mirror can take over; set by amqpd.cluster.mirror): its consumers are kept
         self.failover_expected: Callable[[RemoteQueue], bool] = lambda queue: False

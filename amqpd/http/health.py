@@ -229,6 +229,21 @@ async def certificate_expiration(ctx: Ctx) -> Any:
     return ok()
 
 
+async def node_can_declare(ctx: Ctx) -> Any:
+    """503 while a definition change made on this node (a declare, an HTTP write) has
+    waited longer than ``definition_timeout`` to become durable: the node cannot
+    complete its own declares (issue 28's silent node), with what they wait on."""
+    overdue = ctx.api.overdue_waits("definitions")
+    if not overdue:
+        return ok()
+    waits = [{"waited": round(waited, 1), "waits_on": what} for waited, _src, what in overdue]
+    # what the store's commit itself waits on (the replicas), if anything is overdue there
+    blocking = [what for _w, name, what in ctx.api.overdue_waits() if name != "definitions"]
+    return failed(f"Definition changes on this node have not become durable within "
+                  f"{ctx.api.wait_limit():g} s (declares and definition writes do not "
+                  "complete)", waits=waits, blocked_by=blocking[:20])
+
+
 def routes(r: Router) -> None:
     r.get("/api/health/checks/alarms", alarms)
     r.get("/api/health/checks/local-alarms", local_alarms)
@@ -237,6 +252,7 @@ def routes(r: Router) -> None:
     r.get("/api/health/checks/virtual-hosts", virtual_hosts)
     r.get("/api/health/checks/node-is-mirror-sync-critical", mirror_sync_critical)
     r.get("/api/health/checks/node-is-quorum-critical", quorum_critical)
+    r.get("/api/health/checks/node-can-declare", node_can_declare)
     r.get("/api/health/checks/certificate-expiration/{within}/{unit}", certificate_expiration)
     r.get("/api/aliveness-test/{vhost}", aliveness_test)
     r.get("/api/healthchecks/node", node_healthcheck)

@@ -20,6 +20,7 @@ def api(broker: BrokerProcess) -> Api:
     "/api/health/checks/local-alarms",
     "/api/health/checks/virtual-hosts",
     "/api/health/checks/node-is-mirror-sync-critical",
+    "/api/health/checks/node-can-declare",
     "/api/health/checks/protocol-listener/amqp091",
     "/api/health/checks/protocol-listener/amqp",
     "/api/health/checks/certificate-expiration/1/months",

@@ -216,3 +216,29 @@ async def test_a_reply_waits_for_etcd_a_bounded_time() -> None:
     finally:
         await mirror.stop(drain=0)
         await mirror.etcd.close()
+
+
+async def test_a_push_loop_that_fails_unexpectedly_is_logged_and_started_again(
+        etcd: EtcdProcess, caplog: pytest.LogCaptureFixture) -> None:
+    """A bug in the push loop (any exception but etcd's) used to end its task silently:
+    no change of the node reached etcd again, and every declare there waited out its
+    deadline (issue 28's silent node). Now it is logged and the loop starts again."""
+    root = f"/t/{uuid.uuid4().hex}"
+    mirror, api = await node(etcd, root, "node-a")
+    real_txn = mirror.etcd.txn
+    fails = [1]
+
+    async def txn(*args: Any, **kwargs: Any) -> Any:
+        if fails[0]:
+            fails[0] -= 1
+            raise RuntimeError("a bug")
+        return await real_txn(*args, **kwargs)
+
+    mirror.etcd.txn = txn  # type: ignore[method-assign]
+    try:
+        api.change("exchange", "/\x00x1", {"name": "x1", "vhost": "/", "type": "direct"})
+        await until(lambda: mirror.pushed >= mirror.enqueued and not fails[0])
+        assert await mirror.etcd.get(mirror.etcd_key(KIND["exchange"], "/\x00x1"))
+        assert any("cluster-defs-push ended" in r.message for r in caplog.records)
+    finally:
+        await stop(mirror)
