@@ -155,17 +155,9 @@ class QuorumQueue(Queue):
     def validate_declaration(cls, arguments: dict[str, Any], name: str, vhost: str,
                              durable: bool, exclusive: bool, auto_delete: bool,
                              server_named: bool) -> None:
-        """Refuse what RabbitMQ 3.10.8 refuses when a quorum queue is declared, in its
-        order: a server-generated name, the arguments, then auto-delete, exclusive and
-        non-durable."""
-        if server_named:
-            raise PreconditionFailed(f"Cannot declare a server-named queue for type {MODULE}")
-        cls.validate_arguments(arguments, name, vhost)
-        for prop, bad in (("auto-delete", auto_delete), ("exclusive-owner", exclusive),
-                          ("non-durable", not durable)):
-            if bad:
-                raise PreconditionFailed(
-                    f"invalid property '{prop}' for queue '{name}' in vhost '{vhost}'")
+        """Refuse what RabbitMQ 3.10.8 refuses when a quorum queue is declared."""
+        refuse_replicated_flags(cls, MODULE, arguments, name, vhost, durable, exclusive,
+                                auto_delete, server_named)
 
     def check_consume(self, arguments: dict[str, Any], global_prefetch: int) -> None:
         """basic.consume: no global QoS (540) and no stream offset (406)."""
@@ -385,6 +377,22 @@ class QuorumQueue(Queue):
 register_queue_type(QuorumQueue)
 
 
+def refuse_replicated_flags(cls: type[QueueType], module: str, arguments: dict[str, Any],
+                            name: str, vhost: str, durable: bool, exclusive: bool,
+                            auto_delete: bool, server_named: bool) -> None:
+    """What RabbitMQ 3.10.8 refuses when a quorum queue or a stream (``module`` names
+    the type in its texts) is declared, in its order: a server-generated name, the
+    arguments (``cls.validate_arguments``), then auto-delete, exclusive, non-durable."""
+    if server_named:
+        raise PreconditionFailed(f"Cannot declare a server-named queue for type {module}")
+    cls.validate_arguments(arguments, name, vhost)
+    for prop, bad in (("auto-delete", auto_delete), ("exclusive-owner", exclusive),
+                      ("non-durable", not durable)):
+        if bad:
+            raise PreconditionFailed(
+                f"invalid property '{prop}' for queue '{name}' in vhost '{vhost}'")
+
+
 def _removed(queue: QueueType) -> None:
     queue.vhost.broker.publisher.keeping_queues -= 1
 
@@ -416,4 +424,4 @@ def _without_count(message: Message) -> Message:
     return copy
 
 
-__all__ = ["DELIVERY_COUNT", "QUEUE_ARGUMENTS", "QuorumQueue"]
+__all__ = ["DELIVERY_COUNT", "QUEUE_ARGUMENTS", "QuorumQueue", "refuse_replicated_flags"]

@@ -24,4 +24,5 @@ from conformance.cases import (  # noqa: F401
     quorum,
     routing,
     rules,
+    streams,
 )
