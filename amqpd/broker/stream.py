@@ -225,6 +225,7 @@ class StreamQueue(QueueType):
         self._sync_waiters: list[Callable[[BaseException | None], None]] = []
         self._retention_timer: asyncio.TimerHandle | None = None
         self.segments_deleted = 0
+        self._rolls_seen = 0
         broker.publisher.own_log_queues += 1
         self.on_removed.append(_removed)
 
@@ -349,9 +350,9 @@ class StreamQueue(QueueType):
         self._flush_pending = False
         if self.deleted:
             return
-        segments = len(self.log.segments)
         self.log.flush()
-        if len(self.log.segments) != segments:
+        if self.log.rolls != self._rolls_seen:  # a segment filled up this tick
+            self._rolls_seen = self.log.rolls
             self.apply_retention()
         if self.consumers:
             self.vhost.schedule_dispatch(self)
@@ -389,6 +390,10 @@ class StreamQueue(QueueType):
                           self.name, self.vhost.name, error)
             for callback in waiters:
                 callback(error)
+            if self.max_bytes is not None and not self.deleted:
+                # segments sealed since the last sync may go now (retain waits for
+                # their index files)
+                self.apply_retention()
             if self._sync_waiters:
                 if self._flush_pending:
                     self.flush()

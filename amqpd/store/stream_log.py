@@ -23,7 +23,8 @@ Theory of operation:
   it). The broker confirms a publish after the sync that covers it (one fsync per group
   commit: every record of the tick shares it). ``sync`` is the one method meant for a
   worker thread; every other method runs on the owner's thread (the event loop).
-* A segment is sealed when it reaches ``max_segment_bytes`` at a chunk boundary; its
+* A segment is sealed when it reaches ``max_segment_bytes`` at a chunk boundary (a
+  chunk that would grow past it ends there: :meth:`StreamLog.append` flushes); its
   index is then written to ``.idx`` with a trailer (record count, end position) and
   fsynced by the next :meth:`sync`, after the segment itself. On :meth:`open` sealed
   segments with a valid ``.idx`` are trusted; the others (the active one, normally) are
@@ -199,6 +200,7 @@ class StreamLog:
         self._lock = threading.Lock()  # sync (a worker thread) vs. closing fds
         self.closed = True
         self.truncated_bytes = 0  # what open() cut off (a torn tail), for the log line
+        self.rolls = 0  # segments sealed since open (the owner runs retention on a change)
 
     # ------------------------------------------------------------------ opening
     def open(self) -> None:
@@ -336,10 +338,13 @@ class StreamLog:
 
     # ------------------------------------------------------------------ writing
     def append(self, payload: bytes, timestamp: int) -> int:
-        """Append a record (buffered until :meth:`flush`); its offset."""
+        """Append a record (buffered until :meth:`flush`); its offset. A chunk that
+        fills the segment ends there (flushed now), so segments stay near their size."""
         offset = self.next_offset
         self._append(offset, timestamp, not self._chunk_open, payload)
         self._chunk_open = True
+        if self.segments[-1].size + len(self._buffer) >= self.max_segment_bytes:
+            self.flush()
         return offset
 
     def append_replica(self, offset: int, timestamp: int, chunk_start: bool,
@@ -375,6 +380,7 @@ class StreamLog:
         self.flushed_offset = self.next_offset
         if seg.size >= self.max_segment_bytes:
             seg.sealed = True
+            self.rolls += 1
             self._to_seal.append(seg)
             self._new_segment(self.next_offset)
 
