@@ -319,3 +319,31 @@ def test_policy_sets_retention(broker: BrokerProcess) -> None:
     _publish_pika(broker, "pol-s", 0, 1000, 200)
     stream = _stream_info(broker, "pol-s")["stream"]
     assert stream["first_offset"] > 0 and stream["size_bytes"] <= 30_000 + 5_000 + 300
+
+
+def test_graceful_restart_keeps_the_stream_and_its_arguments(broker: BrokerProcess) -> None:
+    """SIGTERM flushes, fsyncs and closes the stream; the definition comes back with its
+    arguments (a redeclare with others is refused) and the offsets continue."""
+    args = {**STREAM, "x-max-age": "7D", "x-stream-max-segment-size-bytes": 3000}
+    ch = pika.BlockingConnection(pika.URLParameters(broker.url)).channel()
+    ch.queue_declare("keep", durable=True, arguments=args)
+    _publish_pika(broker, "keep", 0, 300, 50)
+    assert broker.stop() == 0
+    broker.restart()
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    ch = conn.channel()
+    ch.queue_declare("keep", durable=True, arguments=args)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
+        ch.queue_declare("keep", durable=True, arguments={**args, "x-max-age": "1D"})
+    assert exc.value.reply_code == 406
+    _publish_pika(broker, "keep", 300, 10, 50)
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=400)
+    got: list[int] = []
+    ch.basic_consume("keep", lambda _c, m, p, body: got.append(
+        int(p.headers["x-stream-offset"])) if int(body.rstrip(b".")) == len(got) else None,
+        arguments={"x-stream-offset": "first"})
+    deadline = time.monotonic() + 20
+    while len(got) < 310 and time.monotonic() < deadline:
+        conn.process_data_events(time_limit=0.05)
+    assert got == list(range(310))
