@@ -49,7 +49,7 @@ from amqpd.broker.extensions import type_name
 from amqpd.broker.message import Message
 from amqpd.broker.queue_entry import QueueEntry
 from amqpd.broker.queue_type import QueueType, register_queue_type
-from amqpd.broker.quorum import refuse_replicated_flags
+from amqpd.broker.quorum import check_count_arguments, refuse_replicated_flags
 from amqpd.protocol.errors import NotImplemented_, PreconditionFailed
 from amqpd.store.stream_log import DEFAULT_SEGMENT_BYTES, Record, StreamLog
 
@@ -105,18 +105,9 @@ def _where(name: str, vhost: str) -> str:
 def validate_stream_arguments(arguments: dict[str, Any], name: str, vhost: str) -> None:
     """RabbitMQ 3.10.8's checks of a stream's declare arguments (406)."""
     where = _where(name, vhost)
-    for key in ("x-max-length-bytes", "x-stream-max-segment-size-bytes",
-                "x-initial-cluster-size"):
-        if key not in arguments:
-            continue
-        value = arguments[key]
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise PreconditionFailed(
-                f"invalid arg '{key}' {where}: \"expected integer, got {type_name(value)}\"")
-        if value < 0:
-            raise PreconditionFailed(f"invalid arg '{key}' {where}: {{value_negative,{value}}}")
-        if key == "x-initial-cluster-size" and value == 0:
-            raise PreconditionFailed(f"invalid arg '{key}' {where}: {{value_zero,0}}")
+    check_count_arguments(arguments, ("x-max-length-bytes", "x-stream-max-segment-size-bytes",
+                                      "x-initial-cluster-size"),
+                          "x-initial-cluster-size", where)
     if "x-max-age" in arguments:
         age = arguments["x-max-age"]
         if not isinstance(age, str):
