@@ -86,6 +86,8 @@ _DURATION = re.compile(r"([0-9]+)([YMDhms])\Z")
 RETENTION_CHECK = 1.0  # seconds between max-age checks
 READ_BATCH = 128  # records a consumer reads per pread at most
 _HEAD = struct.Struct(">BB")
+_OFFSET_KEY = OFFSET_HEADER.encode()
+_OFFSET_ENTRY = bytes((len(_OFFSET_KEY),)) + _OFFSET_KEY + b"l"
 
 
 def parse_duration(value: Any) -> int | None:
@@ -151,14 +153,38 @@ def start_offset(spec: Any, stream: StreamLog, now_ms: int) -> int | None:
     return None
 
 
-def encode_payload(message: Message, offset: int) -> bytes:
-    """A record's payload: exchange, routing key, the properties with the
-    ``x-stream-offset`` header set to ``offset``, the body."""
-    fields = rawprops.split_properties(message.properties)
+def with_offset_header(properties: bytes, offset: int) -> bytes:
+    """``properties`` with the ``x-stream-offset`` header (a long) set to ``offset``.
+    The common case splices bytes: the headers table is the third property, after
+    content-type and content-encoding, so the entry is appended to it (or a table
+    made for it) without decoding anything; a header of that name already there goes
+    through the general path (replaced, not doubled)."""
+    entry = _OFFSET_ENTRY + struct.pack(">q", offset)
+    if len(properties) >= 2 and _OFFSET_KEY not in properties:
+        flags = properties[0]
+        pos = 2
+        if flags & 0x80:  # content-type
+            pos += 1 + properties[pos]
+        if flags & 0x40:  # content-encoding
+            pos += 1 + properties[pos]
+        if not flags & 0x20:  # no headers yet: a table of one
+            return b"".join((bytes((flags | 0x20, properties[1])), properties[2:pos],
+                             len(entry).to_bytes(4, "big"), entry, properties[pos:]))
+        size = int.from_bytes(properties[pos:pos + 4], "big")
+        end = pos + 4 + size
+        return b"".join((properties[:pos], (size + len(entry)).to_bytes(4, "big"),
+                         properties[pos + 4:end], entry, properties[end:]))
+    fields = rawprops.split_properties(properties)
     items = [kv for kv in rawprops.header_items(fields) if kv[0] != OFFSET_HEADER]
     items.append((OFFSET_HEADER, rawprops.long(offset)))
     fields["headers"] = rawprops.encode_table(items)
-    props = rawprops.join_properties(fields)
+    return rawprops.join_properties(fields)
+
+
+def encode_payload(message: Message, offset: int) -> bytes:
+    """A record's payload: exchange, routing key, the properties with the
+    ``x-stream-offset`` header set to ``offset``, the body."""
+    props = with_offset_header(message.properties, offset)
     exchange = message.exchange.encode()
     key = message.routing_key.encode()
     return b"".join((_HEAD.pack(len(exchange), len(key)), exchange, key,
@@ -514,4 +540,4 @@ def _now_ms() -> int:
 
 __all__ = ["OFFSET_HEADER", "QUEUE_ARGUMENTS", "StreamQueue", "decode_payload",
            "encode_payload", "parse_duration", "start_offset", "stream_directory",
-           "validate_stream_arguments"]
+           "validate_stream_arguments", "with_offset_header"]

@@ -91,15 +91,18 @@ class Record(NamedTuple):
     payload: bytes
 
 
+_TAIL = struct.Struct(">IQqB")  # RECORD without its crc
+_CRC = struct.Struct(">I")
+
+
 def _crc(header_tail: bytes, payload: bytes | memoryview) -> int:
     return zlib.crc32(payload, zlib.crc32(header_tail)) & 0xFFFFFFFF
 
 
 def encode_record(offset: int, timestamp: int, chunk_start: bool, payload: bytes) -> bytes:
     """One record as written (header then payload)."""
-    flags = CHUNK_START if chunk_start else 0
-    tail = RECORD.pack(0, len(payload), offset, timestamp, flags)[4:]
-    return struct.pack(">I", _crc(tail, payload)) + tail + payload
+    tail = _TAIL.pack(len(payload), offset, timestamp, CHUNK_START if chunk_start else 0)
+    return b"".join((_CRC.pack(_crc(tail, payload)), tail, payload))
 
 
 def seg_name(base: int) -> str:

@@ -17,6 +17,7 @@ from amqpd.broker.stream import (
     start_offset,
     stream_directory,
     validate_stream_arguments,
+    with_offset_header,
 )
 from amqpd.protocol.errors import PreconditionFailed
 from amqpd.store.stream_log import StreamLog
@@ -103,6 +104,30 @@ def test_payload_carries_the_offset_header_and_keeps_the_rest() -> None:
     assert back.headers == {"a": "b", "x-stream-offset": 42}  # replaced, not doubled
     bare = decode_payload(encode_payload(Message("", "q", b"\x00\x00", b""), 7))
     assert bare.headers == {"x-stream-offset": 7} and bare.body == b""
+
+
+@pytest.mark.parametrize("fields", [
+    {},
+    {"content_type": rawprops.shortstr_field("a/b")},
+    {"content_type": rawprops.shortstr_field("a/b"),
+     "content_encoding": rawprops.shortstr_field("gzip"),
+     "delivery_mode": b"\x02", "priority": b"\x05",
+     "correlation_id": rawprops.shortstr_field("c")},
+    {"content_encoding": rawprops.shortstr_field("gzip"),
+     "headers": rawprops.encode_table([("k", rawprops.long(1)),
+                                       ("t", rawprops.longstr("v"))]),
+     "reply_to": rawprops.shortstr_field("r")},
+    {"headers": rawprops.encode_table([])},
+])
+def test_the_spliced_header_equals_the_decoded_one(fields: dict[str, bytes]) -> None:
+    """The byte-splicing path gives what decoding, setting and encoding gives."""
+    props = rawprops.join_properties(fields)
+    spliced = with_offset_header(props, 123)
+    expected = rawprops.split_properties(props)
+    items = [*rawprops.header_items(expected), ("x-stream-offset", rawprops.long(123))]
+    expected["headers"] = rawprops.encode_table(items)
+    assert spliced == rawprops.join_properties(expected)
+    assert Message("", "", spliced, b"").headers["x-stream-offset"] == 123
 
 
 def test_directory_is_a_digest_of_vhost_and_name(tmp_path: Path) -> None:
