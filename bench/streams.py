@@ -138,6 +138,7 @@ def report(results: dict[str, dict[str, Any]], n: int, body: int, command: str) 
     row("replay from first, 1 consumer, deliveries/s", "replay")
     for k in (1, 5, 20):
         row(f"fan-out to {k} consumer(s), deliveries/s", f"fanout_{k}")
+    row("20 consumers at spread offsets (i * N / 20), deliveries/s", "spread_20")
     row("broker RSS at rest after publish", "", "rss_at_rest", _mb)
     row("broker RSS peak, 1 consumer from the middle", "spread_1", "rss_peak", _mb)
     row("broker RSS peak, 20 consumers at spread offsets", "spread_20", "rss_peak", _mb)
@@ -150,8 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--body", type=int, default=1024)
     p.add_argument("--brokers", default="amqpd,rabbitmq")
     p.add_argument("--out", default="")
+    p.add_argument("--from-json", default="", help="render a saved run's table again")
     a = p.parse_args(argv)
     results: dict[str, dict[str, Any]] = {}
+    if a.from_json:
+        saved = json.loads(Path(a.from_json).read_text())
+        print(report(saved["results"], saved["messages"], saved["body"], saved["command"]))
+        return 0
     with tempfile.TemporaryDirectory(prefix="bench-streams-") as tmp:
         for name in a.brokers.split(","):
             broker: Broker = AmqpdBroker(Path(tmp) / name) if name == "amqpd" \
@@ -163,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     text = report(results, a.messages, a.body, command)
     print(text)
     if a.out:
-        Path(a.out + ".json").write_text(json.dumps(results, indent=1))
+        Path(a.out + ".json").write_text(json.dumps(
+            {"command": command, "messages": a.messages, "body": a.body,
+             "results": results}, indent=1))
         Path(a.out + ".md").write_text(text)
     return 0
 
