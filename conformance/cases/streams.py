@@ -220,25 +220,27 @@ def no_ack(ctx: Context) -> None:
        f"queue '{q}' in vhost '{ctx.vhost}'", "reply text")
 
 
-@case("streams/basic-get-540", A)
-def basic_get(ctx: Context) -> None:
+def _not_implemented(ctx: Context, what: str, action: Any, publish: int = 0) -> None:
+    """``action(channel, queue)`` on a stream closes the connection with 540
+    ``<what> not supported by stream queues queue '...' in vhost '...'``."""
     q = _stream(ctx, ctx.channel())
-    _publish_n(ctx, q, 1)
+    if publish:
+        _publish_n(ctx, q, publish)
     conn = ctx.connect()
     ch = conn.channel()
-    got = ctx.connection_error(conn, lambda: ch.basic_get(q), 540)
-    eq(got.text, "NOT_IMPLEMENTED - basic.get not supported by stream queues "
+    got = ctx.connection_error(conn, lambda: action(ch, q), 540)
+    eq(got.text, f"NOT_IMPLEMENTED - {what} not supported by stream queues "
        f"queue '{q}' in vhost '{ctx.vhost}'", "reply text")
+
+
+@case("streams/basic-get-540", A)
+def basic_get(ctx: Context) -> None:
+    _not_implemented(ctx, "basic.get", lambda ch, q: ch.basic_get(q), publish=1)
 
 
 @case("streams/purge-540", A)
 def purge(ctx: Context) -> None:
-    q = _stream(ctx, ctx.channel())
-    conn = ctx.connect()
-    ch = conn.channel()
-    got = ctx.connection_error(conn, lambda: ch.queue_purge(q), 540)
-    eq(got.text, "NOT_IMPLEMENTED - queue.purge not supported by stream queues "
-       f"queue '{q}' in vhost '{ctx.vhost}'", "reply text")
+    _not_implemented(ctx, "queue.purge", lambda ch, q: ch.queue_purge(q))
 
 
 @case("streams/nack-and-reject-540", A)
