@@ -31,7 +31,12 @@ Theory of operation:
   scanned record by record, their index rebuilt, and a torn or corrupt tail (short
   record, CRC mismatch, broken offset sequence) is cut off. Only the last segment may
   have a tail: a segment with a bad record followed by later segments is cut there and
-  the later ones are removed (they cannot have been confirmed: syncs go in order).
+  the later ones are removed (they cannot have been confirmed: syncs go in order). A
+  complete earlier segment whose ``.idx`` is missing or bad is scanned and gets it
+  again at the next sync; until then retention leaves it (and every segment whose
+  index is not yet written) alone. A sync fsyncs every segment that holds records
+  flushed since the last one, so a segment sealed while a sync was under way is
+  covered by the next.
 * The index is sparse (Kafka's ``OffsetIndex``/``TimeIndex`` in one): an entry
   ``(offset, position, timestamp)`` every ``index_interval`` bytes of records, kept in
   ``array('q')`` per segment, so finding an offset or a timestamp is a bisect plus a
@@ -113,7 +118,8 @@ class Segment:
     """One segment file: its first offset, its index, how much of it is written."""
 
     __slots__ = ("base", "count", "fd", "idx_offsets", "idx_positions", "idx_stamps",
-                 "last_chunk", "last_stamp", "path", "sealed", "since_index", "size")
+                 "indexed", "last_chunk", "last_stamp", "path", "sealed", "since_index",
+                 "size")
 
     def __init__(self, path: Path, base: int, fd: int) -> None:
         self.path = path
@@ -127,7 +133,8 @@ class Segment:
         self.since_index = 0
         self.last_stamp = 0  # newest record's timestamp (0: empty)
         self.last_chunk = -1  # offset of its last chunk's first record (-1: none)
-        self.sealed = False
+        self.sealed = False  # full: no more records (set on the owner's thread)
+        self.indexed = False  # its .idx is written and fsynced (set by sync)
 
     @property
     def end(self) -> int:
@@ -172,7 +179,7 @@ class Segment:
         self.count = count
         self.size = end
         self.last_stamp = self.idx_stamps[-1]
-        self.sealed = True
+        self.sealed = self.indexed = True
         return True
 
     def position_at_or_before(self, offset: int) -> tuple[int, int]:
@@ -199,7 +206,6 @@ class StreamLog:
         self._buffer = bytearray()
         self._pending: list[tuple[int, int, int, bool]] = []  # offset, ts, length, chunk
         self._chunk_open = False
-        self._to_seal: list[Segment] = []  # sealed, .idx not yet written and fsynced
         self._lock = threading.Lock()  # sync (a worker thread) vs. closing fds
         self.closed = True
         self.truncated_bytes = 0  # what open() cut off (a torn tail), for the log line
@@ -226,9 +232,11 @@ class StreamLog:
             self.segments.append(seg)
             self._bases.append(base)
             expected = seg.end
-            if not seg.sealed and i < len(bases) - 1 and seg.size < os.fstat(seg.fd).st_size:
+            if i < len(bases) - 1 and seg.size < os.fstat(seg.fd).st_size:
                 log.warning("stream %s: segment %s was cut; later segments dropped",
                             self.directory, path.name)
+                os.ftruncate(seg.fd, seg.size)  # its bad tail goes, so a reopen agrees
+                os.fsync(seg.fd)
                 self._remove_files(bases[i + 1:])
                 break
         if not self.segments:
@@ -266,6 +274,9 @@ class StreamLog:
             if last:
                 os.ftruncate(fd, seg.size)
                 os.fsync(fd)
+        if not last and seg.count:
+            seg.sealed = True  # complete, but its index file was missing or bad: the
+            # next sync writes it again
         return seg
 
     def _scan(self, fd: int, base: int, file_size: int) -> Iterator[tuple[Record, int]]:
@@ -384,7 +395,6 @@ class StreamLog:
         if seg.size >= self.max_segment_bytes:
             seg.sealed = True
             self.rolls += 1
-            self._to_seal.append(seg)
             self._new_segment(self.next_offset)
 
     def sync(self) -> int:
@@ -392,12 +402,19 @@ class StreamLog:
         the offset below which records are now durable. Blocks: call it in a worker
         thread, never twice at once."""
         with self._lock:
+            start = self.synced_offset
             upto = self.flushed_offset
-            sealing, self._to_seal = self._to_seal, []
+            # taken after ``upto``: every record below it is in one of these (a roll
+            # on the owner's thread meanwhile only adds a segment)
             segments = list(self.segments)
-            for seg in sealing:
-                if seg.fd >= 0:
+            indexed = False
+            for seg in segments:
+                if seg.fd < 0:
+                    continue
+                unindexed = seg.sealed and not seg.indexed
+                if (seg.base < upto and seg.end > start) or unindexed:
                     os.fsync(seg.fd)
+                if unindexed:  # sealed: its index is complete; written once
                     tmp = seg.path.with_suffix(".idx.tmp")
                     tmp.write_bytes(seg.index_bytes())
                     fd = os.open(tmp, os.O_RDONLY)
@@ -406,9 +423,8 @@ class StreamLog:
                     finally:
                         os.close(fd)
                     tmp.replace(seg.path.with_suffix(IDX))
-            if segments and segments[-1].fd >= 0:
-                os.fsync(segments[-1].fd)
-            if sealing:
+                    seg.indexed = indexed = True
+            if indexed:
                 dfd = os.open(self.directory, os.O_RDONLY)
                 try:
                     os.fsync(dfd)
@@ -450,7 +466,7 @@ class StreamLog:
             gone = 0
             while len(self.segments) > 1:
                 oldest = self.segments[0]
-                if not oldest.sealed or oldest in self._to_seal:
+                if not oldest.indexed:  # the active one, or sealed and not yet synced
                     break
                 too_big = max_bytes is not None and self.size_bytes > max_bytes
                 too_old = max_age_ms is not None and oldest.last_stamp < now_ms - max_age_ms

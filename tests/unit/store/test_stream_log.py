@@ -149,6 +149,20 @@ def test_sealed_segments_use_their_index_file(tmp_path: Path) -> None:
     idx[0].write_bytes(b"garbage")  # a bad index: the segment is scanned instead
     again = _log(tmp_path)
     assert [r.offset for r in again.reader(0).records(400)] == list(range(400))
+    assert again.retain(1, None, 0) == 0  # its index is not written yet: kept for now
+    again.sync()  # writes it again
+    assert idx[0].read_bytes() == again.segments[0].index_bytes()
+    assert again.retain(1, None, 0) == len(idx)  # now every sealed segment may go
+    assert len(again.segments) == 1
+
+
+def test_sync_covers_a_segment_sealed_after_it_started(tmp_path: Path) -> None:
+    """Records flushed into a segment that filled up are fsynced by the next sync even
+    though a newer segment is the active one by then (the confirm waits for it)."""
+    log = _log(tmp_path, segment=1000)
+    _fill(log, 30, size=100, per_flush=30)
+    assert log.rolls >= 1 and log.sync() == 30 and log.synced_offset == 30
+    assert all(seg.indexed for seg in log.segments[:-1])
 
 
 def test_replica_append_keeps_the_leaders_offsets(tmp_path: Path) -> None:
@@ -170,3 +184,23 @@ def test_destroy_removes_the_directory(tmp_path: Path) -> None:
     _fill(log, 10)
     log.destroy()
     assert not (tmp_path / "s").exists()
+
+
+def test_a_cut_earlier_segment_drops_the_later_ones_for_good(tmp_path: Path) -> None:
+    log = _log(tmp_path, segment=2000)
+    _fill(log, 100, size=100, per_flush=100)
+    log.sync()
+    log.close()
+    first = sorted(tmp_path.glob("*" + SEG))[0]
+    first.with_suffix(".idx").unlink()
+    data = bytearray(first.read_bytes())
+    data[HEADER_SIZE + 5 * (25 + 100) + 40] ^= 0xFF  # record 5's payload
+    first.write_bytes(bytes(data))
+    again = _log(tmp_path, segment=2000)
+    assert again.next_offset == 5 and len(list(tmp_path.glob("*" + SEG))) == 2
+    again.append(b"new", 1)
+    again.sync()
+    again.close()
+    third = _log(tmp_path, segment=2000)  # reopening keeps what the second open kept
+    assert [r.payload for r in third.reader(0).records(10)][-1] == b"new"
+    assert third.next_offset == 6
