@@ -2,9 +2,11 @@
 
 * Three aio-pika consumers at ``first``, an offset in the middle and ``next`` each see
   exactly their range, in order, with the ``x-stream-offset`` header. The issue asks
-  for 1,000,000 messages; the default run publishes ``AMQPD_STREAM_N`` (default 20,000,
-  which takes seconds on this project's 2-core machines), and
-  ``AMQPD_STREAM_N=1000000`` runs the full size (minutes).
+  for 1,000,000 messages; the default run publishes ``AMQPD_STREAM_N`` (default 20,000:
+  about 85 s on this project's busy 2-core machine, where aio-pika itself moves only
+  1-3k messages a second), and ``AMQPD_STREAM_N=1000000`` runs the full size (hours
+  with this client; bench/streams.py measures the broker at that size with a raw
+  client instead).
 * Retention by size and by age deletes whole segments while a pika consumer is reading
   from the oldest one: the consumer moves on to what is kept, in order, and the
   stream's files stay bounded.
@@ -97,7 +99,7 @@ async def _collect(conn: aio_pika.abc.AbstractConnection, queue: str, offset: An
     await q.consume(on_message, arguments={"x-stream-offset": offset})
 
 
-@pytest.mark.timeout(max(300, N // 1000))
+@pytest.mark.timeout(max(300, N // 50))  # aio-pika moves ~1-3k msg/s here: 1M is hours
 def test_three_consumers_each_see_exactly_their_range(broker: BrokerProcess) -> None:
     """``first`` reads all 2N, offset N/2 reads from there, ``next`` (attached after the
     first N) reads only the second N; each in publish order, offsets = positions."""
@@ -117,7 +119,7 @@ def test_three_consumers_each_see_exactly_their_range(broker: BrokerProcess) -> 
                 await _collect(conn, "s3", offset, want, got, done)
             await _publish(broker.url, "s3", N, N)
             await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)),
-                                   timeout=max(120, N / 500))
+                                   timeout=max(120, N / 100))
             await asyncio.sleep(0)  # (no sleep to synchronise: just a tick for extras)
             return results[0], results[1], results[2]
 
