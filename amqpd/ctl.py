@@ -154,7 +154,13 @@ ALIASES: dict[str, dict[str, str]] = {
                   "channel_name": "channel_details.name"},
     "channels": {"pid": "name", "connection": "connection_details.name"},
     "connections": {"pid": "name"},
-    "queues": {"pid": "node", "message_bytes_ram": "message_bytes"},
+    "queues": {"pid": "node", "message_bytes_ram": "message_bytes",
+               # a stream's log (amqpd.broker.stream): size on disk, segments, offsets,
+               # each consumer's position
+               "stream_size_bytes": "stream.size_bytes", "stream_segments": "stream.segments",
+               "stream_first_offset": "stream.first_offset",
+               "stream_last_offset": "stream.last_offset",
+               "stream_consumers": "stream.consumers"},
 }
 CONSTANTS: dict[str, dict[str, Any]] = {"bindings": {"source_kind": "exchange"}}
 LISTS: dict[str, tuple[str, bool, list[str]]] = {

@@ -358,6 +358,10 @@ class Broker:
         demoted node serves no client: nothing is written to it)."""
         self.publisher.register_commit()
         self.publisher.flush_delivered()
+        if self.publisher.own_log_queues:  # streams: flush, fsync, close their files
+            for vhost in self.vhosts.values():
+                for q in vhost.queues.values():
+                    q.shutdown()
         self.store.close()
         self.store = MemoryStore(loop=self._loop)
         self.store.open()

@@ -461,6 +461,8 @@ class ConsumerSpec:
     no_ack: bool = False
     latency: bool = False            # keep one latency sample per delivery
     offsets_us: list[float] | None = None  # per stream id: subtracted from latency
+    arguments: dict[str, Any] | None = None  # basic.consume arguments (x-stream-offset)
+    tag_suffix: str = ""             # consumer tag = queue + this (several on one queue)
 
 
 @dataclass
@@ -488,8 +490,9 @@ class _ConsumerConn:
             self.conn.rpc(ch, commands.Basic.Qos(prefetch_count=spec.prefetch),
                           commands.Basic.QosOk)
         for q in spec.queues:
-            self.conn.rpc(ch, commands.Basic.Consume(queue=q, consumer_tag=q,
-                                                     no_ack=spec.no_ack),
+            self.conn.rpc(ch, commands.Basic.Consume(queue=q, consumer_tag=q + spec.tag_suffix,
+                                                     no_ack=spec.no_ack,
+                                                     arguments=spec.arguments or {}),
                           commands.Basic.ConsumeOk)
         self.sock = self.conn.sock
         self.buf = bytearray(RECV_SIZE * 2)

@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from amqpd import hotpath
 
-# quorum is imported for its effect: it registers x-queue-type quorum
-from amqpd.broker import quorum, resource_limits, topic_auth  # noqa: F401
+# quorum and stream are imported for their effect: they register their x-queue-type
+from amqpd.broker import quorum, resource_limits, stream, topic_auth  # noqa: F401
 from amqpd.broker.auth import HASHING_SHA256, Permission, User, hash_password
 from amqpd.broker.definitions import DefinitionsError, export_definitions, import_definitions
 from amqpd.broker.defsync import KIND_NAMES as DEFINITION_KINDS
@@ -700,6 +700,7 @@ class BrokerAPI:
         args = dict(arguments or {})
         q.check_consume(args, global_prefetch)  # global_prefetch: the channel's global QoS
         consumer = Consumer(channel, q, tag, no_ack, exclusive, prefetch, args)
+        q.check_consumer(consumer)  # a stream: no automatic acks, a prefetch
         return consumer
 
     def start_consumer(self, consumer: Consumer) -> None:

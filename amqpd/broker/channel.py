@@ -504,6 +504,8 @@ class Channel:
 
     def _do_reject(self, tag: int, multiple: bool, requeue: bool) -> None:
         items = self._take_unacked(tag, multiple)
+        for item in items:  # a stream refuses (540)
+            item.queue.check_return("basic.nack")
         for queue, entries in self._release(items).items():
             if requeue and not queue.deleted:
                 queue.requeue(entries)
@@ -513,6 +515,8 @@ class Channel:
     def _basic_recover(self, m: commands.Basic.Recover) -> None:
         if not m.requeue:
             raise NotImplemented_("requeue=false")
+        for item in self.unacked.values():  # a stream refuses (540)
+            item.queue.check_return("basic.recover")
         self.requeue_all()
         self.reply(commands.Basic.RecoverOk())
 

@@ -432,6 +432,7 @@ def apply_policies(broker: Broker, vhost: VHost, obj: QueueType | Exchange) -> N
     elif isinstance(obj, Queue) and (opts.any or obj.needs_ext):
         # these extensions are the classic queue's (a quorum queue builds on them)
         obj.ext = QueueExt(obj, opts)
+    obj.options_changed()  # a stream reads its retention from arguments and policy
 
 
 _INT_ARGS = ("x-message-ttl", "x-expires", "x-max-length", "x-max-length-bytes",

@@ -66,6 +66,11 @@ def _reachable(queues: list[QueueType]) -> list[QueueType]:
     return queues
 
 
+def _any_own_log(queues: list[QueueType]) -> bool:
+    """Whether a queue on the route keeps its own log (a stream): its confirm waits."""
+    return any(q.own_log for q in queues)
+
+
 class JointConfirm:
     """One publisher confirm over several parts (this node's store and each node a
     message was forwarded to): ``done`` once, when every part answered, with the first
@@ -103,6 +108,11 @@ class Publisher:
         # how many queues led by another node this node knows (amqpd.cluster): while
         # any do, routed messages are split between local queues and forwarded ones
         self.remote_queues = 0
+        # how many queues with a log of their own (streams, QueueType.own_log) exist:
+        # while any do, the shared log's write leaves them out and a confirm for a
+        # message one took waits for its log's sync (QueueType.sync_log)
+        self.own_log_queues = 0
+        self._own_logs_written: list[QueueType] = []  # this tick's, synced at the commit
 
     def publish(
         self, vhost: VHost, exchange_name: str, message: Message, username: str | None,
@@ -151,7 +161,10 @@ class Publisher:
             message.persistent = any(q.keeps_every_message or q.mirrored for q in queues)
         store = self.broker.store
         if queues and message.persistent:
-            durable = [q.store_key for q in queues if q.durable]
+            if self.own_log_queues:
+                durable = [q.store_key for q in queues if q.durable and not q.own_log]
+            else:
+                durable = [q.store_key for q in queues if q.durable]
             if durable:
                 try:
                     message.position = store.append_enqueue(durable, stored_message(message))
@@ -177,7 +190,7 @@ class Publisher:
         if confirm_now is not None:
             # a destination may have written the message itself (a durable delayed
             # exchange holding a persistent one): then the confirm waits for the log
-            if message.position >= 0:
+            if message.position >= 0 or (self.own_log_queues and _any_own_log(queues)):
                 self.commit(confirm_now)
             else:
                 confirm_now(None)
@@ -274,12 +287,19 @@ class Publisher:
         if loop is None:
             self.register_commit()
 
+    def own_log_written(self, queue: QueueType) -> None:
+        """An :attr:`~QueueType.own_log` queue took a message this tick (it says so
+        once per tick): the tick's commit syncs its log as well."""
+        self._own_logs_written.append(queue)
+        self._pending_commit = True
+
     def register_commit(self) -> None:
-        """Hand this tick's commit waiters to the store (at the end of the tick, or at
-        shutdown)."""
+        """Hand this tick's commit waiters to the store, and to the own logs written
+        this tick (at the end of the tick, or at shutdown)."""
         waiters, self._commit_waiters = self._commit_waiters, []
         if not waiters:
             return
+        logs, self._own_logs_written = self._own_logs_written, []
 
         def done(error: BaseException | None) -> None:
             if error is not None:
@@ -290,7 +310,13 @@ class Publisher:
                 except Exception:
                     log.exception("commit callback failed")
 
-        self.broker.store.commit(done)
+        if not logs:
+            self.broker.store.commit(done)
+            return
+        joint = JointConfirm(done, len(logs) + 1)
+        self.broker.store.commit(joint.part)
+        for q in logs:
+            q.sync_log(joint.part)
 
     def store_failed(self, error: BaseException) -> None:
         """The store could not write: raise the store alarm (publishers are blocked).

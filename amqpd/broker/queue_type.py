@@ -6,10 +6,11 @@ a new kind of queue (mirrored, stream) is a second implementation registered wit
 :func:`register_queue_type` under the name clients pass as ``x-queue-type``, and neither
 the channel nor the API changes for it. ``classic`` (:class:`amqpd.broker.queue.Queue`)
 is the default; ``quorum`` (:class:`amqpd.broker.quorum.QuorumQueue`, one node) is the
-second. What a type refuses or answers differently (declare flags, redeclare
-equivalence, conditional delete, consume, basic.get, dead-lettering, overflow, the
-management fields) is a method or class attribute here with the classic answer as its
-default, so no caller asks which type it holds.
+second, ``stream`` (:class:`amqpd.broker.stream.StreamQueue`, one node, its own log:
+:attr:`QueueType.own_log`) the third. What a type refuses or answers differently
+(declare flags, redeclare equivalence, conditional delete, consume, basic.get,
+dead-lettering, overflow, the management fields) is a method or class attribute here
+with the classic answer as its default, so no caller asks which type it holds.
 
 The base class is compiled with the hot path: a call through it is a native method
 call (a vtable slot), not a Python attribute lookup. A type written in an interpreted
@@ -39,6 +40,7 @@ settle | requeue):
   (the broker's dispatch scheduler calls it, never a handler inline).
 * :meth:`delete` -- once, when the queue is deleted, after its bindings are gone.
 * :meth:`restore` -- at boot, once per recovered message, in log order.
+* :meth:`options_changed` -- after the queue's policy was (re)applied.
 
 Overflow with ``reject-publish``: :meth:`refuses_publish` before a message is admitted
 (only when the queue's overflow rejects), :meth:`after_enqueue_rejecting` after one was.
@@ -82,6 +84,10 @@ class QueueType:
     # the queue lives on another node (amqpd.cluster.remote_queue): the publish pipeline
     # hands it messages through :meth:`forward`, basic.get goes through :meth:`fetch_for`
     remote: ClassVar[bool] = False
+    # the queue keeps its records in a log of its own (a stream: amqpd.broker.stream),
+    # not in the shared log: the publish pipeline leaves it out of the shared log's
+    # write and a confirm waits for :meth:`sync_log` (asked only while such queues exist)
+    own_log: ClassVar[bool] = False
 
     def __init__(
         self, vhost: VHost, name: str, durable: bool = False,
@@ -140,6 +146,14 @@ class QueueType:
         """basic.consume on this queue, before the consumer is attached:
         ``global_prefetch`` is the channel's global QoS (0: none)."""
         self.validate_consumer_arguments(arguments, self.name, self.vhost.name)
+
+    def check_consumer(self, consumer: Consumer) -> None:
+        """basic.consume: the consumer as made (``no_ack``, ``prefetch``), before
+        consume-ok; a stream refuses automatic acks and a missing prefetch."""
+
+    def check_return(self, method: str) -> None:
+        """A client's basic.nack / basic.reject (``method``) or basic.recover gives
+        deliveries of this queue back, before anything moves (no refusal here)."""
 
     def check_delete(self, if_unused: bool, if_empty: bool) -> None:
         """queue.delete with these flags, before they are looked at (no refusal here)."""
@@ -234,6 +248,14 @@ class QueueType:
         they are worked out."""
         return opts
 
+    def options_changed(self) -> None:
+        """The queue's policy was (re)applied: ``self.policy`` is current (a type that
+        does not use :class:`~amqpd.broker.extensions.QueueExt` reads it here)."""
+
+    def sync_log(self, callback: Callable[[BaseException | None], None]) -> None:
+        """An :attr:`own_log` queue: call back once everything it took is durable."""
+        raise NotImplementedError
+
     def after_enqueue_rejecting(self) -> None:
         """A message was enqueued while the overflow rejects (a type may start refusing
         from here on)."""
@@ -273,6 +295,10 @@ class QueueType:
     # --- end of life
     def delete(self) -> None:
         raise NotImplementedError
+
+    def shutdown(self) -> None:
+        """Broker shutdown, before the shared store closes: an :attr:`own_log` queue
+        makes its log durable and closes it (nothing to do for the others)."""
 
 
 QUEUE_TYPES: dict[str, type[QueueType]] = {}

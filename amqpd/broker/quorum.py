@@ -125,24 +125,14 @@ class QuorumQueue(Queue):
     def validate_arguments(cls, arguments: dict[str, Any], name: str, vhost: str) -> None:
         """The values of the arguments a quorum queue takes, then those it does not take
         (the first one the client sent, as RabbitMQ reports it)."""
-        from amqpd.broker.extensions import type_name, validate_queue_arguments
+        from amqpd.broker.extensions import validate_queue_arguments
 
         where = f"for queue '{name}' in vhost '{vhost}'"
         validate_queue_arguments(
             {k: v for k, v in arguments.items() if k in _COMMON_ARGUMENTS}, name, vhost)
-        for key in ("x-max-in-memory-length", "x-max-in-memory-bytes",
-                    "x-quorum-initial-group-size"):
-            if key not in arguments:
-                continue
-            value = arguments[key]
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise PreconditionFailed(
-                    f"invalid arg '{key}' {where}: \"expected integer, got {type_name(value)}\"")
-            if value < 0:
-                raise PreconditionFailed(
-                    f"invalid arg '{key}' {where}: {{value_negative,{value}}}")
-            if key == "x-quorum-initial-group-size" and value == 0:
-                raise PreconditionFailed(f"invalid arg '{key}' {where}: {{value_zero,0}}")
+        check_count_arguments(arguments, ("x-max-in-memory-length", "x-max-in-memory-bytes",
+                                          "x-quorum-initial-group-size"),
+                              "x-quorum-initial-group-size", where)
         strategy = arguments.get("x-dead-letter-strategy")
         if strategy is not None and strategy not in DLX_STRATEGIES:
             raise PreconditionFailed(
@@ -155,17 +145,9 @@ class QuorumQueue(Queue):
     def validate_declaration(cls, arguments: dict[str, Any], name: str, vhost: str,
                              durable: bool, exclusive: bool, auto_delete: bool,
                              server_named: bool) -> None:
-        """Refuse what RabbitMQ 3.10.8 refuses when a quorum queue is declared, in its
-        order: a server-generated name, the arguments, then auto-delete, exclusive and
-        non-durable."""
-        if server_named:
-            raise PreconditionFailed(f"Cannot declare a server-named queue for type {MODULE}")
-        cls.validate_arguments(arguments, name, vhost)
-        for prop, bad in (("auto-delete", auto_delete), ("exclusive-owner", exclusive),
-                          ("non-durable", not durable)):
-            if bad:
-                raise PreconditionFailed(
-                    f"invalid property '{prop}' for queue '{name}' in vhost '{vhost}'")
+        """Refuse what RabbitMQ 3.10.8 refuses when a quorum queue is declared."""
+        refuse_replicated_flags(cls, MODULE, arguments, name, vhost, durable, exclusive,
+                                auto_delete, server_named)
 
     def check_consume(self, arguments: dict[str, Any], global_prefetch: int) -> None:
         """basic.consume: no global QoS (540) and no stream offset (406)."""
@@ -385,6 +367,41 @@ class QuorumQueue(Queue):
 register_queue_type(QuorumQueue)
 
 
+def check_count_arguments(arguments: dict[str, Any], keys: tuple[str, ...], positive: str,
+                          where: str) -> None:
+    """The ``keys`` present must be integers >= 0, and ``positive`` > 0 (a group size),
+    refused with RabbitMQ 3.10.8's texts (quorum queues and streams check alike)."""
+    from amqpd.broker.extensions import type_name
+
+    for key in keys:
+        if key not in arguments:
+            continue
+        value = arguments[key]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise PreconditionFailed(
+                f"invalid arg '{key}' {where}: \"expected integer, got {type_name(value)}\"")
+        if value < 0:
+            raise PreconditionFailed(f"invalid arg '{key}' {where}: {{value_negative,{value}}}")
+        if key == positive and value == 0:
+            raise PreconditionFailed(f"invalid arg '{key}' {where}: {{value_zero,0}}")
+
+
+def refuse_replicated_flags(cls: type[QueueType], module: str, arguments: dict[str, Any],
+                            name: str, vhost: str, durable: bool, exclusive: bool,
+                            auto_delete: bool, server_named: bool) -> None:
+    """What RabbitMQ 3.10.8 refuses when a quorum queue or a stream (``module`` names
+    the type in its texts) is declared, in its order: a server-generated name, the
+    arguments (``cls.validate_arguments``), then auto-delete, exclusive, non-durable."""
+    if server_named:
+        raise PreconditionFailed(f"Cannot declare a server-named queue for type {module}")
+    cls.validate_arguments(arguments, name, vhost)
+    for prop, bad in (("auto-delete", auto_delete), ("exclusive-owner", exclusive),
+                      ("non-durable", not durable)):
+        if bad:
+            raise PreconditionFailed(
+                f"invalid property '{prop}' for queue '{name}' in vhost '{vhost}'")
+
+
 def _removed(queue: QueueType) -> None:
     queue.vhost.broker.publisher.keeping_queues -= 1
 
@@ -416,4 +433,5 @@ def _without_count(message: Message) -> Message:
     return copy
 
 
-__all__ = ["DELIVERY_COUNT", "QUEUE_ARGUMENTS", "QuorumQueue"]
+__all__ = ["DELIVERY_COUNT", "QUEUE_ARGUMENTS", "QuorumQueue", "check_count_arguments",
+           "refuse_replicated_flags"]

@@ -134,8 +134,35 @@ def collect(ctx: Ctx, per_object: bool = False) -> str:
           "1 if the file descriptor alarm is in effect", int("fd" in alarms))
     _store_metrics(api, e)
     _warren_metrics(api, e)
+    _stream_metrics(api, [q for q in queues if q.type_name == "stream"], e)
     _replication(api, e)
     return e.text()
+
+
+def _stream_metrics(api: BrokerAPI, streams: list[Any], e: Exposition) -> None:
+    """``amqpd_stream_*``: each stream's log (size on disk, segments, first and last
+    offset) and each of its consumers' next offset; streams are few, so these come
+    per stream without ``/metrics/per-object``. One family at a time (the text format
+    wants a family's samples together)."""
+    rows = [({"vhost": q.vhost.name, "queue": q.name},
+             api.queue_type_info(q).get("stream") or {}) for q in streams]
+    for name, kind, help_, key in (
+            ("amqpd_stream_size_bytes", "gauge", "Bytes of a stream's segment files",
+             "size_bytes"),
+            ("amqpd_stream_segments", "gauge", "Segment files of a stream", "segments"),
+            ("amqpd_stream_first_offset", "gauge", "Oldest offset a stream keeps",
+             "first_offset"),
+            ("amqpd_stream_last_offset", "gauge", "Newest offset of a stream (-1: empty)",
+             "last_offset"),
+            ("amqpd_stream_segments_deleted_total", "counter",
+             "Segments retention deleted from a stream", "segments_deleted")):
+        for labels, stats in rows:
+            e.add(name, kind, help_, stats.get(key, 0), labels)
+    for labels, stats in rows:
+        for c in stats.get("consumers", []):
+            e.add("amqpd_stream_consumer_offset", "gauge",
+                  "Next offset a stream consumer reads",
+                  c["offset"], {**labels, "consumer_tag": c["consumer_tag"]})
 
 
 def _replication(api: BrokerAPI, e: Exposition) -> None:

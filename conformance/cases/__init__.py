@@ -25,4 +25,5 @@ from conformance.cases import (  # noqa: F401
     quorum,
     routing,
     rules,
+    streams,
 )

@@ -1,0 +1,543 @@
+"""Stream queues on one node: RabbitMQ 3.10's ``x-queue-type: stream`` over AMQP 0-9-1.
+
+A stream is an append-only log that consumers read without consuming: each consumer
+has its own position, and a message stays until retention drops its segment. What a
+client sees is what RabbitMQ 3.10.8 answered (conformance/cases/streams.py):
+
+* Declaration: durable only, never exclusive, auto-delete or server-named (the quorum
+  queue's refusals, with ``rabbit_stream_queue`` in the texts); the arguments of
+  :data:`QUEUE_ARGUMENTS` are checked and compared on redeclare, the other RabbitMQ
+  queue arguments (TTL, length limits, DLX, priorities, overflow...) are refused, and
+  unknown ones kept. ``x-max-age`` is a positive integer and one unit of Y M D h m s.
+* Consuming: ``basic.qos`` with a per-consumer prefetch is required (406), ``no_ack`` is
+  refused (540); ``x-stream-offset`` picks the start (:func:`start_offset`); every
+  delivery carries the ``x-stream-offset`` header (a long). An ack only gives the
+  consumer its credit back; nack, reject and recover are refused (540), basic.get and
+  queue.purge too (540). Per-message TTL is ignored; nothing is ever dead-lettered.
+* Publishing: any exchange, confirms and transactions. A confirm waits for the fsync of
+  the stream's segment file (one fsync per group commit, shared by every record of the
+  tick), see :meth:`StreamQueue.sync_log` and docs/streams.md.
+
+Where records live is :class:`amqpd.store.stream_log.StreamLog`: the stream's own
+segment files under ``<data_dir>/streams/``, never the shared log. A consumer holds a
+:class:`~amqpd.store.stream_log.Reader` (an offset and a file position) and reads what
+its credit allows straight from the file, so consumers far behind cost disk reads, not
+memory. The ``x-stream-offset`` header is written into each record's properties when
+it is appended (its offset is known then), so a delivery sends the record as stored.
+
+On one node the stream is its own leader and only member; ``x-initial-cluster-size``
+and ``x-queue-leader-locator`` are checked and kept. A replicated stream would append
+on followers through :meth:`StreamLog.append_replica` and ship records by offset.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import logging
+import re
+import shutil
+import struct
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from amqpd.broker import rawprops
+from amqpd.broker.extensions import type_name
+from amqpd.broker.message import Message
+from amqpd.broker.queue_entry import QueueEntry
+from amqpd.broker.queue_type import QueueType, register_queue_type
+from amqpd.broker.quorum import check_count_arguments, refuse_replicated_flags
+from amqpd.protocol.errors import NotImplemented_, PreconditionFailed
+from amqpd.store.stream_log import DEFAULT_SEGMENT_BYTES, Record, StreamLog
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from amqpd.broker.queue import Consumer
+    from amqpd.broker.vhost import VHost
+
+log = logging.getLogger("amqpd.stream")
+
+TYPE_NAME = "stream"
+MODULE = "rabbit_stream_queue"  # the name RabbitMQ's error texts use
+OFFSET_HEADER = "x-stream-offset"
+# the queue arguments a 3.10 stream takes: checked on declare, compared on redeclare
+QUEUE_ARGUMENTS = frozenset({
+    "x-queue-type", "x-max-length-bytes", "x-max-age", "x-stream-max-segment-size-bytes",
+    "x-initial-cluster-size", "x-queue-leader-locator",
+})
+# RabbitMQ queue arguments other types take, refused "of queue type rabbit_stream_queue"
+UNSUPPORTED_ARGUMENTS = frozenset({
+    "x-expires", "x-message-ttl", "x-dead-letter-exchange", "x-dead-letter-routing-key",
+    "x-max-length", "x-max-priority", "x-overflow", "x-single-active-consumer",
+    "x-queue-mode", "x-queue-version", "x-queue-master-locator", "x-delivery-limit",
+    "x-max-in-memory-length", "x-max-in-memory-bytes", "x-quorum-initial-group-size",
+    "x-quorum-target-group-size", "x-dead-letter-strategy",
+})
+LEADER_LOCATORS = ("client-local", "balanced", "random", "least-leaders")
+_SECOND = 1000
+# RabbitMQ's units for x-max-age and interval offsets (rabbit_amqqueue: M is 30 days)
+UNITS_MS = {"Y": 365 * 86400 * _SECOND, "M": 30 * 86400 * _SECOND, "D": 86400 * _SECOND,
+            "h": 3600 * _SECOND, "m": 60 * _SECOND, "s": _SECOND}
+_DURATION = re.compile(r"([0-9]+)([YMDhms])\Z")
+RETENTION_CHECK = 1.0  # seconds between max-age checks
+READ_BATCH = 128  # records a consumer reads per pread at most
+_HEAD = struct.Struct(">BB")
+_OFFSET_KEY = OFFSET_HEADER.encode()
+_OFFSET_ENTRY = bytes((len(_OFFSET_KEY),)) + _OFFSET_KEY + b"l"
+
+
+def parse_duration(value: Any) -> int | None:
+    """``"7D"`` -> milliseconds; None when it is not a positive integer and a unit."""
+    if not isinstance(value, str):
+        return None
+    match = _DURATION.match(value)
+    if match is None or int(match.group(1)) <= 0:
+        return None
+    return int(match.group(1)) * UNITS_MS[match.group(2)]
+
+
+def _where(name: str, vhost: str) -> str:
+    return f"for queue '{name}' in vhost '{vhost}'"
+
+
+def validate_stream_arguments(arguments: dict[str, Any], name: str, vhost: str) -> None:
+    """RabbitMQ 3.10.8's checks of a stream's declare arguments (406)."""
+    where = _where(name, vhost)
+    check_count_arguments(arguments, ("x-max-length-bytes", "x-stream-max-segment-size-bytes",
+                                      "x-initial-cluster-size"),
+                          "x-initial-cluster-size", where)
+    if "x-max-age" in arguments:
+        age = arguments["x-max-age"]
+        if not isinstance(age, str):
+            raise PreconditionFailed(
+                f"invalid arg 'x-max-age' {where}: {{unacceptable_type,{type_name(age)}}}")
+        if parse_duration(age) is None:
+            # RabbitMQ 3.10.8 closes the connection with 541 for some of these ("bad",
+            # "-1s"); every one is the same clear 406 here (docs/streams.md)
+            raise PreconditionFailed(f"invalid arg 'x-max-age' {where}: invalid_max_age")
+    locator = arguments.get("x-queue-leader-locator")
+    if locator is not None and locator not in LEADER_LOCATORS:
+        raise PreconditionFailed(
+            f"invalid arg 'x-queue-leader-locator' {where}: invalid_queue_locator_arg")
+    for key in arguments:
+        if key in UNSUPPORTED_ARGUMENTS:
+            raise PreconditionFailed(f"invalid arg '{key}' {where} of queue type {MODULE}")
+
+
+def start_offset(spec: Any, stream: StreamLog, now_ms: int) -> int | None:
+    """Where a consumer with ``x-stream-offset: spec`` starts, as RabbitMQ 3.10.8 answers:
+    ``first``; ``last`` (the first record of the last chunk); ``next`` (the default:
+    only what is published from now on); an offset (below the first kept: first;
+    beyond the end: next); a timestamp (the first record at or after it); an interval
+    (``"1h"``: now minus that, as a timestamp). None for anything else."""
+    if spec is None or spec == "next":
+        return stream.next_offset
+    if spec == "first":
+        return stream.first_offset
+    if spec == "last":
+        return stream.last_chunk_offset
+    if isinstance(spec, bool):
+        return None
+    if isinstance(spec, int):
+        return min(max(spec, stream.first_offset), stream.next_offset)
+    if isinstance(spec, datetime.datetime):
+        when = spec if spec.tzinfo else spec.replace(tzinfo=datetime.UTC)
+        return stream.offset_for_timestamp(int(when.timestamp() * 1000))
+    interval = parse_duration(spec)
+    if interval is not None:
+        return stream.offset_for_timestamp(now_ms - interval)
+    return None
+
+
+def with_offset_header(properties: bytes, offset: int) -> bytes:
+    """``properties`` with the ``x-stream-offset`` header (a long) set to ``offset``.
+    The common case splices bytes: the headers table is the third property, after
+    content-type and content-encoding, so the entry is appended to it (or a table
+    made for it) without decoding anything; a header of that name already there goes
+    through the general path (replaced, not doubled)."""
+    entry = _OFFSET_ENTRY + struct.pack(">q", offset)
+    if len(properties) >= 2 and _OFFSET_KEY not in properties:
+        flags = properties[0]
+        pos = 2
+        if flags & 0x80:  # content-type
+            pos += 1 + properties[pos]
+        if flags & 0x40:  # content-encoding
+            pos += 1 + properties[pos]
+        if not flags & 0x20:  # no headers yet: a table of one
+            return b"".join((bytes((flags | 0x20, properties[1])), properties[2:pos],
+                             len(entry).to_bytes(4, "big"), entry, properties[pos:]))
+        size = int.from_bytes(properties[pos:pos + 4], "big")
+        end = pos + 4 + size
+        return b"".join((properties[:pos], (size + len(entry)).to_bytes(4, "big"),
+                         properties[pos + 4:end], entry, properties[end:]))
+    fields = rawprops.split_properties(properties)
+    items = [kv for kv in rawprops.header_items(fields) if kv[0] != OFFSET_HEADER]
+    items.append((OFFSET_HEADER, rawprops.long(offset)))
+    fields["headers"] = rawprops.encode_table(items)
+    return rawprops.join_properties(fields)
+
+
+def encode_payload(message: Message, offset: int) -> bytes:
+    """A record's payload: exchange, routing key, the properties with the
+    ``x-stream-offset`` header set to ``offset``, the body."""
+    props = with_offset_header(message.properties, offset)
+    exchange = message.exchange.encode()
+    key = message.routing_key.encode()
+    return b"".join((_HEAD.pack(len(exchange), len(key)), exchange, key,
+                     len(props).to_bytes(4, "big"), props, message.body))
+
+
+def decode_payload(payload: bytes) -> Message:
+    """The message a record holds (as it is delivered)."""
+    n_exchange, n_key = _HEAD.unpack_from(payload, 0)
+    at = 2 + n_exchange + n_key
+    n_props = int.from_bytes(payload[at:at + 4], "big")
+    props = payload[at + 4:at + 4 + n_props]
+    return Message(payload[2:2 + n_exchange].decode(), payload[2 + n_exchange:at].decode(),
+                   props, payload[at + 4 + n_props:], persistent=True)
+
+
+def _min(*values: Any) -> int | None:
+    found = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+    return min(found) if found else None
+
+
+class StreamQueue(QueueType):
+    """``x-queue-type: stream`` on one node (module docstring)."""
+
+    type_name = TYPE_NAME
+    compared_arguments = QUEUE_ARGUMENTS
+    own_log = True
+
+    def __init__(
+        self, vhost: VHost, name: str, durable: bool = False,
+        exclusive_owner: object | None = None, auto_delete: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(vhost, name, durable, exclusive_owner, auto_delete, arguments)
+        self.in_store = False  # the shared log never holds a stream's records
+        broker = vhost.broker
+        self.directory = stream_directory(Path(broker.settings.data_dir), vhost.name, name)
+        if not broker.settings.persistence and self.directory.exists():
+            shutil.rmtree(self.directory)  # no persistence: nothing outlives a run
+        self.max_bytes: int | None = None
+        self.max_age_ms: int | None = None
+        segment = self.arguments.get("x-stream-max-segment-size-bytes")
+        self.log = StreamLog(self.directory, segment if isinstance(segment, int)
+                             and not isinstance(segment, bool) else DEFAULT_SEGMENT_BYTES)
+        self.log.open()
+        (self.directory / "stream.json").write_text(json.dumps({"vhost": vhost.name,
+                                                                 "name": name}))
+        if self.log.truncated_bytes:
+            log.warning("stream '%s' in vhost '%s': %d bytes of torn tail cut at recovery",
+                        name, vhost.name, self.log.truncated_bytes)
+        self.readers: dict[Consumer, Any] = {}  # consumer -> its Reader
+        self._loop: asyncio.AbstractEventLoop | None = broker._loop
+        self._flush_pending = False
+        self._syncing = False
+        self._sync_waiters: list[Callable[[BaseException | None], None]] = []
+        self._retention_timer: asyncio.TimerHandle | None = None
+        self.segments_deleted = 0
+        self._rolls_seen = 0
+        broker.publisher.own_log_queues += 1
+        self.on_removed.append(_removed)
+
+    # -- declaring -------------------------------------------------------------------
+    @classmethod
+    def validate_arguments(cls, arguments: dict[str, Any], name: str, vhost: str) -> None:
+        validate_stream_arguments(arguments, name, vhost)
+
+    @classmethod
+    def validate_declaration(cls, arguments: dict[str, Any], name: str, vhost: str,
+                             durable: bool, exclusive: bool, auto_delete: bool,
+                             server_named: bool) -> None:
+        """RabbitMQ 3.10.8's order: a server-generated name, the arguments, then
+        auto-delete, exclusive and non-durable."""
+        refuse_replicated_flags(cls, MODULE, arguments, name, vhost, durable, exclusive,
+                                auto_delete, server_named)
+
+    def check_consume(self, arguments: dict[str, Any], global_prefetch: int) -> None:
+        """The offset must be one RabbitMQ understands (406 here; 541 there)."""
+        if start_offset(arguments.get(OFFSET_HEADER), self.log, _now_ms()) is None:
+            raise PreconditionFailed(
+                f"invalid arg '{OFFSET_HEADER}' {_where(self.name, self.vhost.name)}: "
+                f"{arguments.get(OFFSET_HEADER)!r} is not first, last, next, an offset, "
+                "a timestamp or an interval")
+
+    def check_consumer(self, consumer: Consumer) -> None:
+        """No automatic acknowledgement (540), and a per-consumer prefetch (406)."""
+        what = f"queue '{self.name}' in vhost '{self.vhost.name}'"
+        if consumer.no_ack:
+            raise NotImplemented_(
+                f"automatic acknowledgement not supported by stream queues {what}")
+        if not consumer.prefetch:
+            raise PreconditionFailed(f"consumer prefetch count is not set for '{what}'")
+
+    def check_return(self, method: str) -> None:
+        """nack, reject and recover are refused (540), as RabbitMQ 3.10.8 refuses the
+        first two (basic.recover crashes its channel with 541 there)."""
+        what = "basic.nack and basic.reject" if method != "basic.recover" else method
+        raise NotImplemented_(f"{what} not supported by stream queues queue '{self.name}' "
+                              f"in vhost '{self.vhost.name}'")
+
+    # -- options (arguments and policies: the smaller wins, as RabbitMQ's streams) ------
+    def options_changed(self) -> None:
+        policy = self.policy or {}
+        args = self.arguments
+        self.max_bytes = _min(args.get("x-max-length-bytes"), policy.get("max-length-bytes"))
+        ages = [a for a in (parse_duration(args.get("x-max-age")),
+                            parse_duration(policy.get("max-age"))) if a is not None]
+        self.max_age_ms = min(ages) if ages else None
+        segment = _min(args.get("x-stream-max-segment-size-bytes"),
+                       policy.get("stream-max-segment-size-bytes"))
+        self.log.max_segment_bytes = DEFAULT_SEGMENT_BYTES if segment is None else segment
+        self.apply_retention()
+
+    def apply_retention(self) -> None:
+        """Drop whole old segments the options say must go; with a max-age, look again
+        every :data:`RETENTION_CHECK` seconds."""
+        if self._retention_timer is not None:
+            self._retention_timer.cancel()
+            self._retention_timer = None
+        if self.deleted:
+            return
+        if self.max_bytes is not None or self.max_age_ms is not None:
+            gone = self.log.retain(self.max_bytes, self.max_age_ms, _now_ms())
+            if gone:
+                self.segments_deleted += gone
+                log.info("stream '%s' in vhost '%s': retention deleted %d segment(s)",
+                         self.name, self.vhost.name, gone)
+        if self.max_age_ms is not None and self._loop is not None:
+            self._retention_timer = self._loop.call_later(RETENTION_CHECK,
+                                                          self.apply_retention)
+
+    # -- state -----------------------------------------------------------------------
+    @property
+    def message_count(self) -> int:
+        """Records kept (what RabbitMQ's stream reports as its messages)."""
+        return self.log.flushed_offset - self.log.first_offset
+
+    def info(self) -> dict[str, Any]:
+        out = super().info()
+        out["messages"] = self.message_count  # an unacked delivery is still in the stream
+        return out
+
+    def type_info(self, node: str) -> dict[str, Any]:
+        """Leader and members (one node), and the log: size on disk, segments, first and
+        last offset, each consumer's position (the next offset it reads)."""
+        return {
+            "type": TYPE_NAME, "leader": node, "members": [node], "online": [node],
+            "stream": self.stream_stats(),
+        }
+
+    def stream_stats(self) -> dict[str, Any]:
+        log_ = self.log
+        return {
+            "size_bytes": log_.size_bytes,
+            "segments": len(log_.segments),
+            "first_offset": log_.first_offset,
+            "last_offset": log_.last_offset,
+            "committed_offset": log_.synced_offset - 1,
+            "segments_deleted": self.segments_deleted,
+            "consumers": [{"consumer_tag": c.tag, "offset": r.offset,
+                           "lag": max(0, log_.flushed_offset - r.offset)}
+                          for c, r in self.readers.items()],
+        }
+
+    # -- publishing ------------------------------------------------------------------
+    def enqueue(self, message: Message) -> None:
+        log_ = self.log
+        log_.append(encode_payload(message, log_.next_offset), _now_ms())
+        self.stat_publish += 1
+        if not self._flush_pending:
+            self._flush_pending = True
+            self.vhost.broker.publisher.own_log_written(self)
+            if self._loop is not None:
+                self._loop.call_soon(self.flush)
+            else:
+                self.flush()
+
+    def flush(self) -> None:
+        """End of the tick: what was appended becomes readable (one write, one chunk);
+        consumers get it; a segment that filled up may let retention drop old ones."""
+        self._flush_pending = False
+        if self.deleted:
+            return
+        self.log.flush()
+        if self.log.rolls != self._rolls_seen:  # a segment filled up this tick
+            self._rolls_seen = self.log.rolls
+            self.apply_retention()
+        if self.consumers:
+            self.vhost.schedule_dispatch(self)
+
+    def sync_log(self, callback: Callable[[BaseException | None], None]) -> None:
+        """Call back once everything appended so far is fsynced (or with the error):
+        a worker thread fsyncs while the loop goes on; waiters that arrive meanwhile
+        share the next fsync (group commit)."""
+        if self._flush_pending:
+            self.flush()
+        self._sync_waiters.append(callback)
+        if not self._syncing:
+            self._start_sync()
+
+    def _start_sync(self) -> None:
+        waiters, self._sync_waiters = self._sync_waiters, []
+        if self._loop is None or self.deleted:
+            error = None
+            try:
+                if not self.deleted:
+                    self.log.sync()
+            except OSError as exc:
+                error = exc
+            for callback in waiters:
+                callback(error)
+            return
+        self._syncing = True
+        future = self._loop.run_in_executor(None, self.log.sync)
+
+        def done(fut: asyncio.Future[int]) -> None:
+            self._syncing = False
+            error = fut.exception()
+            if error is not None:
+                log.error("stream '%s' in vhost '%s': fsync failed: %s",
+                          self.name, self.vhost.name, error)
+            for callback in waiters:
+                callback(error)
+            if self.max_bytes is not None and not self.deleted:
+                # segments sealed since the last sync may go now (retain waits for
+                # their index files)
+                self.apply_retention()
+            if self._sync_waiters:
+                if self._flush_pending:
+                    self.flush()
+                self._start_sync()
+
+        future.add_done_callback(done)
+
+    def refuses_publish(self, message: Message) -> bool:
+        return False  # no overflow mode on a stream
+
+    def restore(self, message: Message, redelivered: bool, published: int = 0,
+                extra: int = 0) -> None:
+        raise NotImplementedError("a stream recovers from its own log, not the shared one")
+
+    # -- consuming -------------------------------------------------------------------
+    def add_consumer(self, consumer: Consumer) -> None:
+        offset = start_offset(consumer.arguments.get(OFFSET_HEADER), self.log, _now_ms())
+        assert offset is not None  # check_consume refused the others
+        self.readers[consumer] = self.log.reader(offset)
+        self.consumers.append(consumer)
+        self.vhost.schedule_dispatch(self)
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        self.readers.pop(consumer, None)
+        try:
+            self.consumers.remove(consumer)
+        except ValueError:
+            pass
+
+    def dispatch(self) -> None:
+        """Each consumer reads from its own position as far as its credit goes."""
+        for consumer in list(self.consumers):
+            reader = self.readers.get(consumer)
+            if reader is None:
+                continue
+            while consumer.can_receive():
+                credit = consumer.prefetch - consumer.unacked
+                batch = reader.read(min(credit, READ_BATCH))
+                if not batch:
+                    break
+                if not self._deliver(consumer, batch):
+                    break
+
+    def _deliver(self, consumer: Consumer, batch: list[Record]) -> bool:
+        """Deliver ``batch`` in order while the consumer takes it; on a stall, put the
+        reader back at the first record not sent (False)."""
+        for i, record in enumerate(batch):
+            if i and not consumer.can_receive():
+                self.readers[consumer] = self.log.reader(record.offset)
+                return False
+            consumer.deliver(self, QueueEntry(decode_payload(record.payload),
+                                              record.offset))
+        return True
+
+    def take(self) -> QueueEntry | None:
+        return None  # deliveries come from each consumer's reader (dispatch)
+
+    def fetch(self) -> QueueEntry | None:
+        raise NotImplemented_(f"basic.get not supported by stream queues queue "
+                              f"'{self.name}' in vhost '{self.vhost.name}'")
+
+    def delivered(self, entry: QueueEntry, acked: bool) -> None:
+        self.stat_deliver += 1
+        self.unacked_count += 1
+
+    def settle(self, entries: Iterable[QueueEntry]) -> None:
+        """An ack only gives credit back (the channel did): the record stays."""
+        n = sum(1 for _ in entries)
+        self.unacked_count -= n
+        self.stat_ack += n
+        if self.consumers:
+            self.vhost.schedule_dispatch(self)
+
+    def requeue(self, entries: Iterable[QueueEntry]) -> None:
+        """Deliveries given up (the channel closed): the consumer's credit came back and
+        its reader has moved on; nothing is put back."""
+        self.settle(entries)
+
+    def reject(self, entries: list[QueueEntry]) -> None:
+        self.settle(entries)  # refused before it gets here (check_return) for clients
+
+    def purge(self) -> int:
+        raise NotImplemented_(f"queue.purge not supported by stream queues queue "
+                              f"'{self.name}' in vhost '{self.vhost.name}'")
+
+    # -- end of life -----------------------------------------------------------------
+    def delete(self) -> None:
+        """Consumers are told (basic.cancel); the stream's directory goes."""
+        if self._retention_timer is not None:
+            self._retention_timer.cancel()
+        for consumer in list(self.consumers):
+            self.consumers.remove(consumer)
+            consumer.channel.consumer_cancelled_by_server(consumer)
+        self.readers.clear()
+        for callback in self._sync_waiters:
+            callback(None)
+        self._sync_waiters.clear()
+        self.log.destroy()
+
+    def shutdown(self) -> None:
+        """Broker shutdown: flush, fsync and close the files."""
+        if self._retention_timer is not None:
+            self._retention_timer.cancel()
+        if not self.log.closed:
+            self.log.flush()
+            self.log.sync()
+            self.log.close()
+
+
+register_queue_type(StreamQueue)
+
+
+def stream_directory(data_dir: Path, vhost: str, name: str) -> Path:
+    """Where a stream's segments live: a digest of its vhost and name (any characters,
+    any length), with ``stream.json`` inside naming it for people."""
+    digest = hashlib.sha256(f"{vhost}\x00{name}".encode()).hexdigest()[:32]
+    return data_dir / "streams" / digest
+
+
+def _removed(queue: QueueType) -> None:
+    queue.vhost.broker.publisher.own_log_queues -= 1
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+__all__ = ["OFFSET_HEADER", "QUEUE_ARGUMENTS", "StreamQueue", "decode_payload",
+           "encode_payload", "parse_duration", "start_offset", "stream_directory",
+           "validate_stream_arguments", "with_offset_header"]

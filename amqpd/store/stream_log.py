@@ -1,0 +1,590 @@
+"""A stream's own log: segment files of records addressed by offset, with sparse indexes.
+
+A stream queue (``x-queue-type: stream``, :mod:`amqpd.broker.stream`) is read as a log:
+consumers keep their own position and replay from any point, so its records cannot
+live in the node's shared log, whose segments go when every queue has settled them.
+Each stream gets a directory of its own (Kafka's partition directory, RabbitMQ's osiris
+directory):
+
+    <base:020d>.seg   records; ``base`` is the offset of the file's first record
+    <base:020d>.idx   the sparse index of a sealed segment (written when it is sealed)
+
+Theory of operation:
+
+* Records are appended in offset order, 0, 1, 2, ... and never rewritten. A record is
+  ``crc32 u32 | length u32 | offset u64 | timestamp i64 (ms) | flags u8 | payload``;
+  the CRC covers everything after itself. Flag bit 0 marks the first record of a
+  *chunk*: the records appended between two :meth:`StreamLog.flush` calls (one event
+  loop tick's publishes), as osiris groups a writer batch. ``last`` consumers start at
+  the last chunk's first record, as RabbitMQ's do.
+* :meth:`StreamLog.append` buffers; :meth:`StreamLog.flush` writes the buffer to the
+  file (from then on readers see it, and a kill -9 of the process cannot lose it: the
+  kernel has it); :meth:`StreamLog.sync` fsyncs (from then on a power loss cannot lose
+  it). The broker confirms a publish after the sync that covers it (one fsync per group
+  commit: every record of the tick shares it). ``sync`` is the one method meant for a
+  worker thread; every other method runs on the owner's thread (the event loop).
+* A segment is sealed when it reaches ``max_segment_bytes`` at a chunk boundary (a
+  chunk that would grow past it ends there: :meth:`StreamLog.append` flushes); its
+  index is then written to ``.idx`` with a trailer (record count, end position) and
+  fsynced by the next :meth:`sync`, after the segment itself. On :meth:`open` sealed
+  segments with a valid ``.idx`` are trusted; the others (the active one, normally) are
+  scanned record by record, their index rebuilt, and a torn or corrupt tail (short
+  record, CRC mismatch, broken offset sequence) is cut off. Only the last segment may
+  have a tail: a segment with a bad record followed by later segments is cut there and
+  the later ones are removed (they cannot have been confirmed: syncs go in order). A
+  complete earlier segment whose ``.idx`` is missing or bad is scanned and gets it
+  again at the next sync; until then retention leaves it (and every segment whose
+  index is not yet written) alone. A sync fsyncs every segment that holds records
+  flushed since the last one, so a segment sealed while a sync was under way is
+  covered by the next.
+* The index is sparse (Kafka's ``OffsetIndex``/``TimeIndex`` in one): an entry
+  ``(offset, position, timestamp)`` every ``index_interval`` bytes of records, kept in
+  ``array('q')`` per segment, so finding an offset or a timestamp is a bisect plus a
+  short scan of record headers. A :class:`Reader` holds an offset, a segment and a file
+  position -- three integers -- and reads with ``os.pread`` on the segment's one shared
+  file descriptor: a thousand readers far behind cost disk reads, not memory.
+* Retention (:meth:`StreamLog.retain`) deletes whole segments from the oldest, never
+  the active one: by total size (``max-length-bytes``) and by age (a sealed segment
+  whose newest record is older than ``max-age``). A reader inside a deleted segment
+  moves on to the first record still there on its next read.
+* Replication later: a follower appends what its leader shipped with
+  :meth:`StreamLog.append_replica` (the leader's offsets, timestamps and chunk marks),
+  and the leader ships records read by offset (:meth:`Reader.read`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import struct
+import threading
+import zlib
+from array import array
+from bisect import bisect_right
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+log = logging.getLogger("amqpd.stream_log")
+
+MAGIC = b"AMQPDSTR"  # first 8 bytes of a segment file, then a version byte
+VERSION = 1
+FILE_HEADER = MAGIC + bytes((VERSION,))
+HEADER_SIZE = len(FILE_HEADER)
+RECORD = struct.Struct(">IIQqB")  # crc, payload length, offset, timestamp ms, flags
+RECORD_SIZE = RECORD.size
+CHUNK_START = 1
+MAX_RECORD = 256 * 1024 * 1024  # a length above this is corruption, not a record
+INDEX_ENTRY = struct.Struct(">QQq")  # offset, position, timestamp
+INDEX_TRAILER = struct.Struct(">QQI")  # records, end position, crc of the entries
+SEG = ".seg"
+IDX = ".idx"
+DEFAULT_SEGMENT_BYTES = 500_000_000  # RabbitMQ's x-stream-max-segment-size-bytes default
+DEFAULT_INDEX_INTERVAL = 4096
+READ_BYTES = 256 * 1024  # one pread per read call at most this much (plus one record)
+
+
+class StreamLogError(Exception):
+    """A stream log cannot do what was asked (bad offset order, closed log)."""
+
+
+class Record(NamedTuple):
+    offset: int
+    timestamp: int  # ms since the epoch
+    chunk_start: bool
+    payload: bytes
+
+
+_TAIL = struct.Struct(">IQqB")  # RECORD without its crc
+_CRC = struct.Struct(">I")
+
+
+def _crc(header_tail: bytes, payload: bytes | memoryview) -> int:
+    return zlib.crc32(payload, zlib.crc32(header_tail)) & 0xFFFFFFFF
+
+
+def encode_record(offset: int, timestamp: int, chunk_start: bool, payload: bytes) -> bytes:
+    """One record as written (header then payload)."""
+    tail = _TAIL.pack(len(payload), offset, timestamp, CHUNK_START if chunk_start else 0)
+    return b"".join((_CRC.pack(_crc(tail, payload)), tail, payload))
+
+
+def seg_name(base: int) -> str:
+    return f"{base:020d}{SEG}"
+
+
+class Segment:
+    """One segment file: its first offset, its index, how much of it is written."""
+
+    __slots__ = ("base", "count", "fd", "idx_offsets", "idx_positions", "idx_stamps",
+                 "indexed", "last_chunk", "last_stamp", "path", "sealed", "since_index",
+                 "size")
+
+    def __init__(self, path: Path, base: int, fd: int) -> None:
+        self.path = path
+        self.base = base
+        self.fd = fd
+        self.size = HEADER_SIZE  # bytes written to the file (readable)
+        self.count = 0  # records in it
+        self.idx_offsets = array("q")
+        self.idx_positions = array("q")
+        self.idx_stamps = array("q")
+        self.since_index = 0
+        self.last_stamp = 0  # newest record's timestamp (0: empty)
+        self.last_chunk = -1  # offset of its last chunk's first record (-1: none)
+        self.sealed = False  # full: no more records (set on the owner's thread)
+        self.indexed = False  # its .idx is written and fsynced (set by sync)
+
+    @property
+    def end(self) -> int:
+        """The offset after its last record."""
+        return self.base + self.count
+
+    def note(self, offset: int, position: int, timestamp: int, length: int,
+             chunk_start: bool, interval: int) -> None:
+        """Book a record at ``position``: count, timestamps, sparse index."""
+        if self.count == 0 or self.since_index >= interval:
+            self.idx_offsets.append(offset)
+            self.idx_positions.append(position)
+            self.idx_stamps.append(max(timestamp, self.last_stamp))
+            self.since_index = 0
+        self.since_index += RECORD_SIZE + length
+        self.count += 1
+        if timestamp > self.last_stamp:
+            self.last_stamp = timestamp
+        if chunk_start:
+            self.last_chunk = offset
+
+    def index_bytes(self) -> bytes:
+        entries = b"".join(INDEX_ENTRY.pack(o, p, t) for o, p, t in
+                           zip(self.idx_offsets, self.idx_positions, self.idx_stamps,
+                               strict=True))
+        return entries + INDEX_TRAILER.pack(self.count, self.size,
+                                            zlib.crc32(entries) & 0xFFFFFFFF)
+
+    def load_index(self, data: bytes, file_size: int) -> bool:
+        """Take a sealed segment's ``.idx``; False when it does not match the file."""
+        if len(data) < INDEX_TRAILER.size:
+            return False
+        entries = data[:-INDEX_TRAILER.size]
+        count, end, crc = INDEX_TRAILER.unpack_from(data, len(entries))
+        if (len(entries) % INDEX_ENTRY.size or zlib.crc32(entries) & 0xFFFFFFFF != crc
+                or end != file_size or count == 0 or not entries):
+            return False
+        for o, p, t in INDEX_ENTRY.iter_unpack(entries):
+            self.idx_offsets.append(o)
+            self.idx_positions.append(p)
+            self.idx_stamps.append(t)
+        self.count = count
+        self.size = end
+        self.last_stamp = self.idx_stamps[-1]
+        self.sealed = self.indexed = True
+        return True
+
+    def position_at_or_before(self, offset: int) -> tuple[int, int]:
+        """The index entry at or before ``offset``: (offset, position)."""
+        i = bisect_right(self.idx_offsets, offset) - 1
+        if i < 0:
+            return self.base, HEADER_SIZE
+        return self.idx_offsets[i], self.idx_positions[i]
+
+
+class StreamLog:
+    """The segments of one stream, in a directory it owns (module docstring)."""
+
+    def __init__(self, directory: Path, max_segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+                 index_interval: int = DEFAULT_INDEX_INTERVAL) -> None:
+        self.directory = Path(directory)
+        self.max_segment_bytes = max_segment_bytes
+        self.index_interval = index_interval
+        self.segments: list[Segment] = []
+        self._bases: list[int] = []
+        self.next_offset = 0  # offset the next append gets
+        self.flushed_offset = 0  # records below this are in the file (readable)
+        self.synced_offset = 0  # records below this are fsynced
+        self._buffer = bytearray()
+        self._pending: list[tuple[int, int, int, bool]] = []  # offset, ts, length, chunk
+        self._chunk_open = False
+        self._lock = threading.Lock()  # sync (a worker thread) vs. closing fds
+        self.closed = True
+        self.truncated_bytes = 0  # what open() cut off (a torn tail), for the log line
+        self.rolls = 0  # segments sealed since open (the owner runs retention on a change)
+
+    # ------------------------------------------------------------------ opening
+    def open(self) -> None:
+        """Open the directory (created if missing), recovering what a crash left."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        bases = sorted(int(p.name[:-len(SEG)]) for p in self.directory.glob("*" + SEG)
+                       if p.name[:-len(SEG)].isdigit())
+        expected: int | None = None
+        for i, base in enumerate(bases):
+            path = self.directory / seg_name(base)
+            if expected is not None and base != expected:
+                log.warning("stream %s: segment %s does not follow offset %d; it and later "
+                            "segments are dropped", self.directory, path.name, expected)
+                self._remove_files(bases[i:])
+                break
+            seg = self._open_segment(path, base, last=i == len(bases) - 1)
+            if seg is None:  # unreadable header: nothing of it can be confirmed
+                self._remove_files(bases[i:])
+                break
+            self.segments.append(seg)
+            self._bases.append(base)
+            expected = seg.end
+            if i < len(bases) - 1 and seg.size < os.fstat(seg.fd).st_size:
+                log.warning("stream %s: segment %s was cut; later segments dropped",
+                            self.directory, path.name)
+                os.ftruncate(seg.fd, seg.size)  # its bad tail goes, so a reopen agrees
+                os.fsync(seg.fd)
+                self._remove_files(bases[i + 1:])
+                break
+        if not self.segments:
+            self._new_segment(0)
+        else:
+            last = self.segments[-1]
+            if last.sealed:  # it was sealed but no successor was created yet
+                self._new_segment(last.end)
+        self.next_offset = self.flushed_offset = self.synced_offset = self.segments[-1].end
+        self.closed = False
+
+    def _open_segment(self, path: Path, base: int, last: bool) -> Segment | None:
+        fd = os.open(path, os.O_RDWR)
+        seg = Segment(path, base, fd)
+        file_size = os.fstat(fd).st_size
+        if os.pread(fd, HEADER_SIZE, 0) != FILE_HEADER:
+            os.close(fd)
+            log.warning("stream %s: %s has no valid header", self.directory, path.name)
+            return None
+        idx = path.with_suffix(IDX)
+        if not last and idx.exists() and seg.load_index(idx.read_bytes(), file_size):
+            self._find_last_chunk(seg)
+            return seg
+        seg.idx_offsets, seg.idx_positions, seg.idx_stamps = array("q"), array("q"), array("q")
+        seg.count = 0
+        seg.size = HEADER_SIZE
+        for record, position in self._scan(fd, base, file_size):
+            seg.note(record.offset, position, record.timestamp, len(record.payload),
+                     record.chunk_start, self.index_interval)
+            seg.size = position + RECORD_SIZE + len(record.payload)
+        if seg.size < file_size:
+            self.truncated_bytes += file_size - seg.size
+            log.warning("stream %s: %s: %d bytes of torn or corrupt tail cut off",
+                        self.directory, path.name, file_size - seg.size)
+            if last:
+                os.ftruncate(fd, seg.size)
+                os.fsync(fd)
+        if not last and seg.count:
+            seg.sealed = True  # complete, but its index file was missing or bad: the
+            # next sync writes it again
+        return seg
+
+    def _scan(self, fd: int, base: int, file_size: int) -> Iterator[tuple[Record, int]]:
+        """Every valid record of a segment file from its start, stopping at the first
+        torn or corrupt one."""
+        position = HEADER_SIZE
+        expected = base
+        while position + RECORD_SIZE <= file_size:
+            head = os.pread(fd, RECORD_SIZE, position)
+            crc, length, offset, timestamp, flags = RECORD.unpack(head)
+            if offset != expected or length > MAX_RECORD or \
+                    position + RECORD_SIZE + length > file_size:
+                return
+            payload = os.pread(fd, length, position + RECORD_SIZE)
+            if _crc(head[4:], payload) != crc:
+                return
+            yield Record(offset, timestamp, bool(flags & CHUNK_START), payload), position
+            position += RECORD_SIZE + length
+            expected += 1
+
+    def _find_last_chunk(self, seg: Segment) -> None:
+        """A sealed segment's last chunk start (read from its last index entry on)."""
+        position = seg.idx_positions[-1]
+        while position < seg.size:
+            _, length, off, _ts, flags = RECORD.unpack(os.pread(seg.fd, RECORD_SIZE,
+                                                                    position))
+            if flags & CHUNK_START:
+                seg.last_chunk = off
+            position += RECORD_SIZE + length
+
+    def _remove_files(self, bases: list[int]) -> None:
+        for base in bases:
+            for suffix in (SEG, IDX):
+                (self.directory / f"{base:020d}{suffix}").unlink(missing_ok=True)
+
+    def _new_segment(self, base: int) -> Segment:
+        path = self.directory / seg_name(base)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.write(fd, FILE_HEADER)
+        seg = Segment(path, base, fd)
+        self.segments.append(seg)
+        self._bases.append(base)
+        return seg
+
+    # ------------------------------------------------------------------ state
+    @property
+    def first_offset(self) -> int:
+        """The oldest offset still kept (== next_offset when the stream is empty)."""
+        return self.segments[0].base
+
+    @property
+    def last_offset(self) -> int:
+        """The newest readable offset, -1 when there is none."""
+        return self.flushed_offset - 1 if self.flushed_offset > self.first_offset else -1
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(seg.size for seg in self.segments)
+
+    @property
+    def last_chunk_offset(self) -> int:
+        """The first record of the last readable chunk (``x-stream-offset: last``);
+        ``flushed_offset`` when the stream has no readable record."""
+        for seg in reversed(self.segments):
+            if seg.last_chunk >= 0:
+                return seg.last_chunk
+        return self.flushed_offset
+
+    def first_timestamp(self) -> int:
+        """The oldest kept record's timestamp (0: none)."""
+        seg = self.segments[0]
+        return seg.idx_stamps[0] if seg.count else 0
+
+    # ------------------------------------------------------------------ writing
+    def append(self, payload: bytes, timestamp: int) -> int:
+        """Append a record (buffered until :meth:`flush`); its offset. A chunk that
+        fills the segment ends there (flushed now), so segments stay near their size."""
+        offset = self.next_offset
+        self._append(offset, timestamp, not self._chunk_open, payload)
+        self._chunk_open = True
+        if self.segments[-1].size + len(self._buffer) >= self.max_segment_bytes:
+            self.flush()
+        return offset
+
+    def append_replica(self, offset: int, timestamp: int, chunk_start: bool,
+                       payload: bytes) -> None:
+        """Append a record a leader shipped, with the leader's offset and chunk mark."""
+        if offset != self.next_offset:
+            raise StreamLogError(f"offset {offset} does not follow {self.next_offset - 1}")
+        self._append(offset, timestamp, chunk_start, payload)
+
+    def _append(self, offset: int, timestamp: int, chunk_start: bool, payload: bytes) -> None:
+        if self.closed:
+            raise StreamLogError("stream log is closed")
+        self._buffer += encode_record(offset, timestamp, chunk_start, payload)
+        self._pending.append((offset, timestamp, len(payload), chunk_start))
+        self.next_offset = offset + 1
+
+    def flush(self) -> None:
+        """Write what was appended to the file (readable from now on), ending the chunk;
+        seal the segment when it is full."""
+        self._chunk_open = False
+        if not self._pending:
+            return
+        seg = self.segments[-1]
+        data, pending = bytes(self._buffer), self._pending
+        self._buffer = bytearray()
+        self._pending = []
+        os.pwrite(seg.fd, data, seg.size)
+        position = seg.size
+        for offset, timestamp, length, chunk in pending:
+            seg.note(offset, position, timestamp, length, chunk, self.index_interval)
+            position += RECORD_SIZE + length
+        seg.size = position
+        self.flushed_offset = self.next_offset
+        if seg.size >= self.max_segment_bytes:
+            seg.sealed = True
+            self.rolls += 1
+            self._new_segment(self.next_offset)
+
+    def sync(self) -> int:
+        """fsync everything flushed so far (sealed segments and their indexes first);
+        the offset below which records are now durable. Blocks: call it in a worker
+        thread, never twice at once."""
+        with self._lock:
+            start = self.synced_offset
+            upto = self.flushed_offset
+            # taken after ``upto``: every record below it is in one of these (a roll
+            # on the owner's thread meanwhile only adds a segment)
+            segments = list(self.segments)
+            indexed = False
+            for seg in segments:
+                if seg.fd < 0:
+                    continue
+                unindexed = seg.sealed and not seg.indexed
+                if (seg.base < upto and seg.end > start) or unindexed:
+                    os.fsync(seg.fd)
+                if unindexed:  # sealed: its index is complete; written once
+                    tmp = seg.path.with_suffix(".idx.tmp")
+                    tmp.write_bytes(seg.index_bytes())
+                    fd = os.open(tmp, os.O_RDONLY)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                    tmp.replace(seg.path.with_suffix(IDX))
+                    seg.indexed = indexed = True
+            if indexed:
+                dfd = os.open(self.directory, os.O_RDONLY)
+                try:
+                    os.fsync(dfd)
+                finally:
+                    os.close(dfd)
+            if upto > self.synced_offset:
+                self.synced_offset = upto
+            return upto
+
+    # ------------------------------------------------------------------ reading
+    def segment_for(self, offset: int) -> Segment | None:
+        i = bisect_right(self._bases, offset) - 1
+        return self.segments[i] if i >= 0 else None
+
+    def reader(self, offset: int) -> Reader:
+        """A reader whose next record is ``offset`` (clamped to what is kept)."""
+        return Reader(self, max(offset, self.first_offset))
+
+    def offset_for_timestamp(self, timestamp: int) -> int:
+        """The first record whose timestamp is at or after ``timestamp`` (ms), or the
+        next offset when none is (RabbitMQ: a timestamp in the future reads from next)."""
+        for seg in self.segments:
+            if seg.count and seg.last_stamp >= timestamp:
+                i = bisect_right(seg.idx_stamps, timestamp - 1) - 1
+                offset = seg.idx_offsets[max(i, 0)] if i >= 0 else seg.base
+                for record in Reader(self, offset).records(seg.end):
+                    if record.timestamp >= timestamp:
+                        return record.offset
+        return self.flushed_offset
+
+    # ------------------------------------------------------------------ retention
+    def retain(self, max_bytes: int | None, max_age_ms: int | None, now_ms: int) -> int:
+        """Delete whole segments from the oldest while the stream is over ``max_bytes``
+        or a sealed segment's newest record is older than ``max_age_ms``; never the
+        active segment. How many went (0 while a sync holds the files)."""
+        if not self._lock.acquire(blocking=False):
+            return 0
+        try:
+            gone = 0
+            while len(self.segments) > 1:
+                oldest = self.segments[0]
+                if not oldest.indexed:  # the active one, or sealed and not yet synced
+                    break
+                too_big = max_bytes is not None and self.size_bytes > max_bytes
+                too_old = max_age_ms is not None and oldest.last_stamp < now_ms - max_age_ms
+                if not (too_big or too_old):
+                    break
+                self.segments.pop(0)
+                self._bases.pop(0)
+                os.close(oldest.fd)
+                oldest.fd = -1
+                self._remove_files([oldest.base])
+                gone += 1
+            return gone
+        finally:
+            self._lock.release()
+
+    # ------------------------------------------------------------------ the end
+    def close(self) -> None:
+        """Flush, then close every file (no fsync: :meth:`sync` first if wanted)."""
+        if self.closed:
+            return
+        self.flush()
+        with self._lock:
+            for seg in self.segments:
+                if seg.fd >= 0:
+                    os.close(seg.fd)
+                    seg.fd = -1
+            self.closed = True
+
+    def destroy(self) -> None:
+        """Close and delete the whole directory (the stream was deleted)."""
+        self._pending.clear()
+        self._buffer.clear()
+        self.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class Reader:
+    """A position in a stream: the next offset and where it is (module docstring)."""
+
+    __slots__ = ("_position", "_segment_base", "log", "offset")
+
+    def __init__(self, log: StreamLog, offset: int) -> None:
+        self.log = log
+        self.offset = offset
+        self._segment_base = -1
+        self._position = 0
+
+    def _locate(self) -> Segment | None:
+        """The segment holding ``offset`` and the file position there, found from the
+        sparse index, then by skipping record headers."""
+        log_ = self.log
+        if self.offset < log_.first_offset:  # its segment was deleted: move on
+            self.offset = log_.first_offset
+            self._segment_base = -1
+        seg = log_.segment_for(self.offset)
+        if seg is None:
+            return None
+        if seg.base == self._segment_base:
+            return seg
+        offset, position = seg.position_at_or_before(self.offset)
+        while offset < self.offset and position < seg.size:
+            length = RECORD.unpack(os.pread(seg.fd, RECORD_SIZE, position))[1]
+            position += RECORD_SIZE + length
+            offset += 1
+        self._segment_base = seg.base
+        self._position = position
+        return seg
+
+    def read(self, max_records: int, max_bytes: int = READ_BYTES) -> list[Record]:
+        """Up to ``max_records`` readable records from ``offset`` on, in order (one
+        pread of about ``max_bytes``); the reader moves past them."""
+        out: list[Record] = []
+        log_ = self.log
+        while len(out) < max_records and self.offset < log_.flushed_offset:
+            seg = self._locate()
+            if seg is None:
+                break
+            if self._position >= seg.size:
+                if seg.end >= log_.flushed_offset or seg is log_.segments[-1]:
+                    break
+                self.offset = seg.end  # on to the next segment
+                self._segment_base = -1
+                continue
+            want = min(max_bytes, seg.size - self._position)
+            data = os.pread(seg.fd, want, self._position)
+            view = memoryview(data)
+            at = 0
+            while len(out) < max_records and at + RECORD_SIZE <= len(data):
+                _, length, offset, timestamp, flags = RECORD.unpack_from(data, at)
+                end = at + RECORD_SIZE + length
+                if end > len(data):
+                    if at == 0:  # one record bigger than the read: read it whole
+                        payload = os.pread(seg.fd, length, self._position + RECORD_SIZE)
+                        out.append(Record(offset, timestamp, bool(flags & CHUNK_START),
+                                          payload))
+                        at = end
+                    break
+                out.append(Record(offset, timestamp, bool(flags & CHUNK_START),
+                                  bytes(view[at + RECORD_SIZE:end])))
+                at = end
+            self._position += at
+            if out:
+                self.offset = out[-1].offset + 1
+            if at == 0:
+                break
+        return out
+
+    def records(self, until: int) -> Iterator[Record]:
+        """Every readable record from ``offset`` up to (not including) ``until``."""
+        while self.offset < until:
+            batch = self.read(min(1024, until - self.offset))
+            if not batch:
+                return
+            for record in batch:
+                if record.offset >= until:
+                    return
+                yield record
+
+
+__all__ = ["DEFAULT_SEGMENT_BYTES", "Reader", "Record", "StreamLog", "StreamLogError",
+           "encode_record"]

@@ -1,0 +1,206 @@
+"""The stream log (amqpd.store.stream_log): offsets, chunks, sparse indexes, reading,
+retention by whole segments, recovery of torn tails, with temp directories."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from amqpd.store.stream_log import HEADER_SIZE, SEG, StreamLog, StreamLogError
+
+
+def _log(path: Path, segment: int = 10_000, interval: int = 256) -> StreamLog:
+    log = StreamLog(path, max_segment_bytes=segment, index_interval=interval)
+    log.open()
+    return log
+
+
+def _fill(log: StreamLog, n: int, size: int = 100, ts: int = 1000, per_flush: int = 7) -> None:
+    for i in range(n):
+        log.append(i.to_bytes(4, "big") * (size // 4), ts + i)
+        if i % per_flush == per_flush - 1:
+            log.flush()
+    log.flush()
+
+
+def test_offsets_read_in_order_across_segments(tmp_path: Path) -> None:
+    log = _log(tmp_path)
+    _fill(log, 1000)
+    assert len(log.segments) > 5
+    assert (log.first_offset, log.last_offset, log.next_offset) == (0, 999, 1000)
+    got = [r.offset for r in log.reader(0).records(1000)]
+    assert got == list(range(1000))
+    for start in (0, 1, 137, 500, 999):
+        first = log.reader(start).read(3)
+        assert [r.offset for r in first] == list(range(start, min(start + 3, 1000)))
+        assert first[0].payload == start.to_bytes(4, "big") * 25
+
+
+def test_unflushed_records_are_not_readable(tmp_path: Path) -> None:
+    log = _log(tmp_path)
+    log.append(b"a", 1)
+    assert log.reader(0).read(10) == []
+    log.flush()
+    assert [r.payload for r in log.reader(0).read(10)] == [b"a"]
+
+
+def test_last_is_the_first_record_of_the_last_chunk(tmp_path: Path) -> None:
+    log = _log(tmp_path)
+    for i in range(5):
+        log.append(b"x", i)
+    log.flush()
+    for i in range(3):
+        log.append(b"y", i)
+    log.flush()
+    assert log.last_chunk_offset == 5
+    chunk_marks = [r.chunk_start for r in log.reader(0).read(10)]
+    assert chunk_marks == [True, False, False, False, False, True, False, False]
+
+
+def test_timestamp_lookup(tmp_path: Path) -> None:
+    log = _log(tmp_path)
+    _fill(log, 500, ts=10_000)
+    assert log.offset_for_timestamp(0) == 0
+    assert log.offset_for_timestamp(10_250) == 250
+    assert log.offset_for_timestamp(10_499) == 499
+    assert log.offset_for_timestamp(99_999) == 500  # future: next
+
+
+def test_retention_by_size_deletes_whole_old_segments_and_readers_move_on(
+        tmp_path: Path) -> None:
+    log = _log(tmp_path)
+    _fill(log, 1000)
+    reader = log.reader(0)
+    assert [r.offset for r in reader.read(2)] == [0, 1]
+    before = len(log.segments)
+    log.sync()
+    gone = log.retain(30_000, None, 0)
+    assert gone > 0 and len(log.segments) == before - gone
+    assert log.size_bytes <= 30_000 + log.max_segment_bytes + 200
+    assert log.first_offset == log.segments[0].base > 2
+    assert len(list(tmp_path.glob("*" + SEG))) == len(log.segments)
+    # the reader was in a deleted segment: it continues at the first kept record
+    assert reader.read(1)[0].offset == log.first_offset
+
+
+def test_retention_by_age_never_drops_the_active_segment(tmp_path: Path) -> None:
+    log = _log(tmp_path)
+    _fill(log, 300, ts=1000)
+    log.sync()
+    log.retain(None, 1, 10**12)
+    assert len(log.segments) == 1  # only the active one is left
+    assert log.first_offset == log.segments[0].base
+    log.append(b"new", 10**12)
+    log.flush()
+    assert log.reader(0).read(1000)[-1].payload == b"new"
+
+
+def test_reopen_keeps_everything_and_continues_offsets(tmp_path: Path) -> None:
+    log = _log(tmp_path)
+    _fill(log, 700)
+    log.sync()
+    log.close()
+    again = _log(tmp_path)
+    assert (again.first_offset, again.next_offset) == (0, 700)
+    assert again.last_chunk_offset == log.last_chunk_offset
+    again.append(b"more", 5)
+    again.flush()
+    assert [r.offset for r in again.reader(695).read(10)] == [695, 696, 697, 698, 699, 700]
+    assert again.offset_for_timestamp(1350) == 350
+
+
+def test_torn_tail_is_cut(tmp_path: Path) -> None:
+    log = _log(tmp_path, segment=10**9)
+    _fill(log, 50)
+    log.sync()
+    seg = log.segments[-1].path
+    log.close()
+    with open(seg, "ab") as fh:  # half a record after the last good one
+        fh.write(b"\x00\x01\x02\x03\x04\x05\x06")
+    again = _log(tmp_path, segment=10**9)
+    assert again.next_offset == 50 and again.truncated_bytes == 7
+    assert os.path.getsize(seg) == again.segments[-1].size
+
+
+def test_corrupt_record_cuts_it_and_what_follows(tmp_path: Path) -> None:
+    log = _log(tmp_path, segment=10**9)
+    _fill(log, 20, size=40)
+    log.sync()
+    seg = log.segments[-1].path
+    log.close()
+    data = bytearray(seg.read_bytes())
+    record = 25 + 40
+    data[HEADER_SIZE + 10 * record + 30] ^= 0xFF  # inside record 10's payload
+    seg.write_bytes(bytes(data))
+    again = _log(tmp_path, segment=10**9)
+    assert again.next_offset == 10
+    assert [r.offset for r in again.reader(0).read(100)] == list(range(10))
+
+
+def test_sealed_segments_use_their_index_file(tmp_path: Path) -> None:
+    log = _log(tmp_path)
+    _fill(log, 400)
+    log.sync()
+    log.close()
+    idx = sorted(tmp_path.glob("*.idx"))
+    assert idx and len(idx) == len(list(tmp_path.glob("*" + SEG))) - 1
+    idx[0].write_bytes(b"garbage")  # a bad index: the segment is scanned instead
+    again = _log(tmp_path)
+    assert [r.offset for r in again.reader(0).records(400)] == list(range(400))
+    assert again.retain(1, None, 0) == 0  # its index is not written yet: kept for now
+    again.sync()  # writes it again
+    assert idx[0].read_bytes() == again.segments[0].index_bytes()
+    assert again.retain(1, None, 0) == len(idx)  # now every sealed segment may go
+    assert len(again.segments) == 1
+
+
+def test_sync_covers_a_segment_sealed_after_it_started(tmp_path: Path) -> None:
+    """Records flushed into a segment that filled up are fsynced by the next sync even
+    though a newer segment is the active one by then (the confirm waits for it)."""
+    log = _log(tmp_path, segment=1000)
+    _fill(log, 30, size=100, per_flush=30)
+    assert log.rolls >= 1 and log.sync() == 30 and log.synced_offset == 30
+    assert all(seg.indexed for seg in log.segments[:-1])
+
+
+def test_replica_append_keeps_the_leaders_offsets(tmp_path: Path) -> None:
+    leader = _log(tmp_path / "l")
+    _fill(leader, 30)
+    follower = _log(tmp_path / "f")
+    for r in leader.reader(0).records(30):
+        follower.append_replica(r.offset, r.timestamp, r.chunk_start, r.payload)
+    follower.flush()
+    assert follower.last_chunk_offset == leader.last_chunk_offset
+    assert [r.payload for r in follower.reader(0).records(30)] == \
+        [r.payload for r in leader.reader(0).records(30)]
+    with pytest.raises(StreamLogError):
+        follower.append_replica(40, 0, True, b"gap")
+
+
+def test_destroy_removes_the_directory(tmp_path: Path) -> None:
+    log = _log(tmp_path / "s")
+    _fill(log, 10)
+    log.destroy()
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_cut_earlier_segment_drops_the_later_ones_for_good(tmp_path: Path) -> None:
+    log = _log(tmp_path, segment=2000)
+    _fill(log, 100, size=100, per_flush=100)
+    log.sync()
+    log.close()
+    first = sorted(tmp_path.glob("*" + SEG))[0]
+    first.with_suffix(".idx").unlink()
+    data = bytearray(first.read_bytes())
+    data[HEADER_SIZE + 5 * (25 + 100) + 40] ^= 0xFF  # record 5's payload
+    first.write_bytes(bytes(data))
+    again = _log(tmp_path, segment=2000)
+    assert again.next_offset == 5 and len(list(tmp_path.glob("*" + SEG))) == 2
+    again.append(b"new", 1)
+    again.sync()
+    again.close()
+    third = _log(tmp_path, segment=2000)  # reopening keeps what the second open kept
+    assert [r.payload for r in third.reader(0).records(10)][-1] == b"new"
+    assert third.next_offset == 6
