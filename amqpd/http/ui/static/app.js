@@ -7,7 +7,7 @@
 // The server enforces the same rules; the UI only leaves out what would be refused.
 
 import * as api from "./api.js";
-import { button, clear, describeError, form, h } from "./ui.js";
+import { button, clear, describeError, flash, form, h } from "./ui.js";
 
 const PAGES = [
   // [route prefix, module, nav label, who sees it]
@@ -43,13 +43,6 @@ function banner(text, cls) {
   el.className = cls;
   el.textContent = text;
   el.hidden = false;
-}
-
-export function flash(text, cls = "error") {
-  const el = document.getElementById("flash");
-  clear(el, h("span", {}, text), " ", button("dismiss", () => { el.hidden = true; }, { cls: "link" }));
-  el.className = cls;
-  el.hidden = !text;
 }
 
 api.on("down", () => {
@@ -136,7 +129,8 @@ async function route() {
       return tick();
     },
     live: () => generation === state.generation,
-    go(hash) { location.hash = hash; },
+    // another page, with news for the flash line ("Queue q deleted.")
+    go(hash, news) { if (news) flash(news, "ok"); location.hash = hash; },
   };
   try {
     const mod = await import(`./pages/${entry[1]}.js`);

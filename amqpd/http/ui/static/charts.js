@@ -19,10 +19,14 @@ export class Chart {
       legend: { live: false },
       cursor: { show: false },
       scales: { x: { time: true, auto: false }, y: { range: (u, min, max) => [0, Math.max(max * 1.1, 1)] } },
-      axes: [{}, { values: (u, ticks) => ticks.map((v) => `${fmtShort(v)}${unit}`), size: 70 }],
+      // time labels at least 80 px apart (uPlot's default 40 px overlaps "3:38am3:39am"),
+      // as 24-hour clock times, with seconds only when ticks are less than a minute apart
+      axes: [{ space: 80, values: (u, ticks, axis, space, incr) => ticks.map((t) => fmtClock(t, incr < 60)) },
+        { values: (u, ticks) => ticks.map((v) => `${fmtShort(v)}${unit}`), size: 70 }],
       series: [{}, ...names.map((n, i) => ({ label: n, stroke: COLOURS[i % COLOURS.length], width: 2, points: { show: false } }))],
     };
     this.plot = new window.uPlot(opts, [[], ...names.map(() => [])], this.el);
+    this.el.uplot = this.plot;  // for tests that check what the canvas shows (axis labels)
     this.last = [];
   }
 
@@ -43,6 +47,12 @@ export class Chart {
   }
 
   destroy() { this.plot.destroy(); }
+}
+
+function fmtClock(seconds, withSeconds) {
+  const d = new Date(seconds * 1000);
+  const two = (n) => String(n).padStart(2, "0");
+  return `${two(d.getHours())}:${two(d.getMinutes())}${withSeconds ? `:${two(d.getSeconds())}` : ""}`;
 }
 
 function fmtShort(v) {

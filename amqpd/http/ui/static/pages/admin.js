@@ -44,7 +44,7 @@ const RENDER = {
         { title: "Tags", get: (u) => u.tags.join(", ") },
         { title: "Can access vhosts", get: (u) => perms.filter((p) => p.user === u.name).map((p) => p.vhost).join(", ") || "none" },
         { title: "Has password", get: (u) => (u.password_hash ? "yes" : "no") },
-        { title: "", get: (u) => (u.name === ctx.me.name ? "(you)" : dangerButton("Delete", `Delete user ${u.name}?`, async () => { await api.del(`/api/users/${api.seg(u.name)}`); await refresh(); })) },
+        { title: "", get: (u) => (u.name === ctx.me.name ? "(you)" : dangerButton("Delete", `Delete user ${u.name}?`, async () => { await api.del(`/api/users/${api.seg(u.name)}`); await refresh(); return `User ${u.name} deleted.`; })) },
       ], users, { id: "users-table" }));
     }
     await refresh();
@@ -66,7 +66,7 @@ const RENDER = {
         { title: "Name", get: (v) => v.name, cls: "name" }, { title: "Description", get: (v) => v.description },
         { title: "Tags", get: (v) => (v.tags || []).join(", ") },
         { title: "Ready", get: (v) => fmtNum(v.messages_ready), cls: "num" }, { title: "Unacked", get: (v) => fmtNum(v.messages_unacknowledged), cls: "num" },
-        { title: "", get: (v) => (v.name === "/" ? "" : dangerButton("Delete", `Delete vhost ${v.name} with all its queues and messages?`, async () => { await api.del(`/api/vhosts/${api.seg(v.name)}`); await refresh(); })) },
+        { title: "", get: (v) => (v.name === "/" ? "" : dangerButton("Delete", `Delete vhost ${v.name} with all its queues and messages?`, async () => { await api.del(`/api/vhosts/${api.seg(v.name)}`); await refresh(); return `Virtual host ${v.name} deleted.`; })) },
       ], vhosts, { id: "vhosts-table" }));
     }
     await refresh();
@@ -89,7 +89,7 @@ const RENDER = {
       clear(list, table([
         { title: "User", get: (p) => p.user }, { title: "Virtual host", get: (p) => p.vhost },
         { title: "Configure", get: (p) => p.configure }, { title: "Write", get: (p) => p.write }, { title: "Read", get: (p) => p.read },
-        { title: "", get: (p) => dangerButton("Clear", null, async () => { await api.del(`/api/permissions/${api.seg(p.vhost)}/${api.seg(p.user)}`); await refresh(); }) },
+        { title: "", get: (p) => dangerButton("Clear", null, async () => { await api.del(`/api/permissions/${api.seg(p.vhost)}/${api.seg(p.user)}`); await refresh(); return `Permissions of ${p.user} in ${p.vhost} cleared.`; }) },
       ], perms, { id: "permissions-table" }));
     }
     await refresh();
@@ -112,7 +112,7 @@ const RENDER = {
       clear(list, table([
         { title: "User", get: (p) => p.user }, { title: "Virtual host", get: (p) => p.vhost }, { title: "Exchange", get: (p) => p.exchange },
         { title: "Write", get: (p) => p.write }, { title: "Read", get: (p) => p.read },
-        { title: "", get: (p) => dangerButton("Clear", null, async () => { await api.del(`/api/topic-permissions/${api.seg(p.vhost)}/${api.seg(p.user)}/${api.seg(p.exchange)}`); await refresh(); }) },
+        { title: "", get: (p) => dangerButton("Clear", null, async () => { await api.del(`/api/topic-permissions/${api.seg(p.vhost)}/${api.seg(p.user)}/${api.seg(p.exchange)}`); await refresh(); return "Topic permission cleared."; }) },
       ], perms, { id: "topic-permissions-table" }));
     }
     await refresh();
@@ -139,7 +139,7 @@ const RENDER = {
         { title: "Virtual host", get: (p) => p.vhost }, { title: "Name", get: (p) => p.name, cls: "name" },
         { title: "Pattern", get: (p) => p.pattern }, { title: "Apply to", get: (p) => p["apply-to"] },
         { title: "Definition", get: (p) => fmtJson(p.definition) }, { title: "Priority", get: (p) => String(p.priority) },
-        { title: "", get: (p) => dangerButton("Delete", `Delete policy ${p.name}?`, async () => { await api.del(`/api/policies/${api.seg(p.vhost)}/${api.seg(p.name)}`); await refresh(); }) },
+        { title: "", get: (p) => dangerButton("Delete", `Delete policy ${p.name}?`, async () => { await api.del(`/api/policies/${api.seg(p.vhost)}/${api.seg(p.name)}`); await refresh(); return `Policy ${p.name} deleted.`; }) },
       ], pols, { id: "policies-table" }));
     }
     await refresh();
@@ -173,7 +173,7 @@ const RENDER = {
         const rows = limitRows(await api.get(path), key, path);
         clear(el, table([{ title: key === "vhost" ? "Virtual host" : "User", get: (r) => r.who }, { title: "Limit", get: (r) => r.limit },
           { title: "Value", get: (r) => String(r.value) },
-          { title: "", get: (r) => dangerButton("Clear", null, async () => { await api.del(`${path}/${api.seg(r.who)}/${r.limit}`); await refresh(); }) },
+          { title: "", get: (r) => dangerButton("Clear", null, async () => { await api.del(`${path}/${api.seg(r.who)}/${r.limit}`); await refresh(); return `Limit ${r.limit} of ${r.who} cleared.`; }) },
         ], rows, { empty: "No limits set." }));
       } catch (exc) {
         const missing = exc instanceof api.ApiError && exc.status === 404;

@@ -45,3 +45,21 @@ export function filterBox(value, regex, onchange, { placeholder = "Filter by nam
 }
 
 export function errorBox(el, exc, describe) { clear(el, h("div", { class: "form-status error" }, describe(exc))); }
+
+export const is404 = (exc) => exc instanceof api.ApiError && exc.status === 404;
+
+// the page of an object that is not there (any more): says so, with no forms to use on it
+export function notFound(ctx, text, [href, label]) {
+  clear(ctx.root, h("p", {}, h("a", { href }, `« ${label}`)),
+    h("section", { class: "panel not-found", id: "not-found" }, h("h1", {}, "Not found"),
+      h("p", {}, text), h("p", { class: "muted" }, "The broker answered 404 (Object Not Found).")));
+}
+
+// GET the object a page shows; null, with the not-found page drawn, when it is missing
+export async function fetchOr404(ctx, path, text, back) {
+  try { return await api.get(path); } catch (exc) {
+    if (!is404(exc)) throw exc;
+    notFound(ctx, text, back);
+    return null;
+  }
+}

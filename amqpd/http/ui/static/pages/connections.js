@@ -2,7 +2,7 @@
 
 import * as api from "../api.js";
 import { clear, dangerButton, fmtJson, fmtNum, h, kv, link, section, table } from "../ui.js";
-import { connectionHref } from "./common.js";
+import { connectionHref, fetchOr404, is404, notFound } from "./common.js";
 import { channelColumns } from "./channels.js";
 
 export async function render(ctx) {
@@ -31,18 +31,29 @@ function clientName(c) {
 function closeButton(name, after) {
   return dangerButton("Close", `Close connection ${name}?`, async () => {
     await api.request("DELETE", `/api/connections/${api.seg(name)}`);
-    if (after) after();
-    return "Closed.";
+    const said = `Connection ${name} closed.`;
+    if (after) { after(said); return ""; }
+    return said;
   });
 }
 
 async function renderOne(ctx, name) {
+  const base = `/api/connections/${api.seg(name)}`;
+  const missing = `Connection "${name}" does not exist (it may have closed).`;
+  const back = ["#/connections", "Connections"];
+  if (!(await fetchOr404(ctx, base, missing, back))) return;
   const details = h("div"), channels = h("div", { id: "connection-channels" });
   ctx.root.append(h("p", {}, link("#/connections", "« Connections")), h("h1", {}, "Connection ", h("span", { class: "objname" }, name)),
     section("Details", details), section("Channels", channels),
-    section("Close this connection", closeButton(name, () => ctx.go("#/connections"))));
+    section("Close this connection", closeButton(name, (said) => ctx.go("#/connections", said))));
   await ctx.every(5000, async () => {
-    const [c, chans] = await Promise.all([api.get(`/api/connections/${api.seg(name)}`), api.get(`/api/connections/${api.seg(name)}/channels`)]);
+    let c, chans;
+    try {
+      [c, chans] = await Promise.all([api.get(base), api.get(`${base}/channels`)]);
+    } catch (exc) {
+      if (is404(exc) && ctx.live()) { notFound(ctx, missing, back); return; }
+      throw exc;
+    }
     if (!ctx.live()) return;
     clear(details, kv([["User", c.user], ["Virtual host", c.vhost], ["Client", clientName(c)], ["Peer", `${c.peer_host}:${c.peer_port}`],
       ["Protocol", c.protocol], ["TLS", c.ssl ? "yes" : "no"], ["Heartbeat", `${c.timeout}s`], ["Frame max", fmtNum(c.frame_max)],

@@ -2,8 +2,8 @@
 // both directions, binding it to a queue or exchange, publishing to it, deleting it.
 
 import * as api from "../api.js";
-import { clear, dangerButton, fmtJson, form, h, link, parseArgs, section, table } from "../ui.js";
-import { exchangeHref, queueHref, vhostNames, vhostSelect } from "./common.js";
+import { clear, dangerButton, features, fmtJson, form, h, link, parseArgs, section, table } from "../ui.js";
+import { exchangeHref, fetchOr404, is404, notFound, queueHref, vhostNames, vhostSelect } from "./common.js";
 import { publishForm } from "./publish.js";
 
 const view = { vhost: "" };
@@ -40,7 +40,7 @@ export async function render(ctx) {
       { title: "Virtual host", get: (e) => e.vhost },
       { title: "Name", get: (e) => link(exchangeHref(e.vhost, e.name), e.name || "(AMQP default)"), cls: "name" },
       { title: "Type", get: (e) => e.type },
-      { title: "Features", get: (e) => [e.durable ? "D " : "", e.auto_delete ? "AD " : "", e.internal ? "I " : "", fmtJson(e.arguments)].join("") },
+      { title: "Features", get: (e) => features(e) },
       { title: "Policy", get: (e) => e.policy || "" },
     ], items, { id: "exchanges-table" }));
   }
@@ -54,6 +54,9 @@ async function renderOne(ctx, vhost, name) {
   const out = h("div", { id: "bindings-out" });
   const incoming = h("div", { id: "bindings-in" });
   const real = urlName === "amq.default" ? "" : urlName;
+  const missing = `Exchange "${real}" does not exist in virtual host "${vhost}".`;
+  const back = ["#/exchanges", "Exchanges"];
+  if (!(await fetchOr404(ctx, base, missing, back))) return;
   ctx.root.append(h("p", {}, link("#/exchanges", "« Exchanges")),
     h("h1", {}, "Exchange ", h("span", { class: "objname" }, real || "(AMQP default)"), h("span", { class: "muted" }, ` in vhost ${vhost}`)),
     section("Details", details),
@@ -71,12 +74,18 @@ async function renderOne(ctx, vhost, name) {
     section("Bindings to this exchange", incoming),
     section("Publish a message", publishForm(vhost, urlName)),
     real && !real.startsWith("amq.") ? section("Delete", dangerButton("Delete this exchange", `Delete exchange ${real}?`, async () => {
-      await api.del(base); ctx.go("#/exchanges"); return "Deleted.";
+      await api.del(base); ctx.go("#/exchanges", `Exchange ${real} deleted.`);
     })) : null);
 
   const dest = (b) => (b.destination_type === "queue" ? link(queueHref(vhost, b.destination), `queue ${b.destination}`) : link(exchangeHref(vhost, b.destination), `exchange ${b.destination}`));
   async function refresh() {
-    const [e, from, to] = await Promise.all([api.get(base), api.get(`${base}/bindings/source`), api.get(`${base}/bindings/destination`)]);
+    let e, from, to;
+    try {
+      [e, from, to] = await Promise.all([api.get(base), api.get(`${base}/bindings/source`), api.get(`${base}/bindings/destination`)]);
+    } catch (exc) {
+      if (is404(exc) && ctx.live()) { notFound(ctx, `${missing} It was deleted.`, back); return; }
+      throw exc;
+    }
     if (!ctx.live()) return;
     clear(details, table([{ title: "Type", get: (x) => x.type }, { title: "Durable", get: (x) => String(x.durable) },
       { title: "Auto delete", get: (x) => String(x.auto_delete) }, { title: "Internal", get: (x) => String(x.internal) },
@@ -84,6 +93,7 @@ async function renderOne(ctx, vhost, name) {
     const unbind = (b) => dangerButton("Unbind", null, async () => {
       await api.del(`/api/bindings/${api.seg(vhost)}/e/${api.seg(b.source)}/${b.destination_type[0]}/${api.seg(b.destination)}/${api.seg(b.properties_key)}`);
       await refresh();
+      return "Unbound.";
     });
     clear(out, table([{ title: "To", get: dest }, { title: "Routing key", get: (b) => b.routing_key },
       { title: "Arguments", get: (b) => fmtJson(b.arguments) }, { title: "", get: (b) => (real ? unbind(b) : "") }], real ? from : [], { empty: real ? "No bindings." : "(implicit)" }));

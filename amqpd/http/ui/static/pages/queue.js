@@ -4,9 +4,8 @@
 
 import * as api from "../api.js";
 import { Chart, History } from "../charts.js";
-import { clear, dangerButton, fmtBytes, fmtJson, fmtNum, fmtRate, form, h, kv, link, parseArgs, section, table } from "../ui.js";
-import { connectionHref, exchangeHref } from "./common.js";
-import { features } from "./queues.js";
+import { clear, dangerButton, features, fmtBytes, fmtJson, fmtNum, fmtRate, form, h, kv, link, parseArgs, section, table } from "../ui.js";
+import { connectionHref, exchangeHref, fetchOr404, is404, notFound } from "./common.js";
 import { publishForm } from "./publish.js";
 
 const RATES = ["publish", "deliver_get", "ack", "redeliver"];
@@ -14,6 +13,9 @@ const RATES = ["publish", "deliver_get", "ack", "redeliver"];
 export async function render(ctx) {
   const [vhost, name] = ctx.params;
   const base = `/api/queues/${api.seg(vhost)}/${api.seg(name)}`;
+  const missing = `Queue "${name}" does not exist in virtual host "${vhost}".`;
+  const back = ["#/queues", "Queues"];
+  if (!(await fetchOr404(ctx, base, missing, back))) return;
   const details = h("div", { id: "queue-details" });
   const chartBox = h("div", { class: "chart-box" });
   const rateNow = h("div", { class: "muted", id: "queue-rates-now" });
@@ -63,7 +65,7 @@ export async function render(ctx) {
     section("Purge and delete",
       dangerButton("Purge messages", `Remove every ready message from ${name}?`, async () => { await api.del(`${base}/contents`); refresh(); return "Purged."; }),
       " ",
-      dangerButton("Delete queue", `Delete queue ${name} and its messages?`, async () => { await api.del(base); ctx.go("#/queues"); return "Deleted."; })),
+      dangerButton("Delete queue", `Delete queue ${name} and its messages?`, async () => { await api.del(base); ctx.go("#/queues", `Queue ${name} deleted.`); })),
   );
   const chart = new Chart(chartBox, ["publish", "deliver", "ack", "redeliver"], { id: "queue-rate-chart" });
   const history = new History();
@@ -71,10 +73,7 @@ export async function render(ctx) {
   async function refresh() {
     let q;
     try { q = await api.get(base); } catch (exc) {
-      if (exc instanceof api.ApiError && exc.status === 404) {
-        clear(details, h("div", { class: "form-status error" }, `Queue ${name} does not exist in vhost ${vhost} (any more).`));
-        return;
-      }
+      if (is404(exc) && ctx.live()) { notFound(ctx, `${missing} It was deleted.`, back); return; }
       throw exc;
     }
     if (!ctx.live()) return;
@@ -114,6 +113,7 @@ export async function render(ctx) {
       { title: "", get: (b) => (b.source ? dangerButton("Unbind", null, async () => {
         await api.del(`/api/bindings/${api.seg(vhost)}/e/${api.seg(b.source)}/q/${api.seg(name)}/${api.seg(b.properties_key)}`);
         await refreshBindings();
+        return "Unbound.";
       }) : "") },
     ], list, { id: "bindings-table" }));
   }

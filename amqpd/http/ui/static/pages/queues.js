@@ -3,7 +3,7 @@
 // and a form to add one.
 
 import * as api from "../api.js";
-import { clear, describeError, fmtNum, fmtRate, form, h, link, parseArgs, section, table } from "../ui.js";
+import { clear, describeError, features, fmtNum, fmtRate, form, h, link, parseArgs, section, table } from "../ui.js";
 import { filterBox, pager, queueHref, vhostNames, vhostSelect } from "./common.js";
 
 const view = { vhost: "", name: "", regex: false, page: 1, pageSize: 100, sort: { key: "name", reverse: false } };
@@ -74,13 +74,4 @@ export async function render(ctx) {
     ], res.items, { sort: view.sort, onSort, id: "queues-table", empty: view.name ? "No queue matches the filter." : "No queues." }));
   }
   await ctx.every(5000, refresh);
-}
-
-export function features(q) {
-  const f = [];
-  if (q.durable) f.push(h("abbr", { title: "durable", class: "feature" }, "D"));
-  if (q.auto_delete) f.push(h("abbr", { title: "auto-delete", class: "feature" }, "AD"));
-  if (q.exclusive) f.push(h("abbr", { title: "exclusive", class: "feature" }, "Excl"));
-  for (const k of Object.keys(q.arguments || {})) f.push(h("abbr", { title: `${k}: ${JSON.stringify(q.arguments[k])}`, class: "feature arg" }, k.replace(/^x-/, "")));
-  return f;
 }

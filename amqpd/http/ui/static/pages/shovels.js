@@ -31,7 +31,7 @@ export async function render(ctx) {
       { title: "Since", get: (s) => s.timestamp },
       { title: "", get: (s) => (s.type === "dynamic" && ctx.me.policymaker ? [
         dangerButton("Restart", null, () => api.del(`/api/shovels/vhost/${api.seg(s.vhost)}/${api.seg(s.name)}/restart`).then(() => "Restarting.")),
-        dangerButton("Delete", `Delete shovel ${s.name}?`, () => api.del(`/api/shovels/vhost/${api.seg(s.vhost)}/${api.seg(s.name)}`).then(() => "Deleted.")),
+        dangerButton("Delete", `Delete shovel ${s.name}?`, () => api.del(`/api/shovels/vhost/${api.seg(s.vhost)}/${api.seg(s.name)}`).then(() => `Shovel ${s.name} deleted.`)),
       ] : "") },
     ], items, { id: "shovels-table", empty: "No shovels." }));
   });
