@@ -12,6 +12,7 @@ from typing import Any
 import amqpd
 from amqpd.broker.api import EXCHANGE_TYPES, BrokerAPI
 from amqpd.http.core import Ctx, Router, bad_request, json_response, no_content, not_found
+from amqpd.http.object_history import sample_window
 
 # The management API version amqpd's paths and JSON shapes follow (rabbitmqadmin and
 # dashboards read ``rabbitmq_version``); ``product_version`` is amqpd's own.
@@ -93,16 +94,6 @@ def listeners(ctx: Ctx) -> list[dict[str, Any]]:
         out.append({"node": node, "protocol": "https" if http["tls"] else "http",
                     "ip_address": http["host"], "port": http["port"], "socket_opts": {}})
     return out
-
-
-def sample_window(ctx: Ctx, age_key: str, incr_key: str) -> tuple[float, float]:
-    """RabbitMQ's ``msg_rates_age``/``msg_rates_incr`` (and ``lengths_*``) in seconds."""
-    try:
-        age = float(ctx.query.get(age_key) or 0)
-        incr = float(ctx.query.get(incr_key) or 0)
-    except ValueError:
-        raise bad_request(f"{age_key} and {incr_key} must be numbers") from None
-    return max(age, 0.0), max(incr, 0.0)
 
 
 async def overview(ctx: Ctx) -> Any:

@@ -308,3 +308,71 @@ def test_sessions_survive_a_broker_restart(tmp_path: Path) -> None:
         assert b.call("GET", "/api/whoami")[0] == 200
     finally:
         proc.stop()
+
+
+def test_queue_connection_and_channel_samples_are_there_at_the_first_request(
+        api: Api, broker: BrokerProcess) -> None:
+    """RabbitMQ's object charts open with the last minute drawn: the samples are kept on
+    the server per object (every stats tick, 0.5 s here) and come back as *_details."""
+    queue, label = uid("history"), uid("history-conn")
+    params = pika.URLParameters(broker.url)
+    params.client_properties = {"connection_name": label}
+    conn = pika.BlockingConnection(params)
+    window = "?msg_rates_age=60&msg_rates_incr=0.5&lengths_age=60&lengths_incr=0.5"
+    try:
+        ch = conn.channel()
+        ch.queue_declare(queue)
+        deadline = time.monotonic() + 20
+        body: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            for _ in range(10):
+                ch.basic_publish("", queue, b"x" * 100)
+            ch.basic_get(queue, auto_ack=False)  # one unacked more each round
+            conn.sleep(0.3)
+            body = api.get(f"/api/queues/%2F/{queue}{window}").json()
+            if len(body["messages_ready_details"]["samples"]) >= 4:
+                break
+        ready = body["messages_ready_details"]["samples"]
+        assert len(ready) >= 4, body["messages_ready_details"]
+        stamps = [s["timestamp"] for s in ready]
+        assert stamps == sorted(stamps, reverse=True)  # newest first, as RabbitMQ
+        assert ready[0]["sample"] > ready[-1]["sample"]  # the queue grew
+        unacked = body["messages_unacknowledged_details"]["samples"]
+        total = body["messages_details"]["samples"]
+        assert [t["sample"] for t in total] == [r["sample"] + u["sample"]
+                                               for r, u in zip(ready, unacked, strict=True)]
+        publish = body["message_stats"]["publish_details"]
+        assert len(publish["samples"]) >= 4 and publish["samples"][0]["sample"] >= 10
+        assert {"avg", "avg_rate", "rate"} <= set(publish)
+        # the connection: bytes sent (the basic.get replies) and its channel's publishes
+        name = next(c["name"] for c in api.get("/api/connections").json()
+                    if c["client_properties"].get("connection_name") == label)
+        c = api.get(f"/api/connections/{q(name)}{window}").json()
+        assert c["send_oct"] > 0 and len(c["send_oct_details"]["samples"]) >= 4
+        assert 0 < c["send_oct_details"]["samples"][0]["sample"] <= c["send_oct"]
+        assert c["message_stats"]["publish"] >= 10
+        assert len(c["message_stats"]["publish_details"]["samples"]) >= 4
+        chan = api.get(f"/api/channels/{q(name + ' (1)')}{window}").json()
+        assert len(chan["message_stats"]["publish_details"]["samples"]) >= 4
+        # without the parameters, RabbitMQ's plain shape; a bad window is refused
+        plain = api.get(f"/api/queues/%2F/{queue}").json()
+        assert "samples" not in plain["messages_ready_details"]
+        assert "samples" not in plain["message_stats"]["publish_details"]
+        assert api.get(f"/api/queues/%2F/{queue}?lengths_age=soon").status == 400
+    finally:
+        conn.close()
+
+
+def test_object_history_is_bounded() -> None:
+    from amqpd.http.object_history import MAX_POINTS, ObjectHistory
+
+    h = ObjectHistory(interval=0.1, max_objects=3)
+    for t in range(1000):
+        for key in range(5):
+            h.record(key, t * 100, (t,))
+    assert len(h) == 3  # the first three objects; the others get no history
+    block = h.samples(0, 0, age=3600, incr=0)
+    assert len(block["samples"]) == MAX_POINTS
+    assert block["samples"][0] == {"sample": 999, "timestamp": 99900}
+    h.retain({1})
+    assert len(h) == 1 and h.samples(0, 0, 60, 0)["samples"] == []
