@@ -2,7 +2,8 @@
 
 Importing pasted definitions after a file import, pages of missing objects, delete
 confirmations, the login error, the publish form's default delivery mode, readable time
-labels under the charts, and the exchanges' features column. One broker for the module;
+labels under the charts, the exchanges' features column, and object charts that open
+with the last minute drawn. One broker for the module;
 skips with a clear message where Chromium or its driver is missing.
 """
 
@@ -10,11 +11,13 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pika
 import pytest
 
 from tests.integration._http import Api, q
@@ -23,6 +26,7 @@ from tests.integration.webui_support import (
     fill,
     go,
     login,
+    shot,
     submit,
     text_of,
     wait,
@@ -194,3 +198,53 @@ def test_the_exchanges_features_column_shows_flags(ui: Any, broker: BrokerProces
     assert flags == {"D": "durable", "AD": "auto-delete", "I": "internal",
                      "AE": 'alternate-exchange: "amq.fanout"', "custom": "x-custom: 1"}
     assert "{" not in row.text
+
+
+# ---------------------------------------------------------------------------- history
+def test_object_charts_open_with_the_last_minute_drawn(ui: Any, broker: BrokerProcess,
+                                                       api: Api) -> None:
+    """Messages move while no page is open; the queue's and the connection's pages then
+    draw several points at once, from the samples the server kept (one a second here)."""
+    queue, label = uid("charted"), uid("charted-conn")
+    params = pika.URLParameters(broker.url)
+    params.client_properties = {"connection_name": label}
+    conn = pika.BlockingConnection(params)
+    try:
+        ch = conn.channel()
+        ch.queue_declare(queue)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            for _ in range(20):
+                ch.basic_publish("", queue, b"x" * 200)
+            ch.basic_get(queue, auto_ack=True)
+            conn.sleep(0.5)
+            got = api.get(f"/api/queues/%2F/{queue}?lengths_age=60&lengths_incr=5").json()
+            if len(got["messages_ready_details"]["samples"]) >= 3:
+                break
+        go(ui, broker.http_url, f"queues/%2F/{q(queue)}", "#queue-details table")
+
+        def points(css: str) -> int:
+            return int(ui.find_element("css selector", css).get_attribute("data-points"))
+        # the first draw, not one polled later: the page redraws every 5 s, we look now
+        wait(ui, lambda d: points("#queue-length-chart") >= 3, timeout=4,
+             what="three queued-message points on the first draw")
+        assert float(ui.find_element("css selector", "#queue-length-chart")
+                     .get_attribute("data-max")) >= 20
+        assert points("#queue-rate-chart") >= 2
+        shot(ui, "queue-history")
+        assert float(ui.find_element("css selector", "#queue-rate-chart")
+                     .get_attribute("data-max")) > 0
+        name = next(c["name"] for c in api.get("/api/connections").json()
+                    if c["client_properties"].get("connection_name") == label)
+        go(ui, broker.http_url, f"connections/{q(name)}", "#connection-channels table")
+        wait(ui, lambda d: points("#connection-data-chart") >= 2
+             and points("#connection-rate-chart") >= 2, timeout=4,
+             what="connection rate points on the first draw")
+        assert float(ui.find_element("css selector", "#connection-data-chart")
+                     .get_attribute("data-max")) > 0  # the basic.get replies
+        assert float(ui.find_element("css selector", "#connection-rate-chart")
+                     .get_attribute("data-max")) > 0  # the publishes
+        assert "sent" in text_of(ui, "#connection-rates-now")
+        shot(ui, "connection-history")
+    finally:
+        conn.close()

@@ -1,7 +1,8 @@
 // Rate and length charts over uPlot (vendor/uplot, loaded by index.html as window.uPlot).
 //
-// The overview's history comes from the server (RabbitMQ's `samples`: cumulative counts,
-// newest first); a queue page keeps the rates it polls. Either way a chart is fed rows of
+// The history comes from the server (RabbitMQ's `samples`: counts or lengths, newest first):
+// ten minutes of the node's for the overview, the last minute of a queue's, channel's or
+// connection's for its page, so a chart opens full. A chart is fed rows of
 // [unix seconds, value per series...] and redraws in place.
 
 import { h } from "./ui.js";
@@ -61,35 +62,37 @@ function fmtShort(v) {
   return v % 1 ? v.toFixed(1) : String(v);
 }
 
+// the samples of several RabbitMQ-shaped details, and how many points all of them have;
+// a series the object does not count at all (no details, say a channel's redeliveries)
+// is drawn as zero rather than hiding the others
+function sampleSeries(detailsList) {
+  const series = detailsList.map((d) => (d && d.samples ? d.samples : null));
+  const present = series.filter((s) => s !== null);
+  const n = present.length ? Math.min(...present.map((s) => s.length)) : 0;
+  const base = present[0];
+  const value = (s, i) => (s === null ? 0 : s[i].sample);
+  return { series, n, base, value };
+}
+
 // RabbitMQ-shaped details {samples:[{sample, timestamp}] newest first} for several
 // series -> rate rows, oldest first, one per interval between samples
 export function ratesFromSamples(detailsList) {
-  const series = detailsList.map((d) => (d && d.samples ? d.samples : []));
-  const n = Math.min(...series.map((s) => s.length));
+  const { series, n, base, value } = sampleSeries(detailsList);
   const rows = [];
   for (let i = n - 2; i >= 0; i--) {
-    const t = series[0][i].timestamp, dt = (t - series[0][i + 1].timestamp) / 1000;
+    const t = base[i].timestamp, dt = (t - base[i + 1].timestamp) / 1000;
     if (dt <= 0) continue;
-    rows.push([t / 1000, ...series.map((s) => Math.max(s[i].sample - s[i + 1].sample, 0) / dt)]);
+    rows.push([t / 1000, ...series.map((s) => Math.max(value(s, i) - value(s, i + 1), 0) / dt)]);
   }
   return rows;
 }
 
 export function lengthsFromSamples(detailsList) {
-  const series = detailsList.map((d) => (d && d.samples ? d.samples : []));
-  const n = Math.min(...series.map((s) => s.length));
+  const { series, n, base, value } = sampleSeries(detailsList);
   const rows = [];
-  for (let i = n - 1; i >= 0; i--) rows.push([series[0][i].timestamp / 1000, ...series.map((s) => s[i].sample)]);
+  for (let i = n - 1; i >= 0; i--) rows.push([base[i].timestamp / 1000, ...series.map((s) => value(s, i))]);
   return rows;
 }
 
-// rates polled by a page, kept for `seconds`
-export class History {
-  constructor(seconds = 600) { this.seconds = seconds; this.rows = []; }
-  push(values) {
-    const now = Date.now() / 1000;
-    this.rows.push([now, ...values]);
-    while (this.rows.length && this.rows[0][0] < now - this.seconds) this.rows.shift();
-    return this.rows;
-  }
-}
+// the query that asks the API for an object's last minute of samples (RabbitMQ's own)
+export const LAST_MINUTE = "?msg_rates_age=60&msg_rates_incr=5&lengths_age=60&lengths_incr=5";

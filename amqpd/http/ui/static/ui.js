@@ -25,6 +25,9 @@ function append(el, children) {
   }
 }
 
+// el.append that leaves out null, undefined and false (sections shown only to some users)
+export function add(el, ...children) { append(el, children); return el; }
+
 export function clear(el, ...children) { el.replaceChildren(); append(el, children); return el; }
 
 export function link(href, text) { return h("a", { href }, text); }

@@ -1,7 +1,7 @@
 // Definitions: export (download or view) and import from a file or pasted JSON.
 
 import * as api from "../api.js";
-import { form, h, section } from "../ui.js";
+import { add, form, h, section } from "../ui.js";
 import { vhostNames } from "./common.js";
 
 export async function render(ctx) {
@@ -11,7 +11,7 @@ export async function render(ctx) {
   // again, so an import forgets the chosen file, and so does typing in the paste box
   let importForm = null;
   const forgetFile = () => { importForm.querySelector("input[type=file]").value = ""; };
-  ctx.root.append(h("h1", {}, "Definitions"),
+  add(ctx.root, h("h1", {}, "Definitions"),
     section("Export", h("p", { class: "muted" }, "Users, vhosts, permissions, policies, parameters, exchanges, queues and bindings, in RabbitMQ's JSON format."),
       h("p", {}, h("a", { href: "/api/definitions?download=amqpd-definitions.json", id: "export-link", download: "amqpd-definitions.json" }, "Download the broker's definitions"),
         " · ", names.map((v, i) => [i ? ", " : "", h("a", { href: `${vhostPath(v)}?download=${encodeURIComponent(`amqpd-${v}.json`)}` }, `vhost ${v}`)]))),

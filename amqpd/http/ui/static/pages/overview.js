@@ -4,7 +4,7 @@
 
 import * as api from "../api.js";
 import { Chart, lengthsFromSamples, ratesFromSamples } from "../charts.js";
-import { clear, fmtBytes, fmtDuration, fmtNum, fmtRate, h, kv, section, table } from "../ui.js";
+import { add, clear, fmtBytes, fmtDuration, fmtNum, fmtRate, h, kv, section, table } from "../ui.js";
 
 const RATES = ["publish", "deliver_get", "ack", "confirm", "redeliver"];
 const RATE_LABELS = ["publish", "deliver", "ack", "confirm", "redeliver"];
@@ -18,7 +18,7 @@ export async function render(ctx) {
   const node = h("div", { id: "node" });
   const listeners = h("div", { id: "listeners" });
   const about = h("div", { id: "about" });
-  ctx.root.append(
+  add(ctx.root, 
     h("h1", {}, "Overview"), alarms,
     section("Totals", totals),
     section("Message rates (last 10 minutes)", rateBox, rateNow),
@@ -30,7 +30,7 @@ export async function render(ctx) {
   const rates = new Chart(rateBox, RATE_LABELS, { id: "rate-chart" });
   const lengths = new Chart(lenBox, ["ready", "unacked"], { unit: "", id: "length-chart" });
 
-  await ctx.every(5000, async () => {
+  await ctx.every(async () => {
     const o = await api.get("/api/overview" + api.query({ msg_rates_age: 600, msg_rates_incr: 5, lengths_age: 600, lengths_incr: 5 }));
     if (!ctx.live()) return;
     const t = o.object_totals, q = o.queue_totals, m = o.message_stats || {};

@@ -1,11 +1,12 @@
-// One queue: details and policy, its rates, consumers, bindings (add and remove), and the
+// One queue: details and policy, its length and rates over the last minute (samples kept
+// by the server, so the charts open full), consumers, bindings (add and remove), and the
 // message tools: get (ack mode, count, encoding), publish, purge, delete, and moving its
 // messages to another queue through a shovel when the shovel plugin runs.
 
 import * as api from "../api.js";
-import { Chart, History } from "../charts.js";
-import { clear, dangerButton, features, fmtBytes, fmtJson, fmtNum, fmtRate, form, h, kv, link, parseArgs, section, table } from "../ui.js";
-import { connectionHref, exchangeHref, fetchOr404, is404, notFound } from "./common.js";
+import { Chart, LAST_MINUTE, lengthsFromSamples, ratesFromSamples } from "../charts.js";
+import { add, clear, dangerButton, features, fmtBytes, fmtJson, fmtNum, fmtRate, form, h, kv, link, parseArgs, section, table } from "../ui.js";
+import { channelHref, connectionHref, exchangeHref, fetchOr404, is404, notFound } from "./common.js";
 import { publishForm } from "./publish.js";
 
 const RATES = ["publish", "deliver_get", "ack", "redeliver"];
@@ -18,15 +19,17 @@ export async function render(ctx) {
   if (!(await fetchOr404(ctx, base, missing, back))) return;
   const details = h("div", { id: "queue-details" });
   const chartBox = h("div", { class: "chart-box" });
+  const lenBox = h("div", { class: "chart-box" });
   const rateNow = h("div", { class: "muted", id: "queue-rates-now" });
   const consumers = h("div", { id: "queue-consumers" });
   const bindings = h("div", { id: "queue-bindings" });
   const got = h("div", { id: "got-messages" });
-  ctx.root.append(
+  add(ctx.root, 
     h("p", {}, link("#/queues", "« Queues")),
     h("h1", {}, "Queue ", h("span", { class: "objname", id: "queue-name" }, name), h("span", { class: "muted" }, ` in vhost ${vhost}`)),
     section("Details", details),
-    section("Message rates (since this page opened)", chartBox, rateNow),
+    section("Queued messages (last minute)", lenBox),
+    section("Message rates (last minute)", chartBox, rateNow),
     section("Consumers", consumers),
     section("Bindings", bindings, form([
       { name: "source", label: "From exchange", required: true },
@@ -67,12 +70,12 @@ export async function render(ctx) {
       " ",
       dangerButton("Delete queue", `Delete queue ${name} and its messages?`, async () => { await api.del(base); ctx.go("#/queues", `Queue ${name} deleted.`); })),
   );
+  const lengths = new Chart(lenBox, ["ready", "unacked"], { unit: "", id: "queue-length-chart" });
   const chart = new Chart(chartBox, ["publish", "deliver", "ack", "redeliver"], { id: "queue-rate-chart" });
-  const history = new History();
 
   async function refresh() {
     let q;
-    try { q = await api.get(base); } catch (exc) {
+    try { q = await api.get(base + LAST_MINUTE); } catch (exc) {
       if (is404(exc) && ctx.live()) { notFound(ctx, `${missing} It was deleted.`, back); return; }
       throw exc;
     }
@@ -89,13 +92,14 @@ export async function render(ctx) {
       ["Messages total", h("span", { id: "messages-total" }, fmtNum(q.messages))],
       ["Ready bytes", fmtBytes(q.message_bytes_ready)],
     ]));
-    chart.set(history.push(RATES.map((k) => (m[`${k}_details`] || {}).rate || 0)));
+    chart.set(ratesFromSamples(RATES.map((k) => m[`${k}_details`])));
+    lengths.set(lengthsFromSamples([q.messages_ready_details, q.messages_unacknowledged_details]));
     clear(rateNow, RATES.map((k) => `${k.replace("_get", "")} ${fmtRate(m[`${k}_details`])}`).join(" · "));
     const all = await api.get(`/api/consumers/${api.seg(vhost)}`);
     if (!ctx.live()) return;
     clear(consumers, table([
       { title: "Consumer tag", get: (c) => c.consumer_tag },
-      { title: "Channel", get: (c) => c.channel_details.name },
+      { title: "Channel", get: (c) => link(channelHref(c.channel_details.name), c.channel_details.name) },
       { title: "Ack required", get: (c) => (c.ack_required ? "yes" : "no") },
       { title: "Exclusive", get: (c) => (c.exclusive ? "yes" : "no") },
       { title: "Prefetch", get: (c) => String(c.prefetch_count) },
@@ -119,7 +123,7 @@ export async function render(ctx) {
   }
 
   await refreshBindings();
-  await ctx.every(5000, refresh);
+  await ctx.every(refresh);
 }
 
 function showMessages(el, msgs) {
