@@ -171,9 +171,25 @@ async function route() {
   }
 }
 
+// a warren standby says so on every page, and where the active (which takes the
+// clients, and whose pages show them) is
+function roleBanner(repl, node) {
+  const el = document.getElementById("role-banner");
+  if (!repl || repl.role === "active" || !repl.role) { el.hidden = true; return; }
+  const active = repl.active_node || "unknown";
+  const where = repl.active_http
+    ? ["Its management UI: ", h("a", { href: `${location.protocol}//${repl.active_http}/`, id: "active-link" }, `${repl.active_node || "the active"} at ${repl.active_http}`), "."]
+    : repl.active_replication ? [`The active replicates from ${repl.active_replication}; open the management UI on that host.`] : [];
+  clear(el, h("strong", {}, `This node (${node}) is a ${repl.role === "standby" ? "standby" : `warren node in role "${repl.role}"`}`),
+    `, not the active node (${active}). It takes no client connections and its pages do not show the active's queues and connections. `, ...where);
+  el.className = "warn";
+  el.hidden = false;
+}
+
 async function refreshOverview() {
   try {
     state.overview = await api.get("/api/overview");
+    roleBanner(state.overview.amqpd_replication, state.overview.node);
     const plugins = state.overview.amqpd_plugins || [];
     if (plugins.join() !== state.plugins.join()) { state.plugins = plugins; renderNav(); }
   } catch (exc) { /* the banner says it when the broker is away */ }

@@ -52,13 +52,23 @@ export async function render(ctx) {
       ["Product", `${o.product_name} ${o.product_version} (speaks RabbitMQ ${o.rabbitmq_version}'s management API)`],
       ["Cluster name", o.cluster_name], ["Node", o.node],
       ["Hot path", h("span", { id: "hot-path" }, o.amqpd_hot_path || "—")],
-      o.amqpd_replication_role ? ["Replication role", o.amqpd_replication_role] : null,
+      o.amqpd_replication ? ["Warren role", h("span", { id: "warren-role" }, `${o.amqpd_replication.role}${o.amqpd_replication.active_node && o.amqpd_replication.role !== "active" ? ` (the active is ${o.amqpd_replication.active_node})` : ""}`)] : null,
       ["Runtime", o.erlang_version], ["Plugins", (o.amqpd_plugins || []).join(", ") || "none"],
     ]));
     if (ctx.me.monitor) {
-      const [n] = await api.get("/api/nodes");
+      const all = await api.get("/api/nodes");
+      const n = all.find((x) => x.name === o.node) || all[0];
       if (!ctx.live() || !n) return;
       renderNode(node, alarms, n);
+      // in a cluster or warren: every node, as RabbitMQ's overview lists them
+      if (all.length > 1) {
+        node.append(h("h3", {}, `All ${all.length} nodes`), table([
+          { title: "Name", get: (x) => x.name + (x.name === o.node ? " (this node)" : "") },
+          { title: "State", get: (x) => h("span", { class: `state ${x.running ? "running" : "error"}` }, x.running ? "running" : "not running") },
+          { title: "Role", get: (x) => x.amqpd_role || (x.amqpd_member === false ? "joining" : "cluster member") },
+          { title: "Partitions", get: (x) => (x.partitions && x.partitions.length ? x.partitions.join(", ") : "none") },
+        ], all, { id: "overview-nodes" }), h("p", {}, h("a", { href: "#/nodes" }, "Details on the Nodes page")));
+      }
     }
   });
 }
