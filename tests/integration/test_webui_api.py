@@ -1,6 +1,9 @@
 """The web UI's server side without a browser: static files, login sessions, paging,
 rate samples and topic permissions, against a real amqpd over HTTP."""
 
+# the api fixture comes from webui_support, and tests name it as an argument
+# ruff: noqa: F811
+
 from __future__ import annotations
 
 import http.cookiejar
@@ -8,7 +11,6 @@ import json
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,24 +19,13 @@ import pika
 import pytest
 
 from tests.integration._http import Api, q
+from tests.integration.webui_support import api, module_broker, uid  # noqa: F401 - api
 from tests.support.brokerproc import BrokerProcess
 
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(tmp_path_factory.mktemp("amqpd"), env={"AMQPD_STATS_INTERVAL": "0.5"})
-    proc.start()
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture(scope="module")
-def api(broker: BrokerProcess) -> Api:
-    return Api(broker.http_url)
-
-
-def uid(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+    yield from module_broker(tmp_path_factory, {"AMQPD_STATS_INTERVAL": "0.5"})
 
 
 class Browser:

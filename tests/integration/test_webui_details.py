@@ -7,12 +7,14 @@ with the last minute drawn. One broker for the module;
 skips with a clear message where Chromium or its driver is missing.
 """
 
+# the fixtures browser, api and ui come from webui_support, and tests name them as arguments
+# ruff: noqa: F811
+
 from __future__ import annotations
 
 import itertools
 import json
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,14 +23,19 @@ import pika
 import pytest
 
 from tests.integration._http import Api, q
-from tests.integration.webui_support import (
-    browser,  # noqa: F401 - the fixture
+from tests.integration.webui_support import (  # noqa: F401 - browser, api, ui: fixtures
+    api,
+    browser,
     fill,
     go,
     login,
+    module_broker,
+    open_link,
     shot,
     submit,
     text_of,
+    ui,
+    uid,
     wait,
     wait_text,
 )
@@ -39,25 +46,7 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(tmp_path_factory.mktemp("amqpd"), env={"AMQPD_STATS_INTERVAL": "1"})
-    proc.start()
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture(scope="module")
-def api(broker: BrokerProcess) -> Api:
-    return Api(broker.http_url)
-
-
-@pytest.fixture
-def ui(browser: Any, broker: BrokerProcess) -> Any:  # noqa: F811
-    login(browser, broker.http_url)
-    return browser
-
-
-def uid(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+    yield from module_broker(tmp_path_factory, {"AMQPD_STATS_INTERVAL": "1"})
 
 
 def queue_defs(name: str) -> dict[str, Any]:
@@ -126,7 +115,7 @@ def test_deleting_says_deleted(ui: Any, broker: BrokerProcess, api: Api) -> None
 
 
 def test_a_wrong_password_shows_only_the_real_reason(
-        browser: Any, broker: BrokerProcess, api: Api) -> None:  # noqa: F811
+        browser: Any, broker: BrokerProcess, api: Api) -> None:
     user = uid("typo")
     api.put(f"/api/users/{user}", {"password": "right", "tags": "management"})
     browser.get(broker.http_url + "/#/")

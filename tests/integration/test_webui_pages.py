@@ -6,10 +6,12 @@ list's type and state columns and column chooser, and the refresh interval. One 
 for the module (the federation plugin on); skips where Chromium or its driver is missing.
 """
 
+# the fixtures browser, api and ui come from webui_support, and tests name them as arguments
+# ruff: noqa: F811
+
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,15 +19,20 @@ import pika
 import pytest
 
 from tests.integration._http import Api, q
-from tests.integration.webui_support import (
-    browser,  # noqa: F401 - the fixture
+from tests.integration.webui_support import (  # noqa: F401 - browser, api, ui: fixtures
+    api,
+    browser,
     fill,
     go,
     login,
+    module_broker,
+    open_link,
     page_errors,
     shot,
     submit,
     text_of,
+    ui,
+    uid,
     wait,
     wait_text,
 )
@@ -36,26 +43,8 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(tmp_path_factory.mktemp("amqpd"), env={
-        "AMQPD_STATS_INTERVAL": "1", "AMQPD_PLUGINS": "federation"})
-    proc.start()
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture(scope="module")
-def api(broker: BrokerProcess) -> Api:
-    return Api(broker.http_url)
-
-
-@pytest.fixture
-def ui(browser: Any, broker: BrokerProcess) -> Any:  # noqa: F811
-    login(browser, broker.http_url)
-    return browser
-
-
-def uid(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+    yield from module_broker(tmp_path_factory,
+                             {"AMQPD_STATS_INTERVAL": "1", "AMQPD_PLUGINS": "federation"})
 
 
 def click_danger(driver: Any, row_css: str, needle: str) -> None:
@@ -115,8 +104,7 @@ def test_a_users_page_sets_permissions_and_deletes_it(ui: Any, broker: BrokerPro
     api.put(f"/api/vhosts/{vhost}", {})
     go(ui, broker.http_url, "admin/users", "#users-table")
     wait_text(ui, "#users-table", user)
-    next(a for a in ui.find_elements("css selector", "#users-table td.name a")
-         if a.text == user).click()
+    open_link(ui, "#users-table td.name a", user)
     wait_text(ui, "#user-details", "management")
     assert "can use no virtual host" in text_of(ui, "#user-permissions")
     fill(ui, "#set-user-permission", {"vhost": vhost, "configure": "^mine-.*"})
@@ -147,8 +135,7 @@ def test_a_vhosts_page_shows_messages_and_who_may_use_it(ui: Any, broker: Broker
                  {"routing_key": "held", "payload": "x", "properties": {}})
     go(ui, broker.http_url, "admin/vhosts", "#vhosts-table")
     wait_text(ui, "#vhosts-table", vhost)
-    next(a for a in ui.find_elements("css selector", "#vhosts-table td.name a")
-         if a.text == vhost).click()
+    open_link(ui, "#vhosts-table td.name a", vhost)
     wait_text(ui, "#vhost-ready", "2")
     assert "for the test" in text_of(ui, "#vhost-details")
     fill(ui, "#set-vhost-permission", {"user": user})
@@ -249,8 +236,9 @@ def test_queue_type_and_state_columns_and_the_column_chooser(
     def cell(d: Any, title: str) -> str:
         i = headers(d).index(title)
         return str(d.find_elements("css selector", "#queues-table tbody td")[i].text)
-    assert cell(ui, "Type") == "classic" and cell(ui, "State") == "running"
-    assert "Consumers" not in headers(ui)  # RabbitMQ's default columns
+    # (each look inside wait: the list redraws every few seconds under the test)
+    wait(ui, lambda d: cell(d, "Type") == "classic" and cell(d, "State") == "running"
+         and "Consumers" not in headers(d), what="type and state, RabbitMQ's default columns")
     ui.find_element("css selector", "#column-chooser summary").click()
     ui.find_element("css selector", "#column-chooser [data-column='Type']").click()
     ui.find_element("css selector", "#column-chooser [data-column='Consumers']").click()

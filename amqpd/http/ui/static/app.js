@@ -25,7 +25,7 @@ const PAGES = [
 ];
 
 // how often open pages redraw (RabbitMQ's UI: one choice for every page, 5 s by default)
-const INTERVALS = [[2000, "2 seconds"], [5000, "5 seconds"], [10000, "10 seconds"], [30000, "30 seconds"], [0, "never"]];
+const INTERVALS = [[2000, "2 s"], [5000, "5 s"], [10000, "10 s"], [30000, "30 s"], [0, "off"]];
 const savedInterval = Number(localStorage.getItem("amqpd-refresh-ms") ?? 5000);
 const state = {
   me: null, plugins: [], overview: null, timers: [], ticks: [], generation: 0, heartbeat: null,
@@ -104,7 +104,7 @@ function renderNav() {
     state.interval = Number(pick.value);
     localStorage.setItem("amqpd-refresh-ms", String(state.interval));
     startTimers();
-  } }, INTERVALS.map(([ms, label]) => h("option", { value: ms }, `Refresh every ${label}`.replace("every never", "never"))));
+  } }, INTERVALS.map(([ms, label]) => h("option", { value: ms }, `Refresh: ${label}`)));
   pick.value = String(state.interval);
   clear(document.getElementById("refresh"), pick, " ", h("span", { id: "last-refreshed", class: "muted" }));
   clear(document.getElementById("whoami"), h("span", { title: state.me.tags.join(", ") || "no tags" },
@@ -127,7 +127,7 @@ function startTimers() {
 
 function refreshed() {
   const el = document.getElementById("last-refreshed");
-  if (el) el.textContent = `Last refreshed ${new Date().toLocaleTimeString()}`;
+  if (el) el.textContent = `Last refreshed ${new Date().toLocaleTimeString([], { hour12: false })}`;
 }
 
 async function route() {
