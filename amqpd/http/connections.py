@@ -53,7 +53,7 @@ def connection_view(ctx: Ctx, session: Session) -> dict[str, Any]:
                 "peer_cert_subject", "peer_cert_issuer", "peer_cert_validity"):
         info.setdefault(key, None)  # RabbitMQ lists them, null without client certificates
     # bytes sent, and its channels' message counts, with the last minute's samples when
-    # asked (?lengths_age=60 / ?msg_rates_age=60); received bytes are not counted
+    # asked (?data_rates_age=60 / ?msg_rates_age=60); received bytes are not counted
     sampler = ctx.request.app["sampler"]
     info.update(sampler.connection_stats(session))
     sampler.add_samples(session, info, *windows(ctx))

@@ -3,7 +3,8 @@
 RabbitMQ's management UI shows an object's charts with the last minute already drawn: its
 agent keeps samples per object, and a request such as
 ``GET /api/queues/%2F/q?lengths_age=60&lengths_incr=5&msg_rates_age=60&msg_rates_incr=5``
-gets them back as ``*_details.samples`` (newest first). Here the rate sampler
+gets them back as ``*_details.samples`` (newest first); a connection's bytes come with
+``data_rates_age``/``data_rates_incr`` (checked against RabbitMQ 3.10.8). Here the rate sampler
 (:mod:`amqpd.http.stats`) records one point per object on each of its timer ticks (every
 ``AMQPD_STATS_INTERVAL`` seconds, default 5): no cost on the message path, and nothing for
 objects that never did anything.
@@ -39,10 +40,15 @@ def sample_window(ctx: Ctx, age_key: str, incr_key: str) -> tuple[float, float]:
     return max(age, 0.0), max(incr, 0.0)
 
 
-def windows(ctx: Ctx) -> tuple[tuple[float, float], tuple[float, float]]:
-    """The two windows a request asks for: message rates, then lengths."""
+Window = tuple[float, float]  # (age, incr) in seconds; age 0: no samples asked for
+
+
+def windows(ctx: Ctx) -> tuple[Window, Window, Window]:
+    """The windows a request asks for, as RabbitMQ names them: message rates, lengths
+    (a queue's messages) and data rates (a connection's bytes)."""
     return (sample_window(ctx, "msg_rates_age", "msg_rates_incr"),
-            sample_window(ctx, "lengths_age", "lengths_incr"))
+            sample_window(ctx, "lengths_age", "lengths_incr"),
+            sample_window(ctx, "data_rates_age", "data_rates_incr"))
 
 
 class ObjectHistory:

@@ -185,11 +185,13 @@ class RateSampler:
                 "message_stats": stats}
 
     def add_samples(self, obj: Any, view: dict[str, Any], rates: tuple[float, float],
-                    lengths: tuple[float, float] = (0.0, 0.0)) -> None:
+                    lengths: tuple[float, float] = (0.0, 0.0),
+                    data: tuple[float, float] = (0.0, 0.0)) -> None:
         """Put an object's history into its JSON ``view`` as RabbitMQ does: ``rates``
         (``msg_rates_age``, ``msg_rates_incr``) into ``message_stats.*_details``,
-        ``lengths`` (``lengths_age``, ``lengths_incr``) into ``messages*_details``
-        (queues) or ``send_oct_details`` (connections)."""
+        ``lengths`` (``lengths_age``, ``lengths_incr``) into a queue's
+        ``messages*_details``, ``data`` (``data_rates_age``, ``data_rates_incr``) into a
+        connection's ``send_oct_details``."""
         key = id(obj)
         stats = view.get("message_stats")
         if rates[0] > 0 and isinstance(stats, dict):
@@ -197,12 +199,10 @@ class RateSampler:
                 details = stats.get(f"{STAT_NAMES[counter]}_details")
                 if isinstance(details, dict):
                     details.update(self.objects.samples(key, i, *rates))
-        if lengths[0] <= 0:
-            return
-        if "send_oct_details" in view:
+        if data[0] > 0 and "send_oct_details" in view:
             view["send_oct_details"].update(
-                self.objects.samples(key, CONN_FIELDS.index("send_oct"), *lengths))
-        if "messages_ready_details" in view:
+                self.objects.samples(key, CONN_FIELDS.index("send_oct"), *data))
+        if lengths[0] > 0 and "messages_ready_details" in view:
             ready = self.objects.samples(key, len(COUNTERS), *lengths)
             unacked = self.objects.samples(key, len(COUNTERS) + 1, *lengths)
             view["messages_ready_details"].update(ready)

@@ -309,7 +309,8 @@ def test_queue_connection_and_channel_samples_are_there_at_the_first_request(
     params = pika.URLParameters(broker.url)
     params.client_properties = {"connection_name": label}
     conn = pika.BlockingConnection(params)
-    window = "?msg_rates_age=60&msg_rates_incr=0.5&lengths_age=60&lengths_incr=0.5"
+    window = "?msg_rates_age=60&msg_rates_incr=0.5&lengths_age=60&lengths_incr=0.5" \
+        "&data_rates_age=60&data_rates_incr=0.5"
     try:
         ch = conn.channel()
         ch.queue_declare(queue)
@@ -341,6 +342,9 @@ def test_queue_connection_and_channel_samples_are_there_at_the_first_request(
         c = api.get(f"/api/connections/{q(name)}{window}").json()
         assert c["send_oct"] > 0 and len(c["send_oct_details"]["samples"]) >= 4
         assert 0 < c["send_oct_details"]["samples"][0]["sample"] <= c["send_oct"]
+        # bytes come with data_rates_age only, as on RabbitMQ 3.10.8
+        lengths_only = api.get(f"/api/connections/{q(name)}?lengths_age=60").json()
+        assert "samples" not in lengths_only["send_oct_details"]
         assert c["message_stats"]["publish"] >= 10
         assert len(c["message_stats"]["publish_details"]["samples"]) >= 4
         chan = api.get(f"/api/channels/{q(name + ' (1)')}{window}").json()

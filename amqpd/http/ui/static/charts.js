@@ -95,4 +95,4 @@ export function lengthsFromSamples(detailsList) {
 }
 
 // the query that asks the API for an object's last minute of samples (RabbitMQ's own)
-export const LAST_MINUTE = "?msg_rates_age=60&msg_rates_incr=5&lengths_age=60&lengths_incr=5";
+export const LAST_MINUTE = "?msg_rates_age=60&msg_rates_incr=5&lengths_age=60&lengths_incr=5&data_rates_age=60&data_rates_incr=5";
