@@ -9,26 +9,25 @@ gets them back as ``*_details.samples`` (newest first); a connection's bytes com
 ``AMQPD_STATS_INTERVAL`` seconds, default 5): no cost on the message path, and nothing for
 objects that never did anything.
 
-Memory is bounded twice: at most :data:`MAX_POINTS` points per object (the last
-:data:`HISTORY_SECONDS`), and at most :data:`MAX_OBJECTS` objects at a time, first come
-first served; an object beyond that cap has rates but no history (its charts fill while
-its page is open, as before). A point is one tuple of ints, so the cap is a few MB.
+Memory is bounded twice: at most :data:`MAX_POINTS` points per object (the last minute at
+the default 5 s interval; a shorter interval keeps a shorter span), and at most
+:data:`MAX_OBJECTS` objects at a time, first come first served; an object beyond that cap
+has rates but no history (its charts fill while its page is open). An object's points are
+one flat ``array('q')`` ring, about 1 KB, so the cap is about 5 MB (measured in
+bench/object_history.py).
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterable, Sequence
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from amqpd.http.core import Ctx, bad_request
 
 HISTORY_SECONDS = 60.0  # the range of RabbitMQ's object charts by default: the last minute
-MAX_POINTS = 61  # at a one-second interval (the tests'), still one minute
+MAX_POINTS = 13  # 60 s at the default 5 s interval, both ends included
 MAX_OBJECTS = 5000
-
-Point = tuple[int, ...]  # (unix ms, value per field...)
-
 
 def sample_window(ctx: Ctx, age_key: str, incr_key: str) -> tuple[float, float]:
     """RabbitMQ's ``msg_rates_age``/``msg_rates_incr`` (and ``lengths_*``) in seconds."""
@@ -51,38 +50,66 @@ def windows(ctx: Ctx) -> tuple[Window, Window, Window]:
             sample_window(ctx, "data_rates_age", "data_rates_incr"))
 
 
+class Ring:
+    """The last ``size`` points of one object, flat in one array: (unix ms, values...)."""
+
+    __slots__ = ("count", "data", "size", "start", "width")
+
+    def __init__(self, size: int, width: int) -> None:
+        self.size, self.width = size, width
+        self.data = array("q", bytes(8 * size * width))
+        self.start = self.count = 0
+
+    def append(self, point: Sequence[int]) -> None:
+        if len(point) != self.width:
+            raise ValueError(f"a point of {len(point)} fields in a ring of {self.width}")
+        if self.count < self.size:
+            slot = (self.start + self.count) % self.size
+            self.count += 1
+        else:
+            slot = self.start
+            self.start = (self.start + 1) % self.size
+        self.data[slot * self.width:(slot + 1) * self.width] = array("q", point)
+
+    def newest_first(self) -> Iterator[tuple[int, ...]]:
+        w = self.width
+        for i in range(self.count - 1, -1, -1):
+            slot = (self.start + i) % self.size
+            yield tuple(self.data[slot * w:(slot + 1) * w])
+
+
 class ObjectHistory:
-    """Points per object key (``id()`` of a queue, channel or session), oldest first."""
+    """Points per object key (``id()`` of a queue, channel or session)."""
 
     def __init__(self, interval: float, max_objects: int = MAX_OBJECTS) -> None:
         self.maxlen = max(min(int(HISTORY_SECONDS / max(interval, 0.1)) + 1, MAX_POINTS), 2)
         self.max_objects = max_objects
-        self._points: dict[int, deque[Point]] = {}
+        self._rings: dict[int, Ring] = {}
 
     def __len__(self) -> int:
-        return len(self._points)
+        return len(self._rings)
 
     def record(self, key: int, timestamp_ms: int, values: Sequence[int]) -> None:
-        ring = self._points.get(key)
+        ring = self._rings.get(key)
         if ring is None:
-            if len(self._points) >= self.max_objects:
+            if len(self._rings) >= self.max_objects:
                 return
-            ring = self._points[key] = deque(maxlen=self.maxlen)
+            ring = self._rings[key] = Ring(self.maxlen, len(values) + 1)
         ring.append((timestamp_ms, *values))
 
     def retain(self, keys: set[int]) -> None:
         """Forget every object not in ``keys`` (deleted queues, closed channels)."""
-        for key in [k for k in self._points if k not in keys]:
-            del self._points[key]
+        for key in [k for k in self._rings if k not in keys]:
+            del self._rings[key]
 
     def forget(self, key: int) -> None:
-        self._points.pop(key, None)
+        self._rings.pop(key, None)
 
     def samples(self, key: int, field: int, age: float, incr: float) -> dict[str, Any]:
         """RabbitMQ's ``{"samples", "avg", "avg_rate"}`` for one field (0-based, after
         the timestamp) over the last ``age`` seconds, a point per ``incr`` at most."""
-        ring = self._points.get(key)
-        chosen = window(reversed(ring) if ring else (), age, incr)
+        ring = self._rings.get(key)
+        chosen = window(ring.newest_first() if ring else (), age, incr)
         return sample_block([(p[0], p[field + 1]) for p in chosen])
 
 
