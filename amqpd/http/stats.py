@@ -114,7 +114,7 @@ class RateSampler:
             lengths = (getattr(obj, "message_count", 0), getattr(obj, "unacked_count", 0))
             prev = self._prev.get(key)
             if prev is None and not any(counts.values()) and not any(lengths):
-                continue  # idle since it was made: no entry (100,000 idle queues cost 0)
+                continue  # idle and empty since it was made: no entry (100,000 cost 0)
             seen.add(key)
             if prev is not None and now > prev[0]:
                 dt = now - prev[0]

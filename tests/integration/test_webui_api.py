@@ -357,17 +357,3 @@ def test_queue_connection_and_channel_samples_are_there_at_the_first_request(
     finally:
         conn.close()
 
-
-def test_object_history_is_bounded() -> None:
-    from amqpd.http.object_history import MAX_POINTS, ObjectHistory
-
-    h = ObjectHistory(interval=0.1, max_objects=3)
-    for t in range(1000):
-        for key in range(5):
-            h.record(key, t * 100, (t,))
-    assert len(h) == 3  # the first three objects; the others get no history
-    block = h.samples(0, 0, age=3600, incr=0)
-    assert len(block["samples"]) == MAX_POINTS
-    assert block["samples"][0] == {"sample": 999, "timestamp": 99900}
-    h.retain({1})
-    assert len(h) == 1 and h.samples(0, 0, 60, 0)["samples"] == []
