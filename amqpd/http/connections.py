@@ -6,6 +6,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from amqpd.http.core import Ctx, Router, json_response, no_content, not_found, select_columns
+from amqpd.http.object_history import windows
 
 if TYPE_CHECKING:
     from amqpd.broker.api import Channel, Session
@@ -51,6 +52,11 @@ def connection_view(ctx: Ctx, session: Session) -> dict[str, Any]:
     for key in ("ssl_protocol", "ssl_key_exchange", "ssl_cipher", "ssl_hash",
                 "peer_cert_subject", "peer_cert_issuer", "peer_cert_validity"):
         info.setdefault(key, None)  # RabbitMQ lists them, null without client certificates
+    # bytes sent, and its channels' message counts, with the last minute's samples when
+    # asked (?data_rates_age=60 / ?msg_rates_age=60); received bytes are not counted
+    sampler = ctx.request.app["sampler"]
+    info.update(sampler.connection_stats(session))
+    sampler.add_samples(session, info, *windows(ctx))
     name = info["client_properties"].get("connection_name")
     if isinstance(name, str):  # what a client names its connection, as RabbitMQ shows it
         info["user_provided_name"] = name
@@ -63,7 +69,7 @@ def channel_name(session: Session, channel: Channel) -> str:
 
 def channel_view(ctx: Ctx, session: Session, channel: Channel) -> dict[str, Any]:
     sampler = ctx.request.app["sampler"]
-    return {
+    view: dict[str, Any] = {
         "name": channel_name(session, channel),
         "number": channel.number,
         "node": ctx.api.node_name(),
@@ -84,6 +90,8 @@ def channel_view(ctx: Ctx, session: Session, channel: Channel) -> dict[str, Any]
         "state": "running" if channel.flow_active else "flow",
         "message_stats": sampler.message_stats(channel),
     }
+    sampler.add_samples(channel, view, *windows(ctx))
+    return view
 
 
 def consumer_view(ctx: Ctx, session: Session, channel: Channel, consumer: Any) -> dict[str, Any]:

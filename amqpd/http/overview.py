@@ -12,6 +12,7 @@ from typing import Any
 import amqpd
 from amqpd.broker.api import EXCHANGE_TYPES, BrokerAPI
 from amqpd.http.core import Ctx, Router, bad_request, json_response, no_content, not_found
+from amqpd.http.object_history import sample_window
 
 # The management API version amqpd's paths and JSON shapes follow (rabbitmqadmin and
 # dashboards read ``rabbitmq_version``); ``product_version`` is amqpd's own.
@@ -79,6 +80,31 @@ def _role(api: BrokerAPI) -> str | None:
     return warren.role if warren is not None else None
 
 
+def replication_summary(api: BrokerAPI) -> dict[str, Any] | None:
+    """amqpd's own, for the web UI's standby banner (every user sees it): this node's
+    warren role and which node is active, with the active's HTTP address when known (an
+    etcd warren records it; a static pair knows only the active's replication address).
+    None on a node without replication."""
+    status = api.replication_status()
+    warren = api.warren()
+    if status is None and warren is None:
+        return None
+    out: dict[str, Any] = {"role": None, "active_node": None, "active_http": None,
+                           "active_replication": None}
+    if status is not None:
+        out.update(role=status.get("role"), active_node=status.get("active_name"),
+                   active_replication=status.get("active"))
+    if warren is not None:
+        leader = warren.node_fields().get("amqpd_leader")
+        out.update(role=warren.role, active_node=leader or out["active_node"])
+        for peer in warren.peer_nodes():
+            if peer.get("name") == leader:
+                out["active_http"] = (peer.get("amqpd_addresses") or {}).get("http") or None
+    if out["role"] == "active":
+        out.update(active_node=api.node_name(), active_replication=None)
+    return out
+
+
 def alarm_set(api: BrokerAPI) -> set[str]:
     """The names of the resource alarms in effect ("memory", "disk", "store")."""
     return set(api.alarms())
@@ -93,16 +119,6 @@ def listeners(ctx: Ctx) -> list[dict[str, Any]]:
         out.append({"node": node, "protocol": "https" if http["tls"] else "http",
                     "ip_address": http["host"], "port": http["port"], "socket_opts": {}})
     return out
-
-
-def sample_window(ctx: Ctx, age_key: str, incr_key: str) -> tuple[float, float]:
-    """RabbitMQ's ``msg_rates_age``/``msg_rates_incr`` (and ``lengths_*``) in seconds."""
-    try:
-        age = float(ctx.query.get(age_key) or 0)
-        incr = float(ctx.query.get(incr_key) or 0)
-    except ValueError:
-        raise bad_request(f"{age_key} and {incr_key} must be numbers") from None
-    return max(age, 0.0), max(incr, 0.0)
 
 
 async def overview(ctx: Ctx) -> Any:
@@ -151,6 +167,7 @@ async def overview(ctx: Ctx) -> Any:
         "node": status.name,
         # amqpd's own: this node's part in a warren (active / standby / ...), or None
         "amqpd_role": _role(ctx.api),
+        "amqpd_replication": replication_summary(ctx.api),
         "listeners": listeners(ctx),
         "contexts": [{"node": status.name, "description": "RabbitMQ Management",
                       "path": "/", "port": str(ctx.request.app["listener"]["port"])}],

@@ -23,6 +23,7 @@ from amqpd.http.core import (
     vhost_not_found,
 )
 from amqpd.http.messages import decode_json_properties, encode_payload
+from amqpd.http.object_history import windows
 from amqpd.http.paging import paged_list
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ def queue_view(ctx: Ctx, q: QueueType) -> dict[str, Any]:
         "operator_policy": operator_name,
         "effective_policy_definition": effective,
     })
+    sampler.add_samples(q, info, *windows(ctx))  # ?msg_rates_age=60&lengths_age=60...
     info.update(ctx.api.queue_type_info(q))  # a quorum queue's leader and members
     owner = q.exclusive_owner
     if owner is not None and hasattr(owner, "name"):

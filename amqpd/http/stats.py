@@ -12,7 +12,8 @@ The node's totals (and its ready/unacked message counts) are also kept for the l
 minutes as soon as it opens. They leave in RabbitMQ's shape when a request asks with
 ``msg_rates_age``/``lengths_age`` (seconds) and ``msg_rates_incr``/``lengths_incr``:
 ``publish_details: {"rate", "samples": [{"sample", "timestamp"}...] (newest first),
-"avg", "avg_rate"}``.
+"avg", "avg_rate"}``. Each queue, channel and connection keeps its own last minute the
+same way (:mod:`amqpd.http.object_history`), recorded on the same timer tick.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from amqpd.http.object_history import ObjectHistory, sample_block, window
+
 if TYPE_CHECKING:
     from amqpd.broker.api import BrokerAPI, QueueType
 
@@ -32,6 +35,10 @@ COUNTERS = ("stat_publish", "stat_deliver", "stat_ack", "stat_redeliver", "stat_
 QUEUE_COUNTERS = COUNTERS[:4]  # counted by queues; stat_confirm is counted by channels
 STAT_NAMES = {"stat_publish": "publish", "stat_deliver": "deliver_get", "stat_ack": "ack",
               "stat_redeliver": "redeliver", "stat_confirm": "confirm"}
+# what an object's history point holds after its timestamp: the counters, then (queues)
+# ready and unacked messages, or (connections) bytes sent
+LENGTHS = ("messages_ready", "messages_unacknowledged")
+CONN_FIELDS = (*COUNTERS, "send_oct")
 
 
 class HistoryPoint:
@@ -59,6 +66,9 @@ class RateSampler:
         self._confirms_seen: dict[int, int] = {}  # id(channel) -> last sampled stat_confirm
         self.history: deque[HistoryPoint] = deque(
             maxlen=max(int(HISTORY_SECONDS / max(interval, 0.1)) + 1, 2))
+        self.objects = ObjectHistory(interval)
+        self._conn_prev: dict[int, tuple[float, tuple[int, ...]]] = {}  # id(session) ->
+        self.conn_rates: dict[int, dict[str, float]] = {}  # id(session) -> field -> rate/s
 
     def start(self) -> None:
         self.sample()
@@ -80,6 +90,7 @@ class RateSampler:
             self.retired[name] += getattr(queue, name, 0)
         self._prev.pop(id(queue), None)
         self.rates.pop(id(queue), None)
+        self.objects.forget(id(queue))
 
     def _objects(self) -> list[Any]:
         objs: list[Any] = []
@@ -95,22 +106,27 @@ class RateSampler:
 
     def sample(self) -> None:
         now = time.monotonic()
+        stamp = int(time.time() * 1000)
         seen: set[int] = set()
         for obj in self._objects():
             key = id(obj)
             counts = {n: getattr(obj, n, 0) for n in COUNTERS}
+            lengths = (getattr(obj, "message_count", 0), getattr(obj, "unacked_count", 0))
             prev = self._prev.get(key)
-            if prev is None and not any(counts.values()):
-                continue  # idle since it was made: no entry (100,000 idle queues cost 0)
+            if prev is None and not any(counts.values()) and not any(lengths):
+                continue  # idle and empty since it was made: no entry (100,000 cost 0)
             seen.add(key)
             if prev is not None and now > prev[0]:
                 dt = now - prev[0]
                 self.rates[key] = {n: max(counts[n] - prev[1][n], 0) / dt for n in COUNTERS}
             self._prev[key] = (now, counts)
+            self.objects.record(key, stamp, (*counts.values(), *lengths))
         for key in list(self._prev):
             if key not in seen:
                 del self._prev[key]
                 self.rates.pop(key, None)
+        seen |= self._sample_connections(now, stamp)
+        self.objects.retain(seen)
         for key in [k for k in self._confirms_seen if k not in seen]:
             self.retired["stat_confirm"] += self._confirms_seen.pop(key)  # channel closed
         totals = self.node_totals()
@@ -126,6 +142,74 @@ class RateSampler:
                 ready += q.message_count
                 unacked += q.unacked_count
         self.history.append(HistoryPoint(int(time.time() * 1000), totals, ready, unacked))
+
+    def _sample_connections(self, now: float, stamp: int) -> set[int]:
+        """A connection's point: its channels' counters summed, and the bytes it sent."""
+        seen: set[int] = set()
+        for session in self.api.sessions():
+            key = id(session)
+            seen.add(key)
+            values = self.connection_counts(session)
+            prev = self._conn_prev.get(key)
+            if prev is not None and now > prev[0]:
+                dt = now - prev[0]
+                self.conn_rates[key] = {n: max(v - prev[1][i], 0) / dt
+                                        for i, (n, v) in enumerate(zip(CONN_FIELDS, values,
+                                                                       strict=True))}
+            self._conn_prev[key] = (now, values)
+            self.objects.record(key, stamp, values)
+        for key in [k for k in self._conn_prev if k not in seen]:
+            del self._conn_prev[key]
+            self.conn_rates.pop(key, None)
+        return seen
+
+    @staticmethod
+    def connection_counts(session: Any) -> tuple[int, ...]:
+        """CONN_FIELDS of a connection: its open channels' counters, then bytes sent."""
+        channels = list(session.channels.values())
+        sent = getattr(getattr(session, "conn", None), "sent_bytes", 0)
+        return (*(sum(getattr(ch, n, 0) for ch in channels) for n in COUNTERS), sent)
+
+    def connection_stats(self, session: Any) -> dict[str, Any]:
+        """A connection's ``send_oct`` and ``message_stats`` (its channels' sums: amqpd's
+        own, RabbitMQ's connections carry only byte counts), each with its rate."""
+        rates = self.conn_rates.get(id(session), {})
+        values = dict(zip(CONN_FIELDS, self.connection_counts(session), strict=True))
+        stats: dict[str, Any] = {}
+        for counter in ("stat_publish", "stat_deliver", "stat_ack", "stat_confirm"):
+            name = STAT_NAMES[counter]
+            stats[name] = values[counter]
+            stats[f"{name}_details"] = {"rate": round(rates.get(counter, 0.0), 1)}
+        return {"send_oct": values["send_oct"],
+                "send_oct_details": {"rate": round(rates.get("send_oct", 0.0), 1)},
+                "message_stats": stats}
+
+    def add_samples(self, obj: Any, view: dict[str, Any], rates: tuple[float, float],
+                    lengths: tuple[float, float] = (0.0, 0.0),
+                    data: tuple[float, float] = (0.0, 0.0)) -> None:
+        """Put an object's history into its JSON ``view`` as RabbitMQ does: ``rates``
+        (``msg_rates_age``, ``msg_rates_incr``) into ``message_stats.*_details``,
+        ``lengths`` (``lengths_age``, ``lengths_incr``) into a queue's
+        ``messages*_details``, ``data`` (``data_rates_age``, ``data_rates_incr``) into a
+        connection's ``send_oct_details``."""
+        key = id(obj)
+        stats = view.get("message_stats")
+        if rates[0] > 0 and isinstance(stats, dict):
+            for i, counter in enumerate(COUNTERS):
+                details = stats.get(f"{STAT_NAMES[counter]}_details")
+                if isinstance(details, dict):
+                    details.update(self.objects.samples(key, i, *rates))
+        if data[0] > 0 and "send_oct_details" in view:
+            view["send_oct_details"].update(
+                self.objects.samples(key, CONN_FIELDS.index("send_oct"), *data))
+        if lengths[0] > 0 and "messages_ready_details" in view:
+            ready = self.objects.samples(key, len(COUNTERS), *lengths)
+            unacked = self.objects.samples(key, len(COUNTERS) + 1, *lengths)
+            view["messages_ready_details"].update(ready)
+            view["messages_unacknowledged_details"].update(unacked)
+            total = [(r["timestamp"], r["sample"] + u["sample"])
+                     for r, u in zip(ready["samples"], unacked["samples"], strict=True)]
+            view["messages_details"].update(sample_block(total))
 
     def node_totals(self) -> dict[str, int]:
         totals = dict(self.retired)
@@ -164,7 +248,7 @@ class RateSampler:
             out[name] = totals[counter]
             details: dict[str, Any] = {"rate": round(self.node_rates.get(counter, 0.0), 1)}
             if age > 0:
-                details.update(_samples([(p.timestamp_ms, p.counts[counter])
+                details.update(sample_block([(p.timestamp_ms, p.counts[counter])
                                          for p in points]))
             out[f"{name}_details"] = details
         out["deliver"] = out["deliver_get"]
@@ -176,34 +260,11 @@ class RateSampler:
         ``queue_totals`` when a request asks with ``lengths_age``)."""
         points = self._points(age, incr)
         return {
-            "messages": _samples([(p.timestamp_ms, p.ready + p.unacked) for p in points]),
-            "messages_ready": _samples([(p.timestamp_ms, p.ready) for p in points]),
-            "messages_unacknowledged": _samples([(p.timestamp_ms, p.unacked)
+            "messages": sample_block([(p.timestamp_ms, p.ready + p.unacked) for p in points]),
+            "messages_ready": sample_block([(p.timestamp_ms, p.ready) for p in points]),
+            "messages_unacknowledged": sample_block([(p.timestamp_ms, p.unacked)
                                                  for p in points]),
         }
 
     def _points(self, age: float, incr: float) -> list[HistoryPoint]:
-        if age <= 0 or not self.history:
-            return []
-        cutoff = self.history[-1].timestamp_ms - int(age * 1000)
-        step = int(max(incr, 0.0) * 1000)
-        chosen: list[HistoryPoint] = []
-        for p in reversed(self.history):  # newest first, as RabbitMQ lists samples
-            if p.timestamp_ms < cutoff:
-                break
-            if step and chosen and chosen[-1].timestamp_ms - p.timestamp_ms < step:
-                continue
-            chosen.append(p)
-        return chosen
-
-
-def _samples(points: list[tuple[int, int]]) -> dict[str, Any]:
-    """RabbitMQ's sample block: the points, their mean, and the mean rate across them."""
-    samples = [{"sample": v, "timestamp": t} for t, v in points]
-    if len(points) < 2:
-        return {"samples": samples, "avg": float(points[0][1]) if points else 0.0,
-                "avg_rate": 0.0}
-    (t_new, v_new), (t_old, v_old) = points[0], points[-1]
-    span = (t_new - t_old) / 1000
-    return {"samples": samples, "avg": sum(v for _, v in points) / len(points),
-            "avg_rate": round((v_new - v_old) / span, 1) if span > 0 else 0.0}
+        return window(reversed(self.history), age, incr, lambda p: p.timestamp_ms)

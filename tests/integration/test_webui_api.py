@@ -1,6 +1,9 @@
 """The web UI's server side without a browser: static files, login sessions, paging,
 rate samples and topic permissions, against a real amqpd over HTTP."""
 
+# the api fixture comes from webui_support, and tests name it as an argument
+# ruff: noqa: F811
+
 from __future__ import annotations
 
 import http.cookiejar
@@ -8,7 +11,6 @@ import json
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,24 +19,13 @@ import pika
 import pytest
 
 from tests.integration._http import Api, q
+from tests.integration.webui_support import api, module_broker, uid  # noqa: F401 - api
 from tests.support.brokerproc import BrokerProcess
 
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(tmp_path_factory.mktemp("amqpd"), env={"AMQPD_STATS_INTERVAL": "0.5"})
-    proc.start()
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture(scope="module")
-def api(broker: BrokerProcess) -> Api:
-    return Api(broker.http_url)
-
-
-def uid(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+    yield from module_broker(tmp_path_factory, {"AMQPD_STATS_INTERVAL": "0.5"})
 
 
 class Browser:
@@ -308,3 +299,61 @@ def test_sessions_survive_a_broker_restart(tmp_path: Path) -> None:
         assert b.call("GET", "/api/whoami")[0] == 200
     finally:
         proc.stop()
+
+
+def test_queue_connection_and_channel_samples_are_there_at_the_first_request(
+        api: Api, broker: BrokerProcess) -> None:
+    """RabbitMQ's object charts open with the last minute drawn: the samples are kept on
+    the server per object (every stats tick, 0.5 s here) and come back as *_details."""
+    queue, label = uid("history"), uid("history-conn")
+    params = pika.URLParameters(broker.url)
+    params.client_properties = {"connection_name": label}
+    conn = pika.BlockingConnection(params)
+    window = "?msg_rates_age=60&msg_rates_incr=0.5&lengths_age=60&lengths_incr=0.5" \
+        "&data_rates_age=60&data_rates_incr=0.5"
+    try:
+        ch = conn.channel()
+        ch.queue_declare(queue)
+        deadline = time.monotonic() + 20
+        body: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            for _ in range(10):
+                ch.basic_publish("", queue, b"x" * 100)
+            ch.basic_get(queue, auto_ack=False)  # one unacked more each round
+            conn.sleep(0.3)
+            body = api.get(f"/api/queues/%2F/{queue}{window}").json()
+            if len(body["messages_ready_details"]["samples"]) >= 4:
+                break
+        ready = body["messages_ready_details"]["samples"]
+        assert len(ready) >= 4, body["messages_ready_details"]
+        stamps = [s["timestamp"] for s in ready]
+        assert stamps == sorted(stamps, reverse=True)  # newest first, as RabbitMQ
+        assert ready[0]["sample"] > ready[-1]["sample"]  # the queue grew
+        unacked = body["messages_unacknowledged_details"]["samples"]
+        total = body["messages_details"]["samples"]
+        assert [t["sample"] for t in total] == [r["sample"] + u["sample"]
+                                               for r, u in zip(ready, unacked, strict=True)]
+        publish = body["message_stats"]["publish_details"]
+        assert len(publish["samples"]) >= 4 and publish["samples"][0]["sample"] >= 10
+        assert {"avg", "avg_rate", "rate"} <= set(publish)
+        # the connection: bytes sent (the basic.get replies) and its channel's publishes
+        name = next(c["name"] for c in api.get("/api/connections").json()
+                    if c["client_properties"].get("connection_name") == label)
+        c = api.get(f"/api/connections/{q(name)}{window}").json()
+        assert c["send_oct"] > 0 and len(c["send_oct_details"]["samples"]) >= 4
+        assert 0 < c["send_oct_details"]["samples"][0]["sample"] <= c["send_oct"]
+        # bytes come with data_rates_age only, as on RabbitMQ 3.10.8
+        lengths_only = api.get(f"/api/connections/{q(name)}?lengths_age=60").json()
+        assert "samples" not in lengths_only["send_oct_details"]
+        assert c["message_stats"]["publish"] >= 10
+        assert len(c["message_stats"]["publish_details"]["samples"]) >= 4
+        chan = api.get(f"/api/channels/{q(name + ' (1)')}{window}").json()
+        assert len(chan["message_stats"]["publish_details"]["samples"]) >= 4
+        # without the parameters, RabbitMQ's plain shape; a bad window is refused
+        plain = api.get(f"/api/queues/%2F/{queue}").json()
+        assert "samples" not in plain["messages_ready_details"]
+        assert "samples" not in plain["message_stats"]["publish_details"]
+        assert api.get(f"/api/queues/%2F/{queue}?lengths_age=soon").status == 400
+    finally:
+        conn.close()
+

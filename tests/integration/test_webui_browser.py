@@ -5,12 +5,14 @@ on so their pages exist). Each page visited leaves a screenshot under
 build/ui-screenshots/. Skips with a clear message where Chromium or its driver is missing.
 """
 
+# the fixtures browser, api and ui come from webui_support, and tests name them as arguments
+# ruff: noqa: F811
+
 from __future__ import annotations
 
 import json
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,15 +22,19 @@ import pika.exceptions
 import pytest
 
 from tests.integration._http import Api, q
-from tests.integration.webui_support import (
-    browser,  # noqa: F401 - the fixture
+from tests.integration.webui_support import (  # noqa: F401 - browser, api, ui: fixtures
+    api,
+    browser,
     fill,
     go,
     login,
+    module_broker,
     page_errors,
     shot,
     submit,
     text_of,
+    ui,
+    uid,
     wait,
     wait_text,
 )
@@ -39,26 +45,8 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(tmp_path_factory.mktemp("amqpd"), env={
-        "AMQPD_STATS_INTERVAL": "1", "AMQPD_PLUGINS": "shovel,federation"})
-    proc.start()
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture(scope="module")
-def api(broker: BrokerProcess) -> Api:
-    return Api(broker.http_url)
-
-
-@pytest.fixture
-def ui(browser: Any, broker: BrokerProcess) -> Any:  # noqa: F811
-    login(browser, broker.http_url)
-    return browser
-
-
-def uid(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+    yield from module_broker(tmp_path_factory,
+                             {"AMQPD_STATS_INTERVAL": "1", "AMQPD_PLUGINS": "shovel,federation"})
 
 
 def amqp(broker: BrokerProcess) -> pika.BlockingConnection:
@@ -67,7 +55,7 @@ def amqp(broker: BrokerProcess) -> pika.BlockingConnection:
 
 # ---------------------------------------------------------------------------- login
 def test_login_keeps_no_password_in_the_page_and_logout_ends_it(
-        browser: Any, broker: BrokerProcess) -> None:  # noqa: F811
+        browser: Any, broker: BrokerProcess) -> None:
     browser.get(broker.http_url + "/")
     wait(browser, lambda d: d.find_elements("css selector", "#login-form"), what="login form")
     shot(browser, "login")
@@ -88,7 +76,7 @@ def test_login_keeps_no_password_in_the_page_and_logout_ends_it(
 
 
 def test_a_management_user_sees_no_admin_pages(
-        browser: Any, broker: BrokerProcess, api: Api) -> None:  # noqa: F811
+        browser: Any, broker: BrokerProcess, api: Api) -> None:
     name = uid("viewer")
     api.put(f"/api/users/{name}", {"password": "pw", "tags": "management"})
     api.put(f"/api/permissions/%2F/{name}", {"configure": ".*", "write": ".*", "read": ".*"})
@@ -103,7 +91,7 @@ def test_a_management_user_sees_no_admin_pages(
 
 
 def test_a_refused_action_is_reported_and_the_user_stays_logged_in(
-        browser: Any, broker: BrokerProcess, api: Api) -> None:  # noqa: F811
+        browser: Any, broker: BrokerProcess, api: Api) -> None:
     """A monitoring user reads every vhost but may change none: the API's 401
     not_authorised is shown on the page, not taken for an ended session."""
     name, queue = uid("watcher"), uid("watched")
@@ -413,7 +401,7 @@ def test_every_page_renders(ui: Any, broker: BrokerProcess, api: Api) -> None:
             conn.close()
 
 
-def test_the_page_reconnects_after_a_broker_restart(browser: Any,  # noqa: F811
+def test_the_page_reconnects_after_a_broker_restart(browser: Any,
                                                     tmp_path: Path) -> None:
     proc = BrokerProcess(tmp_path / "amqpd")
     proc.start()

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.integration._http import Api
+from tests.support.brokerproc import BrokerProcess
 
 CHROMIUM = os.environ.get("AMQPD_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("AMQPD_TEST_CHROMEDRIVER", "/usr/bin/chromedriver")
@@ -53,6 +57,37 @@ def browser() -> Iterator[Any]:
         yield driver
     finally:
         driver.quit()
+
+
+def module_broker(factory: pytest.TempPathFactory,
+                  env: dict[str, str]) -> Iterator[BrokerProcess]:
+    """The body of a test module's ``broker`` fixture: one amqpd with ``env``."""
+    proc = BrokerProcess(factory.mktemp("amqpd"), env=env)
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def api(broker: BrokerProcess) -> Api:
+    """The HTTP API of the module's ``broker`` (a fixture the test module defines)."""
+    return Api(broker.http_url)
+
+
+@pytest.fixture
+def ui(browser: Any, broker: BrokerProcess) -> Any:
+    """The browser, logged in to the module's broker as guest."""
+    login(browser, broker.http_url)
+    return browser
+
+
+def uid(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def open_link(driver: Any, css: str, text: str) -> None:
+    """Click the link among ``css`` whose text is ``text``."""
+    next(a for a in driver.find_elements("css selector", css) if a.text == text).click()
 
 
 def wait(driver: Any, check: Callable[[Any], Any], timeout: float = WAIT,

@@ -27,8 +27,10 @@ export class ApiError extends Error {
       405: "This operation is not supported here.",
       409: "The object is in use.",
     }[this.status] || "";
+    // a refused login says exactly why (wrong password, localhost only): no general hint
     const what = this.reason || this.error || "request failed";
-    return `${what}${hint ? ` — ${hint}` : ""} (HTTP ${this.status})`;
+    const extra = hint && this.path !== "/api/login" ? ` — ${hint}` : "";
+    return `${what}${extra} (HTTP ${this.status})`;
   }
 }
 

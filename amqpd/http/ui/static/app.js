@@ -1,5 +1,6 @@
 // The management UI's shell: login, navigation (#/path routes), the connection banner,
-// and the refresh loop each page registers with `ctx.every`.
+// and the refresh loop each page registers with `ctx.every` (at the interval chosen in the
+// header, remembered by the browser, with the time of the last refresh beside it).
 //
 // Who may see what follows the user's tags as RabbitMQ's UI does: management users see
 // their vhosts' objects; policymaker adds policies; monitoring adds every vhost and the
@@ -7,7 +8,7 @@
 // The server enforces the same rules; the UI only leaves out what would be refused.
 
 import * as api from "./api.js";
-import { button, clear, describeError, form, h } from "./ui.js";
+import { button, clear, describeError, flash, form, h } from "./ui.js";
 
 const PAGES = [
   // [route prefix, module, nav label, who sees it]
@@ -18,11 +19,18 @@ const PAGES = [
   ["queues", "queues", "Queues", () => true],
   ["admin", "admin", "Admin", (me) => me.admin || me.policymaker],
   ["definitions", "definitions", "Definitions", (me) => me.admin],
+  ["nodes", "nodes", "Nodes", (me) => me.monitor],
   ["shovels", "shovels", "Shovels", (me, plugins) => plugins.includes("shovel")],
   ["federation", "federation", "Federation", (me, plugins) => plugins.includes("federation")],
 ];
 
-const state = { me: null, plugins: [], overview: null, timers: [], generation: 0, heartbeat: null };
+// how often open pages redraw (RabbitMQ's UI: one choice for every page, 5 s by default)
+const INTERVALS = [[2000, "2 s"], [5000, "5 s"], [10000, "10 s"], [30000, "30 s"], [0, "off"]];
+const savedInterval = Number(localStorage.getItem("amqpd-refresh-ms") ?? 5000);
+const state = {
+  me: null, plugins: [], overview: null, timers: [], ticks: [], generation: 0, heartbeat: null,
+  interval: INTERVALS.some(([ms]) => ms === savedInterval) ? savedInterval : 5000,
+};
 const page = () => document.getElementById("page");
 
 function who(user) {
@@ -43,13 +51,6 @@ function banner(text, cls) {
   el.className = cls;
   el.textContent = text;
   el.hidden = false;
-}
-
-export function flash(text, cls = "error") {
-  const el = document.getElementById("flash");
-  clear(el, h("span", {}, text), " ", button("dismiss", () => { el.hidden = true; }, { cls: "link" }));
-  el.className = cls;
-  el.hidden = !text;
 }
 
 api.on("down", () => {
@@ -99,6 +100,13 @@ function renderNav() {
   const current = location.hash.replace(/^#\/?/, "").split("/")[0];
   clear(nav, PAGES.filter(([, , , can]) => can(state.me, state.plugins)).map(([prefix, , label]) =>
     h("a", { href: `#/${prefix}`, class: prefix === current ? "active" : "", id: `nav-${prefix || "overview"}` }, label)));
+  const pick = h("select", { id: "refresh-interval", title: "how often this page redraws", onchange: () => {
+    state.interval = Number(pick.value);
+    localStorage.setItem("amqpd-refresh-ms", String(state.interval));
+    startTimers();
+  } }, INTERVALS.map(([ms, label]) => h("option", { value: ms }, `Refresh: ${label}`)));
+  pick.value = String(state.interval);
+  clear(document.getElementById("refresh"), pick, " ", h("span", { id: "last-refreshed", class: "muted" }));
   clear(document.getElementById("whoami"), h("span", { title: state.me.tags.join(", ") || "no tags" },
     `${state.me.name} (${state.me.tags.join(", ")})`), " ", button("Log out", logout, { cls: "link", title: "end this session" }));
   document.getElementById("cluster-name").textContent = state.overview ? state.overview.cluster_name : "";
@@ -107,7 +115,19 @@ function renderNav() {
 function stopTimers() {
   for (const t of state.timers) clearInterval(t);
   state.timers = [];
+  state.ticks = [];
   state.generation++;
+}
+
+// (re)start the current page's refreshes at the chosen interval
+function startTimers() {
+  for (const t of state.timers) clearInterval(t);
+  state.timers = state.interval ? state.ticks.map((tick) => setInterval(tick, state.interval)) : [];
+}
+
+function refreshed() {
+  const el = document.getElementById("last-refreshed");
+  if (el) el.textContent = `Last refreshed ${new Date().toLocaleTimeString([], { hour12: false })}`;
 }
 
 async function route() {
@@ -122,21 +142,23 @@ async function route() {
   const ctx = {
     root, me: state.me, plugins: state.plugins, params: parts.slice(1),
     overview: state.overview,
-    // run fn now and every `ms` while this page stays open
-    every(ms, fn) {
+    // run fn now, and again at the chosen refresh interval while this page stays open
+    every(fn) {
       let busy = false;  // a slow answer must not overlap (and be overtaken by) the next
       const tick = async () => {
         if (generation !== state.generation || busy) return;
         busy = true;
-        try { await fn(); } catch (exc) {
+        try { await fn(); refreshed(); } catch (exc) {
           if (!(exc instanceof api.NetworkError)) console.warn(exc);
         } finally { busy = false; }
       };
-      state.timers.push(setInterval(tick, ms));
+      state.ticks.push(tick);
+      if (state.interval) state.timers.push(setInterval(tick, state.interval));
       return tick();
     },
     live: () => generation === state.generation,
-    go(hash) { location.hash = hash; },
+    // another page, with news for the flash line ("Queue q deleted.")
+    go(hash, news) { if (news) flash(news, "ok"); location.hash = hash; },
   };
   try {
     const mod = await import(`./pages/${entry[1]}.js`);
@@ -149,9 +171,25 @@ async function route() {
   }
 }
 
+// a warren standby says so on every page, and where the active (which takes the
+// clients, and whose pages show them) is
+function roleBanner(repl, node) {
+  const el = document.getElementById("role-banner");
+  if (!repl || repl.role === "active" || !repl.role) { el.hidden = true; return; }
+  const active = repl.active_node || "unknown";
+  const where = repl.active_http
+    ? ["Its management UI: ", h("a", { href: `${location.protocol}//${repl.active_http}/`, id: "active-link" }, `${repl.active_node || "the active"} at ${repl.active_http}`), "."]
+    : repl.active_replication ? [`The active replicates from ${repl.active_replication}; open the management UI on that host.`] : [];
+  clear(el, h("strong", {}, `This node (${node}) is a ${repl.role === "standby" ? "standby" : `warren node in role "${repl.role}"`}`),
+    `, not the active node (${active}). It takes no client connections and its pages do not show the active's queues and connections. `, ...where);
+  el.className = "warn";
+  el.hidden = false;
+}
+
 async function refreshOverview() {
   try {
     state.overview = await api.get("/api/overview");
+    roleBanner(state.overview.amqpd_replication, state.overview.node);
     const plugins = state.overview.amqpd_plugins || [];
     if (plugins.join() !== state.plugins.join()) { state.plugins = plugins; renderNav(); }
   } catch (exc) { /* the banner says it when the broker is away */ }

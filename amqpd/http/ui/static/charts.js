@@ -1,7 +1,8 @@
 // Rate and length charts over uPlot (vendor/uplot, loaded by index.html as window.uPlot).
 //
-// The overview's history comes from the server (RabbitMQ's `samples`: cumulative counts,
-// newest first); a queue page keeps the rates it polls. Either way a chart is fed rows of
+// The history comes from the server (RabbitMQ's `samples`: counts or lengths, newest first):
+// ten minutes of the node's for the overview, the last minute of a queue's, channel's or
+// connection's for its page, so a chart opens full. A chart is fed rows of
 // [unix seconds, value per series...] and redraws in place.
 
 import { h } from "./ui.js";
@@ -19,10 +20,14 @@ export class Chart {
       legend: { live: false },
       cursor: { show: false },
       scales: { x: { time: true, auto: false }, y: { range: (u, min, max) => [0, Math.max(max * 1.1, 1)] } },
-      axes: [{}, { values: (u, ticks) => ticks.map((v) => `${fmtShort(v)}${unit}`), size: 70 }],
+      // time labels at least 80 px apart (uPlot's default 40 px overlaps "3:38am3:39am"),
+      // as 24-hour clock times, with seconds only when ticks are less than a minute apart
+      axes: [{ space: 80, values: (u, ticks, axis, space, incr) => ticks.map((t) => fmtClock(t, incr < 60)) },
+        { values: (u, ticks) => ticks.map((v) => `${fmtShort(v)}${unit}`), size: 70 }],
       series: [{}, ...names.map((n, i) => ({ label: n, stroke: COLOURS[i % COLOURS.length], width: 2, points: { show: false } }))],
     };
     this.plot = new window.uPlot(opts, [[], ...names.map(() => [])], this.el);
+    this.el.uplot = this.plot;  // for tests that check what the canvas shows (axis labels)
     this.last = [];
   }
 
@@ -45,41 +50,49 @@ export class Chart {
   destroy() { this.plot.destroy(); }
 }
 
+function fmtClock(seconds, withSeconds) {
+  const d = new Date(seconds * 1000);
+  const two = (n) => String(n).padStart(2, "0");
+  return `${two(d.getHours())}:${two(d.getMinutes())}${withSeconds ? `:${two(d.getSeconds())}` : ""}`;
+}
+
 function fmtShort(v) {
   if (v >= 1e6) return `${(v / 1e6).toFixed(1)}M`;
   if (v >= 1e3) return `${(v / 1e3).toFixed(1)}k`;
   return v % 1 ? v.toFixed(1) : String(v);
 }
 
+// the samples of several RabbitMQ-shaped details, and how many points all of them have;
+// a series the object does not count at all (no details, say a channel's redeliveries)
+// is drawn as zero rather than hiding the others
+function sampleSeries(detailsList) {
+  const series = detailsList.map((d) => (d && d.samples ? d.samples : null));
+  const present = series.filter((s) => s !== null);
+  const n = present.length ? Math.min(...present.map((s) => s.length)) : 0;
+  const base = present[0];
+  const value = (s, i) => (s === null ? 0 : s[i].sample);
+  return { series, n, base, value };
+}
+
 // RabbitMQ-shaped details {samples:[{sample, timestamp}] newest first} for several
 // series -> rate rows, oldest first, one per interval between samples
 export function ratesFromSamples(detailsList) {
-  const series = detailsList.map((d) => (d && d.samples ? d.samples : []));
-  const n = Math.min(...series.map((s) => s.length));
+  const { series, n, base, value } = sampleSeries(detailsList);
   const rows = [];
   for (let i = n - 2; i >= 0; i--) {
-    const t = series[0][i].timestamp, dt = (t - series[0][i + 1].timestamp) / 1000;
+    const t = base[i].timestamp, dt = (t - base[i + 1].timestamp) / 1000;
     if (dt <= 0) continue;
-    rows.push([t / 1000, ...series.map((s) => Math.max(s[i].sample - s[i + 1].sample, 0) / dt)]);
+    rows.push([t / 1000, ...series.map((s) => Math.max(value(s, i) - value(s, i + 1), 0) / dt)]);
   }
   return rows;
 }
 
 export function lengthsFromSamples(detailsList) {
-  const series = detailsList.map((d) => (d && d.samples ? d.samples : []));
-  const n = Math.min(...series.map((s) => s.length));
+  const { series, n, base, value } = sampleSeries(detailsList);
   const rows = [];
-  for (let i = n - 1; i >= 0; i--) rows.push([series[0][i].timestamp / 1000, ...series.map((s) => s[i].sample)]);
+  for (let i = n - 1; i >= 0; i--) rows.push([base[i].timestamp / 1000, ...series.map((s) => value(s, i))]);
   return rows;
 }
 
-// rates polled by a page, kept for `seconds`
-export class History {
-  constructor(seconds = 600) { this.seconds = seconds; this.rows = []; }
-  push(values) {
-    const now = Date.now() / 1000;
-    this.rows.push([now, ...values]);
-    while (this.rows.length && this.rows[0][0] < now - this.seconds) this.rows.shift();
-    return this.rows;
-  }
-}
+// the query that asks the API for an object's last minute of samples (RabbitMQ's own)
+export const LAST_MINUTE = "?msg_rates_age=60&msg_rates_incr=5&lengths_age=60&lengths_incr=5&data_rates_age=60&data_rates_incr=5";

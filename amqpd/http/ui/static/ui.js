@@ -25,6 +25,9 @@ function append(el, children) {
   }
 }
 
+// el.append that leaves out null, undefined and false (sections shown only to some users)
+export function add(el, ...children) { append(el, children); return el; }
+
 export function clear(el, ...children) { el.replaceChildren(); append(el, children); return el; }
 
 export function link(href, text) { return h("a", { href }, text); }
@@ -163,18 +166,59 @@ export function button(text, onclick, { cls = "", title } = {}) {
   return h("button", { type: "button", class: cls, title, onclick }, text);
 }
 
-// a button that asks first, runs `action`, and reports its error next to itself
+// the line under the header for news that outlives a page ("Queue q deleted."): a
+// confirmation fades after 10 s, an error stays until dismissed
+let flashTimer = null;
+export function flash(text, cls = "error") {
+  const el = document.getElementById("flash");
+  clearTimeout(flashTimer);
+  clear(el, h("span", { id: "flash-text" }, text), " ", button("dismiss", () => { el.hidden = true; }, { cls: "link" }));
+  el.className = cls;
+  el.hidden = !text;
+  if (cls === "ok") flashTimer = setTimeout(() => { el.hidden = true; }, 10000);
+}
+
+// a button that asks first, runs `action`, and reports its outcome next to itself, or
+// in the flash line when the action took the button away (a deleted row, another page)
 export function dangerButton(text, question, action) {
   const status = h("span", { class: "form-status" });
   const b = button(text, async () => {
     if (question && !window.confirm(question)) return;
     b.disabled = true;
-    try { status.className = "form-status ok"; status.textContent = (await action()) || ""; } catch (exc) {
+    try {
+      const said = (await action()) || "";
+      status.className = "form-status ok";
+      status.textContent = said;
+      if (said && !b.isConnected) flash(said, "ok");
+    } catch (exc) {
       status.className = "form-status error";
       status.textContent = describeError(exc);
     } finally { b.disabled = false; }
   }, { cls: "danger" });
   return h("span", {}, b, " ", status);
+}
+
+// RabbitMQ's short names for well-known arguments in the features column
+const SHORT_ARGS = {
+  "alternate-exchange": "AE", "x-message-ttl": "TTL", "x-expires": "Exp", "x-max-length": "Lim",
+  "x-max-length-bytes": "Lim B", "x-overflow": "Ovfl", "x-dead-letter-exchange": "DLX",
+  "x-dead-letter-routing-key": "DLK", "x-max-priority": "Pri", "x-single-active-consumer": "SAC",
+  "x-delivery-limit": "DlL", "x-queue-mode": "Mode", "x-queue-type": "Type",
+};
+
+// the features column of queues and exchanges: D(urable), AD (auto-delete), I(nternal),
+// Excl(usive) and one flag per argument, its value in the tooltip
+export function features(obj) {
+  const flag = (text, title, cls = "feature") => h("abbr", { title, class: cls }, text);
+  const f = [];
+  if (obj.durable) f.push(flag("D", "durable"));
+  if (obj.auto_delete) f.push(flag("AD", "auto-delete"));
+  if (obj.internal) f.push(flag("I", "internal"));
+  if (obj.exclusive) f.push(flag("Excl", "exclusive"));
+  for (const [k, v] of Object.entries(obj.arguments || {})) {
+    f.push(flag(SHORT_ARGS[k] || k.replace(/^x-/, ""), `${k}: ${JSON.stringify(v)}`, "feature arg"));
+  }
+  return f;
 }
 
 export function tagsOf(user) { return new Set(user ? user.tags : []); }

@@ -1,22 +1,29 @@
-// Admin: users, virtual hosts, permissions, topic permissions, policies and limits.
+// Admin: users, virtual hosts, permissions, topic permissions, policies, operator policies
+// and limits; a user's and a virtual host's own pages are user.js and vhost.js.
 // Administrators see every tab; policymakers see policies only (as in RabbitMQ's UI).
+// Every tab refreshes at the chosen interval, like the other pages.
 
 import * as api from "../api.js";
-import { clear, dangerButton, describeError, fmtJson, fmtNum, form, h, parseArgs, section, table } from "../ui.js";
+import { add, clear, dangerButton, describeError, fmtJson, fmtNum, form, h, link, parseArgs, section, table } from "../ui.js";
+import { userHref, vhostHref } from "./common.js";
 
 const TABS = [
   ["users", "Users", (me) => me.admin], ["vhosts", "Virtual hosts", (me) => me.admin],
   ["permissions", "Permissions", (me) => me.admin], ["topic-permissions", "Topic permissions", (me) => me.admin],
-  ["policies", "Policies", (me) => me.policymaker], ["limits", "Limits", (me) => me.admin],
+  ["policies", "Policies", (me) => me.policymaker], ["operator-policies", "Operator policies", (me) => me.admin],
+  ["limits", "Limits", (me) => me.admin],
 ];
 
 export async function render(ctx) {
   const tabs = TABS.filter(([, , can]) => can(ctx.me));
   const current = tabs.find(([k]) => k === ctx.params[0]) || tabs[0];
-  ctx.root.append(h("h1", {}, "Admin"), h("nav", { class: "tabs" }, tabs.map(([k, label]) =>
+  if (ctx.params[1] && ctx.me.admin && (current[0] === "users" || current[0] === "vhosts")) {
+    return (await import(current[0] === "users" ? "./user.js" : "./vhost.js")).render(ctx, ctx.params[1]);
+  }
+  add(ctx.root, h("h1", {}, "Admin"), h("nav", { class: "tabs" }, tabs.map(([k, label]) =>
     h("a", { href: `#/admin/${k}`, class: k === current[0] ? "active" : "", id: `tab-${k}` }, label))));
   const body = h("div", { id: `admin-${current[0]}` });
-  ctx.root.append(body);
+  add(ctx.root, body);
   await RENDER[current[0]](ctx, body);
 }
 
@@ -40,14 +47,14 @@ const RENDER = {
     async function refresh() {
       const [users, perms] = await Promise.all([api.get("/api/users"), api.get("/api/permissions")]);
       clear(list, table([
-        { title: "Name", get: (u) => u.name, cls: "name" },
+        { title: "Name", get: (u) => link(userHref(u.name), u.name), cls: "name" },
         { title: "Tags", get: (u) => u.tags.join(", ") },
         { title: "Can access vhosts", get: (u) => perms.filter((p) => p.user === u.name).map((p) => p.vhost).join(", ") || "none" },
         { title: "Has password", get: (u) => (u.password_hash ? "yes" : "no") },
-        { title: "", get: (u) => (u.name === ctx.me.name ? "(you)" : dangerButton("Delete", `Delete user ${u.name}?`, async () => { await api.del(`/api/users/${api.seg(u.name)}`); await refresh(); })) },
+        { title: "", get: (u) => (u.name === ctx.me.name ? "(you)" : dangerButton("Delete", `Delete user ${u.name}?`, async () => { await api.del(`/api/users/${api.seg(u.name)}`); await refresh(); return `User ${u.name} deleted.`; })) },
       ], users, { id: "users-table" }));
     }
-    await refresh();
+    await ctx.every(refresh);
   },
 
   async vhosts(ctx, body) {
@@ -63,13 +70,13 @@ const RENDER = {
     async function refresh() {
       const vhosts = await api.get("/api/vhosts");
       clear(list, table([
-        { title: "Name", get: (v) => v.name, cls: "name" }, { title: "Description", get: (v) => v.description },
+        { title: "Name", get: (v) => link(vhostHref(v.name), v.name), cls: "name" }, { title: "Description", get: (v) => v.description },
         { title: "Tags", get: (v) => (v.tags || []).join(", ") },
         { title: "Ready", get: (v) => fmtNum(v.messages_ready), cls: "num" }, { title: "Unacked", get: (v) => fmtNum(v.messages_unacknowledged), cls: "num" },
-        { title: "", get: (v) => (v.name === "/" ? "" : dangerButton("Delete", `Delete vhost ${v.name} with all its queues and messages?`, async () => { await api.del(`/api/vhosts/${api.seg(v.name)}`); await refresh(); })) },
+        { title: "", get: (v) => (v.name === "/" ? "" : dangerButton("Delete", `Delete vhost ${v.name} with all its queues and messages?`, async () => { await api.del(`/api/vhosts/${api.seg(v.name)}`); await refresh(); return `Virtual host ${v.name} deleted.`; })) },
       ], vhosts, { id: "vhosts-table" }));
     }
-    await refresh();
+    await ctx.every(refresh);
   },
 
   async permissions(ctx, body) {
@@ -89,10 +96,10 @@ const RENDER = {
       clear(list, table([
         { title: "User", get: (p) => p.user }, { title: "Virtual host", get: (p) => p.vhost },
         { title: "Configure", get: (p) => p.configure }, { title: "Write", get: (p) => p.write }, { title: "Read", get: (p) => p.read },
-        { title: "", get: (p) => dangerButton("Clear", null, async () => { await api.del(`/api/permissions/${api.seg(p.vhost)}/${api.seg(p.user)}`); await refresh(); }) },
+        { title: "", get: (p) => dangerButton("Clear", null, async () => { await api.del(`/api/permissions/${api.seg(p.vhost)}/${api.seg(p.user)}`); await refresh(); return `Permissions of ${p.user} in ${p.vhost} cleared.`; }) },
       ], perms, { id: "permissions-table" }));
     }
-    await refresh();
+    await ctx.every(refresh);
   },
 
   async "topic-permissions"(ctx, body) {
@@ -112,38 +119,14 @@ const RENDER = {
       clear(list, table([
         { title: "User", get: (p) => p.user }, { title: "Virtual host", get: (p) => p.vhost }, { title: "Exchange", get: (p) => p.exchange },
         { title: "Write", get: (p) => p.write }, { title: "Read", get: (p) => p.read },
-        { title: "", get: (p) => dangerButton("Clear", null, async () => { await api.del(`/api/topic-permissions/${api.seg(p.vhost)}/${api.seg(p.user)}/${api.seg(p.exchange)}`); await refresh(); }) },
+        { title: "", get: (p) => dangerButton("Clear", null, async () => { await api.del(`/api/topic-permissions/${api.seg(p.vhost)}/${api.seg(p.user)}/${api.seg(p.exchange)}`); await refresh(); return "Topic permission cleared."; }) },
       ], perms, { id: "topic-permissions-table" }));
     }
-    await refresh();
+    await ctx.every(refresh);
   },
 
-  async policies(ctx, body) {
-    const vhosts = await names("/api/vhosts");
-    const list = h("div");
-    body.append(section("Policies", list), section("Add or update a policy", form([
-      { name: "vhost", label: "Virtual host", type: "select", options: vhosts }, { name: "name", label: "Name", required: true },
-      { name: "pattern", label: "Pattern", placeholder: "^amq\\.", required: true },
-      { name: "apply-to", label: "Apply to", type: "select", options: [["all", "Exchanges and queues"], ["queues", "Queues"], ["exchanges", "Exchanges"]] },
-      { name: "priority", label: "Priority", type: "number", value: "0" },
-      { name: "definition", label: "Definition", type: "textarea", rows: 3, placeholder: "max-length=1000\nmessage-ttl=60000 (key=value lines or JSON)", required: true },
-    ], "Save policy", async (v) => {
-      await api.put(`/api/policies/${api.seg(v.vhost)}/${api.seg(v.name)}`,
-        { pattern: v.pattern, "apply-to": v["apply-to"], priority: Number(v.priority || 0), definition: parseArgs(v.definition) });
-      await refresh();
-      return `Policy ${v.name} saved.`;
-    }, { id: "add-policy" })));
-    async function refresh() {
-      const pols = await api.get("/api/policies");
-      clear(list, table([
-        { title: "Virtual host", get: (p) => p.vhost }, { title: "Name", get: (p) => p.name, cls: "name" },
-        { title: "Pattern", get: (p) => p.pattern }, { title: "Apply to", get: (p) => p["apply-to"] },
-        { title: "Definition", get: (p) => fmtJson(p.definition) }, { title: "Priority", get: (p) => String(p.priority) },
-        { title: "", get: (p) => dangerButton("Delete", `Delete policy ${p.name}?`, async () => { await api.del(`/api/policies/${api.seg(p.vhost)}/${api.seg(p.name)}`); await refresh(); }) },
-      ], pols, { id: "policies-table" }));
-    }
-    await refresh();
-  },
+  policies: (ctx, body) => policyTab(ctx, body, POLICY_KINDS.policies),
+  "operator-policies": (ctx, body) => policyTab(ctx, body, POLICY_KINDS.operator),
 
   async limits(ctx, body) {
     const [users, vhosts] = await Promise.all([names("/api/users"), names("/api/vhosts")]);
@@ -173,7 +156,7 @@ const RENDER = {
         const rows = limitRows(await api.get(path), key, path);
         clear(el, table([{ title: key === "vhost" ? "Virtual host" : "User", get: (r) => r.who }, { title: "Limit", get: (r) => r.limit },
           { title: "Value", get: (r) => String(r.value) },
-          { title: "", get: (r) => dangerButton("Clear", null, async () => { await api.del(`${path}/${api.seg(r.who)}/${r.limit}`); await refresh(); }) },
+          { title: "", get: (r) => dangerButton("Clear", null, async () => { await api.del(`${path}/${api.seg(r.who)}/${r.limit}`); await refresh(); return `Limit ${r.limit} of ${r.who} cleared.`; }) },
         ], rows, { empty: "No limits set." }));
       } catch (exc) {
         const missing = exc instanceof api.ApiError && exc.status === 404;
@@ -182,6 +165,48 @@ const RENDER = {
       }
     }
     async function refresh() { await Promise.all([show(vlist, "/api/vhost-limits", "vhost"), show(ulist, "/api/user-limits", "user")]); }
-    await refresh();
+    await ctx.every(refresh);
   },
 };
+
+// user policies, and operator policies (administrators' limits on queues, which win over
+// a user policy's looser value: RabbitMQ 3.10 lets them apply to queues only)
+const POLICY_KINDS = {
+  policies: { path: "/api/policies", title: "Policies", noun: "Policy", id: "policy", table: "policies-table",
+    heading: "Add or update a policy",
+    applyTo: [["all", "Exchanges and queues"], ["queues", "Queues"], ["exchanges", "Exchanges"]],
+    example: "max-length=1000\nmessage-ttl=60000 (key=value lines or JSON)" },
+  operator: { path: "/api/operator-policies", title: "Operator policies", noun: "Operator policy", id: "operator-policy",
+    table: "operator-policies-table", applyTo: [["queues", "Queues"]], heading: "Add or update an operator policy",
+    example: "max-length=100000\nexpires=86400000 (key=value lines or JSON)" },
+};
+
+async function policyTab(ctx, body, kind) {
+  const vhosts = await names("/api/vhosts");
+  const list = h("div");
+  body.append(section(kind.title, list), section(kind.heading, form([
+    { name: "vhost", label: "Virtual host", type: "select", options: vhosts }, { name: "name", label: "Name", required: true },
+    { name: "pattern", label: "Pattern", placeholder: "^amq\\.", required: true },
+    { name: "apply-to", label: "Apply to", type: "select", options: kind.applyTo },
+    { name: "priority", label: "Priority", type: "number", value: "0" },
+    { name: "definition", label: "Definition", type: "textarea", rows: 3, placeholder: kind.example, required: true },
+  ], `Save ${kind.noun.toLowerCase()}`, async (v) => {
+    await api.put(`${kind.path}/${api.seg(v.vhost)}/${api.seg(v.name)}`,
+      { pattern: v.pattern, "apply-to": v["apply-to"], priority: Number(v.priority || 0), definition: parseArgs(v.definition) });
+    await refresh();
+    return `${kind.noun} ${v.name} saved.`;
+  }, { id: `add-${kind.id}` })));
+  async function refresh() {
+    const pols = await api.get(kind.path);
+    if (!ctx.live()) return;
+    clear(list, table([
+      { title: "Virtual host", get: (p) => p.vhost }, { title: "Name", get: (p) => p.name, cls: "name" },
+      { title: "Pattern", get: (p) => p.pattern }, { title: "Apply to", get: (p) => p["apply-to"] },
+      { title: "Definition", get: (p) => fmtJson(p.definition) }, { title: "Priority", get: (p) => String(p.priority) },
+      { title: "", get: (p) => dangerButton("Delete", `Delete ${kind.noun.toLowerCase()} ${p.name}?`, async () => {
+        await api.del(`${kind.path}/${api.seg(p.vhost)}/${api.seg(p.name)}`); await refresh(); return `${kind.noun} ${p.name} deleted.`;
+      }) },
+    ], pols, { id: kind.table }));
+  }
+  await ctx.every(refresh);
+}

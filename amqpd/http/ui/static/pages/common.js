@@ -19,6 +19,9 @@ export function vhostSelect(names, value, onchange, { all = true, id } = {}) {
 export function queueHref(vhost, name) { return `#/queues/${api.seg(vhost)}/${api.seg(name)}`; }
 export function exchangeHref(vhost, name) { return `#/exchanges/${api.seg(vhost)}/${api.seg(name || "amq.default")}`; }
 export function connectionHref(name) { return `#/connections/${api.seg(name)}`; }
+export function channelHref(name) { return `#/channels/${api.seg(name)}`; }
+export function userHref(name) { return `#/admin/users/${api.seg(name)}`; }
+export function vhostHref(name) { return `#/admin/vhosts/${api.seg(name)}`; }
 
 // a RabbitMQ paged answer -> "page x of y" and buttons; onPage(n) asks for another page
 export function pager(res, onPage, { id = "pager" } = {}) {
@@ -45,3 +48,36 @@ export function filterBox(value, regex, onchange, { placeholder = "Filter by nam
 }
 
 export function errorBox(el, exc, describe) { clear(el, h("div", { class: "form-status error" }, describe(exc))); }
+
+export const is404 = (exc) => exc instanceof api.ApiError && exc.status === 404;
+
+// the page of an object that is not there (any more): says so, with no forms to use on it
+export function notFound(ctx, text, [href, label]) {
+  clear(ctx.root, h("p", {}, h("a", { href }, `« ${label}`)),
+    h("section", { class: "panel not-found", id: "not-found" }, h("h1", {}, "Not found"),
+      h("p", {}, text), h("p", { class: "muted" }, "The broker answered 404 (Object Not Found).")));
+}
+
+// GET the object a page shows; null, with the not-found page drawn, when it is missing
+export async function fetchOr404(ctx, path, text, back) {
+  try { return await api.get(path); } catch (exc) {
+    if (!is404(exc)) throw exc;
+    notFound(ctx, text, back);
+    return null;
+  }
+}
+
+// "Columns": a checkbox per optional column (RabbitMQ's "+/-"), remembered by the browser
+// under `key`; `chosen()` is the set of titles to show
+export function columnChooser(key, titles, defaults, onchange) {
+  let saved = null;
+  try { saved = JSON.parse(localStorage.getItem(key) || "null"); } catch (exc) { saved = null; }
+  const shown = new Set(Array.isArray(saved) ? saved : defaults);
+  const boxes = titles.map((t) => h("label", { class: "choice" }, h("input", { type: "checkbox", checked: shown.has(t), dataset: { column: t }, onchange: (ev) => {
+    if (ev.target.checked) shown.add(t); else shown.delete(t);
+    localStorage.setItem(key, JSON.stringify([...shown]));
+    onchange();
+  } }), ` ${t}`));
+  const el = h("details", { class: "columns", id: "column-chooser" }, h("summary", {}, "Columns"), h("div", {}, boxes));
+  return { el, chosen: () => shown };
+}

@@ -1,20 +1,22 @@
-// Exchanges: the list (with a form to add one) and an exchange's page: its bindings in
-// both directions, binding it to a queue or exchange, publishing to it, deleting it.
+// Exchanges: the list, paged and filtered by the server (RabbitMQ's page, page_size, name,
+// use_regex), with a form to add one; and an exchange's page: its bindings in both
+// directions, binding it to a queue or exchange, publishing to it, deleting it.
 
 import * as api from "../api.js";
-import { clear, dangerButton, fmtJson, form, h, link, parseArgs, section, table } from "../ui.js";
-import { exchangeHref, queueHref, vhostNames, vhostSelect } from "./common.js";
+import { add, clear, dangerButton, describeError, features, fmtJson, form, h, link, parseArgs, section, table } from "../ui.js";
+import { exchangeHref, fetchOr404, filterBox, is404, notFound, pager, queueHref, vhostNames, vhostSelect } from "./common.js";
 import { publishForm } from "./publish.js";
 
-const view = { vhost: "" };
+const view = { vhost: "", name: "", regex: false, page: 1, pageSize: 100 };
 
 export async function render(ctx) {
   if (ctx.params.length >= 2) return renderOne(ctx, ctx.params[0], ctx.params[1]);
   const names = await vhostNames();
   const list = h("div", { id: "exchange-list" });
   const types = (ctx.overview && ctx.overview.exchange_types || []).map((t) => t.name);
-  ctx.root.append(h("h1", {}, "Exchanges"),
-    h("div", { class: "toolbar" }, vhostSelect(names, view.vhost, (v) => { view.vhost = v; refresh(); })),
+  add(ctx.root, h("h1", {}, "Exchanges"),
+    h("div", { class: "toolbar" }, vhostSelect(names, view.vhost, (v) => { view.vhost = v; view.page = 1; refresh(); }),
+      filterBox(view.name, view.regex, (name, regex) => { view.name = name; view.regex = regex; view.page = 1; refresh(); })),
     list,
     section("Add an exchange", form([
       { name: "vhost", label: "Virtual host", type: "select", options: names },
@@ -34,17 +36,25 @@ export async function render(ctx) {
   let latest = 0;  // only the newest request draws
   async function refresh() {
     const mine = ++latest;
-    const items = await api.get(`/api/exchanges${view.vhost ? "/" + api.seg(view.vhost) : ""}`);
+    const path = `/api/exchanges${view.vhost ? "/" + api.seg(view.vhost) : ""}` + api.query({
+      page: view.page, page_size: view.pageSize, name: view.name, use_regex: view.regex ? "true" : "", sort: "name",
+    });
+    let res;
+    try { res = await api.get(path); } catch (exc) {
+      if (exc instanceof api.ApiError && exc.error === "page_out_of_range" && view.page > 1) { view.page = 1; return refresh(); }
+      if (mine === latest) clear(list, h("div", { class: "form-status error" }, describeError(exc)));
+      return;
+    }
     if (!ctx.live() || mine !== latest) return;
-    clear(list, table([
+    clear(list, pager(res, (p) => { view.page = p; refresh(); }), table([
       { title: "Virtual host", get: (e) => e.vhost },
       { title: "Name", get: (e) => link(exchangeHref(e.vhost, e.name), e.name || "(AMQP default)"), cls: "name" },
       { title: "Type", get: (e) => e.type },
-      { title: "Features", get: (e) => [e.durable ? "D " : "", e.auto_delete ? "AD " : "", e.internal ? "I " : "", fmtJson(e.arguments)].join("") },
+      { title: "Features", get: (e) => features(e) },
       { title: "Policy", get: (e) => e.policy || "" },
-    ], items, { id: "exchanges-table" }));
+    ], res.items, { id: "exchanges-table", empty: view.name ? "No exchange matches the filter." : "No exchanges." }));
   }
-  await ctx.every(10000, refresh);
+  await ctx.every(refresh);
 }
 
 async function renderOne(ctx, vhost, name) {
@@ -54,7 +64,10 @@ async function renderOne(ctx, vhost, name) {
   const out = h("div", { id: "bindings-out" });
   const incoming = h("div", { id: "bindings-in" });
   const real = urlName === "amq.default" ? "" : urlName;
-  ctx.root.append(h("p", {}, link("#/exchanges", "« Exchanges")),
+  const missing = `Exchange "${real}" does not exist in virtual host "${vhost}".`;
+  const back = ["#/exchanges", "Exchanges"];
+  if (!(await fetchOr404(ctx, base, missing, back))) return;
+  add(ctx.root, h("p", {}, link("#/exchanges", "« Exchanges")),
     h("h1", {}, "Exchange ", h("span", { class: "objname" }, real || "(AMQP default)"), h("span", { class: "muted" }, ` in vhost ${vhost}`)),
     section("Details", details),
     section("Bindings from this exchange", out, real ? form([
@@ -71,12 +84,18 @@ async function renderOne(ctx, vhost, name) {
     section("Bindings to this exchange", incoming),
     section("Publish a message", publishForm(vhost, urlName)),
     real && !real.startsWith("amq.") ? section("Delete", dangerButton("Delete this exchange", `Delete exchange ${real}?`, async () => {
-      await api.del(base); ctx.go("#/exchanges"); return "Deleted.";
+      await api.del(base); ctx.go("#/exchanges", `Exchange ${real} deleted.`);
     })) : null);
 
   const dest = (b) => (b.destination_type === "queue" ? link(queueHref(vhost, b.destination), `queue ${b.destination}`) : link(exchangeHref(vhost, b.destination), `exchange ${b.destination}`));
   async function refresh() {
-    const [e, from, to] = await Promise.all([api.get(base), api.get(`${base}/bindings/source`), api.get(`${base}/bindings/destination`)]);
+    let e, from, to;
+    try {
+      [e, from, to] = await Promise.all([api.get(base), api.get(`${base}/bindings/source`), api.get(`${base}/bindings/destination`)]);
+    } catch (exc) {
+      if (is404(exc) && ctx.live()) { notFound(ctx, `${missing} It was deleted.`, back); return; }
+      throw exc;
+    }
     if (!ctx.live()) return;
     clear(details, table([{ title: "Type", get: (x) => x.type }, { title: "Durable", get: (x) => String(x.durable) },
       { title: "Auto delete", get: (x) => String(x.auto_delete) }, { title: "Internal", get: (x) => String(x.internal) },
@@ -84,11 +103,12 @@ async function renderOne(ctx, vhost, name) {
     const unbind = (b) => dangerButton("Unbind", null, async () => {
       await api.del(`/api/bindings/${api.seg(vhost)}/e/${api.seg(b.source)}/${b.destination_type[0]}/${api.seg(b.destination)}/${api.seg(b.properties_key)}`);
       await refresh();
+      return "Unbound.";
     });
     clear(out, table([{ title: "To", get: dest }, { title: "Routing key", get: (b) => b.routing_key },
       { title: "Arguments", get: (b) => fmtJson(b.arguments) }, { title: "", get: (b) => (real ? unbind(b) : "") }], real ? from : [], { empty: real ? "No bindings." : "(implicit)" }));
     clear(incoming, table([{ title: "From", get: (b) => link(exchangeHref(vhost, b.source), b.source) },
       { title: "Routing key", get: (b) => b.routing_key }, { title: "Arguments", get: (b) => fmtJson(b.arguments) }, { title: "", get: unbind }], to));
   }
-  await ctx.every(10000, refresh);
+  await ctx.every(refresh);
 }

@@ -1,15 +1,16 @@
-// Federation (the federation plugin): upstreams and the status of every link.
+// Federation (the federation plugin): the status of every link, and the upstreams
+// (upstreams.js: list, add, delete).
 
 import * as api from "../api.js";
-import { clear, dangerButton, fmtJson, h, section, table } from "../ui.js";
-
-// passwords in upstream URIs stay in the API, off the screen
-const redact = (text) => text.replace(/(amqps?:\/\/[^:/@"]*):[^@/"]*@/g, "$1:***@");
+import { add, clear, dangerButton, h, section, table } from "../ui.js";
+import { vhostNames } from "./common.js";
+import { upstreamsSection } from "./upstreams.js";
 
 export async function render(ctx) {
-  const links = h("div", { id: "federation-links" }), upstreams = h("div", { id: "federation-upstreams" });
-  ctx.root.append(h("h1", {}, "Federation"), section("Links", links), ctx.me.policymaker ? section("Upstreams", upstreams) : null);
-  await ctx.every(5000, async () => {
+  const links = h("div", { id: "federation-links" });
+  const upstreams = ctx.me.policymaker ? upstreamsSection(ctx, await vhostNames()) : null;
+  add(ctx.root, h("h1", {}, "Federation"), section("Links", links), upstreams && upstreams.el);
+  await ctx.every(async () => {
     const items = await api.get("/api/federation-links");
     if (!ctx.live()) return;
     clear(links, table([
@@ -20,11 +21,6 @@ export async function render(ctx) {
       { title: "Error", get: (l) => l.error || "" }, { title: "Since", get: (l) => l.timestamp },
       { title: "", get: (l) => (ctx.me.policymaker ? dangerButton("Restart", null, () => api.del(`/api/federation-links/vhost/${api.seg(l.vhost)}/${api.seg(l.id)}/${api.seg(l.node)}/restart`).then(() => "Restarting.")) : "") },
     ], items, { id: "federation-table", empty: "No federation links." }));
-    if (ctx.me.policymaker) {
-      const ups = await api.get("/api/parameters/federation-upstream");
-      if (!ctx.live()) return;
-      clear(upstreams, table([{ title: "Name", get: (u) => u.name }, { title: "Virtual host", get: (u) => u.vhost },
-        { title: "Definition", get: (u) => redact(fmtJson(u.value)) }], ups, { empty: "No upstreams." }));
-    }
+    if (upstreams) await upstreams.refresh();
   });
 }

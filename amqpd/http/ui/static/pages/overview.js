@@ -4,7 +4,7 @@
 
 import * as api from "../api.js";
 import { Chart, lengthsFromSamples, ratesFromSamples } from "../charts.js";
-import { clear, fmtBytes, fmtDuration, fmtNum, fmtRate, h, kv, section, table } from "../ui.js";
+import { add, clear, fmtBytes, fmtDuration, fmtNum, fmtRate, h, kv, section, table } from "../ui.js";
 
 const RATES = ["publish", "deliver_get", "ack", "confirm", "redeliver"];
 const RATE_LABELS = ["publish", "deliver", "ack", "confirm", "redeliver"];
@@ -18,7 +18,7 @@ export async function render(ctx) {
   const node = h("div", { id: "node" });
   const listeners = h("div", { id: "listeners" });
   const about = h("div", { id: "about" });
-  ctx.root.append(
+  add(ctx.root, 
     h("h1", {}, "Overview"), alarms,
     section("Totals", totals),
     section("Message rates (last 10 minutes)", rateBox, rateNow),
@@ -30,7 +30,7 @@ export async function render(ctx) {
   const rates = new Chart(rateBox, RATE_LABELS, { id: "rate-chart" });
   const lengths = new Chart(lenBox, ["ready", "unacked"], { unit: "", id: "length-chart" });
 
-  await ctx.every(5000, async () => {
+  await ctx.every(async () => {
     const o = await api.get("/api/overview" + api.query({ msg_rates_age: 600, msg_rates_incr: 5, lengths_age: 600, lengths_incr: 5 }));
     if (!ctx.live()) return;
     const t = o.object_totals, q = o.queue_totals, m = o.message_stats || {};
@@ -52,13 +52,23 @@ export async function render(ctx) {
       ["Product", `${o.product_name} ${o.product_version} (speaks RabbitMQ ${o.rabbitmq_version}'s management API)`],
       ["Cluster name", o.cluster_name], ["Node", o.node],
       ["Hot path", h("span", { id: "hot-path" }, o.amqpd_hot_path || "—")],
-      o.amqpd_replication_role ? ["Replication role", o.amqpd_replication_role] : null,
+      o.amqpd_replication ? ["Warren role", h("span", { id: "warren-role" }, `${o.amqpd_replication.role}${o.amqpd_replication.active_node && o.amqpd_replication.role !== "active" ? ` (the active is ${o.amqpd_replication.active_node})` : ""}`)] : null,
       ["Runtime", o.erlang_version], ["Plugins", (o.amqpd_plugins || []).join(", ") || "none"],
     ]));
     if (ctx.me.monitor) {
-      const [n] = await api.get("/api/nodes");
+      const all = await api.get("/api/nodes");
+      const n = all.find((x) => x.name === o.node) || all[0];
       if (!ctx.live() || !n) return;
       renderNode(node, alarms, n);
+      // in a cluster or warren: every node, as RabbitMQ's overview lists them
+      if (all.length > 1) {
+        node.append(h("h3", {}, `All ${all.length} nodes`), table([
+          { title: "Name", get: (x) => x.name + (x.name === o.node ? " (this node)" : "") },
+          { title: "State", get: (x) => h("span", { class: `state ${x.running ? "running" : "error"}` }, x.running ? "running" : "not running") },
+          { title: "Role", get: (x) => x.amqpd_role || (x.amqpd_member === false ? "joining" : "cluster member") },
+          { title: "Partitions", get: (x) => (x.partitions && x.partitions.length ? x.partitions.join(", ") : "none") },
+        ], all, { id: "overview-nodes" }), h("p", {}, h("a", { href: "#/nodes" }, "Details on the Nodes page")));
+      }
     }
   });
 }

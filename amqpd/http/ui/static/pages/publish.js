@@ -7,7 +7,7 @@ export function publishForm(vhost, exchange, { routingKey = "", fixedKey = false
   const fields = [];
   if (!fixedKey) fields.push({ name: "routing_key", label: "Routing key", value: routingKey });
   fields.push(
-    { name: "delivery_mode", label: "Delivery mode", type: "select", options: [["1", "1 - non-persistent"], ["2", "2 - persistent"]] },
+    { name: "delivery_mode", label: "Delivery mode", type: "select", options: [["1", "1 - non-persistent"], ["2", "2 - persistent"]], value: "2" },
     { name: "headers", label: "Headers", type: "textarea", rows: 2, placeholder: "key=value lines or JSON" },
     { name: "properties", label: "Properties", type: "textarea", rows: 2, placeholder: "content_type=text/plain\npriority=5 (key=value lines or JSON)" },
     { name: "payload_encoding", label: "Payload encoding", type: "select", options: [["string", "String"], ["base64", "base64"]] },

@@ -1,12 +1,12 @@
-// One queue: details and policy, its rates, consumers, bindings (add and remove), and the
+// One queue: details and policy, its length and rates over the last minute (samples kept
+// by the server, so the charts open full), consumers, bindings (add and remove), and the
 // message tools: get (ack mode, count, encoding), publish, purge, delete, and moving its
 // messages to another queue through a shovel when the shovel plugin runs.
 
 import * as api from "../api.js";
-import { Chart, History } from "../charts.js";
-import { clear, dangerButton, fmtBytes, fmtJson, fmtNum, fmtRate, form, h, kv, link, parseArgs, section, table } from "../ui.js";
-import { connectionHref, exchangeHref } from "./common.js";
-import { features } from "./queues.js";
+import { Chart, LAST_MINUTE, lengthsFromSamples, ratesFromSamples } from "../charts.js";
+import { add, clear, dangerButton, features, fmtBytes, fmtJson, fmtNum, fmtRate, form, h, kv, link, parseArgs, section, table } from "../ui.js";
+import { channelHref, connectionHref, exchangeHref, fetchOr404, is404, notFound } from "./common.js";
 import { publishForm } from "./publish.js";
 
 const RATES = ["publish", "deliver_get", "ack", "redeliver"];
@@ -14,17 +14,22 @@ const RATES = ["publish", "deliver_get", "ack", "redeliver"];
 export async function render(ctx) {
   const [vhost, name] = ctx.params;
   const base = `/api/queues/${api.seg(vhost)}/${api.seg(name)}`;
+  const missing = `Queue "${name}" does not exist in virtual host "${vhost}".`;
+  const back = ["#/queues", "Queues"];
+  if (!(await fetchOr404(ctx, base, missing, back))) return;
   const details = h("div", { id: "queue-details" });
   const chartBox = h("div", { class: "chart-box" });
+  const lenBox = h("div", { class: "chart-box" });
   const rateNow = h("div", { class: "muted", id: "queue-rates-now" });
   const consumers = h("div", { id: "queue-consumers" });
   const bindings = h("div", { id: "queue-bindings" });
   const got = h("div", { id: "got-messages" });
-  ctx.root.append(
+  add(ctx.root, 
     h("p", {}, link("#/queues", "« Queues")),
     h("h1", {}, "Queue ", h("span", { class: "objname", id: "queue-name" }, name), h("span", { class: "muted" }, ` in vhost ${vhost}`)),
     section("Details", details),
-    section("Message rates (since this page opened)", chartBox, rateNow),
+    section("Queued messages (last minute)", lenBox),
+    section("Message rates (last minute)", chartBox, rateNow),
     section("Consumers", consumers),
     section("Bindings", bindings, form([
       { name: "source", label: "From exchange", required: true },
@@ -63,18 +68,15 @@ export async function render(ctx) {
     section("Purge and delete",
       dangerButton("Purge messages", `Remove every ready message from ${name}?`, async () => { await api.del(`${base}/contents`); refresh(); return "Purged."; }),
       " ",
-      dangerButton("Delete queue", `Delete queue ${name} and its messages?`, async () => { await api.del(base); ctx.go("#/queues"); return "Deleted."; })),
+      dangerButton("Delete queue", `Delete queue ${name} and its messages?`, async () => { await api.del(base); ctx.go("#/queues", `Queue ${name} deleted.`); })),
   );
+  const lengths = new Chart(lenBox, ["ready", "unacked"], { unit: "", id: "queue-length-chart" });
   const chart = new Chart(chartBox, ["publish", "deliver", "ack", "redeliver"], { id: "queue-rate-chart" });
-  const history = new History();
 
   async function refresh() {
     let q;
-    try { q = await api.get(base); } catch (exc) {
-      if (exc instanceof api.ApiError && exc.status === 404) {
-        clear(details, h("div", { class: "form-status error" }, `Queue ${name} does not exist in vhost ${vhost} (any more).`));
-        return;
-      }
+    try { q = await api.get(base + LAST_MINUTE); } catch (exc) {
+      if (is404(exc) && ctx.live()) { notFound(ctx, `${missing} It was deleted.`, back); return; }
       throw exc;
     }
     if (!ctx.live()) return;
@@ -90,13 +92,14 @@ export async function render(ctx) {
       ["Messages total", h("span", { id: "messages-total" }, fmtNum(q.messages))],
       ["Ready bytes", fmtBytes(q.message_bytes_ready)],
     ]));
-    chart.set(history.push(RATES.map((k) => (m[`${k}_details`] || {}).rate || 0)));
+    chart.set(ratesFromSamples(RATES.map((k) => m[`${k}_details`])));
+    lengths.set(lengthsFromSamples([q.messages_ready_details, q.messages_unacknowledged_details]));
     clear(rateNow, RATES.map((k) => `${k.replace("_get", "")} ${fmtRate(m[`${k}_details`])}`).join(" · "));
     const all = await api.get(`/api/consumers/${api.seg(vhost)}`);
     if (!ctx.live()) return;
     clear(consumers, table([
       { title: "Consumer tag", get: (c) => c.consumer_tag },
-      { title: "Channel", get: (c) => c.channel_details.name },
+      { title: "Channel", get: (c) => link(channelHref(c.channel_details.name), c.channel_details.name) },
       { title: "Ack required", get: (c) => (c.ack_required ? "yes" : "no") },
       { title: "Exclusive", get: (c) => (c.exclusive ? "yes" : "no") },
       { title: "Prefetch", get: (c) => String(c.prefetch_count) },
@@ -114,12 +117,13 @@ export async function render(ctx) {
       { title: "", get: (b) => (b.source ? dangerButton("Unbind", null, async () => {
         await api.del(`/api/bindings/${api.seg(vhost)}/e/${api.seg(b.source)}/q/${api.seg(name)}/${api.seg(b.properties_key)}`);
         await refreshBindings();
+        return "Unbound.";
       }) : "") },
     ], list, { id: "bindings-table" }));
   }
 
   await refreshBindings();
-  await ctx.every(5000, refresh);
+  await ctx.every(refresh);
 }
 
 function showMessages(el, msgs) {

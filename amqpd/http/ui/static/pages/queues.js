@@ -3,11 +3,15 @@
 // and a form to add one.
 
 import * as api from "../api.js";
-import { clear, describeError, fmtNum, fmtRate, form, h, link, parseArgs, section, table } from "../ui.js";
-import { filterBox, pager, queueHref, vhostNames, vhostSelect } from "./common.js";
+import { add, clear, describeError, features, fmtNum, fmtRate, form, h, link, parseArgs, section, table } from "../ui.js";
+import { columnChooser, filterBox, pager, queueHref, vhostNames, vhostSelect } from "./common.js";
+
+// the optional columns, and those shown until someone chooses (as RabbitMQ's defaults)
+const OPTIONAL = ["Virtual host", "Type", "Features", "Policy", "State", "Consumers", "Ready", "Unacked", "Total", "incoming", "deliver / get", "ack"];
+const DEFAULT = ["Virtual host", "Type", "Features", "State", "Ready", "Unacked", "Total", "incoming", "deliver / get", "ack"];
 
 const view = { vhost: "", name: "", regex: false, page: 1, pageSize: 100, sort: { key: "name", reverse: false } };
-const COLUMNS = "name,vhost,durable,auto_delete,exclusive,arguments,policy,state,consumers,messages,messages_ready," +
+const COLUMNS = "name,vhost,type,durable,auto_delete,exclusive,arguments,policy,state,consumers,messages,messages_ready," +
   "messages_unacknowledged,message_stats.publish_details.rate,message_stats.deliver_get_details.rate,message_stats.ack_details.rate";
 
 export async function render(ctx) {
@@ -17,11 +21,12 @@ export async function render(ctx) {
   const sizeSel = h("select", { id: "page-size", onchange: () => { view.pageSize = Number(sizeSel.value); view.page = 1; refresh(); } },
     [20, 100, 500].map((n) => h("option", { value: n }, `${n} per page`)));
   sizeSel.value = String(view.pageSize);
-  ctx.root.append(h("h1", {}, "Queues"),
+  const chooser = columnChooser("amqpd-queue-columns", OPTIONAL, DEFAULT, () => refresh());
+  add(ctx.root, h("h1", {}, "Queues"),
     h("div", { class: "toolbar" },
       vhostSelect(names, view.vhost, (v) => { view.vhost = v; view.page = 1; refresh(); }, { id: "vhost-filter" }),
       filterBox(view.name, view.regex, (name, regex) => { view.name = name; view.regex = regex; view.page = 1; refresh(); }),
-      sizeSel),
+      sizeSel, chooser.el),
     listBox,
     section("Add a queue", form([
       { name: "vhost", label: "Virtual host", type: "select", options: names, value: view.vhost || names[0] },
@@ -59,11 +64,14 @@ export async function render(ctx) {
     }
     if (!ctx.live() || mine !== latest) return;
     const ms = (q) => q.message_stats || {};
+    const shown = chooser.chosen();
     clear(listBox, pager(res, (p) => { view.page = p; refresh(); }), table([
       { title: "Virtual host", get: (q) => q.vhost, sort: "vhost" },
       { title: "Name", get: (q) => link(queueHref(q.vhost, q.name), q.name), sort: "name", cls: "name" },
+      { title: "Type", get: (q) => q.type },
       { title: "Features", get: (q) => features(q) },
       { title: "Policy", get: (q) => q.policy || "" },
+      { title: "State", get: (q) => h("span", { class: `state ${q.state}` }, q.state) },
       { title: "Consumers", get: (q) => fmtNum(q.consumers), sort: "consumers", cls: "num" },
       { title: "Ready", get: (q) => fmtNum(q.messages_ready), sort: "messages_ready", cls: "num" },
       { title: "Unacked", get: (q) => fmtNum(q.messages_unacknowledged), sort: "messages_unacknowledged", cls: "num" },
@@ -71,16 +79,7 @@ export async function render(ctx) {
       { title: "incoming", get: (q) => fmtRate(ms(q).publish_details), cls: "num" },
       { title: "deliver / get", get: (q) => fmtRate(ms(q).deliver_get_details), cls: "num" },
       { title: "ack", get: (q) => fmtRate(ms(q).ack_details), cls: "num" },
-    ], res.items, { sort: view.sort, onSort, id: "queues-table", empty: view.name ? "No queue matches the filter." : "No queues." }));
+    ].filter((c) => c.title === "Name" || shown.has(c.title)), res.items, { sort: view.sort, onSort, id: "queues-table", empty: view.name ? "No queue matches the filter." : "No queues." }));
   }
-  await ctx.every(5000, refresh);
-}
-
-export function features(q) {
-  const f = [];
-  if (q.durable) f.push(h("abbr", { title: "durable", class: "feature" }, "D"));
-  if (q.auto_delete) f.push(h("abbr", { title: "auto-delete", class: "feature" }, "AD"));
-  if (q.exclusive) f.push(h("abbr", { title: "exclusive", class: "feature" }, "Excl"));
-  for (const k of Object.keys(q.arguments || {})) f.push(h("abbr", { title: `${k}: ${JSON.stringify(q.arguments[k])}`, class: "feature arg" }, k.replace(/^x-/, "")));
-  return f;
+  await ctx.every(refresh);
 }

@@ -1,13 +1,13 @@
 // Shovels (the shovel plugin): status of each, restart or delete, and adding a dynamic one.
 
 import * as api from "../api.js";
-import { clear, dangerButton, form, h, section, table } from "../ui.js";
+import { add, clear, dangerButton, form, h, section, table } from "../ui.js";
 import { vhostNames } from "./common.js";
 
 export async function render(ctx) {
   const names = await vhostNames();
   const list = h("div", { id: "shovels-list" });
-  ctx.root.append(h("h1", {}, "Shovels"), list,
+  add(ctx.root, h("h1", {}, "Shovels"), list,
     ctx.me.policymaker ? section("Add a dynamic shovel", h("p", { class: "muted" }, "A URI without a host (amqp:// or amqp:///vhost) is this broker."), form([
       { name: "vhost", label: "Virtual host", type: "select", options: names }, { name: "name", label: "Name", required: true },
       { name: "src-uri", label: "Source URI", value: "amqp://" }, { name: "src-queue", label: "Source queue", required: true },
@@ -20,7 +20,7 @@ export async function render(ctx) {
       await api.put(`/api/parameters/shovel/${api.seg(v.vhost)}/${api.seg(v.name)}`, { value });
       return `Shovel ${v.name} added.`;
     }, { id: "add-shovel" })) : null);
-  await ctx.every(5000, async () => {
+  await ctx.every(async () => {
     const items = await api.get("/api/shovels");
     if (!ctx.live()) return;
     clear(list, table([
@@ -31,7 +31,7 @@ export async function render(ctx) {
       { title: "Since", get: (s) => s.timestamp },
       { title: "", get: (s) => (s.type === "dynamic" && ctx.me.policymaker ? [
         dangerButton("Restart", null, () => api.del(`/api/shovels/vhost/${api.seg(s.vhost)}/${api.seg(s.name)}/restart`).then(() => "Restarting.")),
-        dangerButton("Delete", `Delete shovel ${s.name}?`, () => api.del(`/api/shovels/vhost/${api.seg(s.vhost)}/${api.seg(s.name)}`).then(() => "Deleted.")),
+        dangerButton("Delete", `Delete shovel ${s.name}?`, () => api.del(`/api/shovels/vhost/${api.seg(s.vhost)}/${api.seg(s.name)}`).then(() => `Shovel ${s.name} deleted.`)),
       ] : "") },
     ], items, { id: "shovels-table", empty: "No shovels." }));
   });
