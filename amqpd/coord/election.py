@@ -32,11 +32,13 @@ only when ``state`` is absent (nothing was ever active under this prefix), names
 the last active, or lists it as in-sync with a durable sequence at or below its own.
 
 Fencing. The active renews its lease every ``lease_ttl / 6`` seconds, each call with a
-deadline of the same length. etcd cannot expire the lease before ``lease_ttl`` seconds
-after the last renewal that succeeded was *sent* (it restarts the TTL when it receives
-it, which is later). So the active, by its own monotonic clock, fences itself
-``fence_after`` seconds after that send (two thirds of the TTL by default): it stops
-accepting publishes and closes its clients with 320 CONNECTION_FORCED. The remaining
+deadline of the same length, from a thread of its own (:mod:`amqpd.coord.lease`: a busy
+event loop, e.g. a takeover loading a large backlog, cannot delay a renewal). etcd
+cannot expire the lease before ``lease_ttl`` seconds after the last renewal that
+succeeded was *sent* (it restarts the TTL when it receives it, which is later). So the
+active, by its own monotonic clock, fences itself ``fence_after`` seconds after that
+send (two thirds of the TTL by default): it stops accepting publishes and closes its
+clients with 320 CONNECTION_FORCED. The remaining
 third is the margin against a slow event loop; by the time any standby can hold the
 key, the old active has stopped taking publishes. A fenced node then goes back to being
 a candidate: it follows whoever holds the key (``become_standby``), or takes it again
@@ -59,6 +61,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from amqpd.coord.etcd import Compare, EtcdClient, EtcdError, Get, KeyValue, Put
+from amqpd.coord.lease import LeaseKeeper
 
 log = logging.getLogger("amqpd.coord.election")
 
@@ -155,14 +158,14 @@ class Election:
         self.epoch = 0  # the epoch this node last led or followed
         self.leader: LeaderInfo | None = None
         self.lease_id = 0
-        self.renewed_at = 0.0  # monotonic send time of the last successful renewal
-        self.fence_at = 0.0  # monotonic: fence if not renewed by then
+        self._keeper: LeaseKeeper | None = None  # renews the lease while leading
+        self._fence_at = 0.0  # fence_at and renewed_at while no keeper runs
+        self._renewed_at = 0.0
         self.takeovers = 0
         self.fences = 0
         self.last_error = ""
         self.not_eligible = ""  # why this node may not take the key now ("" = it may)
         self._task: asyncio.Task[None] | None = None
-        self._renewer: asyncio.Task[None] | None = None
         self._fence_timer: asyncio.TimerHandle | None = None
         self._published_state: dict[str, Any] | None = None
         self._wake = asyncio.Event()
@@ -174,6 +177,18 @@ class Election:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="warren-election")
 
+    @property
+    def fence_at(self) -> float:
+        """Monotonic: fence if not renewed by then (the lease thread moves it)."""
+        keeper = self._keeper
+        return keeper.fence_at if keeper is not None else self._fence_at
+
+    @property
+    def renewed_at(self) -> float:
+        """Monotonic send time of the last successful renewal."""
+        keeper = self._keeper
+        return keeper.renewed_at if keeper is not None else self._renewed_at
+
     def holds_lease(self) -> bool:
         """True while this node leads and its lease cannot have run out."""
         return self.role == ACTIVE and self.clock() < self.fence_at
@@ -183,11 +198,11 @@ class Election:
         takes over at once (no wait for the lease to run out)."""
         was_leading = self.role in (ACTIVE, PROMOTING)
         self.role = STOPPED
-        for task in (self._task, self._renewer):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        self._stop_keeper()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
         self._cancel_fence_timer()
         if was_leading:
             self.hooks.fence("node is stopping; handing over")
@@ -327,8 +342,10 @@ class Election:
         self.role = PROMOTING
         self.takeovers += 1
         self._published_state = new_state
-        self._renewed(sent)
-        self._renewer = asyncio.create_task(self._renew_loop(), name="warren-lease")
+        self._keeper = LeaseKeeper(self.etcd.endpoints, lease.id, self.settings.lease_ttl,
+                                   self.settings.fence_after, sent, self.clock,
+                                   asyncio.get_running_loop(), self._lease_lost).start()
+        self._arm_fence_timer()
         log.info("warren: took the leader key at epoch %d (lease %x, ttl %ds); promoting",
                  new_epoch, lease.id, ttl)
         try:
@@ -343,13 +360,23 @@ class Election:
         return True
 
     # ------------------------------------------------------------------ leading
-    def _renewed(self, sent: float) -> None:
-        self.renewed_at = sent
-        self.fence_at = sent + self.settings.fence_after
+    def _arm_fence_timer(self) -> None:
+        """The loop's own check at ``fence_at``: it re-arms itself while the lease thread
+        keeps moving ``fence_at`` forward, and fences once it has not."""
         self._cancel_fence_timer()
-        loop = asyncio.get_running_loop()
         delay = max(self.fence_at - self.clock(), 0.0)
-        self._fence_timer = loop.call_later(delay, self._fence_due)
+        self._fence_timer = asyncio.get_running_loop().call_later(delay, self._fence_due)
+
+    def _stop_keeper(self) -> None:
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            self._fence_at, self._renewed_at = keeper.fence_at, keeper.renewed_at
+            keeper.stop()
+
+    def _lease_lost(self, reason: str) -> None:
+        """The lease thread's report, on the loop."""
+        if self.role in (ACTIVE, PROMOTING):
+            self._lose(reason)
 
     def _cancel_fence_timer(self) -> None:
         if self._fence_timer is not None:
@@ -360,32 +387,11 @@ class Election:
         self._fence_timer = None
         if self.role not in (ACTIVE, PROMOTING):
             return
-        early = self.fence_at - self.clock()
-        if early > 0:  # a loop's timer may fire a little before our clock says (uvloop)
-            self._fence_timer = asyncio.get_running_loop().call_later(early, self._fence_due)
+        if self.fence_at > self.clock():  # renewed meanwhile (or a timer fired early)
+            self._arm_fence_timer()
             return
         self._lose(f"lease not renewed for {self.clock() - self.renewed_at:.2f}s "
                    f"(ttl {self.settings.lease_ttl}s)")
-
-    async def _renew_loop(self) -> None:
-        interval = self.settings.lease_ttl / 6
-        while self.role in (ACTIVE, PROMOTING):
-            sent = self.clock()
-            try:
-                ttl = await self.etcd.keepalive(self.lease_id, timeout=interval)
-            except EtcdError as exc:
-                log.warning("warren: lease renewal failed: %s (fencing in %.2fs)",
-                            exc, max(self.fence_at - self.clock(), 0.0))
-                if self.clock() >= self.fence_at:  # the timer's job, should it be late
-                    self._fence_due()
-                    return
-            else:
-                if ttl <= 0:
-                    self._lose("the lease is gone (expired or revoked in etcd)")
-                    return
-                if self.role in (ACTIVE, PROMOTING):
-                    self._renewed(sent)
-            await asyncio.sleep(max(interval - (self.clock() - sent), 0.0))
 
     def _lose(self, reason: str) -> None:
         """Stop leading now: fence first (publishes stop), then tidy up in the background."""
@@ -396,9 +402,7 @@ class Election:
         self.fences += 1
         self._cancel_fence_timer()
         self.hooks.fence(reason)
-        renewer, self._renewer = self._renewer, None
-        if renewer is not None and renewer is not asyncio.current_task():
-            renewer.cancel()
+        self._stop_keeper()
         lease, self.lease_id = self.lease_id, 0
         self.leader = None
         if lease:

@@ -112,9 +112,9 @@ def make(url: str, name: str, prefix: str, ttl: float = TTL) -> tuple[Election, 
 
 async def crash(e: Election) -> None:
     """Like kill -9 for the election: nothing more is sent, the lease is not revoked."""
-    for task in (e._task, e._renewer):
-        if task is not None:
-            task.cancel()
+    if e._task is not None:
+        e._task.cancel()
+    e._stop_keeper()
     e._cancel_fence_timer()
     e.role = "stopped"
     await e.etcd.close()
@@ -275,6 +275,25 @@ async def test_crashed_active_lease_expires_and_standby_takes_over(
     assert node_a2.events == [("standby", "b", 2)]
     await a2.stop()
     await b.stop()
+
+
+async def test_a_blocked_loop_does_not_cost_the_lease(etcd: EtcdProcess, client: EtcdClient,
+                                                      prefix: str) -> None:
+    """Renewals run in a thread of their own: an active whose event loop is stuck for
+    twice the lease (a takeover loading a backlog) is still active, at the same epoch,
+    and never fenced (issue 34)."""
+    a, node_a = make(etcd.url, "a", prefix)
+    a.start()
+    await until(lambda: a.role == ACTIVE)
+    renewed = a.renewed_at
+    time.sleep(TTL * 2)  # blocking the loop is the point
+    assert a.renewed_at > renewed, "no renewal while the loop was blocked"
+    assert a.holds_lease()
+    await asyncio.sleep(TTL / 2)  # the loop's fence timer runs late, and re-arms
+    assert a.role == ACTIVE and a.epoch == 1 and node_a.fenced_at is None
+    leader = await client.get(f"{prefix}/leader")
+    assert leader is not None and json.loads(leader.value)["epoch"] == 1
+    await a.stop()
 
 
 async def test_partitioned_active_fences_before_its_lease_expires(
