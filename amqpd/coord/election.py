@@ -115,6 +115,10 @@ class NodeHooks(Protocol):
     def insync_standbys(self) -> dict[str, int]:
         """On the active: in-sync standby name -> the sequence it has made durable."""
 
+    def insync_recorded(self, names: set[str]) -> None:
+        """On the active: etcd now records ``names`` as the in-sync set (confirms may stop
+        waiting for a standby only after this)."""
+
     def status(self) -> dict[str, Any]:
         """Extra fields for this node's record (lag, connected, ...)."""
 
@@ -188,6 +192,11 @@ class Election:
         """Monotonic send time of the last successful renewal."""
         keeper = self._keeper
         return keeper.renewed_at if keeper is not None else self._renewed_at
+
+    def wake(self) -> None:
+        """Run the next step now (the in-sync set changed: record it without waiting for
+        the poll)."""
+        self._wake.set()
 
     def holds_lease(self) -> bool:
         """True while this node leads and its lease cannot have run out."""
@@ -441,6 +450,7 @@ class Election:
             if previous is None or previous.get("insync", {}).keys() != insync.keys():
                 log.info("warren: in-sync standbys now %s", sorted(insync) or "none")
             self._published_state = state
+            self.hooks.insync_recorded(set(insync))
         else:
             self._lose("the leader key is no longer ours")
 

@@ -60,6 +60,7 @@ class FakeNode:
         self.epoch = 0
         self.insync: dict[str, int] = {}
         self.fenced_at: float | None = None
+        self.recorded: list[list[str]] = []  # in-sync sets etcd recorded, in order
 
     async def become_active(self, epoch: int) -> None:
         self.epoch = epoch
@@ -78,6 +79,9 @@ class FakeNode:
 
     def insync_standbys(self) -> dict[str, int]:
         return dict(self.insync)
+
+    def insync_recorded(self, names: set[str]) -> None:
+        self.recorded.append(sorted(names))
 
     def status(self) -> dict[str, Any]:
         return {"fake": True}
@@ -262,6 +266,7 @@ async def test_crashed_active_lease_expires_and_standby_takes_over(
     await until(lambda: b.role == STANDBY)
     node_a.insync = {"b": 0}
     await until(lambda: (a._published_state or {}).get("insync") == {"b": 0})
+    assert node_a.recorded[-1] == ["b"]  # told only once etcd has it
     await crash(a)
     await until(lambda: b.role == ACTIVE, timeout=TTL * 5, what="b takes over")
     assert node_b.events == [("standby", "a", 1), ("active", 2)]
