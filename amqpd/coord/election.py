@@ -176,6 +176,8 @@ class Election:
         self._record_written: dict[str, Any] | None = None
         self._record_at = 0.0
         self._presence = 0  # the lease of alive/<name>
+        self._granted: set[int] = set()  # leader leases this process was granted
+        self._defer_until = 0.0  # monotonic: no takeover before (a restart's grace)
 
     # ------------------------------------------------------------------ public
     def start(self) -> None:
@@ -260,19 +262,39 @@ class Election:
         if kv is not None:
             leader = LeaderInfo.from_kv(kv)
             if leader.node == self.settings.node_name:
-                # our own key from before a crash and restart: that incarnation is dead
-                # and took no publish since; let the key go rather than wait for its lease
-                log.warning("warren: the leader key names this node from an earlier run "
-                            "(epoch %d); revoking its lease", leader.epoch)
-                await self.etcd.revoke(kv.lease, timeout=timeout)
+                await self._release_own_key(kv.lease, leader.epoch, timeout)
                 return
             if self.role != STANDBY or self.leader != leader:
                 await self._follow(leader)
             await self._publish_node(timeout)
             return
+        if self.clock() < self._defer_until:  # an in-sync standby goes first
+            await self._publish_node(timeout)
+            return
         if await self._try_takeover(timeout):
             return
         await self._publish_node(timeout)
+
+    async def _release_own_key(self, lease: int, epoch: int, timeout: float) -> None:
+        """The leader key names this node, but this node does not lead: let it go now
+        rather than wait for its lease. Either this process held it before it fenced
+        itself (its revoke did not reach etcd, e.g. etcd was down and restarted with the
+        lease), or an earlier run of this node did, killed and restarted within the
+        lease. In the second case this node then waits a few polls before trying to
+        take the key itself, so that the standby, which was waiting for exactly this
+        key to go, takes over as docs/warren.md says; this node then follows it. If the
+        standby may not (not in sync) or is gone, this node takes the key after the
+        wait."""
+        if lease in self._granted:
+            log.warning("warren: the leader key still names this node under the lease it "
+                        "held before it fenced itself (epoch %d); revoking it", epoch)
+        else:
+            grace = max(3 * self.settings.poll_interval, 1.0)
+            log.warning("warren: the leader key names this node from an earlier run "
+                        "(epoch %d); revoking its lease, and leaving the key to an in-sync "
+                        "standby for %.1fs", epoch, grace)
+            self._defer_until = self.clock() + grace
+        await self.etcd.revoke(lease, timeout=timeout)
 
     async def _follow(self, leader: LeaderInfo) -> None:
         log.info("warren: %s is active (epoch %d); following it as a standby",
@@ -318,6 +340,7 @@ class Election:
         ttl = math.ceil(self.settings.lease_ttl)
         sent = self.clock()
         lease = await self.etcd.grant(ttl, timeout=timeout)
+        self._granted.add(lease.id)
         leader = LeaderInfo(self.settings.node_name, new_epoch,
                             **{k: v for k, v in self.settings.addresses.items()
                                if k in ("amqp", "http", "replication")})

@@ -403,3 +403,52 @@ async def test_restarted_node_finds_its_own_key_and_takes_it_back(
     leader = await client.get(f"{prefix}/leader")
     assert leader is not None and json.loads(leader.value)["epoch"] == 2
     await a2.stop()
+
+
+async def test_quick_restart_leaves_the_key_to_the_in_sync_standby(
+        etcd: EtcdProcess, client: EtcdClient, prefix: str) -> None:
+    """Killed and restarted within its lease: the node revokes its old key, but the
+    in-sync standby takes it, and the restarted node follows (issue 34's restart race)."""
+    a, node_a = make(etcd.url, "a", prefix, ttl=60.0)
+    b, node_b = make(etcd.url, "b", prefix, ttl=60.0)
+    a.start()
+    await until(lambda: a.role == ACTIVE)
+    b.start()
+    await until(lambda: b.role == STANDBY)
+    node_a.insync = {"b": 0}
+    await until(lambda: (a._published_state or {}).get("insync") == {"b": 0})
+    await crash(a)
+    a2, node_a2 = make(etcd.url, "a", prefix, ttl=60.0)
+    a2.start()
+    await until(lambda: b.role == ACTIVE, what="the standby takes the released key")
+    await until(lambda: a2.role == STANDBY, what="the restarted node follows")
+    assert node_a2.events == [("standby", "b", 2)]
+    assert node_b.events[-1] == ("active", 2)
+    await a2.stop()
+    await b.stop()
+
+
+async def test_own_key_after_a_fence_is_not_called_an_earlier_run(
+        etcd: EtcdProcess, prefix: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The key still names this node under the lease it held before it fenced (the
+    revoke did not get through, as when etcd was down and restarts with its leases):
+    the log says so, and the node takes the key again at once."""
+    a, _node = make(etcd.url, "a", prefix, ttl=60.0)
+    a.start()
+    await until(lambda: a.role == ACTIVE)
+    real_revoke = a.etcd.revoke
+    failed = False
+
+    async def revoke_fails_once(lease_id: int, timeout: float | None = None) -> bool:
+        nonlocal failed
+        if not failed:
+            failed = True
+            raise EtcdUnavailable("etcd is down (simulated)")
+        return await real_revoke(lease_id, timeout)
+
+    a.etcd.revoke = revoke_fails_once  # type: ignore[method-assign]
+    a._lose("simulated: lease not renewed")
+    await until(lambda: a.role == ACTIVE and a.epoch == 2, what="takes the key again")
+    assert "before it fenced itself (epoch 1)" in caplog.text
+    assert "earlier run" not in caplog.text
+    await a.stop()
