@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pika
@@ -43,12 +42,6 @@ PREFIX = "/amqpd-test/backlog"
 QUEUE = "backlog-q"
 STAY = 60.0  # seconds the new active must stay active
 
-
-@pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
-    proc = EtcdProcess(tmp_path / "etcd").start()
-    yield proc
-    proc.kill()
 
 
 def _fill(url: str, n: int) -> None:

@@ -21,39 +21,29 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.integration.warren_clients import Publisher, connect
-from tests.support import etcdproc, haproxyproc
+from tests.support import haproxyproc
 from tests.support.etcdproc import EtcdProcess
 from tests.support.haproxyproc import HAProxyProcess
 from tests.support.warren import (
     WarrenNode,
     etcd_get,
+    pair_behind_haproxy,
     wait_active,
     wait_for,
     wait_insync_standby,
 )
 
-pytestmark = [
-    pytest.mark.skipif(etcdproc.find_etcd() is None, reason=etcdproc.SKIP_REASON),
-    pytest.mark.skipif(haproxyproc.find_haproxy() is None, reason=haproxyproc.SKIP_REASON),
-    pytest.mark.timeout(400),
-]
+pytestmark = [*haproxyproc.needs_etcd_and_haproxy(), pytest.mark.timeout(400)]
 
 PREFIX = "/amqpd-test/degraded"
 QUEUE = "degraded-q"
 INSYNC_TIMEOUT = 2.0
 
-
-@pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
-    proc = EtcdProcess(tmp_path / "etcd").start()
-    yield proc
-    proc.kill()
 
 
 def _first_confirm_after(pub: Publisher, t0: float, timeout: float,
@@ -114,12 +104,7 @@ def test_one_node_down(tmp_path: Path, etcd: EtcdProcess, min_insync: int) -> No
     hap: HAProxyProcess | None = None
     pub: Publisher | None = None
     try:
-        a.start()
-        wait_active(a)
-        b.start()
-        wait_insync_standby(a, b, etcd.url)
-        hap = HAProxyProcess(tmp_path / "haproxy",
-                             [(n.name, n.amqp_port, n.http_port) for n in nodes]).start()
+        hap = pair_behind_haproxy(a, b, etcd.url, tmp_path / "haproxy")
         url = f"amqp://guest:guest@127.0.0.1:{hap.port}/%2F"
         conn = connect(url, time.monotonic() + 20)
         conn.channel().queue_declare(QUEUE, durable=True)

@@ -10,32 +10,21 @@ other server line points at ports nothing listens on (a dead node, marked down).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pika
 import pytest
 
 from tests.integration.warren_clients import connect
-from tests.support import etcdproc, haproxyproc
+from tests.support import haproxyproc
 from tests.support.etcdproc import EtcdProcess
 from tests.support.haproxyproc import HAProxyProcess
 from tests.support.warren import WarrenNode, stable_ports, wait_active
 
-pytestmark = [
-    pytest.mark.skipif(etcdproc.find_etcd() is None, reason=etcdproc.SKIP_REASON),
-    pytest.mark.skipif(haproxyproc.find_haproxy() is None, reason=haproxyproc.SKIP_REASON),
-    pytest.mark.timeout(120),
-]
+pytestmark = [*haproxyproc.needs_etcd_and_haproxy(), pytest.mark.timeout(120)]
 
 SHIPPED = Path(__file__).resolve().parents[2] / "etc" / "haproxy.cfg"
 
-
-@pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
-    proc = EtcdProcess(tmp_path / "etcd").start()
-    yield proc
-    proc.kill()
 
 
 def test_shipped_config_has_the_failover_options() -> None:

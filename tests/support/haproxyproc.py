@@ -17,9 +17,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 from devtools.rabbitmq import free_ports
 
 SKIP_REASON = "haproxy is not installed (Debian's haproxy: `make system-deps` installs it as root)"
+
+
+def needs_etcd_and_haproxy() -> list[pytest.MarkDecorator]:
+    """The skip marks of a warren test with real etcd and HAProxy (each with its reason)."""
+    from tests.support import etcdproc
+
+    return [pytest.mark.skipif(etcdproc.find_etcd() is None, reason=etcdproc.SKIP_REASON),
+            pytest.mark.skipif(find_haproxy() is None, reason=SKIP_REASON)]
 
 
 def find_haproxy() -> str | None:

@@ -197,11 +197,11 @@ async def test_first_takes_the_key_second_follows(etcd: EtcdProcess, client: Etc
     await a.stop()
 
 
-async def test_graceful_stop_hands_over_without_lease_expiry(etcd: EtcdProcess,
-                                                             prefix: str) -> None:
-    # a lease far longer than the deadline below: only the revoke can explain a takeover
-    a, node_a = make(etcd.url, "a", prefix, ttl=60.0)
-    b, node_b = make(etcd.url, "b", prefix, ttl=60.0)
+async def pair_b_in_sync(url: str, prefix: str, ttl: float = TTL
+                         ) -> tuple[Election, FakeNode, Election, FakeNode]:
+    """a active, b its standby, and a has published b as in sync."""
+    a, node_a = make(url, "a", prefix, ttl=ttl)
+    b, node_b = make(url, "b", prefix, ttl=ttl)
     a.start()
     await until(lambda: a.role == ACTIVE)
     b.start()
@@ -209,6 +209,13 @@ async def test_graceful_stop_hands_over_without_lease_expiry(etcd: EtcdProcess,
     node_a.insync = {"b": 0}
     await until(lambda: (a._published_state or {}).get("insync") == {"b": 0},
                 what="a publishes b as in-sync")
+    return a, node_a, b, node_b
+
+
+async def test_graceful_stop_hands_over_without_lease_expiry(etcd: EtcdProcess,
+                                                             prefix: str) -> None:
+    # a lease far longer than the deadline below: only the revoke can explain a takeover
+    a, node_a, b, node_b = await pair_b_in_sync(etcd.url, prefix, ttl=60.0)
     await a.stop()
     assert ("fence", "node is stopping; handing over") in node_a.events
     await until(lambda: b.role == ACTIVE, timeout=10, what="b takes over after the revoke")
@@ -409,14 +416,7 @@ async def test_quick_restart_leaves_the_key_to_the_in_sync_standby(
         etcd: EtcdProcess, client: EtcdClient, prefix: str) -> None:
     """Killed and restarted within its lease: the node revokes its old key, but the
     in-sync standby takes it, and the restarted node follows (issue 34's restart race)."""
-    a, node_a = make(etcd.url, "a", prefix, ttl=60.0)
-    b, node_b = make(etcd.url, "b", prefix, ttl=60.0)
-    a.start()
-    await until(lambda: a.role == ACTIVE)
-    b.start()
-    await until(lambda: b.role == STANDBY)
-    node_a.insync = {"b": 0}
-    await until(lambda: (a._published_state or {}).get("insync") == {"b": 0})
+    a, _node_a, b, node_b = await pair_b_in_sync(etcd.url, prefix, ttl=60.0)
     await crash(a)
     a2, node_a2 = make(etcd.url, "a", prefix, ttl=60.0)
     a2.start()
