@@ -39,7 +39,8 @@ succeeded was *sent* (it restarts the TTL when it receives it, which is later). 
 active, by its own monotonic clock, fences itself ``fence_after`` seconds after that
 send (two thirds of the TTL by default): it stops accepting publishes and closes its
 clients with 320 CONNECTION_FORCED. The remaining
-third is the margin against a slow event loop; by the time any standby can hold the
+third is the margin for the fence itself to run (the loop's timer, or the lease thread's
+report when the loop was busy); by the time any standby can hold the
 key, the old active has stopped taking publishes. A fenced node then goes back to being
 a candidate: it follows whoever holds the key (``become_standby``), or takes it again
 with a new epoch if it is still eligible and nobody else is.
