@@ -81,7 +81,10 @@ class ReplicationConfig:
     etcd_prefix: str = "/amqpd/warren"
     lease_ttl: float = 3.0  # seconds
     mode: str = "sync"  # sync | async
-    min_insync_standbys: int = 1
+    # 0: confirms wait for every in-sync standby, and one that is gone or lags past
+    # max_lag leaves the set (recorded in etcd first) so the active confirms alone;
+    # >= 1: no confirm without that many in-sync standbys (nacked after insync_timeout)
+    min_insync_standbys: int = 0
     max_lag: float = 5.0  # seconds a standby may lag before it leaves the in-sync set
     insync_timeout: float = 10.0  # seconds a confirm waits for in-sync standbys, then nack
 

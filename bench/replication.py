@@ -16,12 +16,21 @@
 Static roles, no etcd; processes and ports as in tests/integration/warren_support.py.
 Usage: ``python -m bench.replication [--messages 1000000] [--body 100] [--duration 10]
 [--out bench/RESULTS-replication.json]``. Timings are reported, never asserted.
+
+``--ratio-runs N`` measures only the sync cost: N runs of 1. and 2. alternating (alone,
+pair, alone, pair, ...), the median rate of each and their ratio (issue 34).
+``--amqpd-src DIR`` runs the brokers from another checkout's ``amqpd`` (e.g. main, for a
+before/after comparison with the same bench code; run it from a directory that holds
+no ``amqpd`` package, e.g. ``cd /tmp && PYTHONPATH=/path/to/this/checkout python -m
+bench.replication ...``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import tempfile
 import threading
 import time
@@ -81,10 +90,10 @@ def rabbitmq_alone(root: Path, body: int, duration: float) -> dict[str, Any]:
 
 
 def sync_pair(root: Path, body: int, duration: float,
-              standby_root: Path | None = None) -> dict[str, Any]:
-    active = node(root / "sa", "bench-a", "active").start()
+              standby_root: Path | None = None, **settings: object) -> dict[str, Any]:
+    active = node(root / "sa", "bench-a", "active", **settings).start()
     standby = node((standby_root or root) / "sb", "bench-b", "standby",
-                   replication_addr(active)).start()
+                   replication_addr(active), **settings).start()
     try:
         wait_for(lambda: status(active)["insync_count"] == 1, 60, "the standby in sync")
         _declare(active.url, "rb.sync")
@@ -145,6 +154,23 @@ def catch_up(root: Path, body: int, messages: int, duration: float) -> dict[str,
         active.stop()
 
 
+def ratio_runs(root: Path, body: int, duration: float, runs: int,
+               min_insync: int) -> dict[str, Any]:
+    """Alone and sync pair alternately, ``runs`` times each: medians and their ratio."""
+    alone_rates: list[int] = []
+    pair_rates: list[int] = []
+    for i in range(runs):
+        alone_rates.append(alone(root / f"r{i}", body, duration)["rate"])
+        pair_rates.append(sync_pair(root / f"r{i}", body, duration,
+                                    min_insync_standbys=min_insync)["rate"])
+        print(f"run {i}: alone {alone_rates[-1]} msg/s, sync pair {pair_rates[-1]} msg/s",
+              flush=True)
+    a, p = statistics.median(alone_rates), statistics.median(pair_rates)
+    return {"runs": runs, "min_insync_standbys": min_insync, "alone": alone_rates,
+            "sync_pair": pair_rates, "alone_median": a, "sync_median": p,
+            "ratio_of_medians": round(p / max(a, 1), 3)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.replication", description=__doc__)
     p.add_argument("--messages", type=int, default=1_000_000)
@@ -157,7 +183,24 @@ def main(argv: list[str] | None = None) -> int:
                    help="also measure the sync pair with the standby's data on /dev/shm "
                         "(on one machine both fsyncs hit the same disk; this shows how "
                         "much of the cost is that)")
+    p.add_argument("--ratio-runs", type=int, default=0,
+                   help="only the sync cost: this many alternating runs, medians, ratio")
+    p.add_argument("--min-insync", type=int, default=1,
+                   help="min_insync_standbys of the pair in --ratio-runs (both modes wait "
+                        "for the standby while it is in sync)")
+    p.add_argument("--amqpd-src", default="",
+                   help="run the brokers from this checkout's amqpd (PYTHONPATH)")
     a = p.parse_args(argv)
+    if a.amqpd_src:
+        os.environ["PYTHONPATH"] = str(Path(a.amqpd_src).resolve())
+    if a.ratio_runs:
+        with tempfile.TemporaryDirectory(prefix="amqpd-bench-ratio-") as tmp:
+            out = ratio_runs(Path(tmp), a.body, a.duration, a.ratio_runs, a.min_insync)
+        out.update(body=a.body, duration=a.duration, amqpd_src=a.amqpd_src or "this")
+        print(json.dumps(out, indent=2))
+        if a.out:
+            Path(a.out).write_text(json.dumps(out, indent=2) + "\n")
+        return 0
     with tempfile.TemporaryDirectory(prefix="amqpd-bench-repl-") as tmp:
         root = Path(tmp)
         result: dict[str, Any] = {"messages": a.messages, "body": a.body,

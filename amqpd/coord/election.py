@@ -32,12 +32,15 @@ only when ``state`` is absent (nothing was ever active under this prefix), names
 the last active, or lists it as in-sync with a durable sequence at or below its own.
 
 Fencing. The active renews its lease every ``lease_ttl / 6`` seconds, each call with a
-deadline of the same length. etcd cannot expire the lease before ``lease_ttl`` seconds
-after the last renewal that succeeded was *sent* (it restarts the TTL when it receives
-it, which is later). So the active, by its own monotonic clock, fences itself
-``fence_after`` seconds after that send (two thirds of the TTL by default): it stops
-accepting publishes and closes its clients with 320 CONNECTION_FORCED. The remaining
-third is the margin against a slow event loop; by the time any standby can hold the
+deadline of the same length, from a thread of its own (:mod:`amqpd.coord.lease`: a busy
+event loop, e.g. a takeover loading a large backlog, cannot delay a renewal). etcd
+cannot expire the lease before ``lease_ttl`` seconds after the last renewal that
+succeeded was *sent* (it restarts the TTL when it receives it, which is later). So the
+active, by its own monotonic clock, fences itself ``fence_after`` seconds after that
+send (two thirds of the TTL by default): it stops accepting publishes and closes its
+clients with 320 CONNECTION_FORCED. The remaining
+third is the margin for the fence itself to run (the loop's timer, or the lease thread's
+report when the loop was busy); by the time any standby can hold the
 key, the old active has stopped taking publishes. A fenced node then goes back to being
 a candidate: it follows whoever holds the key (``become_standby``), or takes it again
 with a new epoch if it is still eligible and nobody else is.
@@ -59,6 +62,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from amqpd.coord.etcd import Compare, EtcdClient, EtcdError, Get, KeyValue, Put
+from amqpd.coord.lease import LeaseKeeper
 
 log = logging.getLogger("amqpd.coord.election")
 
@@ -112,6 +116,10 @@ class NodeHooks(Protocol):
     def insync_standbys(self) -> dict[str, int]:
         """On the active: in-sync standby name -> the sequence it has made durable."""
 
+    def insync_recorded(self, names: set[str]) -> None:
+        """On the active: etcd now records ``names`` as the in-sync set (confirms may stop
+        waiting for a standby only after this)."""
+
     def status(self) -> dict[str, Any]:
         """Extra fields for this node's record (lag, connected, ...)."""
 
@@ -155,24 +163,43 @@ class Election:
         self.epoch = 0  # the epoch this node last led or followed
         self.leader: LeaderInfo | None = None
         self.lease_id = 0
-        self.renewed_at = 0.0  # monotonic send time of the last successful renewal
-        self.fence_at = 0.0  # monotonic: fence if not renewed by then
+        self._keeper: LeaseKeeper | None = None  # renews the lease while leading
+        self._fence_at = 0.0  # fence_at and renewed_at while no keeper runs
+        self._renewed_at = 0.0
         self.takeovers = 0
         self.fences = 0
         self.last_error = ""
         self.not_eligible = ""  # why this node may not take the key now ("" = it may)
         self._task: asyncio.Task[None] | None = None
-        self._renewer: asyncio.Task[None] | None = None
         self._fence_timer: asyncio.TimerHandle | None = None
         self._published_state: dict[str, Any] | None = None
         self._wake = asyncio.Event()
         self._record_written: dict[str, Any] | None = None
         self._record_at = 0.0
         self._presence = 0  # the lease of alive/<name>
+        self._granted: set[int] = set()  # leader leases this process was granted
+        self._defer_until = 0.0  # monotonic: no takeover before (a restart's grace)
 
     # ------------------------------------------------------------------ public
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="warren-election")
+
+    @property
+    def fence_at(self) -> float:
+        """Monotonic: fence if not renewed by then (the lease thread moves it)."""
+        keeper = self._keeper
+        return keeper.fence_at if keeper is not None else self._fence_at
+
+    @property
+    def renewed_at(self) -> float:
+        """Monotonic send time of the last successful renewal."""
+        keeper = self._keeper
+        return keeper.renewed_at if keeper is not None else self._renewed_at
+
+    def wake(self) -> None:
+        """Run the next step now (the in-sync set changed: record it without waiting for
+        the poll)."""
+        self._wake.set()
 
     def holds_lease(self) -> bool:
         """True while this node leads and its lease cannot have run out."""
@@ -183,11 +210,11 @@ class Election:
         takes over at once (no wait for the lease to run out)."""
         was_leading = self.role in (ACTIVE, PROMOTING)
         self.role = STOPPED
-        for task in (self._task, self._renewer):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        self._stop_keeper()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
         self._cancel_fence_timer()
         if was_leading:
             self.hooks.fence("node is stopping; handing over")
@@ -236,19 +263,39 @@ class Election:
         if kv is not None:
             leader = LeaderInfo.from_kv(kv)
             if leader.node == self.settings.node_name:
-                # our own key from before a crash and restart: that incarnation is dead
-                # and took no publish since; let the key go rather than wait for its lease
-                log.warning("warren: the leader key names this node from an earlier run "
-                            "(epoch %d); revoking its lease", leader.epoch)
-                await self.etcd.revoke(kv.lease, timeout=timeout)
+                await self._release_own_key(kv.lease, leader.epoch, timeout)
                 return
             if self.role != STANDBY or self.leader != leader:
                 await self._follow(leader)
             await self._publish_node(timeout)
             return
+        if self.clock() < self._defer_until:  # an in-sync standby goes first
+            await self._publish_node(timeout)
+            return
         if await self._try_takeover(timeout):
             return
         await self._publish_node(timeout)
+
+    async def _release_own_key(self, lease: int, epoch: int, timeout: float) -> None:
+        """The leader key names this node, but this node does not lead: let it go now
+        rather than wait for its lease. Either this process held it before it fenced
+        itself (its revoke did not reach etcd, e.g. etcd was down and restarted with the
+        lease), or an earlier run of this node did, killed and restarted within the
+        lease. In the second case this node then waits a few polls before trying to
+        take the key itself, so that the standby, which was waiting for exactly this
+        key to go, takes over as docs/warren.md says; this node then follows it. If the
+        standby may not (not in sync) or is gone, this node takes the key after the
+        wait."""
+        if lease in self._granted:
+            log.warning("warren: the leader key still names this node under the lease it "
+                        "held before it fenced itself (epoch %d); revoking it", epoch)
+        else:
+            grace = max(3 * self.settings.poll_interval, 1.0)
+            log.warning("warren: the leader key names this node from an earlier run "
+                        "(epoch %d); revoking its lease, and leaving the key to an in-sync "
+                        "standby for %.1fs", epoch, grace)
+            self._defer_until = self.clock() + grace
+        await self.etcd.revoke(lease, timeout=timeout)
 
     async def _follow(self, leader: LeaderInfo) -> None:
         log.info("warren: %s is active (epoch %d); following it as a standby",
@@ -294,6 +341,7 @@ class Election:
         ttl = math.ceil(self.settings.lease_ttl)
         sent = self.clock()
         lease = await self.etcd.grant(ttl, timeout=timeout)
+        self._granted.add(lease.id)
         leader = LeaderInfo(self.settings.node_name, new_epoch,
                             **{k: v for k, v in self.settings.addresses.items()
                                if k in ("amqp", "http", "replication")})
@@ -327,8 +375,10 @@ class Election:
         self.role = PROMOTING
         self.takeovers += 1
         self._published_state = new_state
-        self._renewed(sent)
-        self._renewer = asyncio.create_task(self._renew_loop(), name="warren-lease")
+        self._keeper = LeaseKeeper(self.etcd.endpoints, lease.id, self.settings.lease_ttl,
+                                   self.settings.fence_after, sent, self.clock,
+                                   asyncio.get_running_loop(), self._lease_lost).start()
+        self._arm_fence_timer()
         log.info("warren: took the leader key at epoch %d (lease %x, ttl %ds); promoting",
                  new_epoch, lease.id, ttl)
         try:
@@ -343,13 +393,23 @@ class Election:
         return True
 
     # ------------------------------------------------------------------ leading
-    def _renewed(self, sent: float) -> None:
-        self.renewed_at = sent
-        self.fence_at = sent + self.settings.fence_after
+    def _arm_fence_timer(self) -> None:
+        """The loop's own check at ``fence_at``: it re-arms itself while the lease thread
+        keeps moving ``fence_at`` forward, and fences once it has not."""
         self._cancel_fence_timer()
-        loop = asyncio.get_running_loop()
         delay = max(self.fence_at - self.clock(), 0.0)
-        self._fence_timer = loop.call_later(delay, self._fence_due)
+        self._fence_timer = asyncio.get_running_loop().call_later(delay, self._fence_due)
+
+    def _stop_keeper(self) -> None:
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            self._fence_at, self._renewed_at = keeper.fence_at, keeper.renewed_at
+            keeper.stop()
+
+    def _lease_lost(self, reason: str) -> None:
+        """The lease thread's report, on the loop."""
+        if self.role in (ACTIVE, PROMOTING):
+            self._lose(reason)
 
     def _cancel_fence_timer(self) -> None:
         if self._fence_timer is not None:
@@ -360,32 +420,11 @@ class Election:
         self._fence_timer = None
         if self.role not in (ACTIVE, PROMOTING):
             return
-        early = self.fence_at - self.clock()
-        if early > 0:  # a loop's timer may fire a little before our clock says (uvloop)
-            self._fence_timer = asyncio.get_running_loop().call_later(early, self._fence_due)
+        if self.fence_at > self.clock():  # renewed meanwhile (or a timer fired early)
+            self._arm_fence_timer()
             return
         self._lose(f"lease not renewed for {self.clock() - self.renewed_at:.2f}s "
                    f"(ttl {self.settings.lease_ttl}s)")
-
-    async def _renew_loop(self) -> None:
-        interval = self.settings.lease_ttl / 6
-        while self.role in (ACTIVE, PROMOTING):
-            sent = self.clock()
-            try:
-                ttl = await self.etcd.keepalive(self.lease_id, timeout=interval)
-            except EtcdError as exc:
-                log.warning("warren: lease renewal failed: %s (fencing in %.2fs)",
-                            exc, max(self.fence_at - self.clock(), 0.0))
-                if self.clock() >= self.fence_at:  # the timer's job, should it be late
-                    self._fence_due()
-                    return
-            else:
-                if ttl <= 0:
-                    self._lose("the lease is gone (expired or revoked in etcd)")
-                    return
-                if self.role in (ACTIVE, PROMOTING):
-                    self._renewed(sent)
-            await asyncio.sleep(max(interval - (self.clock() - sent), 0.0))
 
     def _lose(self, reason: str) -> None:
         """Stop leading now: fence first (publishes stop), then tidy up in the background."""
@@ -396,9 +435,7 @@ class Election:
         self.fences += 1
         self._cancel_fence_timer()
         self.hooks.fence(reason)
-        renewer, self._renewer = self._renewer, None
-        if renewer is not None and renewer is not asyncio.current_task():
-            renewer.cancel()
+        self._stop_keeper()
         lease, self.lease_id = self.lease_id, 0
         self.leader = None
         if lease:
@@ -437,6 +474,7 @@ class Election:
             if previous is None or previous.get("insync", {}).keys() != insync.keys():
                 log.info("warren: in-sync standbys now %s", sorted(insync) or "none")
             self._published_state = state
+            self.hooks.insync_recorded(set(insync))
         else:
             self._lose("the leader key is no longer ours")
 

@@ -199,6 +199,9 @@ class Warren:
     async def become_active(self, epoch: int) -> None:
         self.roles.close_door()
         await self.roles.take_over(epoch)
+        source = self.source()
+        if source is not None and self.election is not None:
+            source.insync_changed = self.election.wake  # record a change at once
         self.fenced = False
         self.started_role = ACTIVE
         log.info("warren: %s is the active node at epoch %d", self.name, epoch)
@@ -238,6 +241,11 @@ class Warren:
         if source is None:
             return {}
         return {s.name: int(s.acked_seq) for s in source.standbys() if s.in_sync}
+
+    def insync_recorded(self, names: set[str]) -> None:
+        source = self.source()
+        if source is not None and source.gate is not None:
+            source.gate.recorded(names)
 
     def status(self) -> dict[str, Any]:
         rep = self.replication_status()

@@ -127,6 +127,9 @@ class ReplicationSource:
         self.secret = config.shared_secret()
         self.name = config.node_name
         self.peers: list[_Peer] = []
+        self.acked_by_name: dict[str, int] = {}  # durable seq each standby last acknowledged
+        # called when a standby joins or leaves the in-sync set (the election records it)
+        self.insync_changed: Callable[[], None] | None = None
         self.written: dict[int, int] = {}  # segment base -> bytes of whole records
         self.last_seq = 0
         self.end = 0
@@ -157,12 +160,21 @@ class ReplicationSource:
         store.set_observer(self._observe)
         store.retain = self._retain
         if self.config.mode == "sync":
-            minimum = self.config.min_insync_standbys if self.config.peers else 0
-            self.gate = SyncGate(self, minimum, self.config.insync_timeout)
+            c = self.config
+            minimum = c.min_insync_standbys if c.peers else 0
+            isr = bool(c.peers) and minimum == 0
+            self.gate = SyncGate(self, minimum, c.insync_timeout, isr=isr,
+                                 record=c.role == "auto")
             store.commit_gate = self.gate.wrap
-            log.info("replication: synchronous confirms, waiting for %d in-sync standbys "
-                     "(max_lag %.1fs, insync_timeout %.1fs)", minimum, self.config.max_lag,
-                     self.config.insync_timeout)
+            if isr:
+                log.info("replication: synchronous confirms, waiting for every in-sync "
+                         "standby; one that is gone or lags past max_lag %.1fs leaves the "
+                         "set and the active confirms alone (min_insync_standbys = 0)",
+                         c.max_lag)
+            else:
+                log.info("replication: synchronous confirms, waiting for %d in-sync "
+                         "standbys (max_lag %.1fs, insync_timeout %.1fs)", minimum,
+                         c.max_lag, c.insync_timeout)
         else:
             log.warning("replication: ASYNCHRONOUS mode: confirms follow the local fsync; "
                         "a failover loses what the standby had not received")
@@ -257,16 +269,24 @@ class ReplicationSource:
             for p in self.peers:
                 lagging = self._lag_seconds(p, now) > max_lag
                 if p.in_sync and lagging:
-                    p.in_sync = False
-                    p.caught_up = False
-                    self.left_insync += 1
                     log.warning("replication: standby %s (%s) left the in-sync set: "
                                 "%.1fs behind (max_lag %.1fs), acked seq %d of %d",
                                 p.name, p.address, self._lag_seconds(p, now), max_lag,
                                 p.acked_seq, self.last_seq)
+                    self._left(p)
             self._trim_marks()
             if self.gate is not None:
                 self.gate.release()
+
+    def _left(self, peer: _Peer) -> None:
+        """``peer`` is out of the in-sync set (lagging, or gone)."""
+        peer.in_sync = False
+        peer.caught_up = False
+        self.left_insync += 1
+        if self.gate is not None:
+            self.gate.leave(peer.name)
+        if self.insync_changed is not None:
+            self.insync_changed()
 
     def _trim_marks(self) -> None:
         marks = self.marks
@@ -398,6 +418,8 @@ class ReplicationSource:
             self.peers.remove(peer)
             log.warning("replication: standby %s (%s) disconnected: %s", peer.name,
                         peer.address, reason)
+            if peer.in_sync and not self._stopped:
+                self._left(peer)
         peer.conn.close()
 
     async def _handshake(self, peer: _Peer) -> None:
@@ -435,6 +457,7 @@ class ReplicationSource:
         if self.checkpoint is not None:
             peer.ops.append(("c", *self.checkpoint))
         peer.acked_seq = f.last_seq if answer.decision == wire.CONTINUE else 0
+        self.acked_by_name[peer.name] = peer.acked_seq  # a snapshot starts from nothing
         log.info("replication: standby %s (%s) follows from seq %d (%s at %d:%d), epoch %d",
                  peer.name, conn.peer, f.last_seq,
                  "continue" if answer.decision == wire.CONTINUE else "snapshot",
@@ -544,12 +567,17 @@ class ReplicationSource:
                 if seq < peer.acked_seq:
                     raise wire.ProtocolError(f"ACK went backwards ({seq} < {peer.acked_seq})")
                 peer.acked_seq, peer.acked_pos = seq, pos
+                self.acked_by_name[peer.name] = seq
                 # GC may take what it holds durably: segments before the acked one
                 peer.retain = max((b for b in self.written if b <= pos), default=peer.retain)
                 if seq >= self.last_seq and not peer.in_sync:
                     peer.caught_up = peer.in_sync = True
                     log.info("replication: standby %s (%s) is in sync at seq %d",
                              peer.name, peer.address, seq)
+                    if self.gate is not None:
+                        self.gate.join(peer.name)
+                    if self.insync_changed is not None:
+                        self.insync_changed()
                 if self.gate is not None:
                     self.gate.release()
             elif ftype == wire.ERROR:

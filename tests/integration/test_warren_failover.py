@@ -33,6 +33,7 @@ from tests.support.haproxyproc import HAProxyProcess
 from tests.support.warren import (
     WarrenNode,
     etcd_get,
+    pair_behind_haproxy,
     wait_active,
     wait_for,
     wait_insync_standby,
@@ -114,12 +115,7 @@ def test_kill9_failover_through_haproxy_and_back(tmp_path: Path, etcd: EtcdProce
     pubs: list[Publisher] = []
     cons: list[Consumer] = []
     try:
-        a.start()
-        wait_active(a)
-        b.start()
-        wait_insync_standby(a, b, etcd.url)
-        hap = HAProxyProcess(tmp_path / "haproxy",
-                             [(n.name, n.amqp_port, n.http_port) for n in nodes]).start()
+        hap = pair_behind_haproxy(a, b, etcd.url, tmp_path / "haproxy")
         url = f"amqp://guest:guest@127.0.0.1:{hap.port}/%2F"
         conn = connect(url, time.monotonic() + 20)
         ch = conn.channel()

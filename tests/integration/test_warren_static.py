@@ -119,7 +119,10 @@ def test_catch_up_topology_promote_redelivered(tmp_path: Path) -> None:
 
 
 def test_sync_confirms_wait_for_the_standby(tmp_path: Path) -> None:
-    active, standby = start_pair(tmp_path, max_lag=0.5, insync_timeout=1.5)
+    # min_insync_standbys = 1: no confirm without the standby (the degraded mode's default
+    # 0 would drop it from the set and confirm alone: tests/unit/replication/test_shipping.py)
+    active, standby = start_pair(tmp_path, max_lag=0.5, insync_timeout=1.5,
+                                 min_insync_standbys=1)
     try:
         wait_for(lambda: standby_caught_up(active), what="the standby in sync")
         url = active.url
@@ -153,7 +156,8 @@ def test_sync_confirms_wait_for_the_standby(tmp_path: Path) -> None:
 
 
 def test_old_active_returns_as_standby_and_cuts_its_unconfirmed_tail(tmp_path: Path) -> None:
-    active, standby = start_pair(tmp_path, max_lag=0.5, insync_timeout=1.0)
+    active, standby = start_pair(tmp_path, max_lag=0.5, insync_timeout=1.0,
+                                 min_insync_standbys=1)
     try:
         wait_for(lambda: standby_caught_up(active), what="the standby in sync")
         conn = pika.BlockingConnection(pika.URLParameters(active.url))

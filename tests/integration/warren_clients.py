@@ -45,7 +45,9 @@ class Publisher:
     queue: str
     body_size: int = 64
     confirmed: list[int] = field(default_factory=list)
+    confirmed_at: list[float] = field(default_factory=list)  # monotonic, one per confirm
     failed: list[int] = field(default_factory=list)  # nacked or cut off: not confirmed
+    nacked: list[float] = field(default_factory=list)  # monotonic time of each nack
     reconnects: int = 0
     error: BaseException | None = None
     stop: threading.Event = field(default_factory=threading.Event)
@@ -73,10 +75,12 @@ class Publisher:
                                              pika.BasicProperties(delivery_mode=2))
                         except pika.exceptions.NackError:
                             self.failed.append(seq)
+                            self.nacked.append(time.monotonic())
                             continue
                         except CLIENT_ERRORS:
                             self.failed.append(seq)
                             raise
+                        self.confirmed_at.append(time.monotonic())
                         self.confirmed.append(seq)
                 except CLIENT_ERRORS:
                     self.reconnects += 1

@@ -19,6 +19,7 @@ from typing import Any
 
 from devtools.rabbitmq import free_ports
 from tests.support.brokerproc import BrokerProcess
+from tests.support.haproxyproc import HAProxyProcess
 
 SECRET = "warren-test-secret"
 
@@ -184,3 +185,15 @@ def wait_insync_standby(active: WarrenNode, standby: WarrenNode, etcd_url: str,
 
     wait_for(published, timeout, f"{active.name} publishes {standby.name} as in-sync",
              active.tail)
+
+
+def pair_behind_haproxy(a: WarrenNode, b: WarrenNode, etcd_url: str,
+                        work: Path) -> HAProxyProcess:
+    """Start ``a`` (active), then ``b`` (its in-sync standby, recorded in etcd), then a
+    private HAProxy in front of both; the caller kills all three."""
+    a.start()
+    wait_active(a)
+    b.start()
+    wait_insync_standby(a, b, etcd_url)
+    return HAProxyProcess(work, [(n.name, n.amqp_port, n.http_port) for n in (a, b)]).start()
+

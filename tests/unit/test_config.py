@@ -108,7 +108,7 @@ def test_replication_section_file_env_flags(tmp_path: Path) -> None:
     assert rc.peers == ["a:1", "b:2"] and rc.role == "active"
     assert rc.lease_ttl == 2.0 and isinstance(rc.lease_ttl, float)
     assert rc.mode == "async" and rc.max_lag == 1.5
-    assert rc.min_insync_standbys == 1 and rc.insync_timeout == 10.0
+    assert rc.min_insync_standbys == 0 and rc.insync_timeout == 10.0
     assert rc.etcd_prefix == "/amqpd/warren"
     assert s.node_name == "n1"  # the section's keys do not leak into the node's settings
 

@@ -60,6 +60,7 @@ class FakeNode:
         self.epoch = 0
         self.insync: dict[str, int] = {}
         self.fenced_at: float | None = None
+        self.recorded: list[list[str]] = []  # in-sync sets etcd recorded, in order
 
     async def become_active(self, epoch: int) -> None:
         self.epoch = epoch
@@ -78,6 +79,9 @@ class FakeNode:
 
     def insync_standbys(self) -> dict[str, int]:
         return dict(self.insync)
+
+    def insync_recorded(self, names: set[str]) -> None:
+        self.recorded.append(sorted(names))
 
     def status(self) -> dict[str, Any]:
         return {"fake": True}
@@ -112,9 +116,9 @@ def make(url: str, name: str, prefix: str, ttl: float = TTL) -> tuple[Election, 
 
 async def crash(e: Election) -> None:
     """Like kill -9 for the election: nothing more is sent, the lease is not revoked."""
-    for task in (e._task, e._renewer):
-        if task is not None:
-            task.cancel()
+    if e._task is not None:
+        e._task.cancel()
+    e._stop_keeper()
     e._cancel_fence_timer()
     e.role = "stopped"
     await e.etcd.close()
@@ -193,11 +197,11 @@ async def test_first_takes_the_key_second_follows(etcd: EtcdProcess, client: Etc
     await a.stop()
 
 
-async def test_graceful_stop_hands_over_without_lease_expiry(etcd: EtcdProcess,
-                                                             prefix: str) -> None:
-    # a lease far longer than the deadline below: only the revoke can explain a takeover
-    a, node_a = make(etcd.url, "a", prefix, ttl=60.0)
-    b, node_b = make(etcd.url, "b", prefix, ttl=60.0)
+async def pair_b_in_sync(url: str, prefix: str, ttl: float = TTL
+                         ) -> tuple[Election, FakeNode, Election, FakeNode]:
+    """a active, b its standby, and a has published b as in sync."""
+    a, node_a = make(url, "a", prefix, ttl=ttl)
+    b, node_b = make(url, "b", prefix, ttl=ttl)
     a.start()
     await until(lambda: a.role == ACTIVE)
     b.start()
@@ -205,6 +209,13 @@ async def test_graceful_stop_hands_over_without_lease_expiry(etcd: EtcdProcess,
     node_a.insync = {"b": 0}
     await until(lambda: (a._published_state or {}).get("insync") == {"b": 0},
                 what="a publishes b as in-sync")
+    return a, node_a, b, node_b
+
+
+async def test_graceful_stop_hands_over_without_lease_expiry(etcd: EtcdProcess,
+                                                             prefix: str) -> None:
+    # a lease far longer than the deadline below: only the revoke can explain a takeover
+    a, node_a, b, node_b = await pair_b_in_sync(etcd.url, prefix, ttl=60.0)
     await a.stop()
     assert ("fence", "node is stopping; handing over") in node_a.events
     await until(lambda: b.role == ACTIVE, timeout=10, what="b takes over after the revoke")
@@ -262,6 +273,7 @@ async def test_crashed_active_lease_expires_and_standby_takes_over(
     await until(lambda: b.role == STANDBY)
     node_a.insync = {"b": 0}
     await until(lambda: (a._published_state or {}).get("insync") == {"b": 0})
+    assert node_a.recorded[-1] == ["b"]  # told only once etcd has it
     await crash(a)
     await until(lambda: b.role == ACTIVE, timeout=TTL * 5, what="b takes over")
     assert node_b.events == [("standby", "a", 1), ("active", 2)]
@@ -275,6 +287,25 @@ async def test_crashed_active_lease_expires_and_standby_takes_over(
     assert node_a2.events == [("standby", "b", 2)]
     await a2.stop()
     await b.stop()
+
+
+async def test_a_blocked_loop_does_not_cost_the_lease(etcd: EtcdProcess, client: EtcdClient,
+                                                      prefix: str) -> None:
+    """Renewals run in a thread of their own: an active whose event loop is stuck for
+    twice the lease (a takeover loading a backlog) is still active, at the same epoch,
+    and never fenced (issue 34)."""
+    a, node_a = make(etcd.url, "a", prefix)
+    a.start()
+    await until(lambda: a.role == ACTIVE)
+    renewed = a.renewed_at
+    time.sleep(TTL * 2)  # blocking the loop is the point
+    assert a.renewed_at > renewed, "no renewal while the loop was blocked"
+    assert a.holds_lease()
+    await asyncio.sleep(TTL / 2)  # the loop's fence timer runs late, and re-arms
+    assert a.role == ACTIVE and a.epoch == 1 and node_a.fenced_at is None
+    leader = await client.get(f"{prefix}/leader")
+    assert leader is not None and json.loads(leader.value)["epoch"] == 1
+    await a.stop()
 
 
 async def test_partitioned_active_fences_before_its_lease_expires(
@@ -379,3 +410,45 @@ async def test_restarted_node_finds_its_own_key_and_takes_it_back(
     leader = await client.get(f"{prefix}/leader")
     assert leader is not None and json.loads(leader.value)["epoch"] == 2
     await a2.stop()
+
+
+async def test_quick_restart_leaves_the_key_to_the_in_sync_standby(
+        etcd: EtcdProcess, client: EtcdClient, prefix: str) -> None:
+    """Killed and restarted within its lease: the node revokes its old key, but the
+    in-sync standby takes it, and the restarted node follows (issue 34's restart race)."""
+    a, _node_a, b, node_b = await pair_b_in_sync(etcd.url, prefix, ttl=60.0)
+    await crash(a)
+    a2, node_a2 = make(etcd.url, "a", prefix, ttl=60.0)
+    a2.start()
+    await until(lambda: b.role == ACTIVE, what="the standby takes the released key")
+    await until(lambda: a2.role == STANDBY, what="the restarted node follows")
+    assert node_a2.events == [("standby", "b", 2)]
+    assert node_b.events[-1] == ("active", 2)
+    await a2.stop()
+    await b.stop()
+
+
+async def test_own_key_after_a_fence_is_not_called_an_earlier_run(
+        etcd: EtcdProcess, prefix: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The key still names this node under the lease it held before it fenced (the
+    revoke did not get through, as when etcd was down and restarts with its leases):
+    the log says so, and the node takes the key again at once."""
+    a, _node = make(etcd.url, "a", prefix, ttl=60.0)
+    a.start()
+    await until(lambda: a.role == ACTIVE)
+    real_revoke = a.etcd.revoke
+    failed = False
+
+    async def revoke_fails_once(lease_id: int, timeout: float | None = None) -> bool:
+        nonlocal failed
+        if not failed:
+            failed = True
+            raise EtcdUnavailable("etcd is down (simulated)")
+        return await real_revoke(lease_id, timeout)
+
+    a.etcd.revoke = revoke_fails_once  # type: ignore[method-assign]
+    a._lose("simulated: lease not renewed")
+    await until(lambda: a.role == ACTIVE and a.epoch == 2, what="takes the key again")
+    assert "before it fenced itself (epoch 1)" in caplog.text
+    assert "earlier run" not in caplog.text
+    await a.stop()

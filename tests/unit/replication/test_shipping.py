@@ -153,7 +153,7 @@ async def test_catch_up_then_live_tail_byte_for_byte(tmp_path: Path) -> None:
 
 
 async def test_confirms_nacked_without_an_in_sync_standby(tmp_path: Path) -> None:
-    store, src = await _active(tmp_path / "a", insync_timeout=0.3)
+    store, src = await _active(tmp_path / "a", insync_timeout=0.3, min_insync_standbys=1)
     try:
         got: list[BaseException | None] = []
         store.append_enqueue(["q"], _msg(1))
@@ -164,6 +164,76 @@ async def test_confirms_nacked_without_an_in_sync_standby(tmp_path: Path) -> Non
     finally:
         await src.stop()
         store.close()
+
+
+async def _committed(store: SharedLog, i: int) -> list[BaseException | None]:
+    """One group commit; its outcome list fills when the gate releases it."""
+    got: list[BaseException | None] = []
+    store.append_enqueue(["q"], _msg(i))
+    store.commit(got.append)
+    return got
+
+
+async def test_degraded_mode_drops_a_gone_standby_and_confirms_alone(tmp_path: Path) -> None:
+    """min_insync_standbys = 0, static roles (nothing to record in): a caught-up standby
+    joins the members confirms wait for, leaves them when it disconnects, and the active
+    then confirms alone; back and caught up, it joins again."""
+    store, src = await _active(tmp_path / "a", insync_timeout=30.0)
+    f = _follower(tmp_path / "b")
+    try:
+        assert src.gate is not None and src.gate.isr and not src.gate.record
+        assert await _until_done(await _committed(store, 0)) is None  # alone: no member
+        f.start(f"127.0.0.1:{src.port}")
+        await until(lambda: src.gate is not None and src.gate.members == {"b"})
+        got = await _committed(store, 1)
+        assert await _until_done(got) is None
+        assert src.acked_by_name["b"] >= store.last_sequence  # it waited for b's ack
+        await f.stop()
+        await until(lambda: src.gate is not None and not src.gate.members)
+        assert await _until_done(await _committed(store, 2)) is None
+        f = _follower(tmp_path / "b")
+        f.start(f"127.0.0.1:{src.port}")
+        await until(lambda: src.gate is not None and src.gate.members == {"b"})
+    finally:
+        await f.stop()
+        await src.stop()
+        store.close()
+
+
+async def test_degraded_mode_under_an_election_waits_for_the_record(tmp_path: Path) -> None:
+    """Under an election (role auto) a standby that disconnected stays a member until
+    etcd records the set without it: until then confirms wait (never released on the
+    active alone while etcd still names the standby eligible); then they are."""
+    store, src = await _active(tmp_path / "a", insync_timeout=30.0)
+    src.config.role = "auto"  # what the gate reads at start: restart it so
+    await src.stop()
+    src = ReplicationSource(store, src.config, src.history, 1)
+    await src.start()
+    changes: list[int] = []
+    src.insync_changed = lambda: changes.append(src.insync_count())
+    f = _follower(tmp_path / "b")
+    try:
+        assert src.gate is not None and src.gate.record
+        f.start(f"127.0.0.1:{src.port}")
+        await until(lambda: src.gate is not None and src.gate.members == {"b"})
+        assert changes == [1]
+        await f.stop()
+        await until(lambda: changes == [1, 0])
+        got = await _committed(store, 1)
+        await asyncio.sleep(0.3)
+        assert got == [], "released while etcd still lists the standby"
+        src.gate.recorded(set())
+        assert await _until_done(got) is None
+        assert not src.gate.members
+    finally:
+        await f.stop()
+        await src.stop()
+        store.close()
+
+
+async def _until_done(got: list[BaseException | None]) -> BaseException | None:
+    await until(lambda: bool(got), timeout=5)
+    return got[0]
 
 
 async def test_standby_behind_the_live_segments_resyncs_from_a_snapshot(
