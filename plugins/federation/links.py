@@ -102,6 +102,9 @@ class Supervisor:
                 await self.reconcile()
             except Exception:
                 log.exception("federation: reconcile failed")
+            # what the other nodes list for this one in /api/federation-links (sent on
+            # when it changed, as the shovels' statuses: amqpd/cluster/node_info.py)
+            self.api.share_cluster_info("federation-links", self.status())
 
     # ------------------------------------------------------------------ reconcile
     def desired(self) -> dict[LinkKey, tuple[type[Link], Upstream]]:

@@ -97,7 +97,9 @@ class QueueLink(Link):
         cc = headers.pop("CC")
         if cc is not None:
             headers.set("x-original-cc", cc)
-        table["redelivered"] = delivery.redelivered
+        # forwarded before (an upstream that failed over may not know it delivered it)
+        table["redelivered"] = self.seen.check_and_add(delivery.properties, delivery.body) \
+            or delivery.redelivered
         table["visit-count"] = count + 1
         items = field_value(table) + b"".join(kept)
         headers.set(ROUTING_HEADER, b"A" + len(items).to_bytes(4, "big") + items)
