@@ -48,6 +48,7 @@ log = logging.getLogger("amqpd.federation")
 _U16 = struct.Struct(">H")
 _USER_ID = 1 << 4  # the user-id property's flag bit
 RECONNECT_FIRST = 0.5  # seconds before the first reconnect after a failure
+DRAIN_TIMEOUT = 3.0  # seconds a planned stop waits for the deliveries in hand
 SETUP_TIMEOUT = 30.0  # declares and binds upstream, per attempt (a silent peer fails it)
 PRODUCT = "amqpd-federation"
 
@@ -97,6 +98,7 @@ class Link:
         shutdown or a restart) also removes what the link declared upstream, unless the
         upstream says ``resource-cleanup-mode: never``."""
         self._stopping = True
+        await self._drain()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -107,6 +109,24 @@ class Link:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.cleanup(conn), 5)
         await self._close()
+
+    async def _drain(self) -> None:
+        """A planned stop (the link moves to another node of the cluster, or its
+        definition changed): stop taking deliveries and let those in hand finish (local
+        confirm, then the ack upstream), for at most DRAIN_TIMEOUT, so that the link that
+        takes over does not get them again (each such move added a copy in issue 29's
+        two-site test)."""
+        conn, channel, acker = self.conn, self.channel, self._acker
+        if conn is None or not channel or conn.closed.done() or acker is None \
+                or self.upstream.ack_mode == "no-ack":
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DRAIN_TIMEOUT
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.quiesce(conn, channel), DRAIN_TIMEOUT)
+        while acker.pending and loop.time() < deadline and not conn.closed.done():
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0)  # the acker writes its last acks at the end of a tick
 
     def wake(self) -> None:
         """Something local changed (bindings, consumers): re-check now, not at the tick."""
@@ -209,6 +229,9 @@ class Link:
 
     async def periodic(self) -> None:
         """Called every CHECK_INTERVAL and on :meth:`wake` while running."""
+
+    async def quiesce(self, conn: Connection, channel: int) -> None:
+        """Stop consuming upstream (before a planned stop); default: nothing to stop."""
 
     async def cleanup(self, conn: Connection) -> None:
         """Delete upstream objects that only this link used (default: none)."""

@@ -247,6 +247,11 @@ class ExchangeLink(Link):
                     f"internal upstream exchange {self.internal!r} is gone; restarting"
                 ) from None
 
+    async def quiesce(self, conn: Connection, channel: int) -> None:
+        if self.consumer_tag:
+            tag, self.consumer_tag = self.consumer_tag, ""
+            await conn.basic_cancel(channel, tag)
+
     async def cleanup(self, conn: Connection) -> None:
         """No longer federated: the upstream queue and internal exchange go, as in RabbitMQ
         (messages waiting there would never be consumed)."""

@@ -76,6 +76,11 @@ class QueueLink(Link):
             await conn.basic_cancel(channel, self.upstream.consumer_tag)
             self.consuming = False
 
+    async def quiesce(self, conn: Connection, channel: int) -> None:
+        if self.consuming:
+            self.consuming = False
+            await conn.basic_cancel(channel, self.upstream.consumer_tag)
+
     def _headers(self, delivery: Delivery, headers: RawHeaders) -> None:
         """Rewrite the raw headers for the local republish (see the module docstring);
         entries and earlier hops that do not change are kept byte for byte."""

@@ -26,7 +26,7 @@ from tests.integration.fed_support import (
     links,
     set_policy,
     set_upstream,
-    site,
+    started_sites,
     wait_for,
     wait_running,
 )
@@ -37,12 +37,8 @@ N = 40
 
 @pytest.fixture
 def two_sites(tmp_path: Path) -> Iterator[tuple[BrokerProcess, BrokerProcess]]:
-    up, down = site(tmp_path, "storm-up"), site(tmp_path, "storm-down")
-    up.start()
-    down.start()
-    yield up, down
-    down.stop()
-    up.stop()
+    with started_sites(tmp_path, "storm-up", "storm-down") as sites:
+        yield sites
 
 
 def _queue(proc: BrokerProcess, name: str) -> dict[str, Any]:
