@@ -636,6 +636,7 @@ class BrokerAPI:
     def publish(
         self, vhost: VHost | str, exchange: str, message: Message, username: str | None,
         on_confirm: OnConfirm | None = None, on_unroutable: Callable[[], None] | None = None,
+        only: frozenset[str] | None = None,
     ) -> list[QueueType]:
         """Route and enqueue ``message``: the publish pipeline every publisher uses
         (see :meth:`amqpd.broker.publish.Publisher.publish` for the confirm contract).
@@ -643,13 +644,20 @@ class BrokerAPI:
         ``username``, 403 when a topic exchange refuses that user's routing key (topic
         write permission, :meth:`check_topic_permission`). The AMQP channel applies the
         same check through its session's cache before its per-message call into the
-        pipeline."""
+        pipeline. ``only``: just the queues of the route with these names (see
+        :meth:`route_names`)."""
         vh = self.vhost(vhost)
         if username is not None:
             self.check_topic_permission(username, vh, exchange, message.routing_key,
                                         "write")
         return self._broker.publisher.publish(vh, exchange, message, username, on_confirm,
-                                              on_unroutable)
+                                              on_unroutable, only)
+
+    def route_names(self, vhost: VHost | str, exchange: str, message: Message) -> list[str]:
+        """The names of the queues a publish of ``message`` to ``exchange`` reaches now
+        (a federation link publishes per queue when there are several, so that a retry
+        goes only to the queues that did not take it). 404 for an unknown exchange."""
+        return self._broker.publisher.route_names(self.vhost(vhost), exchange, message)
 
     def get(self, vhost: VHost | str, name: str, *, owner: object | None = None) -> Fetched | None:
         """basic.get without a channel: take the head of the queue (None when empty).

@@ -118,8 +118,12 @@ class Publisher:
         self, vhost: VHost, exchange_name: str, message: Message, username: str | None,
         on_confirm: OnConfirm | None = None,
         on_unroutable: Callable[[], None] | None = None,
+        only: frozenset[str] | None = None,
     ) -> list[QueueType]:
         """Route and enqueue a message; persist it if it must survive a restart.
+
+        ``only`` (a federation link retrying a message that some queues of its route
+        already took) keeps just the queues of the route with those names.
 
         ``on_confirm`` (publisher confirms) is called exactly once: after the store's
         group commit when the message was written to the store (persistent and routed to
@@ -136,13 +140,9 @@ class Publisher:
                     f"user_id property set to '{user_id}' but authenticated user was "
                     f"'{username}'"
                 )
-        routing_keys = [message.routing_key]
-        if len(props) >= 2 and props[0] & (FLAG_EXPIRATION_HI | FLAG_HEADERS_HI):  # CC/BCC
-            message, routing_keys = extensions.prepare_publish(message)
-        exchange = vhost.get_exchange(exchange_name)
-        queues = vhost.route(exchange, message, routing_keys)
-        if self.remote_queues and queues:
-            queues = _reachable(queues)
+        message, queues = self._route(vhost, exchange_name, message)
+        if only is not None:
+            queues = [q for q in queues if q.name in only]
         if not queues and on_unroutable is not None:
             on_unroutable()
         confirm_now = on_confirm
@@ -197,6 +197,24 @@ class Publisher:
         if forwarded:
             return queues + forwarded
         return queues
+
+    def _route(self, vhost: VHost, exchange_name: str, message: Message,
+               ) -> tuple[Message, list[QueueType]]:
+        """The message as routed (CC/BCC applied) and the queues it reaches now (those
+        of other nodes only while reachable)."""
+        routing_keys = [message.routing_key]
+        props = message.properties
+        if len(props) >= 2 and props[0] & (FLAG_EXPIRATION_HI | FLAG_HEADERS_HI):  # CC/BCC
+            message, routing_keys = extensions.prepare_publish(message)
+        exchange = vhost.get_exchange(exchange_name)
+        queues = vhost.route(exchange, message, routing_keys)
+        if self.remote_queues and queues:
+            queues = _reachable(queues)
+        return message, queues
+
+    def route_names(self, vhost: VHost, exchange_name: str, message: Message) -> list[str]:
+        """The names of the queues :meth:`publish` would put ``message`` into now."""
+        return [q.name for q in self._route(vhost, exchange_name, message)[1]]
 
     def _forward(self, queues: list[QueueType], message: Message,
                  on_confirm: OnConfirm | None,

@@ -27,6 +27,11 @@ class Acker:
         self._settled: dict[int, bool] = {}  # tag -> ok
         self._scheduled = False
 
+    @property
+    def pending(self) -> int:
+        """Deliveries tracked and not yet acked or nacked upstream."""
+        return len(self._outstanding)
+
     def track(self, tag: int) -> None:
         """A delivery arrived (call in delivery order)."""
         self._outstanding.append(tag)

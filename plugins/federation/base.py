@@ -3,7 +3,8 @@
 A link runs on the downstream. It connects to the upstream with the link client that
 shovels use (:mod:`plugins.shovel.wire`; a URI picked at random from the upstream's list,
 as RabbitMQ does), sets up there what its kind needs (:meth:`Link.setup`), then serves
-deliveries until the connection dies, and starts over after ``reconnect-delay``.
+deliveries until the connection dies, and starts over after a backoff that grows from
+half a second up to ``reconnect-delay`` (jittered; :mod:`plugins.shovel.backoff`).
 Deliveries reach :meth:`Link.on_delivery` synchronously, in wire order, with their
 properties as raw bytes; only ``headers`` changes on the way.
 
@@ -12,8 +13,9 @@ Messages are republished into the local broker through its public Python API
 callback of that API is what ``ack-mode`` hangs on:
 
 - ``on-confirm``: ack upstream only once the local publish is confirmed (persisted when
-  it must be); a failure nacks with requeue. Nothing is lost across outages. Acks are
-  coalesced in order (:mod:`plugins.federation.acker`).
+  it must be). A refused publish is retried here with backoff, only into the queues of
+  the route that did not take it (:mod:`plugins.federation.republish`); nothing is lost
+  across outages. Acks are coalesced in order (:mod:`plugins.federation.acker`).
 - ``on-publish``: ack as soon as the message is handed to the local broker.
 - ``no-ack``: consume without acks (fastest, loses in-flight messages on failure).
 """
@@ -33,6 +35,9 @@ from typing import TYPE_CHECKING, Any
 from amqpd.broker.api import Message, codec
 from plugins.federation.acker import Acker
 from plugins.federation.params import Upstream, strip_credentials
+from plugins.federation.republish import Held, LocalPublisher
+from plugins.shovel.backoff import Backoff
+from plugins.shovel.seen import Seen
 from plugins.shovel.wire import Connection, Delivery
 
 if TYPE_CHECKING:
@@ -42,6 +47,8 @@ log = logging.getLogger("amqpd.federation")
 
 _U16 = struct.Struct(">H")
 _USER_ID = 1 << 4  # the user-id property's flag bit
+RECONNECT_FIRST = 0.5  # seconds before the first reconnect after a failure
+DRAIN_TIMEOUT = 3.0  # seconds a planned stop waits for the deliveries in hand
 SETUP_TIMEOUT = 30.0  # declares and binds upstream, per attempt (a silent peer fails it)
 PRODUCT = "amqpd-federation"
 
@@ -75,7 +82,12 @@ class Link:
         self._stopping = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._acker: Acker | None = None
+        self._local: LocalPublisher | None = None  # on-confirm republish of this channel
         self._wake = asyncio.Event()
+        # between failed tries: from RECONNECT_FIRST up to reconnect-delay
+        self._reconnect = Backoff(max(upstream.reconnect_delay, 0.05), first=RECONNECT_FIRST)
+        self._gave_up: str | None = None  # why the link closed its own channel
+        self.seen = Seen()  # what it forwarded lately, across reconnects
 
     # ------------------------------------------------------------------ life cycle
     def start(self) -> None:
@@ -86,6 +98,7 @@ class Link:
         shutdown or a restart) also removes what the link declared upstream, unless the
         upstream says ``resource-cleanup-mode: never``."""
         self._stopping = True
+        await self._drain()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -96,6 +109,24 @@ class Link:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.cleanup(conn), 5)
         await self._close()
+
+    async def _drain(self) -> None:
+        """A planned stop (the link moves to another node of the cluster, or its
+        definition changed): stop taking deliveries and let those in hand finish (local
+        confirm, then the ack upstream), for at most DRAIN_TIMEOUT, so that the link that
+        takes over does not get them again (each such move added a copy in issue 29's
+        two-site test)."""
+        conn, channel, acker = self.conn, self.channel, self._acker
+        if conn is None or not channel or conn.closed.done() or acker is None \
+                or self.upstream.ack_mode == "no-ack":
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DRAIN_TIMEOUT
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.quiesce(conn, channel), DRAIN_TIMEOUT)
+        while acker.pending and loop.time() < deadline and not conn.closed.done():
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0)  # the acker writes its last acks at the end of a tick
 
     def wake(self) -> None:
         """Something local changed (bindings, consumers): re-check now, not at the tick."""
@@ -122,6 +153,8 @@ class Link:
             self.uri = strip_credentials(uri)
             self.current_uri = uri
             self._set_status("starting")
+            self._gave_up = None
+            started = time.monotonic()
             try:
                 # bounded by the URI's connection_timeout (10 s by default)
                 conn = await Connection.open(uri, product=PRODUCT)
@@ -134,6 +167,9 @@ class Link:
                 # a fresh channel: delivery tags start again at 1
                 self._acker = Acker(functools.partial(conn.ack, self.channel),
                                     functools.partial(conn.nack, self.channel))
+                if self.upstream.ack_mode == "on-confirm":
+                    self._local = LocalPublisher(self.api, self.vhost, self.key, self._acker,
+                                                 self._on_local_status, self._give_up)
                 await asyncio.wait_for(self.setup(conn, self.channel), SETUP_TIMEOUT)
                 self._set_status("running")
                 log.info("federation link running: %s", self.key)
@@ -143,15 +179,20 @@ class Link:
             except Exception as exc:
                 if self._stopping:
                     break
-                self._set_status("error", describe(exc))
-                log.warning("federation link %s failed: %s", self.key, describe(exc),
+                reason = self._gave_up or describe(exc)
+                self._set_status("error", reason)
+                log.warning("federation link %s failed: %s", self.key, reason,
                             exc_info=log.isEnabledFor(logging.DEBUG))
             finally:
                 if not self._stopping:
                     await self._close()
             if self._stopping:
                 break
-            await asyncio.sleep(self.upstream.reconnect_delay)
+            if time.monotonic() - started > self.upstream.reconnect_delay:
+                self._reconnect.reset()  # it ran a while: this failure is a new story
+            # a peer that fails at once (a load balancer with no backend up accepts and
+            # closes) is retried soon, then less and less often, never in a loop
+            await asyncio.sleep(self._reconnect.next())
 
     async def _serve(self, conn: Connection) -> None:
         """Run periodic checks until the upstream connection or the link's channel closes
@@ -174,6 +215,9 @@ class Link:
 
     async def _close(self) -> None:
         conn, self.conn, self.channel = self.conn, None, 0
+        local, self._local = self._local, None
+        if local is not None:
+            local.close()
         if conn is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(conn.close(), 6)  # (itself bounded to 5 s)
@@ -185,6 +229,9 @@ class Link:
 
     async def periodic(self) -> None:
         """Called every CHECK_INTERVAL and on :meth:`wake` while running."""
+
+    async def quiesce(self, conn: Connection, channel: int) -> None:
+        """Stop consuming upstream (before a planned stop); default: nothing to stop."""
 
     async def cleanup(self, conn: Connection) -> None:
         """Delete upstream objects that only this link used (default: none)."""
@@ -204,6 +251,15 @@ class Link:
             props = codec.decode_properties(properties)  # rare: only such messages pay
             props.pop("user_id", None)
             properties = codec.encode_properties(props)
+        local = self._local
+        if local is not None and acker is not None:
+            try:
+                local.submit(Held(tag, exchange, routing_key, properties, delivery.body))
+            except Exception as exc:
+                local.close()
+                acker.settle(tag, False)
+                self._give_up(describe(exc))
+            return
         message = Message(exchange, routing_key, properties, delivery.body)
 
         def confirmed(error: BaseException | None) -> None:
@@ -219,13 +275,26 @@ class Link:
         except Exception as exc:
             if acker is not None:
                 acker.settle(tag, False)
-            self._set_status("error", describe(exc))
-            conn = self.conn
-            if conn is not None:  # the link's channel closes: the link starts over
-                self._spawn(conn.close_channel(self.channel))
+            self._give_up(describe(exc))
             return
         if acker is not None and mode == "on-publish":
             acker.settle(tag, True)
+
+    def _on_local_status(self, reason: str | None) -> None:
+        """The local publisher's word: why a retry waits, or None once all went in."""
+        if reason is not None:
+            self._set_status("error", reason)
+        elif self.status == "error" and self.conn is not None:
+            self._set_status("running")
+
+    def _give_up(self, reason: str) -> None:
+        """The link's channel closes (what it did not ack goes back upstream) and the
+        link starts over after its reconnect backoff, with ``reason`` as its status."""
+        self._gave_up = reason
+        self._set_status("error", reason)
+        conn = self.conn
+        if conn is not None:
+            self._spawn(conn.close_channel(self.channel))
 
     def settle_drop(self, delivery: Delivery) -> None:
         """A delivery the link must not forward (loop or hop limit): ack it away."""

@@ -247,6 +247,11 @@ class ExchangeLink(Link):
                     f"internal upstream exchange {self.internal!r} is gone; restarting"
                 ) from None
 
+    async def quiesce(self, conn: Connection, channel: int) -> None:
+        if self.consumer_tag:
+            tag, self.consumer_tag = self.consumer_tag, ""
+            await conn.basic_cancel(channel, tag)
+
     async def cleanup(self, conn: Connection) -> None:
         """No longer federated: the upstream queue and internal exchange go, as in RabbitMQ
         (messages waiting there would never be consumed)."""
@@ -271,13 +276,16 @@ class ExchangeLink(Link):
         if not forward_ok(received, self.upstream.max_hops, self.cluster, self.vhost):
             self.settle_drop(delivery)
             return
-        hop = self._hops.get(delivery.redelivered)
+        # forwarded before (an upstream that failed over may not know it delivered it)
+        again = self.seen.check_and_add(delivery.properties, delivery.body) or \
+            delivery.redelivered
+        hop = self._hops.get(again)
         if hop is None:  # the same for every message of this connection: encoded once
             table: dict[str, Any] = {"uri": self.uri, "exchange": self.upstream_object,
-                                     "redelivered": delivery.redelivered}
+                                     "redelivered": again}
             if self.upstream_cluster is not None:
                 table["cluster-name"] = self.upstream_cluster
             table["vhost"] = self.uvhost
-            hop = self._hops[delivery.redelivered] = field_value(table)
+            hop = self._hops[again] = field_value(table)
         prepend_raw(headers, ROUTING_HEADER, hop)
         self.republish(delivery, self.name, delivery.routing_key, headers.encode())

@@ -3,7 +3,8 @@
 Each item is what RabbitMQ's ``rabbitmq_federation_management`` lists: ``upstream``,
 ``exchange``/``upstream_exchange`` or ``queue``/``upstream_queue``, ``vhost``, ``type``,
 ``status`` (``starting``, ``running``, ``error``), ``error`` when failing, ``uri``
-without credentials, ``local_connection``, ``timestamp``, ``node`` and ``id``.
+without credentials, ``local_connection``, ``timestamp``, ``node`` and ``id``. In a
+cluster the list is the whole cluster's.
 """
 
 from __future__ import annotations
@@ -22,9 +23,18 @@ def _plugin(ctx: Ctx) -> FederationPlugin:
 
 
 async def list_links(ctx: Ctx) -> Any:
+    """Every link of the cluster, each with the ``node`` that runs it, as RabbitMQ lists
+    them on any node: this node's own, and what the other running nodes shared (a
+    second or so old at most)."""
     vhost = ctx.vhost().name if "vhost" in ctx.params else None
-    items = [item for item in _plugin(ctx).supervisor.status(vhost)
-             if ctx.can_see_vhost(item["vhost"])]
+    items = _plugin(ctx).supervisor.status(vhost)
+    for statuses in (await ctx.api.cluster_info("federation-links")).values():
+        if isinstance(statuses, list):
+            items.extend(s for s in statuses if isinstance(s, dict) and "vhost" in s
+                         and (vhost is None or s["vhost"] == vhost))
+    items = [s for s in items if ctx.can_see_vhost(s["vhost"])]
+    items.sort(key=lambda s: (s["vhost"], s.get("exchange") or s.get("queue") or "",
+                              s.get("upstream", ""), s.get("node", "")))
     return json_response(select_columns(items, ctx))
 
 

@@ -102,9 +102,14 @@ class Supervisor:
                 await self.reconcile()
             except Exception:
                 log.exception("federation: reconcile failed")
+            # what the other nodes list for this one in /api/federation-links (sent on
+            # when it changed, as the shovels' statuses: amqpd/cluster/node_info.py)
+            self.api.share_cluster_info("federation-links", self.status())
 
     # ------------------------------------------------------------------ reconcile
-    def desired(self) -> dict[LinkKey, tuple[type[Link], Upstream]]:
+    def desired(self, here_only: bool = True) -> dict[LinkKey, tuple[type[Link], Upstream]]:
+        """The links this node should run; with ``here_only`` False, every link of the
+        cluster (a link that only moves to another node must not clean up upstream)."""
         api = self.api
         params = api.parameters
         out: dict[LinkKey, tuple[type[Link], Upstream]] = {}
@@ -112,12 +117,13 @@ class Supervisor:
             api.on_binding_changed(vh, self.on_binding_changed)
             for ex in api.exchanges(vh):
                 if ex.name and _federated(ex.policy) and not _internal(ex) \
-                        and api.runs_here(f"federation/{vh.name}/{ex.name}"):
+                        and (not here_only or api.runs_here(f"federation/{vh.name}/{ex.name}")):
                     for up in resolve(params, vh.name, ex.policy):
                         out[("exchange", vh.name, ex.name, up.name)] = (ExchangeLink, up)
             for q in api.queues(vh):
                 # a queue led by another node: its link runs there
-                if _federated(q.policy) and not _internal(q) and not q.remote:
+                if _federated(q.policy) and not _internal(q) and \
+                        (not here_only or not q.remote):
                     for up in resolve(params, vh.name, q.policy):
                         out[("queue", vh.name, q.name, up.name)] = (QueueLink, up)
         return out
@@ -126,10 +132,14 @@ class Supervisor:
         desired = self.desired()
         stale = [key for key, link in self.links.items()
                  if key not in desired or desired[key][1] != link.upstream]
+        anywhere = self.desired(here_only=False) if stale else {}
         for key in stale:
             link = self.links.pop(key)
             log.info("federation link stopping: %s", link.key)
-            await link.stop(cleanup=key not in desired)
+            # upstream objects go only when the object is no longer federated at all: a
+            # link moving to another node of the cluster leaves its upstream queue (and the
+            # messages waiting there) to the node that takes it over
+            await link.stop(cleanup=key not in anywhere)
         for key, (cls, upstream) in desired.items():
             if key not in self.links and self._running:
                 link = cls(self, key[1], key[2], upstream)

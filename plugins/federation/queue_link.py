@@ -76,6 +76,11 @@ class QueueLink(Link):
             await conn.basic_cancel(channel, self.upstream.consumer_tag)
             self.consuming = False
 
+    async def quiesce(self, conn: Connection, channel: int) -> None:
+        if self.consuming:
+            self.consuming = False
+            await conn.basic_cancel(channel, self.upstream.consumer_tag)
+
     def _headers(self, delivery: Delivery, headers: RawHeaders) -> None:
         """Rewrite the raw headers for the local republish (see the module docstring);
         entries and earlier hops that do not change are kept byte for byte."""
@@ -97,7 +102,9 @@ class QueueLink(Link):
         cc = headers.pop("CC")
         if cc is not None:
             headers.set("x-original-cc", cc)
-        table["redelivered"] = delivery.redelivered
+        # forwarded before (an upstream that failed over may not know it delivered it)
+        table["redelivered"] = self.seen.check_and_add(delivery.properties, delivery.body) \
+            or delivery.redelivered
         table["visit-count"] = count + 1
         items = field_value(table) + b"".join(kept)
         headers.set(ROUTING_HEADER, b"A" + len(items).to_bytes(4, "big") + items)

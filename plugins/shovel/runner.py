@@ -3,12 +3,18 @@
 Reliability (``ack-mode: on-confirm``): a source delivery is acked only once the
 destination confirmed the message published for it. Deliveries are kept in delivery
 order; a confirm marks them settled, and the run of settled deliveries at the head is
-acked at the source with one ``multiple`` ack. A destination ``nack`` nacks the source
-delivery with requeue. When either end goes away both connections are closed: the
-source broker requeues every unacked delivery (they are sent again after the reconnect,
-so duplicates are possible, never losses), and the next attempt starts after
-``reconnect-delay`` seconds. Each attempt is bounded (connect timeout), and a failing
-shovel waits between attempts: it never spins.
+acked at the source with one ``multiple`` ack. A destination ``nack`` (a quorum queue electing
+a leader refuses publishes) is not sent back to the source, which would hand the message
+straight back in a hot loop: the shovel keeps it and publishes it again after a backoff
+(:mod:`plugins.shovel.backoff`), with the header ``x-shovel-retry`` (the try number) so
+that a consumer of a queue that had already taken it can tell the copy; after
+:data:`MAX_PUBLISH_ATTEMPTS` tries of one message the attempt ends. When either end goes
+away both connections are closed: the source broker requeues every unacked delivery
+(they are sent again after the reconnect with ``redelivered`` set, so duplicates are
+possible, never losses), and the next attempt starts after a backoff growing from half
+a second to ``reconnect-delay``. Each attempt is bounded (connect timeout; a peer that
+accepts and closes fails at once), and a failing shovel waits between attempts: it
+never spins.
 """
 
 from __future__ import annotations
@@ -25,8 +31,10 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from plugins.shovel.backoff import Backoff
 from plugins.shovel.destination import AMQPDestination, Message
 from plugins.shovel.params import ShovelDef, redact
+from plugins.shovel.seen import Seen
 from plugins.shovel.source import AMQPSource
 from plugins.shovel.wire import Delivery, decode_properties, encode_properties
 
@@ -36,6 +44,12 @@ log = logging.getLogger("amqpd.shovel")
 BATCH = 256  # most messages per socket write to the destination
 _LONG_MARK = 1 << 62
 OPEN_TIMEOUT = 30.0  # connect + declare + consume, per end and attempt
+RECONNECT_FIRST = 0.5  # seconds before the first new attempt after a failure
+RETRY_FIRST = 0.05  # seconds before the first new publish of a refused message
+RETRY_CAP = 5.0
+MAX_PUBLISH_ATTEMPTS = 25  # of one message, then the attempt ends (~1.5 min)
+RETRY_HEADER = "x-shovel-retry"
+REDELIVERED_HEADER = "x-shovel-redelivered"  # maybe forwarded before (see seen.py)
 _CREDENTIALS = re.compile(r"(amqps?://)[^@/\s'\"]*@")
 
 
@@ -64,6 +78,9 @@ class ShovelRunner:
         self.forwarded = 0  # messages settled at the source over the shovel's life
         self.task: asyncio.Task[None] | None = None
         self._last_failure: str | None = None
+        self._reconnect = Backoff(max(defn.reconnect_delay, 0.05), first=RECONNECT_FIRST)
+        self.publish_retries = 0  # refused publishes sent again, over the shovel's life
+        self.seen = Seen()  # what it forwarded lately, across attempts
 
     # ------------------------------------------------------------------ control
     def start(self) -> None:
@@ -118,6 +135,7 @@ class ShovelRunner:
         d = self.defn
         while True:
             self._set("starting")
+            started = time.monotonic()
             try:
                 await self._session()
             except asyncio.CancelledError:
@@ -134,12 +152,18 @@ class ShovelRunner:
                 level = logging.DEBUG if reason == self._last_failure else logging.WARNING
                 self._last_failure = reason
                 self._set("terminated", reason)
-                log.log(level, "shovel %s/%s failed: %s; retrying in %ss", d.vhost, d.name,
-                        reason, d.reconnect_delay)
                 if d.type == "static" and d.reconnect_delay <= 0:
+                    log.warning("shovel %s/%s failed: %s; not restarted (reconnect-delay 0)",
+                                d.vhost, d.name, reason)
                     return  # RabbitMQ: 0 means "stop after the first failure"
-            # never spin, even with reconnect-delay 0 on a dynamic shovel
-            await asyncio.sleep(max(d.reconnect_delay, 0.05))
+                if time.monotonic() - started > d.reconnect_delay:
+                    self._reconnect.reset()  # it ran a while: this failure is a new story
+                # never spin, even with reconnect-delay 0 on a dynamic shovel; a peer that
+                # fails at once is tried again soon, then less and less often
+                delay = self._reconnect.next()
+                log.log(level, "shovel %s/%s failed: %s; retrying in %.2fs", d.vhost,
+                        d.name, reason, delay)
+                await asyncio.sleep(delay)
 
     def _resolve(self, uris: list[str]) -> tuple[str, str]:
         """(URI to connect to, URI to report): a random one, as RabbitMQ does."""
@@ -200,10 +224,17 @@ class _Link:
         self.outstanding: OrderedDict[int, bool | None] = OrderedDict()
         self.by_seq: OrderedDict[int, int] = OrderedDict()  # dest seq -> source tag
         self.settle_ready = asyncio.Event()
-        self.nacks: list[int] = []
+        # on-confirm: what went out for each unsettled source tag (sent again if refused)
+        self.sent: dict[int, Message] = {}
+        self.refused: list[int] = []  # refused by the destination, not yet sent again
+        self.attempts: dict[int, int] = {}  # tries of each refused message so far
+        self.retry_backoff = Backoff(RETRY_CAP, first=RETRY_FIRST)
+        self.retry_task: asyncio.Task[None] | None = None
+        self.failure: Exception | None = None  # why retry() gave up
         self.remaining: int | None = None  # src-delete-after countdown (None = never)
         self.taken = 0
         d = self.defn
+        self.seen = runner.seen
         self.forward_table = runner.forward_headers() if d.add_forward_headers else None
         self.rewrite = bool(d.publish_properties or d.add_forward_headers
                             or d.add_timestamp_header)
@@ -236,6 +267,8 @@ class _Link:
                     side = "source" if w is watch[0] else "destination"
                     raise ConnectionError(f"{side} closed: {_describe(w.result())}")
         finally:
+            if self.retry_task is not None:
+                tasks.append(self.retry_task)
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -267,7 +300,10 @@ class _Link:
                 if mode != "no-ack":
                     self.outstanding[tag] = None
                 tags.append(tag)
-                batch.append((*self.route(message), message.body))
+                # seen before (a source that failed over may not know it delivered it)
+                again = self.seen.check_and_add(message.properties, message.body)
+                batch.append((*self.route(message, again or message.redelivered),
+                              message.body))
             if not batch:
                 continue
             if mode == "on-confirm":
@@ -276,6 +312,7 @@ class _Link:
                 seq = self.dest.seq + 1
                 for i, tag in enumerate(tags):
                     by_seq[seq + i] = tag
+                    self.sent[tag] = batch[i]
             await self.dest.publish_many(batch)
             if mode == "on-publish":
                 for tag in tags:
@@ -284,8 +321,9 @@ class _Link:
             elif mode == "no-ack":
                 self.count(len(tags))
 
-    def route(self, message: Delivery) -> tuple[str, str, bytes]:
-        """Where the message goes, and its properties (as received unless changed)."""
+    def route(self, message: Delivery, again: bool = False) -> tuple[str, str, bytes]:
+        """Where the message goes, and its properties (as received unless changed).
+        ``again``: maybe forwarded before, flagged with ``x-shovel-redelivered``."""
         d = self.defn
         exchange, routing_key = message.exchange, message.routing_key
         if d.dest_queue is not None:
@@ -294,13 +332,15 @@ class _Link:
             exchange = d.dest_exchange
             if d.dest_exchange_key is not None:
                 routing_key = d.dest_exchange_key
-        if not self.rewrite:
+        if not self.rewrite and not again:
             return exchange, routing_key, message.properties
         props = decode_properties(message.properties)
         for k, v in d.publish_properties.items():
             setattr(props, k, v)
-        if d.add_forward_headers or d.add_timestamp_header:
+        if d.add_forward_headers or d.add_timestamp_header or again:
             headers = dict(props.headers or {})
+            if again:
+                headers[REDELIVERED_HEADER] = True
             if self.forward_table is not None:
                 previous = headers.get("x-shovelled")
                 chain = list(previous) if isinstance(previous, list) else []
@@ -334,23 +374,26 @@ class _Link:
         self.settle_ready.set()
 
     def _settle(self, tag: int, ack: bool) -> None:
-        if tag in self.outstanding:
-            self.outstanding[tag] = ack
-            if not ack:
-                self.nacks.append(tag)
+        if tag not in self.outstanding:
+            return
+        if ack:
+            self.outstanding[tag] = True
+            self.sent.pop(tag, None)
+            if self.attempts.pop(tag, None) is not None:
+                self.retry_backoff.reset()  # a refused one went in: the destination is back
+        else:
+            self.refused.append(tag)  # stays pending at the source: sent again later
 
     async def settler(self) -> None:
-        """Ack (multiple) the settled run at the head; nack what the destination refused."""
+        """Ack (multiple) the settled run at the head; schedule the refused ones again."""
         out = self.outstanding
         while True:
             self.settle_ready.clear()
             await self.settle_ready.wait()
-            if self.nacks:
-                nacks, self.nacks = self.nacks, []
-                if self.remaining is not None:
-                    self.taken -= len(nacks)  # they come back and are taken again
-                for tag in nacks:
-                    self.src.nack(tag, requeue=True)
+            if self.failure is not None:
+                raise self.failure  # gave up on a refused message: the attempt ends
+            if self.refused and self.retry_task is None:
+                self.retry_task = asyncio.ensure_future(self.retry())
             last = None
             acked = 0
             while out:
@@ -364,6 +407,42 @@ class _Link:
             if last is not None:
                 self.src.ack(last, multiple=True)
             self.count(acked)
+
+    async def retry(self) -> None:
+        """Publish the refused messages again after a backoff, marked with the try
+        number; past MAX_PUBLISH_ATTEMPTS for one of them, end the attempt (the source
+        requeues what is unacked, and the shovel starts over after its own backoff)."""
+        try:
+            while self.refused:
+                delay = self.retry_backoff.next()
+                log.warning("shovel %s/%s: the destination refused %d message(s); "
+                            "publishing them again in %.2fs", self.defn.vhost,
+                            self.defn.name, len(self.refused), delay)
+                await asyncio.sleep(delay)
+                tags, self.refused = self.refused, []
+                batch: list[Message] = []
+                for tag in tags:
+                    tries = self.attempts[tag] = self.attempts.get(tag, 1) + 1
+                    if tries > MAX_PUBLISH_ATTEMPTS:
+                        raise ConnectionError(
+                            f"the destination refused a message {MAX_PUBLISH_ATTEMPTS} times;"
+                            " starting over")
+                    exchange, routing_key, raw, body = self.sent[tag]
+                    props = decode_properties(raw)
+                    props.headers = {**(props.headers or {}), RETRY_HEADER: tries}
+                    batch.append((exchange, routing_key, encode_properties(props), body))
+                seq = self.dest.seq + 1
+                for i, tag in enumerate(tags):
+                    self.by_seq[seq + i] = tag
+                self.runner.publish_retries += len(batch)
+                await self.dest.publish_many(batch)
+        except (ConnectionError, OSError) as exc:
+            self.failure = exc
+            self.settle_ready.set()
+        finally:
+            self.retry_task = None
+            if self.refused:
+                self.settle_ready.set()  # more came meanwhile: scheduled again
 
     def count(self, n: int) -> None:
         if not n:

@@ -177,6 +177,14 @@ class Connection(asyncio.Protocol):
         conn.product = product
         try:
             await asyncio.wait_for(conn._handshake(), params.connect_timeout)
+        except (ConnectionError, OSError) as exc:
+            conn.abort()
+            if conn.server_properties:
+                raise
+            # nothing was said: what a load balancer does while no backend is up
+            raise ConnectionError(
+                f"{params.host}:{params.port} accepted the connection and closed it before "
+                f"the AMQP handshake ({exc}); a load balancer with no backend up?") from exc
         except BaseException:
             conn.abort()
             raise
@@ -330,6 +338,13 @@ class Connection(asyncio.Protocol):
 
     def _expect(self, channel: int) -> asyncio.Future[Any]:
         fut = self.loop.create_future()
+        if self.closed.done():
+            # the peer may close before the first wait even starts (a load balancer with
+            # no backend up accepts and closes at once): fail now, not at the timeout
+            exc = self.closed.exception() if not self.closed.cancelled() else None
+            fut.set_exception(exc or ConnectionError("connection closed"))
+            fut.exception()
+            return fut
         self._waiters[channel] = fut
         return fut
 

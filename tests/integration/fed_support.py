@@ -23,6 +23,22 @@ def site(path: Path, name: str, extra_env: dict[str, str] | None = None) -> Brok
     return BrokerProcess(path / name, env=env)
 
 
+@contextlib.contextmanager
+def started_sites(path: Path, up_name: str, down_name: str,
+                  ) -> Iterator[tuple[BrokerProcess, BrokerProcess]]:
+    """An upstream and a downstream site, running, stopped on the way out."""
+    up, down = site(path, up_name), site(path, down_name)
+    up.start()
+    try:
+        down.start()
+        try:
+            yield up, down
+        finally:
+            down.stop()
+    finally:
+        up.stop()
+
+
 def api(proc: BrokerProcess) -> Api:
     return Api(proc.http_url)
 

@@ -22,6 +22,7 @@ from tests.integration.fed_support import (
     set_upstream,
     settle,
     site,
+    started_sites,
     wait_for,
     wait_running,
 )
@@ -30,12 +31,8 @@ from tests.support.brokerproc import BrokerProcess
 
 @pytest.fixture
 def two_sites(tmp_path: Path) -> Iterator[tuple[BrokerProcess, BrokerProcess]]:
-    up, down = site(tmp_path, "site-up"), site(tmp_path, "site-down")
-    up.start()
-    down.start()
-    yield up, down
-    down.stop()
-    up.stop()
+    with started_sites(tmp_path, "site-up", "site-down") as sites:
+        yield sites
 
 
 def test_exchange_federation_topic_bindings(two_sites) -> None:

@@ -361,11 +361,14 @@ def test_every_page_renders(ui: Any, broker: BrokerProcess, api: Api) -> None:
         assert api.put(f"/api/policies/%2F/{policy}", {
             "pattern": f"^fedlocal-{upstream}$", "apply-to": "exchanges",
             "definition": {"federation-upstream": upstream}}).status == 201
+        node = api.get("/api/overview").json()["node"]
         go(ui, broker.http_url, "shovels", "#shovels-table")
         wait_text(ui, "#shovels-table", "running", timeout=20)
+        assert node in text_of(ui, "#shovels-table")  # the Node column (issue 29)
         shot(ui, "shovels")
         go(ui, broker.http_url, "federation", "#federation-table")
         wait_text(ui, "#federation-table", "running", timeout=20)
+        assert node in text_of(ui, "#federation-table")
         assert upstream in text_of(ui, "#federation-upstreams")
         shot(ui, "federation")
         api.delete(f"/api/policies/%2F/{policy}")

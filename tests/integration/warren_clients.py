@@ -12,7 +12,9 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pika
 import pika.exceptions
@@ -44,6 +46,7 @@ class Publisher:
     url: str | list[str]
     queue: str
     body_size: int = 64
+    exchange: str = ""  # "" : straight to ``queue``; else to this exchange, key ``queue``
     confirmed: list[int] = field(default_factory=list)
     confirmed_at: list[float] = field(default_factory=list)  # monotonic, one per confirm
     failed: list[int] = field(default_factory=list)  # nacked or cut off: not confirmed
@@ -71,7 +74,7 @@ class Publisher:
                     while not self.stop.is_set():
                         seq += 1
                         try:
-                            ch.basic_publish("", self.queue, b"%d:" % seq + pad,
+                            ch.basic_publish(self.exchange, self.queue, b"%d:" % seq + pad,
                                              pika.BasicProperties(delivery_mode=2))
                         except pika.exceptions.NackError:
                             self.failed.append(seq)
@@ -104,6 +107,12 @@ class Consumer:
     queue: str
     prefetch: int = 50
     seen: list[tuple[int, bool]] = field(default_factory=list)  # (seq, redelivered)
+    arrivals: list[float] = field(default_factory=list)  # monotonic time of each of seen
+    # the broker's own redelivered flag of each of seen (False: a copy the queue took in)
+    broker_redelivered: list[bool] = field(default_factory=list)
+    # a delivery that says "maybe a duplicate" otherwise than by redelivered (a header a
+    # federation link or a shovel sets): counted as redelivered
+    flagged: Callable[[Any], bool] | None = None
     reconnects: int = 0
     error: BaseException | None = None
     stop: threading.Event = field(default_factory=threading.Event)
@@ -122,14 +131,18 @@ class Consumer:
                 try:
                     ch = conn.channel()
                     ch.basic_qos(prefetch_count=self.prefetch)
-                    for method, _props, body in ch.consume(self.queue, auto_ack=False,
-                                                           inactivity_timeout=0.2):
+                    for method, props, body in ch.consume(self.queue, auto_ack=False,
+                                                          inactivity_timeout=0.2):
                         if self.stop.is_set():
                             break
                         if method is None:
                             continue
                         seq = int(body.split(b":", 1)[0])
-                        self.seen.append((seq, bool(method.redelivered)))
+                        again = bool(method.redelivered) or (
+                            self.flagged is not None and self.flagged(props))
+                        self.arrivals.append(time.monotonic())
+                        self.broker_redelivered.append(bool(method.redelivered))
+                        self.seen.append((seq, again))
                         ch.basic_ack(method.delivery_tag)
                 except CLIENT_ERRORS:
                     self.reconnects += 1

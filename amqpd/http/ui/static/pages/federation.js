@@ -1,5 +1,5 @@
-// Federation (the federation plugin): the status of every link, and the upstreams
-// (upstreams.js: list, add, delete).
+// Federation (the federation plugin): the status of every link of the cluster, each with the
+// node that runs it, and the upstreams (upstreams.js: list, add, delete).
 
 import * as api from "../api.js";
 import { add, clear, dangerButton, h, section, table } from "../ui.js";
@@ -14,7 +14,7 @@ export async function render(ctx) {
     const items = await api.get("/api/federation-links");
     if (!ctx.live()) return;
     clear(links, table([
-      { title: "Upstream", get: (l) => l.upstream }, { title: "Virtual host", get: (l) => l.vhost },
+      { title: "Upstream", get: (l) => l.upstream }, { title: "Node", get: (l) => l.node || "" }, { title: "Virtual host", get: (l) => l.vhost },
       { title: "Type", get: (l) => l.type }, { title: "Local object", get: (l) => l.exchange || l.queue },
       { title: "Upstream object", get: (l) => l.upstream_exchange || l.upstream_queue },
       { title: "URI", get: (l) => l.uri }, { title: "State", get: (l) => h("span", { class: `state ${l.status}` }, l.status) },

@@ -24,7 +24,7 @@ export async function render(ctx) {
     const items = await api.get("/api/shovels");
     if (!ctx.live()) return;
     clear(list, table([
-      { title: "Name", get: (s) => s.name, cls: "name" }, { title: "Virtual host", get: (s) => s.vhost },
+      { title: "Name", get: (s) => s.name, cls: "name" }, { title: "Node", get: (s) => s.node || "" }, { title: "Virtual host", get: (s) => s.vhost },
       { title: "Type", get: (s) => s.type }, { title: "State", get: (s) => h("span", { class: `state ${s.state}` }, s.state + (s.reason ? ` (${s.reason})` : "")) },
       { title: "Source", get: (s) => `${s.src_uri || ""} ${s.src_queue !== undefined ? `queue ${s.src_queue}` : `exchange ${s.src_exchange}`}` },
       { title: "Destination", get: (s) => `${s.dest_uri || ""} ${s.dest_queue !== undefined ? `queue ${s.dest_queue}` : `exchange ${s.dest_exchange || ""}`}` },

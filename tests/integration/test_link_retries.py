@@ -1,0 +1,181 @@
+"""Issue 29: links and shovels against a peer that accepts and closes, and a shovel whose
+destination refuses publishes.
+
+HAProxy with no backend up accepts each connection and closes it at once. A federation
+link or a shovel pointed at it used to wait out its whole connection timeout (10 s)
+every try; it must fail at once, say why in its status, and back off between tries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+
+from tests.integration._http import q
+from tests.integration.fed_support import (
+    amqp_uri,
+    api,
+    channel,
+    links,
+    set_policy,
+    set_upstream,
+    site,
+    wait_for,
+)
+from tests.integration.test_shovel_helpers import set_shovel, shovels
+from tests.support.brokerproc import BrokerProcess
+
+CONNECT_TIMEOUT_MS = 10000  # what the issue saw each try wait out
+
+
+class AcceptAndClose:
+    """A loopback listener that accepts every connection and closes it at once, counting
+    them (what HAProxy does while no server of its backend is up)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.sock.settimeout(0.2)
+        self.port: int = self.sock.getsockname()[1]
+        self.accepted: list[float] = []  # monotonic time of each accept
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True, name="accept-close")
+        self._thread.start()
+
+    def _serve(self) -> None:
+        deadline = time.monotonic() + 600  # bounded even if the test forgets to stop it
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            try:
+                conn, _ = self.sock.accept()
+            except (TimeoutError, OSError):
+                continue
+            self.accepted.append(time.monotonic())
+            conn.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close()
+
+
+@pytest.fixture
+def lb() -> Iterator[AcceptAndClose]:
+    server = AcceptAndClose()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[BrokerProcess]:
+    proc = site(tmp_path, "retries", {"AMQPD_PLUGINS": "federation,shovel"})
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+def _tries_within(lb: AcceptAndClose, seconds: float) -> list[float]:
+    first = wait_for(lambda: lb.accepted[:1], timeout=15, what="a first connection")[0]
+    time.sleep(max(0.0, first + seconds - time.monotonic()))
+    return [t - first for t in lb.accepted if t - first <= seconds]
+
+
+def test_federation_link_fails_at_once_and_backs_off(node: BrokerProcess,
+                                                     lb: AcceptAndClose) -> None:
+    with channel(node.url) as ch:
+        ch.exchange_declare("lb.x", "fanout", durable=True)
+    uri = amqp_uri(lb.port, connection_timeout=CONNECT_TIMEOUT_MS)
+    set_upstream(node, "lb", {"uri": uri, "reconnect-delay": 4})
+    set_policy(node, "fed", "^lb\\.", {"federation-upstream": "lb"})
+    item = wait_for(lambda: next((i for i in links(node) if i["status"] == "error"), None),
+                    timeout=5, what="the link to fail (well within the 10 s timeout)")
+    assert "accepted the connection and closed it" in item["error"], item
+    tries = _tries_within(lb, 6.0)
+    # at once, then soon, then less often (0.25-0.5 s, 0.5-1, 1-2, 2-4, capped at 4 s):
+    # several tries in 6 s, never a loop, never one per 10 s timeout
+    assert 3 <= len(tries) <= 8, tries
+    gaps = [b - a for a, b in itertools.pairwise(tries)]
+    assert all(0.2 <= g <= 4.5 for g in gaps), gaps  # never a loop, never past the cap
+
+
+def test_shovel_fails_at_once_and_backs_off(node: BrokerProcess, lb: AcceptAndClose) -> None:
+    set_shovel(api(node), "to-lb", {
+        "src-uri": "amqp://", "src-queue": "lb-src",
+        "dest-uri": amqp_uri(lb.port, connection_timeout=CONNECT_TIMEOUT_MS),
+        "dest-queue": "x", "reconnect-delay": 4})
+
+    def failed() -> dict[str, Any] | None:
+        return next((s for s in shovels(api(node)) if s["state"] == "terminated"), None)
+
+    item = wait_for(failed, timeout=5, what="the shovel to fail (within the 10 s timeout)")
+    assert "accepted the connection and closed it" in item["reason"], item
+    tries = _tries_within(lb, 6.0)
+    assert 3 <= len(tries) <= 8, tries
+    assert all(0.2 <= b - a <= 4.5 for a, b in itertools.pairwise(tries)), tries
+
+
+def _queue(proc: BrokerProcess, name: str) -> dict[str, Any]:
+    r = api(proc).request("GET", f"/api/queues/%2F/{q(name)}")
+    assert r.status == 200, r.text
+    result: dict[str, Any] = r.json()
+    return result
+
+
+def test_shovel_refused_publish_backs_off_and_marks_copies(node: BrokerProcess) -> None:
+    """A shovel into an exchange whose route has a refusing queue: no hot loop (the
+    source never sees a nack, the message is sent again after a backoff), and the copies
+    a healthy queue of the route gets again carry ``x-shovel-retry``."""
+    n = 10
+    with channel(node.url) as ch:
+        ch.exchange_declare("sh.x", "fanout", durable=True)
+        for name in ("sh.healthy", "sh.orders"):
+            ch.queue_declare(name, durable=True)
+            ch.queue_bind(name, "sh.x")
+        ch.queue_declare("sh.src", durable=True)
+        set_policy(node, "full", "^sh\\.orders$",
+                   {"max-length": 1, "overflow": "reject-publish"}, apply_to="queues")
+        ch.basic_publish("", "sh.orders", b"filler")
+        wait_for(lambda: _queue(node, "sh.orders")["messages"] == 1, what="orders full")
+        ch.confirm_delivery()
+        for i in range(n):
+            ch.basic_publish("", "sh.src", f"m{i}".encode(),
+                             pika.BasicProperties(delivery_mode=2, message_id=f"id-{i}"))
+    log_start = node.log_path.stat().st_size
+    set_shovel(api(node), "refused", {"src-uri": "amqp://", "src-queue": "sh.src",
+                                      "dest-uri": "amqp://", "dest-exchange": "sh.x"})
+    wait_for(lambda: _queue(node, "sh.healthy")["messages"] >= n, what="first copies")
+    time.sleep(3.0)
+    healthy_now = _queue(node, "sh.healthy")["messages"]
+    # a handful of retry rounds in 3 s (each one copy per message into healthy), not
+    # the thousands of an immediate requeue loop
+    assert healthy_now <= n * 10, healthy_now
+    text = node.log_path.read_bytes()[log_start:].decode(errors="replace")
+    assert 1 <= text.count("publishing them again") <= 12, text[-2000:]
+    r = api(node).request("DELETE", "/api/policies/%2F/full")
+    assert r.status == 204, r.text
+    wait_for(lambda: _queue(node, "sh.orders")["messages"] == n + 1, timeout=30,
+             what="orders to take every message")
+    wait_for(lambda: _queue(node, "sh.src")["messages"] == 0, what="source settled")
+    with channel(node.url) as ch:
+        got: list[tuple[Any, bytes]] = []
+        for _ in range(20 * n):
+            method, props, body = ch.basic_get("sh.healthy", auto_ack=True)
+            if method is None:
+                break
+            got.append((props, body))
+    first = [p for p, _b in got if "x-shovel-retry" not in (p.headers or {})]
+    assert sorted(p.message_id for p in first) == sorted(f"id-{i}" for i in range(n))
+    again = [p for p, _b in got if "x-shovel-retry" in (p.headers or {})]
+    assert again, "the retries were expected to put marked copies into healthy"
+    assert all(p.headers["x-shovel-retry"] >= 2 for p in again)
+    with contextlib.suppress(Exception):
+        api(node).request("DELETE", "/api/parameters/shovel/%2F/refused")
