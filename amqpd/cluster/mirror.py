@@ -5,7 +5,10 @@ Theory of operation.
 * **Which queues, where.** A durable, non-exclusive classic queue whose policy has
   ``ha-mode`` (``all`` | ``exactly`` + ``ha-params`` = total replicas | ``nodes`` +
   ``ha-params`` = node list; :func:`amqpd.cluster.mirror_state.mirror_nodes`) keeps
-  mirrors on other running nodes. Its leader decides (every :data:`TICK`) and writes the
+  mirrors on other running nodes: from its declaration on (the definitions' hook,
+  :meth:`Mirrors.queue_recorded`, before the declare-ok; a mirror of a queue that holds
+  nothing is synchronised from its ``MSTART``: :meth:`Leading.attach`), and as policies
+  and nodes change. Its leader decides (every :data:`TICK`) and writes the
   queue's *mirror record* to etcd, ``{root}/mirrors/{vhost}/{queue}`` = ``{"leader",
   "mirrors", "synchronised", "wanted"}``, always as a transaction guarded by the record's
   last revision, so every node reads the same record and a deposed leader cannot
@@ -113,6 +116,8 @@ log = logging.getLogger("amqpd.cluster.mirror")
 TICK: Final = 0.25  # seconds between reconciliations (policies, timeouts, failover)
 ELECTION_WAIT: Final = 2.0  # seconds a candidate waits for the other candidates
 HAVE_WAIT: Final = 10.0  # seconds a new stream waits for the mirror's MHAVE
+# seconds a copy started with its queue's declare waits for the queue's definition
+LISTING_WAIT: Final = 10.0
 KEPT_CHECK_TRIES: Final = 20  # etcd reads of a record to confirm kept consumers
 DECLINED_RETRY: Final = 5.0  # seconds before a mirror that may not take over looks again
 SHUTDOWN_MARK: Final = 2.0  # seconds a stopping leader gives etcd to record its stop
@@ -239,6 +244,7 @@ class _Stream:
         # what the queue holds that the mirror lacks, in queue order; None until the
         # mirror said what it has (MHAVE)
         self.missing: dict[int, None] | None = None
+        self.have = False  # the mirror's MHAVE came
         self.ended = False  # MBACKLOG_END sent: nothing it lacks is left
         self.kept = 0  # messages the mirror already held (an earlier copy)
         self.backlog_bytes = 0  # bytes of MBACKLOG frames sent
@@ -326,8 +332,28 @@ class Leading:
         link.send(W.encode(M.MSTART, s.rid, vhost, name, s.start_seq))
         self.mirrors.by_rid[(node, s.rid)] = self
         self.dirty = True
+        born = self.empty()
+        if born:
+            # nothing to copy: the mirror holds all the queue holds from MSTART on (the
+            # link keeps the order), so it counts for confirms at once, as a RabbitMQ
+            # mirror created with its queue does; MBACKLOG_END right behind MSTART
+            # makes the copy synchronised before any record can need it
+            s.missing = {}
+            s.ended = True
+            s.synced = True
+            link.send(W.encode(M.MBACKLOG_END, s.rid, 0))
+            self.rs.ack(node, s.start_seq)
+            self.rs.join(node)
+            self.leaving.discard(node)
         log.info("queue '%s' in vhost '%s': mirror on %s starting (%d messages in the "
-                 "queue)", name, vhost, node, len(self.live))
+                 "queue%s)", name, vhost, node, len(self.live),
+                 "; synchronised from the start" if born else "")
+
+    def empty(self) -> bool:
+        """The queue holds no message at all, ready or unacknowledged (transient ones
+        included, which ``live`` leaves out before the queue is mirrored)."""
+        q = self.q
+        return not self.live and q.message_count == 0 and q.unacked_count == 0
 
     def sync_mode(self) -> str:
         return ha_setting(self.q.policy, "ha-sync-mode")
@@ -336,8 +362,9 @@ class Leading:
         """The mirror's answer to MSTART: the positions it still holds. It keeps
         those the queue still holds, drops the others, and lacks the rest."""
         s = self.streams.get(node)
-        if s is None or s.rid != rid or s.missing is not None:
+        if s is None or s.rid != rid or s.have:
             return
+        s.have = True
         live = self.live
         have = set(positions)
         stale = [p for p in positions if p not in live]
@@ -570,6 +597,8 @@ class MirrorCopy:
         self.batch = 0  # the last backlog batch received (MBATCH)
         self.batch_told = 0  # ... and reported durable (MBATCHED)
         self.declined = 0.0  # when it last declined to take over (monotonic)
+        self.created = time.monotonic()
+        self.listed = False  # the catalogue named its leader since it started
 
     def restart(self, rid: int, start_seq: int) -> None:
         """A new stream from the same leader: what this copy holds is kept (the
@@ -704,6 +733,7 @@ class Mirrors:
         self.queues.extensions.append(self)
         self.queues.failover_expected = self.failover_expected
         self.queues.failover_kept = self.failover_kept
+        self.cluster.mirror.queue_listeners.append(self.queue_recorded)
         self._adopt_retired()
         self._tasks = [asyncio.create_task(self._loop(), name="mirrors"),
                        asyncio.create_task(self._read_records(), name="mirror-records")]
@@ -835,46 +865,12 @@ class Mirrors:
         cluster = self.cluster
         if not cluster.mirror.synced or cluster.paused:
             return
-        view = cluster
-        members = list(view.nodes())
+        members = list(cluster.nodes())
         seen: set[Ident] = set()
         for vh in self.broker.vhosts.values():
             for q in list(vh.queues.values()):
-                if q.remote or not q.durable or q.exclusive or q.type_name != "classic":
-                    continue
-                ident = (vh.name, q.name)
-                lead = self.leading.get(ident)
-                if lead is not None and lead.q is not q:
-                    self.stop_leading(lead, delete_record=False)
-                    lead = None
-                current = lead.wanted if lead is not None else []
-                wanted = mirror_nodes(q.policy, self.node, members, view.is_running, current)
-                if not wanted and lead is None:
-                    continue
-                seen.add(ident)
-                if lead is None:
-                    lead = self._lead(vh, q)
-                if wanted != lead.wanted:
-                    lead.wanted = wanted
-                    lead.dirty = True
-                for node in wanted:
-                    if node not in lead.streams and view.is_running(node):
-                        link = self.queues.links.link(node)
-                        if link is not None:
-                            lead.attach(node, link)
-                for node, s in list(lead.streams.items()):
-                    if node not in wanted:
-                        lead.detach(node, drop=True)
-                    elif s.missing is None and time.monotonic() - s.started > HAVE_WAIT:
-                        # no MHAVE: the mirror was not ready for MSTART; start again
-                        lead.detach(node, drop=False)
-                if not wanted and not lead.streams and not lead.rs.synchronised:
-                    self.stop_leading(lead, delete_record=True)
-                    continue
-                if not lead.dirty and lead.record() != lead.written:
-                    lead.dirty = True  # e.g. the policy's ha-promote-on-* changed
-                if lead.dirty and not lead.writing:
-                    asyncio.get_running_loop().create_task(lead.write())
+                if self._reconcile_queue(vh, q, members):
+                    seen.add((vh.name, q.name))
         for ident, lead in list(self.leading.items()):
             if ident not in seen and not lead.gone:
                 self.stop_leading(lead, delete_record=False)
@@ -889,6 +885,64 @@ class Mirrors:
                     asyncio.get_running_loop().create_task(lead.write())
         self._watch_leaders(now)
 
+    def _reconcile_queue(self, vh: VHost, q: QueueType, members: list[str]) -> bool:
+        """Bring one queue's mirrors in line with its policy: lead it (or stop), start
+        and end streams, write the record. False: not a mirrored queue this node leads."""
+        if q.remote or not q.durable or q.exclusive or q.type_name != "classic":
+            return False
+        view = self.cluster
+        ident = (vh.name, q.name)
+        lead = self.leading.get(ident)
+        if lead is not None and lead.q is not q:
+            self.stop_leading(lead, delete_record=False)
+            lead = None
+        current = lead.wanted if lead is not None else []
+        wanted = mirror_nodes(q.policy, self.node, members, view.is_running, current)
+        if not wanted and lead is None:
+            return False
+        if lead is None:
+            lead = self._lead(vh, q)
+        if wanted != lead.wanted:
+            lead.wanted = wanted
+            lead.dirty = True
+        for node in wanted:
+            if node not in lead.streams and view.is_running(node):
+                link = self.queues.links.link(node)
+                if link is not None:
+                    lead.attach(node, link)
+        for node, s in list(lead.streams.items()):
+            if node not in wanted:
+                lead.detach(node, drop=True)
+            elif not s.have and time.monotonic() - s.started > HAVE_WAIT:
+                # no MHAVE: the mirror was not ready for MSTART; start again
+                lead.detach(node, drop=False)
+        if not wanted and not lead.streams and not lead.rs.synchronised:
+            self.stop_leading(lead, delete_record=True)
+            return True
+        if not lead.dirty and lead.record() != lead.written:
+            lead.dirty = True  # e.g. the policy's ha-promote-on-* changed
+        if lead.dirty and not lead.writing:
+            asyncio.get_running_loop().create_task(lead.write())
+        return True
+
+    def queue_recorded(self, vhost: str, name: str) -> None:
+        """A durable queue this node leads was declared (the definitions' hook, before
+        the declare-ok): under an ``ha-*`` policy its mirrors start now, synchronised
+        (it is empty), so its first confirm already waits for them -- not a
+        reconciliation later, after confirms that only this node's disk holds."""
+        cluster = self.cluster
+        if not cluster.mirror.synced or cluster.paused or (vhost, name) in self.promoting:
+            return  # (a promotion records the queue it makes, and leads it itself)
+        vh = self.broker.vhosts.get(vhost)
+        q = vh.queues.get(name) if vh is not None else None
+        if vh is None or q is None or (vhost, name) in self.leading:
+            return
+        try:
+            self._reconcile_queue(vh, q, list(cluster.nodes()))
+        except Exception:
+            log.exception("queue '%s' in vhost '%s': mirrors not started at its declare "
+                          "(the next reconciliation starts them)", name, vhost)
+
     def _watch_leaders(self, now: float) -> None:
         """The copies this node holds: a leader gone from the catalogue ends its copy;
         a leader not running starts the failover."""
@@ -897,10 +951,13 @@ class Mirrors:
             leader = cluster.catalogue.get(ident)
             if ident in self.promoting:
                 continue
+            if leader is None and not copy.listed and now - copy.created < LISTING_WAIT:
+                continue  # started with its queue's declare: the definition is on its way
             if leader != copy.leader:
                 # the queue went, or another node leads it now (it starts a fresh copy)
                 self._end_copy(copy)
                 continue
+            copy.listed = True
             if not cluster.is_running(leader) and now - copy.declined > DECLINED_RETRY:
                 self.promoting[ident] = asyncio.get_running_loop().create_task(
                     self._promote(ident, copy))

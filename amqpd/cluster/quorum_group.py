@@ -188,7 +188,7 @@ class GroupLeading(Leading):
         """As :meth:`Leading.got_have`, then who holds what: the member's copy learns
         it for what it kept and for what the backlog brings."""
         s = self.streams.get(node)
-        fresh = s is not None and s.rid == rid and s.missing is None
+        fresh = s is not None and s.rid == rid and not s.have
         super().got_have(node, rid, positions)
         if not fresh or s is None or s.closed:
             return
@@ -269,7 +269,7 @@ class GroupLeading(Leading):
                 if link is not None:
                     self.attach(node, link)
         for node, s in list(self.streams.items()):
-            if s.missing is None and time.monotonic() - s.started > HAVE_WAIT:
+            if not s.have and time.monotonic() - s.started > HAVE_WAIT:
                 self.detach(node, drop=False)
 
     def detach(self, node: str, drop: bool) -> None:

@@ -210,6 +210,9 @@ class _FakeQueue:
     name = "q"
     store_key = "/\x00q"
     policy: dict[str, Any] | None = None
+    message_count = 0
+    unacked_count = 0
+
 
 
 class _FakeMirrors:
@@ -260,6 +263,37 @@ def test_the_leaders_records_settle_and_delivered_once() -> None:
     assert lead.live == {pos: True, paged: False} and lead.rs.seq == 3
     store.append_settle(lead.key, iter([pos, paged]))
     assert lead.live == {} and lead.rs.seq == 4
+
+
+def test_a_mirror_of_an_empty_queue_counts_from_its_start() -> None:
+    """A queue with nothing in it (just declared): the mirror lacks nothing, so it is
+    synchronised at once, behind MSTART comes MBACKLOG_END, and the first confirm
+    waits for it (main confirmed without it and promoted the empty mirror)."""
+    store, lead, mirrors = _leader_store()
+    link = _FakeLink()
+    lead.attach("b", link)  # type: ignore[arg-type]
+    assert link.kinds() == [M.MSTART, M.MBACKLOG_END]
+    assert lead.rs.synchronised == {"b"} and lead.record()["synchronised"] == ["b"]
+    store.append_enqueue([lead.key], StoredMessage("", "q", b"", b"x"))
+    done: list[BaseException | None] = []
+    store.commit(done.append)
+    assert done == []  # not before the mirror holds it
+    lead.got_ack("b", lead.rs.seq)
+    mirrors.gate.release()
+    assert done == [None]
+
+
+def test_a_mirror_of_a_queue_holding_messages_counts_only_once_synchronised() -> None:
+    store, lead, _mirrors = _leader_store()
+    store.append_enqueue([lead.key], StoredMessage("", "q", b"", b"x"))
+    link = _FakeLink()
+    lead.attach("b", link)  # type: ignore[arg-type]
+    rid = lead.streams["b"].rid
+    assert link.kinds() == [M.MSTART]
+    assert lead.rs.synchronised == set()
+    lead.got_have("b", rid, [])
+    assert lead.streams["b"].missing  # it lacks the message; ha-sync-mode manual waits
+    assert lead.rs.synchronised == set()
 
 
 # ------------------------------------------------------------------ promotion policy
