@@ -115,6 +115,9 @@ log = logging.getLogger("amqpd.cluster.mirror")
 
 TICK: Final = 0.25  # seconds between reconciliations (policies, timeouts, failover)
 ELECTION_WAIT: Final = 2.0  # seconds a candidate waits for the other candidates
+# seconds an unsynchronised mirror's promotion waits for running synchronised mirrors
+# to offer themselves (choose_promotion's ``awaited``)
+SYNCED_WAIT: Final = 15.0
 HAVE_WAIT: Final = 10.0  # seconds a new stream waits for the mirror's MHAVE
 # seconds a copy started with its queue's declare waits for the queue's definition
 LISTING_WAIT: Final = 10.0
@@ -598,6 +601,7 @@ class MirrorCopy:
         self.batch_told = 0  # ... and reported durable (MBATCHED)
         self.declined = 0.0  # when it last declined to take over (monotonic)
         self.created = time.monotonic()
+        self.election_started = 0.0  # when this copy's current failover began
         self.listed = False  # the catalogue named its leader since it started
 
     def restart(self, rid: int, start_seq: int) -> None:
@@ -1194,6 +1198,7 @@ class Mirrors:
 
     # -- failover -------------------------------------------------------------------------
     async def _promote(self, ident: Ident, copy: MirrorCopy) -> None:
+        copy.election_started = time.monotonic()
         try:
             for _attempt in range(20):
                 if await self._election_round(ident, copy):
@@ -1267,7 +1272,17 @@ class Mirrors:
             if all(n in candidates for n in expected) or loop.time() > deadline:
                 break
             await asyncio.sleep(0.05)
-        winner = choose_promotion(candidates, synced_candidates, view.is_running, unsync_ok)
+        # a running synchronised mirror that has not offered itself yet is waited for
+        # (SYNCED_WAIT at most: one whose node runs without its copy never offers)
+        awaited = synchronised if time.monotonic() - copy.election_started < SYNCED_WAIT \
+            else []
+        winner = choose_promotion(candidates, synced_candidates, view.is_running, unsync_ok,
+                                  awaited=[n for n in awaited if n != self.node])
+        if winner is None and unsync_ok:
+            log.info("queue '%s' in vhost '%s': leader %s lost; waiting for the "
+                     "synchronised mirrors %s to offer themselves (candidates %s)",
+                     ident[1], ident[0], copy.leader, synchronised, candidates)
+            return False
         log.info("queue '%s' in vhost '%s': leader %s %s; candidates %s (synchronised %s); "
                  "promoting %s", ident[1], ident[0], copy.leader,
                  "stopped" if shutdown else "lost", candidates, synced_candidates, winner)

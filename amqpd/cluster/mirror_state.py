@@ -197,15 +197,20 @@ def may_promote_unsynchronised(on_failure: str, on_shutdown: str, shutdown: bool
 
 def choose_promotion(candidates: dict[str, int], synchronised: Iterable[str],
                      running: Callable[[str], bool],
-                     unsynchronised_ok: bool = False) -> str | None:
+                     unsynchronised_ok: bool = False,
+                     awaited: Iterable[str] = ()) -> str | None:
     """The mirror to promote: among the running synchronised ones that offered
     themselves (``candidates``: node -> the last replication sequence it received),
     the most up to date; ties to the smallest name. With no such mirror and
     ``unsynchronised_ok`` (:func:`may_promote_unsynchronised`), the most up to date of
-    the other running candidates (what it lacks is lost, as in RabbitMQ). None: nobody
-    may be promoted."""
+    the other running candidates (what it lacks is lost, as in RabbitMQ) -- but never
+    while a running mirror of ``awaited`` (the record's synchronised ones) has not
+    offered itself yet: a mirror that was never in sync is not promoted over one that
+    is, only slow to answer. None: nobody may be promoted (yet)."""
     eligible = [n for n in synchronised if n in candidates and running(n)]
     if not eligible and unsynchronised_ok:
+        if any(n not in candidates and running(n) for n in awaited):
+            return None
         eligible = [n for n in candidates if running(n)]
     if not eligible:
         return None

@@ -323,6 +323,18 @@ def test_an_unsynchronised_mirror_is_promoted_only_when_allowed_and_none_is_sync
     assert choose_promotion({"d": 9}, [], lambda n: n != "d", unsynchronised_ok=True) is None
 
 
+def test_a_never_synchronised_mirror_waits_for_a_running_synchronised_one_to_offer() -> None:
+    """b is synchronised (the record says so) and runs but has not offered itself yet
+    (a slow node): c, never in sync, is not promoted over it; once b offers, b wins;
+    with b down, c may be (ha-promote-on-failure always, as in RabbitMQ)."""
+    assert choose_promotion({"c": 9}, [], everyone, unsynchronised_ok=True,
+                            awaited=["b"]) is None
+    assert choose_promotion({"b": 3, "c": 9}, ["b"], everyone, unsynchronised_ok=True,
+                            awaited=["b"]) == "b"
+    assert choose_promotion({"c": 9}, [], lambda n: n != "b", unsynchronised_ok=True,
+                            awaited=["b"]) == "c"
+
+
 # ------------------------------------------------------------------ sync mode, returning mirrors
 class _FakeLink:
     def __init__(self) -> None:
