@@ -24,6 +24,11 @@ leader sends MBATCH and sends the batch after next only once the mirror answered
 MBATCHED for it (durable there), so a mirror is never flooded faster than it writes.
 MSYNCREQ asks the leader, from the node an operator asked, to start or cancel the
 copy of what its mirrors lack (``amqpctl sync_queue`` / ``cancel_sync_queue``).
+
+The link module imports this one, so every link knows these layouts from its first
+frame on: a peer that leads mirrored queues sends MSTART as soon as the link is up,
+which on a node still starting can come before the mirrors' own module is loaded
+(it was a "malformed frame: unknown frame type 80" that closed the link).
 """
 
 from __future__ import annotations
@@ -46,12 +51,17 @@ MBATCH: Final = 90  # leader -> mirror: backlog batch number n ends here
 MBATCHED: Final = 91  # mirror -> leader: backlog batch n is durable here (flow control)
 MHAVE: Final = 92  # mirror -> leader, answering MSTART: the leader positions it holds
 MSYNCREQ: Final = 93  # any node -> the leader (stream 0): vhost, queue, "sync"|"cancel_sync"
+# quorum queues' groups (amqpd.cluster.quorum_group) on the same streams:
+QTERM: Final = 100  # leader -> member: the term of the replication stream about to start
+# leader -> member: seq, node, positions: checked out to a consumer on that node (the
+# leader's own name for its local consumers); also delivered (MDELIV's mark)
+MHELD: Final = 101
 
 LAYOUTS: Final[dict[int, str]] = {
     MSTART: "ssQ", MBACKLOG: "QBssbbQQB", MBACKLOG_END: "Q",
     MENQ: "QQssbbQQB", MSETTLE: "QL", MDELIV: "QL", MDROP: "",
     MACK: "Q", MSYNCED: "", MREFUSE: "s", MBATCH: "Q", MBATCHED: "Q",
-    MHAVE: "L", MSYNCREQ: "sss",
+    MHAVE: "L", MSYNCREQ: "sss", QTERM: "Q", MHELD: "QsL",
 }
 FIRST: Final = MSTART
 LAST: Final = MSYNCREQ
@@ -77,11 +87,13 @@ __all__ = [
     "MDROP",
     "MENQ",
     "MHAVE",
+    "MHELD",
     "MREFUSE",
     "MSETTLE",
     "MSTART",
     "MSYNCED",
     "MSYNCREQ",
+    "QTERM",
     "TO_LEADER",
     "TO_MIRROR",
     "is_mirror_frame",

@@ -110,12 +110,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("amqpd.cluster.quorum")
 
-QTERM: Final = 100  # leader -> member: the term of the replication stream about to start
-# leader -> member: seq, node, positions: checked out to a consumer on that node (the
-# leader's own name for its local consumers); also delivered (MDELIV's mark)
-MHELD: Final = 101
-W.LAYOUTS[QTERM] = "Q"
-W.LAYOUTS[MHELD] = "QsL"
+QTERM: Final = M.QTERM  # leader -> member: the term of the stream about to start
+MHELD: Final = M.MHELD  # leader -> member: seq, holder node, positions checked out
 # after an election, what consumers on a running node held stays checked out to them
 # until that node names it (RECLAIM), says it holds none of it, goes down, or this long
 CHECKOUT_WAIT: Final = 30.0
