@@ -65,7 +65,12 @@ Theory of operation.
   leader) and its mirror record, guarded by both revisions: never two leaders. The new
   leader turns its copy into a classic queue (unsettled messages come back, those
   handed out before marked redelivered) in the place of the :class:`RemoteQueue`,
-  bindings kept; the other nodes' remote queues follow the catalogue to it. Consumers
+  bindings kept; the other nodes' remote queues follow the catalogue to it. It keeps
+  the lost leader's positions of what it took over (:attr:`Leading.origin_map`): the
+  other copies of the lost leader's log wait for its ``MSTART``
+  (:meth:`Mirrors._awaits_successor`), answer ``MHAVE_FROM`` and keep what its
+  ``MREKEY`` places (:meth:`MirrorCopy.follow`, :meth:`MirrorCopy.rekey`), as the old
+  leader does with its own queue when it returns (:meth:`Mirrors._adopt_own`). Consumers
   that consumed through the old leader consume on from the new one, unless they asked
   for ``x-cancel-on-ha-failover`` (then basic.cancel; remote_queue.replace_queue);
   publishers get nacks for what was in flight, then confirms from the new leader.
@@ -121,6 +126,8 @@ SYNCED_WAIT: Final = 15.0
 HAVE_WAIT: Final = 10.0  # seconds a new stream waits for the mirror's MHAVE
 # seconds a copy started with its queue's declare waits for the queue's definition
 LISTING_WAIT: Final = 10.0
+# seconds a copy whose leader was replaced waits for the new leader's MSTART
+SUCCESSOR_WAIT: Final = 20.0
 KEPT_CHECK_TRIES: Final = 20  # etcd reads of a record to confirm kept consumers
 DECLINED_RETRY: Final = 5.0  # seconds before a mirror that may not take over looks again
 SHUTDOWN_MARK: Final = 2.0  # seconds a stopping leader gives etcd to record its stop
@@ -275,6 +282,10 @@ class Leading:
         self.writing = False
         self.deposed = False
         self.gone = False
+        # promoted after ``origin``: its positions -> this node's of the same messages,
+        # for the other copies of origin's log (got_have_from)
+        self.origin = ""
+        self.origin_map: dict[int, int] = {}
 
     # -- records ------------------------------------------------------------------------
     def _send(self, build: Any) -> None:
@@ -389,6 +400,20 @@ class Leading:
             self._start_sync(s)
         else:
             self._maybe_end(s)
+
+    def got_have_from(self, node: str, rid: int, positions: list[int], origin: str,
+                      old: list[int]) -> None:
+        """MHAVE with a copy of ``origin``'s log (the leader this node was promoted
+        after): those of ``old`` this node holds are the mirror's under their
+        positions here (MREKEY, before anything else of the answer); then as MHAVE."""
+        s = self.streams.get(node)
+        if s is None or s.rid != rid or s.have:
+            return
+        live = self.live
+        pairs = [(o, n) for o in old if origin == self.origin
+                 and (n := self.origin_map.get(o)) is not None and n in live]
+        s.link.send(W.encode(M.MREKEY, rid, [o for o, _n in pairs], [n for _o, n in pairs]))
+        self.got_have(node, rid, positions + [n for _o, n in pairs])
 
     def _start_sync(self, s: _Stream) -> bool:
         if s.closed or s.ended or s.missing is None or \
@@ -603,6 +628,13 @@ class MirrorCopy:
         self.created = time.monotonic()
         self.election_started = 0.0  # when this copy's current failover began
         self.listed = False  # the catalogue named its leader since it started
+        # a copy of ``origin``'s log kept for this leader (origin lost, this leader
+        # promoted after it; or this node's own queue before its restart): origin's
+        # position -> entry, until the leader says where they are now (MREKEY)
+        self.origin = ""
+        self.foreign: dict[int, list[Any]] = {}
+        self.successor = ""  # the catalogue's new leader whose MSTART it waits for
+        self.successor_since = 0.0
 
     def restart(self, rid: int, start_seq: int) -> None:
         """A new stream from the same leader: what this copy holds is kept (the
@@ -620,6 +652,50 @@ class MirrorCopy:
         self.declined = 0.0
         if self.map is not None:
             self.map.rewrite((lp, e[0]) for lp, e in self.entries.items())
+
+    def follow(self, leader: str, rid: int, start_seq: int, cmap: CopyMap | None) -> None:
+        """Another node leads the queue now (promoted after this copy's leader): what
+        this copy holds is kept aside as the old leader's (:meth:`rekey` places it)."""
+        if self.entries:
+            if self.foreign:  # an older log's, never placed: nobody maps it any more
+                self.store.append_settle(self.key, [e[0] for e in self.foreign.values()])
+            self.origin = self.leader
+            self.foreign = self.entries
+        self.entries = {}
+        self.leader = leader
+        self.successor = ""
+        self.forget_map()
+        self.map = cmap
+        self.restart(rid, start_seq)
+
+    def rekey(self, old: list[int], new: list[int]) -> tuple[int, int]:
+        """The leader's answer to MHAVE_FROM: the old leader's positions ``old`` are its
+        own ``new`` now; the copy keeps those under the new positions (with what the
+        live records said of them meanwhile) and drops the rest. (kept, dropped)"""
+        foreign, self.foreign = self.foreign, {}
+        kept = 0
+        for o, n in zip(old, new, strict=True):
+            entry = foreign.pop(o, None)
+            if entry is None:
+                continue
+            if n in self.settled_early or n in self.entries:
+                self.settled_early.discard(n)
+                self.store.append_settle(self.key, [entry[0]])
+                continue
+            self.entries[n] = entry
+            kept += 1
+            if self.map is not None:
+                self.map.add(n, entry[0])
+            if n in self.delivered_early:
+                self.deliver([n])
+                self.delivered_early.discard(n)
+            holder = self.held_early.pop(n, None)
+            if holder is not None:
+                self.holders[n] = holder
+        if foreign:
+            self.store.append_settle(self.key, [e[0] for e in foreign.values()])
+        self.origin = ""
+        return kept, len(foreign)
 
     def seen(self, seq: int) -> None:
         if seq > self.last_seq:
@@ -685,6 +761,7 @@ class MirrorCopy:
 
     def drop(self) -> None:
         self.entries.clear()
+        self.foreign.clear()
         self.store.drop_queue(self.key)
         self.forget_map()
 
@@ -793,7 +870,7 @@ class Mirrors:
             return False
         loaded = CopyMap.load(map_path(self.broker.settings.data_dir, q.store_key))
         if loaded is None:
-            return False
+            return self._adopt_own(ident, q)
         cmap, to_leader = loaded
         leader = self.cluster.catalogue.get(ident)
         if leader is None or leader == self.node or cmap.leader != leader:
@@ -818,6 +895,35 @@ class Mirrors:
         log.info("queue '%s' in vhost '%s': the copy of %s's queue kept across this node's "
                  "restart (%d messages, %d without a map record dropped)", ident[1],
                  ident[0], leader, len(copy.entries), len(orphans))
+        return True
+
+    def _adopt_own(self, ident: Ident, q: QueueType) -> bool:
+        """This node led the queue before its restart and another node leads it now
+        (promoted after this one was lost): its messages become a copy of this node's
+        own log, kept aside until the new leader says which of them it holds and where
+        (MHAVE_FROM, MREKEY) -- RabbitMQ throws them away."""
+        leader = self.cluster.catalogue.get(ident)
+        ready = getattr(q, "ready", None)
+        if leader is None or leader == self.node or ready is None:
+            return False
+        foreign: dict[int, list[Any]] = {}
+        for entry in ready:
+            pos = entry.message.position
+            if pos >= 0:
+                foreign[pos] = [pos, entry.message.size, bool(entry.redelivered)]
+        if not foreign:
+            return False
+        cmap = self._new_map(ident, leader)
+        if cmap is not None:
+            cmap.rewrite(())
+        copy = MirrorCopy(self.store.inner, leader, 0, ident[0], ident[1], 0, cmap)
+        copy.origin = self.node
+        copy.foreign = foreign
+        q.in_store = False  # the messages stay in the store: they are the copy's now
+        q.delete()
+        self.copy_of[ident] = copy
+        log.info("queue '%s' in vhost '%s': %d messages this node held as its leader kept "
+                 "for %s, which leads it now", ident[1], ident[0], len(foreign), leader)
         return True
 
     async def _mark_shutdown(self) -> None:
@@ -889,6 +995,17 @@ class Mirrors:
                     asyncio.get_running_loop().create_task(lead.write())
         self._watch_leaders(now)
 
+    def _awaits_successor(self, copy: MirrorCopy, leader: str | None, now: float) -> bool:
+        """The catalogue names a new leader for ``copy``'s queue: keep the copy (up to
+        :data:`SUCCESSOR_WAIT`) until that leader starts its copy here, which then
+        keeps what this one holds (MHAVE_FROM, MREKEY)."""
+        if leader is None or leader == self.node or not (copy.entries or copy.foreign):
+            return False
+        if copy.successor != leader:
+            copy.successor = leader
+            copy.successor_since = now
+        return now - copy.successor_since < SUCCESSOR_WAIT
+
     def _reconcile_queue(self, vh: VHost, q: QueueType, members: list[str]) -> bool:
         """Bring one queue's mirrors in line with its policy: lead it (or stop), start
         and end streams, write the record. False: not a mirrored queue this node leads."""
@@ -958,7 +1075,10 @@ class Mirrors:
             if leader is None and not copy.listed and now - copy.created < LISTING_WAIT:
                 continue  # started with its queue's declare: the definition is on its way
             if leader != copy.leader:
-                # the queue went, or another node leads it now (it starts a fresh copy)
+                if self._awaits_successor(copy, leader, now):
+                    continue
+                # the queue went, or another node leads it now and never started a
+                # copy here: what this one holds is of no use
                 self._end_copy(copy)
                 continue
             copy.listed = True
@@ -1089,6 +1209,8 @@ class Mirrors:
                 lead.got_batch(peer, stream, f[0])
             elif kind == M.MHAVE:
                 lead.got_have(peer, stream, list(f[0]))
+            elif kind == M.MHAVE_FROM:
+                lead.got_have_from(peer, stream, list(f[0]), f[1], list(f[2]))
             elif kind == M.MREFUSE:
                 log.info("queue '%s' in vhost '%s': %s cannot mirror it yet: %s",
                          lead.ident[1], lead.ident[0], peer, f[0])
@@ -1122,6 +1244,10 @@ class Mirrors:
             copy.batch = f[0]
         elif kind == M.MBACKLOG_END:
             copy.backlog_end()
+        elif kind == M.MREKEY:
+            kept, dropped = copy.rekey(list(f[0]), list(f[1]))
+            log.info("queue '%s' in vhost '%s': %d messages of the earlier copy kept for "
+                     "%s, %d dropped", copy.ident[1], copy.ident[0], kept, peer, dropped)
         elif kind == M.MDROP:
             self._end_copy(copy)
             return
@@ -1143,6 +1269,14 @@ class Mirrors:
             self.copies.pop((old.leader, old.rid), None)
             old.restart(rid, seq)
             copy = old
+        elif old is not None:
+            # another leader (promoted after the copy's): the copy is kept aside until
+            # it says where its messages are (MREKEY); a leader that was not promoted
+            # after the copy's leader maps none of them, and they go. (An election of
+            # this node still running ends undecided: the record names that leader.)
+            self.copies.pop((old.leader, old.rid), None)
+            old.follow(link.peer, rid, seq, self._new_map(ident, link.peer))
+            copy = old
         else:
             if old is not None:
                 self._end_copy(old)
@@ -1154,9 +1288,14 @@ class Mirrors:
                 copy.map.rewrite(())
         self.copies[(link.peer, rid)] = copy
         self.copy_of[ident] = copy
-        link.send(W.encode(M.MHAVE, rid, sorted(copy.entries)))
-        log.info("queue '%s' in vhost '%s': mirroring it for %s (%d messages held)", name,
-                 vhost, link.peer, len(copy.entries))
+        if copy.foreign:
+            link.send(W.encode(M.MHAVE_FROM, rid, sorted(copy.entries), copy.origin,
+                               sorted(copy.foreign)))
+        else:
+            link.send(W.encode(M.MHAVE, rid, sorted(copy.entries)))
+        log.info("queue '%s' in vhost '%s': mirroring it for %s (%d messages held%s)",
+                 name, vhost, link.peer, len(copy.entries),
+                 f"; {len(copy.foreign)} of {copy.origin}'s" if copy.foreign else "")
 
     def _end_copy(self, copy: MirrorCopy) -> None:
         self.copies.pop((copy.leader, copy.rid), None)
@@ -1346,7 +1485,10 @@ class Mirrors:
         self.broker.apply_policies_to(vh, q)
         redelivered = 0
         live: dict[int, bool] = {}
-        for local, size, delivered in copy.in_order():
+        # a copy of the leader before (not yet placed by this leader's MREKEY: it was
+        # lost first) comes after, redelivered: it may have been delivered meanwhile
+        foreign = [(e[0], e[1], True) for _p, e in sorted(copy.foreign.items())]
+        for local, size, delivered in [*copy.in_order(), *foreign]:
             q.restore(LoggedMessage(self.store, local, size), bool(delivered))
             live[local] = bool(delivered)
             redelivered += bool(delivered)
@@ -1356,6 +1498,8 @@ class Mirrors:
         self.broker.definitions_changed(q)  # recorded here (and in etcd: the same)
         lead = self._lead(vh, q)
         lead.live = live
+        lead.origin = copy.leader
+        lead.origin_map = {lp: e[0] for lp, e in copy.entries.items()}
         self.promotions += 1
         log.warning("queue '%s' in vhost '%s': promoted on %s after the loss of %s "
                     "(%d messages, %d of them redelivered)", name, vhost, self.node,

@@ -491,17 +491,20 @@ def test_manual_sync_unsynchronised_mirror_promoted_on_failure_then_sync_queue(
              "the unsynchronised mirror on node-b promoted", lambda: diagnose(nodes))
     assert message_count(c, QUEUE) == 100
 
-    # A returns as a mirror of B; manual: it lacks B's 100 messages and stays
-    # unsynchronised until an operator asks (here on C, which passes it to B)
+    # A returns as a mirror of B. It still holds, as its own old queue, the 100
+    # messages B took over from it: B places them (MHAVE_FROM, MREKEY), so A lacks
+    # nothing and is synchronised without a copy (issue 28; before, A dropped them
+    # and, ha-sync-mode manual, stayed unsynchronised until an operator asked)
     a.start()
     wait_for(lambda: queue_info(b, QUEUE).get("mirror_nodes") == [a.name], 60,
              "node-a mirrors node-b's queue", lambda: diagnose(nodes))
-    assert synchronised(b, QUEUE) == []
-    out = c.ctl("sync_queue", "-p", "/", QUEUE)
-    assert "Synchronising queue" in out.stdout
     wait_for(lambda: synchronised(b, QUEUE) == [a.name], 60, "node-a synchronised",
              lambda: diagnose(nodes))
-    assert "100 messages" in log_of(b).split("mirror on node-a synchronised")[-1][:40]
+    assert "(0 messages, 0 bytes copied in the background; 100 it held kept)" in \
+        log_of(b).split("mirror on node-a synchronised")[-1][:80]
+    # sync_queue on any node (here C, which passes it to B) answers; nothing to copy
+    out = c.ctl("sync_queue", "-p", "/", QUEUE)
+    assert "Synchronising queue" in out.stdout
     # the management API's action answers too; a missing queue is 404 (amqpctl exit 1)
     r = c.api.post(f"/api/queues/%2F/{QUEUE}/actions", {"action": "cancel_sync"})
     assert r.status == 204, r.text

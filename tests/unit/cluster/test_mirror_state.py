@@ -479,3 +479,45 @@ def test_policy_values_of_the_ha_keys_are_checked_as_rabbitmq_does() -> None:
                      ("ha-promote-on-shutdown", 1), ("ha-sync-batch-size", 0)):
         with pytest.raises(PreconditionFailed, match=key):
             validate_definition({"ha-mode": "all", key: bad})
+
+
+def test_a_copy_follows_the_leader_promoted_after_its_own_and_keeps_what_it_maps() -> None:
+    """Leader a is lost, b promoted: this copy of a's log is kept aside for b (main
+    dropped it) and placed under b's positions by b's MREKEY; what b does not map
+    goes; live records of b that came first (a settle, a delivery) apply."""
+    copy, store = _copy()
+    for pos in (10, 20, 30, 40):
+        _enq(copy, pos)
+    copy.follow("b", 5, 0, None)
+    assert copy.leader == "b" and copy.origin == "a" and sorted(copy.foreign) == [10, 20, 30, 40]
+    assert copy.entries == {}
+    _enq(copy, 10)  # b's own new message at a position a also used: no clash
+    copy.settle([102])  # b settled (a's 20) before its MREKEY came
+    copy.deliver([103])  # and handed out (a's 30)
+    kept, dropped = copy.rekey([20, 30, 40], [102, 103, 104])
+    assert (kept, dropped) == (2, 1)  # 10 was not mapped: b does not hold it
+    assert sorted(copy.entries) == [10, 103, 104]
+    assert copy.entries[103][2] is True  # delivered
+    assert [store.read(e[0]).body for e in copy.in_order()] == [b"10", b"30", b"40"]
+    assert copy.foreign == {} and copy.origin == ""
+
+
+def test_the_promoted_leader_maps_the_old_leaders_positions_for_a_mirror() -> None:
+    store, lead, _mirrors = _leader_store()
+    p1 = store.append_enqueue([lead.key], StoredMessage("", "q", b"", b"x"))
+    p2 = store.append_enqueue([lead.key], StoredMessage("", "q", b"", b"y"))
+    lead.origin, lead.origin_map = "a", {7: p1, 8: p2, 9: p2 + 100}  # 9: settled since
+    link = _FakeLink()
+    lead.attach("c", link)  # type: ignore[arg-type]
+    rid = lead.streams["c"].rid
+    lead.got_have_from("c", rid, [], "a", [7, 8, 9])
+    assert link.of(M.MREKEY) == [[[7, 8], [p1, p2]]]
+    s = lead.streams["c"]
+    assert s.missing == {} and s.ended  # it lacks nothing: synchronised next
+    assert link.kinds()[-1] == M.MBACKLOG_END
+    other = _FakeLink()  # a copy of another leader's log maps nothing
+    lead.detach("c", drop=False)
+    lead.attach("c", other)  # type: ignore[arg-type]
+    lead.got_have_from("c", lead.streams["c"].rid, [], "z", [7, 8])
+    assert other.of(M.MREKEY) == [[[], []]]
+    assert lead.streams["c"].missing == {p1: None, p2: None}
