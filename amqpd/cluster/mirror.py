@@ -1134,9 +1134,10 @@ class Mirrors:
         self.leading.pop(lead.ident, None)
         if self.store.by_key.get(lead.key) is lead:
             del self.store.by_key[lead.key]
-        with contextlib.suppress(ValueError):
-            self.gate.sets.remove(lead.rs)
-        self.gate.release()
+        # deleted, or no longer mirrored: commits need only this node's log; led
+        # elsewhere now (deposed, replaced): what was not acknowledged is nacked
+        self.gate.forget(lead.rs, None if delete_record and not lead.deposed else
+                         EtcdError(f"queue '{lead.ident[1]}' is no longer led here"))
         if delete_record:
             # only the record this node wrote: a successor's stays. A write of ours may
             # still be in flight (lead.rev older than the record, or 0 / -1: none known

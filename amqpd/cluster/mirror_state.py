@@ -31,6 +31,7 @@ rule of the election.
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -131,6 +132,30 @@ class CommitGate:
             for node in rs.laggards(seq):
                 out.append((rs, node))
         return out
+
+    def forget(self, rs: ReplicaSet, error: BaseException | None) -> None:
+        """``rs``'s queue is no longer led here. ``error`` None (deleted, or no longer
+        mirrored: the leader's own durability is all it needs now): the waiters stop
+        waiting for it. Otherwise (deposed: another node leads it, and what its
+        mirrors have not acknowledged may not be in the cluster's copy) the waiters
+        that still need it fail with ``error`` -- a nack, never a confirm -- instead of
+        waiting for ever and holding up every waiter behind them."""
+        with contextlib.suppress(ValueError):
+            self.sets.remove(rs)
+        kept: deque[Waiter] = deque()
+        failed: list[Waiter] = []
+        for waiter in self.waiting:
+            needed = [(r, seq) for r, seq in waiter.needs if r is rs]
+            if needed and error is not None and not all(r.satisfied(q) for r, q in needed):
+                failed.append(waiter)
+                continue
+            if needed:
+                waiter.needs = [(r, seq) for r, seq in waiter.needs if r is not rs]
+            kept.append(waiter)
+        self.waiting = kept
+        for waiter in failed:
+            waiter.callback(error)
+        self.release()
 
     def fail_all(self, error: BaseException) -> None:
         waiting, self.waiting = self.waiting, deque()

@@ -19,6 +19,7 @@ from tests.integration._http import q
 from tests.integration.cluster_support import (
     ClusterNode,
     ConfirmPublisher,
+    declare_durable,
     diagnose,
     wait_for,
 )
@@ -41,14 +42,6 @@ def policy(node: ClusterNode, name: str, pattern: str, definition: dict[str, Any
     r = node.api.put(f"/api/policies/%2F/{name}", {
         "pattern": pattern, "apply-to": "queues", "definition": definition})
     assert r.status in (201, 204), r.text
-
-
-def declare(node: ClusterNode, name: str) -> None:
-    conn = Conn(node.url)
-    try:
-        conn.declare_queue(conn.open_channel(1), name, durable=True)
-    finally:
-        conn.close()
 
 
 def get_all(node: ClusterNode, name: str, limit: float = 60.0) -> list[int]:
@@ -102,7 +95,7 @@ def test_a_queue_declared_under_an_ha_policy_loses_no_confirm_to_its_leaders_kil
     from the declare-ok on."""
     a, b, c = nodes
     policy(a, "ha-all", "^fresh", {"ha-mode": "all"})
-    declare(a, "fresh")
+    declare_durable(a, "fresh")
     info = queue_info(a, "fresh")
     pub = ConfirmPublisher(a.url, "fresh", window=COUNT + 10, batch=COUNT)
     pub.publish_range(0, COUNT)
@@ -134,7 +127,7 @@ def test_a_second_leader_loss_finds_the_other_mirrors_holding_everything(
     Here both keep theirs under the new leader's positions and are synchronised."""
     a, b, c = nodes
     policy(a, "ha-all", "^twice", {"ha-mode": "all"})
-    declare(a, "twice")
+    declare_durable(a, "twice")
     wait_for(lambda: synchronised(a, "twice") == [b.name, c.name], 30,
              "both mirrors synchronised", a.tail)
     pub = ConfirmPublisher(a.url, "twice", window=COUNT + 10, batch=COUNT)

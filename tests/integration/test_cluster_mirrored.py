@@ -31,6 +31,7 @@ from tests.integration.cluster_support import (
     ClusterNode,
     ConfirmPublisher,
     check_consumed,
+    declare_durable,
     diagnose,
     publish_killing,
     publishing_thread,
@@ -75,14 +76,6 @@ def mirror_all(node: ClusterNode) -> None:
     r = node.api.put("/api/policies/%2F/ha-all", {
         "pattern": f"^{QUEUE}$", "apply-to": "queues", "definition": {"ha-mode": "all"}})
     assert r.status in (201, 204), r.text
-
-
-def declare(node: ClusterNode, name: str) -> None:
-    conn = Conn(node.url)
-    try:
-        conn.declare_queue(conn.open_channel(1), name, durable=True)
-    finally:
-        conn.close()
 
 
 def synchronised(node: ClusterNode, name: str) -> list[str]:
@@ -167,7 +160,7 @@ def test_kill_9_of_the_leader_during_confirmed_publishing_loses_nothing_confirme
         nodes: list[ClusterNode]) -> None:
     a, b, c = nodes
     mirror_all(a)
-    declare(a, QUEUE)
+    declare_durable(a, QUEUE)
     wait_for(lambda: sorted(synchronised(a, QUEUE)) == [b.name, c.name], 30,
              "both mirrors synchronised", a.tail)
     # every node reads the mirror record from etcd
@@ -238,7 +231,7 @@ def test_a_returning_mirror_catches_up_in_the_background_and_holds_everything(
         "definition": {"ha-mode": "nodes", "ha-params": [a.name, b.name],
                        "ha-sync-mode": "automatic"}})
     assert r.status in (201, 204), r.text
-    declare(a, QUEUE)
+    declare_durable(a, QUEUE)
     wait_for(lambda: synchronised(a, QUEUE) == [b.name], 30, "node-b synchronised",
              lambda: diagnose(nodes))
     assert queue_info(a, QUEUE)["mirror_nodes"] == [b.name]
@@ -336,7 +329,7 @@ def test_consumers_follow_the_promoted_mirror_unless_they_ask_to_be_cancelled(
         nodes: list[ClusterNode]) -> None:
     a, b, c = nodes
     mirror_all(a)
-    declare(a, QUEUE)
+    declare_durable(a, QUEUE)
     wait_for(lambda: sorted(synchronised(c, QUEUE)) == [b.name, c.name], 30,
              "both mirrors synchronised (as node-c reads the record)",
              lambda: diagnose(nodes))
@@ -403,7 +396,7 @@ def test_consumers_follow_a_leader_killed_the_moment_its_mirrors_are_in_sync(
     that way in 1 of 4 runs (the decision itself: tests/unit/cluster/
     test_mirror_failover.py, deterministic)."""
     a, b, c = nodes
-    declare(a, QUEUE)
+    declare_durable(a, QUEUE)
     wait_for(lambda: usable(b, QUEUE) and usable(c, QUEUE), 30, "the queue known on B, C",
              lambda: diagnose(nodes))
     conns = {"keeper-b": Conn(b.url), "keeper-c": Conn(c.url), "leaver": Conn(c.url)}
@@ -459,7 +452,7 @@ def mirror_on_b_unsynchronised(a: ClusterNode, b: ClusterNode, nodes: list[Clust
     """``old`` messages in the queue led by A, then a mirror on B with ha-sync-mode
     manual (the default): B gets only the ``new`` messages published after it joined,
     so it stays unsynchronised while the old ones are in the queue."""
-    declare(a, QUEUE)
+    declare_durable(a, QUEUE)
     publish_confirmed(a, 0, old)
     r = a.api.put("/api/policies/%2F/ha-ab", {
         "pattern": f"^{QUEUE}$", "apply-to": "queues",
@@ -551,7 +544,7 @@ def test_a_controlled_stop_hands_over_only_to_a_synchronised_mirror(
 def test_transient_messages_and_unacked_deliveries_are_mirrored(
         nodes: list[ClusterNode]) -> None:
     a, b, c = nodes
-    declare(a, QUEUE)
+    declare_durable(a, QUEUE)
     publish_confirmed(a, 0, 50)
     # a consumer on A holds 10 of them unacknowledged when the policy applies
     holder = Conn(a.url)

@@ -22,6 +22,7 @@ from amqpd.cluster.mirror_state import (
     may_promote_unsynchronised,
     mirror_nodes,
 )
+from amqpd.coord.etcd import EtcdError
 from amqpd.store.api import StoredMessage, StoreError
 from amqpd.store.memory import MemoryStore
 
@@ -95,6 +96,41 @@ def test_a_slow_mirror_is_named_after_the_timeout_and_leaving_releases() -> None
     rs.leave("c")  # (after etcd recorded it)
     gate.release()
     assert done == [None]
+
+
+def test_a_deposed_leaders_unacknowledged_commits_fail_and_stop_holding_others() -> None:
+    """The queue is led elsewhere now (deposed, or replaced by the cluster's remote
+    queue): a commit its mirrors never acknowledged is a nack, never a confirm; main
+    left it waiting for ever, and every later commit of the node behind it."""
+    gone, other = ReplicaSet("a", ["b"]), ReplicaSet("a", ["c"])
+    gate = CommitGate(timeout=5.0)
+    gate.sets += [gone, other]
+    gone.next_seq()
+    done: list[Any] = []
+    gate.wait(gate.needs_now(), 0.0, lambda e: done.append(("first", e)))
+    other.next_seq()
+    # a commit covers every record written before it: this one needs gone's too
+    gate.wait(gate.needs_now(), 0.0, lambda e: done.append(("second", e)))
+    other.next_seq()
+    other.ack("c", 2)
+    gate.release()
+    assert done == []  # held up by gone's record
+    gate.forget(gone, EtcdError("led elsewhere"))
+    assert [(w, type(e)) for w, e in done] == [("first", EtcdError), ("second", EtcdError)]
+    assert gate.sets == [other]
+    gate.wait(gate.needs_now(), 0.0, lambda e: done.append(("third", e)))
+    assert done[-1] == ("third", None)  # nothing holds the node's commits up any more
+
+
+def test_a_deleted_queues_commits_need_only_the_leaders_log() -> None:
+    rs = ReplicaSet("a", ["b"])
+    gate = CommitGate(timeout=5.0)
+    gate.sets.append(rs)
+    rs.next_seq()
+    done: list[BaseException | None] = []
+    gate.wait(gate.needs_now(), 0.0, done.append)
+    gate.forget(rs, None)
+    assert done == [None] and gate.sets == []
 
 
 def test_synced_mirror_joins_with_the_backlog_covering_its_start() -> None:
