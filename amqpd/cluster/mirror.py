@@ -410,8 +410,11 @@ class Leading:
         if s is None or s.rid != rid or s.have:
             return
         live = self.live
-        pairs = [(o, n) for o in old if origin == self.origin
-                 and (n := self.origin_map.get(o)) is not None and n in live]
+        if origin == self.mirrors.node:  # a copy of this node's own log: same positions
+            pairs = [(o, o) for o in old if o in live]
+        else:
+            pairs = [(o, n) for o in old if origin == self.origin
+                     and (n := self.origin_map.get(o)) is not None and n in live]
         s.link.send(W.encode(M.MREKEY, rid, [o for o, _n in pairs], [n for _o, n in pairs]))
         self.got_have(node, rid, positions + [n for _o, n in pairs])
 
@@ -1263,6 +1266,12 @@ class Mirrors:
             # this node led it before it went down: the cluster's definitions will make
             # it a remote queue in a moment (amqpd.cluster.remote_queue.materialise)
             link.send(W.encode(M.MREFUSE, rid, "it still holds the queue as its leader"))
+            return
+        listed = self.cluster.catalogue.get(ident)
+        if listed is not None and listed != link.peer:
+            # a leader deposed meanwhile (woken from a SIGSTOP), or the catalogue here
+            # is behind: the sender tries again after its next reconciliation
+            link.send(W.encode(M.MREFUSE, rid, f"the catalogue names {listed} its leader"))
             return
         old = self.copy_of.get(ident)
         if old is not None and old.leader == link.peer and ident not in self.promoting:

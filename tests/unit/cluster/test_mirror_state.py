@@ -542,11 +542,11 @@ def test_the_promoted_leader_maps_the_old_leaders_positions_for_a_mirror() -> No
     store, lead, _mirrors = _leader_store()
     p1 = store.append_enqueue([lead.key], StoredMessage("", "q", b"", b"x"))
     p2 = store.append_enqueue([lead.key], StoredMessage("", "q", b"", b"y"))
-    lead.origin, lead.origin_map = "a", {7: p1, 8: p2, 9: p2 + 100}  # 9: settled since
+    lead.origin, lead.origin_map = "x", {7: p1, 8: p2, 9: p2 + 100}  # 9: settled since
     link = _FakeLink()
     lead.attach("c", link)  # type: ignore[arg-type]
     rid = lead.streams["c"].rid
-    lead.got_have_from("c", rid, [], "a", [7, 8, 9])
+    lead.got_have_from("c", rid, [], "x", [7, 8, 9])
     assert link.of(M.MREKEY) == [[[7, 8], [p1, p2]]]
     s = lead.streams["c"]
     assert s.missing == {} and s.ended  # it lacks nothing: synchronised next
@@ -557,3 +557,9 @@ def test_the_promoted_leader_maps_the_old_leaders_positions_for_a_mirror() -> No
     lead.got_have_from("c", lead.streams["c"].rid, [], "z", [7, 8])
     assert other.of(M.MREKEY) == [[[], []]]
     assert lead.streams["c"].missing == {p1: None, p2: None}
+    own = _FakeLink()  # a copy of this leader's own log (it followed another for a
+    lead.detach("c", drop=False)  # while, a deposed one): the positions are the same
+    lead.attach("c", own)  # type: ignore[arg-type]
+    lead.got_have_from("c", lead.streams["c"].rid, [], "a", [p1, p2 + 50])
+    assert own.of(M.MREKEY) == [[[p1], [p1]]]
+    assert lead.streams["c"].missing == {p2: None}
