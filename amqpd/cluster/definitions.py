@@ -126,6 +126,9 @@ class DefinitionMirror:
         self.failed_remote = 0
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        # called with (vhost, queue) when this node records a durable queue it leads,
+        # before the declare is answered (amqpd.cluster.mirror starts the mirrors then)
+        self.queue_listeners: list[Callable[[str, str], None]] = []
 
     # ------------------------------------------------------------------ keys
     def etcd_key(self, kind: int, key: str) -> str:
@@ -161,6 +164,11 @@ class DefinitionMirror:
         else:
             self.state.pop(ident, None)
         self._wake.set()
+        if kind == KIND_QUEUE and body and self.queue_listeners:
+            vhost, _, name = key.partition("\x00")
+            if self.view.catalogue.get((vhost, name)) == self.view.node_name:
+                for listener in self.queue_listeners:
+                    listener(vhost, name)
 
     def _outgoing(self, kind: int, key: str, body: bytes) -> bytes:
         """The entry as etcd gets it: a queue's names its leader (this node, unless the

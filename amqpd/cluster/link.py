@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any, Final, Protocol, cast
 
 from amqpd.cluster import link_wire as W
+from amqpd.cluster import mirror_wire  # noqa: F401  (the replication frames' layouts)
 
 log = logging.getLogger("amqpd.cluster.link")
 

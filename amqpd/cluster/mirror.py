@@ -5,7 +5,10 @@ Theory of operation.
 * **Which queues, where.** A durable, non-exclusive classic queue whose policy has
   ``ha-mode`` (``all`` | ``exactly`` + ``ha-params`` = total replicas | ``nodes`` +
   ``ha-params`` = node list; :func:`amqpd.cluster.mirror_state.mirror_nodes`) keeps
-  mirrors on other running nodes. Its leader decides (every :data:`TICK`) and writes the
+  mirrors on other running nodes: from its declaration on (the definitions' hook,
+  :meth:`Mirrors.queue_recorded`, before the declare-ok; a mirror of a queue that holds
+  nothing is synchronised from its ``MSTART``: :meth:`Leading.attach`), and as policies
+  and nodes change. Its leader decides (every :data:`TICK`) and writes the
   queue's *mirror record* to etcd, ``{root}/mirrors/{vhost}/{queue}`` = ``{"leader",
   "mirrors", "synchronised", "wanted"}``, always as a transaction guarded by the record's
   last revision, so every node reads the same record and a deposed leader cannot
@@ -62,7 +65,12 @@ Theory of operation.
   leader) and its mirror record, guarded by both revisions: never two leaders. The new
   leader turns its copy into a classic queue (unsettled messages come back, those
   handed out before marked redelivered) in the place of the :class:`RemoteQueue`,
-  bindings kept; the other nodes' remote queues follow the catalogue to it. Consumers
+  bindings kept; the other nodes' remote queues follow the catalogue to it. It keeps
+  the lost leader's positions of what it took over (:attr:`Leading.origin_map`): the
+  other copies of the lost leader's log wait for its ``MSTART``
+  (:meth:`Mirrors._awaits_successor`), answer ``MHAVE_FROM`` and keep what its
+  ``MREKEY`` places (:meth:`MirrorCopy.follow`, :meth:`MirrorCopy.rekey`), as the old
+  leader does with its own queue when it returns (:meth:`Mirrors._adopt_own`). Consumers
   that consumed through the old leader consume on from the new one, unless they asked
   for ``x-cancel-on-ha-failover`` (then basic.cancel; remote_queue.replace_queue);
   publishers get nacks for what was in flight, then confirms from the new leader.
@@ -113,7 +121,14 @@ log = logging.getLogger("amqpd.cluster.mirror")
 
 TICK: Final = 0.25  # seconds between reconciliations (policies, timeouts, failover)
 ELECTION_WAIT: Final = 2.0  # seconds a candidate waits for the other candidates
+# seconds an unsynchronised mirror's promotion waits for running synchronised mirrors
+# to offer themselves (choose_promotion's ``awaited``)
+SYNCED_WAIT: Final = 15.0
 HAVE_WAIT: Final = 10.0  # seconds a new stream waits for the mirror's MHAVE
+# seconds a copy started with its queue's declare waits for the queue's definition
+LISTING_WAIT: Final = 10.0
+# seconds a copy whose leader was replaced waits for the new leader's MSTART
+SUCCESSOR_WAIT: Final = 20.0
 KEPT_CHECK_TRIES: Final = 20  # etcd reads of a record to confirm kept consumers
 DECLINED_RETRY: Final = 5.0  # seconds before a mirror that may not take over looks again
 SHUTDOWN_MARK: Final = 2.0  # seconds a stopping leader gives etcd to record its stop
@@ -240,6 +255,7 @@ class _Stream:
         # what the queue holds that the mirror lacks, in queue order; None until the
         # mirror said what it has (MHAVE)
         self.missing: dict[int, None] | None = None
+        self.have = False  # the mirror's MHAVE came
         self.ended = False  # MBACKLOG_END sent: nothing it lacks is left
         self.kept = 0  # messages the mirror already held (an earlier copy)
         self.backlog_bytes = 0  # bytes of MBACKLOG frames sent
@@ -267,6 +283,10 @@ class Leading:
         self.writing = False
         self.deposed = False
         self.gone = False
+        # promoted after ``origin``: its positions -> this node's of the same messages,
+        # for the other copies of origin's log (got_have_from)
+        self.origin = ""
+        self.origin_map: dict[int, int] = {}
 
     # -- records ------------------------------------------------------------------------
     def _send(self, build: Any) -> None:
@@ -327,8 +347,28 @@ class Leading:
         link.send(W.encode(M.MSTART, s.rid, vhost, name, s.start_seq))
         self.mirrors.by_rid[(node, s.rid)] = self
         self.dirty = True
+        born = self.empty()
+        if born:
+            # nothing to copy: the mirror holds all the queue holds from MSTART on (the
+            # link keeps the order), so it counts for confirms at once, as a RabbitMQ
+            # mirror created with its queue does; MBACKLOG_END right behind MSTART
+            # makes the copy synchronised before any record can need it
+            s.missing = {}
+            s.ended = True
+            s.synced = True
+            link.send(W.encode(M.MBACKLOG_END, s.rid, 0))
+            self.rs.ack(node, s.start_seq)
+            self.rs.join(node)
+            self.leaving.discard(node)
         log.info("queue '%s' in vhost '%s': mirror on %s starting (%d messages in the "
-                 "queue)", name, vhost, node, len(self.live))
+                 "queue%s)", name, vhost, node, len(self.live),
+                 "; synchronised from the start" if born else "")
+
+    def empty(self) -> bool:
+        """The queue holds no message at all, ready or unacknowledged (transient ones
+        included, which ``live`` leaves out before the queue is mirrored)."""
+        q = self.q
+        return not self.live and q.message_count == 0 and q.unacked_count == 0
 
     def sync_mode(self) -> str:
         return ha_setting(self.q.policy, "ha-sync-mode")
@@ -337,8 +377,9 @@ class Leading:
         """The mirror's answer to MSTART: the positions it still holds. It keeps
         those the queue still holds, drops the others, and lacks the rest."""
         s = self.streams.get(node)
-        if s is None or s.rid != rid or s.missing is not None:
+        if s is None or s.rid != rid or s.have:
             return
+        s.have = True
         live = self.live
         have = set(positions)
         stale = [p for p in positions if p not in live]
@@ -360,6 +401,23 @@ class Leading:
             self._start_sync(s)
         else:
             self._maybe_end(s)
+
+    def got_have_from(self, node: str, rid: int, positions: list[int], origin: str,
+                      old: list[int]) -> None:
+        """MHAVE with a copy of ``origin``'s log (the leader this node was promoted
+        after): those of ``old`` this node holds are the mirror's under their
+        positions here (MREKEY, before anything else of the answer); then as MHAVE."""
+        s = self.streams.get(node)
+        if s is None or s.rid != rid or s.have:
+            return
+        live = self.live
+        if origin == self.mirrors.node:  # a copy of this node's own log: same positions
+            pairs = [(o, o) for o in old if o in live]
+        else:
+            pairs = [(o, n) for o in old if origin == self.origin
+                     and (n := self.origin_map.get(o)) is not None and n in live]
+        s.link.send(W.encode(M.MREKEY, rid, [o for o, _n in pairs], [n for _o, n in pairs]))
+        self.got_have(node, rid, positions + [n for _o, n in pairs])
 
     def _start_sync(self, s: _Stream) -> bool:
         if s.closed or s.ended or s.missing is None or \
@@ -571,6 +629,16 @@ class MirrorCopy:
         self.batch = 0  # the last backlog batch received (MBATCH)
         self.batch_told = 0  # ... and reported durable (MBATCHED)
         self.declined = 0.0  # when it last declined to take over (monotonic)
+        self.created = time.monotonic()
+        self.election_started = 0.0  # when this copy's current failover began
+        self.listed = False  # the catalogue named its leader since it started
+        # a copy of ``origin``'s log kept for this leader (origin lost, this leader
+        # promoted after it; or this node's own queue before its restart): origin's
+        # position -> entry, until the leader says where they are now (MREKEY)
+        self.origin = ""
+        self.foreign: dict[int, list[Any]] = {}
+        self.successor = ""  # the catalogue's new leader whose MSTART it waits for
+        self.successor_since = 0.0
 
     def restart(self, rid: int, start_seq: int) -> None:
         """A new stream from the same leader: what this copy holds is kept (the
@@ -588,6 +656,50 @@ class MirrorCopy:
         self.declined = 0.0
         if self.map is not None:
             self.map.rewrite((lp, e[0]) for lp, e in self.entries.items())
+
+    def follow(self, leader: str, rid: int, start_seq: int, cmap: CopyMap | None) -> None:
+        """Another node leads the queue now (promoted after this copy's leader): what
+        this copy holds is kept aside as the old leader's (:meth:`rekey` places it)."""
+        if self.entries:
+            if self.foreign:  # an older log's, never placed: nobody maps it any more
+                self.store.append_settle(self.key, [e[0] for e in self.foreign.values()])
+            self.origin = self.leader
+            self.foreign = self.entries
+        self.entries = {}
+        self.leader = leader
+        self.successor = ""
+        self.forget_map()
+        self.map = cmap
+        self.restart(rid, start_seq)
+
+    def rekey(self, old: list[int], new: list[int]) -> tuple[int, int]:
+        """The leader's answer to MHAVE_FROM: the old leader's positions ``old`` are its
+        own ``new`` now; the copy keeps those under the new positions (with what the
+        live records said of them meanwhile) and drops the rest. (kept, dropped)"""
+        foreign, self.foreign = self.foreign, {}
+        kept = 0
+        for o, n in zip(old, new, strict=True):
+            entry = foreign.pop(o, None)
+            if entry is None:
+                continue
+            if n in self.settled_early or n in self.entries:
+                self.settled_early.discard(n)
+                self.store.append_settle(self.key, [entry[0]])
+                continue
+            self.entries[n] = entry
+            kept += 1
+            if self.map is not None:
+                self.map.add(n, entry[0])
+            if n in self.delivered_early:
+                self.deliver([n])
+                self.delivered_early.discard(n)
+            holder = self.held_early.pop(n, None)
+            if holder is not None:
+                self.holders[n] = holder
+        if foreign:
+            self.store.append_settle(self.key, [e[0] for e in foreign.values()])
+        self.origin = ""
+        return kept, len(foreign)
 
     def seen(self, seq: int) -> None:
         if seq > self.last_seq:
@@ -653,6 +765,7 @@ class MirrorCopy:
 
     def drop(self) -> None:
         self.entries.clear()
+        self.foreign.clear()
         self.store.drop_queue(self.key)
         self.forget_map()
 
@@ -705,6 +818,7 @@ class Mirrors:
         self.queues.extensions.append(self)
         self.queues.failover_expected = self.failover_expected
         self.queues.failover_kept = self.failover_kept
+        self.cluster.mirror.queue_listeners.append(self.queue_recorded)
         self._adopt_retired()
         self._tasks = [asyncio.create_task(self._loop(), name="mirrors"),
                        asyncio.create_task(self._read_records(), name="mirror-records")]
@@ -760,7 +874,7 @@ class Mirrors:
             return False
         loaded = CopyMap.load(map_path(self.broker.settings.data_dir, q.store_key))
         if loaded is None:
-            return False
+            return self._adopt_own(ident, q)
         cmap, to_leader = loaded
         leader = self.cluster.catalogue.get(ident)
         if leader is None or leader == self.node or cmap.leader != leader:
@@ -785,6 +899,35 @@ class Mirrors:
         log.info("queue '%s' in vhost '%s': the copy of %s's queue kept across this node's "
                  "restart (%d messages, %d without a map record dropped)", ident[1],
                  ident[0], leader, len(copy.entries), len(orphans))
+        return True
+
+    def _adopt_own(self, ident: Ident, q: QueueType) -> bool:
+        """This node led the queue before its restart and another node leads it now
+        (promoted after this one was lost): its messages become a copy of this node's
+        own log, kept aside until the new leader says which of them it holds and where
+        (MHAVE_FROM, MREKEY) -- RabbitMQ throws them away."""
+        leader = self.cluster.catalogue.get(ident)
+        ready = getattr(q, "ready", None)
+        if leader is None or leader == self.node or ready is None:
+            return False
+        foreign: dict[int, list[Any]] = {}
+        for entry in ready:
+            pos = entry.message.position
+            if pos >= 0:
+                foreign[pos] = [pos, entry.message.size, bool(entry.redelivered)]
+        if not foreign:
+            return False
+        cmap = self._new_map(ident, leader)
+        if cmap is not None:
+            cmap.rewrite(())
+        copy = MirrorCopy(self.store.inner, leader, 0, ident[0], ident[1], 0, cmap)
+        copy.origin = self.node
+        copy.foreign = foreign
+        q.in_store = False  # the messages stay in the store: they are the copy's now
+        q.delete()
+        self.copy_of[ident] = copy
+        log.info("queue '%s' in vhost '%s': %d messages this node held as its leader kept "
+                 "for %s, which leads it now", ident[1], ident[0], len(foreign), leader)
         return True
 
     async def _mark_shutdown(self) -> None:
@@ -836,46 +979,12 @@ class Mirrors:
         cluster = self.cluster
         if not cluster.mirror.synced or cluster.paused:
             return
-        view = cluster
-        members = list(view.nodes())
+        members = list(cluster.nodes())
         seen: set[Ident] = set()
         for vh in self.broker.vhosts.values():
             for q in list(vh.queues.values()):
-                if q.remote or not q.durable or q.exclusive or q.type_name != "classic":
-                    continue
-                ident = (vh.name, q.name)
-                lead = self.leading.get(ident)
-                if lead is not None and lead.q is not q:
-                    self.stop_leading(lead, delete_record=False)
-                    lead = None
-                current = lead.wanted if lead is not None else []
-                wanted = mirror_nodes(q.policy, self.node, members, view.is_running, current)
-                if not wanted and lead is None:
-                    continue
-                seen.add(ident)
-                if lead is None:
-                    lead = self._lead(vh, q)
-                if wanted != lead.wanted:
-                    lead.wanted = wanted
-                    lead.dirty = True
-                for node in wanted:
-                    if node not in lead.streams and view.is_running(node):
-                        link = self.queues.links.link(node)
-                        if link is not None:
-                            lead.attach(node, link)
-                for node, s in list(lead.streams.items()):
-                    if node not in wanted:
-                        lead.detach(node, drop=True)
-                    elif s.missing is None and time.monotonic() - s.started > HAVE_WAIT:
-                        # no MHAVE: the mirror was not ready for MSTART; start again
-                        lead.detach(node, drop=False)
-                if not wanted and not lead.streams and not lead.rs.synchronised:
-                    self.stop_leading(lead, delete_record=True)
-                    continue
-                if not lead.dirty and lead.record() != lead.written:
-                    lead.dirty = True  # e.g. the policy's ha-promote-on-* changed
-                if lead.dirty and not lead.writing:
-                    asyncio.get_running_loop().create_task(lead.write())
+                if self._reconcile_queue(vh, q, members):
+                    seen.add((vh.name, q.name))
         for ident, lead in list(self.leading.items()):
             if ident not in seen and not lead.gone:
                 self.stop_leading(lead, delete_record=False)
@@ -890,6 +999,75 @@ class Mirrors:
                     asyncio.get_running_loop().create_task(lead.write())
         self._watch_leaders(now)
 
+    def _awaits_successor(self, copy: MirrorCopy, leader: str | None, now: float) -> bool:
+        """The catalogue names a new leader for ``copy``'s queue: keep the copy (up to
+        :data:`SUCCESSOR_WAIT`) until that leader starts its copy here, which then
+        keeps what this one holds (MHAVE_FROM, MREKEY)."""
+        if leader is None or leader == self.node or not (copy.entries or copy.foreign):
+            return False
+        if copy.successor != leader:
+            copy.successor = leader
+            copy.successor_since = now
+        return now - copy.successor_since < SUCCESSOR_WAIT
+
+    def _reconcile_queue(self, vh: VHost, q: QueueType, members: list[str]) -> bool:
+        """Bring one queue's mirrors in line with its policy: lead it (or stop), start
+        and end streams, write the record. False: not a mirrored queue this node leads."""
+        if q.remote or not q.durable or q.exclusive or q.type_name != "classic":
+            return False
+        view = self.cluster
+        ident = (vh.name, q.name)
+        lead = self.leading.get(ident)
+        if lead is not None and lead.q is not q:
+            self.stop_leading(lead, delete_record=False)
+            lead = None
+        current = lead.wanted if lead is not None else []
+        wanted = mirror_nodes(q.policy, self.node, members, view.is_running, current)
+        if not wanted and lead is None:
+            return False
+        if lead is None:
+            lead = self._lead(vh, q)
+        if wanted != lead.wanted:
+            lead.wanted = wanted
+            lead.dirty = True
+        for node in wanted:
+            if node not in lead.streams and view.is_running(node):
+                link = self.queues.links.link(node)
+                if link is not None:
+                    lead.attach(node, link)
+        for node, s in list(lead.streams.items()):
+            if node not in wanted:
+                lead.detach(node, drop=True)
+            elif not s.have and time.monotonic() - s.started > HAVE_WAIT:
+                # no MHAVE: the mirror was not ready for MSTART; start again
+                lead.detach(node, drop=False)
+        if not wanted and not lead.streams and not lead.rs.synchronised:
+            self.stop_leading(lead, delete_record=True)
+            return True
+        if not lead.dirty and lead.record() != lead.written:
+            lead.dirty = True  # e.g. the policy's ha-promote-on-* changed
+        if lead.dirty and not lead.writing:
+            asyncio.get_running_loop().create_task(lead.write())
+        return True
+
+    def queue_recorded(self, vhost: str, name: str) -> None:
+        """A durable queue this node leads was declared (the definitions' hook, before
+        the declare-ok): under an ``ha-*`` policy its mirrors start now, synchronised
+        (it is empty), so its first confirm already waits for them -- not a
+        reconciliation later, after confirms that only this node's disk holds."""
+        cluster = self.cluster
+        if not cluster.mirror.synced or cluster.paused or (vhost, name) in self.promoting:
+            return  # (a promotion records the queue it makes, and leads it itself)
+        vh = self.broker.vhosts.get(vhost)
+        q = vh.queues.get(name) if vh is not None else None
+        if vh is None or q is None or (vhost, name) in self.leading:
+            return
+        try:
+            self._reconcile_queue(vh, q, list(cluster.nodes()))
+        except Exception:
+            log.exception("queue '%s' in vhost '%s': mirrors not started at its declare "
+                          "(the next reconciliation starts them)", name, vhost)
+
     def _watch_leaders(self, now: float) -> None:
         """The copies this node holds: a leader gone from the catalogue ends its copy;
         a leader not running starts the failover."""
@@ -898,10 +1076,16 @@ class Mirrors:
             leader = cluster.catalogue.get(ident)
             if ident in self.promoting:
                 continue
+            if leader is None and not copy.listed and now - copy.created < LISTING_WAIT:
+                continue  # started with its queue's declare: the definition is on its way
             if leader != copy.leader:
-                # the queue went, or another node leads it now (it starts a fresh copy)
+                if self._awaits_successor(copy, leader, now):
+                    continue
+                # the queue went, or another node leads it now and never started a
+                # copy here: what this one holds is of no use
                 self._end_copy(copy)
                 continue
+            copy.listed = True
             if not cluster.is_running(leader) and now - copy.declined > DECLINED_RETRY:
                 self.promoting[ident] = asyncio.get_running_loop().create_task(
                     self._promote(ident, copy))
@@ -954,14 +1138,13 @@ class Mirrors:
         self.leading.pop(lead.ident, None)
         if self.store.by_key.get(lead.key) is lead:
             del self.store.by_key[lead.key]
-        with contextlib.suppress(ValueError):
-            self.gate.sets.remove(lead.rs)
         # its mirrors' acknowledgements end here: a commit waiting for them must not
-        # wait for ever (CommitGate.abandon). Deleted (delete_record): waived; else
-        # (deposed, replaced) a nack, what the mirrors hold being unknown
-        failed = self.gate.abandon(lead.rs, None if delete_record else NotReplicated(
-            f"queue '{lead.ident[1]}' is no longer led here; its mirrors' "
-            "acknowledgements will not come"))
+        # wait for ever (CommitGate.abandon). Deleted, or no longer mirrored: waived;
+        # led elsewhere now (deposed, replaced): what was not acknowledged is nacked
+        failed = self.gate.abandon(lead.rs, None if delete_record and not lead.deposed else
+                                   NotReplicated(f"queue '{lead.ident[1]}' is no longer "
+                                                 "led here; its mirrors' acknowledgements "
+                                                 "will not come"))
         if failed:
             log.warning("queue '%s' in vhost '%s': no longer led here; %d commit(s) "
                         "waiting for its mirrors refused (nack)", lead.ident[1],
@@ -1038,6 +1221,8 @@ class Mirrors:
                 lead.got_batch(peer, stream, f[0])
             elif kind == M.MHAVE:
                 lead.got_have(peer, stream, list(f[0]))
+            elif kind == M.MHAVE_FROM:
+                lead.got_have_from(peer, stream, list(f[0]), f[1], list(f[2]))
             elif kind == M.MREFUSE:
                 log.info("queue '%s' in vhost '%s': %s cannot mirror it yet: %s",
                          lead.ident[1], lead.ident[0], peer, f[0])
@@ -1071,6 +1256,10 @@ class Mirrors:
             copy.batch = f[0]
         elif kind == M.MBACKLOG_END:
             copy.backlog_end()
+        elif kind == M.MREKEY:
+            kept, dropped = copy.rekey(list(f[0]), list(f[1]))
+            log.info("queue '%s' in vhost '%s': %d messages of the earlier copy kept for "
+                     "%s, %d dropped", copy.ident[1], copy.ident[0], kept, peer, dropped)
         elif kind == M.MDROP:
             self._end_copy(copy)
             return
@@ -1086,11 +1275,25 @@ class Mirrors:
             # it a remote queue in a moment (amqpd.cluster.remote_queue.materialise)
             link.send(W.encode(M.MREFUSE, rid, "it still holds the queue as its leader"))
             return
+        listed = self.cluster.catalogue.get(ident)
+        if listed is not None and listed != link.peer:
+            # a leader deposed meanwhile (woken from a SIGSTOP), or the catalogue here
+            # is behind: the sender tries again after its next reconciliation
+            link.send(W.encode(M.MREFUSE, rid, f"the catalogue names {listed} its leader"))
+            return
         old = self.copy_of.get(ident)
         if old is not None and old.leader == link.peer and ident not in self.promoting:
             # the same leader again (its link came back): keep what the copy holds
             self.copies.pop((old.leader, old.rid), None)
             old.restart(rid, seq)
+            copy = old
+        elif old is not None:
+            # another leader (promoted after the copy's): the copy is kept aside until
+            # it says where its messages are (MREKEY); a leader that was not promoted
+            # after the copy's leader maps none of them, and they go. (An election of
+            # this node still running ends undecided: the record names that leader.)
+            self.copies.pop((old.leader, old.rid), None)
+            old.follow(link.peer, rid, seq, self._new_map(ident, link.peer))
             copy = old
         else:
             if old is not None:
@@ -1103,9 +1306,14 @@ class Mirrors:
                 copy.map.rewrite(())
         self.copies[(link.peer, rid)] = copy
         self.copy_of[ident] = copy
-        link.send(W.encode(M.MHAVE, rid, sorted(copy.entries)))
-        log.info("queue '%s' in vhost '%s': mirroring it for %s (%d messages held)", name,
-                 vhost, link.peer, len(copy.entries))
+        if copy.foreign:
+            link.send(W.encode(M.MHAVE_FROM, rid, sorted(copy.entries), copy.origin,
+                               sorted(copy.foreign)))
+        else:
+            link.send(W.encode(M.MHAVE, rid, sorted(copy.entries)))
+        log.info("queue '%s' in vhost '%s': mirroring it for %s (%d messages held%s)",
+                 name, vhost, link.peer, len(copy.entries),
+                 f"; {len(copy.foreign)} of {copy.origin}'s" if copy.foreign else "")
 
     def _end_copy(self, copy: MirrorCopy) -> None:
         self.copies.pop((copy.leader, copy.rid), None)
@@ -1147,6 +1355,7 @@ class Mirrors:
 
     # -- failover -------------------------------------------------------------------------
     async def _promote(self, ident: Ident, copy: MirrorCopy) -> None:
+        copy.election_started = time.monotonic()
         try:
             for _attempt in range(20):
                 if await self._election_round(ident, copy):
@@ -1220,7 +1429,17 @@ class Mirrors:
             if all(n in candidates for n in expected) or loop.time() > deadline:
                 break
             await asyncio.sleep(0.05)
-        winner = choose_promotion(candidates, synced_candidates, view.is_running, unsync_ok)
+        # a running synchronised mirror that has not offered itself yet is waited for
+        # (SYNCED_WAIT at most: one whose node runs without its copy never offers)
+        awaited = synchronised if time.monotonic() - copy.election_started < SYNCED_WAIT \
+            else []
+        winner = choose_promotion(candidates, synced_candidates, view.is_running, unsync_ok,
+                                  awaited=[n for n in awaited if n != self.node])
+        if winner is None and unsync_ok:
+            log.info("queue '%s' in vhost '%s': leader %s lost; waiting for the "
+                     "synchronised mirrors %s to offer themselves (candidates %s)",
+                     ident[1], ident[0], copy.leader, synchronised, candidates)
+            return False
         log.info("queue '%s' in vhost '%s': leader %s %s; candidates %s (synchronised %s); "
                  "promoting %s", ident[1], ident[0], copy.leader,
                  "stopped" if shutdown else "lost", candidates, synced_candidates, winner)
@@ -1284,7 +1503,10 @@ class Mirrors:
         self.broker.apply_policies_to(vh, q)
         redelivered = 0
         live: dict[int, bool] = {}
-        for local, size, delivered in copy.in_order():
+        # a copy of the leader before (not yet placed by this leader's MREKEY: it was
+        # lost first) comes after, redelivered: it may have been delivered meanwhile
+        foreign = [(e[0], e[1], True) for _p, e in sorted(copy.foreign.items())]
+        for local, size, delivered in [*copy.in_order(), *foreign]:
             q.restore(LoggedMessage(self.store, local, size), bool(delivered))
             live[local] = bool(delivered)
             redelivered += bool(delivered)
@@ -1294,6 +1516,8 @@ class Mirrors:
         self.broker.definitions_changed(q)  # recorded here (and in etcd: the same)
         lead = self._lead(vh, q)
         lead.live = live
+        lead.origin = copy.leader
+        lead.origin_map = {lp: e[0] for lp, e in copy.entries.items()}
         self.promotions += 1
         log.warning("queue '%s' in vhost '%s': promoted on %s after the loss of %s "
                     "(%d messages, %d of them redelivered)", name, vhost, self.node,

@@ -31,6 +31,7 @@ rule of the election.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -150,31 +151,35 @@ class CommitGate:
         return out
 
     def abandon(self, rs: ReplicaSet, error: BaseException | None) -> int:
-        """``rs`` stops counting: its queue is no longer led here (deleted, deposed,
-        replaced). No acknowledgement of its mirrors will come any more, so a waiter
-        that needs it would wait for ever and, the gate releasing in order, every
-        commit of the node behind it (declare-oks, HTTP responses and confirms of
-        unrelated queues: the silent node of issue 28). With ``error`` None (the queue
-        was deleted: nothing of it needs a mirror) those needs are waived; else those
-        waiters fail with ``error`` (a nack: what the mirrors hold is not known).
-        A commit that computed its needs before and reaches :meth:`wait` only after
-        (its store commit ran in between) is treated the same way there.
-        Answers how many waiters failed."""
+        """``rs`` stops counting: its queue is no longer led here (deleted, no longer
+        mirrored, deposed, replaced). No acknowledgement of its mirrors will come any
+        more, so a waiter that needs it would wait for ever and, the gate releasing in
+        order, every commit of the node behind it (declare-oks, HTTP responses and
+        confirms of unrelated queues: the silent node of issue 28). With ``error`` None
+        (deleted, or no longer mirrored: the leader's own durability is all it needs)
+        those needs are waived; else (another node leads it, and what its mirrors have
+        not acknowledged may not be in the cluster's copy) the waiters that still need
+        an acknowledgement fail with ``error`` -- a nack, never a confirm. A commit that
+        computed its needs before and reaches :meth:`wait` only after (its store commit
+        ran in between) is treated the same way there. Answers how many waiters failed."""
+        with contextlib.suppress(ValueError):
+            self.sets.remove(rs)
         self.retired[rs] = error
-        failed = 0
         kept: deque[Waiter] = deque()
+        failed: list[Waiter] = []
         for waiter in self.waiting:
-            if not any(need is rs for need, _seq in waiter.needs):
-                kept.append(waiter)
-            elif error is None:
-                waiter.needs = [(need, seq) for need, seq in waiter.needs if need is not rs]
-                kept.append(waiter)
-            else:
-                failed += 1
-                waiter.callback(error)
+            needed = [(r, seq) for r, seq in waiter.needs if r is rs]
+            if needed and error is not None and not all(r.satisfied(q) for r, q in needed):
+                failed.append(waiter)
+                continue
+            if needed:
+                waiter.needs = [(r, seq) for r, seq in waiter.needs if r is not rs]
+            kept.append(waiter)
         self.waiting = kept
+        for waiter in failed:
+            waiter.callback(error)
         self.release()
-        return failed
+        return len(failed)
 
     def expire(self, now: float, limit: float, error: BaseException) -> list[Waiter]:
         """Fail, in order, the waiters that started ``limit`` seconds or more before
@@ -254,15 +259,20 @@ def may_promote_unsynchronised(on_failure: str, on_shutdown: str, shutdown: bool
 
 def choose_promotion(candidates: dict[str, int], synchronised: Iterable[str],
                      running: Callable[[str], bool],
-                     unsynchronised_ok: bool = False) -> str | None:
+                     unsynchronised_ok: bool = False,
+                     awaited: Iterable[str] = ()) -> str | None:
     """The mirror to promote: among the running synchronised ones that offered
     themselves (``candidates``: node -> the last replication sequence it received),
     the most up to date; ties to the smallest name. With no such mirror and
     ``unsynchronised_ok`` (:func:`may_promote_unsynchronised`), the most up to date of
-    the other running candidates (what it lacks is lost, as in RabbitMQ). None: nobody
-    may be promoted."""
+    the other running candidates (what it lacks is lost, as in RabbitMQ) -- but never
+    while a running mirror of ``awaited`` (the record's synchronised ones) has not
+    offered itself yet: a mirror that was never in sync is not promoted over one that
+    is, only slow to answer. None: nobody may be promoted (yet)."""
     eligible = [n for n in synchronised if n in candidates and running(n)]
     if not eligible and unsynchronised_ok:
+        if any(n not in candidates and running(n) for n in awaited):
+            return None
         eligible = [n for n in candidates if running(n)]
     if not eligible:
         return None

@@ -110,12 +110,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("amqpd.cluster.quorum")
 
-QTERM: Final = 100  # leader -> member: the term of the replication stream about to start
-# leader -> member: seq, node, positions: checked out to a consumer on that node (the
-# leader's own name for its local consumers); also delivered (MDELIV's mark)
-MHELD: Final = 101
-W.LAYOUTS[QTERM] = "Q"
-W.LAYOUTS[MHELD] = "QsL"
+QTERM: Final = M.QTERM  # leader -> member: the term of the stream about to start
+MHELD: Final = M.MHELD  # leader -> member: seq, holder node, positions checked out
 # after an election, what consumers on a running node held stays checked out to them
 # until that node names it (RECLAIM), says it holds none of it, goes down, or this long
 CHECKOUT_WAIT: Final = 30.0
@@ -188,7 +184,7 @@ class GroupLeading(Leading):
         """As :meth:`Leading.got_have`, then who holds what: the member's copy learns
         it for what it kept and for what the backlog brings."""
         s = self.streams.get(node)
-        fresh = s is not None and s.rid == rid and s.missing is None
+        fresh = s is not None and s.rid == rid and not s.have
         super().got_have(node, rid, positions)
         if not fresh or s is None or s.closed:
             return
@@ -269,7 +265,7 @@ class GroupLeading(Leading):
                 if link is not None:
                     self.attach(node, link)
         for node, s in list(self.streams.items()):
-            if s.missing is None and time.monotonic() - s.started > HAVE_WAIT:
+            if not s.have and time.monotonic() - s.started > HAVE_WAIT:
                 self.detach(node, drop=False)
 
     def detach(self, node: str, drop: bool) -> None:

@@ -239,9 +239,18 @@ class RemoteQueue(QueueType):
         """Whether the publish pipeline keeps this queue in a route: while its leader is
         reachable, and while a synchronised mirror is about to take it over
         (amqpd.cluster.mirror) -- a publish then gets a nack, not the ack-and-drop of a
-        queue whose node is down for good (RabbitMQ 3.10's unroutable case)."""
-        return self.available or (not self.gone and self.cluster is not None
-                                  and self.cluster.failover_expected(self))
+        queue whose node is down for good (RabbitMQ 3.10's unroutable case). So is a
+        queue whose leader's node is reachable (its link up) but has no stream up for
+        it (a 404 of a leader still finishing its promotion, a stream opened again, a
+        delete on its way): acking publishes routed nowhere then lost confirmed
+        messages (issue 28)."""
+        if self.available:
+            return True
+        cluster = self.cluster
+        if cluster is None:
+            return False
+        return cluster.links.link(self.leader) is not None or (
+            not self.gone and cluster.failover_expected(self))
 
     @property
     def message_count(self) -> int:

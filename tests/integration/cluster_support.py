@@ -203,6 +203,15 @@ def diagnose(nodes: list[ClusterNode]) -> str:
     return "\n".join(out)
 
 
+def declare_durable(node: ClusterNode, name: str) -> None:
+    """A durable queue ``name`` declared on ``node`` over AMQP."""
+    conn = Conn(node.url)
+    try:
+        conn.declare_queue(conn.open_channel(1), name, durable=True)
+    finally:
+        conn.close()
+
+
 class ConfirmPublisher:
     """Persistent publishes to ``queue`` with confirms in a window over one raw
     connection; knows which message (its body, a number) each confirm or nack is for."""

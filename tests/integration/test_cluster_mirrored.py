@@ -31,6 +31,7 @@ from tests.integration.cluster_support import (
     ClusterNode,
     ConfirmPublisher,
     check_consumed,
+    declare_durable,
     diagnose,
     publish_killing,
     publishing_thread,
@@ -75,14 +76,6 @@ def mirror_all(node: ClusterNode) -> None:
     r = node.api.put("/api/policies/%2F/ha-all", {
         "pattern": f"^{QUEUE}$", "apply-to": "queues", "definition": {"ha-mode": "all"}})
     assert r.status in (201, 204), r.text
-
-
-def declare(node: ClusterNode, name: str) -> None:
-    conn = Conn(node.url)
-    try:
-        conn.declare_queue(conn.open_channel(1), name, durable=True)
-    finally:
-        conn.close()
 
 
 def synchronised(node: ClusterNode, name: str) -> list[str]:
@@ -167,7 +160,7 @@ def test_kill_9_of_the_leader_during_confirmed_publishing_loses_nothing_confirme
         nodes: list[ClusterNode]) -> None:
     a, b, c = nodes
     mirror_all(a)
-    declare(a, QUEUE)
+    declare_durable(a, QUEUE)
     wait_for(lambda: sorted(synchronised(a, QUEUE)) == [b.name, c.name], 30,
              "both mirrors synchronised", a.tail)
     # every node reads the mirror record from etcd
@@ -238,7 +231,7 @@ def test_a_returning_mirror_catches_up_in_the_background_and_holds_everything(
         "definition": {"ha-mode": "nodes", "ha-params": [a.name, b.name],
                        "ha-sync-mode": "automatic"}})
     assert r.status in (201, 204), r.text
-    declare(a, QUEUE)
+    declare_durable(a, QUEUE)
     wait_for(lambda: synchronised(a, QUEUE) == [b.name], 30, "node-b synchronised",
              lambda: diagnose(nodes))
     assert queue_info(a, QUEUE)["mirror_nodes"] == [b.name]
@@ -336,7 +329,7 @@ def test_consumers_follow_the_promoted_mirror_unless_they_ask_to_be_cancelled(
         nodes: list[ClusterNode]) -> None:
     a, b, c = nodes
     mirror_all(a)
-    declare(a, QUEUE)
+    declare_durable(a, QUEUE)
     wait_for(lambda: sorted(synchronised(c, QUEUE)) == [b.name, c.name], 30,
              "both mirrors synchronised (as node-c reads the record)",
              lambda: diagnose(nodes))
@@ -403,7 +396,7 @@ def test_consumers_follow_a_leader_killed_the_moment_its_mirrors_are_in_sync(
     that way in 1 of 4 runs (the decision itself: tests/unit/cluster/
     test_mirror_failover.py, deterministic)."""
     a, b, c = nodes
-    declare(a, QUEUE)
+    declare_durable(a, QUEUE)
     wait_for(lambda: usable(b, QUEUE) and usable(c, QUEUE), 30, "the queue known on B, C",
              lambda: diagnose(nodes))
     conns = {"keeper-b": Conn(b.url), "keeper-c": Conn(c.url), "leaver": Conn(c.url)}
@@ -459,7 +452,7 @@ def mirror_on_b_unsynchronised(a: ClusterNode, b: ClusterNode, nodes: list[Clust
     """``old`` messages in the queue led by A, then a mirror on B with ha-sync-mode
     manual (the default): B gets only the ``new`` messages published after it joined,
     so it stays unsynchronised while the old ones are in the queue."""
-    declare(a, QUEUE)
+    declare_durable(a, QUEUE)
     publish_confirmed(a, 0, old)
     r = a.api.put("/api/policies/%2F/ha-ab", {
         "pattern": f"^{QUEUE}$", "apply-to": "queues",
@@ -491,17 +484,20 @@ def test_manual_sync_unsynchronised_mirror_promoted_on_failure_then_sync_queue(
              "the unsynchronised mirror on node-b promoted", lambda: diagnose(nodes))
     assert message_count(c, QUEUE) == 100
 
-    # A returns as a mirror of B; manual: it lacks B's 100 messages and stays
-    # unsynchronised until an operator asks (here on C, which passes it to B)
+    # A returns as a mirror of B. It still holds, as its own old queue, the 100
+    # messages B took over from it: B places them (MHAVE_FROM, MREKEY), so A lacks
+    # nothing and is synchronised without a copy (issue 28; before, A dropped them
+    # and, ha-sync-mode manual, stayed unsynchronised until an operator asked)
     a.start()
     wait_for(lambda: queue_info(b, QUEUE).get("mirror_nodes") == [a.name], 60,
              "node-a mirrors node-b's queue", lambda: diagnose(nodes))
-    assert synchronised(b, QUEUE) == []
-    out = c.ctl("sync_queue", "-p", "/", QUEUE)
-    assert "Synchronising queue" in out.stdout
     wait_for(lambda: synchronised(b, QUEUE) == [a.name], 60, "node-a synchronised",
              lambda: diagnose(nodes))
-    assert "100 messages" in log_of(b).split("mirror on node-a synchronised")[-1][:40]
+    assert "(0 messages, 0 bytes copied in the background; 100 it held kept)" in \
+        log_of(b).split("mirror on node-a synchronised")[-1][:80]
+    # sync_queue on any node (here C, which passes it to B) answers; nothing to copy
+    out = c.ctl("sync_queue", "-p", "/", QUEUE)
+    assert "Synchronising queue" in out.stdout
     # the management API's action answers too; a missing queue is 404 (amqpctl exit 1)
     r = c.api.post(f"/api/queues/%2F/{QUEUE}/actions", {"action": "cancel_sync"})
     assert r.status == 204, r.text
@@ -548,7 +544,7 @@ def test_a_controlled_stop_hands_over_only_to_a_synchronised_mirror(
 def test_transient_messages_and_unacked_deliveries_are_mirrored(
         nodes: list[ClusterNode]) -> None:
     a, b, c = nodes
-    declare(a, QUEUE)
+    declare_durable(a, QUEUE)
     publish_confirmed(a, 0, 50)
     # a consumer on A holds 10 of them unacknowledged when the policy applies
     holder = Conn(a.url)

@@ -29,6 +29,7 @@ from bench.loadgen import Conn, ProtocolError
 from devtools.rabbitmq import free_ports
 from tests.integration.cluster_support import (
     ClusterNode,
+    declare_durable,
     free_udp_port,
     new_prefix,
     wait_for,
@@ -38,7 +39,6 @@ from tests.integration.test_cluster_mirrored import (
     QUEUE,
     Publisher,
     consume_all,
-    declare,
     diagnose,
     mirror_all,
     queue_info,
@@ -128,7 +128,7 @@ def test_a_cut_off_leader_stops_accepting_and_nothing_confirmed_is_lost(
     nodes, links = cluster
     a, b, c = nodes
     mirror_all(c)
-    declare(c, QUEUE)
+    declare_durable(c, QUEUE)
     wait_for(lambda: sorted(synchronised(c, QUEUE)) == [a.name, b.name], 30,
              "both mirrors synchronised", lambda: diagnose(nodes))
     wait_for(lambda: sorted(synchronised(a, QUEUE)) == [a.name, b.name], 10,

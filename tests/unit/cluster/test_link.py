@@ -133,3 +133,29 @@ async def test_a_refusal_on_a_live_link_closes_it_quietly(
     finally:
         await a.close()
         await b.close()
+
+
+def test_replication_frames_decode_before_the_mirrors_module_is_loaded() -> None:
+    """issue 28's link race: a restarted node's link comes up (remote_queue starts it)
+    before the server loads amqpd.cluster.mirror, and a peer that leads mirrored
+    queues sends MSTART (80) at once; main closed the link ("malformed frame: unknown
+    frame type 80"). A fresh interpreter with only the link module loaded decodes
+    MSTART and the quorum groups' QTERM (100)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import struct, sys\n"
+        "import amqpd.cluster.link\n"
+        "from amqpd.cluster import link_wire as W\n"
+        "assert 'amqpd.cluster.mirror' not in sys.modules\n"
+        "def frame(kind, stream, body):\n"
+        "    return struct.pack('>IBI', len(body) + 5, kind, stream) + body\n"
+        "name = lambda s: struct.pack('>H', len(s)) + s\n"
+        "data = frame(80, 7, name(b'/') + name(b'q') + struct.pack('>Q', 3))\n"
+        "data += frame(100, 8, struct.pack('>Q', 2))\n"
+        "print(W.FrameReader().feed(data))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[(80, 7, ['/', 'q', 3]), (100, 8, [2])]"

@@ -22,6 +22,7 @@ from amqpd.cluster.mirror_state import (
     may_promote_unsynchronised,
     mirror_nodes,
 )
+from amqpd.coord.etcd import EtcdError
 from amqpd.store.api import StoredMessage, StoreError
 from amqpd.store.memory import MemoryStore
 
@@ -95,6 +96,41 @@ def test_a_slow_mirror_is_named_after_the_timeout_and_leaving_releases() -> None
     rs.leave("c")  # (after etcd recorded it)
     gate.release()
     assert done == [None]
+
+
+def test_a_deposed_leaders_unacknowledged_commits_fail_and_stop_holding_others() -> None:
+    """The queue is led elsewhere now (deposed, or replaced by the cluster's remote
+    queue): a commit its mirrors never acknowledged is a nack, never a confirm; main
+    left it waiting for ever, and every later commit of the node behind it."""
+    gone, other = ReplicaSet("a", ["b"]), ReplicaSet("a", ["c"])
+    gate = CommitGate(timeout=5.0)
+    gate.sets += [gone, other]
+    gone.next_seq()
+    done: list[Any] = []
+    gate.wait(gate.needs_now(), 0.0, lambda e: done.append(("first", e)))
+    other.next_seq()
+    # a commit covers every record written before it: this one needs gone's too
+    gate.wait(gate.needs_now(), 0.0, lambda e: done.append(("second", e)))
+    other.next_seq()
+    other.ack("c", 2)
+    gate.release()
+    assert done == []  # held up by gone's record
+    gate.abandon(gone, EtcdError("led elsewhere"))
+    assert [(w, type(e)) for w, e in done] == [("first", EtcdError), ("second", EtcdError)]
+    assert gate.sets == [other]
+    gate.wait(gate.needs_now(), 0.0, lambda e: done.append(("third", e)))
+    assert done[-1] == ("third", None)  # nothing holds the node's commits up any more
+
+
+def test_a_deleted_queues_commits_need_only_the_leaders_log() -> None:
+    rs = ReplicaSet("a", ["b"])
+    gate = CommitGate(timeout=5.0)
+    gate.sets.append(rs)
+    rs.next_seq()
+    done: list[BaseException | None] = []
+    gate.wait(gate.needs_now(), 0.0, done.append)
+    gate.abandon(rs, None)
+    assert done == [None] and gate.sets == []
 
 
 def test_synced_mirror_joins_with_the_backlog_covering_its_start() -> None:
@@ -210,6 +246,9 @@ class _FakeQueue:
     name = "q"
     store_key = "/\x00q"
     policy: dict[str, Any] | None = None
+    message_count = 0
+    unacked_count = 0
+
 
 
 class _FakeMirrors:
@@ -262,6 +301,37 @@ def test_the_leaders_records_settle_and_delivered_once() -> None:
     assert lead.live == {} and lead.rs.seq == 4
 
 
+def test_a_mirror_of_an_empty_queue_counts_from_its_start() -> None:
+    """A queue with nothing in it (just declared): the mirror lacks nothing, so it is
+    synchronised at once, behind MSTART comes MBACKLOG_END, and the first confirm
+    waits for it (main confirmed without it and promoted the empty mirror)."""
+    store, lead, mirrors = _leader_store()
+    link = _FakeLink()
+    lead.attach("b", link)  # type: ignore[arg-type]
+    assert link.kinds() == [M.MSTART, M.MBACKLOG_END]
+    assert lead.rs.synchronised == {"b"} and lead.record()["synchronised"] == ["b"]
+    store.append_enqueue([lead.key], StoredMessage("", "q", b"", b"x"))
+    done: list[BaseException | None] = []
+    store.commit(done.append)
+    assert done == []  # not before the mirror holds it
+    lead.got_ack("b", lead.rs.seq)
+    mirrors.gate.release()
+    assert done == [None]
+
+
+def test_a_mirror_of_a_queue_holding_messages_counts_only_once_synchronised() -> None:
+    store, lead, _mirrors = _leader_store()
+    store.append_enqueue([lead.key], StoredMessage("", "q", b"", b"x"))
+    link = _FakeLink()
+    lead.attach("b", link)  # type: ignore[arg-type]
+    rid = lead.streams["b"].rid
+    assert link.kinds() == [M.MSTART]
+    assert lead.rs.synchronised == set()
+    lead.got_have("b", rid, [])
+    assert lead.streams["b"].missing  # it lacks the message; ha-sync-mode manual waits
+    assert lead.rs.synchronised == set()
+
+
 # ------------------------------------------------------------------ promotion policy
 def test_ha_settings_default_as_rabbitmq_3_10() -> None:
     assert ha_setting(None, "ha-sync-mode") == "manual"
@@ -287,6 +357,18 @@ def test_an_unsynchronised_mirror_is_promoted_only_when_allowed_and_none_is_sync
     # a synchronised one still wins over a further unsynchronised one
     assert choose_promotion({"b": 5, "d": 9}, ["b"], everyone, unsynchronised_ok=True) == "b"
     assert choose_promotion({"d": 9}, [], lambda n: n != "d", unsynchronised_ok=True) is None
+
+
+def test_a_never_synchronised_mirror_waits_for_a_running_synchronised_one_to_offer() -> None:
+    """b is synchronised (the record says so) and runs but has not offered itself yet
+    (a slow node): c, never in sync, is not promoted over it; once b offers, b wins;
+    with b down, c may be (ha-promote-on-failure always, as in RabbitMQ)."""
+    assert choose_promotion({"c": 9}, [], everyone, unsynchronised_ok=True,
+                            awaited=["b"]) is None
+    assert choose_promotion({"b": 3, "c": 9}, ["b"], everyone, unsynchronised_ok=True,
+                            awaited=["b"]) == "b"
+    assert choose_promotion({"c": 9}, [], lambda n: n != "b", unsynchronised_ok=True,
+                            awaited=["b"]) == "c"
 
 
 # ------------------------------------------------------------------ sync mode, returning mirrors
@@ -433,3 +515,51 @@ def test_policy_values_of_the_ha_keys_are_checked_as_rabbitmq_does() -> None:
                      ("ha-promote-on-shutdown", 1), ("ha-sync-batch-size", 0)):
         with pytest.raises(PreconditionFailed, match=key):
             validate_definition({"ha-mode": "all", key: bad})
+
+
+def test_a_copy_follows_the_leader_promoted_after_its_own_and_keeps_what_it_maps() -> None:
+    """Leader a is lost, b promoted: this copy of a's log is kept aside for b (main
+    dropped it) and placed under b's positions by b's MREKEY; what b does not map
+    goes; live records of b that came first (a settle, a delivery) apply."""
+    copy, store = _copy()
+    for pos in (10, 20, 30, 40):
+        _enq(copy, pos)
+    copy.follow("b", 5, 0, None)
+    assert copy.leader == "b" and copy.origin == "a" and sorted(copy.foreign) == [10, 20, 30, 40]
+    assert copy.entries == {}
+    _enq(copy, 10)  # b's own new message at a position a also used: no clash
+    copy.settle([102])  # b settled (a's 20) before its MREKEY came
+    copy.deliver([103])  # and handed out (a's 30)
+    kept, dropped = copy.rekey([20, 30, 40], [102, 103, 104])
+    assert (kept, dropped) == (2, 1)  # 10 was not mapped: b does not hold it
+    assert sorted(copy.entries) == [10, 103, 104]
+    assert copy.entries[103][2] is True  # delivered
+    assert [store.read(e[0]).body for e in copy.in_order()] == [b"10", b"30", b"40"]
+    assert copy.foreign == {} and copy.origin == ""
+
+
+def test_the_promoted_leader_maps_the_old_leaders_positions_for_a_mirror() -> None:
+    store, lead, _mirrors = _leader_store()
+    p1 = store.append_enqueue([lead.key], StoredMessage("", "q", b"", b"x"))
+    p2 = store.append_enqueue([lead.key], StoredMessage("", "q", b"", b"y"))
+    lead.origin, lead.origin_map = "x", {7: p1, 8: p2, 9: p2 + 100}  # 9: settled since
+    link = _FakeLink()
+    lead.attach("c", link)  # type: ignore[arg-type]
+    rid = lead.streams["c"].rid
+    lead.got_have_from("c", rid, [], "x", [7, 8, 9])
+    assert link.of(M.MREKEY) == [[[7, 8], [p1, p2]]]
+    s = lead.streams["c"]
+    assert s.missing == {} and s.ended  # it lacks nothing: synchronised next
+    assert link.kinds()[-1] == M.MBACKLOG_END
+    other = _FakeLink()  # a copy of another leader's log maps nothing
+    lead.detach("c", drop=False)
+    lead.attach("c", other)  # type: ignore[arg-type]
+    lead.got_have_from("c", lead.streams["c"].rid, [], "z", [7, 8])
+    assert other.of(M.MREKEY) == [[[], []]]
+    assert lead.streams["c"].missing == {p1: None, p2: None}
+    own = _FakeLink()  # a copy of this leader's own log (it followed another for a
+    lead.detach("c", drop=False)  # while, a deposed one): the positions are the same
+    lead.attach("c", own)  # type: ignore[arg-type]
+    lead.got_have_from("c", lead.streams["c"].rid, [], "a", [p1, p2 + 50])
+    assert own.of(M.MREKEY) == [[[p1], [p1]]]
+    assert lead.streams["c"].missing == {p2: None}

@@ -290,6 +290,29 @@ async def test_node_loss_cancels_consumers_nacks_and_answers_404(
         await conn.close()
 
 
+async def test_a_publish_while_the_running_leader_answers_404_is_nacked_not_acked(
+        nodes: tuple[Node, Node]) -> None:
+    """issue 28: the publisher's node got ``404 no queue`` from the node the catalogue
+    names (a mirror 3 ms from finishing its promotion) and then acked publishes to the
+    queue as routed nowhere: lost. Here A drops the queue without B's definitions
+    knowing yet (as during a promotion, or before a delete reaches B): while A runs, a
+    publish on B is nacked (the client re-sends), never acked and dropped."""
+    a, b = nodes
+    rq = lead(a, b, "q404")
+    await until(lambda: rq.available)
+    a.broker.vhosts["/"].delete_queue(a.broker.vhosts["/"].queues["q404"])
+    await until(lambda: not rq.available)
+    assert b.broker.vhosts["/"].queues.get("q404") is rq  # B still routes to it
+    conn = await aio_pika.connect(b.url)
+    try:
+        ch = await conn.channel(publisher_confirms=True)
+        with pytest.raises(aio_pika.exceptions.DeliveryError):
+            await ch.default_exchange.publish(aio_pika.Message(b"x", delivery_mode=2),
+                                              routing_key="q404", mandatory=False)
+    finally:
+        await conn.close()
+
+
 def _msg(queue: str, i: int) -> Any:
     from amqpd.broker.api import Message, codec
 
