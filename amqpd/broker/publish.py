@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 from amqpd.broker import extensions
+from amqpd.broker.dedup import admitted
 from amqpd.broker.limits import admit
 from amqpd.broker.message import LoggedMessage, Message
 from amqpd.broker.persist import stored_message
@@ -103,6 +104,9 @@ class Publisher:
         # how many queues led by another node this node knows (amqpd.cluster): while
         # any do, routed messages are split between local queues and forwarded ones
         self.remote_queues = 0
+        # how many queues deduplicate (x-message-deduplication, amqpd.broker.dedup):
+        # while none do, a publish does not look for them
+        self.dedup_queues = 0
 
     def publish(
         self, vhost: VHost, exchange_name: str, message: Message, username: str | None,
@@ -135,6 +139,9 @@ class Publisher:
             queues = _reachable(queues)
         if not queues and on_unroutable is not None:
             on_unroutable()
+        if self.dedup_queues and queues:
+            # after the mandatory check: a duplicate a queue refuses was routed (the plugin)
+            queues = admitted(queues, message)
         confirm_now = on_confirm
         if queues and _may_refuse(queues):
             queues, refused = admit(self.broker, queues, message)  # overflow=reject-publish[-dlx]
