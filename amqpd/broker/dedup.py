@@ -15,6 +15,7 @@ persistence) that must be settled when the entry leaves, so eviction has a side 
 
 from __future__ import annotations
 
+import struct
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -22,7 +23,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 from amqpd.broker.message import Message
 from amqpd.broker.policy import register_policy_key
-from amqpd.protocol.constants import FLAG_HEADERS_HI
+from amqpd.broker.rawprops import value_end
+from amqpd.protocol.constants import FLAG_CONTENT_ENCODING, FLAG_CONTENT_TYPE, FLAG_HEADERS_HI
 from amqpd.protocol.errors import PreconditionFailed
 
 if TYPE_CHECKING:
@@ -31,39 +33,72 @@ if TYPE_CHECKING:
 
 HEADER: Final = "x-deduplication-header"
 TTL_HEADER: Final = "x-cache-ttl"
+_HEADER_NAME: Final = HEADER.encode()
+_TTL_NAME: Final = TTL_HEADER.encode()
 # the header's name as it sits in the raw property bytes (shortstr: length byte + name):
-# a message whose properties lack these bytes cannot carry the header, and is not decoded
-_RAW_HEADER: Final = bytes([len(HEADER)]) + HEADER.encode()
+# a message whose properties lack these bytes cannot carry the header, and is not parsed
+_RAW_HEADER: Final = bytes([len(HEADER)]) + _HEADER_NAME
 PERSISTENCE: Final = ("memory", "disk")
+_SIGNED: Final = {0x62: ">b", 0x73: ">h", 0x49: ">i", 0x6C: ">q"}  # b s I l
 
-Key = Any  # a hashable header value: str, bytes, int, float, bool, or a repr for the rest
+Key = bytes  # the header's field value as sent: its type byte, then its encoded value
+
+
+def _header_field(props: bytes, name: bytes) -> bytes | None:
+    """The raw field value (type byte + value) of header ``name``, walking the headers
+    table in place: no decode of the other properties, no dict, no string per key."""
+    try:
+        flags = props[0]
+        pos = 2
+        if flags & (FLAG_CONTENT_TYPE >> 8):
+            pos += 1 + props[pos]
+        if flags & (FLAG_CONTENT_ENCODING >> 8):
+            pos += 1 + props[pos]
+        end = pos + 4 + int.from_bytes(props[pos:pos + 4], "big")
+        pos += 4
+        while pos < end:
+            n = props[pos]
+            key = props[pos + 1:pos + 1 + n]
+            pos += 1 + n
+            value_stop = value_end(props, pos)
+            if key == name:
+                return props[pos:value_stop]
+            pos = value_stop
+    except (IndexError, ValueError):
+        return None  # a malformed table: the message is not checked
+    return None
 
 
 def dedup_key(message: Message) -> Key | None:
     """The message's ``x-deduplication-header`` value as a cache key, or None without one.
 
-    Values of different AMQP types never collide (``1`` and ``"1"`` are two keys);
-    tables and arrays, which are not hashable, are keyed by their repr.
+    The key is the value's encoding with its AMQP type byte, so values of different
+    types never collide (``1`` and ``"1"`` are two keys) and tables and arrays compare
+    by their contents; a void value is no value.
     """
     props = message.properties
     if not (props and props[0] & FLAG_HEADERS_HI and _RAW_HEADER in props):
         return None
-    value = message.headers.get(HEADER)
-    if value is None:
+    field = _header_field(props, _HEADER_NAME)
+    if field is None or field == b"V":
         return None
-    if isinstance(value, bytearray):
-        value = bytes(value)
-    if isinstance(value, str | bytes | int | float):
-        return (type(value).__name__, value)
-    return ("repr", repr(value))
+    return field
 
 
 def message_ttl(message: Message) -> int | None:
     """The per-message ``x-cache-ttl`` header (ms) when it is a positive integer."""
-    value = message.headers.get(TTL_HEADER)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    props = message.properties
+    if b"\x0bx-cache-ttl" not in props:
         return None
-    return value
+    field = _header_field(props, _TTL_NAME)
+    fmt = _SIGNED.get(field[0]) if field else None
+    if field is None or fmt is None:
+        return None
+    try:
+        value: int = struct.unpack_from(fmt, field, 1)[0]
+    except struct.error:
+        return None
+    return value if value > 0 else None
 
 
 def now_ms() -> int:
@@ -139,46 +174,52 @@ class DedupCache:
     """Seen header values, at most ``size`` of them, each with an optional expiry.
 
     Insertion order is eviction order (an OrderedDict: O(1) lookup, insert and evict).
-    ``on_leave(position)`` is called for every entry that leaves carrying a log
-    position (>= 0), so the owner can settle the record that made it durable.
+    An entry is its key and one int (its expiry, wall-clock ms, 0: never; a shared small
+    int when there is no TTL); the log positions of a disk cache sit in a second dict,
+    empty for a memory cache. ``on_leave(position)`` is called for every entry that
+    leaves carrying a log position, so the owner can settle the record that made it
+    durable.
     """
 
     def __init__(self, size: int, on_leave: Callable[[int], None] | None = None) -> None:
         self.size = size
         self.on_leave = on_leave
-        # key -> [expires_ms (0: never), log position (-1: none)]
-        self._entries: OrderedDict[Key, list[int]] = OrderedDict()
+        self._entries: OrderedDict[Key, int] = OrderedDict()  # key -> expires_ms (0: never)
+        self.positions: dict[Key, int] = {}  # key -> log position of its record (disk)
         self.hits = 0  # duplicates refused since start (a counter for the metrics)
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def _leave(self, entry: list[int]) -> None:
-        if entry[1] >= 0 and self.on_leave is not None:
-            self.on_leave(entry[1])
+    def _leave(self, key: Key) -> None:
+        if self.positions:
+            position = self.positions.pop(key, -1)
+            if position >= 0 and self.on_leave is not None:
+                self.on_leave(position)
 
     def seen(self, key: Key, now: int) -> bool:
         """Whether ``key`` is cached and unexpired (an expired entry leaves here)."""
-        entry = self._entries.get(key)
-        if entry is None:
+        expires = self._entries.get(key)
+        if expires is None:
             return False
-        if entry[0] and entry[0] <= now:
+        if expires and expires <= now:
             del self._entries[key]
-            self._leave(entry)
+            self._leave(key)
             return False
         return True
 
     def add(self, key: Key, expires: int, now: int, position: int = -1) -> None:
         """Cache ``key`` until ``expires`` (0: until evicted); make room if full."""
         entries = self._entries
-        old = entries.pop(key, None)
-        if old is not None:
-            self._leave(old)
+        if entries.pop(key, None) is not None:
+            self._leave(key)
         self._trim_expired(now)
         while len(entries) >= self.size:
-            _, evicted = entries.popitem(last=False)
-            self._leave(evicted)
-        entries[key] = [expires, position]
+            old, _ = entries.popitem(last=False)
+            self._leave(old)
+        entries[key] = expires
+        if position >= 0:
+            self.positions[key] = position
 
     def _trim_expired(self, now: int) -> None:
         """Drop up to two expired entries from the old end: with one TTL for every
@@ -187,39 +228,35 @@ class DedupCache:
         for _ in range(2):
             if not entries:
                 return
-            key, entry = next(iter(entries.items()))
-            if not entry[0] or entry[0] > now:
+            key = next(iter(entries))
+            expires = entries[key]
+            if not expires or expires > now:
                 return
             del entries[key]
-            self._leave(entry)
+            self._leave(key)
 
     def set_position(self, key: Key, position: int) -> None:
         """The log record that made ``key`` durable (written after :meth:`add`)."""
-        entry = self._entries.get(key)
-        if entry is not None:
-            entry[1] = position
+        if key in self._entries:
+            self.positions[key] = position
 
-    def discard(self, key: Key) -> None:
-        """Forget ``key`` (queue-level: its message left the queue)."""
-        entry = self._entries.pop(key, None)
-        if entry is not None:
-            self._leave(entry)
+    def drop_positions(self) -> None:
+        """The records are gone (persistence switched to memory): keep the entries."""
+        self.positions.clear()
 
     def resize(self, size: int) -> None:
         """A policy changed the bound: evict the oldest down to it."""
         self.size = size
         while len(self._entries) > size:
-            _, evicted = self._entries.popitem(last=False)
-            self._leave(evicted)
+            old, _ = self._entries.popitem(last=False)
+            self._leave(old)
 
     def clear(self) -> None:
-        entries = list(self._entries.values())
+        """Forget everything (the exchange is deleted), settling every record."""
+        keys = list(self._entries)
         self._entries.clear()
-        for entry in entries:
-            self._leave(entry)
-
-    def positions(self) -> list[int]:
-        return [e[1] for e in self._entries.values() if e[1] >= 0]
+        for key in keys:
+            self._leave(key)
 
 
 class QueueDedup:

@@ -85,6 +85,7 @@ class DedupExchange(Exchange):
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         self._dests: dict[tuple[str, str, str, str], Destination] = {}
+        self._routes: tuple[Destination, ...] = ()  # _dests' values, rebuilt on (un)bind
         self.cache = DedupCache(1, self._settle)
         self.ttl: int | None = None
         self.persistence = "memory"
@@ -124,14 +125,8 @@ class DedupExchange(Exchange):
             # no longer on disk: the records go, the entries stay (in memory)
             self.record = None
             self._flush()
-            self.cache.on_leave = None
-            for key in list(self._keys_with_positions()):
-                self.cache.set_position(key, -1)
-            self.cache.on_leave = self._settle
+            self.cache.drop_positions()
             broker.store.drop_queue(self.key)
-
-    def _keys_with_positions(self) -> Iterable[Key]:
-        return [k for k, e in self.cache._entries.items() if e[1] >= 0]
 
     @property
     def key(self) -> str:
@@ -151,9 +146,11 @@ class DedupExchange(Exchange):
     # ------------------------------------------------------------------ bindings: fanout
     def add_binding(self, binding: Binding) -> None:
         self._dests[binding.key] = binding.destination
+        self._routes = tuple(self._dests.values())
 
     def remove_binding(self, binding: Binding) -> None:
         self._dests.pop(binding.key, None)
+        self._routes = tuple(self._dests.values())
 
     # ------------------------------------------------------------------ routing
     def route(self, message: Message, routing_key: str) -> Iterable[Destination]:
@@ -161,7 +158,7 @@ class DedupExchange(Exchange):
             return self._last_dests  # another CC key of the same message
         key = dedup_key(message)
         if key is None:
-            return self._dests.values()
+            return self._routes
         now = now_ms()
         cache = self.cache
         self._last = message
@@ -169,18 +166,20 @@ class DedupExchange(Exchange):
         if cache.seen(key, now):
             cache.hits += 1
             self._last_dests = ()
-            self._flush()
+            if self._settled:
+                self._flush()
             return ()
         ttl = message_ttl(message) or self.ttl
         cache.add(key, now + ttl if ttl else 0, now)
-        dests: tuple[Destination, ...] = tuple(self._dests.values())
+        dests = self._routes
         if self.record is not None:
             if dests:
                 dests = (*dests, self.record)  # last: its enqueue follows the queues'
             else:
                 self._write_record(message, key)  # unroutable, yet cached (the plugin's)
         self._last_dests = dests
-        self._flush()
+        if self._settled:
+            self._flush()
         return dests
 
     def _recorded(self, message: Message) -> None:
