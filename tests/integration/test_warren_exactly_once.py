@@ -148,8 +148,10 @@ def test_exactly_once_over_ten_kill9_cycles(tmp_path: Path, etcd: EtcdProcess) -
         active, standby = a, b
         for cycle in range(CYCLES):
             threshold = len(pub.confirmed) + rng.randint(50, 300)
-            wait_for(lambda t=threshold: len(pub.confirmed) >= t or pub.error is not None,
-                     60, f"traffic before kill {cycle + 1}", active.tail)
+
+            def traffic(p: RetryingPublisher = pub, t: int = threshold) -> bool:
+                return len(p.confirmed) >= t or p.error is not None
+            wait_for(traffic, 60, f"traffic before kill {cycle + 1}", active.tail)
             assert pub.error is None, pub.error
             active.kill()
             wait_active(standby, timeout=30)
@@ -157,8 +159,10 @@ def test_exactly_once_over_ten_kill9_cycles(tmp_path: Path, etcd: EtcdProcess) -
             wait_insync_standby(standby, active, etcd.url)
             active, standby = standby, active
         more = len(pub.confirmed) + 100
-        wait_for(lambda: len(pub.confirmed) >= more, 60, "confirms after the last cycle",
-                 active.tail)
+
+        def after(p: RetryingPublisher = pub) -> bool:
+            return len(p.confirmed) >= more
+        wait_for(after, 60, "confirms after the last cycle", active.tail)
         pub.finish()
         assert pub.error is None, pub.error
         assert pub.reconnects >= CYCLES, "the publisher never saw the failovers"
