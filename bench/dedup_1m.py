@@ -28,24 +28,9 @@ from pathlib import Path
 
 from amqpd.broker.exchanges.dedup import DedupExchange, recover, store_key
 from amqpd.broker.message import Message
-from amqpd.config import Settings
 from amqpd.protocol import codec
 from amqpd.server import Broker
-from amqpd.store.log import SharedLog
-
-
-def rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096 / 2**20
-
-
-def make_broker(data: Path, loop: asyncio.AbstractEventLoop) -> Broker:
-    s = Settings()
-    s.persistence = False
-    b = Broker(s)
-    b._loop = loop
-    b.store = SharedLog(data / "log", fsync="never", loop=loop)
-    return b
+from bench.delayed_1m import make_broker, restart, rss_mb
 
 
 def props_for(start: int, n: int, persistent: bool) -> list[bytes]:
@@ -126,21 +111,12 @@ async def run(n: int, m: int) -> None:
         b.store.close()
 
         # 4. restart: rebuild the disk cache from the log
-        b2 = make_broker(data, loop)
-        assert b2.store is not None
-        t0 = time.perf_counter()
-        state = b2.store.open()
-        t1 = time.perf_counter()
-        vh2 = b2.vhosts["/"]
-        vh2.declare_exchange("dd", "x-message-deduplication", durable=True, arguments={
-            "x-cache-size": n, "x-cache-persistence": "disk"})
-        key = store_key("/", "dd")
-        recover(b2, key, state.queues[key])
-        t2 = time.perf_counter()
-        ex2 = vh2.exchanges["dd"]
+        b2, ex2, open_s, rebuild_s = restart(data, loop, "dd", "x-message-deduplication", {
+            "x-cache-size": n, "x-cache-persistence": "disk"}, recover, store_key("/", "dd"))
         assert isinstance(ex2, DedupExchange)
-        print(f"restart: log open {t1 - t0:.1f} s, cache of {len(ex2.cache):,} entries "
-              f"rebuilt in {t2 - t1:.1f} s")
+        print(f"restart: log open {open_s:.1f} s, cache of {len(ex2.cache):,} entries "
+              f"rebuilt in {rebuild_s:.1f} s")
+        assert b2.store is not None
         b2.store.close()
 
 
