@@ -240,6 +240,11 @@ class DedupCache:
         if key in self._entries:
             self.positions[key] = position
 
+    def discard(self, key: Key) -> None:
+        """Forget ``key`` (its message was refused after all)."""
+        if self._entries.pop(key, None) is not None:
+            self._leave(key)
+
     def drop_positions(self) -> None:
         """The records are gone (persistence switched to memory): keep the entries."""
         self.positions.clear()

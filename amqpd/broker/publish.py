@@ -145,6 +145,8 @@ class Publisher:
         confirm_now = on_confirm
         if queues and _may_refuse(queues):
             queues, refused = admit(self.broker, queues, message)  # overflow=reject-publish[-dlx]
+            if refused:
+                exchange.refused(message)
             if refused and on_confirm is not None:
                 on_confirm(PreconditionFailed("rejected by a queue's length limit"))
                 on_confirm = confirm_now = None
@@ -165,6 +167,7 @@ class Publisher:
                 except StoreError as exc:
                     log.error("store refused a persistent message: %s", exc)
                     self.store_failed(exc)
+                    exchange.refused(message)
                     queues = [q for q in queues if not q.durable]
                     for q in queues:
                         q.enqueue(message)

@@ -255,3 +255,18 @@ def test_queue_cache_is_rebuilt_from_its_messages_after_kill_9(fresh_broker) -> 
         for i in range(10):
             ch.basic_publish("", "qdk", f"r{i}".encode(), _props(f"id-{i}"))
         assert drain(ch, "qdk") == [f"m{i}".encode() for i in range(10)]
+
+
+def test_a_nacked_message_is_forgotten_so_its_retry_goes_through(broker) -> None:
+    """A queue's reject-publish refuses the first try (nack): the retry is not a duplicate."""
+    with channel(broker.url) as ch:
+        _exchange(ch, "dd7")
+        ch.queue_declare("dd7.q", arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+        ch.queue_bind("dd7.q", "dd7")
+        ch.confirm_delivery()
+        ch.basic_publish("dd7", "", b"a", _props("a"))
+        with pytest.raises(pika.exceptions.NackError):
+            ch.basic_publish("dd7", "", b"b", _props("b"))  # the queue is full
+        assert get_msg(ch, "dd7.q")[2] == b"a"
+        ch.basic_publish("dd7", "", b"b", _props("b"))  # the retry: routed, acked
+        assert drain(ch, "dd7.q") == [b"b"]

@@ -182,6 +182,14 @@ class DedupExchange(Exchange):
             self._flush()
         return dests
 
+    def refused(self, message: Message) -> None:
+        """The publisher gets a nack (a queue refused it, or the store did): forget the
+        value, so that its retry is routed rather than dropped as a duplicate."""
+        key = self._last_key if message is self._last else dedup_key(message)
+        if key is not None and self._last_dests:
+            self.cache.discard(key)
+            self._flush()
+
     def _recorded(self, message: Message) -> None:
         """CacheRecord.enqueue: the pipeline is done writing ``message``."""
         key = self._last_key if message is self._last else dedup_key(message)
