@@ -38,6 +38,7 @@ from amqpd.broker.dedup import (
     validate_exchange_arguments,
 )
 from amqpd.broker.exchange import Binding, Destination, Exchange, register_exchange_type
+from amqpd.broker.exchanges import internal
 from amqpd.broker.message import Message
 from amqpd.broker.persist import stored_message
 from amqpd.broker.queue_type import QueueType
@@ -54,7 +55,7 @@ KEY_PREFIX = "amq.dedup."
 
 
 def store_key(vhost: str, exchange: str) -> str:
-    return f"{vhost}\x00{KEY_PREFIX}{exchange}"
+    return internal.store_key(vhost, KEY_PREFIX, exchange)
 
 
 class CacheRecord(QueueType):
@@ -249,12 +250,10 @@ def _ignore(_error: BaseException | None) -> None:
 
 def recover(broker: Broker, key: str, recovered: RecoveredQueue) -> bool:
     """Rebuild a disk-persisted cache from its store key; False if ``key`` is not one."""
-    vhost_name, _, name = key.partition("\x00")
-    if not name.startswith(KEY_PREFIX):
+    mine, ex = internal.owner(broker, key, KEY_PREFIX)
+    if not mine:
         return False
     store = broker.store
-    vhost = broker.vhosts.get(vhost_name)
-    ex = vhost.exchanges.get(name[len(KEY_PREFIX):]) if vhost is not None else None
     if not isinstance(ex, DedupExchange) or ex.record is None:
         store.drop_queue(key)  # its exchange is gone, or no longer persists its cache
         return True
