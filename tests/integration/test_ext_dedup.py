@@ -270,3 +270,16 @@ def test_a_nacked_message_is_forgotten_so_its_retry_goes_through(broker) -> None
         assert get_msg(ch, "dd7.q")[2] == b"a"
         ch.basic_publish("dd7", "", b"b", _props("b"))  # the retry: routed, acked
         assert drain(ch, "dd7.q") == [b"b"]
+
+
+def test_cc_keys_ask_the_cache_once(broker) -> None:
+    """vhost routing asks the exchange once per routing key (CC/BCC): one decision."""
+    with channel(broker.url) as ch:
+        _exchange(ch, "dd8")
+        ch.queue_declare("dd8.q")
+        ch.queue_bind("dd8.q", "dd8")
+        ch.basic_publish("dd8", "a", b"1", _props("c", CC=["b", "c"]))
+        ch.basic_publish("dd8", "a", b"2", _props("c", CC=["b"]))
+        assert drain(ch, "dd8.q") == [b"1"]
+        info = _http_json(f"{broker.http_url}/api/exchanges/%2F/dd8")
+        assert info["deduplication"]["duplicates"] == 1  # type: ignore[index]
