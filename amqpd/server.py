@@ -32,6 +32,7 @@ from amqpd.broker.api import BrokerAPI, ClusterStatus
 from amqpd.broker.auth import AuthStore
 from amqpd.broker.deadletter import dead_letter
 from amqpd.broker.exchange import Binding, Exchange
+from amqpd.broker.exchanges.dedup import recover as recover_dedup
 from amqpd.broker.exchanges.delayed import recover as recover_delayed
 from amqpd.broker.journal import DefinitionJournal
 from amqpd.broker.message import LoggedMessage, Message
@@ -421,6 +422,8 @@ class Broker:
             queue = vhost.queues.get(queue_name) if vhost is not None else None
             if queue is None and recover_delayed(self, key, rq):
                 continue  # a delayed exchange's held messages
+            if queue is None and recover_dedup(self, key, rq):
+                continue  # a deduplication exchange's cache records
             if queue is None and vhost is not None and rq.positions and \
                     not queue_name.startswith("amq.gen-"):
                 # Messages outlived their definition (a crash before the definitions file

@@ -121,6 +121,11 @@ class Exchange:
     def close(self) -> None:
         """Called when the exchange is deleted (types with timers stop them here)."""
 
+    def refused(self, message: Message) -> None:
+        """Called when a message published to this exchange was routed but then refused
+        (a queue's reject-publish overflow, a store failure): its publisher gets a nack.
+        A type that remembered the message (deduplication) forgets it here."""
+
     def info(self) -> dict[str, Any]:
         return {
             "name": self.name,

@@ -307,6 +307,9 @@ class QueueExt:
     def discard(self, q: Queue, entries: list[QueueEntry], reason: str) -> None:
         """Ready entries leave the queue without delivery: dead-letter, then settle."""
         q.vhost.broker.dead_letter(q, entries, reason)
+        if q.dedup is not None:
+            for entry in entries:
+                q.dedup.release(entry.message)
         if q.in_store:
             positions = [e.message.position for e in entries if e.message.position >= 0]
             if positions:
@@ -419,6 +422,10 @@ def apply_policies(broker: Broker, vhost: VHost, obj: QueueType | Exchange) -> N
         if attach is not None:
             attach(broker, vhost)
         return
+    if obj.dedup is not None or obj.policy is not None or obj.arguments:
+        from amqpd.broker.dedup import configure_queue
+
+        configure_queue(broker, obj)
     if obj.ext is None and obj.policy is None and not obj.arguments:
         return  # the common plain queue: no options to derive (restart declares 100,000)
     opts = queue_options(obj.arguments, obj.policy)
@@ -500,6 +507,10 @@ def validate_queue_arguments(arguments: dict[str, Any], name: str = "",
         if key in arguments:
             raise PreconditionFailed(f"invalid arg '{key}' {where} of queue type "
                                      "rabbit_classic_queue")
+    if "x-message-deduplication" in arguments:
+        from amqpd.broker.dedup import validate_queue_argument
+
+        validate_queue_argument(arguments)
     overflow = arguments.get("x-overflow")
     if overflow is not None and not isinstance(overflow, str):
         raise fail("x-overflow", f"{{unacceptable_type,{type_name(overflow)}}}")
@@ -568,6 +579,10 @@ def enqueue_routed(broker: Broker, message: Message, queues: list[QueueType]) ->
     if not queues:
         return False
     queues, _refused = limits.admit(broker, queues, message)
+    if queues and broker.publisher.dedup_queues:
+        from amqpd.broker.dedup import admitted
+
+        queues = admitted(queues, message)
     if queues and not message.persistent and broker.publisher.keeping_queues:
         message.persistent = any(q.keeps_every_message or q.mirrored for q in queues)
     wrote = False

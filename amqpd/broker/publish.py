@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 from amqpd.broker import extensions
+from amqpd.broker.dedup import admitted
 from amqpd.broker.limits import admit
 from amqpd.broker.message import LoggedMessage, Message
 from amqpd.broker.persist import stored_message
@@ -32,6 +33,7 @@ from amqpd.store.api import StoreError
 if TYPE_CHECKING:
     import asyncio
 
+    from amqpd.broker.exchange import Exchange
     from amqpd.broker.vhost import VHost
     from amqpd.server import Broker
 
@@ -113,6 +115,9 @@ class Publisher:
         # message one took waits for its log's sync (QueueType.sync_log)
         self.own_log_queues = 0
         self._own_logs_written: list[QueueType] = []  # this tick's, synced at the commit
+        # how many queues deduplicate (x-message-deduplication, amqpd.broker.dedup):
+        # while none do, a publish does not look for them
+        self.dedup_queues = 0
 
     def publish(
         self, vhost: VHost, exchange_name: str, message: Message, username: str | None,
@@ -140,14 +145,19 @@ class Publisher:
                     f"user_id property set to '{user_id}' but authenticated user was "
                     f"'{username}'"
                 )
-        message, queues = self._route(vhost, exchange_name, message)
+        message, exchange, queues = self._route(vhost, exchange_name, message)
         if only is not None:
             queues = [q for q in queues if q.name in only]
         if not queues and on_unroutable is not None:
             on_unroutable()
+        if self.dedup_queues and queues:
+            # after the mandatory check: a duplicate a queue refuses was routed (the plugin)
+            queues = admitted(queues, message)
         confirm_now = on_confirm
         if queues and _may_refuse(queues):
             queues, refused = admit(self.broker, queues, message)  # overflow=reject-publish[-dlx]
+            if refused:
+                exchange.refused(message)
             if refused and on_confirm is not None:
                 on_confirm(PreconditionFailed("rejected by a queue's length limit"))
                 on_confirm = confirm_now = None
@@ -171,6 +181,7 @@ class Publisher:
                 except StoreError as exc:
                     log.error("store refused a persistent message: %s", exc)
                     self.store_failed(exc)
+                    exchange.refused(message)
                     queues = [q for q in queues if not q.durable]
                     for q in queues:
                         q.enqueue(message)
@@ -199,9 +210,9 @@ class Publisher:
         return queues
 
     def _route(self, vhost: VHost, exchange_name: str, message: Message,
-               ) -> tuple[Message, list[QueueType]]:
-        """The message as routed (CC/BCC applied) and the queues it reaches now (those
-        of other nodes only while reachable)."""
+               ) -> tuple[Message, Exchange, list[QueueType]]:
+        """The message as routed (CC/BCC applied), the exchange it was published to and
+        the queues it reaches now (those of other nodes only while reachable)."""
         routing_keys = [message.routing_key]
         props = message.properties
         if len(props) >= 2 and props[0] & (FLAG_EXPIRATION_HI | FLAG_HEADERS_HI):  # CC/BCC
@@ -210,11 +221,11 @@ class Publisher:
         queues = vhost.route(exchange, message, routing_keys)
         if self.remote_queues and queues:
             queues = _reachable(queues)
-        return message, queues
+        return message, exchange, queues
 
     def route_names(self, vhost: VHost, exchange_name: str, message: Message) -> list[str]:
         """The names of the queues :meth:`publish` would put ``message`` into now."""
-        return [q.name for q in self._route(vhost, exchange_name, message)[1]]
+        return [q.name for q in self._route(vhost, exchange_name, message)[2]]
 
     def _forward(self, queues: list[QueueType], message: Message,
                  on_confirm: OnConfirm | None,

@@ -165,7 +165,9 @@ class Queue(QueueType):
 
         ``published`` (wall-clock ms, 0 if the log did not say) and ``extra``
         (expires_ms << 8 | priority) come from the store's record, so neither TTL nor
-        priority needs the message read back."""
+        priority needs the message read back (a deduplicating queue reads its header)."""
+        if self.dedup is not None:
+            self.dedup.restore(message)
         if self.ext is not None and self.ext.max_priority:
             # its level needs its priority now
             self.ext.restore(message, redelivered, published, extra)
@@ -220,8 +222,11 @@ class Queue(QueueType):
         """Unacked entries are done with (acked, or rejected without requeue)."""
         n = 0
         positions = []
+        dedup = self.dedup
         for entry in entries:
             n += 1
+            if dedup is not None:
+                dedup.release(entry.message)
             if entry.message.position >= 0:
                 positions.append(entry.message.position)
         self.unacked_count -= n
@@ -255,6 +260,8 @@ class Queue(QueueType):
             self.stat_redeliver += 1
         if acked:
             self.stat_ack += 1
+            if self.dedup is not None:
+                self.dedup.release(entry.message)
             if entry.message.position >= 0 and self.in_store:
                 # marked too: if the settle is lost in a crash it comes back redelivered
                 self.vhost.store_delivered(self, entry.message.position)
@@ -330,6 +337,8 @@ class Queue(QueueType):
             positions = [e.message.position for e in ready if e.message.position >= 0]
         ready.clear()
         self.ready_bytes = 0
+        if self.dedup is not None:
+            self.dedup.clear()
         if positions and self.in_store:
             self.vhost.store_settle(self, positions)
         return n
@@ -343,6 +352,8 @@ class Queue(QueueType):
         """Consumers are told (basic.cancel), messages dropped, the store forgets it."""
         self.cancel_all_consumers()
         self.ready.clear()
+        if self.dedup is not None:
+            self.dedup.clear()
         if self.in_store:
             self.vhost.store_drop_queue(self)
 

@@ -57,6 +57,7 @@ from mypy_extensions import mypyc_attr
 from amqpd.protocol.errors import PreconditionFailed
 
 if TYPE_CHECKING:
+    from amqpd.broker.dedup import QueueDedup
     from amqpd.broker.exchange import Binding
     from amqpd.broker.extensions import QueueExt
     from amqpd.broker.message import Message
@@ -122,6 +123,8 @@ class QueueType:
         # a mirrored classic queue (amqpd.cluster.mirror) keeps every message like a
         # keeps_every_message type while it is mirrored, so transient ones are mirrored
         self.mirrored = False
+        # x-message-deduplication (amqpd.broker.dedup): the values of the messages in it
+        self.dedup: QueueDedup | None = None
 
     # --- called BEFORE declaration
     @classmethod
@@ -181,7 +184,7 @@ class QueueType:
         return {}
 
     def info(self) -> dict[str, Any]:
-        return {
+        out = {
             "name": self.name,
             "vhost": self.vhost.name,
             "type": self.type_name,
@@ -194,6 +197,9 @@ class QueueType:
             "messages": self.message_count + self.unacked_count,
             "consumers": len(self.consumers),
         }
+        if self.dedup is not None:
+            out["deduplication"] = self.dedup.info()
+        return out
 
     # --- messages
     def enqueue(self, message: Message) -> None:

@@ -87,7 +87,7 @@ UNSUPPORTED_ARGUMENTS = (
 # what extensions.validate_queue_arguments checks for a classic queue as well
 _COMMON_ARGUMENTS = ("x-expires", "x-message-ttl", "x-dead-letter-exchange",
                      "x-dead-letter-routing-key", "x-max-length", "x-max-length-bytes",
-                     "x-overflow", "x-single-active-consumer")
+                     "x-overflow", "x-single-active-consumer", "x-message-deduplication")
 DLX_STRATEGIES = ("at-most-once", "at-least-once")
 DELIVERY_COUNT = "x-delivery-count"
 SOFT_LIMIT = 0.8  # rabbit_fifo accepts publishes again at 80 % of the length limit

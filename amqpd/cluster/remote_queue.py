@@ -1089,6 +1089,10 @@ def enqueue_here(broker: Broker, q: QueueType, message: Message,
     from amqpd.store.api import StoreError
 
     publisher = broker.publisher
+    if q.dedup is not None and not q.dedup.admit(message):
+        if on_confirm is not None:  # x-message-deduplication: already in the queue
+            on_confirm(None)
+        return
     ext = q.ext
     if ext is not None and ext.rejects:
         _accepted, refused = admit(broker, [q], message)

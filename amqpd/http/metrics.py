@@ -135,6 +135,7 @@ def collect(ctx: Ctx, per_object: bool = False) -> str:
     _store_metrics(api, e)
     _warren_metrics(api, e)
     _stream_metrics(api, [q for q in queues if q.type_name == "stream"], e)
+    _dedup_metrics(api, e)
     _replication(api, e)
     return e.text()
 
@@ -208,6 +209,30 @@ def _replication(api: BrokerAPI, e: Exposition) -> None:
         e.add("amqpd_replication_follower_lag_seconds", "gauge",
               "Seconds since this standby last held everything announced",
               r["lag_seconds"])
+
+
+def _dedup_metrics(api: BrokerAPI, e: Exposition) -> None:
+    """``amqpd_dedup_*``: each deduplication cache's bound, entries and refusals (one
+    family after another, as the text format wants)."""
+    caches: list[tuple[dict[str, str], dict[str, Any]]] = []
+    for vh in api.vhosts():
+        for ex in api.exchanges(vh):
+            if ex.type_name == "x-message-deduplication":
+                caches.append(({"vhost": vh.name, "exchange": ex.name},
+                               ex.info()["deduplication"]))
+        for q in api.queues(vh):
+            if q.dedup is not None:
+                caches.append(({"vhost": vh.name, "queue": q.name}, q.dedup.info()))
+    for labels, d in caches:
+        e.add("amqpd_dedup_cache_entries", "gauge", "Values in a deduplication cache",
+              d["cache_entries"], labels)
+    for labels, d in caches:
+        if d.get("cache_size") is not None:
+            e.add("amqpd_dedup_cache_size", "gauge",
+                  "A deduplication cache's bound (x-cache-size)", d["cache_size"], labels)
+    for labels, d in caches:
+        e.add("amqpd_dedup_duplicates_total", "counter", "Messages refused as duplicates",
+              d["duplicates"], labels)
 
 
 def _store_metrics(api: BrokerAPI, e: Exposition) -> None:

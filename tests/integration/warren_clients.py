@@ -4,7 +4,9 @@ HAProxy) whenever the broker goes away, and recording what they saw.
 
 A publisher never republishes a message it did not get a confirm for: it moves on to
 the next sequence number. So any message a consumer sees twice was delivered twice by
-the broker, and must then carry redelivered=true.
+the broker, and must then carry redelivered=true. A publisher with ``resend`` does the
+opposite, as a reliable producer does: it sends an unconfirmed message again (after
+reconnecting), carrying the same ``x-deduplication-header``, until it is confirmed.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class Publisher:
     queue: str
     body_size: int = 64
     exchange: str = ""  # "" : straight to ``queue``; else to this exchange, key ``queue``
+    resend: bool = False  # re-send the unconfirmed, with an x-deduplication-header
     confirmed: list[int] = field(default_factory=list)
     confirmed_at: list[float] = field(default_factory=list)  # monotonic, one per confirm
     failed: list[int] = field(default_factory=list)  # nacked or cut off: not confirmed
@@ -64,6 +67,7 @@ class Publisher:
 
     def _run(self) -> None:
         seq = 0
+        again = False  # resend: seq was not confirmed, it goes once more
         pad = b"x" * self.body_size
         try:
             while not self.stop.is_set():
@@ -72,18 +76,25 @@ class Publisher:
                     ch = conn.channel()
                     ch.confirm_delivery()
                     while not self.stop.is_set():
-                        seq += 1
+                        if not again:
+                            seq += 1
+                        headers = {"x-deduplication-header": f"msg-{seq}"} if self.resend \
+                            else None
                         try:
                             ch.basic_publish(self.exchange, self.queue, b"%d:" % seq + pad,
-                                             pika.BasicProperties(delivery_mode=2))
+                                             pika.BasicProperties(delivery_mode=2,
+                                                                  headers=headers))
                         except pika.exceptions.NackError:
                             self.failed.append(seq)
                             self.nacked.append(time.monotonic())
+                            again = self.resend
                             continue
                         except CLIENT_ERRORS:
                             self.failed.append(seq)
+                            again = self.resend
                             raise
                         self.confirmed_at.append(time.monotonic())
+                        again = False
                         self.confirmed.append(seq)
                 except CLIENT_ERRORS:
                     self.reconnects += 1

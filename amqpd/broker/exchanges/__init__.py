@@ -1,5 +1,5 @@
 """Built-in exchange types; importing this package registers them."""
 
-from amqpd.broker.exchanges import consistent_hash, delayed, direct, fanout, headers, topic
+from amqpd.broker.exchanges import consistent_hash, dedup, delayed, direct, fanout, headers, topic
 
-__all__ = ["consistent_hash", "delayed", "direct", "fanout", "headers", "topic"]
+__all__ = ["consistent_hash", "dedup", "delayed", "direct", "fanout", "headers", "topic"]

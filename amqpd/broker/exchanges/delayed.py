@@ -48,6 +48,7 @@ from amqpd.broker.exchange import (
     Exchange,
     register_exchange_type,
 )
+from amqpd.broker.exchanges import internal
 from amqpd.broker.message import Message
 from amqpd.broker.persist import stored_message
 from amqpd.broker.queue_type import QueueType
@@ -65,7 +66,7 @@ KEY_PREFIX = "amq.delayed."
 
 
 def store_key(vhost: str, exchange: str) -> str:
-    return f"{vhost}\x00{KEY_PREFIX}{exchange}"
+    return internal.store_key(vhost, KEY_PREFIX, exchange)
 
 
 def message_delay(message: Message) -> int:
@@ -309,12 +310,10 @@ class DelayedMessageExchange(Exchange):
 
 def recover(broker: Broker, key: str, recovered: RecoveredQueue) -> bool:
     """Rebuild a delayed exchange's heap from its store key; False if ``key`` is not one."""
-    vhost_name, _, name = key.partition("\x00")
-    if not name.startswith(KEY_PREFIX):
+    mine, ex = internal.owner(broker, key, KEY_PREFIX)
+    if not mine:
         return False
     store = broker.store
-    vhost = broker.vhosts.get(vhost_name)
-    ex = vhost.exchanges.get(name[len(KEY_PREFIX):]) if vhost is not None else None
     if not isinstance(ex, DelayedMessageExchange) or ex.broker is None:
         store.drop_queue(key)  # its exchange is gone
         return True
