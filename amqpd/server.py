@@ -90,6 +90,7 @@ class Broker:
         self._dispatch_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._servers: list[asyncio.base_events.Server] = []
+        self.stream_listener: Any = None  # amqpd.streamproto's listener when enabled
         self._ticker: asyncio.Task[None] | None = None
         self.definitions = DefinitionJournal(self)  # durable topology -> log records
         self.started_at = time.time()
@@ -322,8 +323,11 @@ class Broker:
         for server in self._servers:
             server.close()
         self._servers = []
+        if self.stream_listener is not None:
+            self.stream_listener.close()
+            self.stream_listener = None
         self.listeners = [entry for entry in self.listeners if entry[0] not in
-                          ("amqp", "amqps")]
+                          ("amqp", "amqps", "stream")]
         for proto in list(self.transports):
             if proto.session is not None and proto.session.conn.is_open:
                 proto.session.conn.close(
@@ -497,6 +501,13 @@ class Broker:
         if tls_configured(s):
             for host, port in await self._listen(s.tls_port, ssl=server_context(s)):
                 self.listeners.append(("amqps", host, port))
+        if s.stream and self.stream_listener is None:
+            from amqpd.streamproto.transport import StreamListener
+
+            self.stream_listener = StreamListener(self)
+            hosts = ["0.0.0.0", "::"] if s.bind == "" else [s.bind]
+            for host, port in await self.stream_listener.start(hosts, s.stream_port):
+                self.listeners.append(("stream", host, port))
 
     def local_uri(self, vhost: str = "/") -> str:
         """An AMQP URI to this broker for plugins' links (RabbitMQ's bare "amqp://")."""

@@ -1,0 +1,176 @@
+"""asyncio glue for the stream protocol: socket bytes into a StreamConnection, its
+frames back out once per tick, heartbeats, and back-pressure on deliveries.
+
+As the AMQP transport (:mod:`amqpd.transport`), everything a connection produces in one
+tick is written with one ``transport.write``; when the kernel buffer backs up
+(``pause_writing``) deliveries stop until it drains. With a negotiated heartbeat the
+server sends one every heartbeat seconds and closes a connection from which nothing
+arrived for two heartbeats (RabbitMQ's rule), with a log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from amqpd.streamproto import codec
+from amqpd.streamproto.connection import StreamConnection
+
+if TYPE_CHECKING:
+    from amqpd.server import Broker
+    from amqpd.streamproto.tracking import Tracking
+
+log = logging.getLogger("amqpd.streamproto")
+
+
+class StreamProtocol(asyncio.Protocol):
+    def __init__(self, broker: Broker, advertised: tuple[str, int],
+                 tracking: dict[int, Tracking], connections: set[StreamProtocol]) -> None:
+        self.broker = broker
+        self.advertised = advertised
+        self.tracking = tracking
+        self.connections = connections
+        self.transport: asyncio.Transport | None = None
+        self.conn: StreamConnection | None = None
+        self._loop = asyncio.get_running_loop()
+        self._flush_scheduled = False
+        self._beat: asyncio.TimerHandle | None = None
+        self._missed = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        sock = transport.get_extra_info("sockname")
+        name = f"{peer[0]}:{peer[1]} -> {sock[0]}:{sock[1]}" if peer and sock else "?"
+        self.conn = StreamConnection(self.broker, peer[:2] if peer else None, name,
+                                     self.advertised, self.tracking)
+        self.conn.on_output = self._schedule_flush
+        self.connections.add(self)
+        self._beat = self._loop.call_later(self.broker.settings.handshake_timeout,
+                                           self._handshake_check)
+
+    def _handshake_check(self) -> None:
+        conn = self.conn
+        if conn is not None and not conn._opened and self.transport is not None:
+            log.warning("stream connection %s: no open within the handshake timeout; "
+                        "closing", conn.name)
+            self.transport.close()
+            return
+        self._schedule_beat()
+
+    def _schedule_beat(self) -> None:
+        conn = self.conn
+        if conn is not None and conn.heartbeat:
+            self._beat = self._loop.call_later(conn.heartbeat, self._heartbeat)
+
+    def _heartbeat(self) -> None:
+        conn = self.conn
+        if conn is None or self.transport is None or self.transport.is_closing():
+            return
+        if conn.received:
+            self._missed = 0
+        else:
+            self._missed += 1
+            if self._missed >= 2:
+                log.warning("stream connection %s: missed heartbeats from the client; "
+                            "closing", conn.name)
+                self.transport.close()
+                return
+        conn.received = False
+        conn.send(codec.heartbeat())
+        self._schedule_beat()
+
+    def data_received(self, data: bytes) -> None:
+        assert self.conn is not None
+        self.conn.receive_data(data)
+        self.flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        conn, transport = self.conn, self.transport
+        if conn is None or transport is None or transport.is_closing():
+            return
+        data = conn.take_output()
+        if data:
+            transport.write(data)
+        if conn.close_transport:
+            transport.close()
+
+    def pause_writing(self) -> None:
+        if self.conn is not None:
+            self.conn.paused = True
+
+    def resume_writing(self) -> None:
+        if self.conn is not None:
+            self.conn.paused = False
+            self.conn.deliver_all()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._beat is not None:
+            self._beat.cancel()
+        self.connections.discard(self)
+        if self.conn is not None:
+            self.conn.closed()
+        self.transport = None
+
+
+class StreamListener:
+    """The stream protocol's listener(s) of a broker and what they share."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.tracking: dict[int, Tracking] = {}
+        self.connections: set[StreamProtocol] = set()
+        self.servers: list[asyncio.Server] = []
+
+    async def start(self, hosts: list[str], port: int) -> list[tuple[str, int]]:
+        loop = asyncio.get_running_loop()
+        bound: list[tuple[str, int]] = []
+        settings = self.broker.settings
+        advertised: list[tuple[str, int]] = []  # filled once the port is known
+        for host in hosts:
+            try:
+                server = await loop.create_server(
+                    lambda: StreamProtocol(self.broker, advertised[0], self.tracking,
+                                           self.connections),
+                    host=host, port=port, reuse_address=True, backlog=1024)
+            except OSError as exc:
+                if host == "::" and bound:
+                    log.info("no IPv6 stream listener on port %d (%s)", port, exc)
+                    continue
+                raise OSError(exc.errno, f"stream listener cannot listen on {host}:{port}: "
+                                         f"{exc.strerror or exc}") from exc
+            self.servers.append(server)
+            for sock in server.sockets:
+                addr = sock.getsockname()
+                bound.append((addr[0], addr[1]))
+            port = bound[0][1]
+            if not advertised:
+                adv_host = settings.stream_advertised_host or (
+                    hosts[0] if hosts[0] not in ("0.0.0.0", "::") else
+                    _hostname())
+                advertised.append((adv_host, settings.stream_advertised_port or port))
+        return bound
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.close()
+        self.servers = []
+        for proto in list(self.connections):
+            if proto.transport is not None:
+                proto.transport.close()
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+__all__ = ["StreamListener", "StreamProtocol"]
