@@ -233,12 +233,12 @@ def _publish(r: Reader) -> tuple[Any, ...]:
     entries: list[tuple[int, Any]] = []
     for _ in range(r.count(12)):
         publishing_id = r.u64()
-        head = r.u32()
-        if head & 0x80000000 == 0:
-            entries.append((publishing_id, r.raw(head)))
+        if r.at < len(r.data) and r.data[r.at] & 0x80 == 0:
+            entries.append((publishing_id, r.raw(r.u32())))  # 0 bit + 31-bit size
             continue
-        compression = (head >> 28) & 0x7
-        n = head & 0xFFFF
+        kind = r.u8()  # 1 bit, 3-bit compression, 4 reserved; then count, sizes
+        compression = (kind >> 4) & 0x7
+        n = r.u16()
         uncompressed = r.u32()
         size = r.u32()
         entries.append((publishing_id, (compression, n, uncompressed, r.raw(size))))

@@ -16,6 +16,7 @@ chunks, one per credit.
 from __future__ import annotations
 
 import logging
+import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,8 @@ SERVER_FRAME_MAX = 1048576  # RabbitMQ's stream plugin defaults
 SERVER_HEARTBEAT = 60
 CHUNK_BYTES = 1024 * 1024  # a delivered chunk holds at most about this much
 MAX_REFERENCE = 256
+COMPRESSION_NONE = 0  # sub-entry batch compression types (rstream's CompressionType)
+COMPRESSION_GZIP = 1
 # create's arguments (strings on the wire) -> the queue argument and its type
 CREATE_ARGUMENTS: dict[str, tuple[str, type]] = {
     "max-length-bytes": ("x-max-length-bytes", int),
@@ -389,14 +392,16 @@ class StreamConnection:
             if isinstance(entry, bytes):
                 messages.append(entry)
             else:
-                compression, n, _size, data = entry
-                if compression != 0:
+                compression, n, size, data = entry
+                if compression not in (COMPRESSION_NONE, COMPRESSION_GZIP):
                     log.warning("stream connection %s: sub-entry batch compressed with "
-                                "type %d refused (only uncompressed batches)", self.name,
+                                "type %d refused (none and gzip only)", self.name,
                                 compression)
                     errors.append((publishing_id, c.PRECONDITION_FAILED))
                     continue
                 try:
+                    if compression == COMPRESSION_GZIP:
+                        data = _gunzip(data, size)
                     messages.extend(c.split_sub_batch(data, n))
                 except c.FrameError as exc:
                     log.warning("stream connection %s: bad sub-entry batch: %s",
@@ -599,6 +604,19 @@ class StreamConnection:
                 gone = self._gone_callbacks.pop(id(q), None)
                 if gone in q.on_removed:
                     q.on_removed.remove(gone)
+
+
+def _gunzip(data: bytes, size: int) -> bytes:
+    """A gzip sub-entry batch, decompressed to at most its declared ``size`` (a batch
+    that inflates beyond it is refused, not buffered)."""
+    inflater = zlib.decompressobj(wbits=31)
+    try:
+        out = inflater.decompress(data, size + 1)
+    except zlib.error as exc:
+        raise c.FrameError(f"gzip batch does not inflate: {exc}") from None
+    if len(out) != size or not inflater.eof:
+        raise c.FrameError(f"gzip batch inflates to other than its {size} bytes")
+    return out
 
 
 def _body(record: Record) -> bytes:

@@ -370,3 +370,35 @@ def test_stream_listener_off_by_default(tmp_path: Path) -> None:
         assert proc.info.get("stream_port") is None
     finally:
         proc.stop()
+
+
+@pytest.mark.parametrize("compression", ["No", "Gzip"])
+async def test_sub_entry_batches(target: Target, compression: str) -> None:
+    stream = _name("subentry")
+    kind = getattr(rstream.CompressionType, compression)
+    confirmed: list[Any] = []
+    async with _producer(target) as p:
+        await p.create_stream(stream)
+        await p.send_sub_entry(stream, [AMQPMessage(body=f"s{i}".encode())
+                                        for i in range(10)],
+                               compression_type=kind, on_publish_confirm=confirmed.append)
+        deadline = time.monotonic() + DEADLINE
+        while not confirmed and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+    assert confirmed and confirmed[0].is_confirmed
+    got = await _read(target, stream, OffsetSpec(OffsetType.FIRST, None), 10)
+    assert [b for _, b in got] == [f"s{i}".encode() for i in range(10)]
+
+
+async def test_authentication_and_vhost_refusals(target: Target) -> None:
+    bad = rstream.Producer("127.0.0.1", port=target.stream_port, username="guest",
+                           password="wrong", load_balancer_mode=True)
+    with pytest.raises(rstream.exceptions.AuthenticationFailure):
+        await bad.start()
+    await bad.close()
+    nohost = rstream.Producer("127.0.0.1", port=target.stream_port, username="guest",
+                              password="guest", vhost="no-such-vhost",
+                              load_balancer_mode=True)
+    with pytest.raises(rstream.exceptions.VirtualHostAccessFailure):
+        await nohost.start()
+    await nohost.close()

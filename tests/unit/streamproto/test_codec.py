@@ -61,9 +61,9 @@ def test_unknown_key_version_and_truncated_fields() -> None:
 
 def test_publish_simple_and_sub_entry_batch() -> None:
     batch = b"".join(struct.pack(">I", len(m)) + m for m in (b"a", b"bc"))
-    # the sub-entry header: type bit + compression 0 + reserved, count u16, sizes
+    # the sub-entry header: a byte (type bit, compression 0, reserved), count u16, sizes
     body = (struct.pack(">Bi", 3, 2) + struct.pack(">QI", 10, 3) + b"xyz"
-            + struct.pack(">Q", 11) + struct.pack(">BBH", 0x80, 0, 2)
+            + struct.pack(">Q", 11) + struct.pack(">BH", 0x80, 2)
             + struct.pack(">II", len(batch), len(batch)) + batch)
     cmd = codec.decode(struct.pack(">HH", codec.PUBLISH, 1) + body)
     publisher, entries = cmd.fields
