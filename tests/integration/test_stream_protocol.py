@@ -402,3 +402,118 @@ async def test_authentication_and_vhost_refusals(target: Target) -> None:
     with pytest.raises(rstream.exceptions.VirtualHostAccessFailure):
         await nohost.start()
     await nohost.close()
+
+
+class RawClient:
+    """A stream-protocol client from raw frames, for answers the libraries hide."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=DEADLINE)
+        self.buffer = b""
+        self.corr = 0
+
+    def send(self, key: int, body: bytes, with_corr: bool = True) -> int:
+        self.corr += 1
+        corr = struct.pack(">I", self.corr) if with_corr else b""
+        self.sock.sendall(_frame(key, corr + body))
+        return self.corr
+
+    def frame(self) -> tuple[int, bytes]:
+        """The next frame the server sends, skipping heartbeats: (key, rest)."""
+        while True:
+            while len(self.buffer) < 4 or len(self.buffer) < 4 + struct.unpack_from(
+                    ">I", self.buffer)[0]:
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    raise EOFError("the server closed the connection")
+                self.buffer += chunk
+            size = struct.unpack_from(">I", self.buffer)[0]
+            frame, self.buffer = self.buffer[4:4 + size], self.buffer[4 + size:]
+            key = struct.unpack_from(">H", frame)[0]
+            if key != 0x17:
+                return key, frame[4:]
+
+    def response(self, key: int) -> tuple[int, bytes]:
+        """The next response to ``key``: (response code, what follows the code)."""
+        while True:
+            got, rest = self.frame()
+            if got == key | 0x8000:
+                return struct.unpack_from(">H", rest, 4)[0], rest[6:]
+
+    def open(self, vhost: str = "/") -> None:
+        self.send(0x11, struct.pack(">i", 0))
+        assert self.response(0x11)[0] == 1
+        self.send(0x12, b"")
+        assert self.response(0x12)[0] == 1
+        self.send(0x13, _s("PLAIN") + struct.pack(">i", 12) + b"\x00guest\x00guest")
+        assert self.response(0x13)[0] == 1
+        key, rest = self.frame()
+        assert key == 0x14  # tune
+        self.sock.sendall(_frame(0x14, rest))
+        self.send(0x15, _s(vhost))
+        assert self.response(0x15)[0] == 1
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _s(text: str) -> bytes:
+    return struct.pack(">h", len(text)) + text.encode()
+
+
+def test_raw_refusals_and_metadata_update(target: Target) -> None:
+    stream = _name("raw")
+    client = RawClient(target.stream_port)
+    try:
+        client.open()
+        client.send(0x0D, _s(stream) + struct.pack(">i", 0))
+        assert client.response(0x0D)[0] == 0x01
+        # publish for a publisher never declared: publish-error 0x12 per id
+        client.send(0x02, struct.pack(">Bi", 9, 1) + struct.pack(">QI", 77, 1) + b"x",
+                    with_corr=False)
+        key, rest = client.frame()
+        assert key == 0x04
+        assert struct.unpack_from(">BiQH", rest) == (9, 1, 77, 0x12)
+        # subscribe: an unknown stream, then ok, then the same id again
+        sub = struct.pack(">B", 1)
+        client.send(0x07, sub + _s(_name("nope")) + struct.pack(">HH", 1, 10)
+                    + struct.pack(">i", 0))
+        assert client.response(0x07)[0] == 0x02
+        client.send(0x07, sub + _s(stream) + struct.pack(">HH", 1, 10) + struct.pack(">i", 0))
+        assert client.response(0x07)[0] == 0x01
+        client.send(0x07, sub + _s(stream) + struct.pack(">HH", 1, 10) + struct.pack(">i", 0))
+        assert client.response(0x07)[0] == 0x03
+        # credit for an unknown subscription: a credit response with 0x04
+        client.send(0x09, struct.pack(">BH", 5, 1), with_corr=False)
+        key, rest = client.frame()
+        assert (key, struct.unpack_from(">HB", rest)) == (0x8009, (0x04, 5))
+        # unsubscribe of an unknown id
+        client.send(0x0C, struct.pack(">B", 6))
+        assert client.response(0x0C)[0] == 0x04
+        # the stream goes: the subscriber hears metadata-update "stream not available"
+        other = RawClient(target.stream_port)
+        try:
+            other.open()
+            other.send(0x0E, _s(stream))
+            assert other.response(0x0E)[0] == 0x01
+        finally:
+            other.close()
+        key, rest = client.frame()
+        assert key == 0x10
+        assert struct.unpack_from(">H", rest)[0] == 0x06
+        assert rest[2:] == _s(stream)
+    finally:
+        client.close()
+
+
+def test_command_before_open_closes(target: Target) -> None:
+    client = RawClient(target.stream_port)
+    try:
+        client.send(0x11, struct.pack(">i", 0))
+        assert client.response(0x11)[0] == 1
+        client.send(0x0D, _s(_name("early")) + struct.pack(">i", 0))  # create before auth
+        with pytest.raises((EOFError, ConnectionResetError)):
+            for _ in range(10):
+                client.frame()
+    finally:
+        client.close()
