@@ -111,6 +111,11 @@ class StreamConnection:
         self.received = True  # something arrived since the last heartbeat check
         self._gone_callbacks: dict[int, Callable[[Any], None]] = {}
 
+    @property
+    def is_open(self) -> bool:
+        """Authenticated, tuned and opened on a vhost."""
+        return self._opened
+
     # ------------------------------------------------------------------ input
     def receive_data(self, data: bytes) -> None:
         self.received = True

@@ -35,6 +35,7 @@ class StreamProtocol(asyncio.Protocol):
         self.conn: StreamConnection | None = None
         self._loop = asyncio.get_running_loop()
         self._flush_scheduled = False
+        self._handshake: asyncio.TimerHandle | None = None
         self._beat: asyncio.TimerHandle | None = None
         self._missed = 0
 
@@ -47,17 +48,16 @@ class StreamProtocol(asyncio.Protocol):
                                      self.advertised, self.tracking)
         self.conn.on_output = self._schedule_flush
         self.connections.add(self)
-        self._beat = self._loop.call_later(self.broker.settings.handshake_timeout,
-                                           self._handshake_check)
+        self._handshake = self._loop.call_later(self.broker.settings.handshake_timeout,
+                                                self._handshake_check)
 
     def _handshake_check(self) -> None:
+        self._handshake = None
         conn = self.conn
-        if conn is not None and not conn._opened and self.transport is not None:
+        if conn is not None and not conn.is_open and self.transport is not None:
             log.warning("stream connection %s: no open within the handshake timeout; "
                         "closing", conn.name)
             self.transport.close()
-            return
-        self._schedule_beat()
 
     def _schedule_beat(self) -> None:
         conn = self.conn
@@ -82,8 +82,14 @@ class StreamProtocol(asyncio.Protocol):
         self._schedule_beat()
 
     def data_received(self, data: bytes) -> None:
-        assert self.conn is not None
-        self.conn.receive_data(data)
+        conn = self.conn
+        assert conn is not None
+        conn.receive_data(data)
+        if conn.is_open and self._beat is None:  # tuned and opened: heartbeats begin
+            if self._handshake is not None:
+                self._handshake.cancel()
+                self._handshake = None
+            self._schedule_beat()
         self.flush()
 
     def _schedule_flush(self) -> None:
@@ -112,8 +118,9 @@ class StreamProtocol(asyncio.Protocol):
             self.conn.deliver_all()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._beat is not None:
-            self._beat.cancel()
+        for timer in (self._beat, self._handshake):
+            if timer is not None:
+                timer.cancel()
         self.connections.discard(self)
         if self.conn is not None:
             self.conn.closed()

@@ -517,3 +517,35 @@ def test_command_before_open_closes(target: Target) -> None:
                 client.frame()
     finally:
         client.close()
+
+
+def test_silent_client_is_closed_after_missed_heartbeats(target: Target) -> None:
+    client = RawClient(target.stream_port)
+    try:
+        client.send(0x11, struct.pack(">i", 0))
+        assert client.response(0x11)[0] == 1
+        client.send(0x12, b"")
+        assert client.response(0x12)[0] == 1
+        client.send(0x13, _s("PLAIN") + struct.pack(">i", 12) + b"\x00guest\x00guest")
+        assert client.response(0x13)[0] == 1
+        key, rest = client.frame()
+        assert key == 0x14
+        client.sock.sendall(_frame(0x14, rest[:4] + struct.pack(">I", 1)))  # heartbeat 1 s
+        client.send(0x15, _s("/"))
+        assert client.response(0x15)[0] == 1
+        started = time.monotonic()
+        beats = 0
+        client.sock.settimeout(0.5)
+        while time.monotonic() - started < DEADLINE:  # read, never send
+            try:
+                data = client.sock.recv(4096)
+            except TimeoutError:
+                continue
+            if not data:
+                break
+            beats += data.count(struct.pack(">IHH", 4, 0x17, 1))
+        else:
+            raise AssertionError("a silent client was never closed")
+        assert beats >= 1
+    finally:
+        client.close()
