@@ -586,14 +586,48 @@ class StreamConnection:
             return self.send(c.response(c.QUERY_OFFSET, corr, c.NO_OFFSET).u64(0).frame())
         self.send(c.response(c.QUERY_OFFSET, corr, c.OK).u64(offset).frame())
 
+    def _super_stream_bindings(self, name: str) -> list[Any] | None:
+        """The queue bindings of super stream ``name`` (its exchange), in partition
+        order (``x-stream-partition-order``, then binding order); None without it."""
+        vh = self.broker.vhosts.get(self.vhost)
+        exchange = vh.exchanges.get(name) if vh is not None else None
+        if exchange is None:
+            return None
+        bindings = [b for b in exchange.bindings.values() if b.destination_type == "queue"]
+
+        def order(item: tuple[int, Any]) -> tuple[int, int]:
+            value = item[1].arguments.get("x-stream-partition-order")
+            return (value if isinstance(value, int) else 1 << 62, item[0])
+
+        return [b for _, b in sorted(enumerate(bindings), key=order)]
+
     def _route(self, cmd: c.Command) -> None:
-        # super streams are not built yet: the exchange is not found
-        self.send(c.response(c.ROUTE, cmd.correlation_id, c.STREAM_DOES_NOT_EXIST)
-                  .u32(0).frame())
+        """The partition streams a routing key goes to (super streams: bindings of a
+        direct exchange); 0x02 when there is no such exchange."""
+        key, super_stream = cmd.fields
+        bindings = self._super_stream_bindings(super_stream)
+        if bindings is None:
+            self.send(c.response(c.ROUTE, cmd.correlation_id, c.STREAM_DOES_NOT_EXIST)
+                      .u32(0).frame())
+            return
+        streams = [b.destination.name for b in bindings if b.routing_key == key]
+        w = c.response(c.ROUTE, cmd.correlation_id, c.OK).u32(len(streams))
+        for name in streams:
+            w.string(name)
+        self.send(w.frame())
 
     def _partitions(self, cmd: c.Command) -> None:
-        self.send(c.response(c.PARTITIONS, cmd.correlation_id, c.STREAM_DOES_NOT_EXIST)
-                  .u32(0).frame())
+        """Every partition stream of a super stream, in partition order."""
+        bindings = self._super_stream_bindings(cmd.fields[0])
+        if bindings is None:
+            self.send(c.response(c.PARTITIONS, cmd.correlation_id, c.STREAM_DOES_NOT_EXIST)
+                      .u32(0).frame())
+            return
+        names = list(dict.fromkeys(b.destination.name for b in bindings))
+        w = c.response(c.PARTITIONS, cmd.correlation_id, c.OK).u32(len(names))
+        for name in names:
+            w.string(name)
+        self.send(w.frame())
 
     # ------------------------------------------------------------------ the end
     def closed(self) -> None:
