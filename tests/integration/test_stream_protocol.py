@@ -440,7 +440,8 @@ class RawClient:
             if got == key | 0x8000:
                 return struct.unpack_from(">H", rest, 4)[0], rest[6:]
 
-    def open(self, vhost: str = "/") -> None:
+    def open(self, vhost: str = "/", heartbeat: int | None = None) -> None:
+        """Handshake; answer tune with the server's values (or ``heartbeat``)."""
         self.send(0x11, struct.pack(">i", 0))
         assert self.response(0x11)[0] == 1
         self.send(0x12, b"")
@@ -449,6 +450,8 @@ class RawClient:
         assert self.response(0x13)[0] == 1
         key, rest = self.frame()
         assert key == 0x14  # tune
+        if heartbeat is not None:
+            rest = rest[:4] + struct.pack(">I", heartbeat)
         self.sock.sendall(_frame(0x14, rest))
         self.send(0x15, _s(vhost))
         assert self.response(0x15)[0] == 1
@@ -522,17 +525,7 @@ def test_command_before_open_closes(target: Target) -> None:
 def test_silent_client_is_closed_after_missed_heartbeats(target: Target) -> None:
     client = RawClient(target.stream_port)
     try:
-        client.send(0x11, struct.pack(">i", 0))
-        assert client.response(0x11)[0] == 1
-        client.send(0x12, b"")
-        assert client.response(0x12)[0] == 1
-        client.send(0x13, _s("PLAIN") + struct.pack(">i", 12) + b"\x00guest\x00guest")
-        assert client.response(0x13)[0] == 1
-        key, rest = client.frame()
-        assert key == 0x14
-        client.sock.sendall(_frame(0x14, rest[:4] + struct.pack(">I", 1)))  # heartbeat 1 s
-        client.send(0x15, _s("/"))
-        assert client.response(0x15)[0] == 1
+        client.open(heartbeat=1)  # then read, never send
         started = time.monotonic()
         beats = 0
         client.sock.settimeout(0.5)

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import struct
-import subprocess
-import sys
 import zlib
 from pathlib import Path
 
 import pytest
 
 from amqpd.streamproto import amqp10, codec
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests.unit.protocol.test_atheris import run_atheris
 
 
 def _frame(key: int, body: bytes, version: int = 1) -> bytes:
@@ -115,12 +111,4 @@ def test_amqp10_bodies() -> None:
 
 
 def test_short_atheris_run_of_the_frame_decoder(tmp_path: Path) -> None:
-    pytest.importorskip("atheris", reason="atheris is not installed (pip install atheris)")
-    env = dict(os.environ, AMQPD_PURE_PYTHON="1")
-    proc = subprocess.run(
-        [sys.executable, "-m", "fuzz.stream_frames", "-runs=20000", "-max_total_time=60",
-         f"-artifact_prefix={tmp_path}/", "-print_final_stats=1"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "Done" in proc.stderr or "stat::number_of_executed_units" in proc.stderr
-    assert not list(tmp_path.glob("crash-*")), proc.stderr[-4000:]
+    run_atheris("fuzz.stream_frames", 20000, tmp_path)
