@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
                            "http_port": (broker.http.port or None) if broker.http else None,
                            "stream_port": next((p for proto, _, p in broker.listeners
                                                 if proto == "stream"), None),
+                           "stream_tls_port": next((p for proto, _, p in broker.listeners
+                                                    if proto == "stream/ssl"), None),
                            "tls_port": next((p for proto, _, p in broker.listeners
                                              if proto == "amqps"), None),
                            # the warren: role and the replication listener's port

@@ -294,6 +294,7 @@ class Settings:
     stream_port: int = 5552
     stream_advertised_host: str = ""  # what metadata tells clients; "" = bind or hostname
     stream_advertised_port: int = 0  # 0 = the port listened on
+    stream_tls_port: int = 5551  # stream over TLS, started with stream when TLS is set up
     tls_cert: str = ""
     tls_key: str = ""
     tls_ca: str = ""

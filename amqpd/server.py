@@ -327,7 +327,8 @@ class Broker:
             self.stream_listener.close()
             self.stream_listener = None
         self.listeners = [entry for entry in self.listeners if entry[0] not in
-                          ("amqp", "amqps", "stream")]
+                          ("amqp", "amqps", "stream",
+                                                          "stream/ssl")]
         for proto in list(self.transports):
             if proto.session is not None and proto.session.conn.is_open:
                 proto.session.conn.close(
@@ -508,6 +509,10 @@ class Broker:
             hosts = ["0.0.0.0", "::"] if s.bind == "" else [s.bind]
             for host, port in await self.stream_listener.start(hosts, s.stream_port):
                 self.listeners.append(("stream", host, port))
+            if tls_configured(s):
+                for host, port in await self.stream_listener.start(
+                        hosts, s.stream_tls_port, ssl=server_context(s)):
+                    self.listeners.append(("stream/ssl", host, port))
 
     def local_uri(self, vhost: str = "/") -> str:
         """An AMQP URI to this broker for plugins' links (RabbitMQ's bare "amqp://")."""

@@ -88,7 +88,7 @@ def _publisher(port: int, stream: str, count: int, body: int, batch: int, window
                start: Any, result: Any) -> None:
     conn = Raw(port)
     conn.open()
-    conn.send(0x01, struct.pack(">B", 0) + struct.pack(">h", -1) + _s(stream))
+    conn.send(0x01, struct.pack(">B", 0) + _s("") + _s(stream))  # no reference
     conn.expect(0x01)
     message = b"\x00\x53\x75\xb0" + struct.pack(">I", body) + b"x" * body
     entry = struct.pack(">I", len(message)) + message

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from amqpd.streamproto import codec
 from amqpd.streamproto.connection import StreamConnection
@@ -136,7 +136,10 @@ class StreamListener:
         self.connections: set[StreamProtocol] = set()
         self.servers: list[asyncio.Server] = []
 
-    async def start(self, hosts: list[str], port: int) -> list[tuple[str, int]]:
+    async def start(self, hosts: list[str], port: int,
+                    ssl: Any = None) -> list[tuple[str, int]]:
+        """Listen on ``port`` (0: ephemeral) on every host; ``ssl``: a TLS listener
+        (5551). Metadata advertises the listener's own port to its clients."""
         loop = asyncio.get_running_loop()
         bound: list[tuple[str, int]] = []
         settings = self.broker.settings
@@ -146,12 +149,13 @@ class StreamListener:
                 server = await loop.create_server(
                     lambda: StreamProtocol(self.broker, advertised[0], self.tracking,
                                            self.connections),
-                    host=host, port=port, reuse_address=True, backlog=1024)
+                    host=host, port=port, reuse_address=True, backlog=1024, ssl=ssl)
             except OSError as exc:
                 if host == "::" and bound:
                     log.info("no IPv6 stream listener on port %d (%s)", port, exc)
                     continue
-                raise OSError(exc.errno, f"stream listener cannot listen on {host}:{port}: "
+                name = "stream" if ssl is None else "stream/ssl"
+                raise OSError(exc.errno, f"{name} listener cannot listen on {host}:{port}: "
                                          f"{exc.strerror or exc}") from exc
             self.servers.append(server)
             for sock in server.sockets:

@@ -602,3 +602,30 @@ async def test_super_stream_route_and_partitions(target: Target) -> None:
     for stream in names:
         seen += await _read_all(target, stream)
     assert sorted(seen) == [f"p{i}".encode() for i in range(6)]
+
+
+async def test_stream_over_tls(tmp_path: Path) -> None:
+    from tests.integration.test_tls import client_context, make_pki
+
+    pki = make_pki(tmp_path)
+    (port,) = free_ports(1)
+    proc = BrokerProcess(tmp_path / "data", extra_args=["--stream-port", str(port)],
+                         env={"AMQPD_STREAM_TLS_PORT": "0", "AMQPD_TLS_PORT": "0",
+                              "AMQPD_TLS_CERT": str(pki["server_cert"]),
+                              "AMQPD_TLS_KEY": str(pki["server_key"]),
+                              "AMQPD_TLS_CA": str(pki["ca"])})
+    proc.start()
+    try:
+        tls_port = int(proc.info["stream_tls_port"])
+        assert ["stream/ssl", "127.0.0.1", tls_port] in proc.info["listeners"]
+        stream = _name("tls")
+        async with rstream.Producer("127.0.0.1", port=tls_port, username="guest",
+                                    password="guest", ssl_context=client_context(pki),
+                                    load_balancer_mode=True) as p:
+            await p.create_stream(stream)
+            await p.send_wait(stream, AMQPMessage(body=b"secret"))
+        plain = Target("amqpd", proc.port, port, None)
+        assert await _read(plain, stream, OffsetSpec(OffsetType.FIRST, None), 1) == [
+            (0, b"secret")]
+    finally:
+        proc.stop()
