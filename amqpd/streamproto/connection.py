@@ -38,6 +38,7 @@ log = logging.getLogger("amqpd.streamproto")
 SERVER_FRAME_MAX = 1048576  # RabbitMQ's stream plugin defaults
 SERVER_HEARTBEAT = 60
 CHUNK_BYTES = 1024 * 1024  # a delivered chunk holds at most about this much
+READ_RECORDS = 1024  # records a subscription reads per pread at most
 MAX_REFERENCE = 256
 COMPRESSION_NONE = 0  # sub-entry batch compression types (rstream's CompressionType)
 COMPRESSION_GZIP = 1
@@ -67,7 +68,8 @@ class Subscription:
     reader: Reader
     credit: int
     properties: dict[str, str]
-    pending: list[Record] = field(default_factory=list)  # read, not yet sent
+    pending: list[Record] = field(default_factory=list)  # read; from ``taken`` on unsent
+    taken: int = 0
     chunks: int = 0  # delivered
 
 
@@ -525,15 +527,21 @@ class StreamConnection:
         size = 0
         while True:
             if not sub.pending:
-                sub.pending = sub.reader.read(256)
+                sub.pending = sub.reader.read(READ_RECORDS)
+                sub.taken = 0
                 if not sub.pending:
                     return out
-            while sub.pending:
-                record = sub.pending[0]
+            pending = sub.pending
+            i = sub.taken
+            while i < len(pending):
+                record = pending[i]
                 if out and (record.chunk_start or size + len(record.payload) > limit):
+                    sub.taken = i
                     return out
-                out.append(sub.pending.pop(0))
+                out.append(record)
                 size += len(record.payload) + 4
+                i += 1
+            sub.pending = []
 
     def _credit(self, cmd: c.Command) -> None:
         sid, credit = cmd.fields
