@@ -46,6 +46,7 @@ CLOSE = 0x16
 HEARTBEAT = 0x17
 ROUTE = 0x18
 PARTITIONS = 0x19
+EXCHANGE_COMMAND_VERSIONS = 0x1B  # RabbitMQ 3.11+ (3.10.8's plugin does not know it)
 RESPONSE = 0x8000
 
 # response codes (PROTOCOL.adoc "Response Codes")
@@ -306,6 +307,8 @@ _DECODERS: dict[int, tuple[bool, Callable[[Reader], tuple[Any, ...]]]] = {
     HEARTBEAT: (False, lambda r: ()),
     ROUTE: (True, lambda r: (r.text(), r.text())),
     PARTITIONS: (True, lambda r: (r.text(),)),
+    EXCHANGE_COMMAND_VERSIONS: (True, lambda r: tuple(
+        (r.u16(), r.u16(), r.u16()) for _ in range(r.count(6)))),
 }
 # responses a client sends (to the server's tune and close requests)
 CLIENT_RESPONSES = frozenset({CLOSE | RESPONSE})

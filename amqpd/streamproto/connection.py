@@ -637,6 +637,17 @@ class StreamConnection:
             w.string(name)
         self.send(w.frame())
 
+    def _exchange_command_versions(self, cmd: c.Command) -> None:
+        """The commands this server takes and their versions (all version 1): asked
+        by newer clients (RabbitMQ 3.11+'s command; rabbitmq-stream-js-client always
+        asks)."""
+        keys = sorted(k for k in _HANDLERS if not k & c.RESPONSE)
+        w = c.response(c.EXCHANGE_COMMAND_VERSIONS, cmd.correlation_id, c.OK)
+        w.u32(len(keys))
+        for key in keys:
+            w.u16(key).u16(1).u16(1)
+        self.send(w.frame())
+
     # ------------------------------------------------------------------ the end
     def closed(self) -> None:
         """The socket ended: forget publishers and subscriptions."""
@@ -683,6 +694,7 @@ _HANDLERS = {
     c.SUBSCRIBE: "_subscribe", c.CREDIT: "_credit", c.UNSUBSCRIBE: "_unsubscribe",
     c.STORE_OFFSET: "_store_offset", c.QUERY_OFFSET: "_query_offset",
     c.ROUTE: "_route", c.PARTITIONS: "_partitions",
+    c.EXCHANGE_COMMAND_VERSIONS: "_exchange_command_versions",
 }
 
 __all__ = ["StreamConnection"]
