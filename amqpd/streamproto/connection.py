@@ -59,6 +59,9 @@ class Publisher:
     queue: StreamQueue
     # ids accepted but not yet confirmed, highest (dedup of re-sends in flight)
     highest: int = 0
+    published: int = 0  # messages stored (the management API's counters)
+    confirmed: int = 0  # publishing ids confirmed
+    errored: int = 0  # publishing ids answered with publish-error
 
 
 @dataclass(slots=True)
@@ -71,6 +74,7 @@ class Subscription:
     pending: list[Record] = field(default_factory=list)  # read; from ``taken`` on unsent
     taken: int = 0
     chunks: int = 0  # delivered
+    consumed: int = 0  # records delivered
 
 
 def tracking_of(queue: StreamQueue, cache: dict[int, Tracking]) -> Tracking:
@@ -419,20 +423,24 @@ class StreamConnection:
             if tracking is not None:
                 pub.highest = max(pub.highest, publishing_id)
         if errors:
+            pub.errored += len(errors)
             self.send(c.publish_error(pid, errors))
         if not accepted and not dropped:
             return
         q = pub.queue
         if messages:
             q.append_amqp10(messages)
+            pub.published += len(messages)
         confirmed = accepted + dropped
 
         def synced(error: BaseException | None) -> None:
             if error is not None:
+                pub.errored += len(accepted)
                 self.send(c.publish_error(pid, [(i, c.INTERNAL_ERROR) for i in accepted]))
                 if dropped:
                     self.send(c.publish_confirm(pid, dropped))
                 return
+            pub.confirmed += len(confirmed)
             if tracking is None or not accepted:
                 self.send(c.publish_confirm(pid, confirmed))
                 return
@@ -518,6 +526,7 @@ class StreamConnection:
                                   len(messages), data)
             sub.credit -= 1
             sub.chunks += 1
+            sub.consumed += len(messages)
             self.send(c.deliver(sid, head + data))
 
     def _next_chunk(self, sub: Subscription, limit: int) -> list[Record]:

@@ -169,6 +169,12 @@ class StreamListener:
                 advertised.append((adv_host, settings.stream_advertised_port or port))
         return bound
 
+    def http_routes(self, router: Any) -> None:
+        """/api/stream/... (amqpd.streamproto.http) on the management API's router."""
+        from amqpd.streamproto.http import add_routes
+
+        add_routes(self)(router)
+
     def close(self) -> None:
         for server in self.servers:
             server.close()

@@ -629,3 +629,45 @@ async def test_stream_over_tls(tmp_path: Path) -> None:
             (0, b"secret")]
     finally:
         proc.stop()
+
+
+async def test_management_api_lists_stream_clients(tmp_path: Path) -> None:
+    import base64
+    import json
+    import urllib.request
+
+    (port,) = free_ports(1)
+    proc = BrokerProcess(tmp_path, extra_args=["--stream-port", str(port)])
+    proc.start()
+    t = Target("amqpd", proc.port, port, None)
+
+    def get(path: str) -> Any:
+        req = urllib.request.Request(proc.http_url + path, headers={
+            "Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.loads(resp.read())
+
+    try:
+        stream = _name("mgmt")
+        got = asyncio.Event()
+
+        async def on_message(msg: Any, ctx: Any) -> None:
+            got.set()
+
+        async with _producer(t) as p, _consumer(t) as c:
+            await p.create_stream(stream)
+            await p.send_wait(stream, AMQPMessage(body=b"one"))
+            await c.start()
+            await c.subscribe(stream, on_message, decoder=rstream.amqp_decoder,
+                              offset_specification=OffsetSpec(OffsetType.FIRST, None))
+            await asyncio.wait_for(got.wait(), DEADLINE)
+            conns = await asyncio.to_thread(get, "/api/stream/connections")
+            assert len(conns) >= 2 and {c["user"] for c in conns} == {"guest"}
+            pubs = await asyncio.to_thread(get, "/api/stream/publishers/%2F")
+            mine = [x for x in pubs if x["queue"]["name"] == stream]
+            assert mine and mine[0]["published"] == 1 and mine[0]["confirmed"] == 1
+            subs = await asyncio.to_thread(get, "/api/stream/consumers")
+            mine = [x for x in subs if x["queue"]["name"] == stream]
+            assert mine and mine[0]["offset"] == 1 and mine[0]["messages_consumed"] == 1
+    finally:
+        proc.stop()
