@@ -134,39 +134,24 @@ class StreamListener:
         self.broker = broker
         self.tracking: dict[int, Tracking] = {}
         self.connections: set[StreamProtocol] = set()
-        self.servers: list[asyncio.Server] = []
 
-    async def start(self, hosts: list[str], port: int,
-                    ssl: Any = None) -> list[tuple[str, int]]:
-        """Listen on ``port`` (0: ephemeral) on every host; ``ssl``: a TLS listener
+    async def start(self, port: int, ssl: Any = None) -> list[tuple[str, int]]:
+        """Listen on ``port`` (0: ephemeral) where the AMQP listeners do (the broker's
+        ``_listen``, which also closes them at shutdown); ``ssl``: a TLS listener
         (5551). Metadata advertises the listener's own port to its clients."""
-        loop = asyncio.get_running_loop()
-        bound: list[tuple[str, int]] = []
         settings = self.broker.settings
-        advertised: list[tuple[str, int]] = []  # filled once the port is known
-        for host in hosts:
-            try:
-                server = await loop.create_server(
-                    lambda: StreamProtocol(self.broker, advertised[0], self.tracking,
-                                           self.connections),
-                    host=host, port=port, reuse_address=True, backlog=1024, ssl=ssl)
-            except OSError as exc:
-                if host == "::" and bound:
-                    log.info("no IPv6 stream listener on port %d (%s)", port, exc)
-                    continue
-                name = "stream" if ssl is None else "stream/ssl"
-                raise OSError(exc.errno, f"{name} listener cannot listen on {host}:{port}: "
-                                         f"{exc.strerror or exc}") from exc
-            self.servers.append(server)
-            for sock in server.sockets:
-                addr = sock.getsockname()
-                bound.append((addr[0], addr[1]))
-            port = bound[0][1]
-            if not advertised:
-                adv_host = settings.stream_advertised_host or (
-                    hosts[0] if hosts[0] not in ("0.0.0.0", "::") else
-                    _hostname())
-                advertised.append((adv_host, settings.stream_advertised_port or port))
+        advertised: list[tuple[str, int]] = []  # known once bound, before any client
+
+        def factory() -> StreamProtocol:
+            return StreamProtocol(self.broker, advertised[0], self.tracking,
+                                  self.connections)
+
+        bound = await self.broker._listen(port, ssl=ssl, factory=factory,
+                                          name="stream" if ssl is None else "stream/ssl")
+        host = bound[0][0]
+        advertised.append((settings.stream_advertised_host or (
+            host if host not in ("0.0.0.0", "::") else _hostname()),
+            settings.stream_advertised_port or bound[0][1]))
         return bound
 
     def http_routes(self, router: Any) -> None:
@@ -176,9 +161,7 @@ class StreamListener:
         add_routes(self)(router)
 
     def close(self) -> None:
-        for server in self.servers:
-            server.close()
-        self.servers = []
+        """Close every stream connection (the broker closed the listening sockets)."""
         for proto in list(self.connections):
             if proto.transport is not None:
                 proto.transport.close()
