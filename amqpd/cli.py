@@ -36,6 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-format", choices=["console", "json"])
     p.add_argument("--http-port", type=int, help="HTTP API port (default 15672; 0 = ephemeral)")
+    p.add_argument("--stream-port", type=int,
+                   help="serve the RabbitMQ Stream protocol on this port (5552 as "
+                        "RabbitMQ; 0 = ephemeral); off unless this, stream = true in the "
+                        "config file or AMQPD_STREAM=1")
     p.add_argument("--tls-port", type=int, help="amqps port (default 5671; 0 = ephemeral; "
                                                 "needs tls_cert and tls_key)")
     p.add_argument("--ready-file", help="write listener ports as JSON here once listening "
@@ -75,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
             "bind": args.bind, "port": args.port, "data_dir": args.data_dir,
             "node_name": args.node_name, "log_level": args.log_level,
             "log_format": args.log_format, "http_port": args.http_port,
-            "tls_port": args.tls_port,
+            "tls_port": args.tls_port, "stream_port": args.stream_port,
+            "stream": True if args.stream_port is not None else None,
             **{"replication_" + k: getattr(args, "replication_" + k) for k in REPLICATION_KEYS},
             **{"cluster_" + k: getattr(args, "cluster_" + k) for k in CLUSTER_KEYS},
         })
@@ -104,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
                 json.dump({"amqp_port": broker.port, "pid": os.getpid(),
                            "listeners": broker.listeners,
                            "http_port": (broker.http.port or None) if broker.http else None,
+                           "stream_port": next((p for proto, _, p in broker.listeners
+                                                if proto == "stream"), None),
+                           "stream_tls_port": next((p for proto, _, p in broker.listeners
+                                                    if proto == "stream/ssl"), None),
                            "tls_port": next((p for proto, _, p in broker.listeners
                                              if proto == "amqps"), None),
                            # the warren: role and the replication listener's port

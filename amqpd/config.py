@@ -306,6 +306,13 @@ class Settings:
     http_port: int = 15672
     http_tls: bool = False  # serve the HTTP API over TLS with tls_cert/tls_key
     tls_port: int = 5671  # amqps listener, started only when tls_cert and tls_key are set
+    # the RabbitMQ Stream protocol listener (amqpd.streamproto), off by default as
+    # RabbitMQ's rabbitmq_stream plugin; 0 = an ephemeral port
+    stream: bool = False
+    stream_port: int = 5552
+    stream_advertised_host: str = ""  # what metadata tells clients; "" = bind or hostname
+    stream_advertised_port: int = 0  # 0 = the port listened on
+    stream_tls_port: int = 5551  # stream over TLS, started with stream when TLS is set up
     tls_cert: str = ""
     tls_key: str = ""
     tls_ca: str = ""

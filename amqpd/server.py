@@ -92,6 +92,7 @@ class Broker:
         self._dispatch_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._servers: list[asyncio.base_events.Server] = []
+        self.stream_listener: Any = None  # amqpd.streamproto's listener when enabled
         self._ticker: asyncio.Task[None] | None = None
         self.definitions = DefinitionJournal(self)  # durable topology -> log records
         # event-loop stalls and requests waiting too long, in the log (issue 28)
@@ -335,8 +336,11 @@ class Broker:
         for server in self._servers:
             server.close()
         self._servers = []
+        if self.stream_listener is not None:
+            self.stream_listener.close()
+            self.stream_listener = None
         self.listeners = [entry for entry in self.listeners if entry[0] not in
-                          ("amqp", "amqps")]
+                          ("amqp", "amqps", "stream", "stream/ssl")]
         for proto in list(self.transports):
             if proto.session is not None and proto.session.conn.is_open:
                 proto.session.conn.close(
@@ -367,27 +371,30 @@ class Broker:
         self.store = MemoryStore(loop=self._loop)
         self.store.open()
 
-    async def _listen(self, port: int, ssl: Any = None) -> list[tuple[str, int]]:
-        """Open the AMQP listener(s) on ``settings.bind``; ``""`` (the default) means every
+    async def _listen(self, port: int, ssl: Any = None, factory: Any = None,
+                      name: str = "") -> list[tuple[str, int]]:
+        """Open a listener on ``settings.bind``; ``""`` (the default) means every
         interface, IPv4 and IPv6, on one port, as RabbitMQ listens by default (a client
         that resolves localhost to ::1 must reach it). Without IPv6 on the machine the
-        IPv4 listener is enough."""
+        IPv4 listener is enough. ``factory`` makes each connection's protocol (AMQP's
+        by default; the stream listener passes its own) and ``name`` names the
+        listener in errors."""
         assert self._loop is not None
         bind = self.settings.bind
         hosts = ["0.0.0.0", "::"] if bind == "" else [bind]
         bound: list[tuple[str, int]] = []
+        make = factory if factory is not None else (lambda: AMQPProtocol(self))
         for host in hosts:
             try:
                 server = await self._loop.create_server(
-                    lambda: AMQPProtocol(self), host=host, port=port, reuse_address=True,
-                    backlog=1024, ssl=ssl)
+                    make, host=host, port=port, reuse_address=True, backlog=1024, ssl=ssl)
             except OSError as exc:
                 if host == "::" and bound:
                     log.info("no IPv6 listener on port %d (%s); IPv4 only", port, exc)
                     continue
                 # start-up refuses half a broker: name the listener that could not bind
-                name = "amqp" if ssl is None else "amqps"
-                raise OSError(exc.errno, f"{name} listener cannot listen on "
+                what = name or ("amqp" if ssl is None else "amqps")
+                raise OSError(exc.errno, f"{what} listener cannot listen on "
                                          f"{host_port(host, port)}: "
                                          f"{exc.strerror or exc}") from exc
             self._servers.append(server)
@@ -513,6 +520,16 @@ class Broker:
         if tls_configured(s):
             for host, port in await self._listen(s.tls_port, ssl=server_context(s)):
                 self.listeners.append(("amqps", host, port))
+        if s.stream and self.stream_listener is None:
+            from amqpd.streamproto.transport import StreamListener
+
+            self.stream_listener = StreamListener(self)
+            for host, port in await self.stream_listener.start(s.stream_port):
+                self.listeners.append(("stream", host, port))
+            if tls_configured(s):
+                for host, port in await self.stream_listener.start(
+                        s.stream_tls_port, ssl=server_context(s)):
+                    self.listeners.append(("stream/ssl", host, port))
 
     def local_uri(self, vhost: str = "/") -> str:
         """An AMQP URI to this broker for plugins' links (RabbitMQ's bare "amqp://")."""

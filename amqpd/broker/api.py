@@ -442,6 +442,9 @@ class BrokerAPI:
             add_routes = getattr(plugin, "http_routes", None)
             if add_routes is not None:
                 hooks.append(add_routes)
+        listener = self._broker.stream_listener  # /api/stream/... (amqpd.streamproto)
+        if listener is not None:
+            hooks.append(listener.http_routes)
         return hooks
 
     def stopping(self) -> bool:

@@ -51,7 +51,8 @@ from amqpd.broker.queue_entry import QueueEntry
 from amqpd.broker.queue_type import QueueType, register_queue_type
 from amqpd.broker.quorum import check_count_arguments, refuse_replicated_flags
 from amqpd.protocol.errors import NotImplemented_, PreconditionFailed
-from amqpd.store.stream_log import DEFAULT_SEGMENT_BYTES, Record, StreamLog
+from amqpd.store.stream_log import AMQP10, DEFAULT_SEGMENT_BYTES, Record, StreamLog
+from amqpd.streamproto.amqp10 import AMQP10Error, body_of
 
 if TYPE_CHECKING:
     import asyncio
@@ -201,6 +202,22 @@ def decode_payload(payload: bytes) -> Message:
                    props, payload[at + 4 + n_props:], persistent=True)
 
 
+def decode_record(record: Record, queue_name: str) -> Message:
+    """The message an AMQP 0-9-1 consumer gets for ``record``: a stream-protocol
+    (AMQP 1.0) message becomes its body, published to the default exchange with the
+    stream's name as routing key and only the ``x-stream-offset`` header."""
+    if not record.amqp10:
+        return decode_payload(record.payload)
+    try:
+        body = body_of(record.payload)
+    except AMQP10Error as exc:
+        log.warning("stream '%s': offset %d is not an AMQP 1.0 message (%s): delivered "
+                    "as it is", queue_name, record.offset, exc)
+        body = record.payload
+    return Message("", queue_name, with_offset_header(b"\x00\x00", record.offset), body,
+                   persistent=True)
+
+
 def _min(*values: Any) -> int | None:
     found = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
     return min(found) if found else None
@@ -243,6 +260,8 @@ class StreamQueue(QueueType):
         self._retention_timer: asyncio.TimerHandle | None = None
         self.segments_deleted = 0
         self._rolls_seen = 0
+        # called after each flush made records readable (stream-protocol subscribers)
+        self.watchers: list[Callable[[], None]] = []
         broker.publisher.own_log_queues += 1
         self.on_removed.append(_removed)
 
@@ -361,6 +380,22 @@ class StreamQueue(QueueType):
             else:
                 self.flush()
 
+    def append_amqp10(self, messages: list[bytes]) -> int:
+        """Append stream-protocol messages as they came (one chunk with this tick's
+        other records); the offset after the last one."""
+        log_ = self.log
+        now = _now_ms()
+        for payload in messages:
+            log_.append(payload, now, AMQP10)
+        self.stat_publish += len(messages)
+        if not self._flush_pending and messages:
+            self._flush_pending = True
+            if self._loop is not None:
+                self._loop.call_soon(self.flush)
+            else:
+                self.flush()
+        return log_.next_offset
+
     def flush(self) -> None:
         """End of the tick: what was appended becomes readable (one write, one chunk);
         consumers get it; a segment that filled up may let retention drop old ones."""
@@ -373,6 +408,8 @@ class StreamQueue(QueueType):
             self.apply_retention()
         if self.consumers:
             self.vhost.schedule_dispatch(self)
+        for watcher in list(self.watchers):
+            watcher()
 
     def sync_log(self, callback: Callable[[BaseException | None], None]) -> None:
         """Call back once everything appended so far is fsynced (or with the error):
@@ -461,7 +498,7 @@ class StreamQueue(QueueType):
             if i and not consumer.can_receive():
                 self.readers[consumer] = self.log.reader(record.offset)
                 return False
-            consumer.deliver(self, QueueEntry(decode_payload(record.payload),
+            consumer.deliver(self, QueueEntry(decode_record(record, self.name),
                                               record.offset))
         return True
 
@@ -538,6 +575,6 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-__all__ = ["OFFSET_HEADER", "QUEUE_ARGUMENTS", "StreamQueue", "decode_payload",
+__all__ = ["OFFSET_HEADER", "QUEUE_ARGUMENTS", "StreamQueue", "decode_payload", "decode_record",
            "encode_payload", "parse_duration", "start_offset", "stream_directory",
            "validate_stream_arguments", "with_offset_header"]

@@ -75,6 +75,7 @@ HEADER_SIZE = len(FILE_HEADER)
 RECORD = struct.Struct(">IIQqB")  # crc, payload length, offset, timestamp ms, flags
 RECORD_SIZE = RECORD.size
 CHUNK_START = 1
+AMQP10 = 2  # flag bit 1: the payload is a stream-protocol (AMQP 1.0) message as sent
 MAX_RECORD = 256 * 1024 * 1024  # a length above this is corruption, not a record
 INDEX_ENTRY = struct.Struct(">QQq")  # offset, position, timestamp
 INDEX_TRAILER = struct.Struct(">QQI")  # records, end position, crc of the entries
@@ -94,6 +95,7 @@ class Record(NamedTuple):
     timestamp: int  # ms since the epoch
     chunk_start: bool
     payload: bytes
+    amqp10: bool = False  # an AMQP 1.0 message from the stream protocol (flag AMQP10)
 
 
 _TAIL = struct.Struct(">IQqB")  # RECORD without its crc
@@ -104,9 +106,12 @@ def _crc(header_tail: bytes, payload: bytes | memoryview) -> int:
     return zlib.crc32(payload, zlib.crc32(header_tail)) & 0xFFFFFFFF
 
 
-def encode_record(offset: int, timestamp: int, chunk_start: bool, payload: bytes) -> bytes:
-    """One record as written (header then payload)."""
-    tail = _TAIL.pack(len(payload), offset, timestamp, CHUNK_START if chunk_start else 0)
+def encode_record(offset: int, timestamp: int, chunk_start: bool, payload: bytes,
+                  flags: int = 0) -> bytes:
+    """One record as written (header then payload); ``flags`` beyond the chunk mark
+    (:data:`AMQP10`) are kept as given."""
+    tail = _TAIL.pack(len(payload), offset, timestamp,
+                      flags | (CHUNK_START if chunk_start else 0))
     return b"".join((_CRC.pack(_crc(tail, payload)), tail, payload))
 
 
@@ -293,7 +298,8 @@ class StreamLog:
             payload = os.pread(fd, length, position + RECORD_SIZE)
             if _crc(head[4:], payload) != crc:
                 return
-            yield Record(offset, timestamp, bool(flags & CHUNK_START), payload), position
+            yield Record(offset, timestamp, bool(flags & CHUNK_START), payload,
+                         bool(flags & AMQP10)), position
             position += RECORD_SIZE + length
             expected += 1
 
@@ -351,11 +357,12 @@ class StreamLog:
         return seg.idx_stamps[0] if seg.count else 0
 
     # ------------------------------------------------------------------ writing
-    def append(self, payload: bytes, timestamp: int) -> int:
+    def append(self, payload: bytes, timestamp: int, flags: int = 0) -> int:
         """Append a record (buffered until :meth:`flush`); its offset. A chunk that
-        fills the segment ends there (flushed now), so segments stay near their size."""
+        fills the segment ends there (flushed now), so segments stay near their size.
+        ``flags``: :data:`AMQP10` for a stream-protocol message."""
         offset = self.next_offset
-        self._append(offset, timestamp, not self._chunk_open, payload)
+        self._append(offset, timestamp, not self._chunk_open, payload, flags)
         self._chunk_open = True
         if self.segments[-1].size + len(self._buffer) >= self.max_segment_bytes:
             self.flush()
@@ -368,10 +375,11 @@ class StreamLog:
             raise StreamLogError(f"offset {offset} does not follow {self.next_offset - 1}")
         self._append(offset, timestamp, chunk_start, payload)
 
-    def _append(self, offset: int, timestamp: int, chunk_start: bool, payload: bytes) -> None:
+    def _append(self, offset: int, timestamp: int, chunk_start: bool, payload: bytes,
+                flags: int = 0) -> None:
         if self.closed:
             raise StreamLogError("stream log is closed")
-        self._buffer += encode_record(offset, timestamp, chunk_start, payload)
+        self._buffer += encode_record(offset, timestamp, chunk_start, payload, flags)
         self._pending.append((offset, timestamp, len(payload), chunk_start))
         self.next_offset = offset + 1
 
@@ -561,11 +569,11 @@ class Reader:
                     if at == 0:  # one record bigger than the read: read it whole
                         payload = os.pread(seg.fd, length, self._position + RECORD_SIZE)
                         out.append(Record(offset, timestamp, bool(flags & CHUNK_START),
-                                          payload))
+                                          payload, bool(flags & AMQP10)))
                         at = end
                     break
                 out.append(Record(offset, timestamp, bool(flags & CHUNK_START),
-                                  bytes(view[at + RECORD_SIZE:end])))
+                                  bytes(view[at + RECORD_SIZE:end]), bool(flags & AMQP10)))
                 at = end
             self._position += at
             if out:
@@ -586,5 +594,5 @@ class Reader:
                 yield record
 
 
-__all__ = ["DEFAULT_SEGMENT_BYTES", "Reader", "Record", "StreamLog", "StreamLogError",
+__all__ = ["AMQP10", "DEFAULT_SEGMENT_BYTES", "Reader", "Record", "StreamLog", "StreamLogError",
            "encode_record"]

@@ -1,4 +1,5 @@
-"""node_modules for the Node client tests (amqplib, @cloudamqp/amqp-client), installed
+"""node_modules for the Node client tests (amqplib, @cloudamqp/amqp-client,
+rabbitmq-stream-js-client), installed
 with npm from package.json on first use; the tests skip with the reason when node, npm or
 the registry is not there. Parallel workers (pytest-xdist) take turns through a file lock,
 so two never run npm in the same directory at once."""
@@ -21,7 +22,8 @@ def node_modules() -> Path:
     if node is None or npm is None:
         pytest.skip("node/npm not installed")
     wanted = [HERE / "node_modules" / "amqplib",
-              HERE / "node_modules" / "@cloudamqp" / "amqp-client"]
+              HERE / "node_modules" / "@cloudamqp" / "amqp-client",
+              HERE / "node_modules" / "rabbitmq-stream-js-client"]
     with open(HERE / ".npm-install.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if not all(p.is_dir() for p in wanted):

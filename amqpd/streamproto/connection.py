@@ -1,0 +1,709 @@
+"""One stream-protocol connection: the command state machine over the broker.
+
+States follow RabbitMQ's plugin: peer properties and SASL first (``_authenticated``),
+then tune and open (``_opened``); any other command before open is refused with a
+close and a log line. Output is queued in ``self.out`` (frames) and taken by the
+transport (:mod:`amqpd.streamproto.transport`) once per tick; ``close_transport`` asks
+it to end the socket after writing.
+
+Streams are the broker's stream queues (:class:`amqpd.broker.stream.StreamQueue`):
+create and delete take the same arguments and checks as ``x-queue-type: stream``,
+publishing appends AMQP 1.0 messages to the stream's log, a subscription reads it with
+its own :class:`~amqpd.store.stream_log.Reader` and sends what it reads as osiris
+chunks, one per credit.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import amqpd
+from amqpd.broker.stream import TYPE_NAME, StreamQueue
+from amqpd.protocol.errors import AccessRefused, AMQPError
+from amqpd.store.stream_log import Reader, Record
+from amqpd.streamproto import codec as c
+from amqpd.streamproto.amqp10 import data_message
+from amqpd.streamproto.tracking import Tracking
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from amqpd.server import Broker
+
+log = logging.getLogger("amqpd.streamproto")
+
+SERVER_FRAME_MAX = 1048576  # RabbitMQ's stream plugin defaults
+SERVER_HEARTBEAT = 60
+CHUNK_BYTES = 1024 * 1024  # a delivered chunk holds at most about this much
+READ_RECORDS = 1024  # records a subscription reads per pread at most
+MAX_REFERENCE = 256
+COMPRESSION_NONE = 0  # sub-entry batch compression types (rstream's CompressionType)
+COMPRESSION_GZIP = 1
+# create's arguments (strings on the wire) -> the queue argument and its type
+CREATE_ARGUMENTS: dict[str, tuple[str, type]] = {
+    "max-length-bytes": ("x-max-length-bytes", int),
+    "max-age": ("x-max-age", str),
+    "stream-max-segment-size-bytes": ("x-stream-max-segment-size-bytes", int),
+    "initial-cluster-size": ("x-initial-cluster-size", int),
+    "queue-leader-locator": ("x-queue-leader-locator", str),
+}
+
+
+@dataclass(slots=True)
+class Publisher:
+    id: int
+    reference: str | None
+    queue: StreamQueue
+    # ids accepted but not yet confirmed, highest (dedup of re-sends in flight)
+    highest: int = 0
+    published: int = 0  # messages stored (the management API's counters)
+    confirmed: int = 0  # publishing ids confirmed
+    errored: int = 0  # publishing ids answered with publish-error
+
+
+@dataclass(slots=True)
+class Subscription:
+    id: int
+    queue: StreamQueue
+    reader: Reader
+    credit: int
+    properties: dict[str, str]
+    pending: list[Record] = field(default_factory=list)  # read; from ``taken`` on unsent
+    taken: int = 0
+    chunks: int = 0  # delivered
+    consumed: int = 0  # records delivered
+
+
+def tracking_of(queue: StreamQueue, cache: dict[int, Tracking]) -> Tracking:
+    """The queue's tracking state, loaded once per queue object."""
+    t = cache.get(id(queue))
+    if t is None:
+        t = cache[id(queue)] = Tracking(queue.directory)
+
+        def forget(q: object) -> None:
+            cache.pop(id(q), None)
+
+        queue.on_removed.append(forget)
+    return t
+
+
+class StreamConnection:
+    """The state machine of one client connection (module docstring)."""
+
+    def __init__(self, broker: Broker, peer: tuple[str, int] | None, name: str,
+                 advertised: tuple[str, int], tracking: dict[int, Tracking]) -> None:
+        self.broker = broker
+        self.peer = peer
+        self.name = name
+        self.advertised = advertised
+        self.tracking = tracking
+        self.reader = c.FrameReader(SERVER_FRAME_MAX)
+        self.out: list[bytes] = []
+        self.close_transport = False
+        self.username = ""
+        self.vhost = ""
+        self.client_properties: dict[str, str] = {}
+        self._authenticated = False
+        self._opened = False
+        self.frame_max = SERVER_FRAME_MAX
+        self.heartbeat = SERVER_HEARTBEAT
+        self.publishers: dict[int, Publisher] = {}
+        self.subscriptions: dict[int, Subscription] = {}
+        self.on_output: Callable[[], None] = lambda: None
+        self.paused = False  # the transport's buffer is full: deliveries wait
+        self.received = True  # something arrived since the last heartbeat check
+        self._gone_callbacks: dict[int, Callable[[Any], None]] = {}
+
+    @property
+    def is_open(self) -> bool:
+        """Authenticated, tuned and opened on a vhost."""
+        return self._opened
+
+    # ------------------------------------------------------------------ input
+    def receive_data(self, data: bytes) -> None:
+        self.received = True
+        if self.close_transport:
+            return
+        try:
+            frames = self.reader.feed(data)
+        except c.FrameError as exc:
+            self._fatal(exc.code, str(exc))
+            return
+        for frame in frames:
+            try:
+                command = c.decode(frame)
+            except c.FrameError as exc:
+                if not exc.close and len(frame) >= 8:
+                    key = int.from_bytes(frame[:2], "big")
+                    corr = int.from_bytes(frame[4:8], "big")
+                    log.warning("stream connection %s: %s", self.name, exc)
+                    self.send(c.response(key, corr, exc.code).frame())
+                    continue
+                self._fatal(exc.code, str(exc))
+                return
+            self.handle(command)
+            if self.close_transport:
+                return
+
+    def send(self, frame: bytes) -> None:
+        self.out.append(frame)
+        self.on_output()
+
+    def take_output(self) -> bytes:
+        data = b"".join(self.out)
+        self.out.clear()
+        return data
+
+    def _fatal(self, code: int, reason: str) -> None:
+        """A frame that cannot be answered: a close request, then the socket ends."""
+        log.warning("stream connection %s: closing: %s (code 0x%02x)", self.name, reason,
+                    code)
+        self.send(c.close_request(1, code, reason[:200]))
+        self.close_transport = True
+
+    def handle(self, cmd: c.Command) -> None:
+        key = cmd.key
+        if not self._authenticated and key not in (c.PEER_PROPERTIES, c.SASL_HANDSHAKE,
+                                                   c.SASL_AUTHENTICATE, c.CLOSE):
+            self._fatal(c.UNKNOWN_FRAME, f"command 0x{key:04x} before authentication")
+            return
+        if self._authenticated and not self._opened and key not in (c.TUNE, c.OPEN,
+                                                                    c.CLOSE, c.HEARTBEAT):
+            self._fatal(c.UNKNOWN_FRAME, f"command 0x{key:04x} before open")
+            return
+        handler = getattr(self, _HANDLERS.get(key, "_unexpected"))
+        handler(cmd)
+
+    def _unexpected(self, cmd: c.Command) -> None:
+        self._fatal(c.UNKNOWN_FRAME, f"unexpected command 0x{cmd.key:04x}")
+
+    # ------------------------------------------------------------------ handshake
+    def _peer_properties(self, cmd: c.Command) -> None:
+        self.client_properties = cmd.fields[0]
+        props = {"product": "amqpd", "version": amqpd.__version__, "platform": "Python",
+                 "copyright": "amqpd contributors",
+                 "information": "RabbitMQ Stream protocol listener",
+                 "cluster_name": self.broker.settings.effective_cluster_name}
+        self.send(c.response(c.PEER_PROPERTIES, cmd.correlation_id, c.OK)
+                  .properties(props).frame())
+
+    def _sasl_handshake(self, cmd: c.Command) -> None:
+        w = c.response(c.SASL_HANDSHAKE, cmd.correlation_id, c.OK)
+        self.send(w.u32(1).string("PLAIN").frame())
+
+    def _sasl_authenticate(self, cmd: c.Command) -> None:
+        mechanism, data = cmd.fields
+        corr = cmd.correlation_id
+        if mechanism != "PLAIN":
+            log.warning("stream connection %s: SASL mechanism %r refused", self.name,
+                        mechanism)
+            self.send(c.response(c.SASL_AUTHENTICATE, corr,
+                                 c.SASL_MECHANISM_NOT_SUPPORTED).frame())
+            return
+        parts = data.split(b"\x00")
+        if len(parts) != 3:
+            log.warning("stream connection %s: malformed PLAIN response", self.name)
+            self.send(c.response(c.SASL_AUTHENTICATE, corr, c.SASL_ERROR).frame())
+            return
+        username, password = parts[1].decode(errors="replace"), parts[2].decode(
+            errors="replace")
+        loopback = self.peer is not None and (self.peer[0].startswith("127.")
+                                              or self.peer[0] == "::1")
+        user = self.broker.api.authenticate(username, password, loopback)
+        if user is None:
+            refused_loopback = (self.broker.api.authenticate(username, password, True)
+                                is not None)
+            code = c.AUTHENTICATION_FAILURE_LOOPBACK if refused_loopback else \
+                c.AUTHENTICATION_FAILURE
+            log.warning("stream connection %s: authentication of user '%s' failed%s",
+                        self.name, username,
+                        " (loopback-only user)" if refused_loopback else "")
+            self.send(c.response(c.SASL_AUTHENTICATE, corr, code).frame())
+            self.close_transport = True
+            return
+        self.username = username
+        self._authenticated = True
+        self.send(c.response(c.SASL_AUTHENTICATE, corr, c.OK).frame())
+        self.send(c.tune(SERVER_FRAME_MAX, self.broker.settings.heartbeat))
+
+    def _tune(self, cmd: c.Command) -> None:
+        frame_max, heartbeat = cmd.fields
+        if frame_max:
+            self.frame_max = max(c.MIN_FRAME_MAX, min(frame_max, SERVER_FRAME_MAX))
+        self.reader.frame_max = self.frame_max
+        self.heartbeat = min(heartbeat, self.broker.settings.heartbeat) if heartbeat else 0
+
+    def _open(self, cmd: c.Command) -> None:
+        vhost = cmd.fields[0]
+        corr = cmd.correlation_id
+        if vhost not in self.broker.vhosts or not self.broker.api.can_access_vhost(
+                self.username, vhost):
+            log.warning("stream connection %s: user '%s' refused access to vhost '%s'",
+                        self.name, self.username, vhost)
+            self.send(c.response(c.OPEN, corr, c.VIRTUAL_HOST_ACCESS_FAILURE).frame())
+            self.close_transport = True
+            return
+        self.vhost = vhost
+        self._opened = True
+        host, port = self.advertised
+        self.send(c.response(c.OPEN, corr, c.OK).properties(
+            {"advertised_host": host, "advertised_port": str(port)}).frame())
+        log.info("stream connection %s: user '%s' opened vhost '%s'", self.name,
+                 self.username, vhost)
+
+    def _close(self, cmd: c.Command) -> None:
+        if cmd.key & c.RESPONSE:  # the answer to a close this side sent
+            self.close_transport = True
+            return
+        code, reason = cmd.fields
+        log.info("stream connection %s: closed by the client (%d %s)", self.name, code,
+                 reason)
+        self.send(c.response(c.CLOSE, cmd.correlation_id, c.OK).frame())
+        self.close_transport = True
+
+    def _heartbeat(self, cmd: c.Command) -> None:
+        pass  # receiving it is what counts (``received``)
+
+    # ------------------------------------------------------------------ streams
+    def _stream(self, name: str) -> StreamQueue | None:
+        vh = self.broker.vhosts.get(self.vhost)
+        q = vh.queues.get(name) if vh is not None else None
+        return q if isinstance(q, StreamQueue) and not q.deleted else None
+
+    def _allowed(self, kind: str, name: str) -> bool:
+        try:
+            self.broker.api.check_permission(self.username, self.vhost, kind, "queue", name)
+        except AccessRefused as exc:
+            log.warning("stream connection %s: %s", self.name, exc)
+            return False
+        return True
+
+    def _create(self, cmd: c.Command) -> None:
+        name, args = cmd.fields
+        corr = cmd.correlation_id
+
+        def answer(code: int) -> None:
+            self.send(c.response(c.CREATE, corr, code).frame())
+
+        if not self._allowed("configure", name):
+            return answer(c.ACCESS_REFUSED)
+        if name in self.broker.vhosts[self.vhost].queues:
+            return answer(c.STREAM_ALREADY_EXISTS)
+        arguments: dict[str, Any] = {"x-queue-type": TYPE_NAME}
+        for key, value in args.items():
+            known = CREATE_ARGUMENTS.get(key)
+            if known is None:
+                continue  # RabbitMQ ignores keys it does not know
+            qkey, kind = known
+            if kind is int:
+                if not value.lstrip("-").isdigit():
+                    log.warning("stream connection %s: create '%s': %s=%r is not an "
+                                "integer", self.name, name, key, value)
+                    return answer(c.PRECONDITION_FAILED)
+                arguments[qkey] = int(value)
+            else:
+                arguments[qkey] = value
+        try:
+            self.broker.api.declare_queue(self.vhost, name, durable=True,
+                                          arguments=arguments)
+        except AccessRefused as exc:
+            log.warning("stream connection %s: create '%s': %s", self.name, name, exc)
+            return answer(c.ACCESS_REFUSED)
+        except AMQPError as exc:
+            log.warning("stream connection %s: create '%s': %s", self.name, name, exc)
+            return answer(c.PRECONDITION_FAILED)
+        answer(c.OK)
+
+    def _delete(self, cmd: c.Command) -> None:
+        name = cmd.fields[0]
+        corr = cmd.correlation_id
+        if not self._allowed("configure", name):
+            return self.send(c.response(c.DELETE, corr, c.ACCESS_REFUSED).frame())
+        if self._stream(name) is None:
+            return self.send(c.response(c.DELETE, corr, c.STREAM_DOES_NOT_EXIST).frame())
+        self.broker.api.delete_queue(self.vhost, name)
+        self.send(c.response(c.DELETE, corr, c.OK).frame())
+
+    def _metadata(self, cmd: c.Command) -> None:
+        host, port = self.advertised
+        w = c.Writer(c.METADATA | c.RESPONSE).u32(cmd.correlation_id)
+        known = [name for name in cmd.fields if self._stream(name) is not None]
+        w.u32(1 if known else 0)
+        if known:
+            w.u16(0).string(host).u32(port)
+        w.u32(len(cmd.fields))
+        for name in cmd.fields:
+            if self._stream(name) is None:
+                w.string(name).u16(c.STREAM_DOES_NOT_EXIST).u16(0xFFFF).u32(0)
+            else:
+                w.string(name).u16(c.OK).u16(0).u32(0)
+        self.send(w.frame())
+
+    def stream_gone(self, queue: StreamQueue) -> None:
+        """The stream was deleted: its publishers and subscriptions end, and the
+        client hears of it (metadata-update, STREAM_NOT_AVAILABLE)."""
+        for pid in [p.id for p in self.publishers.values() if p.queue is queue]:
+            del self.publishers[pid]
+        for sid in [s.id for s in self.subscriptions.values() if s.queue is queue]:
+            self._drop_subscription(sid)
+        self.send(c.metadata_update(c.STREAM_NOT_AVAILABLE, queue.name))
+
+    # ------------------------------------------------------------------ publishing
+    def _declare_publisher(self, cmd: c.Command) -> None:
+        pid, reference, stream = cmd.fields
+        corr = cmd.correlation_id
+
+        def answer(code: int) -> None:
+            self.send(c.response(c.DECLARE_PUBLISHER, corr, code).frame())
+
+        if reference is not None and len(reference) > MAX_REFERENCE:
+            return answer(c.PRECONDITION_FAILED)
+        q = self._stream(stream)
+        if q is None:
+            return answer(c.STREAM_DOES_NOT_EXIST)
+        if not self._allowed("write", stream):
+            return answer(c.ACCESS_REFUSED)
+        if pid in self.publishers or (reference and any(
+                p.reference == reference and p.queue is q for p in self.publishers.values())):
+            log.warning("stream connection %s: publisher %d (%r) already declared",
+                        self.name, pid, reference)
+            return answer(c.PRECONDITION_FAILED)
+        self.publishers[pid] = Publisher(pid, reference or None, q)
+        self._watch(q)
+        answer(c.OK)
+
+    def _delete_publisher(self, cmd: c.Command) -> None:
+        pid = cmd.fields[0]
+        code = c.OK if self.publishers.pop(pid, None) is not None else \
+            c.PUBLISHER_DOES_NOT_EXIST
+        self.send(c.response(c.DELETE_PUBLISHER, cmd.correlation_id, code).frame())
+
+    def _publish(self, cmd: c.Command) -> None:
+        pid, entries = cmd.fields
+        pub = self.publishers.get(pid)
+        if pub is None or pub.queue.deleted:
+            log.warning("stream connection %s: publish for unknown publisher %d",
+                        self.name, pid)
+            self.send(c.publish_error(pid, [(i, c.PUBLISHER_DOES_NOT_EXIST)
+                                            for i, _ in entries]))
+            return
+        tracking = tracking_of(pub.queue, self.tracking) if pub.reference else None
+        last = tracking.publishers.get(pub.reference or "", 0) if tracking else 0
+        messages: list[bytes] = []
+        accepted: list[int] = []
+        dropped: list[int] = []
+        errors: list[tuple[int, int]] = []
+        for publishing_id, entry in entries:
+            if tracking is not None and publishing_id <= max(last, pub.highest):
+                dropped.append(publishing_id)  # a re-send: confirmed, not stored again
+                continue
+            if isinstance(entry, bytes):
+                messages.append(entry)
+            else:
+                compression, n, size, data = entry
+                if compression not in (COMPRESSION_NONE, COMPRESSION_GZIP):
+                    log.warning("stream connection %s: sub-entry batch compressed with "
+                                "type %d refused (none and gzip only)", self.name,
+                                compression)
+                    errors.append((publishing_id, c.PRECONDITION_FAILED))
+                    continue
+                try:
+                    if compression == COMPRESSION_GZIP:
+                        data = _gunzip(data, size)
+                    messages.extend(c.split_sub_batch(data, n))
+                except c.FrameError as exc:
+                    log.warning("stream connection %s: bad sub-entry batch: %s",
+                                self.name, exc)
+                    errors.append((publishing_id, c.PRECONDITION_FAILED))
+                    continue
+            accepted.append(publishing_id)
+            if tracking is not None:
+                pub.highest = max(pub.highest, publishing_id)
+        if errors:
+            pub.errored += len(errors)
+            self.send(c.publish_error(pid, errors))
+        if not accepted and not dropped:
+            return
+        q = pub.queue
+        if messages:
+            q.append_amqp10(messages)
+            pub.published += len(messages)
+        confirmed = accepted + dropped
+
+        def synced(error: BaseException | None) -> None:
+            if error is not None:
+                pub.errored += len(accepted)
+                self.send(c.publish_error(pid, [(i, c.INTERNAL_ERROR) for i in accepted]))
+                if dropped:
+                    self.send(c.publish_confirm(pid, dropped))
+                return
+            pub.confirmed += len(confirmed)
+            if tracking is None or not accepted:
+                self.send(c.publish_confirm(pid, confirmed))
+                return
+            ref = pub.reference or ""
+            tracking.publishers[ref] = max(tracking.publishers.get(ref, 0), max(accepted))
+            loop = self.broker._loop
+            assert loop is not None
+            tracking.save(loop, lambda: self.send(c.publish_confirm(pid, confirmed)))
+
+        q.sync_log(synced)
+
+    def _query_publisher_sequence(self, cmd: c.Command) -> None:
+        reference, stream = cmd.fields
+        corr = cmd.correlation_id
+        q = self._stream(stream)
+        if q is None:
+            return self.send(c.response(c.QUERY_PUBLISHER_SEQUENCE, corr,
+                                        c.STREAM_DOES_NOT_EXIST).u64(0).frame())
+        if not self._allowed("read", stream):
+            return self.send(c.response(c.QUERY_PUBLISHER_SEQUENCE, corr,
+                                        c.ACCESS_REFUSED).u64(0).frame())
+        seq = tracking_of(q, self.tracking).publishers.get(reference, 0)
+        self.send(c.response(c.QUERY_PUBLISHER_SEQUENCE, corr, c.OK).u64(seq).frame())
+
+    # ------------------------------------------------------------------ consuming
+    def _subscribe(self, cmd: c.Command) -> None:
+        sid, stream, kind, value, credit, props = cmd.fields
+        corr = cmd.correlation_id
+
+        def answer(code: int) -> None:
+            self.send(c.response(c.SUBSCRIBE, corr, code).frame())
+
+        if sid in self.subscriptions:
+            return answer(c.SUBSCRIPTION_ID_ALREADY_EXISTS)
+        q = self._stream(stream)
+        if q is None:
+            return answer(c.STREAM_DOES_NOT_EXIST)
+        if not self._allowed("read", stream):
+            return answer(c.ACCESS_REFUSED)
+        slog = q.log
+        if kind == c.OFFSET_FIRST:
+            start = slog.first_offset
+        elif kind == c.OFFSET_LAST:
+            start = slog.last_chunk_offset
+        elif kind == c.OFFSET_NEXT:
+            start = slog.next_offset
+        elif kind == c.OFFSET_OFFSET:
+            start = min(max(value, slog.first_offset), slog.next_offset)
+        else:
+            start = slog.offset_for_timestamp(value)
+        self.subscriptions[sid] = Subscription(sid, q, slog.reader(start), credit, props)
+        self._watch(q)
+        answer(c.OK)
+        self.deliver(sid)
+
+    def _watch(self, q: StreamQueue) -> None:
+        """Hear of new records and of the stream's deletion (once per stream)."""
+        if self._on_records not in q.watchers:
+            q.watchers.append(self._on_records)
+            gone = self._gone_callbacks[id(q)] = lambda queue: self.stream_gone(q)
+            q.on_removed.append(gone)
+
+    def _on_records(self) -> None:
+        for sid in list(self.subscriptions):
+            self.deliver(sid)
+
+    def deliver_all(self) -> None:
+        """The transport's buffer drained: go on delivering."""
+        self._on_records()
+
+    def deliver(self, sid: int) -> None:
+        """Send chunks while the subscription has credit and records are readable."""
+        sub = self.subscriptions.get(sid)
+        limit = min(CHUNK_BYTES, self.frame_max - 64)
+        while sub is not None and sub.credit > 0 and not self.paused:
+            records = self._next_chunk(sub, limit)
+            if not records:
+                return
+            messages = [r.payload if r.amqp10 else data_message(_body(r))
+                        for r in records]
+            data = c.simple_entries(messages)
+            head = c.chunk_header(records[0].offset, records[0].timestamp, len(messages),
+                                  len(messages), data)
+            sub.credit -= 1
+            sub.chunks += 1
+            sub.consumed += len(messages)
+            self.send(c.deliver(sid, head + data))
+
+    def _next_chunk(self, sub: Subscription, limit: int) -> list[Record]:
+        """The readable records from the reader's position to the end of their chunk
+        (at most about ``limit`` bytes: a larger chunk goes as several)."""
+        out: list[Record] = []
+        size = 0
+        while True:
+            if not sub.pending:
+                sub.pending = sub.reader.read(READ_RECORDS)
+                sub.taken = 0
+                if not sub.pending:
+                    return out
+            pending = sub.pending
+            i = sub.taken
+            while i < len(pending):
+                record = pending[i]
+                if out and (record.chunk_start or size + len(record.payload) > limit):
+                    sub.taken = i
+                    return out
+                out.append(record)
+                size += len(record.payload) + 4
+                i += 1
+            sub.pending = []
+
+    def _credit(self, cmd: c.Command) -> None:
+        sid, credit = cmd.fields
+        sub = self.subscriptions.get(sid)
+        if sub is None:
+            log.warning("stream connection %s: credit for unknown subscription %d",
+                        self.name, sid)
+            self.send(c.credit_error(c.SUBSCRIPTION_ID_DOES_NOT_EXIST, sid))
+            return
+        sub.credit = min(sub.credit + credit, 0xFFFF)
+        self.deliver(sid)
+
+    def _unsubscribe(self, cmd: c.Command) -> None:
+        sid = cmd.fields[0]
+        code = c.OK if sid in self.subscriptions else c.SUBSCRIPTION_ID_DOES_NOT_EXIST
+        self._drop_subscription(sid)
+        self.send(c.response(c.UNSUBSCRIBE, cmd.correlation_id, code).frame())
+
+    def _drop_subscription(self, sid: int) -> None:
+        self.subscriptions.pop(sid, None)
+
+    def _store_offset(self, cmd: c.Command) -> None:
+        reference, stream, offset = cmd.fields
+        q = self._stream(stream)
+        if q is None or not reference or len(reference) > MAX_REFERENCE:
+            log.warning("stream connection %s: store-offset for '%s' (reference %r) "
+                        "ignored: no such stream or a bad reference", self.name, stream,
+                        reference)
+            return  # the command has no response (RabbitMQ logs and ignores it too)
+        if not self._allowed("read", stream):
+            return
+        t = tracking_of(q, self.tracking)
+        t.offsets[reference] = offset
+        loop = self.broker._loop
+        assert loop is not None
+        t.save(loop)
+
+    def _query_offset(self, cmd: c.Command) -> None:
+        reference, stream = cmd.fields
+        corr = cmd.correlation_id
+        q = self._stream(stream)
+        if q is None:
+            return self.send(c.response(c.QUERY_OFFSET, corr,
+                                        c.STREAM_DOES_NOT_EXIST).u64(0).frame())
+        if not self._allowed("read", stream):
+            return self.send(c.response(c.QUERY_OFFSET, corr,
+                                        c.ACCESS_REFUSED).u64(0).frame())
+        offset = tracking_of(q, self.tracking).offsets.get(reference)
+        if offset is None:
+            return self.send(c.response(c.QUERY_OFFSET, corr, c.NO_OFFSET).u64(0).frame())
+        self.send(c.response(c.QUERY_OFFSET, corr, c.OK).u64(offset).frame())
+
+    def _super_stream_bindings(self, name: str) -> list[Any] | None:
+        """The queue bindings of super stream ``name`` (its exchange), in partition
+        order (``x-stream-partition-order``, then binding order); None without it."""
+        vh = self.broker.vhosts.get(self.vhost)
+        exchange = vh.exchanges.get(name) if vh is not None else None
+        if exchange is None:
+            return None
+        bindings = [b for b in exchange.bindings.values() if b.destination_type == "queue"]
+
+        def order(item: tuple[int, Any]) -> tuple[int, int]:
+            value = item[1].arguments.get("x-stream-partition-order")
+            return (value if isinstance(value, int) else 1 << 62, item[0])
+
+        return [b for _, b in sorted(enumerate(bindings), key=order)]
+
+    def _route(self, cmd: c.Command) -> None:
+        """The partition streams a routing key goes to (super streams: bindings of a
+        direct exchange); 0x02 when there is no such exchange."""
+        key, super_stream = cmd.fields
+        bindings = self._super_stream_bindings(super_stream)
+        if bindings is None:
+            self.send(c.response(c.ROUTE, cmd.correlation_id, c.STREAM_DOES_NOT_EXIST)
+                      .u32(0).frame())
+            return
+        streams = [b.destination.name for b in bindings if b.routing_key == key]
+        w = c.response(c.ROUTE, cmd.correlation_id, c.OK).u32(len(streams))
+        for name in streams:
+            w.string(name)
+        self.send(w.frame())
+
+    def _partitions(self, cmd: c.Command) -> None:
+        """Every partition stream of a super stream, in partition order."""
+        bindings = self._super_stream_bindings(cmd.fields[0])
+        if bindings is None:
+            self.send(c.response(c.PARTITIONS, cmd.correlation_id, c.STREAM_DOES_NOT_EXIST)
+                      .u32(0).frame())
+            return
+        names = list(dict.fromkeys(b.destination.name for b in bindings))
+        w = c.response(c.PARTITIONS, cmd.correlation_id, c.OK).u32(len(names))
+        for name in names:
+            w.string(name)
+        self.send(w.frame())
+
+    def _exchange_command_versions(self, cmd: c.Command) -> None:
+        """The commands this server takes and their versions (all version 1): asked
+        by newer clients (RabbitMQ 3.11+'s command; rabbitmq-stream-js-client always
+        asks)."""
+        keys = sorted(k for k in _HANDLERS if not k & c.RESPONSE)
+        w = c.response(c.EXCHANGE_COMMAND_VERSIONS, cmd.correlation_id, c.OK)
+        w.u32(len(keys))
+        for key in keys:
+            w.u16(key).u16(1).u16(1)
+        self.send(w.frame())
+
+    # ------------------------------------------------------------------ the end
+    def closed(self) -> None:
+        """The socket ended: forget publishers and subscriptions."""
+        self.publishers.clear()
+        self.subscriptions.clear()
+        vh = self.broker.vhosts.get(self.vhost)
+        if vh is None:
+            return
+        for q in vh.queues.values():
+            if isinstance(q, StreamQueue) and self._on_records in q.watchers:
+                q.watchers.remove(self._on_records)
+                gone = self._gone_callbacks.pop(id(q), None)
+                if gone in q.on_removed:
+                    q.on_removed.remove(gone)
+
+
+def _gunzip(data: bytes, size: int) -> bytes:
+    """A gzip sub-entry batch, decompressed to at most its declared ``size`` (a batch
+    that inflates beyond it is refused, not buffered)."""
+    inflater = zlib.decompressobj(wbits=31)
+    try:
+        out = inflater.decompress(data, size + 1)
+    except zlib.error as exc:
+        raise c.FrameError(f"gzip batch does not inflate: {exc}") from None
+    if len(out) != size or not inflater.eof:
+        raise c.FrameError(f"gzip batch inflates to other than its {size} bytes")
+    return out
+
+
+def _body(record: Record) -> bytes:
+    """The body of a record an AMQP 0-9-1 publisher wrote."""
+    from amqpd.broker.stream import decode_payload
+
+    return decode_payload(record.payload).body
+
+
+_HANDLERS = {
+    c.PEER_PROPERTIES: "_peer_properties", c.SASL_HANDSHAKE: "_sasl_handshake",
+    c.SASL_AUTHENTICATE: "_sasl_authenticate", c.TUNE: "_tune", c.OPEN: "_open",
+    c.CLOSE: "_close", c.CLOSE | c.RESPONSE: "_close", c.HEARTBEAT: "_heartbeat",
+    c.CREATE: "_create", c.DELETE: "_delete", c.METADATA: "_metadata",
+    c.DECLARE_PUBLISHER: "_declare_publisher", c.DELETE_PUBLISHER: "_delete_publisher",
+    c.PUBLISH: "_publish", c.QUERY_PUBLISHER_SEQUENCE: "_query_publisher_sequence",
+    c.SUBSCRIBE: "_subscribe", c.CREDIT: "_credit", c.UNSUBSCRIBE: "_unsubscribe",
+    c.STORE_OFFSET: "_store_offset", c.QUERY_OFFSET: "_query_offset",
+    c.ROUTE: "_route", c.PARTITIONS: "_partitions",
+    c.EXCHANGE_COMMAND_VERSIONS: "_exchange_command_versions",
+}
+
+__all__ = ["StreamConnection"]
