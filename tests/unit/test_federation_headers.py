@@ -73,12 +73,14 @@ def test_queue_link_counts_visits_and_keeps_other_hops() -> None:
     from types import SimpleNamespace
 
     from plugins.federation.queue_link import QueueLink
+    from plugins.shovel.seen import Seen
     from plugins.shovel.wire import Delivery
 
     link = object.__new__(QueueLink)
     link.uri = "amqp://up/%2F"
     link.name = "work"
     link.upstream = SimpleNamespace(queue="work", exchange=None)  # type: ignore[assignment]
+    link.seen = Seen()  # forwarded-before window, normally made by the link's __init__
     first = RawHeaders.parse(_raw(headers={"CC": ["x"], "keep": 1}))
     link._headers(Delivery(1, False, "ex", "rk", b"", b""), first)
     h1 = codec.decode_properties(first.encode())["headers"]
