@@ -343,7 +343,8 @@ class StreamQueue(QueueType):
             "last_offset": log_.last_offset,
             "committed_offset": log_.synced_offset - 1,
             "segments_deleted": self.segments_deleted,
-            "consumers": [{"consumer_tag": c.tag, "offset": r.offset,
+            "consumers": [{"consumer_tag": c.tag, "channel": _channel_name(c),
+                           "offset": r.offset,
                            "lag": max(0, log_.flushed_offset - r.offset)}
                           for c, r in self.readers.items()],
         }
@@ -541,3 +542,11 @@ def _now_ms() -> int:
 __all__ = ["OFFSET_HEADER", "QUEUE_ARGUMENTS", "StreamQueue", "decode_payload",
            "encode_payload", "parse_duration", "start_offset", "stream_directory",
            "validate_stream_arguments", "with_offset_header"]
+
+
+def _channel_name(consumer: Consumer) -> str | None:
+    """The consumer's channel as the management API names channels ("<connection>
+    (<number>)"), so a stream consumer's position can be matched to its channel; None
+    for a consumer no AMQP channel owns."""
+    ch = consumer.local
+    return f"{ch.session.name} ({ch.number})" if ch is not None else None
