@@ -75,13 +75,22 @@ def test_stream_in_the_queues_list_and_on_its_page(
         ch.confirm_delivery()
         for _ in range(N):
             ch.basic_publish("", name, BODY)
-        readers = []
+        held: dict[str, int] = {}  # deliveries each idle consumer got (and never acks)
+
+        def hold(_ch: Any, method: Any, *_: Any) -> None:
+            held[method.consumer_tag] = held.get(method.consumer_tag, 0) + 1
+
         for start in ("first", 100):  # two idle consumers: at 0 + 7 and at 100 + 7
             c = conn.channel()
             c.basic_qos(prefetch_count=PREFETCH)
-            c.basic_consume(name, lambda *a: None, consumer_tag=f"reader-{start}",
+            c.basic_consume(name, hold, consumer_tag=f"reader-{start}",
                             arguments={"x-stream-offset": start})
-            readers.append(c)
+        # every held delivery reaches its callback: pika rejects undispatched ones on
+        # close, and a stream refuses basic.reject (540)
+        deadline = time.monotonic() + 15
+        while sorted(held.values()) != [PREFETCH, PREFETCH] and time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.05)
+        assert sorted(held.values()) == [PREFETCH, PREFETCH], held
         stats = _stream_of(api, name, lambda s: sorted(
             c["offset"] for c in s["consumers"]) == [PREFETCH, 100 + PREFETCH],
             "both consumers to hold their prefetch")
@@ -125,7 +134,4 @@ def test_stream_in_the_queues_list_and_on_its_page(
         wait_text(ui, "#queue-details", "classic")
         assert not ui.find_element("css selector", "#stream-details").is_displayed()
     finally:
-        # hand the held deliveries to the (idle) callbacks first: pika rejects the
-        # undispatched ones on close, and a stream refuses basic.reject with 540
-        conn.process_data_events(time_limit=0)
         conn.close()
