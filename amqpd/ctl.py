@@ -635,28 +635,40 @@ def _common(suppress: bool) -> Parser:
     return common
 
 
+_MEMBER = "/api/quorum-queues/{vhost}/{queue}/members/{node}"
+_REPLICA = "/api/stream-queues/{vhost}/{queue}/replicas/{node}"
+
+
+def _replica_edit(c: Client, a: argparse.Namespace, out: TextIO, method: str, path: str,
+                  message: str) -> int:
+    """A quorum member's or stream replica's add or delete: ``path`` with the vhost,
+    queue and node filled in (quoted), then RabbitMQ's progress line."""
+    r = c.call(method, path.format(vhost=q(a.vhost), queue=q(a.queue), node=q(a.node)))
+    return _done(a, out, message.format(queue=a.queue, node=a.node), r)
+
+
 def cmd_add_member(c: Client, a: argparse.Namespace, out: TextIO) -> int:
     """``rabbitmq-queues add_member [--vhost V] <queue> <node>``."""
-    r = c.call("PUT", f"/api/quorum-queues/{q(a.vhost)}/{q(a.queue)}/members/{q(a.node)}")
-    return _done(a, out, f"Adding a replica for queue {a.queue} on node {a.node}...", r)
+    return _replica_edit(c, a, out, "PUT", _MEMBER, "Adding a replica for "
+                         "queue {queue} on node {node}...")
 
 
 def cmd_delete_member(c: Client, a: argparse.Namespace, out: TextIO) -> int:
     """``rabbitmq-queues delete_member [--vhost V] <queue> <node>``."""
-    r = c.call("DELETE", f"/api/quorum-queues/{q(a.vhost)}/{q(a.queue)}/members/{q(a.node)}")
-    return _done(a, out, f"Removing a replica for queue {a.queue} on node {a.node}...", r)
+    return _replica_edit(c, a, out, "DELETE", _MEMBER, "Removing a replica "
+                         "for queue {queue} on node {node}...")
 
 
 def cmd_add_replica(c: Client, a: argparse.Namespace, out: TextIO) -> int:
     """``rabbitmq-streams add_replica [--vhost V] <queue> <node>``."""
-    r = c.call("PUT", f"/api/stream-queues/{q(a.vhost)}/{q(a.queue)}/replicas/{q(a.node)}")
-    return _done(a, out, f"Adding a replica for queue {a.queue} on node {a.node}...", r)
+    return _replica_edit(c, a, out, "PUT", _REPLICA, "Adding a replica for "
+                         "queue {queue} on node {node}...")
 
 
 def cmd_delete_replica(c: Client, a: argparse.Namespace, out: TextIO) -> int:
     """``rabbitmq-streams delete_replica [--vhost V] <queue> <node>``."""
-    r = c.call("DELETE", f"/api/stream-queues/{q(a.vhost)}/{q(a.queue)}/replicas/{q(a.node)}")
-    return _done(a, out, f"Removing a replica of queue {a.queue} on node {a.node}...", r)
+    return _replica_edit(c, a, out, "DELETE", _REPLICA, "Removing a replica "
+                         "of queue {queue} on node {node}...")
 
 
 def _membership_rows(a: argparse.Namespace, out: TextIO, rows: list[dict[str, Any]]) -> int:
