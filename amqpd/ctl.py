@@ -635,16 +635,40 @@ def _common(suppress: bool) -> Parser:
     return common
 
 
+_MEMBER = "/api/quorum-queues/{vhost}/{queue}/members/{node}"
+_REPLICA = "/api/stream-queues/{vhost}/{queue}/replicas/{node}"
+
+
+def _replica_edit(c: Client, a: argparse.Namespace, out: TextIO, method: str, path: str,
+                  message: str) -> int:
+    """A quorum member's or stream replica's add or delete: ``path`` with the vhost,
+    queue and node filled in (quoted), then RabbitMQ's progress line."""
+    r = c.call(method, path.format(vhost=q(a.vhost), queue=q(a.queue), node=q(a.node)))
+    return _done(a, out, message.format(queue=a.queue, node=a.node), r)
+
+
 def cmd_add_member(c: Client, a: argparse.Namespace, out: TextIO) -> int:
     """``rabbitmq-queues add_member [--vhost V] <queue> <node>``."""
-    r = c.call("PUT", f"/api/quorum-queues/{q(a.vhost)}/{q(a.queue)}/members/{q(a.node)}")
-    return _done(a, out, f"Adding a replica for queue {a.queue} on node {a.node}...", r)
+    return _replica_edit(c, a, out, "PUT", _MEMBER, "Adding a replica for "
+                         "queue {queue} on node {node}...")
 
 
 def cmd_delete_member(c: Client, a: argparse.Namespace, out: TextIO) -> int:
     """``rabbitmq-queues delete_member [--vhost V] <queue> <node>``."""
-    r = c.call("DELETE", f"/api/quorum-queues/{q(a.vhost)}/{q(a.queue)}/members/{q(a.node)}")
-    return _done(a, out, f"Removing a replica for queue {a.queue} on node {a.node}...", r)
+    return _replica_edit(c, a, out, "DELETE", _MEMBER, "Removing a replica "
+                         "for queue {queue} on node {node}...")
+
+
+def cmd_add_replica(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    """``rabbitmq-streams add_replica [--vhost V] <queue> <node>``."""
+    return _replica_edit(c, a, out, "PUT", _REPLICA, "Adding a replica for "
+                         "queue {queue} on node {node}...")
+
+
+def cmd_delete_replica(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    """``rabbitmq-streams delete_replica [--vhost V] <queue> <node>``."""
+    return _replica_edit(c, a, out, "DELETE", _REPLICA, "Removing a replica "
+                         "of queue {queue} on node {node}...")
 
 
 def _membership_rows(a: argparse.Namespace, out: TextIO, rows: list[dict[str, Any]]) -> int:
@@ -763,6 +787,11 @@ def build_parser() -> argparse.ArgumentParser:
         "group (rabbitmq-queues add_member)", arg("queue"), arg("node"))
     add("delete_member", cmd_delete_member, "remove NODE's member from a quorum queue's "
         "group (rabbitmq-queues delete_member)", arg("queue"), arg("node"))
+    add("add_replica", cmd_add_replica, "add a replica on NODE to a stream "
+        "(rabbitmq-streams add_replica; streams run on one node for now)", arg("queue"),
+        arg("node"))
+    add("delete_replica", cmd_delete_replica, "remove NODE's replica from a stream "
+        "(rabbitmq-streams delete_replica)", arg("queue"), arg("node"))
     add("grow", cmd_grow, "add a member on NODE to every quorum queue ('even': those with "
         "an even number of members) (rabbitmq-queues grow)", arg("node"),
         arg("strategy", choices=["all", "even"]), arg("--vhost-pattern", default=".*"),
@@ -795,8 +824,8 @@ def build_parser() -> argparse.ArgumentParser:
 # quorum-queue members, the warren): against another product they would 404 or do
 # something else, so they are refused with the product named
 AMQPD_ONLY = frozenset({"join_cluster", "forget_cluster_node", "set_vm_memory_high_watermark",
-                        "add_member", "delete_member", "grow", "shrink", "promote",
-                        "replication_status"})
+                        "add_member", "delete_member", "add_replica", "delete_replica",
+                        "grow", "shrink", "promote", "replication_status"})
 
 
 def require_amqpd(c: Client, command: str) -> None:

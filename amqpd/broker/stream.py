@@ -21,9 +21,11 @@ client sees is what RabbitMQ 3.10.8 answered (conformance/cases/streams.py):
 Where records live is :class:`amqpd.store.stream_log.StreamLog`: the stream's own
 segment files under ``<data_dir>/streams/``, never the shared log. A consumer holds a
 :class:`~amqpd.store.stream_log.Reader` (an offset and a file position) and reads what
-its credit allows straight from the file, so consumers far behind cost disk reads, not
-memory. The ``x-stream-offset`` header is written into each record's properties when
-it is appended (its offset is known then), so a delivery sends the record as stored.
+its credit allows from the file, so consumers far behind cost disk reads, not memory;
+those reads run in a worker thread for a consumer behind, in place at the tail
+(:mod:`amqpd.broker.stream_readahead`), so a cold disk does not stall the loop. The
+``x-stream-offset`` header is written into each record's properties when it is
+appended (its offset is known then), so a delivery sends the record as stored.
 
 On one node the stream is its own leader and only member; ``x-initial-cluster-size``
 and ``x-queue-leader-locator`` are checked and kept. A replicated stream would append
@@ -50,6 +52,7 @@ from amqpd.broker.message import Message
 from amqpd.broker.queue_entry import QueueEntry
 from amqpd.broker.queue_type import QueueType, register_queue_type
 from amqpd.broker.quorum import check_count_arguments, refuse_replicated_flags
+from amqpd.broker.stream_readahead import ReadAhead, pool_for
 from amqpd.protocol.errors import NotImplemented_, PreconditionFailed
 from amqpd.store.stream_log import AMQP10, DEFAULT_SEGMENT_BYTES, Record, StreamLog
 from amqpd.streamproto.amqp10 import AMQP10Error, body_of
@@ -252,7 +255,7 @@ class StreamQueue(QueueType):
         if self.log.truncated_bytes:
             log.warning("stream '%s' in vhost '%s': %d bytes of torn tail cut at recovery",
                         name, vhost.name, self.log.truncated_bytes)
-        self.readers: dict[Consumer, Any] = {}  # consumer -> its Reader
+        self.readers: dict[Consumer, ReadAhead] = {}  # consumer -> its position
         self._loop: asyncio.AbstractEventLoop | None = broker._loop
         self._flush_pending = False
         self._syncing = False
@@ -362,7 +365,8 @@ class StreamQueue(QueueType):
             "last_offset": log_.last_offset,
             "committed_offset": log_.synced_offset - 1,
             "segments_deleted": self.segments_deleted,
-            "consumers": [{"consumer_tag": c.tag, "offset": r.offset,
+            "consumers": [{"consumer_tag": c.tag, "channel": _channel_name(c),
+                           "offset": r.offset,
                            "lag": max(0, log_.flushed_offset - r.offset)}
                           for c, r in self.readers.items()],
         }
@@ -466,37 +470,46 @@ class StreamQueue(QueueType):
     def add_consumer(self, consumer: Consumer) -> None:
         offset = start_offset(consumer.arguments.get(OFFSET_HEADER), self.log, _now_ms())
         assert offset is not None  # check_consume refused the others
-        self.readers[consumer] = self.log.reader(offset)
+        self.readers[consumer] = ReadAhead(self.log, offset, pool_for(self._loop),
+                                           self._wake)
         self.consumers.append(consumer)
         self.vhost.schedule_dispatch(self)
 
+    def _wake(self) -> None:
+        """A read-ahead landed: dispatch it."""
+        if self.consumers and not self.deleted:
+            self.vhost.schedule_dispatch(self)
+
     def remove_consumer(self, consumer: Consumer) -> None:
-        self.readers.pop(consumer, None)
+        reader = self.readers.pop(consumer, None)
+        if reader is not None:
+            reader.close()
         try:
             self.consumers.remove(consumer)
         except ValueError:
             pass
 
     def dispatch(self) -> None:
-        """Each consumer reads from its own position as far as its credit goes."""
+        """Each consumer reads from its own position as far as its credit goes (one
+        behind gets nothing now: its read-ahead is queued and wakes the stream)."""
         for consumer in list(self.consumers):
             reader = self.readers.get(consumer)
             if reader is None:
                 continue
             while consumer.can_receive():
                 credit = consumer.prefetch - consumer.unacked
-                batch = reader.read(min(credit, READ_BATCH))
+                batch = reader.next_batch(min(credit, READ_BATCH))
                 if not batch:
                     break
-                if not self._deliver(consumer, batch):
+                if not self._deliver(consumer, reader, batch):
                     break
 
-    def _deliver(self, consumer: Consumer, batch: list[Record]) -> bool:
-        """Deliver ``batch`` in order while the consumer takes it; on a stall, put the
-        reader back at the first record not sent (False)."""
+    def _deliver(self, consumer: Consumer, reader: ReadAhead, batch: list[Record]) -> bool:
+        """Deliver ``batch`` in order while the consumer takes it; on a stall, give the
+        reader back the records not sent (False)."""
         for i, record in enumerate(batch):
             if i and not consumer.can_receive():
-                self.readers[consumer] = self.log.reader(record.offset)
+                reader.unread(batch[i:])
                 return False
             consumer.deliver(self, QueueEntry(decode_record(record, self.name),
                                               record.offset))
@@ -541,6 +554,8 @@ class StreamQueue(QueueType):
         for consumer in list(self.consumers):
             self.consumers.remove(consumer)
             consumer.channel.consumer_cancelled_by_server(consumer)
+        for reader in self.readers.values():
+            reader.close()
         self.readers.clear()
         for callback in self._sync_waiters:
             callback(None)
@@ -578,3 +593,11 @@ def _now_ms() -> int:
 __all__ = ["OFFSET_HEADER", "QUEUE_ARGUMENTS", "StreamQueue", "decode_payload", "decode_record",
            "encode_payload", "parse_duration", "start_offset", "stream_directory",
            "validate_stream_arguments", "with_offset_header"]
+
+
+def _channel_name(consumer: Consumer) -> str | None:
+    """The consumer's channel as the management API names channels ("<connection>
+    (<number>)"), so a stream consumer's position can be matched to its channel; None
+    for a consumer no AMQP channel owns."""
+    ch = consumer.local
+    return f"{ch.session.name} ({ch.number})" if ch is not None else None

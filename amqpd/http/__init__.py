@@ -32,6 +32,7 @@ from amqpd.http import (
     queues,
     quorum_members,
     replication,
+    stream_replicas,
     users,
     vhosts,
     webui,
@@ -47,7 +48,7 @@ log = logging.getLogger("amqpd.http")
 
 RESOURCES = (overview, connections, exchanges, queues, bindings, vhosts, users, policies,
              parameters, definitions, health, metrics, webui, limits, replication, cluster,
-             quorum_members)
+             quorum_members, stream_replicas)
 
 
 def build_router(api: BrokerAPI | None = None) -> Router:

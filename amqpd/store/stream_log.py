@@ -21,8 +21,9 @@ Theory of operation:
   file (from then on readers see it, and a kill -9 of the process cannot lose it: the
   kernel has it); :meth:`StreamLog.sync` fsyncs (from then on a power loss cannot lose
   it). The broker confirms a publish after the sync that covers it (one fsync per group
-  commit: every record of the tick shares it). ``sync`` is the one method meant for a
-  worker thread; every other method runs on the owner's thread (the event loop).
+  commit: every record of the tick shares it). ``sync`` and ``read_shared`` are the
+  methods meant for a worker thread; every other method runs on the owner's thread
+  (the event loop).
 * A segment is sealed when it reaches ``max_segment_bytes`` at a chunk boundary (a
   chunk that would grow past it ends there: :meth:`StreamLog.append` flushes); its
   index is then written to ``.idx`` with a trailer (record count, end position) and
@@ -42,7 +43,9 @@ Theory of operation:
   ``array('q')`` per segment, so finding an offset or a timestamp is a bisect plus a
   short scan of record headers. A :class:`Reader` holds an offset, a segment and a file
   position -- three integers -- and reads with ``os.pread`` on the segment's one shared
-  file descriptor: a thousand readers far behind cost disk reads, not memory.
+  file descriptor: a thousand readers far behind cost disk reads, not memory. A reader
+  may also read in a worker thread (:meth:`StreamLog.read_shared`, under the lock that
+  retention and close take), which is how a stream's consumers behind read.
 * Retention (:meth:`StreamLog.retain`) deletes whole segments from the oldest, never
   the active one: by total size (``max-length-bytes``) and by age (a sealed segment
   whose newest record is older than ``max-age``). A reader inside a deleted segment
@@ -211,7 +214,7 @@ class StreamLog:
         self._buffer = bytearray()
         self._pending: list[tuple[int, int, int, bool]] = []  # offset, ts, length, chunk
         self._chunk_open = False
-        self._lock = threading.Lock()  # sync (a worker thread) vs. closing fds
+        self._lock = threading.Lock()  # sync and read_shared (workers) vs. closing fds
         self.closed = True
         self.truncated_bytes = 0  # what open() cut off (a torn tail), for the log line
         self.rolls = 0  # segments sealed since open (the owner runs retention on a change)
@@ -463,6 +466,15 @@ class StreamLog:
                         return record.offset
         return self.flushed_offset
 
+    def read_shared(self, reader: Reader, max_records: int, max_bytes: int) -> list[Record]:
+        """:meth:`Reader.read` from a worker thread (amqpd/broker/stream_readahead.py):
+        under the lock, so retention and close cannot close a file while it reads; []
+        once the log is closed. The owner's thread must not use ``reader`` meanwhile."""
+        with self._lock:
+            if self.closed:
+                return []
+            return reader.read(max_records, max_bytes)
+
     # ------------------------------------------------------------------ retention
     def retain(self, max_bytes: int | None, max_age_ms: int | None, now_ms: int) -> int:
         """Delete whole segments from the oldest while the stream is over ``max_bytes``
@@ -542,6 +554,12 @@ class Reader:
         self._segment_base = seg.base
         self._position = position
         return seg
+
+    def bytes_to_end(self) -> int | None:
+        """Bytes between this reader and the end of the active segment, when it is
+        positioned there; None when it is elsewhere (or not yet positioned)."""
+        last = self.log.segments[-1]
+        return last.size - self._position if self._segment_base == last.base else None
 
     def read(self, max_records: int, max_bytes: int = READ_BYTES) -> list[Record]:
         """Up to ``max_records`` readable records from ``offset`` on, in order (one

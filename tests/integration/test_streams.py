@@ -289,7 +289,9 @@ def test_visible_in_management_metrics_and_amqpctl(broker: BrokerProcess) -> Non
     assert (stream["first_offset"], stream["last_offset"]) == (0, 49)
     assert stream["segments"] == len(list((broker.data_dir / "streams").rglob("*.seg"))) > 1
     assert stream["size_bytes"] == _seg_bytes(broker)
-    assert stream["consumers"] == [{"consumer_tag": "reader-20", "offset": 27, "lag": 23}]
+    [consumer] = stream["consumers"]
+    assert consumer.pop("channel").endswith(" (1)"), consumer  # as /api/channels names it
+    assert consumer == {"consumer_tag": "reader-20", "offset": 27, "lag": 23}
     assert info["messages"] == 50
     metrics = _http(broker, "/metrics")
     assert 'amqpd_stream_last_offset{vhost="/",queue="seen"} 49' in metrics
@@ -349,3 +351,35 @@ def test_graceful_restart_keeps_the_stream_and_its_arguments(broker: BrokerProce
     while len(got) < 310 and time.monotonic() < deadline:
         conn.process_data_events(time_limit=0.05)
     assert got == list(range(310))
+
+
+def test_add_and_delete_replica_on_a_single_node(broker: BrokerProcess) -> None:
+    """``amqpctl add_replica`` / ``delete_replica`` answer as RabbitMQ 3.10.8's
+    ``rabbitmq-streams`` does on a node with no other member (docs/streams.md)."""
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    ch = conn.channel()
+    ch.queue_declare("rs", durable=True, arguments=STREAM)
+    ch.queue_declare("rq", durable=True, arguments={"x-queue-type": "quorum"})
+    ch.queue_declare("rc", durable=True)
+    conn.close()
+    node = _http(broker, "/api/overview")["node"]
+
+    def ctl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "amqpd.ctl", "--url", broker.http_url,
+                               *args], capture_output=True, text=True, timeout=30)
+
+    ok = ctl("add_replica", "rs", node)  # its own node: a member already
+    assert ok.returncode == 0 and f"Adding a replica for queue rs on node {node}" in ok.stdout
+    for args, text in (
+            (("add_replica", "rs", "rabbit@nowhere"), "node_not_running"),
+            (("delete_replica", "rs", "rabbit@nowhere"), "node_not_running"),
+            (("delete_replica", "rs", node), "Cannot delete the last member of a stream"),
+            (("add_replica", "rq", node), "Cannot add replicas to a quorum queue"),
+            (("add_replica", "rc", node), "Cannot add replicas to a classic queue"),
+            (("delete_replica", "rq", node), "Cannot delete replicas from a quorum queue"),
+            (("delete_replica", "rc", node), "Cannot delete replicas from a classic queue")):
+        out = ctl(*args)
+        assert out.returncode == 65 and f"refused (400): {text}" in out.stderr, (args, out)
+    missing = ctl("delete_replica", "nosuch", node)
+    assert missing.returncode == 1 and "not found: not_found" in missing.stderr, missing
+    assert "refused: node_not_running" in broker.log_path.read_text()

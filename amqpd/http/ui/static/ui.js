@@ -52,6 +52,11 @@ export function fmtBytes(n) {
   return `${v.toFixed(i ? 1 : 0)} ${units[i]}`;
 }
 
+// a stream offset; "—" while the stream holds nothing (its last offset is -1)
+export function fmtOffset(offset, last) {
+  return last === undefined || last === null || last < 0 ? "—" : fmtNum(offset);
+}
+
 export function fmtDuration(ms) {
   let s = Math.floor(ms / 1000);
   const d = Math.floor(s / 86400); s -= d * 86400;

@@ -1,11 +1,13 @@
 // One queue: details and policy, its length and rates over the last minute (samples kept
 // by the server, so the charts open full), consumers, bindings (add and remove), and the
 // message tools: get (ack mode, count, encoding), publish, purge, delete, and moving its
-// messages to another queue through a shovel when the shovel plugin runs.
+// messages to another queue through a shovel when the shovel plugin runs. A stream also
+// shows its log (size on disk, segments, first and last offset) and each consumer's
+// position: the next offset it reads and how far behind the end of the log that is.
 
 import * as api from "../api.js";
 import { Chart, LAST_MINUTE, lengthsFromSamples, ratesFromSamples } from "../charts.js";
-import { add, clear, dangerButton, features, fmtBytes, fmtJson, fmtNum, fmtRate, form, h, kv, link, parseArgs, section, table } from "../ui.js";
+import { add, clear, dangerButton, features, fmtBytes, fmtJson, fmtNum, fmtOffset, fmtRate, form, h, kv, link, parseArgs, section, table } from "../ui.js";
 import { channelHref, connectionHref, exchangeHref, fetchOr404, is404, notFound } from "./common.js";
 import { publishForm } from "./publish.js";
 
@@ -18,6 +20,9 @@ export async function render(ctx) {
   const back = ["#/queues", "Queues"];
   if (!(await fetchOr404(ctx, base, missing, back))) return;
   const details = h("div", { id: "queue-details" });
+  const streamBox = h("div", { id: "stream-details" });
+  const streamPanel = section("Stream", streamBox);
+  streamPanel.hidden = true;
   const chartBox = h("div", { class: "chart-box" });
   const lenBox = h("div", { class: "chart-box" });
   const rateNow = h("div", { class: "muted", id: "queue-rates-now" });
@@ -28,6 +33,7 @@ export async function render(ctx) {
     h("p", {}, link("#/queues", "« Queues")),
     h("h1", {}, "Queue ", h("span", { class: "objname", id: "queue-name" }, name), h("span", { class: "muted" }, ` in vhost ${vhost}`)),
     section("Details", details),
+    streamPanel,
     section("Queued messages (last minute)", lenBox),
     section("Message rates (last minute)", chartBox, rateNow),
     section("Consumers", consumers),
@@ -95,8 +101,22 @@ export async function render(ctx) {
     chart.set(ratesFromSamples(RATES.map((k) => m[`${k}_details`])));
     lengths.set(lengthsFromSamples([q.messages_ready_details, q.messages_unacknowledged_details]));
     clear(rateNow, RATES.map((k) => `${k.replace("_get", "")} ${fmtRate(m[`${k}_details`])}`).join(" · "));
+    const log = q.stream;
+    streamPanel.hidden = !log;
+    if (log) {
+      clear(streamBox, kv([
+        ["Size on disk", h("span", { id: "stream-size" }, fmtBytes(log.size_bytes))],
+        ["Segments", h("span", { id: "stream-segments" }, fmtNum(log.segments))],
+        ["First offset", h("span", { id: "stream-first" }, fmtOffset(log.first_offset, log.last_offset))],
+        ["Last offset", h("span", { id: "stream-last" }, fmtOffset(log.last_offset, log.last_offset))],
+        ["Committed offset", fmtOffset(log.committed_offset, log.committed_offset)],
+        ["Segments deleted by retention", fmtNum(log.segments_deleted)],
+      ]));
+    }
     const all = await api.get(`/api/consumers/${api.seg(vhost)}`);
     if (!ctx.live()) return;
+    // a stream consumer's position: the stream names it by channel and consumer tag
+    const position = (c) => (log ? log.consumers.find((p) => p.consumer_tag === c.consumer_tag && p.channel === c.channel_details.name) : null);
     clear(consumers, table([
       { title: "Consumer tag", get: (c) => c.consumer_tag },
       { title: "Channel", get: (c) => link(channelHref(c.channel_details.name), c.channel_details.name) },
@@ -104,7 +124,11 @@ export async function render(ctx) {
       { title: "Exclusive", get: (c) => (c.exclusive ? "yes" : "no") },
       { title: "Prefetch", get: (c) => String(c.prefetch_count) },
       { title: "Arguments", get: (c) => fmtJson(c.arguments) },
-    ], all.filter((c) => c.queue.name === name), { empty: "No consumers." }));
+      ...(log ? [
+        { title: "Next offset", get: (c) => { const p = position(c); return p ? fmtNum(p.offset) : "—"; }, cls: "num stream-offset" },
+        { title: "Lag", get: (c) => { const p = position(c); return p ? fmtNum(p.lag) : "—"; }, cls: "num stream-lag" },
+      ] : []),
+    ], all.filter((c) => c.queue.name === name), { empty: "No consumers.", id: "queue-consumers-table" }));
   }
 
   async function refreshBindings() {

@@ -1,18 +1,21 @@
 // Queues: a list paged, sorted and filtered by the server (RabbitMQ's page, page_size,
 // sort, sort_reverse, name, use_regex), so it stays fast with tens of thousands of queues;
-// and a form to add one.
+// and a form to add one. A stream's log (size on disk, segments, first and last offset)
+// has its own columns, drawn only on a page that lists a stream.
 
 import * as api from "../api.js";
-import { add, clear, describeError, features, fmtNum, fmtRate, form, h, link, parseArgs, section, table } from "../ui.js";
+import { add, clear, describeError, features, fmtBytes, fmtNum, fmtOffset, fmtRate, form, h, link, parseArgs, section, table } from "../ui.js";
 import { columnChooser, filterBox, pager, queueHref, vhostNames, vhostSelect } from "./common.js";
 
 // the optional columns, and those shown until someone chooses (as RabbitMQ's defaults)
-const OPTIONAL = ["Virtual host", "Type", "Features", "Policy", "State", "Consumers", "Ready", "Unacked", "Total", "incoming", "deliver / get", "ack"];
-const DEFAULT = ["Virtual host", "Type", "Features", "State", "Ready", "Unacked", "Total", "incoming", "deliver / get", "ack"];
+const STREAM_COLUMNS = ["Size on disk", "Segments", "First offset", "Last offset"];
+const OPTIONAL = ["Virtual host", "Type", "Features", "Policy", "State", "Consumers", "Ready", "Unacked", "Total", "incoming", "deliver / get", "ack", ...STREAM_COLUMNS];
+const DEFAULT = ["Virtual host", "Type", "Features", "State", "Ready", "Unacked", "Total", "incoming", "deliver / get", "ack", ...STREAM_COLUMNS];
 
 const view = { vhost: "", name: "", regex: false, page: 1, pageSize: 100, sort: { key: "name", reverse: false } };
 const COLUMNS = "name,vhost,type,durable,auto_delete,exclusive,arguments,policy,state,consumers,messages,messages_ready," +
-  "messages_unacknowledged,message_stats.publish_details.rate,message_stats.deliver_get_details.rate,message_stats.ack_details.rate";
+  "messages_unacknowledged,message_stats.publish_details.rate,message_stats.deliver_get_details.rate,message_stats.ack_details.rate," +
+  "stream.size_bytes,stream.segments,stream.first_offset,stream.last_offset";
 
 export async function render(ctx) {
   if (ctx.params.length >= 2) return (await import("./queue.js")).render(ctx);
@@ -65,6 +68,8 @@ export async function render(ctx) {
     if (!ctx.live() || mine !== latest) return;
     const ms = (q) => q.message_stats || {};
     const shown = chooser.chosen();
+    const streams = res.items.some((q) => q.stream);
+    const st = (q, f) => (q.stream ? f(q.stream) : "");
     clear(listBox, pager(res, (p) => { view.page = p; refresh(); }), table([
       { title: "Virtual host", get: (q) => q.vhost, sort: "vhost" },
       { title: "Name", get: (q) => link(queueHref(q.vhost, q.name), q.name), sort: "name", cls: "name" },
@@ -79,7 +84,11 @@ export async function render(ctx) {
       { title: "incoming", get: (q) => fmtRate(ms(q).publish_details), cls: "num" },
       { title: "deliver / get", get: (q) => fmtRate(ms(q).deliver_get_details), cls: "num" },
       { title: "ack", get: (q) => fmtRate(ms(q).ack_details), cls: "num" },
-    ].filter((c) => c.title === "Name" || shown.has(c.title)), res.items, { sort: view.sort, onSort, id: "queues-table", empty: view.name ? "No queue matches the filter." : "No queues." }));
+      { title: "Size on disk", get: (q) => st(q, (s) => fmtBytes(s.size_bytes)), cls: "num stream-size" },
+      { title: "Segments", get: (q) => st(q, (s) => fmtNum(s.segments)), cls: "num stream-segments" },
+      { title: "First offset", get: (q) => st(q, (s) => fmtOffset(s.first_offset, s.last_offset)), cls: "num stream-first" },
+      { title: "Last offset", get: (q) => st(q, (s) => fmtOffset(s.last_offset, s.last_offset)), cls: "num stream-last" },
+    ].filter((c) => c.title === "Name" || (shown.has(c.title) && (streams || !STREAM_COLUMNS.includes(c.title)))), res.items, { sort: view.sort, onSort, id: "queues-table", empty: view.name ? "No queue matches the filter." : "No queues." }));
   }
   await ctx.every(refresh);
 }
