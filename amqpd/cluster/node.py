@@ -40,6 +40,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from amqpd.cluster.definitions import KIND_BINDING, KIND_QUEUE, DefinitionMirror
@@ -103,6 +104,7 @@ class Cluster(ClusterView):
         self.quorum_groups: Any = None
         self.pauses = 0
         self._tasks: list[asyncio.Task[None]] = []
+        self._refreshes: set[asyncio.Task[None]] = set()  # refresh_queue's reads
         self._sync_task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -303,6 +305,24 @@ class Cluster(ClusterView):
 
     async def peer_info(self, section: str) -> dict[str, Any]:
         return await self.info.read(section)
+
+    def refresh_queue(self, vhost: str, name: str, done: Callable[[], None]) -> None:
+        async def refresh() -> None:
+            try:
+                await asyncio.wait_for(self.mirror.refresh(KIND_QUEUE, f"{vhost}\x00{name}"),
+                                       self.mirror.timeout)
+            except (EtcdError, TimeoutError) as exc:
+                log.warning("cluster: queue '%s' in vhost '%s': etcd's record not read "
+                            "(%s); declaring it as this node sees it", name, vhost,
+                            exc or "timed out")
+            done()
+
+        task = asyncio.create_task(refresh(), name="cluster-refresh-queue")
+        self._refreshes.add(task)
+        task.add_done_callback(self._refreshes.discard)
+
+    def after_queue_gone(self, vhost: str, name: str, callback: Any) -> None:
+        self.mirror.after_gone(KIND_QUEUE, f"{vhost}\x00{name}", callback)
 
     def after_mirrored(self, callback: Any) -> Any:
         return self.mirror.after_mirrored(self.tdefs.after_mirrored(callback))
