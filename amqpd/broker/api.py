@@ -183,6 +183,12 @@ class ClusterStatus(Protocol):
         """Does this node record the queue's definition in its own log (it leads it)?"""
         ...
 
+    def leadership_confirmed(self) -> bool:
+        """May this node claim the durable queues it holds as their leader now? False
+        from its start, and after a stall, a pause or etcd out of reach, until it has
+        read etcd's definitions again (amqpd/cluster/leadership.py)."""
+        ...
+
     def refresh_queue(self, vhost: str, name: str, done: Callable[[], None]) -> None:
         """Bring this node's record of a durable queue in line with etcd's, then call
         ``done`` (also when etcd cannot be read within ``definition_timeout``: the

@@ -202,19 +202,10 @@ class DefinitionMirror:
             if error is not None or target <= self.pushed:
                 callback(error)
                 return
-            called = [False]
-
-            def once(err: BaseException | None) -> None:
-                if not called[0]:
-                    called[0] = True
-                    timer.cancel()
-                    callback(err)
-
-            timer = asyncio.get_running_loop().call_later(self.timeout, lambda: once(
-                EtcdUnavailable(f"etcd has not taken the change within {self.timeout:g} s "
-                                f"({len(self.pending)} pending; it is applied here and "
-                                "goes to etcd when etcd is reachable)")))
-            self.waiters.append((target, once))
+            self.waiters.append((target, self._bounded(callback, lambda: (
+                f"etcd has not taken the change within {self.timeout:g} s "
+                f"({len(self.pending)} pending; it is applied here and goes to etcd "
+                "when etcd is reachable)"))))
 
         return done
 
@@ -230,6 +221,12 @@ class DefinitionMirror:
         if ident not in self.state:
             callback(None)
             return
+        self.gone_waiters.setdefault(ident, []).append(self._bounded(callback, lambda: (
+            f"the delete has not reached etcd within {self.timeout:g} s")))
+
+    def _bounded(self, callback: OnDone, why: Callable[[], str]) -> OnDone:
+        """``callback`` made to run once: when called, or with
+        :class:`EtcdUnavailable` (``why()``) after ``timeout`` seconds."""
         called = [False]
 
         def once(err: BaseException | None) -> None:
@@ -238,9 +235,9 @@ class DefinitionMirror:
                 timer.cancel()
                 callback(err)
 
-        timer = asyncio.get_running_loop().call_later(self.timeout, lambda: once(
-            EtcdUnavailable(f"the delete has not reached etcd within {self.timeout:g} s")))
-        self.gone_waiters.setdefault(ident, []).append(once)
+        timer = asyncio.get_running_loop().call_later(
+            self.timeout, lambda: once(EtcdUnavailable(why())))
+        return once
 
     def _take_batch(self) -> list[tuple[int, int, str, bytes]]:
         batch: list[tuple[int, int, str, bytes]] = []
@@ -379,12 +376,14 @@ class DefinitionMirror:
                 self.state.setdefault(ident, body)
         puts = sorted(remote.items(), key=lambda e: RANK[e[0][0]])
         for ident, (value, rev) in puts:
+            if rev < self.known_rev.get(ident, 0):
+                continue  # this node applied or wrote a newer one while the read ran
             if self.inflight[ident] > 0:
                 self.deferred[ident] = (rev, value)
             else:
                 self._apply_remote(ident, value, rev)
         gone = [ident for ident in self.state if ident not in remote
-                and self.inflight[ident] == 0]
+                and self.inflight[ident] == 0 and self.known_rev.get(ident, 0) <= revision]
         for ident in sorted(gone, key=lambda i: -RANK[i[0]]):
             self._apply_remote(ident, None, revision)
         self.revision = max(self.revision, revision)
@@ -462,6 +461,12 @@ class DefinitionMirror:
         except Exception as exc:
             log.error("cluster: queue %r in vhost %r led by %s not materialised: %s",
                       item.get("name"), vhost, leader, exc)
+
+    async def read_all(self) -> None:
+        """Read the whole prefix now and apply the difference, ahead of the watch
+        (amqpd.cluster.leadership confirms a node's leadership so)."""
+        revision, kvs = await self.etcd.range_prefix(self.prefix)
+        self._resync(revision, kvs, first=False)
 
     async def refresh(self, kind: int, key: str) -> None:
         """Bring one entry in line with etcd's record now, ahead of the watch.

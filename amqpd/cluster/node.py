@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from amqpd.cluster.definitions import KIND_BINDING, KIND_QUEUE, DefinitionMirror
 from amqpd.cluster.heartbeat import Heartbeats
+from amqpd.cluster.leadership import Leadership
 from amqpd.cluster.loop_clock import LoopClock
 from amqpd.cluster.membership import EtcdReach, Membership, NotAllowed
 from amqpd.cluster.node_info import NodeInfoBoard
@@ -103,6 +104,9 @@ class Cluster(ClusterView):
         # quorum queues' replica groups (amqpd.cluster.quorum_group.QuorumGroups)
         self.quorum_groups: Any = None
         self.pauses = 0
+        # whether this node may claim the queues it holds (amqpd/cluster/leadership.py)
+        self.leadership = Leadership(self.loop_clock, cc.heartbeat_timeout / 2,
+                                     self._may_confirm, self.mirror.read_all)
         self._tasks: list[asyncio.Task[None]] = []
         self._refreshes: set[asyncio.Task[None]] = set()  # refresh_queue's reads
         self._sync_task: asyncio.Task[None] | None = None
@@ -112,6 +116,8 @@ class Cluster(ClusterView):
         """Heartbeats, then join and sync with etcd (up to START_DEADLINE; after that the
         node goes on trying in the background, paused)."""
         self._tasks.append(asyncio.create_task(self.loop_clock.run(), name="cluster-clock"))
+        self._tasks.append(asyncio.create_task(self.leadership.run(),
+                                               name="cluster-leadership"))
         await self.heartbeats.start()
         self._sync_task = asyncio.create_task(self._first_sync(), name="cluster-first-sync")
         with contextlib.suppress(TimeoutError):
@@ -230,8 +236,20 @@ class Cluster(ClusterView):
                     "(cluster_partition_handling = pause_minority)")
         return None
 
+    def _may_confirm(self) -> bool:
+        return self.mirror.synced and not self.paused and self.etcd_reachable()
+
+    def leadership_confirmed(self) -> bool:
+        return self.leadership.confirmed()
+
     def decide(self) -> None:
         cause = self.pause_cause()
+        if cause is None and not self.etcd_reachable():
+            cause_for_doubt: str | None = "it cannot reach etcd"
+        else:
+            cause_for_doubt = cause
+        if cause_for_doubt is not None:
+            self.leadership.doubt(cause_for_doubt)
         if cause is not None and not self.paused:
             self.paused, self.pause_reason = True, cause
             self.pauses += 1
