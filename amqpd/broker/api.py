@@ -183,6 +183,24 @@ class ClusterStatus(Protocol):
         """Does this node record the queue's definition in its own log (it leads it)?"""
         ...
 
+    def leadership_confirmed(self) -> bool:
+        """May this node claim the durable queues it holds as their leader now? False
+        from its start, and after a stall, a pause or etcd out of reach, until it has
+        read etcd's definitions again (amqpd/cluster/leadership.py)."""
+        ...
+
+    def refresh_queue(self, vhost: str, name: str, done: Callable[[], None]) -> None:
+        """Bring this node's record of a durable queue in line with etcd's, then call
+        ``done`` (also when etcd cannot be read within ``definition_timeout``: the
+        caller goes on with the view it has)."""
+        ...
+
+    def after_queue_gone(self, vhost: str, name: str, callback: OnConfirm) -> None:
+        """``callback(None)`` once etcd's delete of a durable queue led by another
+        node (its leader writes it) has reached this node; an error after
+        ``definition_timeout``."""
+        ...
+
     def definition_recorded(self, kind: int, key: str, body: bytes) -> None:
         """The journal recorded a definition change here: mirror it to the cluster."""
         ...

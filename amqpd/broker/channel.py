@@ -219,6 +219,29 @@ class Channel:
             if isinstance(dlx, str):  # RabbitMQ: read on the queue, write on its DLX
                 self._check("read", "queue", name)
                 self._check("write", "exchange", dlx)
+        cluster = self.api.cluster()
+        if cluster is not None:
+            existing = self.api.find_queue(self.vhost.name, name)
+            if existing is not None and existing.remote:
+                # led by another node, as this node's view has it: that view may not
+                # have seen a delete made on another node yet (issue 28), so the
+                # declare goes on once etcd's record of the queue has been read
+                cluster.refresh_queue(self.vhost.name, name,
+                                      lambda: self._declare_refreshed(m, name, server_named))
+                return
+        self._declare(m, name, server_named)
+
+    def _declare_refreshed(self, m: commands.Queue.Declare, name: str,
+                           server_named: bool) -> None:
+        if self.closed:
+            return
+        try:
+            self._declare(m, name, server_named)
+        except AMQPError as exc:
+            exc.class_id, exc.method_id = 50, 10  # queue.declare
+            self.session.conn._close_channel(self.number, exc)
+
+    def _declare(self, m: commands.Queue.Declare, name: str, server_named: bool) -> None:
         owner = self.session
         q = self.api.declare_queue(
             self.vhost, name, passive=m.passive, durable=m.durable,
@@ -271,11 +294,28 @@ class Channel:
     def _queue_delete(self, m: commands.Queue.Delete) -> None:
         queue = self._queue_name(m.queue)
         self._check("configure", "queue", queue)
+        existing = self.api.find_queue(self.vhost.name, queue)
         n = self.api.delete_queue(self.vhost, queue, if_unused=m.if_unused,
                                   if_empty=m.if_empty, owner=self.session)
-        if not m.nowait:
-            self._reply_ok(codec.method_frame(self.number, C.QUEUE_DELETE_OK,
-                                              n.to_bytes(4, "big")))
+        if m.nowait:
+            return
+        frame = codec.method_frame(self.number, C.QUEUE_DELETE_OK, n.to_bytes(4, "big"))
+        cluster = self.api.cluster()
+        if cluster is not None and existing is not None and existing.remote:
+            # its leader deletes it and tells etcd: delete-ok once that is seen here
+            cluster.after_queue_gone(self.vhost.name, queue,
+                                     lambda error: self._remote_deleted(frame, error))
+            return
+        self._reply_ok(frame)
+
+    def _remote_deleted(self, frame: bytes, error: BaseException | None) -> None:
+        if self.closed:
+            return
+        if error is not None:
+            self.session.conn.close(
+                541, f"INTERNAL_ERROR - queue delete not confirmed by the cluster: {error}")
+            return
+        self._reply_ok(frame)
 
     # ------------------------------------------------------------------ basic: qos/consume
     def _basic_qos(self, m: commands.Basic.Qos) -> None:

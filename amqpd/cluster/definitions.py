@@ -29,6 +29,9 @@ with the body as its value (a queue's body also names its leader: ``"node"``).
   for it are held back: when the push lands at revision R, a held event newer than R
   (another node wrote after us) is applied, an older one (already overwritten by ours)
   is dropped. So every node ends at etcd's last value for every key.
+* **Ahead of the watch.** :meth:`refresh` reads one entry's record from etcd and
+  applies it at once: a declare of a queue this node sees led elsewhere goes through it
+  first, so a delete another node has already answered is never missed.
 * **A fresh cluster.** The first node to find the prefix empty claims ``seeded`` (a
   guarded create) and pushes everything it holds; every later node takes etcd's.
 
@@ -126,6 +129,8 @@ class DefinitionMirror:
         self.failed_remote = 0
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        # after_gone's callbacks, by the entry they wait to see deleted
+        self.gone_waiters: dict[Ident, list[OnDone]] = {}
         # called with (vhost, queue) when this node records a durable queue it leads,
         # before the declare is answered (amqpd.cluster.mirror starts the mirrors then)
         self.queue_listeners: list[Callable[[str, str], None]] = []
@@ -197,21 +202,42 @@ class DefinitionMirror:
             if error is not None or target <= self.pushed:
                 callback(error)
                 return
-            called = [False]
-
-            def once(err: BaseException | None) -> None:
-                if not called[0]:
-                    called[0] = True
-                    timer.cancel()
-                    callback(err)
-
-            timer = asyncio.get_running_loop().call_later(self.timeout, lambda: once(
-                EtcdUnavailable(f"etcd has not taken the change within {self.timeout:g} s "
-                                f"({len(self.pending)} pending; it is applied here and "
-                                "goes to etcd when etcd is reachable)")))
-            self.waiters.append((target, once))
+            self.waiters.append((target, self._bounded(callback, lambda: (
+                f"etcd has not taken the change within {self.timeout:g} s "
+                f"({len(self.pending)} pending; it is applied here and goes to etcd "
+                "when etcd is reachable)"))))
 
         return done
+
+    def after_gone(self, kind: int, key: str, callback: OnDone) -> None:
+        """Call ``callback(None)`` once this node has applied etcd's delete of the
+        entry, or with :class:`EtcdUnavailable` after ``timeout`` seconds.
+
+        A queue led by another node is deleted by its leader, which writes the delete
+        to etcd; the deleting node's delete-ok waits for it here, so a declare the
+        client makes next on any node (refreshed through :meth:`refresh`) finds it
+        deleted, and the leader's delete cannot land after a new declare (issue 28)."""
+        ident = (kind, key)
+        if ident not in self.state:
+            callback(None)
+            return
+        self.gone_waiters.setdefault(ident, []).append(self._bounded(callback, lambda: (
+            f"the delete has not reached etcd within {self.timeout:g} s")))
+
+    def _bounded(self, callback: OnDone, why: Callable[[], str]) -> OnDone:
+        """``callback`` made to run once: when called, or with
+        :class:`EtcdUnavailable` (``why()``) after ``timeout`` seconds."""
+        called = [False]
+
+        def once(err: BaseException | None) -> None:
+            if not called[0]:
+                called[0] = True
+                timer.cancel()
+                callback(err)
+
+        timer = asyncio.get_running_loop().call_later(
+            self.timeout, lambda: once(EtcdUnavailable(why())))
+        return once
 
     def _take_batch(self) -> list[tuple[int, int, str, bytes]]:
         batch: list[tuple[int, int, str, bytes]] = []
@@ -350,12 +376,14 @@ class DefinitionMirror:
                 self.state.setdefault(ident, body)
         puts = sorted(remote.items(), key=lambda e: RANK[e[0][0]])
         for ident, (value, rev) in puts:
+            if rev < self.known_rev.get(ident, 0):
+                continue  # this node applied or wrote a newer one while the read ran
             if self.inflight[ident] > 0:
                 self.deferred[ident] = (rev, value)
             else:
                 self._apply_remote(ident, value, rev)
         gone = [ident for ident in self.state if ident not in remote
-                and self.inflight[ident] == 0]
+                and self.inflight[ident] == 0 and self.known_rev.get(ident, 0) <= revision]
         for ident in sorted(gone, key=lambda i: -RANK[i[0]]):
             self._apply_remote(ident, None, revision)
         self.revision = max(self.revision, revision)
@@ -380,6 +408,8 @@ class DefinitionMirror:
             self.state[ident] = value
         else:
             self.state.pop(ident, None)
+            for waiter in self.gone_waiters.pop(ident, ()):
+                waiter(None)
         local_copy = True
         if kind == KIND_QUEUE:
             vhost, _, name = key.partition("\x00")
@@ -431,6 +461,32 @@ class DefinitionMirror:
         except Exception as exc:
             log.error("cluster: queue %r in vhost %r led by %s not materialised: %s",
                       item.get("name"), vhost, leader, exc)
+
+    async def read_all(self) -> None:
+        """Read the whole prefix now and apply the difference, ahead of the watch
+        (amqpd.cluster.leadership confirms a node's leadership so)."""
+        revision, kvs = await self.etcd.range_prefix(self.prefix)
+        self._resync(revision, kvs, first=False)
+
+    async def refresh(self, kind: int, key: str) -> None:
+        """Bring one entry in line with etcd's record now, ahead of the watch.
+
+        A declare on this node of a queue another node has just deleted (its delete-ok
+        means etcd holds the delete) must not act on the stale copy the watch has not
+        removed yet: it answered ``404 home node ... is down``, or declare-ok for a
+        queue the delete then removed everywhere (issue 28). etcd's range is
+        linearizable, so what it returns is at least as new as any reply a client
+        got; an entry this node is still pushing is left to the push task."""
+        ident = (kind, key)
+        ekey = self.etcd_key(kind, key)
+        revision, kvs = await self.etcd.range_prefix(ekey)
+        if self.inflight[ident] > 0:
+            return
+        found = next((kv for kv in kvs if kv.key == ekey.encode()), None)
+        if found is not None:
+            self._event(ident, found.value, found.mod_revision)
+        elif ident in self.state and self.known_rev.get(ident, 0) < revision:
+            self._event(ident, None, revision)
 
     async def _watch_loop(self) -> None:
         while True:

@@ -45,12 +45,19 @@ class LoopClock:
         self.stalls = 0  # how many stalls longer than LOG_STALL (for the status API)
         self.longest = 0.0  # the longest stall seen, seconds
         self._last_tick = wall()
+        # called with each stall found (amqpd.cluster.leadership: a stall may have let
+        # the others take this node's queues over)
+        self.on_stall: list[Callable[[float], None]] = []
 
     def __call__(self) -> float:
         """Monotonic seconds, not counting this loop's stalls."""
-        now = self.wall()
-        ongoing = now - self._last_tick - self.tick - self.slack
-        return now - self.stalled - (ongoing if ongoing > 0 else 0.0)
+        return self.wall() - self.stalled - self.ongoing()
+
+    def ongoing(self) -> float:
+        """The stall this loop is in right now, seconds (0.0: none): what the first
+        callback after a SIGSTOP sees before the ticker has run."""
+        ongoing = self.wall() - self._last_tick - self.tick - self.slack
+        return ongoing if ongoing > 0 else 0.0
 
     def observe(self) -> float:
         """Account for the time since the last tick; what the ticker calls on waking.
@@ -61,6 +68,8 @@ class LoopClock:
         if excess <= 0:
             return 0.0
         self.stalled += excess
+        for listener in self.on_stall:
+            listener(excess)
         self.longest = max(self.longest, excess)
         if excess >= LOG_STALL:
             self.stalls += 1

@@ -40,10 +40,12 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from amqpd.cluster.definitions import KIND_BINDING, KIND_QUEUE, DefinitionMirror
 from amqpd.cluster.heartbeat import Heartbeats
+from amqpd.cluster.leadership import Leadership
 from amqpd.cluster.loop_clock import LoopClock
 from amqpd.cluster.membership import EtcdReach, Membership, NotAllowed
 from amqpd.cluster.node_info import NodeInfoBoard
@@ -102,7 +104,11 @@ class Cluster(ClusterView):
         # quorum queues' replica groups (amqpd.cluster.quorum_group.QuorumGroups)
         self.quorum_groups: Any = None
         self.pauses = 0
+        # whether this node may claim the queues it holds (amqpd/cluster/leadership.py)
+        self.leadership = Leadership(self.loop_clock, cc.heartbeat_timeout / 2,
+                                     self._may_confirm, self.mirror.read_all)
         self._tasks: list[asyncio.Task[None]] = []
+        self._refreshes: set[asyncio.Task[None]] = set()  # refresh_queue's reads
         self._sync_task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -110,6 +116,8 @@ class Cluster(ClusterView):
         """Heartbeats, then join and sync with etcd (up to START_DEADLINE; after that the
         node goes on trying in the background, paused)."""
         self._tasks.append(asyncio.create_task(self.loop_clock.run(), name="cluster-clock"))
+        self._tasks.append(asyncio.create_task(self.leadership.run(),
+                                               name="cluster-leadership"))
         await self.heartbeats.start()
         self._sync_task = asyncio.create_task(self._first_sync(), name="cluster-first-sync")
         with contextlib.suppress(TimeoutError):
@@ -228,8 +236,20 @@ class Cluster(ClusterView):
                     "(cluster_partition_handling = pause_minority)")
         return None
 
+    def _may_confirm(self) -> bool:
+        return self.mirror.synced and not self.paused and self.etcd_reachable()
+
+    def leadership_confirmed(self) -> bool:
+        return self.leadership.confirmed()
+
     def decide(self) -> None:
         cause = self.pause_cause()
+        if cause is None and not self.etcd_reachable():
+            cause_for_doubt: str | None = "it cannot reach etcd"
+        else:
+            cause_for_doubt = cause
+        if cause_for_doubt is not None:
+            self.leadership.doubt(cause_for_doubt)
         if cause is not None and not self.paused:
             self.paused, self.pause_reason = True, cause
             self.pauses += 1
@@ -303,6 +323,24 @@ class Cluster(ClusterView):
 
     async def peer_info(self, section: str) -> dict[str, Any]:
         return await self.info.read(section)
+
+    def refresh_queue(self, vhost: str, name: str, done: Callable[[], None]) -> None:
+        async def refresh() -> None:
+            try:
+                await asyncio.wait_for(self.mirror.refresh(KIND_QUEUE, f"{vhost}\x00{name}"),
+                                       self.mirror.timeout)
+            except (EtcdError, TimeoutError) as exc:
+                log.warning("cluster: queue '%s' in vhost '%s': etcd's record not read "
+                            "(%s); declaring it as this node sees it", name, vhost,
+                            exc or "timed out")
+            done()
+
+        task = asyncio.create_task(refresh(), name="cluster-refresh-queue")
+        self._refreshes.add(task)
+        task.add_done_callback(self._refreshes.discard)
+
+    def after_queue_gone(self, vhost: str, name: str, callback: Any) -> None:
+        self.mirror.after_gone(KIND_QUEUE, f"{vhost}\x00{name}", callback)
 
     def after_mirrored(self, callback: Any) -> Any:
         return self.mirror.after_mirrored(self.tdefs.after_mirrored(callback))

@@ -1,0 +1,109 @@
+"""Delete a queue on one node and declare it again at once on another (issue 28).
+
+Each try declares a queue (classic, quorum, or classic under an ``ha-mode: all``
+policy) on one node and binds it, deletes it on a second node and, right after the
+delete-ok, declares and binds it again on a third: the declaring node's view may not
+have seen the delete yet. Before the fix the re-declare answered ``404 home node ...
+is down`` (the node still held the deleted remote queue), or declare-ok for a queue
+the delete then removed from every node, leaving the new binding in etcd to a missing
+queue. After 100 tries every node's ``/api/queues`` and ``/api/bindings`` must agree:
+each queue exists once, with exactly the binding of its last declare.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from bench.loadgen import Conn
+from tests.integration.cluster_support import ClusterNode, diagnose, wait_for
+from tests.support import etcdproc
+
+pytestmark = [
+    pytest.mark.skipif(etcdproc.find_etcd() is None, reason=etcdproc.SKIP_REASON),
+    pytest.mark.timeout(600),
+]
+
+TRIES = 100
+KINDS = ("classic", "quorum", "mirrored")
+EXCHANGE = "redeclare.x"
+
+
+def _arguments(kind: str) -> dict[str, Any]:
+    return {"x-queue-type": "quorum"} if kind == "quorum" else {}
+
+
+def _view(node: ClusterNode, prefix: str) -> tuple[list[str], list[tuple[str, str, str]]]:
+    """The queues named ``prefix*`` and their bindings from EXCHANGE, as ``node`` lists
+    them."""
+    queues = sorted(q["name"] for q in node.api.get("/api/queues/%2F").json()
+                    if q["name"].startswith(prefix))
+    bindings = sorted((b["source"], b["destination"], b["routing_key"])
+                      for b in node.api.get("/api/bindings/%2F").json()
+                      if b["destination"].startswith(prefix) and b["source"] == EXCHANGE)
+    return queues, bindings
+
+
+def test_delete_and_redeclare_from_another_node(nodes: list[ClusterNode]) -> None:
+    rng = random.Random(28)
+    r = nodes[0].api.put("/api/policies/%2F/ha-all", {
+        "pattern": "^redeclare\\.mirrored\\.", "apply-to": "queues",
+        "definition": {"ha-mode": "all"}})
+    assert r.status in (201, 204), r.text
+    conns = {n.name: Conn(n.url) for n in nodes}
+    chans = {name: c.open_channel(1) for name, c in conns.items()}
+    first = conns[nodes[0].name]
+    first.declare_exchange(chans[nodes[0].name], EXCHANGE, "direct", durable=True)
+    wait_for(lambda: all(n.api.get(f"/api/exchanges/%2F/{EXCHANGE}").status == 200
+                         for n in nodes), 15, "the exchange on every node")
+    expected_queues: list[str] = []
+    expected_bindings: list[tuple[str, str, str]] = []
+    names = [f"redeclare.{kind}.{i}" for kind in KINDS for i in range(2)]
+    declared: dict[str, int] = {}  # a queue's name -> the node index that declared it last
+    try:
+        for i, name in enumerate(names):
+            declared[name] = i % 3
+            node = nodes[i % 3]
+            conn = conns[node.name]
+            conn.declare_queue(chans[node.name], name, durable=True,
+                               arguments=_arguments(name.split(".")[1]))
+            conn.bind(chans[node.name], name, EXCHANGE, f"k.{name}.0")
+        # the first declares reach every node before the tries start
+        wait_for(lambda: all(len(_view(n, "redeclare.")[0]) == len(names) for n in nodes),
+                 30, "the queues on every node", lambda: diagnose(nodes))
+        for attempt in range(1, TRIES + 1):
+            name = names[attempt % len(names)]
+            deleter, redeclarer = rng.sample(range(3), 2)
+            d, rd = nodes[deleter], nodes[redeclarer]
+            conns[d.name].delete_queue(chans[d.name], name)
+            try:
+                conns[rd.name].declare_queue(chans[rd.name], name, durable=True,
+                                             arguments=_arguments(name.split(".")[1]))
+                conns[rd.name].bind(chans[rd.name], name, EXCHANGE, f"k.{name}.{attempt}")
+            except Exception as exc:
+                raise AssertionError(
+                    f"try {attempt}: {name} deleted on {d.name}, declared again on "
+                    f"{rd.name}: {exc}\n{diagnose(nodes)}") from exc
+            declared[name] = redeclarer
+            expected_bindings = [b for b in expected_bindings if b[1] != name]
+            expected_bindings.append((EXCHANGE, name, f"k.{name}.{attempt}"))
+        expected_queues = sorted(names)
+        last_binding = {b[1]: b for b in expected_bindings}
+        for name in names:
+            if name not in last_binding:  # not tried again: its first binding
+                expected_bindings.append((EXCHANGE, name, f"k.{name}.0"))
+        expected = (expected_queues, sorted(expected_bindings))
+        views: dict[str, Any] = {}
+
+        def agree() -> bool:
+            for n in nodes:
+                views[n.name] = _view(n, "redeclare.")
+            return all(v == expected for v in views.values())
+
+        wait_for(agree, 30, "every node lists each queue once with its last binding",
+                 lambda: f"expected {expected}\nviews {views}\n{diagnose(nodes)}")
+    finally:
+        for c in conns.values():
+            c.close()
