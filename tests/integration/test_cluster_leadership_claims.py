@@ -33,6 +33,7 @@ from tests.support import etcdproc
 from tests.support.etcdproc import EtcdProcess
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.skipif(etcdproc.find_etcd() is None, reason=etcdproc.SKIP_REASON),
     pytest.mark.timeout(300),
 ]

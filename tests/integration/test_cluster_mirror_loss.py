@@ -26,6 +26,7 @@ from tests.integration.cluster_support import (
 from tests.support import etcdproc
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.skipif(etcdproc.find_etcd() is None, reason=etcdproc.SKIP_REASON),
     pytest.mark.timeout(300),
 ]

@@ -45,6 +45,7 @@ from tests.support.tcpproxy import TcpProxy
 from tests.support.warren import WarrenNode, wait_active, wait_for, wait_insync_standby
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.skipif(etcdproc.find_etcd() is None, reason=etcdproc.SKIP_REASON),
     pytest.mark.skipif(haproxyproc.find_haproxy() is None, reason=haproxyproc.SKIP_REASON),
     pytest.mark.timeout(900),

@@ -34,6 +34,7 @@ from tests.support.warren import (
 BACKLOG = int(os.environ.get("AMQPD_TEST_BACKLOG", "1000000"))
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.skipif(etcdproc.find_etcd() is None, reason=etcdproc.SKIP_REASON),
     pytest.mark.timeout(1800),
 ]

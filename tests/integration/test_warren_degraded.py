@@ -38,7 +38,7 @@ from tests.support.warren import (
     wait_insync_standby,
 )
 
-pytestmark = [*haproxyproc.needs_etcd_and_haproxy(), pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.slow, *haproxyproc.needs_etcd_and_haproxy(), pytest.mark.timeout(400)]
 
 PREFIX = "/amqpd-test/degraded"
 QUEUE = "degraded-q"
