@@ -171,7 +171,8 @@ class Cluster(ClusterView):
 
     # ------------------------------------------------------------------ records
     def record(self) -> dict[str, Any]:
-        """This node's ``nodes/`` record (the contract in /work/wt/CLUSTER.md)."""
+        """This node's ``nodes/`` record (its fields: the etcd key table in
+        docs/clustering.md, "Membership")."""
         api = self.api
         amqp = next((p for proto, _h, p in api.listeners() if proto == "amqp"), 0)
         link = self.config.link_advertise or (
