@@ -292,6 +292,9 @@ class Settings:
     persistence: bool = True
     fsync: str = "batch"
     segment_size: int = 64 * 1024 * 1024
+    # copy a segment's live messages forward once they are at most this fraction of what
+    # it held, so a few long-lived messages do not pin a whole segment (0 = never copy)
+    compact_ratio: float = 0.1
     # message bodies kept in memory: beyond these, new messages of a queue live only in the
     # log (read back on delivery) and the queue holds a small index entry per message
     queue_memory_limit: int = 16 * 1024 * 1024  # bytes of ready bodies per queue

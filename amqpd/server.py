@@ -416,6 +416,7 @@ class Broker:
             return
         started = time.monotonic()
         store = SharedLog(data / "log", segment_size=s.segment_size,
+                          compact_ratio=s.compact_ratio,
                           fsync="never" if s.fsync == "never" else "batch", loop=self._loop)
         recovered = store.open()
         self.store = store
