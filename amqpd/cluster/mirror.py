@@ -1501,15 +1501,17 @@ class Mirrors:
                                  else item.get("arguments") or {}))
         replace_queue(self.queues, vh, old, q)
         self.broker.apply_policies_to(vh, q)
-        redelivered = 0
         live: dict[int, bool] = {}
-        # a copy of the leader before (not yet placed by this leader's MREKEY: it was
-        # lost first) comes after, redelivered: it may have been delivered meanwhile
+        # Every message comes back redelivered, as RabbitMQ's promoted mirror requeues
+        # them: the lost leader may have handed any of them to a consumer and died before
+        # its delivery mark (MDELIV) reached this mirror, and a copy of the leader before
+        # (not yet placed by this leader's MREKEY: it was lost first) comes after.
         foreign = [(e[0], e[1], True) for _p, e in sorted(copy.foreign.items())]
+        marked = 0
         for local, size, delivered in [*copy.in_order(), *foreign]:
-            q.restore(LoggedMessage(self.store, local, size), bool(delivered))
-            live[local] = bool(delivered)
-            redelivered += bool(delivered)
+            q.restore(LoggedMessage(self.store, local, size), True)
+            live[local] = True
+            marked += bool(delivered)
         self.copies.pop((copy.leader, copy.rid), None)
         self.copy_of.pop(ident, None)
         copy.forget_map()
@@ -1520,8 +1522,8 @@ class Mirrors:
         lead.origin_map = {lp: e[0] for lp, e in copy.entries.items()}
         self.promotions += 1
         log.warning("queue '%s' in vhost '%s': promoted on %s after the loss of %s "
-                    "(%d messages, %d of them redelivered)", name, vhost, self.node,
-                    copy.leader, len(live), redelivered)
+                    "(%d messages, all marked redelivered; %d known delivered)", name,
+                    vhost, self.node, copy.leader, len(live), marked)
 
     def failover_expected(self, queue: QueueType) -> bool:
         """The link to ``queue``'s leader went (or its kept consumers have waited a
