@@ -170,16 +170,16 @@ def private_etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
 
 
 @contextlib.contextmanager
-def three_nodes(tmp_path: Path, etcd_url: str, extra_env: dict[str, str] | None = None,
-                lease_ttl: float = 5.0, partition_handling: str = "pause_minority",
-                ) -> Iterator[list[ClusterNode]]:
-    """node-a, node-b and node-c under a fresh prefix, formed; every one started is stopped
-    on the way out, even when a later one failed to start. ``extra_env``: settings every
-    node gets (e.g. a longer heartbeat timeout)."""
+def cluster_of(tmp_path: Path, etcd_url: str, names: tuple[str, ...],
+               extra_env: dict[str, str] | None = None, lease_ttl: float = 5.0,
+               partition_handling: str = "pause_minority") -> Iterator[list[ClusterNode]]:
+    """``node-{name}`` for each of ``names`` under a fresh prefix, formed; every one
+    started is stopped on the way out, even when a later one failed to start.
+    ``extra_env``: settings every node gets (e.g. plugins, a longer heartbeat timeout)."""
     prefix = new_prefix()
     started: list[ClusterNode] = []
     try:
-        for name in ("a", "b", "c"):
+        for name in names:
             started.append(ClusterNode(f"node-{name}", tmp_path / name, etcd_url, prefix,
                                        lease_ttl=lease_ttl,
                                        partition_handling=partition_handling,
@@ -189,6 +189,16 @@ def three_nodes(tmp_path: Path, etcd_url: str, extra_env: dict[str, str] | None 
     finally:
         for n in started:
             n.stop()
+
+
+@contextlib.contextmanager
+def three_nodes(tmp_path: Path, etcd_url: str, extra_env: dict[str, str] | None = None,
+                lease_ttl: float = 5.0, partition_handling: str = "pause_minority",
+                ) -> Iterator[list[ClusterNode]]:
+    """node-a, node-b and node-c (:func:`cluster_of`)."""
+    with cluster_of(tmp_path, etcd_url, ("a", "b", "c"), extra_env, lease_ttl,
+                    partition_handling) as nodes:
+        yield nodes
 
 
 def diagnose(nodes: list[ClusterNode]) -> str:

@@ -12,10 +12,9 @@ import pytest
 
 from tests.integration.cluster_support import (
     ClusterNode,
-    new_prefix,
+    cluster_of,
     private_etcd,
     wait_for,
-    wait_formed,
 )
 from tests.integration.fed_support import amqp_uri, site
 from tests.support import etcdproc
@@ -31,21 +30,13 @@ pytestmark = [
 def sites(tmp_path: Path) -> Iterator[tuple[BrokerProcess, list[ClusterNode]]]:
     """An upstream amqpd, and a two-node downstream cluster with federation."""
     up = site(tmp_path, "links-up").start()
-    with private_etcd(tmp_path) as etcd:
-        prefix = new_prefix()
-        nodes: list[ClusterNode] = []
-        try:
-            for name in ("a", "b"):
-                nodes.append(ClusterNode(
-                    f"node-{name}", tmp_path / name, etcd.url, prefix,
-                    partition_handling="ignore",
-                    extra_env={"AMQPD_PLUGINS": "federation"}).start())
-            wait_formed(nodes)
+    try:
+        with private_etcd(tmp_path) as etcd, cluster_of(
+                tmp_path, etcd.url, ("a", "b"), {"AMQPD_PLUGINS": "federation"},
+                partition_handling="ignore") as nodes:
             yield up, nodes
-        finally:
-            for n in nodes:
-                n.stop()
-            up.stop()
+    finally:
+        up.stop()
 
 
 def fed_links(node: ClusterNode) -> list[dict[str, Any]]:

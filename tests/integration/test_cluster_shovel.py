@@ -18,10 +18,9 @@ from bench.loadgen import PublisherSpec, Target, run_publisher
 from tests.integration._http import q
 from tests.integration.cluster_support import (
     ClusterNode,
-    new_prefix,
+    cluster_of,
     private_etcd,
     wait_for,
-    wait_formed,
 )
 from tests.integration.test_cluster_queues import declare_on, queue_info, usable
 from tests.support import etcdproc
@@ -35,20 +34,10 @@ pytestmark = [
 @pytest.fixture
 def pair(tmp_path: Path) -> Iterator[list[ClusterNode]]:
     """Two nodes with the shovel plugin; ``ignore``: one of two must serve alone."""
-    with private_etcd(tmp_path) as etcd:
-        prefix = new_prefix()
-        started: list[ClusterNode] = []
-        try:
-            for name in ("a", "b"):
-                started.append(ClusterNode(
-                    f"node-{name}", tmp_path / name, etcd.url, prefix,
-                    partition_handling="ignore",
-                    extra_env={"AMQPD_PLUGINS": "shovel"}).start())
-            wait_formed(started)
-            yield started
-        finally:
-            for n in started:
-                n.stop()
+    with private_etcd(tmp_path) as etcd, cluster_of(
+            tmp_path, etcd.url, ("a", "b"), {"AMQPD_PLUGINS": "shovel"},
+            partition_handling="ignore") as nodes:
+        yield nodes
 
 
 def shovels(node: ClusterNode) -> list[dict[str, Any]]:
