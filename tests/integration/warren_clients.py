@@ -124,6 +124,10 @@ class Consumer:
     # a delivery that says "maybe a duplicate" otherwise than by redelivered (a header a
     # federation link or a shovel sets): counted as redelivered
     flagged: Callable[[Any], bool] | None = None
+    # what ``describe`` says of each of seen (kept when given): to tell copies apart
+    # when a check fails (the broker port, the hops a federation link or shovel added)
+    describe: Callable[[Any, Any], str] | None = None
+    described: list[str] = field(default_factory=list)
     reconnects: int = 0
     error: BaseException | None = None
     stop: threading.Event = field(default_factory=threading.Event)
@@ -154,6 +158,8 @@ class Consumer:
                         self.arrivals.append(time.monotonic())
                         self.broker_redelivered.append(bool(method.redelivered))
                         self.seen.append((seq, again))
+                        if self.describe is not None:
+                            self.described.append(self.describe(conn, props))
                         ch.basic_ack(method.delivery_tag)
                 except CLIENT_ERRORS:
                     self.reconnects += 1
