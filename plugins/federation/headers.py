@@ -175,3 +175,25 @@ def prepend_raw(headers: RawHeaders, key: str, table: dict[str, Any] | bytes) ->
     items = [first, *array_items(headers.get(key))]
     body = b"".join(items)
     headers.set(key, b"A" + _U32.pack(len(body)) + body)
+
+
+def first_hop_redelivered(properties: bytes) -> bytes:
+    """``properties`` with ``redelivered`` true in the first ``x-received-from`` table
+    (the hop this link added). A refused (nacked) local publish may still have reached
+    its queue -- a quorum queue whose leader was lost after the message was replicated
+    -- so publishing it again can make a second copy: the copy says so the way any repeat
+    from a link does. Unchanged when there is no such table or it cannot be read."""
+    try:
+        headers = RawHeaders.parse(properties)
+        items = array_items(headers.get(ROUTING_HEADER))
+        if not items or items[0][:1] != b"F":
+            return properties
+        table = decode.embedded_value(items[0])[1]
+        if not isinstance(table, dict) or table.get("redelivered") is True:
+            return properties
+        items[0] = methods.field_value({**table, "redelivered": True})
+        body = b"".join(items)
+        headers.set(ROUTING_HEADER, b"A" + _U32.pack(len(body)) + body)
+        return headers.encode()
+    except (ValueError, IndexError, struct.error):
+        return properties

@@ -9,7 +9,9 @@ the same route. Now:
 - A message whose route has several queues is published once per queue (the publish
   pipeline's ``only``), so the link learns which queues confirmed it. One queue (the
   common case) or none: one publish, as before.
-- A refused message stays here, unacked upstream: it is published again, after a
+- A refused message stays here, unacked upstream: it is published again (marked as a
+  possible repeat, ``x-received-from[0].redelivered``: a refusal does not prove the
+  queue lacks it, e.g. a quorum queue whose leader was lost after replicating it), after a
   :class:`~plugins.shovel.backoff.Backoff` delay, only into the queues of its route that
   did not confirm it (a queue that left the route meanwhile is dropped from that list;
   one whose node is down is unroutable, and the message is done, as in RabbitMQ).
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from amqpd.broker.api import Message
+from plugins.federation.headers import first_hop_redelivered
 from plugins.shovel.backoff import Backoff
 
 if TYPE_CHECKING:
@@ -62,6 +65,7 @@ class Held:
     error: BaseException | None = None  # the current try's first refusal
     attempts: int = 0
     retry: bool = False  # the current try is a retry
+    marked: bool = False  # properties already say "maybe a repeat"
 
 
 class LocalPublisher:
@@ -119,6 +123,9 @@ class LocalPublisher:
                 self._finish(held)
                 return
             targets = [*sorted(held.missing)]
+            if not held.marked:
+                held.marked = True
+                held.properties = first_hop_redelivered(held.properties)
         held.error = None
         held.parts = len(targets)
         for name in targets:

@@ -116,3 +116,8 @@ def test_refused_local_publish_backs_off_and_never_duplicates(two_sites) -> None
     fed = [p.message_id for _m, p, b in orders if b != b"filler"]
     assert sorted(fed) == sorted(f"id-{i}" for i in range(N))
     assert all(not m.redelivered for m, _p, _b in healthy)
+    # a copy published again after a refusal says it may be a repeat (a refusal does not
+    # prove the queue lacks it); the healthy queue's, published once, do not
+    assert any(p.headers["x-received-from"][0]["redelivered"] for _m, p, b in orders
+               if b != b"filler")
+    assert not any(p.headers["x-received-from"][0]["redelivered"] for _m, p, _b in healthy)

@@ -14,9 +14,9 @@ as the standby), of the branch node running the federation link, of the branch n
 leading ``orders`` (each comes back), and a cut of the WAN (blackhole, CUT_SECONDS).
 Checked at the end: every confirmed message consumed from every queue of its route
 (lost = 0); a message seen twice only with ``redelivered`` or the link's or shovel's
-flag (``x-received-from[0].redelivered``, ``x-shovel-redelivered``); no queue took in a
-message more than twice (copies a queue delivers again to a consumer that reconnected,
-with ``redelivered``, are one copy). Printed per fault (and recorded in
+flag (``x-received-from[0].redelivered``, ``x-shovel-redelivered``, ``x-shovel-retry``);
+no queue took in a message more than twice (copies a queue delivers again to a consumer
+that reconnected, with ``redelivered``, are one copy). Printed per fault (and recorded in
 docs/multisite.md): the longest gap between deliveries at branch and the catch-up time
 (fault start until everything confirmed by the end of the fault was consumed).
 """
@@ -64,7 +64,9 @@ def flagged(props: Any) -> bool:
     if isinstance(hops, list) and hops and isinstance(hops[0], dict) and \
             hops[0].get("redelivered"):
         return True
-    return bool(headers.get("x-shovel-redelivered"))
+    # x-shovel-retry: published again after the destination refused it (a refusal does
+    # not prove the queue lacks it)
+    return bool(headers.get("x-shovel-redelivered") or headers.get("x-shovel-retry"))
 
 
 def describe(conn: Any, props: Any) -> str:

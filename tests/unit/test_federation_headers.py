@@ -9,6 +9,7 @@ from amqpd.protocol import codec
 from plugins.federation.headers import (
     ROUTING_HEADER,
     RawHeaders,
+    first_hop_redelivered,
     forward_ok,
     prepend_raw,
 )
@@ -96,3 +97,20 @@ def test_queue_link_counts_visits_and_keeps_other_hops() -> None:
     assert h2[ROUTING_HEADER][0]["visit-count"] == 2 and h2[ROUTING_HEADER][0]["redelivered"]
     assert h2[ROUTING_HEADER][1] == other
     assert "x-original-exchange" not in h2
+
+
+def test_first_hop_redelivered_marks_only_the_links_own_hop() -> None:
+    older = {**HOP, "uri": "amqp://older/%2F", "redelivered": False}
+    h = RawHeaders.parse(_raw(delivery_mode=2, headers={"k": "v",
+                                                        ROUTING_HEADER: [older]}))
+    prepend_raw(h, ROUTING_HEADER, HOP)
+    out = codec.decode_properties(first_hop_redelivered(h.encode()))
+    assert out["delivery_mode"] == 2
+    assert out["headers"]["k"] == "v"
+    assert out["headers"][ROUTING_HEADER] == [{**HOP, "redelivered": True}, older]
+
+
+@pytest.mark.parametrize("raw", [_raw(), _raw(headers={"k": "v"}),
+                                 _raw(headers={ROUTING_HEADER: "not an array"})])
+def test_first_hop_redelivered_leaves_messages_without_a_hop(raw: bytes) -> None:
+    assert first_hop_redelivered(raw) == raw
