@@ -69,6 +69,10 @@ class RoleHooks:
         self.follower: ReplicationFollower | None = None
         self.epoch = self.history.last_epoch
         self._door: list[asyncio.base_events.Server] = []  # a standby's refusing listener
+        # start_as_active awaits (the store opens in slices): a fence asked meanwhile is
+        # carried out the moment the node is active, never skipped as "not active yet"
+        self._activating = False
+        self._fence_asked = False
 
     @property
     def active_address(self) -> str:
@@ -105,7 +109,18 @@ class RoleHooks:
                         tail.last_seq + 1)
         self.epoch = epoch
         broker = self.broker
-        broker._open_store()
+        self._activating, self._fence_asked = True, False
+        try:
+            await self._activate(epoch)
+        finally:
+            self._activating = False
+        if self._fence_asked:
+            log.warning("replication: fenced while taking over; fencing now")
+            await self.fence()
+
+    async def _activate(self, epoch: int) -> None:
+        broker = self.broker
+        await broker.open_store()
         store: Any = broker.store
         self.source = ReplicationSource(store, self.config, self.history, epoch)
         await self.source.start()
@@ -212,6 +227,8 @@ class RoleHooks:
 
     async def fence(self) -> None:
         if self.role != "active":
+            if self._activating:
+                self._fence_asked = True
             return
         self.role = "fenced"
         log.warning("replication: FENCED: no more publishes; closing client connections")

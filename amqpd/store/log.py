@@ -194,12 +194,16 @@ class SharedLog:
 
     # -- lifecycle ----------------------------------------------------------------
 
-    def open(self) -> RecoveredState:
-        """Recover (see recovery.py), start the writer. Called once."""
+    def open(self, rec: recovery.Recovered | None = None) -> RecoveredState:
+        """Recover (see recovery.py), start the writer. Called once. ``rec``: what
+        :func:`recovery.recover` found in this directory, when the caller ran it
+        elsewhere (a worker thread: it only reads the files, and nothing writes them
+        until the writer starts here)."""
         if self._state != "new":
             raise StoreError("open() called twice")
         self.directory.mkdir(parents=True, exist_ok=True)
-        rec = recovery.recover(self.directory)
+        if rec is None:
+            rec = recovery.recover(self.directory)
         self._index = rec.index
         self._defs = rec.definitions
         self._seq = rec.sequence
