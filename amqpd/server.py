@@ -414,7 +414,7 @@ class Broker:
         for _done in self._restore_store(None):
             pass
 
-    async def open_store(self) -> None:
+    async def open_store(self, slice_size: int = RESTORE_SLICE) -> None:
         """:meth:`_open_store` without holding the event loop for long: the log's
         recovery (reading and indexing every segment) runs in a worker thread, and the
         messages go back into their queues in slices of :data:`RESTORE_SLICE`, with a
@@ -428,10 +428,10 @@ class Broker:
             directory = Path(self.settings.data_dir) / "log"
             directory.mkdir(parents=True, exist_ok=True)
             rec = await asyncio.to_thread(recovery.recover, directory)
-        for _done in self._restore_store(rec):
+        for _done in self._restore_store(rec, slice_size):
             await asyncio.sleep(0)
 
-    def _restore_store(self, rec: Any) -> Iterator[None]:
+    def _restore_store(self, rec: Any, slice_size: int = RESTORE_SLICE) -> Iterator[None]:
         """The steps of opening the store; yields after each slice of messages.
         ``rec``: the log's recovery when already run (``None``: run here)."""
         from amqpd.store.log import SharedLog
@@ -452,7 +452,7 @@ class Broker:
         defined = time.monotonic()
         self.operator_policies.restore(data)
         n = 0
-        budget = RESTORE_SLICE
+        budget = slice_size
         for key, rq in recovered.queues.items():
             vhost_name, _, queue_name = key.partition("\x00")
             vhost = self.vhosts.get(vhost_name)
@@ -481,7 +481,7 @@ class Broker:
                               stamp >> 1, extra)
                 budget -= 1
                 if not budget:
-                    budget = RESTORE_SLICE
+                    budget = slice_size
                     yield None
             n += len(rq.positions)
         if recovered.truncated_bytes:
