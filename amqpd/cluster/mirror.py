@@ -626,6 +626,12 @@ class MirrorCopy:
         self.last_seq = start_seq
         self.backlog_done = False
         self.synced = False  # the backlog is durable here
+        # while a new stream from the same leader rebuilds the copy: the sequence number
+        # up to which it held the leader's log completely before (-1: none), which it
+        # still holds (restart keeps what it has); a quorum member offers it in an
+        # election, so a member that acknowledged a record and then lost its link is not
+        # passed over for one that never had the record (quorum_group._election_round)
+        self.held_seq = -1
         self.batch = 0  # the last backlog batch received (MBATCH)
         self.batch_told = 0  # ... and reported durable (MBATCHED)
         self.declined = 0.0  # when it last declined to take over (monotonic)
@@ -644,6 +650,8 @@ class MirrorCopy:
         """A new stream from the same leader: what this copy holds is kept (the
         leader drops what was settled meanwhile and sends only what it lacks)."""
         self.rid = rid
+        if self.synced:
+            self.held_seq = self.last_seq
         self.last_seq = start_seq
         self.settled_early.clear()
         self.delivered_early.clear()
@@ -671,6 +679,7 @@ class MirrorCopy:
         self.forget_map()
         self.map = cmap
         self.restart(rid, start_seq)
+        self.held_seq = -1  # the old leader's numbers mean nothing to the new one
 
     def rekey(self, old: list[int], new: list[int]) -> tuple[int, int]:
         """The leader's answer to MHAVE_FROM: the old leader's positions ``old`` are its

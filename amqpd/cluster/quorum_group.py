@@ -646,7 +646,8 @@ class QuorumGroups(Mirrors):
             return True
         prefix = f"{self.root}/quorum-candidates/{_q(ident[0])}/{_q(ident[1])}/" \
                  f"{kv.mod_revision}/"
-        offer = copy.last_seq if copy.synced else -1
+        # a copy being rebuilt offers what it held completely before (MirrorCopy.held_seq)
+        offer = copy.last_seq if copy.synced else copy.held_seq
         self.frozen.add((copy.leader, copy.rid))
         await self.etcd.put(prefix + self.node, str(offer))
         loop = asyncio.get_running_loop()
