@@ -526,9 +526,12 @@ class QuorumGroups(Mirrors):
             kv = next((k for k in kvs if k.key.decode() == key), None)
             rec: dict[str, Any]
             if kv is None:
+                # among the cluster's members, running or not: one that is down (or
+                # whose link is not up yet) now is a member all the same, and
+                # GroupLeading.connect starts its copy once it is back
                 view = self.cluster
                 members = initial_members(self.node, group_size(q.arguments),
-                                          list(view.nodes()), view.is_running)
+                                          view.members | {self.node}, view.is_running)
                 # the first term is above every term a queue of this name had before
                 # (each of its elections was an etcd write, so its term is at most the
                 # revision now): members that remember those refuse nothing new

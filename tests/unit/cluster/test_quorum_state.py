@@ -9,6 +9,8 @@ import random
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from amqpd.cluster import mirror_wire as M
 from amqpd.cluster.link import Link
@@ -54,8 +56,41 @@ def test_initial_members_leader_first_then_running_nodes_up_to_the_size() -> Non
     # a size above the cluster's means every node (RabbitMQ: 7 on 4 nodes gives 4)
     assert initial_members("c", 7, nodes, everyone) == ["c", "a", "b", "d"]
     assert initial_members("c", 1, nodes, everyone) == ["c"]
-    # a stopped node gets no member
+    # running members come first: a stopped one is picked only when the size needs it
     assert initial_members("a", 3, nodes, lambda n: n != "b") == ["a", "c", "d"]
+
+
+def test_a_member_down_at_declare_is_a_member_all_the_same() -> None:
+    """Issue 28: RabbitMQ picks among every cluster node, running or not; a node that was
+    down (or restarting, its link not up yet) at the declare joins when it is back."""
+    nodes = ["a", "b", "c"]
+    assert initial_members("c", 3, nodes, lambda n: n != "a") == ["c", "b", "a"]
+    assert initial_members("c", 3, nodes, lambda n: n == "c") == ["c", "a", "b"]
+    assert initial_members("c", 2, nodes, lambda n: n != "a") == ["c", "b"]
+    assert initial_members("c", 2, nodes, lambda n: n == "c") == ["c", "a"]
+    # the group size is respected (the default: 3), and the leader counts even when the
+    # view does not list it
+    five = ["a", "b", "c", "d", "e"]
+    assert initial_members("e", DEFAULT_GROUP_SIZE, five, lambda n: n in "de") == \
+        ["e", "d", "a"]
+    assert initial_members("z", 2, five, lambda n: False) == ["z", "a"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sets(st.sampled_from("abcdefg"), min_size=1), st.data())
+def test_initial_members_properties(nodes: set[str], data: st.DataObject) -> None:
+    """Whatever runs: the leader first, ``min(size, cluster)`` distinct members of the
+    cluster, and no stopped member picked while a running one is left out."""
+    leader = data.draw(st.sampled_from(sorted(nodes)))
+    up = data.draw(st.sets(st.sampled_from(sorted(nodes))))
+    size = data.draw(st.integers(1, 9))
+    got = initial_members(leader, size, nodes, up.__contains__)
+    assert got[0] == leader
+    assert len(set(got)) == len(got) == min(size, len(nodes))
+    assert set(got) <= nodes
+    left_out_running = [n for n in nodes - set(got) if n in up]
+    picked_stopped = [n for n in got[1:] if n not in up]
+    assert not (left_out_running and picked_stopped)
 
 
 # ------------------------------------------------------------------ majority commit
