@@ -197,6 +197,45 @@ def test_the_elected_member_holds_every_record_a_majority_confirmed(size: int) -
     assert leader not in others
 
 
+@pytest.mark.parametrize("size", [3, 5])
+def test_members_down_at_declare_never_win_over_members_holding_more(size: int) -> None:
+    """Issue 28: members down at the declare are members from the start; each comes
+    back at a random record, copies the backlog (offering -1 until it is complete, and
+    acknowledging nothing before), then follows. Whatever survives as a majority, the
+    winner holds every record a majority confirmed, and a member that never received
+    anything never wins."""
+    rng = random.Random(28 + size)
+    members = [f"n{i}" for i in range(size)]
+    others = members[1:]
+    for _run in range(500):
+        late = set(rng.sample(others, rng.randrange(0, majority(size))))
+        back_at = {m: rng.randrange(1, 60) for m in late}  # the record it returns at
+        complete_at = {m: back_at[m] + rng.randrange(0, 20) for m in late}
+        held = dict.fromkeys(others, 0)
+        complete = {m: m not in late for m in others}
+        confirmed = 0
+        for seq in range(1, rng.randrange(2, 50)):
+            for m in others:
+                if m in late:
+                    if seq >= complete_at[m]:
+                        complete[m] = True
+                    if seq >= back_at[m]:
+                        held[m] = seq  # a live stream: every record from its return on
+                elif held[m] == seq - 1 and rng.random() < 0.6:
+                    held[m] = seq
+            acks = sum(1 for m in others if complete[m] and held[m] >= seq)
+            if 1 + acks >= majority(size):
+                confirmed = seq
+        survivors = rng.sample(others, rng.randrange(majority(size), size))
+        offers = {m: (held[m] if complete[m] else -1) for m in survivors}
+        winner = choose_leader(offers, members)
+        if winner is None:
+            assert all(o < 0 for o in offers.values())
+            continue
+        assert complete[winner] and held[winner] >= confirmed
+        assert held[winner] == max(offers.values())  # never a shorter log
+
+
 def test_has_majority() -> None:
     assert has_majority(["a", "b", "c"], lambda n: n != "c")
     assert not has_majority(["a", "b", "c"], lambda n: n == "a")
