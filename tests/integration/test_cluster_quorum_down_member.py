@@ -72,6 +72,8 @@ def publish_until_confirmed(node: ClusterNode, first: int, count: int,
             number += want
         assert len(confirmed) >= count, \
             f"{len(pub.nacked)} nacked, {len(confirmed)} confirmed\n{diagnose(nodes)}"
+        print(f"through {node.name}: {len(confirmed)} confirmed, {len(pub.nacked)} nacked "
+              "and sent again")
         return confirmed
     finally:
         pub.conn.close()
