@@ -11,11 +11,15 @@ of a policy's:
   writes the queue's *group record* to etcd, ``{root}/quorum/{vhost}/{queue}`` =
   ``{"leader", "members", "term", "mirrors", "synchronised", "wanted"}``, created once
   (a transaction on the key's absence): ``x-quorum-initial-group-size`` members
-  (:func:`amqpd.cluster.quorum_state.initial_members`), its first term above any a
-  queue of that name had before (the etcd revision + 1). Every write after is a
-  transaction guarded by the record's last revision, so a deposed leader cannot
-  overwrite its successor's record. Every node reads the records (``/api/queues``
-  shows ``leader``, ``members``, ``online``; the quorum-critical health check).
+  (:func:`amqpd.cluster.quorum_state.initial_members`) among the cluster's members,
+  running or not, its first term above any a queue of that name had before (the etcd
+  revision + 1). A member that is down at the declare, or whose link is not up yet,
+  is a member all the same: :meth:`GroupLeading.connect` starts its copy once its node
+  runs and its link is up, and the copy catches up as a returning member's does
+  (below). Every write after is a transaction guarded by the record's last revision,
+  so a deposed leader cannot overwrite its successor's record. Every node reads the
+  records (``/api/queues`` shows ``leader``, ``members``, ``online``; the
+  quorum-critical health check).
 * **Majority commit.** The leader replicates the queue's records to every other member
   (frames of :mod:`amqpd.cluster.mirror_wire`, on replication streams numbered from
   :data:`amqpd.cluster.mirror.STREAM_SPLIT`), each stream preceded by :data:`QTERM`
@@ -526,9 +530,12 @@ class QuorumGroups(Mirrors):
             kv = next((k for k in kvs if k.key.decode() == key), None)
             rec: dict[str, Any]
             if kv is None:
+                # among the cluster's members, running or not: one that is down (or
+                # whose link is not up yet) now is a member all the same, and
+                # GroupLeading.connect starts its copy once it is back
                 view = self.cluster
                 members = initial_members(self.node, group_size(q.arguments),
-                                          list(view.nodes()), view.is_running)
+                                          view.members | {self.node}, view.is_running)
                 # the first term is above every term a queue of this name had before
                 # (each of its elections was an etcd write, so its term is at most the
                 # revision now): members that remember those refuse nothing new

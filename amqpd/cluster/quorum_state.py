@@ -6,8 +6,15 @@
   and how many must be reachable for an election: more than half.
 * :func:`group_size` / :func:`initial_members` -- the members a new quorum queue gets:
   ``x-quorum-initial-group-size`` of them (RabbitMQ 3.10's default: 3, its
-  ``quorum_cluster_size``; a size above the cluster's size means every node), the leader
-  (the declaring node) first, then the running nodes by name.
+  ``quorum_cluster_size``; a size above the cluster's size means every node), chosen
+  among the cluster's members whether they run or not, as RabbitMQ 3.10 picks among
+  ``rabbit_mnesia:cluster_nodes(all)``: the leader (the declaring node) first, then the
+  running members by name, then the members not running (or not reachable) now by name.
+  A member that is down at declare is a member all the same: its copy starts, and
+  catches up from the leader, when it is back (issue 28: a node restarting at that
+  moment was left out for ever). RabbitMQ picks at random when the cluster has more
+  nodes than the size; amqpd prefers the running ones so that a majority holds the
+  queue from its declare whenever the cluster can give one.
 * :func:`choose_leader` -- the election: among the offers of the surviving members
   (member -> the last replication sequence number it holds; -1: its copy is not
   complete yet, so it may vote but never lead), nobody when fewer than a majority of the
@@ -55,9 +62,11 @@ def group_size(arguments: dict[str, Any]) -> int:
 
 def initial_members(leader: str, size: int, nodes: Iterable[str],
                     running: Callable[[str], bool]) -> list[str]:
-    """The members of a new group: the leader, then running nodes by name, ``size`` in
-    all (fewer when the cluster has fewer running nodes)."""
-    others = sorted(n for n in set(nodes) if n != leader and running(n))
+    """The members of a new group among the cluster's members ``nodes``: the leader,
+    then the running ones by name, then those not running by name, ``size`` in all
+    (fewer when the cluster has fewer members). Not running is no reason to leave a
+    member out (module docstring): it joins when it is back."""
+    others = sorted(set(nodes) - {leader}, key=lambda n: (not running(n), n))
     return [leader, *others[:max(size - 1, 0)]]
 
 

@@ -9,6 +9,8 @@ import random
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from amqpd.cluster import mirror_wire as M
 from amqpd.cluster.link import Link
@@ -54,8 +56,41 @@ def test_initial_members_leader_first_then_running_nodes_up_to_the_size() -> Non
     # a size above the cluster's means every node (RabbitMQ: 7 on 4 nodes gives 4)
     assert initial_members("c", 7, nodes, everyone) == ["c", "a", "b", "d"]
     assert initial_members("c", 1, nodes, everyone) == ["c"]
-    # a stopped node gets no member
+    # running members come first: a stopped one is picked only when the size needs it
     assert initial_members("a", 3, nodes, lambda n: n != "b") == ["a", "c", "d"]
+
+
+def test_a_member_down_at_declare_is_a_member_all_the_same() -> None:
+    """Issue 28: RabbitMQ picks among every cluster node, running or not; a node that was
+    down (or restarting, its link not up yet) at the declare joins when it is back."""
+    nodes = ["a", "b", "c"]
+    assert initial_members("c", 3, nodes, lambda n: n != "a") == ["c", "b", "a"]
+    assert initial_members("c", 3, nodes, lambda n: n == "c") == ["c", "a", "b"]
+    assert initial_members("c", 2, nodes, lambda n: n != "a") == ["c", "b"]
+    assert initial_members("c", 2, nodes, lambda n: n == "c") == ["c", "a"]
+    # the group size is respected (the default: 3), and the leader counts even when the
+    # view does not list it
+    five = ["a", "b", "c", "d", "e"]
+    assert initial_members("e", DEFAULT_GROUP_SIZE, five, lambda n: n in "de") == \
+        ["e", "d", "a"]
+    assert initial_members("z", 2, five, lambda n: False) == ["z", "a"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sets(st.sampled_from("abcdefg"), min_size=1), st.data())
+def test_initial_members_properties(nodes: set[str], data: st.DataObject) -> None:
+    """Whatever runs: the leader first, ``min(size, cluster)`` distinct members of the
+    cluster, and no stopped member picked while a running one is left out."""
+    leader = data.draw(st.sampled_from(sorted(nodes)))
+    up = data.draw(st.sets(st.sampled_from(sorted(nodes))))
+    size = data.draw(st.integers(1, 9))
+    got = initial_members(leader, size, nodes, up.__contains__)
+    assert got[0] == leader
+    assert len(set(got)) == len(got) == min(size, len(nodes))
+    assert set(got) <= nodes
+    left_out_running = [n for n in nodes - set(got) if n in up]
+    picked_stopped = [n for n in got[1:] if n not in up]
+    assert not (left_out_running and picked_stopped)
 
 
 # ------------------------------------------------------------------ majority commit
@@ -160,6 +195,45 @@ def test_the_elected_member_holds_every_record_a_majority_confirmed(size: int) -
         assert winner is not None
         assert held[winner] >= confirmed
     assert leader not in others
+
+
+@pytest.mark.parametrize("size", [3, 5])
+def test_members_down_at_declare_never_win_over_members_holding_more(size: int) -> None:
+    """Issue 28: members down at the declare are members from the start; each comes
+    back at a random record, copies the backlog (offering -1 until it is complete, and
+    acknowledging nothing before), then follows. Whatever survives as a majority, the
+    winner holds every record a majority confirmed, and a member that never received
+    anything never wins."""
+    rng = random.Random(28 + size)
+    members = [f"n{i}" for i in range(size)]
+    others = members[1:]
+    for _run in range(500):
+        late = set(rng.sample(others, rng.randrange(0, majority(size))))
+        back_at = {m: rng.randrange(1, 60) for m in late}  # the record it returns at
+        complete_at = {m: back_at[m] + rng.randrange(0, 20) for m in late}
+        held = dict.fromkeys(others, 0)
+        complete = {m: m not in late for m in others}
+        confirmed = 0
+        for seq in range(1, rng.randrange(2, 50)):
+            for m in others:
+                if m in late:
+                    if seq >= complete_at[m]:
+                        complete[m] = True
+                    if seq >= back_at[m]:
+                        held[m] = seq  # a live stream: every record from its return on
+                elif held[m] == seq - 1 and rng.random() < 0.6:
+                    held[m] = seq
+            acks = sum(1 for m in others if complete[m] and held[m] >= seq)
+            if 1 + acks >= majority(size):
+                confirmed = seq
+        survivors = rng.sample(others, rng.randrange(majority(size), size))
+        offers = {m: (held[m] if complete[m] else -1) for m in survivors}
+        winner = choose_leader(offers, members)
+        if winner is None:
+            assert all(o < 0 for o in offers.values())
+            continue
+        assert complete[winner] and held[winner] >= confirmed
+        assert held[winner] == max(offers.values())  # never a shorter log
 
 
 def test_has_majority() -> None:
