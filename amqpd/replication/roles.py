@@ -108,7 +108,6 @@ class RoleHooks:
             log.warning("replication: epoch %d begins at sequence %d", epoch,
                         tail.last_seq + 1)
         self.epoch = epoch
-        broker = self.broker
         self._activating, self._fence_asked = True, False
         try:
             await self._activate(epoch)
