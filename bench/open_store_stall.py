@@ -25,7 +25,8 @@ from amqpd.protocol import codec
 from amqpd.server import Broker
 
 
-def _broker(data: Path, loop: asyncio.AbstractEventLoop) -> Broker:
+def new_broker(data: Path, loop: asyncio.AbstractEventLoop) -> Broker:
+    """A broker on ``data`` (fsync off), not started: its store is opened by hand."""
     s = Settings()
     s.data_dir = str(data)
     s.fsync = "never"
@@ -35,9 +36,10 @@ def _broker(data: Path, loop: asyncio.AbstractEventLoop) -> Broker:
     return b
 
 
-async def _fill(data: Path, n: int) -> None:
+async def fill_backlog(data: Path, n: int) -> None:
+    """A durable queue ``backlog`` with ``n`` persistent messages in the log at ``data``."""
     loop = asyncio.get_running_loop()
-    b = _broker(data, loop)
+    b = new_broker(data, loop)
     await b.open_store()
     vh = b.vhosts["/"]
     vh.declare_queue("backlog", durable=True)
@@ -57,7 +59,7 @@ async def _fill(data: Path, n: int) -> None:
 async def _open(data: Path, sliced: bool) -> tuple[float, float, int]:
     """(seconds to open, longest loop gap, messages restored)."""
     loop = asyncio.get_running_loop()
-    b = _broker(data, loop)
+    b = new_broker(data, loop)
     longest = 0.0
     stop = False
 
@@ -91,7 +93,7 @@ async def run(n: int) -> None:
     with tempfile.TemporaryDirectory(prefix="open-stall-") as tmp:
         data = Path(tmp)
         t0 = time.perf_counter()
-        await _fill(data, n)
+        await fill_backlog(data, n)
         print(f"filled {n:,} persistent messages in {time.perf_counter() - t0:.1f} s")
         for sliced in (False, True):
             took, longest, count = await _open(data, sliced)
