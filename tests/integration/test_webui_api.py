@@ -1,9 +1,6 @@
 """The web UI's server side without a browser: static files, login sessions, paging,
 rate samples and topic permissions, against a real amqpd over HTTP."""
 
-# the api fixture comes from webui_support, and tests name it as an argument
-# ruff: noqa: F811
-
 from __future__ import annotations
 
 import http.cookiejar
@@ -19,7 +16,7 @@ import pika
 import pytest
 
 from tests.integration._http import Api, q
-from tests.integration.webui_support import api, module_broker, uid  # noqa: F401 - api
+from tests.integration.webui_support import module_broker, uid
 from tests.support.brokerproc import BrokerProcess
 
 
