@@ -74,6 +74,11 @@ class Exchange:
         # bindings whose destination is this exchange (None until the first): deleting
         # it then costs what it is bound by, not a scan of every binding in the vhost
         self.inbound: set[Binding] | None = None
+        # RabbitMQ's publish_in and publish_out: messages published to this exchange,
+        # and the copies it routed (one per queue reached). Counted by the publish
+        # pipeline (Publisher.publish), read by the HTTP API's rate sampler.
+        self.stat_publish_in = 0
+        self.stat_publish_out = 0
         self.validate(self.arguments)
 
     # --- called BEFORE declaration, to check arguments; raise PreconditionFailed etc.

@@ -148,6 +148,8 @@ class Publisher:
         message, exchange, queues = self._route(vhost, exchange_name, message)
         if only is not None:
             queues = [q for q in queues if q.name in only]
+        exchange.stat_publish_in += 1  # RabbitMQ's publish_in / publish_out
+        exchange.stat_publish_out += len(queues)
         if not queues and on_unroutable is not None:
             on_unroutable()
         if self.dedup_queues and queues:

@@ -52,8 +52,8 @@ def connection_view(ctx: Ctx, session: Session) -> dict[str, Any]:
     for key in ("ssl_protocol", "ssl_key_exchange", "ssl_cipher", "ssl_hash",
                 "peer_cert_subject", "peer_cert_issuer", "peer_cert_validity"):
         info.setdefault(key, None)  # RabbitMQ lists them, null without client certificates
-    # bytes sent, and its channels' message counts, with the last minute's samples when
-    # asked (?data_rates_age=60 / ?msg_rates_age=60); received bytes are not counted
+    # bytes sent and received, and its channels' message counts, with the last minute's
+    # samples when asked (?data_rates_age=60 / ?msg_rates_age=60)
     sampler = ctx.request.app["sampler"]
     info.update(sampler.connection_stats(session))
     sampler.add_samples(session, info, *windows(ctx))

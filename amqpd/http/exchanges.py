@@ -22,6 +22,8 @@ from amqpd.http.core import (
     vhost_not_found,
 )
 from amqpd.http.messages import decode_payload, encode_json_properties
+from amqpd.http.object_history import windows
+from amqpd.http.stats import EXCHANGE_NAMES
 
 if TYPE_CHECKING:
     from amqpd.broker.api import Exchange, VHost
@@ -38,7 +40,13 @@ def exchange_view(ctx: Ctx, ex: Exchange) -> dict[str, Any]:
         ex.name == "" else ""
     if getattr(ex, "policy_name", None):
         info["policy"] = ex.policy_name  # type: ignore[attr-defined]
-    info["message_stats"] = {}
+    # publish_in/publish_out with their rates, and with ?msg_rates_age=60 the last
+    # minute's samples; no message_stats at all for one never published to (RabbitMQ)
+    sampler = ctx.request.app["sampler"]
+    stats = sampler.exchange_stats(ex)
+    if stats is not None:
+        info["message_stats"] = stats
+        sampler.add_samples(ex, info, *windows(ctx), names=EXCHANGE_NAMES)
     return info
 
 

@@ -6,6 +6,9 @@ since the previous sample, the way RabbitMQ's management agent reports
 ``publish_details: {"rate": ...}``. Counters of deleted queues are folded into node totals
 so the node-wide ``*_total`` metrics never go backwards. Publisher confirms are counted by
 channels (``stat_confirm``); a closed channel's last sampled count is folded in the same way.
+Exchanges count what was published to them (``stat_publish_in``) and what they routed out
+(``stat_publish_out``, one per queue reached), RabbitMQ's ``publish_in``/``publish_out``;
+connections their bytes sent and received (``send_oct``/``recv_oct``).
 
 The node's totals (and its ready/unacked message counts) are also kept for the last
 ``HISTORY_SECONDS``, one point per sample, so the web UI's overview charts show the last
@@ -35,10 +38,15 @@ COUNTERS = ("stat_publish", "stat_deliver", "stat_ack", "stat_redeliver", "stat_
 QUEUE_COUNTERS = COUNTERS[:4]  # counted by queues; stat_confirm is counted by channels
 STAT_NAMES = {"stat_publish": "publish", "stat_deliver": "deliver_get", "stat_ack": "ack",
               "stat_redeliver": "redeliver", "stat_confirm": "confirm"}
+COUNTER_NAMES = tuple(STAT_NAMES[c] for c in COUNTERS)
 # what an object's history point holds after its timestamp: the counters, then (queues)
-# ready and unacked messages, or (connections) bytes sent
+# ready and unacked messages, or (connections) bytes sent and received; an exchange's
+# point holds its two counters
 LENGTHS = ("messages_ready", "messages_unacknowledged")
-CONN_FIELDS = (*COUNTERS, "send_oct")
+BYTE_FIELDS = ("send_oct", "recv_oct")
+CONN_FIELDS = (*COUNTERS, *BYTE_FIELDS)
+EXCHANGE_FIELDS = ("stat_publish_in", "stat_publish_out")
+EXCHANGE_NAMES = ("publish_in", "publish_out")  # RabbitMQ's names, in EXCHANGE_FIELDS order
 
 
 class HistoryPoint:
@@ -67,8 +75,9 @@ class RateSampler:
         self.history: deque[HistoryPoint] = deque(
             maxlen=max(int(HISTORY_SECONDS / max(interval, 0.1)) + 1, 2))
         self.objects = ObjectHistory(interval)
-        self._conn_prev: dict[int, tuple[float, tuple[int, ...]]] = {}  # id(session) ->
-        self.conn_rates: dict[int, dict[str, float]] = {}  # id(session) -> field -> rate/s
+        # connections and exchanges: id -> (when, CONN_FIELDS or EXCHANGE_FIELDS values)
+        self._counted_prev: dict[int, tuple[float, tuple[int, ...]]] = {}
+        self.counted_rates: dict[int, dict[str, float]] = {}  # id -> field -> rate/s
 
     def start(self) -> None:
         self.sample()
@@ -125,7 +134,7 @@ class RateSampler:
             if key not in seen:
                 del self._prev[key]
                 self.rates.pop(key, None)
-        seen |= self._sample_connections(now, stamp)
+        seen |= self._sample_counted(now, stamp)
         self.objects.retain(seen)
         for key in [k for k in self._confirms_seen if k not in seen]:
             self.retired["stat_confirm"] += self._confirms_seen.pop(key)  # channel closed
@@ -143,65 +152,102 @@ class RateSampler:
                 unacked += q.unacked_count
         self.history.append(HistoryPoint(int(time.time() * 1000), totals, ready, unacked))
 
-    def _sample_connections(self, now: float, stamp: int) -> set[int]:
-        """A connection's point: its channels' counters summed, and the bytes it sent."""
+    def _sample_counted(self, now: float, stamp: int) -> set[int]:
+        """A point per connection (its channels' counters summed, bytes sent and
+        received) and per exchange that was ever published to (in and out)."""
         seen: set[int] = set()
-        for session in self.api.sessions():
-            key = id(session)
-            seen.add(key)
-            values = self.connection_counts(session)
-            prev = self._conn_prev.get(key)
-            if prev is not None and now > prev[0]:
-                dt = now - prev[0]
-                self.conn_rates[key] = {n: max(v - prev[1][i], 0) / dt
-                                        for i, (n, v) in enumerate(zip(CONN_FIELDS, values,
-                                                                       strict=True))}
-            self._conn_prev[key] = (now, values)
-            self.objects.record(key, stamp, values)
-        for key in [k for k in self._conn_prev if k not in seen]:
-            del self._conn_prev[key]
-            self.conn_rates.pop(key, None)
+        api = self.api
+        for session in api.sessions():
+            seen.add(id(session))
+            self._record_counted(id(session), now, stamp, CONN_FIELDS,
+                                 self.connection_counts(session))
+        prev = self._counted_prev
+        for vh in api.vhosts():
+            for ex in api.exchanges(vh):
+                key = id(ex)
+                values = (ex.stat_publish_in, ex.stat_publish_out)
+                if key not in prev and not values[0]:
+                    continue  # never published to: no entry, as for idle queues
+                seen.add(key)
+                self._record_counted(key, now, stamp, EXCHANGE_FIELDS, values)
+        for key in [k for k in prev if k not in seen]:
+            del prev[key]
+            self.counted_rates.pop(key, None)
         return seen
+
+    def _record_counted(self, key: int, now: float, stamp: int, fields: tuple[str, ...],
+                        values: tuple[int, ...]) -> None:
+        prev = self._counted_prev.get(key)
+        if prev is not None and now > prev[0]:
+            dt = now - prev[0]
+            self.counted_rates[key] = {n: max(v - prev[1][i], 0) / dt
+                                       for i, (n, v) in enumerate(zip(fields, values,
+                                                                      strict=True))}
+        self._counted_prev[key] = (now, values)
+        self.objects.record(key, stamp, values)
 
     @staticmethod
     def connection_counts(session: Any) -> tuple[int, ...]:
-        """CONN_FIELDS of a connection: its open channels' counters, then bytes sent."""
+        """CONN_FIELDS of a connection: its open channels' counters, then bytes sent
+        and received."""
         channels = list(session.channels.values())
-        sent = getattr(getattr(session, "conn", None), "sent_bytes", 0)
-        return (*(sum(getattr(ch, n, 0) for ch in channels) for n in COUNTERS), sent)
+        conn = getattr(session, "conn", None)
+        return (*(sum(getattr(ch, n, 0) for ch in channels) for n in COUNTERS),
+                getattr(conn, "sent_bytes", 0), getattr(conn, "received_bytes", 0))
 
     def connection_stats(self, session: Any) -> dict[str, Any]:
-        """A connection's ``send_oct`` and ``message_stats`` (its channels' sums: amqpd's
-        own, RabbitMQ's connections carry only byte counts), each with its rate."""
-        rates = self.conn_rates.get(id(session), {})
+        """A connection's ``send_oct``, ``recv_oct`` and ``message_stats`` (its channels'
+        sums: amqpd's own, RabbitMQ's connections carry only byte counts), each with its
+        rate."""
+        rates = self.counted_rates.get(id(session), {})
         values = dict(zip(CONN_FIELDS, self.connection_counts(session), strict=True))
         stats: dict[str, Any] = {}
         for counter in ("stat_publish", "stat_deliver", "stat_ack", "stat_confirm"):
             name = STAT_NAMES[counter]
             stats[name] = values[counter]
             stats[f"{name}_details"] = {"rate": round(rates.get(counter, 0.0), 1)}
-        return {"send_oct": values["send_oct"],
-                "send_oct_details": {"rate": round(rates.get("send_oct", 0.0), 1)},
-                "message_stats": stats}
+        out: dict[str, Any] = {"message_stats": stats}
+        for field in BYTE_FIELDS:
+            out[field] = values[field]
+            out[f"{field}_details"] = {"rate": round(rates.get(field, 0.0), 1)}
+        return out
+
+    def exchange_stats(self, exchange: Any) -> dict[str, Any] | None:
+        """An exchange's ``message_stats`` as RabbitMQ 3.10.8 gives them: ``publish_in``
+        once something was published to it, ``publish_out`` once it routed something
+        (each with its rate); None for an exchange never published to (RabbitMQ leaves
+        the key out then)."""
+        rates = self.counted_rates.get(id(exchange), {})
+        out: dict[str, Any] = {}
+        for field, name in zip(EXCHANGE_FIELDS, EXCHANGE_NAMES, strict=True):
+            count = getattr(exchange, field)
+            if count:
+                out[name] = count
+                out[f"{name}_details"] = {"rate": round(rates.get(field, 0.0), 1)}
+        return out or None
 
     def add_samples(self, obj: Any, view: dict[str, Any], rates: tuple[float, float],
                     lengths: tuple[float, float] = (0.0, 0.0),
-                    data: tuple[float, float] = (0.0, 0.0)) -> None:
+                    data: tuple[float, float] = (0.0, 0.0),
+                    names: tuple[str, ...] = COUNTER_NAMES) -> None:
         """Put an object's history into its JSON ``view`` as RabbitMQ does: ``rates``
-        (``msg_rates_age``, ``msg_rates_incr``) into ``message_stats.*_details``,
-        ``lengths`` (``lengths_age``, ``lengths_incr``) into a queue's
+        (``msg_rates_age``, ``msg_rates_incr``) into ``message_stats.*_details`` (the
+        counters of its points, by their RabbitMQ ``names``: EXCHANGE_NAMES for an
+        exchange), ``lengths`` (``lengths_age``, ``lengths_incr``) into a queue's
         ``messages*_details``, ``data`` (``data_rates_age``, ``data_rates_incr``) into a
-        connection's ``send_oct_details``."""
+        connection's ``send_oct_details`` and ``recv_oct_details``."""
         key = id(obj)
         stats = view.get("message_stats")
         if rates[0] > 0 and isinstance(stats, dict):
-            for i, counter in enumerate(COUNTERS):
-                details = stats.get(f"{STAT_NAMES[counter]}_details")
+            for i, name in enumerate(names):
+                details = stats.get(f"{name}_details")
                 if isinstance(details, dict):
                     details.update(self.objects.samples(key, i, *rates))
-        if data[0] > 0 and "send_oct_details" in view:
-            view["send_oct_details"].update(
-                self.objects.samples(key, CONN_FIELDS.index("send_oct"), *data))
+        if data[0] > 0:
+            for field in BYTE_FIELDS:
+                if f"{field}_details" in view:
+                    view[f"{field}_details"].update(
+                        self.objects.samples(key, CONN_FIELDS.index(field), *data))
         if lengths[0] > 0 and "messages_ready_details" in view:
             ready = self.objects.samples(key, len(COUNTERS), *lengths)
             unacked = self.objects.samples(key, len(COUNTERS) + 1, *lengths)

@@ -1,6 +1,11 @@
 """Fixtures the cluster tests share: a private etcd and three amqpd nodes joined through
 it (tests/integration/cluster_support.py starts them). A test file that needs another
-shape (two nodes, other settings) defines its own fixture of the same name."""
+shape (two nodes, other settings) defines its own fixture of the same name.
+
+The web UI tests' fixtures live in webui_support.py and are made visible here, so a test
+file names them as arguments without importing them: ``browser`` (headless Chromium, or
+a skip saying what is missing), ``api`` (the HTTP API of the module's ``broker``) and
+``ui`` (the browser logged in to it)."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.cluster_support import ClusterNode, private_etcd, three_nodes
+from tests.integration.webui_support import api, browser, ui  # noqa: F401 - fixtures
 from tests.support.etcdproc import EtcdProcess
 
 

@@ -1,9 +1,6 @@
 """The web UI's server side without a browser: static files, login sessions, paging,
 rate samples and topic permissions, against a real amqpd over HTTP."""
 
-# the api fixture comes from webui_support, and tests name it as an argument
-# ruff: noqa: F811
-
 from __future__ import annotations
 
 import http.cookiejar
@@ -19,7 +16,7 @@ import pika
 import pytest
 
 from tests.integration._http import Api, q
-from tests.integration.webui_support import api, module_broker, uid  # noqa: F401 - api
+from tests.integration.webui_support import module_broker, uid
 from tests.support.brokerproc import BrokerProcess
 
 
@@ -342,9 +339,19 @@ def test_queue_connection_and_channel_samples_are_there_at_the_first_request(
         c = api.get(f"/api/connections/{q(name)}{window}").json()
         assert c["send_oct"] > 0 and len(c["send_oct_details"]["samples"]) >= 4
         assert 0 < c["send_oct_details"]["samples"][0]["sample"] <= c["send_oct"]
+        # bytes received: at least the bodies published (10 x 100 bytes a round), and
+        # growing from one sample to the next, newest first
+        received = c["recv_oct_details"]["samples"]
+        assert c["recv_oct"] >= 1000 and len(received) >= 4
+        assert received[0]["sample"] <= c["recv_oct"]
+        assert received[0]["sample"] > received[-1]["sample"]
+        assert {"rate", "avg", "avg_rate"} <= set(c["recv_oct_details"])
         # bytes come with data_rates_age only, as on RabbitMQ 3.10.8
         lengths_only = api.get(f"/api/connections/{q(name)}?lengths_age=60").json()
         assert "samples" not in lengths_only["send_oct_details"]
+        assert "samples" not in lengths_only["recv_oct_details"]
+        listed = next(x for x in api.get("/api/connections").json() if x["name"] == name)
+        assert listed["recv_oct"] >= 1000 and "rate" in listed["recv_oct_details"]
         assert c["message_stats"]["publish"] >= 10
         assert len(c["message_stats"]["publish_details"]["samples"]) >= 4
         chan = api.get(f"/api/channels/{q(name + ' (1)')}{window}").json()
@@ -357,3 +364,89 @@ def test_queue_connection_and_channel_samples_are_there_at_the_first_request(
     finally:
         conn.close()
 
+
+
+def test_exchange_message_stats_as_rabbitmq_with_samples(api: Api, broker: BrokerProcess) -> None:
+    """publish_in / publish_out per exchange, as RabbitMQ 3.10.8 shapes them (checked there:
+    see the conformance case http-api/exchange-message-stats-publish-in-and-out), and the
+    last minute's samples with msg_rates_age. A vhost of its own, so the default exchange's
+    counts are this test's alone."""
+    vhost = uid("xstats")
+    assert api.put(f"/api/vhosts/{vhost}", {}).status in (201, 204)
+    assert api.put(f"/api/permissions/{vhost}/guest",
+                   {"configure": ".*", "write": ".*", "read": ".*"}).status in (201, 204)
+    params = pika.URLParameters(broker.url)
+    params.virtual_host = vhost
+    conn = pika.BlockingConnection(params)
+    window = "msg_rates_age=60&msg_rates_incr=0.5"
+
+    def stats(x: str, query: str = "") -> Any:
+        return api.get(f"/api/exchanges/{q(vhost)}/{x}{query}").json().get("message_stats")
+
+    def poll(check: Any, what: str) -> Any:
+        deadline = time.monotonic() + 15
+        got = None
+        while time.monotonic() < deadline:
+            got = check()
+            if got:
+                return got
+            conn.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    try:
+        ch = conn.channel()
+        for x, kind in (("fan", "fanout"), ("inner", "fanout"), ("idle", "direct"),
+                        ("unrouted", "direct")):
+            ch.exchange_declare(x, kind)
+        for name in ("a", "b", "c"):
+            ch.queue_declare(name)
+        ch.queue_bind("a", "fan")
+        ch.queue_bind("b", "fan")
+        ch.exchange_bind("inner", "fan")
+        ch.queue_bind("c", "inner")
+        for _ in range(3):
+            ch.basic_publish("fan", "", b"m")
+            ch.basic_publish("unrouted", "nowhere", b"m")
+            ch.basic_publish("", "a", b"m")
+        # the first round is sampled (one point at least) before the second
+        poll(lambda: (s := stats("fan", f"?{window}")) and
+             (s["publish_in_details"]["samples"] or [{}])[0].get("sample") == 3,
+             "the first round of fan sampled")
+        for _ in range(2):
+            ch.basic_publish("fan", "", b"m")
+        fan = poll(lambda: (s := stats("fan", f"?{window}")) and
+                   s["publish_in_details"]["samples"][0]["sample"] == 5 and s,
+                   "fan's second round sampled")
+        assert (fan["publish_in"], fan["publish_out"]) == (5, 15)  # three queues a message
+        ins, outs = (fan[f"{k}_details"]["samples"] for k in ("publish_in", "publish_out"))
+        stamps = [p["timestamp"] for p in ins]
+        assert stamps == sorted(stamps, reverse=True)  # newest first, as RabbitMQ
+        assert stamps == [p["timestamp"] for p in outs]
+        pairs = [(i["sample"], o["sample"]) for i, o in zip(ins, outs, strict=True)]
+        assert pairs[0] == (5, 15) and (3, 9) in pairs  # both rounds in the last minute
+        assert all(o == 3 * i for i, o in pairs)
+        for key in ("publish_in", "publish_out"):
+            assert {"rate", "avg", "avg_rate"} <= set(fan[f"{key}_details"])
+        unrouted = stats("unrouted")
+        assert unrouted["publish_in"] == 3 and "publish_out" not in unrouted
+        assert "samples" not in unrouted["publish_in_details"]  # only when asked
+        default = stats("amq.default")
+        assert (default["publish_in"], default["publish_out"]) == (3, 3)
+        assert stats("inner") is None and stats("idle") is None  # key left out
+        # the list: the same fields, samples too when asked
+        listed = {x["name"]: x for x in
+                  api.get(f"/api/exchanges/{q(vhost)}?{window}").json()}
+        assert "message_stats" not in listed["idle"]
+        assert listed["fan"]["message_stats"]["publish_out"] == 15
+        assert listed["fan"]["message_stats"]["publish_in_details"]["samples"]
+        # a rate while messages flow
+        def flowing() -> Any:
+            for _ in range(20):
+                ch.basic_publish("fan", "", b"m")
+            got = stats("fan")
+            return got["publish_in_details"]["rate"] > 0 and got
+        flowing_stats = poll(flowing, "a publish_in rate above 0")
+        assert flowing_stats["publish_out_details"]["rate"] > 0
+    finally:
+        conn.close()
+        api.delete(f"/api/vhosts/{vhost}")

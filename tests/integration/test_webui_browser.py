@@ -5,13 +5,9 @@ on so their pages exist). Each page visited leaves a screenshot under
 build/ui-screenshots/. Skips with a clear message where Chromium or its driver is missing.
 """
 
-# the fixtures browser, api and ui come from webui_support, and tests name them as arguments
-# ruff: noqa: F811
-
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,9 +18,8 @@ import pika.exceptions
 import pytest
 
 from tests.integration._http import Api, q
-from tests.integration.webui_support import (  # noqa: F401 - browser, api, ui: fixtures
-    api,
-    browser,
+from tests.integration.webui_support import (
+    Publisher,
     fill,
     go,
     login,
@@ -33,7 +28,6 @@ from tests.integration.webui_support import (  # noqa: F401 - browser, api, ui: 
     shot,
     submit,
     text_of,
-    ui,
     uid,
     wait,
     wait_text,
@@ -268,32 +262,6 @@ def test_import_a_definitions_file(ui: Any, broker: BrokerProcess, api: Api,
 
 
 # ---------------------------------------------------------------------------- rates
-class Publisher(threading.Thread):
-    """Publishes with confirms until stopped (bounded in time and count)."""
-
-    def __init__(self, url: str, queue: str) -> None:
-        super().__init__(daemon=True)
-        self.url, self.queue = url, queue
-        self.halt = threading.Event()
-        self.sent = 0
-
-    def run(self) -> None:
-        conn = pika.BlockingConnection(pika.URLParameters(self.url))
-        try:
-            ch = conn.channel()
-            ch.queue_declare(self.queue)
-            ch.confirm_delivery()
-            deadline = time.monotonic() + 60
-            while not self.halt.is_set() and time.monotonic() < deadline and self.sent < 10**6:
-                ch.basic_publish("", self.queue, b"tick")
-                self.sent += 1
-                if self.sent % 50 == 0:
-                    ch.basic_get(self.queue, auto_ack=True)
-                    conn.sleep(0.005)  # a steady rate, not a flood
-        finally:
-            conn.close()
-
-
 def test_the_rate_chart_moves_while_a_publisher_runs(ui: Any, broker: BrokerProcess) -> None:
     go(ui, broker.http_url, "", "#rate-chart")
     publisher = Publisher(broker.url, uid("ticker"))

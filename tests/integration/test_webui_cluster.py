@@ -18,7 +18,6 @@ import pytest
 from tests.integration.cluster_support import private_etcd, three_nodes
 from tests.integration.warren_support import start_pair, status, wait_for
 from tests.integration.webui_support import (
-    browser,  # noqa: F401 - the fixture
     go,
     login,
     page_errors,
@@ -42,7 +41,7 @@ def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
 
 
 @needs_etcd
-def test_a_cluster_nodes_ui_shows_every_node(browser: Any, tmp_path: Path,  # noqa: F811
+def test_a_cluster_nodes_ui_shows_every_node(browser: Any, tmp_path: Path,
                                              etcd: EtcdProcess) -> None:
     with three_nodes(tmp_path, etcd.url) as nodes:
         b = nodes[1]
@@ -73,7 +72,7 @@ def test_a_cluster_nodes_ui_shows_every_node(browser: Any, tmp_path: Path,  # no
              what="node-c shown as not running")
 
 
-def test_a_static_standbys_ui_says_it_is_a_standby(browser: Any,  # noqa: F811
+def test_a_static_standbys_ui_says_it_is_a_standby(browser: Any,
                                                     tmp_path: Path) -> None:
     active, standby = start_pair(tmp_path)
     try:
@@ -100,7 +99,7 @@ def test_a_static_standbys_ui_says_it_is_a_standby(browser: Any,  # noqa: F811
 
 
 @needs_etcd
-def test_an_etcd_warren_standby_links_to_the_active(browser: Any,  # noqa: F811
+def test_an_etcd_warren_standby_links_to_the_active(browser: Any,
                                                     tmp_path: Path,
                                                     etcd: EtcdProcess) -> None:
     prefix = "/amqpd-test/webui-warren"

@@ -2,13 +2,11 @@
 
 Importing pasted definitions after a file import, pages of missing objects, delete
 confirmations, the login error, the publish form's default delivery mode, readable time
-labels under the charts, the exchanges' features column, and object charts that open
-with the last minute drawn. One broker for the module;
+labels under the charts, the exchanges' features column, object charts that open
+with the last minute drawn, exchange message rates (list and chart) and connection data
+rates from and to the client. One broker for the module;
 skips with a clear message where Chromium or its driver is missing.
 """
-
-# the fixtures browser, api and ui come from webui_support, and tests name them as arguments
-# ruff: noqa: F811
 
 from __future__ import annotations
 
@@ -23,18 +21,14 @@ import pika
 import pytest
 
 from tests.integration._http import Api, q
-from tests.integration.webui_support import (  # noqa: F401 - browser, api, ui: fixtures
-    api,
-    browser,
+from tests.integration.webui_support import (
+    Publisher,
     fill,
     go,
-    login,
     module_broker,
-    open_link,
     shot,
     submit,
     text_of,
-    ui,
     uid,
     wait,
     wait_text,
@@ -233,7 +227,122 @@ def test_object_charts_open_with_the_last_minute_drawn(ui: Any, broker: BrokerPr
                      .get_attribute("data-max")) > 0  # the basic.get replies
         assert float(ui.find_element("css selector", "#connection-rate-chart")
                      .get_attribute("data-max")) > 0  # the publishes
-        assert "sent" in text_of(ui, "#connection-rates-now")
+        now = text_of(ui, "#connection-rates-now")
+        assert "from client" in now and "to client" in now
         shot(ui, "connection-history")
     finally:
         conn.close()
+
+
+# ---------------------------------------------------------------------------- rates
+CHART_SERIES = "return document.querySelector(arguments[0]).uplot.data.slice(1);"
+
+
+def wait_samples(api: Api, path: str, details: Any, count: int = 3) -> None:
+    """Poll the API (30 s) until ``details(body)`` holds ``count`` samples: ``path`` asks
+    in the UI's own window (a point per 5 s), so three points are a chart of two rates."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if len((details(api.get(path).json()) or {}).get("samples", [])) >= count:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{count} samples in {path} not there in 30 s")
+
+
+def row_cells(driver: Any, table_css: str, needle: str) -> list[str] | None:
+    """The cell texts of the first row of ``table_css`` that shows ``needle``."""
+    for row in driver.find_elements("css selector", f"{table_css} tbody tr"):
+        if needle in row.text:
+            return [td.text for td in row.find_elements("css selector", "td")]
+    return None
+
+
+def first_draw(driver: Any, css: str) -> list[list[float]]:
+    """The series of the chart ``css`` once it shows two points, on the page's first draw
+    (the page redraws every 5 s: 4 s is the first draw, not a later one)."""
+    def points(d: Any) -> int:
+        return int(d.find_element("css selector", css).get_attribute("data-points"))
+    wait(driver, lambda d: points(d) >= 2, timeout=4, what=f"two points in {css} at once")
+    series: list[list[float]] = driver.execute_script(CHART_SERIES, css)
+    return series
+
+
+def test_exchange_rates_in_the_list_and_a_chart_with_history_on_first_open(
+        ui: Any, broker: BrokerProcess, api: Api) -> None:
+    """An exchange that routes every message to two queues: the list shows its rates in
+    and out (RabbitMQ's "Message rate in/out"), and its page's chart opens with the
+    last minute drawn from the server's samples (publishes made while no page was open)."""
+    x = uid("rated-x")
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    try:
+        ch = conn.channel()
+        ch.exchange_declare(x, "fanout")
+        for name in (f"{x}-a", f"{x}-b"):
+            ch.queue_declare(name, arguments={"x-max-length": 100})
+            ch.queue_bind(name, x)
+    finally:
+        conn.close()
+    publisher = Publisher(broker.url, "", exchange=x)
+    publisher.start()
+    try:
+        wait_samples(api, f"/api/exchanges/%2F/{q(x)}?msg_rates_age=60&msg_rates_incr=5",
+                     lambda body: body.get("message_stats", {}).get("publish_in_details"))
+        go(ui, broker.http_url, "exchanges", "#exchanges-table")
+        heads = [th.text for th in ui.find_elements("css selector", "#exchanges-table th")]
+        assert heads[-2:] == ["Message rate in", "Message rate out"]
+
+        def rates(d: Any) -> tuple[float, float] | None:
+            cells = row_cells(d, "#exchanges-table", x)
+            if cells is None:
+                return None
+            r_in, r_out = (float(c.removesuffix("/s")) for c in cells[-2:])
+            return (r_in, r_out) if r_in > 0 and r_out > 0 else None
+        r_in, r_out = wait(ui, rates, timeout=30, what=f"rates in and out of {x} above 0")
+        assert abs(r_out - 2 * r_in) <= 0.2  # two queues a message, counted at one tick
+        shot(ui, "exchanges-rates")
+
+        go(ui, broker.http_url, f"exchanges/%2F/{q(x)}", "#exchange-rate-chart")
+        series_in, series_out = first_draw(ui, "#exchange-rate-chart")
+        assert max(series_in) > 0 and max(series_out) > 0, (series_in, series_out)
+        assert "in 0.0/s" not in text_of(ui, "#exchange-rates-now")  # still publishing
+        shot(ui, "exchange-history")
+    finally:
+        publisher.halt.set()
+        publisher.join(10)
+    assert publisher.sent > 0
+
+
+def test_connection_data_rates_from_and_to_the_client(ui: Any, broker: BrokerProcess,
+                                                      api: Api) -> None:
+    """The connections list shows bytes from and to each client per second (RabbitMQ's
+    "From client" / "To client"); the connection's chart draws both from its first draw."""
+    label = uid("bytes-conn")
+    publisher = Publisher(broker.url, uid("bytes-q"), label=label)
+    publisher.start()
+    try:
+        name = wait(ui, lambda d: next((c["name"] for c in api.get("/api/connections").json()
+                                        if c["client_properties"].get("connection_name")
+                                        == label), None), what="the publisher's connection")
+        wait_samples(api, f"/api/connections/{q(name)}?data_rates_age=60&data_rates_incr=5",
+                     lambda body: body.get("recv_oct_details"))
+        go(ui, broker.http_url, "connections", "#connections-table")
+        heads = [th.text for th in ui.find_elements("css selector", "#connections-table th")]
+        col_from, col_to = heads.index("From client"), heads.index("To client")
+
+        def both(d: Any) -> tuple[str, str] | None:
+            cells = row_cells(d, "#connections-table", label)
+            if cells is None:
+                return None
+            got = cells[col_from], cells[col_to]
+            return got if all(c.endswith("/s") and c != "0 B/s" for c in got) else None
+        wait(ui, both, timeout=30, what="data rates from and to the client above 0")
+        shot(ui, "connections-rates")
+
+        go(ui, broker.http_url, f"connections/{q(name)}", "#connection-data-chart")
+        from_client, to_client = first_draw(ui, "#connection-data-chart")
+        assert max(from_client) > 0 and max(to_client) > 0, (from_client, to_client)
+        assert "from client" in text_of(ui, "#connection-rates-now")
+    finally:
+        publisher.halt.set()
+        publisher.join(10)
+    assert publisher.sent > 0

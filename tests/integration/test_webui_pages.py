@@ -6,9 +6,6 @@ list's type and state columns and column chooser, and the refresh interval. One 
 for the module (the federation plugin on); skips where Chromium or its driver is missing.
 """
 
-# the fixtures browser, api and ui come from webui_support, and tests name them as arguments
-# ruff: noqa: F811
-
 from __future__ import annotations
 
 import time
@@ -19,19 +16,15 @@ import pika
 import pytest
 
 from tests.integration._http import Api, q
-from tests.integration.webui_support import (  # noqa: F401 - browser, api, ui: fixtures
-    api,
-    browser,
+from tests.integration.webui_support import (
     fill,
     go,
-    login,
     module_broker,
     open_link,
     page_errors,
     shot,
     submit,
     text_of,
-    ui,
     uid,
     wait,
     wait_text,

@@ -13,7 +13,6 @@ import pytest
 
 from tests.integration._http import Api
 from tests.integration.webui_support import (
-    browser,  # noqa: F401 - the fixture
     go,
     login,
     shot,
@@ -64,7 +63,7 @@ def page_info(driver: Any) -> str:
     return text_of(driver, "#pager .page-info")
 
 
-def test_ten_thousand_queues_page_sort_and_filter(browser: Any,  # noqa: F811
+def test_ten_thousand_queues_page_sort_and_filter(browser: Any,
                                                  broker: BrokerProcess) -> None:
     login(browser, broker.http_url)
     go(browser, broker.http_url, "queues", "#queues-table")

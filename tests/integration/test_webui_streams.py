@@ -8,9 +8,6 @@ numbers. One broker for the module; skips with a clear message where Chromium or
 driver is missing.
 """
 
-# the fixtures browser, api and ui come from webui_support, and tests name them as arguments
-# ruff: noqa: F811
-
 from __future__ import annotations
 
 import time
@@ -21,14 +18,11 @@ import pika
 import pytest
 
 from tests.integration._http import Api, q
-from tests.integration.webui_support import (  # noqa: F401 - browser, api, ui: fixtures
-    api,
-    browser,
+from tests.integration.webui_support import (
     go,
     module_broker,
     shot,
     text_of,
-    ui,
     uid,
     wait,
     wait_text,

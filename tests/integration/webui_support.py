@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pika
 import pytest
 
 from tests.integration._http import Api
@@ -180,3 +183,38 @@ def shot(driver: Any, name: str, full: bool = True) -> Path:
 def page_errors(driver: Any) -> list[str]:
     """Messages of a page that failed to render (the app shows them in main)."""
     return [e.text for e in driver.find_elements("css selector", "main > .panel.form-status.error")]
+
+
+class Publisher(threading.Thread):
+    """Publishes with confirms until stopped (bounded in time and count): to ``queue``
+    through the default exchange (declared, and drained now and then), or with
+    ``exchange``, to that exchange (routing key ``queue``). ``label`` is the connection's
+    ``connection_name``, so a page can find it."""
+
+    def __init__(self, url: str, queue: str, exchange: str = "",
+                 label: str | None = None) -> None:
+        super().__init__(daemon=True)
+        self.url, self.queue, self.exchange, self.label = url, queue, exchange, label
+        self.halt = threading.Event()
+        self.sent = 0
+
+    def run(self) -> None:
+        params = pika.URLParameters(self.url)
+        if self.label:
+            params.client_properties = {"connection_name": self.label}
+        conn = pika.BlockingConnection(params)
+        try:
+            ch = conn.channel()
+            if not self.exchange:
+                ch.queue_declare(self.queue)
+            ch.confirm_delivery()
+            deadline = time.monotonic() + 60
+            while not self.halt.is_set() and time.monotonic() < deadline and self.sent < 10**6:
+                ch.basic_publish(self.exchange, self.queue, b"tick")
+                self.sent += 1
+                if self.sent % 50 == 0:
+                    if not self.exchange:
+                        ch.basic_get(self.queue, auto_ack=True)
+                    conn.sleep(0.005)  # a steady rate, not a flood
+        finally:
+            conn.close()

@@ -1,5 +1,6 @@
 // Connections (with closing one, as its owner or an administrator) and a connection's page
-// with its data and message rates over the last minute (the server's samples).
+// with its data rates (bytes from and to the client, as RabbitMQ's recv_oct and send_oct)
+// and message rates over the last minute (the server's samples).
 
 import * as api from "../api.js";
 import { Chart, LAST_MINUTE, ratesFromSamples } from "../charts.js";
@@ -20,7 +21,8 @@ export async function render(ctx) {
       { title: "Client", get: (c) => clientName(c) }, { title: "TLS", get: (c) => (c.ssl ? "yes" : "no") },
       { title: "Channels", get: (c) => fmtNum(c.channels), cls: "num" },
       { title: "State", get: (c) => c.state || "running" },
-      { title: "Sent", get: (c) => byteRate(c.send_oct_details), cls: "num" },
+      { title: "From client", get: (c) => byteRate(c.recv_oct_details), cls: "num" },
+      { title: "To client", get: (c) => byteRate(c.send_oct_details), cls: "num" },
       { title: "publish", get: (c) => fmtRate((c.message_stats || {}).publish_details), cls: "num" },
       { title: "deliver", get: (c) => fmtRate((c.message_stats || {}).deliver_get_details), cls: "num" },
       { title: "", get: (c) => closeButton(c.name) },
@@ -55,11 +57,11 @@ async function renderOne(ctx, name) {
   const ratesNow = h("div", { class: "muted", id: "connection-rates-now" });
   add(ctx.root, h("p", {}, link("#/connections", "« Connections")), h("h1", {}, "Connection ", h("span", { class: "objname" }, name)),
     section("Details", details),
-    section("Data rates (last minute)", dataBox, h("p", { class: "muted" }, "Bytes sent to the client; amqpd does not count bytes received.")),
+    section("Data rates (last minute)", dataBox),
     section("Message rates (last minute, its channels together)", msgBox, ratesNow),
     section("Channels", channels),
     section("Close this connection", closeButton(name, (said) => ctx.go("#/connections", said))));
-  const data = new Chart(dataBox, ["sent"], { unit: "B/s", id: "connection-data-chart" });
+  const data = new Chart(dataBox, ["from client", "to client"], { unit: "B/s", id: "connection-data-chart" });
   const messages = new Chart(msgBox, ["publish", "deliver", "ack", "confirm"], { id: "connection-rate-chart" });
   await ctx.every(async () => {
     let c, chans;
@@ -73,10 +75,10 @@ async function renderOne(ctx, name) {
     clear(details, kv([["User", c.user], ["Virtual host", c.vhost], ["Client", clientName(c)], ["Peer", `${c.peer_host}:${c.peer_port}`],
       ["Protocol", c.protocol], ["TLS", c.ssl ? "yes" : "no"], ["Heartbeat", `${c.timeout}s`], ["Frame max", fmtNum(c.frame_max)],
       ["Client properties", fmtJson(c.client_properties)]]));
-    data.set(ratesFromSamples([c.send_oct_details]));
+    data.set(ratesFromSamples([c.recv_oct_details, c.send_oct_details]));
     const m = c.message_stats || {};
     messages.set(ratesFromSamples(MSG_RATES.map((k) => m[`${k}_details`])));
-    clear(ratesNow, `sent ${byteRate(c.send_oct_details)} · `, MSG_RATES.map((k) => `${k.replace("_get", "")} ${fmtRate(m[`${k}_details`])}`).join(" · "));
+    clear(ratesNow, `from client ${byteRate(c.recv_oct_details)} · to client ${byteRate(c.send_oct_details)} · `, MSG_RATES.map((k) => `${k.replace("_get", "")} ${fmtRate(m[`${k}_details`])}`).join(" · "));
     clear(channels, table(channelColumns(), chans));
   });
 }

@@ -1,9 +1,12 @@
 // Exchanges: the list, paged and filtered by the server (RabbitMQ's page, page_size, name,
-// use_regex), with a form to add one; and an exchange's page: its bindings in both
-// directions, binding it to a queue or exchange, publishing to it, deleting it.
+// use_regex), with each one's message rates in and out and a form to add one; and an
+// exchange's page: its message rates over the last minute (the server's samples, so the
+// chart opens full), its bindings in both directions, binding it to a queue or exchange,
+// publishing to it, deleting it.
 
 import * as api from "../api.js";
-import { add, clear, dangerButton, describeError, features, fmtJson, form, h, link, parseArgs, section, table } from "../ui.js";
+import { Chart, LAST_MINUTE, ratesFromSamples } from "../charts.js";
+import { add, clear, dangerButton, describeError, features, fmtJson, fmtRate, form, h, link, parseArgs, section, table } from "../ui.js";
 import { exchangeHref, fetchOr404, filterBox, is404, notFound, pager, queueHref, vhostNames, vhostSelect } from "./common.js";
 import { publishForm } from "./publish.js";
 
@@ -52,15 +55,24 @@ export async function render(ctx) {
       { title: "Type", get: (e) => e.type },
       { title: "Features", get: (e) => features(e) },
       { title: "Policy", get: (e) => e.policy || "" },
+      { title: "Message rate in", get: (e) => fmtRate(stat(e, "publish_in")), cls: "num" },
+      { title: "Message rate out", get: (e) => fmtRate(stat(e, "publish_out")), cls: "num" },
     ], res.items, { id: "exchanges-table", empty: view.name ? "No exchange matches the filter." : "No exchanges." }));
   }
   await ctx.every(refresh);
 }
 
+// an exchange's publish_in_details or publish_out_details; absent (RabbitMQ leaves them
+// out) until something was published to it or routed out of it
+const stat = (e, key) => (e.message_stats || {})[`${key}_details`];
+const RATES = ["publish_in", "publish_out"];
+
 async function renderOne(ctx, vhost, name) {
   const urlName = name || "amq.default";
   const base = `/api/exchanges/${api.seg(vhost)}/${api.seg(urlName)}`;
   const details = h("div");
+  const chartBox = h("div", { class: "chart-box" });
+  const ratesNow = h("div", { class: "muted", id: "exchange-rates-now" });
   const out = h("div", { id: "bindings-out" });
   const incoming = h("div", { id: "bindings-in" });
   const real = urlName === "amq.default" ? "" : urlName;
@@ -70,6 +82,7 @@ async function renderOne(ctx, vhost, name) {
   add(ctx.root, h("p", {}, link("#/exchanges", "« Exchanges")),
     h("h1", {}, "Exchange ", h("span", { class: "objname" }, real || "(AMQP default)"), h("span", { class: "muted" }, ` in vhost ${vhost}`)),
     section("Details", details),
+    section("Message rates (last minute)", chartBox, ratesNow),
     section("Bindings from this exchange", out, real ? form([
       { name: "kind", label: "To", type: "select", options: [["q", "Queue"], ["e", "Exchange"]] },
       { name: "destination", label: "Name", required: true },
@@ -87,11 +100,12 @@ async function renderOne(ctx, vhost, name) {
       await api.del(base); ctx.go("#/exchanges", `Exchange ${real} deleted.`);
     })) : null);
 
+  const chart = new Chart(chartBox, ["in", "out"], { id: "exchange-rate-chart" });
   const dest = (b) => (b.destination_type === "queue" ? link(queueHref(vhost, b.destination), `queue ${b.destination}`) : link(exchangeHref(vhost, b.destination), `exchange ${b.destination}`));
   async function refresh() {
     let e, from, to;
     try {
-      [e, from, to] = await Promise.all([api.get(base), api.get(`${base}/bindings/source`), api.get(`${base}/bindings/destination`)]);
+      [e, from, to] = await Promise.all([api.get(base + LAST_MINUTE), api.get(`${base}/bindings/source`), api.get(`${base}/bindings/destination`)]);
     } catch (exc) {
       if (is404(exc) && ctx.live()) { notFound(ctx, `${missing} It was deleted.`, back); return; }
       throw exc;
@@ -100,6 +114,8 @@ async function renderOne(ctx, vhost, name) {
     clear(details, table([{ title: "Type", get: (x) => x.type }, { title: "Durable", get: (x) => String(x.durable) },
       { title: "Auto delete", get: (x) => String(x.auto_delete) }, { title: "Internal", get: (x) => String(x.internal) },
       { title: "Arguments", get: (x) => fmtJson(x.arguments) }, { title: "Policy", get: (x) => x.policy || "" }], [e]));
+    chart.set(ratesFromSamples(RATES.map((k) => stat(e, k))));
+    clear(ratesNow, `in ${fmtRate(stat(e, "publish_in"))} · out ${fmtRate(stat(e, "publish_out"))}`);
     const unbind = (b) => dangerButton("Unbind", null, async () => {
       await api.del(`/api/bindings/${api.seg(vhost)}/e/${api.seg(b.source)}/${b.destination_type[0]}/${api.seg(b.destination)}/${api.seg(b.properties_key)}`);
       await refresh();
