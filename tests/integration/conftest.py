@@ -1,6 +1,7 @@
-"""Fixtures the cluster tests share: a private etcd and three amqpd nodes joined through
+"""Fixtures the integration tests share: a private etcd and three amqpd nodes joined through
 it (tests/integration/cluster_support.py starts them). A test file that needs another
-shape (two nodes, other settings) defines its own fixture of the same name.
+shape (two nodes, other settings) defines its own fixture of the same name. The
+federation tests share ``two_sites``: an upstream and a downstream single node.
 
 The web UI tests' fixtures live in webui_support.py and are made visible here, so a test
 file names them as arguments without importing them: ``browser`` (headless Chromium, or
@@ -15,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests.integration.cluster_support import ClusterNode, private_etcd, three_nodes
+from tests.integration.fed_support import started_sites
 from tests.integration.webui_support import api, browser, ui  # noqa: F401 - fixtures
+from tests.support.brokerproc import BrokerProcess
 from tests.support.etcdproc import EtcdProcess
 
 
@@ -29,3 +32,11 @@ def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
 def nodes(tmp_path: Path, etcd: EtcdProcess) -> Iterator[list[ClusterNode]]:
     with three_nodes(tmp_path, etcd.url) as started:
         yield started
+
+
+@pytest.fixture
+def two_sites(tmp_path: Path) -> Iterator[tuple[BrokerProcess, BrokerProcess]]:
+    """An upstream site ("site-up") and a downstream one ("site-down"), single nodes
+    with federation enabled (the federation tests' pair)."""
+    with started_sites(tmp_path, "site-up", "site-down") as sites:
+        yield sites

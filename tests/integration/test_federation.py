@@ -22,17 +22,10 @@ from tests.integration.fed_support import (
     set_upstream,
     settle,
     site,
-    started_sites,
     wait_for,
     wait_running,
 )
 from tests.support.brokerproc import BrokerProcess
-
-
-@pytest.fixture
-def two_sites(tmp_path: Path) -> Iterator[tuple[BrokerProcess, BrokerProcess]]:
-    with started_sites(tmp_path, "site-up", "site-down") as sites:
-        yield sites
 
 
 def test_exchange_federation_topic_bindings(two_sites) -> None:

@@ -11,12 +11,9 @@ kept full, so every publish into it is nacked, until the test lifts the policy.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pika
-import pytest
 
 from tests.integration._http import q
 from tests.integration.fed_support import (
@@ -26,19 +23,12 @@ from tests.integration.fed_support import (
     links,
     set_policy,
     set_upstream,
-    started_sites,
     wait_for,
     wait_running,
 )
 from tests.support.brokerproc import BrokerProcess
 
 N = 40
-
-
-@pytest.fixture
-def two_sites(tmp_path: Path) -> Iterator[tuple[BrokerProcess, BrokerProcess]]:
-    with started_sites(tmp_path, "storm-up", "storm-down") as sites:
-        yield sites
 
 
 def _queue(proc: BrokerProcess, name: str) -> dict[str, Any]:
