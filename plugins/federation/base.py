@@ -4,7 +4,7 @@ A link runs on the downstream. It connects to the upstream with the link client 
 shovels use (:mod:`plugins.shovel.wire`; a URI picked at random from the upstream's list,
 as RabbitMQ does), sets up there what its kind needs (:meth:`Link.setup`), then serves
 deliveries until the connection dies, and starts over after a backoff that grows from
-half a second up to ``reconnect-delay`` (jittered; :mod:`plugins.shovel.backoff`).
+half a second up to ``reconnect-delay`` (jittered; :mod:`plugins.common.backoff`).
 Deliveries reach :meth:`Link.on_delivery` synchronously, in wire order, with their
 properties as raw bytes; only ``headers`` changes on the way.
 
@@ -14,7 +14,7 @@ callback of that API is what ``ack-mode`` hangs on:
 
 - ``on-confirm``: ack upstream only once the local publish is confirmed (persisted when
   it must be). A refused publish is retried here with backoff, only into the queues of
-  the route that did not take it (:mod:`plugins.federation.republish`); nothing is lost
+  the route that did not take it (:mod:`plugins.common.republish`); nothing is lost
   across outages. Acks are coalesced in order (:mod:`plugins.federation.acker`).
 - ``on-publish``: ack as soon as the message is handed to the local broker.
 - ``no-ack``: consume without acks (fastest, loses in-flight messages on failure).
@@ -33,10 +33,11 @@ import zlib
 from typing import TYPE_CHECKING, Any
 
 from amqpd.broker.api import Message, codec
+from plugins.common.backoff import Backoff
+from plugins.common.republish import Held, LocalPublisher
 from plugins.federation.acker import Acker
+from plugins.federation.headers import first_hop_redelivered
 from plugins.federation.params import Upstream, strip_credentials
-from plugins.federation.republish import Held, LocalPublisher
-from plugins.shovel.backoff import Backoff
 from plugins.shovel.seen import Seen
 from plugins.shovel.wire import Connection, Delivery
 
@@ -51,6 +52,12 @@ RECONNECT_FIRST = 0.5  # seconds before the first reconnect after a failure
 DRAIN_TIMEOUT = 3.0  # seconds a planned stop waits for the deliveries in hand
 SETUP_TIMEOUT = 30.0  # declares and binds upstream, per attempt (a silent peer fails it)
 PRODUCT = "amqpd-federation"
+
+
+def _mark_retry(properties: bytes, _try: int) -> bytes:
+    """A retried local publish says it may be a repeat: ``x-received-from[0].redelivered``
+    (a refusal does not prove the queue lacks the message)."""
+    return first_hop_redelivered(properties)
 
 
 def describe(exc: BaseException) -> str:
@@ -168,8 +175,9 @@ class Link:
                 self._acker = Acker(functools.partial(conn.ack, self.channel),
                                     functools.partial(conn.nack, self.channel))
                 if self.upstream.ack_mode == "on-confirm":
-                    self._local = LocalPublisher(self.api, self.vhost, self.key, self._acker,
-                                                 self._on_local_status, self._give_up)
+                    self._local = LocalPublisher(self.api, self.vhost, f"federation {self.key}",
+                                                 self._acker.settle, _mark_retry,
+                                                 self._on_local_status, self._give_up, log)
                 await asyncio.wait_for(self.setup(conn, self.channel), SETUP_TIMEOUT)
                 self._set_status("running")
                 log.info("federation link running: %s", self.key)

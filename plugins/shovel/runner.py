@@ -6,7 +6,7 @@ order; a confirm marks them settled, and the run of settled deliveries at the he
 acked at the source with one ``multiple`` ack. A destination ``nack`` (a quorum queue electing
 a leader refuses publishes) is not sent back to the source, which would hand the message
 straight back in a hot loop: the shovel keeps it and publishes it again after a backoff
-(:mod:`plugins.shovel.backoff`), with the header ``x-shovel-retry`` (the try number) so
+(:mod:`plugins.common.backoff`), with the header ``x-shovel-retry`` (the try number) so
 that a consumer of a queue that had already taken it can tell the copy; after
 :data:`MAX_PUBLISH_ATTEMPTS` tries of one message the attempt ends. When either end goes
 away both connections are closed: the source broker requeues every unacked delivery
@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from plugins.shovel.backoff import Backoff
+from plugins.common.backoff import Backoff
 from plugins.shovel.destination import AMQPDestination, Message
 from plugins.shovel.params import ShovelDef, redact
 from plugins.shovel.seen import Seen

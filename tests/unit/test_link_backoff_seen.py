@@ -1,9 +1,9 @@
-"""plugins/shovel/backoff.py and seen.py: the pieces that keep links from looping hot and
+"""plugins/common/backoff.py and seen.py: the pieces that keep links from looping hot and
 let them flag what they forward twice (issue 29)."""
 
 from __future__ import annotations
 
-from plugins.shovel.backoff import Backoff
+from plugins.common.backoff import Backoff
 from plugins.shovel.seen import Seen
 
 

@@ -1,29 +1,31 @@
-"""A link's local republish (``ack-mode: on-confirm``): per destination queue, retried
-with backoff, never a hot loop and never twice into a queue that has the message.
+"""Publishing into this node's broker per destination queue, with confirms and retries
+that back off: never a hot loop, never twice into a queue that has the message.
 
-Before issue 29 a refused local publish (a quorum queue on the route electing a leader)
-nacked the delivery upstream, which sent it straight back, over and over: tens of
-thousands of tries a second, and every try put one more copy into the healthy queues of
-the same route. Now:
+Used where a link's destination is the node it runs on: a federation link's local
+republish (``ack-mode: on-confirm``) and a shovel whose ``dest-uri`` is ``amqp://``
+(no host). Before issue 29 a refused local publish (a quorum queue on the route electing
+a leader, a queue at its length limit with ``reject-publish``) went straight back and
+was tried again at once, over and over: tens of thousands of tries a second, and every
+try put one more copy into the healthy queues of the same route. Now:
 
 - A message whose route has several queues is published once per queue (the publish
-  pipeline's ``only``), so the link learns which queues confirmed it. One queue (the
-  common case) or none: one publish, as before.
-- A refused message stays here, unacked upstream: it is published again (marked as a
-  possible repeat, ``x-received-from[0].redelivered``: a refusal does not prove the
-  queue lacks it, e.g. a quorum queue whose leader was lost after replicating it), after a
-  :class:`~plugins.shovel.backoff.Backoff` delay, only into the queues of its route that
+  pipeline's ``only``), so the publisher learns which queues confirmed it. One queue
+  (the common case) or none: one publish, as before.
+- A refused message stays here, unsettled at its source: it is published again (its
+  properties changed by the owner's ``mark_retry`` to say it may be a repeat: a refusal
+  does not prove the queue lacks it, e.g. a quorum queue whose leader was lost after
+  replicating it), after a :class:`~plugins.common.backoff.Backoff` delay, only into
+  the queues of its route that
   did not confirm it (a queue that left the route meanwhile is dropped from that list;
   one whose node is down is unroutable, and the message is done, as in RabbitMQ).
-- While anything waits for a retry, later deliveries wait behind it in arrival order
-  (the upstream's prefetch bounds them), so a queue's order breaks only for what was
+- While anything waits for a retry, later messages wait behind it in arrival order
+  (the source's prefetch bounds them), so a queue's order breaks only for what was
   already in flight when the failure came back.
-- After :data:`MAX_ATTEMPTS` failed tries of one message the link gives up: it reports
-  why and starts over (its own reconnect backoff), and the upstream redelivers what was
-  not acked, with ``redelivered`` set (``x-received-from``'s ``redelivered`` then says
-  so to consumers; see docs/federation.md).
+- After :data:`MAX_ATTEMPTS` failed tries of one message the publisher gives up: the
+  owner is told why (``on_give_up``) and starts over; its source redelivers what was
+  not settled, with ``redelivered`` set.
 
-The link's status is ``error`` with the reason while retrying, ``running`` again after.
+``on_status`` hears the reason while a retry waits, and None once all went in.
 """
 
 from __future__ import annotations
@@ -37,23 +39,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from amqpd.broker.api import Message
-from plugins.federation.headers import first_hop_redelivered
-from plugins.shovel.backoff import Backoff
+from plugins.common.backoff import Backoff
 
 if TYPE_CHECKING:
     from amqpd.broker.api import BrokerAPI
-    from plugins.federation.acker import Acker
-
-log = logging.getLogger("amqpd.federation")
 
 RETRY_FIRST = 0.05  # seconds before the first retry of a refused publish
 RETRY_CAP = 5.0  # the longest wait between two retries
-MAX_ATTEMPTS = 25  # tries of one message before the link gives up and starts over (~1.5 min)
+MAX_ATTEMPTS = 25  # tries of one message before the owner gives up and starts over (~1.5 min)
 
 
 @dataclass(eq=False)
 class Held:
-    """One upstream delivery on its way into the local broker."""
+    """One message on its way into the local broker (``tag``: the owner's id for it)."""
 
     tag: int
     exchange: str
@@ -65,19 +63,28 @@ class Held:
     error: BaseException | None = None  # the current try's first refusal
     attempts: int = 0
     retry: bool = False  # the current try is a retry
-    marked: bool = False  # properties already say "maybe a repeat"
 
 
 class LocalPublisher:
-    """The on-confirm republish of one link's channel (a new channel: a new one)."""
+    """The confirmed local publishes of one link's attempt (a new attempt: a new one).
 
-    def __init__(self, api: BrokerAPI, vhost: str, key: str, acker: Acker,
+    ``settle(tag, True)`` is called once per message, when every queue of its route
+    took it (the publisher never settles a message as refused: it retries, or gives
+    up on the whole attempt). ``mark_retry(properties, try number)`` returns the raw
+    properties a retry goes out with (the owner's "maybe a repeat" flag). ``label``
+    names the owner in ``log``'s warnings."""
+
+    def __init__(self, api: BrokerAPI, vhost: str, label: str,
+                 settle: Callable[[int, bool], None],
+                 mark_retry: Callable[[bytes, int], bytes],
                  on_status: Callable[[str | None], None],
-                 on_give_up: Callable[[str], None]) -> None:
+                 on_give_up: Callable[[str], None], log: logging.Logger) -> None:
         self.api = api
         self.vhost = vhost
-        self.key = key
-        self.acker = acker
+        self.label = label
+        self.settle = settle
+        self.mark_retry = mark_retry
+        self.log = log
         self.on_status = on_status  # the reason a retry waits, or None: all is well again
         self.on_give_up = on_give_up
         self.backoff = Backoff(RETRY_CAP, first=RETRY_FIRST)
@@ -90,15 +97,15 @@ class LocalPublisher:
 
     # ------------------------------------------------------------------ entry points
     def submit(self, held: Held) -> None:
-        """A delivery arrived (in delivery order, already tracked by the acker).
-        Raises what the publish raises (404: the exchange is gone)."""
+        """A message to publish (in the source's delivery order). Raises what the
+        publish raises (404: the exchange or vhost is gone)."""
         if self.blocked:
             self.waiting.append(held)
             return
         self._send(held)
 
     def close(self) -> None:
-        """The channel is gone: late confirms and the timer do nothing any more."""
+        """The attempt is over: late confirms and the timer do nothing any more."""
         self.closed = True
         if self.timer is not None:
             self.timer.cancel()
@@ -123,9 +130,8 @@ class LocalPublisher:
                 self._finish(held)
                 return
             targets = [*sorted(held.missing)]
-            if not held.marked:
-                held.marked = True
-                held.properties = first_hop_redelivered(held.properties)
+            # tries so far + 1: the number of the try about to go out (2, 3, ...)
+            held.properties = self.mark_retry(held.properties, held.attempts + 1)
         held.error = None
         held.parts = len(targets)
         for name in targets:
@@ -157,7 +163,7 @@ class LocalPublisher:
             self._finish(held)
 
     def _finish(self, held: Held) -> None:
-        self.acker.settle(held.tag, True)
+        self.settle(held.tag, True)
         if held.retry:
             held.retry = False
             self.retries_in_flight -= 1
@@ -173,15 +179,14 @@ class LocalPublisher:
         reason = f"local publish to {queues} failed {held.attempts} time(s): {held.error}"
         if held.attempts >= MAX_ATTEMPTS:
             self.close()
-            log.warning("federation %s: %s; giving up, the link starts over", self.key,
-                        reason)
+            self.log.warning("%s: %s; giving up, starting over", self.label, reason)
             self.on_give_up(f"{reason}; gave up after {held.attempts} tries")
             return
         self.retrying.append(held)
         if self.timer is None:
             delay = self.backoff.next()
             # one line per retry round, not per message: never a storm of warnings
-            log.warning("federation %s: %s; retrying in %.2fs", self.key, reason, delay)
+            self.log.warning("%s: %s; retrying in %.2fs", self.label, reason, delay)
             self.on_status(f"{reason}; retrying in {delay:.2f}s")
             self.timer = asyncio.get_running_loop().call_later(delay, self._retry)
 
