@@ -52,7 +52,7 @@ class ShovelPlugin:
         s = self.api.settings
         return ShovelRunner(defn, local_uri=self.api.local_uri, node=s.node_name,
                             cluster_name=s.effective_cluster_name,
-                            on_completed=self._completed)
+                            on_completed=self._completed, api=self.api)
 
     # ------------------------------------------------------------------ parameters
     def _on_set(self, vhost: str, name: str, value: Any) -> None:

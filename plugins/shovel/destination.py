@@ -1,5 +1,9 @@
 """Where a shovel puts messages: an exchange (with a key), a queue, or the original route.
 
+Two kinds: :class:`AMQPDestination` (any broker, over AMQP) here, and
+:class:`~plugins.shovel.local.LocalDestination` (``amqp://`` without a host: this node,
+through the broker API, one publish per destination queue).
+
 :class:`AMQPDestination` publishes without awaiting each confirm: publishes get sequence
 numbers (1, 2, ... on a channel in confirm mode, as the broker counts them) and the
 broker's ``basic.ack``/``basic.nack`` (``multiple`` or not) are reported to the runner by
@@ -26,6 +30,12 @@ Message = tuple[str, str, bytes, bytes]  # exchange, routing key, raw properties
 
 
 class Destination(abc.ABC):
+    """Where the runner publishes. Sequence numbers count publishes from 1 per attempt;
+    ``seq`` is the last one handed out (the runner maps the next ones to source
+    deliveries before it calls :meth:`publish_many`, so no confirm can come first)."""
+
+    seq: int
+
     @abc.abstractmethod
     async def open(self, on_confirm: OnConfirm | None) -> None:
         """Connect and declare; with on_confirm, in confirm mode."""

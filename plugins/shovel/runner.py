@@ -8,7 +8,11 @@ a leader refuses publishes) is not sent back to the source, which would hand the
 straight back in a hot loop: the shovel keeps it and publishes it again after a backoff
 (:mod:`plugins.common.backoff`), with the header ``x-shovel-retry`` (the try number) so
 that a consumer of a queue that had already taken it can tell the copy; after
-:data:`MAX_PUBLISH_ATTEMPTS` tries of one message the attempt ends. When either end goes
+:data:`MAX_PUBLISH_ATTEMPTS` tries of one message the attempt ends. That is the path of
+a remote destination (:class:`AMQPDestination`), where a retry goes through the
+destination exchange again; a destination on this node (``amqp://`` without a host,
+:class:`~plugins.shovel.local.LocalDestination`) publishes per destination queue and
+retries only into the queue that refused, so its confirms are all acks. When either end goes
 away both connections are closed: the source broker requeues every unacked delivery
 (they are sent again after the reconnect with ``redelivered`` set, so duplicates are
 possible, never losses), and the next attempt starts after a backoff growing from half
@@ -28,15 +32,19 @@ import struct
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from plugins.common.backoff import Backoff
-from plugins.shovel.destination import AMQPDestination, Message
+from plugins.shovel.destination import AMQPDestination, Destination, Message
+from plugins.shovel.local import LocalDestination, mark_retry
 from plugins.shovel.params import ShovelDef, redact
 from plugins.shovel.seen import Seen
 from plugins.shovel.source import AMQPSource
 from plugins.shovel.wire import Delivery, decode_properties, encode_properties
+
+if TYPE_CHECKING:
+    from amqpd.broker.api import BrokerAPI
 
 log = logging.getLogger("amqpd.shovel")
 
@@ -48,7 +56,6 @@ RECONNECT_FIRST = 0.5  # seconds before the first new attempt after a failure
 RETRY_FIRST = 0.05  # seconds before the first new publish of a refused message
 RETRY_CAP = 5.0
 MAX_PUBLISH_ATTEMPTS = 25  # of one message, then the attempt ends (~1.5 min)
-RETRY_HEADER = "x-shovel-retry"
 REDELIVERED_HEADER = "x-shovel-redelivered"  # maybe forwarded before (see seen.py)
 _CREDENTIALS = re.compile(r"(amqps?://)[^@/\s'\"]*@")
 
@@ -63,10 +70,11 @@ def _now() -> str:
 
 class ShovelRunner:
     def __init__(self, defn: ShovelDef, *, local_uri: Callable[[str], str], node: str,
-                 cluster_name: str, on_completed: Callable[[ShovelRunner], None] | None = None
-                 ) -> None:
+                 cluster_name: str, on_completed: Callable[[ShovelRunner], None] | None = None,
+                 api: BrokerAPI | None = None) -> None:
         self.defn = defn
         self.local_uri = local_uri
+        self.api = api  # publishes to a local destination (without it: over AMQP)
         self.node = node
         self.cluster_name = cluster_name
         self.on_completed = on_completed
@@ -165,24 +173,30 @@ class ShovelRunner:
                         d.name, reason, delay)
                 await asyncio.sleep(delay)
 
-    def _resolve(self, uris: list[str]) -> tuple[str, str]:
-        """(URI to connect to, URI to report): a random one, as RabbitMQ does."""
-        uri = random.choice(uris)
-        parts = urlsplit(uri)
-        if not parts.hostname:
-            # "amqp://" (no host) is the local broker; the path names the vhost
-            vhost = unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
+    def _resolve(self, uri: str) -> tuple[str, str]:
+        """(URI to connect to, URI to report)."""
+        vhost = _local_vhost(uri)
+        if vhost is not None:
             return self.local_uri(vhost), redact(uri)
-        if parts.username is None:
+        if urlsplit(uri).username is None:
             uri = uri.replace("://", "://guest:guest@", 1)
         return uri, redact(uri)
 
     async def _session(self) -> None:
         d = self.defn
-        src_uri, self.src_uri = self._resolve(d.src_uris)
-        dest_uri, self.dest_uri = self._resolve(d.dest_uris)
+        # a random URI of each list per attempt, as RabbitMQ does
+        src_uri, self.src_uri = self._resolve(random.choice(d.src_uris))
+        picked = random.choice(d.dest_uris)
+        dest_vhost = _local_vhost(picked)
+        dest: Destination
+        if dest_vhost is not None and self.api is not None:
+            # this node: through the broker API, one publish per destination queue
+            dest = LocalDestination(d, self.api, dest_vhost)
+            self.dest_uri = redact(picked)
+        else:
+            dest_uri, self.dest_uri = self._resolve(picked)
+            dest = AMQPDestination(d, dest_uri)
         src = AMQPSource(d, src_uri)
-        dest = AMQPDestination(d, dest_uri)
         link = _Link(self, src, dest)
         try:
             await link.run()
@@ -213,7 +227,7 @@ class ShovelRunner:
 class _Link:
     """One connected attempt: source and destination open, messages flowing."""
 
-    def __init__(self, runner: ShovelRunner, src: AMQPSource, dest: AMQPDestination) -> None:
+    def __init__(self, runner: ShovelRunner, src: AMQPSource, dest: Destination) -> None:
         self.runner = runner
         self.defn = runner.defn
         self.src = src
@@ -428,9 +442,7 @@ class _Link:
                             f"the destination refused a message {MAX_PUBLISH_ATTEMPTS} times;"
                             " starting over")
                     exchange, routing_key, raw, body = self.sent[tag]
-                    props = decode_properties(raw)
-                    props.headers = {**(props.headers or {}), RETRY_HEADER: tries}
-                    batch.append((exchange, routing_key, encode_properties(props), body))
+                    batch.append((exchange, routing_key, mark_retry(raw, tries), body))
                 seq = self.dest.seq + 1
                 for i, tag in enumerate(tags):
                     self.by_seq[seq + i] = tag
@@ -453,6 +465,15 @@ class _Link:
             self.taken -= n
             if self.remaining <= 0:
                 raise Completed
+
+
+def _local_vhost(uri: str) -> str | None:
+    """The vhost of a URI that names this node (``amqp://`` without a host; the path
+    names the vhost, ``/`` by default), or None for any other broker."""
+    parts = urlsplit(uri)
+    if parts.hostname:
+        return None
+    return unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
 
 
 def _describe(exc: Any) -> str:

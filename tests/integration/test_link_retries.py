@@ -31,7 +31,7 @@ from tests.integration.fed_support import (
     site,
     wait_for,
 )
-from tests.integration.test_shovel_helpers import set_shovel, shovels
+from tests.integration.test_shovel_helpers import set_shovel, shovel_state, shovels
 from tests.support.brokerproc import BrokerProcess
 
 CONNECT_TIMEOUT_MS = 10000  # what the issue saw each try wait out
@@ -130,11 +130,13 @@ def _queue(proc: BrokerProcess, name: str) -> dict[str, Any]:
     return result
 
 
-def test_shovel_refused_publish_backs_off_and_marks_copies(node: BrokerProcess) -> None:
-    """A shovel into an exchange whose route has a refusing queue: no hot loop (the
-    source never sees a nack, the message is sent again after a backoff), and the copies
-    a healthy queue of the route gets again carry ``x-shovel-retry``."""
-    n = 10
+N_REFUSED = 10
+
+
+def _refusing_route(node: BrokerProcess) -> None:
+    """sh.x (fanout) -> sh.healthy and sh.orders, sh.orders full (max-length 1 with
+    reject-publish: it refuses every publish until the policy goes), and N_REFUSED
+    persistent messages with ids in the source queue sh.src."""
     with channel(node.url) as ch:
         ch.exchange_declare("sh.x", "fanout", durable=True)
         for name in ("sh.healthy", "sh.orders"):
@@ -146,12 +148,80 @@ def test_shovel_refused_publish_backs_off_and_marks_copies(node: BrokerProcess) 
         ch.basic_publish("", "sh.orders", b"filler")
         wait_for(lambda: _queue(node, "sh.orders")["messages"] == 1, what="orders full")
         ch.confirm_delivery()
-        for i in range(n):
+        for i in range(N_REFUSED):
             ch.basic_publish("", "sh.src", f"m{i}".encode(),
                              pika.BasicProperties(delivery_mode=2, message_id=f"id-{i}"))
+
+
+def _get_all(node: BrokerProcess, queue: str) -> list[tuple[Any, bytes]]:
+    with channel(node.url) as ch:
+        got: list[tuple[Any, bytes]] = []
+        for _ in range(20 * N_REFUSED):
+            method, props, body = ch.basic_get(queue, auto_ack=True)
+            if method is None:
+                break
+            got.append((props, body))
+    return got
+
+
+def _refusal_lifted(node: BrokerProcess) -> None:
+    """The policy goes: orders takes the message it refused, the source settles."""
+    r = api(node).request("DELETE", "/api/policies/%2F/full")
+    assert r.status == 204, r.text
+    wait_for(lambda: _queue(node, "sh.orders")["messages"] == N_REFUSED + 1, timeout=30,
+             what="orders to take every message")
+    wait_for(lambda: _queue(node, "sh.src")["messages"] == 0, what="source settled")
+
+
+def test_local_shovel_refused_publish_goes_only_to_the_refusing_queue(
+        node: BrokerProcess) -> None:
+    """A shovel into this node (dest-uri ``amqp://``) whose destination exchange routes
+    to a healthy queue and a refusing one: the message is published per queue, so the
+    healthy queue gets each message exactly once, the refusing one gets it again after
+    a backoff (flagged ``x-shovel-retry``) until it takes it, no hot loop, nothing lost.
+    (Through an AMQP connection to itself, as before issue 29's fix, every retry put one
+    more copy into sh.healthy.)"""
+    n = N_REFUSED
+    _refusing_route(node)
     log_start = node.log_path.stat().st_size
     set_shovel(api(node), "refused", {"src-uri": "amqp://", "src-queue": "sh.src",
-                                      "dest-uri": "amqp://", "dest-exchange": "sh.x"})
+                                      "dest-uri": "amqp://", "dest-exchange": "sh.x",
+                                      "dest-add-forward-headers": True})
+    wait_for(lambda: _queue(node, "sh.healthy")["messages"] >= 1, what="a first copy")
+    time.sleep(3.0)  # a few retry rounds (50 ms doubling): healthy must not grow with them
+    text = node.log_path.read_bytes()[log_start:].decode(errors="replace")
+    state = shovel_state(api(node), "refused")
+    _refusal_lifted(node)
+    healthy = _get_all(node, "sh.healthy")
+    orders = [(p, b) for p, b in _get_all(node, "sh.orders") if b != b"filler"]
+    ids = sorted(f"id-{i}" for i in range(n))
+    assert sorted(p.message_id for p, _b in healthy) == ids  # each exactly once
+    assert not any("x-shovel-retry" in (p.headers or {}) for p, _b in healthy)
+    assert sorted(p.message_id for p, _b in orders) == ids  # nothing lost
+    rounds = text.count("local publish to 'sh.orders' failed")
+    assert 1 <= rounds <= 12, text[-2000:]  # backed off, never a hot loop
+    assert state == "running"  # its status fields as before
+    retried = [p for p, _b in orders if "x-shovel-retry" in (p.headers or {})]
+    assert retried and all(p.headers["x-shovel-retry"] >= 2 for p in retried)
+    # forward headers as with an AMQP destination: dest-uri as given, no credentials
+    hop = healthy[0][0].headers["x-shovelled"][0]
+    assert hop["dest-uri"] == "amqp://" and hop["dest-exchange"] == "sh.x", hop
+    with contextlib.suppress(Exception):
+        api(node).request("DELETE", "/api/parameters/shovel/%2F/refused")
+
+
+def test_remote_shovel_refused_publish_backs_off_and_marks_copies(
+        node: BrokerProcess) -> None:
+    """The same route behind a real URI (an AMQP connection, even to this node): one
+    confirm per publish, so a retry goes through the exchange again. No hot loop (the
+    source never sees a nack, the message is sent again after a backoff), and the copies
+    the healthy queue gets again carry ``x-shovel-retry`` (docs/shovel.md)."""
+    n = N_REFUSED
+    _refusing_route(node)
+    log_start = node.log_path.stat().st_size
+    set_shovel(api(node), "refused", {"src-uri": "amqp://", "src-queue": "sh.src",
+                                      "dest-uri": amqp_uri(node.port),
+                                      "dest-exchange": "sh.x"})
     wait_for(lambda: _queue(node, "sh.healthy")["messages"] >= n, what="first copies")
     time.sleep(3.0)
     healthy_now = _queue(node, "sh.healthy")["messages"]
@@ -160,18 +230,8 @@ def test_shovel_refused_publish_backs_off_and_marks_copies(node: BrokerProcess) 
     assert healthy_now <= n * 10, healthy_now
     text = node.log_path.read_bytes()[log_start:].decode(errors="replace")
     assert 1 <= text.count("publishing them again") <= 12, text[-2000:]
-    r = api(node).request("DELETE", "/api/policies/%2F/full")
-    assert r.status == 204, r.text
-    wait_for(lambda: _queue(node, "sh.orders")["messages"] == n + 1, timeout=30,
-             what="orders to take every message")
-    wait_for(lambda: _queue(node, "sh.src")["messages"] == 0, what="source settled")
-    with channel(node.url) as ch:
-        got: list[tuple[Any, bytes]] = []
-        for _ in range(20 * n):
-            method, props, body = ch.basic_get("sh.healthy", auto_ack=True)
-            if method is None:
-                break
-            got.append((props, body))
+    _refusal_lifted(node)
+    got = _get_all(node, "sh.healthy")
     first = [p for p, _b in got if "x-shovel-retry" not in (p.headers or {})]
     assert sorted(p.message_id for p in first) == sorted(f"id-{i}" for i in range(n))
     again = [p for p, _b in got if "x-shovel-retry" in (p.headers or {})]
