@@ -80,6 +80,8 @@ CAPABILITIES = {
 class Broker:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        # what this node answers other nodes' requests with (BrokerAPI.serve_node_requests)
+        self.node_request_handlers: dict[str, Any] = {}
         self.auth = AuthStore()
         self.auth.loopback_users = set(settings.loopback_users)
         self.vhosts: dict[str, VHost] = {}

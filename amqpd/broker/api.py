@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -78,6 +78,8 @@ log = logging.getLogger("amqpd.api")
 PROPERTY_NAMES: tuple[str, ...] = tuple(name for name, _bit, _kind in codec.PROPERTY_FIELDS)
 
 OnConfirm = Callable[[BaseException | None], None]
+# answers another node's request (BrokerAPI.serve_node_requests): args in, JSON-able out
+NodeRequestHandler = Callable[[dict[str, Any]], Awaitable[Any]]
 
 
 @dataclass(slots=True)
@@ -227,6 +229,10 @@ class ClusterStatus(Protocol):
 
     async def peer_info(self, section: str) -> dict[str, Any]:
         """The other running nodes' ``section``, by node name."""
+        ...
+
+    async def ask(self, node: str, kind: str, args: dict[str, Any], timeout: float) -> Any:
+        """Another running node's answer to a request (amqpd/cluster/node_requests.py)."""
         ...
 
     def transient_recorded(self, kind: int, key: str, body: bytes) -> bool:
@@ -380,6 +386,27 @@ class BrokerAPI:
         if cluster is None:
             return {}
         return await cluster.peer_info(section)
+
+    def serve_node_requests(self, kind: str, handler: NodeRequestHandler) -> None:
+        """Answer the ``kind`` requests other nodes of the cluster make of this one
+        (:meth:`ask_node`) with ``await handler(args)`` (JSON-able; an :class:`AMQPError`
+        goes back as its reply code). May be called before the cluster is up (plugins
+        are built first)."""
+        self._broker.node_request_handlers[kind] = handler
+
+    def node_request_handler(self, kind: str) -> NodeRequestHandler | None:
+        """The handler :meth:`serve_node_requests` registered for ``kind``, if any."""
+        return self._broker.node_request_handlers.get(kind)
+
+    async def ask_node(self, node: str, kind: str, args: dict[str, Any],
+                       timeout: float = 5.0) -> Any:
+        """Ask ``node``, another running node of the cluster, to do ``kind`` (what
+        RabbitMQ's nodes do with an RPC: restart the shovel or federation link that
+        node runs) and return its answer. 404 when ``node`` is not another running
+        node or its handler answered 404 (the error of any other error answer);
+        :class:`TimeoutError` without an answer within ``timeout`` seconds; 406
+        without a cluster."""
+        return await self._require_cluster().ask(node, kind, args, timeout)
 
     def clustered(self) -> bool:
         """Is this node configured to be in a cluster (``cluster.name`` set)? True from

@@ -12,6 +12,8 @@ runs what feeds the view and acts on it:
   bindings on every node, for one incarnation of the cluster;
 * :class:`~amqpd.cluster.node_info.NodeInfoBoard`: facts a node publishes for the
   others (the dynamic shovels it runs);
+* :class:`~amqpd.cluster.node_requests.NodeRequests`: requests a node makes of another
+  (restart the shovel or federation link it runs);
 * the partition decision, every ``DECIDE_INTERVAL`` seconds;
 * :class:`~amqpd.cluster.loop_clock.LoopClock`: the clock the view measures silence on,
   which leaves out this node's own event-loop stalls.
@@ -49,6 +51,7 @@ from amqpd.cluster.leadership import Leadership
 from amqpd.cluster.loop_clock import LoopClock
 from amqpd.cluster.membership import EtcdReach, Membership, NotAllowed
 from amqpd.cluster.node_info import NodeInfoBoard
+from amqpd.cluster.node_requests import NodeRequests
 from amqpd.cluster.transient import TransientQueues
 from amqpd.cluster.transient_defs import TransientDefinitions
 from amqpd.cluster.view import ClusterView, parse_addr
@@ -94,6 +97,7 @@ class Cluster(ClusterView):
                                           cc.definition_timeout)
         self.heard_at: dict[str, float] = {}  # node -> monotonic time of a real heartbeat
         self.info = NodeInfoBoard(self, self.etcd, self.root)  # what nodes tell each other
+        self.requests = NodeRequests(self, self.etcd, self.root)  # what they ask each other
         self.subscribe(self.transient.node_changed)  # from the first view change on
         self.heartbeats = Heartbeats(self, cc.name, self.cookie, split_addr(cc.heartbeat_listen),
                                      cc.heartbeat_interval, self.heartbeat_targets)
@@ -151,6 +155,7 @@ class Cluster(ClusterView):
         self.tdefs.start()
         self.transient.start()
         self.info.start()
+        self.requests.start()
         log.info("cluster: node %s in cluster %r with %s", self.node_name, self.cluster_name,
                  ", ".join(sorted(self.members)))
 
@@ -158,6 +163,7 @@ class Cluster(ClusterView):
         await self.mirror.stop()
         await self.tdefs.stop()
         await self.info.stop()
+        await self.requests.stop()
         await self.transient.stop()
         for task in [*self._tasks, *([self._sync_task] if self._sync_task else [])]:
             task.cancel()
@@ -324,6 +330,9 @@ class Cluster(ClusterView):
 
     async def peer_info(self, section: str) -> dict[str, Any]:
         return await self.info.read(section)
+
+    async def ask(self, node: str, kind: str, args: dict[str, Any], timeout: float) -> Any:
+        return await self.requests.ask(node, kind, args, timeout)
 
     def refresh_queue(self, vhost: str, name: str, done: Callable[[], None]) -> None:
         async def refresh() -> None:

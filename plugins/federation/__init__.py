@@ -15,9 +15,9 @@ Configuration is RabbitMQ's: runtime parameters ``federation-upstream`` and
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from amqpd.broker.api import register_policy_key
+from amqpd.broker.api import NotFound, register_policy_key
 from plugins.federation import http, params, upstream_exchange
 from plugins.federation.links import Supervisor
 
@@ -44,6 +44,16 @@ class FederationPlugin:
         register_policy_key(params.UPSTREAM_SET, params.validate_policy_upstream)
         register_policy_key(params.UPSTREAM_PATTERN, params.validate_policy_upstream)
         api.on_policy_applied(self.supervisor.on_policy_applied)
+        api.serve_node_requests("federation-link-restart", self._restart_request)
+
+    async def _restart_request(self, args: dict[str, Any]) -> bool:
+        """Another node was asked to restart a link this node runs (RabbitMQ's restart
+        from any node): 404 if no such link runs here."""
+        vhost, link_id = str(args.get("vhost")), str(args.get("id"))
+        if not await self.supervisor.restart(link_id, vhost):
+            raise NotFound(f"no federation link '{link_id}' in vhost '{vhost}' on node "
+                           f"'{self.api.node_name()}'")
+        return True
 
     def _changed(self, _vhost: str, _name: str, _value: object) -> None:
         self.supervisor.schedule()

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from amqpd.http.core import Ctx, Router, json_response, no_content, not_found, select_columns
+from plugins.common.http import ask
 
 if TYPE_CHECKING:
     from plugins.federation import FederationPlugin
@@ -39,12 +40,17 @@ async def list_links(ctx: Ctx) -> Any:
 
 
 async def restart_link(ctx: Ctx) -> Any:
-    """``DELETE /api/federation-links/vhost/{vhost}/{id}/{node}/restart`` (RabbitMQ's)."""
+    """``DELETE /api/federation-links/vhost/{vhost}/{id}/{node}/restart`` (RabbitMQ's):
+    the link ``id`` that ``node`` runs, asked of any node of the cluster (another
+    node's link: that node is asked, request ``federation-link-restart``)."""
     vh = ctx.vhost(write=True)
     ctx.require_policymaker()
-    if ctx.params["node"] != ctx.api.node_name():
-        raise not_found()
-    if not await _plugin(ctx).supervisor.restart(ctx.params["id"], vh.name):
+    node, link_id = ctx.params["node"], ctx.params["id"]
+    if node != ctx.api.node_name():
+        # 404 when node is no running node of the cluster or does not run the link
+        await ask(ctx, node, "federation-link-restart", {"vhost": vh.name, "id": link_id})
+        return no_content()
+    if not await _plugin(ctx).supervisor.restart(link_id, vh.name):
         raise not_found()
     return no_content()
 

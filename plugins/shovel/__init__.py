@@ -13,6 +13,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
+from amqpd.broker.api import NotFound
 from plugins.shovel import http as shovel_http
 from plugins.shovel.params import parse, validate
 from plugins.shovel.runner import ShovelRunner
@@ -38,6 +39,7 @@ class ShovelPlugin:
         self._placer: asyncio.Task[None] | None = None
         api.parameters.register("shovel", validate, on_set=self._on_set,
                                    on_clear=self._on_clear)
+        api.serve_node_requests("shovel-restart", self.restart_request)
         for i, table in enumerate(getattr(api.settings, "shovels", None) or []):
             spec = dict(table)
             name = str(spec.pop("name", f"static-{i + 1}"))
@@ -125,6 +127,19 @@ class ShovelPlugin:
 
     def find(self, vhost: str, name: str) -> ShovelRunner | None:
         return self.dynamic.get((vhost, name)) or self.static.get((vhost, name))
+
+    async def restart_request(self, args: dict[str, Any]) -> bool:
+        """Another node was asked to restart a shovel this node runs (RabbitMQ's
+        restart from any node): 404 if it does not run here (any more)."""
+        vhost, name = str(args.get("vhost")), str(args.get("name"))
+        runner = self.find(vhost, name)
+        if runner is None or runner.task is None:
+            raise NotFound(f"shovel '{name}' in vhost '{vhost}' does not run on node "
+                           f"'{self.api.node_name()}'")
+        log.info("shovel '%s' in vhost '%s': restarted at another node's request", name,
+                 vhost)
+        await runner.restart()
+        return True
 
     # ------------------------------------------------------------------ life cycle
     def http_routes(self, router: Router) -> None:

@@ -1,10 +1,25 @@
-"""/api/shovels: RabbitMQ's shovel management paths and JSON shapes."""
+"""/api/shovels: RabbitMQ's shovel management paths and JSON shapes.
+
+In a cluster any node answers for every dynamic shovel, as RabbitMQ's do: the list and a
+shovel's status come from what the other nodes share (``api.cluster_info``), and a
+restart asked of a node that does not run the shovel is passed to the node that does
+(``api.ask_node``, request ``shovel-restart``; :meth:`ShovelPlugin.restart_request`
+answers it there).
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from amqpd.http.core import Ctx, Router, json_response, no_content, not_found, select_columns
+from amqpd.http.core import (
+    Ctx,
+    Router,
+    json_response,
+    no_content,
+    not_found,
+    select_columns,
+)
+from plugins.common.http import ask
 
 if TYPE_CHECKING:
     from plugins.shovel import ShovelPlugin
@@ -23,18 +38,27 @@ def routes(router: Router, plugin: ShovelPlugin) -> None:
         items.sort(key=lambda s: (s["vhost"], s["name"], s.get("node", "")))
         return json_response(select_columns(items, ctx))
 
+    async def elsewhere(ctx: Ctx, vhost: str, name: str) -> dict[str, Any] | None:
+        """The status of a dynamic shovel another node of the cluster runs (with its
+        ``node``), or None when this node runs it, or no node does now."""
+        runner = plugin.find(vhost, name)
+        if runner is None or runner.defn.type != "dynamic" or runner.task is not None \
+                or not ctx.api.clustered():
+            return None
+        for statuses in (await ctx.api.cluster_info("shovels")).values():
+            for s in statuses:
+                if isinstance(s, dict) and s.get("vhost") == vhost and s.get("name") == name:
+                    return s
+        return None
+
     async def get_shovel(ctx: Ctx) -> Any:
         vh = ctx.vhost()
         runner = plugin.find(vh.name, ctx.params["name"])
         if runner is None:
             raise not_found()
-        if runner.defn.type == "dynamic" and runner.task is None and ctx.api.clustered():
-            # another node of the cluster runs it: its status is that node's
-            for statuses in (await ctx.api.cluster_info("shovels")).values():
-                for s in statuses:
-                    if s.get("vhost") == vh.name and s.get("name") == runner.defn.name:
-                        return json_response(s)
-        return json_response(runner.status())
+        # another node of the cluster runs it: its status is that node's
+        return json_response(await elsewhere(ctx, vh.name, runner.defn.name)
+                             or runner.status())
 
     async def delete_shovel(ctx: Ctx) -> Any:
         vh = ctx.vhost(write=True)
@@ -46,9 +70,19 @@ def routes(router: Router, plugin: ShovelPlugin) -> None:
     async def restart_shovel(ctx: Ctx) -> Any:
         vh = ctx.vhost(write=True)
         ctx.require_policymaker()
-        runner = plugin.find(vh.name, ctx.params["name"])
+        name = ctx.params["name"]
+        runner = plugin.find(vh.name, name)
         if runner is None:
             raise not_found()
+        if runner.defn.type == "dynamic" and runner.task is None and ctx.api.clustered():
+            # another node runs it (RabbitMQ restarts it there): ask that node
+            status = await elsewhere(ctx, vh.name, name)
+            if status is None:
+                raise not_found(f"no node of the cluster runs shovel '{name}' in vhost "
+                                f"'{vh.name}' now")
+            await ask(ctx, str(status["node"]), "shovel-restart",
+                      {"vhost": vh.name, "name": name})
+            return no_content()
         await runner.restart()
         return no_content()
 
@@ -57,3 +91,4 @@ def routes(router: Router, plugin: ShovelPlugin) -> None:
     router.get("/api/shovels/vhost/{vhost}/{name}", get_shovel)
     router.delete("/api/shovels/vhost/{vhost}/{name}", delete_shovel)
     router.delete("/api/shovels/vhost/{vhost}/{name}/restart", restart_shovel)
+
