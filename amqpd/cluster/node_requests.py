@@ -44,14 +44,20 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqpd.cluster")
 
 POLL = 0.05  # seconds between two reads of the answer key
-# an error answer's reply code -> what the asker raises (any other code: AMQPError, 541)
+# an error answer's reply code -> what the asker raises (any other: AMQPError, same code)
 _ERRORS: dict[int, type[AMQPError]] = {
     c.reply_code: c for c in (NotFound, AccessRefused, ResourceLocked, PreconditionFailed)}
 
 
 def _error(code: Any, text: str) -> AMQPError:
-    cls = _ERRORS.get(code if isinstance(code, int) else 541, AMQPError)
-    return cls(text)
+    """The error an answer carries, as the asker raises it (its reply code kept)."""
+    code = code if isinstance(code, int) else 541
+    cls = _ERRORS.get(code)
+    if cls is not None:
+        return cls(text)
+    exc = AMQPError(text)
+    exc.reply_code = code  # 540: the node has no handler for it, 541: the handler failed
+    return exc
 
 
 class NodeRequests:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from amqpd.http.core import Ctx, HttpError
+
+log = logging.getLogger("amqpd.http")
 
 
 async def ask(ctx: Ctx, node: str, kind: str, args: dict[str, Any]) -> Any:
@@ -15,4 +18,5 @@ async def ask(ctx: Ctx, node: str, kind: str, args: dict[str, Any]) -> Any:
     try:
         return await ctx.api.ask_node(node, kind, args)
     except TimeoutError as exc:
+        log.warning("%s %s: %s", ctx.request.method, ctx.request.path, exc)
         raise HttpError(503, "service_unavailable", str(exc)) from None

@@ -1,7 +1,8 @@
 """Fixtures the integration tests share: a private etcd and three amqpd nodes joined through
 it (tests/integration/cluster_support.py starts them). A test file that needs another
 shape (two nodes, other settings) defines its own fixture of the same name. The
-federation tests share ``two_sites``: an upstream and a downstream single node.
+federation tests share ``two_sites`` (an upstream and a downstream single node) and
+``upstream_and_pair`` (an upstream single node and a two-node cluster).
 
 The web UI tests' fixtures live in webui_support.py and are made visible here, so a test
 file names them as arguments without importing them: ``browser`` (headless Chromium, or
@@ -15,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.cluster_support import ClusterNode, private_etcd, three_nodes
-from tests.integration.fed_support import started_sites
+from tests.integration.cluster_support import ClusterNode, cluster_of, private_etcd, three_nodes
+from tests.integration.fed_support import site, started_sites
 from tests.integration.webui_support import api, browser, ui  # noqa: F401 - fixtures
 from tests.support.brokerproc import BrokerProcess
 from tests.support.etcdproc import EtcdProcess
@@ -40,3 +41,18 @@ def two_sites(tmp_path: Path) -> Iterator[tuple[BrokerProcess, BrokerProcess]]:
     with federation enabled (the federation tests' pair)."""
     with started_sites(tmp_path, "site-up", "site-down") as sites:
         yield sites
+
+
+@pytest.fixture
+def upstream_and_pair(tmp_path: Path) -> Iterator[tuple[BrokerProcess, list[ClusterNode]]]:
+    """An upstream amqpd ("links-up", federation), and a two-node cluster (node-a,
+    node-b) with the shovel and federation plugins; ``ignore``: one of two may serve
+    alone."""
+    up = site(tmp_path, "links-up").start()
+    try:
+        with private_etcd(tmp_path) as etcd, cluster_of(
+                tmp_path, etcd.url, ("a", "b"), {"AMQPD_PLUGINS": "shovel,federation"},
+                partition_handling="ignore") as pair:
+            yield up, pair
+    finally:
+        up.stop()

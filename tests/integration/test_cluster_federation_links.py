@@ -4,19 +4,15 @@ its own, so finding a link meant asking every node)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.integration.cluster_support import (
     ClusterNode,
-    cluster_of,
-    private_etcd,
     wait_for,
 )
-from tests.integration.fed_support import amqp_uri, site
+from tests.integration.fed_support import amqp_uri
 from tests.support import etcdproc
 from tests.support.brokerproc import BrokerProcess
 
@@ -26,19 +22,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture
-def sites(tmp_path: Path) -> Iterator[tuple[BrokerProcess, list[ClusterNode]]]:
-    """An upstream amqpd, and a two-node downstream cluster with federation."""
-    up = site(tmp_path, "links-up").start()
-    try:
-        with private_etcd(tmp_path) as etcd, cluster_of(
-                tmp_path, etcd.url, ("a", "b"), {"AMQPD_PLUGINS": "federation"},
-                partition_handling="ignore") as nodes:
-            yield up, nodes
-    finally:
-        up.stop()
-
-
 def fed_links(node: ClusterNode) -> list[dict[str, Any]]:
     r = node.api.get("/api/federation-links")
     assert r.status == 200, r.text
@@ -46,19 +29,26 @@ def fed_links(node: ClusterNode) -> list[dict[str, Any]]:
     return items
 
 
-def test_every_node_lists_every_link_with_its_node(
-        sites: tuple[BrokerProcess, list[ClusterNode]]) -> None:
-    up, nodes = sites
-    a, b = nodes
-    for name in ("x1", "x2", "x3", "x4"):
-        r = a.api.put(f"/api/exchanges/%2F/fed.{name}", {"type": "fanout", "durable": True})
+def federate(node: ClusterNode, up: BrokerProcess, exchanges: list[str]) -> None:
+    """Declare ``exchanges`` (fanout, durable; names starting ``fed.``) through
+    ``node`` and federate them from ``up`` (upstream ``up``, policy ``fed``)."""
+    for name in exchanges:
+        r = node.api.put(f"/api/exchanges/%2F/{name}", {"type": "fanout", "durable": True})
         assert r.status in (201, 204), r.text
-    r = a.api.put("/api/parameters/federation-upstream/%2F/up",
-                  {"value": {"uri": amqp_uri(up.port), "reconnect-delay": 1}})
+    r = node.api.put("/api/parameters/federation-upstream/%2F/up",
+                     {"value": {"uri": amqp_uri(up.port), "reconnect-delay": 1}})
     assert r.status in (201, 204), r.text
-    r = a.api.put("/api/policies/%2F/fed", {"pattern": "^fed\\.", "apply-to": "exchanges",
-                                           "definition": {"federation-upstream-set": "all"}})
+    r = node.api.put("/api/policies/%2F/fed", {
+        "pattern": "^fed\\.", "apply-to": "exchanges",
+        "definition": {"federation-upstream-set": "all"}})
     assert r.status in (201, 204), r.text
+
+
+def test_every_node_lists_every_link_with_its_node(
+        upstream_and_pair: tuple[BrokerProcess, list[ClusterNode]]) -> None:
+    up, nodes = upstream_and_pair
+    a, b = nodes
+    federate(a, up, ["fed.x1", "fed.x2", "fed.x3", "fed.x4"])
 
     def listed(n: ClusterNode) -> list[tuple[str, str, str]]:
         return sorted((i["exchange"], i["node"], i["status"]) for i in fed_links(n))

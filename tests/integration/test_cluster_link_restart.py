@@ -7,19 +7,15 @@ amqpd/cluster/node_requests.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.integration.cluster_support import (
     ClusterNode,
-    cluster_of,
-    private_etcd,
     wait_for,
 )
-from tests.integration.fed_support import amqp_uri, site
+from tests.integration.test_cluster_federation_links import federate
 from tests.support import etcdproc
 from tests.support.brokerproc import BrokerProcess
 
@@ -27,19 +23,6 @@ pytestmark = [
     pytest.mark.skipif(etcdproc.find_etcd() is None, reason=etcdproc.SKIP_REASON),
     pytest.mark.timeout(300),
 ]
-
-
-@pytest.fixture
-def sites(tmp_path: Path) -> Iterator[tuple[BrokerProcess, list[ClusterNode]]]:
-    """An upstream amqpd, and a two-node cluster with the shovel and federation."""
-    up = site(tmp_path, "restart-up").start()
-    try:
-        with private_etcd(tmp_path) as etcd, cluster_of(
-                tmp_path, etcd.url, ("a", "b"), {"AMQPD_PLUGINS": "shovel,federation"},
-                partition_handling="ignore") as nodes:
-            yield up, nodes
-    finally:
-        up.stop()
 
 
 def listed(node: ClusterNode, path: str) -> list[dict[str, Any]]:
@@ -64,8 +47,8 @@ def by_name(nodes: list[ClusterNode], name: str) -> ClusterNode:
 
 
 def test_shovel_restart_asked_of_the_other_node(
-        sites: tuple[BrokerProcess, list[ClusterNode]]) -> None:
-    _up, nodes = sites
+        upstream_and_pair: tuple[BrokerProcess, list[ClusterNode]]) -> None:
+    _up, nodes = upstream_and_pair
     a, b = nodes
     r = a.api.put("/api/parameters/shovel/%2F/mover", {"value": {
         "src-uri": "amqp://", "src-queue": "restart.src",
@@ -112,17 +95,10 @@ def test_shovel_restart_asked_of_the_other_node(
 
 
 def test_federation_link_restart_asked_of_the_other_node(
-        sites: tuple[BrokerProcess, list[ClusterNode]]) -> None:
-    up, nodes = sites
+        upstream_and_pair: tuple[BrokerProcess, list[ClusterNode]]) -> None:
+    up, nodes = upstream_and_pair
     a, b = nodes
-    r = a.api.put("/api/exchanges/%2F/fed.r1", {"type": "fanout", "durable": True})
-    assert r.status in (201, 204), r.text
-    r = a.api.put("/api/parameters/federation-upstream/%2F/up",
-                  {"value": {"uri": amqp_uri(up.port), "reconnect-delay": 1}})
-    assert r.status in (201, 204), r.text
-    r = a.api.put("/api/policies/%2F/fed", {"pattern": "^fed\\.", "apply-to": "exchanges",
-                                           "definition": {"federation-upstream-set": "all"}})
-    assert r.status in (201, 204), r.text
+    federate(a, up, ["fed.r1"])
 
     def link_on(node: ClusterNode) -> dict[str, Any] | None:
         items = [i for i in listed(node, "/api/federation-links")
