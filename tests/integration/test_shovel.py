@@ -327,6 +327,57 @@ async def test_destination_nack_requeues_at_the_source(
     await await_for(rest_at_a, 15, "the 15 refused are back at the source")
 
 
+@pytest.mark.parametrize("ack_mode", ["on-confirm", "on-publish", "no-ack"])
+async def test_local_destination_in_each_ack_mode(
+        sites: tuple[BrokerProcess, BrokerProcess], ack_mode: str) -> None:
+    """``dest-uri`` ``amqp://`` is this node, published to through the broker API: every
+    message arrives once in each ack-mode, properties as published, and a missing
+    ``dest-queue`` is declared durable (as over AMQP)."""
+    a, _b = sites
+    api = Api(a.http_url)
+    src, dest, name = uid("src"), uid("dest"), uid("sh")
+    props = spec.Basic.Properties(delivery_mode=2, message_id="mid", headers={"h": "v"})
+    await publish(a.url, src, 300, properties=props)
+    set_shovel(api, name, {"src-uri": "amqp://", "src-queue": src, "dest-uri": "amqp://",
+                           "dest-queue": dest, "ack-mode": ack_mode,
+                           "src-prefetch-count": 50})
+    msg = await get_one(a.url, dest)
+    assert msg.header.properties.message_id == "mid"
+    assert msg.header.properties.headers == {"h": "v"}
+    bodies = await drain(a.url, dest, 299)
+    assert sorted([msg.body, *bodies]) == sorted(str(i).encode() for i in range(300))
+    r = api.get(f"/api/queues/%2F/{q(dest)}")
+    assert r.status == 200 and r.json()["durable"], r.text
+
+    async def settled() -> bool:
+        return await count(a.url, src) == 0
+    await await_for(settled, 15, "the source settled")
+    (status,) = [s for s in shovels(api) if s["name"] == name]
+    assert status["state"] == "running" and status["dest_uri"] == "amqp://", status
+    assert api.delete(f"/api/parameters/shovel/%2F/{q(name)}").status == 204
+
+
+async def test_local_destination_exchange_missing_fails_the_attempt(
+        sites: tuple[BrokerProcess, BrokerProcess]) -> None:
+    """A ``dest-exchange`` that does not exist on this node is never declared: the
+    shovel reports the 404 and tries again (RabbitMQ's behaviour over AMQP)."""
+    a, _b = sites
+    api = Api(a.http_url)
+    src, name = uid("src"), uid("sh")
+    await publish(a.url, src, 3)
+    set_shovel(api, name, {"src-uri": "amqp://", "src-queue": src, "dest-uri": "amqp:///",
+                           "dest-exchange": uid("nosuch-x")})
+
+    def failed() -> dict[str, Any] | None:
+        return next((s for s in shovels(api) if s["name"] == name
+                     and s["state"] == "terminated"), None)
+
+    status = wait_for(failed, 15, "the shovel to fail on the missing exchange")
+    assert "NotFound" in status["reason"] and "nosuch-x" in status["reason"], status
+    assert await count(a.url, src) == 3  # nothing taken
+    assert api.delete(f"/api/parameters/shovel/%2F/{q(name)}").status == 204
+
+
 def test_amqpctl_set_parameter_and_shovel_status(sites: tuple[BrokerProcess,
                                                               BrokerProcess]) -> None:
     a, b = sites
