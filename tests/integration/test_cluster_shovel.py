@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pika
 import pytest
 
 from bench.loadgen import PublisherSpec, Target, run_publisher
@@ -138,3 +139,82 @@ def bindings(nodes: list[ClusterNode]) -> int:
 def bound_on(node: ClusterNode, exchange: str) -> list[str]:
     r = node.api.get(f"/api/exchanges/%2F/{q(exchange)}/bindings/source")
     return [x["destination"] for x in r.json()] if r.status == 200 else []
+
+
+def test_a_local_shovel_retries_only_the_queue_that_refused(
+        pair: list[ClusterNode]) -> None:
+    """Issue 29: a shovel into this cluster (``dest-uri`` ``amqp://``) whose destination
+    exchange routes to a queue led by each node, one of them refusing (max-length 1 with
+    reject-publish, while a policy says so): the shovel publishes per queue, so the
+    healthy queue gets each message exactly once wherever the shovel runs, the refusing
+    one gets every message once it takes them again, and nothing is lost."""
+    a, b = pair
+    n = 20
+    declare_on(a, "rt-healthy")
+    declare_on(b, "rt-orders")
+    r = a.api.put("/api/exchanges/%2F/rtx", {"type": "fanout", "durable": True})
+    assert r.status in (201, 204), r.text
+    for dest in ("rt-healthy", "rt-orders"):
+        r = a.api.post(f"/api/bindings/%2F/e/rtx/q/{dest}", {"routing_key": ""})
+        assert r.status in (201, 204), r.text
+    r = a.api.put("/api/policies/%2F/rt-full", {
+        "pattern": "^rt-orders$", "apply-to": "queues",
+        "definition": {"max-length": 1, "overflow": "reject-publish"}})
+    assert r.status in (201, 204), r.text
+    for node in pair:
+        def ready(node: ClusterNode = node) -> bool:
+            info = queue_info(node, "rt-orders") or {}
+            return usable(node, "rt-healthy") and info.get("policy") == "rt-full" \
+                and len(bound_on(node, "rtx")) == 2
+        wait_for(ready, 30, f"topology and policy on {node.name}", node.tail)
+    with pika.BlockingConnection(pika.URLParameters(b.url)) as conn:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.basic_publish("", "rt-orders", b"filler")
+        ch.queue_declare("rt-src", durable=True)
+        for i in range(n):
+            ch.basic_publish("", "rt-src", f"m{i}".encode(),
+                             pika.BasicProperties(delivery_mode=2, message_id=f"id-{i}"))
+    r = a.api.put("/api/parameters/shovel/%2F/retrier", {"value": {
+        "src-uri": "amqp://", "src-queue": "rt-src", "dest-uri": "amqp://",
+        "dest-exchange": "rtx"}})
+    assert r.status in (201, 204), r.text
+    # rt-orders' refusals come back from its node after the shovel published the whole
+    # batch: rt-healthy takes every message once, rt-orders none; a few retry rounds
+    # (of every message, into rt-orders alone) pass: rt-healthy must not grow with them
+    wait_for(lambda: count(a, "rt-healthy") >= n, 30, "every message in rt-healthy",
+             lambda: a.tail() + b.tail())
+    def retry_rounds() -> int:
+        """Retry rounds logged: per queue (this node's destination) or per message
+        (an AMQP destination's, which goes through the exchange again)."""
+        text = "".join(log_of(node) for node in pair)
+        return text.count("local publish to 'rt-orders' failed") + \
+            text.count("publishing them again")
+
+    wait_for(lambda: retry_rounds() >= 3, 30, "three retry rounds",
+             lambda: a.tail() + b.tail())
+    assert count(a, "rt-healthy") == n and count(b, "rt-orders") == 1
+    r = a.api.delete("/api/policies/%2F/rt-full")
+    assert r.status == 204, r.text
+    wait_for(lambda: count(b, "rt-orders") == n + 1 and count(a, "rt-healthy") == n
+             and count(a, "rt-src") == 0, 60, "every message in both queues, once",
+             lambda: a.tail() + b.tail())
+    got: dict[str, list[str]] = {}
+    for name, node in (("rt-healthy", a), ("rt-orders", b)):
+        with pika.BlockingConnection(pika.URLParameters(node.url)) as conn:
+            ch = conn.channel()
+            ids = []
+            for _ in range(3 * n):
+                method, props, body = ch.basic_get(name, auto_ack=True)
+                if method is None:
+                    break
+                if body != b"filler":
+                    ids.append(props.message_id)
+            got[name] = sorted(ids)
+    expected = sorted(f"id-{i}" for i in range(n))
+    assert got == {"rt-healthy": expected, "rt-orders": expected}
+
+
+def log_of(node: ClusterNode) -> str:
+    assert node.proc is not None
+    return node.proc.log_path.read_text(errors="replace")
