@@ -10,8 +10,7 @@ import asyncio
 import itertools
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -31,13 +30,6 @@ pytestmark = pytest.mark.skipif(find_etcd() is None, reason=SKIP_REASON)
 
 TTL = 2.0
 _prefixes = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
-    proc = EtcdProcess(Path(tmp_path_factory.mktemp("etcd"))).start()
-    yield proc
-    proc.kill()
 
 
 @pytest.fixture

@@ -14,8 +14,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -29,13 +28,6 @@ from tests.support.etcdproc import SKIP_REASON, EtcdProcess, find_etcd
 pytestmark = pytest.mark.skipif(find_etcd() is None, reason=SKIP_REASON)
 
 KIND = {name: kind for kind, name in DEFINITION_KINDS.items()}
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
-    proc = EtcdProcess(Path(tmp_path_factory.mktemp("etcd"))).start()
-    yield proc
-    proc.kill()
 
 
 class FakeAPI:

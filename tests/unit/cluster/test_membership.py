@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +17,6 @@ from amqpd.coord.etcd import EtcdClient
 from tests.support.etcdproc import SKIP_REASON, EtcdProcess, find_etcd
 
 pytestmark = pytest.mark.skipif(find_etcd() is None, reason=SKIP_REASON)
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
-    proc = EtcdProcess(Path(tmp_path_factory.mktemp("etcd"))).start()
-    yield proc
-    proc.kill()
 
 
 def member(etcd: EtcdProcess, root: str, name: str, data_dir: Path,

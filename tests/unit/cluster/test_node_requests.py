@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -20,13 +19,6 @@ from amqpd.coord.etcd import EtcdClient
 from tests.support.etcdproc import SKIP_REASON, EtcdProcess, find_etcd
 
 pytestmark = pytest.mark.skipif(find_etcd() is None, reason=SKIP_REASON)
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
-    proc = EtcdProcess(Path(tmp_path_factory.mktemp("etcd"))).start()
-    yield proc
-    proc.kill()
 
 
 def fake_cluster(name: str, running: set[str], handlers: dict[str, Any]) -> Cluster:
