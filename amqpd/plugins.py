@@ -1,12 +1,14 @@
 """Plugins: optional parts (shovel, federation) that live outside the core.
 
 A plugin talks to brokers only through AMQP (for the local broker too, with the URI
-:meth:`BrokerAPI.local_uri` gives it) and through the public broker API
-(:class:`amqpd.broker.api.BrokerAPI`: topology, publish, ``parameters``, policies), which
-is all it is given. It is enabled by name in the config (``plugins = ["shovel"]`` or
-``AMQPD_PLUGINS=shovel,federation``) and found either under the entry-point group
-``amqpd.plugins`` or as the module ``plugins.<name>`` of this repository; either way a
-``create_plugin(api)`` callable builds it.
+:meth:`BrokerAPI.local_uri` gives it: a shovel consumes from this node that way) and
+through the public broker API (:class:`amqpd.broker.api.BrokerAPI`: topology, publish,
+``parameters``, policies, requests to other nodes of the cluster), which is all it is
+given; a federation link and a shovel whose destination is this node publish through
+the API, once per destination queue. It is enabled by name in the config
+(``plugins = ["shovel"]`` or ``AMQPD_PLUGINS=shovel,federation``) and found either
+under the entry-point group ``amqpd.plugins`` or as the module ``plugins.<name>`` of
+this repository; either way a ``create_plugin(api)`` callable builds it.
 
 Life cycle, and why in this order:
 
