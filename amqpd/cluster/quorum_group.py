@@ -550,12 +550,20 @@ class QuorumGroups(Mirrors):
                          members)
             else:
                 rec = json.loads(kv.value)
-                rev = kv.mod_revision
                 if rec.get("leader") != self.node:
                     log.warning("quorum queue '%s' in vhost '%s' is here but the group "
                                 "record names %s its leader: not leading it", q.name,
                                 vh.name, rec.get("leader"))
                     return
+                # leading it again (this node restarted): a new term, as its sequence
+                # numbers start again, so no member's mark or offer of the last term
+                # (MirrorCopy.held_seq) is read as a number of this one
+                rec = {**rec, "term": int(rec.get("term", 1)) + 1}
+                result = await self.etcd.txn([Compare("mod", key, "==", kv.mod_revision)],
+                                             [Put(key, json.dumps(rec))])
+                if not result.succeeded:
+                    return  # the next reconciliation reads it again
+                rev = result.revision
             if vh.queues.get(q.name) is not q or ident in self.leading:
                 return
             lead = self._lead_group(vh, q, [str(m) for m in rec["members"]],
