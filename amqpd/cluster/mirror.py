@@ -626,11 +626,17 @@ class MirrorCopy:
         self.last_seq = start_seq
         self.backlog_done = False
         self.synced = False  # the backlog is durable here
+        # a quorum group's stream: the leader's term (its QTERM; 0: none, mirrored
+        # queues), which names the leader's sequence space (quorum_group)
+        self.term = 0
         # while a new stream from the same leader rebuilds the copy: the sequence number
-        # up to which it held the leader's log completely before (-1: none), which it
-        # still holds (restart keeps what it has); a quorum member offers it in an
-        # election, so a member that acknowledged a record and then lost its link is not
-        # passed over for one that never had the record (quorum_group._election_round)
+        # up to which it held the leader's log of term ``held_term`` completely before
+        # (-1: none), which it still holds (restart keeps what it has); a quorum member
+        # offers it in an election, so a member that acknowledged a record and then
+        # lost its link is not passed over for one that never had the record
+        # (quorum_group._election_round). Across a restart of this node it comes from
+        # the map's durable mark (mirror_map; Mirrors._adopt)
+        self.held_term = 0
         self.held_seq = -1
         self.batch = 0  # the last backlog batch received (MBATCH)
         self.batch_told = 0  # ... and reported durable (MBATCHED)
@@ -651,7 +657,7 @@ class MirrorCopy:
         leader drops what was settled meanwhile and sends only what it lacks)."""
         self.rid = rid
         if self.synced:
-            self.held_seq = self.last_seq
+            self.held_term, self.held_seq = self.term, self.last_seq
         self.last_seq = start_seq
         self.settled_early.clear()
         self.delivered_early.clear()
@@ -662,8 +668,8 @@ class MirrorCopy:
         self.batch = 0
         self.batch_told = 0
         self.declined = 0.0
-        if self.map is not None:
-            self.map.rewrite((lp, e[0]) for lp, e in self.entries.items())
+        if self.map is not None:  # the durable mark still holds: the copy kept it all
+            self.map.rewrite(((lp, e[0]) for lp, e in self.entries.items()), self.map.mark)
 
     def follow(self, leader: str, rid: int, start_seq: int, cmap: CopyMap | None) -> None:
         """Another node leads the queue now (promoted after this copy's leader): what
@@ -678,8 +684,9 @@ class MirrorCopy:
         self.successor = ""
         self.forget_map()
         self.map = cmap
+        # the old leader's numbers mean nothing to the new one
+        self.synced, self.held_term, self.held_seq = False, 0, -1
         self.restart(rid, start_seq)
-        self.held_seq = -1  # the old leader's numbers mean nothing to the new one
 
     def rekey(self, old: list[int], new: list[int]) -> tuple[int, int]:
         """The leader's answer to MHAVE_FROM: the old leader's positions ``old`` are its
@@ -903,11 +910,15 @@ class Mirrors:
         q.delete()
         if orphans:
             self.store.inner.append_settle(q.store_key, orphans)
-        cmap.rewrite((lp, e[0]) for lp, e in copy.entries.items())
+        if cmap.mark is not None:  # it held the leader's log completely up to there
+            copy.held_term, copy.held_seq = cmap.mark
+        cmap.rewrite(((lp, e[0]) for lp, e in copy.entries.items()), cmap.mark)
         self.copy_of[ident] = copy
         log.info("queue '%s' in vhost '%s': the copy of %s's queue kept across this node's "
-                 "restart (%d messages, %d without a map record dropped)", ident[1],
-                 ident[0], leader, len(copy.entries), len(orphans))
+                 "restart (%d messages, %d without a map record dropped%s)", ident[1],
+                 ident[0], leader, len(copy.entries), len(orphans),
+                 f"; complete up to seq {cmap.mark[1]} of term {cmap.mark[0]}"
+                 if cmap.mark is not None else "")
         return True
 
     def _adopt_own(self, ident: Ident, q: QueueType) -> bool:
@@ -1338,8 +1349,9 @@ class Mirrors:
 
     def _send_acks(self, _link: Link) -> None:
         due, self._ack_due = self._ack_due, set()
-        marks = [(c, c.last_seq, c.backlog_done and not c.synced, c.batch) for c in due]
-        for c, _seq, synced_now, _batch in marks:
+        marks = [(c, c.rid, c.last_seq, c.backlog_done and not c.synced, c.batch)
+                 for c in due]
+        for c, _rid, _seq, synced_now, _batch in marks:
             if synced_now:
                 c.synced = True
             if c.map is not None:
@@ -1349,10 +1361,13 @@ class Mirrors:
             if error is not None:
                 log.error("mirror copies not durable here: %s", error)
                 return
-            for c, seq, synced_now, batch in marks:
+            for c, rid, seq, synced_now, batch in marks:
                 link = self.queues.links.link(c.leader)
-                if link is None or self.copies.get((c.leader, c.rid)) is not c:
+                if link is None or c.rid != rid or self.copies.get((c.leader, rid)) is not c:
                     continue
+                if c.synced and c.term and c.map is not None:
+                    # durable here up to seq, complete: the mark first, then the MACK
+                    c.map.add_mark(c.term, seq)
                 if batch > c.batch_told:
                     c.batch_told = batch
                     link.send(W.encode(M.MBATCHED, c.rid, batch))

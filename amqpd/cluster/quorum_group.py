@@ -127,6 +127,21 @@ def _q(part: str) -> str:
     return urllib.parse.quote(part, safe="")
 
 
+def election_offer(copy: MirrorCopy, term: int) -> int:
+    """What a member offers in an election after the leader of ``term`` (the group
+    record's) was lost: a complete copy its last sequence number, a copy being rebuilt
+    (its link came back, or its node restarted: the map's durable mark,
+    :mod:`amqpd.cluster.mirror_map`) what it held completely before
+    (:attr:`MirrorCopy.held_seq`); each only of that leader's stream, as a sequence
+    number of another term is of another sequence space; else -1 (it votes, never
+    leads)."""
+    if copy.synced and copy.term == term:
+        return copy.last_seq
+    if copy.held_term == term:
+        return copy.held_seq
+    return -1
+
+
 class GroupLeading(Leading):
     """A quorum queue this node leads: :class:`~amqpd.cluster.mirror.Leading` with the
     group's members, its term, and a majority for commits."""
@@ -640,7 +655,12 @@ class QuorumGroups(Mirrors):
                 link.send(W.encode(M.MREFUSE, stream, f"term {term} is older than {known}"))
                 return
             self.known_terms[ident] = term
-        elif kind in M.TO_MIRROR and (link.peer, stream) in self.frozen:
+            super().frame(link, kind, stream, f)
+            copy = self.copies.get((link.peer, stream))
+            if copy is not None:
+                copy.term = term  # names the leader's sequence space (its marks)
+            return
+        if kind in M.TO_MIRROR and (link.peer, stream) in self.frozen:
             return  # voted in an election: the old leader's records are refused
         super().frame(link, kind, stream, f)
 
@@ -661,8 +681,7 @@ class QuorumGroups(Mirrors):
             return True
         prefix = f"{self.root}/quorum-candidates/{_q(ident[0])}/{_q(ident[1])}/" \
                  f"{kv.mod_revision}/"
-        # a copy being rebuilt offers what it held completely before (MirrorCopy.held_seq)
-        offer = copy.last_seq if copy.synced else copy.held_seq
+        offer = election_offer(copy, int(rec.get("term", 0)))
         self.frozen.add((copy.leader, copy.rid))
         await self.etcd.put(prefix + self.node, str(offer))
         loop = asyncio.get_running_loop()
