@@ -36,11 +36,19 @@ of a policy's:
   (:attr:`amqpd.broker.quorum.QuorumQueue.group`): it never diverges.
 * **Terms.** A member refuses a replication stream whose term is older than the
   newest it knows (from an earlier stream or from the record), so a deposed leader's
-  records are refused.
+  records are refused. A term names one sequence space: a node that takes up a record
+  naming it (it restarted; :meth:`QuorumGroups._establish`) writes term + 1 before it
+  leads, as its sequence numbers start again.
 * **Election.** When the view says the leader's node is not running, every member
   offers itself under ``{root}/quorum-candidates/{vhost}/{queue}/{record revision}/``
-  with the last sequence number it holds (-1 while its copy is incomplete); once the
-  running members offered (or after :data:`~amqpd.cluster.mirror.ELECTION_WAIT`)
+  with how far it holds the lost leader's log (of the record's term) completely
+  (:func:`election_offer`): a complete copy its last sequence number; a copy being
+  rebuilt -- its link came back, or its node restarted -- what it held completely
+  before (``MirrorCopy.held_seq``; across a restart the durable mark of its map,
+  :mod:`amqpd.cluster.mirror_map`, written before each acknowledgement while complete),
+  so a member whose acknowledgement made a record committed can always offer it; -1
+  when it has nothing of that term (it votes, never leads). Once the running members
+  offered (or after :data:`~amqpd.cluster.mirror.ELECTION_WAIT`)
   :func:`~amqpd.cluster.quorum_state.choose_leader` picks the longest log among a
   majority of the members (no majority: nobody; the queue refuses until nodes return).
   The winner takes over with one etcd transaction on the queue's definition (its
