@@ -1349,23 +1349,26 @@ class Mirrors:
 
     def _send_acks(self, _link: Link) -> None:
         due, self._ack_due = self._ack_due, set()
-        marks = [(c, c.rid, c.last_seq, c.backlog_done and not c.synced, c.batch)
-                 for c in due]
-        for c, _rid, _seq, synced_now, _batch in marks:
+        # (copy, its stream, the seq acknowledged, synchronised by it, the backlog
+        # batch, complete up to that seq: the mark may claim it once it is durable)
+        marks = []
+        for c in due:
+            synced_now = c.backlog_done and not c.synced
             if synced_now:
                 c.synced = True
             if c.map is not None:
                 c.map.flush()
+            marks.append((c, c.rid, c.last_seq, synced_now, c.batch, c.synced))
 
         def durable(error: BaseException | None) -> None:
             if error is not None:
                 log.error("mirror copies not durable here: %s", error)
                 return
-            for c, rid, seq, synced_now, batch in marks:
+            for c, rid, seq, synced_now, batch, complete in marks:
                 link = self.queues.links.link(c.leader)
                 if link is None or c.rid != rid or self.copies.get((c.leader, rid)) is not c:
                     continue
-                if c.synced and c.term and c.map is not None:
+                if complete and c.term and c.map is not None:
                     # durable here up to seq, complete: the mark first, then the MACK
                     c.map.add_mark(c.term, seq)
                 if batch > c.batch_told:

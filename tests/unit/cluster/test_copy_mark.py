@@ -16,6 +16,7 @@ from amqpd.cluster.mirror_map import CopyMap, map_path
 from amqpd.cluster.quorum_group import QuorumGroups, election_offer
 from amqpd.coord.etcd import Compare, KeyValue, Put, TxnResult
 from amqpd.store.memory import MemoryStore
+from tests.support.deferred_store import DeferredCommitStore
 
 
 def _map(tmp_path: Path) -> CopyMap:
@@ -96,9 +97,10 @@ class _Link:
         self.sent.append((kind, W.decode_fields(kind, data[9:]), _mark_of(self.path)))
 
 
-def _mirrors(tmp_path: Path, link: _Link | None = None) -> Mirrors:
-    inner = MemoryStore()
-    inner.open()
+def _mirrors(tmp_path: Path, link: _Link | None = None, inner: Any = None) -> Mirrors:
+    if inner is None:
+        inner = MemoryStore()
+        inner.open()
     broker = SimpleNamespace(store=inner, settings=SimpleNamespace(data_dir=tmp_path),
                              vhosts={})
     cluster = SimpleNamespace(node_name="node-b", etcd=SimpleNamespace(), root="/r",
@@ -150,6 +152,27 @@ def test_a_synchronised_copy_writes_its_mark_before_the_mack(tmp_path: Path) -> 
     _ack(m, copy, link)
     assert link.sent[-1][0] == M.MACK and link.sent[-1][1][-1] == 3
     assert link.sent[-1][2] == (4, 3)
+
+
+def test_a_commit_asked_before_the_copy_was_complete_writes_no_mark(
+        tmp_path: Path) -> None:
+    """Two acknowledgement batches in flight, the copy complete only from the second:
+    the first one's answer (the store commits answer in order) claims nothing, though
+    the copy is complete by the time it comes."""
+    slow = DeferredCommitStore(MemoryStore())
+    slow.inner.open()
+    link = _Link(map_path(tmp_path, "/\x00q"))
+    m = _mirrors(tmp_path, link, slow)
+    copy = _copy(m, tmp_path, term=4)
+    _receive(copy, 1, 10)
+    _ack(m, copy, link)  # copying its backlog still
+    copy.backlog_end()
+    _receive(copy, 2, 11)
+    _ack(m, copy, link)
+    assert link.sent == [] and copy.synced
+    slow.release()
+    assert [(k, f[-1] if k == M.MACK else None, mark) for k, f, mark in link.sent] == [
+        (M.MACK, 1, None), (M.MSYNCED, None, (4, 2)), (M.MACK, 2, (4, 2))]
 
 
 def test_a_copy_without_a_term_writes_no_mark(tmp_path: Path) -> None:
