@@ -26,34 +26,17 @@ import pytest
 
 from tests.integration.cluster_support import ClusterNode, diagnose, wait_for
 from tests.integration.test_cluster_quorum import (
-    Publisher,
     consume_every_confirmed,
     declare,
     group_formed,
     queue_info,
 )
 from tests.integration.test_cluster_quorum_catchup import group_record
+from tests.integration.test_cluster_quorum_down_member import BATCH, publish_until_confirmed
 from tests.support import etcdproc
 
-pytestmark = [
-    pytest.mark.skipif(etcdproc.find_etcd() is None, reason=etcdproc.SKIP_REASON),
-    pytest.mark.timeout(300),
-]
-
-BATCH = 300
-
-
-def confirm_batch(node: ClusterNode, first: int, nodes: list[ClusterNode]) -> set[int]:
-    """BATCH messages numbered from ``first``, every one confirmed through ``node``."""
-    pub = Publisher(node.url)
-    try:
-        pub.publish_range(first, first + BATCH)
-        assert not pub.outstanding, f"unanswered publishes\n{diagnose(nodes)}"
-        assert len(pub.confirmed) == BATCH, \
-            f"{len(pub.nacked)} nacked with a majority running\n{diagnose(nodes)}"
-        return set(pub.confirmed)
-    finally:
-        pub.conn.close()
+pytestmark = [pytest.mark.skipif(etcdproc.find_etcd() is None, reason=etcdproc.SKIP_REASON),
+              pytest.mark.timeout(300)]
 
 
 def test_a_restarted_member_that_acknowledged_records_is_elected(
@@ -63,7 +46,7 @@ def test_a_restarted_member_that_acknowledged_records_is_elected(
     group_formed(nodes, a)
     wait_for(lambda: group_record(a).get("synchronised") == [b.name, c.name], 30,
              "the record lists node-b and node-c synchronised", lambda: diagnose(nodes))
-    confirmed = confirm_batch(a, 0, nodes)  # on every member
+    confirmed = publish_until_confirmed(a, 0, BATCH, nodes)  # on every member
 
     assert c.proc is not None and c.proc.proc is not None
     pid_c = c.proc.proc.pid
@@ -71,7 +54,7 @@ def test_a_restarted_member_that_acknowledged_records_is_elected(
     stopped = True
     try:
         # node-a and node-b are the majority: these are on node-a and node-b only
-        confirmed |= confirm_batch(a, 10_000, nodes)
+        confirmed |= publish_until_confirmed(a, 10_000, BATCH, nodes)
         b.kill()  # node-b's copy: complete up to the last record it acknowledged
         a.kill()  # the leader: nobody is left to resynchronise node-b's copy
         b.start()
