@@ -1371,6 +1371,8 @@ class Mirrors:
                 if complete and c.term and c.map is not None:
                     # durable here up to seq, complete: the mark first, then the MACK
                     c.map.add_mark(c.term, seq)
+                if c.map is not None and c.map.bloated(len(c.entries)):
+                    c.map.rewrite(((lp, e[0]) for lp, e in c.entries.items()), c.map.mark)
                 if batch > c.batch_told:
                     c.batch_told = batch
                     link.send(W.encode(M.MBATCHED, c.rid, batch))

@@ -32,6 +32,12 @@ member whose node restarts offers it in an election (``Mirrors._adopt``,
 ``QuorumGroups._election_round``) instead of nothing, so it is not passed over for a
 member that never had a record it acknowledged.
 
+Marks make the file grow by 48 bytes per acknowledgement batch (one message each at a
+low rate), so a copy rewrites its map from its entries once the file is more than
+:data:`COMPACT_FACTOR` times what they need and over :data:`COMPACT_MIN` bytes
+(:meth:`CopyMap.bloated`, checked after each mark), which also bounds the records of
+settled messages.
+
 Like the rest of the file the mark is flushed to the OS but not fsync'd (an fsync per
 acknowledgement batch would double a member's fsyncs): a kill -9 loses nothing written,
 the OS has it. A machine crash may lose the mark (the member then offers nothing until
@@ -59,6 +65,8 @@ _REC = struct.Struct(">QQ")
 MARK = (1 << 64) - 1
 MARK_SEQ = (1 << 64) - 2
 MARK_CRC = (1 << 64) - 3
+COMPACT_MIN = 1 << 20  # bytes: a smaller map file is never rewritten to shrink it
+COMPACT_FACTOR = 4  # ... nor one under this many times what its live entries need
 
 
 def map_path(data_dir: str | os.PathLike[str], key: str) -> Path:
@@ -78,6 +86,7 @@ class CopyMap:
         self.mark: tuple[int, int] | None = None
         self._file: IO[bytes] | None = None
         self._crc = 0  # CRC-32 of the file's bytes written so far
+        self.size = 0  # ... and how many
 
     def rewrite(self, pairs: Iterable[tuple[int, int]],
                 mark: tuple[int, int] | None = None) -> None:
@@ -90,6 +99,7 @@ class CopyMap:
                            "leader": self.leader}).encode() + b"\n" + \
             b"".join(_REC.pack(lp, local) for lp, local in pairs)
         self._crc = zlib.crc32(data)
+        self.size = len(data)
         if mark is not None:
             data += self._pack_mark(*mark)
         tmp.write_bytes(data)
@@ -101,6 +111,7 @@ class CopyMap:
         if self._file is not None:
             rec = _REC.pack(leader_pos, local)
             self._crc = zlib.crc32(rec, self._crc)
+            self.size += _REC.size
             self._file.write(rec)
 
     def add_mark(self, term: int, seq: int) -> None:
@@ -116,7 +127,14 @@ class CopyMap:
         data = _REC.pack(MARK, term) + _REC.pack(MARK_SEQ, seq) + \
             _REC.pack(MARK_CRC, self._crc)
         self._crc = zlib.crc32(data, self._crc)
+        self.size += len(data)
         return data
+
+    def bloated(self, entries: int) -> bool:
+        """Whether the file is worth rewriting for a copy of ``entries`` messages
+        (module docstring)."""
+        return self.size > COMPACT_MIN and \
+            self.size > COMPACT_FACTOR * _REC.size * (entries + 3)
 
     def flush(self) -> None:
         if self._file is not None:

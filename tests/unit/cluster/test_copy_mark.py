@@ -175,6 +175,33 @@ def test_a_commit_asked_before_the_copy_was_complete_writes_no_mark(
         (M.MACK, 1, None), (M.MSYNCED, None, (4, 2)), (M.MACK, 2, (4, 2))]
 
 
+def test_a_map_grown_past_its_entries_is_rewritten_with_its_mark(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    from amqpd.cluster import mirror_map
+
+    monkeypatch.setattr(mirror_map, "COMPACT_MIN", 0)
+    link = _Link(map_path(tmp_path, "/\x00q"))
+    m = _mirrors(tmp_path, link)
+    copy = _copy(m, tmp_path, term=4)
+    copy.backlog_end()
+    seq = 0
+    for pos in range(10, 20):
+        seq += 1
+        _receive(copy, seq, pos)
+        _ack(m, copy, link)
+    assert copy.map is not None
+    grown = copy.map.size
+    assert grown > 10 * 16 + 10 * 48  # a mark per acknowledgement
+    seq += 1
+    copy.seen(seq)
+    copy.settle(list(range(10, 19)))  # one message left: 16 bytes of records would do
+    _ack(m, copy, link)
+    assert copy.map.size < grown / 2
+    loaded = CopyMap.load(copy.map.path)
+    assert loaded is not None and loaded[0].mark == (4, seq)
+    assert set(loaded[1].values()) == {19}
+
+
 def test_a_copy_without_a_term_writes_no_mark(tmp_path: Path) -> None:
     """Mirrored queues' copies (no term) keep the map as before."""
     link = _Link(map_path(tmp_path, "/\x00q"))
