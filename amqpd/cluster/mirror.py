@@ -39,10 +39,10 @@ Theory of operation.
 * **Catch-up.** A new (or returning) mirror gets ``MSTART`` and answers ``MHAVE``:
   the leader positions it still holds of an earlier copy from this leader (its link
   came back, or its node restarted: :mod:`amqpd.cluster.mirror_map` keeps the copy's
-  leader positions on disk, and a quorum member's durable mark, and
-  :meth:`Mirrors._adopt` takes the recovered messages back as the copy). The leader settles there
-  what was settled meanwhile; what the queue held at ``MSTART`` that the mirror lacks
-  is its *missing* set. ``ha-sync-mode`` ``automatic`` copies it at once, ``manual``
+  leader positions, and a quorum member's durable mark, on disk, and
+  :meth:`Mirrors._adopt` takes the recovered messages back as the copy). The leader
+  settles there what was settled meanwhile; what the queue held at ``MSTART`` that the
+  mirror lacks is its *missing* set. ``ha-sync-mode`` ``automatic`` copies it at once, ``manual``
   (the default) only on ``sync_queue`` (:meth:`Leading.sync`, any node:
   ``MSYNCREQ``), otherwise it waits until those messages are settled. The copy
   (``MBACKLOG``, read back from the leader's store, in batches of
