@@ -39,10 +39,10 @@ Theory of operation.
 * **Catch-up.** A new (or returning) mirror gets ``MSTART`` and answers ``MHAVE``:
   the leader positions it still holds of an earlier copy from this leader (its link
   came back, or its node restarted: :mod:`amqpd.cluster.mirror_map` keeps the copy's
-  leader positions on disk, and :meth:`Mirrors._adopt` takes the recovered messages
-  back as the copy). The leader settles there
-  what was settled meanwhile; what the queue held at ``MSTART`` that the mirror lacks
-  is its *missing* set. ``ha-sync-mode`` ``automatic`` copies it at once, ``manual``
+  leader positions, and a quorum member's durable mark, on disk, and
+  :meth:`Mirrors._adopt` takes the recovered messages back as the copy). The leader
+  settles there what was settled meanwhile; what the queue held at ``MSTART`` that the
+  mirror lacks is its *missing* set. ``ha-sync-mode`` ``automatic`` copies it at once, ``manual``
   (the default) only on ``sync_queue`` (:meth:`Leading.sync`, any node:
   ``MSYNCREQ``), otherwise it waits until those messages are settled. The copy
   (``MBACKLOG``, read back from the leader's store, in batches of
@@ -626,11 +626,17 @@ class MirrorCopy:
         self.last_seq = start_seq
         self.backlog_done = False
         self.synced = False  # the backlog is durable here
+        # a quorum group's stream: the leader's term (its QTERM; 0: none, mirrored
+        # queues), which names the leader's sequence space (quorum_group)
+        self.term = 0
         # while a new stream from the same leader rebuilds the copy: the sequence number
-        # up to which it held the leader's log completely before (-1: none), which it
-        # still holds (restart keeps what it has); a quorum member offers it in an
-        # election, so a member that acknowledged a record and then lost its link is not
-        # passed over for one that never had the record (quorum_group._election_round)
+        # up to which it held the leader's log of term ``held_term`` completely before
+        # (-1: none), which it still holds (restart keeps what it has); a quorum member
+        # offers it in an election, so a member that acknowledged a record and then
+        # lost its link is not passed over for one that never had the record
+        # (quorum_group._election_round). Across a restart of this node it comes from
+        # the map's durable mark (mirror_map; Mirrors._adopt)
+        self.held_term = 0
         self.held_seq = -1
         self.batch = 0  # the last backlog batch received (MBATCH)
         self.batch_told = 0  # ... and reported durable (MBATCHED)
@@ -651,7 +657,7 @@ class MirrorCopy:
         leader drops what was settled meanwhile and sends only what it lacks)."""
         self.rid = rid
         if self.synced:
-            self.held_seq = self.last_seq
+            self.held_term, self.held_seq = self.term, self.last_seq
         self.last_seq = start_seq
         self.settled_early.clear()
         self.delivered_early.clear()
@@ -662,8 +668,8 @@ class MirrorCopy:
         self.batch = 0
         self.batch_told = 0
         self.declined = 0.0
-        if self.map is not None:
-            self.map.rewrite((lp, e[0]) for lp, e in self.entries.items())
+        if self.map is not None:  # the durable mark still holds: the copy kept it all
+            self.map.rewrite(((lp, e[0]) for lp, e in self.entries.items()), self.map.mark)
 
     def follow(self, leader: str, rid: int, start_seq: int, cmap: CopyMap | None) -> None:
         """Another node leads the queue now (promoted after this copy's leader): what
@@ -678,8 +684,9 @@ class MirrorCopy:
         self.successor = ""
         self.forget_map()
         self.map = cmap
+        # the old leader's numbers mean nothing to the new one
+        self.synced, self.held_term, self.held_seq = False, 0, -1
         self.restart(rid, start_seq)
-        self.held_seq = -1  # the old leader's numbers mean nothing to the new one
 
     def rekey(self, old: list[int], new: list[int]) -> tuple[int, int]:
         """The leader's answer to MHAVE_FROM: the old leader's positions ``old`` are its
@@ -903,11 +910,15 @@ class Mirrors:
         q.delete()
         if orphans:
             self.store.inner.append_settle(q.store_key, orphans)
-        cmap.rewrite((lp, e[0]) for lp, e in copy.entries.items())
+        if cmap.mark is not None:  # it held the leader's log completely up to there
+            copy.held_term, copy.held_seq = cmap.mark
+        cmap.rewrite(((lp, e[0]) for lp, e in copy.entries.items()), cmap.mark)
         self.copy_of[ident] = copy
         log.info("queue '%s' in vhost '%s': the copy of %s's queue kept across this node's "
-                 "restart (%d messages, %d without a map record dropped)", ident[1],
-                 ident[0], leader, len(copy.entries), len(orphans))
+                 "restart (%d messages, %d without a map record dropped%s)", ident[1],
+                 ident[0], leader, len(copy.entries), len(orphans),
+                 f"; complete up to seq {cmap.mark[1]} of term {cmap.mark[0]}"
+                 if cmap.mark is not None else "")
         return True
 
     def _adopt_own(self, ident: Ident, q: QueueType) -> bool:
@@ -1338,21 +1349,30 @@ class Mirrors:
 
     def _send_acks(self, _link: Link) -> None:
         due, self._ack_due = self._ack_due, set()
-        marks = [(c, c.last_seq, c.backlog_done and not c.synced, c.batch) for c in due]
-        for c, _seq, synced_now, _batch in marks:
+        # (copy, its stream, the seq acknowledged, synchronised by it, the backlog
+        # batch, complete up to that seq: the mark may claim it once it is durable)
+        marks = []
+        for c in due:
+            synced_now = c.backlog_done and not c.synced
             if synced_now:
                 c.synced = True
             if c.map is not None:
                 c.map.flush()
+            marks.append((c, c.rid, c.last_seq, synced_now, c.batch, c.synced))
 
         def durable(error: BaseException | None) -> None:
             if error is not None:
                 log.error("mirror copies not durable here: %s", error)
                 return
-            for c, seq, synced_now, batch in marks:
+            for c, rid, seq, synced_now, batch, complete in marks:
                 link = self.queues.links.link(c.leader)
-                if link is None or self.copies.get((c.leader, c.rid)) is not c:
+                if link is None or c.rid != rid or self.copies.get((c.leader, rid)) is not c:
                     continue
+                if complete and c.term and c.map is not None:
+                    # durable here up to seq, complete: the mark first, then the MACK
+                    c.map.add_mark(c.term, seq)
+                if c.map is not None and c.map.bloated(len(c.entries)):
+                    c.map.rewrite(((lp, e[0]) for lp, e in c.entries.items()), c.map.mark)
                 if batch > c.batch_told:
                     c.batch_told = batch
                     link.send(W.encode(M.MBATCHED, c.rid, batch))

@@ -36,11 +36,19 @@ of a policy's:
   (:attr:`amqpd.broker.quorum.QuorumQueue.group`): it never diverges.
 * **Terms.** A member refuses a replication stream whose term is older than the
   newest it knows (from an earlier stream or from the record), so a deposed leader's
-  records are refused.
+  records are refused. A term names one sequence space: a node that takes up a record
+  naming it (it restarted; :meth:`QuorumGroups._establish`) writes term + 1 before it
+  leads, as its sequence numbers start again.
 * **Election.** When the view says the leader's node is not running, every member
   offers itself under ``{root}/quorum-candidates/{vhost}/{queue}/{record revision}/``
-  with the last sequence number it holds (-1 while its copy is incomplete); once the
-  running members offered (or after :data:`~amqpd.cluster.mirror.ELECTION_WAIT`)
+  with how far it holds the lost leader's log (of the record's term) completely
+  (:func:`election_offer`): a complete copy its last sequence number; a copy being
+  rebuilt -- its link came back, or its node restarted -- what it held completely
+  before (``MirrorCopy.held_seq``; across a restart the durable mark of its map,
+  :mod:`amqpd.cluster.mirror_map`, written before each acknowledgement while complete),
+  so a member whose acknowledgement made a record committed can always offer it; -1
+  when it has nothing of that term (it votes, never leads). Once the running members
+  offered (or after :data:`~amqpd.cluster.mirror.ELECTION_WAIT`)
   :func:`~amqpd.cluster.quorum_state.choose_leader` picks the longest log among a
   majority of the members (no majority: nobody; the queue refuses until nodes return).
   The winner takes over with one etcd transaction on the queue's definition (its
@@ -125,6 +133,21 @@ Ident = tuple[str, str]
 
 def _q(part: str) -> str:
     return urllib.parse.quote(part, safe="")
+
+
+def election_offer(copy: MirrorCopy, term: int) -> int:
+    """What a member offers in an election after the leader of ``term`` (the group
+    record's) was lost: a complete copy its last sequence number, a copy being rebuilt
+    (its link came back, or its node restarted: the map's durable mark,
+    :mod:`amqpd.cluster.mirror_map`) what it held completely before
+    (:attr:`MirrorCopy.held_seq`); each only of that leader's stream, as a sequence
+    number of another term is of another sequence space; else -1 (it votes, never
+    leads)."""
+    if copy.synced and copy.term == term:
+        return copy.last_seq
+    if copy.held_term == term:
+        return copy.held_seq
+    return -1
 
 
 class GroupLeading(Leading):
@@ -550,12 +573,20 @@ class QuorumGroups(Mirrors):
                          members)
             else:
                 rec = json.loads(kv.value)
-                rev = kv.mod_revision
                 if rec.get("leader") != self.node:
                     log.warning("quorum queue '%s' in vhost '%s' is here but the group "
                                 "record names %s its leader: not leading it", q.name,
                                 vh.name, rec.get("leader"))
                     return
+                # leading it again (this node restarted): a new term, as its sequence
+                # numbers start again, so no member's mark or offer of the last term
+                # (MirrorCopy.held_seq) is read as a number of this one
+                rec = {**rec, "term": int(rec.get("term", 1)) + 1}
+                result = await self.etcd.txn([Compare("mod", key, "==", kv.mod_revision)],
+                                             [Put(key, json.dumps(rec))])
+                if not result.succeeded:
+                    return  # the next reconciliation reads it again
+                rev = result.revision
             if vh.queues.get(q.name) is not q or ident in self.leading:
                 return
             lead = self._lead_group(vh, q, [str(m) for m in rec["members"]],
@@ -632,7 +663,12 @@ class QuorumGroups(Mirrors):
                 link.send(W.encode(M.MREFUSE, stream, f"term {term} is older than {known}"))
                 return
             self.known_terms[ident] = term
-        elif kind in M.TO_MIRROR and (link.peer, stream) in self.frozen:
+            super().frame(link, kind, stream, f)
+            copy = self.copies.get((link.peer, stream))
+            if copy is not None:
+                copy.term = term  # names the leader's sequence space (its marks)
+            return
+        if kind in M.TO_MIRROR and (link.peer, stream) in self.frozen:
             return  # voted in an election: the old leader's records are refused
         super().frame(link, kind, stream, f)
 
@@ -653,8 +689,7 @@ class QuorumGroups(Mirrors):
             return True
         prefix = f"{self.root}/quorum-candidates/{_q(ident[0])}/{_q(ident[1])}/" \
                  f"{kv.mod_revision}/"
-        # a copy being rebuilt offers what it held completely before (MirrorCopy.held_seq)
-        offer = copy.last_seq if copy.synced else copy.held_seq
+        offer = election_offer(copy, int(rec.get("term", 0)))
         self.frozen.add((copy.leader, copy.rid))
         await self.etcd.put(prefix + self.node, str(offer))
         loop = asyncio.get_running_loop()

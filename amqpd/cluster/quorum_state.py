@@ -16,8 +16,10 @@
   nodes than the size; amqpd prefers the running ones so that a majority holds the
   queue from its declare whenever the cluster can give one.
 * :func:`choose_leader` -- the election: among the offers of the surviving members
-  (member -> the last replication sequence number it holds; -1: its copy is not
-  complete yet, so it may vote but never lead), nobody when fewer than a majority of the
+  (member -> the replication sequence number of the lost leader's log up to which it
+  holds that log completely, even while its copy is being rebuilt after its link or
+  its node came back: ``quorum_group.election_offer``; -1: nothing of that log, so it
+  may vote but never lead), nobody when fewer than a majority of the
   members offered; else the longest log, ties to the smallest name, so every member that
   runs the choice on the same offers picks the same one. A record committed by a
   majority is held by at least one member of any majority, and a complete copy with a

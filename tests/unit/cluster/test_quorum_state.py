@@ -6,6 +6,7 @@ membership edits, and a member refusing a deposed leader's stream."""
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -300,13 +301,18 @@ class _Link(Link):
 def test_a_member_refuses_a_stream_whose_term_is_older_than_it_knows(
         monkeypatch: pytest.MonkeyPatch) -> None:
     passed: list[tuple[str, int, int]] = []
-    monkeypatch.setattr(Mirrors, "frame",
-                        lambda self, link, kind, stream, f: passed.append(
-                            (link.peer, kind, stream)))
+
+    def frame(self: Any, link: Any, kind: int, stream: int, f: list[Any]) -> None:
+        passed.append((link.peer, kind, stream))
+        if kind == M.MSTART:  # the copy _start_copy makes
+            self.copies[(link.peer, stream)] = SimpleNamespace(term=0)
+
+    monkeypatch.setattr(Mirrors, "frame", frame)
     groups = QuorumGroups.__new__(QuorumGroups)
     groups.stream_terms = {}
     groups.known_terms = {}
     groups.frozen = set()
+    groups.copies = {}
     new, old = _Link("node-b"), _Link("node-a")
     rid_new, rid_old = STREAM_SPLIT + 1, STREAM_SPLIT + 7
     # the new leader (term 2) starts its stream: accepted, term 2 known from now on
@@ -314,6 +320,8 @@ def test_a_member_refuses_a_stream_whose_term_is_older_than_it_knows(
     groups.frame(new, M.MSTART, rid_new, ["/", "qq", 0])
     assert passed == [("node-b", M.MSTART, rid_new)]
     assert groups.known_terms[("/", "qq")] == 2
+    # the copy knows its stream's term: it names the marks it writes (issue 28)
+    assert groups.copies[("node-b", rid_new)].term == 2
     # the deposed leader (term 1) tries again: refused, nothing reaches the copy
     groups.frame(old, QTERM, rid_old, [1])
     groups.frame(old, M.MSTART, rid_old, ["/", "qq", 0])
