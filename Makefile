@@ -16,7 +16,7 @@ endif
 PY := $(VENV)/bin/python
 PIP_FLAGS ?= --quiet --disable-pip-version-check
 
-.PHONY: run install venv test lint system-deps chaos
+.PHONY: run install venv test lint system-deps chaos model
 
 venv:
 	@sh devtools/venv.sh '$(PYTHON)' '$(VENV)'
@@ -83,6 +83,13 @@ CHAOS_DIR ?= $(shell mktemp -d -u /tmp/amqpd-chaos-XXXXXX)
 chaos: install system-deps
 	'$(PY)' -m tests.chaos $(foreach s,$(SEEDS),--seed $(s)) --duration $(DURATION) \
 	  --workdir '$(CHAOS_DIR)'
+
+# The Hypothesis model of the replica rules (tests/unit/cluster/test_replica_model.py),
+# randomized and longer than CI's fixed examples: a search for new losing schedules.
+MODEL_EXAMPLES ?= 2000
+model: install
+	AMQPD_MODEL_RANDOM=1 AMQPD_MODEL_EXAMPLES=$(MODEL_EXAMPLES) '$(PY)' -m pytest -q \
+	  tests/unit/cluster/test_replica_model.py
 
 # After the full suite on the installed (compiled) hot path, the same unit tests and
 # conformance suite on its pure-Python sources: both must stay correct.
