@@ -277,6 +277,11 @@ class Leading:
         self.streams: dict[str, _Stream] = {}
         self.wanted: list[str] = []
         self.leaving: set[str] = set()  # mirrors leaving the synchronised set (etcd first)
+        # mirrors counted for confirms since their backlog became durable but not yet
+        # named synchronised in the record (the one promotion reads): records confirmed
+        # while they were out of the set may still be on their way to them. node -> the
+        # sequence number they must acknowledge first (the leader's when they joined)
+        self.catching: dict[str, int] = {}
         self.rev = -1  # the mod revision of our last write of the record (-1: not read)
         self.written: dict[str, Any] | None = None
         self.dirty = True
@@ -515,10 +520,15 @@ class Leading:
                 s.link.send(W.encode(M.MDROP, s.rid))
         if node in self.rs.synchronised:
             self.leaving.add(node)
+        self.catching.pop(node, None)
         self.dirty = True
 
     def got_ack(self, node: str, seq: int) -> None:
         self.rs.ack(node, seq)
+        due = self.catching.get(node)
+        if due is not None and seq >= due:
+            del self.catching[node]  # holds all the leader held when it joined
+            self.dirty = True
 
     def got_batch(self, node: str, rid: int, number: int) -> None:
         s = self.streams.get(node)
@@ -534,6 +544,11 @@ class Leading:
         self.rs.ack(node, s.start_seq)  # the backlog holds everything up to it
         self.rs.join(node)
         self.leaving.discard(node)
+        if self.rs.seq > s.start_seq:
+            # records after the stream's start may have been confirmed while this
+            # mirror was out of the set: it is named synchronised (may be promoted)
+            # only once it acknowledges them all
+            self.catching[node] = self.rs.seq
         self.dirty = True
         log.info("queue '%s' in vhost '%s': mirror on %s synchronised (%d messages, "
                  "%d bytes copied in the background; %d it held kept)", self.ident[1],
@@ -541,7 +556,8 @@ class Leading:
 
     # -- the record ---------------------------------------------------------------------
     def record(self) -> dict[str, Any]:
-        sync = sorted(n for n in self.rs.synchronised if n not in self.leaving)
+        sync = sorted(n for n in self.rs.synchronised
+                      if n not in self.leaving and n not in self.catching)
         policy = self.q.policy
         return {"leader": self.mirrors.node, "mirrors": sorted(self.streams),
                 "synchronised": sync, "wanted": list(self.wanted),
