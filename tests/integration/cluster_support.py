@@ -328,6 +328,7 @@ class QueueConsumer(threading.Thread):
         self.prefetch = prefetch
         self.ack = ack  # False: holds every delivery unacknowledged
         self.got: list[tuple[int, bool]] = []
+        self.at: list[float] = []  # time.monotonic() of each of ``got``
         self.seen: set[int] = set()
         self.stopped = threading.Event()
         self.interruptions: list[str] = []
@@ -380,6 +381,7 @@ class QueueConsumer(threading.Thread):
                     if redelivered:
                         self.counts[number] = count
                     self.got.append((number, redelivered))
+                    self.at.append(time.monotonic())
                     self.seen.add(number)
                     unacked += 1
                     if unacked >= 100 and self.ack:
