@@ -46,13 +46,33 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 if TYPE_CHECKING:
-    from amqpd.broker.queue import Consumer
-    from amqpd.broker.queue_entry import QueueEntry
-    from amqpd.broker.queue_type import QueueType
     from amqpd.cluster.mirror_state import ReplicaSet
+
+# What these need of the broker's queue, consumer and entry (amqpd.broker.quorum's
+# QuorumQueue, amqpd.broker.queue's Consumer, a QueueEntry): structural, so the cluster
+# reaches the broker through no import of it (the import contracts in pyproject.toml).
+QueueEntry = Any  # one message's place in the queue; only its identity matters here
+
+
+class QueueType(Protocol):
+    deleted: bool
+    ext: Any
+    message_count: int
+
+    def delivered(self, entry: QueueEntry, acked: bool) -> None: ...
+
+    def return_checked_out(self, entries: list[QueueEntry]) -> None: ...
+
+
+class Consumer(Protocol):
+    local: Any  # the channel on this node (amqpd.broker.channel.Channel), or None
+    no_ack: bool
+    unacked: int
+
+    def deliver(self, queue: Any, entry: QueueEntry) -> None: ...
 
 log = logging.getLogger("amqpd.cluster.quorum")
 
@@ -225,7 +245,7 @@ class Handouts:
     @staticmethod
     def _return(queue: QueueType, entries: list[QueueEntry]) -> None:
         if entries and not queue.deleted:
-            queue.return_checked_out(entries)  # type: ignore[attr-defined]
+            queue.return_checked_out(entries)
 
     def drop(self) -> int:
         """The queue is no longer led here: nothing waiting leaves. Credit goes back;

@@ -47,8 +47,13 @@ of a policy's:
   survive a leader change.
 * **Checkouts.** Every delivery is recorded with the node whose consumer holds it
   (:data:`MHELD`; :meth:`GroupLeading.checked_out`, the holder named by
-  ``remote_queue.Served.delivered``), so the member elected after the leader's loss
-  knows whose consumers hold what, as RabbitMQ's Raft log does. What consumers on the
+  ``remote_queue.Served.delivered``) when the queue chooses it, and the delivery itself
+  leaves (on this node's channel, or ``DELIVER`` / ``GET_OK`` on the link) only once a
+  majority has acknowledged that record (:mod:`amqpd.cluster.handout`, released by
+  :meth:`GroupLeading.got_ack`), so the member elected after the leader's loss knows
+  every delivery the lost leader made and whose consumers hold it, as RabbitMQ's Raft
+  log does: what it handed out comes back redelivered, what it never did does not.
+  What consumers on the
   lost node (or a node not running) held comes back at once: redelivered, counted as
   one return (``x-delivery-count``, ``x-delivery-limit``: :mod:`amqpd.broker.quorum`),
   at the front of the queue in its order. What consumers on running nodes hold stays
