@@ -26,15 +26,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pamqp import body as pbody
-from pamqp import commands, frame, header
-
-from bench.loadgen import Conn
 from tests.integration._http import q
 from tests.integration.cluster_support import (
     ClusterNode,
     ConfirmPublisher,
     QueueConsumer,
+    declare_durable,
     running,
     three_nodes,
     wait_for,
@@ -42,37 +39,15 @@ from tests.integration.cluster_support import (
 from tests.support.etcdproc import EtcdProcess
 
 
-class PaddedPublisher(ConfirmPublisher):
-    """Confirmed persistent publishes of ``body``-byte messages (a number, then spaces:
-    the consumers read the number back)."""
-
-    def __init__(self, url: str, queue: str, body: int) -> None:
-        super().__init__(url, queue, window=1000, batch=100)
-        self.body = body
-
-    def _frames(self, number: int) -> bytes:
-        data = (b"%010d" % number).ljust(self.body)
-        return b"".join((
-            frame.marshal(commands.Basic.Publish(exchange="", routing_key=self.queue),
-                          self.ch),
-            frame.marshal(header.ContentHeader(0, len(data), self.props), self.ch),
-            frame.marshal(pbody.ContentBody(data), self.ch)))
-
-
 def one_run(nodes: list[ClusterNode], name: str, count: int, body: int,
             prefetch: int) -> dict[str, Any]:
     """Fill a fresh quorum queue led by node-a, drain it from node-a and node-b."""
     a, b, _c = nodes
-    conn = Conn(a.url)
-    try:
-        conn.declare_queue(conn.open_channel(1), name, durable=True,
-                           arguments={"x-queue-type": "quorum"})
-    finally:
-        conn.close()
+    declare_durable(a, name, {"x-queue-type": "quorum"})
     everyone = sorted(n.name for n in nodes)
     wait_for(lambda: sorted(a.api.get(f"/api/queues/%2F/{q(name)}").json()
                             .get("online", [])) == everyone, 30, "the group formed")
-    pub = PaddedPublisher(a.url, name, body)
+    pub = ConfirmPublisher(a.url, name, window=1000, batch=100, body_size=body)
     pub.publish_range(0, count)
     pub.conn.close()
     if len(pub.confirmed) != count:

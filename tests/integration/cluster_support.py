@@ -203,20 +203,25 @@ def diagnose(nodes: list[ClusterNode]) -> str:
     return "\n".join(out)
 
 
-def declare_durable(node: ClusterNode, name: str) -> None:
-    """A durable queue ``name`` declared on ``node`` over AMQP."""
+def declare_durable(node: ClusterNode, name: str,
+                    arguments: dict[str, Any] | None = None) -> None:
+    """A durable queue ``name`` declared on ``node`` over AMQP (``arguments``: e.g.
+    ``x-queue-type``)."""
     conn = Conn(node.url)
     try:
-        conn.declare_queue(conn.open_channel(1), name, durable=True)
+        conn.declare_queue(conn.open_channel(1), name, durable=True, arguments=arguments)
     finally:
         conn.close()
 
 
 class ConfirmPublisher:
     """Persistent publishes to ``queue`` with confirms in a window over one raw
-    connection; knows which message (its body, a number) each confirm or nack is for."""
+    connection; knows which message (its body, a number) each confirm or nack is for.
+    ``body_size``: bodies padded with spaces to that many bytes (int() still reads the
+    number back)."""
 
-    def __init__(self, url: str, queue: str, window: int = 1000, batch: int = 100) -> None:
+    def __init__(self, url: str, queue: str, window: int = 1000, batch: int = 100,
+                 body_size: int = 0) -> None:
         self.conn = Conn(url)
         self.ch = self.conn.open_channel(1)
         self.conn.rpc(self.ch, commands.Confirm.Select(), commands.Confirm.SelectOk)
@@ -228,9 +233,10 @@ class ConfirmPublisher:
         self.confirmed: set[int] = set()
         self.nacked: set[int] = set()
         self.props = commands.Basic.Properties(delivery_mode=2)
+        self.body_size = body_size
 
     def _frames(self, number: int) -> bytes:
-        data = b"%010d" % number
+        data = (b"%010d" % number).ljust(self.body_size)
         return b"".join((
             frame.marshal(commands.Basic.Publish(exchange="", routing_key=self.queue),
                           self.ch),

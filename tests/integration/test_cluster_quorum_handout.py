@@ -23,16 +23,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pamqp import body as pbody
-from pamqp import commands, frame, header
 
-from bench.loadgen import Conn
 from devtools.rabbitmq import free_ports
 from tests.integration._http import q
 from tests.integration.cluster_support import (
     ClusterNode,
     ConfirmPublisher,
     QueueConsumer,
+    declare_durable,
     diagnose,
     new_prefix,
     running,
@@ -107,19 +105,7 @@ def group_whole(nodes: list[ClusterNode], leader: ClusterNode) -> bool:
     return leader.api.get("/api/health/checks/node-is-quorum-critical").status == 200
 
 
-class PaddedPublisher(ConfirmPublisher):
-    """Confirmed persistent publishes of PAD-byte bodies."""
-
-    def _frames(self, number: int) -> bytes:
-        data = (b"%010d" % number).ljust(PAD)
-        return b"".join((
-            frame.marshal(commands.Basic.Publish(exchange="", routing_key=self.queue),
-                          self.ch),
-            frame.marshal(header.ContentHeader(0, len(data), self.props), self.ch),
-            frame.marshal(pbody.ContentBody(data), self.ch)))
-
-
-def publish_until(pub: PaddedPublisher, first: int, stop: threading.Event,
+def publish_until(pub: ConfirmPublisher, first: int, stop: threading.Event,
                   leader_known: Any, failure: list[BaseException]) -> threading.Thread:
     """A thread publishing batches from ``first`` on until ``stop``; while a batch comes
     back with nacks (the leader is lost) it waits until a leader is known again."""
@@ -147,7 +133,8 @@ def one_cycle(nodes: list[ClusterNode], leader: ClusterNode, rng: random.Random,
     leader, the deliveries (when, number, redelivered) and the confirmed numbers."""
     survivors = [n for n in nodes if n is not leader]
     lost = leader.name
-    pub = PaddedPublisher(rng.choice(survivors).url, QUEUE, window=400, batch=50)
+    pub = ConfirmPublisher(rng.choice(survivors).url, QUEUE, window=400, batch=50,
+                           body_size=PAD)
     # prefetch 200 and acks every 100 (QueueConsumer): each keeps consuming
     consumers = [QueueConsumer(n, QUEUE, prefetch=200) for n in nodes]
     own = consumers[nodes.index(leader)]
@@ -213,12 +200,7 @@ def test_what_a_killed_leader_handed_out_comes_back_redelivered(
         # a cluster of its own per cycle: a kill leaves two nodes, a majority once
         with delayed_links(tmp_path / f"cycle-{cycle}", etcd) as nodes:
             leader = rng.choice(nodes)
-            conn = Conn(leader.url)
-            try:
-                conn.declare_queue(conn.open_channel(1), QUEUE, durable=True,
-                                   arguments={"x-queue-type": "quorum"})
-            finally:
-                conn.close()
+            declare_durable(leader, QUEUE, {"x-queue-type": "quorum"})
             wait_for(lambda: group_whole(nodes, leader), 30,  # noqa: B023 - waited for here
                      "the group whole", lambda: diagnose(nodes))
             # each cycle's messages are numbered apart
