@@ -442,7 +442,7 @@ class Channel:
         q = self.api.queue(self.vhost, queue_name)
         self.api.check_exclusive(q, self.session)
         q.touch()  # basic.get counts as use for x-expires
-        if q.remote:  # led by another node: answered when it replies
+        if q.defers_get():  # led by another node, or a checkout to commit first
             q.fetch_for(self, m.no_ack)
             return
         entry = q.fetch()

@@ -222,9 +222,15 @@ class QueueType:
         given) once its node has it as safe as its own publishers' messages."""
         raise NotImplementedError
 
+    def defers_get(self) -> bool:
+        """Whether basic.get is answered later, through :meth:`fetch_for`: a
+        :attr:`remote` queue's, and a quorum queue's leader's in a cluster (once the
+        checkout is committed)."""
+        return self.remote
+
     def fetch_for(self, channel: Any, no_ack: bool) -> None:
-        """A :attr:`remote` queue's basic.get: answered later through
-        ``channel.answer_get`` (the head is on another node)."""
+        """basic.get when :meth:`defers_get`: answered later through
+        ``channel.answer_get`` (the head is on another node, or its checkout waits)."""
         raise NotImplementedError
 
     def consume_for(self, consumer: Any,

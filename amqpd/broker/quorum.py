@@ -65,6 +65,7 @@ from amqpd.protocol.errors import NotImplemented_, PreconditionFailed
 
 if TYPE_CHECKING:
     from amqpd.broker.policy import QueueOptions
+    from amqpd.broker.queue import Consumer
     from amqpd.broker.vhost import VHost
 
 log = logging.getLogger("amqpd.quorum")
@@ -222,10 +223,58 @@ class QuorumQueue(Queue):
 
     # -- deliveries ----------------------------------------------------------------------
     def dispatch(self) -> None:
-        """As a classic queue's, except while the replica group lacks a majority."""
-        if self.group is not None and not self.group.serving():
+        """As a classic queue's, except while the replica group lacks a majority; and
+        in a group each delivery leaves only once its checkout is committed (the group
+        holds it: amqpd.cluster.handout)."""
+        group = self.group
+        if group is None:
+            super().dispatch()
             return
-        super().dispatch()
+        if not group.serving():
+            return
+        consumers = self.consumers
+        ready = self.ready
+        handouts = group.handouts
+        while ready and consumers and handouts.has_room():
+            consumer = self._next_consumer()
+            if consumer is None:
+                return
+            entry = self.take()
+            if entry is None:
+                return
+            handouts.hand_out(self, consumer, entry)
+
+    def delivered(self, entry: QueueEntry, acked: bool) -> None:
+        """As a classic queue's; a delivery whose checkout the group recorded when it
+        chose it (and which leaves now) is only settled if it needs no ack."""
+        group = self.group
+        if group is not None and group.handouts.leaving(entry) is not None:
+            if acked:
+                self.settle([entry])
+            return
+        super().delivered(entry, acked)
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        """As a classic queue's; what waits for the consumer's checkouts to commit comes
+        back (amqpd.cluster.handout)."""
+        super().remove_consumer(consumer)
+        if self.group is not None:
+            self.group.handouts.withdraw(consumer)
+
+    def defers_get(self) -> bool:
+        """In a replica group basic.get is answered once the checkout is committed."""
+        return self.group is not None
+
+    def fetch_for(self, channel: Any, no_ack: bool) -> None:
+        """basic.get in a replica group (:meth:`defers_get`): the head is checked out
+        now and answered through ``channel.answer_get`` once that is committed."""
+        entry = self.fetch()
+        if entry is None:
+            channel.answer_get(self, None, True, 0)
+            return
+        if self.ext is not None:
+            self.ext.drop_expired_head()  # RabbitMQ's message-count leaves them out
+        self.group.handouts.get_for(self, channel, entry, no_ack)
 
     def fetch(self) -> QueueEntry | None:
         """basic.get shows the delivery count even on a first delivery (0); nothing

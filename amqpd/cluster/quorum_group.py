@@ -59,8 +59,13 @@ of a policy's:
   survive a leader change.
 * **Checkouts.** Every delivery is recorded with the node whose consumer holds it
   (:data:`MHELD`; :meth:`GroupLeading.checked_out`, the holder named by
-  ``remote_queue.Served.delivered``), so the member elected after the leader's loss
-  knows whose consumers hold what, as RabbitMQ's Raft log does. What consumers on the
+  ``remote_queue.Served.delivered``) when the queue chooses it, and the delivery itself
+  leaves (on this node's channel, or ``DELIVER`` / ``GET_OK`` on the link) only once a
+  majority has acknowledged that record (:mod:`amqpd.cluster.handout`, released by
+  :meth:`GroupLeading.got_ack`), so the member elected after the leader's loss knows
+  every delivery the lost leader made and whose consumers hold it, as RabbitMQ's Raft
+  log does: what it handed out comes back redelivered, what it never did does not.
+  What consumers on the
   lost node (or a node not running) held comes back at once: redelivered, counted as
   one return (``x-delivery-count``, ``x-delivery-limit``: :mod:`amqpd.broker.quorum`),
   at the front of the queue in its order. What consumers on running nodes hold stays
@@ -89,6 +94,7 @@ from typing import TYPE_CHECKING, Any, Final
 from amqpd.broker.message import LoggedMessage
 from amqpd.cluster import link_wire as W
 from amqpd.cluster import mirror_wire as M
+from amqpd.cluster.handout import Handouts
 from amqpd.cluster.mirror import (
     ELECTION_WAIT,
     HAVE_WAIT,
@@ -159,6 +165,8 @@ class GroupLeading(Leading):
         super().__init__(groups, vhost, q, live)
         self.groups = groups
         self.term = term
+        # deliveries waiting for their checkout's commit (amqpd.cluster.handout)
+        self.handouts = Handouts(self.rs, lambda: q.vhost.schedule_dispatch(q))
         self.members: list[str] = []
         self.set_members(members)
         self.was_serving = False
@@ -184,8 +192,24 @@ class GroupLeading(Leading):
             if node not in self.wanted:
                 self.rs.leave(node)
         self.dirty = True
+        self.handouts.release()  # a smaller majority may hold what waits already
 
     # -- checkouts --------------------------------------------------------------------------
+    def after_commit(self, action: Any) -> None:
+        """Run ``action`` (a delivery to another node: remote_queue.Served.hand) once
+        every record so far -- the checkout just recorded among them -- is committed.
+        Deliveries to this node's channels wait in :attr:`handouts` (QuorumQueue's
+        dispatch and basic.get hand them there)."""
+        self.handouts.outbox.after_commit(action)
+
+    def got_ack(self, node: str, seq: int) -> None:
+        super().got_ack(node, seq)
+        self.handouts.release()
+
+    def got_synced(self, node: str, rid: int) -> None:
+        super().got_synced(node, rid)
+        self.handouts.release()
+
     def checked_out(self, position: int) -> None:
         """A delivery (ReplicatingStore.delivering): delivered, and held by a consumer
         on ``holder``'s node, told to the members in one record (MHELD), so the member
@@ -488,6 +512,7 @@ class QuorumGroups(Mirrors):
                     continue
                 if lead.checkouts:
                     lead.expire_checkouts(time.monotonic())
+                lead.handouts.release()
                 rev = self.revisions.get(ident)
                 if rev is not None and lead.rev > 0 and rev > lead.rev and \
                         self.records.get(ident, {}).get("leader") == self.node:
@@ -623,6 +648,12 @@ class QuorumGroups(Mirrors):
                 vh is not None and vh.queues.get(lead.q.name) is lead.q:
             lead.fence()  # stopped for real once the queue is replaced (reconcile)
             return
+        if isinstance(lead, GroupLeading) and not lead.gone:
+            dropped = lead.handouts.drop()
+            if dropped:
+                log.warning("queue '%s' in vhost '%s': no longer led here; %d deliveries "
+                            "waiting for their checkout's commit not sent", lead.ident[1],
+                            lead.ident[0], dropped)
         if getattr(lead.q, "group", None) is lead:
             lead.q.group = None  # type: ignore[attr-defined]
         super().stop_leading(lead, delete_record)

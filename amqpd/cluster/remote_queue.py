@@ -912,10 +912,10 @@ class _Proxy:
         position = served.delivered(queue, entry, consumer.no_ack)
         if not consumer.no_ack:
             served.unacked[delivery] = entry
-        served.link.send(W.encode(
+        served.hand(queue, entry, consumer.no_ack, W.encode(
             W.DELIVER, served.stream, self.cid, delivery, entry.redelivered,
             queue.message_count, msg.exchange, msg.routing_key, msg.properties,
-            served.broker.publisher.body_of(msg), position))
+            served.broker.publisher.body_of(msg), position), self)
 
     def consumer_cancelled_by_server(self, consumer: Consumer) -> None:
         self.closed = True
@@ -945,18 +945,45 @@ class Served:
         """``queue.delivered`` for a delivery to the peer; a quorum queue's replica
         group records the checkout as the peer's (amqpd.cluster.quorum_group: it
         survives an election), and the peer learns the message's store position
-        (+ 1; 0 for other queues) to name it after one (RECLAIM)."""
+        (+ 1; 0 for other queues) to name it after one (RECLAIM). A group's delivery
+        that needs no ack is settled only once it is sent (:meth:`hand`)."""
         group = getattr(queue, "group", None)
         if group is None:
             queue.delivered(entry, acked=no_ack)
             return 0
         group.holder = self.link.peer
         try:
-            queue.delivered(entry, acked=no_ack)
+            queue.delivered(entry, acked=False)
         finally:
             group.holder = ""
         position = entry.message.position
         return position + 1 if position >= 0 and not no_ack else 0
+
+    def hand(self, queue: QueueType, entry: QueueEntry, no_ack: bool, frame: bytes,
+             proxy: _Proxy | None) -> None:
+        """Send a delivery (``DELIVER`` of ``proxy``'s consumer, or ``GET_OK``) to the
+        peer: a quorum queue's once its checkout (recorded by :meth:`delivered`) is
+        committed (amqpd.cluster.handout), then settled if it needs no ack. One that
+        needs no ack and can no longer be sent (the link went, the consumer was
+        cancelled) comes back to the queue as a returned checkout; one that needs an
+        ack is the stream's until settled (its close returns it)."""
+        group = getattr(queue, "group", None)
+        if group is None:
+            self.link.send(frame)
+            return
+        link = self.link
+
+        def send() -> None:
+            gone = link.closed or (proxy is not None and proxy.closed)
+            if no_ack and (gone or queue.deleted):
+                if not queue.deleted:
+                    queue.return_checked_out([entry])  # type: ignore[attr-defined]
+                return
+            link.send(frame)
+            if no_ack:
+                queue.settle([entry])
+
+        group.after_commit(send)
 
     def reclaim(self, origin: str, positions: list[int]) -> None:
         """The peer's RECLAIM: what the quorum queue's group kept checked out for it
@@ -1063,10 +1090,10 @@ class Served:
         if not no_ack:
             self.unacked[delivery] = entry
         msg = entry.message
-        self.link.send(W.encode(
+        self.hand(q, entry, no_ack, W.encode(
             W.GET_OK, self.stream, req, delivery, entry.redelivered, q.message_count,
             msg.exchange, msg.routing_key, msg.properties, self.broker.publisher.body_of(msg),
-            position))
+            position), None)
 
     def close(self) -> None:
         """The peer is gone or done: its consumers removed, its unacked put back."""

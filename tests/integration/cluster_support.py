@@ -213,20 +213,25 @@ def diagnose(nodes: list[ClusterNode]) -> str:
     return "\n".join(out)
 
 
-def declare_durable(node: ClusterNode, name: str) -> None:
-    """A durable queue ``name`` declared on ``node`` over AMQP."""
+def declare_durable(node: ClusterNode, name: str,
+                    arguments: dict[str, Any] | None = None) -> None:
+    """A durable queue ``name`` declared on ``node`` over AMQP (``arguments``: e.g.
+    ``x-queue-type``)."""
     conn = Conn(node.url)
     try:
-        conn.declare_queue(conn.open_channel(1), name, durable=True)
+        conn.declare_queue(conn.open_channel(1), name, durable=True, arguments=arguments)
     finally:
         conn.close()
 
 
 class ConfirmPublisher:
     """Persistent publishes to ``queue`` with confirms in a window over one raw
-    connection; knows which message (its body, a number) each confirm or nack is for."""
+    connection; knows which message (its body, a number) each confirm or nack is for.
+    ``body_size``: bodies padded with spaces to that many bytes (int() still reads the
+    number back)."""
 
-    def __init__(self, url: str, queue: str, window: int = 1000, batch: int = 100) -> None:
+    def __init__(self, url: str, queue: str, window: int = 1000, batch: int = 100,
+                 body_size: int = 0) -> None:
         self.conn = Conn(url)
         self.ch = self.conn.open_channel(1)
         self.conn.rpc(self.ch, commands.Confirm.Select(), commands.Confirm.SelectOk)
@@ -238,9 +243,10 @@ class ConfirmPublisher:
         self.confirmed: set[int] = set()
         self.nacked: set[int] = set()
         self.props = commands.Basic.Properties(delivery_mode=2)
+        self.body_size = body_size
 
     def _frames(self, number: int) -> bytes:
-        data = b"%010d" % number
+        data = (b"%010d" % number).ljust(self.body_size)
         return b"".join((
             frame.marshal(commands.Basic.Publish(exchange="", routing_key=self.queue),
                           self.ch),
@@ -338,6 +344,7 @@ class QueueConsumer(threading.Thread):
         self.prefetch = prefetch
         self.ack = ack  # False: holds every delivery unacknowledged
         self.got: list[tuple[int, bool]] = []
+        self.at: list[float] = []  # time.monotonic() of each of ``got``
         self.seen: set[int] = set()
         self.stopped = threading.Event()
         self.interruptions: list[str] = []
@@ -390,6 +397,7 @@ class QueueConsumer(threading.Thread):
                     if redelivered:
                         self.counts[number] = count
                     self.got.append((number, redelivered))
+                    self.at.append(time.monotonic())
                     self.seen.add(number)
                     unacked += 1
                     if unacked >= 100 and self.ack:

@@ -13,6 +13,9 @@ forwards every accepted connection to ``target``. The faults it injects:
   the peers see a reset); new ones are accepted as usual (a flapping middlebox).
 - :meth:`TcpProxy.delay`: every chunk of bytes is forwarded ``ms`` milliseconds after it
   was read, in both directions, without limiting throughput (a long, fat pipe); 0 ends it.
+  With ``lossy`` set, what a side sent but the proxy has not forwarded yet when that side
+  closes is dropped, not delivered: the delayed bytes stand for what a process that
+  died had not got out yet (its buffers, a send queue a reset discards).
 
 :meth:`restore` lets bytes flow again; connections that stalled in a blackhole are
 closed then (their peers have given up on them, and what was read meanwhile was dropped),
@@ -50,6 +53,7 @@ class TcpProxy:
         self.port = 0
         self.mode: str | None = None  # None = connected, else "blackhole" / "reset"
         self.delay_s = 0.0  # added to every chunk's trip through the proxy
+        self.lossy = False  # a side's close drops what it sent that is still delayed
         self.accepted = 0
         self._pipes: set[_Pipe] = set()
         self._loop = asyncio.new_event_loop()
@@ -178,6 +182,8 @@ class TcpProxy:
             while not sender.done():
                 data = await reader.read(65536)
                 if not data:
+                    if self.lossy:
+                        return  # the finally drops what is still delayed
                     break
                 if self.mode == "blackhole":
                     continue  # read, forward nothing
