@@ -1547,10 +1547,12 @@ class Mirrors:
         replace_queue(self.queues, vh, old, q)
         self.broker.apply_policies_to(vh, q)
         live: dict[int, bool] = {}
-        # Every message comes back redelivered, as RabbitMQ's promoted mirror requeues
-        # them: the lost leader may have handed any of them to a consumer and died before
-        # its delivery mark (MDELIV) reached this mirror, and a copy of the leader before
-        # (not yet placed by this leader's MREKEY: it was lost first) comes after.
+        # Every message comes back redelivered: the lost leader may have handed any of
+        # them to a consumer and died before its delivery mark (MDELIV) reached this
+        # mirror. (RabbitMQ's promoted mirror requeues every unacknowledged one with
+        # redelivered=true; this is a superset, since the mirror cannot tell which were
+        # handed out.) A copy of the leader before (not yet placed by this leader's
+        # MREKEY: it was lost first) comes after.
         foreign = [(e[0], e[1], True) for _p, e in sorted(copy.foreign.items())]
         marked = 0
         for local, size, delivered in [*copy.in_order(), *foreign]:
