@@ -402,8 +402,11 @@ class _Link:
         """Ack (multiple) the settled run at the head; schedule the refused ones again."""
         out = self.outstanding
         while True:
-            self.settle_ready.clear()
+            # wait first, then clear: a confirm that came before this task first ran (a
+            # destination on this node confirms a transient message inside the publish)
+            # must not be cleared unseen
             await self.settle_ready.wait()
+            self.settle_ready.clear()
             if self.failure is not None:
                 raise self.failure  # gave up on a refused message: the attempt ends
             if self.refused and self.retry_task is None:

@@ -357,6 +357,30 @@ async def test_local_destination_in_each_ack_mode(
     assert api.delete(f"/api/parameters/shovel/%2F/{q(name)}").status == 204
 
 
+async def test_local_destination_moves_transient_messages_and_ends(
+        sites: tuple[BrokerProcess, BrokerProcess]) -> None:
+    """The web UI's "Move messages": transient messages, ``on-confirm``,
+    ``src-delete-after: queue-length``, both ends this node. A destination on this node
+    confirms a transient message inside the publish, before the shovel's settling task
+    first waited: that confirm was cleared unseen, so the source was never acked (CI:
+    the destination held 4, the source still 4)."""
+    a, _b = sites
+    api = Api(a.http_url)
+    src, dest, name = uid("src"), uid("dest"), uid("mv")
+    await publish(a.url, src, 20, properties=spec.Basic.Properties())
+    set_shovel(api, name, {"src-uri": "amqp:///%2F", "src-queue": src,
+                           "src-delete-after": "queue-length", "dest-uri": "amqp:///%2F",
+                           "dest-queue": dest, "ack-mode": "on-confirm",
+                           "src-prefetch-count": 1000})
+
+    async def moved() -> bool:
+        return await count(a.url, src) == 0 and await count(a.url, dest) == 20
+    await await_for(moved, 15, "every message moved and settled at the source")
+    wait_for(lambda: shovel_state(api, name) in (None, "terminated"), 15,
+             "the shovel done after its queue-length")
+    api.delete(f"/api/parameters/shovel/%2F/{q(name)}")
+
+
 async def test_local_destination_exchange_missing_fails_the_attempt(
         sites: tuple[BrokerProcess, BrokerProcess]) -> None:
     """A ``dest-exchange`` that does not exist on this node is never declared: the
