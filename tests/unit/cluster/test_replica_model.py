@@ -75,7 +75,6 @@ class ReplicaGroup(RuleBasedStateMachine):
     """One queue's group (module docstring); ``QUORUM`` picks the commit rule."""
 
     QUORUM = True
-    RESTARTS = True  # a crashed member may come back (else it stays down)
 
     def __init__(self) -> None:
         super().__init__()
@@ -229,7 +228,6 @@ class ReplicaGroup(RuleBasedStateMachine):
         if node == self.leader:
             self.elect()
 
-    @precondition(lambda self: self.RESTARTS)
     @rule(node=st.sampled_from(NODES))
     def restart(self, node: str) -> None:
         m = self.members[node]
