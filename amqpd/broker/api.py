@@ -44,12 +44,17 @@ from amqpd.broker.definitions import DefinitionsError, export_definitions, impor
 from amqpd.broker.defsync import KIND_NAMES as DEFINITION_KINDS
 from amqpd.broker.exchange import EXCHANGE_TYPES, Binding, Destination, Exchange, args_key
 from amqpd.broker.exchange import register_exchange_type as register_exchange_type
+
+# what the cluster's replicas write and read below the queues (ClusterPort.store): the
+# records of a queue's store key, and a stored message's handle in a restored queue
+from amqpd.broker.message import LoggedMessage as LoggedMessage
 from amqpd.broker.message import Message
 from amqpd.broker.operator_policy import effective_definition
 from amqpd.broker.parameters import ParameterStore, UnknownComponent
 from amqpd.broker.policy import register_policy_key
 from amqpd.broker.queue import Consumer, Queue, QueueEntry
 from amqpd.broker.queue_type import QUEUE_TYPES, QueueType, queue_type_name, register_queue_type
+from amqpd.broker.quorum import QuorumQueue as QuorumQueue
 from amqpd.broker.vhost import VHost, generate_name
 from amqpd.protocol import codec
 from amqpd.protocol import constants as wire
@@ -60,17 +65,23 @@ from amqpd.protocol.errors import (
     PreconditionFailed,
     ResourceLocked,
 )
+from amqpd.store.api import MessageStore as MessageStore
 
 # a commit the replicas did not acknowledge: a nack, not disk trouble (the cluster
 # refuses waits with it: amqpd/cluster/deadlines.py, mirror.py)
 from amqpd.store.api import NotReplicated as NotReplicated
+from amqpd.store.api import StoredMessage as StoredMessage
+from amqpd.store.api import queue_key as queue_key
 
 if TYPE_CHECKING:
     # for annotations of callers (http/, plugins), which import only this module
     from amqpd.broker.channel import Channel  # noqa: F401
+    from amqpd.broker.policy import PolicyStore
+    from amqpd.broker.publish import Publisher
     from amqpd.config import Settings
     from amqpd.server import Broker
     from amqpd.session import Session
+    from amqpd.transport import AMQPProtocol
 
 log = logging.getLogger("amqpd.api")
 
@@ -158,6 +169,29 @@ class MembershipError(ValueError):
 
     Defined here, not in the cluster package that raises it, so the HTTP layer can tell
     it apart while reaching the cluster through this API only."""
+
+
+class ClusterPort(Protocol):
+    """The node's broker as the cluster's queue types use it (issue 28): the mirrored
+    queues (:mod:`amqpd.cluster.mirror` wraps :attr:`store` and leads the queues in
+    :attr:`vhosts`), the quorum groups and the remote queues
+    (:mod:`amqpd.cluster.remote_queue` installs :attr:`queue_placer`). Given by
+    :meth:`BrokerAPI.cluster_port`; exactly these members, so mypy shows every new
+    reach of the cluster into the broker here first."""
+
+    store: MessageStore
+    vhosts: dict[str, VHost]
+    settings: Settings
+    publisher: Publisher
+    policies: PolicyStore
+    transports: set[AMQPProtocol]
+    queue_placer: Callable[[VHost, str, type[QueueType], bool, dict[str, Any]],
+                           QueueType | None] | None
+
+    def apply_policies_to(self, vhost: VHost, obj: QueueType | Exchange) -> None: ...
+
+    def definitions_changed(self, obj: QueueType | Exchange | Binding | None = None,
+                            deleted: bool = False) -> None: ...
 
 
 class ClusterStatus(Protocol):
@@ -325,6 +359,11 @@ class BrokerAPI:
         if cluster is not None:
             return cluster.display_name() or settings.cluster_name or settings.cluster.name
         return settings.effective_cluster_name
+
+    def cluster_port(self) -> ClusterPort:
+        """The broker as the cluster's queue types use it (:class:`ClusterPort`): for
+        amqpd/cluster/ only, which replicates and places queues below this API."""
+        return self._broker
 
     def cluster(self) -> ClusterStatus | None:
         """This node's cluster (amqpd/cluster/), or None on a single node."""
@@ -1119,6 +1158,7 @@ __all__ = [
     "AccessRefused",
     "Binding",
     "BrokerAPI",
+    "ClusterPort",
     "ClusterStatus",
     "Consumer",
     "DefinitionsError",

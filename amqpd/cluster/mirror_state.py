@@ -32,13 +32,23 @@ rule of the election.
 from __future__ import annotations
 
 import contextlib
+import urllib.parse
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 OnCommit = Callable[[BaseException | None], None]
+Ident = tuple[str, str]  # a replicated queue: (vhost, queue)
+# seconds between reconciliations of the replica groups (policies, timeouts, failover)
+TICK: Final = 0.25
+
+
+def key_part(part: str) -> str:
+    """A vhost or queue name as one segment of an etcd key (the mirror and group
+    records, the election candidates)."""
+    return urllib.parse.quote(part, safe="")
 
 
 class ReplicaSet:
@@ -282,11 +292,14 @@ def choose_promotion(candidates: dict[str, int], synchronised: Iterable[str],
 __all__ = [
     "HA_DEFAULTS",
     "HA_VALUES",
+    "TICK",
     "CommitGate",
+    "Ident",
     "ReplicaSet",
     "Waiter",
     "choose_promotion",
     "ha_setting",
+    "key_part",
     "may_promote_unsynchronised",
     "mirror_nodes",
 ]

@@ -38,8 +38,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from amqpd.broker.api import MembershipError as MembershipError
+from amqpd.broker.api import NotReplicated
 from amqpd.cluster.mirror_state import CommitGate
-from amqpd.store.api import NotReplicated
 
 DEFAULT_GROUP_SIZE = 3  # RabbitMQ 3.10's quorum_cluster_size
 

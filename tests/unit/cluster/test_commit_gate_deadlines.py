@@ -95,7 +95,7 @@ def _mirrors() -> Mirrors:
     inner = MemoryStore()
     inner.open()
     broker = SimpleNamespace(store=inner, publisher=SimpleNamespace(keeping_queues=0))
-    return Mirrors(SimpleNamespace(_broker=broker), _Cluster(),  # type: ignore[arg-type]
+    return Mirrors(SimpleNamespace(cluster_port=lambda: broker), _Cluster(),  # type: ignore[arg-type]
                    SimpleNamespace())  # type: ignore[arg-type]
 
 
@@ -172,7 +172,7 @@ def test_a_forwarded_confirm_is_nacked_once_past_its_deadline(
 
 def _mirrors_over(inner: Any) -> Mirrors:
     broker = SimpleNamespace(store=inner, publisher=SimpleNamespace(keeping_queues=0))
-    return Mirrors(SimpleNamespace(_broker=broker), _Cluster(),  # type: ignore[arg-type]
+    return Mirrors(SimpleNamespace(cluster_port=lambda: broker), _Cluster(),  # type: ignore[arg-type]
                    SimpleNamespace())  # type: ignore[arg-type]
 
 

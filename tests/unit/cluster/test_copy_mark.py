@@ -107,7 +107,7 @@ def _mirrors(tmp_path: Path, link: _Link | None = None, inner: Any = None) -> Mi
                               config=SimpleNamespace(mirror_sync_timeout=5.0),
                               catalogue={("/", "q"): "node-a"})
     links = SimpleNamespace(link=lambda node: link if node == "node-a" else None)
-    m = Mirrors(SimpleNamespace(_broker=broker), cluster,  # type: ignore[arg-type]
+    m = Mirrors(SimpleNamespace(cluster_port=lambda: broker), cluster,  # type: ignore[arg-type]
                 SimpleNamespace(links=links, retired={}))  # type: ignore[arg-type]
     m.store.on_disk = True
     return m

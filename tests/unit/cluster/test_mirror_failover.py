@@ -81,7 +81,7 @@ def remote(leader: str, policy: dict[str, Any] | None = HA_ALL) -> Any:
 def mirrors_on(node: str, running: set[str]) -> Mirrors:
     cluster = FakeCluster(node, running)
     broker = SimpleNamespace(store=MemoryStore())
-    api = SimpleNamespace(_broker=broker)
+    api = SimpleNamespace(cluster_port=lambda: broker)
     return Mirrors(api, cluster, SimpleNamespace())  # type: ignore[arg-type]
 
 

@@ -29,7 +29,7 @@ IDENT = ("/", "mirrored")  # FakeRemote's queue
 def groups_on(node: str, running: set[str]) -> QuorumGroups:
     cluster = FakeCluster(node, running)
     broker = SimpleNamespace(store=MemoryStore())
-    api = SimpleNamespace(_broker=broker)
+    api = SimpleNamespace(cluster_port=lambda: broker)
     return QuorumGroups(api, cluster, SimpleNamespace())  # type: ignore[arg-type]
 
 
@@ -152,7 +152,7 @@ async def test_the_cluster_queues_ask_both_mirrors_and_groups() -> None:
     queues = SimpleNamespace(extensions=[], retired={},
                              failover_expected=lambda queue: False,
                              failover_kept=lambda queue: None)
-    m = Mirrors(SimpleNamespace(_broker=SimpleNamespace(store=MemoryStore())),  # type: ignore[arg-type]
+    m = Mirrors(SimpleNamespace(cluster_port=lambda: SimpleNamespace(store=MemoryStore())),  # type: ignore[arg-type]
                 g.cluster, queues)  # type: ignore[arg-type]
     g.queues = queues  # type: ignore[assignment]
     queues.failover_expected = m.failover_expected

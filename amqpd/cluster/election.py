@@ -1,0 +1,146 @@
+"""One election round of a replicated queue whose leader was lost (issues 16 and 28):
+the one implementation under mirrored queues (:mod:`amqpd.cluster.mirror_failover`)
+and quorum queues (:mod:`amqpd.cluster.quorum_failover`).
+
+A round, on every node holding a copy whose leader the view says is not running:
+
+1. read the queue's record (``mirrors/...`` or the group record) from etcd; it is
+   decided already when the record is gone, names another leader, or the leader runs
+   again (a paused node, in a minority, never takes part);
+2. the :class:`Ballot` of the queue's kind says whether this copy stands at all, and
+   what it offers; the offer goes under
+   ``{root}/{Ballot.DIRECTORY}/{vhost}/{queue}/{record revision}/{node}``, so the offers
+   of one round are those made against the same record;
+3. the offers are read until every member the ballot expects offered, or
+   :data:`ELECTION_WAIT` passed;
+4. the ballot chooses; the winner takes over through its ballot (one etcd transaction
+   guarded by the revisions of the queue's definition and its record: never two
+   leaders); the others wait up to :data:`WINNER_WAIT` for the record to name
+   another leader, else the round is undecided and the caller runs another.
+
+What differs between the kinds -- who may stand, what an offer is, whose offers are
+awaited, the choice, the take-over -- is the ballot's; the round itself is here once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol
+
+from amqpd.cluster.mirror_state import Ident, key_part
+
+if TYPE_CHECKING:
+    from amqpd.cluster.mirror_copy import MirrorCopy
+    from amqpd.cluster.node import Cluster
+    from amqpd.coord.etcd import EtcdClient
+
+ELECTION_WAIT: Final = 2.0  # seconds a candidate waits for the other candidates
+WINNER_WAIT: Final = 5.0  # seconds a loser waits for the winner's record
+
+
+class Elector(Protocol):
+    """What a round needs of the node's replica groups (``Mirrors``, ``QuorumGroups``)."""
+
+    cluster: Cluster
+    etcd: EtcdClient
+    root: str
+    node: str
+
+    def record_key(self, ident: Ident) -> str: ...
+
+
+class Ballot:
+    """One round's rules for one kind of replicated queue (a subclass per kind). The
+    offers read so far are :attr:`offers` (node -> the sequence number it offers)."""
+
+    DIRECTORY: ClassVar[str]  # the etcd directory of the offers
+
+    def __init__(self, ident: Ident, copy: MirrorCopy, rec: dict[str, Any]) -> None:
+        self.ident = ident
+        self.copy = copy
+        self.rec = rec
+        self.offers: dict[str, int] = {}
+
+    def stand(self) -> bool | None:
+        """Before offering: None to stand, else the round's result (True: decided)."""
+        return None
+
+    def offer(self) -> str:
+        """What this node offers (the value of its key)."""
+        raise NotImplementedError
+
+    def take(self, node: str, value: bytes) -> None:
+        """One offer read from etcd."""
+        raise NotImplementedError
+
+    def expected(self) -> list[str]:
+        """The nodes whose offers the round waits for (up to :data:`ELECTION_WAIT`)."""
+        raise NotImplementedError
+
+    def choose(self) -> str | None:
+        """The winner of the offers read, or None."""
+        raise NotImplementedError
+
+    async def undecided(self) -> bool | None:
+        """No winner: the round's result, or None to go on as a round another node won."""
+        return False
+
+    def announce(self, winner: str | None) -> None:
+        """Log the round's outcome."""
+
+    async def take_over(self, rec_rev: int, prefix: str) -> bool:
+        """This node won: lead the queue (True: decided)."""
+        raise NotImplementedError
+
+
+async def election_round(elector: Elector, ident: Ident, copy: MirrorCopy,
+                         ballot_for: Callable[[dict[str, Any]], Ballot]) -> bool:
+    """One round (module docstring) for ``copy``, whose leader was lost; ``ballot_for``
+    makes the round's ballot from the record read. True when it is decided (promoted
+    here, elsewhere, or not possible)."""
+    view = elector.cluster
+    if view.paused:
+        return False  # a paused node (minority) never takes a queue over
+    etcd = elector.etcd
+    key = elector.record_key(ident)
+    kv = await etcd.get(key)
+    if kv is None:
+        return True
+    rec = json.loads(kv.value)
+    if rec.get("leader") != copy.leader or view.is_running(copy.leader):
+        return True  # somebody took over, or the leader is back
+    ballot = ballot_for(rec)
+    decided = ballot.stand()
+    if decided is not None:
+        return decided
+    prefix = f"{elector.root}/{ballot.DIRECTORY}/{key_part(ident[0])}/" \
+             f"{key_part(ident[1])}/{kv.mod_revision}/"
+    await etcd.put(prefix + elector.node, ballot.offer())
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + ELECTION_WAIT
+    while True:
+        for c in await etcd.get_prefix(prefix):
+            ballot.take(c.key.decode()[len(prefix):], c.value)
+        if all(n in ballot.offers for n in ballot.expected()) or loop.time() > deadline:
+            break
+        await asyncio.sleep(0.05)
+    winner = ballot.choose()
+    if winner is None:
+        result = await ballot.undecided()
+        if result is not None:
+            return result
+    ballot.announce(winner)
+    if winner == elector.node:
+        return await ballot.take_over(kv.mod_revision, prefix)
+    end = loop.time() + WINNER_WAIT
+    while loop.time() < end:
+        now = await etcd.get(key)
+        if now is None or json.loads(now.value).get("leader") != copy.leader:
+            return True
+        await asyncio.sleep(0.1)
+    return False  # the chosen one did not take over: another round
+
+
+__all__ = ["ELECTION_WAIT", "WINNER_WAIT", "Ballot", "Elector", "election_round"]

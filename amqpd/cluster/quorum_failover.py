@@ -1,0 +1,302 @@
+"""A quorum queue's election (issue 16's second half): part of
+:class:`amqpd.cluster.quorum_group.QuorumGroups`.
+
+When the view says a group's leader is not running, every member runs election rounds
+(:func:`amqpd.cluster.election.election_round`, the one the mirrored queues run too)
+with a :class:`GroupBallot`: every member offers how far it holds the lost leader's log
+of the record's term completely (:func:`election_offer`) and stops taking that
+leader's records (a vote ends its term here); the longest log among a majority of the
+members wins (:func:`~amqpd.cluster.quorum_state.choose_leader`). The winner takes
+over with the next term (:meth:`GroupFailover._take_over_group`) and turns its copy
+into a :class:`~amqpd.broker.quorum.QuorumQueue` with the lost leader's checkouts
+(:meth:`GroupFailover._promote_group`). The other nodes' remote queues ask
+:meth:`GroupFailover.failover_expected` whether to keep their consumers meanwhile.
+Theory of operation: :mod:`amqpd.cluster.quorum_group`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from amqpd.broker.api import LoggedMessage
+from amqpd.cluster import link_wire as W
+from amqpd.cluster.election import Ballot, election_round
+from amqpd.cluster.mirror_host import MirrorsHost
+from amqpd.cluster.mirror_state import Ident
+from amqpd.cluster.quorum_leading import CHECKOUT_WAIT, GroupLeading
+from amqpd.cluster.quorum_state import (
+    choose_leader,
+    group_size,
+    majority,
+)
+from amqpd.coord.etcd import Compare, EtcdError, Put
+
+if TYPE_CHECKING:
+    from amqpd.broker.api import QueueType, VHost
+    from amqpd.cluster.mirror_copy import MirrorCopy
+
+log = logging.getLogger("amqpd.cluster.quorum")
+
+
+def election_offer(copy: MirrorCopy, term: int) -> int:
+    """What a member offers in an election after the leader of ``term`` (the group
+    record's) was lost: a complete copy its last sequence number, a copy being rebuilt
+    (its link came back, or its node restarted: the map's durable mark,
+    :mod:`amqpd.cluster.mirror_map`) what it held completely before
+    (:attr:`MirrorCopy.held_seq`); each only of that leader's stream, as a sequence
+    number of another term is of another sequence space; else -1 (it votes, never
+    leads)."""
+    if copy.synced and copy.term == term:
+        return copy.last_seq
+    if copy.held_term == term:
+        return copy.held_seq
+    return -1
+
+
+class GroupBallot(Ballot):
+    """A quorum queue's rules in an election round (module docstring)."""
+
+    DIRECTORY = "quorum-candidates"
+
+    def __init__(self, groups: GroupFailover, ident: Ident, copy: MirrorCopy,
+                 rec: dict[str, Any]) -> None:
+        super().__init__(ident, copy, rec)
+        self.groups = groups
+        self.members = [str(m) for m in rec.get("members", [])]
+
+    def stand(self) -> bool | None:
+        return True if self.groups.node not in self.members else None
+
+    def offer(self) -> str:
+        copy = self.copy
+        offer = election_offer(copy, int(self.rec.get("term", 0)))
+        self.groups.frozen.add((copy.leader, copy.rid))
+        return str(offer)
+
+    def take(self, node: str, value: bytes) -> None:
+        self.offers[node] = int(value or b"-1")
+
+    def expected(self) -> list[str]:
+        view, lost = self.groups.cluster, self.copy.leader
+        return [n for n in self.members if n != lost and view.is_running(n)]
+
+    def choose(self) -> str | None:
+        return choose_leader(self.offers, self.members)
+
+    async def undecided(self) -> bool | None:
+        log.warning("queue '%s' in vhost '%s': leader %s lost and no majority of %s "
+                    "can elect another (offers %s): the queue waits for members to "
+                    "return", self.ident[1], self.ident[0], self.copy.leader,
+                    self.members, self.offers)
+        await asyncio.sleep(1.0)
+        return False
+
+    def announce(self, winner: str | None) -> None:
+        log.info("queue '%s' in vhost '%s': leader %s lost; offers %s; electing %s",
+                 self.ident[1], self.ident[0], self.copy.leader, self.offers, winner)
+
+    async def take_over(self, rec_rev: int, prefix: str) -> bool:
+        return await self.groups._take_over_group(self.ident, self.copy, self.rec,
+                                                  rec_rev, prefix)
+
+
+class GroupFailover(MirrorsHost):
+    """:class:`~amqpd.cluster.quorum_group.QuorumGroups`' elections (a mixin: the state
+    is the ``QuorumGroups`` instance's)."""
+
+    known_terms: dict[Ident, int]  # the newest term seen per queue
+    # copies (leader, rid) whose member offered itself in an election
+    frozen: set[tuple[str, int]]
+    elections: int
+
+    if TYPE_CHECKING:
+        def _lead_group(self, vh: VHost, q: QueueType, members: list[str], term: int,
+                        live: dict[int, bool] | None) -> GroupLeading: ...
+
+    async def _election_round(self, ident: Ident, copy: MirrorCopy) -> bool:
+        """One round (:func:`~amqpd.cluster.election.election_round`); True when it is
+        decided (elected here, elsewhere, or not possible)."""
+        return await election_round(self, ident, copy,
+                                    lambda rec: GroupBallot(self, ident, copy, rec))
+
+    async def _take_over_group(self, ident: Ident, copy: MirrorCopy, rec: dict[str, Any],
+                               rec_rev: int, prefix: str) -> bool:
+        from amqpd.cluster.definitions import KIND_QUEUE
+
+        vhost, name = ident
+        defs_key = self.cluster.mirror.etcd_key(KIND_QUEUE, f"{vhost}\x00{name}")
+        kv = await self.etcd.get(defs_key)
+        if kv is None:
+            return True
+        item = json.loads(kv.value)
+        if item.get("node") != copy.leader:
+            return True
+        item["node"] = self.node
+        members = [str(m) for m in rec.get("members", [])]
+        term = int(rec.get("term", 1)) + 1
+        new_rec = {"leader": self.node, "members": members, "term": term, "mirrors": [],
+                   "synchronised": [], "wanted": sorted(m for m in members
+                                                        if m != self.node)}
+        result = await self.etcd.txn(
+            [Compare("mod", defs_key, "==", kv.mod_revision),
+             Compare("mod", self.record_key(ident), "==", rec_rev)],
+            [Put(defs_key, json.dumps(item, separators=(",", ":"))),
+             Put(self.record_key(ident), json.dumps(new_rec))])
+        if not result.succeeded:
+            return False
+        self.known_terms[ident] = term
+        lead = self._promote_group(ident, copy, item, members, term)
+        lead.rev = result.revision
+        lead.written = new_rec
+        self.elections += 1
+        with contextlib.suppress(EtcdError):
+            for c in await self.etcd.get_prefix(prefix):
+                await self.etcd.delete(c.key)
+        return True
+
+    def _promote_group(self, ident: Ident, copy: MirrorCopy, item: dict[str, Any],
+                       members: list[str], term: int) -> GroupLeading:
+        """Turn the copy into the quorum queue, in the remote queue's place.
+
+        What the lost leader had handed out (MHELD: whose consumers hold it) is, in the
+        leader's order, at the front: what consumers on the lost node, or on a node not
+        running, held is returned at once (redelivered, counted once more:
+        broker/quorum.py's rules); what consumers on running nodes hold stays checked
+        out to them (:meth:`GroupLeading.reclaim`; this node's own at once,
+        :meth:`_reclaim_here`), returned to its place if they do not take it back.
+        Then the messages not held, in order (redelivered if they had been before)."""
+        from amqpd.broker.api import QuorumQueue
+        from amqpd.cluster.remote_queue import replace_queue
+
+        vhost, name = ident
+        vh = self.broker.vhosts[vhost]
+        old = vh.queues.get(name)
+        self.cluster.catalogue[ident] = self.node
+        q = QuorumQueue(vh, name, durable=True, auto_delete=False,
+                        arguments=dict(old.arguments if old is not None
+                                       else item.get("arguments") or {}))
+        replace_queue(self.queues, vh, old, q)
+        self.broker.apply_policies_to(vh, q)
+        live: dict[int, bool] = {}
+        held: list[tuple[int, int, int, str]] = []  # leader position, local, size, holder
+        ready: list[tuple[int, int, bool]] = []
+        for lp in sorted(copy.entries):
+            local, size, delivered = copy.entries[lp]
+            live[local] = bool(delivered)
+            holder = copy.holders.get(lp) if delivered else None
+            if holder is None:
+                ready.append((local, size, bool(delivered)))
+            else:
+                held.append((lp, local, size, holder))
+        self.copies.pop((copy.leader, copy.rid), None)
+        self.copy_of.pop(ident, None)
+        self.frozen.discard((copy.leader, copy.rid))
+        copy.forget_map()  # its messages are the queue's own now
+        self.broker.definitions_changed(q)
+        lead = self._lead_group(vh, q, members, term, live)
+        returned: list[Any] = []
+        kept: dict[str, dict[int, Any]] = {}
+        for lp, local, size, holder in held:  # their places: ahead of the rest
+            entry = q.checked_out_entry(LoggedMessage(self.store, local, size))
+            if holder != copy.leader and (holder == self.node or
+                                          self.cluster.is_running(holder)):
+                kept.setdefault(holder, {})[lp] = entry
+                lead.holders[local] = holder
+            else:
+                returned.append(entry)
+        for local, size, redelivered in ready:
+            q.restore(LoggedMessage(self.store, local, size), redelivered)
+        lead.checkouts = kept
+        lead.checkouts_from = copy.leader
+        lead.checkouts_until = time.monotonic() + CHECKOUT_WAIT
+        q.return_checked_out(returned)
+        self._reclaim_here(old, lead)
+        self.promotions += 1
+        log.warning("queue '%s' in vhost '%s': elected leader on %s (term %d) after the "
+                    "loss of %s (%d messages; of those handed out before, %d returned, "
+                    "%d kept for consumers on %s)", name, vhost, self.node, term,
+                    copy.leader, len(live), len(returned),
+                    sum(len(k) for k in kept.values()), sorted(kept) or "no node")
+        return lead
+
+    def _reclaim_here(self, old: QueueType | None, lead: GroupLeading) -> None:
+        """This node's own consumers followed the promoted queue (replace_queue): what
+        their channels hold of the lost leader (the remote queue's held deliveries)
+        becomes the new queue's deliveries in place, so the client's acks by the old
+        delivery tags settle them; the rest kept for this node is returned."""
+        pending = lead.checkouts.pop(self.node, None)
+        if pending is None:
+            return
+        stale = getattr(old, "_stale", None)
+        origin = lead.checkouts_from
+        if stale:
+            for proto in list(self.broker.transports):
+                session = proto.session
+                for ch in list(getattr(session, "channels", {}).values()):
+                    for item in list(ch.unacked.values()):
+                        if item.queue is not old:
+                            continue
+                        held = stale.get(item.entry.seq)
+                        if held is None or held.origin != origin or \
+                                held.position not in pending:
+                            continue
+                        del stale[item.entry.seq]
+                        item.queue = lead.q
+                        item.entry = pending.pop(held.position)
+        done = getattr(old, "_held_done", [])
+        for held in list(done):  # settled by the client before the election ended
+            entry = pending.pop(held.position, None) if held.origin == origin else None
+            if entry is None:
+                continue
+            done.remove(held)
+            if held.done == W.SETTLE:
+                lead.q.settle([entry])
+            else:
+                lead.q.reject([entry])
+        lead.give_back(self.node, list(pending.values()), "not held here any more")
+
+    def failover_expected(self, queue: QueueType) -> bool:
+        """The link to quorum queue ``queue``'s leader went (or its kept consumers have
+        waited a while): will the group elect a new leader (its consumers here are then
+        kept, remote_queue.RemoteQueue.detach)? Only if a majority of its members, the
+        lost leader aside, is running (:func:`~amqpd.cluster.quorum_state.choose_leader`).
+
+        Decided on what this node knows now, whichever of the link's end, the view's
+        news and the periodic read of the group records (every 0.5 s) came first: the
+        record as last read, else -- no record read yet, the queue declared moments
+        before its leader died -- the queue's type: a quorum queue always has a group
+        (written at declare), of ``x-quorum-initial-group-size`` members among the
+        cluster's nodes, so the running nodes other than the lost leader, this one (a
+        member holding a copy here, or not) included, decide. Consumers kept on that
+        word are checked against etcd's record at once (:meth:`failover_kept`)."""
+        if not self.adopts(str(getattr(queue, "real_type", queue.type_name))):
+            return False  # a mirrored queue: amqpd.cluster.mirror decides
+        lost = str(getattr(queue, "leader", ""))
+        rec = self.records.get((queue.vhost.name, queue.name))
+        if rec is not None:
+            return self.could_take_over(rec, lost)
+        nodes = list(self.cluster.nodes())
+        size = min(group_size(dict(getattr(queue, "arguments", None) or {})), len(nodes))
+        others = sum(1 for n in nodes if n != lost and self._up(n))
+        return min(others, size - 1) >= majority(size)
+
+    def could_take_over(self, rec: dict[str, Any] | None, lost: str) -> bool:
+        """Whether the group record ``rec`` of a quorum queue whose leader ``lost`` is
+        gone lets a majority of its members (the lost leader aside) elect a new one. A
+        record that names another leader already: yes (the catalogue follows). No
+        record: the leader died before it wrote one, so there is no group to elect."""
+        if rec is None:
+            return False
+        if rec.get("leader") != lost:
+            return True
+        members = [str(m) for m in rec.get("members", [])]
+        up = [m for m in members if m != lost and self._up(m)]
+        return bool(members) and len(up) >= majority(len(members))
+
+
+__all__ = ["GroupBallot", "GroupFailover", "election_offer"]
