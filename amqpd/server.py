@@ -654,7 +654,7 @@ async def serve(settings: Settings, ready: Callable[[Broker], None] | None = Non
     tune_gc()
     cluster = None
     if settings.cluster.enabled:
-        from amqpd.cluster import remote_queue
+        from amqpd.cluster import cluster_queues
         from amqpd.cluster.node import Cluster
         from amqpd.config import split_addr
 
@@ -662,9 +662,9 @@ async def serve(settings: Settings, ready: Callable[[Broker], None] | None = Non
         broker.cluster = cluster
         # the inter-node links listen first: the node's record names their address
         cc = settings.cluster
-        queues = await remote_queue.start(broker.api, cluster, cluster.cookie,
-                                          *split_addr(cc.link_listen),
-                                          cc.queue_leader_locator)
+        queues = await cluster_queues.start(broker.api, cluster, cluster.cookie,
+                                            *split_addr(cc.link_listen),
+                                            cc.queue_leader_locator)
         cluster.link_address = queues.links.address
         # joins, syncs definitions from etcd (paused until then), starts heartbeats
         try:

@@ -71,6 +71,7 @@ from amqpd.store.api import MessageStore as MessageStore
 # refuses waits with it: amqpd/cluster/deadlines.py, mirror.py)
 from amqpd.store.api import NotReplicated as NotReplicated
 from amqpd.store.api import StoredMessage as StoredMessage
+from amqpd.store.api import StoreError as StoreError
 from amqpd.store.api import queue_key as queue_key
 
 if TYPE_CHECKING:

@@ -453,11 +453,11 @@ class DefinitionMirror:
     def _materialise(self, vhost: str, item: dict[str, Any], leader: str) -> None:
         """A queue led by another node: the inter-node links stand for it, if present."""
         try:
-            from amqpd.cluster import remote_queue  # type: ignore[attr-defined]
+            from amqpd.cluster import cluster_queues
         except ImportError:
             return  # catalogue only (no inter-node links in this build)
         try:
-            remote_queue.materialise(self.api, vhost, item, leader)
+            cluster_queues.materialise(self.api, vhost, item, leader)
         except Exception as exc:
             log.error("cluster: queue %r in vhost %r led by %s not materialised: %s",
                       item.get("name"), vhost, leader, exc)

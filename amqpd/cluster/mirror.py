@@ -105,8 +105,8 @@ from amqpd.coord.etcd import Compare, EtcdError, Put, delete_own
 
 if TYPE_CHECKING:
     from amqpd.broker.api import BrokerAPI, QueueType, VHost
+    from amqpd.cluster.cluster_queues import ClusterQueues
     from amqpd.cluster.node import Cluster
-    from amqpd.cluster.remote_queue import ClusterQueues
 
 log = logging.getLogger("amqpd.cluster.mirror")
 

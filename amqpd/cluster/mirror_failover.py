@@ -196,7 +196,7 @@ class MirrorFailover(MirrorsHost):
     def _promote_here(self, ident: Ident, copy: MirrorCopy, item: dict[str, Any]) -> None:
         """Turn the copy into the queue, in the remote queue's place."""
         from amqpd.broker.api import Queue
-        from amqpd.cluster.remote_queue import replace_queue
+        from amqpd.cluster.cluster_queues import replace_queue
 
         vhost, name = ident
         vh = self.broker.vhosts[vhost]

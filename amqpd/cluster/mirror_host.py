@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from amqpd.broker.api import BrokerAPI, ClusterPort, QueueType, VHost
+    from amqpd.cluster.cluster_queues import ClusterQueues
     from amqpd.cluster.mirror_copy import MirrorCopy
     from amqpd.cluster.mirror_leading import Leading
     from amqpd.cluster.mirror_map import CopyMap
     from amqpd.cluster.mirror_state import CommitGate, Ident
     from amqpd.cluster.mirror_store import ReplicatingStore
     from amqpd.cluster.node import Cluster
-    from amqpd.cluster.remote_queue import ClusterQueues
     from amqpd.coord.etcd import EtcdClient
 
 

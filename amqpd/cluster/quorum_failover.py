@@ -171,7 +171,7 @@ class GroupFailover(MirrorsHost):
         :meth:`_reclaim_here`), returned to its place if they do not take it back.
         Then the messages not held, in order (redelivered if they had been before)."""
         from amqpd.broker.api import QuorumQueue
-        from amqpd.cluster.remote_queue import replace_queue
+        from amqpd.cluster.cluster_queues import replace_queue
 
         vhost, name = ident
         vh = self.broker.vhosts[vhost]

@@ -112,9 +112,9 @@ from amqpd.coord.etcd import Compare, EtcdError, Put
 
 if TYPE_CHECKING:
     from amqpd.broker.api import BrokerAPI, QueueType, VHost
+    from amqpd.cluster.cluster_queues import ClusterQueues
     from amqpd.cluster.link import Link
     from amqpd.cluster.node import Cluster
-    from amqpd.cluster.remote_queue import ClusterQueues, RemoteQueue
 
 log = logging.getLogger("amqpd.cluster.quorum")
 
@@ -146,13 +146,13 @@ class QuorumGroups(GroupFailover, Mirrors):
         self.queues.extensions.append(self)
         previous = self.queues.failover_expected
 
-        def expected(queue: RemoteQueue) -> bool:
+        def expected(queue: QueueType) -> bool:
             return self.failover_expected(queue) or previous(queue)
 
         self.queues.failover_expected = expected
         previous_kept = self.queues.failover_kept
 
-        def kept(queue: RemoteQueue) -> None:  # each acts on its own queue type only
+        def kept(queue: QueueType) -> None:  # each acts on its own queue type only
             self.failover_kept(queue)
             previous_kept(queue)
 

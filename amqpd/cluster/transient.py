@@ -185,7 +185,8 @@ class TransientQueues:
     def _apply(self, node: str, vhost: str, name: str, value: bytes | None) -> None:
         if node == self.node:
             return
-        from amqpd.cluster.remote_queue import RemoteQueue, materialise
+        from amqpd.cluster.cluster_queues import materialise
+        from amqpd.cluster.remote_queue import RemoteQueue
 
         if not self.api.has_vhost(vhost):
             return
@@ -282,9 +283,9 @@ class TransientQueues:
         if running:
             asyncio.get_running_loop().create_task(self._read_node(node))
             return
-        from amqpd.cluster import remote_queue
+        from amqpd.cluster import cluster_queues
 
-        queues = remote_queue._INSTANCES.get(id(self.api))
+        queues = cluster_queues._INSTANCES.get(id(self.api))
         if queues is None or queues.links.link(node) is None:
             self.node_lost(node)
 

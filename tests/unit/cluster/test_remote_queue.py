@@ -21,8 +21,9 @@ import pamqp.commands
 import pytest
 
 from amqpd.broker.queue import Queue
-from amqpd.cluster import remote_queue
-from amqpd.cluster.remote_queue import ClusterQueues, RemoteQueue
+from amqpd.cluster import cluster_queues, remote_failover, remote_served
+from amqpd.cluster.cluster_queues import ClusterQueues
+from amqpd.cluster.remote_queue import RemoteQueue
 from amqpd.config import Settings
 from amqpd.server import Broker
 
@@ -83,7 +84,7 @@ async def start_node(name: str, tmp: Path, shared: dict[str, NodeInfo]) -> Node:
                              node_name=name))
     await broker.start()
     view = FakeView(name, shared)
-    cluster = await remote_queue.start(broker.api, view, b"secret", "127.0.0.1", 0)
+    cluster = await cluster_queues.start(broker.api, view, b"secret", "127.0.0.1", 0)
     assert cluster.links.address is not None
     shared[name] = NodeInfo(name, cluster.links.address, 0, 0, True)
     return Node(broker, cluster, view)
@@ -105,7 +106,7 @@ async def nodes(tmp_path: Path) -> AsyncIterator[tuple[Node, Node]]:
 def lead(a: Node, b: Node, name: str, **arguments: Any) -> RemoteQueue:
     """Declare ``name`` on A (its leader) and make it known on B."""
     a.broker.api.declare_queue("/", name, durable=True, arguments=arguments)
-    q = remote_queue.materialise(b.broker.api, "/", {"name": name, "durable": True,
+    q = cluster_queues.materialise(b.broker.api, "/", {"name": name, "durable": True,
                                                      "arguments": arguments}, "a@test")
     assert isinstance(q, RemoteQueue)
     return q
@@ -377,7 +378,7 @@ async def test_tx_commit_ok_waits_for_the_leaders_group_commit(
     full = lead(a, b, "q7-full", **{"x-max-length": 0, "x-overflow": "reject-publish"})
     await until(lambda: rq.available and full.available)
     held: list[tuple[Callable[[BaseException | None], None], BaseException | None]] = []
-    real = remote_queue.enqueue_here
+    real = remote_served.enqueue_here
 
     def slow_commit(broker: Any, q: Any, message: Any, on_confirm: Any) -> None:
         """A's group commit, held until the test lets it finish."""
@@ -386,7 +387,7 @@ async def test_tx_commit_ok_waits_for_the_leaders_group_commit(
             return
         real(broker, q, message, lambda error: held.append((on_confirm, error)))
 
-    monkeypatch.setattr(remote_queue, "enqueue_here", slow_commit)
+    monkeypatch.setattr(remote_served, "enqueue_here", slow_commit)
     conn = await aio_pika.connect(b.url)
     try:
         ch = await conn.channel(publisher_confirms=False)
@@ -405,7 +406,7 @@ async def test_tx_commit_ok_waits_for_the_leaders_group_commit(
             callback(error)
         held.clear()
         await asyncio.wait_for(commit, 5)
-        monkeypatch.setattr(remote_queue, "enqueue_here", real)
+        monkeypatch.setattr(remote_served, "enqueue_here", real)
         # the leader refuses a message (its length limit): the transaction fails
         await raw.basic_publish(b"x", routing_key="q7-full")
         with pytest.raises(aiormq.exceptions.ChannelPreconditionFailed) as info:
@@ -635,7 +636,7 @@ async def test_consumers_follow_a_promotion_here_while_the_old_leaders_link_is_u
         assert rq.link is not None
         vh = b.broker.vhosts["/"]
         promoted = Queue(vh, "qp", durable=True)
-        remote_queue.replace_queue(b.cluster, vh, rq, promoted)
+        cluster_queues.replace_queue(b.cluster, vh, rq, promoted)
         await until(lambda: leaver not in raw.consumers)  # basic.cancel: it asked for it
         assert [c.tag for c in promoted.consumers] == [keeper]
         await until(lambda: not a.broker.vhosts["/"].queues["qp"].consumers)  # stream closed
@@ -667,7 +668,7 @@ async def test_consumers_follow_a_new_leader_while_the_old_leaders_link_is_up(
             await until(lambda: len(a.broker.vhosts["/"].queues["qf"].consumers) == 2)
             assert not b.cluster.failover_expected(rq)
             c.broker.api.declare_queue("/", "qf", durable=True)  # the promoted mirror
-            same = remote_queue.materialise(b.broker.api, "/", {
+            same = cluster_queues.materialise(b.broker.api, "/", {
                 "name": "qf", "durable": True, "arguments": {}}, "c@test")
             assert same is rq and rq.leader == "c@test"
             await until(lambda: leaver not in raw.consumers)
@@ -695,14 +696,14 @@ async def test_kept_consumers_wait_while_a_mirror_can_still_take_over(
     """The link to the leader went and a failover is expected: the kept consumers are
     not cancelled when FAILOVER_WAIT passes while a mirror can still take over (a slow
     election), only once none can (qk1), or after FAILOVER_LIMIT (qk2)."""
-    monkeypatch.setattr(remote_queue, "FAILOVER_WAIT", 0.2)
+    monkeypatch.setattr(remote_failover, "FAILOVER_WAIT", 0.2)
     a, b = nodes
     expected = [True]
-    kept_checks: list[RemoteQueue] = []
+    kept_checks: list[Any] = []  # the queues failover_kept was given
     b.cluster.failover_expected = lambda queue: expected[0]
     b.cluster.failover_kept = kept_checks.append
     for name, limit in (("qk1", 60.0), ("qk2", 3.0)):
-        monkeypatch.setattr(remote_queue, "FAILOVER_LIMIT", limit)
+        monkeypatch.setattr(remote_failover, "FAILOVER_LIMIT", limit)
         expected[0] = True
         rq = lead(a, b, name)
         await _kept_then_cancelled(a, b, rq, expected if limit > 5 else None)
@@ -804,7 +805,7 @@ async def test_a_kept_consumer_following_a_copy_here_gets_deliveries_as_it_settl
     try:
         vh = b.broker.vhosts["/"]
         new = QUEUE_TYPES["classic"](vh, "q-here", durable=False)
-        remote_queue.replace_queue(b.cluster, vh, rq, new)
+        cluster_queues.replace_queue(b.cluster, vh, rq, new)
         new.enqueue(_msg("q-here", 100))
         new.enqueue(_msg("q-here", 101))
         await asyncio.sleep(0.2)

@@ -1,0 +1,552 @@
+"""This node's part in queues led across the cluster (issue 15): :class:`ClusterQueues`,
+one per node, owns the inter-node links (:class:`~amqpd.cluster.link.LinkManager`),
+follows the leaders of the :class:`~amqpd.cluster.remote_queue.RemoteQueue` objects
+here (:func:`materialise`, :func:`replace_queue`), serves the streams other nodes open
+for the queues this node leads (:class:`~amqpd.cluster.remote_served.Served`), places
+new queues by the leader locator, and hands the frames of other stream kinds to its
+``extensions`` (mirrored queues, quorum groups). Theory of operation:
+:mod:`amqpd.cluster.remote_queue`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+from amqpd.broker.api import (
+    AMQPError,
+    QueueType,
+    queue_type_name,
+)
+from amqpd.cluster import link_wire as W
+from amqpd.cluster.link import Link, LinkHandler, LinkManager
+from amqpd.cluster.remote_queue import RemoteQueue, jsonable, remote_class
+from amqpd.cluster.remote_served import Served
+
+if TYPE_CHECKING:
+    from amqpd.broker.api import BrokerAPI, VHost
+    from amqpd.cluster.deadlines import ConfirmDeadlines
+
+log = logging.getLogger("amqpd.cluster.queues")
+
+STATS_INTERVAL: Final = 1.0
+# a stream the leader refuses (404) while the catalogue says it leads the queue is
+# opened again this often, this many times (its leader is taking the queue over)
+REOPEN_DELAY: Final = 0.2
+REOPEN_TRIES: Final = 50
+EXTENSION_KINDS: Final = 80  # frame types from here on belong to ClusterQueues.extensions
+# a link to a node the view does not see running is closed once silent this long
+LINK_SILENCE: Final = 2.0
+LOCATORS: Final = ("client-local", "min-masters", "random")  # RabbitMQ 3.10's names
+
+
+class ClusterQueues:
+    """This node's side of queues across the cluster: the :class:`LinkHandler` of its
+    links, the remote queues it holds (user side) and the streams it serves (leader
+    side)."""
+
+    def __init__(self, api: BrokerAPI, view: Any, cookie: bytes,
+                 locator: str = "client-local") -> None:
+        self.api = api
+        self.broker = api.cluster_port()
+        self.view = view
+        self.locator = locator  # cluster.queue_leader_locator
+        self.node: str = view.node_name
+        self.links = LinkManager(self.node, cookie, self, self._address, view.is_running)
+        self.remote: dict[str, dict[int, RemoteQueue]] = {}  # peer -> stream -> queue
+        self._next_stream = 0
+        self.served: dict[Link, dict[int, Served]] = {}
+        self._stats_handle: asyncio.TimerHandle | None = None
+        self._credit_flush = False
+        self._declares: dict[int, RemoteQueue] = {}
+        self._next_declare = 0
+        # handlers of the other stream kinds on the same links (frame types from
+        # EXTENSION_KINDS on: amqpd.cluster.mirror); told of links going up and down too
+        self.extensions: list[LinkHandler] = []
+        # queues this node held that another node leads (found at start): a mirror's
+        # copy is adopted again by amqpd.cluster.mirror, the others deleted there
+        self.retired: dict[tuple[str, str], QueueType] = {}
+        # the deadlines of forwarded publishes' confirms (amqpd.cluster.deadlines)
+        self.confirm_deadlines: ConfirmDeadlines | None = None
+        # whether a queue whose link to its leader went will get a new leader (a
+        # mirror can take over; set by amqpd.cluster.mirror): its consumers are kept
+        self.failover_expected: Callable[[QueueType], bool] = lambda queue: False
+        # told when a queue kept its consumers on failover_expected's word: the mirrors
+        # check that word against etcd's record (RemoteQueue.cancel_kept if it is wrong)
+        self.failover_kept: Callable[[QueueType], None] = lambda queue: None
+
+    def _address(self, peer: str) -> tuple[str, int] | None:
+        info = self.view.nodes().get(peer)
+        return info.link if info is not None else None
+
+    async def start(self, host: str, port: int) -> tuple[str, int]:
+        self.broker.queue_placer = self.place
+        address = await self.links.listen(host, port)
+        self.view.subscribe(self._node_changed)
+        for name in self.view.nodes():
+            if name != self.node and self.view.is_running(name):
+                self.links.want(name)
+        self._stats_handle = asyncio.get_running_loop().call_later(
+            STATS_INTERVAL, self._send_stats)
+        return address
+
+    async def stop(self) -> None:
+        self.broker.queue_placer = None
+        if self._stats_handle is not None:
+            self._stats_handle.cancel()
+        await self.links.close()
+
+    def _node_changed(self, node: str, running: bool) -> None:
+        if node == self.node:
+            return
+        if running:
+            self.links.want(node)
+        else:
+            asyncio.get_running_loop().create_task(self._watch_down(node))
+
+    async def _watch_down(self, node: str) -> None:
+        """The view lost sight of ``node`` (heartbeats late or gone). A dead process
+        closes its links itself (the kernel does); a link still carrying traffic is
+        kept (a busy node's heartbeats can be late: closing would nack everything in
+        flight); a silent one is closed while the view still says so, as in a network
+        partition: its queues are then down here."""
+        loop = asyncio.get_running_loop()
+        while not self.links.closing and not self.view.is_running(node):
+            link = self.links.links.get(node)
+            if link is None or link.closed:
+                return
+            if loop.time() - link.last_heard >= LINK_SILENCE:
+                log.warning("link to %s closed: the node is not seen running and the "
+                            "link is silent", node)
+                link.close()
+                return
+            await asyncio.sleep(LINK_SILENCE / 4)
+
+    # -- user side -----------------------------------------------------------------------
+    def adopt(self, queue: RemoteQueue, leader: str) -> None:
+        queue.leader = leader
+        queue.cluster = self
+        self._next_stream += 1
+        self.remote.setdefault(leader, {})[self._next_stream] = queue
+        queue.stream = self._next_stream
+        link = self.links.link(leader)
+        if link is not None:
+            queue.attach(link, queue.stream)
+        else:
+            self.links.want(leader)
+
+    def retire(self, queue: QueueType) -> None:
+        """``queue`` was this node's own and another node leads it now: deleted here
+        unless it holds messages, which may be this node's mirror copy of it (kept
+        across a restart; amqpd.cluster.mirror adopts or deletes it)."""
+        if queue.message_count or queue.unacked_count:
+            self.retired[(queue.vhost.name, queue.name)] = queue
+        else:
+            queue.delete()
+
+    def forget(self, queue: RemoteQueue) -> None:
+        streams = self.remote.get(queue.leader, {})
+        if streams.get(queue.stream) is queue:
+            del streams[queue.stream]
+            if queue.link is not None:
+                queue.link.send(W.encode(W.CLOSE, queue.stream))
+
+    # -- leader locators -----------------------------------------------------------------
+    def locator_for(self, vhost: str, name: str, cls: type[QueueType],
+                    arguments: dict[str, Any]) -> str:
+        """``x-queue-master-locator``, else the ``queue-master-locator`` policy key, else
+        ``cluster.queue_leader_locator`` (RabbitMQ 3.10's order)."""
+        value = arguments.get("x-queue-master-locator")
+        if isinstance(value, str) and value in LOCATORS:
+            return value
+        policy = self.broker.policies.match(vhost, "queues", name, cls.type_name)
+        if policy is not None:
+            value = policy.definition.get("queue-master-locator")
+            if isinstance(value, str) and value in LOCATORS:
+                return value
+        return self.locator
+
+    def choose_leader(self, locator: str) -> str:
+        """The node a new queue is led by: this one (client-local), the running node
+        leading the fewest queues (min-masters), or any running node (random)."""
+        others = sorted(n for n in self.view.nodes() if n != self.node
+                        and self.view.is_running(n) and self.links.link(n) is not None)
+        running = [self.node, *others]
+        if locator == "random":
+            return random.choice(running)
+        if locator == "min-masters":
+            counts = dict.fromkeys(running, 0)
+            for leader in self._leaders():
+                if leader in counts:
+                    counts[leader] += 1
+            return min(running, key=lambda n: (counts[n], n != self.node, n))
+        return self.node
+
+    def _leaders(self) -> list[str]:
+        catalogue = getattr(self.view, "catalogue", None)
+        if isinstance(catalogue, dict) and catalogue:
+            return [str(v) for v in catalogue.values()]
+        out = []
+        for vh in self.broker.vhosts.values():
+            for q in vh.queues.values():
+                if isinstance(q, RemoteQueue):
+                    out.append(q.leader)
+                elif q.durable and not q.exclusive:
+                    out.append(self.node)
+        return out
+
+    def place(self, vhost: VHost, name: str, cls: type[QueueType], auto_delete: bool,
+              arguments: dict[str, Any]) -> QueueType | None:
+        """``Broker.queue_placer``: a new durable queue led by another node when the
+        locator picks one (that node is asked to create it, ahead of everything this
+        node sends about it on the link); None: create it here."""
+        locator = self.locator_for(vhost.name, name, cls, arguments)
+        if locator == "client-local":
+            return None
+        leader = self.choose_leader(locator)
+        link = self.links.link(leader)
+        if leader == self.node or link is None:
+            return None
+        self._next_declare += 1
+        link.send(W.encode(W.DECLARE, 0, self._next_declare, {
+            "vhost": vhost.name, "name": name, "auto_delete": auto_delete,
+            "arguments": jsonable(arguments)}))
+        q = materialise(self.api, vhost.name, {"name": name, "durable": True,
+                                               "auto_delete": auto_delete,
+                                               "arguments": arguments}, leader)
+        assert isinstance(q, RemoteQueue)
+        self._declares[self._next_declare] = q
+        log.info("queue '%s' in vhost '%s' declared with leader %s (%s)", name,
+                 vhost.name, leader, locator)
+        return q
+
+    def _declare_here(self, link: Link, req: int, body: dict[str, Any]) -> None:
+        """A peer's locator chose this node to lead a queue: create it (as a declare
+        here would, so the cluster's definitions record this node as its leader)."""
+        code, text = 0, ""
+        self.broker.queue_placer = None  # here, whatever this node's locator would say
+        try:
+            self.api.declare_queue(body["vhost"], body["name"], durable=True,
+                                   auto_delete=bool(body.get("auto_delete")),
+                                   arguments=dict(body.get("arguments") or {}))
+        except AMQPError as exc:
+            code, text = exc.reply_code, str(exc)
+        finally:
+            self.broker.queue_placer = self.place
+        link.send(W.encode(W.DECLARED, 0, req, code, text))
+
+    def _declared(self, req: int, code: int, text: str) -> None:
+        q = self._declares.pop(req, None)
+        if q is None or not code:
+            return
+        log.warning("queue '%s' in vhost '%s': leader %s refused to create it: %s %s",
+                    q.name, q.vhost.name, q.leader, code, text)
+        q.gone = True
+        q.vhost.delete_queue(q)
+
+    # -- LinkHandler ---------------------------------------------------------------------
+    def link_up(self, link: Link) -> None:
+        self.served[link] = {}
+        for stream, queue in self.remote.get(link.peer, {}).items():
+            queue.attach(link, stream)
+        for ext in self.extensions:
+            ext.link_up(link)
+
+    def link_down(self, link: Link) -> None:
+        for served in self.served.pop(link, {}).values():
+            served.close()
+        for queue in self.remote.get(link.peer, {}).values():
+            if queue.link is link:
+                queue.detach()
+        lost = getattr(self.view, "node_lost", None)  # the cluster's non-durable queues
+        if lost is not None and not self.links.closing:
+            lost(link.peer)
+        if not self.links.closing and self.view.is_running(link.peer):
+            self.links.want(link.peer)
+        for ext in self.extensions:
+            ext.link_down(link)
+
+    def frame(self, link: Link, kind: int, stream: int, f: list[Any]) -> None:
+        if kind < W.OPEN:
+            raise W.WireError(f"handshake frame {kind} on a live link")
+        if kind >= EXTENSION_KINDS:
+            for ext in self.extensions:
+                ext.frame(link, kind, stream, f)
+            return
+        if kind == W.DECLARE:
+            self._declare_here(link, f[0], f[1])
+            return
+        if kind == W.DECLARED:
+            self._declared(*f)
+            return
+        if kind in _LEADER_SIDE:
+            self._serve(link, kind, stream, f)
+            return
+        queue = self.remote.get(link.peer, {}).get(stream)
+        if queue is None or queue.link is not link:
+            if kind == W.DELIVER:  # a stream we closed: give it back
+                link.send(W.encode(W.REQUEUE, stream, [f[1]]))
+            return
+        if kind == W.CONFIRM:
+            queue._confirmed(f[0], bool(f[1]))
+        elif kind == W.DELIVER:
+            queue._deliver(*f)
+        elif kind == W.CREDIT:
+            queue._got_credit(f[0])
+        elif kind in (W.OPENED, W.STATS):
+            queue.ready_count, queue.remote_unacked, queue.remote_consumers = f
+            if kind == W.OPENED:
+                queue.reopen_tries = 0
+        elif kind == W.GET_OK:
+            queue._got(*f)
+        elif kind == W.GET_EMPTY:
+            queue._got_empty(f[0])
+        elif kind == W.CANCELLED:
+            queue._cancelled(f[0])
+        elif kind == W.CONSUMED:
+            queue._consumed(*f)
+        elif kind == W.RECLAIMED:
+            queue._reclaimed(*f)
+        elif kind == W.COUNTED:
+            queue._counted(*f)
+        elif kind in (W.PURGED, W.DELETED):
+            answer = queue._requests.pop(f[0], None)
+            if answer is not None:
+                answer(f[1])
+        elif kind == W.FAILED:
+            log.warning("queue '%s' in vhost '%s' on %s: %s %s", queue.name,
+                        queue.vhost.name, link.peer, f[0], f[1])
+            retry = f[0] == 404 and self._catalogue_leader(queue) == link.peer \
+                and queue.reopen_tries < REOPEN_TRIES
+            queue.detach(keep_consumers=retry)
+            if retry:
+                # the catalogue says the peer leads it, but its queue is not there yet (a
+                # mirror being promoted: amqpd.cluster.mirror): open the stream again
+                queue.reopen_tries += 1
+                asyncio.get_running_loop().call_later(REOPEN_DELAY, self._reopen, queue,
+                                                      link)
+                return
+            queue.gone = True
+            queue.link = link  # still reachable; ``gone`` answers 404
+
+    def _catalogue_leader(self, queue: RemoteQueue) -> str | None:
+        catalogue = getattr(self.view, "catalogue", None)
+        if not isinstance(catalogue, dict):
+            return None
+        leader = catalogue.get((queue.vhost.name, queue.name))
+        return str(leader) if leader is not None else None
+
+    def _reopen(self, queue: RemoteQueue, link: Link) -> None:
+        if queue.deleted or queue.link is not None or link.closed \
+                or self.remote.get(link.peer, {}).get(queue.stream) is not queue:
+            return
+        queue.attach(link, queue.stream)
+
+    # -- leader side ---------------------------------------------------------------------
+    def _serve(self, link: Link, kind: int, stream: int, f: list[Any]) -> None:
+        streams = self.served.setdefault(link, {})
+        if kind == W.OPEN:
+            self._open(link, streams, stream, f[0], f[1])
+            return
+        served = streams.get(stream)
+        if served is None:
+            if kind == W.PUBLISH:
+                if f[0]:
+                    link.send(W.encode(W.CONFIRM, stream, f[0], False))
+                link.send(W.encode(W.CREDIT, stream, 1))  # its credit is not lost
+            elif kind == W.CONSUME:
+                link.send(W.encode(W.CONSUMED, stream, f[0], 404, "no such queue stream"))
+            elif kind == W.GET:
+                link.send(W.encode(W.GET_EMPTY, stream, f[0]))
+            return
+        if kind == W.PUBLISH:
+            served.publish(*f)
+            self._schedule_credit()
+        elif kind in (W.SETTLE, W.REQUEUE, W.REJECT):
+            served.settle(f[0], kind)
+        elif kind == W.CONSUME:
+            served.consume(*f)
+        elif kind == W.GRANT:
+            served.grant(*f)
+        elif kind == W.CANCEL:
+            served.cancel(f[0])
+        elif kind == W.RECLAIM:
+            served.reclaim(f[0], f[1])
+        elif kind == W.GET:
+            served.get(*f)
+        elif kind == W.COUNT:  # a declare on the user's node: a use, as a declare here
+            if not served.queue.deleted:
+                served.queue.touch()  # (x-expires starts again)
+            link.send(W.encode(W.COUNTED, stream, f[0], *served.stats()))
+        elif kind == W.PURGE:
+            n = 0 if served.queue.deleted else served.queue.purge()
+            link.send(W.encode(W.PURGED, stream, f[0], n))
+        elif kind == W.DELETE:
+            q = served.queue
+            n = 0
+            if not q.deleted:
+                n = q.message_count
+                q.vhost.delete_queue(q)
+            link.send(W.encode(W.DELETED, stream, f[0], n))
+        elif kind == W.CLOSE:
+            served.close()
+            del streams[stream]
+
+    def _open(self, link: Link, streams: dict[int, Served], stream: int, vhost: str,
+              name: str) -> None:
+        vh = self.broker.vhosts.get(vhost)
+        q = vh.queues.get(name) if vh is not None else None
+        if q is None or q.remote:
+            link.send(W.encode(W.FAILED, stream, 404,
+                               f"NOT_FOUND - no queue '{name}' in vhost '{vhost}'"))
+            return
+        # an exclusive queue is opened too (publishes from other nodes reach it, as in
+        # RabbitMQ); consuming is refused (Served.consume), other nodes refuse it first
+        old = streams.pop(stream, None)
+        if old is not None:
+            old.close()
+        served = Served(self.broker, link, stream, q)
+        streams[stream] = served
+        served.last_stats = served.stats()
+        link.send(W.encode(W.OPENED, stream, *served.last_stats))
+        q.on_removed.append(lambda _q: self._queue_removed(link, stream, served))
+
+    def _queue_removed(self, link: Link, stream: int, served: Served) -> None:
+        streams = self.served.get(link)
+        if streams is not None and streams.get(stream) is served:
+            del streams[stream]
+            link.send(W.encode(W.FAILED, stream, 404, "NOT_FOUND - queue deleted"))
+
+    def _schedule_credit(self) -> None:
+        if not self._credit_flush:
+            self._credit_flush = True
+            asyncio.get_running_loop().call_soon(self._flush_credit)
+
+    def _flush_credit(self) -> None:
+        """Credit back for the publishes taken this tick, one frame per stream."""
+        self._credit_flush = False
+        for link, streams in self.served.items():
+            for stream, served in streams.items():
+                if served.credit_due:
+                    link.send(W.encode(W.CREDIT, stream, served.credit_due))
+                    served.credit_due = 0
+
+    def _send_stats(self) -> None:
+        for link, streams in self.served.items():
+            for stream, served in streams.items():
+                now = served.stats()
+                if now != served.last_stats:
+                    served.last_stats = now
+                    link.send(W.encode(W.STATS, stream, *now))
+        self._stats_handle = asyncio.get_running_loop().call_later(
+            STATS_INTERVAL, self._send_stats)
+
+
+_LEADER_SIDE = frozenset({W.OPEN, W.CLOSE, W.PUBLISH, W.CONSUME, W.GRANT, W.CANCEL, W.GET,
+                          W.SETTLE, W.REQUEUE, W.REJECT, W.PURGE, W.DELETE, W.COUNT,
+                          W.DECLARE, W.RECLAIM})
+
+_INSTANCES: dict[int, ClusterQueues] = {}
+
+
+async def start(api: BrokerAPI, view: Any, cookie: bytes, host: str, port: int,
+                locator: str = "client-local") -> ClusterQueues:
+    """Start this node's links and queue streams (the cluster's startup calls it once
+    the view is up); ``(host, port)`` is ``cluster.link_listen``, ``locator``
+    ``cluster.queue_leader_locator``."""
+    cluster = ClusterQueues(api, view, cookie, locator)
+    await cluster.start(host, port)
+    _INSTANCES[id(api)] = cluster
+    return cluster
+
+
+def materialise(api: BrokerAPI, vhost: str, definition: dict[str, Any],
+                leader: str) -> QueueType:
+    """The definitions applier's hook for a queue whose leader is another node: a
+    :class:`RemoteQueue` in the vhost in the queue's place (``definition`` as the
+    definitions export writes a queue: name, durable, auto_delete, arguments)."""
+    cluster = _INSTANCES[id(api)]
+    vh = cluster.broker.vhosts[vhost]
+    name = definition["name"]
+    existing = vh.queues.get(name)
+    if isinstance(existing, RemoteQueue) and existing.leader == leader:
+        return existing
+    if isinstance(existing, RemoteQueue) and not existing.deleted:
+        # the queue has a new leader (a mirror was promoted: amqpd.cluster.mirror):
+        # the same object follows it, bindings and all
+        cluster.forget(existing)
+        if existing.link is not None:
+            # the link to the old leader is still up (it was deposed, or this node has
+            # not seen it go yet): its consumers follow the new leader all the same;
+            # only x-cancel-on-ha-failover ones are cancelled (whatever the mirror
+            # records read here say: they may already name the new leader, with no
+            # mirror of its own yet)
+            existing.detach(keep_consumers=True)
+        existing.gone = False
+        existing.reopen_tries = 0
+        cluster.adopt(existing, leader)
+        return existing
+    arguments = dict(definition.get("arguments") or {})
+    cls = remote_class(str(queue_type_name(arguments)))
+    q = cls(vh, name, durable=bool(definition.get("durable", True)),
+            auto_delete=bool(definition.get("auto_delete", False)), arguments=arguments)
+    from amqpd.broker.api import Binding
+
+    if existing is not None:
+        # this node led it (it was down while a mirror took over): the cluster's
+        # leader holds the messages now; the bindings stay the cluster's
+        replace_queue(cluster, vh, existing, q)
+        cluster.retire(existing)
+    else:
+        vh.queues[name] = q
+        vh.exchanges[""].bind(Binding(vh.exchanges[""], q, name, {}))
+    cluster.broker.apply_policies_to(vh, q)
+    cluster.adopt(q, leader)
+    return q
+
+
+def replace_queue(cluster: ClusterQueues, vh: VHost, old: QueueType | None,
+                  new: QueueType) -> None:
+    """Put ``new`` in ``old``'s place in ``vh`` with ``old``'s bindings, recording no
+    definition change (the queue stays the same queue of the cluster; only where it is
+    led changes). A :class:`RemoteQueue` replaced stops following its leader."""
+    from amqpd.broker.api import Binding
+
+    vh.queues[new.name] = new
+    if old is None:
+        vh.exchanges[""].bind(Binding(vh.exchanges[""], new, new.name, {}))
+        return
+    for binding in list(old.inbound or ()):
+        source = binding.source
+        source.unbind(binding.key)
+        source.bind(Binding(source, new, binding.routing_key, binding.arguments))
+    old.deleted = True
+    if isinstance(old, RemoteQueue):
+        cluster.forget(old)
+        if old.link is not None:
+            # this node took the queue over while its link to the old leader is still
+            # up (the leader was deposed, or its link's end is not seen yet): what was
+            # in flight there is over (confirms nacked, deliveries the leader's copy
+            # has); the consumers follow as if the link had gone
+            old.detach(keep_consumers=True)
+        if old._kept_timer is not None:
+            old._kept_timer.cancel()
+            old._kept_timer = None
+        follow = not new.remote
+        for consumer in list(old.consumers):
+            old.remove_consumer(consumer)
+            if follow and consumer.arguments.get("x-cancel-on-ha-failover") is not True:
+                # a consumer kept across the failover consumes from the promoted copy
+                consumer.queue = new
+                new.add_consumer(consumer)
+            else:
+                consumer.channel.consumer_cancelled_by_server(consumer)
+        for callback in old.on_removed:
+            callback(old)
+
+
+
+__all__ = ["EXTENSION_KINDS", "ClusterQueues", "materialise", "replace_queue", "start"]

@@ -1,0 +1,238 @@
+"""A remote queue's consumers and deliveries (issue 28's split of remote_queue.py):
+part of :class:`amqpd.cluster.remote_queue.RemoteQueue`.
+
+The leader attaches a consumer of its own for each consumer here, or refuses it, and
+the client's consume-ok waits for that answer (:meth:`RemoteConsume.consume_for`,
+bounded by ``ANSWER_TIMEOUT``). It delivers within the credit this node grants (the
+consumer's prefetch, or :data:`DELIVERY_WINDOW`); the deliveries wait here in order
+until the client's channel may take them (:meth:`RemoteConsume.dispatch`). basic.get is
+a request whose answer comes later (:meth:`RemoteConsume.fetch_for`). Theory of
+operation: :mod:`amqpd.cluster.remote_queue`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+from amqpd.broker.api import (
+    AccessRefused,
+    Consumer,
+    Message,
+    NotFound,
+    QueueEntry,
+    ResourceLocked,
+)
+from amqpd.cluster import link_wire as W
+from amqpd.cluster.remote_state import (
+    RemoteQueueState,
+    _RemoteConsumer,
+    home_node_down,
+    jsonable,
+)
+
+if TYPE_CHECKING:
+    pass
+
+log = logging.getLogger("amqpd.cluster.queues")
+
+DELIVERY_WINDOW: Final = 500  # deliveries in flight to a consumer without a prefetch
+# a consume (consume-ok) and a declare's counts wait this long at most for the leader
+ANSWER_TIMEOUT: Final = 5.0
+_NONE: Final = object()
+
+
+class RemoteConsume(RemoteQueueState):
+    """The consumer side of a remote queue (module docstring)."""
+
+    # -- deliveries ----------------------------------------------------------------------
+    def take(self) -> QueueEntry | None:
+        return None  # deliveries arrive from the leader (dispatch)
+
+    def fetch_for(self, channel: Any, no_ack: bool) -> None:
+        if not self.available:
+            raise self._unavailable()
+        self._next_req += 1
+        self._gets[self._next_req] = (channel, no_ack)
+        self._send(W.encode(W.GET, self.stream, self._next_req, no_ack))
+
+    def _got(self, req: int, delivery: int, redelivered: bool, ready: int,
+             exchange: str, key: str, props: bytes, body: bytes, position: int) -> None:
+        channel, no_ack = self._gets.pop(req, (None, True))
+        self.ready_count = ready
+        entry = QueueEntry(Message(exchange, key, props, body), self._base + delivery,
+                           bool(redelivered))
+        if channel is None or channel.closed:
+            if not no_ack:
+                self._send(W.encode(W.REQUEUE, self.stream, [delivery]))
+            return
+        if not no_ack:
+            self._owner[entry.seq] = None
+            if position:
+                self._pos[entry.seq] = position - 1
+        channel.answer_get(self, entry, no_ack, ready)
+
+    def _got_empty(self, req: int) -> None:
+        channel, _ = self._gets.pop(req, (None, True))
+        if channel is not None and not channel.closed:
+            channel.answer_get(self, None, True, 0)
+
+
+    # -- consumers -----------------------------------------------------------------------
+    def add_consumer(self, consumer: Consumer) -> None:
+        self.consumers.append(consumer)
+        self._next_cid += 1
+        state = _RemoteConsumer(self._next_cid, consumer)
+        self._cons[state.id] = state
+        self._by_consumer[id(consumer)] = state
+        self._consume(state)
+
+    def consume_for(self, consumer: Consumer,
+                    answer: Callable[[BaseException | None], None]) -> None:
+        """basic.consume: the leader attaches its stand-in and answers (CONSUMED)
+        before any delivery; ``answer`` is called then (consume-ok), or with the
+        leader's refusal (403 ACCESS_REFUSED for an exclusive consumer there), or with
+        the 404 of a leader out of reach when the link goes or ANSWER_TIMEOUT passes."""
+        self.add_consumer(consumer)
+        state = self._by_consumer[id(consumer)]
+        state.answer = answer
+        state.timer = asyncio.get_running_loop().call_later(
+            ANSWER_TIMEOUT, self._consume_timeout, state)
+
+    def _consumed(self, cid: int, code: int, text: str) -> None:
+        state = self._cons.get(cid)
+        if state is None:
+            return  # cancelled meanwhile (a CANCEL is on the way)
+        answer = state.answer
+        if state.timer is not None:
+            state.timer.cancel()
+            state.timer = None
+        state.answer = None
+        if code:
+            error = {403: AccessRefused, 405: ResourceLocked}.get(code, NotFound)(text)
+            self._forget_consumer(state)  # never attached on the leader
+            if answer is not None:
+                answer(error)
+            else:  # consuming again after a failover, refused by the new leader
+                state.consumer.channel.consumer_cancelled_by_server(state.consumer)
+            return
+        if answer is not None:
+            answer(None)
+            if state.buffer:
+                self.vhost.schedule_dispatch(self)
+
+    def _consume_timeout(self, state: _RemoteConsumer) -> None:
+        state.timer = None
+        answer = state.answer
+        if answer is None or self._cons.get(state.id) is not state:
+            return
+        log.warning("queue '%s' in vhost '%s': leader %s did not answer a basic.consume "
+                    "within %g s; refused", self.name, self.vhost.name, self.leader,
+                    ANSWER_TIMEOUT)
+        state.answer = None
+        self.remove_consumer(state.consumer)
+        answer(home_node_down(self.leader, self.name, self.vhost.name, self.durable))
+
+    def _forget_consumer(self, state: _RemoteConsumer) -> None:
+        """``state`` is no consumer here any more (nothing is said to the leader)."""
+        if state.timer is not None:
+            state.timer.cancel()
+            state.timer = None
+        self._cons.pop(state.id, None)
+        self._by_consumer.pop(id(state.consumer), None)
+        try:
+            self.consumers.remove(state.consumer)
+        except ValueError:
+            pass
+
+
+    def _consume(self, state: _RemoteConsumer) -> None:
+        """Attach ``state``'s consumer on the leader. With a prefetch, the leader may
+        hand out what the window has left: a consumer kept across a failover still
+        holds the lost leader's unacked deliveries on its channel (``_stale``; each
+        settled one grants a credit back), and a full prefetch on top of them would
+        leave deliveries waiting here for ever that its channel may not take."""
+        consumer = state.consumer
+        window = DELIVERY_WINDOW
+        if state.by_settle:
+            window = max(0, consumer.prefetch - consumer.unacked)
+        args = {"tag": consumer.tag, "exclusive": consumer.exclusive,
+                "arguments": jsonable(consumer.arguments)}
+        self._send(W.encode(W.CONSUME, self.stream, state.id, consumer.no_ack, window, args))
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        state = self._by_consumer.pop(id(consumer), None)
+        if state is None:
+            return
+        if state.timer is not None:
+            state.timer.cancel()
+            state.timer = None
+        try:
+            self.consumers.remove(consumer)
+        except ValueError:
+            pass
+        del self._cons[state.id]
+        self._send(W.encode(W.CANCEL, self.stream, state.id))
+        # deliveries not handed to the client go back to the leader
+        back = [e.seq - self._base for e in state.buffer
+                if self._owner.pop(e.seq, _NONE) is not _NONE]
+        for e in state.buffer:
+            self._pos.pop(e.seq, None)
+        state.buffer.clear()
+        if back:
+            self._send(W.encode(W.REQUEUE, self.stream, back))
+
+    def _deliver(self, cid: int, delivery: int, redelivered: bool, ready: int,
+                 exchange: str, key: str, props: bytes, body: bytes, position: int) -> None:
+        self.ready_count = ready
+        state = self._cons.get(cid)
+        if state is None:  # cancelled meanwhile: the CANCEL and a REQUEUE are on the way
+            self._send(W.encode(W.REQUEUE, self.stream, [delivery]))
+            return
+        entry = QueueEntry(Message(exchange, key, props, body), self._base + delivery,
+                           bool(redelivered))
+        if not state.consumer.no_ack:
+            self._owner[entry.seq] = state
+            if position:  # a quorum queue's: RECLAIM names it after a failover
+                self._pos[entry.seq] = position - 1
+        state.buffer.append(entry)
+        self.vhost.schedule_dispatch(self)
+
+    def dispatch(self) -> None:
+        """Hand waiting deliveries to their consumers as their channels allow."""
+        grants = self._grants
+        for state in list(self._cons.values()):
+            if state.answer is not None:
+                continue  # consume-ok not sent yet
+            consumer = state.consumer
+            buffer = state.buffer
+            n = 0
+            while buffer and consumer.has_credit() and consumer.channel.can_deliver(consumer):
+                consumer.channel.deliver(consumer, self, buffer.popleft())
+                n += 1
+                if state.id not in self._cons:
+                    break  # the channel went while delivering
+            if n and not state.by_settle:
+                grants[state.id] = grants.get(state.id, 0) + n
+        self._send_grants()
+
+    def _send_grants(self) -> None:
+        grants = self._grants
+        if grants:
+            for cid, n in grants.items():
+                self._send(W.encode(W.GRANT, self.stream, cid, n))
+            grants.clear()
+
+    def _cancelled(self, cid: int) -> None:
+        state = self._cons.get(cid)
+        if state is None:
+            return
+        consumer = state.consumer
+        self.remove_consumer(consumer)
+        consumer.channel.consumer_cancelled_by_server(consumer)
+
+
+
+__all__ = ["ANSWER_TIMEOUT", "DELIVERY_WINDOW", "RemoteConsume"]

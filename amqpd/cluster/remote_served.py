@@ -1,0 +1,297 @@
+"""The leader's side of a queue used from other nodes (issue 15): :class:`Served`, one
+per stream a node opened on the link for a queue this node leads, and its consumers'
+proxies (:class:`_Proxy`). Publishes forwarded from another node are enqueued as this
+node's publish pipeline would (:func:`enqueue_here`) and confirmed after its commit;
+its consumers' deliveries go over the link within the credit the other node grants.
+Theory of operation: :mod:`amqpd.cluster.remote_queue`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from amqpd.broker.api import (
+    Consumer,
+    Message,
+    PreconditionFailed,
+    QueueEntry,
+    QueueType,
+)
+from amqpd.broker.persist import stored_message
+from amqpd.cluster import link_wire as W
+from amqpd.cluster.link import Link
+from amqpd.cluster.remote_state import LinkLost, OnConfirm
+from amqpd.protocol.constants import FLAG_EXPIRATION_HI
+
+if TYPE_CHECKING:
+    from amqpd.broker.api import ClusterPort
+
+log = logging.getLogger("amqpd.cluster.queues")
+
+
+class _Proxy:
+    """The leader's stand-in for a channel on the consuming node: delivers within the
+    credit that node granted (``ConsumerChannel`` of amqpd.broker.queue)."""
+
+    def __init__(self, served: Served, cid: int, credit: int) -> None:
+        self.served = served
+        self.cid = cid
+        self.credit = credit
+        self.consumer: Consumer | None = None
+        self.closed = False
+
+    def can_deliver(self, consumer: Consumer) -> bool:
+        return self.credit > 0 and not self.closed
+
+    def deliver(self, consumer: Consumer, queue: QueueType, entry: QueueEntry) -> None:
+        self.credit -= 1
+        served = self.served
+        delivery = served.next_id()
+        msg = entry.message
+        position = served.delivered(queue, entry, consumer.no_ack)
+        if not consumer.no_ack:
+            served.unacked[delivery] = entry
+        served.hand(queue, entry, consumer.no_ack, W.encode(
+            W.DELIVER, served.stream, self.cid, delivery, entry.redelivered,
+            queue.message_count, msg.exchange, msg.routing_key, msg.properties,
+            served.broker.publisher.body_of(msg), position), self)
+
+    def consumer_cancelled_by_server(self, consumer: Consumer) -> None:
+        self.closed = True
+        self.served.proxies.pop(self.cid, None)
+        self.served.link.send(W.encode(W.CANCELLED, self.served.stream, self.cid))
+
+
+class Served:
+    """One stream a peer opened on this node's queue ``queue``."""
+
+    def __init__(self, broker: ClusterPort, link: Link, stream: int, queue: QueueType) -> None:
+        self.broker = broker
+        self.link = link
+        self.stream = stream
+        self.queue = queue
+        self.proxies: dict[int, _Proxy] = {}
+        self.unacked: dict[int, QueueEntry] = {}
+        self._next = 0
+        self.credit_due = 0
+        self.last_stats: tuple[int, int, int] | None = None
+
+    def next_id(self) -> int:
+        self._next += 1
+        return self._next
+
+    def delivered(self, queue: QueueType, entry: QueueEntry, no_ack: bool) -> int:
+        """``queue.delivered`` for a delivery to the peer; a quorum queue's replica
+        group records the checkout as the peer's (amqpd.cluster.quorum_group: it
+        survives an election), and the peer learns the message's store position
+        (+ 1; 0 for other queues) to name it after one (RECLAIM). A group's delivery
+        that needs no ack is settled only once it is sent (:meth:`hand`)."""
+        group = getattr(queue, "group", None)
+        if group is None:
+            queue.delivered(entry, acked=no_ack)
+            return 0
+        group.holder = self.link.peer
+        try:
+            queue.delivered(entry, acked=False)
+        finally:
+            group.holder = ""
+        position = entry.message.position
+        return position + 1 if position >= 0 and not no_ack else 0
+
+    def hand(self, queue: QueueType, entry: QueueEntry, no_ack: bool, frame: bytes,
+             proxy: _Proxy | None) -> None:
+        """Send a delivery (``DELIVER`` of ``proxy``'s consumer, or ``GET_OK``) to the
+        peer: a quorum queue's once its checkout (recorded by :meth:`delivered`) is
+        committed (amqpd.cluster.handout), then settled if it needs no ack. One that
+        needs no ack and can no longer be sent (the link went, the consumer was
+        cancelled) comes back to the queue as a returned checkout; one that needs an
+        ack is the stream's until settled (its close returns it)."""
+        group = getattr(queue, "group", None)
+        if group is None:
+            self.link.send(frame)
+            return
+        link = self.link
+
+        def send() -> None:
+            gone = link.closed or (proxy is not None and proxy.closed)
+            if no_ack and (gone or queue.deleted):
+                if not queue.deleted:
+                    queue.return_checked_out([entry])  # type: ignore[attr-defined]
+                return
+            link.send(frame)
+            if no_ack:
+                queue.settle([entry])
+
+        group.after_commit(send)
+
+    def reclaim(self, origin: str, positions: list[int]) -> None:
+        """The peer's RECLAIM: what the quorum queue's group kept checked out for it
+        since the election becomes this stream's deliveries (their ids answered in
+        RECLAIMED); what it does not name is returned to the queue."""
+        q = self.queue
+        group = getattr(q, "group", None)
+        got: dict[int, QueueEntry] = {}
+        if group is not None and not q.deleted:
+            got = group.reclaim(self.link.peer, origin, positions)
+        ids: list[int] = []
+        news: list[int] = []
+        for position in positions:
+            entry = got.pop(position, None)  # once, even if named twice
+            if entry is None:
+                ids.append(0)
+                news.append(0)
+                continue
+            delivery = self.next_id()
+            self.unacked[delivery] = entry
+            ids.append(delivery)
+            news.append(entry.message.position + 1)
+        self.link.send(W.encode(W.RECLAIMED, self.stream, origin, positions, ids, news))
+
+    def publish(self, seq: int, persistent: int, exchange: str, key: str, props: bytes,
+                body: bytes) -> None:
+        """Enqueue as this node's publish pipeline would (limits, store, paging);
+        CONFIRM once the store has it (its group commit) or at once."""
+        self.credit_due += 1
+        q = self.queue
+        link, stream = self.link, self.stream
+        on_confirm: OnConfirm | None = None
+        if seq:
+            def on_confirm(error: BaseException | None) -> None:
+                link.send(W.encode(W.CONFIRM, stream, seq, error is None))
+        if q.deleted:
+            if on_confirm is not None:
+                on_confirm(LinkLost("queue deleted"))
+            return
+        enqueue_here(self.broker, q, Message(exchange, key, props, body, bool(persistent)),
+                     on_confirm)
+
+    def settle(self, ids: list[int], how: int) -> None:
+        """``how``: SETTLE (acked), REQUEUE or REJECT."""
+        entries = [e for e in (self.unacked.pop(i, None) for i in ids) if e is not None]
+        if not entries or self.queue.deleted:
+            return
+        if how == W.REQUEUE:
+            self.queue.requeue(entries)
+        elif how == W.REJECT:
+            self.queue.reject(entries)
+        else:
+            self.queue.settle(entries)
+
+    def consume(self, cid: int, no_ack: int, credit: int, args: dict[str, Any]) -> None:
+        """Attach a consumer standing for one on the user's node, or refuse it as a
+        consume here would be refused (CONSUMED with the reply code either way, before
+        any delivery: the user's consume-ok waits for it)."""
+        q = self.queue
+        exclusive = bool(args.get("exclusive"))
+        where = f"queue '{q.name}' in vhost '{q.vhost.name}'"
+        refusal: tuple[int, str] | None = None
+        if q.deleted:
+            refusal = 404, f"no {where}"
+        elif q.exclusive:
+            refusal = 405, f"cannot obtain exclusive access to locked {where}"
+        elif q.consumers and (exclusive or any(c.exclusive for c in q.consumers)):
+            refusal = 403, f"{where} in exclusive use"
+        if refusal is not None:
+            self.link.send(W.encode(W.CONSUMED, self.stream, cid, *refusal))
+            return
+        self.link.send(W.encode(W.CONSUMED, self.stream, cid, 0, ""))
+        proxy = _Proxy(self, cid, credit)
+        consumer = Consumer(proxy, q, str(args.get("tag", "")), bool(no_ack), exclusive, 0,
+                            dict(args.get("arguments") or {}))
+        proxy.consumer = consumer
+        self.proxies[cid] = proxy
+        q.add_consumer(consumer)
+
+    def grant(self, cid: int, n: int) -> None:
+        proxy = self.proxies.get(cid)
+        if proxy is not None:
+            proxy.credit += n
+            self.queue.vhost.schedule_dispatch(self.queue)
+
+    def cancel(self, cid: int) -> None:
+        proxy = self.proxies.pop(cid, None)
+        if proxy is not None and proxy.consumer is not None:
+            proxy.closed = True
+            self.queue.remove_consumer(proxy.consumer)
+
+    def get(self, req: int, wire_no_ack: int) -> None:
+        no_ack = bool(wire_no_ack)  # the compiled queue types want a bool, not the u8
+        q = self.queue
+        q.touch()
+        entry = q.fetch()
+        if entry is None:
+            self.link.send(W.encode(W.GET_EMPTY, self.stream, req))
+            return
+        if q.ext is not None:
+            q.ext.drop_expired_head()
+        delivery = self.next_id()
+        position = self.delivered(q, entry, no_ack)
+        if not no_ack:
+            self.unacked[delivery] = entry
+        msg = entry.message
+        self.hand(q, entry, no_ack, W.encode(
+            W.GET_OK, self.stream, req, delivery, entry.redelivered, q.message_count,
+            msg.exchange, msg.routing_key, msg.properties, self.broker.publisher.body_of(msg),
+            position), None)
+
+    def close(self) -> None:
+        """The peer is gone or done: its consumers removed, its unacked put back."""
+        for cid in list(self.proxies):
+            self.cancel(cid)
+        entries = list(self.unacked.values())
+        self.unacked.clear()
+        if entries and not self.queue.deleted:
+            self.queue.requeue(entries)
+
+    def stats(self) -> tuple[int, int, int]:
+        q = self.queue
+        return q.message_count, q.unacked_count, len(q.consumers)
+
+
+def enqueue_here(broker: ClusterPort, q: QueueType, message: Message,
+                 on_confirm: OnConfirm | None) -> None:
+    """The publish pipeline's steps after routing, for one local queue."""
+    from amqpd.broker.api import StoreError
+    from amqpd.broker.limits import admit
+
+    publisher = broker.publisher
+    if q.dedup is not None and not q.dedup.admit(message):
+        if on_confirm is not None:  # x-message-deduplication: already in the queue
+            on_confirm(None)
+        return
+    ext = q.ext
+    if ext is not None and ext.rejects:
+        # the queue's own broker (the port's, the same object): the limits
+        # dead-letter what they refuse through it
+        _accepted, refused = admit(q.vhost.broker, [q], message)
+        if refused:
+            if on_confirm is not None:
+                on_confirm(PreconditionFailed("rejected by a queue's length limit"))
+            return
+    if not message.persistent and (q.keeps_every_message or q.mirrored):
+        message.persistent = True
+    store = broker.store
+    if message.persistent and q.durable:
+        try:
+            message.position = store.append_enqueue([q.store_key], stored_message(message))
+        except StoreError as exc:
+            publisher.store_failed(exc)
+            if on_confirm is not None:
+                on_confirm(exc)
+            return
+        publisher._pending_commit = True
+        if on_confirm is not None:
+            publisher.commit(on_confirm)
+            on_confirm = None
+    props = message.properties
+    if not store.on_disk or (props and props[0] & FLAG_EXPIRATION_HI):
+        q.enqueue(message)
+    else:
+        publisher._enqueue_all([q], message)
+    if on_confirm is not None:
+        on_confirm(None)
+
+
+
+__all__ = ["Served", "enqueue_here"]
