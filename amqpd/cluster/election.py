@@ -25,11 +25,13 @@ awaited, the choice, the take-over -- is the ballot's; the round itself is here 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol
 
 from amqpd.cluster.mirror_state import Ident, key_part
+from amqpd.coord.etcd import Compare, EtcdError, Put
 
 if TYPE_CHECKING:
     from amqpd.cluster.mirror_copy import MirrorCopy
@@ -143,4 +145,43 @@ async def election_round(elector: Elector, ident: Ident, copy: MirrorCopy,
     return False  # the chosen one did not take over: another round
 
 
-__all__ = ["ELECTION_WAIT", "WINNER_WAIT", "Ballot", "Elector", "election_round"]
+async def claim(elector: Elector, ident: Ident, copy: MirrorCopy, rec_rev: int,
+                new_rec: dict[str, Any]) -> tuple[dict[str, Any], int] | bool:
+    """The winner's take-over: one etcd transaction that makes this node the queue's
+    leader in its definition (the catalogue's ``node``) and writes ``new_rec`` as its
+    record, guarded by the definition's revision and the record's (``rec_rev``, the
+    one the round read): never two leaders. The definition item written and the
+    transaction's revision; True when there is nothing to take over (the definition
+    is gone or names another leader already); False when a guard failed (another
+    round decides)."""
+    from amqpd.cluster.definitions import KIND_QUEUE
+
+    vhost, name = ident
+    etcd = elector.etcd
+    defs_key = elector.cluster.mirror.etcd_key(KIND_QUEUE, f"{vhost}\x00{name}")
+    kv = await etcd.get(defs_key)
+    if kv is None:
+        return True
+    item = json.loads(kv.value)
+    if item.get("node") != copy.leader:
+        return True
+    item["node"] = elector.node
+    result = await etcd.txn(
+        [Compare("mod", defs_key, "==", kv.mod_revision),
+         Compare("mod", elector.record_key(ident), "==", rec_rev)],
+        [Put(defs_key, json.dumps(item, separators=(",", ":"))),
+         Put(elector.record_key(ident), json.dumps(new_rec))])
+    if not result.succeeded:
+        return False
+    return item, result.revision
+
+
+async def clear_offers(etcd: EtcdClient, prefix: str) -> None:
+    """The round's offers go once it is decided (best effort: etcd may be away)."""
+    with contextlib.suppress(EtcdError):
+        for c in await etcd.get_prefix(prefix):
+            await etcd.delete(c.key)
+
+
+__all__ = ["ELECTION_WAIT", "WINNER_WAIT", "Ballot", "Elector", "claim", "clear_offers",
+           "election_round"]

@@ -15,14 +15,13 @@ Theory of operation: :mod:`amqpd.cluster.mirror`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
 from typing import TYPE_CHECKING, Any, Final
 
 from amqpd.broker.api import LoggedMessage
-from amqpd.cluster.election import Ballot, election_round
+from amqpd.cluster.election import Ballot, claim, clear_offers, election_round
 from amqpd.cluster.mirror_host import MirrorsHost
 from amqpd.cluster.mirror_state import (
     TICK,
@@ -32,7 +31,7 @@ from amqpd.cluster.mirror_state import (
     may_promote_unsynchronised,
     mirror_nodes,
 )
-from amqpd.coord.etcd import Compare, EtcdError, Put
+from amqpd.coord.etcd import EtcdError
 
 if TYPE_CHECKING:
     from amqpd.broker.api import QueueType
@@ -161,36 +160,19 @@ class MirrorFailover(MirrorsHost):
 
     async def _take_over(self, ident: Ident, copy: MirrorCopy, rec: dict[str, Any],
                          rec_rev: int, prefix: str) -> bool:
-        from amqpd.cluster.definitions import KIND_QUEUE
-
-        vhost, name = ident
-        defs = self.cluster.mirror
-        defs_key = defs.etcd_key(KIND_QUEUE, f"{vhost}\x00{name}")
-        kv = await self.etcd.get(defs_key)
-        if kv is None:
-            return True
-        item = json.loads(kv.value)
-        if item.get("node") != copy.leader:
-            return True
-        item["node"] = self.node
         mirrors = sorted((set(rec.get("wanted", [])) | {copy.leader}) - {self.node})
         new_rec = {"leader": self.node, "mirrors": [], "synchronised": [],
                    "wanted": mirrors}
-        result = await self.etcd.txn(
-            [Compare("mod", defs_key, "==", kv.mod_revision),
-             Compare("mod", self.record_key(ident), "==", rec_rev)],
-            [Put(defs_key, json.dumps(item, separators=(",", ":"))),
-             Put(self.record_key(ident), json.dumps(new_rec))])
-        if not result.succeeded:
-            return False
+        won = await claim(self, ident, copy, rec_rev, new_rec)
+        if not isinstance(won, tuple):
+            return won
+        item, revision = won
         self._promote_here(ident, copy, item)
         lead = self.leading.get(ident)
         if lead is not None:
-            lead.rev = result.revision
+            lead.rev = revision
             lead.written = new_rec
-        with contextlib.suppress(EtcdError):
-            for c in await self.etcd.get_prefix(prefix):
-                await self.etcd.delete(c.key)
+        await clear_offers(self.etcd, prefix)
         return True
 
     def _promote_here(self, ident: Ident, copy: MirrorCopy, item: dict[str, Any]) -> None:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from amqpd.broker.api import QueueType, StoredMessage
     from amqpd.cluster.link import Link
     from amqpd.cluster.mirror import Mirrors
+    from amqpd.coord.etcd import EtcdClient
 
 log = logging.getLogger("amqpd.cluster.mirror")
 
@@ -380,26 +381,11 @@ class Leading:
                 leaving = set(self.leaving)
                 key = self.mirrors.record_key(self.ident)
                 etcd = self.mirrors.etcd
-                if self.rev < 0:
-                    kv = await etcd.get(key)
-                    if kv is not None:
-                        try:
-                            old = json.loads(kv.value)
-                        except ValueError:
-                            old = {}
-                        if old.get("leader") not in (None, self.mirrors.node):
-                            self._deposed(str(old.get("leader")))
-                            return
-                    self.rev = kv.mod_revision if kv is not None else 0
-                if rec != self.written or leaving:
-                    result = await etcd.txn([Compare("mod", key, "==", self.rev)],
-                                            [Put(key, json.dumps(rec))])
-                    if not result.succeeded:
-                        self.rev = -1
-                        self.dirty = True
-                        continue
-                    self.rev = result.revision
-                    self.written = rec
+                if self.rev < 0 and await self._read_record(key, etcd) is None:
+                    return
+                if (rec != self.written or leaving) and \
+                        not await self._put_record(key, etcd, rec):
+                    continue
                 for node in leaving:
                     if node in self.leaving and node not in rec["synchronised"]:
                         self.leaving.discard(node)
@@ -413,6 +399,35 @@ class Leading:
                         self.ident[1], exc)
         finally:
             self.writing = False
+
+    async def _read_record(self, key: str, etcd: EtcdClient) -> dict[str, Any] | None:
+        """Read the record (its revision guards the next write); None when it names
+        another leader: this node stops leading the queue (:meth:`_deposed`)."""
+        kv = await etcd.get(key)
+        old: dict[str, Any] = {}
+        if kv is not None:
+            try:
+                old = json.loads(kv.value)
+            except ValueError:
+                old = {}
+            if old.get("leader") not in (None, self.mirrors.node):
+                self._deposed(str(old.get("leader")))
+                return None
+        self.rev = kv.mod_revision if kv is not None else 0
+        return old
+
+    async def _put_record(self, key: str, etcd: EtcdClient, rec: dict[str, Any]) -> bool:
+        """Write ``rec`` guarded by the revision last read or written; False when the
+        guard failed (the record is read again before the next try)."""
+        result = await etcd.txn([Compare("mod", key, "==", self.rev)],
+                                [Put(key, json.dumps(rec))])
+        if not result.succeeded:
+            self.rev = -1
+            self.dirty = True
+            return False
+        self.rev = result.revision
+        self.written = rec
+        return True
 
     def _deposed(self, leader: str) -> None:
         log.error("queue '%s' in vhost '%s': the cluster made %s its leader; this node "

@@ -17,15 +17,13 @@ Theory of operation: :mod:`amqpd.cluster.quorum_group`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
 import time
 from typing import TYPE_CHECKING, Any
 
 from amqpd.broker.api import LoggedMessage
 from amqpd.cluster import link_wire as W
-from amqpd.cluster.election import Ballot, election_round
+from amqpd.cluster.election import Ballot, claim, clear_offers, election_round
 from amqpd.cluster.mirror_host import MirrorsHost
 from amqpd.cluster.mirror_state import Ident
 from amqpd.cluster.quorum_leading import CHECKOUT_WAIT, GroupLeading
@@ -34,7 +32,6 @@ from amqpd.cluster.quorum_state import (
     group_size,
     majority,
 )
-from amqpd.coord.etcd import Compare, EtcdError, Put
 
 if TYPE_CHECKING:
     from amqpd.broker.api import QueueType, VHost
@@ -126,37 +123,21 @@ class GroupFailover(MirrorsHost):
 
     async def _take_over_group(self, ident: Ident, copy: MirrorCopy, rec: dict[str, Any],
                                rec_rev: int, prefix: str) -> bool:
-        from amqpd.cluster.definitions import KIND_QUEUE
-
-        vhost, name = ident
-        defs_key = self.cluster.mirror.etcd_key(KIND_QUEUE, f"{vhost}\x00{name}")
-        kv = await self.etcd.get(defs_key)
-        if kv is None:
-            return True
-        item = json.loads(kv.value)
-        if item.get("node") != copy.leader:
-            return True
-        item["node"] = self.node
         members = [str(m) for m in rec.get("members", [])]
         term = int(rec.get("term", 1)) + 1
         new_rec = {"leader": self.node, "members": members, "term": term, "mirrors": [],
                    "synchronised": [], "wanted": sorted(m for m in members
                                                         if m != self.node)}
-        result = await self.etcd.txn(
-            [Compare("mod", defs_key, "==", kv.mod_revision),
-             Compare("mod", self.record_key(ident), "==", rec_rev)],
-            [Put(defs_key, json.dumps(item, separators=(",", ":"))),
-             Put(self.record_key(ident), json.dumps(new_rec))])
-        if not result.succeeded:
-            return False
+        won = await claim(self, ident, copy, rec_rev, new_rec)
+        if not isinstance(won, tuple):
+            return won
+        item, revision = won
         self.known_terms[ident] = term
         lead = self._promote_group(ident, copy, item, members, term)
-        lead.rev = result.revision
+        lead.rev = revision
         lead.written = new_rec
         self.elections += 1
-        with contextlib.suppress(EtcdError):
-            for c in await self.etcd.get_prefix(prefix):
-                await self.etcd.delete(c.key)
+        await clear_offers(self.etcd, prefix)
         return True
 
     def _promote_group(self, ident: Ident, copy: MirrorCopy, item: dict[str, Any],

@@ -9,7 +9,6 @@ passes). Theory of operation: :mod:`amqpd.cluster.quorum_group`.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import TYPE_CHECKING, Any, Final
@@ -21,7 +20,7 @@ from amqpd.cluster.mirror_leading import HAVE_WAIT, Leading
 from amqpd.cluster.quorum_state import (
     majority,
 )
-from amqpd.coord.etcd import Compare, EtcdError, Put
+from amqpd.coord.etcd import EtcdError
 
 if TYPE_CHECKING:
     from amqpd.broker.api import QueueType
@@ -245,31 +244,17 @@ class GroupLeading(Leading):
                 key = groups.record_key(self.ident)
                 etcd = groups.etcd
                 if self.rev < 0:
-                    kv = await etcd.get(key)
-                    if kv is not None:
-                        try:
-                            old = json.loads(kv.value)
-                        except ValueError:
-                            old = {}
-                        if old.get("leader") not in (None, groups.node):
-                            self._deposed(str(old.get("leader")))
-                            return
-                        members = [str(m) for m in old.get("members") or []]
-                        if members and members != self.members:
-                            log.info("queue '%s' in vhost '%s': members now %s",
-                                     self.ident[1], self.ident[0], members)
-                            self.set_members(members)
-                    self.rev = kv.mod_revision if kv is not None else 0
+                    old = await self._read_record(key, etcd)
+                    if old is None:
+                        return
+                    members = [str(m) for m in old.get("members") or []]
+                    if members and members != self.members:
+                        log.info("queue '%s' in vhost '%s': members now %s",
+                                 self.ident[1], self.ident[0], members)
+                        self.set_members(members)
                 rec = self.record()
-                if rec != self.written:
-                    result = await etcd.txn([Compare("mod", key, "==", self.rev)],
-                                            [Put(key, json.dumps(rec))])
-                    if not result.succeeded:
-                        self.rev = -1
-                        self.dirty = True
-                        continue
-                    self.rev = result.revision
-                    self.written = rec
+                if rec != self.written and not await self._put_record(key, etcd, rec):
+                    continue
                 groups.gate.release()
         except EtcdError as exc:
             self.dirty = True
