@@ -123,9 +123,9 @@ class Broker:
         self.roles: Any = None
         # its etcd election and health (amqpd/coord/warren.py): None on a single node
         self.warren: Warren | None = None
-        # a cluster's queue leader locator (amqpd.cluster.remote_queue.place): given a
-        # durable queue being declared, the queue led by another node, or None to create
-        # it here; None on a single node
+        # a cluster's queue leader locator (amqpd.cluster.cluster_queues.ClusterQueues
+        # .place): given a durable queue being declared, the queue led by another node,
+        # or None to create it here; None on a single node
         self.queue_placer: Callable[[VHost, str, type[QueueType], bool, dict[str, Any]],
                                     QueueType | None] | None = None
         # the cluster (amqpd/cluster/, issue 15): None on a single node

@@ -13,16 +13,24 @@ here is imported. Operator guide: docs/clustering.md. The interface others code 
 * ``membership.py``: etcd keys ``members/``, ``nodes/``, ``meta/``; the lease.
 * ``heartbeat.py``: UDP heartbeats (asyncio-dgram).
 * ``definitions.py``: every durable definition mirrored through etcd, applied in
-  revision order on every node; calls ``amqpd.cluster.remote_queue.materialise`` (the
+  revision order on every node; calls ``amqpd.cluster.cluster_queues.materialise`` (the
   inter-node links) for queues led by another node, when that module exists.
 * ``link_wire.py``, ``link.py``: the inter-node links (one authenticated, multiplexed TCP
   connection per node pair, credit-based flow control).
-* ``remote_queue.py``: queues led by another node (``RemoteQueue``, the leader's side of
-  its streams, leader locators, node loss); ``start(...)`` from ``serve``.
-* ``mirror.py``, ``mirror_state.py``, ``mirror_wire.py``: mirrored classic queues
-  (issue 16: ``ha-mode`` policies, replication, failover); ``start(...)`` from
-  ``serve``, reachable as ``cluster.mirrors``.
-* ``quorum_group.py``, ``quorum_state.py``: quorum queues' replica groups (issue 16:
-  members, majority commit, terms and elections, membership edits); ``start(...)``
-  from ``serve`` after the mirrors, reachable as ``cluster.quorum_groups``.
+* ``cluster_queues.py``: ``ClusterQueues`` (the links, leader locators, node loss, the
+  streams other nodes open here: ``remote_served.py``); ``start(...)`` from ``serve``.
+  ``remote_queue.py`` (with ``remote_state.py``, ``remote_consume.py``,
+  ``remote_failover.py``): ``RemoteQueue``, a queue led by another node.
+* ``mirror.py``: mirrored classic queues (issue 16: ``ha-mode`` policies, replication,
+  failover); ``start(...)`` from ``serve``, reachable as ``cluster.mirrors``. Its parts:
+  ``mirror_store.py`` (the store wrapper), ``mirror_leading.py`` (the leader's streams
+  and catch-up), ``mirror_copy.py`` (a mirror's copy), ``mirror_frames.py`` (the link
+  protocol), ``mirror_adopt.py`` (copies kept across a restart), ``mirror_failover.py``
+  (promotion); ``mirror_state.py`` and ``mirror_wire.py`` sans-IO.
+* ``election.py``: the one election round of both replica kinds (a ``Ballot`` each).
+* ``quorum_group.py``: quorum queues' replica groups (issue 16: members, majority
+  commit, terms and elections, membership edits); ``start(...)`` from ``serve`` after
+  the mirrors, reachable as ``cluster.quorum_groups``. Its parts: ``quorum_leading.py``
+  (the leader, checkouts), ``quorum_failover.py`` (the election's ballot, promotion);
+  ``quorum_state.py`` sans-IO.
 """

@@ -548,5 +548,4 @@ def replace_queue(cluster: ClusterQueues, vh: VHost, old: QueueType | None,
             callback(old)
 
 
-
 __all__ = ["EXTENSION_KINDS", "ClusterQueues", "materialise", "replace_queue", "start"]

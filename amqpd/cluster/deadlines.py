@@ -221,7 +221,7 @@ def _idents_of(owner: GateOwner) -> IdentsOf:
 
 
 class ConfirmUser(Protocol):
-    """ClusterQueues (amqpd/cluster/remote_queue.py): where forwarded publishes'
+    """ClusterQueues (amqpd/cluster/cluster_queues.py): where forwarded publishes'
     confirms are tracked."""
 
     confirm_deadlines: ConfirmDeadlines | None

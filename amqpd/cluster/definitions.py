@@ -38,7 +38,7 @@ with the body as its value (a queue's body also names its leader: ``"node"``).
 Queues: the catalogue (``ClusterView.catalogue``, ``(vhost, queue) -> leader``) holds
 every durable queue of the cluster. A node creates a local queue object only for a queue
 it leads; for the others it calls the inter-node links' hook
-``amqpd.cluster.remote_queue.materialise(api, vhost, definition, leader)`` when that
+``amqpd.cluster.cluster_queues.materialise(api, vhost, definition, leader)`` when that
 module exists (c15b), else it keeps just the catalogue entry (which exports and
 ``queue_leader`` read).
 """

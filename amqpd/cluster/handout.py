@@ -31,7 +31,7 @@ How.
   <amqpd.broker.quorum.QuorumQueue.return_checked_out>`: redelivered, counted once more,
   as RabbitMQ returns a checkout whose channel went). basic.get waits the same way.
   Deliveries to other nodes' consumers wait in the same outbox
-  (:meth:`amqpd.cluster.remote_queue.Served.hand`).
+  (:meth:`amqpd.cluster.remote_served.Served.hand`).
 * While the group has no majority nothing is acknowledged, so nothing waiting leaves,
   as RabbitMQ's quorum queue delivers nothing then; a deposed (fenced) leader's never
   leave. When the leader stops leading the queue (deleted, replaced after an election)
@@ -164,7 +164,7 @@ class Handouts:
     def hand_out(self, queue: QueueType, consumer: Consumer, entry: QueueEntry) -> None:
         """The queue chose ``consumer`` for ``entry`` (QuorumQueue.dispatch). Another
         node's consumer (remote_queue._Proxy) gets it through its link, whose
-        ``DELIVER`` waits in :attr:`outbox` (remote_queue.Served.hand); one on this
+        ``DELIVER`` waits in :attr:`outbox` (remote_served.Served.hand); one on this
         node's channel: its credit taken now, the checkout recorded
         (``queue.delivered``: MHELD), the delivery written once that is committed."""
         channel = consumer.local

@@ -58,7 +58,8 @@ Theory of operation.
   ``promote_on_failure`` (or, when the record says the leader stopped in a controlled
   way, ``promote_on_shutdown``) allows it
   (:func:`~amqpd.cluster.mirror_state.may_promote_unsynchronised`). Once every
-  running synchronised mirror did (or after :data:`ELECTION_WAIT`), the choice of
+  running synchronised mirror did (or after
+  :data:`~amqpd.cluster.election.ELECTION_WAIT`), the choice of
   :func:`~amqpd.cluster.mirror_state.choose_promotion` (most up to date, synchronised
   first) takes over with
   one etcd transaction on the queue's definition key (its ``node``, the catalogue's
@@ -72,13 +73,23 @@ Theory of operation.
   ``MREKEY`` places (:meth:`MirrorCopy.follow`, :meth:`MirrorCopy.rekey`), as the old
   leader does with its own queue when it returns (:meth:`Mirrors._adopt_own`). Consumers
   that consumed through the old leader consume on from the new one, unless they asked
-  for ``x-cancel-on-ha-failover`` (then basic.cancel; remote_queue.replace_queue);
+  for ``x-cancel-on-ha-failover`` (then basic.cancel; cluster_queues.replace_queue);
   publishers get nacks for what was in flight, then confirms from the new leader.
 * **Controlled stop.** :meth:`Mirrors.stop` (SIGTERM) first writes ``"shutdown":
   true`` into the record of every queue this node leads, so their mirrors apply
   ``ha-promote-on-shutdown``.
 
 How quorum queues can reuse this: see :mod:`amqpd.cluster.mirror_state`.
+
+Where the parts live (one job a module): :class:`Mirrors` here (lifecycle, the
+reconciliation, what this node leads, the records), with its parts
+:mod:`~amqpd.cluster.mirror_adopt` (copies kept across a restart),
+:mod:`~amqpd.cluster.mirror_frames` (the link protocol) and
+:mod:`~amqpd.cluster.mirror_failover` (promotion, through the election round of
+:mod:`~amqpd.cluster.election`); :mod:`~amqpd.cluster.mirror_store` (the store
+wrapper), :mod:`~amqpd.cluster.mirror_leading` (the leader's streams and catch-up),
+:mod:`~amqpd.cluster.mirror_copy` (a mirror's copy); the sans-IO rules in
+:mod:`~amqpd.cluster.mirror_state`.
 """
 
 from __future__ import annotations

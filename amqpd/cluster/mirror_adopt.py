@@ -2,7 +2,7 @@
 :class:`amqpd.cluster.mirror.Mirrors`.
 
 A queue this node held locally that another node leads now (the cluster found it at
-start: ``remote_queue.ClusterQueues.retire``) is taken back as this node's mirror copy
+start: ``cluster_queues.ClusterQueues.retire``) is taken back as this node's mirror copy
 when its map (:mod:`amqpd.cluster.mirror_map`) says it was one (:meth:`CopyAdoption._adopt`),
 or kept aside as a copy of this node's own log when this node led it before its
 restart (:meth:`CopyAdoption._adopt_own`); else it is deleted. Theory of operation:
@@ -38,7 +38,7 @@ class CopyAdoption(MirrorsHost):
 
     def _adopt_retired(self) -> None:
         """Queues this node held locally that another node leads (the cluster found
-        them at start, remote_queue.ClusterQueues.retire): those that were this node's
+        them at start, cluster_queues.ClusterQueues.retire): those that were this node's
         mirror copies become copies again (the leader then sends only what they lack);
         the others are deleted. Only the queues :meth:`adopts`: quorum queues'
         copies are amqpd.cluster.quorum_group's (its own streams and copies), never

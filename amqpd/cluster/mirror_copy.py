@@ -54,7 +54,7 @@ class MirrorCopy:
         # (-1: none), which it still holds (restart keeps what it has); a quorum member
         # offers it in an election, so a member that acknowledged a record and then
         # lost its link is not passed over for one that never had the record
-        # (quorum_group._election_round). Across a restart of this node it comes from
+        # (quorum_failover.election_offer). Across a restart of this node it comes from
         # the map's durable mark (mirror_map; Mirrors._adopt)
         self.held_term = 0
         self.held_seq = -1

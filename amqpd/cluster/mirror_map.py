@@ -29,7 +29,7 @@ only while the copy is synchronised, after the store commit that made those reco
 durable and before the ``MACK`` that acknowledges ``seq`` (``Mirrors._send_acks``), so
 it is never ahead of the store; a rewrite carries the mark the copy still stands by. A
 member whose node restarts offers it in an election (``Mirrors._adopt``,
-``QuorumGroups._election_round``) instead of nothing, so it is not passed over for a
+``quorum_failover.election_offer``) instead of nothing, so it is not passed over for a
 member that never had a record it acknowledged.
 
 Marks make the file grow by 48 bytes per acknowledgement batch (one message each at a

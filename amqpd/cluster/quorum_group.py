@@ -22,7 +22,7 @@ of a policy's:
   quorum-critical health check).
 * **Majority commit.** The leader replicates the queue's records to every other member
   (frames of :mod:`amqpd.cluster.mirror_wire`, on replication streams numbered from
-  :data:`amqpd.cluster.mirror.STREAM_SPLIT`), each stream preceded by :data:`QTERM`
+  :data:`amqpd.cluster.mirror_frames.STREAM_SPLIT`), each stream preceded by :data:`QTERM`
   naming the leader's term. A commit (publisher confirm, tx.commit-ok) answers once the
   records are durable on a majority of the members, the leader's own log included
   (:class:`~amqpd.cluster.mirror_state.ReplicaSet` with ``quorum``); a member counts
@@ -48,7 +48,7 @@ of a policy's:
   :mod:`amqpd.cluster.mirror_map`, written before each acknowledgement while complete),
   so a member whose acknowledgement made a record committed can always offer it; -1
   when it has nothing of that term (it votes, never leads). Once the running members
-  offered (or after :data:`~amqpd.cluster.mirror.ELECTION_WAIT`)
+  offered (or after :data:`~amqpd.cluster.election.ELECTION_WAIT`)
   :func:`~amqpd.cluster.quorum_state.choose_leader` picks the longest log among a
   majority of the members (no majority: nobody; the queue refuses until nodes return).
   The winner takes over with one etcd transaction on the queue's definition (its
@@ -59,7 +59,7 @@ of a policy's:
   survive a leader change.
 * **Checkouts.** Every delivery is recorded with the node whose consumer holds it
   (:data:`MHELD`; :meth:`GroupLeading.checked_out`, the holder named by
-  ``remote_queue.Served.delivered``) when the queue chooses it, and the delivery itself
+  ``remote_served.Served.delivered``) when the queue chooses it, and the delivery itself
   leaves (on this node's channel, or ``DELIVER`` / ``GET_OK`` on the link) only once a
   majority has acknowledged that record (:mod:`amqpd.cluster.handout`, released by
   :meth:`GroupLeading.got_ack`), so the member elected after the leader's loss knows
@@ -79,6 +79,12 @@ of a policy's:
   record's members in etcd (a transaction); the leader adopts the record's members
   when its revision moved: a new member gets a copy in the background and counts once
   it is complete; a removed one gets ``MDROP`` (its copy goes).
+
+Where the parts live: :class:`QuorumGroups` here (group records, terms, membership
+edits, the reconciliation), :mod:`~amqpd.cluster.quorum_leading` (:class:`GroupLeading`,
+its checkouts), :mod:`~amqpd.cluster.quorum_failover` (the election's ballot and the
+promotion; the round itself is :mod:`~amqpd.cluster.election`'s, shared with the
+mirrored queues); the sans-IO rules in :mod:`~amqpd.cluster.quorum_state`.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ class GroupLeading(Leading):
         self.was_serving = False
         self.fenced = False  # deposed: refuses and holds until the queue is replaced
         # the node whose consumer the delivery being recorded goes to ("": this node's;
-        # remote_queue.Served.delivered sets it around the queue's ``delivered``)
+        # remote_served.Served.delivered sets it around the queue's ``delivered``)
         self.holder = ""
         self.holders: dict[int, str] = {}  # position -> node holding it checked out
         # after an election: node -> {lost leader's position: the queue's delivery}
@@ -74,7 +74,7 @@ class GroupLeading(Leading):
 
     # -- checkouts --------------------------------------------------------------------------
     def after_commit(self, action: Any) -> None:
-        """Run ``action`` (a delivery to another node: remote_queue.Served.hand) once
+        """Run ``action`` (a delivery to another node: remote_served.Served.hand) once
         every record so far -- the checkout just recorded among them -- is committed.
         Deliveries to this node's channels wait in :attr:`handouts` (QuorumQueue's
         dispatch and basic.get hand them there)."""
@@ -124,7 +124,7 @@ class GroupLeading(Leading):
             s.link.send(W.encode(M.MHELD, rid, s.start_seq, holder, held))
 
     def reclaim(self, node: str, origin: str, positions: list[int]) -> dict[int, Any]:
-        """``node``'s RECLAIM (remote_queue.Served.reclaim): of what this group kept
+        """``node``'s RECLAIM (remote_served.Served.reclaim): of what this group kept
         checked out for its consumers since the election, the messages it names by
         ``origin``'s (the lost leader's) positions are handed back (position ->
         delivery); the rest it no longer holds: returned to the queue. A RECLAIM of

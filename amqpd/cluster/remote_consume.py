@@ -234,5 +234,4 @@ class RemoteConsume(RemoteQueueState):
         consumer.channel.consumer_cancelled_by_server(consumer)
 
 
-
 __all__ = ["ANSWER_TIMEOUT", "DELIVERY_WINDOW", "RemoteConsume"]

@@ -227,5 +227,4 @@ class RemoteFailover(RemoteQueueState):
             consumer.channel.consumer_cancelled_by_server(consumer)
 
 
-
 __all__ = ["FAILOVER_LIMIT", "FAILOVER_WAIT", "RemoteFailover"]

@@ -57,8 +57,14 @@ the new stream, so the client's ack, nack or reject by the old tag settles it th
 leader (:data:`RECENT_SETTLES`) are named too: one it never took is settled on the new
 leader, not redelivered. What this node does not name, the new leader returns to the
 queue.
-"""
 
+Where the parts live: :class:`RemoteQueue` here (declare checks, publish forwarding,
+settling, counts, delete) with :mod:`~amqpd.cluster.remote_consume` (consumers,
+deliveries, basic.get) and :mod:`~amqpd.cluster.remote_failover` (the stream to the
+leader and its loss) over :mod:`~amqpd.cluster.remote_state`; the leader's side
+(:class:`Served`) is :mod:`~amqpd.cluster.remote_served`, this node's part in them all
+(:class:`ClusterQueues`, :func:`materialise`) :mod:`~amqpd.cluster.cluster_queues`.
+"""
 
 from __future__ import annotations
 
@@ -367,7 +373,6 @@ def remote_class(type_name: str) -> type[RemoteQueue]:
             "__module__": __name__})
         _CLASSES[type_name] = cls
     return cls
-
 
 
 __all__ = ["LinkLost", "RemoteQueue", "home_node_down", "jsonable", "remote_class"]

@@ -293,5 +293,4 @@ def enqueue_here(broker: ClusterPort, q: QueueType, message: Message,
         on_confirm(None)
 
 
-
 __all__ = ["Served", "enqueue_here"]

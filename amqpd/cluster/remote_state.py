@@ -84,7 +84,6 @@ class _Held:
         self.done = 0
 
 
-
 def _removed(queue: QueueType) -> None:
     queue.vhost.broker.publisher.remote_queues -= 1
 
