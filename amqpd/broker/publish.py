@@ -303,6 +303,48 @@ class Publisher:
             q.in_store = True
             q.enqueue(paged)
 
+    def enqueue_forwarded(self, q: QueueType, message: Message,
+                          on_confirm: OnConfirm | None) -> None:
+        """The publish pipeline's steps after routing, for one local queue: a publish
+        another cluster node routed here (amqpd/cluster/remote_served.py, the leader's
+        side of a queue used from that node). Deduplication, the queue's length limit
+        (reject-publish), the store for a persistent message in a durable queue (or
+        any message of a queue that keeps every message), then the enqueue;
+        ``on_confirm`` once that is durable."""
+        if q.dedup is not None and not q.dedup.admit(message):
+            if on_confirm is not None:  # x-message-deduplication: already in the queue
+                on_confirm(None)
+            return
+        ext = q.ext
+        if ext is not None and ext.rejects:
+            _accepted, refused = admit(self.broker, [q], message)
+            if refused:
+                if on_confirm is not None:
+                    on_confirm(PreconditionFailed("rejected by a queue's length limit"))
+                return
+        if not message.persistent and (q.keeps_every_message or q.mirrored):
+            message.persistent = True
+        store = self.broker.store
+        if message.persistent and q.durable:
+            try:
+                message.position = store.append_enqueue([q.store_key], stored_message(message))
+            except StoreError as exc:
+                self.store_failed(exc)
+                if on_confirm is not None:
+                    on_confirm(exc)
+                return
+            self._pending_commit = True
+            if on_confirm is not None:
+                self.commit(on_confirm)
+                on_confirm = None
+        props = message.properties
+        if not store.on_disk or (props and props[0] & FLAG_EXPIRATION_HI):
+            q.enqueue(message)
+        else:
+            self._enqueue_all([q], message)
+        if on_confirm is not None:
+            on_confirm(None)
+
     def commit(self, callback: OnConfirm) -> None:
         """Call back once everything appended so far is durable (or with the error).
 

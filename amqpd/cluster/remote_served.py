@@ -14,15 +14,12 @@ from typing import TYPE_CHECKING, Any
 from amqpd.broker.api import (
     Consumer,
     Message,
-    PreconditionFailed,
     QueueEntry,
     QueueType,
 )
-from amqpd.broker.persist import stored_message
 from amqpd.cluster import link_wire as W
 from amqpd.cluster.link import Link
 from amqpd.cluster.remote_state import LinkLost, OnConfirm
-from amqpd.protocol.constants import FLAG_EXPIRATION_HI
 
 if TYPE_CHECKING:
     from amqpd.broker.api import ClusterPort
@@ -251,46 +248,9 @@ class Served:
 
 def enqueue_here(broker: ClusterPort, q: QueueType, message: Message,
                  on_confirm: OnConfirm | None) -> None:
-    """The publish pipeline's steps after routing, for one local queue."""
-    from amqpd.broker.api import StoreError
-    from amqpd.broker.limits import admit
-
-    publisher = broker.publisher
-    if q.dedup is not None and not q.dedup.admit(message):
-        if on_confirm is not None:  # x-message-deduplication: already in the queue
-            on_confirm(None)
-        return
-    ext = q.ext
-    if ext is not None and ext.rejects:
-        # the queue's own broker (the port's, the same object): the limits
-        # dead-letter what they refuse through it
-        _accepted, refused = admit(q.vhost.broker, [q], message)
-        if refused:
-            if on_confirm is not None:
-                on_confirm(PreconditionFailed("rejected by a queue's length limit"))
-            return
-    if not message.persistent and (q.keeps_every_message or q.mirrored):
-        message.persistent = True
-    store = broker.store
-    if message.persistent and q.durable:
-        try:
-            message.position = store.append_enqueue([q.store_key], stored_message(message))
-        except StoreError as exc:
-            publisher.store_failed(exc)
-            if on_confirm is not None:
-                on_confirm(exc)
-            return
-        publisher._pending_commit = True
-        if on_confirm is not None:
-            publisher.commit(on_confirm)
-            on_confirm = None
-    props = message.properties
-    if not store.on_disk or (props and props[0] & FLAG_EXPIRATION_HI):
-        q.enqueue(message)
-    else:
-        publisher._enqueue_all([q], message)
-    if on_confirm is not None:
-        on_confirm(None)
+    """A publish forwarded from another node, into local queue ``q``: the publish
+    pipeline's tail (``Publisher.enqueue_forwarded``)."""
+    broker.publisher.enqueue_forwarded(q, message, on_confirm)
 
 
 __all__ = ["Served", "enqueue_here"]
