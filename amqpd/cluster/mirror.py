@@ -105,6 +105,7 @@ from amqpd.cluster.mirror_state import (
     may_promote_unsynchronised,
     mirror_nodes,
 )
+from amqpd.cluster.takeover_txn import names_this_node, take_over_txn
 from amqpd.coord.etcd import Compare, EtcdError, Put, delete_own
 from amqpd.store.api import StoredMessage, queue_key
 
@@ -1114,6 +1115,11 @@ class Mirrors:
                 continue
             if leader is None and not copy.listed and now - copy.created < LISTING_WAIT:
                 continue  # started with its queue's declare: the definition is on its way
+            if leader == self.node and copy.election_started and ident not in self.leading:
+                # a take-over of this node's that etcd applied late: a round finishes it
+                self.promoting[ident] = asyncio.get_running_loop().create_task(
+                    self._promote(ident, copy))
+                continue
             if leader != copy.leader:
                 if self._awaits_successor(copy, leader, now):
                     continue
@@ -1422,6 +1428,8 @@ class Mirrors:
         if kv is None:
             return True
         rec = json.loads(kv.value)
+        if rec.get("leader") == self.node and ident not in self.leading:
+            return await self._finish_late_take_over(ident, copy, rec, kv.mod_revision)
         if rec.get("leader") != copy.leader or view.is_running(copy.leader):
             return True  # somebody took over, or the leader is back
         synchronised = [str(n) for n in rec.get("synchronised", [])]
@@ -1513,21 +1521,42 @@ class Mirrors:
         mirrors = sorted((set(rec.get("wanted", [])) | {copy.leader}) - {self.node})
         new_rec = {"leader": self.node, "mirrors": [], "synchronised": [],
                    "wanted": mirrors}
-        result = await self.etcd.txn(
+        revision = await take_over_txn(
+            self.etcd,
             [Compare("mod", defs_key, "==", kv.mod_revision),
              Compare("mod", self.record_key(ident), "==", rec_rev)],
             [Put(defs_key, json.dumps(item, separators=(",", ":"))),
-             Put(self.record_key(ident), json.dumps(new_rec))])
-        if not result.succeeded:
+             Put(self.record_key(ident), json.dumps(new_rec))],
+            f"queue '{name}' in vhost '{vhost}'")
+        if revision is None:
             return False
         self._promote_here(ident, copy, item)
         lead = self.leading.get(ident)
         if lead is not None:
-            lead.rev = result.revision
+            lead.rev = revision
             lead.written = new_rec
         with contextlib.suppress(EtcdError):
             for c in await self.etcd.get_prefix(prefix):
                 await self.etcd.delete(c.key)
+        return True
+
+    async def _finish_late_take_over(self, ident: Ident, copy: MirrorCopy,
+                                     rec: dict[str, Any], rec_rev: int) -> bool:
+        """The record names this node, which does not lead the queue: a take-over of
+        this node's that etcd applied after it stopped waiting (amqpd.cluster.
+        takeover_txn). Finish it, so the messages this copy holds are served."""
+        defs_key = self.cluster.mirror.etcd_key(_KIND_QUEUE, f"{ident[0]}\x00{ident[1]}")
+        dkv = await self.etcd.get(defs_key)
+        if dkv is None or not names_this_node(rec, dkv.value, self.node):
+            return True
+        log.warning("queue '%s' in vhost '%s': etcd names this node its leader (a take-over "
+                    "applied after its answer was lost); taking it over now", ident[1],
+                    ident[0])
+        self._promote_here(ident, copy, json.loads(dkv.value))
+        lead = self.leading.get(ident)
+        if lead is not None:
+            lead.rev = rec_rev
+            lead.written = rec
         return True
 
     def _promote_here(self, ident: Ident, copy: MirrorCopy, item: dict[str, Any]) -> None:

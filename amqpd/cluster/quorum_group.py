@@ -116,6 +116,7 @@ from amqpd.cluster.quorum_state import (
     quorum_critical,
     remove_member,
 )
+from amqpd.cluster.takeover_txn import names_this_node, take_over_txn
 from amqpd.coord.etcd import Compare, EtcdError, Put
 
 if TYPE_CHECKING:
@@ -545,6 +546,10 @@ class QuorumGroups(Mirrors):
             leader = cluster.catalogue.get(ident)
             if ident in self.promoting:
                 continue
+            if leader == self.node and copy.election_started and ident not in self.leading:
+                # a take-over of this node's that etcd applied late: a round finishes it
+                self.promoting[ident] = loop.create_task(self._promote(ident, copy))
+                continue
             if leader != copy.leader:
                 self._end_copy(copy)
                 continue
@@ -713,6 +718,8 @@ class QuorumGroups(Mirrors):
         if kv is None:
             return True
         rec = json.loads(kv.value)
+        if rec.get("leader") == self.node and ident not in self.leading:
+            return await self._finish_late_take_over(ident, copy, rec, kv.mod_revision)
         if rec.get("leader") != copy.leader or view.is_running(copy.leader):
             return True  # somebody took over, or the leader is back
         members = [str(m) for m in rec.get("members", [])]
@@ -770,21 +777,45 @@ class QuorumGroups(Mirrors):
         new_rec = {"leader": self.node, "members": members, "term": term, "mirrors": [],
                    "synchronised": [], "wanted": sorted(m for m in members
                                                         if m != self.node)}
-        result = await self.etcd.txn(
+        revision = await take_over_txn(
+            self.etcd,
             [Compare("mod", defs_key, "==", kv.mod_revision),
              Compare("mod", self.record_key(ident), "==", rec_rev)],
             [Put(defs_key, json.dumps(item, separators=(",", ":"))),
-             Put(self.record_key(ident), json.dumps(new_rec))])
-        if not result.succeeded:
+             Put(self.record_key(ident), json.dumps(new_rec))],
+            f"queue '{name}' in vhost '{vhost}'")
+        if revision is None:
             return False
         self.known_terms[ident] = term
         lead = self._promote_group(ident, copy, item, members, term)
-        lead.rev = result.revision
+        lead.rev = revision
         lead.written = new_rec
         self.elections += 1
         with contextlib.suppress(EtcdError):
             for c in await self.etcd.get_prefix(prefix):
                 await self.etcd.delete(c.key)
+        return True
+
+    async def _finish_late_take_over(self, ident: Ident, copy: MirrorCopy,
+                                     rec: dict[str, Any], rec_rev: int) -> bool:
+        """As the mirrors' (a take-over etcd applied after this node stopped waiting
+        for its answer), for the group: lead it at the record's term."""
+        from amqpd.cluster.definitions import KIND_QUEUE
+
+        defs_key = self.cluster.mirror.etcd_key(KIND_QUEUE, f"{ident[0]}\x00{ident[1]}")
+        dkv = await self.etcd.get(defs_key)
+        if dkv is None or not names_this_node(rec, dkv.value, self.node):
+            return True
+        log.warning("queue '%s' in vhost '%s': etcd names this node its leader (a take-over "
+                    "applied after its answer was lost); taking it over now", ident[1],
+                    ident[0])
+        term = int(rec.get("term", 1))
+        self.known_terms[ident] = term
+        lead = self._promote_group(ident, copy, json.loads(dkv.value),
+                                   [str(m) for m in rec.get("members", [])], term)
+        lead.rev = rec_rev
+        lead.written = rec
+        self.elections += 1
         return True
 
     def _promote_group(self, ident: Ident, copy: MirrorCopy, item: dict[str, Any],
