@@ -79,10 +79,11 @@ lint: install
 # test_chaos.py).
 SEEDS ?= 1 2 3
 DURATION ?= 180
+PARTITION ?= netns
 CHAOS_DIR ?= $(shell mktemp -d -u /tmp/amqpd-chaos-XXXXXX)
 chaos: install system-deps
 	'$(PY)' -m tests.chaos $(foreach s,$(SEEDS),--seed $(s)) --duration $(DURATION) \
-	  --workdir '$(CHAOS_DIR)'
+	  --partition $(PARTITION) --workdir '$(CHAOS_DIR)'
 
 # The Hypothesis model of the replica rules (tests/unit/cluster/test_replica_model.py),
 # randomized and longer than CI's fixed examples: a search for new losing schedules.

@@ -27,7 +27,8 @@ here is imported. Operator guide: docs/clustering.md. The interface others code 
   and catch-up), ``mirror_copy.py`` (a mirror's copy), ``mirror_frames.py`` (the link
   protocol), ``mirror_adopt.py`` (copies kept across a restart), ``mirror_failover.py``
   (promotion); ``mirror_state.py`` and ``mirror_wire.py`` sans-IO.
-* ``election.py``: the one election round of both replica kinds (a ``Ballot`` each).
+* ``election.py``: the one election round of both replica kinds (a ``Ballot`` each);
+  ``takeover_txn.py``: the winner's etcd transaction, a lost answer read back.
 * ``quorum_group.py``: quorum queues' replica groups (issue 16: members, majority
   commit, terms and elections, membership edits); ``start(...)`` from ``serve`` after
   the mirrors, reachable as ``cluster.quorum_groups``. Its parts: ``quorum_leading.py``

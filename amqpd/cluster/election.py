@@ -27,10 +27,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol
 
 from amqpd.cluster.mirror_state import Ident, key_part
+from amqpd.cluster.takeover_txn import names_this_node, take_over_txn
 from amqpd.coord.etcd import Compare, EtcdError, Put
 
 if TYPE_CHECKING:
@@ -50,7 +52,13 @@ class Elector(Protocol):
     root: str
     node: str
 
+    @property
+    def leading(self) -> Mapping[Ident, Any]: ...
+
     def record_key(self, ident: Ident) -> str: ...
+
+    async def _finish_late_take_over(self, ident: Ident, copy: MirrorCopy,
+                                     rec: dict[str, Any], rec_rev: int) -> bool: ...
 
 
 class Ballot:
@@ -111,6 +119,8 @@ async def election_round(elector: Elector, ident: Ident, copy: MirrorCopy,
     if kv is None:
         return True
     rec = json.loads(kv.value)
+    if rec.get("leader") == elector.node and ident not in elector.leading:
+        return await elector._finish_late_take_over(ident, copy, rec, kv.mod_revision)
     if rec.get("leader") != copy.leader or view.is_running(copy.leader):
         return True  # somebody took over, or the leader is back
     ballot = ballot_for(rec)
@@ -166,14 +176,36 @@ async def claim(elector: Elector, ident: Ident, copy: MirrorCopy, rec_rev: int,
     if item.get("node") != copy.leader:
         return True
     item["node"] = elector.node
-    result = await etcd.txn(
+    revision = await take_over_txn(
+        etcd,
         [Compare("mod", defs_key, "==", kv.mod_revision),
          Compare("mod", elector.record_key(ident), "==", rec_rev)],
         [Put(defs_key, json.dumps(item, separators=(",", ":"))),
-         Put(elector.record_key(ident), json.dumps(new_rec))])
-    if not result.succeeded:
+         Put(elector.record_key(ident), json.dumps(new_rec))],
+        f"queue '{name}' in vhost '{vhost}'")
+    if revision is None:
         return False
-    return item, result.revision
+    return item, revision
+
+
+async def late_claim(elector: Elector, ident: Ident, rec: dict[str, Any],
+                     log: logging.Logger) -> dict[str, Any] | None:
+    """The record names this node, which does not lead the queue: a take-over of this
+    node's that etcd applied after it stopped waiting (amqpd.cluster.takeover_txn).
+    The queue's definition item when it names this node too (the caller finishes the
+    take-over, so the messages its copy holds are served), else None (the round is
+    decided). ``log``: the kind's logger, for the line that says so."""
+    from amqpd.cluster.definitions import KIND_QUEUE
+
+    defs_key = elector.cluster.mirror.etcd_key(KIND_QUEUE, f"{ident[0]}\x00{ident[1]}")
+    dkv = await elector.etcd.get(defs_key)
+    if dkv is None or not names_this_node(rec, dkv.value, elector.node):
+        return None
+    log.warning("queue '%s' in vhost '%s': etcd names this node its leader (a take-over "
+                "applied after its answer was lost); taking it over now", ident[1],
+                ident[0])
+    item: dict[str, Any] = json.loads(dkv.value)
+    return item
 
 
 async def clear_offers(etcd: EtcdClient, prefix: str) -> None:
@@ -184,4 +216,4 @@ async def clear_offers(etcd: EtcdClient, prefix: str) -> None:
 
 
 __all__ = ["ELECTION_WAIT", "WINNER_WAIT", "Ballot", "Elector", "claim", "clear_offers",
-           "election_round"]
+           "election_round", "late_claim"]

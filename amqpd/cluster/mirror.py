@@ -333,6 +333,11 @@ class Mirrors(CopyAdoption, MirrorFrames, MirrorFailover):
                 continue
             if leader is None and not copy.listed and now - copy.created < LISTING_WAIT:
                 continue  # started with its queue's declare: the definition is on its way
+            if leader == self.node and copy.election_started and ident not in self.leading:
+                # a take-over of this node's that etcd applied late: a round finishes it
+                self.promoting[ident] = asyncio.get_running_loop().create_task(
+                    self._promote(ident, copy))
+                continue
             if leader != copy.leader:
                 if self._awaits_successor(copy, leader, now):
                     continue

@@ -21,7 +21,7 @@ import time
 from typing import TYPE_CHECKING, Any, Final
 
 from amqpd.broker.api import LoggedMessage
-from amqpd.cluster.election import Ballot, claim, clear_offers, election_round
+from amqpd.cluster.election import Ballot, claim, clear_offers, election_round, late_claim
 from amqpd.cluster.mirror_host import MirrorsHost
 from amqpd.cluster.mirror_state import (
     TICK,
@@ -173,6 +173,21 @@ class MirrorFailover(MirrorsHost):
             lead.rev = revision
             lead.written = new_rec
         await clear_offers(self.etcd, prefix)
+        return True
+
+    async def _finish_late_take_over(self, ident: Ident, copy: MirrorCopy,
+                                     rec: dict[str, Any], rec_rev: int) -> bool:
+        """A take-over of this node's that etcd applied after this node stopped
+        waiting for its answer (:func:`~amqpd.cluster.election.late_claim`): finish it,
+        so the messages this copy holds are served."""
+        item = await late_claim(self, ident, rec, log)
+        if item is None:
+            return True
+        self._promote_here(ident, copy, item)
+        lead = self.leading.get(ident)
+        if lead is not None:
+            lead.rev = rec_rev
+            lead.written = rec
         return True
 
     def _promote_here(self, ident: Ident, copy: MirrorCopy, item: dict[str, Any]) -> None:

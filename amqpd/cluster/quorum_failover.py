@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from amqpd.broker.api import LoggedMessage
 from amqpd.cluster import link_wire as W
-from amqpd.cluster.election import Ballot, claim, clear_offers, election_round
+from amqpd.cluster.election import Ballot, claim, clear_offers, election_round, late_claim
 from amqpd.cluster.mirror_host import MirrorsHost
 from amqpd.cluster.mirror_state import Ident
 from amqpd.cluster.quorum_leading import CHECKOUT_WAIT, GroupLeading
@@ -138,6 +138,22 @@ class GroupFailover(MirrorsHost):
         lead.written = new_rec
         self.elections += 1
         await clear_offers(self.etcd, prefix)
+        return True
+
+    async def _finish_late_take_over(self, ident: Ident, copy: MirrorCopy,
+                                     rec: dict[str, Any], rec_rev: int) -> bool:
+        """As the mirrors' (a take-over etcd applied after this node stopped waiting
+        for its answer), for the group: lead it at the record's term."""
+        item = await late_claim(self, ident, rec, log)
+        if item is None:
+            return True
+        term = int(rec.get("term", 1))
+        self.known_terms[ident] = term
+        lead = self._promote_group(ident, copy, item,
+                                   [str(m) for m in rec.get("members", [])], term)
+        lead.rev = rec_rev
+        lead.written = rec
+        self.elections += 1
         return True
 
     def _promote_group(self, ident: Ident, copy: MirrorCopy, item: dict[str, Any],

@@ -272,6 +272,10 @@ class QuorumGroups(GroupFailover, Mirrors):
             leader = cluster.catalogue.get(ident)
             if ident in self.promoting:
                 continue
+            if leader == self.node and copy.election_started and ident not in self.leading:
+                # a take-over of this node's that etcd applied late: a round finishes it
+                self.promoting[ident] = loop.create_task(self._promote(ident, copy))
+                continue
             if leader != copy.leader:
                 self._end_copy(copy)
                 continue

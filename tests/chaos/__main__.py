@@ -1,4 +1,5 @@
-"""``python -m tests.chaos --seed N --duration SECONDS [--workdir DIR]``: one long
+"""``python -m tests.chaos --seed N --duration SECONDS [--partition netns|proxy]
+[--workdir DIR]``: one long
 seeded run of the randomized fault test (tests/chaos/driver.py); prints its report and
 exits 1 if a check failed. ``make chaos SEEDS="1 2 3" DURATION=180`` runs several."""
 
@@ -22,6 +23,9 @@ def main(argv: list[str] | None = None) -> int:
                         metavar=("MIN", "MAX"), help="seconds between faults (8 20)")
     parser.add_argument("--rate", type=float, default=100.0,
                         help="messages a second per publisher (100)")
+    parser.add_argument("--partition", choices=("netns", "proxy"), default="netns",
+                        help="how a partition is cut: network namespaces (default; "
+                             "needs root) or the etcd proxy and heartbeat relays")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="where the nodes' data and logs go (default: a temp dir, kept)")
     args = parser.parse_args(argv)
@@ -29,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in args.seed:
         base = args.workdir or Path(tempfile.mkdtemp(prefix="amqpd-chaos-"))
         result = run(seed, args.duration, base / f"seed-{seed}", gap=tuple(args.gap),
-                     rate=args.rate)
+                     rate=args.rate, partition=args.partition)
         print(result.report(), flush=True)
         failed += bool(result.failures())
     return 1 if failed else 0

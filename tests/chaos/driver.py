@@ -11,9 +11,16 @@ Faults, one at a time (the next starts once the last one healed and a gap passed
 ``kill`` (kill -9 of a node, restarted a few seconds later), ``kill-leader`` (kill -9
 of the node leading one of the three queues, by /api/queues), ``stop`` (SIGSTOP of a
 node for 3-10 s), ``stop-etcd`` (SIGSTOP of etcd for 3-10 s), ``partition`` (a node
-cut from etcd and from the others' heartbeats for 4-10 s through the TCP proxy and UDP
-relays of tests/support/, as tests/integration/test_cluster_partition.py does; network
-namespaces would also cut the inter-node links, but need root and are not used here).
+cut off for 4-10 s). A partition is made one of two ways (``partition=``):
+
+* ``netns`` (the default where the machine allows it): every node runs in a network
+  namespace of its own, joined to the host by a bridge (tests/support/netns.py); the cut
+  takes the node's veth down, so every packet to or from it vanishes — etcd, the other
+  nodes' heartbeats *and* the inter-node links, and the clients too. Established TCP
+  connections stay open and silent, as across a real network's partition.
+* ``proxy``: the node's etcd connection goes through a TCP proxy and its heartbeats
+  through UDP relays (tests/support/), as tests/integration/test_cluster_partition.py
+  does; the cut blackholes those two only — the inter-node links stay up.
 The schedule (kinds, targets, durations, gaps) is drawn from the seed alone; which
 node leads a queue when a ``kill-leader`` comes is the cluster's state.
 
@@ -24,8 +31,9 @@ within 5 s, every queue must accept and confirm a publish within 30 s, and once 
 consumers drained: no confirmed message lost, and no send delivered twice unless the
 later delivery says redelivered.
 
-Run: ``python -m tests.chaos --seed 7 --duration 180`` (``make chaos SEEDS="1 2 3"
-DURATION=180``); tests/integration/test_chaos.py runs short ones on fixed seeds.
+Run: ``python -m tests.chaos --seed 7 --duration 180 [--partition proxy]`` (``make chaos
+SEEDS="1 2 3" DURATION=180 [PARTITION=proxy]``); tests/integration/test_chaos.py runs
+short ones on fixed seeds, both ways.
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ from tests.chaos.clients import (
 )
 from tests.integration._http import Api
 from tests.integration.cluster_support import ClusterNode, free_udp_port, new_prefix
+from tests.support import netns
 from tests.support.etcdproc import EtcdProcess
 from tests.support.tcpproxy import TcpProxy
 from tests.support.udpproxy import UdpRelay
@@ -158,8 +167,14 @@ class Chaos:
     def __init__(self, workdir: Path, seed: int, duration: float,
                  gap: tuple[float, float] = (8.0, 20.0),
                  new_queue_every: tuple[float, float] = (3.0, 6.0),
-                 rate: float = 100.0, drain_timeout: float = 90.0) -> None:
+                 rate: float = 100.0, drain_timeout: float = 90.0,
+                 partition: str = "netns") -> None:
+        if partition not in ("netns", "proxy"):
+            raise ValueError(f"partition must be 'netns' or 'proxy', not {partition!r}")
         self.workdir = workdir
+        self.partition = partition
+        self.lab: netns.Lab | None = None  # the namespaces (partition="netns")
+        self.etcd_bridge: TcpProxy | None = None  # etcd as the namespaces reach it
         self.drain_timeout = drain_timeout  # seconds the consumers get after the heal
         self.seed = seed
         self.duration = duration
@@ -168,7 +183,7 @@ class Chaos:
         self.rate = rate
         self.result = Result(seed, duration, rerun=(
             f"python -m tests.chaos --seed {seed} --duration {duration:g} "
-            f"--gap {gap[0]:g} {gap[1]:g} --rate {rate:g}"))
+            f"--gap {gap[0]:g} {gap[1]:g} --rate {rate:g} --partition {partition}"))
         self.rng = random.Random(seed ^ 0x5EED)  # the clients' choices
         self.etcd: EtcdProcess | None = None
         self.nodes: list[ClusterNode] = []
@@ -190,14 +205,14 @@ class Chaos:
         self.etcd = EtcdProcess(self.workdir / "etcd").start()
         prefix = new_prefix()
         try:
+            if self.partition == "netns":
+                self.lab = netns.Lab().open()
+                # etcd listens on the host's loopback; the namespaces reach it through a
+                # proxy on the bridge's address (never cut: a cut is a node's veth)
+                self.etcd_bridge = TcpProxy("127.0.0.1", self.etcd.client_port,
+                                            host=self.lab.host_address).start()
             for name in ("a", "b", "c"):
-                hb_port = free_udp_port()
-                relay = UdpRelay(("127.0.0.1", hb_port)).start()
-                proxy = TcpProxy("127.0.0.1", self.etcd.client_port).start()
-                self.nodes.append(ClusterNode(
-                    f"node-{name}", self.workdir / name, self.etcd.url, prefix,
-                    partition_handling="pause_minority", etcd_proxy=proxy, relay=relay,
-                    hb_port=hb_port))
+                self.nodes.append(self._node(f"node-{name}", self.workdir / name, prefix))
             for n in self.nodes:
                 n.start()
             self.wait_formed(60.0)
@@ -210,7 +225,26 @@ class Chaos:
                     n.relay.stop()
                 if n.etcd_proxy is not None:
                     n.etcd_proxy.stop()
+            if self.etcd_bridge is not None:
+                self.etcd_bridge.stop()
+            if self.lab is not None:
+                self.lab.close()
             self.etcd.kill()
+
+    def _node(self, name: str, data_dir: Path, prefix: str) -> ClusterNode:
+        if self.lab is not None:
+            assert self.etcd_bridge is not None
+            bridge = f"http://{self.etcd_bridge.host}:{self.etcd_bridge.port}"
+            return ClusterNode(name, data_dir, bridge, prefix,
+                               partition_handling="pause_minority",
+                               member=self.lab.add(name))
+        hb_port = free_udp_port()
+        relay = UdpRelay(("127.0.0.1", hb_port)).start()
+        assert self.etcd is not None
+        proxy = TcpProxy("127.0.0.1", self.etcd.client_port).start()
+        return ClusterNode(name, data_dir, self.etcd.url, prefix,
+                           partition_handling="pause_minority", etcd_proxy=proxy,
+                           relay=relay, hb_port=hb_port)
 
     def formed(self) -> bool:
         names = sorted(n.name for n in self.nodes)
@@ -272,6 +306,9 @@ class Chaos:
         return None
 
     def isolate(self, node: ClusterNode, cut: bool) -> None:
+        if self.lab is not None:
+            (self.lab.cut if cut else self.lab.restore)(node.name)
+            return
         assert node.etcd_proxy is not None and node.relay is not None
         if cut:
             node.etcd_proxy.cut("blackhole")
@@ -334,7 +371,7 @@ class Chaos:
             self._signal(self.etcd.proc.pid, signal.SIGCONT)
         for n in self.nodes:
             self._signal(self._pid(n), signal.SIGCONT)
-            if n.etcd_proxy is not None and n.relay is not None:
+            if self.lab is not None or (n.etcd_proxy is not None and n.relay is not None):
                 self.isolate(n, False)
         with self.lock:
             self.down.clear()

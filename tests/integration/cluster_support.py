@@ -29,6 +29,7 @@ from devtools.rabbitmq import free_ports
 from tests.integration._http import Api
 from tests.support.brokerproc import BrokerProcess
 from tests.support.etcdproc import EtcdProcess
+from tests.support.netns import Member
 from tests.support.tcpproxy import TcpProxy
 from tests.support.udpproxy import UdpRelay
 
@@ -67,24 +68,34 @@ class ClusterNode:
     relay: UdpRelay | None = None
     hb_port: int = field(default_factory=free_udp_port)
     extra_env: dict[str, str] = field(default_factory=dict)  # e.g. AMQPD_PLUGINS
+    # run inside this network namespace (tests/support/netns.py), listening on its
+    # address; ``etcd_url`` must then be reachable from there (the lab's bridge)
+    member: Member | None = None
     proc: BrokerProcess | None = None
 
     def start(self) -> ClusterNode:
         etcd = self.etcd_url
         if self.etcd_proxy is not None:
-            etcd = f"http://127.0.0.1:{self.etcd_proxy.port}"
+            etcd = f"http://{self.etcd_proxy.host}:{self.etcd_proxy.port}"
+        host = self.member.address if self.member is not None else "127.0.0.1"
         env = {"AMQPD_NODE_NAME": self.name, "AMQPD_CLUSTER": self.cluster,
                "AMQPD_CLUSTER_ETCD": etcd, "AMQPD_CLUSTER_ETCD_PREFIX": self.prefix,
                "AMQPD_CLUSTER_COOKIE": COOKIE,
                "AMQPD_CLUSTER_PARTITION_HANDLING": self.partition_handling,
                "AMQPD_CLUSTER_LEASE_TTL": str(self.lease_ttl),
                "AMQPD_CLUSTER_HEARTBEAT_TIMEOUT": str(self.heartbeat_timeout),
-               "AMQPD_CLUSTER_HEARTBEAT_LISTEN": f"127.0.0.1:{self.hb_port}"}
+               "AMQPD_CLUSTER_HEARTBEAT_LISTEN": f"{host}:{self.hb_port}"}
+        if self.member is not None:
+            # the inter-node links on the namespace's address; guest may log in from
+            # the host, which is not loopback as the node sees it
+            env["AMQPD_CLUSTER_LINK_LISTEN"] = f"{host}:0"
+            env["AMQPD_LOOPBACK_USERS"] = ""
         if self.relay is not None:
             env["AMQPD_CLUSTER_HEARTBEAT_ADVERTISE"] = self.relay.addr
         env.update(self.extra_env)
         if self.proc is None:
-            self.proc = BrokerProcess(self.data_dir, env=env)
+            self.proc = BrokerProcess(self.data_dir, env=env, bind=host, command_prefix=(
+                self.member.prefix if self.member is not None else []))
         else:
             self.proc.env = env
         self.proc.start(timeout=30)
