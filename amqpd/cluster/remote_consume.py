@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from amqpd.broker.api import (
     AccessRefused,
@@ -32,9 +32,6 @@ from amqpd.cluster.remote_state import (
     home_node_down,
     jsonable,
 )
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("amqpd.cluster.queues")
 

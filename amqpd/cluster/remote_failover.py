@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from amqpd.cluster import link_wire as W
 from amqpd.cluster.link import Link
@@ -24,9 +24,6 @@ from amqpd.cluster.remote_state import (
     RemoteQueueState,
     _Held,
 )
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("amqpd.cluster.queues")
 

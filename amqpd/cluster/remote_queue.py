@@ -71,7 +71,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from amqpd.broker.api import (
     QUEUE_TYPES,
@@ -92,16 +92,12 @@ from amqpd.cluster.remote_state import (
     jsonable,
 )
 
-if TYPE_CHECKING:
-    pass
-
 log = logging.getLogger("amqpd.cluster.queues")
 
 
 class RemoteQueue(RemoteConsume, RemoteFailover):
     """A queue whose leader is ``leader`` (module docstring). The class is specialised
     per real type (:func:`remote_class`) so redeclare compares what that type compares."""
-
 
     # -- state ---------------------------------------------------------------------------
     @property
