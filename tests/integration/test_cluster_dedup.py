@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pika
+import pika.exceptions
 import pytest
 
 from tests.integration.cluster_support import ClusterNode, diagnose, three_nodes, wait_for
@@ -70,3 +71,62 @@ def test_new_leader_rebuilds_the_cache_from_its_copy(tolerant_nodes: list[Cluste
     finally:
         conn.close()
     assert got == [b"m%d" % i for i in range(50)] + [b"r%d" % i for i in range(50, 60)]
+
+
+EXCHANGE = "dx"
+
+
+def _publish_mandatory(url: str, values: list[str], body: bytes) -> tuple[int, int]:
+    """Publish one message per value (mandatory, confirms): (acked, returned)."""
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    acked = returned = 0
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for value in values:
+            try:
+                ch.basic_publish(EXCHANGE, "", body, pika.BasicProperties(
+                    delivery_mode=2, headers={"x-deduplication-header": value}),
+                    mandatory=True)
+            except pika.exceptions.UnroutableError:
+                returned += 1
+            acked += 1  # a nack raises NackError, failing the test
+    finally:
+        conn.close()
+    return acked, returned
+
+
+def test_exchange_cache_is_the_clusters(tolerant_nodes: list[ClusterNode]) -> None:
+    """A value routed through node-a is recognised on node-b and node-c, after its
+    message was consumed (so no queue holds it) and node-a was killed with kill -9."""
+    a, b, c = tolerant_nodes
+    conn = pika.BlockingConnection(pika.URLParameters(a.url))
+    ch = conn.channel()
+    ch.exchange_declare(EXCHANGE, "x-message-deduplication", durable=True,
+                        arguments={"x-cache-size": 1000})
+    ch.queue_declare(QUEUE, durable=True, arguments={"x-queue-type": "quorum"})
+    ch.queue_bind(QUEUE, EXCHANGE)
+    conn.close()
+    group_formed(tolerant_nodes, a)
+    first = [f"id-{i}" for i in range(20)]
+    assert _publish_mandatory(a.url, first, b"first") == (20, 0)
+    assert _publish_mandatory(a.url, first[:5], b"again") == (5, 5)  # dropped on node-a
+    conn = pika.BlockingConnection(pika.URLParameters(a.url))
+    try:
+        assert drain(conn.channel(), QUEUE) == [b"first"] * 20  # consumed: no queue has them
+    finally:
+        conn.close()
+    a.kill()
+    wait_for(lambda: queue_info(b).get("leader") in (b.name, c.name), 60,
+             "a new leader", lambda: diagnose([b, c]))
+    new = [f"id-{i}" for i in range(20, 25)]
+    assert _publish_mandatory(b.url, first + new, b"retry") == (25, 20)
+    assert _publish_mandatory(c.url, first + new, b"retry") == (25, 25)
+    conn = pika.BlockingConnection(pika.URLParameters(c.url))
+    try:
+        assert drain(conn.channel(), QUEUE) == [b"retry"] * 5
+    finally:
+        conn.close()
+    info = b.api.get(f"/api/exchanges/%2F/{EXCHANGE}").json()["deduplication"]
+    assert info["cache_scope"] == "cluster"
+    assert info["duplicates"] == 20
