@@ -168,11 +168,15 @@ class SharedDedupCache:
         self.entries = count - len(keys)
 
     async def drop(self) -> None:
-        """The exchange was deleted: its cache goes."""
-        async with self.registry.slots:
-            await self.registry.etcd.call("kv/deleterange", {
-                "key": base64.b64encode(self.prefix).decode(),
-                "range_end": base64.b64encode(_prefix_end(self.prefix)).decode()})
+        """The exchange was deleted: its cache goes (a failure is logged: the keys
+        then stay until they expire, or until a trim of an exchange of that name)."""
+        try:
+            async with self.registry.slots:
+                await self.registry.etcd.call("kv/deleterange", {
+                    "key": base64.b64encode(self.prefix).decode(),
+                    "range_end": base64.b64encode(_prefix_end(self.prefix)).decode()})
+        except EtcdError as exc:
+            log.warning("deduplication cache %r left in etcd: %s", self.prefix, exc)
 
 
 class DedupCaches:
