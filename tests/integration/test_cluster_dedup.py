@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pika
 import pika.exceptions
@@ -130,3 +131,59 @@ def test_exchange_cache_is_the_clusters(tolerant_nodes: list[ClusterNode]) -> No
     info = b.api.get(f"/api/exchanges/%2F/{EXCHANGE}").json()["deduplication"]
     assert info["cache_scope"] == "cluster"
     assert info["duplicates"] == 20
+
+
+MIRRORED = "mq"
+
+
+def _mirror_info(node: ClusterNode) -> dict[str, Any]:
+    r = node.api.get(f"/api/queues/%2F/{MIRRORED}")
+    return r.json() if r.status == 200 else {}
+
+
+def _publish_to(url: str, queue: str, bodies: list[tuple[str, bytes]]) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for value, body in bodies:
+            ch.basic_publish("", queue, body, pika.BasicProperties(
+                delivery_mode=2, headers={"x-deduplication-header": value}))
+    finally:
+        conn.close()
+
+
+def test_promoted_mirror_rebuilds_the_cache_from_its_copy(
+        tolerant_nodes: list[ClusterNode]) -> None:
+    """As the quorum test above, for a classic queue mirrored on every node (ha-mode
+    all): 50 confirmed on node-a (its leader), kill -9, the synchronised mirror promoted,
+    the 50 re-sent and 10 new through node-b (and the 50 once more through node-c): the
+    queue holds 60, each once; the leader's cache shows 60 values."""
+    a, b, c = tolerant_nodes
+    r = a.api.put("/api/policies/%2F/ha-all", {
+        "pattern": f"^{MIRRORED}$", "apply-to": "queues", "definition": {"ha-mode": "all"}})
+    assert r.status in (201, 204), r.text
+    conn = pika.BlockingConnection(pika.URLParameters(a.url))
+    conn.channel().queue_declare(MIRRORED, durable=True,
+                                 arguments={"x-message-deduplication": True})
+    conn.close()
+    wait_for(lambda: sorted(_mirror_info(b).get("synchronised_slave_nodes") or [])
+             == [b.name, c.name], 60, "both mirrors synchronised", lambda: diagnose([a, b, c]))
+    _publish_to(a.url, MIRRORED, [(f"id-{i}", b"m%d" % i) for i in range(50)])
+    _publish_to(a.url, MIRRORED, [("id-0", b"dup")])  # the leader refuses it
+    assert _mirror_info(a)["deduplication"]["cache_entries"] == 50
+    a.kill()
+    wait_for(lambda: _mirror_info(b).get("node") in (b.name, c.name)
+             and _mirror_info(c).get("node") == _mirror_info(b).get("node"), 60,
+             "a promoted mirror", lambda: diagnose([b, c]))
+    _publish_to(b.url, MIRRORED, [(f"id-{i}", b"r%d" % i) for i in range(60)])
+    _publish_to(c.url, MIRRORED, [(f"id-{i}", b"s%d" % i) for i in range(50)])
+    leader = b if _mirror_info(b)["node"] == b.name else c
+    dedup = _mirror_info(leader)["deduplication"]
+    assert dedup["cache_entries"] == 60
+    conn = pika.BlockingConnection(pika.URLParameters(b.url))
+    try:
+        got = drain(conn.channel(), MIRRORED)
+    finally:
+        conn.close()
+    assert got == [b"m%d" % i for i in range(50)] + [b"r%d" % i for i in range(50, 60)]
