@@ -169,7 +169,8 @@ class Publisher:
                 on_confirm = confirm_now = None
         forwarded: list[QueueType] | None = None
         if self.remote_queues and queues:
-            self.on_unroutable = on_unroutable
+            # (only for a route of one: a message other queues took is no return)
+            self.on_unroutable = on_unroutable if len(queues) == 1 else None
             queues, forwarded, on_confirm = self._forward(queues, message, on_confirm)
             self.on_unroutable = None
             confirm_now = on_confirm

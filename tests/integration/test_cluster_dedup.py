@@ -41,13 +41,13 @@ def tolerant_nodes(tmp_path: Path, etcd: EtcdProcess) -> Iterator[list[ClusterNo
         yield started
 
 
-def _publish(url: str, bodies: list[tuple[str, bytes]]) -> None:
+def _publish(url: str, bodies: list[tuple[str, bytes]], queue: str = QUEUE) -> None:
     conn = pika.BlockingConnection(pika.URLParameters(url))
     try:
         ch = conn.channel()
         ch.confirm_delivery()
         for value, body in bodies:
-            ch.basic_publish("", QUEUE, body, pika.BasicProperties(
+            ch.basic_publish("", queue, body, pika.BasicProperties(
                 delivery_mode=2, headers={"x-deduplication-header": value}))
     finally:
         conn.close()
@@ -141,18 +141,6 @@ def _mirror_info(node: ClusterNode) -> dict[str, Any]:
     return r.json() if r.status == 200 else {}
 
 
-def _publish_to(url: str, queue: str, bodies: list[tuple[str, bytes]]) -> None:
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        ch = conn.channel()
-        ch.confirm_delivery()
-        for value, body in bodies:
-            ch.basic_publish("", queue, body, pika.BasicProperties(
-                delivery_mode=2, headers={"x-deduplication-header": value}))
-    finally:
-        conn.close()
-
-
 def test_promoted_mirror_rebuilds_the_cache_from_its_copy(
         tolerant_nodes: list[ClusterNode]) -> None:
     """As the quorum test above, for a classic queue mirrored on every node (ha-mode
@@ -169,15 +157,15 @@ def test_promoted_mirror_rebuilds_the_cache_from_its_copy(
     conn.close()
     wait_for(lambda: sorted(_mirror_info(b).get("synchronised_slave_nodes") or [])
              == [b.name, c.name], 60, "both mirrors synchronised", lambda: diagnose([a, b, c]))
-    _publish_to(a.url, MIRRORED, [(f"id-{i}", b"m%d" % i) for i in range(50)])
-    _publish_to(a.url, MIRRORED, [("id-0", b"dup")])  # the leader refuses it
+    _publish(a.url, queue=MIRRORED, bodies=[(f"id-{i}", b"m%d" % i) for i in range(50)])
+    _publish(a.url, queue=MIRRORED, bodies=[("id-0", b"dup")])  # the leader refuses it
     assert _mirror_info(a)["deduplication"]["cache_entries"] == 50
     a.kill()
     wait_for(lambda: _mirror_info(b).get("node") in (b.name, c.name)
              and _mirror_info(c).get("node") == _mirror_info(b).get("node"), 60,
              "a promoted mirror", lambda: diagnose([b, c]))
-    _publish_to(b.url, MIRRORED, [(f"id-{i}", b"r%d" % i) for i in range(60)])
-    _publish_to(c.url, MIRRORED, [(f"id-{i}", b"s%d" % i) for i in range(50)])
+    _publish(b.url, queue=MIRRORED, bodies=[(f"id-{i}", b"r%d" % i) for i in range(60)])
+    _publish(c.url, queue=MIRRORED, bodies=[(f"id-{i}", b"s%d" % i) for i in range(50)])
     leader = b if _mirror_info(b)["node"] == b.name else c
     dedup = _mirror_info(leader)["deduplication"]
     assert dedup["cache_entries"] == 60

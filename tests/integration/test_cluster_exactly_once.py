@@ -27,7 +27,7 @@ from urllib.parse import quote
 import pytest
 
 from tests.integration.cluster_support import ClusterNode, diagnose, three_nodes, wait_for
-from tests.integration.warren_clients import Publisher, connect
+from tests.integration.warren_clients import Publisher, connect, drain_numbers
 from tests.support import etcdproc, haproxyproc
 from tests.support.etcdproc import EtcdProcess
 from tests.support.haproxyproc import HAProxyProcess
@@ -78,20 +78,6 @@ def _publisher_node(nodes: list[ClusterNode]) -> ClusterNode | None:
             return n
     return None
 
-
-def _drain(url: str) -> list[int]:
-    conn = connect(url, time.monotonic() + 30)
-    try:
-        ch = conn.channel()
-        out: list[int] = []
-        for _ in range(10_000_000):
-            method, _props, body = ch.basic_get(QUEUE, auto_ack=True)
-            if method is None:
-                return out
-            out.append(int(body.split(b":", 1)[0]))
-        raise AssertionError("the queue never emptied")
-    finally:
-        conn.close()
 
 
 def test_exactly_once_over_ten_kill9_cycles(tmp_path: Path, nodes: list[ClusterNode]) -> None:
@@ -145,7 +131,7 @@ def test_exactly_once_over_ten_kill9_cycles(tmp_path: Path, nodes: list[ClusterN
         wait_for(after, 120, "confirms after the last cycle", lambda: diagnose(nodes))
         pub.finish()
         assert pub.error is None, pub.error
-        got = _drain(url)
+        got = drain_numbers(url, QUEUE)
         copies = Counter(got)
         lost = sorted(set(pub.confirmed) - set(copies))
         duplicated = sorted(seq for seq, n in copies.items() if n > 1)

@@ -43,6 +43,23 @@ def connect(url: str | list[str], deadline: float) -> pika.BlockingConnection:
     raise TimeoutError(f"no connection to {urls}: {last!r}")
 
 
+def drain_numbers(url: str | list[str], queue: str) -> list[int]:
+    """Every message left in ``queue`` (basic.get, auto-ack), as the sequence numbers a
+    :class:`Publisher` put at the start of its bodies, in queue order."""
+    conn = connect(url, time.monotonic() + 30)
+    try:
+        ch = conn.channel()
+        out: list[int] = []
+        for _ in range(10_000_000):
+            method, _props, body = ch.basic_get(queue, auto_ack=True)
+            if method is None:
+                return out
+            out.append(int(body.split(b":", 1)[0]))
+        raise AssertionError("the queue never emptied")
+    finally:
+        conn.close()
+
+
 @dataclass
 class Publisher:
     url: str | list[str]
