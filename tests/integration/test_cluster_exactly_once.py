@@ -8,10 +8,10 @@ of all three (round robin: a publisher that reconnects lands on another node). A
 in the queue: that covers a first copy the queue committed while its confirm was lost,
 see docs/dedup.md). A publisher with confirms re-sends every message it got no confirm
 for, same header, after reconnecting. Ten times, a node is killed with SIGKILL after a
-random number of further confirms -- the queue's leader on odd cycles, the node the
-publisher is connected to on even ones (the same node when it leads) -- and started again
-before the next kill. At the end the queue is drained: every confirmed message exactly
-once (0 lost, 0 duplicates).
+random number of further confirms -- the queue's leader on odd cycles (started again once
+another member leads the queue), the node the publisher is connected to on even ones (the
+same node when it leads) -- and is back in the group before the next kill. At the end
+the queue is drained: every confirmed message exactly once (0 lost, 0 duplicates).
 """
 
 from __future__ import annotations
@@ -99,6 +99,7 @@ def test_exactly_once_over_ten_kill9_cycles(tmp_path: Path, nodes: list[ClusterN
     url = f"amqp://guest:guest@127.0.0.1:{hap.port}/%2F"
     pub: Publisher | None = None
     victims: list[str] = []
+    failovers = 0
     try:
         pub = Publisher(url, QUEUE, exchange=EXCHANGE, resend=True).start()
         for cycle in range(CYCLES):
@@ -120,7 +121,19 @@ def test_exactly_once_over_ten_kill9_cycles(tmp_path: Path, nodes: list[ClusterN
             assert victim.proc is not None
             # back on the HTTP port HAProxy checks (the test's nodes take any at first)
             victim.extra_env["AMQPD_HTTP_PORT"] = str(victim.proc.http_port)
+            leader_before = _info(victim, "queues", QUEUE).get("leader")
             victim.kill()  # kill -9
+            others = [n for n in nodes if n is not victim]
+            if leader_before == victim.name:
+                # a real failover: another member leads before the victim returns
+
+                def new_leader(rest: list[ClusterNode] = others, gone: str = victim.name,
+                               ) -> bool:
+                    led = {_info(n, "queues", QUEUE).get("leader") for n in rest}
+                    return len(led) == 1 and led.pop() not in (None, gone)
+                wait_for(new_leader, 120, f"a new leader after kill {cycle + 1}",
+                         lambda rest=others: diagnose(rest))  # type: ignore[misc]
+                failovers += 1
             victim.start()
             wait_for(lambda: _group_whole(nodes), 120, f"the group whole after kill {cycle + 1}",
                      lambda: diagnose(nodes))
@@ -138,13 +151,15 @@ def test_exactly_once_over_ten_kill9_cycles(tmp_path: Path, nodes: list[ClusterN
         ex_dups = sum(_info(n, "exchanges", EXCHANGE).get("deduplication", {})
                       .get("duplicates", 0) for n in nodes)
         q_dups = _info(nodes[0], "queues", QUEUE).get("deduplication", {}).get("duplicates")
-        print(f"victims {victims}; {len(pub.confirmed)} confirmed, {len(pub.failed)} re-sent, "
+        print(f"victims {victims} ({failovers} leader failovers); "
+              f"{len(pub.confirmed)} confirmed, {len(pub.failed)} re-sent, "
               f"{pub.reconnects} reconnects; consumed {len(got)}: {len(lost)} lost, "
               f"{len(duplicated)} duplicated; retries dropped by the exchange since the "
               f"nodes' last start {ex_dups}, by the queue's leader {q_dups}")
         assert not lost, f"{len(lost)} confirmed messages lost, first {lost[:10]}"
         assert not duplicated, f"{len(duplicated)} messages twice, first {duplicated[:10]}"
         assert pub.reconnects >= CYCLES // 2, "the publisher never saw its node die"
+        assert failovers >= CYCLES // 2, "the queue's leader was not killed every other cycle"
         assert pub.failed  # retries happened, and none made a second copy
     finally:
         if pub is not None:
