@@ -138,7 +138,8 @@ class ClusterGate(QueueType):
         self.exchange = exchange
         self.shared = shared
         self._waiting: deque[_Waiting] = deque()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._asks: set[asyncio.Task[None]] = set()  # takes in flight (their items wait)
+        self._finishing: set[asyncio.Task[None]] = set()  # settles: they confirm themselves
 
     @property
     def message_count(self) -> int:
@@ -158,12 +159,12 @@ class ClusterGate(QueueType):
         item = _Waiting(message, key, now_ms() + ttl if ttl else 0, on_confirm,
                         self.vhost.broker.publisher.on_unroutable)
         self._waiting.append(item)
-        self._spawn(self._ask(item))
+        self._spawn(self._ask(item), self._asks)
 
-    def _spawn(self, work: Any) -> None:
+    def _spawn(self, work: Any, tasks: set[asyncio.Task[None]]) -> None:
         task = asyncio.get_running_loop().create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
 
     async def _ask(self, item: _Waiting) -> None:
         try:
@@ -196,7 +197,7 @@ class ClusterGate(QueueType):
         ex = self.exchange
 
         def done(error: BaseException | None) -> None:
-            self._spawn(self._finish(item, error))
+            self._spawn(self._finish(item, error), self._finishing)
 
         ex._passing = item.message
         try:
@@ -225,7 +226,9 @@ class ClusterGate(QueueType):
             item.on_confirm(error)
 
     def close(self) -> None:
-        for task in list(self._tasks):
+        """The exchange is deleted: what waits for the cache is nacked; a message routed
+        on already still settles its value and gets its confirm."""
+        for task in list(self._asks):
             task.cancel()
         for item in self._waiting:
             if item.on_confirm is not None:
