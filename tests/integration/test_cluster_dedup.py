@@ -30,6 +30,8 @@ pytestmark = [
 ]
 
 QUEUE = "qq"  # the name test_cluster_quorum's helpers look at
+# what a queue holds after 50 confirmed (m0..m49) and 60 retried (r0..r59) publishes
+FIRST_50_THEN_10_NEW = [b"m%d" % i for i in range(50)] + [b"r%d" % i for i in range(50, 60)]
 
 
 @pytest.fixture
@@ -53,6 +55,15 @@ def _publish(url: str, bodies: list[tuple[str, bytes]], queue: str = QUEUE) -> N
         conn.close()
 
 
+def _drain_from(url: str, queue: str = QUEUE) -> list[bytes]:
+    """Every body left in ``queue``, read through ``url`` (ext_support.drain)."""
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        return drain(conn.channel(), queue)
+    finally:
+        conn.close()
+
+
 def test_new_leader_rebuilds_the_cache_from_its_copy(tolerant_nodes: list[ClusterNode]) -> None:
     a, b, c = tolerant_nodes
     conn = pika.BlockingConnection(pika.URLParameters(a.url))
@@ -66,12 +77,7 @@ def test_new_leader_rebuilds_the_cache_from_its_copy(tolerant_nodes: list[Cluste
     wait_for(lambda: queue_info(b).get("leader") in (b.name, c.name), 60,
              "a new leader", lambda: diagnose([b, c]))
     _publish(b.url, [(f"id-{i}", b"r%d" % i) for i in range(60)])
-    conn = pika.BlockingConnection(pika.URLParameters(b.url))
-    try:
-        got = drain(conn.channel(), QUEUE)
-    finally:
-        conn.close()
-    assert got == [b"m%d" % i for i in range(50)] + [b"r%d" % i for i in range(50, 60)]
+    assert _drain_from(b.url) == FIRST_50_THEN_10_NEW
 
 
 EXCHANGE = "dx"
@@ -112,22 +118,14 @@ def test_exchange_cache_is_the_clusters(tolerant_nodes: list[ClusterNode]) -> No
     first = [f"id-{i}" for i in range(20)]
     assert _publish_mandatory(a.url, first, b"first") == (20, 0)
     assert _publish_mandatory(a.url, first[:5], b"again") == (5, 5)  # dropped on node-a
-    conn = pika.BlockingConnection(pika.URLParameters(a.url))
-    try:
-        assert drain(conn.channel(), QUEUE) == [b"first"] * 20  # consumed: no queue has them
-    finally:
-        conn.close()
+    assert _drain_from(a.url) == [b"first"] * 20  # consumed: no queue has them
     a.kill()
     wait_for(lambda: queue_info(b).get("leader") in (b.name, c.name), 60,
              "a new leader", lambda: diagnose([b, c]))
     new = [f"id-{i}" for i in range(20, 25)]
     assert _publish_mandatory(b.url, first + new, b"retry") == (25, 20)
     assert _publish_mandatory(c.url, first + new, b"retry") == (25, 25)
-    conn = pika.BlockingConnection(pika.URLParameters(c.url))
-    try:
-        assert drain(conn.channel(), QUEUE) == [b"retry"] * 5
-    finally:
-        conn.close()
+    assert _drain_from(c.url) == [b"retry"] * 5
     info = b.api.get(f"/api/exchanges/%2F/{EXCHANGE}").json()["deduplication"]
     assert info["cache_scope"] == "cluster"
     assert info["duplicates"] == 20
@@ -169,9 +167,4 @@ def test_promoted_mirror_rebuilds_the_cache_from_its_copy(
     leader = b if _mirror_info(b)["node"] == b.name else c
     dedup = _mirror_info(leader)["deduplication"]
     assert dedup["cache_entries"] == 60
-    conn = pika.BlockingConnection(pika.URLParameters(b.url))
-    try:
-        got = drain(conn.channel(), MIRRORED)
-    finally:
-        conn.close()
-    assert got == [b"m%d" % i for i in range(50)] + [b"r%d" % i for i in range(50, 60)]
+    assert _drain_from(b.url, MIRRORED) == FIRST_50_THEN_10_NEW
