@@ -150,8 +150,8 @@ def test_exactly_once_over_ten_kill9_cycles(tmp_path: Path, nodes: list[ClusterN
         duplicated = sorted(seq for seq, n in copies.items() if n > 1)
         ex_dups = sum(_info(n, "exchanges", EXCHANGE).get("deduplication", {})
                       .get("duplicates", 0) for n in nodes)
-        leader = by_name.get(str(_info(nodes[0], "queues", QUEUE).get("leader")), nodes[0])
-        q_dups = _info(leader, "queues", QUEUE).get("deduplication", {}).get("duplicates")
+        lead = by_name.get(str(_info(nodes[0], "queues", QUEUE).get("leader")), nodes[0])
+        q_dups = _info(lead, "queues", QUEUE).get("deduplication", {}).get("duplicates")
         print(f"victims {victims} ({failovers} leader failovers); "
               f"{len(pub.confirmed)} confirmed, {len(pub.failed)} re-sent, "
               f"{pub.reconnects} reconnects; consumed {len(got)}: {len(lost)} lost, "
