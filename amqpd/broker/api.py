@@ -68,6 +68,7 @@ from amqpd.store.api import NotReplicated as NotReplicated
 if TYPE_CHECKING:
     # for annotations of callers (http/, plugins), which import only this module
     from amqpd.broker.channel import Channel  # noqa: F401
+    from amqpd.broker.dedup import SharedCache
     from amqpd.config import Settings
     from amqpd.server import Broker
     from amqpd.session import Session
@@ -221,6 +222,10 @@ class ClusterStatus(Protocol):
     def transient_binding(self, binding: Binding) -> None:
         """A binding that is no durable definition was made or removed here (a
         non-durable queue's bindings are known on every node too)."""
+        ...
+
+    def dedup_cache(self, vhost: str, exchange: str) -> SharedCache:
+        """The cluster-wide cache of deduplication exchange ``exchange`` (issue 32)."""
         ...
 
     def share_info(self, section: str, value: Any) -> None:

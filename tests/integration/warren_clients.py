@@ -43,6 +43,42 @@ def connect(url: str | list[str], deadline: float) -> pika.BlockingConnection:
     raise TimeoutError(f"no connection to {urls}: {last!r}")
 
 
+def drain_numbers(url: str | list[str], queue: str, reconnects: int = 5) -> list[int]:
+    """Every message left in ``queue``, as the sequence numbers a :class:`Publisher` put
+    at the start of its bodies, in queue order: one entry per message the queue held.
+
+    basic.get with manual acks, each acked once recorded. A connection the broker
+    closes (a loaded node pausing for a moment) is opened again, up to ``reconnects``
+    times; a message got but whose ack may not have arrived comes back redelivered,
+    and is then not counted a second time."""
+    out: list[int] = []
+    unsure: set[int] = set()  # got on a connection that went: their acks may be lost
+    for _attempt in range(reconnects + 1):
+        conn = connect(url, time.monotonic() + 30)
+        got: set[int] = set()
+        try:
+            ch = conn.channel()
+            for _ in range(10_000_000):
+                method, _props, body = ch.basic_get(queue, auto_ack=False)
+                if method is None:
+                    return out
+                seq = int(body.split(b":", 1)[0])
+                if not (method.redelivered and seq in unsure):
+                    out.append(seq)
+                got.add(seq)
+                ch.basic_ack(method.delivery_tag)
+            raise AssertionError("the queue never emptied")
+        except CLIENT_ERRORS:
+            unsure |= got
+            continue
+        finally:
+            try:
+                conn.close()
+            except CLIENT_ERRORS:
+                pass
+    raise AssertionError(f"draining {queue}: the connection went {reconnects + 1} times")
+
+
 @dataclass
 class Publisher:
     url: str | list[str]
