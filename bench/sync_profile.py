@@ -80,6 +80,7 @@ def measure(root: Path, mode: str, duration: float, pyspy: Path | None,
             threading.Thread(target=start_recorders, daemon=True).start()
         res = _publish(url, "rb.prof", 100, duration)
         after = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        lane = status(procs["active"]).get("lane_frames_total") if mode == "pair" else None
         for r in recorders:
             r.wait(60)
         k = max(res.confirmed, 1) / 1000
@@ -88,6 +89,8 @@ def measure(root: Path, mode: str, duration: float, pyspy: Path | None,
                                "wall_ms_per_1k": round((res.t_end - res.t_start) * 1e3 / k, 2)}
         for name in pids:
             out[f"{name}_cpu_ms_per_1k"] = round((after[name] - before[name]) * 1e3 / k, 2)
+        if lane is not None:  # builds before the live lane do not report it
+            out["lane_frames"] = lane
         return out
     finally:
         for p in reversed(list(procs.values())):

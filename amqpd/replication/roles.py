@@ -267,6 +267,7 @@ class RoleHooks:
             out["left_insync_total"] = src.left_insync
             out["nacked_total"] = src.gate.nacked if src.gate else 0
             out["auth_failures_total"] = src.auth_failures
+            out["lane_frames_total"] = src.lane_frames
             out["standbys"] = [s.__dict__ for s in src.standbys()]
         if self.follower is not None:
             f = self.follower
