@@ -68,6 +68,7 @@ def measure(root: Path, mode: str, duration: float, pyspy: Path | None,
         url = procs["active"].url
         _declare(url, "rb.prof")
         pids = {name: p.proc.pid for name, p in procs.items() if p.proc is not None}
+        gate0 = status(procs["active"]) if mode == "pair" else {}
         before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         recorders: list[subprocess.Popen[bytes]] = []
         if pyspy is not None:
@@ -80,7 +81,7 @@ def measure(root: Path, mode: str, duration: float, pyspy: Path | None,
             threading.Thread(target=start_recorders, daemon=True).start()
         res = _publish(url, "rb.prof", 100, duration)
         after = {name: cpu_seconds(pid) for name, pid in pids.items()}
-        lane = status(procs["active"]).get("lane_frames_total") if mode == "pair" else None
+        gate1 = status(procs["active"]) if mode == "pair" else {}
         for r in recorders:
             r.wait(60)
         k = max(res.confirmed, 1) / 1000
@@ -89,8 +90,19 @@ def measure(root: Path, mode: str, duration: float, pyspy: Path | None,
                                "wall_ms_per_1k": round((res.t_end - res.t_start) * 1e3 / k, 2)}
         for name in pids:
             out[f"{name}_cpu_ms_per_1k"] = round((after[name] - before[name]) * 1e3 / k, 2)
-        if lane is not None:  # builds before the live lane do not report it
-            out["lane_frames"] = lane
+        # builds before issue 34's cheaper sync do not report these
+        if "lane_frames_total" in gate1:
+            out["lane_frames"] = gate1["lane_frames_total"] - gate0["lane_frames_total"]
+        if "commits_ahead_total" in gate1:
+            ahead = gate1["commits_ahead_total"] - gate0["commits_ahead_total"]
+            waited = gate1["commits_waited_total"] - gate0["commits_waited_total"]
+            wait_s = (gate1["commits_waited_seconds_total"]
+                      - gate0["commits_waited_seconds_total"])
+            # group commits the standby already held when our fsync ended, and how long
+            # the others waited for its ACK past our fsync
+            out["commits_ahead"] = ahead
+            out["commits_waited"] = waited
+            out["wait_ms_past_local_fsync"] = round(wait_s * 1e3 / max(waited, 1), 3)
         return out
     finally:
         for p in reversed(list(procs.values())):
