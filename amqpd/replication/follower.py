@@ -5,8 +5,8 @@ The follower makes its data directory a byte-for-byte copy of the active's (see
 the same offset, checks each record's CRC and that sequence numbers only grow (bytes
 from the network are distrusted like bytes from disk), and fsyncs in its own group
 commit: a thread of its own (``syncer.py``) fsyncs whatever was written since its last
-round, then the loop acknowledges the highest sequence that is now durable. Reception
-goes on while it syncs, so one fsync covers everything that arrived meanwhile.
+round, then acknowledges the highest sequence that is now durable. Reception goes on
+while it syncs, so one fsync covers everything that arrived meanwhile.
 
 CHECKPOINT frames are installed (atomically) only after the log up to them is
 durable, DELETE frames after that, PROMISE frames go to the delivery journal
@@ -199,9 +199,13 @@ class ReplicationFollower:
             # standby that was only briefly away back in the in-sync set
             await conn.send(wire.pair(wire.ACK, self._valid_seq, self._valid_pos))
             self._sync_error = None
+            sock = writer.get_extra_info("socket")
+            ack_fd = None if sock is None or self._tls_context() is not None \
+                else os.dup(sock.fileno())
             self._sync = SyncThread(self.directory, asyncio.get_running_loop(),
-                                    lambda seq, pos: self._synced(conn, seq, pos),
-                                    lambda exc: self._sync_failed(conn, exc))
+                                    lambda seq, pos, acked: self._synced(conn, seq, pos,
+                                                                         acked),
+                                    lambda exc: self._sync_failed(conn, exc), ack_fd)
             self._sync.start()
             try:
                 await self._receive(conn)
@@ -370,13 +374,15 @@ class ReplicationFollower:
             self._valid_seq = seq
             self._valid_pos = self._cur_base + self._ppos
 
-    def _synced(self, conn: StreamConn, seq: int, pos: int) -> None:
-        """The sync thread made the log durable up to (seq, pos): acknowledge it."""
+    def _synced(self, conn: StreamConn, seq: int, pos: int, acked: bool) -> None:
+        """The sync thread made the log durable up to (seq, pos) and acknowledged it
+        (``acked``), or leaves the ACK to us (TLS)."""
         if conn.writer.is_closing() or seq <= self.last_seq:
             return
         self.last_seq = seq
         self._note_lag()
-        conn.send_nowait(wire.pair(wire.ACK, seq, pos))
+        if not acked:
+            conn.send_nowait(wire.pair(wire.ACK, seq, pos))
 
     def _sync_failed(self, conn: StreamConn, exc: OSError) -> None:
         """An fsync failed: end the session (``_session`` raises ``exc``); the next one

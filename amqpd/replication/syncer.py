@@ -4,15 +4,24 @@ A standby acknowledges a sequence number only once the bytes up to it are durabl
 segment files. The follower (loop thread) writes each DATA frame with ``pwrite`` and
 then calls :meth:`SyncThread.written`; this thread wakes, takes everything written
 since its last round (the files to fdatasync, whether a file was created, the last
-checked record), fsyncs once for all of it and hands the durable ``(seq, position)``
-back to the loop (``loop.call_soon_threadsafe``), which sends the ACK.
+checked record), fsyncs once for all of it and sends the ACK for the durable
+``(seq, position)`` itself, then tells the loop (``loop.call_soon_threadsafe``), which
+keeps the follower's figures. Over TLS the bytes must go through the loop's transport,
+so there the loop sends the ACK.
 
 Why a thread of its own instead of ``asyncio.to_thread`` per round: the thread-pool
 hand-off (a work item, a concurrent future chained to an asyncio one, the pool's queue
 and condition variables) cost the standby about as much CPU as the fdatasync itself did
 (py-spy, bench/notes.md "Warren, issue 34"), and every round paid two loop hops before
-the fsync could even start. Here a round starts as soon as the event is set, while the
-loop goes on receiving; one fsync covers everything that arrived meanwhile.
+the fsync could even start, and one more before the ACK left. Here a round starts as
+soon as the event is set, while the loop goes on receiving; one fsync covers everything
+that arrived meanwhile, and the ACK leaves from the thread that made the bytes durable.
+
+The ACK socket: a ``dup`` of the connection's descriptor, owned by this thread and
+closed when it ends, so a connection the loop closes meanwhile can never turn into
+someone else's file under us. It shares the non-blocking mode with the loop's
+descriptor: what the socket cannot take now is kept and goes out first next round
+(only this thread writes to the connection once the session has begun).
 
 File descriptors: the loop owns them, but never closes one this thread may still
 fsync. It hands the ones it is done with to :meth:`close_later` (fsync'd first if
@@ -29,6 +38,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from amqpd.replication import wire
 from amqpd.store.segment import fsync_directory
 
 log = logging.getLogger("amqpd.replication")
@@ -38,12 +48,17 @@ class SyncThread:
     """One standby session's fsync thread (see the module docstring)."""
 
     def __init__(self, directory: Path, loop: asyncio.AbstractEventLoop,
-                 synced: Callable[[int, int], None],
-                 failed: Callable[[OSError], None]) -> None:
+                 synced: Callable[[int, int, bool], None],
+                 failed: Callable[[OSError], None], ack_fd: int | None = None) -> None:
         self.directory = directory
         self.loop = loop
-        self.synced = synced  # (seq, position) now durable; called on the loop
+        # (seq, position, acked): durable now, and whether this thread sent the ACK;
+        # called on the loop
+        self.synced = synced
         self.failed = failed  # an fsync failed; called on the loop, once
+        self.ack_fd = ack_fd  # ours, closed at the end (module docstring); None: TLS
+        self._unsent = b""
+        self._acked = -1
         self.rounds = 0
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -101,7 +116,8 @@ class SyncThread:
 
     def _run(self) -> None:
         while True:
-            self._wake.wait()
+            # an ACK the socket could not take is retried every 50 ms until it goes
+            self._wake.wait(0.05 if self._unsent else None)
             self._wake.clear()
             with self._lock:
                 dirty, self._dirty = self._dirty, set()
@@ -128,12 +144,35 @@ class SyncThread:
                 except OSError:
                     pass
             self.rounds += 1
-            if error is None and target is not None:
-                self._post(self.synced, *target)
+            if error is None and target is not None and target[0] > self._acked:
+                self._acked = target[0]
+                self._post(self.synced, *target, self._ack(*target))
+            elif self._unsent:
+                self._ack(-1, -1)
             for fut in barriers:
                 self._post(_settle, fut, error)
             if stop:
+                if self.ack_fd is not None:
+                    os.close(self.ack_fd)
                 return
+
+    def _ack(self, seq: int, pos: int) -> bool:
+        """Send ACK(seq, pos) (``seq < 0``: only what is left of earlier ones) on our
+        descriptor, never blocking. False: the loop must send it (TLS, or our
+        descriptor failed: the connection is broken and the loop's reads end it)."""
+        if self.ack_fd is None:
+            return False
+        data = self._unsent + (wire.pair(wire.ACK, seq, pos) if seq >= 0 else b"")
+        try:
+            sent = os.write(self.ack_fd, data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            os.close(self.ack_fd)
+            self.ack_fd = None
+            return False
+        self._unsent = data[sent:]
+        return True
 
     def _post(self, fn: Callable[..., None], *args: object) -> None:
         try:
