@@ -5,10 +5,12 @@ thread (its failure ends the session, the next one catches up)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ import pytest
 from amqpd.replication import syncer, wire
 from amqpd.replication.conn import SocketConn
 from amqpd.replication.epochs import EpochHistory
+from amqpd.replication.follower import ReplicationFollower
 from amqpd.replication.source import ReplicationSource, _Peer
 from amqpd.store.log import SharedLog
 from tests.unit.replication.test_shipping import _active, _cfg, _follower, _msg, until
@@ -26,6 +29,24 @@ def _same_logs(a: Path, b: Path) -> None:
     assert names == sorted(p.name for p in b.glob("*.log"))
     for name in names:
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+@contextlib.asynccontextmanager
+async def _pair(tmp_path: Path) -> AsyncIterator[tuple[SharedLog, ReplicationSource,
+                                                       ReplicationFollower]]:
+    """An active (confirms wait for one standby) and its follower, in sync."""
+    store, src = await _active(tmp_path / "a", min_insync_standbys=1)
+    f = _follower(tmp_path / "b")
+    try:
+        f.start(f"127.0.0.1:{src.port}")
+        await until(lambda: src.insync_count() == 1)
+        yield store, src, f
+        await f.stop()
+        _same_logs(tmp_path / "a", tmp_path / "b")
+    finally:
+        await f.stop()
+        await src.stop()
+        store.close()
 
 
 async def _commit(store: SharedLog, numbers: range) -> BaseException | None:
@@ -52,11 +73,7 @@ def _tcp_pair() -> tuple[socket.socket, socket.socket]:
 
 
 async def test_the_writer_ships_the_live_tail_itself(tmp_path: Path) -> None:
-    store, src = await _active(tmp_path / "a", min_insync_standbys=1)
-    f = _follower(tmp_path / "b")
-    try:
-        f.start(f"127.0.0.1:{src.port}")
-        await until(lambda: src.insync_count() == 1)
+    async with _pair(tmp_path) as (store, src, f):
         for i in range(20):
             # the sender is parked at the end of the log: the lane is open, so the
             # writer sends this commit's bytes before its own fsync
@@ -64,12 +81,6 @@ async def test_the_writer_ships_the_live_tail_itself(tmp_path: Path) -> None:
             assert await _commit(store, range(i * 5, i * 5 + 5)) is None
             assert f.last_seq >= store.last_sequence  # the confirm waited for the standby
         assert src.lane_frames >= 20
-        await f.stop()
-        _same_logs(tmp_path / "a", tmp_path / "b")
-    finally:
-        await f.stop()
-        await src.stop()
-        store.close()
 
 
 async def test_a_frame_the_socket_cannot_take_is_finished_by_the_loop(tmp_path: Path) -> None:
@@ -148,27 +159,14 @@ async def test_a_failed_standby_fsync_ends_the_session_and_the_next_catches_up(
             raise OSError(5, "Input/output error (injected)")
         real(fd)
 
-    store, src = await _active(tmp_path / "a", min_insync_standbys=1)
-    f = _follower(tmp_path / "b")
-    try:
-        f.start(f"127.0.0.1:{src.port}")
-        await until(lambda: src.insync_count() == 1)
+    async with _pair(tmp_path) as (store, _src, f):
         acked = f.last_seq
         monkeypatch.setattr(syncer.os, "fdatasync", flaky)
-        confirmed: list[BaseException | None] = []
-        store.append_enqueue(["q"], _msg(1))
-        store.commit(confirmed.append)
-        await until(lambda: bool(failures))
-        await until(lambda: "fsync of the received log failed" in caplog.text)
+        # confirmed only after the next session's fsync: the failed one was never acked
+        assert await _commit(store, range(1, 2)) is None
+        assert failures and f.last_seq > acked
+        assert "fsync of the received log failed" in caplog.text
         assert "Input/output error (injected)" in caplog.text
-        await until(lambda: confirmed == [None])  # after the next session's fsync
-        assert f.last_seq > acked and failures
-        await f.stop()
-        _same_logs(tmp_path / "a", tmp_path / "b")
-    finally:
-        await f.stop()
-        await src.stop()
-        store.close()
     copy = SharedLog(tmp_path / "b")
     state = copy.open()
     try:
