@@ -11,6 +11,11 @@ try put one more copy into the healthy queues of the same route. Now:
 - A message whose route has several queues is published once per queue (the publish
   pipeline's ``only``), so the publisher learns which queues confirmed it. One queue
   (the common case) or none: one publish, as before.
+- A message that came back (its source redelivered it after a failure) with a
+  :class:`~plugins.common.taken.Record` of an earlier pass is published only into the
+  queues of its route that did not confirm it then; when every one did, it is settled
+  without a publish (issue 29: each failure between the local publish and the
+  source keeping the ack added a copy to every queue of the route).
 - A refused message stays here, unsettled at its source: it is published again (its
   properties changed by the owner's ``mark_retry`` to say it may be a repeat: a refusal
   does not prove the queue lacks it, e.g. a quorum queue whose leader was lost after
@@ -40,6 +45,7 @@ from typing import TYPE_CHECKING
 
 from amqpd.broker.api import Message
 from plugins.common.backoff import Backoff
+from plugins.common.taken import Record
 
 if TYPE_CHECKING:
     from amqpd.broker.api import BrokerAPI
@@ -63,6 +69,9 @@ class Held:
     error: BaseException | None = None  # the current try's first refusal
     attempts: int = 0
     retry: bool = False  # the current try is a retry
+    # what an earlier pass left in the queues (a repeat from the source), filled as the
+    # queues confirm this pass; None: not tracked (a message without a message_id)
+    record: Record | None = None
 
 
 class LocalPublisher:
@@ -94,6 +103,7 @@ class LocalPublisher:
         self.timer: asyncio.TimerHandle | None = None
         self.closed = False
         self.failures = 0  # refused tries over this publisher's life (status, tests)
+        self.skipped = 0  # repeats every queue of the route had: settled, not published
 
     # ------------------------------------------------------------------ entry points
     def submit(self, held: Held) -> None:
@@ -123,7 +133,17 @@ class LocalPublisher:
         names = self.api.route_names(self.vhost, held.exchange, message)
         if held.missing is None:
             held.missing = set(names)
-            targets: list[str | None] = [None] if len(names) <= 1 else [*sorted(names)]
+            had = held.record.queues if held.record is not None else None
+            if had and names and had.intersection(names):
+                # a repeat: only the queues its earlier pass did not reach get it
+                held.missing.difference_update(had)
+                if not held.missing:
+                    self.skipped += 1
+                    self._finish(held)
+                    return
+                targets: list[str | None] = [*sorted(held.missing)]
+            else:
+                targets = [None] if len(names) <= 1 else [*sorted(names)]
         else:
             held.missing &= set(names)  # a queue no longer on the route is not waited for
             if not held.missing:
@@ -144,9 +164,12 @@ class LocalPublisher:
                              only=only)
 
     def _part(self, held: Held, name: str | None, error: BaseException | None) -> None:
+        assert held.missing is not None
+        if error is None and held.record is not None:
+            # a fact about the queue even after the attempt ended: its next pass skips it
+            held.record.queues.update(held.missing if name is None else (name,))
         if self.closed:
             return
-        assert held.missing is not None
         if error is None:
             if name is None:
                 held.missing.clear()

@@ -1,0 +1,76 @@
+"""Which queues of its route took a message a link forwarded lately, across its attempts.
+
+A link's source hands it a message again after every failure between the link's local
+publish and the source keeping its ack: the link's connection lost, the node running a
+shovel's source or hq's warren active killed (the standby recovers every message it did
+not see acked, all flagged ``redelivered``), the link giving up on a refused publish.
+Each attempt used to start from nothing and publish the message into the whole route
+again, so every failure added one copy to every queue that already had it; two failures
+close together (a takeover, then the link's node killed; a refused publish held past a
+cut) made a third copy (issue 29).
+
+:class:`Taken` remembers, per fingerprint (:func:`plugins.shovel.seen.fingerprint` of
+the properties and body as the source sent them), the names of the queues that
+confirmed the message, and the per-queue publisher (:mod:`plugins.common.republish`)
+publishes a repeat only into the queues of its route missing from that set; a repeat
+every queue of its route already has is settled at the source without a publish.
+
+Only a message with a ``message_id`` is recognised so. Two messages alike in every
+property and byte of body may be two messages a publisher meant to send (a sensor's
+same reading twice): without an id the link cannot tell a repeat from a second
+message, and dropping one would lose it, so it publishes again and flags the copy, as
+before. With a ``message_id`` a second message of the same id and content is a repeat
+by the publisher's own word (it is what a consumer deduplicating on ``message_id``
+drops). The memory is per link and per node: a link moving to another node starts
+without it (that node's first copy of a redelivered message is flagged ``redelivered``).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+SIZE = 10_000  # messages remembered per link (as many as its Seen window)
+
+_U16 = struct.Struct(">H")
+_MESSAGE_ID = 1 << 7  # the message-id property's flag bit (basic properties, 0-9-1)
+
+
+def has_message_id(properties: bytes) -> bool:
+    """Whether the raw basic properties carry a ``message_id``."""
+    return len(properties) >= 2 and bool(_U16.unpack_from(properties, 0)[0] & _MESSAGE_ID)
+
+
+@dataclass(eq=False)
+class Record:
+    """One forwarded message: the queues known to hold it (filled as they confirm)."""
+
+    queues: set[str] = field(default_factory=set)
+
+
+class Taken:
+    """The records of the last ``size`` messages with a ``message_id`` a link forwarded
+    (the oldest forgotten first; a forgotten message is published again if it comes
+    back, flagged, as one without an id)."""
+
+    def __init__(self, size: int = SIZE) -> None:
+        self.size = size
+        self._records: OrderedDict[bytes, Record] = OrderedDict()
+        self.skipped = 0  # repeats settled without a publish (every queue had them)
+
+    def record(self, fp: bytes) -> Record:
+        """The record of the message with fingerprint ``fp``: the one kept from an
+        earlier pass (its queues took it then), or a new, empty one."""
+        records = self._records
+        found = records.get(fp)
+        if found is not None:
+            records.move_to_end(fp)
+            return found
+        found = records[fp] = Record()
+        if len(records) > self.size:
+            records.popitem(last=False)
+        return found
+
+    def __len__(self) -> int:
+        return len(self._records)
