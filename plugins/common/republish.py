@@ -11,7 +11,7 @@ try put one more copy into the healthy queues of the same route. Now:
 - A message whose route has several queues is published once per queue (the publish
   pipeline's ``only``), so the publisher learns which queues confirmed it. One queue
   (the common case) or none: one publish, as before.
-- A message that came back (its source redelivered it after a failure) with a
+- A message that came back (its source redelivered it after a failure: ``redelivered``) with a
   :class:`~plugins.common.taken.Record` of an earlier pass is published only into the
   queues of its route that did not confirm it then; when every one did, it is settled
   without a publish (issue 29: each failure between the local publish and the
@@ -69,9 +69,12 @@ class Held:
     error: BaseException | None = None  # the current try's first refusal
     attempts: int = 0
     retry: bool = False  # the current try is a retry
-    # what an earlier pass left in the queues (a repeat from the source), filled as the
-    # queues confirm this pass; None: not tracked (a message without a message_id)
+    # what an earlier pass left in the queues, filled as the queues confirm this pass;
+    # None: not tracked (a message without a message_id)
     record: Record | None = None
+    # the source says it delivered this before (redelivered): only then is the record
+    # of an earlier pass used (a publisher may send a message alike again on purpose)
+    redelivered: bool = False
 
 
 class LocalPublisher:
@@ -133,7 +136,8 @@ class LocalPublisher:
         names = self.api.route_names(self.vhost, held.exchange, message)
         if held.missing is None:
             held.missing = set(names)
-            had = held.record.queues if held.record is not None else None
+            had = held.record.queues if held.record is not None and held.redelivered \
+                else None
             if had and names and had.intersection(names):
                 # a repeat: only the queues its earlier pass did not reach get it
                 held.missing.difference_update(had)

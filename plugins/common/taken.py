@@ -12,17 +12,20 @@ cut) made a third copy (issue 29).
 :class:`Taken` remembers, per fingerprint (:func:`plugins.shovel.seen.fingerprint` of
 the properties and body as the source sent them), the names of the queues that
 confirmed the message, and the per-queue publisher (:mod:`plugins.common.republish`)
-publishes a repeat only into the queues of its route missing from that set; a repeat
-every queue of its route already has is settled at the source without a publish.
+publishes a message the source *redelivers* only into the queues of its route missing
+from that set; one every queue of its route already has is settled at the source
+without a publish.
 
 Only a message with a ``message_id`` is recognised so. Two messages alike in every
 property and byte of body may be two messages a publisher meant to send (a sensor's
 same reading twice): without an id the link cannot tell a repeat from a second
 message, and dropping one would lose it, so it publishes again and flags the copy, as
-before. With a ``message_id`` a second message of the same id and content is a repeat
-by the publisher's own word (it is what a consumer deduplicating on ``message_id``
-drops). The memory is per link and per node: a link moving to another node starts
-without it (that node's first copy of a redelivered message is flagged ``redelivered``).
+before. With a ``message_id``, a redelivered message of the same id and content as one
+forwarded is that one by the publisher's own word (what a consumer deduplicating on
+``message_id`` drops); one delivered for the first time is published as usual, even if
+alike (a publisher may send a fixed id on purpose). The memory is per link and per
+node: a link moving to another node starts without it (that node's first copy of a
+redelivered message is flagged ``redelivered``).
 """
 
 from __future__ import annotations
@@ -47,6 +50,11 @@ class Record:
     """One forwarded message: the queues known to hold it (filled as they confirm)."""
 
     queues: set[str] = field(default_factory=set)
+
+
+# one message on its way: its record, and whether the source redelivered it (only then
+# does the record of an earlier pass keep it out of queues: republish.Held.redelivered)
+Pass = tuple[Record, bool]
 
 
 class Taken:

@@ -257,8 +257,9 @@ class Link:
                   properties: bytes, fp: bytes | None = None) -> None:
         """Publish into the local broker (``properties`` raw, as the link rewrote them)
         and settle upstream as ``ack-mode`` says. With ``on-confirm``, a message with a
-        ``message_id`` whose fingerprint ``fp`` the link forwarded before goes only into
-        the queues of its route that did not take it then (:mod:`plugins.common.taken`)."""
+        ``message_id`` that the upstream redelivers and whose fingerprint ``fp`` the link
+        forwarded before goes only into the queues of its route that did not take it
+        then (:mod:`plugins.common.taken`)."""
         tag = delivery.delivery_tag
         mode = self.upstream.ack_mode
         acker = self._acker if mode != "no-ack" else None
@@ -275,7 +276,7 @@ class Link:
                 record = self.taken.record(fp) if fp is not None and \
                     has_message_id(delivery.properties) else None
                 local.submit(Held(tag, exchange, routing_key, properties, delivery.body,
-                                  record=record))
+                                  record=record, redelivered=delivery.redelivered))
             except Exception as exc:
                 local.close()
                 acker.settle(tag, False)

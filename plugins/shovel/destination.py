@@ -20,7 +20,7 @@ from typing import Any
 
 from pamqp import commands as spec
 
-from plugins.common.taken import Record
+from plugins.common.taken import Pass
 from plugins.shovel.params import ShovelDef
 from plugins.shovel.source import _either
 from plugins.shovel.wire import Connection, NotFound
@@ -43,10 +43,11 @@ class Destination(abc.ABC):
 
     @abc.abstractmethod
     async def publish_many(self, messages: list[Message],
-                           records: list[Record | None] | None = None) -> int:
+                           records: list[Pass | None] | None = None) -> int:
         """Write messages; the first one's confirm sequence number. ``records``: for a
-        destination that publishes per queue, what an earlier pass of each message left
-        in the queues (:mod:`plugins.common.taken`); others ignore it."""
+        destination that publishes per queue, each message's record of the queues that
+        took it and whether the source redelivered it (:mod:`plugins.common.taken`);
+        others ignore it."""
 
     @abc.abstractmethod
     def closed(self) -> asyncio.Future[Any]: ...
@@ -84,7 +85,7 @@ class AMQPDestination(Destination):
         self.seq = 0
 
     async def publish_many(self, messages: list[Message],
-                           records: list[Record | None] | None = None) -> int:
+                           records: list[Pass | None] | None = None) -> int:
         conn = self.conn
         assert conn is not None
         out = bytearray()

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from amqpd.broker.api import Message
 from plugins.common.republish import Held, LocalPublisher
-from plugins.common.taken import Record
+from plugins.common.taken import Pass
 from plugins.shovel.destination import Destination, OnConfirm
 from plugins.shovel.destination import Message as Outgoing
 from plugins.shovel.params import ShovelDef
@@ -81,7 +81,7 @@ class LocalDestination(Destination):
                 mark_retry, _no_status, self._give_up, log)
 
     async def publish_many(self, messages: list[Outgoing],
-                           records: list[Record | None] | None = None) -> int:
+                           records: list[Pass | None] | None = None) -> int:
         closed = self._closed
         assert closed is not None
         # publishers are held back while a resource alarm is on: this one too
@@ -96,9 +96,10 @@ class LocalDestination(Destination):
                 self.seq += 1
                 if publisher is not None:
                     # a repeat goes only into the queues its earlier pass missed
-                    record = records[i] if records is not None else None
+                    one = records[i] if records is not None else None
                     publisher.submit(Held(self.seq, exchange, routing_key, properties, body,
-                                          record=record))
+                                          record=one[0] if one else None,
+                                          redelivered=bool(one and one[1])))
                 else:
                     self.api.publish(self.vhost, exchange,
                                      Message(exchange, routing_key, properties, body), None)

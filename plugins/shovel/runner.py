@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from plugins.common.backoff import Backoff
-from plugins.common.taken import Record, Taken, has_message_id
+from plugins.common.taken import Pass, Taken, has_message_id
 from plugins.shovel.destination import AMQPDestination, Destination, Message
 from plugins.shovel.local import LocalDestination, mark_retry
 from plugins.shovel.params import ShovelDef, redact
@@ -307,7 +307,7 @@ class _Link:
             # everything that arrived since the last write goes out in one socket write
             batch: list[Message] = []
             tags: list[int] = []
-            records: list[Record | None] = []
+            records: list[Pass | None] = []
             while inbox and len(batch) < BATCH:
                 message = inbox.popleft()
                 if self.remaining is not None:
@@ -323,10 +323,10 @@ class _Link:
                 again = self.seen.check_and_add_fp(fp)
                 batch.append((*self.route(message, again or message.redelivered),
                               message.body))
-                # which queues took it on an earlier pass (a local destination then
-                # publishes it only into the others; messages with a message_id only)
-                records.append(self.runner.taken.record(fp) if track and
-                               has_message_id(message.properties) else None)
+                # which queues took it on an earlier pass (a local destination publishes a
+                # redelivered one only into the others; messages with a message_id only)
+                records.append((self.runner.taken.record(fp), message.redelivered)
+                               if track and has_message_id(message.properties) else None)
             if not batch:
                 continue
             if mode == "on-confirm":

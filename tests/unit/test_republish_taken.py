@@ -66,13 +66,14 @@ async def test_a_repeat_goes_only_where_the_earlier_pass_did_not(quick: None) ->
     second = publisher(api, settled, gave_up)
     again = taken.record(b"fp")
     assert again is record
-    second.submit(Held(7, "x", "", WITH_ID, b"one", record=again))
+    second.submit(Held(7, "x", "", WITH_ID, b"one", record=again, redelivered=True))
     await wait(lambda: settled == [7], "the repeat settled")
     assert [q for q, _p, _b in api.published] == ["audit", "orders"]
     assert record.queues == {"audit", "orders"}
     # a third pass (the ack lost again): every queue has it, nothing is published
     third = publisher(api, settled, gave_up)
-    third.submit(Held(3, "x", "", WITH_ID, b"one", record=taken.record(b"fp")))
+    third.submit(Held(3, "x", "", WITH_ID, b"one", record=taken.record(b"fp"),
+                      redelivered=True))
     assert settled == [7, 3] and third.skipped == 1
     assert [q for q, _p, _b in api.published] == ["audit", "orders"]
     assert gave_up == []
@@ -85,9 +86,23 @@ async def test_a_queue_that_joined_the_route_gets_the_repeat(quick: None) -> Non
     pub = publisher(api, settled, [])
     pub.submit(Held(1, "x", "", WITH_ID, b"one", record=taken.record(b"fp")))
     api.queues.append("late")
-    pub.submit(Held(2, "x", "", WITH_ID, b"one", record=taken.record(b"fp")))
+    pub.submit(Held(2, "x", "", WITH_ID, b"one", record=taken.record(b"fp"),
+                    redelivered=True))
     assert settled == [1, 2]
     assert [q for q, _p, _b in api.published] == ["audit", "late"]
+
+
+async def test_a_message_alike_not_redelivered_goes_everywhere(quick: None) -> None:
+    """The same id and content again, first delivery at the source: a publisher may mean
+    it (a fixed id on a periodic message); only a redelivery uses the record."""
+    api = FakeAPI(["audit"], refusing=set())
+    taken = Taken()
+    settled: list[int] = []
+    pub = publisher(api, settled, [])
+    pub.submit(Held(1, "x", "", WITH_ID, b"one", record=taken.record(b"fp")))
+    pub.submit(Held(2, "x", "", WITH_ID, b"one", record=taken.record(b"fp")))
+    assert settled == [1, 2] and pub.skipped == 0
+    assert [q for q, _p, _b in api.published] == ["audit", "audit"]
 
 
 async def test_a_confirm_after_the_attempt_ended_is_still_recorded() -> None:

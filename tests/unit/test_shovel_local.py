@@ -126,8 +126,11 @@ async def test_a_repeat_with_a_record_goes_only_where_it_is_missing(quick: None)
     had_healthy = Record({"healthy"})
     had_both = Record({"healthy", "orders"})
     await dest.publish_many([("x", "k", b"\x00\x00", b"one"), ("x", "k", b"\x00\x00", b"two"),
-                             ("x", "k", b"\x00\x00", b"new")], [had_healthy, had_both, None])
-    assert confirms == [(1, False, True), (2, False, True), (3, False, True)]
+                             ("x", "k", b"\x00\x00", b"new"), ("x", "k", b"\x00\x00", b"again")],
+                            [(had_healthy, True), (had_both, True), None, (had_both, False)])
+    assert confirms == [(1, False, True), (2, False, True), (3, False, True), (4, False, True)]
+    # "again" was not redelivered by the source: a message alike sent again on purpose
     assert sorted((b, q) for q, _p, b in api.published) == [
-        (b"new", "healthy"), (b"new", "orders"), (b"one", "orders")]
+        (b"again", "healthy"), (b"again", "orders"), (b"new", "healthy"), (b"new", "orders"),
+        (b"one", "orders")]
     assert had_healthy.queues == {"healthy", "orders"}
