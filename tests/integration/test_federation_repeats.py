@@ -38,17 +38,11 @@ from tests.integration.fed_support import (
     wait_for,
     wait_running,
 )
+from tests.integration.test_federation_storm import _queue
 from tests.support.brokerproc import BrokerProcess
 from tests.support.tcpproxy import TcpProxy
 
 N = 20  # messages with a message_id, and as many without one
-
-
-def _queue(proc: BrokerProcess, name: str) -> dict[str, Any]:
-    r = api(proc).request("GET", f"/api/queues/%2F/{q(name)}")
-    assert r.status == 200, r.text
-    result: dict[str, Any] = r.json()
-    return result
 
 
 def _holds(proc: BrokerProcess, name: str, n: int) -> bool:
