@@ -171,7 +171,7 @@ class LocalPublisher:
         assert held.missing is not None
         if error is None and held.record is not None:
             # a fact about the queue even after the attempt ended: its next pass skips it
-            held.record.queues.update(held.missing if name is None else (name,))
+            held.record.add(held.missing if name is None else (name,))
         if self.closed:
             return
         if error is None:

@@ -123,8 +123,8 @@ async def test_a_repeat_with_a_record_goes_only_where_it_is_missing(quick: None)
     dest = destination(api)
     confirms: list[tuple[int, bool, bool]] = []
     await dest.open(lambda seq, multiple, ack: confirms.append((seq, multiple, ack)))
-    had_healthy = Record({"healthy"})
-    had_both = Record({"healthy", "orders"})
+    had_healthy = Record(frozenset({"healthy"}))
+    had_both = Record(frozenset({"healthy", "orders"}))
     await dest.publish_many([("x", "k", b"\x00\x00", b"one"), ("x", "k", b"\x00\x00", b"two"),
                              ("x", "k", b"\x00\x00", b"new"), ("x", "k", b"\x00\x00", b"again")],
                             [(had_healthy, True), (had_both, True), None, (had_both, False)])
