@@ -92,6 +92,13 @@ def copies_of(c: Consumer, seqs: list[int]) -> str:
                      if s in seqs)
 
 
+def _settled(c: Consumer) -> tuple[list[tuple[int, bool]], list[bool], list[float]]:
+    """What ``c`` recorded so far, cut to the deliveries all three lists have (its thread
+    appends to them one after the other while the test reads)."""
+    n = min(len(c.seen), len(c.broker_redelivered), len(c.arrivals))
+    return c.seen[:n], c.broker_redelivered[:n], c.arrivals[:n]
+
+
 def _hq_active(nodes: list[WarrenNode]) -> WarrenNode | None:
     for n in nodes:
         with contextlib.suppress(Exception):
@@ -169,7 +176,7 @@ class Run:
         broker's redelivered, each after the first of its message)."""
         seen: set[int] = set()
         count = 0
-        for (seq, _), again, t in zip(c.seen, c.broker_redelivered, c.arrivals, strict=True):
+        for (seq, _), again, t in zip(*_settled(c), strict=True):
             if again:
                 continue  # the same copy again, to a consumer that reconnected
             if seq in seen and start <= t <= end:
@@ -196,7 +203,12 @@ class Run:
         result = {"fault": name, "fault_s": round(t_end - t0, 1),
                   "catch_up_s": round(t_done - t0, 1), "longest_gap_s": gaps,
                   "second_copies": {q: self.repeats(c, t0, t_done)
-                                    for q, c in self.cons.items()}}
+                                    for q, c in self.cons.items()},
+                  # the same copy again to a consumer that reconnected (broker's flag)
+                  "consumer_redeliveries": {
+                      q: sum(1 for _, again, t in zip(*_settled(c), strict=True)
+                             if again and t0 <= t <= t_done)
+                      for q, c in self.cons.items()}}
         self.results.append(result)
         print(f"multisite: {result}")
 
