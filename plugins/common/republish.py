@@ -50,6 +50,7 @@ from plugins.common.taken import Record
 if TYPE_CHECKING:
     from amqpd.broker.api import BrokerAPI
 
+SKIP_LOG_PERIOD = 1.0  # seconds between two log lines counting repeats kept out
 RETRY_FIRST = 0.05  # seconds before the first retry of a refused publish
 RETRY_CAP = 5.0  # the longest wait between two retries
 MAX_ATTEMPTS = 25  # tries of one message before the owner gives up and starts over (~1.5 min)
@@ -107,6 +108,8 @@ class LocalPublisher:
         self.closed = False
         self.failures = 0  # refused tries over this publisher's life (status, tests)
         self.skipped = 0  # repeats every queue of the route had: settled, not published
+        self._skips_logged = 0
+        self._skip_timer: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------ entry points
     def submit(self, held: Held) -> None:
@@ -120,6 +123,9 @@ class LocalPublisher:
     def close(self) -> None:
         """The attempt is over: late confirms and the timer do nothing any more."""
         self.closed = True
+        if self._skip_timer is not None:
+            self._skip_timer.cancel()
+            self._log_skips()
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
@@ -142,7 +148,7 @@ class LocalPublisher:
                 # a repeat: only the queues its earlier pass did not reach get it
                 held.missing.difference_update(had)
                 if not held.missing:
-                    self.skipped += 1
+                    self._skipped_one()
                     self._finish(held)
                     return
                 targets: list[str | None] = [*sorted(held.missing)]
@@ -166,6 +172,21 @@ class LocalPublisher:
                                      held.body),
                              None, on_confirm=functools.partial(self._part, held, name),
                              only=only)
+
+    def _skipped_one(self) -> None:
+        """A repeat kept out of every queue: counted, and logged at most once a
+        :data:`SKIP_LOG_PERIOD` (after a failover hundreds may come at once)."""
+        self.skipped += 1
+        if self._skip_timer is None and not self.closed:
+            self._skip_timer = asyncio.get_running_loop().call_later(SKIP_LOG_PERIOD,
+                                                                     self._log_skips)
+
+    def _log_skips(self) -> None:
+        self._skip_timer = None
+        count, self._skips_logged = self.skipped - self._skips_logged, self.skipped
+        if count:
+            self.log.info("%s: %d redelivered message(s) already in every queue of their "
+                          "route: acked without a publish", self.label, count)
 
     def _part(self, held: Held, name: str | None, error: BaseException | None) -> None:
         assert held.missing is not None

@@ -50,7 +50,8 @@ def test_message_id_flag_is_read_from_the_raw_properties() -> None:
     assert not has_message_id(b"")
 
 
-async def test_a_repeat_goes_only_where_the_earlier_pass_did_not(quick: None) -> None:
+async def test_a_repeat_goes_only_where_the_earlier_pass_did_not(
+        quick: None, caplog: pytest.LogCaptureFixture) -> None:
     api = FakeAPI(["audit", "orders"], refusing={"orders"})
     taken = Taken()
     settled: list[int] = []
@@ -77,6 +78,9 @@ async def test_a_repeat_goes_only_where_the_earlier_pass_did_not(quick: None) ->
     assert settled == [7, 3] and third.skipped == 1
     assert [q for q, _p, _b in api.published] == ["audit", "orders"]
     assert gave_up == []
+    with caplog.at_level(logging.INFO, logger="test"):
+        third.close()  # the count of a period not logged yet is logged at the end
+    assert "test: 1 redelivered message(s) already in every queue" in caplog.text
 
 
 async def test_a_queue_that_joined_the_route_gets_the_repeat(quick: None) -> None:
