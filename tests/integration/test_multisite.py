@@ -63,6 +63,8 @@ QUORUM = {"x-queue-type": "quorum"}
 # plugins/common/republish.py's count of repeats kept out of queues (label, then count)
 KEPT_OUT = re.compile(r"\b(federation|shovel) [^\n]*?: (\d+) redelivered message\(s\) "
                       r"already in every queue")
+# a federation link's or the shovel's attempt that ended (what the upstream redelivers)
+ATTEMPT_ENDED = re.compile(r"\b(federation link|shovel) [^\n]*? failed: ([^\n]*)")
 
 
 def flagged(props: Any) -> bool:
@@ -101,6 +103,24 @@ def _settled(c: Consumer) -> tuple[list[tuple[int, bool]], list[bool], list[floa
     appends to them one after the other while the test reads)."""
     n = min(len(c.seen), len(c.broker_redelivered), len(c.arrivals))
     return c.seen[:n], c.broker_redelivered[:n], c.arrivals[:n]
+
+
+def _print_link_log(branch: list[ClusterNode]) -> None:
+    """From the branch nodes' logs: how many repeats hq handed back the link and the
+    shovel kept out of queues that had them, and why their attempts ended (each end
+    makes hq redeliver what was not acked)."""
+    kept: Counter[str] = Counter()
+    ended: Counter[str] = Counter()
+    for member in branch:
+        if member.proc is not None:
+            text = member.proc.log_path.read_text(errors="replace")
+            for who, number in KEPT_OUT.findall(text):
+                kept[who] += int(number)
+            for who, reason in ATTEMPT_ENDED.findall(text):
+                ended[f"{member.name} {who}: {reason[:120]}"] += 1
+    print(f"multisite: redelivered repeats acked without a publish: {dict(kept)}")
+    for what, n in ended.most_common(12):
+        print(f"multisite: attempt ended x{n}: {what}")
 
 
 def _hq_active(nodes: list[WarrenNode]) -> WarrenNode | None:
@@ -380,13 +400,7 @@ def test_two_sites_ride_through_every_fault(tmp_path: Path) -> None:
             print(f"multisite result: {result}")
         # repeats hq handed back that the link and the shovel kept out of every queue
         # (plugins/common/republish.py logs how many, at most once a second)
-        kept: Counter[str] = Counter()
-        for member in branch:
-            if member.proc is not None:
-                text = member.proc.log_path.read_text(errors="replace")
-                for who, number in KEPT_OUT.findall(text):
-                    kept[who] += int(number)
-        print(f"multisite: redelivered repeats acked without a publish: {dict(kept)}")
+        _print_link_log(branch)
         # issue 29's bound: no queue receives a message more than twice (CI saw three
         # copies in audit and in orders before the link remembered which queues took a
         # message with a message_id: test_federation_repeats reproduces that)
