@@ -50,6 +50,9 @@ from plugins.common.taken import Record
 if TYPE_CHECKING:
     from amqpd.broker.api import BrokerAPI
 
+# the longest a redelivered message waits for the answers to its earlier pass's
+# publishes (a queue's confirm or refusal comes within the cluster's confirm deadline)
+PENDING_WAIT = 30.0
 SKIP_LOG_PERIOD = 1.0  # seconds between two log lines counting repeats kept out
 RETRY_FIRST = 0.05  # seconds before the first retry of a refused publish
 RETRY_CAP = 5.0  # the longest wait between two retries
@@ -76,6 +79,7 @@ class Held:
     # the source says it delivered this before (redelivered): only then is the record
     # of an earlier pass used (a publisher may send a message alike again on purpose)
     redelivered: bool = False
+    waited: bool = False  # it waited for its earlier pass's answers (at most once)
 
 
 class LocalPublisher:
@@ -141,9 +145,14 @@ class LocalPublisher:
         message = Message(held.exchange, held.routing_key, held.properties, held.body)
         names = self.api.route_names(self.vhost, held.exchange, message)
         if held.missing is None:
+            record = held.record if held.redelivered else None
+            if record is not None and not held.waited and record.unanswered(names):
+                # an earlier pass's publish is still out there (its attempt ended before
+                # the answer came): whether that queue has it is not known yet
+                self._defer(held, record)
+                return
             held.missing = set(names)
-            had = held.record.queues if held.record is not None and held.redelivered \
-                else None
+            had = record.queues if record is not None else None
             if had and names and had.intersection(names):
                 # a repeat: only the queues its earlier pass did not reach get it
                 held.missing.difference_update(had)
@@ -166,12 +175,49 @@ class LocalPublisher:
         held.parts = len(targets)
         for name in targets:
             only = None if name is None else frozenset((name,))
+            sent = frozenset(held.missing) if only is None else only
+            if held.record is not None:
+                held.record.sending(sent)
             # a fresh Message each time: the pipeline writes its store position into it
             self.api.publish(self.vhost, held.exchange,
                              Message(held.exchange, held.routing_key, held.properties,
                                      held.body),
-                             None, on_confirm=functools.partial(self._part, held, name),
+                             None, on_confirm=functools.partial(self._part, held, name, sent),
                              only=only)
+
+    def _defer(self, held: Held, record: Record) -> None:
+        """Hold ``held`` (and, behind it, what comes later) until the publishes of an
+        earlier pass of the same message are answered, or :data:`PENDING_WAIT`: then
+        it goes only where no pass put it (issue 29: a redelivery that overtook the
+        confirm of the retry before it made a third copy)."""
+        if not held.retry:  # counted as a retry in flight: later messages wait behind
+            held.retry = True
+            self.retries_in_flight += 1
+        loop = asyncio.get_running_loop()
+        timer: asyncio.TimerHandle | None = None
+
+        def wake() -> None:
+            if held.waited:
+                return
+            held.waited = True
+            if timer is not None:
+                timer.cancel()
+            if self.closed:
+                return
+            try:
+                self._send(held)
+            except Exception as exc:  # the exchange went meanwhile: start over
+                self.close()
+                self.on_give_up(f"local publish failed: {exc}")
+                return
+            self._maybe_resume()
+
+        timer = loop.call_later(PENDING_WAIT, wake)
+
+        def answered() -> None:  # called inside another publish's confirm: wake later
+            loop.call_soon(wake)
+
+        record.wait(answered)
 
     def _skipped_one(self) -> None:
         """A repeat kept out of every queue: counted, and logged at most once a
@@ -188,11 +234,13 @@ class LocalPublisher:
             self.log.info("%s: %d redelivered message(s) already in every queue of their "
                           "route: acked without a publish", self.label, count)
 
-    def _part(self, held: Held, name: str | None, error: BaseException | None) -> None:
+    def _part(self, held: Held, name: str | None, sent: frozenset[str],
+              error: BaseException | None) -> None:
         assert held.missing is not None
-        if error is None and held.record is not None:
-            # a fact about the queue even after the attempt ended: its next pass skips it
-            held.record.add(held.missing if name is None else (name,))
+        if held.record is not None:
+            # a fact about the queues even after the attempt ended: a later pass of the
+            # message skips those that confirmed it (and waits for this answer)
+            held.record.answered(sent, error is None)
         if self.closed:
             return
         if error is None:

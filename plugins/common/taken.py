@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import struct
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 SIZE = 10_000  # messages remembered per link (as many as its Seen window)
@@ -53,9 +53,52 @@ def has_message_id(properties: bytes) -> bool:
 
 @dataclass(eq=False, slots=True)
 class Record:
-    """One forwarded message: the queues known to hold it (filled as they confirm)."""
+    """One forwarded message: the queues known to hold it (filled as they confirm), the
+    queues a publish of it went to that have not answered yet (an attempt that ended
+    may still hear from them), and who waits for those answers."""
 
     queues: frozenset[str] = frozenset()
+    pending: dict[str, int] | None = None  # queue -> publishes not answered yet
+    waiters: list[Callable[[], None]] | None = None
+
+    def sending(self, names: Iterable[str]) -> None:
+        """A publish of the message to these queues goes out."""
+        pending = self.pending
+        if pending is None:
+            pending = self.pending = {}
+        for name in names:
+            pending[name] = pending.get(name, 0) + 1
+
+    def answered(self, names: Iterable[str], ok: bool) -> None:
+        """The queues answered that publish: a confirm (``ok``) or a refusal. Once no
+        publish is unanswered, the waiters are called."""
+        if ok:
+            self.add(names)
+        pending = self.pending
+        if pending is not None:
+            for name in names:
+                left = pending.get(name, 0) - 1
+                if left > 0:
+                    pending[name] = left
+                else:
+                    pending.pop(name, None)
+            if not pending:
+                self.pending = None
+        if self.pending is None and self.waiters:
+            waiters, self.waiters = self.waiters, None
+            for wake in waiters:
+                wake()
+
+    def unanswered(self, names: Iterable[str]) -> bool:
+        """Is a publish to one of these queues still waiting for its answer?"""
+        pending = self.pending
+        return pending is not None and any(name in pending for name in names)
+
+    def wait(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` once every publish of the message has been answered."""
+        if self.waiters is None:
+            self.waiters = []
+        self.waiters.append(wake)
 
     def add(self, names: Iterable[str]) -> None:
         """These queues confirmed the message."""

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import cast
+from typing import Any, cast
 
 import pytest
 from pamqp.commands import Basic
 
-from amqpd.broker.api import BrokerAPI
+from amqpd.broker.api import BrokerAPI, Message, PreconditionFailed
 from plugins.common import republish
 from plugins.common.republish import Held, LocalPublisher
 from plugins.common.taken import Taken, has_message_id
@@ -116,8 +116,9 @@ async def test_a_confirm_after_the_attempt_ended_is_still_recorded() -> None:
     held.missing = {"audit"}
     pub = publisher(FakeAPI(["audit"], set()), [], [])
     pub.close()
-    pub._part(held, None, None)  # the confirm of the closed attempt's publish
-    assert record.queues == {"audit"}
+    record.sending({"audit"})
+    pub._part(held, None, frozenset({"audit"}), None)  # the closed attempt's confirm
+    assert record.queues == {"audit"} and record.pending is None
 
 
 def test_records_are_bounded_oldest_first() -> None:
@@ -129,3 +130,65 @@ def test_records_are_bounded_oldest_first() -> None:
     assert len(taken) == 2
     assert taken.record(b"a") is a
     assert taken.record(b"b").queues == set()
+
+
+class SlowAPI(FakeAPI):
+    """Publishes to ``slow`` queues are confirmed only when the test says so."""
+
+    def __init__(self, queues: list[str], slow: set[str]) -> None:
+        super().__init__(queues, refusing=set())
+        self.slow = slow
+        self.unanswered: list[Any] = []
+
+    def publish(self, vhost: str, exchange: str, message: Message, username: str | None,
+                on_confirm: Any = None, only: frozenset[str] | None = None) -> list[Any]:
+        if only is not None and only <= self.slow:
+            self.published.append((next(iter(only)), message.properties, message.body))
+            self.unanswered.append(on_confirm)
+            return []
+        return super().publish(vhost, exchange, message, username, on_confirm, only)
+
+
+@pytest.mark.parametrize("answer", ["confirm", "refusal"])
+async def test_a_redelivery_waits_for_the_answer_its_earlier_pass_is_owed(
+        quick: None, answer: str) -> None:
+    """The attempt that published it ended before audit answered; the message comes
+    again: it waits for that answer (and what follows waits behind it), then goes only
+    where no pass put it: nowhere after a confirm, to audit again after a refusal."""
+    api = SlowAPI(["audit", "orders"], slow={"audit"})
+    taken = Taken()
+    settled: list[int] = []
+    first = publisher(api, settled, [])
+    first.submit(Held(1, "x", "", WITH_ID, b"one", record=taken.record(b"fp")))
+    first.close()  # its attempt ended: audit's answer is still owed
+    second = publisher(api, settled, [])
+    second.submit(Held(7, "x", "", WITH_ID, b"one", record=taken.record(b"fp"),
+                       redelivered=True))
+    second.submit(Held(8, "x", "", WITH_ID, b"two", record=taken.record(b"fp2")))
+    await asyncio.sleep(0.02)
+    assert settled == [] and [b for _q, _p, b in api.published] == [b"one", b"one"]
+    api.slow.clear()
+    api.unanswered.pop()(None if answer == "confirm" else PreconditionFailed("no leader"))
+    await wait(lambda: settled == [7, 8], "the repeat, then the next message, settled")
+    ones = sorted(q for q, _p, b in api.published if b == b"one")
+    assert ones == (["audit", "orders"] if answer == "confirm"
+                    else ["audit", "audit", "orders"])
+    assert sorted(q for q, _p, b in api.published if b == b"two") == ["audit", "orders"]
+    assert second.skipped == (1 if answer == "confirm" else 0)
+
+
+async def test_a_redelivery_waits_for_an_owed_answer_at_most_pending_wait(
+        quick: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(republish, "PENDING_WAIT", 0.05)
+    api = SlowAPI(["audit", "orders"], slow={"audit"})
+    taken = Taken()
+    settled: list[int] = []
+    first = publisher(api, settled, [])
+    first.submit(Held(1, "x", "", WITH_ID, b"one", record=taken.record(b"fp")))
+    first.close()
+    api.slow.clear()  # audit answers at once from now on; the first answer never comes
+    second = publisher(api, settled, [])
+    second.submit(Held(7, "x", "", WITH_ID, b"one", record=taken.record(b"fp"),
+                       redelivered=True))
+    await wait(lambda: settled == [7], "the repeat settled after the wait")
+    assert sorted(q for q, _p, _b in api.published) == ["audit", "audit", "orders"]
