@@ -14,7 +14,9 @@ the properties and body as the source sent them), the names of the queues that
 confirmed the message, and the per-queue publisher (:mod:`plugins.common.republish`)
 publishes a message the source *redelivers* only into the queues of its route missing
 from that set; one every queue of its route already has is settled at the source
-without a publish.
+without a publish. A record also counts the publishes of its message still unanswered
+(an attempt that ended may hear from its queues later): a redelivery waits for those
+answers before it chooses, or a queue whose confirm was late would get it again.
 
 Only a message with a ``message_id`` is recognised so. Two messages alike in every
 property and byte of body may be two messages a publisher meant to send (a sensor's
