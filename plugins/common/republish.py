@@ -202,15 +202,8 @@ class LocalPublisher:
             held.waited = True
             if timer is not None:
                 timer.cancel()
-            if self.closed:
-                return
-            try:
-                self._send(held)
-            except Exception as exc:  # the exchange went meanwhile: start over
-                self.close()
-                self.on_give_up(f"local publish failed: {exc}")
-                return
-            self._maybe_resume()
+            if not self.closed and self._send_or_give_up(held):
+                self._maybe_resume()
 
         timer = loop.call_later(PENDING_WAIT, wake)
 
@@ -293,13 +286,20 @@ class LocalPublisher:
             held.retry = True
         self.retries_in_flight += len(batch)
         for held in batch:
-            try:
-                self._send(held)
-            except Exception as exc:  # the exchange went meanwhile: start over
-                self.close()
-                self.on_give_up(f"local publish failed: {exc}")
+            if not self._send_or_give_up(held):
                 return
         self._maybe_resume()
+
+    def _send_or_give_up(self, held: Held) -> bool:
+        """:meth:`_send` a message that waited; False when the publish raised (the
+        exchange or vhost went meanwhile): the attempt is over, the owner starts over."""
+        try:
+            self._send(held)
+        except Exception as exc:
+            self.close()
+            self.on_give_up(f"local publish failed: {exc}")
+            return False
+        return True
 
     def _maybe_resume(self) -> None:
         """Every retry went through: back to normal, and the deliveries that waited go
@@ -309,10 +309,5 @@ class LocalPublisher:
         self.backoff.reset()
         self.on_status(None)
         while self.waiting and not self.blocked and not self.closed:
-            held = self.waiting.popleft()
-            try:
-                self._send(held)
-            except Exception as exc:
-                self.close()
-                self.on_give_up(f"local publish failed: {exc}")
+            if not self._send_or_give_up(self.waiting.popleft()):
                 return
