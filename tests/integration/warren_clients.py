@@ -86,6 +86,7 @@ class Publisher:
     body_size: int = 64
     exchange: str = ""  # "" : straight to ``queue``; else to this exchange, key ``queue``
     resend: bool = False  # re-send the unconfirmed, with an x-deduplication-header
+    message_id: bool = False  # give each message a message_id ("{queue}-{seq}")
     confirmed: list[int] = field(default_factory=list)
     confirmed_at: list[float] = field(default_factory=list)  # monotonic, one per confirm
     failed: list[int] = field(default_factory=list)  # nacked or cut off: not confirmed
@@ -116,10 +117,12 @@ class Publisher:
                             seq += 1
                         headers = {"x-deduplication-header": f"msg-{seq}"} if self.resend \
                             else None
+                        mid = f"{self.queue}-{seq}" if self.message_id else None
                         try:
                             ch.basic_publish(self.exchange, self.queue, b"%d:" % seq + pad,
                                              pika.BasicProperties(delivery_mode=2,
-                                                                  headers=headers))
+                                                                  headers=headers,
+                                                                  message_id=mid))
                         except pika.exceptions.NackError:
                             self.failed.append(seq)
                             self.nacked.append(time.monotonic())
