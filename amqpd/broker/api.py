@@ -77,6 +77,7 @@ from amqpd.store.api import queue_key as queue_key
 if TYPE_CHECKING:
     # for annotations of callers (http/, plugins), which import only this module
     from amqpd.broker.channel import Channel  # noqa: F401
+    from amqpd.broker.dedup import SharedCache
     from amqpd.broker.policy import PolicyStore
     from amqpd.broker.publish import Publisher
     from amqpd.config import Settings
@@ -256,6 +257,10 @@ class ClusterStatus(Protocol):
     def transient_binding(self, binding: Binding) -> None:
         """A binding that is no durable definition was made or removed here (a
         non-durable queue's bindings are known on every node too)."""
+        ...
+
+    def dedup_cache(self, vhost: str, exchange: str) -> SharedCache:
+        """The cluster-wide cache of deduplication exchange ``exchange`` (issue 32)."""
         ...
 
     def share_info(self, section: str, value: Any) -> None:

@@ -19,7 +19,7 @@ import struct
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from amqpd.broker.message import Message
 from amqpd.broker.policy import register_policy_key
@@ -170,6 +170,27 @@ register_policy_key("x-message-deduplication", _check_flag)
 
 
 # ---------------------------------------------------------------------- the cache
+class SharedCache(Protocol):
+    """An exchange's cache kept for the whole cluster (``ClusterStatus.dedup_cache``;
+    amqpd/cluster/dedup_cache.py has the theory). A value is taken (pending) before its
+    message is routed and settled (done) once the message is confirmed, so a value is
+    never recognised on any node without a confirmed message behind it."""
+
+    size: int
+    entries: int | None  # keys the cache held at its last count (None: not counted yet)
+
+    async def take(self, value: bytes) -> int:
+        """Non-zero (a revision to settle or release with) when this publish took the
+        value; 0 when it is a duplicate. Raises when the cache cannot be asked."""
+        ...
+
+    async def settle(self, value: bytes, revision: int, expires: int) -> None: ...
+
+    async def release(self, value: bytes, revision: int) -> None: ...
+
+    async def drop(self) -> None: ...
+
+
 class DedupCache:
     """Seen header values, at most ``size`` of them, each with an optional expiry.
 
@@ -336,8 +357,14 @@ def configure_queue(broker: Broker, queue: QueueType) -> None:
     (argument first, then policy), keeping the publish pipeline's count of such queues.
 
     Switched on for a queue that already holds messages, it knows only the values of
-    messages admitted from then on (and, after a restart, of all it holds)."""
-    wanted = _dedup_wanted(queue)
+    messages admitted from then on (and, after a restart, of all it holds).
+
+    A queue led by another node (``QueueType.remote``) keeps no cache here: its leader
+    checks every message, wherever it was published (``remote_queue.enqueue_here``). A
+    cache here would hold the values of messages this node forwarded, including those
+    the leader never took (a nack when its link went), and drop their retries as
+    duplicates while acking them: confirmed messages lost."""
+    wanted = _dedup_wanted(queue) and not queue.remote
     if wanted and queue.dedup is None:
         queue.dedup = QueueDedup()
         broker.publisher.dedup_queues += 1
@@ -356,7 +383,7 @@ def _forget(queue: QueueType) -> None:
 
 
 __all__ = [
-    "HEADER", "PERSISTENCE", "TTL_HEADER", "DedupCache", "QueueDedup", "admitted",
+    "HEADER", "PERSISTENCE", "TTL_HEADER", "DedupCache", "QueueDedup", "SharedCache", "admitted",
     "configure_queue", "dedup_key", "message_ttl", "now_ms", "validate_exchange_arguments",
     "validate_queue_argument",
 ]

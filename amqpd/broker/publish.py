@@ -118,6 +118,10 @@ class Publisher:
         # how many queues deduplicate (x-message-deduplication, amqpd.broker.dedup):
         # while none do, a publish does not look for them
         self.dedup_queues = 0
+        # the mandatory callback of the publish being forwarded now: a cluster's dedup
+        # exchange (its ClusterGate, a remote destination) learns only later whether a
+        # message is a duplicate, and then returns it as unroutable, as on one node
+        self.on_unroutable: Callable[[], None] | None = None
 
     def publish(
         self, vhost: VHost, exchange_name: str, message: Message, username: str | None,
@@ -165,7 +169,10 @@ class Publisher:
                 on_confirm = confirm_now = None
         forwarded: list[QueueType] | None = None
         if self.remote_queues and queues:
+            # (only for a route of one: a message other queues took is no return)
+            self.on_unroutable = on_unroutable if len(queues) == 1 else None
             queues, forwarded, on_confirm = self._forward(queues, message, on_confirm)
+            self.on_unroutable = None
             confirm_now = on_confirm
         if queues and not message.persistent and self.keeping_queues:
             # a quorum queue writes every message it takes, transient ones too (a durable

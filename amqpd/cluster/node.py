@@ -45,6 +45,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from amqpd.cluster.dedup_cache import DedupCaches, SharedDedupCache
 from amqpd.cluster.definitions import KIND_BINDING, KIND_QUEUE, DefinitionMirror
 from amqpd.cluster.heartbeat import Heartbeats
 from amqpd.cluster.leadership import Leadership
@@ -98,6 +99,9 @@ class Cluster(ClusterView):
         self.heard_at: dict[str, float] = {}  # node -> monotonic time of a real heartbeat
         self.info = NodeInfoBoard(self, self.etcd, self.root)  # what nodes tell each other
         self.requests = NodeRequests(self, self.etcd, self.root)  # what they ask each other
+        # dedup exchanges' cluster-wide caches (amqpd/cluster/dedup_cache.py)
+        self.dedup = DedupCaches(list(cc.etcd), self.root, settings.node_name,
+                                 lambda: self.membership.lease_id, cc.lease_ttl)
         self.subscribe(self.transient.node_changed)  # from the first view change on
         self.heartbeats = Heartbeats(self, cc.name, self.cookie, split_addr(cc.heartbeat_listen),
                                      cc.heartbeat_interval, self.heartbeat_targets)
@@ -173,6 +177,7 @@ class Cluster(ClusterView):
         self._tasks = []
         await self.heartbeats.stop()
         await self.membership.leave()
+        await self.dedup.close()
         await self.etcd.close()
 
     # ------------------------------------------------------------------ records
@@ -324,6 +329,10 @@ class Cluster(ClusterView):
             return False
         self.tdefs.recorded(kind, key, body)
         return True
+
+    def dedup_cache(self, vhost: str, exchange: str) -> SharedDedupCache:
+        """The cluster-wide cache of a deduplication exchange (issue 32)."""
+        return self.dedup.get(vhost, exchange)
 
     def share_info(self, section: str, value: Any) -> None:
         self.info.share(section, value)

@@ -190,6 +190,9 @@ def _replication(api: BrokerAPI, e: Exposition) -> None:
               "Group commits nacked for want of in-sync standbys", r["nacked_total"])
         e.add("amqpd_replication_auth_failures_total", "counter",
               "Replication connections refused by authentication", r["auth_failures_total"])
+        e.add("amqpd_replication_lane_frames_total", "counter",
+              "DATA frames the log writer sent to standbys itself, before its fsync",
+              r["lane_frames_total"])
         for sb in r["standbys"]:
             labels = {"standby": sb["name"], "address": sb["address"]}
             e.add("amqpd_replication_standby_lag_records", "gauge",

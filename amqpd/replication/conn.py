@@ -104,6 +104,11 @@ class StreamConn:
         self.writer.write(data)
         await self.writer.drain()
 
+    def send_nowait(self, data: bytes) -> None:
+        """Queue a small frame without waiting for the buffer to drain (the standby's
+        ACKs, from a loop callback: each is 21 bytes and follows an fsync)."""
+        self.writer.write(data)
+
     async def send_file(self, fd: int, offset: int, count: int) -> None:
         while count > 0:
             chunk = os.pread(fd, min(count, _FILE_CHUNK), offset)

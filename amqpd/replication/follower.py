@@ -4,8 +4,8 @@ The follower makes its data directory a byte-for-byte copy of the active's (see
 ``source.py``): it writes every DATA frame into the segment file of the same name at
 the same offset, checks each record's CRC and that sequence numbers only grow (bytes
 from the network are distrusted like bytes from disk), and fsyncs in its own group
-commit: a syncer task fsyncs whatever was written since its last round, in a worker
-thread, then acknowledges the highest sequence that is now durable. Reception goes on
+commit: a thread of its own (``syncer.py``) fsyncs whatever was written since its last
+round, then acknowledges the highest sequence that is now durable. Reception goes on
 while it syncs, so one fsync covers everything that arrived meanwhile.
 
 CHECKPOINT frames are installed (atomically) only after the log up to them is
@@ -34,6 +34,7 @@ from amqpd.config import ReplicationConfig, split_addr
 from amqpd.replication import wire
 from amqpd.replication.conn import StreamConn
 from amqpd.replication.epochs import EpochHistory
+from amqpd.replication.syncer import SyncThread
 from amqpd.store import checkpoint, marks
 from amqpd.store import format as fmt
 from amqpd.store.segment import fsync_directory, segment_name
@@ -68,8 +69,8 @@ class ReplicationFollower:
         self._stopping = False
         # writing state (one session at a time)
         self._fds: dict[int, int] = {}
-        self._dirty: set[int] = set()
-        self._new_files = False
+        self._sync: SyncThread | None = None
+        self._sync_error: OSError | None = None
         self._cur_base = -1
         self._cur_size = 0
         self._pbuf = bytearray()
@@ -77,8 +78,6 @@ class ReplicationFollower:
         self._valid_seq = 0
         self._valid_pos = 0
         self._stale: list[int] = []
-        self._io = asyncio.Lock()
-        self._wake = asyncio.Event()
         self._journal = marks.DeliveryJournal(self.directory)
 
     # -- figures ---------------------------------------------------------------------
@@ -121,7 +120,7 @@ class ReplicationFollower:
                 log.error("replication: the follower did not stop within 5 s")
             if task.done() and not task.cancelled() and task.exception() is not None:
                 log.warning("replication: the follower ended with %r", task.exception())
-        await self._close_files()
+        self._close_files()
         self._journal.close(remove=False)
         self.connected = False
 
@@ -153,7 +152,7 @@ class ReplicationFollower:
                 log.exception("replication: following %s failed", self.active_addr)
             finally:
                 self.connected = False
-                await self._close_files()
+                self._close_files()
             if self._stopping:
                 return
             if self.refused:
@@ -169,7 +168,6 @@ class ReplicationFollower:
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection(host, port, ssl=self._tls_context()), _CONNECT_TIMEOUT)
         conn = StreamConn(reader, writer, self.active_addr)
-        syncer: asyncio.Task[None] | None = None
         try:
             await asyncio.wait_for(self._handshake(conn), _CONNECT_TIMEOUT)
             tail = scan_tail(self.directory, repair=True)
@@ -200,13 +198,24 @@ class ReplicationFollower:
             # what we hold durably already: on a quiet active this is what puts a
             # standby that was only briefly away back in the in-sync set
             await conn.send(wire.pair(wire.ACK, self._valid_seq, self._valid_pos))
-            syncer = asyncio.ensure_future(self._syncer(conn))
-            await self._receive(conn, syncer)
+            self._sync_error = None
+            sock = writer.get_extra_info("socket")
+            ack_fd = None if sock is None or self._tls_context() is not None \
+                else os.dup(sock.fileno())
+            self._sync = SyncThread(self.directory, asyncio.get_running_loop(),
+                                    lambda seq, pos, acked: self._synced(conn, seq, pos,
+                                                                         acked),
+                                    lambda exc: self._sync_failed(conn, exc), ack_fd)
+            self._sync.start()
+            try:
+                await self._receive(conn)
+            except ConnectionError:
+                if self._sync_error is not None:
+                    raise self._sync_error from None
+                raise
             return False
         finally:
-            if syncer is not None:
-                syncer.cancel()
-                await asyncio.gather(syncer, return_exceptions=True)
+            self._close_files()
             conn.close()
 
     def _tls_context(self) -> ssl.SSLContext | None:
@@ -270,11 +279,8 @@ class ReplicationFollower:
                 os.ftruncate(fd, w.offset)
             self._fds[w.base] = fd
 
-    async def _receive(self, conn: StreamConn, syncer: asyncio.Task[None]) -> None:
+    async def _receive(self, conn: StreamConn) -> None:
         while True:
-            if syncer.done():
-                syncer.result()  # raises what stopped it
-                raise ConnectionError("syncer stopped")
             ftype, payload = await conn.recv_frame()
             self.bytes_received += len(payload) + wire.HEADER_SIZE
             if ftype == wire.DATA:
@@ -311,20 +317,28 @@ class ReplicationFollower:
                 raise wire.ProtocolError(f"segment {self._cur_base} ends inside a record")
             fd = os.open(self.directory / segment_name(base),
                          os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            old = self._fds.pop(self._cur_base, None)
+            if old is not None:
+                if self._sync is not None:
+                    self._sync.close_later(old)  # fsync'd first: it may hold new bytes
+                else:
+                    os.close(old)
             self._fds[base] = fd
-            self._new_files = True
+            new_file = True
             self._cur_base, self._cur_size, self._ppos = base, 0, 0
         elif offset != self._cur_size:
             raise wire.ProtocolError(f"DATA for segment {base} at {offset}, expected "
                                      f"{self._cur_size}")
+        else:
+            new_file = False
         fd = self._fds[base]
         done = 0
         while done < len(data):
             done += os.pwrite(fd, data[done:], offset + done)
         self._cur_size += len(data)
-        self._dirty.add(base)
         self._check(data)
-        self._wake.set()
+        if self._sync is not None:
+            self._sync.written(fd, new_file, self._valid_seq, self._valid_pos)
 
     def _check(self, data: memoryview) -> None:
         """CRC-check the whole records received so far; remember the last one."""
@@ -360,64 +374,54 @@ class ReplicationFollower:
             self._valid_seq = seq
             self._valid_pos = self._cur_base + self._ppos
 
-    async def _syncer(self, conn: StreamConn) -> None:
-        """Group commit: fsync what arrived, then acknowledge the durable sequence."""
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            async with self._io:
-                seq, pos = self._valid_seq, self._valid_pos
-                await self._fsync_dirty()
-            if seq > self.last_seq:
-                self.last_seq = seq
-                self._note_lag()
-                await conn.send(wire.pair(wire.ACK, seq, pos))
+    def _synced(self, conn: StreamConn, seq: int, pos: int, acked: bool) -> None:
+        """The sync thread made the log durable up to (seq, pos) and acknowledged it
+        (``acked``), or leaves the ACK to us (TLS)."""
+        if conn.writer.is_closing() or seq <= self.last_seq:
+            return
+        self.last_seq = seq
+        self._note_lag()
+        if not acked:
+            conn.send_nowait(wire.pair(wire.ACK, seq, pos))
 
-    async def _fsync_dirty(self) -> None:
-        fds = [self._fds[b] for b in self._dirty if b in self._fds]
-        self._dirty.clear()
-        new_files, self._new_files = self._new_files, False
-        directory = self.directory
+    def _sync_failed(self, conn: StreamConn, exc: OSError) -> None:
+        """An fsync failed: end the session (``_session`` raises ``exc``); the next one
+        re-scans the log's tail from disk."""
+        self._sync_error = exc
+        conn.close()
 
-        def work() -> None:
-            for fd in fds:
-                os.fdatasync(fd)
-            if new_files:
-                fsync_directory(directory)
-
-        await asyncio.to_thread(work)
-        for base in [b for b in self._fds if b < self._cur_base and b not in self._dirty]:
-            os.close(self._fds.pop(base))
+    async def _durable(self) -> None:
+        """Everything received so far is fsync'd (before a checkpoint or a deletion)."""
+        if self._sync is not None:
+            await self._sync.barrier()
 
     async def _checkpoint(self, data: bytes) -> None:
-        async with self._io:
-            await self._fsync_dirty()
-            await asyncio.to_thread(checkpoint.write_atomic, self.directory, data)
-            for base in self._stale:
-                (self.directory / segment_name(base)).unlink(missing_ok=True)
-            self._stale = []
+        await self._durable()
+        await asyncio.to_thread(checkpoint.write_atomic, self.directory, data)
+        for base in self._stale:
+            (self.directory / segment_name(base)).unlink(missing_ok=True)
+        self._stale = []
 
     async def _delete(self, base: int) -> None:
-        async with self._io:
-            await self._fsync_dirty()
-            fd = self._fds.pop(base, None)
-            if fd is not None:
-                os.close(fd)
-            self._dirty.discard(base)
-            (self.directory / segment_name(base)).unlink(missing_ok=True)
-            await asyncio.to_thread(fsync_directory, self.directory)
+        await self._durable()
+        fd = self._fds.pop(base, None)
+        if fd is not None:
+            os.close(fd)  # nothing written to it since the barrier: no fsync owed
+        (self.directory / segment_name(base)).unlink(missing_ok=True)
+        await asyncio.to_thread(fsync_directory, self.directory)
 
-    async def _close_files(self) -> None:
-        async with self._io:
-            if self._fds:
-                try:
-                    self._dirty.update(self._fds)
-                    await self._fsync_dirty()
-                except OSError as exc:
-                    log.error("replication: fsync of received log failed: %s", exc)
+    def _close_files(self) -> None:
+        """End of a session: the sync thread fsyncs what it was handed, closes, and
+        stops (a short wait on the loop, at most one fsync round); then every file is
+        closed."""
+        sync, self._sync = self._sync, None
+        if sync is not None:
             for fd in self._fds.values():
-                os.close(fd)
+                sync.close_later(fd)
             self._fds.clear()
-            self._dirty.clear()
-            self._cur_base = -1
-            self._pbuf = bytearray()
+            sync.stop_and_join()
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        self._cur_base = -1
+        self._pbuf = bytearray()

@@ -59,12 +59,18 @@ class SyncGate:
             collections.deque()
         self.nacked = 0
         self.released = 0
+        # what synchronous replication costs a confirm (bench/sync_profile.py): group
+        # commits the standbys already held when they were durable here, and the
+        # seconds the others waited past their local fsync
+        self.ahead = 0
+        self.waited_s = 0.0
 
     def wrap(self, seq: int, callbacks: list[Callback]) -> list[Callback]:
         def local_done(exc: BaseException | None) -> None:
             if exc is not None:
                 _fire(callbacks, exc)
             elif self.replicated() >= seq:
+                self.ahead += 1
                 _fire(callbacks, None)
             else:
                 self.waiters.append((seq, callbacks, time.monotonic() + self.timeout))
@@ -113,12 +119,14 @@ class SyncGate:
         if not waiters:
             return
         done = self.replicated()
+        now = time.monotonic()
         while waiters and waiters[0][0] <= done:
-            _fire(waiters.popleft()[1], None)
+            _, callbacks, deadline = waiters.popleft()
+            _fire(callbacks, None)
             self.released += 1
+            self.waited_s += now - (deadline - self.timeout)
         if not waiters:
             return
-        now = time.monotonic()
         if waiters[0][2] > now:
             return
         if self.isr:

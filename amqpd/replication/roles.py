@@ -267,6 +267,11 @@ class RoleHooks:
             out["left_insync_total"] = src.left_insync
             out["nacked_total"] = src.gate.nacked if src.gate else 0
             out["auth_failures_total"] = src.auth_failures
+            out["lane_frames_total"] = src.lane_frames
+            if src.gate is not None:
+                out["commits_ahead_total"] = src.gate.ahead
+                out["commits_waited_total"] = src.gate.released
+                out["commits_waited_seconds_total"] = round(src.gate.waited_s, 6)
             out["standbys"] = [s.__dict__ for s in src.standbys()]
         if self.follower is not None:
             f = self.follower

@@ -13,6 +13,7 @@ task walks the log::
 
     writer thread                 loop thread (this module)           standby
     pwrite chunk ---("w",base,size,seq)--> written[base] = size
+      (live tail: DATA via sendfile, straight from here, before our fsync) ------>
     checkpoint  ---("c",covered,data)----> ops += CHECKPOINT   sender: DATA via sendfile
     unlink      ---("d",base)-----------> ops += DELETE                 up to written[]
                                                                        ops in order
@@ -24,6 +25,18 @@ events come as soon as the bytes are in the files, before our own fsync, so the
 standby's fsync runs in parallel with ours. A CHECKPOINT is sent only once the
 standby's cursor is past the record it covers, and DELETEs after it, so the standby's
 directory is always a valid data directory: kill it at any point and it recovers.
+
+The live lane: a busy active's loop picks up the writer's event only after the work
+already queued on it (milliseconds under load), and until then the standby's fsync
+cannot start. So while a plain-TCP standby's sender is parked at the end of the log
+(nothing else to send), it *opens the lane* (``_Peer.lane``, a thread lock): the writer
+thread then sends the new bytes itself, one non-blocking ``sendfile`` straight after its
+``pwrite`` and before its own fsync, and moves the cursor. The socket's sending side has
+one owner at a time: the writer only while the lane is open, the loop from the moment
+it closes the lane (at every wake-up, before it sends anything). When the socket cannot
+take a whole frame, the writer leaves the rest of it in ``partial`` and closes the lane;
+the loop sends that remainder first. TLS standbys never use the lane (the bytes must be
+encrypted by the loop's transport).
 
 In-sync set and confirms
 ------------------------
@@ -51,6 +64,7 @@ import secrets
 import socket
 import ssl
 import struct
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -109,6 +123,13 @@ class _Peer:
         self.sent_promises: dict[str, int] = {}
         self.sent_tail = (-1, -1)
         self.tasks: list[asyncio.Task[None]] = []
+        # the live lane (module docstring): guards lane_open, partial and, while the
+        # lane is open, the cursor (base, offset) and the socket's sending side
+        self.lane = threading.Lock()
+        self.lane_open = False
+        self.sock = conn.sock if isinstance(conn, SocketConn) else None
+        # (base, header bytes left, file offset, bytes left) of a frame the writer began
+        self.partial: tuple[int, bytes, int, int] | None = None
 
     @property
     def position(self) -> int:
@@ -139,6 +160,7 @@ class ReplicationSource:
         self.port = 0
         self.left_insync = 0  # times a standby left the in-sync set (metric)
         self.auth_failures = 0
+        self.lane_frames = 0  # DATA frames the writer thread sent itself (the live lane)
         self._fds: dict[int, int] = {}
         self._sock: socket.socket | None = None
         self._tls: ssl.SSLContext | None = None
@@ -297,6 +319,13 @@ class ReplicationSource:
     # -- log events (writer thread -> loop) ------------------------------------------
 
     def _observe(self, events: list[tuple[Any, ...]]) -> None:
+        """Writer thread: push the new bytes through open lanes, then tell the loop."""
+        sizes = {ev[1]: ev[2] for ev in events if ev[0] == "w"}
+        if sizes:
+            for peer in list(self.peers):
+                size = sizes.get(peer.base)
+                if size is not None and peer.lane_open:
+                    self._push(peer, size)
         loop = self._loop
         if loop is not None:
             try:
@@ -332,6 +361,71 @@ class ReplicationSource:
                     p.ops.append(("d", ev[1]))
         for p in self.peers:
             p.wake.set()
+
+    def _push(self, peer: _Peer, size: int) -> None:
+        """Writer thread: send segment ``peer.base`` up to ``size`` through the lane,
+        without ever blocking (a standby that does not read must not stall our fsync)."""
+        with peer.lane:
+            sock = peer.sock
+            fd = self._fds.get(peer.base)
+            if not peer.lane_open or sock is None or fd is None:
+                return
+            base = peer.base
+            while peer.offset < size:
+                n = min(size - peer.offset, wire.MAX_DATA)
+                head = wire.data_header(base, peer.offset, n)
+                try:
+                    sent = sock.send(head)
+                except (BlockingIOError, InterruptedError):
+                    return  # nothing of this frame went out: the loop sends it
+                except OSError:
+                    peer.lane_open = False  # the loop's next send finds out why
+                    return
+                offset, left = peer.offset, n
+                peer.offset += n
+                self.lane_frames += 1
+                if sent == len(head):
+                    head = b""
+                    while left:
+                        try:
+                            k = os.sendfile(sock.fileno(), fd, offset, left)
+                        except OSError:  # EAGAIN, or a broken connection: the loop
+                            break
+                        if k <= 0:
+                            break
+                        offset += k
+                        left -= k
+                else:
+                    head = head[sent:]
+                if head or left:
+                    peer.partial = (base, head, offset, left)
+                    peer.lane_open = False
+                    return
+
+    def _open_lane(self, peer: _Peer) -> None:
+        """Loop: the sender is parked at the end of the log; the writer may push."""
+        if peer.sock is None:
+            return
+        try:
+            self._fd(peer.base)  # opened here, on the loop: the writer only looks it up
+        except OSError:
+            return  # the segment is gone: the sender finds out on its next turn
+        with peer.lane:
+            peer.lane_open = True
+
+    async def _close_lane(self, peer: _Peer) -> None:
+        """Loop: take the socket back, and finish a frame the writer began."""
+        if peer.sock is None:
+            return
+        with peer.lane:
+            peer.lane_open = False
+            partial, peer.partial = peer.partial, None
+        if partial is not None:
+            base, head, offset, left = partial
+            if head:
+                await peer.conn.send(head)
+            if left:
+                await peer.conn.send_file(self._fd(base), offset, left)
 
     def _retain(self) -> int:
         """The lowest log position a connected standby still needs (GC keeps it)."""
@@ -412,6 +506,8 @@ class ReplicationSource:
         self._drop(peer, reason)
 
     def _drop(self, peer: _Peer, reason: str) -> None:
+        with peer.lane:
+            peer.lane_open = False  # the writer must not send on a closed socket
         for task in peer.tasks:
             task.cancel()
         if peer in self.peers:
@@ -555,7 +651,9 @@ class ReplicationSource:
                 peer.sent_tail = tail
                 await conn.send(wire.pair(wire.TAIL, *tail))
             if peer.offset >= self.written.get(peer.base, 0) and not peer.ops:
-                await peer.wake.wait()
+                self._open_lane(peer)
+                await peer.wake.wait()  # cancelled: _drop closes the lane
+                await self._close_lane(peer)
                 peer.wake.clear()
 
     async def _receiver(self, peer: _Peer) -> None:

@@ -35,10 +35,11 @@ from typing import TYPE_CHECKING, Any
 from amqpd.broker.api import Message, codec
 from plugins.common.backoff import Backoff
 from plugins.common.republish import Held, LocalPublisher
+from plugins.common.taken import Taken, has_message_id
 from plugins.federation.acker import Acker
 from plugins.federation.headers import first_hop_redelivered
 from plugins.federation.params import Upstream, strip_credentials
-from plugins.shovel.seen import Seen
+from plugins.shovel.seen import Seen, fingerprint
 from plugins.shovel.wire import Connection, Delivery
 
 if TYPE_CHECKING:
@@ -95,6 +96,7 @@ class Link:
         self._reconnect = Backoff(max(upstream.reconnect_delay, 0.05), first=RECONNECT_FIRST)
         self._gave_up: str | None = None  # why the link closed its own channel
         self.seen = Seen()  # what it forwarded lately, across reconnects
+        self.taken = Taken()  # which queues took what it forwarded (message_id only)
 
     # ------------------------------------------------------------------ life cycle
     def start(self) -> None:
@@ -245,10 +247,19 @@ class Link:
         """Delete upstream objects that only this link used (default: none)."""
 
     # ------------------------------------------------------------------ republish
+    @staticmethod
+    def fingerprint(delivery: Delivery) -> bytes:
+        """The delivery's :func:`~plugins.shovel.seen.fingerprint` as the upstream sent
+        it (before the link's own header), the same on every pass of one message."""
+        return fingerprint(delivery.properties, delivery.body)
+
     def republish(self, delivery: Delivery, exchange: str, routing_key: str,
-                  properties: bytes) -> None:
+                  properties: bytes, fp: bytes | None = None) -> None:
         """Publish into the local broker (``properties`` raw, as the link rewrote them)
-        and settle upstream as ``ack-mode`` says."""
+        and settle upstream as ``ack-mode`` says. With ``on-confirm``, a message with a
+        ``message_id`` that the upstream redelivers and whose fingerprint ``fp`` the link
+        forwarded before goes only into the queues of its route that did not take it
+        then (:mod:`plugins.common.taken`)."""
         tag = delivery.delivery_tag
         mode = self.upstream.ack_mode
         acker = self._acker if mode != "no-ack" else None
@@ -262,7 +273,10 @@ class Link:
         local = self._local
         if local is not None and acker is not None:
             try:
-                local.submit(Held(tag, exchange, routing_key, properties, delivery.body))
+                record = self.taken.record(fp) if fp is not None and \
+                    has_message_id(delivery.properties) else None
+                local.submit(Held(tag, exchange, routing_key, properties, delivery.body,
+                                  record=record, redelivered=delivery.redelivered))
             except Exception as exc:
                 local.close()
                 acker.settle(tag, False)

@@ -277,8 +277,8 @@ class ExchangeLink(Link):
             self.settle_drop(delivery)
             return
         # forwarded before (an upstream that failed over may not know it delivered it)
-        again = self.seen.check_and_add(delivery.properties, delivery.body) or \
-            delivery.redelivered
+        fp = self.fingerprint(delivery)
+        again = self.seen.check_and_add_fp(fp) or delivery.redelivered
         hop = self._hops.get(again)
         if hop is None:  # the same for every message of this connection: encoded once
             table: dict[str, Any] = {"uri": self.uri, "exchange": self.upstream_object,
@@ -288,4 +288,4 @@ class ExchangeLink(Link):
             table["vhost"] = self.uvhost
             hop = self._hops[again] = field_value(table)
         prepend_raw(headers, ROUTING_HEADER, hop)
-        self.republish(delivery, self.name, delivery.routing_key, headers.encode())
+        self.republish(delivery, self.name, delivery.routing_key, headers.encode(), fp)

@@ -103,7 +103,7 @@ class QueueLink(Link):
         if cc is not None:
             headers.set("x-original-cc", cc)
         # forwarded before (an upstream that failed over may not know it delivered it)
-        table["redelivered"] = self.seen.check_and_add(delivery.properties, delivery.body) \
+        table["redelivered"] = self.seen.check_and_add_fp(self.fingerprint(delivery)) \
             or delivery.redelivered
         table["visit-count"] = count + 1
         items = field_value(table) + b"".join(kept)
@@ -118,4 +118,4 @@ class QueueLink(Link):
                         self.key, exc)
             self.settle_drop(delivery)
             return
-        self.republish(delivery, "", self.name, headers.encode())
+        self.republish(delivery, "", self.name, headers.encode(), self.fingerprint(delivery))

@@ -20,6 +20,7 @@ from typing import Any
 
 from pamqp import commands as spec
 
+from plugins.common.taken import Pass
 from plugins.shovel.params import ShovelDef
 from plugins.shovel.source import _either
 from plugins.shovel.wire import Connection, NotFound
@@ -41,8 +42,12 @@ class Destination(abc.ABC):
         """Connect and declare; with on_confirm, in confirm mode."""
 
     @abc.abstractmethod
-    async def publish_many(self, messages: list[Message]) -> int:
-        """Write messages; the first one's confirm sequence number."""
+    async def publish_many(self, messages: list[Message],
+                           records: list[Pass | None] | None = None) -> int:
+        """Write messages; the first one's confirm sequence number. ``records``: for a
+        destination that publishes per queue, each message's record of the queues that
+        took it and whether the source redelivered it (:mod:`plugins.common.taken`);
+        others ignore it."""
 
     @abc.abstractmethod
     def closed(self) -> asyncio.Future[Any]: ...
@@ -79,7 +84,8 @@ class AMQPDestination(Destination):
         self.channel = ch
         self.seq = 0
 
-    async def publish_many(self, messages: list[Message]) -> int:
+    async def publish_many(self, messages: list[Message],
+                           records: list[Pass | None] | None = None) -> int:
         conn = self.conn
         assert conn is not None
         out = bytearray()

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from amqpd.broker.api import Message
 from plugins.common.republish import Held, LocalPublisher
+from plugins.common.taken import Pass
 from plugins.shovel.destination import Destination, OnConfirm
 from plugins.shovel.destination import Message as Outgoing
 from plugins.shovel.params import ShovelDef
@@ -79,7 +80,8 @@ class LocalDestination(Destination):
                 api, self.vhost, f"shovel '{d.name}' in vhost '{d.vhost}'", settle,
                 mark_retry, _no_status, self._give_up, log)
 
-    async def publish_many(self, messages: list[Outgoing]) -> int:
+    async def publish_many(self, messages: list[Outgoing],
+                           records: list[Pass | None] | None = None) -> int:
         closed = self._closed
         assert closed is not None
         # publishers are held back while a resource alarm is on: this one too
@@ -90,10 +92,14 @@ class LocalDestination(Destination):
         first = self.seq + 1
         publisher = self.publisher
         try:
-            for exchange, routing_key, properties, body in messages:
+            for i, (exchange, routing_key, properties, body) in enumerate(messages):
                 self.seq += 1
                 if publisher is not None:
-                    publisher.submit(Held(self.seq, exchange, routing_key, properties, body))
+                    # a repeat goes only into the queues its earlier pass missed
+                    one = records[i] if records is not None else None
+                    publisher.submit(Held(self.seq, exchange, routing_key, properties, body,
+                                          record=one[0] if one else None,
+                                          redelivered=bool(one and one[1])))
                 else:
                     self.api.publish(self.vhost, exchange,
                                      Message(exchange, routing_key, properties, body), None)

@@ -36,10 +36,11 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from plugins.common.backoff import Backoff
+from plugins.common.taken import Pass, Taken, has_message_id
 from plugins.shovel.destination import AMQPDestination, Destination, Message
 from plugins.shovel.local import LocalDestination, mark_retry
 from plugins.shovel.params import ShovelDef, redact
-from plugins.shovel.seen import Seen
+from plugins.shovel.seen import Seen, fingerprint
 from plugins.shovel.source import AMQPSource
 from plugins.shovel.wire import Delivery, decode_properties, encode_properties
 
@@ -89,6 +90,7 @@ class ShovelRunner:
         self._reconnect = Backoff(max(defn.reconnect_delay, 0.05), first=RECONNECT_FIRST)
         self.publish_retries = 0  # refused publishes sent again, over the shovel's life
         self.seen = Seen()  # what it forwarded lately, across attempts
+        self.taken = Taken()  # which queues took it (local destination, message_id only)
 
     # ------------------------------------------------------------------ control
     def start(self) -> None:
@@ -296,6 +298,7 @@ class _Link:
         d = self.defn
         mode = d.ack_mode
         inbox = self.inbox
+        track = mode == "on-confirm" and isinstance(self.dest, LocalDestination)
         while True:
             if not inbox:
                 self.inbox_ready.clear()
@@ -304,6 +307,7 @@ class _Link:
             # everything that arrived since the last write goes out in one socket write
             batch: list[Message] = []
             tags: list[int] = []
+            records: list[Pass | None] = []
             while inbox and len(batch) < BATCH:
                 message = inbox.popleft()
                 if self.remaining is not None:
@@ -315,9 +319,14 @@ class _Link:
                     self.outstanding[tag] = None
                 tags.append(tag)
                 # seen before (a source that failed over may not know it delivered it)
-                again = self.seen.check_and_add(message.properties, message.body)
+                fp = fingerprint(message.properties, message.body)
+                again = self.seen.check_and_add_fp(fp)
                 batch.append((*self.route(message, again or message.redelivered),
                               message.body))
+                # which queues took it on an earlier pass (a local destination publishes a
+                # redelivered one only into the others; messages with a message_id only)
+                records.append((self.runner.taken.record(fp), message.redelivered)
+                               if track and has_message_id(message.properties) else None)
             if not batch:
                 continue
             if mode == "on-confirm":
@@ -327,7 +336,7 @@ class _Link:
                 for i, tag in enumerate(tags):
                     by_seq[seq + i] = tag
                     self.sent[tag] = batch[i]
-            await self.dest.publish_many(batch)
+            await self.dest.publish_many(batch, records if track else None)
             if mode == "on-publish":
                 for tag in tags:
                     self.outstanding[tag] = True

@@ -35,7 +35,11 @@ class Seen:
 
     def check_and_add(self, properties: bytes, body: bytes) -> bool:
         """Was this message forwarded within the window? It counts as forwarded now."""
-        fp = fingerprint(properties, body)
+        return self.check_and_add_fp(fingerprint(properties, body))
+
+    def check_and_add_fp(self, fp: bytes) -> bool:
+        """:meth:`check_and_add` for a :func:`fingerprint` computed already (a link
+        that also keeps :class:`~plugins.common.taken.Taken` records by it)."""
         fps = self._fps
         if fp in fps:
             fps.move_to_end(fp)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.warren_clients import Publisher, connect
+from tests.integration.warren_clients import Publisher, connect, drain_numbers
 from tests.support import etcdproc, haproxyproc
 from tests.support.etcdproc import EtcdProcess
 from tests.support.haproxyproc import HAProxyProcess
@@ -48,20 +48,6 @@ def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
     yield proc
     proc.kill()
 
-
-def _drain(url: str) -> list[int]:
-    conn = connect(url, time.monotonic() + 30)
-    try:
-        ch = conn.channel()
-        out: list[int] = []
-        for _ in range(10_000_000):
-            method, _props, body = ch.basic_get(QUEUE, auto_ack=True)
-            if method is None:
-                return out
-            out.append(int(body.split(b":", 1)[0]))
-        raise AssertionError("the queue never emptied")
-    finally:
-        conn.close()
 
 
 def test_exactly_once_over_ten_kill9_cycles(tmp_path: Path, etcd: EtcdProcess) -> None:
@@ -109,7 +95,7 @@ def test_exactly_once_over_ten_kill9_cycles(tmp_path: Path, etcd: EtcdProcess) -
         pub.finish()
         assert pub.error is None, pub.error
         assert pub.reconnects >= CYCLES, "the publisher never saw the failovers"
-        got = _drain(url)
+        got = drain_numbers(url, QUEUE)
         copies = Counter(got)
         lost = sorted(set(pub.confirmed) - set(copies))
         duplicated = sorted(seq for seq, n in copies.items() if n > 1)

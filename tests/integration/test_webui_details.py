@@ -346,3 +346,44 @@ def test_connection_data_rates_from_and_to_the_client(ui: Any, broker: BrokerPro
         publisher.halt.set()
         publisher.join(10)
     assert publisher.sent > 0
+
+
+def test_the_deduplication_cache_on_the_exchange_and_queue_pages(
+        ui: Any, broker: BrokerProcess, api: Api) -> None:
+    """A dedup exchange's page and a deduplicating queue's page show the cache's entries,
+    size and dropped duplicates (docs/dedup.md); other exchanges and queues show no such
+    panel."""
+    ex, queue, plain = uid("dedup-x"), uid("dedup-q"), uid("plain-q")
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    try:
+        ch = conn.channel()
+        ch.exchange_declare(ex, "x-message-deduplication", arguments={
+            "x-cache-size": 500, "x-cache-ttl": 60_000})
+        ch.queue_declare(queue, arguments={"x-message-deduplication": True})
+        ch.queue_declare(plain)
+        ch.queue_bind(queue, ex)
+        ch.confirm_delivery()
+        for value in ["a", "b", "c", "a", "b", "a"]:  # 3 values, 3 duplicates
+            ch.basic_publish(ex, "", b"m", pika.BasicProperties(
+                headers={"x-deduplication-header": value}))
+        for value in ["d", "d"]:  # straight to the queue: its own cache drops one
+            ch.basic_publish("", queue, b"m", pika.BasicProperties(
+                headers={"x-deduplication-header": value}))
+    finally:
+        conn.close()
+    go(ui, broker.http_url, f"exchanges/{q('/')}/{q(ex)}", "#dedup-details")
+    wait_text(ui, "#dedup-entries", "3")
+    assert text_of(ui, "#dedup-size") == "at most 500"
+    assert text_of(ui, "#dedup-duplicates") == "3"
+    assert text_of(ui, "#dedup-scope") == "on this node"
+    assert "60,000 ms" in text_of(ui, "#dedup-details")
+    shot(ui, "dedup-exchange")
+    go(ui, broker.http_url, f"queues/{q('/')}/{q(queue)}", "#queue-details")
+    wait_text(ui, "#dedup-entries", "4")
+    assert text_of(ui, "#dedup-duplicates") == "1"
+    assert "messages in the queue" in text_of(ui, "#dedup-size")
+    go(ui, broker.http_url, f"queues/{q('/')}/{q(plain)}", "#queue-details")
+    wait_text(ui, "#queue-details", "classic")
+    assert not ui.find_element("css selector", "#dedup-details").is_displayed()
+    go(ui, broker.http_url, f"exchanges/{q('/')}/amq.direct", "#bindings-out")
+    assert not ui.find_element("css selector", "#dedup-details").is_displayed()

@@ -43,6 +43,42 @@ def connect(url: str | list[str], deadline: float) -> pika.BlockingConnection:
     raise TimeoutError(f"no connection to {urls}: {last!r}")
 
 
+def drain_numbers(url: str | list[str], queue: str, reconnects: int = 5) -> list[int]:
+    """Every message left in ``queue``, as the sequence numbers a :class:`Publisher` put
+    at the start of its bodies, in queue order: one entry per message the queue held.
+
+    basic.get with manual acks, each acked once recorded. A connection the broker
+    closes (a loaded node pausing for a moment) is opened again, up to ``reconnects``
+    times; a message got but whose ack may not have arrived comes back redelivered,
+    and is then not counted a second time."""
+    out: list[int] = []
+    unsure: set[int] = set()  # got on a connection that went: their acks may be lost
+    for _attempt in range(reconnects + 1):
+        conn = connect(url, time.monotonic() + 30)
+        got: set[int] = set()
+        try:
+            ch = conn.channel()
+            for _ in range(10_000_000):
+                method, _props, body = ch.basic_get(queue, auto_ack=False)
+                if method is None:
+                    return out
+                seq = int(body.split(b":", 1)[0])
+                if not (method.redelivered and seq in unsure):
+                    out.append(seq)
+                got.add(seq)
+                ch.basic_ack(method.delivery_tag)
+            raise AssertionError("the queue never emptied")
+        except CLIENT_ERRORS:
+            unsure |= got
+            continue
+        finally:
+            try:
+                conn.close()
+            except CLIENT_ERRORS:
+                pass
+    raise AssertionError(f"draining {queue}: the connection went {reconnects + 1} times")
+
+
 @dataclass
 class Publisher:
     url: str | list[str]
@@ -50,6 +86,7 @@ class Publisher:
     body_size: int = 64
     exchange: str = ""  # "" : straight to ``queue``; else to this exchange, key ``queue``
     resend: bool = False  # re-send the unconfirmed, with an x-deduplication-header
+    message_id: bool = False  # give each message a message_id ("{queue}-{seq}")
     confirmed: list[int] = field(default_factory=list)
     confirmed_at: list[float] = field(default_factory=list)  # monotonic, one per confirm
     failed: list[int] = field(default_factory=list)  # nacked or cut off: not confirmed
@@ -80,10 +117,12 @@ class Publisher:
                             seq += 1
                         headers = {"x-deduplication-header": f"msg-{seq}"} if self.resend \
                             else None
+                        mid = f"{self.queue}-{seq}" if self.message_id else None
                         try:
                             ch.basic_publish(self.exchange, self.queue, b"%d:" % seq + pad,
                                              pika.BasicProperties(delivery_mode=2,
-                                                                  headers=headers))
+                                                                  headers=headers,
+                                                                  message_id=mid))
                         except pika.exceptions.NackError:
                             self.failed.append(seq)
                             self.nacked.append(time.monotonic())

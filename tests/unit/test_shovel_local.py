@@ -11,6 +11,7 @@ import pytest
 
 from amqpd.broker.api import BrokerAPI, Message, PreconditionFailed
 from plugins.common import republish
+from plugins.common.taken import Record
 from plugins.shovel.local import LocalDestination
 from plugins.shovel.params import parse
 from plugins.shovel.wire import decode_properties, encode_properties
@@ -113,3 +114,23 @@ async def test_without_confirms_each_message_is_published_once(quick: None) -> N
     await dest.open(None)
     await dest.publish_many([("x", "k", b"\x00\x00", b"one")])
     assert sorted(q for q, _p, _b in api.published) == ["healthy", "orders"]
+
+
+async def test_a_repeat_with_a_record_goes_only_where_it_is_missing(quick: None) -> None:
+    """The runner hands each message's Taken record (plugins/common/taken.py): a message
+    the source delivered again goes only into the queues its earlier pass missed."""
+    api = FakeAPI(["healthy", "orders"], refusing=set())
+    dest = destination(api)
+    confirms: list[tuple[int, bool, bool]] = []
+    await dest.open(lambda seq, multiple, ack: confirms.append((seq, multiple, ack)))
+    had_healthy = Record(frozenset({"healthy"}))
+    had_both = Record(frozenset({"healthy", "orders"}))
+    await dest.publish_many([("x", "k", b"\x00\x00", b"one"), ("x", "k", b"\x00\x00", b"two"),
+                             ("x", "k", b"\x00\x00", b"new"), ("x", "k", b"\x00\x00", b"again")],
+                            [(had_healthy, True), (had_both, True), None, (had_both, False)])
+    assert confirms == [(1, False, True), (2, False, True), (3, False, True), (4, False, True)]
+    # "again" was not redelivered by the source: a message alike sent again on purpose
+    assert sorted((b, q) for q, _p, b in api.published) == [
+        (b"again", "healthy"), (b"again", "orders"), (b"new", "healthy"), (b"new", "orders"),
+        (b"one", "orders")]
+    assert had_healthy.queues == {"healthy", "orders"}

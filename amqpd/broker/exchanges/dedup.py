@@ -21,17 +21,27 @@ confirm waits for the commit. An entry that expires or is evicted settles its re
 under the key. Restart recovery (:func:`recover`) and a warren standby, which follows
 the whole log and recovers from it when promoted, rebuild the cache from the key's live
 records, in log order, with their publish times: nothing else to replicate.
+
+In a cluster the cache is the cluster's (:class:`ClusterGate`, and
+amqpd/cluster/dedup_cache.py for the etcd side): a value this node already knows to be
+done is dropped at once as above; any other message with the header has one destination,
+the gate, which asks the shared cache and routes the message on (through the bindings)
+only when this publish took the value, confirming it once the destinations and the cache
+both have it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from amqpd.broker.dedup import (
     DedupCache,
     Key,
+    SharedCache,
     dedup_key,
     message_ttl,
     now_ms,
@@ -45,6 +55,7 @@ from amqpd.broker.queue_type import QueueType
 from amqpd.store.api import StoredMessage
 
 if TYPE_CHECKING:
+    from amqpd.broker.publish import OnConfirm
     from amqpd.broker.vhost import VHost
     from amqpd.server import Broker
     from amqpd.store.api import RecoveredQueue
@@ -80,6 +91,151 @@ class CacheRecord(QueueType):
         self.exchange._recorded(message)
 
 
+class _Waiting:
+    """A message at the gate, waiting for the shared cache's answer."""
+
+    __slots__ = (
+        "answered",
+        "error",
+        "expires",
+        "key",
+        "message",
+        "on_confirm",
+        "revision",
+        "unroutable",
+    )
+
+    def __init__(self, message: Message, key: Key, expires: int,
+                 on_confirm: OnConfirm | None, unroutable: Callable[[], None] | None) -> None:
+        self.message = message
+        self.key = key
+        self.expires = expires
+        self.on_confirm = on_confirm
+        self.unroutable = unroutable
+        self.revision = 0  # non-zero: this publish took the value
+        self.error: BaseException | None = None
+        self.answered = False
+
+
+class ClusterGate(QueueType):
+    """In a cluster, the one destination of a message carrying the header (unless this
+    node already knows its value): a *remote* destination, so the publish pipeline hands
+    it the message with the publisher's confirm (:meth:`forward`) and goes on.
+
+    The gate asks the cluster's cache (:class:`SharedCache`: etcd, one transaction) and
+    answers in publish order whatever order the answers come in: a duplicate is dropped
+    as on one node (a mandatory one returned with 312 NO_ROUTE, then acked); a value
+    this publish took is published again through the exchange's bindings (the exchange
+    lets exactly that message through), and once that publish is confirmed the value is
+    settled in the cache, and only then is the publisher's confirm sent. A refused or
+    failed one frees the value (a nack: the retry is routed)."""
+
+    type_name = "x-dedup-gate"
+    remote = True
+
+    def __init__(self, exchange: DedupExchange, vhost: VHost, shared: SharedCache) -> None:
+        super().__init__(vhost, f"{KEY_PREFIX}{exchange.name}", durable=False)
+        self.exchange = exchange
+        self.shared = shared
+        self._waiting: deque[_Waiting] = deque()
+        self._asks: set[asyncio.Task[None]] = set()  # takes in flight (their items wait)
+        self._finishing: set[asyncio.Task[None]] = set()  # settles: they confirm themselves
+
+    @property
+    def message_count(self) -> int:
+        return 0
+
+    def enqueue(self, message: Message) -> None:
+        self.forward(message, None)  # dead-lettered or delayed into the exchange
+
+    def forward(self, message: Message, on_confirm: OnConfirm | None) -> None:
+        ex = self.exchange
+        key = ex._last_key if message is ex._last else dedup_key(message)
+        if key is None:  # cannot happen: only a message with the header comes here
+            if on_confirm is not None:
+                on_confirm(None)
+            return
+        ttl = message_ttl(message) or ex.ttl
+        item = _Waiting(message, key, now_ms() + ttl if ttl else 0, on_confirm,
+                        self.vhost.broker.publisher.on_unroutable)
+        self._waiting.append(item)
+        self._spawn(self._ask(item), self._asks)
+
+    def _spawn(self, work: Any, tasks: set[asyncio.Task[None]]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    async def _ask(self, item: _Waiting) -> None:
+        try:
+            item.revision = await self.shared.take(item.key)
+        except Exception as exc:  # etcd out of reach, a value pending too long
+            log.warning("deduplication exchange '%s': cannot check a value: %s",
+                        self.exchange.name, exc)
+            item.error = exc
+        item.answered = True
+        self._answer()
+
+    def _answer(self) -> None:
+        """Handle the answered messages at the head, in publish order."""
+        waiting = self._waiting
+        while waiting and waiting[0].answered:
+            item = waiting.popleft()
+            if item.error is not None:
+                if item.on_confirm is not None:
+                    item.on_confirm(item.error)
+            elif not item.revision:
+                self.exchange.cache.hits += 1
+                if item.unroutable is not None:
+                    item.unroutable()
+                if item.on_confirm is not None:
+                    item.on_confirm(None)
+            else:
+                self._route_on(item)
+
+    def _route_on(self, item: _Waiting) -> None:
+        ex = self.exchange
+
+        def done(error: BaseException | None) -> None:
+            self._spawn(self._finish(item, error), self._finishing)
+
+        ex._passing = item.message
+        try:
+            self.vhost.broker.publisher.publish(self.vhost, ex.name, item.message, None,
+                                                on_confirm=done, on_unroutable=item.unroutable)
+        except Exception as exc:  # the exchange went meanwhile
+            done(exc)
+        finally:
+            ex._passing = None
+
+    async def _finish(self, item: _Waiting, error: BaseException | None) -> None:
+        """The routed message's confirm: settle (or free) the value, then answer."""
+        try:
+            if error is None:
+                await self.shared.settle(item.key, item.revision, item.expires)
+                self.exchange.cache.add(item.key, item.expires, now_ms())
+            else:
+                await self.shared.release(item.key, item.revision)
+        except Exception as exc:
+            # the message is where it should be; the value stays pending until this
+            # node's lease ends: confirm what was done, say what was not
+            log.warning("deduplication exchange '%s': value not %s in the cluster's "
+                        "cache: %s", self.exchange.name, "settled" if error is None else
+                        "freed", exc)
+        if item.on_confirm is not None:
+            item.on_confirm(error)
+
+    def close(self) -> None:
+        """The exchange is deleted: what waits for the cache is nacked; a message routed
+        on already still settles its value and gets its confirm."""
+        for task in list(self._asks):
+            task.cancel()
+        for item in self._waiting:
+            if item.on_confirm is not None:
+                item.on_confirm(RuntimeError(f"exchange '{self.exchange.name}' deleted"))
+        self._waiting.clear()
+
+
 @register_exchange_type
 class DedupExchange(Exchange):
     type_name = "x-message-deduplication"
@@ -98,6 +254,9 @@ class DedupExchange(Exchange):
         self._last_key: Key | None = None
         self._last_dests: tuple[Destination, ...] = ()
         self._settled: list[int] = []
+        self._vhost: VHost | None = None
+        self.gate: ClusterGate | None = None  # in a cluster, once first needed
+        self._passing: Message | None = None  # the gate's message being routed on
         super().__init__(*args, **kwargs)
 
     # ------------------------------------------------------------------ declaration
@@ -107,6 +266,7 @@ class DedupExchange(Exchange):
     def attach(self, broker: Broker, vhost: VHost) -> None:
         """After declaration and after every policy change: the effective settings."""
         self.broker = broker
+        self._vhost = vhost
         args, pol = self.arguments, self.policy or {}
         sizes = [v for v in (args.get("x-cache-size"), pol.get("x-cache-size"))
                  if isinstance(v, int)]
@@ -119,6 +279,8 @@ class DedupExchange(Exchange):
         if min(sizes) != self.cache.size:
             self.cache.resize(min(sizes))
         self.persistence = str(persistence)
+        if self.gate is not None:
+            self.gate.shared.size = self.cache.size
         disk = self.persistence == "disk" and self.durable
         if disk and self.record is None:
             self.record = CacheRecord(self, vhost)
@@ -141,7 +303,12 @@ class DedupExchange(Exchange):
             "cache_ttl": self.ttl,
             "cache_persistence": self.persistence,
             "duplicates": self.cache.hits,
+            # "cluster": one cache for every node (in etcd), cache_entries being what
+            # this node knows of it and cluster_entries its last count there
+            "cache_scope": "cluster" if self.gate is not None else "node",
         }
+        if self.gate is not None:
+            out["deduplication"]["cluster_entries"] = self.gate.shared.entries
         return out
 
     # ------------------------------------------------------------------ bindings: fanout
@@ -154,7 +321,21 @@ class DedupExchange(Exchange):
         self._routes = tuple(self._dests.values())
 
     # ------------------------------------------------------------------ routing
+    def _cluster_gate(self) -> ClusterGate | None:
+        """The gate to the cluster's cache (None on a single node)."""
+        gate = self.gate
+        broker = self.broker
+        if gate is None and broker is not None and broker.cluster is not None:
+            assert self._vhost is not None
+            shared = broker.cluster.dedup_cache(self.vhost, self.name)
+            shared.size = self.cache.size
+            gate = self.gate = ClusterGate(self, self._vhost, shared)
+            broker.publisher.remote_queues += 1  # the pipeline forwards to remote ones
+        return gate
+
     def route(self, message: Message, routing_key: str) -> Iterable[Destination]:
+        if message is self._passing:
+            return self._routes  # the gate routes on a value it took in the cluster
         if message is self._last:
             return self._last_dests  # another CC key of the same message
         key = dedup_key(message)
@@ -170,6 +351,10 @@ class DedupExchange(Exchange):
             if self._settled:
                 self._flush()
             return ()
+        gate = self._cluster_gate()
+        if gate is not None:
+            self._last_dests = (gate,)
+            return self._last_dests
         ttl = message_ttl(message) or self.ttl
         cache.add(key, now + ttl if ttl else 0, now)
         dests = self._routes
@@ -221,6 +406,24 @@ class DedupExchange(Exchange):
             self._settled = []
 
     def close(self) -> None:
+        broker = self.broker
+        if self.gate is not None:
+            self.gate.close()
+            self.gate = None
+            if broker is not None:
+                broker.publisher.remote_queues -= 1
+        cluster = broker.cluster if broker is not None else None
+        if cluster is not None and cluster.runs_here(f"dedup\x00{self.vhost}\x00{self.name}"):
+            # every node deletes the exchange; one drops its cluster-wide cache
+            try:
+                task = asyncio.get_running_loop().create_task(
+                    cluster.dedup_cache(self.vhost, self.name).drop())
+            except RuntimeError:
+                log.warning("deduplication exchange '%s': its cluster cache is left in "
+                            "etcd (deleted outside the event loop)", self.name)
+            else:
+                _dropping.add(task)
+                task.add_done_callback(_dropping.discard)
         self.record = None
         self.cache.on_leave = None
         self.cache.clear()
@@ -242,6 +445,9 @@ class DedupExchange(Exchange):
             self._settle(position)
             return
         self.cache.add(key, expires, now, position)
+
+
+_dropping: set[asyncio.Task[None]] = set()  # cluster caches being dropped
 
 
 def _ignore(_error: BaseException | None) -> None:
@@ -267,4 +473,4 @@ def recover(broker: Broker, key: str, recovered: RecoveredQueue) -> bool:
     return True
 
 
-__all__ = ["CacheRecord", "DedupExchange", "recover", "store_key"]
+__all__ = ["CacheRecord", "ClusterGate", "DedupExchange", "recover", "store_key"]

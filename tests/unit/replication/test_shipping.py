@@ -310,6 +310,12 @@ async def test_tls_with_client_certificates_instead_of_a_secret(
         store.sync()
         good.start(f"127.0.0.1:{src.port}")
         await until(lambda: good.last_seq == store.last_sequence)
+        # over TLS the standby's loop sends the ACK, and the writer never uses the lane
+        await until(lambda: src.standbys()[0].acked_seq == store.last_sequence)
+        store.append_enqueue(["q"], _msg(20))
+        store.sync()
+        await until(lambda: src.standbys()[0].acked_seq == store.last_sequence)
+        assert src.lane_frames == 0
         assert "(TLS)" in caplog.text
         bad.start(f"127.0.0.1:{src.port}")
         await until(lambda: "TLS handshake failed" in caplog.text

@@ -1,7 +1,7 @@
 // Pieces several pages share: the vhost picker, the pager, links to objects.
 
 import * as api from "../api.js";
-import { button, clear, fmtNum, h } from "../ui.js";
+import { button, clear, fmtNum, h, kv, section } from "../ui.js";
 
 export async function vhostNames() {
   const vhosts = await api.get("/api/vhosts?columns=name");
@@ -80,4 +80,29 @@ export function columnChooser(key, titles, defaults, onchange) {
   } }), ` ${t}`));
   const el = h("details", { class: "columns", id: "column-chooser" }, h("summary", {}, "Columns"), h("div", {}, boxes));
   return { el, chosen: () => shown };
+}
+
+// The deduplication cache of an x-message-deduplication exchange or of a queue with
+// x-message-deduplication (the API's "deduplication" object, docs/dedup.md): a panel
+// that stays hidden on every other exchange and queue. set(obj) after each refresh.
+export function dedupPanel() {
+  const box = h("div", { id: "dedup-details" });
+  const panel = section("Deduplication cache", box);
+  panel.hidden = true;
+  const set = (obj) => {
+    const d = obj.deduplication;
+    panel.hidden = !d;
+    if (!d) return;
+    const exchange = "cache_persistence" in d;
+    clear(box, kv([
+      ["Entries", h("span", { id: "dedup-entries" }, fmtNum(d.cache_entries))],
+      ["Size", h("span", { id: "dedup-size" }, exchange ? `at most ${fmtNum(d.cache_size)}` : "the values of the messages in the queue")],
+      exchange ? ["TTL", d.cache_ttl == null ? "none: a value stays until evicted" : `${fmtNum(d.cache_ttl)} ms`] : null,
+      exchange ? ["Persistence", d.cache_persistence] : null,
+      exchange ? ["Kept", h("span", { id: "dedup-scope" }, d.cache_scope === "cluster" ? "for the whole cluster (etcd)" : "on this node")] : null,
+      d.cache_scope === "cluster" ? ["Entries in the cluster", d.cluster_entries == null ? "not counted yet" : fmtNum(d.cluster_entries)] : null,
+      ["Duplicates dropped", h("span", { id: "dedup-duplicates" }, fmtNum(d.duplicates))],
+    ]));
+  };
+  return { panel, set };
 }

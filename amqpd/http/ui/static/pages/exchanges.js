@@ -7,7 +7,7 @@
 import * as api from "../api.js";
 import { Chart, LAST_MINUTE, ratesFromSamples } from "../charts.js";
 import { add, clear, dangerButton, describeError, features, fmtJson, fmtRate, form, h, link, parseArgs, section, table } from "../ui.js";
-import { exchangeHref, fetchOr404, filterBox, is404, notFound, pager, queueHref, vhostNames, vhostSelect } from "./common.js";
+import { dedupPanel, exchangeHref, fetchOr404, filterBox, is404, notFound, pager, queueHref, vhostNames, vhostSelect } from "./common.js";
 import { publishForm } from "./publish.js";
 
 const view = { vhost: "", name: "", regex: false, page: 1, pageSize: 100 };
@@ -75,6 +75,7 @@ async function renderOne(ctx, vhost, name) {
   const ratesNow = h("div", { class: "muted", id: "exchange-rates-now" });
   const out = h("div", { id: "bindings-out" });
   const incoming = h("div", { id: "bindings-in" });
+  const dedup = dedupPanel();
   const real = urlName === "amq.default" ? "" : urlName;
   const missing = `Exchange "${real}" does not exist in virtual host "${vhost}".`;
   const back = ["#/exchanges", "Exchanges"];
@@ -82,6 +83,7 @@ async function renderOne(ctx, vhost, name) {
   add(ctx.root, h("p", {}, link("#/exchanges", "« Exchanges")),
     h("h1", {}, "Exchange ", h("span", { class: "objname" }, real || "(AMQP default)"), h("span", { class: "muted" }, ` in vhost ${vhost}`)),
     section("Details", details),
+    dedup.panel,
     section("Message rates (last minute)", chartBox, ratesNow),
     section("Bindings from this exchange", out, real ? form([
       { name: "kind", label: "To", type: "select", options: [["q", "Queue"], ["e", "Exchange"]] },
@@ -114,6 +116,7 @@ async function renderOne(ctx, vhost, name) {
     clear(details, table([{ title: "Type", get: (x) => x.type }, { title: "Durable", get: (x) => String(x.durable) },
       { title: "Auto delete", get: (x) => String(x.auto_delete) }, { title: "Internal", get: (x) => String(x.internal) },
       { title: "Arguments", get: (x) => fmtJson(x.arguments) }, { title: "Policy", get: (x) => x.policy || "" }], [e]));
+    dedup.set(e);
     chart.set(ratesFromSamples(RATES.map((k) => stat(e, k))));
     clear(ratesNow, `in ${fmtRate(stat(e, "publish_in"))} · out ${fmtRate(stat(e, "publish_out"))}`);
     const unbind = (b) => dangerButton("Unbind", null, async () => {

@@ -8,7 +8,7 @@
 import * as api from "../api.js";
 import { Chart, LAST_MINUTE, lengthsFromSamples, ratesFromSamples } from "../charts.js";
 import { add, clear, dangerButton, features, fmtBytes, fmtJson, fmtNum, fmtOffset, fmtRate, form, h, kv, link, parseArgs, section, table } from "../ui.js";
-import { channelHref, connectionHref, exchangeHref, fetchOr404, is404, notFound } from "./common.js";
+import { channelHref, connectionHref, dedupPanel, exchangeHref, fetchOr404, is404, notFound } from "./common.js";
 import { publishForm } from "./publish.js";
 
 const RATES = ["publish", "deliver_get", "ack", "redeliver"];
@@ -23,6 +23,7 @@ export async function render(ctx) {
   const streamBox = h("div", { id: "stream-details" });
   const streamPanel = section("Stream", streamBox);
   streamPanel.hidden = true;
+  const dedup = dedupPanel();
   const chartBox = h("div", { class: "chart-box" });
   const lenBox = h("div", { class: "chart-box" });
   const rateNow = h("div", { class: "muted", id: "queue-rates-now" });
@@ -33,6 +34,7 @@ export async function render(ctx) {
     h("p", {}, link("#/queues", "« Queues")),
     h("h1", {}, "Queue ", h("span", { class: "objname", id: "queue-name" }, name), h("span", { class: "muted" }, ` in vhost ${vhost}`)),
     section("Details", details),
+    dedup.panel,
     streamPanel,
     section("Queued messages (last minute)", lenBox),
     section("Message rates (last minute)", chartBox, rateNow),
@@ -101,6 +103,7 @@ export async function render(ctx) {
     chart.set(ratesFromSamples(RATES.map((k) => m[`${k}_details`])));
     lengths.set(lengthsFromSamples([q.messages_ready_details, q.messages_unacknowledged_details]));
     clear(rateNow, RATES.map((k) => `${k.replace("_get", "")} ${fmtRate(m[`${k}_details`])}`).join(" · "));
+    dedup.set(q);
     const log = q.stream;
     streamPanel.hidden = !log;
     if (log) {
