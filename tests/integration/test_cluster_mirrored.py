@@ -431,6 +431,14 @@ def test_consumers_follow_a_leader_killed_the_moment_its_mirrors_are_in_sync(
     assert all(got.values()), {tag: sorted(n) for tag, n in got.items()}
 
 
+def counted(node: ClusterNode) -> int:
+    """QUEUE's message count on ``node``, -1 while the node refuses the declare."""
+    try:
+        return message_count(node, QUEUE)
+    except ProtocolError:
+        return -1
+
+
 def message_count(node: ClusterNode, name: str) -> int:
     conn = Conn(node.url)
     try:
@@ -439,10 +447,25 @@ def message_count(node: ClusterNode, name: str) -> int:
         conn.close()
 
 
-def publish_confirmed(node: ClusterNode, first: int, count: int) -> None:
+def publish_confirmed(node: ClusterNode, first: int, count: int,
+                      retry_for: float = 30.0) -> None:
+    """Every message confirmed; a nacked one is sent again (for ``retry_for`` seconds),
+    as a client does. Right after a take-over a node's remote queue may already answer a
+    passive declare while its stream to the new leader is not open yet: a publish is
+    then nacked ("leader unreachable"), never acked and dropped (CI saw all 20 nacked
+    within 26 ms of the promotion, 2026-12-06)."""
     pub = Publisher(node.url)
     pub.publish_range(first, first + count)
-    assert pub.confirmed == set(range(first, first + count)), "every publish confirmed"
+    deadline = time.monotonic() + retry_for
+    while pub.nacked and time.monotonic() < deadline:
+        again = sorted(pub.nacked)
+        pub.nacked.clear()
+        time.sleep(0.2)
+        for number in again:
+            pub.publish(number, 1)
+        pub.drain(60)
+    assert pub.confirmed == set(range(first, first + count)), \
+        f"every publish confirmed (nacked at the end: {sorted(pub.nacked)[:10]})"
     pub.conn.close()
 
 
@@ -538,7 +561,10 @@ def test_a_controlled_stop_hands_over_only_to_a_synchronised_mirror(
     a.stop()
     wait_for(lambda: queue_info(c, QUEUE).get("node") == b.name and usable(c, QUEUE), 60,
              "node-b took over after the controlled stop", lambda: diagnose(nodes))
-    assert message_count(c, QUEUE) == 300
+    # right after the take-over, a passive declare on C may meet a moment when its
+    # stream to B is being opened again (404 "home node ... down"): asked until it counts
+    wait_for(lambda: counted(c) == 300, 30, "300 messages counted on node-c",
+             lambda: diagnose(nodes))
 
 
 def test_transient_messages_and_unacked_deliveries_are_mirrored(
