@@ -10,6 +10,7 @@ directly or was forwarded by node-b: the queue holds 60 messages, each once.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,14 +44,27 @@ def tolerant_nodes(tmp_path: Path, etcd: EtcdProcess) -> Iterator[list[ClusterNo
         yield started
 
 
-def _publish(url: str, bodies: list[tuple[str, bytes]], queue: str = QUEUE) -> None:
+def _publish(url: str, bodies: list[tuple[str, bytes]], queue: str = QUEUE,
+             retry_for: float = 30.0) -> None:
+    """Each confirmed; a nacked one is sent again (for ``retry_for`` seconds), as a
+    client does: right after a take-over a node's stream to the new leader may not be
+    open yet, and its publishes are nacked (CI, 2026-12-06: a publish through node-c
+    just after the mirror's promotion)."""
     conn = pika.BlockingConnection(pika.URLParameters(url))
     try:
         ch = conn.channel()
         ch.confirm_delivery()
+        deadline = time.monotonic() + retry_for
         for value, body in bodies:
-            ch.basic_publish("", queue, body, pika.BasicProperties(
-                delivery_mode=2, headers={"x-deduplication-header": value}))
+            while True:
+                try:
+                    ch.basic_publish("", queue, body, pika.BasicProperties(
+                        delivery_mode=2, headers={"x-deduplication-header": value}))
+                    break
+                except pika.exceptions.NackError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
     finally:
         conn.close()
 
