@@ -59,7 +59,7 @@ def test_random_faults_with_namespace_partitions(seed: int, tmp_path: Path) -> N
     failures = result.failures()
     # Every check is hard but one: a node coming back from a namespace partition still
     # lists itself as a queue's leader for a sampler round after another node took the
-    # queue over (CI, 2026-12-06, twice: chaos-quorum on node-a and node-b 1.3 s after
+    # queue over (CI, 2026-12-06: chaos-quorum on node-a and node-b 1.3 s after
     # node-a's partition healed). Issue 28 names this lag; until it is fixed, it alone
     # is an expected failure, and any other failure fails the test.
     hard = [f for f in failures if not f.startswith("two leaders:")]
