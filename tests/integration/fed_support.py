@@ -73,23 +73,39 @@ def links(proc: BrokerProcess) -> list[dict[str, Any]]:
 
 
 def wait_for(fn: Callable[[], T | None], timeout: float = 15.0, interval: float = 0.05,
-             what: str = "condition") -> T:
+             what: str | Callable[[], str] = "condition") -> T:
+    """Poll ``fn`` until it returns something true. ``what`` may be a callable so that a
+    description needing the broker (its links, say) is only asked for on time-out."""
     deadline = time.monotonic() + timeout
     while True:
         value = fn()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            raise AssertionError(f"timed out waiting for {_describe(what)}")
         time.sleep(interval)
+
+
+def _describe(what: str | Callable[[], str]) -> str:
+    if isinstance(what, str):
+        return what
+    try:
+        return what()
+    except OSError as exc:  # the broker cannot be asked either: say so, keep the time-out
+        return f"(description unavailable: {exc})"
 
 
 def wait_running(proc: BrokerProcess, n: int = 1, timeout: float = 20.0) -> list[dict[str, Any]]:
     def ok() -> list[dict[str, Any]] | None:
-        items = links(proc)
+        try:
+            items = links(proc)
+        except OSError:
+            # just after a cut heals the host's neighbour entry for the namespace can still
+            # be FAILED (EHOSTUNREACH) for a moment: that is "not yet", not a failure
+            return None
         running = [i for i in items if i["status"] == "running"]
         return items if len(running) >= n else None
-    return wait_for(ok, timeout, what=f"{n} running link(s) on {proc.http_url}: "
+    return wait_for(ok, timeout, what=lambda: f"{n} running link(s) on {proc.http_url}: "
                     f"{links(proc)}")
 
 

@@ -127,7 +127,7 @@ def test_a_message_comes_back_twice_and_reaches_a_queue_that_had_it_once(
         def refused_again(before: int = before) -> bool:
             return _first_refusals(down) >= before + 2
         wait_for(refused_again, timeout=30,
-                 what=f"both links back and refused again: {links(down)}")
+                 what=lambda: f"both links back and refused again: {links(down)}")
     for name in link_queues():  # nothing acked yet
         assert _queue(up, name)["messages"] == N, name
 
