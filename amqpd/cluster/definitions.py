@@ -52,7 +52,7 @@ import logging
 import time
 import urllib.parse
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from amqpd.broker.api import DEFINITION_KINDS
@@ -132,8 +132,12 @@ class DefinitionMirror:
         # after_gone's callbacks, by the entry they wait to see deleted
         self.gone_waiters: dict[Ident, list[OnDone]] = {}
         # called with (vhost, queue) when this node records a durable queue it leads,
-        # before the declare is answered (amqpd.cluster.mirror starts the mirrors then)
-        self.queue_listeners: list[Callable[[str, str], None]] = []
+        # before the declare is answered (amqpd.cluster.mirror starts the mirrors then;
+        # amqpd.cluster.quorum_group returns the task establishing the queue's group,
+        # and the declare is answered only once that is done: see after_mirrored)
+        self.queue_listeners: list[Callable[[str, str], Awaitable[None] | None]] = []
+        # (enqueued number, task) of those listeners' work not done yet
+        self.gates: list[tuple[int, asyncio.Future[None]]] = []
 
     # ------------------------------------------------------------------ keys
     def etcd_key(self, kind: int, key: str) -> str:
@@ -173,7 +177,9 @@ class DefinitionMirror:
             vhost, _, name = key.partition("\x00")
             if self.view.catalogue.get((vhost, name)) == self.view.node_name:
                 for listener in self.queue_listeners:
-                    listener(vhost, name)
+                    work = listener(vhost, name)
+                    if work is not None:
+                        self.gates.append((self.enqueued, asyncio.ensure_future(work)))
 
     def _outgoing(self, kind: int, key: str, body: bytes) -> bytes:
         """The entry as etcd gets it: a queue's names its leader (this node, unless the
@@ -197,6 +203,10 @@ class DefinitionMirror:
         client must not wait for ever; the change stays queued and reaches etcd when
         it is back)."""
         target = self.enqueued
+        self.gates = [g for g in self.gates if not g[1].done()]
+        gates = [task for number, task in self.gates if number <= target]
+        if gates:
+            callback = self._after_gates(gates, callback)
 
         def done(error: BaseException | None) -> None:
             if error is not None or target <= self.pushed:
@@ -208,6 +218,39 @@ class DefinitionMirror:
                 "when etcd is reachable)"))))
 
         return done
+
+    def _after_gates(self, gates: list[asyncio.Future[None]], callback: OnDone) -> OnDone:
+        """``callback`` delayed until the listeners' work for the changes it waits on is
+        done (a quorum queue's group established): a declare-ok must not come before
+        the queue can replicate its first publish. An error of that work, or
+        ``timeout`` seconds without its end, is the callback's error."""
+
+        def then(error: BaseException | None) -> None:
+            if error is not None:
+                callback(error)
+                return
+            pending = [g for g in gates if not g.done()]
+            failed = next((g.exception() for g in gates
+                           if g.done() and not g.cancelled() and g.exception()), None)
+            if not pending:
+                callback(failed)
+                return
+            bounded = self._bounded(callback, lambda: (
+                f"the queue's replica group was not set up within {self.timeout:g} s"))
+            left = [len(pending)]
+
+            def one_done(task: asyncio.Future[None]) -> None:
+                left[0] -= 1
+                exc = None if task.cancelled() else task.exception()
+                if exc is not None:
+                    bounded(exc)
+                elif left[0] == 0:
+                    bounded(None)
+
+            for task in pending:
+                task.add_done_callback(one_done)
+
+        return then
 
     def after_gone(self, kind: int, key: str, callback: OnDone) -> None:
         """Call ``callback(None)`` once this node has applied etcd's delete of the

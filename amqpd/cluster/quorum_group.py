@@ -95,6 +95,7 @@ import json
 import logging
 import time
 import urllib.parse
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Final
 
 from amqpd.cluster import link_wire as W
@@ -163,6 +164,7 @@ class QuorumGroups(GroupFailover, Mirrors):
             previous_kept(queue)
 
         self.queues.failover_kept = kept
+        self.cluster.mirror.queue_listeners.append(self.group_recorded)
         self._adopt_retired()
         self._tasks = [asyncio.create_task(self._loop(), name="quorum-groups"),
                        asyncio.create_task(self._read_records(), name="quorum-records")]
@@ -298,6 +300,32 @@ class QuorumGroups(GroupFailover, Mirrors):
     def _end_copy(self, copy: MirrorCopy) -> None:
         self.frozen.discard((copy.leader, copy.rid))
         super()._end_copy(copy)
+
+    def group_recorded(self, vhost: str, name: str) -> Awaitable[None] | None:
+        """A durable queue this node leads was declared (the definitions' hook, before
+        the declare-ok): a quorum queue's group is set up now, and the declare is
+        answered once it is (:meth:`~amqpd.cluster.definitions.DefinitionsMirror.after_mirrored`).
+        Left to the next reconciliation, the queue confirmed its first publishes from
+        this node's disk alone, and a leader lost before it wrote the group record left
+        no member able to elect another: the queue waited for that node (issue 28)."""
+        cluster = self.cluster
+        if not cluster.mirror.synced or cluster.paused or (vhost, name) in self.promoting:
+            return None  # (an election's winner records the queue it makes, and leads it)
+        vh = self.broker.vhosts.get(vhost)
+        q = vh.queues.get(name) if vh is not None else None
+        ident = (vhost, name)
+        if vh is None or q is None or q.remote or not q.durable or q.type_name != "quorum" \
+                or ident in self.leading or ident in self.establishing:
+            return None
+        self.establishing.add(ident)
+        return self._establish_for_declare(vh, q)
+
+    async def _establish_for_declare(self, vh: VHost, q: QueueType) -> None:
+        await self._establish(vh, q)
+        ident = (vh.name, q.name)
+        if vh.queues.get(q.name) is q and ident not in self.leading:
+            raise NoQuorum(f"quorum queue '{q.name}' in vhost '{vh.name}': its replica "
+                           "group could not be set up (etcd); the declare is refused")
 
     async def _establish(self, vh: VHost, q: QueueType) -> None:
         """Lead a quorum queue this node holds: create its group record (a new queue) or

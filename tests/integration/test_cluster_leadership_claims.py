@@ -24,6 +24,7 @@ from devtools.rabbitmq import free_ports
 from tests.integration._http import Api
 from tests.integration.cluster_support import (
     ClusterNode,
+    ConfirmPublisher,
     diagnose,
     new_prefix,
     wait_for,
@@ -76,8 +77,9 @@ class ClaimWatch(threading.Thread):
             time.sleep(0.01)
 
 
-def test_a_woken_or_restarted_leader_does_not_claim(tmp_path: Path,
-                                                    etcd: EtcdProcess) -> None:
+@pytest.mark.parametrize("kind", ["mirrored", "quorum"])
+def test_a_woken_or_restarted_leader_does_not_claim(tmp_path: Path, etcd: EtcdProcess,
+                                                    kind: str) -> None:
     prefix = new_prefix()
     nodes: list[ClusterNode] = []
     try:
@@ -91,8 +93,14 @@ def test_a_woken_or_restarted_leader_does_not_claim(tmp_path: Path,
             "pattern": "^claim\\.", "apply-to": "queues", "definition": {"ha-mode": "all"}})
         assert r.status in (201, 204), r.text
         conn = Conn(a.url)
-        conn.declare_queue(conn.open_channel(1), QUEUE, durable=True)
+        conn.declare_queue(conn.open_channel(1), QUEUE, durable=True,
+                           arguments={"x-queue-type": "quorum"} if kind == "quorum" else None)
         conn.close()
+        # a few confirmed messages: every member holds a copy of the queue then
+        pub = ConfirmPublisher(a.url, QUEUE, batch=10)
+        pub.publish_range(0, 10)
+        assert pub.confirmed == set(range(10)), pub.nacked
+        pub.conn.close()
         wait_for(lambda: all(_leader(n) == a.name for n in nodes), 20,
                  "every node sees node-a lead the queue", lambda: diagnose(nodes))
 

@@ -33,6 +33,8 @@ class FakeCluster:
         self.config = SimpleNamespace(mirror_sync_timeout=5.0)
         self.catalogue: dict[tuple[str, str], str] = {}
         self.members = ["node-a", "node-b", "node-c"]
+        # the definitions' mirror: QuorumGroups.start adds its declare hook here
+        self.mirror = SimpleNamespace(queue_listeners=[], synced=True)
 
     def nodes(self) -> dict[str, Any]:
         return dict.fromkeys(self.members)
