@@ -56,15 +56,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from amqpd.cluster import replica_core as core
 from amqpd.cluster.mirror_state import CommitGate, ReplicaSet
-from amqpd.cluster.replica_core import (
-    AllInSync,
-    Candidate,
-    CatchUp,
-    Majority,
-    MajorityPromotion,
-    MirroredPromotion,
-)
 
 NODES = ("n0", "n1", "n2")
 Record = tuple[int, int]  # (term, number)
@@ -112,12 +105,12 @@ class ReplicaGroup(RuleBasedStateMachine):
     # -- the leader's side ------------------------------------------------------------
     def _lead(self) -> None:
         self.gate = CommitGate(timeout=1.0)
-        self.rs = ReplicaSet(self.leader, policy=Majority.of(len(NODES)) if self.QUORUM
-                             else AllInSync())
+        self.rs = ReplicaSet(self.leader, policy=core.Majority.of(len(NODES)) if self.QUORUM
+                             else core.AllInSync())
         self.gate.sets.append(self.rs)
         self.leaving: set[str] = set()  # mirrored: link lost, not yet recorded
         # mirrored: counted since their backlog, named synchronised once caught up
-        self.catching: dict[str, CatchUp] = {}
+        self.catching: dict[str, core.CatchUp] = {}
 
     def followers(self) -> list[str]:
         return [n for n in NODES if n != self.leader]
@@ -200,7 +193,7 @@ class ReplicaGroup(RuleBasedStateMachine):
             self.rs.ack(node, start)
             self.rs.join(node)
             if self.rs.seq > start:  # Leading.got_synced
-                self.catching[node] = CatchUp(self.rs.seq)
+                self.catching[node] = core.CatchUp(self.rs.seq)
         else:
             self.rs.ack(node, seq)
             if node in self.catching and self.catching[node].done(seq):
@@ -289,7 +282,7 @@ class ReplicaGroup(RuleBasedStateMachine):
         m.complete = False
         m.held_term, m.held = m.mark if m.mark is not None else (0, -1)
 
-    def candidates(self, lost: str) -> list[Candidate]:
+    def candidates(self, lost: str) -> list[core.Candidate]:
         """The running members' offers, as the ballots make them (GroupBallot.take,
         MirrorBallot.offer / take)."""
         out = []
@@ -303,11 +296,11 @@ class ReplicaGroup(RuleBasedStateMachine):
                 # a member rebuilding its copy offers what it held completely before
                 # (MirrorCopy.held_seq); one with nothing votes, never leads (-1)
                 seq = len(m.log) if complete else held
-                out.append(Candidate(n, seq, in_sync=seq >= 0, was_in_sync=seq >= 0))
+                out.append(core.Candidate(n, seq, in_sync=seq >= 0, was_in_sync=seq >= 0))
             elif complete or self.ALWAYS:  # when-synced: only complete copies stand
                 was = complete or held >= 0
                 seq = len(m.log) if complete else held if was else len(m.log)
-                out.append(Candidate(n, seq, in_sync=complete and n in recorded,
+                out.append(core.Candidate(n, seq, in_sync=complete and n in recorded,
                                      was_in_sync=was))
         return out
 
@@ -315,9 +308,9 @@ class ReplicaGroup(RuleBasedStateMachine):
         lost = self.leader
         offers = self.candidates(lost)
         if self.QUORUM:
-            winner = MajorityPromotion(NODES).choose(offers)
+            winner = core.MajorityPromotion(NODES).choose(offers)
         else:
-            winner = MirroredPromotion(unsynchronised_ok=self.ALWAYS).choose(offers)
+            winner = core.MirroredPromotion(unsynchronised_ok=self.ALWAYS).choose(offers)
         if winner is None:
             return  # the queue waits for its members (nothing is claimed)
         chosen = next(c for c in offers if c.node == winner)
