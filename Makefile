@@ -85,12 +85,12 @@ chaos: install system-deps
 	'$(PY)' -m tests.chaos $(foreach s,$(SEEDS),--seed $(s)) --duration $(DURATION) \
 	  --partition $(PARTITION) --workdir '$(CHAOS_DIR)'
 
-# The Hypothesis model of the replica rules (tests/unit/cluster/test_replica_model.py),
+# The Hypothesis model of the replica rules (tests/unit/cluster/test_replica_core_model.py),
 # randomized and longer than CI's fixed examples: a search for new losing schedules.
 MODEL_EXAMPLES ?= 2000
 model: install
 	AMQPD_MODEL_RANDOM=1 AMQPD_MODEL_EXAMPLES=$(MODEL_EXAMPLES) '$(PY)' -m pytest -q \
-	  tests/unit/cluster/test_replica_model.py
+	  tests/unit/cluster/test_replica_core_model.py
 
 # After the full suite on the installed (compiled) hot path, the same unit tests and
 # conformance suite on its pure-Python sources: both must stay correct.

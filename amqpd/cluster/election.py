@@ -13,13 +13,16 @@ A round, on every node holding a copy whose leader the view says is not running:
    of one round are those made against the same record;
 3. the offers are read until every member the ballot expects offered, or
    :data:`ELECTION_WAIT` passed;
-4. the ballot chooses; the winner takes over through its ballot (one etcd transaction
-   guarded by the revisions of the queue's definition and its record: never two
-   leaders); the others wait up to :data:`WINNER_WAIT` for the record to name
-   another leader, else the round is undecided and the caller runs another.
+4. the pure replica core chooses (:mod:`amqpd.cluster.replica_core`: the ballot's
+   :class:`~amqpd.cluster.replica_core.PromotionPolicy` over the offers read); the
+   winner takes over through its ballot (one etcd transaction guarded by the
+   revisions of the queue's definition and its record: never two leaders); the
+   others wait up to :data:`WINNER_WAIT` for the record to name another leader, else
+   the round is undecided and the caller runs another.
 
 What differs between the kinds -- who may stand, what an offer is, whose offers are
-awaited, the choice, the take-over -- is the ballot's; the round itself is here once.
+awaited, the promotion policy, the take-over -- is the ballot's; the round itself is
+here once.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol
 
 from amqpd.cluster.mirror_state import Ident, key_part
+from amqpd.cluster.replica_core import Candidate, PromotionPolicy
 from amqpd.cluster.takeover_txn import names_this_node, take_over_txn
 from amqpd.coord.etcd import Compare, EtcdError, Put
 
@@ -63,7 +67,7 @@ class Elector(Protocol):
 
 class Ballot:
     """One round's rules for one kind of replicated queue (a subclass per kind). The
-    offers read so far are :attr:`offers` (node -> the sequence number it offers)."""
+    offers read so far are :attr:`candidates` (node -> its offer)."""
 
     DIRECTORY: ClassVar[str]  # the etcd directory of the offers
 
@@ -71,7 +75,12 @@ class Ballot:
         self.ident = ident
         self.copy = copy
         self.rec = rec
-        self.offers: dict[str, int] = {}
+        self.candidates: dict[str, Candidate] = {}
+
+    @property
+    def offers(self) -> dict[str, int]:
+        """Node -> the position it offers (what the round waits for and logs)."""
+        return {n: c.position for n, c in self.candidates.items()}
 
     def stand(self) -> bool | None:
         """Before offering: None to stand, else the round's result (True: decided)."""
@@ -89,9 +98,21 @@ class Ballot:
         """The nodes whose offers the round waits for (up to :data:`ELECTION_WAIT`)."""
         raise NotImplementedError
 
-    def choose(self) -> str | None:
-        """The winner of the offers read, or None."""
+    def promotion(self) -> PromotionPolicy:
+        """The kind's promotion rule (from the record read)."""
         raise NotImplementedError
+
+    def standing(self) -> list[Candidate]:
+        """The offers the choice is among (all read, unless the kind filters)."""
+        return list(self.candidates.values())
+
+    def awaited(self) -> list[str]:
+        """Members that must offer before anyone else may win (see the core)."""
+        return []
+
+    def choose(self) -> str | None:
+        """The winner of the offers read, or None: the replica core decides."""
+        return self.promotion().choose(self.standing(), self.awaited())
 
     async def undecided(self) -> bool | None:
         """No winner: the round's result, or None to go on as a round another node won."""

@@ -53,15 +53,16 @@ Theory of operation.
   synchronised set.
 * **Failover.** When the view says the leader's node is not running, each mirror
   holding a copy may offer itself (``{root}/mirror-candidates/{vhost}/{queue}/{record
-  revision}/{node}`` = the last sequence number it received and whether it is
-  synchronised): a synchronised one always, an unsynchronised one only if the record's
-  ``promote_on_failure`` (or, when the record says the leader stopped in a controlled
-  way, ``promote_on_shutdown``) allows it
-  (:func:`~amqpd.cluster.mirror_state.may_promote_unsynchronised`). Once every
+  revision}/{node}`` = the last sequence number it received, whether it is
+  synchronised and whether it ever was): a synchronised one always, an unsynchronised
+  one only if the record's ``promote_on_failure`` (or, when the record says the
+  leader stopped in a controlled way, ``promote_on_shutdown``) allows it
+  (:meth:`~amqpd.cluster.replica_core.MirroredPromotion.from_policy`). Once every
   running synchronised mirror did (or after
   :data:`~amqpd.cluster.election.ELECTION_WAIT`), the choice of
-  :func:`~amqpd.cluster.mirror_state.choose_promotion` (most up to date, synchronised
-  first) takes over with
+  the replica core's :class:`~amqpd.cluster.replica_core.MirroredPromotion` (most up
+  to date, synchronised first, then one that was synchronised before one that never
+  was) takes over with
   one etcd transaction on the queue's definition key (its ``node``, the catalogue's
   leader) and its mirror record, guarded by both revisions: never two leaders. The new
   leader turns its copy into a classic queue (unsettled messages come back, those

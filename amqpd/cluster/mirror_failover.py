@@ -4,7 +4,8 @@ When the view says a copy's leader is not running, :meth:`MirrorFailover._promot
 election rounds (:func:`amqpd.cluster.election.election_round`, with a
 :class:`MirrorBallot`: a synchronised mirror always stands, an unsynchronised one only
 where ``ha-promote-on-failure`` / ``-on-shutdown`` allow it, the most up to date wins,
-synchronised first: :func:`~amqpd.cluster.mirror_state.choose_promotion`); the winner
+then one that was synchronised before one that never was:
+:class:`~amqpd.cluster.replica_core.MirroredPromotion`); the winner
 takes over (:meth:`MirrorFailover._take_over`: one etcd transaction on the queue's
 definition and its mirror record) and turns its copy into a classic queue in the remote
 queue's place (:meth:`MirrorFailover._promote_here`). The other nodes' remote queues ask
@@ -23,14 +24,8 @@ from typing import TYPE_CHECKING, Any, Final
 from amqpd.broker.api import LoggedMessage
 from amqpd.cluster.election import Ballot, claim, clear_offers, election_round, late_claim
 from amqpd.cluster.mirror_host import MirrorsHost
-from amqpd.cluster.mirror_state import (
-    TICK,
-    Ident,
-    choose_promotion,
-    ha_setting,
-    may_promote_unsynchronised,
-    mirror_nodes,
-)
+from amqpd.cluster.mirror_state import TICK, Ident, ha_setting, mirror_nodes
+from amqpd.cluster.replica_core import Candidate, MirroredPromotion
 from amqpd.coord.etcd import EtcdError
 
 if TYPE_CHECKING:
@@ -40,7 +35,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqpd.cluster.mirror")
 
 # seconds an unsynchronised mirror's promotion waits for running synchronised mirrors
-# to offer themselves (choose_promotion's ``awaited``)
+# to offer themselves (MirroredPromotion.choose's ``awaited``)
 SYNCED_WAIT: Final = 15.0
 KEPT_CHECK_TRIES: Final = 20  # etcd reads of a record to confirm kept consumers
 
@@ -58,10 +53,14 @@ class MirrorBallot(Ballot):
         self.shutdown = bool(rec.get("shutdown"))
         self.on_failure = str(rec.get("promote_on_failure", "always"))
         self.on_shutdown = str(rec.get("promote_on_shutdown", "when-synced"))
-        self.unsync_ok = may_promote_unsynchronised(self.on_failure, self.on_shutdown,
+        self.policy = MirroredPromotion.from_policy(self.on_failure, self.on_shutdown,
                                                     self.shutdown)
+        self.unsync_ok = self.policy.unsynchronised_ok
         self.am_synced = mirrors.node in self.synchronised and copy.synced
-        self.synced_candidates: list[str] = []
+        # complete in this leader's stream now or before its link came back
+        # (MirrorCopy.held_seq), even if no longer named synchronised: the core puts
+        # it before a mirror that never was
+        self.was_synced = copy.synced or copy.held_seq >= 0
 
     def stand(self) -> bool | None:
         ident, copy = self.ident, self.copy
@@ -87,17 +86,20 @@ class MirrorBallot(Ballot):
         return None
 
     def offer(self) -> str:
-        return json.dumps({"seq": self.copy.last_seq, "synced": self.am_synced})
+        return json.dumps({"seq": self.copy.last_seq, "synced": self.am_synced,
+                           "was": self.was_synced})
 
     def take(self, node: str, value: bytes) -> None:
         try:
             offer = json.loads(value)
-            self.offers[node] = int(offer["seq"])
+            seq = int(offer["seq"])
         except (ValueError, KeyError, TypeError):
             return
-        if offer.get("synced") is True and node in self.synchronised and \
-                node not in self.synced_candidates:
-            self.synced_candidates.append(node)
+        # synchronised only where the record says so too; an offer without "was" (an
+        # older node's) counts as never in sync: the stricter reading
+        synced = offer.get("synced") is True and node in self.synchronised
+        self.candidates[node] = Candidate(node, seq, in_sync=synced,
+                                          was_in_sync=synced or offer.get("was") is True)
 
     def expected(self) -> list[str]:
         view = self.mirrors.cluster
@@ -106,15 +108,23 @@ class MirrorBallot(Ballot):
             expected = [str(n) for n in self.rec.get("mirrors", []) if view.is_running(n)]
         return expected
 
-    def choose(self) -> str | None:
+    def promotion(self) -> MirroredPromotion:
+        return self.policy
+
+    def standing(self) -> list[Candidate]:
+        running = self.mirrors.cluster.is_running
+        return [c for c in self.candidates.values() if running(c.node)]
+
+    def awaited(self) -> list[str]:
         # a running synchronised mirror that has not offered itself yet is waited for
         # (SYNCED_WAIT at most: one whose node runs without its copy never offers)
-        awaited = self.synchronised \
-            if time.monotonic() - self.copy.election_started < SYNCED_WAIT else []
-        node = self.mirrors.node
-        return choose_promotion(self.offers, self.synced_candidates,
-                                self.mirrors.cluster.is_running, self.unsync_ok,
-                                awaited=[n for n in awaited if n != node])
+        if time.monotonic() - self.copy.election_started >= SYNCED_WAIT:
+            return []
+        node, running = self.mirrors.node, self.mirrors.cluster.is_running
+        return [n for n in self.synchronised if n != node and running(n)]
+
+    def synced_candidates(self) -> list[str]:
+        return [n for n, c in self.candidates.items() if c.in_sync]
 
     async def undecided(self) -> bool | None:
         if not self.unsync_ok:
@@ -129,7 +139,7 @@ class MirrorBallot(Ballot):
         log.info("queue '%s' in vhost '%s': leader %s %s; candidates %s (synchronised %s); "
                  "promoting %s", self.ident[1], self.ident[0], self.copy.leader,
                  "stopped" if self.shutdown else "lost", self.offers,
-                 self.synced_candidates, winner)
+                 self.synced_candidates(), winner)
 
     async def take_over(self, rec_rev: int, prefix: str) -> bool:
         return await self.mirrors._take_over(self.ident, self.copy, self.rec, rec_rev,
@@ -269,9 +279,10 @@ class MirrorFailover(MirrorsHost):
             return False
         if rec.get("leader") != lost:
             return True
-        unsync_ok = may_promote_unsynchronised(
+        unsync_ok = MirroredPromotion.from_policy(
             str(rec.get("promote_on_failure", "always")),
-            str(rec.get("promote_on_shutdown", "when-synced")), bool(rec.get("shutdown")))
+            str(rec.get("promote_on_shutdown", "when-synced")),
+            bool(rec.get("shutdown"))).unsynchronised_ok
         pool = [str(n) for n in rec.get("synchronised", [])]
         if unsync_ok:
             pool += [str(n) for n in rec.get("mirrors", [])]

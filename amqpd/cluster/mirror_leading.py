@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 from amqpd.cluster import link_wire as W
 from amqpd.cluster import mirror_wire as M
 from amqpd.cluster.mirror_state import Ident, ReplicaSet, ha_setting
+from amqpd.cluster.replica_core import CatchUp
 from amqpd.coord.etcd import Compare, EtcdError, Put
 
 if TYPE_CHECKING:
@@ -84,8 +85,9 @@ class Leading:
         # mirrors counted for confirms since their backlog became durable but not yet
         # named synchronised in the record (the one promotion reads): records confirmed
         # while they were out of the set may still be on their way to them. node -> the
-        # sequence number they must acknowledge first (the leader's when they joined)
-        self.catching: dict[str, int] = {}
+        # replica core's catch-up, whose target is the leader's sequence number when
+        # they joined (its whole log: at least its commit point then)
+        self.catching: dict[str, CatchUp] = {}
         self.rev = -1  # the mod revision of our last write of the record (-1: not read)
         self.written: dict[str, Any] | None = None
         self.dirty = True
@@ -330,7 +332,7 @@ class Leading:
     def got_ack(self, node: str, seq: int) -> None:
         self.rs.ack(node, seq)
         due = self.catching.get(node)
-        if due is not None and seq >= due:
+        if due is not None and due.done(seq):
             del self.catching[node]  # holds all the leader held when it joined
             self.dirty = True
 
@@ -352,7 +354,7 @@ class Leading:
             # records after the stream's start may have been confirmed while this
             # mirror was out of the set: it is named synchronised (may be promoted)
             # only once it acknowledges them all
-            self.catching[node] = self.rs.seq
+            self.catching[node] = CatchUp(self.rs.seq)
         self.dirty = True
         log.info("queue '%s' in vhost '%s': mirror on %s synchronised (%d messages, "
                  "%d bytes copied in the background; %d it held kept)", self.ident[1],

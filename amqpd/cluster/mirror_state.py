@@ -14,19 +14,11 @@
   leave the synchronised set (after etcd has recorded that) instead of stalling
   publishers.
 * :func:`mirror_nodes` -- the nodes a policy's ``ha-mode`` / ``ha-params`` ask for.
-* :func:`choose_promotion` -- which mirror is promoted when the leader is lost: the
-  synchronised one that received the most records, ties to the smallest node name, so
-  every node that runs the same choice on the same candidates picks the same one; an
-  unsynchronised one only where the policy allows it
-  (:func:`may_promote_unsynchronised`: ``ha-promote-on-failure`` /
-  ``ha-promote-on-shutdown``, read with :func:`ha_setting`).
-
-How quorum queues can reuse this: a quorum queue's confirm waits for a *majority* of
-its members rather than for all synchronised mirrors; that is
-:meth:`ReplicaSet.satisfied` with a different count (``quorum``: the number of
-acknowledgements, the leader's own included, that make a record committed), and
-:func:`choose_promotion` over the members' last sequence numbers is the longest-log
-rule of the election.
+* the rules themselves -- the commit point, the promotion choice, catch-up -- are the
+  pure replica core's (:mod:`amqpd.cluster.replica_core`): a :class:`ReplicaSet` holds
+  the counts and asks its commit policy (:class:`~amqpd.cluster.replica_core.AllInSync`
+  for mirrored queues, :class:`~amqpd.cluster.replica_core.Majority` for a quorum
+  queue's group), so mirrored and quorum leaders differ only in the policy they pass.
 """
 
 from __future__ import annotations
@@ -38,6 +30,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
+
+from amqpd.cluster.replica_core import AllInSync, CommitPolicy, holding_up
 
 OnCommit = Callable[[BaseException | None], None]
 Ident = tuple[str, str]  # a replicated queue: (vhost, queue)
@@ -55,14 +49,14 @@ class ReplicaSet:
     """One mirrored queue on its leader: sequence numbers, acks, the synchronised set."""
 
     def __init__(self, leader: str, synchronised: Iterable[str] = (),
-                 quorum: int | None = None) -> None:
+                 policy: CommitPolicy | None = None) -> None:
         self.leader = leader
         self.seq = 0  # the last replication sequence number handed out
         self.acked: dict[str, int] = {}  # mirror -> highest seq it holds durable
         self.synchronised: set[str] = set(synchronised)
-        # None: every synchronised mirror must ack (mirrored queues); n: n acks counting
-        # the leader's own (a quorum queue's majority; see the module docstring)
-        self.quorum = quorum
+        # which acknowledgements commit a record (amqpd.cluster.replica_core): every
+        # synchronised mirror's by default; a quorum queue's leader sets a majority
+        self.policy: CommitPolicy = policy if policy is not None else AllInSync()
 
     def next_seq(self) -> int:
         self.seq += 1
@@ -83,14 +77,12 @@ class ReplicaSet:
         self.synchronised.discard(node)
 
     def satisfied(self, seq: int) -> bool:
-        """Every record up to ``seq`` is durable where the confirm needs it."""
-        if self.quorum is None:
-            return all(self.acked.get(m, 0) >= seq for m in self.synchronised)
-        have = 1 + sum(1 for m in self.synchronised if self.acked.get(m, 0) >= seq)
-        return have >= self.quorum
+        """Every record up to ``seq`` (at most :attr:`seq`: the leader holds it) is
+        durable where the commit policy needs it."""
+        return self.policy.commit_point(self.seq, self.acked, self.synchronised) >= seq
 
     def laggards(self, seq: int) -> list[str]:
-        return sorted(m for m in self.synchronised if self.acked.get(m, 0) < seq)
+        return holding_up(seq, self.acked, self.synchronised)
 
 
 @dataclass
@@ -257,38 +249,6 @@ def ha_setting(policy: dict[str, Any] | None, key: str) -> str:
     return value if value in HA_VALUES[key] else HA_DEFAULTS[key]
 
 
-def may_promote_unsynchronised(on_failure: str, on_shutdown: str, shutdown: bool) -> bool:
-    """Whether a mirror that is not synchronised may take over when no synchronised
-    one can: after a failure if ``ha-promote-on-failure`` is ``always`` (the default);
-    after a controlled stop of the leader's node only if ``ha-promote-on-shutdown`` is
-    ``always`` too (``when-synced`` on failure overrides ``always`` on shutdown)."""
-    if on_failure != "always":
-        return False
-    return on_shutdown == "always" if shutdown else True
-
-
-def choose_promotion(candidates: dict[str, int], synchronised: Iterable[str],
-                     running: Callable[[str], bool],
-                     unsynchronised_ok: bool = False,
-                     awaited: Iterable[str] = ()) -> str | None:
-    """The mirror to promote: among the running synchronised ones that offered
-    themselves (``candidates``: node -> the last replication sequence it received),
-    the most up to date; ties to the smallest name. With no such mirror and
-    ``unsynchronised_ok`` (:func:`may_promote_unsynchronised`), the most up to date of
-    the other running candidates (what it lacks is lost, as in RabbitMQ) -- but never
-    while a running mirror of ``awaited`` (the record's synchronised ones) has not
-    offered itself yet: a mirror that was never in sync is not promoted over one that
-    is, only slow to answer. None: nobody may be promoted (yet)."""
-    eligible = [n for n in synchronised if n in candidates and running(n)]
-    if not eligible and unsynchronised_ok:
-        if any(n not in candidates and running(n) for n in awaited):
-            return None
-        eligible = [n for n in candidates if running(n)]
-    if not eligible:
-        return None
-    return min(eligible, key=lambda n: (-candidates[n], n))
-
-
 __all__ = [
     "HA_DEFAULTS",
     "HA_VALUES",
@@ -297,9 +257,7 @@ __all__ = [
     "Ident",
     "ReplicaSet",
     "Waiter",
-    "choose_promotion",
     "ha_setting",
     "key_part",
-    "may_promote_unsynchronised",
     "mirror_nodes",
 ]

@@ -6,7 +6,7 @@ When the view says a group's leader is not running, every member runs election r
 with a :class:`GroupBallot`: every member offers how far it holds the lost leader's log
 of the record's term completely (:func:`election_offer`) and stops taking that
 leader's records (a vote ends its term here); the longest log among a majority of the
-members wins (:func:`~amqpd.cluster.quorum_state.choose_leader`). The winner takes
+members wins (:class:`~amqpd.cluster.replica_core.MajorityPromotion`). The winner takes
 over with the next term (:meth:`GroupFailover._take_over_group`) and turns its copy
 into a :class:`~amqpd.broker.quorum.QuorumQueue` with the lost leader's checkouts
 (:meth:`GroupFailover._promote_group`). The other nodes' remote queues ask
@@ -27,11 +27,8 @@ from amqpd.cluster.election import Ballot, claim, clear_offers, election_round, 
 from amqpd.cluster.mirror_host import MirrorsHost
 from amqpd.cluster.mirror_state import Ident
 from amqpd.cluster.quorum_leading import CHECKOUT_WAIT, GroupLeading
-from amqpd.cluster.quorum_state import (
-    choose_leader,
-    group_size,
-    majority,
-)
+from amqpd.cluster.quorum_state import group_size
+from amqpd.cluster.replica_core import Candidate, Majority, MajorityPromotion
 
 if TYPE_CHECKING:
     from amqpd.broker.api import QueueType, VHost
@@ -76,14 +73,17 @@ class GroupBallot(Ballot):
         return str(offer)
 
     def take(self, node: str, value: bytes) -> None:
-        self.offers[node] = int(value or b"-1")
+        # an offer is complete (held the lost leader's log in full) or -1 (votes only)
+        seq = int(value or b"-1")
+        self.candidates[node] = Candidate(node, seq, in_sync=seq >= 0,
+                                          was_in_sync=seq >= 0)
 
     def expected(self) -> list[str]:
         view, lost = self.groups.cluster, self.copy.leader
         return [n for n in self.members if n != lost and view.is_running(n)]
 
-    def choose(self) -> str | None:
-        return choose_leader(self.offers, self.members)
+    def promotion(self) -> MajorityPromotion:
+        return MajorityPromotion(tuple(self.members))
 
     async def undecided(self) -> bool | None:
         log.warning("queue '%s' in vhost '%s': leader %s lost and no majority of %s "
@@ -261,7 +261,7 @@ class GroupFailover(MirrorsHost):
         """The link to quorum queue ``queue``'s leader went (or its kept consumers have
         waited a while): will the group elect a new leader (its consumers here are then
         kept, remote_queue.RemoteQueue.detach)? Only if a majority of its members, the
-        lost leader aside, is running (:func:`~amqpd.cluster.quorum_state.choose_leader`).
+        lost leader aside, is running (:class:`~amqpd.cluster.replica_core.MajorityPromotion`).
 
         Decided on what this node knows now, whichever of the link's end, the view's
         news and the periodic read of the group records (every 0.5 s) came first: the
@@ -280,7 +280,7 @@ class GroupFailover(MirrorsHost):
         nodes = list(self.cluster.nodes())
         size = min(group_size(dict(getattr(queue, "arguments", None) or {})), len(nodes))
         others = sum(1 for n in nodes if n != lost and self._up(n))
-        return min(others, size - 1) >= majority(size)
+        return Majority.of(size).reached(min(others, size - 1))
 
     def could_take_over(self, rec: dict[str, Any] | None, lost: str) -> bool:
         """Whether the group record ``rec`` of a quorum queue whose leader ``lost`` is
@@ -293,7 +293,7 @@ class GroupFailover(MirrorsHost):
             return True
         members = [str(m) for m in rec.get("members", [])]
         up = [m for m in members if m != lost and self._up(m)]
-        return bool(members) and len(up) >= majority(len(members))
+        return bool(members) and MajorityPromotion(tuple(members)).enough(len(up))
 
 
 __all__ = ["GroupBallot", "GroupFailover", "election_offer"]

@@ -49,7 +49,8 @@ of a policy's:
   so a member whose acknowledgement made a record committed can always offer it; -1
   when it has nothing of that term (it votes, never leads). Once the running members
   offered (or after :data:`~amqpd.cluster.election.ELECTION_WAIT`)
-  :func:`~amqpd.cluster.quorum_state.choose_leader` picks the longest log among a
+  the replica core's :class:`~amqpd.cluster.replica_core.MajorityPromotion` picks
+  the longest log among a
   majority of the members (no majority: nobody; the queue refuses until nodes return).
   The winner takes over with one etcd transaction on the queue's definition (its
   leader node) and the group record (term + 1), guarded by both revisions: never two

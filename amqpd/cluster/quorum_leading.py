@@ -17,9 +17,7 @@ from amqpd.cluster import link_wire as W
 from amqpd.cluster import mirror_wire as M
 from amqpd.cluster.handout import Handouts
 from amqpd.cluster.mirror_leading import HAVE_WAIT, Leading
-from amqpd.cluster.quorum_state import (
-    majority,
-)
+from amqpd.cluster.replica_core import Majority
 from amqpd.coord.etcd import EtcdError
 
 if TYPE_CHECKING:
@@ -61,7 +59,7 @@ class GroupLeading(Leading):
 
     def set_members(self, members: list[str]) -> None:
         self.members = list(members)
-        self.rs.quorum = majority(len(self.members))
+        self.rs.policy = Majority.of(len(self.members))
         self.wanted = sorted(m for m in self.members if m != self.groups.node)
         for node in list(self.streams):
             if node not in self.wanted:
@@ -174,7 +172,7 @@ class GroupLeading(Leading):
         for node in list(self.streams):
             self.detach(node, drop=False)
         self.rs.synchronised.clear()
-        self.rs.quorum = len(self.members) + 1
+        self.rs.policy = Majority(len(self.members) + 1)
 
     def attach(self, node: str, link: Link) -> None:
         # a new copy is incomplete until its backlog is: it stops counting for commits
@@ -211,7 +209,7 @@ class GroupLeading(Leading):
         if self.fenced:
             return False
         complete = sum(1 for s in self.streams.values() if s.synced and not s.closed)
-        return 1 + complete >= majority(len(self.members))
+        return Majority.of(len(self.members)).reached(1 + complete)
 
     def sync_mode(self) -> str:
         """A member always copies what it lacks at once: quorum queues have no
@@ -224,7 +222,7 @@ class GroupLeading(Leading):
         rec["members"] = list(self.members)
         rec["term"] = self.term
         # the ha-promote-* keys are mirrored queues' policy: elections follow the term
-        # rules (quorum_state.choose_leader) whatever a policy says
+        # rules (replica_core.MajorityPromotion) whatever a policy says
         rec.pop("promote_on_failure", None)
         rec.pop("promote_on_shutdown", None)
         return rec

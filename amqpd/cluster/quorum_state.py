@@ -15,16 +15,13 @@
   moment was left out for ever). RabbitMQ picks at random when the cluster has more
   nodes than the size; amqpd prefers the running ones so that a majority holds the
   queue from its declare whenever the cluster can give one.
-* :func:`choose_leader` -- the election: among the offers of the surviving members
-  (member -> the replication sequence number of the lost leader's log up to which it
-  holds that log completely, even while its copy is being rebuilt after its link or
-  its node came back: ``quorum_group.election_offer``; -1: nothing of that log, so it
-  may vote but never lead), nobody when fewer than a majority of the
-  members offered; else the longest log, ties to the smallest name, so every member that
-  runs the choice on the same offers picks the same one. A record committed by a
-  majority is held by at least one member of any majority, and a complete copy with a
-  longer log holds every record of a shorter one (records arrive in order on one link),
-  so the winner holds every confirmed message.
+* the election's choice is the pure replica core's
+  (:class:`amqpd.cluster.replica_core.MajorityPromotion`): among the offers of the
+  surviving members (member -> the replication sequence number of the lost leader's log
+  up to which it holds that log completely, even while its copy is being rebuilt after
+  its link or its node came back: ``quorum_failover.election_offer``; -1: nothing of
+  that log, so it may vote but never lead), nobody when fewer than a majority of the
+  members offered; else the longest log, ties to the smallest name.
 * :func:`quorum_critical` -- what ``node-is-quorum-critical`` reports.
 * :func:`add_member` / :func:`remove_member` -- membership edits with RabbitMQ's refusals.
 * :func:`expire_waiters` -- the bounded wait: commits a group without a majority holds
@@ -40,6 +37,7 @@ from typing import Any
 from amqpd.broker.api import MembershipError as MembershipError
 from amqpd.broker.api import NotReplicated
 from amqpd.cluster.mirror_state import CommitGate
+from amqpd.cluster.replica_core import majority as majority
 
 DEFAULT_GROUP_SIZE = 3  # RabbitMQ 3.10's quorum_cluster_size
 
@@ -47,10 +45,6 @@ DEFAULT_GROUP_SIZE = 3  # RabbitMQ 3.10's quorum_cluster_size
 class NoQuorum(NotReplicated):
     """A commit that a quorum queue's majority did not acknowledge in time: a nack for
     the publisher, and (as a warren's NotReplicated) no store alarm: the disk is fine."""
-
-
-def majority(members: int) -> int:
-    return members // 2 + 1
 
 
 def group_size(arguments: dict[str, Any]) -> int:
@@ -70,19 +64,6 @@ def initial_members(leader: str, size: int, nodes: Iterable[str],
     member out (module docstring): it joins when it is back."""
     others = sorted(set(nodes) - {leader}, key=lambda n: (not running(n), n))
     return [leader, *others[:max(size - 1, 0)]]
-
-
-def choose_leader(offers: dict[str, int], members: Iterable[str]) -> str | None:
-    """The election's winner among ``offers`` (module docstring); None: no majority of
-    the members offered, or none of them holds a complete copy."""
-    members = list(members)
-    offered = {n: seq for n, seq in offers.items() if n in members}
-    if len(offered) < majority(len(members)):
-        return None
-    complete = [n for n, seq in offered.items() if seq >= 0]
-    if not complete:
-        return None
-    return min(complete, key=lambda n: (-offered[n], n))
 
 
 def has_majority(members: Iterable[str], up: Callable[[str], bool]) -> bool:
@@ -146,7 +127,7 @@ def expire_waiters(gate: CommitGate, now: float, error: BaseException) -> int:
 
 
 __all__ = [
-    "DEFAULT_GROUP_SIZE", "MembershipError", "NoQuorum", "add_member", "choose_leader",
+    "DEFAULT_GROUP_SIZE", "MembershipError", "NoQuorum", "add_member",
     "expire_waiters", "group_size", "grow_targets", "has_majority", "initial_members",
     "majority", "quorum_critical", "remove_member",
 ]

@@ -1,6 +1,6 @@
 """A quorum member that acknowledged records and was restarted can be elected (issue 28).
 
-Found by the replica model (tests/unit/cluster/test_replica_model.py): a member whose
+Found by the replica model (tests/unit/cluster/test_replica_core_model.py): a member whose
 acknowledgement made a record committed, killed and started again, read its copy back
 from disk with nothing it could offer in an election (-1: "incomplete") until its copy
 had resynchronised; if the leader was lost before that and the third member never had

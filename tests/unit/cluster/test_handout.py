@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from amqpd.cluster.handout import WAITING_CAP, CommitOutbox, Handouts
 from amqpd.cluster.mirror_state import ReplicaSet
+from amqpd.cluster.replica_core import Majority
 
 
 class Entry:
@@ -93,7 +94,7 @@ class Consumer:
 
 def group(members: int = 3) -> tuple[ReplicaSet, Queue, Any, list[int]]:
     """A group of ``members`` (the leader's Handouts, typed Any: stand-ins go in)."""
-    rs = ReplicaSet("a", [f"m{i}" for i in range(1, members)], quorum=members // 2 + 1)
+    rs = ReplicaSet("a", [f"m{i}" for i in range(1, members)], policy=Majority.of(members))
     for m in rs.synchronised:
         rs.attach(m)
     q = Queue(rs)
@@ -223,7 +224,7 @@ def test_a_full_outbox_asks_for_a_dispatch_once_some_left() -> None:
 
 
 def test_a_failing_action_does_not_hold_the_others() -> None:
-    rs = ReplicaSet("a", ["b", "c"], quorum=2)
+    rs = ReplicaSet("a", ["b", "c"], policy=Majority(2))
     out = CommitOutbox(rs)
     ran: list[int] = []
 

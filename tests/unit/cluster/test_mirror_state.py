@@ -17,11 +17,10 @@ from amqpd.cluster.mirror_map import CopyMap, map_path
 from amqpd.cluster.mirror_state import (
     CommitGate,
     ReplicaSet,
-    choose_promotion,
     ha_setting,
-    may_promote_unsynchronised,
     mirror_nodes,
 )
+from amqpd.cluster.replica_core import Majority
 from amqpd.coord.etcd import EtcdError
 from amqpd.store.api import StoredMessage, StoreError
 from amqpd.store.memory import MemoryStore
@@ -147,7 +146,7 @@ def test_synced_mirror_joins_with_the_backlog_covering_its_start() -> None:
 
 
 def test_majority_commit_counts_the_leader() -> None:
-    rs = ReplicaSet("a", ["b", "c"], quorum=2)
+    rs = ReplicaSet("a", ["b", "c"], policy=Majority(2))
     rs.next_seq()
     assert not rs.satisfied(1)
     rs.ack("c", 1)
@@ -171,18 +170,6 @@ def test_ha_mode_all_exactly_and_nodes() -> None:
     assert mirror_nodes({"max-length": 3}, "a", members, everyone) == []
     assert mirror_nodes({"ha-mode": "exactly", "ha-params": "two"}, "a", members,
                         everyone) == []
-
-
-# ------------------------------------------------------------------ promotion
-def test_the_most_up_to_date_running_synchronised_mirror_is_promoted() -> None:
-    assert choose_promotion({"b": 10, "c": 12}, ["b", "c"], everyone) == "c"
-    assert choose_promotion({"b": 12, "c": 12}, ["b", "c"], everyone) == "b"  # by name
-    # an unsynchronised mirror never, however far it got
-    assert choose_promotion({"b": 10, "d": 99}, ["b", "c"], everyone) == "b"
-    # a candidate that stopped running is passed over
-    assert choose_promotion({"b": 10, "c": 12}, ["b", "c"], lambda n: n != "c") == "b"
-    assert choose_promotion({}, ["b"], everyone) is None
-    assert choose_promotion({"d": 1}, ["b"], everyone) is None
 
 
 # ------------------------------------------------------------------ the mirror's copy
@@ -339,36 +326,6 @@ def test_ha_settings_default_as_rabbitmq_3_10() -> None:
     assert ha_setting({}, "ha-promote-on-shutdown") == "when-synced"
     assert ha_setting({"ha-sync-mode": "automatic"}, "ha-sync-mode") == "automatic"
     assert ha_setting({"ha-sync-mode": "sometimes"}, "ha-sync-mode") == "manual"
-
-
-def test_unsynchronised_promotion_follows_failure_and_shutdown_settings() -> None:
-    # failure: ha-promote-on-failure decides
-    assert may_promote_unsynchronised("always", "when-synced", shutdown=False)
-    assert not may_promote_unsynchronised("when-synced", "always", shutdown=False)
-    # controlled stop: ha-promote-on-shutdown decides, when-synced on failure overrides
-    assert not may_promote_unsynchronised("always", "when-synced", shutdown=True)
-    assert may_promote_unsynchronised("always", "always", shutdown=True)
-    assert not may_promote_unsynchronised("when-synced", "always", shutdown=True)
-
-
-def test_an_unsynchronised_mirror_is_promoted_only_when_allowed_and_none_is_synced() -> None:
-    assert choose_promotion({"c": 7}, [], everyone) is None
-    assert choose_promotion({"c": 7, "d": 9}, [], everyone, unsynchronised_ok=True) == "d"
-    # a synchronised one still wins over a further unsynchronised one
-    assert choose_promotion({"b": 5, "d": 9}, ["b"], everyone, unsynchronised_ok=True) == "b"
-    assert choose_promotion({"d": 9}, [], lambda n: n != "d", unsynchronised_ok=True) is None
-
-
-def test_a_never_synchronised_mirror_waits_for_a_running_synchronised_one_to_offer() -> None:
-    """b is synchronised (the record says so) and runs but has not offered itself yet
-    (a slow node): c, never in sync, is not promoted over it; once b offers, b wins;
-    with b down, c may be (ha-promote-on-failure always, as in RabbitMQ)."""
-    assert choose_promotion({"c": 9}, [], everyone, unsynchronised_ok=True,
-                            awaited=["b"]) is None
-    assert choose_promotion({"b": 3, "c": 9}, ["b"], everyone, unsynchronised_ok=True,
-                            awaited=["b"]) == "b"
-    assert choose_promotion({"c": 9}, [], lambda n: n != "b", unsynchronised_ok=True,
-                            awaited=["b"]) == "c"
 
 
 # ------------------------------------------------------------------ sync mode, returning mirrors

@@ -5,7 +5,6 @@ membership edits, and a member refusing a deposed leader's stream."""
 
 from __future__ import annotations
 
-import random
 from types import SimpleNamespace
 from typing import Any
 
@@ -23,7 +22,6 @@ from amqpd.cluster.quorum_state import (
     MembershipError,
     NoQuorum,
     add_member,
-    choose_leader,
     expire_waiters,
     group_size,
     grow_targets,
@@ -33,6 +31,7 @@ from amqpd.cluster.quorum_state import (
     quorum_critical,
     remove_member,
 )
+from amqpd.cluster.replica_core import Majority
 
 
 def everyone(_node: str) -> bool:
@@ -96,7 +95,7 @@ def test_initial_members_properties(nodes: set[str], data: st.DataObject) -> Non
 
 # ------------------------------------------------------------------ majority commit
 def test_a_confirm_waits_for_a_majority_not_for_every_member() -> None:
-    rs = ReplicaSet("a", ["b", "c"], quorum=majority(3))
+    rs = ReplicaSet("a", ["b", "c"], policy=Majority.of(3))
     gate = CommitGate(timeout=5.0)
     gate.sets.append(rs)
     rs.next_seq()
@@ -109,7 +108,7 @@ def test_a_confirm_waits_for_a_majority_not_for_every_member() -> None:
 
 
 def test_a_member_still_copying_the_backlog_does_not_count() -> None:
-    rs = ReplicaSet("a", [], quorum=majority(3))  # b and c attached, not complete
+    rs = ReplicaSet("a", [], policy=Majority.of(3))  # b and c attached, not complete
     rs.attach("b")
     rs.attach("c")
     gate = CommitGate(timeout=5.0)
@@ -127,7 +126,7 @@ def test_a_member_still_copying_the_backlog_does_not_count() -> None:
 
 
 def test_without_a_majority_commits_fail_after_the_timeout_in_order() -> None:
-    rs = ReplicaSet("a", ["b", "c"], quorum=majority(3))
+    rs = ReplicaSet("a", ["b", "c"], policy=Majority.of(3))
     gate = CommitGate(timeout=5.0)
     gate.sets.append(rs)
     rs.next_seq()
@@ -145,7 +144,7 @@ def test_without_a_majority_commits_fail_after_the_timeout_in_order() -> None:
 
 
 def test_an_expired_head_releases_the_satisfied_waiters_behind_it() -> None:
-    stuck = ReplicaSet("a", ["b", "c"], quorum=2)
+    stuck = ReplicaSet("a", ["b", "c"], policy=Majority(2))
     gate = CommitGate(timeout=1.0)
     gate.sets.append(stuck)
     stuck.next_seq()
@@ -156,85 +155,6 @@ def test_an_expired_head_releases_the_satisfied_waiters_behind_it() -> None:
     expire_waiters(gate, 1.0, NoQuorum("x"))
     assert [d[0] for d in done] == ["stuck", "free"]
     assert done[1][1] is None
-
-
-# ------------------------------------------------------------------ the election
-def test_no_leader_without_a_majority_of_offers() -> None:
-    assert choose_leader({"b": 10}, ["a", "b", "c"]) is None
-    assert choose_leader({"b": 10, "c": 9}, ["a", "b", "c"]) == "b"
-    # offers from non-members do not count
-    assert choose_leader({"b": 10, "x": 99}, ["a", "b", "c"]) is None
-
-
-def test_the_longest_complete_log_wins_ties_to_the_smallest_name() -> None:
-    members = ["a", "b", "c", "d", "e"]
-    assert choose_leader({"b": 5, "c": 7, "d": 7}, members) == "c"
-    # an incomplete copy votes but never leads
-    assert choose_leader({"b": -1, "c": 3, "d": -1}, members) == "c"
-    assert choose_leader({"b": -1, "c": -1, "d": -1}, members) is None
-
-
-@pytest.mark.parametrize("size", [3, 5])
-def test_the_elected_member_holds_every_record_a_majority_confirmed(size: int) -> None:
-    """Random runs: members receive the leader's records in order, some lag; a record
-    is confirmed once a majority (the leader included) holds it; the leader dies; any
-    majority of the survivors elects a member holding every confirmed record."""
-    rng = random.Random(size)
-    members = [f"n{i}" for i in range(size)]
-    leader, others = members[0], members[1:]
-    for _run in range(500):
-        held = dict.fromkeys(others, 0)
-        confirmed = 0
-        for seq in range(1, rng.randrange(2, 40)):
-            for m in others:
-                if held[m] == seq - 1 and rng.random() < 0.6:
-                    held[m] = seq
-            if 1 + sum(1 for m in others if held[m] >= seq) >= majority(size):
-                confirmed = seq
-        survivors = rng.sample(others, rng.randrange(majority(size), size))
-        winner = choose_leader({m: held[m] for m in survivors}, members)
-        assert winner is not None
-        assert held[winner] >= confirmed
-    assert leader not in others
-
-
-@pytest.mark.parametrize("size", [3, 5])
-def test_members_down_at_declare_never_win_over_members_holding_more(size: int) -> None:
-    """Issue 28: members down at the declare are members from the start; each comes
-    back at a random record, copies the backlog (offering -1 until it is complete, and
-    acknowledging nothing before), then follows. Whatever survives as a majority, the
-    winner holds every record a majority confirmed, and a member that never received
-    anything never wins."""
-    rng = random.Random(28 + size)
-    members = [f"n{i}" for i in range(size)]
-    others = members[1:]
-    for _run in range(500):
-        late = set(rng.sample(others, rng.randrange(0, majority(size))))
-        back_at = {m: rng.randrange(1, 60) for m in late}  # the record it returns at
-        complete_at = {m: back_at[m] + rng.randrange(0, 20) for m in late}
-        held = dict.fromkeys(others, 0)
-        complete = {m: m not in late for m in others}
-        confirmed = 0
-        for seq in range(1, rng.randrange(2, 50)):
-            for m in others:
-                if m in late:
-                    if seq >= complete_at[m]:
-                        complete[m] = True
-                    if seq >= back_at[m]:
-                        held[m] = seq  # a live stream: every record from its return on
-                elif held[m] == seq - 1 and rng.random() < 0.6:
-                    held[m] = seq
-            acks = sum(1 for m in others if complete[m] and held[m] >= seq)
-            if 1 + acks >= majority(size):
-                confirmed = seq
-        survivors = rng.sample(others, rng.randrange(majority(size), size))
-        offers = {m: (held[m] if complete[m] else -1) for m in survivors}
-        winner = choose_leader(offers, members)
-        if winner is None:
-            assert all(o < 0 for o in offers.values())
-            continue
-        assert complete[winner] and held[winner] >= confirmed
-        assert held[winner] == max(offers.values())  # never a shorter log
 
 
 def test_has_majority() -> None:

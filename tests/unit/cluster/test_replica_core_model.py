@@ -1,16 +1,22 @@
-"""The commit and promotion rules never lose a committed record (Hypothesis, stateful).
+"""The replica core's commit and promotion rules never lose a committed record
+(Hypothesis, stateful).
 
-The pure rules of :mod:`amqpd.cluster.mirror_state` (``ReplicaSet``, ``CommitGate``,
-``choose_promotion``) and :mod:`amqpd.cluster.quorum_state` (``majority``,
-``choose_leader``) are driven here over a simulated network and simulated members, as
-:mod:`amqpd.cluster.mirror` and :mod:`amqpd.cluster.quorum_group` drive them over real
-links:
+The pure replica core (:mod:`amqpd.cluster.replica_core`: the commit policies
+``AllInSync`` and ``Majority``, ``CatchUp``, the promotion policies
+``MirroredPromotion`` and ``MajorityPromotion``), with the leader's counts that hold
+them (:mod:`amqpd.cluster.mirror_state`: ``ReplicaSet``, ``CommitGate``), are driven
+here over a simulated network and simulated members, as :mod:`amqpd.cluster.mirror`
+and :mod:`amqpd.cluster.quorum_group` drive them over real links:
 
 * three members; the leader appends a record, sends it on each live link, and asks the
   gate for a confirm (``needs_now`` + ``wait``);
 * a link is a TCP connection: in order while it lasts, but Hypothesis picks which link
   moves next (delays, reordering across links), and a link may break at any moment,
-  losing what was in flight both ways; a member may crash and come back (its durable
+  losing what was in flight both ways. Messages may also be dropped or reordered on a
+  link (a faulty network below the stream): a member notices the gap at the next
+  record it takes and asks for a new stream (the link restarts), and acknowledgements
+  may be lost or overtake one another (they are cumulative); a member may crash and
+  come back (its durable
   copy stays, and so does its durable mark: how much of the leader's log of which term
   it held completely, written before each acknowledgement while its copy is complete:
   ``mirror_map``'s mark, which ``Mirrors._adopt`` reads back);
@@ -22,19 +28,22 @@ links:
   record after a link to the one that had it broke and came back; across a restart it
   is the durable mark, without which the model did the same after a member that had the
   record restarted: issue 28);
-* quorum groups count a majority (``ReplicaSet(quorum=majority(3))``; a member leaves the
+* quorum groups count a majority (``Majority.of(3)``; a member leaves the
   count when its link breaks, as ``GroupLeading.detach`` does); mirrored queues count
   every synchronised mirror, and a mirror whose link broke leaves the synchronised set
   only once that is recorded (a separate step, as the etcd write is), or when the gate
   names it a laggard after the timeout;
 * the leader may crash; then the election runs on the offers of the running members
-  that hold a complete copy of that leader's log (``choose_leader`` over a majority for
-  quorum groups; ``choose_promotion`` among synchronised mirrors, with
-  ``ha-promote-on-failure: when-synced``, for mirrored queues), and the winner leads the
-  next term with its own log.
+  that hold a complete copy of that leader's log (``MajorityPromotion`` for quorum
+  groups; ``MirroredPromotion`` for mirrored queues, ``when-synced``), and the winner
+  leads the next term with its own log.
 
 What must hold at every election: the winner's log holds every record any leader
 confirmed. Records are named by (term, number) so a copy from another term never counts.
+Under ``ha-promote-on-failure: always`` (:class:`MirroredAlways`) RabbitMQ promotes an
+unsynchronised mirror when no synchronised one is left, losing what it lacks: there the
+model checks that such a loss happens only when no in-sync mirror offered, and that a
+mirror that never was in sync never wins over one that was.
 """
 
 from __future__ import annotations
@@ -47,8 +56,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from amqpd.cluster.mirror_state import CommitGate, ReplicaSet, choose_promotion
-from amqpd.cluster.quorum_state import choose_leader, majority
+from amqpd.cluster import replica_core as core
+from amqpd.cluster.mirror_state import CommitGate, ReplicaSet
 
 NODES = ("n0", "n1", "n2")
 Record = tuple[int, int]  # (term, number)
@@ -66,6 +75,7 @@ class Member:
     # completely), written while complete, before the acknowledgement
     mark: tuple[int, int] | None = None
     linked: bool = True
+    expect: int = 1  # the sequence number of the next record of its stream
     # ("sync", start sequence, the leader's whole log) or ("rec", sequence, [record])
     to_member: deque[tuple[str, int, list[Record]]] = field(default_factory=deque)
     to_leader: deque[int] = field(default_factory=deque)  # sequence numbers acked
@@ -75,6 +85,7 @@ class ReplicaGroup(RuleBasedStateMachine):
     """One queue's group (module docstring); ``QUORUM`` picks the commit rule."""
 
     QUORUM = True
+    ALWAYS = False  # mirrored: ha-promote-on-failure always (else when-synced)
 
     def __init__(self) -> None:
         super().__init__()
@@ -82,6 +93,7 @@ class ReplicaGroup(RuleBasedStateMachine):
         self.leader = NODES[0]
         self.members = {n: Member() for n in NODES}
         self.confirmed: set[Record] = set()
+        self.lost_by_policy: set[Record] = set()  # MirroredAlways: RabbitMQ's own loss
         self.now = 0.0
         self.elections = 0
         self._lead()
@@ -93,12 +105,12 @@ class ReplicaGroup(RuleBasedStateMachine):
     # -- the leader's side ------------------------------------------------------------
     def _lead(self) -> None:
         self.gate = CommitGate(timeout=1.0)
-        self.rs = ReplicaSet(self.leader, quorum=majority(len(NODES)) if self.QUORUM
-                             else None)
+        self.rs = ReplicaSet(self.leader, policy=core.Majority.of(len(NODES)) if self.QUORUM
+                             else core.AllInSync())
         self.gate.sets.append(self.rs)
         self.leaving: set[str] = set()  # mirrored: link lost, not yet recorded
-        # mirrored: counted since their backlog, named synchronised once they ack this
-        self.catching: dict[str, int] = {}
+        # mirrored: counted since their backlog, named synchronised once caught up
+        self.catching: dict[str, core.CatchUp] = {}
 
     def followers(self) -> list[str]:
         return [n for n in NODES if n != self.leader]
@@ -157,10 +169,15 @@ class ReplicaGroup(RuleBasedStateMachine):
         if kind == "sync":
             m.log, m.term, m.complete = list(records), self.term, True
             m.mark = (m.term, len(m.log))  # durable, the mark, then acknowledged
+            m.expect = seq + 1
             m.to_leader.append(-seq - 1)  # "synced at seq" (got_synced)
             return
         if not m.complete or m.term != self.term:
             return  # a copy being rebuilt takes records only after its backlog
+        if seq != m.expect:  # a record was lost or overtaken: a new stream
+            self.break_link(node)
+            return
+        m.expect = seq + 1
         m.log.extend(records)
         m.mark = (m.term, len(m.log))
         m.to_leader.append(seq)  # durable, the mark, then acknowledged
@@ -176,12 +193,39 @@ class ReplicaGroup(RuleBasedStateMachine):
             self.rs.ack(node, start)
             self.rs.join(node)
             if self.rs.seq > start:  # Leading.got_synced
-                self.catching[node] = self.rs.seq
+                self.catching[node] = core.CatchUp(self.rs.seq)
         else:
             self.rs.ack(node, seq)
-            if node in self.catching and seq >= self.catching[node]:
+            if node in self.catching and self.catching[node].done(seq):
                 del self.catching[node]  # Leading.got_ack
         self.gate.release()
+
+    @rule(node=st.sampled_from(NODES), index=st.integers(0, 7))
+    def drop_to_member(self, node: str, index: int) -> None:
+        """A message to the member is lost (the next record it takes shows the gap)."""
+        queue = self.members[node].to_member
+        if queue:
+            del queue[index % len(queue)]
+
+    @rule(node=st.sampled_from(NODES), index=st.integers(0, 7))
+    def reorder_to_member(self, node: str, index: int) -> None:
+        """Two messages to the member swap places (a gap again, for the member)."""
+        queue = self.members[node].to_member
+        if len(queue) >= 2:
+            i = index % (len(queue) - 1)
+            queue[i], queue[i + 1] = queue[i + 1], queue[i]
+
+    @rule(node=st.sampled_from(NODES), index=st.integers(0, 7), swap=st.booleans())
+    def disturb_acks(self, node: str, index: int, swap: bool) -> None:
+        """An acknowledgement is lost, or overtakes the one before it."""
+        queue = self.members[node].to_leader
+        if not queue:
+            return
+        i = index % len(queue)
+        if swap and i + 1 < len(queue):
+            queue[i], queue[i + 1] = queue[i + 1], queue[i]
+        else:
+            del queue[i]
 
     @rule(node=st.sampled_from(NODES))
     def break_link(self, node: str) -> None:
@@ -238,29 +282,53 @@ class ReplicaGroup(RuleBasedStateMachine):
         m.complete = False
         m.held_term, m.held = m.mark if m.mark is not None else (0, -1)
 
+    def candidates(self, lost: str) -> list[core.Candidate]:
+        """The running members' offers, as the ballots make them (GroupBallot.take,
+        MirrorBallot.offer / take)."""
+        out = []
+        recorded = self.rs.synchronised.difference(self.catching)  # Leading.record
+        for n, m in self.members.items():
+            if n == lost or not m.up:
+                continue
+            complete = m.complete and m.term == self.term
+            held = m.held if m.held_term == self.term else -1
+            if self.QUORUM:
+                # a member rebuilding its copy offers what it held completely before
+                # (MirrorCopy.held_seq); one with nothing votes, never leads (-1)
+                seq = len(m.log) if complete else held
+                out.append(core.Candidate(n, seq, in_sync=seq >= 0, was_in_sync=seq >= 0))
+            elif complete or self.ALWAYS:  # when-synced: only complete copies stand
+                was = complete or held >= 0
+                seq = len(m.log) if complete else held if was else len(m.log)
+                out.append(core.Candidate(n, seq, in_sync=complete and n in recorded,
+                                     was_in_sync=was))
+        return out
+
     def elect(self) -> None:
         lost = self.leader
-        offers = {n: len(m.log) for n, m in self.members.items()
-                  if n != lost and m.up and m.complete and m.term == self.term}
+        offers = self.candidates(lost)
         if self.QUORUM:
-            # a member rebuilding its copy offers what it held completely before
-            # (MirrorCopy.held_seq); one with nothing votes but never leads (offer -1)
-            for n, m in self.members.items():
-                if n != lost and m.up and n not in offers:
-                    offers[n] = m.held if m.held_term == self.term else -1
-            winner = choose_leader(offers, NODES)
+            winner = core.MajorityPromotion(NODES).choose(offers)
         else:
-            # the record's synchronised set (Leading.record): not those still catching up
-            recorded = self.rs.synchronised.difference(self.catching)
-            winner = choose_promotion(dict(offers), recorded, lambda n: self.members[n].up,
-                                      unsynchronised_ok=False)
+            winner = core.MirroredPromotion(unsynchronised_ok=self.ALWAYS).choose(offers)
         if winner is None:
             return  # the queue waits for its members (nothing is claimed)
+        chosen = next(c for c in offers if c.node == winner)
         winner_copy = self.members[winner]
-        log = winner_copy.log if winner_copy.complete else winner_copy.log[:offers[winner]]
+        complete = winner_copy.complete and winner_copy.term == self.term
+        log = winner_copy.log if complete or not chosen.was_in_sync \
+            else winner_copy.log[:chosen.position]
         lost_records = self.confirmed.difference(log)
+        if lost_records and not any(c.in_sync for c in offers) and self.ALWAYS:
+            # RabbitMQ's ha-promote-on-failure always: no in-sync mirror offered, so an
+            # unsynchronised one leads and what it lacks is lost (docs/clustering.md)
+            self.lost_by_policy |= lost_records
+            self.confirmed -= lost_records
+            lost_records = set()
         assert not lost_records, (f"{winner} elected without confirmed records "
                                   f"{sorted(lost_records)[:5]}")
+        assert chosen.was_in_sync or not any(c.was_in_sync for c in offers), \
+            f"{winner} never in sync, elected over {offers}"
         self.elections += 1
         self.term += 1
         self.leader = winner
@@ -288,22 +356,32 @@ class QuorumGroup(ReplicaGroup):
 
 
 class MirroredQueue(ReplicaGroup):
-    """Mirrored queues' rules (the case it found is
+    """Mirrored queues' rules, ``ha-promote-on-failure: when-synced`` (the case it
+    found is
     :func:`test_a_mirror_synchronised_after_a_leader_alone_confirm_is_not_promoted_early`)."""
 
     QUORUM = False
 
 
+class MirroredAlways(ReplicaGroup):
+    """Mirrored queues under RabbitMQ's default ``ha-promote-on-failure: always``."""
+
+    QUORUM = False
+    ALWAYS = True
+
+
 # CI runs a fixed set of examples (derandomize): a case the model finds only at random
 # would make a test pass or fail by chance. ``make model`` runs it randomized and longer
 # (AMQPD_MODEL_RANDOM=1, AMQPD_MODEL_EXAMPLES=n) to search for new ones.
-_SETTINGS = settings(max_examples=int(os.environ.get("AMQPD_MODEL_EXAMPLES", "150")),
+_SETTINGS = settings(max_examples=int(os.environ.get("AMQPD_MODEL_EXAMPLES", "100")),
                      stateful_step_count=60, deadline=None,
                      derandomize=not os.environ.get("AMQPD_MODEL_RANDOM"))
 TestQuorumGroup = QuorumGroup.TestCase
 TestQuorumGroup.settings = _SETTINGS
 TestMirroredQueue = MirroredQueue.TestCase
 TestMirroredQueue.settings = _SETTINGS
+TestMirroredAlways = MirroredAlways.TestCase
+TestMirroredAlways.settings = _SETTINGS
 
 
 def test_a_restarted_member_that_acked_a_record_can_lead() -> None:
@@ -360,3 +438,39 @@ def test_a_mirror_synchronised_after_a_leader_alone_confirm_is_not_promoted_earl
     assert "n2" not in g.catching
     g.crash("n0")
     assert g.leader == "n2" and (1, 2) in g.members["n2"].log
+
+
+def test_a_mirror_is_named_synchronised_only_when_its_ack_reaches_the_catch_up_target() -> None:
+    """The catch-up target is fixed when the mirror joins (``CatchUp``): a first
+    acknowledgement short of it (record 2 of 3, both confirmed while nobody was in the
+    set) does not name it synchronised, so the leader's death with record 3 still in
+    flight promotes nobody (when-synced) instead of a mirror lacking it."""
+    g = MirroredQueue()
+    g.publish()
+    g.break_link("n2")
+    g.time_passes()  # n1 and n2 leave the set
+    g.attach("n2")  # its resync starts at sequence 1
+    g.publish()
+    g.publish()  # (1, 2) and (1, 3) confirmed on the leader alone
+    g.deliver_to_member("n2")
+    g.deliver_to_leader("n2")  # synchronised from 1: counted, catching up to 3
+    g.deliver_to_member("n2")  # (1, 2)
+    g.deliver_to_leader("n2")
+    assert {(1, 2), (1, 3)} <= g.confirmed and "n2" in g.catching
+    g.crash("n0")
+    assert g.elections == 0 and g.leader == "n0"
+
+
+def test_a_member_that_missed_a_record_stops_taking_the_stream() -> None:
+    """A record lost on the way: the member that takes the next one sees the gap and
+    asks for a new stream instead of acknowledging a log with a hole (which a majority
+    would count as holding the lost record)."""
+    g = QuorumGroup()
+    g.publish()
+    g.publish()
+    g.drop_to_member("n1", 0)  # (1, 1) never reaches n1
+    g.deliver_to_member("n1")  # (1, 2): the gap
+    assert not g.members["n1"].linked and g.members["n1"].log == []
+    assert not g.members["n1"].to_leader and g.confirmed == set()
+    g.crash("n0")  # nobody holds what was never confirmed: any majority may elect
+    assert g.elections == 1
