@@ -465,12 +465,23 @@ class QuorumGroups(GroupFailover, Mirrors):
 
     # -- what the API shows ----------------------------------------------------------------
     def queue_fields(self, vhost: str, name: str) -> dict[str, Any]:
-        lead = self.leading.get((vhost, name))
-        rec = lead.record() if lead is not None else self.records.get((vhost, name))
+        """The group as the management API shows it. The leader named is the
+        catalogue's (etcd's, read afresh before this node's leadership counts as
+        confirmed: amqpd.cluster.leadership), not this node's own belief: a leader
+        replaced while it was cut off or stopped keeps its ``GroupLeading`` until the
+        next reconciliation (or, fenced, until its queue is replaced), and listing that
+        named two leaders for a moment after a partition healed (issue 28)."""
+        ident = (vhost, name)
+        lead = self.leading.get(ident)
+        named = self.cluster.catalogue.get(ident)
+        if lead is not None and ((isinstance(lead, GroupLeading) and lead.fenced)
+                                 or named not in (None, self.node)):
+            lead = None  # deposed, or replaced: what etcd holds is the truth
+        rec = lead.record() if lead is not None else self.records.get(ident)
         if rec is None:
             return {}
         members = [str(m) for m in rec.get("members", [])]
-        leader = str(rec.get("leader"))
+        leader = str(named or rec.get("leader"))
         online = [m for m in members if m == self.node or self.cluster.is_running(m)]
         return {"leader": leader, "node": leader, "members": members, "online": online}
 

@@ -30,8 +30,9 @@ from tests.integration.cluster_support import (
     wait_for,
     wait_formed,
 )
-from tests.support import etcdproc
+from tests.support import etcdproc, netns
 from tests.support.etcdproc import EtcdProcess
+from tests.support.tcpproxy import TcpProxy
 
 pytestmark = [
     pytest.mark.slow,
@@ -77,6 +78,23 @@ class ClaimWatch(threading.Thread):
             time.sleep(0.01)
 
 
+def _declare(a: ClusterNode, kind: str) -> None:
+    """The queue on node-a (mirrored: under an ha-all policy, put first), with a few
+    confirmed messages: every member or mirror holds a copy of the queue then."""
+    if kind == "mirrored":
+        r = a.api.put("/api/policies/%2F/ha-all", {
+            "pattern": "^claim\\.", "apply-to": "queues", "definition": {"ha-mode": "all"}})
+        assert r.status in (201, 204), r.text
+    conn = Conn(a.url)
+    conn.declare_queue(conn.open_channel(1), QUEUE, durable=True,
+                       arguments={"x-queue-type": "quorum"} if kind == "quorum" else None)
+    conn.close()
+    pub = ConfirmPublisher(a.url, QUEUE, batch=10)
+    pub.publish_range(0, 10)
+    assert pub.confirmed == set(range(10)), pub.nacked
+    pub.conn.close()
+
+
 @pytest.mark.parametrize("kind", ["mirrored", "quorum"])
 def test_a_woken_or_restarted_leader_does_not_claim(tmp_path: Path, etcd: EtcdProcess,
                                                     kind: str) -> None:
@@ -89,18 +107,7 @@ def test_a_woken_or_restarted_leader_does_not_claim(tmp_path: Path, etcd: EtcdPr
                                      extra_env={"AMQPD_HTTP_PORT": str(http_port)}).start())
         wait_formed(nodes)
         a = nodes[0]
-        r = a.api.put("/api/policies/%2F/ha-all", {
-            "pattern": "^claim\\.", "apply-to": "queues", "definition": {"ha-mode": "all"}})
-        assert r.status in (201, 204), r.text
-        conn = Conn(a.url)
-        conn.declare_queue(conn.open_channel(1), QUEUE, durable=True,
-                           arguments={"x-queue-type": "quorum"} if kind == "quorum" else None)
-        conn.close()
-        # a few confirmed messages: every member holds a copy of the queue then
-        pub = ConfirmPublisher(a.url, QUEUE, batch=10)
-        pub.publish_range(0, 10)
-        assert pub.confirmed == set(range(10)), pub.nacked
-        pub.conn.close()
+        _declare(a, kind)
         wait_for(lambda: all(_leader(n) == a.name for n in nodes), 20,
                  "every node sees node-a lead the queue", lambda: diagnose(nodes))
 
@@ -150,3 +157,54 @@ def test_a_woken_or_restarted_leader_does_not_claim(tmp_path: Path, etcd: EtcdPr
     finally:
         for n in nodes:
             n.stop()
+
+
+@pytest.mark.parametrize("kind", ["mirrored", "quorum"])
+def test_a_leader_back_from_a_partition_does_not_claim(tmp_path: Path, etcd: EtcdProcess,
+                                                       kind: str) -> None:
+    """The same, for a leader cut off through its network namespace (its etcd, its
+    heartbeats and its links at once) until another node leads the queue, then healed:
+    polled from the host from the heal on, it must not list itself as the leader. CI
+    saw a quorum queue listed by two nodes 1.3 s after such a heal (test_chaos's
+    namespace seed): the listing named this node's own GroupLeading, kept until the
+    next reconciliation, instead of etcd's record."""
+    why = netns.unavailable()
+    if why is not None:
+        pytest.skip(f"partitions through network namespaces: {why}")
+    prefix = new_prefix()
+    nodes: list[ClusterNode] = []
+    with netns.lab() as lab:
+        bridge = TcpProxy("127.0.0.1", etcd.client_port, host=lab.host_address).start()
+        try:
+            for name in ("a", "b", "c"):
+                nodes.append(ClusterNode(
+                    f"node-{name}", tmp_path / name, f"http://{bridge.host}:{bridge.port}",
+                    prefix, member=lab.add(f"node-{name}")).start())
+            wait_formed(nodes)
+            a = nodes[0]
+            _declare(a, kind)
+            wait_for(lambda: all(_leader(n) == a.name for n in nodes), 20,
+                     "every node sees node-a lead the queue", lambda: diagnose(nodes))
+            lab.cut(a.name)
+            try:
+                wait_for(lambda: _leader(nodes[1]) not in (None, a.name), 60,
+                         "another node leads while node-a is cut off",
+                         lambda: diagnose(nodes[1:]))
+            finally:
+                watch = ClaimWatch(a.api, a.name)
+                watch.start()
+                lab.restore(a.name)
+            new = _leader(nodes[1])
+            wait_for(lambda: watch.answers > 0 and _leader(a) == new, 30,
+                     f"node-a sees {new} lead the queue", lambda: diagnose(nodes))
+            first_answer = time.monotonic()
+            wait_for(lambda: time.monotonic() - first_answer > WATCH, WATCH + 1, "watch")
+            watch.halt.set()
+            watch.join(5)
+            assert not watch.claims, (
+                f"node-a, back from its partition, claimed {QUEUE} while {new} led it, "
+                f"at {watch.claims[:5]} s after the heal\n{diagnose(nodes)}")
+        finally:
+            for n in nodes:
+                n.stop()
+            bridge.stop()
