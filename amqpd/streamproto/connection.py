@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import amqpd
-from amqpd.broker.stream import TYPE_NAME, StreamQueue
+from amqpd.broker.stream import StreamQueue
 from amqpd.protocol.errors import AccessRefused, AMQPError
 from amqpd.store.stream_log import Reader, Record
 from amqpd.streamproto import codec as c
 from amqpd.streamproto.amqp10 import data_message
+from amqpd.streamproto.arguments import BadArgument, queue_arguments
 from amqpd.streamproto.tracking import Tracking
 
 if TYPE_CHECKING:
@@ -42,14 +43,6 @@ READ_RECORDS = 1024  # records a subscription reads per pread at most
 MAX_REFERENCE = 256
 COMPRESSION_NONE = 0  # sub-entry batch compression types (rstream's CompressionType)
 COMPRESSION_GZIP = 1
-# create's arguments (strings on the wire) -> the queue argument and its type
-CREATE_ARGUMENTS: dict[str, tuple[str, type]] = {
-    "max-length-bytes": ("x-max-length-bytes", int),
-    "max-age": ("x-max-age", str),
-    "stream-max-segment-size-bytes": ("x-stream-max-segment-size-bytes", int),
-    "initial-cluster-size": ("x-initial-cluster-size", int),
-    "queue-leader-locator": ("x-queue-leader-locator", str),
-}
 
 
 @dataclass(slots=True)
@@ -292,20 +285,11 @@ class StreamConnection:
             return answer(c.ACCESS_REFUSED)
         if name in self.broker.vhosts[self.vhost].queues:
             return answer(c.STREAM_ALREADY_EXISTS)
-        arguments: dict[str, Any] = {"x-queue-type": TYPE_NAME}
-        for key, value in args.items():
-            known = CREATE_ARGUMENTS.get(key)
-            if known is None:
-                continue  # RabbitMQ ignores keys it does not know
-            qkey, kind = known
-            if kind is int:
-                if not value.lstrip("-").isdigit():
-                    log.warning("stream connection %s: create '%s': %s=%r is not an "
-                                "integer", self.name, name, key, value)
-                    return answer(c.PRECONDITION_FAILED)
-                arguments[qkey] = int(value)
-            else:
-                arguments[qkey] = value
+        try:
+            arguments = queue_arguments(args)
+        except BadArgument as exc:
+            log.warning("stream connection %s: create '%s': %s", self.name, name, exc)
+            return answer(c.PRECONDITION_FAILED)
         try:
             self.broker.api.declare_queue(self.vhost, name, durable=True,
                                           arguments=arguments)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -41,6 +43,7 @@ class Target:
     amqp_port: int
     stream_port: int
     restart: Any  # () -> None, keeps the data; the ports are read again after it
+    http_url: str = ""  # amqpd's management API (amqpctl); empty for RabbitMQ
 
 
 @pytest.fixture(scope="module", params=["amqpd", "rabbitmq"])
@@ -51,12 +54,13 @@ def target(request: pytest.FixtureRequest,
         proc = BrokerProcess(tmp_path_factory.mktemp("amqpd"),
                              extra_args=["--stream-port", str(stream_port)])
         proc.start()
-        t = Target("amqpd", proc.port, stream_port, None)
+        t = Target("amqpd", proc.port, stream_port, None, proc.http_url)
 
         def restart_amqpd() -> None:
             proc.stop()
             proc.restart()
             t.amqp_port = proc.port
+            t.http_url = proc.http_url
 
         t.restart = restart_amqpd
         try:
@@ -671,3 +675,127 @@ async def test_management_api_lists_stream_clients(tmp_path: Path) -> None:
             assert mine and mine[0]["offset"] == 1 and mine[0]["messages_consumed"] == 1
     finally:
         proc.stop()
+
+
+def _ctl(t: Target, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "amqpd.ctl", "--url", t.http_url, *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+async def _exchange_publish(t: Target, exchange: str, messages: list[tuple[str, bytes]]) -> None:
+    """AMQP 0-9-1 publishes through ``exchange`` (confirmed), as a 0-9-1 client would
+    write into a super stream."""
+    aio_pika = pytest.importorskip("aio_pika")
+    conn = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{t.amqp_port}/")
+    try:
+        ch = await conn.channel(publisher_confirms=True)
+        ex = await ch.get_exchange(exchange)
+        for key, body in messages:
+            await ex.publish(aio_pika.Message(body), routing_key=key, mandatory=True)
+    finally:
+        await conn.close()
+
+
+async def test_super_stream_created_by_amqpctl(target: Target) -> None:
+    if target.kind == "rabbitmq":
+        pytest.skip("rabbitmq-streams add_super_stream is RabbitMQ 3.11+: 3.10.8 has no "
+                    "such command")
+    name = _name("made")
+    out = await asyncio.to_thread(_ctl, target, "add_super_stream", name, "--partitions", "3",
+                                  "--max-length-bytes", "10000000")
+    assert out.returncode == 0 and f"Super stream {name} has been created" in out.stdout, out
+    names = [f"{name}-{i}" for i in range(3)]
+    # the layout: a direct exchange marked x-super-stream, streams bound by "0".."2"
+    client = RawClient(target.stream_port)
+    try:
+        client.open()
+        client.send(0x19, _s(name))
+        code, rest = client.response(0x19)
+        assert (code, rest) == (0x01, struct.pack(">i", 3) + b"".join(_s(n) for n in names))
+        client.send(0x18, _s("2") + _s(name))
+        assert client.response(0x18) == (0x01, struct.pack(">i", 1) + _s(names[2]))
+    finally:
+        client.close()
+    # refusals: the name taken (exchange), a partition taken (queue), bad counts, a bad
+    # stream argument (the first partition's declare refuses it: the exchange goes again)
+    await _publish(target, f"{name}-x-0", [b"squatter"], create=True)
+    bad_age = _name("age")
+    for args, text in (
+            ((name,), f"there is already an exchange named {name}"),
+            ((f"{name}-x", "--partitions", "1"), f"there is already a queue named {name}-x-0"),
+            ((_name("zero"), "--partitions", "0"), "The partition number must be greater "
+                                                  "than 0"),
+            ((_name("many"), "--partitions", "100000"), "must not exceed"),
+            ((_name("nokeys"), "--routing-keys", " , "), "The number of binding keys must "
+                                                        "be greater than 0"),
+            ((bad_age, "--max-age", "forever"), "invalid_max_age")):
+        got = await asyncio.to_thread(_ctl, target, "add_super_stream", *args)
+        assert got.returncode == 65 and text in got.stderr, (args, got)
+    usage = await asyncio.to_thread(_ctl, target, "add_super_stream", _name("int"),
+                                    "--max-length-bytes", "x")
+    assert usage.returncode == 64 and "invalid int value" in usage.stderr
+    probe = RawClient(target.stream_port)
+    try:
+        probe.open()
+        probe.send(0x19, _s(bad_age))  # rolled back: no exchange, no partition
+        assert probe.response(0x19)[0] == 0x02
+        probe.send(0x0F, struct.pack(">i", 1) + _s(f"{bad_age}-0"))
+        assert _s(f"{bad_age}-0") + struct.pack(">H", 0x02) in probe.frame()[1]
+    finally:
+        probe.close()
+    both = await asyncio.to_thread(_ctl, target, "add_super_stream", _name("both"),
+                                   "--partitions", "2", "--routing-keys", "a,b")
+    assert both.returncode == 64 and "not both" in both.stderr
+    # rstream's super stream producer (hash routing over partitions) and an AMQP 0-9-1
+    # publisher through the exchange by routing key
+
+    async def routing_key(message: Any) -> str:
+        return str(message.application_properties["k"])
+
+    producer = rstream.SuperStreamProducer(
+        "127.0.0.1", port=target.stream_port, username="guest", password="guest",
+        super_stream=name, routing=rstream.RouteType.Hash, load_balancer_mode=True,
+        routing_extractor=routing_key)
+    async with producer:
+        for i in range(6):
+            await producer.send(AMQPMessage(body=f"p{i}".encode(),
+                                            application_properties={"k": f"key{i}"}))
+    await _exchange_publish(target, name, [("1", b"amqp-1"), ("2", b"amqp-2")])
+    per_partition = {stream: await _read_all(target, stream) for stream in names}
+    assert b"amqp-1" in per_partition[names[1]] and b"amqp-2" in per_partition[names[2]]
+    everything = sorted(b for bodies in per_partition.values() for b in bodies)
+    assert everything == sorted([f"p{i}".encode() for i in range(6)] + [b"amqp-1",
+                                                                        b"amqp-2"])
+    # rstream's super stream consumer reads every partition
+    seen: list[bytes] = []
+    done = asyncio.Event()
+
+    async def on_message(msg: Any, ctx: Any) -> None:
+        seen.append(bytes(msg.body))
+        if len(seen) >= len(everything):
+            done.set()
+
+    consumer = rstream.SuperStreamConsumer(
+        "127.0.0.1", port=target.stream_port, username="guest", password="guest",
+        super_stream=name, load_balancer_mode=True)
+    async with consumer:
+        await consumer.subscribe(on_message, decoder=rstream.amqp_decoder,
+                                 offset_specification=OffsetSpec(OffsetType.FIRST, None))
+        await asyncio.wait_for(done.wait(), DEADLINE)
+    # the markers _read_all published are in there too; the messages are all there once
+    assert sorted(b for b in seen if len(b) < 32) == everything
+    # delete: the exchange and every partition go
+    gone = await asyncio.to_thread(_ctl, target, "delete_super_stream", name)
+    assert gone.returncode == 0 and f"Super stream {name} has been deleted" in gone.stdout
+    again = await asyncio.to_thread(_ctl, target, "delete_super_stream", name)
+    assert again.returncode == 1 and "super_stream_not_found" in again.stderr
+    client = RawClient(target.stream_port)
+    try:
+        client.open()
+        client.send(0x19, _s(name))
+        assert client.response(0x19)[0] == 0x02
+        client.send(0x0F, struct.pack(">i", 1) + _s(names[0]))
+        key, rest = client.frame()
+        assert key == 0x800F and _s(names[0]) + struct.pack(">H", 0x02) in rest
+    finally:
+        client.close()
