@@ -59,11 +59,16 @@ def add_routes(listener: StreamListener) -> Any:
         for conn in _connections(listener, ctx):
             for sub in conn.subscriptions.values():
                 log_ = sub.queue.log
+                offset = sub.reader.offset if sub.reader is not None else 0
                 items.append({"connection_details": {"name": conn.name},
                               "subscription_id": sub.id,
                               "queue": {"name": sub.queue.name, "vhost": conn.vhost},
-                              "credits": sub.credit, "offset": sub.reader.offset,
-                              "offset_lag": max(0, log_.flushed_offset - sub.reader.offset),
+                              "credits": sub.credit, "offset": offset,
+                              "offset_lag": max(0, log_.flushed_offset - offset)
+                              if sub.reader is not None else 0,
+                              "active": sub.active,
+                              "activity_status": "up" if sub.group is None else (
+                                  "single_active" if sub.active else "waiting"),
                               "messages_consumed": sub.consumed,
                               "properties": dict(sub.properties)})
         return json_response(select_columns(items, ctx))

@@ -799,3 +799,130 @@ async def test_super_stream_created_by_amqpctl(target: Target) -> None:
         assert key == 0x800F and _s(names[0]) + struct.pack(">H", 0x02) in rest
     finally:
         client.close()
+
+
+async def _wait_for(check: Any, what: str) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def test_single_active_consumer_group_on_a_super_stream(target: Target) -> None:
+    """Two consumers of one group on a 3-partition super stream (rstream's SAC: the
+    consumer-update listener resumes from the stored offset): partition i is read by
+    member i mod 2 in joining order, every message once; when one member goes, the
+    other takes its partition from the offset stored there."""
+    if target.kind == "rabbitmq":
+        pytest.skip("single active consumer (consumer update, 0x1a) and super streams are "
+                    "RabbitMQ 3.11+: 3.10.8's plugin has neither")
+    name = _name("sac")
+    out = await asyncio.to_thread(_ctl, target, "add_super_stream", name, "--partitions", "3")
+    assert out.returncode == 0, out
+    parts = [f"{name}-{i}" for i in range(3)]
+    group = "billing"
+    got: dict[str, list[tuple[str, int, bytes]]] = {"a": [], "b": []}
+    active: dict[str, str] = {}  # partition -> who the last consumer update made active
+    props = {"single-active-consumer": "true", "name": group, "super-stream": name}
+
+    def handlers(who: str) -> tuple[Any, Any]:
+        async def on_message(msg: Any, ctx: Any) -> None:
+            await ctx.consumer.store_offset(ctx.stream, group, ctx.offset)
+            got[who].append((ctx.stream, ctx.offset, bytes(msg.body)))
+
+        async def on_update(is_active: bool, ectx: Any) -> Any:
+            if not is_active:
+                if active.get(ectx.stream) == who:
+                    del active[ectx.stream]
+                return rstream.OffsetSpecification(OffsetType.NEXT, 0)
+            active[ectx.stream] = who
+            try:
+                stored = await ectx.consumer.query_offset(ectx.stream, group)
+            except rstream.exceptions.OffsetNotFound:
+                return rstream.OffsetSpecification(OffsetType.FIRST, 0)
+            return rstream.OffsetSpecification(OffsetType.OFFSET, stored + 1)
+
+        return on_message, on_update
+
+    def member() -> Any:
+        return rstream.SuperStreamConsumer(
+            "127.0.0.1", port=target.stream_port, username="guest", password="guest",
+            super_stream=name, load_balancer_mode=True)
+
+    a, b = member(), member()
+    await a.start()
+    try:
+        on_message, on_update = handlers("a")
+        await a.subscribe(on_message, decoder=rstream.amqp_decoder, properties=dict(props),
+                          subscriber_name=group, consumer_update_listener=on_update)
+        await _wait_for(lambda: len(active) == 3, "the first member active everywhere")
+        await b.start()
+        on_message, on_update = handlers("b")
+        await b.subscribe(on_message, decoder=rstream.amqp_decoder, properties=dict(props),
+                          subscriber_name=group, consumer_update_listener=on_update)
+        want = {parts[0]: "a", parts[1]: "b", parts[2]: "a"}  # index mod 2
+        await _wait_for(lambda: active == want, f"the partitions shared as {want}")
+        first = [(str(i % 3), f"m{i}".encode()) for i in range(30)]
+        await _exchange_publish(target, name, first)
+        await _wait_for(lambda: len(got["a"]) + len(got["b"]) >= 30, "30 messages")
+        assert sorted(body for who in got for _, _, body in got[who]) == sorted(
+            body for _, body in first)  # each once
+        assert {stream for stream, _, _ in got["a"]} == {parts[0], parts[2]}
+        assert {stream for stream, _, _ in got["b"]} == {parts[1]}
+        # b goes: a takes partition 1 from the offset b stored there
+        await b.close()
+        await _wait_for(lambda: active.get(parts[1]) == "a", "a active on partition 1")
+        before = len(got["a"])
+        second = [(str(i % 3), f"n{i}".encode()) for i in range(9)]
+        await _exchange_publish(target, name, second)
+        await _wait_for(lambda: len(got["a"]) >= before + 9, "9 more messages")
+        later = got["a"][before:]
+        assert sorted(body for _, _, body in later) == sorted(body for _, body in second)
+        assert [o for s, o, _ in later if s == parts[1]] == [10, 11, 12]
+    finally:
+        await b.close()
+        await a.close()
+
+
+def test_single_active_consumer_raw_frames(target: Target) -> None:
+    """The wire side on a plain stream: a nameless single active consumer is refused
+    (0x11); the first member gets a consumer update (0x1a, active) and reads from the
+    offset its answer gives; the second waits until the first unsubscribes."""
+    if target.kind == "rabbitmq":
+        pytest.skip("single active consumer (consumer update, 0x1a) is RabbitMQ 3.11+: "
+                    "3.10.8's plugin does not have it")
+    stream = _name("sacraw")
+    asyncio.run(_publish(target, stream, [b"a", b"b", b"c"], create=True))
+    sac = {"single-active-consumer": "true", "name": "g1"}
+
+    def subscribe(client: RawClient, sid: int, props: dict[str, str]) -> int:
+        body = struct.pack(">B", sid) + _s(stream) + struct.pack(">HH", 3, 10)
+        body += struct.pack(">i", len(props)) + b"".join(_s(k) + _s(v)
+                                                         for k, v in props.items())
+        client.send(0x07, body)
+        return client.response(0x07)[0]
+
+    first, second = RawClient(target.stream_port), RawClient(target.stream_port)
+    try:
+        first.open()
+        second.open()
+        assert subscribe(first, 1, {"single-active-consumer": "true"}) == 0x11
+        assert subscribe(first, 1, sac) == 0x01
+        key, rest = first.frame()
+        assert key == 0x1A
+        corr, sid, is_active = struct.unpack(">IBB", rest)
+        assert (sid, is_active) == (1, 1)
+        # answer: start at offset 1
+        first.sock.sendall(_frame(0x801A, struct.pack(">IHHQ", corr, 1, 4, 1)))
+        key, rest = first.frame()
+        assert key == 0x08 and rest[0] == 1  # deliver for subscription 1
+        assert struct.unpack_from(">Q", rest, 1 + 24)[0] == 1  # the chunk's first offset
+        assert subscribe(second, 7, sac) == 0x01  # joins, inactive: no update
+        first.send(0x0C, struct.pack(">B", 1))
+        assert first.response(0x0C)[0] == 0x01
+        key, rest = second.frame()
+        assert key == 0x1A and struct.unpack(">IBB", rest)[1:] == (7, 1)
+    finally:
+        first.close()
+        second.close()
