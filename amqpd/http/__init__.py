@@ -77,7 +77,9 @@ def create_app(api: BrokerAPI, sampler: RateSampler | None = None) -> web.Applic
     # this listener, filled in once bound (a mutable holder: aiohttp forbids changing a
     # started application's own keys)
     app["listener"] = {"host": "", "port": 0, "tls": False}
-    app.router.add_route("*", "/{tail:.*}", make_dispatcher(api, build_router(api)))
+    router = build_router(api)
+    app["router"] = router  # /metrics asks its metric_sources
+    app.router.add_route("*", "/{tail:.*}", make_dispatcher(api, router))
     return app
 
 

@@ -53,6 +53,7 @@ class Publisher:
     queue: StreamQueue
     # ids accepted but not yet confirmed, highest (dedup of re-sends in flight)
     highest: int = 0
+    last_id: int = -1  # the highest publishing id received (the management API's)
     published: int = 0  # messages stored (the management API's counters)
     confirmed: int = 0  # publishing ids confirmed
     errored: int = 0  # publishing ids answered with publish-error
@@ -391,6 +392,7 @@ class StreamConnection:
         dropped: list[int] = []
         errors: list[tuple[int, int]] = []
         for publishing_id, entry in entries:
+            pub.last_id = max(pub.last_id, publishing_id)
             if tracking is not None and publishing_id <= max(last, pub.highest):
                 dropped.append(publishing_id)  # a re-send: confirmed, not stored again
                 continue
@@ -445,6 +447,13 @@ class StreamConnection:
             tracking.save(loop, lambda: self.send(c.publish_confirm(pid, confirmed)))
 
         q.sync_log(synced)
+
+    def stored_sequence(self, pub: Publisher) -> int | None:
+        """A named publisher's highest confirmed publishing id, as kept for
+        deduplication (None for an unnamed one or before its first confirm)."""
+        if pub.reference is None:
+            return None
+        return tracking_of(pub.queue, self.tracking).publishers.get(pub.reference)
 
     def _query_publisher_sequence(self, cmd: c.Command) -> None:
         reference, stream = cmd.fields

@@ -159,10 +159,13 @@ class StreamListener:
         return bound
 
     def http_routes(self, router: Any) -> None:
-        """/api/stream/... (amqpd.streamproto.http) on the management API's router."""
+        """/api/stream/... (amqpd.streamproto.http) on the management API's router, and
+        the amqpd_stream_protocol_* series of /metrics (amqpd.streamproto.metrics)."""
         from amqpd.streamproto.http import add_routes
+        from amqpd.streamproto.metrics import add_metrics
 
         add_routes(self)(router)
+        router.metric_sources.append(lambda e: add_metrics(self, e))
 
     def close(self) -> None:
         """Close every stream connection (the broker closed the listening sockets)."""

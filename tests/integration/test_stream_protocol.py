@@ -638,6 +638,8 @@ async def test_stream_over_tls(tmp_path: Path) -> None:
 async def test_management_api_lists_stream_clients(tmp_path: Path) -> None:
     import base64
     import json
+    import urllib.error
+    import urllib.parse
     import urllib.request
 
     (port,) = free_ports(1)
@@ -658,21 +660,64 @@ async def test_management_api_lists_stream_clients(tmp_path: Path) -> None:
         async def on_message(msg: Any, ctx: Any) -> None:
             got.set()
 
-        async with _producer(t) as p, _consumer(t) as c:
+        async with _producer(t) as p, _producer(t) as p2, _consumer(t) as c:
             await p.create_stream(stream)
             await p.send_wait(stream, AMQPMessage(body=b"one"))
+            for i in (7, 9):  # a named publisher's publishing ids (rstream: one publisher
+                # per stream and producer, so another producer)
+                await p2.send_wait(stream, _with_id(f"n{i}".encode(), i),
+                                   publisher_name="namer")
             await c.start()
             await c.subscribe(stream, on_message, decoder=rstream.amqp_decoder,
                               offset_specification=OffsetSpec(OffsetType.FIRST, None))
             await asyncio.wait_for(got.wait(), DEADLINE)
             conns = await asyncio.to_thread(get, "/api/stream/connections")
-            assert len(conns) >= 2 and {c["user"] for c in conns} == {"guest"}
+            # rstream opens a locator connection besides each client's own
+            assert len(conns) >= 3 and {c["user"] for c in conns} == {"guest"}
             pubs = await asyncio.to_thread(get, "/api/stream/publishers/%2F")
-            mine = [x for x in pubs if x["queue"]["name"] == stream]
-            assert mine and mine[0]["published"] == 1 and mine[0]["confirmed"] == 1
+            mine = {x["reference"]: x for x in pubs if x["queue"]["name"] == stream}
+            assert mine[""]["published"] == 1 and mine[""]["confirmed"] == 1
+            named = mine["namer"]
+            assert (named["published"], named["confirmed"], named["last_publishing_id"],
+                    named["confirmed_publishing_id"]) == (2, 2, 9, 9)
             subs = await asyncio.to_thread(get, "/api/stream/consumers")
-            mine = [x for x in subs if x["queue"]["name"] == stream]
-            assert mine and mine[0]["offset"] == 1 and mine[0]["messages_consumed"] == 1
+            mine_subs = [x for x in subs if x["queue"]["name"] == stream]
+            deadline = time.monotonic() + DEADLINE
+            while mine_subs[0]["offset"] < 3 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+                subs = await asyncio.to_thread(get, "/api/stream/consumers")
+                mine_subs = [x for x in subs if x["queue"]["name"] == stream]
+            sub = mine_subs[0]
+            assert (sub["offset"], sub["offset_lag"], sub["consumed"], sub["active"],
+                    sub["activity_status"]) == (3, 0, 3, True, "up")
+            # one connection, as RabbitMQ's stream management has it
+            conn_name = sub["connection_details"]["name"]
+            path = f"/api/stream/connections/%2F/{urllib.parse.quote(conn_name, safe='')}"
+            one = await asyncio.to_thread(get, path)
+            assert one["name"] == conn_name and one["consumers"] == 1
+            theirs = await asyncio.to_thread(get, path + "/consumers")
+            assert [x["subscription_id"] for x in theirs] == [sub["subscription_id"]]
+            with pytest.raises(urllib.error.HTTPError) as missing:
+                await asyncio.to_thread(get, "/api/stream/connections/%2F/nobody")
+            assert missing.value.code == 404
+            # Prometheus: the totals and the per-publisher / per-consumer series
+            text = await asyncio.to_thread(
+                lambda: urllib.request.urlopen(proc.http_url + "/metrics",
+                                               timeout=10).read().decode())
+            totals = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+                      if line.startswith("amqpd_stream_protocol_") and "{" not in line}
+            assert totals["amqpd_stream_protocol_connections"] >= 3, totals
+            assert (totals["amqpd_stream_protocol_publishers"],
+                    totals["amqpd_stream_protocol_consumers"],
+                    totals["amqpd_stream_protocol_consumers_active"]) == (2, 1, 1), totals
+            series = [line for line in text.splitlines() if f'stream="{stream}"' in line]
+            assert any(line.startswith("amqpd_stream_protocol_publisher_last_publishing_id{")
+                       and 'reference="namer"' in line and line.endswith(" 9")
+                       for line in series), series
+            assert any(line.startswith("amqpd_stream_protocol_consumer_offset{")
+                       and line.endswith(" 3") for line in series), series
+            assert any(line.startswith("amqpd_stream_protocol_consumer_active{")
+                       and line.endswith(" 1") for line in series), series
     finally:
         proc.stop()
 
@@ -680,6 +725,17 @@ async def test_management_api_lists_stream_clients(tmp_path: Path) -> None:
 def _ctl(t: Target, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "amqpd.ctl", "--url", t.http_url, *args],
                           capture_output=True, text=True, timeout=60)
+
+
+def _api_get(t: Target, path: str) -> Any:
+    import base64
+    import json
+    import urllib.request
+
+    req = urllib.request.Request(t.http_url + path, headers={
+        "Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
 
 
 async def _exchange_publish(t: Target, exchange: str, messages: list[tuple[str, bytes]]) -> None:
@@ -863,6 +919,12 @@ async def test_single_active_consumer_group_on_a_super_stream(target: Target) ->
                           subscriber_name=group, consumer_update_listener=on_update)
         want = {parts[0]: "a", parts[1]: "b", parts[2]: "a"}  # index mod 2
         await _wait_for(lambda: active == want, f"the partitions shared as {want}")
+        # the management API shows the group: per partition one active, one waiting
+        listed = await asyncio.to_thread(_api_get, target, "/api/stream/consumers/%2F")
+        members = sorted((x["queue"]["name"], x["activity_status"]) for x in listed
+                         if x["group"] == group)
+        assert members == sorted((p, st) for p in parts for st in ("single_active",
+                                                                   "waiting")), members
         first = [(str(i % 3), f"m{i}".encode()) for i in range(30)]
         await _exchange_publish(target, name, first)
         await _wait_for(lambda: len(got["a"]) + len(got["b"]) >= 30, "30 messages")
