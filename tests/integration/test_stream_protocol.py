@@ -568,6 +568,24 @@ async def _declare_super_stream(t: Target, name: str, partitions: int) -> list[s
     return names
 
 
+async def _super_stream_send(t: Target, name: str, n: int) -> None:
+    """``n`` messages p0.. through rstream's super stream producer, hash routing over the
+    partitions command (its key routing, RouteType.Key, caches the first key's route for
+    every key in 1.1.1)."""
+
+    async def routing_key(message: Any) -> str:
+        return str(message.application_properties["k"])
+
+    producer = rstream.SuperStreamProducer(
+        "127.0.0.1", port=t.stream_port, username="guest", password="guest",
+        super_stream=name, routing=rstream.RouteType.Hash, load_balancer_mode=True,
+        routing_extractor=routing_key)
+    async with producer:
+        for i in range(n):
+            await producer.send(AMQPMessage(body=f"p{i}".encode(),
+                                            application_properties={"k": f"key{i}"}))
+
+
 async def test_super_stream_route_and_partitions(target: Target) -> None:
     if target.kind == "rabbitmq":
         pytest.skip("super streams are RabbitMQ 3.11+: 3.10.8's plugin left a partitions "
@@ -588,20 +606,7 @@ async def test_super_stream_route_and_partitions(target: Target) -> None:
         assert client.response(0x19)[0] == 0x02
     finally:
         client.close()
-    # rstream's super stream producer, hash routing over the partitions command (its
-    # key routing, RouteType.Key, caches the first key's route for every key in 1.1.1)
-
-    async def routing_key(message: Any) -> str:
-        return str(message.application_properties["k"])
-
-    producer = rstream.SuperStreamProducer(
-        "127.0.0.1", port=target.stream_port, username="guest", password="guest",
-        super_stream=name, routing=rstream.RouteType.Hash, load_balancer_mode=True,
-        routing_extractor=routing_key)
-    async with producer:
-        for i in range(6):
-            await producer.send(AMQPMessage(body=f"p{i}".encode(),
-                                            application_properties={"k": f"key{i}"}))
+    await _super_stream_send(target, name, 6)
     seen: list[bytes] = []
     for stream in names:
         seen += await _read_all(target, stream)
@@ -802,20 +807,8 @@ async def test_super_stream_created_by_amqpctl(target: Target) -> None:
     both = await asyncio.to_thread(_ctl, target, "add_super_stream", _name("both"),
                                    "--partitions", "2", "--routing-keys", "a,b")
     assert both.returncode == 64 and "not both" in both.stderr
-    # rstream's super stream producer (hash routing over partitions) and an AMQP 0-9-1
-    # publisher through the exchange by routing key
-
-    async def routing_key(message: Any) -> str:
-        return str(message.application_properties["k"])
-
-    producer = rstream.SuperStreamProducer(
-        "127.0.0.1", port=target.stream_port, username="guest", password="guest",
-        super_stream=name, routing=rstream.RouteType.Hash, load_balancer_mode=True,
-        routing_extractor=routing_key)
-    async with producer:
-        for i in range(6):
-            await producer.send(AMQPMessage(body=f"p{i}".encode(),
-                                            application_properties={"k": f"key{i}"}))
+    # rstream's super stream producer and an AMQP 0-9-1 publisher through the exchange
+    await _super_stream_send(target, name, 6)
     await _exchange_publish(target, name, [("1", b"amqp-1"), ("2", b"amqp-2")])
     per_partition = {stream: await _read_all(target, stream) for stream in names}
     assert b"amqp-1" in per_partition[names[1]] and b"amqp-2" in per_partition[names[2]]
