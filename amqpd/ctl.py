@@ -873,7 +873,7 @@ def build_parser() -> argparse.ArgumentParser:
 AMQPD_ONLY = frozenset({"join_cluster", "forget_cluster_node", "set_vm_memory_high_watermark",
                         "add_member", "delete_member", "add_replica", "delete_replica",
                         "grow", "shrink", "promote", "replication_status",
-                        "delete_super_stream"})
+                        "add_super_stream", "delete_super_stream"})
 
 
 def require_amqpd(c: Client, command: str) -> None:

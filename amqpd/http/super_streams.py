@@ -1,6 +1,7 @@
 """Super streams over HTTP: ``PUT`` / ``GET`` / ``DELETE
 /api/stream/super-streams/{vhost}/{name}`` (``amqpctl add_super_stream`` /
-``delete_super_stream``; RabbitMQ's ``rabbitmq-streams`` commands of the same names).
+``delete_super_stream``; RabbitMQ's ``rabbitmq-streams`` commands of the same names;
+RabbitMQ 4.2's management plugin has the same ``PUT``).
 
 A super stream is the layout RabbitMQ 3.11's ``rabbit_stream_manager`` creates, so
 stream clients (route, partitions) and AMQP 0-9-1 publishers (through the exchange) use
