@@ -1000,7 +1000,8 @@ async def test_single_active_consumer_group_on_a_super_stream(target: Target) ->
 def test_single_active_consumer_raw_frames(target: Target) -> None:
     """The wire side on a plain stream: a nameless single active consumer is refused
     (0x11); the first member gets a consumer update (0x1a, active) and reads from the
-    offset its answer gives; the second waits until the first unsubscribes."""
+    offset its answer gives; the second waits until the first unsubscribes, the third
+    until the second's connection dies."""
     if target.kind == "rabbitmq":
         pytest.skip("single active consumer (consumer update, 0x1a) is RabbitMQ 3.11+: "
                     "3.10.8's plugin does not have it")
@@ -1015,10 +1016,11 @@ def test_single_active_consumer_raw_frames(target: Target) -> None:
         client.send(0x07, body)
         return client.response(0x07)[0]
 
-    first, second = RawClient(target.stream_port), RawClient(target.stream_port)
+    first, second, third = (RawClient(target.stream_port) for _ in range(3))
     try:
         first.open()
         second.open()
+        third.open()
         assert subscribe(first, 1, {"single-active-consumer": "true"}) == 0x11
         assert subscribe(first, 1, sac) == 0x01
         key, rest = first.frame()
@@ -1031,10 +1033,15 @@ def test_single_active_consumer_raw_frames(target: Target) -> None:
         assert key == 0x08 and rest[0] == 1  # deliver for subscription 1
         assert struct.unpack_from(">Q", rest, 1 + 24)[0] == 1  # the chunk's first offset
         assert subscribe(second, 7, sac) == 0x01  # joins, inactive: no update
+        assert subscribe(third, 2, sac) == 0x01
         first.send(0x0C, struct.pack(">B", 1))
         assert first.response(0x0C)[0] == 0x01
         key, rest = second.frame()
         assert key == 0x1A and struct.unpack(">IBB", rest)[1:] == (7, 1)
+        second.sock.close()  # killed without a word: the next member takes over
+        key, rest = third.frame()
+        assert key == 0x1A and struct.unpack(">IBB", rest)[1:] == (2, 1)
     finally:
         first.close()
         second.close()
+        third.close()
