@@ -44,6 +44,7 @@ class Target:
     stream_port: int
     restart: Any  # () -> None, keeps the data; the ports are read again after it
     http_url: str = ""  # amqpd's management API (amqpctl); empty for RabbitMQ
+    log_path: Path | None = None  # amqpd's log
 
 
 @pytest.fixture(scope="module", params=["amqpd", "rabbitmq"])
@@ -54,7 +55,7 @@ def target(request: pytest.FixtureRequest,
         proc = BrokerProcess(tmp_path_factory.mktemp("amqpd"),
                              extra_args=["--stream-port", str(stream_port)])
         proc.start()
-        t = Target("amqpd", proc.port, stream_port, None, proc.http_url)
+        t = Target("amqpd", proc.port, stream_port, None, proc.http_url, proc.log_path)
 
         def restart_amqpd() -> None:
             proc.stop()
@@ -795,6 +796,10 @@ def test_super_stream_http_api(target: Target) -> None:
                           {"partitions": 1}, user="ss-user:pw")
     assert status == 403, answer
     assert _api(target, "GET", f"/api/exchanges/%2F/{other}")[0] == 404
+    assert target.log_path is not None
+    logged = target.log_path.read_text()
+    assert f"creating super stream '{name}' in vhost '/' refused: Specify partitions or " \
+           "binding keys, not both" in logged
     assert _api(target, "DELETE", path)[0] == 204
     assert _api(target, "GET", path)[0] == 404
     assert _api(target, "GET", f"/api/queues/%2F/{name}-us")[0] == 404
