@@ -671,6 +671,37 @@ def cmd_delete_replica(c: Client, a: argparse.Namespace, out: TextIO) -> int:
                          "of queue {queue} on node {node}...")
 
 
+_SUPER = "/api/stream/super-streams/{vhost}/{name}"
+
+
+def cmd_add_super_stream(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    """``rabbitmq-streams add_super_stream [--vhost V] NAME [--partitions N |
+    --routing-keys K1,K2]`` (3 partitions when neither is given, as there)."""
+    if a.routing_keys is not None and a.partitions is not None:
+        raise CtlError("Specify --partitions or --routing-keys, not both.", EX_USAGE)
+    body: dict[str, Any] = {}
+    if a.routing_keys is not None:
+        body["binding-keys"] = a.routing_keys
+    else:
+        body["partitions"] = 3 if a.partitions is None else a.partitions
+    arguments = {key: value for key, value in (
+        ("max-length-bytes", a.max_length_bytes), ("max-age", a.max_age),
+        ("stream-max-segment-size-bytes", a.stream_max_segment_size_bytes),
+        ("initial-cluster-size", a.initial_cluster_size),
+        ("queue-leader-locator", a.leader_locator)) if value is not None}
+    if arguments:
+        body["arguments"] = arguments
+    c.call("PUT", _SUPER.format(vhost=q(a.vhost), name=q(a.name)), body)
+    return _done(a, out, f"Super stream {a.name} has been created")
+
+
+def cmd_delete_super_stream(c: Client, a: argparse.Namespace, out: TextIO) -> int:
+    """``rabbitmq-streams delete_super_stream [--vhost V] NAME``: the exchange and its
+    partition streams."""
+    c.call("DELETE", _SUPER.format(vhost=q(a.vhost), name=q(a.name)))
+    return _done(a, out, f"Super stream {a.name} has been deleted")
+
+
 def _membership_rows(a: argparse.Namespace, out: TextIO, rows: list[dict[str, Any]]) -> int:
     if a.errors_only:
         rows = [r for r in rows if r.get("result") != "ok"]
@@ -792,6 +823,22 @@ def build_parser() -> argparse.ArgumentParser:
         arg("node"))
     add("delete_replica", cmd_delete_replica, "remove NODE's replica from a stream "
         "(rabbitmq-streams delete_replica)", arg("queue"), arg("node"))
+    add("add_super_stream", cmd_add_super_stream, "create a super stream: a direct "
+        "exchange NAME and partition streams NAME-0.. bound to it (rabbitmq-streams "
+        "add_super_stream)", arg("name"),
+        arg("--partitions", type=int, help="number of partitions (default 3); not with "
+            "--routing-keys"),
+        arg("--routing-keys", help="comma-separated routing keys, one partition NAME-KEY "
+            "each; not with --partitions"),
+        arg("--max-length-bytes", type=int, help="each partition's size limit (bytes)"),
+        arg("--max-age", help="each partition's age limit, as x-max-age: 7D, 12h"),
+        arg("--stream-max-segment-size-bytes", type=int),
+        arg("--initial-cluster-size", type=int),
+        arg("--leader-locator", choices=["client-local", "balanced", "random",
+                                         "least-leaders"]))
+    add("delete_super_stream", cmd_delete_super_stream, "delete a super stream: its "
+        "exchange and partition streams (rabbitmq-streams delete_super_stream)",
+        arg("name"))
     add("grow", cmd_grow, "add a member on NODE to every quorum queue ('even': those with "
         "an even number of members) (rabbitmq-queues grow)", arg("node"),
         arg("strategy", choices=["all", "even"]), arg("--vhost-pattern", default=".*"),
@@ -825,7 +872,8 @@ def build_parser() -> argparse.ArgumentParser:
 # something else, so they are refused with the product named
 AMQPD_ONLY = frozenset({"join_cluster", "forget_cluster_node", "set_vm_memory_high_watermark",
                         "add_member", "delete_member", "add_replica", "delete_replica",
-                        "grow", "shrink", "promote", "replication_status"})
+                        "grow", "shrink", "promote", "replication_status",
+                        "add_super_stream", "delete_super_stream"})
 
 
 def require_amqpd(c: Client, command: str) -> None:

@@ -3,7 +3,7 @@
 One module per resource (LavinMQ's controllers): ``overview``, ``connections``,
 ``exchanges``, ``queues``, ``bindings``, ``vhosts``, ``users``, ``policies``,
 ``parameters``, ``definitions``, ``health``, ``metrics``, ``topic_permissions``,
-``replication`` (the warren), and
+``replication`` (the warren), ``stream_replicas`` and ``super_streams`` (streams), and
 ``webui`` (the management web UI at ``/`` and its login). Each exposes ``routes(router)``.
 :class:`HttpServer` is started and stopped by the broker.
 """
@@ -33,6 +33,7 @@ from amqpd.http import (
     quorum_members,
     replication,
     stream_replicas,
+    super_streams,
     users,
     vhosts,
     webui,
@@ -48,7 +49,7 @@ log = logging.getLogger("amqpd.http")
 
 RESOURCES = (overview, connections, exchanges, queues, bindings, vhosts, users, policies,
              parameters, definitions, health, metrics, webui, limits, replication, cluster,
-             quorum_members, stream_replicas)
+             quorum_members, stream_replicas, super_streams)
 
 
 def build_router(api: BrokerAPI | None = None) -> Router:
@@ -76,7 +77,9 @@ def create_app(api: BrokerAPI, sampler: RateSampler | None = None) -> web.Applic
     # this listener, filled in once bound (a mutable holder: aiohttp forbids changing a
     # started application's own keys)
     app["listener"] = {"host": "", "port": 0, "tls": False}
-    app.router.add_route("*", "/{tail:.*}", make_dispatcher(api, build_router(api)))
+    router = build_router(api)
+    app["router"] = router  # /metrics asks its metric_sources
+    app.router.add_route("*", "/{tail:.*}", make_dispatcher(api, router))
     return app
 
 

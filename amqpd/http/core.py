@@ -221,6 +221,10 @@ class Route:
 class Router:
     def __init__(self) -> None:
         self.routes: list[Route] = []
+        # what adds series to /metrics beyond the core's (the stream protocol listener,
+        # which comes in through the same hook as its routes): each is called with the
+        # Exposition being built (amqpd/http/metrics.py)
+        self.metric_sources: list[Callable[[Any], None]] = []
 
     def add(self, method: str, path: str, handler: Handler, auth: bool = True) -> None:
         parts = [p for p in path.split("/") if p != ""]

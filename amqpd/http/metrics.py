@@ -137,6 +137,8 @@ def collect(ctx: Ctx, per_object: bool = False) -> str:
     _stream_metrics(api, [q for q in queues if q.type_name == "stream"], e)
     _dedup_metrics(api, e)
     _replication(api, e)
+    for source in ctx.request.app["router"].metric_sources:  # amqpd_stream_protocol_*
+        source(e)
     return e.text()
 
 

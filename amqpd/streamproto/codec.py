@@ -46,6 +46,7 @@ CLOSE = 0x16
 HEARTBEAT = 0x17
 ROUTE = 0x18
 PARTITIONS = 0x19
+CONSUMER_UPDATE = 0x1A  # RabbitMQ 3.11+: server asks, the client answers (single active consumer)
 EXCHANGE_COMMAND_VERSIONS = 0x1B  # RabbitMQ 3.11+ (3.10.8's plugin does not know it)
 RESPONSE = 0x8000
 
@@ -272,6 +273,25 @@ def _subscribe(r: Reader) -> tuple[Any, ...]:
     return sub, stream, kind, value, credit, props
 
 
+def _offset_answer(r: Reader) -> tuple[int, int | None]:
+    """A consumer-update answer's offset specification: (type, value). The value is
+    there for offset and timestamp; some clients (rstream) send 8 bytes of zeros after
+    the other types too, which are read and dropped."""
+    kind = r.u16()
+    if kind == OFFSET_OFFSET:
+        value: int | None = r.u64()
+    elif kind == OFFSET_TIMESTAMP:
+        value = r.i64()
+    elif kind in (OFFSET_NONE, OFFSET_FIRST, OFFSET_LAST, OFFSET_NEXT):
+        value = None
+        if len(r.data) - r.at == 8:
+            r.u64()
+    else:
+        raise FrameError(f"unknown offset specification {kind} in a consumer-update answer")
+    r.end()
+    return kind, value
+
+
 def _metadata(r: Reader) -> tuple[Any, ...]:
     return tuple(r.text() for _ in range(r.count(2)))
 
@@ -310,8 +330,9 @@ _DECODERS: dict[int, tuple[bool, Callable[[Reader], tuple[Any, ...]]]] = {
     EXCHANGE_COMMAND_VERSIONS: (True, lambda r: tuple(
         (r.u16(), r.u16(), r.u16()) for _ in range(r.count(6)))),
 }
-# responses a client sends (to the server's tune and close requests)
-CLIENT_RESPONSES = frozenset({CLOSE | RESPONSE})
+# responses a client sends (to the server's close and consumer-update requests)
+CLIENT_RESPONSES = frozenset({CLOSE | RESPONSE, CONSUMER_UPDATE | RESPONSE})
+OFFSET_NONE = 0  # a consumer-update answer's "keep the subscription's own offset"
 SUPPORTED_VERSION = 1
 
 
@@ -324,7 +345,10 @@ def decode(frame: bytes) -> Command:
     r = Reader(frame, 4)
     if key in CLIENT_RESPONSES:
         correlation = r.u32()
-        return Command(key, version, correlation, (r.u16(),))
+        code = r.u16()
+        if key == CONSUMER_UPDATE | RESPONSE:
+            return Command(key, version, correlation, (code, *_offset_answer(r)))
+        return Command(key, version, correlation, (code,))
     entry = _DECODERS.get(key)
     if entry is None:
         raise FrameError(f"unknown command key 0x{key:04x}")
@@ -426,6 +450,12 @@ def publish_error(publisher: int, errors: list[tuple[int, int]]) -> bytes:
 
 def credit_error(code: int, subscription: int) -> bytes:
     return Writer(CREDIT | RESPONSE).u16(code).u8(subscription).frame()
+
+
+def consumer_update(correlation: int, subscription: int, active: bool) -> bytes:
+    """The server's consumer-update request (RabbitMQ 3.11+)."""
+    return Writer(CONSUMER_UPDATE).u32(correlation).u8(subscription).u8(
+        1 if active else 0).frame()
 
 
 def metadata_update(code: int, stream: str) -> bytes:

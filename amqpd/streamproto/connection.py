@@ -21,11 +21,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import amqpd
-from amqpd.broker.stream import TYPE_NAME, StreamQueue
+from amqpd.broker.stream import StreamQueue
 from amqpd.protocol.errors import AccessRefused, AMQPError
 from amqpd.store.stream_log import Reader, Record
 from amqpd.streamproto import codec as c
 from amqpd.streamproto.amqp10 import data_message
+from amqpd.streamproto.arguments import BadArgument, queue_arguments
+from amqpd.streamproto.sac import Coordinator, GroupKey, Notice
 from amqpd.streamproto.tracking import Tracking
 
 if TYPE_CHECKING:
@@ -42,14 +44,6 @@ READ_RECORDS = 1024  # records a subscription reads per pread at most
 MAX_REFERENCE = 256
 COMPRESSION_NONE = 0  # sub-entry batch compression types (rstream's CompressionType)
 COMPRESSION_GZIP = 1
-# create's arguments (strings on the wire) -> the queue argument and its type
-CREATE_ARGUMENTS: dict[str, tuple[str, type]] = {
-    "max-length-bytes": ("x-max-length-bytes", int),
-    "max-age": ("x-max-age", str),
-    "stream-max-segment-size-bytes": ("x-stream-max-segment-size-bytes", int),
-    "initial-cluster-size": ("x-initial-cluster-size", int),
-    "queue-leader-locator": ("x-queue-leader-locator", str),
-}
 
 
 @dataclass(slots=True)
@@ -59,6 +53,7 @@ class Publisher:
     queue: StreamQueue
     # ids accepted but not yet confirmed, highest (dedup of re-sends in flight)
     highest: int = 0
+    last_id: int = -1  # the highest publishing id received (the management API's)
     published: int = 0  # messages stored (the management API's counters)
     confirmed: int = 0  # publishing ids confirmed
     errored: int = 0  # publishing ids answered with publish-error
@@ -68,9 +63,12 @@ class Publisher:
 class Subscription:
     id: int
     queue: StreamQueue
-    reader: Reader
+    reader: Reader | None  # None while a single active consumer waits
     credit: int
     properties: dict[str, str]
+    offset_spec: tuple[int, int | None] = (c.OFFSET_NEXT, None)  # as subscribed
+    group: GroupKey | None = None  # single active consumer: (vhost, stream, name)
+    active: bool = True  # a group member that is not active gets nothing
     pending: list[Record] = field(default_factory=list)  # read; from ``taken`` on unsent
     taken: int = 0
     chunks: int = 0  # delivered
@@ -94,8 +92,14 @@ class StreamConnection:
     """The state machine of one client connection (module docstring)."""
 
     def __init__(self, broker: Broker, peer: tuple[str, int] | None, name: str,
-                 advertised: tuple[str, int], tracking: dict[int, Tracking]) -> None:
+                 advertised: tuple[str, int], tracking: dict[int, Tracking],
+                 coordinator: Coordinator | None = None) -> None:
         self.broker = broker
+        # single active consumer groups: node-wide (the listener's), own one otherwise
+        self.coordinator = coordinator if coordinator is not None else Coordinator()
+        self._correlation = 0  # of the requests this side sends (consumer update)
+        # consumer updates sent, by correlation id: (subscription id, stepping down)
+        self._updates: dict[int, tuple[int, bool]] = {}
         self.peer = peer
         self.name = name
         self.advertised = advertised
@@ -292,20 +296,11 @@ class StreamConnection:
             return answer(c.ACCESS_REFUSED)
         if name in self.broker.vhosts[self.vhost].queues:
             return answer(c.STREAM_ALREADY_EXISTS)
-        arguments: dict[str, Any] = {"x-queue-type": TYPE_NAME}
-        for key, value in args.items():
-            known = CREATE_ARGUMENTS.get(key)
-            if known is None:
-                continue  # RabbitMQ ignores keys it does not know
-            qkey, kind = known
-            if kind is int:
-                if not value.lstrip("-").isdigit():
-                    log.warning("stream connection %s: create '%s': %s=%r is not an "
-                                "integer", self.name, name, key, value)
-                    return answer(c.PRECONDITION_FAILED)
-                arguments[qkey] = int(value)
-            else:
-                arguments[qkey] = value
+        try:
+            arguments = queue_arguments(args)
+        except BadArgument as exc:
+            log.warning("stream connection %s: create '%s': %s", self.name, name, exc)
+            return answer(c.PRECONDITION_FAILED)
         try:
             self.broker.api.declare_queue(self.vhost, name, durable=True,
                                           arguments=arguments)
@@ -397,6 +392,7 @@ class StreamConnection:
         dropped: list[int] = []
         errors: list[tuple[int, int]] = []
         for publishing_id, entry in entries:
+            pub.last_id = max(pub.last_id, publishing_id)
             if tracking is not None and publishing_id <= max(last, pub.highest):
                 dropped.append(publishing_id)  # a re-send: confirmed, not stored again
                 continue
@@ -452,6 +448,13 @@ class StreamConnection:
 
         q.sync_log(synced)
 
+    def stored_sequence(self, pub: Publisher) -> int | None:
+        """A named publisher's highest confirmed publishing id, as kept for
+        deduplication (None for an unnamed one or before its first confirm)."""
+        if pub.reference is None:
+            return None
+        return tracking_of(pub.queue, self.tracking).publishers.get(pub.reference)
+
     def _query_publisher_sequence(self, cmd: c.Command) -> None:
         reference, stream = cmd.fields
         corr = cmd.correlation_id
@@ -480,21 +483,95 @@ class StreamConnection:
             return answer(c.STREAM_DOES_NOT_EXIST)
         if not self._allowed("read", stream):
             return answer(c.ACCESS_REFUSED)
-        slog = q.log
-        if kind == c.OFFSET_FIRST:
-            start = slog.first_offset
-        elif kind == c.OFFSET_LAST:
-            start = slog.last_chunk_offset
-        elif kind == c.OFFSET_NEXT:
-            start = slog.next_offset
-        elif kind == c.OFFSET_OFFSET:
-            start = min(max(value, slog.first_offset), slog.next_offset)
-        else:
-            start = slog.offset_for_timestamp(value)
-        self.subscriptions[sid] = Subscription(sid, q, slog.reader(start), credit, props)
+        if props.get("single-active-consumer") == "true":
+            return self._subscribe_in_group(cmd, q)
+        start = _start_offset(q, kind, value)
+        self.subscriptions[sid] = Subscription(sid, q, q.log.reader(start), credit, props,
+                                               (kind, value))
         self._watch(q)
         answer(c.OK)
         self.deliver(sid)
+
+    def _subscribe_in_group(self, cmd: c.Command, q: StreamQueue) -> None:
+        """A single active consumer (RabbitMQ 3.11+, :mod:`amqpd.streamproto.sac`): it
+        joins its group and reads nothing until a consumer update made it active and
+        the client answered with the offset to start from."""
+        sid, stream, kind, value, credit, props = cmd.fields
+        group_name = props.get("name")
+        if not group_name:
+            log.warning("stream connection %s: subscription %d to '%s': a single active "
+                        "consumer must have a name", self.name, sid, stream)
+            self.send(c.response(c.SUBSCRIBE, cmd.correlation_id,
+                                 c.PRECONDITION_FAILED).frame())
+            return
+        key = (self.vhost, stream, group_name)
+        self.subscriptions[sid] = Subscription(sid, q, None, credit, props, (kind, value),
+                                               group=key, active=False)
+        self._watch(q)
+        self.send(c.response(c.SUBSCRIBE, cmd.correlation_id, c.OK).frame())
+        _, notices = self.coordinator.register(key, self._partition_index(stream, props),
+                                               self, sid)
+        _notify(notices)
+
+    def _partition_index(self, stream: str, props: dict[str, str]) -> int:
+        """The stream's index in the super stream named by the ``super-stream``
+        property, as RabbitMQ finds it: its binding's ``x-stream-partition-order``,
+        else the number after the name's last '-'; -1 for a plain stream."""
+        bindings = self._super_stream_bindings(props.get("super-stream") or "")
+        for b in bindings or ():
+            if b.destination.name != stream:
+                continue
+            order = b.arguments.get("x-stream-partition-order")
+            if isinstance(order, int):
+                return order
+            suffix = stream.rpartition("-")[2]
+            return int(suffix) if suffix.isdigit() else -1
+        return -1
+
+    def consumer_update(self, notice: Notice) -> None:
+        """The group's coordinator made a subscription of this connection active or
+        not: tell the client (a consumer update request); an active one starts reading
+        once the client answered."""
+        sub = self.subscriptions.get(notice.subscription_id)
+        if sub is None:
+            return
+        sub.active = notice.active
+        if not notice.active:
+            sub.reader = None
+            sub.pending = []
+            sub.taken = 0
+        self._correlation += 1
+        self._updates[self._correlation] = (sub.id, notice.stepping_down)
+        log.info("stream connection %s: subscription %d to '%s' in group '%s' is %s%s",
+                 self.name, sub.id, sub.queue.name, sub.group[2] if sub.group else "",
+                 "active" if notice.active else "inactive",
+                 " (stepping down)" if notice.stepping_down else "")
+        self.send(c.consumer_update(self._correlation, sub.id, notice.active))
+
+    def _consumer_update_answer(self, cmd: c.Command) -> None:
+        """The client's answer to a consumer update: the offset an active consumer
+        starts from (type 0: the subscription's own offset specification); from a
+        consumer stepping down, the signal to activate the group's next one."""
+        code, kind, value = cmd.fields
+        entry = self._updates.pop(cmd.correlation_id, None)
+        if entry is None:
+            log.warning("stream connection %s: a consumer-update answer for unknown "
+                        "correlation id %d ignored", self.name, cmd.correlation_id)
+            return
+        if code != c.OK:
+            log.info("stream connection %s: consumer-update answer with code 0x%02x",
+                     self.name, code)
+        sid, stepping_down = entry
+        sub = self.subscriptions.get(sid)
+        if sub is None:
+            return
+        if sub.active:
+            if sub.reader is None:
+                spec = sub.offset_spec if kind == c.OFFSET_NONE else (kind, value)
+                sub.reader = sub.queue.log.reader(_start_offset(sub.queue, *spec))
+                self.deliver(sid)
+        elif stepping_down and sub.group is not None:
+            _notify(self.coordinator.activate(sub.group, self, sid))
 
     def _watch(self, q: StreamQueue) -> None:
         """Hear of new records and of the stream's deletion (once per stream)."""
@@ -515,7 +592,8 @@ class StreamConnection:
         """Send chunks while the subscription has credit and records are readable."""
         sub = self.subscriptions.get(sid)
         limit = min(CHUNK_BYTES, self.frame_max - 64)
-        while sub is not None and sub.credit > 0 and not self.paused:
+        while sub is not None and sub.credit > 0 and not self.paused and \
+                sub.reader is not None:
             records = self._next_chunk(sub, limit)
             if not records:
                 return
@@ -536,6 +614,7 @@ class StreamConnection:
         size = 0
         while True:
             if not sub.pending:
+                assert sub.reader is not None  # deliver() reads active subscriptions only
                 sub.pending = sub.reader.read(READ_RECORDS)
                 sub.taken = 0
                 if not sub.pending:
@@ -570,7 +649,9 @@ class StreamConnection:
         self.send(c.response(c.UNSUBSCRIBE, cmd.correlation_id, code).frame())
 
     def _drop_subscription(self, sid: int) -> None:
-        self.subscriptions.pop(sid, None)
+        sub = self.subscriptions.pop(sid, None)
+        if sub is not None and sub.group is not None:
+            _notify(self.coordinator.unregister(sub.group, self, sid))
 
     def _store_offset(self, cmd: c.Command) -> None:
         reference, stream, offset = cmd.fields
@@ -650,7 +731,7 @@ class StreamConnection:
         """The commands this server takes and their versions (all version 1): asked
         by newer clients (RabbitMQ 3.11+'s command; rabbitmq-stream-js-client always
         asks)."""
-        keys = sorted(k for k in _HANDLERS if not k & c.RESPONSE)
+        keys = sorted({c.CONSUMER_UPDATE} | {k for k in _HANDLERS if not k & c.RESPONSE})
         w = c.response(c.EXCHANGE_COMMAND_VERSIONS, cmd.correlation_id, c.OK)
         w.u32(len(keys))
         for key in keys:
@@ -659,9 +740,11 @@ class StreamConnection:
 
     # ------------------------------------------------------------------ the end
     def closed(self) -> None:
-        """The socket ended: forget publishers and subscriptions."""
+        """The socket ended: forget publishers and subscriptions (a group member's
+        group picks another active consumer)."""
         self.publishers.clear()
-        self.subscriptions.clear()
+        for sid in list(self.subscriptions):
+            self._drop_subscription(sid)
         vh = self.broker.vhosts.get(self.vhost)
         if vh is None:
             return
@@ -671,6 +754,26 @@ class StreamConnection:
                 gone = self._gone_callbacks.pop(id(q), None)
                 if gone in q.on_removed:
                     q.on_removed.remove(gone)
+
+
+def _start_offset(q: StreamQueue, kind: int, value: int | None) -> int:
+    """Where a subscription with this offset specification starts reading."""
+    slog = q.log
+    if kind == c.OFFSET_FIRST:
+        return slog.first_offset
+    if kind == c.OFFSET_LAST:
+        return slog.last_chunk_offset
+    if kind == c.OFFSET_OFFSET and value is not None:
+        return min(max(value, slog.first_offset), slog.next_offset)
+    if kind == c.OFFSET_TIMESTAMP and value is not None:
+        return slog.offset_for_timestamp(value)
+    return slog.next_offset
+
+
+def _notify(notices: list[Notice]) -> None:
+    """Send each consumer update the coordinator asked for (to any connection)."""
+    for notice in notices:
+        notice.owner.consumer_update(notice)
 
 
 def _gunzip(data: bytes, size: int) -> bytes:
@@ -704,6 +807,7 @@ _HANDLERS = {
     c.STORE_OFFSET: "_store_offset", c.QUERY_OFFSET: "_query_offset",
     c.ROUTE: "_route", c.PARTITIONS: "_partitions",
     c.EXCHANGE_COMMAND_VERSIONS: "_exchange_command_versions",
+    c.CONSUMER_UPDATE | c.RESPONSE: "_consumer_update_answer",
 }
 
 __all__ = ["StreamConnection"]

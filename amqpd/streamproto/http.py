@@ -1,30 +1,37 @@
 """/api/stream/connections, /api/stream/publishers, /api/stream/consumers: the stream
 protocol's clients in the management API (RabbitMQ's rabbitmq_stream_management names
 the same paths and, where amqpd has the figure, the same fields). Each list shows only
-the vhosts the HTTP user may see; ``/api/stream/.../{vhost}`` narrows to one."""
+the vhosts the HTTP user may see; ``/api/stream/.../{vhost}`` narrows to one, and
+``/api/stream/connections/{vhost}/{name}`` (with ``/publishers``, ``/consumers``) is one
+connection, as there. The web UI's Streams page and the Prometheus metrics
+(:func:`amqpd.streamproto.metrics.lines`) read the same views."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from amqpd.http.core import Ctx, Router, json_response, select_columns
+from amqpd.http.core import Ctx, Router, json_response, not_found, select_columns
 
 if TYPE_CHECKING:
-    from amqpd.streamproto.connection import StreamConnection
+    from amqpd.streamproto.connection import Publisher, StreamConnection, Subscription
     from amqpd.streamproto.transport import StreamListener
+
+
+def open_connections(listener: StreamListener) -> list[StreamConnection]:
+    """Every opened stream connection, by name."""
+    out = [p.conn for p in listener.connections if p.conn is not None and p.conn.is_open]
+    return sorted(out, key=lambda c: c.name)
 
 
 def _connections(listener: StreamListener, ctx: Ctx) -> list[StreamConnection]:
     vhost = ctx.params.get("vhost")
-    out = []
-    for proto in listener.connections:
-        conn = proto.conn
-        if conn is None or not conn.is_open:
-            continue
-        if (vhost is not None and conn.vhost != vhost) or not ctx.can_see_vhost(conn.vhost):
-            continue
-        out.append(conn)
-    return sorted(out, key=lambda c: c.name)
+    name = ctx.params.get("name")
+    out = [conn for conn in open_connections(listener)
+           if (vhost is None or conn.vhost == vhost) and ctx.can_see_vhost(conn.vhost)
+           and (name is None or conn.name == name)]
+    if name is not None and not out:
+        raise not_found()
+    return out
 
 
 def connection_view(conn: StreamConnection) -> dict[str, Any]:
@@ -36,6 +43,36 @@ def connection_view(conn: StreamConnection) -> dict[str, Any]:
             "consumers": len(conn.subscriptions)}
 
 
+def publisher_view(conn: StreamConnection, pub: Publisher) -> dict[str, Any]:
+    """A publisher: its counters and publishing ids (the highest received; for a named
+    one, the highest confirmed and kept for deduplication)."""
+    stored = conn.stored_sequence(pub)
+    return {"connection_details": {"name": conn.name}, "publisher_id": pub.id,
+            "reference": pub.reference or "",
+            "queue": {"name": pub.queue.name, "vhost": conn.vhost},
+            "published": pub.published, "confirmed": pub.confirmed, "errored": pub.errored,
+            "last_publishing_id": pub.last_id if pub.last_id >= 0 else None,
+            "confirmed_publishing_id": stored}
+
+
+def consumer_view(conn: StreamConnection, sub: Subscription) -> dict[str, Any]:
+    """A subscription: where it reads, its lag and credit, and (single active
+    consumer) its group and whether it is the active member."""
+    log_ = sub.queue.log
+    reading = sub.reader is not None
+    offset = sub.reader.offset if sub.reader is not None else 0
+    return {"connection_details": {"name": conn.name}, "subscription_id": sub.id,
+            "queue": {"name": sub.queue.name, "vhost": conn.vhost},
+            "credits": sub.credit, "offset": offset,
+            "offset_lag": max(0, log_.flushed_offset - offset) if reading else 0,
+            "consumed": sub.consumed, "messages_consumed": sub.consumed,
+            "active": sub.active,
+            "activity_status": "up" if sub.group is None else (
+                "single_active" if sub.active else "waiting"),
+            "group": sub.group[2] if sub.group is not None else None,
+            "properties": dict(sub.properties)}
+
+
 def add_routes(listener: StreamListener) -> Any:
     """The router hook (BrokerAPI.plugin_http_routes calls it with the router)."""
 
@@ -43,29 +80,17 @@ def add_routes(listener: StreamListener) -> Any:
         return json_response(select_columns(
             [connection_view(c) for c in _connections(listener, ctx)], ctx))
 
+    async def connection(ctx: Ctx) -> Any:
+        return json_response(connection_view(_connections(listener, ctx)[0]))
+
     async def publishers(ctx: Ctx) -> Any:
-        items = []
-        for conn in _connections(listener, ctx):
-            for pub in conn.publishers.values():
-                items.append({"connection_details": {"name": conn.name},
-                              "publisher_id": pub.id, "reference": pub.reference or "",
-                              "queue": {"name": pub.queue.name, "vhost": conn.vhost},
-                              "published": pub.published, "confirmed": pub.confirmed,
-                              "errored": pub.errored})
+        items = [publisher_view(conn, pub) for conn in _connections(listener, ctx)
+                 for pub in conn.publishers.values()]
         return json_response(select_columns(items, ctx))
 
     async def consumers(ctx: Ctx) -> Any:
-        items = []
-        for conn in _connections(listener, ctx):
-            for sub in conn.subscriptions.values():
-                log_ = sub.queue.log
-                items.append({"connection_details": {"name": conn.name},
-                              "subscription_id": sub.id,
-                              "queue": {"name": sub.queue.name, "vhost": conn.vhost},
-                              "credits": sub.credit, "offset": sub.reader.offset,
-                              "offset_lag": max(0, log_.flushed_offset - sub.reader.offset),
-                              "messages_consumed": sub.consumed,
-                              "properties": dict(sub.properties)})
+        items = [consumer_view(conn, sub) for conn in _connections(listener, ctx)
+                 for sub in conn.subscriptions.values()]
         return json_response(select_columns(items, ctx))
 
     def hook(r: Router) -> None:
@@ -73,8 +98,13 @@ def add_routes(listener: StreamListener) -> Any:
                               ("consumers", consumers)):
             r.get(f"/api/stream/{path}", handler)
             r.get(f"/api/stream/{path}/{{vhost}}", handler)
+        one = "/api/stream/connections/{vhost}/{name}"
+        r.get(one, connection)
+        r.get(f"{one}/publishers", publishers)
+        r.get(f"{one}/consumers", consumers)
 
     return hook
 
 
-__all__ = ["add_routes", "connection_view"]
+__all__ = ["add_routes", "connection_view", "consumer_view", "open_connections",
+           "publisher_view"]

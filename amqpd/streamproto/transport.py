@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from amqpd.streamproto import codec
 from amqpd.streamproto.connection import StreamConnection
+from amqpd.streamproto.sac import Coordinator
 
 if TYPE_CHECKING:
     from amqpd.server import Broker
@@ -26,10 +27,12 @@ log = logging.getLogger("amqpd.streamproto")
 
 class StreamProtocol(asyncio.Protocol):
     def __init__(self, broker: Broker, advertised: tuple[str, int],
-                 tracking: dict[int, Tracking], connections: set[StreamProtocol]) -> None:
+                 tracking: dict[int, Tracking], connections: set[StreamProtocol],
+                 coordinator: Coordinator) -> None:
         self.broker = broker
         self.advertised = advertised
         self.tracking = tracking
+        self.coordinator = coordinator
         self.connections = connections
         self.transport: asyncio.Transport | None = None
         self.conn: StreamConnection | None = None
@@ -45,7 +48,7 @@ class StreamProtocol(asyncio.Protocol):
         sock = transport.get_extra_info("sockname")
         name = f"{peer[0]}:{peer[1]} -> {sock[0]}:{sock[1]}" if peer and sock else "?"
         self.conn = StreamConnection(self.broker, peer[:2] if peer else None, name,
-                                     self.advertised, self.tracking)
+                                     self.advertised, self.tracking, self.coordinator)
         self.conn.on_output = self._schedule_flush
         self.connections.add(self)
         self._handshake = self._loop.call_later(self.broker.settings.handshake_timeout,
@@ -134,6 +137,7 @@ class StreamListener:
         self.broker = broker
         self.tracking: dict[int, Tracking] = {}
         self.connections: set[StreamProtocol] = set()
+        self.coordinator = Coordinator()  # single active consumer groups, node-wide
 
     async def start(self, port: int, ssl: Any = None) -> list[tuple[str, int]]:
         """Listen on ``port`` (0: ephemeral) where the AMQP listeners do (the broker's
@@ -144,7 +148,7 @@ class StreamListener:
 
         def factory() -> StreamProtocol:
             return StreamProtocol(self.broker, advertised[0], self.tracking,
-                                  self.connections)
+                                  self.connections, self.coordinator)
 
         bound = await self.broker._listen(port, ssl=ssl, factory=factory,
                                           name="stream" if ssl is None else "stream/ssl")
@@ -155,10 +159,13 @@ class StreamListener:
         return bound
 
     def http_routes(self, router: Any) -> None:
-        """/api/stream/... (amqpd.streamproto.http) on the management API's router."""
+        """/api/stream/... (amqpd.streamproto.http) on the management API's router, and
+        the amqpd_stream_protocol_* series of /metrics (amqpd.streamproto.metrics)."""
         from amqpd.streamproto.http import add_routes
+        from amqpd.streamproto.metrics import add_metrics
 
         add_routes(self)(router)
+        router.metric_sources.append(lambda e: add_metrics(self, e))
 
     def close(self) -> None:
         """Close every stream connection (the broker closed the listening sockets)."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -41,6 +43,8 @@ class Target:
     amqp_port: int
     stream_port: int
     restart: Any  # () -> None, keeps the data; the ports are read again after it
+    http_url: str = ""  # amqpd's management API (amqpctl); empty for RabbitMQ
+    log_path: Path | None = None  # amqpd's log
 
 
 @pytest.fixture(scope="module", params=["amqpd", "rabbitmq"])
@@ -51,12 +55,13 @@ def target(request: pytest.FixtureRequest,
         proc = BrokerProcess(tmp_path_factory.mktemp("amqpd"),
                              extra_args=["--stream-port", str(stream_port)])
         proc.start()
-        t = Target("amqpd", proc.port, stream_port, None)
+        t = Target("amqpd", proc.port, stream_port, None, proc.http_url, proc.log_path)
 
         def restart_amqpd() -> None:
             proc.stop()
             proc.restart()
             t.amqp_port = proc.port
+            t.http_url = proc.http_url
 
         t.restart = restart_amqpd
         try:
@@ -564,6 +569,24 @@ async def _declare_super_stream(t: Target, name: str, partitions: int) -> list[s
     return names
 
 
+async def _super_stream_send(t: Target, name: str, n: int) -> None:
+    """``n`` messages p0.. through rstream's super stream producer, hash routing over the
+    partitions command (its key routing, RouteType.Key, caches the first key's route for
+    every key in 1.1.1)."""
+
+    async def routing_key(message: Any) -> str:
+        return str(message.application_properties["k"])
+
+    producer = rstream.SuperStreamProducer(
+        "127.0.0.1", port=t.stream_port, username="guest", password="guest",
+        super_stream=name, routing=rstream.RouteType.Hash, load_balancer_mode=True,
+        routing_extractor=routing_key)
+    async with producer:
+        for i in range(n):
+            await producer.send(AMQPMessage(body=f"p{i}".encode(),
+                                            application_properties={"k": f"key{i}"}))
+
+
 async def test_super_stream_route_and_partitions(target: Target) -> None:
     if target.kind == "rabbitmq":
         pytest.skip("super streams are RabbitMQ 3.11+: 3.10.8's plugin left a partitions "
@@ -584,20 +607,7 @@ async def test_super_stream_route_and_partitions(target: Target) -> None:
         assert client.response(0x19)[0] == 0x02
     finally:
         client.close()
-    # rstream's super stream producer, hash routing over the partitions command (its
-    # key routing, RouteType.Key, caches the first key's route for every key in 1.1.1)
-
-    async def routing_key(message: Any) -> str:
-        return str(message.application_properties["k"])
-
-    producer = rstream.SuperStreamProducer(
-        "127.0.0.1", port=target.stream_port, username="guest", password="guest",
-        super_stream=name, routing=rstream.RouteType.Hash, load_balancer_mode=True,
-        routing_extractor=routing_key)
-    async with producer:
-        for i in range(6):
-            await producer.send(AMQPMessage(body=f"p{i}".encode(),
-                                            application_properties={"k": f"key{i}"}))
+    await _super_stream_send(target, name, 6)
     seen: list[bytes] = []
     for stream in names:
         seen += await _read_all(target, stream)
@@ -634,6 +644,8 @@ async def test_stream_over_tls(tmp_path: Path) -> None:
 async def test_management_api_lists_stream_clients(tmp_path: Path) -> None:
     import base64
     import json
+    import urllib.error
+    import urllib.parse
     import urllib.request
 
     (port,) = free_ports(1)
@@ -654,20 +666,387 @@ async def test_management_api_lists_stream_clients(tmp_path: Path) -> None:
         async def on_message(msg: Any, ctx: Any) -> None:
             got.set()
 
-        async with _producer(t) as p, _consumer(t) as c:
+        async with _producer(t) as p, _producer(t) as p2, _consumer(t) as c:
             await p.create_stream(stream)
             await p.send_wait(stream, AMQPMessage(body=b"one"))
+            for i in (7, 9):  # a named publisher's publishing ids (rstream: one publisher
+                # per stream and producer, so another producer)
+                await p2.send_wait(stream, _with_id(f"n{i}".encode(), i),
+                                   publisher_name="namer")
             await c.start()
             await c.subscribe(stream, on_message, decoder=rstream.amqp_decoder,
                               offset_specification=OffsetSpec(OffsetType.FIRST, None))
             await asyncio.wait_for(got.wait(), DEADLINE)
             conns = await asyncio.to_thread(get, "/api/stream/connections")
-            assert len(conns) >= 2 and {c["user"] for c in conns} == {"guest"}
+            # rstream opens a locator connection besides each client's own
+            assert len(conns) >= 3 and {c["user"] for c in conns} == {"guest"}
             pubs = await asyncio.to_thread(get, "/api/stream/publishers/%2F")
-            mine = [x for x in pubs if x["queue"]["name"] == stream]
-            assert mine and mine[0]["published"] == 1 and mine[0]["confirmed"] == 1
+            mine = {x["reference"]: x for x in pubs if x["queue"]["name"] == stream}
+            assert mine[""]["published"] == 1 and mine[""]["confirmed"] == 1
+            named = mine["namer"]
+            assert (named["published"], named["confirmed"], named["last_publishing_id"],
+                    named["confirmed_publishing_id"]) == (2, 2, 9, 9)
             subs = await asyncio.to_thread(get, "/api/stream/consumers")
-            mine = [x for x in subs if x["queue"]["name"] == stream]
-            assert mine and mine[0]["offset"] == 1 and mine[0]["messages_consumed"] == 1
+            mine_subs = [x for x in subs if x["queue"]["name"] == stream]
+            deadline = time.monotonic() + DEADLINE
+            while mine_subs[0]["offset"] < 3 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+                subs = await asyncio.to_thread(get, "/api/stream/consumers")
+                mine_subs = [x for x in subs if x["queue"]["name"] == stream]
+            sub = mine_subs[0]
+            assert (sub["offset"], sub["offset_lag"], sub["consumed"], sub["active"],
+                    sub["activity_status"]) == (3, 0, 3, True, "up")
+            # one connection, as RabbitMQ's stream management has it
+            conn_name = sub["connection_details"]["name"]
+            path = f"/api/stream/connections/%2F/{urllib.parse.quote(conn_name, safe='')}"
+            one = await asyncio.to_thread(get, path)
+            assert one["name"] == conn_name and one["consumers"] == 1
+            theirs = await asyncio.to_thread(get, path + "/consumers")
+            assert [x["subscription_id"] for x in theirs] == [sub["subscription_id"]]
+            with pytest.raises(urllib.error.HTTPError) as missing:
+                await asyncio.to_thread(get, "/api/stream/connections/%2F/nobody")
+            assert missing.value.code == 404
+            # Prometheus: the totals and the per-publisher / per-consumer series
+            text = await asyncio.to_thread(
+                lambda: urllib.request.urlopen(proc.http_url + "/metrics",
+                                               timeout=10).read().decode())
+            totals = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+                      if line.startswith("amqpd_stream_protocol_") and "{" not in line}
+            assert totals["amqpd_stream_protocol_connections"] >= 3, totals
+            assert (totals["amqpd_stream_protocol_publishers"],
+                    totals["amqpd_stream_protocol_consumers"],
+                    totals["amqpd_stream_protocol_consumers_active"]) == (2, 1, 1), totals
+            series = [line for line in text.splitlines() if f'stream="{stream}"' in line]
+            assert any(line.startswith("amqpd_stream_protocol_publisher_last_publishing_id{")
+                       and 'reference="namer"' in line and line.endswith(" 9")
+                       for line in series), series
+            assert any(line.startswith("amqpd_stream_protocol_consumer_offset{")
+                       and line.endswith(" 3") for line in series), series
+            assert any(line.startswith("amqpd_stream_protocol_consumer_active{")
+                       and line.endswith(" 1") for line in series), series
     finally:
         proc.stop()
+
+
+def _ctl(t: Target, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "amqpd.ctl", "--url", t.http_url, *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def _api(t: Target, method: str, path: str, body: Any = None,
+         user: str = "guest:guest") -> tuple[int, Any]:
+    """(status, JSON body or None) of a management API call."""
+    import base64
+    import json
+    import urllib.error
+    import urllib.request
+
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(t.http_url + path, data=data, method=method, headers={
+        "Authorization": "Basic " + base64.b64encode(user.encode()).decode(),
+        "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            raw, status = resp.read(), resp.status
+    except urllib.error.HTTPError as exc:
+        raw, status = exc.read(), exc.code
+    return status, json.loads(raw) if raw else None
+
+
+def _api_get(t: Target, path: str) -> Any:
+    status, body = _api(t, "GET", path)
+    assert status == 200, (path, status, body)
+    return body
+
+
+def test_super_stream_http_api(target: Target) -> None:
+    """PUT / GET / DELETE /api/stream/super-streams/{vhost}/{name}: RabbitMQ's body
+    (partitions or binding-keys), its refusals, and the permissions it needs."""
+    if target.kind == "rabbitmq":
+        pytest.skip("the super-stream management endpoint is RabbitMQ 4.2+: 3.10.8's "
+                    "management has no such path")
+    name = _name("http")
+    path = f"/api/stream/super-streams/%2F/{name}"
+    for body, reason in (({}, "Must specify partitions or binding keys"),
+                         ({"partitions": 2, "binding-keys": "a"}, "not both"),
+                         ({"partitions": "two"}, "The partitions must be a number"),
+                         ({"binding-keys": "a,a"}, "The binding keys must be distinct"),
+                         ({"partitions": 1, "arguments": {"max-length-bytes": "lots"}},
+                          "is not an integer")):
+        status, answer = _api(target, "PUT", path, body)
+        assert (status, reason in answer["reason"]) == (400, True), (body, answer)
+    assert _api(target, "PUT", path, {"binding-keys": "eu, us"})[0] == 201
+    got = _api_get(target, path)
+    assert got["partitions"] == [
+        {"name": f"{name}-eu", "routing_key": "eu", "partition_order": 0},
+        {"name": f"{name}-us", "routing_key": "us", "partition_order": 1}]
+    exchange = _api_get(target, f"/api/exchanges/%2F/{name}")
+    assert (exchange["type"], exchange["durable"], exchange["arguments"]) == (
+        "direct", True, {"x-super-stream": True})
+    queue = _api_get(target, f"/api/queues/%2F/{name}-eu")
+    assert queue["arguments"]["x-queue-type"] == "stream"
+    # a user who may configure nothing in the vhost is refused, and nothing is made
+    assert _api(target, "PUT", "/api/users/ss-user", {"password": "pw",
+                                                       "tags": "management"})[0] in (
+        201, 204)
+    assert _api(target, "PUT", "/api/permissions/%2F/ss-user",
+                {"configure": "^$", "write": ".*", "read": ".*"})[0] in (201, 204)
+    other = _name("denied")
+    status, answer = _api(target, "PUT", f"/api/stream/super-streams/%2F/{other}",
+                          {"partitions": 1}, user="ss-user:pw")
+    assert status == 403, answer
+    assert _api(target, "GET", f"/api/exchanges/%2F/{other}")[0] == 404
+    assert target.log_path is not None
+    logged = target.log_path.read_text()
+    assert f"creating super stream '{name}' in vhost '/' refused: Specify partitions or " \
+           "binding keys, not both" in logged
+    assert _api(target, "DELETE", path)[0] == 204
+    assert _api(target, "GET", path)[0] == 404
+    assert _api(target, "GET", f"/api/queues/%2F/{name}-us")[0] == 404
+
+
+async def _exchange_publish(t: Target, exchange: str, messages: list[tuple[str, bytes]]) -> None:
+    """AMQP 0-9-1 publishes through ``exchange`` (confirmed), as a 0-9-1 client would
+    write into a super stream."""
+    aio_pika = pytest.importorskip("aio_pika")
+    conn = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{t.amqp_port}/")
+    try:
+        ch = await conn.channel(publisher_confirms=True)
+        ex = await ch.get_exchange(exchange)
+        for key, body in messages:
+            await ex.publish(aio_pika.Message(body), routing_key=key, mandatory=True)
+    finally:
+        await conn.close()
+
+
+async def test_super_stream_created_by_amqpctl(target: Target) -> None:
+    if target.kind == "rabbitmq":
+        pytest.skip("rabbitmq-streams add_super_stream is RabbitMQ 3.11+: 3.10.8 has no "
+                    "such command")
+    name = _name("made")
+    out = await asyncio.to_thread(_ctl, target, "add_super_stream", name, "--partitions", "3",
+                                  "--max-length-bytes", "10000000")
+    assert out.returncode == 0 and f"Super stream {name} has been created" in out.stdout, out
+    names = [f"{name}-{i}" for i in range(3)]
+    # the layout: a direct exchange marked x-super-stream, streams bound by "0".."2"
+    client = RawClient(target.stream_port)
+    try:
+        client.open()
+        client.send(0x19, _s(name))
+        code, rest = client.response(0x19)
+        assert (code, rest) == (0x01, struct.pack(">i", 3) + b"".join(_s(n) for n in names))
+        client.send(0x18, _s("2") + _s(name))
+        assert client.response(0x18) == (0x01, struct.pack(">i", 1) + _s(names[2]))
+    finally:
+        client.close()
+    # refusals: the name taken (exchange), a partition taken (queue), bad counts, a bad
+    # stream argument (the first partition's declare refuses it: the exchange goes again)
+    await _publish(target, f"{name}-x-0", [b"squatter"], create=True)
+    bad_age = _name("age")
+    for args, text in (
+            ((name,), f"there is already an exchange named {name}"),
+            ((f"{name}-x", "--partitions", "1"), f"there is already a queue named {name}-x-0"),
+            ((_name("zero"), "--partitions", "0"), "The partition number must be greater "
+                                                  "than 0"),
+            ((_name("many"), "--partitions", "100000"), "must not exceed"),
+            ((_name("nokeys"), "--routing-keys", " , "), "The number of binding keys must "
+                                                        "be greater than 0"),
+            ((bad_age, "--max-age", "forever"), "invalid_max_age")):
+        got = await asyncio.to_thread(_ctl, target, "add_super_stream", *args)
+        assert got.returncode == 65 and text in got.stderr, (args, got)
+    usage = await asyncio.to_thread(_ctl, target, "add_super_stream", _name("int"),
+                                    "--max-length-bytes", "x")
+    assert usage.returncode == 64 and "invalid int value" in usage.stderr
+    probe = RawClient(target.stream_port)
+    try:
+        probe.open()
+        probe.send(0x19, _s(bad_age))  # rolled back: no exchange, no partition
+        assert probe.response(0x19)[0] == 0x02
+        probe.send(0x0F, struct.pack(">i", 1) + _s(f"{bad_age}-0"))
+        assert _s(f"{bad_age}-0") + struct.pack(">H", 0x02) in probe.frame()[1]
+    finally:
+        probe.close()
+    both = await asyncio.to_thread(_ctl, target, "add_super_stream", _name("both"),
+                                   "--partitions", "2", "--routing-keys", "a,b")
+    assert both.returncode == 64 and "not both" in both.stderr
+    # rstream's super stream producer and an AMQP 0-9-1 publisher through the exchange
+    await _super_stream_send(target, name, 6)
+    await _exchange_publish(target, name, [("1", b"amqp-1"), ("2", b"amqp-2")])
+    per_partition = {stream: await _read_all(target, stream) for stream in names}
+    assert b"amqp-1" in per_partition[names[1]] and b"amqp-2" in per_partition[names[2]]
+    everything = sorted(b for bodies in per_partition.values() for b in bodies)
+    assert everything == sorted([f"p{i}".encode() for i in range(6)] + [b"amqp-1",
+                                                                        b"amqp-2"])
+    # rstream's super stream consumer reads every partition
+    seen: list[bytes] = []
+    done = asyncio.Event()
+
+    async def on_message(msg: Any, ctx: Any) -> None:
+        seen.append(bytes(msg.body))
+        if len(seen) >= len(everything):
+            done.set()
+
+    consumer = rstream.SuperStreamConsumer(
+        "127.0.0.1", port=target.stream_port, username="guest", password="guest",
+        super_stream=name, load_balancer_mode=True)
+    async with consumer:
+        await consumer.subscribe(on_message, decoder=rstream.amqp_decoder,
+                                 offset_specification=OffsetSpec(OffsetType.FIRST, None))
+        await asyncio.wait_for(done.wait(), DEADLINE)
+    # the markers _read_all published are in there too; the messages are all there once
+    assert sorted(b for b in seen if len(b) < 32) == everything
+    # delete: the exchange and every partition go
+    gone = await asyncio.to_thread(_ctl, target, "delete_super_stream", name)
+    assert gone.returncode == 0 and f"Super stream {name} has been deleted" in gone.stdout
+    again = await asyncio.to_thread(_ctl, target, "delete_super_stream", name)
+    assert again.returncode == 1 and "super_stream_not_found" in again.stderr
+    client = RawClient(target.stream_port)
+    try:
+        client.open()
+        client.send(0x19, _s(name))
+        assert client.response(0x19)[0] == 0x02
+        client.send(0x0F, struct.pack(">i", 1) + _s(names[0]))
+        key, rest = client.frame()
+        assert key == 0x800F and _s(names[0]) + struct.pack(">H", 0x02) in rest
+    finally:
+        client.close()
+
+
+async def _wait_for(check: Any, what: str) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def test_single_active_consumer_group_on_a_super_stream(target: Target) -> None:
+    """Two consumers of one group on a 3-partition super stream (rstream's SAC: the
+    consumer-update listener resumes from the stored offset): partition i is read by
+    member i mod 2 in joining order, every message once; when one member goes, the
+    other takes its partition from the offset stored there."""
+    if target.kind == "rabbitmq":
+        pytest.skip("single active consumer (consumer update, 0x1a) and super streams are "
+                    "RabbitMQ 3.11+: 3.10.8's plugin has neither")
+    name = _name("sac")
+    out = await asyncio.to_thread(_ctl, target, "add_super_stream", name, "--partitions", "3")
+    assert out.returncode == 0, out
+    parts = [f"{name}-{i}" for i in range(3)]
+    group = "billing"
+    got: dict[str, list[tuple[str, int, bytes]]] = {"a": [], "b": []}
+    active: dict[str, str] = {}  # partition -> who the last consumer update made active
+    props = {"single-active-consumer": "true", "name": group, "super-stream": name}
+
+    def handlers(who: str) -> tuple[Any, Any]:
+        async def on_message(msg: Any, ctx: Any) -> None:
+            await ctx.consumer.store_offset(ctx.stream, group, ctx.offset)
+            got[who].append((ctx.stream, ctx.offset, bytes(msg.body)))
+
+        async def on_update(is_active: bool, ectx: Any) -> Any:
+            if not is_active:
+                if active.get(ectx.stream) == who:
+                    del active[ectx.stream]
+                return rstream.OffsetSpecification(OffsetType.NEXT, 0)
+            active[ectx.stream] = who
+            try:
+                stored = await ectx.consumer.query_offset(ectx.stream, group)
+            except rstream.exceptions.OffsetNotFound:
+                return rstream.OffsetSpecification(OffsetType.FIRST, 0)
+            return rstream.OffsetSpecification(OffsetType.OFFSET, stored + 1)
+
+        return on_message, on_update
+
+    def member() -> Any:
+        return rstream.SuperStreamConsumer(
+            "127.0.0.1", port=target.stream_port, username="guest", password="guest",
+            super_stream=name, load_balancer_mode=True)
+
+    a, b = member(), member()
+    await a.start()
+    try:
+        on_message, on_update = handlers("a")
+        await a.subscribe(on_message, decoder=rstream.amqp_decoder, properties=dict(props),
+                          subscriber_name=group, consumer_update_listener=on_update)
+        await _wait_for(lambda: len(active) == 3, "the first member active everywhere")
+        await b.start()
+        on_message, on_update = handlers("b")
+        await b.subscribe(on_message, decoder=rstream.amqp_decoder, properties=dict(props),
+                          subscriber_name=group, consumer_update_listener=on_update)
+        want = {parts[0]: "a", parts[1]: "b", parts[2]: "a"}  # index mod 2
+        await _wait_for(lambda: active == want, f"the partitions shared as {want}")
+        # the management API shows the group: per partition one active, one waiting
+        listed = await asyncio.to_thread(_api_get, target, "/api/stream/consumers/%2F")
+        members = sorted((x["queue"]["name"], x["activity_status"]) for x in listed
+                         if x["group"] == group)
+        assert members == sorted((p, st) for p in parts for st in ("single_active",
+                                                                   "waiting")), members
+        first = [(str(i % 3), f"m{i}".encode()) for i in range(30)]
+        await _exchange_publish(target, name, first)
+        await _wait_for(lambda: len(got["a"]) + len(got["b"]) >= 30, "30 messages")
+        assert sorted(body for who in got for _, _, body in got[who]) == sorted(
+            body for _, body in first)  # each once
+        assert {stream for stream, _, _ in got["a"]} == {parts[0], parts[2]}
+        assert {stream for stream, _, _ in got["b"]} == {parts[1]}
+        # b goes: a takes partition 1 from the offset b stored there
+        await b.close()
+        await _wait_for(lambda: active.get(parts[1]) == "a", "a active on partition 1")
+        before = len(got["a"])
+        second = [(str(i % 3), f"n{i}".encode()) for i in range(9)]
+        await _exchange_publish(target, name, second)
+        await _wait_for(lambda: len(got["a"]) >= before + 9, "9 more messages")
+        later = got["a"][before:]
+        assert sorted(body for _, _, body in later) == sorted(body for _, body in second)
+        assert [o for s, o, _ in later if s == parts[1]] == [10, 11, 12]
+    finally:
+        await b.close()
+        await a.close()
+
+
+def test_single_active_consumer_raw_frames(target: Target) -> None:
+    """The wire side on a plain stream: a nameless single active consumer is refused
+    (0x11); the first member gets a consumer update (0x1a, active) and reads from the
+    offset its answer gives; the second waits until the first unsubscribes, the third
+    until the second's connection dies."""
+    if target.kind == "rabbitmq":
+        pytest.skip("single active consumer (consumer update, 0x1a) is RabbitMQ 3.11+: "
+                    "3.10.8's plugin does not have it")
+    stream = _name("sacraw")
+    asyncio.run(_publish(target, stream, [b"a", b"b", b"c"], create=True))
+    sac = {"single-active-consumer": "true", "name": "g1"}
+
+    def subscribe(client: RawClient, sid: int, props: dict[str, str]) -> int:
+        body = struct.pack(">B", sid) + _s(stream) + struct.pack(">HH", 3, 10)
+        body += struct.pack(">i", len(props)) + b"".join(_s(k) + _s(v)
+                                                         for k, v in props.items())
+        client.send(0x07, body)
+        return client.response(0x07)[0]
+
+    first, second, third = (RawClient(target.stream_port) for _ in range(3))
+    try:
+        first.open()
+        second.open()
+        third.open()
+        assert subscribe(first, 1, {"single-active-consumer": "true"}) == 0x11
+        assert subscribe(first, 1, sac) == 0x01
+        key, rest = first.frame()
+        assert key == 0x1A
+        corr, sid, is_active = struct.unpack(">IBB", rest)
+        assert (sid, is_active) == (1, 1)
+        # answer: start at offset 1
+        first.sock.sendall(_frame(0x801A, struct.pack(">IHHQ", corr, 1, 4, 1)))
+        key, rest = first.frame()
+        assert key == 0x08 and rest[0] == 1  # deliver for subscription 1
+        assert struct.unpack_from(">Q", rest, 1 + 24)[0] == 1  # the chunk's first offset
+        assert subscribe(second, 7, sac) == 0x01  # joins, inactive: no update
+        assert subscribe(third, 2, sac) == 0x01
+        first.send(0x0C, struct.pack(">B", 1))
+        assert first.response(0x0C)[0] == 0x01
+        key, rest = second.frame()
+        assert key == 0x1A and struct.unpack(">IBB", rest)[1:] == (7, 1)
+        second.sock.close()  # killed without a word: the next member takes over
+        key, rest = third.frame()
+        assert key == 0x1A and struct.unpack(">IBB", rest)[1:] == (2, 1)
+    finally:
+        first.close()
+        second.close()
+        third.close()

@@ -4,12 +4,15 @@ The queues list shows a stream's type, size on disk, segment count and first and
 offset; the queue page shows the same log figures and each consumer's next offset and
 lag, matched to its channel. Two pika consumers that never ack hold still at known
 positions (their start plus their prefetch), so the page can be checked against exact
-numbers. One broker for the module; skips with a clear message where Chromium or its
-driver is missing.
+numbers. The Streams page lists the stream protocol's clients (rstream, port 5552 style
+listener on an ephemeral port) with their publishing ids, offsets and state. One broker
+for the module; skips with a clear message where Chromium or its driver is missing.
 """
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -38,7 +41,8 @@ PREFETCH = 7     # what each idle consumer holds unacked, so where its reader st
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    yield from module_broker(tmp_path_factory, {"AMQPD_STATS_INTERVAL": "1"})
+    yield from module_broker(tmp_path_factory, {"AMQPD_STATS_INTERVAL": "1",
+                                                "AMQPD_STREAM": "1", "AMQPD_STREAM_PORT": "0"})
 
 
 def _num(n: int) -> str:
@@ -129,3 +133,75 @@ def test_stream_in_the_queues_list_and_on_its_page(
         assert not ui.find_element("css selector", "#stream-details").is_displayed()
     finally:
         conn.close()
+
+
+def _row(ui: Any, table: str, needle: str) -> dict[str, str]:
+    """The cells (by class) of the first row of ``table`` that shows ``needle``."""
+    for tr in ui.find_elements("css selector", f"{table} tbody tr"):
+        if needle in tr.text:
+            return {td.get_attribute("class"): td.text
+                    for td in tr.find_elements("css selector", "td")}
+    raise AssertionError(f"no row with {needle!r} in {table}")
+
+
+def test_stream_protocol_clients_page(ui: Any, broker: BrokerProcess) -> None:
+    rstream = pytest.importorskip("rstream", reason="rstream (test extra) is not installed")
+    port = int(broker.info["stream_port"])
+    stream = uid("sproto")
+    ready, release = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    async def clients() -> None:
+        kw = {"port": port, "username": "guest", "password": "guest",
+              "load_balancer_mode": True}
+        async with rstream.Producer("127.0.0.1", **kw) as p, \
+                rstream.Consumer("127.0.0.1", **kw) as c:
+            await p.create_stream(stream)
+            for i in (1, 2, 3):
+                msg = rstream.AMQPMessage(body=f"u{i}".encode())
+                msg.publishing_id = i
+                await p.send_wait(stream, msg, publisher_name="ui-writer")
+            seen = asyncio.Event()
+            count = [0]
+
+            async def on_message(msg: Any, ctx: Any) -> None:
+                count[0] += 1
+                if count[0] == 3:
+                    seen.set()
+
+            await c.start()
+            await c.subscribe(stream, on_message, decoder=rstream.amqp_decoder,
+                              offset_specification=rstream.ConsumerOffsetSpecification(
+                                  rstream.OffsetType.FIRST, None))
+            await asyncio.wait_for(seen.wait(), 20)
+            ready.set()
+            deadline = time.monotonic() + 120
+            while not release.is_set() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+
+    def run() -> None:
+        try:
+            asyncio.run(clients())
+        except BaseException as exc:  # reported by the test
+            errors.append(exc)
+            ready.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        assert ready.wait(30) and not errors, errors
+        go(ui, broker.http_url, "streams", "#stream-publishers-table")
+        assert ui.find_element("css selector", "#nav-streams").is_displayed()
+        wait_text(ui, "#stream-publishers-table", "ui-writer")
+        pub = _row(ui, "#stream-publishers-table", "ui-writer")
+        assert (pub["num published"], pub["num confirmed"], pub["num last-id"],
+                pub["num confirmed-id"], pub["stream"]) == ("3", "3", "3", "3", stream), pub
+        wait_text(ui, "#stream-consumers-table", stream)
+        sub = _row(ui, "#stream-consumers-table", stream)
+        assert (sub["num offset"], sub["num lag"], sub["status"], sub["num consumed"]) == (
+            "3", "0", "up", "3"), sub
+        wait_text(ui, "#stream-connections-table", "guest")
+        shot(ui, "stream-protocol-clients")
+    finally:
+        release.set()
+        thread.join(30)

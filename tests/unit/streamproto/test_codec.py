@@ -112,3 +112,24 @@ def test_amqp10_bodies() -> None:
 
 def test_short_atheris_run_of_the_frame_decoder(tmp_path: Path) -> None:
     run_atheris("fuzz.stream_frames", 20000, tmp_path)
+
+
+@pytest.mark.parametrize(("tail", "fields"), [
+    (struct.pack(">HQ", 4, 42), (1, 4, 42)),  # offset
+    (struct.pack(">Hq", 5, -7), (1, 5, -7)),  # timestamp
+    (struct.pack(">H", 1), (1, 1, None)),  # first, as the protocol writes it
+    (struct.pack(">HQ", 3, 0), (1, 3, None)),  # next with rstream's 8 zero bytes
+    (struct.pack(">H", 0), (1, 0, None)),  # none: the subscription's own offset
+])
+def test_consumer_update_answer(tail: bytes, fields: tuple[object, ...]) -> None:
+    frame = struct.pack(">HHIH", codec.CONSUMER_UPDATE | codec.RESPONSE, 1, 9, 1) + tail
+    cmd = codec.decode(frame)
+    assert (cmd.correlation_id, cmd.fields) == (9, fields)
+
+
+def test_consumer_update_request_and_bad_answers() -> None:
+    assert codec.consumer_update(3, 2, True) == struct.pack(">IHHIBB", 10, 0x1A, 1, 3, 2, 1)
+    head = struct.pack(">HHIH", codec.CONSUMER_UPDATE | codec.RESPONSE, 1, 9, 1)
+    for tail in (struct.pack(">H", 9), struct.pack(">HI", 1, 0), struct.pack(">H", 4)):
+        with pytest.raises(codec.FrameError):
+            codec.decode(head + tail)

@@ -22,6 +22,7 @@ const PAGES = [
   ["nodes", "nodes", "Nodes", (me) => me.monitor],
   ["shovels", "shovels", "Shovels", (me, plugins) => plugins.includes("shovel")],
   ["federation", "federation", "Federation", (me, plugins) => plugins.includes("federation")],
+  ["streams", "streams", "Streams", (me, plugins) => plugins.includes("stream")],
 ];
 
 // how often open pages redraw (RabbitMQ's UI: one choice for every page, 5 s by default)
@@ -190,7 +191,10 @@ async function refreshOverview() {
   try {
     state.overview = await api.get("/api/overview");
     roleBanner(state.overview.amqpd_replication, state.overview.node);
-    const plugins = state.overview.amqpd_plugins || [];
+    // the pages to offer: the enabled plugins', and "stream" while the stream protocol
+    // listener runs (its clients' page)
+    const streamOn = (state.overview.listeners || []).some((l) => l.protocol === "stream");
+    const plugins = [...(state.overview.amqpd_plugins || []), ...(streamOn ? ["stream"] : [])];
     if (plugins.join() !== state.plugins.join()) { state.plugins = plugins; renderNav(); }
   } catch (exc) { /* the banner says it when the broker is away */ }
 }
