@@ -56,14 +56,8 @@ def test_random_faults_with_namespace_partitions(seed: int, tmp_path: Path) -> N
     result = run(seed, DURATION, tmp_path / f"seed-{seed}", gap=GAP, rate=80.0,
                  drain_timeout=DRAIN, partition="netns")
     print(result.report())
-    failures = result.failures()
-    # Every check is hard but one: a node coming back from a namespace partition still
-    # lists itself as a queue's leader for a sampler round after another node took the
-    # queue over (CI, 2026-12-06: chaos-quorum on node-a and node-b 1.3 s after
-    # node-a's partition healed). Issue 28 names this lag; until it is fixed, it alone
-    # is an expected failure, and any other failure fails the test.
-    hard = [f for f in failures if not f.startswith("two leaders:")]
-    assert not hard, result.report()
-    if failures:
-        pytest.xfail("a node back from a partition listed itself as leader while "
-                     f"another served (issue 28, open): {failures[:3]}")
+    # Every check is hard. This seed once listed chaos-quorum on node-a and node-b 1.3 s
+    # after node-a's partition healed (CI, 2026-12-06): the listing named node-a's own
+    # stale GroupLeading; it names etcd's leader now (test_cluster_leadership_claims'
+    # partition case reproduces it deterministically).
+    assert not result.failures(), result.report()
