@@ -17,7 +17,8 @@ task walks the log::
     checkpoint  ---("c",covered,data)----> ops += CHECKPOINT   sender: DATA via sendfile
     unlink      ---("d",base)-----------> ops += DELETE                 up to written[]
                                                                        ops in order
-                                          receiver: ACK(seq) <--------- after its fsync
+    ACK reader thread: ACK(seq) recorded <------------------------------ after its fsync
+                       -- one wake-up per round --> gate.release
 
 Catch-up and the live tail are the same loop: the cursor reads whatever is already in
 the files (``os.sendfile``, zero-copy), then waits for the writer's next event. The
@@ -37,6 +38,13 @@ it closes the lane (at every wake-up, before it sends anything). When the socket
 take a whole frame, the writer leaves the rest of it in ``partial`` and closes the lane;
 the loop sends that remainder first. TLS standbys never use the lane (the bytes must be
 encrypted by the loop's transport).
+
+The ACKs: on plain TCP a thread per standby (``acks.py``) reads them, records each at
+once in ``_Peer.acked_seq`` (a group commit whose local fsync completes later finds it
+there and is confirmed without waiting) and wakes the loop once per round of ACKs
+(``_acked``: GC's ``retain``, joining the in-sync set, releasing the gate). A busy loop
+would otherwise leave an ACK in the socket until its next poll. Over TLS the loop reads
+them (``_receiver``).
 
 In-sync set and confirms
 ------------------------
