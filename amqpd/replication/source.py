@@ -17,7 +17,8 @@ task walks the log::
     checkpoint  ---("c",covered,data)----> ops += CHECKPOINT   sender: DATA via sendfile
     unlink      ---("d",base)-----------> ops += DELETE                 up to written[]
                                                                        ops in order
-                                          receiver: ACK(seq) <--------- after its fsync
+    ACK reader thread: ACK(seq) recorded <------------------------------ after its fsync
+                       -- one wake-up per round --> gate.release
 
 Catch-up and the live tail are the same loop: the cursor reads whatever is already in
 the files (``os.sendfile``, zero-copy), then waits for the writer's next event. The
@@ -37,6 +38,13 @@ it closes the lane (at every wake-up, before it sends anything). When the socket
 take a whole frame, the writer leaves the rest of it in ``partial`` and closes the lane;
 the loop sends that remainder first. TLS standbys never use the lane (the bytes must be
 encrypted by the loop's transport).
+
+The ACKs: on plain TCP a thread per standby (``acks.py``) reads them, records each at
+once in ``_Peer.acked_seq`` (a group commit whose local fsync completes later finds it
+there and is confirmed without waiting) and wakes the loop once per round of ACKs
+(``_acked``: GC's ``retain``, joining the in-sync set, releasing the gate). A busy loop
+would otherwise leave an ACK in the socket until its next poll. Over TLS the loop reads
+them (``_receiver``).
 
 In-sync set and confirms
 ------------------------
@@ -72,7 +80,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from amqpd.config import ReplicationConfig, host_port, split_addr
-from amqpd.replication import wire
+from amqpd.replication import acks, wire
+from amqpd.replication.acks import AckReader
 from amqpd.replication.conn import Conn, SocketConn, StreamConn
 from amqpd.replication.epochs import EpochHistory, decide
 from amqpd.replication.gate import SyncGate
@@ -130,6 +139,7 @@ class _Peer:
         self.sock = conn.sock if isinstance(conn, SocketConn) else None
         # (base, header bytes left, file offset, bytes left) of a frame the writer began
         self.partial: tuple[int, bytes, int, int] | None = None
+        self.ack_reader: AckReader | None = None  # plain TCP: the thread reading its ACKs
 
     @property
     def position(self) -> int:
@@ -490,7 +500,9 @@ class ReplicationSource:
             return
         self.peers.append(peer)
         sender = asyncio.ensure_future(self._sender(peer))
-        receiver = asyncio.ensure_future(self._receiver(peer))
+        receiver = asyncio.ensure_future(self._read_acks(peer, conn)
+                                         if isinstance(conn, SocketConn)
+                                         else self._receiver(peer))
         peer.tasks = [sender, receiver]
         try:
             done, _ = await asyncio.wait(peer.tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -508,6 +520,8 @@ class ReplicationSource:
     def _drop(self, peer: _Peer, reason: str) -> None:
         with peer.lane:
             peer.lane_open = False  # the writer must not send on a closed socket
+        if peer.ack_reader is not None:
+            peer.ack_reader.stop()  # its dup would keep the connection open (acks.py)
         for task in peer.tasks:
             task.cancel()
         if peer in self.peers:
@@ -656,28 +670,53 @@ class ReplicationSource:
                 await self._close_lane(peer)
                 peer.wake.clear()
 
+    async def _read_acks(self, peer: _Peer, conn: SocketConn) -> None:
+        """Plain TCP: a thread reads the ACKs (acks.py) and calls :meth:`_acked` on the
+        loop; this task only waits for it to end, and raises why."""
+        loop = asyncio.get_running_loop()
+        ended: asyncio.Future[BaseException] = loop.create_future()
+
+        def end(reason: BaseException) -> None:
+            if not ended.done():
+                ended.set_result(reason)
+
+        def arrived() -> None:
+            reader.taken()
+            if peer in self.peers:
+                self._acked(peer)
+
+        reader = AckReader(conn.sock, peer, self.acked_by_name, loop, arrived, end)
+        peer.ack_reader = reader
+        reader.start()
+        try:
+            raise await ended
+        finally:
+            reader.stop()
+
+    def _acked(self, peer: _Peer) -> None:
+        """Loop: ``peer`` acknowledged up to ``peer.acked_seq`` (already recorded)."""
+        seq, pos = peer.acked_seq, peer.acked_pos
+        # GC may take what it holds durably: segments before the acked one
+        peer.retain = max((b for b in self.written if b <= pos), default=peer.retain)
+        if seq >= self.last_seq and not peer.in_sync:
+            peer.caught_up = peer.in_sync = True
+            log.info("replication: standby %s (%s) is in sync at seq %d",
+                     peer.name, peer.address, seq)
+            if self.gate is not None:
+                self.gate.join(peer.name)
+            if self.insync_changed is not None:
+                self.insync_changed()
+        if self.gate is not None:
+            self.gate.release()
+
     async def _receiver(self, peer: _Peer) -> None:
+        """TLS: the loop reads the ACKs (the transport decrypts them)."""
         conn = peer.conn
         while True:
             ftype, payload = await conn.recv_frame()
             if ftype == wire.ACK:
-                seq, pos = wire.parse_pair(payload, "ACK")
-                if seq < peer.acked_seq:
-                    raise wire.ProtocolError(f"ACK went backwards ({seq} < {peer.acked_seq})")
-                peer.acked_seq, peer.acked_pos = seq, pos
-                self.acked_by_name[peer.name] = seq
-                # GC may take what it holds durably: segments before the acked one
-                peer.retain = max((b for b in self.written if b <= pos), default=peer.retain)
-                if seq >= self.last_seq and not peer.in_sync:
-                    peer.caught_up = peer.in_sync = True
-                    log.info("replication: standby %s (%s) is in sync at seq %d",
-                             peer.name, peer.address, seq)
-                    if self.gate is not None:
-                        self.gate.join(peer.name)
-                    if self.insync_changed is not None:
-                        self.insync_changed()
-                if self.gate is not None:
-                    self.gate.release()
+                acks.record(peer, self.acked_by_name, payload)
+                self._acked(peer)
             elif ftype == wire.ERROR:
                 raise wire.ProtocolError(f"standby reports: {wire.parse_error(payload)}")
             else:
