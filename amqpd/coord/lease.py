@@ -58,7 +58,8 @@ class LeaseKeeper:
         return self
 
     def stop(self) -> None:
-        """Renew no more (the thread ends after its current call, within ttl / 6)."""
+        """Renew no more (the thread ends after its current call, at the latest at the
+        fence time)."""
         self._stop.set()
 
     def _main(self) -> None:
@@ -73,8 +74,13 @@ class LeaseKeeper:
         async with EtcdClient(self.endpoints, timeout=interval) as client:
             while not self._stop.is_set():
                 sent = self.clock()
+                # a renewal counts from its send, so one answered late is as good as one
+                # answered at once, up to the fence time: wait for it that long. Given up
+                # after ttl / 6, four slow answers in a row (etcd and both nodes' fsyncs
+                # on one busy disk) fenced a healthy active (test_warren_backlog, load 20+)
+                patience = max(interval, self.fence_at - sent)
                 try:
-                    ttl = await client.keepalive(self.lease_id, timeout=interval)
+                    ttl = await client.keepalive(self.lease_id, timeout=patience)
                 except EtcdError as exc:
                     if self._stop.is_set():
                         return

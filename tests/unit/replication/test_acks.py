@@ -71,10 +71,16 @@ async def test_acks_are_recorded_at_once_with_one_wakeup_per_round() -> None:
     h = _Harness(asyncio.get_running_loop())
     try:
         h.reader.start()
+        # the loop busy (its wake-up left pending) while three ACKs come: however the
+        # kernel hands them to the thread (one read or several, under load), each is
+        # recorded at once where the gate reads it, and one wake-up is queued
+        h.hold = True
         h.standby.sendall(h.ack(3, 300) + h.ack(5, 500) + h.ack(9, 900))
-        await until(lambda: h.arrivals == [9])
-        assert h.reader.acks == 3 and h.reader.wakeups == 1
+        await until(lambda: h.reader.acks == 3)
+        assert h.reader.wakeups == 1
         assert (h.peer.acked_seq, h.peer.acked_pos, h.by_name) == (9, 900, {"sb": 9})
+        h.hold = False
+        h.reader.taken()  # what the pending call does
         # while a wake-up is pending, ACKs are recorded (the gate sees them) but do not
         # queue more wake-ups; the pending one reads the newest figures
         h.hold = True
@@ -90,7 +96,7 @@ async def test_acks_are_recorded_at_once_with_one_wakeup_per_round() -> None:
         await asyncio.sleep(0.05)
         assert h.peer.acked_seq == 11
         h.standby.sendall(h.ack(12, 1200)[7:])
-        await until(lambda: h.arrivals == [9, 12])
+        await until(lambda: h.arrivals == [12])
         assert h.endings == []
     finally:
         h.close()
