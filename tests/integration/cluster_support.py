@@ -298,6 +298,25 @@ class ConfirmPublisher:
             self.publish(number, min(self.batch, end - number))
         self.drain(60)
 
+    def publish_resending(self, first: int, end: int, retry_for: float = 30.0) -> None:
+        """Messages ``first`` to ``end`` - 1 (:meth:`publish_range`); each one nacked is
+        sent again under its number, for ``retry_for`` seconds, as a client re-sends
+        (RabbitMQ's advice for publisher confirms). Right after a take-over another
+        node's remote queue may answer a passive declare while its stream to the new
+        leader is not open yet: its publishes are then nacked ("leader unreachable"),
+        never acked and dropped (docs/clustering.md, "Clients right after a failover").
+        The caller asserts what was confirmed."""
+        self.publish_range(first, end)
+        wanted = set(range(first, end))
+        deadline = time.monotonic() + retry_for
+        while self.nacked & wanted and time.monotonic() < deadline:
+            again = sorted(self.nacked & wanted)
+            self.nacked -= wanted
+            time.sleep(0.2)
+            for number in again:
+                self.publish(number, 1)
+            self.drain(60)
+
 
 def publish_killing(pub: ConfirmPublisher, total: int, kill_at: int, victim: ClusterNode,
                     backoff: Callable[[], None] | None = None) -> int:

@@ -97,21 +97,34 @@ def test_new_leader_rebuilds_the_cache_from_its_copy(tolerant_nodes: list[Cluste
 EXCHANGE = "dx"
 
 
-def _publish_mandatory(url: str, values: list[str], body: bytes) -> tuple[int, int]:
-    """Publish one message per value (mandatory, confirms): (acked, returned)."""
+def _publish_mandatory(url: str, values: list[str], body: bytes,
+                       retry_for: float = 30.0) -> tuple[int, int]:
+    """Publish one message per value (mandatory, confirms): (acked, returned). A nacked
+    one is sent again for ``retry_for`` seconds, as :func:`_publish` does (right after a
+    take-over the node's stream to the new leader may not be open yet); a value is
+    cached only once its message is confirmed (amqpd/broker/dedup.py), so the re-send is
+    judged as the first send would have been. A nack past the deadline fails the test."""
     conn = pika.BlockingConnection(pika.URLParameters(url))
     acked = returned = 0
+    deadline = time.monotonic() + retry_for
     try:
         ch = conn.channel()
         ch.confirm_delivery()
         for value in values:
-            try:
-                ch.basic_publish(EXCHANGE, "", body, pika.BasicProperties(
-                    delivery_mode=2, headers={"x-deduplication-header": value}),
-                    mandatory=True)
-            except pika.exceptions.UnroutableError:
-                returned += 1
-            acked += 1  # a nack raises NackError, failing the test
+            while True:
+                try:
+                    ch.basic_publish(EXCHANGE, "", body, pika.BasicProperties(
+                        delivery_mode=2, headers={"x-deduplication-header": value}),
+                        mandatory=True)
+                except pika.exceptions.UnroutableError:
+                    returned += 1
+                except pika.exceptions.NackError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+                    continue
+                acked += 1
+                break
     finally:
         conn.close()
     return acked, returned

@@ -455,15 +455,7 @@ def publish_confirmed(node: ClusterNode, first: int, count: int,
     then nacked ("leader unreachable"), never acked and dropped (CI saw all 20 nacked
     within 26 ms of the promotion, 2026-12-06)."""
     pub = Publisher(node.url)
-    pub.publish_range(first, first + count)
-    deadline = time.monotonic() + retry_for
-    while pub.nacked and time.monotonic() < deadline:
-        again = sorted(pub.nacked)
-        pub.nacked.clear()
-        time.sleep(0.2)
-        for number in again:
-            pub.publish(number, 1)
-        pub.drain(60)
+    pub.publish_resending(first, first + count, retry_for)
     assert pub.confirmed == set(range(first, first + count)), \
         f"every publish confirmed (nacked at the end: {sorted(pub.nacked)[:10]})"
     pub.conn.close()
