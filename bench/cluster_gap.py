@@ -22,6 +22,9 @@ RabbitMQ is not run side by side here: its nodes' failure detection (net_ticktim
 60 s by default, a different setting from amqpd's heartbeat timeout, so a ratio would
 compare configurations, not designs. Timings are reported, never asserted.
 
+bench.failover_window measures the same kill with light probes on both survivors (when
+nacks and 404s end on each node); this one measures a loaded publisher's gap.
+
 Usage: ``python -m bench.cluster_gap [--runs 5] [--kinds quorum,mirrored]
 [--out bench/RESULTS-cluster-gap.json]``.
 """

@@ -16,7 +16,9 @@ open yet). A connection the node closed (a pause) is counted and opened again.
 
     AMQPD_PURE_PYTHON=1 python -m bench.failover_window --runs 5 --kind mirrored
 
-This measures, it asserts nothing (docs/clustering.md quotes the figures).
+This measures, it asserts nothing (docs/clustering.md quotes the figures). Its probes
+are one message at a time; bench.cluster_gap measures the same kill under a publisher
+sending without pause (the gap a loaded publisher sees).
 """
 
 from __future__ import annotations
