@@ -214,9 +214,9 @@ class ClusterQueues:
         link.send(W.encode(W.DECLARE, 0, self._next_declare, {
             "vhost": vhost.name, "name": name, "auto_delete": auto_delete,
             "arguments": jsonable(arguments)}))
-        q = materialise(self.api, vhost.name, {"name": name, "durable": True,
-                                               "auto_delete": auto_delete,
-                                               "arguments": arguments}, leader)
+        q = self.materialise(vhost.name, {"name": name, "durable": True,
+                                          "auto_delete": auto_delete,
+                                          "arguments": arguments}, leader)
         assert isinstance(q, RemoteQueue)
         self._declares[self._next_declare] = q
         log.info("queue '%s' in vhost '%s' declared with leader %s (%s)", name,
@@ -444,68 +444,67 @@ class ClusterQueues:
         self._stats_handle = asyncio.get_running_loop().call_later(
             STATS_INTERVAL, self._send_stats)
 
+    # -- the definitions appliers' hook --------------------------------------------------
+    def materialise(self, vhost: str, definition: dict[str, Any],
+                    leader: str) -> QueueType:
+        """The definitions applier's hook for a queue whose leader is another node: a
+        :class:`RemoteQueue` in the vhost in the queue's place (``definition`` as the
+        definitions export writes a queue: name, durable, auto_delete, arguments)."""
+        vh = self.broker.vhosts[vhost]
+        name = definition["name"]
+        existing = vh.queues.get(name)
+        if isinstance(existing, RemoteQueue) and existing.leader == leader:
+            return existing
+        if isinstance(existing, RemoteQueue) and not existing.deleted:
+            # the queue has a new leader (a mirror was promoted: amqpd.cluster.mirror):
+            # the same object follows it, bindings and all
+            self.forget(existing)
+            if existing.link is not None:
+                # the link to the old leader is still up (it was deposed, or this node has
+                # not seen it go yet): its consumers follow the new leader all the same;
+                # only x-cancel-on-ha-failover ones are cancelled (whatever the mirror
+                # records read here say: they may already name the new leader, with no
+                # mirror of its own yet)
+                existing.detach(keep_consumers=True)
+            existing.gone = False
+            existing.reopen_tries = 0
+            self.adopt(existing, leader)
+            return existing
+        arguments = dict(definition.get("arguments") or {})
+        cls = remote_class(str(queue_type_name(arguments)))
+        q = cls(vh, name, durable=bool(definition.get("durable", True)),
+                auto_delete=bool(definition.get("auto_delete", False)), arguments=arguments,
+                port=self.broker)
+        from amqpd.broker.api import Binding
+
+        if existing is not None:
+            # this node led it (it was down while a mirror took over): the cluster's
+            # leader holds the messages now; the bindings stay the cluster's
+            replace_queue(self, vh, existing, q)
+            self.retire(existing)
+        else:
+            vh.queues[name] = q
+            vh.exchanges[""].bind(Binding(vh.exchanges[""], q, name, {}))
+        self.broker.apply_policies_to(vh, q)
+        self.adopt(q, leader)
+        return q
+
 
 _LEADER_SIDE = frozenset({W.OPEN, W.CLOSE, W.PUBLISH, W.CONSUME, W.GRANT, W.CANCEL, W.GET,
                           W.SETTLE, W.REQUEUE, W.REJECT, W.PURGE, W.DELETE, W.COUNT,
                           W.DECLARE, W.RECLAIM})
-
-_INSTANCES: dict[int, ClusterQueues] = {}
 
 
 async def start(api: BrokerAPI, view: Any, cookie: bytes, host: str, port: int,
                 locator: str = "client-local") -> ClusterQueues:
     """Start this node's links and queue streams (the cluster's startup calls it once
     the view is up); ``(host, port)`` is ``cluster.link_listen``, ``locator``
-    ``cluster.queue_leader_locator``."""
+    ``cluster.queue_leader_locator``. The view (the cluster node) holds the instance
+    (``view.queues``): that is where the definitions appliers reach it."""
     cluster = ClusterQueues(api, view, cookie, locator)
     await cluster.start(host, port)
-    _INSTANCES[id(api)] = cluster
+    view.queues = cluster
     return cluster
-
-
-def materialise(api: BrokerAPI, vhost: str, definition: dict[str, Any],
-                leader: str) -> QueueType:
-    """The definitions applier's hook for a queue whose leader is another node: a
-    :class:`RemoteQueue` in the vhost in the queue's place (``definition`` as the
-    definitions export writes a queue: name, durable, auto_delete, arguments)."""
-    cluster = _INSTANCES[id(api)]
-    vh = cluster.broker.vhosts[vhost]
-    name = definition["name"]
-    existing = vh.queues.get(name)
-    if isinstance(existing, RemoteQueue) and existing.leader == leader:
-        return existing
-    if isinstance(existing, RemoteQueue) and not existing.deleted:
-        # the queue has a new leader (a mirror was promoted: amqpd.cluster.mirror):
-        # the same object follows it, bindings and all
-        cluster.forget(existing)
-        if existing.link is not None:
-            # the link to the old leader is still up (it was deposed, or this node has
-            # not seen it go yet): its consumers follow the new leader all the same;
-            # only x-cancel-on-ha-failover ones are cancelled (whatever the mirror
-            # records read here say: they may already name the new leader, with no
-            # mirror of its own yet)
-            existing.detach(keep_consumers=True)
-        existing.gone = False
-        existing.reopen_tries = 0
-        cluster.adopt(existing, leader)
-        return existing
-    arguments = dict(definition.get("arguments") or {})
-    cls = remote_class(str(queue_type_name(arguments)))
-    q = cls(vh, name, durable=bool(definition.get("durable", True)),
-            auto_delete=bool(definition.get("auto_delete", False)), arguments=arguments)
-    from amqpd.broker.api import Binding
-
-    if existing is not None:
-        # this node led it (it was down while a mirror took over): the cluster's
-        # leader holds the messages now; the bindings stay the cluster's
-        replace_queue(cluster, vh, existing, q)
-        cluster.retire(existing)
-    else:
-        vh.queues[name] = q
-        vh.exchanges[""].bind(Binding(vh.exchanges[""], q, name, {}))
-    cluster.broker.apply_policies_to(vh, q)
-    cluster.adopt(q, leader)
-    return q
 
 
 def replace_queue(cluster: ClusterQueues, vh: VHost, old: QueueType | None,
@@ -548,4 +547,4 @@ def replace_queue(cluster: ClusterQueues, vh: VHost, old: QueueType | None,
             callback(old)
 
 
-__all__ = ["EXTENSION_KINDS", "ClusterQueues", "materialise", "replace_queue", "start"]
+__all__ = ["EXTENSION_KINDS", "ClusterQueues", "replace_queue", "start"]

@@ -1,7 +1,7 @@
 """Queues led by another node: :class:`RemoteQueue` here, :class:`Served` on the leader.
 
 Every queue lives on one node, its leader. Any other node that knows the queue (the
-cluster's definitions: :func:`materialise`) holds a :class:`RemoteQueue` in its vhost in
+cluster's definitions: :meth:`ClusterQueues.materialise`) holds a :class:`RemoteQueue` in its vhost in
 the queue's place, a queue type (:mod:`amqpd.broker.queue_type`) whose operations go
 over the link to the leader (:mod:`amqpd.cluster.link`, frames in
 :mod:`amqpd.cluster.link_wire`), so channels, exchanges and the API use it as any queue:
@@ -63,7 +63,7 @@ settling, counts, delete) with :mod:`~amqpd.cluster.remote_consume` (consumers,
 deliveries, basic.get) and :mod:`~amqpd.cluster.remote_failover` (the stream to the
 leader and its loss) over :mod:`~amqpd.cluster.remote_state`; the leader's side
 (:class:`Served`) is :mod:`~amqpd.cluster.remote_served`, this node's part in them all
-(:class:`ClusterQueues`, :func:`materialise`) :mod:`~amqpd.cluster.cluster_queues`.
+(:class:`ClusterQueues` and its :meth:`~ClusterQueues.materialise`) :mod:`~amqpd.cluster.cluster_queues`.
 """
 
 from __future__ import annotations
@@ -191,7 +191,7 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
             seq = self._pub_seq
             self._confirms[seq] = on_confirm
         self.stat_publish += 1
-        body = self.vhost.broker.publisher.body_of(message)
+        body = self.port.publisher.body_of(message)
         frame = W.encode(W.PUBLISH, self.stream, seq, bool(message.persistent),
                          message.exchange, message.routing_key, message.properties, body)
         if self._credit > 0 and not self._unsent:

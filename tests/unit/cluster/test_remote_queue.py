@@ -3,7 +3,7 @@
 Both brokers run in the test's event loop with real AMQP listeners on ephemeral ports and
 a real link between them; a small fixed view stands for the cluster's membership (etcd,
 amqpd.cluster.view) and the queue is made known on B through the definitions hook
-(:func:`materialise`), as the cluster's definitions applier does. Clients are aio-pika
+(``ClusterQueues.materialise``), as the cluster's definitions applier does. Clients are aio-pika
 over real sockets; the queue's leader is A, the clients talk to B.
 """
 
@@ -106,7 +106,7 @@ async def nodes(tmp_path: Path) -> AsyncIterator[tuple[Node, Node]]:
 def lead(a: Node, b: Node, name: str, **arguments: Any) -> RemoteQueue:
     """Declare ``name`` on A (its leader) and make it known on B."""
     a.broker.api.declare_queue("/", name, durable=True, arguments=arguments)
-    q = cluster_queues.materialise(b.broker.api, "/", {"name": name, "durable": True,
+    q = b.cluster.materialise("/", {"name": name, "durable": True,
                                                      "arguments": arguments}, "a@test")
     assert isinstance(q, RemoteQueue)
     return q
@@ -668,7 +668,7 @@ async def test_consumers_follow_a_new_leader_while_the_old_leaders_link_is_up(
             await until(lambda: len(a.broker.vhosts["/"].queues["qf"].consumers) == 2)
             assert not b.cluster.failover_expected(rq)
             c.broker.api.declare_queue("/", "qf", durable=True)  # the promoted mirror
-            same = cluster_queues.materialise(b.broker.api, "/", {
+            same = b.cluster.materialise("/", {
                 "name": "qf", "durable": True, "arguments": {}}, "c@test")
             assert same is rq and rq.leader == "c@test"
             await until(lambda: leaver not in raw.consumers)
