@@ -399,7 +399,7 @@ class ClusterQueues:
               name: str) -> None:
         vh = self.broker.vhosts.get(vhost)
         q = vh.queues.get(name) if vh is not None else None
-        if q is None or q.remote:
+        if q is None or q.forwards_publish:
             link.send(W.encode(W.FAILED, stream, 404,
                                f"NOT_FOUND - no queue '{name}' in vhost '{vhost}'"))
             return
@@ -534,7 +534,7 @@ def replace_queue(cluster: ClusterQueues, vh: VHost, old: QueueType | None,
         if old._kept_timer is not None:
             old._kept_timer.cancel()
             old._kept_timer = None
-        follow = not new.remote
+        follow = not new.forwards_publish
         for consumer in list(old.consumers):
             old.remove_consumer(consumer)
             if follow and consumer.arguments.get("x-cancel-on-ha-failover") is not True:

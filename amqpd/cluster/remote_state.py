@@ -102,8 +102,8 @@ class RemoteQueueState(QueueType):
     """A remote queue's state (module docstring); the behaviour is
     :class:`~amqpd.cluster.remote_queue.RemoteQueue`'s and its parts'."""
 
-    remote = True
-    real_type = "classic"
+    forwards_publish = True  # its leader stores and confirms what is published here
+    real_type = "classic"  # the leader's queue's type (listed_type)
 
     def __init__(
         self, vhost: VHost, name: str, durable: bool = False,
@@ -161,12 +161,12 @@ class RemoteQueueState(QueueType):
         self._requests: dict[int, Callable[[int], None]] = {}
         self._counts: dict[int, Callable[[int, int], None]] = {}
         self._grants: dict[int, int] = {}
-        port.publisher.remote_queues += 1
+        port.publisher.forwarding_queues += 1
         self.on_removed.append(self._uncount)
 
     def _uncount(self, queue: QueueType) -> None:
         """Gone from its vhost: one queue fewer for the publish pipeline to forward to."""
-        self.port.publisher.remote_queues -= 1
+        self.port.publisher.forwarding_queues -= 1
 
     if TYPE_CHECKING:  # what one part calls on another
         @property

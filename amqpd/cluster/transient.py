@@ -108,7 +108,7 @@ class TransientQueues:
     def declared(self, q: QueueType) -> None:
         """A queue that is no durable definition (non-durable, or exclusive) was
         created here: make it known."""
-        if q.remote:
+        if q.forwards_publish:
             return
         ident = (q.vhost.name, q.name)
         body = self._body(q)
