@@ -418,9 +418,7 @@ def apply_policies(broker: Broker, vhost: VHost, obj: QueueType | Exchange) -> N
     broker.policies.apply(vhost, obj)
     if isinstance(obj, Exchange):
         obj.alternate = alternate_exchange(obj.arguments, obj.policy)
-        attach = getattr(obj, "attach", None)
-        if attach is not None:
-            attach(broker, vhost)
+        obj.attach(broker, vhost)  # a type's own settings (x-delayed-type, dedup's)
         return
     if obj.dedup is not None or obj.policy is not None or obj.arguments:
         from amqpd.broker.dedup import configure_queue

@@ -290,33 +290,9 @@ class ClusterQueues:
             if kind == W.DELIVER:  # a stream we closed: give it back
                 link.send(W.encode(W.REQUEUE, stream, [f[1]]))
             return
-        if kind == W.CONFIRM:
-            queue._confirmed(f[0], bool(f[1]))
-        elif kind == W.DELIVER:
-            queue._deliver(*f)
-        elif kind == W.CREDIT:
-            queue._got_credit(f[0])
-        elif kind in (W.OPENED, W.STATS):
-            queue.ready_count, queue.remote_unacked, queue.remote_consumers = f
-            if kind == W.OPENED:
-                queue.reopen_tries = 0
-        elif kind == W.GET_OK:
-            queue._got(*f)
-        elif kind == W.GET_EMPTY:
-            queue._got_empty(f[0])
-        elif kind == W.CANCELLED:
-            queue._cancelled(f[0])
-        elif kind == W.CONSUMED:
-            queue._consumed(*f)
-        elif kind == W.RECLAIMED:
-            queue._reclaimed(*f)
-        elif kind == W.COUNTED:
-            queue._counted(*f)
-        elif kind in (W.PURGED, W.DELETED):
-            answer = queue._requests.pop(f[0], None)
-            if answer is not None:
-                answer(f[1])
-        elif kind == W.FAILED:
+        if queue.on_frame(kind, f):
+            return
+        if kind == W.FAILED:
             log.warning("queue '%s' in vhost '%s' on %s: %s %s", queue.name,
                         queue.vhost.name, link.peer, f[0], f[1])
             retry = f[0] == 404 and self._catalogue_leader(queue) == link.peer \
@@ -531,9 +507,7 @@ def replace_queue(cluster: ClusterQueues, vh: VHost, old: QueueType | None,
             # in flight there is over (confirms nacked, deliveries the leader's copy
             # has); the consumers follow as if the link had gone
             old.detach(keep_consumers=True)
-        if old._kept_timer is not None:
-            old._kept_timer.cancel()
-            old._kept_timer = None
+        old.stop_kept_timer()
         follow = not new.forwards_publish
         for consumer in list(old.consumers):
             old.remove_consumer(consumer)

@@ -189,6 +189,39 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
         cluster.after_queue_gone(self.vhost.name, self.name, answer)
         return True
 
+    def on_frame(self, kind: int, f: list[Any]) -> bool:
+        """A frame of its stream from the leader (ClusterQueues hands them over):
+        False for the kinds it leaves to its caller (FAILED, CLOSED)."""
+        if kind == W.CONFIRM:
+            self._confirmed(f[0], bool(f[1]))
+        elif kind == W.DELIVER:
+            self._deliver(*f)
+        elif kind == W.CREDIT:
+            self._got_credit(f[0])
+        elif kind in (W.OPENED, W.STATS):
+            self.ready_count, self.remote_unacked, self.remote_consumers = f
+            if kind == W.OPENED:
+                self.reopen_tries = 0
+        elif kind == W.GET_OK:
+            self._got(*f)
+        elif kind == W.GET_EMPTY:
+            self._got_empty(f[0])
+        elif kind == W.CANCELLED:
+            self._cancelled(f[0])
+        elif kind == W.CONSUMED:
+            self._consumed(*f)
+        elif kind == W.RECLAIMED:
+            self._reclaimed(*f)
+        elif kind == W.COUNTED:
+            self._counted(*f)
+        elif kind in (W.PURGED, W.DELETED):
+            answer = self._requests.pop(f[0], None)
+            if answer is not None:
+                answer(f[1])
+        else:
+            return False
+        return True
+
     def _send(self, frame: bytes) -> None:
         if self.link is not None:
             self.link.send(frame)
