@@ -602,6 +602,22 @@ class Broker:
                     proto.session.conn.tick(now)
                     proto.flush()
 
+    async def promote_standby(self) -> int:
+        """``amqpctl promote`` (BrokerAPI.promote): a static warren standby becomes
+        active at the next epoch; returns the epoch. The replication layer's refusal
+        becomes 405 RESOURCE_LOCKED here, where amqpd.replication may be imported (the
+        broker package may not: the core's import contract)."""
+        from amqpd.protocol.errors import PreconditionFailed, ResourceLocked
+        from amqpd.replication.roles import RoleError
+
+        roles = self.roles
+        if roles is None:
+            raise PreconditionFailed("replication is not configured on this node")
+        try:
+            return int(await roles.promote())
+        except RoleError as exc:
+            raise ResourceLocked(str(exc)) from None
+
     async def stop(self) -> None:
         """Close every connection with 320 CONNECTION_FORCED, then flush the store."""
         if self.stopping:

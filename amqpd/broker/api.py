@@ -187,6 +187,7 @@ class ClusterPort(Protocol):
     publisher: Publisher
     policies: PolicyStore
     transports: set[AMQPProtocol]
+    cluster: ClusterStatus | None  # the node's cluster (a queue led elsewhere asks it)
     queue_placer: Callable[[VHost, str, type[QueueType], bool, dict[str, Any]],
                            QueueType | None] | None
 
@@ -304,6 +305,22 @@ class ClusterStatus(Protocol):
 
     def complete_export(self, data: dict[str, Any], vhost: str | None) -> dict[str, Any]:
         """Add the catalogue's queues and bindings that no local object stands for."""
+        ...
+
+    def queue_fields(self, vhost: str, name: str, kind: str) -> dict[str, Any]:
+        """The management fields the cluster adds to a queue of type ``kind``
+        (:meth:`QueueType.listed_type`): a mirrored queue's mirrors, a quorum queue's
+        members (empty for others, or before the replicas started)."""
+        ...
+
+    def quorum_critical(self) -> list[tuple[str, str]]:
+        """(vhost, queue) of the quorum queues stopping this node would leave without
+        a majority of running members."""
+        ...
+
+    def mirror_sync_critical(self) -> list[tuple[str, str]]:
+        """(vhost, queue) of the mirrored queues stopping this node would leave
+        without a synchronised replica."""
         ...
 
 
@@ -627,15 +644,7 @@ class BrokerAPI:
         promote``: the manual failover without etcd); returns the epoch. 405
         RESOURCE_LOCKED when the role cannot change now (e.g. already active), 406
         PRECONDITION_FAILED when replication is not configured."""
-        from amqpd.replication.roles import RoleError
-
-        roles = self._broker.roles
-        if roles is None:
-            raise PreconditionFailed("replication is not configured on this node")
-        try:
-            return int(await roles.promote())
-        except RoleError as exc:
-            raise ResourceLocked(str(exc)) from None
+        return await self._broker.promote_standby()
 
     # ------------------------------------------------------------------ exchanges
     def declare_exchange(
@@ -827,25 +836,22 @@ class BrokerAPI:
         """What the management API shows of a queue beyond :meth:`QueueType.info` for
         its kind (:meth:`QueueType.type_info`), e.g. a quorum queue's leader and members."""
         out = q.type_info(self._broker.settings.node_name)
-        mirrors = getattr(self._broker.cluster, "mirrors", None)
-        if mirrors is not None:  # a mirrored queue's mirrors (amqpd.cluster.mirror)
-            out.update(mirrors.queue_fields(q.vhost.name, q.name))
-        groups = getattr(self._broker.cluster, "quorum_groups", None)
-        if groups is not None and getattr(q, "real_type", q.type_name) == "quorum":
-            out.update(groups.queue_fields(q.vhost.name, q.name))
+        cluster = self._broker.cluster
+        if cluster is not None:  # its mirrors, its quorum group's members (amqpd/cluster)
+            out.update(cluster.queue_fields(q.vhost.name, q.name, q.listed_type()))
         return out
 
     def quorum_critical(self) -> list[tuple[str, str]]:
         """(vhost, queue) of the quorum queues that stopping this node would leave
         without a majority of running members (empty on a single node)."""
-        groups = getattr(self._broker.cluster, "quorum_groups", None)
-        return groups.quorum_critical() if groups is not None else []
+        cluster = self._broker.cluster
+        return cluster.quorum_critical() if cluster is not None else []
 
     def mirror_sync_critical(self) -> list[tuple[str, str]]:
         """(vhost, queue) of the mirrored queues that stopping this node would leave
         without a synchronised replica (empty on a single node)."""
-        mirrors = getattr(self._broker.cluster, "mirrors", None)
-        return mirrors.sync_critical() if mirrors is not None else []
+        cluster = self._broker.cluster
+        return cluster.mirror_sync_critical() if cluster is not None else []
 
     def overdue_waits(self, source: str | None = None) -> list[tuple[float, str, str]]:
         """Requests waiting longer than ``definition_timeout`` (amqpd/watchdog.py):

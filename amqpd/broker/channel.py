@@ -219,16 +219,13 @@ class Channel:
             if isinstance(dlx, str):  # RabbitMQ: read on the queue, write on its DLX
                 self._check("read", "queue", name)
                 self._check("write", "exchange", dlx)
-        cluster = self.api.cluster()
-        if cluster is not None:
-            existing = self.api.find_queue(self.vhost.name, name)
-            if existing is not None and existing.remote:
-                # led by another node, as this node's view has it: that view may not
-                # have seen a delete made on another node yet (issue 28), so the
-                # declare goes on once etcd's record of the queue has been read
-                cluster.refresh_queue(self.vhost.name, name,
-                                      lambda: self._declare_refreshed(m, name, server_named))
-                return
+        existing = self.api.find_queue(self.vhost.name, name)
+        # a queue led by another node may be stale in this node's view (a delete made
+        # there not seen yet, issue 28): the declare goes on once the queue's record
+        # has been read again
+        if existing is not None and existing.refreshes_view(
+                lambda: self._declare_refreshed(m, name, server_named)):
+            return
         self._declare(m, name, server_named)
 
     def _declare_refreshed(self, m: commands.Queue.Declare, name: str,
@@ -251,12 +248,9 @@ class Channel:
         if q.exclusive_owner is owner and m.exclusive:
             self.session.own_queue(q)
         self.last_queue = q.name
-        if not m.nowait:
-            if q.remote:  # led by another node: the counts its leader has now
-                name = q.name
-                q.counts_for(lambda ready, consumers: self._declare_ok(name, ready, consumers))
-                return
-            self._declare_ok(q.name, q.message_count, len(q.consumers))
+        if not m.nowait:  # the counts as the queue has them (its leader, if elsewhere)
+            name = q.name
+            q.counts_for(lambda ready, consumers: self._declare_ok(name, ready, consumers))
 
     def _declare_ok(self, name: str, ready: int, consumers: int) -> None:
         if self.closed:
@@ -300,11 +294,10 @@ class Channel:
         if m.nowait:
             return
         frame = codec.method_frame(self.number, C.QUEUE_DELETE_OK, n.to_bytes(4, "big"))
-        cluster = self.api.cluster()
-        if cluster is not None and existing is not None and existing.remote:
-            # its leader deletes it and tells etcd: delete-ok once that is seen here
-            cluster.after_queue_gone(self.vhost.name, queue,
-                                     lambda error: self._remote_deleted(frame, error))
+        # a queue led by another node: its leader deletes it and tells the cluster,
+        # delete-ok once that is seen here
+        if existing is not None and existing.confirms_delete(
+                lambda error: self._remote_deleted(frame, error)):
             return
         self._reply_ok(frame)
 
@@ -348,20 +341,16 @@ class Channel:
                                arguments=m.arguments, owner=self.session,
                                global_prefetch=self.prefetch_channel)
         self.consumers[tag] = consumer
-        if consumer.queue.remote:  # led by another node: consume-ok once it accepted
-            nowait = m.nowait
-            consumer.queue.consume_for(
-                consumer, lambda error: self._remote_consumed(consumer, nowait, error))
-            return
-        if not m.nowait:
-            self.session.conn.write(codec.method_frame(self.number, C.BASIC_CONSUME_OK,
-                                                        codec.shortstr(tag)))
-        api.start_consumer(consumer)
+        # consume-ok once the queue accepted it (its leader, if led by another node)
+        nowait = m.nowait
+        consumer.queue.consume_for(
+            consumer, lambda error: self._consumed(consumer, nowait, error))
 
-    def _remote_consumed(self, consumer: Consumer, nowait: bool,
-                         error: BaseException | None) -> None:
-        """The leader's answer to a consume of a queue it leads (RabbitMQ's channel
-        waits for its queue's answer too): consume-ok, or the channel error it gave."""
+    def _consumed(self, consumer: Consumer, nowait: bool,
+                  error: BaseException | None) -> None:
+        """The queue's answer to a consume (its leader's for a queue led by another
+        node; RabbitMQ's channel waits for its queue's answer too): consume-ok, or the
+        channel error it gave."""
         if self.closed or self.consumers.get(consumer.tag) is not consumer:
             return
         if error is not None:

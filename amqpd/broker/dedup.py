@@ -359,12 +359,12 @@ def configure_queue(broker: Broker, queue: QueueType) -> None:
     Switched on for a queue that already holds messages, it knows only the values of
     messages admitted from then on (and, after a restart, of all it holds).
 
-    A queue led by another node (``QueueType.remote``) keeps no cache here: its leader
+    A queue led by another node (``QueueType.forwards_publish``) keeps no cache here: its leader
     checks every message, wherever it was published (``remote_queue.enqueue_here``). A
     cache here would hold the values of messages this node forwarded, including those
     the leader never took (a nack when its link went), and drop their retries as
     duplicates while acking them: confirmed messages lost."""
-    wanted = _dedup_wanted(queue) and not queue.remote
+    wanted = _dedup_wanted(queue) and not queue.forwards_publish
     if wanted and queue.dedup is None:
         queue.dedup = QueueDedup()
         broker.publisher.dedup_queues += 1

@@ -71,16 +71,13 @@ def export_definitions(broker: Broker, vhost: str | None = None) -> dict[str, An
             bindings.append({"source": b.source.name, "vhost": vh.name, "destination": dest,
                              "destination_type": b.destination_type,
                              "routing_key": b.routing_key, "arguments": b.arguments})
-    policies_api = getattr(broker, "policies", None)
     policies = []
-    if policies_api is not None:
-        for vh in vhosts:
-            for p in policies_api.list(vh.name):
-                policies.append({"vhost": p.get("vhost", vh.name), "name": p["name"],
-                                 "pattern": p["pattern"],
-                                 "apply-to": p.get("apply-to", "all"),
-                                 "definition": p["definition"],
-                                 "priority": p.get("priority", 0)})
+    for vh in vhosts:
+        for p in broker.policies.list(vh.name):
+            policies.append({"vhost": p.get("vhost", vh.name), "name": p["name"],
+                             "pattern": p["pattern"], "apply-to": p.get("apply-to", "all"),
+                             "definition": p["definition"],
+                             "priority": p.get("priority", 0)})
     parameters = [p for vh in vhosts for p in params.list(vhost=vh.name)]
     if vhost is not None:
         return {"rabbit_version": COMPAT_VERSION, "rabbitmq_version": COMPAT_VERSION,
@@ -360,11 +357,8 @@ def _apply(broker: Broker, data: dict[str, Any], vhost: str | None) -> None:
             params.values[(p["component"], vh_of(p), p["name"])] = p["value"]
         except (ValueError, TypeError) as exc:
             raise DefinitionsError(f"parameter '{p['name']}': {exc}") from None
-    policies = getattr(broker, "policies", None)
     for p in _entries(data, "policies"):
-        if policies is None:
-            raise DefinitionsError("policies are not supported by this broker")
-        policies.set(vh_of(p), p["name"], p["pattern"], p["definition"],
+        broker.policies.set(vh_of(p), p["name"], p["pattern"], p["definition"],
                      priority=p.get("priority", 0), apply_to=p.get("apply-to", "all"))
     for q in _entries(data, "queues"):
         broker.vhosts[vh_of(q)].declare_queue(

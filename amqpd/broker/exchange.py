@@ -21,6 +21,7 @@ from mypy_extensions import mypyc_attr
 if TYPE_CHECKING:
     from amqpd.broker.message import Message
     from amqpd.broker.queue_type import QueueType
+    from amqpd.broker.vhost import VHost
 
 
 def args_key(arguments: dict[str, Any] | None) -> str:
@@ -87,6 +88,11 @@ class Exchange:
 
     def validate_binding(self, routing_key: str, arguments: dict[str, Any]) -> None:
         """Check a binding before it is added; the default accepts anything."""
+
+    def attach(self, broker: Any, vhost: VHost) -> None:
+        """After declaration and after every policy change (``broker``: the node's
+        :class:`amqpd.server.Broker`): a type with settings of its own (arguments and
+        policy) works them out here; the default has none."""
 
     # --- binding index maintenance (called after the binding is recorded in .bindings)
     def add_binding(self, binding: Binding) -> None:

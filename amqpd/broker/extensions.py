@@ -19,7 +19,7 @@ from amqpd.broker.message import LoggedMessage, Message
 from amqpd.broker.policy import OVERFLOW_VALUES, QueueOptions, alternate_exchange, queue_options
 from amqpd.broker.priority import PriorityReady
 from amqpd.broker.queue import Consumer, Queue, QueueEntry
-from amqpd.broker.queue_entry import TimedEntry
+from amqpd.broker.queue_entry import TimedEntry, expiry_of
 from amqpd.broker.queue_type import QueueType
 from amqpd.broker.ttl import parse_expiration
 from amqpd.protocol.constants import FLAG_EXPIRATION_HI, FLAG_HEADERS_HI, FLAG_PRIORITY_HI
@@ -286,7 +286,7 @@ class QueueExt:
             q.ext = None
 
     def _head_expiry(self, head: QueueEntry) -> float | None:
-        exp = getattr(head, "expires", None)
+        exp = expiry_of(head)
         if exp is not None or self.cold_since is None or isinstance(head, TimedEntry):
             return exp
         message = head.message  # a recovered entry
@@ -418,9 +418,7 @@ def apply_policies(broker: Broker, vhost: VHost, obj: QueueType | Exchange) -> N
     broker.policies.apply(vhost, obj)
     if isinstance(obj, Exchange):
         obj.alternate = alternate_exchange(obj.arguments, obj.policy)
-        attach = getattr(obj, "attach", None)
-        if attach is not None:
-            attach(broker, vhost)
+        obj.attach(broker, vhost)  # a type's own settings (x-delayed-type, dedup's)
         return
     if obj.dedup is not None or obj.policy is not None or obj.arguments:
         from amqpd.broker.dedup import configure_queue
@@ -436,9 +434,8 @@ def apply_policies(broker: Broker, vhost: VHost, obj: QueueType | Exchange) -> N
         cap(opts, operator.definition)
     if obj.ext is not None:
         obj.ext.configure(opts)
-    elif isinstance(obj, Queue) and (opts.any or obj.needs_ext):
-        # these extensions are the classic queue's (a quorum queue builds on them)
-        obj.ext = QueueExt(obj, opts)
+    elif opts.any or obj.needs_ext:
+        obj.attach_ext(opts)  # the classic queue's extensions (the quorum queue's too)
     obj.options_changed()  # a stream reads its retention from arguments and policy
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, cast
 
 from amqpd.broker import extensions
 from amqpd.broker.dedup import admitted
@@ -57,14 +57,14 @@ def _may_refuse(queues: list[QueueType]) -> bool:
 
 
 def _reachable(queues: list[QueueType]) -> list[QueueType]:
-    """The route without the queues whose leader node is out of reach: RabbitMQ 3.10
-    routes nothing to a queue whose node is down (the message is unroutable there: a
-    mandatory one comes back with basic.return, the confirm is an ack). A mirrored queue
-    whose synchronised mirror is taking over stays in the route (its publish is nacked
-    until the new leader is known: RemoteQueue.routable)."""
+    """The route without the queues whose leader node is out of reach
+    (:meth:`QueueType.routable`): RabbitMQ 3.10 routes nothing to a queue whose node is
+    down (the message is unroutable there: a mandatory one comes back with basic.return,
+    the confirm is an ack). A mirrored queue whose synchronised mirror is taking over
+    stays in the route (its publish is nacked until the new leader is known)."""
     for q in queues:
-        if q.remote and not getattr(q, "routable", True):
-            return [q for q in queues if not q.remote or getattr(q, "routable", True)]
+        if not q.routable():
+            return [q for q in queues if q.routable()]
     return queues
 
 
@@ -107,9 +107,10 @@ class Publisher:
         # written to the store like a persistent one (QueueType.keeps_every_message,
         # QueueType.mirrored)
         self.keeping_queues = 0
-        # how many queues led by another node this node knows (amqpd.cluster): while
-        # any do, routed messages are split between local queues and forwarded ones
-        self.remote_queues = 0
+        # how many queues led by another node this node knows (amqpd.cluster,
+        # QueueType.forwards_publish): while any do, routed messages are split between
+        # local queues and forwarded ones, and the route leaves out unroutable ones
+        self.forwarding_queues = 0
         # how many queues with a log of their own (streams, QueueType.own_log) exist:
         # while any do, the shared log's write leaves them out and a confirm for a
         # message one took waits for its log's sync (QueueType.sync_log)
@@ -168,7 +169,7 @@ class Publisher:
                 on_confirm(PreconditionFailed("rejected by a queue's length limit"))
                 on_confirm = confirm_now = None
         forwarded: list[QueueType] | None = None
-        if self.remote_queues and queues:
+        if self.forwarding_queues and queues:
             # (only for a route of one: a message other queues took is no return)
             self.on_unroutable = on_unroutable if len(queues) == 1 else None
             queues, forwarded, on_confirm = self._forward(queues, message, on_confirm)
@@ -228,7 +229,7 @@ class Publisher:
             message, routing_keys = extensions.prepare_publish(message)
         exchange = vhost.get_exchange(exchange_name)
         queues = vhost.route(exchange, message, routing_keys)
-        if self.remote_queues and queues:
+        if self.forwarding_queues and queues:
             queues = _reachable(queues)
         return message, exchange, queues
 
@@ -245,7 +246,7 @@ class Publisher:
         local: list[QueueType] = []
         remote: list[QueueType] = []
         for q in queues:
-            if q.remote:
+            if q.forwards_publish:
                 remote.append(q)
             else:
                 local.append(q)
@@ -266,7 +267,8 @@ class Publisher:
         Past a queue's memory limit, a message already in the log is kept only there
         (free); a transient one is written there only when all queues together are over
         the node's budget (RabbitMQ also pages transient messages only under pressure).
-        Paging is the classic queue's: other queue types take the message as it is.
+        Paging is the classic queue's (:attr:`QueueType.pages_out`): other queue types
+        take the message as it is.
         """
         logged = message.position >= 0
         # only a logged message may be held log-only: a transient one (the common case)
@@ -276,10 +278,10 @@ class Publisher:
         shared: LoggedMessage | None = None  # the logged copy, one for every queue
         to_write: list[QueueType] | None = None  # queues whose copy must first be written
         for q in queues:
-            if not isinstance(q, Queue):
+            if not q.pages_out:
                 q.enqueue(message)
-            elif logged and q.durable and (paging_all or q.ready_bytes + len(q.ready)
-                                           * MESSAGE_OVERHEAD > limit):
+            elif logged and q.durable and (paging_all or q.ready_bytes + len(
+                    cast(Queue, q).ready) * MESSAGE_OVERHEAD > limit):
                 if shared is None:
                     shared = LoggedMessage(self.broker.store, message.position, message.size)
                 q.enqueue(shared)

@@ -29,6 +29,7 @@ from amqpd.protocol.constants import FLAG_EXPIRATION_HI
 
 if TYPE_CHECKING:
     from amqpd.broker.channel import Channel
+    from amqpd.broker.policy import QueueOptions
     from amqpd.broker.priority import PriorityReady
     from amqpd.broker.vhost import VHost
 
@@ -115,6 +116,14 @@ class Queue(QueueType):
         self._rr = 0
         self._seq = SeqCounter(1)
         self.had_consumers = False
+        self.pages_out = True  # a backlog of logged messages may be held log-only
+
+    def attach_ext(self, opts: QueueOptions) -> None:
+        """The extensions (TTL, limits, priorities, DLX, x-expires, single active
+        consumer) are the classic queue's, and the quorum queue's built on it."""
+        from amqpd.broker.extensions import QueueExt
+
+        self.ext = QueueExt(self, opts)
 
     @classmethod
     def validate_arguments(cls, arguments: dict[str, Any], name: str, vhost: str) -> None:

@@ -52,6 +52,12 @@ class TimedEntry(QueueEntry):
         self.priority = priority
 
 
+def expiry_of(entry: QueueEntry) -> float | None:
+    """When ``entry`` expires (monotonic seconds), or None: only a :class:`TimedEntry`
+    carries an expiry (a plain entry keeps no slot for it)."""
+    return entry.expires if isinstance(entry, TimedEntry) else None
+
+
 class QuorumEntry(TimedEntry):
     """A delivery a quorum queue got back: ``message`` carries ``x-delivery-count``;
     ``base`` is the message as published (what dead-lettering republishes) and ``count``

@@ -82,9 +82,12 @@ class QueueType:
     needs_ext: ClassVar[bool] = False
     # arguments compared on redeclare; None: the classic set (vhost.EQUIVALENCE_ARGS)
     compared_arguments: ClassVar[frozenset[str] | None] = None
-    # the queue lives on another node (amqpd.cluster.remote_queue): the publish pipeline
-    # hands it messages through :meth:`forward`, basic.get goes through :meth:`fetch_for`
-    remote: ClassVar[bool] = False
+    # where a publish goes: True for a queue led by another node
+    # (amqpd.cluster.remote_queue), which the publish pipeline hands a routed message
+    # through :meth:`forward` (its leader stores and confirms it), not into this node's
+    # store and :meth:`enqueue`. It keeps no deduplication cache here either (its
+    # leader checks: amqpd.broker.dedup)
+    forwards_publish: ClassVar[bool] = False
     # the queue keeps its records in a log of its own (a stream: amqpd.broker.stream),
     # not in the shared log: the publish pipeline leaves it out of the shared log's
     # write and a confirm waits for :meth:`sync_log` (asked only while such queues exist)
@@ -125,6 +128,10 @@ class QueueType:
         self.mirrored = False
         # x-message-deduplication (amqpd.broker.dedup): the values of the messages in it
         self.dedup: QueueDedup | None = None
+        # under memory pressure the publish pipeline may hand it a logged message to
+        # hold log-only (the classic queue's paging, amqpd.broker.queue.Queue sets it);
+        # an attribute, not a class check, so the per-message test is a struct read
+        self.pages_out = False
 
     # --- called BEFORE declaration
     @classmethod
@@ -178,6 +185,31 @@ class QueueType:
     def touch(self) -> None:
         """The queue was used (declare, basic.get): restarts its ``x-expires`` clock."""
 
+    def listed_type(self) -> str:
+        """The type as the management API lists it and the cluster's per-type fields
+        are chosen by: :attr:`type_name`, unless the queue stands for one of another
+        type (a queue led by another node lists its leader's type)."""
+        return self.type_name
+
+    def routable(self) -> bool:
+        """Does the publish pipeline keep this queue in a route now? A queue whose
+        leader node is out of reach is left out, as RabbitMQ 3.10 routes nothing to a
+        queue whose node is down (asked only while queues led elsewhere exist)."""
+        return True
+
+    def refreshes_view(self, then: Callable[[], None]) -> bool:
+        """queue.declare of this existing queue, before it is looked at: True when
+        this node's view of the queue may lag the cluster's (a queue led by another
+        node: a delete made there may not have reached this node), and ``then`` is
+        called once it is current; False (``then`` unused) when the view is current."""
+        return False
+
+    def confirms_delete(self, answer: Callable[[BaseException | None], None]) -> bool:
+        """queue.delete of this queue was done here: True when delete-ok waits for
+        the cluster to record the delete (its leader writes it), ``answer(None)`` then
+        or an error; False (``answer`` unused) when delete-ok may go at once."""
+        return False
+
     def type_info(self, node: str) -> dict[str, Any]:
         """The management API's fields for this type beyond :meth:`info` (``node``: this
         broker's node name), e.g. a quorum queue's leader and members."""
@@ -218,32 +250,35 @@ class QueueType:
 
     def forward(self, message: Message,
                 on_confirm: Callable[[BaseException | None], None] | None) -> None:
-        """A :attr:`remote` queue: take a routed message, calling ``on_confirm`` (if
-        given) once its node has it as safe as its own publishers' messages."""
+        """A :attr:`forwards_publish` queue: take a routed message, calling
+        ``on_confirm`` (if given) once its node has it as safe as its own publishers'
+        messages."""
         raise NotImplementedError
 
     def defers_get(self) -> bool:
-        """Whether basic.get is answered later, through :meth:`fetch_for`: a
-        :attr:`remote` queue's, and a quorum queue's leader's in a cluster (once the
+        """Whether basic.get is answered later, through :meth:`fetch_for`: a queue
+        led by another node, and a quorum queue's leader's in a cluster (once the
         checkout is committed)."""
-        return self.remote
+        return False
 
     def fetch_for(self, channel: Any, no_ack: bool) -> None:
         """basic.get when :meth:`defers_get`: answered later through
         ``channel.answer_get`` (the head is on another node, or its checkout waits)."""
         raise NotImplementedError
 
-    def consume_for(self, consumer: Any,
+    def consume_for(self, consumer: Consumer,
                     answer: Callable[[BaseException | None], None]) -> None:
-        """A :attr:`remote` queue's basic.consume: ``consumer`` is attached once the
-        queue's node accepted it; ``answer`` gets None then, or the refusal (403 for
-        an exclusive consumer there) -- before any delivery."""
-        raise NotImplementedError
+        """basic.consume: ``answer`` gets None once the queue accepted ``consumer``
+        (consume-ok), or the refusal, before any delivery. Here the queue accepts at
+        once, then attaches it; a queue led by another node attaches it when that node
+        accepted it (or refused: 403 for an exclusive consumer there)."""
+        answer(None)
+        self.add_consumer(consumer)
 
     def counts_for(self, answer: Callable[[int, int], None]) -> None:
-        """A :attr:`remote` queue's declare-ok counts: ``answer(messages, consumers)``
-        as the queue's node has them when it is asked."""
-        raise NotImplementedError
+        """declare-ok's counts: ``answer(messages, consumers)`` as the queue has them
+        when asked (here, at once; a queue led by another node asks its leader)."""
+        answer(self.message_count, len(self.consumers))
 
     def published_message(self, entry: QueueEntry) -> Message:
         """The message of ``entry`` as it was published (what dead-lettering
@@ -259,6 +294,12 @@ class QueueType:
         """The options (arguments + policies) as this type applies them; called each time
         they are worked out."""
         return opts
+
+    def attach_ext(self, opts: QueueOptions) -> None:
+        """The queue has options (arguments, policies) and no extension state yet
+        (``self.ext`` is None): a type that implements them through
+        :class:`~amqpd.broker.extensions.QueueExt` attaches one; the others read them
+        in :meth:`options_changed`."""
 
     def options_changed(self) -> None:
         """The queue's policy was (re)applied: ``self.policy`` is current (a type that

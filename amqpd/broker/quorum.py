@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 from amqpd.broker import rawprops
 from amqpd.broker.message import LoggedMessage, Message
 from amqpd.broker.queue import Queue
-from amqpd.broker.queue_entry import QueueEntry, QuorumEntry
+from amqpd.broker.queue_entry import QueueEntry, QuorumEntry, expiry_of
 from amqpd.broker.queue_type import QueueType, register_queue_type
 from amqpd.protocol.constants import BASIC_CONSUME, CLASS_BASIC, method_of
 from amqpd.protocol.errors import NotImplemented_, PreconditionFailed
@@ -286,7 +286,7 @@ class QuorumQueue(Queue):
             return entry
         base, count = self._counted(entry)
         return QuorumEntry(_with_count(base, count), entry.seq, entry.redelivered,
-                           getattr(entry, "expires", None), 0, base, count)
+                           expiry_of(entry), 0, base, count)
 
     def published_message(self, entry: QueueEntry) -> Message:
         """A returned delivery is republished as published, without the
@@ -349,7 +349,7 @@ class QuorumQueue(Queue):
             self.unacked_count -= 1
             message, base, count = returned
             back = QuorumEntry(message, self._seq.take(), True,
-                               getattr(entry, "expires", None), 0, base, count)
+                               expiry_of(entry), 0, base, count)
             self.ready.append(back)
             self.ready_bytes += back.message.size
             if back.expires is not None:

@@ -13,8 +13,8 @@ here is imported. Operator guide: docs/clustering.md. The interface others code 
 * ``membership.py``: etcd keys ``members/``, ``nodes/``, ``meta/``; the lease.
 * ``heartbeat.py``: UDP heartbeats (asyncio-dgram).
 * ``definitions.py``: every durable definition mirrored through etcd, applied in
-  revision order on every node; calls ``amqpd.cluster.cluster_queues.materialise`` (the
-  inter-node links) for queues led by another node, when that module exists.
+  revision order on every node; calls ``ClusterQueues.materialise`` (the
+  inter-node links) for queues led by another node, when the view has links.
 * ``link_wire.py``, ``link.py``: the inter-node links (one authenticated, multiplexed TCP
   connection per node pair, credit-based flow control).
 * ``cluster_queues.py``: ``ClusterQueues`` (the links, leader locators, node loss, the

@@ -214,9 +214,9 @@ class ClusterQueues:
         link.send(W.encode(W.DECLARE, 0, self._next_declare, {
             "vhost": vhost.name, "name": name, "auto_delete": auto_delete,
             "arguments": jsonable(arguments)}))
-        q = materialise(self.api, vhost.name, {"name": name, "durable": True,
-                                               "auto_delete": auto_delete,
-                                               "arguments": arguments}, leader)
+        q = self.materialise(vhost.name, {"name": name, "durable": True,
+                                          "auto_delete": auto_delete,
+                                          "arguments": arguments}, leader)
         assert isinstance(q, RemoteQueue)
         self._declares[self._next_declare] = q
         log.info("queue '%s' in vhost '%s' declared with leader %s (%s)", name,
@@ -290,33 +290,9 @@ class ClusterQueues:
             if kind == W.DELIVER:  # a stream we closed: give it back
                 link.send(W.encode(W.REQUEUE, stream, [f[1]]))
             return
-        if kind == W.CONFIRM:
-            queue._confirmed(f[0], bool(f[1]))
-        elif kind == W.DELIVER:
-            queue._deliver(*f)
-        elif kind == W.CREDIT:
-            queue._got_credit(f[0])
-        elif kind in (W.OPENED, W.STATS):
-            queue.ready_count, queue.remote_unacked, queue.remote_consumers = f
-            if kind == W.OPENED:
-                queue.reopen_tries = 0
-        elif kind == W.GET_OK:
-            queue._got(*f)
-        elif kind == W.GET_EMPTY:
-            queue._got_empty(f[0])
-        elif kind == W.CANCELLED:
-            queue._cancelled(f[0])
-        elif kind == W.CONSUMED:
-            queue._consumed(*f)
-        elif kind == W.RECLAIMED:
-            queue._reclaimed(*f)
-        elif kind == W.COUNTED:
-            queue._counted(*f)
-        elif kind in (W.PURGED, W.DELETED):
-            answer = queue._requests.pop(f[0], None)
-            if answer is not None:
-                answer(f[1])
-        elif kind == W.FAILED:
+        if queue.on_frame(kind, f):
+            return
+        if kind == W.FAILED:
             log.warning("queue '%s' in vhost '%s' on %s: %s %s", queue.name,
                         queue.vhost.name, link.peer, f[0], f[1])
             retry = f[0] == 404 and self._catalogue_leader(queue) == link.peer \
@@ -399,7 +375,7 @@ class ClusterQueues:
               name: str) -> None:
         vh = self.broker.vhosts.get(vhost)
         q = vh.queues.get(name) if vh is not None else None
-        if q is None or q.remote:
+        if q is None or q.forwards_publish:
             link.send(W.encode(W.FAILED, stream, 404,
                                f"NOT_FOUND - no queue '{name}' in vhost '{vhost}'"))
             return
@@ -444,68 +420,67 @@ class ClusterQueues:
         self._stats_handle = asyncio.get_running_loop().call_later(
             STATS_INTERVAL, self._send_stats)
 
+    # -- the definitions appliers' hook --------------------------------------------------
+    def materialise(self, vhost: str, definition: dict[str, Any],
+                    leader: str) -> QueueType:
+        """The definitions applier's hook for a queue whose leader is another node: a
+        :class:`RemoteQueue` in the vhost in the queue's place (``definition`` as the
+        definitions export writes a queue: name, durable, auto_delete, arguments)."""
+        vh = self.broker.vhosts[vhost]
+        name = definition["name"]
+        existing = vh.queues.get(name)
+        if isinstance(existing, RemoteQueue) and existing.leader == leader:
+            return existing
+        if isinstance(existing, RemoteQueue) and not existing.deleted:
+            # the queue has a new leader (a mirror was promoted: amqpd.cluster.mirror):
+            # the same object follows it, bindings and all
+            self.forget(existing)
+            if existing.link is not None:
+                # the link to the old leader is still up (it was deposed, or this node has
+                # not seen it go yet): its consumers follow the new leader all the same;
+                # only x-cancel-on-ha-failover ones are cancelled (whatever the mirror
+                # records read here say: they may already name the new leader, with no
+                # mirror of its own yet)
+                existing.detach(keep_consumers=True)
+            existing.gone = False
+            existing.reopen_tries = 0
+            self.adopt(existing, leader)
+            return existing
+        arguments = dict(definition.get("arguments") or {})
+        cls = remote_class(str(queue_type_name(arguments)))
+        q = cls(vh, name, durable=bool(definition.get("durable", True)),
+                auto_delete=bool(definition.get("auto_delete", False)), arguments=arguments,
+                port=self.broker)
+        from amqpd.broker.api import Binding
+
+        if existing is not None:
+            # this node led it (it was down while a mirror took over): the cluster's
+            # leader holds the messages now; the bindings stay the cluster's
+            replace_queue(self, vh, existing, q)
+            self.retire(existing)
+        else:
+            vh.queues[name] = q
+            vh.exchanges[""].bind(Binding(vh.exchanges[""], q, name, {}))
+        self.broker.apply_policies_to(vh, q)
+        self.adopt(q, leader)
+        return q
+
 
 _LEADER_SIDE = frozenset({W.OPEN, W.CLOSE, W.PUBLISH, W.CONSUME, W.GRANT, W.CANCEL, W.GET,
                           W.SETTLE, W.REQUEUE, W.REJECT, W.PURGE, W.DELETE, W.COUNT,
                           W.DECLARE, W.RECLAIM})
-
-_INSTANCES: dict[int, ClusterQueues] = {}
 
 
 async def start(api: BrokerAPI, view: Any, cookie: bytes, host: str, port: int,
                 locator: str = "client-local") -> ClusterQueues:
     """Start this node's links and queue streams (the cluster's startup calls it once
     the view is up); ``(host, port)`` is ``cluster.link_listen``, ``locator``
-    ``cluster.queue_leader_locator``."""
+    ``cluster.queue_leader_locator``. The view (the cluster node) holds the instance
+    (``view.queues``): that is where the definitions appliers reach it."""
     cluster = ClusterQueues(api, view, cookie, locator)
     await cluster.start(host, port)
-    _INSTANCES[id(api)] = cluster
+    view.queues = cluster
     return cluster
-
-
-def materialise(api: BrokerAPI, vhost: str, definition: dict[str, Any],
-                leader: str) -> QueueType:
-    """The definitions applier's hook for a queue whose leader is another node: a
-    :class:`RemoteQueue` in the vhost in the queue's place (``definition`` as the
-    definitions export writes a queue: name, durable, auto_delete, arguments)."""
-    cluster = _INSTANCES[id(api)]
-    vh = cluster.broker.vhosts[vhost]
-    name = definition["name"]
-    existing = vh.queues.get(name)
-    if isinstance(existing, RemoteQueue) and existing.leader == leader:
-        return existing
-    if isinstance(existing, RemoteQueue) and not existing.deleted:
-        # the queue has a new leader (a mirror was promoted: amqpd.cluster.mirror):
-        # the same object follows it, bindings and all
-        cluster.forget(existing)
-        if existing.link is not None:
-            # the link to the old leader is still up (it was deposed, or this node has
-            # not seen it go yet): its consumers follow the new leader all the same;
-            # only x-cancel-on-ha-failover ones are cancelled (whatever the mirror
-            # records read here say: they may already name the new leader, with no
-            # mirror of its own yet)
-            existing.detach(keep_consumers=True)
-        existing.gone = False
-        existing.reopen_tries = 0
-        cluster.adopt(existing, leader)
-        return existing
-    arguments = dict(definition.get("arguments") or {})
-    cls = remote_class(str(queue_type_name(arguments)))
-    q = cls(vh, name, durable=bool(definition.get("durable", True)),
-            auto_delete=bool(definition.get("auto_delete", False)), arguments=arguments)
-    from amqpd.broker.api import Binding
-
-    if existing is not None:
-        # this node led it (it was down while a mirror took over): the cluster's
-        # leader holds the messages now; the bindings stay the cluster's
-        replace_queue(cluster, vh, existing, q)
-        cluster.retire(existing)
-    else:
-        vh.queues[name] = q
-        vh.exchanges[""].bind(Binding(vh.exchanges[""], q, name, {}))
-    cluster.broker.apply_policies_to(vh, q)
-    cluster.adopt(q, leader)
-    return q
 
 
 def replace_queue(cluster: ClusterQueues, vh: VHost, old: QueueType | None,
@@ -532,10 +507,8 @@ def replace_queue(cluster: ClusterQueues, vh: VHost, old: QueueType | None,
             # in flight there is over (confirms nacked, deliveries the leader's copy
             # has); the consumers follow as if the link had gone
             old.detach(keep_consumers=True)
-        if old._kept_timer is not None:
-            old._kept_timer.cancel()
-            old._kept_timer = None
-        follow = not new.remote
+        old.stop_kept_timer()
+        follow = not new.forwards_publish
         for consumer in list(old.consumers):
             old.remove_consumer(consumer)
             if follow and consumer.arguments.get("x-cancel-on-ha-failover") is not True:
@@ -548,4 +521,4 @@ def replace_queue(cluster: ClusterQueues, vh: VHost, old: QueueType | None,
             callback(old)
 
 
-__all__ = ["EXTENSION_KINDS", "ClusterQueues", "materialise", "replace_queue", "start"]
+__all__ = ["EXTENSION_KINDS", "ClusterQueues", "replace_queue", "start"]

@@ -38,9 +38,9 @@ with the body as its value (a queue's body also names its leader: ``"node"``).
 Queues: the catalogue (``ClusterView.catalogue``, ``(vhost, queue) -> leader``) holds
 every durable queue of the cluster. A node creates a local queue object only for a queue
 it leads; for the others it calls the inter-node links' hook
-``amqpd.cluster.cluster_queues.materialise(api, vhost, definition, leader)`` when that
-module exists (c15b), else it keeps just the catalogue entry (which exports and
-``queue_leader`` read).
+``view.queues.materialise(vhost, definition, leader)`` (a
+:class:`~amqpd.cluster.cluster_queues.ClusterQueues`) when the view has links, else it
+keeps just the catalogue entry (which exports and ``queue_leader`` read).
 """
 
 from __future__ import annotations
@@ -495,12 +495,11 @@ class DefinitionMirror:
 
     def _materialise(self, vhost: str, item: dict[str, Any], leader: str) -> None:
         """A queue led by another node: the inter-node links stand for it, if present."""
+        queues = self.view.queues
+        if queues is None:
+            return  # catalogue only (no inter-node links on this view)
         try:
-            from amqpd.cluster import cluster_queues
-        except ImportError:
-            return  # catalogue only (no inter-node links in this build)
-        try:
-            cluster_queues.materialise(self.api, vhost, item, leader)
+            queues.materialise(vhost, item, leader)
         except Exception as exc:
             log.error("cluster: queue %r in vhost %r led by %s not materialised: %s",
                       item.get("name"), vhost, leader, exc)

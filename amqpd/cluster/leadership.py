@@ -12,7 +12,7 @@ node served: a restarted node for 0.3-0.6 s, a woken one for up to 1.9 s (issue 
 So a node doubts its leadership from its start and after each such event, and
 confirms it only by reading etcd's definitions afresh (a linearizable read, applied
 ahead of the watch) once it serves again: what the read shows another node leading
-is handed over by the applier (``cluster_queues.materialise``) before the doubt ends.
+is handed over by the applier (``ClusterQueues.materialise``) before the doubt ends.
 While in doubt, ``/api/queues`` shows its queues ``down``. A stall is seen by the
 first callback after it (:meth:`LoopClock.ongoing`), before the ticker runs.
 """

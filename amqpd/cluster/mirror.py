@@ -269,7 +269,7 @@ class Mirrors(CopyAdoption, MirrorFrames, MirrorFailover):
     def _reconcile_queue(self, vh: VHost, q: QueueType, members: list[str]) -> bool:
         """Bring one queue's mirrors in line with its policy: lead it (or stop), start
         and end streams, write the record. False: not a mirrored queue this node leads."""
-        if q.remote or not q.durable or q.exclusive or q.type_name != "classic":
+        if q.forwards_publish or not q.durable or q.exclusive or q.type_name != "classic":
             return False
         view = self.cluster
         ident = (vh.name, q.name)

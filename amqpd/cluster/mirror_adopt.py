@@ -49,7 +49,9 @@ class CopyAdoption(MirrorsHost):
             # recovered without a local definition was recreated as a classic queue)
             vh = self.broker.vhosts.get(ident[0])
             now = vh.queues.get(ident[1]) if vh is not None else None
-            if not self.adopts(str(getattr(now, "real_type", q.type_name))):
+            kind = now.listed_type() if now is not None and now.forwards_publish \
+                else q.type_name
+            if not self.adopts(kind):
                 continue
             del retired[ident]
             if not self._adopt(ident, q):

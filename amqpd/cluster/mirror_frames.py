@@ -116,9 +116,9 @@ class MirrorFrames(MirrorsHost):
         self._adopt_retired()
         vh = self.broker.vhosts.get(vhost)
         local = vh.queues.get(name) if vh is not None else None
-        if local is not None and not local.remote:
+        if local is not None and not local.forwards_publish:
             # this node led it before it went down: the cluster's definitions will make
-            # it a remote queue in a moment (amqpd.cluster.cluster_queues.materialise)
+            # it a remote queue in a moment (ClusterQueues.materialise)
             link.send(W.encode(M.MREFUSE, rid, "it still holds the queue as its leader"))
             return
         listed = self.cluster.catalogue.get(ident)

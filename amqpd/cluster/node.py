@@ -447,5 +447,22 @@ class Cluster(ClusterView):
                 data.setdefault(section, []).append(item)
         return data
 
+    # -- the replicas' facts the management API shows (BrokerAPI asks these) ----------
+    def queue_fields(self, vhost: str, name: str, kind: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.mirrors is not None:  # a mirrored queue's mirrors (amqpd.cluster.mirror)
+            out.update(self.mirrors.queue_fields(vhost, name))
+        if self.quorum_groups is not None and kind == "quorum":
+            out.update(self.quorum_groups.queue_fields(vhost, name))
+        return out
+
+    def quorum_critical(self) -> list[tuple[str, str]]:
+        groups = self.quorum_groups
+        return list(groups.quorum_critical()) if groups is not None else []
+
+    def mirror_sync_critical(self) -> list[tuple[str, str]]:
+        mirrors = self.mirrors
+        return list(mirrors.sync_critical()) if mirrors is not None else []
+
 
 __all__ = ["Cluster", "NotAllowed"]

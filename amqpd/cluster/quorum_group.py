@@ -224,7 +224,7 @@ class QuorumGroups(GroupFailover, Mirrors):
         seen: set[Ident] = set()
         for vh in self.broker.vhosts.values():
             for q in list(vh.queues.values()):
-                if q.remote or not q.durable or q.type_name != "quorum":
+                if q.forwards_publish or not q.durable or q.type_name != "quorum":
                     continue
                 ident = (vh.name, q.name)
                 seen.add(ident)
@@ -315,8 +315,9 @@ class QuorumGroups(GroupFailover, Mirrors):
         vh = self.broker.vhosts.get(vhost)
         q = vh.queues.get(name) if vh is not None else None
         ident = (vhost, name)
-        if vh is None or q is None or q.remote or not q.durable or q.type_name != "quorum" \
-                or ident in self.leading or ident in self.establishing:
+        if vh is None or q is None or q.forwards_publish or not q.durable \
+                or q.type_name != "quorum" or ident in self.leading \
+                or ident in self.establishing:
             return None
         self.establishing.add(ident)
         return self._establish_for_declare(vh, q)

@@ -48,6 +48,9 @@ class RemoteConsume(RemoteQueueState):
     def take(self) -> QueueEntry | None:
         return None  # deliveries arrive from the leader (dispatch)
 
+    def defers_get(self) -> bool:
+        return True  # basic.get is answered once the leader has (fetch_for)
+
     def fetch_for(self, channel: Any, no_ack: bool) -> None:
         if not self.available:
             raise self._unavailable()

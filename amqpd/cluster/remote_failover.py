@@ -209,13 +209,17 @@ class RemoteFailover(RemoteQueueState):
             return
         self.cancel_kept()
 
+    def stop_kept_timer(self) -> None:
+        """The queue was replaced (this node took it over): no wait for a new leader."""
+        if self._kept_timer is not None:
+            self._kept_timer.cancel()
+            self._kept_timer = None
+
     def cancel_kept(self) -> None:
         """The consumers kept across a failover are cancelled: no leader will take the
         queue over (amqpd.cluster.mirror found no mirror to promote, or the wait is
         over)."""
-        if self._kept_timer is not None:
-            self._kept_timer.cancel()
-            self._kept_timer = None
+        self.stop_kept_timer()
         if self.link is not None:
             return
         for state in list(self._cons.values()):

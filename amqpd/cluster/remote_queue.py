@@ -1,9 +1,9 @@
 """Queues led by another node: :class:`RemoteQueue` here, :class:`Served` on the leader.
 
 Every queue lives on one node, its leader. Any other node that knows the queue (the
-cluster's definitions: :func:`materialise`) holds a :class:`RemoteQueue` in its vhost in
-the queue's place, a queue type (:mod:`amqpd.broker.queue_type`) whose operations go
-over the link to the leader (:mod:`amqpd.cluster.link`, frames in
+cluster's definitions: :meth:`ClusterQueues.materialise`) holds a :class:`RemoteQueue`
+in its vhost in the queue's place, a queue type (:mod:`amqpd.broker.queue_type`) whose
+operations go over the link to the leader (:mod:`amqpd.cluster.link`, frames in
 :mod:`amqpd.cluster.link_wire`), so channels, exchanges and the API use it as any queue:
 
 * publish: routing happens on the node where the message arrives; the publish pipeline
@@ -63,7 +63,8 @@ settling, counts, delete) with :mod:`~amqpd.cluster.remote_consume` (consumers,
 deliveries, basic.get) and :mod:`~amqpd.cluster.remote_failover` (the stream to the
 leader and its loss) over :mod:`~amqpd.cluster.remote_state`; the leader's side
 (:class:`Served`) is :mod:`~amqpd.cluster.remote_served`, this node's part in them all
-(:class:`ClusterQueues`, :func:`materialise`) :mod:`~amqpd.cluster.cluster_queues`.
+(:class:`ClusterQueues` and its :meth:`~ClusterQueues.materialise`)
+:mod:`~amqpd.cluster.cluster_queues`.
 """
 
 from __future__ import annotations
@@ -104,7 +105,6 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
     def available(self) -> bool:
         return self.link is not None and not self.gone
 
-    @property
     def routable(self) -> bool:
         """Whether the publish pipeline keeps this queue in a route: while its leader is
         reachable, and while a synchronised mirror is about to take it over
@@ -133,6 +133,9 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
         out["messages"] = self.message_count + self.remote_unacked
         out["consumers"] = self.remote_consumers
         return out
+
+    def listed_type(self) -> str:
+        return self.real_type  # the leader's queue's type
 
     def type_info(self, node: str) -> dict[str, Any]:
         out: dict[str, Any] = {"node": self.leader, "type": self.real_type}
@@ -167,6 +170,58 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
         if not self.available:
             raise self._unavailable()
 
+    def refreshes_view(self, then: Callable[[], None]) -> bool:
+        """A redeclare: this node's view may not have seen a delete made on another
+        node yet (issue 28), so the declare goes on once etcd's record of the queue has
+        been read again."""
+        cluster = self.port.cluster
+        if cluster is None:
+            return False
+        cluster.refresh_queue(self.vhost.name, self.name, then)
+        return True
+
+    def confirms_delete(self, answer: OnConfirm) -> bool:
+        """Deleted here: the leader deletes it and writes the delete to etcd; delete-ok
+        once that is seen here (an error after ``definition_timeout``)."""
+        cluster = self.port.cluster
+        if cluster is None:
+            return False
+        cluster.after_queue_gone(self.vhost.name, self.name, answer)
+        return True
+
+    def on_frame(self, kind: int, f: list[Any]) -> bool:
+        """A frame of its stream from the leader (ClusterQueues hands them over):
+        False for the kinds it leaves to its caller (FAILED, CLOSED)."""
+        if kind == W.CONFIRM:
+            self._confirmed(f[0], bool(f[1]))
+        elif kind == W.DELIVER:
+            self._deliver(*f)
+        elif kind == W.CREDIT:
+            self._got_credit(f[0])
+        elif kind in (W.OPENED, W.STATS):
+            self.ready_count, self.remote_unacked, self.remote_consumers = f
+            if kind == W.OPENED:
+                self.reopen_tries = 0
+        elif kind == W.GET_OK:
+            self._got(*f)
+        elif kind == W.GET_EMPTY:
+            self._got_empty(f[0])
+        elif kind == W.CANCELLED:
+            self._cancelled(f[0])
+        elif kind == W.CONSUMED:
+            self._consumed(*f)
+        elif kind == W.RECLAIMED:
+            self._reclaimed(*f)
+        elif kind == W.COUNTED:
+            self._counted(*f)
+        elif kind in (W.PURGED, W.DELETED):
+            answer = self._requests.pop(f[0], None)
+            if answer is not None:
+                answer(f[1])
+        else:
+            return False
+        return True
+
     def _send(self, frame: bytes) -> None:
         if self.link is not None:
             self.link.send(frame)
@@ -191,7 +246,7 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
             seq = self._pub_seq
             self._confirms[seq] = on_confirm
         self.stat_publish += 1
-        body = self.vhost.broker.publisher.body_of(message)
+        body = self.port.publisher.body_of(message)
         frame = W.encode(W.PUBLISH, self.stream, seq, bool(message.persistent),
                          message.exchange, message.routing_key, message.properties, body)
         if self._credit > 0 and not self._unsent:

@@ -26,7 +26,7 @@ from amqpd.broker.api import (
 from amqpd.cluster.link import Link
 
 if TYPE_CHECKING:
-    from amqpd.broker.api import VHost
+    from amqpd.broker.api import ClusterPort, VHost
     from amqpd.cluster.cluster_queues import ClusterQueues
 
 PUBLISH_WINDOW: Final = 2000  # publishes in flight per stream before the leader's credit
@@ -84,10 +84,6 @@ class _Held:
         self.done = 0
 
 
-def _removed(queue: QueueType) -> None:
-    queue.vhost.broker.publisher.remote_queues -= 1
-
-
 def jsonable(value: Any) -> Any:
     """Queue and consumer arguments as link frames and etcd keys carry them (JSON): AMQP
     tables may hold bytes and decimals, which JSON does not."""
@@ -106,15 +102,17 @@ class RemoteQueueState(QueueType):
     """A remote queue's state (module docstring); the behaviour is
     :class:`~amqpd.cluster.remote_queue.RemoteQueue`'s and its parts'."""
 
-    remote = True
-    real_type = "classic"
+    forwards_publish = True  # its leader stores and confirms what is published here
+    real_type = "classic"  # the leader's queue's type (listed_type)
 
     def __init__(
         self, vhost: VHost, name: str, durable: bool = False,
         exclusive_owner: object | None = None, auto_delete: bool = False,
-        arguments: dict[str, Any] | None = None,
+        arguments: dict[str, Any] | None = None, *, port: ClusterPort,
     ) -> None:
         super().__init__(vhost, name, durable, exclusive_owner, auto_delete, arguments)
+        # the broker as the cluster reaches it (BrokerAPI.cluster_port), never vhost.broker
+        self.port = port
         self.in_store = False  # its messages are in the leader's store, never here
         self.leader = ""
         self.cluster: ClusterQueues | None = None
@@ -163,8 +161,12 @@ class RemoteQueueState(QueueType):
         self._requests: dict[int, Callable[[int], None]] = {}
         self._counts: dict[int, Callable[[int, int], None]] = {}
         self._grants: dict[int, int] = {}
-        vhost.broker.publisher.remote_queues += 1
-        self.on_removed.append(_removed)
+        port.publisher.forwarding_queues += 1
+        self.on_removed.append(self._uncount)
+
+    def _uncount(self, queue: QueueType) -> None:
+        """Gone from its vhost: one queue fewer for the publish pipeline to forward to."""
+        self.port.publisher.forwarding_queues -= 1
 
     if TYPE_CHECKING:  # what one part calls on another
         @property

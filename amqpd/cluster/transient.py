@@ -108,7 +108,7 @@ class TransientQueues:
     def declared(self, q: QueueType) -> None:
         """A queue that is no durable definition (non-durable, or exclusive) was
         created here: make it known."""
-        if q.remote:
+        if q.forwards_publish:
             return
         ident = (q.vhost.name, q.name)
         body = self._body(q)
@@ -185,7 +185,6 @@ class TransientQueues:
     def _apply(self, node: str, vhost: str, name: str, value: bytes | None) -> None:
         if node == self.node:
             return
-        from amqpd.cluster.cluster_queues import materialise
         from amqpd.cluster.remote_queue import RemoteQueue
 
         if not self.api.has_vhost(vhost):
@@ -203,9 +202,12 @@ class TransientQueues:
             return
         if not self.cluster.is_running(node):
             return  # its queues are being deleted; read back when it is seen again
+        queues = self.cluster.queues
+        if queues is None:
+            return  # no inter-node links yet: read back when the node is seen again
         try:
             item = json.loads(value)
-            q = materialise(self.api, vhost, item, node)
+            q = queues.materialise(vhost, item, node)
             if item.get("exclusive") and q.exclusive_owner is None:
                 # a connection on its node owns it: every client here is refused with
                 # 405 RESOURCE_LOCKED (declare, consume, get), publishes reach it
@@ -283,9 +285,7 @@ class TransientQueues:
         if running:
             asyncio.get_running_loop().create_task(self._read_node(node))
             return
-        from amqpd.cluster import cluster_queues
-
-        queues = cluster_queues._INSTANCES.get(id(self.api))
+        queues = self.cluster.queues
         if queues is None or queues.links.link(node) is None:
             self.node_lost(node)
 

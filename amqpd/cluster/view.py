@@ -28,7 +28,10 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from amqpd.cluster.cluster_queues import ClusterQueues
 
 log = logging.getLogger("amqpd.cluster")
 
@@ -70,6 +73,10 @@ class ClusterView:
         self.pause_reason = "the node has not yet synchronised with the cluster"
         self._subscribers: list[Subscriber] = []
         self._last_running: dict[str, bool] = {}
+        # this node's queues across the cluster (its inter-node links), held here for
+        # the definitions applier and the non-durable queues' mirror: set by
+        # cluster_queues.start; None in a view without links (catalogue only)
+        self.queues: ClusterQueues | None = None
 
     # ------------------------------------------------------------------ feeding
     def update(self, members: Iterable[str], records: dict[str, dict[str, Any]]) -> None:

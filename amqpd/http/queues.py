@@ -56,7 +56,7 @@ def queue_view(ctx: Ctx, q: QueueType) -> dict[str, Any]:
     sampler.add_samples(q, info, *windows(ctx))  # ?msg_rates_age=60&lengths_age=60...
     info.update(ctx.api.queue_type_info(q))  # a quorum queue's leader and members
     cluster = ctx.api.cluster()
-    if cluster is not None and q.durable and not q.remote \
+    if cluster is not None and q.durable and not q.forwards_publish \
             and not cluster.leadership_confirmed():
         # this node may have been replaced as its leader while it could not hear it
         # (starting, stalled, paused): no claim until etcd's record is read again

@@ -37,7 +37,7 @@ def _answer(ctx: Ctx, add: bool, vhost: str, name: str, node: str) -> Any:
     q = ctx.api.find_queue(vhost, name)
     if q is None:
         raise not_found("not_found")
-    kind = getattr(q, "real_type", q.type_name)
+    kind = q.listed_type()
     if kind != "stream":
         raise bad_request(f"Cannot add replicas to a {kind} queue" if add
                           else f"Cannot delete replicas from a {kind} queue")

@@ -123,7 +123,7 @@ class Supervisor:
             for q in api.queues(vh):
                 # a queue led by another node: its link runs there
                 if _federated(q.policy) and not _internal(q) and \
-                        (not here_only or not q.remote):
+                        (not here_only or not q.forwards_publish):
                     for up in resolve(params, vh.name, q.policy):
                         out[("queue", vh.name, q.name, up.name)] = (QueueLink, up)
         return out

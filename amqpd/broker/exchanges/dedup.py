@@ -119,8 +119,9 @@ class _Waiting:
 
 class ClusterGate(QueueType):
     """In a cluster, the one destination of a message carrying the header (unless this
-    node already knows its value): a *remote* destination, so the publish pipeline hands
-    it the message with the publisher's confirm (:meth:`forward`) and goes on.
+    node already knows its value): a destination the publish pipeline forwards to
+    (:attr:`~amqpd.broker.queue_type.QueueType.forwards_publish`), handing it the
+    message with the publisher's confirm (:meth:`forward`), and goes on.
 
     The gate asks the cluster's cache (:class:`SharedCache`: etcd, one transaction) and
     answers in publish order whatever order the answers come in: a duplicate is dropped
@@ -131,7 +132,7 @@ class ClusterGate(QueueType):
     failed one frees the value (a nack: the retry is routed)."""
 
     type_name = "x-dedup-gate"
-    remote = True
+    forwards_publish = True
 
     def __init__(self, exchange: DedupExchange, vhost: VHost, shared: SharedCache) -> None:
         super().__init__(vhost, f"{KEY_PREFIX}{exchange.name}", durable=False)
@@ -330,7 +331,7 @@ class DedupExchange(Exchange):
             shared = broker.cluster.dedup_cache(self.vhost, self.name)
             shared.size = self.cache.size
             gate = self.gate = ClusterGate(self, self._vhost, shared)
-            broker.publisher.remote_queues += 1  # the pipeline forwards to remote ones
+            broker.publisher.forwarding_queues += 1  # the pipeline forwards to remote ones
         return gate
 
     def route(self, message: Message, routing_key: str) -> Iterable[Destination]:
@@ -411,7 +412,7 @@ class DedupExchange(Exchange):
             self.gate.close()
             self.gate = None
             if broker is not None:
-                broker.publisher.remote_queues -= 1
+                broker.publisher.forwarding_queues -= 1
         cluster = broker.cluster if broker is not None else None
         if cluster is not None and cluster.runs_here(f"dedup\x00{self.vhost}\x00{self.name}"):
             # every node deletes the exchange; one drops its cluster-wide cache

@@ -79,7 +79,8 @@ async def test_held_deliveries_are_reclaimed_by_position_and_settled_once(
         broker: Broker) -> None:
     vh = broker.vhosts["/"]
     rq = remote_class("quorum")(vh, "qq", durable=True,
-                                arguments={"x-queue-type": "quorum"})
+                                arguments={"x-queue-type": "quorum"},
+                                port=broker.api.cluster_port())
     assert isinstance(rq, RemoteQueue)
     rq.leader = "node-a"
     old = FakeLink("node-a")

@@ -3,7 +3,7 @@
 Both brokers run in the test's event loop with real AMQP listeners on ephemeral ports and
 a real link between them; a small fixed view stands for the cluster's membership (etcd,
 amqpd.cluster.view) and the queue is made known on B through the definitions hook
-(:func:`materialise`), as the cluster's definitions applier does. Clients are aio-pika
+(``ClusterQueues.materialise``), as the cluster's definitions applier does. Clients are aio-pika
 over real sockets; the queue's leader is A, the clients talk to B.
 """
 
@@ -106,7 +106,7 @@ async def nodes(tmp_path: Path) -> AsyncIterator[tuple[Node, Node]]:
 def lead(a: Node, b: Node, name: str, **arguments: Any) -> RemoteQueue:
     """Declare ``name`` on A (its leader) and make it known on B."""
     a.broker.api.declare_queue("/", name, durable=True, arguments=arguments)
-    q = cluster_queues.materialise(b.broker.api, "/", {"name": name, "durable": True,
+    q = b.cluster.materialise("/", {"name": name, "durable": True,
                                                      "arguments": arguments}, "a@test")
     assert isinstance(q, RemoteQueue)
     return q
@@ -333,13 +333,13 @@ async def test_min_masters_locator_places_the_queue_on_the_other_node(
         assert isinstance(here, RemoteQueue) and here.leader == "a@test"
         await until(lambda: "placed" in a.broker.vhosts["/"].queues)
         there = a.broker.vhosts["/"].queues["placed"]
-        assert not there.remote and there.durable
+        assert not there.forwards_publish and there.durable
         await ch.default_exchange.publish(aio_pika.Message(b"m", delivery_mode=2),
                                           routing_key="placed")
         assert there.message_count == 1
         # client-local (the default) keeps the next one here
         await ch.declare_queue("local", durable=True)
-        assert not b.broker.vhosts["/"].queues["local"].remote
+        assert not b.broker.vhosts["/"].queues["local"].forwards_publish
     finally:
         await conn.close()
 
@@ -457,14 +457,14 @@ async def test_locators_policy_key_config_and_random(nodes: tuple[Node, Node]) -
         # the argument wins over the policy
         await ch.declare_queue("pol-local", durable=True,
                                arguments={"x-queue-master-locator": "client-local"})
-        assert not b.broker.vhosts["/"].queues["pol-local"].remote
+        assert not b.broker.vhosts["/"].queues["pol-local"].forwards_publish
         # the node's configured locator, without argument or policy
         b.cluster.locator = "min-masters"
         await ch.declare_queue("conf-q", durable=True)  # A leads 1, B 2
-        assert b.broker.vhosts["/"].queues["conf-q"].remote
+        assert b.broker.vhosts["/"].queues["conf-q"].forwards_publish
         b.cluster.locator = "client-local"
         await ch.declare_queue("conf-local", durable=True)
-        assert not b.broker.vhosts["/"].queues["conf-local"].remote
+        assert not b.broker.vhosts["/"].queues["conf-local"].forwards_publish
         # random: over both running nodes (all 24 on one node: p = 2 ** -23)
         placed: dict[str, str] = {}
         for i in range(24):
@@ -481,7 +481,7 @@ async def test_locators_policy_key_config_and_random(nodes: tuple[Node, Node]) -
         for i in range(8):
             await ch.declare_queue(f"rnd-down-{i}", durable=True,
                                    arguments={"x-queue-master-locator": "random"})
-            assert not b.broker.vhosts["/"].queues[f"rnd-down-{i}"].remote
+            assert not b.broker.vhosts["/"].queues[f"rnd-down-{i}"].forwards_publish
     finally:
         await conn.close()
 
@@ -668,7 +668,7 @@ async def test_consumers_follow_a_new_leader_while_the_old_leaders_link_is_up(
             await until(lambda: len(a.broker.vhosts["/"].queues["qf"].consumers) == 2)
             assert not b.cluster.failover_expected(rq)
             c.broker.api.declare_queue("/", "qf", durable=True)  # the promoted mirror
-            same = cluster_queues.materialise(b.broker.api, "/", {
+            same = b.cluster.materialise("/", {
                 "name": "qf", "durable": True, "arguments": {}}, "c@test")
             assert same is rq and rq.leader == "c@test"
             await until(lambda: leaver not in raw.consumers)
