@@ -126,6 +126,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("amqpd.cluster.quorum")
 
+ESTABLISH_RETRY: Final = 0.1  # seconds between a declare's tries to set its group up
+ESTABLISH_PATIENCE: Final = 30.0  # seconds a declare's group set-up is tried at most
 QTERM: Final = M.QTERM  # leader -> member: the term of the stream about to start
 MHELD: Final = M.MHELD  # leader -> member: seq, holder node, positions checked out
 
@@ -323,11 +325,26 @@ class QuorumGroups(GroupFailover, Mirrors):
         return self._establish_for_declare(vh, q)
 
     async def _establish_for_declare(self, vh: VHost, q: QueueType) -> None:
-        await self._establish(vh, q)
+        """:meth:`_establish` until this node leads the group, tried again every
+        :data:`ESTABLISH_RETRY` s: the record of a queue of this name deleted a moment
+        ago on another node may still be in etcd (its old leader deletes it after its
+        delete-ok), and etcd may time out once. Given up after
+        :data:`ESTABLISH_PATIENCE` s (the definitions' own bound answers the declare
+        first), or as soon as the queue is no longer this one."""
         ident = (vh.name, q.name)
-        if vh.queues.get(q.name) is q and ident not in self.leading:
-            raise NoQuorum(f"quorum queue '{q.name}' in vhost '{vh.name}': its replica "
-                           "group could not be set up (etcd); the declare is refused")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ESTABLISH_PATIENCE
+        while True:
+            self.establishing.add(ident)
+            await self._establish(vh, q)  # (discards ident from establishing)
+            if vh.queues.get(q.name) is not q or ident in self.leading:
+                return
+            if loop.time() >= deadline:
+                raise NoQuorum(f"quorum queue '{q.name}' in vhost '{vh.name}': its replica "
+                               f"group could not be set up within {ESTABLISH_PATIENCE:g} s "
+                               "(etcd, or an old group record still there); the declare "
+                               "is refused")
+            await asyncio.sleep(ESTABLISH_RETRY)
 
     async def _establish(self, vh: VHost, q: QueueType) -> None:
         """Lead a quorum queue this node holds: create its group record (a new queue) or
