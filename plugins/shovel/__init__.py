@@ -64,6 +64,10 @@ class ShovelPlugin:
         if old is not None and old.defn == defn and (alive or not self.started):
             return  # the same definition again (definitions import): leave it running
         runner = self._runner(defn)
+        if old is not None:
+            # the same shovel, redefined: what it forwarded lately, and which queues
+            # took it, still describe the destination's queues (plugins.common.taken)
+            runner.seen, runner.taken = old.seen, old.taken
         self._retire(self.dynamic.pop((vhost, name), None))
         self.dynamic[(vhost, name)] = runner
         if self.started and self._placed_here(defn):
