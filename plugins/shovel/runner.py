@@ -314,11 +314,21 @@ class _Link:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         ends = (self.src.closed(), self.dest.closed())
-        await asyncio.wait_for(self.src.stop_consuming(), timeout)
-        while (self.inbox or self.outstanding) and self.failure is None \
-                and not any(end.done() for end in ends) and loop.time() < deadline:
-            await asyncio.sleep(0.02)
-        await asyncio.sleep(0)  # the settler writes its last ack at the end of its turn
+        held = len(self.inbox) + len(self.outstanding)
+        try:
+            await asyncio.wait_for(self.src.stop_consuming(), timeout)
+            while (self.inbox or self.outstanding) and self.failure is None \
+                    and not any(end.done() for end in ends) and loop.time() < deadline:
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0)  # the settler writes its last ack at the end of its turn
+        finally:
+            d = self.defn
+            left = len(self.inbox) + len(self.outstanding)
+            if held or left:
+                log.log(logging.WARNING if left else logging.INFO,
+                        "shovel %s/%s: stopping; %d deliveries in hand settled, %d left "
+                        "to the source to deliver again", d.vhost, d.name,
+                        max(held - left, 0), left)
 
     # ------------------------------------------------------------------ source side
     def on_message(self, message: Delivery) -> None:
