@@ -239,3 +239,54 @@ def test_remote_shovel_refused_publish_backs_off_and_marks_copies(
     assert all(p.headers["x-shovel-retry"] >= 2 for p in again)
     with contextlib.suppress(Exception):
         api(node).request("DELETE", "/api/parameters/shovel/%2F/refused")
+
+
+def test_remote_shovel_retries_dropped_by_a_deduplicating_queue(
+        node: BrokerProcess) -> None:
+    """What docs/shovel.md offers for a remote destination (where a retry goes through
+    the exchange again): messages carrying ``x-deduplication-header`` and a healthy
+    queue declared with ``x-message-deduplication``. While the first copy is still in
+    it, the queue drops every retry's copy (the refusing queue takes the message once it
+    can), so without a consumer the healthy queue holds each message once; nothing is
+    lost. (With a consumer that took the first copy, a retry would be taken again: the
+    queue only knows the values it holds.)"""
+    n = N_REFUSED
+    with channel(node.url) as ch:
+        ch.exchange_declare("dd.x", "fanout", durable=True)
+        ch.queue_declare("dd.healthy", durable=True,
+                         arguments={"x-message-deduplication": True})
+        ch.queue_declare("dd.orders", durable=True)
+        for name in ("dd.healthy", "dd.orders"):
+            ch.queue_bind(name, "dd.x")
+        ch.queue_declare("dd.src", durable=True)
+        set_policy(node, "full", "^dd\\.orders$",
+                   {"max-length": 1, "overflow": "reject-publish"}, apply_to="queues")
+        ch.basic_publish("", "dd.orders", b"filler")
+        wait_for(lambda: _queue(node, "dd.orders")["messages"] == 1, what="orders full")
+        ch.confirm_delivery()
+        for i in range(n):
+            ch.basic_publish("", "dd.src", f"m{i}".encode(), pika.BasicProperties(
+                delivery_mode=2, message_id=f"id-{i}",
+                headers={"x-deduplication-header": f"id-{i}"}))
+    log_start = node.log_path.stat().st_size
+    set_shovel(api(node), "dd", {"src-uri": "amqp://", "src-queue": "dd.src",
+                                 "dest-uri": amqp_uri(node.port), "dest-exchange": "dd.x"})
+
+    def rounds() -> int:
+        text = node.log_path.read_bytes()[log_start:].decode(errors="replace")
+        return text.count("publishing them again")
+
+    wait_for(lambda: rounds() >= 3, timeout=30, what="three retry rounds")
+    assert _queue(node, "dd.healthy")["messages"] == n  # the retries' copies dropped
+    r = api(node).request("DELETE", "/api/policies/%2F/full")
+    assert r.status == 204, r.text
+    wait_for(lambda: _queue(node, "dd.orders")["messages"] == n + 1, timeout=30,
+             what="orders to take every message")
+    wait_for(lambda: _queue(node, "dd.src")["messages"] == 0, what="source settled")
+    healthy = _get_all(node, "dd.healthy")
+    orders = [(p, b) for p, b in _get_all(node, "dd.orders") if b != b"filler"]
+    ids = sorted(f"id-{i}" for i in range(n))
+    assert sorted(p.message_id for p, _b in healthy) == ids  # each exactly once
+    assert sorted(p.message_id for p, _b in orders) == ids  # nothing lost
+    with contextlib.suppress(Exception):
+        api(node).request("DELETE", "/api/parameters/shovel/%2F/dd")
