@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +18,7 @@ from tests.integration.cluster_support import (
     wait_for,
     wait_formed,
 )
-from tests.integration.fed_support import amqp_uri, api
+from tests.integration.fed_support import amqp_uri, api, copies_and_lost
 from tests.integration.test_cluster_queues import queue_info
 from tests.support import etcdproc
 from tests.support.brokerproc import BrokerProcess
@@ -172,15 +171,6 @@ def test_a_link_handed_over_at_shutdown_and_back_makes_no_copies(
     deadline = time.monotonic() + 60  # bounded: a message lost never comes
     while depth() < total and time.monotonic() < deadline:
         time.sleep(0.2)
-    got: Counter[int] = Counter()
-    with pika.BlockingConnection(pika.URLParameters(b.url)) as conn:
-        ch = conn.channel()
-        for _ in range(3 * total):  # bounded: every copy of every message at most
-            method, _props, body = ch.basic_get("handed", auto_ack=True)
-            if method is None:
-                break
-            got[int(body)] += 1
-    lost = pub.confirmed - set(got)
+    copies, lost = copies_and_lost(b.url, "handed", pub.confirmed)
     assert not lost, f"{len(lost)} confirmed upstream, never in handed: {sorted(lost)[:10]}"
-    copies = sum(got.values()) - len(got)
     assert copies == 0, f"{copies} second copies in handed after two handovers"

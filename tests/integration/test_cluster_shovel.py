@@ -9,7 +9,6 @@ its own queue bound to it, so two copies would deliver every message twice.
 from __future__ import annotations
 
 import threading
-from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from tests.integration.cluster_support import (
     wait_for,
     wait_formed,
 )
+from tests.integration.fed_support import copies_and_lost
 from tests.integration.test_cluster_queues import declare_on, queue_info, usable
 from tests.support import etcdproc
 
@@ -305,15 +305,6 @@ def test_a_shovel_moving_between_running_nodes_hands_over_without_copies(
     total = len(pub.confirmed)
     wait_for(lambda: _settled_into(b, total), 90, f"{total} in mv-dest, mv-src settled",
              lambda: a.tail() + b.tail())
-    got: Counter[int] = Counter()
-    with pika.BlockingConnection(pika.URLParameters(b.url)) as conn:
-        ch = conn.channel()
-        for _ in range(3 * total):  # bounded: every copy of every message at most
-            method, _props, body = ch.basic_get("mv-dest", auto_ack=True)
-            if method is None:
-                break
-            got[int(body)] += 1
-    lost = pub.confirmed - set(got)
+    copies, lost = copies_and_lost(b.url, "mv-dest", pub.confirmed)
     assert not lost, f"{len(lost)} lost: {sorted(lost)[:10]}"
-    copies = sum(got.values()) - len(got)
     assert copies == 0, f"{copies} second copies in mv-dest after two handovers"

@@ -22,11 +22,10 @@ import contextlib
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from pamqp import commands as spec
 
-from tests.integration.fed_support import api, channel, site
+from tests.integration.fed_support import api, channel, get_all, site
 from tests.integration.test_shovel_helpers import publish, set_shovel, shovel_state, wait_for
 from tests.support.brokerproc import BrokerProcess
 
@@ -48,17 +47,6 @@ def _depth(node: BrokerProcess, queue: str) -> int:
         return int(ch.queue_declare(queue, passive=True).method.message_count)
 
 
-def _drain(node: BrokerProcess, queue: str) -> list[tuple[Any, bytes]]:
-    got: list[tuple[Any, bytes]] = []
-    with channel(node.url) as ch:
-        for _ in range(3 * N):  # bounded: at most every copy of every message
-            method, props, body = ch.basic_get(queue, auto_ack=True)
-            if method is None:
-                break
-            got.append((props, body))
-    return got
-
-
 def test_changed_definition_hands_over_without_copies(tmp_path: Path) -> None:
     with _node(tmp_path) as node:
         with channel(node.url) as ch:
@@ -74,7 +62,7 @@ def test_changed_definition_hands_over_without_copies(tmp_path: Path) -> None:
         wait_for(lambda: _depth(node, "ho.src") == 0, 120, "the source drained")
         wait_for(lambda: shovel_state(api(node), "ho") == "running", 30, "running")
         wait_for(lambda: _depth(node, "ho.dest") >= N, 60, "every message at the destination")
-        got = _drain(node, "ho.dest")
+        got = get_all(node.url, "ho.dest", 3 * N)  # at most every copy of each
         counts = Counter(body for _p, body in got)
         assert set(counts) == {str(i).encode() for i in range(N)}  # nothing lost
         copies = sum(counts.values()) - N
