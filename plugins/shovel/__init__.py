@@ -115,7 +115,7 @@ class ShovelPlugin:
                 elif not here and runner.task is not None:
                     log.info("shovel '%s' in vhost '%s' runs on another node now",
                              runner.defn.name, runner.defn.vhost)
-                    await runner.stop()
+                    self._retire(runner)  # drains (at most 3 s) without holding the rest
             # what the others list for this node in /api/shovels (written when it changes)
             self.api.share_cluster_info("shovels", [
                 r.status() for r in self.dynamic.values() if r.task is not None])
