@@ -314,6 +314,44 @@ async def test_a_publish_while_the_running_leader_answers_404_is_nacked_not_acke
         await conn.close()
 
 
+async def test_a_publish_while_the_running_leaders_link_is_down_is_nacked_not_acked(
+        nodes: tuple[Node, Node]) -> None:
+    """issue 28, chaos seed 108: the leader's node was killed and back within the
+    heartbeat timeout, so the view never counted it down; it led its queue again with
+    no mirror yet (no link up), and the publisher's node, finding no failover to
+    expect and no link, acked 20 publishes as routed nowhere and dropped them. A node
+    the view counts as running is not down: while its link is being dialled again, a
+    publish to its queue is nacked (the client re-sends), never acked and dropped."""
+    a, b = nodes
+    rq = lead(a, b, "qlink")
+    await until(lambda: rq.available)
+    # the link goes and A (the dialler) cannot dial it again for now; both nodes
+    # still see each other running
+    b_info = b.view.shared["b@test"]
+    b.view.shared["b@test"] = NodeInfo("b@test", None, 0, 0, True)
+    link = a.cluster.links.link("b@test")
+    assert link is not None
+    link.close()
+    await until(lambda: not rq.available and b.cluster.links.link("a@test") is None)
+    assert b.view.is_running("a@test")
+    conn = await aio_pika.connect(b.url)
+    try:
+        ch = await conn.channel(publisher_confirms=True)
+        with pytest.raises(aio_pika.exceptions.DeliveryError):
+            await ch.default_exchange.publish(aio_pika.Message(b"x", delivery_mode=2),
+                                              routing_key="qlink", mandatory=False)
+        b.view.shared["b@test"] = b_info  # A dials again: the publish goes through
+        await until(lambda: rq.available)
+        await ch.default_exchange.publish(aio_pika.Message(b"y", delivery_mode=2),
+                                          routing_key="qlink")
+        got = await (await ch.get_queue("qlink", ensure=False)).get(timeout=5)
+        assert got.body == b"y"
+        await got.ack()
+    finally:
+        await conn.close()
+    assert a.broker.vhosts["/"].queues["qlink"].message_count == 0
+
+
 def _msg(queue: str, i: int) -> Any:
     from amqpd.broker.api import Message, codec
 
