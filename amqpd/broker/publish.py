@@ -61,7 +61,8 @@ def _reachable(queues: list[QueueType]) -> list[QueueType]:
     (:meth:`QueueType.routable`): RabbitMQ 3.10 routes nothing to a queue whose node is
     down (the message is unroutable there: a mandatory one comes back with basic.return,
     the confirm is an ack). A mirrored queue whose synchronised mirror is taking over
-    stays in the route (its publish is nacked until the new leader is known)."""
+    stays in the route (its publish is nacked until the new leader is known), and so
+    does a queue whose node is still counted running while its link is down."""
     for q in queues:
         if not q.routable():
             return [q for q in queues if q.routable()]
