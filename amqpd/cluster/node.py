@@ -60,7 +60,9 @@ from amqpd.config import host_port, split_addr
 from amqpd.coord.etcd import EtcdClient, EtcdError
 
 if TYPE_CHECKING:
-    from amqpd.broker.api import BrokerAPI
+    from amqpd.broker.api import BrokerAPI, QuorumMembership
+    from amqpd.cluster.mirror import Mirrors
+    from amqpd.cluster.quorum_group import QuorumGroups
     from amqpd.config import Settings
 
 log = logging.getLogger("amqpd.cluster")
@@ -108,9 +110,9 @@ class Cluster(ClusterView):
         # the inter-node link listener's address, once it listens (amqpd/cluster/link.py)
         self.link_address: tuple[str, int] | None = None
         # mirrored queues (amqpd.cluster.mirror.Mirrors), once serve() started them
-        self.mirrors: Any = None
+        self.mirrors: Mirrors | None = None
         # quorum queues' replica groups (amqpd.cluster.quorum_group.QuorumGroups)
-        self.quorum_groups: Any = None
+        self.quorum_groups: QuorumGroups | None = None
         self.pauses = 0
         # whether this node may claim the queues it holds (amqpd/cluster/leadership.py)
         self.leadership = Leadership(self.loop_clock, cc.heartbeat_timeout / 2,
@@ -463,6 +465,13 @@ class Cluster(ClusterView):
     def mirror_sync_critical(self) -> list[tuple[str, str]]:
         mirrors = self.mirrors
         return list(mirrors.sync_critical()) if mirrors is not None else []
+
+    def quorum_membership(self) -> QuorumMembership | None:
+        return self.quorum_groups
+
+    def request_mirror_sync(self, vhost: str, name: str, action: str) -> bool:
+        mirrors = self.mirrors
+        return mirrors is not None and mirrors.request_sync(vhost, name, action)
 
 
 __all__ = ["Cluster", "NotAllowed"]

@@ -550,6 +550,12 @@ class QuorumGroups(GroupFailover, Mirrors):
     def shrink_targets(self, node: str) -> list[Ident]:
         return sorted(i for i, r in self.records.items() if node in r.get("members", []))
 
+    def group_size(self, vhost: str, name: str) -> int:
+        return len(self.records.get((vhost, name), {}).get("members", []))
+
+    def is_member_node(self, node: str) -> bool:
+        return node in self.cluster.nodes()
+
 
 def start(api: BrokerAPI, cluster: Cluster, queues: ClusterQueues) -> QuorumGroups:
     """Start this node's part in quorum queues' groups (``serve`` calls it after

@@ -152,9 +152,8 @@ async def queue_actions(ctx: Ctx) -> Any:
     if action not in ("sync", "cancel_sync"):
         raise bad_request("action must be 'sync' or 'cancel_sync'")
     cluster = ctx.api.cluster()
-    mirrors = getattr(cluster, "mirrors", None) if cluster is not None else None
-    if mirrors is not None:
-        mirrors.request_sync(vh.name, q.name, str(action))
+    if cluster is not None:
+        cluster.request_mirror_sync(vh.name, q.name, str(action))
     return no_content()
 
 
