@@ -29,6 +29,7 @@ from amqpd.cluster.remote_served import Served
 if TYPE_CHECKING:
     from amqpd.broker.api import BrokerAPI, VHost
     from amqpd.cluster.deadlines import ConfirmDeadlines
+    from amqpd.cluster.remote_state import RemoteQueueState
 
 log = logging.getLogger("amqpd.cluster.queues")
 
@@ -73,10 +74,10 @@ class ClusterQueues:
         self.confirm_deadlines: ConfirmDeadlines | None = None
         # whether a queue whose link to its leader went will get a new leader (a
         # mirror can take over; set by amqpd.cluster.mirror): its consumers are kept
-        self.failover_expected: Callable[[QueueType], bool] = lambda queue: False
+        self.failover_expected: Callable[[RemoteQueueState], bool] = lambda queue: False
         # told when a queue kept its consumers on failover_expected's word: the mirrors
         # check that word against etcd's record (RemoteQueue.cancel_kept if it is wrong)
-        self.failover_kept: Callable[[QueueType], None] = lambda queue: None
+        self.failover_kept: Callable[[RemoteQueueState], None] = lambda queue: None
 
     def _address(self, peer: str) -> tuple[str, int] | None:
         info = self.view.nodes().get(peer)

@@ -123,6 +123,7 @@ if TYPE_CHECKING:
     from amqpd.cluster.cluster_queues import ClusterQueues
     from amqpd.cluster.link import Link
     from amqpd.cluster.node import Cluster
+    from amqpd.cluster.remote_state import RemoteQueueState
 
 log = logging.getLogger("amqpd.cluster.quorum")
 
@@ -156,13 +157,13 @@ class QuorumGroups(GroupFailover, Mirrors):
         self.queues.extensions.append(self)
         previous = self.queues.failover_expected
 
-        def expected(queue: QueueType) -> bool:
+        def expected(queue: RemoteQueueState) -> bool:
             return self.failover_expected(queue) or previous(queue)
 
         self.queues.failover_expected = expected
         previous_kept = self.queues.failover_kept
 
-        def kept(queue: QueueType) -> None:  # each acts on its own queue type only
+        def kept(queue: RemoteQueueState) -> None:  # each acts on its own queue type only
             self.failover_kept(queue)
             previous_kept(queue)
 
