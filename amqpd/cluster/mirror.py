@@ -23,7 +23,7 @@ Theory of operation.
   delivery with the node holding it instead, :meth:`Leading.checked_out`:
   amqpd.cluster.quorum_group.) Every message is
   mirrored: while the queue is mirrored it keeps transient messages in the store too
-  (``QueueType.mirrored``, as a quorum queue's ``keeps_every_message``). A queue
+  (``QueueType.replicated``, as a quorum queue's ``keeps_every_message``). A queue
   that starts being mirrored counts its ready messages and its unacknowledged
   deliveries (local channels and other nodes' consumers) as what the mirror lacks.
 * **The mirror** (:class:`MirrorCopy`) writes the records to its own store under the
@@ -361,8 +361,7 @@ class Mirrors(CopyAdoption, MirrorFrames, MirrorFailover):
         for pos in self._unacked_positions(q):  # handed to consumers, not yet settled
             live[pos] = True
         lead = Leading(self, vh.name, q, live)
-        q.mirrored = True  # transient messages are written (and so mirrored) too
-        self.broker.publisher.keeping_queues += 1
+        q.replicated(True)  # transient messages are written (and so mirrored) too
         self.leading[lead.ident] = lead
         self.store.by_key[lead.key] = lead
         self.gate.sets.append(lead.rs)
@@ -391,9 +390,7 @@ class Mirrors(CopyAdoption, MirrorFrames, MirrorFailover):
         if lead.gone:
             return
         lead.gone = True
-        if lead.q.mirrored:
-            lead.q.mirrored = False
-            self.broker.publisher.keeping_queues -= 1
+        lead.q.replicated(False)
         for node in list(lead.streams):
             lead.detach(node, drop=True)
         self.leading.pop(lead.ident, None)
