@@ -214,6 +214,17 @@ class QueueType:
         or an error; False (``answer`` unused) when delete-ok may go at once."""
         return False
 
+    def ready_entries(self) -> Iterable[QueueEntry]:
+        """The ready entries this queue holds on this node, in queue order: what a
+        replica group that starts from it counts as its copies' backlog, and what a
+        restarted node takes back as a copy (amqpd.cluster). None for a type that
+        holds its messages elsewhere."""
+        return ()
+
+    def ready_positions(self) -> list[int]:
+        """The store positions of the ready messages held here (those in the store)."""
+        return [e.message.position for e in self.ready_entries() if e.message.position >= 0]
+
     def replicated(self, on: bool) -> None:
         """A replica group starts (``on``) or stops copying this queue's records to
         other nodes: the cluster's mirrored classic queues (amqpd.cluster.mirror),

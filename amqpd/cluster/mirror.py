@@ -352,12 +352,7 @@ class Mirrors(CopyAdoption, MirrorFrames, MirrorFailover):
                     self._promote(ident, copy))
 
     def _lead(self, vh: VHost, q: QueueType) -> Leading:
-        ready = getattr(q, "ready", None)
-        live: dict[int, bool] = {}
-        if ready is not None:
-            positions = ready.positions() if hasattr(ready, "positions") else [
-                e.message.position for e in ready if e.message.position >= 0]
-            live = dict.fromkeys(positions, False)
+        live = dict.fromkeys(q.ready_positions(), False)
         for pos in self._unacked_positions(q):  # handed to consumers, not yet settled
             live[pos] = True
         lead = Leading(self, vh.name, q, live)
@@ -375,7 +370,7 @@ class Mirrors(CopyAdoption, MirrorFrames, MirrorFailover):
         out = []
         for proto in list(self.broker.transports):
             session = proto.session
-            for ch in list(getattr(session, "channels", {}).values()):
+            for ch in list(session.channels.values() if session is not None else ()):
                 for u in list(ch.unacked.values()):
                     if u.queue is q and u.entry.message.position >= 0:
                         out.append(u.entry.message.position)

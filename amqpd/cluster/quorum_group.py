@@ -99,6 +99,7 @@ import urllib.parse
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Final
 
+from amqpd.broker.api import QuorumQueue
 from amqpd.cluster import link_wire as W
 from amqpd.cluster import mirror_wire as M
 from amqpd.cluster.mirror import STREAM_SPLIT, Leading, MirrorCopy, Mirrors
@@ -405,18 +406,14 @@ class QuorumGroups(GroupFailover, Mirrors):
     def _lead_group(self, vh: VHost, q: QueueType, members: list[str], term: int,
                     live: dict[int, bool] | None) -> GroupLeading:
         if live is None:
-            live = {}
-            ready = getattr(q, "ready", None)
-            if ready is not None:
-                positions = ready.positions() if hasattr(ready, "positions") else [
-                    e.message.position for e in ready if e.message.position >= 0]
-                live = dict.fromkeys(positions, False)
+            live = dict.fromkeys(q.ready_positions(), False)
         lead = GroupLeading(self, vh.name, q, live, members, term)
         self.leading[lead.ident] = lead
         self.store.by_key[lead.key] = lead
         self.gate.sets.append(lead.rs)
         self.known_terms[lead.ident] = max(term, self.known_terms.get(lead.ident, 0))
-        q.group = lead  # type: ignore[attr-defined]
+        if isinstance(q, QuorumQueue):  # (always: the groups lead quorum queues only)
+            q.group = lead
         log.info("quorum queue '%s' in vhost '%s': leading it (term %d, members %s)",
                  q.name, vh.name, term, members)
         return lead
@@ -433,8 +430,8 @@ class QuorumGroups(GroupFailover, Mirrors):
                 log.warning("queue '%s' in vhost '%s': no longer led here; %d deliveries "
                             "waiting for their checkout's commit not sent", lead.ident[1],
                             lead.ident[0], dropped)
-        if getattr(lead.q, "group", None) is lead:
-            lead.q.group = None  # type: ignore[attr-defined]
+        if isinstance(lead.q, QuorumQueue) and lead.q.group is lead:
+            lead.q.group = None
         super().stop_leading(lead, delete_record)
 
     def record_is_ours(self, lead: Leading, value: bytes) -> bool:

@@ -233,7 +233,7 @@ class RemoteFailover(RemoteQueueState):
         if stale:
             for proto in list(self.port.transports):
                 session = proto.session
-                for ch in list(getattr(session, "channels", {}).values()):
+                for ch in list(session.channels.values() if session is not None else ()):
                     for item in list(ch.unacked.values()):
                         if item.queue is not self:
                             continue
