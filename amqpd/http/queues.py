@@ -49,7 +49,7 @@ def queue_view(ctx: Ctx, q: QueueType) -> dict[str, Any]:
         "consumer_utilisation": None,
         "exclusive_consumer_tag": None,
         "message_stats": sampler.message_stats(q),
-        "policy": getattr(q, "policy_name", None),
+        "policy": q.policy_name,
         "operator_policy": operator_name,
         "effective_policy_definition": effective,
     })
