@@ -217,8 +217,8 @@ class QueueType:
     def ready_entries(self) -> Iterable[QueueEntry]:
         """The ready entries this queue holds on this node, in queue order: what a
         replica group that starts from it counts as its copies' backlog, and what a
-        restarted node takes back as a copy (amqpd.cluster). None for a type that
-        holds its messages elsewhere."""
+        restarted node takes back as a copy (amqpd.cluster). Empty for a type that
+        holds no ready list here (a stream, a queue led by another node)."""
         return ()
 
     def ready_positions(self) -> list[int]:

@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqpd.cluster.queues")
 
 
-
 def _group(queue: QueueType) -> Any:
     """The replica group a quorum queue's leader here sets on it
     (amqpd.cluster.quorum_group.GroupLeading; None for other queues and before)."""
