@@ -61,8 +61,6 @@ from amqpd.coord.etcd import EtcdClient, EtcdError
 
 if TYPE_CHECKING:
     from amqpd.broker.api import BrokerAPI, QuorumMembership
-    from amqpd.cluster.mirror import Mirrors
-    from amqpd.cluster.quorum_group import QuorumGroups
     from amqpd.config import Settings
 
 log = logging.getLogger("amqpd.cluster")
@@ -110,9 +108,9 @@ class Cluster(ClusterView):
         # the inter-node link listener's address, once it listens (amqpd/cluster/link.py)
         self.link_address: tuple[str, int] | None = None
         # mirrored queues (amqpd.cluster.mirror.Mirrors), once serve() started them
-        self.mirrors: Mirrors | None = None
+        self.mirrors: Any = None
         # quorum queues' replica groups (amqpd.cluster.quorum_group.QuorumGroups)
-        self.quorum_groups: QuorumGroups | None = None
+        self.quorum_groups: Any = None
         self.pauses = 0
         # whether this node may claim the queues it holds (amqpd/cluster/leadership.py)
         self.leadership = Leadership(self.loop_clock, cc.heartbeat_timeout / 2,
