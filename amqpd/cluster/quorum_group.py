@@ -511,6 +511,12 @@ class QuorumGroups(GroupFailover, Mirrors):
         return quorum_critical(records, self.node, self.cluster.is_running)
 
     # -- membership (amqpctl add_member, delete_member, grow, shrink) ---------------------
+    def group_size(self, vhost: str, name: str) -> int:
+        return len(self.records.get((vhost, name), {}).get("members", []))
+
+    def is_member_node(self, node: str) -> bool:
+        return node in self.cluster.nodes()
+
     async def edit_members(self, vhost: str, name: str, add: str | None = None,
                            remove: str | None = None) -> list[str]:
         """Add or remove one member in the group record (a transaction on its last
@@ -547,12 +553,6 @@ class QuorumGroups(GroupFailover, Mirrors):
 
     def shrink_targets(self, node: str) -> list[Ident]:
         return sorted(i for i, r in self.records.items() if node in r.get("members", []))
-
-    def group_size(self, vhost: str, name: str) -> int:
-        return len(self.records.get((vhost, name), {}).get("members", []))
-
-    def is_member_node(self, node: str) -> bool:
-        return node in self.cluster.nodes()
 
 
 def start(api: BrokerAPI, cluster: Cluster, queues: ClusterQueues) -> QuorumGroups:
