@@ -117,6 +117,7 @@ from amqpd.cluster.quorum_state import (
     quorum_critical,
     remove_member,
 )
+from amqpd.cluster.remote_state import RemoteQueueState
 from amqpd.coord.etcd import Compare, EtcdError, Put
 
 if TYPE_CHECKING:
@@ -124,7 +125,6 @@ if TYPE_CHECKING:
     from amqpd.cluster.cluster_queues import ClusterQueues
     from amqpd.cluster.link import Link
     from amqpd.cluster.node import Cluster
-    from amqpd.cluster.remote_state import RemoteQueueState
 
 log = logging.getLogger("amqpd.cluster.quorum")
 
