@@ -44,6 +44,8 @@ class FakeView:
         self.node_name = node_name
         self.shared = shared
         self.callbacks: list[Callable[[str, bool], None]] = []
+        self.catalogue: dict[tuple[str, str], str] = {}  # no leaders known: none named
+        self.queues: Any = None
 
     def nodes(self) -> dict[str, NodeInfo]:
         return dict(self.shared)
@@ -57,6 +59,9 @@ class FakeView:
 
     def serving(self) -> bool:
         return True
+
+    def node_lost(self, node: str) -> None:
+        """No non-durable queues of other nodes here."""
 
 
 @dataclass
