@@ -39,6 +39,7 @@ class Raw:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=60)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buf = bytearray()
+        self.held: list[bytes] = []  # frames read past an expected response
         self.corr = 0
 
     def send(self, key: int, body: bytes, corr: bool = True) -> None:
@@ -49,7 +50,7 @@ class Raw:
 
     def frames(self) -> list[bytes]:
         """The complete frames received so far (blocks for at least one)."""
-        out: list[bytes] = []
+        out, self.held = self.held, []
         while not out:
             chunk = self.sock.recv(1 << 20)
             if not chunk:
@@ -66,22 +67,28 @@ class Raw:
         return out
 
     def expect(self, key: int) -> bytes:
+        """The first frame with ``key`` (a response: ``key | 0x8000``); frames after it
+        stay for the next call."""
         while True:
-            for f in self.frames():
-                if struct.unpack_from(">H", f)[0] == key | 0x8000:
+            frames = self.frames()
+            for i, f in enumerate(frames):
+                if struct.unpack_from(">H", f)[0] == key:
+                    self.held = frames[i + 1:] + self.held
                     return f
-                if struct.unpack_from(">H", f)[0] == 0x14:  # tune: agree
-                    self.sock.sendall(FRAME.pack(len(f)) + f)
 
     def open(self) -> None:
+        """Peer properties, SASL PLAIN, the server's tune agreed to (before open: the
+        server refuses a tune after it), open of vhost ``/``."""
         self.send(0x11, struct.pack(">i", 0))
-        self.expect(0x11)
+        self.expect(0x8011)
         self.send(0x12, b"")
-        self.expect(0x12)
+        self.expect(0x8012)
         self.send(0x13, _s("PLAIN") + struct.pack(">i", 12) + b"\x00guest\x00guest")
-        self.expect(0x13)
+        self.expect(0x8013)
+        tune = self.expect(0x14)
+        self.sock.sendall(FRAME.pack(len(tune)) + tune)
         self.send(0x15, _s("/"))
-        self.expect(0x15)
+        self.expect(0x8015)
 
 
 def _publisher(port: int, stream: str, count: int, body: int, batch: int, window: int,
@@ -89,7 +96,7 @@ def _publisher(port: int, stream: str, count: int, body: int, batch: int, window
     conn = Raw(port)
     conn.open()
     conn.send(0x01, struct.pack(">B", 0) + _s("") + _s(stream))  # no reference
-    conn.expect(0x01)
+    conn.expect(0x8001)
     message = b"\x00\x53\x75\xb0" + struct.pack(">I", body) + b"x" * body
     entry = struct.pack(">I", len(message)) + message
     result.put(("ready", 0, 0.0))
@@ -138,7 +145,7 @@ def _create(port: int, stream: str) -> None:
     conn = Raw(port)
     conn.open()
     conn.send(0x0D, _s(stream) + struct.pack(">i", 0))
-    conn.expect(0x0D)
+    conn.expect(0x800D)
     conn.sock.close()
 
 
