@@ -388,9 +388,7 @@ class StreamQueue(QueueType):
         """Append stream-protocol messages as they came (one chunk with this tick's
         other records); the offset after the last one."""
         log_ = self.log
-        now = _now_ms()
-        for payload in messages:
-            log_.append(payload, now, AMQP10)
+        log_.append_many(messages, _now_ms(), AMQP10)
         self.stat_publish += len(messages)
         if not self._flush_pending and messages:
             self._flush_pending = True
