@@ -1,12 +1,11 @@
 """Stream queues against a real amqpd process, with pika and aio-pika.
 
-* Three aio-pika consumers at ``first``, an offset in the middle and ``next`` each see
-  exactly their range, in order, with the ``x-stream-offset`` header. The issue asks
-  for 1,000,000 messages; the default run publishes ``AMQPD_STREAM_N`` (default 20,000:
-  about 85 s on this project's busy 2-core machine, where aio-pika itself moves only
-  1-3k messages a second), and ``AMQPD_STREAM_N=1000000`` runs the full size (hours
-  with this client; bench/streams.py measures the broker at that size with a raw
-  client instead).
+* ``AMQPD_STREAM_N`` messages (published with bench/loadgen.py's raw-frame publisher
+  and confirms), then pika consumers at ``first`` and at an offset in the middle and
+  an aio-pika one at ``next``, then 10,000 more: each sees exactly its range, in
+  order, with the ``x-stream-offset`` header. The issue asks for 1,000,000:
+  ``make test-streams-1m`` (5 min 16 s on this project's busy 2-core machine); the
+  suite runs 200,000.
 * Retention by size and by age deletes whole segments while a pika consumer is reading
   from the oldest one: the consumer moves on to what is kept, in order, and the
   stream's files stay bounded.
@@ -39,7 +38,9 @@ from bench.loadgen import BODY, BODY_MIN, PublisherSpec, Target, run_publisher
 from tests.support.brokerproc import BrokerProcess
 
 STREAM = {"x-queue-type": "stream"}
-N = int(os.environ.get("AMQPD_STREAM_N", "1000000"))
+# issue 30 asks for 1,000,000 (`make test-streams-1m`, ~5 min on this project's busy
+# 2-core machine); the suite's default is a fifth of that
+N = int(os.environ.get("AMQPD_STREAM_N", "200000"))
 TAIL = 10_000  # published after the three consumers attached
 
 
@@ -152,7 +153,7 @@ def _publish_raw(url: str, queue: str, pubid: int, count: int) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(max(300, N // 500))
 def test_three_consumers_each_see_exactly_their_range(broker: BrokerProcess) -> None:
-    """N messages (1,000,000 by default), then pika consumers at ``first`` and at offset
+    """N messages (AMQPD_STREAM_N), then pika consumers at ``first`` and at offset
     N/2 and an aio-pika one at ``next``, then TAIL more messages: each sees exactly its
     range, in publish order, with ``x-stream-offset`` = position. (pika takes the two
     long ranges: aio-pika's per-message callbacks are the slower client here.)"""
