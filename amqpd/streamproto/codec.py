@@ -451,7 +451,7 @@ def close_request(correlation: int, code: int, reason: str) -> bytes:
 
 def publish_confirm(publisher: int, ids: list[int]) -> bytes:
     w = Writer(PUBLISH_CONFIRM).u8(publisher).u32(len(ids))
-    w.raw(b"".join(_U64.pack(i) for i in ids))
+    w.raw(struct.pack(f">{len(ids)}Q", *ids))
     return w.frame()
 
 

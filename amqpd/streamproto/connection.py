@@ -391,6 +391,12 @@ class StreamConnection:
         accepted: list[int] = []
         dropped: list[int] = []
         errors: list[tuple[int, int]] = []
+        if tracking is None and entries and all(type(e) is bytes for _, e in entries):
+            # the common frame (no deduplication, no sub-entry batch): in one go
+            accepted = [i for i, _ in entries]
+            messages = [e for _, e in entries]
+            pub.last_id = max(pub.last_id, *accepted)
+            entries = []
         for publishing_id, entry in entries:
             pub.last_id = max(pub.last_id, publishing_id)
             if tracking is not None and publishing_id <= max(last, pub.highest):
