@@ -46,6 +46,10 @@ Theory of operation:
   file descriptor: a thousand readers far behind cost disk reads, not memory. A reader
   may also read in a worker thread (:meth:`StreamLog.read_shared`, under the lock that
   retention and close take), which is how a stream's consumers behind read.
+  :meth:`Reader.read_raw` hands out whole records as stored, for a reader that forwards
+  bytes (a stream-protocol subscription cuts its chunk entries from them) rather than
+  build a :class:`Record` per message; :meth:`StreamLog.append_many` is the batch
+  append of a publish frame.
 * Retention (:meth:`StreamLog.retain`) deletes whole segments from the oldest, never
   the active one: by total size (``max-length-bytes``) and by age (a sealed segment
   whose newest record is older than ``max-age``). A reader inside a deleted segment
