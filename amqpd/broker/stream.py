@@ -56,6 +56,7 @@ from amqpd.broker.stream_readahead import ReadAhead, pool_for
 from amqpd.protocol.errors import NotImplemented_, PreconditionFailed
 from amqpd.store.stream_log import AMQP10, DEFAULT_SEGMENT_BYTES, Record, StreamLog
 from amqpd.streamproto.amqp10 import AMQP10Error, body_of
+from amqpd.streamproto.chunks import ChunkCache
 
 if TYPE_CHECKING:
     import asyncio
@@ -256,6 +257,8 @@ class StreamQueue(QueueType):
             log.warning("stream '%s' in vhost '%s': %d bytes of torn tail cut at recovery",
                         name, vhost.name, self.log.truncated_bytes)
         self.readers: dict[Consumer, ReadAhead] = {}  # consumer -> its position
+        # stream-protocol chunks built lately, shared by its subscriptions
+        self.chunk_cache = ChunkCache()
         self._loop: asyncio.AbstractEventLoop | None = broker._loop
         self._flush_pending = False
         self._syncing = False

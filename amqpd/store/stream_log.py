@@ -600,6 +600,18 @@ class Reader:
         self._position = position
         return seg
 
+    def where(self) -> tuple[int, int]:
+        """The segment (its base offset, -1: not located yet) and file position of the
+        next record, for :meth:`seek`."""
+        return self._segment_base, self._position
+
+    def seek(self, offset: int, segment_base: int, position: int) -> None:
+        """Move to ``offset``, which another reader found at ``position`` in the segment
+        starting at ``segment_base`` (its :meth:`where` then): no index lookup."""
+        self.offset = offset
+        self._segment_base = segment_base
+        self._position = position
+
     def bytes_to_end(self) -> int | None:
         """Bytes between this reader and the end of the active segment, when it is
         positioned there; None when it is elsewhere (or not yet positioned)."""

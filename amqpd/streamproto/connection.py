@@ -16,6 +16,7 @@ chunks, one per credit.
 from __future__ import annotations
 
 import logging
+import struct
 import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,7 @@ from amqpd.store.stream_log import AMQP10, CHUNK_START, RECORD, RECORD_SIZE, Rea
 from amqpd.streamproto import codec as c
 from amqpd.streamproto.amqp10 import data_message
 from amqpd.streamproto.arguments import BadArgument, queue_arguments
+from amqpd.streamproto.chunks import Chunk
 from amqpd.streamproto.sac import Coordinator, GroupKey, Notice
 from amqpd.streamproto.tracking import Tracking
 
@@ -44,6 +46,7 @@ READ_RECORDS = 1024  # records a subscription reads per pread at most
 MAX_REFERENCE = 256
 COMPRESSION_NONE = 0  # sub-entry batch compression types (rstream's CompressionType)
 COMPRESSION_GZIP = 1
+_OFFSET_AT = struct.Struct(">Q").unpack_from  # a stored record's offset, 8 bytes in
 
 
 @dataclass(slots=True)
@@ -71,6 +74,8 @@ class Subscription:
     active: bool = True  # a group member that is not active gets nothing
     block: bytes = b""  # records read as stored (Reader.read_raw); from ``block_at`` unsent
     block_at: int = 0
+    block_seg: int = -1  # the segment (base offset) and file position ``block`` came from
+    block_pos: int = 0
     chunks: int = 0  # delivered
     consumed: int = 0  # records delivered
 
@@ -603,29 +608,37 @@ class StreamConnection:
             chunk = self._next_chunk(sub, limit)
             if chunk is None:
                 return
-            first, timestamp, count, data = chunk
-            head = c.chunk_header(first, timestamp, count, count, data)
             sub.credit -= 1
             sub.chunks += 1
-            sub.consumed += count
-            self.send(c.deliver(sid, head + data))
+            sub.consumed += chunk.records
+            self.send(c.deliver(sid, chunk.data))
 
-    def _next_chunk(self, sub: Subscription, limit: int) -> tuple[int, int, int, bytes] | None:
+    def _next_chunk(self, sub: Subscription, limit: int) -> Chunk | None:
         """The readable records from the reader's position to the end of their chunk
-        (at most about ``limit`` bytes: a larger chunk goes as several) as osiris simple
-        entries: (first offset, its timestamp, count, entries); None when nothing is
-        readable. The entries are cut from the records as stored (a record's length
-        field is the entry's size), with no Python object per message; a record an AMQP
-        0-9-1 publisher wrote becomes an AMQP 1.0 message here."""
+        (at most about ``limit`` bytes: a larger chunk goes as several) as an osiris
+        chunk; None when nothing is readable. Another subscription of the stream may
+        have built it already (:mod:`amqpd.streamproto.chunks`); else its entries are
+        cut from the records as stored (a record's length field is the entry's size),
+        with no Python object per message, and a record an AMQP 0-9-1 publisher wrote
+        becomes an AMQP 1.0 message here."""
+        reader = sub.reader
+        assert reader is not None  # deliver() reads active subscriptions only
+        cache = sub.queue.chunk_cache
+        data, at = sub.block, sub.block_at
+        start = _OFFSET_AT(data, at + 8)[0] if at < len(data) else reader.offset
+        hit = cache.get(start, limit)
+        if hit is not None:
+            sub.block, sub.block_at = b"", 0
+            reader.seek(start + hit.records, hit.segment_base, hit.position)
+            return hit
         parts: list[bytes] = []
         first = stamp = count = size = 0
         unpack = RECORD.unpack_from
         while True:
-            data, at = sub.block, sub.block_at
             if at >= len(data):
-                assert sub.reader is not None  # deliver() reads active subscriptions only
-                data, _ = sub.reader.read_raw(READ_RECORDS)
-                sub.block, sub.block_at, at = data, 0, 0
+                data, _ = reader.read_raw(READ_RECORDS)
+                sub.block_seg, end_pos = reader.where()
+                sub.block, sub.block_at, sub.block_pos, at = data, 0, end_pos - len(data), 0
                 if not data:
                     break
             total = len(data)
@@ -633,7 +646,8 @@ class StreamConnection:
                 _, length, offset, timestamp, flags = unpack(data, at)
                 if count and (flags & CHUNK_START or size + length > limit):
                     sub.block_at = at
-                    return first, stamp, count, b"".join(parts)
+                    return self._built(sub, limit, first, stamp, count, parts,
+                                       sub.block_pos + at)
                 end = at + RECORD_SIZE + length
                 if flags & AMQP10:
                     parts.append(data[at + 4:at + 8])
@@ -648,7 +662,20 @@ class StreamConnection:
                 size += length + 4
                 at = end
             sub.block_at = at
-        return (first, stamp, count, b"".join(parts)) if count else None
+        if not count:
+            return None
+        return self._built(sub, limit, first, stamp, count, parts, sub.block_pos)
+
+    @staticmethod
+    def _built(sub: Subscription, limit: int, first: int, stamp: int, count: int,
+               parts: list[bytes], position: int) -> Chunk:
+        """A chunk cut from the records: framed, and kept for the stream's other
+        subscriptions; the record after it is at ``position`` in ``sub.block_seg``."""
+        entries = b"".join(parts)
+        chunk = Chunk(c.chunk_header(first, stamp, count, count, entries) + entries, count,
+                      sub.block_seg, position)
+        sub.queue.chunk_cache.put(first, limit, chunk)
+        return chunk
 
     def _credit(self, cmd: c.Command) -> None:
         sid, credit = cmd.fields
