@@ -9,7 +9,9 @@ way): each publisher process declares a publisher and sends publish frames of
 confirmed / wall time from the first frame to the last confirm. Each consumer process
 then subscribes from ``first`` with credit 10 (one credit back per chunk) and counts
 records from the chunk headers until it has seen every message; consume rate = the
-slowest consumer's messages / its wall time.
+slowest consumer's messages / its wall time. The broker's CPU time (utime + stime from
+/proc) per message published and per message delivered is reported beside the rates:
+on a machine shared with other work it moves far less than they do.
 """
 
 from __future__ import annotations
@@ -149,7 +151,12 @@ def _create(port: int, stream: str) -> None:
     conn.sock.close()
 
 
-def run(port: int, args: argparse.Namespace) -> dict[str, float]:
+def run(port: int, args: argparse.Namespace, pid: int = 0) -> dict[str, float]:
+    """Publish, then consume; rates, and with the broker's ``pid`` its CPU time per
+    message published and per message delivered (less swayed by a machine shared with
+    other work than the rates are)."""
+    from bench.brokers import cpu_seconds
+
     stream = f"bench-{time.time_ns()}"
     _create(port, stream)
     ctx = multiprocessing.get_context("fork")
@@ -164,11 +171,13 @@ def run(port: int, args: argparse.Namespace) -> dict[str, float]:
         p.start()
     for _ in procs:  # every connection is open before the clock starts
         result.get(timeout=120)
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), cpu_seconds(pid) if pid else 0.0
     start.set()
     for _ in procs:
         result.get(timeout=1800)
     out["publish_msgs_per_s"] = total / (time.monotonic() - t0)
+    if pid:
+        out["broker_cpu_us_per_publish"] = (cpu_seconds(pid) - cpu0) * 1e6 / total
     for p in procs:
         p.join(60)
     start, result = ctx.Event(), ctx.Queue()
@@ -178,10 +187,14 @@ def run(port: int, args: argparse.Namespace) -> dict[str, float]:
         p.start()
     for _ in procs:
         result.get(timeout=120)
+    cpu0 = cpu_seconds(pid) if pid else 0.0
     start.set()
     times = [result.get(timeout=1800)[2] for _ in procs]
     out["consume_msgs_per_s_each"] = total / max(times)
     out["consume_msgs_per_s_all"] = total * len(procs) / max(times)
+    if pid:
+        out["broker_cpu_us_per_delivery"] = ((cpu_seconds(pid) - cpu0) * 1e6
+                                             / (total * len(procs)))
     for p in procs:
         p.join(60)
     return out
@@ -211,14 +224,16 @@ def main(argv: list[str] | None = None) -> int:
                                                                         str(port)])
                 proc.start(timeout=600)
                 try:
-                    results[name] = run(port, args)
+                    assert proc.proc is not None
+                    results[name] = run(port, args, proc.proc.pid)
                 finally:
                     proc.stop()
             else:
                 d = Path(tmp) / "rabbitmq"
                 info = rmq.start(d, plugins=("rabbitmq_stream",))
                 try:
-                    results[name] = run(info.plugin_ports["rabbitmq_stream"], args)
+                    results[name] = run(info.plugin_ports["rabbitmq_stream"], args,
+                                        info.pid)
                 finally:
                     rmq.stop(d)
             print(name, json.dumps(results[name]), flush=True)
@@ -227,9 +242,11 @@ def main(argv: list[str] | None = None) -> int:
         rows = ["| measure | " + " | ".join(b for b in args.brokers.split(",")) + " |",
                 "|---|" + "---|" * len(args.brokers.split(","))]
         for key in ("publish_msgs_per_s", "consume_msgs_per_s_each",
-                    "consume_msgs_per_s_all"):
+                    "consume_msgs_per_s_all", "broker_cpu_us_per_publish",
+                    "broker_cpu_us_per_delivery"):
             rows.append(f"| {key} | " + " | ".join(
-                f"{results[b][key]:,.0f}" for b in args.brokers.split(",")) + " |")
+                f"{results[b].get(key, float('nan')):,.{2 if 'cpu' in key else 0}f}"
+                for b in args.brokers.split(",")) + " |")
         Path(args.out + ".md").write_text(
             f"## Stream protocol (port 5552), {args.messages:,} messages of {args.body} B\n\n"
             f"Command: `python -m bench.stream_protocol {' '.join(sys.argv[1:])}`\n\n"
