@@ -626,7 +626,8 @@ class StreamConnection:
         cache = sub.queue.chunk_cache
         data, at = sub.block, sub.block_at
         start = _OFFSET_AT(data, at + 8)[0] if at < len(data) else reader.offset
-        hit = cache.get(start, limit)
+        # (below the first kept offset the reader moves on to what retention kept)
+        hit = cache.get(start, limit) if start >= reader.log.first_offset else None
         if hit is not None:
             sub.block, sub.block_at = b"", 0
             reader.seek(start + hit.records, hit.segment_base, hit.position)

@@ -94,3 +94,18 @@ def test_a_subscription_moved_by_the_cache_reads_on_after_new_records(
     for s in (b, a):  # b was moved by the cache only: its reader must be right
         (chunk,) = _chunks(conn, s, 10_000)
         assert _records(chunk) == (60, [b"late"])
+
+
+def test_a_subscription_behind_retention_skips_cached_chunks_of_deleted_segments(
+        tmp_path: Path) -> None:
+    log = _stream(tmp_path, [40] * 10)
+    queue: Any = SimpleNamespace(chunk_cache=ChunkCache())
+    conn = StreamConnection(None, None, "t", ("h", 1), {})  # type: ignore[arg-type]
+    behind = Subscription(2, queue, log.reader(0), 10, {})
+    assert len(_chunks(conn, Subscription(1, queue, log.reader(0), 10, {}), 10_000)) >= 10
+    log.sync()  # sealed segments get their index files: retention may take them
+    assert log.retain(2000, None, 0) > 0 and log.first_offset > 0
+    got = [_records(c) for c in _chunks(conn, behind, 10_000)]
+    assert got[0][0] == log.first_offset
+    assert [b for _, bs in got for b in bs] == [b"m%06d" % i
+                                                for i in range(log.first_offset, 400)]
