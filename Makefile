@@ -16,7 +16,7 @@ endif
 PY := $(VENV)/bin/python
 PIP_FLAGS ?= --quiet --disable-pip-version-check
 
-.PHONY: run install venv test lint system-deps chaos model test-streams-1m
+.PHONY: run install venv test lint system-deps chaos model
 
 venv:
 	@sh devtools/venv.sh '$(PYTHON)' '$(VENV)'
@@ -91,15 +91,6 @@ MODEL_EXAMPLES ?= 2000
 model: install
 	AMQPD_MODEL_RANDOM=1 AMQPD_MODEL_EXAMPLES=$(MODEL_EXAMPLES) '$(PY)' -m pytest -q \
 	  tests/unit/cluster/test_replica_core_model.py
-
-# Issue 30's full size: 1,000,000 messages published to a stream, pika consumers at
-# `first` and mid-stream and an aio-pika one at `next` (tests/integration/test_streams.py).
-# CI's run publishes 200,000 (AMQPD_STREAM_N's default there): the million took 5 min 16 s
-# on the project's shared 2-core machine (pure Python, load average 8-13), too much of
-# the suite's budget for one test.
-test-streams-1m: install
-	AMQPD_STREAM_N=1000000 '$(PY)' -m pytest -q -s tests/integration/test_streams.py \
-	  -k three_consumers
 
 # After the full suite on the installed (compiled) hot path, the same unit tests and
 # conformance suite on its pure-Python sources: both must stay correct.

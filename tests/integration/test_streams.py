@@ -3,9 +3,8 @@
 * ``AMQPD_STREAM_N`` messages (published with bench/loadgen.py's raw-frame publisher
   and confirms), then pika consumers at ``first`` and at an offset in the middle and
   an aio-pika one at ``next``, then 10,000 more: each sees exactly its range, in
-  order, with the ``x-stream-offset`` header. The issue asks for 1,000,000:
-  ``make test-streams-1m`` (5 min 16 s on this project's busy 2-core machine); the
-  suite runs 200,000.
+  order, with the ``x-stream-offset`` header: 1,000,000 by default, as the issue asks
+  (80 s on the compiled build here).
 * Retention by size and by age deletes whole segments while a pika consumer is reading
   from the oldest one: the consumer moves on to what is kept, in order, and the
   stream's files stay bounded.
@@ -38,9 +37,9 @@ from bench.loadgen import BODY, BODY_MIN, PublisherSpec, Target, run_publisher
 from tests.support.brokerproc import BrokerProcess
 
 STREAM = {"x-queue-type": "stream"}
-# issue 30 asks for 1,000,000 (`make test-streams-1m`, ~5 min on this project's busy
-# 2-core machine); the suite's default is a fifth of that
-N = int(os.environ.get("AMQPD_STREAM_N", "200000"))
+# issue 30's size; 80 s for the test on the compiled build, 5 min 16 s pure Python with
+# the machine's load at 8-13 (this project's shared 2-core machine)
+N = int(os.environ.get("AMQPD_STREAM_N", "1000000"))
 TAIL = 10_000  # published after the three consumers attached
 
 
