@@ -9,7 +9,9 @@ way): each publisher process declares a publisher and sends publish frames of
 confirmed / wall time from the first frame to the last confirm. Each consumer process
 then subscribes from ``first`` with credit 10 (one credit back per chunk) and counts
 records from the chunk headers until it has seen every message; consume rate = the
-slowest consumer's messages / its wall time.
+slowest consumer's messages / its wall time. The broker's CPU time (utime + stime from
+/proc) per message published and per message delivered is reported beside the rates:
+on a machine shared with other work it moves far less than they do.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class Raw:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=60)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buf = bytearray()
+        self.held: list[bytes] = []  # frames read past an expected response
         self.corr = 0
 
     def send(self, key: int, body: bytes, corr: bool = True) -> None:
@@ -49,7 +52,7 @@ class Raw:
 
     def frames(self) -> list[bytes]:
         """The complete frames received so far (blocks for at least one)."""
-        out: list[bytes] = []
+        out, self.held = self.held, []
         while not out:
             chunk = self.sock.recv(1 << 20)
             if not chunk:
@@ -66,22 +69,28 @@ class Raw:
         return out
 
     def expect(self, key: int) -> bytes:
+        """The first frame with ``key`` (a response: ``key | 0x8000``); frames after it
+        stay for the next call."""
         while True:
-            for f in self.frames():
-                if struct.unpack_from(">H", f)[0] == key | 0x8000:
+            frames = self.frames()
+            for i, f in enumerate(frames):
+                if struct.unpack_from(">H", f)[0] == key:
+                    self.held = frames[i + 1:] + self.held
                     return f
-                if struct.unpack_from(">H", f)[0] == 0x14:  # tune: agree
-                    self.sock.sendall(FRAME.pack(len(f)) + f)
 
     def open(self) -> None:
+        """Peer properties, SASL PLAIN, the server's tune agreed to (before open: the
+        server refuses a tune after it), open of vhost ``/``."""
         self.send(0x11, struct.pack(">i", 0))
-        self.expect(0x11)
+        self.expect(0x8011)
         self.send(0x12, b"")
-        self.expect(0x12)
+        self.expect(0x8012)
         self.send(0x13, _s("PLAIN") + struct.pack(">i", 12) + b"\x00guest\x00guest")
-        self.expect(0x13)
+        self.expect(0x8013)
+        tune = self.expect(0x14)
+        self.sock.sendall(FRAME.pack(len(tune)) + tune)
         self.send(0x15, _s("/"))
-        self.expect(0x15)
+        self.expect(0x8015)
 
 
 def _publisher(port: int, stream: str, count: int, body: int, batch: int, window: int,
@@ -89,7 +98,7 @@ def _publisher(port: int, stream: str, count: int, body: int, batch: int, window
     conn = Raw(port)
     conn.open()
     conn.send(0x01, struct.pack(">B", 0) + _s("") + _s(stream))  # no reference
-    conn.expect(0x01)
+    conn.expect(0x8001)
     message = b"\x00\x53\x75\xb0" + struct.pack(">I", body) + b"x" * body
     entry = struct.pack(">I", len(message)) + message
     result.put(("ready", 0, 0.0))
@@ -138,11 +147,34 @@ def _create(port: int, stream: str) -> None:
     conn = Raw(port)
     conn.open()
     conn.send(0x0D, _s(stream) + struct.pack(">i", 0))
-    conn.expect(0x0D)
+    conn.expect(0x800D)
     conn.sock.close()
 
 
-def run(port: int, args: argparse.Namespace) -> dict[str, float]:
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds of ``pid`` and every process under it (RabbitMQ's pid is the
+    rabbitmq-server script's; the work is done in its beam child)."""
+    from bench.brokers import cpu_seconds
+
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    tree, grew = {pid}, True
+    while grew:
+        more = {p for p, pp in parents.items() if pp in tree} - tree
+        tree |= more
+        grew = bool(more)
+    return sum(cpu_seconds(p) for p in tree)
+
+
+def run(port: int, args: argparse.Namespace, pid: int = 0) -> dict[str, float]:
+    """Publish, then consume; rates, and with the broker's ``pid`` its CPU time per
+    message published and per message delivered (less swayed by a machine shared with
+    other work than the rates are)."""
     stream = f"bench-{time.time_ns()}"
     _create(port, stream)
     ctx = multiprocessing.get_context("fork")
@@ -157,11 +189,13 @@ def run(port: int, args: argparse.Namespace) -> dict[str, float]:
         p.start()
     for _ in procs:  # every connection is open before the clock starts
         result.get(timeout=120)
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), _tree_cpu(pid) if pid else 0.0
     start.set()
     for _ in procs:
         result.get(timeout=1800)
     out["publish_msgs_per_s"] = total / (time.monotonic() - t0)
+    if pid:
+        out["broker_cpu_us_per_publish"] = (_tree_cpu(pid) - cpu0) * 1e6 / total
     for p in procs:
         p.join(60)
     start, result = ctx.Event(), ctx.Queue()
@@ -171,10 +205,14 @@ def run(port: int, args: argparse.Namespace) -> dict[str, float]:
         p.start()
     for _ in procs:
         result.get(timeout=120)
+    cpu0 = _tree_cpu(pid) if pid else 0.0
     start.set()
     times = [result.get(timeout=1800)[2] for _ in procs]
     out["consume_msgs_per_s_each"] = total / max(times)
     out["consume_msgs_per_s_all"] = total * len(procs) / max(times)
+    if pid:
+        out["broker_cpu_us_per_delivery"] = ((_tree_cpu(pid) - cpu0) * 1e6
+                                             / (total * len(procs)))
     for p in procs:
         p.join(60)
     return out
@@ -204,14 +242,16 @@ def main(argv: list[str] | None = None) -> int:
                                                                         str(port)])
                 proc.start(timeout=600)
                 try:
-                    results[name] = run(port, args)
+                    assert proc.proc is not None
+                    results[name] = run(port, args, proc.proc.pid)
                 finally:
                     proc.stop()
             else:
                 d = Path(tmp) / "rabbitmq"
                 info = rmq.start(d, plugins=("rabbitmq_stream",))
                 try:
-                    results[name] = run(info.plugin_ports["rabbitmq_stream"], args)
+                    results[name] = run(info.plugin_ports["rabbitmq_stream"], args,
+                                        info.pid)
                 finally:
                     rmq.stop(d)
             print(name, json.dumps(results[name]), flush=True)
@@ -220,9 +260,11 @@ def main(argv: list[str] | None = None) -> int:
         rows = ["| measure | " + " | ".join(b for b in args.brokers.split(",")) + " |",
                 "|---|" + "---|" * len(args.brokers.split(","))]
         for key in ("publish_msgs_per_s", "consume_msgs_per_s_each",
-                    "consume_msgs_per_s_all"):
+                    "consume_msgs_per_s_all", "broker_cpu_us_per_publish",
+                    "broker_cpu_us_per_delivery"):
             rows.append(f"| {key} | " + " | ".join(
-                f"{results[b][key]:,.0f}" for b in args.brokers.split(",")) + " |")
+                f"{results[b].get(key, float('nan')):,.{2 if 'cpu' in key else 0}f}"
+                for b in args.brokers.split(",")) + " |")
         Path(args.out + ".md").write_text(
             f"## Stream protocol (port 5552), {args.messages:,} messages of {args.body} B\n\n"
             f"Command: `python -m bench.stream_protocol {' '.join(sys.argv[1:])}`\n\n"

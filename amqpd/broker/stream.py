@@ -56,6 +56,7 @@ from amqpd.broker.stream_readahead import ReadAhead, pool_for
 from amqpd.protocol.errors import NotImplemented_, PreconditionFailed
 from amqpd.store.stream_log import AMQP10, DEFAULT_SEGMENT_BYTES, Record, StreamLog
 from amqpd.streamproto.amqp10 import AMQP10Error, body_of
+from amqpd.streamproto.chunks import ChunkCache
 
 if TYPE_CHECKING:
     import asyncio
@@ -256,6 +257,8 @@ class StreamQueue(QueueType):
             log.warning("stream '%s' in vhost '%s': %d bytes of torn tail cut at recovery",
                         name, vhost.name, self.log.truncated_bytes)
         self.readers: dict[Consumer, ReadAhead] = {}  # consumer -> its position
+        # stream-protocol chunks built lately, shared by its subscriptions
+        self.chunk_cache = ChunkCache()
         self._loop: asyncio.AbstractEventLoop | None = broker._loop
         self._flush_pending = False
         self._syncing = False
@@ -388,9 +391,7 @@ class StreamQueue(QueueType):
         """Append stream-protocol messages as they came (one chunk with this tick's
         other records); the offset after the last one."""
         log_ = self.log
-        now = _now_ms()
-        for payload in messages:
-            log_.append(payload, now, AMQP10)
+        log_.append_many(messages, _now_ms(), AMQP10)
         self.stat_publish += len(messages)
         if not self._flush_pending and messages:
             self._flush_pending = True

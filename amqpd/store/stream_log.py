@@ -46,6 +46,10 @@ Theory of operation:
   file descriptor: a thousand readers far behind cost disk reads, not memory. A reader
   may also read in a worker thread (:meth:`StreamLog.read_shared`, under the lock that
   retention and close take), which is how a stream's consumers behind read.
+  :meth:`Reader.read_raw` hands out whole records as stored, for a reader that forwards
+  bytes (a stream-protocol subscription cuts its chunk entries from them) rather than
+  build a :class:`Record` per message; :meth:`StreamLog.append_many` is the batch
+  append of a publish frame.
 * Retention (:meth:`StreamLog.retain`) deletes whole segments from the oldest, never
   the active one: by total size (``max-length-bytes``) and by age (a sealed segment
   whose newest record is older than ``max-age``). A reader inside a deleted segment
@@ -102,6 +106,7 @@ class Record(NamedTuple):
 
 
 _TAIL = struct.Struct(">IQqB")  # RECORD without its crc
+_LENGTH = struct.Struct(">I")  # a record's payload length, 4 bytes into its header
 _CRC = struct.Struct(">I")
 
 
@@ -116,6 +121,19 @@ def encode_record(offset: int, timestamp: int, chunk_start: bool, payload: bytes
     tail = _TAIL.pack(len(payload), offset, timestamp,
                       flags | (CHUNK_START if chunk_start else 0))
     return b"".join((_CRC.pack(_crc(tail, payload)), tail, payload))
+
+
+def parse_records(data: bytes) -> list[Record]:
+    """The records of whole stored records back to back (:meth:`Reader.read_raw`)."""
+    out: list[Record] = []
+    at, size, unpack = 0, len(data), RECORD.unpack_from
+    while at < size:
+        _, length, offset, timestamp, flags = unpack(data, at)
+        end = at + RECORD_SIZE + length
+        out.append(Record(offset, timestamp, bool(flags & CHUNK_START),
+                          data[at + RECORD_SIZE:end], bool(flags & AMQP10)))
+        at = end
+    return out
 
 
 def seg_name(base: int) -> str:
@@ -371,6 +389,33 @@ class StreamLog:
             self.flush()
         return offset
 
+    def append_many(self, payloads: list[bytes], timestamp: int, flags: int = 0) -> int:
+        """:meth:`append` for a batch (a stream-protocol publish frame): the same records,
+        encoded in one loop; the offset after the last one."""
+        if self.closed:
+            raise StreamLogError("stream log is closed")
+        buf, pending = self._buffer, self._pending
+        pack_tail, pack_crc, crc32 = _TAIL.pack, _CRC.pack, zlib.crc32
+        offset = self.next_offset
+        limit = self.max_segment_bytes - self.segments[-1].size
+        for payload in payloads:
+            chunk = not self._chunk_open
+            self._chunk_open = True
+            tail = pack_tail(len(payload), offset, timestamp,
+                             flags | (CHUNK_START if chunk else 0))
+            buf += pack_crc(crc32(payload, crc32(tail)) & 0xFFFFFFFF)
+            buf += tail
+            buf += payload
+            pending.append((offset, timestamp, len(payload), chunk))
+            offset += 1
+            if len(buf) >= limit:  # the segment is full: end the chunk there
+                self.next_offset = offset
+                self.flush()
+                buf, pending = self._buffer, self._pending
+                limit = self.max_segment_bytes - self.segments[-1].size
+        self.next_offset = offset
+        return offset
+
     def append_replica(self, offset: int, timestamp: int, chunk_start: bool,
                        payload: bytes) -> None:
         """Append a record a leader shipped, with the leader's offset and chunk mark."""
@@ -555,6 +600,18 @@ class Reader:
         self._position = position
         return seg
 
+    def where(self) -> tuple[int, int]:
+        """The segment (its base offset, -1: not located yet) and file position of the
+        next record, for :meth:`seek`."""
+        return self._segment_base, self._position
+
+    def seek(self, offset: int, segment_base: int, position: int) -> None:
+        """Move to ``offset``, which another reader found at ``position`` in the segment
+        starting at ``segment_base`` (its :meth:`where` then): no index lookup."""
+        self.offset = offset
+        self._segment_base = segment_base
+        self._position = position
+
     def bytes_to_end(self) -> int | None:
         """Bytes between this reader and the end of the active segment, when it is
         positioned there; None when it is elsewhere (or not yet positioned)."""
@@ -562,11 +619,25 @@ class Reader:
         return last.size - self._position if self._segment_base == last.base else None
 
     def read(self, max_records: int, max_bytes: int = READ_BYTES) -> list[Record]:
-        """Up to ``max_records`` readable records from ``offset`` on, in order (one
-        pread of about ``max_bytes``); the reader moves past them."""
+        """Up to ``max_records`` readable records from ``offset`` on, in order (preads of
+        about ``max_bytes``); the reader moves past them."""
         out: list[Record] = []
+        while len(out) < max_records:
+            data, n = self.read_raw(max_records - len(out), max_bytes)
+            if not n:
+                break
+            out.extend(parse_records(data))
+        return out
+
+    def read_raw(self, max_records: int, max_bytes: int = READ_BYTES) -> tuple[bytes, int]:
+        """The next whole records as they are stored (headers and payloads, see
+        :func:`parse_records`) and how many: at most ``max_records``, from one pread of
+        about ``max_bytes`` within one segment (a record larger than that comes whole);
+        (b"", 0) when nothing is readable. The reader moves past them. A reader that
+        forwards records as bytes (the stream protocol's chunks) takes this and never
+        builds a :class:`Record` per message."""
         log_ = self.log
-        while len(out) < max_records and self.offset < log_.flushed_offset:
+        while self.offset < log_.flushed_offset:
             seg = self._locate()
             if seg is None:
                 break
@@ -576,29 +647,29 @@ class Reader:
                 self.offset = seg.end  # on to the next segment
                 self._segment_base = -1
                 continue
-            want = min(max_bytes, seg.size - self._position)
-            data = os.pread(seg.fd, want, self._position)
-            view = memoryview(data)
-            at = 0
-            while len(out) < max_records and at + RECORD_SIZE <= len(data):
-                _, length, offset, timestamp, flags = RECORD.unpack_from(data, at)
-                end = at + RECORD_SIZE + length
-                if end > len(data):
-                    if at == 0:  # one record bigger than the read: read it whole
-                        payload = os.pread(seg.fd, length, self._position + RECORD_SIZE)
-                        out.append(Record(offset, timestamp, bool(flags & CHUNK_START),
-                                          payload, bool(flags & AMQP10)))
-                        at = end
+            data = os.pread(seg.fd, min(max_bytes, seg.size - self._position),
+                            self._position)
+            size = len(data)
+            at = n = 0
+            length_at = _LENGTH.unpack_from
+            while n < max_records and at + RECORD_SIZE <= size:
+                end = at + RECORD_SIZE + length_at(data, at + 4)[0]
+                if end > size:
                     break
-                out.append(Record(offset, timestamp, bool(flags & CHUNK_START),
-                                  bytes(view[at + RECORD_SIZE:end]), bool(flags & AMQP10)))
                 at = end
+                n += 1
+            if n == 0:  # one record bigger than the read: read it whole
+                if size < RECORD_SIZE:
+                    break
+                data = os.pread(seg.fd, RECORD_SIZE + length_at(data, 4)[0], self._position)
+                at = size = len(data)
+                n = 1
+            if at < size:
+                data = data[:at]
             self._position += at
-            if out:
-                self.offset = out[-1].offset + 1
-            if at == 0:
-                break
-        return out
+            self.offset += n
+            return data, n
+        return b"", 0
 
     def records(self, until: int) -> Iterator[Record]:
         """Every readable record from ``offset`` up to (not including) ``until``."""
@@ -612,5 +683,5 @@ class Reader:
                 yield record
 
 
-__all__ = ["AMQP10", "DEFAULT_SEGMENT_BYTES", "Reader", "Record", "StreamLog", "StreamLogError",
-           "encode_record"]
+__all__ = ["AMQP10", "CHUNK_START", "DEFAULT_SEGMENT_BYTES", "RECORD", "RECORD_SIZE", "Reader",
+           "Record", "StreamLog", "StreamLogError", "encode_record", "parse_records"]

@@ -16,17 +16,19 @@ chunks, one per credit.
 from __future__ import annotations
 
 import logging
+import struct
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import amqpd
-from amqpd.broker.stream import StreamQueue
+from amqpd.broker.stream import StreamQueue, decode_payload
 from amqpd.protocol.errors import AccessRefused, AMQPError
-from amqpd.store.stream_log import Reader, Record
+from amqpd.store.stream_log import AMQP10, CHUNK_START, RECORD, RECORD_SIZE, Reader
 from amqpd.streamproto import codec as c
 from amqpd.streamproto.amqp10 import data_message
 from amqpd.streamproto.arguments import BadArgument, queue_arguments
+from amqpd.streamproto.chunks import Chunk
 from amqpd.streamproto.sac import Coordinator, GroupKey, Notice
 from amqpd.streamproto.tracking import Tracking
 
@@ -44,6 +46,7 @@ READ_RECORDS = 1024  # records a subscription reads per pread at most
 MAX_REFERENCE = 256
 COMPRESSION_NONE = 0  # sub-entry batch compression types (rstream's CompressionType)
 COMPRESSION_GZIP = 1
+_OFFSET_AT = struct.Struct(">Q").unpack_from  # a stored record's offset, 8 bytes in
 
 
 @dataclass(slots=True)
@@ -69,8 +72,10 @@ class Subscription:
     offset_spec: tuple[int, int | None] = (c.OFFSET_NEXT, None)  # as subscribed
     group: GroupKey | None = None  # single active consumer: (vhost, stream, name)
     active: bool = True  # a group member that is not active gets nothing
-    pending: list[Record] = field(default_factory=list)  # read; from ``taken`` on unsent
-    taken: int = 0
+    block: bytes = b""  # records read as stored (Reader.read_raw); from ``block_at`` unsent
+    block_at: int = 0
+    block_seg: int = -1  # the segment (base offset) and file position ``block`` came from
+    block_pos: int = 0
     chunks: int = 0  # delivered
     consumed: int = 0  # records delivered
 
@@ -391,6 +396,12 @@ class StreamConnection:
         accepted: list[int] = []
         dropped: list[int] = []
         errors: list[tuple[int, int]] = []
+        if tracking is None and entries and all(type(e) is bytes for _, e in entries):
+            # the common frame (no deduplication, no sub-entry batch): in one go
+            accepted = [i for i, _ in entries]
+            messages = [e for _, e in entries]
+            pub.last_id = max(pub.last_id, *accepted)
+            entries = []
         for publishing_id, entry in entries:
             pub.last_id = max(pub.last_id, publishing_id)
             if tracking is not None and publishing_id <= max(last, pub.highest):
@@ -538,8 +549,8 @@ class StreamConnection:
         sub.active = notice.active
         if not notice.active:
             sub.reader = None
-            sub.pending = []
-            sub.taken = 0
+            sub.block = b""
+            sub.block_at = 0
         self._correlation += 1
         self._updates[self._correlation] = (sub.id, notice.stepping_down)
         log.info("stream connection %s: subscription %d to '%s' in group '%s' is %s%s",
@@ -594,42 +605,78 @@ class StreamConnection:
         limit = min(CHUNK_BYTES, self.frame_max - 64)
         while sub is not None and sub.credit > 0 and not self.paused and \
                 sub.reader is not None:
-            records = self._next_chunk(sub, limit)
-            if not records:
+            chunk = self._next_chunk(sub, limit)
+            if chunk is None:
                 return
-            messages = [r.payload if r.amqp10 else data_message(_body(r))
-                        for r in records]
-            data = c.simple_entries(messages)
-            head = c.chunk_header(records[0].offset, records[0].timestamp, len(messages),
-                                  len(messages), data)
             sub.credit -= 1
             sub.chunks += 1
-            sub.consumed += len(messages)
-            self.send(c.deliver(sid, head + data))
+            sub.consumed += chunk.records
+            self.send(c.deliver(sid, chunk.data))
 
-    def _next_chunk(self, sub: Subscription, limit: int) -> list[Record]:
+    def _next_chunk(self, sub: Subscription, limit: int) -> Chunk | None:
         """The readable records from the reader's position to the end of their chunk
-        (at most about ``limit`` bytes: a larger chunk goes as several)."""
-        out: list[Record] = []
-        size = 0
+        (at most about ``limit`` bytes: a larger chunk goes as several) as an osiris
+        chunk; None when nothing is readable. Another subscription of the stream may
+        have built it already (:mod:`amqpd.streamproto.chunks`); else its entries are
+        cut from the records as stored (a record's length field is the entry's size),
+        with no Python object per message, and a record an AMQP 0-9-1 publisher wrote
+        becomes an AMQP 1.0 message here."""
+        reader = sub.reader
+        assert reader is not None  # deliver() reads active subscriptions only
+        cache = sub.queue.chunk_cache
+        data, at = sub.block, sub.block_at
+        start = _OFFSET_AT(data, at + 8)[0] if at < len(data) else reader.offset
+        # (below the first kept offset the reader moves on to what retention kept)
+        hit = cache.get(start, limit) if start >= reader.log.first_offset else None
+        if hit is not None:
+            sub.block, sub.block_at = b"", 0
+            reader.seek(start + hit.records, hit.segment_base, hit.position)
+            return hit
+        parts: list[bytes] = []
+        first = stamp = count = size = 0
+        unpack = RECORD.unpack_from
         while True:
-            if not sub.pending:
-                assert sub.reader is not None  # deliver() reads active subscriptions only
-                sub.pending = sub.reader.read(READ_RECORDS)
-                sub.taken = 0
-                if not sub.pending:
-                    return out
-            pending = sub.pending
-            i = sub.taken
-            while i < len(pending):
-                record = pending[i]
-                if out and (record.chunk_start or size + len(record.payload) > limit):
-                    sub.taken = i
-                    return out
-                out.append(record)
-                size += len(record.payload) + 4
-                i += 1
-            sub.pending = []
+            if at >= len(data):
+                data, _ = reader.read_raw(READ_RECORDS)
+                sub.block_seg, end_pos = reader.where()
+                sub.block, sub.block_at, sub.block_pos, at = data, 0, end_pos - len(data), 0
+                if not data:
+                    break
+            total = len(data)
+            while at < total:
+                _, length, offset, timestamp, flags = unpack(data, at)
+                if count and (flags & CHUNK_START or size + length > limit):
+                    sub.block_at = at
+                    return self._built(sub, limit, first, stamp, count, parts,
+                                       sub.block_pos + at)
+                end = at + RECORD_SIZE + length
+                if flags & AMQP10:
+                    parts.append(data[at + 4:at + 8])
+                    parts.append(data[at + RECORD_SIZE:end])
+                else:
+                    message = data_message(decode_payload(data[at + RECORD_SIZE:end]).body)
+                    parts.append(len(message).to_bytes(4, "big"))
+                    parts.append(message)
+                if not count:
+                    first, stamp = offset, timestamp
+                count += 1
+                size += length + 4
+                at = end
+            sub.block_at = at
+        if not count:
+            return None
+        return self._built(sub, limit, first, stamp, count, parts, sub.block_pos)
+
+    @staticmethod
+    def _built(sub: Subscription, limit: int, first: int, stamp: int, count: int,
+               parts: list[bytes], position: int) -> Chunk:
+        """A chunk cut from the records: framed, and kept for the stream's other
+        subscriptions; the record after it is at ``position`` in ``sub.block_seg``."""
+        entries = b"".join(parts)
+        chunk = Chunk(c.chunk_header(first, stamp, count, count, entries) + entries, count,
+                      sub.block_seg, position)
+        sub.queue.chunk_cache.put(first, limit, chunk)
+        return chunk
 
     def _credit(self, cmd: c.Command) -> None:
         sid, credit = cmd.fields
@@ -787,13 +834,6 @@ def _gunzip(data: bytes, size: int) -> bytes:
     if len(out) != size or not inflater.eof:
         raise c.FrameError(f"gzip batch inflates to other than its {size} bytes")
     return out
-
-
-def _body(record: Record) -> bytes:
-    """The body of a record an AMQP 0-9-1 publisher wrote."""
-    from amqpd.broker.stream import decode_payload
-
-    return decode_payload(record.payload).body
 
 
 _HANDLERS = {

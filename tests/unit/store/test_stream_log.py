@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from amqpd.store.stream_log import HEADER_SIZE, SEG, StreamLog, StreamLogError
+from amqpd.store.stream_log import (
+    HEADER_SIZE,
+    RECORD_SIZE,
+    SEG,
+    StreamLog,
+    StreamLogError,
+    parse_records,
+)
 
 
 def _log(path: Path, segment: int = 10_000, interval: int = 256) -> StreamLog:
@@ -204,3 +211,38 @@ def test_a_cut_earlier_segment_drops_the_later_ones_for_good(tmp_path: Path) -> 
     third = _log(tmp_path, segment=2000)  # reopening keeps what the second open kept
     assert [r.payload for r in third.reader(0).records(10)][-1] == b"new"
     assert third.next_offset == 6
+
+
+def test_append_many_writes_what_append_writes(tmp_path: Path) -> None:
+    """The batch path (stream-protocol publish frames) stores byte for byte what
+    record-by-record appends store, chunk marks and segment rolls included."""
+    payloads = [bytes([i % 251]) * (50 + i % 7) for i in range(300)]
+    one, many = _log(tmp_path / "one"), _log(tmp_path / "many")
+    for batch in (payloads[:120], payloads[120:121], payloads[121:]):
+        for p in batch:
+            one.append(p, 5, 2)
+        one.flush()
+        assert many.append_many(batch, 5, 2) == many.next_offset
+        many.flush()
+    assert len(many.segments) > 2 and many.next_offset == 300
+    assert [s.base for s in one.segments] == [s.base for s in many.segments]
+    for a, b in zip(one.segments, many.segments, strict=True):
+        assert a.path.read_bytes() == b.path.read_bytes()
+    assert [r.payload for r in many.reader(0).records(300)] == payloads
+
+
+def test_read_raw_returns_whole_stored_records(tmp_path: Path) -> None:
+    log = _log(tmp_path, segment=1_000_000)
+    _fill(log, 50, size=100)
+    log.append(b"x" * 5000, 7)  # larger than one read below
+    log.flush()
+    reader = log.reader(10)
+    data, n = reader.read_raw(5, max_bytes=10_000)
+    assert n == 5 and [r.offset for r in parse_records(data)] == list(range(10, 15))
+    data, n = reader.read_raw(1000, max_bytes=1000)  # the bytes bound: whole records only
+    got = parse_records(data)
+    assert n == len(got) == 1000 // (RECORD_SIZE + 100) and got[0].offset == 15
+    reader = log.reader(50)
+    data, n = reader.read_raw(10, max_bytes=100)
+    assert n == 1 and parse_records(data)[0].payload == b"x" * 5000
+    assert reader.read_raw(10) == (b"", 0) and reader.offset == 51
