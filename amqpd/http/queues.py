@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -9,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from amqpd.http.bindings import binding_view
 from amqpd.http.core import (
     Ctx,
+    HttpError,
     Router,
     as_bool,
     as_dict,
@@ -28,6 +31,8 @@ from amqpd.http.paging import paged_list
 
 if TYPE_CHECKING:
     from amqpd.broker.api import Fetched, QueueType, VHost
+
+log = logging.getLogger("amqpd.http")
 
 ACKMODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true",
             "reject_requeue_false")
@@ -114,7 +119,11 @@ async def put_queue(ctx: Ctx) -> Any:
     if isinstance(arguments.get("x-dead-letter-exchange"), str):
         ctx.check(vh.name, "read", "queue", name)
         ctx.check(vh.name, "write", "exchange", arguments["x-dead-letter-exchange"])
-    existed = ctx.api.find_queue(vh.name, name) is not None
+    existing = ctx.api.find_queue(vh.name, name)
+    if existing is not None:
+        await _view_current(existing)
+        existing = ctx.api.find_queue(vh.name, name)
+    existed = existing is not None
     ctx.api.declare_queue(vh, name, durable=as_bool(body.get("durable"), "durable", True),
                           auto_delete=as_bool(body.get("auto_delete"), "auto_delete"),
                           arguments=arguments)
@@ -126,7 +135,44 @@ async def delete_queue(ctx: Ctx) -> Any:
     ctx.check(vh.name, "configure", "queue", q.name)
     ctx.api.delete_queue(vh, q.name, if_unused="if-unused" in ctx.query,
                          if_empty="if-empty" in ctx.query, owner=q.exclusive_owner)
+    await _delete_recorded(q)
     return no_content()
+
+
+async def _view_current(queue: QueueType) -> None:
+    """A queue led by another node may be stale in this node's view (a delete made
+    elsewhere not seen yet): a PUT goes on once its record has been read again, as
+    queue.declare does (issue 28: a PUT right after a DELETE on another node answered
+    404 "home node ... is down" for the deleted queue)."""
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def refreshed() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    if queue.refreshes_view(refreshed):
+        await done
+
+
+async def _delete_recorded(queue: QueueType) -> None:
+    """A queue led by another node is deleted by its leader, which writes the delete
+    to etcd: the 204 waits until this node has seen it, as delete-ok does; 500 with the
+    cluster's reason after ``definition_timeout``. A local queue's delete is durable
+    once the dispatcher's ``wait_durable`` returns."""
+    done: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+
+    def answered(error: BaseException | None) -> None:
+        if not done.done():
+            done.set_result(error)
+
+    if not queue.confirms_delete(answered):
+        return
+    error = await done
+    if error is not None:
+        log.warning("HTTP API: delete of queue '%s' in vhost '%s' not confirmed by the "
+                    "cluster: %s", queue.name, queue.vhost.name, error)
+        raise HttpError(500, "internal_error",
+                        f"queue delete not confirmed by the cluster: {error}")
 
 
 async def purge(ctx: Ctx) -> Any:

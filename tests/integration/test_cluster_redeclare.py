@@ -108,3 +108,55 @@ def test_delete_and_redeclare_from_another_node(nodes: list[ClusterNode]) -> Non
     finally:
         for c in conns.values():
             c.close()
+
+
+HTTP_TRIES = 30
+
+
+def test_delete_and_redeclare_through_the_http_api(nodes: list[ClusterNode]) -> None:
+    """The same through the management API: ``DELETE /api/queues/...`` on one node, then
+    at once ``PUT`` and a binding on another. A queue led by a third node is deleted by
+    its leader; the 204 must wait until the delete is recorded cluster-wide, as
+    delete-ok does (before, the 204 came at once and a re-declare elsewhere could be
+    taken for the old queue and then vanish with it)."""
+    rng = random.Random(2828)
+    r = nodes[0].api.put("/api/policies/%2F/ha-all-http", {
+        "pattern": "^hredeclare\\.mirrored\\.", "apply-to": "queues",
+        "definition": {"ha-mode": "all"}})
+    assert r.status in (201, 204), r.text
+    r = nodes[0].api.put(f"/api/exchanges/%2F/{EXCHANGE}", {"type": "direct", "durable": True})
+    assert r.status in (201, 204), r.text
+    wait_for(lambda: all(n.api.get(f"/api/exchanges/%2F/{EXCHANGE}").status == 200
+                         for n in nodes), 15, "the exchange on every node")
+    names = [f"hredeclare.{kind}.{i}" for kind in KINDS for i in range(2)]
+
+    def declare_and_bind(node: ClusterNode, name: str, key: str) -> None:
+        r = node.api.put(f"/api/queues/%2F/{name}",
+                         {"durable": True, "arguments": _arguments(name.split(".")[1])})
+        assert r.status in (201, 204), f"PUT {name} on {node.name}: {r.status} {r.text}"
+        r = node.api.post(f"/api/bindings/%2F/e/{EXCHANGE}/q/{name}", {"routing_key": key})
+        assert r.status == 201, f"bind {name} on {node.name}: {r.status} {r.text}"
+
+    for i, name in enumerate(names):
+        declare_and_bind(nodes[i % 3], name, f"k.{name}.0")
+    wait_for(lambda: all(len(_view(n, "hredeclare.")[0]) == len(names) for n in nodes),
+             30, "the queues on every node", lambda: diagnose(nodes))
+    last_key = {name: f"k.{name}.0" for name in names}
+    for attempt in range(1, HTTP_TRIES + 1):
+        name = names[attempt % len(names)]
+        deleter, redeclarer = rng.sample(range(3), 2)
+        d, rd = nodes[deleter], nodes[redeclarer]
+        r = d.api.delete(f"/api/queues/%2F/{name}")
+        assert r.status == 204, f"try {attempt}: DELETE {name} on {d.name}: {r.status} {r.text}"
+        declare_and_bind(rd, name, f"k.{name}.{attempt}")
+        last_key[name] = f"k.{name}.{attempt}"
+    expected = (sorted(names), sorted((EXCHANGE, n, k) for n, k in last_key.items()))
+    views: dict[str, Any] = {}
+
+    def agree() -> bool:
+        for n in nodes:
+            views[n.name] = _view(n, "hredeclare.")
+        return all(v == expected for v in views.values())
+
+    wait_for(agree, 30, "every node lists each queue once with its last binding",
+             lambda: f"expected {expected}\nviews {views}\n{diagnose(nodes)}")
