@@ -510,6 +510,8 @@ def replace_queue(cluster: ClusterQueues, vh: VHost, old: QueueType | None,
         old.stop_kept_timer()
         follow = not new.forwards_publish
         for consumer in list(old.consumers):
+            if isinstance(old, RemoteQueue):  # a stream's consumer goes on where it was
+                consumer.arguments = old.resume_arguments(consumer)
             old.remove_consumer(consumer)
             if follow and consumer.arguments.get("x-cancel-on-ha-failover") is not True:
                 # a consumer kept across the failover consumes from the promoted copy
