@@ -59,7 +59,7 @@ import json
 import logging
 import time
 import urllib.parse
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from amqpd.broker.api import StreamLogError, StreamQueue
@@ -68,7 +68,13 @@ from amqpd.cluster import stream_wire as S
 from amqpd.cluster.election import claim, clear_offers, election_round, late_claim
 from amqpd.cluster.mirror_state import Ident, key_part
 from amqpd.cluster.quorum_failover import GroupBallot
-from amqpd.cluster.quorum_state import NoQuorum, initial_members
+from amqpd.cluster.quorum_state import (
+    MembershipError,
+    NoQuorum,
+    add_member,
+    initial_members,
+    remove_member,
+)
 from amqpd.cluster.replica_core import MajorityPromotion
 from amqpd.cluster.stream_leading import StreamLeading
 from amqpd.cluster.stream_replica import StreamReplica, write_term
@@ -86,6 +92,20 @@ TICK: Final = 0.2  # seconds between reconciliations
 RECORDS_EVERY: Final = 0.5  # seconds between reads of the group records
 ESTABLISH_PATIENCE: Final = 30.0  # seconds a declare's group set-up is tried at most
 ESTABLISH_RETRY: Final = 0.1
+
+
+def replica_edit(members: list[str], leader: str, known: Iterable[str],
+                 add: str | None, remove: str | None) -> list[str]:
+    """The members after ``add_replica`` / ``delete_replica``: adding a member or
+    removing a node that is none changes nothing (RabbitMQ answers ok); the others
+    are the quorum queues' rules (the last member, the leader: refused)."""
+    if add is not None and add not in members:
+        return add_member(members, add, known)
+    if remove is not None and remove in members:
+        if len(members) == 1:
+            raise MembershipError("Cannot delete the last member of a stream")
+        return remove_member(members, remove, leader)
+    return members
 
 
 def cluster_size(arguments: dict[str, Any], nodes: int) -> int:
@@ -244,6 +264,8 @@ class StreamGroups:
                                 rec.get("leader"), rec.get("term"))
                     self._stop_leading(lead, deleted=False)
                     continue
+                if rec is not None and self.revisions.get(ident, 0) > lead.rev:
+                    self._adopt_members(lead, rec, self.revisions[ident])
                 lead.connect(self.queues.links.link)
                 if lead.expire(time.monotonic()):
                     log.warning("stream '%s' in vhost '%s': commits not acknowledged by a "
@@ -372,6 +394,50 @@ class StreamGroups:
             if kv is not None and json.loads(kv.value).get("term") == lead.term:
                 await self.etcd.txn([Compare("mod", key, "==", kv.mod_revision)],
                                     [Delete(key)])
+
+    def _adopt_members(self, lead: StreamLeading, rec: dict[str, Any], revision: int) -> None:
+        """The record's members were edited (add_replica / delete_replica): a new member
+        gets its copy at the next :meth:`StreamLeading.connect`, a removed one's copy is
+        dropped (``SDROP``: it deletes it)."""
+        members = [str(m) for m in rec.get("members", [])]
+        for gone in set(lead.members) - set(members):
+            link = lead.links.get(gone)
+            if link is not None:
+                link.send(W.encode(S.SDROP, lead.rid[gone]))
+            lead.forget(gone)
+        if members != lead.members:
+            log.info("stream '%s' in vhost '%s': members now %s (were %s)", lead.ident[1],
+                     lead.ident[0], members, lead.members)
+        lead.members = members
+        lead.rev = revision
+        lead.release()  # a smaller majority may commit what waits
+
+    async def edit_members(self, vhost: str, name: str, add: str | None = None,
+                           remove: str | None = None) -> list[str]:
+        """``add_replica`` / ``delete_replica``: one member more or less in the group
+        record (a transaction on its last revision); the leader adopts it. The members
+        after; MembershipError (RabbitMQ's refusals), LookupError (no such stream)."""
+        key = self.record_key((vhost, name))
+        for _attempt in range(20):
+            kv = await self.etcd.get(key)
+            if kv is None:
+                raise LookupError(f"no stream '{name}' in vhost '{vhost}'")
+            rec = json.loads(kv.value)
+            members = [str(m) for m in rec.get("members", [])]
+            edited = replica_edit(members, str(rec.get("leader")), self.cluster.nodes(),
+                                  add, remove)
+            if edited == members:
+                return members
+            rec["members"] = edited
+            result = await self.etcd.txn([Compare("mod", key, "==", kv.mod_revision)],
+                                         [Put(key, json.dumps(rec))])
+            if result.succeeded:
+                self.records[(vhost, name)] = rec
+                self.revisions[(vhost, name)] = result.revision
+                log.info("stream '%s' in vhost '%s': members now %s", name, vhost, edited)
+                return edited
+            await asyncio.sleep(0.05)
+        raise MembershipError("the stream's group record kept changing; try again")
 
     # -- the member's side ----------------------------------------------------------
     def _drop_replica(self, replica: StreamReplica, destroy: bool) -> None:
@@ -606,4 +672,4 @@ def start(api: BrokerAPI, cluster: Cluster, queues: ClusterQueues) -> StreamGrou
     return groups
 
 
-__all__ = ["StreamGroups", "cluster_size", "start"]
+__all__ = ["StreamGroups", "cluster_size", "replica_edit", "start"]

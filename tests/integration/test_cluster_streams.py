@@ -146,3 +146,57 @@ def test_a_stream_has_members_everywhere_and_survives_the_kill_of_its_leader(
                        inactivity_timeout=0.5)
     everything = read(ch2, gen2, TOTAL + 100, 90)
     assert everything == [(i, i) for i in range(TOTAL + 100)]
+
+    # node-a returns: its log, led elsewhere now, is kept as a copy and continues
+    a.start()
+    wait_for(lambda: member_offsets(leader).get(a.name) == TOTAL + 100, 60,
+             "node-a back and caught up", lambda: str(queue_info(leader)) + a.tail())
+    assert f"continues from offset {TOTAL}" in a.tail(), a.tail()
+
+
+def member_offsets(node: ClusterNode) -> dict[str, int]:
+    return dict(queue_info(node).get("member_offsets") or {})
+
+
+def test_a_returning_member_catches_up_and_replicas_are_added_and_deleted(
+        nodes: list[ClusterNode], pika_connections: list[pika.BlockingConnection]) -> None:
+    a, b, c = nodes
+    connect(a, pika_connections).channel().queue_declare(
+        STREAM, durable=True, arguments={"x-queue-type": "stream",
+                                         "x-initial-cluster-size": 2})
+    wait_for(lambda: sorted(queue_info(c).get("members", [])) == [a.name, b.name], 30,
+             "two members, the leader and the first other running node",
+             lambda: diagnose(nodes))
+    publish_confirmed(a, pika_connections, 0, 500)
+    wait_for(lambda: member_offsets(a) == {a.name: 500, b.name: 500}, 30,
+             "both members hold offsets 0..499", lambda: str(queue_info(a)))
+
+    # add_replica: node-c copies the log from the first offset
+    out = c.ctl("add_replica", STREAM, c.name)
+    assert "Adding a replica" in out.stdout, out.stdout
+    wait_for(lambda: member_offsets(a).get(c.name) == 500, 30, "node-c caught up",
+             lambda: str(queue_info(a)) + c.tail())
+    assert c.ctl("add_replica", STREAM, c.name).returncode == 0  # a member already: ok
+
+    # node-c killed; confirms go on (two of three); back, it continues from its offset
+    c.kill()
+    publish_confirmed(b, pika_connections, 500, 300)
+    c.start()
+    wait_for(lambda: member_offsets(a).get(c.name) == 800, 60,
+             "node-c back and caught up", lambda: str(queue_info(a)) + c.tail())
+    assert "continues from offset 500" in c.tail(), c.tail()
+
+    # delete_replica: node-b's copy goes; the leader and the last member are refused
+    refused = a.ctl("delete_replica", STREAM, a.name, check=False)
+    assert refused.returncode == 65 and "leads the group" in refused.stdout + refused.stderr
+    refused = a.ctl("add_replica", STREAM, "node-nowhere", check=False)
+    assert refused.returncode == 65, refused
+    assert "node_not_running" in refused.stdout + refused.stderr
+    a.ctl("delete_replica", STREAM, b.name)
+    wait_for(lambda: sorted(member_offsets(a)) == [a.name, c.name], 30,
+             "node-b is no member any more", lambda: str(queue_info(a)))
+    wait_for(lambda: "drops this node's copy" in b.tail(), 30, "node-b dropped its copy",
+             b.tail)
+    publish_confirmed(b, pika_connections, 800, 100)  # majority of two: both
+    wait_for(lambda: member_offsets(a) == {a.name: 900, c.name: 900}, 30,
+             "both members hold offsets 0..899", lambda: str(queue_info(a)))
