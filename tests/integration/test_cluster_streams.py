@@ -200,3 +200,20 @@ def test_a_returning_member_catches_up_and_replicas_are_added_and_deleted(
     publish_confirmed(b, pika_connections, 800, 100)  # majority of two: both
     wait_for(lambda: member_offsets(a) == {a.name: 900, c.name: 900}, 30,
              "both members hold offsets 0..899", lambda: str(queue_info(a)))
+
+
+def test_a_balanced_leader_locator_puts_the_stream_on_the_node_leading_fewest(
+        nodes: list[ClusterNode], pika_connections: list[pika.BlockingConnection]) -> None:
+    a, b, c = nodes
+    ch = connect(a, pika_connections).channel()
+    ch.queue_declare("here", durable=True, arguments={"x-queue-type": "stream"})
+    ch.queue_declare(STREAM, durable=True, arguments={"x-queue-type": "stream",
+                                                      "x-queue-leader-locator": "balanced"})
+    wait_for(lambda: queue_info(a).get("leader") == b.name, 30,
+             "the balanced stream led by node-b (node-a leads one already; ties to the "
+             "smallest name)", lambda: str(queue_info(a)))
+    wait_for(lambda: member_offsets(b).keys() == {a.name, b.name, c.name}, 30,
+             "its members connected", lambda: str(queue_info(b)))
+    publish_confirmed(a, pika_connections, 0, 10)
+    wait_for(lambda: set(member_offsets(b).values()) == {10}, 30, "replicated",
+             lambda: str(queue_info(b)))
