@@ -58,7 +58,6 @@ import contextlib
 import json
 import logging
 import time
-import urllib.parse
 from collections.abc import Awaitable, Iterable
 from typing import TYPE_CHECKING, Any, Final, cast
 
@@ -67,7 +66,9 @@ from amqpd.cluster import link_wire as W
 from amqpd.cluster import stream_wire as S
 from amqpd.cluster.election import claim, clear_offers, election_round, late_claim
 from amqpd.cluster.mirror_state import Ident, key_part
-from amqpd.cluster.quorum_failover import GroupBallot
+from amqpd.cluster.periodic import every
+from amqpd.cluster.quorum_failover import GroupBallot, in_place
+from amqpd.cluster.quorum_group import lead_or_establish, read_group_records
 from amqpd.cluster.quorum_state import (
     MembershipError,
     NoQuorum,
@@ -166,7 +167,9 @@ class StreamGroups:
         self.queues.failover_expected = expected
         self.cluster.mirror.queue_listeners.append(self.group_recorded)
         self._keep_retired()
-        self._tasks = [asyncio.create_task(self._loop(), name="stream-groups"),
+        self._tasks = [asyncio.create_task(every(TICK, self.reconcile, log,
+                                                 "streams: reconciliation"),
+                                           name="stream-groups"),
                        asyncio.create_task(self._read_records(), name="stream-records")]
 
     async def stop(self) -> None:
@@ -189,32 +192,11 @@ class StreamGroups:
         return self._next_rid
 
     async def _read_records(self) -> None:
-        prefix = f"{self.root}/stream/"
         while True:
             with contextlib.suppress(EtcdError, ValueError):
-                _rev, kvs = await self.etcd.range_prefix(prefix)
-                records: dict[Ident, dict[str, Any]] = {}
-                revisions: dict[Ident, int] = {}
-                for kv in kvs:
-                    parts = kv.key.decode()[len(prefix):].split("/")
-                    if len(parts) != 2:
-                        continue
-                    ident = (urllib.parse.unquote(parts[0]), urllib.parse.unquote(parts[1]))
-                    records[ident] = rec = json.loads(kv.value)
-                    revisions[ident] = kv.mod_revision
-                    term = int(rec.get("term", 0))
-                    if term > self.known_terms.get(ident, 0):
-                        self.known_terms[ident] = term
-                self.records, self.revisions = records, revisions
+                self.records, self.revisions = await read_group_records(
+                    self.etcd, f"{self.root}/stream/", self.known_terms)
             await asyncio.sleep(RECORDS_EVERY)
-
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(TICK)
-            try:
-                self.reconcile()
-            except Exception:
-                log.exception("streams: reconciliation failed")
 
     # -- the reconciliation -----------------------------------------------------------
     def _local_stream(self, ident: Ident) -> StreamQueue | None:
@@ -247,14 +229,8 @@ class StreamGroups:
                     continue
                 ident = (vh.name, q.name)
                 seen.add(ident)
-                lead = self.leading.get(ident)
-                if lead is not None and lead.q is not q:
-                    self._stop_leading(lead, deleted=False)
-                    lead = None
+                lead = lead_or_establish(self, vh, q)
                 if lead is None:
-                    if ident not in self.establishing:
-                        self.establishing.add(ident)
-                        self._spawn(self._establish(vh, q))
                     continue
                 rec = self.records.get(ident)
                 if rec is not None and rec.get("leader") != self.node and \
@@ -262,7 +238,7 @@ class StreamGroups:
                     log.warning("stream '%s' in vhost '%s': the group record names %s its "
                                 "leader (term %s): no longer leading it", q.name, vh.name,
                                 rec.get("leader"), rec.get("term"))
-                    self._stop_leading(lead, deleted=False)
+                    self.stop_leading(lead, delete_record=False)
                     continue
                 if rec is not None and self.revisions.get(ident, 0) > lead.rev:
                     self._adopt_members(lead, rec, self.revisions[ident])
@@ -273,8 +249,8 @@ class StreamGroups:
                                 vh.name, lead.members, self.timeout)
         for ident, lead in list(self.leading.items()):
             if ident not in seen:
-                self._stop_leading(lead, deleted=self._local_stream(ident) is None
-                                   and ident not in self.queues_elsewhere())
+                self.stop_leading(lead, delete_record=self._local_stream(ident) is None
+                                  and ident not in self.queues_elsewhere())
         for ident, replica in list(self.replicas.items()):
             where = self.broker.vhosts.get(ident[0])
             if where is None or ident[1] not in where.queues:
@@ -378,10 +354,13 @@ class StreamGroups:
                  ident[0], term, lead.members)
         return lead
 
-    def _stop_leading(self, lead: StreamLeading, deleted: bool) -> None:
+    def stop_leading(self, lead: StreamLeading, delete_record: bool) -> None:
+        """No longer leading (the queue went or was replaced, or etcd names another);
+        ``delete_record``: the stream was deleted, so are the members' copies and its
+        group record."""
         self.leading.pop(lead.ident, None)
         lead.stop()
-        if not deleted:
+        if not delete_record:
             return
         for member, link in list(lead.links.items()):
             link.send(W.encode(S.SDROP, lead.rid[member]))
@@ -610,19 +589,10 @@ class StreamGroups:
     def _promote(self, replica: StreamReplica, item: dict[str, Any],
                  rec: dict[str, Any], revision: int) -> None:
         """The copy becomes the stream, in the remote queue's place."""
-        from amqpd.cluster.cluster_queues import replace_queue
-
         vhost, name = ident = replica.ident
-        self._drop_replica(replica, destroy=False)
-        vh = self.broker.vhosts[vhost]
-        old = vh.queues.get(name)
-        self.cluster.catalogue[ident] = self.node
-        q = StreamQueue(vh, name, durable=True, auto_delete=False,
-                        arguments=dict(old.arguments if old is not None
-                                       else item.get("arguments") or {}))
-        lead = self._lead(ident, q, rec, revision)  # before any consumer or publish
-        replace_queue(self.queues, vh, old, q)
-        self.broker.apply_policies_to(vh, q)
+        self._drop_replica(replica, destroy=False)  # its files are the stream's now
+        _vh, _old, q = in_place(self, ident, StreamQueue, item)
+        lead = self._lead(ident, q, rec, revision)
         self.broker.definitions_changed(q)
         self.elections += 1
         log.warning("stream '%s' in vhost '%s': elected leader on %s (term %d) after the "

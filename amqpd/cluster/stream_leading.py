@@ -35,6 +35,9 @@ log = logging.getLogger("amqpd.cluster.stream")
 WINDOW_RECORDS: Final = 4096  # records sent to a member beyond its acknowledgement
 WINDOW_BYTES: Final = 4 << 20  # bytes read per batch shipped at most
 BATCH_RECORDS: Final = 512  # records per SREC frame at most
+# an SSTART unanswered this long is sent again: a node just starting may take the frame
+# before its stream groups listen on its links (it is dropped there)
+ANSWER_WAIT: Final = 2.0
 
 Done = Callable[[BaseException | None], None]
 
@@ -58,6 +61,7 @@ class StreamLeading:
         self.rid: dict[str, int] = {}  # member -> its replication stream
         self.acked: dict[str, int] = {}  # member -> every record below is written there
         self.readers: dict[str, Reader] = {}  # member -> where its next SREC reads
+        self.asked: dict[str, float] = {}  # member -> when its unanswered SSTART went
         self.waiters: deque[tuple[int, float, Done]] = deque()
         self.gone = False
         q.commit_gate = self.wait
@@ -70,9 +74,12 @@ class StreamLeading:
             if member == self.node:
                 continue
             link = link_of(member)
-            if link is None or self.links.get(member) is link:
+            if link is None or (self.links.get(member) is link and (
+                    member in self.readers
+                    or time.monotonic() - self.asked.get(member, 0.0) < ANSWER_WAIT)):
                 continue
             self.forget(member)
+            self.asked[member] = time.monotonic()
             rid = self._rids()
             self.links[member] = link
             self.rid[member] = rid
@@ -87,6 +94,7 @@ class StreamLeading:
         self.rid.pop(member, None)
         self.acked.pop(member, None)
         self.readers.pop(member, None)
+        self.asked.pop(member, None)
 
     def member_of(self, link: Link, rid: int) -> str | None:
         member = link.peer
