@@ -76,7 +76,7 @@ from amqpd.cluster.quorum_state import (
     initial_members,
     remove_member,
 )
-from amqpd.cluster.replica_core import MajorityPromotion
+from amqpd.cluster.replica_core import Majority, MajorityPromotion
 from amqpd.cluster.stream_leading import StreamLeading
 from amqpd.cluster.stream_replica import StreamReplica, write_term
 from amqpd.coord.etcd import Compare, Delete, EtcdError, Put
@@ -601,13 +601,22 @@ class StreamGroups:
 
     def failover_expected(self, queue: QueueType) -> bool:
         """Will a stream whose leader's link went get a new leader (its consumers here
-        are kept meanwhile)? When a majority of its members, the lost one aside, runs."""
+        are kept meanwhile, and publishes get a nack instead of the ack of an unroutable
+        message)? When a majority of its members, the lost one aside, runs. With no
+        record read yet (declared less than a read ago): a stream always has one (the
+        declare-ok waits for it), of ``x-initial-cluster-size`` of the cluster's nodes,
+        so the running nodes other than the lost leader decide."""
         if str(getattr(queue, "real_type", queue.type_name)) != "stream":
             return False
         lost = str(getattr(queue, "leader", ""))
         rec = self.records.get((queue.vhost.name, queue.name))
         if rec is None:
-            return False
+            nodes = list(self.cluster.nodes())
+            size = min(cluster_size(dict(getattr(queue, "arguments", None) or {}),
+                                    len(nodes)), len(nodes))
+            others = sum(1 for n in nodes if n != lost and
+                         (n == self.node or self.cluster.is_running(n)))
+            return Majority.of(size).reached(min(others, size - 1))
         if rec.get("leader") != lost:
             return True
         members = [str(m) for m in rec.get("members", [])]
