@@ -107,6 +107,7 @@ class Broker:
         self.started_at = time.time()
         self.listeners: list[tuple[str, str, int]] = []  # (protocol, host, port)
         self.stopping = False
+        self._plugins_stopped = False
         self.alarms = Alarms(self)
         self.publisher = Publisher(self)
         self.policies = PolicyStore(self)
@@ -618,16 +619,26 @@ class Broker:
         except RoleError as exc:
             raise ResourceLocked(str(exc)) from None
 
-    async def stop(self) -> None:
-        """Close every connection with 320 CONNECTION_FORCED, then flush the store."""
-        if self.stopping:
+    async def stop_plugins(self) -> None:
+        """Stop the plugins (once). Called before a cluster node leaves its cluster:
+        a shovel or federation link hands over what it holds by letting it be
+        confirmed and acked (issue 29), which needs the queues of its route, some of
+        them led by other nodes, still reachable."""
+        if self._plugins_stopped:
             return
-        self.stopping = True
+        self._plugins_stopped = True
         for plugin in self.plugins.values():
             try:
                 await plugin.stop()
             except Exception:
                 log.exception("plugin %s failed to stop", plugin.name)
+
+    async def stop(self) -> None:
+        """Close every connection with 320 CONNECTION_FORCED, then flush the store."""
+        if self.stopping:
+            return
+        self.stopping = True
+        await self.stop_plugins()
         log.info("shutting down: closing %d connections", len(self.transports))
         for server in self._servers:
             server.close()
@@ -718,6 +729,7 @@ async def serve(settings: Settings, ready: Callable[[Broker], None] | None = Non
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    await broker.stop_plugins()  # while the cluster is still there (their hand-over)
     if broker.warren is not None:
         await broker.warren.stop()  # an active hands over at once (fence, revoke lease)
     if cluster is not None:

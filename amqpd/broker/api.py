@@ -180,6 +180,36 @@ class MembershipError(ValueError):
     it apart while reaching the cluster through this API only."""
 
 
+class QuorumMembership(Protocol):
+    """The quorum queues' membership edits (``amqpctl add_member``, ``delete_member``,
+    ``grow``, ``shrink``; the HTTP paths of amqpd/http/quorum_members.py): the
+    cluster's replica groups of quorum queues (:mod:`amqpd.cluster.quorum_group`),
+    given by :meth:`ClusterStatus.quorum_membership`."""
+
+    async def edit_members(self, vhost: str, name: str, add: str | None = None,
+                           remove: str | None = None) -> list[str]:
+        """Add or remove one member; the members now. :class:`MembershipError` for
+        what RabbitMQ refuses, LookupError for no such quorum queue."""
+        ...
+
+    def grow_targets(self, node: str, strategy: str) -> list[tuple[str, str]]:
+        """(vhost, queue) of the quorum queues ``grow`` adds ``node`` to
+        (``strategy``: ``all`` | ``even``)."""
+        ...
+
+    def shrink_targets(self, node: str) -> list[tuple[str, str]]:
+        """(vhost, queue) of the quorum queues ``node`` is a member of."""
+        ...
+
+    def group_size(self, vhost: str, name: str) -> int:
+        """The members of a quorum queue's group as last read (0: unknown)."""
+        ...
+
+    def is_member_node(self, node: str) -> bool:
+        """Is ``node`` a member of the cluster (a node a group may grow to)?"""
+        ...
+
+
 class ClusterPort(Protocol):
     """The node's broker as the cluster's queue types use it (issue 28): the mirrored
     queues (:mod:`amqpd.cluster.mirror` wraps :attr:`store` and leads the queues in
@@ -323,6 +353,16 @@ class ClusterStatus(Protocol):
     def quorum_critical(self) -> list[tuple[str, str]]:
         """(vhost, queue) of the quorum queues stopping this node would leave without
         a majority of running members."""
+        ...
+
+    def quorum_membership(self) -> QuorumMembership | None:
+        """The quorum queues' membership edits (None before the groups started)."""
+        ...
+
+    def request_mirror_sync(self, vhost: str, name: str, action: str) -> bool:
+        """``sync`` / ``cancel_sync`` of a mirrored queue's unsynchronised mirrors,
+        done by its leader (this node, or asked over the link). False: the leader
+        cannot be reached (or mirrored queues have not started here)."""
         ...
 
     def mirror_sync_critical(self) -> list[tuple[str, str]]:
@@ -1192,6 +1232,7 @@ __all__ = [
     "PreconditionFailed",
     "Queue",
     "QueueType",
+    "QuorumMembership",
     "ResourceLocked",
     "UnknownComponent",
     "User",

@@ -581,7 +581,7 @@ def enqueue_routed(broker: Broker, message: Message, queues: list[QueueType]) ->
 
         queues = admitted(queues, message)
     if queues and not message.persistent and broker.publisher.keeping_queues:
-        message.persistent = any(q.keeps_every_message or q.mirrored for q in queues)
+        message.persistent = any(q.keeps_all for q in queues)
     wrote = False
     if queues and message.persistent:
         durable = [q.store_key for q in queues if q.durable]

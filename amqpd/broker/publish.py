@@ -61,7 +61,8 @@ def _reachable(queues: list[QueueType]) -> list[QueueType]:
     (:meth:`QueueType.routable`): RabbitMQ 3.10 routes nothing to a queue whose node is
     down (the message is unroutable there: a mandatory one comes back with basic.return,
     the confirm is an ack). A mirrored queue whose synchronised mirror is taking over
-    stays in the route (its publish is nacked until the new leader is known)."""
+    stays in the route (its publish is nacked until the new leader is known), and so
+    does a queue whose node is still counted running while its link is down."""
     for q in queues:
         if not q.routable():
             return [q for q in queues if q.routable()]
@@ -102,10 +103,10 @@ class Publisher:
         self._pending_commit = False
         self._commit_waiters: list[OnConfirm] = []
         self._delivered_batch: dict[str, list[int]] = {}
-        # how many queues of a type that keeps every message (quorum), or mirrored
-        # queues led here, exist: while any do, a transient message routed to one is
-        # written to the store like a persistent one (QueueType.keeps_every_message,
-        # QueueType.mirrored)
+        # how many queues that keep every message exist (QueueType.keeps_all: a type
+        # that always does, quorum, or a replicated queue led here, a mirrored one:
+        # QueueType.replicated): while any do, a transient message routed to one is
+        # written to the store like a persistent one
         self.keeping_queues = 0
         # how many queues led by another node this node knows (amqpd.cluster,
         # QueueType.forwards_publish): while any do, routed messages are split between
@@ -178,7 +179,7 @@ class Publisher:
         if queues and not message.persistent and self.keeping_queues:
             # a quorum queue writes every message it takes, transient ones too (a durable
             # classic queue reached by the same message keeps it as well: one write)
-            message.persistent = any(q.keeps_every_message or q.mirrored for q in queues)
+            message.persistent = any(q.keeps_all for q in queues)
         store = self.broker.store
         if queues and message.persistent:
             if self.own_log_queues:
@@ -331,7 +332,7 @@ class Publisher:
                 if on_confirm is not None:
                     on_confirm(PreconditionFailed("rejected by a queue's length limit"))
                 return
-        if not message.persistent and (q.keeps_every_message or q.mirrored):
+        if not message.persistent and q.keeps_all:
             message.persistent = True
         store = self.broker.store
         if message.persistent and q.durable and not q.own_log:

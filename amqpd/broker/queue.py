@@ -143,6 +143,15 @@ class Queue(QueueType):
     def message_count(self) -> int:
         return len(self.ready)
 
+    def ready_entries(self) -> Iterable[QueueEntry]:
+        return self.ready
+
+    def ready_positions(self) -> list[int]:
+        ready = self.ready
+        if isinstance(ready, ReadyList):  # log-only runs answered without entry objects
+            return ready.positions()
+        return super().ready_positions()
+
     def refuses_publish(self, message: Message) -> bool:
         from amqpd.broker.limits import would_overflow
 

@@ -76,7 +76,8 @@ class QueueType:
 
     type_name: ClassVar[str] = ""
     # a transient message routed to a queue of this type is written to the store like a
-    # persistent one (the publish pipeline checks it while any such queue exists)
+    # persistent one, always (a quorum queue); the publish pipeline asks the instance's
+    # :attr:`keeps_all`, which a replicated queue of another type sets too
     keeps_every_message: ClassVar[bool] = False
     # always carries QueueExt (amqpd.broker.extensions), even without options
     needs_ext: ClassVar[bool] = False
@@ -123,9 +124,12 @@ class QueueType:
         self.on_removed: list[Callable[[QueueType], None]] = []
         # bindings to this queue (Exchange.bind keeps it): delete finds them directly
         self.inbound: set[Binding] | None = None
-        # a mirrored classic queue (amqpd.cluster.mirror) keeps every message like a
-        # keeps_every_message type while it is mirrored, so transient ones are mirrored
-        self.mirrored = False
+        # every message routed here is written to the store, transient ones too: always
+        # for a keeps_every_message type, and while a replica group copies the queue's
+        # records to other nodes (:meth:`replicated`: a mirrored classic queue's leader,
+        # amqpd.cluster.mirror), so transient messages reach the mirrors as well. The
+        # publish pipeline reads it (a struct read) while keeping queues exist
+        self.keeps_all = self.keeps_every_message
         # x-message-deduplication (amqpd.broker.dedup): the values of the messages in it
         self.dedup: QueueDedup | None = None
         # under memory pressure the publish pipeline may hand it a logged message to
@@ -209,6 +213,31 @@ class QueueType:
         the cluster to record the delete (its leader writes it), ``answer(None)`` then
         or an error; False (``answer`` unused) when delete-ok may go at once."""
         return False
+
+    def ready_entries(self) -> Iterable[QueueEntry]:
+        """The ready entries this queue holds on this node, in queue order: what a
+        replica group that starts from it counts as its copies' backlog, and what a
+        restarted node takes back as a copy (amqpd.cluster). Empty for a type that
+        holds no ready list here (a stream, a queue led by another node)."""
+        return ()
+
+    def ready_positions(self) -> list[int]:
+        """The store positions of the ready messages held here (those in the store)."""
+        return [e.message.position for e in self.ready_entries() if e.message.position >= 0]
+
+    def replicated(self, on: bool) -> None:
+        """A replica group starts (``on``) or stops copying this queue's records to
+        other nodes: the cluster's mirrored classic queues (amqpd.cluster.mirror),
+        on the node that leads the queue. While it does the queue keeps every message
+        in the store (:attr:`keeps_all`), so what is replicated is every message the
+        queue holds, and the publish pipeline counts it among its keeping queues. A
+        type that always keeps every message is unchanged by it; a call that changes
+        nothing changes no count."""
+        keeps = on or self.keeps_every_message
+        if keeps == self.keeps_all:
+            return
+        self.keeps_all = keeps
+        self.vhost.broker.publisher.keeping_queues += 1 if keeps else -1
 
     def type_info(self, node: str) -> dict[str, Any]:
         """The management API's fields for this type beyond :meth:`info` (``node``: this

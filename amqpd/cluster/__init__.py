@@ -22,7 +22,8 @@ here is imported. Operator guide: docs/clustering.md. The interface others code 
   ``remote_queue.py`` (with ``remote_state.py``, ``remote_consume.py``,
   ``remote_failover.py``): ``RemoteQueue``, a queue led by another node.
 * ``mirror.py``: mirrored classic queues (issue 16: ``ha-mode`` policies, replication,
-  failover); ``start(...)`` from ``serve``, reachable as ``cluster.mirrors``. Its parts:
+  failover); ``start(...)`` from ``serve``, reachable as ``cluster.mirrors``
+  (the HTTP API asks ``ClusterStatus.request_mirror_sync``). Its parts:
   ``mirror_store.py`` (the store wrapper), ``mirror_leading.py`` (the leader's streams
   and catch-up), ``mirror_copy.py`` (a mirror's copy), ``mirror_frames.py`` (the link
   protocol), ``mirror_adopt.py`` (copies kept across a restart), ``mirror_failover.py``
@@ -31,7 +32,8 @@ here is imported. Operator guide: docs/clustering.md. The interface others code 
   ``takeover_txn.py``: the winner's etcd transaction, a lost answer read back.
 * ``quorum_group.py``: quorum queues' replica groups (issue 16: members, majority
   commit, terms and elections, membership edits); ``start(...)`` from ``serve`` after
-  the mirrors, reachable as ``cluster.quorum_groups``. Its parts: ``quorum_leading.py``
+  the mirrors, reachable as ``cluster.quorum_groups`` (the HTTP API's
+  ``ClusterStatus.quorum_membership()``). Its parts: ``quorum_leading.py``
   (the leader, checkouts), ``quorum_failover.py`` (the election's ballot, promotion);
   ``quorum_state.py`` sans-IO.
 * ``stream_group.py``: replicated streams (issue 30: members, majority commit of the

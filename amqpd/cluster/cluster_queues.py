@@ -14,7 +14,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from amqpd.broker.api import (
     AMQPError,
@@ -29,6 +29,7 @@ from amqpd.cluster.remote_served import Served
 if TYPE_CHECKING:
     from amqpd.broker.api import BrokerAPI, VHost
     from amqpd.cluster.deadlines import ConfirmDeadlines
+    from amqpd.cluster.remote_state import RemoteQueueState
 
 log = logging.getLogger("amqpd.cluster.queues")
 
@@ -47,12 +48,35 @@ LEADER_LOCATORS: Final[dict[str, str]] = {
     "least-leaders": "min-masters", "random": "random"}
 
 
+class QueuesView(Protocol):
+    """What :class:`ClusterQueues` reads of the node's view of the cluster: the node
+    (:class:`amqpd.cluster.node.Cluster`, a :class:`~amqpd.cluster.view.ClusterView`),
+    or a stand-in in unit tests."""
+
+    node_name: str
+    catalogue: dict[tuple[str, str], str]  # (vhost, queue) -> leader node
+    queues: ClusterQueues | None  # set by :func:`start`
+
+    def nodes(self) -> dict[str, Any]:
+        """Every member by name (a view's ``NodeInfo``: link address, running)."""
+        ...
+
+    def is_running(self, node: str) -> bool: ...
+
+    def subscribe(self, callback: Callable[[str, bool], None]) -> None: ...
+
+    def node_lost(self, node: str) -> None:
+        """The link to ``node`` went: the cluster's non-durable queues there are lost
+        to this node (amqpd.cluster.transient)."""
+        ...
+
+
 class ClusterQueues:
     """This node's side of queues across the cluster: the :class:`LinkHandler` of its
     links, the remote queues it holds (user side) and the streams it serves (leader
     side)."""
 
-    def __init__(self, api: BrokerAPI, view: Any, cookie: bytes,
+    def __init__(self, api: BrokerAPI, view: QueuesView, cookie: bytes,
                  locator: str = "client-local") -> None:
         self.api = api
         self.broker = api.cluster_port()
@@ -77,10 +101,10 @@ class ClusterQueues:
         self.confirm_deadlines: ConfirmDeadlines | None = None
         # whether a queue whose link to its leader went will get a new leader (a
         # mirror can take over; set by amqpd.cluster.mirror): its consumers are kept
-        self.failover_expected: Callable[[QueueType], bool] = lambda queue: False
+        self.failover_expected: Callable[[RemoteQueueState], bool] = lambda queue: False
         # told when a queue kept its consumers on failover_expected's word: the mirrors
         # check that word against etcd's record (RemoteQueue.cancel_kept if it is wrong)
-        self.failover_kept: Callable[[QueueType], None] = lambda queue: None
+        self.failover_kept: Callable[[RemoteQueueState], None] = lambda queue: None
 
     def _address(self, peer: str) -> tuple[str, int] | None:
         info = self.view.nodes().get(peer)
@@ -195,8 +219,8 @@ class ClusterQueues:
         return self.node
 
     def _leaders(self) -> list[str]:
-        catalogue = getattr(self.view, "catalogue", None)
-        if isinstance(catalogue, dict) and catalogue:
+        catalogue = self.view.catalogue
+        if catalogue:
             return [str(v) for v in catalogue.values()]
         out = []
         for vh in self.broker.vhosts.values():
@@ -270,9 +294,8 @@ class ClusterQueues:
         for queue in self.remote.get(link.peer, {}).values():
             if queue.link is link:
                 queue.detach()
-        lost = getattr(self.view, "node_lost", None)  # the cluster's non-durable queues
-        if lost is not None and not self.links.closing:
-            lost(link.peer)
+        if not self.links.closing:  # the cluster's non-durable queues there
+            self.view.node_lost(link.peer)
         if not self.links.closing and self.view.is_running(link.peer):
             self.links.want(link.peer)
         for ext in self.extensions:
@@ -318,10 +341,7 @@ class ClusterQueues:
             queue.link = link  # still reachable; ``gone`` answers 404
 
     def _catalogue_leader(self, queue: RemoteQueue) -> str | None:
-        catalogue = getattr(self.view, "catalogue", None)
-        if not isinstance(catalogue, dict):
-            return None
-        leader = catalogue.get((queue.vhost.name, queue.name))
+        leader = self.view.catalogue.get((queue.vhost.name, queue.name))
         return str(leader) if leader is not None else None
 
     def _reopen(self, queue: RemoteQueue, link: Link) -> None:
@@ -480,7 +500,7 @@ _LEADER_SIDE = frozenset({W.OPEN, W.CLOSE, W.PUBLISH, W.CONSUME, W.GRANT, W.CANC
                           W.DECLARE, W.RECLAIM})
 
 
-async def start(api: BrokerAPI, view: Any, cookie: bytes, host: str, port: int,
+async def start(api: BrokerAPI, view: QueuesView, cookie: bytes, host: str, port: int,
                 locator: str = "client-local") -> ClusterQueues:
     """Start this node's links and queue streams (the cluster's startup calls it once
     the view is up); ``(host, port)`` is ``cluster.link_listen``, ``locator``

@@ -297,26 +297,49 @@ class LinkManager:
             link.close()
 
     async def _keep(self, peer: str) -> None:
-        delay = RECONNECT_MIN
+        """Dial ``peer`` until a link is up, and again whenever it drops.
+
+        One try at a time: a stopped (SIGSTOP) or overloaded peer's kernel still accepts
+        the connection, so a successful connect says nothing; the try counts as failed
+        only when its handshake ends without the link coming up (refused, or
+        ``HANDSHAKE_TIMEOUT``), and only then is the next one dialled, after a backoff
+        that doubles up to ``RECONNECT_MAX``. Dialling every ``RECONNECT_MIN`` instead
+        left a stopped peer ~50 half-open links in its accept queue for every 5 s of
+        its stop, each logging "handshake timed out", all handled at once when it
+        woke."""
+        backoff = RECONNECT_MIN  # before the next try after a failed one
+        dialled: Link | None = None  # the last try, while its handshake may still run
         loop = asyncio.get_running_loop()
         while not self.closing:
             link = self.links.get(peer)
             if link is not None and not link.closed:
-                delay = RECONNECT_MAX / 4  # up: look again now and then
-            else:
-                address = self.resolve(peer)
-                if address is not None:
-                    try:
-                        transport, proto = await loop.create_connection(
-                            lambda: Link(self, True, peer), address[0], address[1])
-                        del transport, proto
-                        delay = RECONNECT_MIN
-                    except OSError as exc:
-                        log.debug("link to %s: cannot connect: %s", peer, exc)
-                        delay = min(delay * 2, RECONNECT_MAX)
-                else:
-                    delay = RECONNECT_MAX
-            await asyncio.sleep(delay)
+                backoff = RECONNECT_MIN
+                await asyncio.sleep(RECONNECT_MAX / 4)  # up: look again now and then
+                continue
+            if dialled is not None and not dialled.closed:
+                await asyncio.sleep(RECONNECT_MIN)  # its handshake runs: no second try
+                continue
+            if dialled is not None:
+                was_up, dialled = dialled.epoch != 0, None
+                if not was_up:  # the handshake failed: back off before the next try
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, RECONNECT_MAX)
+                    continue
+                # a link that was up and dropped is dialled again at once
+            address = self.resolve(peer)
+            if address is None:
+                await asyncio.sleep(RECONNECT_MAX)
+                continue
+            try:
+                _transport, proto = await loop.create_connection(
+                    lambda: Link(self, True, peer), address[0], address[1])
+                dialled = proto
+            except OSError as exc:
+                log.debug("link to %s: cannot connect: %s", peer, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, RECONNECT_MAX)
+                continue
+            await asyncio.sleep(RECONNECT_MIN)
 
     async def close(self) -> None:
         self.closing = True

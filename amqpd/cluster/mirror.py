@@ -23,7 +23,7 @@ Theory of operation.
   delivery with the node holding it instead, :meth:`Leading.checked_out`:
   amqpd.cluster.quorum_group.) Every message is
   mirrored: while the queue is mirrored it keeps transient messages in the store too
-  (``QueueType.mirrored``, as a quorum queue's ``keeps_every_message``). A queue
+  (``QueueType.replicated``, as a quorum queue's ``keeps_every_message``). A queue
   that starts being mirrored counts its ready messages and its unacknowledged
   deliveries (local channels and other nodes' consumers) as what the mirror lacks.
 * **The mirror** (:class:`MirrorCopy`) writes the records to its own store under the
@@ -352,17 +352,11 @@ class Mirrors(CopyAdoption, MirrorFrames, MirrorFailover):
                     self._promote(ident, copy))
 
     def _lead(self, vh: VHost, q: QueueType) -> Leading:
-        ready = getattr(q, "ready", None)
-        live: dict[int, bool] = {}
-        if ready is not None:
-            positions = ready.positions() if hasattr(ready, "positions") else [
-                e.message.position for e in ready if e.message.position >= 0]
-            live = dict.fromkeys(positions, False)
+        live = dict.fromkeys(q.ready_positions(), False)
         for pos in self._unacked_positions(q):  # handed to consumers, not yet settled
             live[pos] = True
         lead = Leading(self, vh.name, q, live)
-        q.mirrored = True  # transient messages are written (and so mirrored) too
-        self.broker.publisher.keeping_queues += 1
+        q.replicated(True)  # transient messages are written (and so mirrored) too
         self.leading[lead.ident] = lead
         self.store.by_key[lead.key] = lead
         self.gate.sets.append(lead.rs)
@@ -376,7 +370,7 @@ class Mirrors(CopyAdoption, MirrorFrames, MirrorFailover):
         out = []
         for proto in list(self.broker.transports):
             session = proto.session
-            for ch in list(getattr(session, "channels", {}).values()):
+            for ch in list(session.channels.values() if session is not None else ()):
                 for u in list(ch.unacked.values()):
                     if u.queue is q and u.entry.message.position >= 0:
                         out.append(u.entry.message.position)
@@ -391,9 +385,7 @@ class Mirrors(CopyAdoption, MirrorFrames, MirrorFailover):
         if lead.gone:
             return
         lead.gone = True
-        if lead.q.mirrored:
-            lead.q.mirrored = False
-            self.broker.publisher.keeping_queues -= 1
+        lead.q.replicated(False)
         for node in list(lead.streams):
             lead.detach(node, drop=True)
         self.leading.pop(lead.ident, None)

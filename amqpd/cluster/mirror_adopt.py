@@ -77,8 +77,7 @@ class CopyAdoption(MirrorsHost):
             return False
         copy = MirrorCopy(self.store.inner, leader, 0, ident[0], ident[1], 0, cmap)
         orphans: list[int] = []
-        ready = getattr(q, "ready", None)
-        for entry in ready if ready is not None else ():
+        for entry in q.ready_entries():
             local = entry.message.position
             lp = to_leader.get(local)
             if lp is None or lp in copy.entries:
@@ -106,11 +105,10 @@ class CopyAdoption(MirrorsHost):
         own log, kept aside until the new leader says which of them it holds and where
         (MHAVE_FROM, MREKEY) -- RabbitMQ throws them away."""
         leader = self.cluster.catalogue.get(ident)
-        ready = getattr(q, "ready", None)
-        if leader is None or leader == self.node or ready is None:
+        if leader is None or leader == self.node:
             return False
         foreign: dict[int, list[Any]] = {}
-        for entry in ready:
+        for entry in q.ready_entries():
             pos = entry.message.position
             if pos >= 0:
                 foreign[pos] = [pos, entry.message.size, bool(entry.redelivered)]

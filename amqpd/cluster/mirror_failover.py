@@ -29,8 +29,8 @@ from amqpd.cluster.replica_core import Candidate, MirroredPromotion
 from amqpd.coord.etcd import EtcdError
 
 if TYPE_CHECKING:
-    from amqpd.broker.api import QueueType
     from amqpd.cluster.mirror_copy import MirrorCopy
+    from amqpd.cluster.remote_state import RemoteQueueState
 
 log = logging.getLogger("amqpd.cluster.mirror")
 
@@ -242,7 +242,7 @@ class MirrorFailover(MirrorsHost):
                     "(%d messages, all marked redelivered; %d known delivered)", name,
                     vhost, self.node, copy.leader, len(live), marked)
 
-    def failover_expected(self, queue: QueueType) -> bool:
+    def failover_expected(self, queue: RemoteQueueState) -> bool:
         """The link to ``queue``'s leader went (or its kept consumers have waited a
         while): can a mirror take over (its consumers elsewhere are then kept,
         remote_queue.RemoteQueue.detach)?
@@ -252,10 +252,10 @@ class MirrorFailover(MirrorsHost):
         first: a copy of the lost leader's queue held here (this node takes part in
         the election), else the record as last read, else -- no record read yet --
         the queue's policy (:meth:`failover_kept` then checks etcd's record)."""
-        if not self.adopts(str(getattr(queue, "real_type", queue.type_name))):
+        if not self.adopts(queue.listed_type()):
             return False  # a quorum queue: amqpd.cluster.quorum_group decides
         ident = (queue.vhost.name, queue.name)
-        lost = str(getattr(queue, "leader", ""))
+        lost = queue.leader
         copy = self.copy_of.get(ident)
         if copy is not None and copy.leader == lost and not copy.declined and (
                 copy.synced or ha_setting(queue.policy, "ha-promote-on-failure") == "always"):
@@ -288,20 +288,19 @@ class MirrorFailover(MirrorsHost):
             pool += [str(n) for n in rec.get("mirrors", [])]
         return any(n != lost and self._up(n) for n in pool)
 
-    def failover_kept(self, queue: QueueType) -> None:
+    def failover_kept(self, queue: RemoteQueueState) -> None:
         """``queue`` kept its consumers on :meth:`failover_expected`'s word: read the
         queue's record from etcd now, and cancel them if no mirror can take over after
         all (the record read here before was late, or the policy promised mirrors the
         leader never had). Quorum queues are amqpd.cluster.quorum_group's (the same
         check on their group record, with their :meth:`could_take_over`)."""
-        if not self.adopts(str(getattr(queue, "real_type", queue.type_name))):
+        if not self.adopts(queue.listed_type()):
             return
-        task = asyncio.get_running_loop().create_task(
-            self._check_kept(queue, str(getattr(queue, "leader", ""))))
+        task = asyncio.get_running_loop().create_task(self._check_kept(queue, queue.leader))
         self._checks.add(task)
         task.add_done_callback(self._checks.discard)
 
-    async def _check_kept(self, queue: Any, lost: str) -> None:
+    async def _check_kept(self, queue: RemoteQueueState, lost: str) -> None:
         ident = (queue.vhost.name, queue.name)
         key = self.record_key(ident)
         for _attempt in range(KEPT_CHECK_TRIES):

@@ -60,7 +60,7 @@ from amqpd.config import host_port, split_addr
 from amqpd.coord.etcd import EtcdClient, EtcdError
 
 if TYPE_CHECKING:
-    from amqpd.broker.api import BrokerAPI
+    from amqpd.broker.api import BrokerAPI, QuorumMembership
     from amqpd.config import Settings
 
 log = logging.getLogger("amqpd.cluster")
@@ -467,6 +467,13 @@ class Cluster(ClusterView):
     def mirror_sync_critical(self) -> list[tuple[str, str]]:
         mirrors = self.mirrors
         return list(mirrors.sync_critical()) if mirrors is not None else []
+
+    def quorum_membership(self) -> QuorumMembership | None:
+        return self.quorum_groups
+
+    def request_mirror_sync(self, vhost: str, name: str, action: str) -> bool:
+        mirrors = self.mirrors
+        return mirrors is not None and mirrors.request_sync(vhost, name, action)
 
 
 __all__ = ["Cluster", "NotAllowed"]

@@ -33,6 +33,7 @@ from amqpd.cluster.replica_core import Candidate, Majority, MajorityPromotion
 if TYPE_CHECKING:
     from amqpd.broker.api import QueueType, VHost
     from amqpd.cluster.mirror_copy import MirrorCopy
+    from amqpd.cluster.remote_state import RemoteQueueState
 
 log = logging.getLogger("amqpd.cluster.quorum")
 
@@ -239,38 +240,20 @@ class GroupFailover(MirrorsHost):
         their channels hold of the lost leader (the remote queue's held deliveries)
         becomes the new queue's deliveries in place, so the client's acks by the old
         delivery tags settle them; the rest kept for this node is returned."""
+        from amqpd.cluster.remote_queue import RemoteQueue
+
         pending = lead.checkouts.pop(self.node, None)
         if pending is None:
             return
-        stale = getattr(old, "_stale", None)
-        origin = lead.checkouts_from
-        if stale:
-            for proto in list(self.broker.transports):
-                session = proto.session
-                for ch in list(getattr(session, "channels", {}).values()):
-                    for item in list(ch.unacked.values()):
-                        if item.queue is not old:
-                            continue
-                        held = stale.get(item.entry.seq)
-                        if held is None or held.origin != origin or \
-                                held.position not in pending:
-                            continue
-                        del stale[item.entry.seq]
-                        item.queue = lead.q
-                        item.entry = pending.pop(held.position)
-        done = getattr(old, "_held_done", [])
-        for held in list(done):  # settled by the client before the election ended
-            entry = pending.pop(held.position, None) if held.origin == origin else None
-            if entry is None:
-                continue
-            done.remove(held)
-            if held.done == W.SETTLE:
-                lead.q.settle([entry])
-            else:
-                lead.q.reject([entry])
+        if isinstance(old, RemoteQueue):  # (the queue led by the lost leader, seen here)
+            for done, entry in old.hand_over_held(lead.checkouts_from, pending, lead.q):
+                if done == W.SETTLE:
+                    lead.q.settle([entry])
+                else:
+                    lead.q.reject([entry])
         lead.give_back(self.node, list(pending.values()), "not held here any more")
 
-    def failover_expected(self, queue: QueueType) -> bool:
+    def failover_expected(self, queue: RemoteQueueState) -> bool:
         """The link to quorum queue ``queue``'s leader went (or its kept consumers have
         waited a while): will the group elect a new leader (its consumers here are then
         kept, remote_queue.RemoteQueue.detach)? Only if a majority of its members, the
@@ -284,14 +267,14 @@ class GroupFailover(MirrorsHost):
         cluster's nodes, so the running nodes other than the lost leader, this one (a
         member holding a copy here, or not) included, decide. Consumers kept on that
         word are checked against etcd's record at once (:meth:`failover_kept`)."""
-        if not self.adopts(str(getattr(queue, "real_type", queue.type_name))):
+        if not self.adopts(queue.listed_type()):
             return False  # a mirrored queue: amqpd.cluster.mirror decides
-        lost = str(getattr(queue, "leader", ""))
+        lost = queue.leader
         rec = self.records.get((queue.vhost.name, queue.name))
         if rec is not None:
             return self.could_take_over(rec, lost)
         nodes = list(self.cluster.nodes())
-        size = min(group_size(dict(getattr(queue, "arguments", None) or {})), len(nodes))
+        size = min(group_size(dict(queue.arguments)), len(nodes))
         others = sum(1 for n in nodes if n != lost and self._up(n))
         return Majority.of(size).reached(min(others, size - 1))
 

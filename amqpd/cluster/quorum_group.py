@@ -99,6 +99,7 @@ import urllib.parse
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Final
 
+from amqpd.broker.api import QuorumQueue
 from amqpd.cluster import link_wire as W
 from amqpd.cluster import mirror_wire as M
 from amqpd.cluster.mirror import STREAM_SPLIT, Leading, MirrorCopy, Mirrors
@@ -116,6 +117,7 @@ from amqpd.cluster.quorum_state import (
     quorum_critical,
     remove_member,
 )
+from amqpd.cluster.remote_state import RemoteQueueState
 from amqpd.coord.etcd import Compare, EtcdError, Put
 
 if TYPE_CHECKING:
@@ -157,13 +159,13 @@ class QuorumGroups(GroupFailover, Mirrors):
         self.queues.extensions.append(self)
         previous = self.queues.failover_expected
 
-        def expected(queue: QueueType) -> bool:
+        def expected(queue: RemoteQueueState) -> bool:
             return self.failover_expected(queue) or previous(queue)
 
         self.queues.failover_expected = expected
         previous_kept = self.queues.failover_kept
 
-        def kept(queue: QueueType) -> None:  # each acts on its own queue type only
+        def kept(queue: RemoteQueueState) -> None:  # each acts on its own queue type only
             self.failover_kept(queue)
             previous_kept(queue)
 
@@ -384,18 +386,14 @@ class QuorumGroups(GroupFailover, Mirrors):
     def _lead_group(self, vh: VHost, q: QueueType, members: list[str], term: int,
                     live: dict[int, bool] | None) -> GroupLeading:
         if live is None:
-            live = {}
-            ready = getattr(q, "ready", None)
-            if ready is not None:
-                positions = ready.positions() if hasattr(ready, "positions") else [
-                    e.message.position for e in ready if e.message.position >= 0]
-                live = dict.fromkeys(positions, False)
+            live = dict.fromkeys(q.ready_positions(), False)
         lead = GroupLeading(self, vh.name, q, live, members, term)
         self.leading[lead.ident] = lead
         self.store.by_key[lead.key] = lead
         self.gate.sets.append(lead.rs)
         self.known_terms[lead.ident] = max(term, self.known_terms.get(lead.ident, 0))
-        q.group = lead  # type: ignore[attr-defined]
+        if isinstance(q, QuorumQueue):  # (always: the groups lead quorum queues only)
+            q.group = lead
         log.info("quorum queue '%s' in vhost '%s': leading it (term %d, members %s)",
                  q.name, vh.name, term, members)
         return lead
@@ -412,8 +410,8 @@ class QuorumGroups(GroupFailover, Mirrors):
                 log.warning("queue '%s' in vhost '%s': no longer led here; %d deliveries "
                             "waiting for their checkout's commit not sent", lead.ident[1],
                             lead.ident[0], dropped)
-        if getattr(lead.q, "group", None) is lead:
-            lead.q.group = None  # type: ignore[attr-defined]
+        if isinstance(lead.q, QuorumQueue) and lead.q.group is lead:
+            lead.q.group = None
         super().stop_leading(lead, delete_record)
 
     def record_is_ours(self, lead: Leading, value: bytes) -> bool:
@@ -493,6 +491,12 @@ class QuorumGroups(GroupFailover, Mirrors):
         return quorum_critical(records, self.node, self.cluster.is_running)
 
     # -- membership (amqpctl add_member, delete_member, grow, shrink) ---------------------
+    def group_size(self, vhost: str, name: str) -> int:
+        return len(self.records.get((vhost, name), {}).get("members", []))
+
+    def is_member_node(self, node: str) -> bool:
+        return node in self.cluster.nodes()
+
     async def edit_members(self, vhost: str, name: str, add: str | None = None,
                            remove: str | None = None) -> list[str]:
         """Add or remove one member in the group record (a transaction on its last

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
 
 from amqpd.cluster import link_wire as W
 from amqpd.cluster.link import Link
@@ -24,6 +24,9 @@ from amqpd.cluster.remote_state import (
     RemoteQueueState,
     _Held,
 )
+
+if TYPE_CHECKING:
+    from amqpd.broker.api import QueueType
 
 log = logging.getLogger("amqpd.cluster.queues")
 
@@ -214,6 +217,41 @@ class RemoteFailover(RemoteQueueState):
         if self._kept_timer is not None:
             self._kept_timer.cancel()
             self._kept_timer = None
+
+    def hand_over_held(self, origin: str, pending: dict[int, Any],
+                       successor: QueueType) -> list[tuple[int, Any]]:
+        """This node took the quorum queue over in this queue's place
+        (amqpd.cluster.quorum_failover): what this node's channels still hold of the
+        lost leader ``origin`` among ``pending`` (that leader's log positions -> the
+        new queue's checked-out entries) becomes ``successor``'s delivery in place (the
+        channel's record of it points at the new queue and entry), so the client's acks
+        by the old delivery tags settle it; each is taken out of ``pending``. Returns
+        how the client settled the ones it settled before the election ended
+        (``W.SETTLE``, else a reject) with their entries, taken out of ``pending`` too,
+        for the new leader to settle or reject."""
+        stale = self._stale
+        if stale:
+            for proto in list(self.port.transports):
+                session = proto.session
+                for ch in list(session.channels.values() if session is not None else ()):
+                    for item in list(ch.unacked.values()):
+                        if item.queue is not self:
+                            continue
+                        held = stale.get(item.entry.seq)
+                        if held is None or held.origin != origin or \
+                                held.position not in pending:
+                            continue
+                        del stale[item.entry.seq]
+                        item.queue = successor
+                        item.entry = pending.pop(held.position)
+        settled: list[tuple[int, Any]] = []
+        for held in list(self._held_done):  # settled by the client before the election ended
+            entry = pending.pop(held.position, None) if held.origin == origin else None
+            if entry is None:
+                continue
+            self._held_done.remove(held)
+            settled.append((held.done, entry))
+        return settled
 
     def cancel_kept(self) -> None:
         """The consumers kept across a failover are cancelled: no leader will take the

@@ -16,6 +16,7 @@ from amqpd.broker.api import (
     Message,
     QueueEntry,
     QueueType,
+    QuorumQueue,
 )
 from amqpd.cluster import link_wire as W
 from amqpd.cluster.link import Link
@@ -25,6 +26,12 @@ if TYPE_CHECKING:
     from amqpd.broker.api import ClusterPort
 
 log = logging.getLogger("amqpd.cluster.queues")
+
+
+def _group(queue: QueueType) -> Any:
+    """The replica group a quorum queue's leader here sets on it
+    (amqpd.cluster.quorum_group.GroupLeading; None for other queues and before)."""
+    return queue.group if isinstance(queue, QuorumQueue) else None
 
 
 class _Proxy:
@@ -84,7 +91,7 @@ class Served:
         survives an election), and the peer learns the message's store position
         (+ 1; 0 for other queues) to name it after one (RECLAIM). A group's delivery
         that needs no ack is settled only once it is sent (:meth:`hand`)."""
-        group = getattr(queue, "group", None)
+        group = _group(queue)
         if group is None:
             queue.delivered(entry, acked=no_ack)
             return 0
@@ -104,17 +111,18 @@ class Served:
         needs no ack and can no longer be sent (the link went, the consumer was
         cancelled) comes back to the queue as a returned checkout; one that needs an
         ack is the stream's until settled (its close returns it)."""
-        group = getattr(queue, "group", None)
-        if group is None:
+        if not isinstance(queue, QuorumQueue) or queue.group is None:
             self.link.send(frame)
             return
+        group = queue.group
+        quorum = queue
         link = self.link
 
         def send() -> None:
             gone = link.closed or (proxy is not None and proxy.closed)
-            if no_ack and (gone or queue.deleted):
-                if not queue.deleted:
-                    queue.return_checked_out([entry])  # type: ignore[attr-defined]
+            if no_ack and (gone or quorum.deleted):
+                if not quorum.deleted:
+                    quorum.return_checked_out([entry])
                 return
             link.send(frame)
             if no_ack:
@@ -127,7 +135,7 @@ class Served:
         since the election becomes this stream's deliveries (their ids answered in
         RECLAIMED); what it does not name is returned to the queue."""
         q = self.queue
-        group = getattr(q, "group", None)
+        group = _group(q)
         got: dict[int, QueueEntry] = {}
         if group is not None and not q.deleted:
             got = group.reclaim(self.link.peer, origin, positions)

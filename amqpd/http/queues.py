@@ -49,7 +49,7 @@ def queue_view(ctx: Ctx, q: QueueType) -> dict[str, Any]:
         "consumer_utilisation": None,
         "exclusive_consumer_tag": None,
         "message_stats": sampler.message_stats(q),
-        "policy": getattr(q, "policy_name", None),
+        "policy": q.policy_name,
         "operator_policy": operator_name,
         "effective_policy_definition": effective,
     })
@@ -152,9 +152,8 @@ async def queue_actions(ctx: Ctx) -> Any:
     if action not in ("sync", "cancel_sync"):
         raise bad_request("action must be 'sync' or 'cancel_sync'")
     cluster = ctx.api.cluster()
-    mirrors = getattr(cluster, "mirrors", None) if cluster is not None else None
-    if mirrors is not None:
-        mirrors.request_sync(vh.name, q.name, str(action))
+    if cluster is not None:
+        cluster.request_mirror_sync(vh.name, q.name, str(action))
     return no_content()
 
 

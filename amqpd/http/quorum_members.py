@@ -18,13 +18,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from amqpd.broker.api import MembershipError
+from amqpd.broker.api import MembershipError, QuorumMembership
 from amqpd.http.core import Ctx, HttpError, Router, bad_request, json_response, not_found
 
 
-def _groups(ctx: Ctx) -> Any:
+def _groups(ctx: Ctx) -> QuorumMembership:
     cluster = ctx.api.cluster()
-    groups = getattr(cluster, "quorum_groups", None)
+    groups = cluster.quorum_membership() if cluster is not None else None
     if groups is None:
         raise HttpError(400, "bad_request", "this node is not in a cluster (cluster.name "
                                             "is not set)")
@@ -76,7 +76,7 @@ async def _each(ctx: Ctx, targets: list[tuple[str, str]], node: str, add: bool,
             rows.append({"vhost": vhost, "name": name, "size": len(members),
                          "result": "ok"})
         except (LookupError, MembershipError) as exc:
-            size = len(groups.records.get((vhost, name), {}).get("members", []))
+            size = groups.group_size(vhost, name)
             rows.append({"vhost": vhost, "name": name, "size": size,
                          "result": f"error: {exc}"})
     return json_response(rows)
@@ -91,7 +91,7 @@ async def grow(ctx: Ctx) -> Any:
     if strategy not in ("all", "even"):
         raise bad_request("strategy must be 'all' or 'even'")
     groups = _groups(ctx)
-    if node not in groups.cluster.nodes():
+    if not groups.is_member_node(node):
         raise bad_request(f"{node} is not a member of the cluster")
     return await _each(ctx, groups.grow_targets(node, strategy), node, True,
                        _pattern(body, "vhost_pattern"), _pattern(body, "queue_pattern"))

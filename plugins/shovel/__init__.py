@@ -64,6 +64,10 @@ class ShovelPlugin:
         if old is not None and old.defn == defn and (alive or not self.started):
             return  # the same definition again (definitions import): leave it running
         runner = self._runner(defn)
+        if old is not None:
+            # the same shovel, redefined: what it forwarded lately, and which queues
+            # took it, still describe the destination's queues (plugins.common.taken)
+            runner.seen, runner.taken = old.seen, old.taken
         self._retire(self.dynamic.pop((vhost, name), None))
         self.dynamic[(vhost, name)] = runner
         if self.started and self._placed_here(defn):
@@ -111,7 +115,7 @@ class ShovelPlugin:
                 elif not here and runner.task is not None:
                     log.info("shovel '%s' in vhost '%s' runs on another node now",
                              runner.defn.name, runner.defn.vhost)
-                    await runner.stop()
+                    self._retire(runner)  # drains (at most 3 s) without holding the rest
             # what the others list for this node in /api/shovels (written when it changes)
             self.api.share_cluster_info("shovels", [
                 r.status() for r in self.dynamic.values() if r.task is not None])

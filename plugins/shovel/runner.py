@@ -57,6 +57,8 @@ RECONNECT_FIRST = 0.5  # seconds before the first new attempt after a failure
 RETRY_FIRST = 0.05  # seconds before the first new publish of a refused message
 RETRY_CAP = 5.0
 MAX_PUBLISH_ATTEMPTS = 25  # of one message, then the attempt ends (~1.5 min)
+# the longest a planned stop waits for the deliveries in hand to be settled at the source
+DRAIN_TIMEOUT = 3.0
 REDELIVERED_HEADER = "x-shovel-redelivered"  # maybe forwarded before (see seen.py)
 _CREDENTIALS = re.compile(r"(amqps?://)[^@/\s'\"]*@")
 
@@ -91,6 +93,7 @@ class ShovelRunner:
         self.publish_retries = 0  # refused publishes sent again, over the shovel's life
         self.seen = Seen()  # what it forwarded lately, across attempts
         self.taken = Taken()  # which queues took it (local destination, message_id only)
+        self.link: _Link | None = None  # the attempt under way, once both ends are open
 
     # ------------------------------------------------------------------ control
     def start(self) -> None:
@@ -99,8 +102,15 @@ class ShovelRunner:
                 self._run(), name=f"shovel {self.defn.vhost}/{self.defn.name}")
 
     async def stop(self) -> None:
+        """Stop the shovel. A planned stop (its definition changed, it moves to another
+        node of the cluster, a restart, the broker shutting down) first hands over
+        what it holds: see :meth:`_Link.drain`."""
         task, self.task = self.task, None
         if task is not None and not task.done():
+            link = self.link
+            if link is not None:
+                with contextlib.suppress(Exception):
+                    await link.drain(DRAIN_TIMEOUT)
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
@@ -269,6 +279,7 @@ class _Link:
             raise Completed
         self.runner._set("running")
         self.runner._last_failure = None
+        self.runner.link = self
         log.info("shovel %s/%s running: %s -> %s", d.vhost, d.name, self.runner.src_uri,
                  self.runner.dest_uri)
         tasks = [asyncio.ensure_future(self.forwarder()), asyncio.ensure_future(self.settler())]
@@ -283,11 +294,41 @@ class _Link:
                     side = "source" if w is watch[0] else "destination"
                     raise ConnectionError(f"{side} closed: {_describe(w.result())}")
         finally:
+            if self.runner.link is self:
+                self.runner.link = None
             if self.retry_task is not None:
                 tasks.append(self.retry_task)
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def drain(self, timeout: float) -> None:
+        """A planned stop: stop consuming at the source, and let the deliveries in hand
+        be published, confirmed and acked, for at most ``timeout`` seconds; then the
+        runner closes both ends. Cancelled on the spot instead, the source would requeue
+        every delivery published but not yet acked (up to the prefetch count) and the
+        runner that takes over, with no record of them, would publish each again
+        (issue 29: 768 copies of 20,000 after one definition change)."""
+        if self.defn.ack_mode == "no-ack":
+            return  # nothing to settle: the source forgot them on delivery
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        ends = (self.src.closed(), self.dest.closed())
+        held = len(self.inbox) + len(self.outstanding)
+        try:
+            await asyncio.wait_for(self.src.stop_consuming(), timeout)
+            while (self.inbox or self.outstanding) and self.failure is None \
+                    and not any(end.done() for end in ends) and loop.time() < deadline:
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0)  # the settler writes its last ack at the end of its turn
+        finally:
+            d = self.defn
+            left = len(self.inbox) + len(self.outstanding)
+            if held or left:
+                log.log(logging.WARNING if left else logging.INFO,
+                        "shovel %s/%s: stopping; %d deliveries in hand settled, %d left "
+                        "to the source to deliver again", d.vhost, d.name,
+                        max(held - left, 0), left)
 
     # ------------------------------------------------------------------ source side
     def on_message(self, message: Delivery) -> None:

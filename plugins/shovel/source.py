@@ -26,6 +26,10 @@ class Source(abc.ABC):
         """Connect, declare, and start consuming; on_message gets each delivery."""
 
     @abc.abstractmethod
+    async def stop_consuming(self) -> None:
+        """No more deliveries (a planned stop: those in hand are settled first)."""
+
+    @abc.abstractmethod
     def ack(self, delivery_tag: int, multiple: bool) -> None: ...
 
     @abc.abstractmethod
@@ -47,6 +51,7 @@ class AMQPSource(Source):
         self.channel = 0
         self.queue = ""
         self.initial_length = 0  # the queue's length when the shovel started consuming
+        self.consumer_tag = ""
         self._cancelled: asyncio.Future[Any] | None = None
 
     async def open(self, on_message: OnMessage) -> None:
@@ -79,8 +84,14 @@ class AMQPSource(Source):
 
         conn.on_delivery[ch] = on_message
         conn.on_cancel[ch] = on_cancel
-        await conn.basic_consume(ch, self.queue, no_ack=d.ack_mode == "no-ack",
-                                 arguments=d.src_consumer_args or None)
+        self.consumer_tag = await conn.basic_consume(
+            ch, self.queue, no_ack=d.ack_mode == "no-ack",
+            arguments=d.src_consumer_args or None)
+
+    async def stop_consuming(self) -> None:
+        if self.conn is not None and self.consumer_tag:
+            tag, self.consumer_tag = self.consumer_tag, ""
+            await self.conn.basic_cancel(self.channel, tag)
 
     def ack(self, delivery_tag: int, multiple: bool) -> None:
         assert self.conn is not None

@@ -170,6 +170,15 @@ def wait_formed(nodes: list[ClusterNode], timeout: float = 30.0) -> None:
              lambda: "\n".join(f"--- {n.name}\n{n.tail()}" for n in nodes))
 
 
+def wait_counted_down(nodes: list[ClusterNode], lost: str, timeout: float = 30.0) -> None:
+    """Every one of ``nodes`` counts ``lost`` down (its heartbeat timeout passed). Only
+    from then on are ``lost``'s queues unroutable there (an ack, a basic.return if
+    mandatory, as RabbitMQ 3.10 for a queue whose node is down); before, their
+    publishes are nacked (amqpd.cluster.remote_queue.RemoteQueue.routable)."""
+    wait_for(lambda: all(lost not in n.status()["running_nodes"] for n in nodes), timeout,
+             f"{lost} counted down by {[n.name for n in nodes]}")
+
+
 @contextlib.contextmanager
 def private_etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
     """A private etcd under ``tmp_path``, killed (by its PID) on the way out."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -117,6 +118,26 @@ def channel(url: str) -> Iterator[Any]:
     finally:
         with contextlib.suppress(Exception):
             conn.close()
+
+
+def get_all(url: str, queue: str, limit: int) -> list[tuple[Any, bytes]]:
+    """Every message in ``queue`` now (basic.get with auto-ack), at most ``limit``: what
+    a test counts once the queue stopped growing."""
+    got: list[tuple[Any, bytes]] = []
+    with channel(url) as ch:
+        for _ in range(limit):
+            method, props, body = ch.basic_get(queue, auto_ack=True)
+            if method is None:
+                break
+            got.append((props, body))
+    return got
+
+
+def copies_and_lost(url: str, queue: str, confirmed: set[int]) -> tuple[int, set[int]]:
+    """Empty ``queue`` (numbered bodies): how many second copies it held, and which of
+    ``confirmed`` it did not hold."""
+    got = Counter(int(body) for _props, body in get_all(url, queue, 3 * len(confirmed)))
+    return sum(got.values()) - len(got), confirmed - set(got)
 
 
 def drain(ch: Any, queue: str, expected: int, timeout: float = 15.0) -> list[tuple[Any, bytes]]:

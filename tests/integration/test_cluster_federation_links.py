@@ -4,15 +4,22 @@ its own, so finding a link meant asking every node)."""
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
+import pika
 import pytest
 
+from tests.integration._http import q
 from tests.integration.cluster_support import (
     ClusterNode,
     wait_for,
+    wait_formed,
 )
-from tests.integration.fed_support import amqp_uri
+from tests.integration.fed_support import amqp_uri, api, copies_and_lost
+from tests.integration.test_cluster_queues import queue_info
 from tests.support import etcdproc
 from tests.support.brokerproc import BrokerProcess
 
@@ -70,3 +77,100 @@ def test_every_node_lists_every_link_with_its_node(
     # the per-vhost path is the whole cluster's too
     r = b.api.get("/api/federation-links/%2F")
     assert r.status == 200 and len(r.json()) == 4, r.text
+
+
+class _Publisher(threading.Thread):
+    """Confirmed persistent publishes of numbered bodies (no ``message_id``) into an
+    upstream exchange until told to stop (bounded in count and time)."""
+
+    def __init__(self, url: str, exchange: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.exchange = exchange
+        self.confirmed: set[int] = set()
+        self.error: BaseException | None = None
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        try:
+            with pika.BlockingConnection(pika.URLParameters(self.url)) as conn:
+                ch = conn.channel()
+                ch.confirm_delivery()
+                deadline = time.monotonic() + 240
+                for number in range(200_000):
+                    if self.halt.is_set() or time.monotonic() > deadline:
+                        break
+                    ch.basic_publish(self.exchange, "", str(number).encode(),
+                                     pika.BasicProperties(delivery_mode=2))
+                    self.confirmed.add(number)
+        except BaseException as exc:  # reported by the test thread
+            self.error = exc
+
+
+def test_a_link_handed_over_at_shutdown_and_back_makes_no_copies(
+        upstream_and_pair: tuple[BrokerProcess, list[ClusterNode]]) -> None:
+    """Issue 29: the node running an exchange's link is shut down (SIGTERM), the other
+    node takes the link over, and when the node is back the link returns to it. The
+    queue on the exchange is led by the node that stays up, so the link's publishes
+    into it cross the cluster. Both handovers drain (local confirms, acks upstream)
+    while the cluster is still there, so every message reaches the queue once. Before,
+    a shutdown left the cluster first: the node nacked the publishes in flight to the
+    queue's leader, the drain ran out, and the upstream redelivered what the link held
+    to the node that took over."""
+    up, nodes = upstream_and_pair
+    a, b = nodes
+    candidates = [f"fed.h{i}" for i in range(8)]
+    federate(a, up, candidates)
+
+    def placed() -> dict[str, str]:
+        return {i["exchange"]: i["node"] for i in fed_links(a) if i["status"] == "running"}
+
+    wait_for(lambda: len(placed()) == len(candidates), 60, "every link running",
+             lambda: a.tail() + b.tail())
+    exchange = next((x for x, n in placed().items() if n == a.name), None)
+    assert exchange is not None, placed()  # even odds per name: 1 in 256 to miss
+    with pika.BlockingConnection(pika.URLParameters(b.url)) as conn:
+        ch = conn.channel()
+        ch.queue_declare("handed", durable=True)  # led by node-b
+        ch.queue_bind("handed", exchange)
+    upstream = api(up)
+
+    def bound_upstream() -> bool:
+        r = upstream.get(f"/api/exchanges/%2F/{q(exchange)}/bindings/source")
+        return r.status == 200 and bool(r.json())
+
+    wait_for(bound_upstream, 30, f"{exchange} bound upstream", a.tail)
+
+    def depth() -> int:
+        return int((queue_info(b, "handed") or {}).get("messages", 0))
+
+    def grown(by: int) -> Callable[[], bool]:
+        target = depth() + by
+        return lambda: depth() >= target
+
+    def runs_on(node: ClusterNode) -> Callable[[], bool]:
+        return lambda: any(i["exchange"] == exchange and i["node"] == node.name
+                           and i["status"] == "running" for i in fed_links(b))
+
+    pub = _Publisher(up.url, exchange)
+    pub.start()
+    try:
+        wait_for(grown(300), 60, "messages through the link on node-a", a.tail)
+        a.stop()  # SIGTERM: the link hands over to node-b
+        wait_for(runs_on(b), 30, "the link on node-b", b.tail)
+        wait_for(grown(300), 60, "messages through the link on node-b", b.tail)
+        a.start()
+        wait_formed(nodes)
+        wait_for(runs_on(a), 30, "the link back on node-a", lambda: a.tail() + b.tail())
+        wait_for(grown(300), 60, "messages through the link on node-a again", a.tail)
+    finally:
+        pub.halt.set()
+        pub.join(60)
+    assert pub.error is None, pub.error
+    total = len(pub.confirmed)
+    deadline = time.monotonic() + 60  # bounded: a message lost never comes
+    while depth() < total and time.monotonic() < deadline:
+        time.sleep(0.2)
+    copies, lost = copies_and_lost(b.url, "handed", pub.confirmed)
+    assert not lost, f"{len(lost)} confirmed upstream, never in handed: {sorted(lost)[:10]}"
+    assert copies == 0, f"{copies} second copies in handed after two handovers"

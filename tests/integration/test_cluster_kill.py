@@ -28,6 +28,7 @@ from pamqp.header import ContentHeader
 from bench.loadgen import Conn, ProtocolError
 from tests.integration.cluster_support import (
     ClusterNode,
+    wait_counted_down,
     wait_for,
 )
 from tests.integration.test_cluster_queues import (
@@ -166,6 +167,8 @@ def test_kill_9_at_a_random_moment_under_traffic(nodes: list[ClusterNode]) -> No
         wait_for(lambda: before.cancelled or before.error is not None, 15,
                  "basic.cancel on node-c", c.tail)
         # the publisher goes on a little: what it routes to the lost queue is nacked
+        # while node-b still counts node-a running, then comes back unroutable
+        wait_counted_down([b], a.name)
         sent = pub.sent
         wait_for(lambda: pub.sent > sent + WINDOW, 15, "publishes after the kill", b.tail)
     finally:

@@ -30,6 +30,7 @@ from bench.loadgen import (
 from tests.integration._http import q
 from tests.integration.cluster_support import (
     ClusterNode,
+    wait_counted_down,
     wait_for,
 )
 from tests.support import etcdproc
@@ -147,8 +148,10 @@ def test_kill_9_of_the_leader_cancels_404s_and_loses_nothing_confirmed(
             assert str(info.value) == f"channel.close 404 {text}"
         finally:
             conn.close()
-    # as RabbitMQ 3.10: nothing is routed to the lost queue, so a publisher with
-    # confirms gets acks (mandatory ones come back: tests/integration/test_cluster_kill.py)
+    # as RabbitMQ 3.10: once node-a is counted down nothing is routed to the lost
+    # queue, so a publisher with confirms gets acks (mandatory ones come back:
+    # tests/integration/test_cluster_kill.py); before, they are nacked
+    wait_counted_down([b], a.name)
     lost = run_publisher(b.url, PublisherSpec(2, [Target("", "keep")], persistent=True,
                                               confirm_window=10, count=5))
     assert (lost.confirmed, lost.nacked) == (5, 0)

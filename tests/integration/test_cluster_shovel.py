@@ -8,7 +8,8 @@ its own queue bound to it, so two copies would deliver every message twice.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,14 @@ from bench.loadgen import PublisherSpec, Target, run_publisher
 from tests.integration._http import q
 from tests.integration.cluster_support import (
     ClusterNode,
+    ConfirmPublisher,
     cluster_of,
     private_etcd,
+    publishing_thread,
     wait_for,
+    wait_formed,
 )
+from tests.integration.fed_support import copies_and_lost
 from tests.integration.test_cluster_queues import declare_on, queue_info, usable
 from tests.support import etcdproc
 
@@ -218,3 +223,88 @@ def test_a_local_shovel_retries_only_the_queue_that_refused(
 def log_of(node: ClusterNode) -> str:
     assert node.proc is not None
     return node.proc.log_path.read_text(errors="replace")
+
+
+def _runs_on(nodes: list[ClusterNode], name: str) -> list[str]:
+    """The nodes ``nodes`` say run shovel ``name`` (each lists the whole cluster's)."""
+    found: set[str] = set()
+    for n in nodes:
+        r = n.api.get("/api/shovels")
+        if r.status == 200:
+            found.update(s["node"] for s in r.json()
+                         if s["name"] == name and s["state"] == "running")
+    return sorted(found)
+
+
+def _settled_into(node: ClusterNode, total: int) -> bool:
+    """mv-src empty and settled, mv-dest holding at least ``total``."""
+    src, dest = queue_info(node, "mv-src") or {}, queue_info(node, "mv-dest") or {}
+    return not src.get("messages", 1) and not src.get("messages_unacknowledged", 1) \
+        and dest.get("messages", 0) >= total
+
+
+def test_a_shovel_moving_between_running_nodes_hands_over_without_copies(
+        pair: list[ClusterNode]) -> None:
+    """Issue 29: the node running a shovel is stopped (a shutdown: a planned stop), the
+    other takes the shovel over; started again, the node gets it back (the placement
+    ranks it first). Both handovers drain (the source consumer cancelled, what is in
+    hand confirmed and acked), so a steady stream of messages without ``message_id``
+    reaches the destination queue once each. Before, each handover requeued what the
+    stopped runner had published but not acked, and the next runner published it again.
+    The queues are led by the node that stays up, so only the shovel moves."""
+    a, b = pair
+    for name in ("mv-src", "mv-dest"):
+        declare_on(b, name)
+    for n in pair:
+        def ready(n: ClusterNode = n) -> bool:
+            return usable(n, "mv-src") and usable(n, "mv-dest")
+        wait_for(ready, 30, f"queues usable on {n.name}", n.tail)
+    chosen = ""
+    for i in range(12):  # a name the placement gives to a (even odds per name)
+        name = f"mv-{i}"
+        r = b.api.put(f"/api/parameters/shovel/%2F/{name}", {"value": {
+            "src-uri": "amqp://", "src-queue": "mv-src", "dest-uri": "amqp://",
+            "dest-queue": "mv-dest"}})
+        assert r.status in (201, 204), r.text
+        def running(name: str = name) -> bool:
+            return bool(_runs_on(pair, name))
+
+        wait_for(running, 30, f"{name} running", lambda: a.tail() + b.tail())
+        if _runs_on(pair, name) == [a.name]:
+            chosen = name
+            break
+        r = b.api.delete(f"/api/parameters/shovel/%2F/{name}")
+        assert r.status == 204, r.text
+        wait_for(lambda: not running(), 30, f"{name} gone")
+    assert chosen, "no shovel name among 12 placed on node-a"
+    pub = ConfirmPublisher(b.url, "mv-src", window=500, batch=50)
+    stop = threading.Event()
+    failure: list[BaseException] = []
+    thread = publishing_thread(pub, 0, stop, failure)
+    thread.start()
+    try:
+        def grown(by: int) -> Callable[[], bool]:
+            target = count(b, "mv-dest") + by
+            return lambda: count(b, "mv-dest") >= target
+
+        wait_for(grown(1000), 60, "the shovel under way on node-a", a.tail)
+        a.stop()  # the shovel's node shuts down: b takes it over
+        wait_for(lambda: _runs_on([b], chosen) == [b.name], 30, "the shovel on node-b",
+                 b.tail)
+        wait_for(grown(1000), 60, "the shovel under way on node-b", b.tail)
+        a.start()
+        wait_formed(pair)
+        wait_for(lambda: _runs_on(pair, chosen) == [a.name], 30, "the shovel back on a",
+                 lambda: a.tail() + b.tail())
+        wait_for(grown(1000), 60, "the shovel under way on node-a again", a.tail)
+    finally:
+        stop.set()
+        thread.join(90)
+    assert not failure, failure
+    assert not pub.nacked, f"{len(pub.nacked)} publishes nacked"
+    total = len(pub.confirmed)
+    wait_for(lambda: _settled_into(b, total), 90, f"{total} in mv-dest, mv-src settled",
+             lambda: a.tail() + b.tail())
+    copies, lost = copies_and_lost(b.url, "mv-dest", pub.confirmed)
+    assert not lost, f"{len(lost)} lost: {sorted(lost)[:10]}"
+    assert copies == 0, f"{copies} second copies in mv-dest after two handovers"

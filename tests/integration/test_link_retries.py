@@ -25,6 +25,7 @@ from tests.integration.fed_support import (
     amqp_uri,
     api,
     channel,
+    get_all,
     links,
     set_policy,
     set_upstream,
@@ -133,44 +134,40 @@ def _queue(proc: BrokerProcess, name: str) -> dict[str, Any]:
 N_REFUSED = 10
 
 
-def _refusing_route(node: BrokerProcess) -> None:
-    """sh.x (fanout) -> sh.healthy and sh.orders, sh.orders full (max-length 1 with
+def _refusing_route(node: BrokerProcess, p: str = "sh", dedup: bool = False) -> None:
+    """{p}.x (fanout) -> {p}.healthy and {p}.orders, {p}.orders full (max-length 1 with
     reject-publish: it refuses every publish until the policy goes), and N_REFUSED
-    persistent messages with ids in the source queue sh.src."""
+    persistent messages with ids in the source queue {p}.src. ``dedup``: {p}.healthy
+    deduplicates, and the messages carry their id as ``x-deduplication-header``."""
     with channel(node.url) as ch:
-        ch.exchange_declare("sh.x", "fanout", durable=True)
-        for name in ("sh.healthy", "sh.orders"):
-            ch.queue_declare(name, durable=True)
-            ch.queue_bind(name, "sh.x")
-        ch.queue_declare("sh.src", durable=True)
-        set_policy(node, "full", "^sh\\.orders$",
+        ch.exchange_declare(f"{p}.x", "fanout", durable=True)
+        for name in (f"{p}.healthy", f"{p}.orders"):
+            args = {"x-message-deduplication": True} if dedup and "healthy" in name else None
+            ch.queue_declare(name, durable=True, arguments=args)
+            ch.queue_bind(name, f"{p}.x")
+        ch.queue_declare(f"{p}.src", durable=True)
+        set_policy(node, "full", f"^{p}\\.orders$",
                    {"max-length": 1, "overflow": "reject-publish"}, apply_to="queues")
-        ch.basic_publish("", "sh.orders", b"filler")
-        wait_for(lambda: _queue(node, "sh.orders")["messages"] == 1, what="orders full")
+        ch.basic_publish("", f"{p}.orders", b"filler")
+        wait_for(lambda: _queue(node, f"{p}.orders")["messages"] == 1, what="orders full")
         ch.confirm_delivery()
         for i in range(N_REFUSED):
-            ch.basic_publish("", "sh.src", f"m{i}".encode(),
-                             pika.BasicProperties(delivery_mode=2, message_id=f"id-{i}"))
+            headers = {"x-deduplication-header": f"id-{i}"} if dedup else None
+            ch.basic_publish("", f"{p}.src", f"m{i}".encode(), pika.BasicProperties(
+                delivery_mode=2, message_id=f"id-{i}", headers=headers))
 
 
 def _get_all(node: BrokerProcess, queue: str) -> list[tuple[Any, bytes]]:
-    with channel(node.url) as ch:
-        got: list[tuple[Any, bytes]] = []
-        for _ in range(20 * N_REFUSED):
-            method, props, body = ch.basic_get(queue, auto_ack=True)
-            if method is None:
-                break
-            got.append((props, body))
-    return got
+    return get_all(node.url, queue, 20 * N_REFUSED)  # far more than it may hold
 
 
-def _refusal_lifted(node: BrokerProcess) -> None:
+def _refusal_lifted(node: BrokerProcess, p: str = "sh") -> None:
     """The policy goes: orders takes the message it refused, the source settles."""
     r = api(node).request("DELETE", "/api/policies/%2F/full")
     assert r.status == 204, r.text
-    wait_for(lambda: _queue(node, "sh.orders")["messages"] == N_REFUSED + 1, timeout=30,
+    wait_for(lambda: _queue(node, f"{p}.orders")["messages"] == N_REFUSED + 1, timeout=30,
              what="orders to take every message")
-    wait_for(lambda: _queue(node, "sh.src")["messages"] == 0, what="source settled")
+    wait_for(lambda: _queue(node, f"{p}.src")["messages"] == 0, what="source settled")
 
 
 def test_local_shovel_refused_publish_goes_only_to_the_refusing_queue(
@@ -239,3 +236,34 @@ def test_remote_shovel_refused_publish_backs_off_and_marks_copies(
     assert all(p.headers["x-shovel-retry"] >= 2 for p in again)
     with contextlib.suppress(Exception):
         api(node).request("DELETE", "/api/parameters/shovel/%2F/refused")
+
+
+def test_remote_shovel_retries_dropped_by_a_deduplicating_queue(
+        node: BrokerProcess) -> None:
+    """What docs/shovel.md offers for a remote destination (where a retry goes through
+    the exchange again): messages carrying ``x-deduplication-header`` and a healthy
+    queue declared with ``x-message-deduplication``. While the first copy is still in
+    it, the queue drops every retry's copy (the refusing queue takes the message once it
+    can), so without a consumer the healthy queue holds each message once; nothing is
+    lost. (With a consumer that took the first copy, a retry would be taken again: the
+    queue only knows the values it holds.)"""
+    n = N_REFUSED
+    _refusing_route(node, "dd", dedup=True)
+    log_start = node.log_path.stat().st_size
+    set_shovel(api(node), "dd", {"src-uri": "amqp://", "src-queue": "dd.src",
+                                 "dest-uri": amqp_uri(node.port), "dest-exchange": "dd.x"})
+
+    def rounds() -> int:
+        text = node.log_path.read_bytes()[log_start:].decode(errors="replace")
+        return text.count("publishing them again")
+
+    wait_for(lambda: rounds() >= 3, timeout=30, what="three retry rounds")
+    assert _queue(node, "dd.healthy")["messages"] == n  # the retries' copies dropped
+    _refusal_lifted(node, "dd")
+    healthy = _get_all(node, "dd.healthy")
+    orders = [(p, b) for p, b in _get_all(node, "dd.orders") if b != b"filler"]
+    ids = sorted(f"id-{i}" for i in range(n))
+    assert sorted(p.message_id for p, _b in healthy) == ids  # each exactly once
+    assert sorted(p.message_id for p, _b in orders) == ids  # nothing lost
+    with contextlib.suppress(Exception):
+        api(node).request("DELETE", "/api/parameters/shovel/%2F/dd")

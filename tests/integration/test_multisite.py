@@ -65,6 +65,15 @@ KEPT_OUT = re.compile(r"\b(federation|shovel) [^\n]*?: (\d+) redelivered message
                       r"already in every queue")
 # a federation link's or the shovel's attempt that ended (what the upstream redelivers)
 ATTEMPT_ENDED = re.compile(r"\b(federation link|shovel) [^\n]*? failed: ([^\n]*)")
+# publishes a queue refused although it may have kept them (a node nacks what it had
+# forwarded to a queue's leader when the link to that leader goes, or when the confirm
+# is late): the link and the shovel publish each again, flagged (amqpd/cluster/
+# remote_failover.py, deadlines.py)
+NACKED_IN_FLIGHT = re.compile(r"queue '([^']+)' in vhost '[^']*': link to its leader \S+ "
+                              r"lost; \d+ publish\(es\) waiting for its credit dropped, "
+                              r"(\d+) confirm\(s\) nacked")
+NACKED_LATE = re.compile(r"(\d+) forwarded publish\(es\) to queue '([^']+)' on \S+ not "
+                         r"confirmed within")
 
 
 def flagged(props: Any) -> bool:
@@ -111,6 +120,7 @@ def _print_link_log(branch: list[ClusterNode]) -> None:
     makes hq redeliver what was not acked)."""
     kept: Counter[str] = Counter()
     ended: Counter[str] = Counter()
+    nacked: Counter[str] = Counter()
     for member in branch:
         if member.proc is not None:
             text = member.proc.log_path.read_text(errors="replace")
@@ -118,7 +128,13 @@ def _print_link_log(branch: list[ClusterNode]) -> None:
                 kept[who] += int(number)
             for who, reason in ATTEMPT_ENDED.findall(text):
                 ended[f"{member.name} {who}: {reason[:120]}"] += 1
+            for queue, number in NACKED_IN_FLIGHT.findall(text):
+                nacked[f"{member.name} -> {queue} (link to its leader lost)"] += int(number)
+            for number, queue in NACKED_LATE.findall(text):
+                nacked[f"{member.name} -> {queue} (confirm late)"] += int(number)
     print(f"multisite: redelivered repeats acked without a publish: {dict(kept)}")
+    # each may be a second copy in that queue, flagged (docs/federation.md, shovel.md)
+    print(f"multisite: forwarded publishes nacked, perhaps kept: {dict(nacked)}")
     for what, n in ended.most_common(12):
         print(f"multisite: attempt ended x{n}: {what}")
 

@@ -242,3 +242,39 @@ def test_unknown_type_is_refused_with_rabbitmqs_text(api: BrokerAPI) -> None:
         api.declare_queue("/", "u", arguments={"x-queue-type": "stream-ish"})
     assert info.value.reply_code == 406
     assert "unsupported queue type 'stream-ish'" in info.value.text
+
+
+def test_a_replicated_queue_keeps_every_message_while_it_is_replicated(
+        api: BrokerAPI) -> None:
+    """QueueType.replicated (a mirrored classic queue's leader, amqpd.cluster.mirror):
+    while on, a transient message routed to the queue is written to the store like a
+    persistent one (so it reaches the mirrors) and the pipeline counts one keeping
+    queue; a repeated call counts nothing twice; off again, transient ones stay in
+    memory."""
+    publisher = api.cluster_port().publisher
+    q = classic(api, durable=True)
+    assert not q.keeps_all and publisher.keeping_queues == 0
+    api.publish("/", "", message(b"before"), None)
+    assert q.take().message.persistent is False  # type: ignore[union-attr]
+    q.replicated(True)
+    q.replicated(True)
+    assert q.keeps_all and publisher.keeping_queues == 1
+    api.publish("/", "", message(b"mirrored"), None)
+    entry = q.take()
+    assert entry is not None and entry.message.persistent
+    assert entry.message.position >= 0  # written to the store
+    q.replicated(False)
+    q.replicated(False)
+    assert not q.keeps_all and publisher.keeping_queues == 0
+    api.publish("/", "", message(b"after"), None)
+    assert q.take().message.persistent is False  # type: ignore[union-attr]
+
+
+def test_a_type_that_keeps_every_message_is_unchanged_by_replication(
+        api: BrokerAPI) -> None:
+    publisher = api.cluster_port().publisher
+    q = api.declare_queue("/", "qq", durable=True, arguments={"x-queue-type": "quorum"})
+    assert q.keeps_all and publisher.keeping_queues == 1
+    q.replicated(True)
+    q.replicated(False)
+    assert q.keeps_all and publisher.keeping_queues == 1

@@ -88,7 +88,10 @@ class _Queue:
     name = "mirrored"
     store_key = "/\x00mirrored"
     policy: dict[str, Any] | None = {"ha-mode": "all"}
-    mirrored = False
+    keeps_all = False
+
+    def replicated(self, on: bool) -> None:  # QueueType.replicated, without the count
+        self.keeps_all = on
 
 
 def _mirrors() -> Mirrors:

@@ -228,7 +228,7 @@ def test_a_restarted_member_reads_its_mark_back_and_offers_it(tmp_path: Path) ->
     ready = [SimpleNamespace(message=SimpleNamespace(position=e[0], size=e[1]),
                              redelivered=False) for e in copy.in_order()]
     gone: list[bool] = []
-    q = SimpleNamespace(store_key="/\x00q", ready=ready, in_store=True,
+    q = SimpleNamespace(store_key="/\x00q", ready_entries=lambda: ready, in_store=True,
                         delete=lambda: gone.append(True))
     again = _mirrors(tmp_path)
     assert again._adopt(("/", "q"), q)  # type: ignore[arg-type]

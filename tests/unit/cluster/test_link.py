@@ -159,3 +159,29 @@ def test_replication_frames_decode_before_the_mirrors_module_is_loaded() -> None
                          timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[(80, 7, ['/', 'q', 3]), (100, 8, [2])]"
+
+
+async def test_one_try_at_a_time_while_a_peer_accepts_and_never_answers() -> None:
+    """A stopped (SIGSTOP) peer's kernel accepts connections that nothing answers: the
+    dialler waits for its try's handshake to end before the next, instead of piling a
+    new half-open link into the peer's accept queue every 0.1 s (issue 28: a 9.8 s stop
+    gave ~100 "handshake timed out" lines and a flood of links when the peer woke)."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def silent(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    host, port = server.sockets[0].getsockname()[:2]
+    a = LinkManager("a@x", b"c", Recorder(), {"b@x": (host, port)}.get)
+    try:
+        a.want("b@x")
+        await until(lambda: len(accepted) == 1)
+        await asyncio.sleep(1.0)  # ten of the old 0.1 s redials
+        assert len(accepted) == 1
+    finally:
+        await a.close()
+        for w in accepted:
+            w.close()
+        server.close()
+        await server.wait_closed()

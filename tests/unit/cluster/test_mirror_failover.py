@@ -74,6 +74,9 @@ class FakeRemote:
     def cancel_kept(self) -> None:
         self.cancelled += 1
 
+    def listed_type(self) -> str:  # as RemoteQueue answers it: its leader's queue's type
+        return self.real_type
+
 
 def remote(leader: str, policy: dict[str, Any] | None = HA_ALL) -> Any:
     """A :class:`FakeRemote` where the code under test wants a queue (duck-typed)."""

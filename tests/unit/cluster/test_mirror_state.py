@@ -319,6 +319,35 @@ def test_a_mirror_of_a_queue_holding_messages_counts_only_once_synchronised() ->
     assert lead.rs.synchronised == set()
 
 
+def test_a_queue_whose_messages_are_all_delivered_unacked_is_not_empty_for_a_mirror(
+        ) -> None:
+    """RabbitMQ's rule (3.10 classic mirrors get unacknowledged messages too): a mirror
+    is synchronised only when it holds every message the leader still holds, ready or
+    delivered and not yet acknowledged. With nothing ready but one delivery held by a
+    consumer, a new mirror is not synchronised from its start: it lacks that message
+    until it is settled (then a consumer's nack or close after a failover finds it on
+    the promoted mirror). Checked for issue 28's chaos seed 108, where this was a
+    suspect: the rule held."""
+    store, lead, _mirrors = _leader_store()
+    pos = store.append_enqueue([lead.key], StoredMessage("", "q", b"", b"x"))
+    store.delivering(lead.key, pos)  # handed to a consumer, not acked
+    assert lead.live == {pos: True}
+    link = _FakeLink()
+    lead.attach("b", link)  # type: ignore[arg-type]
+    assert link.kinds() == [M.MSTART]  # no MBACKLOG_END: not synchronised from the start
+    lead.got_have("b", lead.streams["b"].rid, [])
+    assert lead.streams["b"].missing == {pos: None} and lead.rs.synchronised == set()
+    store.append_settle(lead.key, [pos])  # acked: nothing it lacks is left
+    assert link.kinds()[-1] == M.MBACKLOG_END
+    # a delivery the mirrored state does not list (a transient message handed out
+    # before the queue was mirrored) still makes the queue non-empty
+    _store2, lead2, _m2 = _leader_store()
+    lead2.q.unacked_count = 1  # type: ignore[misc]
+    link2 = _FakeLink()
+    lead2.attach("b", link2)  # type: ignore[arg-type]
+    assert link2.kinds() == [M.MSTART]
+
+
 # ------------------------------------------------------------------ promotion policy
 def test_ha_settings_default_as_rabbitmq_3_10() -> None:
     assert ha_setting(None, "ha-sync-mode") == "manual"

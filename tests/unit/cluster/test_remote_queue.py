@@ -44,6 +44,8 @@ class FakeView:
         self.node_name = node_name
         self.shared = shared
         self.callbacks: list[Callable[[str, bool], None]] = []
+        self.catalogue: dict[tuple[str, str], str] = {}  # no leaders known: none named
+        self.queues: Any = None
 
     def nodes(self) -> dict[str, NodeInfo]:
         return dict(self.shared)
@@ -57,6 +59,9 @@ class FakeView:
 
     def serving(self) -> bool:
         return True
+
+    def node_lost(self, node: str) -> None:
+        """No non-durable queues of other nodes here."""
 
 
 @dataclass
@@ -281,14 +286,25 @@ async def test_node_loss_cancels_consumers_nacks_and_answers_404(
     await until(lambda: rq.available)
     conn = await aio_pika.connect(b.url)
     try:
-        ch = await conn.channel(publisher_confirms=True)
-        await ch.default_exchange.publish(aio_pika.Message(b"y", delivery_mode=2),
-                                          routing_key="q5")
-        got = await (await ch.get_queue("q5", ensure=False)).get(timeout=5)
-        assert got.body == b"y"
-        await got.ack()
+        await _round_trip(await conn.channel(publisher_confirms=True), "q5", b"y")
     finally:
         await conn.close()
+
+
+async def _round_trip(ch: Any, queue: str, body: bytes) -> None:
+    """A confirmed persistent publish to ``queue``, then a basic.get of it, acked."""
+    await ch.default_exchange.publish(aio_pika.Message(body, delivery_mode=2),
+                                      routing_key=queue)
+    got = await (await ch.get_queue(queue, ensure=False)).get(timeout=5)
+    assert got.body == body
+    await got.ack()
+
+
+async def _nacked(ch: Any, queue: str) -> None:
+    """A persistent publish to ``queue`` (not mandatory) gets a nack."""
+    with pytest.raises(aio_pika.exceptions.DeliveryError):
+        await ch.default_exchange.publish(aio_pika.Message(b"x", delivery_mode=2),
+                                          routing_key=queue, mandatory=False)
 
 
 async def test_a_publish_while_the_running_leader_answers_404_is_nacked_not_acked(
@@ -306,12 +322,41 @@ async def test_a_publish_while_the_running_leader_answers_404_is_nacked_not_acke
     assert b.broker.vhosts["/"].queues.get("q404") is rq  # B still routes to it
     conn = await aio_pika.connect(b.url)
     try:
-        ch = await conn.channel(publisher_confirms=True)
-        with pytest.raises(aio_pika.exceptions.DeliveryError):
-            await ch.default_exchange.publish(aio_pika.Message(b"x", delivery_mode=2),
-                                              routing_key="q404", mandatory=False)
+        await _nacked(await conn.channel(publisher_confirms=True), "q404")
     finally:
         await conn.close()
+
+
+async def test_a_publish_while_the_running_leaders_link_is_down_is_nacked_not_acked(
+        nodes: tuple[Node, Node]) -> None:
+    """issue 28, chaos seed 108: the leader's node was killed and back within the
+    heartbeat timeout, so the view never counted it down; it led its queue again with
+    no mirror yet (no link up), and the publisher's node, finding no failover to
+    expect and no link, acked 20 publishes as routed nowhere and dropped them. A node
+    the view counts as running is not down: while its link is being dialled again, a
+    publish to its queue is nacked (the client re-sends), never acked and dropped."""
+    a, b = nodes
+    rq = lead(a, b, "qlink")
+    await until(lambda: rq.available)
+    # the link goes and A (the dialler) cannot dial it again for now; both nodes
+    # still see each other running
+    b_info = b.view.shared["b@test"]
+    b.view.shared["b@test"] = NodeInfo("b@test", None, 0, 0, True)
+    link = a.cluster.links.link("b@test")
+    assert link is not None
+    link.close()
+    await until(lambda: not rq.available and b.cluster.links.link("a@test") is None)
+    assert b.view.is_running("a@test")
+    conn = await aio_pika.connect(b.url)
+    try:
+        ch = await conn.channel(publisher_confirms=True)
+        await _nacked(ch, "qlink")
+        b.view.shared["b@test"] = b_info  # A dials again: the publish goes through
+        await until(lambda: rq.available)
+        await _round_trip(ch, "qlink", b"y")
+    finally:
+        await conn.close()
+    assert a.broker.vhosts["/"].queues["qlink"].message_count == 0
 
 
 def _msg(queue: str, i: int) -> Any:
