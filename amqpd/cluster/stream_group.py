@@ -82,10 +82,11 @@ from amqpd.cluster.stream_replica import StreamReplica, write_term
 from amqpd.coord.etcd import Compare, Delete, EtcdError, Put
 
 if TYPE_CHECKING:
-    from amqpd.broker.api import BrokerAPI, QueueType, VHost
+    from amqpd.broker.api import BrokerAPI, VHost
     from amqpd.cluster.cluster_queues import ClusterQueues
     from amqpd.cluster.link import Link
     from amqpd.cluster.node import Cluster
+    from amqpd.cluster.remote_state import RemoteQueueState
 
 log = logging.getLogger("amqpd.cluster.stream")
 
@@ -161,7 +162,7 @@ class StreamGroups:
         self.queues.extensions.append(self)
         previous = self.queues.failover_expected
 
-        def expected(queue: QueueType) -> bool:
+        def expected(queue: RemoteQueueState) -> bool:
             return self.failover_expected(queue) or previous(queue)
 
         self.queues.failover_expected = expected
@@ -599,21 +600,20 @@ class StreamGroups:
                     "loss of %s; offsets %d..%d", name, vhost, self.node, lead.term,
                     replica.leader, q.log.first_offset, q.log.last_offset)
 
-    def failover_expected(self, queue: QueueType) -> bool:
+    def failover_expected(self, queue: RemoteQueueState) -> bool:
         """Will a stream whose leader's link went get a new leader (its consumers here
         are kept meanwhile, and publishes get a nack instead of the ack of an unroutable
         message)? When a majority of its members, the lost one aside, runs. With no
         record read yet (declared less than a read ago): a stream always has one (the
         declare-ok waits for it), of ``x-initial-cluster-size`` of the cluster's nodes,
         so the running nodes other than the lost leader decide."""
-        if str(getattr(queue, "real_type", queue.type_name)) != "stream":
+        if queue.listed_type() != "stream":
             return False
-        lost = str(getattr(queue, "leader", ""))
+        lost = queue.leader
         rec = self.records.get((queue.vhost.name, queue.name))
         if rec is None:
             nodes = list(self.cluster.nodes())
-            size = min(cluster_size(dict(getattr(queue, "arguments", None) or {}),
-                                    len(nodes)), len(nodes))
+            size = min(cluster_size(dict(queue.arguments), len(nodes)), len(nodes))
             others = sum(1 for n in nodes if n != lost and
                          (n == self.node or self.cluster.is_running(n)))
             return Majority.of(size).reached(min(others, size - 1))
