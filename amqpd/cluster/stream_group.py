@@ -66,7 +66,7 @@ from amqpd.cluster import link_wire as W
 from amqpd.cluster import stream_wire as S
 from amqpd.cluster.election import claim, clear_offers, election_round, late_claim
 from amqpd.cluster.mirror_state import Ident, key_part
-from amqpd.cluster.periodic import every
+from amqpd.cluster.periodic import every, spawn
 from amqpd.cluster.quorum_failover import GroupBallot, in_place
 from amqpd.cluster.quorum_group import lead_or_establish, read_group_records
 from amqpd.cluster.quorum_state import (
@@ -181,9 +181,7 @@ class StreamGroups:
                 replica.close()
 
     def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._spawned.add(task)
-        task.add_done_callback(self._spawned.discard)
+        spawn(self._spawned, coro)
 
     def record_key(self, ident: Ident) -> str:
         return f"{self.root}/stream/{key_part(ident[0])}/{key_part(ident[1])}"
