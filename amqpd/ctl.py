@@ -819,7 +819,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("delete_member", cmd_delete_member, "remove NODE's member from a quorum queue's "
         "group (rabbitmq-queues delete_member)", arg("queue"), arg("node"))
     add("add_replica", cmd_add_replica, "add a replica on NODE to a stream "
-        "(rabbitmq-streams add_replica; streams run on one node for now)", arg("queue"),
+        "(rabbitmq-streams add_replica)", arg("queue"),
         arg("node"))
     add("delete_replica", cmd_delete_replica, "remove NODE's replica from a stream "
         "(rabbitmq-streams delete_replica)", arg("queue"), arg("node"))

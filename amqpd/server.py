@@ -707,6 +707,9 @@ async def serve(settings: Settings, ready: Callable[[Broker], None] | None = Non
         from amqpd.cluster import quorum_group
 
         groups = quorum_group.start(broker.api, cluster, queues)  # quorum queues' groups
+        from amqpd.cluster import stream_group
+
+        streams = stream_group.start(broker.api, cluster, queues)  # replicated streams
         from amqpd.cluster import deadlines as commit_deadlines
 
         # no commit waits on the replicas for ever (issue 28)
@@ -732,6 +735,7 @@ async def serve(settings: Settings, ready: Callable[[Broker], None] | None = Non
     if cluster is not None:
         await deadlines.stop()
         await groups.stop()
+        await streams.stop()
         await mirrors.stop()
         await cluster.stop()  # revokes the lease: the others see this node go at once
         await queues.stop()

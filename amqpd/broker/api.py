@@ -55,6 +55,8 @@ from amqpd.broker.policy import register_policy_key
 from amqpd.broker.queue import Consumer, Queue, QueueEntry
 from amqpd.broker.queue_type import QUEUE_TYPES, QueueType, queue_type_name, register_queue_type
 from amqpd.broker.quorum import QuorumQueue as QuorumQueue
+from amqpd.broker.stream import StreamQueue as StreamQueue
+from amqpd.broker.stream import stream_directory as stream_directory
 from amqpd.broker.vhost import VHost, generate_name
 from amqpd.protocol import codec
 from amqpd.protocol import constants as wire
@@ -73,6 +75,11 @@ from amqpd.store.api import NotReplicated as NotReplicated
 from amqpd.store.api import StoredMessage as StoredMessage
 from amqpd.store.api import StoreError as StoreError
 from amqpd.store.api import queue_key as queue_key
+from amqpd.store.stream_log import AMQP10 as AMQP10
+from amqpd.store.stream_log import CHUNK_START as CHUNK_START
+from amqpd.store.stream_log import Record as Record
+from amqpd.store.stream_log import StreamLog as StreamLog
+from amqpd.store.stream_log import StreamLogError as StreamLogError
 
 if TYPE_CHECKING:
     # for annotations of callers (http/, plugins), which import only this module

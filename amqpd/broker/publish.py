@@ -319,8 +319,8 @@ class Publisher:
         another cluster node routed here (amqpd/cluster/remote_served.py, the leader's
         side of a queue used from that node). Deduplication, the queue's length limit
         (reject-publish), the store for a persistent message in a durable queue (or
-        any message of a queue that keeps every message), then the enqueue;
-        ``on_confirm`` once that is durable."""
+        any message of a queue that keeps every message; a stream writes its own log),
+        then the enqueue; ``on_confirm`` once that is durable."""
         if q.dedup is not None and not q.dedup.admit(message):
             if on_confirm is not None:  # x-message-deduplication: already in the queue
                 on_confirm(None)
@@ -335,7 +335,7 @@ class Publisher:
         if not message.persistent and q.keeps_all:
             message.persistent = True
         store = self.broker.store
-        if message.persistent and q.durable:
+        if message.persistent and q.durable and not q.own_log:
             try:
                 message.position = store.append_enqueue([q.store_key], stored_message(message))
             except StoreError as exc:
@@ -353,7 +353,10 @@ class Publisher:
         else:
             self._enqueue_all([q], message)
         if on_confirm is not None:
-            on_confirm(None)
+            if q.own_log:  # a stream: its own log's sync (and commit rule) confirms
+                self.commit(on_confirm)
+            else:
+                on_confirm(None)
 
     def commit(self, callback: OnConfirm) -> None:
         """Call back once everything appended so far is durable (or with the error).

@@ -27,9 +27,11 @@ those reads run in a worker thread for a consumer behind, in place at the tail
 ``x-stream-offset`` header is written into each record's properties when it is
 appended (its offset is known then), so a delivery sends the record as stored.
 
-On one node the stream is its own leader and only member; ``x-initial-cluster-size``
-and ``x-queue-leader-locator`` are checked and kept. A replicated stream would append
-on followers through :meth:`StreamLog.append_replica` and ship records by offset.
+On one node the stream is its own leader and only member. In a cluster
+(:mod:`amqpd.cluster.stream_group`) this queue is the leader's: the cluster ships what
+each flush made readable (:attr:`StreamQueue.watchers`) to the members, which append it
+at the same offsets, and a confirm waits for its commit rule too
+(:attr:`StreamQueue.commit_gate`).
 """
 
 from __future__ import annotations
@@ -266,8 +268,14 @@ class StreamQueue(QueueType):
         self._retention_timer: asyncio.TimerHandle | None = None
         self.segments_deleted = 0
         self._rolls_seen = 0
-        # called after each flush made records readable (stream-protocol subscribers)
+        # called after each flush made records readable (stream-protocol subscribers,
+        # a replicated stream's leader shipping them)
         self.watchers: list[Callable[[], None]] = []
+        # a replicated stream's commit rule (amqpd.cluster.stream_group): called with
+        # the offset every record below which must be committed and the confirm's
+        # callback, once they are fsynced here
+        self.commit_gate: Callable[[int, Callable[[BaseException | None], None]],
+                                   None] | None = None
         broker.publisher.own_log_queues += 1
         self.on_removed.append(_removed)
 
@@ -422,6 +430,9 @@ class StreamQueue(QueueType):
         share the next fsync (group commit)."""
         if self._flush_pending:
             self.flush()
+        gate = self.commit_gate
+        if gate is not None:
+            callback = _then_committed(gate, self.log.next_offset, callback)
         self._sync_waiters.append(callback)
         if not self._syncing:
             self._start_sync()
@@ -498,7 +509,10 @@ class StreamQueue(QueueType):
             if reader is None:
                 continue
             while consumer.can_receive():
-                credit = consumer.prefetch - consumer.unacked
+                # a consumer with no prefetch of its own is another node's (its
+                # channel's credit is the limit: can_receive)
+                credit = consumer.prefetch - consumer.unacked if consumer.prefetch \
+                    else READ_BATCH
                 batch = reader.next_batch(min(credit, READ_BATCH))
                 if not batch:
                     break
@@ -581,6 +595,19 @@ def stream_directory(data_dir: Path, vhost: str, name: str) -> Path:
     any length), with ``stream.json`` inside naming it for people."""
     digest = hashlib.sha256(f"{vhost}\x00{name}".encode()).hexdigest()[:32]
     return data_dir / "streams" / digest
+
+
+def _then_committed(gate: Callable[[int, Callable[[BaseException | None], None]], None],
+                    upto: int, callback: Callable[[BaseException | None], None]
+                    ) -> Callable[[BaseException | None], None]:
+    """``callback`` once the fsync went well and ``gate`` says the records below
+    ``upto`` are committed (a replicated stream's majority)."""
+    def synced(error: BaseException | None) -> None:
+        if error is not None:
+            callback(error)
+        else:
+            gate(upto, callback)
+    return synced
 
 
 def _removed(queue: QueueType) -> None:

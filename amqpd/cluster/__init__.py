@@ -36,4 +36,9 @@ here is imported. Operator guide: docs/clustering.md. The interface others code 
   ``ClusterStatus.quorum_membership()``). Its parts: ``quorum_leading.py``
   (the leader, checkouts), ``quorum_failover.py`` (the election's ballot, promotion);
   ``quorum_state.py`` sans-IO.
+* ``stream_group.py``: replicated streams (issue 30: members, majority commit of the
+  leader's offsets, elections with the quorum ballot, add/delete_replica); ``start(...)``
+  from ``serve`` after the quorum groups, reachable as ``cluster.stream_groups``. Its
+  parts: ``stream_leading.py`` (the leader: shipping, the commit gate),
+  ``stream_replica.py`` (a member's copy, epochs), ``stream_wire.py`` (frames 110-115).
 """

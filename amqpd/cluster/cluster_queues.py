@@ -42,6 +42,10 @@ EXTENSION_KINDS: Final = 80  # frame types from here on belong to ClusterQueues.
 # a link to a node the view does not see running is closed once silent this long
 LINK_SILENCE: Final = 2.0
 LOCATORS: Final = ("client-local", "min-masters", "random")  # RabbitMQ 3.10's names
+# x-queue-leader-locator's values (streams; docs/streams.md) as those locators
+LEADER_LOCATORS: Final[dict[str, str]] = {
+    "client-local": "client-local", "balanced": "min-masters",
+    "least-leaders": "min-masters", "random": "random"}
 
 
 class QueuesView(Protocol):
@@ -181,14 +185,19 @@ class ClusterQueues:
     # -- leader locators -----------------------------------------------------------------
     def locator_for(self, vhost: str, name: str, cls: type[QueueType],
                     arguments: dict[str, Any]) -> str:
-        """``x-queue-master-locator``, else the ``queue-master-locator`` policy key, else
-        ``cluster.queue_leader_locator`` (RabbitMQ 3.10's order)."""
-        value = arguments.get("x-queue-master-locator")
+        """``x-queue-leader-locator`` (RabbitMQ 3.10's streams: ``balanced`` picks the
+        node leading the fewest queues), ``x-queue-master-locator``, else the same as
+        policy keys, else ``cluster.queue_leader_locator`` (RabbitMQ 3.10's order)."""
+        value = _leader_locator(arguments.get("x-queue-leader-locator"))
+        if value is None:
+            value = arguments.get("x-queue-master-locator")
         if isinstance(value, str) and value in LOCATORS:
             return value
         policy = self.broker.policies.match(vhost, "queues", name, cls.type_name)
         if policy is not None:
-            value = policy.definition.get("queue-master-locator")
+            value = _leader_locator(policy.definition.get("queue-leader-locator"))
+            if value is None:
+                value = policy.definition.get("queue-master-locator")
             if isinstance(value, str) and value in LOCATORS:
                 return value
         return self.locator
@@ -503,6 +512,10 @@ async def start(api: BrokerAPI, view: QueuesView, cookie: bytes, host: str, port
     return cluster
 
 
+def _leader_locator(value: Any) -> str | None:
+    return LEADER_LOCATORS.get(value) if isinstance(value, str) else None
+
+
 def replace_queue(cluster: ClusterQueues, vh: VHost, old: QueueType | None,
                   new: QueueType) -> None:
     """Put ``new`` in ``old``'s place in ``vh`` with ``old``'s bindings, recording no
@@ -530,6 +543,8 @@ def replace_queue(cluster: ClusterQueues, vh: VHost, old: QueueType | None,
         old.stop_kept_timer()
         follow = not new.forwards_publish
         for consumer in list(old.consumers):
+            if isinstance(old, RemoteQueue):  # a stream's consumer goes on where it was
+                consumer.arguments = old.resume_arguments(consumer)
             old.remove_consumer(consumer)
             if follow and consumer.arguments.get("x-cancel-on-ha-failover") is not True:
                 # a consumer kept across the failover consumes from the promoted copy

@@ -27,7 +27,10 @@ from collections.abc import Callable
 from typing import Any, Final, Protocol, cast
 
 from amqpd.cluster import link_wire as W
-from amqpd.cluster import mirror_wire  # noqa: F401  (the replication frames' layouts)
+from amqpd.cluster import (
+    mirror_wire,  # noqa: F401  (the replication frames' layouts)
+    stream_wire,  # noqa: F401  (the replicated streams' layouts)
+)
 
 log = logging.getLogger("amqpd.cluster.link")
 

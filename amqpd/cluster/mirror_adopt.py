@@ -60,8 +60,9 @@ class CopyAdoption(MirrorsHost):
     def adopts(self, type_name: str) -> bool:
         """Whether a retired queue of the cluster's type ``type_name`` is this
         instance's to adopt or delete: every type but quorum queues
-        (amqpd.cluster.quorum_group's instance takes those)."""
-        return type_name != "quorum"
+        (amqpd.cluster.quorum_group's instance takes those) and streams (their logs
+        stay, as copies: amqpd.cluster.stream_group)."""
+        return type_name not in ("quorum", "stream")
 
     def _adopt(self, ident: Ident, q: QueueType) -> bool:
         if not self.store.on_disk or ident in self.copy_of:

@@ -111,6 +111,8 @@ class Cluster(ClusterView):
         self.mirrors: Any = None
         # quorum queues' replica groups (amqpd.cluster.quorum_group.QuorumGroups)
         self.quorum_groups: Any = None
+        # replicated streams' groups (amqpd.cluster.stream_group.StreamGroups)
+        self.stream_groups: Any = None
         self.pauses = 0
         # whether this node may claim the queues it holds (amqpd/cluster/leadership.py)
         self.leadership = Leadership(self.loop_clock, cc.heartbeat_timeout / 2,
@@ -454,6 +456,8 @@ class Cluster(ClusterView):
             out.update(self.mirrors.queue_fields(vhost, name))
         if self.quorum_groups is not None and kind == "quorum":
             out.update(self.quorum_groups.queue_fields(vhost, name))
+        if self.stream_groups is not None and kind == "stream":
+            out.update(self.stream_groups.queue_fields(vhost, name))
         return out
 
     def quorum_critical(self) -> list[tuple[str, str]]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from amqpd.broker.api import LoggedMessage
 from amqpd.cluster import link_wire as W
@@ -103,6 +103,27 @@ class GroupBallot(Ballot):
                                                   rec_rev, prefix)
 
 
+Q = TypeVar("Q", bound="QueueType")
+
+
+def in_place(groups: Any, ident: Ident, cls: type[Q], item: dict[str, Any]
+             ) -> tuple[VHost, QueueType | None, Q]:
+    """An election's winner makes its queue: a new ``cls`` in the place of the queue
+    there (the remote queue, whose bindings and kept consumers it takes), the
+    catalogue naming this node. The vhost, the queue replaced and the new one."""
+    from amqpd.cluster.cluster_queues import replace_queue
+
+    vh = groups.broker.vhosts[ident[0]]
+    old = vh.queues.get(ident[1])
+    groups.cluster.catalogue[ident] = groups.node
+    q = cls(vh, ident[1], durable=True, auto_delete=False,
+            arguments=dict(old.arguments if old is not None
+                           else item.get("arguments") or {}))
+    replace_queue(groups.queues, vh, old, q)
+    groups.broker.apply_policies_to(vh, q)
+    return vh, old, q
+
+
 class GroupFailover(MirrorsHost):
     """:class:`~amqpd.cluster.quorum_group.QuorumGroups`' elections (a mixin: the state
     is the ``QuorumGroups`` instance's)."""
@@ -169,17 +190,9 @@ class GroupFailover(MirrorsHost):
         :meth:`_reclaim_here`), returned to its place if they do not take it back.
         Then the messages not held, in order (redelivered if they had been before)."""
         from amqpd.broker.api import QuorumQueue
-        from amqpd.cluster.cluster_queues import replace_queue
 
         vhost, name = ident
-        vh = self.broker.vhosts[vhost]
-        old = vh.queues.get(name)
-        self.cluster.catalogue[ident] = self.node
-        q = QuorumQueue(vh, name, durable=True, auto_delete=False,
-                        arguments=dict(old.arguments if old is not None
-                                       else item.get("arguments") or {}))
-        replace_queue(self.queues, vh, old, q)
-        self.broker.apply_policies_to(vh, q)
+        vh, old, q = in_place(self, ident, QuorumQueue, item)
         live: dict[int, bool] = {}
         held: list[tuple[int, int, int, str]] = []  # leader position, local, size, holder
         ready: list[tuple[int, int, bool]] = []
@@ -279,4 +292,4 @@ class GroupFailover(MirrorsHost):
         return bool(members) and MajorityPromotion(tuple(members)).enough(len(up))
 
 
-__all__ = ["GroupBallot", "GroupFailover", "election_offer"]
+__all__ = ["GroupBallot", "GroupFailover", "election_offer", "in_place"]

@@ -125,6 +125,7 @@ if TYPE_CHECKING:
     from amqpd.cluster.cluster_queues import ClusterQueues
     from amqpd.cluster.link import Link
     from amqpd.cluster.node import Cluster
+    from amqpd.coord.etcd import EtcdClient
 
 log = logging.getLogger("amqpd.cluster.quorum")
 
@@ -196,25 +197,10 @@ class QuorumGroups(GroupFailover, Mirrors):
         return stream >= STREAM_SPLIT
 
     async def _read_records(self) -> None:
-        prefix = f"{self.root}/quorum/"
         while True:
             with contextlib.suppress(EtcdError, ValueError):
-                _rev, kvs = await self.etcd.range_prefix(prefix)
-                records: dict[Ident, dict[str, Any]] = {}
-                revisions: dict[Ident, int] = {}
-                for kv in kvs:
-                    parts = kv.key.decode()[len(prefix):].split("/")
-                    if len(parts) == 2:
-                        ident = (urllib.parse.unquote(parts[0]),
-                                 urllib.parse.unquote(parts[1]))
-                        rec = json.loads(kv.value)
-                        records[ident] = rec
-                        revisions[ident] = kv.mod_revision
-                        term = int(rec.get("term", 0))
-                        if term > self.known_terms.get(ident, 0):
-                            self.known_terms[ident] = term
-                self.records = records
-                self.revisions = revisions
+                self.records, self.revisions = await read_group_records(
+                    self.etcd, f"{self.root}/quorum/", self.known_terms)
             await asyncio.sleep(0.5)
 
     # -- the reconciliation ---------------------------------------------------------------
@@ -232,14 +218,8 @@ class QuorumGroups(GroupFailover, Mirrors):
                     continue
                 ident = (vh.name, q.name)
                 seen.add(ident)
-                lead = self.leading.get(ident)
-                if lead is not None and lead.q is not q:
-                    self.stop_leading(lead, delete_record=False)
-                    lead = None
+                lead = lead_or_establish(self, vh, q)
                 if lead is None:
-                    if ident not in self.establishing:
-                        self.establishing.add(ident)
-                        self._spawn(self._establish(vh, q))
                     continue
                 assert isinstance(lead, GroupLeading)
                 if lead.fenced:
@@ -555,6 +535,42 @@ class QuorumGroups(GroupFailover, Mirrors):
         return sorted(i for i, r in self.records.items() if node in r.get("members", []))
 
 
+async def read_group_records(etcd: EtcdClient, prefix: str, known_terms: dict[Ident, int]
+                             ) -> tuple[dict[Ident, dict[str, Any]], dict[Ident, int]]:
+    """One read of the group records under ``prefix`` (``{prefix}{vhost}/{name}``):
+    queue -> record and queue -> its revision; ``known_terms`` learns the newer terms.
+    Quorum queues' and streams' (amqpd.cluster.stream_group) records alike."""
+    _rev, kvs = await etcd.range_prefix(prefix)
+    records: dict[Ident, dict[str, Any]] = {}
+    revisions: dict[Ident, int] = {}
+    for kv in kvs:
+        parts = kv.key.decode()[len(prefix):].split("/")
+        if len(parts) != 2:
+            continue
+        ident = (urllib.parse.unquote(parts[0]), urllib.parse.unquote(parts[1]))
+        records[ident] = rec = json.loads(kv.value)
+        revisions[ident] = kv.mod_revision
+        term = int(rec.get("term", 0))
+        if term > known_terms.get(ident, 0):
+            known_terms[ident] = term
+    return records, revisions
+
+
+def lead_or_establish(groups: Any, vh: VHost, q: QueueType) -> Any:
+    """The leading object of ``groups`` (QuorumGroups, StreamGroups) for queue ``q``
+    here, or None: there is none yet (one replaced with its queue is stopped), and the
+    group's set-up (``groups._establish``) is started unless it runs already."""
+    ident = (vh.name, q.name)
+    lead = groups.leading.get(ident)
+    if lead is not None and lead.q is not q:
+        groups.stop_leading(lead, delete_record=False)
+        lead = None
+    if lead is None and ident not in groups.establishing:
+        groups.establishing.add(ident)
+        groups._spawn(groups._establish(vh, q))
+    return lead
+
+
 def start(api: BrokerAPI, cluster: Cluster, queues: ClusterQueues) -> QuorumGroups:
     """Start this node's part in quorum queues' groups (``serve`` calls it after
     :func:`amqpd.cluster.mirror.start`)."""
@@ -567,4 +583,4 @@ def start(api: BrokerAPI, cluster: Cluster, queues: ClusterQueues) -> QuorumGrou
 # GroupLeading, CHECKOUT_WAIT and election_offer live in quorum_leading.py and
 # quorum_failover.py; named here too, for the callers of old
 __all__ = ["CHECKOUT_WAIT", "QTERM", "GroupLeading", "QuorumGroups", "election_offer",
-           "start"]
+           "lead_or_establish", "read_group_records", "start"]

@@ -32,6 +32,7 @@ from amqpd.cluster.remote_state import (
     home_node_down,
     jsonable,
 )
+from amqpd.cluster.stream_wire import delivered_offset
 
 log = logging.getLogger("amqpd.cluster.queues")
 
@@ -159,8 +160,17 @@ class RemoteConsume(RemoteQueueState):
         if state.by_settle:
             window = max(0, consumer.prefetch - consumer.unacked)
         args = {"tag": consumer.tag, "exclusive": consumer.exclusive,
-                "arguments": jsonable(consumer.arguments)}
+                "arguments": jsonable(self.resume_arguments(consumer))}
         self._send(W.encode(W.CONSUME, self.stream, state.id, consumer.no_ack, window, args))
+
+    def resume_arguments(self, consumer: Consumer) -> dict[str, Any]:
+        """The consume arguments ``consumer`` goes on with at a (new) leader: a stream
+        consumer's ``x-stream-offset`` is the offset after the last delivery its
+        channel was given, so it sees no gap and no repeat across a failover."""
+        state = self._by_consumer.get(id(consumer))
+        if state is None or state.resume is None:
+            return consumer.arguments
+        return {**consumer.arguments, "x-stream-offset": state.resume}
 
     def remove_consumer(self, consumer: Consumer) -> None:
         state = self._by_consumer.pop(id(consumer), None)
@@ -210,8 +220,13 @@ class RemoteConsume(RemoteQueueState):
             buffer = state.buffer
             n = 0
             while buffer and consumer.has_credit() and consumer.channel.can_deliver(consumer):
-                consumer.channel.deliver(consumer, self, buffer.popleft())
+                entry = buffer.popleft()
+                consumer.channel.deliver(consumer, self, entry)
                 n += 1
+                if self.real_type == "stream":
+                    offset = delivered_offset(entry.message.properties)
+                    if offset is not None:
+                        state.resume = offset + 1
                 if state.id not in self._cons:
                     break  # the channel went while delivering
             if n and not state.by_settle:

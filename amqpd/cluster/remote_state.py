@@ -52,7 +52,7 @@ def home_node_down(node: str, name: str, vhost: str, durable: bool) -> NotFound:
 class _RemoteConsumer:
     """A local consumer of a remote queue: its deliveries waiting for its channel."""
 
-    __slots__ = ("answer", "buffer", "by_settle", "consumer", "id", "timer")
+    __slots__ = ("answer", "buffer", "by_settle", "consumer", "id", "resume", "timer")
 
     def __init__(self, cid: int, consumer: Consumer) -> None:
         self.id = cid
@@ -63,6 +63,9 @@ class _RemoteConsumer:
         # the channel's callback while the leader has not yet accepted the consumer
         self.answer: Callable[[BaseException | None], None] | None = None
         self.timer: asyncio.TimerHandle | None = None
+        # a stream's: the offset after the last delivery its channel was given (where
+        # it goes on after a failover: amqpd.cluster.stream_group)
+        self.resume: int | None = None
 
 
 class _Held:

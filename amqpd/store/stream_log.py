@@ -54,9 +54,10 @@ Theory of operation:
   the active one: by total size (``max-length-bytes``) and by age (a sealed segment
   whose newest record is older than ``max-age``). A reader inside a deleted segment
   moves on to the first record still there on its next read.
-* Replication later: a follower appends what its leader shipped with
-  :meth:`StreamLog.append_replica` (the leader's offsets, timestamps and chunk marks),
-  and the leader ships records read by offset (:meth:`Reader.read`).
+* Replication (amqpd/cluster/stream_group.py): a member appends what its leader shipped
+  with :meth:`StreamLog.append_replica` (the leader's offsets, timestamps, chunk marks
+  and flags), and the leader ships records read by offset (:meth:`Reader.read`); a
+  member whose log is not a prefix of its leader's starts again (:meth:`reset`).
 """
 
 from __future__ import annotations
@@ -417,11 +418,30 @@ class StreamLog:
         return offset
 
     def append_replica(self, offset: int, timestamp: int, chunk_start: bool,
-                       payload: bytes) -> None:
-        """Append a record a leader shipped, with the leader's offset and chunk mark."""
+                       payload: bytes, flags: int = 0) -> None:
+        """Append a record a leader shipped, with the leader's offset, chunk mark and
+        flags (:data:`AMQP10`)."""
         if offset != self.next_offset:
             raise StreamLogError(f"offset {offset} does not follow {self.next_offset - 1}")
-        self._append(offset, timestamp, chunk_start, payload)
+        self._append(offset, timestamp, chunk_start, payload, flags & AMQP10)
+
+    def reset(self, offset: int) -> None:
+        """Drop every record and go on at ``offset``: a replica whose log is not a
+        prefix of its leader's (an uncommitted tail of an older term), or lies wholly
+        before what its leader still keeps, starts again from the leader's log."""
+        with self._lock:
+            for seg in self.segments:
+                if seg.fd >= 0:
+                    os.close(seg.fd)
+                    seg.fd = -1
+            self._remove_files(list(self._bases))
+            self.segments.clear()
+            self._bases.clear()
+        self._buffer = bytearray()
+        self._pending = []
+        self._chunk_open = False
+        self._new_segment(offset)
+        self.next_offset = self.flushed_offset = self.synced_offset = offset
 
     def _append(self, offset: int, timestamp: int, chunk_start: bool, payload: bytes,
                 flags: int = 0) -> None:

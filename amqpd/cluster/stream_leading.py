@@ -1,0 +1,201 @@
+"""The leader's side of a replicated stream (issue 30): part of
+:mod:`amqpd.cluster.stream_group`.
+
+:class:`StreamLeading` ships the records of the stream this node leads to every other
+member on the node link, from the offset each member said it continues from
+(``SHAVE``), in order, at most :data:`WINDOW_RECORDS` / :data:`WINDOW_BYTES` beyond what
+it acknowledged (``SACK``), and decides when a confirm may leave: once the records
+below its offset are written on a majority of the members, the leader included
+(:class:`~amqpd.cluster.replica_core.Majority` over the acknowledged offsets; the
+leader's own records are fsynced first, :meth:`StreamQueue.sync_log`). A commit that
+no majority acknowledges within ``cluster.mirror_sync_timeout`` is refused (the
+publisher gets a nack) instead of waiting for ever.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+from amqpd.cluster import link_wire as W
+from amqpd.cluster import stream_wire as S
+from amqpd.cluster.quorum_state import NoQuorum
+from amqpd.cluster.replica_core import Majority
+
+if TYPE_CHECKING:
+    from amqpd.broker.api import StreamQueue
+    from amqpd.cluster.link import Link
+    from amqpd.store.stream_log import Reader
+
+log = logging.getLogger("amqpd.cluster.stream")
+
+WINDOW_RECORDS: Final = 4096  # records sent to a member beyond its acknowledgement
+WINDOW_BYTES: Final = 4 << 20  # bytes read per batch shipped at most
+BATCH_RECORDS: Final = 512  # records per SREC frame at most
+# an SSTART unanswered this long is sent again: a node just starting may take the frame
+# before its stream groups listen on its links (it is dropped there)
+ANSWER_WAIT: Final = 2.0
+
+Done = Callable[[BaseException | None], None]
+
+
+class StreamLeading:
+    """One stream this node leads: its members' positions and the confirms waiting."""
+
+    def __init__(self, node: str, vhost: str, q: StreamQueue, members: list[str],
+                 term: int, epochs: list[list[int]], rids: Callable[[], int],
+                 timeout: float) -> None:
+        self.node = node
+        self.ident = (vhost, q.name)
+        self.q = q
+        self.members = members
+        self.term = term
+        self.epochs = epochs
+        self.rev = 0  # the group record's revision this leader wrote or read last
+        self._rids = rids
+        self.timeout = timeout
+        self.links: dict[str, Link] = {}  # member -> the link its SSTART went on
+        self.rid: dict[str, int] = {}  # member -> its replication stream
+        self.acked: dict[str, int] = {}  # member -> every record below is written there
+        self.readers: dict[str, Reader] = {}  # member -> where its next SREC reads
+        self.asked: dict[str, float] = {}  # member -> when its unanswered SSTART went
+        self.waiters: deque[tuple[int, float, Done]] = deque()
+        self.gone = False
+        q.commit_gate = self.wait
+        q.watchers.append(self.ship)
+
+    # -- members --------------------------------------------------------------------
+    def connect(self, link_of: Callable[[str], Link | None]) -> None:
+        """Start the copy of every member whose link is up and has none yet."""
+        for member in self.members:
+            if member == self.node:
+                continue
+            link = link_of(member)
+            if link is None or (self.links.get(member) is link and (
+                    member in self.readers
+                    or time.monotonic() - self.asked.get(member, 0.0) < ANSWER_WAIT)):
+                continue
+            self.forget(member)
+            self.asked[member] = time.monotonic()
+            rid = self._rids()
+            self.links[member] = link
+            self.rid[member] = rid
+            log_ = self.q.log
+            link.send(W.encode(S.SSTART, rid, self.ident[0], self.ident[1], self.term, {
+                "epochs": self.epochs, "first": log_.first_offset,
+                "next": log_.flushed_offset, "arguments": self.q.arguments}))
+
+    def forget(self, member: str) -> None:
+        """The member's copy is not fed any more (its link went, it refused, it left)."""
+        self.links.pop(member, None)
+        self.rid.pop(member, None)
+        self.acked.pop(member, None)
+        self.readers.pop(member, None)
+        self.asked.pop(member, None)
+
+    def member_of(self, link: Link, rid: int) -> str | None:
+        member = link.peer
+        return member if self.links.get(member) is link and self.rid.get(member) == rid \
+            else None
+
+    def have(self, member: str, offset: int) -> None:
+        """``SHAVE``: the member continues from ``offset``."""
+        self.acked[member] = offset
+        self.readers[member] = self.q.log.reader(offset)
+        self.ship()
+
+    def ack(self, member: str, offset: int) -> None:
+        """``SACK``: every record below ``offset`` is written on the member."""
+        if offset > self.acked.get(member, -1):
+            self.acked[member] = offset
+        self.release()
+        self.ship()
+
+    # -- shipping -------------------------------------------------------------------
+    def ship(self) -> None:
+        """Send every member what it lacks of what is readable, within its window."""
+        if self.gone:
+            return
+        end = self.q.log.flushed_offset
+        for member, reader in self.readers.items():
+            link = self.links.get(member)
+            if link is None or link.closed:
+                continue
+            acked = self.acked.get(member, 0)
+            while reader.offset < end and reader.offset - acked < WINDOW_RECORDS:
+                start = reader.offset
+                records = reader.read(BATCH_RECORDS, WINDOW_BYTES)
+                if not records:
+                    break
+                if records[0].offset != start:
+                    # retention took what the member lacks: it starts again from the
+                    # oldest kept (SSTART tells it where that is)
+                    log.warning("stream '%s' in vhost '%s': %s lacks offsets %d..%d, "
+                                "which retention deleted here; its copy starts again",
+                                self.ident[1], self.ident[0], member, start,
+                                records[0].offset - 1)
+                    self.forget(member)
+                    break
+                link.send(W.encode(S.SREC, self.rid[member], S.pack_records(records)))
+        self.release()
+
+    # -- commits --------------------------------------------------------------------
+    def commit_point(self) -> int:
+        """The offset below which every record is written on a majority."""
+        others = [m for m in self.members if m != self.node]
+        return Majority.of(len(self.members)).commit_point(
+            self.q.log.flushed_offset, self.acked, others)
+
+    def wait(self, upto: int, done: Done) -> None:
+        """The stream's commit gate: ``done`` once the records below ``upto`` are
+        committed (or with :class:`NoQuorum` after the timeout)."""
+        if not self.waiters and self.commit_point() >= upto:
+            done(None)
+            return
+        self.waiters.append((upto, time.monotonic(), done))
+
+    def release(self) -> None:
+        waiters = self.waiters
+        if not waiters:
+            return
+        point = self.commit_point()
+        while waiters and waiters[0][0] <= point:
+            waiters.popleft()[2](None)
+
+    def expire(self, now: float) -> int:
+        """Refuse the commits older than the timeout; how many."""
+        waiters = self.waiters
+        n = 0
+        while waiters and now - waiters[0][1] > self.timeout:
+            waiters.popleft()[2](NoQuorum(
+                "a majority of the stream's members did not acknowledge in time"))
+            n += 1
+        return n
+
+    def stop(self, error: BaseException | None = None) -> None:
+        """No longer led here: the gate and the shipping go; confirms waiting fail."""
+        self.gone = True
+        if self.q.commit_gate == self.wait:
+            self.q.commit_gate = None
+        if self.ship in self.q.watchers:
+            self.q.watchers.remove(self.ship)
+        waiters, self.waiters = self.waiters, deque()
+        for _upto, _since, done in waiters:
+            done(error or NoQuorum("the stream is no longer led here"))
+
+    def offsets(self) -> dict[str, int]:
+        """Member -> the offset below which it holds every record (the leader: what is
+        written here; a member: what it acknowledged; absent: not connected)."""
+        out = {self.node: self.q.log.flushed_offset}
+        out.update(self.acked)
+        return out
+
+    def record(self) -> dict[str, Any]:
+        return {"leader": self.node, "members": list(self.members), "term": self.term,
+                "epochs": self.epochs}
+
+
+__all__ = ["StreamLeading"]

@@ -1,0 +1,148 @@
+"""A member's copy of a replicated stream (issue 30): part of
+:mod:`amqpd.cluster.stream_group`.
+
+The copy is the stream's own log (:class:`~amqpd.broker.api.StreamLog`) in the very
+directory the stream would have on this node (``stream_directory``), so a member
+elected leader opens it as its :class:`~amqpd.broker.api.StreamQueue` with every record
+at the offset the lost leader gave it. The member appends the leader's records at the
+leader's offsets (``append_replica``) and answers, once they are written to the file
+(flushed, no fsync: RabbitMQ's rule, docs/streams.md), with the offset below which it
+holds everything.
+
+**Epochs.** ``epoch.json`` beside the segments names the last term whose records the
+log may hold (written, fsynced, before the first record of a new term is appended).
+A leader's ``SSTART`` carries the group's epochs, ``[[term, first offset written in
+it], ...]``; the records of this log are a prefix of the leader's up to the start of
+the first epoch after its own term (Kafka's leader-epoch rule): anything beyond that is
+an uncommitted tail of a lost leader, and the copy starts again (``StreamLog.reset``)
+from the leader's first offset, as it does when it lies wholly before what the leader
+still keeps.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from amqpd.broker.api import StreamLog, stream_directory
+from amqpd.cluster.stream_wire import unpack_records
+
+log = logging.getLogger("amqpd.cluster.stream")
+
+EPOCH_FILE = "epoch.json"
+SEGMENT_ARG = "x-stream-max-segment-size-bytes"
+
+
+def read_term(directory: Path) -> int:
+    """The last term this log holds records of (0: none recorded)."""
+    try:
+        return int(json.loads((directory / EPOCH_FILE).read_text()).get("term", 0))
+    except (OSError, ValueError, AttributeError):
+        return 0
+
+
+def write_term(directory: Path, term: int) -> None:
+    """Record (durably) that this log may hold records of ``term`` from now on."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / (EPOCH_FILE + ".tmp")
+    tmp.write_text(json.dumps({"term": term}))
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    tmp.replace(directory / EPOCH_FILE)
+
+
+def valid_end(own_term: int, own_next: int, epochs: list[list[int]]) -> int:
+    """How far a log whose last term is ``own_term`` agrees with a leader of ``epochs``:
+    up to the start of the first epoch of a later term (its records of later terms
+    were written by leaders this log never followed)."""
+    for term, start in epochs:
+        if term > own_term:
+            return min(own_next, start)
+    return own_next
+
+
+class StreamReplica:
+    """This node's copy of one stream, fed by ``leader`` on replication stream ``rid``."""
+
+    def __init__(self, data_dir: str, leader: str, rid: int, vhost: str, name: str,
+                 arguments: dict[str, Any]) -> None:
+        self.leader = leader
+        self.rid = rid
+        self.ident = (vhost, name)
+        self.directory = stream_directory(Path(data_dir), vhost, name)
+        segment = arguments.get(SEGMENT_ARG)
+        self.log = StreamLog(self.directory) if not isinstance(segment, int) or \
+            isinstance(segment, bool) else StreamLog(self.directory, segment)
+        self.log.open()
+        (self.directory / "stream.json").write_text(json.dumps({"vhost": vhost,
+                                                                 "name": name}))
+        self.term = read_term(self.directory)
+        self.frozen = False  # offered itself in an election: takes no more records
+        self.ack_due = False
+
+    @property
+    def next_offset(self) -> int:
+        return self.log.flushed_offset
+
+    def start(self, term: int, info: dict[str, Any]) -> int:
+        """The leader of ``term`` starts (again): keep what agrees with its log, start
+        again if nothing can; the offset to continue from."""
+        first = int(info.get("first", 0))
+        leader_next = int(info.get("next", 0))
+        epochs = [[int(t), int(s)] for t, s in info.get("epochs", [])]
+        log_ = self.log
+        have = log_.flushed_offset
+        keep = valid_end(self.term, have, epochs) if have > log_.first_offset else have
+        if keep < have or have > leader_next or have < first or \
+                (have == log_.first_offset and have != first):
+            log.warning("stream '%s' in vhost '%s': this copy (offsets %d..%d, term %d) "
+                        "is not a prefix of %s's log (term %d, offsets %d..%d): copied "
+                        "again from offset %d", self.ident[1], self.ident[0],
+                        log_.first_offset, have - 1, self.term, self.leader, term, first,
+                        leader_next - 1, first)
+            log_.reset(first)
+        if self.term != term:
+            write_term(self.directory, term)
+            self.term = term
+        self.frozen = False
+        return log_.flushed_offset
+
+    def append(self, data: bytes) -> None:
+        """Append an ``SREC``'s records (written at the end of the tick: :meth:`flush`)."""
+        log_ = self.log
+        for offset, timestamp, flags, payload in unpack_records(data):
+            log_.append_replica(offset, timestamp, bool(flags & 1), payload, flags)
+        self.ack_due = True
+
+    def flush(self) -> int:
+        """Write what was appended; the offset below which everything is written."""
+        self.log.flush()
+        self.ack_due = False
+        return self.log.flushed_offset
+
+    def offer(self, term: int) -> int:
+        """What this copy offers in an election after the leader of ``term`` was lost:
+        how far it holds that leader's log (its next offset), or -1 when it never
+        followed that leader (it votes, never leads)."""
+        self.flush()
+        return self.log.flushed_offset if self.term == term else -1
+
+    def close(self) -> None:
+        """Flush, fsync and close the files (the copy is kept on disk)."""
+        if not self.log.closed:
+            self.log.flush()
+            self.log.sync()
+            self.log.close()
+
+    def destroy(self) -> None:
+        """The copy goes (stream deleted, or this node no longer a member)."""
+        self.log.destroy()
+
+
+__all__ = ["EPOCH_FILE", "StreamReplica", "read_term", "valid_end", "write_term"]

@@ -1,0 +1,262 @@
+"""Replicated streams (issue 30, "In a cluster") with three amqpd processes and one etcd
+on loopback, talked to with pika.
+
+A stream declared on node-a gets members on every node (RabbitMQ 3.10's default
+initial cluster size), recorded in etcd so every node shows the same leader and
+members; the leader's API shows each member holding every offset it wrote. Messages
+published with confirms on node-b are confirmed once a majority has them. A consumer on
+node-c reads part of them from ``first``; node-a is killed with kill -9; a member with
+every confirmed record is elected, and the consumer goes on from where it was: every
+confirmed message exactly once, in offset order, no gap. A new consumer at ``first``
+on a survivor reads everything, and publishing goes on under the new leader.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pika
+import pytest
+
+from tests.integration._http import q
+from tests.integration.cluster_support import (
+    ClusterNode,
+    ConfirmPublisher,
+    diagnose,
+    publish_killing,
+    wait_for,
+)
+from tests.support import etcdproc
+
+pytestmark = [
+    pytest.mark.skipif(etcdproc.find_etcd() is None, reason=etcdproc.SKIP_REASON),
+    pytest.mark.timeout(300),
+]
+
+STREAM = "events"
+TOTAL = int(os.environ.get("AMQPD_TEST_STREAM_MESSAGES", "3000"))
+
+
+def queue_info(node: ClusterNode, name: str = STREAM) -> dict[str, Any]:
+    r = node.api.get(f"/api/queues/%2F/{q(name)}")
+    return r.json() if r.status == 200 else {}
+
+
+@pytest.fixture
+def pika_connections() -> Iterator[list[pika.BlockingConnection]]:
+    opened: list[pika.BlockingConnection] = []
+    yield opened
+    for conn in opened:
+        if conn.is_open:
+            try:
+                conn.close()
+            except (pika.exceptions.AMQPError, OSError):
+                pass
+
+
+def connect(node: ClusterNode, opened: list[pika.BlockingConnection]
+            ) -> pika.BlockingConnection:
+    conn = pika.BlockingConnection(pika.URLParameters(node.url + "?heartbeat=0"))
+    opened.append(conn)
+    return conn
+
+
+def publish_confirmed(node: ClusterNode, opened: list[pika.BlockingConnection],
+                      first: int, count: int) -> None:
+    """Publish bodies ``first .. first+count-1`` one by one with confirms (pika raises
+    on a nack or a return)."""
+    ch = connect(node, opened).channel()
+    ch.confirm_delivery()
+    for i in range(first, first + count):
+        ch.basic_publish("", STREAM, str(i).encode(),
+                         pika.BasicProperties(delivery_mode=2), mandatory=True)
+
+
+def read(ch: Any, tag_gen: Iterator[Any], want: int, timeout: float
+         ) -> list[tuple[int, int]]:
+    """Up to ``want`` deliveries as (offset header, body number), each acked."""
+    got: list[tuple[int, int]] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < want and time.monotonic() < deadline:
+        method, props, body = next(tag_gen)
+        if method is None:
+            continue
+        got.append((int(props.headers["x-stream-offset"]), int(body)))
+        ch.basic_ack(method.delivery_tag)
+    return got
+
+
+def test_a_stream_has_members_everywhere_and_survives_the_kill_of_its_leader(
+        nodes: list[ClusterNode], pika_connections: list[pika.BlockingConnection]) -> None:
+    a, b, c = nodes
+    names = sorted(n.name for n in nodes)
+    connect(a, pika_connections).channel().queue_declare(
+        STREAM, durable=True, arguments={"x-queue-type": "stream"})
+
+    def group_formed() -> bool:
+        for n in nodes:
+            info = queue_info(n)
+            if info.get("leader") != a.name or sorted(info.get("members", [])) != names:
+                return False
+        return len(queue_info(a).get("member_offsets", {})) == 3
+
+    wait_for(group_formed, 30, "the stream's group on every node", lambda: diagnose(nodes))
+    assert queue_info(b)["type"] == "stream"
+
+    publish_confirmed(b, pika_connections, 0, TOTAL)
+
+    def replicated() -> bool:
+        offsets = queue_info(a)["member_offsets"]
+        return sorted(offsets) == names and set(offsets.values()) == {TOTAL}
+
+    wait_for(replicated, 30, "every member holds every offset", lambda: str(queue_info(a)))
+
+    # a consumer on node-c reads the first part from `first` (acking each)
+    ch = connect(c, pika_connections).channel()
+    ch.basic_qos(prefetch_count=50)
+    gen = ch.consume(STREAM, arguments={"x-stream-offset": "first"}, inactivity_timeout=0.5)
+    before = read(ch, gen, TOTAL // 3, 60)
+    assert before == [(i, i) for i in range(TOTAL // 3)]
+
+    a.kill()
+
+    def elected() -> bool:
+        infos = [queue_info(b), queue_info(c)]
+        return all(i.get("leader") in (b.name, c.name) for i in infos) and \
+            infos[0]["leader"] == infos[1]["leader"]
+
+    wait_for(elected, 60, "a survivor leads the stream", lambda: diagnose([b, c]))
+    leader = b if queue_info(b)["leader"] == b.name else c
+    info = queue_info(leader)
+    assert info["stream"]["first_offset"] == 0
+    assert info["stream"]["last_offset"] == TOTAL - 1, info
+
+    # the consumer on node-c goes on from where it was: no gap, no repeat
+    after = read(ch, gen, TOTAL - len(before), 90)
+    assert after == [(i, i) for i in range(len(before), TOTAL)], (
+        f"{len(after)} read after the election; first {after[:3]}\n{diagnose([b, c])}")
+
+    # publishing goes on under the new leader (a majority of 3 runs: confirmed)
+    publish_confirmed(c, pika_connections, TOTAL, 100)
+    more = read(ch, gen, 100, 60)
+    assert more == [(i, i) for i in range(TOTAL, TOTAL + 100)]
+
+    # a new consumer at `first` on the other survivor reads everything, in order
+    other = b if leader is c else c
+    ch2 = connect(other, pika_connections).channel()
+    ch2.basic_qos(prefetch_count=200)
+    gen2 = ch2.consume(STREAM, arguments={"x-stream-offset": "first"},
+                       inactivity_timeout=0.5)
+    everything = read(ch2, gen2, TOTAL + 100, 90)
+    assert everything == [(i, i) for i in range(TOTAL + 100)]
+
+    # node-a returns: its log, led elsewhere now, is kept as a copy and continues
+    a.start()
+    wait_for(lambda: member_offsets(leader).get(a.name) == TOTAL + 100, 60,
+             "node-a back and caught up", lambda: str(queue_info(leader)) + a.tail())
+    assert f"continues from offset {TOTAL}" in a.tail(), a.tail()
+
+
+def member_offsets(node: ClusterNode) -> dict[str, int]:
+    return dict(queue_info(node).get("member_offsets") or {})
+
+
+def test_a_returning_member_catches_up_and_replicas_are_added_and_deleted(
+        nodes: list[ClusterNode], pika_connections: list[pika.BlockingConnection]) -> None:
+    a, b, c = nodes
+    connect(a, pika_connections).channel().queue_declare(
+        STREAM, durable=True, arguments={"x-queue-type": "stream",
+                                         "x-initial-cluster-size": 2})
+    wait_for(lambda: sorted(queue_info(c).get("members", [])) == [a.name, b.name], 30,
+             "two members, the leader and the first other running node",
+             lambda: diagnose(nodes))
+    publish_confirmed(a, pika_connections, 0, 500)
+    wait_for(lambda: member_offsets(a) == {a.name: 500, b.name: 500}, 30,
+             "both members hold offsets 0..499", lambda: str(queue_info(a)))
+
+    # add_replica: node-c copies the log from the first offset
+    out = c.ctl("add_replica", STREAM, c.name)
+    assert "Adding a replica" in out.stdout, out.stdout
+    wait_for(lambda: member_offsets(a).get(c.name) == 500, 30, "node-c caught up",
+             lambda: str(queue_info(a)) + c.tail())
+    assert c.ctl("add_replica", STREAM, c.name).returncode == 0  # a member already: ok
+
+    # node-c killed; confirms go on (two of three); back, it continues from its offset
+    c.kill()
+    publish_confirmed(b, pika_connections, 500, 300)
+    c.start()
+    wait_for(lambda: member_offsets(a).get(c.name) == 800, 60,
+             "node-c back and caught up", lambda: str(queue_info(a)) + c.tail())
+    assert "continues from offset 500" in c.tail(), c.tail()
+
+    # delete_replica: node-b's copy goes; the leader and the last member are refused
+    refused = a.ctl("delete_replica", STREAM, a.name, check=False)
+    assert refused.returncode == 65 and "leads the group" in refused.stdout + refused.stderr
+    refused = a.ctl("add_replica", STREAM, "node-nowhere", check=False)
+    assert refused.returncode == 65, refused
+    assert "node_not_running" in refused.stdout + refused.stderr
+    a.ctl("delete_replica", STREAM, b.name)
+    wait_for(lambda: sorted(member_offsets(a)) == [a.name, c.name], 30,
+             "node-b is no member any more", lambda: str(queue_info(a)))
+    wait_for(lambda: "drops this node's copy" in b.tail(), 30, "node-b dropped its copy",
+             b.tail)
+    publish_confirmed(b, pika_connections, 800, 100)  # majority of two: both
+    wait_for(lambda: member_offsets(a) == {a.name: 900, c.name: 900}, 30,
+             "both members hold offsets 0..899", lambda: str(queue_info(a)))
+
+
+def test_a_balanced_leader_locator_puts_the_stream_on_the_node_leading_fewest(
+        nodes: list[ClusterNode], pika_connections: list[pika.BlockingConnection]) -> None:
+    a, b, c = nodes
+    ch = connect(a, pika_connections).channel()
+    ch.queue_declare("here", durable=True, arguments={"x-queue-type": "stream"})
+    ch.queue_declare(STREAM, durable=True, arguments={"x-queue-type": "stream",
+                                                      "x-queue-leader-locator": "balanced"})
+    wait_for(lambda: queue_info(a).get("leader") == b.name, 30,
+             "the balanced stream led by node-b (node-a leads one already; ties to the "
+             "smallest name)", lambda: str(queue_info(a)))
+    wait_for(lambda: member_offsets(b).keys() == {a.name, b.name, c.name}, 30,
+             "its members connected", lambda: str(queue_info(b)))
+    publish_confirmed(a, pika_connections, 0, 10)
+    wait_for(lambda: set(member_offsets(b).values()) == {10}, 30, "replicated",
+             lambda: str(queue_info(b)))
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_leader_under_confirmed_load_loses_nothing_confirmed(
+        nodes: list[ClusterNode], pika_connections: list[pika.BlockingConnection]) -> None:
+    """A publisher on node-b keeps 1,000 confirms outstanding while node-a, the leader,
+    is killed at a seeded random moment: every confirmed message is in the stream after
+    the election, once, at contiguous offsets (nothing is re-sent, so nothing twice)."""
+    a, b, c = nodes
+    total = 5 * TOTAL
+    connect(a, pika_connections).channel().queue_declare(
+        STREAM, durable=True, arguments={"x-queue-type": "stream"})
+    wait_for(lambda: len(member_offsets(a)) == 3, 30, "members connected",
+             lambda: diagnose(nodes))
+    seed = int(os.environ.get("AMQPD_TEST_SEED", str(random.randrange(1 << 30))))
+    kill_at = random.Random(seed).randrange(total // 10, total * 6 // 10)
+    print(f"seed {seed}: {total} messages, node-a killed at message {kill_at}")
+    pub = ConfirmPublisher(b.url, STREAM)
+    try:
+        at_kill = publish_killing(pub, total, kill_at, a, lambda: time.sleep(0.2))
+        pub.drain(60)
+    finally:
+        pub.conn.close()
+    assert at_kill >= 0 and not pub.outstanding, len(pub.outstanding)
+    assert any(n > kill_at for n in pub.confirmed), "nothing confirmed after the kill"
+    leader = b if queue_info(b).get("leader") == b.name else c
+    last = queue_info(leader)["stream"]["last_offset"]
+    ch = connect(c, pika_connections).channel()
+    ch.basic_qos(prefetch_count=500)
+    gen = ch.consume(STREAM, arguments={"x-stream-offset": "first"}, inactivity_timeout=0.5)
+    got = read(ch, gen, last + 1, 120)
+    assert [o for o, _ in got] == list(range(last + 1)), "offsets not contiguous from 0"
+    numbers = [n for _, n in got]
+    assert len(set(numbers)) == len(numbers), "a message twice"
+    missing = pub.confirmed - set(numbers)
+    assert not missing, f"{len(missing)} confirmed messages lost, e.g. {sorted(missing)[:5]}"
