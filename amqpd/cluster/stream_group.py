@@ -45,10 +45,12 @@ Theory of operation:
   (:func:`~amqpd.cluster.stream_replica.valid_end`); a copy that does not (an
   uncommitted tail of a lost leader) starts again from the leader's first offset.
 
+The member's side (copies of streams led elsewhere) is
+:mod:`~amqpd.cluster.stream_copies`.
+
 Not done yet (docs/streams.md): consumers read through the leader, not from a local
-member; ``add_replica`` / ``delete_replica``; a deposed leader cut off from etcd keeps
-its gate until the next reconciliation (its members refuse an older term once they
-saw the newer one).
+member; a deposed leader cut off from etcd keeps its gate until the next
+reconciliation (its members refuse an older term once they saw the newer one).
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ from amqpd.cluster.quorum_state import (
     remove_member,
 )
 from amqpd.cluster.replica_core import Majority, MajorityPromotion
+from amqpd.cluster.stream_copies import StreamCopies
 from amqpd.cluster.stream_leading import StreamLeading
 from amqpd.cluster.stream_replica import StreamReplica, write_term
 from amqpd.coord.etcd import Compare, Delete, EtcdError, Put
@@ -153,7 +156,7 @@ class StreamGroups:
         self.electing: set[Ident] = set()
         self.elections = 0
         self._next_rid = 0
-        self._acks: set[tuple[Link, int, StreamReplica]] = set()
+        self.copies = StreamCopies(self)
         self._tasks: list[asyncio.Task[None]] = []
         self._spawned: set[asyncio.Task[Any]] = set()
 
@@ -198,7 +201,7 @@ class StreamGroups:
             await asyncio.sleep(RECORDS_EVERY)
 
     # -- the reconciliation -----------------------------------------------------------
-    def _local_stream(self, ident: Ident) -> StreamQueue | None:
+    def local_stream(self, ident: Ident) -> StreamQueue | None:
         vh = self.broker.vhosts.get(ident[0])
         q = vh.queues.get(ident[1]) if vh is not None else None
         return q if isinstance(q, StreamQueue) and not q.deleted else None
@@ -248,14 +251,14 @@ class StreamGroups:
                                 vh.name, lead.members, self.timeout)
         for ident, lead in list(self.leading.items()):
             if ident not in seen:
-                self.stop_leading(lead, delete_record=self._local_stream(ident) is None
+                self.stop_leading(lead, delete_record=self.local_stream(ident) is None
                                   and ident not in self.queues_elsewhere())
         for ident, replica in list(self.replicas.items()):
             where = self.broker.vhosts.get(ident[0])
             if where is None or ident[1] not in where.queues:
                 log.info("stream '%s' in vhost '%s': deleted; this node's copy goes",
                          ident[1], ident[0])
-                self._drop_replica(replica, destroy=True)
+                self.copies.drop(replica, destroy=True)
                 continue
             if not cluster.is_running(replica.leader) and ident not in self.electing:
                 self.electing.add(ident)
@@ -417,93 +420,6 @@ class StreamGroups:
             await asyncio.sleep(0.05)
         raise MembershipError("the stream's group record kept changing; try again")
 
-    # -- the member's side ----------------------------------------------------------
-    def _drop_replica(self, replica: StreamReplica, destroy: bool) -> None:
-        if self.replicas.get(replica.ident) is replica:
-            del self.replicas[replica.ident]
-        try:
-            if destroy:
-                replica.destroy()
-            else:
-                replica.close()
-        except (OSError, StreamLogError) as exc:
-            log.warning("stream '%s' in vhost '%s': closing this node's copy: %s",
-                        replica.ident[1], replica.ident[0], exc)
-
-    def _start_copy(self, link: Link, rid: int, f: list[Any]) -> None:
-        vhost, name, term, info = f[0], f[1], int(f[2]), dict(f[3])
-        ident = (vhost, name)
-        known = self.known_terms.get(ident, 0)
-        why = None
-        if term < known:
-            why = f"term {term} is older than term {known}"
-        elif self._local_stream(ident) is not None:
-            why = "this node holds the stream as its leader"
-        elif ident in self.electing:
-            why = "an election is under way here"
-        if why is not None:
-            log.warning("stream '%s' in vhost '%s': %s replicates it: refused (%s)", name,
-                        vhost, link.peer, why)
-            link.send(W.encode(S.SREFUSE, rid, why))
-            return
-        self.known_terms[ident] = term
-        old = self.replicas.get(ident)
-        try:
-            if old is not None and old.leader == link.peer:
-                replica = old
-                replica.rid = rid
-            else:
-                if old is not None:
-                    self._drop_replica(old, destroy=False)
-                replica = StreamReplica(self.broker.settings.data_dir, link.peer, rid,
-                                        vhost, name, dict(info.get("arguments") or {}))
-                self.replicas[ident] = replica
-            offset = replica.start(term, info)
-        except (OSError, StreamLogError, ValueError, TypeError) as exc:
-            log.error("stream '%s' in vhost '%s': cannot open this node's copy: %s", name,
-                      vhost, exc)
-            link.send(W.encode(S.SREFUSE, rid, f"cannot open the copy: {exc}"))
-            return
-        log.info("stream '%s' in vhost '%s': copy of %s's log (term %d) continues from "
-                 "offset %d", name, vhost, link.peer, term, offset)
-        link.send(W.encode(S.SHAVE, rid, offset))
-
-    def _records(self, link: Link, rid: int, data: bytes) -> None:
-        replica = self._replica_on(link, rid)
-        if replica is None or replica.frozen:
-            return
-        try:
-            replica.append(data)
-        except (OSError, StreamLogError) as exc:
-            log.error("stream '%s' in vhost '%s': records from %s not appended: %s; the "
-                      "copy starts again", replica.ident[1], replica.ident[0], link.peer, exc)
-            link.send(W.encode(S.SREFUSE, rid, f"append failed: {exc}"))
-            self._drop_replica(replica, destroy=False)
-            return
-        if not self._acks:
-            asyncio.get_running_loop().call_soon(self._send_acks)
-        self._acks.add((link, rid, replica))
-
-    def _send_acks(self) -> None:
-        """End of the tick: write what came, then say so (one SACK per copy)."""
-        acks, self._acks = self._acks, set()
-        for link, rid, replica in acks:
-            if self.replicas.get(replica.ident) is not replica or replica.frozen:
-                continue
-            try:
-                offset = replica.flush()
-            except OSError as exc:
-                log.error("stream '%s': write failed: %s", replica.ident[1], exc)
-                continue
-            if not link.closed:
-                link.send(W.encode(S.SACK, rid, offset))
-
-    def _replica_on(self, link: Link, rid: int) -> StreamReplica | None:
-        for replica in self.replicas.values():
-            if replica.leader == link.peer and replica.rid == rid:
-                return replica
-        return None
-
     # -- links ------------------------------------------------------------------------
     def link_up(self, link: Link) -> None:
         for lead in self.leading.values():
@@ -518,32 +434,23 @@ class StreamGroups:
     def frame(self, link: Link, kind: int, stream: int, f: list[Any]) -> None:
         if not S.is_stream_frame(kind):
             return
-        if kind == S.SSTART:
-            self._start_copy(link, stream, f)
-        elif kind == S.SREC:
-            self._records(link, stream, f[0])
-        elif kind == S.SDROP:
-            replica = self._replica_on(link, stream)
-            if replica is not None:
-                log.info("stream '%s' in vhost '%s': %s drops this node's copy",
-                         replica.ident[1], replica.ident[0], link.peer)
-                self._drop_replica(replica, destroy=True)
-        else:
-            for lead in self.leading.values():
-                member = lead.member_of(link, stream)
-                if member is None:
-                    continue
-                if kind == S.SHAVE:
-                    lead.have(member, f[0])
-                elif kind == S.SACK:
-                    lead.ack(member, f[0])
-                else:
-                    log.warning("stream '%s' in vhost '%s': %s refused its copy: %s",
-                                lead.ident[1], lead.ident[0], member, f[0])
-                    lead.forget(member)
-                    asyncio.get_running_loop().call_later(
-                        1.0, lead.connect, self.queues.links.link)
-                return
+        if self.copies.frame(link, kind, stream, f):
+            return
+        for lead in self.leading.values():
+            member = lead.member_of(link, stream)
+            if member is None:
+                continue
+            if kind == S.SHAVE:
+                lead.have(member, f[0])
+            elif kind == S.SACK:
+                lead.ack(member, f[0])
+            else:
+                log.warning("stream '%s' in vhost '%s': %s refused its copy: %s",
+                            lead.ident[1], lead.ident[0], member, f[0])
+                lead.forget(member)
+                asyncio.get_running_loop().call_later(
+                    1.0, lead.connect, self.queues.links.link)
+            return
 
     # -- elections --------------------------------------------------------------------
     async def _elect(self, ident: Ident, replica: StreamReplica) -> None:
@@ -589,7 +496,7 @@ class StreamGroups:
                  rec: dict[str, Any], revision: int) -> None:
         """The copy becomes the stream, in the remote queue's place."""
         vhost, name = ident = replica.ident
-        self._drop_replica(replica, destroy=False)  # its files are the stream's now
+        self.copies.drop(replica, destroy=False)  # its files are the stream's now
         _vh, _old, q = in_place(self, ident, StreamQueue, item)
         lead = self._lead(ident, q, rec, revision)
         self.broker.definitions_changed(q)
