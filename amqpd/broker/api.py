@@ -251,6 +251,11 @@ class ClusterStatus(Protocol):
 
     def is_running(self, node: str) -> bool: ...
 
+    def stream_address_of(self, node: str) -> tuple[str, int] | None:
+        """``node``'s stream protocol listener as its metadata names it (its record's
+        ``stream``); None when unknown or off there."""
+        ...
+
     def queue_leader(self, vhost: str, name: str) -> str | None:
         """The node that leads a durable queue, from the cluster's catalogue."""
         ...
@@ -406,6 +411,12 @@ class BrokerAPI:
     def listeners(self) -> list[tuple[str, str, int]]:
         """(protocol, host, port) of every bound listener (empty before start)."""
         return list(self._broker.listeners)
+
+    def stream_address(self) -> tuple[str, int] | None:
+        """The stream protocol listener's address as metadata names it (host, port);
+        None while the listener is off."""
+        listener = self._broker.stream_listener
+        return listener.advertised if listener is not None else None
 
     def http_port(self) -> int:
         """The bound port of the HTTP API (0 while it is not listening)."""

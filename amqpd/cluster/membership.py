@@ -7,7 +7,8 @@ Keys under ``{etcd_prefix}/{cluster name}/``:
   by ``amqpctl forget_cluster_node`` (refused while that node runs). The members are
   what a majority is counted over.
 * ``nodes/<node>``: the node's record (``{name, link, heartbeat, amqp_port, http_port,
-  started}``) attached to its lease (``lease_ttl``), renewed every third of it. Present
+  stream, started, ...}``: ``stream`` is its stream protocol listener as metadata
+  names it) attached to its lease (``lease_ttl``), renewed every third of it. Present
   = the process runs and reaches etcd. Revoked on a clean stop, so the others see the
   node go at once; after a kill -9 it expires with the lease (the heartbeats tell
   sooner).

@@ -191,8 +191,11 @@ class Cluster(ClusterView):
         link = self.config.link_advertise or (
             _addr(*self.link_address) if self.link_address is not None else "")
         heartbeat = self.config.heartbeat_advertise or _addr(*self.heartbeats.address)
+        stream = api.stream_address()
         return {"name": self.node_name, "link": link, "heartbeat": heartbeat,
                 "amqp_port": amqp, "http_port": api.http_port(), "started": self.started_at,
+                # the stream listener as metadata names it ("" when off)
+                "stream": _addr(*stream) if stream is not None else "",
                 # the incarnation whose non-durable definitions it holds (transient_defs)
                 "incarnation": self.tdefs.incarnation,
                 # who holds the name: a second process with it is refused at start

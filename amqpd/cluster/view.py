@@ -47,6 +47,7 @@ class NodeInfo:
     amqp_port: int
     http_port: int
     running: bool
+    stream: tuple[str, int] | None = None  # the stream listener metadata names
 
 
 def parse_addr(text: Any) -> tuple[str, int] | None:
@@ -112,7 +113,8 @@ class ClusterView:
             rec = self.records.get(name, {})
             out[name] = NodeInfo(name, parse_addr(rec.get("link")),
                                  int(rec.get("amqp_port") or 0),
-                                 int(rec.get("http_port") or 0), self.is_running(name))
+                                 int(rec.get("http_port") or 0), self.is_running(name),
+                                 parse_addr(rec.get("stream")))
         return out
 
     def running_nodes(self) -> list[str]:
@@ -142,6 +144,10 @@ class ClusterView:
 
     def queue_leader(self, vhost: str, name: str) -> str | None:
         return self.catalogue.get((vhost, name))
+
+    def stream_address_of(self, node: str) -> tuple[str, int] | None:
+        info = self.nodes().get(node)
+        return info.stream if info is not None else None
 
     # ------------------------------------------------------------------ changes
     def check_changes(self) -> None:

@@ -328,19 +328,42 @@ class StreamConnection:
         self.send(c.response(c.DELETE, corr, c.OK).frame())
 
     def _metadata(self, cmd: c.Command) -> None:
-        host, port = self.advertised
+        """Each stream's leader: this node for a stream it leads, and in a cluster the
+        leader's node (its stream listener, from its record) for one led elsewhere, so
+        a client connected here publishes and subscribes there. No replicas are listed:
+        a member's node does not serve protocol clients from its copy (docs/streams.md);
+        a client sent to one would be refused."""
+        brokers: list[tuple[str, int]] = []
         w = c.Writer(c.METADATA | c.RESPONSE).u32(cmd.correlation_id)
-        known = [name for name in cmd.fields if self._stream(name) is not None]
-        w.u32(1 if known else 0)
-        if known:
-            w.u16(0).string(host).u32(port)
-        w.u32(len(cmd.fields))
+        answers: list[tuple[str, int, int]] = []  # name, code, leader reference
         for name in cmd.fields:
-            if self._stream(name) is None:
-                w.string(name).u16(c.STREAM_DOES_NOT_EXIST).u16(0xFFFF).u32(0)
-            else:
-                w.string(name).u16(c.OK).u16(0).u32(0)
+            found, where = self._leader_address(name)
+            if where is None:
+                code = c.STREAM_NOT_AVAILABLE if found else c.STREAM_DOES_NOT_EXIST
+                answers.append((name, code, 0xFFFF))
+                continue
+            if where not in brokers:
+                brokers.append(where)
+            answers.append((name, c.OK, brokers.index(where)))
+        w.u32(len(brokers))
+        for reference, (host, port) in enumerate(brokers):
+            w.u16(reference).string(host).u32(port)
+        w.u32(len(answers))
+        for name, code, reference in answers:
+            w.string(name).u16(code).u16(reference).u32(0)
         self.send(w.frame())
+
+    def _leader_address(self, name: str) -> tuple[bool, tuple[str, int] | None]:
+        """(the stream exists, its leader's stream listener or None if unknown)."""
+        if self._stream(name) is not None:
+            return True, self.advertised
+        cluster = self.broker.api.cluster()
+        vh = self.broker.vhosts.get(self.vhost)
+        q = vh.queues.get(name) if vh is not None else None
+        if cluster is None or q is None or q.deleted or q.listed_type() != "stream":
+            return False, None
+        leader = cluster.queue_leader(self.vhost, name)
+        return True, cluster.stream_address_of(leader) if leader else None
 
     def stream_gone(self, queue: StreamQueue) -> None:
         """The stream was deleted: its publishers and subscriptions end, and the

@@ -138,6 +138,9 @@ class StreamListener:
         self.tracking: dict[int, Tracking] = {}
         self.connections: set[StreamProtocol] = set()
         self.coordinator = Coordinator()  # single active consumer groups, node-wide
+        # what metadata names for this node (the plain listener's): the cluster puts it
+        # in the node's record, so other nodes' metadata can name this one
+        self.advertised: tuple[str, int] | None = None
 
     async def start(self, port: int, ssl: Any = None) -> list[tuple[str, int]]:
         """Listen on ``port`` (0: ephemeral) where the AMQP listeners do (the broker's
@@ -156,6 +159,8 @@ class StreamListener:
         advertised.append((settings.stream_advertised_host or (
             host if host not in ("0.0.0.0", "::") else _hostname()),
             settings.stream_advertised_port or bound[0][1]))
+        if ssl is None:
+            self.advertised = advertised[0]
         return bound
 
     def http_routes(self, router: Any) -> None:
