@@ -56,6 +56,8 @@ from amqpd.broker.queue import Consumer, Queue, QueueEntry
 from amqpd.broker.queue_type import QUEUE_TYPES, QueueType, queue_type_name, register_queue_type
 from amqpd.broker.quorum import QuorumQueue as QuorumQueue
 from amqpd.broker.stream import StreamQueue as StreamQueue
+from amqpd.broker.stream import check_stream_consumer as check_stream_consumer
+from amqpd.broker.stream import refuse_stream_return as refuse_stream_return
 from amqpd.broker.stream import stream_directory as stream_directory
 from amqpd.broker.vhost import VHost, generate_name
 from amqpd.protocol import codec

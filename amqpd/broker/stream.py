@@ -229,6 +229,26 @@ def _min(*values: Any) -> int | None:
     return min(found) if found else None
 
 
+def check_stream_consumer(name: str, vhost: str, consumer: Consumer) -> None:
+    """A stream's consumer: no automatic acknowledgement (540), and a per-consumer
+    prefetch (406). Also checked on a node where the stream is led elsewhere, which
+    alone knows the channel's prefetch."""
+    what = f"queue '{name}' in vhost '{vhost}'"
+    if consumer.no_ack:
+        raise NotImplemented_(
+            f"automatic acknowledgement not supported by stream queues {what}")
+    if not consumer.prefetch:
+        raise PreconditionFailed(f"consumer prefetch count is not set for '{what}'")
+
+
+def refuse_stream_return(name: str, vhost: str, method: str) -> None:
+    """nack, reject and recover of a stream's deliveries are refused (540), as RabbitMQ
+    3.10.8 refuses the first two (basic.recover crashes its channel with 541 there)."""
+    what = "basic.nack and basic.reject" if method != "basic.recover" else method
+    raise NotImplemented_(f"{what} not supported by stream queues queue '{name}' "
+                          f"in vhost '{vhost}'")
+
+
 class StreamQueue(QueueType):
     """``x-queue-type: stream`` on one node (module docstring)."""
 
@@ -302,20 +322,10 @@ class StreamQueue(QueueType):
                 "a timestamp or an interval")
 
     def check_consumer(self, consumer: Consumer) -> None:
-        """No automatic acknowledgement (540), and a per-consumer prefetch (406)."""
-        what = f"queue '{self.name}' in vhost '{self.vhost.name}'"
-        if consumer.no_ack:
-            raise NotImplemented_(
-                f"automatic acknowledgement not supported by stream queues {what}")
-        if not consumer.prefetch:
-            raise PreconditionFailed(f"consumer prefetch count is not set for '{what}'")
+        check_stream_consumer(self.name, self.vhost.name, consumer)
 
     def check_return(self, method: str) -> None:
-        """nack, reject and recover are refused (540), as RabbitMQ 3.10.8 refuses the
-        first two (basic.recover crashes its channel with 541 there)."""
-        what = "basic.nack and basic.reject" if method != "basic.recover" else method
-        raise NotImplemented_(f"{what} not supported by stream queues queue '{self.name}' "
-                              f"in vhost '{self.vhost.name}'")
+        refuse_stream_return(self.name, self.vhost.name, method)
 
     # -- options (arguments and policies: the smaller wins, as RabbitMQ's streams) ------
     def options_changed(self) -> None:

@@ -76,10 +76,13 @@ from typing import Any
 
 from amqpd.broker.api import (
     QUEUE_TYPES,
+    Consumer,
     Message,
     NotFound,
     PreconditionFailed,
     QueueEntry,
+    check_stream_consumer,
+    refuse_stream_return,
 )
 from amqpd.cluster import link_wire as W
 from amqpd.cluster.remote_consume import ANSWER_TIMEOUT, RemoteConsume
@@ -167,6 +170,16 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
             raise self._unavailable()
         QUEUE_TYPES.get(self.real_type, QUEUE_TYPES["classic"]).validate_consumer_arguments(
             arguments, self.name, self.vhost.name)
+
+    def check_consumer(self, consumer: Consumer) -> None:
+        """A stream led elsewhere: its consumer rules are checked here, where the
+        channel's prefetch is known (the leader sees only the credit it is given)."""
+        if self.real_type == "stream":
+            check_stream_consumer(self.name, self.vhost.name, consumer)
+
+    def check_return(self, method: str) -> None:
+        if self.real_type == "stream":
+            refuse_stream_return(self.name, self.vhost.name, method)
 
     def check_delete(self, if_unused: bool, if_empty: bool) -> None:
         if not self.available:

@@ -6,6 +6,10 @@ replicated stream declared over AMQP 0-9-1 on node-a: metadata asked on node-b a
 node-c names node-a's stream listener as the leader (its advertised host and port, which
 each node puts in its cluster record); a name that is no stream is
 STREAM_DOES_NOT_EXIST on every node. After node-a's kill -9 the elected leader is named.
+
+Also over AMQP 0-9-1 on a node that does not lead the stream: a consumer without a
+prefetch is refused with 406 and one with automatic acks with 540, as on the leader
+(issue 30; the leader does not see the consuming channel's prefetch).
 """
 
 from __future__ import annotations
@@ -93,6 +97,7 @@ def test_metadata_names_the_leaders_node_on_every_node(nodes: list[ClusterNode])
         conn.close()
     wait_for(lambda: all(leader_name(n) == a.name for n in nodes), 30,
              "every node lists node-a leading the stream", lambda: diagnose(nodes))
+    refused_as_on_the_leader(b)
     a_port = stream_port(a)
     for n in nodes:
         got = metadata(n, STREAM, "no-such-stream")
@@ -113,3 +118,26 @@ def test_metadata_names_the_leaders_node_on_every_node(nodes: list[ClusterNode])
 
     wait_for(lambda: all(names_new(n) for n in survivors), 30,
              f"metadata names {new.name} on both survivors", lambda: diagnose(survivors))
+
+
+def refused_as_on_the_leader(node: ClusterNode) -> None:
+    """basic.consume of the stream on ``node`` (not its leader): 406 (a channel error)
+    without a prefetch, 540 (a connection error) with no_ack; with a prefetch it is
+    taken."""
+    conn = pika.BlockingConnection(pika.URLParameters(node.url))
+    try:
+        ch = conn.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            ch.basic_consume(STREAM, lambda *_: None)
+        assert refused.value.reply_code == 406, refused.value
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=10)
+        ch.basic_consume(STREAM, lambda *_: None)
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=10)
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+            ch.basic_consume(STREAM, lambda *_: None, auto_ack=True)
+        assert closed.value.reply_code == 540, closed.value
+    finally:
+        if conn.is_open:
+            conn.close()
