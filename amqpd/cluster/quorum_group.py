@@ -96,7 +96,7 @@ import json
 import logging
 import time
 import urllib.parse
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from amqpd.broker.api import QuorumQueue
@@ -502,12 +502,7 @@ class QuorumGroups(GroupFailover, Mirrors):
         """Add or remove one member in the group record (a transaction on its last
         revision); the leader adopts it. The new members; MembershipError, LookupError
         (no such quorum queue)."""
-        key = self.record_key((vhost, name))
-        for _attempt in range(20):
-            kv = await self.etcd.get(key)
-            if kv is None:
-                raise LookupError(f"no quorum queue '{name}' in vhost '{vhost}'")
-            rec = json.loads(kv.value)
+        def change(rec: dict[str, Any]) -> bool:
             members = [str(m) for m in rec.get("members", [])]
             if add is not None:
                 members = add_member(members, add, self.cluster.nodes())
@@ -517,22 +512,47 @@ class QuorumGroups(GroupFailover, Mirrors):
             rec["wanted"] = sorted(m for m in members if m != rec.get("leader"))
             rec["synchronised"] = [m for m in rec.get("synchronised", []) if m in members]
             rec["mirrors"] = [m for m in rec.get("mirrors", []) if m in members]
-            result = await self.etcd.txn([Compare("mod", key, "==", kv.mod_revision)],
-                                         [Put(key, json.dumps(rec))])
-            if result.succeeded:
-                self.records[(vhost, name)] = rec
-                self.revisions[(vhost, name)] = result.revision
-                log.info("quorum queue '%s' in vhost '%s': members now %s", name, vhost,
-                         members)
-                return members
-            await asyncio.sleep(0.05)
-        raise MembershipError("the group record kept changing; try again")
+            return True
+
+        rec, revision = await edit_group_record(
+            self.etcd, self.record_key((vhost, name)),
+            f"no quorum queue '{name}' in vhost '{vhost}'", change)
+        assert revision is not None  # change() always writes
+        self.records[(vhost, name)] = rec
+        self.revisions[(vhost, name)] = revision
+        log.info("quorum queue '%s' in vhost '%s': members now %s", name, vhost,
+                 rec["members"])
+        return list(rec["members"])
 
     def grow_targets(self, node: str, strategy: str) -> list[Ident]:
         return grow_targets(self.records, node, strategy)
 
     def shrink_targets(self, node: str) -> list[Ident]:
         return sorted(i for i, r in self.records.items() if node in r.get("members", []))
+
+
+async def edit_group_record(etcd: EtcdClient, key: str, missing: str,
+                            change: Callable[[dict[str, Any]], bool],
+                            ) -> tuple[dict[str, Any], int | None]:
+    """A group record (a quorum queue's or a stream's) edited in place by ``change``,
+    which says whether it changed anything, and written in a transaction on the
+    revision read; read and tried again while other writers get there first (20
+    tries, 50 ms apart). The record and the revision written (None: nothing changed,
+    nothing written). LookupError(``missing``) without a record; MembershipError when
+    it kept changing."""
+    for _attempt in range(20):
+        kv = await etcd.get(key)
+        if kv is None:
+            raise LookupError(missing)
+        rec = json.loads(kv.value)
+        if not change(rec):
+            return rec, None
+        result = await etcd.txn([Compare("mod", key, "==", kv.mod_revision)],
+                                [Put(key, json.dumps(rec))])
+        if result.succeeded:
+            return rec, result.revision
+        await asyncio.sleep(0.05)
+    raise MembershipError("the group record kept changing; try again")
 
 
 async def read_group_records(etcd: EtcdClient, prefix: str, known_terms: dict[Ident, int]

@@ -70,7 +70,11 @@ from amqpd.cluster.election import claim, clear_offers, election_round, late_cla
 from amqpd.cluster.mirror_state import Ident, key_part
 from amqpd.cluster.periodic import every, spawn
 from amqpd.cluster.quorum_failover import GroupBallot, in_place
-from amqpd.cluster.quorum_group import lead_or_establish, read_group_records
+from amqpd.cluster.quorum_group import (
+    edit_group_record,
+    lead_or_establish,
+    read_group_records,
+)
 from amqpd.cluster.quorum_state import (
     MembershipError,
     NoQuorum,
@@ -398,27 +402,21 @@ class StreamGroups:
         """``add_replica`` / ``delete_replica``: one member more or less in the group
         record (a transaction on its last revision); the leader adopts it. The members
         after; MembershipError (RabbitMQ's refusals), LookupError (no such stream)."""
-        key = self.record_key((vhost, name))
-        for _attempt in range(20):
-            kv = await self.etcd.get(key)
-            if kv is None:
-                raise LookupError(f"no stream '{name}' in vhost '{vhost}'")
-            rec = json.loads(kv.value)
+        def change(rec: dict[str, Any]) -> bool:
             members = [str(m) for m in rec.get("members", [])]
-            edited = replica_edit(members, str(rec.get("leader")), self.cluster.nodes(),
-                                  add, remove)
-            if edited == members:
-                return members
-            rec["members"] = edited
-            result = await self.etcd.txn([Compare("mod", key, "==", kv.mod_revision)],
-                                         [Put(key, json.dumps(rec))])
-            if result.succeeded:
-                self.records[(vhost, name)] = rec
-                self.revisions[(vhost, name)] = result.revision
-                log.info("stream '%s' in vhost '%s': members now %s", name, vhost, edited)
-                return edited
-            await asyncio.sleep(0.05)
-        raise MembershipError("the stream's group record kept changing; try again")
+            rec["members"] = replica_edit(members, str(rec.get("leader")),
+                                          self.cluster.nodes(), add, remove)
+            return bool(rec["members"] != members)
+
+        rec, revision = await edit_group_record(
+            self.etcd, self.record_key((vhost, name)),
+            f"no stream '{name}' in vhost '{vhost}'", change)
+        if revision is not None:
+            self.records[(vhost, name)] = rec
+            self.revisions[(vhost, name)] = revision
+            log.info("stream '%s' in vhost '%s': members now %s", name, vhost,
+                     rec["members"])
+        return list(rec["members"])
 
     # -- links ------------------------------------------------------------------------
     def link_up(self, link: Link) -> None:

@@ -47,6 +47,20 @@ def _view(node: ClusterNode, prefix: str) -> tuple[list[str], list[tuple[str, st
     return queues, bindings
 
 
+def _wait_agreed(nodes: list[ClusterNode], prefix: str,
+                 expected: tuple[list[str], list[tuple[str, str, str]]]) -> None:
+    """Every node lists the queues ``prefix*`` and their bindings as ``expected``."""
+    views: dict[str, Any] = {}
+
+    def agree() -> bool:
+        for n in nodes:
+            views[n.name] = _view(n, prefix)
+        return all(v == expected for v in views.values())
+
+    wait_for(agree, 30, "every node lists each queue once with its last binding",
+             lambda: f"expected {expected}\nviews {views}\n{diagnose(nodes)}")
+
+
 def test_delete_and_redeclare_from_another_node(nodes: list[ClusterNode]) -> None:
     rng = random.Random(28)
     r = nodes[0].api.put("/api/policies/%2F/ha-all", {
@@ -95,16 +109,7 @@ def test_delete_and_redeclare_from_another_node(nodes: list[ClusterNode]) -> Non
         for name in names:
             if name not in last_binding:  # not tried again: its first binding
                 expected_bindings.append((EXCHANGE, name, f"k.{name}.0"))
-        expected = (expected_queues, sorted(expected_bindings))
-        views: dict[str, Any] = {}
-
-        def agree() -> bool:
-            for n in nodes:
-                views[n.name] = _view(n, "redeclare.")
-            return all(v == expected for v in views.values())
-
-        wait_for(agree, 30, "every node lists each queue once with its last binding",
-                 lambda: f"expected {expected}\nviews {views}\n{diagnose(nodes)}")
+        _wait_agreed(nodes, "redeclare.", (expected_queues, sorted(expected_bindings)))
     finally:
         for c in conns.values():
             c.close()
@@ -150,13 +155,5 @@ def test_delete_and_redeclare_through_the_http_api(nodes: list[ClusterNode]) -> 
         assert r.status == 204, f"try {attempt}: DELETE {name} on {d.name}: {r.status} {r.text}"
         declare_and_bind(rd, name, f"k.{name}.{attempt}")
         last_key[name] = f"k.{name}.{attempt}"
-    expected = (sorted(names), sorted((EXCHANGE, n, k) for n, k in last_key.items()))
-    views: dict[str, Any] = {}
-
-    def agree() -> bool:
-        for n in nodes:
-            views[n.name] = _view(n, "hredeclare.")
-        return all(v == expected for v in views.values())
-
-    wait_for(agree, 30, "every node lists each queue once with its last binding",
-             lambda: f"expected {expected}\nviews {views}\n{diagnose(nodes)}")
+    _wait_agreed(nodes, "hredeclare.",
+                 (sorted(names), sorted((EXCHANGE, n, k) for n, k in last_key.items())))
