@@ -1,7 +1,8 @@
 """A leader woken from SIGSTOP confirms nothing the new leader lacks (issue 28).
 
-A mirrored (``ha-mode: all``) or quorum queue led by node-a; a publisher with confirms
-connected to node-a publishes continuously, and a consumer on node-a acks what it gets.
+A mirrored (``ha-mode: all``, or ``exactly 2``: its one mirror is promoted) or quorum
+queue led by node-a; a publisher with confirms connected to node-a publishes
+continuously, and a consumer on node-a acks what it gets.
 node-a is stopped (SIGSTOP) until another node leads the queue -- held for ``hold``
 more seconds -- then woken (SIGCONT) while the publisher goes on. Until node-a has read
 etcd and learned it was replaced, its client connections still reach its old local
@@ -24,6 +25,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -87,23 +89,27 @@ class Publishing(threading.Thread):
 
 
 @pytest.mark.parametrize("hold", [0.0, 8.0])
-@pytest.mark.parametrize("kind", ["mirrored", "quorum"])
+@pytest.mark.parametrize("kind", ["mirrored", "exactly", "quorum"])
 def test_a_woken_leader_confirms_nothing_the_new_leader_lacks(
         nodes: list[ClusterNode], kind: str, hold: float) -> None:
     a, b, _c = nodes
-    if kind == "mirrored":
-        r = a.api.put("/api/policies/%2F/ha-all", {
-            "pattern": "^wake\\.", "apply-to": "queues", "definition": {"ha-mode": "all"}})
+    mirrors = {"mirrored": 2, "exactly": 1}.get(kind, 0)
+    if mirrors:
+        definition: dict[str, Any] = {"ha-mode": "all"} if kind == "mirrored" else \
+            {"ha-mode": "exactly", "ha-params": 2}
+        r = a.api.put("/api/policies/%2F/ha-wake", {
+            "pattern": "^wake\\.", "apply-to": "queues", "definition": definition})
         assert r.status in (201, 204), r.text
     declare_durable(a, QUEUE, {"x-queue-type": "quorum"} if kind == "quorum" else None)
     wait_for(lambda: all(_leader(n) == a.name for n in nodes), 20,
              "every node sees node-a lead the queue", lambda: diagnose(nodes))
-    if kind == "mirrored":
+    if mirrors:
         def synchronised() -> bool:
             r = a.api.get(f"/api/queues/%2F/{QUEUE}")
             return r.status == 200 and \
-                len(r.json().get("synchronised_slave_nodes") or []) == 2
-        wait_for(synchronised, 30, "both mirrors synchronised", lambda: diagnose(nodes))
+                len(r.json().get("synchronised_slave_nodes") or []) == mirrors
+        wait_for(synchronised, 30, f"{mirrors} mirror(s) synchronised",
+                 lambda: diagnose(nodes))
 
     assert a.proc is not None and a.proc.proc is not None
     pid = a.proc.proc.pid
