@@ -178,5 +178,6 @@ def test_a_woken_leader_confirms_nothing_the_new_leader_lacks(
     print(f"{kind}, woken {wake}: {len(confirmed)} confirmed, "
           f"{len(publishing.pub.nacked)} nacked, {len(publishing.pub.outstanding)} "
           f"unanswered; node-a's consumer got {len(woken_deliveries)} after SIGCONT, "
-          f"{len(nacked_got)} of them nacked; publisher ended by {publishing.ended!r}")
+          f"{len(nacked_got)} of them nacked ({len(nacked_got - drain.seen)} of those "
+          f"not in the final drain); publisher ended by {publishing.ended!r}")
     check_consumed(on_a.got + drain.got, confirmed)
