@@ -259,7 +259,12 @@ class Membership:
                 await asyncio.sleep(wait)
                 continue
             try:
-                ttl = await self.etcd.keepalive(self.lease_id) if self.lease_id else 0
+                # a renewal etcd answers late is still a renewal: waited for up to a
+                # third of the TTL (this loop's own stalls count against the client's
+                # shorter timeout, and the lease runs out only after the full TTL)
+                ttl = await self.etcd.keepalive(
+                    self.lease_id, timeout=max(self.etcd.timeout, renew_every),
+                ) if self.lease_id else 0
                 if ttl <= 0:
                     await self.register()
                 else:

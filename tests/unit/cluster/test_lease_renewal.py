@@ -28,6 +28,7 @@ class SlowReads:
     def __init__(self) -> None:
         self.on_answer: Callable[[], None] | None = None
         self.renewals: list[float] = []
+        self.timeouts: list[float | None] = []
 
     async def _read(self) -> None:
         await asyncio.sleep(READ_DELAY)
@@ -43,8 +44,11 @@ class SlowReads:
         await self._read()
         return type("Txn", (), {"responses": []})()
 
-    async def keepalive(self, lease_id: int) -> int:
+    timeout = 1.0
+
+    async def keepalive(self, lease_id: int, timeout: float | None = None) -> int:
         self.renewals.append(time.monotonic())
+        self.timeouts.append(timeout)
         return int(TTL)
 
     async def grant(self, ttl: int) -> Lease:
@@ -72,3 +76,23 @@ async def test_renewals_are_not_held_up_by_slow_polls(tmp_path: Path) -> None:
     assert len(etcd.renewals) >= 4, etcd.renewals
     # every third of the TTL, give or take the event loop: never near the TTL
     assert max(gaps) < TTL / 3 + 0.3, gaps
+    assert set(etcd.timeouts) == {1.0}, etcd.timeouts  # the client's, when longer
+
+
+async def test_a_renewal_is_waited_for_up_to_a_third_of_the_ttl(tmp_path: Path) -> None:
+    # a late answer still renews the lease: not abandoned after the client's 1 s
+    etcd = SlowReads()
+    m = Membership(ClusterView("n1"), etcd, "/t", 6.0,  # type: ignore[arg-type]
+                   lambda: {"name": "n1"}, str(tmp_path), "c1")
+    await m.register()
+    task = asyncio.create_task(m.renew())
+    try:
+        for _ in range(100):  # the first renewal is due after 2 s
+            if etcd.timeouts:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert etcd.timeouts == [2.0]
