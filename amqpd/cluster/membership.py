@@ -116,6 +116,7 @@ class Membership:
         self.display_name: str | None = None
         self.forgotten = False
         self._last_error_log = 0.0
+        self._registering = asyncio.Lock()
 
     def key(self, section: str, name: str = "") -> str:
         return f"{self.root}/{section}/{name}"
@@ -177,12 +178,14 @@ class Membership:
         log.info("cluster: node %s joined cluster %r", me, self.cluster_name)
 
     async def register(self) -> None:
-        """A fresh lease and this node's record under it."""
-        lease = await self.etcd.grant(max(round(self.lease_ttl), 2))
-        self.lease_id = lease.id
-        await self.etcd.put(self.key("nodes", self.view.node_name),
-                            json.dumps(self.record()), lease=lease.id)
-        self.last_renewal = time.monotonic()
+        """A fresh lease and this node's record under it (one at a time: the poll and
+        the renewal task may both find the lease gone)."""
+        async with self._registering:
+            lease = await self.etcd.grant(max(round(self.lease_ttl), 2))
+            self.lease_id = lease.id
+            await self.etcd.put(self.key("nodes", self.view.node_name),
+                                json.dumps(self.record()), lease=lease.id)
+            self.last_renewal = time.monotonic()
 
     async def update_record(self) -> None:
         """Write this node's record again under its lease (an address changed)."""
@@ -232,24 +235,50 @@ class Membership:
             await self.register()
 
     async def run(self) -> None:
+        """Poll every ``poll_interval``; the lease is renewed by a task of its own."""
+        renewing = asyncio.create_task(self.renew(), name="cluster-lease")
+        try:
+            while True:
+                try:
+                    await self.poll()
+                except EtcdError as exc:
+                    self._etcd_error(exc)
+                await asyncio.sleep(self.poll_interval)
+        finally:
+            renewing.cancel()
+
+    async def renew(self) -> None:
+        """Renew the lease every third of its TTL, apart from the polls: behind three
+        slow reads (each up to the client's timeout on a loaded machine) a renewal came
+        late enough for the lease to run out and the node to pause although etcd
+        answered every call (issue 28). A failed renewal is retried within
+        ``poll_interval``."""
         renew_every = self.lease_ttl / 3
         while True:
+            wait = renew_every - (time.monotonic() - self.last_renewal)
+            if wait > 0:
+                await asyncio.sleep(wait)
+                continue
             try:
-                if time.monotonic() - self.last_renewal >= renew_every:
-                    ttl = await self.etcd.keepalive(self.lease_id) if self.lease_id else 0
-                    if ttl <= 0:
-                        await self.register()
-                    else:
-                        self.last_renewal = time.monotonic()
-                await self.poll()
-            except asyncio.CancelledError:
-                raise
+                # a renewal etcd answers late is still a renewal: waited for up to a
+                # third of the TTL (this loop's own stalls count against the client's
+                # shorter timeout, and the lease runs out only after the full TTL)
+                ttl = await self.etcd.keepalive(
+                    self.lease_id, timeout=max(self.etcd.timeout, renew_every),
+                ) if self.lease_id else 0
+                if ttl <= 0:
+                    await self.register()
+                else:
+                    self.last_renewal = time.monotonic()
             except EtcdError as exc:
-                now = time.monotonic()
-                if now - self._last_error_log > 5:
-                    self._last_error_log = now
-                    log.warning("cluster: etcd out of reach: %s", exc)
-            await asyncio.sleep(self.poll_interval)
+                self._etcd_error(exc)
+                await asyncio.sleep(self.poll_interval)
+
+    def _etcd_error(self, exc: EtcdError) -> None:
+        now = time.monotonic()
+        if now - self._last_error_log > 5:
+            self._last_error_log = now
+            log.warning("cluster: etcd out of reach: %s", exc)
 
     async def set_display_name(self, name: str) -> None:
         await self.etcd.put(self.key("meta", "cluster_name"), name)

@@ -62,6 +62,9 @@ class _Stream:
         self.missing: dict[int, None] | None = None
         self.have = False  # the mirror's MHAVE came
         self.ended = False  # MBACKLOG_END sent: nothing it lacks is left
+        # sync_queue came before the mirror's MHAVE: the copy starts with MHAVE (else
+        # a manual-mode mirror asked to sync that early would never be synchronised)
+        self.sync_asked = False
         self.kept = 0  # messages the mirror already held (an earlier copy)
         self.backlog_bytes = 0  # bytes of MBACKLOG frames sent
 
@@ -208,7 +211,7 @@ class Leading:
         log.info("queue '%s' in vhost '%s': mirror on %s holds %d of its messages "
                  "(%d dropped), lacks %d (ha-sync-mode %s)", name, vhost, node, len(kept),
                  len(stale), len(s.missing), mode)
-        if mode == "automatic" and s.missing:
+        if (mode == "automatic" or s.sync_asked) and s.missing:
             self._start_sync(s)
         else:
             self._maybe_end(s)
@@ -248,13 +251,26 @@ class Leading:
 
     def sync(self) -> int:
         """``sync_queue``: copy what the unsynchronised mirrors lack, in the
-        background (the queue keeps serving); how many copies started."""
-        return sum(self._start_sync(s) for s in self.streams.values() if not s.synced)
+        background (the queue keeps serving); how many copies started, or wait for
+        the mirror's MHAVE to start (RabbitMQ syncs every unsynchronised mirror)."""
+        n = 0
+        for s in self.streams.values():
+            if s.synced or s.closed:
+                continue
+            if s.missing is None:  # MHAVE not yet here: got_have starts the copy
+                s.sync_asked = True
+                n += 1
+            else:
+                n += self._start_sync(s)
+        return n
 
     def cancel_sync(self) -> int:
         """``cancel_sync_queue``: stop the copies running; what was copied stays."""
         n = 0
         for s in self.streams.values():
+            if s.sync_asked and s.missing is None:
+                n += 1
+            s.sync_asked = False
             if s.task is not None and not s.task.done() and not s.ended:
                 s.task.cancel()
                 s.task = None

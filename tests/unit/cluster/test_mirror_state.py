@@ -435,6 +435,34 @@ async def test_automatic_sync_and_sync_queue_copy_in_batches_what_the_mirror_lac
     assert link2.of(M.MBACKLOG_END) == [[4]]
 
 
+async def test_sync_queue_before_the_mirrors_answer_starts_the_copy_when_it_comes() -> None:
+    # issue 28: a manual-mode mirror asked to sync before its MHAVE arrived (a busy
+    # machine) was skipped by sync_queue and never synchronised
+    _store, lead, pos = _with_messages(3)
+    link = _FakeLink()
+    lead.attach("b", link)  # type: ignore[arg-type]
+    s = lead.streams["b"]
+    assert lead.sync() == 1  # counted: it starts with the answer
+    assert s.task is None
+    lead.got_have("b", s.rid, [])
+    assert s.task is not None
+    s.batches_durable = 10
+    await asyncio.wait_for(s.task, 5)
+    assert [f[0] for f in link.of(M.MBACKLOG)] == pos
+    assert link.of(M.MBACKLOG_END) == [[3]]
+
+    # cancel_sync_queue before the answer withdraws the request
+    _store2, lead2, _pos2 = _with_messages(2)
+    link2 = _FakeLink()
+    lead2.attach("b", link2)  # type: ignore[arg-type]
+    s2 = lead2.streams["b"]
+    assert lead2.sync() == 1
+    assert lead2.cancel_sync() == 1
+    lead2.got_have("b", s2.rid, [])
+    assert s2.task is None
+    assert M.MBACKLOG not in link2.kinds()
+
+
 async def test_a_returning_mirror_keeps_what_it_holds_and_gets_only_the_tail() -> None:
     store, lead, pos = _with_messages(6, {"ha-sync-mode": "automatic"})
     store.append_settle(lead.key, [pos[0]])  # settled while the mirror was away
