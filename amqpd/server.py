@@ -716,6 +716,12 @@ async def serve(settings: Settings, ready: Callable[[Broker], None] | None = Non
         deadlines = commit_deadlines.start(cc.definition_timeout, mirrors=mirrors,
                                            quorum=groups, queues=queues)
         broker.watchdog.add_source("replicas", deadlines.waits)
+    # before READY: a service manager may send SIGTERM the moment it hears READY=1, and
+    # without the handler that signal would end the process with -15 instead of a stop
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     broker.on_ready = ready
     if ready is not None:
         ready(broker)
@@ -724,10 +730,6 @@ async def serve(settings: Settings, ready: Callable[[Broker], None] | None = Non
 
         broker.warren = Warren(broker.api, broker.roles, settings.replication)
         await broker.warren.start()  # role "auto": etcd decides; else a static role
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await broker.stop_plugins()  # while the cluster is still there (their hand-over)
     if broker.warren is not None:
