@@ -108,6 +108,8 @@ PURE_TESTS ?= tests/unit tests/integration/test_conformance_vs_amqpd.py
 CPUS := $(shell nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)
 TEST_WORKERS ?= $(shell echo $$(( $(CPUS) + $(CPUS) / 2 > 2 ? $(CPUS) + $(CPUS) / 2 : 2 )))
 XDIST_ARGS ?= -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+# the slowest tests in every log (CI's included), to see where the suite's time goes
+PYTEST_ARGS ?= --durations=40
 
 test: install system-deps
 	'$(PY)' -m pytest -q $(PYTEST_ARGS) $(XDIST_ARGS)
