@@ -113,6 +113,7 @@ from amqpd.cluster.mirror_frames import STREAM_SPLIT, MirrorFrames
 from amqpd.cluster.mirror_leading import HAVE_WAIT, Leading
 from amqpd.cluster.mirror_state import TICK, CommitGate, Ident, key_part, mirror_nodes
 from amqpd.cluster.mirror_store import ReplicatingStore
+from amqpd.cluster.periodic import cancel_all, every
 from amqpd.coord.etcd import Compare, EtcdError, Put, delete_own
 
 if TYPE_CHECKING:
@@ -177,11 +178,7 @@ class Mirrors(CopyAdoption, MirrorFrames, MirrorFailover):
         so first, so their mirrors apply ``ha-promote-on-shutdown``."""
         with contextlib.suppress(TimeoutError, EtcdError):
             await asyncio.wait_for(self._mark_shutdown(), SHUTDOWN_MARK)
-        for task in [*self._tasks, *self.promoting.values(), *self._checks]:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_all(self._tasks, no_wait=[*self.promoting.values(), *self._checks])
         if self.broker.store is self.store:
             self.broker.store = self.store.inner
         self.gate.fail_all(EtcdError("node stopping"))
@@ -223,12 +220,7 @@ class Mirrors(CopyAdoption, MirrorFrames, MirrorFailover):
 
     # -- the reconciliation ---------------------------------------------------------------
     async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(TICK)
-            try:
-                self.reconcile()
-            except Exception:
-                log.exception("mirrors: reconciliation failed")
+        await every(TICK, self.reconcile, log, "mirrors: reconciliation")
 
     def reconcile(self) -> None:
         self._adopt_retired()

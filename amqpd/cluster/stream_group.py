@@ -67,14 +67,11 @@ from amqpd.broker.api import StreamLogError, StreamQueue
 from amqpd.cluster import link_wire as W
 from amqpd.cluster import stream_wire as S
 from amqpd.cluster.election import claim, clear_offers, election_round, late_claim
+from amqpd.cluster.group_records import edit_group_record, poll_group_records
+from amqpd.cluster.group_walk import led_queues
 from amqpd.cluster.mirror_state import Ident, key_part
 from amqpd.cluster.periodic import every, spawn
 from amqpd.cluster.quorum_failover import GroupBallot, in_place
-from amqpd.cluster.quorum_group import (
-    edit_group_record,
-    lead_or_establish,
-    read_group_records,
-)
 from amqpd.cluster.quorum_state import (
     MembershipError,
     NoQuorum,
@@ -89,7 +86,7 @@ from amqpd.cluster.stream_replica import StreamReplica, write_term
 from amqpd.coord.etcd import Compare, Delete, EtcdError, Put
 
 if TYPE_CHECKING:
-    from amqpd.broker.api import BrokerAPI, VHost
+    from amqpd.broker.api import BrokerAPI, QueueType, VHost
     from amqpd.cluster.cluster_queues import ClusterQueues
     from amqpd.cluster.link import Link
     from amqpd.cluster.node import Cluster
@@ -198,11 +195,7 @@ class StreamGroups:
         return self._next_rid
 
     async def _read_records(self) -> None:
-        while True:
-            with contextlib.suppress(EtcdError, ValueError):
-                self.records, self.revisions = await read_group_records(
-                    self.etcd, f"{self.root}/stream/", self.known_terms)
-            await asyncio.sleep(RECORDS_EVERY)
+        await poll_group_records(self, f"{self.root}/stream/", RECORDS_EVERY)
 
     # -- the reconciliation -----------------------------------------------------------
     def local_stream(self, ident: Ident) -> StreamQueue | None:
@@ -229,30 +222,23 @@ class StreamGroups:
         if not cluster.mirror.synced or cluster.paused:
             return
         seen: set[Ident] = set()
-        for vh in self.broker.vhosts.values():
-            for q in list(vh.queues.values()):
-                if not isinstance(q, StreamQueue) or not q.durable:
-                    continue
-                ident = (vh.name, q.name)
-                seen.add(ident)
-                lead = lead_or_establish(self, vh, q)
-                if lead is None:
-                    continue
-                rec = self.records.get(ident)
-                if rec is not None and rec.get("leader") != self.node and \
-                        self.revisions.get(ident, 0) > lead.rev:
-                    log.warning("stream '%s' in vhost '%s': the group record names %s its "
-                                "leader (term %s): no longer leading it", q.name, vh.name,
-                                rec.get("leader"), rec.get("term"))
-                    self.stop_leading(lead, delete_record=False)
-                    continue
-                if rec is not None and self.revisions.get(ident, 0) > lead.rev:
-                    self._adopt_members(lead, rec, self.revisions[ident])
-                lead.connect(self.queues.links.link)
-                if lead.expire(time.monotonic()):
-                    log.warning("stream '%s' in vhost '%s': commits not acknowledged by a "
-                                "majority of %s within %.1fs: refused (nack)", q.name,
-                                vh.name, lead.members, self.timeout)
+        for vh, q, lead in led_queues(self, _is_stream, seen):
+            ident = (vh.name, q.name)
+            rec = self.records.get(ident)
+            if rec is not None and rec.get("leader") != self.node and \
+                    self.revisions.get(ident, 0) > lead.rev:
+                log.warning("stream '%s' in vhost '%s': the group record names %s its "
+                            "leader (term %s): no longer leading it", q.name, vh.name,
+                            rec.get("leader"), rec.get("term"))
+                self.stop_leading(lead, delete_record=False)
+                continue
+            if rec is not None and self.revisions.get(ident, 0) > lead.rev:
+                self._adopt_members(lead, rec, self.revisions[ident])
+            lead.connect(self.queues.links.link)
+            if lead.expire(time.monotonic()):
+                log.warning("stream '%s' in vhost '%s': commits not acknowledged by a "
+                            "majority of %s within %.1fs: refused (nack)", q.name,
+                            vh.name, lead.members, self.timeout)
         for ident, lead in list(self.leading.items()):
             if ident not in seen:
                 self.stop_leading(lead, delete_record=self.local_stream(ident) is None
@@ -544,6 +530,10 @@ class StreamGroups:
         if lead is not None:
             out["member_offsets"] = lead.offsets()
         return out
+
+
+def _is_stream(q: QueueType) -> bool:
+    return isinstance(q, StreamQueue) and q.durable
 
 
 def start(api: BrokerAPI, cluster: Cluster, queues: ClusterQueues) -> StreamGroups:
