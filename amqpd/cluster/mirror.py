@@ -141,13 +141,8 @@ class Mirrors(CopyAdoption, MirrorFrames, MirrorFailover):
     NO_TAKE_OVER = "no mirror can take over"
 
     def __init__(self, api: BrokerAPI, cluster: Cluster, queues: ClusterQueues) -> None:
+        super().__init__(api, cluster, queues)
         self.api = api
-        self.broker = api.cluster_port()
-        self.cluster = cluster
-        self.queues = queues
-        self.node: str = cluster.node_name
-        self.etcd = cluster.etcd
-        self.root = cluster.root
         self.gate = CommitGate(cluster.config.mirror_sync_timeout)
         self.store = ReplicatingStore(self.broker.store, self)
         self.leading: dict[Ident, Leading] = {}

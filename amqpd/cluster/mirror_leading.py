@@ -19,7 +19,7 @@ import contextlib
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from amqpd.cluster import link_wire as W
 from amqpd.cluster import mirror_wire as M
@@ -72,6 +72,9 @@ class _Stream:
 class Leading:
     """A mirrored queue this node leads: its live messages, the mirrors' streams, its
     :class:`ReplicaSet` and its mirror record in etcd."""
+
+    RECORD: ClassVar[str] = "mirror"  # the record's kind, and the log it is logged in
+    LOG: ClassVar[logging.Logger] = log
 
     def __init__(self, mirrors: Mirrors, vhost: str, q: QueueType,
                  live: dict[int, bool]) -> None:
@@ -387,36 +390,46 @@ class Leading:
                 "promote_on_shutdown": ha_setting(policy, "ha-promote-on-shutdown")}
 
     async def write(self) -> None:
-        """Bring the etcd record in line; then what left the synchronised set stops
-        counting for confirms."""
+        """Bring the etcd record in line, one :meth:`_write_pass` while something
+        changed; after each pass that wrote, the commits waiting on the gate are
+        looked at again."""
         if self.writing or self.deposed:
             return
         self.writing = True
         try:
             while self.dirty and not self.gone:
                 self.dirty = False
-                rec = self.record()
-                leaving = set(self.leaving)
-                key = self.mirrors.record_key(self.ident)
-                etcd = self.mirrors.etcd
-                if self.rev < 0 and await self._read_record(key, etcd) is None:
+                written = await self._write_pass(self.mirrors.record_key(self.ident),
+                                                 self.mirrors.etcd)
+                if written is None:
                     return
-                if (rec != self.written or leaving) and \
-                        not await self._put_record(key, etcd, rec):
-                    continue
-                for node in leaving:
-                    if node in self.leaving and node not in rec["synchronised"]:
-                        self.leaving.discard(node)
-                        self.rs.leave(node)
-                        log.warning("queue '%s' in vhost '%s': mirror on %s left the "
-                                    "synchronised set", self.ident[1], self.ident[0], node)
-                self.mirrors.gate.release()
+                if written:
+                    self.mirrors.gate.release()
         except EtcdError as exc:
             self.dirty = True
-            log.warning("queue '%s': mirror record not written to etcd yet: %s",
-                        self.ident[1], exc)
+            self.LOG.warning("queue '%s': %s record not written to etcd yet: %s",
+                             self.ident[1], self.RECORD, exc)
         finally:
             self.writing = False
+
+    async def _write_pass(self, key: str, etcd: EtcdClient) -> bool | None:
+        """One pass of :meth:`write`: the record written (True), the write to be tried
+        again (False: another writer got there first), or None: this node no longer
+        leads the queue. Once written, what left the synchronised set stops counting
+        for confirms."""
+        rec = self.record()
+        leaving = set(self.leaving)
+        if self.rev < 0 and await self._read_record(key, etcd) is None:
+            return None
+        if (rec != self.written or leaving) and not await self._put_record(key, etcd, rec):
+            return False
+        for node in leaving:
+            if node in self.leaving and node not in rec["synchronised"]:
+                self.leaving.discard(node)
+                self.rs.leave(node)
+                log.warning("queue '%s' in vhost '%s': mirror on %s left the "
+                            "synchronised set", self.ident[1], self.ident[0], node)
+        return True
 
     async def _read_record(self, key: str, etcd: EtcdClient) -> dict[str, Any] | None:
         """Read the record (its revision guards the next write); None when it names

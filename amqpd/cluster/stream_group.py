@@ -70,6 +70,7 @@ from amqpd.cluster.election import claim, clear_offers, election_round, late_cla
 from amqpd.cluster.group_records import edit_group_record, poll_group_records
 from amqpd.cluster.group_walk import led_queues
 from amqpd.cluster.mirror_state import Ident, key_part
+from amqpd.cluster.node_part import NodePart
 from amqpd.cluster.periodic import every, spawn
 from amqpd.cluster.quorum_failover import GroupBallot, in_place
 from amqpd.cluster.quorum_state import (
@@ -132,21 +133,16 @@ class _Ballot(GroupBallot):
         return str(replica.offer(int(self.rec.get("term", 0))))
 
     async def take_over(self, rec_rev: int, prefix: str) -> bool:
-        groups = cast(StreamGroups, self.groups)
+        groups = cast(StreamGroups, self.host)
         return await groups.take_over(cast(StreamReplica, self.copy), self.rec, rec_rev,
                                       prefix)
 
 
-class StreamGroups:
+class StreamGroups(NodePart):
     """This node's part in replicated streams (module docstring)."""
 
     def __init__(self, api: BrokerAPI, cluster: Cluster, queues: ClusterQueues) -> None:
-        self.broker = api.cluster_port()
-        self.cluster = cluster
-        self.queues = queues
-        self.node: str = cluster.node_name
-        self.etcd = cluster.etcd
-        self.root = cluster.root
+        super().__init__(api, cluster, queues)
         self.timeout = cluster.config.mirror_sync_timeout
         self.leading: dict[Ident, StreamLeading] = {}
         self.replicas: dict[Ident, StreamReplica] = {}
