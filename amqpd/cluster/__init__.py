@@ -35,7 +35,9 @@ here is imported. Operator guide: docs/clustering.md. The interface others code 
   the mirrors, reachable as ``cluster.quorum_groups`` (the HTTP API's
   ``ClusterStatus.quorum_membership()``). Its parts: ``quorum_leading.py``
   (the leader, checkouts), ``quorum_failover.py`` (the election's ballot, promotion);
-  ``quorum_state.py`` sans-IO.
+  ``quorum_state.py`` sans-IO; ``group_records.py`` (the group records in etcd) and
+  ``group_walk.py`` (the reconciliation's walk over the queues a group leads), shared
+  with the streams.
 * ``stream_group.py``: replicated streams (issue 30: members, majority commit of the
   leader's offsets, elections with the quorum ballot, add/delete_replica); ``start(...)``
   from ``serve`` after the quorum groups, reachable as ``cluster.stream_groups``. Its
@@ -43,4 +45,9 @@ here is imported. Operator guide: docs/clustering.md. The interface others code 
   ``stream_replica.py`` (a member's copy, epochs), ``stream_copies.py`` (a member's
   side of the frames: its copies of streams led elsewhere), ``stream_wire.py`` (frames
   110-115).
+* What the parts above share: ``node_part.py`` (``NodePart``: what the mirrored, quorum
+  and stream parts hold of the node), ``periodic.py`` (a step every few seconds, tasks
+  kept and cancelled), ``leased_push.py`` (keys a node keeps under its lease:
+  ``transient.py``, ``node_info.py``), ``prefix_watch.py`` (read an etcd prefix, then
+  watch it, again after each end: ``transient.py``, ``node_requests.py``).
 """
