@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from amqpd.cluster import link_wire as W
@@ -40,33 +41,34 @@ SYNC_BATCH: Final = 1024  # backlog messages per batch (ha-sync-batch-size overr
 LOW_WATER: Final = 1 << 20  # a backlog batch waits until the link's buffer is below this
 
 
+@dataclass(eq=False, repr=False)  # each stream is itself (in sets, dicts: by identity)
 class _Stream:
     """One mirror's replication stream of a queue this node leads."""
 
-    def __init__(self, node: str, rid: int, link: Link, start_seq: int) -> None:
-        self.node = node
-        self.rid = rid
-        self.link = link
-        self.start_seq = start_seq
-        self.synced = False
-        self.closed = False
-        self.backlog_sent = 0
-        self.task: asyncio.Task[None] | None = None
-        self.batches_durable = 0  # the mirror's MBATCHED so far (backlog flow control)
-        self.batches = 0  # backlog batches sent (MBATCH)
-        self.batch_event = asyncio.Event()
-        self.candidates: list[int] = []  # what the queue held at MSTART (it may lack)
-        self.started = time.monotonic()
-        # what the queue holds that the mirror lacks, in queue order; None until the
-        # mirror said what it has (MHAVE)
-        self.missing: dict[int, None] | None = None
-        self.have = False  # the mirror's MHAVE came
-        self.ended = False  # MBACKLOG_END sent: nothing it lacks is left
-        # sync_queue came before the mirror's MHAVE: the copy starts with MHAVE (else
-        # a manual-mode mirror asked to sync that early would never be synchronised)
-        self.sync_asked = False
-        self.kept = 0  # messages the mirror already held (an earlier copy)
-        self.backlog_bytes = 0  # bytes of MBACKLOG frames sent
+    node: str
+    rid: int
+    link: Link
+    start_seq: int
+    synced: bool = False
+    closed: bool = False
+    backlog_sent: int = 0
+    task: asyncio.Task[None] | None = None
+    batches_durable: int = 0  # the mirror's MBATCHED so far (backlog flow control)
+    batches: int = 0  # backlog batches sent (MBATCH)
+    batch_event: asyncio.Event = field(default_factory=asyncio.Event)
+    # what the queue held at MSTART (it may lack)
+    candidates: list[int] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+    # what the queue holds that the mirror lacks, in queue order; None until the
+    # mirror said what it has (MHAVE)
+    missing: dict[int, None] | None = None
+    have: bool = False  # the mirror's MHAVE came
+    ended: bool = False  # MBACKLOG_END sent: nothing it lacks is left
+    # sync_queue came before the mirror's MHAVE: the copy starts with MHAVE (else
+    # a manual-mode mirror asked to sync that early would never be synchronised)
+    sync_asked: bool = False
+    kept: int = 0  # messages the mirror already held (an earlier copy)
+    backlog_bytes: int = 0  # bytes of MBACKLOG frames sent
 
 
 class Leading:
