@@ -123,6 +123,10 @@ def cluster_size(arguments: dict[str, Any], nodes: int) -> int:
     return value
 
 
+def _is_stream(q: QueueType) -> bool:
+    return isinstance(q, StreamQueue) and q.durable
+
+
 class _Ballot(GroupBallot):
     """The quorum queues' ballot over a stream copy: the offer is the copy's next
     offset in the lost leader's term, the take-over :meth:`StreamGroups.take_over`."""
@@ -526,10 +530,6 @@ class StreamGroups(NodePart):
         if lead is not None:
             out["member_offsets"] = lead.offsets()
         return out
-
-
-def _is_stream(q: QueueType) -> bool:
-    return isinstance(q, StreamQueue) and q.durable
 
 
 def start(api: BrokerAPI, cluster: Cluster, queues: ClusterQueues) -> StreamGroups:
