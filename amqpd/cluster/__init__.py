@@ -34,7 +34,8 @@ here is imported. Operator guide: docs/clustering.md. The interface others code 
   commit, terms and elections, membership edits); ``start(...)`` from ``serve`` after
   the mirrors, reachable as ``cluster.quorum_groups`` (the HTTP API's
   ``ClusterStatus.quorum_membership()``). Its parts: ``quorum_leading.py``
-  (the leader, checkouts), ``quorum_failover.py`` (the election's ballot, promotion);
+  (the leader, checkouts), ``quorum_failover.py`` (the election's ballot, promotion),
+  ``quorum_voter.py`` (a member without a copy votes);
   ``quorum_state.py`` sans-IO; ``group_records.py`` (the group records in etcd) and
   ``group_walk.py`` (the reconciliation's walk over the queues a group leads), shared
   with the streams.

@@ -116,6 +116,7 @@ from amqpd.cluster.quorum_state import (
     quorum_critical,
     remove_member,
 )
+from amqpd.cluster.quorum_voter import lost_without_copy, vote_without_copy
 from amqpd.cluster.remote_state import RemoteQueueState
 from amqpd.coord.etcd import Compare, EtcdError, Put
 
@@ -257,6 +258,10 @@ class QuorumGroups(GroupFailover, Mirrors):
                 self.promoting[ident] = loop.create_task(self._promote(ident, copy))
             elif (copy.leader, copy.rid) in self.frozen:
                 self._thaw(copy)
+        busy = self.copy_of.keys() | self.promoting.keys() | self.leading.keys()
+        for ident, lost in lost_without_copy(self.records, self.node, busy,
+                                             cluster.catalogue.get, view.is_running):
+            self.promoting[ident] = loop.create_task(vote_without_copy(self, ident, lost))
 
     def _thaw(self, copy: MirrorCopy) -> None:
         """The leader this copy voted against is back and still leads: the copy missed
