@@ -15,6 +15,11 @@ here is imported. Operator guide: docs/clustering.md. The interface others code 
 * ``definitions.py``: every durable definition mirrored through etcd, applied in
   revision order on every node; calls ``ClusterQueues.materialise`` (the
   inter-node links) for queues led by another node, when the view has links.
+* What the parts below share: ``node_part.py`` (``NodePart``: what the mirrored, quorum
+  and stream parts hold of the node), ``periodic.py`` (a step every few seconds, tasks
+  kept and cancelled), ``leased_push.py`` (keys a node keeps under its lease:
+  ``transient.py``, ``node_info.py``), ``prefix_watch.py`` (read an etcd prefix, then
+  watch it, again after each end: ``transient.py``, ``node_requests.py``).
 * ``link_wire.py``, ``link.py``: the inter-node links (one authenticated, multiplexed TCP
   connection per node pair, credit-based flow control).
 * ``cluster_queues.py``: ``ClusterQueues`` (the links, leader locators, node loss, the
@@ -46,9 +51,4 @@ here is imported. Operator guide: docs/clustering.md. The interface others code 
   ``stream_replica.py`` (a member's copy, epochs), ``stream_copies.py`` (a member's
   side of the frames: its copies of streams led elsewhere), ``stream_wire.py`` (frames
   110-115).
-* What the parts above share: ``node_part.py`` (``NodePart``: what the mirrored, quorum
-  and stream parts hold of the node), ``periodic.py`` (a step every few seconds, tasks
-  kept and cancelled), ``leased_push.py`` (keys a node keeps under its lease:
-  ``transient.py``, ``node_info.py``), ``prefix_watch.py`` (read an etcd prefix, then
-  watch it, again after each end: ``transient.py``, ``node_requests.py``).
 """
