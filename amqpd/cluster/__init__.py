@@ -15,6 +15,11 @@ here is imported. Operator guide: docs/clustering.md. The interface others code 
 * ``definitions.py``: every durable definition mirrored through etcd, applied in
   revision order on every node; calls ``ClusterQueues.materialise`` (the
   inter-node links) for queues led by another node, when the view has links.
+* What the parts below share: ``node_part.py`` (``NodePart``: what the mirrored, quorum
+  and stream parts hold of the node), ``periodic.py`` (a step every few seconds, tasks
+  kept and cancelled), ``leased_push.py`` (keys a node keeps under its lease:
+  ``transient.py``, ``node_info.py``), ``prefix_watch.py`` (read an etcd prefix, then
+  watch it, again after each end: ``transient.py``, ``node_requests.py``).
 * ``link_wire.py``, ``link.py``: the inter-node links (one authenticated, multiplexed TCP
   connection per node pair, credit-based flow control).
 * ``cluster_queues.py``: ``ClusterQueues`` (the links, leader locators, node loss, the
@@ -34,8 +39,11 @@ here is imported. Operator guide: docs/clustering.md. The interface others code 
   commit, terms and elections, membership edits); ``start(...)`` from ``serve`` after
   the mirrors, reachable as ``cluster.quorum_groups`` (the HTTP API's
   ``ClusterStatus.quorum_membership()``). Its parts: ``quorum_leading.py``
-  (the leader, checkouts), ``quorum_failover.py`` (the election's ballot, promotion);
-  ``quorum_state.py`` sans-IO.
+  (the leader, checkouts), ``quorum_failover.py`` (the election's ballot, promotion),
+  ``quorum_voter.py`` (a member without a copy votes);
+  ``quorum_state.py`` sans-IO; ``group_records.py`` (the group records in etcd) and
+  ``group_walk.py`` (the reconciliation's walk over the queues a group leads), shared
+  with the streams.
 * ``stream_group.py``: replicated streams (issue 30: members, majority commit of the
   leader's offsets, elections with the quorum ballot, add/delete_replica); ``start(...)``
   from ``serve`` after the quorum groups, reachable as ``cluster.stream_groups``. Its

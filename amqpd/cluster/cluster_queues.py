@@ -16,11 +16,7 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from amqpd.broker.api import (
-    AMQPError,
-    QueueType,
-    queue_type_name,
-)
+from amqpd.broker.api import AMQPError, QueueType, queue_type_name
 from amqpd.cluster import link_wire as W
 from amqpd.cluster.link import Link, LinkHandler, LinkManager
 from amqpd.cluster.remote_queue import RemoteQueue, jsonable, remote_class

@@ -56,6 +56,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from amqpd.broker.api import DEFINITION_KINDS
+from amqpd.cluster.periodic import cancel_all
 from amqpd.coord.etcd import (
     Compare,
     Delete,
@@ -577,11 +578,7 @@ class DefinitionMirror:
         deadline = time.monotonic() + drain
         while self.pending and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_all(self._tasks)
         self._tasks = []
 
     # ------------------------------------------------------------------ export

@@ -32,7 +32,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, Protocol, TypeVar
 
 from amqpd.cluster.mirror_state import Ident, key_part
 from amqpd.cluster.replica_core import Candidate, PromotionPolicy
@@ -65,13 +65,19 @@ class Elector(Protocol):
                                      rec: dict[str, Any], rec_rev: int) -> bool: ...
 
 
-class Ballot:
-    """One round's rules for one kind of replicated queue (a subclass per kind). The
+H = TypeVar("H")
+
+
+class Ballot(Generic[H]):
+    """One round's rules for one kind of replicated queue (a subclass per kind), for
+    its ``host`` (the node's part in that kind, whose state the rules read). The
     offers read so far are :attr:`candidates` (node -> its offer)."""
 
     DIRECTORY: ClassVar[str]  # the etcd directory of the offers
 
-    def __init__(self, ident: Ident, copy: MirrorCopy, rec: dict[str, Any]) -> None:
+    def __init__(self, host: H, ident: Ident, copy: MirrorCopy,
+                 rec: dict[str, Any]) -> None:
+        self.host = host
         self.ident = ident
         self.copy = copy
         self.rec = rec
@@ -127,7 +133,7 @@ class Ballot:
 
 
 async def election_round(elector: Elector, ident: Ident, copy: MirrorCopy,
-                         ballot_for: Callable[[dict[str, Any]], Ballot]) -> bool:
+                         ballot_for: Callable[[dict[str, Any]], Ballot[Any]]) -> bool:
     """One round (module docstring) for ``copy``, whose leader was lost; ``ballot_for``
     makes the round's ballot from the record read. True when it is decided (promoted
     here, elsewhere, or not possible)."""

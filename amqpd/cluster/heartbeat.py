@@ -21,7 +21,6 @@ logged once in a while): a stray packet must not keep a dead node "running".
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import hmac
 import json
@@ -31,6 +30,7 @@ from collections.abc import Callable
 
 import asyncio_dgram
 
+from amqpd.cluster.periodic import cancel_all
 from amqpd.cluster.view import ClusterView
 from amqpd.config import host_port
 
@@ -89,11 +89,7 @@ class Heartbeats:
                  self.interval)
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_all(self._tasks)
         self._tasks = []
         if self._stream is not None:
             self._stream.close()

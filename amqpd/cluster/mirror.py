@@ -113,6 +113,7 @@ from amqpd.cluster.mirror_frames import STREAM_SPLIT, MirrorFrames
 from amqpd.cluster.mirror_leading import HAVE_WAIT, Leading
 from amqpd.cluster.mirror_state import TICK, CommitGate, Ident, key_part, mirror_nodes
 from amqpd.cluster.mirror_store import ReplicatingStore
+from amqpd.cluster.periodic import cancel_all, every
 from amqpd.coord.etcd import Compare, EtcdError, Put, delete_own
 
 if TYPE_CHECKING:
@@ -140,13 +141,8 @@ class Mirrors(CopyAdoption, MirrorFrames, MirrorFailover):
     NO_TAKE_OVER = "no mirror can take over"
 
     def __init__(self, api: BrokerAPI, cluster: Cluster, queues: ClusterQueues) -> None:
+        super().__init__(api, cluster, queues)
         self.api = api
-        self.broker = api.cluster_port()
-        self.cluster = cluster
-        self.queues = queues
-        self.node: str = cluster.node_name
-        self.etcd = cluster.etcd
-        self.root = cluster.root
         self.gate = CommitGate(cluster.config.mirror_sync_timeout)
         self.store = ReplicatingStore(self.broker.store, self)
         self.leading: dict[Ident, Leading] = {}
@@ -177,11 +173,7 @@ class Mirrors(CopyAdoption, MirrorFrames, MirrorFailover):
         so first, so their mirrors apply ``ha-promote-on-shutdown``."""
         with contextlib.suppress(TimeoutError, EtcdError):
             await asyncio.wait_for(self._mark_shutdown(), SHUTDOWN_MARK)
-        for task in [*self._tasks, *self.promoting.values(), *self._checks]:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_all(self._tasks, no_wait=[*self.promoting.values(), *self._checks])
         if self.broker.store is self.store:
             self.broker.store = self.store.inner
         self.gate.fail_all(EtcdError("node stopping"))
@@ -223,12 +215,7 @@ class Mirrors(CopyAdoption, MirrorFrames, MirrorFailover):
 
     # -- the reconciliation ---------------------------------------------------------------
     async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(TICK)
-            try:
-                self.reconcile()
-            except Exception:
-                log.exception("mirrors: reconciliation failed")
+        await every(TICK, self.reconcile, log, "mirrors: reconciliation")
 
     def reconcile(self) -> None:
         self._adopt_retired()

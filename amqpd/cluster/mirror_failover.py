@@ -19,7 +19,7 @@ import asyncio
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from amqpd.broker.api import LoggedMessage
 from amqpd.cluster.election import Ballot, claim, clear_offers, election_round, late_claim
@@ -40,15 +40,14 @@ SYNCED_WAIT: Final = 15.0
 KEPT_CHECK_TRIES: Final = 20  # etcd reads of a record to confirm kept consumers
 
 
-class MirrorBallot(Ballot):
+class MirrorBallot(Ballot["MirrorFailover"]):
     """A mirrored queue's rules in an election round (module docstring)."""
 
     DIRECTORY = "mirror-candidates"
 
     def __init__(self, mirrors: MirrorFailover, ident: Ident, copy: MirrorCopy,
                  rec: dict[str, Any]) -> None:
-        super().__init__(ident, copy, rec)
-        self.mirrors = mirrors
+        super().__init__(mirrors, ident, copy, rec)
         self.synchronised = [str(n) for n in rec.get("synchronised", [])]
         self.shutdown = bool(rec.get("shutdown"))
         self.on_failure = str(rec.get("promote_on_failure", "always"))
@@ -79,7 +78,7 @@ class MirrorBallot(Ballot):
                             "(ha-promote-on-failure %s)", ident[1], ident[0], copy.leader,
                             self.on_failure)
             return True
-        if not self.am_synced and copy.leader in self.mirrors.cluster.records:
+        if not self.am_synced and copy.leader in self.host.cluster.records:
             # an unsynchronised copy takes over only once the leader's lease is gone
             # too: late heartbeats of a busy leader must not cost what this copy lacks
             return False
@@ -102,7 +101,7 @@ class MirrorBallot(Ballot):
                                           was_in_sync=synced or offer.get("was") is True)
 
     def expected(self) -> list[str]:
-        view = self.mirrors.cluster
+        view = self.host.cluster
         expected = [n for n in self.synchronised if view.is_running(n)]
         if not expected and self.unsync_ok:  # every running mirror may take over
             expected = [str(n) for n in self.rec.get("mirrors", []) if view.is_running(n)]
@@ -112,7 +111,7 @@ class MirrorBallot(Ballot):
         return self.policy
 
     def standing(self) -> list[Candidate]:
-        running = self.mirrors.cluster.is_running
+        running = self.host.cluster.is_running
         return [c for c in self.candidates.values() if running(c.node)]
 
     def awaited(self) -> list[str]:
@@ -120,7 +119,7 @@ class MirrorBallot(Ballot):
         # (SYNCED_WAIT at most: one whose node runs without its copy never offers)
         if time.monotonic() - self.copy.election_started >= SYNCED_WAIT:
             return []
-        node, running = self.mirrors.node, self.mirrors.cluster.is_running
+        node, running = self.host.node, self.host.cluster.is_running
         return [n for n in self.synchronised if n != node and running(n)]
 
     def synced_candidates(self) -> list[str]:
@@ -142,13 +141,16 @@ class MirrorBallot(Ballot):
                  self.synced_candidates(), winner)
 
     async def take_over(self, rec_rev: int, prefix: str) -> bool:
-        return await self.mirrors._take_over(self.ident, self.copy, self.rec, rec_rev,
+        return await self.host._take_over(self.ident, self.copy, self.rec, rec_rev,
                                              prefix)
 
 
 class MirrorFailover(MirrorsHost):
     """:class:`~amqpd.cluster.mirror.Mirrors`' failover (a mixin: the state is the
     ``Mirrors`` instance's)."""
+
+    # the rules of an election round (QuorumGroups: GroupBallot)
+    BALLOT: ClassVar[type[Ballot[Any]]] = MirrorBallot
 
     async def _promote(self, ident: Ident, copy: MirrorCopy) -> None:
         copy.election_started = time.monotonic()
@@ -163,10 +165,11 @@ class MirrorFailover(MirrorsHost):
             self.promoting.pop(ident, None)
 
     async def _election_round(self, ident: Ident, copy: MirrorCopy) -> bool:
-        """One round (:func:`~amqpd.cluster.election.election_round`); True when it is
-        decided (promoted here, elsewhere, or not possible)."""
+        """One round (:func:`~amqpd.cluster.election.election_round`) under the rules of
+        :attr:`BALLOT`; True when it is decided (this node took over, another did, or
+        none can)."""
         return await election_round(self, ident, copy,
-                                    lambda rec: MirrorBallot(self, ident, copy, rec))
+                                    lambda rec: self.BALLOT(self, ident, copy, rec))
 
     async def _take_over(self, ident: Ident, copy: MirrorCopy, rec: dict[str, Any],
                          rec_rev: int, prefix: str) -> bool:

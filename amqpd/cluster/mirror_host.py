@@ -2,7 +2,7 @@
 mirror.py): the state ``Mirrors.__init__`` sets and the methods one part calls on
 another, declared once so each part (:mod:`~amqpd.cluster.mirror_adopt`,
 :mod:`~amqpd.cluster.mirror_frames`, :mod:`~amqpd.cluster.mirror_failover`) is
-type-checked on its own. Declarations only: nothing here runs.
+type-checked on its own. Declarations only, besides what :class:`NodePart` sets up.
 """
 
 from __future__ import annotations
@@ -10,30 +10,23 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
+from amqpd.cluster.node_part import NodePart
+
 if TYPE_CHECKING:
-    from amqpd.broker.api import BrokerAPI, ClusterPort, QueueType, VHost
-    from amqpd.cluster.cluster_queues import ClusterQueues
+    from amqpd.broker.api import BrokerAPI, QueueType, VHost
     from amqpd.cluster.mirror_copy import MirrorCopy
     from amqpd.cluster.mirror_leading import Leading
     from amqpd.cluster.mirror_map import CopyMap
     from amqpd.cluster.mirror_state import CommitGate, Ident
     from amqpd.cluster.mirror_store import ReplicatingStore
-    from amqpd.cluster.node import Cluster
-    from amqpd.coord.etcd import EtcdClient
 
 
-class MirrorsHost:
+class MirrorsHost(NodePart):
     """The state and cross-part methods of a ``Mirrors`` (or ``QuorumGroups``)."""
 
     RECORD: str
     NO_TAKE_OVER: str
     api: BrokerAPI
-    broker: ClusterPort
-    cluster: Cluster
-    queues: ClusterQueues
-    node: str
-    etcd: EtcdClient
-    root: str
     gate: CommitGate
     store: ReplicatingStore
     leading: dict[Ident, Leading]

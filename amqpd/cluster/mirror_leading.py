@@ -19,7 +19,8 @@ import contextlib
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Final
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from amqpd.cluster import link_wire as W
 from amqpd.cluster import mirror_wire as M
@@ -40,38 +41,42 @@ SYNC_BATCH: Final = 1024  # backlog messages per batch (ha-sync-batch-size overr
 LOW_WATER: Final = 1 << 20  # a backlog batch waits until the link's buffer is below this
 
 
+@dataclass(eq=False, repr=False)  # each stream is itself (in sets, dicts: by identity)
 class _Stream:
     """One mirror's replication stream of a queue this node leads."""
 
-    def __init__(self, node: str, rid: int, link: Link, start_seq: int) -> None:
-        self.node = node
-        self.rid = rid
-        self.link = link
-        self.start_seq = start_seq
-        self.synced = False
-        self.closed = False
-        self.backlog_sent = 0
-        self.task: asyncio.Task[None] | None = None
-        self.batches_durable = 0  # the mirror's MBATCHED so far (backlog flow control)
-        self.batches = 0  # backlog batches sent (MBATCH)
-        self.batch_event = asyncio.Event()
-        self.candidates: list[int] = []  # what the queue held at MSTART (it may lack)
-        self.started = time.monotonic()
-        # what the queue holds that the mirror lacks, in queue order; None until the
-        # mirror said what it has (MHAVE)
-        self.missing: dict[int, None] | None = None
-        self.have = False  # the mirror's MHAVE came
-        self.ended = False  # MBACKLOG_END sent: nothing it lacks is left
-        # sync_queue came before the mirror's MHAVE: the copy starts with MHAVE (else
-        # a manual-mode mirror asked to sync that early would never be synchronised)
-        self.sync_asked = False
-        self.kept = 0  # messages the mirror already held (an earlier copy)
-        self.backlog_bytes = 0  # bytes of MBACKLOG frames sent
+    node: str
+    rid: int
+    link: Link
+    start_seq: int
+    synced: bool = False
+    closed: bool = False
+    backlog_sent: int = 0
+    task: asyncio.Task[None] | None = None
+    batches_durable: int = 0  # the mirror's MBATCHED so far (backlog flow control)
+    batches: int = 0  # backlog batches sent (MBATCH)
+    batch_event: asyncio.Event = field(default_factory=asyncio.Event)
+    # what the queue held at MSTART (it may lack)
+    candidates: list[int] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+    # what the queue holds that the mirror lacks, in queue order; None until the
+    # mirror said what it has (MHAVE)
+    missing: dict[int, None] | None = None
+    have: bool = False  # the mirror's MHAVE came
+    ended: bool = False  # MBACKLOG_END sent: nothing it lacks is left
+    # sync_queue came before the mirror's MHAVE: the copy starts with MHAVE (else
+    # a manual-mode mirror asked to sync that early would never be synchronised)
+    sync_asked: bool = False
+    kept: int = 0  # messages the mirror already held (an earlier copy)
+    backlog_bytes: int = 0  # bytes of MBACKLOG frames sent
 
 
 class Leading:
     """A mirrored queue this node leads: its live messages, the mirrors' streams, its
     :class:`ReplicaSet` and its mirror record in etcd."""
+
+    RECORD: ClassVar[str] = "mirror"  # the record's kind, and the log it is logged in
+    LOG: ClassVar[logging.Logger] = log
 
     def __init__(self, mirrors: Mirrors, vhost: str, q: QueueType,
                  live: dict[int, bool]) -> None:
@@ -387,36 +392,46 @@ class Leading:
                 "promote_on_shutdown": ha_setting(policy, "ha-promote-on-shutdown")}
 
     async def write(self) -> None:
-        """Bring the etcd record in line; then what left the synchronised set stops
-        counting for confirms."""
+        """Bring the etcd record in line, one :meth:`_write_pass` while something
+        changed; after each pass that wrote, the commits waiting on the gate are
+        looked at again."""
         if self.writing or self.deposed:
             return
         self.writing = True
         try:
             while self.dirty and not self.gone:
                 self.dirty = False
-                rec = self.record()
-                leaving = set(self.leaving)
-                key = self.mirrors.record_key(self.ident)
-                etcd = self.mirrors.etcd
-                if self.rev < 0 and await self._read_record(key, etcd) is None:
+                written = await self._write_pass(self.mirrors.record_key(self.ident),
+                                                 self.mirrors.etcd)
+                if written is None:
                     return
-                if (rec != self.written or leaving) and \
-                        not await self._put_record(key, etcd, rec):
-                    continue
-                for node in leaving:
-                    if node in self.leaving and node not in rec["synchronised"]:
-                        self.leaving.discard(node)
-                        self.rs.leave(node)
-                        log.warning("queue '%s' in vhost '%s': mirror on %s left the "
-                                    "synchronised set", self.ident[1], self.ident[0], node)
-                self.mirrors.gate.release()
+                if written:
+                    self.mirrors.gate.release()
         except EtcdError as exc:
             self.dirty = True
-            log.warning("queue '%s': mirror record not written to etcd yet: %s",
-                        self.ident[1], exc)
+            self.LOG.warning("queue '%s': %s record not written to etcd yet: %s",
+                             self.ident[1], self.RECORD, exc)
         finally:
             self.writing = False
+
+    async def _write_pass(self, key: str, etcd: EtcdClient) -> bool | None:
+        """One pass of :meth:`write`: the record written (True), the write to be tried
+        again (False: another writer got there first), or None: this node no longer
+        leads the queue. Once written, what left the synchronised set stops counting
+        for confirms."""
+        rec = self.record()
+        leaving = set(self.leaving)
+        if self.rev < 0 and await self._read_record(key, etcd) is None:
+            return None
+        if (rec != self.written or leaving) and not await self._put_record(key, etcd, rec):
+            return False
+        for node in leaving:
+            if node in self.leaving and node not in rec["synchronised"]:
+                self.leaving.discard(node)
+                self.rs.leave(node)
+                log.warning("queue '%s' in vhost '%s': mirror on %s left the "
+                            "synchronised set", self.ident[1], self.ident[0], node)
+        return True
 
     async def _read_record(self, key: str, etcd: EtcdClient) -> dict[str, Any] | None:
         """Read the record (its revision guards the next write); None when it names

@@ -14,7 +14,7 @@ was replicated (:class:`amqpd.cluster.mirror_state.CommitGate`). Theory of opera
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -22,6 +22,19 @@ if TYPE_CHECKING:
     from amqpd.cluster.mirror import Mirrors
     from amqpd.cluster.mirror_leading import Leading
 
+
+
+def _append(append: Callable[[str, Iterable[int]], None], queue: str, positions: Iterable[int],
+            then: Callable[[list[int]], None] | None) -> None:
+    """``append`` the records of ``positions`` to the inner store, then, for a queue
+    this node leads, hand the same positions to its streams (``then``: the leader's
+    ``settled`` or ``delivered``)."""
+    if then is None:
+        append(queue, positions)
+        return
+    positions = list(positions)
+    append(queue, positions)
+    then(positions)
 
 class ReplicatingStore:
     """The node's message store, with the records of mirrored queues this node leads
@@ -51,12 +64,8 @@ class ReplicatingStore:
 
     def append_settle(self, queue: str, positions: Iterable[int]) -> None:
         lead = self.by_key.get(queue)
-        if lead is None:
-            self.inner.append_settle(queue, positions)
-            return
-        positions = list(positions)
-        self.inner.append_settle(queue, positions)
-        lead.settled(positions)
+        _append(self.inner.append_settle, queue, positions,
+                None if lead is None else lead.settled)
 
     def append_delivered(self, queue: str, position: int) -> None:
         self.inner.append_delivered(queue, position)
@@ -72,12 +81,8 @@ class ReplicatingStore:
 
     def append_delivered_many(self, queue: str, positions: Iterable[int]) -> None:
         lead = self.by_key.get(queue)
-        if lead is None:
-            self.inner.append_delivered_many(queue, positions)
-            return
-        positions = list(positions)
-        self.inner.append_delivered_many(queue, positions)
-        lead.delivered(positions)
+        _append(self.inner.append_delivered_many, queue, positions,
+                None if lead is None else lead.delivered)
 
     def drop_queue(self, queue: str) -> None:
         self.inner.drop_queue(queue)

@@ -53,6 +53,7 @@ from amqpd.cluster.loop_clock import LoopClock
 from amqpd.cluster.membership import EtcdReach, Membership, NotAllowed
 from amqpd.cluster.node_info import NodeInfoBoard
 from amqpd.cluster.node_requests import NodeRequests
+from amqpd.cluster.periodic import cancel_all, every
 from amqpd.cluster.transient import TransientQueues
 from amqpd.cluster.transient_defs import TransientDefinitions
 from amqpd.cluster.view import ClusterView, parse_addr
@@ -171,11 +172,8 @@ class Cluster(ClusterView):
         await self.info.stop()
         await self.requests.stop()
         await self.transient.stop()
-        for task in [*self._tasks, *([self._sync_task] if self._sync_task else [])]:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_all(self._tasks,
+                         no_wait=[self._sync_task] if self._sync_task else [])
         self._tasks = []
         await self.heartbeats.stop()
         await self.membership.leave()
@@ -283,12 +281,7 @@ class Cluster(ClusterView):
         self.check_changes()
 
     async def _decide_loop(self) -> None:
-        while True:
-            await asyncio.sleep(DECIDE_INTERVAL)
-            try:
-                self.decide()
-            except Exception:
-                log.exception("cluster: partition decision failed")
+        await every(DECIDE_INTERVAL, self.decide, log, "cluster: partition decision")
 
     def refusal(self) -> str | None:
         if not self.paused:

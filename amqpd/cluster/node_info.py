@@ -22,6 +22,8 @@ import logging
 import urllib.parse
 from typing import TYPE_CHECKING, Any
 
+from amqpd.cluster.leased_push import LeasedPush
+from amqpd.cluster.periodic import cancel_all
 from amqpd.coord.etcd import EtcdClient, EtcdError
 
 if TYPE_CHECKING:
@@ -30,13 +32,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqpd.cluster")
 
 
-class NodeInfoBoard:
+class NodeInfoBoard(LeasedPush[str]):
     def __init__(self, cluster: Cluster, etcd: EtcdClient, root: str) -> None:
         self.cluster = cluster
         self.etcd = etcd
         self.prefix = root + "/info/"
         self.mine: dict[str, str] = {}  # section -> JSON, as last shared
-        self.pending: set[str] = set()
+        self.pending: dict[str, str | None] = {}
         self.lease = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -47,11 +49,8 @@ class NodeInfoBoard:
 
     def share(self, section: str, value: Any) -> None:
         """This node's ``section`` is ``value`` now (written to etcd if it changed)."""
-        body = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
-        if self.mine.get(section) != body:
-            self.mine[section] = body
-            self.pending.add(section)
-            self._wake.set()
+        self._keep(section, json.dumps(value, sort_keys=True, separators=(",", ":"),
+                                       default=str))
 
     async def read(self, section: str) -> dict[str, Any]:
         """Every other running node's ``section``, by node name ({} while etcd is out
@@ -71,40 +70,18 @@ class NodeInfoBoard:
                 out[node] = kv.json()
         return out
 
-    async def _push_loop(self) -> None:
-        backoff = 0.1
-        while True:
-            lease = self.cluster.membership.lease_id
-            if lease and lease != self.lease:
-                self.pending |= set(self.mine)  # a new lease: every section again
-                self.lease = lease
-            if not self.pending or not lease:
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), 0.5)
-                continue
-            section = next(iter(self.pending))
-            body = self.mine[section]
-            try:
-                await self.etcd.put(self._key(section, self.cluster.node_name), body,
-                                    lease=lease)
-            except EtcdError as exc:
-                log.info("cluster: this node's %s not yet in etcd: %s", section, exc)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-                continue
-            backoff = 0.1
-            if self.mine.get(section) == body:
-                self.pending.discard(section)
+    def _etcd_key(self, section: str) -> str:
+        return self._key(section, self.cluster.node_name)
+
+    def _not_written(self, section: str, exc: EtcdError) -> None:
+        log.info("cluster: this node's %s not yet in etcd: %s", section, exc)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._push_loop(), name="cluster-node-info")
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_all([self._task])
             self._task = None
 
 

@@ -36,7 +36,9 @@ from amqpd.broker.api import (
     PreconditionFailed,
     ResourceLocked,
 )
-from amqpd.coord.etcd import EtcdClient, EtcdError
+from amqpd.cluster.periodic import cancel_all
+from amqpd.cluster.prefix_watch import follow_prefix
+from amqpd.coord.etcd import EtcdClient, EtcdError, WatchEvent
 
 if TYPE_CHECKING:
     from amqpd.cluster.node import Cluster
@@ -66,7 +68,6 @@ class NodeRequests:
         self.etcd = etcd
         self.requests = root + "/requests/"
         self.answers = root + "/answers/"
-        self.revision = 0
         self._task: asyncio.Task[None] | None = None
         self._handling: set[asyncio.Task[None]] = set()
         self._in_hand: set[str] = set()  # request ids being answered (a re-read skips them)
@@ -155,36 +156,27 @@ class NodeRequests:
         except EtcdError as exc:
             log.warning("cluster: the answer to request '%s' not written: %s", kind, exc)
 
+    async def _read_all(self) -> int:
+        revision, kvs = await self.etcd.range_prefix(self._mine())
+        for kv in kvs:  # asked while this node was not watching (yet)
+            self._received(kv.key, kv.value)
+        return revision
+
+    def _event(self, ev: WatchEvent) -> None:
+        if not ev.deleted:
+            self._received(ev.kv.key, ev.kv.value)
+
     async def _watch_loop(self) -> None:
-        prefix = self._mine()
-        while True:
-            try:
-                revision, kvs = await self.etcd.range_prefix(prefix)
-                for kv in kvs:  # asked while this node was not watching (yet)
-                    self._received(kv.key, kv.value)
-                self.revision = max(self.revision, revision)
-                async for events in self.etcd.watch_prefix(prefix, self.revision + 1):
-                    for ev in events:
-                        self.revision = max(self.revision, ev.kv.mod_revision)
-                        if not ev.deleted:
-                            self._received(ev.kv.key, ev.kv.value)
-            except asyncio.CancelledError:
-                raise
-            except (EtcdError, ValueError) as exc:
-                log.info("cluster: the requests watch ended (%s); reading again", exc)
-            await asyncio.sleep(0.5)
+        await follow_prefix(self.etcd, self._mine(), self._read_all, self._event, log,
+                            "the requests")
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         self._task = asyncio.create_task(self._watch_loop(), name="cluster-requests")
 
     async def stop(self) -> None:
-        tasks = [*([self._task] if self._task is not None else []), *self._handling]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_all([*([self._task] if self._task is not None else []),
+                          *self._handling])
         self._task = None
 
 

@@ -1,13 +1,15 @@
 """Background work of a node's cluster part: :func:`every` runs a step every few
 seconds for the node's life, a failure of one run logged and the next run tried all
 the same (a reconciliation must never stop for good because one pass met something
-unexpected); :func:`spawn` runs a task kept in a set until it ends."""
+unexpected); :func:`spawn` runs a task kept in a set until it ends; :func:`cancel_all`
+ends a part's tasks when it stops."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 
@@ -30,4 +32,18 @@ def spawn(tasks: set[asyncio.Task[Any]], coro: Coroutine[Any, Any, Any]) -> None
     task.add_done_callback(tasks.discard)
 
 
-__all__ = ["every", "spawn"]
+async def cancel_all(tasks: Iterable[asyncio.Task[Any]], *,
+                     no_wait: Iterable[asyncio.Task[Any]] = ()) -> None:
+    """Cancel ``tasks`` and ``no_wait``, then wait until each of ``tasks`` has ended
+    (its cancellation swallowed; any other failure is raised), so a stopping part leaves
+    nothing of its own running. ``no_wait`` are tasks that clean up after themselves and
+    need not be awaited."""
+    tasks = list(tasks)
+    for task in [*tasks, *no_wait]:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+__all__ = ["cancel_all", "every", "spawn"]

@@ -19,11 +19,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any, TypeVar
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from amqpd.broker.api import LoggedMessage
 from amqpd.cluster import link_wire as W
-from amqpd.cluster.election import Ballot, claim, clear_offers, election_round, late_claim
+from amqpd.cluster.election import Ballot, claim, clear_offers, late_claim
 from amqpd.cluster.mirror_host import MirrorsHost
 from amqpd.cluster.mirror_state import Ident
 from amqpd.cluster.quorum_leading import CHECKOUT_WAIT, GroupLeading
@@ -53,24 +54,23 @@ def election_offer(copy: MirrorCopy, term: int) -> int:
     return -1
 
 
-class GroupBallot(Ballot):
+class GroupBallot(Ballot["GroupFailover"]):
     """A quorum queue's rules in an election round (module docstring)."""
 
     DIRECTORY = "quorum-candidates"
 
-    def __init__(self, groups: GroupFailover, ident: Ident, copy: MirrorCopy,
-                 rec: dict[str, Any]) -> None:
-        super().__init__(ident, copy, rec)
-        self.groups = groups
-        self.members = [str(m) for m in rec.get("members", [])]
+    @cached_property
+    def members(self) -> list[str]:
+        """The group's members, as its record names them."""
+        return [str(m) for m in self.rec.get("members", [])]
 
     def stand(self) -> bool | None:
-        return True if self.groups.node not in self.members else None
+        return True if self.host.node not in self.members else None
 
     def offer(self) -> str:
         copy = self.copy
         offer = election_offer(copy, int(self.rec.get("term", 0)))
-        self.groups.frozen.add((copy.leader, copy.rid))
+        self.host.frozen.add((copy.leader, copy.rid))
         return str(offer)
 
     def take(self, node: str, value: bytes) -> None:
@@ -80,7 +80,7 @@ class GroupBallot(Ballot):
                                           was_in_sync=seq >= 0)
 
     def expected(self) -> list[str]:
-        view, lost = self.groups.cluster, self.copy.leader
+        view, lost = self.host.cluster, self.copy.leader
         return [n for n in self.members if n != lost and view.is_running(n)]
 
     def promotion(self) -> MajorityPromotion:
@@ -99,7 +99,7 @@ class GroupBallot(Ballot):
                  self.ident[1], self.ident[0], self.copy.leader, self.offers, winner)
 
     async def take_over(self, rec_rev: int, prefix: str) -> bool:
-        return await self.groups._take_over_group(self.ident, self.copy, self.rec,
+        return await self.host._take_over_group(self.ident, self.copy, self.rec,
                                                   rec_rev, prefix)
 
 
@@ -128,6 +128,7 @@ class GroupFailover(MirrorsHost):
     """:class:`~amqpd.cluster.quorum_group.QuorumGroups`' elections (a mixin: the state
     is the ``QuorumGroups`` instance's)."""
 
+    BALLOT: ClassVar[type[Ballot[Any]]] = GroupBallot
     known_terms: dict[Ident, int]  # the newest term seen per queue
     # copies (leader, rid) whose member offered itself in an election
     frozen: set[tuple[str, int]]
@@ -136,12 +137,6 @@ class GroupFailover(MirrorsHost):
     if TYPE_CHECKING:
         def _lead_group(self, vh: VHost, q: QueueType, members: list[str], term: int,
                         live: dict[int, bool] | None) -> GroupLeading: ...
-
-    async def _election_round(self, ident: Ident, copy: MirrorCopy) -> bool:
-        """One round (:func:`~amqpd.cluster.election.election_round`); True when it is
-        decided (elected here, elsewhere, or not possible)."""
-        return await election_round(self, ident, copy,
-                                    lambda rec: GroupBallot(self, ident, copy, rec))
 
     async def _take_over_group(self, ident: Ident, copy: MirrorCopy, rec: dict[str, Any],
                                rec_rev: int, prefix: str) -> bool:

@@ -91,23 +91,22 @@ mirrored queues); the sans-IO rules in :mod:`~amqpd.cluster.quorum_state`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
-import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Final
 
 from amqpd.broker.api import QuorumQueue
 from amqpd.cluster import link_wire as W
 from amqpd.cluster import mirror_wire as M
+from amqpd.cluster.group_records import edit_group_record, poll_group_records
+from amqpd.cluster.group_walk import led_queues
 from amqpd.cluster.mirror import STREAM_SPLIT, Leading, MirrorCopy, Mirrors
 from amqpd.cluster.mirror_state import Ident, key_part
 from amqpd.cluster.quorum_failover import GroupFailover, election_offer
 from amqpd.cluster.quorum_leading import CHECKOUT_WAIT, GroupLeading
 from amqpd.cluster.quorum_state import (
-    MembershipError,
     NoQuorum,
     add_member,
     expire_waiters,
@@ -117,6 +116,7 @@ from amqpd.cluster.quorum_state import (
     quorum_critical,
     remove_member,
 )
+from amqpd.cluster.quorum_voter import lost_without_copy, vote_without_copy
 from amqpd.cluster.remote_state import RemoteQueueState
 from amqpd.coord.etcd import Compare, EtcdError, Put
 
@@ -125,7 +125,6 @@ if TYPE_CHECKING:
     from amqpd.cluster.cluster_queues import ClusterQueues
     from amqpd.cluster.link import Link
     from amqpd.cluster.node import Cluster
-    from amqpd.coord.etcd import EtcdClient
 
 log = logging.getLogger("amqpd.cluster.quorum")
 
@@ -197,11 +196,7 @@ class QuorumGroups(GroupFailover, Mirrors):
         return stream >= STREAM_SPLIT
 
     async def _read_records(self) -> None:
-        while True:
-            with contextlib.suppress(EtcdError, ValueError):
-                self.records, self.revisions = await read_group_records(
-                    self.etcd, f"{self.root}/quorum/", self.known_terms)
-            await asyncio.sleep(0.5)
+        await poll_group_records(self, f"{self.root}/quorum/", 0.5)
 
     # -- the reconciliation ---------------------------------------------------------------
     def reconcile(self) -> None:
@@ -212,41 +207,34 @@ class QuorumGroups(GroupFailover, Mirrors):
         view = cluster
         loop = asyncio.get_running_loop()
         seen: set[Ident] = set()
-        for vh in self.broker.vhosts.values():
-            for q in list(vh.queues.values()):
-                if q.forwards_publish or not q.durable or q.type_name != "quorum":
-                    continue
-                ident = (vh.name, q.name)
-                seen.add(ident)
-                lead = lead_or_establish(self, vh, q)
-                if lead is None:
-                    continue
-                assert isinstance(lead, GroupLeading)
-                if lead.fenced:
-                    continue
-                if lead.checkouts:
-                    lead.expire_checkouts(time.monotonic())
-                lead.handouts.release()
-                rev = self.revisions.get(ident)
-                if rev is not None and lead.rev > 0 and rev > lead.rev and \
-                        self.records.get(ident, {}).get("leader") == self.node:
-                    lead.rev = -1  # edited (membership): write() adopts it
-                    lead.dirty = True
-                lead.connect()
-                if lead.dirty and not lead.writing:
-                    self._spawn(lead.write())
-                serving = lead.serving()
-                if serving != lead.was_serving:
-                    lead.was_serving = serving
-                    if serving:
-                        log.info("queue '%s' in vhost '%s': a majority of %s holds it; "
-                                 "serving", q.name, vh.name, lead.members)
-                        vh.schedule_dispatch(q)
-                    else:
-                        log.warning("queue '%s' in vhost '%s': fewer than a majority of "
-                                    "%s hold it; publishes are refused and nothing is "
-                                    "delivered until they do", q.name, vh.name,
-                                    lead.members)
+        for vh, q, lead in led_queues(self, _is_quorum, seen):
+            ident = (vh.name, q.name)
+            assert isinstance(lead, GroupLeading)
+            if lead.fenced:
+                continue
+            if lead.checkouts:
+                lead.expire_checkouts(time.monotonic())
+            lead.handouts.release()
+            rev = self.revisions.get(ident)
+            if rev is not None and lead.rev > 0 and rev > lead.rev and \
+                    self.records.get(ident, {}).get("leader") == self.node:
+                lead.rev = -1  # edited (membership): write() adopts it
+                lead.dirty = True
+            lead.connect()
+            if lead.dirty and not lead.writing:
+                self._spawn(lead.write())
+            serving = lead.serving()
+            if serving != lead.was_serving:
+                lead.was_serving = serving
+                if serving:
+                    log.info("queue '%s' in vhost '%s': a majority of %s holds it; "
+                             "serving", q.name, vh.name, lead.members)
+                    vh.schedule_dispatch(q)
+                else:
+                    log.warning("queue '%s' in vhost '%s': fewer than a majority of "
+                                "%s hold it; publishes are refused and nothing is "
+                                "delivered until they do", q.name, vh.name,
+                                lead.members)
         for ident, lead in list(self.leading.items()):
             if ident not in seen and not lead.gone:
                 self.stop_leading(lead, delete_record=False)
@@ -270,6 +258,10 @@ class QuorumGroups(GroupFailover, Mirrors):
                 self.promoting[ident] = loop.create_task(self._promote(ident, copy))
             elif (copy.leader, copy.rid) in self.frozen:
                 self._thaw(copy)
+        busy = self.copy_of.keys() | self.promoting.keys() | self.leading.keys()
+        for ident, lost in lost_without_copy(self.records, self.node, busy,
+                                             cluster.catalogue.get, view.is_running):
+            self.promoting[ident] = loop.create_task(vote_without_copy(self, ident, lost))
 
     def _thaw(self, copy: MirrorCopy) -> None:
         """The leader this copy voted against is back and still leads: the copy missed
@@ -531,64 +523,10 @@ class QuorumGroups(GroupFailover, Mirrors):
         return sorted(i for i, r in self.records.items() if node in r.get("members", []))
 
 
-async def edit_group_record(etcd: EtcdClient, key: str, missing: str,
-                            change: Callable[[dict[str, Any]], bool],
-                            ) -> tuple[dict[str, Any], int | None]:
-    """A group record (a quorum queue's or a stream's) edited in place by ``change``,
-    which says whether it changed anything, and written in a transaction on the
-    revision read; read and tried again while other writers get there first (20
-    tries, 50 ms apart). The record and the revision written (None: nothing changed,
-    nothing written). LookupError(``missing``) without a record; MembershipError when
-    it kept changing."""
-    for _attempt in range(20):
-        kv = await etcd.get(key)
-        if kv is None:
-            raise LookupError(missing)
-        rec = json.loads(kv.value)
-        if not change(rec):
-            return rec, None
-        result = await etcd.txn([Compare("mod", key, "==", kv.mod_revision)],
-                                [Put(key, json.dumps(rec))])
-        if result.succeeded:
-            return rec, result.revision
-        await asyncio.sleep(0.05)
-    raise MembershipError("the group record kept changing; try again")
-
-
-async def read_group_records(etcd: EtcdClient, prefix: str, known_terms: dict[Ident, int]
-                             ) -> tuple[dict[Ident, dict[str, Any]], dict[Ident, int]]:
-    """One read of the group records under ``prefix`` (``{prefix}{vhost}/{name}``):
-    queue -> record and queue -> its revision; ``known_terms`` learns the newer terms.
-    Quorum queues' and streams' (amqpd.cluster.stream_group) records alike."""
-    _rev, kvs = await etcd.range_prefix(prefix)
-    records: dict[Ident, dict[str, Any]] = {}
-    revisions: dict[Ident, int] = {}
-    for kv in kvs:
-        parts = kv.key.decode()[len(prefix):].split("/")
-        if len(parts) != 2:
-            continue
-        ident = (urllib.parse.unquote(parts[0]), urllib.parse.unquote(parts[1]))
-        records[ident] = rec = json.loads(kv.value)
-        revisions[ident] = kv.mod_revision
-        term = int(rec.get("term", 0))
-        if term > known_terms.get(ident, 0):
-            known_terms[ident] = term
-    return records, revisions
-
-
-def lead_or_establish(groups: Any, vh: VHost, q: QueueType) -> Any:
-    """The leading object of ``groups`` (QuorumGroups, StreamGroups) for queue ``q``
-    here, or None: there is none yet (one replaced with its queue is stopped), and the
-    group's set-up (``groups._establish``) is started unless it runs already."""
-    ident = (vh.name, q.name)
-    lead = groups.leading.get(ident)
-    if lead is not None and lead.q is not q:
-        groups.stop_leading(lead, delete_record=False)
-        lead = None
-    if lead is None and ident not in groups.establishing:
-        groups.establishing.add(ident)
-        groups._spawn(groups._establish(vh, q))
-    return lead
+def _is_quorum(q: QueueType) -> bool:
+    """A quorum queue this node may lead (a durable one of its own, not a stand-in
+    for one another node leads)."""
+    return not q.forwards_publish and q.durable and q.type_name == "quorum"
 
 
 def start(api: BrokerAPI, cluster: Cluster, queues: ClusterQueues) -> QuorumGroups:
@@ -603,4 +541,4 @@ def start(api: BrokerAPI, cluster: Cluster, queues: ClusterQueues) -> QuorumGrou
 # GroupLeading, CHECKOUT_WAIT and election_offer live in quorum_leading.py and
 # quorum_failover.py; named here too, for the callers of old
 __all__ = ["CHECKOUT_WAIT", "QTERM", "GroupLeading", "QuorumGroups", "election_offer",
-           "lead_or_establish", "read_group_records", "start"]
+           "start"]

@@ -18,12 +18,12 @@ from amqpd.cluster import mirror_wire as M
 from amqpd.cluster.handout import Handouts
 from amqpd.cluster.mirror_leading import HAVE_WAIT, Leading
 from amqpd.cluster.replica_core import Majority
-from amqpd.coord.etcd import EtcdError
 
 if TYPE_CHECKING:
     from amqpd.broker.api import QueueType
     from amqpd.cluster.link import Link
     from amqpd.cluster.quorum_group import QuorumGroups
+    from amqpd.coord.etcd import EtcdClient
 
 log = logging.getLogger("amqpd.cluster.quorum")
 
@@ -35,6 +35,9 @@ CHECKOUT_WAIT: Final = 30.0
 class GroupLeading(Leading):
     """A quorum queue this node leads: :class:`~amqpd.cluster.mirror.Leading` with the
     group's members, its term, and a majority for commits."""
+
+    RECORD = "group"
+    LOG = log
 
     def __init__(self, groups: QuorumGroups, vhost: str, q: QueueType,
                  live: dict[int, bool], members: list[str], term: int) -> None:
@@ -227,39 +230,23 @@ class GroupLeading(Leading):
         rec.pop("promote_on_shutdown", None)
         return rec
 
-    async def write(self) -> None:
-        """As :meth:`Leading.write`, except that a record changed by a membership edit
-        (this node still its leader, a newer revision) is adopted first: its members
-        replace ours, then ours is written; and no member waits in ``leaving`` (a copy
-        stops counting for commits as soon as its stream ends: :meth:`detach`)."""
-        if self.writing or self.deposed:
-            return
-        self.writing = True
-        groups = self.groups
-        try:
-            while self.dirty and not self.gone:
-                self.dirty = False
-                key = groups.record_key(self.ident)
-                etcd = groups.etcd
-                if self.rev < 0:
-                    old = await self._read_record(key, etcd)
-                    if old is None:
-                        return
-                    members = [str(m) for m in old.get("members") or []]
-                    if members and members != self.members:
-                        log.info("queue '%s' in vhost '%s': members now %s",
-                                 self.ident[1], self.ident[0], members)
-                        self.set_members(members)
-                rec = self.record()
-                if rec != self.written and not await self._put_record(key, etcd, rec):
-                    continue
-                groups.gate.release()
-        except EtcdError as exc:
-            self.dirty = True
-            log.warning("queue '%s': group record not written to etcd yet: %s",
-                        self.ident[1], exc)
-        finally:
-            self.writing = False
+    async def _write_pass(self, key: str, etcd: EtcdClient) -> bool | None:
+        """As :meth:`Leading._write_pass`, except that a record changed by a
+        membership edit (this node still its leader, a newer revision) is adopted
+        first: its members replace ours, then ours is written; and no member waits in
+        ``leaving`` (a copy stops counting for commits as soon as its stream ends:
+        :meth:`detach`)."""
+        if self.rev < 0:
+            old = await self._read_record(key, etcd)
+            if old is None:
+                return None
+            members = [str(m) for m in old.get("members") or []]
+            if members and members != self.members:
+                log.info("queue '%s' in vhost '%s': members now %s",
+                         self.ident[1], self.ident[0], members)
+                self.set_members(members)
+        rec = self.record()
+        return rec == self.written or await self._put_record(key, etcd, rec)
 
 
 __all__ = ["CHECKOUT_WAIT", "GroupLeading"]

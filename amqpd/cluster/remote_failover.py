@@ -18,12 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from amqpd.cluster import link_wire as W
 from amqpd.cluster.link import Link
-from amqpd.cluster.remote_state import (
-    PUBLISH_WINDOW,
-    LinkLost,
-    RemoteQueueState,
-    _Held,
-)
+from amqpd.cluster.remote_state import PUBLISH_WINDOW, LinkLost, RemoteQueueState, _Held
 
 if TYPE_CHECKING:
     from amqpd.broker.api import QueueType

@@ -357,26 +357,27 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
             self._grants[state.id] = self._grants.get(state.id, 0) + 1
 
     def settle(self, entries: Any) -> None:
-        entries = list(entries)
-        ids = self._settled(entries, W.SETTLE)
-        self.stat_ack += len(entries)
-        if ids:
-            self._send(W.encode(W.SETTLE, self.stream, ids))
-        if self._cons:
-            self.vhost.schedule_dispatch(self)
+        self._to_leader(list(entries), W.SETTLE)
 
     def requeue(self, entries: Any) -> None:
-        ids = self._settled(list(entries), W.REQUEUE)
-        if ids:
-            self._send(W.encode(W.REQUEUE, self.stream, ids))
+        self._to_leader(list(entries), W.REQUEUE)
 
     def reject(self, entries: list[QueueEntry]) -> None:
         """The leader dead-letters them (its queue has the dead-letter options)."""
-        ids = self._settled(entries, W.REJECT)
-        self.stat_ack += len(entries)
+        self._to_leader(entries, W.REJECT)
+
+    def _to_leader(self, entries: list[QueueEntry], how: int) -> None:
+        """Tell the leader what became of ``entries`` (``how``: the SETTLE, REQUEUE or
+        REJECT frame). Settled or rejected, they count as acknowledged, and their
+        consumers' credit may let this queue deliver again; requeued, the leader
+        delivers them again itself."""
+        ids = self._settled(entries, how)
+        done = how != W.REQUEUE
+        if done:
+            self.stat_ack += len(entries)
         if ids:
-            self._send(W.encode(W.REJECT, self.stream, ids))
-        if self._cons:
+            self._send(W.encode(how, self.stream, ids))
+        if done and self._cons:
             self.vhost.schedule_dispatch(self)
 
     def purge(self) -> int:

@@ -9,6 +9,7 @@ Theory of operation: :mod:`amqpd.cluster.remote_queue`.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from amqpd.broker.api import (
@@ -67,19 +68,19 @@ class _Proxy:
         self.served.link.send(W.encode(W.CANCELLED, self.served.stream, self.cid))
 
 
+@dataclass(eq=False, repr=False)  # each stream is itself (kept in dicts by identity)
 class Served:
     """One stream a peer opened on this node's queue ``queue``."""
 
-    def __init__(self, broker: ClusterPort, link: Link, stream: int, queue: QueueType) -> None:
-        self.broker = broker
-        self.link = link
-        self.stream = stream
-        self.queue = queue
-        self.proxies: dict[int, _Proxy] = {}
-        self.unacked: dict[int, QueueEntry] = {}
-        self._next = 0
-        self.credit_due = 0
-        self.last_stats: tuple[int, int, int] | None = None
+    broker: ClusterPort
+    link: Link
+    stream: int
+    queue: QueueType
+    proxies: dict[int, _Proxy] = field(default_factory=dict)
+    unacked: dict[int, QueueEntry] = field(default_factory=dict)
+    _next: int = 0
+    credit_due: int = 0
+    last_stats: tuple[int, int, int] | None = None
 
     def next_id(self) -> int:
         self._next += 1

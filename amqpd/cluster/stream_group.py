@@ -67,14 +67,12 @@ from amqpd.broker.api import StreamLogError, StreamQueue
 from amqpd.cluster import link_wire as W
 from amqpd.cluster import stream_wire as S
 from amqpd.cluster.election import claim, clear_offers, election_round, late_claim
+from amqpd.cluster.group_records import edit_group_record, poll_group_records
+from amqpd.cluster.group_walk import led_queues
 from amqpd.cluster.mirror_state import Ident, key_part
+from amqpd.cluster.node_part import NodePart
 from amqpd.cluster.periodic import every, spawn
 from amqpd.cluster.quorum_failover import GroupBallot, in_place
-from amqpd.cluster.quorum_group import (
-    edit_group_record,
-    lead_or_establish,
-    read_group_records,
-)
 from amqpd.cluster.quorum_state import (
     MembershipError,
     NoQuorum,
@@ -89,7 +87,7 @@ from amqpd.cluster.stream_replica import StreamReplica, write_term
 from amqpd.coord.etcd import Compare, Delete, EtcdError, Put
 
 if TYPE_CHECKING:
-    from amqpd.broker.api import BrokerAPI, VHost
+    from amqpd.broker.api import BrokerAPI, QueueType, VHost
     from amqpd.cluster.cluster_queues import ClusterQueues
     from amqpd.cluster.link import Link
     from amqpd.cluster.node import Cluster
@@ -125,6 +123,10 @@ def cluster_size(arguments: dict[str, Any], nodes: int) -> int:
     return value
 
 
+def _is_stream(q: QueueType) -> bool:
+    return isinstance(q, StreamQueue) and q.durable
+
+
 class _Ballot(GroupBallot):
     """The quorum queues' ballot over a stream copy: the offer is the copy's next
     offset in the lost leader's term, the take-over :meth:`StreamGroups.take_over`."""
@@ -135,21 +137,16 @@ class _Ballot(GroupBallot):
         return str(replica.offer(int(self.rec.get("term", 0))))
 
     async def take_over(self, rec_rev: int, prefix: str) -> bool:
-        groups = cast(StreamGroups, self.groups)
+        groups = cast(StreamGroups, self.host)
         return await groups.take_over(cast(StreamReplica, self.copy), self.rec, rec_rev,
                                       prefix)
 
 
-class StreamGroups:
+class StreamGroups(NodePart):
     """This node's part in replicated streams (module docstring)."""
 
     def __init__(self, api: BrokerAPI, cluster: Cluster, queues: ClusterQueues) -> None:
-        self.broker = api.cluster_port()
-        self.cluster = cluster
-        self.queues = queues
-        self.node: str = cluster.node_name
-        self.etcd = cluster.etcd
-        self.root = cluster.root
+        super().__init__(api, cluster, queues)
         self.timeout = cluster.config.mirror_sync_timeout
         self.leading: dict[Ident, StreamLeading] = {}
         self.replicas: dict[Ident, StreamReplica] = {}
@@ -198,11 +195,7 @@ class StreamGroups:
         return self._next_rid
 
     async def _read_records(self) -> None:
-        while True:
-            with contextlib.suppress(EtcdError, ValueError):
-                self.records, self.revisions = await read_group_records(
-                    self.etcd, f"{self.root}/stream/", self.known_terms)
-            await asyncio.sleep(RECORDS_EVERY)
+        await poll_group_records(self, f"{self.root}/stream/", RECORDS_EVERY)
 
     # -- the reconciliation -----------------------------------------------------------
     def local_stream(self, ident: Ident) -> StreamQueue | None:
@@ -229,30 +222,23 @@ class StreamGroups:
         if not cluster.mirror.synced or cluster.paused:
             return
         seen: set[Ident] = set()
-        for vh in self.broker.vhosts.values():
-            for q in list(vh.queues.values()):
-                if not isinstance(q, StreamQueue) or not q.durable:
-                    continue
-                ident = (vh.name, q.name)
-                seen.add(ident)
-                lead = lead_or_establish(self, vh, q)
-                if lead is None:
-                    continue
-                rec = self.records.get(ident)
-                if rec is not None and rec.get("leader") != self.node and \
-                        self.revisions.get(ident, 0) > lead.rev:
-                    log.warning("stream '%s' in vhost '%s': the group record names %s its "
-                                "leader (term %s): no longer leading it", q.name, vh.name,
-                                rec.get("leader"), rec.get("term"))
-                    self.stop_leading(lead, delete_record=False)
-                    continue
-                if rec is not None and self.revisions.get(ident, 0) > lead.rev:
-                    self._adopt_members(lead, rec, self.revisions[ident])
-                lead.connect(self.queues.links.link)
-                if lead.expire(time.monotonic()):
-                    log.warning("stream '%s' in vhost '%s': commits not acknowledged by a "
-                                "majority of %s within %.1fs: refused (nack)", q.name,
-                                vh.name, lead.members, self.timeout)
+        for vh, q, lead in led_queues(self, _is_stream, seen):
+            ident = (vh.name, q.name)
+            rec = self.records.get(ident)
+            if rec is not None and rec.get("leader") != self.node and \
+                    self.revisions.get(ident, 0) > lead.rev:
+                log.warning("stream '%s' in vhost '%s': the group record names %s its "
+                            "leader (term %s): no longer leading it", q.name, vh.name,
+                            rec.get("leader"), rec.get("term"))
+                self.stop_leading(lead, delete_record=False)
+                continue
+            if rec is not None and self.revisions.get(ident, 0) > lead.rev:
+                self._adopt_members(lead, rec, self.revisions[ident])
+            lead.connect(self.queues.links.link)
+            if lead.expire(time.monotonic()):
+                log.warning("stream '%s' in vhost '%s': commits not acknowledged by a "
+                            "majority of %s within %.1fs: refused (nack)", q.name,
+                            vh.name, lead.members, self.timeout)
         for ident, lead in list(self.leading.items()):
             if ident not in seen:
                 self.stop_leading(lead, delete_record=self.local_stream(ident) is None

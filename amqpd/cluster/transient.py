@@ -40,8 +40,11 @@ import logging
 import urllib.parse
 from typing import TYPE_CHECKING, Any
 
+from amqpd.cluster.leased_push import LeasedPush
+from amqpd.cluster.periodic import cancel_all
+from amqpd.cluster.prefix_watch import follow_prefix
 from amqpd.cluster.remote_queue import jsonable
-from amqpd.coord.etcd import EtcdClient, EtcdError
+from amqpd.coord.etcd import EtcdClient, EtcdError, WatchEvent
 
 if TYPE_CHECKING:
     from amqpd.broker.api import BrokerAPI, QueueType
@@ -60,7 +63,7 @@ def _transient(q: Any) -> bool:
     return not q.durable or q.exclusive_owner is not None
 
 
-class TransientQueues:
+class TransientQueues(LeasedPush[Ident]):
     def __init__(self, cluster: Cluster, api: BrokerAPI, etcd: EtcdClient,
                  root: str) -> None:
         self.cluster = cluster
@@ -71,7 +74,6 @@ class TransientQueues:
         self.mine: dict[Ident, str] = {}  # this node's non-durable queues -> JSON body
         self.pending: dict[Ident, str | None] = {}  # to put (body) or delete (None)
         self.lease = 0  # the lease this node's keys were last written under
-        self.revision = 0
         # the bindings the others' queues have (vhost, queue) -> [[source, key, args]]
         self.wanted: dict[Ident, list[list[Any]]] = {}
         self._wake = asyncio.Event()
@@ -114,7 +116,7 @@ class TransientQueues:
         body = self._body(q)
         self.mine[ident] = body
         self.pending[ident] = body
-        q.on_removed.append(lambda _q: self._removed(ident))
+        q.on_removed.append(lambda _q: self._forget(ident))
         self._wake.set()
 
     def binding_changed(self, binding: Any) -> None:
@@ -125,61 +127,27 @@ class TransientQueues:
         ident = (q.vhost.name, q.name) if binding.destination_type == "queue" else None
         if ident is None or ident not in self.mine or q.vhost.queues.get(q.name) is not q:
             return
-        body = self._body(q)
-        if body != self.mine[ident]:
-            self.mine[ident] = body
-            self.pending[ident] = body
-            self._wake.set()
+        self._keep(ident, self._body(q))
 
-    def _removed(self, ident: Ident) -> None:
-        if self.mine.pop(ident, None) is not None:
-            self.pending[ident] = None
-            self._wake.set()
+    async def _first_lease(self) -> None:
+        """Keys of this node's previous process (a kill -9 and a restart within its
+        lease): its queues are gone."""
+        try:
+            for kv in await self.etcd.get_prefix(
+                    self.prefix + urllib.parse.quote(self.node, safe="") + "/"):
+                parsed = self.parse(kv.key)
+                if parsed is not None and parsed[1:] not in self.mine:
+                    self.pending[parsed[1:]] = None
+        except EtcdError as exc:
+            log.warning("cluster: cannot read this node's old non-durable queues yet: %s",
+                        exc)
+            raise
 
-    async def _push_loop(self) -> None:
-        backoff = 0.1
-        while True:
-            lease = self.cluster.membership.lease_id
-            if lease and not self.lease:
-                # keys of this node's previous process (a kill -9 and a restart within
-                # its lease): its queues are gone
-                try:
-                    for kv in await self.etcd.get_prefix(
-                            self.prefix + urllib.parse.quote(self.node, safe="") + "/"):
-                        parsed = self.parse(kv.key)
-                        if parsed is not None and parsed[1:] not in self.mine:
-                            self.pending[parsed[1:]] = None
-                except EtcdError as exc:
-                    log.warning("cluster: cannot read this node's old non-durable queues "
-                                "yet: %s", exc)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 2.0)
-                    continue
-            if lease and lease != self.lease:
-                # a new lease (first start, or the old one ran out): every key again
-                self.pending.update(self.mine)
-                self.lease = lease
-            if not self.pending or not lease:
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), 0.5)
-                continue
-            ident, body = next(iter(self.pending.items()))
-            key = self.key(self.node, *ident)
-            try:
-                if body is None:
-                    await self.etcd.delete(key)
-                else:
-                    await self.etcd.put(key, body, lease=lease)
-            except EtcdError as exc:
-                log.warning("cluster: non-durable queue %r not yet in etcd: %s", ident[1],
-                            exc)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-                continue
-            backoff = 0.1
-            if self.pending.get(ident, 0) == body:
-                del self.pending[ident]
+    def _etcd_key(self, ident: Ident) -> str:
+        return self.key(self.node, *ident)
+
+    def _not_written(self, ident: Ident, exc: EtcdError) -> None:
+        log.warning("cluster: non-durable queue %r not yet in etcd: %s", ident[1], exc)
 
     # ------------------------------------------------------------------ the others'
     def _apply(self, node: str, vhost: str, name: str, value: bytes | None) -> None:
@@ -298,8 +266,9 @@ class TransientQueues:
                 if parsed is not None:
                     self._apply(*parsed, kv.value)
 
-    async def sync(self) -> None:
-        """Read every node's non-durable queues; drop the ones etcd no longer has."""
+    async def sync(self) -> int:
+        """Read every node's non-durable queues; drop the ones etcd no longer has.
+        Returns the revision read at."""
         from amqpd.cluster.remote_queue import RemoteQueue
 
         revision, kvs = await self.etcd.range_prefix(self.prefix)
@@ -314,23 +283,16 @@ class TransientQueues:
                 if isinstance(q, RemoteQueue) and _transient(q) \
                         and (q.leader, vh.name, q.name) not in present:
                     self._drop(q)
-        self.revision = max(self.revision, revision)
+        return revision
+
+    def _event(self, ev: WatchEvent) -> None:
+        parsed = self.parse(ev.kv.key)
+        if parsed is not None:
+            self._apply(*parsed, None if ev.deleted else ev.kv.value)
 
     async def _watch_loop(self) -> None:
-        while True:
-            try:
-                await self.sync()
-                async for events in self.etcd.watch_prefix(self.prefix, self.revision + 1):
-                    for ev in events:
-                        parsed = self.parse(ev.kv.key)
-                        if parsed is not None:
-                            self._apply(*parsed, None if ev.deleted else ev.kv.value)
-                        self.revision = max(self.revision, ev.kv.mod_revision)
-            except asyncio.CancelledError:
-                raise
-            except (EtcdError, ValueError) as exc:
-                log.info("cluster: non-durable queues watch ended (%s); reading again", exc)
-            await asyncio.sleep(0.5)
+        await follow_prefix(self.etcd, self.prefix, self.sync, self._event, log,
+                            "non-durable queues")
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -339,11 +301,7 @@ class TransientQueues:
                                            name="cluster-transient-watch")]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_all(self._tasks)
         self._tasks = []
 
 
