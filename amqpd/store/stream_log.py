@@ -396,18 +396,22 @@ class StreamLog:
         if self.closed:
             raise StreamLogError("stream log is closed")
         buf, pending = self._buffer, self._pending
-        pack_tail, pack_crc, crc32 = _TAIL.pack, _CRC.pack, zlib.crc32
+        crc32 = zlib.crc32
+        # what every record of the batch shares: its timestamp and flags bytes
+        stamp = timestamp.to_bytes(8, "big", signed=True)
+        first_flags, other_flags = bytes((flags | CHUNK_START,)), bytes((flags,))
         offset = self.next_offset
         limit = self.max_segment_bytes - self.segments[-1].size
         for payload in payloads:
             chunk = not self._chunk_open
             self._chunk_open = True
-            tail = pack_tail(len(payload), offset, timestamp,
-                             flags | (CHUNK_START if chunk else 0))
-            buf += pack_crc(crc32(payload, crc32(tail)) & 0xFFFFFFFF)
+            length = len(payload)
+            tail = b"".join((length.to_bytes(4, "big"), offset.to_bytes(8, "big"), stamp,
+                             first_flags if chunk else other_flags))
+            buf += (crc32(payload, crc32(tail)) & 0xFFFFFFFF).to_bytes(4, "big")
             buf += tail
             buf += payload
-            pending.append((offset, timestamp, len(payload), chunk))
+            pending.append((offset, timestamp, length, chunk))
             offset += 1
             if len(buf) >= limit:  # the segment is full: end the chunk there
                 self.next_offset = offset

@@ -16,6 +16,7 @@ per frame the server sends. Nothing here knows the broker.
 from __future__ import annotations
 
 import struct
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -228,7 +229,14 @@ def _declare_publisher(r: Reader) -> tuple[Any, ...]:
     return r.u8(), r.string(), r.text()
 
 
-_ENTRY_HEAD = struct.Struct(">QI")  # publishing id, then a plain entry's size
+def be32(data: bytes, at: int) -> int:
+    """The big-endian u32 at ``at`` (byte reads: in compiled code no call, no tuple)."""
+    return (data[at] << 24) | (data[at + 1] << 16) | (data[at + 2] << 8) | data[at + 3]
+
+
+def be64(data: bytes, at: int) -> int:
+    """The big-endian u64 at ``at``."""
+    return (be32(data, at) << 32) | be32(data, at + 4)
 
 
 def _publish(r: Reader) -> tuple[Any, ...]:
@@ -238,19 +246,22 @@ def _publish(r: Reader) -> tuple[Any, ...]:
     the general :class:`Reader` calls cost more than the rest of the publish)."""
     publisher = r.u8()
     entries: list[tuple[int, Any]] = []
-    data, unpack = r.data, _ENTRY_HEAD.unpack_from
+    data = r.data
     size_all = len(data)
     for _ in range(r.count(12)):
         at = r.at
-        if at + 12 <= size_all and data[at + 8] & 0x80 == 0:  # 0 bit + 31-bit size
-            publishing_id, n = unpack(data, at)
-            end = at + 12 + n
+        if isinstance(data, bytes) and at + 12 <= size_all and data[at + 8] & 0x80 == 0:
+            # a plain entry: publishing id, 0 bit + 31-bit size, the message
+            end = at + 12 + be32(data, at + 8)
             if end > size_all:
                 raise FrameError("frame ends inside a field")
-            entries.append((publishing_id, bytes(data[at + 12:end])))
+            entries.append((be64(data, at), data[at + 12:end]))
             r.at = end
             continue
         publishing_id = r.u64()
+        if r.at < size_all and not data[r.at] & 0x80:  # plain (a view, or cut short)
+            entries.append((publishing_id, r.raw(r.u32())))
+            continue
         kind = r.u8()  # 1 bit, 3-bit compression, 4 reserved; then count, sizes
         compression = (kind >> 4) & 0x7
         n = r.u16()
@@ -477,19 +488,34 @@ def metadata_update(code: int, stream: str) -> bytes:
 
 def chunk_header(first_offset: int, timestamp: int, entries: int, records: int,
                  data: bytes) -> bytes:
-    """An osiris user chunk's 48-byte header over ``data`` (its entries)."""
-    import zlib
+    """An osiris user chunk's 48-byte header over ``data`` (its entries): magic and
+    version, type, entries u16, records u32, timestamp i64, epoch u64, first offset
+    u64, crc i32, data size u32, trailer size u32, reserved u32 (the layout of
+    :data:`CHUNK_HEADER`, built without a struct call: once per delivered chunk)."""
+    return b"".join((
+        _CHUNK_KIND, entries.to_bytes(2, "big"), records.to_bytes(4, "big"),
+        timestamp.to_bytes(8, "big", signed=True), _EPOCH, first_offset.to_bytes(8, "big"),
+        zlib.crc32(data).to_bytes(4, "big"), len(data).to_bytes(4, "big"), _NO_TRAILER))
 
-    crc = zlib.crc32(data)
-    if crc >= 0x80000000:
-        crc -= 0x100000000
-    return CHUNK_HEADER.pack(CHUNK_MAGIC_VERSION, CHUNK_USER, entries, records, timestamp,
-                             1, first_offset, crc, len(data), 0, 0)
+
+_CHUNK_KIND = bytes((CHUNK_MAGIC_VERSION, CHUNK_USER))
+_EPOCH = (1).to_bytes(8, "big")
+_NO_TRAILER = bytes(8)  # trailer size and reserved
 
 
 def deliver(subscription: int, chunk: bytes) -> bytes:
     """A deliver frame (version 1) around a whole chunk (header and entries)."""
-    return _U32.pack(5 + len(chunk)) + _HEAD.pack(DELIVER, 1) + _U8.pack(subscription) + chunk
+    return deliver_head(subscription, len(chunk)) + chunk
+
+
+def deliver_head(subscription: int, chunk_size: int) -> bytes:
+    """A deliver frame's first 9 bytes (size, key, version 1, subscription id): the
+    chunk of ``chunk_size`` bytes follows."""
+    return b"".join(((5 + chunk_size).to_bytes(4, "big"), _DELIVER_V1,
+                     subscription.to_bytes(1, "big")))
+
+
+_DELIVER_V1 = _HEAD.pack(DELIVER, 1)
 
 
 def simple_entries(messages: list[bytes]) -> bytes:
