@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import zlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import amqpd
 from amqpd.broker.stream import StreamQueue, decode_payload
@@ -37,12 +37,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("amqpd.streamproto")
 
-SERVER_FRAME_MAX = 1048576  # RabbitMQ's stream plugin defaults
-SERVER_HEARTBEAT = 60
-CHUNK_BYTES = 1024 * 1024  # a delivered chunk holds at most about this much
-MAX_REFERENCE = 256
-COMPRESSION_NONE = 0  # sub-entry batch compression types (rstream's CompressionType)
-COMPRESSION_GZIP = 1
+SERVER_FRAME_MAX: Final = 1048576  # RabbitMQ's stream plugin defaults
+SERVER_HEARTBEAT: Final = 60
+CHUNK_BYTES: Final = 1024 * 1024  # a delivered chunk holds at most about this much
+MAX_REFERENCE: Final = 256
+COMPRESSION_NONE: Final = 0  # sub-entry batch compression types (rstream's CompressionType)
+COMPRESSION_GZIP: Final = 1
 
 
 class Publisher:
@@ -883,7 +883,7 @@ def _gunzip(data: bytes, size: int) -> bytes:
     return out
 
 
-_HANDLERS = {
+_HANDLERS: Final = {
     c.PEER_PROPERTIES: "_peer_properties", c.SASL_HANDSHAKE: "_sasl_handshake",
     c.SASL_AUTHENTICATE: "_sasl_authenticate", c.TUNE: "_tune", c.OPEN: "_open",
     c.CLOSE: "_close", c.CLOSE | c.RESPONSE: "_close", c.HEARTBEAT: "_heartbeat",

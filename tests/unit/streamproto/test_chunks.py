@@ -108,3 +108,17 @@ def test_a_subscription_behind_retention_skips_cached_chunks_of_deleted_segments
     assert got[0][0] == log.first_offset
     assert [b for _, bs in got for b in bs] == [b"m%06d" % i
                                                 for i in range(log.first_offset, 400)]
+
+
+def test_a_chunk_holds_at_most_the_entries_its_header_can_count(tmp_path: Path) -> None:
+    """The osiris header counts entries in a u16: a stored chunk of more records (tiny
+    messages) goes as several."""
+    log = StreamLog(tmp_path)
+    log.open()
+    log.append_many([b""] * 70_000, 1, AMQP10)
+    log.flush()
+    queue: Any = SimpleNamespace(chunk_cache=ChunkCache())
+    sub = Subscription(1, queue, log.reader(0), 10, {})
+    chunks = _chunks(sub, 10 * 1024 * 1024)
+    assert [c.records for c in chunks] == [0xFFFF, 70_000 - 0xFFFF]
+    assert [_records(c)[0] for c in chunks] == [0, 0xFFFF]
