@@ -62,6 +62,11 @@ COMPILED_MODULES: tuple[str, ...] = (
     "amqpd.store.format",
     "amqpd.store.index",
     "amqpd.store.log",
+    "amqpd.store.stream_log",
+    "amqpd.streamproto.codec",
+    "amqpd.streamproto.chunks",
+    "amqpd.streamproto.connection",
+    "amqpd.streamproto.transport",
 )
 
 PURE_ENV = "AMQPD_PURE_PYTHON"

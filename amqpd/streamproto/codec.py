@@ -16,83 +16,85 @@ per frame the server sends. Nothing here knows the broker.
 from __future__ import annotations
 
 import struct
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 # command keys (PROTOCOL.adoc "Commands")
-DECLARE_PUBLISHER = 0x01
-PUBLISH = 0x02
-PUBLISH_CONFIRM = 0x03
-PUBLISH_ERROR = 0x04
-QUERY_PUBLISHER_SEQUENCE = 0x05
-DELETE_PUBLISHER = 0x06
-SUBSCRIBE = 0x07
-DELIVER = 0x08
-CREDIT = 0x09
-STORE_OFFSET = 0x0A
-QUERY_OFFSET = 0x0B
-UNSUBSCRIBE = 0x0C
-CREATE = 0x0D
-DELETE = 0x0E
-METADATA = 0x0F
-METADATA_UPDATE = 0x10
-PEER_PROPERTIES = 0x11
-SASL_HANDSHAKE = 0x12
-SASL_AUTHENTICATE = 0x13
-TUNE = 0x14
-OPEN = 0x15
-CLOSE = 0x16
-HEARTBEAT = 0x17
-ROUTE = 0x18
-PARTITIONS = 0x19
-CONSUMER_UPDATE = 0x1A  # RabbitMQ 3.11+: server asks, the client answers (single active consumer)
-EXCHANGE_COMMAND_VERSIONS = 0x1B  # RabbitMQ 3.11+ (3.10.8's plugin does not know it)
-RESPONSE = 0x8000
+DECLARE_PUBLISHER: Final = 0x01
+PUBLISH: Final = 0x02
+PUBLISH_CONFIRM: Final = 0x03
+PUBLISH_ERROR: Final = 0x04
+QUERY_PUBLISHER_SEQUENCE: Final = 0x05
+DELETE_PUBLISHER: Final = 0x06
+SUBSCRIBE: Final = 0x07
+DELIVER: Final = 0x08
+CREDIT: Final = 0x09
+STORE_OFFSET: Final = 0x0A
+QUERY_OFFSET: Final = 0x0B
+UNSUBSCRIBE: Final = 0x0C
+CREATE: Final = 0x0D
+DELETE: Final = 0x0E
+METADATA: Final = 0x0F
+METADATA_UPDATE: Final = 0x10
+PEER_PROPERTIES: Final = 0x11
+SASL_HANDSHAKE: Final = 0x12
+SASL_AUTHENTICATE: Final = 0x13
+TUNE: Final = 0x14
+OPEN: Final = 0x15
+CLOSE: Final = 0x16
+HEARTBEAT: Final = 0x17
+ROUTE: Final = 0x18
+PARTITIONS: Final = 0x19
+# RabbitMQ 3.11+: the server asks, the client answers (single active consumer)
+CONSUMER_UPDATE: Final = 0x1A
+EXCHANGE_COMMAND_VERSIONS: Final = 0x1B  # RabbitMQ 3.11+ (3.10.8's plugin does not know it)
+RESPONSE: Final = 0x8000
 
 # response codes (PROTOCOL.adoc "Response Codes")
-OK = 0x01
-STREAM_DOES_NOT_EXIST = 0x02
-SUBSCRIPTION_ID_ALREADY_EXISTS = 0x03
-SUBSCRIPTION_ID_DOES_NOT_EXIST = 0x04
-STREAM_ALREADY_EXISTS = 0x05
-STREAM_NOT_AVAILABLE = 0x06
-SASL_MECHANISM_NOT_SUPPORTED = 0x07
-AUTHENTICATION_FAILURE = 0x08
-SASL_ERROR = 0x09
-SASL_CHALLENGE = 0x0A
-AUTHENTICATION_FAILURE_LOOPBACK = 0x0B
-VIRTUAL_HOST_ACCESS_FAILURE = 0x0C
-UNKNOWN_FRAME = 0x0D
-FRAME_TOO_LARGE = 0x0E
-INTERNAL_ERROR = 0x0F
-ACCESS_REFUSED = 0x10
-PRECONDITION_FAILED = 0x11
-PUBLISHER_DOES_NOT_EXIST = 0x12
-NO_OFFSET = 0x13  # query-offset for a reference with nothing stored (3.10's plugin)
+OK: Final = 0x01
+STREAM_DOES_NOT_EXIST: Final = 0x02
+SUBSCRIPTION_ID_ALREADY_EXISTS: Final = 0x03
+SUBSCRIPTION_ID_DOES_NOT_EXIST: Final = 0x04
+STREAM_ALREADY_EXISTS: Final = 0x05
+STREAM_NOT_AVAILABLE: Final = 0x06
+SASL_MECHANISM_NOT_SUPPORTED: Final = 0x07
+AUTHENTICATION_FAILURE: Final = 0x08
+SASL_ERROR: Final = 0x09
+SASL_CHALLENGE: Final = 0x0A
+AUTHENTICATION_FAILURE_LOOPBACK: Final = 0x0B
+VIRTUAL_HOST_ACCESS_FAILURE: Final = 0x0C
+UNKNOWN_FRAME: Final = 0x0D
+FRAME_TOO_LARGE: Final = 0x0E
+INTERNAL_ERROR: Final = 0x0F
+ACCESS_REFUSED: Final = 0x10
+PRECONDITION_FAILED: Final = 0x11
+PUBLISHER_DOES_NOT_EXIST: Final = 0x12
+NO_OFFSET: Final = 0x13  # query-offset for a reference with nothing stored (3.10's plugin)
 
 # offset specifications of subscribe
-OFFSET_FIRST = 1
-OFFSET_LAST = 2
-OFFSET_NEXT = 3
-OFFSET_OFFSET = 4
-OFFSET_TIMESTAMP = 5
+OFFSET_FIRST: Final = 1
+OFFSET_LAST: Final = 2
+OFFSET_NEXT: Final = 3
+OFFSET_OFFSET: Final = 4
+OFFSET_TIMESTAMP: Final = 5
 
 # osiris chunk header (PROTOCOL.adoc "Deliver"; osiris_log.erl)
-CHUNK_MAGIC_VERSION = 0x50  # magic 5, version 0
-CHUNK_USER = 0
-CHUNK_HEADER = struct.Struct(">BBHIqQQiIII")
-CHUNK_HEADER_SIZE = CHUNK_HEADER.size  # 48
-MIN_FRAME_MAX = 8  # a key, a version and a correlation id at least
+CHUNK_MAGIC_VERSION: Final = 0x50  # magic 5, version 0
+CHUNK_USER: Final = 0
+CHUNK_HEADER: Final = struct.Struct(">BBHIqQQiIII")
+CHUNK_HEADER_SIZE: Final = CHUNK_HEADER.size  # 48
+MIN_FRAME_MAX: Final = 8  # a key, a version and a correlation id at least
 
-_U8 = struct.Struct(">B")
-_U16 = struct.Struct(">H")
-_I16 = struct.Struct(">h")
-_U32 = struct.Struct(">I")
-_I32 = struct.Struct(">i")
-_U64 = struct.Struct(">Q")
-_I64 = struct.Struct(">q")
-_HEAD = struct.Struct(">HH")
+_U8: Final = struct.Struct(">B")
+_U16: Final = struct.Struct(">H")
+_I16: Final = struct.Struct(">h")
+_U32: Final = struct.Struct(">I")
+_I32: Final = struct.Struct(">i")
+_U64: Final = struct.Struct(">Q")
+_I64: Final = struct.Struct(">q")
+_HEAD: Final = struct.Struct(">HH")
 
 
 class FrameError(Exception):
@@ -228,7 +230,14 @@ def _declare_publisher(r: Reader) -> tuple[Any, ...]:
     return r.u8(), r.string(), r.text()
 
 
-_ENTRY_HEAD = struct.Struct(">QI")  # publishing id, then a plain entry's size
+def be32(data: bytes, at: int) -> int:
+    """The big-endian u32 at ``at`` (byte reads: in compiled code no call, no tuple)."""
+    return (data[at] << 24) | (data[at + 1] << 16) | (data[at + 2] << 8) | data[at + 3]
+
+
+def be64(data: bytes, at: int) -> int:
+    """The big-endian u64 at ``at``."""
+    return (be32(data, at) << 32) | be32(data, at + 4)
 
 
 def _publish(r: Reader) -> tuple[Any, ...]:
@@ -238,19 +247,22 @@ def _publish(r: Reader) -> tuple[Any, ...]:
     the general :class:`Reader` calls cost more than the rest of the publish)."""
     publisher = r.u8()
     entries: list[tuple[int, Any]] = []
-    data, unpack = r.data, _ENTRY_HEAD.unpack_from
+    data = r.data
     size_all = len(data)
     for _ in range(r.count(12)):
         at = r.at
-        if at + 12 <= size_all and data[at + 8] & 0x80 == 0:  # 0 bit + 31-bit size
-            publishing_id, n = unpack(data, at)
-            end = at + 12 + n
+        if isinstance(data, bytes) and at + 12 <= size_all and data[at + 8] & 0x80 == 0:
+            # a plain entry: publishing id, 0 bit + 31-bit size, the message
+            end = at + 12 + be32(data, at + 8)
             if end > size_all:
                 raise FrameError("frame ends inside a field")
-            entries.append((publishing_id, bytes(data[at + 12:end])))
+            entries.append((be64(data, at), data[at + 12:end]))
             r.at = end
             continue
         publishing_id = r.u64()
+        if r.at < size_all and not data[r.at] & 0x80:  # plain (a view, or cut short)
+            entries.append((publishing_id, r.raw(r.u32())))
+            continue
         kind = r.u8()  # 1 bit, 3-bit compression, 4 reserved; then count, sizes
         compression = (kind >> 4) & 0x7
         n = r.u16()
@@ -344,9 +356,9 @@ _DECODERS: dict[int, tuple[bool, Callable[[Reader], tuple[Any, ...]]]] = {
         (r.u16(), r.u16(), r.u16()) for _ in range(r.count(6)))),
 }
 # responses a client sends (to the server's close and consumer-update requests)
-CLIENT_RESPONSES = frozenset({CLOSE | RESPONSE, CONSUMER_UPDATE | RESPONSE})
-OFFSET_NONE = 0  # a consumer-update answer's "keep the subscription's own offset"
-SUPPORTED_VERSION = 1
+CLIENT_RESPONSES: Final = frozenset({CLOSE | RESPONSE, CONSUMER_UPDATE | RESPONSE})
+OFFSET_NONE: Final = 0  # a consumer-update answer's "keep the subscription's own offset"
+SUPPORTED_VERSION: Final = 1
 
 
 def decode(frame: bytes) -> Command:
@@ -477,19 +489,34 @@ def metadata_update(code: int, stream: str) -> bytes:
 
 def chunk_header(first_offset: int, timestamp: int, entries: int, records: int,
                  data: bytes) -> bytes:
-    """An osiris user chunk's 48-byte header over ``data`` (its entries)."""
-    import zlib
+    """An osiris user chunk's 48-byte header over ``data`` (its entries): magic and
+    version, type, entries u16, records u32, timestamp i64, epoch u64, first offset
+    u64, crc i32, data size u32, trailer size u32, reserved u32 (the layout of
+    :data:`CHUNK_HEADER`, built without a struct call: once per delivered chunk)."""
+    return b"".join((
+        _CHUNK_KIND, entries.to_bytes(2, "big"), records.to_bytes(4, "big"),
+        timestamp.to_bytes(8, "big", signed=True), _EPOCH, first_offset.to_bytes(8, "big"),
+        zlib.crc32(data).to_bytes(4, "big"), len(data).to_bytes(4, "big"), _NO_TRAILER))
 
-    crc = zlib.crc32(data)
-    if crc >= 0x80000000:
-        crc -= 0x100000000
-    return CHUNK_HEADER.pack(CHUNK_MAGIC_VERSION, CHUNK_USER, entries, records, timestamp,
-                             1, first_offset, crc, len(data), 0, 0)
+
+_CHUNK_KIND: Final = bytes((CHUNK_MAGIC_VERSION, CHUNK_USER))
+_EPOCH: Final = (1).to_bytes(8, "big")
+_NO_TRAILER: Final = bytes(8)  # trailer size and reserved
 
 
 def deliver(subscription: int, chunk: bytes) -> bytes:
     """A deliver frame (version 1) around a whole chunk (header and entries)."""
-    return _U32.pack(5 + len(chunk)) + _HEAD.pack(DELIVER, 1) + _U8.pack(subscription) + chunk
+    return deliver_head(subscription, len(chunk)) + chunk
+
+
+def deliver_head(subscription: int, chunk_size: int) -> bytes:
+    """A deliver frame's first 9 bytes (size, key, version 1, subscription id): the
+    chunk of ``chunk_size`` bytes follows."""
+    return b"".join(((5 + chunk_size).to_bytes(4, "big"), _DELIVER_V1,
+                     subscription.to_bytes(1, "big")))
+
+
+_DELIVER_V1: Final = _HEAD.pack(DELIVER, 1)
 
 
 def simple_entries(messages: list[bytes]) -> bytes:

@@ -16,19 +16,17 @@ chunks, one per credit.
 from __future__ import annotations
 
 import logging
-import struct
 import zlib
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import amqpd
 from amqpd.broker.stream import StreamQueue, decode_payload
 from amqpd.protocol.errors import AccessRefused, AMQPError
-from amqpd.store.stream_log import AMQP10, CHUNK_START, RECORD, RECORD_SIZE, Reader
+from amqpd.store.stream_log import Reader
 from amqpd.streamproto import codec as c
 from amqpd.streamproto.amqp10 import data_message
 from amqpd.streamproto.arguments import BadArgument, queue_arguments
-from amqpd.streamproto.chunks import Chunk
+from amqpd.streamproto.chunks import Cutter, next_chunk
 from amqpd.streamproto.sac import Coordinator, GroupKey, Notice
 from amqpd.streamproto.tracking import Tracking
 
@@ -39,45 +37,80 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("amqpd.streamproto")
 
-SERVER_FRAME_MAX = 1048576  # RabbitMQ's stream plugin defaults
-SERVER_HEARTBEAT = 60
-CHUNK_BYTES = 1024 * 1024  # a delivered chunk holds at most about this much
-READ_RECORDS = 1024  # records a subscription reads per pread at most
-MAX_REFERENCE = 256
-COMPRESSION_NONE = 0  # sub-entry batch compression types (rstream's CompressionType)
-COMPRESSION_GZIP = 1
-_OFFSET_AT = struct.Struct(">Q").unpack_from  # a stored record's offset, 8 bytes in
+SERVER_FRAME_MAX: Final = 1048576  # RabbitMQ's stream plugin defaults
+SERVER_HEARTBEAT: Final = 60
+CHUNK_BYTES: Final = 1024 * 1024  # a delivered chunk holds at most about this much
+MAX_REFERENCE: Final = 256
+COMPRESSION_NONE: Final = 0  # sub-entry batch compression types (rstream's CompressionType)
+COMPRESSION_GZIP: Final = 1
 
 
-@dataclass(slots=True)
 class Publisher:
-    id: int
-    reference: str | None
-    queue: StreamQueue
-    # ids accepted but not yet confirmed, highest (dedup of re-sends in flight)
-    highest: int = 0
-    last_id: int = -1  # the highest publishing id received (the management API's)
-    published: int = 0  # messages stored (the management API's counters)
-    confirmed: int = 0  # publishing ids confirmed
-    errored: int = 0  # publishing ids answered with publish-error
+    """A declared publisher: its stream, name (deduplication) and counters."""
+
+    def __init__(self, id: int, reference: str | None, queue: StreamQueue) -> None:
+        self.id = id
+        self.reference = reference
+        self.queue = queue
+        # ids accepted but not yet confirmed, highest (dedup of re-sends in flight)
+        self.highest = 0
+        self.last_id = -1  # the highest publishing id received (the management API's)
+        self.published = 0  # messages stored (the management API's counters)
+        self.confirmed = 0  # publishing ids confirmed
+        self.errored = 0  # publishing ids answered with publish-error
 
 
-@dataclass(slots=True)
+class Unsynced:
+    """The publishes of one tick to one stream through one connection, waiting for the
+    sync that confirms them all: one ``sync_log`` call and one confirm frame per
+    publisher for the tick, however many publish frames it read (so the tick's records
+    also stay one chunk, as osiris makes one of a writer's batch)."""
+
+    def __init__(self, conn: StreamConnection, queue: StreamQueue) -> None:
+        self.conn = conn
+        self.queue = queue
+        # unnamed publishers: id(publisher) -> (publisher, publishing ids accepted)
+        self.ids: dict[int, tuple[Publisher, list[int]]] = {}
+        self.callbacks: list[Callable[[BaseException | None], None]] = []  # named ones
+
+    def synced(self, error: BaseException | None) -> None:
+        conn = self.conn
+        step = max(1, (conn.frame_max - 16) // 8)  # ids per confirm frame
+        for pub, ids in self.ids.values():
+            if error is None:
+                pub.confirmed += len(ids)
+                for at in range(0, len(ids), step):
+                    conn.send(c.publish_confirm(pub.id, ids[at:at + step]))
+            else:
+                pub.errored += len(ids)
+                conn.send(c.publish_error(pub.id, [(i, c.INTERNAL_ERROR) for i in ids]))
+        for callback in self.callbacks:
+            callback(error)
+
+
 class Subscription:
-    id: int
-    queue: StreamQueue
-    reader: Reader | None  # None while a single active consumer waits
-    credit: int
-    properties: dict[str, str]
-    offset_spec: tuple[int, int | None] = (c.OFFSET_NEXT, None)  # as subscribed
-    group: GroupKey | None = None  # single active consumer: (vhost, stream, name)
-    active: bool = True  # a group member that is not active gets nothing
-    block: bytes = b""  # records read as stored (Reader.read_raw); from ``block_at`` unsent
-    block_at: int = 0
-    block_seg: int = -1  # the segment (base offset) and file position ``block`` came from
-    block_pos: int = 0
-    chunks: int = 0  # delivered
-    consumed: int = 0  # records delivered
+    """One subscription: its stream, credit and read state (``cut``: None while a
+    single active consumer waits), and what the management API shows of it."""
+
+    def __init__(self, id: int, queue: StreamQueue, reader: Reader | None, credit: int,
+                 properties: dict[str, str],
+                 offset_spec: tuple[int, int | None] = (c.OFFSET_NEXT, None),
+                 group: GroupKey | None = None, active: bool = True) -> None:
+        self.id = id
+        self.queue = queue
+        self.cut: Cutter | None = Cutter(reader) if reader is not None else None
+        self.credit = credit
+        self.properties = properties
+        self.offset_spec = offset_spec  # as subscribed
+        self.group = group  # single active consumer: (vhost, stream, name)
+        self.active = active  # a group member that is not active gets nothing
+        self.chunks = 0  # delivered
+        self.consumed = 0  # records delivered
+
+    @property
+    def reader(self) -> Reader | None:
+        """Where the subscription reads (None while a single active consumer waits)."""
+        return self.cut.reader if self.cut is not None else None
 
 
 def tracking_of(queue: StreamQueue, cache: dict[int, Tracking]) -> Tracking:
@@ -125,6 +158,8 @@ class StreamConnection:
         self.paused = False  # the transport's buffer is full: deliveries wait
         self.received = True  # something arrived since the last heartbeat check
         self._gone_callbacks: dict[int, Callable[[Any], None]] = {}
+        self._unsynced: dict[int, Unsynced] = {}  # by id(queue): this tick's publishes
+        self._sync_scheduled = False
 
     @property
     def is_open(self) -> bool:
@@ -461,6 +496,41 @@ class StreamConnection:
         if messages:
             q.append_amqp10(messages)
             pub.published += len(messages)
+        batch = self._unsynced_of(q)
+        if tracking is None:  # nothing dropped: confirmed = accepted
+            held = batch.ids.get(id(pub))
+            if held is None:
+                batch.ids[id(pub)] = (pub, accepted)
+            else:
+                held[1].extend(accepted)
+        else:
+            batch.callbacks.append(self._named_confirm(pub, tracking, accepted, dropped))
+
+    def _unsynced_of(self, q: StreamQueue) -> Unsynced:
+        """This tick's publishes to ``q``, synced once at the end of the tick."""
+        batch = self._unsynced.get(id(q))
+        if batch is None:
+            batch = self._unsynced[id(q)] = Unsynced(self, q)
+            if not self._sync_scheduled:
+                self._sync_scheduled = True
+                loop = self.broker._loop
+                assert loop is not None
+                # after the stream's own end-of-tick flush (scheduled by the append)
+                loop.call_soon(self._sync_unsynced)
+        return batch
+
+    def _sync_unsynced(self) -> None:
+        self._sync_scheduled = False
+        batches, self._unsynced = self._unsynced, {}
+        for batch in batches.values():
+            batch.queue.sync_log(batch.synced)
+
+    def _named_confirm(self, pub: Publisher, tracking: Tracking, accepted: list[int],
+                       dropped: list[int]) -> Callable[[BaseException | None], None]:
+        """What a named publisher's publish frame does once synced: its highest id is
+        kept for deduplication (saved before the confirm goes), re-sends dropped as
+        duplicates are confirmed too."""
+        pid = pub.id
         confirmed = accepted + dropped
 
         def synced(error: BaseException | None) -> None:
@@ -471,7 +541,7 @@ class StreamConnection:
                     self.send(c.publish_confirm(pid, dropped))
                 return
             pub.confirmed += len(confirmed)
-            if tracking is None or not accepted:
+            if not accepted:
                 self.send(c.publish_confirm(pid, confirmed))
                 return
             ref = pub.reference or ""
@@ -480,7 +550,7 @@ class StreamConnection:
             assert loop is not None
             tracking.save(loop, lambda: self.send(c.publish_confirm(pid, confirmed)))
 
-        q.sync_log(synced)
+        return synced
 
     def stored_sequence(self, pub: Publisher) -> int | None:
         """A named publisher's highest confirmed publishing id, as kept for
@@ -571,9 +641,7 @@ class StreamConnection:
             return
         sub.active = notice.active
         if not notice.active:
-            sub.reader = None
-            sub.block = b""
-            sub.block_at = 0
+            sub.cut = None
         self._correlation += 1
         self._updates[self._correlation] = (sub.id, notice.stepping_down)
         log.info("stream connection %s: subscription %d to '%s' in group '%s' is %s%s",
@@ -600,9 +668,9 @@ class StreamConnection:
         if sub is None:
             return
         if sub.active:
-            if sub.reader is None:
+            if sub.cut is None:
                 spec = sub.offset_spec if kind == c.OFFSET_NONE else (kind, value)
-                sub.reader = sub.queue.log.reader(_start_offset(sub.queue, *spec))
+                sub.cut = Cutter(sub.queue.log.reader(_start_offset(sub.queue, *spec)))
                 self.deliver(sid)
         elif stepping_down and sub.group is not None:
             _notify(self.coordinator.activate(sub.group, self, sid))
@@ -623,83 +691,33 @@ class StreamConnection:
         self._on_records()
 
     def deliver(self, sid: int) -> None:
-        """Send chunks while the subscription has credit and records are readable."""
+        """Send chunks while the subscription has credit and records are readable
+        (:func:`amqpd.streamproto.chunks.next_chunk`). A deliver frame goes to the
+        output as three parts (its head, the chunk's header, its entries): the tick's
+        output is joined once for the socket, the entries copied only then."""
         sub = self.subscriptions.get(sid)
+        if sub is None:
+            return
         limit = min(CHUNK_BYTES, self.frame_max - 64)
-        while sub is not None and sub.credit > 0 and not self.paused and \
-                sub.reader is not None:
-            chunk = self._next_chunk(sub, limit)
+        cache = sub.queue.chunk_cache
+        out = self.out
+        sent = False
+        while sub.credit > 0 and not self.paused:
+            cut = sub.cut
+            if cut is None:
+                break
+            chunk = next_chunk(cut, cache, limit, _as_amqp10)
             if chunk is None:
-                return
+                break
             sub.credit -= 1
             sub.chunks += 1
             sub.consumed += chunk.records
-            self.send(c.deliver(sid, chunk.data))
-
-    def _next_chunk(self, sub: Subscription, limit: int) -> Chunk | None:
-        """The readable records from the reader's position to the end of their chunk
-        (at most about ``limit`` bytes: a larger chunk goes as several) as an osiris
-        chunk; None when nothing is readable. Another subscription of the stream may
-        have built it already (:mod:`amqpd.streamproto.chunks`); else its entries are
-        cut from the records as stored (a record's length field is the entry's size),
-        with no Python object per message, and a record an AMQP 0-9-1 publisher wrote
-        becomes an AMQP 1.0 message here."""
-        reader = sub.reader
-        assert reader is not None  # deliver() reads active subscriptions only
-        cache = sub.queue.chunk_cache
-        data, at = sub.block, sub.block_at
-        start = _OFFSET_AT(data, at + 8)[0] if at < len(data) else reader.offset
-        # (below the first kept offset the reader moves on to what retention kept)
-        hit = cache.get(start, limit) if start >= reader.log.first_offset else None
-        if hit is not None:
-            sub.block, sub.block_at = b"", 0
-            reader.seek(start + hit.records, hit.segment_base, hit.position)
-            return hit
-        parts: list[bytes] = []
-        first = stamp = count = size = 0
-        unpack = RECORD.unpack_from
-        while True:
-            if at >= len(data):
-                data, _ = reader.read_raw(READ_RECORDS)
-                sub.block_seg, end_pos = reader.where()
-                sub.block, sub.block_at, sub.block_pos, at = data, 0, end_pos - len(data), 0
-                if not data:
-                    break
-            total = len(data)
-            while at < total:
-                _, length, offset, timestamp, flags = unpack(data, at)
-                if count and (flags & CHUNK_START or size + length > limit):
-                    sub.block_at = at
-                    return self._built(sub, limit, first, stamp, count, parts,
-                                       sub.block_pos + at)
-                end = at + RECORD_SIZE + length
-                if flags & AMQP10:
-                    parts.append(data[at + 4:at + 8])
-                    parts.append(data[at + RECORD_SIZE:end])
-                else:
-                    message = data_message(decode_payload(data[at + RECORD_SIZE:end]).body)
-                    parts.append(len(message).to_bytes(4, "big"))
-                    parts.append(message)
-                if not count:
-                    first, stamp = offset, timestamp
-                count += 1
-                size += length + 4
-                at = end
-            sub.block_at = at
-        if not count:
-            return None
-        return self._built(sub, limit, first, stamp, count, parts, sub.block_pos)
-
-    @staticmethod
-    def _built(sub: Subscription, limit: int, first: int, stamp: int, count: int,
-               parts: list[bytes], position: int) -> Chunk:
-        """A chunk cut from the records: framed, and kept for the stream's other
-        subscriptions; the record after it is at ``position`` in ``sub.block_seg``."""
-        entries = b"".join(parts)
-        chunk = Chunk(c.chunk_header(first, stamp, count, count, entries) + entries, count,
-                      sub.block_seg, position)
-        sub.queue.chunk_cache.put(first, limit, chunk)
-        return chunk
+            out.append(c.deliver_head(sid, chunk.size))
+            out.append(chunk.header)
+            out.append(chunk.entries)
+            sent = True
+        if sent:
+            self.on_output()
 
     def _credit(self, cmd: c.Command) -> None:
         sid, credit = cmd.fields
@@ -846,6 +864,12 @@ def _notify(notices: list[Notice]) -> None:
         notice.owner.consumer_update(notice)
 
 
+def _as_amqp10(payload: bytes) -> bytes:
+    """A record an AMQP 0-9-1 publisher wrote, as the AMQP 1.0 message a stream
+    client reads."""
+    return data_message(decode_payload(payload).body)
+
+
 def _gunzip(data: bytes, size: int) -> bytes:
     """A gzip sub-entry batch, decompressed to at most its declared ``size`` (a batch
     that inflates beyond it is refused, not buffered)."""
@@ -859,7 +883,7 @@ def _gunzip(data: bytes, size: int) -> bytes:
     return out
 
 
-_HANDLERS = {
+_HANDLERS: Final = {
     c.PEER_PROPERTIES: "_peer_properties", c.SASL_HANDSHAKE: "_sasl_handshake",
     c.SASL_AUTHENTICATE: "_sasl_authenticate", c.TUNE: "_tune", c.OPEN: "_open",
     c.CLOSE: "_close", c.CLOSE | c.RESPONSE: "_close", c.HEARTBEAT: "_heartbeat",

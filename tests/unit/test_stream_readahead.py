@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from amqpd.broker.stream_readahead import ReadAhead, ReadAheadPool
-from amqpd.store.stream_log import Record, StreamLog
+from amqpd.store.stream_log import Reader, Record, StreamLog
 
 N = 3020  # 10 full 64 KiB segments of 300 records, then 20 in the active one
 PAYLOAD = 200
@@ -56,23 +56,35 @@ def _drain(readers: dict[int, ReadAhead], pool: ReadAheadPool, want: dict[int, i
     loop.run_until_complete(asyncio.wait_for(run(), 60))
 
 
+class _ThreadSpy:
+    """The log as a ReadAhead sees it, noting the thread of every ``read_shared`` (the
+    method of a compiled StreamLog cannot be replaced on the instance)."""
+
+    def __init__(self, log_: StreamLog, threads: set[str]) -> None:
+        self._log = log_
+        self._threads = threads
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._log, name)
+
+    def read_shared(self, reader: Reader, records: int, nbytes: int) -> list[Record]:
+        self._threads.add(threading.current_thread().name)
+        return self._log.read_shared(reader, records, nbytes)
+
+
 def test_readers_behind_read_in_a_worker_within_the_bounds(log_: StreamLog) -> None:
     loop = asyncio.new_event_loop()
     try:
         pool = ReadAheadPool(loop, max_inflight=2, budget_bytes=4 * 8 * 1024,
                              batch_records=32, batch_bytes=8 * 1024)
         threads: set[str] = set()
-        real = log_.read_shared
-
-        def spy(reader: object, records: int, nbytes: int) -> list[Record]:
-            threads.add(threading.current_thread().name)
-            return real(reader, records, nbytes)  # type: ignore[arg-type]
-
-        log_.read_shared = spy  # type: ignore[method-assign,assignment]
+        spy = _ThreadSpy(log_, threads)
         woken: set[int] = set()
         starts = {k: k * 97 for k in range(30)}  # 30 consumers at different offsets
         readers = {k: ReadAhead(log_, start, pool, functools.partial(woken.add, k))
                    for k, start in starts.items()}
+        for ra in readers.values():
+            ra.log = spy  # type: ignore[assignment]
         got: dict[int, list[Record]] = {k: [] for k in readers}
         want = {k: N - starts[k] for k in readers}
         _drain(readers, pool, want, got, credit=50)

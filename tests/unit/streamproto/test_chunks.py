@@ -1,4 +1,4 @@
-"""Delivered chunks (amqpd.streamproto.connection + chunks): cut from the stored records
+"""Delivered chunks (amqpd.streamproto.chunks): cut from the stored records
 at chunk boundaries and the size limit, and shared between subscriptions through the
 stream's chunk cache with the same bytes and positions as a chunk built afresh."""
 
@@ -10,8 +10,8 @@ from typing import Any
 
 from amqpd.store.stream_log import AMQP10, StreamLog
 from amqpd.streamproto import codec
-from amqpd.streamproto.chunks import ChunkCache
-from amqpd.streamproto.connection import StreamConnection, Subscription
+from amqpd.streamproto.chunks import ChunkCache, next_chunk
+from amqpd.streamproto.connection import Subscription, _as_amqp10
 
 HEAD = codec.CHUNK_HEADER  # the osiris chunk header, 48 bytes
 
@@ -29,10 +29,11 @@ def _stream(tmp_path: Path, sizes: list[int]) -> StreamLog:
     return log
 
 
-def _chunks(conn: StreamConnection, sub: Subscription, limit: int) -> list[Any]:
+def _chunks(sub: Subscription, limit: int) -> list[Any]:
     out: list[Any] = []
+    assert sub.cut is not None
     for _ in range(10_000):  # bounded: each turn takes at least one record or ends
-        chunk = conn._next_chunk(sub, limit)
+        chunk = next_chunk(sub.cut, sub.queue.chunk_cache, limit, _as_amqp10)
         if chunk is None:
             return out
         out.append(chunk)
@@ -40,8 +41,8 @@ def _chunks(conn: StreamConnection, sub: Subscription, limit: int) -> list[Any]:
 
 
 def _records(chunk: Any) -> tuple[int, list[bytes]]:
-    _, _, _, n, _, _, first, _, length, _, _ = HEAD.unpack_from(chunk.data, 0)
-    data, at, out = chunk.data[HEAD.size:], 0, []
+    _, _, _, n, _, _, first, _, length, _, _ = HEAD.unpack_from(chunk.header, 0)
+    data, at, out = chunk.entries, 0, []
     for _ in range(n):
         size = int.from_bytes(data[at:at + 4], "big")
         out.append(data[at + 4:at + 4 + size])
@@ -54,26 +55,26 @@ def test_chunks_are_cut_at_boundaries_and_shared(tmp_path: Path) -> None:
     sizes = [3, 40, 1, 25, 60, 2]
     log = _stream(tmp_path, sizes)
     queue = SimpleNamespace(chunk_cache=ChunkCache())
-    conn = StreamConnection(None, None, "t", ("h", 1), {})  # type: ignore[arg-type]
     alone = SimpleNamespace(chunk_cache=ChunkCache(max_bytes=0))  # caches nothing
 
     def sub(q: Any, start: int) -> Subscription:
         return Subscription(1, q, log.reader(start), 10, {})
 
     limit = 200  # some stored chunks go as several
-    fresh = _chunks(conn, sub(alone, 0), limit)
+    fresh = _chunks(sub(alone, 0), limit)
     got = [_records(c) for c in fresh]
     assert [b for _, bs in got for b in bs] == [b"m%06d" % i for i in range(sum(sizes))]
     assert [f for f, _ in got][:3] == [0, 3, 3 + len(got[1][1])]
-    assert all(len(c.data) - HEAD.size <= limit + 12 for c in fresh)
-    first = _chunks(conn, sub(queue, 0), limit)
+    assert all(len(c.entries) <= limit + 12 for c in fresh)
+    first = _chunks(sub(queue, 0), limit)
     hits = queue.chunk_cache.hits
-    second = _chunks(conn, sub(queue, 0), limit)
+    second = _chunks(sub(queue, 0), limit)
     assert queue.chunk_cache.hits == hits + len(second)  # every one from the cache
-    assert [c.data for c in first] == [c.data for c in second] == [c.data for c in fresh]
+    assert ([(c.header, c.entries) for c in first] == [(c.header, c.entries) for c in second]
+            == [(c.header, c.entries) for c in fresh])
     # a subscription inside a chunk cuts its own pieces up to the next stored chunk
     # (offset 43), then meets the cached ones
-    mid = [_records(c) for c in _chunks(conn, sub(queue, 5), limit)]
+    mid = [_records(c) for c in _chunks(sub(queue, 5), limit)]
     assert [b for _, bs in mid for b in bs] == [b"m%06d" % i for i in range(5, sum(sizes))]
     by_first = dict(got)
     assert [(f, bs) for f, bs in mid if f >= 43] == [(f, by_first[f]) for f in by_first
@@ -84,15 +85,14 @@ def test_a_subscription_moved_by_the_cache_reads_on_after_new_records(
         tmp_path: Path) -> None:
     log = _stream(tmp_path, [30, 30])
     queue: Any = SimpleNamespace(chunk_cache=ChunkCache())
-    conn = StreamConnection(None, None, "t", ("h", 1), {})  # type: ignore[arg-type]
     a = Subscription(1, queue, log.reader(0), 10, {})
     b = Subscription(2, queue, log.reader(0), 10, {})
-    assert len(_chunks(conn, a, 10_000)) == 2
-    assert len(_chunks(conn, b, 10_000)) == 2 and queue.chunk_cache.hits == 2
+    assert len(_chunks(a, 10_000)) == 2
+    assert len(_chunks(b, 10_000)) == 2 and queue.chunk_cache.hits == 2
     log.append_many([b"late"], 5, AMQP10)
     log.flush()
     for s in (b, a):  # b was moved by the cache only: its reader must be right
-        (chunk,) = _chunks(conn, s, 10_000)
+        (chunk,) = _chunks(s, 10_000)
         assert _records(chunk) == (60, [b"late"])
 
 
@@ -100,12 +100,25 @@ def test_a_subscription_behind_retention_skips_cached_chunks_of_deleted_segments
         tmp_path: Path) -> None:
     log = _stream(tmp_path, [40] * 10)
     queue: Any = SimpleNamespace(chunk_cache=ChunkCache())
-    conn = StreamConnection(None, None, "t", ("h", 1), {})  # type: ignore[arg-type]
     behind = Subscription(2, queue, log.reader(0), 10, {})
-    assert len(_chunks(conn, Subscription(1, queue, log.reader(0), 10, {}), 10_000)) >= 10
+    assert len(_chunks(Subscription(1, queue, log.reader(0), 10, {}), 10_000)) >= 10
     log.sync()  # sealed segments get their index files: retention may take them
     assert log.retain(2000, None, 0) > 0 and log.first_offset > 0
-    got = [_records(c) for c in _chunks(conn, behind, 10_000)]
+    got = [_records(c) for c in _chunks(behind, 10_000)]
     assert got[0][0] == log.first_offset
     assert [b for _, bs in got for b in bs] == [b"m%06d" % i
                                                 for i in range(log.first_offset, 400)]
+
+
+def test_a_chunk_holds_at_most_the_entries_its_header_can_count(tmp_path: Path) -> None:
+    """The osiris header counts entries in a u16: a stored chunk of more records (tiny
+    messages) goes as several."""
+    log = StreamLog(tmp_path)
+    log.open()
+    log.append_many([b""] * 70_000, 1, AMQP10)
+    log.flush()
+    queue: Any = SimpleNamespace(chunk_cache=ChunkCache())
+    sub = Subscription(1, queue, log.reader(0), 10, {})
+    chunks = _chunks(sub, 10 * 1024 * 1024)
+    assert [c.records for c in chunks] == [0xFFFF, 70_000 - 0xFFFF]
+    assert [_records(c)[0] for c in chunks] == [0, 0xFFFF]
