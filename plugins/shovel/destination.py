@@ -36,6 +36,9 @@ class Destination(abc.ABC):
     deliveries before it calls :meth:`publish_many`, so no confirm can come first)."""
 
     seq: int
+    # a retry may name its first try (RETRY_OF_HEADER): the destination broker then puts
+    # it only into the queues that did not take that try (amqpd announced RETRY_OF)
+    retry_of: bool = False
 
     @abc.abstractmethod
     async def open(self, on_confirm: OnConfirm | None) -> None:
@@ -66,7 +69,8 @@ class AMQPDestination(Destination):
 
     async def open(self, on_confirm: OnConfirm | None) -> None:
         d = self.defn
-        conn = self.conn = await Connection.open(self.uri)
+        conn = self.conn = await Connection.open(self.uri, retry_of=True)
+        self.retry_of = conn.retry_of
         ch = await conn.channel()
         if d.dest_queue is not None:
             try:

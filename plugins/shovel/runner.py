@@ -252,6 +252,9 @@ class _Link:
         self.settle_ready = asyncio.Event()
         # on-confirm: what went out for each unsettled source tag (sent again if refused)
         self.sent: dict[int, Message] = {}
+        # the destination's sequence number of each unsettled tag's first try, when the
+        # destination routes a retry only into the queues that missed it (remote amqpd)
+        self.first_seq: dict[int, int] | None = None
         self.refused: list[int] = []  # refused by the destination, not yet sent again
         self.attempts: dict[int, int] = {}  # tries of each refused message so far
         self.retry_backoff = Backoff(RETRY_CAP, first=RETRY_FIRST)
@@ -270,6 +273,8 @@ class _Link:
         confirm = d.ack_mode == "on-confirm"
         # bounded: a peer that accepts the connection but never answers is a failure too
         await asyncio.wait_for(self.dest.open(self.on_confirm if confirm else None), OPEN_TIMEOUT)
+        if confirm and self.dest.retry_of:
+            self.first_seq = {}
         await asyncio.wait_for(self.src.open(self.on_message), OPEN_TIMEOUT)
         if d.delete_after == "queue-length":
             self.remaining = self.src.initial_length
@@ -374,9 +379,12 @@ class _Link:
                 # registered before the write, so no confirm can come first
                 by_seq = self.by_seq
                 seq = self.dest.seq + 1
+                first = self.first_seq
                 for i, tag in enumerate(tags):
                     by_seq[seq + i] = tag
                     self.sent[tag] = batch[i]
+                    if first is not None:
+                        first[tag] = seq + i
             await self.dest.publish_many(batch, records if track else None)
             if mode == "on-publish":
                 for tag in tags:
@@ -443,6 +451,8 @@ class _Link:
         if ack:
             self.outstanding[tag] = True
             self.sent.pop(tag, None)
+            if self.first_seq is not None:
+                self.first_seq.pop(tag, None)
             if self.attempts.pop(tag, None) is not None:
                 self.retry_backoff.reset()  # a refused one went in: the destination is back
         else:
@@ -488,6 +498,7 @@ class _Link:
                 await asyncio.sleep(delay)
                 tags, self.refused = self.refused, []
                 batch: list[Message] = []
+                first = self.first_seq
                 for tag in tags:
                     tries = self.attempts[tag] = self.attempts.get(tag, 1) + 1
                     if tries > MAX_PUBLISH_ATTEMPTS:
@@ -495,7 +506,8 @@ class _Link:
                             f"the destination refused a message {MAX_PUBLISH_ATTEMPTS} times;"
                             " starting over")
                     exchange, routing_key, raw, body = self.sent[tag]
-                    batch.append((exchange, routing_key, mark_retry(raw, tries), body))
+                    batch.append((exchange, routing_key, mark_retry(
+                        raw, tries, None if first is None else first.get(tag)), body))
                 seq = self.dest.seq + 1
                 for i, tag in enumerate(tags):
                     self.by_seq[seq + i] = tag
