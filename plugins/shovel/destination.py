@@ -8,7 +8,10 @@ through the broker API, one publish per destination queue).
 numbers (1, 2, ... on a channel in confirm mode, as the broker counts them) and the
 broker's ``basic.ack``/``basic.nack`` (``multiple`` or not) are reported to the runner by
 number. A burst of messages goes out in one socket write, and properties are written
-back byte for byte as they were received (see :mod:`plugins.shovel.wire`).
+back byte for byte as they were received (see :mod:`plugins.shovel.wire`). Towards an
+amqpd that offers ``publish_retry_of`` it announces the capability (:attr:`retry_of`),
+and the runner's retries name their first try, so that broker puts a retry only into
+the queues of its route that did not take it (docs/shovel.md).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ queue, and when one of them refuses it (a quorum queue electing a leader, a queu
 ``x-max-length`` with ``reject-publish``) only that queue gets it again, after a backoff
 and flagged ``x-shovel-retry``; the queues that confirmed it are never sent a second
 copy. Over an AMQP connection the broker answers one confirm per publish, so the shovel
-cannot tell which queue refused and a retry goes through the exchange again
+cannot tell which queue refused and a retry goes through the exchange again; a remote
+amqpd does the per-queue part itself when the shovel announces ``publish_retry_of``
 (docs/shovel.md).
 
 The contract towards the runner is the one :class:`AMQPDestination` keeps: sequence

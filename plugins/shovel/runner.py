@@ -10,15 +10,18 @@ straight back in a hot loop: the shovel keeps it and publishes it again after a 
 that a consumer of a queue that had already taken it can tell the copy; after
 :data:`MAX_PUBLISH_ATTEMPTS` tries of one message the attempt ends. That is the path of
 a remote destination (:class:`AMQPDestination`), where a retry goes through the
-destination exchange again; a destination on this node (``amqp://`` without a host,
-:class:`~plugins.shovel.local.LocalDestination`) publishes per destination queue and
-retries only into the queue that refused, so its confirms are all acks. When either end goes
-away both connections are closed: the source broker requeues every unacked delivery
-(they are sent again after the reconnect with ``redelivered`` set, so duplicates are
-possible, never losses), and the next attempt starts after a backoff growing from half
-a second to ``reconnect-delay``. Each attempt is bounded (connect timeout; a peer that
-accepts and closes fails at once), and a failing shovel waits between attempts: it
-never spins.
+destination exchange again (into every queue of the route, unless the destination is
+an amqpd that offered ``publish_retry_of``: then the retry names the destination's
+sequence number of its first try, :data:`~plugins.shovel.wire.RETRY_OF_HEADER`, and
+goes only into the queues that did not take it); a destination on this node
+(``amqp://`` without a host, :class:`~plugins.shovel.local.LocalDestination`) publishes
+per destination queue and retries only into the queue that refused, so its confirms are
+all acks. When either end goes away both connections are closed: the source broker
+requeues every unacked delivery (they are sent again after the reconnect with
+``redelivered`` set, so duplicates are possible, never losses), and the next attempt
+starts after a backoff growing from half a second to ``reconnect-delay``. Each attempt
+is bounded (connect timeout; a peer that accepts and closes fails at once), and a
+failing shovel waits between attempts: it never spins.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import pika.exceptions
 import pytest
 
 from tests.integration._http import q
+from tests.integration.cluster_support import private_etcd, three_nodes
 from tests.integration.fed_support import (
     amqp_uri,
     api,
@@ -30,7 +31,9 @@ from tests.integration.fed_support import (
     site,
     wait_for,
 )
+from tests.integration.test_cluster_queues import declare_on, wait_known_everywhere
 from tests.integration.test_shovel_helpers import set_shovel, shovel_state
+from tests.support import etcdproc
 from tests.support.brokerproc import BrokerProcess
 
 N = 12
@@ -94,44 +97,83 @@ def _drain(url: str, queue: str, want: int, timeout: float) -> list[tuple[Any, b
     return got
 
 
-def test_remote_amqpd_destination_retries_only_into_the_refusing_queue(
-        two_sites: tuple[BrokerProcess, BrokerProcess]) -> None:
-    """Shovel src -> dst (another amqpd, over AMQP) into an exchange routing to a
-    healthy queue and a full one: through the retry rounds the healthy queue holds each
-    message exactly once, and the full one, drained by a consumer, gets each message
-    once; nothing lost, the retries flagged and without the retry-of header."""
-    src, dst = two_sites
-    _route(dst, "rr")
+def _shovel_through_refusals(src: BrokerProcess, dest_port: int, healthy: BrokerProcess,
+                             orders: BrokerProcess, p: str) -> None:
+    """N messages at src, a shovel src -> the destination (its AMQP port
+    ``dest_port``) into {p}.x; ``healthy``/``orders``: the nodes whose API and AMQP port
+    count and drain those queues. Through the retry rounds the healthy queue holds each
+    message exactly once; the full one, drained by a consumer, gets each message once;
+    nothing lost, the retries flagged and without the retry-of header."""
     with channel(src.url) as ch:
-        ch.queue_declare("rr.src", durable=True)
+        ch.queue_declare(f"{p}.src", durable=True)
         ch.confirm_delivery()
         for i in range(N):
-            ch.basic_publish("", "rr.src", f"m{i}".encode(), pika.BasicProperties(
+            ch.basic_publish("", f"{p}.src", f"m{i}".encode(), pika.BasicProperties(
                 delivery_mode=2, message_id=f"id-{i}"))
     log_start = src.log_path.stat().st_size
-    set_shovel(api(src), "rr", {"src-uri": "amqp://", "src-queue": "rr.src",
-                                "dest-uri": amqp_uri(dst.port), "dest-exchange": "rr.x"})
+    set_shovel(api(src), p, {"src-uri": "amqp://", "src-queue": f"{p}.src",
+                             "dest-uri": amqp_uri(dest_port), "dest-exchange": f"{p}.x"})
 
     def rounds() -> int:
         text = src.log_path.read_bytes()[log_start:].decode(errors="replace")
         return text.count("publishing them again")
 
     wait_for(lambda: rounds() >= 4, timeout=30, what="four retry rounds")
-    assert _depth(dst, "rr.healthy") == N  # the retry rounds added nothing
-    assert shovel_state(api(src), "rr") == "running"
-    orders = _drain(dst.url, "rr.orders", N, timeout=60)
-    wait_for(lambda: _depth(src, "rr.src") == 0, what="the source settled")
-    orders += _drain(dst.url, "rr.orders", 0, timeout=0.5)  # nothing more came
-    healthy = get_all(dst.url, "rr.healthy", 20 * N)
+    assert _depth(healthy, f"{p}.healthy") == N  # the retry rounds added nothing
+    assert shovel_state(api(src), p) == "running"
+    got = _drain(orders.url, f"{p}.orders", N, timeout=60)
+    wait_for(lambda: _depth(src, f"{p}.src") == 0, what="the source settled")
+    got += _drain(orders.url, f"{p}.orders", 0, timeout=0.5)  # nothing more came
+    kept = get_all(healthy.url, f"{p}.healthy", 20 * N)
     ids = sorted(f"id-{i}" for i in range(N))
-    assert sorted(p.message_id for p, _b in healthy) == ids  # each exactly once
-    assert sorted(p.message_id for p, _b in orders) == ids  # each once, nothing lost
-    assert not any("x-shovel-retry" in (p.headers or {}) for p, _b in healthy)
-    retried = [p for p, _b in orders if "x-shovel-retry" in (p.headers or {})]
+    assert sorted(props.message_id for props, _b in kept) == ids  # each exactly once
+    assert sorted(props.message_id for props, _b in got) == ids  # each once, none lost
+    assert not any("x-shovel-retry" in (props.headers or {}) for props, _b in kept)
+    retried = [props for props, _b in got if "x-shovel-retry" in (props.headers or {})]
     assert retried, "the full queue was expected to take retries"
-    assert not any("x-publish-retry-of" in (p.headers or {}) for p, _b in orders)
+    assert not any("x-publish-retry-of" in (props.headers or {}) for props, _b in got)
     with contextlib.suppress(Exception):
-        api(src).request("DELETE", "/api/parameters/shovel/%2F/rr")
+        api(src).request("DELETE", f"/api/parameters/shovel/%2F/{p}")
+
+
+def test_remote_amqpd_destination_retries_only_into_the_refusing_queue(
+        two_sites: tuple[BrokerProcess, BrokerProcess]) -> None:
+    """Shovel src -> dst (another amqpd, over AMQP) into an exchange routing to a
+    healthy queue and a full one (max-length with reject-publish, then drained)."""
+    src, dst = two_sites
+    _route(dst, "rr")
+    _shovel_through_refusals(src, dst.port, dst, dst, "rr")
+
+
+@pytest.mark.skipif(etcdproc.find_etcd() is None, reason=etcdproc.SKIP_REASON)
+@pytest.mark.timeout(300)
+def test_cluster_destination_with_queues_led_by_other_nodes(tmp_path: Path) -> None:
+    """The same into a three-node cluster: the shovel connects to node-a, the healthy
+    queue is led by node-b and the full one by node-c. node-a forwards each queue's
+    publish to its leader and hears each answer, so it knows which queue refused."""
+    src = site(tmp_path, "src", {"AMQPD_PLUGINS": "shovel"})
+    src.start()
+    try:
+        with private_etcd(tmp_path) as etcd, three_nodes(tmp_path, etcd.url) as nodes:
+            a, b, c = nodes
+            declare_on(b, "cr.healthy")
+            declare_on(c, "cr.orders", **{"x-max-length": FULL,
+                                          "x-overflow": "reject-publish"})
+            for name, leader in (("cr.healthy", b), ("cr.orders", c)):
+                wait_known_everywhere(nodes, name, leader.name)
+            with channel(a.url) as ch:
+                ch.exchange_declare("cr.x", "fanout", durable=True)
+                for name in ("cr.healthy", "cr.orders"):
+                    ch.queue_bind(name, "cr.x")
+            with channel(c.url) as ch:
+                for _ in range(FULL):
+                    ch.basic_publish("", "cr.orders", b"filler")
+            pa, pb, pc = a.proc, b.proc, c.proc
+            assert pa is not None and pb is not None and pc is not None
+            wait_for(lambda: _depth(pc, "cr.orders") == FULL, what="orders full")
+            _shovel_through_refusals(src, pa.port, pb, pc, "cr")
+    finally:
+        src.stop()
 
 
 def _announcing(url: str, announce: bool = True) -> pika.BlockingConnection:
