@@ -182,6 +182,7 @@ class RetryRoutes:
             retry_of, taken = None, frozenset()
         targets = [n for n in names if n not in taken]
         if not targets and taken:
+            ch.vhost.get_exchange(exchange).stat_publish_in += 1  # published, stored nowhere
             self.skipped += 1
             log.debug("publish %d on channel %d: every queue of its route took try %s "
                       "already: acked without a publish", seq, ch.number, retry_of)
@@ -202,6 +203,9 @@ class RetryRoutes:
                                             persistent),
                 ch.session.username, on_confirm=functools.partial(self._part, state, name),
                 only=frozenset((name,)))
+        # one publish for the exchange's publish_in, as RabbitMQ counts it (each part
+        # counted one; publish_out, one per queue, is right as it is)
+        ch.vhost.get_exchange(exchange).stat_publish_in -= len(targets) - 1
         ch._credit_flow(reached)
 
     def _retry_header(self, properties: bytes, seq: int) -> tuple[int | None, bytes]:

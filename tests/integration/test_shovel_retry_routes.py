@@ -251,3 +251,14 @@ def test_the_capability_at_the_protocol_level(
     assert sorted(b for _p, b in got) == [b"one", b"other", b"three", b"two"]
     assert [p.headers for p, b in got if b == b"three"] == [{"x-publish-retry-of": 99}]
     assert "header x-publish-retry-of must be" in dst.log_path.read_text(errors="replace")
+
+    def exchange_stats() -> tuple[int, int] | None:
+        r = api(dst).request("GET", "/api/exchanges/%2F/rc.x")
+        stats = r.json().get("message_stats") or {}
+        counts = (stats.get("publish_in"), stats.get("publish_out"))
+        return counts if counts == (7, 9) else None
+
+    # one publish_in per publish, as RabbitMQ counts (the refused one not), per queue
+    # publish_out: 2 + 1 + 1 (one, its retries) + 2 + 2 (two, other) + 0 (two's retry,
+    # stored nowhere) + 1 (three)
+    wait_for(exchange_stats, timeout=15, what="rc.x's publish_in 7 and publish_out 9")
