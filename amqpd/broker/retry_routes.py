@@ -181,17 +181,18 @@ class RetryRoutes:
         if taken is None:  # a first try, or a header naming a publish of another body
             retry_of, taken = None, frozenset()
         targets = [n for n in names if n not in taken]
-        if not targets and taken:
+        if not names or (len(names) == 1 and not taken):
+            # unroutable, or one queue and nothing taken before: the ordinary publish
+            # (mandatory returns an unroutable one); a nack needs no record, a retry
+            # goes to the whole route of one
+            ch._route(exchange, routing_key, mandatory, properties, body, seq, persistent)
+            return
+        if not targets:
             ch.vhost.get_exchange(exchange).stat_publish_in += 1  # published, stored nowhere
             self.skipped += 1
             log.debug("publish %d on channel %d: every queue of its route took try %s "
                       "already: acked without a publish", seq, ch.number, retry_of)
             ch.confirm(seq, True)
-            return
-        if len(targets) <= 1 and not taken:
-            # one queue or none, and nothing taken before: the ordinary publish (mandatory
-            # returns an unroutable one); a nack needs no record, a retry goes to all
-            ch._route(exchange, routing_key, mandatory, properties, body, seq, persistent)
             return
         state = _Publish(seq if retry_of is None else retry_of, seq, taken, len(targets),
                          checksum)
