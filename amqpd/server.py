@@ -74,6 +74,9 @@ CAPABILITIES = {
     "authentication_failure_close": True,
     "per_consumer_qos": True,
     "direct_reply_to": True,
+    # amqpd's own: a retried publish goes only into the queues that did not take it
+    # (amqpd.broker.retry_routes; a client announces it back to use it)
+    "publish_retry_of": True,
 }
 
 

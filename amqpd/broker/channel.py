@@ -29,6 +29,8 @@ from amqpd.broker.message import Message
 from amqpd.broker.publish import JointConfirm
 from amqpd.broker.queue import Consumer, QueueEntry
 from amqpd.broker.queue_type import QueueType
+from amqpd.broker.retry_routes import CAPABILITY as RETRY_OF
+from amqpd.broker.retry_routes import RetryRoutes
 from amqpd.broker.vhost import generate_name
 from amqpd.protocol import codec
 from amqpd.protocol import constants as C
@@ -99,6 +101,11 @@ class Channel:
         self._held: list[tuple[int, bytes]] = []
         self.stat_confirm = 0  # publisher confirms (basic.ack) sent; read by http/stats
         self._frames = codec.DeliveryFrames(number)  # what its deliveries repeat
+        # a connection that announced the publish_retry_of capability (a shovel): its
+        # publishes in confirm mode are routed per queue, and a retry only into the
+        # queues that did not take an earlier try (amqpd.broker.retry_routes)
+        self.retry_routes: RetryRoutes | None = (
+            RetryRoutes(self) if session.conn.capabilities.get(RETRY_OF) is True else None)
 
     # ------------------------------------------------------------------ plumbing
     @property
@@ -590,6 +597,10 @@ class Channel:
         self.stat_publish += 1
         if self.tx_mode:
             self.tx_publishes.append((exchange, routing_key, mandatory, properties, body))
+            return
+        if self.retry_routes is not None and self.confirm_mode:  # the one test others pay
+            self.retry_routes.publish(exchange, routing_key, mandatory, properties, body,
+                                      self.publish_seq, persistent)
             return
         self._route(exchange, routing_key, mandatory, properties, body,
                     self.publish_seq if self.confirm_mode else 0, persistent)

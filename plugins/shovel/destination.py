@@ -8,7 +8,10 @@ through the broker API, one publish per destination queue).
 numbers (1, 2, ... on a channel in confirm mode, as the broker counts them) and the
 broker's ``basic.ack``/``basic.nack`` (``multiple`` or not) are reported to the runner by
 number. A burst of messages goes out in one socket write, and properties are written
-back byte for byte as they were received (see :mod:`plugins.shovel.wire`).
+back byte for byte as they were received (see :mod:`plugins.shovel.wire`). Towards an
+amqpd that offers ``publish_retry_of`` it announces the capability (:attr:`retry_of`),
+and the runner's retries name their first try, so that broker puts a retry only into
+the queues of its route that did not take it (docs/shovel.md).
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ class Destination(abc.ABC):
     deliveries before it calls :meth:`publish_many`, so no confirm can come first)."""
 
     seq: int
+    # a retry may name its first try (RETRY_OF_HEADER): the destination broker then puts
+    # it only into the queues that did not take that try (amqpd announced RETRY_OF)
+    retry_of: bool = False
 
     @abc.abstractmethod
     async def open(self, on_confirm: OnConfirm | None) -> None:
@@ -66,7 +72,8 @@ class AMQPDestination(Destination):
 
     async def open(self, on_confirm: OnConfirm | None) -> None:
         d = self.defn
-        conn = self.conn = await Connection.open(self.uri)
+        conn = self.conn = await Connection.open(self.uri, retry_of=True)
+        self.retry_of = conn.retry_of
         ch = await conn.channel()
         if d.dest_queue is not None:
             try:

@@ -9,7 +9,8 @@ queue, and when one of them refuses it (a quorum queue electing a leader, a queu
 ``x-max-length`` with ``reject-publish``) only that queue gets it again, after a backoff
 and flagged ``x-shovel-retry``; the queues that confirmed it are never sent a second
 copy. Over an AMQP connection the broker answers one confirm per publish, so the shovel
-cannot tell which queue refused and a retry goes through the exchange again
+cannot tell which queue refused and a retry goes through the exchange again; a remote
+amqpd does the per-queue part itself when the shovel announces ``publish_retry_of``
 (docs/shovel.md).
 
 The contract towards the runner is the one :class:`AMQPDestination` keeps: sequence
@@ -32,7 +33,7 @@ from plugins.common.taken import Pass
 from plugins.shovel.destination import Destination, OnConfirm
 from plugins.shovel.destination import Message as Outgoing
 from plugins.shovel.params import ShovelDef
-from plugins.shovel.wire import decode_properties, encode_properties
+from plugins.shovel.wire import RETRY_OF_HEADER, decode_properties, encode_properties
 
 if TYPE_CHECKING:
     from amqpd.broker.api import BrokerAPI
@@ -43,12 +44,17 @@ RETRY_HEADER = "x-shovel-retry"  # the try number on a publish sent again after 
 ALARM_POLL = 0.1  # seconds between looks at a resource alarm that holds publishes back
 
 
-def mark_retry(properties: bytes, attempt: int) -> bytes:
+def mark_retry(properties: bytes, attempt: int, first: int | None = None) -> bytes:
     """The properties of try number ``attempt`` (2, 3, ...) of a refused message:
     ``x-shovel-retry`` says it may be a repeat (a refusal does not prove the queue
-    lacks it)."""
+    lacks it). ``first``: the confirm sequence number of its first try, for a remote
+    amqpd that routes the retry only into the queues that did not take that one
+    (``x-publish-retry-of``, which that broker removes before storing the message)."""
     props = decode_properties(properties)
-    props.headers = {**(props.headers or {}), RETRY_HEADER: attempt}
+    headers = {**(props.headers or {}), RETRY_HEADER: attempt}
+    if first is not None:
+        headers[RETRY_OF_HEADER] = first
+    props.headers = headers
     return encode_properties(props)
 
 

@@ -10,15 +10,18 @@ straight back in a hot loop: the shovel keeps it and publishes it again after a 
 that a consumer of a queue that had already taken it can tell the copy; after
 :data:`MAX_PUBLISH_ATTEMPTS` tries of one message the attempt ends. That is the path of
 a remote destination (:class:`AMQPDestination`), where a retry goes through the
-destination exchange again; a destination on this node (``amqp://`` without a host,
-:class:`~plugins.shovel.local.LocalDestination`) publishes per destination queue and
-retries only into the queue that refused, so its confirms are all acks. When either end goes
-away both connections are closed: the source broker requeues every unacked delivery
-(they are sent again after the reconnect with ``redelivered`` set, so duplicates are
-possible, never losses), and the next attempt starts after a backoff growing from half
-a second to ``reconnect-delay``. Each attempt is bounded (connect timeout; a peer that
-accepts and closes fails at once), and a failing shovel waits between attempts: it
-never spins.
+destination exchange again (into every queue of the route, unless the destination is
+an amqpd that offered ``publish_retry_of``: then the retry names the destination's
+sequence number of its first try, :data:`~plugins.shovel.wire.RETRY_OF_HEADER`, and
+goes only into the queues that did not take it); a destination on this node
+(``amqp://`` without a host, :class:`~plugins.shovel.local.LocalDestination`) publishes
+per destination queue and retries only into the queue that refused, so its confirms are
+all acks. When either end goes away both connections are closed: the source broker
+requeues every unacked delivery (they are sent again after the reconnect with
+``redelivered`` set, so duplicates are possible, never losses), and the next attempt
+starts after a backoff growing from half a second to ``reconnect-delay``. Each attempt
+is bounded (connect timeout; a peer that accepts and closes fails at once), and a
+failing shovel waits between attempts: it never spins.
 """
 
 from __future__ import annotations
@@ -252,6 +255,9 @@ class _Link:
         self.settle_ready = asyncio.Event()
         # on-confirm: what went out for each unsettled source tag (sent again if refused)
         self.sent: dict[int, Message] = {}
+        # the destination's sequence number of each unsettled tag's first try, when the
+        # destination routes a retry only into the queues that missed it (remote amqpd)
+        self.first_seq: dict[int, int] | None = None
         self.refused: list[int] = []  # refused by the destination, not yet sent again
         self.attempts: dict[int, int] = {}  # tries of each refused message so far
         self.retry_backoff = Backoff(RETRY_CAP, first=RETRY_FIRST)
@@ -270,6 +276,8 @@ class _Link:
         confirm = d.ack_mode == "on-confirm"
         # bounded: a peer that accepts the connection but never answers is a failure too
         await asyncio.wait_for(self.dest.open(self.on_confirm if confirm else None), OPEN_TIMEOUT)
+        if confirm and self.dest.retry_of:
+            self.first_seq = {}
         await asyncio.wait_for(self.src.open(self.on_message), OPEN_TIMEOUT)
         if d.delete_after == "queue-length":
             self.remaining = self.src.initial_length
@@ -374,9 +382,12 @@ class _Link:
                 # registered before the write, so no confirm can come first
                 by_seq = self.by_seq
                 seq = self.dest.seq + 1
+                first = self.first_seq
                 for i, tag in enumerate(tags):
                     by_seq[seq + i] = tag
                     self.sent[tag] = batch[i]
+                    if first is not None:
+                        first[tag] = seq + i
             await self.dest.publish_many(batch, records if track else None)
             if mode == "on-publish":
                 for tag in tags:
@@ -443,6 +454,8 @@ class _Link:
         if ack:
             self.outstanding[tag] = True
             self.sent.pop(tag, None)
+            if self.first_seq is not None:
+                self.first_seq.pop(tag, None)
             if self.attempts.pop(tag, None) is not None:
                 self.retry_backoff.reset()  # a refused one went in: the destination is back
         else:
@@ -488,6 +501,7 @@ class _Link:
                 await asyncio.sleep(delay)
                 tags, self.refused = self.refused, []
                 batch: list[Message] = []
+                first = self.first_seq
                 for tag in tags:
                     tries = self.attempts[tag] = self.attempts.get(tag, 1) + 1
                     if tries > MAX_PUBLISH_ATTEMPTS:
@@ -495,7 +509,8 @@ class _Link:
                             f"the destination refused a message {MAX_PUBLISH_ATTEMPTS} times;"
                             " starting over")
                     exchange, routing_key, raw, body = self.sent[tag]
-                    batch.append((exchange, routing_key, mark_retry(raw, tries), body))
+                    batch.append((exchange, routing_key, mark_retry(
+                        raw, tries, None if first is None else first.get(tag)), body))
                 seq = self.dest.seq + 1
                 for i, tag in enumerate(tags):
                     self.by_seq[seq + i] = tag

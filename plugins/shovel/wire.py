@@ -42,6 +42,11 @@ from plugins.shovel import methods
 
 FRAME_MAX = 131072
 WRITE_BUFFER = 4 * 1024 * 1024  # bytes queued in the transport before publishers wait
+# amqpd's capability (amqpd.broker.retry_routes, docs/shovel.md): a publish carrying
+# RETRY_OF_HEADER (the confirm sequence number of its first try on the channel) goes only
+# into the queues of its route that did not take that try
+RETRY_OF = "publish_retry_of"
+RETRY_OF_HEADER = "x-publish-retry-of"
 _FRAME = struct.Struct(">BHI")
 _HB = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 _PROTOCOL_HEADER = ProtocolHeader().marshal()
@@ -153,6 +158,9 @@ class Connection(asyncio.Protocol):
         self.channel_max = 2047
         self.server_properties: dict[str, Any] = {}
         self.product = "amqpd-shovel"
+        # announce RETRY_OF when the server offers it (a shovel's destination connection)
+        self.want_retry_of = False
+        self.retry_of = False  # announced: retries carry RETRY_OF_HEADER
         self._can_write = asyncio.Event()
         self._can_write.set()
         self._wrote = False
@@ -166,7 +174,10 @@ class Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ open / close
     @classmethod
-    async def open(cls, uri: str, product: str = "amqpd-shovel") -> Connection:
+    async def open(cls, uri: str, product: str = "amqpd-shovel", *,
+                   retry_of: bool = False) -> Connection:
+        """Connect and log in. ``retry_of``: announce :data:`RETRY_OF` when the server
+        offers it (then :attr:`retry_of` is True)."""
         params = parse_uri(uri)
         loop = asyncio.get_running_loop()
         context = _tls_context(uri) if params.tls else None
@@ -175,6 +186,7 @@ class Connection(asyncio.Protocol):
                                    ssl=context),
             params.connect_timeout)
         conn.product = product
+        conn.want_retry_of = retry_of
         try:
             await asyncio.wait_for(conn._handshake(), params.connect_timeout)
         except (ConnectionError, OSError) as exc:
@@ -195,13 +207,17 @@ class Connection(asyncio.Protocol):
         start = self._expect(0)
         self._write(_PROTOCOL_HEADER)
         self.server_properties = dict((await start).server_properties or {})
+        offered = self.server_properties.get("capabilities")
+        capabilities: dict[str, Any] = {
+            "publisher_confirms": True, "consumer_cancel_notify": True, "basic.nack": True,
+            "connection.blocked": True, "authentication_failure_close": True}
+        if self.want_retry_of and isinstance(offered, dict) and offered.get(RETRY_OF) is True:
+            capabilities[RETRY_OF] = self.retry_of = True
         tune_f = self._expect(0)
         self.send(0, spec.Connection.StartOk(
             client_properties={
                 "product": self.product, "platform": "Python",
-                "capabilities": {"publisher_confirms": True, "consumer_cancel_notify": True,
-                                 "basic.nack": True, "connection.blocked": True,
-                                 "authentication_failure_close": True}},
+                "capabilities": capabilities},
             mechanism="PLAIN", response=f"\0{p.user}\0{p.password}"))
         tune = await tune_f
         self.frame_max = min(tune.frame_max or FRAME_MAX, FRAME_MAX)

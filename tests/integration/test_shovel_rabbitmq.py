@@ -12,12 +12,14 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import aiormq
 import pytest
 from pamqp import commands as spec
 
 from devtools.rabbitmq import RabbitInfo, RabbitMQNotInstalled, ctl, running_rabbitmq
 from tests.integration._http import Api
 from tests.integration.test_shovel_helpers import (
+    await_for,
     count,
     drain,
     get_one,
@@ -107,4 +109,46 @@ async def test_rabbitmq_shovel_between_amqpd_queues(rabbit: RabbitInfo,
     bodies = await drain(amqpd.url, dest, 2000, timeout=90)
     assert {int(b) for b in bodies} == set(range(2000))
     ctl(rabbit, "clear_parameter", "shovel", "rmq-sh")
+
+
+
+async def test_rabbitmq_destination_retries_through_the_whole_route(
+        rabbit: RabbitInfo, amqpd: BrokerProcess) -> None:
+    """RabbitMQ offers no ``publish_retry_of``: a retry of a message one queue of the
+    route refused goes through the exchange again, and the healthy queue takes one more
+    copy per retry round, flagged ``x-shovel-retry`` (docs/shovel.md: what a remote
+    amqpd avoids)."""
+    api = Api(amqpd.http_url)
+    src, name, p = uid("src"), uid("sh"), uid("rt")
+    rurl = _rabbit_url(rabbit)
+    conn = await aiormq.connect(rurl)
+    try:
+        assert "publish_retry_of" not in conn.server_capabilities
+        ch = await conn.channel()
+        await ch.exchange_declare(f"{p}.x", exchange_type="fanout")
+        await ch.queue_declare(f"{p}.healthy")
+        await ch.queue_declare(f"{p}.full", arguments={"x-max-length": 1,
+                                                        "x-overflow": "reject-publish"})
+        for queue in (f"{p}.healthy", f"{p}.full"):
+            await ch.queue_bind(queue, f"{p}.x")
+        await ch.basic_publish(b"filler", routing_key=f"{p}.full")
+        await publish(amqpd.url, src, 3)
+        set_shovel(api, name, {"src-uri": "amqp://", "src-queue": src, "dest-uri": rurl,
+                               "dest-exchange": f"{p}.x"})
+        # each message: a first copy, then one per retry round (50 ms doubling)
+        async def copies() -> bool:
+            return await count(rurl, f"{p}.healthy") >= 9
+
+        await await_for(copies, 30, "retry copies in the healthy queue")
+        assert api.delete(f"/api/parameters/shovel/%2F/{name}").status == 204
+        got: list[dict[str, Any]] = []
+        for _ in range(200):
+            msg = await ch.basic_get(f"{p}.healthy", no_ack=True)
+            if msg.body is None or not msg.delivery_tag:
+                break
+            got.append(dict(msg.header.properties.headers or {}))
+        assert any(int(h.get("x-shovel-retry", 0)) >= 2 for h in got), got
+        assert not any("x-publish-retry-of" in h for h in got)
+    finally:
+        await conn.close()
 
