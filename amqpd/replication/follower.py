@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from amqpd.config import ReplicationConfig, split_addr
-from amqpd.replication import wire
+from amqpd.replication import trace, wire
 from amqpd.replication.conn import StreamConn
 from amqpd.replication.epochs import EpochHistory
 from amqpd.replication.syncer import SyncThread
@@ -284,7 +284,11 @@ class ReplicationFollower:
             ftype, payload = await conn.recv_frame()
             self.bytes_received += len(payload) + wire.HEADER_SIZE
             if ftype == wire.DATA:
+                if trace.ON:
+                    trace.mark("x", self._valid_seq)
                 self._data(*wire.parse_data(payload))
+                if trace.ON:
+                    trace.mark("c", self._valid_seq)
             elif ftype == wire.CHECKPOINT:
                 await self._checkpoint(payload)
             elif ftype == wire.DELETE:
@@ -336,6 +340,8 @@ class ReplicationFollower:
         while done < len(data):
             done += os.pwrite(fd, data[done:], offset + done)
         self._cur_size += len(data)
+        if trace.ON:
+            trace.mark("p", self._valid_seq)
         self._check(data)
         if self._sync is not None:
             self._sync.written(fd, new_file, self._valid_seq, self._valid_pos)

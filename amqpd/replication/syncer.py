@@ -38,7 +38,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from amqpd.replication import wire
+from amqpd.replication import trace, wire
 from amqpd.store.segment import fsync_directory
 
 log = logging.getLogger("amqpd.replication")
@@ -127,6 +127,8 @@ class SyncThread:
                 barriers, self._barriers = self._barriers, []
                 stop = self._stop
             error = self._error
+            if trace.ON and target is not None:
+                trace.mark("s", target[0])
             if error is None:
                 try:
                     for fd in dirty:
@@ -144,9 +146,13 @@ class SyncThread:
                 except OSError:
                     pass
             self.rounds += 1
+            if trace.ON and target is not None:
+                trace.mark("e", target[0])
             if error is None and target is not None and target[0] > self._acked:
                 self._acked = target[0]
                 self._post(self.synced, *target, self._ack(*target))
+                if trace.ON:
+                    trace.mark("k", target[0])
             elif self._unsent:
                 self._ack(-1, -1)
             for fut in barriers:
