@@ -95,6 +95,13 @@ def analyse_trace(files: list[Path]) -> dict[str, Any]:
         if early in by_step and "c" in by_step:
             xs, cs = sorted(by_step[early]), sorted(by_step["c"])
             by_step[early] = [(tx, sc) for (tx, _), (_, sc) in zip(xs, cs, strict=False)]
+    # the standby's fsync rounds name the write generation they cover ("q": the
+    # generation each frame's check reported): name them by that frame's last record
+    if "q" in by_step and "c" in by_step:
+        gens = {g: sc for (_, g), (_, sc) in zip(sorted(by_step["q"]), sorted(by_step["c"]),
+                                                 strict=False)}
+        for step in ("s", "e"):
+            by_step[step] = [(t, gens[g]) for t, g in by_step.get(step, []) if g in gens]
     index: dict[str, tuple[list[int], list[int]]] = {}
     for step, events in by_step.items():
         events.sort()

@@ -342,9 +342,13 @@ class ReplicationFollower:
         self._cur_size += len(data)
         if trace.ON:
             trace.mark("p", self._valid_seq)
+        # the fsync thread starts on these bytes now, while we check them (syncer.py)
+        gen = self._sync.written(fd, new_file) if self._sync is not None else 0
         self._check(data)
         if self._sync is not None:
-            self._sync.written(fd, new_file, self._valid_seq, self._valid_pos)
+            if trace.ON:
+                trace.mark("q", gen)
+            self._sync.checked(gen, self._valid_seq, self._valid_pos)
 
     def _check(self, data: memoryview) -> None:
         """CRC-check the whole records received so far; remember the last one."""

@@ -12,8 +12,9 @@ pushed them to the standby through the live lane, ``f`` its fsync covering seq e
 ``g`` the gate saw the group commit durable here (loop), ``a`` the ACK reader read an
 ACK of seq, ``r`` the gate released group commits up to seq. Standby: ``x`` a DATA frame
 arrived and ``p`` it was written (seq of both: the last checked record before it), ``c``
-its records are checked up to seq, ``s`` the fsync thread starts a round for seq, ``e``
-that fsync ended, ``k`` the ACK of seq left.
+its records are checked up to seq, ``q`` (just before ``c``) the write generation of
+that frame (syncer.py), ``s`` the fsync thread starts a round covering generation seq,
+``e`` that fsync ended, ``k`` the ACK of seq left.
 
 When off, a step costs one global lookup and a branch; a traced run keeps a few tuples
 per group commit (megabytes for a bench run of seconds).
