@@ -1,7 +1,7 @@
 """Where a synchronous standby's cost goes: CPU per confirm on each node, and profiles.
 
     python -m bench.sync_profile [--mode pair|alone] [--duration 10] [--pyspy DIR]
-        [--native] [--amqpd-src DIR]
+        [--native] [--amqpd-src DIR] [--standby-ack fsync|write] [--trace]
 
 Starts a node alone or a static sync pair (``min_insync_standbys = 1``, as
 ``bench.replication --ratio-runs``), runs the same confirming publisher (100-byte
@@ -163,7 +163,7 @@ def format_trace(tr: dict[str, Any]) -> str:
 
 
 def measure(root: Path, mode: str, duration: float, pyspy: Path | None,
-            native: bool, trace: bool = False) -> dict[str, Any]:
+            native: bool, trace: bool = False, ack: str = "fsync") -> dict[str, Any]:
     procs: dict[str, BrokerProcess] = {}
     trace_dir = root / "trace"
     if trace:
@@ -174,10 +174,10 @@ def measure(root: Path, mode: str, duration: float, pyspy: Path | None,
             procs["active"] = BrokerProcess(root / "alone").start()
         else:
             procs["active"] = node(root / "sa", "bench-a", "active",
-                                   min_insync_standbys=1).start()
+                                   min_insync_standbys=1, standby_ack=ack).start()
             procs["standby"] = node(root / "sb", "bench-b", "standby",
                                     replication_addr(procs["active"]),
-                                    min_insync_standbys=1).start()
+                                    min_insync_standbys=1, standby_ack=ack).start()
             wait_for(lambda: status(procs["active"])["insync_count"] == 1, 60,
                      "the standby in sync")
         url = procs["active"].url
@@ -202,7 +202,8 @@ def measure(root: Path, mode: str, duration: float, pyspy: Path | None,
         for r in recorders:
             r.wait(60)
         k = max(res.confirmed, 1) / 1000
-        out: dict[str, Any] = {"mode": mode, "confirmed": res.confirmed,
+        out: dict[str, Any] = {"mode": mode if mode == "alone" else f"pair ({ack})",
+                               "confirmed": res.confirmed,
                                "nacked": res.nacked, "rate": round(_rate(res)),
                                "wall_ms_per_1k": round((res.t_end - res.t_start) * 1e3 / k, 2)}
         for name in pids:
@@ -242,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pyspy", default="", help="record both nodes with py-spy into DIR")
     p.add_argument("--native", action="store_true", help="py-spy --native")
     p.add_argument("--top", type=int, default=30)
+    p.add_argument("--standby-ack", choices=("fsync", "write"), default="fsync",
+                   help="the pair's standby_ack setting")
     p.add_argument("--trace", action="store_true",
                    help="pair mode: time each group commit's steps on both nodes")
     p.add_argument("--amqpd-src", default="",
@@ -259,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(a.runs):
         with tempfile.TemporaryDirectory(prefix="amqpd-bench-syncprof-") as tmp:
             results.append(measure(Path(tmp), a.mode, a.duration,
-                                   pyspy if i == 0 else None, a.native, a.trace))
+                                   pyspy if i == 0 else None, a.native, a.trace,
+                                   a.standby_ack))
         print(json.dumps(results[-1]), flush=True)
         if "trace" in results[-1]:
             print(format_trace(results[-1]["trace"]), flush=True)
