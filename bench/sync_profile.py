@@ -2,6 +2,7 @@
 
     python -m bench.sync_profile [--mode pair|alone] [--duration 10] [--pyspy DIR]
         [--native] [--amqpd-src DIR] [--standby-ack fsync|write] [--trace]
+        [--standby-on-tmpfs]
 
 Starts a node alone or a static sync pair (``min_insync_standbys = 1``, as
 ``bench.replication --ratio-runs``), runs the same confirming publisher (100-byte
@@ -163,7 +164,8 @@ def format_trace(tr: dict[str, Any]) -> str:
 
 
 def measure(root: Path, mode: str, duration: float, pyspy: Path | None,
-            native: bool, trace: bool = False, ack: str = "fsync") -> dict[str, Any]:
+            native: bool, trace: bool = False, ack: str = "fsync",
+            standby_root: Path | None = None) -> dict[str, Any]:
     procs: dict[str, BrokerProcess] = {}
     trace_dir = root / "trace"
     if trace:
@@ -175,7 +177,7 @@ def measure(root: Path, mode: str, duration: float, pyspy: Path | None,
         else:
             procs["active"] = node(root / "sa", "bench-a", "active",
                                    min_insync_standbys=1, standby_ack=ack).start()
-            procs["standby"] = node(root / "sb", "bench-b", "standby",
+            procs["standby"] = node((standby_root or root) / "sb", "bench-b", "standby",
                                     replication_addr(procs["active"]),
                                     min_insync_standbys=1, standby_ack=ack).start()
             wait_for(lambda: status(procs["active"])["insync_count"] == 1, 60,
@@ -245,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--standby-ack", choices=("fsync", "write"), default="fsync",
                    help="the pair's standby_ack setting")
+    p.add_argument("--standby-on-tmpfs", action="store_true",
+                   help="the standby's data on /dev/shm: its fsync no longer shares the "
+                        "active's disk and journal (what separate machines would do)")
     p.add_argument("--trace", action="store_true",
                    help="pair mode: time each group commit's steps on both nodes")
     p.add_argument("--amqpd-src", default="",
@@ -260,10 +265,12 @@ def main(argv: list[str] | None = None) -> int:
         pyspy.mkdir(parents=True, exist_ok=True)
     results = []
     for i in range(a.runs):
-        with tempfile.TemporaryDirectory(prefix="amqpd-bench-syncprof-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="amqpd-bench-syncprof-") as tmp, \
+                tempfile.TemporaryDirectory(prefix="amqpd-bench-sb-", dir="/dev/shm") as shm:
             results.append(measure(Path(tmp), a.mode, a.duration,
                                    pyspy if i == 0 else None, a.native, a.trace,
-                                   a.standby_ack))
+                                   a.standby_ack,
+                                   Path(shm) if a.standby_on_tmpfs else None))
         print(json.dumps(results[-1]), flush=True)
         if "trace" in results[-1]:
             print(format_trace(results[-1]["trace"]), flush=True)
