@@ -201,7 +201,9 @@ def check_run(buf: bytes, offset: int, last_seq: int) -> tuple[int, int]:
             raise CorruptRecord(f"CRC mismatch at offset {offset}")
         if buf[offset + 16] not in RECORD_TYPES:
             raise CorruptRecord(f"unknown record type {buf[offset + 16]}")
-        rseq = int.from_bytes(buf[offset + 8 : offset + 16], "little")
+        rseq = (buf[offset + 8] | buf[offset + 9] << 8 | buf[offset + 10] << 16
+                | buf[offset + 11] << 24 | buf[offset + 12] << 32 | buf[offset + 13] << 40
+                | buf[offset + 14] << 48 | buf[offset + 15] << 56)
         if rseq <= seq:
             raise CorruptRecord(f"sequence went from {seq} to {rseq}")
         seq = rseq
