@@ -355,7 +355,8 @@ class ReplicationFollower:
         if trace.ON:
             trace.mark("p", self._valid_seq)
         # the fsync thread starts on these bytes now, while we check them (syncer.py)
-        gen = self._sync.written(fd, new_file) if self._sync is not None else 0
+        gen = self._sync.written(fd, new_file, not self.ack_on_write) \
+            if self._sync is not None else 0
         self._check(data)
         if self._sync is not None:
             if trace.ON:

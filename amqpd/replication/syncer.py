@@ -130,19 +130,21 @@ class SyncThread:
 
     # -- loop side --------------------------------------------------------------------
 
-    def written(self, fd: int, new_file: bool) -> int:
+    def written(self, fd: int, new_file: bool, wait: bool = True) -> int:
         """``fd`` holds new bytes (not yet checked): fsync them. Returns their
         generation, for :meth:`checked`.
 
-        If this thread is idle, waits (at most 2 ms) until it has taken the round: the
-        caller's check holds the GIL for a millisecond or so, and a thread woken
-        meanwhile would get the GIL only after it (the interpreter's switch interval
-        is 5 ms), so the fsync would start after the check instead of beside it."""
+        If this thread is idle and ``wait``, waits (at most 2 ms) until it has taken the
+        round: the caller goes on to check the records holding the GIL, and a thread
+        woken meanwhile might get the GIL only once the loop blocks (or after the
+        interpreter's 5 ms switch interval), so the fsync would start after the check
+        instead of beside it. Not worth the wake-up when no ACK waits for the fsync
+        (``standby_ack = "write"``)."""
         with self._lock:
             self._dirty.add(fd)
             self._new_files |= new_file
             gen = self._point.wrote()
-            idle = self._idle
+            idle = self._idle and wait
             if idle:
                 self._started.clear()
         self._wake.set()
