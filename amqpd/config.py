@@ -87,6 +87,10 @@ class ReplicationConfig:
     min_insync_standbys: int = 0
     max_lag: float = 5.0  # seconds a standby may lag before it leaves the in-sync set
     insync_timeout: float = 10.0  # seconds a confirm waits for in-sync standbys, then nack
+    # when this node, as a standby, acknowledges records: "fsync" once they are durable
+    # here; "write" once they are written (page cache), fsync'd right after
+    # (docs/warren.md "What a confirm means")
+    standby_ack: str = "fsync"
 
     def shared_secret(self) -> bytes:
         """The secret as bytes: ``secret``, else the first line of ``secret_file``."""
@@ -220,6 +224,9 @@ def check_replication(rc: ReplicationConfig) -> None:
                           f"not {rc.role!r}")
     if rc.mode not in ("sync", "async"):
         raise ConfigError(f"setting 'replication.mode' must be 'sync' or 'async', not {rc.mode!r}")
+    if rc.standby_ack not in ("fsync", "write"):
+        raise ConfigError(f"setting 'replication.standby_ack' must be 'fsync' or 'write', "
+                          f"not {rc.standby_ack!r}")
     for name in ("listen", *rc.peers):
         addr = rc.listen if name == "listen" else name
         if addr:

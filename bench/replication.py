@@ -18,7 +18,8 @@ Usage: ``python -m bench.replication [--messages 1000000] [--body 100] [--durati
 [--out bench/RESULTS-replication.json]``. Timings are reported, never asserted.
 
 ``--ratio-runs N`` measures only the sync cost: N runs of 1. and 2. alternating (alone,
-pair, alone, pair, ...), the median rate of each and their ratio (issue 34).
+pair, alone, pair, ...), the median rate of each and their ratio (issue 34);
+``--standby-ack fsync,write`` has a pair of each standby_ack setting in every run.
 ``--amqpd-src DIR`` runs the brokers from another checkout's ``amqpd`` (e.g. main, for a
 before/after comparison with the same bench code; run it from a directory that holds
 no ``amqpd`` package, e.g. ``cd /tmp && PYTHONPATH=/path/to/this/checkout python -m
@@ -155,20 +156,31 @@ def catch_up(root: Path, body: int, messages: int, duration: float) -> dict[str,
 
 
 def ratio_runs(root: Path, body: int, duration: float, runs: int,
-               min_insync: int) -> dict[str, Any]:
-    """Alone and sync pair alternately, ``runs`` times each: medians and their ratio."""
+               min_insync: int, acks: tuple[str, ...] = ("fsync",)) -> dict[str, Any]:
+    """Alone and sync pair alternately, ``runs`` times each: medians and their ratio.
+    With several ``acks`` (standby_ack values) each run has one pair of each, in turn;
+    the figures of the first keep their old names, the others are suffixed with it."""
     alone_rates: list[int] = []
-    pair_rates: list[int] = []
+    pair_rates: dict[str, list[int]] = {mode: [] for mode in acks}
     for i in range(runs):
         alone_rates.append(alone(root / f"r{i}", body, duration)["rate"])
-        pair_rates.append(sync_pair(root / f"r{i}", body, duration,
-                                    min_insync_standbys=min_insync)["rate"])
-        print(f"run {i}: alone {alone_rates[-1]} msg/s, sync pair {pair_rates[-1]} msg/s",
-              flush=True)
-    a, p = statistics.median(alone_rates), statistics.median(pair_rates)
-    return {"runs": runs, "min_insync_standbys": min_insync, "alone": alone_rates,
-            "sync_pair": pair_rates, "alone_median": a, "sync_median": p,
-            "ratio_of_medians": round(p / max(a, 1), 3)}
+        for mode in acks:
+            pair_rates[mode].append(sync_pair(root / f"r{i}-{mode}", body, duration,
+                                              min_insync_standbys=min_insync,
+                                              standby_ack=mode)["rate"])
+        print(f"run {i}: alone {alone_rates[-1]} msg/s, " + ", ".join(
+            f"sync pair ({mode}) {pair_rates[mode][-1]} msg/s" for mode in acks), flush=True)
+    a = statistics.median(alone_rates)
+    out: dict[str, Any] = {"runs": runs, "min_insync_standbys": min_insync,
+                           "alone": alone_rates, "alone_median": a}
+    for k, mode in enumerate(acks):
+        suffix = "" if k == 0 else f"_{mode}"
+        p = statistics.median(pair_rates[mode])
+        out[f"standby_ack{suffix}"] = mode
+        out[f"sync_pair{suffix}"] = pair_rates[mode]
+        out[f"sync_median{suffix}"] = p
+        out[f"ratio_of_medians{suffix}"] = round(p / max(a, 1), 3)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-insync", type=int, default=1,
                    help="min_insync_standbys of the pair in --ratio-runs (both modes wait "
                         "for the standby while it is in sync)")
+    p.add_argument("--standby-ack", default="fsync",
+                   help="standby_ack of the pair in --ratio-runs: fsync, write, or both "
+                        "as 'fsync,write' (one pair of each per run, in turn)")
     p.add_argument("--amqpd-src", default="",
                    help="run the brokers from this checkout's amqpd (PYTHONPATH)")
     a = p.parse_args(argv)
@@ -195,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["PYTHONPATH"] = str(Path(a.amqpd_src).resolve())
     if a.ratio_runs:
         with tempfile.TemporaryDirectory(prefix="amqpd-bench-ratio-") as tmp:
-            out = ratio_runs(Path(tmp), a.body, a.duration, a.ratio_runs, a.min_insync)
+            out = ratio_runs(Path(tmp), a.body, a.duration, a.ratio_runs, a.min_insync,
+                             tuple(a.standby_ack.split(",")))
         out.update(body=a.body, duration=a.duration, amqpd_src=a.amqpd_src or "this")
         print(json.dumps(out, indent=2))
         if a.out:

@@ -38,7 +38,7 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from amqpd.replication import wire
+from amqpd.replication import trace, wire
 
 log = logging.getLogger("amqpd.replication")
 
@@ -143,6 +143,8 @@ class AckReader:
             if ftype == wire.ACK:
                 record(peer, self.acked_by_name, payload)
                 self.acks += 1
+                if trace.ON:
+                    trace.mark("a", peer.acked_seq)
                 got = True
             elif ftype == wire.ERROR:
                 raise wire.ProtocolError(f"standby reports: {wire.parse_error(payload)}")

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from amqpd.config import ReplicationConfig, split_addr
-from amqpd.replication import wire
+from amqpd.replication import trace, wire
 from amqpd.replication.conn import StreamConn
 from amqpd.replication.epochs import EpochHistory
 from amqpd.replication.syncer import SyncThread
@@ -59,7 +59,12 @@ class ReplicationFollower:
         self.active_name = ""
         self.connected = False
         self.epoch = history.last_epoch
-        self.last_seq = 0  # durable here (acknowledged)
+        # acknowledged: durable here, or with standby_ack = "write" written here (the
+        # page cache survives our process; durable_seq is what a power loss leaves)
+        self.last_seq = 0
+        self.durable_seq = 0
+        self.ack_on_write = config.standby_ack == "write"
+        self._conn: StreamConn | None = None  # the session's (ACKs on write)
         self.active_seq = 0  # the active's last sequence, as it last told us
         self.refused = ""  # why the active refused us, if it did
         self.bytes_received = 0
@@ -196,12 +201,19 @@ class ReplicationFollower:
                      self.active_name, self.active_addr, w.epoch, self._valid_seq,
                      "snapshot" if w.decision == wire.SNAPSHOT else "continue")
             # what we hold durably already: on a quiet active this is what puts a
-            # standby that was only briefly away back in the in-sync set
+            # standby that was only briefly away back in the in-sync set. Durably: a
+            # killed process (ours, under standby_ack = "write" or mid-fsync) leaves
+            # written bytes that no fsync covered, so make sure of them first
+            await asyncio.to_thread(_fsync_segments, self.directory)
             await conn.send(wire.pair(wire.ACK, self._valid_seq, self._valid_pos))
+            self.durable_seq = self._valid_seq
             self._sync_error = None
             sock = writer.get_extra_info("socket")
+            # standby_ack = "write": the loop acknowledges each frame once it is written
+            # and checked; the fsync thread then only makes it durable, never ACKs
             ack_fd = None if sock is None or self._tls_context() is not None \
-                else os.dup(sock.fileno())
+                or self.ack_on_write else os.dup(sock.fileno())
+            self._conn = conn
             self._sync = SyncThread(self.directory, asyncio.get_running_loop(),
                                     lambda seq, pos, acked: self._synced(conn, seq, pos,
                                                                          acked),
@@ -284,7 +296,11 @@ class ReplicationFollower:
             ftype, payload = await conn.recv_frame()
             self.bytes_received += len(payload) + wire.HEADER_SIZE
             if ftype == wire.DATA:
+                if trace.ON:
+                    trace.mark("x", self._valid_seq)
                 self._data(*wire.parse_data(payload))
+                if trace.ON:
+                    trace.mark("c", self._valid_seq)
             elif ftype == wire.CHECKPOINT:
                 await self._checkpoint(payload)
             elif ftype == wire.DELETE:
@@ -336,9 +352,22 @@ class ReplicationFollower:
         while done < len(data):
             done += os.pwrite(fd, data[done:], offset + done)
         self._cur_size += len(data)
+        if trace.ON:
+            trace.mark("p", self._valid_seq)
+        # the fsync thread starts on these bytes now, while we check them (syncer.py)
+        gen = self._sync.written(fd, new_file, not self.ack_on_write) \
+            if self._sync is not None else 0
         self._check(data)
         if self._sync is not None:
-            self._sync.written(fd, new_file, self._valid_seq, self._valid_pos)
+            if trace.ON:
+                trace.mark("q", gen)
+            self._sync.checked(gen, self._valid_seq, self._valid_pos)
+        if self.ack_on_write and self._valid_seq > self.last_seq and self._conn is not None:
+            self.last_seq = self._valid_seq
+            self._note_lag()
+            self._conn.send_nowait(wire.pair(wire.ACK, self._valid_seq, self._valid_pos))
+            if trace.ON:
+                trace.mark("k", self._valid_seq)
 
     def _check(self, data: memoryview) -> None:
         """CRC-check the whole records received so far; remember the last one."""
@@ -353,21 +382,10 @@ class ReplicationFollower:
             except (fmt.FormatError, ValueError) as exc:
                 raise wire.ProtocolError(f"segment {self._cur_base}: {exc}") from None
             off = fmt.FILE_HEADER_SIZE
-        seq = self._valid_seq
-        view = memoryview(buf)
         try:
-            while True:
-                try:
-                    _, rseq, _, end = fmt.decode_record(view, off)
-                except fmt.TornRecord:
-                    break
-                except fmt.CorruptRecord as exc:
-                    raise wire.ProtocolError(f"segment {self._cur_base}: {exc}") from None
-                if rseq <= seq:
-                    raise wire.ProtocolError(f"sequence went from {seq} to {rseq}")
-                seq, off = rseq, end
-        finally:
-            view.release()  # the bytearray cannot shrink while a view exists
+            seq, off = fmt.check_run(bytes(buf), off, self._valid_seq)
+        except fmt.CorruptRecord as exc:
+            raise wire.ProtocolError(f"segment {self._cur_base}: {exc}") from None
         if off:
             del buf[:off]
             self._ppos += off
@@ -377,6 +395,8 @@ class ReplicationFollower:
     def _synced(self, conn: StreamConn, seq: int, pos: int, acked: bool) -> None:
         """The sync thread made the log durable up to (seq, pos) and acknowledged it
         (``acked``), or leaves the ACK to us (TLS)."""
+        if seq > self.durable_seq:
+            self.durable_seq = seq
         if conn.writer.is_closing() or seq <= self.last_seq:
             return
         self.last_seq = seq
@@ -425,3 +445,14 @@ class ReplicationFollower:
         self._fds.clear()
         self._cur_base = -1
         self._pbuf = bytearray()
+        self._conn = None
+
+
+def _fsync_segments(directory: Path) -> None:
+    """fdatasync every segment file (clean ones cost a system call each)."""
+    for path in segments(directory).values():
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)

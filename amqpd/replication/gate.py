@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from amqpd.replication import trace
 from amqpd.store.api import NotReplicated
 
 if TYPE_CHECKING:
@@ -67,6 +68,8 @@ class SyncGate:
 
     def wrap(self, seq: int, callbacks: list[Callback]) -> list[Callback]:
         def local_done(exc: BaseException | None) -> None:
+            if trace.ON:
+                trace.mark("g", seq)
             if exc is not None:
                 _fire(callbacks, exc)
             elif self.replicated() >= seq:
@@ -120,6 +123,8 @@ class SyncGate:
             return
         done = self.replicated()
         now = time.monotonic()
+        if trace.ON and waiters[0][0] <= done:
+            trace.mark("r", done)
         while waiters and waiters[0][0] <= done:
             _, callbacks, deadline = waiters.popleft()
             _fire(callbacks, None)

@@ -278,6 +278,7 @@ class RoleHooks:
             self.epoch = max(self.epoch, f.epoch)  # the active's, learnt on WELCOME
             out.update(epoch=self.epoch, active=f.active_addr, active_name=f.active_name,
                        connected=f.connected, last_seq=f.last_seq, active_seq=f.active_seq,
+                       durable_seq=f.durable_seq, standby_ack=f.config.standby_ack,
                        lag_records=f.lag_records, lag_seconds=round(f.lag, 3),
                        bytes_received=f.bytes_received, refused=f.refused)
         return out

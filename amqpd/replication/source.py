@@ -80,7 +80,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from amqpd.config import ReplicationConfig, host_port, split_addr
-from amqpd.replication import acks, wire
+from amqpd.replication import acks, trace, wire
 from amqpd.replication.acks import AckReader
 from amqpd.replication.conn import Conn, SocketConn, StreamConn
 from amqpd.replication.epochs import EpochHistory, decide
@@ -332,10 +332,14 @@ class ReplicationSource:
         """Writer thread: push the new bytes through open lanes, then tell the loop."""
         sizes = {ev[1]: ev[2] for ev in events if ev[0] == "w"}
         if sizes:
+            if trace.ON:
+                trace.mark("w", max(ev[3] for ev in events if ev[0] == "w"))
             for peer in list(self.peers):
                 size = sizes.get(peer.base)
                 if size is not None and peer.lane_open:
                     self._push(peer, size)
+            if trace.ON:
+                trace.mark("l", max(ev[3] for ev in events if ev[0] == "w"))
         loop = self._loop
         if loop is not None:
             try:

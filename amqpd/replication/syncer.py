@@ -1,13 +1,22 @@
 """SyncThread: the standby's group commit, on a thread of its own.
 
 A standby acknowledges a sequence number only once the bytes up to it are durable in its
-segment files. The follower (loop thread) writes each DATA frame with ``pwrite`` and
-then calls :meth:`SyncThread.written`; this thread wakes, takes everything written
-since its last round (the files to fdatasync, whether a file was created, the last
-checked record), fsyncs once for all of it and sends the ACK for the durable
-``(seq, position)`` itself, then tells the loop (``loop.call_soon_threadsafe``), which
-keeps the follower's figures. Over TLS the bytes must go through the loop's transport,
-so there the loop sends the ACK.
+segment files *and* CRC-checked. The follower (loop thread) writes each DATA frame with
+``pwrite`` and at once calls :meth:`SyncThread.written`; this thread wakes, takes
+everything written since its last round (the files to fdatasync, whether a file was
+created) and fsyncs once for all of it, *while* the loop checks the frame's records and
+then reports them (:meth:`SyncThread.checked`). The ACK goes out for the last record
+that is both checked and covered by a finished fsync (:class:`AckPoint`), from this
+thread, which then tells the loop (``loop.call_soon_threadsafe``), which keeps the
+follower's figures. Over TLS the bytes must go through the loop's transport, so there
+the loop sends the ACK.
+
+Why the check runs beside the fsync, not before it: checking a group commit's records
+(a CRC and a header per record, ~500 records per frame at full rate) took the
+standby's loop about 1.1 ms per frame, as long as its fsync; done first, it came
+before the fsync on every confirm's path (``bench.sync_profile --trace``,
+bench/RESULTS.md "the warren's sync cost"). Side by side, a confirm waits for the
+longer of the two.
 
 Why a thread of its own instead of ``asyncio.to_thread`` per round: the thread-pool
 hand-off (a work item, a concurrent future chained to an asyncio one, the pool's queue
@@ -32,16 +41,58 @@ follow durability (installing a checkpoint, deleting a segment, ending the sessi
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from amqpd.replication import wire
+from amqpd.replication import trace, wire
 from amqpd.store.segment import fsync_directory
 
 log = logging.getLogger("amqpd.replication")
+
+
+class AckPoint:
+    """What may be acknowledged: the last record both checked and durable (pure state).
+
+    Every write the loop hands over gets a generation number (:meth:`wrote`); a
+    round's fsync covers every generation handed over before it began
+    (:meth:`fsync_began`, then :meth:`fsynced`); the loop's check reports, per
+    generation, the last whole record it holds (:meth:`checked`). :meth:`ackable` is
+    the newest checked record whose generation is durable. Checks come in generation
+    order; either may finish first.
+    """
+
+    def __init__(self) -> None:
+        self.written_gen = 0  # generations handed over so far
+        self.durable_gen = 0  # every generation up to this one is fsync'd
+        self._checked: collections.deque[tuple[int, int, int]] = collections.deque()
+        self._ackable: tuple[int, int] | None = None
+
+    def wrote(self) -> int:
+        self.written_gen += 1
+        return self.written_gen
+
+    def checked(self, gen: int, seq: int, pos: int) -> None:
+        self._checked.append((gen, seq, pos))
+
+    def fsync_began(self) -> int:
+        return self.written_gen
+
+    def fsynced(self, gen: int) -> None:
+        if gen > self.durable_gen:
+            self.durable_gen = gen
+
+    def ackable(self) -> tuple[int, int] | None:
+        """(seq, pos) newly safe to acknowledge, or None; each is returned once."""
+        checked = self._checked
+        found = None
+        while checked and checked[0][0] <= self.durable_gen:
+            _, seq, pos = checked.popleft()
+            found = (seq, pos)
+        return found
 
 
 class SyncThread:
@@ -64,7 +115,9 @@ class SyncThread:
         self._wake = threading.Event()
         self._dirty: set[int] = set()
         self._new_files = False
-        self._target: tuple[int, int] | None = None
+        self._point = AckPoint()  # guarded by _lock
+        self._idle = False  # waiting for work (guarded by _lock)
+        self._started = threading.Event()  # a round took the work handed over
         self._closing: list[int] = []
         self._barriers: list[asyncio.Future[None]] = []
         self._stop = False
@@ -77,12 +130,33 @@ class SyncThread:
 
     # -- loop side --------------------------------------------------------------------
 
-    def written(self, fd: int, new_file: bool, seq: int, pos: int) -> None:
-        """``fd`` holds new bytes; whole checked records reach (``seq``, ``pos``)."""
+    def written(self, fd: int, new_file: bool, wait: bool = True) -> int:
+        """``fd`` holds new bytes (not yet checked): fsync them. Returns their
+        generation, for :meth:`checked`.
+
+        If this thread is idle and ``wait``, waits (at most 2 ms) until it has taken the
+        round: the caller goes on to check the records holding the GIL, and a thread
+        woken meanwhile might get the GIL only once the loop blocks (or after the
+        interpreter's 5 ms switch interval), so the fsync would start after the check
+        instead of beside it. Not worth the wake-up when no ACK waits for the fsync
+        (``standby_ack = "write"``)."""
         with self._lock:
             self._dirty.add(fd)
             self._new_files |= new_file
-            self._target = (seq, pos)
+            gen = self._point.wrote()
+            idle = self._idle and wait
+            if idle:
+                self._started.clear()
+        self._wake.set()
+        if idle:
+            self._started.wait(0.002)
+        return gen
+
+    def checked(self, gen: int, seq: int, pos: int) -> None:
+        """The bytes of generation ``gen`` are checked: whole records reach (``seq``,
+        ``pos``). Acknowledged once an fsync covers them (perhaps already)."""
+        with self._lock:
+            self._point.checked(gen, seq, pos)
         self._wake.set()
 
     def close_later(self, fd: int) -> None:
@@ -117,16 +191,22 @@ class SyncThread:
     def _run(self) -> None:
         while True:
             # an ACK the socket could not take is retried every 50 ms until it goes
+            with self._lock:
+                self._idle = True
             self._wake.wait(0.05 if self._unsent else None)
             self._wake.clear()
             with self._lock:
+                self._idle = False
                 dirty, self._dirty = self._dirty, set()
                 new_files, self._new_files = self._new_files, False
-                target, self._target = self._target, None
+                gen = self._point.fsync_began()
                 closing, self._closing = self._closing, []
                 barriers, self._barriers = self._barriers, []
                 stop = self._stop
+            self._started.set()
             error = self._error
+            if trace.ON and dirty:
+                trace.mark("s", gen)
             if error is None:
                 try:
                     for fd in dirty:
@@ -144,9 +224,18 @@ class SyncThread:
                 except OSError:
                     pass
             self.rounds += 1
-            if error is None and target is not None and target[0] > self._acked:
+            target = None
+            if error is None:
+                if trace.ON and dirty:
+                    trace.mark("e", gen)
+                with self._lock:
+                    self._point.fsynced(gen)
+                    target = self._point.ackable()
+            if target is not None and target[0] > self._acked:
                 self._acked = target[0]
                 self._post(self.synced, *target, self._ack(*target))
+                if trace.ON:
+                    trace.mark("k", target[0])
             elif self._unsent:
                 self._ack(-1, -1)
             for fut in barriers:

@@ -177,6 +177,40 @@ def decode_record(buf: bytes | memoryview, offset: int = 0) -> tuple[int, int, i
     return rtype, seq, offset + HEADER_SIZE, end
 
 
+def check_run(buf: bytes, offset: int, last_seq: int) -> tuple[int, int]:
+    """Check every whole record of ``buf`` from ``offset`` on, as :func:`decode_record`
+    does, and that sequence numbers grow from ``last_seq``; return (sequence of the last
+    whole record, or ``last_seq``; where the first torn record or the end begins).
+
+    One call for a run of records: a standby checks every byte it receives (about 500
+    records per frame at full rate), and a call per record cost its event loop about a
+    millisecond per frame, on every synchronous confirm's path. Compiled, the header is
+    read byte by byte with native integer operations. Raises CorruptRecord."""
+    size = len(buf)
+    seq = last_seq
+    while size - offset >= HEADER_SIZE:
+        length = (buf[offset + 4] | buf[offset + 5] << 8 | buf[offset + 6] << 16
+                  | buf[offset + 7] << 24)
+        if length > MAX_PAYLOAD:
+            raise CorruptRecord(f"record length {length} exceeds {MAX_PAYLOAD}")
+        end = offset + HEADER_SIZE + length
+        if end > size:
+            break
+        crc = buf[offset] | buf[offset + 1] << 8 | buf[offset + 2] << 16 | buf[offset + 3] << 24
+        if zlib.crc32(buf[offset + 4 : end]) != crc:
+            raise CorruptRecord(f"CRC mismatch at offset {offset}")
+        if buf[offset + 16] not in RECORD_TYPES:
+            raise CorruptRecord(f"unknown record type {buf[offset + 16]}")
+        rseq = (buf[offset + 8] | buf[offset + 9] << 8 | buf[offset + 10] << 16
+                | buf[offset + 11] << 24 | buf[offset + 12] << 32 | buf[offset + 13] << 40
+                | buf[offset + 14] << 48 | buf[offset + 15] << 56)
+        if rseq <= seq:
+            raise CorruptRecord(f"sequence went from {seq} to {rseq}")
+        seq = rseq
+        offset = end
+    return seq, offset
+
+
 # -- payloads -----------------------------------------------------------------------
 
 

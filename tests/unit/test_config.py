@@ -117,10 +117,22 @@ def test_replication_env_alone_enables_it() -> None:
     s = load_settings(None, environ={"AMQPD_REPLICATION_ROLE": "active",
                                      "AMQPD_REPLICATION_SECRET": "x"})
     assert s.replication is not None and s.replication.role == "active"
+    assert s.replication.standby_ack == "fsync"  # the default
+
+
+def test_standby_ack_from_the_environment_and_a_flag() -> None:
+    env = {"AMQPD_REPLICATION_ROLE": "standby", "AMQPD_REPLICATION_SECRET": "x",
+           "AMQPD_REPLICATION_PEERS": "a:1"}
+    s = load_settings(None, environ={**env, "AMQPD_REPLICATION_STANDBY_ACK": "write"})
+    assert s.replication is not None and s.replication.standby_ack == "write"
+    s = load_settings(None, {"replication_standby_ack": "write"}, environ=env)
+    assert s.replication is not None and s.replication.standby_ack == "write"
 
 
 @pytest.mark.parametrize("env, fragment", [
     ({"AMQPD_REPLICATION_ROLE": "boss", "AMQPD_REPLICATION_SECRET": "x"}, "replication.role"),
+    ({"AMQPD_REPLICATION_ROLE": "active", "AMQPD_REPLICATION_SECRET": "x",
+      "AMQPD_REPLICATION_STANDBY_ACK": "memory"}, "replication.standby_ack"),
     ({"AMQPD_REPLICATION_ROLE": "active"}, "authentication"),
     ({"AMQPD_REPLICATION_ROLE": "auto", "AMQPD_REPLICATION_SECRET": "x"}, "etcd"),
     ({"AMQPD_REPLICATION_ROLE": "standby", "AMQPD_REPLICATION_SECRET": "x"}, "peers"),

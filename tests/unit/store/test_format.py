@@ -108,3 +108,45 @@ def test_short_payloads_are_corrupt():
         fmt.decode_enqueue(b"\x00" * 5)
     with pytest.raises(fmt.CorruptRecord):
         fmt.decode_delivered(b"\x01\x00q")
+
+
+def _run(seqs: list[int]) -> bytes:
+    return b"".join(fmt.encode_record(fmt.ENQUEUE, s, bytes([s % 251]) * (s % 40))
+                    for s in seqs)
+
+
+@given(st.lists(st.integers(1, 10**12), min_size=1, max_size=30, unique=True),
+       st.integers(0, 40))
+def test_check_run_agrees_with_record_by_record(seqs: list[int], cut: int) -> None:
+    """check_run (one call per run of records, the standby's check) finds the same last
+    whole record and the same place as decode_record one by one, wherever the bytes end."""
+    seqs.sort()
+    buf = _run(seqs)
+    buf = buf[: max(0, len(buf) - cut)]
+    want_seq, want_off = 0, 0
+    while True:
+        try:
+            _, rseq, _, end = fmt.decode_record(buf, want_off)
+        except fmt.TornRecord:
+            break
+        want_seq, want_off = rseq, end
+    assert fmt.check_run(buf, 0, 0) == (want_seq, want_off)
+
+
+def test_check_run_refuses_what_a_standby_must_not_acknowledge() -> None:
+    good = _run([1, 2, 3])
+    flipped = bytearray(good)
+    flipped[len(good) - 1] ^= 0x01
+    with pytest.raises(fmt.CorruptRecord, match="CRC"):
+        fmt.check_run(bytes(flipped), 0, 0)
+    with pytest.raises(fmt.CorruptRecord, match="sequence went from 2 to 2"):
+        fmt.check_run(_run([1, 2, 2]), 0, 0)
+    with pytest.raises(fmt.CorruptRecord, match="sequence went from 3 to 1"):
+        fmt.check_run(good, 0, 3)  # what we already hold must not come again
+    absurd = bytearray(good)
+    absurd[4:8] = (fmt.MAX_PAYLOAD + 1).to_bytes(4, "little")
+    with pytest.raises(fmt.CorruptRecord, match="exceeds"):
+        fmt.check_run(bytes(absurd), 0, 0)
+    with pytest.raises(fmt.CorruptRecord, match="unknown record type 99"):
+        fmt.check_run(fmt.encode_record(99, 1, b"abc"), 0, 0)  # its CRC matches
+    assert fmt.check_run(good[:10], 0, 7) == (7, 0)  # not even a header: nothing yet
