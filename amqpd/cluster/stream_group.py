@@ -550,6 +550,7 @@ def start(api: BrokerAPI, cluster: Cluster, queues: ClusterQueues) -> StreamGrou
     """Start this node's part in replicated streams (``serve`` calls it)."""
     groups = StreamGroups(api, cluster, queues)
     groups.start()
+    queues.stream_copy = lambda vhost, name: groups.replicas.get((vhost, name))
     cluster.stream_groups = groups
     return groups
 

@@ -1,0 +1,150 @@
+"""A stream consumer on a node holding a member reads that member's copy (issue 30, as
+RabbitMQ's stream consumers read their local replica): three amqpd processes and etcd
+on loopback, pika.
+
+A stream declared on node-a has members on every node. A consumer on node-c is served
+there: the leader lists no consumer of its own for it, node-c lists it with its position
+among the consumers reading its copy, and it gets every record in order with the
+``x-stream-offset`` header. Every ``x-stream-offset`` form starts where it starts on the
+leader.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pika
+import pytest
+
+from tests.integration._http import q
+from tests.integration.cluster_support import ClusterNode, diagnose, wait_for
+from tests.support import etcdproc
+
+pytestmark = [
+    pytest.mark.skipif(etcdproc.find_etcd() is None, reason=etcdproc.SKIP_REASON),
+    pytest.mark.timeout(240),
+]
+
+STREAM = "local-reads"
+
+
+def queue_info(node: ClusterNode) -> dict[str, Any]:
+    r = node.api.get(f"/api/queues/%2F/{q(STREAM)}")
+    return r.json() if r.status == 200 else {}
+
+
+@pytest.fixture
+def opened() -> Iterator[list[pika.BlockingConnection]]:
+    conns: list[pika.BlockingConnection] = []
+    yield conns
+    for conn in conns:
+        if conn.is_open:
+            try:
+                conn.close()
+            except (pika.exceptions.AMQPError, OSError):
+                pass
+
+
+def channel(node: ClusterNode, conns: list[pika.BlockingConnection]) -> Any:
+    conn = pika.BlockingConnection(pika.URLParameters(node.url + "?heartbeat=0"))
+    conns.append(conn)
+    return conn.channel()
+
+
+def publish(ch: Any, first: int, count: int) -> None:
+    for i in range(first, first + count):
+        ch.basic_publish("", STREAM, str(i).encode(), pika.BasicProperties(delivery_mode=2),
+                         mandatory=True)
+
+
+def read(ch: Any, gen: Iterator[Any], want: int, timeout: float) -> list[tuple[int, int]]:
+    """Up to ``want`` deliveries as (offset header, body number), each acked."""
+    got: list[tuple[int, int]] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < want and time.monotonic() < deadline:
+        method, props, body = next(gen)
+        if method is None:
+            continue
+        got.append((int(props.headers["x-stream-offset"]), int(body)))
+        ch.basic_ack(method.delivery_tag)
+    return got
+
+
+def test_a_consumer_on_a_member_reads_the_copy_on_its_own_node(
+        nodes: list[ClusterNode], opened: list[pika.BlockingConnection]) -> None:
+    a, b, c = nodes
+    names = sorted(n.name for n in nodes)
+    channel(a, opened).queue_declare(STREAM, durable=True,
+                                     arguments={"x-queue-type": "stream"})
+    wait_for(lambda: sorted(queue_info(a).get("member_offsets", {})) == names, 30,
+             "the stream's members connected", lambda: diagnose(nodes))
+    pub = channel(b, opened)
+    pub.confirm_delivery()
+    publish(pub, 0, 200)
+
+    ch = channel(c, opened)
+    ch.basic_qos(prefetch_count=50)
+    gen = ch.consume(STREAM, arguments={"x-stream-offset": "first"}, inactivity_timeout=0.5)
+    assert read(ch, gen, 200, 60) == [(i, i) for i in range(200)]
+
+    # node-c serves it: the leader has no consumer of its own for it
+    wait_for(lambda: [x["offset"] for x in queue_info(c).get("local_consumers", [])]
+             == [200], 30, "node-c lists its consumer at offset 200",
+             lambda: str(queue_info(c)))
+    assert queue_info(a)["stream"]["consumers"] == [], queue_info(a)
+    assert queue_info(c)["consumers"] == 1
+
+    # what is published later reaches it too
+    publish(pub, 200, 50)
+    assert read(ch, gen, 50, 60) == [(i, i) for i in range(200, 250)]
+
+
+def first_delivery(node: ClusterNode, conns: list[pika.BlockingConnection], spec: Any
+                   ) -> tuple[Any, Iterator[Any]]:
+    ch = channel(node, conns)
+    ch.basic_qos(prefetch_count=10)
+    return ch, ch.consume(STREAM, arguments={"x-stream-offset": spec}, inactivity_timeout=0.5)
+
+
+def test_every_offset_form_starts_where_it_starts_on_the_leader(
+        nodes: list[ClusterNode], opened: list[pika.BlockingConnection]) -> None:
+    a, _b, c = nodes
+    names = sorted(n.name for n in nodes)
+    channel(a, opened).queue_declare(STREAM, durable=True,
+                                     arguments={"x-queue-type": "stream"})
+    wait_for(lambda: sorted(queue_info(a).get("member_offsets", {})) == names, 30,
+             "the stream's members connected", lambda: diagnose(nodes))
+    pub = channel(a, opened)
+    pub.confirm_delivery()
+    for chunk in range(5):  # a few chunks: "last" is the start of the last one
+        publish(pub, chunk * 40, 40)
+    wait_for(lambda: set(queue_info(a)["member_offsets"].values()) == {200}, 30,
+             "every member holds 200 records", lambda: str(queue_info(a)))
+    now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    specs: list[Any] = ["first", "last", 57, 0, now - datetime.timedelta(hours=1), "1h"]
+    for spec in specs:
+        (ch_a, gen_a), (ch_c, gen_c) = first_delivery(a, opened, spec), \
+            first_delivery(c, opened, spec)
+        on_leader = read(ch_a, gen_a, 3, 10)
+        on_member = read(ch_c, gen_c, 3, 10)
+        assert on_leader and on_member == on_leader, (spec, on_leader, on_member)
+    assert on_leader[0][0] == 0  # "1h": everything is younger
+    assert len(queue_info(c).get("local_consumers", [])) == len(specs), queue_info(c)
+
+    # "next" and an offset beyond the end: what is published after the consume (a
+    # consumer attaches after its consume-ok, so publish until it gets something)
+    end = 200
+    for spec in ("next", 10_000):
+        start = end
+        ch_c, gen_c = first_delivery(c, opened, spec)
+        got: list[tuple[int, int]] = []
+        for _ in range(20):
+            publish(pub, end, 5)
+            end += 5
+            got = read(ch_c, gen_c, 1, 1)
+            if got:
+                break
+        assert got and start <= got[0][0] < end and got[0][0] == got[0][1], (spec, got)
