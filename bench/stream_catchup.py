@@ -7,11 +7,17 @@ kill -9; ``--mb`` MB are published on node-a with confirms (``--body`` bytes eac
 node-c's copy lacks all of it. A probe on node-a then publishes one persistent message
 at a time with confirms, waiting for each confirm, for ``--quiet`` seconds (the
 baseline), then node-c is started again and the probe goes on until the leader shows
-node-c holding every offset (or ``--limit`` seconds). Reported: the probe's confirm
-latency (median, p99, max) in both phases, how long the catch-up took and how many
-probes ran then.
+node-c holding every offset (or ``--limit`` seconds); beside it a second probe times
+``basic.qos`` round trips on node-a, which only its event loop answers (a confirm also
+waits for an fsync, which the catching-up node's disk writes slow on a shared disk).
+Reported: both probes' latency (median, p99, max) in both phases and how long the
+catch-up took.
 
-    AMQPD_PURE_PYTHON=1 python -m bench.stream_catchup --mb 500
+    AMQPD_PURE_PYTHON=1 python -m bench.stream_catchup --mb 500 [--dir /dev/shm]
+
+All three nodes share this machine's disk: node-c's catch-up writes slow the leader's
+own writes and fsyncs (the kernel throttles writers of dirty pages), which a real
+cluster does not see; ``--dir /dev/shm`` keeps that out of the figures.
 
 This measures, it asserts nothing. Running it against an older checkout (its directory
 first on ``PYTHONPATH`` and as the working directory) gives the "before" figures.
@@ -47,11 +53,14 @@ def member_offsets(node: ClusterNode) -> dict[str, int]:
 
 
 class Probe(threading.Thread):
-    """One confirmed publish at a time on ``url``; each latency with its phase."""
+    """On ``url``: one confirmed publish at a time (``confirm``: it waits for the
+    leader's fsync and a majority), or one ``basic.qos`` round trip at a time (``rtt``:
+    only the leader's event loop answers it); each latency with its phase."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, kind: str) -> None:
         super().__init__(daemon=True)
         self.url = url
+        self.kind = kind
         self.phase = "quiet"
         self.stop = threading.Event()
         self.samples: dict[str, list[float]] = {"quiet": [], "catch-up": []}
@@ -59,13 +68,17 @@ class Probe(threading.Thread):
     def run(self) -> None:
         conn = pika.BlockingConnection(pika.URLParameters(self.url + "?heartbeat=0"))
         ch = conn.channel()
-        ch.confirm_delivery()
+        if self.kind == "confirm":
+            ch.confirm_delivery()
         props = pika.BasicProperties(delivery_mode=2)
         deadline = time.monotonic() + 900
         while not self.stop.is_set() and time.monotonic() < deadline:
             phase = self.phase
             t0 = time.perf_counter()
-            ch.basic_publish("", STREAM, b"probe", props)
+            if self.kind == "confirm":
+                ch.basic_publish("", STREAM, b"probe", props)
+            else:
+                ch.basic_qos(prefetch_count=1)
             self.samples[phase].append(time.perf_counter() - t0)
         conn.close()
 
@@ -80,8 +93,9 @@ def summary(values: list[float]) -> dict[str, Any]:
             "max_ms": round(ordered[-1] * 1000, 2)}
 
 
-def run(mb: int, body: int, quiet: float, limit: float) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as tmp, private_etcd(Path(tmp)) as etcd, \
+def run(mb: int, body: int, quiet: float, limit: float, where: str | None
+        ) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(dir=where) as tmp, private_etcd(Path(tmp)) as etcd, \
             three_nodes(Path(tmp), etcd.url) as nodes:
         a, _b, c = nodes
         conn = pika.BlockingConnection(pika.URLParameters(a.url))
@@ -101,21 +115,26 @@ def run(mb: int, body: int, quiet: float, limit: float) -> dict[str, Any]:
             pub.drain(300)
         finally:
             pub.conn.close()
-        probe = Probe(a.url)
-        probe.start()
+        probes = [Probe(a.url, "confirm"), Probe(a.url, "rtt")]
+        for probe in probes:
+            probe.start()
         time.sleep(quiet)  # the baseline's length, not a synchronisation
         end = max(member_offsets(a).values())
-        probe.phase = "catch-up"
+        for probe in probes:
+            probe.phase = "catch-up"
         started = time.monotonic()
         c.start()
         wait_for(lambda: member_offsets(a).get(c.name, 0) >= end, limit,
                  "node-c caught up")
         took = time.monotonic() - started
-        probe.stop.set()
-        probe.join(30)
-        return {"mb": mb, "body": body, "records": count, "catch_up_s": round(took, 1),
-                "quiet": summary(probe.samples["quiet"]),
-                "catch_up": summary(probe.samples["catch-up"])}
+        for probe in probes:
+            probe.stop.set()
+            probe.join(30)
+        out: dict[str, Any] = {"mb": mb, "body": body, "records": count,
+                               "catch_up_s": round(took, 1)}
+        for probe in probes:
+            out[probe.kind] = {phase: summary(v) for phase, v in probe.samples.items()}
+        return out
 
 
 def main() -> None:
@@ -124,8 +143,11 @@ def main() -> None:
     parser.add_argument("--body", type=int, default=64 * 1024)
     parser.add_argument("--quiet", type=float, default=5.0)
     parser.add_argument("--limit", type=float, default=600.0)
+    parser.add_argument("--dir", default=None,
+                        help="where the nodes' data directories go (e.g. /dev/shm: no "
+                             "disk shared by the three nodes)")
     args = parser.parse_args()
-    print(json.dumps(run(args.mb, args.body, args.quiet, args.limit), indent=2))
+    print(json.dumps(run(args.mb, args.body, args.quiet, args.limit, args.dir), indent=2))
 
 
 if __name__ == "__main__":

@@ -203,6 +203,29 @@ class RemoteConsume(RemoteQueueState):
             state.resume = local.offset
         local.close()
 
+    def _move_here(self, state: _RemoteConsumer) -> None:
+        """A stream's consumer read through the leader because this node's copy could
+        not serve it then (a new leader had not told it a commit point yet): once it
+        can, the consumer moves here. The leader's stand-in is cancelled (the consumer
+        takes a new id, so what that one still sends is given back there), what waits
+        here undelivered is dropped (the copy has it), and reading goes on from the
+        offset after its last delivery."""
+        copy = self.cluster.stream_copy(self.vhost.name, self.name) \
+            if self.cluster is not None else None
+        if not usable(copy, self.leader):
+            return
+        self._send(W.encode(W.CANCEL, self.stream, state.id))
+        self._grants.pop(state.id, None)
+        del self._cons[state.id]
+        for entry in state.buffer:
+            self._owner.pop(entry.seq, None)
+            self._pos.pop(entry.seq, None)
+        state.buffer.clear()
+        self._next_cid += 1
+        state.id = self._next_cid
+        self._cons[state.id] = state
+        self._read_here(state)
+
     def _dispatch_local(self, state: _RemoteConsumer, local: LocalRead) -> None:
         """Deliver committed records of this node's copy as the channel allows; a copy
         that changed sends the consumer on (:meth:`_consume`: the new copy, or the
@@ -282,6 +305,8 @@ class RemoteConsume(RemoteQueueState):
         """Hand waiting deliveries to their consumers as their channels allow."""
         grants = self._grants
         for state in list(self._cons.values()):
+            if state.local is None and state.resume is not None and state.answer is None:
+                self._move_here(state)
             if state.local is not None:
                 self._dispatch_local(state, state.local)
                 continue

@@ -330,7 +330,8 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
             if position is not None and how != W.REQUEUE:
                 self._recent.append((position, how))
             ids.append(seq - self._base)
-            if state is not None and state.by_settle and state.id in self._cons:
+            if state is not None and state.by_settle and state.id in self._cons and \
+                    state.local is None:
                 grants[state.id] = grants.get(state.id, 0) + 1
         self._send_grants()
         return ids

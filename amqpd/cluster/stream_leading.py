@@ -3,8 +3,9 @@
 
 :class:`StreamLeading` ships the records of the stream this node leads to every other
 member on the node link, from the offset each member said it continues from
-(``SHAVE``), in order, at most :data:`WINDOW_RECORDS` / :data:`WINDOW_BYTES` beyond what
-it acknowledged (``SACK``), and decides when a confirm may leave: once the records
+(``SHAVE``), in order, at most :data:`WINDOW_RECORDS` records and
+:data:`INFLIGHT_BYTES` bytes beyond what it acknowledged (``SACK``), and decides when a
+confirm may leave: once the records
 below its offset are written on a majority of the members, the leader included
 (:class:`~amqpd.cluster.replica_core.Majority` over the acknowledged offsets; the
 leader's own records are fsynced first, :meth:`StreamQueue.sync_log`). A commit that
@@ -46,7 +47,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqpd.cluster.stream")
 
 WINDOW_RECORDS: Final = 4096  # records sent to a member beyond its acknowledgement
-WINDOW_BYTES: Final = 4 << 20  # bytes read per batch shipped at most
+# ... and bytes: without it a member far behind had 4,096 large records (256 MB of
+# 64 KiB ones) queued on the link at once, joined into one write on the loop
+INFLIGHT_BYTES: Final = 8 << 20
+WINDOW_BYTES: Final = 1 << 20  # bytes read per batch shipped at most
 BATCH_RECORDS: Final = 512  # records per SREC frame at most
 # an SSTART unanswered this long is sent again: a node just starting may take the frame
 # before its stream groups listen on its links (it is dropped there)
@@ -76,6 +80,9 @@ class StreamLeading:
         self.readers: dict[str, Reader] = {}  # member -> where its next SREC reads
         self.asked: dict[str, float] = {}  # member -> when its unanswered SSTART went
         self.loading: set[str] = set()  # members whose next batch a worker reads
+        # member -> (end offset, bytes) of each SREC it has not acknowledged yet
+        self.unacked: dict[str, deque[tuple[int, int]]] = {}
+        self.unacked_bytes: dict[str, int] = {}
         self.told = 0  # the commit point the members were told last (SCOMMIT)
         self.worker_reads = 0  # batches read off the loop (catching-up members)
         self.waiters: deque[tuple[int, float, Done]] = deque()
@@ -112,6 +119,8 @@ class StreamLeading:
         self.readers.pop(member, None)
         self.asked.pop(member, None)
         self.loading.discard(member)
+        self.unacked.pop(member, None)
+        self.unacked_bytes.pop(member, None)
 
     def member_of(self, link: Link, rid: int) -> str | None:
         member = link.peer
@@ -122,14 +131,22 @@ class StreamLeading:
         """``SHAVE``: the member continues from ``offset``."""
         self.acked[member] = offset
         self.readers[member] = self.q.log.reader(offset)
-        if self.told:  # what it may serve its consumers already
-            self.links[member].send(W.encode(S.SCOMMIT, self.rid[member], self.told))
+        self.unacked[member] = deque()
+        self.unacked_bytes[member] = 0
+        # what it may serve its consumers already (0 at first: nothing, but known)
+        self.links[member].send(W.encode(S.SCOMMIT, self.rid[member], self.told))
         self.ship()
 
     def ack(self, member: str, offset: int) -> None:
         """``SACK``: every record below ``offset`` is written on the member."""
         if offset > self.acked.get(member, -1):
             self.acked[member] = offset
+        sent = self.unacked.get(member)
+        if sent:
+            done = 0
+            while sent and sent[0][0] <= offset:
+                done += sent.popleft()[1]
+            self.unacked_bytes[member] -= done
         self.ship()  # the commit point too: tell_commit, release
 
     # -- shipping -------------------------------------------------------------------
@@ -144,7 +161,8 @@ class StreamLeading:
             if link is None or link.closed or member in self.loading:
                 continue
             acked = self.acked.get(member, 0)
-            while reader.offset < end and reader.offset - acked < WINDOW_RECORDS:
+            while reader.offset < end and reader.offset - acked < WINDOW_RECORDS and \
+                    self.unacked_bytes.get(member, 0) < INFLIGHT_BYTES:
                 if not _at_tail(reader):
                     self._read_off_loop(member, reader)
                     break
@@ -168,7 +186,10 @@ class StreamLeading:
                         self.ident[0], member, start, records[0].offset - 1)
             self.forget(member)
             return False
-        self.links[member].send(W.encode(S.SREC, self.rid[member], S.pack_records(records)))
+        data = S.pack_records(records)
+        self.links[member].send(W.encode(S.SREC, self.rid[member], data))
+        self.unacked.setdefault(member, deque()).append((records[-1].offset + 1, len(data)))
+        self.unacked_bytes[member] = self.unacked_bytes.get(member, 0) + len(data)
         return True
 
     def _read_off_loop(self, member: str, reader: Reader) -> None:
