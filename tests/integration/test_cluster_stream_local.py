@@ -12,7 +12,6 @@ leader.
 from __future__ import annotations
 
 import datetime
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +20,11 @@ import pytest
 
 from tests.integration._http import q
 from tests.integration.cluster_support import ClusterNode, diagnose, wait_for
+from tests.integration.test_cluster_streams import (  # noqa: F401 - a fixture
+    connect,
+    pika_connections,
+    read,
+)
 from tests.support import etcdproc
 
 pytestmark = [
@@ -37,21 +41,14 @@ def queue_info(node: ClusterNode) -> dict[str, Any]:
 
 
 @pytest.fixture
-def opened() -> Iterator[list[pika.BlockingConnection]]:
-    conns: list[pika.BlockingConnection] = []
-    yield conns
-    for conn in conns:
-        if conn.is_open:
-            try:
-                conn.close()
-            except (pika.exceptions.AMQPError, OSError):
-                pass
+def opened(request: pytest.FixtureRequest) -> list[pika.BlockingConnection]:
+    """The pika connections a test opened, closed after it (test_cluster_streams')."""
+    conns: list[pika.BlockingConnection] = request.getfixturevalue("pika_connections")
+    return conns
 
 
 def channel(node: ClusterNode, conns: list[pika.BlockingConnection]) -> Any:
-    conn = pika.BlockingConnection(pika.URLParameters(node.url + "?heartbeat=0"))
-    conns.append(conn)
-    return conn.channel()
+    return connect(node, conns).channel()
 
 
 def publish(ch: Any, first: int, count: int) -> None:
@@ -60,27 +57,19 @@ def publish(ch: Any, first: int, count: int) -> None:
                          mandatory=True)
 
 
-def read(ch: Any, gen: Iterator[Any], want: int, timeout: float) -> list[tuple[int, int]]:
-    """Up to ``want`` deliveries as (offset header, body number), each acked."""
-    got: list[tuple[int, int]] = []
-    deadline = time.monotonic() + timeout
-    while len(got) < want and time.monotonic() < deadline:
-        method, props, body = next(gen)
-        if method is None:
-            continue
-        got.append((int(props.headers["x-stream-offset"]), int(body)))
-        ch.basic_ack(method.delivery_tag)
-    return got
+def declare(nodes: list[ClusterNode], conns: list[pika.BlockingConnection]) -> None:
+    """The stream declared on node-a, its members on every node connected."""
+    names = sorted(n.name for n in nodes)
+    channel(nodes[0], conns).queue_declare(STREAM, durable=True,
+                                           arguments={"x-queue-type": "stream"})
+    wait_for(lambda: sorted(queue_info(nodes[0]).get("member_offsets", {})) == names, 30,
+             "the stream's members connected", lambda: diagnose(nodes))
 
 
 def test_a_consumer_on_a_member_reads_the_copy_on_its_own_node(
         nodes: list[ClusterNode], opened: list[pika.BlockingConnection]) -> None:
     a, b, c = nodes
-    names = sorted(n.name for n in nodes)
-    channel(a, opened).queue_declare(STREAM, durable=True,
-                                     arguments={"x-queue-type": "stream"})
-    wait_for(lambda: sorted(queue_info(a).get("member_offsets", {})) == names, 30,
-             "the stream's members connected", lambda: diagnose(nodes))
+    declare(nodes, opened)
     pub = channel(b, opened)
     pub.confirm_delivery()
     publish(pub, 0, 200)
@@ -112,11 +101,7 @@ def first_delivery(node: ClusterNode, conns: list[pika.BlockingConnection], spec
 def test_every_offset_form_starts_where_it_starts_on_the_leader(
         nodes: list[ClusterNode], opened: list[pika.BlockingConnection]) -> None:
     a, _b, c = nodes
-    names = sorted(n.name for n in nodes)
-    channel(a, opened).queue_declare(STREAM, durable=True,
-                                     arguments={"x-queue-type": "stream"})
-    wait_for(lambda: sorted(queue_info(a).get("member_offsets", {})) == names, 30,
-             "the stream's members connected", lambda: diagnose(nodes))
+    declare(nodes, opened)
     pub = channel(a, opened)
     pub.confirm_delivery()
     for chunk in range(5):  # a few chunks: "last" is the start of the last one

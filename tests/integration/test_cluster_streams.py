@@ -231,6 +231,38 @@ def test_a_balanced_leader_locator_puts_the_stream_on_the_node_leading_fewest(
              lambda: str(queue_info(b)))
 
 
+def declared_on_three(nodes: list[ClusterNode], conns: list[pika.BlockingConnection],
+                      total: int) -> int:
+    """The stream declared on node-a with members on every node, connected; the message
+    (of ``total``) before which node-a is to be killed, from a seed printed (set
+    ``AMQPD_TEST_SEED`` to replay it)."""
+    a = nodes[0]
+    connect(a, conns).channel().queue_declare(
+        STREAM, durable=True, arguments={"x-queue-type": "stream"})
+    wait_for(lambda: len(member_offsets(a)) == 3, 30, "members connected",
+             lambda: diagnose(nodes))
+    seed = int(os.environ.get("AMQPD_TEST_SEED", str(random.randrange(1 << 30))))
+    kill_at = random.Random(seed).randrange(total // 10, total * 6 // 10)
+    print(f"seed {seed}: {total} messages, node-a killed at message {kill_at}")
+    return kill_at
+
+
+def publish_killing_the_leader(node: ClusterNode, leader: ClusterNode, total: int,
+                               kill_at: int) -> ConfirmPublisher:
+    """``total`` messages published on ``node`` with 1,000 confirms outstanding,
+    ``leader`` killed with kill -9 before message ``kill_at``; every one answered, and
+    some confirmed after the kill."""
+    pub = ConfirmPublisher(node.url, STREAM)
+    try:
+        at_kill = publish_killing(pub, total, kill_at, leader, lambda: time.sleep(0.2))
+        pub.drain(60)
+    finally:
+        pub.conn.close()
+    assert at_kill >= 0 and not pub.outstanding, len(pub.outstanding)
+    assert any(n > kill_at for n in pub.confirmed), "nothing confirmed after the kill"
+    return pub
+
+
 @pytest.mark.slow
 def test_kill_9_of_the_leader_under_confirmed_load_loses_nothing_confirmed(
         nodes: list[ClusterNode], pika_connections: list[pika.BlockingConnection]) -> None:
@@ -239,21 +271,8 @@ def test_kill_9_of_the_leader_under_confirmed_load_loses_nothing_confirmed(
     the election, once, at contiguous offsets (nothing is re-sent, so nothing twice)."""
     a, b, c = nodes
     total = 5 * TOTAL
-    connect(a, pika_connections).channel().queue_declare(
-        STREAM, durable=True, arguments={"x-queue-type": "stream"})
-    wait_for(lambda: len(member_offsets(a)) == 3, 30, "members connected",
-             lambda: diagnose(nodes))
-    seed = int(os.environ.get("AMQPD_TEST_SEED", str(random.randrange(1 << 30))))
-    kill_at = random.Random(seed).randrange(total // 10, total * 6 // 10)
-    print(f"seed {seed}: {total} messages, node-a killed at message {kill_at}")
-    pub = ConfirmPublisher(b.url, STREAM)
-    try:
-        at_kill = publish_killing(pub, total, kill_at, a, lambda: time.sleep(0.2))
-        pub.drain(60)
-    finally:
-        pub.conn.close()
-    assert at_kill >= 0 and not pub.outstanding, len(pub.outstanding)
-    assert any(n > kill_at for n in pub.confirmed), "nothing confirmed after the kill"
+    kill_at = declared_on_three(nodes, pika_connections, total)
+    pub = publish_killing_the_leader(b, a, total, kill_at)
     leader = b if queue_info(b).get("leader") == b.name else c
     last = queue_info(leader)["stream"]["last_offset"]
     ch = connect(c, pika_connections).channel()
@@ -335,26 +354,13 @@ def test_pika_and_aio_pika_consumers_see_every_confirmed_message_once_across_the
     once."""
     a, b, c = nodes
     total = 3 * TOTAL
-    connect(a, pika_connections).channel().queue_declare(
-        STREAM, durable=True, arguments={"x-queue-type": "stream"})
-    wait_for(lambda: len(member_offsets(a)) == 3, 30, "members connected",
-             lambda: diagnose(nodes))
-    seed = int(os.environ.get("AMQPD_TEST_SEED", str(random.randrange(1 << 30))))
-    kill_at = random.Random(seed).randrange(total // 10, total * 6 // 10)
-    print(f"seed {seed}: {total} messages, node-a killed at message {kill_at}")
+    kill_at = declared_on_three(nodes, pika_connections, total)
     stop = threading.Event()
     consumers = [_Consumer(c.url, "pika", stop), _Consumer(b.url, "aio-pika", stop)]
     for consumer in consumers:
         consumer.start()
-    pub = ConfirmPublisher(b.url, STREAM)
+    pub = publish_killing_the_leader(b, a, total, kill_at)
     try:
-        at_kill = publish_killing(pub, total, kill_at, a, lambda: time.sleep(0.2))
-        pub.drain(60)
-    finally:
-        pub.conn.close()
-    try:
-        assert at_kill >= 0 and not pub.outstanding, len(pub.outstanding)
-        assert any(n > kill_at for n in pub.confirmed), "nothing confirmed after the kill"
         leader = b if queue_info(b).get("leader") == b.name else c
         last = queue_info(leader)["stream"]["last_offset"]
         wait_for(lambda: all(len(x.got) >= last + 1 or x.error for x in consumers), 120,

@@ -6,18 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from amqpd.broker.api import StreamLog
 from amqpd.cluster.stream_local import LocalRead, local_start, usable
 from amqpd.cluster.stream_replica import StreamReplica
 from amqpd.cluster.stream_wire import pack_records
+from tests.unit.cluster.test_stream_replication import _leader_log
 
 
 def _copy(tmp_path: Path, n: int) -> StreamReplica:
-    leader = StreamLog(tmp_path / "leader")
-    leader.open()
-    for i in range(n):
-        leader.append(str(i).encode(), 1000 + i)
-    leader.flush()
+    leader = _leader_log(tmp_path, n)
     replica = StreamReplica(str(tmp_path), "node-a", 1, "/", "s", {})
     replica.start(1, {"epochs": [[1, 0]], "first": 0, "next": n})
     replica.append(pack_records(leader.reader(0).read(n)))
