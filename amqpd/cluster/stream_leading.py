@@ -13,7 +13,8 @@ no majority acknowledges within ``cluster.mirror_sync_timeout`` is refused (the
 publisher gets a nack) instead of waiting for ever.
 
 It also tells each member the commit point as it moves (``SCOMMIT``): a member serves
-its own node's consumers up to there (:mod:`amqpd.cluster.stream_local`).
+its own node's consumers up to there (:mod:`amqpd.cluster.stream_local`), and so does
+the leader (:attr:`StreamQueue.read_limit`).
 
 **Catching up off the loop.** A member far behind (its next record is not near the end
 of the active segment, where the pages were just written) is fed by reads in a worker
@@ -88,6 +89,7 @@ class StreamLeading:
         self.waiters: deque[tuple[int, float, Done]] = deque()
         self.gone = False
         q.commit_gate = self.wait
+        q.read_limit = self.commit_point
         q.watchers.append(self.ship)
 
     # -- members --------------------------------------------------------------------
@@ -235,6 +237,8 @@ class StreamLeading:
         if point <= self.told:
             return
         self.told = point
+        if self.q.consumers:  # they read up to the commit point
+            self.q.vhost.schedule_dispatch(self.q)
         for member in self.readers:
             link = self.links.get(member)
             if link is not None and not link.closed:
@@ -278,6 +282,8 @@ class StreamLeading:
         self.gone = True
         if self.q.commit_gate == self.wait:
             self.q.commit_gate = None
+        if self.q.read_limit == self.commit_point:
+            self.q.read_limit = None
         if self.ship in self.q.watchers:
             self.q.watchers.remove(self.ship)
         waiters, self.waiters = self.waiters, deque()

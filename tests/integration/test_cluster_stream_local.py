@@ -133,3 +133,32 @@ def test_every_offset_form_starts_where_it_starts_on_the_leader(
             if got:
                 break
         assert got and start <= got[0][0] < end and got[0][0] == got[0][1], (spec, got)
+
+
+def test_consumers_get_only_what_a_majority_of_members_holds(
+        nodes: list[ClusterNode], opened: list[pika.BlockingConnection]) -> None:
+    """A stream of two members (node-a leading, node-b): with node-b killed nothing new
+    is committed, so a consumer on the leader gets none of what is written meanwhile
+    (a failover to node-b would not have it); node-b back, it gets all of it."""
+    a, b, _c = nodes
+    channel(a, opened).queue_declare(STREAM, durable=True, arguments={
+        "x-queue-type": "stream", "x-initial-cluster-size": 2})
+    wait_for(lambda: sorted(queue_info(a).get("member_offsets", {})) == [a.name, b.name],
+             30, "node-a and node-b connected", lambda: diagnose(nodes))
+    pub = channel(a, opened)
+    pub.confirm_delivery()
+    publish(pub, 0, 100)
+    ch = channel(a, opened)
+    ch.basic_qos(prefetch_count=50)
+    gen = ch.consume(STREAM, arguments={"x-stream-offset": "first"}, inactivity_timeout=0.5)
+    assert read(ch, gen, 100, 60) == [(i, i) for i in range(100)]
+
+    b.kill()
+    loose = channel(a, opened)  # no confirms: they would wait for node-b
+    publish(loose, 100, 20)
+    wait_for(lambda: queue_info(a).get("stream", {}).get("last_offset") == 119, 30,
+             "offsets 100..119 written on the leader", lambda: str(queue_info(a)))
+    assert read(ch, gen, 1, 3) == [], "a record no majority holds was delivered"
+
+    b.start()
+    assert read(ch, gen, 20, 90) == [(i, i) for i in range(100, 120)], diagnose(nodes)
