@@ -57,6 +57,15 @@ def publish(ch: Any, first: int, count: int) -> None:
                          mandatory=True)
 
 
+def confirming(node: ClusterNode, conns: list[pika.BlockingConnection], count: int
+               ) -> Any:
+    """A channel on ``node`` in confirm mode, ``count`` messages published on it."""
+    ch = channel(node, conns)
+    ch.confirm_delivery()
+    publish(ch, 0, count)
+    return ch
+
+
 def declare(nodes: list[ClusterNode], conns: list[pika.BlockingConnection]) -> None:
     """The stream declared on node-a, its members on every node connected."""
     names = sorted(n.name for n in nodes)
@@ -70,13 +79,8 @@ def test_a_consumer_on_a_member_reads_the_copy_on_its_own_node(
         nodes: list[ClusterNode], opened: list[pika.BlockingConnection]) -> None:
     a, b, c = nodes
     declare(nodes, opened)
-    pub = channel(b, opened)
-    pub.confirm_delivery()
-    publish(pub, 0, 200)
-
-    ch = channel(c, opened)
-    ch.basic_qos(prefetch_count=50)
-    gen = ch.consume(STREAM, arguments={"x-stream-offset": "first"}, inactivity_timeout=0.5)
+    pub = confirming(b, opened, 200)
+    ch, gen = first_delivery(c, opened, "first")
     assert read(ch, gen, 200, 60) == [(i, i) for i in range(200)]
 
     # node-c serves it: the leader has no consumer of its own for it
@@ -93,6 +97,7 @@ def test_a_consumer_on_a_member_reads_the_copy_on_its_own_node(
 
 def first_delivery(node: ClusterNode, conns: list[pika.BlockingConnection], spec: Any
                    ) -> tuple[Any, Iterator[Any]]:
+    """A consumer of the stream on ``node`` from ``x-stream-offset: spec`` (prefetch 10)."""
     ch = channel(node, conns)
     ch.basic_qos(prefetch_count=10)
     return ch, ch.consume(STREAM, arguments={"x-stream-offset": spec}, inactivity_timeout=0.5)
@@ -102,8 +107,7 @@ def test_every_offset_form_starts_where_it_starts_on_the_leader(
         nodes: list[ClusterNode], opened: list[pika.BlockingConnection]) -> None:
     a, _b, c = nodes
     declare(nodes, opened)
-    pub = channel(a, opened)
-    pub.confirm_delivery()
+    pub = confirming(a, opened, 0)
     for chunk in range(5):  # a few chunks: "last" is the start of the last one
         publish(pub, chunk * 40, 40)
     wait_for(lambda: set(queue_info(a)["member_offsets"].values()) == {200}, 30,
@@ -145,12 +149,8 @@ def test_consumers_get_only_what_a_majority_of_members_holds(
         "x-queue-type": "stream", "x-initial-cluster-size": 2})
     wait_for(lambda: sorted(queue_info(a).get("member_offsets", {})) == [a.name, b.name],
              30, "node-a and node-b connected", lambda: diagnose(nodes))
-    pub = channel(a, opened)
-    pub.confirm_delivery()
-    publish(pub, 0, 100)
-    ch = channel(a, opened)
-    ch.basic_qos(prefetch_count=50)
-    gen = ch.consume(STREAM, arguments={"x-stream-offset": "first"}, inactivity_timeout=0.5)
+    confirming(a, opened, 100)
+    ch, gen = first_delivery(a, opened, "first")
     assert read(ch, gen, 100, 60) == [(i, i) for i in range(100)]
 
     b.kill()
