@@ -57,8 +57,13 @@ from amqpd.broker.queue_type import QUEUE_TYPES, QueueType, queue_type_name, reg
 from amqpd.broker.quorum import QuorumQueue as QuorumQueue
 from amqpd.broker.stream import StreamQueue as StreamQueue
 from amqpd.broker.stream import check_stream_consumer as check_stream_consumer
+from amqpd.broker.stream import decode_record as decode_record
 from amqpd.broker.stream import refuse_stream_return as refuse_stream_return
+from amqpd.broker.stream import start_offset as start_offset
 from amqpd.broker.stream import stream_directory as stream_directory
+from amqpd.broker.stream_readahead import TAIL_BYTES as TAIL_BYTES
+from amqpd.broker.stream_readahead import ReadAhead as ReadAhead
+from amqpd.broker.stream_readahead import pool_for as pool_for
 from amqpd.broker.vhost import VHost, generate_name
 from amqpd.protocol import codec
 from amqpd.protocol import constants as wire

@@ -31,7 +31,9 @@ On one node the stream is its own leader and only member. In a cluster
 (:mod:`amqpd.cluster.stream_group`) this queue is the leader's: the cluster ships what
 each flush made readable (:attr:`StreamQueue.watchers`) to the members, which append it
 at the same offsets, and a confirm waits for its commit rule too
-(:attr:`StreamQueue.commit_gate`).
+(:attr:`StreamQueue.commit_gate`); its consumers read only what that rule committed
+(:attr:`StreamQueue.read_limit`), as RabbitMQ's read only committed chunks, so none
+sees a record the next leader may not have.
 """
 
 from __future__ import annotations
@@ -296,6 +298,9 @@ class StreamQueue(QueueType):
         # callback, once they are fsynced here
         self.commit_gate: Callable[[int, Callable[[BaseException | None], None]],
                                    None] | None = None
+        # a replicated stream's commit point (amqpd.cluster.stream_leading): consumers
+        # get only records below it; None: everything written (one node)
+        self.read_limit: Callable[[], int] | None = None
         broker.publisher.own_log_queues += 1
         self.on_removed.append(_removed)
 
@@ -514,6 +519,7 @@ class StreamQueue(QueueType):
     def dispatch(self) -> None:
         """Each consumer reads from its own position as far as its credit goes (one
         behind gets nothing now: its read-ahead is queued and wakes the stream)."""
+        limit = self.read_limit() if self.read_limit is not None else None
         for consumer in list(self.consumers):
             reader = self.readers.get(consumer)
             if reader is None:
@@ -523,9 +529,20 @@ class StreamQueue(QueueType):
                 # channel's credit is the limit: can_receive)
                 credit = consumer.prefetch - consumer.unacked if consumer.prefetch \
                     else READ_BATCH
+                if limit is not None:
+                    credit = min(credit, limit - reader.offset)
+                    if credit <= 0:
+                        break
                 batch = reader.next_batch(min(credit, READ_BATCH))
                 if not batch:
                     break
+                if limit is not None and batch[-1].offset >= limit:
+                    # past a gap retention made: what lies beyond waits for the commit
+                    keep = [r for r in batch if r.offset < limit]
+                    reader.unread(batch[len(keep):])
+                    batch = keep
+                    if not batch:
+                        break
                 if not self._deliver(consumer, reader, batch):
                     break
 

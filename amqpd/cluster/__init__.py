@@ -49,6 +49,7 @@ here is imported. Operator guide: docs/clustering.md. The interface others code 
   from ``serve`` after the quorum groups, reachable as ``cluster.stream_groups``. Its
   parts: ``stream_leading.py`` (the leader: shipping, the commit gate),
   ``stream_replica.py`` (a member's copy, epochs), ``stream_copies.py`` (a member's
-  side of the frames: its copies of streams led elsewhere), ``stream_wire.py`` (frames
-  110-115).
+  side of the frames: its copies of streams led elsewhere), ``stream_local.py`` (this
+  node's consumers reading its copy up to the commit point), ``stream_wire.py`` (frames
+  110-116).
 """

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from amqpd.broker.api import BrokerAPI, VHost
     from amqpd.cluster.deadlines import ConfirmDeadlines
     from amqpd.cluster.remote_state import RemoteQueueState
+    from amqpd.cluster.stream_replica import StreamReplica
 
 log = logging.getLogger("amqpd.cluster.queues")
 
@@ -101,6 +102,10 @@ class ClusterQueues:
         # told when a queue kept its consumers on failover_expected's word: the mirrors
         # check that word against etcd's record (RemoteQueue.cancel_kept if it is wrong)
         self.failover_kept: Callable[[RemoteQueueState], None] = lambda queue: None
+        # this node's copy of a stream (vhost, name) led elsewhere, if it holds one (set
+        # by amqpd.cluster.stream_group): its consumers here read it (stream_local)
+        self.stream_copy: Callable[[str, str], StreamReplica | None] = \
+            lambda vhost, name: None
 
     def _address(self, peer: str) -> tuple[str, int] | None:
         info = self.view.nodes().get(peer)

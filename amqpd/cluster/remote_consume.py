@@ -3,8 +3,11 @@ part of :class:`amqpd.cluster.remote_queue.RemoteQueue`.
 
 The leader attaches a consumer of its own for each consumer here, or refuses it, and
 the client's consume-ok waits for that answer (:meth:`RemoteConsume.consume_for`,
-bounded by ``ANSWER_TIMEOUT``). It delivers within the credit this node grants (the
-consumer's prefetch, or :data:`DELIVERY_WINDOW`); the deliveries wait here in order
+bounded by ``ANSWER_TIMEOUT``). A stream's consumer on a node holding one of its
+members reads that copy here instead (:mod:`amqpd.cluster.stream_local`): consume-ok
+at once, deliveries up to the commit point, nothing asked of the leader. It delivers
+within the credit this node grants (the consumer's prefetch, or
+:data:`DELIVERY_WINDOW`); the deliveries wait here in order
 until the client's channel may take them (:meth:`RemoteConsume.dispatch`). basic.get is
 a request whose answer comes later (:meth:`RemoteConsume.fetch_for`). Theory of
 operation: :mod:`amqpd.cluster.remote_queue`.
@@ -24,6 +27,7 @@ from amqpd.broker.api import (
     NotFound,
     QueueEntry,
     ResourceLocked,
+    decode_record,
 )
 from amqpd.cluster import link_wire as W
 from amqpd.cluster.remote_state import (
@@ -32,6 +36,7 @@ from amqpd.cluster.remote_state import (
     home_node_down,
     jsonable,
 )
+from amqpd.cluster.stream_local import LocalRead, local_start, usable
 from amqpd.cluster.stream_wire import delivered_offset
 
 log = logging.getLogger("amqpd.cluster.queues")
@@ -98,6 +103,9 @@ class RemoteConsume(RemoteQueueState):
         the 404 of a leader out of reach when the link goes or ANSWER_TIMEOUT passes."""
         self.add_consumer(consumer)
         state = self._by_consumer[id(consumer)]
+        if state.local is not None:  # read here: nothing to wait for
+            answer(None)
+            return
         state.answer = answer
         state.timer = asyncio.get_running_loop().call_later(
             ANSWER_TIMEOUT, self._consume_timeout, state)
@@ -155,6 +163,8 @@ class RemoteConsume(RemoteQueueState):
         holds the lost leader's unacked deliveries on its channel (``_stale``; each
         settled one grants a credit back), and a full prefetch on top of them would
         leave deliveries waiting here for ever that its channel may not take."""
+        if self.real_type == "stream" and self._read_here(state):
+            return
         consumer = state.consumer
         window = DELIVERY_WINDOW
         if state.by_settle:
@@ -162,6 +172,84 @@ class RemoteConsume(RemoteQueueState):
         args = {"tag": consumer.tag, "exclusive": consumer.exclusive,
                 "arguments": jsonable(self.resume_arguments(consumer))}
         self._send(W.encode(W.CONSUME, self.stream, state.id, consumer.no_ack, window, args))
+
+    def _read_here(self, state: _RemoteConsumer) -> bool:
+        """Serve a stream's consumer from this node's copy when it may
+        (:mod:`amqpd.cluster.stream_local`): True when it reads here now."""
+        copy = self.cluster.stream_copy(self.vhost.name, self.name) \
+            if self.cluster is not None else None
+        if state.local is not None:
+            if state.local.follows(copy):
+                return True
+            self._stop_local(state)
+        if copy is None or not usable(copy, self.leader):
+            return False
+        offset = local_start(state.consumer.arguments.get("x-stream-offset"), state.resume,
+                             copy)
+        if offset is None:
+            return False  # the leader refuses it (its 406)
+        state.local = LocalRead(copy, offset, lambda: self.vhost.schedule_dispatch(self))
+        self.vhost.schedule_dispatch(self)
+        return True
+
+    def _stop_local(self, state: _RemoteConsumer) -> None:
+        """``state`` no longer reads this node's copy; it goes on from the offset after
+        its last delivery (or where it was to start)."""
+        local = state.local
+        if local is None:
+            return
+        state.local = None
+        if state.resume is None:
+            state.resume = local.offset
+        local.close()
+
+    def _move_here(self, state: _RemoteConsumer) -> None:
+        """A stream's consumer read through the leader because this node's copy could
+        not serve it then (a new leader had not told it a commit point yet): once it
+        can, the consumer moves here. The leader's stand-in is cancelled (the consumer
+        takes a new id, so what that one still sends is given back there), what waits
+        here undelivered is dropped (the copy has it), and reading goes on from the
+        offset after its last delivery."""
+        copy = self.cluster.stream_copy(self.vhost.name, self.name) \
+            if self.cluster is not None else None
+        if not usable(copy, self.leader):
+            return
+        self._send(W.encode(W.CANCEL, self.stream, state.id))
+        self._grants.pop(state.id, None)
+        del self._cons[state.id]
+        for entry in state.buffer:
+            self._owner.pop(entry.seq, None)
+            self._pos.pop(entry.seq, None)
+        state.buffer.clear()
+        self._next_cid += 1
+        state.id = self._next_cid
+        self._cons[state.id] = state
+        self._read_here(state)
+
+    def _dispatch_local(self, state: _RemoteConsumer, local: LocalRead) -> None:
+        """Deliver committed records of this node's copy as the channel allows; a copy
+        that changed sends the consumer on (:meth:`_consume`: the new copy, or the
+        leader)."""
+        if not local.follows(self.cluster.stream_copy(self.vhost.name, self.name)
+                             if self.cluster is not None else None):
+            self._stop_local(state)
+            self._consume(state)
+            return
+        consumer = state.consumer
+        channel = consumer.channel
+        while consumer.has_credit() and channel.can_deliver(consumer):
+            batch = local.next_batch(consumer.prefetch - consumer.unacked)
+            if not batch:
+                return
+            for i, record in enumerate(batch):
+                if i and not (consumer.has_credit() and channel.can_deliver(consumer)):
+                    local.unread(batch[i:])
+                    return
+                channel.deliver(consumer, self, QueueEntry(
+                    decode_record(record, self.name), -1 - record.offset))
+                state.resume = record.offset + 1
+                if state.local is not local:
+                    return  # the channel went while delivering
 
     def resume_arguments(self, consumer: Consumer) -> dict[str, Any]:
         """The consume arguments ``consumer`` goes on with at a (new) leader: a stream
@@ -184,6 +272,9 @@ class RemoteConsume(RemoteQueueState):
         except ValueError:
             pass
         del self._cons[state.id]
+        if state.local is not None:  # read here: the leader never knew it
+            self._stop_local(state)
+            return
         self._send(W.encode(W.CANCEL, self.stream, state.id))
         # deliveries not handed to the client go back to the leader
         back = [e.seq - self._base for e in state.buffer
@@ -214,6 +305,11 @@ class RemoteConsume(RemoteQueueState):
         """Hand waiting deliveries to their consumers as their channels allow."""
         grants = self._grants
         for state in list(self._cons.values()):
+            if state.local is None and state.resume is not None and state.answer is None:
+                self._move_here(state)
+            if state.local is not None:
+                self._dispatch_local(state, state.local)
+                continue
             if state.answer is not None:
                 continue  # consume-ok not sent yet
             consumer = state.consumer

@@ -145,6 +145,7 @@ class RemoteFailover(RemoteQueueState):
                 kept += 1
                 continue
             del self._cons[state.id]
+            self._stop_local(state)
             self._by_consumer.pop(id(consumer), None)
             try:
                 self.consumers.remove(consumer)

@@ -140,7 +140,8 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
         out["type"] = self.real_type
         out["messages_unacknowledged"] = self.remote_unacked
         out["messages"] = self.message_count + self.remote_unacked
-        out["consumers"] = self.remote_consumers
+        out["consumers"] = self.remote_consumers + sum(
+            1 for state in self._cons.values() if state.local is not None)
         return out
 
     def listed_type(self) -> str:
@@ -153,6 +154,11 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
                 [self.leader] if self.available else []))
         if not self.available:
             out["state"] = "down"
+        if self.real_type == "stream":  # consumers reading this node's copy
+            out["local_consumers"] = [
+                {"consumer_tag": state.consumer.tag, "offset": state.local.offset,
+                 "committed": state.local.replica.committed}
+                for state in self._cons.values() if state.local is not None]
         return out
 
     def _unavailable(self) -> NotFound:
@@ -324,7 +330,8 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
             if position is not None and how != W.REQUEUE:
                 self._recent.append((position, how))
             ids.append(seq - self._base)
-            if state is not None and state.by_settle and state.id in self._cons:
+            if state is not None and state.by_settle and state.id in self._cons and \
+                    state.local is None:
                 grants[state.id] = grants.get(state.id, 0) + 1
         self._send_grants()
         return ids

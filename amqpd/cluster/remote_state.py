@@ -28,6 +28,7 @@ from amqpd.cluster.link import Link
 if TYPE_CHECKING:
     from amqpd.broker.api import ClusterPort, VHost
     from amqpd.cluster.cluster_queues import ClusterQueues
+    from amqpd.cluster.stream_local import LocalRead
 
 PUBLISH_WINDOW: Final = 2000  # publishes in flight per stream before the leader's credit
 # a quorum queue's acks and rejects remembered (by position) for naming to a new leader
@@ -52,7 +53,8 @@ def home_node_down(node: str, name: str, vhost: str, durable: bool) -> NotFound:
 class _RemoteConsumer:
     """A local consumer of a remote queue: its deliveries waiting for its channel."""
 
-    __slots__ = ("answer", "buffer", "by_settle", "consumer", "id", "resume", "timer")
+    __slots__ = ("answer", "buffer", "by_settle", "consumer", "id", "local", "resume",
+                 "timer")
 
     def __init__(self, cid: int, consumer: Consumer) -> None:
         self.id = cid
@@ -66,6 +68,9 @@ class _RemoteConsumer:
         # a stream's: the offset after the last delivery its channel was given (where
         # it goes on after a failover: amqpd.cluster.stream_group)
         self.resume: int | None = None
+        # a stream's consumer reading this node's copy instead of the leader
+        # (amqpd.cluster.stream_local); None: served by the leader
+        self.local: LocalRead | None = None
 
 
 class _Held:
@@ -180,6 +185,7 @@ class RemoteQueueState(QueueType):
         def _request(self, kind: int, answer: Callable[[int], None]) -> None: ...
         def _forget_consumer(self, state: _RemoteConsumer) -> None: ...
         def _consume(self, state: _RemoteConsumer) -> None: ...
+        def _stop_local(self, state: _RemoteConsumer) -> None: ...
         def _send_grants(self) -> None: ...
         def _settled(self, entries: list[QueueEntry], how: int) -> list[int]: ...
         def _held_settled(self, held: _Held, how: int) -> None: ...

@@ -6,7 +6,9 @@ leads the stream itself or is electing its leader; ``SREC`` frames are appended 
 they come and acknowledged once per tick with ``SACK`` (the offset the copy holds
 written), which is what the leader's majority counts; ``SDROP`` deletes the copy (the
 member was removed). A copy that cannot be opened or appended to is refused
-(``SREFUSE``) and the leader starts it again later.
+(``SREFUSE``) and the leader starts it again later. ``SCOMMIT`` moves the copy's
+commit point, up to which this node's consumers read it
+(:mod:`amqpd.cluster.stream_local`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,10 @@ class StreamCopies:
             self._start_copy(link, stream, f)
         elif kind == S.SREC:
             self._records(link, stream, f[0])
+        elif kind == S.SCOMMIT:
+            replica = self._replica_on(link, stream)
+            if replica is not None:
+                replica.commit(int(f[0]))
         elif kind == S.SDROP:
             replica = self._replica_on(link, stream)
             if replica is not None:

@@ -48,9 +48,10 @@ Theory of operation:
 The member's side (copies of streams led elsewhere) is
 :mod:`~amqpd.cluster.stream_copies`.
 
-Not done yet (docs/streams.md): consumers read through the leader, not from a local
-member; a deposed leader cut off from etcd keeps its gate until the next
-reconciliation (its members refuse an older term once they saw the newer one).
+Consumers on a member's node read its copy there up to the commit point
+(:mod:`~amqpd.cluster.stream_local`). Not done yet (docs/streams.md): a deposed leader
+cut off from etcd keeps its gate until the next reconciliation (its members refuse an
+older term once they saw the newer one).
 """
 
 from __future__ import annotations
@@ -536,6 +537,7 @@ def start(api: BrokerAPI, cluster: Cluster, queues: ClusterQueues) -> StreamGrou
     """Start this node's part in replicated streams (``serve`` calls it)."""
     groups = StreamGroups(api, cluster, queues)
     groups.start()
+    queues.stream_copy = lambda vhost, name: groups.replicas.get((vhost, name))
     cluster.stream_groups = groups
     return groups
 

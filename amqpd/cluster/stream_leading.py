@@ -3,37 +3,55 @@
 
 :class:`StreamLeading` ships the records of the stream this node leads to every other
 member on the node link, from the offset each member said it continues from
-(``SHAVE``), in order, at most :data:`WINDOW_RECORDS` / :data:`WINDOW_BYTES` beyond what
-it acknowledged (``SACK``), and decides when a confirm may leave: once the records
+(``SHAVE``), in order, at most :data:`WINDOW_RECORDS` records and
+:data:`INFLIGHT_BYTES` bytes beyond what it acknowledged (``SACK``), and decides when a
+confirm may leave: once the records
 below its offset are written on a majority of the members, the leader included
 (:class:`~amqpd.cluster.replica_core.Majority` over the acknowledged offsets; the
 leader's own records are fsynced first, :meth:`StreamQueue.sync_log`). A commit that
 no majority acknowledges within ``cluster.mirror_sync_timeout`` is refused (the
 publisher gets a nack) instead of waiting for ever.
+
+It also tells each member the commit point as it moves (``SCOMMIT``): a member serves
+its own node's consumers up to there (:mod:`amqpd.cluster.stream_local`), and so does
+the leader (:attr:`StreamQueue.read_limit`).
+
+**Catching up off the loop.** A member far behind (its next record is not near the end
+of the active segment, where the pages were just written) is fed by reads in a worker
+thread (:meth:`StreamLog.read_shared`, one batch of at most :data:`BATCH_RECORDS` /
+:data:`WINDOW_BYTES` in flight per member, packed there too), so a cold ``pread`` of
+an old segment never stalls the leader's loop and its publishers; a member at the tail
+is read in place, as the stream's own consumers are
+(:mod:`amqpd.broker.stream_readahead`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
+from amqpd.broker.api import TAIL_BYTES
 from amqpd.cluster import link_wire as W
 from amqpd.cluster import stream_wire as S
 from amqpd.cluster.quorum_state import NoQuorum
 from amqpd.cluster.replica_core import Majority
 
 if TYPE_CHECKING:
-    from amqpd.broker.api import StreamQueue
+    from amqpd.broker.api import Record, StreamQueue
     from amqpd.cluster.link import Link
     from amqpd.store.stream_log import Reader
 
 log = logging.getLogger("amqpd.cluster.stream")
 
 WINDOW_RECORDS: Final = 4096  # records sent to a member beyond its acknowledgement
-WINDOW_BYTES: Final = 4 << 20  # bytes read per batch shipped at most
+# ... and bytes: without it a member far behind had 4,096 large records (256 MB of
+# 64 KiB ones) queued on the link at once, joined into one write on the loop
+INFLIGHT_BYTES: Final = 8 << 20
+WINDOW_BYTES: Final = 1 << 20  # bytes read per batch shipped at most
 BATCH_RECORDS: Final = 512  # records per SREC frame at most
 # an SSTART unanswered this long is sent again: a node just starting may take the frame
 # before its stream groups listen on its links (it is dropped there)
@@ -62,9 +80,16 @@ class StreamLeading:
         self.acked: dict[str, int] = {}  # member -> every record below is written there
         self.readers: dict[str, Reader] = {}  # member -> where its next SREC reads
         self.asked: dict[str, float] = {}  # member -> when its unanswered SSTART went
+        self.loading: set[str] = set()  # members whose next batch a worker reads
+        # member -> (end offset, bytes) of each SREC it has not acknowledged yet
+        self.unacked: dict[str, deque[tuple[int, int]]] = {}
+        self.unacked_bytes: dict[str, int] = {}
+        self.told = 0  # the commit point the members were told last (SCOMMIT)
+        self.worker_reads = 0  # batches read off the loop (catching-up members)
         self.waiters: deque[tuple[int, float, Done]] = deque()
         self.gone = False
         q.commit_gate = self.wait
+        q.read_limit = self.commit_point
         q.watchers.append(self.ship)
 
     # -- members --------------------------------------------------------------------
@@ -95,6 +120,9 @@ class StreamLeading:
         self.acked.pop(member, None)
         self.readers.pop(member, None)
         self.asked.pop(member, None)
+        self.loading.discard(member)
+        self.unacked.pop(member, None)
+        self.unacked_bytes.pop(member, None)
 
     def member_of(self, link: Link, rid: int) -> str | None:
         member = link.peer
@@ -105,42 +133,116 @@ class StreamLeading:
         """``SHAVE``: the member continues from ``offset``."""
         self.acked[member] = offset
         self.readers[member] = self.q.log.reader(offset)
+        self.unacked[member] = deque()
+        self.unacked_bytes[member] = 0
+        # what it may serve its consumers already (0 at first: nothing, but known)
+        self.links[member].send(W.encode(S.SCOMMIT, self.rid[member], self.told))
         self.ship()
 
     def ack(self, member: str, offset: int) -> None:
         """``SACK``: every record below ``offset`` is written on the member."""
         if offset > self.acked.get(member, -1):
             self.acked[member] = offset
-        self.release()
-        self.ship()
+        sent = self.unacked.get(member)
+        if sent:
+            done = 0
+            while sent and sent[0][0] <= offset:
+                done += sent.popleft()[1]
+            self.unacked_bytes[member] -= done
+        self.ship()  # the commit point too: tell_commit, release
 
     # -- shipping -------------------------------------------------------------------
     def ship(self) -> None:
-        """Send every member what it lacks of what is readable, within its window."""
+        """Send every member what it lacks of what is readable, within its window: in
+        place at the tail, through a worker for a member behind (module docstring)."""
         if self.gone:
             return
         end = self.q.log.flushed_offset
         for member, reader in self.readers.items():
             link = self.links.get(member)
-            if link is None or link.closed:
+            if link is None or link.closed or member in self.loading:
                 continue
             acked = self.acked.get(member, 0)
-            while reader.offset < end and reader.offset - acked < WINDOW_RECORDS:
+            while reader.offset < end and reader.offset - acked < WINDOW_RECORDS and \
+                    self.unacked_bytes.get(member, 0) < INFLIGHT_BYTES:
+                if not _at_tail(reader):
+                    self._read_off_loop(member, reader)
+                    break
                 start = reader.offset
-                records = reader.read(BATCH_RECORDS, WINDOW_BYTES)
-                if not records:
+                if not self._send_batch(member, start, reader.read(BATCH_RECORDS,
+                                                                   WINDOW_BYTES)):
                     break
-                if records[0].offset != start:
-                    # retention took what the member lacks: it starts again from the
-                    # oldest kept (SSTART tells it where that is)
-                    log.warning("stream '%s' in vhost '%s': %s lacks offsets %d..%d, "
-                                "which retention deleted here; its copy starts again",
-                                self.ident[1], self.ident[0], member, start,
-                                records[0].offset - 1)
-                    self.forget(member)
-                    break
-                link.send(W.encode(S.SREC, self.rid[member], S.pack_records(records)))
+        self.tell_commit()
         self.release()
+
+    def _send_batch(self, member: str, start: int, records: list[Record]) -> bool:
+        """Ship ``records`` read from ``start`` to ``member``; False when there is
+        nothing to send or retention took what it lacks (it starts again)."""
+        if not records:
+            return False
+        if records[0].offset != start:
+            # retention took what the member lacks: it starts again from the oldest
+            # kept (SSTART tells it where that is)
+            log.warning("stream '%s' in vhost '%s': %s lacks offsets %d..%d, which "
+                        "retention deleted here; its copy starts again", self.ident[1],
+                        self.ident[0], member, start, records[0].offset - 1)
+            self.forget(member)
+            return False
+        data = S.pack_records(records)
+        self.links[member].send(W.encode(S.SREC, self.rid[member], data))
+        self.unacked.setdefault(member, deque()).append((records[-1].offset + 1, len(data)))
+        self.unacked_bytes[member] = self.unacked_bytes.get(member, 0) + len(data)
+        return True
+
+    def _read_off_loop(self, member: str, reader: Reader) -> None:
+        """Read (and pack) ``member``'s next batch in a worker thread; it is sent, and
+        the shipping goes on, when it lands on the loop. Without a running loop (sans-IO
+        tests), in place."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._send_batch(member, reader.offset, reader.read(BATCH_RECORDS, WINDOW_BYTES))
+            return
+        self.loading.add(member)
+        self.worker_reads += 1
+        start = reader.offset
+        log_ = self.q.log
+        future = loop.run_in_executor(None, log_.read_shared, reader, BATCH_RECORDS,
+                                      WINDOW_BYTES)
+
+        def landed(fut: asyncio.Future[list[Record]]) -> None:
+            if member not in self.loading or self.readers.get(member) is not reader:
+                return  # forgotten meanwhile (link gone, refused, removed)
+            self.loading.discard(member)
+            if self.gone:
+                return
+            error = fut.exception()
+            if error is not None:
+                log.error("stream '%s' in vhost '%s': reading offset %d for %s failed: "
+                          "%s; its copy starts again", self.ident[1], self.ident[0], start,
+                          member, error)
+                self.forget(member)
+                return
+            link = self.links.get(member)
+            if link is None or link.closed:
+                return
+            if self._send_batch(member, start, fut.result()):
+                self.ship()
+
+        future.add_done_callback(landed)
+
+    def tell_commit(self) -> None:
+        """Tell the members the commit point when it moved (``SCOMMIT``)."""
+        point = self.commit_point()
+        if point <= self.told:
+            return
+        self.told = point
+        if self.q.consumers:  # they read up to the commit point
+            self.q.vhost.schedule_dispatch(self.q)
+        for member in self.readers:
+            link = self.links.get(member)
+            if link is not None and not link.closed:
+                link.send(W.encode(S.SCOMMIT, self.rid[member], point))
 
     # -- commits --------------------------------------------------------------------
     def commit_point(self) -> int:
@@ -180,6 +282,8 @@ class StreamLeading:
         self.gone = True
         if self.q.commit_gate == self.wait:
             self.q.commit_gate = None
+        if self.q.read_limit == self.commit_point:
+            self.q.read_limit = None
         if self.ship in self.q.watchers:
             self.q.watchers.remove(self.ship)
         waiters, self.waiters = self.waiters, deque()
@@ -196,6 +300,13 @@ class StreamLeading:
     def record(self) -> dict[str, Any]:
         return {"leader": self.node, "members": list(self.members), "term": self.term,
                 "epochs": self.epochs}
+
+
+def _at_tail(reader: Reader) -> bool:
+    """Reading ``reader`` in place is cheap: its next record is near the end of the
+    active segment (just written, in the page cache)."""
+    behind = reader.bytes_to_end()
+    return behind is not None and behind <= TAIL_BYTES
 
 
 __all__ = ["StreamLeading"]

@@ -17,6 +17,12 @@ the first epoch after its own term (Kafka's leader-epoch rule): anything beyond 
 an uncommitted tail of a lost leader, and the copy starts again (``StreamLog.reset``)
 from the leader's first offset, as it does when it lies wholly before what the leader
 still keeps.
+
+**Commit point.** The leader tells the member how far the stream is committed
+(``SCOMMIT``: :attr:`StreamReplica.committed`); this node's consumers of the stream
+read the copy up to there, never beyond (:mod:`amqpd.cluster.stream_local`), and are
+woken (:attr:`StreamReplica.watchers`) when it moves, when records are written, and
+when the copy starts again or goes (a reader of it must then find its place anew).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +92,12 @@ class StreamReplica:
         self.term = read_term(self.directory)
         self.frozen = False  # offered itself in an election: takes no more records
         self.ack_due = False
+        # every record below is on a majority (the leader's SCOMMIT); -1: not told yet
+        self.committed = -1
+        self.generation = 0  # one more each time the log starts again (reset)
+        self.closed = False
+        # called when what this node's consumers may read changed (stream_local)
+        self.watchers: list[Callable[[], None]] = []
 
     @property
     def next_offset(self) -> int:
@@ -107,6 +120,9 @@ class StreamReplica:
                         log_.first_offset, have - 1, self.term, self.leader, term, first,
                         leader_next - 1, first)
             log_.reset(first)
+            self.generation += 1
+            self.committed = -1
+            self.wake()
         if self.term != term:
             write_term(self.directory, term)
             self.term = term
@@ -124,7 +140,19 @@ class StreamReplica:
         """Write what was appended; the offset below which everything is written."""
         self.log.flush()
         self.ack_due = False
+        if self.committed > 0:
+            self.wake()
         return self.log.flushed_offset
+
+    def commit(self, offset: int) -> None:
+        """``SCOMMIT``: every record below ``offset`` is committed."""
+        if offset > self.committed:
+            self.committed = offset
+            self.wake()
+
+    def wake(self) -> None:
+        for watcher in list(self.watchers):
+            watcher()
 
     def offer(self, term: int) -> int:
         """What this copy offers in an election after the leader of ``term`` was lost:
@@ -135,14 +163,18 @@ class StreamReplica:
 
     def close(self) -> None:
         """Flush, fsync and close the files (the copy is kept on disk)."""
+        self.closed = True
         if not self.log.closed:
             self.log.flush()
             self.log.sync()
             self.log.close()
+        self.wake()
 
     def destroy(self) -> None:
         """The copy goes (stream deleted, or this node no longer a member)."""
+        self.closed = True
         self.log.destroy()
+        self.wake()
 
 
 __all__ = ["EPOCH_FILE", "StreamReplica", "read_term", "valid_end", "write_term"]

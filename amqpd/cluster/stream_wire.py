@@ -14,7 +14,9 @@ ends the copy and deletes it (the stream was deleted, or the member removed).
 Member -> leader: ``SHAVE`` answers ``SSTART`` with the offset the member continues
 from (its log validated against the epochs); ``SACK`` says every record below an offset
 is written there; ``SREFUSE`` says why it cannot hold a copy now (the leader tries
-again later).
+again later). ``SCOMMIT`` (leader -> member) tells the member the stream's commit
+point: every record below it is written on a majority, so no failover can cut it; the
+member's own consumers read up to there (:mod:`amqpd.cluster.stream_local`).
 """
 
 from __future__ import annotations
@@ -32,12 +34,14 @@ SREC: Final = 112  # leader -> member: packed records
 SACK: Final = 113  # member -> leader: every record below this offset is written here
 SDROP: Final = 114  # leader -> member: delete the copy
 SREFUSE: Final = 115  # member -> leader: why not now
+SCOMMIT: Final = 116  # leader -> member: every record below this offset is committed
 
 LAYOUTS: Final[dict[int, str]] = {
     SSTART: "ssQj", SHAVE: "Q", SREC: "b", SACK: "Q", SDROP: "", SREFUSE: "s",
+    SCOMMIT: "Q",
 }
 FIRST: Final = SSTART
-LAST: Final = SREFUSE
+LAST: Final = SCOMMIT
 
 W.LAYOUTS.update(LAYOUTS)
 
@@ -89,5 +93,5 @@ def unpack_records(data: bytes) -> Iterator[tuple[int, int, int, bytes]]:
         pos += length
 
 
-__all__ = ["LAYOUTS", "SACK", "SDROP", "SHAVE", "SREC", "SREFUSE", "SSTART",
+__all__ = ["LAYOUTS", "SACK", "SCOMMIT", "SDROP", "SHAVE", "SREC", "SREFUSE", "SSTART",
            "delivered_offset", "is_stream_frame", "pack_records", "unpack_records"]

@@ -8,17 +8,22 @@ published with confirms on node-b are confirmed once a majority has them. A cons
 node-c reads part of them from ``first``; node-a is killed with kill -9; a member with
 every confirmed record is elected, and the consumer goes on from where it was: every
 confirmed message exactly once, in offset order, no gap. A new consumer at ``first``
-on a survivor reads everything, and publishing goes on under the new leader.
+on a survivor reads everything, and publishing goes on under the new leader. Under
+confirmed load, consumers with pika and aio-pika on the two other nodes each see every
+confirmed message once, at contiguous offsets, across the kill of the leader.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import aio_pika
 import pika
 import pytest
 
@@ -226,6 +231,38 @@ def test_a_balanced_leader_locator_puts_the_stream_on_the_node_leading_fewest(
              lambda: str(queue_info(b)))
 
 
+def declared_on_three(nodes: list[ClusterNode], conns: list[pika.BlockingConnection],
+                      total: int) -> int:
+    """The stream declared on node-a with members on every node, connected; the message
+    (of ``total``) before which node-a is to be killed, from a seed printed (set
+    ``AMQPD_TEST_SEED`` to replay it)."""
+    a = nodes[0]
+    connect(a, conns).channel().queue_declare(
+        STREAM, durable=True, arguments={"x-queue-type": "stream"})
+    wait_for(lambda: len(member_offsets(a)) == 3, 30, "members connected",
+             lambda: diagnose(nodes))
+    seed = int(os.environ.get("AMQPD_TEST_SEED", str(random.randrange(1 << 30))))
+    kill_at = random.Random(seed).randrange(total // 10, total * 6 // 10)
+    print(f"seed {seed}: {total} messages, node-a killed at message {kill_at}")
+    return kill_at
+
+
+def publish_killing_the_leader(node: ClusterNode, leader: ClusterNode, total: int,
+                               kill_at: int) -> ConfirmPublisher:
+    """``total`` messages published on ``node`` with 1,000 confirms outstanding,
+    ``leader`` killed with kill -9 before message ``kill_at``; every one answered, and
+    some confirmed after the kill."""
+    pub = ConfirmPublisher(node.url, STREAM)
+    try:
+        at_kill = publish_killing(pub, total, kill_at, leader, lambda: time.sleep(0.2))
+        pub.drain(60)
+    finally:
+        pub.conn.close()
+    assert at_kill >= 0 and not pub.outstanding, len(pub.outstanding)
+    assert any(n > kill_at for n in pub.confirmed), "nothing confirmed after the kill"
+    return pub
+
+
 @pytest.mark.slow
 def test_kill_9_of_the_leader_under_confirmed_load_loses_nothing_confirmed(
         nodes: list[ClusterNode], pika_connections: list[pika.BlockingConnection]) -> None:
@@ -234,21 +271,8 @@ def test_kill_9_of_the_leader_under_confirmed_load_loses_nothing_confirmed(
     the election, once, at contiguous offsets (nothing is re-sent, so nothing twice)."""
     a, b, c = nodes
     total = 5 * TOTAL
-    connect(a, pika_connections).channel().queue_declare(
-        STREAM, durable=True, arguments={"x-queue-type": "stream"})
-    wait_for(lambda: len(member_offsets(a)) == 3, 30, "members connected",
-             lambda: diagnose(nodes))
-    seed = int(os.environ.get("AMQPD_TEST_SEED", str(random.randrange(1 << 30))))
-    kill_at = random.Random(seed).randrange(total // 10, total * 6 // 10)
-    print(f"seed {seed}: {total} messages, node-a killed at message {kill_at}")
-    pub = ConfirmPublisher(b.url, STREAM)
-    try:
-        at_kill = publish_killing(pub, total, kill_at, a, lambda: time.sleep(0.2))
-        pub.drain(60)
-    finally:
-        pub.conn.close()
-    assert at_kill >= 0 and not pub.outstanding, len(pub.outstanding)
-    assert any(n > kill_at for n in pub.confirmed), "nothing confirmed after the kill"
+    kill_at = declared_on_three(nodes, pika_connections, total)
+    pub = publish_killing_the_leader(b, a, total, kill_at)
     leader = b if queue_info(b).get("leader") == b.name else c
     last = queue_info(leader)["stream"]["last_offset"]
     ch = connect(c, pika_connections).channel()
@@ -260,3 +284,100 @@ def test_kill_9_of_the_leader_under_confirmed_load_loses_nothing_confirmed(
     assert len(set(numbers)) == len(numbers), "a message twice"
     missing = pub.confirmed - set(numbers)
     assert not missing, f"{len(missing)} confirmed messages lost, e.g. {sorted(missing)[:5]}"
+
+
+class _Consumer(threading.Thread):
+    """A stream consumer from ``first`` in its own thread, acking each delivery and
+    keeping (offset header, body number) in order: pika (blocking) or aio-pika."""
+
+    def __init__(self, url: str, kind: str, stop: threading.Event) -> None:
+        super().__init__(daemon=True, name=f"{kind}-consumer")
+        self.url = url
+        self.kind = kind
+        self.stop = stop
+        self.got: list[tuple[int, int]] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            if self.kind == "pika":
+                self._pika()
+            else:
+                asyncio.run(self._aio())
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+    def _pika(self) -> None:
+        conn = pika.BlockingConnection(pika.URLParameters(self.url + "?heartbeat=0"))
+        try:
+            ch = conn.channel()
+            ch.basic_qos(prefetch_count=200)
+            for method, props, body in ch.consume(
+                    STREAM, arguments={"x-stream-offset": "first"}, inactivity_timeout=0.2):
+                if self.stop.is_set():
+                    break
+                if method is None:
+                    continue
+                self.got.append((int(props.headers["x-stream-offset"]), int(body)))
+                ch.basic_ack(method.delivery_tag)
+        finally:
+            if conn.is_open:
+                conn.close()
+
+    async def _aio(self) -> None:
+        conn = await aio_pika.connect(self.url)
+        try:
+            ch = await conn.channel()
+            await ch.set_qos(prefetch_count=200)
+            queue = await ch.get_queue(STREAM, ensure=False)
+
+            async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+                headers = message.headers or {}
+                self.got.append((int(str(headers["x-stream-offset"])), int(message.body)))
+                await message.ack()
+
+            await queue.consume(on_message, arguments={"x-stream-offset": "first"})
+            deadline = time.monotonic() + 280
+            while not self.stop.is_set() and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+        finally:
+            await conn.close()
+
+
+@pytest.mark.slow
+def test_pika_and_aio_pika_consumers_see_every_confirmed_message_once_across_the_kill(
+        nodes: list[ClusterNode], pika_connections: list[pika.BlockingConnection]) -> None:
+    """Consumers on node-b (aio-pika) and node-c (pika) read from ``first`` while a
+    publisher on node-b keeps confirms outstanding and node-a, the leader, is killed
+    with kill -9 at a seeded random moment: each consumer gets every offset of the
+    stream once, in order from 0 with no gap, which holds every confirmed message
+    once."""
+    a, b, c = nodes
+    total = 3 * TOTAL
+    kill_at = declared_on_three(nodes, pika_connections, total)
+    stop = threading.Event()
+    consumers = [_Consumer(c.url, "pika", stop), _Consumer(b.url, "aio-pika", stop)]
+    for consumer in consumers:
+        consumer.start()
+    pub = publish_killing_the_leader(b, a, total, kill_at)
+    try:
+        leader = b if queue_info(b).get("leader") == b.name else c
+        last = queue_info(leader)["stream"]["last_offset"]
+        wait_for(lambda: all(len(x.got) >= last + 1 or x.error for x in consumers), 120,
+                 f"both consumers reach offset {last}",
+                 lambda: f"{[len(x.got) for x in consumers]}\n{diagnose([b, c])}")
+    finally:
+        stop.set()
+        for consumer in consumers:
+            consumer.join(10)
+    for consumer in consumers:
+        assert consumer.error is None, (consumer.kind, consumer.error)
+        got = consumer.got
+        assert [o for o, _ in got] == list(range(len(got))), \
+            f"{consumer.kind}: offsets not contiguous from 0"
+        assert len(got) == last + 1, (consumer.kind, len(got), last)
+        numbers = [n for _, n in got]
+        assert len(set(numbers)) == len(numbers), f"{consumer.kind}: a message twice"
+        missing = pub.confirmed - set(numbers)
+        assert not missing, (f"{consumer.kind}: {len(missing)} confirmed messages not "
+                             f"delivered, e.g. {sorted(missing)[:5]}")
