@@ -89,12 +89,14 @@ def test_header_in_pieces(raw: RawSocket) -> None:
         raw.send(bytes((byte,)))
     start = raw.expect(C.Connection.Start)
     assert set(start.mechanisms.split()) == {"PLAIN", "AMQPLAIN"}
-    # exactly the table RabbitMQ 3.10.8 advertises
+    # exactly the table RabbitMQ 3.10.8 advertises, plus amqpd's one extension
+    # (publish_retry_of: docs/extensions.md; clients ignore capabilities they do not know)
     assert start.server_properties["capabilities"] == {
         "publisher_confirms": True, "exchange_exchange_bindings": True, "basic.nack": True,
         "consumer_cancel_notify": True, "connection.blocked": True,
         "consumer_priorities": True, "authentication_failure_close": True,
         "per_consumer_qos": True, "direct_reply_to": True,
+        "publish_retry_of": True,
     }
     for key in ("product", "version", "platform", "copyright", "information", "cluster_name"):
         assert start.server_properties.get(key), key
