@@ -16,7 +16,7 @@ the broker's dispatch scheduler skips them and basic.get answers empty
 on (their commit rule already refuses a deposed leader). When etcd's definitions have
 been read and applied, :meth:`release` clears it and schedules a dispatch: a queue this
 node still leads delivers on; one another node leads was replaced by then (its consumers
-cancelled or moved: ``cluster_queues.replace_queue``) and delivers nothing more.
+on this node cancelled: ``cluster_queues.replace_queue``) and delivers nothing more.
 
 A stall is seen by the loop clock's tick, a timer (:mod:`amqpd.cluster.loop_clock`): on
 waking, the event loop runs due timers before the dispatch that the acks read at the
