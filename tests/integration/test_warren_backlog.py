@@ -14,9 +14,9 @@ kept). Why that size shows the fault: the nodes run with a 2 s lease
 long as the lease, so a node that loaded them on the event loop that renews the lease
 would miss renewals and fence itself, as issue 34's ~850k did ("lease not renewed for
 2.68s"). A tenth of the backlog would load in about a tenth of that time, well inside
-the lease, and could pass even with that fault. The
-time of this test goes into its 60 s watch, not into the filling: the raw-frame
-publisher (see ``_fill``) queues the million in ~13 s where pika took ~130 s.
+the lease, and could pass even with that fault. The time of this test goes into its
+60 s watch, not into the filling: the raw-frame publisher (see ``_fill``) queues the
+million in ~13 s where pika took ~130 s.
 """
 
 from __future__ import annotations
