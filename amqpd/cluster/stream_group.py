@@ -84,6 +84,7 @@ from amqpd.cluster.quorum_state import (
 from amqpd.cluster.replica_core import Majority, MajorityPromotion
 from amqpd.cluster.stream_copies import StreamCopies
 from amqpd.cluster.stream_leading import StreamLeading
+from amqpd.cluster.stream_local import usable
 from amqpd.cluster.stream_replica import StreamReplica, write_term
 from amqpd.coord.etcd import Compare, Delete, EtcdError, Put
 
@@ -513,6 +514,14 @@ class StreamGroups(NodePart):
         up = [m for m in members if m != lost and
               (m == self.node or self.cluster.is_running(m))]
         return bool(members) and MajorityPromotion(tuple(members)).enough(len(up))
+
+    def readable_copy(self, vhost: str, name: str) -> StreamReplica | None:
+        """This node's copy of a stream led elsewhere when it may be read now (fed by the
+        leader the catalogue names, told a commit point: :func:`stream_local.usable`):
+        the stream protocol's subscribers on this node read it (issue 31)."""
+        copy = self.replicas.get((vhost, name))
+        leader = self.cluster.catalogue.get((vhost, name))
+        return copy if leader is not None and usable(copy, leader) else None
 
     # -- what the API shows ---------------------------------------------------------
     def queue_fields(self, vhost: str, name: str) -> dict[str, Any]:
