@@ -27,6 +27,7 @@ from amqpd.broker.stream import StreamQueue, decode_payload
 from amqpd.protocol.errors import AccessRefused, AMQPError
 from amqpd.store.stream_log import Reader
 from amqpd.streamproto import codec as c
+from amqpd.streamproto import superstreams
 from amqpd.streamproto.amqp10 import data_message
 from amqpd.streamproto.arguments import BadArgument, queue_arguments
 from amqpd.streamproto.chunks import Cutter, next_chunk
@@ -323,9 +324,9 @@ class StreamConnection:
         q = vh.queues.get(name) if vh is not None else None
         return q if isinstance(q, StreamQueue) and not q.deleted else None
 
-    def _allowed(self, kind: str, name: str) -> bool:
+    def _allowed(self, kind: str, name: str, resource: str = "queue") -> bool:
         try:
-            self.broker.api.check_permission(self.username, self.vhost, kind, "queue", name)
+            self.broker.api.check_permission(self.username, self.vhost, kind, resource, name)
         except AccessRefused as exc:
             log.warning("stream connection %s: %s", self.name, exc)
             return False
@@ -932,6 +933,71 @@ class StreamConnection:
             w.string(name)
         self.send(w.frame())
 
+    def _create_super_stream(self, cmd: c.Command) -> None:
+        """RabbitMQ 3.13's create-super-stream (beyond 3.10): the layout ``amqpctl
+        add_super_stream`` makes (:mod:`amqpd.streamproto.superstreams`), with the
+        partition streams and binding keys the client names, with RabbitMQ's codes: a
+        bad name, layout or argument 0x11, a name taken 0x05, a permission missing
+        (configure and read on the exchange, configure and write on each stream, as
+        add_super_stream asks) 0x10."""
+        name, partitions, keys, args = cmd.fields
+        corr = cmd.correlation_id
+
+        def answer(code: int, why: str) -> None:
+            log.warning("stream connection %s: create super stream '%s' refused: %s",
+                        self.name, name, why)
+            self.send(c.response(c.CREATE_SUPER_STREAM, corr, code).frame())
+
+        problem = superstreams.layout_problem(name, partitions, keys)
+        if problem is not None:
+            return answer(c.PRECONDITION_FAILED, problem)
+        if not (self._allowed("configure", name, "exchange")
+                and self._allowed("read", name, "exchange")
+                and all(self._allowed("configure", p) and self._allowed("write", p)
+                        for p in partitions)):
+            return answer(c.ACCESS_REFUSED, "access refused")
+        try:
+            arguments = queue_arguments(args)
+        except BadArgument as exc:
+            return answer(c.PRECONDITION_FAILED, str(exc))
+        api = self.broker.api
+        taken = superstreams.existing(api, self.vhost, name, partitions)
+        if taken is not None:
+            return answer(c.STREAM_ALREADY_EXISTS, taken)
+        try:
+            superstreams.create(api, self.vhost, name, list(zip(partitions, keys,
+                                                                strict=True)), arguments)
+        except AccessRefused as exc:
+            return answer(c.ACCESS_REFUSED, str(exc))
+        except AMQPError as exc:
+            return answer(c.PRECONDITION_FAILED, str(exc))
+        log.info("stream connection %s: super stream '%s' created with %d partitions",
+                 self.name, name, len(partitions))
+        self.send(c.response(c.CREATE_SUPER_STREAM, corr, c.OK).frame())
+
+    def _delete_super_stream(self, cmd: c.Command) -> None:
+        """RabbitMQ 3.13's delete-super-stream (beyond 3.10): the exchange and its
+        partition streams go (``amqpctl delete_super_stream``); 0x02 without the
+        exchange, 0x10 without configure permission on it and every partition."""
+        name = cmd.fields[0]
+        corr = cmd.correlation_id
+        bindings = superstreams.partition_bindings(self.broker.api, self.vhost, name)
+        if bindings is None:
+            log.warning("stream connection %s: delete super stream '%s': no such "
+                        "exchange", self.name, name)
+            self.send(c.response(c.DELETE_SUPER_STREAM, corr,
+                                 c.STREAM_DOES_NOT_EXIST).frame())
+            return
+        streams = list(dict.fromkeys(b.destination.name for b in bindings))
+        if not (self._allowed("configure", name, "exchange")
+                and all(self._allowed("configure", s) for s in streams)):
+            self.send(c.response(c.DELETE_SUPER_STREAM, corr, c.ACCESS_REFUSED).frame())
+            return
+        superstreams.delete(self.broker.api, self.vhost, name, streams)
+        log.info("stream connection %s: super stream '%s' deleted with %d partitions",
+                 self.name, name, len(streams))
+        self.send(c.response(c.DELETE_SUPER_STREAM, corr, c.OK).frame())
+
     def _exchange_command_versions(self, cmd: c.Command) -> None:
         """The commands this server takes and their versions (all version 1): asked
         by newer clients (RabbitMQ 3.11+'s command; rabbitmq-stream-js-client always
@@ -1015,6 +1081,8 @@ _HANDLERS: Final = {
     c.STORE_OFFSET: "_store_offset", c.QUERY_OFFSET: "_query_offset",
     c.ROUTE: "_route", c.PARTITIONS: "_partitions",
     c.EXCHANGE_COMMAND_VERSIONS: "_exchange_command_versions",
+    c.CREATE_SUPER_STREAM: "_create_super_stream",
+    c.DELETE_SUPER_STREAM: "_delete_super_stream",
     c.CONSUMER_UPDATE | c.RESPONSE: "_consumer_update_answer",
 }
 
