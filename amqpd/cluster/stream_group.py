@@ -49,9 +49,10 @@ The member's side (copies of streams led elsewhere) is
 :mod:`~amqpd.cluster.stream_copies`.
 
 Consumers on a member's node read its copy there up to the commit point
-(:mod:`~amqpd.cluster.stream_local`). Not done yet (docs/streams.md): a deposed leader
-cut off from etcd keeps its gate until the next reconciliation (its members refuse an
-older term once they saw the newer one).
+(:mod:`~amqpd.cluster.stream_local`), and so do the stream protocol's subscribers there
+(:meth:`StreamGroups.readable_copy`, :mod:`amqpd.streamproto.copies`). Not done yet
+(docs/streams.md): a deposed leader cut off from etcd keeps its gate until the next
+reconciliation (its members refuse an older term once they saw the newer one).
 """
 
 from __future__ import annotations

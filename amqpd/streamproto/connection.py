@@ -440,6 +440,17 @@ class StreamConnection:
         where: tuple[str, int] | None = cluster.stream_address_of(node)
         return where
 
+    def _missing(self, name: str, what: str) -> int:
+        """The code for a command about stream ``name`` that is not led here: 0x06 with
+        a log line when another node leads it (its offsets and publisher sequences are
+        kept there only), else 0x02."""
+        if not self._elsewhere(name):
+            return c.STREAM_DOES_NOT_EXIST
+        log.warning("stream connection %s: %s for stream '%s' refused: another node leads "
+                    "it and keeps its offsets and publisher sequences", self.name, what,
+                    name)
+        return c.STREAM_NOT_AVAILABLE
+
     def _copy_for(self, name: str) -> tuple[CopySource | None, int]:
         """This node's copy of stream ``name`` led elsewhere, when its subscribers may
         read it now (:mod:`amqpd.streamproto.copies`); else None and the refusal's
@@ -660,8 +671,8 @@ class StreamConnection:
         corr = cmd.correlation_id
         q = self._stream(stream)
         if q is None:
-            return self.send(c.response(c.QUERY_PUBLISHER_SEQUENCE, corr,
-                                        c.STREAM_DOES_NOT_EXIST).u64(0).frame())
+            return self.send(c.response(c.QUERY_PUBLISHER_SEQUENCE, corr, self._missing(
+                stream, "query-publisher-sequence")).u64(0).frame())
         if not self._allowed("read", stream):
             return self.send(c.response(c.QUERY_PUBLISHER_SEQUENCE, corr,
                                         c.ACCESS_REFUSED).u64(0).frame())
@@ -864,8 +875,10 @@ class StreamConnection:
         q = self._stream(stream)
         if q is None or not reference or len(reference) > MAX_REFERENCE:
             log.warning("stream connection %s: store-offset for '%s' (reference %r) "
-                        "ignored: no such stream or a bad reference", self.name, stream,
-                        reference)
+                        "ignored: %s", self.name, stream, reference,
+                        "another node leads the stream (offsets are kept there)"
+                        if q is None and self._elsewhere(stream)
+                        else "no such stream or a bad reference")
             return  # the command has no response (RabbitMQ logs and ignores it too)
         if not self._allowed("read", stream):
             return
@@ -881,7 +894,7 @@ class StreamConnection:
         q = self._stream(stream)
         if q is None:
             return self.send(c.response(c.QUERY_OFFSET, corr,
-                                        c.STREAM_DOES_NOT_EXIST).u64(0).frame())
+                                        self._missing(stream, "query-offset")).u64(0).frame())
         if not self._allowed("read", stream):
             return self.send(c.response(c.QUERY_OFFSET, corr,
                                         c.ACCESS_REFUSED).u64(0).frame())

@@ -11,7 +11,8 @@ three-member stream declared on node-a, which leads it.
   rstream's consumer (which subscribes on a replica when the metadata names one) does
   too, and its subscription is on node-b or node-c, never on node-a. A publisher
   declared on a replica's node is refused with STREAM_NOT_AVAILABLE (RabbitMQ 3.10.8
-  takes it and writes over Erlang distribution: docs/streams.md).
+  takes it and writes over Erlang distribution: docs/streams.md), and so is a
+  query-offset there (the offsets are kept on the leader's node).
 * With node-b and node-c stopped (SIGSTOP; heartbeat timeout and lease long enough
   that node-a is not left alone and paused), records published on node-a are written
   there but committed nowhere: they are not confirmed and subscribers on node-a --
@@ -235,8 +236,10 @@ def test_metadata_names_replicas_and_a_replica_serves_its_subscribers(
     try:
         on_c.open()
         pub.open()
-        # a publisher belongs on the leader's node
+        # a publisher belongs on the leader's node, and so do stored offsets
         assert on_c.declare_publisher(1) == STREAM_NOT_AVAILABLE
+        on_c.send(0x0B, _s("app") + _s(STREAM))  # query-offset
+        assert on_c.response(0x0B)[0] == STREAM_NOT_AVAILABLE
         assert pub.declare_publisher(1) == OK
         pub.publish(1, 0, 300)
         assert sorted(pub.wait_confirms(300, 30)) == list(range(300)), diagnose(nodes)
