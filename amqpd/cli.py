@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "config file or AMQPD_STREAM=1")
     p.add_argument("--tls-port", type=int, help="amqps port (default 5671; 0 = ephemeral; "
                                                 "needs tls_cert and tls_key)")
+    p.add_argument("--workers", type=int,
+                   help="worker processes behind the one AMQP port (default 1; 0 = one "
+                        "per core; docs/workers.md)")
     p.add_argument("--ready-file", help="write listener ports as JSON here once listening "
                                         "(for tests and supervisors)")
     rep = p.add_argument_group("replication (the warren; docs/warren.md)")
@@ -81,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             "log_format": args.log_format, "http_port": args.http_port,
             "tls_port": args.tls_port, "stream_port": args.stream_port,
             "stream": True if args.stream_port is not None else None,
+            "workers": args.workers,
             **{"replication_" + k: getattr(args, "replication_" + k) for k in REPLICATION_KEYS},
             **{"cluster_" + k: getattr(args, "cluster_" + k) for k in CLUSTER_KEYS},
         })

@@ -1,0 +1,54 @@
+"""The ``workers`` setting: default, the three spellings, and what phase 1 refuses."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from amqpd.cli import build_parser
+from amqpd.config import ConfigError, load_settings, worker_count
+
+
+def test_default_is_one_process() -> None:
+    settings = load_settings(None, environ={})
+    assert settings.workers == 1 and worker_count(settings) == 1
+
+
+def test_file_env_and_flag(tmp_path: os.PathLike[str]) -> None:
+    path = f"{tmp_path}/amqpd.toml"
+    with open(path, "w") as fh:
+        fh.write("workers = 3\n")
+    assert load_settings(path, environ={}).workers == 3
+    assert load_settings(path, environ={"AMQPD_WORKERS": "2"}).workers == 2
+    args = build_parser().parse_args(["--workers", "4"])
+    assert load_settings(path, {"workers": args.workers},
+                         environ={"AMQPD_WORKERS": "2"}).workers == 4
+
+
+def test_zero_means_the_cores_this_process_may_use() -> None:
+    settings = load_settings(None, {"workers": 0}, environ={})
+    assert worker_count(settings) == len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize("value", [-1, 257])
+def test_out_of_range_is_refused(value: int) -> None:
+    with pytest.raises(ConfigError, match="setting 'workers' must be"):
+        load_settings(None, {"workers": value}, environ={})
+
+
+@pytest.mark.parametrize(("overrides", "what"), [
+    ({"cluster_name": "c", "cluster_etcd": "http://127.0.0.1:2379"}, "a \\[cluster\\]"),
+    ({"replication_listen": "127.0.0.1:0"}, "a warren"),
+    ({"stream": True}, "the stream protocol"),
+    ({"tls_cert": "c.pem"}, "TLS listeners"),
+])
+def test_phase_one_refuses_what_several_workers_cannot_serve(
+        overrides: dict[str, object], what: str) -> None:
+    with pytest.raises(ConfigError, match=f"'workers' = 2: {what}"):
+        load_settings(None, {"workers": 2, **overrides}, environ={})
+    # the same settings with one worker are not refused for it
+    try:
+        load_settings(None, {"workers": 1, **overrides}, environ={})
+    except ConfigError as exc:
+        assert "workers" not in str(exc)
