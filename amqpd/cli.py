@@ -20,6 +20,7 @@ from amqpd.config import (
     check_data_dir,
     host_port,
     load_settings,
+    worker_count,
 )
 from amqpd.server import Broker, serve
 
@@ -75,19 +76,25 @@ def _replication_info(broker: Broker) -> dict[str, object] | None:
             "port": source.port if source is not None else None}
 
 
+def overrides_from_args(args: argparse.Namespace) -> dict[str, object]:
+    """The settings the command line gives (None: not given), for ``load_settings``;
+    a worker (amqpd.workers.worker) reads the node's command line through it too."""
+    return {
+        "bind": args.bind, "port": args.port, "data_dir": args.data_dir,
+        "node_name": args.node_name, "log_level": args.log_level,
+        "log_format": args.log_format, "http_port": args.http_port,
+        "tls_port": args.tls_port, "stream_port": args.stream_port,
+        "stream": True if args.stream_port is not None else None,
+        "workers": args.workers,
+        **{"replication_" + k: getattr(args, "replication_" + k) for k in REPLICATION_KEYS},
+        **{"cluster_" + k: getattr(args, "cluster_" + k) for k in CLUSTER_KEYS},
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        settings = load_settings(args.config, {
-            "bind": args.bind, "port": args.port, "data_dir": args.data_dir,
-            "node_name": args.node_name, "log_level": args.log_level,
-            "log_format": args.log_format, "http_port": args.http_port,
-            "tls_port": args.tls_port, "stream_port": args.stream_port,
-            "stream": True if args.stream_port is not None else None,
-            "workers": args.workers,
-            **{"replication_" + k: getattr(args, "replication_" + k) for k in REPLICATION_KEYS},
-            **{"cluster_" + k: getattr(args, "cluster_" + k) for k in CLUSTER_KEYS},
-        })
+        settings = load_settings(args.config, overrides_from_args(args))
         check_data_dir(settings.data_dir)
     except ConfigError as exc:
         print(f"amqpd: {exc}", file=sys.stderr)
@@ -105,6 +112,12 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     except ImportError:
         pass
+
+    if worker_count(settings) > 1:  # docs/workers.md; workers = 1 never gets here
+        from amqpd.workers import supervisor
+
+        return supervisor.run(settings, sys.argv[1:] if argv is None else argv,
+                              args.ready_file)
 
     def ready(broker: Broker) -> None:
         if args.ready_file:

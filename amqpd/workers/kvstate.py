@@ -94,6 +94,7 @@ class KVState:
     def open(self) -> None:
         if self.path is None:
             return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.exists():
             with open(self.path, encoding="utf-8") as fh:
                 for line in fh:
