@@ -207,15 +207,19 @@ class Supervisor:
             self._loop.add_signal_handler(sig, stop.set)
         for w in self.workers:
             self._spawn(w)
-        for sock in self.amqp:
-            self._loop.add_reader(sock.fileno(), self._accept, sock, handoff.ACCEPTED_AMQP)
-        for sock in self.http:
-            self._loop.add_reader(sock.fileno(), self._accept, sock, handoff.ACCEPTED_HTTP)
         try:
             while not stop.is_set():
                 self._reap()
                 if not self._announced and all(w.ready is not None for w in self.workers):
+                    # accept only now: a client must find the whole node (the kernel's
+                    # backlog holds connections meanwhile)
                     self._announced = True
+                    for sock in self.amqp:
+                        self._loop.add_reader(sock.fileno(), self._accept, sock,
+                                              handoff.ACCEPTED_AMQP)
+                    for sock in self.http:
+                        self._loop.add_reader(sock.fileno(), self._accept, sock,
+                                              handoff.ACCEPTED_HTTP)
                     self._announce()
                 try:
                     await asyncio.wait_for(stop.wait(), POLL)

@@ -20,6 +20,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from amqpd.workers import handoff
 log = logging.getLogger("amqpd.workers.worker")
 
 CLUSTER = "workers"  # the node-private cluster's name (never advertised to clients)
+LINK_WAIT = 30.0  # seconds a starting worker waits for its links to the others
 
 
 def worker_dir(data_dir: str, index: int) -> Path:
@@ -76,6 +78,14 @@ class Adopter:
         self._amqp = lambda: AMQPProtocol(self.broker)
         self.control.setblocking(False)
         self.loop.add_reader(self.control.fileno(), self._readable)
+        task = self.loop.create_task(self._ready(index))
+        self.pending.add(task)
+        task.add_done_callback(self._done)
+
+    async def _ready(self, index: int) -> None:
+        """Tell the supervisor this worker serves, once it reaches every other worker:
+        before that, a client of this worker would find the others' queues "down"."""
+        await linked(self.broker, LINK_WAIT)
         http = self.broker.http
         handoff.send_ready(self.control, {
             "index": index, "pid": os.getpid(), "amqp_port": self.broker.port,
@@ -104,13 +114,32 @@ class Adopter:
             return
         task = self.loop.create_task(self.loop.connect_accepted_socket(factory, sock))
         self.pending.add(task)
-        task.add_done_callback(self._adopted)
+        task.add_done_callback(self._done)
 
-    def _adopted(self, task: asyncio.Task[Any]) -> None:
+    def _done(self, task: asyncio.Task[Any]) -> None:
         self.pending.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.warning("worker: a handed-over connection could not be adopted: %s",
-                        task.exception())
+            log.error("worker: %s failed: %r", task.get_coro(), task.exception())
+
+
+async def linked(broker: Any, timeout: float) -> bool:
+    """Wait until every other member of the private cluster runs (heartbeats heard)
+    and has its link to this worker up; False (with a log line) after ``timeout``."""
+    view = broker.cluster  # the cluster's Cluster is its ClusterView
+    queues = view.queues if view is not None else None
+    if view is None or queues is None:
+        return True
+    deadline = time.monotonic() + timeout
+    while True:
+        missing = sorted(n for n in view.members - {view.node_name}
+                         if not (view.is_running(n) and n in queues.links.links))
+        if not missing:
+            return True
+        if time.monotonic() >= deadline:
+            log.warning("worker: serving without a link to %s after %.0f s",
+                        ", ".join(missing), timeout)
+            return False
+        await asyncio.sleep(0.05)
 
 
 def main(argv: list[str] | None = None) -> int:
