@@ -7,6 +7,8 @@ chosen worker as tests/integration/workers_support.py says. Every message is cou
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -47,6 +49,11 @@ def drain(ch: pika.adapters.blocking_connection.BlockingChannel, queue: str, exp
     return got
 
 
+def on_each_worker(node: BrokerProcess) -> tuple[pika.BlockingConnection, ...]:
+    """A connection on worker 0 and one on worker 1, through the node's port."""
+    return connect_on(node, 0), connect_on(node, 1)
+
+
 def owner_of(node: BrokerProcess, queue: str) -> str:
     """The worker whose API lists ``queue`` with its own node name (the owner)."""
     for w in read_ready(node)["workers"]:
@@ -58,8 +65,7 @@ def owner_of(node: BrokerProcess, queue: str) -> str:
 
 def test_one_port_two_workers_definitions_and_cross_worker_publish(tmp_path: Path) -> None:
     with workers_node(tmp_path / "node") as node:
-        a = connect_on(node, 0)
-        b = connect_on(node, 1)
+        a, b = on_each_worker(node)
         ca, cb = a.channel(), b.channel()
         # declared through worker 0: exchange, queue, binding
         ca.exchange_declare("x.orders", "direct", durable=True)
@@ -88,8 +94,7 @@ def test_one_port_two_workers_definitions_and_cross_worker_publish(tmp_path: Pat
 
 def test_consumer_on_the_worker_that_does_not_own_the_queue(tmp_path: Path) -> None:
     with workers_node(tmp_path / "node") as node:
-        a = connect_on(node, 0)
-        b = connect_on(node, 1)
+        a, b = on_each_worker(node)
         ca, cb = a.channel(), b.channel()
         ca.queue_declare("work", durable=True)
         ca.confirm_delivery()
@@ -110,8 +115,7 @@ def test_consumer_on_the_worker_that_does_not_own_the_queue(tmp_path: Path) -> N
 
 def test_kill_9_of_one_worker(tmp_path: Path) -> None:
     with workers_node(tmp_path / "node") as node:
-        a = connect_on(node, 0)
-        b = connect_on(node, 1)
+        a, b = on_each_worker(node)
         ca, cb = a.channel(), b.channel()
         ca.queue_declare("on-w0", durable=True)
         cb.queue_declare("on-w1", durable=True)
@@ -154,8 +158,7 @@ def test_kill_9_of_the_whole_node(tmp_path: Path) -> None:
     node = BrokerProcess(tmp_path / "node", extra_args=["--workers", "2"])
     node.start(timeout=60)
     try:
-        a = connect_on(node, 0)
-        b = connect_on(node, 1)
+        a, b = on_each_worker(node)
         ca, cb = a.channel(), b.channel()
         ca.exchange_declare("fan", "fanout", durable=True)
         ca.queue_declare("q0", durable=True)
@@ -185,3 +188,63 @@ def test_kill_9_of_the_whole_node(tmp_path: Path) -> None:
         conn.close()
     finally:
         node.stop()
+
+
+def test_exclusive_queue_belongs_to_its_connection_on_every_worker(tmp_path: Path) -> None:
+    """RabbitMQ 3.10: another connection's exclusive queue is 405 RESOURCE_LOCKED for
+    a declare or a consume, wherever that other connection is; it goes with its
+    connection (then 404)."""
+    with workers_node(tmp_path / "node") as node:
+        a, b = on_each_worker(node)
+        a.channel().queue_declare("mine", exclusive=True)
+        for attempt in ("declare", "consume"):
+            ch = b.channel()
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+                if attempt == "declare":
+                    ch.queue_declare("mine", passive=True)
+                else:
+                    ch.basic_consume("mine", lambda *_: None)
+            assert err.value.reply_code == 405, (attempt, err.value)
+        a.close()
+
+        def gone() -> bool:
+            ch = b.channel()
+            try:
+                ch.queue_declare("mine", passive=True)
+            except pika.exceptions.ChannelClosedByBroker as exc:
+                assert exc.reply_code == 404, exc
+                return True
+            ch.close()
+            return False
+        wait_for(gone, 15, "the exclusive queue to go with its connection")
+        b.close()
+
+
+def test_workers_1_is_one_process(tmp_path: Path) -> None:
+    """The default runs no supervisor: the ready file's pid serves AMQP itself, has no
+    workers, and the data directory has no workers/ part."""
+    node = BrokerProcess(tmp_path / "one").start()
+    try:
+        info = read_ready(node)
+        assert node.proc is not None and info["pid"] == node.proc.pid
+        assert "workers" not in info
+        assert not (node.data_dir / "workers").exists()
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
+        assert conn.channel().queue_declare("", exclusive=True).method.queue
+        conn.close()
+    finally:
+        node.stop()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--workers", "-1"], "setting 'workers' must be 0 (one per core) or 1-256, not -1"),
+    (["--workers", "2", "--stream-port", "0"],
+     "setting 'workers' = 2: the stream protocol (stream) cannot run with more than one "
+     "worker yet"),
+])
+def test_refused_settings_say_why(tmp_path: Path, args: list[str], message: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "amqpd", "--data-dir", str(tmp_path),
+                           "--port", "0", *args], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2
+    assert message in proc.stderr
