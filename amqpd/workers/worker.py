@@ -31,7 +31,10 @@ from amqpd.workers import handoff
 log = logging.getLogger("amqpd.workers.worker")
 
 CLUSTER = "workers"  # the node-private cluster's name (never advertised to clients)
-LINK_WAIT = 30.0  # seconds a starting worker waits for its links to the others
+LINK_WAIT = 30.0
+# seconds a silent worker still counts as running for the others (its restart by the
+# supervisor takes 1-2 s; the longest backoff is 5 s)
+RESTART_GRACE = 30.0  # seconds a starting worker waits for its links to the others
 
 
 def worker_dir(data_dir: str, index: int) -> Path:
@@ -57,6 +60,10 @@ def worker_settings(argv: list[str], index: int, kv_url: str) -> Settings:
         "cluster_link_listen": "127.0.0.1:0", "cluster_heartbeat_listen": "127.0.0.1:0",
         # a worker that restarts is not a partition: the others keep serving
         "cluster_partition_handling": "ignore",
+        # nor is it a node gone: while the supervisor restarts it, the others keep
+        # counting it running, so a publish to its queues is nacked (the client
+        # publishes again), not acked and dropped as a down node's unroutable one
+        "cluster_heartbeat_timeout": RESTART_GRACE, "cluster_lease_ttl": RESTART_GRACE,
     })
     # what clients are told stays the node's (connection.start's cluster_name)
     settings.cluster_name = node.effective_cluster_name

@@ -140,14 +140,29 @@ def test_kill_9_of_one_worker(tmp_path: Path) -> None:
         # ... the other worker's is not: it keeps publishing and consuming its queue
         for i in range(500, 600):
             ca.basic_publish("", "on-w0", b"%d" % i, pika.BasicProperties(delivery_mode=2))
+        # and what it publishes meanwhile into the dead worker's queue is nacked or,
+        # once that worker is back, confirmed: never confirmed and dropped
+        confirmed: list[bytes] = []
+        nacked = 0
+
+        def back() -> bool:
+            nonlocal nacked
+            body = b"%d" % (500 + len(confirmed) + nacked)
+            try:
+                ca.basic_publish("", "on-w1", body, pika.BasicProperties(delivery_mode=2))
+                confirmed.append(body)
+            except pika.exceptions.NackError:
+                nacked += 1
+            return len(confirmed) >= 20
+        wait_for(back, 60, "publishes into the restarted worker's queue to be confirmed")
         wait_restarted(node, 1, victim)
         assert a.is_open
         got = drain(a.channel(), "on-w0", 600)
         assert got == [b"%d" % i for i in range(600)]
         # the restarted worker recovered its queue: every confirmed message is there
         b2 = connect_on(node, 1)
-        got1 = drain(b2.channel(), "on-w1", 500)
-        assert got1 == [b"%d" % i for i in range(500)]
+        got1 = drain(b2.channel(), "on-w1", 500 + len(confirmed))
+        assert got1 == [b"%d" % i for i in range(500)] + confirmed
         # and the node port keeps working for new connections through both workers
         assert read_ready(node)["amqp_port"] == node.port
         a.close()
