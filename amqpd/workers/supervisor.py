@@ -40,6 +40,14 @@ STABLE_AFTER: Final = 60.0  # a worker that lived this long restarts with BACKOF
 POLL: Final = 0.05  # seconds between checks for exited workers
 STOP_TIMEOUT: Final = 20.0  # seconds a worker gets to stop before SIGKILL
 ACCEPT_BATCH: Final = 64  # connections accepted per readable event
+# a worker that exits this many times in a row without ever serving stops the node:
+# it cannot start (a data directory it cannot use, a broken install), and a node that
+# never listens must say so and exit, as a single broker that cannot start does
+START_FAILURES: Final = 3
+
+
+class WorkerCannotStart(Exception):
+    """A worker exited :data:`START_FAILURES` times before it ever served."""
 
 
 @dataclass
@@ -52,6 +60,8 @@ class Worker:
     backoff: float = BACKOFF_MIN
     restart_at: float = 0.0
     restarts: int = 0
+    served: bool = False  # it reported ready at least once (in any of its lives)
+    failed_starts: int = 0  # exits in a row before serving
     handed: int = 0  # connections handed to it (all its lives)
     info: dict[str, Any] = field(default_factory=dict)
 
@@ -123,6 +133,8 @@ class Supervisor:
                 s.close()  # a worker hands nothing back
             if kind == handoff.READY:
                 w.ready = json.loads(payload)
+                w.served = True
+                w.failed_starts = 0
                 log.info("worker %d serves (pid %s, private amqp port %s)", w.index,
                          w.ready.get("pid"), w.ready.get("amqp_port"))
                 if self._announced:
@@ -149,6 +161,12 @@ class Supervisor:
                 w.proc = None
                 if self.stopping:
                     continue
+                if not w.served:
+                    w.failed_starts += 1
+                    if w.failed_starts >= START_FAILURES:
+                        raise WorkerCannotStart(
+                            f"worker {w.index} exited {w.failed_starts} times without "
+                            f"serving (last: code {code}); see its log lines above")
                 w.backoff = BACKOFF_MIN if lived >= STABLE_AFTER else min(
                     w.backoff * 2, BACKOFF_MAX) if w.restarts else BACKOFF_MIN
                 w.restart_at = now + w.backoff
@@ -280,7 +298,7 @@ def run(settings: Settings, argv: list[str], ready_file: str | None) -> int:
     """``amqpd`` with ``workers`` > 1: run the supervisor until SIGTERM/SIGINT."""
     try:
         asyncio.run(Supervisor(settings, argv, ready_file).run())
-    except OSError as exc:
+    except (OSError, WorkerCannotStart) as exc:
         log.error("cannot start: %s", exc)
         return 1
     return 0

@@ -263,3 +263,17 @@ def test_refused_settings_say_why(tmp_path: Path, args: list[str], message: str)
                           timeout=60)
     assert proc.returncode == 2
     assert message in proc.stderr
+
+
+def test_a_worker_that_cannot_start_stops_the_node(tmp_path: Path) -> None:
+    """Worker 1's data directory is a file: it exits before serving, three times, and
+    the node exits 1 saying so (and stops worker 0), as a broker that cannot start."""
+    data = tmp_path / "node"
+    (data / "workers").mkdir(parents=True)
+    (data / "workers" / "w1").write_text("not a directory")
+    proc = subprocess.run([sys.executable, "-m", "amqpd", "--data-dir", str(data),
+                           "--bind", "127.0.0.1", "--port", "0", "--http-port", "0",
+                           "--workers", "2"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "is not a directory" in proc.stderr
+    assert "worker 1 exited 3 times without serving" in proc.stderr
