@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from amqpd import cli
-from amqpd.config import ConfigError, Settings, check_data_dir, load_settings
+from amqpd.config import ConfigError, Settings, check_data_dir, load_settings, worker_count
 from amqpd.workers import handoff
 
 log = logging.getLogger("amqpd.workers.worker")
@@ -49,7 +49,8 @@ def worker_name(node_name: str, index: int) -> str:
 def worker_settings(argv: list[str], index: int, kv_url: str) -> Settings:
     """The node's settings as ``amqpd argv`` reads them, made worker ``index``'s."""
     args = cli.build_parser().parse_args(argv)
-    node = load_settings(args.config, {**cli.overrides_from_args(args), "workers": 1})
+    node = load_settings(args.config, cli.overrides_from_args(args))
+    share = worker_count(node)
     settings = load_settings(args.config, {
         **cli.overrides_from_args(args),
         "workers": 1, "bind": "127.0.0.1", "port": 0, "http_port": 0,
@@ -67,6 +68,11 @@ def worker_settings(argv: list[str], index: int, kv_url: str) -> Settings:
     })
     # what clients are told stays the node's (connection.start's cluster_name)
     settings.cluster_name = node.effective_cluster_name
+    # the node's memory limits are the node's, not each worker's: every worker gets
+    # its share (an alarm is then raised per worker, docs/workers.md)
+    settings.vm_memory_high_watermark = node.vm_memory_high_watermark / share
+    settings.memory_high_watermark_bytes = node.memory_high_watermark_bytes // share
+    settings.message_memory_budget = node.message_memory_budget // share
     return settings
 
 

@@ -52,3 +52,16 @@ def test_phase_one_refuses_what_several_workers_cannot_serve(
         load_settings(None, {"workers": 1, **overrides}, environ={})
     except ConfigError as exc:
         assert "workers" not in str(exc)
+
+
+def test_a_worker_gets_its_share_of_the_node_memory_limits() -> None:
+    from amqpd.workers.worker import worker_settings
+
+    argv = ["--workers", "2", "--data-dir", "/tmp/amqpd-node", "--node-name", "n@h"]
+    w = worker_settings(argv, 1, "http://127.0.0.1:1")
+    assert w.workers == 1 and w.data_dir == "/tmp/amqpd-node/workers/w1"
+    assert w.node_name == "n@h-w1" and w.cluster_name == "n@h"
+    assert w.cluster.name == "workers" and w.cluster.etcd == ["http://127.0.0.1:1"]
+    assert w.bind == "127.0.0.1" and w.port == 0 and w.http_port == 0
+    assert w.vm_memory_high_watermark == 0.2
+    assert w.message_memory_budget == 128 * 1024 * 1024
