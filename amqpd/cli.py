@@ -20,6 +20,7 @@ from amqpd.config import (
     check_data_dir,
     host_port,
     load_settings,
+    worker_count,
 )
 from amqpd.server import Broker, serve
 
@@ -42,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "config file or AMQPD_STREAM=1")
     p.add_argument("--tls-port", type=int, help="amqps port (default 5671; 0 = ephemeral; "
                                                 "needs tls_cert and tls_key)")
+    p.add_argument("--workers", type=int,
+                   help="worker processes behind the one AMQP port (default 1; 0 = one "
+                        "per core; docs/workers.md)")
     p.add_argument("--ready-file", help="write listener ports as JSON here once listening "
                                         "(for tests and supervisors)")
     rep = p.add_argument_group("replication (the warren; docs/warren.md)")
@@ -72,18 +76,25 @@ def _replication_info(broker: Broker) -> dict[str, object] | None:
             "port": source.port if source is not None else None}
 
 
+def overrides_from_args(args: argparse.Namespace) -> dict[str, object]:
+    """The settings the command line gives (None: not given), for ``load_settings``;
+    a worker (amqpd.workers.worker) reads the node's command line through it too."""
+    return {
+        "bind": args.bind, "port": args.port, "data_dir": args.data_dir,
+        "node_name": args.node_name, "log_level": args.log_level,
+        "log_format": args.log_format, "http_port": args.http_port,
+        "tls_port": args.tls_port, "stream_port": args.stream_port,
+        "stream": True if args.stream_port is not None else None,
+        "workers": args.workers,
+        **{"replication_" + k: getattr(args, "replication_" + k) for k in REPLICATION_KEYS},
+        **{"cluster_" + k: getattr(args, "cluster_" + k) for k in CLUSTER_KEYS},
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        settings = load_settings(args.config, {
-            "bind": args.bind, "port": args.port, "data_dir": args.data_dir,
-            "node_name": args.node_name, "log_level": args.log_level,
-            "log_format": args.log_format, "http_port": args.http_port,
-            "tls_port": args.tls_port, "stream_port": args.stream_port,
-            "stream": True if args.stream_port is not None else None,
-            **{"replication_" + k: getattr(args, "replication_" + k) for k in REPLICATION_KEYS},
-            **{"cluster_" + k: getattr(args, "cluster_" + k) for k in CLUSTER_KEYS},
-        })
+        settings = load_settings(args.config, overrides_from_args(args))
         check_data_dir(settings.data_dir)
     except ConfigError as exc:
         print(f"amqpd: {exc}", file=sys.stderr)
@@ -101,6 +112,12 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     except ImportError:
         pass
+
+    if worker_count(settings) > 1:  # docs/workers.md; workers = 1 never gets here
+        from amqpd.workers import supervisor
+
+        return supervisor.run(settings, sys.argv[1:] if argv is None else argv,
+                              args.ready_file)
 
     def ready(broker: Broker) -> None:
         if args.ready_file:

@@ -347,6 +347,9 @@ class Settings:
     replication: ReplicationConfig | None = None
     # the cluster ([cluster]); its name empty = a single node, exactly as without it
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    # processes behind the node's one AMQP port (docs/workers.md): 1 = one process, as
+    # before; 0 = as many as cores this process may use
+    workers: int = 1
 
     @property
     def effective_cluster_name(self) -> str:
@@ -428,6 +431,7 @@ def load_settings(
         raise ConfigError(f"setting 'fsync' must be 'batch' or 'never', not {settings.fsync!r}")
     check_node_settings(settings)
     check_cluster(settings.cluster)
+    check_workers(settings)
     if settings.cluster.enabled and settings.replication is not None:
         raise ConfigError("a node is either in a [cluster] or in a warren ([replication]), "
                           "not both")
@@ -455,6 +459,42 @@ def check_node_settings(settings: Settings) -> None:
     if settings.log_level not in LOG_LEVELS:
         raise ConfigError(f"setting 'log_level' must be one of {', '.join(LOG_LEVELS)}, "
                           f"not {settings.log_level!r}")
+
+
+MAX_WORKERS = 256
+
+
+def worker_count(settings: Settings) -> int:
+    """The number of worker processes ``workers`` asks for: 0 means the cores this
+    process may use (its CPU affinity, not the machine's count: a container or
+    ``taskset`` limits it)."""
+    if settings.workers == 0:
+        try:
+            return max(1, len(os.sched_getaffinity(0)))
+        except AttributeError:  # no affinity call on this platform
+            return max(1, os.cpu_count() or 1)
+    return settings.workers
+
+
+def check_workers(settings: Settings) -> None:
+    """Refuse a ``workers`` value that cannot run, and (phase 1 of issue 35,
+    docs/workers.md) the settings several workers cannot serve yet, naming them."""
+    n = settings.workers
+    if not 0 <= n <= MAX_WORKERS:
+        raise ConfigError(f"setting 'workers' must be 0 (one per core) or 1-{MAX_WORKERS}, "
+                          f"not {n}")
+    if worker_count(settings) == 1:
+        return
+    refused = [("a [cluster]", settings.cluster.enabled),
+               ("a warren ([replication])", settings.replication is not None),
+               ("TLS listeners (tls_cert)", bool(settings.tls_cert)),
+               ("the stream protocol (stream)", settings.stream),
+               ("plugins", bool(settings.plugins)),
+               ("static shovels", bool(settings.shovels))]
+    for what, present in refused:
+        if present:
+            raise ConfigError(f"setting 'workers' = {n}: {what} cannot run with more than "
+                              "one worker yet (docs/workers.md, phase 1); use workers = 1")
 
 
 def check_data_dir(path: str) -> None:

@@ -1,0 +1,196 @@
+"""One worker of a multi-worker node: a whole broker that adopts handed-over connections.
+
+``python -m amqpd.workers.worker --index I --control-fd FD --kv URL -- <amqpd argv>``,
+started by the supervisor only. The node's command line, file and environment are read
+exactly as ``amqpd`` reads them (:func:`amqpd.cli.overrides_from_args`), then made this
+worker's (:func:`worker_settings`): its own data directory, a private loopback AMQP
+and HTTP port, and membership of the node-private cluster whose coordination store is
+the supervisor's (docs/workers.md). Then it runs :func:`amqpd.server.serve` unchanged;
+the ready hook starts reading the control socket, where the supervisor hands over
+accepted client connections. The worker stops (gracefully) when that socket closes: a
+node whose supervisor is gone has no port any more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from amqpd import cli
+from amqpd.config import ConfigError, Settings, check_data_dir, load_settings, worker_count
+from amqpd.workers import handoff
+
+log = logging.getLogger("amqpd.workers.worker")
+
+CLUSTER = "workers"  # the node-private cluster's name (never advertised to clients)
+LINK_WAIT = 30.0
+# seconds a silent worker still counts as running for the others (its restart by the
+# supervisor takes 1-2 s; the longest backoff is 5 s)
+RESTART_GRACE = 30.0  # seconds a starting worker waits for its links to the others
+
+
+def worker_dir(data_dir: str, index: int) -> Path:
+    return Path(data_dir) / "workers" / f"w{index}"
+
+
+def worker_name(node_name: str, index: int) -> str:
+    """The worker's member name in the private cluster (unique, no ``/``: a key part)."""
+    return f"{node_name}-w{index}"
+
+
+def worker_settings(argv: list[str], index: int, kv_url: str) -> Settings:
+    """The node's settings as ``amqpd argv`` reads them, made worker ``index``'s."""
+    args = cli.build_parser().parse_args(argv)
+    node = load_settings(args.config, cli.overrides_from_args(args))
+    share = worker_count(node)
+    settings = load_settings(args.config, {
+        **cli.overrides_from_args(args),
+        "workers": 1, "bind": "127.0.0.1", "port": 0, "http_port": 0,
+        "http_bind": "127.0.0.1", "data_dir": str(worker_dir(node.data_dir, index)),
+        "node_name": worker_name(node.node_name, index),
+        "cluster_name": CLUSTER, "cluster_etcd": kv_url,
+        "cluster_etcd_prefix": "/amqpd/workers",
+        "cluster_link_listen": "127.0.0.1:0", "cluster_heartbeat_listen": "127.0.0.1:0",
+        # a worker that restarts is not a partition: the others keep serving
+        "cluster_partition_handling": "ignore",
+        # nor is it a node gone: while the supervisor restarts it, the others keep
+        # counting it running, so a publish to its queues is nacked (the client
+        # publishes again), not acked and dropped as a down node's unroutable one
+        "cluster_heartbeat_timeout": RESTART_GRACE, "cluster_lease_ttl": RESTART_GRACE,
+    })
+    # what clients are told stays the node's (connection.start's cluster_name)
+    settings.cluster_name = node.effective_cluster_name
+    # the node's memory limits are the node's, not each worker's: every worker gets
+    # its share (an alarm is then raised per worker, docs/workers.md)
+    settings.vm_memory_high_watermark = node.vm_memory_high_watermark / share
+    settings.memory_high_watermark_bytes = node.memory_high_watermark_bytes // share
+    settings.message_memory_budget = node.message_memory_budget // share
+    return settings
+
+
+class Adopter:
+    """Reads the control socket: adopts handed-over connections into the broker."""
+
+    def __init__(self, broker: Any, control: socket.socket) -> None:
+        self.broker = broker
+        self.control = control
+        self.loop = asyncio.get_running_loop()
+        self.pending: set[asyncio.Task[Any]] = set()
+
+    def start(self, index: int) -> None:
+        from amqpd.transport import AMQPProtocol
+
+        self._amqp = lambda: AMQPProtocol(self.broker)
+        self.control.setblocking(False)
+        self.loop.add_reader(self.control.fileno(), self._readable)
+        task = self.loop.create_task(self._ready(index))
+        self.pending.add(task)
+        task.add_done_callback(self._done)
+
+    async def _ready(self, index: int) -> None:
+        """Tell the supervisor this worker serves, once it reaches every other worker:
+        before that, a client of this worker would find the others' queues "down"."""
+        await linked(self.broker, LINK_WAIT)
+        http = self.broker.http
+        handoff.send_ready(self.control, {
+            "index": index, "pid": os.getpid(), "amqp_port": self.broker.port,
+            "http_port": http.port if http is not None else None})
+
+    def _readable(self) -> None:
+        for kind, _payload, socks in handoff.receive(self.control):
+            if not kind:
+                log.warning("worker: the supervisor is gone; stopping")
+                self.loop.remove_reader(self.control.fileno())
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            for sock in socks:
+                self._adopt(kind, sock)
+
+    def _adopt(self, kind: bytes, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        factory: Any = None
+        if kind == handoff.ACCEPTED_AMQP:
+            factory = self._amqp
+        elif kind == handoff.ACCEPTED_HTTP:
+            http = self.broker.http
+            factory = http.runner.server if http is not None and http.runner else None
+        if factory is None or self.broker.stopping:
+            sock.close()
+            return
+        task = self.loop.create_task(self.loop.connect_accepted_socket(factory, sock))
+        self.pending.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self.pending.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("worker: %s failed: %r", task.get_coro(), task.exception())
+
+
+async def linked(broker: Any, timeout: float) -> bool:
+    """Wait until every other member of the private cluster runs (heartbeats heard)
+    and has its link to this worker up; False (with a log line) after ``timeout``."""
+    view = broker.cluster  # the cluster's Cluster is its ClusterView
+    queues = view.queues if view is not None else None
+    if view is None or queues is None:
+        return True
+    deadline = time.monotonic() + timeout
+    while True:
+        missing = sorted(n for n in view.members - {view.node_name}
+                         if not (view.is_running(n) and n in queues.links.links))
+        if not missing:
+            return True
+        if time.monotonic() >= deadline:
+            log.warning("worker: serving without a link to %s after %.0f s",
+                        ", ".join(missing), timeout)
+            return False
+        await asyncio.sleep(0.05)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="amqpd.workers.worker")
+    p.add_argument("--index", type=int, required=True)
+    p.add_argument("--control-fd", type=int, required=True)
+    p.add_argument("--kv", required=True)
+    p.add_argument("node_argv", nargs=argparse.REMAINDER)
+    ours = p.parse_args(argv)
+    node_argv = ours.node_argv[1:] if ours.node_argv[:1] == ["--"] else ours.node_argv
+    control = socket.socket(fileno=ours.control_fd)
+    try:
+        settings = worker_settings(node_argv, ours.index, ours.kv)
+        check_data_dir(settings.data_dir)
+    except ConfigError as exc:
+        print(f"amqpd worker {ours.index}: {exc}", file=sys.stderr)
+        return 2
+    from amqpd import logs
+
+    logs.configure(settings.log_level, settings.log_format)
+    try:
+        import uvloop  # type: ignore[import-not-found]
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        pass
+    from amqpd.server import Broker, serve
+
+    def ready(broker: Broker) -> None:
+        Adopter(broker, control).start(ours.index)
+
+    try:
+        asyncio.run(serve(settings, ready))
+    except (OSError, ValueError) as exc:
+        log.error("worker %d cannot start: %s", ours.index, exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,279 @@
+"""``workers = 2`` (issue 35, docs/workers.md): one port, two processes, one broker.
+
+Each test starts a real node (supervisor + two workers) on free loopback ports and
+talks to it with pika through the node's one AMQP port; connections are forced onto a
+chosen worker as tests/integration/workers_support.py says. Every message is counted.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pika
+import pika.exceptions
+import pytest
+
+from tests.integration.workers_support import (
+    connect_on,
+    kill_node,
+    read_ready,
+    wait_for,
+    wait_restarted,
+    worker_api,
+    worker_info,
+    workers_node,
+)
+from tests.support.brokerproc import BrokerProcess
+
+pytestmark = pytest.mark.timeout(240)
+
+N = 2000
+
+
+def drain(ch: pika.adapters.blocking_connection.BlockingChannel, queue: str, expect: int,
+          timeout: float = 30) -> list[bytes]:
+    """Consume (manual acks) until ``expect`` messages came or ``timeout`` passed."""
+    got: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    ch.basic_qos(prefetch_count=200)
+    for method, _props, body in ch.consume(queue, inactivity_timeout=1.0):
+        if method is not None:
+            got.append(body)
+            ch.basic_ack(method.delivery_tag)
+        if len(got) >= expect or time.monotonic() > deadline:
+            break
+    ch.cancel()
+    return got
+
+
+def on_each_worker(node: BrokerProcess) -> tuple[pika.BlockingConnection, ...]:
+    """A connection on worker 0 and one on worker 1, through the node's port."""
+    return connect_on(node, 0), connect_on(node, 1)
+
+
+def owner_of(node: BrokerProcess, queue: str) -> str:
+    """The worker whose API lists ``queue`` with its own node name (the owner)."""
+    for w in read_ready(node)["workers"]:
+        for q in worker_api(node, w["index"], "/api/queues"):
+            if q["name"] == queue and q.get("node", "").endswith(f"-w{w['index']}"):
+                return str(q["node"])
+    raise AssertionError(f"no worker owns {queue}")
+
+
+def test_one_port_two_workers_definitions_and_cross_worker_publish(tmp_path: Path) -> None:
+    with workers_node(tmp_path / "node") as node:
+        a, b = on_each_worker(node)
+        ca, cb = a.channel(), b.channel()
+        # declared through worker 0: exchange, queue, binding
+        ca.exchange_declare("x.orders", "direct", durable=True)
+        ca.queue_declare("orders", durable=True)
+        ca.queue_bind("orders", "x.orders", "eu")
+        assert owner_of(node, "orders").endswith("-w0")
+        # visible through worker 1: a passive declare of each and its routing
+        cb.exchange_declare("x.orders", passive=True)
+        cb.queue_declare("orders", passive=True)
+        cb.confirm_delivery()
+        for i in range(N):  # published on worker 1, owned by worker 0
+            cb.basic_publish("x.orders", "eu", b"%06d" % i,
+                             pika.BasicProperties(delivery_mode=2), mandatory=True)
+        # every publish was confirmed (BlockingChannel raises on nack or return)
+        assert cb.queue_declare("orders", passive=True).method.message_count == N
+        got = drain(ca, "orders", N)
+        assert got == [b"%06d" % i for i in range(N)]  # all, once, in publish order
+        # an unknown exchange is still 404 through either worker
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            cb.basic_publish("nope", "k", b"x")
+            cb.queue_declare("orders", passive=True)
+        assert err.value.reply_code == 404
+        a.close()
+        b.close()
+
+
+def test_consumer_on_the_worker_that_does_not_own_the_queue(tmp_path: Path) -> None:
+    with workers_node(tmp_path / "node") as node:
+        a, b = on_each_worker(node)
+        ca, cb = a.channel(), b.channel()
+        ca.queue_declare("work", durable=True)
+        ca.confirm_delivery()
+        cb.confirm_delivery()
+        for i in range(N // 2):  # both workers publish, both confirmed
+            ca.basic_publish("", "work", b"a%05d" % i, pika.BasicProperties(delivery_mode=2))
+            cb.basic_publish("", "work", b"b%05d" % i, pika.BasicProperties(delivery_mode=2))
+        consumer = b.channel()  # on worker 1; the queue is worker 0's
+        got = drain(consumer, "work", N)
+        assert len(got) == N and len(set(got)) == N
+        # per publisher, order is kept
+        assert [m for m in got if m[:1] == b"a"] == [b"a%05d" % i for i in range(N // 2)]
+        assert [m for m in got if m[:1] == b"b"] == [b"b%05d" % i for i in range(N // 2)]
+        assert ca.queue_declare("work", passive=True).method.message_count == 0
+        a.close()
+        b.close()
+
+
+def test_kill_9_of_one_worker(tmp_path: Path) -> None:
+    with workers_node(tmp_path / "node") as node:
+        a, b = on_each_worker(node)
+        ca, cb = a.channel(), b.channel()
+        ca.queue_declare("on-w0", durable=True)
+        cb.queue_declare("on-w1", durable=True)
+        ca.confirm_delivery()
+        cb.confirm_delivery()
+        for i in range(500):
+            ca.basic_publish("", "on-w0", b"%d" % i, pika.BasicProperties(delivery_mode=2))
+            cb.basic_publish("", "on-w1", b"%d" % i, pika.BasicProperties(delivery_mode=2))
+        victim = worker_info(node, 1)["pid"]
+        import os
+        import signal
+
+        os.kill(victim, signal.SIGKILL)
+        # its client is disconnected ...
+        def b_closed() -> bool:
+            try:
+                b.process_data_events(0.1)
+            except pika.exceptions.AMQPConnectionError:
+                return True
+            return b.is_closed
+        wait_for(b_closed, 15, "worker 1's client to be disconnected")
+        # ... the other worker's is not: it keeps publishing and consuming its queue
+        for i in range(500, 600):
+            ca.basic_publish("", "on-w0", b"%d" % i, pika.BasicProperties(delivery_mode=2))
+        # and what it publishes meanwhile into the dead worker's queue is nacked or,
+        # once that worker is back, confirmed: never confirmed and dropped
+        confirmed: list[bytes] = []
+        nacked = 0
+
+        def back() -> bool:
+            nonlocal nacked
+            body = b"%d" % (500 + len(confirmed) + nacked)
+            try:
+                ca.basic_publish("", "on-w1", body, pika.BasicProperties(delivery_mode=2))
+                confirmed.append(body)
+            except pika.exceptions.NackError:
+                nacked += 1
+            return len(confirmed) >= 20
+        wait_for(back, 60, "publishes into the restarted worker's queue to be confirmed")
+        wait_restarted(node, 1, victim)
+        assert a.is_open
+        got = drain(a.channel(), "on-w0", 600)
+        assert got == [b"%d" % i for i in range(600)]
+        # the restarted worker recovered its queue: every confirmed message is there
+        b2 = connect_on(node, 1)
+        got1 = drain(b2.channel(), "on-w1", 500 + len(confirmed))
+        assert got1 == [b"%d" % i for i in range(500)] + confirmed
+        # and the node port keeps working for new connections through both workers
+        assert read_ready(node)["amqp_port"] == node.port
+        a.close()
+        b2.close()
+
+
+def test_kill_9_of_the_whole_node(tmp_path: Path) -> None:
+    node = BrokerProcess(tmp_path / "node", extra_args=["--workers", "2"])
+    node.start(timeout=60)
+    try:
+        a, b = on_each_worker(node)
+        ca, cb = a.channel(), b.channel()
+        ca.exchange_declare("fan", "fanout", durable=True)
+        ca.queue_declare("q0", durable=True)
+        cb.queue_declare("q1", durable=True)
+        ca.queue_bind("q0", "fan")
+        cb.queue_bind("q1", "fan")
+        cb.confirm_delivery()
+        for i in range(300):  # through worker 1 into both workers' queues
+            cb.basic_publish("fan", "", b"%d" % i, pika.BasicProperties(delivery_mode=2))
+        kill_node(node)
+        node.start(timeout=60)
+        expect = [b"%d" % i for i in range(300)]
+        for index, queue in ((0, "q0"), (1, "q1"), (1, "q0"), (0, "q1")):
+            conn = connect_on(node, index)
+            ch = conn.channel()
+            assert ch.queue_declare(queue, passive=True).method.message_count == 300
+            conn.close()
+        conn = connect_on(node, 1)
+        assert drain(conn.channel(), "q0", 300) == expect  # owned by w0, consumed via w1
+        assert drain(conn.channel(), "q1", 300) == expect
+        # the binding survived too: a new publish reaches both queues again
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.basic_publish("fan", "", b"after", pika.BasicProperties(delivery_mode=2))
+        assert ch.queue_declare("q0", passive=True).method.message_count == 1
+        assert ch.queue_declare("q1", passive=True).method.message_count == 1
+        conn.close()
+    finally:
+        node.stop()
+
+
+def test_exclusive_queue_belongs_to_its_connection_on_every_worker(tmp_path: Path) -> None:
+    """RabbitMQ 3.10: another connection's exclusive queue is 405 RESOURCE_LOCKED for
+    a declare or a consume, wherever that other connection is; it goes with its
+    connection (then 404)."""
+    with workers_node(tmp_path / "node") as node:
+        a, b = on_each_worker(node)
+        a.channel().queue_declare("mine", exclusive=True)
+        for attempt in ("declare", "consume"):
+            ch = b.channel()
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+                if attempt == "declare":
+                    ch.queue_declare("mine", passive=True)
+                else:
+                    ch.basic_consume("mine", lambda *_: None)
+            assert err.value.reply_code == 405, (attempt, err.value)
+        a.close()
+
+        def gone() -> bool:
+            ch = b.channel()
+            try:
+                ch.queue_declare("mine", passive=True)
+            except pika.exceptions.ChannelClosedByBroker as exc:
+                assert exc.reply_code == 404, exc
+                return True
+            ch.close()
+            return False
+        wait_for(gone, 15, "the exclusive queue to go with its connection")
+        b.close()
+
+
+def test_workers_1_is_one_process(tmp_path: Path) -> None:
+    """The default runs no supervisor: the ready file's pid serves AMQP itself, has no
+    workers, and the data directory has no workers/ part."""
+    node = BrokerProcess(tmp_path / "one").start()
+    try:
+        info = read_ready(node)
+        assert node.proc is not None and info["pid"] == node.proc.pid
+        assert "workers" not in info
+        assert not (node.data_dir / "workers").exists()
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
+        assert conn.channel().queue_declare("", exclusive=True).method.queue
+        conn.close()
+    finally:
+        node.stop()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--workers", "-1"], "setting 'workers' must be 0 (one per core) or 1-256, not -1"),
+    (["--workers", "2", "--stream-port", "0"],
+     "setting 'workers' = 2: the stream protocol (stream) cannot run with more than one "
+     "worker yet"),
+])
+def test_refused_settings_say_why(tmp_path: Path, args: list[str], message: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "amqpd", "--data-dir", str(tmp_path),
+                           "--port", "0", *args], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+
+
+def test_a_worker_that_cannot_start_stops_the_node(tmp_path: Path) -> None:
+    """Worker 1's data directory is a file: it exits before serving, three times, and
+    the node exits 1 saying so (and stops worker 0), as a broker that cannot start."""
+    data = tmp_path / "node"
+    (data / "workers").mkdir(parents=True)
+    (data / "workers" / "w1").write_text("not a directory")
+    proc = subprocess.run([sys.executable, "-m", "amqpd", "--data-dir", str(data),
+                           "--bind", "127.0.0.1", "--port", "0", "--http-port", "0",
+                           "--workers", "2"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "is not a directory" in proc.stderr
+    assert "worker 1 exited 3 times without serving" in proc.stderr
