@@ -71,6 +71,7 @@ from amqpd.protocol.errors import (
     AccessRefused,
     AMQPError,
     NotFound,
+    NotImplemented_,
     PreconditionFailed,
     ResourceLocked,
 )
@@ -1245,6 +1246,7 @@ __all__ = [
     "Message",
     "NodeStatus",
     "NotFound",
+    "NotImplemented_",
     "ParameterStore",
     "Permission",
     "PreconditionFailed",

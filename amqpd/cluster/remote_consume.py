@@ -25,6 +25,7 @@ from amqpd.broker.api import (
     Consumer,
     Message,
     NotFound,
+    NotImplemented_,
     QueueEntry,
     ResourceLocked,
     decode_record,
@@ -58,6 +59,9 @@ class RemoteConsume(RemoteQueueState):
         return True  # basic.get is answered once the leader has (fetch_for)
 
     def fetch_for(self, channel: Any, no_ack: bool) -> None:
+        if self.real_type == "stream":  # refused here, as the leader's stream refuses it
+            raise NotImplemented_(f"basic.get not supported by stream queues queue "
+                                  f"'{self.name}' in vhost '{self.vhost.name}'")
         if not self.available:
             raise self._unavailable()
         self._next_req += 1

@@ -99,9 +99,12 @@ class TransientQueues(LeasedPush[Ident]):
         """The queue as the others get it, with its bindings (every exchange is known on
         every node, non-durable ones too: amqpd/cluster/transient_defs.py; not the
         default exchange's)."""
+        # sorted by their JSON: two bindings of one exchange and key differ in their
+        # arguments, and dicts do not compare
         bindings = sorted(
-            [b.source.name, b.routing_key, jsonable(b.arguments)]
-            for b in (q.inbound or ()) if b.source.name)
+            ([b.source.name, b.routing_key, jsonable(b.arguments)]
+             for b in (q.inbound or ()) if b.source.name),
+            key=lambda item: json.dumps(item, sort_keys=True))
         return json.dumps({"name": q.name, "vhost": q.vhost.name, "durable": q.durable,
                            "exclusive": q.exclusive, "auto_delete": q.auto_delete,
                            "arguments": jsonable(q.arguments), "node": self.node,

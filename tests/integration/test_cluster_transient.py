@@ -112,6 +112,15 @@ def test_non_durable_queue_known_everywhere_and_gone_with_its_node(
     wait_for(lambda: (queue_info(a, "tq") or {}).get("messages") == 2, 10,
              "the topic message on node-a", a.tail)
     pub.close()
+    # two bindings to one exchange with one key that differ only in their arguments
+    # (the queue's record sorts its bindings: dicts do not compare) reach every node
+    for args in ({"x-match": "all", "k": "1"}, {"x-match": "any", "k": "2"}):
+        owner.rpc(ch, commands.Queue.Bind(queue="tq", exchange="amq.headers",
+                                          routing_key="", arguments=args),
+                  commands.Queue.BindOk)
+    wait_for(lambda: sum(x["destination"] == "tq" for x in c.api.get(
+        "/api/exchanges/%2F/amq.headers/bindings/source").json()) == 2, 15,
+        "both headers bindings known on node-c", c.tail)
     # an exclusive queue of that connection: listed everywhere, locked to everyone
     # else (405), reached by a publish on another node, gone with its node
     owner.rpc(ch, commands.Queue.Declare(queue="xq", exclusive=True),
