@@ -140,9 +140,16 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
         out["type"] = self.real_type
         out["messages_unacknowledged"] = self.remote_unacked
         out["messages"] = self.message_count + self.remote_unacked
-        out["consumers"] = self.remote_consumers + sum(
-            1 for state in self._cons.values() if state.local is not None)
+        out["consumers"] = self.consumer_count()
         return out
+
+    def consumer_count(self) -> int:
+        """The consumers the API and declare-ok report: the leader's count as last
+        reported (its own and those it serves for other nodes) plus this node's stream
+        consumers reading its copy (:mod:`amqpd.cluster.stream_local`), whom the
+        leader never sees."""
+        return self.remote_consumers + sum(1 for state in self._cons.values()
+                                           if state.local is not None)
 
     def listed_type(self) -> str:
         return self.real_type  # the leader's queue's type
@@ -406,9 +413,10 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
 
     def counts_for(self, answer: Callable[[int, int], None]) -> None:
         """A declare-ok's counts as the leader has them now (the last reported ones if
-        the leader is out of reach or does not answer within ANSWER_TIMEOUT)."""
+        the leader is out of reach or does not answer within ANSWER_TIMEOUT); the
+        consumers as the API counts them here (:meth:`consumer_count`)."""
         if not self.available:
-            answer(self.message_count, self.remote_consumers)
+            answer(self.message_count, self.consumer_count())
             return
         self._next_req += 1
         req = self._next_req
@@ -419,7 +427,7 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
     def _count_answer(self, req: int) -> None:
         answer = self._counts.pop(req, None)
         if answer is not None:
-            answer(self.message_count, self.remote_consumers)
+            answer(self.message_count, self.consumer_count())
 
     def _counted(self, req: int, ready: int, unacked: int, consumers: int) -> None:
         self.ready_count, self.remote_unacked, self.remote_consumers = ready, unacked, consumers
