@@ -9,21 +9,29 @@ member was removed). A copy that cannot be opened or appended to is refused
 (``SREFUSE``) and the leader starts it again later. ``SCOMMIT`` moves the copy's
 commit point, up to which this node's consumers read it
 (:mod:`amqpd.cluster.stream_local`).
+
+A member removed while its node was down (or its link was: the ``SDROP`` never came)
+finds out from the stream's group record once it is back: a copy left on disk for a
+stream whose record no longer names this node is deleted then, with a log line
+(:meth:`StreamCopies.clear_removed`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from amqpd.broker.api import StreamLogError
+from amqpd.broker.api import StreamLogError, stream_directory
 from amqpd.cluster import link_wire as W
 from amqpd.cluster import stream_wire as S
 from amqpd.cluster.stream_replica import StreamReplica
 
 if TYPE_CHECKING:
     from amqpd.cluster.link import Link
+    from amqpd.cluster.mirror_state import Ident
     from amqpd.cluster.stream_group import StreamGroups
 
 log = logging.getLogger("amqpd.cluster.stream")
@@ -36,6 +44,35 @@ class StreamCopies:
     def __init__(self, groups: StreamGroups) -> None:
         self.groups = groups
         self._acks: set[tuple[Link, int, StreamReplica]] = set()
+        self._checked: dict[Ident, int] = {}  # stream -> record revision looked at
+
+    def clear_removed(self) -> None:
+        """Delete the copies left on disk of streams whose group record no longer names
+        this node a member. Only a copy no leader feeds now (none open here: an open
+        one is dropped by its leader's ``SDROP``) and only once per record revision.
+        A leader's ``SSTART`` for a node added again meanwhile either came first (the
+        copy is open: left alone) or finds no files and copies the log afresh."""
+        groups = self.groups
+        node = groups.node
+        data_dir = Path(groups.broker.settings.data_dir)
+        for ident, rec in groups.records.items():
+            revision = groups.revisions.get(ident, 0)
+            if self._checked.get(ident) == revision:
+                continue
+            self._checked[ident] = revision
+            if node in rec.get("members", ()) or rec.get("leader") == node \
+                    or ident in groups.replicas or ident in groups.electing \
+                    or groups.local_stream(ident) is not None:
+                continue
+            directory = stream_directory(data_dir, ident[0], ident[1])
+            if not directory.is_dir():
+                continue
+            log.warning("stream '%s' in vhost '%s': this node is no longer a member "
+                        "(members %s); its copy left on disk is deleted", ident[1],
+                        ident[0], rec.get("members"))
+            shutil.rmtree(directory, ignore_errors=True)
+        for ident in [i for i in self._checked if i not in groups.records]:
+            del self._checked[ident]
 
     def frame(self, link: Link, kind: int, stream: int, f: list[Any]) -> bool:
         """A member's frame from a leader handled here: True; False for the others
