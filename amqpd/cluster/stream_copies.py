@@ -10,10 +10,11 @@ member was removed). A copy that cannot be opened or appended to is refused
 commit point, up to which this node's consumers read it
 (:mod:`amqpd.cluster.stream_local`).
 
-A member removed while its node was down (or its link was: the ``SDROP`` never came)
-finds out from the stream's group record once it is back: a copy left on disk for a
-stream whose record no longer names this node is deleted then, with a log line
-(:meth:`StreamCopies.clear_removed`).
+A member removed while its node was down (the ``SDROP`` never came) finds out from
+the stream's group record once it is back: a copy left on disk for a stream whose
+record no longer names this node is deleted then, with a log line
+(:meth:`StreamCopies.clear_removed`). A copy still open (the node ran, its link to the
+leader was down) is left alone: not done yet (docs/streams.md).
 """
 
 from __future__ import annotations
