@@ -74,7 +74,10 @@ def test_a_member_removed_while_down_deletes_its_copy_when_back(
     c.start()
     wait_for(lambda: not copy.exists(), 60, "node-c deleted its copy", c.tail)
     assert "this node is no longer a member" in c.tail(), c.tail()
-    # the stream is still there for node-c's clients, read through the leader
+    # the stream is still there for node-c's clients, read through the leader once
+    # node-c's link to it is up
+    wait_for(lambda: bool(queue_info(c)) and queue_info(c).get("state") != "down", 30,
+             "node-c reaches the leader", lambda: str(queue_info(c)))
     ch = connect(c, opened).channel()
     ch.basic_qos(prefetch_count=10)
     gen = ch.consume(STREAM, arguments={"x-stream-offset": "first"}, inactivity_timeout=0.5)
