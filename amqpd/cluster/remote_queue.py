@@ -36,7 +36,8 @@ basic.cancel (of a mirrored queue a mirror can take over only those with
 the catalogue names it, or from this node's new queue if the mirror here is promoted,
 in whichever order the link's end and the promotion come; amqpd.cluster.mirror),
 publishes waiting for a confirm get a nack, and until the link is back (or a new
-leader is known) the queue answers declare, basic.get and basic.consume with 404
+leader is known) the queue answers declare (a stream's excepted, as RabbitMQ 3.10.8
+answers it: :meth:`RemoteQueue.touch`), basic.get and basic.consume with 404
 ``home node '<node>' of durable queue '<name>' in vhost '<vhost>' is down or
 inaccessible``; the publish pipeline leaves it out of routes (``available`` is False:
 the message is unroutable there, as in RabbitMQ 3.10). Delivery ids of the old link
@@ -174,8 +175,11 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
         return home_node_down(self.leader, self.name, self.vhost.name, self.durable)
 
     def touch(self) -> None:
-        """Every declare passes here first: 404 while the leader is out of reach."""
-        if not self.available:
+        """Every declare passes here first: 404 while the leader is out of reach,
+        except for a stream, whose declare (passive too) RabbitMQ 3.10.8 answers with
+        declare-ok while its leader is lost (during the election, and with no majority
+        left to elect one); a consume there is still refused (:meth:`check_consume`)."""
+        if not self.available and (self.gone or self.real_type != "stream"):
             raise self._unavailable()
 
     def check_consume(self, arguments: dict[str, Any], global_prefetch: int) -> None:

@@ -7,6 +7,8 @@ amqpd processes and etcd on loopback, pika.
   a consumer attached after its consume-ok would miss one only now and then.
 * queue.declare-ok (and a passive declare) on a member's node counts the consumers
   reading that node's copy, as the management API there does.
+* With the leader lost and no majority to elect another, the stream is declared on
+  every node and a consume is refused, as RabbitMQ 3.10.8 answers.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 import pika
 import pytest
 
-from tests.integration.cluster_support import ClusterNode, wait_for
+from tests.integration.cluster_support import ClusterNode, diagnose, wait_for
 from tests.integration.test_cluster_stream_local import STREAM, channel, declare, queue_info
 from tests.integration.test_cluster_streams import pika_connections  # noqa: F401 - a fixture
 from tests.support import etcdproc
@@ -59,9 +61,9 @@ def test_next_gets_every_record_published_after_consume_ok(
     assert not missed, missed
 
 
-def _declare_ok(ch: Any, passive: bool) -> int:
-    ok = ch.queue_declare(STREAM, passive=passive, durable=True,
-                          arguments=None if passive else {"x-queue-type": "stream"})
+def _declare_ok(ch: Any, passive: bool, **arguments: Any) -> int:
+    ok = ch.queue_declare(STREAM, passive=passive, durable=True, arguments=None if passive
+                          else {"x-queue-type": "stream", **arguments})
     return int(ok.method.consumer_count)
 
 
@@ -86,3 +88,32 @@ def test_declare_ok_counts_the_consumers_reading_a_members_copy(
     on_a = channel(a, opened)
     assert _declare_ok(on_a, False) == _declare_ok(on_a, True) == \
         queue_info(a)["consumers"] == 1
+
+
+def test_a_stream_whose_leader_is_lost_is_declared_but_not_consumed(
+        nodes: list[ClusterNode], request: pytest.FixtureRequest) -> None:
+    """As RabbitMQ 3.10.8 answers on a member's node while the leader is lost:
+    queue.declare and a passive declare succeed, basic.consume is refused (RabbitMQ:
+    541, or 406 "does not have a replica on the local node"; amqpd: 404 home node
+    down). Two members (node-a leading, node-b): with node-a killed no majority is
+    left, so no leader is elected."""
+    opened: list[pika.BlockingConnection] = request.getfixturevalue("pika_connections")
+    a, b, c = nodes
+    channel(a, opened).queue_declare(STREAM, durable=True, arguments={
+        "x-queue-type": "stream", "x-initial-cluster-size": 2})
+    wait_for(lambda: sorted(queue_info(a).get("member_offsets", {})) == [a.name, b.name],
+             30, "node-a and node-b connected", lambda: str(queue_info(a)))
+    a.kill()
+    for node in (b, c):  # a member's node, and a node with none
+        def down(node: ClusterNode = node) -> bool:
+            return queue_info(node).get("state") == "down"
+
+        wait_for(down, 30, f"{node.name} sees the leader lost", lambda: diagnose(nodes))
+        ch = channel(node, opened)
+        assert _declare_ok(ch, False, **{"x-initial-cluster-size": 2}) == 0
+        assert _declare_ok(ch, True) == 0
+        ch.basic_qos(prefetch_count=10)
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            ch.basic_consume(STREAM, lambda *_: None)
+        assert refused.value.reply_code == 404, refused.value
+        assert "home node 'node-a'" in refused.value.reply_text
