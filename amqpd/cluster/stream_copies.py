@@ -71,7 +71,11 @@ class StreamCopies:
             log.warning("stream '%s' in vhost '%s': this node is no longer a member "
                         "(members %s); its copy left on disk is deleted", ident[1],
                         ident[0], rec.get("members"))
-            shutil.rmtree(directory, ignore_errors=True)
+            try:
+                shutil.rmtree(directory)
+            except OSError as exc:  # looked at again with the record's next revision
+                log.error("stream '%s' in vhost '%s': deleting %s failed: %s", ident[1],
+                          ident[0], directory, exc)
         for ident in [i for i in self._checked if i not in groups.records]:
             del self._checked[ident]
 
