@@ -15,7 +15,7 @@ import pytest
 
 from amqpd.broker.api import MembershipError, Record, StreamLog, stream_directory
 from amqpd.cluster import link_wire as W
-from amqpd.cluster.stream_copies import StreamCopies
+from amqpd.cluster.stream_copies import DROP_GRACE, StreamCopies
 from amqpd.cluster.stream_group import cluster_size, replica_edit
 from amqpd.cluster.stream_replica import StreamReplica, read_term, valid_end
 from amqpd.cluster.stream_wire import delivered_offset, pack_records, unpack_records
@@ -126,11 +126,27 @@ def test_a_copy_left_by_a_removed_member_is_deleted_once_it_reads_the_record(
         ("/", "kept"): {"leader": "node-a", "members": ["node-a", "node-c"]},
         ("/", "open"): {"leader": "node-a", "members": ["node-a", "node-b"]}}
     copies = _copies(tmp_path, records)
-    copies.groups.replicas[("/", "open")] = object()  # its leader drops it (SDROP)
+    # open, (re)started by its leader after this node read the removal: a node added
+    # again, whose copy the leader feeds (record_revision 1 is the record read then)
+    replica = StreamReplica(str(tmp_path), "node-a", 1, "/", "open", {})
+    replica.record_revision = 1
+    copies.groups.replicas[("/", "open")] = replica
     with caplog.at_level(logging.WARNING, "amqpd.cluster.stream"):
         copies.clear_removed()
     assert not removed.exists() and member.is_dir() and open_.is_dir()
     assert "'gone' in vhost '/': this node is no longer a member" in caplog.text
+    assert not replica.closed
+
+    # a later record without this node: deleted once the leader's SDROP did not come
+    # within DROP_GRACE (the link was down)
+    copies.groups.revisions[("/", "open")] = 2
+    copies.clear_removed(now=100.0)
+    copies.clear_removed(now=100.0 + DROP_GRACE - 0.1)
+    assert not replica.closed and open_.is_dir()
+    copies.clear_removed(now=100.0 + DROP_GRACE)
+    assert replica.closed and not open_.exists() and ("/", "open") not in \
+        copies.groups.replicas
+    assert "its leader did not drop the copy" in caplog.text
 
     # looked at once per record revision; a failed delete is logged, tried again with
     # the next revision
@@ -149,4 +165,4 @@ def test_a_copy_left_by_a_removed_member_is_deleted_once_it_reads_the_record(
     monkeypatch.undo()
     copies.groups.revisions[("/", "gone")] = 3
     copies.clear_removed()
-    assert not removed.exists() and member.is_dir() and open_.is_dir()
+    assert not removed.exists() and member.is_dir()
