@@ -16,7 +16,7 @@ endif
 PY := $(VENV)/bin/python
 PIP_FLAGS ?= --quiet --disable-pip-version-check
 
-.PHONY: run install venv test lint system-deps chaos model
+.PHONY: run install venv test lint system-deps chaos model prebuild
 
 venv:
 	@sh devtools/venv.sh '$(PYTHON)' '$(VENV)'
@@ -91,6 +91,15 @@ MODEL_EXAMPLES ?= 2000
 model: install
 	AMQPD_MODEL_RANDOM=1 AMQPD_MODEL_EXAMPLES=$(MODEL_EXAMPLES) '$(PY)' -m pytest -q \
 	  tests/unit/cluster/test_replica_core_model.py
+
+# The install tests' sdist and wheel, built ahead into PREBUILT with a builder virtualenv
+# of their own (tests/install/prebuild.py; needs only $(PYTHON)). .ci/run starts it beside
+# `make install`, whose compile leaves the second core idle, and hands PREBUILT to the
+# tests in AMQPD_TEST_PREBUILT: they take that build only if it was made by the same
+# Python from the same files, and otherwise build again themselves.
+prebuild:
+	@test -n '$(PREBUILT)' || { echo 'usage: make prebuild PREBUILT=DIR' >&2; exit 2; }
+	'$(PYTHON)' -m tests.install.prebuild '$(PREBUILT)'
 
 # After the full suite on the installed (compiled) hot path, the same unit tests and
 # conformance suite on its pure-Python sources: both must stay correct.

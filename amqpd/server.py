@@ -246,7 +246,9 @@ class Broker:
             dirty, self._dirty = self._dirty, {}
             self._last_dirty = None
             for queue in dirty.values():
-                if not queue.deleted:
+                # a held queue is dispatched again when its hold ends
+                # (QueueType.deliveries_held)
+                if not queue.deleted and not queue.deliveries_held:
                     queue.dispatch()
             if not self._dirty:
                 break

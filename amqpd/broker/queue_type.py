@@ -37,7 +37,8 @@ settle | requeue):
 * :meth:`add_consumer` / :meth:`remove_consumer` -- basic.consume / basic.cancel and
   channel close.
 * :meth:`dispatch` -- at the end of a tick in which the queue became deliverable
-  (the broker's dispatch scheduler calls it, never a handler inline).
+  (the broker's dispatch scheduler calls it, never a handler inline), unless
+  :attr:`deliveries_held` (then :meth:`fetch` gives nothing as well).
 * :meth:`delete` -- once, when the queue is deleted, after its bindings are gone.
 * :meth:`restore` -- at boot, once per recovered message, in log order.
 * :meth:`options_changed` -- after the queue's policy was (re)applied.
@@ -136,6 +137,13 @@ class QueueType:
         # hold log-only (the classic queue's paging, amqpd.broker.queue.Queue sets it);
         # an attribute, not a class check, so the per-message test is a struct read
         self.pages_out = False
+        # deliveries wait: the cluster holds them on the queues this node leads as a
+        # replica group's leader while its leadership is unconfirmed (woken from a
+        # SIGSTOP, back from a long stall: amqpd.cluster.delivery_hold), so a deposed
+        # leader hands its consumers nothing its successor delivers. The dispatch
+        # scheduler skips the queue (a bool test per dirty queue, not per message) and
+        # :meth:`fetch` answers empty; whoever sets it schedules a dispatch on clearing
+        self.deliveries_held = False
 
     # --- called BEFORE declaration
     @classmethod
@@ -271,7 +279,9 @@ class QueueType:
 
     def fetch(self) -> QueueEntry | None:
         """basic.get: the head, as :meth:`take` gives it unless the type shows a fetched
-        entry differently."""
+        entry differently; nothing while :attr:`deliveries_held`."""
+        if self.deliveries_held:
+            return None
         return self.take()
 
     def delivered(self, entry: QueueEntry, acked: bool) -> None:

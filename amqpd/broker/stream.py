@@ -33,7 +33,9 @@ each flush made readable (:attr:`StreamQueue.watchers`) to the members, which ap
 at the same offsets, and a confirm waits for its commit rule too
 (:attr:`StreamQueue.commit_gate`); its consumers read only what that rule committed
 (:attr:`StreamQueue.read_limit`), as RabbitMQ's read only committed chunks, so none
-sees a record the next leader may not have.
+sees a record the next leader may not have. Stream-protocol subscribers read below
+:meth:`StreamQueue.commit_point`: that rule's point in a cluster, on one node the
+fsynced position (a flush with subscribers waiting asks for the fsync no confirm did).
 """
 
 from __future__ import annotations
@@ -301,6 +303,10 @@ class StreamQueue(QueueType):
         # a replicated stream's commit point (amqpd.cluster.stream_leading): consumers
         # get only records below it; None: everything written (one node)
         self.read_limit: Callable[[], int] | None = None
+        # called when the commit point moved (stream-protocol subscribers, which read
+        # only below it: :meth:`commit_point`)
+        self.commit_watchers: list[Callable[[], None]] = []
+        self._reader_sync_pending = False
         broker.publisher.own_log_queues += 1
         self.on_removed.append(_removed)
 
@@ -438,6 +444,41 @@ class StreamQueue(QueueType):
             self.vhost.schedule_dispatch(self)
         for watcher in list(self.watchers):
             watcher()
+        if not self._reader_sync_pending and self._readers_behind():
+            # after this tick's confirms asked for theirs (it then serves them too)
+            self._reader_sync_pending = True
+            if self._loop is not None:
+                self._loop.call_soon(self._sync_for_readers)
+            else:
+                self._sync_for_readers()
+
+    def commit_point(self) -> int:
+        """The offset below which stream-protocol subscribers may read: a replicated
+        stream's commit point (:attr:`read_limit`, what a majority of its members hold),
+        on one node what is fsynced -- what a confirm promises -- so no subscriber sees
+        a record a failover or a crash may lose. :attr:`commit_watchers` hear when it
+        moves."""
+        limit = self.read_limit
+        return limit() if limit is not None else self.log.synced_offset
+
+    def commit_moved(self) -> None:
+        """The commit point may have moved: tell :attr:`commit_watchers` (the leader's
+        side of a replicated stream calls it too, as its members acknowledge)."""
+        for watcher in list(self.commit_watchers):
+            watcher()
+
+    def _readers_behind(self) -> bool:
+        """One node, subscribers waiting for records written but not yet fsynced (no
+        publisher's confirm asked for that fsync): the sync they need."""
+        return bool(self.commit_watchers) and self.read_limit is None and \
+            not self.deleted and self.log.synced_offset < self.log.flushed_offset
+
+    def _sync_for_readers(self) -> None:
+        """End of the tick after a flush with subscribers waiting: fsync what no
+        confirm asked to (a confirm's sync under way covers it, or the next one)."""
+        self._reader_sync_pending = False
+        if not self._syncing and not self._sync_waiters and self._readers_behind():
+            self._start_sync()
 
     def sync_log(self, callback: Callable[[BaseException | None], None]) -> None:
         """Call back once everything appended so far is fsynced (or with the error):
@@ -463,6 +504,8 @@ class StreamQueue(QueueType):
                 error = exc
             for callback in waiters:
                 callback(error)
+            if error is None and self.read_limit is None:
+                self.commit_moved()
             return
         self._syncing = True
         future = self._loop.run_in_executor(None, self.log.sync)
@@ -475,6 +518,8 @@ class StreamQueue(QueueType):
                           self.name, self.vhost.name, error)
             for callback in waiters:
                 callback(error)
+            if error is None and self.read_limit is None and not self.deleted:
+                self.commit_moved()  # one node: the fsynced position is the commit point
             if self.max_bytes is not None and not self.deleted:
                 # segments sealed since the last sync may go now (retain waits for
                 # their index files)
@@ -483,6 +528,8 @@ class StreamQueue(QueueType):
                 if self._flush_pending:
                     self.flush()
                 self._start_sync()
+            elif error is None and self._readers_behind():
+                self._start_sync()  # records flushed while this sync ran
 
         future.add_done_callback(done)
 

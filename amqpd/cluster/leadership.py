@@ -13,8 +13,11 @@ So a node doubts its leadership from its start and after each such event, and
 confirms it only by reading etcd's definitions afresh (a linearizable read, applied
 ahead of the watch) once it serves again: what the read shows another node leading
 is handed over by the applier (``ClusterQueues.materialise``) before the doubt ends.
-While in doubt, ``/api/queues`` shows its queues ``down``. A stall is seen by the
-first callback after it (:meth:`LoopClock.ongoing`), before the ticker runs.
+While in doubt, ``/api/queues`` shows its queues ``down``, and the queues it leads
+deliver nothing (``on_doubt`` / ``on_confirmed``: amqpd.cluster.delivery_hold). A stall
+is seen by the first callback after it that asks (:meth:`LoopClock.ongoing`), and by
+the clock's tick, a timer that runs on waking before the dispatch the woken node's
+first reads scheduled.
 """
 
 from __future__ import annotations
@@ -46,6 +49,10 @@ class Leadership:
         self.confirmations = 0
         self._wake = asyncio.Event()
         self._wake.set()
+        # called on every doubt, and once each doubt is confirmed away (the delivery
+        # hold of the queues this node leads)
+        self.on_doubt: list[Callable[[], None]] = []
+        self.on_confirmed: list[Callable[[], None]] = []
         clock.on_stall.append(self._stalled)
 
     def _stalled(self, seconds: float) -> None:
@@ -58,6 +65,8 @@ class Leadership:
         if not self.doubted:
             log.info("cluster: leadership of this node's queues unconfirmed: %s", why)
             self.doubted = why
+        for listener in self.on_doubt:
+            listener()
         self._wake.set()
 
     def confirmed(self) -> bool:
@@ -89,6 +98,8 @@ class Leadership:
                              "etcd (was unconfirmed: %s)", self.doubted)
                     self.doubted = ""
                     self.confirmations += 1
+                    for listener in self.on_confirmed:
+                        listener()
 
 
 __all__ = ["Leadership"]

@@ -9,12 +9,17 @@ meanwhile wait unread in the sockets, the first check after the stall sees every
 node that was merely slow. The silence that means something is silence *while this node
 was listening*.
 
-So the cluster view reads time from this clock. A ticker task wakes every ``tick``
+So the cluster view reads time from this clock. A ticker wakes every ``tick``
 seconds; whatever a wake-up comes later than ``tick + slack`` is a stall, and the clock
-does not count it. A stall still in progress is not counted either (``now()`` holds at the
-moment the stall began), so the first callback after a stall, which may run before the
-ticker, sees no jump. While the loop runs freely the clock moves with
-``time.monotonic()``, so a dead peer is noticed as fast as before.
+does not count it. The ticker is a timer callback (``call_later``), not a task sleeping:
+on waking, the event loop runs the due timers before anything the woken node's first
+socket reads scheduled with ``call_soon`` (a task's next step, the broker's dispatch of
+a consumer whose ack was read), so the stall's listeners act first (the delivery hold
+of a woken leader, amqpd.cluster.delivery_hold). A stall still in progress is not
+counted either (``now()`` holds at the moment the stall began), so the first callback
+after a stall, which may run before the ticker, sees no jump. While the loop runs
+freely the clock moves with ``time.monotonic()``, so a dead peer is noticed as fast as
+before.
 
 What this does not cover, by design: the etcd *lease* is kept on etcd's clock, so the
 fence that stops a node whose lease may have run out (``node.py``) stays on the wall
@@ -45,6 +50,7 @@ class LoopClock:
         self.stalls = 0  # how many stalls longer than LOG_STALL (for the status API)
         self.longest = 0.0  # the longest stall seen, seconds
         self._last_tick = wall()
+        self._timer: asyncio.TimerHandle | None = None
         # called with each stall found (amqpd.cluster.leadership: a stall may have let
         # the others take this node's queues over)
         self.on_stall: list[Callable[[float], None]] = []
@@ -78,11 +84,23 @@ class LoopClock:
         return excess
 
     async def run(self) -> None:
-        """The ticker; runs until cancelled."""
+        """The ticker (a chain of timer callbacks); runs until cancelled."""
+        loop = asyncio.get_running_loop()
         self._last_tick = self.wall()
-        while True:
-            await asyncio.sleep(self.tick)
+        self._timer = loop.call_later(self.tick, self._ticked, loop)
+        try:
+            await loop.create_future()  # never set: the ticker runs until cancelled
+        finally:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+    def _ticked(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = loop.call_later(self.tick, self._ticked, loop)
+        try:
             self.observe()
+        except Exception:  # a listener's bug must not stop the clock
+            log.exception("cluster: a loop stall listener failed")
 
 
 __all__ = ["LoopClock"]

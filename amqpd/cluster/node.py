@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from amqpd.cluster.dedup_cache import DedupCaches, SharedDedupCache
 from amqpd.cluster.definitions import KIND_BINDING, KIND_QUEUE, DefinitionMirror
+from amqpd.cluster.delivery_hold import DeliveryHold
 from amqpd.cluster.heartbeat import Heartbeats
 from amqpd.cluster.leadership import Leadership
 from amqpd.cluster.loop_clock import LoopClock
@@ -118,6 +119,10 @@ class Cluster(ClusterView):
         # whether this node may claim the queues it holds (amqpd/cluster/leadership.py)
         self.leadership = Leadership(self.loop_clock, cc.heartbeat_timeout / 2,
                                      self._may_confirm, self.mirror.read_all)
+        # while it doubts, the queues it leads deliver nothing (delivery_hold.py)
+        self.delivery_hold = DeliveryHold(self._led_queues)
+        self.leadership.on_doubt.append(self.delivery_hold.hold)
+        self.leadership.on_confirmed.append(self.delivery_hold.release)
         self._tasks: list[asyncio.Task[None]] = []
         self._refreshes: set[asyncio.Task[None]] = set()  # refresh_queue's reads
         self._sync_task: asyncio.Task[None] | None = None
@@ -256,6 +261,11 @@ class Cluster(ClusterView):
 
     def leadership_confirmed(self) -> bool:
         return self.leadership.confirmed()
+
+    def _led_queues(self) -> list[Any]:
+        """The queues this node leads as a mirrored or quorum queue's leader."""
+        return [lead.q for groups in (self.mirrors, self.quorum_groups)
+                if groups is not None for lead in groups.leading.values()]
 
     def decide(self) -> None:
         cause = self.pause_cause()

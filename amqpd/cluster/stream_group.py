@@ -49,9 +49,10 @@ The member's side (copies of streams led elsewhere) is
 :mod:`~amqpd.cluster.stream_copies`.
 
 Consumers on a member's node read its copy there up to the commit point
-(:mod:`~amqpd.cluster.stream_local`). Not done yet (docs/streams.md): a deposed leader
-cut off from etcd keeps its gate until the next reconciliation (its members refuse an
-older term once they saw the newer one).
+(:mod:`~amqpd.cluster.stream_local`), and so do the stream protocol's subscribers there
+(:meth:`StreamGroups.readable_copy`, :mod:`amqpd.streamproto.copies`). Not done yet
+(docs/streams.md): a deposed leader cut off from etcd keeps its gate until the next
+reconciliation (its members refuse an older term once they saw the newer one).
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ from amqpd.cluster.quorum_state import (
 from amqpd.cluster.replica_core import Majority, MajorityPromotion
 from amqpd.cluster.stream_copies import StreamCopies
 from amqpd.cluster.stream_leading import StreamLeading
+from amqpd.cluster.stream_local import usable
 from amqpd.cluster.stream_replica import StreamReplica, write_term
 from amqpd.coord.etcd import Compare, Delete, EtcdError, Put
 
@@ -514,6 +516,14 @@ class StreamGroups(NodePart):
         up = [m for m in members if m != lost and
               (m == self.node or self.cluster.is_running(m))]
         return bool(members) and MajorityPromotion(tuple(members)).enough(len(up))
+
+    def readable_copy(self, vhost: str, name: str) -> StreamReplica | None:
+        """This node's copy of a stream led elsewhere when it may be read now (fed by the
+        leader the catalogue names, told a commit point: :func:`stream_local.usable`):
+        the stream protocol's subscribers on this node read it (issue 31)."""
+        copy = self.replicas.get((vhost, name))
+        leader = self.cluster.catalogue.get((vhost, name))
+        return copy if leader is not None and usable(copy, leader) else None
 
     # -- what the API shows ---------------------------------------------------------
     def queue_fields(self, vhost: str, name: str) -> dict[str, Any]:

@@ -14,7 +14,8 @@ publisher gets a nack) instead of waiting for ever.
 
 It also tells each member the commit point as it moves (``SCOMMIT``): a member serves
 its own node's consumers up to there (:mod:`amqpd.cluster.stream_local`), and so does
-the leader (:attr:`StreamQueue.read_limit`).
+the leader (:attr:`StreamQueue.read_limit`; its stream-protocol subscribers hear of a
+move through :meth:`StreamQueue.commit_moved`).
 
 **Catching up off the loop.** A member far behind (its next record is not near the end
 of the active segment, where the pages were just written) is fed by reads in a worker
@@ -239,6 +240,7 @@ class StreamLeading:
         self.told = point
         if self.q.consumers:  # they read up to the commit point
             self.q.vhost.schedule_dispatch(self.q)
+        self.q.commit_moved()  # and so do its stream-protocol subscribers
         for member in self.readers:
             link = self.links.get(member)
             if link is not None and not link.closed:

@@ -16,7 +16,8 @@ Refusals (400, with RabbitMQ's wording where it has one): partitions and binding
 both or neither, a partition count below 1 or above :data:`MAX_PARTITIONS`, an existing
 exchange or queue of one of the names. A failure half way removes what was made (as
 RabbitMQ rolls back). Delete removes the exchange and every stream bound to it as a
-partition; 404 without the exchange.
+partition; 404 without the exchange. The layout itself is made and removed by
+:mod:`amqpd.streamproto.superstreams`, which the stream protocol's 3.13 commands use too.
 """
 
 from __future__ import annotations
@@ -38,16 +39,14 @@ from amqpd.http.core import (
     not_found,
     vhost_not_found,
 )
+from amqpd.streamproto import superstreams
 from amqpd.streamproto.arguments import BadArgument, queue_arguments
+from amqpd.streamproto.superstreams import MAX_PARTITIONS, ORDER_ARGUMENT
 
 if TYPE_CHECKING:
     from amqpd.broker.api import Binding, VHost
 
 log = logging.getLogger("amqpd.http")
-
-MAX_PARTITIONS = 1000  # a bound on what one request creates
-SUPER_STREAM_ARGUMENT = "x-super-stream"
-ORDER_ARGUMENT = "x-stream-partition-order"
 
 
 def layout(name: str, body: dict[str, Any]) -> list[tuple[str, str]]:
@@ -84,18 +83,8 @@ def layout(name: str, body: dict[str, Any]) -> list[tuple[str, str]]:
 
 def partition_bindings(ctx: Ctx, vh: VHost, name: str) -> list[Binding] | None:
     """The super stream's partition bindings in partition order; None without the
-    exchange (partitions are the stream queues bound to it, as RabbitMQ lists them)."""
-    ex = ctx.api.find_exchange(vh.name, name)
-    if ex is None:
-        return None
-    bindings = [b for b in ex.bindings.values() if b.destination_type == "queue"
-                and getattr(b.destination, "type_name", "") == "stream"]
-
-    def order(item: tuple[int, Binding]) -> tuple[int, int]:
-        value = item[1].arguments.get(ORDER_ARGUMENT)
-        return (value if isinstance(value, int) else 1 << 62, item[0])
-
-    return [b for _, b in sorted(enumerate(bindings), key=order)]
+    exchange."""
+    return superstreams.partition_bindings(ctx.api, vh.name, name)
 
 
 async def put_super_stream(ctx: Ctx) -> Any:
@@ -116,25 +105,13 @@ async def put_super_stream(ctx: Ctx) -> Any:
     for stream, _ in parts:
         ctx.check(vh.name, "configure", "queue", stream)
         ctx.check(vh.name, "write", "queue", stream)
-    if ctx.api.find_exchange(vh.name, name) is not None:
-        _refused(vh.name, name, f"there is already an exchange named {name}")
-        raise bad_request(f"there is already an exchange named {name}")
-    for stream, _ in parts:
-        if ctx.api.find_queue(vh.name, stream) is not None:
-            _refused(vh.name, name, f"there is already a queue named {stream}")
-            raise bad_request(f"there is already a queue named {stream}")
-    made: list[str] = []
+    taken = superstreams.existing(ctx.api, vh.name, name, [stream for stream, _ in parts])
+    if taken is not None:
+        _refused(vh.name, name, taken)
+        raise bad_request(taken)
     try:
-        ctx.api.declare_exchange(vh, name, "direct", durable=True,
-                                 arguments={SUPER_STREAM_ARGUMENT: True})
-        for order, (stream, key) in enumerate(parts):
-            ctx.api.declare_queue(vh, stream, durable=True, arguments=dict(arguments))
-            made.append(stream)
-            ctx.api.bind(vh, "queue", stream, name, key, {ORDER_ARGUMENT: order})
-    except AMQPError as exc:
-        for stream in made:  # RabbitMQ's rollback: nothing half made stays
-            ctx.api.delete_queue(vh, stream)
-        ctx.api.delete_exchange(vh, name)
+        superstreams.create(ctx.api, vh.name, name, parts, arguments)
+    except AMQPError as exc:  # nothing half made stays (RabbitMQ's rollback)
         _refused(vh.name, name, exc.text)
         raise amqp_error_to_http(exc) from None
     log.info("super stream '%s' in vhost '%s' created with %d partitions", name, vh.name,
@@ -165,9 +142,7 @@ async def delete_super_stream(ctx: Ctx) -> Any:
     ctx.check(vh.name, "configure", "exchange", name)
     for stream in streams:
         ctx.check(vh.name, "configure", "queue", stream)
-    ctx.api.delete_exchange(vh, name)
-    for stream in streams:
-        ctx.api.delete_queue(vh, stream)
+    superstreams.delete(ctx.api, vh.name, name, streams)
     log.info("super stream '%s' in vhost '%s' deleted with %d partitions", name, vh.name,
              len(streams))
     return no_content()

@@ -15,6 +15,15 @@ written, and a stored chunk is readable whole or not at all (a flush writes whol
 chunks), so a cached chunk is exactly what the subscription would have built. Memory:
 at most :data:`CACHE_BYTES` per stream, the oldest chunks go first.
 
+**Committed only.** A subscription reads only below the stream's commit point
+(``upto``: what a majority of a replicated stream's members hold, on one node what is
+fsynced), so no subscriber sees a record a failover or a crash may lose. The bound
+costs one subtraction per read of up to :data:`READ_RECORDS` records, never a check per
+record: a read asks for no more records than lie below the commit point (offsets are
+contiguous from the first kept one on), so a chunk ends there when the commit point
+falls inside a stored chunk. A cached chunk was built below an earlier commit point,
+which only moves forward; it is checked against ``upto`` all the same (one comparison).
+
 This module is compiled (amqpd/hotpath.py): the cutting loop below runs once per
 delivered message, so it reads a record's length and flags as bytes of the stored
 header (no struct call, no tuple) and copies each entry's two pieces once.
@@ -65,10 +74,13 @@ class ChunkCache:
         self.hits = 0
         self._chunks: dict[tuple[int, int], Chunk] = {}
 
-    def get(self, offset: int, limit: int) -> Chunk | None:
+    def get(self, offset: int, limit: int, upto: int) -> Chunk | None:
+        """The chunk cut from ``offset`` to ``limit`` bytes, if it ends at or below
+        ``upto`` (the commit point)."""
         chunk = self._chunks.get((offset, limit))
-        if chunk is not None:
-            self.hits += 1
+        if chunk is None or offset + chunk.records > upto:
+            return None
+        self.hits += 1
         return chunk
 
     def put(self, offset: int, limit: int, chunk: Chunk) -> None:
@@ -103,10 +115,11 @@ class Cutter:
 
 
 def next_chunk(cut: Cutter, cache: ChunkCache, limit: int,
-               convert: Callable[[bytes], bytes]) -> Chunk | None:
+               convert: Callable[[bytes], bytes], upto: int) -> Chunk | None:
     """The readable records from the reader's position to the end of their stored
     chunk (at most about ``limit`` bytes and :data:`MAX_ENTRIES` entries: a larger
-    chunk goes as several) as an osiris chunk; None when nothing is readable. Another
+    chunk goes as several), below offset ``upto`` (the commit point), as an osiris
+    chunk; None when nothing is readable. Another
     subscription of the stream may have built it already (``cache``); else its entries
     are cut from the records as stored (a record's length field is the entry's size),
     with no Python object per message but the entry's two pieces. A record an AMQP
@@ -117,7 +130,7 @@ def next_chunk(cut: Cutter, cache: ChunkCache, limit: int,
     total = len(data)
     start = be64(data, at + 8) if at < total else reader.offset
     # (below the first kept offset the reader moves on to what retention kept)
-    hit = cache.get(start, limit) if start >= reader.log.first_offset else None
+    hit = cache.get(start, limit, upto) if start >= reader.log.first_offset else None
     if hit is not None:
         cut.clear()
         reader.seek(start + hit.records, hit.segment_base, hit.position)
@@ -126,7 +139,9 @@ def next_chunk(cut: Cutter, cache: ChunkCache, limit: int,
     first = stamp = count = size = 0
     while True:
         if at >= total:
-            data, _ = reader.read_raw(READ_RECORDS)
+            # no further than the commit point: offsets run on from the first kept
+            room = upto - max(reader.offset, reader.log.first_offset)
+            data = reader.read_raw(min(READ_RECORDS, room))[0] if room > 0 else b""
             seg, end_pos = reader.where()
             total = len(data)
             cut.block, cut.at, cut.block_seg, cut.block_pos = data, 0, seg, end_pos - total

@@ -50,6 +50,8 @@ PARTITIONS: Final = 0x19
 # RabbitMQ 3.11+: the server asks, the client answers (single active consumer)
 CONSUMER_UPDATE: Final = 0x1A
 EXCHANGE_COMMAND_VERSIONS: Final = 0x1B  # RabbitMQ 3.11+ (3.10.8's plugin does not know it)
+CREATE_SUPER_STREAM: Final = 0x1D  # RabbitMQ 3.13+
+DELETE_SUPER_STREAM: Final = 0x1E  # RabbitMQ 3.13+
 RESPONSE: Final = 0x8000
 
 # response codes (PROTOCOL.adoc "Response Codes")
@@ -329,6 +331,14 @@ def _create(r: Reader) -> tuple[Any, ...]:
     return r.text(), r.properties()
 
 
+def _create_super_stream(r: Reader) -> tuple[Any, ...]:
+    """Name, partition streams, binding keys, arguments (RabbitMQ 3.13's layout)."""
+    name = r.text()
+    partitions = [r.text() for _ in range(r.count(2))]
+    keys = [r.text() for _ in range(r.count(2))]
+    return name, partitions, keys, r.properties()
+
+
 # key -> (has a correlation id, field decoder)
 _DECODERS: dict[int, tuple[bool, Callable[[Reader], tuple[Any, ...]]]] = {
     DECLARE_PUBLISHER: (True, _declare_publisher),
@@ -354,6 +364,8 @@ _DECODERS: dict[int, tuple[bool, Callable[[Reader], tuple[Any, ...]]]] = {
     PARTITIONS: (True, lambda r: (r.text(),)),
     EXCHANGE_COMMAND_VERSIONS: (True, lambda r: tuple(
         (r.u16(), r.u16(), r.u16()) for _ in range(r.count(6)))),
+    CREATE_SUPER_STREAM: (True, _create_super_stream),
+    DELETE_SUPER_STREAM: (True, lambda r: (r.text(),)),
 }
 # responses a client sends (to the server's close and consumer-update requests)
 CLIENT_RESPONSES: Final = frozenset({CLOSE | RESPONSE, CONSUMER_UPDATE | RESPONSE})

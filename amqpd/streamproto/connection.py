@@ -10,7 +10,10 @@ Streams are the broker's stream queues (:class:`amqpd.broker.stream.StreamQueue`
 create and delete take the same arguments and checks as ``x-queue-type: stream``,
 publishing appends AMQP 1.0 messages to the stream's log, a subscription reads it with
 its own :class:`~amqpd.store.stream_log.Reader` and sends what it reads as osiris
-chunks, one per credit.
+chunks, one per credit, never beyond the stream's commit point
+(:meth:`StreamQueue.commit_point`). In a cluster a subscription on a member's node
+reads that node's copy of the stream (:mod:`amqpd.streamproto.copies`); publishers
+belong on the leader's node, which the metadata names.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ from amqpd.broker.stream import StreamQueue, decode_payload
 from amqpd.protocol.errors import AccessRefused, AMQPError
 from amqpd.store.stream_log import Reader
 from amqpd.streamproto import codec as c
+from amqpd.streamproto import superstreams
 from amqpd.streamproto.amqp10 import data_message
 from amqpd.streamproto.arguments import BadArgument, queue_arguments
 from amqpd.streamproto.chunks import Cutter, next_chunk
+from amqpd.streamproto.copies import CopySource, StreamSource
 from amqpd.streamproto.sac import Coordinator, GroupKey, Notice
 from amqpd.streamproto.tracking import Tracking
 
@@ -92,7 +97,7 @@ class Subscription:
     """One subscription: its stream, credit and read state (``cut``: None while a
     single active consumer waits), and what the management API shows of it."""
 
-    def __init__(self, id: int, queue: StreamQueue, reader: Reader | None, credit: int,
+    def __init__(self, id: int, queue: StreamSource, reader: Reader | None, credit: int,
                  properties: dict[str, str],
                  offset_spec: tuple[int, int | None] = (c.OFFSET_NEXT, None),
                  group: GroupKey | None = None, active: bool = True) -> None:
@@ -160,6 +165,8 @@ class StreamConnection:
         self._gone_callbacks: dict[int, Callable[[Any], None]] = {}
         self._unsynced: dict[int, Unsynced] = {}  # by id(queue): this tick's publishes
         self._sync_scheduled = False
+        # streams led elsewhere read from this node's copy, by name (streamproto.copies)
+        self._copies: dict[str, CopySource] = {}
 
     @property
     def is_open(self) -> bool:
@@ -317,9 +324,9 @@ class StreamConnection:
         q = vh.queues.get(name) if vh is not None else None
         return q if isinstance(q, StreamQueue) and not q.deleted else None
 
-    def _allowed(self, kind: str, name: str) -> bool:
+    def _allowed(self, kind: str, name: str, resource: str = "queue") -> bool:
         try:
-            self.broker.api.check_permission(self.username, self.vhost, kind, "queue", name)
+            self.broker.api.check_permission(self.username, self.vhost, kind, resource, name)
         except AccessRefused as exc:
             log.warning("stream connection %s: %s", self.name, exc)
             return False
@@ -363,42 +370,135 @@ class StreamConnection:
         self.send(c.response(c.DELETE, corr, c.OK).frame())
 
     def _metadata(self, cmd: c.Command) -> None:
-        """Each stream's leader: this node for a stream it leads, and in a cluster the
-        leader's node (its stream listener, from its record) for one led elsewhere, so
-        a client connected here publishes and subscribes there. No replicas are listed:
-        a member's node does not serve protocol clients from its copy (docs/streams.md);
-        a client sent to one would be refused."""
+        """Each stream's leader and replicas, as RabbitMQ 3.10.8 answers: the stream
+        listeners of the leader's node and of the stream's other members that run
+        (every node once in the list of brokers), so a client publishes on the leader
+        and may subscribe on any of them (:mod:`amqpd.streamproto.copies`). One node:
+        this node, no replicas."""
         brokers: list[tuple[str, int]] = []
-        w = c.Writer(c.METADATA | c.RESPONSE).u32(cmd.correlation_id)
-        answers: list[tuple[str, int, int]] = []  # name, code, leader reference
-        for name in cmd.fields:
-            found, where = self._leader_address(name)
-            if where is None:
-                code = c.STREAM_NOT_AVAILABLE if found else c.STREAM_DOES_NOT_EXIST
-                answers.append((name, code, 0xFFFF))
-                continue
+        answers: list[tuple[str, int, int, list[int]]] = []  # name, code, leader, replicas
+
+        def reference(where: tuple[str, int]) -> int:
             if where not in brokers:
                 brokers.append(where)
-            answers.append((name, c.OK, brokers.index(where)))
+            return brokers.index(where)
+
+        for name in cmd.fields:
+            found, leader, replicas = self._topology(name)
+            if leader is None:
+                code = c.STREAM_NOT_AVAILABLE if found else c.STREAM_DOES_NOT_EXIST
+                answers.append((name, code, 0xFFFF, []))
+                continue
+            answers.append((name, c.OK, reference(leader), [reference(r) for r in replicas]))
+        w = c.Writer(c.METADATA | c.RESPONSE).u32(cmd.correlation_id)
         w.u32(len(brokers))
-        for reference, (host, port) in enumerate(brokers):
-            w.u16(reference).string(host).u32(port)
+        for ref, (host, port) in enumerate(brokers):
+            w.u16(ref).string(host).u32(port)
         w.u32(len(answers))
-        for name, code, reference in answers:
-            w.string(name).u16(code).u16(reference).u32(0)
+        for name, code, leader_ref, replica_refs in answers:
+            w.string(name).u16(code).u16(leader_ref).u32(len(replica_refs))
+            for ref in replica_refs:
+                w.u16(ref)
         self.send(w.frame())
 
-    def _leader_address(self, name: str) -> tuple[bool, tuple[str, int] | None]:
-        """(the stream exists, its leader's stream listener or None if unknown)."""
-        if self._stream(name) is not None:
-            return True, self.advertised
-        cluster = self.broker.api.cluster()
+    def _elsewhere(self, name: str) -> bool:
+        """A stream of this vhost that another node of the cluster leads."""
         vh = self.broker.vhosts.get(self.vhost)
         q = vh.queues.get(name) if vh is not None else None
-        if cluster is None or q is None or q.deleted or q.listed_type() != "stream":
-            return False, None
-        leader = cluster.queue_leader(self.vhost, name)
-        return True, cluster.stream_address_of(leader) if leader else None
+        return self.broker.api.cluster() is not None and q is not None and \
+            not q.deleted and not isinstance(q, StreamQueue) and q.listed_type() == "stream"
+
+    def _topology(self, name: str) -> tuple[bool, tuple[str, int] | None,
+                                             list[tuple[str, int]]]:
+        """(the stream exists, its leader's stream listener or None if unknown, those
+        of its other members that run), from the stream's group record in a cluster
+        (:meth:`amqpd.cluster.stream_group.StreamGroups.queue_fields`)."""
+        here = self._stream(name) is not None
+        cluster = self.broker.api.cluster()
+        if cluster is None or not (here or self._elsewhere(name)):
+            return here, self.advertised if here else None, []
+        groups = getattr(cluster, "stream_groups", None)
+        fields: dict[str, Any] = groups.queue_fields(self.vhost, name) \
+            if groups is not None else {}
+        leader = self.broker.api.node_name() if here else (
+            cluster.queue_leader(self.vhost, name) or fields.get("leader"))
+        if not leader:
+            return True, None, []
+        replicas: list[tuple[str, int]] = []
+        for member in fields.get("online", []):
+            if member == leader:
+                continue
+            where = self._address_of(cluster, member)
+            if where is not None:
+                replicas.append(where)
+        return True, self._address_of(cluster, leader), replicas
+
+    def _address_of(self, cluster: Any, node: str) -> tuple[str, int] | None:
+        """``node``'s stream listener (this node's: the one clients reach it by)."""
+        if node == self.broker.api.node_name():
+            return self.advertised
+        where: tuple[str, int] | None = cluster.stream_address_of(node)
+        return where
+
+    def _missing(self, name: str, what: str) -> int:
+        """The code for a command about stream ``name`` that is not led here: 0x06 with
+        a log line when another node leads it (its offsets and publisher sequences are
+        kept there only), else 0x02."""
+        if not self._elsewhere(name):
+            return c.STREAM_DOES_NOT_EXIST
+        log.warning("stream connection %s: %s for stream '%s' refused: another node leads "
+                    "it and keeps its offsets and publisher sequences", self.name, what,
+                    name)
+        return c.STREAM_NOT_AVAILABLE
+
+    def _copy_for(self, name: str) -> tuple[CopySource | None, int]:
+        """This node's copy of stream ``name`` led elsewhere, when its subscribers may
+        read it now (:mod:`amqpd.streamproto.copies`); else None and the refusal's
+        code (no such stream; no copy here that may be read: ``STREAM_NOT_AVAILABLE``,
+        as RabbitMQ answers on a node with no running member)."""
+        if not self._elsewhere(name):
+            return None, c.STREAM_DOES_NOT_EXIST
+        groups = getattr(self.broker.api.cluster(), "stream_groups", None)
+        replica = groups.readable_copy(self.vhost, name) if groups is not None else None
+        if replica is None:
+            log.warning("stream connection %s: stream '%s' has no copy on this node that "
+                        "may be read now (not a member, or its leader has not told it a "
+                        "commit point yet)", self.name, name)
+            return None, c.STREAM_NOT_AVAILABLE
+        source = self._copies.get(name)
+        if source is None or source.replica is not replica or not source.current():
+            if source is not None:
+                self._copy_gone(source)
+            source = self._copies[name] = CopySource(name, replica,
+                                                     lambda: self._copy_moved(name))
+        return source, c.OK
+
+    def _copy_moved(self, name: str) -> None:
+        """This node's copy of ``name`` moved: deliver what it committed, or end its
+        subscriptions if it started again or went."""
+        source = self._copies.get(name)
+        if source is None:
+            return
+        if not source.current():
+            self._copy_gone(source)
+            return
+        for sid in [s.id for s in self.subscriptions.values() if s.queue is source]:
+            self.deliver(sid)
+
+    def _copy_gone(self, source: CopySource) -> None:
+        """The copy can no longer be read as it was: its subscriptions end and the
+        client hears of it (metadata-update, STREAM_NOT_AVAILABLE), as from RabbitMQ
+        when the member it reads goes down."""
+        source.close()
+        if self._copies.get(source.name) is source:
+            del self._copies[source.name]
+        sids = [s.id for s in self.subscriptions.values() if s.queue is source]
+        for sid in sids:
+            self._drop_subscription(sid)
+        if sids:
+            log.info("stream connection %s: this node's copy of stream '%s' changed: "
+                     "%d subscription(s) end", self.name, source.name, len(sids))
+            self.send(c.metadata_update(c.STREAM_NOT_AVAILABLE, source.name))
 
     def stream_gone(self, queue: StreamQueue) -> None:
         """The stream was deleted: its publishers and subscriptions end, and the
@@ -421,6 +521,13 @@ class StreamConnection:
             return answer(c.PRECONDITION_FAILED)
         q = self._stream(stream)
         if q is None:
+            if self._elsewhere(stream):
+                # RabbitMQ 3.10.8 takes it and writes to the leader over Erlang
+                # distribution; here publishers connect to the leader (docs/streams.md)
+                log.warning("stream connection %s: publisher %d for stream '%s' refused: "
+                            "another node leads it (the metadata names it)", self.name,
+                            pid, stream)
+                return answer(c.STREAM_NOT_AVAILABLE)
             return answer(c.STREAM_DOES_NOT_EXIST)
         if not self._allowed("write", stream):
             return answer(c.ACCESS_REFUSED)
@@ -430,7 +537,7 @@ class StreamConnection:
                         self.name, pid, reference)
             return answer(c.PRECONDITION_FAILED)
         self.publishers[pid] = Publisher(pid, reference or None, q)
-        self._watch(q)
+        self._watch(q, reading=False)
         answer(c.OK)
 
     def _delete_publisher(self, cmd: c.Command) -> None:
@@ -564,8 +671,8 @@ class StreamConnection:
         corr = cmd.correlation_id
         q = self._stream(stream)
         if q is None:
-            return self.send(c.response(c.QUERY_PUBLISHER_SEQUENCE, corr,
-                                        c.STREAM_DOES_NOT_EXIST).u64(0).frame())
+            return self.send(c.response(c.QUERY_PUBLISHER_SEQUENCE, corr, self._missing(
+                stream, "query-publisher-sequence")).u64(0).frame())
         if not self._allowed("read", stream):
             return self.send(c.response(c.QUERY_PUBLISHER_SEQUENCE, corr,
                                         c.ACCESS_REFUSED).u64(0).frame())
@@ -582,21 +689,26 @@ class StreamConnection:
 
         if sid in self.subscriptions:
             return answer(c.SUBSCRIPTION_ID_ALREADY_EXISTS)
-        q = self._stream(stream)
-        if q is None:
+        q: StreamSource | None = self._stream(stream)
+        if q is None and not self._elsewhere(stream):
             return answer(c.STREAM_DOES_NOT_EXIST)
         if not self._allowed("read", stream):
             return answer(c.ACCESS_REFUSED)
+        if q is None:  # led by another node: this node's copy
+            q, code = self._copy_for(stream)
+            if q is None:
+                return answer(code)
         if props.get("single-active-consumer") == "true":
             return self._subscribe_in_group(cmd, q)
         start = _start_offset(q, kind, value)
         self.subscriptions[sid] = Subscription(sid, q, q.log.reader(start), credit, props,
                                                (kind, value))
-        self._watch(q)
+        if isinstance(q, StreamQueue):
+            self._watch(q, reading=True)
         answer(c.OK)
         self.deliver(sid)
 
-    def _subscribe_in_group(self, cmd: c.Command, q: StreamQueue) -> None:
+    def _subscribe_in_group(self, cmd: c.Command, q: StreamSource) -> None:
         """A single active consumer (RabbitMQ 3.11+, :mod:`amqpd.streamproto.sac`): it
         joins its group and reads nothing until a consumer update made it active and
         the client answered with the offset to start from."""
@@ -611,7 +723,8 @@ class StreamConnection:
         key = (self.vhost, stream, group_name)
         self.subscriptions[sid] = Subscription(sid, q, None, credit, props, (kind, value),
                                                group=key, active=False)
-        self._watch(q)
+        if isinstance(q, StreamQueue):
+            self._watch(q, reading=True)
         self.send(c.response(c.SUBSCRIBE, cmd.correlation_id, c.OK).frame())
         _, notices = self.coordinator.register(key, self._partition_index(stream, props),
                                                self, sid)
@@ -675,12 +788,14 @@ class StreamConnection:
         elif stepping_down and sub.group is not None:
             _notify(self.coordinator.activate(sub.group, self, sid))
 
-    def _watch(self, q: StreamQueue) -> None:
-        """Hear of new records and of the stream's deletion (once per stream)."""
-        if self._on_records not in q.watchers:
-            q.watchers.append(self._on_records)
+    def _watch(self, q: StreamQueue, reading: bool) -> None:
+        """Hear of the stream's deletion (once per stream) and, for a subscription
+        (``reading``), of its commit point moving (:meth:`StreamQueue.commit_moved`)."""
+        if id(q) not in self._gone_callbacks:
             gone = self._gone_callbacks[id(q)] = lambda queue: self.stream_gone(q)
             q.on_removed.append(gone)
+        if reading and self._on_records not in q.commit_watchers:
+            q.commit_watchers.append(self._on_records)
 
     def _on_records(self) -> None:
         for sid in list(self.subscriptions):
@@ -699,14 +814,16 @@ class StreamConnection:
         if sub is None:
             return
         limit = min(CHUNK_BYTES, self.frame_max - 64)
-        cache = sub.queue.chunk_cache
+        source = sub.queue
+        cache = source.chunk_cache
+        upto = source.commit_point()  # nothing beyond it (once per call, not per chunk)
         out = self.out
         sent = False
         while sub.credit > 0 and not self.paused:
             cut = sub.cut
             if cut is None:
                 break
-            chunk = next_chunk(cut, cache, limit, _as_amqp10)
+            chunk = next_chunk(cut, cache, limit, _as_amqp10, upto)
             if chunk is None:
                 break
             sub.credit -= 1
@@ -738,16 +855,30 @@ class StreamConnection:
 
     def _drop_subscription(self, sid: int) -> None:
         sub = self.subscriptions.pop(sid, None)
-        if sub is not None and sub.group is not None:
+        if sub is None:
+            return
+        if sub.group is not None:
             _notify(self.coordinator.unregister(sub.group, self, sid))
+        source = sub.queue
+        if any(s.queue is source for s in self.subscriptions.values()):
+            return
+        # the stream's last subscription here: stop hearing of its commit point
+        if isinstance(source, CopySource):
+            source.close()
+            if self._copies.get(source.name) is source:
+                del self._copies[source.name]
+        elif isinstance(source, StreamQueue) and self._on_records in source.commit_watchers:
+            source.commit_watchers.remove(self._on_records)
 
     def _store_offset(self, cmd: c.Command) -> None:
         reference, stream, offset = cmd.fields
         q = self._stream(stream)
         if q is None or not reference or len(reference) > MAX_REFERENCE:
             log.warning("stream connection %s: store-offset for '%s' (reference %r) "
-                        "ignored: no such stream or a bad reference", self.name, stream,
-                        reference)
+                        "ignored: %s", self.name, stream, reference,
+                        "another node leads the stream (offsets are kept there)"
+                        if q is None and self._elsewhere(stream)
+                        else "no such stream or a bad reference")
             return  # the command has no response (RabbitMQ logs and ignores it too)
         if not self._allowed("read", stream):
             return
@@ -763,7 +894,7 @@ class StreamConnection:
         q = self._stream(stream)
         if q is None:
             return self.send(c.response(c.QUERY_OFFSET, corr,
-                                        c.STREAM_DOES_NOT_EXIST).u64(0).frame())
+                                        self._missing(stream, "query-offset")).u64(0).frame())
         if not self._allowed("read", stream):
             return self.send(c.response(c.QUERY_OFFSET, corr,
                                         c.ACCESS_REFUSED).u64(0).frame())
@@ -815,6 +946,71 @@ class StreamConnection:
             w.string(name)
         self.send(w.frame())
 
+    def _create_super_stream(self, cmd: c.Command) -> None:
+        """RabbitMQ 3.13's create-super-stream (beyond 3.10): the layout ``amqpctl
+        add_super_stream`` makes (:mod:`amqpd.streamproto.superstreams`), with the
+        partition streams and binding keys the client names, with RabbitMQ's codes: a
+        bad name, layout or argument 0x11, a name taken 0x05, a permission missing
+        (configure and read on the exchange, configure and write on each stream, as
+        add_super_stream asks) 0x10."""
+        name, partitions, keys, args = cmd.fields
+        corr = cmd.correlation_id
+
+        def answer(code: int, why: str) -> None:
+            log.warning("stream connection %s: create super stream '%s' refused: %s",
+                        self.name, name, why)
+            self.send(c.response(c.CREATE_SUPER_STREAM, corr, code).frame())
+
+        problem = superstreams.layout_problem(name, partitions, keys)
+        if problem is not None:
+            return answer(c.PRECONDITION_FAILED, problem)
+        if not (self._allowed("configure", name, "exchange")
+                and self._allowed("read", name, "exchange")
+                and all(self._allowed("configure", p) and self._allowed("write", p)
+                        for p in partitions)):
+            return answer(c.ACCESS_REFUSED, "access refused")
+        try:
+            arguments = queue_arguments(args)
+        except BadArgument as exc:
+            return answer(c.PRECONDITION_FAILED, str(exc))
+        api = self.broker.api
+        taken = superstreams.existing(api, self.vhost, name, partitions)
+        if taken is not None:
+            return answer(c.STREAM_ALREADY_EXISTS, taken)
+        try:
+            superstreams.create(api, self.vhost, name, list(zip(partitions, keys,
+                                                                strict=True)), arguments)
+        except AccessRefused as exc:
+            return answer(c.ACCESS_REFUSED, str(exc))
+        except AMQPError as exc:
+            return answer(c.PRECONDITION_FAILED, str(exc))
+        log.info("stream connection %s: super stream '%s' created with %d partitions",
+                 self.name, name, len(partitions))
+        self.send(c.response(c.CREATE_SUPER_STREAM, corr, c.OK).frame())
+
+    def _delete_super_stream(self, cmd: c.Command) -> None:
+        """RabbitMQ 3.13's delete-super-stream (beyond 3.10): the exchange and its
+        partition streams go (``amqpctl delete_super_stream``); 0x02 without the
+        exchange, 0x10 without configure permission on it and every partition."""
+        name = cmd.fields[0]
+        corr = cmd.correlation_id
+        bindings = superstreams.partition_bindings(self.broker.api, self.vhost, name)
+        if bindings is None:
+            log.warning("stream connection %s: delete super stream '%s': no such "
+                        "exchange", self.name, name)
+            self.send(c.response(c.DELETE_SUPER_STREAM, corr,
+                                 c.STREAM_DOES_NOT_EXIST).frame())
+            return
+        streams = list(dict.fromkeys(b.destination.name for b in bindings))
+        if not (self._allowed("configure", name, "exchange")
+                and all(self._allowed("configure", s) for s in streams)):
+            self.send(c.response(c.DELETE_SUPER_STREAM, corr, c.ACCESS_REFUSED).frame())
+            return
+        superstreams.delete(self.broker.api, self.vhost, name, streams)
+        log.info("stream connection %s: super stream '%s' deleted with %d partitions",
+                 self.name, name, len(streams))
+        self.send(c.response(c.DELETE_SUPER_STREAM, corr, c.OK).frame())
+
     def _exchange_command_versions(self, cmd: c.Command) -> None:
         """The commands this server takes and their versions (all version 1): asked
         by newer clients (RabbitMQ 3.11+'s command; rabbitmq-stream-js-client always
@@ -833,18 +1029,22 @@ class StreamConnection:
         self.publishers.clear()
         for sid in list(self.subscriptions):
             self._drop_subscription(sid)
+        for source in list(self._copies.values()):
+            source.close()
+        self._copies.clear()
         vh = self.broker.vhosts.get(self.vhost)
         if vh is None:
             return
         for q in vh.queues.values():
-            if isinstance(q, StreamQueue) and self._on_records in q.watchers:
-                q.watchers.remove(self._on_records)
+            if isinstance(q, StreamQueue) and id(q) in self._gone_callbacks:
+                if self._on_records in q.commit_watchers:
+                    q.commit_watchers.remove(self._on_records)
                 gone = self._gone_callbacks.pop(id(q), None)
                 if gone in q.on_removed:
                     q.on_removed.remove(gone)
 
 
-def _start_offset(q: StreamQueue, kind: int, value: int | None) -> int:
+def _start_offset(q: StreamSource, kind: int, value: int | None) -> int:
     """Where a subscription with this offset specification starts reading."""
     slog = q.log
     if kind == c.OFFSET_FIRST:
@@ -894,6 +1094,8 @@ _HANDLERS: Final = {
     c.STORE_OFFSET: "_store_offset", c.QUERY_OFFSET: "_query_offset",
     c.ROUTE: "_route", c.PARTITIONS: "_partitions",
     c.EXCHANGE_COMMAND_VERSIONS: "_exchange_command_versions",
+    c.CREATE_SUPER_STREAM: "_create_super_stream",
+    c.DELETE_SUPER_STREAM: "_delete_super_stream",
     c.CONSUMER_UPDATE | c.RESPONSE: "_consumer_update_answer",
 }
 

@@ -3,59 +3,38 @@
 These tests install amqpd the ways people and operators do (README's make commands,
 ``python -m build``, pip, pipx), so they are slow: each install fetches the
 dependencies (from pip's cache when warm) and the wheel build compiles the hot path
-once (~1 min of CPU) for every test that needs it.
+once (2.5 min of CPU here) for every test that needs it, or takes the build that
+``make prebuild`` made ahead (prebuild.py).
 """
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-# Variables of the session that runs pytest which must not reach a fresh install: an
-# active virtualenv, make's inherited command-line variables, and AMQPD_PURE_PYTHON
-# (tests decide themselves whether the install compiles).
-_NOT_INHERITED = ("VIRTUAL_ENV", "MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES",
-                  "PYTHONPATH", "PYTHONHOME", "AMQPD_PURE_PYTHON", "AMQPCTL_URL",
-                  "AMQPD_CONFIG")
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}
-    env.update(extra)
-    return env
+from tests.install import checkout, prebuild
+from tests.install.checkout import ROOT, clean_env
 
 
 def tracked_files() -> list[str]:
-    """What a clone of this repository holds (plus files not yet committed but not
-    ignored, so an uncommitted change is tested as it will be committed)."""
-    if shutil.which("git") is None:
-        pytest.skip("git is not installed: cannot tell which files a clone holds")
-    r = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others",
-                        "--exclude-standard"], capture_output=True, timeout=60, check=False)
-    if r.returncode != 0:
-        pytest.skip(f"{ROOT} is not a git checkout: {r.stderr.decode().strip()}")
-    return [name for name in r.stdout.decode().split("\0") if name]
+    """:func:`checkout.tracked_files`, or the test skipped with the reason."""
+    try:
+        return checkout.tracked_files()
+    except checkout.NotACheckout as exc:
+        pytest.skip(str(exc))
 
 
 def fresh_checkout(dest: Path) -> Path:
-    """A copy of the repository's files as a fresh clone has them: no .venv, no build
-    output, no compiled modules."""
-    for name in tracked_files():
-        src = ROOT / name
-        if src.is_file():  # a file deleted but not yet committed is gone from a clone
-            target = dest / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, target)
-    return dest
+    """:func:`checkout.fresh_checkout` of :func:`tracked_files`."""
+    return checkout.fresh_checkout(dest, tracked_files())
 
 
 def tail(text: str, lines: int = 40) -> str:
@@ -76,17 +55,48 @@ class Dist:
     sdist: Path
 
 
-@pytest.fixture(scope="session")
-def dist(tmp_path_factory: pytest.TempPathFactory) -> Dist:
-    """``python -m build`` of a fresh checkout: the sdist, and a wheel built from it (with
-    the compiled hot path: AMQPD_PURE_PYTHON is removed from the environment)."""
-    src = fresh_checkout(tmp_path_factory.mktemp("build-src"))
-    out = tmp_path_factory.mktemp("dist")
-    run([sys.executable, "-m", "build", "--outdir", str(out), str(src)], timeout=1200,
-        env=clean_env())
+def _found(out: Path) -> Dist:
     wheels, sdists = list(out.glob("*.whl")), list(out.glob("*.tar.gz"))
     assert len(wheels) == 1 and len(sdists) == 1, sorted(p.name for p in out.iterdir())
     return Dist(wheel=wheels[0], sdist=sdists[0])
+
+
+def _prebuilt(where: Path) -> Dist | None:
+    """The dist prebuild.py made in ``where`` (waiting, bounded, for it to finish), or
+    None when it was made by another Python or from other files than these."""
+    result = where / prebuild.RESULT
+    deadline = time.monotonic() + prebuild.BUILD_TIMEOUT + 60
+    while not result.exists():
+        assert time.monotonic() < deadline, f"no {result} after {prebuild.BUILD_TIMEOUT} s"
+        time.sleep(0.5)  # polling the build started by make prebuild
+    info = json.loads(result.read_text())
+    log = where / "build.log"
+    assert info["returncode"] == 0, \
+        f"python -m build exited {info['returncode']}:\n{tail(log.read_text())}"
+    names = checkout.present(tracked_files())
+    if info["interpreter"] != prebuild.interpreter() or \
+            info["digest"] != checkout.tree_digest(ROOT, names):
+        print(f"{where}: built by another Python or from other files; building again")
+        return None
+    print(f"{where}: built ahead in {info['seconds']} s")
+    return _found(where / "dist")
+
+
+@pytest.fixture(scope="session")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Dist:
+    """``python -m build`` of a fresh checkout: the sdist, and a wheel built from it (with
+    the compiled hot path: AMQPD_PURE_PYTHON is removed from the environment). Built
+    ahead by ``make prebuild`` when AMQPD_TEST_PREBUILT names its directory (prebuild.py
+    says when that one is taken)."""
+    where = os.environ.get(prebuild.PREBUILT_ENV)
+    if where:
+        found = _prebuilt(Path(where))
+        if found is not None:
+            return found
+    src = fresh_checkout(tmp_path_factory.mktemp("build-src"))
+    out = tmp_path_factory.mktemp("dist")
+    run(prebuild.build_command(src, out), timeout=prebuild.BUILD_TIMEOUT, env=clean_env())
+    return _found(out)
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,8 @@ from pathlib import Path
 import pika
 import pytest
 
-from tests.install.conftest import ROOT, clean_env, fresh_checkout, run, tail
+from tests.install.checkout import ROOT, clean_env
+from tests.install.conftest import fresh_checkout, run, tail
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 

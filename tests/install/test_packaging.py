@@ -20,7 +20,8 @@ import pytest
 
 import amqpd
 from amqpd import hotpath
-from tests.install.conftest import Dist, clean_env, run, tail
+from tests.install.checkout import clean_env
+from tests.install.conftest import Dist, run, tail
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.install.conftest import ROOT
+from tests.install.checkout import ROOT
 from tests.support.brokerproc import BrokerProcess
 
 UNIT = ROOT / "etc/amqpd.service"

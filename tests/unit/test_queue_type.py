@@ -278,3 +278,22 @@ def test_a_type_that_keeps_every_message_is_unchanged_by_replication(
     q.replicated(True)
     q.replicated(False)
     assert q.keeps_all and publisher.keeping_queues == 1
+
+
+def test_a_held_queue_is_not_dispatched_nor_fetched_until_released(tmp_path: Path) -> None:
+    """``deliveries_held`` (set by the cluster while this node's leadership of the queue
+    is unconfirmed: amqpd.cluster.delivery_hold): the dispatch scheduler skips the queue
+    and basic.get answers empty; once cleared, a dispatch delivers as before."""
+    broker = Broker(Settings(data_dir=str(tmp_path), persistence=False))
+    q = classic(broker.api)
+    log: list[str] = []
+    consumer(q, Channel(log), "a")
+    q.deliveries_held = True
+    for i in range(3):
+        q.enqueue(message(b"%d" % i))  # marks the queue for the scheduler
+    broker._run_dispatch()  # the end of the tick (no loop runs here: peer.py does so too)
+    assert log == [] and q.fetch() is None and q.message_count == 3
+    q.deliveries_held = False
+    broker.schedule_dispatch(q)  # what the hold's release does (through the vhost)
+    broker._run_dispatch()
+    assert log == ["a", "a", "a"] and q.message_count == 0

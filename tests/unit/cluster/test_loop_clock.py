@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from amqpd.cluster.loop_clock import LoopClock
 from amqpd.cluster.view import ClusterView
 
@@ -95,3 +97,59 @@ def test_the_ticker_measures_a_real_blocking_call() -> None:
         return clock.stalled
 
     assert asyncio.run(main()) >= 0.3
+
+
+def _loops() -> list[str]:
+    try:
+        import uvloop  # type: ignore[import-not-found]  # noqa: F401
+    except ImportError:
+        return ["asyncio"]
+    return ["asyncio", "uvloop"]
+
+
+@pytest.mark.parametrize("kind", _loops())
+def test_a_stall_is_seen_before_what_the_woken_loop_read_schedules(kind: str) -> None:
+    """A SIGSTOP seen from inside: the loop blocks while a socket becomes readable. The
+    reader schedules a dispatch (as the broker does for a consumer whose ack it read);
+    the stall's listener must run first (amqpd.cluster.delivery_hold holds a woken
+    leader's deliveries there). A ticker task woken from a sleep ran after it under
+    uvloop (the loop the broker runs on when installed)."""
+    import socket
+    import time
+
+    order: list[str] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        clock = LoopClock(tick=0.02, slack=0.03)
+        clock.on_stall.append(lambda seconds: order.append("stall") if seconds > 0.2 else None)
+        task = asyncio.create_task(clock.run())
+        await asyncio.sleep(0.1)
+        here, there = socket.socketpair()
+        here.setblocking(False)
+
+        def readable() -> None:
+            here.recv(64)
+            loop.remove_reader(here.fileno())
+            loop.call_soon(order.append, "dispatch")
+
+        loop.add_reader(here.fileno(), readable)
+        try:
+            there.send(b"ack")
+            time.sleep(0.4)  # the stop under test: the ack waits in the socket
+            for _ in range(100):
+                if "dispatch" in order:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            task.cancel()
+            here.close()
+            there.close()
+
+    if kind == "uvloop":
+        import uvloop
+
+        uvloop.run(main())
+    else:
+        asyncio.run(main())
+    assert order == ["stall", "dispatch"]

@@ -29,11 +29,11 @@ def _stream(tmp_path: Path, sizes: list[int]) -> StreamLog:
     return log
 
 
-def _chunks(sub: Subscription, limit: int) -> list[Any]:
+def _chunks(sub: Subscription, limit: int, upto: int = 1 << 62) -> list[Any]:
     out: list[Any] = []
     assert sub.cut is not None
     for _ in range(10_000):  # bounded: each turn takes at least one record or ends
-        chunk = next_chunk(sub.cut, sub.queue.chunk_cache, limit, _as_amqp10)
+        chunk = next_chunk(sub.cut, sub.queue.chunk_cache, limit, _as_amqp10, upto)
         if chunk is None:
             return out
         out.append(chunk)
@@ -122,3 +122,43 @@ def test_a_chunk_holds_at_most_the_entries_its_header_can_count(tmp_path: Path) 
     chunks = _chunks(sub, 10 * 1024 * 1024)
     assert [c.records for c in chunks] == [0xFFFF, 70_000 - 0xFFFF]
     assert [_records(c)[0] for c in chunks] == [0, 0xFFFF]
+
+
+def test_nothing_at_or_beyond_the_commit_point_is_cut(tmp_path: Path) -> None:
+    """A commit point inside a stored chunk ends the delivered chunk there; the rest
+    comes once the point moved, and a chunk another subscription cached below the old
+    point is served, never one reaching beyond the point."""
+    log = _stream(tmp_path, [10, 30, 5])
+    queue: Any = SimpleNamespace(chunk_cache=ChunkCache())
+    a = Subscription(1, queue, log.reader(0), 10, {})
+    assert _chunks(a, 10_000, upto=0) == []
+    got = [_records(c) for c in _chunks(a, 10_000, upto=25)]
+    assert got == [(0, [b"m%06d" % i for i in range(10)]),
+                   (10, [b"m%06d" % i for i in range(10, 25)])]
+    assert _chunks(a, 10_000, upto=25) == []
+    rest = [_records(c) for c in _chunks(a, 10_000, upto=45)]
+    assert [f for f, _ in rest] == [25, 40]
+    assert [b for _, bs in rest for b in bs] == [b"m%06d" % i for i in range(25, 45)]
+    # the cache holds (10, 15 records): a subscription at 10 with the point at 12 cuts
+    # its own two records instead
+    b = Subscription(2, queue, log.reader(10), 10, {})
+    hits = queue.chunk_cache.hits
+    assert [_records(c) for c in _chunks(b, 10_000, upto=12)] == [
+        (10, [b"m000010", b"m000011"])]
+    assert queue.chunk_cache.hits == hits
+
+
+def test_the_commit_point_bounds_a_reader_behind_retention(tmp_path: Path) -> None:
+    """Offsets run on from the first kept one: a reader whose segment retention took
+    reads from there, and still no further than the commit point."""
+    log = _stream(tmp_path, [40] * 10)
+    log.sync()
+    assert log.retain(2000, None, 0) > 0 and log.first_offset > 0
+    queue: Any = SimpleNamespace(chunk_cache=ChunkCache())
+    reader = log.reader(0)
+    reader.offset = 0  # as it was before retention took its segment
+    sub = Subscription(1, queue, reader, 10, {})
+    upto = log.first_offset + 7
+    got = [_records(c) for c in _chunks(sub, 10_000, upto)]
+    assert [b for _, bs in got for b in bs] == [b"m%06d" % i
+                                                for i in range(log.first_offset, upto)]
