@@ -541,6 +541,16 @@ class StreamQueue(QueueType):
         raise NotImplementedError("a stream recovers from its own log, not the shared one")
 
     # -- consuming -------------------------------------------------------------------
+    def consume_for(self, consumer: Consumer,
+                    answer: Callable[[BaseException | None], None]) -> None:
+        """Attach first, then consume-ok: the start offset (``next``: the end of the
+        log now) is taken before the client can hear it is registered, as RabbitMQ
+        opens the consumer's reader before its consume-ok, so every record published
+        after consume-ok reaches it. Attaching delivers nothing at once (it schedules
+        a dispatch), so consume-ok still precedes the first delivery."""
+        self.add_consumer(consumer)
+        answer(None)
+
     def add_consumer(self, consumer: Consumer) -> None:
         offset = start_offset(consumer.arguments.get(OFFSET_HEADER), self.log, _now_ms())
         assert offset is not None  # check_consume refused the others

@@ -36,7 +36,8 @@ basic.cancel (of a mirrored queue a mirror can take over only those with
 the catalogue names it, or from this node's new queue if the mirror here is promoted,
 in whichever order the link's end and the promotion come; amqpd.cluster.mirror),
 publishes waiting for a confirm get a nack, and until the link is back (or a new
-leader is known) the queue answers declare, basic.get and basic.consume with 404
+leader is known) the queue answers declare (a stream's excepted, as RabbitMQ 3.10.8
+answers it: :meth:`RemoteQueue.touch`), basic.get and basic.consume with 404
 ``home node '<node>' of durable queue '<name>' in vhost '<vhost>' is down or
 inaccessible``; the publish pipeline leaves it out of routes (``available`` is False:
 the message is unroutable there, as in RabbitMQ 3.10). Delivery ids of the old link
@@ -140,9 +141,16 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
         out["type"] = self.real_type
         out["messages_unacknowledged"] = self.remote_unacked
         out["messages"] = self.message_count + self.remote_unacked
-        out["consumers"] = self.remote_consumers + sum(
-            1 for state in self._cons.values() if state.local is not None)
+        out["consumers"] = self.consumer_count()
         return out
+
+    def consumer_count(self) -> int:
+        """The consumers the API and declare-ok report: the leader's count as last
+        reported (its own and those it serves for other nodes) plus this node's stream
+        consumers reading its copy (:mod:`amqpd.cluster.stream_local`), whom the
+        leader never sees."""
+        return self.remote_consumers + sum(1 for state in self._cons.values()
+                                           if state.local is not None)
 
     def listed_type(self) -> str:
         return self.real_type  # the leader's queue's type
@@ -167,8 +175,11 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
         return home_node_down(self.leader, self.name, self.vhost.name, self.durable)
 
     def touch(self) -> None:
-        """Every declare passes here first: 404 while the leader is out of reach."""
-        if not self.available:
+        """Every declare passes here first: 404 while the leader is out of reach,
+        except for a stream, whose declare (passive too) RabbitMQ 3.10.8 answers with
+        declare-ok while its leader is lost (during the election, and with no majority
+        left to elect one); a consume there is still refused (:meth:`check_consume`)."""
+        if not self.available and (self.gone or self.real_type != "stream"):
             raise self._unavailable()
 
     def check_consume(self, arguments: dict[str, Any], global_prefetch: int) -> None:
@@ -406,9 +417,10 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
 
     def counts_for(self, answer: Callable[[int, int], None]) -> None:
         """A declare-ok's counts as the leader has them now (the last reported ones if
-        the leader is out of reach or does not answer within ANSWER_TIMEOUT)."""
+        the leader is out of reach or does not answer within ANSWER_TIMEOUT); the
+        consumers as the API counts them here (:meth:`consumer_count`)."""
         if not self.available:
-            answer(self.message_count, self.remote_consumers)
+            answer(self.message_count, self.consumer_count())
             return
         self._next_req += 1
         req = self._next_req
@@ -419,7 +431,7 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
     def _count_answer(self, req: int) -> None:
         answer = self._counts.pop(req, None)
         if answer is not None:
-            answer(self.message_count, self.remote_consumers)
+            answer(self.message_count, self.consumer_count())
 
     def _counted(self, req: int, ready: int, unacked: int, consumers: int) -> None:
         self.ready_count, self.remote_unacked, self.remote_consumers = ready, unacked, consumers

@@ -9,24 +9,37 @@ member was removed). A copy that cannot be opened or appended to is refused
 (``SREFUSE``) and the leader starts it again later. ``SCOMMIT`` moves the copy's
 commit point, up to which this node's consumers read it
 (:mod:`amqpd.cluster.stream_local`).
+
+A member removed while its node or its link was down (the ``SDROP`` never came)
+finds out from the stream's group record, which every node reads from etcd: its copy
+-- left on disk, or still open -- is deleted then, with a log line
+(:meth:`StreamCopies.clear_removed`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
 
-from amqpd.broker.api import StreamLogError
+from amqpd.broker.api import StreamLogError, stream_directory
 from amqpd.cluster import link_wire as W
 from amqpd.cluster import stream_wire as S
 from amqpd.cluster.stream_replica import StreamReplica
 
 if TYPE_CHECKING:
     from amqpd.cluster.link import Link
+    from amqpd.cluster.mirror_state import Ident
     from amqpd.cluster.stream_group import StreamGroups
 
 log = logging.getLogger("amqpd.cluster.stream")
+
+# seconds an open copy waits for its leader's SDROP once the group record says this
+# node is no member any more, before deleting itself (the link may have been down)
+DROP_GRACE: Final = 10.0
 
 
 class StreamCopies:
@@ -36,6 +49,59 @@ class StreamCopies:
     def __init__(self, groups: StreamGroups) -> None:
         self.groups = groups
         self._acks: set[tuple[Link, int, StreamReplica]] = set()
+        self._checked: dict[Ident, int] = {}  # stream -> record revision looked at
+        # stream -> since when its open copy's record names this node no member
+        self._unfed: dict[Ident, float] = {}
+
+    def clear_removed(self, now: float | None = None) -> None:
+        """Delete the copies of streams whose group record no longer names this node a
+        member, looking at each record revision once: a copy left on disk (the node
+        was down when it was removed), and an open one whose leader's ``SDROP`` did not
+        come within :data:`DROP_GRACE` (the link was down then) when the record is
+        newer than the one read when the copy was last started. A node added again
+        meanwhile is left alone: its leader's ``SSTART`` came after the removal was
+        read (the copy is open and its record revision is that one's), or it comes
+        later and copies the log afresh."""
+        groups = self.groups
+        node = groups.node
+        now = time.monotonic() if now is None else now
+        for ident, rec in groups.records.items():
+            revision = groups.revisions.get(ident, 0)
+            if self._checked.get(ident) == revision:
+                continue
+            if node not in rec.get("members", ()) and rec.get("leader") != node \
+                    and ident not in groups.electing and groups.local_stream(ident) is None:
+                replica = groups.replicas.get(ident)
+                members = rec.get("members")
+                if replica is None:
+                    self._delete_left(ident, members)
+                elif replica.record_revision < revision:
+                    since = self._unfed.setdefault(ident, now)
+                    if now - since < DROP_GRACE:
+                        continue  # its leader's SDROP may be on the way
+                    log.warning("stream '%s' in vhost '%s': this node is no longer a "
+                                "member (members %s) and its leader did not drop the "
+                                "copy within %g s; it is deleted", ident[1], ident[0],
+                                members, DROP_GRACE)
+                    self.drop(replica, destroy=True)
+            self._checked[ident] = revision
+            self._unfed.pop(ident, None)
+        for ident in [i for i in self._checked if i not in groups.records]:
+            del self._checked[ident]
+
+    def _delete_left(self, ident: Ident, members: Any) -> None:
+        """A removed member's copy left on disk goes (a failed delete is logged and
+        tried again with the record's next revision)."""
+        directory = stream_directory(Path(self.groups.broker.settings.data_dir), *ident)
+        if not directory.is_dir():
+            return
+        log.warning("stream '%s' in vhost '%s': this node is no longer a member (members "
+                    "%s); its copy left on disk is deleted", ident[1], ident[0], members)
+        try:
+            shutil.rmtree(directory)
+        except OSError as exc:
+            log.error("stream '%s' in vhost '%s': deleting %s failed: %s", ident[1],
+                      ident[0], directory, exc)
 
     def frame(self, link: Link, kind: int, stream: int, f: list[Any]) -> bool:
         """A member's frame from a leader handled here: True; False for the others
@@ -98,6 +164,9 @@ class StreamCopies:
                 replica = StreamReplica(self.groups.broker.settings.data_dir, link.peer, rid,
                                         vhost, name, dict(info.get("arguments") or {}))
                 self.groups.replicas[ident] = replica
+            # the group record as read when this leader (re)started it: a later one
+            # that names this node no member any more removes it (clear_removed)
+            replica.record_revision = self.groups.revisions.get(ident, 0)
             offset = replica.start(term, info)
         except (OSError, StreamLogError, ValueError, TypeError) as exc:
             log.error("stream '%s' in vhost '%s': cannot open this node's copy: %s", name,

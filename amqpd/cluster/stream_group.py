@@ -256,6 +256,7 @@ class StreamGroups(NodePart):
             if not cluster.is_running(replica.leader) and ident not in self.electing:
                 self.electing.add(ident)
                 self._spawn(self._elect(ident, replica))
+        self.copies.clear_removed()
 
     def queues_elsewhere(self) -> set[Ident]:
         """Streams the catalogue says another node leads (not deleted, only moved)."""

@@ -95,6 +95,9 @@ class StreamReplica:
         # every record below is on a majority (the leader's SCOMMIT); -1: not told yet
         self.committed = -1
         self.generation = 0  # one more each time the log starts again (reset)
+        # the group record's revision this node had read when the leader last started
+        # the copy (StreamCopies.clear_removed)
+        self.record_revision = 0
         self.closed = False
         # called when what this node's consumers may read changed (stream_local)
         self.watchers: list[Callable[[], None]] = []

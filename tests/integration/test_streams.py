@@ -204,6 +204,43 @@ def test_three_consumers_each_see_exactly_their_range(broker: BrokerProcess) -> 
           f"{time.monotonic() - t0 - published:.1f} s")
 
 
+# -- next: everything published after consume-ok (pika) ------------------------------------
+
+NEXT_ROUNDS = 150  # consumes at next, each followed at once by one publish
+
+
+def test_next_gets_every_record_published_after_consume_ok(broker: BrokerProcess) -> None:
+    """``x-stream-offset: next`` starts after the last record at the moment the consumer
+    is registered, which is before its consume-ok (RabbitMQ's reader is opened before
+    the consume-ok is sent): a record published as soon as the client has consume-ok,
+    on the consumer's channel, another channel of its connection or another
+    connection, is its first delivery. Repeated, as a consumer attached after its
+    consume-ok would miss one only when the publish comes in between."""
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    other = pika.BlockingConnection(pika.URLParameters(broker.url))
+    ch = conn.channel()
+    ch.queue_declare("nx", durable=True, arguments=STREAM)
+    ch.basic_qos(prefetch_count=10)
+    via = (ch, conn.channel(), other.channel())
+    missed: list[tuple[int, list[bytes]]] = []
+    for i in range(NEXT_ROUNDS):
+        got: list[bytes] = []
+        tag = ch.basic_consume("nx", lambda _c, m, _p, body, got=got: (
+            got.append(body), _c.basic_ack(m.delivery_tag)),
+            arguments={"x-stream-offset": "next"})
+        body = str(i).encode()
+        via[i % 3].basic_publish("", "nx", body)
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.02)
+        if got != [body]:
+            missed.append((i, got))
+        ch.basic_cancel(tag)
+    conn.close()
+    other.close()
+    assert not missed, missed
+
+
 # -- retention while a consumer reads (pika) ------------------------------------------------
 
 def _reader(b: BrokerProcess, queue: str, prefetch: int) -> tuple[

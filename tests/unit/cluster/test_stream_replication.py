@@ -1,16 +1,21 @@
 """The sans-IO parts of replicated streams (issue 30): the epoch rule a member's copy is
 checked by, the record packing of ``SREC``, the offset a consumer resumes after, the
-membership edits of add_replica / delete_replica, and a member's copy against a leader's
-``SSTART`` on real files."""
+membership edits of add_replica / delete_replica, a member's copy against a leader's
+``SSTART`` on real files, and the copy a removed member left on disk."""
 
 from __future__ import annotations
 
+import logging
+import shutil
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
 from amqpd.broker.api import MembershipError, Record, StreamLog, stream_directory
 from amqpd.cluster import link_wire as W
+from amqpd.cluster.stream_copies import DROP_GRACE, StreamCopies
 from amqpd.cluster.stream_group import cluster_size, replica_edit
 from amqpd.cluster.stream_replica import StreamReplica, read_term, valid_end
 from amqpd.cluster.stream_wire import delivered_offset, pack_records, unpack_records
@@ -93,3 +98,71 @@ def test_a_copy_continues_from_its_offset_or_starts_again(tmp_path: Path) -> Non
     assert third.start(5, {"epochs": [[3, 0], [5, 15]], "first": 40, "next": 50}) == 40
     third.close()
     leader.close()
+
+
+def _copies(tmp_path: Path, records: dict[tuple[str, str], dict[str, object]]) -> Any:
+    """A member's StreamCopies over stand-in groups: node-c, these group records (each
+    at revision 1), no copy open, no election, no stream led here."""
+    groups = SimpleNamespace(
+        node="node-c", broker=SimpleNamespace(settings=SimpleNamespace(data_dir=str(tmp_path))),
+        records=records, revisions=dict.fromkeys(records, 1), replicas={}, electing=set(),
+        local_stream=lambda ident: None)
+    return StreamCopies(cast(Any, groups))
+
+
+def _copy_on_disk(tmp_path: Path, name: str) -> Path:
+    directory = stream_directory(tmp_path, "/", name)
+    directory.mkdir(parents=True)
+    (directory / "00000000000000000000.seg").write_bytes(b"x")
+    return directory
+
+
+def test_a_copy_left_by_a_removed_member_is_deleted_once_it_reads_the_record(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    removed, member, open_ = (_copy_on_disk(tmp_path, n) for n in ("gone", "kept", "open"))
+    records: dict[tuple[str, str], dict[str, object]] = {
+        ("/", "gone"): {"leader": "node-a", "members": ["node-a", "node-b"]},
+        ("/", "kept"): {"leader": "node-a", "members": ["node-a", "node-c"]},
+        ("/", "open"): {"leader": "node-a", "members": ["node-a", "node-b"]}}
+    copies = _copies(tmp_path, records)
+    # open, (re)started by its leader after this node read the removal: a node added
+    # again, whose copy the leader feeds (record_revision 1 is the record read then)
+    replica = StreamReplica(str(tmp_path), "node-a", 1, "/", "open", {})
+    replica.record_revision = 1
+    copies.groups.replicas[("/", "open")] = replica
+    with caplog.at_level(logging.WARNING, "amqpd.cluster.stream"):
+        copies.clear_removed()
+    assert not removed.exists() and member.is_dir() and open_.is_dir()
+    assert "'gone' in vhost '/': this node is no longer a member" in caplog.text
+    assert not replica.closed
+
+    # a later record without this node: deleted once the leader's SDROP did not come
+    # within DROP_GRACE (the link was down)
+    copies.groups.revisions[("/", "open")] = 2
+    copies.clear_removed(now=100.0)
+    copies.clear_removed(now=100.0 + DROP_GRACE - 0.1)
+    assert not replica.closed and open_.is_dir()
+    copies.clear_removed(now=100.0 + DROP_GRACE)
+    assert replica.closed and not open_.exists() and ("/", "open") not in \
+        copies.groups.replicas
+    assert "its leader did not drop the copy" in caplog.text
+
+    # looked at once per record revision; a failed delete is logged, tried again with
+    # the next revision
+    _copy_on_disk(tmp_path, "gone")
+
+    def refuse(path: object) -> None:
+        raise OSError("read-only file system")
+
+    monkeypatch.setattr(shutil, "rmtree", refuse)
+    copies.clear_removed()
+    assert removed.is_dir()
+    copies.groups.revisions[("/", "gone")] = 2
+    with caplog.at_level(logging.ERROR, "amqpd.cluster.stream"):
+        copies.clear_removed()
+    assert "deleting" in caplog.text and "read-only file system" in caplog.text
+    monkeypatch.undo()
+    copies.groups.revisions[("/", "gone")] = 3
+    copies.clear_removed()
+    assert not removed.exists() and member.is_dir()
