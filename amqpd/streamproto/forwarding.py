@@ -186,5 +186,15 @@ class TrackingForwarder:
         self._answering.add(task)
         task.add_done_callback(self._answering.discard)
 
+    def close(self) -> None:
+        """The stream listener closed (shutdown, a fenced node): stop asking, with a
+        warning for the store-offsets not sent (their clients are gone)."""
+        if self._latest or self._sending:
+            log.warning("stream listener closed: store-offsets of %d references not "
+                        "(all) passed on to the leader's node", len(self._sending))
+        self._latest.clear()
+        for task in [*self._sending.values(), *self._answering]:
+            task.cancel()
+
 
 __all__ = ["QUERY", "SEQUENCE", "STORE", "TrackingForwarder"]

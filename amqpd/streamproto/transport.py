@@ -180,7 +180,9 @@ class StreamListener:
         router.metric_sources.append(lambda e: add_metrics(self, e))
 
     def close(self) -> None:
-        """Close every stream connection (the broker closed the listening sockets)."""
+        """Close every stream connection (the broker closed the listening sockets)
+        and stop asking other nodes for them."""
+        self.forwarder.close()
         for proto in list(self.connections):
             if proto.transport is not None:
                 proto.transport.close()

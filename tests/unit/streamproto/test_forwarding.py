@@ -153,3 +153,21 @@ async def test_answer_sends_once_the_query_is_answered() -> None:
     f.answer(f.query_offset("/", "s", "app", "conn"), send)
     await asyncio.wait_for(done.wait(), 5)
     assert got == [(c.OK, 42)]
+
+
+async def test_close_drops_what_is_under_way_with_a_warning(
+        caplog: pytest.LogCaptureFixture) -> None:
+    api = FakeAPI()
+    f = forwarder(api)
+    api.gate.clear()
+    caplog.set_level(logging.WARNING, "amqpd.streamproto")
+    f.store_offset("/", "s", "app", 1, "conn")
+    await asyncio.sleep(0.01)
+    f.store_offset("/", "s", "app", 2, "conn")
+    task = f._sending[("/", "s", "app")]
+    f.close()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert [a[2]["offset"] for a in api.asked] == [1]
+    assert f._sending == {} and f._latest == {}
+    assert "store-offsets of 1 references not (all) passed on" in caplog.text
