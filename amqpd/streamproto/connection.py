@@ -13,7 +13,10 @@ its own :class:`~amqpd.store.stream_log.Reader` and sends what it reads as osiri
 chunks, one per credit, never beyond the stream's commit point
 (:meth:`StreamQueue.commit_point`). In a cluster a subscription on a member's node
 reads that node's copy of the stream (:mod:`amqpd.streamproto.copies`); publishers
-belong on the leader's node, which the metadata names.
+belong on the leader's node, which the metadata names. Offsets and publisher sequences
+of a stream led elsewhere are asked of the leader's node
+(:mod:`amqpd.streamproto.forwarding`); on the leader they are this node's
+``tracking.json`` as ever.
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ from amqpd.streamproto.amqp10 import data_message
 from amqpd.streamproto.arguments import BadArgument, queue_arguments
 from amqpd.streamproto.chunks import Cutter, next_chunk
 from amqpd.streamproto.copies import CopySource, StreamSource
+from amqpd.streamproto.forwarding import TrackingForwarder
 from amqpd.streamproto.sac import Coordinator, GroupKey, Notice
-from amqpd.streamproto.tracking import Tracking
+from amqpd.streamproto.tracking import Tracking, tracking_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -118,28 +122,19 @@ class Subscription:
         return self.cut.reader if self.cut is not None else None
 
 
-def tracking_of(queue: StreamQueue, cache: dict[int, Tracking]) -> Tracking:
-    """The queue's tracking state, loaded once per queue object."""
-    t = cache.get(id(queue))
-    if t is None:
-        t = cache[id(queue)] = Tracking(queue.directory)
-
-        def forget(q: object) -> None:
-            cache.pop(id(q), None)
-
-        queue.on_removed.append(forget)
-    return t
-
-
 class StreamConnection:
     """The state machine of one client connection (module docstring)."""
 
     def __init__(self, broker: Broker, peer: tuple[str, int] | None, name: str,
                  advertised: tuple[str, int], tracking: dict[int, Tracking],
-                 coordinator: Coordinator | None = None) -> None:
+                 coordinator: Coordinator | None = None,
+                 forwarder: TrackingForwarder | None = None) -> None:
         self.broker = broker
         # single active consumer groups: node-wide (the listener's), own one otherwise
         self.coordinator = coordinator if coordinator is not None else Coordinator()
+        # offsets and publisher sequences of streams led elsewhere (node-wide)
+        self.forwarder = forwarder if forwarder is not None else TrackingForwarder(
+            broker, tracking)
         self._correlation = 0  # of the requests this side sends (consumer update)
         # consumer updates sent, by correlation id: (subscription id, stepping down)
         self._updates: dict[int, tuple[int, bool]] = {}
@@ -440,16 +435,21 @@ class StreamConnection:
         where: tuple[str, int] | None = cluster.stream_address_of(node)
         return where
 
-    def _missing(self, name: str, what: str) -> int:
-        """The code for a command about stream ``name`` that is not led here: 0x06 with
-        a log line when another node leads it (its offsets and publisher sequences are
-        kept there only), else 0x02."""
-        if not self._elsewhere(name):
-            return c.STREAM_DOES_NOT_EXIST
-        log.warning("stream connection %s: %s for stream '%s' refused: another node leads "
-                    "it and keeps its offsets and publisher sequences", self.name, what,
-                    name)
-        return c.STREAM_NOT_AVAILABLE
+    def _ask_leader(self, key: int, corr: int, stream: str, reference: str) -> None:
+        """Answer a query about stream ``stream`` led elsewhere with what its leader's
+        node keeps (:mod:`amqpd.streamproto.forwarding`), once that node answered;
+        0x02 at once if no node leads it, 0x10 if the user may not read it."""
+        if not self._elsewhere(stream):
+            return self.send(c.response(key, corr, c.STREAM_DOES_NOT_EXIST).u64(0).frame())
+        if not self._allowed("read", stream):
+            return self.send(c.response(key, corr, c.ACCESS_REFUSED).u64(0).frame())
+        f = self.forwarder
+        ask = f.query_offset if key == c.QUERY_OFFSET else f.query_sequence
+
+        def send(code: int, value: int) -> None:
+            self.send(c.response(key, corr, code).u64(value).frame())
+
+        f.answer(ask(self.vhost, stream, reference, self.name), send)
 
     def _copy_for(self, name: str) -> tuple[CopySource | None, int]:
         """This node's copy of stream ``name`` led elsewhere, when its subscribers may
@@ -671,8 +671,7 @@ class StreamConnection:
         corr = cmd.correlation_id
         q = self._stream(stream)
         if q is None:
-            return self.send(c.response(c.QUERY_PUBLISHER_SEQUENCE, corr, self._missing(
-                stream, "query-publisher-sequence")).u64(0).frame())
+            return self._ask_leader(c.QUERY_PUBLISHER_SEQUENCE, corr, stream, reference)
         if not self._allowed("read", stream):
             return self.send(c.response(c.QUERY_PUBLISHER_SEQUENCE, corr,
                                         c.ACCESS_REFUSED).u64(0).frame())
@@ -873,15 +872,17 @@ class StreamConnection:
     def _store_offset(self, cmd: c.Command) -> None:
         reference, stream, offset = cmd.fields
         q = self._stream(stream)
-        if q is None or not reference or len(reference) > MAX_REFERENCE:
+        if (q is None and not self._elsewhere(stream)) or not reference or \
+                len(reference) > MAX_REFERENCE:
             log.warning("stream connection %s: store-offset for '%s' (reference %r) "
-                        "ignored: %s", self.name, stream, reference,
-                        "another node leads the stream (offsets are kept there)"
-                        if q is None and self._elsewhere(stream)
-                        else "no such stream or a bad reference")
+                        "ignored: no such stream or a bad reference", self.name, stream,
+                        reference)
             return  # the command has no response (RabbitMQ logs and ignores it too)
         if not self._allowed("read", stream):
             return
+        if q is None:  # led by another node, which keeps the offsets
+            return self.forwarder.store_offset(self.vhost, stream, reference, offset,
+                                               self.name)
         t = tracking_of(q, self.tracking)
         t.offsets[reference] = offset
         loop = self.broker._loop
@@ -893,8 +894,7 @@ class StreamConnection:
         corr = cmd.correlation_id
         q = self._stream(stream)
         if q is None:
-            return self.send(c.response(c.QUERY_OFFSET, corr,
-                                        self._missing(stream, "query-offset")).u64(0).frame())
+            return self._ask_leader(c.QUERY_OFFSET, corr, stream, reference)
         if not self._allowed("read", stream):
             return self.send(c.response(c.QUERY_OFFSET, corr,
                                         c.ACCESS_REFUSED).u64(0).frame())

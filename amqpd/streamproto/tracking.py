@@ -18,6 +18,10 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from amqpd.broker.stream import StreamQueue
 
 log = logging.getLogger("amqpd.streamproto")
 
@@ -83,4 +87,17 @@ class Tracking:
         future.add_done_callback(done)
 
 
-__all__ = ["Tracking"]
+def tracking_of(queue: StreamQueue, cache: dict[int, Tracking]) -> Tracking:
+    """The queue's tracking state, loaded once per queue object."""
+    t = cache.get(id(queue))
+    if t is None:
+        t = cache[id(queue)] = Tracking(queue.directory)
+
+        def forget(q: object) -> None:
+            cache.pop(id(q), None)
+
+        queue.on_removed.append(forget)
+    return t
+
+
+__all__ = ["Tracking", "tracking_of"]

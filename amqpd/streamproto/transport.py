@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from amqpd.streamproto import codec
 from amqpd.streamproto.connection import StreamConnection
+from amqpd.streamproto.forwarding import TrackingForwarder
 from amqpd.streamproto.sac import Coordinator
 
 if TYPE_CHECKING:
@@ -28,11 +29,12 @@ log = logging.getLogger("amqpd.streamproto")
 class StreamProtocol(asyncio.Protocol):
     def __init__(self, broker: Broker, advertised: tuple[str, int],
                  tracking: dict[int, Tracking], connections: set[StreamProtocol],
-                 coordinator: Coordinator) -> None:
+                 coordinator: Coordinator, forwarder: TrackingForwarder) -> None:
         self.broker = broker
         self.advertised = advertised
         self.tracking = tracking
         self.coordinator = coordinator
+        self.forwarder = forwarder
         self.connections = connections
         self.transport: asyncio.Transport | None = None
         self.conn: StreamConnection | None = None
@@ -48,7 +50,8 @@ class StreamProtocol(asyncio.Protocol):
         sock = transport.get_extra_info("sockname")
         name = f"{peer[0]}:{peer[1]} -> {sock[0]}:{sock[1]}" if peer and sock else "?"
         self.conn = StreamConnection(self.broker, peer[:2] if peer else None, name,
-                                     self.advertised, self.tracking, self.coordinator)
+                                     self.advertised, self.tracking, self.coordinator,
+                                     self.forwarder)
         self.conn.on_output = self._schedule_flush
         self.connections.add(self)
         self._handshake = self._loop.call_later(self.broker.settings.handshake_timeout,
@@ -138,6 +141,10 @@ class StreamListener:
         self.tracking: dict[int, Tracking] = {}
         self.connections: set[StreamProtocol] = set()
         self.coordinator = Coordinator()  # single active consumer groups, node-wide
+        # offsets and publisher sequences of streams another node leads, asked of it,
+        # and this node's answers to the others for the streams it leads
+        self.forwarder = TrackingForwarder(broker, self.tracking)
+        self.forwarder.serve()
         # what metadata names for this node (the plain listener's): the cluster puts it
         # in the node's record, so other nodes' metadata can name this one
         self.advertised: tuple[str, int] | None = None
@@ -151,7 +158,7 @@ class StreamListener:
 
         def factory() -> StreamProtocol:
             return StreamProtocol(self.broker, advertised[0], self.tracking,
-                                  self.connections, self.coordinator)
+                                  self.connections, self.coordinator, self.forwarder)
 
         bound = await self.broker._listen(port, ssl=ssl, factory=factory,
                                           name="stream" if ssl is None else "stream/ssl")
@@ -173,7 +180,9 @@ class StreamListener:
         router.metric_sources.append(lambda e: add_metrics(self, e))
 
     def close(self) -> None:
-        """Close every stream connection (the broker closed the listening sockets)."""
+        """Close every stream connection (the broker closed the listening sockets)
+        and stop asking other nodes for them."""
+        self.forwarder.close()
         for proto in list(self.connections):
             if proto.transport is not None:
                 proto.transport.close()

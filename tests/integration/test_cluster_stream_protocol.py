@@ -11,8 +11,13 @@ three-member stream declared on node-a, which leads it.
   rstream's consumer (which subscribes on a replica when the metadata names one) does
   too, and its subscription is on node-b or node-c, never on node-a. A publisher
   declared on a replica's node is refused with STREAM_NOT_AVAILABLE (RabbitMQ 3.10.8
-  takes it and writes over Erlang distribution: docs/streams.md), and so is a
-  query-offset there (the offsets are kept on the leader's node).
+  takes it and writes over Erlang distribution: docs/streams.md).
+* Offsets and publisher sequences work through a member's node, which asks the
+  leader's node (where ``tracking.json`` lives), as RabbitMQ 3.10.8 writes tracking
+  through the leader from any node: an offset stored at node-c's port is read back
+  there and at node-a's, a burst of store-offsets for one reference ends with the
+  last one stored and far fewer requests to node-a than store-offsets, and a named
+  producer's sequence published on node-a is answered at node-c.
 * With node-b and node-c stopped (SIGSTOP; heartbeat timeout and lease long enough
   that node-a is not left alone and paused), records published on node-a are written
   there but committed nowhere: they are not confirmed and subscribers on node-a --
@@ -45,9 +50,10 @@ pytestmark = [pytest.mark.skipif(etcdproc.find_etcd() is None, reason=etcdproc.S
               pytest.mark.timeout(300)]
 
 STREAM = "proto-stream"
-OK, STREAM_NOT_AVAILABLE = 0x01, 0x06
+OK, STREAM_NOT_AVAILABLE, NO_OFFSET = 0x01, 0x06, 0x13
 FIRST, NEXT = 1, 2  # offset specification types
 DELIVER, CONFIRM, ERROR, METADATA_UPDATE = 0x08, 0x03, 0x04, 0x10
+QUERY_OFFSET, QUERY_SEQUENCE = 0x0B, 0x05
 
 
 @pytest.fixture
@@ -115,9 +121,19 @@ class Raw(RawClient):
         self.records.setdefault(sid, [])
         return self.response(0x07)[0]
 
-    def declare_publisher(self, pid: int) -> int:
-        self.send(0x01, struct.pack(">B", pid) + _s("") + _s(STREAM))
+    def declare_publisher(self, pid: int, reference: str = "") -> int:
+        self.send(0x01, struct.pack(">B", pid) + _s(reference) + _s(STREAM))
         return self.response(0x01)[0]
+
+    def store_offset(self, reference: str, offset: int) -> None:
+        self.send(0x0A, _s(reference) + _s(STREAM) + struct.pack(">Q", offset),
+                  with_corr=False)
+
+    def query(self, key: int, reference: str) -> tuple[int, int]:
+        """query-offset (0x0B) or query-publisher-sequence (0x05): (code, value)."""
+        self.send(key, _s(reference) + _s(STREAM))
+        code, rest = self.response(key)
+        return code, struct.unpack_from(">Q", rest)[0]
 
     def publish(self, pid: int, first: int, count: int) -> None:
         body = b"".join(struct.pack(">QI", i, 6) + f"r{i:05d}".encode()
@@ -236,10 +252,8 @@ def test_metadata_names_replicas_and_a_replica_serves_its_subscribers(
     try:
         on_c.open()
         pub.open()
-        # a publisher belongs on the leader's node, and so do stored offsets
+        # a publisher belongs on the leader's node
         assert on_c.declare_publisher(1) == STREAM_NOT_AVAILABLE
-        on_c.send(0x0B, _s("app") + _s(STREAM))  # query-offset
-        assert on_c.response(0x0B)[0] == STREAM_NOT_AVAILABLE
         assert pub.declare_publisher(1) == OK
         pub.publish(1, 0, 300)
         assert sorted(pub.wait_confirms(300, 30)) == list(range(300)), diagnose(nodes)
@@ -257,6 +271,46 @@ def test_metadata_names_replicas_and_a_replica_serves_its_subscribers(
     assert got == _bodies(0, 500), (len(got), got[:3], where)
     # rstream subscribed on a replica (the metadata named two), not on the leader
     assert where[a.name] == 0 and where[b.name] + where[c.name] == 1, where
+
+    on_c, on_a = Raw(stream_port(c)), Raw(stream_port(a))
+    try:
+        on_c.open()
+        on_a.open()
+        _offsets_through_a_member(a, on_c, on_a)
+    finally:
+        on_c.close()
+        on_a.close()
+
+
+def _offsets_through_a_member(a: ClusterNode, on_c: Raw, on_a: Raw) -> None:
+    """store-offset at node-c's port is kept by node-a: read back on both nodes; a
+    named producer's sequence kept by node-a is answered at node-c."""
+    # nothing stored yet: answered through the member as on the leader
+    assert on_c.query(QUERY_OFFSET, "app") == (NO_OFFSET, 0)
+    assert on_c.query(QUERY_SEQUENCE, "producer-a") == (OK, 0)
+    assert on_a.declare_publisher(2, "producer-a") == OK
+    on_a.publish(2, 1, 10)  # publishing ids 1..10 (a named producer starts after 0)
+    wait_for(lambda: on_a.query(QUERY_SEQUENCE, "producer-a") == (OK, 10), 30,
+             "producer-a's ids confirmed on node-a")
+    assert on_c.query(QUERY_SEQUENCE, "producer-a") == (OK, 10)
+
+    on_c.store_offset("app", 123)
+    # a query after a store on the same node waits for it: no poll needed
+    assert on_c.query(QUERY_OFFSET, "app") == (OK, 123)
+    assert on_a.query(QUERY_OFFSET, "app") == (OK, 123)
+    assert on_a.query(QUERY_OFFSET, "other") == (NO_OFFSET, 0)
+    # a client storing per chunk: coalesced, the latest wins
+    assert a.proc is not None
+    before = a.proc.log_path.read_text(errors="replace").count(
+        "request 'stream-store-offset'")
+    burst = 200
+    for offset in range(1000, 1000 + burst):
+        on_c.store_offset("app", offset)
+    assert on_c.query(QUERY_OFFSET, "app") == (OK, 1000 + burst - 1)
+    assert on_a.query(QUERY_OFFSET, "app") == (OK, 1000 + burst - 1)
+    requests = a.proc.log_path.read_text(errors="replace").count(
+        "request 'stream-store-offset'") - before
+    assert 1 <= requests < burst // 4, requests
 
 
 def test_subscribers_on_the_leader_get_only_committed_records(
