@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import urllib.request
+from typing import Any
 
 import pytest
 from pamqp import commands
@@ -114,7 +115,9 @@ def test_non_durable_queue_known_everywhere_and_gone_with_its_node(
     pub.close()
     # two bindings to one exchange with one key that differ only in their arguments
     # (the queue's record sorts its bindings: dicts do not compare) reach every node
-    for args in ({"x-match": "all", "k": "1"}, {"x-match": "any", "k": "2"}):
+    headers_args: list[dict[str, Any]] = [{"x-match": "all", "k": "1"},
+                                          {"x-match": "any", "k": "2"}]
+    for args in headers_args:
         owner.rpc(ch, commands.Queue.Bind(queue="tq", exchange="amq.headers",
                                           routing_key="", arguments=args),
                   commands.Queue.BindOk)
