@@ -234,7 +234,8 @@ class Mirrors(CopyAdoption, MirrorFrames, MirrorFailover):
         now = time.monotonic()
         for rs, node in self.gate.laggards(now):
             for lead in self.leading.values():
-                if lead.rs is rs and node in rs.synchronised and node not in lead.leaving:
+                if lead.rs is rs and node not in lead.leaving and \
+                        (node in rs.synchronised or node in rs.pending):
                     log.warning("queue '%s' in vhost '%s': mirror on %s has not "
                                 "acknowledged within %.1fs", lead.ident[1], lead.ident[0],
                                 node, self.gate.timeout)
@@ -253,9 +254,12 @@ class Mirrors(CopyAdoption, MirrorFrames, MirrorFailover):
             copy.successor_since = now
         return now - copy.successor_since < SUCCESSOR_WAIT
 
-    def _reconcile_queue(self, vh: VHost, q: QueueType, members: list[str]) -> bool:
+    def _reconcile_queue(self, vh: VHost, q: QueueType, members: list[str],
+                         at_declare: bool = False) -> bool:
         """Bring one queue's mirrors in line with its policy: lead it (or stop), start
-        and end streams, write the record. False: not a mirrored queue this node leads."""
+        and end streams, write the record. False: not a mirrored queue this node leads.
+        ``at_declare``: the queue is being declared; a wanted node that runs but whose
+        link is not up yet becomes a birth member (:meth:`Leading.born_without`)."""
         if q.forwards_publish or not q.durable or q.exclusive or q.type_name != "classic":
             return False
         view = self.cluster
@@ -278,6 +282,11 @@ class Mirrors(CopyAdoption, MirrorFrames, MirrorFailover):
                 link = self.queues.links.link(node)
                 if link is not None:
                     lead.attach(node, link)
+                elif at_declare:
+                    lead.born_without(node)
+        for node in list(lead.rs.pending):
+            if node not in lead.streams and (node not in wanted or not view.is_running(node)):
+                lead.detach(node, drop=False)  # given up: never named, it stops counting
         for node, s in list(lead.streams.items()):
             if node not in wanted:
                 lead.detach(node, drop=True)
@@ -297,7 +306,10 @@ class Mirrors(CopyAdoption, MirrorFrames, MirrorFailover):
         """A durable queue this node leads was declared (the definitions' hook, before
         the declare-ok): under an ``ha-*`` policy its mirrors start now, synchronised
         (it is empty), so its first confirm already waits for them -- not a
-        reconciliation later, after confirms that only this node's disk holds."""
+        reconciliation later, after confirms that only this node's disk holds. A node
+        the policy wants that runs but has no link up yet (this node just woke from a
+        stall, the peer still refuses the new link) is counted all the same: its copy
+        starts when the link is up, and confirms wait for it (:meth:`Leading.born_without`)."""
         cluster = self.cluster
         if not cluster.mirror.synced or cluster.paused or (vhost, name) in self.promoting:
             return  # (a promotion records the queue it makes, and leads it itself)
@@ -306,7 +318,7 @@ class Mirrors(CopyAdoption, MirrorFrames, MirrorFailover):
         if vh is None or q is None or (vhost, name) in self.leading:
             return
         try:
-            self._reconcile_queue(vh, q, list(cluster.nodes()))
+            self._reconcile_queue(vh, q, list(cluster.nodes()), at_declare=True)
         except Exception:
             log.exception("queue '%s' in vhost '%s': mirrors not started at its declare "
                           "(the next reconciliation starts them)", name, vhost)

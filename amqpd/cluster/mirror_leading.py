@@ -179,9 +179,27 @@ class Leading:
             self.rs.ack(node, s.start_seq)
             self.rs.join(node)
             self.leaving.discard(node)
+            self.rs.pending.discard(node)
         log.info("queue '%s' in vhost '%s': mirror on %s starting (%d messages in the "
                  "queue%s)", name, vhost, node, len(self.live),
                  "; synchronised from the start" if born else "")
+
+    def born_without(self, node: str) -> None:
+        """``node`` should have had a mirror from the declare on but has no link yet
+        (this node just woke from a stall and the peer still refuses the new link, say):
+        a birth member. RabbitMQ creates a queue's mirrors with the queue, so nothing a
+        mirror lacks was ever confirmed without it; so here too: every confirm waits for
+        it (:attr:`ReplicaSet.pending`) until its copy, made once the link is up
+        whatever ha-sync-mode says, is synchronised. It is not named synchronised in
+        the record until then, and if it never gets there it stops counting after the
+        gate's timeout, like any mirror that does not acknowledge."""
+        if node in self.streams or node in self.rs.pending:
+            return
+        self.rs.pending.add(node)
+        vhost, name = self.ident
+        log.warning("queue '%s' in vhost '%s': no link to %s at its declare; its mirror "
+                    "starts when the link is up, and confirms wait for it", name, vhost,
+                    node)
 
     def empty(self) -> bool:
         """The queue holds no message at all, ready or unacknowledged (transient ones
@@ -216,7 +234,7 @@ class Leading:
         log.info("queue '%s' in vhost '%s': mirror on %s holds %d of its messages "
                  "(%d dropped), lacks %d (ha-sync-mode %s)", name, vhost, node, len(kept),
                  len(stale), len(s.missing), mode)
-        if (mode == "automatic" or s.sync_asked) and s.missing:
+        if (mode == "automatic" or s.sync_asked or node in self.rs.pending) and s.missing:
             self._start_sync(s)
         else:
             self._maybe_end(s)
@@ -348,6 +366,7 @@ class Leading:
         if node in self.rs.synchronised:
             self.leaving.add(node)
         self.catching.pop(node, None)
+        self.rs.pending.discard(node)  # never named synchronised: nothing to record first
         self.dirty = True
 
     def got_ack(self, node: str, seq: int) -> None:
@@ -371,6 +390,7 @@ class Leading:
         self.rs.ack(node, s.start_seq)  # the backlog holds everything up to it
         self.rs.join(node)
         self.leaving.discard(node)
+        self.rs.pending.discard(node)
         if self.rs.seq > s.start_seq:
             # records after the stream's start may have been confirmed while this
             # mirror was out of the set: it is named synchronised (may be promoted)

@@ -54,6 +54,11 @@ class ReplicaSet:
         self.seq = 0  # the last replication sequence number handed out
         self.acked: dict[str, int] = {}  # mirror -> highest seq it holds durable
         self.synchronised: set[str] = set(synchronised)
+        # mirrors every commit waits for that have no copy yet: a mirrored queue's
+        # birth members (amqpd.cluster.mirror_leading.Leading.born_without). While any
+        # is here nothing new is committed; each leaves once its copy is synchronised
+        # (then it counts as any synchronised mirror) or when it is given up
+        self.pending: set[str] = set()
         # which acknowledgements commit a record (amqpd.cluster.replica_core): every
         # synchronised mirror's by default; a quorum queue's leader sets a majority
         self.policy: CommitPolicy = policy if policy is not None else AllInSync()
@@ -79,10 +84,12 @@ class ReplicaSet:
     def satisfied(self, seq: int) -> bool:
         """Every record up to ``seq`` (at most :attr:`seq`: the leader holds it) is
         durable where the commit policy needs it."""
+        if self.pending and seq > 0:
+            return False
         return self.policy.commit_point(self.seq, self.acked, self.synchronised) >= seq
 
     def laggards(self, seq: int) -> list[str]:
-        return holding_up(seq, self.acked, self.synchronised)
+        return sorted({*holding_up(seq, self.acked, self.synchronised), *self.pending})
 
 
 @dataclass
