@@ -239,7 +239,7 @@ class Mirrors(CopyAdoption, MirrorFrames, MirrorFailover):
                     log.warning("queue '%s' in vhost '%s': mirror on %s has not "
                                 "acknowledged within %.1fs", lead.ident[1], lead.ident[0],
                                 node, self.gate.timeout)
-                    lead.detach(node, drop=True)
+                    lead.give_up(node, drop=True)
                     asyncio.get_running_loop().create_task(lead.write())
         self._watch_leaders(now)
 
@@ -286,10 +286,10 @@ class Mirrors(CopyAdoption, MirrorFrames, MirrorFailover):
                     lead.born_without(node)
         for node in list(lead.rs.pending):
             if node not in lead.streams and (node not in wanted or not view.is_running(node)):
-                lead.detach(node, drop=False)  # given up: never named, it stops counting
+                lead.give_up(node, drop=False)
         for node, s in list(lead.streams.items()):
             if node not in wanted:
-                lead.detach(node, drop=True)
+                lead.give_up(node, drop=True)
             elif not s.have and time.monotonic() - s.started > HAVE_WAIT:
                 # no MHAVE: the mirror was not ready for MSTART; start again
                 lead.detach(node, drop=False)

@@ -366,8 +366,16 @@ class Leading:
         if node in self.rs.synchronised:
             self.leaving.add(node)
         self.catching.pop(node, None)
-        self.rs.pending.discard(node)  # never named synchronised: nothing to record first
         self.dirty = True
+
+    def give_up(self, node: str, drop: bool) -> None:
+        """Stop the mirror on ``node`` for good (no longer wanted, not running, silent
+        past the gate's timeout): as :meth:`detach`, and a birth member stops holding
+        the confirms at once (it was never named synchronised: nothing to record
+        first). A plain :meth:`detach` (the link went, the peer refused MSTART for now)
+        keeps it a birth member: its next copy is made in full again."""
+        self.rs.pending.discard(node)
+        self.detach(node, drop)
 
     def got_ack(self, node: str, seq: int) -> None:
         self.rs.ack(node, seq)

@@ -109,6 +109,8 @@ async def test_no_confirm_before_the_mirrors_a_declare_could_not_start() -> None
         assert confirm == []  # 9ad39ce confirmed here: no mirror counted at all
         assert lead.rs.pending == {"node-b", "node-c"}
         assert "node-b" not in lead.record()["synchronised"]  # never promoted for it
+        lead.detach("node-b", drop=False)  # a link that went (or MREFUSE): still waited for
+        assert lead.rs.pending == {"node-b", "node-c"}
         # node-c stops running: given up; node-b still holds the confirm
         view.running.discard("node-c")
         m._reconcile_queue(vh, q, ["node-a", "node-b", "node-c"])  # type: ignore[arg-type]
