@@ -239,7 +239,7 @@ class Mirrors(CopyAdoption, MirrorFrames, MirrorFailover):
                     log.warning("queue '%s' in vhost '%s': mirror on %s has not "
                                 "acknowledged within %.1fs", lead.ident[1], lead.ident[0],
                                 node, self.gate.timeout)
-                    lead.give_up(node, drop=True)
+                    lead.give_up(node, drop=True, why="silent past mirror_sync_timeout")
                     asyncio.get_running_loop().create_task(lead.write())
         self._watch_leaders(now)
 
@@ -286,10 +286,11 @@ class Mirrors(CopyAdoption, MirrorFrames, MirrorFailover):
                     lead.born_without(node)
         for node in list(lead.rs.pending):
             if node not in lead.streams and (node not in wanted or not view.is_running(node)):
-                lead.give_up(node, drop=False)
+                lead.give_up(node, drop=False, why="no longer wanted" if node not in wanted
+                             else "its node is down")
         for node, s in list(lead.streams.items()):
             if node not in wanted:
-                lead.give_up(node, drop=True)
+                lead.give_up(node, drop=True, why="no longer wanted")
             elif not s.have and time.monotonic() - s.started > HAVE_WAIT:
                 # no MHAVE: the mirror was not ready for MSTART; start again
                 lead.detach(node, drop=False)

@@ -368,13 +368,18 @@ class Leading:
         self.catching.pop(node, None)
         self.dirty = True
 
-    def give_up(self, node: str, drop: bool) -> None:
+    def give_up(self, node: str, drop: bool, why: str) -> None:
         """Stop the mirror on ``node`` for good (no longer wanted, not running, silent
         past the gate's timeout): as :meth:`detach`, and a birth member stops holding
         the confirms at once (it was never named synchronised: nothing to record
         first). A plain :meth:`detach` (the link went, the peer refused MSTART for now)
         keeps it a birth member: its next copy is made in full again."""
-        self.rs.pending.discard(node)
+        if node in self.rs.pending:
+            self.rs.pending.discard(node)
+            vhost, name = self.ident
+            log.warning("queue '%s' in vhost '%s': confirms no longer wait for the mirror "
+                        "on %s, which had no copy since the declare: %s", name, vhost,
+                        node, why)
         self.detach(node, drop)
 
     def got_ack(self, node: str, seq: int) -> None:
