@@ -18,7 +18,9 @@ segments, so a stream's log holds only messages and its offsets stay contiguous 
   producer's last id whose records end inside the batch (:meth:`Tracking.delta`), so a
   member knows an id when it holds that id's records -- a frame cut between two
   batches included -- and a member that starts or continues a copy gets
-  :meth:`Tracking.snapshot` of what it holds. A member
+  :meth:`Tracking.snapshot` of what it holds. The frames are also listed in offset
+  order (at most :data:`FRAMES` of them), so a batch finds the producers it completes
+  with a bisect, whatever the number of producers the stream has seen. A member
   applies them (:meth:`Tracking.apply`) and writes its ``tracking.json`` after the
   records (amqpd/cluster/stream_replica.py); elected leader, it takes this object as the
   stream's (:meth:`StreamQueue.use_tracking`), so a re-sent id of records it holds --
@@ -45,6 +47,7 @@ log = logging.getLogger("amqpd.streamproto")
 
 FILE: Final = "tracking.json"
 HISTORY: Final = 16  # publish frames per producer the leader remembers for shipping
+FRAMES: Final = 65536  # frames of all producers listed in offset order at most
 
 
 class Tracking:
@@ -57,6 +60,11 @@ class Tracking:
         self.ends: dict[str, int] = {}
         # producer -> its last frames: (end offset of each id, the ids), oldest first
         self.recent: dict[str, deque[tuple[list[int], list[int]]]] = {}
+        # every remembered frame in offset order: its first and last id's end offset
+        # and its producer (the ends grow: frames are appended in order)
+        self._first_ends: list[int] = []
+        self._last_ends: list[int] = []
+        self._frame_refs: list[str] = []
         self.offsets_version = 0  # one more per stored offset (replication sends anew)
         self.watchers: list[Callable[[], None]] = []  # told of a stored offset
         self._saving = False
@@ -72,9 +80,10 @@ class Tracking:
             except (OSError, ValueError, AttributeError) as exc:
                 log.error("%s is unreadable (%s): stored offsets and publisher sequences "
                           "of this stream start empty", self.path, exc)
-        for ref, pid in self.publishers.items():
-            # a file from before ``ends`` was kept: true of every prefix that is kept
-            self.recent[ref] = deque([([self.ends.get(ref, 0)], [pid])], maxlen=HISTORY)
+        # a file from before ``ends`` was kept: true of every prefix that is kept (0)
+        for ref, pid in sorted(self.publishers.items(),
+                               key=lambda kv: self.ends.get(kv[0], 0)):
+            self.wrote(ref, [pid], [self.ends.get(ref, 0)])
 
     # ------------------------------------------------------------------ changes
     def store_offset(self, reference: str, offset: int) -> None:
@@ -92,6 +101,20 @@ class Tracking:
         if recent is None:
             recent = self.recent[reference] = deque(maxlen=HISTORY)
         recent.append((ends, ids))
+        first, last = ends[0], ends[-1]
+        if self._last_ends and first < self._last_ends[-1]:
+            # out of order (a member's snapshot entry): keep the lists sorted
+            i = bisect_right(self._first_ends, first)
+            self._first_ends.insert(i, first)
+            self._last_ends.insert(i, last)
+            self._frame_refs.insert(i, reference)
+        else:
+            self._first_ends.append(first)
+            self._last_ends.append(last)
+            self._frame_refs.append(reference)
+        if len(self._frame_refs) > FRAMES:  # the oldest half goes
+            half = FRAMES // 2
+            del self._first_ends[:half], self._last_ends[:half], self._frame_refs[:half]
 
     def confirmed(self, reference: str, publishing_id: int, end: int) -> None:
         """``reference``'s ids up to ``publishing_id`` are confirmed (the caller saves)."""
@@ -104,7 +127,10 @@ class Tracking:
         producer -> [publishing id, end offset] for each producer whose latest append
         among :attr:`recent` ends in that range."""
         out: dict[str, list[int]] = {}
-        for ref in self.recent:
+        # the frames with an id ending in (start, end]: last end > start, first <= end
+        i = bisect_right(self._last_ends, start)
+        j = bisect_right(self._first_ends, end)
+        for ref in set(self._frame_refs[i:j]):
             found = self._last_at_or_before(ref, end)
             if found is not None and found[1] > start:
                 out[ref] = found
@@ -150,6 +176,10 @@ class Tracking:
             del self.publishers[ref]
             del self.ends[ref]
             self.recent.pop(ref, None)
+        keep = [i for i, ref in enumerate(self._frame_refs) if ref in self.recent]
+        self._first_ends = [self._first_ends[i] for i in keep]
+        self._last_ends = [self._last_ends[i] for i in keep]
+        self._frame_refs = [self._frame_refs[i] for i in keep]
 
     # ------------------------------------------------------------------ the file
     def _text(self) -> str:
@@ -204,4 +234,4 @@ class Tracking:
         future.add_done_callback(lambda fut: done(fut.exception()))
 
 
-__all__ = ["FILE", "HISTORY", "Tracking"]
+__all__ = ["FILE", "FRAMES", "HISTORY", "Tracking"]

@@ -50,6 +50,18 @@ def test_the_leader_ships_each_producers_latest_append_of_a_batch(tmp_path: Path
     assert again.publishers == {} and again.snapshot(100) == {}
 
 
+def test_a_batch_looks_only_at_the_frames_it_holds(tmp_path: Path) -> None:
+    t = Tracking(tmp_path)
+    for n in range(5000):  # many producers, one frame each, offsets 2n..2n+1
+        t.wrote(f"p{n}", [1, 2], [2 * n + 1, 2 * n + 2])
+    assert t.delta(9990, 10000) == {f"p{n}": [2, 2 * n + 2] for n in range(4995, 5000)}
+    assert t.delta(9999, 10000) == {"p4999": [2, 10000]}
+    assert t.delta(9998, 9999) == {"p4999": [1, 9999]}
+    # an entry a member applied out of order is found too
+    t.apply({"late": [7, 3]}, None)
+    assert t.delta(2, 3) == {"late": [7, 3], "p1": [1, 3]}
+
+
 def test_a_file_without_ends_is_true_of_any_prefix(tmp_path: Path) -> None:
     (tmp_path / FILE).write_text(json.dumps({"offsets": {}, "publishers": {"p": 7}}))
     t = Tracking(tmp_path)
