@@ -88,6 +88,7 @@ from amqpd.store.stream_log import CHUNK_START as CHUNK_START
 from amqpd.store.stream_log import Record as Record
 from amqpd.store.stream_log import StreamLog as StreamLog
 from amqpd.store.stream_log import StreamLogError as StreamLogError
+from amqpd.streamproto.tracking import Tracking as Tracking
 
 if TYPE_CHECKING:
     # for annotations of callers (http/, plugins), which import only this module

@@ -63,6 +63,7 @@ from amqpd.protocol.errors import NotImplemented_, PreconditionFailed
 from amqpd.store.stream_log import AMQP10, DEFAULT_SEGMENT_BYTES, Record, StreamLog
 from amqpd.streamproto.amqp10 import AMQP10Error, body_of
 from amqpd.streamproto.chunks import ChunkCache
+from amqpd.streamproto.tracking import Tracking
 
 if TYPE_CHECKING:
     import asyncio
@@ -307,6 +308,9 @@ class StreamQueue(QueueType):
         # only below it: :meth:`commit_point`)
         self.commit_watchers: list[Callable[[], None]] = []
         self._reader_sync_pending = False
+        # stored offsets and publisher sequences (amqpd.streamproto.tracking), read
+        # from the directory when first asked for
+        self._tracking: Tracking | None = None
         broker.publisher.own_log_queues += 1
         self.on_removed.append(_removed)
 
@@ -402,6 +406,18 @@ class StreamQueue(QueueType):
                            "lag": max(0, log_.flushed_offset - r.offset)}
                           for c, r in self.readers.items()],
         }
+
+    def stream_tracking(self) -> Tracking:
+        """The stream's stored offsets and publisher sequences (``tracking.json`` in
+        its directory, loaded on first use)."""
+        if self._tracking is None:
+            self._tracking = Tracking(self.directory)
+        return self._tracking
+
+    def use_tracking(self, tracking: Tracking) -> None:
+        """Take the tracking state a member's copy kept (this node was elected its
+        leader): what it learned from the old leader, a save under way included."""
+        self._tracking = tracking
 
     # -- publishing ------------------------------------------------------------------
     def enqueue(self, message: Message) -> None:

@@ -8,7 +8,8 @@ written), which is what the leader's majority counts; ``SDROP`` deletes the copy
 member was removed). A copy that cannot be opened or appended to is refused
 (``SREFUSE``) and the leader starts it again later. ``SCOMMIT`` moves the copy's
 commit point, up to which this node's consumers read it
-(:mod:`amqpd.cluster.stream_local`).
+(:mod:`amqpd.cluster.stream_local`). ``STRACK`` brings the stream's tracking (producers'
+publishing ids, stored offsets) into the copy (:meth:`StreamReplica.track`).
 
 A member removed while its node or its link was down (the ``SDROP`` never came)
 finds out from the stream's group record, which every node reads from etcd: its copy
@@ -114,6 +115,10 @@ class StreamCopies:
             replica = self._replica_on(link, stream)
             if replica is not None:
                 replica.commit(int(f[0]))
+        elif kind == S.STRACK:
+            replica = self._replica_on(link, stream)
+            if replica is not None and not replica.frozen:
+                replica.track(dict(f[0]))
         elif kind == S.SDROP:
             replica = self._replica_on(link, stream)
             if replica is not None:

@@ -486,6 +486,8 @@ class StreamGroups(NodePart):
         vhost, name = ident = replica.ident
         self.copies.drop(replica, destroy=False)  # its files are the stream's now
         _vh, _old, q = in_place(self, ident, StreamQueue, item)
+        # the producers' ids and stored offsets the old leader shipped with the records
+        q.use_tracking(replica.tracking)
         lead = self._lead(ident, q, rec, revision)
         self.broker.definitions_changed(q)
         self.elections += 1

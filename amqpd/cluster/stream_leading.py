@@ -17,6 +17,14 @@ its own node's consumers up to there (:mod:`amqpd.cluster.stream_local`), and so
 the leader (:attr:`StreamQueue.read_limit`; its stream-protocol subscribers hear of a
 move through :meth:`StreamQueue.commit_moved`).
 
+**Tracking.** A named producer's publishing ids and the stored consumer offsets
+(:mod:`amqpd.streamproto.tracking`) go to the members on the same link: a batch of
+records is preceded by ``STRACK`` with each producer whose latest append ends in it,
+``SHAVE`` followed by what the member's log already holds and every stored offset, and
+a store-offset by the offsets. A member takes a producer's id once it holds the records
+up to the id's end offset, and acknowledges records only after it took every frame sent
+before them, so a confirmed id is known wherever its records are committed.
+
 **Catching up off the loop.** A member far behind (its next record is not near the end
 of the active segment, where the pages were just written) is fed by reads in a worker
 thread (:meth:`StreamLog.read_shared`, one batch of at most :data:`BATCH_RECORDS` /
@@ -89,9 +97,12 @@ class StreamLeading:
         self.worker_reads = 0  # batches read off the loop (catching-up members)
         self.waiters: deque[tuple[int, float, Done]] = deque()
         self.gone = False
+        self.tracking = q.stream_tracking()
+        self.offsets_sent: dict[str, int] = {}  # member -> the offsets version it has
         q.commit_gate = self.wait
         q.read_limit = self.commit_point
         q.watchers.append(self.ship)
+        self.tracking.watchers.append(self.ship)
 
     # -- members --------------------------------------------------------------------
     def connect(self, link_of: Callable[[str], Link | None]) -> None:
@@ -124,6 +135,7 @@ class StreamLeading:
         self.loading.discard(member)
         self.unacked.pop(member, None)
         self.unacked_bytes.pop(member, None)
+        self.offsets_sent.pop(member, None)
 
     def member_of(self, link: Link, rid: int) -> str | None:
         member = link.peer
@@ -137,7 +149,13 @@ class StreamLeading:
         self.unacked[member] = deque()
         self.unacked_bytes[member] = 0
         # what it may serve its consumers already (0 at first: nothing, but known)
-        self.links[member].send(W.encode(S.SCOMMIT, self.rid[member], self.told))
+        link, rid = self.links[member], self.rid[member]
+        link.send(W.encode(S.SCOMMIT, rid, self.told))
+        # the producers' ids true of what it holds, and the stored offsets
+        t = self.tracking
+        link.send(W.encode(S.STRACK, rid, {"publishers": t.snapshot(offset),
+                                           "offsets": t.offsets}))
+        self.offsets_sent[member] = t.offsets_version
         self.ship()
 
     def ack(self, member: str, offset: int) -> None:
@@ -159,9 +177,16 @@ class StreamLeading:
         if self.gone:
             return
         end = self.q.log.flushed_offset
+        version = self.tracking.offsets_version
         for member, reader in self.readers.items():
             link = self.links.get(member)
-            if link is None or link.closed or member in self.loading:
+            if link is None or link.closed:
+                continue
+            if self.offsets_sent.get(member) != version:  # an offset was stored
+                link.send(W.encode(S.STRACK, self.rid[member],
+                                   {"offsets": self.tracking.offsets}))
+                self.offsets_sent[member] = version
+            if member in self.loading:
                 continue
             acked = self.acked.get(member, 0)
             while reader.offset < end and reader.offset - acked < WINDOW_RECORDS and \
@@ -190,7 +215,11 @@ class StreamLeading:
             self.forget(member)
             return False
         data = S.pack_records(records)
-        self.links[member].send(W.encode(S.SREC, self.rid[member], data))
+        link, rid = self.links[member], self.rid[member]
+        delta = self.tracking.delta(start, records[-1].offset + 1)
+        if delta:  # the producers whose ids these records complete (held till they come)
+            link.send(W.encode(S.STRACK, rid, {"publishers": delta}))
+        link.send(W.encode(S.SREC, rid, data))
         self.unacked.setdefault(member, deque()).append((records[-1].offset + 1, len(data)))
         self.unacked_bytes[member] = self.unacked_bytes.get(member, 0) + len(data)
         return True
@@ -288,6 +317,8 @@ class StreamLeading:
             self.q.read_limit = None
         if self.ship in self.q.watchers:
             self.q.watchers.remove(self.ship)
+        if self.ship in self.tracking.watchers:
+            self.tracking.watchers.remove(self.ship)
         waiters, self.waiters = self.waiters, deque()
         for _upto, _since, done in waiters:
             done(error or NoQuorum("the stream is no longer led here"))

@@ -23,10 +23,21 @@ still keeps.
 read the copy up to there, never beyond (:mod:`amqpd.cluster.stream_local`), and are
 woken (:attr:`StreamReplica.watchers`) when it moves, when records are written, and
 when the copy starts again or goes (a reader of it must then find its place anew).
+
+**Tracking.** The copy keeps the stream's stored offsets and named producers'
+publishing ids (:class:`~amqpd.broker.api.Tracking`, ``tracking.json`` in its
+directory) as the leader ships them (``STRACK``): a producer's id is taken once the
+copy holds the records up to the offset after that id's records (an entry that comes
+before its records waits for them), and written to the file after those records, so
+the file never names an id whose records the copy lacks; a copy cut back to what
+agrees with its leader drops the entries beyond. Elected leader, this node's stream
+takes the copy's tracking (:meth:`StreamQueue.use_tracking`): a producer re-sending ids
+the old leader wrote here is confirmed and not stored twice.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -34,7 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from amqpd.broker.api import StreamLog, stream_directory
+from amqpd.broker.api import StreamLog, Tracking, stream_directory
 from amqpd.cluster.stream_wire import unpack_records
 
 log = logging.getLogger("amqpd.cluster.stream")
@@ -101,6 +112,10 @@ class StreamReplica:
         self.closed = False
         # called when what this node's consumers may read changed (stream_local)
         self.watchers: list[Callable[[], None]] = []
+        self.tracking = Tracking(self.directory)
+        # producer -> [publishing id, end offset] shipped before its records came
+        self.tracking_waiting: dict[str, list[int]] = {}
+        self.tracking_due = False  # changed since the file was last written
 
     @property
     def next_offset(self) -> int:
@@ -126,6 +141,12 @@ class StreamReplica:
             self.generation += 1
             self.committed = -1
             self.wake()
+        # producers' ids of records this copy no longer holds go (the leader's
+        # snapshot after SHAVE brings back what is true of what it keeps)
+        self.tracking.cut(log_.flushed_offset)
+        self.tracking_waiting.clear()
+        self.tracking_due = True
+        self.save_tracking()
         if self.term != term:
             write_term(self.directory, term)
             self.term = term
@@ -138,11 +159,46 @@ class StreamReplica:
         for offset, timestamp, flags, payload in unpack_records(data):
             log_.append_replica(offset, timestamp, bool(flags & 1), payload, flags)
         self.ack_due = True
+        if self.tracking_waiting:
+            self.track({"publishers": self.tracking_waiting})
+
+    def track(self, info: dict[str, Any]) -> None:
+        """``STRACK``: take the producers' ids whose records this copy holds (the others
+        wait for them: :meth:`append`) and the stored offsets; written to the file
+        after the records (:meth:`flush`), or now when no records wait."""
+        held = self.log.next_offset
+        now: dict[str, list[int]] = {}
+        for ref, (pid, end) in dict(info.get("publishers") or {}).items():
+            entry = [int(pid), int(end)]
+            if entry[1] <= held:
+                now[str(ref)] = entry
+                self.tracking_waiting.pop(str(ref), None)
+            else:
+                self.tracking_waiting[str(ref)] = entry
+        offsets = info.get("offsets")
+        if not now and offsets is None:
+            return
+        self.tracking.apply(now, dict(offsets) if offsets is not None else None)
+        self.tracking_due = True
+        if not self.ack_due:  # no records appended and not yet written
+            self.save_tracking()
+
+    def save_tracking(self) -> None:
+        """Write ``tracking.json`` if it changed (in a worker thread when a loop runs)."""
+        if not self.tracking_due:
+            return
+        self.tracking_due = False
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        self.tracking.save(loop)
 
     def flush(self) -> int:
         """Write what was appended; the offset below which everything is written."""
         self.log.flush()
         self.ack_due = False
+        self.save_tracking()  # after the records it names
         if self.committed > 0:
             self.wake()
         return self.log.flushed_offset
@@ -171,6 +227,7 @@ class StreamReplica:
             self.log.flush()
             self.log.sync()
             self.log.close()
+        self.save_tracking()
         self.wake()
 
     def destroy(self) -> None:

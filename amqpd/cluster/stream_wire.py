@@ -17,6 +17,12 @@ is written there; ``SREFUSE`` says why it cannot hold a copy now (the leader tri
 again later). ``SCOMMIT`` (leader -> member) tells the member the stream's commit
 point: every record below it is written on a majority, so no failover can cut it; the
 member's own consumers read up to there (:mod:`amqpd.cluster.stream_local`).
+``STRACK`` (leader -> member) carries the stream's tracking
+(:mod:`amqpd.streamproto.tracking`) as a JSON object: ``publishers`` (producer ->
+``[publishing id, end offset]``), sent right before the ``SREC`` holding that id's
+last record (the member takes it once it holds the records up to the end offset) and,
+for what the member already holds, right after its ``SHAVE``; ``offsets``
+(the stored consumer offsets, all of them) after ``SHAVE`` and whenever one is stored.
 """
 
 from __future__ import annotations
@@ -35,13 +41,14 @@ SACK: Final = 113  # member -> leader: every record below this offset is written
 SDROP: Final = 114  # leader -> member: delete the copy
 SREFUSE: Final = 115  # member -> leader: why not now
 SCOMMIT: Final = 116  # leader -> member: every record below this offset is committed
+STRACK: Final = 117  # leader -> member: {"publishers": {...}, "offsets": {...}}
 
 LAYOUTS: Final[dict[int, str]] = {
     SSTART: "ssQj", SHAVE: "Q", SREC: "b", SACK: "Q", SDROP: "", SREFUSE: "s",
-    SCOMMIT: "Q",
+    SCOMMIT: "Q", STRACK: "j",
 }
 FIRST: Final = SSTART
-LAST: Final = SCOMMIT
+LAST: Final = STRACK
 
 W.LAYOUTS.update(LAYOUTS)
 
@@ -94,4 +101,4 @@ def unpack_records(data: bytes) -> Iterator[tuple[int, int, int, bytes]]:
 
 
 __all__ = ["LAYOUTS", "SACK", "SCOMMIT", "SDROP", "SHAVE", "SREC", "SREFUSE", "SSTART",
-           "delivered_offset", "is_stream_frame", "pack_records", "unpack_records"]
+           "STRACK", "delivered_offset", "is_stream_frame", "pack_records", "unpack_records"]

@@ -16,7 +16,9 @@ reads that node's copy of the stream (:mod:`amqpd.streamproto.copies`); publishe
 belong on the leader's node, which the metadata names. Offsets and publisher sequences
 of a stream led elsewhere are asked of the leader's node
 (:mod:`amqpd.streamproto.forwarding`); on the leader they are this node's
-``tracking.json`` as ever.
+``tracking.json`` (:meth:`StreamQueue.stream_tracking`), which replication copies to
+the members with the records (:mod:`amqpd.streamproto.tracking`): a named publisher's
+frame notes its ids and where each one's records end before any confirm.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from amqpd.streamproto.chunks import Cutter, next_chunk
 from amqpd.streamproto.copies import CopySource, StreamSource
 from amqpd.streamproto.forwarding import TrackingForwarder
 from amqpd.streamproto.sac import Coordinator, GroupKey, Notice
-from amqpd.streamproto.tracking import Tracking, tracking_of
+from amqpd.streamproto.tracking import Tracking
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -126,7 +128,7 @@ class StreamConnection:
     """The state machine of one client connection (module docstring)."""
 
     def __init__(self, broker: Broker, peer: tuple[str, int] | None, name: str,
-                 advertised: tuple[str, int], tracking: dict[int, Tracking],
+                 advertised: tuple[str, int],
                  coordinator: Coordinator | None = None,
                  forwarder: TrackingForwarder | None = None) -> None:
         self.broker = broker
@@ -134,14 +136,13 @@ class StreamConnection:
         self.coordinator = coordinator if coordinator is not None else Coordinator()
         # offsets and publisher sequences of streams led elsewhere (node-wide)
         self.forwarder = forwarder if forwarder is not None else TrackingForwarder(
-            broker, tracking)
+            broker)
         self._correlation = 0  # of the requests this side sends (consumer update)
         # consumer updates sent, by correlation id: (subscription id, stepping down)
         self._updates: dict[int, tuple[int, bool]] = {}
         self.peer = peer
         self.name = name
         self.advertised = advertised
-        self.tracking = tracking
         self.reader = c.FrameReader(SERVER_FRAME_MAX)
         self.out: list[bytes] = []
         self.close_transport = False
@@ -555,10 +556,11 @@ class StreamConnection:
             self.send(c.publish_error(pid, [(i, c.PUBLISHER_DOES_NOT_EXIST)
                                             for i, _ in entries]))
             return
-        tracking = tracking_of(pub.queue, self.tracking) if pub.reference else None
+        tracking = pub.queue.stream_tracking() if pub.reference else None
         last = tracking.publishers.get(pub.reference or "", 0) if tracking else 0
         messages: list[bytes] = []
         accepted: list[int] = []
+        counts: list[int] = []  # a named publisher's: messages after each accepted id
         dropped: list[int] = []
         errors: list[tuple[int, int]] = []
         if tracking is None and entries and all(type(e) is bytes for _, e in entries):
@@ -594,15 +596,21 @@ class StreamConnection:
             accepted.append(publishing_id)
             if tracking is not None:
                 pub.highest = max(pub.highest, publishing_id)
+                counts.append(len(messages))
         if errors:
             pub.errored += len(errors)
             self.send(c.publish_error(pid, errors))
         if not accepted and not dropped:
             return
         q = pub.queue
+        start = q.log.next_offset
         if messages:
             q.append_amqp10(messages)
             pub.published += len(messages)
+        end = q.log.next_offset  # after this frame's records
+        if tracking is not None and accepted:
+            # before any confirm: replication ships each id with its records
+            tracking.wrote(pub.reference or "", accepted, [start + n for n in counts])
         batch = self._unsynced_of(q)
         if tracking is None:  # nothing dropped: confirmed = accepted
             held = batch.ids.get(id(pub))
@@ -611,7 +619,8 @@ class StreamConnection:
             else:
                 held[1].extend(accepted)
         else:
-            batch.callbacks.append(self._named_confirm(pub, tracking, accepted, dropped))
+            batch.callbacks.append(self._named_confirm(pub, tracking, accepted, dropped,
+                                                       end))
 
     def _unsynced_of(self, q: StreamQueue) -> Unsynced:
         """This tick's publishes to ``q``, synced once at the end of the tick."""
@@ -633,7 +642,8 @@ class StreamConnection:
             batch.queue.sync_log(batch.synced)
 
     def _named_confirm(self, pub: Publisher, tracking: Tracking, accepted: list[int],
-                       dropped: list[int]) -> Callable[[BaseException | None], None]:
+                       dropped: list[int], end: int
+                       ) -> Callable[[BaseException | None], None]:
         """What a named publisher's publish frame does once synced: its highest id is
         kept for deduplication (saved before the confirm goes), re-sends dropped as
         duplicates are confirmed too."""
@@ -651,8 +661,7 @@ class StreamConnection:
             if not accepted:
                 self.send(c.publish_confirm(pid, confirmed))
                 return
-            ref = pub.reference or ""
-            tracking.publishers[ref] = max(tracking.publishers.get(ref, 0), max(accepted))
+            tracking.confirmed(pub.reference or "", max(accepted), end)
             loop = self.broker._loop
             assert loop is not None
             tracking.save(loop, lambda: self.send(c.publish_confirm(pid, confirmed)))
@@ -664,7 +673,7 @@ class StreamConnection:
         deduplication (None for an unnamed one or before its first confirm)."""
         if pub.reference is None:
             return None
-        return tracking_of(pub.queue, self.tracking).publishers.get(pub.reference)
+        return pub.queue.stream_tracking().publishers.get(pub.reference)
 
     def _query_publisher_sequence(self, cmd: c.Command) -> None:
         reference, stream = cmd.fields
@@ -675,7 +684,7 @@ class StreamConnection:
         if not self._allowed("read", stream):
             return self.send(c.response(c.QUERY_PUBLISHER_SEQUENCE, corr,
                                         c.ACCESS_REFUSED).u64(0).frame())
-        seq = tracking_of(q, self.tracking).publishers.get(reference, 0)
+        seq = q.stream_tracking().publishers.get(reference, 0)
         self.send(c.response(c.QUERY_PUBLISHER_SEQUENCE, corr, c.OK).u64(seq).frame())
 
     # ------------------------------------------------------------------ consuming
@@ -883,8 +892,8 @@ class StreamConnection:
         if q is None:  # led by another node, which keeps the offsets
             return self.forwarder.store_offset(self.vhost, stream, reference, offset,
                                                self.name)
-        t = tracking_of(q, self.tracking)
-        t.offsets[reference] = offset
+        t = q.stream_tracking()
+        t.store_offset(reference, offset)
         loop = self.broker._loop
         assert loop is not None
         t.save(loop)
@@ -898,7 +907,7 @@ class StreamConnection:
         if not self._allowed("read", stream):
             return self.send(c.response(c.QUERY_OFFSET, corr,
                                         c.ACCESS_REFUSED).u64(0).frame())
-        offset = tracking_of(q, self.tracking).offsets.get(reference)
+        offset = q.stream_tracking().offsets.get(reference)
         if offset is None:
             return self.send(c.response(c.QUERY_OFFSET, corr, c.NO_OFFSET).u64(0).frame())
         self.send(c.response(c.QUERY_OFFSET, corr, c.OK).u64(offset).frame())

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Final
 from amqpd.broker.stream import StreamQueue
 from amqpd.protocol.errors import AMQPError, NotFound
 from amqpd.streamproto import codec as c
-from amqpd.streamproto.tracking import Tracking, tracking_of
+from amqpd.streamproto.tracking import Tracking
 
 if TYPE_CHECKING:
     from amqpd.server import Broker
@@ -56,9 +56,8 @@ class TrackingForwarder:
     """One node's side of forwarded tracking (module docstring): the handlers it
     answers other nodes with, and the requests it makes for its own connections."""
 
-    def __init__(self, broker: Broker, tracking: dict[int, Tracking]) -> None:
+    def __init__(self, broker: Broker) -> None:
         self.broker = broker
-        self.tracking = tracking  # the listener's, shared with its connections
         self._latest: dict[Key, int] = {}  # offsets stored here not yet sent on
         self._sending: dict[Key, asyncio.Task[None]] = {}
         self._answering: set[asyncio.Task[None]] = set()
@@ -78,11 +77,11 @@ class TrackingForwarder:
         if not isinstance(q, StreamQueue) or q.deleted:
             raise NotFound(f"stream '{stream}' in vhost '{vhost}' is not led on node "
                            f"'{self.broker.api.node_name()}'")
-        return tracking_of(q, self.tracking)
+        return q.stream_tracking()
 
     async def _serve_store(self, args: dict[str, Any]) -> None:
         t = self._led(args)
-        t.offsets[str(args["reference"])] = int(args["offset"])
+        t.store_offset(str(args["reference"]), int(args["offset"]))
         loop = asyncio.get_running_loop()
         written: asyncio.Future[None] = loop.create_future()
 

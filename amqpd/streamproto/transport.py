@@ -21,18 +21,16 @@ from amqpd.streamproto.sac import Coordinator
 
 if TYPE_CHECKING:
     from amqpd.server import Broker
-    from amqpd.streamproto.tracking import Tracking
 
 log = logging.getLogger("amqpd.streamproto")
 
 
 class StreamProtocol(asyncio.Protocol):
     def __init__(self, broker: Broker, advertised: tuple[str, int],
-                 tracking: dict[int, Tracking], connections: set[StreamProtocol],
+                 connections: set[StreamProtocol],
                  coordinator: Coordinator, forwarder: TrackingForwarder) -> None:
         self.broker = broker
         self.advertised = advertised
-        self.tracking = tracking
         self.coordinator = coordinator
         self.forwarder = forwarder
         self.connections = connections
@@ -50,7 +48,7 @@ class StreamProtocol(asyncio.Protocol):
         sock = transport.get_extra_info("sockname")
         name = f"{peer[0]}:{peer[1]} -> {sock[0]}:{sock[1]}" if peer and sock else "?"
         self.conn = StreamConnection(self.broker, peer[:2] if peer else None, name,
-                                     self.advertised, self.tracking, self.coordinator,
+                                     self.advertised, self.coordinator,
                                      self.forwarder)
         self.conn.on_output = self._schedule_flush
         self.connections.add(self)
@@ -138,12 +136,11 @@ class StreamListener:
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
-        self.tracking: dict[int, Tracking] = {}
         self.connections: set[StreamProtocol] = set()
         self.coordinator = Coordinator()  # single active consumer groups, node-wide
         # offsets and publisher sequences of streams another node leads, asked of it,
         # and this node's answers to the others for the streams it leads
-        self.forwarder = TrackingForwarder(broker, self.tracking)
+        self.forwarder = TrackingForwarder(broker)
         self.forwarder.serve()
         # what metadata names for this node (the plain listener's): the cluster puts it
         # in the node's record, so other nodes' metadata can name this one
@@ -157,8 +154,8 @@ class StreamListener:
         advertised: list[tuple[str, int]] = []  # known once bound, before any client
 
         def factory() -> StreamProtocol:
-            return StreamProtocol(self.broker, advertised[0], self.tracking,
-                                  self.connections, self.coordinator, self.forwarder)
+            return StreamProtocol(self.broker, advertised[0], self.connections,
+                                  self.coordinator, self.forwarder)
 
         bound = await self.broker._listen(port, ssl=ssl, factory=factory,
                                           name="stream" if ssl is None else "stream/ssl")

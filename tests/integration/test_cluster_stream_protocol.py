@@ -18,6 +18,11 @@ three-member stream declared on node-a, which leads it.
   there and at node-a's, a burst of store-offsets for one reference ends with the
   last one stored and far fewer requests to node-a than store-offsets, and a named
   producer's sequence published on node-a is answered at node-c.
+* A named producer's publishing ids and a stored offset survive kill -9 of the
+  stream's leader (a three-node cluster with the default, short heartbeat timeout):
+  the producer re-sends an overlapping range to the elected leader, which confirms
+  the ids it holds without storing them again, so the stream holds each id once;
+  query-publisher-sequence answers the last id and query-offset the stored offset.
 * With node-b and node-c stopped (SIGSTOP; heartbeat timeout and lease long enough
   that node-a is not left alone and paused), records published on node-a are written
   there but committed nowhere: they are not confirmed and subscribers on node-a --
@@ -63,6 +68,15 @@ def nodes(tmp_path: Path, etcd: EtcdProcess) -> Iterator[list[ClusterNode]]:
     env = {"AMQPD_STREAM": "1", "AMQPD_STREAM_PORT": "0",
            "AMQPD_CLUSTER_HEARTBEAT_TIMEOUT": "40"}
     with three_nodes(tmp_path, etcd.url, env, lease_ttl=40.0) as started:
+        yield started
+
+
+@pytest.fixture
+def quick_nodes(tmp_path: Path, etcd: EtcdProcess) -> Iterator[list[ClusterNode]]:
+    """Three nodes with the stream listener and the default heartbeat timeout (a
+    killed node is counted down within seconds)."""
+    with three_nodes(tmp_path, etcd.url, {"AMQPD_STREAM": "1",
+                                          "AMQPD_STREAM_PORT": "0"}) as started:
         yield started
 
 
@@ -350,3 +364,58 @@ def test_subscribers_on_the_leader_get_only_committed_records(
         assert tail.wait_records(1, 15, 60) == _bodies(0, 15), diagnose(nodes)
     finally:
         tail.close()
+
+
+def test_a_named_producer_is_deduplicated_across_a_leader_failover(
+        quick_nodes: list[ClusterNode]) -> None:
+    nodes = quick_nodes
+    a, b, c = nodes
+    _declare(a, nodes)
+    on_a = Raw(stream_port(a))
+    try:
+        on_a.open()
+        # stored before the records: the members have it once they hold those
+        on_a.store_offset("app", 77)
+        assert on_a.declare_publisher(1, "producer-f") == OK
+        on_a.publish(1, 1, 200)  # publishing ids 1..200, offsets 0..199
+        assert sorted(on_a.wait_confirms(200, 30)) == list(range(1, 201)), diagnose(nodes)
+        assert on_a.query(QUERY_SEQUENCE, "producer-f") == (OK, 200)
+        assert on_a.query(QUERY_OFFSET, "app") == (OK, 77)
+    finally:
+        on_a.close()
+
+    a.kill()
+
+    def elected() -> str | None:
+        infos = [queue_info(b), queue_info(c)]
+        leaders = {i.get("leader") for i in infos}
+        return leaders.pop() if len(leaders) == 1 and leaders <= {b.name, c.name} else None
+
+    wait_for(lambda: elected() is not None, 60, "a survivor leads the stream",
+             lambda: diagnose([b, c]))
+    leader = b if elected() == b.name else c
+    wait_for(lambda: topology(leader, STREAM)[:2] == (OK, stream_port(leader)), 30,
+             "the metadata names the new leader", lambda: str(topology(leader, STREAM)))
+
+    again = Raw(stream_port(leader))
+    try:
+        again.open()
+        assert again.query(QUERY_SEQUENCE, "producer-f") == (OK, 200)
+        assert again.query(QUERY_OFFSET, "app") == (OK, 77)
+        assert again.declare_publisher(1, "producer-f") == OK
+        # the client re-sends from 151 (say its last confirms were lost) and goes on
+        again.publish(1, 151, 110)  # ids 151..260: 151..200 are there already
+        assert sorted(again.wait_confirms(110, 30)) == list(range(151, 261)), \
+            diagnose([b, c])
+        assert not again.errored
+        assert again.query(QUERY_SEQUENCE, "producer-f") == (OK, 260)
+        assert again.subscribe(1, FIRST) == OK
+        got = again.wait_records(1, 260, 60)
+        again.pump(1.0)  # nothing more comes
+        assert [body for _, body in again.records[1]] == \
+            [f"r{i:05d}".encode() for i in range(1, 261)], (len(again.records[1]),
+                                                           again.records[1][195:205])
+        assert [offset for offset, _ in got] == list(range(260))
+    finally:
+        again.close()
+    assert queue_info(leader)["stream"]["last_offset"] == 259

@@ -67,7 +67,7 @@ class FakeBroker:
 
 
 def forwarder(api: FakeAPI) -> TrackingForwarder:
-    f = TrackingForwarder(FakeBroker(api), {})  # type: ignore[arg-type]
+    f = TrackingForwarder(FakeBroker(api))  # type: ignore[arg-type]
     f.serve()
     return f
 
