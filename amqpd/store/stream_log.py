@@ -21,7 +21,7 @@ Theory of operation:
   file (from then on readers see it, and a kill -9 of the process cannot lose it: the
   kernel has it); :meth:`StreamLog.sync` fsyncs (from then on a power loss cannot lose
   it). The broker confirms a publish after the sync that covers it (one fsync per group
-  commit: every record of the tick shares it). ``sync`` and ``read_shared`` are the
+  commit: every record of the tick shares it). ``sync`` and ``read_shared[_raw]`` are the
   methods meant for a worker thread; every other method runs on the owner's thread
   (the event loop).
 * A segment is sealed when it reaches ``max_segment_bytes`` at a chunk boundary (a
@@ -44,12 +44,12 @@ Theory of operation:
   short scan of record headers. A :class:`Reader` holds an offset, a segment and a file
   position -- three integers -- and reads with ``os.pread`` on the segment's one shared
   file descriptor: a thousand readers far behind cost disk reads, not memory. A reader
-  may also read in a worker thread (:meth:`StreamLog.read_shared`, under the lock that
-  retention and close take), which is how a stream's consumers behind read.
-  :meth:`Reader.read_raw` hands out whole records as stored, for a reader that forwards
-  bytes (a stream-protocol subscription cuts its chunk entries from them) rather than
-  build a :class:`Record` per message; :meth:`StreamLog.append_many` is the batch
-  append of a publish frame.
+  may also read in a worker thread (:meth:`StreamLog.read_shared` and ``read_shared_raw``,
+  under the lock that retention and close take), which is how a stream's consumers
+  behind read. :meth:`Reader.read_raw` hands out whole records as stored, for a reader
+  that cuts messages from bytes (a stream-protocol subscription its chunk entries, an
+  AMQP 0-9-1 consumer its deliveries) rather than build a :class:`Record` per message;
+  :meth:`StreamLog.append_many` is the batch append of a publish frame.
 * Retention (:meth:`StreamLog.retain`) deletes whole segments from the oldest, never
   the active one: by total size (``max-length-bytes``) and by age (a sealed segment
   whose newest record is older than ``max-age``). A reader inside a deleted segment
@@ -543,6 +543,15 @@ class StreamLog:
             if self.closed:
                 return []
             return reader.read(max_records, max_bytes)
+
+    def read_shared_raw(self, reader: Reader, max_records: int,
+                        max_bytes: int) -> tuple[bytes, int]:
+        """:meth:`Reader.read_raw` from a worker thread, as :meth:`read_shared` reads:
+        the stored records and how many; (b"", 0) once the log is closed."""
+        with self._lock:
+            if self.closed:
+                return b"", 0
+            return reader.read_raw(max_records, max_bytes)
 
     # ------------------------------------------------------------------ retention
     def retain(self, max_bytes: int | None, max_age_ms: int | None, now_ms: int) -> int:
