@@ -46,20 +46,24 @@ import json
 import logging
 import re
 import shutil
-import struct
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from amqpd.broker import rawprops
 from amqpd.broker.extensions import type_name
 from amqpd.broker.message import Message
 from amqpd.broker.queue_entry import QueueEntry
 from amqpd.broker.queue_type import QueueType, register_queue_type
 from amqpd.broker.quorum import check_count_arguments, refuse_replicated_flags
-from amqpd.broker.stream_delivery import decode_payload, deliver_stored
 from amqpd.broker.stream_readahead import ReadAhead, pool_for
+from amqpd.broker.stream_records import (
+    OFFSET_HEADER,
+    decode_payload,
+    deliver_stored,
+    encode_payload,
+    with_offset_header,
+)
 from amqpd.protocol.errors import NotImplemented_, PreconditionFailed
 from amqpd.store.stream_log import AMQP10, DEFAULT_SEGMENT_BYTES, Record, StreamLog
 from amqpd.streamproto.amqp10 import AMQP10Error, body_of
@@ -75,7 +79,6 @@ log = logging.getLogger("amqpd.stream")
 
 TYPE_NAME = "stream"
 MODULE = "rabbit_stream_queue"  # the name RabbitMQ's error texts use
-OFFSET_HEADER = "x-stream-offset"
 # the queue arguments a 3.10 stream takes: checked on declare, compared on redeclare
 QUEUE_ARGUMENTS = frozenset({
     "x-queue-type", "x-max-length-bytes", "x-max-age", "x-stream-max-segment-size-bytes",
@@ -97,9 +100,6 @@ UNITS_MS = {"Y": 365 * 86400 * _SECOND, "M": 30 * 86400 * _SECOND, "D": 86400 * 
 _DURATION = re.compile(r"([0-9]+)([YMDhms])\Z")
 RETENTION_CHECK = 1.0  # seconds between max-age checks
 READ_BATCH = 128  # records a consumer reads per pread at most
-_HEAD = struct.Struct(">BB")
-_OFFSET_KEY = OFFSET_HEADER.encode()
-_OFFSET_ENTRY = bytes((len(_OFFSET_KEY),)) + _OFFSET_KEY + b"l"
 
 
 def parse_duration(value: Any) -> int | None:
@@ -163,44 +163,6 @@ def start_offset(spec: Any, stream: StreamLog, now_ms: int) -> int | None:
     if interval is not None:
         return stream.offset_for_timestamp(now_ms - interval)
     return None
-
-
-def with_offset_header(properties: bytes, offset: int) -> bytes:
-    """``properties`` with the ``x-stream-offset`` header (a long) set to ``offset``.
-    The common case splices bytes: the headers table is the third property, after
-    content-type and content-encoding, so the entry is appended to it (or a table
-    made for it) without decoding anything; a header of that name already there goes
-    through the general path (replaced, not doubled)."""
-    entry = _OFFSET_ENTRY + struct.pack(">q", offset)
-    if len(properties) >= 2 and _OFFSET_KEY not in properties:
-        flags = properties[0]
-        pos = 2
-        if flags & 0x80:  # content-type
-            pos += 1 + properties[pos]
-        if flags & 0x40:  # content-encoding
-            pos += 1 + properties[pos]
-        if not flags & 0x20:  # no headers yet: a table of one
-            return b"".join((bytes((flags | 0x20, properties[1])), properties[2:pos],
-                             len(entry).to_bytes(4, "big"), entry, properties[pos:]))
-        size = int.from_bytes(properties[pos:pos + 4], "big")
-        end = pos + 4 + size
-        return b"".join((properties[:pos], (size + len(entry)).to_bytes(4, "big"),
-                         properties[pos + 4:end], entry, properties[end:]))
-    fields = rawprops.split_properties(properties)
-    items = [kv for kv in rawprops.header_items(fields) if kv[0] != OFFSET_HEADER]
-    items.append((OFFSET_HEADER, rawprops.long(offset)))
-    fields["headers"] = rawprops.encode_table(items)
-    return rawprops.join_properties(fields)
-
-
-def encode_payload(message: Message, offset: int) -> bytes:
-    """A record's payload: exchange, routing key, the properties with the
-    ``x-stream-offset`` header set to ``offset``, the body."""
-    props = with_offset_header(message.properties, offset)
-    exchange = message.exchange.encode()
-    key = message.routing_key.encode()
-    return b"".join((_HEAD.pack(len(exchange), len(key)), exchange, key,
-                     len(props).to_bytes(4, "big"), props, message.body))
 
 
 def decode_record(record: Record, queue_name: str) -> Message:
@@ -568,7 +530,7 @@ class StreamQueue(QueueType):
         """Each consumer reads from its own position as far as its credit goes (one
         behind gets nothing now: its read-ahead is queued and wakes the stream). The
         records go out as stored, cut into deliveries by compiled code
-        (:func:`amqpd.broker.stream_delivery.deliver_stored`)."""
+        (:func:`amqpd.broker.stream_records.deliver_stored`)."""
         limit = self.read_limit() if self.read_limit is not None else -1
         for consumer in list(self.consumers):
             reader = self.readers.get(consumer)

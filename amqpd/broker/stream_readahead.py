@@ -16,7 +16,7 @@ stalls every connection of the node. So each consumer's position is a
   every consumer of every stream, stay within :data:`BUDGET_BYTES`. The batch lands on
   the loop, into the consumer's buffer, and the stream dispatches it.
 * A batch stays as the file stores it (one ``bytes``, :meth:`Reader.read_raw`): the
-  stream's delivery loop cuts each message from it (:mod:`amqpd.broker.stream_delivery`,
+  stream's delivery loop cuts each message from it (:mod:`amqpd.broker.stream_records`,
   :meth:`ReadAhead.peek` and :meth:`ReadAhead.take`), with no Python object per record
   on the way; :meth:`ReadAhead.next_batch` makes :class:`Record` objects for readers
   that want them.

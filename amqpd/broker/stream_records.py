@@ -1,9 +1,18 @@
-"""A stream's AMQP 0-9-1 deliveries cut straight from its stored records (compiled).
+"""A stream's records as AMQP 0-9-1 messages: encoded on publish, cut into deliveries
+straight from the stored bytes (compiled: amqpd/hotpath.py).
+
+A record's payload (:func:`encode_payload`) is the message as it will be delivered:
+
+    exchange len u8 | routing key len u8 | exchange | routing key
+    | properties len u32 | properties (with the x-stream-offset header) | body
+
+The ``x-stream-offset`` header is written into the properties when the record is
+appended (:func:`with_offset_header`: its offset is known then), so a delivery sends
+the stored properties as they are.
 
 A stream consumer reads whole records as the segment file stores them
 (:meth:`amqpd.store.stream_log.Reader.read_raw`: ``crc | length | offset | timestamp |
-flags | payload``, the payload being what :func:`amqpd.broker.stream.encode_payload`
-wrote: exchange, routing key, properties, body). Every delivered message crosses the
+flags | payload``). Every delivered message crosses the
 loop of :func:`deliver_stored` once, so it does per record only what the delivery
 needs, in compiled code (amqpd/hotpath.py):
 
@@ -27,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
+from amqpd.broker import rawprops
 from amqpd.broker.message import Message
 from amqpd.broker.queue_entry import QueueEntry
 from amqpd.store.stream_log import AMQP10, RECORD_SIZE
@@ -36,6 +46,9 @@ if TYPE_CHECKING:
     from amqpd.broker.queue_type import QueueType
 
 _FLAGS: Final = 24  # a stored record's flags byte, after crc, length, offset, timestamp
+OFFSET_HEADER: Final = "x-stream-offset"
+_OFFSET_KEY: Final = OFFSET_HEADER.encode()
+_OFFSET_ENTRY: Final = bytes((len(_OFFSET_KEY),)) + _OFFSET_KEY + b"l"  # then an i64
 
 
 def _be32(data: bytes, at: int) -> int:
@@ -44,6 +57,44 @@ def _be32(data: bytes, at: int) -> int:
 
 def _be64(data: bytes, at: int) -> int:
     return (_be32(data, at) << 32) | _be32(data, at + 4)
+
+
+def with_offset_header(properties: bytes, offset: int) -> bytes:
+    """``properties`` with the ``x-stream-offset`` header (a long) set to ``offset``.
+    The common case splices bytes: the headers table is the third property, after
+    content-type and content-encoding, so the entry is appended to it (or a table
+    made for it) without decoding anything; a header of that name already there goes
+    through the general path (replaced, not doubled)."""
+    entry = _OFFSET_ENTRY + offset.to_bytes(8, "big", signed=True)
+    if len(properties) >= 2 and _OFFSET_KEY not in properties:
+        flags = properties[0]
+        pos = 2
+        if flags & 0x80:  # content-type
+            pos += 1 + properties[pos]
+        if flags & 0x40:  # content-encoding
+            pos += 1 + properties[pos]
+        if not flags & 0x20:  # no headers yet: a table of one
+            return b"".join((bytes((flags | 0x20, properties[1])), properties[2:pos],
+                             len(entry).to_bytes(4, "big"), entry, properties[pos:]))
+        size = _be32(properties, pos)
+        end = pos + 4 + size
+        return b"".join((properties[:pos], (size + len(entry)).to_bytes(4, "big"),
+                         properties[pos + 4:end], entry, properties[end:]))
+    fields = rawprops.split_properties(properties)
+    items = [kv for kv in rawprops.header_items(fields) if kv[0] != OFFSET_HEADER]
+    items.append((OFFSET_HEADER, rawprops.long(offset)))
+    fields["headers"] = rawprops.encode_table(items)
+    return rawprops.join_properties(fields)
+
+
+def encode_payload(message: Message, offset: int) -> bytes:
+    """A record's payload (module docstring): exchange, routing key, the properties
+    with the ``x-stream-offset`` header set to ``offset``, the body."""
+    props = with_offset_header(message.properties, offset)
+    exchange = message.exchange.encode()
+    key = message.routing_key.encode()
+    return b"".join((bytes((len(exchange), len(key))), exchange, key,
+                     len(props).to_bytes(4, "big"), props, message.body))
 
 
 def decode_payload(payload: bytes) -> Message:
@@ -93,4 +144,5 @@ def deliver_stored(queue: QueueType, consumer: Consumer, data: bytes, at: int, c
     return at, n
 
 
-__all__ = ["decode_payload", "deliver_stored"]
+__all__ = ["OFFSET_HEADER", "decode_payload", "deliver_stored", "encode_payload",
+           "with_offset_header"]

@@ -1,4 +1,4 @@
-"""A stream's AMQP 0-9-1 deliveries cut from stored records (amqpd.broker.stream_delivery):
+"""A stream's AMQP 0-9-1 deliveries cut from stored records (amqpd.broker.stream_records):
 the same messages the Record path decodes, in order, stopping where the consumer stalls
 or the commit limit is, and the exchange and routing key shared between consecutive
 records that carry the same ones."""
@@ -13,7 +13,7 @@ import pytest
 from amqpd.broker.message import Message
 from amqpd.broker.queue_entry import QueueEntry
 from amqpd.broker.stream import decode_record, encode_payload
-from amqpd.broker.stream_delivery import decode_payload, deliver_stored
+from amqpd.broker.stream_records import decode_payload, deliver_stored
 from amqpd.store.stream_log import AMQP10, StreamLog, parse_records
 
 
