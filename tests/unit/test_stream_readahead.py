@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +30,9 @@ def log_(tmp_path: Path) -> Iterator[StreamLog]:
         if i % 50 == 49:
             sl.flush()
     sl.flush()
+    # as where the page cache cannot be asked: every read behind goes to a worker (the
+    # tests of reads from the page cache on the loop turn it back on)
+    sl.nowait = False
     yield sl
     sl.close()
 
@@ -179,5 +183,55 @@ def test_peek_and_take_hand_out_stored_records_and_the_budget_follows(log_: Stre
         ra.take(7, len(data))
         assert ra.buffered == 0 and pool.used_bytes == 0 and ra.offset == 110
         ra.close()
+    finally:
+        loop.close()
+
+
+def test_readers_behind_read_what_the_page_cache_holds_on_the_loop(log_: StreamLog) -> None:
+    if not hasattr(os, "RWF_NOWAIT"):
+        pytest.skip("no preadv RWF_NOWAIT on this platform: readers behind use workers")
+    log_.nowait = True
+    loop = asyncio.new_event_loop()
+    try:
+        pool = ReadAheadPool(loop, batch_records=32, batch_bytes=8 * 1024)
+        starts = {k: k * 97 for k in range(10)}
+        readers = {k: ReadAhead(log_, start, pool, lambda: None) for k, start in starts.items()}
+        got: dict[int, list[Record]] = {k: [] for k in readers}
+        _drain(readers, pool, {k: N - starts[k] for k in readers}, got, credit=50)
+        if not log_.nowait:
+            pytest.skip("this file system refuses RWF_NOWAIT reads")
+        for k, records in got.items():
+            assert [r.offset for r in records] == list(range(starts[k], N)), k
+        assert pool.reads == 0 and pool.used_bytes == 0  # no worker was needed
+    finally:
+        loop.close()
+
+
+def test_a_reader_behind_goes_to_a_worker_when_the_page_cache_lacks_its_records(
+        log_: StreamLog) -> None:
+    if not hasattr(os, "RWF_NOWAIT") or not hasattr(os, "posix_fadvise"):
+        pytest.skip("no preadv RWF_NOWAIT or posix_fadvise on this platform")
+    log_.nowait = True
+    log_.sync()  # clean pages, so the kernel may drop them
+    for seg in log_.segments:
+        os.posix_fadvise(seg.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    first = log_.segments[0]
+    try:
+        os.preadv(first.fd, [bytearray(4096)], 4096, os.RWF_NOWAIT)
+        pytest.skip("the kernel kept the pages cached (cannot test a cold read here)")
+    except BlockingIOError:
+        pass
+    except OSError:
+        pytest.skip("this file system refuses RWF_NOWAIT reads")
+    loop = asyncio.new_event_loop()
+    try:
+        pool = ReadAheadPool(loop, batch_records=32, batch_bytes=8 * 1024)
+        # a segment's first record: found without reading a record header
+        start = log_.segments[1].base
+        ra = ReadAhead(log_, start, pool, lambda: None)
+        assert ra.peek(10) == (b"", 0, 0) and ra.loading  # not cached: a worker reads
+        _settle(loop, ra)
+        assert pool.reads == 1
+        assert [r.offset for r in ra.next_batch(10)] == list(range(start, start + 10))
     finally:
         loop.close()
