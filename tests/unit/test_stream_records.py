@@ -11,24 +11,44 @@ from typing import Any
 import pytest
 
 from amqpd.broker.message import Message
+from amqpd.broker.queue import Consumer
 from amqpd.broker.queue_entry import QueueEntry
+from amqpd.broker.queue_type import QueueType
 from amqpd.broker.stream import decode_record, encode_payload
 from amqpd.broker.stream_records import decode_payload, deliver_stored
 from amqpd.store.stream_log import AMQP10, StreamLog, parse_records
 
 
-class _Consumer:
-    """What deliver_stored asks of a consumer: whether it takes more, and delivery."""
+class _Channel:
+    """The channel of a consumer, as deliver_stored meets it: takes ``room``
+    deliveries, then stalls."""
 
     def __init__(self, room: int) -> None:
         self.room = room
         self.got: list[QueueEntry] = []
 
-    def can_receive(self) -> bool:
+    def can_deliver(self, consumer: Consumer) -> bool:
         return len(self.got) < self.room
 
-    def deliver(self, queue: Any, entry: QueueEntry) -> None:
+    def deliver(self, consumer: Consumer, queue: Any, entry: QueueEntry) -> None:
         self.got.append(entry)
+
+    def consumer_cancelled_by_server(self, consumer: Consumer) -> None:
+        raise AssertionError("not cancelled here")
+
+
+# a queue type the loop only passes on (compiled code checks its type)
+_QUEUE = QueueType.__new__(QueueType)
+
+
+def _consumer(room: int) -> tuple[Consumer, _Channel]:
+    channel = _Channel(room)
+    return Consumer(channel, _QUEUE, "ctag", False, False, 0, {}), channel
+
+
+def _deliver(consumer: tuple[Consumer, _Channel], data: bytes, at: int, count: int,
+             limit: int) -> tuple[int, int]:
+    return deliver_stored(_QUEUE, consumer[0], data, at, count, limit, _amqp10)
 
 
 def _stored(tmp_path: Path) -> tuple[bytes, int]:
@@ -64,11 +84,11 @@ def _amqp10(payload: bytes, offset: int) -> Message:
 
 def test_every_record_becomes_the_message_the_record_path_decodes(tmp_path: Path) -> None:
     data, n = _stored(tmp_path)
-    consumer = _Consumer(100)
-    end, sent = deliver_stored(None, consumer, data, 0, n, -1, _amqp10)  # type: ignore[arg-type]
+    consumer = _consumer(100)
+    end, sent = _deliver(consumer, data, 0, n, -1)
     assert (end, sent) == (len(data), n) and n == 10
     want = _expected(data)
-    got = consumer.got
+    got = consumer[1].got
     assert [e.seq for e in got] == list(range(n))
     for i, (entry, message) in enumerate(zip(got, want, strict=True)):
         m = entry.message
@@ -87,26 +107,26 @@ def test_every_record_becomes_the_message_the_record_path_decodes(tmp_path: Path
 @pytest.mark.parametrize("room", [1, 3, 9])
 def test_a_stalled_consumer_stops_the_loop_where_it_stalled(tmp_path: Path, room: int) -> None:
     data, n = _stored(tmp_path)
-    consumer = _Consumer(room)
-    end, sent = deliver_stored(None, consumer, data, 0, n, -1, _amqp10)  # type: ignore[arg-type]
-    assert sent == room == len(consumer.got)
+    consumer = _consumer(room)
+    end, sent = _deliver(consumer, data, 0, n, -1)
+    assert sent == room == len(consumer[1].got)
     rest = parse_records(data[end:])
     assert [r.offset for r in rest] == list(range(room, n))
     # and the caller goes on from there
-    more = _Consumer(100)
-    end2, sent2 = deliver_stored(None, more, data, end, n - room, -1, _amqp10)  # type: ignore[arg-type]
+    more = _consumer(100)
+    end2, sent2 = _deliver(more, data, end, n - room, -1)
     assert (end2, sent2) == (len(data), n - room)
-    assert [e.seq for e in more.got] == list(range(room, n))
+    assert [e.seq for e in more[1].got] == list(range(room, n))
 
 
 def test_count_and_limit_bound_the_loop(tmp_path: Path) -> None:
     data, n = _stored(tmp_path)
-    consumer = _Consumer(100)
-    _, sent = deliver_stored(None, consumer, data, 0, 4, -1, _amqp10)  # type: ignore[arg-type]
+    consumer = _consumer(100)
+    _, sent = _deliver(consumer, data, 0, 4, -1)
     assert sent == 4
-    consumer = _Consumer(100)
-    end, sent = deliver_stored(None, consumer, data, 0, n, 6, _amqp10)  # type: ignore[arg-type]
-    assert sent == 6 and [e.seq for e in consumer.got] == list(range(6))
+    consumer = _consumer(100)
+    end, sent = _deliver(consumer, data, 0, n, 6)
+    assert sent == 6 and [e.seq for e in consumer[1].got] == list(range(6))
     assert parse_records(data[end:])[0].offset == 6
-    _, sent = deliver_stored(None, _Consumer(100), data, 0, n, 0, _amqp10)  # type: ignore[arg-type]
+    _, sent = _deliver(_consumer(100), data, 0, n, 0)
     assert sent == 0
