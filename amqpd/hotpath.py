@@ -53,6 +53,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "amqpd.broker.message",
     "amqpd.broker.persist",
     "amqpd.broker.reply_to",
+    "amqpd.broker.stream_records",
     "amqpd.broker.ready",
     "amqpd.broker.vhost",
     "amqpd.broker.exchange",

@@ -56,6 +56,14 @@ def _declare(broker: Broker) -> None:
     conn.close()
 
 
+def _per(s: Sampler, n: int) -> float | None:
+    """The broker's CPU time (utime + stime, all its threads) per message, in us: on a
+    machine shared with other work it moves far less than the rates do."""
+    if not s.pid or not n:
+        return None
+    return round((s.cpu1 - s.cpu0) * 1e6 / n, 2)
+
+
 def _publish(broker: Broker, n: int, body: int) -> dict[str, Any]:
     spec = PublisherSpec(pubid=1, targets=[Target("", STREAM)], body_size=body,
                          persistent=True, confirm_window=1000, count=n)
@@ -65,7 +73,8 @@ def _publish(broker: Broker, n: int, body: int) -> dict[str, Any]:
         raise RuntimeError(f"publish: {res.error or f'{res.confirmed} of {n} confirmed'}")
     secs = res.t_end - res.t_start
     return {"messages": n, "seconds": round(secs, 3), "rate": round(n / secs),
-            "broker_cpu_percent": s.cpu_percent, "rss_peak": s.peak}
+            "broker_cpu_percent": s.cpu_percent, "broker_cpu_us_per_msg": _per(s, n),
+            "rss_peak": s.peak}
 
 
 def _consumer_process(url: str, specs: list[ConsumerSpec], slot: int, progress: Any,
@@ -134,7 +143,8 @@ def _consume(broker: Broker, offsets: list[int], n: int, procs: int = 1) -> dict
                            f"gaps {gaps}, disorder {disorder}, {errors}")
     return {"consumers": len(offsets), "processes": procs, "deliveries": want,
             "seconds": round(secs, 3), "rate": round(want / secs),
-            "broker_cpu_percent": s.cpu_percent, "rss_peak": s.peak}
+            "broker_cpu_percent": s.cpu_percent, "broker_cpu_us_per_msg": _per(s, want),
+            "rss_peak": s.peak}
 
 
 def run_broker(broker: Broker, n: int, body: int, procs: int = 1) -> dict[str, Any]:
@@ -178,6 +188,10 @@ def report(results: dict[str, dict[str, Any]], n: int, body: int, command: str) 
     for k in (1, 5, 20):
         row(f"fan-out to {k} consumer(s), deliveries/s", f"fanout_{k}")
     row("20 consumers at spread offsets (i * N / 20), deliveries/s", "spread_20")
+    for label, key in (("publish", "publish"), ("replay", "replay"),
+                       ("fan-out 1", "fanout_1"), ("fan-out 5", "fanout_5"),
+                       ("fan-out 20", "fanout_20"), ("20 spread", "spread_20")):
+        row(f"broker CPU per message, {label}, us", key, "broker_cpu_us_per_msg", "{:.2f}")
     row("broker RSS at rest after publish", "", "rss_at_rest", _mb)
     row("broker RSS peak, 1 consumer from the middle", "spread_1", "rss_peak", _mb)
     row("broker RSS peak, 20 consumers at spread offsets", "spread_20", "rss_peak", _mb)

@@ -21,7 +21,7 @@ Theory of operation:
   file (from then on readers see it, and a kill -9 of the process cannot lose it: the
   kernel has it); :meth:`StreamLog.sync` fsyncs (from then on a power loss cannot lose
   it). The broker confirms a publish after the sync that covers it (one fsync per group
-  commit: every record of the tick shares it). ``sync`` and ``read_shared`` are the
+  commit: every record of the tick shares it). ``sync`` and ``read_shared[_raw]`` are the
   methods meant for a worker thread; every other method runs on the owner's thread
   (the event loop).
 * A segment is sealed when it reaches ``max_segment_bytes`` at a chunk boundary (a
@@ -44,12 +44,12 @@ Theory of operation:
   short scan of record headers. A :class:`Reader` holds an offset, a segment and a file
   position -- three integers -- and reads with ``os.pread`` on the segment's one shared
   file descriptor: a thousand readers far behind cost disk reads, not memory. A reader
-  may also read in a worker thread (:meth:`StreamLog.read_shared`, under the lock that
-  retention and close take), which is how a stream's consumers behind read.
-  :meth:`Reader.read_raw` hands out whole records as stored, for a reader that forwards
-  bytes (a stream-protocol subscription cuts its chunk entries from them) rather than
-  build a :class:`Record` per message; :meth:`StreamLog.append_many` is the batch
-  append of a publish frame.
+  may also read in a worker thread (:meth:`StreamLog.read_shared` and ``read_shared_raw``,
+  under the lock that retention and close take), which is how a stream's consumers
+  behind read. :meth:`Reader.read_raw` hands out whole records as stored, for a reader
+  that cuts messages from bytes (a stream-protocol subscription its chunk entries, an
+  AMQP 0-9-1 consumer its deliveries) rather than build a :class:`Record` per message;
+  :meth:`StreamLog.append_many` is the batch append of a publish frame.
 * Retention (:meth:`StreamLog.retain`) deletes whole segments from the oldest, never
   the active one: by total size (``max-length-bytes``) and by age (a sealed segment
   whose newest record is older than ``max-age``). A reader inside a deleted segment
@@ -92,6 +92,8 @@ IDX: Final = ".idx"
 DEFAULT_SEGMENT_BYTES: Final = 500_000_000  # RabbitMQ's x-stream-max-segment-size-bytes default
 DEFAULT_INDEX_INTERVAL: Final = 4096
 READ_BYTES: Final = 256 * 1024  # one pread per read call at most this much (plus one record)
+# preadv's "no waiting for the disk" flag (Linux 4.14+); 0 elsewhere: nowait reads are off
+_RWF_NOWAIT: Final[int] = getattr(os, "RWF_NOWAIT", 0)
 
 
 class StreamLogError(Exception):
@@ -107,6 +109,7 @@ class Record(NamedTuple):
 
 
 _TAIL: Final = struct.Struct(">IQqB")  # RECORD without its crc
+_FLAG_BYTES: Final = tuple(bytes((i,)) for i in range(256))  # a flags byte, made once
 _LENGTH: Final = struct.Struct(">I")  # a record's payload length, 4 bytes into its header
 _CRC: Final = struct.Struct(">I")
 
@@ -237,6 +240,9 @@ class StreamLog:
         self.closed = True
         self.truncated_bytes = 0  # what open() cut off (a torn tail), for the log line
         self.rolls = 0  # segments sealed since open (the owner runs retention on a change)
+        # reads may ask the page cache alone (Reader.read_raw ``cached``): off where
+        # the platform cannot (no RWF_NOWAIT, or a file system that refuses it)
+        self.nowait = _RWF_NOWAIT != 0
 
     # ------------------------------------------------------------------ opening
     def open(self) -> None:
@@ -451,7 +457,15 @@ class StreamLog:
                 flags: int = 0) -> None:
         if self.closed:
             raise StreamLogError("stream log is closed")
-        self._buffer += encode_record(offset, timestamp, chunk_start, payload, flags)
+        # encode_record's bytes, built without a struct call and written straight into
+        # the buffer (every AMQP 0-9-1 publish to a stream comes here)
+        tail = b"".join((len(payload).to_bytes(4, "big"), offset.to_bytes(8, "big"),
+                         timestamp.to_bytes(8, "big", signed=True),
+                         _FLAG_BYTES[(flags | (CHUNK_START if chunk_start else 0)) & 0xFF]))
+        buf = self._buffer
+        buf += (zlib.crc32(payload, zlib.crc32(tail)) & 0xFFFFFFFF).to_bytes(4, "big")
+        buf += tail
+        buf += payload
         self._pending.append((offset, timestamp, len(payload), chunk_start))
         self.next_offset = offset + 1
 
@@ -544,6 +558,15 @@ class StreamLog:
                 return []
             return reader.read(max_records, max_bytes)
 
+    def read_shared_raw(self, reader: Reader, max_records: int,
+                        max_bytes: int) -> tuple[bytes, int]:
+        """:meth:`Reader.read_raw` from a worker thread, as :meth:`read_shared` reads:
+        the stored records and how many; (b"", 0) once the log is closed."""
+        with self._lock:
+            if self.closed:
+                return b"", 0
+            return reader.read_raw(max_records, max_bytes)
+
     # ------------------------------------------------------------------ retention
     def retain(self, max_bytes: int | None, max_age_ms: int | None, now_ms: int) -> int:
         """Delete whole segments from the oldest while the stream is over ``max_bytes``
@@ -590,6 +613,21 @@ class StreamLog:
         self._buffer.clear()
         self.close()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _read_cached(log_: StreamLog, fd: int, buf: bytearray, size: int, position: int) -> int:
+    """Up to ``size`` bytes at ``position`` into ``buf``, only from the page cache: how
+    many (0 or -1: none there without waiting for the disk, or the platform cannot
+    say; then ``log_.nowait`` goes off for good)."""
+    if not log_.nowait:
+        return -1
+    try:
+        return os.preadv(fd, [memoryview(buf)[:size]], position, _RWF_NOWAIT)
+    except BlockingIOError:
+        return -1
+    except (OSError, AttributeError):  # EOPNOTSUPP (a file system without it), no preadv
+        log_.nowait = False
+        return -1
 
 
 class Reader:
@@ -653,13 +691,20 @@ class Reader:
             out.extend(parse_records(data))
         return out
 
-    def read_raw(self, max_records: int, max_bytes: int = READ_BYTES) -> tuple[bytes, int]:
+    def read_raw(self, max_records: int, max_bytes: int = READ_BYTES,
+                 cached: bytearray | None = None) -> tuple[bytes, int]:
         """The next whole records as they are stored (headers and payloads, see
         :func:`parse_records`) and how many: at most ``max_records``, from one pread of
         about ``max_bytes`` within one segment (a record larger than that comes whole);
         (b"", 0) when nothing is readable. The reader moves past them. A reader that
         forwards records as bytes (the stream protocol's chunks) takes this and never
-        builds a :class:`Record` per message."""
+        builds a :class:`Record` per message.
+
+        With ``cached`` (a scratch buffer of at least ``max_bytes``) the read must not
+        wait for the disk: it takes only what the page cache holds (``preadv`` with
+        ``RWF_NOWAIT``, into ``cached``), and answers (b"", -1) without moving when not
+        one whole record is there, or when the platform cannot tell (then every later
+        call on this log answers so at once): the caller reads in a worker instead."""
         log_ = self.log
         while self.offset < log_.flushed_offset:
             seg = self._locate()
@@ -671,8 +716,14 @@ class Reader:
                 self.offset = seg.end  # on to the next segment
                 self._segment_base = -1
                 continue
-            data = os.pread(seg.fd, min(max_bytes, seg.size - self._position),
-                            self._position)
+            want = min(max_bytes, seg.size - self._position)
+            if cached is None:
+                data = os.pread(seg.fd, want, self._position)
+            else:
+                got = _read_cached(log_, seg.fd, cached, want, self._position)
+                if got <= 0:
+                    return b"", -1
+                data = bytes(memoryview(cached)[:got])
             size = len(data)
             at = n = 0
             while n < max_records and at + RECORD_SIZE <= size:
@@ -684,8 +735,8 @@ class Reader:
                 at = end
                 n += 1
             if n == 0:  # one record bigger than the read: read it whole
-                if size < RECORD_SIZE:
-                    break
+                if cached is not None or size < RECORD_SIZE:
+                    return (b"", -1) if cached is not None else (b"", 0)
                 data = os.pread(seg.fd, RECORD_SIZE + _LENGTH.unpack_from(data, 4)[0],
                                 self._position)
                 at = size = len(data)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from amqpd.broker.stream_readahead import ReadAhead, ReadAheadPool
-from amqpd.store.stream_log import Reader, Record, StreamLog
+from amqpd.store.stream_log import RECORD_SIZE, Reader, Record, StreamLog, parse_records
 
 N = 3020  # 10 full 64 KiB segments of 300 records, then 20 in the active one
 PAYLOAD = 200
@@ -29,6 +30,9 @@ def log_(tmp_path: Path) -> Iterator[StreamLog]:
         if i % 50 == 49:
             sl.flush()
     sl.flush()
+    # as where the page cache cannot be asked: every read behind goes to a worker (the
+    # tests of reads from the page cache on the loop turn it back on)
+    sl.nowait = False
     yield sl
     sl.close()
 
@@ -57,7 +61,7 @@ def _drain(readers: dict[int, ReadAhead], pool: ReadAheadPool, want: dict[int, i
 
 
 class _ThreadSpy:
-    """The log as a ReadAhead sees it, noting the thread of every ``read_shared`` (the
+    """The log as a ReadAhead sees it, noting the thread of every ``read_shared_raw`` (the
     method of a compiled StreamLog cannot be replaced on the instance)."""
 
     def __init__(self, log_: StreamLog, threads: set[str]) -> None:
@@ -67,9 +71,9 @@ class _ThreadSpy:
     def __getattr__(self, name: str) -> object:
         return getattr(self._log, name)
 
-    def read_shared(self, reader: Reader, records: int, nbytes: int) -> list[Record]:
+    def read_shared_raw(self, reader: Reader, records: int, nbytes: int) -> tuple[bytes, int]:
         self._threads.add(threading.current_thread().name)
-        return self._log.read_shared(reader, records, nbytes)
+        return self._log.read_shared_raw(reader, records, nbytes)
 
 
 def test_readers_behind_read_in_a_worker_within_the_bounds(log_: StreamLog) -> None:
@@ -93,7 +97,7 @@ def test_readers_behind_read_in_a_worker_within_the_bounds(log_: StreamLog) -> N
             assert [r.offset for r in records] == list(range(starts[k], N)), k
             assert all(r.payload == r.offset.to_bytes(4, "big") * (PAYLOAD // 4)
                        for r in records)
-        assert pool.reads > 0 and threading.main_thread().name not in threads
+        assert pool.reads > 0 and threads and threading.main_thread().name not in threads
         assert pool.used_bytes == 0 and pool.inflight == 0
     finally:
         loop.close()
@@ -157,3 +161,77 @@ def _settle(loop: asyncio.AbstractEventLoop, ra: ReadAhead) -> None:
         raise AssertionError("read-ahead did not land")
 
     loop.run_until_complete(run())
+
+
+def test_peek_and_take_hand_out_stored_records_and_the_budget_follows(log_: StreamLog) -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        pool = ReadAheadPool(loop, batch_records=20, batch_bytes=64 * 1024)
+        ra = ReadAhead(log_, 100, pool, lambda: None)
+        assert ra.peek(10)[2] == 0  # behind: one worker read of the credit asked
+        _settle(loop, ra)
+        data, at, n = ra.peek(10)
+        assert n == 10 == ra.buffered and pool.used_bytes == 10 * PAYLOAD
+        records = parse_records(data[at:])
+        assert [r.offset for r in records] == list(range(100, 110))
+        # the consumer took three: the next one is where the fourth is stored
+        third = at + 3 * (RECORD_SIZE + PAYLOAD)
+        ra.take(3, third)
+        assert ra.offset == 103 and pool.used_bytes == 7 * PAYLOAD
+        data, at, n = ra.peek(10)
+        assert (at, n) == (third, 7)
+        ra.take(7, len(data))
+        assert ra.buffered == 0 and pool.used_bytes == 0 and ra.offset == 110
+        ra.close()
+    finally:
+        loop.close()
+
+
+def test_readers_behind_read_what_the_page_cache_holds_on_the_loop(log_: StreamLog) -> None:
+    if not hasattr(os, "RWF_NOWAIT"):
+        pytest.skip("no preadv RWF_NOWAIT on this platform: readers behind use workers")
+    log_.nowait = True
+    loop = asyncio.new_event_loop()
+    try:
+        pool = ReadAheadPool(loop, batch_records=32, batch_bytes=8 * 1024)
+        starts = {k: k * 97 for k in range(10)}
+        readers = {k: ReadAhead(log_, start, pool, lambda: None) for k, start in starts.items()}
+        got: dict[int, list[Record]] = {k: [] for k in readers}
+        _drain(readers, pool, {k: N - starts[k] for k in readers}, got, credit=50)
+        if not log_.nowait:
+            pytest.skip("this file system refuses RWF_NOWAIT reads")
+        for k, records in got.items():
+            assert [r.offset for r in records] == list(range(starts[k], N)), k
+        assert pool.reads == 0 and pool.used_bytes == 0  # no worker was needed
+    finally:
+        loop.close()
+
+
+def test_a_reader_behind_goes_to_a_worker_when_the_page_cache_lacks_its_records(
+        log_: StreamLog) -> None:
+    if not hasattr(os, "RWF_NOWAIT") or not hasattr(os, "posix_fadvise"):
+        pytest.skip("no preadv RWF_NOWAIT or posix_fadvise on this platform")
+    log_.nowait = True
+    log_.sync()  # clean pages, so the kernel may drop them
+    for seg in log_.segments:
+        os.posix_fadvise(seg.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    first = log_.segments[0]
+    try:
+        os.preadv(first.fd, [bytearray(4096)], 4096, os.RWF_NOWAIT)
+        pytest.skip("the kernel kept the pages cached (cannot test a cold read here)")
+    except BlockingIOError:
+        pass
+    except OSError:
+        pytest.skip("this file system refuses RWF_NOWAIT reads")
+    loop = asyncio.new_event_loop()
+    try:
+        pool = ReadAheadPool(loop, batch_records=32, batch_bytes=8 * 1024)
+        # a segment's first record: found without reading a record header
+        start = log_.segments[1].base
+        ra = ReadAhead(log_, start, pool, lambda: None)
+        assert ra.peek(10) == (b"", 0, 0) and ra.loading  # not cached: a worker reads
+        _settle(loop, ra)
+        assert pool.reads == 1
+        assert [r.offset for r in ra.next_batch(10)] == list(range(start, start + 10))
+    finally:
+        loop.close()
