@@ -283,8 +283,8 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
             self._confirms[seq] = on_confirm
         self.stat_publish += 1
         body = self.port.publisher.body_of(message)
-        frame = W.encode(W.PUBLISH, self.stream, seq, bool(message.persistent),
-                         message.exchange, message.routing_key, message.properties, body)
+        frame = W.encode_publish(self.stream, seq, message.persistent, message.exchange,
+                                 message.routing_key, message.properties, body)
         if self._credit > 0 and not self._unsent:
             self._credit -= 1
             self._send(frame)
