@@ -286,7 +286,7 @@ class FrameReader:
             if end > n:
                 need = 4 + length
                 break
-            if kind == PUBLISH or kind == DELIVER or kind == GET_OK:
+            if kind in (PUBLISH, DELIVER, GET_OK):
                 frames.append((kind, stream, _decode_fast(kind, buf, pos + 9, end)))
             else:
                 frames.append((kind, stream, decode_fields(kind, buf[pos + 9:end])))

@@ -69,10 +69,8 @@ def test_per_message_encoders_write_the_generic_bytes(kind: int, fields: list[ob
     """PUBLISH, DELIVER and GET_OK have hand-written encoders: a peer running the
     generic codec must read them (and the other way round)."""
     generic = W.encode(kind, 5, *fields)
-    if kind == W.PUBLISH:
-        fast = W.encode_publish(5, *fields)  # type: ignore[arg-type]
-    else:
-        fast = W.encode_deliver(kind, 5, *fields)  # type: ignore[arg-type]
+    fast = (W.encode_publish(5, *fields) if kind == W.PUBLISH  # type: ignore[arg-type]
+            else W.encode_deliver(kind, 5, *fields))  # type: ignore[arg-type]
     assert fast == generic
     assert W.FrameReader().feed(fast) == [(kind, 5, fields)]
     assert W.decode_fields(kind, fast[9:]) == fields
