@@ -68,6 +68,9 @@ COMPILED_MODULES: tuple[str, ...] = (
     "amqpd.streamproto.chunks",
     "amqpd.streamproto.connection",
     "amqpd.streamproto.transport",
+    # the cluster link's frame codec: every message that crosses to another node (or
+    # another worker of a node: docs/workers.md) is encoded and read by it once
+    "amqpd.cluster.link_wire",
 )
 
 PURE_ENV = "AMQPD_PURE_PYTHON"

@@ -99,6 +99,7 @@ class Link(asyncio.Protocol):
         except W.WireError as exc:
             self._fail(f"malformed frame: {exc}")
             return
+        frame = self.manager.handler.frame
         for kind, stream, fields in frames:
             if self.closed:
                 return
@@ -111,7 +112,7 @@ class Link(asyncio.Protocol):
                 return
             if self.up:
                 try:
-                    self.manager.handler.frame(self, kind, stream, fields)
+                    frame(self, kind, stream, fields)
                 except Exception:
                     log.exception("link to %s: frame %d on stream %d failed", self.peer,
                                   kind, stream)

@@ -169,29 +169,132 @@ def decode_fields(kind: int, data: bytes | memoryview) -> list[Any]:
     return out
 
 
+# -- the per-message frames, without the generic loop ----------------------------------
+# PUBLISH, DELIVER and GET_OK are nearly every frame a busy link carries: one per message
+# each way. Their layouts are fixed (``LAYOUTS``), so they are packed and unpacked by
+# hand here, with the same bytes as :func:`encode` and the same checks as
+# :func:`decode_fields` (tests/unit/cluster/test_link_wire.py compares them), but no
+# per-field loop, no list of parts per field and no copy of the frame body before its
+# fields are read: the profile of two workers crossing (bench/RESULTS-workers.md) put
+# the generic codec among the largest per-message costs of the link.
+_PUBLISH_HEAD = struct.Struct(">IBIQBH")  # length, kind, stream, seq, persistent, |exchange|
+_DELIVER_HEAD = struct.Struct(">IBIIQBQH")  # ... id, delivery, redelivered, ready, |exchange|
+
+
+def encode_publish(stream: int, seq: int, persistent: int, exchange: str, key: str,
+                   props: bytes, body: bytes) -> bytes:
+    """``encode(PUBLISH, stream, seq, persistent, exchange, key, props, body)``."""
+    ex = exchange.encode()
+    rk = key.encode()
+    size = 26 + len(ex) + len(rk) + len(props) + len(body)  # after the length field
+    return b"".join((
+        _PUBLISH_HEAD.pack(size, PUBLISH, stream, seq, persistent, len(ex)), ex,
+        _U16.pack(len(rk)), rk, _U32.pack(len(props)), props, _U32.pack(len(body)), body))
+
+
+def encode_deliver(kind: int, stream: int, ident: int, delivery: int, redelivered: int,
+                   ready: int, exchange: str, key: str, props: bytes, body: bytes,
+                   position: int) -> bytes:
+    """``encode(kind, stream, ...)`` for DELIVER (``ident``: the consumer id) and GET_OK
+    (``ident``: the request id), which share a layout."""
+    ex = exchange.encode()
+    rk = key.encode()
+    size = 46 + len(ex) + len(rk) + len(props) + len(body)
+    return b"".join((
+        _DELIVER_HEAD.pack(size, kind, stream, ident, delivery, redelivered, ready, len(ex)),
+        ex, _U16.pack(len(rk)), rk, _U32.pack(len(props)), props, _U32.pack(len(body)),
+        body, _U64.pack(position)))
+
+
+_PUBLISH_FIXED = struct.Struct(">QBH")  # seq, persistent, |exchange|
+_DELIVER_FIXED = struct.Struct(">IQBQH")  # id, delivery, redelivered, ready, |exchange|
+
+
+def _tail(buf: bytes, pos: int, n: int, end: int) -> tuple[str, str, bytes, bytes, int]:
+    """The ``ssbb`` fields both fast layouts share, from ``pos`` (the exchange, ``n``
+    bytes) to at most ``end``; the position after them."""
+    exchange = buf[pos:pos + n].decode()
+    pos += n
+    n = _U16.unpack_from(buf, pos)[0]
+    pos += 2
+    key = buf[pos:pos + n].decode()
+    pos += n
+    n = _U32.unpack_from(buf, pos)[0]
+    pos += 4
+    props = buf[pos:pos + n]
+    pos += n
+    n = _U32.unpack_from(buf, pos)[0]
+    pos += 4
+    body = buf[pos:pos + n]
+    pos += n
+    if pos > end:
+        raise WireError("a field runs past its frame")
+    return exchange, key, props, body, pos
+
+
+def _decode_fast(kind: int, buf: bytes, pos: int, end: int) -> list[Any]:
+    """The fields of a PUBLISH, DELIVER or GET_OK whose body is ``buf[pos:end]``."""
+    try:
+        if kind == PUBLISH:
+            seq, persistent, n = _PUBLISH_FIXED.unpack_from(buf, pos)
+            exchange, key, props, body, p = _tail(buf, pos + 11, n, end)
+            if p != end:
+                raise WireError(f"frame {kind} has {end - p} bytes too many")
+            return [seq, persistent, exchange, key, props, body]
+        ident, delivery, redelivered, ready, n = _DELIVER_FIXED.unpack_from(buf, pos)
+        exchange, key, props, body, p = _tail(buf, pos + 23, n, end)
+        if p + 8 != end:
+            raise WireError(f"frame {kind} does not end with its position")
+        position = _U64.unpack_from(buf, p)[0]
+        return [ident, delivery, redelivered, ready, exchange, key, props, body, position]
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise WireError(f"malformed frame {kind}: {exc}") from exc
+
+
 class FrameReader:
-    """Splits received bytes into ``(kind, stream, fields)`` frames."""
+    """Splits received bytes into ``(kind, stream, fields)`` frames.
+
+    Frames are sliced from immutable bytes, so a field is one copy (not a bytearray
+    slice copied again into bytes). A frame cut by the socket waits as a list of reads
+    until it is whole: they are joined once, so a large message arriving in many reads
+    is not copied again with each."""
 
     def __init__(self) -> None:
-        self._buf = bytearray()
+        self._parts: list[bytes] = []  # the start of a frame not yet whole
+        self._have = 0  # bytes in _parts
+        self._need = 0  # bytes the frame in _parts needs (9 while its head is cut)
 
     def feed(self, data: bytes) -> list[tuple[int, int, list[Any]]]:
-        buf = self._buf
-        buf += data
+        if self._parts:
+            self._parts.append(data)
+            self._have += len(data)
+            if self._have < self._need:
+                return []
+            buf = b"".join(self._parts)
+            self._parts = []
+        else:
+            buf = bytes(data)
         frames: list[tuple[int, int, list[Any]]] = []
         pos = 0
         n = len(buf)
+        need = 9
         while n - pos >= 9:
             length, kind, stream = _HEAD.unpack_from(buf, pos)
             if length < 5 or length > MAX_FRAME:
                 raise WireError(f"frame length {length} out of range")
             end = pos + 4 + length
             if end > n:
+                need = 4 + length
                 break
-            frames.append((kind, stream, decode_fields(kind, bytes(buf[pos + 9:end]))))
+            if kind in (PUBLISH, DELIVER, GET_OK):
+                frames.append((kind, stream, _decode_fast(kind, buf, pos + 9, end)))
+            else:
+                frames.append((kind, stream, decode_fields(kind, buf[pos + 9:end])))
             pos = end
-        if pos:
-            del buf[:pos]
+        if pos < n:
+            self._parts = [buf[pos:] if pos else buf]
+            self._have = n - pos
+            self._need = need
         return frames
 
 
@@ -210,4 +313,4 @@ def proof_ok(expected: bytes, got: bytes) -> bool:
 
 
 __all__ = ["LAYOUTS", "MAGIC", "FrameReader", "WireError", "decode_fields", "encode",
-           "proof", "proof_ok"]
+           "encode_deliver", "encode_publish", "proof", "proof_ok"]

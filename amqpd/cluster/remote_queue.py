@@ -228,10 +228,10 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
     def on_frame(self, kind: int, f: list[Any]) -> bool:
         """A frame of its stream from the leader (ClusterQueues hands them over):
         False for the kinds it leaves to its caller (FAILED, CLOSED)."""
-        if kind == W.CONFIRM:
-            self._confirmed(f[0], bool(f[1]))
-        elif kind == W.DELIVER:
+        if kind == W.DELIVER:
             self._deliver(*f)
+        elif kind == W.CONFIRM:
+            self._confirmed(f[0], bool(f[1]))
         elif kind == W.CREDIT:
             self._got_credit(f[0])
         elif kind in (W.OPENED, W.STATS):
@@ -283,8 +283,8 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
             self._confirms[seq] = on_confirm
         self.stat_publish += 1
         body = self.port.publisher.body_of(message)
-        frame = W.encode(W.PUBLISH, self.stream, seq, bool(message.persistent),
-                         message.exchange, message.routing_key, message.properties, body)
+        frame = W.encode_publish(self.stream, seq, message.persistent, message.exchange,
+                                 message.routing_key, message.properties, body)
         if self._credit > 0 and not self._unsent:
             self._credit -= 1
             self._send(frame)

@@ -57,7 +57,7 @@ class _Proxy:
         position = served.delivered(queue, entry, consumer.no_ack)
         if not consumer.no_ack:
             served.unacked[delivery] = entry
-        served.hand(queue, entry, consumer.no_ack, W.encode(
+        served.hand(queue, entry, consumer.no_ack, W.encode_deliver(
             W.DELIVER, served.stream, self.cid, delivery, entry.redelivered,
             queue.message_count, msg.exchange, msg.routing_key, msg.properties,
             served.broker.publisher.body_of(msg), position), self)
@@ -236,7 +236,7 @@ class Served:
         if not no_ack:
             self.unacked[delivery] = entry
         msg = entry.message
-        self.hand(q, entry, no_ack, W.encode(
+        self.hand(q, entry, no_ack, W.encode_deliver(
             W.GET_OK, self.stream, req, delivery, entry.redelivered, q.message_count,
             msg.exchange, msg.routing_key, msg.properties, self.broker.publisher.body_of(msg),
             position), None)
