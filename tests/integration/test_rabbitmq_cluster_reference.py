@@ -627,10 +627,12 @@ QQ_COUNT, QQ_PREFETCH = 50, 10
 
 
 def qq_leaders(node: RabbitInfo) -> dict[str, str]:
-    """Quorum queue name -> its leader's node name, as rabbitmqctl on *node* lists it."""
+    """This scenario's quorum queue name -> its leader's node name, as rabbitmqctl on
+    *node* lists it (the node-loss scenario's classic queues share the cluster)."""
     out = ctl(node, "list_queues", "--no-table-headers", "name", "leader",
               timeout=CTL_TIMEOUT)
-    return dict(line.split("\t", 1) for line in out.splitlines() if "\t" in line)
+    rows = dict(line.split("\t", 1) for line in out.splitlines() if "\t" in line)
+    return {name: leader for name, leader in rows.items() if name in (QQ_FAR, QQ_NEAR)}
 
 
 def collect(c: Raw, seconds: float) -> list[dict[str, Any]]:
