@@ -4,7 +4,8 @@
   and confirms), then consumers at ``first`` (raw frames), at an offset in the middle
   (pika) and at ``next`` (aio-pika), then 10,000 more: each sees exactly its range, in
   order, with the ``x-stream-offset`` header: 1,000,000 by default, as the issue asks
-  (46-74 s for the test on the compiled build here, the machine's load at 4-12).
+  (46-74 s for the test on the compiled build here, the machine's load at 4-12; 162 s
+  once, beside a compile).
 * Retention by size and by age deletes whole segments while a pika consumer is reading
   from the oldest one: the consumer moves on to what is kept, in order, and the
   stream's files stay bounded.
@@ -255,7 +256,8 @@ def test_three_consumers_each_see_exactly_their_range(broker: BrokerProcess) -> 
     N/2 (pika) and at ``next`` (aio-pika), then TAIL more messages: each sees exactly
     its range, in publish order, with ``x-stream-offset`` = position. (The longest
     range, N + TAIL deliveries, is read on raw frames: with pika on both long ranges
-    the consumers took 70-129 s on the compiled build here, with this 35-51 s, pika's
+    the consumers took 70-129 s on the compiled build here, with this 35-51 s (once
+    104 s, beside a compile), pika's
     decoding setting the pace; aio-pika's per-message callbacks are slower still, so
     it takes the short range.)"""
     queue = "s3"
