@@ -653,7 +653,9 @@ class Channel:
         small slices still come round at once."""
         flow = False
         for q in queues:
-            if q.message_count > FLOW_BACKLOG and q.consumers:
+            # message_count first: the cheap test, which rules out nearly every publish
+            if q.message_count > FLOW_BACKLOG and q.consumers and \
+                    q.flow_backlog() > FLOW_BACKLOG:
                 flow = True
                 break
         self.session.conn.in_flow = flow

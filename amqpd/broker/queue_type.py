@@ -194,6 +194,12 @@ class QueueType:
         """Messages ready for delivery (not counting unacknowledged ones)."""
         raise NotImplementedError
 
+    def flow_backlog(self) -> int:
+        """What credit flow weighs (``Channel._credit_flow``): the messages waiting for
+        a consumer. A stream keeps what its consumers have read, so it answers how far
+        its slowest consumer lags instead (amqpd.broker.stream)."""
+        return self.message_count
+
     def touch(self) -> None:
         """The queue was used (declare, basic.get): restarts its ``x-expires`` clock."""
 

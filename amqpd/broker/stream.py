@@ -237,6 +237,7 @@ class StreamQueue(QueueType):
             log.warning("stream '%s' in vhost '%s': %d bytes of torn tail cut at recovery",
                         name, vhost.name, self.log.truncated_bytes)
         self.readers: dict[Consumer, ReadAhead] = {}  # consumer -> its position
+        self._lag = -1  # flow_backlog's answer this tick (-1: not worked out yet)
         # stream-protocol chunks built lately, shared by its subscriptions
         self.chunk_cache = ChunkCache()
         self._loop: asyncio.AbstractEventLoop | None = broker._loop
@@ -332,6 +333,18 @@ class StreamQueue(QueueType):
         """Records kept (what RabbitMQ's stream reports as its messages)."""
         return self.log.flushed_offset - self.log.first_offset
 
+    def flow_backlog(self) -> int:
+        """Credit flow's measure: the records kept are no backlog, only what the
+        slowest consumer has still to read (a publisher feeding a stream read at its end
+        stays running). Worked out once per tick (:meth:`flush` forgets it), not once per
+        publish: a stream may have many consumers."""
+        lag = self._lag
+        if lag < 0:
+            end = self.log.next_offset
+            lag = max((end - r.offset for r in self.readers.values()), default=0)
+            self._lag = lag
+        return lag
+
     def info(self) -> dict[str, Any]:
         out = super().info()
         out["messages"] = self.message_count  # an unacked delivery is still in the stream
@@ -403,6 +416,7 @@ class StreamQueue(QueueType):
         """End of the tick: what was appended becomes readable (one write, one chunk);
         consumers get it; a segment that filled up may let retention drop old ones."""
         self._flush_pending = False
+        self._lag = -1
         if self.deleted:
             return
         self.log.flush()
