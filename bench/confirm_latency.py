@@ -16,6 +16,7 @@ Used by ``python -m bench.replication --latency-rate``; never asserted in tests.
 
 from __future__ import annotations
 
+import math
 import socket
 import statistics
 import threading
@@ -40,7 +41,7 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     """Nearest-rank percentile of an ascending list (q in 0..100)."""
     if not sorted_values:
         return float("nan")
-    k = max(0, min(len(sorted_values) - 1, round(q / 100.0 * len(sorted_values) + 0.5) - 1))
+    k = max(0, min(len(sorted_values) - 1, math.ceil(round(q * len(sorted_values) / 100.0, 9)) - 1))
     return sorted_values[k]
 
 
