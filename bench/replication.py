@@ -20,6 +20,11 @@ Usage: ``python -m bench.replication [--messages 1000000] [--body 100] [--durati
 ``--ratio-runs N`` measures only the sync cost: N runs of 1. and 2. alternating (alone,
 pair, alone, pair, ...), the median rate of each and their ratio (issue 34);
 ``--standby-ack fsync,write`` has a pair of each standby_ack setting in every run.
+``--latency-rate R --latency-runs N`` measures the sync cost as latency instead: N runs
+of a node alone and a sync pair alternating, each offered R persistent msg/s by one
+publisher (bench/confirm_latency.py), the publish -> confirm latency p50/p99 of each run
+and their medians. At a rate both configurations keep up with, this moves far less with
+the machine's load than a saturating rate does.
 ``--amqpd-src DIR`` runs the brokers from another checkout's ``amqpd`` (e.g. main, for a
 before/after comparison with the same bench code; run it from a directory that holds
 no ``amqpd`` package, e.g. ``cd /tmp && PYTHONPATH=/path/to/this/checkout python -m
@@ -38,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import confirm_latency
 from bench.loadgen import Conn, PublisherResult, PublisherSpec, Target, run_publisher
 from tests.integration.warren_support import node, replication_addr, status, wait_for
 from tests.support.brokerproc import BrokerProcess
@@ -64,10 +70,13 @@ def _rate(res: PublisherResult) -> float:
     return res.confirmed / max(res.t_end - res.t_start, 1e-9)
 
 
-def alone(root: Path, body: int, duration: float) -> dict[str, Any]:
+def alone(root: Path, body: int, duration: float,
+          latency_rate: float = 0.0) -> dict[str, Any]:
     proc = BrokerProcess(root / "alone").start()
     try:
         _declare(proc.url, "rb.alone")
+        if latency_rate:
+            return confirm_latency.measure(proc.url, "rb.alone", body, latency_rate, duration)
         res = _publish(proc.url, "rb.alone", body, duration)
         return {"confirmed": res.confirmed, "nacked": res.nacked, "rate": round(_rate(res))}
     finally:
@@ -91,13 +100,17 @@ def rabbitmq_alone(root: Path, body: int, duration: float) -> dict[str, Any]:
 
 
 def sync_pair(root: Path, body: int, duration: float,
-              standby_root: Path | None = None, **settings: object) -> dict[str, Any]:
+              standby_root: Path | None = None, latency_rate: float = 0.0,
+              **settings: object) -> dict[str, Any]:
     active = node(root / "sa", "bench-a", "active", **settings).start()
     standby = node((standby_root or root) / "sb", "bench-b", "standby",
                    replication_addr(active), **settings).start()
     try:
         wait_for(lambda: status(active)["insync_count"] == 1, 60, "the standby in sync")
         _declare(active.url, "rb.sync")
+        if latency_rate:
+            return confirm_latency.measure(active.url, "rb.sync", body, latency_rate,
+                                           duration)
         res = _publish(active.url, "rb.sync", body, duration)
         return {"confirmed": res.confirmed, "nacked": res.nacked, "rate": round(_rate(res))}
     finally:
@@ -183,6 +196,31 @@ def ratio_runs(root: Path, body: int, duration: float, runs: int,
     return out
 
 
+def latency_runs(root: Path, body: int, duration: float, runs: int, rate: float,
+                 min_insync: int, acks: tuple[str, ...] = ("fsync",)) -> dict[str, Any]:
+    """Alone and sync pair alternately at a fixed offered rate: the publish -> confirm
+    latency of each run (p50, p99 in ms) and the medians of those over the runs."""
+    res: dict[str, list[dict[str, Any]]] = {"alone": []}
+    res.update({f"pair_{mode}": [] for mode in acks})
+    for i in range(runs):
+        res["alone"].append(alone(root / f"l{i}", body, duration, latency_rate=rate))
+        for mode in acks:
+            res[f"pair_{mode}"].append(sync_pair(root / f"l{i}-{mode}", body, duration,
+                                                 latency_rate=rate,
+                                                 min_insync_standbys=min_insync,
+                                                 standby_ack=mode))
+        print(f"run {i}: " + ", ".join(
+            f"{name} p50 {r[-1]['p50_ms']} ms p99 {r[-1]['p99_ms']} ms"
+            for name, r in res.items()), flush=True)
+    out: dict[str, Any] = {"runs": runs, "offered_rate": rate,
+                           "min_insync_standbys": min_insync, "per_run": res}
+    for name, r in res.items():
+        out[f"{name}_p50_median_ms"] = round(statistics.median(x["p50_ms"] for x in r), 3)
+        out[f"{name}_p99_median_ms"] = round(statistics.median(x["p99_ms"] for x in r), 3)
+        out[f"{name}_nacked"] = sum(x["nacked"] for x in r)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.replication", description=__doc__)
     p.add_argument("--messages", type=int, default=1_000_000)
@@ -203,11 +241,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--standby-ack", default="fsync",
                    help="standby_ack of the pair in --ratio-runs: fsync, write, or both "
                         "as 'fsync,write' (one pair of each per run, in turn)")
+    p.add_argument("--latency-rate", type=float, default=0.0,
+                   help="only the sync cost as latency: offer this many msg/s to a node "
+                        "alone and to a sync pair (--latency-runs of each, alternating)")
+    p.add_argument("--latency-runs", type=int, default=5)
     p.add_argument("--amqpd-src", default="",
                    help="run the brokers from this checkout's amqpd (PYTHONPATH)")
     a = p.parse_args(argv)
     if a.amqpd_src:
         os.environ["PYTHONPATH"] = str(Path(a.amqpd_src).resolve())
+    if a.latency_rate:
+        with tempfile.TemporaryDirectory(prefix="amqpd-bench-latency-") as tmp:
+            out = latency_runs(Path(tmp), a.body, a.duration, a.latency_runs,
+                               a.latency_rate, a.min_insync,
+                               tuple(a.standby_ack.split(",")))
+        out.update(body=a.body, duration=a.duration, amqpd_src=a.amqpd_src or "this")
+        print(json.dumps(out, indent=2))
+        if a.out:
+            Path(a.out).write_text(json.dumps(out, indent=2) + "\n")
+        return 0
     if a.ratio_runs:
         with tempfile.TemporaryDirectory(prefix="amqpd-bench-ratio-") as tmp:
             out = ratio_runs(Path(tmp), a.body, a.duration, a.ratio_runs, a.min_insync,
