@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from amqpd.streamproto import codec
 from amqpd.streamproto.connection import StreamConnection
 from amqpd.streamproto.forwarding import TrackingForwarder
+from amqpd.streamproto.relay import PublishRelay
 from amqpd.streamproto.sac import Coordinator
 
 if TYPE_CHECKING:
@@ -142,6 +143,9 @@ class StreamListener:
         # and this node's answers to the others for the streams it leads
         self.forwarder = TrackingForwarder(broker)
         self.forwarder.serve()
+        # publishes other nodes forward for the streams this node leads (their
+        # publishers' clients declared them there): amqpd.cluster.forwarded_publish
+        self.relay = PublishRelay(broker, lambda: broker._loop)
         # what metadata names for this node (the plain listener's): the cluster puts it
         # in the node's record, so other nodes' metadata can name this one
         self.advertised: tuple[str, int] | None = None
