@@ -25,6 +25,10 @@ docs/streams.md has what each broker did. The test checks only what both do: eve
 id is answered at most once, and the client hears of the stream (metadata-update) or
 of the ids (publish-error) or the connection ends: nothing is left silently
 unanswered.
+
+A second test makes a two-member stream and publishes through the node that holds no
+copy of it: 1,000 ids of a named producer, all confirmed and read in order at the
+leader's and the replica's ports.
 """
 
 from __future__ import annotations
@@ -73,7 +77,7 @@ class Three:
     ports: list[int]
     kill_leader: Callable[[], None]
     diagnose: Callable[[], str]
-    ready: Callable[[], None] = lambda: None  # every member's copy is there
+    ready: Callable[[int], None] = lambda members: None  # that many copies are there
     notes: dict[str, Any] = field(default_factory=dict)
 
 
@@ -89,10 +93,10 @@ def three(request: pytest.FixtureRequest, tmp_path: Path,
             a = nodes[0]
             yield Three("amqpd", [stream_port(n) for n in nodes], a.kill,
                         lambda: diagnose(nodes),
-                        ready=lambda: wait_for(
-                            lambda: sorted(queue_info(a).get("member_offsets", {}))
-                            == sorted(n.name for n in nodes), 60,
-                            "every member's copy connected", lambda: diagnose(nodes)))
+                        ready=lambda members: wait_for(
+                            lambda: len(queue_info(a).get("member_offsets", {}))
+                            == members, 60, "every member's copy connected",
+                            lambda: diagnose(nodes)))
         return
     from devtools.rabbitmq import RabbitMQError, RabbitMQNotInstalled, find_server
     from devtools.rabbitmq_cluster import kill_node, start_cluster, stop_cluster
@@ -195,22 +199,30 @@ def _credit(sid: int) -> bytes:
     return struct.pack(">I", len(body)) + body
 
 
-def _create(three: Three) -> None:
+def _create(three: Three, members: int = 3) -> list[int]:
+    """The stream, led by node 0, with ``members`` copies; once every node's metadata
+    names node 0 and the same replicas: those replicas' stream ports."""
     client = Raw(three.ports[0])
+    args = {"initial-cluster-size": str(members)} if members != 3 else {}
     try:
         client.open()
-        client.send(0x0D, _s(STREAM) + struct.pack(">i", 0))
+        body = b"".join(_s(k) + _s(v) for k, v in args.items())
+        client.send(0x0D, _s(STREAM) + struct.pack(">i", len(args)) + body)
         assert client.response(0x0D)[0] == OK
     finally:
         client.close()
-    three.ready()
-    leader, replicas = three.ports[0], sorted(three.ports[1:])
+    three.ready(members)
+    leader = three.ports[0]
 
     def known() -> bool:
-        return all(topology_at(p, STREAM) == (OK, leader, replicas) for p in three.ports)
+        answers = {tuple(map(str, topology_at(p, STREAM))) for p in three.ports}
+        code, at, replicas = topology_at(leader, STREAM)
+        return len(answers) == 1 and (code, at) == (OK, leader) and \
+            len(replicas) == members - 1
 
-    wait_for(known, 60, "every node's metadata names node 0 and both replicas",
+    wait_for(known, 60, "every node's metadata names node 0 and the same replicas",
              lambda: str([topology_at(p, STREAM) for p in three.ports]) + three.diagnose())
+    return topology_at(leader, STREAM)[2]
 
 
 def _expected() -> list[bytes]:
@@ -222,7 +234,7 @@ def _expected() -> list[bytes]:
 
 
 def test_publish_through_a_replicas_node(three: Three) -> None:
-    _create(three)
+    assert _create(three) == sorted(three.ports[1:])
     leader_port, via_port, third_port = three.ports
     pub = Raw(via_port)
     try:
@@ -278,6 +290,34 @@ def test_publish_through_a_replicas_node(three: Three) -> None:
             reader.close()
 
     _leader_lost(three)
+
+
+def test_publish_through_a_node_without_a_copy(three: Three) -> None:
+    """A two-member stream; the third node, which holds no copy, takes the publisher
+    and its 1,000 messages reach the leader and the replica, in order."""
+    (replica,) = _create(three, members=2)
+    leader = three.ports[0]
+    (bare,) = set(three.ports) - {leader, replica}
+    pub = Raw(bare)
+    try:
+        pub.open()
+        assert pub.declare_publisher(1, "producer-b") == OK
+        for first in range(1, 1001, PER_FRAME):
+            _publish(pub, 1, range(first, first + PER_FRAME), "m")
+        got = pub.wait_confirms(1000, 60)
+        assert sorted(got) == list(range(1, 1001)), three.diagnose()
+        assert pub.query(QUERY_SEQUENCE, "producer-b") == (OK, 1000)
+    finally:
+        pub.close()
+    expected = [_body("m", i) for i in range(1, 1001)]
+    for port in (leader, replica):
+        reader = Reader(port)
+        try:
+            reader.open()
+            assert reader.subscribe(1, FIRST) == OK
+            assert reader.read(len(expected), 60) == expected, port
+        finally:
+            reader.close()
 
 
 def _leader_lost(three: Three) -> None:
