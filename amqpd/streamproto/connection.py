@@ -51,6 +51,9 @@ log = logging.getLogger("amqpd.streamproto")
 
 SERVER_FRAME_MAX: Final = 1048576  # RabbitMQ's stream plugin defaults
 SERVER_HEARTBEAT: Final = 60
+# bytes of publishes sent to other nodes (streams led there) and not yet answered,
+# past which the connection stops reading from its client (streamproto.relay)
+FORWARD_HIGH_WATER: Final = 16 << 20
 CHUNK_BYTES: Final = 1024 * 1024  # a delivered chunk holds at most about this much
 MAX_REFERENCE: Final = 256
 
@@ -113,6 +116,9 @@ class StreamConnection:
         self.subscriptions: dict[int, Subscription] = {}
         self.on_output: Callable[[], None] = lambda: None
         self.paused = False  # the transport's buffer is full: deliveries wait
+        # the transport's hook: stop (False) or go on (True) reading from the client
+        self.reading: Callable[[bool], None] = lambda on: None
+        self._forwarding = 0  # bytes sent to leaders' nodes, not yet answered
         self.received = True  # something arrived since the last heartbeat check
         self._gone_callbacks: dict[int, Callable[[Any], None]] = {}
         # stores this connection's publishes to streams led here (streamproto.publishing)
@@ -555,6 +561,17 @@ class StreamConnection:
 
     def error(self, pub: Publisher, errors: list[tuple[int, int]]) -> None:
         self.send(c.publish_error(pub.id, errors))
+
+    def in_flight(self, change: int) -> None:
+        """Forwarded publishes not yet answered (:meth:`RemotePublisher.forward`): past
+        :data:`FORWARD_HIGH_WATER` bytes the client is not read from until the
+        answers bring them below half of it."""
+        before = self._forwarding
+        self._forwarding = now = before + change
+        if before <= FORWARD_HIGH_WATER < now:
+            self.reading(False)
+        elif now < FORWARD_HIGH_WATER // 2 <= before:
+            self.reading(True)
 
     def publisher_lost(self, pub: RemotePublisher) -> None:
         """A publisher lost its stream's leader (:meth:`RemotePublisher.lost`)."""

@@ -17,6 +17,10 @@ and the theory of the link's part):
   local publish: the same deduplication by producer reference (an id at or below the
   last confirmed one is confirmed and dropped), the same confirm once the records are
   committed, the same refusals with RabbitMQ's response codes.
+* Flow: the bytes a connection has sent to leaders' nodes and not had answered are
+  bounded (the connection's ``in_flight``): past the bound it stops reading from its
+  client until answers bring them below half, as a local publisher is held by the
+  speed of its own node's writes.
 * When the leader is lost (the link goes down, or the node no longer leads the stream),
   every id not yet answered gets publish-error 0x06 (stream not available), the
   connection gets a metadata-update for the stream and the publisher is gone: the
@@ -60,6 +64,11 @@ class Owner(Sink, Protocol):
 
     def publisher_lost(self, pub: RemotePublisher) -> None: ...
 
+    def in_flight(self, change: int) -> None:
+        """Bytes sent to a leader's node and not yet answered grew (or shrank) by
+        ``change``: the connection stops reading from its client past a bound."""
+        ...
+
 
 class RemotePublisher(Publisher):
     """A client's publisher whose stream another node leads (module docstring)."""
@@ -72,7 +81,8 @@ class RemotePublisher(Publisher):
         self.owner = owner
         self.number = 0  # the link's name for it (ForwardedPublishes.open)
         self.links: ForwardedPublishes | None = None
-        self.pending: set[int] = set()  # publishing ids sent, not yet answered
+        # publishing ids sent, not yet answered: each its share of the bytes sent
+        self.pending: dict[int, int] = {}
 
     def bind(self, links: ForwardedPublishes) -> bool:
         """Reach the leader's node; False when there is no link to it now."""
@@ -88,21 +98,28 @@ class RemotePublisher(Publisher):
         if not ids:
             return
         self.last_id = max(self.last_id, *ids)
-        self.pending.update(ids)
+        packed = pack_entries(entries)
+        share = len(packed) // len(ids) + 1
+        pending = self.pending
+        for i in ids:
+            pending[i] = pending.get(i, 0) + share
+        self.owner.in_flight(share * len(ids))
         self.published += sum(1 if isinstance(e, bytes) else int(e[1]) for _, e in entries)
         links = self.links
         if links is None or not links.send(self.number, self.vhost, self.queue.name,
-                                           self.reference or "", pack_entries(entries)):
+                                           self.reference or "", packed):
             self.lost(f"no link to node '{self.leader}'")
 
     def answered(self, confirmed: list[int], errors: list[tuple[int, int]]) -> None:
         pending = self.pending
+        done = sum(pending.pop(i, 0) for i in confirmed) + sum(
+            pending.pop(i, 0) for i, _ in errors)
+        if done:
+            self.owner.in_flight(-done)
         if confirmed:
-            pending.difference_update(confirmed)
             self.confirmed += len(confirmed)
             self.owner.confirm(self, confirmed)
         if errors:
-            pending.difference_update(i for i, _ in errors)
             self.errored += len(errors)
             self.owner.error(self, errors)
 
@@ -117,7 +134,8 @@ class RemotePublisher(Publisher):
                     self.owner.name, self.id, self.queue.name, self.leader, why,
                     len(self.pending))
         if self.pending:
-            ids, self.pending = sorted(self.pending), set()
+            self.owner.in_flight(-sum(self.pending.values()))
+            ids, self.pending = sorted(self.pending), {}
             self.errored += len(ids)
             self.owner.error(self, [(i, c.STREAM_NOT_AVAILABLE) for i in ids])
         self.owner.publisher_lost(self)
@@ -125,6 +143,9 @@ class RemotePublisher(Publisher):
 
     def close(self) -> None:
         """The client deleted it or went: the leader's node forgets it."""
+        if self.pending:
+            self.owner.in_flight(-sum(self.pending.values()))
+            self.pending = {}
         links, self.links = self.links, None
         if links is not None:
             links.close(self.number)

@@ -52,6 +52,7 @@ class StreamProtocol(asyncio.Protocol):
                                      self.advertised, self.coordinator,
                                      self.forwarder)
         self.conn.on_output = self._schedule_flush
+        self.conn.reading = self._reading
         self.connections.add(self)
         self._handshake = self._loop.call_later(self.broker.settings.handshake_timeout,
                                                 self._handshake_check)
@@ -112,6 +113,16 @@ class StreamProtocol(asyncio.Protocol):
             transport.write(data)
         if conn.close_transport:
             transport.close()
+
+    def _reading(self, on: bool) -> None:
+        """Go on (or stop) reading from the client (StreamConnection.in_flight)."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if on:
+            transport.resume_reading()
+        else:
+            transport.pause_reading()
 
     def pause_writing(self) -> None:
         if self.conn is not None:

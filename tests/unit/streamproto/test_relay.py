@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import gzip
 import struct
+from types import SimpleNamespace
 from typing import Any
 
 from amqpd.streamproto import codec as c
+from amqpd.streamproto.connection import FORWARD_HIGH_WATER, StreamConnection
 from amqpd.streamproto.publishing import Publisher, pack_entries, unpack_entries
 from amqpd.streamproto.relay import RemotePublisher
 
@@ -43,6 +45,11 @@ class Owner:
         self.confirms: list[int] = []
         self.errors: list[tuple[int, int]] = []
         self.lost: list[Publisher] = []
+        self.bytes = 0  # in flight, as in_flight was told
+
+    def in_flight(self, change: int) -> None:
+        self.bytes += change
+        assert self.bytes >= 0
 
     def send(self, frame: bytes) -> None:
         self.frames.append(frame)
@@ -83,10 +90,12 @@ def test_answers_reach_the_client_and_a_lost_leader_refuses_what_is_pending() ->
     assert [s[:4] for s in links.sent] == [(7, "/", "s1", "producer")]
     assert unpack_entries(links.sent[0][4])[:2] == [(1, b"a"), (2, b"b")]
     assert pub.published == 6 and pub.last_id == 3
+    assert owner.bytes >= len(links.sent[0][4])
     pub.answered([1], [(3, c.PRECONDITION_FAILED)])
     assert owner.confirms == [1] and owner.errors == [(3, c.PRECONDITION_FAILED)]
-    assert pub.pending == {2}
+    assert list(pub.pending) == [2] and owner.bytes == pub.pending[2] > 0
     pub.lost("the link went down")
+    assert owner.bytes == 0
     assert owner.errors[1:] == [(2, c.STREAM_NOT_AVAILABLE)]
     assert owner.lost == [pub]
     assert owner.frames == [c.metadata_update(c.STREAM_NOT_AVAILABLE, "s1")]
@@ -106,7 +115,21 @@ def test_a_publish_without_a_link_loses_the_leader() -> None:
 def test_close_tells_the_leader() -> None:
     links, owner = Links(), Owner()
     pub = _publisher(links, owner)
+    pub.forward([(1, b"a" * 100)])
     pub.close()
-    assert links.closed == [7]
+    assert links.closed == [7] and owner.bytes == 0
     assert not RemotePublisher(1, None, Stream(), "/", "n", owner).bind(
         Links(up=False))  # type: ignore[arg-type]
+
+
+def test_a_connection_stops_reading_past_its_forwarding_bound() -> None:
+    conn = SimpleNamespace(_forwarding=0, calls=[])
+    conn.reading = conn.calls.append
+    step = FORWARD_HIGH_WATER // 4
+    for _ in range(5):
+        StreamConnection.in_flight(conn, step)  # type: ignore[arg-type]
+    assert conn.calls == [False]  # once, when it went past the bound
+    StreamConnection.in_flight(conn, -2 * step)  # type: ignore[arg-type]
+    assert conn.calls == [False]  # above half the bound: still held
+    StreamConnection.in_flight(conn, -2 * step)  # type: ignore[arg-type]
+    assert conn.calls == [False, True]
