@@ -8,12 +8,14 @@ it to end the socket after writing.
 
 Streams are the broker's stream queues (:class:`amqpd.broker.stream.StreamQueue`):
 create and delete take the same arguments and checks as ``x-queue-type: stream``,
-publishing appends AMQP 1.0 messages to the stream's log, a subscription reads it with
+publishing appends AMQP 1.0 messages to the stream's log (through the connection's
+:class:`~amqpd.streamproto.publishing.Writer`), a subscription reads it with
 its own :class:`~amqpd.store.stream_log.Reader` and sends what it reads as osiris
 chunks, one per credit, never beyond the stream's commit point
 (:meth:`StreamQueue.commit_point`). In a cluster a subscription on a member's node
-reads that node's copy of the stream (:mod:`amqpd.streamproto.copies`); publishers
-belong on the leader's node, which the metadata names. Offsets and publisher sequences
+reads that node's copy of the stream (:mod:`amqpd.streamproto.copies`); a publisher
+of a stream led elsewhere sends its frames to the leader's node, which stores them
+(:mod:`amqpd.streamproto.relay`). Offsets and publisher sequences
 of a stream led elsewhere are asked of the leader's node
 (:mod:`amqpd.streamproto.forwarding`); on the leader they are this node's
 ``tracking.json`` (:meth:`StreamQueue.stream_tracking`), which replication copies to
