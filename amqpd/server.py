@@ -715,6 +715,11 @@ async def serve(settings: Settings, ready: Callable[[Broker], None] | None = Non
         from amqpd.cluster import stream_group
 
         streams = stream_group.start(broker.api, cluster, queues)  # replicated streams
+        from amqpd.cluster import forwarded_publish
+
+        # stream-protocol publishers declared on a node that does not lead their stream
+        cluster.forwarded_publishes = forwarded_publish.start(
+            queues, lambda: getattr(broker.stream_listener, "relay", None))
         from amqpd.cluster import deadlines as commit_deadlines
 
         # no commit waits on the replicas for ever (issue 28)

@@ -72,6 +72,12 @@ COUNT: Final = 64  # user -> leader: request id (a declare-ok's counts)
 COUNTED: Final = 65  # leader -> user: request id, ready, unacked, consumers
 DECLARE: Final = 70  # request id, declaration (JSON): create the queue here (locators)
 DECLARED: Final = 71  # request id, reply code (0: ok), text
+# stream-protocol publishers declared on a node that does not lead their stream
+# (amqpd.cluster.forwarded_publish); the frame's stream number names the publisher
+SPUB: Final = 130  # user -> leader: vhost, stream, producer reference, packed entries
+SPUBBED: Final = 131  # leader -> user: publishing ids confirmed, ids refused, their codes
+SPUBEND: Final = 132  # user -> leader: the publisher is gone (deleted, connection closed)
+SPUBLOST: Final = 133  # leader -> user: its publishes cannot be taken here (why)
 
 LAYOUTS: Final[dict[int, str]] = {
     HELLO: "sb", CHALLENGE: "sbb", PROVE: "b", WELCOME: "", REFUSED: "s", PING: "",
@@ -83,6 +89,7 @@ LAYOUTS: Final[dict[int, str]] = {
     SETTLE: "L", REQUEUE: "L", REJECT: "L",
     PURGE: "I", PURGED: "IQ", DELETE: "I", DELETED: "IQ", COUNT: "I", COUNTED: "IQQI",
     DECLARE: "Ij", DECLARED: "IIs",
+    SPUB: "sssb", SPUBBED: "LLL", SPUBEND: "", SPUBLOST: "s",
 }
 
 _HEAD = struct.Struct(">IBI")

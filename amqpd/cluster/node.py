@@ -115,6 +115,9 @@ class Cluster(ClusterView):
         self.quorum_groups: Any = None
         # replicated streams' groups (amqpd.cluster.stream_group.StreamGroups)
         self.stream_groups: Any = None
+        # stream-protocol publishes forwarded to the streams' leaders
+        # (amqpd.cluster.forwarded_publish.ForwardedPublishes)
+        self.forwarded_publishes: Any = None
         self.pauses = 0
         # whether this node may claim the queues it holds (amqpd/cluster/leadership.py)
         self.leadership = Leadership(self.loop_clock, cc.heartbeat_timeout / 2,

@@ -8,12 +8,14 @@ it to end the socket after writing.
 
 Streams are the broker's stream queues (:class:`amqpd.broker.stream.StreamQueue`):
 create and delete take the same arguments and checks as ``x-queue-type: stream``,
-publishing appends AMQP 1.0 messages to the stream's log, a subscription reads it with
+publishing appends AMQP 1.0 messages to the stream's log (through the connection's
+:class:`~amqpd.streamproto.publishing.Writer`), a subscription reads it with
 its own :class:`~amqpd.store.stream_log.Reader` and sends what it reads as osiris
 chunks, one per credit, never beyond the stream's commit point
 (:meth:`StreamQueue.commit_point`). In a cluster a subscription on a member's node
-reads that node's copy of the stream (:mod:`amqpd.streamproto.copies`); publishers
-belong on the leader's node, which the metadata names. Offsets and publisher sequences
+reads that node's copy of the stream (:mod:`amqpd.streamproto.copies`); a publisher
+of a stream led elsewhere sends its frames to the leader's node, which stores them
+(:mod:`amqpd.streamproto.relay`). Offsets and publisher sequences
 of a stream led elsewhere are asked of the leader's node
 (:mod:`amqpd.streamproto.forwarding`); on the leader they are this node's
 ``tracking.json`` (:meth:`StreamQueue.stream_tracking`), which replication copies to
@@ -23,13 +25,13 @@ frame notes its ids and where each one's records end before any confirm.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import zlib
 from typing import TYPE_CHECKING, Any, Final
 
 import amqpd
 from amqpd.broker.stream import StreamQueue, decode_payload
-from amqpd.protocol.errors import AccessRefused, AMQPError
+from amqpd.protocol.errors import AccessRefused, AMQPError, NotFound
 from amqpd.store.stream_log import Reader
 from amqpd.streamproto import codec as c
 from amqpd.streamproto import superstreams
@@ -38,8 +40,9 @@ from amqpd.streamproto.arguments import BadArgument, queue_arguments
 from amqpd.streamproto.chunks import Cutter, next_chunk
 from amqpd.streamproto.copies import CopySource, StreamSource
 from amqpd.streamproto.forwarding import TrackingForwarder
+from amqpd.streamproto.publishing import Publisher, Writer
+from amqpd.streamproto.relay import RemotePublisher
 from amqpd.streamproto.sac import Coordinator, GroupKey, Notice
-from amqpd.streamproto.tracking import Tracking
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -50,53 +53,11 @@ log = logging.getLogger("amqpd.streamproto")
 
 SERVER_FRAME_MAX: Final = 1048576  # RabbitMQ's stream plugin defaults
 SERVER_HEARTBEAT: Final = 60
+# bytes of publishes sent to other nodes (streams led there) and not yet answered,
+# past which the connection stops reading from its client (streamproto.relay)
+FORWARD_HIGH_WATER: Final = 16 << 20
 CHUNK_BYTES: Final = 1024 * 1024  # a delivered chunk holds at most about this much
 MAX_REFERENCE: Final = 256
-COMPRESSION_NONE: Final = 0  # sub-entry batch compression types (rstream's CompressionType)
-COMPRESSION_GZIP: Final = 1
-
-
-class Publisher:
-    """A declared publisher: its stream, name (deduplication) and counters."""
-
-    def __init__(self, id: int, reference: str | None, queue: StreamQueue) -> None:
-        self.id = id
-        self.reference = reference
-        self.queue = queue
-        # ids accepted but not yet confirmed, highest (dedup of re-sends in flight)
-        self.highest = 0
-        self.last_id = -1  # the highest publishing id received (the management API's)
-        self.published = 0  # messages stored (the management API's counters)
-        self.confirmed = 0  # publishing ids confirmed
-        self.errored = 0  # publishing ids answered with publish-error
-
-
-class Unsynced:
-    """The publishes of one tick to one stream through one connection, waiting for the
-    sync that confirms them all: one ``sync_log`` call and one confirm frame per
-    publisher for the tick, however many publish frames it read (so the tick's records
-    also stay one chunk, as osiris makes one of a writer's batch)."""
-
-    def __init__(self, conn: StreamConnection, queue: StreamQueue) -> None:
-        self.conn = conn
-        self.queue = queue
-        # unnamed publishers: id(publisher) -> (publisher, publishing ids accepted)
-        self.ids: dict[int, tuple[Publisher, list[int]]] = {}
-        self.callbacks: list[Callable[[BaseException | None], None]] = []  # named ones
-
-    def synced(self, error: BaseException | None) -> None:
-        conn = self.conn
-        step = max(1, (conn.frame_max - 16) // 8)  # ids per confirm frame
-        for pub, ids in self.ids.values():
-            if error is None:
-                pub.confirmed += len(ids)
-                for at in range(0, len(ids), step):
-                    conn.send(c.publish_confirm(pub.id, ids[at:at + step]))
-            else:
-                pub.errored += len(ids)
-                conn.send(c.publish_error(pub.id, [(i, c.INTERNAL_ERROR) for i in ids]))
-        for callback in self.callbacks:
-            callback(error)
 
 
 class Subscription:
@@ -157,12 +118,20 @@ class StreamConnection:
         self.subscriptions: dict[int, Subscription] = {}
         self.on_output: Callable[[], None] = lambda: None
         self.paused = False  # the transport's buffer is full: deliveries wait
+        # the transport's hook: stop (False) or go on (True) reading from the client
+        self.reading: Callable[[bool], None] = lambda on: None
+        self._forwarding = 0  # bytes sent to leaders' nodes, not yet answered
         self.received = True  # something arrived since the last heartbeat check
         self._gone_callbacks: dict[int, Callable[[Any], None]] = {}
-        self._unsynced: dict[int, Unsynced] = {}  # by id(queue): this tick's publishes
-        self._sync_scheduled = False
+        # stores this connection's publishes to streams led here (streamproto.publishing)
+        self.writer = Writer(self._loop, name)
         # streams led elsewhere read from this node's copy, by name (streamproto.copies)
         self._copies: dict[str, CopySource] = {}
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        loop = self.broker._loop
+        assert loop is not None
+        return loop
 
     @property
     def is_open(self) -> bool:
@@ -521,30 +490,53 @@ class StreamConnection:
         if reference is not None and len(reference) > MAX_REFERENCE:
             return answer(c.PRECONDITION_FAILED)
         q = self._stream(stream)
-        if q is None:
-            if self._elsewhere(stream):
-                # RabbitMQ 3.10.8 takes it and writes to the leader over Erlang
-                # distribution; here publishers connect to the leader (docs/streams.md)
-                log.warning("stream connection %s: publisher %d for stream '%s' refused: "
-                            "another node leads it (the metadata names it)", self.name,
-                            pid, stream)
-                return answer(c.STREAM_NOT_AVAILABLE)
+        if q is None and not self._elsewhere(stream):
             return answer(c.STREAM_DOES_NOT_EXIST)
         if not self._allowed("write", stream):
             return answer(c.ACCESS_REFUSED)
         if pid in self.publishers or (reference and any(
-                p.reference == reference and p.queue is q for p in self.publishers.values())):
+                p.reference == reference and p.queue.name == stream
+                for p in self.publishers.values())):
             log.warning("stream connection %s: publisher %d (%r) already declared",
                         self.name, pid, reference)
             return answer(c.PRECONDITION_FAILED)
+        if q is None:  # led by another node: its frames go there (streamproto.relay)
+            remote = self._remote_publisher(pid, reference or None, stream)
+            if remote is None:
+                return answer(c.STREAM_NOT_AVAILABLE)
+            self.publishers[pid] = remote
+            return answer(c.OK)
         self.publishers[pid] = Publisher(pid, reference or None, q)
         self._watch(q, reading=False)
         answer(c.OK)
 
+    def _remote_publisher(self, pid: int, reference: str | None,
+                          stream: str) -> RemotePublisher | None:
+        """A publisher for stream ``stream`` led by another node, bound to the link to
+        that node; None (with a log line) when no leader is known or reachable."""
+        vh = self.broker.vhosts[self.vhost]
+        links = getattr(self.broker.api.cluster(), "forwarded_publishes", None)
+        try:
+            leader = self.forwarder.leader(self.vhost, stream)
+        except NotFound as exc:
+            leader, why = "", str(exc)
+        else:
+            why = f"no link to node '{leader}' now"
+        pub = RemotePublisher(pid, reference, vh.queues[stream], self.vhost, leader, self)
+        if leader and links is not None and pub.bind(links):
+            log.info("stream connection %s: publisher %d of stream '%s' writes through "
+                     "node '%s', its leader", self.name, pid, stream, leader)
+            return pub
+        log.warning("stream connection %s: publisher %d for stream '%s' refused: %s",
+                    self.name, pid, stream, why)
+        return None
+
     def _delete_publisher(self, cmd: c.Command) -> None:
         pid = cmd.fields[0]
-        code = c.OK if self.publishers.pop(pid, None) is not None else \
-            c.PUBLISHER_DOES_NOT_EXIST
+        pub = self.publishers.pop(pid, None)
+        if isinstance(pub, RemotePublisher):
+            pub.close()
+        code = c.OK if pub is not None else c.PUBLISHER_DOES_NOT_EXIST
         self.send(c.response(c.DELETE_PUBLISHER, cmd.correlation_id, code).frame())
 
     def _publish(self, cmd: c.Command) -> None:
@@ -556,123 +548,43 @@ class StreamConnection:
             self.send(c.publish_error(pid, [(i, c.PUBLISHER_DOES_NOT_EXIST)
                                             for i, _ in entries]))
             return
-        tracking = pub.queue.stream_tracking() if pub.reference else None
-        last = tracking.publishers.get(pub.reference or "", 0) if tracking else 0
-        messages: list[bytes] = []
-        accepted: list[int] = []
-        counts: list[int] = []  # a named publisher's: messages after each accepted id
-        dropped: list[int] = []
-        errors: list[tuple[int, int]] = []
-        if tracking is None and entries and all(type(e) is bytes for _, e in entries):
-            # the common frame (no deduplication, no sub-entry batch): in one go
-            accepted = [i for i, _ in entries]
-            messages = [e for _, e in entries]
-            pub.last_id = max(pub.last_id, *accepted)
-            entries = []
-        for publishing_id, entry in entries:
-            pub.last_id = max(pub.last_id, publishing_id)
-            if tracking is not None and publishing_id <= max(last, pub.highest):
-                dropped.append(publishing_id)  # a re-send: confirmed, not stored again
-                continue
-            if isinstance(entry, bytes):
-                messages.append(entry)
-            else:
-                compression, n, size, data = entry
-                if compression not in (COMPRESSION_NONE, COMPRESSION_GZIP):
-                    log.warning("stream connection %s: sub-entry batch compressed with "
-                                "type %d refused (none and gzip only)", self.name,
-                                compression)
-                    errors.append((publishing_id, c.PRECONDITION_FAILED))
-                    continue
-                try:
-                    if compression == COMPRESSION_GZIP:
-                        data = _gunzip(data, size)
-                    messages.extend(c.split_sub_batch(data, n))
-                except c.FrameError as exc:
-                    log.warning("stream connection %s: bad sub-entry batch: %s",
-                                self.name, exc)
-                    errors.append((publishing_id, c.PRECONDITION_FAILED))
-                    continue
-            accepted.append(publishing_id)
-            if tracking is not None:
-                pub.highest = max(pub.highest, publishing_id)
-                counts.append(len(messages))
-        if errors:
-            pub.errored += len(errors)
-            self.send(c.publish_error(pid, errors))
-        if not accepted and not dropped:
+        if isinstance(pub, RemotePublisher):
+            pub.forward(entries)  # to the leader's node (streamproto.relay)
             return
-        q = pub.queue
-        start = q.log.next_offset
-        if messages:
-            q.append_amqp10(messages)
-            pub.published += len(messages)
-        end = q.log.next_offset  # after this frame's records
-        if tracking is not None and accepted:
-            # before any confirm: replication ships each id with its records
-            tracking.wrote(pub.reference or "", accepted, [start + n for n in counts])
-        batch = self._unsynced_of(q)
-        if tracking is None:  # nothing dropped: confirmed = accepted
-            held = batch.ids.get(id(pub))
-            if held is None:
-                batch.ids[id(pub)] = (pub, accepted)
-            else:
-                held[1].extend(accepted)
-        else:
-            batch.callbacks.append(self._named_confirm(pub, tracking, accepted, dropped,
-                                                       end))
+        assert isinstance(pub.queue, StreamQueue)
+        self.writer.publish(pub, pub.queue, entries, self)
 
-    def _unsynced_of(self, q: StreamQueue) -> Unsynced:
-        """This tick's publishes to ``q``, synced once at the end of the tick."""
-        batch = self._unsynced.get(id(q))
-        if batch is None:
-            batch = self._unsynced[id(q)] = Unsynced(self, q)
-            if not self._sync_scheduled:
-                self._sync_scheduled = True
-                loop = self.broker._loop
-                assert loop is not None
-                # after the stream's own end-of-tick flush (scheduled by the append)
-                loop.call_soon(self._sync_unsynced)
-        return batch
+    def confirm(self, pub: Publisher, ids: list[int]) -> None:
+        """Publish-confirm frames for ``ids`` (the writer's :class:`Sink`), as many as
+        the frame size takes."""
+        step = max(1, (self.frame_max - 16) // 8)  # ids per confirm frame
+        for at in range(0, len(ids), step):
+            self.send(c.publish_confirm(pub.id, ids[at:at + step]))
 
-    def _sync_unsynced(self) -> None:
-        self._sync_scheduled = False
-        batches, self._unsynced = self._unsynced, {}
-        for batch in batches.values():
-            batch.queue.sync_log(batch.synced)
+    def error(self, pub: Publisher, errors: list[tuple[int, int]]) -> None:
+        self.send(c.publish_error(pub.id, errors))
 
-    def _named_confirm(self, pub: Publisher, tracking: Tracking, accepted: list[int],
-                       dropped: list[int], end: int
-                       ) -> Callable[[BaseException | None], None]:
-        """What a named publisher's publish frame does once synced: its highest id is
-        kept for deduplication (saved before the confirm goes), re-sends dropped as
-        duplicates are confirmed too."""
-        pid = pub.id
-        confirmed = accepted + dropped
+    def in_flight(self, change: int) -> None:
+        """Forwarded publishes not yet answered (:meth:`RemotePublisher.forward`): past
+        :data:`FORWARD_HIGH_WATER` bytes the client is not read from until the
+        answers bring them below half of it."""
+        before = self._forwarding
+        self._forwarding = now = before + change
+        if before <= FORWARD_HIGH_WATER < now:
+            self.reading(False)
+        elif now < FORWARD_HIGH_WATER // 2 <= before:
+            self.reading(True)
 
-        def synced(error: BaseException | None) -> None:
-            if error is not None:
-                pub.errored += len(accepted)
-                self.send(c.publish_error(pid, [(i, c.INTERNAL_ERROR) for i in accepted]))
-                if dropped:
-                    self.send(c.publish_confirm(pid, dropped))
-                return
-            pub.confirmed += len(confirmed)
-            if not accepted:
-                self.send(c.publish_confirm(pid, confirmed))
-                return
-            tracking.confirmed(pub.reference or "", max(accepted), end)
-            loop = self.broker._loop
-            assert loop is not None
-            tracking.save(loop, lambda: self.send(c.publish_confirm(pid, confirmed)))
-
-        return synced
+    def publisher_lost(self, pub: RemotePublisher) -> None:
+        """A publisher lost its stream's leader (:meth:`RemotePublisher.lost`)."""
+        if self.publishers.get(pub.id) is pub:
+            del self.publishers[pub.id]
 
     def stored_sequence(self, pub: Publisher) -> int | None:
         """A named publisher's highest confirmed publishing id, as kept for
         deduplication (None for an unnamed one or before its first confirm)."""
-        if pub.reference is None:
-            return None
+        if pub.reference is None or not isinstance(pub.queue, StreamQueue):
+            return None  # (a publisher writing through another node: asked there)
         return pub.queue.stream_tracking().publishers.get(pub.reference)
 
     def _query_publisher_sequence(self, cmd: c.Command) -> None:
@@ -1035,6 +947,9 @@ class StreamConnection:
     def closed(self) -> None:
         """The socket ended: forget publishers and subscriptions (a group member's
         group picks another active consumer)."""
+        for pub in self.publishers.values():
+            if isinstance(pub, RemotePublisher):
+                pub.close()
         self.publishers.clear()
         for sid in list(self.subscriptions):
             self._drop_subscription(sid)
@@ -1077,19 +992,6 @@ def _as_amqp10(payload: bytes) -> bytes:
     """A record an AMQP 0-9-1 publisher wrote, as the AMQP 1.0 message a stream
     client reads."""
     return data_message(decode_payload(payload).body)
-
-
-def _gunzip(data: bytes, size: int) -> bytes:
-    """A gzip sub-entry batch, decompressed to at most its declared ``size`` (a batch
-    that inflates beyond it is refused, not buffered)."""
-    inflater = zlib.decompressobj(wbits=31)
-    try:
-        out = inflater.decompress(data, size + 1)
-    except zlib.error as exc:
-        raise c.FrameError(f"gzip batch does not inflate: {exc}") from None
-    if len(out) != size or not inflater.eof:
-        raise c.FrameError(f"gzip batch inflates to other than its {size} bytes")
-    return out
 
 
 _HANDLERS: Final = {

@@ -99,7 +99,7 @@ class TrackingForwarder:
         return self._led(args).publishers.get(str(args["reference"]), 0)
 
     # ------------------------------------------------------------------ asking side
-    def _leader(self, vhost: str, stream: str) -> str:
+    def leader(self, vhost: str, stream: str) -> str:
         """The node that leads ``stream`` as this node knows it (NotFound if none)."""
         cluster = self.broker.api.cluster()
         leader: str | None = None
@@ -114,7 +114,7 @@ class TrackingForwarder:
 
     async def _ask(self, kind: str, vhost: str, stream: str, reference: str,
                    **more: Any) -> Any:
-        leader = self._leader(vhost, stream)
+        leader = self.leader(vhost, stream)
         args = {"vhost": vhost, "stream": stream, "reference": reference, **more}
         return await self.broker.api.ask_node(leader, kind, args, TIMEOUT)
 

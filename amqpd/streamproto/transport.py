@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from amqpd.streamproto import codec
 from amqpd.streamproto.connection import StreamConnection
 from amqpd.streamproto.forwarding import TrackingForwarder
+from amqpd.streamproto.relay import PublishRelay
 from amqpd.streamproto.sac import Coordinator
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ class StreamProtocol(asyncio.Protocol):
                                      self.advertised, self.coordinator,
                                      self.forwarder)
         self.conn.on_output = self._schedule_flush
+        self.conn.reading = self._reading
         self.connections.add(self)
         self._handshake = self._loop.call_later(self.broker.settings.handshake_timeout,
                                                 self._handshake_check)
@@ -112,6 +114,16 @@ class StreamProtocol(asyncio.Protocol):
         if conn.close_transport:
             transport.close()
 
+    def _reading(self, on: bool) -> None:
+        """Go on (or stop) reading from the client (StreamConnection.in_flight)."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if on:
+            transport.resume_reading()
+        else:
+            transport.pause_reading()
+
     def pause_writing(self) -> None:
         if self.conn is not None:
             self.conn.paused = True
@@ -142,6 +154,9 @@ class StreamListener:
         # and this node's answers to the others for the streams it leads
         self.forwarder = TrackingForwarder(broker)
         self.forwarder.serve()
+        # publishes other nodes forward for the streams this node leads (their
+        # publishers' clients declared them there): amqpd.cluster.forwarded_publish
+        self.relay = PublishRelay(broker, lambda: broker._loop)
         # what metadata names for this node (the plain listener's): the cluster puts it
         # in the node's record, so other nodes' metadata can name this one
         self.advertised: tuple[str, int] | None = None

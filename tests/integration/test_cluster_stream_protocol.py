@@ -9,9 +9,9 @@ three-member stream declared on node-a, which leads it.
   node-c's as the replicas (as RabbitMQ 3.10.8 answers: every member that runs).
 * A raw-frame subscriber at node-c's stream port gets every record once, in order;
   rstream's consumer (which subscribes on a replica when the metadata names one) does
-  too, and its subscription is on node-b or node-c, never on node-a. A publisher
-  declared on a replica's node is refused with STREAM_NOT_AVAILABLE (RabbitMQ 3.10.8
-  takes it and writes over Erlang distribution: docs/streams.md).
+  too, and its subscription is on node-b or node-c, never on node-a. A publisher may
+  be declared on a replica's node as on RabbitMQ 3.10.8 (its frames go to the
+  leader's node: test_cluster_stream_publish.py).
 * Offsets and publisher sequences work through a member's node, which asks the
   leader's node (where ``tracking.json`` lives), as RabbitMQ 3.10.8 writes tracking
   through the leader from any node: an offset stored at node-c's port is read back
@@ -88,7 +88,12 @@ def stream_port(node: ClusterNode) -> int:
 def topology(node: ClusterNode, name: str) -> tuple[int, int | None, list[int]]:
     """``name`` as ``node``'s metadata answers it: code, the leader's stream port and
     the replicas' ports."""
-    client = RawClient(stream_port(node))
+    return topology_at(stream_port(node), name)
+
+
+def topology_at(port: int, name: str) -> tuple[int, int | None, list[int]]:
+    """``name`` as the metadata at stream port ``port`` answers it (:func:`topology`)."""
+    client = RawClient(port)
     try:
         client.open()
         client.send(0x0F, struct.pack(">i", 1) + _s(name))
@@ -127,6 +132,7 @@ class Raw(RawClient):
         self.records: dict[int, list[tuple[int, bytes]]] = {}  # subscription -> got
         self.confirmed: list[int] = []
         self.errored: list[int] = []
+        self.error_codes: list[int] = []  # each errored id's response code
         self.updates: list[int] = []
 
     def subscribe(self, sid: int, kind: int, credit: int = 100) -> int:
@@ -174,6 +180,8 @@ class Raw(RawClient):
                 (n,) = struct.unpack_from(">i", rest, 1)
                 self.errored += [struct.unpack_from(">Q", rest, 5 + 10 * i)[0]
                                  for i in range(n)]
+                self.error_codes += [struct.unpack_from(">H", rest, 13 + 10 * i)[0]
+                                     for i in range(n)]
             elif key == METADATA_UPDATE:
                 self.updates.append(struct.unpack_from(">H", rest)[0])
 
@@ -266,8 +274,9 @@ def test_metadata_names_replicas_and_a_replica_serves_its_subscribers(
     try:
         on_c.open()
         pub.open()
-        # a publisher belongs on the leader's node
-        assert on_c.declare_publisher(1) == STREAM_NOT_AVAILABLE
+        # a publisher may be declared on a replica's node too (its frames go to the
+        # leader's: test_cluster_stream_publish.py)
+        assert on_c.declare_publisher(1) == OK
         assert pub.declare_publisher(1) == OK
         pub.publish(1, 0, 300)
         assert sorted(pub.wait_confirms(300, 30)) == list(range(300)), diagnose(nodes)
