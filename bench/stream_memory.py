@@ -10,8 +10,9 @@ persistent messages of ``--body`` bytes with confirms, then reads
 ``/proc/PID/smaps_rollup`` after a second at rest; then, for each count in
 ``--consumers``, that many consumers at offsets spread evenly over the stream read it
 to the end (bench/streams.py's consumers, checked for order and gaps), with the RSS
-sampled every 0.1 s (peak) and ``smaps_rollup`` read once they are done and gone. Anonymous memory (``Anonymous``) is the process's own; file pages
-(``Rss - Anonymous``) are the interpreter's and its extensions' code and data.
+sampled every 0.1 s (peak) and ``smaps_rollup`` read once they are done and gone.
+Anonymous memory (``Anonymous``) is the process's own; file pages (``Rss -
+Anonymous``) are the interpreter's and its extensions' code and data.
 The medians over ``--runs`` runs are printed; ``--out`` keeps every run.
 """
 
