@@ -18,6 +18,7 @@ and serves only the new stream's records.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import urllib.request
 from collections.abc import Iterator
@@ -150,6 +151,10 @@ def _read_on(node: ClusterNode, opened: list[pika.BlockingConnection], want: int
     return got
 
 
+def _no_copy(node: ClusterNode) -> bool:
+    return not stream_directory(node.data_dir, "/", STREAM).exists()
+
+
 def _kill_and_delete(nodes: list[ClusterNode], opened: list[pika.BlockingConnection]
                      ) -> tuple[Path, int]:
     """node-c (a member) killed, the stream deleted on node-a: node-c's copy is left.
@@ -166,8 +171,7 @@ def _kill_and_delete(nodes: list[ClusterNode], opened: list[pika.BlockingConnect
     wait_counted_down([a, b], c.name)
     connect(a, opened).channel().queue_delete(STREAM)
     for n in (a, b):
-        wait_for(lambda n=n: not stream_directory(n.data_dir, "/", STREAM).exists(), 30,
-                 f"{n.name} deleted its copy", n.tail)
+        wait_for(functools.partial(_no_copy, n), 30, f"{n.name} deleted its copy", n.tail)
     assert _segment_files(copy)  # nobody could tell node-c
     return copy, old_term
 

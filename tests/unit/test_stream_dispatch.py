@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from amqpd.broker.api import Consumer, QueueType
-from amqpd.broker.stream import DISPATCH_BYTES, READ_BATCH
+from amqpd.broker.stream import DISPATCH_BYTES, READ_BATCH, StreamQueue
 from amqpd.config import Settings
 from amqpd.server import Broker
 from tests.unit.test_queue_type import Channel, message
@@ -42,6 +42,7 @@ def test_a_round_is_bounded_and_every_consumer_gets_everything(tmp_path: Path) -
         broker._loop = asyncio.get_running_loop()
         q = broker.api.declare_queue("/", "s", durable=True,
                                      arguments={"x-queue-type": "stream"})
+        assert isinstance(q, StreamQueue)
         for _ in range(RECORDS):
             q.enqueue(message(b"x" * BODY))
         q.flush()
