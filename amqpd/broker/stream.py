@@ -101,6 +101,10 @@ UNITS_MS = {"Y": 365 * 86400 * _SECOND, "M": 30 * 86400 * _SECOND, "D": 86400 * 
 _DURATION = re.compile(r"([0-9]+)([YMDhms])\Z")
 RETENTION_CHECK = 1.0  # seconds between max-age checks
 READ_BATCH = 128  # records a consumer reads per pread at most
+# stored bytes one dispatch round hands to the stream's consumers at most: the rest
+# waits for the next round, after the connections wrote what this one gave them, so
+# the deliveries in the node's memory at once do not grow with the consumers' number
+DISPATCH_BYTES = 1024 * 1024
 
 
 def parse_duration(value: Any) -> int | None:
@@ -242,6 +246,8 @@ class StreamQueue(QueueType):
         self.chunk_cache = ChunkCache()
         self._loop: asyncio.AbstractEventLoop | None = broker._loop
         self._flush_pending = False
+        self._dispatch_start = 0  # the consumer the next dispatch round starts with
+        self._redispatch_due = False  # a round cut short by DISPATCH_BYTES follows
         self._syncing = False
         self._sync_waiters: list[Callable[[BaseException | None], None]] = []
         self._retention_timer: asyncio.TimerHandle | None = None
@@ -562,11 +568,21 @@ class StreamQueue(QueueType):
         records go out as stored, cut into deliveries by compiled code
         (:func:`amqpd.broker.stream_records.deliver_stored`)."""
         limit = self.read_limit() if self.read_limit is not None else -1
-        for consumer in list(self.consumers):
+        loop = self._loop
+        # without a loop (sans-IO tests) nothing would run the next round: no budget
+        budget = DISPATCH_BYTES if loop is not None else 1 << 62
+        consumers = self.consumers
+        # each round starts one consumer further on, so a round the budget ends early
+        # does not always pass over the same ones
+        start = self._dispatch_start % len(consumers) if consumers else 0
+        self._dispatch_start = start + 1
+        for consumer in consumers[start:] + consumers[:start]:
             reader = self.readers.get(consumer)
             if reader is None:
                 continue
-            while consumer.can_receive():
+            if budget <= 0:
+                break
+            while consumer.can_receive() and budget > 0:
                 # a consumer with no prefetch of its own is another node's (its
                 # channel's credit is the limit: can_receive)
                 credit = consumer.prefetch - consumer.unacked if consumer.prefetch \
@@ -584,8 +600,20 @@ class StreamQueue(QueueType):
                 end, sent = deliver_stored(self, consumer, data, at, count, limit,
                                            self._amqp10_message)
                 reader.take(sent, end)
+                budget -= end - at
                 if sent < count:
                     break
+        if budget <= 0 and loop is not None and not self._redispatch_due:
+            # the others' turn comes once this round's deliveries are written
+            self._redispatch_due = True
+            loop.call_soon(self._redispatch)
+
+    def _redispatch(self) -> None:
+        """The next dispatch round, after the connections' flushes the last one
+        scheduled (the loop runs callbacks in order)."""
+        self._redispatch_due = False
+        if not self.deleted:
+            self.vhost.schedule_dispatch(self)
 
     def _amqp10_message(self, payload: bytes, offset: int) -> Message:
         """A record a stream-protocol client published, as its AMQP 0-9-1 delivery."""

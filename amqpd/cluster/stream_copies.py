@@ -15,11 +15,23 @@ A member removed while its node or its link was down (the ``SDROP`` never came)
 finds out from the stream's group record, which every node reads from etcd: its copy
 -- left on disk, or still open -- is deleted then, with a log line
 (:meth:`StreamCopies.clear_removed`).
+
+A stream deleted while this node was down (the leader's ``SDROP`` went nowhere, and
+no group record is left to read) is found once after the node starts, when the
+definitions are in line with etcd and the group records were read: a copy on disk
+whose stream has neither a record nor a definition any more is deleted, with a log
+line (:meth:`StreamCopies.sweep_deleted`). A stream deleted and declared again under
+the same name meanwhile has a record, but its first term is above every term of the
+old one (terms start at an etcd revision), so a copy whose ``epoch.json`` names an
+older term belongs to the old stream: the new leader's ``SSTART`` finds it and it is
+deleted before the copy is opened, so nothing of the old stream (records, stored
+offsets, producers' ids) is read into the new one (:meth:`StreamCopies._start_copy`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import shutil
 import time
@@ -29,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Final
 from amqpd.broker.api import StreamLogError, stream_directory
 from amqpd.cluster import link_wire as W
 from amqpd.cluster import stream_wire as S
-from amqpd.cluster.stream_replica import StreamReplica
+from amqpd.cluster.stream_replica import StreamReplica, read_term
 
 if TYPE_CHECKING:
     from amqpd.cluster.link import Link
@@ -53,6 +65,38 @@ class StreamCopies:
         self._checked: dict[Ident, int] = {}  # stream -> record revision looked at
         # stream -> since when its open copy's record names this node no member
         self._unfed: dict[Ident, float] = {}
+        self.swept = False  # the copies of streams deleted while down were looked for
+
+    def sweep_deleted(self) -> None:
+        """Delete the copies on disk of streams deleted while this node was down
+        (module docstring); called once, after the definitions synced and the group
+        records were read. A copy is left alone while anything here still knows its
+        stream: a group record, a definition (a stream of that name declared since
+        the records were read), an open copy, a stream this node leads or elects."""
+        self.swept = True
+        groups = self.groups
+        root = Path(groups.broker.settings.data_dir) / "streams"
+        try:
+            directories = sorted(p for p in root.iterdir() if p.is_dir())
+        except OSError:
+            return  # no streams directory: nothing was ever copied here
+        for directory in directories:
+            ident = _named(directory)
+            if ident is None or stream_directory(root.parent, *ident) != directory:
+                continue
+            vh = groups.broker.vhosts.get(ident[0])
+            if ident in groups.records or (vh is not None and ident[1] in vh.queues) \
+                    or ident in groups.replicas or ident in groups.leading \
+                    or ident in groups.electing or ident in groups.establishing \
+                    or ident in groups.queues.retired:
+                continue
+            log.warning("stream '%s' in vhost '%s' was deleted while this node was down; "
+                        "its copy left on disk is deleted", ident[1], ident[0])
+            try:
+                shutil.rmtree(directory)
+            except OSError as exc:
+                log.error("stream '%s' in vhost '%s': deleting %s failed: %s", ident[1],
+                          ident[0], directory, exc)
 
     def clear_removed(self, now: float | None = None) -> None:
         """Delete the copies of streams whose group record no longer names this node a
@@ -158,6 +202,7 @@ class StreamCopies:
             link.send(W.encode(S.SREFUSE, rid, why))
             return
         self.groups.known_terms[ident] = term
+        self._drop_earlier(ident, info)
         old = self.groups.replicas.get(ident)
         try:
             if old is not None and old.leader == link.peer:
@@ -181,6 +226,31 @@ class StreamCopies:
         log.info("stream '%s' in vhost '%s': copy of %s's log (term %d) continues from "
                  "offset %d", name, vhost, link.peer, term, offset)
         link.send(W.encode(S.SHAVE, rid, offset))
+
+    def _drop_earlier(self, ident: Ident, info: dict[str, Any]) -> None:
+        """A copy of an earlier stream of this name (deleted, then declared again while
+        this node was away) is deleted before the new stream's copy is opened: its
+        last term is older than the new stream's first (module docstring)."""
+        epochs = info.get("epochs") or []
+        if not epochs:
+            return
+        first_term = int(epochs[0][0])
+        old = self.groups.replicas.get(ident)
+        directory = stream_directory(Path(self.groups.broker.settings.data_dir), *ident)
+        held = old.term if old is not None else read_term(directory)
+        if not 0 < held < first_term:
+            return
+        log.warning("stream '%s' in vhost '%s': this node's copy (term %d) is of an earlier "
+                    "stream of that name (the stream's first term is %d); it is deleted",
+                    ident[1], ident[0], held, first_term)
+        if old is not None:
+            self.drop(old, destroy=True)
+            return
+        try:
+            shutil.rmtree(directory)
+        except OSError as exc:  # the copy's open then fails and is refused: logged
+            log.error("stream '%s' in vhost '%s': deleting %s failed: %s", ident[1],
+                      ident[0], directory, exc)
 
     def _records(self, link: Link, rid: int, data: bytes) -> None:
         replica = self._replica_on(link, rid)
@@ -216,4 +286,13 @@ class StreamCopies:
         for replica in self.groups.replicas.values():
             if replica.leader == link.peer and replica.rid == rid:
                 return replica
+        return None
+
+
+def _named(directory: Path) -> Ident | None:
+    """The stream a stream directory's ``stream.json`` names (None: unreadable)."""
+    try:
+        data = json.loads((directory / "stream.json").read_text())
+        return str(data["vhost"]), str(data["name"])
+    except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -12,7 +12,10 @@ Theory of operation:
   quorum queue's are (:func:`~amqpd.cluster.quorum_state.initial_members`: the leader,
   the running nodes, then those not running), its first term above any a stream of
   that name had (the etcd revision + 1), and one epoch ``[term, 0]``. Every later write
-  is a transaction guarded by the record's revision.
+  is a transaction guarded by the record's revision. A record naming this node the
+  leader that a stream declared again finds (the deleted one's, not removed yet) is
+  replaced the same way, never continued: the new stream's log has no term yet
+  (``_earlier_stream``), where a restarted leader's has.
 * **Replication.** The leader (:mod:`~amqpd.cluster.stream_leading`) sends each other
   member ``SSTART`` on the node link (frames of :mod:`~amqpd.cluster.stream_wire`),
   the member opens its copy -- the stream's own log, in the directory the stream has
@@ -69,7 +72,11 @@ from amqpd.broker.api import StreamLogError, StreamQueue
 from amqpd.cluster import link_wire as W
 from amqpd.cluster import stream_wire as S
 from amqpd.cluster.election import claim, clear_offers, election_round, late_claim
-from amqpd.cluster.group_records import edit_group_record, poll_group_records
+from amqpd.cluster.group_records import (
+    edit_group_record,
+    poll_group_records,
+    read_group_records,
+)
 from amqpd.cluster.group_walk import led_queues
 from amqpd.cluster.mirror_state import Ident, key_part
 from amqpd.cluster.node_part import NodePart
@@ -86,7 +93,7 @@ from amqpd.cluster.replica_core import Majority, MajorityPromotion
 from amqpd.cluster.stream_copies import StreamCopies
 from amqpd.cluster.stream_leading import StreamLeading
 from amqpd.cluster.stream_local import usable
-from amqpd.cluster.stream_replica import StreamReplica, write_term
+from amqpd.cluster.stream_replica import StreamReplica, read_term, write_term
 from amqpd.coord.etcd import Compare, Delete, EtcdError, Put
 
 if TYPE_CHECKING:
@@ -126,6 +133,15 @@ def cluster_size(arguments: dict[str, Any], nodes: int) -> int:
     return value
 
 
+def _earlier_stream(rec: dict[str, Any], node: str, q: StreamQueue) -> bool:
+    """Whether a group record naming this node the leader of ``q`` was left by an
+    earlier stream of that name (deleted, and its record not yet, when ``q`` was
+    declared): ``q``'s log never held a record and never had a term (a restarted
+    leader's has one, written when it first led: :func:`write_term`)."""
+    return rec.get("leader") == node and read_term(q.directory) == 0 \
+        and q.log.first_offset == 0 and q.log.flushed_offset == 0
+
+
 def _is_stream(q: QueueType) -> bool:
     return isinstance(q, StreamQueue) and q.durable
 
@@ -158,6 +174,7 @@ class StreamGroups(NodePart):
         self.known_terms: dict[Ident, int] = {}
         self.establishing: set[Ident] = set()
         self.electing: set[Ident] = set()
+        self.records_read = False  # the group records were read since this node started
         self.elections = 0
         self._next_rid = 0
         self.copies = StreamCopies(self)
@@ -198,7 +215,15 @@ class StreamGroups(NodePart):
         return self._next_rid
 
     async def _read_records(self) -> None:
-        await poll_group_records(self, f"{self.root}/stream/", RECORDS_EVERY)
+        prefix = f"{self.root}/stream/"
+        while not self.records_read:  # the first read: StreamCopies.sweep_deleted waits
+            with contextlib.suppress(EtcdError, ValueError):
+                self.records, self.revisions = await read_group_records(
+                    self.etcd, prefix, self.known_terms)
+                self.records_read = True
+            if not self.records_read:
+                await asyncio.sleep(RECORDS_EVERY)
+        await poll_group_records(self, prefix, RECORDS_EVERY)
 
     # -- the reconciliation -----------------------------------------------------------
     def local_stream(self, ident: Ident) -> StreamQueue | None:
@@ -256,6 +281,8 @@ class StreamGroups(NodePart):
             if not cluster.is_running(replica.leader) and ident not in self.electing:
                 self.electing.add(ident)
                 self._spawn(self._elect(ident, replica))
+        if self.records_read and not self.copies.swept:
+            self.copies.sweep_deleted()
         self.copies.clear_removed()
 
     def queues_elsewhere(self) -> set[Ident]:
@@ -273,9 +300,14 @@ class StreamGroups(NodePart):
         ident = (vhost, name)
         vh = self.broker.vhosts.get(vhost)
         q = vh.queues.get(name) if vh is not None else None
-        if vh is None or not isinstance(q, StreamQueue) or not q.durable \
-                or ident in self.leading or ident in self.establishing \
-                or ident in self.electing:
+        if vh is None or not isinstance(q, StreamQueue) or not q.durable:
+            return None
+        lead = self.leading.get(ident)
+        if lead is not None and lead.q is not q:
+            # deleted and declared again before the reconciliation saw it: the old
+            # stream's members drop their copies, its record is replaced (_establish)
+            self.stop_leading(lead, delete_record=True)
+        if ident in self.leading or ident in self.establishing or ident in self.electing:
             return None
         self.establishing.add(ident)
         return self._establish_for_declare(vh, q)
@@ -303,7 +335,11 @@ class StreamGroups(NodePart):
             key = self.record_key(ident)
             revision, kvs = await self.etcd.range_prefix(key)
             kv = next((k for k in kvs if k.key.decode() == key), None)
-            if kv is None:
+            if kv is not None and _earlier_stream(json.loads(kv.value), self.node, q):
+                log.info("stream '%s' in vhost '%s': the group record left by an earlier "
+                         "stream of that name (term %s) is replaced", q.name, vh.name,
+                         json.loads(kv.value).get("term"))
+            if kv is None or _earlier_stream(json.loads(kv.value), self.node, q):
                 view = self.cluster
                 nodes = view.members | {self.node}
                 members = initial_members(self.node, cluster_size(q.arguments, len(nodes)),
@@ -311,8 +347,9 @@ class StreamGroups(NodePart):
                 term = revision + 1
                 rec: dict[str, Any] = {"leader": self.node, "members": members,
                                        "term": term, "epochs": [[term, q.log.first_offset]]}
-                result = await self.etcd.txn([Compare("create", key, "==", 0)],
-                                             [Put(key, json.dumps(rec))])
+                guard = Compare("create", key, "==", 0) if kv is None else \
+                    Compare("mod", key, "==", kv.mod_revision)
+                result = await self.etcd.txn([guard], [Put(key, json.dumps(rec))])
                 log.info("stream '%s' in vhost '%s': members %s", q.name, vh.name, members)
             else:
                 rec = json.loads(kv.value)
