@@ -394,7 +394,7 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
         if done:
             self.stat_ack += len(entries)
         if ids:
-            self._send(W.encode(how, self.stream, ids))
+            self._send(W.encode_ids(how, self.stream, ids))
         if done and self._cons:
             self.vhost.schedule_dispatch(self)
 
