@@ -309,7 +309,8 @@ class ClusterQueues:
             served = self.served.get(link, _NO_SERVED).get(stream)
             if served is not None:
                 served.publish(f[0], f[1], f[2], f[3], f[4], f[5])
-                self._schedule_credit()
+                if not self._credit_flush:
+                    self._schedule_credit()
                 return
         elif kind == _DELIVER:
             remote = self.remote.get(link.peer, _NO_REMOTE).get(stream)
@@ -450,7 +451,7 @@ class ClusterQueues:
         for link, streams in self.served.items():
             for stream, served in streams.items():
                 if served.credit_due:
-                    link.send(W.encode(W.CREDIT, stream, served.credit_due))
+                    link.send(W.encode_credit(stream, served.credit_due))
                     served.credit_due = 0
 
     def _send_stats(self) -> None:

@@ -40,6 +40,8 @@ RECONNECT_MAX: Final = 2.0
 HIGH_WATER: Final = 8 << 20
 PING_INTERVAL: Final = 0.5  # a live link is never silent longer than this
 _PING: Final = W.encode(W.PING, 0)
+_PING_KIND: Final = W.PING  # module constants: read once per frame received
+_REFUSED_KIND: Final = W.REFUSED
 
 
 class LinkHandler(Protocol):
@@ -103,9 +105,9 @@ class Link(asyncio.Protocol):
         for kind, stream, fields in frames:
             if self.closed:
                 return
-            if kind == W.PING and self.up:
+            if kind == _PING_KIND and self.up:
                 continue
-            if kind == W.REFUSED and self.up:
+            if kind == _REFUSED_KIND and self.up:
                 # the dialler that had our welcome did not adopt the link after all (it
                 # had one up already: both nodes dialled at once); not a protocol error
                 self._fail(f"refused by peer: {fields[0]}", refuse=False)

@@ -258,6 +258,61 @@ def _decode_fast(kind: int, buf: bytes, pos: int, end: int) -> list[Any]:
         raise WireError(f"malformed frame {kind}: {exc}") from exc
 
 
+# The small frames that come with the messages: CONFIRM per confirmed publish, CREDIT per
+# tick and stream, GRANT and SETTLE per batch of acks (the consumers' ``multiple`` acks:
+# per message when a client acks each). Their fields are fixed-size numbers (a list of
+# u64 for SETTLE, REQUEUE and REJECT), so one precompiled struct packs or reads them
+# whole: the same bytes and the same refusals as the generic codec (a frame too short
+# or too long), without its per-field loop.
+_SMALL: Final[dict[int, struct.Struct]] = {
+    CONFIRM: struct.Struct(">IBIQB"), CREDIT: struct.Struct(">IBII"),
+    GRANT: struct.Struct(">IBIII"),
+}
+_SMALL_FIELDS: Final[dict[int, struct.Struct]] = {
+    CONFIRM: struct.Struct(">QB"), CREDIT: struct.Struct(">I"), GRANT: struct.Struct(">II"),
+}
+_IDS: Final = frozenset((SETTLE, REQUEUE, REJECT))
+
+
+def encode_confirm(stream: int, seq: int, ok: bool) -> bytes:
+    """``encode(CONFIRM, stream, seq, ok)``."""
+    return _SMALL[CONFIRM].pack(14, CONFIRM, stream, seq, 1 if ok else 0)
+
+
+def encode_credit(stream: int, n: int) -> bytes:
+    """``encode(CREDIT, stream, n)``."""
+    return _SMALL[CREDIT].pack(9, CREDIT, stream, n)
+
+
+def encode_grant(stream: int, cid: int, n: int) -> bytes:
+    """``encode(GRANT, stream, cid, n)``."""
+    return _SMALL[GRANT].pack(13, GRANT, stream, cid, n)
+
+
+def encode_ids(kind: int, stream: int, ids: list[int]) -> bytes:
+    """``encode(kind, stream, ids)`` for SETTLE, REQUEUE and REJECT (a list of u64)."""
+    n = len(ids)
+    return _HEAD.pack(9 + 8 * n, kind, stream) + struct.pack(f">I{n}Q", n, *ids)
+
+
+def _decode_small(kind: int, buf: bytes, pos: int, end: int) -> list[Any]:
+    """The fields of a CONFIRM, CREDIT, GRANT, SETTLE, REQUEUE or REJECT whose body is
+    ``buf[pos:end]``."""
+    fixed = _SMALL_FIELDS.get(kind)
+    if fixed is not None:
+        if end - pos != fixed.size:
+            raise WireError(f"frame {kind} is {end - pos} bytes, not {fixed.size}")
+        return list(fixed.unpack_from(buf, pos))
+    if end - pos < 4:
+        raise WireError(f"malformed frame {kind}: no list count")
+    n = _U32.unpack_from(buf, pos)[0]
+    if 4 + 8 * n > end - pos:
+        raise WireError("short list field")
+    if 4 + 8 * n != end - pos:
+        raise WireError(f"frame {kind} has {end - pos - 4 - 8 * n} bytes too many")
+    return [list(struct.unpack_from(f">{n}Q", buf, pos + 4))]
+
+
 class FrameReader:
     """Splits received bytes into ``(kind, stream, fields)`` frames.
 
@@ -295,6 +350,8 @@ class FrameReader:
                 break
             if kind in (PUBLISH, DELIVER, GET_OK):
                 frames.append((kind, stream, _decode_fast(kind, buf, pos + 9, end)))
+            elif kind in _SMALL_FIELDS or kind in _IDS:
+                frames.append((kind, stream, _decode_small(kind, buf, pos + 9, end)))
             else:
                 frames.append((kind, stream, decode_fields(kind, buf[pos + 9:end])))
             pos = end
@@ -320,4 +377,5 @@ def proof_ok(expected: bytes, got: bytes) -> bool:
 
 
 __all__ = ["LAYOUTS", "MAGIC", "FrameReader", "WireError", "decode_fields", "encode",
-           "encode_deliver", "encode_publish", "proof", "proof_ok"]
+           "encode_confirm", "encode_credit", "encode_deliver", "encode_grant",
+           "encode_ids", "encode_publish", "proof", "proof_ok"]

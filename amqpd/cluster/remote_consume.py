@@ -337,7 +337,7 @@ class RemoteConsume(RemoteQueueState):
         grants = self._grants
         if grants:
             for cid, n in grants.items():
-                self._send(W.encode(W.GRANT, self.stream, cid, n))
+                self._send(W.encode_grant(self.stream, cid, n))
             grants.clear()
 
     def _cancelled(self, cid: int) -> None:

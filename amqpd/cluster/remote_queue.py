@@ -268,7 +268,9 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
         self.forward(message, None)
 
     def forward(self, message: Message, on_confirm: OnConfirm | None) -> None:
-        if not self.available:
+        # once per message crossing: ``available`` and ``_send`` inlined
+        link = self.link
+        if link is None or self.gone:
             if on_confirm is not None:
                 on_confirm(LinkLost(f"queue '{self.name}': leader {self.leader} unreachable"))
             return
@@ -287,7 +289,7 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
                                  message.routing_key, message.properties, body)
         if self._credit > 0 and not self._unsent:
             self._credit -= 1
-            self._send(frame)
+            link.send(frame)
         else:
             self._unsent.append(frame)
 
@@ -394,7 +396,7 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
         if done:
             self.stat_ack += len(entries)
         if ids:
-            self._send(W.encode(how, self.stream, ids))
+            self._send(W.encode_ids(how, self.stream, ids))
         if done and self._cons:
             self.vhost.schedule_dispatch(self)
 

@@ -50,17 +50,30 @@ class _Proxy:
         return self.credit > 0 and not self.closed
 
     def deliver(self, consumer: Consumer, queue: QueueType, entry: QueueEntry) -> None:
+        # once per message crossing: a queue that is not a quorum queue takes the short
+        # way (Served.delivered and Served.hand inlined: no replica group to involve)
         self.credit -= 1
         served = self.served
-        delivery = served.next_id()
+        served._next += 1
+        delivery = served._next
         msg = entry.message
-        position = served.delivered(queue, entry, consumer.no_ack)
-        if not consumer.no_ack:
+        no_ack = consumer.no_ack
+        quorum = isinstance(queue, QuorumQueue)
+        if quorum:
+            position = served.delivered(queue, entry, no_ack)
+        else:
+            queue.delivered(entry, acked=no_ack)
+            position = 0
+        if not no_ack:
             served.unacked[delivery] = entry
-        served.hand(queue, entry, consumer.no_ack, W.encode_deliver(
+        frame = W.encode_deliver(
             W.DELIVER, served.stream, self.cid, delivery, entry.redelivered,
             queue.message_count, msg.exchange, msg.routing_key, msg.properties,
-            served.broker.publisher.body_of(msg), position), self)
+            served.broker.publisher.body_of(msg), position)
+        if quorum:
+            served.hand(queue, entry, no_ack, frame, self)
+        else:
+            served.link.send(frame)
 
     def consumer_cancelled_by_server(self, consumer: Consumer) -> None:
         self.closed = True
@@ -164,7 +177,7 @@ class Served:
         on_confirm: OnConfirm | None = None
         if seq:
             def on_confirm(error: BaseException | None) -> None:
-                link.send(W.encode(W.CONFIRM, stream, seq, error is None))
+                link.send(W.encode_confirm(stream, seq, error is None))
         if q.deleted:
             if on_confirm is not None:
                 on_confirm(LinkLost("queue deleted"))
