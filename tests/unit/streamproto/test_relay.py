@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import gzip
 import struct
-from types import SimpleNamespace
 from typing import Any
 
 from amqpd.streamproto import codec as c
 from amqpd.streamproto.connection import FORWARD_HIGH_WATER, StreamConnection
 from amqpd.streamproto.publishing import Publisher, pack_entries, unpack_entries
 from amqpd.streamproto.relay import RemotePublisher
+from tests.unit.protocol.peer import real_broker
 
 
 class Links:
@@ -123,13 +123,15 @@ def test_close_tells_the_leader() -> None:
 
 
 def test_a_connection_stops_reading_past_its_forwarding_bound() -> None:
-    conn = SimpleNamespace(_forwarding=0, calls=[])
-    conn.reading = conn.calls.append
+    # a real connection (compiled, its methods take no stand-in object)
+    conn = StreamConnection(real_broker(), None, "relay-test", ("127.0.0.1", 5552))
+    calls: list[bool] = []
+    conn.reading = calls.append
     step = FORWARD_HIGH_WATER // 4
     for _ in range(5):
-        StreamConnection.in_flight(conn, step)  # type: ignore[arg-type]
-    assert conn.calls == [False]  # once, when it went past the bound
-    StreamConnection.in_flight(conn, -2 * step)  # type: ignore[arg-type]
-    assert conn.calls == [False]  # above half the bound: still held
-    StreamConnection.in_flight(conn, -2 * step)  # type: ignore[arg-type]
-    assert conn.calls == [False, True]
+        conn.in_flight(step)
+    assert calls == [False]  # once, when it went past the bound
+    conn.in_flight(-2 * step)
+    assert calls == [False]  # above half the bound: still held
+    conn.in_flight(-2 * step)
+    assert calls == [False, True]
