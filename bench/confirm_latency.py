@@ -26,14 +26,12 @@ from typing import Any
 from pamqp import commands
 
 from bench.loadgen import (
-    CLS_METH,
-    HDR,
     RECV_SIZE,
-    U64,
     Conn,
     ProtocolError,
     Target,
     encode_publish,
+    settle_frames,
 )
 
 
@@ -75,23 +73,11 @@ class _ConfirmReader(threading.Thread):
                 if not data:
                     raise ProtocolError("connection closed by broker")
                 buf += data
-                pos = 0
-                end = len(buf)
-                while end - pos >= 7:
-                    ftype, _ch, size = HDR.unpack_from(buf, pos)
-                    fend = pos + 7 + size
-                    if fend >= end:
-                        break
-                    if ftype == 1:
-                        cls, meth = CLS_METH.unpack_from(buf, pos + 7)
-                        if cls == 60 and meth in (80, 120):
-                            tag = U64.unpack_from(buf, pos + 11)[0]
-                            self._settle(tag, bool(buf[pos + 19] & 1), meth == 120, now)
-                        elif (cls, meth) in ((10, 50), (20, 40)):
-                            raise ProtocolError(f"broker closed the connection or channel "
-                                                f"(class {cls}, method {meth})")
-                    pos = fend + 1
-                del buf[:pos]
+
+                def settle(tag: int, multiple: bool, nack: bool, now: float = now) -> None:
+                    self._settle(tag, multiple, nack, now)
+
+                settle_frames(buf, settle)
         except (OSError, ProtocolError) as exc:
             self.error = f"{type(exc).__name__}: {exc}"
 

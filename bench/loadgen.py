@@ -26,6 +26,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -273,6 +274,14 @@ def _read_confirms(sock: socket.socket, buf: bytearray, conf: _Confirms,
     if not data:
         raise ProtocolError("connection closed by broker")
     buf += data
+    settle_frames(buf, conf.settle)
+
+
+def settle_frames(buf: bytearray, settle: Callable[[int, bool, bool], None]) -> None:
+    """Hand each whole basic.ack / basic.nack frame in ``buf`` to ``settle(tag,
+    multiple, nack)`` and drop the frames read (a partial one stays); a
+    connection.close or channel.close is a :class:`ProtocolError`. Read by hand: a
+    generic decoder per confirm would make the load generator the bottleneck."""
     pos = 0
     end = len(buf)
     while end - pos >= 7:
@@ -284,7 +293,7 @@ def _read_confirms(sock: socket.socket, buf: bytearray, conf: _Confirms,
             cls, meth = CLS_METH.unpack_from(buf, pos + 7)
             if cls == 60 and meth in (80, 120):
                 tag = U64.unpack_from(buf, pos + 11)[0]
-                conf.settle(tag, bool(buf[pos + 19] & 1), meth == 120)
+                settle(tag, bool(buf[pos + 19] & 1), meth == 120)
             elif (cls, meth) in ((10, 50), (20, 40)):
                 _n, _c, fr = frame.unmarshal(bytes(buf[pos:fend + 1]))
                 assert isinstance(fr, (commands.Connection.Close, commands.Channel.Close))

@@ -221,6 +221,15 @@ def latency_runs(root: Path, body: int, duration: float, runs: int, rate: float,
     return out
 
 
+def _emit(out: dict[str, Any], a: argparse.Namespace) -> int:
+    """Print a series' summary (and write it to ``--out``) with the settings it ran."""
+    out.update(body=a.body, duration=a.duration, amqpd_src=a.amqpd_src or "this")
+    print(json.dumps(out, indent=2))
+    if a.out:
+        Path(a.out).write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.replication", description=__doc__)
     p.add_argument("--messages", type=int, default=1_000_000)
@@ -255,20 +264,12 @@ def main(argv: list[str] | None = None) -> int:
             out = latency_runs(Path(tmp), a.body, a.duration, a.latency_runs,
                                a.latency_rate, a.min_insync,
                                tuple(a.standby_ack.split(",")))
-        out.update(body=a.body, duration=a.duration, amqpd_src=a.amqpd_src or "this")
-        print(json.dumps(out, indent=2))
-        if a.out:
-            Path(a.out).write_text(json.dumps(out, indent=2) + "\n")
-        return 0
+        return _emit(out, a)
     if a.ratio_runs:
         with tempfile.TemporaryDirectory(prefix="amqpd-bench-ratio-") as tmp:
             out = ratio_runs(Path(tmp), a.body, a.duration, a.ratio_runs, a.min_insync,
                              tuple(a.standby_ack.split(",")))
-        out.update(body=a.body, duration=a.duration, amqpd_src=a.amqpd_src or "this")
-        print(json.dumps(out, indent=2))
-        if a.out:
-            Path(a.out).write_text(json.dumps(out, indent=2) + "\n")
-        return 0
+        return _emit(out, a)
     with tempfile.TemporaryDirectory(prefix="amqpd-bench-repl-") as tmp:
         root = Path(tmp)
         result: dict[str, Any] = {"messages": a.messages, "body": a.body,
