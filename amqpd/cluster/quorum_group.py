@@ -308,17 +308,24 @@ class QuorumGroups(GroupFailover, Mirrors):
         ident = (vh.name, q.name)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + ESTABLISH_PATIENCE
-        while True:
-            self.establishing.add(ident)
-            await self._establish(vh, q)  # (discards ident from establishing)
-            if vh.queues.get(q.name) is not q or ident in self.leading:
-                return
-            if loop.time() >= deadline:
-                raise NoQuorum(f"quorum queue '{q.name}' in vhost '{vh.name}': its replica "
-                               f"group could not be set up within {ESTABLISH_PATIENCE:g} s "
-                               "(etcd, or an old group record still there); the declare "
-                               "is refused")
-            await asyncio.sleep(ESTABLISH_RETRY)
+        try:
+            while True:
+                self.establishing.add(ident)
+                await self._establish(vh, q)  # (discards ident from establishing)
+                # held again across the pause: a reconciliation's _establish started in
+                # it would take up the record the next try writes as a restart's (term
+                # + 1) while this node leads the term before
+                self.establishing.add(ident)
+                if vh.queues.get(q.name) is not q or ident in self.leading:
+                    return
+                if loop.time() >= deadline:
+                    raise NoQuorum(f"quorum queue '{q.name}' in vhost '{vh.name}': its "
+                                   "replica group could not be set up within "
+                                   f"{ESTABLISH_PATIENCE:g} s (etcd, or an old group "
+                                   "record still there); the declare is refused")
+                await asyncio.sleep(ESTABLISH_RETRY)
+        finally:
+            self.establishing.discard(ident)
 
     async def _establish(self, vh: VHost, q: QueueType) -> None:
         """Lead a quorum queue this node holds: create its group record (a new queue) or
@@ -327,6 +334,8 @@ class QuorumGroups(GroupFailover, Mirrors):
         try:
             key = self.record_key(ident)
             revision, kvs = await self.etcd.range_prefix(key)
+            if ident in self.leading:
+                return  # led already: taking its record up again would end its term
             kv = next((k for k in kvs if k.key.decode() == key), None)
             rec: dict[str, Any]
             if kv is None:

@@ -316,16 +316,23 @@ class StreamGroups(NodePart):
         ident = (vh.name, q.name)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + ESTABLISH_PATIENCE
-        while True:
-            self.establishing.add(ident)
-            await self._establish(vh, q)
-            if vh.queues.get(q.name) is not q or ident in self.leading:
-                return
-            if loop.time() >= deadline:
-                raise NoQuorum(f"stream '{q.name}' in vhost '{vh.name}': its members could "
-                               f"not be recorded within {ESTABLISH_PATIENCE:g} s; the "
-                               "declare is refused")
-            await asyncio.sleep(ESTABLISH_RETRY)
+        try:
+            while True:
+                self.establishing.add(ident)
+                await self._establish(vh, q)  # (discards ident from establishing)
+                # held again across the pause: a reconciliation's _establish started in
+                # it would take up the record the next try writes as a restart's (a
+                # second epoch, term + 1) while this node leads the term before
+                self.establishing.add(ident)
+                if vh.queues.get(q.name) is not q or ident in self.leading:
+                    return
+                if loop.time() >= deadline:
+                    raise NoQuorum(f"stream '{q.name}' in vhost '{vh.name}': its members "
+                                   f"could not be recorded within {ESTABLISH_PATIENCE:g} s;"
+                                   " the declare is refused")
+                await asyncio.sleep(ESTABLISH_RETRY)
+        finally:
+            self.establishing.discard(ident)
 
     async def _establish(self, vh: VHost, q: StreamQueue) -> None:
         """Lead a stream this node holds: create its group record (a new stream) or
@@ -334,6 +341,8 @@ class StreamGroups(NodePart):
         try:
             key = self.record_key(ident)
             revision, kvs = await self.etcd.range_prefix(key)
+            if ident in self.leading:
+                return  # led already: taking its record up again would end its term
             kv = next((k for k in kvs if k.key.decode() == key), None)
             if kv is not None and _earlier_stream(json.loads(kv.value), self.node, q):
                 log.info("stream '%s' in vhost '%s': the group record left by an earlier "
