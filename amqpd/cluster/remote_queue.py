@@ -136,6 +136,23 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
     def message_count(self) -> int:
         return self.ready_count + len(self._unsent)
 
+    def flow_backlog(self) -> int:
+        """Credit flow's measure here. A stream's records are kept, not waiting (its
+        message count is its length), so what this node weighs is how far its own
+        consumers reading the local copy lag behind that copy's committed end; those the
+        leader serves cost this node only the relay, and the leader's credit to this
+        node's publishes paces them. A stream read by nobody here, or only through the
+        leader, is no backlog: before, a publisher here into a long stream slowed down
+        as soon as it had any consumer on this node."""
+        if self.real_type != "stream":
+            return self.message_count
+        lag = 0
+        for state in self._cons.values():
+            read = state.local
+            if read is not None:
+                lag = max(lag, read.replica.committed - read.offset)
+        return lag
+
     def info(self) -> dict[str, Any]:
         out = super().info()
         out["type"] = self.real_type

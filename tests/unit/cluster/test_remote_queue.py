@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 import aio_pika
@@ -20,6 +21,7 @@ import aiormq
 import pamqp.commands
 import pytest
 
+from amqpd.broker.channel import FLOW_BACKLOG
 from amqpd.broker.queue import Queue
 from amqpd.cluster import cluster_queues, remote_failover, remote_served
 from amqpd.cluster.cluster_queues import ClusterQueues
@@ -863,3 +865,41 @@ async def test_a_kept_consumer_following_a_copy_here_gets_deliveries_as_it_settl
         assert received[3].body == b"101"
     finally:
         await conn.close()
+
+
+async def test_a_long_stream_read_through_its_leader_puts_no_publisher_here_in_flow(
+        nodes: tuple[Node, Node]) -> None:
+    """Credit flow on a node without the stream's leader weighs what its own consumers of
+    the local copy lag, not the stream's length: a stream of more than FLOW_BACKLOG
+    records with a consumer here served by the leader is no backlog (before, any
+    consumer here put a publisher here into a long stream in flow)."""
+    a, b = nodes
+    rq = lead(a, b, "s1", **{"x-queue-type": "stream"})
+    await until(lambda: rq.available)
+    count = FLOW_BACKLOG + 100
+    conn_a = await aio_pika.connect(a.url)
+    conn_b = await aio_pika.connect(b.url)
+    try:
+        ch = await conn_a.channel(publisher_confirms=False)
+        for i in range(count):
+            await ch.default_exchange.publish(aio_pika.Message(str(i).encode()),
+                                              routing_key="s1")
+        await until(lambda: rq.message_count >= count)  # the leader's count, reported
+        cch = await conn_b.channel()
+        await cch.set_qos(prefetch_count=10)
+        queue = await cch.get_queue("s1", ensure=False)
+        await queue.consume(_ignore, arguments={"x-stream-offset": "next"})
+        await until(lambda: rq.consumers)
+        assert rq.flow_backlog() == 0
+        # a consumer reading this node's copy 5,000 records behind its committed end
+        # (stand-in for a LocalRead: stream_local's own tests cover reading the copy)
+        copy = SimpleNamespace(committed=count)
+        rq._cons[-1] = cast(Any, SimpleNamespace(local=SimpleNamespace(
+            replica=copy, offset=count - 5000)))
+        try:
+            assert rq.flow_backlog() == 5000
+        finally:
+            del rq._cons[-1]
+    finally:
+        await conn_b.close()
+        await conn_a.close()
