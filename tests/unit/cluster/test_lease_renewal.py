@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from amqpd.cluster.loop_clock import LoopClock
-from amqpd.cluster.membership import Membership
+from amqpd.cluster.membership import EtcdReach, Membership
 from amqpd.cluster.view import ClusterView
 from amqpd.coord.etcd import EtcdClient
 from tests.support.etcdproc import SKIP_REASON, EtcdProcess, find_etcd
@@ -79,14 +79,18 @@ async def until(cond: Callable[[], Any], deadline: float = 10.0) -> None:
 
 async def test_the_lease_survives_a_loop_stalled_past_its_ttl(etcd: EtcdProcess,
                                                               tmp_path: Path) -> None:
-    async with running(etcd, tmp_path) as (m, other):
-        lease = m.lease_id
-        assert lease and await record_lease(m, other) == lease
-        time.sleep(TTL * 2.5)  # the loop runs nothing: no task, no timer
-        # right after the stall, before any task ran: renewed meanwhile, so the pause
-        # decision (node.py, EtcdReach) sees the lease as held
-        assert time.monotonic() - m.last_renewal < TTL, "not renewed during the stall"
-        assert await record_lease(m, other) == lease  # the others still see the node
+    with ticking() as clock:  # as a node runs it: last_ok on the loop clock
+        async with running(etcd, tmp_path, clock=clock) as (m, other):
+            lease = m.lease_id
+            assert lease and await record_lease(m, other) == lease
+            reach = EtcdReach(max(TTL * 0.6, 2.0), clock)  # as node.py makes it
+            assert reach.check(m.last_ok, m.last_renewal, m.lease_ttl)
+            time.sleep(TTL * 2.5)  # the loop runs nothing: no task, no timer
+            # right after the stall, before any task ran: renewed meanwhile, so the
+            # pause decision (node.py) sees etcd reached and the lease held
+            assert time.monotonic() - m.last_renewal < TTL, "not renewed during the stall"
+            assert reach.check(m.last_ok, m.last_renewal, m.lease_ttl)
+            assert await record_lease(m, other) == lease  # the others still see the node
 
 
 async def test_a_slow_loop_within_the_hang_limit_keeps_its_lease(etcd: EtcdProcess,
