@@ -138,6 +138,9 @@ class ClusterConfig:
     # to hold it before the client is told it failed (etcd out of reach)
     definition_timeout: float = 10.0
     lease_ttl: float = 5.0  # seconds of the node's etcd lease (its presence key)
+    # seconds the event loop may run nothing before the lease's thread stops renewing
+    # (a hung node must not stay present; a slow one must): amqpd/cluster/membership.py
+    loop_hang_timeout: float = 60.0
     cookie: str = ""
     cookie_file: str = ""  # "" = <data_dir>/cluster.cookie, created on first start
     partition_handling: str = "pause_minority"  # pause_minority | ignore
@@ -201,7 +204,7 @@ def check_cluster(cc: ClusterConfig) -> None:
         if value:
             _split_addr(value, "cluster." + key)
     for key in ("heartbeat_interval", "heartbeat_timeout", "lease_ttl", "mirror_sync_timeout",
-                "definition_timeout"):
+                "definition_timeout", "loop_hang_timeout"):
         if getattr(cc, key) <= 0:
             raise ConfigError(f"setting 'cluster.{key}' must be > 0")
     if cc.heartbeat_timeout <= cc.heartbeat_interval:

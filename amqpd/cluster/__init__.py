@@ -10,7 +10,8 @@ here is imported. Operator guide: docs/clustering.md. The interface others code 
   ``queue_leader(vhost, name)``, ``catalogue``, ``link_address`` (set by the link
   listener, then ``await publish_record()``), ``cookie`` (bytes), ``config``
   (:class:`amqpd.config.ClusterConfig`).
-* ``membership.py``: etcd keys ``members/``, ``nodes/``, ``meta/``; the lease.
+* ``membership.py``: etcd keys ``members/``, ``nodes/``, ``meta/``; the lease (renewed
+  from a thread, amqpd/coord/lease.py).
 * ``heartbeat.py``: UDP heartbeats (asyncio-dgram).
 * ``definitions.py``: every durable definition mirrored through etcd, applied in
   revision order on every node; calls ``ClusterQueues.materialise`` (the

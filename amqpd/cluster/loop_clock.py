@@ -23,8 +23,9 @@ before.
 
 What this does not cover, by design: the etcd *lease* is kept on etcd's clock, so the
 fence that stops a node whose lease may have run out (``node.py``) stays on the wall
-clock; and peers still see this node's heartbeats stop during its stall (they are sent
-from this loop).
+clock (the lease is renewed from a thread, so a stall alone no longer lets it run out,
+membership.py); and peers still see this node's heartbeats stop during its stall (they
+are sent from this loop).
 """
 
 from __future__ import annotations
@@ -58,6 +59,12 @@ class LoopClock:
     def __call__(self) -> float:
         """Monotonic seconds, not counting this loop's stalls."""
         return self.wall() - self.stalled - self.ongoing()
+
+    @property
+    def last_tick(self) -> float:
+        """``wall()`` when the ticker last ran: the loop's latest sign of life (the
+        membership lease's thread renews only while it is recent, membership.py)."""
+        return self._last_tick
 
     def ongoing(self) -> float:
         """The stall this loop is in right now, seconds (0.0: none): what the first

@@ -8,10 +8,22 @@ Keys under ``{etcd_prefix}/{cluster name}/``:
   what a majority is counted over.
 * ``nodes/<node>``: the node's record (``{name, link, heartbeat, amqp_port, http_port,
   stream, started, ...}``: ``stream`` is its stream protocol listener as metadata
-  names it) attached to its lease (``lease_ttl``), renewed every third of it. Present
-  = the process runs and reaches etcd. Revoked on a clean stop, so the others see the
-  node go at once; after a kill -9 it expires with the lease (the heartbeats tell
-  sooner).
+  names it) attached to its lease (``lease_ttl``). Present = the process runs and
+  reaches etcd. Revoked on a clean stop, so the others see the node go at once; after
+  a kill -9 it expires with the lease (the heartbeats tell sooner).
+
+The lease is renewed every sixth of its TTL from a thread of its own
+(:class:`~amqpd.coord.lease.LeaseKeeper`, as the warren's active renews its leader
+lease), not from the broker's event loop: a loop starved or busy for longer than the
+TTL (issue 28: ~35 s in a quadratic catch-up) let the lease run out, the node paused,
+and the others promoted unsynchronised mirrors of the queues it led (a mirror waits
+for the lost leader's lease, not only its heartbeats). The thread renews only while
+the loop shows progress (``progress``: the ``LoopClock``'s last tick): a loop that ran
+nothing for ``hang_after`` seconds (``cluster.loop_hang_timeout``) is hung, not slow,
+and its node must not stay present forever while it serves nothing; renewals stop
+(logged) and the lease runs out a TTL after the last one. A lease found gone (by the
+thread, or by a poll that misses this node's record) is replaced by a new one: the
+node registers again.
 * ``meta/cluster_name``: the name ``set_cluster_name`` gave the cluster.
 
 A node that once joined keeps a marker (``<data_dir>/cluster.json``). Finding the marker
@@ -23,16 +35,19 @@ as a forgotten RabbitMQ node must be reset and joined again.
 refreshes :attr:`last_ok`, as does every other successful etcd call of the node (under
 load three sequential reads may each take most of a second: only the gaps between
 answers matter). It is kept on the node's ``LoopClock`` (this loop's own stalls are not
-etcd's silence); with :attr:`last_renewal` (wall time: the lease is counted down on
-etcd's clock) it is what "this node reaches etcd" means to the pause decision. Every
-etcd call has a deadline (the client's ``timeout``).
+etcd's silence); with :attr:`last_renewal` (wall time of the send of the last renewal
+that succeeded: the lease is counted down on etcd's clock) it is what "this node
+reaches etcd" means to the pause decision. Every etcd call has a deadline (the client's
+``timeout``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
+import math
 import os
 import socket
 import time
@@ -42,6 +57,7 @@ from typing import Any
 
 from amqpd.cluster.view import ClusterView
 from amqpd.coord.etcd import EtcdClient, EtcdError, Get
+from amqpd.coord.lease import LeaseKeeper
 
 log = logging.getLogger("amqpd.cluster.membership")
 
@@ -99,7 +115,9 @@ def _pid_alive(pid: int) -> bool:
 class Membership:
     def __init__(self, view: ClusterView, etcd: EtcdClient, root: str, lease_ttl: float,
                  record: Callable[[], dict[str, Any]], data_dir: str,
-                 cluster_name: str, clock: Callable[[], float] = time.monotonic) -> None:
+                 cluster_name: str, clock: Callable[[], float] = time.monotonic,
+                 progress: Callable[[], float] | None = None,
+                 hang_after: float = math.inf) -> None:
         self.view = view
         self.clock = clock  # what last_ok is measured on (LoopClock in a running node)
         self.etcd = etcd
@@ -112,11 +130,16 @@ class Membership:
         self.lease_id = 0
         self.last_ok = float("-inf")  # clock() of the last etcd answer (any caller's)
         etcd.on_answer = self._answered
-        self.last_renewal = float("-inf")
+        # the loop's last sign of life (time.monotonic()) and how long it may show none
+        # before the lease thread stops renewing (None: no such check)
+        self.progress = progress
+        self.hang_after = hang_after
         self.display_name: str | None = None
         self.forgotten = False
         self._last_error_log = 0.0
         self._registering = asyncio.Lock()
+        self._keeper: LeaseKeeper | None = None  # renews lease_id from its thread
+        self._lease_lost = False  # the keeper found the lease gone: register again
 
     def key(self, section: str, name: str = "") -> str:
         return f"{self.root}/{section}/{name}"
@@ -177,15 +200,42 @@ class Membership:
         self.forgotten = False
         log.info("cluster: node %s joined cluster %r", me, self.cluster_name)
 
+    @property
+    def last_renewal(self) -> float:
+        """``time.monotonic()`` at the send of the last grant or renewal of the lease that
+        succeeded (-inf before the first): etcd cannot expire it before ``lease_ttl``
+        after that."""
+        keeper = self._keeper
+        return keeper.renewed_at if keeper is not None else float("-inf")
+
     async def register(self) -> None:
-        """A fresh lease and this node's record under it (one at a time: the poll and
-        the renewal task may both find the lease gone)."""
+        """A fresh lease, its renewal thread, and this node's record under it (one at a
+        time: a start, a poll and a record update may each find the lease gone)."""
         async with self._registering:
+            sent = time.monotonic()
             lease = await self.etcd.grant(max(round(self.lease_ttl), 2))
+            self._stop_keeper()
             self.lease_id = lease.id
+            self._lease_lost = False
+            self._keeper = LeaseKeeper(
+                self.etcd.endpoints, lease.id, self.lease_ttl, self.lease_ttl, sent,
+                time.monotonic, asyncio.get_running_loop(),
+                functools.partial(self._lost, lease.id), what="cluster",
+                progress=self.progress, hang_after=self.hang_after).start()
             await self.etcd.put(self.key("nodes", self.view.node_name),
                                 json.dumps(self.record()), lease=lease.id)
-            self.last_renewal = time.monotonic()
+
+    def _lost(self, lease: int, reason: str) -> None:
+        """The lease thread's report, on the loop: the next poll registers again."""
+        if lease != self.lease_id:
+            return  # left, or registered again, meanwhile
+        log.warning("cluster: this node's etcd lease is lost (%s); registering again",
+                    reason)
+        self._lease_lost = True
+
+    def _stop_keeper(self) -> None:
+        if self._keeper is not None:
+            self._keeper.stop()
 
     async def update_record(self) -> None:
         """Write this node's record again under its lease (an address changed)."""
@@ -229,50 +279,21 @@ class Membership:
         self.display_name = found[0].value.decode() if found and found[0].value else None
         self.last_ok = self.clock()
         self.view.update(names, recs)
-        if self.view.node_name not in recs and self.lease_id:
-            # our lease ran out (etcd was out of reach longer than it): a new one
-            log.warning("cluster: this node's etcd lease expired; registering again")
+        if self.lease_id and (self._lease_lost or self.view.node_name not in recs):
+            # our lease ran out (etcd out of reach longer than it, or the loop hung):
+            # a new one
+            if not self._lease_lost:
+                log.warning("cluster: this node's etcd lease expired; registering again")
             await self.register()
 
     async def run(self) -> None:
-        """Poll every ``poll_interval``; the lease is renewed by a task of its own."""
-        renewing = asyncio.create_task(self.renew(), name="cluster-lease")
-        try:
-            while True:
-                try:
-                    await self.poll()
-                except EtcdError as exc:
-                    self._etcd_error(exc)
-                await asyncio.sleep(self.poll_interval)
-        finally:
-            renewing.cancel()
-
-    async def renew(self) -> None:
-        """Renew the lease every third of its TTL, apart from the polls: behind three
-        slow reads (each up to the client's timeout on a loaded machine) a renewal came
-        late enough for the lease to run out and the node to pause although etcd
-        answered every call (issue 28). A failed renewal is retried within
-        ``poll_interval``."""
-        renew_every = self.lease_ttl / 3
+        """Poll every ``poll_interval`` (the lease is renewed by its thread)."""
         while True:
-            wait = renew_every - (time.monotonic() - self.last_renewal)
-            if wait > 0:
-                await asyncio.sleep(wait)
-                continue
             try:
-                # a renewal etcd answers late is still a renewal: waited for up to a
-                # third of the TTL (this loop's own stalls count against the client's
-                # shorter timeout, and the lease runs out only after the full TTL)
-                ttl = await self.etcd.keepalive(
-                    self.lease_id, timeout=max(self.etcd.timeout, renew_every),
-                ) if self.lease_id else 0
-                if ttl <= 0:
-                    await self.register()
-                else:
-                    self.last_renewal = time.monotonic()
+                await self.poll()
             except EtcdError as exc:
                 self._etcd_error(exc)
-                await asyncio.sleep(self.poll_interval)
+            await asyncio.sleep(self.poll_interval)
 
     def _etcd_error(self, exc: EtcdError) -> None:
         now = time.monotonic()
@@ -286,6 +307,7 @@ class Membership:
 
     async def leave(self) -> None:
         """A clean stop: revoke the lease, so the record goes at once (still a member)."""
+        self._stop_keeper()
         if self.lease_id:
             try:
                 await self.etcd.revoke(self.lease_id, timeout=1.0)

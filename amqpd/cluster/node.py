@@ -92,8 +92,11 @@ class Cluster(ClusterView):
         self.etcd_grace = max(cc.lease_ttl * 0.6, 2.0)
         self.etcd_reach = EtcdReach(self.etcd_grace, self.loop_clock)
         self.etcd = EtcdClient(cc.etcd, timeout=1.0)
+        # the lease is renewed from a thread while this loop ticks (loop_hang_timeout)
         self.membership = Membership(self, self.etcd, self.root, cc.lease_ttl, self.record,
-                                     settings.data_dir, cc.name, clock=self.loop_clock)
+                                     settings.data_dir, cc.name, clock=self.loop_clock,
+                                     progress=lambda: self.loop_clock.last_tick,
+                                     hang_after=cc.loop_hang_timeout)
         self.mirror = DefinitionMirror(self, api, self.etcd, self.root, cc.definition_timeout)
         self.transient = TransientQueues(self, api, self.etcd, self.root)
         self.tdefs = TransientDefinitions(self, api, self.etcd, self.root, cc.lease_ttl,
@@ -156,7 +159,8 @@ class Cluster(ClusterView):
                             exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
-        # the lease is renewed from here on: deciding the incarnation may take a lease
+        # polled from here on (the lease's thread runs since start() registered), and
+        # registered again if the lease is lost: deciding the incarnation may take a lease
         self._tasks.append(asyncio.create_task(self.membership.run(), name="cluster-members"))
         while True:
             try:

@@ -209,6 +209,9 @@ def test_cluster_section_file_env_flags(tmp_path: Path) -> None:
                                                      "ignore")
     assert c.lease_ttl == 3.0 and c.heartbeat_timeout == 1.5
     assert c.definition_timeout == 10.0  # the default
+    assert c.loop_hang_timeout == 60.0
+    s = load_settings(cfg, environ={"AMQPD_CLUSTER_LOOP_HANG_TIMEOUT": "120"})
+    assert s.cluster.loop_hang_timeout == 120.0
     s = load_settings(cfg, {"cluster_definition_timeout": 2.5},
                       environ={"AMQPD_CLUSTER_HEARTBEAT_TIMEOUT": "3"})
     assert (s.cluster.definition_timeout, s.cluster.heartbeat_timeout) == (2.5, 3.0)
@@ -232,6 +235,8 @@ def test_cluster_section_file_env_flags(tmp_path: Path) -> None:
       "AMQPD_CLUSTER_HEARTBEAT_TIMEOUT": "0.1"}, "heartbeat_timeout"),
     ({"AMQPD_CLUSTER": "x", "AMQPD_CLUSTER_ETCD": "http://e:1",
       "AMQPD_CLUSTER_DEFINITION_TIMEOUT": "0"}, "definition_timeout"),
+    ({"AMQPD_CLUSTER": "x", "AMQPD_CLUSTER_ETCD": "http://e:1",
+      "AMQPD_CLUSTER_LOOP_HANG_TIMEOUT": "-1"}, "loop_hang_timeout"),
     ({"AMQPD_CLUSTER": "x", "AMQPD_CLUSTER_ETCD": "http://e:1",
       "AMQPD_REPLICATION_ROLE": "active", "AMQPD_REPLICATION_SECRET": "s",
       "AMQPD_REPLICATION_LISTEN": "127.0.0.1:1"}, "not both"),
