@@ -11,7 +11,9 @@ four frames of :mod:`amqpd.cluster.link_wire` whose stream number names the publ
   unnamed) and one client frame's entries, packed as the protocol packs them. The
   leader stores them as a local publish would, in the order the frames came.
 * ``SPUBBED`` (leader -> publisher's node): publishing ids confirmed, and ids refused
-  with their response codes, as the leader's writer answers them.
+  with their response codes, as the leader's writer answers them; with a named
+  producer's highest confirmed publishing id as the leader keeps it (for
+  deduplication), which the management API shows on the publisher's node.
 * ``SPUBEND`` (publisher's node -> leader): the publisher is gone; the leader forgets
   its state (the ids in flight for deduplication).
 * ``SPUBLOST`` (leader -> publisher's node): the leader cannot take this publisher's
@@ -43,7 +45,11 @@ _KINDS = frozenset({W.SPUB, W.SPUBBED, W.SPUBEND, W.SPUBLOST})
 class Forwarded(Protocol):
     """A publisher on this node whose stream another node leads."""
 
-    def answered(self, confirmed: list[int], errors: list[tuple[int, int]]) -> None: ...
+    def answered(self, confirmed: list[int], errors: list[tuple[int, int]],
+                 stored: int | None) -> None:
+        """The leader's answers, and its producer's highest confirmed id (None: an
+        unnamed publisher, or none confirmed yet)."""
+        ...
 
     def lost(self, why: str) -> None: ...
 
@@ -51,7 +57,8 @@ class Forwarded(Protocol):
 class Answer(Protocol):
     """The leader's way back to one forwarded publisher."""
 
-    def __call__(self, confirmed: list[int], errors: list[tuple[int, int]]) -> None: ...
+    def __call__(self, confirmed: list[int], errors: list[tuple[int, int]],
+                 stored: int | None) -> None: ...
 
 
 class PublishServer(Protocol):
@@ -128,7 +135,8 @@ class ForwardedPublishes:
         if kind == W.SPUBBED:
             mine = self._mine.get(stream)
             if mine is not None and mine[0] == link.peer:
-                mine[1].answered(f[0], list(zip(f[1], f[2], strict=True)))
+                mine[1].answered(f[0], list(zip(f[1], f[2], strict=True)),
+                                 f[3] - 1 if f[3] else None)
         elif kind == W.SPUBLOST:
             mine = self._mine.get(stream)
             if mine is not None and mine[0] == link.peer:
@@ -146,10 +154,12 @@ class ForwardedPublishes:
         why: str | None = "the stream listener is off on this node"
         if server is not None:
 
-            def answer(confirmed: list[int], errors: list[tuple[int, int]]) -> None:
+            def answer(confirmed: list[int], errors: list[tuple[int, int]],
+                       stored: int | None) -> None:
                 if not link.closed:
                     link.send(W.encode(W.SPUBBED, number, confirmed,
-                                       [i for i, _ in errors], [code for _, code in errors]))
+                                       [i for i, _ in errors], [code for _, code in errors],
+                                       0 if stored is None else stored + 1))
 
             why = server.forwarded((link.peer, number), f[0], f[1], f[2], f[3], answer)
         if why is not None:

@@ -91,7 +91,12 @@ class Link(asyncio.Protocol):
             self._magic += data[:need]
             data = data[need:]
             if not W.MAGIC.startswith(self._magic):
-                self._fail("not an amqpd link (bad preamble)", refuse=False)
+                if self._magic[:len(W.PREAMBLE)] == W.PREAMBLE:
+                    # another amqpd version: told why (REFUSED is read by every version)
+                    self._fail(f"link protocol version {self._magic[-1]} there, "
+                               f"{W.VERSION} here: no link between the two")
+                else:
+                    self._fail("not an amqpd link (bad preamble)", refuse=False)
                 return
             if len(self._magic) < len(W.MAGIC):
                 return

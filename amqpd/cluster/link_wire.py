@@ -24,7 +24,15 @@ import json
 import struct
 from typing import Any, Final
 
-MAGIC: Final = b"AMQPD-LINK\x00\x02"  # the dialler's first bytes (protocol version 2)
+# The dialler's first bytes: the preamble, then the link protocol's version. A node
+# speaks one version and links only with nodes of the same one (amqpd.cluster.link
+# refuses another), so no node is sent a frame type or layout it cannot read. Bump
+# VERSION whenever a frame type is added or a layout changes: 2 added the store
+# positions of DELIVER / GET_OK and RECLAIM; 3 the stream-protocol publishers'
+# SPUB..SPUBLOST
+PREAMBLE: Final = b"AMQPD-LINK\x00"
+VERSION: Final = 3
+MAGIC: Final = PREAMBLE + bytes((VERSION,))
 MAX_FRAME: Final = 256 << 20  # a message body is bounded by the AMQP frame limits anyway
 
 # handshake (stream 0)
@@ -75,7 +83,9 @@ DECLARED: Final = 71  # request id, reply code (0: ok), text
 # stream-protocol publishers declared on a node that does not lead their stream
 # (amqpd.cluster.forwarded_publish); the frame's stream number names the publisher
 SPUB: Final = 130  # user -> leader: vhost, stream, producer reference, packed entries
-SPUBBED: Final = 131  # leader -> user: publishing ids confirmed, ids refused, their codes
+# leader -> user: publishing ids confirmed, ids refused, their codes, and the producer's
+# highest confirmed publishing id + 1 as the leader keeps it (0: unnamed, or none yet)
+SPUBBED: Final = 131
 SPUBEND: Final = 132  # user -> leader: the publisher is gone (deleted, connection closed)
 SPUBLOST: Final = 133  # leader -> user: its publishes cannot be taken here (why)
 
@@ -89,7 +99,7 @@ LAYOUTS: Final[dict[int, str]] = {
     SETTLE: "L", REQUEUE: "L", REJECT: "L",
     PURGE: "I", PURGED: "IQ", DELETE: "I", DELETED: "IQ", COUNT: "I", COUNTED: "IQQI",
     DECLARE: "Ij", DECLARED: "IIs",
-    SPUB: "sssb", SPUBBED: "LLL", SPUBEND: "", SPUBLOST: "s",
+    SPUB: "sssb", SPUBBED: "LLLQ", SPUBEND: "", SPUBLOST: "s",
 }
 
 _HEAD = struct.Struct(">IBI")
@@ -376,6 +386,6 @@ def proof_ok(expected: bytes, got: bytes) -> bool:
     return hmac.compare_digest(expected, got)
 
 
-__all__ = ["LAYOUTS", "MAGIC", "FrameReader", "WireError", "decode_fields", "encode",
-           "encode_confirm", "encode_credit", "encode_deliver", "encode_grant",
-           "encode_ids", "encode_publish", "proof", "proof_ok"]
+__all__ = ["LAYOUTS", "MAGIC", "PREAMBLE", "VERSION", "FrameReader", "WireError",
+           "decode_fields", "encode", "encode_confirm", "encode_credit", "encode_deliver",
+           "encode_grant", "encode_ids", "encode_publish", "proof", "proof_ok"]

@@ -47,6 +47,7 @@ from amqpd.streamproto.sac import Coordinator, GroupKey, Notice
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from amqpd.broker.queue_type import QueueType
     from amqpd.server import Broker
 
 log = logging.getLogger("amqpd.streamproto")
@@ -122,7 +123,9 @@ class StreamConnection:
         self.reading: Callable[[bool], None] = lambda on: None
         self._forwarding = 0  # bytes sent to leaders' nodes, not yet answered
         self.received = True  # something arrived since the last heartbeat check
-        self._gone_callbacks: dict[int, Callable[[Any], None]] = {}
+        # the streams (or stand-ins of streams led elsewhere) whose removal this
+        # connection hears of, by id: the queue and the callback it was given
+        self._gone_callbacks: dict[int, tuple[QueueType, Callable[[Any], None]]] = {}
         # stores this connection's publishes to streams led here (streamproto.publishing)
         self.writer = Writer(self._loop, name)
         # streams led elsewhere read from this node's copy, by name (streamproto.copies)
@@ -470,13 +473,25 @@ class StreamConnection:
                      "%d subscription(s) end", self.name, source.name, len(sids))
             self.send(c.metadata_update(c.STREAM_NOT_AVAILABLE, source.name))
 
-    def stream_gone(self, queue: StreamQueue) -> None:
-        """The stream was deleted: its publishers and subscriptions end, and the
-        client hears of it (metadata-update, STREAM_NOT_AVAILABLE)."""
-        for pid in [p.id for p in self.publishers.values() if p.queue is queue]:
-            del self.publishers[pid]
-        for sid in [s.id for s in self.subscriptions.values() if s.queue is queue]:
+    def stream_gone(self, queue: QueueType) -> None:
+        """The stream was deleted (or, led here, is led here no more; led elsewhere,
+        its stand-in was replaced by this node's election): its publishers -- those
+        writing through another node too -- and subscriptions end, and the client
+        hears of it at once (metadata-update, STREAM_NOT_AVAILABLE), as RabbitMQ
+        3.10.8 tells every connection with a publisher or subscriber on a deleted
+        stream. A forwarded publisher's ids not yet answered get publish-error 0x06
+        (:meth:`RemotePublisher.ended`)."""
+        self._gone_callbacks.pop(id(queue), None)
+        pubs = [p for p in self.publishers.values() if p.queue is queue]
+        for pub in pubs:
+            del self.publishers[pub.id]
+            if isinstance(pub, RemotePublisher):
+                pub.ended()
+        sids = [s.id for s in self.subscriptions.values() if s.queue is queue]
+        for sid in sids:
             self._drop_subscription(sid)
+        log.info("stream connection %s: stream '%s' is gone here: %d publisher(s) and "
+                 "%d subscription(s) end", self.name, queue.name, len(pubs), len(sids))
         self.send(c.metadata_update(c.STREAM_NOT_AVAILABLE, queue.name))
 
     # ------------------------------------------------------------------ publishing
@@ -522,10 +537,12 @@ class StreamConnection:
             leader, why = "", str(exc)
         else:
             why = f"no link to node '{leader}' now"
-        pub = RemotePublisher(pid, reference, vh.queues[stream], self.vhost, leader, self)
+        stand_in = vh.queues[stream]
+        pub = RemotePublisher(pid, reference, stand_in, self.vhost, leader, self)
         if leader and links is not None and pub.bind(links):
             log.info("stream connection %s: publisher %d of stream '%s' writes through "
                      "node '%s', its leader", self.name, pid, stream, leader)
+            self._watch(stand_in, reading=False)  # the stream's deletion is heard here
             return pub
         log.warning("stream connection %s: publisher %d for stream '%s' refused: %s",
                     self.name, pid, stream, why)
@@ -582,9 +599,14 @@ class StreamConnection:
 
     def stored_sequence(self, pub: Publisher) -> int | None:
         """A named publisher's highest confirmed publishing id, as kept for
-        deduplication (None for an unnamed one or before its first confirm)."""
-        if pub.reference is None or not isinstance(pub.queue, StreamQueue):
-            return None  # (a publisher writing through another node: asked there)
+        deduplication (None for an unnamed one or before its first confirm). A
+        publisher writing through another node has the figure the leader's answers
+        carry (None until its first answer)."""
+        if pub.reference is None:
+            return None
+        if isinstance(pub, RemotePublisher):
+            return pub.stored
+        assert isinstance(pub.queue, StreamQueue)
         return pub.queue.stream_tracking().publishers.get(pub.reference)
 
     def _query_publisher_sequence(self, cmd: c.Command) -> None:
@@ -708,13 +730,16 @@ class StreamConnection:
         elif stepping_down and sub.group is not None:
             _notify(self.coordinator.activate(sub.group, self, sid))
 
-    def _watch(self, q: StreamQueue, reading: bool) -> None:
-        """Hear of the stream's deletion (once per stream) and, for a subscription
+    def _watch(self, q: QueueType, reading: bool) -> None:
+        """Hear of the stream's deletion (once per stream; ``q`` is the stand-in of a
+        stream led elsewhere for a forwarded publisher) and, for a subscription
         (``reading``), of its commit point moving (:meth:`StreamQueue.commit_moved`)."""
         if id(q) not in self._gone_callbacks:
-            gone = self._gone_callbacks[id(q)] = lambda queue: self.stream_gone(q)
+            gone: Callable[[Any], None] = lambda queue: self.stream_gone(q)  # noqa: E731
+            self._gone_callbacks[id(q)] = (q, gone)
             q.on_removed.append(gone)
-        if reading and self._on_records not in q.commit_watchers:
+        if reading and isinstance(q, StreamQueue) and \
+                self._on_records not in q.commit_watchers:
             q.commit_watchers.append(self._on_records)
 
     def _on_records(self) -> None:
@@ -956,16 +981,12 @@ class StreamConnection:
         for source in list(self._copies.values()):
             source.close()
         self._copies.clear()
-        vh = self.broker.vhosts.get(self.vhost)
-        if vh is None:
-            return
-        for q in vh.queues.values():
-            if isinstance(q, StreamQueue) and id(q) in self._gone_callbacks:
-                if self._on_records in q.commit_watchers:
-                    q.commit_watchers.remove(self._on_records)
-                gone = self._gone_callbacks.pop(id(q), None)
-                if gone in q.on_removed:
-                    q.on_removed.remove(gone)
+        watched, self._gone_callbacks = self._gone_callbacks, {}
+        for q, gone in watched.values():
+            if isinstance(q, StreamQueue) and self._on_records in q.commit_watchers:
+                q.commit_watchers.remove(self._on_records)
+            if gone in q.on_removed:
+                q.on_removed.remove(gone)
 
 
 def _start_offset(q: StreamSource, kind: int, value: int | None) -> int:

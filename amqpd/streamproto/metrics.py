@@ -34,8 +34,8 @@ def add_metrics(listener: StreamListener, e: Any) -> None:
           "Stream protocol subscriptions that read (not a waiting group member)",
           sum(1 for c in consumers if c["active"]))
     for name, kind, help_, key in (
-            ("publisher_published_total", "counter", "Messages a publisher had stored",
-             "published"),
+            ("publisher_published_total", "counter",
+             "Publishing ids a publisher sent (a sub-entry batch once)", "published"),
             ("publisher_confirmed_total", "counter", "Publishing ids confirmed to a publisher",
              "confirmed"),
             ("publisher_errored_total", "counter",

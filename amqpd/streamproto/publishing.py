@@ -56,7 +56,9 @@ class Publisher:
         # ids accepted but not yet confirmed, highest (dedup of re-sends in flight)
         self.highest = 0
         self.last_id = -1  # the highest publishing id received (the management API's)
-        self.published = 0  # messages stored (the management API's counters)
+        # publishing ids received (the management API's counters, as RabbitMQ 3.10.8
+        # counts them: a sub-entry batch once, a re-sent duplicate and a refused id too)
+        self.published = 0
         self.confirmed = 0  # publishing ids confirmed
         self.errored = 0  # publishing ids answered with publish-error
 
@@ -107,6 +109,7 @@ class Writer:
         confirmed or refused through ``sink``, in the order the frames came."""
         tracking = q.stream_tracking() if pub.reference else None
         last = tracking.publishers.get(pub.reference or "", 0) if tracking else 0
+        pub.published += len(entries)
         messages: list[bytes] = []
         accepted: list[int] = []
         counts: list[int] = []  # a named publisher's: messages after each accepted id
@@ -143,7 +146,6 @@ class Writer:
         start = q.log.next_offset
         if messages:
             q.append_amqp10(messages)
-            pub.published += len(messages)
         end = q.log.next_offset  # after this frame's records
         if tracking is not None and accepted:
             # before any confirm: replication ships each id with its records

@@ -83,6 +83,9 @@ class RemotePublisher(Publisher):
         self.links: ForwardedPublishes | None = None
         # publishing ids sent, not yet answered: each its share of the bytes sent
         self.pending: dict[int, int] = {}
+        # a named producer's highest confirmed id as the leader keeps it (its answers
+        # carry it): the management API's ``confirmed_publishing_id``
+        self.stored: int | None = None
 
     def bind(self, links: ForwardedPublishes) -> bool:
         """Reach the leader's node; False when there is no link to it now."""
@@ -104,13 +107,16 @@ class RemotePublisher(Publisher):
         for i in ids:
             pending[i] = pending.get(i, 0) + share
         self.owner.in_flight(share * len(ids))
-        self.published += sum(1 if isinstance(e, bytes) else int(e[1]) for _, e in entries)
+        self.published += len(ids)  # as a local publisher counts (publishing.Writer)
         links = self.links
         if links is None or not links.send(self.number, self.vhost, self.queue.name,
                                            self.reference or "", packed):
             self.lost(f"no link to node '{self.leader}'")
 
-    def answered(self, confirmed: list[int], errors: list[tuple[int, int]]) -> None:
+    def answered(self, confirmed: list[int], errors: list[tuple[int, int]],
+                 stored: int | None) -> None:
+        if stored is not None:
+            self.stored = stored
         pending = self.pending
         done = sum(pending.pop(i, 0) for i in confirmed) + sum(
             pending.pop(i, 0) for i, _ in errors)
@@ -133,13 +139,24 @@ class RemotePublisher(Publisher):
                     "leader (node '%s'): %s; %d publishing id(s) not confirmed",
                     self.owner.name, self.id, self.queue.name, self.leader, why,
                     len(self.pending))
+        self._refuse_pending()
+        self.owner.publisher_lost(self)
+        self.owner.send(c.metadata_update(c.STREAM_NOT_AVAILABLE, self.queue.name))
+
+    def ended(self) -> None:
+        """The stream was deleted (its stand-in on this node removed): what the leader
+        did not answer is refused and the leader's node forgets the publisher; the
+        connection has dropped it and tells the client (metadata-update)."""
+        self._refuse_pending()
+        self.close()
+
+    def _refuse_pending(self) -> None:
+        """Publish-error 0x06 (stream not available) for every id not yet answered."""
         if self.pending:
             self.owner.in_flight(-sum(self.pending.values()))
             ids, self.pending = sorted(self.pending), {}
             self.errored += len(ids)
             self.owner.error(self, [(i, c.STREAM_NOT_AVAILABLE) for i in ids])
-        self.owner.publisher_lost(self)
-        self.owner.send(c.metadata_update(c.STREAM_NOT_AVAILABLE, self.queue.name))
 
     def close(self) -> None:
         """The client deleted it or went: the leader's node forgets it."""
@@ -152,16 +169,24 @@ class RemotePublisher(Publisher):
 
 
 class _Back:
-    """A forwarded publisher's confirms and refusals, back over the link."""
+    """A forwarded publisher's confirms and refusals, back over the link, each with
+    the producer's highest confirmed id as this node keeps it (the publisher's node
+    shows it in the management API, as this node would a local publisher's)."""
 
-    def __init__(self, answer: Answer) -> None:
+    def __init__(self, answer: Answer, queue: StreamQueue) -> None:
         self.answer = answer
+        self.queue = queue
+
+    def _stored(self, pub: Publisher) -> int | None:
+        if pub.reference is None:
+            return None
+        return self.queue.stream_tracking().publishers.get(pub.reference)
 
     def confirm(self, pub: Publisher, ids: list[int]) -> None:
-        self.answer(ids, [])
+        self.answer(ids, [], self._stored(pub))
 
     def error(self, pub: Publisher, errors: list[tuple[int, int]]) -> None:
-        self.answer([], errors)
+        self.answer([], errors, self._stored(pub))
 
 
 class PublishRelay:
@@ -185,7 +210,7 @@ class PublishRelay:
         served = self._served.get(key)
         if served is None or served[0].queue is not q:
             served = self._served[key] = (Publisher(key[1], reference or None, q),
-                                          _Back(answer))
+                                          _Back(answer, q))
         try:
             entries = unpack_entries(packed)
         except c.FrameError as exc:

@@ -29,6 +29,27 @@ unanswered.
 A second test makes a two-member stream and publishes through the node that holds no
 copy of it: 1,000 ids of a named producer, all confirmed and read in order at the
 leader's and the replica's ports.
+
+A third test puts a named and an unnamed publisher on a replica's node (forwarded to
+the leader) and a named one on the leader's node, each publishing 200 ids, 100 of them
+again (re-sent: confirmed, not stored twice) and three sub-entry batches of five, and
+reads their entries in the management API at each publisher's node
+(``/api/stream/publishers`` and the connection's ``.../publishers``, with
+``rabbitmq_management`` and ``rabbitmq_stream_management`` enabled on RabbitMQ). Then
+subscribers at the leader's and both replicas' ports join, and another connection
+deletes the stream. RabbitMQ 3.10.8 did, in the run recorded here: every publisher's
+``published`` and ``confirmed`` counted publishing ids received (303 for 300 plain
+ids and three batches of five: a batch counts once, a re-sent duplicate counts),
+``errored`` 0, and its entries have no publishing ids (no ``last_publishing_id`` nor
+``confirmed_publishing_id``: amqpd's own fields); on the delete every connection with
+a publisher or a subscriber on the stream -- the forwarded publishers', the local
+publisher's and the subscribers' at the leader and at both replicas -- got one
+metadata-update with code 0x06 (stream not available) at once, without publishing,
+and the deleting connection none; a publish afterwards got publish-error 0x12
+(publisher does not exist). amqpd is checked to do the same, and its publishers'
+``last_publishing_id`` and ``confirmed_publishing_id`` to be the highest id sent and
+the highest confirmed (null for the unnamed one) on the replica's node as on the
+leader's.
 """
 
 from __future__ import annotations
@@ -38,6 +59,9 @@ import json
 import os
 import struct
 import time
+import urllib.parse
+import urllib.request
+from base64 import b64encode
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +102,7 @@ class Three:
     kill_leader: Callable[[], None]
     diagnose: Callable[[], str]
     ready: Callable[[int], None] = lambda members: None  # that many copies are there
+    http: list[str] = field(default_factory=list)  # each node's management API
     notes: dict[str, Any] = field(default_factory=dict)
 
 
@@ -96,7 +121,8 @@ def three(request: pytest.FixtureRequest, tmp_path: Path,
                         ready=lambda members: wait_for(
                             lambda: len(queue_info(a).get("member_offsets", {}))
                             == members, 60, "every member's copy connected",
-                            lambda: diagnose(nodes)))
+                            lambda: diagnose(nodes)),
+                        http=[n.proc.http_url for n in nodes if n.proc is not None])
         return
     from devtools.rabbitmq import RabbitMQError, RabbitMQNotInstalled, find_server
     from devtools.rabbitmq_cluster import kill_node, start_cluster, stop_cluster
@@ -107,13 +133,16 @@ def three(request: pytest.FixtureRequest, tmp_path: Path,
         pytest.skip(str(exc))
     d = tmp_path_factory.mktemp("rabbitmq-stream-cluster")
     try:
-        info = start_cluster(d, nodes=3, plugins=["rabbitmq_stream"])
+        info = start_cluster(d, nodes=3, plugins=["rabbitmq_stream", "rabbitmq_management",
+                                                  "rabbitmq_stream_management"])
     except RabbitMQError as exc:
         pytest.skip(f"a 3-node RabbitMQ cluster could not be started here: {exc}")
     try:
         first = info.nodes[0]
         yield Three("rabbitmq", [n.plugin_ports["rabbitmq_stream"] for n in info.nodes],
-                    lambda: kill_node(first), lambda: f"RabbitMQ cluster in {d}")
+                    lambda: kill_node(first), lambda: f"RabbitMQ cluster in {d}",
+                    http=[f"http://127.0.0.1:{n.plugin_ports['rabbitmq_management']}"
+                          for n in info.nodes])
     finally:
         stop_cluster(d)
 
@@ -191,7 +220,13 @@ class Reader(Raw):
             if key == 0x08:
                 self.got += _records(rest[1:])
                 self.sock.sendall(_credit(rest[0]))
+            elif key == 0x10:
+                self.updates.append(struct.unpack_from(">H", rest)[0])
         return self.got
+
+    def pump(self, timeout: float) -> None:
+        """Take what arrives within ``timeout`` seconds (sub-entry batches too)."""
+        self.read(len(self.got) + (1 << 30), timeout)
 
 
 def _credit(sid: int) -> bytes:
@@ -378,3 +413,104 @@ def _leader_lost(three: Three) -> None:
     if pub.updates and not ended:
         # the publisher is gone with the leader (both brokers): 0x12 for what follows
         assert outcome["after_the_update"] == [0x12], outcome
+
+
+def _get(base: str, path: str) -> Any:
+    req = urllib.request.Request(base + path, headers={
+        "Authorization": "Basic " + b64encode(b"guest:guest").decode()})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def _publishers(three: Three, node: int, reference: str, count: int) -> dict[str, Any]:
+    """Publisher ``reference``'s entry in node ``node``'s /api/stream/publishers once
+    it shows ``count`` ids confirmed (RabbitMQ's figures come every 5 s), checked
+    equal to the same entry in its connection's publishers."""
+    found: dict[str, Any] = {}
+
+    def shown() -> bool:
+        found.clear()
+        for x in _get(three.http[node], "/api/stream/publishers"):
+            if x["reference"] == reference and x["queue"]["name"] == STREAM:
+                found.update(x)
+        return found.get("confirmed") == count
+
+    wait_for(shown, 60, f"publisher {reference!r} with {count} confirmed in the API",
+             lambda: f"{found} {three.diagnose()}")
+    conn = urllib.parse.quote(found["connection_details"]["name"], safe="")
+    per_conn = _get(three.http[node], f"/api/stream/connections/%2F/{conn}/publishers")
+    assert [x for x in per_conn if x["reference"] == reference] == [found]
+    return found
+
+
+def _publish_three_ways(pub: Raw, pid: int) -> None:
+    """Ids 1..200, 101..200 again, sub-entry batches 201..203: 303 ids confirmed."""
+    _publish(pub, pid, range(1, 201), "n")
+    _publish(pub, pid, range(101, 201), "n")
+    _publish_batches(pub, pid, range(201, 204))
+
+
+def test_forwarded_publishers_in_the_api_and_a_deleted_stream_told_at_once(
+        three: Three) -> None:
+    _create(three)
+    leader, via, _third = three.ports
+    forwarded, local, deleter = Raw(via), Raw(leader), Raw(leader)
+    readers = [Reader(port) for port in three.ports]
+    clients = [forwarded, local, deleter, *readers]
+    try:
+        for client in clients:
+            client.open()
+        assert forwarded.declare_publisher(1, "producer-f") == OK
+        assert forwarded.declare_publisher(2) == OK
+        assert local.declare_publisher(1, "producer-l") == OK
+        _publish_three_ways(forwarded, 1)
+        _publish(forwarded, 2, range(50), "u")
+        _publish_three_ways(local, 1)
+        assert len(forwarded.wait_confirms(353, 60)) == 353, three.diagnose()
+        assert len(local.wait_confirms(303, 60)) == 303, three.diagnose()
+        assert not forwarded.errored and not local.errored
+
+        entries = {"producer-f": _publishers(three, 1, "producer-f", 303),
+                   "": _publishers(three, 1, "", 50),
+                   "producer-l": _publishers(three, 0, "producer-l", 303)}
+        for ref, x in entries.items():
+            sent = 50 if ref == "" else 303
+            assert (x["published"], x["confirmed"], x["errored"]) == (sent, sent, 0), x
+            if three.kind == "amqpd":  # amqpd's own fields (RabbitMQ has none)
+                assert x["last_publishing_id"] == (49 if ref == "" else 203), x
+                assert x["confirmed_publishing_id"] == (None if ref == "" else 203), x
+            else:
+                assert "last_publishing_id" not in x, x
+                assert "confirmed_publishing_id" not in x, x
+
+        for reader in readers:
+            assert reader.subscribe(1, FIRST) == OK
+        for reader in readers:
+            reader.read(1, 30)
+        assert all(reader.got for reader in readers), three.diagnose()
+
+        deleter.send(0x0E, _s(STREAM))
+        assert deleter.response(0x0E)[0] == OK
+        told = [forwarded, local, *readers]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not all(c.updates for c in told):
+            for client in told:
+                client.pump(0.1)
+        for client in clients:
+            client.pump(1.0)  # anything beyond the first notice
+        # one notice per connection (the forwarded publishers' without publishing), none
+        # for the connection that only deleted the stream
+        assert [c.updates for c in told] == [[NOT_AVAILABLE]] * len(told), (
+            [c.updates for c in told], three.diagnose())
+        assert deleter.updates == []
+        assert not forwarded.errored  # nothing was left unanswered
+
+        for pub in (forwarded, local):  # the publishers are gone with the stream
+            _publish(pub, 1, range(300, 301), "z")
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and not pub.errored:
+                pub.pump(0.2)
+            assert list(zip(pub.errored, pub.error_codes, strict=True)) == [(300, 0x12)]
+    finally:
+        for client in clients:
+            client.close()

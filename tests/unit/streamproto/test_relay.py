@@ -89,10 +89,14 @@ def test_answers_reach_the_client_and_a_lost_leader_refuses_what_is_pending() ->
     pub.forward([(1, b"a"), (2, b"b"), (3, (0, 4, 0, b""))])
     assert [s[:4] for s in links.sent] == [(7, "/", "s1", "producer")]
     assert unpack_entries(links.sent[0][4])[:2] == [(1, b"a"), (2, b"b")]
-    assert pub.published == 6 and pub.last_id == 3
+    # publishing ids, a sub-entry batch once (as RabbitMQ 3.10.8 and a local publisher)
+    assert pub.published == 3 and pub.last_id == 3
     assert owner.bytes >= len(links.sent[0][4])
-    pub.answered([1], [(3, c.PRECONDITION_FAILED)])
+    assert pub.stored is None
+    pub.answered([1], [(3, c.PRECONDITION_FAILED)], 1)
     assert owner.confirms == [1] and owner.errors == [(3, c.PRECONDITION_FAILED)]
+    assert pub.stored == 1  # the leader's figure, for the management API
+    assert (pub.confirmed, pub.errored) == (1, 1)
     assert list(pub.pending) == [2] and owner.bytes == pub.pending[2] > 0
     pub.lost("the link went down")
     assert owner.bytes == 0
@@ -135,3 +139,17 @@ def test_a_connection_stops_reading_past_its_forwarding_bound() -> None:
     assert calls == [False]  # above half the bound: still held
     conn.in_flight(-2 * step)
     assert calls == [False, True]
+
+
+def test_a_deleted_stream_refuses_what_is_pending_and_tells_the_leader() -> None:
+    """The stand-in of the stream was removed here (:meth:`RemotePublisher.ended`): the
+    ids not answered get 0x06, the leader's node forgets the publisher; the metadata
+    update is the connection's (once per stream, with its other clients of it)."""
+    links, owner = Links(), Owner()
+    pub = _publisher(links, owner)
+    pub.forward([(1, b"a"), (2, b"b")])
+    pub.answered([1], [], 1)
+    pub.ended()
+    assert owner.errors == [(2, c.STREAM_NOT_AVAILABLE)] and owner.bytes == 0
+    assert links.closed == [7] and owner.frames == [] and owner.lost == []
+    assert (pub.confirmed, pub.errored) == (1, 1)
