@@ -301,14 +301,16 @@ class ClusterStatus(Protocol):
         the running members it sees; a paused node runs none."""
         ...
 
-    def transient_declared(self, queue: QueueType) -> None:
+    def transient_declared(self, queue: QueueType) -> bool:
         """A queue that is no durable definition (non-durable, or exclusive) was
-        created here: make it known on every node (amqpd/cluster/transient.py)."""
+        created here: make it known on every node (amqpd/cluster/transient.py). True:
+        its reply waits until every node knows it (``after_mirrored``)."""
         ...
 
-    def transient_binding(self, binding: Binding) -> None:
+    def transient_binding(self, binding: Binding) -> bool:
         """A binding that is no durable definition was made or removed here (a
-        non-durable queue's bindings are known on every node too)."""
+        non-durable queue's bindings are known on every node too). True: its reply
+        waits until every node knows it (``after_mirrored``)."""
         ...
 
     def dedup_cache(self, vhost: str, exchange: str) -> SharedCache:
@@ -333,7 +335,8 @@ class ClusterStatus(Protocol):
         ...
 
     def after_mirrored(self, callback: OnConfirm) -> OnConfirm:
-        """``callback`` wrapped to run once the changes recorded so far are in etcd."""
+        """``callback`` wrapped to run once the changes recorded so far are in etcd
+        (and a non-durable queue's, applied by every node)."""
         ...
 
     def display_name(self) -> str | None:

@@ -225,7 +225,9 @@ class VHost:
         if durable and exclusive_owner is None:
             self.broker.definitions_changed(q)
         elif self.broker.cluster is not None:
-            self.broker.cluster.transient_declared(q)  # known on every node (issue 15)
+            # known on every node (issue 15), and the declare-ok waits until it is
+            if self.broker.cluster.transient_declared(q):
+                self.broker.definitions.awaits_cluster()
         log.debug("queue declared: %s", name)
         return q
 

@@ -21,6 +21,7 @@ from amqpd.cluster import link_wire as W
 from amqpd.cluster.link import Link, LinkHandler, LinkManager
 from amqpd.cluster.remote_queue import RemoteQueue, jsonable, remote_class
 from amqpd.cluster.remote_served import Served
+from amqpd.cluster.visibility import VisibilityBarrier, answer_when
 
 if TYPE_CHECKING:
     from amqpd.broker.api import BrokerAPI, VHost
@@ -67,6 +68,11 @@ class QueuesView(Protocol):
         to this node (amqpd.cluster.transient)."""
         ...
 
+    def when_applied(self, revision: int, answer: Callable[[], None]) -> None:
+        """``answer`` once this node's watch of the non-durable queues has applied the
+        store's ``revision`` (a peer's ``SYNC``: amqpd.cluster.visibility)."""
+        ...
+
 
 class ClusterQueues:
     """This node's side of queues across the cluster: the :class:`LinkHandler` of its
@@ -81,6 +87,8 @@ class ClusterQueues:
         self.locator = locator  # cluster.queue_leader_locator
         self.node: str = view.node_name
         self.links = LinkManager(self.node, cookie, self, self._address, view.is_running)
+        # replies that wait until every peer applied a non-durable queue's change
+        self.barrier = VisibilityBarrier(self.links)
         self.remote: dict[str, dict[int, RemoteQueue]] = {}  # peer -> stream -> queue
         self._next_stream = 0
         self.served: dict[Link, dict[int, Served]] = {}
@@ -299,6 +307,7 @@ class ClusterQueues:
             self.view.node_lost(link.peer)
         if not self.links.closing and self.view.is_running(link.peer):
             self.links.want(link.peer)
+        self.barrier.link_down(link)
         for ext in self.extensions:
             ext.link_down(link)
 
@@ -328,6 +337,13 @@ class ClusterQueues:
             return
         if kind == W.DECLARED:
             self._declared(*f)
+            return
+        if kind == W.SYNC:
+            revision = f[0]
+            self.view.when_applied(revision, lambda: answer_when(link, revision))
+            return
+        if kind == W.SYNCED:
+            self.barrier.answered(link, f[0])
             return
         if kind in _LEADER_SIDE:
             self._serve(link, kind, stream, f)

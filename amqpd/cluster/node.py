@@ -323,11 +323,14 @@ class Cluster(ClusterView):
 
         return max(running, key=rank) == self.node_name
 
-    def transient_declared(self, queue: Any) -> None:
-        self.transient.declared(queue)
+    def transient_declared(self, queue: Any) -> bool:
+        return self.transient.declared(queue)
 
-    def transient_binding(self, binding: Any) -> None:
-        self.transient.binding_changed(binding)
+    def transient_binding(self, binding: Any) -> bool:
+        return self.transient.binding_changed(binding)
+
+    def when_applied(self, revision: int, answer: Callable[[], None]) -> None:
+        self.transient.when_applied(revision, answer)
 
     def node_lost(self, node: str) -> None:
         """The inter-node link to ``node`` went (remote_queue's ``on_link_down``)."""
@@ -373,7 +376,8 @@ class Cluster(ClusterView):
         self.mirror.after_gone(KIND_QUEUE, f"{vhost}\x00{name}", callback)
 
     def after_mirrored(self, callback: Any) -> Any:
-        return self.mirror.after_mirrored(self.tdefs.after_mirrored(callback))
+        return self.mirror.after_mirrored(
+            self.tdefs.after_mirrored(self.transient.after_visible(callback)))
 
     def display_name(self) -> str | None:
         return self.membership.display_name
