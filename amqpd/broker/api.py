@@ -54,6 +54,8 @@ from amqpd.broker.parameters import ParameterStore, UnknownComponent
 from amqpd.broker.policy import register_policy_key
 from amqpd.broker.queue import Consumer, Queue, QueueEntry
 from amqpd.broker.queue_type import QUEUE_TYPES, QueueType, queue_type_name, register_queue_type
+from amqpd.broker.reply_to import PREFIX as REPLY_PREFIX
+from amqpd.broker.reply_to import inbox as reply_inbox
 from amqpd.broker.quorum import QuorumQueue as QuorumQueue
 from amqpd.broker.stream import StreamQueue as StreamQueue
 from amqpd.broker.stream import check_stream_consumer as check_stream_consumer
@@ -299,6 +301,12 @@ class ClusterStatus(Protocol):
         """Is this node the one of the cluster that runs the singleton ``key`` (a
         dynamic shovel, a federated exchange's link)? Every node answers the same from
         the running members it sees; a paused node runs none."""
+        ...
+
+    def reply_queue(self, vhost: str, name: str, node: str) -> QueueType | None:
+        """The stand-in through which a direct reply reaches ``node``'s inbox ``name``
+        (``amq.rabbitmq.reply-to.<token>``, the token ``node``'s); None if ``node`` is
+        not a running member (the reply is dropped, as a stale one)."""
         ...
 
     def transient_declared(self, queue: QueueType) -> bool:
@@ -1236,6 +1244,7 @@ __all__ = [
     "HASHING_SHA256",
     "PROPERTY_NAMES",
     "QUEUE_TYPES",
+    "REPLY_PREFIX",
     "AMQPError",
     "AccessRefused",
     "Binding",
@@ -1270,5 +1279,6 @@ __all__ = [
     "register_exchange_type",
     "register_policy_key",
     "register_queue_type",
+    "reply_inbox",
     "wire",
 ]

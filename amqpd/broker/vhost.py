@@ -66,7 +66,7 @@ class VHost:
         # source exchange after a bind or unbind through this API changed its bindings
         self.on_binding_changed: list[Callable[[Exchange], None]] = []
         # direct reply-to inboxes of this vhost; the default exchange routes replies there
-        self.replies = ReplyRegistry()
+        self.replies = ReplyRegistry(self)
         for xname, xtype in BUILTIN_EXCHANGES:
             self.exchanges[xname] = EXCHANGE_TYPES[xtype](name, xname, durable=True)
         self.exchanges[""] = DefaultExchange(name, self.replies)

@@ -16,11 +16,12 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from amqpd.broker.api import AMQPError, QueueType, queue_type_name
+from amqpd.broker.api import REPLY_PREFIX, AMQPError, QueueType, queue_type_name, reply_inbox
 from amqpd.cluster import link_wire as W
 from amqpd.cluster.link import Link, LinkHandler, LinkManager
 from amqpd.cluster.remote_queue import RemoteQueue, jsonable, remote_class
 from amqpd.cluster.remote_served import Served
+from amqpd.cluster.reply_forward import ReplyForwards
 from amqpd.cluster.visibility import VisibilityBarrier, answer_when
 
 if TYPE_CHECKING:
@@ -89,6 +90,8 @@ class ClusterQueues:
         self.links = LinkManager(self.node, cookie, self, self._address, view.is_running)
         # replies that wait until every peer applied a non-durable queue's change
         self.barrier = VisibilityBarrier(self.links)
+        # stand-ins of the other nodes' direct reply-to inboxes
+        self.replies = ReplyForwards(self)
         self.remote: dict[str, dict[int, RemoteQueue]] = {}  # peer -> stream -> queue
         self._next_stream = 0
         self.served: dict[Link, dict[int, Served]] = {}
@@ -435,6 +438,8 @@ class ClusterQueues:
               name: str) -> None:
         vh = self.broker.vhosts.get(vhost)
         q = vh.queues.get(name) if vh is not None else None
+        if q is None and vh is not None and name.startswith(REPLY_PREFIX):
+            q = reply_inbox(vh, name)  # a requester's inbox here (cluster.reply_forward)
         if q is None or q.forwards_publish:
             link.send(W.encode(W.FAILED, stream, 404,
                                f"NOT_FOUND - no queue '{name}' in vhost '{vhost}'"))

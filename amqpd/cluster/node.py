@@ -329,6 +329,10 @@ class Cluster(ClusterView):
     def transient_binding(self, binding: Any) -> bool:
         return self.transient.binding_changed(binding)
 
+    def reply_queue(self, vhost: str, name: str, node: str) -> Any:
+        queues = self.queues
+        return queues.replies.route(vhost, name, node) if queues is not None else None
+
     def when_applied(self, revision: int, answer: Callable[[], None]) -> None:
         self.transient.when_applied(revision, answer)
 
