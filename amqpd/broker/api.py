@@ -54,9 +54,9 @@ from amqpd.broker.parameters import ParameterStore, UnknownComponent
 from amqpd.broker.policy import register_policy_key
 from amqpd.broker.queue import Consumer, Queue, QueueEntry
 from amqpd.broker.queue_type import QUEUE_TYPES, QueueType, queue_type_name, register_queue_type
+from amqpd.broker.quorum import QuorumQueue as QuorumQueue
 from amqpd.broker.reply_to import PREFIX as REPLY_PREFIX
 from amqpd.broker.reply_to import inbox as reply_inbox
-from amqpd.broker.quorum import QuorumQueue as QuorumQueue
 from amqpd.broker.stream import StreamQueue as StreamQueue
 from amqpd.broker.stream import check_stream_consumer as check_stream_consumer
 from amqpd.broker.stream import decode_record as decode_record

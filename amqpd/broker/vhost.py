@@ -224,10 +224,9 @@ class VHost:
         self.broker.apply_policies_to(self, q)
         if durable and exclusive_owner is None:
             self.broker.definitions_changed(q)
-        elif self.broker.cluster is not None:
+        elif self.broker.cluster is not None and self.broker.cluster.transient_declared(q):
             # known on every node (issue 15), and the declare-ok waits until it is
-            if self.broker.cluster.transient_declared(q):
-                self.broker.definitions.awaits_cluster()
+            self.broker.definitions.awaits_cluster()
         log.debug("queue declared: %s", name)
         return q
 

@@ -69,9 +69,9 @@ class QueuesView(Protocol):
         to this node (amqpd.cluster.transient)."""
         ...
 
-    def when_applied(self, revision: int, answer: Callable[[], None]) -> None:
-        """``answer`` once this node's watch of the non-durable queues has applied the
-        store's ``revision`` (a peer's ``SYNC``: amqpd.cluster.visibility)."""
+    def when_applied(self, watch: int, revision: int, answer: Callable[[], None]) -> None:
+        """``answer`` once this node's ``watch`` (amqpd.cluster.visibility's kinds) has
+        applied the store's ``revision`` (a peer's ``SYNC``)."""
         ...
 
 
@@ -342,11 +342,12 @@ class ClusterQueues:
             self._declared(*f)
             return
         if kind == W.SYNC:
-            revision = f[0]
-            self.view.when_applied(revision, lambda: answer_when(link, revision))
+            watch, revision = f
+            self.view.when_applied(watch, revision,
+                                   lambda: answer_when(link, watch, revision))
             return
         if kind == W.SYNCED:
-            self.barrier.answered(link, f[0])
+            self.barrier.answered(link, f[0], f[1])
             return
         if kind in _LEADER_SIDE:
             self._serve(link, kind, stream, f)

@@ -72,10 +72,11 @@ COUNT: Final = 64  # user -> leader: request id (a declare-ok's counts)
 COUNTED: Final = 65  # leader -> user: request id, ready, unacked, consumers
 DECLARE: Final = 70  # request id, declaration (JSON): create the queue here (locators)
 DECLARED: Final = 71  # request id, reply code (0: ok), text
-# stream 0, either way (amqpd.cluster.visibility): the asker wrote a non-durable queue's
-# key at this coordination-store revision; the answer comes once the peer applied it
-SYNC: Final = 75  # revision
-SYNCED: Final = 76  # revision
+# stream 0, either way (amqpd.cluster.visibility): the asker wrote a change of one kind
+# (which watch) at this coordination-store revision; the answer comes once the peer's
+# watch of that kind applied it
+SYNC: Final = 75  # watch, revision
+SYNCED: Final = 76  # watch, revision
 # stream-protocol publishers declared on a node that does not lead their stream
 # (amqpd.cluster.forwarded_publish); the frame's stream number names the publisher
 SPUB: Final = 130  # user -> leader: vhost, stream, producer reference, packed entries
@@ -92,7 +93,7 @@ LAYOUTS: Final[dict[int, str]] = {
     GET: "IB", GET_OK: "IQBQssbbQ", GET_EMPTY: "I",
     SETTLE: "L", REQUEUE: "L", REJECT: "L",
     PURGE: "I", PURGED: "IQ", DELETE: "I", DELETED: "IQ", COUNT: "I", COUNTED: "IQQI",
-    DECLARE: "Ij", DECLARED: "IIs", SYNC: "Q", SYNCED: "Q",
+    DECLARE: "Ij", DECLARED: "IIs", SYNC: "BQ", SYNCED: "BQ",
     SPUB: "sssb", SPUBBED: "LLL", SPUBEND: "", SPUBLOST: "s",
 }
 

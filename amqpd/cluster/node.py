@@ -58,6 +58,7 @@ from amqpd.cluster.periodic import cancel_all, every
 from amqpd.cluster.transient import TransientQueues
 from amqpd.cluster.transient_defs import TransientDefinitions
 from amqpd.cluster.view import ClusterView, parse_addr
+from amqpd.cluster.visibility import DEFINITIONS, QUEUES, TRANSIENT_DEFS
 from amqpd.config import host_port, split_addr
 from amqpd.coord.etcd import EtcdClient, EtcdError
 
@@ -98,6 +99,9 @@ class Cluster(ClusterView):
         self.transient = TransientQueues(self, api, self.etcd, self.root)
         self.tdefs = TransientDefinitions(self, api, self.etcd, self.root, cc.lease_ttl,
                                           cc.definition_timeout)
+        # replies wait for every linked node to apply their change (0: they do not)
+        self.mirror.visible_wait = self.tdefs.visible_wait = cc.visible_wait
+        self.transient.visible_wait = cc.visible_wait
         self.heard_at: dict[str, float] = {}  # node -> monotonic time of a real heartbeat
         self.info = NodeInfoBoard(self, self.etcd, self.root)  # what nodes tell each other
         self.requests = NodeRequests(self, self.etcd, self.root)  # what they ask each other
@@ -333,8 +337,13 @@ class Cluster(ClusterView):
         queues = self.queues
         return queues.replies.route(vhost, name, node) if queues is not None else None
 
-    def when_applied(self, revision: int, answer: Callable[[], None]) -> None:
-        self.transient.when_applied(revision, answer)
+    def when_applied(self, watch: int, revision: int, answer: Callable[[], None]) -> None:
+        applied = {QUEUES: self.transient.applied, DEFINITIONS: self.mirror.applied,
+                   TRANSIENT_DEFS: self.tdefs.applied}.get(watch)
+        if applied is not None:
+            applied.when(revision, answer)
+        else:  # a kind this node does not know: nothing of it to wait for
+            answer()
 
     def node_lost(self, node: str) -> None:
         """The inter-node link to ``node`` went (remote_queue's ``on_link_down``)."""

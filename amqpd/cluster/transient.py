@@ -25,13 +25,14 @@ exchange is known on every node, the non-durable ones through
 the others bind their stand-in the same way (routing happens where a message arrives),
 and a binding whose exchange is not known yet is made when it is.
 
-A reply that made or changed such a queue here (queue.declare-ok, queue.bind-ok) waits
-until its key is written and every linked node has applied it
-(:meth:`TransientQueues.after_visible`, :mod:`amqpd.cluster.visibility`), as RabbitMQ
-answers once every node's table has it: a client told declare-ok on one node then finds
-the queue, exclusive or bound, on any other. The wait is bounded (:data:`VISIBLE_WAIT`)
-and skipped while this node holds no lease (etcd out of reach): the reply then goes at
-once, as before, and the change reaches the others when it can.
+With ``cluster.visible_wait`` above 0 (the workers of one node), a reply that made or
+changed such a queue here (queue.declare-ok, queue.bind-ok) waits until its key is
+written and every linked node has applied it (:meth:`TransientQueues.after_visible`,
+:mod:`amqpd.cluster.visibility`), as RabbitMQ answers once every node's table has it: a
+client told declare-ok on one node then finds the queue, exclusive or bound, on any
+other. The wait is bounded by that setting and skipped while this node holds no lease
+(etcd out of reach): the reply then goes at once, and the change reaches the others
+when it can.
 
 Exclusive queues are here too, as in RabbitMQ: listed on every node, reached by
 publishes from any node (their bindings travel with them), refused to every other
@@ -53,6 +54,7 @@ from amqpd.cluster.leased_push import LeasedPush
 from amqpd.cluster.periodic import cancel_all
 from amqpd.cluster.prefix_watch import follow_prefix
 from amqpd.cluster.remote_queue import jsonable
+from amqpd.cluster.visibility import QUEUES, Applied
 from amqpd.coord.etcd import EtcdClient, EtcdError, WatchEvent
 
 if TYPE_CHECKING:
@@ -63,9 +65,6 @@ log = logging.getLogger("amqpd.cluster.transient")
 
 Ident = tuple[str, str]  # (vhost, queue)
 
-
-# seconds a reply waits at most for its non-durable queue to be known on every node
-VISIBLE_WAIT = 5.0
 
 OnDone = Callable[[BaseException | None], None]
 
@@ -100,9 +99,10 @@ class TransientQueues(LeasedPush[Ident]):
         self._asked = 0  # the highest change a barrier was started for
         self._visible_waiters: list[tuple[int, OnDone]] = []
         self._barriers: set[asyncio.Task[None]] = set()
-        # the others' barriers waiting for this node's watch (revision, answer)
-        self.applied = 0  # the store revision this node's watch has applied
-        self._applied_waiters: list[tuple[int, Callable[[], None]]] = []
+        # seconds a reply waits at most (cluster.visible_wait; 0: it does not wait)
+        self.visible_wait = 0.0
+        # the store revision this node's watch has applied (the others' SYNC wait on it)
+        self.applied = Applied()
 
     # ------------------------------------------------------------------ keys
     def key(self, node: str, vhost: str, name: str) -> str:
@@ -186,18 +186,18 @@ class TransientQueues(LeasedPush[Ident]):
             self.unwritten.pop(ident, None)
         upto = min(self.unwritten.values()) - 1 if self.unwritten else self.seq
         queues = self.cluster.queues
-        if upto <= self._asked or queues is None:
+        if upto <= self._asked or queues is None or self.visible_wait <= 0:
             return
         self._asked = upto
-        task = asyncio.get_running_loop().create_task(
-            self._barrier(queues.barrier.wait(self.revision, VISIBLE_WAIT), upto))
+        task = asyncio.get_running_loop().create_task(self._barrier(
+            queues.barrier.wait(QUEUES, self.revision, self.visible_wait), upto))
         self._barriers.add(task)
         task.add_done_callback(self._barriers.discard)
 
     async def _barrier(self, wait: Any, upto: int) -> None:
         if not await wait:
             log.warning("cluster: a non-durable queue's change not applied by every "
-                        "node within %g s; answering all the same", VISIBLE_WAIT)
+                        "node within %g s; answering all the same", self.visible_wait)
         self._visible_upto(upto)
 
     def _visible_upto(self, upto: int) -> None:
@@ -211,9 +211,11 @@ class TransientQueues(LeasedPush[Ident]):
     def after_visible(self, callback: OnDone) -> OnDone:
         """``callback`` delayed until every change to this node's non-durable queues
         made so far is written and applied by every linked node, at most
-        :data:`VISIBLE_WAIT` seconds; at once while this node holds no lease (etcd out
-        of reach: nothing would be written)."""
+        ``visible_wait`` seconds; at once if that is 0, or while this node holds no
+        lease (etcd out of reach: nothing would be written)."""
         target = self.seq
+        if self.visible_wait <= 0:
+            return callback
 
         def done(error: BaseException | None) -> None:
             lease = self.cluster.membership.lease_id
@@ -228,30 +230,14 @@ class TransientQueues(LeasedPush[Ident]):
                 if entry in self._visible_waiters:
                     self._visible_waiters.remove(entry)
                     log.warning("cluster: a non-durable queue's change not known on every "
-                                "node within %g s; answering all the same", VISIBLE_WAIT)
+                                "node within %g s; answering all the same",
+                                self.visible_wait)
                     callback(None)
 
-            asyncio.get_running_loop().call_later(VISIBLE_WAIT, expire)
+            asyncio.get_running_loop().call_later(self.visible_wait, expire)
 
         return done
 
-    def _progress(self, revision: int) -> None:
-        """This node's watch has applied the store up to ``revision``: the others'
-        barriers waiting for it are answered."""
-        self.applied = max(self.applied, revision)
-        ready = [w for w in self._applied_waiters if w[0] <= self.applied]
-        if ready:
-            self._applied_waiters = [w for w in self._applied_waiters
-                                     if w[0] > self.applied]
-            for _revision, answer in ready:
-                answer()
-
-    def when_applied(self, revision: int, answer: Callable[[], None]) -> None:
-        """``answer`` once this node's watch has applied ``revision`` (a peer's SYNC)."""
-        if revision <= self.applied:
-            answer()
-        else:
-            self._applied_waiters.append((revision, answer))
 
     async def _first_lease(self) -> None:
         """Keys of this node's previous process (a kill -9 and a restart within its
@@ -416,7 +402,7 @@ class TransientQueues(LeasedPush[Ident]):
 
     async def _watch_loop(self) -> None:
         await follow_prefix(self.etcd, self.prefix, self.sync, self._event, log,
-                            "non-durable queues", self._progress)
+                            "non-durable queues", self.applied.advance)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
