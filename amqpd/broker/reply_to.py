@@ -54,9 +54,11 @@ def token_node(token: str) -> str | None:
     if not dot or not tag:
         return None
     try:
-        return base64.urlsafe_b64decode(tag + "=" * (-len(tag) % 4)).decode()
+        node = base64.b64decode(tag + "=" * (-len(tag) % 4), altchars=b"-_",
+                                validate=True).decode()
     except (binascii.Error, UnicodeDecodeError, ValueError):
         return None
+    return node or None
 
 
 class ReplyRegistry:

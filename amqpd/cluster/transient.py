@@ -137,7 +137,8 @@ class TransientQueues(LeasedPush[Ident]):
 
     def declared(self, q: QueueType) -> bool:
         """A queue that is no durable definition (non-durable, or exclusive) was
-        created here: make it known. True: its reply waits (after_visible)."""
+        created here: make it known. True: its reply waits (after_visible; only with
+        ``visible_wait`` above 0)."""
         if q.forwards_publish:
             return False
         ident = (q.vhost.name, q.name)
@@ -147,19 +148,19 @@ class TransientQueues(LeasedPush[Ident]):
         self._changed(ident)
         q.on_removed.append(lambda _q: self._forget(ident))
         self._wake.set()
-        return True
+        return self.visible_wait > 0
 
     def binding_changed(self, binding: Any) -> bool:
         """A binding that is not a durable definition changed here: if its queue is
         one of this node's non-durable queues, the others get the queue's bindings
         again (so a message published on any node reaches it). True: its reply waits
-        (after_visible)."""
+        (after_visible; only with ``visible_wait`` above 0)."""
         q = binding.destination
         ident = (q.vhost.name, q.name) if binding.destination_type == "queue" else None
         if ident is None or ident not in self.mine or q.vhost.queues.get(q.name) is not q:
             return False
         self._keep(ident, self._body(q))
-        return True
+        return self.visible_wait > 0
 
     # ------------------------------------------------------------------ replies wait
     def _keep(self, ident: Ident, body: str) -> None:
