@@ -148,6 +148,10 @@ class ClusterConfig:
     # seconds a mirrored queue's synchronised mirror may hold a confirm before it leaves
     # the synchronised set (amqpd/cluster/mirror.py)
     mirror_sync_timeout: float = 5.0
+    # seconds a reply to a definition change (declare-ok, bind-ok) also waits for every
+    # linked node to apply it (amqpd/cluster/visibility.py); 0: it waits for etcd only.
+    # The workers of one node set it (docs/workers.md): they must act as one process
+    visible_wait: float = 0.0
 
     @property
     def enabled(self) -> bool:
@@ -207,6 +211,8 @@ def check_cluster(cc: ClusterConfig) -> None:
                 "definition_timeout", "loop_hang_timeout"):
         if getattr(cc, key) <= 0:
             raise ConfigError(f"setting 'cluster.{key}' must be > 0")
+    if cc.visible_wait < 0:
+        raise ConfigError("setting 'cluster.visible_wait' must be >= 0")
     if cc.heartbeat_timeout <= cc.heartbeat_interval:
         raise ConfigError("setting 'cluster.heartbeat_timeout' must be longer than "
                           "'cluster.heartbeat_interval'")

@@ -55,6 +55,8 @@ from amqpd.broker.policy import register_policy_key
 from amqpd.broker.queue import Consumer, Queue, QueueEntry
 from amqpd.broker.queue_type import QUEUE_TYPES, QueueType, queue_type_name, register_queue_type
 from amqpd.broker.quorum import QuorumQueue as QuorumQueue
+from amqpd.broker.reply_to import PREFIX as REPLY_PREFIX
+from amqpd.broker.reply_to import inbox as reply_inbox
 from amqpd.broker.stream import StreamQueue as StreamQueue
 from amqpd.broker.stream import check_stream_consumer as check_stream_consumer
 from amqpd.broker.stream import decode_record as decode_record
@@ -301,14 +303,22 @@ class ClusterStatus(Protocol):
         the running members it sees; a paused node runs none."""
         ...
 
-    def transient_declared(self, queue: QueueType) -> None:
-        """A queue that is no durable definition (non-durable, or exclusive) was
-        created here: make it known on every node (amqpd/cluster/transient.py)."""
+    def reply_queue(self, vhost: str, name: str, node: str) -> QueueType | None:
+        """The stand-in through which a direct reply reaches ``node``'s inbox ``name``
+        (``amq.rabbitmq.reply-to.<token>``, the token ``node``'s); None if ``node`` is
+        not a running member (the reply is dropped, as a stale one)."""
         ...
 
-    def transient_binding(self, binding: Binding) -> None:
+    def transient_declared(self, queue: QueueType) -> bool:
+        """A queue that is no durable definition (non-durable, or exclusive) was
+        created here: make it known on every node (amqpd/cluster/transient.py). True:
+        its reply waits until every node knows it (``after_mirrored``)."""
+        ...
+
+    def transient_binding(self, binding: Binding) -> bool:
         """A binding that is no durable definition was made or removed here (a
-        non-durable queue's bindings are known on every node too)."""
+        non-durable queue's bindings are known on every node too). True: its reply
+        waits until every node knows it (``after_mirrored``)."""
         ...
 
     def dedup_cache(self, vhost: str, exchange: str) -> SharedCache:
@@ -333,7 +343,8 @@ class ClusterStatus(Protocol):
         ...
 
     def after_mirrored(self, callback: OnConfirm) -> OnConfirm:
-        """``callback`` wrapped to run once the changes recorded so far are in etcd."""
+        """``callback`` wrapped to run once the changes recorded so far are in etcd
+        (and a non-durable queue's, applied by every node)."""
         ...
 
     def display_name(self) -> str | None:
@@ -1233,6 +1244,7 @@ __all__ = [
     "HASHING_SHA256",
     "PROPERTY_NAMES",
     "QUEUE_TYPES",
+    "REPLY_PREFIX",
     "AMQPError",
     "AccessRefused",
     "Binding",
@@ -1267,5 +1279,6 @@ __all__ = [
     "register_exchange_type",
     "register_policy_key",
     "register_queue_type",
+    "reply_inbox",
     "wire",
 ]

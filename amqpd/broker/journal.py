@@ -214,13 +214,22 @@ class DefinitionJournal:
         else:
             dest = obj.destination
             if isinstance(dest, QueueType) and not persisted(dest):
-                cluster.transient_binding(obj)  # a non-durable queue's, cluster-wide
+                # a non-durable queue's, cluster-wide: the reply waits until every node
+                # has it (so a publish anywhere routes by it)
+                if cluster.transient_binding(obj):
+                    self.awaits_cluster()
                 return
             if not obj.source.name:
                 return
             kind, (key, body) = fmt.DEF_BINDING, binding_entry(obj)
         if cluster.transient_recorded(kind, key, b"" if deleted else body):
             self.recorded += 1  # the reply waits for etcd (when_durable)
+
+    def awaits_cluster(self) -> None:
+        """A change the cluster spreads itself (a non-durable queue or its binding)
+        was made: the next reply waits for it as for a recorded change
+        (``when_durable`` -> ``cluster.after_mirrored``)."""
+        self.recorded += 1
 
     def _record_small(self) -> None:
         store = self.store

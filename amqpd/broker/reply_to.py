@@ -11,10 +11,19 @@ delivery, flow control and channel close work exactly as for any queue. Each vho
 its own :class:`ReplyRegistry` (token -> inbox, channel -> token); the vhost's default
 exchange (:class:`DefaultExchange`) routes a reply key to the inbox, so a reply is an
 ordinary routing result of the default exchange. An inbox dies with its consumer.
+
+In a cluster (and between the workers of one node, which form one) a reply may be
+published on another node than the requester's, as RabbitMQ allows: there a token
+starts with its node's name (url-safe base64, then ``.``), and a reply to another node's
+token is routed to the stand-in the cluster keeps for that inbox
+(``cluster.reply_queue``), which forwards it over the link like any publish to a queue
+led elsewhere. On a single node the token is what it always was.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -34,17 +43,48 @@ if TYPE_CHECKING:
 PSEUDO_QUEUE = "amq.rabbitmq.reply-to"
 PREFIX = PSEUDO_QUEUE + "."
 
+def node_tag(node: str) -> str:
+    """What starts the reply tokens of ``node`` in a cluster (no ``.`` in it)."""
+    return base64.urlsafe_b64encode(node.encode()).decode().rstrip("=")
+
+
+def token_node(token: str) -> str | None:
+    """The node whose tag starts ``token``; None if it has none."""
+    tag, dot, _rest = token.partition(".")
+    if not dot or not tag:
+        return None
+    try:
+        node = base64.b64decode(tag + "=" * (-len(tag) % 4), altchars=b"-_",
+                                validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return None
+    return node or None
+
+
 class ReplyRegistry:
     """One vhost's reply inboxes (``vhost.replies``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, vhost: VHost | None = None) -> None:
+        self.vhost = vhost  # its broker's cluster, if any, reaches other nodes' inboxes
         self.by_token: dict[str, ReplyQueue] = {}
         self.by_channel: dict[object, str] = {}  # requester's channel -> its token
 
-    def route(self, routing_key: str) -> list[Queue]:
-        """The inbox for a reply addressed ``amq.rabbitmq.reply-to.<token>``."""
-        queue = self.by_token.get(routing_key[len(PREFIX):])
-        return [queue] if queue is not None and not queue.deleted else []
+    def route(self, routing_key: str) -> list[Any]:
+        """The inbox for a reply addressed ``amq.rabbitmq.reply-to.<token>`` (in a
+        cluster, the stand-in of another node's inbox)."""
+        token = routing_key[len(PREFIX):]
+        queue = self.by_token.get(token)
+        if queue is not None:
+            return [] if queue.deleted else [queue]
+        cluster = self.vhost.broker.cluster if self.vhost is not None else None
+        if cluster is None:
+            return []
+        node = token_node(token)
+        if node is None or node == cluster.node_name:
+            return []
+        assert self.vhost is not None
+        elsewhere = cluster.reply_queue(self.vhost.name, routing_key, node)
+        return [elsewhere] if elsewhere is not None else []
 
 
 class DefaultExchange(DirectExchange):
@@ -77,6 +117,9 @@ class ReplyQueue(Queue):
             replies.by_token.pop(self.token, None)
             if replies.by_channel.get(self.channel) == self.token:
                 del replies.by_channel[self.channel]
+            for callback in self.on_removed:  # another node's stream to it closes
+                callback(self)
+            self.on_removed.clear()
 
 
 def consume(channel: Channel, consumer_tag: str, no_ack: bool, nowait: bool) -> None:
@@ -90,6 +133,9 @@ def consume(channel: Channel, consumer_tag: str, no_ack: bool, nowait: bool) -> 
         raise PreconditionFailed("reply consumer already set")
     tag = consumer_tag or generate_name("amq.ctag-")
     token = generate_name("")
+    cluster = channel.vhost.broker.cluster
+    if cluster is not None:  # other nodes route replies to it by its node's tag
+        token = node_tag(cluster.node_name) + "." + token
     queue = ReplyQueue(channel.vhost, token, channel)
     consumer = Consumer(channel, queue, tag, True, False, 0, {})
     channel.consumers[tag] = consumer
@@ -114,6 +160,15 @@ def rewrite(channel: Channel, message: Message) -> Message:
                    message.body, persistent=message.persistent)
 
 
+def inbox(vhost: VHost, name: str) -> ReplyQueue | None:
+    """This node's live inbox addressed ``name`` (``amq.rabbitmq.reply-to.<token>``):
+    where another node's stand-in delivers a reply (amqpd.cluster.reply_forward)."""
+    if not name.startswith(PREFIX):
+        return None
+    queue = vhost.replies.by_token.get(name[len(PREFIX):])
+    return queue if queue is not None and not queue.deleted else None
+
+
 def pseudo_queue(vhost: VHost, name: str) -> Queue | None:
     """What a passive queue.declare of the reply-to names finds (RabbitMQ answers ok)."""
     if name == PSEUDO_QUEUE or (name.startswith(PREFIX)
@@ -123,4 +178,4 @@ def pseudo_queue(vhost: VHost, name: str) -> Queue | None:
 
 
 __all__ = ["PREFIX", "PSEUDO_QUEUE", "DefaultExchange", "ReplyQueue", "ReplyRegistry",
-           "consume", "pseudo_queue", "rewrite"]
+           "consume", "inbox", "node_tag", "pseudo_queue", "rewrite", "token_node"]

@@ -66,7 +66,7 @@ class VHost:
         # source exchange after a bind or unbind through this API changed its bindings
         self.on_binding_changed: list[Callable[[Exchange], None]] = []
         # direct reply-to inboxes of this vhost; the default exchange routes replies there
-        self.replies = ReplyRegistry()
+        self.replies = ReplyRegistry(self)
         for xname, xtype in BUILTIN_EXCHANGES:
             self.exchanges[xname] = EXCHANGE_TYPES[xtype](name, xname, durable=True)
         self.exchanges[""] = DefaultExchange(name, self.replies)
@@ -224,8 +224,9 @@ class VHost:
         self.broker.apply_policies_to(self, q)
         if durable and exclusive_owner is None:
             self.broker.definitions_changed(q)
-        elif self.broker.cluster is not None:
-            self.broker.cluster.transient_declared(q)  # known on every node (issue 15)
+        elif self.broker.cluster is not None and self.broker.cluster.transient_declared(q):
+            # known on every node (issue 15), and the declare-ok waits until it is
+            self.broker.definitions.awaits_cluster()
         log.debug("queue declared: %s", name)
         return q
 

@@ -16,11 +16,13 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from amqpd.broker.api import AMQPError, QueueType, queue_type_name
+from amqpd.broker.api import REPLY_PREFIX, AMQPError, QueueType, queue_type_name, reply_inbox
 from amqpd.cluster import link_wire as W
 from amqpd.cluster.link import Link, LinkHandler, LinkManager
 from amqpd.cluster.remote_queue import RemoteQueue, jsonable, remote_class
 from amqpd.cluster.remote_served import Served
+from amqpd.cluster.reply_forward import ReplyForwards
+from amqpd.cluster.visibility import VisibilityBarrier, answer_when
 
 if TYPE_CHECKING:
     from amqpd.broker.api import BrokerAPI, VHost
@@ -67,6 +69,11 @@ class QueuesView(Protocol):
         to this node (amqpd.cluster.transient)."""
         ...
 
+    def when_applied(self, watch: int, revision: int, answer: Callable[[], None]) -> None:
+        """``answer`` once this node's ``watch`` (amqpd.cluster.visibility's kinds) has
+        applied the store's ``revision`` (a peer's ``SYNC``)."""
+        ...
+
 
 class ClusterQueues:
     """This node's side of queues across the cluster: the :class:`LinkHandler` of its
@@ -81,6 +88,10 @@ class ClusterQueues:
         self.locator = locator  # cluster.queue_leader_locator
         self.node: str = view.node_name
         self.links = LinkManager(self.node, cookie, self, self._address, view.is_running)
+        # replies that wait until every peer applied a non-durable queue's change
+        self.barrier = VisibilityBarrier(self.links)
+        # stand-ins of the other nodes' direct reply-to inboxes
+        self.replies = ReplyForwards(self)
         self.remote: dict[str, dict[int, RemoteQueue]] = {}  # peer -> stream -> queue
         self._next_stream = 0
         self.served: dict[Link, dict[int, Served]] = {}
@@ -299,6 +310,7 @@ class ClusterQueues:
             self.view.node_lost(link.peer)
         if not self.links.closing and self.view.is_running(link.peer):
             self.links.want(link.peer)
+        self.barrier.link_down(link)
         for ext in self.extensions:
             ext.link_down(link)
 
@@ -328,6 +340,14 @@ class ClusterQueues:
             return
         if kind == W.DECLARED:
             self._declared(*f)
+            return
+        if kind == W.SYNC:
+            watch, revision = f
+            self.view.when_applied(watch, revision,
+                                   lambda: answer_when(link, watch, revision))
+            return
+        if kind == W.SYNCED:
+            self.barrier.answered(link, f[0], f[1])
             return
         if kind in _LEADER_SIDE:
             self._serve(link, kind, stream, f)
@@ -419,6 +439,8 @@ class ClusterQueues:
               name: str) -> None:
         vh = self.broker.vhosts.get(vhost)
         q = vh.queues.get(name) if vh is not None else None
+        if q is None and vh is not None and name.startswith(REPLY_PREFIX):
+            q = reply_inbox(vh, name)  # a requester's inbox here (cluster.reply_forward)
         if q is None or q.forwards_publish:
             link.send(W.encode(W.FAILED, stream, 404,
                                f"NOT_FOUND - no queue '{name}' in vhost '{vhost}'"))

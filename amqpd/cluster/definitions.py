@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any
 
 from amqpd.broker.api import DEFINITION_KINDS
 from amqpd.cluster.periodic import cancel_all
+from amqpd.cluster.visibility import DEFINITIONS, Applied
 from amqpd.coord.etcd import (
     Compare,
     Delete,
@@ -107,6 +108,8 @@ def _norm(kind: int, body: bytes | None) -> Any:
 
 
 class DefinitionMirror:
+    watch = DEFINITIONS  # its kind in a SYNC (amqpd.cluster.visibility)
+
     def __init__(self, view: ClusterView, api: BrokerAPI, etcd: EtcdClient,
                  root: str, timeout: float | None = None) -> None:
         self.view = view
@@ -126,6 +129,12 @@ class DefinitionMirror:
         self.applying = False
         self.synced = False
         self.revision = 0  # the last etcd revision applied from the watch or a read
+        # the same, told to the other nodes' SYNC (amqpd.cluster.visibility)
+        self.applied = Applied()
+        # seconds a reply waits at most for every linked node to apply the change
+        # (cluster.visible_wait; 0: it waits for etcd only)
+        self.visible_wait = 0.0
+        self._barriers: set[asyncio.Task[None]] = set()
         self.applied_remote = 0
         self.failed_remote = 0
         self._wake = asyncio.Event()
@@ -352,10 +361,26 @@ class DefinitionMirror:
                     self._apply_remote((kind, key), existing.value, existing.mod_revision)
             for _s, k, ky, _b in batch:
                 self._release_deferred((k, ky))
-            self.pushed = batch[-1][0]
-            self._fire_waiters()
+            queues = self.view.queues
+            if result is not None and self.visible_wait > 0 and queues is not None:
+                # answered once every linked node applied it (amqpd.cluster.visibility)
+                task = asyncio.get_running_loop().create_task(self._visible(
+                    queues.barrier.wait(self.watch, result.revision, self.visible_wait),
+                    batch[-1][0]))
+                self._barriers.add(task)
+                task.add_done_callback(self._barriers.discard)
+            else:
+                self.pushed = batch[-1][0]
+                self._fire_waiters()
             if result is None:
                 self._wake.set()
+
+    async def _visible(self, wait: Awaitable[bool], upto: int) -> None:
+        if not await wait:
+            log.warning("cluster: a definition change not applied by every linked node "
+                        "within %g s; answering all the same", self.visible_wait)
+        self.pushed = max(self.pushed, upto)
+        self._fire_waiters()
 
     def _fire_waiters(self) -> None:
         while self.waiters and self.waiters[0][0] <= self.pushed:
@@ -403,6 +428,7 @@ class DefinitionMirror:
                 for (kind, key), body in local[BATCH:]:
                     self.recorded(kind, key, body)
                 self.revision = claim.revision
+                self.applied.advance(self.revision)
                 self.synced = True
                 return
             await asyncio.sleep(0.2)  # another node is seeding right now: read again
@@ -431,6 +457,7 @@ class DefinitionMirror:
         for ident in sorted(gone, key=lambda i: -RANK[i[0]]):
             self._apply_remote(ident, None, revision)
         self.revision = max(self.revision, revision)
+        self.applied.advance(self.revision)
         log.info("cluster: definitions in line with etcd at revision %d (%d entries)",
                  revision, len(remote))
 
@@ -541,6 +568,7 @@ class DefinitionMirror:
                             self._event(ident, None if ev.deleted else ev.kv.value,
                                         ev.kv.mod_revision)
                         self.revision = max(self.revision, ev.kv.mod_revision)
+                    self.applied.advance(self.revision)
             except asyncio.CancelledError:
                 raise
             except (EtcdError, ValueError) as exc:
@@ -578,7 +606,7 @@ class DefinitionMirror:
         deadline = time.monotonic() + drain
         while self.pending and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        await cancel_all(self._tasks)
+        await cancel_all([*self._tasks, *self._barriers])
         self._tasks = []
 
     # ------------------------------------------------------------------ export

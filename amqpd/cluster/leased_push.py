@@ -65,6 +65,11 @@ class LeasedPush(Generic[K]):
         """Log that ``ident`` could not be written yet."""
         raise NotImplementedError
 
+    def _written(self, ident: K, revision: int) -> None:
+        """``ident`` was written (still pending if it changed meanwhile) at the store's
+        ``revision`` (0 for a delete, whose revision etcd does not answer); by default
+        nothing."""
+
     async def _push_loop(self) -> None:
         backoff = BACKOFF_FIRST
         while True:
@@ -87,11 +92,12 @@ class LeasedPush(Generic[K]):
                 continue
             ident, body = next(iter(self.pending.items()))
             key = self._etcd_key(ident)
+            revision = 0
             try:
                 if body is None:
                     await self.etcd.delete(key)
                 else:
-                    await self.etcd.put(key, body, lease=lease)
+                    revision = await self.etcd.put(key, body, lease=lease)
             except EtcdError as exc:
                 self._not_written(ident, exc)
                 await asyncio.sleep(backoff)
@@ -100,6 +106,7 @@ class LeasedPush(Generic[K]):
             backoff = BACKOFF_FIRST
             if self.pending.get(ident, 0) == body:
                 del self.pending[ident]
+            self._written(ident, revision)
 
 
 __all__ = ["LeasedPush"]

@@ -29,7 +29,8 @@ from typing import Any, Final
 # refuses another), so no node is sent a frame type or layout it cannot read. Bump
 # VERSION whenever a frame type is added or a layout changes: 2 added the store
 # positions of DELIVER / GET_OK and RECLAIM; 3 the stream-protocol publishers'
-# SPUB..SPUBLOST
+# SPUB..SPUBLOST (SPUBBED with the producer's confirmed id) and the SYNC / SYNCED
+# barrier of definitions made visible on every linked node
 PREAMBLE: Final = b"AMQPD-LINK\x00"
 VERSION: Final = 3
 MAGIC: Final = PREAMBLE + bytes((VERSION,))
@@ -80,6 +81,11 @@ COUNT: Final = 64  # user -> leader: request id (a declare-ok's counts)
 COUNTED: Final = 65  # leader -> user: request id, ready, unacked, consumers
 DECLARE: Final = 70  # request id, declaration (JSON): create the queue here (locators)
 DECLARED: Final = 71  # request id, reply code (0: ok), text
+# stream 0, either way (amqpd.cluster.visibility): the asker wrote a change of one kind
+# (which watch) at this coordination-store revision; the answer comes once the peer's
+# watch of that kind applied it
+SYNC: Final = 75  # watch, revision
+SYNCED: Final = 76  # watch, revision
 # stream-protocol publishers declared on a node that does not lead their stream
 # (amqpd.cluster.forwarded_publish); the frame's stream number names the publisher
 SPUB: Final = 130  # user -> leader: vhost, stream, producer reference, packed entries
@@ -98,7 +104,7 @@ LAYOUTS: Final[dict[int, str]] = {
     GET: "IB", GET_OK: "IQBQssbbQ", GET_EMPTY: "I",
     SETTLE: "L", REQUEUE: "L", REJECT: "L",
     PURGE: "I", PURGED: "IQ", DELETE: "I", DELETED: "IQ", COUNT: "I", COUNTED: "IQQI",
-    DECLARE: "Ij", DECLARED: "IIs",
+    DECLARE: "Ij", DECLARED: "IIs", SYNC: "BQ", SYNCED: "BQ",
     SPUB: "sssb", SPUBBED: "LLLQ", SPUBEND: "", SPUBLOST: "s",
 }
 

@@ -58,6 +58,7 @@ from amqpd.cluster.periodic import cancel_all, every
 from amqpd.cluster.transient import TransientQueues
 from amqpd.cluster.transient_defs import TransientDefinitions
 from amqpd.cluster.view import ClusterView, parse_addr
+from amqpd.cluster.visibility import DEFINITIONS, QUEUES, TRANSIENT_DEFS
 from amqpd.config import host_port, split_addr
 from amqpd.coord.etcd import EtcdClient, EtcdError
 
@@ -101,6 +102,9 @@ class Cluster(ClusterView):
         self.transient = TransientQueues(self, api, self.etcd, self.root)
         self.tdefs = TransientDefinitions(self, api, self.etcd, self.root, cc.lease_ttl,
                                           cc.definition_timeout)
+        # replies wait for every linked node to apply their change (0: they do not)
+        self.mirror.visible_wait = self.tdefs.visible_wait = cc.visible_wait
+        self.transient.visible_wait = cc.visible_wait
         self.heard_at: dict[str, float] = {}  # node -> monotonic time of a real heartbeat
         self.info = NodeInfoBoard(self, self.etcd, self.root)  # what nodes tell each other
         self.requests = NodeRequests(self, self.etcd, self.root)  # what they ask each other
@@ -327,11 +331,23 @@ class Cluster(ClusterView):
 
         return max(running, key=rank) == self.node_name
 
-    def transient_declared(self, queue: Any) -> None:
-        self.transient.declared(queue)
+    def transient_declared(self, queue: Any) -> bool:
+        return self.transient.declared(queue)
 
-    def transient_binding(self, binding: Any) -> None:
-        self.transient.binding_changed(binding)
+    def transient_binding(self, binding: Any) -> bool:
+        return self.transient.binding_changed(binding)
+
+    def reply_queue(self, vhost: str, name: str, node: str) -> Any:
+        queues = self.queues
+        return queues.replies.route(vhost, name, node) if queues is not None else None
+
+    def when_applied(self, watch: int, revision: int, answer: Callable[[], None]) -> None:
+        applied = {QUEUES: self.transient.applied, DEFINITIONS: self.mirror.applied,
+                   TRANSIENT_DEFS: self.tdefs.applied}.get(watch)
+        if applied is not None:
+            applied.when(revision, answer)
+        else:  # a kind this node does not know: nothing of it to wait for
+            answer()
 
     def node_lost(self, node: str) -> None:
         """The inter-node link to ``node`` went (remote_queue's ``on_link_down``)."""
@@ -377,7 +393,8 @@ class Cluster(ClusterView):
         self.mirror.after_gone(KIND_QUEUE, f"{vhost}\x00{name}", callback)
 
     def after_mirrored(self, callback: Any) -> Any:
-        return self.mirror.after_mirrored(self.tdefs.after_mirrored(callback))
+        return self.mirror.after_mirrored(
+            self.tdefs.after_mirrored(self.transient.after_visible(callback)))
 
     def display_name(self) -> str | None:
         return self.membership.display_name

@@ -80,6 +80,7 @@ from amqpd.broker.api import (
     Consumer,
     Message,
     NotFound,
+    NotImplemented_,
     PreconditionFailed,
     QueueEntry,
     check_stream_consumer,
@@ -418,6 +419,9 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
             self.vhost.schedule_dispatch(self)
 
     def purge(self) -> int:
+        if self.real_type == "stream":  # refused here, as the leader's stream refuses it
+            raise NotImplemented_(f"queue.purge not supported by stream queues queue "
+                                  f"'{self.name}' in vhost '{self.vhost.name}'")
         if not self.available:
             raise self._unavailable()
         n = self.ready_count

@@ -25,6 +25,15 @@ exchange is known on every node, the non-durable ones through
 the others bind their stand-in the same way (routing happens where a message arrives),
 and a binding whose exchange is not known yet is made when it is.
 
+With ``cluster.visible_wait`` above 0 (the workers of one node), a reply that made or
+changed such a queue here (queue.declare-ok, queue.bind-ok) waits until its key is
+written and every linked node has applied it (:meth:`TransientQueues.after_visible`,
+:mod:`amqpd.cluster.visibility`), as RabbitMQ answers once every node's table has it: a
+client told declare-ok on one node then finds the queue, exclusive or bound, on any
+other. The wait is bounded by that setting and skipped while this node holds no lease
+(etcd out of reach): the reply then goes at once, and the change reaches the others
+when it can.
+
 Exclusive queues are here too, as in RabbitMQ: listed on every node, reached by
 publishes from any node (their bindings travel with them), refused to every other
 connection (405 RESOURCE_LOCKED: their stand-in's owner is ``ELSEWHERE``), deleted
@@ -38,12 +47,14 @@ import contextlib
 import json
 import logging
 import urllib.parse
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from amqpd.cluster.leased_push import LeasedPush
 from amqpd.cluster.periodic import cancel_all
 from amqpd.cluster.prefix_watch import follow_prefix
 from amqpd.cluster.remote_queue import jsonable
+from amqpd.cluster.visibility import QUEUES, Applied
 from amqpd.coord.etcd import EtcdClient, EtcdError, WatchEvent
 
 if TYPE_CHECKING:
@@ -54,6 +65,8 @@ log = logging.getLogger("amqpd.cluster.transient")
 
 Ident = tuple[str, str]  # (vhost, queue)
 
+
+OnDone = Callable[[BaseException | None], None]
 
 ELSEWHERE = object()  # the owner of an exclusive queue whose connection is on another node
 
@@ -78,6 +91,18 @@ class TransientQueues(LeasedPush[Ident]):
         self.wanted: dict[Ident, list[list[Any]]] = {}
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        # replies waiting for every node to know this node's changes (after_visible):
+        self.seq = 0  # changes made here so far (numbered)
+        self.unwritten: dict[Ident, int] = {}  # key -> its first change not yet written
+        self.revision = 0  # the store's revision of this node's last write
+        self.visible = 0  # every change up to this one is known on every linked node
+        self._asked = 0  # the highest change a barrier was started for
+        self._visible_waiters: list[tuple[int, OnDone]] = []
+        self._barriers: set[asyncio.Task[None]] = set()
+        # seconds a reply waits at most (cluster.visible_wait; 0: it does not wait)
+        self.visible_wait = 0.0
+        # the store revision this node's watch has applied (the others' SYNC wait on it)
+        self.applied = Applied()
 
     # ------------------------------------------------------------------ keys
     def key(self, node: str, vhost: str, name: str) -> str:
@@ -110,27 +135,110 @@ class TransientQueues(LeasedPush[Ident]):
                            "arguments": jsonable(q.arguments), "node": self.node,
                            "bindings": bindings}, separators=(",", ":"), sort_keys=True)
 
-    def declared(self, q: QueueType) -> None:
+    def declared(self, q: QueueType) -> bool:
         """A queue that is no durable definition (non-durable, or exclusive) was
-        created here: make it known."""
+        created here: make it known. True: its reply waits (after_visible; only with
+        ``visible_wait`` above 0)."""
         if q.forwards_publish:
-            return
+            return False
         ident = (q.vhost.name, q.name)
         body = self._body(q)
         self.mine[ident] = body
         self.pending[ident] = body
+        self._changed(ident)
         q.on_removed.append(lambda _q: self._forget(ident))
         self._wake.set()
+        return self.visible_wait > 0
 
-    def binding_changed(self, binding: Any) -> None:
+    def binding_changed(self, binding: Any) -> bool:
         """A binding that is not a durable definition changed here: if its queue is
         one of this node's non-durable queues, the others get the queue's bindings
-        again (so a message published on any node reaches it)."""
+        again (so a message published on any node reaches it). True: its reply waits
+        (after_visible; only with ``visible_wait`` above 0)."""
         q = binding.destination
         ident = (q.vhost.name, q.name) if binding.destination_type == "queue" else None
         if ident is None or ident not in self.mine or q.vhost.queues.get(q.name) is not q:
-            return
+            return False
         self._keep(ident, self._body(q))
+        return self.visible_wait > 0
+
+    # ------------------------------------------------------------------ replies wait
+    def _keep(self, ident: Ident, body: str) -> None:
+        changed = self.mine.get(ident) != body
+        super()._keep(ident, body)
+        if changed:
+            self._changed(ident)
+
+    def _forget(self, ident: Ident) -> None:
+        if ident in self.mine:
+            super()._forget(ident)
+            self._changed(ident)
+
+    def _changed(self, ident: Ident) -> None:
+        self.seq += 1
+        self.unwritten.setdefault(ident, self.seq)
+
+    def _written(self, ident: Ident, revision: int) -> None:
+        """A write is in: once every change up to some number is, the linked nodes are
+        asked to apply the store up to the last write's revision (one barrier at a
+        time covers every change written before it)."""
+        self.revision = max(self.revision, revision)
+        if ident not in self.pending:
+            self.unwritten.pop(ident, None)
+        upto = min(self.unwritten.values()) - 1 if self.unwritten else self.seq
+        queues = self.cluster.queues
+        if upto <= self._asked or queues is None or self.visible_wait <= 0:
+            return
+        self._asked = upto
+        task = asyncio.get_running_loop().create_task(self._barrier(
+            queues.barrier.wait(QUEUES, self.revision, self.visible_wait), upto))
+        self._barriers.add(task)
+        task.add_done_callback(self._barriers.discard)
+
+    async def _barrier(self, wait: Any, upto: int) -> None:
+        if not await wait:
+            log.warning("cluster: a non-durable queue's change not applied by every "
+                        "node within %g s; answering all the same", self.visible_wait)
+        self._visible_upto(upto)
+
+    def _visible_upto(self, upto: int) -> None:
+        self.visible = max(self.visible, upto)
+        ready = [w for w in self._visible_waiters if w[0] <= self.visible]
+        if ready:
+            self._visible_waiters = [w for w in self._visible_waiters if w[0] > self.visible]
+            for _target, callback in ready:
+                callback(None)
+
+    def after_visible(self, callback: OnDone) -> OnDone:
+        """``callback`` delayed until every change to this node's non-durable queues
+        made so far is written and applied by every linked node, at most
+        ``visible_wait`` seconds; at once if that is 0, or while this node holds no
+        lease (etcd out of reach: nothing would be written)."""
+        target = self.seq
+        if self.visible_wait <= 0:
+            return callback
+
+        def done(error: BaseException | None) -> None:
+            lease = self.cluster.membership.lease_id
+            if error is not None or target <= self.visible or not lease \
+                    or lease != self.lease or self.cluster.queues is None:
+                callback(error)
+                return
+            entry = (target, callback)
+            self._visible_waiters.append(entry)
+
+            def expire() -> None:
+                if entry in self._visible_waiters:
+                    self._visible_waiters.remove(entry)
+                    log.warning("cluster: a non-durable queue's change not known on every "
+                                "node within %g s; answering all the same",
+                                self.visible_wait)
+                    callback(None)
+
+            asyncio.get_running_loop().call_later(self.visible_wait, expire)
+
+        return done
+
 
     async def _first_lease(self) -> None:
         """Keys of this node's previous process (a kill -9 and a restart within its
@@ -295,7 +403,7 @@ class TransientQueues(LeasedPush[Ident]):
 
     async def _watch_loop(self) -> None:
         await follow_prefix(self.etcd, self.prefix, self.sync, self._event, log,
-                            "non-durable queues")
+                            "non-durable queues", self.applied.advance)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -304,7 +412,7 @@ class TransientQueues(LeasedPush[Ident]):
                                            name="cluster-transient-watch")]
 
     async def stop(self) -> None:
-        await cancel_all(self._tasks)
+        await cancel_all(self._tasks + list(self._barriers))
         self._tasks = []
 
 

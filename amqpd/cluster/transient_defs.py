@@ -53,6 +53,7 @@ from amqpd.cluster.definitions import (
     Ident,
 )
 from amqpd.cluster.membership import _pid_alive
+from amqpd.cluster.visibility import TRANSIENT_DEFS
 from amqpd.coord.etcd import Compare, EtcdError, Put, WatchCompacted
 
 if TYPE_CHECKING:
@@ -70,6 +71,8 @@ def _incarnation_dir(n: int) -> str:
 
 
 class TransientDefinitions(DefinitionMirror):
+    watch = TRANSIENT_DEFS  # its kind in a SYNC (amqpd.cluster.visibility)
+
     def __init__(self, cluster: Cluster, api: BrokerAPI, etcd: EtcdClient, root: str,
                  lease_ttl: float, timeout: float | None = None) -> None:
         super().__init__(cluster, api, etcd, root, timeout)
@@ -200,6 +203,7 @@ class TransientDefinitions(DefinitionMirror):
                             self._event(ident, None if ev.deleted else ev.kv.value,
                                         ev.kv.mod_revision)
                     self.revision = max(self.revision, events[-1].kv.mod_revision)
+                    self.applied.advance(self.revision)
             except asyncio.CancelledError:
                 raise
             except _NewIncarnation:

@@ -34,6 +34,7 @@ CLUSTER = "workers"  # the node-private cluster's name (never advertised to clie
 LINK_WAIT = 30.0
 # seconds a silent worker still counts as running for the others (its restart by the
 # supervisor takes 1-2 s; the longest backoff is 5 s)
+VISIBLE_WAIT = 5.0  # seconds a reply waits at most for the other workers to apply it
 RESTART_GRACE = 30.0  # seconds a starting worker waits for its links to the others
 
 
@@ -65,6 +66,9 @@ def worker_settings(argv: list[str], index: int, kv_url: str) -> Settings:
         # counting it running, so a publish to its queues is nacked (the client
         # publishes again), not acked and dropped as a down node's unroutable one
         "cluster_heartbeat_timeout": RESTART_GRACE, "cluster_lease_ttl": RESTART_GRACE,
+        # a declare-ok on one worker means every worker has the change, as in one
+        # process (amqpd/cluster/visibility.py)
+        "cluster_visible_wait": VISIBLE_WAIT,
     })
     # what clients are told stays the node's (connection.start's cluster_name)
     settings.cluster_name = node.effective_cluster_name

@@ -281,3 +281,107 @@ def test_a_worker_that_cannot_start_stops_the_node(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "is not a directory" in proc.stderr
     assert "worker 1 exited 3 times without serving" in proc.stderr
+
+
+def test_a_non_durable_queue_is_known_on_the_other_worker_once_declared(
+        tmp_path: Path) -> None:
+    """RabbitMQ answers queue.declare-ok once every node has the queue: another
+    connection, wherever it is, consumes it at once (no 404), is refused its exclusive
+    name (405, not a second queue of that name), and a consumer there gets basic.cancel
+    when the queue is deleted. Worker 1 learns of worker 0's non-durable queues through
+    the private cluster; before the declare-ok waited for it, it often did not know yet
+    (the conformance suite's consumer_cancel_notify and exclusive cases with two
+    workers)."""
+    with workers_node(tmp_path / "node") as node:
+        a, b = on_each_worker(node)
+        ca = a.channel()
+        for i in range(20):
+            plain, mine = f"plain-{i}", f"mine-{i}"
+            ca.queue_declare(plain)
+            ca.queue_declare(mine, exclusive=True)
+            cb = b.channel()
+            cancelled: list[str] = []
+            cb.add_on_cancel_callback(
+                lambda frame, into=cancelled: into.append(frame.method.consumer_tag))
+            tag = cb.basic_consume(plain, lambda *_: None, auto_ack=True)  # no 404
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+                b.channel().queue_declare(mine, exclusive=True)
+            assert err.value.reply_code == 405, (i, err.value)
+            ca.queue_delete(plain)
+            wait_for(lambda into=cancelled: (b.process_data_events(0), into)[1], 10,
+                     "basic.cancel of the deleted queue's consumer")
+            assert cancelled == [tag]
+            cb.close()
+        a.close()
+        b.close()
+
+
+def test_fanout_bound_on_one_worker_routes_the_next_publish_on_the_other(
+        tmp_path: Path) -> None:
+    """queue.bind-ok on worker 0 means a publish on worker 1 the moment after reaches
+    the queue: every message, in order, in every queue (the conformance suite's
+    fanout-to-50-queues case lost the first messages with two workers: the binding
+    reached worker 1 after the publisher's first messages)."""
+    with workers_node(tmp_path / "node") as node:
+        a, b = on_each_worker(node)
+        ca = a.channel()
+        ca.exchange_declare("fan", "fanout")
+        cb = b.channel()
+        cb.confirm_delivery()
+        queues = []
+        for i in range(20):
+            q = f"fan-{i}"
+            ca.queue_declare(q)
+            ca.queue_bind(q, "fan")
+            queues.append(q)
+            cb.basic_publish("fan", "", b"%d" % i)  # confirmed (raises on a nack)
+        for i, q in enumerate(queues):
+            got = [int(m) for m in drain(ca, q, len(queues) - i, timeout=10)]
+            assert got == list(range(i, len(queues))), (q, got)
+        a.close()
+        b.close()
+
+
+def test_direct_reply_to_across_workers(tmp_path: Path) -> None:
+    """A reply published on another worker than the requester's reaches it, each one,
+    in order (RabbitMQ routes direct replies across a cluster's nodes; with two
+    workers it was dropped)."""
+    with workers_node(tmp_path / "node") as node:
+        server, client = on_each_worker(node)
+        sch, cch = server.channel(), client.channel()
+        sch.queue_declare("rpc")
+        sch.confirm_delivery()
+        replies: list[bytes] = []
+        cch.basic_consume("amq.rabbitmq.reply-to", lambda _c, _m, _p, body: replies.append(
+            body), auto_ack=True)
+        for i in range(5):
+            cch.basic_publish("", "rpc", b"ping-%d" % i,
+                              pika.BasicProperties(reply_to="amq.rabbitmq.reply-to"))
+
+            def request() -> tuple[object, pika.BasicProperties, bytes] | None:
+                got = sch.basic_get("rpc", auto_ack=True)
+                return got if got[0] is not None else None
+            _m, props, body = wait_for(request, 10, "the request")
+            assert body == b"ping-%d" % i
+            assert props.reply_to.startswith("amq.rabbitmq.reply-to.")
+            sch.basic_publish("", props.reply_to, b"pong-%d" % i)  # confirmed
+        wait_for(lambda: (client.process_data_events(0), len(replies) >= 5)[1], 10,
+                 "the replies")
+        assert replies == [b"pong-%d" % i for i in range(5)]
+        server.close()
+        client.close()
+
+
+def test_stream_purge_through_the_other_worker_is_540(tmp_path: Path) -> None:
+    """queue.purge of a stream closes the connection with 540 NOT_IMPLEMENTED, as on
+    one worker, when the stream is owned by the other worker (it was answered
+    purge-ok and nothing was purged)."""
+    with workers_node(tmp_path / "node") as node:
+        a, b = on_each_worker(node)
+        a.channel().queue_declare("s", durable=True,
+                                  arguments={"x-queue-type": "stream"})
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as err:
+            b.channel().queue_purge("s")
+        assert err.value.reply_code == 540, err.value
+        assert "NOT_IMPLEMENTED" in err.value.reply_text
+        a.close()

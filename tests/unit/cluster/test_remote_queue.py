@@ -65,6 +65,10 @@ class FakeView:
     def node_lost(self, node: str) -> None:
         """No non-durable queues of other nodes here."""
 
+    def when_applied(self, watch: int, revision: int, answer: Callable[[], None]) -> None:
+        """No watches here: nothing to wait for."""
+        answer()
+
 
 @dataclass
 class Node:
