@@ -43,6 +43,7 @@ from urllib.parse import quote, unquote
 
 import aiohttp
 from aiohttp import web
+from yarl import URL
 
 from amqpd.http.core import (
     PEER_HEADER,
@@ -183,7 +184,8 @@ class HttpFront:
                 timeout=aiohttp.ClientTimeout(total=TIMEOUT), auto_decompress=False)
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP]
         headers.append((PEER_HEADER, request.remote or ""))
-        url = f"http://127.0.0.1:{backend.port}{path or request.raw_path}"
+        # the path exactly as the client spelt it (encoded=True: not re-quoted)
+        url = URL(f"http://127.0.0.1:{backend.port}{path or request.raw_path}", encoded=True)
         async with self.session.request(method or request.method, url, data=body or None,
                                         headers=headers, allow_redirects=False) as resp:
             data = await resp.read()
