@@ -2,15 +2,19 @@
 
 As test_conformance_vs_amqpd.py does for one process, with the same hooks (the memory
 alarm through amqpctl, restarts through devtools.amqpdproc, which keeps ``--workers``
-across a restart), every case is run against one node of two workers. Phase 1 does not
-yet pass them all: the cases that fail are named below, each with its reason, and the
-test asserts that the failures are exactly those. A case that starts passing must leave
-:data:`KNOWN_DIFFERENCES` (the test fails until it does); a new failure fails the test.
+across a restart), every case is run against one node of two workers, the durability
+(restart) and alarm cases included. Phase 1 does not yet pass them all: the cases that
+fail are in :data:`KNOWN_DIFFERENCES`, each with its reason, and a failure not in it
+fails the test.
 
-Some cases fail on some runs only, with the same cause (the private cluster tells one
-worker of what another just did a moment later, so a case that races it loses when the
-machine is loaded): those are :data:`INTERMITTENT`, allowed to pass or fail, and the
-test says which of them failed.
+None of them fails on every run: whether a case crosses workers depends on where the
+supervisor's round robin puts each of its connections, which depends on the other
+cases running at the same time (``jobs=4``), and most are races with the private
+cluster's propagation (one worker hears of what another did a moment later). Measured
+(7 runs of the whole suite, pure-Python build, a loaded 2-core box, branch http35):
+the count after each reason is how many of the 7 runs the case failed in. So the test
+cannot demand that every known case fail; it says which of them passed, and a case
+that never shows up again must leave the set (the next full runs will tell).
 """
 
 from __future__ import annotations
@@ -29,64 +33,48 @@ from devtools import amqpdproc
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Fail on every run with workers = 2 (pass with one worker and against RabbitMQ 3.10.8).
+_LATE_QUEUE = "a queue another worker declared a moment before not yet known: 404"
+_LATE_EXCLUSIVE = "the other worker hears of an exclusive queue asynchronously"
+
+# What fails with workers = 2 (passes with one worker and against RabbitMQ 3.10.8). All
+# are on the AMQP side (branch amqp35 works on the first five); the management API
+# (http-api) and the durability cases passed in every run.
 KNOWN_DIFFERENCES: dict[str, str] = {
-    # basic.cancel for a queue deleted on another worker: the consumer's worker is not
-    # told (amqp35's part)
-    "connection.start-ok/consumer_cancel_notify-true-gets-basic-cancel":
-        "basic.cancel not sent when the queue's owner is the other worker",
-    "connection.start-ok/consumer_cancel_notify-false-means-no-basic-cancel":
-        "the case's queue is not yet known to the consuming worker: 404",
     "guarantees/fanout-to-50-queues-each-gets-all-in-order":
-        "copies to queues of the other worker overtake each other (amqp35's part)",
-    "streams/purge-540":
-        "purge of a stream owned by the other worker: the owner's 540 not passed back",
+        "copies to the other worker's queues overtake each other (6/7)",
+    "connection.start-ok/consumer_cancel_notify-true-gets-basic-cancel":
+        "no basic.cancel for a queue deleted on the other worker (3/7)",
+    "connection.start-ok/consumer_cancel_notify-false-means-no-basic-cancel":
+        f"{_LATE_QUEUE} (2/7)",
+    "direct-reply-to/request-reply-round-trip": "a reply that crosses workers is lost (4/7)",
+    "streams/purge-540": "purge of a stream the other worker owns: its 540 not passed back "
+                         "(3/7)",
+    "queue.declare/exclusive-from-other-connection-405-RESOURCE_LOCKED":
+        f"{_LATE_EXCLUSIVE}: declare succeeds (3/7)",
+    "basic.get/exclusive-queue-from-other-connection-405-RESOURCE_LOCKED":
+        f"{_LATE_EXCLUSIVE}: 404, not 405 (1/7)",
+    "basic.consume/exclusive-queue-from-other-connection-405-RESOURCE_LOCKED":
+        f"{_LATE_EXCLUSIVE}: 404, not 405 (1/7)",
+    "queue.delete/exclusive-queue-from-other-connection-405-RESOURCE_LOCKED":
+        f"{_LATE_EXCLUSIVE}: delete succeeds (1/7)",
+    "queue.declare/exclusive-queue-gone-at-close-ok":
+        "an exclusive queue removed asynchronously from the other worker (4/7)",
+    "queue.declare/exclusive-queues-gone-after-pika-teardown":
+        "an exclusive queue removed asynchronously from the other worker (1/7)",
+    "queue.declare/exclusive-queue-gone-when-the-broker-closes-the-connection":
+        "an exclusive queue removed asynchronously from the other worker (1/7)",
     "basic.consume/unacked-requeued-on-connection-close":
         "unacked messages of the other worker's queue not requeued before the next "
-        "declare: 404",
-}
-
-# Fail on some runs only (races with the private cluster's propagation; amqp35's part).
-INTERMITTENT: dict[str, str] = {
-    "direct-reply-to/request-reply-round-trip": "the reply crosses workers: lost",
-    "queue.declare/exclusive-from-other-connection-405-RESOURCE_LOCKED":
-        "the other worker learns of an exclusive queue asynchronously",
-    "queue.declare/exclusive-passive-from-other-connection-405-RESOURCE_LOCKED":
-        "the other worker learns of an exclusive queue asynchronously (404, not 405)",
-    "queue.declare/exclusive-redeclare-of-shared-queue-405-RESOURCE_LOCKED":
-        "the other worker learns of an exclusive queue asynchronously",
-    "queue.purge/exclusive-queue-from-other-connection-405-RESOURCE_LOCKED":
-        "the other worker learns of an exclusive queue asynchronously (404, not 405)",
-    "queue.delete/exclusive-queue-from-other-connection-405-RESOURCE_LOCKED":
-        "the other worker learns of an exclusive queue asynchronously",
-    "queue.declare/exclusive-consumed-queues-gone-at-close-on-two-channels":
-        "an exclusive queue removed asynchronously from the other worker",
-    "queue.declare/exclusive-queue-gone-when-the-broker-closes-the-connection":
-        "an exclusive queue removed asynchronously from the other worker",
-    "queue.declare/exclusive-publish-from-other-connection-allowed":
-        "a publish from the other worker before it knows the queue: unroutable",
+        "declare: 404 (3/7)",
     "access/queue-bind-allowed-with-write-queue-and-read-exchange":
-        "a publish from the other worker before it knows the binding: unroutable",
-    "queue.bind/empty-queue-name-means-last-declared-queue":
-        "a bind on one worker to a queue the other has just declared",
-    "channel.close/closing-channel-cancels-its-consumers":
-        "a queue of the other worker not yet known: 404",
-    "connection.tune-ok/smaller-frame-max-splits-deliveries":
-        "a queue of the other worker not yet known: 404",
-    "frame/heartbeat-frames-accepted-any-time-on-channel-0":
-        "a queue of the other worker not yet known: 404",
-    "frame/interleaved-content-on-two-channels":
-        "a queue of the other worker not yet known: 404",
-    "basic.ack/multiple-covers-deliveries-of-all-consumers-on-channel":
-        "a queue of the other worker not yet known: 404",
-    "x-single-active-consumer/unacked-requeued-to-next-consumer":
-        "a queue of the other worker not yet known: 404",
+        "a publish on the other worker before it knows the binding: unroutable (5/7)",
+    "queue/messages-survive-in-queue-without-consumers": f"{_LATE_QUEUE} (2/7)",
+    "x-single-active-consumer/unacked-requeued-to-next-consumer": f"{_LATE_QUEUE} (2/7)",
+    "frame/interleaved-content-on-two-channels": f"{_LATE_QUEUE} (2/7)",
+    "x-consistent-hash/spreads-keys-over-queues":
+        "an exchange another worker declared a moment before not yet known: 404 (1/7)",
     "guarantees/competing-consumers-get-each-message-exactly-once":
-        "deliveries from the other worker still in flight at the case's deadline",
-    "guarantees/closing-channel-requeues-all-unacked-as-redelivered":
-        "deliveries from the other worker still in flight at the case's deadline",
-    "queue.delete/cancels-consumers-with-basic-cancel":
-        "basic.cancel for a queue deleted on the other worker not sent in time",
+        "deliveries from the other worker still in flight at the case's deadline (1/7)",
 }
 
 
@@ -102,11 +90,8 @@ def amqpd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
 
 def test_known_differences_are_real_cases() -> None:
-    """A renamed or removed case must leave the sets too."""
-    ids = {c.id for c in select(None)}
-    assert set(KNOWN_DIFFERENCES) - ids == set()
-    assert set(INTERMITTENT) - ids == set()
-    assert set(KNOWN_DIFFERENCES) & set(INTERMITTENT) == set()
+    """A renamed or removed case must leave the set too."""
+    assert set(KNOWN_DIFFERENCES) - {c.id for c in select(None)} == set()
 
 
 # hundreds of cases with restarts of a two-worker node: minutes on a loaded machine
@@ -127,10 +112,8 @@ def test_suite_against_two_workers_fails_only_the_known_differences(
     failed = {r.id: r.detail for r in results if r.result == "fail"}
     skipped = [r.id for r in results if r.result == "skip"]
     assert skipped == []
-    new = {k: v for k, v in failed.items()
-           if k not in KNOWN_DIFFERENCES and k not in INTERMITTENT}
-    assert new == {}, "new failures with workers = 2"
-    passing = sorted(set(KNOWN_DIFFERENCES) - set(failed))
-    assert passing == [], "these pass now: take them out of KNOWN_DIFFERENCES"
-    flaky = sorted(set(failed) & set(INTERMITTENT))
-    print(f"intermittent failures this run ({len(flaky)}): {flaky}")
+    new = {k: v for k, v in failed.items() if k not in KNOWN_DIFFERENCES}
+    assert new == {}, "new failures with workers = 2 (not in KNOWN_DIFFERENCES)"
+    passed = sorted(set(KNOWN_DIFFERENCES) - set(failed))
+    print(f"known differences that passed this run ({len(passed)} of "
+          f"{len(KNOWN_DIFFERENCES)}): {passed}")
