@@ -17,17 +17,20 @@ supervisor serves the node's HTTP port itself and answers as one node
   exchanges and the overview **sum** their ``message_stats`` (each worker counts what its
   own publishers sent), the overview its connection and channel totals;
 * the health checks about the node's ports and about quorum answer for the node: its
-  AMQP and HTTP ports, and a single node (phase 1 refuses ``[cluster]``);
+  AMQP and HTTP ports, and a single node (phase 1 refuses ``[cluster]``); the alarm
+  checks fail if any worker's does; the memory watermark gives each worker its share;
 * ``GET /api/workers`` lists the workers (pid, private ports, connections handed,
   restarts): per-worker figures are on each worker's private API;
 * anything else (definitions, users, vhosts, policies, the UI) goes to the first worker
-  that serves: definitions are shared, so any worker makes or reads them.
+  that serves (definitions are shared, so any worker makes or reads them), and to the
+  next while the answer is a 404 (a worker that has not yet heard of an object);
+* in every JSON answer a worker's member name becomes the node's name.
 
 Authentication stays the workers': every request is forwarded with its headers and the
 client's address (:data:`PEER_HEADER`), so a loopback-only user stays refused from
-elsewhere. A web UI session lives in the worker that logged it in (the first one), so a
-request carrying only a session cookie is answered by that worker where another worker
-would refuse it.
+elsewhere. A web UI session lives in the worker that logged it in (the first one):
+another worker refuses its cookie, so a request authenticated only by the cookie sees
+the first worker's view (its connections, its copy of a queue).
 """
 
 from __future__ import annotations
@@ -254,7 +257,7 @@ class HttpFront:
             return await self._exchange_list(request, body)
         if api and kind == "exchanges" and n == 4 and m == "GET":
             return await self._exchange(request, body)
-        if api and kind in ("connections", "channels") and n >= 3 and segs[2] != "username":
+        if api and kind in ("connections", "channels") and n >= 3:
             return await self._to_holder(request, body, kind, raw[2])
         if m == "GET" and api and (kind in ("connections", "channels") or (
                 kind == "vhosts" and n == 4 and segs[3] in ("connections", "channels"))):
