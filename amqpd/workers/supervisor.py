@@ -25,7 +25,6 @@ import socket
 import subprocess
 import sys
 import time
-from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -311,8 +310,10 @@ class Supervisor:
             self._loop.remove_reader(sock.fileno())
             sock.close()
         if self._front_runner is not None:
-            with suppress(Exception):  # stopping regardless: a front that fails to stop
-                await self._front_runner.cleanup()  # must not keep the workers running
+            try:
+                await self._front_runner.cleanup()
+            except Exception as exc:  # the workers must stop regardless
+                log.warning("the HTTP front did not stop cleanly: %r", exc)
         for sock in self.http:
             sock.close()
         running = [w for w in self.workers if w.proc is not None and w.proc.poll() is None]
