@@ -2,7 +2,8 @@
 conformance report and benchmarks), the same way devtools.rabbitmq does for RabbitMQ:
 
     python -m devtools.amqpdproc start --dir /tmp/a    # prints {"amqp_url", "http_url", ...}
-    python -m devtools.amqpdproc restart --dir /tmp/a  # same ports, same data directory
+    python -m devtools.amqpdproc start --dir /tmp/a --workers 2   # a multi-worker node
+    python -m devtools.amqpdproc restart --dir /tmp/a  # same ports, data and workers
     python -m devtools.amqpdproc stop --dir /tmp/a
 
 The state (ports, pid) lives in DIR/amqpd.json; data in DIR/data; output in DIR/amqpd.out.
@@ -26,13 +27,17 @@ from devtools.rabbitmq import _amqp_ready, _pid_alive, free_ports
 STATE = "amqpd.json"
 
 
-def _spawn(d: Path, amqp_port: int, http_port: int, timeout: float) -> dict[str, object]:
+def _spawn(d: Path, amqp_port: int, http_port: int, timeout: float,
+           workers: int | None = None) -> dict[str, object]:
+    """Start amqpd; ``workers`` None leaves the setting to the environment and the
+    defaults (``AMQPD_WORKERS``), a number passes ``--workers`` (docs/workers.md)."""
     out = open(d / "amqpd.out", "ab")  # noqa: SIM115 - handed to the child
+    extra = [] if workers is None else ["--workers", str(workers)]
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "amqpd", "--bind", "127.0.0.1", "--port", str(amqp_port),
              "--http-port", str(http_port), "--data-dir", str(d / "data"),
-             "--log-level", "warning"],
+             "--log-level", "warning", *extra],
             stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
             cwd=os.getcwd())
     finally:
@@ -40,7 +45,7 @@ def _spawn(d: Path, amqp_port: int, http_port: int, timeout: float) -> dict[str,
     state: dict[str, object] = {
         "amqp_url": f"amqp://guest:guest@127.0.0.1:{amqp_port}/%2F",
         "http_url": f"http://127.0.0.1:{http_port}", "pid": proc.pid, "dir": str(d),
-        "amqp_port": amqp_port, "http_port": http_port,
+        "amqp_port": amqp_port, "http_port": http_port, "workers": workers,
     }
     (d / STATE).write_text(json.dumps(state, sort_keys=True) + "\n")
     deadline = time.monotonic() + timeout
@@ -53,11 +58,12 @@ def _spawn(d: Path, amqp_port: int, http_port: int, timeout: float) -> dict[str,
     return state
 
 
-def start(directory: str | os.PathLike[str], timeout: float = 30) -> dict[str, object]:
+def start(directory: str | os.PathLike[str], timeout: float = 30,
+          workers: int | None = None) -> dict[str, object]:
     d = Path(directory).resolve()
     d.mkdir(parents=True, exist_ok=True)
     amqp_port, http_port = free_ports(2)
-    return _spawn(d, amqp_port, http_port, timeout)
+    return _spawn(d, amqp_port, http_port, timeout, workers)
 
 
 def _load(d: Path) -> dict[str, object]:
@@ -79,11 +85,14 @@ def stop(directory: str | os.PathLike[str], timeout: float = 30) -> None:
 
 
 def restart(directory: str | os.PathLike[str], timeout: float = 30) -> dict[str, object]:
-    """Stop gracefully, start again on the same ports with the same data directory."""
+    """Stop gracefully, start again on the same ports with the same data directory (and
+    the same ``workers``)."""
     d = Path(directory).resolve()
     state = _load(d)
     stop(d, timeout)
-    return _spawn(d, int(str(state["amqp_port"])), int(str(state["http_port"])), timeout)
+    workers = state.get("workers")
+    return _spawn(d, int(str(state["amqp_port"])), int(str(state["http_port"])), timeout,
+                  None if workers is None else int(str(workers)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -91,11 +100,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("cmd", choices=("start", "stop", "restart"))
     ap.add_argument("--dir", required=True)
+    ap.add_argument("--workers", type=int, default=None,
+                    help="start: the node's workers (restart keeps what start was given)")
     args = ap.parse_args(argv)
     if args.cmd == "stop":
         stop(args.dir)
         return 0
-    state = start(args.dir) if args.cmd == "start" else restart(args.dir)
+    state = (start(args.dir, workers=args.workers) if args.cmd == "start"
+             else restart(args.dir))
     print(json.dumps(state, sort_keys=True), flush=True)
     return 0
 

@@ -277,9 +277,24 @@ def split_raw_path(raw_path: str) -> list[str]:
     return [unquote(s) for s in segments]
 
 
-def is_loopback(request: web.Request) -> bool:
-    remote = request.remote or ""
+# the address of the client a multi-worker node's HTTP front (amqpd/workers/http_front.py)
+# forwards a request for: the worker sees the front's loopback address
+PEER_HEADER = "X-Amqpd-Peer"
+
+
+def _loopback_address(remote: str) -> bool:
     return remote.startswith(("127.", "::ffff:127.")) or remote in ("::1", "")
+
+
+def is_loopback(request: web.Request) -> bool:
+    """The request comes from this host. A forwarded request (:data:`PEER_HEADER`)
+    counts as loopback only if its client was: the header can take the privilege
+    away, never grant it (a request from elsewhere is not loopback, whatever it says),
+    so a broker honours it whether or not a front stands before it."""
+    if not _loopback_address(request.remote or ""):
+        return False
+    peer = request.headers.get(PEER_HEADER)
+    return peer is None or _loopback_address(peer)
 
 
 def authenticate(api: BrokerAPI, request: web.Request) -> User:

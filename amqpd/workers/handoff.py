@@ -3,10 +3,12 @@
 Messages keep their boundaries (a seqpacket socket), so each is one byte of kind and a
 payload:
 
-* supervisor -> worker: ``A`` (an accepted AMQP connection) or ``H`` (an accepted HTTP
-  connection), the socket itself attached with ``SCM_RIGHTS``; the supervisor closes its
-  copy once sent, so from then on the connection is the worker's alone;
-* worker -> supervisor: ``R`` + JSON once the worker serves (its pid and private ports).
+* supervisor -> worker: ``A`` (an accepted AMQP connection), the socket itself attached
+  with ``SCM_RIGHTS``; the supervisor closes its copy once sent, so from then on the
+  connection is the worker's alone (the node's HTTP port is the supervisor's own:
+  :mod:`amqpd.workers.http_front`);
+* worker -> supervisor: ``R`` + JSON once the worker serves (its pid, member name and
+  private ports).
 
 Why hand over sockets instead of ``SO_REUSEPORT``: docs/workers.md ("Process model").
 """
@@ -18,7 +20,6 @@ import socket
 from typing import Any, Final
 
 ACCEPTED_AMQP: Final = b"A"
-ACCEPTED_HTTP: Final = b"H"
 READY: Final = b"R"
 MAX_MESSAGE: Final = 65536
 MAX_FDS: Final = 16

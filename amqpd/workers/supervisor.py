@@ -5,8 +5,9 @@ It serves no client itself (docs/workers.md, "Process model"). It binds the AMQP
 (:mod:`amqpd.workers.localkv`) and N worker processes (:mod:`amqpd.workers.worker`),
 and hands every accepted connection to a worker over that worker's control socket
 (:mod:`amqpd.workers.handoff`): AMQP connections round robin over the workers that are
-up, in accept order; HTTP connections to the first worker that is up (phase 1: its
-API is the node's, not yet aggregated). A worker that exits is started again after a
+up, in accept order. It serves the node's HTTP port itself
+(:mod:`amqpd.workers.http_front`): the management API of the whole node, answered by
+asking the workers' private APIs. A worker that exits is started again after a
 backoff; its clients lost their connections with it, the others' are untouched, and
 the port never closes. SIGTERM/SIGINT stop the workers (gracefully, SIGTERM each) and
 then the supervisor.
@@ -28,8 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from aiohttp import web
+
 from amqpd.config import Settings, host_port, worker_count
 from amqpd.workers import handoff
+from amqpd.workers.http_front import Backend, HttpFront
 from amqpd.workers.localkv import LocalKV
 
 log = logging.getLogger("amqpd.workers")
@@ -108,6 +112,9 @@ class Supervisor:
         self._next = 0
         self._announced = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.front = HttpFront(settings.node_name, self._backends, self._node_ports,
+                               self._workers_info)
+        self._front_runner: web.AppRunner | None = None
 
     # ------------------------------------------------------------------ workers
     def _spawn(self, w: Worker) -> None:
@@ -195,12 +202,9 @@ class Supervisor:
         if not live:
             log.warning("no worker is up: connection closed")
             return
-        if kind == handoff.ACCEPTED_HTTP:
-            order = live  # phase 1: the first worker up answers the node's HTTP API
-        else:
-            start = self._next % len(live)
-            order = live[start:] + live[:start]
-            self._next += 1
+        start = self._next % len(live)
+        order = live[start:] + live[:start]
+        self._next += 1
         for w in order:
             assert w.control is not None
             try:
@@ -211,6 +215,38 @@ class Supervisor:
             w.handed += 1
             return
         log.warning("no worker took the connection: closed")
+
+    # ------------------------------------------------------------------ the HTTP port
+    def _backends(self) -> list[Backend]:
+        """The workers that serve, with a private API, in index order."""
+        return [Backend(w.index, int(w.ready["http_port"]), str(w.ready.get("node", "")))
+                for w in self.workers
+                if w.ready is not None and w.control is not None and w.ready.get("http_port")]
+
+    def _node_ports(self) -> list[int]:
+        """The node's listening ports (a health check's), as a single broker counts
+        them: its AMQP listeners and this HTTP listener."""
+        ports = [s.getsockname()[1] for s in self.amqp + self.http]
+        return list(dict.fromkeys(ports))
+
+    def _workers_info(self) -> list[dict[str, Any]]:
+        """``GET /api/workers``: each worker, serving or not, with its private ports."""
+        now = time.monotonic()
+        return [{"index": w.index, "node": (w.ready or {}).get("node"),
+                 "pid": (w.ready or {}).get("pid"),
+                 "amqp_port": (w.ready or {}).get("amqp_port"),
+                 "http_port": (w.ready or {}).get("http_port"),
+                 "serving": w.ready is not None and w.control is not None,
+                 "uptime": round(now - w.started, 3) if w.proc is not None else None,
+                 "restarts": w.restarts, "connections_handed": w.handed}
+                for w in self.workers]
+
+    async def _serve_http(self) -> None:
+        runner = web.AppRunner(self.front.app, access_log=None, handle_signals=False)
+        await runner.setup()
+        self._front_runner = runner
+        for sock in self.http:
+            await web.SockSite(runner, sock).start()
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
@@ -232,12 +268,10 @@ class Supervisor:
                     # accept only now: a client must find the whole node (the kernel's
                     # backlog holds connections meanwhile)
                     self._announced = True
+                    await self._serve_http()  # first: a client that reaches AMQP finds HTTP
                     for sock in self.amqp:
                         self._loop.add_reader(sock.fileno(), self._accept, sock,
                                               handoff.ACCEPTED_AMQP)
-                    for sock in self.http:
-                        self._loop.add_reader(sock.fileno(), self._accept, sock,
-                                              handoff.ACCEPTED_HTTP)
                     self._announce()
                 try:
                     await asyncio.wait_for(stop.wait(), POLL)
@@ -272,8 +306,15 @@ class Supervisor:
     async def _stop(self) -> None:
         self.stopping = True
         assert self._loop is not None
-        for sock in self.amqp + self.http:
+        for sock in self.amqp:
             self._loop.remove_reader(sock.fileno())
+            sock.close()
+        if self._front_runner is not None:
+            try:
+                await self._front_runner.cleanup()
+            except Exception as exc:  # the workers must stop regardless
+                log.warning("the HTTP front did not stop cleanly: %r", exc)
+        for sock in self.http:
             sock.close()
         running = [w for w in self.workers if w.proc is not None and w.proc.poll() is None]
         for w in running:

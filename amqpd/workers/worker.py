@@ -106,6 +106,7 @@ class Adopter:
         http = self.broker.http
         handoff.send_ready(self.control, {
             "index": index, "pid": os.getpid(), "amqp_port": self.broker.port,
+            "node": self.broker.settings.node_name,
             "http_port": http.port if http is not None else None})
 
     def _readable(self) -> None:
@@ -120,12 +121,7 @@ class Adopter:
 
     def _adopt(self, kind: bytes, sock: socket.socket) -> None:
         sock.setblocking(False)
-        factory: Any = None
-        if kind == handoff.ACCEPTED_AMQP:
-            factory = self._amqp
-        elif kind == handoff.ACCEPTED_HTTP:
-            http = self.broker.http
-            factory = http.runner.server if http is not None and http.runner else None
+        factory: Any = self._amqp if kind == handoff.ACCEPTED_AMQP else None
         if factory is None or self.broker.stopping:
             sock.close()
             return

@@ -1,5 +1,5 @@
 """Handing accepted sockets to workers: round robin over the workers that serve, the
-socket arriving whole on the other side, HTTP to the first worker that serves."""
+socket arriving whole on the other side."""
 
 from __future__ import annotations
 
@@ -48,18 +48,6 @@ def test_round_robin_over_serving_workers_and_the_socket_arrives(tmp_path: Path)
                 s.close()
     for client, _server in pairs:
         client.close()
-
-
-def test_http_goes_to_the_first_serving_worker(tmp_path: Path) -> None:
-    sup, theirs = _supervisor(tmp_path, 2)
-    sup.workers[0].ready = None
-    client, server = socket.socketpair()
-    sup._hand(server, handoff.ACCEPTED_HTTP)
-    (kind, (sock,)), = _received(theirs[1])
-    assert kind == handoff.ACCEPTED_HTTP
-    sock.close()
-    server.close()
-    client.close()
 
 
 def test_a_worker_whose_end_is_gone_is_passed_over(tmp_path: Path) -> None:

@@ -1,0 +1,147 @@
+"""The whole conformance suite against a ``workers = 2`` node (docs/workers.md).
+
+As test_conformance_vs_amqpd.py does for one process, with the same hooks (the memory
+alarm through amqpctl, restarts through devtools.amqpdproc, which keeps ``--workers``
+across a restart), every case is run against one node of two workers, the durability
+(restart) and alarm cases included. Phase 1 does not yet pass them all: the cases that
+fail are in :data:`KNOWN_DIFFERENCES`, each with its reason, or answer as
+:data:`LATE_DEFINITION` says; any other failure fails the test.
+
+None of them fails on every run: whether a case crosses workers depends on where the
+supervisor's round robin puts each of its connections, which depends on the other
+cases running at the same time (``jobs=4``), and most are races with the private
+cluster's propagation (one worker hears of what another did a moment later). Measured
+(7 runs of the whole suite, pure-Python build, a loaded 2-core box, branch http35):
+the count after each reason is how many of the 7 runs the case failed in ("seen before
+these runs": in the runs made while the management API was being fixed; "an 8th run":
+a later one). So the test
+cannot demand that every known case fail; it says which of them passed, and a case
+that never shows up again must leave the set (the next full runs will tell).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance.framework import Settings
+from conformance.runner import run_all, select
+from devtools import amqpdproc
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# A case that declares a queue or an exchange on one connection and uses it on another
+# meets a worker that has not heard of it yet when the two connections landed on
+# different workers: "404 NOT_FOUND - no queue 'conf-q-...'" for the case's own object.
+# (in the failure or in what the case observed). Which cases meet it is down to
+# placement and timing (seen in 7 of 7 runs, each time in other cases:
+# messages-survive-in-queue-without-consumers,
+# x-single-active-consumer/unacked-requeued-to-next-consumer,
+# frame/interleaved-content-on-two-channels, x-consistent-hash/spreads-keys-over-queues,
+# confirms-under-load/pika-confirmed-publish-with-consumer-running, ...), so it is
+# known by its answer rather than by case; the test prints which cases met it.
+LATE_DEFINITION = re.compile(r"NOT_FOUND - no (queue|exchange) 'conf-[qx]-")
+_LATE_EXCLUSIVE = "the other worker hears of an exclusive queue asynchronously"
+_GONE_LATE = "the other worker hears of an exclusive queue's removal asynchronously"
+
+# What fails with workers = 2 (passes with one worker and against RabbitMQ 3.10.8). All
+# are on the AMQP side (branch amqp35 works on the first five); the management API
+# (http-api) and the durability cases passed in every run.
+KNOWN_DIFFERENCES: dict[str, str] = {
+    "guarantees/fanout-to-50-queues-each-gets-all-in-order":
+        "copies to the other worker's queues overtake each other (6/7)",
+    "connection.start-ok/consumer_cancel_notify-true-gets-basic-cancel":
+        "no basic.cancel for a queue deleted on the other worker (3/7)",
+    "connection.start-ok/consumer_cancel_notify-false-means-no-basic-cancel":
+        "its queue not yet known to the consuming worker: 404 (2/7)",
+    "direct-reply-to/request-reply-round-trip": "a reply that crosses workers is lost (4/7)",
+    "streams/purge-540": "purge of a stream the other worker owns: its 540 not passed back "
+                         "(3/7)",
+    # another connection's exclusive queue, used from the other worker the moment after
+    # it was declared: 404 or success where one process answers 405
+    "queue.declare/exclusive-from-other-connection-405-RESOURCE_LOCKED":
+        f"{_LATE_EXCLUSIVE}: declare succeeds (3/7)",
+    "queue.declare/exclusive-passive-from-other-connection-405-RESOURCE_LOCKED":
+        f"{_LATE_EXCLUSIVE}: 404 (seen before these runs)",
+    "queue.declare/exclusive-redeclare-of-shared-queue-405-RESOURCE_LOCKED":
+        f"{_LATE_EXCLUSIVE}: declare succeeds (seen before these runs)",
+    "basic.get/exclusive-queue-from-other-connection-405-RESOURCE_LOCKED":
+        f"{_LATE_EXCLUSIVE}: 404 (1/7)",
+    "basic.consume/exclusive-queue-from-other-connection-405-RESOURCE_LOCKED":
+        f"{_LATE_EXCLUSIVE}: 404 (1/7)",
+    "queue.delete/exclusive-queue-from-other-connection-405-RESOURCE_LOCKED":
+        f"{_LATE_EXCLUSIVE}: delete succeeds (1/7)",
+    "queue.purge/exclusive-queue-from-other-connection-405-RESOURCE_LOCKED":
+        f"{_LATE_EXCLUSIVE}: 404 (seen before these runs)",
+    "queue.bind/exclusive-queue-from-other-connection-405-RESOURCE_LOCKED":
+        f"{_LATE_EXCLUSIVE}: 404 (an 8th run)",
+    "queue.declare/exclusive-publish-from-other-connection-allowed":
+        f"{_LATE_EXCLUSIVE}: the publish is unroutable (seen before these runs)",
+    # an exclusive queue of a closed connection, declared again from a connection on
+    # the other worker: it still sees the old one (removed asynchronously)
+    "queue.declare/exclusive-queue-gone-at-close-ok": f"{_GONE_LATE} (4/7)",
+    "queue.declare/exclusive-queues-gone-after-pika-teardown": f"{_GONE_LATE} (1/7)",
+    "queue.declare/exclusive-queue-gone-when-the-broker-closes-the-connection":
+        f"{_GONE_LATE} (1/7)",
+    "queue.declare/exclusive-consumed-queues-gone-at-close-on-two-channels":
+        f"{_GONE_LATE} (seen before these runs)",
+    "basic.consume/unacked-requeued-on-connection-close":
+        "unacked messages of the other worker's queue not requeued before the next "
+        "declare: 404 (3/7)",
+    "access/queue-bind-allowed-with-write-queue-and-read-exchange":
+        "a publish on the other worker before it knows the binding: unroutable (5/7)",
+    "guarantees/competing-consumers-get-each-message-exactly-once":
+        "deliveries from the other worker still in flight at the case's deadline (1/7)",
+}
+
+
+@pytest.fixture(scope="module")
+def amqpd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    d = tmp_path_factory.mktemp("amqpd-conformance-workers")
+    info = amqpdproc.start(d, timeout=120, workers=2)
+    info["dir"] = str(d)
+    try:
+        yield info
+    finally:
+        amqpdproc.stop(d)
+
+
+def test_known_differences_are_real_cases() -> None:
+    """A renamed or removed case must leave the set too."""
+    assert set(KNOWN_DIFFERENCES) - {c.id for c in select(None)} == set()
+
+
+# hundreds of cases with restarts of a two-worker node: minutes on a loaded machine
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_suite_against_two_workers_fails_only_the_known_differences(
+        amqpd: dict[str, Any]) -> None:
+    py = shlex.quote(sys.executable)
+    ctl = f"{py} -m amqpd.ctl --url {amqpd['http_url']} set_vm_memory_high_watermark"
+    restart = (f"cd {shlex.quote(str(ROOT))} && {py} -m devtools.amqpdproc restart "
+               f"--dir {shlex.quote(amqpd['dir'])}")
+    cases = select(None)
+    assert len(cases) >= 250
+    settings = Settings(url=str(amqpd["amqp_url"]), http_url=str(amqpd["http_url"]),
+                        alarm_cmd=f"{ctl} 0.000001", clear_alarm_cmd=f"{ctl} 0.4",
+                        restart_cmd=restart)
+    results = run_all(cases, settings, jobs=4)
+    failed = {r.id: r.detail for r in results if r.result == "fail"}
+    answers = {r.id: " ".join([r.detail, *map(str, r.observed)]) for r in results}
+    skipped = [r.id for r in results if r.result == "skip"]
+    assert skipped == []
+    late = sorted(k for k in failed
+                  if k not in KNOWN_DIFFERENCES and LATE_DEFINITION.search(answers[k]))
+    print(f"a definition not yet known to the other worker ({len(late)}): {late}")
+    new = {k: v for k, v in failed.items() if k not in KNOWN_DIFFERENCES and k not in late}
+    assert not new, "new failures with workers = 2 (not in KNOWN_DIFFERENCES):\n" + "\n".join(
+        f"{k}: {v[:200]}" for k, v in sorted(new.items()))
+    passed = sorted(set(KNOWN_DIFFERENCES) - set(failed))
+    print(f"known differences that passed this run ({len(passed)} of "
+          f"{len(KNOWN_DIFFERENCES)}): {passed}")
