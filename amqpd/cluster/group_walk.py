@@ -5,8 +5,9 @@ none yet."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from amqpd.broker.api import QueueType, VHost
@@ -28,6 +29,41 @@ def lead_or_establish(groups: Any, vh: VHost, q: QueueType) -> Any:
     return lead
 
 
+ESTABLISH_RETRY: Final = 0.1  # seconds between a declare's tries to set its group up
+ESTABLISH_PATIENCE: Final = 30.0  # seconds a declare's group set-up is tried at most
+
+
+async def establish_for_declare(groups: Any, vh: VHost, q: QueueType,
+                                refusal: Callable[[float], BaseException]) -> None:
+    """``groups._establish`` until this node leads the group of ``q``, tried again every
+    :data:`ESTABLISH_RETRY` s: the record of a queue of this name deleted a moment ago
+    (here or on another node) may still be in etcd, and etcd may time out once. Given
+    up after :data:`ESTABLISH_PATIENCE` s with ``refusal(patience)`` raised (the
+    definitions' own bound answers the declare first), or as soon as the queue is no
+    longer ``q``.
+
+    The group stays in ``groups.establishing`` across each pause: a reconciliation's
+    ``_establish`` started in one (:func:`lead_or_establish`) would run beside the next
+    try; one of the two leads, and the other reads the record naming this node and
+    takes it up as a restart's (term + 1; a stream's second epoch) while the node leads
+    the term before (CI saw such a stream record: epochs ``[[18, 0], [19, 0]]``)."""
+    ident = (vh.name, q.name)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + ESTABLISH_PATIENCE
+    try:
+        while True:
+            groups.establishing.add(ident)
+            await groups._establish(vh, q)  # (discards ident from establishing)
+            groups.establishing.add(ident)
+            if vh.queues.get(q.name) is not q or ident in groups.leading:
+                return
+            if loop.time() >= deadline:
+                raise refusal(ESTABLISH_PATIENCE)
+            await asyncio.sleep(ESTABLISH_RETRY)
+    finally:
+        groups.establishing.discard(ident)
+
+
 def led_queues(groups: Any, wanted: Callable[[QueueType], bool], seen: set[Ident]
                ) -> Iterator[tuple[VHost, QueueType, Any]]:
     """Every queue here that ``wanted`` picks, with its leading object in ``groups``
@@ -43,4 +79,5 @@ def led_queues(groups: Any, wanted: Callable[[QueueType], bool], seen: set[Ident
                 yield vh, q, lead
 
 
-__all__ = ["lead_or_establish", "led_queues"]
+__all__ = ["ESTABLISH_PATIENCE", "ESTABLISH_RETRY", "establish_for_declare",
+           "lead_or_establish", "led_queues"]

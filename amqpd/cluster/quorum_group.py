@@ -101,7 +101,7 @@ from amqpd.broker.api import QuorumQueue
 from amqpd.cluster import link_wire as W
 from amqpd.cluster import mirror_wire as M
 from amqpd.cluster.group_records import edit_group_record, poll_group_records
-from amqpd.cluster.group_walk import led_queues
+from amqpd.cluster.group_walk import establish_for_declare, led_queues
 from amqpd.cluster.mirror import STREAM_SPLIT, Leading, MirrorCopy, Mirrors
 from amqpd.cluster.mirror_state import Ident, key_part
 from amqpd.cluster.quorum_failover import GroupFailover, election_offer
@@ -128,8 +128,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("amqpd.cluster.quorum")
 
-ESTABLISH_RETRY: Final = 0.1  # seconds between a declare's tries to set its group up
-ESTABLISH_PATIENCE: Final = 30.0  # seconds a declare's group set-up is tried at most
 QTERM: Final = M.QTERM  # leader -> member: the term of the stream about to start
 MHELD: Final = M.MHELD  # leader -> member: seq, holder node, positions checked out
 
@@ -299,33 +297,13 @@ class QuorumGroups(GroupFailover, Mirrors):
         return self._establish_for_declare(vh, q)
 
     async def _establish_for_declare(self, vh: VHost, q: QueueType) -> None:
-        """:meth:`_establish` until this node leads the group, tried again every
-        :data:`ESTABLISH_RETRY` s: the record of a queue of this name deleted a moment
-        ago on another node may still be in etcd (its old leader deletes it after its
-        delete-ok), and etcd may time out once. Given up after
-        :data:`ESTABLISH_PATIENCE` s (the definitions' own bound answers the declare
-        first), or as soon as the queue is no longer this one."""
-        ident = (vh.name, q.name)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + ESTABLISH_PATIENCE
-        try:
-            while True:
-                self.establishing.add(ident)
-                await self._establish(vh, q)  # (discards ident from establishing)
-                # held again across the pause: a reconciliation's _establish started in
-                # it would take up the record the next try writes as a restart's (term
-                # + 1) while this node leads the term before
-                self.establishing.add(ident)
-                if vh.queues.get(q.name) is not q or ident in self.leading:
-                    return
-                if loop.time() >= deadline:
-                    raise NoQuorum(f"quorum queue '{q.name}' in vhost '{vh.name}': its "
-                                   "replica group could not be set up within "
-                                   f"{ESTABLISH_PATIENCE:g} s (etcd, or an old group "
-                                   "record still there); the declare is refused")
-                await asyncio.sleep(ESTABLISH_RETRY)
-        finally:
-            self.establishing.discard(ident)
+        """:meth:`_establish` until this node leads the group (group_walk's
+        :func:`establish_for_declare`: its retries, its bound, and why the group stays
+        marked as being set up across its pauses)."""
+        await establish_for_declare(self, vh, q, lambda patience: NoQuorum(
+            f"quorum queue '{q.name}' in vhost '{vh.name}': its replica group could not "
+            f"be set up within {patience:g} s (etcd, or an old group record still "
+            "there); the declare is refused"))
 
     async def _establish(self, vh: VHost, q: QueueType) -> None:
         """Lead a quorum queue this node holds: create its group record (a new queue) or

@@ -77,7 +77,7 @@ from amqpd.cluster.group_records import (
     poll_group_records,
     read_group_records,
 )
-from amqpd.cluster.group_walk import led_queues
+from amqpd.cluster.group_walk import establish_for_declare, led_queues
 from amqpd.cluster.mirror_state import Ident, key_part
 from amqpd.cluster.node_part import NodePart
 from amqpd.cluster.periodic import every, spawn
@@ -107,8 +107,6 @@ log = logging.getLogger("amqpd.cluster.stream")
 
 TICK: Final = 0.2  # seconds between reconciliations
 RECORDS_EVERY: Final = 0.5  # seconds between reads of the group records
-ESTABLISH_PATIENCE: Final = 30.0  # seconds a declare's group set-up is tried at most
-ESTABLISH_RETRY: Final = 0.1
 
 
 def replica_edit(members: list[str], leader: str, known: Iterable[str],
@@ -313,26 +311,11 @@ class StreamGroups(NodePart):
         return self._establish_for_declare(vh, q)
 
     async def _establish_for_declare(self, vh: VHost, q: StreamQueue) -> None:
-        ident = (vh.name, q.name)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + ESTABLISH_PATIENCE
-        try:
-            while True:
-                self.establishing.add(ident)
-                await self._establish(vh, q)  # (discards ident from establishing)
-                # held again across the pause: a reconciliation's _establish started in
-                # it would take up the record the next try writes as a restart's (a
-                # second epoch, term + 1) while this node leads the term before
-                self.establishing.add(ident)
-                if vh.queues.get(q.name) is not q or ident in self.leading:
-                    return
-                if loop.time() >= deadline:
-                    raise NoQuorum(f"stream '{q.name}' in vhost '{vh.name}': its members "
-                                   f"could not be recorded within {ESTABLISH_PATIENCE:g} s;"
-                                   " the declare is refused")
-                await asyncio.sleep(ESTABLISH_RETRY)
-        finally:
-            self.establishing.discard(ident)
+        """:meth:`_establish` until this node leads the stream (group_walk's
+        :func:`establish_for_declare`)."""
+        await establish_for_declare(self, vh, q, lambda patience: NoQuorum(
+            f"stream '{q.name}' in vhost '{vh.name}': its members could not be recorded "
+            f"within {patience:g} s; the declare is refused"))
 
     async def _establish(self, vh: VHost, q: StreamQueue) -> None:
         """Lead a stream this node holds: create its group record (a new stream) or

@@ -431,7 +431,12 @@ def select_columns(items: list[dict[str, Any]], ctx: Ctx) -> Any:
     As RabbitMQ does: filter, then sort, then cut the page, then project columns; a paged
     answer counts the items before (``total_count``) and after (``filtered_count``) the
     filter."""
-    q = ctx.query
+    return list_options(items, ctx.query)
+
+
+def list_options(items: list[dict[str, Any]], q: Any) -> Any:
+    """:func:`select_columns` over a query mapping of its own: a worker applies it to
+    its list, the workers' HTTP front (amqpd.workers.http_front) to the merged one."""
     total = len(items)
     items = filter_by_name(items, q, lambda i: str(i.get("name", "")))
     sort = q.get("sort")

@@ -48,17 +48,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from amqpd.http.core import (
-    PEER_HEADER,
-    HttpError,
-    _project,
-    _sort_key,
-    error_response,
-    filter_by_name,
-    page_body,
-    page_params,
-    page_slice,
-)
+from amqpd.http.core import PEER_HEADER, HttpError, error_response, list_options
 
 log = logging.getLogger("amqpd.workers.http")
 
@@ -113,39 +103,6 @@ def sum_stats(into: dict[str, Any], other: dict[str, Any]) -> None:
 
 def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def list_options(items: list[dict[str, Any]], query: Any) -> Any:
-    """RabbitMQ's list options over a merged list, in RabbitMQ's order (filter, sort,
-    page, project), as :func:`amqpd.http.core.select_columns` applies them in a worker."""
-    total = len(items)
-    items = filter_by_name(items, query, lambda i: str(i.get("name", "")))
-    sort = query.get("sort")
-    if sort:
-        items = sorted(items, key=lambda i: _sort_key(_dotted(i, sort)),
-                       reverse=query.get("sort_reverse") == "true")
-    paged = "page" in query
-    page = size = filtered = 0
-    if paged:
-        page, size = page_params(query)
-        filtered = len(items)
-        items = page_slice(items, page, size)
-    columns = query.get("columns")
-    if columns:
-        cols = [c for c in columns.split(",") if c]
-        items = [_project(i, cols) for i in items]
-    if paged:
-        return page_body(items, page, size, filtered, total)
-    return items
-
-
-def _dotted(item: dict[str, Any], path: str) -> Any:
-    value: Any = item
-    for part in path.split("."):
-        if not isinstance(value, dict):
-            return None
-        value = value.get(part)
-    return value
 
 
 def _items(body: Any) -> list[dict[str, Any]] | None:

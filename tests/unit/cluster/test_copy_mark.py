@@ -14,9 +14,9 @@ from amqpd.cluster import mirror_wire as M
 from amqpd.cluster.mirror import MirrorCopy, Mirrors
 from amqpd.cluster.mirror_map import CopyMap, map_path
 from amqpd.cluster.quorum_group import QuorumGroups, election_offer
-from amqpd.coord.etcd import Compare, KeyValue, Put, TxnResult
 from amqpd.store.memory import MemoryStore
 from tests.support.deferred_store import DeferredCommitStore
+from tests.support.record_etcd import RecordEtcd
 
 
 def _map(tmp_path: Path) -> CopyMap:
@@ -266,26 +266,6 @@ def test_a_complete_copy_offers_its_last_sequence_number_of_the_same_term() -> N
 
 
 # ------------------------------------------------------------------ a restarted leader
-class _Etcd:
-    """One group record; txn applies a Put when its mod-revision guard holds."""
-
-    def __init__(self, key: str, rec: dict[str, Any], revision: int) -> None:
-        self.key, self.value, self.revision = key, json.dumps(rec).encode(), revision
-
-    async def range_prefix(self, prefix: str) -> tuple[int, list[KeyValue]]:
-        return self.revision, [KeyValue(self.key.encode(), self.value, 1, self.revision,
-                                        1, 0)]
-
-    async def txn(self, compare: list[Compare], success: list[Put]) -> TxnResult:
-        (guard,) = compare
-        if guard.target != "mod" or guard.operand != self.revision:
-            return TxnResult(False, self.revision, [])
-        (put,) = success
-        self.value = put.value if isinstance(put.value, bytes) else put.value.encode()
-        self.revision += 1
-        return TxnResult(True, self.revision, [[]])
-
-
 async def test_a_leader_taking_up_its_record_again_starts_a_new_term() -> None:
     """Its sequence numbers start again from 0: a new term names the new space, so no
     member's mark or offer of the earlier one is read as a number of this one."""
@@ -293,7 +273,7 @@ async def test_a_leader_taking_up_its_record_again_starts_a_new_term() -> None:
     groups.root, groups.node = "/r", "node-a"
     groups.establishing, groups.leading = set(), {}
     key = groups.record_key(("/", "q"))
-    etcd = _Etcd(key, {"leader": "node-a", "members": ["node-a", "node-b", "node-c"],
+    etcd = RecordEtcd(key, {"leader": "node-a", "members": ["node-a", "node-b", "node-c"],
                        "term": 6}, revision=40)
     groups.etcd = etcd  # type: ignore[assignment]
     led: list[int] = []

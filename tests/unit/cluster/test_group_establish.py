@@ -21,31 +21,9 @@ import pytest
 from amqpd.cluster.group_walk import lead_or_establish
 from amqpd.cluster.quorum_group import QuorumGroups
 from amqpd.cluster.stream_group import StreamGroups
-from amqpd.coord.etcd import Compare, KeyValue, Put, TxnResult
+from tests.support.record_etcd import RecordEtcd
 
 KINDS = [QuorumGroups, StreamGroups]
-
-
-class _Etcd:
-    """One group record; a txn whose mod-revision guard holds applies its Put."""
-
-    def __init__(self, key: str, rec: dict[str, Any], revision: int) -> None:
-        self.key, self.value, self.revision = key, json.dumps(rec).encode(), revision
-        self.writes = 0
-
-    async def range_prefix(self, prefix: str) -> tuple[int, list[KeyValue]]:
-        return self.revision, [KeyValue(self.key.encode(), self.value, 1, self.revision,
-                                        1, 0)]
-
-    async def txn(self, compare: list[Compare], success: list[Put]) -> TxnResult:
-        (guard,) = compare
-        if guard.target != "mod" or guard.operand != self.revision:
-            return TxnResult(False, self.revision, [])
-        (put,) = success
-        self.value = put.value if isinstance(put.value, bytes) else put.value.encode()
-        self.revision += 1
-        self.writes += 1
-        return TxnResult(True, self.revision, [[]])
 
 
 def _groups(kind: Any) -> Any:
@@ -61,7 +39,7 @@ async def test_a_group_led_already_keeps_its_record_and_term(kind: type[Any]) ->
     again would end the term the node leads."""
     groups = _groups(kind)
     ident = ("/", "q")
-    etcd = _Etcd(groups.record_key(ident),
+    etcd = RecordEtcd(groups.record_key(ident),
                  {"leader": "node-a", "members": ["node-a", "node-b", "node-c"],
                   "term": 18, "epochs": [[18, 0]]}, revision=40)
     groups.etcd = etcd

@@ -16,8 +16,8 @@ from urllib.parse import unquote
 import aiohttp
 from aiohttp import web
 
-from amqpd.http.core import PEER_HEADER
-from amqpd.workers.http_front import Backend, HttpFront, as_node, list_options, sum_stats
+from amqpd.http.core import PEER_HEADER, list_options
+from amqpd.workers.http_front import Backend, HttpFront, as_node, sum_stats
 
 NODE = "amqpd@host"
 
