@@ -315,7 +315,7 @@ class ClusterStatus(Protocol):
         its reply waits until every node knows it (``after_mirrored``)."""
         ...
 
-    def transient_binding(self, binding: Binding) -> bool:
+    def transient_binding(self, binding: Binding, deleted: bool) -> bool:
         """A binding that is no durable definition was made or removed here (a
         non-durable queue's bindings are known on every node too). True: its reply
         waits until every node knows it (``after_mirrored``)."""

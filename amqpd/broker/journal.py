@@ -216,7 +216,7 @@ class DefinitionJournal:
             if isinstance(dest, QueueType) and not persisted(dest):
                 # a non-durable queue's, cluster-wide: the reply waits until every node
                 # has it (so a publish anywhere routes by it)
-                if cluster.transient_binding(obj):
+                if cluster.transient_binding(obj, deleted):
                     self.awaits_cluster()
                 return
             if not obj.source.name:

@@ -334,8 +334,8 @@ class Cluster(ClusterView):
     def transient_declared(self, queue: Any) -> bool:
         return self.transient.declared(queue)
 
-    def transient_binding(self, binding: Any) -> bool:
-        return self.transient.binding_changed(binding)
+    def transient_binding(self, binding: Any, deleted: bool) -> bool:
+        return self.transient.binding_changed(binding, deleted)
 
     def reply_queue(self, vhost: str, name: str, node: str) -> Any:
         queues = self.queues

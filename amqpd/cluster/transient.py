@@ -23,7 +23,12 @@ A queue's key also carries its bindings (from any exchange but the default one: 
 exchange is known on every node, the non-durable ones through
 :mod:`amqpd.cluster.transient_defs`), so a message published on any node reaches it:
 the others bind their stand-in the same way (routing happens where a message arrives),
-and a binding whose exchange is not known yet is made when it is.
+and a binding whose exchange is not known yet is made when it is. A binding made or
+removed on another node (a client's queue.bind there) is passed to the queue's node (a
+request, :mod:`amqpd.cluster.node_requests`), which changes its queue and so its key:
+the binding is then everywhere, as RabbitMQ's bindings are wherever they were made,
+and goes with the queue. The reply there (bind-ok, unbind-ok) waits for the queue's
+node's answer, which comes once that node's change is visible (below).
 
 With ``cluster.visible_wait`` above 0 (the workers of one node), a reply that made or
 changed such a queue here (queue.declare-ok, queue.bind-ok) waits until its key is
@@ -68,6 +73,8 @@ Ident = tuple[str, str]  # (vhost, queue)
 
 OnDone = Callable[[BaseException | None], None]
 
+BIND_REQUEST = "transient-bind"  # another node's (un)binding of one of this node's queues
+
 ELSEWHERE = object()  # the owner of an exclusive queue whose connection is on another node
 
 
@@ -103,6 +110,9 @@ class TransientQueues(LeasedPush[Ident]):
         self.visible_wait = 0.0
         # the store revision this node's watch has applied (the others' SYNC wait on it)
         self.applied = Applied()
+        # bindings passed to their queue's node, not answered yet (after_visible waits)
+        self._forwards: set[asyncio.Task[None]] = set()
+        self._syncing = False  # applying a node's record here (not a client's change)
 
     # ------------------------------------------------------------------ keys
     def key(self, node: str, vhost: str, name: str) -> str:
@@ -150,17 +160,69 @@ class TransientQueues(LeasedPush[Ident]):
         self._wake.set()
         return self.visible_wait > 0
 
-    def binding_changed(self, binding: Any) -> bool:
+    def binding_changed(self, binding: Any, deleted: bool) -> bool:
         """A binding that is not a durable definition changed here: if its queue is
         one of this node's non-durable queues, the others get the queue's bindings
-        again (so a message published on any node reaches it). True: its reply waits
-        (after_visible; only with ``visible_wait`` above 0)."""
+        again (so a message published on any node reaches it); if it is another
+        node's, the change is passed to that node (:meth:`_forward`). True: its reply
+        waits (after_visible)."""
         q = binding.destination
         ident = (q.vhost.name, q.name) if binding.destination_type == "queue" else None
-        if ident is None or ident not in self.mine or q.vhost.queues.get(q.name) is not q:
-            return False
-        self._keep(ident, self._body(q))
-        return self.visible_wait > 0
+        if ident is None or q.vhost.queues.get(q.name) is not q:
+            return False  # (a queue being deleted: its bindings go with it everywhere)
+        if ident in self.mine:
+            self._keep(ident, self._body(q))
+            return self.visible_wait > 0
+        from amqpd.cluster.remote_queue import RemoteQueue
+
+        if self._syncing or not isinstance(q, RemoteQueue) or not _transient(q) \
+                or self.cluster.mirror.applying or self.cluster.tdefs.applying:
+            return False  # its node's record applied here, or an exchange's deletion
+        self._forward(q, binding, deleted)
+        return True
+
+    # ------------------------------------------------------------------ others' queues bound here
+    def _forward(self, q: Any, binding: Any, deleted: bool) -> None:
+        """Pass a client's (un)binding of another node's queue ``q`` to that node: it
+        binds its queue, whose key then carries the binding to every node."""
+        args = {"vhost": q.vhost.name, "queue": q.name, "source": binding.source.name,
+                "key": binding.routing_key, "arguments": jsonable(binding.arguments),
+                "unbind": deleted}
+        timeout = self.cluster.mirror.timeout or 10.0
+
+        async def forward() -> None:
+            try:
+                await self.cluster.ask(q.leader, BIND_REQUEST, args, timeout)
+            except Exception as exc:  # its node gone or out of reach: the queue goes too
+                log.warning("cluster: %s of non-durable queue %r of node %s to %r not "
+                            "passed to that node: %s", "unbinding" if deleted else
+                            "binding", q.name, q.leader, binding.source.name, exc)
+
+        task = asyncio.get_running_loop().create_task(forward(), name="cluster-bind")
+        self._forwards.add(task)
+        task.add_done_callback(self._forwards.discard)
+
+    async def _serve_bind(self, args: dict[str, Any]) -> None:
+        """Another node's (un)binding of one of this node's non-durable queues: made
+        here; answered once the queue's key with it is visible (after_visible)."""
+        vhost, name = str(args["vhost"]), str(args["queue"])
+        q = self.api.vhost(vhost).queues.get(name) if self.api.has_vhost(vhost) else None
+        if q is None or (vhost, name) not in self.mine:
+            from amqpd.broker.api import NotFound
+
+            raise NotFound(f"no non-durable queue '{name}' in vhost '{vhost}' on node "
+                           f"'{self.node}'")
+        change = self.api.unbind if args.get("unbind") else self.api.bind
+        change(vhost, "queue", name, str(args["source"]), str(args["key"]),
+               dict(args.get("arguments") or {}), owner=q.exclusive_owner)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def visible(_error: BaseException | None) -> None:
+            if not future.done():
+                future.set_result(None)
+
+        self.after_visible(visible)(None)
+        await future
 
     # ------------------------------------------------------------------ replies wait
     def _keep(self, ident: Ident, body: str) -> None:
@@ -213,8 +275,11 @@ class TransientQueues(LeasedPush[Ident]):
         """``callback`` delayed until every change to this node's non-durable queues
         made so far is written and applied by every linked node, at most
         ``visible_wait`` seconds; at once if that is 0, or while this node holds no
-        lease (etcd out of reach: nothing would be written)."""
+        lease (etcd out of reach: nothing would be written). Either way after the
+        bindings passed to other nodes so far are answered (:meth:`_forward`)."""
         target = self.seq
+        if self._forwards:
+            callback = self._after_forwards(set(self._forwards), callback)
         if self.visible_wait <= 0:
             return callback
 
@@ -239,6 +304,24 @@ class TransientQueues(LeasedPush[Ident]):
 
         return done
 
+
+    def _after_forwards(self, forwards: set[asyncio.Task[None]],
+                        callback: OnDone) -> OnDone:
+        """``callback`` once ``forwards`` are answered (each is bounded by its ask)."""
+        def done(error: BaseException | None) -> None:
+            if error is not None:
+                callback(error)
+                return
+
+            async def wait() -> None:
+                await asyncio.wait(forwards)
+                callback(None)
+
+            task = asyncio.get_running_loop().create_task(wait())
+            self._barriers.add(task)
+            task.add_done_callback(self._barriers.discard)
+
+        return done
 
     async def _first_lease(self) -> None:
         """Keys of this node's previous process (a kill -9 and a restart within its
@@ -303,6 +386,14 @@ class TransientQueues(LeasedPush[Ident]):
         def ident(source: str, key: str, arguments: Any) -> str:
             return json.dumps([source, key, jsonable(arguments)], sort_keys=True)
 
+        self._syncing = True
+        try:
+            self._bind_as(q, wanted, ident)
+        finally:
+            self._syncing = False
+
+    def _bind_as(self, q: Any, wanted: list[list[Any]],
+                 ident: Callable[[str, str, Any], str]) -> None:
         want = {ident(*w): w for w in wanted if len(w) == 3}
         have = {ident(b.source.name, b.routing_key, b.arguments): b
                 for b in list(q.inbound or ()) if b.source.name}
@@ -407,12 +498,13 @@ class TransientQueues(LeasedPush[Ident]):
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
+        self.api.serve_node_requests(BIND_REQUEST, self._serve_bind)
         self._tasks = [asyncio.create_task(self._push_loop(), name="cluster-transient-push"),
                        asyncio.create_task(self._watch_loop(),
                                            name="cluster-transient-watch")]
 
     async def stop(self) -> None:
-        await cancel_all(self._tasks + list(self._barriers))
+        await cancel_all(self._tasks + list(self._barriers) + list(self._forwards))
         self._tasks = []
 
 

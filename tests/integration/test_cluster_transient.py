@@ -208,3 +208,43 @@ def test_non_durable_queues_do_not_survive_a_full_cluster_restart(
     for n in nodes:
         assert listed(n, "ta") is None and listed(n, "tb") is None, \
             f"a non-durable queue resurrected on {n.name}"
+
+
+def test_binding_made_on_another_node_is_known_everywhere(nodes: list[ClusterNode]) -> None:
+    """RabbitMQ's bindings are cluster-wide wherever they were made: a non-durable
+    queue of node A bound by a client of node B is routed to by publishes on A (its
+    node, which knows the binding once B's bind-ok came) and on C; unbound on B, it is
+    gone on A at once and on C soon after. Before, the binding stayed on B."""
+    a, b, c = nodes
+    owner = Conn(a.url)
+    och = owner.open_channel(1)
+    owner.declare_queue(och, "bq", durable=False)
+    wait_for(lambda: listed(b, "bq") == "node-a" and usable(b, "bq"), 30,
+             "bq known on node-b", b.tail)
+
+    def bound_on(n: ClusterNode) -> bool:
+        return any(x["destination"] == "bq" and x["routing_key"] == "k" for x in n.api.get(
+            "/api/exchanges/%2F/amq.direct/bindings/source").json())
+
+    binder = Conn(b.url)
+    bch = binder.open_channel(1)
+    binder.bind(bch, "bq", "amq.direct", "k")
+    assert bound_on(a), "node-a does not know node-b's binding after its bind-ok"
+    body = b"m"
+    for n, count in ((a, 1), (c, 2), (b, 3)):
+        wait_for(lambda n=n: bound_on(n), 15, f"the binding known on {n.name}", n.tail)
+        pub = Conn(n.url)
+        pub.send(pub.open_channel(1),
+                 commands.Basic.Publish(exchange="amq.direct", routing_key="k"),
+                 ContentHeader(0, len(body), commands.Basic.Properties()),
+                 ContentBody(body))
+        wait_for(lambda count=count: (queue_info(a, "bq") or {}).get("messages") == count,
+                 10, f"the message published on {n.name} in bq", a.tail)
+        pub.close()
+    binder.rpc(bch, commands.Queue.Unbind(queue="bq", exchange="amq.direct",
+                                          routing_key="k"), commands.Queue.UnbindOk)
+    assert not bound_on(a), "node-a still has the binding after node-b's unbind-ok"
+    for n in (b, c):
+        wait_for(lambda n=n: not bound_on(n), 15, f"the binding gone on {n.name}", n.tail)
+    binder.close()
+    owner.close()

@@ -342,6 +342,35 @@ def test_fanout_bound_on_one_worker_routes_the_next_publish_on_the_other(
         b.close()
 
 
+def test_binding_made_on_the_worker_that_does_not_own_the_queue_routes_everywhere(
+        tmp_path: Path) -> None:
+    """RabbitMQ's bindings are cluster-wide wherever they were made: a non-durable
+    queue declared on worker 1, bound from worker 0, gets the messages published
+    through worker 1 (its owner) as well as through worker 0; unbound from worker 0,
+    neither routes to it. Before, the binding stayed on worker 0 (docs/workers.md)."""
+    with workers_node(tmp_path / "node") as node:
+        a, b = on_each_worker(node)
+        ca, cb = a.channel(), b.channel()
+        ca.confirm_delivery()
+        cb.confirm_delivery()
+        ca.exchange_declare("bx", "direct")
+        for i in range(10):
+            q = f"nd-{i}"
+            cb.queue_declare(q)  # owned by worker 1
+            ca.queue_bind(q, "bx", routing_key=q)  # bound through worker 0
+            for ch in (cb, ca):
+                ch.basic_publish("bx", q, b"m", mandatory=True)  # 312 raises
+            assert len(drain(cb, q, 2, timeout=10)) == 2, q
+            ca.queue_unbind(q, "bx", routing_key=q)
+            for ch in (cb, ca):
+                with pytest.raises(pika.exceptions.UnroutableError):
+                    ch.basic_publish("bx", q, b"m", mandatory=True)
+        assert {x["destination"] for x in worker_api(node, 1, "/api/bindings/%2F")
+                if x["source"] == "bx"} == set()
+        a.close()
+        b.close()
+
+
 def test_direct_reply_to_across_workers(tmp_path: Path) -> None:
     """A reply published on another worker than the requester's reaches it, each one,
     in order (RabbitMQ routes direct replies across a cluster's nodes; with two
