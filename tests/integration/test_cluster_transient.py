@@ -12,6 +12,7 @@ nodes and deleted with A.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import urllib.request
 from typing import Any
@@ -232,19 +233,23 @@ def test_binding_made_on_another_node_is_known_everywhere(nodes: list[ClusterNod
     assert bound_on(a), "node-a does not know node-b's binding after its bind-ok"
     body = b"m"
     for n, count in ((a, 1), (c, 2), (b, 3)):
-        wait_for(lambda n=n: bound_on(n), 15, f"the binding known on {n.name}", n.tail)
+        wait_for(functools.partial(bound_on, n), 15, f"the binding known on {n.name}",
+                 n.tail)
         pub = Conn(n.url)
         pub.send(pub.open_channel(1),
                  commands.Basic.Publish(exchange="amq.direct", routing_key="k"),
                  ContentHeader(0, len(body), commands.Basic.Properties()),
                  ContentBody(body))
-        wait_for(lambda count=count: (queue_info(a, "bq") or {}).get("messages") == count,
-                 10, f"the message published on {n.name} in bq", a.tail)
+        def arrived(count: int = count) -> bool:
+            return (queue_info(a, "bq") or {}).get("messages") == count
+        wait_for(arrived, 10, f"the message published on {n.name} in bq", a.tail)
         pub.close()
     binder.rpc(bch, commands.Queue.Unbind(queue="bq", exchange="amq.direct",
                                           routing_key="k"), commands.Queue.UnbindOk)
     assert not bound_on(a), "node-a still has the binding after node-b's unbind-ok"
     for n in (b, c):
-        wait_for(lambda n=n: not bound_on(n), 15, f"the binding gone on {n.name}", n.tail)
+        def unbound(n: ClusterNode = n) -> bool:
+            return not bound_on(n)
+        wait_for(unbound, 15, f"the binding gone on {n.name}", n.tail)
     binder.close()
     owner.close()
