@@ -316,9 +316,10 @@ class ClusterStatus(Protocol):
         ...
 
     def transient_binding(self, binding: Binding, deleted: bool) -> bool:
-        """A binding that is no durable definition was made or removed here (a
-        non-durable queue's bindings are known on every node too). True: its reply
-        waits until every node knows it (``after_mirrored``)."""
+        """A binding that is no durable definition was made (or, ``deleted``, removed)
+        here (a non-durable queue's bindings are known on every node too, wherever they
+        were made). True: its reply waits until every node knows it
+        (``after_mirrored``)."""
         ...
 
     def dedup_cache(self, vhost: str, exchange: str) -> SharedCache:

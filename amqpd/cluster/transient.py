@@ -55,6 +55,7 @@ import urllib.parse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from amqpd.broker.api import NotFound
 from amqpd.cluster.leased_push import LeasedPush
 from amqpd.cluster.periodic import cancel_all
 from amqpd.cluster.prefix_watch import follow_prefix
@@ -208,8 +209,6 @@ class TransientQueues(LeasedPush[Ident]):
         vhost, name = str(args["vhost"]), str(args["queue"])
         q = self.api.vhost(vhost).queues.get(name) if self.api.has_vhost(vhost) else None
         if q is None or (vhost, name) not in self.mine:
-            from amqpd.broker.api import NotFound
-
             raise NotFound(f"no non-durable queue '{name}' in vhost '{vhost}' on node "
                            f"'{self.node}'")
         change = self.api.unbind if args.get("unbind") else self.api.bind
