@@ -6,6 +6,10 @@ Names follow RabbitMQ's ``rabbitmq_prometheus`` plugin wherever it has the metri
 ``rabbitmq_global_messages_received_total``, ``rabbitmq_io_sync_time_seconds_total``...),
 so existing Grafana dashboards keep working. amqpd-only metrics are ``amqpd_*``. Like the
 plugin, these endpoints need no credentials.
+
+``?amqpd_led_only=true`` (amqpd's own) counts only the queues this node leads, leaving
+out its copies of queues another node leads (which repeat the leader's figures): the
+workers' HTTP front (amqpd/workers/http_front.py) asks each worker so, then sums.
 """
 
 from __future__ import annotations
@@ -77,6 +81,11 @@ def _identity(api: BrokerAPI, e: Exposition) -> None:
           {"rabbitmq_node": status.name, "rabbitmq_cluster": status.cluster_name})
 
 
+def led_only(ctx: Ctx) -> bool:
+    """Whether the request asks for the queues this node leads only (module docstring)."""
+    return ctx.request.query.get("amqpd_led_only") == "true"
+
+
 def collect(ctx: Ctx, per_object: bool = False) -> str:
     """The node's series; ``per_object`` (/metrics/per-object) replaces the queue totals
     with one series per queue under the same names, and adds connections and channels,
@@ -86,7 +95,9 @@ def collect(ctx: Ctx, per_object: bool = False) -> str:
     e = Exposition()
     _identity(api, e)
     sessions = [x for x in api.sessions() if x.vhost is not None]
-    queues = [q for vh in api.vhosts() for q in api.queues(vh)]
+    led = led_only(ctx)
+    queues = [q for vh in api.vhosts() for q in api.queues(vh)
+              if not (led and q.forwards_publish)]
     e.add("rabbitmq_connections", "gauge", "Connections currently open", len(sessions))
     e.add("rabbitmq_channels", "gauge", "Channels currently open",
           sum(len(x.channels) for x in sessions))
@@ -94,7 +105,7 @@ def collect(ctx: Ctx, per_object: bool = False) -> str:
           sum(len(q.consumers) for q in queues))
     e.add("rabbitmq_queues", "gauge", "Queues available", len(queues))
     if per_object:
-        metrics_objects.per_object(e, api)
+        metrics_objects.per_object(e, api, led)
     else:
         e.add("rabbitmq_queue_messages_ready", "gauge", "Messages ready to be delivered",
               sum(q.message_count for q in queues))
@@ -301,7 +312,7 @@ async def metrics_detailed(ctx: Ctx) -> Any:
     query = ctx.request.query
     vhosts = set(query.getall("vhost")) if "vhost" in query else None
     e = Exposition()
-    metrics_objects.detailed(e, ctx.api, query.getall("family", []), vhosts)
+    metrics_objects.detailed(e, ctx.api, query.getall("family", []), vhosts, led_only(ctx))
     _identity(ctx.api, e)
     return web.Response(text=e.text(), headers={"Content-Type": CONTENT_TYPE})
 

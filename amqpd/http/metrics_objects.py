@@ -99,12 +99,14 @@ PER_OBJECT: tuple[tuple[str, tuple[Series, ...]], ...] = (
 )
 
 
-def _objects(api: BrokerAPI, kind: str, vhosts: set[str] | None
+def _objects(api: BrokerAPI, kind: str, vhosts: set[str] | None, led_only: bool = False,
              ) -> list[tuple[Any, dict[str, str]]]:
-    """Every object of ``kind`` (in the vhosts named, or all) with its labels."""
+    """Every object of ``kind`` (in the vhosts named, or all) with its labels;
+    ``led_only``: only the queues this node leads (not another's copies)."""
     if kind == "queue":
         return [(q, {"vhost": vh.name, "queue": q.name}) for vh in api.vhosts()
-                if vhosts is None or vh.name in vhosts for q in api.queues(vh)]
+                if vhosts is None or vh.name in vhosts for q in api.queues(vh)
+                if not (led_only and q.forwards_publish)]
     sessions = [s for s in api.sessions() if s.vhost is not None
                 and (vhosts is None or s.vhost.name in vhosts)]
     if kind == "connection":
@@ -114,11 +116,12 @@ def _objects(api: BrokerAPI, kind: str, vhosts: set[str] | None
 
 
 def add_series(e: Exposition, api: BrokerAPI, kind: str, series: tuple[Series, ...],
-               prefix: str, seen: set[str], vhosts: set[str] | None = None) -> None:
+               prefix: str, seen: set[str], vhosts: set[str] | None = None,
+               led_only: bool = False) -> None:
     """One family per series, its samples together; a name in ``seen`` (a series two
     groups share, such as queue_consumers) is written once. A family with no object
     still gets its header, as RabbitMQ's does."""
-    objects = _objects(api, kind, vhosts)
+    objects = _objects(api, kind, vhosts, led_only)
     for s in series:
         name = prefix + s.name
         if name in seen:
@@ -129,16 +132,16 @@ def add_series(e: Exposition, api: BrokerAPI, kind: str, series: tuple[Series, .
             e.add(name, s.kind, s.help, s.value(obj), labels)
 
 
-def per_object(e: Exposition, api: BrokerAPI) -> None:
+def per_object(e: Exposition, api: BrokerAPI, led_only: bool = False) -> None:
     """/metrics/per-object's series, under the aggregated endpoint's names."""
     seen: set[str] = set()
     for kind, series in PER_OBJECT:
-        add_series(e, api, kind, series, "rabbitmq_", seen)
-    add_series(e, api, "queue", AMQPD_QUEUE, "amqpd_", seen)
+        add_series(e, api, kind, series, "rabbitmq_", seen, led_only=led_only)
+    add_series(e, api, "queue", AMQPD_QUEUE, "amqpd_", seen, led_only=led_only)
 
 
 def detailed(e: Exposition, api: BrokerAPI, families: list[str],
-             vhosts: set[str] | None) -> None:
+             vhosts: set[str] | None, led_only: bool = False) -> None:
     """/metrics/detailed: the groups asked for, under ``rabbitmq_detailed_*`` names. A
     group amqpd does not have adds nothing, as RabbitMQ answers for a name it does not
     know (200, no series)."""
@@ -146,4 +149,4 @@ def detailed(e: Exposition, api: BrokerAPI, families: list[str],
     for family in families:
         if family in DETAILED_FAMILIES:
             kind, series = DETAILED_FAMILIES[family]
-            add_series(e, api, kind, series, "rabbitmq_detailed_", seen, vhosts)
+            add_series(e, api, kind, series, "rabbitmq_detailed_", seen, vhosts, led_only)

@@ -19,6 +19,14 @@ supervisor serves the node's HTTP port itself and answers as one node
 * the health checks about the node's ports and about quorum answer for the node: its
   AMQP and HTTP ports, and a single node (phase 1 refuses ``[cluster]``); the alarm
   checks fail if any worker's does; the memory watermark gives each worker its share;
+* consumers are listed from every worker (each lists its own connections' consumers);
+  the overview's queue, consumer and message totals are the queues' owners' (from the
+  merged queue list); ``/api/nodes`` sums or takes the largest of the workers' figures
+  (:data:`NODE_SUMMED`, :data:`NODE_MAX`);
+* ``/metrics`` (and ``/per-object``, ``/detailed``) merges every worker's Prometheus
+  text, each worker counting only the queues it owns: series with the same name and
+  labels summed (the largest for :data:`PROMETHEUS_MAX`); ``/metrics/per-worker``
+  (amqpd's own) gives every worker's series with a ``worker`` label;
 * ``GET /api/workers`` lists the workers (pid, private ports, connections handed,
   restarts): per-worker figures are on each worker's private API;
 * anything else (definitions, users, vhosts, policies, the UI) goes to the first worker
@@ -39,6 +47,7 @@ import asyncio
 import copy
 import json
 import logging
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -61,6 +70,24 @@ HOP: Final = frozenset({"host", "connection", "keep-alive", "transfer-encoding",
 # the query options of a list, applied here over the merged list (docs: RabbitMQ's)
 LIST_OPTIONS: Final = frozenset({"name", "use_regex", "sort", "sort_reverse", "page",
                                  "page_size", "columns", "pagination"})
+
+
+# a queue's figures the overview's queue_totals sums over the owners
+QUEUE_TOTALS: Final = ("messages", "messages_ready", "messages_unacknowledged")
+# /api/nodes: figures of one process each, summed over the workers (each worker has its
+# own memory, limit share, descriptors, sockets and connections); the largest taken
+NODE_SUMMED: Final = ("mem_used", "mem_limit", "fd_used", "fd_total", "sockets_used",
+                      "sockets_total", "proc_used", "run_queue")
+NODE_MAX: Final = ("uptime",)
+NODE_ANY: Final = ("mem_alarm", "disk_free_alarm")  # true if any worker's is
+PROMETHEUS_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+# gauges merged by the largest worker's value, not the sum: the node's uptime, a 0/1
+# alarm, the slowest last fsync
+PROMETHEUS_MAX: Final = ("rabbitmq_erlang_uptime_seconds",
+                         "rabbitmq_alarms_memory_used_watermark",
+                         "rabbitmq_alarms_free_disk_space_watermark",
+                         "rabbitmq_alarms_file_descriptor_limit",
+                         "amqpd_store_fsync_last_seconds")
 
 
 @dataclass(frozen=True)
@@ -217,10 +244,17 @@ class HttpFront:
         if api and kind in ("connections", "channels") and n >= 3:
             return await self._to_holder(request, body, kind, raw[2])
         if m == "GET" and api and (kind in ("connections", "channels") or (
+                kind == "consumers" and n <= 3) or (
                 kind == "vhosts" and n == 4 and segs[3] in ("connections", "channels"))):
             return await self._concatenated(request, body)
         if m == "GET" and api and kind == "overview" and n == 2:
             return await self._overview(request, body)
+        if m == "GET" and api and kind == "nodes" and (
+                n == 2 or (n == 3 and segs[2] == self.node_name)):
+            return await self._nodes(request, body, one=n == 3)
+        if m == "GET" and segs[0] == "metrics" and (n == 1 or (
+                n == 2 and segs[1] in ("per-object", "detailed", "per-worker"))):
+            return await self._metrics(request, body, segs[1] if n == 2 else "")
         if m == "GET" and api and kind == "workers" and n == 2:
             return await self._workers(request, body)
         if m == "GET" and api and kind == "health" and n >= 4 and segs[2] == "checks":
@@ -349,16 +383,7 @@ class HttpFront:
     async def _queue_list(self, request: web.Request, body: bytes) -> web.StreamResponse:
         """Every worker lists every queue it has heard of; a queue's figures are its
         owner's (the others' copy of it counts nothing)."""
-        def merge(lists: list[tuple[Backend, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
-            out: dict[tuple[Any, Any], dict[str, Any]] = {}
-            for b, items in lists:
-                for item in items:
-                    key = (item.get("vhost"), item.get("name"))
-                    if key not in out or item.get("node") == b.node:
-                        out[key] = item
-            return list(out.values())
-
-        return await self._merged_list(request, body, merge)
+        return await self._merged_list(request, body, owners_queues)
 
     async def _exchange_list(self, request: web.Request,
                              body: bytes) -> web.StreamResponse:
@@ -388,8 +413,11 @@ class HttpFront:
         return self._respond(oks[0][1], base)
 
     async def _overview(self, request: web.Request, body: bytes) -> web.StreamResponse:
-        """The first worker's overview (definitions are shared) with the message
-        figures and the connection and channel totals of every worker."""
+        """The first worker's overview (definitions are shared: its exchange count is
+        the node's) with the message figures and the connection and channel totals of
+        every worker, and the queue, consumer and message totals of the queues' owners
+        (read from every worker's queue list: a worker's copy of a queue another worker
+        owns repeats the owner's figures, so the workers' own totals count it twice)."""
         first, oks = await self._first_ok(request, body)
         if not oks:
             return self._fail(first)
@@ -407,7 +435,70 @@ class HttpFront:
                 for key in ("connections", "channels"):
                     if _number(totals.get(key)) and _number(theirs.get(key)):
                         totals[key] += theirs[key]
+        _, listed = await self._first_ok(request, b"", "/api/queues?columns=" + ",".join(
+            ("name", "vhost", "node", *QUEUE_TOTALS, "consumers")))
+        if listed:
+            queues = owners_queues([(b, _items(a.json()) or []) for b, a in listed])
+            if isinstance(totals, dict):
+                totals["queues"] = len(queues)
+                totals["consumers"] = _total(queues, "consumers")
+            qtotals = base.get("queue_totals")
+            if isinstance(qtotals, dict):
+                for key in QUEUE_TOTALS:
+                    qtotals[key] = _total(queues, key)
         return self._respond(oks[0][1], base)
+
+    async def _nodes(self, request: web.Request, body: bytes,
+                     one: bool) -> web.StreamResponse:
+        """``/api/nodes`` and ``/api/nodes/{node}``: the node's entry made of every
+        worker's own (each asked for its member name), figures summed or the largest
+        taken as :data:`NODE_SUMMED` and :data:`NODE_MAX` say, alarms if any worker's;
+        the rest is the first worker's, the pid the supervisor's. A list keeps the
+        first worker's other entries (a warren's peers)."""
+        backends = list(self.backends())
+        query = "?" + request.query_string if request.query_string else ""
+        got = await asyncio.gather(*(
+            self._send(b, request, b"", "GET", f"/api/nodes/{quote(b.node, safe='')}{query}")
+            for b in backends), return_exceptions=True)
+        first = got[0]
+        if not isinstance(first, Answer) or first.status != 200:
+            # authentication and the like: the first worker's refusal is the node's
+            return self._fail(first if isinstance(first, Answer) else None)
+        entries = [a.json() for a in got if isinstance(a, Answer) and a.status == 200]
+        entry = merge_node_entries([e for e in entries if isinstance(e, dict)])
+        entry["os_pid"] = str(os.getpid())  # the supervisor's: the node's process
+        if one:
+            return self._respond(first, entry)
+        listed = await self._send(backends[0], request, body)
+        nodes = listed.json() if listed.status == 200 else None
+        if not isinstance(nodes, list):
+            return self._respond(listed)
+        members = {b.node for b in backends}
+        others = [n for n in nodes if not (isinstance(n, dict) and n.get("name") in members)]
+        return self._respond(listed, [entry, *others])
+
+    async def _metrics(self, request: web.Request, body: bytes,
+                       which: str) -> web.StreamResponse:
+        """Prometheus text (no credentials, as on one worker). ``/metrics``,
+        ``/metrics/per-object`` and ``/metrics/detailed``: every worker's, each asked
+        for the queues it owns only (``amqpd_led_only``), merged by
+        :func:`merge_prometheus`. ``/metrics/per-worker`` (amqpd's own): every worker's
+        ``/metrics`` of its own queues, each sample labelled ``worker="N"``."""
+        query = [(k, v) for k, v in request.query.items() if k != "amqpd_led_only"]
+        query.append(("amqpd_led_only", "true"))
+        path = "/metrics" + (f"/{which}" if which and which != "per-worker" else "") + \
+            "?" + "&".join(f"{quote(k)}={quote(v)}" for k, v in query)
+        answers = await self._all(request, b"", "GET", path)
+        texts = [(b, a.body.decode()) for b, a in answers if a is not None and a.status == 200]
+        if not texts:
+            return self._fail(next((a for _b, a in answers if a is not None), None))
+        members = {b.node for b in self.backends()}
+        renamed = [(b, rename_labels(t, members, self.node_name)) for b, t in texts]
+        if which == "per-worker":
+            text = merge_prometheus([], [label_worker(t, b.index) for b, t in renamed])
+        else:
+            text = merge_prometheus(list(PROMETHEUS_MAX), [t for _b, t in renamed])
+        return web.Response(text=text, headers={"Content-Type": PROMETHEUS_TYPE})
 
     def _fail(self, answer: Answer | None) -> web.StreamResponse:
         if answer is None:
@@ -537,3 +628,109 @@ def _add_message_stats(into: Any, other: Any) -> None:
         into["message_stats"] = copy.deepcopy(theirs)
     else:
         sum_stats(mine, theirs)
+
+
+def owners_queues(lists: list[tuple[Backend, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
+    """Every queue once, as its owner lists it (the worker it names as ``node``; the
+    first worker that lists it while no owner does)."""
+    out: dict[tuple[Any, Any], dict[str, Any]] = {}
+    for b, items in lists:
+        for item in items:
+            key = (item.get("vhost"), item.get("name"))
+            if key not in out or item.get("node") == b.node:
+                out[key] = item
+    return list(out.values())
+
+
+def _total(items: list[dict[str, Any]], key: str) -> Any:
+    return sum(v for i in items if _number(v := i.get(key)))
+
+
+def merge_node_entries(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """One ``/api/nodes`` entry of the workers' own: :data:`NODE_SUMMED` summed,
+    :data:`NODE_MAX` the largest, :data:`NODE_ANY` true if any is, the rest the
+    first's (``disk_free`` and its limit: the workers share one data directory's disk)."""
+    out = dict(entries[0]) if entries else {}
+    for key in NODE_SUMMED:
+        values = [e[key] for e in entries if _number(e.get(key))]
+        if values:
+            out[key] = sum(values)
+    for key in NODE_MAX:
+        values = [e[key] for e in entries if _number(e.get(key))]
+        if values:
+            out[key] = max(values)
+    for key in NODE_ANY:
+        if key in out:
+            out[key] = any(bool(e.get(key)) for e in entries)
+    return out
+
+
+def rename_labels(text: str, members: set[str], node: str) -> str:
+    """Prometheus text with a worker's member name as a label value (the identity
+    series' ``rabbitmq_node``) made the node's name."""
+    for member in members:
+        text = text.replace(f'="{member}"', f'="{node}"')
+    return text
+
+
+def label_worker(text: str, index: int) -> str:
+    """Prometheus text with ``worker="index"`` added to every sample's labels."""
+    out = []
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            series, value = line.rsplit(" ", 1)
+            label = f'worker="{index}"'
+            series = (series[:-1] + "," + label + "}") if series.endswith("}") else (
+                series + "{" + label + "}")
+            line = f"{series} {value}"
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def merge_prometheus(maxed: list[str], texts: list[str]) -> str:
+    """One exposition of several (amqpd/http/metrics.py's format: each family's TYPE
+    and HELP, then its samples): a counter's or gauge's samples with the same name
+    and labels summed (the largest taken for a family in ``maxed``), an untyped one's
+    (build and identity info) kept from the first text; families and samples in
+    first-seen order."""
+    families: dict[str, tuple[list[str], str, dict[str, int | float]]] = {}
+    for text in texts:
+        family: tuple[list[str], str, dict[str, int | float]] | None = None
+        name = ""
+        for line in text.splitlines():
+            if line.startswith("# TYPE "):
+                _t, _k, name, kind = line.split(" ", 3)
+                family = families.setdefault(name, ([], kind, {}))
+                if not family[0]:
+                    family[0].append(line)
+                continue
+            if line.startswith("# HELP "):
+                if family is not None and len(family[0]) == 1:
+                    family[0].append(line)
+                continue
+            if not line or line.startswith("#") or family is None:
+                continue
+            series, raw = line.rsplit(" ", 1)
+            value = _sample_value(raw)
+            samples = family[2]
+            mine = samples.get(series)
+            if mine is None:
+                samples[series] = value
+            elif family[1] in ("counter", "gauge"):
+                samples[series] = max(mine, value) if name in maxed else mine + value
+    lines = []
+    for header, _kind, samples in families.values():
+        lines.extend(header)
+        lines.extend(f"{series} {_sample_text(v)}" for series, v in samples.items())
+    return "\n".join(lines) + "\n"
+
+
+def _sample_value(raw: str) -> int | float:
+    try:
+        return int(raw)
+    except ValueError:
+        return float(raw)
+
+
+def _sample_text(value: int | float) -> str:
+    return str(value) if isinstance(value, int) else repr(float(value))

@@ -230,3 +230,90 @@ def test_a_loopback_only_user_is_refused_from_elsewhere(tmp_path: Path) -> None:
         # through the node's port from loopback, the header a client sent is replaced
         assert api(node, "GET", "/api/overview", headers={"X-Amqpd-Peer": "192.0.2.7"}
                    )[0] == 200
+
+
+def metric(text: str, series: str) -> float | None:
+    """The value of ``series`` (name and labels as written) in Prometheus text."""
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def scrape(node: BrokerProcess, path: str) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{node.http_port}{path}",
+                                timeout=10) as resp:
+        return str(resp.read().decode())
+
+
+def test_consumers_totals_nodes_and_metrics_are_the_whole_nodes(tmp_path: Path) -> None:
+    """A queue, a consumer and a connection on each worker: the node's consumers list,
+    overview totals, /api/nodes figures and /metrics count both workers', each queue
+    once (worker 1 knows worker 0's queue as a copy, and the reverse)."""
+    with workers_node(tmp_path / "node") as node:
+        conns = [connect_on(node, 0), connect_on(node, 1)]
+        for index, conn in enumerate(conns):
+            ch = conn.channel()
+            q = f"q.tot{index}"
+            ch.queue_declare(q)
+            ch.confirm_delivery()
+            for _ in range(index + 2):  # 2 on worker 0's queue, 3 on worker 1's
+                ch.basic_publish("", q, b"m")
+            conn.channel().basic_consume(q, lambda *_a: None)  # prefetch-less, no ack
+        for q in ("q.tot0", "q.tot1"):  # each worker has heard of the other's queue
+            for index in (0, 1):
+                wait_for(lambda i=index, q=q: known(node, i, f"/api/queues/%2F/{q}"), 10,
+                         f"{q} known to worker {index}")
+
+        def consumers() -> list[dict[str, Any]] | None:
+            for conn in conns:
+                conn.process_data_events(0)
+            items = api(node, "GET", "/api/consumers")[1]
+            return items if len(items) == 2 else None
+
+        listed = wait_for(consumers, 10, "both workers' consumers")
+        assert sorted(c["queue"]["name"] for c in listed) == ["q.tot0", "q.tot1"]
+        assert len(api(node, "GET", "/api/consumers/%2F")[1]) == 2
+
+        def overview() -> dict[str, Any] | None:
+            for conn in conns:
+                conn.process_data_events(0)
+            body = api(node, "GET", "/api/overview")[1]
+            t = body["object_totals"]
+            ok = (t["queues"], t["consumers"], t["connections"],
+                  body["queue_totals"]["messages_unacknowledged"]) == (2, 2, 2, 5)
+            return body if ok else None
+
+        body = wait_for(overview, 30, "the overview's totals over both workers")
+        assert body["queue_totals"]["messages"] == 5
+
+        ready = read_ready(node)
+        own = [worker_api(node, w["index"], f"/api/nodes/{quote(w['node'])}")
+               for w in ready["workers"]]
+        status, entry = api(node, "GET", f"/api/nodes/{quote(node_name(node))}")
+        assert status == 200
+        for key in ("mem_limit", "fd_total", "sockets_total"):
+            assert entry[key] == sum(o[key] for o in own), key
+        assert entry["mem_used"] > max(o["mem_used"] for o in own) // 2
+        assert api(node, "GET", "/api/nodes")[1][0]["fd_total"] == entry["fd_total"]
+
+        def metrics() -> str | None:
+            for conn in conns:
+                conn.process_data_events(0)
+            text = scrape(node, "/metrics")
+            wanted = {"rabbitmq_connections": 2, "rabbitmq_queues": 2,
+                      "rabbitmq_consumers": 2, "rabbitmq_queue_messages_unacked": 5}
+            return text if all(metric(text, k) == v for k, v in wanted.items()) else None
+
+        text = wait_for(metrics, 30, "/metrics over both workers, each queue once")
+        assert text.count("# TYPE rabbitmq_connections gauge") == 1
+        assert f'rabbitmq_node="{node_name(node)}"' in text
+        per_object = scrape(node, "/metrics/per-object")
+        for index, count in ((0, 2), (1, 3)):
+            assert metric(per_object, f'rabbitmq_queue_messages{{vhost="/",'
+                                      f'queue="q.tot{index}"}}') == count
+        per_worker = scrape(node, "/metrics/per-worker")
+        assert metric(per_worker, 'rabbitmq_connections{worker="0"}') == 1
+        assert metric(per_worker, 'rabbitmq_connections{worker="1"}') == 1
+        for conn in conns:
+            conn.close()

@@ -17,7 +17,13 @@ import aiohttp
 from aiohttp import web
 
 from amqpd.http.core import PEER_HEADER, list_options
-from amqpd.workers.http_front import Backend, HttpFront, as_node, sum_stats
+from amqpd.workers.http_front import (
+    Backend,
+    HttpFront,
+    as_node,
+    merge_prometheus,
+    sum_stats,
+)
 
 NODE = "amqpd@host"
 
@@ -38,6 +44,8 @@ class Stand:
             "error": "Object Not Found", "reason": "Not Found"}))
         if body is None:
             return web.Response(status=status)
+        if isinstance(body, str):  # Prometheus text
+            return web.Response(status=status, text=body, content_type="text/plain")
         return web.json_response(body, status=status)
 
 
@@ -170,9 +178,13 @@ async def test_the_clients_address_is_forwarded_not_trusted() -> None:
 
 
 async def test_the_nodes_name_in_a_path_is_the_workers() -> None:
-    w0 = Stand("n-w0", {("GET", "/api/nodes/n-w0"): (200, {"name": "n-w0"})})
+    w0 = Stand("n-w0", {("GET", "/api/nodes/n-w0"): (200, {"name": "n-w0"}),
+                        ("GET", "/api/nodes/n-w0/memory"): (200, {"memory": {"x": 1}})})
     async with front(w0, Stand("n-w1", {})) as (url, _f):
-        assert await call(url, "GET", "/api/nodes/amqpd%40host") == (200, {"name": NODE})
+        status, body = await call(url, "GET", "/api/nodes/amqpd%40host")
+        assert (status, body["name"]) == (200, NODE)
+        assert await call(url, "GET", "/api/nodes/amqpd%40host/memory") == (
+            200, {"memory": {"x": 1}})
 
 
 def test_member_names_become_the_nodes_once() -> None:
@@ -195,3 +207,139 @@ def test_list_options_over_a_merged_list() -> None:
     items = [{"name": n, "v": i} for i, n in enumerate(["b", "a", "ab", "c"])]
     assert list_options(items, {"name": "a", "sort": "name", "columns": "name"}) == [
         {"name": "a"}, {"name": "ab"}]
+
+
+async def test_consumers_listed_from_every_worker() -> None:
+    c0 = {"consumer_tag": "a", "queue": {"name": "q1", "vhost": "/"}}
+    c1 = {"consumer_tag": "b", "queue": {"name": "q0", "vhost": "/"}}
+    w0 = Stand("n-w0", {("GET", "/api/consumers"): (200, [c0]),
+                        ("GET", "/api/consumers/%2F"): (200, [c0])})
+    w1 = Stand("n-w1", {("GET", "/api/consumers"): (200, [c1]),
+                        ("GET", "/api/consumers/%2F"): (200, [c1])})
+    async with front(w0, w1) as (url, _f):
+        for path in ("/api/consumers", "/api/consumers/%2F"):
+            status, items = await call(url, "GET", path)
+            assert (status, sorted(c["consumer_tag"] for c in items)) == (200, ["a", "b"])
+
+
+async def test_overview_totals_count_each_queue_once_from_its_owner() -> None:
+    # q0 is owned by worker 0, q1 by worker 1; worker 0 has not heard of q1 yet, worker
+    # 1's copy of q0 repeats figures the owner reported a while ago
+    q0 = {**queue("q0", "n-w0", 3), "messages_ready": 2, "messages_unacknowledged": 1,
+          "consumers": 1}
+    q1 = {**queue("q1", "n-w1", 10), "messages_ready": 10, "messages_unacknowledged": 0,
+          "consumers": 2}
+    copy_of_q0 = {**q0, "node": "n-w0", "messages": 1, "consumers": 0}
+
+    def overview(conns: int, queues: int, messages: int) -> dict[str, Any]:
+        return {"node": "n-w0", "object_totals": {
+            "connections": conns, "channels": conns, "exchanges": 7, "queues": queues,
+            "consumers": 1}, "queue_totals": {
+            "messages": messages, "messages_ready": 2, "messages_unacknowledged": 1,
+            "messages_details": {"rate": 0.0}}}
+
+    w0 = Stand("n-w0", {("GET", "/api/overview"): (200, overview(1, 1, 3)),
+                        ("GET", "/api/queues"): (200, [q0])})
+    w1 = Stand("n-w1", {("GET", "/api/overview"): (200, overview(2, 2, 11)),
+                        ("GET", "/api/queues"): (200, [copy_of_q0, q1])})
+    async with front(w0, w1) as (url, _f):
+        status, body = await call(url, "GET", "/api/overview")
+    assert status == 200
+    assert body["object_totals"] == {"connections": 3, "channels": 3, "exchanges": 7,
+                                     "queues": 2, "consumers": 3}
+    assert body["queue_totals"] == {"messages": 13, "messages_ready": 12,
+                                    "messages_unacknowledged": 1,
+                                    "messages_details": {"rate": 0.0}}
+
+
+async def test_the_nodes_figures_are_every_workers() -> None:
+    def entry(name: str, mem: int, fds: int, uptime: int, alarm: bool) -> dict[str, Any]:
+        return {"name": name, "mem_used": mem, "mem_limit": 1000, "fd_used": fds,
+                "fd_total": 1024, "sockets_used": 1, "sockets_total": 1024,
+                "proc_used": 2, "uptime": uptime, "mem_alarm": alarm,
+                "disk_free": 5000 + fds, "processors": 2, "os_pid": "1"}
+
+    e0, e1 = entry("n-w0", 100, 10, 7000, False), entry("n-w1", 50, 5, 9000, True)
+    w0 = Stand("n-w0", {("GET", "/api/nodes/n-w0"): (200, e0),
+                        ("GET", "/api/nodes"): (200, [e0, {"name": "n-w1"}])})
+    w1 = Stand("n-w1", {("GET", "/api/nodes/n-w1"): (200, e1)})
+    async with front(w0, w1) as (url, _f):
+        status, one = await call(url, "GET", "/api/nodes/amqpd%40host")
+        _, listed = await call(url, "GET", "/api/nodes")
+    assert status == 200
+    assert {k: one[k] for k in e0} == {
+        "name": NODE, "mem_used": 150, "mem_limit": 2000, "fd_used": 15, "fd_total": 2048,
+        "sockets_used": 2, "sockets_total": 2048, "proc_used": 4, "uptime": 9000,
+        "mem_alarm": True, "disk_free": 5010, "processors": 2, "os_pid": one["os_pid"]}
+    assert one["os_pid"] != "1"  # the supervisor's
+    assert listed == [one]
+
+
+W0_METRICS = """# TYPE rabbitmq_identity_info untyped
+# HELP rabbitmq_identity_info Node and cluster identity
+rabbitmq_identity_info{rabbitmq_node="n-w0",rabbitmq_cluster="c"} 1
+# TYPE rabbitmq_connections gauge
+# HELP rabbitmq_connections Connections currently open
+rabbitmq_connections 2
+# TYPE rabbitmq_queue_messages gauge
+# HELP rabbitmq_queue_messages Ready and unacknowledged messages
+rabbitmq_queue_messages{vhost="/",queue="q0"} 3
+# TYPE rabbitmq_global_messages_received_total counter
+# HELP rabbitmq_global_messages_received_total Messages enqueued into queues
+rabbitmq_global_messages_received_total 10
+# TYPE rabbitmq_erlang_uptime_seconds gauge
+# HELP rabbitmq_erlang_uptime_seconds Node uptime
+rabbitmq_erlang_uptime_seconds 12.5
+"""
+W1_METRICS = """# TYPE rabbitmq_identity_info untyped
+# HELP rabbitmq_identity_info Node and cluster identity
+rabbitmq_identity_info{rabbitmq_node="n-w1",rabbitmq_cluster="c"} 1
+# TYPE rabbitmq_connections gauge
+# HELP rabbitmq_connections Connections currently open
+rabbitmq_connections 1
+# TYPE rabbitmq_queue_messages gauge
+# HELP rabbitmq_queue_messages Ready and unacknowledged messages
+rabbitmq_queue_messages{vhost="/",queue="q1"} 4
+# TYPE rabbitmq_global_messages_received_total counter
+# HELP rabbitmq_global_messages_received_total Messages enqueued into queues
+rabbitmq_global_messages_received_total 5
+# TYPE rabbitmq_erlang_uptime_seconds gauge
+# HELP rabbitmq_erlang_uptime_seconds Node uptime
+rabbitmq_erlang_uptime_seconds 10.25
+"""
+
+
+async def test_prometheus_text_merged_and_per_worker() -> None:
+    w0 = Stand("n-w0", {("GET", "/metrics"): (200, W0_METRICS),
+                        ("GET", "/metrics/per-object"): (200, W0_METRICS)})
+    w1 = Stand("n-w1", {("GET", "/metrics"): (200, W1_METRICS),
+                        ("GET", "/metrics/per-object"): (200, W1_METRICS)})
+    async with front(w0, w1) as (url, _f), aiohttp.ClientSession() as s:
+        async with s.get(url + "/metrics") as r:
+            merged = (r.status, r.headers["Content-Type"], await r.text())
+        async with s.get(url + "/metrics/per-worker") as r:
+            per_worker = await r.text()
+    assert merged[:2] == (200, "text/plain; version=0.0.4; charset=utf-8")
+    samples = [line for line in merged[2].splitlines() if not line.startswith("#")]
+    assert samples == [
+        f'rabbitmq_identity_info{{rabbitmq_node="{NODE}",rabbitmq_cluster="c"}} 1',
+        "rabbitmq_connections 3",
+        'rabbitmq_queue_messages{vhost="/",queue="q0"} 3',
+        'rabbitmq_queue_messages{vhost="/",queue="q1"} 4',
+        "rabbitmq_global_messages_received_total 15",
+        "rabbitmq_erlang_uptime_seconds 12.5"]
+    assert merged[2].count("# TYPE rabbitmq_connections gauge") == 1
+    # each worker is asked for the queues it owns only
+    assert [p for _m, p, _h in w0.seen if p.startswith("/metrics")] == [
+        "/metrics?amqpd_led_only=true", "/metrics?amqpd_led_only=true"]
+    assert 'rabbitmq_connections{worker="0"} 2' in per_worker.splitlines()
+    assert 'rabbitmq_connections{worker="1"} 1' in per_worker.splitlines()
+    assert (f'rabbitmq_identity_info{{rabbitmq_node="{NODE}",rabbitmq_cluster="c",'
+            'worker="1"} 1') in per_worker.splitlines()
+
+
+def test_merge_prometheus_sums_counters_and_keeps_untyped_once() -> None:
+    a = "# TYPE x counter\n# HELP x X\nx{a=\"1 2\"} 1.5\n# TYPE i untyped\ni 1\n"
+    b = "# TYPE x counter\n# HELP x X\nx{a=\"1 2\"} 2\nx{a=\"3\"} 1\n# TYPE i untyped\ni 1\n"
+    assert merge_prometheus([], [a, b]) == (
+        '# TYPE x counter\n# HELP x X\nx{a="1 2"} 3.5\nx{a="3"} 1\n# TYPE i untyped\ni 1\n')
