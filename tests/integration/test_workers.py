@@ -417,8 +417,8 @@ def test_quorum_queue_basic_get_after_a_restart_finds_its_messages(tmp_path: Pat
         ch = a.channel()
         ch.confirm_delivery()
         ch.queue_declare("qq1", durable=True, arguments={"x-queue-type": "quorum"})
-        for body in (b"a", b"b"):
-            ch.basic_publish("", "qq1", body, pika.BasicProperties(delivery_mode=2))
+        for payload in (b"a", b"b"):
+            ch.basic_publish("", "qq1", payload, pika.BasicProperties(delivery_mode=2))
         a.close()
         node.stop()
         node.start(timeout=60)
@@ -449,8 +449,8 @@ def test_quorum_queue_basic_get_while_its_other_member_restarts(tmp_path: Path) 
         ch = a.channel()
         ch.confirm_delivery()
         ch.queue_declare("qq1", durable=True, arguments={"x-queue-type": "quorum"})
-        for body in (b"a", b"b"):
-            ch.basic_publish("", "qq1", body, pika.BasicProperties(delivery_mode=2))
+        for payload in (b"a", b"b"):
+            ch.basic_publish("", "qq1", payload, pika.BasicProperties(delivery_mode=2))
         assert owner_of(node, "qq1").endswith("-w0")
         victim = worker_info(node, 1)["pid"]
         os.kill(victim, signal.SIGKILL)
