@@ -720,6 +720,7 @@ async def serve(settings: Settings, ready: Callable[[Broker], None] | None = Non
         # stream-protocol publishers declared on a node that does not lead their stream
         cluster.forwarded_publishes = forwarded_publish.start(
             queues, lambda: getattr(broker.stream_listener, "relay", None))
+        queues.extensions_started = True  # their frames are handled from here on
         from amqpd.cluster import deadlines as commit_deadlines
 
         # no commit waits on the replicas for ever (issue 28)

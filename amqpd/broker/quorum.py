@@ -265,16 +265,37 @@ class QuorumQueue(Queue):
         """In a replica group basic.get is answered once the checkout is committed."""
         return self.group is not None
 
-    def fetch_for(self, channel: Any, no_ack: bool) -> None:
+    def fetch_for(self, channel: Any, no_ack: bool, wait: bool = True) -> None:
         """basic.get in a replica group (:meth:`defers_get`): the head is checked out
-        now and answered through ``channel.answer_get`` once that is committed."""
+        now and answered through ``channel.answer_get`` once that is committed. While
+        the group lacks a majority (after a restart, until the other members' copies
+        are back) a get of a queue with ready messages waits for it
+        (``GroupLeading.when_serving``, bounded) rather than answer get-empty while the
+        declare-ok counts them: RabbitMQ never does (issue 35)."""
+        group = self.group
+        if wait and group is not None and self.message_count and not group.serving():
+            group.when_serving(lambda: self._fetch_after_wait(channel, no_ack))
+            return
         entry = self.fetch()
         if entry is None:
             channel.answer_get(self, None, True, 0)
             return
         if self.ext is not None:
             self.ext.drop_expired_head()  # RabbitMQ's message-count leaves them out
+        if self.group is None:  # no longer led in a group (it stopped while a get waited)
+            channel.answer_get(self, entry, no_ack, self.message_count)
+            return
         self.group.handouts.get_for(self, channel, entry, no_ack)
+
+    def _fetch_after_wait(self, channel: Any, no_ack: bool) -> None:
+        """A waiting basic.get's turn (:meth:`fetch_for`): answered as the queue is now
+        (get-empty if the group still lacks a majority or the queue went)."""
+        if channel.closed:
+            return
+        if self.deleted:
+            channel.answer_get(self, None, True, 0)
+            return
+        self.fetch_for(channel, no_ack, wait=False)
 
     def fetch(self) -> QueueEntry | None:
         """basic.get shows the delivery count even on a first delivery (0); nothing

@@ -209,6 +209,7 @@ class QuorumGroups(GroupFailover, Mirrors):
             ident = (vh.name, q.name)
             assert isinstance(lead, GroupLeading)
             if lead.fenced:
+                lead.answer_gets(time.monotonic(), False)
                 continue
             if lead.checkouts:
                 lead.expire_checkouts(time.monotonic())
@@ -222,6 +223,7 @@ class QuorumGroups(GroupFailover, Mirrors):
             if lead.dirty and not lead.writing:
                 self._spawn(lead.write())
             serving = lead.serving()
+            lead.answer_gets(time.monotonic(), serving)
             if serving != lead.was_serving:
                 lead.was_serving = serving
                 if serving:
@@ -391,6 +393,8 @@ class QuorumGroups(GroupFailover, Mirrors):
                             lead.ident[0], dropped)
         if isinstance(lead.q, QuorumQueue) and lead.q.group is lead:
             lead.q.group = None
+        if isinstance(lead, GroupLeading):
+            lead.answer_gets(0.0, True)  # no longer led here: answered as things are
         super().stop_leading(lead, delete_record)
 
     def record_is_ours(self, lead: Leading, value: bytes) -> bool:

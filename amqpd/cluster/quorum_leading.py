@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from amqpd.cluster import link_wire as W
@@ -32,6 +33,13 @@ log = logging.getLogger("amqpd.cluster.quorum")
 CHECKOUT_WAIT: Final = 30.0
 
 
+# how long a basic.get of a queue with ready messages waits for its group to serve (a
+# majority holding it: after a restart, the other members' copies catching up) before
+# it answers get-empty: RabbitMQ never answers get-empty while messages are there, its
+# channel waits for the queue's leader (issue 35: a workers = 2 node's 2-member groups)
+GET_WAIT: Final = 10.0
+
+
 class GroupLeading(Leading):
     """A quorum queue this node leads: :class:`~amqpd.cluster.mirror.Leading` with the
     group's members, its term, and a majority for commits."""
@@ -49,6 +57,8 @@ class GroupLeading(Leading):
         self.members: list[str] = []
         self.set_members(members)
         self.was_serving = False
+        # basic.get waiting for the group to serve: (monotonic deadline, answer)
+        self.get_waiters: list[tuple[float, Callable[[], None]]] = []
         self.fenced = False  # deposed: refuses and holds until the queue is replaced
         # the node whose consumer the delivery being recorded goes to ("": this node's;
         # remote_served.Served.delivered sets it around the queue's ``delivered``)
@@ -213,6 +223,26 @@ class GroupLeading(Leading):
             return False
         complete = sum(1 for s in self.streams.values() if s.synced and not s.closed)
         return Majority.of(len(self.members)).reached(1 + complete)
+
+    def when_serving(self, answer: Callable[[], None]) -> None:
+        """Call ``answer`` (a basic.get answered again) once the group serves, or after
+        :data:`GET_WAIT` at the latest (then it answers get-empty); the queue's
+        reconciliation (QuorumGroups.reconcile) calls :meth:`answer_gets`."""
+        self.get_waiters.append((time.monotonic() + GET_WAIT, answer))
+
+    def answer_gets(self, now: float, serving: bool) -> None:
+        """The waiting basic.gets answered: all of them once the group serves (or it is
+        no longer led here), else those whose :data:`GET_WAIT` passed, in order."""
+        waiters = self.get_waiters
+        if not waiters:
+            return
+        if serving:
+            due, self.get_waiters = waiters, []
+        else:
+            due = [w for w in waiters if w[0] <= now]
+            self.get_waiters = [w for w in waiters if w[0] > now]
+        for _, answer in due:
+            answer()
 
     def sync_mode(self) -> str:
         """A member always copies what it lacks at once: quorum queues have no

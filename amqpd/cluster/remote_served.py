@@ -94,6 +94,7 @@ class Served:
     _next: int = 0
     credit_due: int = 0
     last_stats: tuple[int, int, int] | None = None
+    closed: bool = False  # close() ran: a get still waiting is not answered
 
     def next_id(self) -> int:
         self._next += 1
@@ -234,10 +235,19 @@ class Served:
             proxy.closed = True
             self.queue.remove_consumer(proxy.consumer)
 
-    def get(self, req: int, wire_no_ack: int) -> None:
+    def get(self, req: int, wire_no_ack: int, wait: bool = True) -> None:
+        """basic.get from the peer. A quorum queue's group lacking a majority (after a
+        restart, until the other members' copies are back) makes a get of a queue with
+        ready messages wait for it, bounded (``GroupLeading.when_serving``), as
+        ``QuorumQueue.fetch_for`` does for this node's channels (issue 35)."""
         no_ack = bool(wire_no_ack)  # the compiled queue types want a bool, not the u8
         q = self.queue
-        q.touch()
+        group = _group(q)
+        if wait:
+            q.touch()
+            if group is not None and q.message_count and not group.serving():
+                group.when_serving(lambda: self._get_after_wait(req, wire_no_ack))
+                return
         entry = q.fetch()
         if entry is None:
             self.link.send(W.encode(W.GET_EMPTY, self.stream, req))
@@ -254,8 +264,19 @@ class Served:
             msg.exchange, msg.routing_key, msg.properties, self.broker.publisher.body_of(msg),
             position), None)
 
+    def _get_after_wait(self, req: int, wire_no_ack: int) -> None:
+        """A waiting get's turn (:meth:`get`): answered as the queue is now, unless the
+        stream or its link is gone (nobody to answer; nothing was taken)."""
+        if self.closed or self.link.closed:
+            return
+        if self.queue.deleted:
+            self.link.send(W.encode(W.GET_EMPTY, self.stream, req))
+            return
+        self.get(req, wire_no_ack, wait=False)
+
     def close(self) -> None:
         """The peer is gone or done: its consumers removed, its unacked put back."""
+        self.closed = True
         for cid in list(self.proxies):
             self.cancel(cid)
         entries = list(self.unacked.values())

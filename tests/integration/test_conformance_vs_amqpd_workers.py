@@ -71,10 +71,6 @@ KNOWN_DIFFERENCES: dict[str, str] = {
     "guarantees/competing-consumers-get-each-message-exactly-once":
         "deliveries from the other worker still in flight at the case's deadline "
         "(0/11; 1/7 before)",
-    "quorum/messages-and-delivery-counts-survive-restart":
-        "after a restart a worker answers basic.get of a quorum queue with get-empty "
-        "for seconds while declare-ok counts its messages (2/11 here; 3 of 5 and 3 of 6 "
-        "runs of the durability cases alone; a probe saw 3-7 s)",
 }
 
 

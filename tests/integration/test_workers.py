@@ -19,6 +19,7 @@ import pytest
 from tests.integration.workers_support import (
     connect_on,
     kill_node,
+    node_api,
     read_ready,
     wait_for,
     wait_restarted,
@@ -413,4 +414,84 @@ def test_stream_purge_through_the_other_worker_is_540(tmp_path: Path) -> None:
             b.channel().queue_purge("s")
         assert err.value.reply_code == 540, err.value
         assert "NOT_IMPLEMENTED" in err.value.reply_text
+        a.close()
+
+
+# a bound on one basic.get of a quorum queue whose group is getting its majority back:
+# the leader holds the get for up to GET_WAIT (10 s; amqpd.cluster.quorum_leading)
+GET_BOUND = 15.0
+
+
+def get_within(ch: pika.adapters.blocking_connection.BlockingChannel, queue: str
+               ) -> tuple[bytes | None, float]:
+    """One basic.get (manual ack, then nack with requeue): its body (None for
+    get-empty) and how long the answer took."""
+    t0 = time.monotonic()
+    method, _props, body = ch.basic_get(queue, auto_ack=False)
+    took = time.monotonic() - t0
+    if method is None:
+        return None, took
+    ch.basic_nack(method.delivery_tag, requeue=True)
+    return body, took
+
+
+def test_quorum_queue_basic_get_after_a_restart_finds_its_messages(tmp_path: Path) -> None:
+    """Issue 35: after a restart, a quorum queue's group (its two workers) may not have
+    its majority back for a while; a basic.get on either worker meanwhile answered
+    get-empty while the declare-ok counted the messages. Now the get waits for it."""
+    node = BrokerProcess(tmp_path / "node", extra_args=["--workers", "2"])
+    node.start(timeout=60)
+    try:
+        a = connect_on(node, 0)
+        ch = a.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("qq1", durable=True, arguments={"x-queue-type": "quorum"})
+        for payload in (b"a", b"b"):
+            ch.basic_publish("", "qq1", payload, pika.BasicProperties(delivery_mode=2))
+        a.close()
+        node.stop()
+        node.start(timeout=60)
+        for index in (0, 1, 0, 1):
+            conn = connect_on(node, index)
+            ch = conn.channel()
+            ok = ch.queue_declare("qq1", durable=True,
+                                  arguments={"x-queue-type": "quorum"})
+            assert ok.method.message_count == 2
+            body, took = get_within(ch, "qq1")
+            assert body in (b"a", b"b"), f"worker {index}: get-empty after {took:.2f}s"
+            assert took < GET_BOUND
+            conn.close()
+    finally:
+        node.stop()
+
+
+def test_quorum_queue_basic_get_while_its_other_member_restarts(tmp_path: Path) -> None:
+    """kill -9 of the worker holding a quorum queue's other member: until it is back and
+    its copy complete, the leader's group has no majority. A basic.get on the leader's
+    worker meanwhile waits for it and finds the messages (before: get-empty at once,
+    the declare-ok counting 2)."""
+    import os
+    import signal
+
+    with workers_node(tmp_path / "node") as node:
+        a = connect_on(node, 0)
+        ch = a.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("qq1", durable=True, arguments={"x-queue-type": "quorum"})
+        for payload in (b"a", b"b"):
+            ch.basic_publish("", "qq1", payload, pika.BasicProperties(delivery_mode=2))
+        assert owner_of(node, "qq1").endswith("-w0")
+        victim = worker_info(node, 1)["pid"]
+        os.kill(victim, signal.SIGKILL)
+        # the supervisor saw it exit (its link to worker 0 went with it): worker 1 is
+        # down for the ~2-3 s of its restart from here
+        wait_for(lambda: node_api(node, "/api/workers")[1]["restarts"] >= 1, 10,
+                 "the supervisor to see worker 1 exit")
+        assert ch.queue_declare("qq1", passive=True).method.message_count == 2
+        body, took = get_within(ch, "qq1")
+        assert body in (b"a", b"b"), f"get-empty after {took:.2f}s while w1 restarts"
+        assert took < GET_BOUND
+        wait_restarted(node, 1, victim)
+        body, _ = get_within(ch, "qq1")
+        assert body in (b"a", b"b")
         a.close()

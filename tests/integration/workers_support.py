@@ -37,6 +37,14 @@ def worker_api(node: BrokerProcess, index: int, path: str) -> Any:
         return json.load(resp)
 
 
+def node_api(node: BrokerProcess, path: str) -> Any:
+    """The node's own HTTP port (the supervisor's front), e.g. ``/api/workers``."""
+    req = urllib.request.Request(f"http://127.0.0.1:{read_ready(node)['http_port']}{path}")
+    req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return json.load(resp)
+
+
 def read_ready(node: BrokerProcess) -> dict[str, Any]:
     return dict(json.loads((node.data_dir / "ready.json").read_text()))
 
