@@ -435,6 +435,18 @@ def get_within(ch: pika.adapters.blocking_connection.BlockingChannel, queue: str
     return body, took
 
 
+def _two_in_a_quorum_queue(node: BrokerProcess) -> pika.BlockingConnection:
+    """Quorum queue qq1 declared through worker 0 with two confirmed persistent
+    messages (b"a", b"b"); the connection that did it."""
+    conn = connect_on(node, 0)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("qq1", durable=True, arguments={"x-queue-type": "quorum"})
+    for payload in (b"a", b"b"):
+        ch.basic_publish("", "qq1", payload, pika.BasicProperties(delivery_mode=2))
+    return conn
+
+
 def test_quorum_queue_basic_get_after_a_restart_finds_its_messages(tmp_path: Path) -> None:
     """Issue 35: after a restart, a quorum queue's group (its two workers) may not have
     its majority back for a while; a basic.get on either worker meanwhile answered
@@ -442,12 +454,7 @@ def test_quorum_queue_basic_get_after_a_restart_finds_its_messages(tmp_path: Pat
     node = BrokerProcess(tmp_path / "node", extra_args=["--workers", "2"])
     node.start(timeout=60)
     try:
-        a = connect_on(node, 0)
-        ch = a.channel()
-        ch.confirm_delivery()
-        ch.queue_declare("qq1", durable=True, arguments={"x-queue-type": "quorum"})
-        for payload in (b"a", b"b"):
-            ch.basic_publish("", "qq1", payload, pika.BasicProperties(delivery_mode=2))
+        a = _two_in_a_quorum_queue(node)
         a.close()
         node.stop()
         node.start(timeout=60)
@@ -474,12 +481,8 @@ def test_quorum_queue_basic_get_while_its_other_member_restarts(tmp_path: Path) 
     import signal
 
     with workers_node(tmp_path / "node") as node:
-        a = connect_on(node, 0)
+        a = _two_in_a_quorum_queue(node)
         ch = a.channel()
-        ch.confirm_delivery()
-        ch.queue_declare("qq1", durable=True, arguments={"x-queue-type": "quorum"})
-        for payload in (b"a", b"b"):
-            ch.basic_publish("", "qq1", payload, pika.BasicProperties(delivery_mode=2))
         assert owner_of(node, "qq1").endswith("-w0")
         victim = worker_info(node, 1)["pid"]
         os.kill(victim, signal.SIGKILL)
