@@ -173,12 +173,13 @@ def free_ports(n: int, kind: socket.SocketKind = socket.SOCK_STREAM) -> list[int
     low, _high = _ephemeral_range()
     if low - _STABLE_LOW < 1000:
         return _kernel_ports(n, kind)
+    first, end = _own_slice(_STABLE_LOW, low)
     rng = secrets.SystemRandom()
     chosen: list[int] = []
     for _ in range(_PICK_ATTEMPTS):
         if len(chosen) == n:
             break
-        port = rng.randrange(_STABLE_LOW, low)
+        port = rng.randrange(first, end)
         if port in chosen:
             continue
         with socket.socket(socket.AF_INET, kind) as s:
@@ -190,6 +191,28 @@ def free_ports(n: int, kind: socket.SocketKind = socket.SOCK_STREAM) -> list[int
     if len(chosen) < n:
         raise RabbitMQError(f"no {n} free ports found in {_STABLE_LOW}-{low - 1}")
     return chosen
+
+
+def _own_slice(low: int, high: int) -> tuple[int, int]:
+    """The part of ports [low, high) this process picks from: under pytest-xdist each
+    worker gets a slice of its own, so two workers' tests never choose the same port.
+
+    A port is free when chosen, but a node keeps it across a kill or a stop: while it
+    is down, another worker's test could pick the same port and hold it, and the
+    node's restart then fails with "address already in use" (CI saw that for a warren
+    node's HTTP port after a kill -9). Outside xdist (one pytest process, a bench) the
+    whole range is used; a worker's own subprocesses inherit its slice."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    try:
+        count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        index = int(worker.removeprefix("gw"))
+    except ValueError:
+        return low, high
+    width = (high - low) // count if count > 1 else 0
+    if width < 500:  # too many workers for a useful slice each: share the range
+        return low, high
+    first = low + (index % count) * width
+    return first, first + width
 
 
 def _kernel_ports(n: int, kind: socket.SocketKind = socket.SOCK_STREAM) -> list[int]:

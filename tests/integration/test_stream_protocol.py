@@ -1016,6 +1016,21 @@ async def test_single_active_consumer_group_on_a_super_stream(target: Target) ->
         await a.close()
 
 
+@contextlib.contextmanager
+def _told_on_timeout(target: Target, *words: str) -> Iterator[None]:
+    """A raw read that times out fails with the broker's log lines containing
+    ``words`` (what it did about the connections), not a bare TimeoutError."""
+    try:
+        yield
+    except TimeoutError as exc:
+        path = target.log_path
+        text = path.read_text(errors="replace") if path is not None and path.exists() \
+            else ""
+        lines = [line for line in text.splitlines() if any(w in line for w in words)]
+        raise AssertionError("the broker sent no frame in time; its log about it:\n"
+                             + "\n".join(lines[-40:])) from exc
+
+
 def test_single_active_consumer_raw_frames(target: Target) -> None:
     """The wire side on a plain stream: a nameless single active consumer is refused
     (0x11); the first member gets a consumer update (0x1a, active) and reads from the
@@ -1037,29 +1052,30 @@ def test_single_active_consumer_raw_frames(target: Target) -> None:
 
     first, second, third = (RawClient(target.stream_port) for _ in range(3))
     try:
-        first.open()
-        second.open()
-        third.open()
-        assert subscribe(first, 1, {"single-active-consumer": "true"}) == 0x11
-        assert subscribe(first, 1, sac) == 0x01
-        key, rest = first.frame()
-        assert key == 0x1A
-        corr, sid, is_active = struct.unpack(">IBB", rest)
-        assert (sid, is_active) == (1, 1)
-        # answer: start at offset 1
-        first.sock.sendall(_frame(0x801A, struct.pack(">IHHQ", corr, 1, 4, 1)))
-        key, rest = first.frame()
-        assert key == 0x08 and rest[0] == 1  # deliver for subscription 1
-        assert struct.unpack_from(">Q", rest, 1 + 24)[0] == 1  # the chunk's first offset
-        assert subscribe(second, 7, sac) == 0x01  # joins, inactive: no update
-        assert subscribe(third, 2, sac) == 0x01
-        first.send(0x0C, struct.pack(">B", 1))
-        assert first.response(0x0C)[0] == 0x01
-        key, rest = second.frame()
-        assert key == 0x1A and struct.unpack(">IBB", rest)[1:] == (7, 1)
-        second.sock.close()  # killed without a word: the next member takes over
-        key, rest = third.frame()
-        assert key == 0x1A and struct.unpack(">IBB", rest)[1:] == (2, 1)
+        with _told_on_timeout(target, "stream connection"):
+            first.open()
+            second.open()
+            third.open()
+            assert subscribe(first, 1, {"single-active-consumer": "true"}) == 0x11
+            assert subscribe(first, 1, sac) == 0x01
+            key, rest = first.frame()
+            assert key == 0x1A
+            corr, sid, is_active = struct.unpack(">IBB", rest)
+            assert (sid, is_active) == (1, 1)
+            # answer: start at offset 1
+            first.sock.sendall(_frame(0x801A, struct.pack(">IHHQ", corr, 1, 4, 1)))
+            key, rest = first.frame()
+            assert key == 0x08 and rest[0] == 1  # deliver for subscription 1
+            assert struct.unpack_from(">Q", rest, 1 + 24)[0] == 1  # the chunk's first offset
+            assert subscribe(second, 7, sac) == 0x01  # joins, inactive: no update
+            assert subscribe(third, 2, sac) == 0x01
+            first.send(0x0C, struct.pack(">B", 1))
+            assert first.response(0x0C)[0] == 0x01
+            key, rest = second.frame()
+            assert key == 0x1A and struct.unpack(">IBB", rest)[1:] == (7, 1)
+            second.sock.close()  # killed without a word: the next member takes over
+            key, rest = third.frame()
+            assert key == 0x1A and struct.unpack(">IBB", rest)[1:] == (2, 1)
     finally:
         first.close()
         second.close()

@@ -15,11 +15,12 @@ from pathlib import Path
 import pika
 import pytest
 
+from devtools.rabbitmq import free_ports
 from tests.integration.warren_clients import connect
 from tests.support import haproxyproc
 from tests.support.etcdproc import EtcdProcess
 from tests.support.haproxyproc import HAProxyProcess
-from tests.support.warren import WarrenNode, stable_ports, wait_active
+from tests.support.warren import WarrenNode, wait_active
 
 pytestmark = [*haproxyproc.needs_etcd_and_haproxy(), pytest.mark.timeout(120)]
 
@@ -40,7 +41,7 @@ def test_shipped_config_has_the_failover_options() -> None:
 def test_shipped_config_serves_under_default_fd_limits(tmp_path: Path, etcd: EtcdProcess,
                                                        nofile: tuple[int, int]) -> None:
     a = WarrenNode("a", tmp_path / "a", [etcd.url], "/amqpd-test/haproxy")
-    dead_amqp, dead_http = stable_ports(2)
+    dead_amqp, dead_http = free_ports(2)
     hap: HAProxyProcess | None = None
     try:
         a.start()

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import base64
 import json
-import random
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -44,7 +42,7 @@ class WarrenNode:
 
     def __post_init__(self) -> None:
         if not self.amqp_port:
-            self.amqp_port, self.http_port, self.repl_port = stable_ports(3)
+            self.amqp_port, self.http_port, self.repl_port = free_ports(3)
 
     @property
     def repl_addr(self) -> str:
@@ -101,33 +99,6 @@ class WarrenNode:
 
     def tail(self) -> str:
         return self.proc.tail(60) if self.proc is not None else ""
-
-
-def stable_ports(n: int) -> list[int]:
-    """n free loopback ports *below* the kernel's ephemeral range: a node killed and
-    restarted must get its ports back, and a port from the ephemeral range may meanwhile
-    have become the local end of some client's connection (a health check, a publisher)."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    if low <= 12000:  # no room below: the ephemeral range it is
-        return free_ports(n)
-    rng = random.Random()
-    chosen: list[int] = []
-    for _ in range(200):
-        port = rng.randrange(10000, low)
-        if port in chosen:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        chosen.append(port)
-        if len(chosen) == n:
-            return chosen
-    return free_ports(n)
 
 
 def http_get(url: str, timeout: float = 1.0,

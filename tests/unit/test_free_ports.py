@@ -8,6 +8,7 @@ range."""
 
 from __future__ import annotations
 
+import itertools
 import random
 import socket
 
@@ -60,3 +61,24 @@ def test_udp_ports_for_heartbeats() -> None:
     for port in ports:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.bind(("127.0.0.1", port))
+
+
+def test_xdist_workers_pick_from_slices_of_their_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two workers never choose the same port: a node killed by one worker's test keeps
+    its port free for its restart whatever the other workers pick meanwhile."""
+    low, _high = rmq._ephemeral_range()
+    if low - rmq._STABLE_LOW < 1000:
+        pytest.skip("the ephemeral range leaves no room below it: kernel-chosen ports")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "4")
+    slices = []
+    for index in range(4):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", f"gw{index}")
+        first, end = rmq._own_slice(rmq._STABLE_LOW, low)
+        ports = rmq.free_ports(30)
+        assert all(first <= p < end for p in ports), (index, first, end, ports)
+        slices.append(range(first, end))
+    for a, b in itertools.pairwise(slices):
+        assert a.stop <= b.start  # disjoint, in order
+    assert slices[0].start == rmq._STABLE_LOW and slices[-1].stop <= low
+    monkeypatch.delenv("PYTEST_XDIST_WORKER")
+    assert rmq._own_slice(rmq._STABLE_LOW, low) == (rmq._STABLE_LOW, low)
