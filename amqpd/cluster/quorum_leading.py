@@ -241,6 +241,14 @@ class GroupLeading(Leading):
         else:
             due = [w for w in waiters if w[0] <= now]
             self.get_waiters = [w for w in waiters if w[0] > now]
+            if due:
+                complete = sorted(n for n, s in self.streams.items()
+                                  if s.synced and not s.closed)
+                log.warning("quorum queue '%s' in vhost '%s': %d basic.get waited %.0fs "
+                            "for a majority of its members %s to hold it (complete "
+                            "copies besides this node's: %s) and is answered get-empty",
+                            self.ident[1], self.ident[0], len(due), GET_WAIT, self.members,
+                            complete or "none")
         for _, answer in due:
             answer()
 
