@@ -213,7 +213,9 @@ class Membership:
         time: a start, a poll and a record update may each find the lease gone)."""
         async with self._registering:
             sent = time.monotonic()
-            lease = await self.etcd.grant(max(round(self.lease_ttl), 2))
+            # etcd takes whole seconds: rounded up, so that it cannot expire the lease
+            # before the ``lease_ttl`` this node counts from its last renewal
+            lease = await self.etcd.grant(max(math.ceil(self.lease_ttl), 2))
             self._stop_keeper()
             self.lease_id = lease.id
             self._lease_lost = False

@@ -79,3 +79,19 @@ async def test_name_held_by_another_process(etcd: EtcdProcess, tmp_path: Path) -
         await first.leave()
         for m in (first, second):
             await m.etcd.close()
+
+
+async def test_the_lease_lasts_at_least_the_ttl_the_node_counts(
+        etcd: EtcdProcess, tmp_path: Path) -> None:
+    """etcd grants whole seconds; a lease_ttl of 2.4 s must not become a 2 s lease, or
+    etcd could drop the node's record while the node still counts itself registered."""
+    root = f"/t/{uuid.uuid4().hex}"
+    a = Membership(ClusterView("a"), EtcdClient([etcd.url]), root, 2.4,
+                   lambda: {"name": "a", "link": ""}, str(tmp_path / "a"), "c1")
+    try:
+        await a.start()
+        ttl = await a.etcd.keepalive(a.lease_id)
+        assert ttl >= 2.4, ttl
+    finally:
+        await a.leave()
+        await a.etcd.close()
