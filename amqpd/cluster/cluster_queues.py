@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 from amqpd.broker.api import REPLY_PREFIX, AMQPError, QueueType, queue_type_name, reply_inbox
 from amqpd.cluster import link_wire as W
 from amqpd.cluster import mirror_wire as M
+from amqpd.cluster import stream_wire as S
 from amqpd.cluster.link import Link, LinkHandler, LinkManager
 from amqpd.cluster.remote_queue import RemoteQueue, jsonable, remote_class
 from amqpd.cluster.remote_served import Served
@@ -556,10 +557,18 @@ def extension_frame_too_early(link: Link, kind: int, stream: int) -> None:
     quorum queue's leader starting its replication to this node) is refused, so the
     leader tries again at its next reconciliation (a quarter of a second) instead of
     waiting :data:`~amqpd.cluster.mirror_leading.HAVE_WAIT` (10 s) for an ``MHAVE``
-    that never comes. Measured before (issue 35): after a restart of a ``workers = 2``
-    node, a quorum queue's 2-member group got its majority back only 10 s later."""
+    that never comes; a stream copy's ``SSTART`` likewise (``SREFUSE``), and a
+    forwarded stream publisher's ``SPUB`` is answered ``SPUBLOST``. Measured before
+    (issue 35): after a restart of a ``workers = 2`` node, a quorum queue's 2-member
+    group got its majority back only 10 s later."""
     if kind == M.MSTART:
         link.send(W.encode(M.MREFUSE, stream, "this node is starting: not ready to copy"))
+    elif kind == S.SSTART:  # a stream's copy: its leader asks again a second later
+        link.send(W.encode(S.SREFUSE, stream, "this node is starting: not ready to copy"))
+    elif kind == W.SPUB:
+        # a forwarded stream publisher: dropped, its publishes would wait for ever; lost,
+        # its client gets publish-error 0x06 and a metadata-update and asks again
+        link.send(W.encode(W.SPUBLOST, stream, "the stream's leader node is starting"))
 
 
 async def start(api: BrokerAPI, view: QueuesView, cookie: bytes, host: str, port: int,
