@@ -334,8 +334,12 @@ class StreamConnection:
             return self.send(c.response(c.DELETE, corr, c.ACCESS_REFUSED).frame())
         if self._stream(name) is None:
             return self.send(c.response(c.DELETE, corr, c.STREAM_DOES_NOT_EXIST).frame())
+        # the answer goes before what the deletion makes this connection send (its own
+        # publishers' and subscribers' metadata-update), in RabbitMQ 3.10.8's order
+        at = len(self.out)
         self.broker.api.delete_queue(self.vhost, name)
-        self.send(c.response(c.DELETE, corr, c.OK).frame())
+        self.out.insert(at, c.response(c.DELETE, corr, c.OK).frame())
+        self.on_output()
 
     def _metadata(self, cmd: c.Command) -> None:
         """Each stream's leader and replicas, as RabbitMQ 3.10.8 answers: the stream

@@ -483,6 +483,36 @@ def _s(text: str) -> bytes:
     return struct.pack(">h", len(text)) + text.encode()
 
 
+def test_a_connection_deleting_its_publishers_stream(target: Target) -> None:
+    """The deleting connection gets the delete's answer, then a metadata-update for its
+    own publisher's stream; another connection's publisher gets the update too; a later
+    publish is refused 0x12 (publisher does not exist). RabbitMQ 3.10.8 did exactly this
+    (asked 2026-12-07); amqpd sent the update before the answer."""
+    stream = _name("selfdel")
+    a, b = RawClient(target.stream_port), RawClient(target.stream_port)
+    try:
+        a.open()
+        b.open()
+        a.send(0x0D, _s(stream) + struct.pack(">i", 0))
+        assert a.response(0x0D)[0] == 0x01
+        for client in (a, b):
+            client.send(0x01, struct.pack(">B", 1) + _s("") + _s(stream))
+            assert client.response(0x01)[0] == 0x01
+        corr = a.send(0x0E, _s(stream))
+        update = struct.pack(">H", 0x06) + _s(stream)
+        key, rest = a.frame()
+        assert (key, rest[:4], rest[4:]) == (0x800E, struct.pack(">I", corr),
+                                            struct.pack(">H", 0x01))
+        assert a.frame() == (0x10, update)
+        assert b.frame() == (0x10, update)
+        a.sock.sendall(_frame(0x02, struct.pack(">BiQi", 1, 1, 1, 3) + b"abc"))
+        key, rest = a.frame()
+        assert key == 0x04 and rest == struct.pack(">BiQH", 1, 1, 1, 0x12)
+    finally:
+        a.close()
+        b.close()
+
+
 def test_raw_refusals_and_metadata_update(target: Target) -> None:
     stream = _name("raw")
     client = RawClient(target.stream_port)
