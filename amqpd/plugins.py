@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -46,6 +45,10 @@ class PluginError(Exception):
 
 
 def _factory(name: str) -> Any:
+    # imported here, when a plugin is configured: importlib.metadata brings the email
+    # parser, zipfile and csv with it (~1 MB of a broker's RSS, bench/RESULTS.md)
+    from importlib.metadata import entry_points
+
     for ep in entry_points(group="amqpd.plugins"):
         if ep.name == name:
             return ep.load()
