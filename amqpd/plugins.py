@@ -15,9 +15,11 @@ Life cycle, and why in this order:
 1. ``create_plugin(api)`` runs while the broker is being built, before durable
    definitions are restored, so a plugin can register its runtime-parameter component
    (``api.parameters.register(...)``) and saved parameters validate at boot.
-2. ``http_routes(router)`` (optional) adds the plugin's API paths (``/api/shovels``...).
-3. ``await start()`` runs once the AMQP listeners and the HTTP API are up, so links to
+2. ``await start()`` runs once the AMQP listeners and the HTTP API are up, so links to
    the local broker can connect.
+3. ``http_routes(router)`` (optional) adds the plugin's API paths (``/api/shovels``...)
+   when the HTTP API's application is built: at its first connection, which a plugin
+   has started by then or, arriving before, waits for (amqpd/http/listener.py).
 4. ``await stop()`` runs first at shutdown, while connections are still open.
 """
 
