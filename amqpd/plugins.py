@@ -15,9 +15,11 @@ Life cycle, and why in this order:
 1. ``create_plugin(api)`` runs while the broker is being built, before durable
    definitions are restored, so a plugin can register its runtime-parameter component
    (``api.parameters.register(...)``) and saved parameters validate at boot.
-2. ``http_routes(router)`` (optional) adds the plugin's API paths (``/api/shovels``...).
-3. ``await start()`` runs once the AMQP listeners and the HTTP API are up, so links to
+2. ``await start()`` runs once the AMQP listeners and the HTTP API are up, so links to
    the local broker can connect.
+3. ``http_routes(router)`` (optional) adds the plugin's API paths (``/api/shovels``...)
+   when the HTTP API's application is built: at its first connection, which a plugin
+   has started by then or, arriving before, waits for (amqpd/http/listener.py).
 4. ``await stop()`` runs first at shutdown, while connections are still open.
 """
 
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -46,6 +47,10 @@ class PluginError(Exception):
 
 
 def _factory(name: str) -> Any:
+    # imported here, when a plugin is configured: importlib.metadata brings the email
+    # parser, zipfile and csv with it (~1 MB of a broker's RSS, bench/RESULTS.md)
+    from importlib.metadata import entry_points
+
     for ep in entry_points(group="amqpd.plugins"):
         if ep.name == name:
             return ep.load()

@@ -54,7 +54,7 @@ from amqpd.watchdog import Watchdog
 
 if TYPE_CHECKING:
     from amqpd.coord.warren import Warren
-    from amqpd.http import HttpServer
+    from amqpd.http.listener import HttpServer
     from amqpd.session import Session
     from amqpd.store.api import MessageStore
 
@@ -333,7 +333,7 @@ class Broker:
     async def start_http(self) -> None:
         """The management API (a warren standby serves it before any store is open)."""
         if self.settings.management and self.http is None:
-            from amqpd.http import HttpServer
+            from amqpd.http.listener import HttpServer
 
             self.http = HttpServer(self.api)
             await self.http.start()

@@ -1,18 +1,22 @@
-"""amqpd's resident memory with a stream queue, at rest and under stream consumers
+"""A broker's resident memory with a stream queue, at rest and under stream consumers
 (issue 30's "RSS <= 0.2x RabbitMQ's and flat in the number of consumers").
 
-    python -m bench.stream_memory [--messages 100000] [--body 1024] \\
-        [--consumers 1,20] [--runs 3] [--out bench/RESULTS-stream-memory.json]
+    python -m bench.stream_memory [--broker amqpd|rabbitmq] [--messages 100000] \\
+        [--body 1024] [--consumers 1,20] [--runs 3] [--out bench/RESULTS-stream-memory.json]
 
-Each run starts a fresh amqpd (the Python running this script, so the build installed
-in its virtualenv: compiled or pure), declares one stream, publishes ``--messages``
-persistent messages of ``--body`` bytes with confirms, then reads
+Each run starts a fresh broker (amqpd: the Python running this script, so the build
+installed in its virtualenv, compiled or pure; rabbitmq: Debian's RabbitMQ 3.10.8 as
+bench/streams.py starts it, its ``beam.smp`` measured), declares one stream,
+publishes ``--messages`` persistent messages of ``--body`` bytes with confirms, then reads
 ``/proc/PID/smaps_rollup`` after a second at rest; then, for each count in
 ``--consumers``, that many consumers at offsets spread evenly over the stream read it
 to the end (bench/streams.py's consumers, checked for order and gaps), with the RSS
 sampled every 0.1 s (peak) and ``smaps_rollup`` read once they are done and gone.
 Anonymous memory (``Anonymous``) is the process's own; file pages (``Rss -
-Anonymous``) are the interpreter's and its extensions' code and data.
+Anonymous``) are the interpreter's and its extensions' code and data. Last, for amqpd,
+one request to the management API (``GET /api/overview``) and ``smaps_rollup`` once
+more: amqpd loads the API's modules at its first connection (amqpd/http/listener.py),
+so this is what a broker that is asked over HTTP carries.
 The medians over ``--runs`` runs are printed; ``--out`` keeps every run.
 """
 
@@ -26,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.brokers import AmqpdBroker, Sampler
+from bench.brokers import AmqpdBroker, Broker, RabbitBroker, Sampler
 from bench.streams import _consume, _declare, _publish
 
 FIELDS = ("Rss", "Anonymous", "Pss_File")
@@ -42,9 +46,25 @@ def smaps(pid: int) -> dict[str, int]:
     return out
 
 
-def one_run(n: int, body: int, consumer_counts: list[int]) -> dict[str, Any]:
+def _http_get(broker: AmqpdBroker, path: str) -> int:
+    """One management API request (the broker's first): its HTTP status."""
+    import base64
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", broker.proc.http_port, timeout=60)
+    try:
+        auth = base64.b64encode(b"guest:guest").decode()
+        conn.request("GET", path, headers={"Authorization": f"Basic {auth}"})
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    finally:
+        conn.close()
+
+
+def one_run(kind: str, n: int, body: int, consumer_counts: list[int]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="amqpd-mem-") as tmp:
-        broker = AmqpdBroker(Path(tmp))
+        broker: Broker = AmqpdBroker(Path(tmp)) if kind == "amqpd" else RabbitBroker(Path(tmp))
         broker.start()
         try:
             _declare(broker)
@@ -58,6 +78,11 @@ def one_run(n: int, body: int, consumer_counts: list[int]) -> dict[str, Any]:
                 res = _consume(broker, [i * n // k for i in range(k)], n, 2 if k > 1 else 1)
                 out[f"consumers_{k}"] = {"rss_peak": res["rss_peak"],
                                          "after": smaps(broker.pid)}
+            if isinstance(broker, AmqpdBroker) and broker.proc.http_port:
+                if _http_get(broker, "/api/overview") != 200:
+                    raise RuntimeError("GET /api/overview failed")
+                time.sleep(0.5)  # a measurement window, not synchronisation
+                out["after_http"] = smaps(broker.pid)
             return out
         finally:
             broker.stop()
@@ -69,6 +94,7 @@ def _mb(x: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--broker", choices=("amqpd", "rabbitmq"), default="amqpd")
     p.add_argument("--messages", type=int, default=100_000)
     p.add_argument("--body", type=int, default=1024)
     p.add_argument("--consumers", default="1,20")
@@ -76,14 +102,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="")
     a = p.parse_args(argv)
     counts = [int(c) for c in a.consumers.split(",") if c]
-    runs = [one_run(a.messages, a.body, counts) for _ in range(a.runs)]
+    runs = [one_run(a.broker, a.messages, a.body, counts) for _ in range(a.runs)]
     if a.out:
         Path(a.out).write_text(json.dumps(runs, indent=1))
 
     def med(get: Any) -> str:
         return _mb(statistics.median(get(r) for r in runs))
 
-    print(f"MB, median of {len(runs)} runs: Rss (Anonymous)")
+    print(f"{a.broker}: MB, median of {len(runs)} runs: Rss (Anonymous)")
     print(f"  started, empty stream:  {med(lambda r: r['started']['Rss'])} "
           f"({med(lambda r: r['started']['Anonymous'])})")
     print(f"  at rest after publish:  {med(lambda r: r['rest']['Rss'])} "
@@ -93,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {k} consumers: peak {med(lambda r, key=key: r[key]['rss_peak'])}, "
               f"after {med(lambda r, key=key: r[key]['after']['Rss'])} "
               f"({med(lambda r, key=key: r[key]['after']['Anonymous'])})")
+    if all("after_http" in r for r in runs):
+        print(f"  after one HTTP API request: {med(lambda r: r['after_http']['Rss'])} "
+              f"({med(lambda r: r['after_http']['Anonymous'])})")
     return 0
 
 

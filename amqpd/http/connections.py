@@ -6,7 +6,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from amqpd.http.core import Ctx, Router, json_response, no_content, not_found, select_columns
-from amqpd.http.object_history import windows
+from amqpd.http.query_windows import windows
 
 if TYPE_CHECKING:
     from amqpd.broker.api import Channel, Session

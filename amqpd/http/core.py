@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import unquote
 
-import structlog
 from aiohttp import web
 
+from amqpd import logs
 from amqpd.broker.api import AMQPError
 from amqpd.http.sessions import COOKIE, UI_HEADER
 
@@ -361,7 +361,7 @@ def make_dispatcher(
                 # join_cluster and forget_cluster_node still work
                 raise HttpError(503, "paused", cluster.refusal() or "this node is paused")
             # each request runs in its own task, so this context ends with the request
-            structlog.contextvars.bind_contextvars(
+            logs.bind_request(
                 http_method=request.method, http_path=request.path,
                 http_user=user.name if user else None)
             response = await route.handler(Ctx(api, request, user, params))

@@ -22,7 +22,7 @@ from amqpd.http.core import (
     vhost_not_found,
 )
 from amqpd.http.messages import decode_payload, encode_json_properties
-from amqpd.http.object_history import windows
+from amqpd.http.query_windows import windows
 from amqpd.http.stats import EXCHANGE_NAMES
 
 if TYPE_CHECKING:

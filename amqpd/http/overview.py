@@ -12,7 +12,7 @@ from typing import Any
 import amqpd
 from amqpd.broker.api import EXCHANGE_TYPES, BrokerAPI
 from amqpd.http.core import Ctx, Router, bad_request, json_response, no_content, not_found
-from amqpd.http.object_history import sample_window
+from amqpd.http.query_windows import sample_window
 
 # The management API version amqpd's paths and JSON shapes follow (rabbitmqadmin and
 # dashboards read ``rabbitmq_version``); ``product_version`` is amqpd's own.

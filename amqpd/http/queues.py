@@ -26,8 +26,8 @@ from amqpd.http.core import (
     vhost_not_found,
 )
 from amqpd.http.messages import decode_json_properties, encode_payload
-from amqpd.http.object_history import windows
 from amqpd.http.paging import paged_list
+from amqpd.http.query_windows import windows
 
 if TYPE_CHECKING:
     from amqpd.broker.api import Fetched, QueueType, VHost

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ def test_lifecycle_and_internal_user(tmp_path: Path, monkeypatch: pytest.MonkeyP
     settings = Settings(bind="127.0.0.1", port=0, http_port=0, data_dir=str(tmp_path),
                         plugins=["fake"])
 
-    async def run() -> tuple[list[str], bool]:
+    async def run() -> tuple[list[str], list[str], bool]:
         broker = Broker(settings)
         plugin = broker.plugins["fake"]
         assert isinstance(plugin, FakePlugin)
@@ -56,10 +57,20 @@ def test_lifecycle_and_internal_user(tmp_path: Path, monkeypatch: pytest.MonkeyP
             conn.close()
             return True
 
-        ok = await asyncio.get_running_loop().run_in_executor(None, connect)
-        await broker.stop()
-        return plugin.events, ok
+        def ask_http() -> int:  # the API's application, and the routes, come now
+            assert broker.http is not None
+            url = f"http://127.0.0.1:{broker.http.port}/"  # the web UI: no login
+            with urllib.request.urlopen(url, timeout=30) as response:
+                return int(response.status)
 
-    events, ok = asyncio.run(run())
+        loop = asyncio.get_running_loop()
+        ok = await loop.run_in_executor(None, connect)
+        before_http = list(plugin.events)
+        status = await loop.run_in_executor(None, ask_http)
+        await broker.stop()
+        return before_http, plugin.events, ok and status == 200
+
+    before_http, events, ok = asyncio.run(run())
     assert ok
-    assert events == ["created", "routes", "start listeners=1", "stop"]
+    assert before_http == ["created", "start listeners=1"]
+    assert events == ["created", "start listeners=1", "routes", "stop"]
