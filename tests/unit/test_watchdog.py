@@ -42,7 +42,9 @@ async def test_a_stall_is_logged_with_what_ran(caplog: pytest.LogCaptureFixture)
         assert dog.stalls == 1
         assert dog.last_stall is not None
         lag, running = dog.last_stall
-        assert lag >= 0.7
+        # the thread's ping may go out a beat after the step began (interval, and its
+        # own turn on a loaded box: 0.686 s seen at load 13): most of the 0.8 s counts
+        assert lag >= 0.5
         assert "_busy_step" in running
         assert any("event loop stalled" in r.message and "_busy_step" in r.message
                    for r in caplog.records)
