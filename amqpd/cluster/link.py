@@ -66,7 +66,10 @@ class Link(asyncio.Protocol):
         self._magic: bytes | None = None if dialler else b""  # listener: MAGIC seen so far
         self._nonce = os.urandom(32)
         self._peer_nonce = b""
-        self._out: list[bytes] = []
+        # the frames queued this tick, in order (they leave in one write): the last may be
+        # a batch (link_wire's PUBLISHES / DELIVERS, a bytearray) that its sender still
+        # extends while it is last (read by amqpd.cluster.remote_queue and remote_served)
+        self.queued: list[bytes | bytearray] = []
         self._flush_scheduled = False
         self._handshake_timer: asyncio.TimerHandle | None = None
         self.epoch = 0  # set when up: streams of an older link are told apart
@@ -199,18 +202,18 @@ class Link(asyncio.Protocol):
         self.close()
 
     # -- sending -----------------------------------------------------------------------
-    def send(self, frame: bytes) -> None:
+    def send(self, frame: bytes | bytearray) -> None:
         """Queue a frame; the tick's frames leave in one write."""
         if self.closed:
             return
-        self._out.append(frame)
+        self.queued.append(frame)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
 
     def flush(self) -> None:
         self._flush_scheduled = False
-        out, self._out = self._out, []
+        out, self.queued = self.queued, []
         if out and not self.closed and self.transport is not None:
             self.transport.write(b"".join(out))
 
@@ -224,7 +227,7 @@ class Link(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
-        self._out.clear()
+        self.queued.clear()
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
         if self.up:
