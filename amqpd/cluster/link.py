@@ -68,7 +68,8 @@ class Link(asyncio.Protocol):
         self._peer_nonce = b""
         # the frames queued this tick, in order (they leave in one write): the last may be
         # a batch (link_wire's PUBLISHES / DELIVERS, a bytearray) that its sender still
-        # extends while it is last (read by amqpd.cluster.remote_queue and remote_served)
+        # extends while it is last (read by amqpd.cluster.remote_queue and remote_served);
+        # flush seals the batches
         self.queued: list[bytes | bytearray] = []
         self._flush_scheduled = False
         self._handshake_timer: asyncio.TimerHandle | None = None
@@ -215,6 +216,9 @@ class Link(asyncio.Protocol):
         self._flush_scheduled = False
         out, self.queued = self.queued, []
         if out and not self.closed and self.transport is not None:
+            for frame in out:
+                if type(frame) is bytearray:  # a batch: complete now (link_wire.seal)
+                    W.seal(frame)
             self.transport.write(b"".join(out))
 
     def close(self) -> None:

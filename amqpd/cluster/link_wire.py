@@ -9,8 +9,8 @@ A frame is ``length:u32 type:u8 stream:u32 fields...`` (``length`` counts what f
 it). Each frame type has a fixed field layout (:data:`LAYOUTS`): ``I`` u32, ``Q`` u64,
 ``B`` u8, ``s`` bytes with a u16 length, ``b`` bytes with a u32 length, ``j`` JSON (u32
 length; control frames only, never per message), ``L`` a list of u64 (u32 count), ``P``
-and ``D`` a list of records (u32 count) each laid out as :data:`RECORDS` says: the
-messages of one ``PUBLISHES`` or ``DELIVERS`` frame.
+and ``D`` the records of a ``PUBLISHES`` or ``DELIVERS`` frame, one per message, up to
+the frame's end (the last field of its layout; see the batches below).
 
 The handshake authenticates both ends with the shared cookie without sending it: each
 side sends a random nonce and proves it holds the cookie with an HMAC-SHA256 over both
@@ -58,7 +58,7 @@ CONFIRM: Final = 21  # leader -> user: seq, ok (every publish seq <= is answered
 CREDIT: Final = 22  # leader -> user: more publishes it may send
 # user -> leader: several PUBLISHes in a row on the stream, each a record of PUBLISH's
 # fields (the same credit, confirms and order as that many PUBLISH frames)
-PUBLISHES: Final = 23  # records (seq, persistent, exchange, key, props, body)
+PUBLISHES: Final = 23  # records of (seq, persistent, exchange, key, props, body)
 CONSUME: Final = 30  # consumer id, no_ack, credit, arguments
 DELIVER: Final = 31  # consumer id, delivery id, redelivered, ready, exchange, key, props, body,
 #   the leader's store position + 1 (0: not sent; quorum queues only: RECLAIM names it)
@@ -117,9 +117,6 @@ LAYOUTS: Final[dict[int, str]] = {
     SPUB: "sssb", SPUBBED: "LLLQ", SPUBEND: "", SPUBLOST: "s",
 }
 
-# the layout of one record of a ``P`` (PUBLISHES) or ``D`` (DELIVERS) field
-RECORDS: Final[dict[str, str]] = {"P": "QBssbb", "D": "QBQssbbQ"}
-
 _HEAD = struct.Struct(">IBI")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
@@ -160,14 +157,10 @@ def _pack_field(code: str, value: Any, parts: list[bytes]) -> None:
         parts.append(_U32.pack(len(raw)) + raw)
     elif code == "L":
         parts.append(_U32.pack(len(value)) + b"".join(_U64.pack(v) for v in value))
-    else:  # "P", "D": records
-        record = RECORDS[code]
-        parts.append(_U32.pack(len(value)))
-        for fields in value:
-            if len(fields) != len(record):
-                raise ValueError(f"a record takes {len(record)} fields, got {len(fields)}")
-            for sub, item in zip(record, fields, strict=True):
-                _pack_field(sub, item, parts)
+    elif code == "P":
+        parts.extend(_publish_record(*fields) for fields in value)
+    else:  # "D"
+        parts.extend(_deliver_record(*fields) for fields in value)
 
 
 def decode_fields(kind: int, data: bytes | memoryview) -> list[Any]:
@@ -213,27 +206,17 @@ def _read_field(code: str, view: memoryview, pos: int, out: list[Any]) -> int:
             raise WireError("short bytes field")
         out.append(raw if code == "b" else json.loads(raw))
         return pos + 4 + n
-    n = _U32.unpack_from(view, pos)[0]
     if code == "L":
+        n = _U32.unpack_from(view, pos)[0]
         end = pos + 4 + 8 * n
         if end > len(view):
             raise WireError("short list field")
         out.append(list(struct.unpack_from(f">{n}Q", view, pos + 4)))
         return end
-    # "P", "D": n records; each takes at least a byte, so a count past the frame's end
-    # is refused before anything is built for it
-    if n > len(view) - pos - 4:
-        raise WireError("short record list")
-    record = RECORDS[code]
-    pos += 4
-    records: list[tuple[Any, ...]] = []
-    for _ in range(n):
-        fields: list[Any] = []
-        for sub in record:
-            pos = _read_field(sub, view, pos, fields)
-        records.append(tuple(fields))
-    out.append(records)
-    return pos
+    # "P", "D": records up to the frame's end
+    rest = bytes(view[pos:])
+    out.append(_records(code == "P", rest, 0, len(rest)))
+    return len(view)
 
 
 # -- the per-message frames, without the generic loop ----------------------------------
@@ -325,20 +308,44 @@ def _decode_fast(kind: int, buf: bytes, pos: int, end: int) -> list[Any]:
 # its stream and consumer, and schedules its queue once per run, not once per message
 # (the profile of two workers crossing: bench/RESULTS-workers.md). A batch is a
 # bytearray that grows in place while it is the last frame queued on its link (the
-# sender checks that; nothing overtakes anything), its length and count rewritten with
-# each record; a record is the per-message frame's fields, in the same layout.
+# sender checks that, so nothing overtakes anything); its length is written once, by
+# :func:`seal`, when the link writes it. Its records run to the frame's end (no count),
+# each one fixed-size head holding the message's numbers and the lengths of its
+# exchange, routing key, properties and body, then those four: one struct per record
+# each way, not one per field.
 BATCH_BYTES: Final = 1 << 20  # a batch takes no more records once it is this long
-_PUBLISHES_HEAD = struct.Struct(">IBII")  # length, kind, stream, count
-_DELIVERS_HEAD = struct.Struct(">IBIII")  # length, kind, stream, consumer id, count
-_DELIVERS_RECORD = struct.Struct(">QBQH")  # delivery, redelivered, ready, |exchange|
+_BATCH_HEAD = struct.Struct(">IBI")  # length (written by seal), kind, stream
+_DELIVERS_HEAD = struct.Struct(">IBII")  # ... and the consumer id
+# seq, persistent, |exchange|, |routing key|, |properties|, |body|
+_PUBLISHES_RECORD = struct.Struct(">QBHHII")
+# delivery id, redelivered, ready, the leader's store position + 1 (as DELIVER's),
+# |exchange|, |routing key|, |properties|, |body|
+_DELIVERS_RECORD = struct.Struct(">QBQQHHII")
+
+
+def _publish_record(seq: int, persistent: int, exchange: str, key: str, props: bytes,
+                    body: bytes) -> bytes:
+    ex = exchange.encode()
+    rk = key.encode()
+    return b"".join((_PUBLISHES_RECORD.pack(seq, persistent, len(ex), len(rk), len(props),
+                                            len(body)), ex, rk, props, body))
+
+
+def _deliver_record(delivery: int, redelivered: int, ready: int, exchange: str, key: str,
+                    props: bytes, body: bytes, position: int) -> bytes:
+    ex = exchange.encode()
+    rk = key.encode()
+    return b"".join((_DELIVERS_RECORD.pack(delivery, redelivered, ready, position, len(ex),
+                                           len(rk), len(props), len(body)),
+                     ex, rk, props, body))
 
 
 def publishes(stream: int, seq: int, persistent: int, exchange: str, key: str,
               props: bytes, body: bytes) -> bytearray:
-    """A PUBLISHES frame holding one record (``encode(PUBLISHES, stream, [(seq, ...)])``),
-    to grow with :func:`add_publish`."""
-    frame = bytearray(_PUBLISHES_HEAD.pack(0, PUBLISHES, stream, 0))
-    add_publish(frame, seq, persistent, exchange, key, props, body)
+    """A PUBLISHES frame holding one record, to grow with :func:`add_publish` and be
+    sealed (:func:`seal`) before it is written."""
+    frame = bytearray(_BATCH_HEAD.pack(0, PUBLISHES, stream))
+    frame += _publish_record(seq, persistent, exchange, key, props, body)
     return frame
 
 
@@ -348,13 +355,7 @@ def add_publish(frame: bytearray, seq: int, persistent: int, exchange: str, key:
     once it holds :data:`BATCH_BYTES`: the caller starts another."""
     if len(frame) >= BATCH_BYTES:
         return False
-    ex = exchange.encode()
-    rk = key.encode()
-    frame.extend(b"".join((
-        _PUBLISH_FIXED.pack(seq, persistent, len(ex)), ex, _U16.pack(len(rk)), rk,
-        _U32.pack(len(props)), props, _U32.pack(len(body)), body)))
-    _U32.pack_into(frame, 0, len(frame) - 4)
-    _U32.pack_into(frame, 9, _U32.unpack_from(frame, 9)[0] + 1)
+    frame += _publish_record(seq, persistent, exchange, key, props, body)
     return True
 
 
@@ -362,9 +363,10 @@ def delivers(stream: int, cid: int, delivery: int, redelivered: int, ready: int,
              exchange: str, key: str, props: bytes, body: bytes,
              position: int) -> bytearray:
     """A DELIVERS frame to consumer ``cid`` holding one record, to grow with
-    :func:`add_deliver`."""
-    frame = bytearray(_DELIVERS_HEAD.pack(0, DELIVERS, stream, cid, 0))
-    add_deliver(frame, delivery, redelivered, ready, exchange, key, props, body, position)
+    :func:`add_deliver` (and be sealed)."""
+    frame = bytearray(_DELIVERS_HEAD.pack(0, DELIVERS, stream, cid))
+    frame += _deliver_record(delivery, redelivered, ready, exchange, key, props, body,
+                             position)
     return frame
 
 
@@ -373,51 +375,61 @@ def add_deliver(frame: bytearray, delivery: int, redelivered: int, ready: int,
     """Append one record to a frame of :func:`delivers` (as :func:`add_publish`)."""
     if len(frame) >= BATCH_BYTES:
         return False
-    ex = exchange.encode()
-    rk = key.encode()
-    frame.extend(b"".join((
-        _DELIVERS_RECORD.pack(delivery, redelivered, ready, len(ex)), ex,
-        _U16.pack(len(rk)), rk, _U32.pack(len(props)), props, _U32.pack(len(body)), body,
-        _U64.pack(position))))
-    _U32.pack_into(frame, 0, len(frame) - 4)
-    _U32.pack_into(frame, 13, _U32.unpack_from(frame, 13)[0] + 1)
+    frame += _deliver_record(delivery, redelivered, ready, exchange, key, props, body,
+                             position)
     return True
+
+
+def seal(frame: bytearray) -> None:
+    """Write a batch's length into its head: it takes no more records (the link calls
+    this as it writes the frame)."""
+    _U32.pack_into(frame, 0, len(frame) - 4)
+
+
+def _records(publish: bool, buf: bytes, pos: int, end: int) -> list[tuple[Any, ...]]:
+    """The records of a PUBLISHES (``publish``) or DELIVERS frame in ``buf[pos:end]``,
+    each a tuple of PUBLISH's fields, or of DELIVER's after the consumer id."""
+    records: list[tuple[Any, ...]] = []
+    head = _PUBLISHES_RECORD if publish else _DELIVERS_RECORD
+    size = head.size
+    try:
+        while pos < end:
+            if pos + size > end:
+                raise WireError("a record runs past its frame")
+            if publish:
+                seq, persistent, ne, nk, np_, nb = head.unpack_from(buf, pos)
+            else:
+                delivery, redelivered, ready, position, ne, nk, np_, nb = \
+                    head.unpack_from(buf, pos)
+            pos += size
+            if pos + ne + nk + np_ + nb > end:
+                raise WireError("a record runs past its frame")
+            exchange = buf[pos:pos + ne].decode()
+            pos += ne
+            key = buf[pos:pos + nk].decode()
+            pos += nk
+            props = buf[pos:pos + np_]
+            pos += np_
+            body = buf[pos:pos + nb]
+            pos += nb
+            if publish:
+                records.append((seq, persistent, exchange, key, props, body))
+            else:
+                records.append((delivery, redelivered, ready, exchange, key, props, body,
+                                position))
+    except UnicodeDecodeError as exc:
+        raise WireError(f"malformed record: {exc}") from exc
+    return records
 
 
 def _decode_batch(kind: int, buf: bytes, pos: int, end: int) -> list[Any]:
     """The fields of a PUBLISHES (its records) or DELIVERS (the consumer id, its
-    records) whose body is ``buf[pos:end]``; each record a tuple."""
-    out: list[Any] = []
-    records: list[tuple[Any, ...]] = []
-    try:
-        if kind == DELIVERS:
-            out.append(_U32.unpack_from(buf, pos)[0])
-            pos += 4
-        n = _U32.unpack_from(buf, pos)[0]
-        pos += 4
-        if n > end - pos:  # each record takes bytes: refused before anything is built
-            raise WireError("short record list")
-        if kind == PUBLISHES:
-            for _ in range(n):
-                seq, persistent, k = _PUBLISH_FIXED.unpack_from(buf, pos)
-                exchange, key, props, body, pos = _tail(buf, pos + 11, k, end)
-                records.append((seq, persistent, exchange, key, props, body))
-        else:
-            for _ in range(n):
-                delivery, redelivered, ready, k = _DELIVERS_RECORD.unpack_from(buf, pos)
-                exchange, key, props, body, pos = _tail(buf, pos + 19, k, end)
-                if pos + 8 > end:
-                    raise WireError("a record runs past its frame")
-                position = _U64.unpack_from(buf, pos)[0]
-                pos += 8
-                records.append((delivery, redelivered, ready, exchange, key, props, body,
-                                position))
-    except (struct.error, UnicodeDecodeError) as exc:
-        raise WireError(f"malformed frame {kind}: {exc}") from exc
-    if pos != end:
-        raise WireError(f"frame {kind} has {end - pos} bytes too many")
-    out.append(records)
-    return out
+    records) whose body is ``buf[pos:end]``."""
+    if kind == PUBLISHES:
+        return [_records(True, buf, pos, end)]
+    if end - pos < 4:
+        raise WireError(f"malformed frame {kind}: no consumer id")
+    return [_U32.unpack_from(buf, pos)[0], _records(False, buf, pos + 4, end)]
 
 
 # The small frames that come with the messages: CONFIRM per confirmed publish, CREDIT per
@@ -512,7 +524,7 @@ class FrameReader:
                 break
             if kind in (PUBLISH, DELIVER, GET_OK):
                 frames.append((kind, stream, _decode_fast(kind, buf, pos + 9, end)))
-            elif kind == PUBLISHES or kind == DELIVERS:
+            elif kind in (PUBLISHES, DELIVERS):
                 frames.append((kind, stream, _decode_batch(kind, buf, pos + 9, end)))
             elif kind in _SMALL_FIELDS or kind in _IDS:
                 frames.append((kind, stream, _decode_small(kind, buf, pos + 9, end)))
@@ -540,8 +552,7 @@ def proof_ok(expected: bytes, got: bytes) -> bool:
     return hmac.compare_digest(expected, got)
 
 
-__all__ = ["BATCH_BYTES", "LAYOUTS", "MAGIC", "PREAMBLE", "RECORDS", "VERSION",
-           "FrameReader", "WireError", "add_deliver", "add_publish", "decode_fields",
-           "delivers", "encode", "encode_confirm", "encode_credit", "encode_deliver",
-           "encode_grant", "encode_ids", "encode_publish", "proof", "proof_ok",
-           "publishes"]
+__all__ = ["BATCH_BYTES", "LAYOUTS", "MAGIC", "PREAMBLE", "VERSION", "FrameReader",
+           "WireError", "add_deliver", "add_publish", "decode_fields", "delivers", "encode",
+           "encode_confirm", "encode_credit", "encode_deliver", "encode_grant", "encode_ids",
+           "encode_publish", "proof", "proof_ok", "publishes", "seal"]
