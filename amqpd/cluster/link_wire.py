@@ -220,13 +220,16 @@ def _read_field(code: str, view: memoryview, pos: int, out: list[Any]) -> int:
 
 
 # -- the per-message frames, without the generic loop ----------------------------------
-# PUBLISH, DELIVER and GET_OK are nearly every frame a busy link carries: one per message
-# each way. Their layouts are fixed (``LAYOUTS``), so they are packed and unpacked by
-# hand here, with the same bytes as :func:`encode` and the same checks as
-# :func:`decode_fields` (tests/unit/cluster/test_link_wire.py compares them), but no
-# per-field loop, no list of parts per field and no copy of the frame body before its
-# fields are read: the profile of two workers crossing (bench/RESULTS-workers.md) put
-# the generic codec among the largest per-message costs of the link.
+# PUBLISH, DELIVER and GET_OK carry one message each: a basic.get's answer (GET_OK) and
+# a quorum queue's delivery (DELIVER, sent once its checkout commits) go so; other
+# publishes and deliveries go in batches (PUBLISHES / DELIVERS, below), and PUBLISH is
+# still read (this node no longer sends it; tests and tools may). Their layouts are
+# fixed (``LAYOUTS``), so they are packed and unpacked by hand here, with the same
+# bytes as :func:`encode` and the same checks as :func:`decode_fields`
+# (tests/unit/cluster/test_link_wire.py compares them), but no per-field loop, no list
+# of parts per field and no copy of the frame body before its fields are read: the
+# profile of two workers crossing (bench/RESULTS-workers.md) put the generic codec
+# among the largest per-message costs of the link.
 _PUBLISH_HEAD = struct.Struct(">IBIQBH")  # length, kind, stream, seq, persistent, |exchange|
 _DELIVER_HEAD = struct.Struct(">IBIIQBQH")  # ... id, delivery, redelivered, ready, |exchange|
 
