@@ -321,9 +321,22 @@ class ClusterQueues:
             ext.link_down(link)
 
     def frame(self, link: Link, kind: int, stream: int, f: list[Any]) -> None:
-        # a publish to a queue led here and a delivery from a queue led there are nearly
-        # every frame of a busy link: they go the short way
-        if kind == _PUBLISH:
+        # publishes to a queue led here and deliveries from a queue led there are nearly
+        # every frame of a busy link (batched: link_wire's PUBLISHES and DELIVERS): they
+        # go the short way
+        if kind == _PUBLISHES:
+            served = self.served.get(link, _NO_SERVED).get(stream)
+            if served is not None:
+                served.publish_many(f[0])
+                if not self._credit_flush:
+                    self._schedule_credit()
+                return
+        elif kind == _DELIVERS:
+            remote = self.remote.get(link.peer, _NO_REMOTE).get(stream)
+            if remote is not None and remote.link is link:
+                remote.deliver_many(f[0], f[1])
+                return
+        elif kind == _PUBLISH:
             served = self.served.get(link, _NO_SERVED).get(stream)
             if served is not None:
                 served.publish(f[0], f[1], f[2], f[3], f[4], f[5])
@@ -344,19 +357,8 @@ class ClusterQueues:
             for ext in self.extensions:
                 ext.frame(link, kind, stream, f)
             return
-        if kind == W.DECLARE:
-            self._declare_here(link, f[0], f[1])
-            return
-        if kind == W.DECLARED:
-            self._declared(*f)
-            return
-        if kind == W.SYNC:
-            watch, revision = f
-            self.view.when_applied(watch, revision,
-                                   lambda: answer_when(link, watch, revision))
-            return
-        if kind == W.SYNCED:
-            self.barrier.answered(link, f[0], f[1])
+        if kind in _STREAM_ZERO:
+            self._stream_zero(link, kind, f)
             return
         if kind in _LEADER_SIDE:
             self._serve(link, kind, stream, f)
@@ -365,6 +367,8 @@ class ClusterQueues:
         if queue is None or queue.link is not link:
             if kind == W.DELIVER:  # a stream we closed: give it back
                 link.send(W.encode(W.REQUEUE, stream, [f[1]]))
+            elif kind == W.DELIVERS:
+                link.send(W.encode_ids(W.REQUEUE, stream, [r[0] for r in f[1]]))
             return
         if queue.on_frame(kind, f):
             return
@@ -383,6 +387,20 @@ class ClusterQueues:
                 return
             queue.gone = True
             queue.link = link  # still reachable; ``gone`` answers 404
+
+    def _stream_zero(self, link: Link, kind: int, f: list[Any]) -> None:
+        """The frames about no queue stream: a peer's locator placing a queue here and
+        its answer, the visibility barrier's question and answer."""
+        if kind == W.DECLARE:
+            self._declare_here(link, f[0], f[1])
+        elif kind == W.DECLARED:
+            self._declared(*f)
+        elif kind == W.SYNC:
+            watch, revision = f
+            self.view.when_applied(watch, revision,
+                                   lambda: answer_when(link, watch, revision))
+        else:  # SYNCED
+            self.barrier.answered(link, f[0], f[1])
 
     def _catalogue_leader(self, queue: RemoteQueue) -> str | None:
         leader = self.view.catalogue.get((queue.vhost.name, queue.name))
@@ -406,6 +424,11 @@ class ClusterQueues:
                 if f[0]:
                     link.send(W.encode(W.CONFIRM, stream, f[0], False))
                 link.send(W.encode(W.CREDIT, stream, 1))  # its credit is not lost
+            elif kind == W.PUBLISHES:
+                for record in f[0]:
+                    if record[0]:
+                        link.send(W.encode_confirm(stream, record[0], False))
+                link.send(W.encode_credit(stream, len(f[0])))
             elif kind == W.CONSUME:
                 link.send(W.encode(W.CONSUMED, stream, f[0], 404, "no such queue stream"))
             elif kind == W.GET:
@@ -413,6 +436,9 @@ class ClusterQueues:
             return
         if kind == W.PUBLISH:
             served.publish(*f)
+            self._schedule_credit()
+        elif kind == W.PUBLISHES:
+            served.publish_many(f[0])
             self._schedule_credit()
         elif kind in (W.SETTLE, W.REQUEUE, W.REJECT):
             served.settle(f[0], kind)
@@ -543,12 +569,15 @@ class ClusterQueues:
 
 _PUBLISH: Final = W.PUBLISH
 _DELIVER: Final = W.DELIVER
+_PUBLISHES: Final = W.PUBLISHES
+_DELIVERS: Final = W.DELIVERS
 _NO_SERVED: Final[dict[int, Served]] = {}  # never written: a link with no stream served
 _NO_REMOTE: Final[dict[int, RemoteQueue]] = {}
 
-_LEADER_SIDE = frozenset({W.OPEN, W.CLOSE, W.PUBLISH, W.CONSUME, W.GRANT, W.CANCEL, W.GET,
-                          W.SETTLE, W.REQUEUE, W.REJECT, W.PURGE, W.DELETE, W.COUNT,
-                          W.DECLARE, W.RECLAIM})
+_STREAM_ZERO = frozenset({W.DECLARE, W.DECLARED, W.SYNC, W.SYNCED})
+_LEADER_SIDE = frozenset({W.OPEN, W.CLOSE, W.PUBLISH, W.PUBLISHES, W.CONSUME, W.GRANT,
+                          W.CANCEL, W.GET, W.SETTLE, W.REQUEUE, W.REJECT, W.PURGE,
+                          W.DELETE, W.COUNT, W.DECLARE, W.RECLAIM})
 
 
 def extension_frame_too_early(link: Link, kind: int, stream: int) -> None:

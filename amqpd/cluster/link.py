@@ -66,7 +66,11 @@ class Link(asyncio.Protocol):
         self._magic: bytes | None = None if dialler else b""  # listener: MAGIC seen so far
         self._nonce = os.urandom(32)
         self._peer_nonce = b""
-        self._out: list[bytes] = []
+        # the frames queued this tick, in order (they leave in one write): the last may be
+        # a batch (link_wire's PUBLISHES / DELIVERS, a bytearray) that its sender still
+        # extends while it is last (read by amqpd.cluster.remote_queue and remote_served);
+        # flush seals the batches
+        self.queued: list[bytes | bytearray] = []
         self._flush_scheduled = False
         self._handshake_timer: asyncio.TimerHandle | None = None
         self.epoch = 0  # set when up: streams of an older link are told apart
@@ -199,19 +203,22 @@ class Link(asyncio.Protocol):
         self.close()
 
     # -- sending -----------------------------------------------------------------------
-    def send(self, frame: bytes) -> None:
+    def send(self, frame: bytes | bytearray) -> None:
         """Queue a frame; the tick's frames leave in one write."""
         if self.closed:
             return
-        self._out.append(frame)
+        self.queued.append(frame)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
 
     def flush(self) -> None:
         self._flush_scheduled = False
-        out, self._out = self._out, []
+        out, self.queued = self.queued, []
         if out and not self.closed and self.transport is not None:
+            for frame in out:
+                if type(frame) is bytearray:  # a batch: complete now (link_wire.seal)
+                    W.seal(frame)
             self.transport.write(b"".join(out))
 
     def close(self) -> None:
@@ -224,7 +231,7 @@ class Link(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
-        self._out.clear()
+        self.queued.clear()
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
         if self.up:

@@ -8,7 +8,9 @@ peer opens a stream for it and every frame about that queue carries the stream's
 A frame is ``length:u32 type:u8 stream:u32 fields...`` (``length`` counts what follows
 it). Each frame type has a fixed field layout (:data:`LAYOUTS`): ``I`` u32, ``Q`` u64,
 ``B`` u8, ``s`` bytes with a u16 length, ``b`` bytes with a u32 length, ``j`` JSON (u32
-length; control frames only, never per message), ``L`` a list of u64 (u32 count).
+length; control frames only, never per message), ``L`` a list of u64 (u32 count), ``P``
+and ``D`` the records of a ``PUBLISHES`` or ``DELIVERS`` frame, one per message, up to
+the frame's end (the last field of its layout; see the batches below).
 
 The handshake authenticates both ends with the shared cookie without sending it: each
 side sends a random nonce and proves it holds the cookie with an HMAC-SHA256 over both
@@ -30,9 +32,10 @@ from typing import Any, Final
 # VERSION whenever a frame type is added or a layout changes: 2 added the store
 # positions of DELIVER / GET_OK and RECLAIM; 3 the stream-protocol publishers'
 # SPUB..SPUBLOST (SPUBBED with the producer's confirmed id) and the SYNC / SYNCED
-# barrier of definitions made visible on every linked node
+# barrier of definitions made visible on every linked node; 4 the batches PUBLISHES and
+# DELIVERS (several messages of one stream in one frame)
 PREAMBLE: Final = b"AMQPD-LINK\x00"
-VERSION: Final = 3
+VERSION: Final = 4
 MAGIC: Final = PREAMBLE + bytes((VERSION,))
 MAX_FRAME: Final = 256 << 20  # a message body is bounded by the AMQP frame limits anyway
 
@@ -53,9 +56,14 @@ STATS: Final = 14  # leader -> user: ready, unacked, consumers (about once a sec
 PUBLISH: Final = 20  # seq (0: unconfirmed), persistent, exchange, key, props, body
 CONFIRM: Final = 21  # leader -> user: seq, ok (every publish seq <= is answered first)
 CREDIT: Final = 22  # leader -> user: more publishes it may send
+# user -> leader: several PUBLISHes in a row on the stream, each a record of PUBLISH's
+# fields (the same credit, confirms and order as that many PUBLISH frames)
+PUBLISHES: Final = 23  # records of (seq, persistent, exchange, key, props, body)
 CONSUME: Final = 30  # consumer id, no_ack, credit, arguments
 DELIVER: Final = 31  # consumer id, delivery id, redelivered, ready, exchange, key, props, body,
 #   the leader's store position + 1 (0: not sent; quorum queues only: RECLAIM names it)
+# leader -> user: several DELIVERs in a row to one consumer of the stream
+DELIVERS: Final = 38  # consumer id, records (DELIVER's fields after the consumer id)
 GRANT: Final = 32  # user -> leader: consumer id, more deliveries it may send
 CANCEL: Final = 33  # user -> leader: consumer id
 CANCELLED: Final = 34  # leader -> user: consumer id (queue deleted: basic.cancel)
@@ -98,8 +106,9 @@ SPUBLOST: Final = 133  # leader -> user: its publishes cannot be taken here (why
 LAYOUTS: Final[dict[int, str]] = {
     HELLO: "sb", CHALLENGE: "sbb", PROVE: "b", WELCOME: "", REFUSED: "s", PING: "",
     OPEN: "ss", OPENED: "QQI", FAILED: "Is", CLOSE: "", STATS: "QQI",
-    PUBLISH: "QBssbb", CONFIRM: "QB", CREDIT: "I",
-    CONSUME: "IBIj", DELIVER: "IQBQssbbQ", GRANT: "II", CANCEL: "I", CANCELLED: "I",
+    PUBLISH: "QBssbb", CONFIRM: "QB", CREDIT: "I", PUBLISHES: "P",
+    CONSUME: "IBIj", DELIVER: "IQBQssbbQ", DELIVERS: "ID", GRANT: "II", CANCEL: "I",
+    CANCELLED: "I",
     CONSUMED: "IIs", RECLAIM: "sL", RECLAIMED: "sLLL",
     GET: "IB", GET_OK: "IQBQssbbQ", GET_EMPTY: "I",
     SETTLE: "L", REQUEUE: "L", REJECT: "L",
@@ -125,24 +134,33 @@ def encode(kind: int, stream: int, *fields: Any) -> bytes:
         raise ValueError(f"frame {kind} takes {len(layout)} fields, got {len(fields)}")
     parts: list[bytes] = []
     for code, value in zip(layout, fields, strict=True):
-        if code == "I":
-            parts.append(_U32.pack(value))
-        elif code == "Q":
-            parts.append(_U64.pack(value))
-        elif code == "B":
-            parts.append(bytes((int(value),)))
-        elif code == "s":
-            raw = value.encode() if isinstance(value, str) else value
-            parts.append(_U16.pack(len(raw)) + raw)
-        elif code == "b":
-            parts.append(_U32.pack(len(value)) + value)
-        elif code == "j":
-            raw = json.dumps(value, separators=(",", ":")).encode()
-            parts.append(_U32.pack(len(raw)) + raw)
-        else:  # "L"
-            parts.append(_U32.pack(len(value)) + b"".join(_U64.pack(v) for v in value))
+        _pack_field(code, value, parts)
     body = b"".join(parts)
     return _HEAD.pack(len(body) + 5, kind, stream) + body
+
+
+def _pack_field(code: str, value: Any, parts: list[bytes]) -> None:
+    """Append the bytes of one field of type ``code`` to ``parts``."""
+    if code == "I":
+        parts.append(_U32.pack(value))
+    elif code == "Q":
+        parts.append(_U64.pack(value))
+    elif code == "B":
+        parts.append(bytes((int(value),)))
+    elif code == "s":
+        raw = value.encode() if isinstance(value, str) else value
+        parts.append(_U16.pack(len(raw)) + raw)
+    elif code == "b":
+        parts.append(_U32.pack(len(value)) + value)
+    elif code == "j":
+        raw = json.dumps(value, separators=(",", ":")).encode()
+        parts.append(_U32.pack(len(raw)) + raw)
+    elif code == "L":
+        parts.append(_U32.pack(len(value)) + b"".join(_U64.pack(v) for v in value))
+    elif code == "P":
+        parts.extend(_publish_record(*fields) for fields in value)
+    else:  # "D"
+        parts.extend(_deliver_record(*fields) for fields in value)
 
 
 def decode_fields(kind: int, data: bytes | memoryview) -> list[Any]:
@@ -155,36 +173,7 @@ def decode_fields(kind: int, data: bytes | memoryview) -> list[Any]:
     out: list[Any] = []
     try:
         for code in layout:
-            if code == "I":
-                out.append(_U32.unpack_from(view, pos)[0])
-                pos += 4
-            elif code == "Q":
-                out.append(_U64.unpack_from(view, pos)[0])
-                pos += 8
-            elif code == "B":
-                out.append(view[pos])
-                pos += 1
-            elif code == "s":
-                n = _U16.unpack_from(view, pos)[0]
-                raw = bytes(view[pos + 2:pos + 2 + n])
-                if len(raw) != n:
-                    raise WireError("short string field")
-                out.append(raw.decode())
-                pos += 2 + n
-            elif code in "bj":
-                n = _U32.unpack_from(view, pos)[0]
-                raw = bytes(view[pos + 4:pos + 4 + n])
-                if len(raw) != n:
-                    raise WireError("short bytes field")
-                out.append(raw if code == "b" else json.loads(raw))
-                pos += 4 + n
-            else:  # "L"
-                n = _U32.unpack_from(view, pos)[0]
-                end = pos + 4 + 8 * n
-                if end > len(view):
-                    raise WireError("short list field")
-                out.append(list(struct.unpack_from(f">{n}Q", view, pos + 4)))
-                pos = end
+            pos = _read_field(code, view, pos, out)
     except (struct.error, IndexError, UnicodeDecodeError, ValueError) as exc:
         raise WireError(f"malformed frame {kind}: {exc}") from exc
     if pos != len(view):
@@ -192,14 +181,55 @@ def decode_fields(kind: int, data: bytes | memoryview) -> list[Any]:
     return out
 
 
+def _read_field(code: str, view: memoryview, pos: int, out: list[Any]) -> int:
+    """Append the field of type ``code`` at ``pos`` to ``out``; the position after it."""
+    if code == "I":
+        out.append(_U32.unpack_from(view, pos)[0])
+        return pos + 4
+    if code == "Q":
+        out.append(_U64.unpack_from(view, pos)[0])
+        return pos + 8
+    if code == "B":
+        out.append(view[pos])
+        return pos + 1
+    if code == "s":
+        n = _U16.unpack_from(view, pos)[0]
+        raw = bytes(view[pos + 2:pos + 2 + n])
+        if len(raw) != n:
+            raise WireError("short string field")
+        out.append(raw.decode())
+        return pos + 2 + n
+    if code in "bj":
+        n = _U32.unpack_from(view, pos)[0]
+        raw = bytes(view[pos + 4:pos + 4 + n])
+        if len(raw) != n:
+            raise WireError("short bytes field")
+        out.append(raw if code == "b" else json.loads(raw))
+        return pos + 4 + n
+    if code == "L":
+        n = _U32.unpack_from(view, pos)[0]
+        end = pos + 4 + 8 * n
+        if end > len(view):
+            raise WireError("short list field")
+        out.append(list(struct.unpack_from(f">{n}Q", view, pos + 4)))
+        return end
+    # "P", "D": records up to the frame's end
+    rest = bytes(view[pos:])
+    out.append(_records(code == "P", rest, 0, len(rest)))
+    return len(view)
+
+
 # -- the per-message frames, without the generic loop ----------------------------------
-# PUBLISH, DELIVER and GET_OK are nearly every frame a busy link carries: one per message
-# each way. Their layouts are fixed (``LAYOUTS``), so they are packed and unpacked by
-# hand here, with the same bytes as :func:`encode` and the same checks as
-# :func:`decode_fields` (tests/unit/cluster/test_link_wire.py compares them), but no
-# per-field loop, no list of parts per field and no copy of the frame body before its
-# fields are read: the profile of two workers crossing (bench/RESULTS-workers.md) put
-# the generic codec among the largest per-message costs of the link.
+# PUBLISH, DELIVER and GET_OK carry one message each: a basic.get's answer (GET_OK) and
+# a quorum queue's delivery (DELIVER, sent once its checkout commits) go so; other
+# publishes and deliveries go in batches (PUBLISHES / DELIVERS, below), and PUBLISH is
+# still read (this node no longer sends it; tests and tools may). Their layouts are
+# fixed (``LAYOUTS``), so they are packed and unpacked by hand here, with the same
+# bytes as :func:`encode` and the same checks as :func:`decode_fields`
+# (tests/unit/cluster/test_link_wire.py compares them), but no per-field loop, no list
+# of parts per field and no copy of the frame body before its fields are read: the
+# profile of two workers crossing (bench/RESULTS-workers.md) put the generic codec
+# among the largest per-message costs of the link.
 _PUBLISH_HEAD = struct.Struct(">IBIQBH")  # length, kind, stream, seq, persistent, |exchange|
 _DELIVER_HEAD = struct.Struct(">IBIIQBQH")  # ... id, delivery, redelivered, ready, |exchange|
 
@@ -272,6 +302,137 @@ def _decode_fast(kind: int, buf: bytes, pos: int, end: int) -> list[Any]:
         return [ident, delivery, redelivered, ready, exchange, key, props, body, position]
     except (struct.error, UnicodeDecodeError) as exc:
         raise WireError(f"malformed frame {kind}: {exc}") from exc
+
+
+# -- batches: the messages of one stream that leave in one tick, in one frame ----------
+# A busy stream sends its messages a tick's worth at a time (every frame queued in one
+# tick leaves in one write: amqpd.cluster.link). A run of them is one PUBLISHES or
+# DELIVERS frame instead of one frame each, so the receiving node dispatches, looks up
+# its stream and consumer, and schedules its queue once per run, not once per message
+# (the profile of two workers crossing: bench/RESULTS-workers.md). A batch is a
+# bytearray that grows in place while it is the last frame queued on its link (the
+# sender checks that, so nothing overtakes anything); its length is written once, by
+# :func:`seal`, when the link writes it. Its records run to the frame's end (no count),
+# each one fixed-size head holding the message's numbers and the lengths of its
+# exchange, routing key, properties and body, then those four: one struct per record
+# each way, not one per field.
+BATCH_BYTES: Final = 1 << 20  # a batch takes no more records once it is this long
+_BATCH_HEAD = struct.Struct(">IBI")  # length (written by seal), kind, stream
+_DELIVERS_HEAD = struct.Struct(">IBII")  # ... and the consumer id
+# seq, persistent, |exchange|, |routing key|, |properties|, |body|
+_PUBLISHES_RECORD = struct.Struct(">QBHHII")
+# delivery id, redelivered, ready, the leader's store position + 1 (as DELIVER's),
+# |exchange|, |routing key|, |properties|, |body|
+_DELIVERS_RECORD = struct.Struct(">QBQQHHII")
+
+
+def _publish_record(seq: int, persistent: int, exchange: str, key: str, props: bytes,
+                    body: bytes) -> bytes:
+    ex = exchange.encode()
+    rk = key.encode()
+    return b"".join((_PUBLISHES_RECORD.pack(seq, persistent, len(ex), len(rk), len(props),
+                                            len(body)), ex, rk, props, body))
+
+
+def _deliver_record(delivery: int, redelivered: int, ready: int, exchange: str, key: str,
+                    props: bytes, body: bytes, position: int) -> bytes:
+    ex = exchange.encode()
+    rk = key.encode()
+    return b"".join((_DELIVERS_RECORD.pack(delivery, redelivered, ready, position, len(ex),
+                                           len(rk), len(props), len(body)),
+                     ex, rk, props, body))
+
+
+def publishes(stream: int, seq: int, persistent: int, exchange: str, key: str,
+              props: bytes, body: bytes) -> bytearray:
+    """A PUBLISHES frame holding one record, to grow with :func:`add_publish` and be
+    sealed (:func:`seal`) before it is written."""
+    frame = bytearray(_BATCH_HEAD.pack(0, PUBLISHES, stream))
+    frame += _publish_record(seq, persistent, exchange, key, props, body)
+    return frame
+
+
+def add_publish(frame: bytearray, seq: int, persistent: int, exchange: str, key: str,
+                props: bytes, body: bytes) -> bool:
+    """Append one record to a frame of :func:`publishes`; False (and nothing appended)
+    once it holds :data:`BATCH_BYTES`: the caller starts another."""
+    if len(frame) >= BATCH_BYTES:
+        return False
+    frame += _publish_record(seq, persistent, exchange, key, props, body)
+    return True
+
+
+def delivers(stream: int, cid: int, delivery: int, redelivered: int, ready: int,
+             exchange: str, key: str, props: bytes, body: bytes,
+             position: int) -> bytearray:
+    """A DELIVERS frame to consumer ``cid`` holding one record, to grow with
+    :func:`add_deliver` (and be sealed)."""
+    frame = bytearray(_DELIVERS_HEAD.pack(0, DELIVERS, stream, cid))
+    frame += _deliver_record(delivery, redelivered, ready, exchange, key, props, body,
+                             position)
+    return frame
+
+
+def add_deliver(frame: bytearray, delivery: int, redelivered: int, ready: int,
+                exchange: str, key: str, props: bytes, body: bytes, position: int) -> bool:
+    """Append one record to a frame of :func:`delivers` (as :func:`add_publish`)."""
+    if len(frame) >= BATCH_BYTES:
+        return False
+    frame += _deliver_record(delivery, redelivered, ready, exchange, key, props, body,
+                             position)
+    return True
+
+
+def seal(frame: bytearray) -> None:
+    """Write a batch's length into its head: it takes no more records (the link calls
+    this as it writes the frame)."""
+    _U32.pack_into(frame, 0, len(frame) - 4)
+
+
+def _records(publish: bool, buf: bytes, pos: int, end: int) -> list[tuple[Any, ...]]:
+    """The records of a PUBLISHES (``publish``) or DELIVERS frame in ``buf[pos:end]``,
+    each a tuple of PUBLISH's fields, or of DELIVER's after the consumer id."""
+    records: list[tuple[Any, ...]] = []
+    head = _PUBLISHES_RECORD if publish else _DELIVERS_RECORD
+    size = head.size
+    try:
+        while pos < end:
+            if pos + size > end:
+                raise WireError("a record runs past its frame")
+            if publish:
+                seq, persistent, ne, nk, np_, nb = head.unpack_from(buf, pos)
+            else:
+                delivery, redelivered, ready, position, ne, nk, np_, nb = \
+                    head.unpack_from(buf, pos)
+            pos += size
+            if pos + ne + nk + np_ + nb > end:
+                raise WireError("a record runs past its frame")
+            exchange = buf[pos:pos + ne].decode()
+            pos += ne
+            key = buf[pos:pos + nk].decode()
+            pos += nk
+            props = buf[pos:pos + np_]
+            pos += np_
+            body = buf[pos:pos + nb]
+            pos += nb
+            if publish:
+                records.append((seq, persistent, exchange, key, props, body))
+            else:
+                records.append((delivery, redelivered, ready, exchange, key, props, body,
+                                position))
+    except UnicodeDecodeError as exc:
+        raise WireError(f"malformed record: {exc}") from exc
+    return records
+
+
+def _decode_batch(kind: int, buf: bytes, pos: int, end: int) -> list[Any]:
+    """The fields of a PUBLISHES (its records) or DELIVERS (the consumer id, its
+    records) whose body is ``buf[pos:end]``."""
+    if kind == PUBLISHES:
+        return [_records(True, buf, pos, end)]
+    if end - pos < 4:
+        raise WireError(f"malformed frame {kind}: no consumer id")
+    return [_U32.unpack_from(buf, pos)[0], _records(False, buf, pos + 4, end)]
 
 
 # The small frames that come with the messages: CONFIRM per confirmed publish, CREDIT per
@@ -366,6 +527,8 @@ class FrameReader:
                 break
             if kind in (PUBLISH, DELIVER, GET_OK):
                 frames.append((kind, stream, _decode_fast(kind, buf, pos + 9, end)))
+            elif kind in (PUBLISHES, DELIVERS):
+                frames.append((kind, stream, _decode_batch(kind, buf, pos + 9, end)))
             elif kind in _SMALL_FIELDS or kind in _IDS:
                 frames.append((kind, stream, _decode_small(kind, buf, pos + 9, end)))
             else:
@@ -392,6 +555,7 @@ def proof_ok(expected: bytes, got: bytes) -> bool:
     return hmac.compare_digest(expected, got)
 
 
-__all__ = ["LAYOUTS", "MAGIC", "PREAMBLE", "VERSION", "FrameReader", "WireError",
-           "decode_fields", "encode", "encode_confirm", "encode_credit", "encode_deliver",
-           "encode_grant", "encode_ids", "encode_publish", "proof", "proof_ok"]
+__all__ = ["BATCH_BYTES", "LAYOUTS", "MAGIC", "PREAMBLE", "VERSION", "FrameReader",
+           "WireError", "add_deliver", "add_publish", "decode_fields", "delivers", "encode",
+           "encode_confirm", "encode_credit", "encode_deliver", "encode_grant", "encode_ids",
+           "encode_publish", "proof", "proof_ok", "publishes", "seal"]

@@ -305,6 +305,29 @@ class RemoteConsume(RemoteQueueState):
         state.buffer.append(entry)
         self.vhost.schedule_dispatch(self)
 
+    def deliver_many(self, cid: int, records: list[tuple[Any, ...]]) -> None:
+        """A DELIVERS frame's records to consumer ``cid``, each as :meth:`_deliver`
+        (in order), the queue scheduled once."""
+        state = self._cons.get(cid)
+        if state is None:  # cancelled meanwhile: the CANCEL and a REQUEUE are on the way
+            self._send(W.encode_ids(W.REQUEUE, self.stream, [r[0] for r in records]))
+            return
+        base = self._base
+        owner = None if state.consumer.no_ack else self._owner
+        pos = self._pos
+        append = state.buffer.append
+        for delivery, redelivered, _ready, exchange, key, props, body, position in records:
+            entry = QueueEntry(Message(exchange, key, props, body), base + delivery,
+                               bool(redelivered))
+            if owner is not None:
+                owner[entry.seq] = state
+                if position:  # a quorum queue's: RECLAIM names it after a failover
+                    pos[entry.seq] = position - 1
+            append(entry)
+        if records:
+            self.ready_count = records[-1][2]  # the leader's count after the last
+        self.vhost.schedule_dispatch(self)
+
     def dispatch(self) -> None:
         """Hand waiting deliveries to their consumers as their channels allow."""
         grants = self._grants

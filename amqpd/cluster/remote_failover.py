@@ -115,6 +115,7 @@ class RemoteFailover(RemoteQueueState):
         transaction holding one fails), with a log line -- nothing waits for a credit
         that cannot come."""
         self.link = None
+        self._batch = None
         waiting = len(self._unsent)
         self._unsent.clear()
         confirms, self._confirms = self._confirms, {}

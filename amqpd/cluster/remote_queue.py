@@ -124,7 +124,7 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
         queue is not unroutable. In chaos seed 108 a leader killed and back in 1.3 s
         led its queue again with no mirror yet (its links were not up); another node
         then found no failover to expect and acked 20 publishes it dropped."""
-        if self.available:
+        if self.link is not None and not self.gone:  # ``available``, inlined: per publish
             return True
         cluster = self.cluster
         if cluster is None:
@@ -248,6 +248,8 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
         False for the kinds it leaves to its caller (FAILED, CLOSED)."""
         if kind == W.DELIVER:
             self._deliver(*f)
+        elif kind == W.DELIVERS:
+            self.deliver_many(f[0], f[1])
         elif kind == W.CONFIRM:
             self._confirmed(f[0], bool(f[1]))
         elif kind == W.CREDIT:
@@ -303,23 +305,44 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
             self._confirms[seq] = on_confirm
         self.stat_publish += 1
         body = self.port.publisher.body_of(message)
-        frame = W.encode_publish(self.stream, seq, message.persistent, message.exchange,
-                                 message.routing_key, message.properties, body)
         if self._credit > 0 and not self._unsent:
             self._credit -= 1
-            link.send(frame)
+            # joins this stream's PUBLISHES frame while that is the last frame queued on
+            # the link (so nothing sent meanwhile is overtaken), else starts one
+            batch = self._batch
+            queued = link.queued
+            if batch is None or not queued or queued[-1] is not batch or not W.add_publish(
+                    batch, seq, message.persistent, message.exchange, message.routing_key,
+                    message.properties, body):
+                batch = W.publishes(self.stream, seq, message.persistent, message.exchange,
+                                    message.routing_key, message.properties, body)
+                self._batch = batch
+                link.send(batch)
         else:
-            self._unsent.append(frame)
+            self._unsent.append((seq, message.persistent, message.exchange,
+                                 message.routing_key, message.properties, body))
 
     def refuses_publish(self, message: Message) -> bool:
         return False  # the leader applies its length limits
 
     def _got_credit(self, n: int) -> None:
+        """The leader took ``n`` publishes: as many of those waiting go, batched as
+        :meth:`forward` batches them (a waiting publisher's are nearly all of them)."""
         self._credit += n
         unsent = self._unsent
+        link = self.link
+        if link is None:
+            return
+        batch = self._batch
         while unsent and self._credit > 0:
             self._credit -= 1
-            self._send(unsent.popleft())
+            record = unsent.popleft()
+            queued = link.queued
+            if batch is None or not queued or queued[-1] is not batch or \
+                    not W.add_publish(batch, *record):
+                batch = W.publishes(self.stream, *record)
+                link.send(batch)
+        self._batch = batch
 
     def _confirmed(self, seq: int, ok: bool) -> None:
         callback = self._confirms.pop(seq, None)

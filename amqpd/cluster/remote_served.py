@@ -45,6 +45,9 @@ class _Proxy:
         self.credit = credit
         self.consumer: Consumer | None = None
         self.closed = False
+        # the DELIVERS frame this consumer's deliveries join while it is the last frame
+        # queued on the link (link_wire's batches)
+        self.batch: bytearray | None = None
 
     def can_deliver(self, consumer: Consumer) -> bool:
         return self.credit > 0 and not self.closed
@@ -66,14 +69,26 @@ class _Proxy:
             position = 0
         if not no_ack:
             served.unacked[delivery] = entry
-        frame = W.encode_deliver(
-            W.DELIVER, served.stream, self.cid, delivery, entry.redelivered,
-            queue.message_count, msg.exchange, msg.routing_key, msg.properties,
-            served.broker.publisher.body_of(msg), position)
-        if quorum:
-            served.hand(queue, entry, no_ack, frame, self)
-        else:
-            served.link.send(frame)
+        body = served.broker.publisher.body_of(msg)
+        if quorum:  # sent once its checkout is committed: a frame of its own
+            served.hand(queue, entry, no_ack, W.encode_deliver(
+                W.DELIVER, served.stream, self.cid, delivery, entry.redelivered,
+                queue.message_count, msg.exchange, msg.routing_key, msg.properties, body,
+                position), self)
+            return
+        # joins this consumer's DELIVERS frame while that is the last frame queued on
+        # the link (nothing sent meanwhile is overtaken), else starts one
+        link = served.link
+        batch = self.batch
+        queued = link.queued
+        if batch is None or not queued or queued[-1] is not batch or not W.add_deliver(
+                batch, delivery, entry.redelivered, queue.message_count, msg.exchange,
+                msg.routing_key, msg.properties, body, position):
+            batch = W.delivers(served.stream, self.cid, delivery, entry.redelivered,
+                               queue.message_count, msg.exchange, msg.routing_key,
+                               msg.properties, body, position)
+            self.batch = batch
+            link.send(batch)
 
     def consumer_cancelled_by_server(self, consumer: Consumer) -> None:
         self.closed = True
@@ -186,6 +201,21 @@ class Served:
         enqueue_here(self.broker, q, Message(exchange, key, props, body, bool(persistent)),
                      on_confirm)
 
+    def publish_many(self, records: list[tuple[Any, ...]]) -> None:
+        """A PUBLISHES frame's records, each as :meth:`publish` (in order)."""
+        self.credit_due += len(records)
+        q = self.queue
+        link, stream = self.link, self.stream
+        broker = self.broker
+        enqueue = enqueue_here
+        for seq, persistent, exchange, key, props, body in records:
+            if q.deleted:
+                if seq:
+                    link.send(W.encode_confirm(stream, seq, False))
+                continue
+            enqueue(broker, q, Message(exchange, key, props, body, bool(persistent)),
+                    _confirmer(link, stream, seq) if seq else None)
+
     def settle(self, ids: list[int], how: int) -> None:
         """``how``: SETTLE (acked), REQUEUE or REJECT."""
         entries = [e for e in (self.unacked.pop(i, None) for i in ids) if e is not None]
@@ -287,6 +317,13 @@ class Served:
     def stats(self) -> tuple[int, int, int]:
         q = self.queue
         return q.message_count, q.unacked_count, len(q.consumers)
+
+
+def _confirmer(link: Link, stream: int, seq: int) -> OnConfirm:
+    """The callback that answers publish ``seq`` of ``stream`` (CONFIRM) once done."""
+    def on_confirm(error: BaseException | None) -> None:
+        link.send(W.encode_confirm(stream, seq, error is None))
+    return on_confirm
 
 
 def enqueue_here(broker: ClusterPort, q: QueueType, message: Message,

@@ -36,6 +36,9 @@ PUBLISH_WINDOW: Final = 2000  # publishes in flight per stream before the leader
 RECENT_SETTLES: Final = 1024
 
 OnConfirm = Callable[[BaseException | None], None]
+# a publish waiting for the leader's credit: PUBLISH's fields (seq, persistent, exchange,
+# routing key, properties, body), sent in a PUBLISHES batch once credit comes
+Unsent = tuple[int, bool, str, str, bytes, bytes]
 
 
 class LinkLost(Exception):
@@ -132,7 +135,10 @@ class RemoteQueueState(QueueType):
         self.remote_unacked = 0
         self.remote_consumers = 0
         self._credit = 0
-        self._unsent: deque[bytes] = deque()
+        self._unsent: deque[Unsent] = deque()
+        # the PUBLISHES frame this queue's publishes join while it is the last frame
+        # queued on the link (RemoteQueue.forward; link_wire's batches)
+        self._batch: bytearray | None = None
         self._pub_seq = 0
         self._confirms: dict[int, OnConfirm] = {}
         self._cons: dict[int, _RemoteConsumer] = {}

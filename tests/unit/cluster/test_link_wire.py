@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 
 import pytest
 
@@ -10,8 +11,11 @@ from amqpd.cluster import link_wire as W
 
 
 def test_every_layout_round_trips_split_anywhere() -> None:
-    samples = {"I": 7, "Q": 2**40 + 3, "B": 1, "s": "vh/é", "b": b"\x00body\xff",
-               "j": {"x-max-length": 5, "a": [1, "b"]}, "L": [1, 2**63, 5]}
+    samples: dict[str, object] = {
+        "I": 7, "Q": 2**40 + 3, "B": 1, "s": "vh/é", "b": b"\x00body\xff",
+        "j": {"x-max-length": 5, "a": [1, "b"]}, "L": [1, 2**63, 5]}
+    samples["P"] = [(2**40 + 3, 1, "vh/é", "rk", b"p", b"\x00body\xff")] * 2
+    samples["D"] = [(7, 1, 2**40 + 3, "vh/é", "rk", b"p", b"\x00body\xff", 5)] * 2
     frames = []
     for kind, layout in sorted(W.LAYOUTS.items()):
         fields = [samples[c] for c in layout]
@@ -157,5 +161,102 @@ def test_small_frame_reader_refuses_what_the_generic_refuses(kind: int,
     bads = [body[:-1], body + b"\x00", b""]
     if kind in (W.SETTLE, W.REQUEUE, W.REJECT):
         bads.append(struct.pack(">I", len(fields[0]) + 1) + body[4:])  # type: ignore[arg-type]
+        bads.append(body[:3])
+    _refused(kind, bads)
+
+
+PUBLISH_RECORDS = [(2**40 + 1, 1, "amq.direct", "rk/é", b"\x90\x00props", b"\x00body\xff"),
+                   (0, 0, "", "", b"", b""), (3, True, "x", "q", b"p", b"b" * 300)]
+DELIVER_RECORDS = [(2**50, 1, 12, "ex", "key", b"\x10p", b"b" * 300, 2**33),
+                   (1, 0, 0, "", "q", b"", b"", 0), (7, False, 2, "é", "k", b"p", b"x", 5)]
+
+
+def _publishes(stream: int, records: Sequence[tuple[object, ...]]) -> bytes:
+    frame = W.publishes(stream, *records[0])  # type: ignore[arg-type]
+    for record in records[1:]:
+        assert W.add_publish(frame, *record)  # type: ignore[arg-type]
+    W.seal(frame)
+    return bytes(frame)
+
+
+def _delivers(stream: int, cid: int, records: Sequence[tuple[object, ...]]) -> bytes:
+    frame = W.delivers(stream, cid, *records[0])  # type: ignore[arg-type]
+    for record in records[1:]:
+        assert W.add_deliver(frame, *record)  # type: ignore[arg-type]
+    W.seal(frame)
+    return bytes(frame)
+
+
+def _ints(records: Sequence[tuple[object, ...]]) -> list[tuple[object, ...]]:
+    """As read back: a bool field comes back as the u8 it was sent as."""
+    return [tuple(int(v) if isinstance(v, bool) else v for v in r) for r in records]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_batches_grown_in_place_read_back_whole_or_cut_anywhere(n: int) -> None:
+    """A PUBLISHES or DELIVERS frame grown record by record and sealed is the generic
+    codec's frame of those records, and reads back as them (each record the fields of
+    that message's own PUBLISH / DELIVER frame), whole or cut at any point, between
+    other frames."""
+    pubs = PUBLISH_RECORDS[:n]
+    dels = DELIVER_RECORDS[:n]
+    fast_p = _publishes(5, pubs)
+    fast_d = _delivers(6, 9, dels)
+    assert fast_p == W.encode(W.PUBLISHES, 5, pubs)
+    assert fast_d == W.encode(W.DELIVERS, 6, 9, dels)
+    want_p = (W.PUBLISHES, 5, [_ints(pubs)])
+    want_d = (W.DELIVERS, 6, [9, _ints(dels)])
+    assert W.decode_fields(W.PUBLISHES, fast_p[9:]) == want_p[2]
+    assert W.decode_fields(W.DELIVERS, fast_d[9:]) == want_d[2]
+    credit = W.encode_credit(5, 3)
+    data = fast_p + credit + fast_d + fast_p
+    want = [want_p, (W.CREDIT, 5, [3]), want_d, want_p]
+    for cut in range(0, len(data), 5):
+        reader = W.FrameReader()
+        assert reader.feed(data[:cut]) + reader.feed(data[cut:]) == want
+    singles = W.FrameReader().feed(b"".join(W.encode_publish(5, *r)  # type: ignore[arg-type]
+                                            for r in pubs))
+    assert [tuple(f) for _k, _s, f in singles] == _ints(pubs)
+    singles = W.FrameReader().feed(b"".join(W.encode_deliver(W.DELIVER, 6, 9, *r)  # type: ignore[arg-type]
+                                            for r in dels))
+    assert [tuple(f[1:]) for _k, _s, f in singles] == _ints(dels)
+
+
+def test_a_batch_takes_no_record_once_full() -> None:
+    """Past BATCH_BYTES a batch refuses another record (the sender starts a new frame)
+    and is left as it was."""
+    frame = W.publishes(1, 0, 0, "", "q", b"", b"x" * W.BATCH_BYTES)
+    before = bytes(frame)
+    assert not W.add_publish(frame, 0, 0, "", "q", b"", b"y")
+    assert bytes(frame) == before
+    frame_d = W.delivers(1, 2, 1, 0, 0, "", "q", b"", b"x" * W.BATCH_BYTES, 0)
+    assert not W.add_deliver(frame_d, 2, 0, 0, "", "q", b"", b"y", 0)
+    W.seal(frame_d)
+    assert W.FrameReader().feed(bytes(frame_d))[0][2][1][0][6] == b"x" * W.BATCH_BYTES
+
+
+@pytest.mark.parametrize("kind", [W.PUBLISHES, W.DELIVERS])
+def test_batch_reader_refuses_what_the_generic_refuses(kind: int) -> None:
+    """A batch one byte short or long (a record cut in its head or in its strings, or
+    bytes after the last that are no record), a length in a record's head past the
+    frame's end, a routing key that is not UTF-8, a DELIVERS with no consumer id:
+    WireError from the reader as from decode_fields, alone or with a good frame's
+    bytes after it."""
+    if kind == W.PUBLISHES:
+        body = W.encode(kind, 5, PUBLISH_RECORDS)[9:]
+        first = 0
+        head = 21
+    else:
+        body = W.encode(kind, 5, 9, DELIVER_RECORDS)[9:]
+        first = 4
+        head = 37
+    key_len_at = first + head - 10  # the u16 length of the first record's routing key
+    too_long = body[:key_len_at] + b"\xff\xff" + body[key_len_at + 2:]
+    if kind == W.PUBLISHES:  # an exchange name of one byte, 0xff
+        not_utf8 = struct.pack(">QBHHII", 1, 0, 1, 0, 0, 0) + b"\xff"
+    else:
+        not_utf8 = struct.pack(">IQBQQHHII", 9, 1, 0, 0, 0, 1, 0, 0, 0) + b"\xff"
+    bads = [body[:-1], body + b"\x00", body[:first + head - 1], too_long, not_utf8]
+    if kind == W.DELIVERS:
         bads.append(body[:3])
     _refused(kind, bads)

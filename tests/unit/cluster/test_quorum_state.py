@@ -214,8 +214,8 @@ class _Link(Link):
         self.peer = peer
         self.sent: list[bytes] = []
 
-    def send(self, frame: bytes) -> None:
-        self.sent.append(frame)
+    def send(self, frame: bytes | bytearray) -> None:
+        self.sent.append(bytes(frame))
 
 
 def test_a_member_refuses_a_stream_whose_term_is_older_than_it_knows(

@@ -24,8 +24,10 @@ import pytest
 from amqpd.broker.channel import FLOW_BACKLOG
 from amqpd.broker.queue import Queue
 from amqpd.cluster import cluster_queues, remote_failover, remote_served
+from amqpd.cluster import link_wire as W
 from amqpd.cluster.cluster_queues import ClusterQueues
 from amqpd.cluster.remote_queue import RemoteQueue
+from amqpd.cluster.remote_state import PUBLISH_WINDOW
 from amqpd.config import Settings
 from amqpd.server import Broker
 
@@ -907,3 +909,82 @@ async def test_a_long_stream_read_through_its_leader_puts_no_publisher_here_in_f
     finally:
         await conn_b.close()
         await conn_a.close()
+
+
+def _frames_seen(node: Node) -> list[tuple[int, int]]:
+    """Every frame ``node`` reads on its links from now on, as (kind, messages in it)."""
+    seen: list[tuple[int, int]] = []
+    real = node.cluster.frame
+
+    def frame(link: Any, kind: int, stream: int, f: list[Any]) -> None:
+        seen.append((kind, len(f[-1]) if kind in (W.PUBLISHES, W.DELIVERS) else 1))
+        real(link, kind, stream, f)
+
+    node.cluster.frame = frame  # type: ignore[method-assign]
+    return seen
+
+
+async def test_a_ticks_publishes_and_deliveries_cross_batched_and_in_order(
+        nodes: tuple[Node, Node]) -> None:
+    """The publishes made on B in one tick to a queue A leads cross as one PUBLISHES
+    frame, and A's deliveries to B's consumer come back as DELIVERS frames, not a
+    frame per message. A request made between two runs of publishes (a purge) reaches
+    A between them: a batch grows only while it is the last frame queued, so nothing
+    overtakes anything. A message requeued by B's client comes back redelivered."""
+    a, b = nodes
+    rq = lead(a, b, "qbatch")
+    await until(lambda: rq.available)
+    at_a = _frames_seen(a)
+    at_b = _frames_seen(b)
+    for i in range(10):
+        b.broker.api.publish("/", "", _msg("qbatch", i), None)
+    rq.purge()
+    for i in range(10, 15):
+        b.broker.api.publish("/", "", _msg("qbatch", i), None)
+    local = a.broker.vhosts["/"].queues["qbatch"]
+    await until(lambda: local.stat_publish == 15 and local.message_count == 5)
+    assert [seen for seen in at_a if seen[0] in (W.PUBLISH, W.PUBLISHES, W.PURGE)] == [
+        (W.PUBLISHES, 10), (W.PURGE, 1), (W.PUBLISHES, 5)]
+    conn = await aio_pika.connect(b.url)
+    try:
+        ch = await conn.channel()
+        await ch.set_qos(prefetch_count=100)
+        queue = await ch.get_queue("qbatch", ensure=False)
+        received: list[aio_pika.abc.AbstractIncomingMessage] = []
+        await queue.consume(_collect(received))
+        await until(lambda: len(received) == 5)
+        assert [int(m.body) for m in received] == [10, 11, 12, 13, 14]
+        assert not any(m.redelivered for m in received)
+        deliveries = [seen for seen in at_b if seen[0] in (W.DELIVER, W.DELIVERS)]
+        assert {kind for kind, _ in deliveries} == {W.DELIVERS}
+        assert sum(n for _, n in deliveries) == 5 and len(deliveries) < 5
+        await received[0].nack(requeue=True)
+        await until(lambda: len(received) == 6)
+        assert int(received[5].body) == 10 and received[5].redelivered
+        for m in received[1:]:
+            await m.ack()
+        await until(lambda: local.message_count == 0 and local.unacked_count == 0)
+    finally:
+        await conn.close()
+
+
+async def test_publishes_waiting_for_credit_go_batched_and_in_order(
+        nodes: tuple[Node, Node]) -> None:
+    """More publishes in one tick than the stream's credit: the first PUBLISH_WINDOW
+    cross at once, the rest wait on B and cross batched as the leader's credit comes
+    back, in order."""
+    a, b = nodes
+    rq = lead(a, b, "qcredit")
+    await until(lambda: rq.available)
+    at_a = _frames_seen(a)
+    n = PUBLISH_WINDOW + 700
+    for i in range(n):
+        b.broker.api.publish("/", "", _msg("qcredit", i), None)
+    assert len(rq._unsent) == 700  # beyond the credit: waiting here
+    local = a.broker.vhosts["/"].queues["qcredit"]
+    await until(lambda: local.message_count == n)
+    publishes = [seen for seen in at_a if seen[0] in (W.PUBLISH, W.PUBLISHES)]
+    assert {kind for kind, _ in publishes} == {W.PUBLISHES}
+    assert sum(k for _, k in publishes) == n and len(publishes) <= 4
+    assert isinstance(local, Queue)
+    assert [int(e.message.body) for e in local.ready] == list(range(n))
