@@ -249,8 +249,10 @@ class RemoteConsume(RemoteQueueState):
                 if i and not (consumer.has_credit() and channel.can_deliver(consumer)):
                     local.unread(batch[i:])
                     return
-                channel.deliver(consumer, self, QueueEntry(
-                    decode_record(record, self.name), -1 - record.offset))
+                entry = QueueEntry(decode_record(record, self.name), -1 - record.offset)
+                if state.by_settle:
+                    self._local_owner[entry] = state
+                channel.deliver(consumer, self, entry)
                 state.resume = record.offset + 1
                 if state.local is not local:
                     return  # the channel went while delivering

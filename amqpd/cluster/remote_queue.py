@@ -349,6 +349,9 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
             if renamed:
                 seq = renamed.pop(seq, seq)
                 self._alias.pop(seq, None)
+            if seq < 0:  # a stream's record read from this node's copy
+                self._local_settled(entry)
+                continue
             if seq not in owner:
                 # from a link that is gone: the leader put it back already, or a quorum
                 # queue's new leader keeps it for this node (_Held)
@@ -366,6 +369,20 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
                 grants[state.id] = grants.get(state.id, 0) + 1
         self._send_grants()
         return ids
+
+    def _local_settled(self, entry: QueueEntry) -> None:
+        """The client settled a delivery its consumer read from this node's copy
+        (nothing to tell the leader). A consumer that reads through the leader now (its
+        copy went or started again, e.g. for a new leader after an election) was
+        granted there only what its prefetch window had left (:meth:`_consume`): this
+        delivery's place in the window goes back to the leader. Without it, a consumer
+        whose window was full of the copy's deliveries when it moved got nothing more
+        from the leader, ever (issue 30: a consumer 702 records short after a failover
+        with nothing published afterwards)."""
+        state = self._local_owner.pop(entry, None)
+        if state is not None and state.local is None and state.by_settle and \
+                self._cons.get(state.id) is state:
+            self._grants[state.id] = self._grants.get(state.id, 0) + 1
 
     def _held_settled(self, held: _Held, how: int) -> None:
         """The client settled a delivery of a lost leader: its consumer's window has a
