@@ -372,16 +372,23 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
 
     def _local_settled(self, entry: QueueEntry) -> None:
         """The client settled a delivery its consumer read from this node's copy
-        (nothing to tell the leader). A consumer that reads through the leader now (its
-        copy went or started again, e.g. for a new leader after an election) was
-        granted there only what its prefetch window had left (:meth:`_consume`): this
-        delivery's place in the window goes back to the leader. Without it, a consumer
-        whose window was full of the copy's deliveries when it moved got nothing more
-        from the leader, ever (issue 30: a consumer 702 records short after a failover
-        with nothing published afterwards)."""
+        (nothing to tell the leader); its place in the consumer's prefetch window is
+        free again, wherever the consumer reads now. Through the leader (its copy went
+        or started again, e.g. for a new leader after an election), it was granted
+        there only what its window had left (:meth:`_consume`): the place goes back to
+        the leader. In this node's own stream (the copy was promoted here:
+        :func:`~amqpd.cluster.cluster_queues.replace_queue`), that queue may deliver
+        again. Without either, a consumer whose window was full of the copy's
+        deliveries when it moved got nothing more, ever (issue 30: a consumer 702
+        records short after a failover, nothing published afterwards)."""
         state = self._local_owner.pop(entry, None)
-        if state is not None and state.local is None and state.by_settle and \
-                self._cons.get(state.id) is state:
+        if state is None:
+            return
+        target = state.consumer.queue
+        if target is not self:
+            if not target.deleted:
+                self.vhost.schedule_dispatch(target)
+        elif state.local is None and state.by_settle and self._cons.get(state.id) is state:
             self._grants[state.id] = self._grants.get(state.id, 0) + 1
 
     def _held_settled(self, held: _Held, how: int) -> None:

@@ -41,6 +41,12 @@ from tests.unit.cluster.test_remote_queue import (  # noqa: F401 - a fixture
 )
 from tests.unit.streamproto.test_tracking import _Link
 
+
+@pytest.fixture
+def pair(request: pytest.FixtureRequest) -> tuple[Node, Node]:
+    """A and B, linked (``test_remote_queue``'s ``nodes``)."""
+    return cast(tuple[Node, Node], request.getfixturevalue("nodes"))
+
 TOTAL = 60
 PREFETCH = 10
 
@@ -117,13 +123,13 @@ async def _ack_as_they_come(received: list[aio_pika.abc.AbstractIncomingMessage]
 
 @pytest.mark.parametrize("told_later", [True, False])
 async def test_a_consumer_whose_copy_is_replaced_goes_on_to_the_committed_end(
-        nodes: tuple[Node, Node], told_later: bool) -> None:
+        pair: tuple[Node, Node], told_later: bool) -> None:
     """The copy is replaced by one not told a commit point yet (a new leader's
     ``SSTART``): the consumer goes to the leader with an empty window, and every ack of
     its deliveries from the copy must give that window a place back. ``told_later``:
     the new copy is told the commit point afterwards (the election's usual end), else
     never (its leader never got to it): either way the consumer reaches the end."""
-    a, b = nodes
+    a, b = pair
     rq, leader_q, copies, conn, received = await _reading_the_copy(a, b, "s-moved")
     try:
         old = copies.current
@@ -152,12 +158,12 @@ async def test_a_consumer_whose_copy_is_replaced_goes_on_to_the_committed_end(
 
 
 async def test_a_consumer_whose_copy_goes_for_good_reads_on_through_the_leader(
-        nodes: tuple[Node, Node]) -> None:
+        pair: tuple[Node, Node]) -> None:
     """This node is no member any more (its copy is deleted, none comes back): the
     consumer goes on through the leader from the offset after its last delivery, its
     window given back as the client acks what the copy gave it."""
-    a, b = nodes
-    rq, leader_q, copies, conn, received = await _reading_the_copy(a, b, "s-gone")
+    a, b = pair
+    _rq, leader_q, copies, conn, received = await _reading_the_copy(a, b, "s-gone")
     try:
         old = copies.current
         assert old is not None
@@ -172,6 +178,37 @@ async def test_a_consumer_whose_copy_goes_for_good_reads_on_through_the_leader(
         a.broker.api.publish("/", "", _msg("s-gone", TOTAL), None)
         await _ack_as_they_come(received, TOTAL + 1)
         assert _offsets(received) == list(range(TOTAL + 1))
+    finally:
+        await conn.close()
+
+
+async def test_a_consumer_whose_copy_is_promoted_here_goes_on_in_the_new_stream(
+        pair: tuple[Node, Node]) -> None:
+    """This node won the election: its copy becomes the stream (``_promote``: the copy
+    closed, a :class:`StreamQueue` on its files in the remote queue's place,
+    :func:`replace_queue` moving the consumer onto it at the offset after its last
+    delivery). Its window is full of the copy's deliveries, settled through the remote
+    queue they came from: each must let the new stream deliver again."""
+    from amqpd.cluster.cluster_queues import replace_queue
+
+    a, b = pair
+    rq, _leader_q, copies, conn, received = await _reading_the_copy(a, b, "s-here")
+    try:
+        old = copies.current
+        assert old is not None
+        copies.current = None
+        old.close()
+        vh = b.broker.vhosts["/"]
+        new = StreamQueue(vh, "s-here", durable=True, auto_delete=False,
+                          arguments=dict(rq.arguments))
+        replace_queue(b.cluster, vh, rq, new)
+        assert new.consumers and new.log.flushed_offset == TOTAL
+        await asyncio.sleep(0.1)  # its first dispatch found the window full
+        assert len(received) == PREFETCH
+        await _ack_as_they_come(received, TOTAL)
+        assert _offsets(received) == list(range(TOTAL)), _offsets(received)
+        await asyncio.sleep(0.1)
+        assert len(received) == TOTAL
     finally:
         await conn.close()
 
