@@ -165,8 +165,10 @@ class RemoteConsume(RemoteQueueState):
         """Attach ``state``'s consumer on the leader. With a prefetch, the leader may
         hand out what the window has left: a consumer kept across a failover still
         holds the lost leader's unacked deliveries on its channel (``_stale``; each
-        settled one grants a credit back), and a full prefetch on top of them would
-        leave deliveries waiting here for ever that its channel may not take."""
+        settled one grants a credit back), a stream's consumer moving off this node's
+        copy those the copy gave it (``_local_owner``: the same), and a full prefetch on
+        top of them would leave deliveries waiting here for ever that its channel may
+        not take."""
         if self.real_type == "stream" and self._read_here(state):
             return
         consumer = state.consumer
@@ -249,8 +251,10 @@ class RemoteConsume(RemoteQueueState):
                 if i and not (consumer.has_credit() and channel.can_deliver(consumer)):
                     local.unread(batch[i:])
                     return
-                channel.deliver(consumer, self, QueueEntry(
-                    decode_record(record, self.name), -1 - record.offset))
+                entry = QueueEntry(decode_record(record, self.name), -1 - record.offset)
+                if state.by_settle:
+                    self._local_owner[entry] = state
+                channel.deliver(consumer, self, entry)
                 state.resume = record.offset + 1
                 if state.local is not local:
                     return  # the channel went while delivering

@@ -372,6 +372,9 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
             if renamed:
                 seq = renamed.pop(seq, seq)
                 self._alias.pop(seq, None)
+            if seq < 0:  # a stream's record read from this node's copy
+                self._local_settled(entry)
+                continue
             if seq not in owner:
                 # from a link that is gone: the leader put it back already, or a quorum
                 # queue's new leader keeps it for this node (_Held)
@@ -389,6 +392,27 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
                 grants[state.id] = grants.get(state.id, 0) + 1
         self._send_grants()
         return ids
+
+    def _local_settled(self, entry: QueueEntry) -> None:
+        """The client settled a delivery its consumer read from this node's copy
+        (nothing to tell the leader); its place in the consumer's prefetch window is
+        free again, wherever the consumer reads now. Through the leader (its copy went
+        or started again, e.g. for a new leader after an election), it was granted
+        there only what its window had left (:meth:`_consume`): the place goes back to
+        the leader. In this node's own stream (the copy was promoted here:
+        :func:`~amqpd.cluster.cluster_queues.replace_queue`), that queue may deliver
+        again. Without either, a consumer whose window was full of the copy's
+        deliveries when it moved got nothing more, ever (issue 30: a consumer 702
+        records short after a failover, nothing published afterwards)."""
+        state = self._local_owner.pop(entry, None)
+        if state is None:
+            return
+        target = state.consumer.queue
+        if target is not self:
+            if not target.deleted:
+                self.vhost.schedule_dispatch(target)
+        elif state.local is None and state.by_settle and self._cons.get(state.id) is state:
+            self._grants[state.id] = self._grants.get(state.id, 0) + 1
 
     def _held_settled(self, held: _Held, how: int) -> None:
         """The client settled a delivery of a lost leader: its consumer's window has a

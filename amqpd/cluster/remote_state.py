@@ -175,6 +175,11 @@ class RemoteQueueState(QueueType):
         self._requests: dict[int, Callable[[int], None]] = {}
         self._counts: dict[int, Callable[[int, int], None]] = {}
         self._grants: dict[int, int] = {}
+        # a stream's deliveries read from this node's copy (stream_local) and not
+        # settled yet -> their consumer: a consumer sent to the leader meanwhile was
+        # granted only what its prefetch window had left, so each of them settled
+        # gives that window a place back there (RemoteQueue._settled)
+        self._local_owner: dict[QueueEntry, _RemoteConsumer] = {}
         port.publisher.forwarding_queues += 1
         self.on_removed.append(self._uncount)
 

@@ -21,7 +21,10 @@ leader.
   stream) or replaced (a new leader): :meth:`LocalRead.follows` is False, and the
   remote queue moves the consumer on at the offset after its last delivery -- to the
   new copy, to the leader over the link, or, after this node's promotion, to the new
-  stream queue (:func:`amqpd.cluster.cluster_queues.replace_queue`).
+  stream queue (:func:`amqpd.cluster.cluster_queues.replace_queue`). The copy's
+  deliveries its channel still holds count against its prefetch there; each one
+  settled gives its place back to where it reads now (the leader's credit, or a
+  dispatch of the new queue: ``RemoteQueue._local_settled``).
 """
 
 from __future__ import annotations

@@ -295,11 +295,14 @@ class _Consumer(threading.Thread):
     """A stream consumer from ``first`` in its own thread, acking each delivery and
     keeping (offset header, body number) in order: pika (blocking) or aio-pika."""
 
-    def __init__(self, url: str, kind: str, stop: threading.Event) -> None:
+    def __init__(self, url: str, kind: str, stop: threading.Event, prefetch: int = 200,
+                 pause: float = 0.0) -> None:
         super().__init__(daemon=True, name=f"{kind}-consumer")
         self.url = url
         self.kind = kind
         self.stop = stop
+        self.prefetch = prefetch
+        self.pause = pause  # seconds between a delivery and its ack (pika)
         self.got: list[tuple[int, int]] = []
         self.error: BaseException | None = None
 
@@ -316,7 +319,7 @@ class _Consumer(threading.Thread):
         conn = pika.BlockingConnection(pika.URLParameters(self.url + "?heartbeat=0"))
         try:
             ch = conn.channel()
-            ch.basic_qos(prefetch_count=200)
+            ch.basic_qos(prefetch_count=self.prefetch)
             for method, props, body in ch.consume(
                     STREAM, arguments={"x-stream-offset": "first"}, inactivity_timeout=0.2):
                 if self.stop.is_set():
@@ -324,6 +327,8 @@ class _Consumer(threading.Thread):
                 if method is None:
                     continue
                 self.got.append((int(props.headers["x-stream-offset"]), int(body)))
+                if self.pause:
+                    time.sleep(self.pause)
                 ch.basic_ack(method.delivery_tag)
         finally:
             if conn.is_open:
@@ -333,7 +338,7 @@ class _Consumer(threading.Thread):
         conn = await aio_pika.connect(self.url)
         try:
             ch = await conn.channel()
-            await ch.set_qos(prefetch_count=200)
+            await ch.set_qos(prefetch_count=self.prefetch)
             queue = await ch.get_queue(STREAM, ensure=False)
 
             async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
@@ -386,3 +391,41 @@ def test_pika_and_aio_pika_consumers_see_every_confirmed_message_once_across_the
         missing = pub.confirmed - set(numbers)
         assert not missing, (f"{consumer.kind}: {len(missing)} confirmed messages not "
                              f"delivered, e.g. {sorted(missing)[:5]}")
+
+
+def test_consumers_reading_on_both_survivors_reach_the_end_with_nothing_published_after(
+        nodes: list[ClusterNode], pika_connections: list[pika.BlockingConnection]) -> None:
+    """CI once saw the first test's consumer on node-c stop 702 records short after the
+    kill: its copy was replaced for the new leader while its prefetch window was full
+    of the copy's deliveries, it went to the leader with no credit, and the acks of
+    those deliveries gave none back (the election's winner had the same stall: its
+    consumer moved onto the promoted stream with a full window that nothing
+    dispatched again). Here consumers on node-b and node-c read every record of a
+    fully replicated stream with prefetch 1 (the window is full almost all the time)
+    and are still reading when node-a is killed; nothing is published afterwards.
+    Each must reach the committed end, every offset once, in order."""
+    a, b, c = nodes
+    total = TOTAL
+    declared_on_three(nodes, pika_connections, total)
+    publish_confirmed(b, pika_connections, 0, total)
+    wait_for(lambda: set(member_offsets(a).values()) == {total}, 30,
+             "every member holds every offset", lambda: str(queue_info(a)))
+    stop = threading.Event()
+    # about 2 ms per record: each is still reading when the election ends
+    consumers = [_Consumer(n.url, "pika", stop, prefetch=1, pause=0.002) for n in (b, c)]
+    for consumer in consumers:
+        consumer.start()
+    try:
+        wait_for(lambda: all(len(x.got) >= total // 10 or x.error for x in consumers), 60,
+                 "both consumers reading", lambda: str([len(x.got) for x in consumers]))
+        a.kill()
+        wait_for(lambda: all(len(x.got) >= total or x.error for x in consumers), 120,
+                 f"both consumers reach offset {total - 1}",
+                 lambda: f"{[len(x.got) for x in consumers]}\n{diagnose([b, c])}")
+    finally:
+        stop.set()
+        for consumer in consumers:
+            consumer.join(10)
+    for node, consumer in zip((b, c), consumers, strict=True):
+        assert consumer.error is None, (node.name, consumer.error)
+        assert consumer.got == [(i, i) for i in range(total)], (node.name, len(consumer.got))
