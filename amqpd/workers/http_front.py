@@ -15,9 +15,10 @@ supervisor serves the node's HTTP port itself and answers as one node
   filtered, sorted, paged and projected here as one node's list would be;
 * a list of queues takes each queue from its owner (the others' copies have no figures);
   exchanges and the overview **sum** their ``message_stats`` (each worker counts what its
-  own publishers sent), the overview its connection and channel totals;
+  own publishers sent), the overview its connection and channel totals; the overview's
+  ``listeners`` are the node's (amqp, amqps, http or https), not a worker's private ones;
 * the health checks about the node's ports and about quorum answer for the node: its
-  AMQP and HTTP ports, and a single node (phase 1 refuses ``[cluster]``); the alarm
+  AMQP, amqps and HTTP ports, and a single node (phase 1 refuses ``[cluster]``); the alarm
   checks fail if any worker's does; the memory watermark gives each worker its share;
 * consumers are listed from every worker (each lists its own connections' consumers);
   the overview's queue, consumer and message totals are the queues' owners' (from the
@@ -145,15 +146,20 @@ class HttpFront:
     """The aiohttp application of the node's HTTP port; ``backends`` gives the serving
     workers (first = the one that answers what needs no particular worker),
     ``node_ports`` the node's own listening ports, ``workers_info`` the rows of
-    ``GET /api/workers`` (the one answer that names the workers)."""
+    ``GET /api/workers`` (the one answer that names the workers), ``node_listeners``
+    the node's listeners as (protocol, address, port), which the overview lists
+    instead of a worker's private ones."""
 
     def __init__(self, node_name: str, backends: Callable[[], Sequence[Backend]],
                  node_ports: Callable[[], list[int]],
-                 workers_info: Callable[[], list[dict[str, Any]]]) -> None:
+                 workers_info: Callable[[], list[dict[str, Any]]],
+                 node_listeners: Callable[[], list[tuple[str, str, int]]] | None = None,
+                 ) -> None:
         self.node_name = node_name
         self.backends = backends
         self.node_ports = node_ports
         self.workers_info = workers_info
+        self.node_listeners = node_listeners
         self.session: aiohttp.ClientSession | None = None
         self.app = web.Application(client_max_size=128 * 1024 * 1024)
         self.app.router.add_route("*", "/{tail:.*}", self.handle)
@@ -446,6 +452,12 @@ class HttpFront:
             if isinstance(qtotals, dict):
                 for key in QUEUE_TOTALS:
                     qtotals[key] = _total(queues, key)
+        if self.node_listeners is not None and "listeners" in base:
+            # the node's ports (amqp, amqps, http or https), not the first worker's
+            # private loopback ones
+            base["listeners"] = [{"node": self.node_name, "protocol": proto,
+                                  "ip_address": host, "port": port, "socket_opts": {}}
+                                 for proto, host, port in self.node_listeners()]
         return self._respond(oks[0][1], base)
 
     async def _nodes(self, request: web.Request, body: bytes,
