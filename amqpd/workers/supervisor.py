@@ -7,12 +7,12 @@ single broker would, starts the node-local coordination store
 and hands every accepted connection to a worker over that worker's control socket
 (:mod:`amqpd.workers.handoff`): AMQP and amqps connections round robin over the
 workers that are up, in accept order; an amqps socket is handed before its TLS
-handshake, which the worker runs (the supervisor never sees a client's bytes). It serves the node's HTTP port itself
-(:mod:`amqpd.workers.http_front`): the management API of the whole node, answered by
-asking the workers' private APIs. A worker that exits is started again after a
-backoff; its clients lost their connections with it, the others' are untouched, and
-the port never closes. SIGTERM/SIGINT stop the workers (gracefully, SIGTERM each) and
-then the supervisor.
+handshake, which the worker runs (the supervisor never sees a client's bytes). It
+serves the node's HTTP port itself (:mod:`amqpd.workers.http_front`): the management
+API of the whole node, answered by asking the workers' private APIs. A worker that
+exits is started again after a backoff; its clients lost their connections with it,
+the others' are untouched, and the port never closes. SIGTERM/SIGINT stop the
+workers (gracefully, SIGTERM each) and then the supervisor.
 """
 
 from __future__ import annotations
