@@ -51,6 +51,7 @@ class Stand:
 
 @asynccontextmanager
 async def front(*stands: Stand, ports: list[int] | None = None,
+                listeners: list[tuple[str, str, int]] | None = None,
                 ) -> AsyncIterator[tuple[str, HttpFront]]:
     runners, backends = [], []
     for i, s in enumerate(stands):
@@ -64,7 +65,8 @@ async def front(*stands: Stand, ports: list[int] | None = None,
         runners.append(runner)
         backends.append(Backend(i, port, s.name))
     f = HttpFront(NODE, lambda: backends, lambda: ports or [5672, 15672],
-                  lambda: [{"index": b.index} for b in backends])
+                  lambda: [{"index": b.index} for b in backends],
+                  None if listeners is None else (lambda: listeners))
     runner = web.AppRunner(f.app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
@@ -250,6 +252,23 @@ async def test_overview_totals_count_each_queue_once_from_its_owner() -> None:
     assert body["queue_totals"] == {"messages": 13, "messages_ready": 12,
                                     "messages_unacknowledged": 1,
                                     "messages_details": {"rate": 0.0}}
+
+
+async def test_overview_listeners_are_the_nodes_ports() -> None:
+    """The first worker lists its private loopback ports; the node's answer lists the
+    node's (amqps and https included, as the supervisor bound them)."""
+    private = [{"node": "n-w0", "protocol": p, "ip_address": "127.0.0.1", "port": port,
+                "socket_opts": {}} for p, port in (("amqp", 40001), ("amqps", 40002),
+                                                   ("https", 40003))]
+    w0 = Stand("n-w0", {("GET", "/api/overview"): (200, {"node": "n-w0",
+                                                         "listeners": private})})
+    node = [("amqp", "0.0.0.0", 5672), ("amqps", "0.0.0.0", 5671),
+            ("https", "0.0.0.0", 15671)]
+    async with front(w0, listeners=node) as (url, _f):
+        status, body = await call(url, "GET", "/api/overview")
+    assert status == 200 and body["node"] == NODE
+    assert body["listeners"] == [{"node": NODE, "protocol": p, "ip_address": h, "port": port,
+                                  "socket_opts": {}} for p, h, port in node]
 
 
 async def test_the_nodes_figures_are_every_workers() -> None:
