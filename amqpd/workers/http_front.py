@@ -28,6 +28,9 @@ supervisor serves the node's HTTP port itself and answers as one node
   text, each worker counting only the queues it owns: series with the same name and
   labels summed (the largest for :data:`PROMETHEUS_MAX`); ``/metrics/per-worker``
   (amqpd's own) gives every worker's series with a ``worker`` label;
+* a plugin's lists of what runs where (``/api/shovels``, ``/api/federation-links``)
+  are merged, each shovel or link once, as the worker that runs it reports it (the
+  others list what it shared a moment earlier); one shovel's status is that worker's;
 * ``GET /api/workers`` lists the workers (pid, private ports, connections handed,
   restarts): per-worker figures are on each worker's private API;
 * anything else (definitions, users, vhosts, policies, the UI) goes to the first worker
@@ -73,6 +76,8 @@ LIST_OPTIONS: Final = frozenset({"name", "use_regex", "sort", "sort_reverse", "p
                                  "page_size", "columns", "pagination"})
 
 
+# plugins' lists of what runs where (each worker lists its own; the front merges them)
+PLUGIN_LISTS: Final = ("shovels", "federation-links")
 # a queue's figures the overview's queue_totals sums over the owners
 QUEUE_TOTALS: Final = ("messages", "messages_ready", "messages_unacknowledged")
 # /api/nodes: figures of one process each, summed over the workers (each worker has its
@@ -263,6 +268,10 @@ class HttpFront:
             return await self._metrics(request, body, segs[1] if n == 2 else "")
         if m == "GET" and api and kind == "workers" and n == 2:
             return await self._workers(request, body)
+        if m == "GET" and api and kind in PLUGIN_LISTS and n <= 3:
+            return await self._merged_list(request, body, self._runners_own)
+        if m == "GET" and api and kind == "shovels" and n == 5 and segs[2] == "vhost":
+            return await self._runner(request, body)
         if m == "GET" and api and kind == "health" and n >= 4 and segs[2] == "checks":
             if segs[3] == "port-listener" and n == 5:
                 return await self._port_listener(request, body, segs[4])
@@ -385,6 +394,35 @@ class HttpFront:
         """Connections and channels: each worker's own, one after the other."""
         return await self._merged_list(
             request, body, lambda lists: [i for _b, items in lists for i in items])
+
+    @staticmethod
+    def _runners_own(lists: list[tuple[Backend, list[dict[str, Any]]]],
+                     ) -> list[dict[str, Any]]:
+        """Shovels and federation links: each worker lists its own (its member name as
+        ``node``) and what the others shared a moment earlier (a shovel just started
+        elsewhere may be missing there, one just stopped still present); each once,
+        from the worker that runs it, else the first copy; in a single node's order."""
+        out: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for backend, items in lists:
+            for item in items:
+                key = (item.get("vhost"), item.get("type"), item.get("name", item.get("id")))
+                if key not in out or item.get("node") == backend.node:
+                    out[key] = item
+        return sorted(out.values(), key=lambda i: (
+            str(i.get("vhost", "")),
+            str(i.get("name") or i.get("exchange") or i.get("queue") or ""),
+            str(i.get("upstream", "")), str(i.get("node", ""))))
+
+    async def _runner(self, request: web.Request, body: bytes) -> web.StreamResponse:
+        """One shovel: the answer of the worker that runs it (a static shovel: worker
+        0), else what the first worker that knows it says (it runs nowhere now)."""
+        answers = await self._all(request, body)
+        for backend, answer in answers:
+            if answer is not None and answer.status == 200:
+                got = answer.json()
+                if isinstance(got, dict) and got.get("node") == backend.node:
+                    return self._respond(answer)
+        return await self._anywhere(request, body, [])
 
     async def _queue_list(self, request: web.Request, body: bytes) -> web.StreamResponse:
         """Every worker lists every queue it has heard of; a queue's figures are its

@@ -271,6 +271,31 @@ async def test_overview_listeners_are_the_nodes_ports() -> None:
                                   "socket_opts": {}} for p, h, port in node]
 
 
+async def test_shovels_listed_once_each_from_the_worker_that_runs_it() -> None:
+    """Worker 0 runs the static shovel and lists what worker 1 shared of its dynamic
+    one a moment ago (still starting); worker 1 runs it now and has not yet heard of a
+    shovel worker 0 just started: the node lists each once, as its runner reports it."""
+    s0 = {"vhost": "/", "name": "s", "type": "static", "node": "n-w0", "state": "running"}
+    new0 = {"vhost": "/", "name": "new", "type": "dynamic", "node": "n-w0",
+            "state": "running"}
+    stale = {"vhost": "/", "name": "d", "type": "dynamic", "node": "n-w1",
+             "state": "starting"}  # what worker 1 shared before it ran
+    d1 = {"vhost": "/", "name": "d", "type": "dynamic", "node": "n-w1", "state": "running"}
+    w0 = Stand("n-w0", {("GET", "/api/shovels"): (200, [stale, new0, s0]),
+                        ("GET", "/api/shovels/vhost/%2F/d"): (200, stale)})
+    w1 = Stand("n-w1", {("GET", "/api/shovels"): (200, [d1, s0]),
+                        ("GET", "/api/shovels/vhost/%2F/d"): (200, d1)})
+    async with front(w0, w1) as (url, _f):
+        status, body = await call(url, "GET", "/api/shovels")
+        assert status == 200
+        assert [(s["name"], s["node"], s["state"]) for s in body] == [
+            ("d", NODE, "running"), ("new", NODE, "running"), ("s", NODE, "running")]
+        status, body = await call(url, "GET", "/api/shovels?columns=name")
+        assert status == 200 and body == [{"name": "d"}, {"name": "new"}, {"name": "s"}]
+        status, one = await call(url, "GET", "/api/shovels/vhost/%2F/d")
+        assert status == 200 and one["state"] == "running"  # worker 1's, which runs it
+
+
 async def test_the_nodes_figures_are_every_workers() -> None:
     def entry(name: str, mem: int, fds: int, uptime: int, alarm: bool) -> dict[str, Any]:
         return {"name": name, "mem_used": mem, "mem_limit": 1000, "fd_used": fds,
