@@ -56,7 +56,7 @@ def node_settings(argv: list[str]) -> Settings:
 def worker_settings(argv: list[str], index: int, kv_url: str) -> Settings:
     """The node's settings as ``amqpd argv`` reads them, made worker ``index``'s."""
     args = cli.build_parser().parse_args(argv)
-    node = load_settings(args.config, cli.overrides_from_args(args))
+    node = node_settings(argv)
     share = worker_count(node)
     settings = load_settings(args.config, {
         **cli.overrides_from_args(args),
@@ -92,8 +92,9 @@ def worker_settings(argv: list[str], index: int, kv_url: str) -> Settings:
     settings.memory_high_watermark_bytes = node.memory_high_watermark_bytes // share
     settings.message_memory_budget = node.message_memory_budget // share
     if index != 0:
-        # static shovels run once per node, on worker 0: each worker running its own
-        # copy would move every message once per worker's consumer (docs/workers.md)
+        # static shovels run once per node, on worker 0: a copy per worker would run
+        # each shovel N times (an exchange source's messages moved N times over;
+        # docs/workers.md, "Plugins and shovels")
         settings.shovels = []
     return settings
 
@@ -164,8 +165,8 @@ class Adopter:
 
     def _tls_done(self, task: asyncio.Task[Any]) -> None:
         """An amqps adoption ended: a handshake the client failed or dropped is the
-        client's business, as a single broker's listener treats it (the event loop's
-        handshake log, not an error of the worker's)."""
+        client's business, and a single broker's amqps listener logs nothing for it
+        (asyncio reports it only in debug mode): a debug line, not an error."""
         self.pending.discard(task)
         if task.cancelled():
             return
