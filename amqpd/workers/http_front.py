@@ -603,7 +603,10 @@ class HttpFront:
             fraction: Any = wanted.get("fraction")
             absolute: Any = wanted.get("absolute")
             if _number(absolute) and isinstance(absolute, int) and absolute >= 0:
-                share = {"absolute": absolute // len(backends)}
+                # at least a byte: a share of 0 would be "no limit" for the worker
+                # (absolute 1, a test's way to raise the alarm, left every worker
+                # without one); 0 stays 0, no limit, as on one node
+                share = {"absolute": max(absolute // len(backends), min(absolute, 1))}
             elif _number(fraction) and 0 <= fraction <= 1:
                 share = {"fraction": fraction / len(backends)}
         if share is None:  # the worker refuses it with its own 400

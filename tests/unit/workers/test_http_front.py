@@ -36,9 +36,12 @@ class Stand:
         # compared decoded: a client may spell ``:`` as ``%3A`` or not
         self.routes = {(m, unquote(p)): v for (m, p), v in routes.items()}
         self.seen: list[tuple[str, str, dict[str, str]]] = []
+        self.bodies: list[bytes] = []  # the requests' bodies, in order
 
     async def handle(self, request: web.Request) -> web.Response:
         self.seen.append((request.method, request.raw_path, dict(request.headers)))
+        if request.can_read_body:
+            self.bodies.append(await request.read())
         path = unquote(request.raw_path.split("?", 1)[0])
         status, body = self.routes.get((request.method, path), (404, {
             "error": "Object Not Found", "reason": "Not Found"}))
@@ -294,6 +297,24 @@ async def test_shovels_listed_once_each_from_the_worker_that_runs_it() -> None:
         assert status == 200 and body == [{"name": "d"}, {"name": "new"}, {"name": "s"}]
         status, one = await call(url, "GET", "/api/shovels/vhost/%2F/d")
         assert status == 200 and one["state"] == "running"  # worker 1's, which runs it
+
+
+async def test_a_watermark_of_one_byte_is_a_byte_for_every_worker() -> None:
+    """The node's absolute watermark is shared out, but never down to 0 (a worker's "no
+    limit"): 1 byte, which must raise the alarm, is 1 byte for each worker."""
+    answer = {"memory_limit": 1, "alarms": ["memory"]}
+    w0 = Stand("n-w0", {("PUT", "/api/nodes/n-w0/memory-high-watermark"): (200, answer)})
+    w1 = Stand("n-w1", {("PUT", "/api/nodes/n-w1/memory-high-watermark"): (200, answer)})
+    async with front(w0, w1) as (url, _f):
+        status, body = await call(url, "PUT", f"/api/nodes/{NODE}/memory-high-watermark",
+                                  {"absolute": 1})
+        assert status == 200 and body["alarms"] == ["memory"]
+        await call(url, "PUT", f"/api/nodes/{NODE}/memory-high-watermark", {"absolute": 0})
+        await call(url, "PUT", f"/api/nodes/{NODE}/memory-high-watermark", {"absolute": 5})
+    sent = []
+    for stand in (w0, w1):
+        sent.append([json.loads(b) for b in stand.bodies])
+    assert sent == [[{"absolute": 1}, {"absolute": 0}, {"absolute": 2}]] * 2
 
 
 async def test_the_nodes_figures_are_every_workers() -> None:
