@@ -496,10 +496,7 @@ def check_workers(settings: Settings) -> None:
         return
     refused = [("a [cluster]", settings.cluster.enabled),
                ("a warren ([replication])", settings.replication is not None),
-               ("TLS listeners (tls_cert)", bool(settings.tls_cert)),
-               ("the stream protocol (stream)", settings.stream),
-               ("plugins", bool(settings.plugins)),
-               ("static shovels", bool(settings.shovels))]
+               ("the stream protocol (stream)", settings.stream)]
     for what, present in refused:
         if present:
             raise ConfigError(f"setting 'workers' = {n}: {what} cannot run with more than "

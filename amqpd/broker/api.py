@@ -502,6 +502,15 @@ class BrokerAPI:
         except RuntimeError as exc:  # amqpd.cluster.membership.NotAllowed
             raise ResourceLocked(str(exc)) from None
 
+    def serves_clients(self) -> bool:
+        """Does this node serve AMQP clients now? Always on a single node; in a cluster
+        once the cluster is up and synchronised and while the node is not paused (a
+        plugin's link to this node would be refused before: 320)."""
+        cluster = self._broker.cluster
+        if cluster is None:
+            return not self.clustered()
+        return cluster.serving()
+
     def runs_here(self, key: str) -> bool:
         """Does this node run the cluster-wide singleton ``key`` (a dynamic shovel, a
         federated exchange's link: one node of a cluster runs each, as RabbitMQ's

@@ -3,9 +3,10 @@
 Messages keep their boundaries (a seqpacket socket), so each is one byte of kind and a
 payload:
 
-* supervisor -> worker: ``A`` (an accepted AMQP connection), the socket itself attached
-  with ``SCM_RIGHTS``; the supervisor closes its copy once sent, so from then on the
-  connection is the worker's alone (the node's HTTP port is the supervisor's own:
+* supervisor -> worker: ``A`` (an accepted AMQP connection) or ``S`` (an accepted
+  amqps connection, its TLS handshake not begun: the worker runs it), the socket itself
+  attached with ``SCM_RIGHTS``; the supervisor closes its copy once sent, so from then
+  on the connection is the worker's alone (the node's HTTP port is the supervisor's own:
   :mod:`amqpd.workers.http_front`);
 * worker -> supervisor: ``R`` + JSON once the worker serves (its pid, member name and
   private ports).
@@ -20,6 +21,7 @@ import socket
 from typing import Any, Final
 
 ACCEPTED_AMQP: Final = b"A"
+ACCEPTED_AMQPS: Final = b"S"
 READY: Final = b"R"
 MAX_MESSAGE: Final = 65536
 MAX_FDS: Final = 16

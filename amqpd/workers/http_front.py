@@ -15,9 +15,10 @@ supervisor serves the node's HTTP port itself and answers as one node
   filtered, sorted, paged and projected here as one node's list would be;
 * a list of queues takes each queue from its owner (the others' copies have no figures);
   exchanges and the overview **sum** their ``message_stats`` (each worker counts what its
-  own publishers sent), the overview its connection and channel totals;
+  own publishers sent), the overview its connection and channel totals; the overview's
+  ``listeners`` are the node's (amqp, amqps, http or https), not a worker's private ones;
 * the health checks about the node's ports and about quorum answer for the node: its
-  AMQP and HTTP ports, and a single node (phase 1 refuses ``[cluster]``); the alarm
+  AMQP, amqps and HTTP ports, and a single node (phase 1 refuses ``[cluster]``); the alarm
   checks fail if any worker's does; the memory watermark gives each worker its share;
 * consumers are listed from every worker (each lists its own connections' consumers);
   the overview's queue, consumer and message totals are the queues' owners' (from the
@@ -27,6 +28,9 @@ supervisor serves the node's HTTP port itself and answers as one node
   text, each worker counting only the queues it owns: series with the same name and
   labels summed (the largest for :data:`PROMETHEUS_MAX`); ``/metrics/per-worker``
   (amqpd's own) gives every worker's series with a ``worker`` label;
+* a plugin's lists of what runs where (``/api/shovels``, ``/api/federation-links``)
+  are merged, each shovel or link once, as the worker that runs it reports it (the
+  others list what it shared a moment earlier); one shovel's status is that worker's;
 * ``GET /api/workers`` lists the workers (pid, private ports, connections handed,
   restarts): per-worker figures are on each worker's private API;
 * anything else (definitions, users, vhosts, policies, the UI) goes to the first worker
@@ -72,6 +76,8 @@ LIST_OPTIONS: Final = frozenset({"name", "use_regex", "sort", "sort_reverse", "p
                                  "page_size", "columns", "pagination"})
 
 
+# plugins' lists of what runs where (each worker lists its own; the front merges them)
+PLUGIN_LISTS: Final = ("shovels", "federation-links")
 # a queue's figures the overview's queue_totals sums over the owners
 QUEUE_TOTALS: Final = ("messages", "messages_ready", "messages_unacknowledged")
 # /api/nodes: figures of one process each, summed over the workers (each worker has its
@@ -145,15 +151,20 @@ class HttpFront:
     """The aiohttp application of the node's HTTP port; ``backends`` gives the serving
     workers (first = the one that answers what needs no particular worker),
     ``node_ports`` the node's own listening ports, ``workers_info`` the rows of
-    ``GET /api/workers`` (the one answer that names the workers)."""
+    ``GET /api/workers`` (the one answer that names the workers), ``node_listeners``
+    the node's listeners as (protocol, address, port), which the overview lists
+    instead of a worker's private ones."""
 
     def __init__(self, node_name: str, backends: Callable[[], Sequence[Backend]],
                  node_ports: Callable[[], list[int]],
-                 workers_info: Callable[[], list[dict[str, Any]]]) -> None:
+                 workers_info: Callable[[], list[dict[str, Any]]],
+                 node_listeners: Callable[[], list[tuple[str, str, int]]] | None = None,
+                 ) -> None:
         self.node_name = node_name
         self.backends = backends
         self.node_ports = node_ports
         self.workers_info = workers_info
+        self.node_listeners = node_listeners
         self.session: aiohttp.ClientSession | None = None
         self.app = web.Application(client_max_size=128 * 1024 * 1024)
         self.app.router.add_route("*", "/{tail:.*}", self.handle)
@@ -257,6 +268,10 @@ class HttpFront:
             return await self._metrics(request, body, segs[1] if n == 2 else "")
         if m == "GET" and api and kind == "workers" and n == 2:
             return await self._workers(request, body)
+        if m == "GET" and api and kind in PLUGIN_LISTS and n <= 3:
+            return await self._merged_list(request, body, self._runners_own)
+        if m == "GET" and api and kind == "shovels" and n == 5 and segs[2] == "vhost":
+            return await self._runner(request, body)
         if m == "GET" and api and kind == "health" and n >= 4 and segs[2] == "checks":
             if segs[3] == "port-listener" and n == 5:
                 return await self._port_listener(request, body, segs[4])
@@ -380,6 +395,35 @@ class HttpFront:
         return await self._merged_list(
             request, body, lambda lists: [i for _b, items in lists for i in items])
 
+    @staticmethod
+    def _runners_own(lists: list[tuple[Backend, list[dict[str, Any]]]],
+                     ) -> list[dict[str, Any]]:
+        """Shovels and federation links: each worker lists its own (its member name as
+        ``node``) and what the others shared a moment earlier (a shovel just started
+        elsewhere may be missing there, one just stopped still present); each once,
+        from the worker that runs it, else the first copy; in a single node's order."""
+        out: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for backend, items in lists:
+            for item in items:
+                key = (item.get("vhost"), item.get("type"), item.get("name", item.get("id")))
+                if key not in out or item.get("node") == backend.node:
+                    out[key] = item
+        return sorted(out.values(), key=lambda i: (
+            str(i.get("vhost", "")),
+            str(i.get("name") or i.get("exchange") or i.get("queue") or ""),
+            str(i.get("upstream", "")), str(i.get("node", ""))))
+
+    async def _runner(self, request: web.Request, body: bytes) -> web.StreamResponse:
+        """One shovel: the answer of the worker that runs it (a static shovel: worker
+        0), else what the first worker that knows it says (it runs nowhere now)."""
+        answers = await self._all(request, body)
+        for backend, answer in answers:
+            if answer is not None and answer.status == 200:
+                got = answer.json()
+                if isinstance(got, dict) and got.get("node") == backend.node:
+                    return self._respond(answer)
+        return await self._anywhere(request, body, [])
+
     async def _queue_list(self, request: web.Request, body: bytes) -> web.StreamResponse:
         """Every worker lists every queue it has heard of; a queue's figures are its
         owner's (the others' copy of it counts nothing)."""
@@ -446,6 +490,12 @@ class HttpFront:
             if isinstance(qtotals, dict):
                 for key in QUEUE_TOTALS:
                     qtotals[key] = _total(queues, key)
+        if self.node_listeners is not None and "listeners" in base:
+            # the node's ports (amqp, amqps, http or https), not the first worker's
+            # private loopback ones
+            base["listeners"] = [{"node": self.node_name, "protocol": proto,
+                                  "ip_address": host, "port": port, "socket_opts": {}}
+                                 for proto, host, port in self.node_listeners()]
         return self._respond(oks[0][1], base)
 
     async def _nodes(self, request: web.Request, body: bytes,
@@ -553,7 +603,10 @@ class HttpFront:
             fraction: Any = wanted.get("fraction")
             absolute: Any = wanted.get("absolute")
             if _number(absolute) and isinstance(absolute, int) and absolute >= 0:
-                share = {"absolute": absolute // len(backends)}
+                # at least a byte: a share of 0 would be "no limit" for the worker
+                # (absolute 1, a test's way to raise the alarm, left every worker
+                # without one); 0 stays 0, no limit, as on one node
+                share = {"absolute": max(absolute // len(backends), min(absolute, 1))}
             elif _number(fraction) and 0 <= fraction <= 1:
                 share = {"fraction": fraction / len(backends)}
         if share is None:  # the worker refuses it with its own 400

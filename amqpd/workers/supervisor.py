@@ -1,16 +1,18 @@
 """The ``amqpd`` process when ``workers`` > 1: owns the node's ports, runs the workers.
 
-It serves no client itself (docs/workers.md, "Process model"). It binds the AMQP port
-(and the HTTP port) as a single broker would, starts the node-local coordination store
+It serves no client itself (docs/workers.md, "Process model"). It binds the AMQP port,
+the amqps port when TLS is set up (``tls_cert``/``tls_key``) and the HTTP port as a
+single broker would, starts the node-local coordination store
 (:mod:`amqpd.workers.localkv`) and N worker processes (:mod:`amqpd.workers.worker`),
 and hands every accepted connection to a worker over that worker's control socket
-(:mod:`amqpd.workers.handoff`): AMQP connections round robin over the workers that are
-up, in accept order. It serves the node's HTTP port itself
-(:mod:`amqpd.workers.http_front`): the management API of the whole node, answered by
-asking the workers' private APIs. A worker that exits is started again after a
-backoff; its clients lost their connections with it, the others' are untouched, and
-the port never closes. SIGTERM/SIGINT stop the workers (gracefully, SIGTERM each) and
-then the supervisor.
+(:mod:`amqpd.workers.handoff`): AMQP and amqps connections round robin over the
+workers that are up, in accept order; an amqps socket is handed before its TLS
+handshake, which the worker runs (the supervisor never sees a client's bytes). It
+serves the node's HTTP port itself (:mod:`amqpd.workers.http_front`): the management
+API of the whole node, answered by asking the workers' private APIs. A worker that
+exits is started again after a backoff; its clients lost their connections with it,
+the others' are untouched, and the port never closes. SIGTERM/SIGINT stop the
+workers (gracefully, SIGTERM each) and then the supervisor.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any, Final
 from aiohttp import web
 
 from amqpd.config import Settings, host_port, worker_count
+from amqpd.tls import TLSConfigError, server_context, tls_configured
 from amqpd.workers import handoff
 from amqpd.workers.http_front import Backend, HttpFront
 from amqpd.workers.localkv import LocalKV
@@ -105,6 +108,7 @@ class Supervisor:
         self.ready_file = ready_file
         self.workers = [Worker(i) for i in range(worker_count(settings))]
         self.amqp: list[socket.socket] = []
+        self.amqps: list[socket.socket] = []  # with tls_cert and tls_key: the TLS port
         self.http: list[socket.socket] = []
         self.kv = LocalKV(Path(settings.data_dir) / "workers" / "kv.log")
         self.cookie = secrets.token_urlsafe(32)  # the private cluster's, for this run
@@ -113,7 +117,7 @@ class Supervisor:
         self._announced = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self.front = HttpFront(settings.node_name, self._backends, self._node_ports,
-                               self._workers_info)
+                               self._workers_info, self._node_listeners)
         self._front_runner: web.AppRunner | None = None
 
     # ------------------------------------------------------------------ workers
@@ -225,9 +229,21 @@ class Supervisor:
 
     def _node_ports(self) -> list[int]:
         """The node's listening ports (a health check's), as a single broker counts
-        them: its AMQP listeners and this HTTP listener."""
-        ports = [s.getsockname()[1] for s in self.amqp + self.http]
+        them: its AMQP and amqps listeners and this HTTP listener."""
+        ports = [s.getsockname()[1] for s in self.amqp + self.amqps + self.http]
         return list(dict.fromkeys(ports))
+
+    def _listeners(self) -> list[tuple[str, str, int]]:
+        """The node's AMQP listeners as a single broker lists them (``amqp`` first,
+        then ``amqps``), each (protocol, address, port)."""
+        return ([("amqp", *s.getsockname()[:2]) for s in self.amqp]
+                + [("amqps", *s.getsockname()[:2]) for s in self.amqps])
+
+    def _node_listeners(self) -> list[tuple[str, str, int]]:
+        """Every listener of the node, the HTTP one included (``https`` with
+        ``http_tls``): what the overview's ``listeners`` show."""
+        http = "https" if self.settings.http_tls else "http"
+        return self._listeners() + [(http, *s.getsockname()[:2]) for s in self.http]
 
     def _workers_info(self) -> list[dict[str, Any]]:
         """``GET /api/workers``: each worker, serving or not, with its private ports."""
@@ -245,14 +261,23 @@ class Supervisor:
         runner = web.AppRunner(self.front.app, access_log=None, handle_signals=False)
         await runner.setup()
         self._front_runner = runner
+        # https with http_tls: the front speaks TLS to clients (the workers' private
+        # APIs behind it are loopback HTTP, docs/workers.md "TLS")
+        ssl_ctx = server_context(self.settings) if self.settings.http_tls else None
         for sock in self.http:
-            await web.SockSite(runner, sock).start()
+            await web.SockSite(runner, sock, ssl_context=ssl_ctx).start()
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
         s = self.settings
         self._loop = asyncio.get_running_loop()
+        if tls_configured(s) or s.http_tls:
+            # the certificate, key and CA load here first, so a node that cannot use
+            # them stops with the single broker's error, not after its workers failed
+            server_context(s)
         self.amqp = bind_listeners(s.bind, s.port)
+        if tls_configured(s):
+            self.amqps = bind_listeners(s.bind, s.tls_port)
         if s.management:
             self.http = bind_listeners(s.http_bind or s.bind, s.http_port)
         await self.kv.start()
@@ -272,6 +297,9 @@ class Supervisor:
                     for sock in self.amqp:
                         self._loop.add_reader(sock.fileno(), self._accept, sock,
                                               handoff.ACCEPTED_AMQP)
+                    for sock in self.amqps:
+                        self._loop.add_reader(sock.fileno(), self._accept, sock,
+                                              handoff.ACCEPTED_AMQPS)
                     self._announce()
                 try:
                     await asyncio.wait_for(stop.wait(), POLL)
@@ -281,9 +309,9 @@ class Supervisor:
             await self._stop()
 
     def _announce(self) -> None:
-        listeners = [["amqp", s.getsockname()[0], s.getsockname()[1]] for s in self.amqp]
         log.info("amqpd node listening on %s with %d workers", ", ".join(
-            host_port(h, p) for _, h, p in listeners), len(self.workers))
+            f"{proto} {host_port(h, p)}" for proto, h, p in self._listeners()),
+            len(self.workers))
         self._write_ready()
 
     def _write_ready(self) -> None:
@@ -291,13 +319,14 @@ class Supervisor:
         writes them, plus each worker's pid and private ports."""
         amqp_port = self.amqp[0].getsockname()[1]
         http_port = self.http[0].getsockname()[1] if self.http else None
-        listeners = [["amqp", s.getsockname()[0], s.getsockname()[1]] for s in self.amqp]
+        listeners = [list(entry) for entry in self._listeners()]
+        tls_port = self.amqps[0].getsockname()[1] if self.amqps else None
         if self.ready_file:
             tmp = self.ready_file + ".tmp"
             with open(tmp, "w") as fh:
                 json.dump({"amqp_port": amqp_port, "pid": os.getpid(),
                            "listeners": listeners, "http_port": http_port,
-                           "stream_port": None, "stream_tls_port": None, "tls_port": None,
+                           "stream_port": None, "stream_tls_port": None, "tls_port": tls_port,
                            "replication": None,
                            "workers": [dict(w.ready or {}, index=w.index)
                                        for w in self.workers]}, fh)
@@ -306,7 +335,7 @@ class Supervisor:
     async def _stop(self) -> None:
         self.stopping = True
         assert self._loop is not None
-        for sock in self.amqp:
+        for sock in self.amqp + self.amqps:
             self._loop.remove_reader(sock.fileno())
             sock.close()
         if self._front_runner is not None:
@@ -339,7 +368,7 @@ def run(settings: Settings, argv: list[str], ready_file: str | None) -> int:
     """``amqpd`` with ``workers`` > 1: run the supervisor until SIGTERM/SIGINT."""
     try:
         asyncio.run(Supervisor(settings, argv, ready_file).run())
-    except (OSError, WorkerCannotStart) as exc:
+    except (OSError, WorkerCannotStart, TLSConfigError) as exc:
         log.error("cannot start: %s", exc)
         return 1
     return 0

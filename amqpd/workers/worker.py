@@ -47,14 +47,28 @@ def worker_name(node_name: str, index: int) -> str:
     return f"{node_name}-w{index}"
 
 
+def node_settings(argv: list[str]) -> Settings:
+    """The node's settings, exactly as ``amqpd argv`` reads them."""
+    args = cli.build_parser().parse_args(argv)
+    return load_settings(args.config, cli.overrides_from_args(args))
+
+
 def worker_settings(argv: list[str], index: int, kv_url: str) -> Settings:
     """The node's settings as ``amqpd argv`` reads them, made worker ``index``'s."""
     args = cli.build_parser().parse_args(argv)
-    node = load_settings(args.config, cli.overrides_from_args(args))
+    node = node_settings(argv)
     share = worker_count(node)
     settings = load_settings(args.config, {
         **cli.overrides_from_args(args),
         "workers": 1, "bind": "127.0.0.1", "port": 0, "http_port": 0,
+        # with TLS set up, a private amqps listener too (loopback, like the private
+        # AMQP port): the node's amqps port is the supervisor's, whose accepted
+        # sockets the worker wraps with the same certificate (Adopter)
+        "tls_port": 0,
+        # the private API is loopback HTTP even with http_tls: the supervisor's front
+        # speaks TLS to clients, and a worker asking for client certificates
+        # (tls_fail_if_no_peer_cert) would refuse the front
+        "http_tls": False,
         "http_bind": "127.0.0.1", "data_dir": str(worker_dir(node.data_dir, index)),
         "node_name": worker_name(node.node_name, index),
         "cluster_name": CLUSTER, "cluster_etcd": kv_url,
@@ -77,6 +91,11 @@ def worker_settings(argv: list[str], index: int, kv_url: str) -> Settings:
     settings.vm_memory_high_watermark = node.vm_memory_high_watermark / share
     settings.memory_high_watermark_bytes = node.memory_high_watermark_bytes // share
     settings.message_memory_budget = node.message_memory_budget // share
+    if index != 0:
+        # static shovels run once per node, on worker 0: a copy per worker would run
+        # each shovel N times (an exchange source's messages moved N times over;
+        # docs/workers.md, "Plugins and shovels")
+        settings.shovels = []
     return settings
 
 
@@ -84,8 +103,14 @@ class Adopter:
     """Reads the control socket: adopts handed-over connections into the broker."""
 
     def __init__(self, broker: Any, control: socket.socket) -> None:
+        from amqpd.tls import server_context, tls_configured
+
         self.broker = broker
         self.control = control
+        # the node's amqps port: the same context as a single broker's amqps listener
+        # (certificate, client-certificate checks), built once
+        self.tls = server_context(broker.settings) if tls_configured(broker.settings) \
+            else None
         self.loop = asyncio.get_running_loop()
         self.pending: set[asyncio.Task[Any]] = set()
 
@@ -121,18 +146,35 @@ class Adopter:
 
     def _adopt(self, kind: bytes, sock: socket.socket) -> None:
         sock.setblocking(False)
-        factory: Any = self._amqp if kind == handoff.ACCEPTED_AMQP else None
-        if factory is None or self.broker.stopping:
+        tls = self.tls if kind == handoff.ACCEPTED_AMQPS else None
+        if kind not in (handoff.ACCEPTED_AMQP, handoff.ACCEPTED_AMQPS) \
+                or (kind == handoff.ACCEPTED_AMQPS and tls is None) or self.broker.stopping:
             sock.close()
             return
-        task = self.loop.create_task(self.loop.connect_accepted_socket(factory, sock))
+        # an amqps socket: the TLS handshake runs here (the protocol is made once it
+        # is done, with the peer's certificate known, as on a single broker's listener)
+        task = self.loop.create_task(
+            self.loop.connect_accepted_socket(self._amqp, sock, ssl=tls))
         self.pending.add(task)
-        task.add_done_callback(self._done)
+        task.add_done_callback(self._tls_done if tls is not None else self._done)
 
     def _done(self, task: asyncio.Task[Any]) -> None:
         self.pending.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("worker: %s failed: %r", task.get_coro(), task.exception())
+
+    def _tls_done(self, task: asyncio.Task[Any]) -> None:
+        """An amqps adoption ended: a handshake the client failed or dropped is the
+        client's business, and a single broker's amqps listener logs nothing for it
+        (asyncio reports it only in debug mode): a debug line, not an error."""
+        self.pending.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if isinstance(exc, OSError):  # ssl.SSLError, a reset, the handshake's timeout
+            log.debug("worker: TLS handshake not completed: %r", exc)
+        elif exc is not None:
+            log.error("worker: %s failed: %r", task.get_coro(), exc)
 
 
 async def linked(broker: Any, timeout: float) -> bool:
@@ -181,7 +223,14 @@ def main(argv: list[str] | None = None) -> int:
         pass
     from amqpd.server import Broker, serve
 
+    node_http_tls = node_settings(node_argv).http_tls
+
     def ready(broker: Broker) -> None:
+        if node_http_tls and broker.http is not None:
+            # what this API says of its listener is the node's: the front serves https
+            # (the overview's protocol, the protocol-listener check, a UI cookie's
+            # Secure flag), though its own loopback port is plain HTTP
+            broker.http.app["listener"]["tls"] = True
         Adopter(broker, control).start(ours.index)
 
     try:

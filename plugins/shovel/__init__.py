@@ -35,6 +35,7 @@ class ShovelPlugin:
         self.started = False
         self.dynamic: dict[tuple[str, str], ShovelRunner] = {}
         self.static: dict[tuple[str, str], ShovelRunner] = {}
+        self._static_started = False
         self._stopping: set[asyncio.Task[None]] = set()
         self._placer: asyncio.Task[None] | None = None
         api.parameters.register("shovel", validate, on_set=self._on_set,
@@ -106,6 +107,7 @@ class ShovelPlugin:
         """Follow the cluster's membership: start the dynamic shovels this node now
         runs, stop the ones another node runs now (PLACE_INTERVAL apart)."""
         while self.started:
+            self._start_static()
             for runner in list(self.dynamic.values()):
                 here = self._placed_here(runner.defn)
                 if here and runner.task is None:
@@ -120,6 +122,17 @@ class ShovelPlugin:
             self.api.share_cluster_info("shovels", [
                 r.status() for r in self.dynamic.values() if r.task is not None])
             await asyncio.sleep(PLACE_INTERVAL)
+
+    def _start_static(self) -> None:
+        """Start the static shovels once this node serves clients: in a cluster (and
+        on a node of several workers, whose workers form one) the node refuses
+        connections (320) until it has synchronised, and a static shovel with
+        ``reconnect-delay = 0`` would stop for good at that first refusal."""
+        if self._static_started or not self.api.serves_clients():
+            return
+        self._static_started = True
+        for runner in self.static.values():
+            runner.start()
 
     # ------------------------------------------------------------------ lookups
     def all_runners(self) -> list[ShovelRunner]:
@@ -151,7 +164,8 @@ class ShovelPlugin:
 
     async def start(self) -> None:
         self.started = True
-        for runner in [*self.static.values(), *self.dynamic.values()]:
+        self._start_static()  # a single node: now; in a cluster: from the placement loop
+        for runner in self.dynamic.values():
             if self._placed_here(runner.defn):
                 runner.start()
         if self.api.clustered():

@@ -144,8 +144,10 @@ def wait_gone(pids: list[int], timeout: float = 10) -> None:
 
 
 @contextmanager
-def workers_node(data_dir: Path, workers: int = 2) -> Iterator[BrokerProcess]:
-    node = BrokerProcess(data_dir, extra_args=["--workers", str(workers)])
+def workers_node(data_dir: Path, workers: int = 2, env: dict[str, str] | None = None,
+                 extra_args: list[str] | None = None) -> Iterator[BrokerProcess]:
+    node = BrokerProcess(data_dir, extra_args=["--workers", str(workers), *(extra_args or [])],
+                         env=dict(env or {}))
     node.start(timeout=60)
     try:
         yield node

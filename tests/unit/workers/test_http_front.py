@@ -36,9 +36,12 @@ class Stand:
         # compared decoded: a client may spell ``:`` as ``%3A`` or not
         self.routes = {(m, unquote(p)): v for (m, p), v in routes.items()}
         self.seen: list[tuple[str, str, dict[str, str]]] = []
+        self.bodies: list[bytes] = []  # the requests' bodies, in order
 
     async def handle(self, request: web.Request) -> web.Response:
         self.seen.append((request.method, request.raw_path, dict(request.headers)))
+        if request.can_read_body:
+            self.bodies.append(await request.read())
         path = unquote(request.raw_path.split("?", 1)[0])
         status, body = self.routes.get((request.method, path), (404, {
             "error": "Object Not Found", "reason": "Not Found"}))
@@ -51,6 +54,7 @@ class Stand:
 
 @asynccontextmanager
 async def front(*stands: Stand, ports: list[int] | None = None,
+                listeners: list[tuple[str, str, int]] | None = None,
                 ) -> AsyncIterator[tuple[str, HttpFront]]:
     runners, backends = [], []
     for i, s in enumerate(stands):
@@ -64,7 +68,8 @@ async def front(*stands: Stand, ports: list[int] | None = None,
         runners.append(runner)
         backends.append(Backend(i, port, s.name))
     f = HttpFront(NODE, lambda: backends, lambda: ports or [5672, 15672],
-                  lambda: [{"index": b.index} for b in backends])
+                  lambda: [{"index": b.index} for b in backends],
+                  None if listeners is None else (lambda: listeners))
     runner = web.AppRunner(f.app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
@@ -250,6 +255,66 @@ async def test_overview_totals_count_each_queue_once_from_its_owner() -> None:
     assert body["queue_totals"] == {"messages": 13, "messages_ready": 12,
                                     "messages_unacknowledged": 1,
                                     "messages_details": {"rate": 0.0}}
+
+
+async def test_overview_listeners_are_the_nodes_ports() -> None:
+    """The first worker lists its private loopback ports; the node's answer lists the
+    node's (amqps and https included, as the supervisor bound them)."""
+    private = [{"node": "n-w0", "protocol": p, "ip_address": "127.0.0.1", "port": port,
+                "socket_opts": {}} for p, port in (("amqp", 40001), ("amqps", 40002),
+                                                   ("https", 40003))]
+    w0 = Stand("n-w0", {("GET", "/api/overview"): (200, {"node": "n-w0",
+                                                         "listeners": private})})
+    node = [("amqp", "0.0.0.0", 5672), ("amqps", "0.0.0.0", 5671),
+            ("https", "0.0.0.0", 15671)]
+    async with front(w0, listeners=node) as (url, _f):
+        status, body = await call(url, "GET", "/api/overview")
+    assert status == 200 and body["node"] == NODE
+    assert body["listeners"] == [{"node": NODE, "protocol": p, "ip_address": h, "port": port,
+                                  "socket_opts": {}} for p, h, port in node]
+
+
+async def test_shovels_listed_once_each_from_the_worker_that_runs_it() -> None:
+    """Worker 0 runs the static shovel and lists what worker 1 shared of its dynamic
+    one a moment ago (still starting); worker 1 runs it now and has not yet heard of a
+    shovel worker 0 just started: the node lists each once, as its runner reports it."""
+    s0 = {"vhost": "/", "name": "s", "type": "static", "node": "n-w0", "state": "running"}
+    new0 = {"vhost": "/", "name": "new", "type": "dynamic", "node": "n-w0",
+            "state": "running"}
+    stale = {"vhost": "/", "name": "d", "type": "dynamic", "node": "n-w1",
+             "state": "starting"}  # what worker 1 shared before it ran
+    d1 = {"vhost": "/", "name": "d", "type": "dynamic", "node": "n-w1", "state": "running"}
+    w0 = Stand("n-w0", {("GET", "/api/shovels"): (200, [stale, new0, s0]),
+                        ("GET", "/api/shovels/vhost/%2F/d"): (200, stale)})
+    w1 = Stand("n-w1", {("GET", "/api/shovels"): (200, [d1, s0]),
+                        ("GET", "/api/shovels/vhost/%2F/d"): (200, d1)})
+    async with front(w0, w1) as (url, _f):
+        status, body = await call(url, "GET", "/api/shovels")
+        assert status == 200
+        assert [(s["name"], s["node"], s["state"]) for s in body] == [
+            ("d", NODE, "running"), ("new", NODE, "running"), ("s", NODE, "running")]
+        status, body = await call(url, "GET", "/api/shovels?columns=name")
+        assert status == 200 and body == [{"name": "d"}, {"name": "new"}, {"name": "s"}]
+        status, one = await call(url, "GET", "/api/shovels/vhost/%2F/d")
+        assert status == 200 and one["state"] == "running"  # worker 1's, which runs it
+
+
+async def test_a_watermark_of_one_byte_is_a_byte_for_every_worker() -> None:
+    """The node's absolute watermark is shared out, but never down to 0 (a worker's "no
+    limit"): 1 byte, which must raise the alarm, is 1 byte for each worker."""
+    answer = {"memory_limit": 1, "alarms": ["memory"]}
+    w0 = Stand("n-w0", {("PUT", "/api/nodes/n-w0/memory-high-watermark"): (200, answer)})
+    w1 = Stand("n-w1", {("PUT", "/api/nodes/n-w1/memory-high-watermark"): (200, answer)})
+    async with front(w0, w1) as (url, _f):
+        status, body = await call(url, "PUT", f"/api/nodes/{NODE}/memory-high-watermark",
+                                  {"absolute": 1})
+        assert status == 200 and body["alarms"] == ["memory"]
+        await call(url, "PUT", f"/api/nodes/{NODE}/memory-high-watermark", {"absolute": 0})
+        await call(url, "PUT", f"/api/nodes/{NODE}/memory-high-watermark", {"absolute": 5})
+    sent = []
+    for stand in (w0, w1):
+        sent.append([json.loads(b) for b in stand.bodies])
+    assert sent == [[{"absolute": 1}, {"absolute": 0}, {"absolute": 2}]] * 2
 
 
 async def test_the_nodes_figures_are_every_workers() -> None:
