@@ -115,6 +115,14 @@ class HttpServer:
         log.info("HTTP API listening on %s://%s", "https" if ssl_ctx else "http",
                  host_port(self.host, self.port))
 
+    def describe_as_tls(self) -> None:
+        """Say https of this listener (the overview's protocol, the protocol-listener
+        check, a UI cookie's Secure flag) though it is plain: a worker's loopback API
+        behind the node's https front (amqpd/workers/worker.py)."""
+        self.tls = True
+        if self._runner is not None:
+            self._runner.app["listener"]["tls"] = True
+
     def _protocol(self) -> asyncio.Protocol:
         """asyncio's protocol factory for this listener's connections."""
         if self._factory is not None:

@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             # what this API says of its listener is the node's: the front serves https
             # (the overview's protocol, the protocol-listener check, a UI cookie's
             # Secure flag), though its own loopback port is plain HTTP
-            broker.http.app["listener"]["tls"] = True
+            broker.http.describe_as_tls()
         Adopter(broker, control).start(ours.index)
 
     try:
