@@ -85,14 +85,17 @@ def test_invalid_ttl_arguments_are_406(broker, args, text) -> None:
 
 
 def test_x_expires_deletes_unused_queue(broker) -> None:
+    # the HTTP API loads at its first request (amqpd/http/listener.py), which can take
+    # longer than the lease below: asked once before, it answers at once after
+    queue_exists(broker.http_url, "/", "ttl.none")
     with channel(broker.url) as ch:
-        ch.queue_declare("ttl.exp1", arguments={"x-expires": 150})
-        ch.queue_declare("ttl.exp2", arguments={"x-expires": 150})
+        ch.queue_declare("ttl.exp1", arguments={"x-expires": 600})
+        ch.queue_declare("ttl.exp2", arguments={"x-expires": 600})
         ch.basic_consume("ttl.exp2", lambda *a: None, auto_ack=True)
 
         assert queue_exists(broker.http_url, "/", "ttl.exp1")
         # (a passive declare would renew the lease, as in RabbitMQ: ask over HTTP)
-        wait_for(lambda: not queue_exists(broker.http_url, "/", "ttl.exp1"), 3, 0.05)
+        wait_for(lambda: not queue_exists(broker.http_url, "/", "ttl.exp1"), 5, 0.05)
         # the queue with a consumer stays
         with channel(broker.url) as c2:
             assert c2.queue_declare("ttl.exp2", passive=True).method.consumer_count == 1

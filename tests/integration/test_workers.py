@@ -18,6 +18,7 @@ import pytest
 
 from tests.integration.workers_support import (
     connect_on,
+    drain,
     kill_node,
     node_api,
     read_ready,
@@ -32,22 +33,6 @@ from tests.support.brokerproc import BrokerProcess
 pytestmark = pytest.mark.timeout(240)
 
 N = 2000
-
-
-def drain(ch: pika.adapters.blocking_connection.BlockingChannel, queue: str, expect: int,
-          timeout: float = 30) -> list[bytes]:
-    """Consume (manual acks) until ``expect`` messages came or ``timeout`` passed."""
-    got: list[bytes] = []
-    deadline = time.monotonic() + timeout
-    ch.basic_qos(prefetch_count=200)
-    for method, _props, body in ch.consume(queue, inactivity_timeout=1.0):
-        if method is not None:
-            got.append(body)
-            ch.basic_ack(method.delivery_tag)
-        if len(got) >= expect or time.monotonic() > deadline:
-            break
-    ch.cancel()
-    return got
 
 
 def on_each_worker(node: BrokerProcess) -> tuple[pika.BlockingConnection, ...]:
@@ -82,7 +67,7 @@ def test_one_port_two_workers_definitions_and_cross_worker_publish(tmp_path: Pat
                              pika.BasicProperties(delivery_mode=2), mandatory=True)
         # every publish was confirmed (BlockingChannel raises on nack or return)
         assert cb.queue_declare("orders", passive=True).method.message_count == N
-        got = drain(ca, "orders", N)
+        got = drain(ca, "orders", N, prefetch=200)
         assert got == [b"%06d" % i for i in range(N)]  # all, once, in publish order
         # an unknown exchange is still 404 through either worker
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
@@ -104,7 +89,7 @@ def test_consumer_on_the_worker_that_does_not_own_the_queue(tmp_path: Path) -> N
             ca.basic_publish("", "work", b"a%05d" % i, pika.BasicProperties(delivery_mode=2))
             cb.basic_publish("", "work", b"b%05d" % i, pika.BasicProperties(delivery_mode=2))
         consumer = b.channel()  # on worker 1; the queue is worker 0's
-        got = drain(consumer, "work", N)
+        got = drain(consumer, "work", N, prefetch=200)
         assert len(got) == N and len(set(got)) == N
         # per publisher, order is kept
         assert [m for m in got if m[:1] == b"a"] == [b"a%05d" % i for i in range(N // 2)]
@@ -158,11 +143,11 @@ def test_kill_9_of_one_worker(tmp_path: Path) -> None:
         wait_for(back, 60, "publishes into the restarted worker's queue to be confirmed")
         wait_restarted(node, 1, victim)
         assert a.is_open
-        got = drain(a.channel(), "on-w0", 600)
+        got = drain(a.channel(), "on-w0", 600, prefetch=200)
         assert got == [b"%d" % i for i in range(600)]
         # the restarted worker recovered its queue: every confirmed message is there
         b2 = connect_on(node, 1)
-        got1 = drain(b2.channel(), "on-w1", 500 + len(confirmed))
+        got1 = drain(b2.channel(), "on-w1", 500 + len(confirmed), prefetch=200)
         assert got1 == [b"%d" % i for i in range(500)] + confirmed
         # and the node port keeps working for new connections through both workers
         assert read_ready(node)["amqp_port"] == node.port
@@ -193,8 +178,9 @@ def test_kill_9_of_the_whole_node(tmp_path: Path) -> None:
             assert ch.queue_declare(queue, passive=True).method.message_count == 300
             conn.close()
         conn = connect_on(node, 1)
-        assert drain(conn.channel(), "q0", 300) == expect  # owned by w0, consumed via w1
-        assert drain(conn.channel(), "q1", 300) == expect
+        # q0 is owned by w0, consumed via w1
+        assert drain(conn.channel(), "q0", 300, prefetch=200) == expect
+        assert drain(conn.channel(), "q1", 300, prefetch=200) == expect
         # the binding survived too: a new publish reaches both queues again
         ch = conn.channel()
         ch.confirm_delivery()
@@ -337,7 +323,7 @@ def test_fanout_bound_on_one_worker_routes_the_next_publish_on_the_other(
             queues.append(q)
             cb.basic_publish("fan", "", b"%d" % i)  # confirmed (raises on a nack)
         for i, q in enumerate(queues):
-            got = [int(m) for m in drain(ca, q, len(queues) - i, timeout=10)]
+            got = [int(m) for m in drain(ca, q, len(queues) - i, timeout=10, prefetch=200)]
             assert got == list(range(i, len(queues))), (q, got)
         a.close()
         b.close()
@@ -361,7 +347,7 @@ def test_binding_made_on_the_worker_that_does_not_own_the_queue_routes_everywher
             ca.queue_bind(q, "bx", routing_key=q)  # bound through worker 0
             for ch in (cb, ca):
                 ch.basic_publish("bx", q, b"m", mandatory=True)  # 312 raises
-            assert len(drain(cb, q, 2, timeout=10)) == 2, q
+            assert len(drain(cb, q, 2, timeout=10, prefetch=200)) == 2, q
             ca.queue_unbind(q, "bx", routing_key=q)
             for ch in (cb, ca):
                 with pytest.raises(pika.exceptions.UnroutableError):

@@ -10,7 +10,6 @@ worker as tests/integration/workers_support.py says.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,13 @@ import pika
 import pytest
 
 from tests.integration._http import Api
-from tests.integration.workers_support import connect_on, wait_for, worker_api, workers_node
+from tests.integration.workers_support import (
+    connect_on,
+    drain,
+    wait_for,
+    worker_api,
+    workers_node,
+)
 from tests.support.brokerproc import BrokerProcess
 
 pytestmark = pytest.mark.timeout(240)
@@ -44,21 +49,6 @@ dest-uri = "amqp://"
 dest-queue = "inbox"
 reconnect-delay = 0
 """
-
-
-def drain_all(ch: Any, queue: str, expect: int, timeout: float = 30) -> list[bytes]:
-    """Every message of ``queue``: until ``expect`` came and then 2 s of silence (a
-    second copy of a shovel would bring more), or ``timeout``."""
-    got: list[bytes] = []
-    deadline = time.monotonic() + timeout
-    for method, _props, body in ch.consume(queue, inactivity_timeout=2.0):
-        if method is not None:
-            got.append(body)
-            ch.basic_ack(method.delivery_tag)
-        elif len(got) >= expect or time.monotonic() > deadline:
-            break
-    ch.cancel()
-    return got
 
 
 def publish(ch: Any, exchange: str, key: str, bodies: list[bytes]) -> None:
@@ -96,14 +86,14 @@ def test_static_shovels_run_once_on_a_two_worker_node(tmp_path: Path) -> None:
         rest = [f"m{i}".encode() for i in range(N // 2, N)]
         publish(c1, "amq.topic", "moved.a", half)  # from either worker
         publish(c0, "amq.topic", "moved.b", rest)
-        got = drain_all(c1, "moved", N)
+        got = drain(c1, "moved", N, then_silence=2.0)
         assert sorted(got) == sorted(half + rest)  # each once: one copy of the shovel
         # a queue source: one consumer (the shovel's), every message moved once
         wait_for(lambda: Api(node.http_url).get("/api/queues/%2F/outbox").status == 200,
                  30, "the shovel's source queue declared")
         bodies = [f"q{i}".encode() for i in range(N)]
         publish(c1, "", "outbox", bodies)
-        got = drain_all(c0, "inbox", N)
+        got = drain(c0, "inbox", N, then_silence=2.0)
         assert got == bodies  # in order, each once
         outbox = Api(node.http_url).get("/api/queues/%2F/outbox").json()
         assert outbox["consumers"] == 1
@@ -138,7 +128,7 @@ def test_a_dynamic_shovel_runs_on_one_worker_and_is_managed_through_the_node(
         bodies = [f"d{i}".encode() for i in range(N)]
         publish(c0, "amq.topic", "dyn", bodies[: N // 2])
         publish(c1, "amq.topic", "dyn", bodies[N // 2:])
-        assert sorted(drain_all(c0, "dyn-out", N)) == sorted(bodies)
+        assert sorted(drain(c0, "dyn-out", N, then_silence=2.0)) == sorted(bodies)
         # restarted and deleted through the node's port, as on a single node
         assert api.delete("/api/shovels/vhost/%2F/dyn/restart").status == 204
         assert api.delete("/api/shovels/vhost/%2F/dyn").status == 204
@@ -186,8 +176,8 @@ def test_exchange_federation_runs_one_link_for_a_two_worker_downstream(
             bodies = [f"f{i}".encode() for i in range(N)]
             with pika.BlockingConnection(pika.URLParameters(up.url)) as uconn:
                 publish(uconn.channel(), "fed.topic", "orders.eu", bodies)
-            assert drain_all(c0, "fed-w0", N) == bodies  # once each, in order
-            assert drain_all(c1, "fed-w1", N) == bodies
+            assert drain(c0, "fed-w0", N, then_silence=2.0) == bodies  # once each, in order
+            assert drain(c1, "fed-w1", N, then_silence=2.0) == bodies
             assert len(Api(down.http_url).get("/api/federation-links").json()) == 1
             w0.close()
             w1.close()

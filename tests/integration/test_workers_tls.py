@@ -16,7 +16,6 @@ import json
 import ssl
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from tests.integration.test_tls import (
     amqps_params,
     client_context,
 )
-from tests.integration.workers_support import connection_names, wait_for, workers_node
+from tests.integration.workers_support import connection_names, drain, wait_for, workers_node
 from tests.support.brokerproc import BrokerProcess
 
 pytestmark = pytest.mark.timeout(240)
@@ -93,15 +92,7 @@ def test_amqps_clients_on_both_workers_exchange_messages_and_https_api(tmp_path:
             ca.basic_publish("", "tls-w1", f"a{i}".encode(),
                              pika.BasicProperties(delivery_mode=2))
         for ch, queue, prefix in ((ca, "tls-w0", "b"), (cb, "tls-w1", "a")):
-            got: list[bytes] = []
-            deadline = time.monotonic() + 30
-            for method, _props, body in ch.consume(queue, inactivity_timeout=1.0):
-                if method is not None:
-                    got.append(body)
-                    ch.basic_ack(method.delivery_tag)
-                if len(got) >= N or time.monotonic() > deadline:
-                    break
-            ch.cancel()
+            got = drain(ch, queue, N)
             assert got == [f"{prefix}{i}".encode() for i in range(N)]  # all, in order
         # the node's HTTPS port (the supervisor's front) answers for both workers
         api = Api(f"https://localhost:{node.http_port}", context=client_context(pki))

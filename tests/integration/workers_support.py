@@ -84,6 +84,27 @@ def connect_on(node: BrokerProcess, index: int) -> pika.BlockingConnection:
             c.close()
 
 
+def drain(ch: Any, queue: str, expect: int, timeout: float = 30, *,
+          then_silence: float = 0.0, prefetch: int = 0) -> list[bytes]:
+    """Consume ``queue`` with manual acks until ``expect`` messages came, or ``timeout``
+    passed. With ``then_silence``, go on after ``expect`` until that many seconds pass
+    with nothing (a second copy of a shovel would bring more)."""
+    got: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    if prefetch:
+        ch.basic_qos(prefetch_count=prefetch)
+    for method, _props, body in ch.consume(queue, inactivity_timeout=then_silence or 1.0):
+        if method is not None:
+            got.append(body)
+            ch.basic_ack(method.delivery_tag)
+            if then_silence:
+                continue
+        if len(got) >= expect or time.monotonic() > deadline:
+            break
+    ch.cancel()
+    return got
+
+
 def wait_for(pred: Any, timeout: float, what: str) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
