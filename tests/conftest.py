@@ -13,7 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import xdist_guard
 from tests.support.brokerproc import BrokerProcess
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    xdist_guard.install(config)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
