@@ -105,6 +105,9 @@ def add_routes(listener: StreamListener) -> Any:
         """A list of every connection's (the whole cluster's), or of one connection's
         (``/api/stream/connections/{vhost}/{name}/...``: the node that has it)."""
         if "name" in ctx.params:
+            if ctx.api.lists_cluster_wide():
+                for item in items:
+                    stamp_connection_node(item, ctx.api.node_name())
             return json_response(select_columns(items, ctx))
         return json_response(select_columns(
             await whole_cluster(ctx, items, stamp_connection_node), ctx))
