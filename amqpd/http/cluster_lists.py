@@ -104,11 +104,14 @@ async def whole_cluster(ctx: Ctx, mine: list[dict[str, Any]],
         return mine
     parts: dict[str, Any] = {ctx.api.node_name(): mine}
     for node, answer in (await _ask_others(ctx)).items():
-        if answer.get("status") == 200:
+        status = answer.get("status")
+        if status == 200:
             parts[node] = answer.get("body")
+        elif status == 404:  # no such list there: its stream listener is off
+            log.debug("cluster list %s: node %s has none", ctx.request.path, node)
         else:
             log.warning("cluster list %s: node %s answered %s, left out", ctx.request.path,
-                        node, answer.get("status"))
+                        node, status)
     return merge_parts(parts, stamp)
 
 

@@ -71,13 +71,15 @@ def test_parts_merge_by_node_name_each_item_stamped() -> None:
 def test_the_others_are_asked_without_list_options_which_apply_to_the_whole() -> None:
     api = FakeApi({"node-a": {"status": 200, "body": [{"name": "a1", "node": "node-a"},
                                                       {"name": "a2", "node": "node-a"}]},
-                   "node-c": {"status": 401, "body": {"error": "not_authorized"}}})
+                   "node-c": {"status": 401, "body": {"error": "not_authorized"}},
+                   # no such list there (its stream listener off): nothing from it
+                   "node-e": {"status": 404, "body": {"error": "Object Not Found"}}})
     query = [("page", "1"), ("page_size", "2"), ("sort", "name"), ("sort_reverse", "true"),
              ("columns", "name"), ("name", "2"), ("msg_rates_age", "60")]
     ctx = ctx_for(api, "/api/connections", query, headers={"X-Reason": "r"})
     mine = [{"name": "b2", "node": "node-b"}, {"name": "b1", "node": "node-b"}]
     merged = asyncio.run(whole_cluster(ctx, mine))
-    assert [i["name"] for i in merged] == ["a1", "a2", "b2", "b1"]  # node-c left out
+    assert [i["name"] for i in merged] == ["a1", "a2", "b2", "b1"]  # c, e left out
     (kind, args), = api.asked
     assert kind == "http-local-part"
     assert args == {"method": "GET", "path": "/api/connections",
