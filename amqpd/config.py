@@ -152,6 +152,14 @@ class ClusterConfig:
     # linked node to apply it (amqpd/cluster/visibility.py); 0: it waits for etcd only.
     # The workers of one node set it (docs/workers.md): they must act as one process
     visible_wait: float = 0.0
+    # the management API's lists of connections, channels and consumers (AMQP and the
+    # stream protocol) are the whole cluster's, each other node's part asked over the
+    # links (docs/clustering.md, "Lists of the whole cluster"). The workers of one node
+    # set it false: the node's HTTP front merges their lists itself (docs/workers.md)
+    wide_lists: bool = True
+    # seconds another node gets to give its part of such a list; one that does not
+    # answer in time (stopped, overloaded) is left out, with a log line
+    list_timeout: float = 2.0
 
     @property
     def enabled(self) -> bool:
@@ -208,7 +216,7 @@ def check_cluster(cc: ClusterConfig) -> None:
         if value:
             _split_addr(value, "cluster." + key)
     for key in ("heartbeat_interval", "heartbeat_timeout", "lease_ttl", "mirror_sync_timeout",
-                "definition_timeout", "loop_hang_timeout"):
+                "definition_timeout", "loop_hang_timeout", "list_timeout"):
         if getattr(cc, key) <= 0:
             raise ConfigError(f"setting 'cluster.{key}' must be > 0")
     if cc.visible_wait < 0:

@@ -720,6 +720,10 @@ async def serve(settings: Settings, ready: Callable[[Broker], None] | None = Non
         # stream-protocol publishers declared on a node that does not lead their stream
         cluster.forwarded_publishes = forwarded_publish.start(
             queues, lambda: getattr(broker.stream_listener, "relay", None))
+        from amqpd.cluster import peer_ask
+
+        # the other nodes' questions (the management API's lists of the whole cluster)
+        cluster.peer_ask = peer_ask.start(broker.api, queues)
         queues.extensions_started = True  # their frames are handled from here on
         from amqpd.cluster import deadlines as commit_deadlines
 
@@ -751,6 +755,7 @@ async def serve(settings: Settings, ready: Callable[[Broker], None] | None = Non
         await streams.stop()
         await mirrors.stop()
         await cluster.stop()  # revokes the lease: the others see this node go at once
+        cluster.peer_ask.close()  # the other nodes' questions still being answered
         await queues.stop()
     await broker.stop()
 

@@ -338,6 +338,13 @@ class ClusterStatus(Protocol):
         """Another running node's answer to a request (amqpd/cluster/node_requests.py)."""
         ...
 
+    async def ask_running(self, kind: str, args: dict[str, Any], timeout: float,
+                          ) -> tuple[dict[str, Any], dict[str, str]]:
+        """Every other running node's answer to ``kind`` over the inter-node links
+        (amqpd/cluster/peer_ask.py), each given ``timeout`` seconds: the answers by
+        node, and the nodes left out with why."""
+        ...
+
     def transient_recorded(self, kind: int, key: str, body: bytes) -> bool:
         """A non-durable exchange or a binding that is not durable changed here (an
         empty body deletes): make it cluster-wide. True: a reply waits for etcd."""
@@ -547,6 +554,23 @@ class BrokerAPI:
     def node_request_handler(self, kind: str) -> NodeRequestHandler | None:
         """The handler :meth:`serve_node_requests` registered for ``kind``, if any."""
         return self._broker.node_request_handlers.get(kind)
+
+    def lists_cluster_wide(self) -> bool:
+        """Do the management API's lists of connections, channels and consumers show
+        the whole cluster's (a cluster member with ``cluster.wide_lists``)?"""
+        return self._broker.cluster is not None and self._broker.settings.cluster.wide_lists
+
+    async def ask_every_node(self, kind: str, args: dict[str, Any],
+                             ) -> tuple[dict[str, Any], dict[str, str]]:
+        """Every other running node's answer to ``kind`` (the handler it registered
+        with :meth:`serve_node_requests`), asked over the inter-node links, each given
+        ``cluster.list_timeout`` seconds: the answers by node, and the nodes left out
+        with why (no link, no answer in time, an error; logged). Nothing on a single
+        node."""
+        cluster = self._broker.cluster
+        if cluster is None:
+            return {}, {}
+        return await cluster.ask_running(kind, args, self._broker.settings.cluster.list_timeout)
 
     async def ask_node(self, node: str, kind: str, args: dict[str, Any],
                        timeout: float = 5.0) -> Any:

@@ -33,9 +33,10 @@ from typing import Any, Final
 # positions of DELIVER / GET_OK and RECLAIM; 3 the stream-protocol publishers'
 # SPUB..SPUBLOST (SPUBBED with the producer's confirmed id) and the SYNC / SYNCED
 # barrier of definitions made visible on every linked node; 4 the batches PUBLISHES and
-# DELIVERS (several messages of one stream in one frame)
+# DELIVERS (several messages of one stream in one frame); 5 ASK / ANSWER (a question for
+# the peer node as a whole: the management API's cluster-wide lists)
 PREAMBLE: Final = b"AMQPD-LINK\x00"
-VERSION: Final = 4
+VERSION: Final = 5
 MAGIC: Final = PREAMBLE + bytes((VERSION,))
 MAX_FRAME: Final = 256 << 20  # a message body is bounded by the AMQP frame limits anyway
 
@@ -102,6 +103,10 @@ SPUB: Final = 130  # user -> leader: vhost, stream, producer reference, packed e
 SPUBBED: Final = 131
 SPUBEND: Final = 132  # user -> leader: the publisher is gone (deleted, connection closed)
 SPUBLOST: Final = 133  # leader -> user: its publishes cannot be taken here (why)
+# a question for the peer node as a whole and its answer, either way on stream 0
+# (amqpd.cluster.peer_ask): what the management API lists for the whole cluster
+ASK: Final = 140  # request id, kind, arguments (JSON)
+ANSWER: Final = 141  # request id, {"ok": true, "value"} or {"ok": false, "code", "error"}
 
 LAYOUTS: Final[dict[int, str]] = {
     HELLO: "sb", CHALLENGE: "sbb", PROVE: "b", WELCOME: "", REFUSED: "s", PING: "",
@@ -115,6 +120,7 @@ LAYOUTS: Final[dict[int, str]] = {
     PURGE: "I", PURGED: "IQ", DELETE: "I", DELETED: "IQ", COUNT: "I", COUNTED: "IQQI",
     DECLARE: "Ij", DECLARED: "IIs", SYNC: "BQ", SYNCED: "BQ",
     SPUB: "sssb", SPUBBED: "LLLQ", SPUBEND: "", SPUBLOST: "s",
+    ASK: "Isj", ANSWER: "Ij",
 }
 
 _HEAD = struct.Struct(">IBI")

@@ -125,6 +125,8 @@ class Cluster(ClusterView):
         # stream-protocol publishes forwarded to the streams' leaders
         # (amqpd.cluster.forwarded_publish.ForwardedPublishes)
         self.forwarded_publishes: Any = None
+        # questions to the other nodes over the links (amqpd.cluster.peer_ask.PeerAsk)
+        self.peer_ask: Any = None
         self.pauses = 0
         # whether this node may claim the queues it holds (amqpd/cluster/leadership.py)
         self.leadership = Leadership(self.loop_clock, cc.heartbeat_timeout / 2,
@@ -373,6 +375,14 @@ class Cluster(ClusterView):
 
     async def ask(self, node: str, kind: str, args: dict[str, Any], timeout: float) -> Any:
         return await self.requests.ask(node, kind, args, timeout)
+
+    async def ask_running(self, kind: str, args: dict[str, Any], timeout: float,
+                          ) -> tuple[dict[str, Any], dict[str, str]]:
+        others = sorted(n for n in self.running_nodes() if n != self.node_name)
+        if self.peer_ask is None:  # still starting: nobody to ask yet
+            return {}, dict.fromkeys(others, "this node is starting")
+        answers, missing = await self.peer_ask.ask_every(others, kind, args, timeout)
+        return answers, missing
 
     def refresh_queue(self, vhost: str, name: str, done: Callable[[], None]) -> None:
         async def refresh() -> None:

@@ -51,7 +51,7 @@ _ERRORS: dict[int, type[AMQPError]] = {
     c.reply_code: c for c in (NotFound, AccessRefused, ResourceLocked, PreconditionFailed)}
 
 
-def _error(code: Any, text: str) -> AMQPError:
+def error_of(code: Any, text: str) -> AMQPError:
     """The error an answer carries, as the asker raises it (its reply code kept)."""
     code = code if isinstance(code, int) else 541
     cls = _ERRORS.get(code)
@@ -110,7 +110,7 @@ class NodeRequests:
             raise AMQPError(f"node '{node}' answered {answer!r}")
         if answer.get("ok"):
             return answer.get("value")
-        raise _error(answer.get("code"), str(answer.get("error", "")))
+        raise error_of(answer.get("code"), str(answer.get("error", "")))
 
     # ------------------------------------------------------------------ answering
     def _received(self, key: bytes, value: bytes) -> None:

@@ -19,6 +19,7 @@ from aiohttp import web
 from amqpd.http import (
     bindings,
     cluster,
+    cluster_lists,
     connections,
     definitions,
     exchanges,
@@ -78,6 +79,11 @@ def create_app(api: BrokerAPI, sampler: RateSampler | None = None) -> web.Applic
     app["listener"] = {"host": "", "port": 0, "tls": False}
     router = build_router(api)
     app["router"] = router  # /metrics asks its metric_sources
+
+    async def local_part(args: dict[str, Any]) -> Any:
+        return await cluster_lists.answer_peer(api, router, app, args)
+
+    app["local_part"] = local_part  # another node's question (amqpd/http/listener.py)
     app.router.add_route("*", "/{tail:.*}", make_dispatcher(api, router))
     return app
 

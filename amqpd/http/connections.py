@@ -1,11 +1,22 @@
-"""/api/connections, /api/channels, /api/consumers (and their per-vhost forms)."""
+"""/api/connections, /api/channels, /api/consumers (and their per-vhost forms). In a
+cluster the lists are the whole cluster's and one connection or channel is found on
+whichever node has it (amqpd.http.cluster_lists)."""
 
 from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING, Any
 
-from amqpd.http.core import Ctx, Router, json_response, no_content, not_found, select_columns
+from amqpd.http.cluster_lists import elsewhere, whole_cluster
+from amqpd.http.core import (
+    Ctx,
+    HttpError,
+    Router,
+    json_response,
+    no_content,
+    not_found,
+    select_columns,
+)
 from amqpd.http.query_windows import windows
 
 if TYPE_CHECKING:
@@ -138,15 +149,31 @@ async def list_connections(ctx: Ctx) -> Any:
     if "vhost" in ctx.params:
         vhost = ctx.vhost().name
     items = [connection_view(ctx, s) for s in visible_sessions(ctx, vhost)]
-    return json_response(select_columns(items, ctx))
+    return json_response(select_columns(await whole_cluster(ctx, items), ctx))
+
+
+async def _from_elsewhere(ctx: Ctx, missing: HttpError) -> Any:
+    """The answer of the node that has what this one does not (404 if none has); a
+    list (a connection's channels) with the list options applied here."""
+    status, body = await elsewhere(ctx, missing)
+    if isinstance(body, list):
+        body = select_columns(body, ctx)
+    return no_content() if status == 204 else json_response(body, status)
 
 
 async def get_connection(ctx: Ctx) -> Any:
-    return json_response(connection_view(ctx, _find_session(ctx, ctx.params["name"])))
+    try:
+        session = _find_session(ctx, ctx.params["name"])
+    except HttpError as exc:
+        return await _from_elsewhere(ctx, exc)
+    return json_response(connection_view(ctx, session))
 
 
 async def close_connection(ctx: Ctx) -> Any:
-    session = _find_session(ctx, ctx.params["name"])
+    try:
+        session = _find_session(ctx, ctx.params["name"])
+    except HttpError as exc:
+        return await _from_elsewhere(ctx, exc)
     if not ctx.is_admin and session.username != ctx.username:
         raise not_found()
     reason = ctx.request.headers.get("X-Reason", "Closed via management plugin")
@@ -157,7 +184,10 @@ async def close_connection(ctx: Ctx) -> Any:
 
 
 async def connection_channels(ctx: Ctx) -> Any:
-    session = _find_session(ctx, ctx.params["name"])
+    try:
+        session = _find_session(ctx, ctx.params["name"])
+    except HttpError as exc:
+        return await _from_elsewhere(ctx, exc)
     items = [channel_view(ctx, session, ch) for ch in session.channels.values()]
     return json_response(select_columns(items, ctx))
 
@@ -166,7 +196,7 @@ async def list_channels(ctx: Ctx) -> Any:
     vhost = ctx.vhost().name if "vhost" in ctx.params else None
     items = [channel_view(ctx, s, ch) for s in visible_sessions(ctx, vhost)
              for ch in s.channels.values()]
-    return json_response(select_columns(items, ctx))
+    return json_response(select_columns(await whole_cluster(ctx, items), ctx))
 
 
 async def get_channel(ctx: Ctx) -> Any:
@@ -174,7 +204,7 @@ async def get_channel(ctx: Ctx) -> Any:
         for ch in s.channels.values():
             if channel_name(s, ch) == ctx.params["name"]:
                 return json_response(channel_view(ctx, s, ch))
-    raise not_found()
+    return await _from_elsewhere(ctx, not_found())
 
 
 async def list_consumers(ctx: Ctx) -> Any:
@@ -188,7 +218,7 @@ async def list_consumers(ctx: Ctx) -> Any:
         for ch in s.channels.values():
             for consumer in ch.consumers.values():
                 items.append(consumer_view(ctx, s, ch, consumer))
-    return json_response(select_columns(items, ctx))
+    return json_response(select_columns(await whole_cluster(ctx, items), ctx))
 
 
 def routes(r: Router) -> None:

@@ -125,6 +125,9 @@ class Ctx:
     request: web.Request
     user: User | None
     params: dict[str, str]
+    # True when another node of the cluster asked for this node's part of a list
+    # (amqpd.http.cluster_lists): the handler answers with this node's own only
+    local_only: bool = False
 
     @property
     def username(self) -> str:
@@ -457,6 +460,10 @@ def list_options(items: list[dict[str, Any]], q: Any) -> Any:
     return items
 
 
+# the query options of a list (RabbitMQ's), applied over a whole list: the workers' HTTP
+# front and a cluster-wide list take them off the parts they ask for
+LIST_OPTIONS = frozenset({"name", "use_regex", "sort", "sort_reverse", "page", "page_size",
+                          "columns", "pagination"})
 T = TypeVar("T")
 MAX_PAGE_SIZE = 500  # RabbitMQ's limit
 

@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqpd.http")
 
 BACKLOG = 128  # aiohttp's TCPSite default
+# what another node of the cluster asks this one: its part of a management list
+# (amqpd.http.cluster_lists; BrokerAPI.serve_node_requests' kind)
+LOCAL_PART = "http-local-part"
 
 
 class _Held(asyncio.Protocol):
@@ -80,6 +83,8 @@ class HttpServer:
         self._loading: asyncio.Task[None] | None = None
         self._runner: Any = None  # aiohttp's web.AppRunner, once loaded
         self._factory: Any = None  # its protocol factory (runner.server)
+        # other nodes' questions for this node's part of a list (amqpd.http.cluster_lists)
+        api.serve_node_requests(LOCAL_PART, self._local_part)
 
     @property
     def loaded(self) -> bool:
@@ -150,6 +155,17 @@ class HttpServer:
         self._runner = runner
         self._factory = runner.server
         self._release()
+
+    async def _local_part(self, args: dict[str, Any]) -> Any:
+        """Another node's question for this node's part of a list: answered by the
+        application (loaded now if no request has come yet)."""
+        if self._runner is None:
+            if self._loading is None:
+                self._loading = asyncio.get_running_loop().create_task(self._load())
+            await asyncio.shield(self._loading)
+        if self._runner is None:
+            raise RuntimeError("the HTTP API could not be loaded")
+        return await self._runner.app["local_part"](args)
 
     def _release(self) -> None:
         """Hand every held connection to aiohttp's protocol."""

@@ -4,13 +4,22 @@ the same paths and, where amqpd has the figure, the same fields). Each list show
 the vhosts the HTTP user may see; ``/api/stream/.../{vhost}`` narrows to one, and
 ``/api/stream/connections/{vhost}/{name}`` (with ``/publishers``, ``/consumers``) is one
 connection, as there. The web UI's Streams page and the Prometheus metrics
-(:func:`amqpd.streamproto.metrics.lines`) read the same views."""
+(:func:`amqpd.streamproto.metrics.lines`) read the same views. In a cluster the lists
+are the whole cluster's, each connection naming its ``node`` (a publisher's or a
+consumer's in its ``connection_details``), and one connection is found on whichever
+node has it (amqpd.http.cluster_lists)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from amqpd.http.core import Ctx, Router, json_response, not_found, select_columns
+from amqpd.http.cluster_lists import (
+    elsewhere,
+    stamp_connection_node,
+    stamp_node,
+    whole_cluster,
+)
+from amqpd.http.core import Ctx, HttpError, Router, json_response, not_found, select_columns
 
 if TYPE_CHECKING:
     from amqpd.streamproto.connection import Publisher, StreamConnection, Subscription
@@ -77,21 +86,57 @@ def add_routes(listener: StreamListener) -> Any:
     """The router hook (BrokerAPI.plugin_http_routes calls it with the router)."""
 
     async def connections(ctx: Ctx) -> Any:
+        items = [connection_view(c) for c in _connections(listener, ctx)]
         return json_response(select_columns(
-            [connection_view(c) for c in _connections(listener, ctx)], ctx))
+            await whole_cluster(ctx, items, stamp_node), ctx))
 
     async def connection(ctx: Ctx) -> Any:
-        return json_response(connection_view(_connections(listener, ctx)[0]))
+        try:
+            conn = _connections(listener, ctx)[0]
+        except HttpError as exc:
+            status, body = await elsewhere(ctx, exc)
+            return json_response(body, status)
+        view = connection_view(conn)
+        if ctx.api.lists_cluster_wide():
+            stamp_node(view, ctx.api.node_name())
+        return json_response(view)
+
+    async def _one_or_all(ctx: Ctx, items: list[dict[str, Any]]) -> Any:
+        """A list of every connection's (the whole cluster's), or of one connection's
+        (``/api/stream/connections/{vhost}/{name}/...``: the node that has it)."""
+        if "name" in ctx.params:
+            if ctx.api.lists_cluster_wide():
+                for item in items:
+                    stamp_connection_node(item, ctx.api.node_name())
+            return json_response(select_columns(items, ctx))
+        return json_response(select_columns(
+            await whole_cluster(ctx, items, stamp_connection_node), ctx))
+
+    def _of_one(ctx: Ctx) -> list[StreamConnection] | HttpError:
+        try:
+            return _connections(listener, ctx)
+        except HttpError as exc:
+            return exc
 
     async def publishers(ctx: Ctx) -> Any:
-        items = [publisher_view(conn, pub) for conn in _connections(listener, ctx)
+        conns = _of_one(ctx)
+        if isinstance(conns, HttpError):
+            status, body = await elsewhere(ctx, conns)
+            return json_response(select_columns(body, ctx) if isinstance(body, list)
+                                 else body, status)
+        items = [publisher_view(conn, pub) for conn in conns
                  for pub in conn.publishers.values()]
-        return json_response(select_columns(items, ctx))
+        return await _one_or_all(ctx, items)
 
     async def consumers(ctx: Ctx) -> Any:
-        items = [consumer_view(conn, sub) for conn in _connections(listener, ctx)
+        conns = _of_one(ctx)
+        if isinstance(conns, HttpError):
+            status, body = await elsewhere(ctx, conns)
+            return json_response(select_columns(body, ctx) if isinstance(body, list)
+                                 else body, status)
+        items = [consumer_view(conn, sub) for conn in conns
                  for sub in conn.subscriptions.values()]
-        return json_response(select_columns(items, ctx))
+        return await _one_or_all(ctx, items)
 
     def hook(r: Router) -> None:
         for path, handler in (("connections", connections), ("publishers", publishers),

@@ -61,7 +61,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from amqpd.http.core import PEER_HEADER, HttpError, error_response, list_options
+from amqpd.http.core import LIST_OPTIONS, PEER_HEADER, HttpError, error_response, list_options
 
 log = logging.getLogger("amqpd.workers.http")
 
@@ -71,9 +71,6 @@ HOP: Final = frozenset({"host", "connection", "keep-alive", "transfer-encoding",
                         "content-length", "content-encoding", "accept-encoding",
                         "proxy-authorization", "te", "trailer", "upgrade",
                         PEER_HEADER.lower()})
-# the query options of a list, applied here over the merged list (docs: RabbitMQ's)
-LIST_OPTIONS: Final = frozenset({"name", "use_regex", "sort", "sort_reverse", "page",
-                                 "page_size", "columns", "pagination"})
 
 
 # plugins' lists of what runs where (each worker lists its own; the front merges them)

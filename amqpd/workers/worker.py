@@ -83,6 +83,9 @@ def worker_settings(argv: list[str], index: int, kv_url: str) -> Settings:
         # a declare-ok on one worker means every worker has the change, as in one
         # process (amqpd/cluster/visibility.py)
         "cluster_visible_wait": VISIBLE_WAIT,
+        # the front merges the workers' lists of connections, channels and consumers
+        # (amqpd/workers/http_front.py): each worker lists its own only
+        "cluster_wide_lists": False,
     })
     # what clients are told stays the node's (connection.start's cluster_name)
     settings.cluster_name = node.effective_cluster_name

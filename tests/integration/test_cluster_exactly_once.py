@@ -74,7 +74,8 @@ def _publisher_node(nodes: list[ClusterNode]) -> ClusterNode | None:
             r = n.api.get("/api/connections")
         except OSError:
             continue
-        if r.status == 200 and r.json():
+        # every node lists the whole cluster's connections, each naming its node
+        if r.status == 200 and any(i.get("node") == n.name for i in r.json()):
             return n
     return None
 

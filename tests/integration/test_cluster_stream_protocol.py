@@ -224,7 +224,7 @@ async def _rstream_read(node: ClusterNode, count: int, nodes: list[ClusterNode]
                         ) -> tuple[list[tuple[int, bytes]], dict[str, int]]:
     """``count`` records from the first offset through rstream's consumer connected
     to ``node`` (it subscribes where the metadata sends it), and how many stream
-    consumers each node lists meanwhile."""
+    consumers each node holds meanwhile (by the ``node`` the cluster's list names)."""
     got: list[tuple[int, bytes]] = []
     done = asyncio.Event()
 
@@ -240,7 +240,10 @@ async def _rstream_read(node: ClusterNode, count: int, nodes: list[ClusterNode]
         await consumer.subscribe(STREAM, on_message, offset_specification=(
             rstream.ConsumerOffsetSpecification(rstream.OffsetType.FIRST)))
         await asyncio.wait_for(done.wait(), 60)
-        where = {n.name: len(n.api.get("/api/stream/consumers").json()) for n in nodes}
+        # every node lists the whole cluster's subscriptions, each naming its node
+        listed = nodes[0].api.get("/api/stream/consumers").json()
+        where = {n.name: sum(1 for i in listed if i["connection_details"]["node"] == n.name)
+                 for n in nodes}
         return got, where
     finally:
         await consumer.close()

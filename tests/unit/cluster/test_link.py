@@ -96,22 +96,22 @@ async def test_a_stranger_without_the_preamble_is_dropped() -> None:
 
 async def test_a_node_of_another_link_version_is_refused_and_told_why(
         caplog: pytest.LogCaptureFixture) -> None:
-    """A dialler speaking link protocol version 3 (before the batches PUBLISHES and
-    DELIVERS) gets REFUSED with both versions and never a frame of this version: no
-    link comes up between the two."""
+    """A dialler speaking link protocol version 4 (before ASK and ANSWER) gets REFUSED
+    with both versions and never a frame of this version: no link comes up between
+    the two."""
     a, _ra, b, rb = await pair()
     try:
-        assert b.address is not None and W.VERSION == 4
+        assert b.address is not None and W.VERSION == 5
         reader, writer = await asyncio.open_connection(*b.address)
-        writer.write(W.PREAMBLE + b"\x03" + W.encode(W.HELLO, 0, "old@x", b"n" * 32))
+        writer.write(W.PREAMBLE + b"\x04" + W.encode(W.HELLO, 0, "old@x", b"n" * 32))
         with caplog.at_level(logging.WARNING, logger="amqpd.cluster"):
             got = await asyncio.wait_for(reader.read(), 5)  # then closed
         assert W.FrameReader().feed(got) == [
-            (W.REFUSED, 0, ["link protocol version 3 there, 4 here: no link between "
+            (W.REFUSED, 0, ["link protocol version 4 there, 5 here: no link between "
                             "the two"])]
         writer.close()
         assert rb.ups == [] and rb.frames == []
-        assert "link protocol version 3 there, 4 here" in caplog.text
+        assert "link protocol version 4 there, 5 here" in caplog.text
     finally:
         await a.close()
         await b.close()
