@@ -83,6 +83,10 @@ def worker_settings(argv: list[str], index: int, kv_url: str) -> Settings:
         # a declare-ok on one worker means every worker has the change, as in one
         # process (amqpd/cluster/visibility.py)
         "cluster_visible_wait": VISIBLE_WAIT,
+        # one web UI login for the node: a session made through one worker opens the
+        # others (the front sends a request to whichever worker it concerns)
+        "http_sessions_file": node.http_sessions_file or str(
+            Path(node.data_dir) / "workers" / "http-sessions.json"),
     })
     # what clients are told stays the node's (connection.start's cluster_name)
     settings.cluster_name = node.effective_cluster_name
