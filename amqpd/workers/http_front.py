@@ -41,9 +41,9 @@ supervisor serves the node's HTTP port itself and answers as one node
 
 Authentication stays the workers': every request is forwarded with its headers and the
 client's address (:data:`PEER_HEADER`), so a loopback-only user stays refused from
-elsewhere. A web UI session lives in the worker that logged it in (the first one):
-another worker refuses its cookie, so a request authenticated only by the cookie sees
-the first worker's view (its connections, its copy of a queue).
+elsewhere. A web UI session is the node's: the workers keep their sessions in one file
+(``http_sessions_file``, amqpd/http/sessions.py), so the cookie a login through any
+worker set opens every worker, wherever the front sends the next request.
 """
 
 from __future__ import annotations
@@ -150,21 +150,22 @@ def sum_sample_blocks(into: dict[str, Any], other: dict[str, Any]) -> None:
     sample to the older points); ``avg`` and ``avg_rate`` computed again over the sums."""
     if _number(into.get("rate")) and _number(other.get("rate")):
         into["rate"] = round(into["rate"] + other["rate"], 1)
-    theirs = [(p["timestamp"], p["sample"]) for p in other["samples"]
-              if isinstance(p, dict) and _number(p.get("timestamp"))
-              and _number(p.get("sample"))]
+    theirs = _points(other["samples"])
     points: list[tuple[int, int]] = []
-    for p in into["samples"]:
-        if not (isinstance(p, dict) and _number(p.get("timestamp"))
-                and _number(p.get("sample"))):
-            continue
-        t, v = p["timestamp"], p["sample"]
+    for t, v in _points(into["samples"]):
         if theirs:
-            v += min(theirs, key=lambda q, t=t: abs(q[0] - t))[1]
+            v += min(theirs, key=lambda q: abs(q[0] - t))[1]
         points.append((t, v))
     if not into["samples"]:
         points = theirs
     into.update(sample_block(points))
+
+
+def _points(samples: list[Any]) -> list[tuple[int, int]]:
+    """A sample list's (timestamp, sample) pairs, anything malformed left out."""
+    return [(p["timestamp"], p["sample"]) for p in samples
+            if isinstance(p, dict) and _number(p.get("timestamp"))
+            and _number(p.get("sample"))]
 
 
 def _number(value: Any) -> bool:

@@ -275,9 +275,9 @@ def test_sample_blocks_of_a_worker_with_no_samples_or_a_shorter_history() -> Non
              "avg": 3.0, "avg_rate": 2.0}
     sum_sample_blocks(block, other)  # the first has none yet: the other's, as they are
     assert block == {**other, "rate": 1.5}
-    longer = {"rate": 0.0, "samples": [{"sample": 9, "timestamp": t}
-                                       for t in (3000, 2000, 1000, 0)],
-              "avg": 9.0, "avg_rate": 0.0}
+    longer: dict[str, Any] = {"rate": 0.0, "samples": [{"sample": 9, "timestamp": t}
+                                                   for t in (3000, 2000, 1000, 0)],
+                              "avg": 9.0, "avg_rate": 0.0}
     sum_sample_blocks(longer, {"rate": 0.0, "samples": [{"sample": 1, "timestamp": 3000}],
                                "avg": 1.0, "avg_rate": 0.0})
     assert [p["sample"] for p in longer["samples"]] == [10, 10, 10, 10]
