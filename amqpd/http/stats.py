@@ -102,10 +102,16 @@ class RateSampler:
 
     async def _run(self) -> None:
         while True:
-            # on the wall clock's multiples of the interval: every worker of a node
-            # samples at the same moments (module docstring)
-            await asyncio.sleep(self.interval - time.time() % self.interval)
+            await asyncio.sleep(self.next_tick(time.time()))
             self.sample()
+
+    def next_tick(self, now: float) -> float:
+        """Seconds until the next multiple of the interval on the wall clock, so every
+        worker of a node samples at the same moments (module docstring); at least half
+        an interval, so a timer that wakes a hair early does not sample twice at once
+        (two points a moment apart would fill the history and make a rate of noise)."""
+        delay = self.interval - now % self.interval
+        return delay + self.interval if delay < self.interval / 2 else delay
 
     def _queue_deleted(self, queue: QueueType) -> None:
         for name in QUEUE_COUNTERS:

@@ -76,3 +76,10 @@ def test_led_totals_leave_out_copies_and_keep_deleted_led_queues(
     api.delete(copy)
     assert sampler.node_totals(led_only=True)["stat_publish"] == 15
     assert sampler.node_totals()["stat_publish"] == 18
+
+
+def test_ticks_fall_on_the_wall_clocks_multiples_of_the_interval() -> None:
+    sampler = RateSampler(API([]), interval=5.0)  # type: ignore[arg-type]
+    assert sampler.next_tick(1_000.0) == 5.0
+    assert sampler.next_tick(1_001.5) == 3.5
+    assert sampler.next_tick(1_004.999) == pytest.approx(5.001)  # woke early: not again
