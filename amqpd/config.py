@@ -352,6 +352,9 @@ class Settings:
     ssl_cert_login_from: str = "distinguished_name"  # or "common_name"
     definitions_file: str = ""  # RabbitMQ-format definitions JSON imported at boot
     stats_interval: float = 5.0  # seconds between message-rate samples (management API)
+    # the web UI's login sessions; "" = <data_dir>/http-sessions.json (the workers of a
+    # node share one, docs/workers.md)
+    http_sessions_file: str = ""
     # optional parts outside the core, by name (plugins/<name>/ or entry points)
     plugins: list[str] = field(default_factory=list)
     # static shovels: [[shovels]] tables with the dynamic shovel keys (plugins/shovel)

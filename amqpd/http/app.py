@@ -73,7 +73,8 @@ def create_app(api: BrokerAPI, sampler: RateSampler | None = None) -> web.Applic
     app = web.Application(client_max_size=128 * 1024 * 1024, middlewares=[role_header])
     app["api"] = api
     app["sampler"] = sampler or RateSampler(api)
-    app["sessions"] = SessionStore(Path(api.data_dir()) / "http-sessions.json")
+    app["sessions"] = SessionStore(Path(api.settings.http_sessions_file or Path(
+        api.data_dir()) / "http-sessions.json"))
     # this listener, filled in once bound (a mutable holder: aiohttp forbids changing a
     # started application's own keys)
     app["listener"] = {"host": "", "port": 0, "tls": False}

@@ -153,6 +153,14 @@ class Ctx:
     def query(self) -> Any:
         return self.request.query
 
+    @property
+    def led_only(self) -> bool:
+        """``?amqpd_led_only=true`` (amqpd's own, /metrics and /api/overview): count
+        only the queues this node leads, leaving out its copies of queues another node
+        leads (which repeat the leader's figures). The workers' HTTP front asks each
+        worker so, then sums (docs/workers.md)."""
+        return bool(self.request.query.get("amqpd_led_only") == "true")
+
     def require_admin(self) -> None:
         if not self.is_admin:
             raise not_authorised("Not administrator user")

@@ -7,9 +7,10 @@ Names follow RabbitMQ's ``rabbitmq_prometheus`` plugin wherever it has the metri
 so existing Grafana dashboards keep working. amqpd-only metrics are ``amqpd_*``. Like the
 plugin, these endpoints need no credentials.
 
-``?amqpd_led_only=true`` (amqpd's own) counts only the queues this node leads, leaving
-out its copies of queues another node leads (which repeat the leader's figures): the
-workers' HTTP front (amqpd/workers/http_front.py) asks each worker so, then sums.
+``?amqpd_led_only=true`` (amqpd's own, :attr:`Ctx.led_only`) counts only the queues
+this node leads, leaving out its copies of queues another node leads (which repeat the
+leader's figures, and count again what they forward or pass on): the workers' HTTP front
+(amqpd/workers/http_front.py) asks each worker so, then sums.
 """
 
 from __future__ import annotations
@@ -81,11 +82,6 @@ def _identity(api: BrokerAPI, e: Exposition) -> None:
           {"rabbitmq_node": status.name, "rabbitmq_cluster": status.cluster_name})
 
 
-def led_only(ctx: Ctx) -> bool:
-    """Whether the request asks for the queues this node leads only (module docstring)."""
-    return ctx.request.query.get("amqpd_led_only") == "true"
-
-
 def collect(ctx: Ctx, per_object: bool = False) -> str:
     """The node's series; ``per_object`` (/metrics/per-object) replaces the queue totals
     with one series per queue under the same names, and adds connections and channels,
@@ -95,7 +91,7 @@ def collect(ctx: Ctx, per_object: bool = False) -> str:
     e = Exposition()
     _identity(api, e)
     sessions = [x for x in api.sessions() if x.vhost is not None]
-    led = led_only(ctx)
+    led = ctx.led_only
     queues = [q for vh in api.vhosts() for q in api.queues(vh)
               if not (led and q.forwards_publish)]
     e.add("rabbitmq_connections", "gauge", "Connections currently open", len(sessions))
@@ -116,7 +112,7 @@ def collect(ctx: Ctx, per_object: bool = False) -> str:
         e.add("rabbitmq_queue_messages_ready_bytes", "gauge", "Size of ready message bodies",
               sum(q.ready_bytes for q in queues))
     sampler = ctx.request.app["sampler"]
-    totals = sampler.node_totals()
+    totals = sampler.node_totals(led)
     e.add("rabbitmq_global_messages_received_total", "counter",
           "Messages enqueued into queues", totals["stat_publish"])
     e.add("rabbitmq_global_messages_delivered_total", "counter",
@@ -129,7 +125,8 @@ def collect(ctx: Ctx, per_object: bool = False) -> str:
                           ("stat_ack", "ack")):
         e.add(f"amqpd_message_{name}_rate", "gauge",
               f"Messages per second ({name}), averaged over the last sample interval",
-              round(sampler.node_rates.get(counter, 0.0), 3))
+              round((sampler.led_rates if led else sampler.node_rates).get(counter, 0.0),
+                    3))
     e.add("rabbitmq_process_resident_memory_bytes", "gauge", "Resident memory", memory_used())
     fd_used, fd_total = fd_counts()
     e.add("rabbitmq_process_open_fds", "gauge", "Open file descriptors", fd_used)
@@ -312,7 +309,7 @@ async def metrics_detailed(ctx: Ctx) -> Any:
     query = ctx.request.query
     vhosts = set(query.getall("vhost")) if "vhost" in query else None
     e = Exposition()
-    metrics_objects.detailed(e, ctx.api, query.getall("family", []), vhosts, led_only(ctx))
+    metrics_objects.detailed(e, ctx.api, query.getall("family", []), vhosts, ctx.led_only)
     _identity(ctx.api, e)
     return web.Response(text=e.text(), headers={"Content-Type": CONTENT_TYPE})
 

@@ -122,9 +122,13 @@ def listeners(ctx: Ctx) -> list[dict[str, Any]]:
 
 
 async def overview(ctx: Ctx) -> Any:
+    """The node's overview; with ``amqpd_led_only`` (:attr:`Ctx.led_only`) its queue,
+    consumer and message figures and rates are those of the queues it leads."""
     status = ctx.api.node_status()
     vhosts = ctx.visible_vhosts()
-    queues = [q for vh in vhosts for q in ctx.api.queues(vh)]
+    led = ctx.led_only
+    queues = [q for vh in vhosts for q in ctx.api.queues(vh)
+              if not (led and q.forwards_publish)]
     ready = sum(q.message_count for q in queues)
     unacked = sum(q.unacked_count for q in queues)
     sessions = [s for s in ctx.api.sessions() if ctx.is_monitor or s.username == ctx.username]
@@ -146,7 +150,7 @@ async def overview(ctx: Ctx) -> Any:
         "disable_stats": False,
         "enable_queue_totals": False,
         "message_stats": sampler.overview_stats(
-            *sample_window(ctx, "msg_rates_age", "msg_rates_incr")),
+            *sample_window(ctx, "msg_rates_age", "msg_rates_incr"), led_only=led),
         "churn_rates": {},
         "queue_totals": {
             "messages": ready + unacked, "messages_details": {"rate": 0.0},
@@ -175,7 +179,8 @@ async def overview(ctx: Ctx) -> Any:
     lengths_age, lengths_incr = sample_window(ctx, "lengths_age", "lengths_incr")
     if lengths_age > 0:
         totals: Any = body["queue_totals"]
-        for key, samples in sampler.length_samples(lengths_age, lengths_incr).items():
+        for key, samples in sampler.length_samples(lengths_age, lengths_incr,
+                                                      led_only=led).items():
             totals[f"{key}_details"].update(samples)
     return json_response(body)
 

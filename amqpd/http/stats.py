@@ -17,6 +17,14 @@ minutes as soon as it opens. They leave in RabbitMQ's shape when a request asks 
 ``publish_details: {"rate", "samples": [{"sample", "timestamp"}...] (newest first),
 "avg", "avg_rate"}``. Each queue, channel and connection keeps its own last minute the
 same way (:mod:`amqpd.http.object_history`), recorded on the same timer tick.
+
+The node's totals are kept twice: over every queue this process has, and over only the
+queues it leads (``led``), leaving out its copies of queues another member leads (a
+copy counts a publish it forwards and a delivery it passes on, which the leader counts
+too). A workers' node (docs/workers.md) sums its workers' ``led`` figures, so each
+message is counted once, by the worker that owns its queue. The timer ticks on the
+wall clock's multiples of the interval, so the workers' samples carry (nearly) the same
+timestamps and the node's HTTP front can add them up point by point.
 """
 
 from __future__ import annotations
@@ -67,13 +75,16 @@ class RateSampler:
         self._prev: dict[int, tuple[float, dict[str, int]]] = {}
         self.rates: dict[int, dict[str, float]] = {}  # id(object) -> counter -> rate/s
         self.retired: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        self.retired_led: dict[str, int] = dict.fromkeys(COUNTERS, 0)  # of led queues
         self.node_rates: dict[str, float] = dict.fromkeys(COUNTERS, 0.0)
-        self._node_prev: tuple[float, dict[str, int]] | None = None
+        self.led_rates: dict[str, float] = dict.fromkeys(COUNTERS, 0.0)
+        self._node_prev: tuple[float, dict[str, int], dict[str, int]] | None = None
         self._hooked: set[int] = set()
         self._task: asyncio.Task[None] | None = None
         self._confirms_seen: dict[int, int] = {}  # id(channel) -> last sampled stat_confirm
-        self.history: deque[HistoryPoint] = deque(
-            maxlen=max(int(HISTORY_SECONDS / max(interval, 0.1)) + 1, 2))
+        points = max(int(HISTORY_SECONDS / max(interval, 0.1)) + 1, 2)
+        self.history: deque[HistoryPoint] = deque(maxlen=points)
+        self.led_history: deque[HistoryPoint] = deque(maxlen=points)  # led queues only
         self.objects = ObjectHistory(interval)
         # connections and exchanges: id -> (when, CONN_FIELDS or EXCHANGE_FIELDS values)
         self._counted_prev: dict[int, tuple[float, tuple[int, ...]]] = {}
@@ -91,12 +102,22 @@ class RateSampler:
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(self.interval)
+            await asyncio.sleep(self.next_tick(time.time()))
             self.sample()
+
+    def next_tick(self, now: float) -> float:
+        """Seconds until the next multiple of the interval on the wall clock, so every
+        worker of a node samples at the same moments (module docstring); at least half
+        an interval, so a timer that wakes a hair early does not sample twice at once
+        (two points a moment apart would fill the history and make a rate of noise)."""
+        delay = self.interval - now % self.interval
+        return delay + self.interval if delay < self.interval / 2 else delay
 
     def _queue_deleted(self, queue: QueueType) -> None:
         for name in QUEUE_COUNTERS:
             self.retired[name] += getattr(queue, name, 0)
+            if not queue.forwards_publish:
+                self.retired_led[name] += getattr(queue, name, 0)
         self._prev.pop(id(queue), None)
         self.rates.pop(id(queue), None)
         self.objects.forget(id(queue))
@@ -138,19 +159,25 @@ class RateSampler:
         self.objects.retain(seen)
         for key in [k for k in self._confirms_seen if k not in seen]:
             self.retired["stat_confirm"] += self._confirms_seen.pop(key)  # channel closed
-        totals = self.node_totals()
+        totals, led = self.node_totals(), self.node_totals(led_only=True)
         if self._node_prev is not None and now > self._node_prev[0]:
             dt = now - self._node_prev[0]
             self.node_rates = {n: max(totals[n] - self._node_prev[1][n], 0) / dt
                                for n in COUNTERS}
-        self._node_prev = (now, totals)
-        ready = unacked = 0
+            self.led_rates = {n: max(led[n] - self._node_prev[2][n], 0) / dt
+                              for n in COUNTERS}
+        self._node_prev = (now, totals, led)
+        ready = unacked = led_ready = led_unacked = 0
         api = self.api
         for vh in api.vhosts():
             for q in api.queues(vh):
                 ready += q.message_count
                 unacked += q.unacked_count
-        self.history.append(HistoryPoint(int(time.time() * 1000), totals, ready, unacked))
+                if not q.forwards_publish:
+                    led_ready += q.message_count
+                    led_unacked += q.unacked_count
+        self.history.append(HistoryPoint(stamp, totals, ready, unacked))
+        self.led_history.append(HistoryPoint(stamp, led, led_ready, led_unacked))
 
     def _sample_counted(self, now: float, stamp: int) -> set[int]:
         """A point per connection (its channels' counters summed, bytes sent and
@@ -257,11 +284,15 @@ class RateSampler:
                      for r, u in zip(ready["samples"], unacked["samples"], strict=True)]
             view["messages_details"].update(sample_block(total))
 
-    def node_totals(self) -> dict[str, int]:
-        totals = dict(self.retired)
+    def node_totals(self, led_only: bool = False) -> dict[str, int]:
+        """The node's counters: its queues' (``led_only``: the queues it leads, see the
+        module docstring), deleted ones' included, and its channels' confirms."""
+        totals = dict(self.retired_led if led_only else self.retired)
         api = self.api
         for vh in api.vhosts():
             for q in api.queues(vh):
+                if led_only and q.forwards_publish:
+                    continue
                 for n in QUEUE_COUNTERS:
                     totals[n] += getattr(q, n, 0)
         for session in api.sessions():
@@ -284,15 +315,18 @@ class RateSampler:
             out["deliver_details"] = out["deliver_get_details"]
         return out
 
-    def overview_stats(self, age: float = 0.0, incr: float = 0.0) -> dict[str, Any]:
+    def overview_stats(self, age: float = 0.0, incr: float = 0.0,
+                       led_only: bool = False) -> dict[str, Any]:
         """The node's ``message_stats``; with ``age`` > 0 each ``*_details`` also carries
-        the samples of the last ``age`` seconds, one per ``incr`` seconds at most."""
-        totals = self.node_totals()
-        points = self._points(age, incr)
+        the samples of the last ``age`` seconds, one per ``incr`` seconds at most;
+        ``led_only``: of the queues this node leads (module docstring)."""
+        totals = self.node_totals(led_only)
+        points = self._points(age, incr, led_only)
+        rates = self.led_rates if led_only else self.node_rates
         out: dict[str, Any] = {}
         for counter, name in STAT_NAMES.items():
             out[name] = totals[counter]
-            details: dict[str, Any] = {"rate": round(self.node_rates.get(counter, 0.0), 1)}
+            details: dict[str, Any] = {"rate": round(rates.get(counter, 0.0), 1)}
             if age > 0:
                 details.update(sample_block([(p.timestamp_ms, p.counts[counter])
                                          for p in points]))
@@ -301,10 +335,11 @@ class RateSampler:
         out["deliver_details"] = out["deliver_get_details"]
         return out
 
-    def length_samples(self, age: float, incr: float = 0.0) -> dict[str, dict[str, Any]]:
+    def length_samples(self, age: float, incr: float = 0.0,
+                       led_only: bool = False) -> dict[str, dict[str, Any]]:
         """``messages``/``messages_ready``/``messages_unacknowledged`` samples (for
         ``queue_totals`` when a request asks with ``lengths_age``)."""
-        points = self._points(age, incr)
+        points = self._points(age, incr, led_only)
         return {
             "messages": sample_block([(p.timestamp_ms, p.ready + p.unacked) for p in points]),
             "messages_ready": sample_block([(p.timestamp_ms, p.ready) for p in points]),
@@ -312,5 +347,6 @@ class RateSampler:
                                                  for p in points]),
         }
 
-    def _points(self, age: float, incr: float) -> list[HistoryPoint]:
-        return window(reversed(self.history), age, incr, lambda p: p.timestamp_ms)
+    def _points(self, age: float, incr: float, led_only: bool = False) -> list[HistoryPoint]:
+        history = self.led_history if led_only else self.history
+        return window(reversed(history), age, incr, lambda p: p.timestamp_ms)

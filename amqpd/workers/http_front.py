@@ -14,15 +14,16 @@ supervisor serves the node's HTTP port itself and answers as one node
 * lists of connections and channels are **concatenated** over the workers, then
   filtered, sorted, paged and projected here as one node's list would be;
 * a list of queues takes each queue from its owner (the others' copies have no figures);
-  exchanges and the overview **sum** their ``message_stats`` (each worker counts what its
-  own publishers sent), the overview its connection and channel totals; the overview's
-  ``listeners`` are the node's (amqp, amqps, http or https), not a worker's private ones;
+  exchanges **sum** their ``message_stats`` (each worker counts what its own publishers
+  sent); the overview sums every worker's figures of the queues it owns
+  (``amqpd_led_only``): ``message_stats``, ``queue_totals`` (rates and samples point by
+  point) and the connection, channel, queue and consumer totals; its ``listeners`` are
+  the node's (amqp, amqps, http or https), not a worker's private ones;
 * the health checks about the node's ports and about quorum answer for the node: its
   AMQP, amqps and HTTP ports, and a single node (phase 1 refuses ``[cluster]``); the alarm
   checks fail if any worker's does; the memory watermark gives each worker its share;
 * consumers are listed from every worker (each lists its own connections' consumers);
-  the overview's queue, consumer and message totals are the queues' owners' (from the
-  merged queue list); ``/api/nodes`` sums or takes the largest of the workers' figures
+  ``/api/nodes`` sums or takes the largest of the workers' figures
   (:data:`NODE_SUMMED`, :data:`NODE_MAX`);
 * ``/metrics`` (and ``/per-object``, ``/detailed``) merges every worker's Prometheus
   text, each worker counting only the queues it owns: series with the same name and
@@ -40,9 +41,9 @@ supervisor serves the node's HTTP port itself and answers as one node
 
 Authentication stays the workers': every request is forwarded with its headers and the
 client's address (:data:`PEER_HEADER`), so a loopback-only user stays refused from
-elsewhere. A web UI session lives in the worker that logged it in (the first one):
-another worker refuses its cookie, so a request authenticated only by the cookie sees
-the first worker's view (its connections, its copy of a queue).
+elsewhere. A web UI session is the node's: the workers keep their sessions in one file
+(``http_sessions_file``, amqpd/http/sessions.py), so the cookie a login through any
+worker set opens every worker, wherever the front sends the next request.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from aiohttp import web
 from yarl import URL
 
 from amqpd.http.core import LIST_OPTIONS, PEER_HEADER, HttpError, error_response, list_options
+from amqpd.http.object_history import sample_block
 
 log = logging.getLogger("amqpd.workers.http")
 
@@ -75,8 +77,9 @@ HOP: Final = frozenset({"host", "connection", "keep-alive", "transfer-encoding",
 
 # plugins' lists of what runs where (each worker lists its own; the front merges them)
 PLUGIN_LISTS: Final = ("shovels", "federation-links")
-# a queue's figures the overview's queue_totals sums over the owners
-QUEUE_TOTALS: Final = ("messages", "messages_ready", "messages_unacknowledged")
+# the overview's object_totals summed over the workers (exchanges: every worker has
+# every one, so the first worker's count is the node's)
+OVERVIEW_SUMMED: Final = ("connections", "channels", "queues", "consumers")
 # /api/nodes: figures of one process each, summed over the workers (each worker has its
 # own memory, limit share, descriptors, sockets and connections); the largest taken
 NODE_SUMMED: Final = ("mem_used", "mem_limit", "fd_used", "fd_total", "sockets_used",
@@ -120,15 +123,46 @@ class Answer:
 
 def sum_stats(into: dict[str, Any], other: dict[str, Any]) -> None:
     """Add ``other``'s figures to ``into``: numbers summed (rates too), nested dicts
-    recursively, anything else kept from ``into``."""
+    recursively, a sample block (``*_details`` with ``samples``) by
+    :func:`sum_sample_blocks`, anything else kept from ``into``."""
     for key, value in other.items():
         mine = into.get(key)
         if mine is None:
             into[key] = copy.deepcopy(value)
         elif isinstance(mine, dict) and isinstance(value, dict):
-            sum_stats(mine, value)
+            if isinstance(mine.get("samples"), list) and isinstance(value.get("samples"), list):
+                sum_sample_blocks(mine, value)
+            else:
+                sum_stats(mine, value)
         elif _number(mine) and _number(value):
             into[key] = mine + value
+
+
+def sum_sample_blocks(into: dict[str, Any], other: dict[str, Any]) -> None:
+    """Two workers' RabbitMQ sample blocks (``{"rate", "samples", "avg", "avg_rate"}``,
+    samples newest first) as the node's: the rates summed; each of ``into``'s samples
+    plus ``other``'s sample nearest to it in time (the workers sample on the same
+    wall-clock ticks, amqpd/http/stats.py, so that is the same moment within
+    milliseconds; a worker with a shorter history, just restarted, adds its oldest
+    sample to the older points); ``avg`` and ``avg_rate`` computed again over the sums."""
+    if _number(into.get("rate")) and _number(other.get("rate")):
+        into["rate"] = round(into["rate"] + other["rate"], 1)
+    theirs = _points(other["samples"])
+    points: list[tuple[int, int]] = []
+    for t, v in _points(into["samples"]):
+        if theirs:
+            v += min(theirs, key=lambda q: abs(q[0] - t))[1]
+        points.append((t, v))
+    if not into["samples"]:
+        points = theirs
+    into.update(sample_block(points))
+
+
+def _points(samples: list[Any]) -> list[tuple[int, int]]:
+    """A sample list's (timestamp, sample) pairs, anything malformed left out."""
+    return [(p["timestamp"], p["sample"]) for p in samples
+            if isinstance(p, dict) and _number(p.get("timestamp"))
+            and _number(p.get("sample"))]
 
 
 def _number(value: Any) -> bool:
@@ -455,11 +489,16 @@ class HttpFront:
 
     async def _overview(self, request: web.Request, body: bytes) -> web.StreamResponse:
         """The first worker's overview (definitions are shared: its exchange count is
-        the node's) with the message figures and the connection and channel totals of
-        every worker, and the queue, consumer and message totals of the queues' owners
-        (read from every worker's queue list: a worker's copy of a queue another worker
-        owns repeats the owner's figures, so the workers' own totals count it twice)."""
-        first, oks = await self._first_ok(request, body)
+        the node's) with every worker's figures added: each worker is asked with
+        ``amqpd_led_only`` (only the queues it owns: a copy of another worker's queue
+        repeats the owner's figures and counts again what it forwards), so the sums of
+        ``message_stats``, ``queue_totals`` (their rates and samples too:
+        :func:`sum_stats`) and the connection, channel, queue and consumer totals count
+        each message, queue and consumer once."""
+        query = [(k, v) for k, v in request.query.items() if k != "amqpd_led_only"]
+        query.append(("amqpd_led_only", "true"))
+        path = "/api/overview?" + "&".join(f"{quote(k)}={quote(v)}" for k, v in query)
+        first, oks = await self._first_ok(request, body, path)
         if not oks:
             return self._fail(first)
         base = oks[0][1].json()
@@ -470,23 +509,17 @@ class HttpFront:
             other = a.json()
             if not isinstance(other, dict):
                 continue
-            _add_message_stats(base, other)
+            for key in ("message_stats", "queue_totals"):
+                mine, theirs = base.get(key), other.get(key)
+                if isinstance(mine, dict) and isinstance(theirs, dict):
+                    sum_stats(mine, theirs)
+                elif isinstance(theirs, dict) and theirs:
+                    base[key] = copy.deepcopy(theirs)
             theirs = other.get("object_totals")
             if isinstance(totals, dict) and isinstance(theirs, dict):
-                for key in ("connections", "channels"):
+                for key in OVERVIEW_SUMMED:
                     if _number(totals.get(key)) and _number(theirs.get(key)):
                         totals[key] += theirs[key]
-        _, listed = await self._first_ok(request, b"", "/api/queues?columns=" + ",".join(
-            ("name", "vhost", "node", *QUEUE_TOTALS, "consumers")))
-        if listed:
-            queues = owners_queues([(b, _items(a.json()) or []) for b, a in listed])
-            if isinstance(totals, dict):
-                totals["queues"] = len(queues)
-                totals["consumers"] = _total(queues, "consumers")
-            qtotals = base.get("queue_totals")
-            if isinstance(qtotals, dict):
-                for key in QUEUE_TOTALS:
-                    qtotals[key] = _total(queues, key)
         if self.node_listeners is not None and "listeners" in base:
             # the node's ports (amqp, amqps, http or https), not the first worker's
             # private loopback ones
@@ -690,10 +723,6 @@ def owners_queues(lists: list[tuple[Backend, list[dict[str, Any]]]]) -> list[dic
             if key not in out or item.get("node") == b.node:
                 out[key] = item
     return list(out.values())
-
-
-def _total(items: list[dict[str, Any]], key: str) -> Any:
-    return sum(v for i in items if _number(v := i.get(key)))
 
 
 def merge_node_entries(entries: list[dict[str, Any]]) -> dict[str, Any]:

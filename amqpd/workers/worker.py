@@ -86,6 +86,10 @@ def worker_settings(argv: list[str], index: int, kv_url: str) -> Settings:
         # the front merges the workers' lists of connections, channels and consumers
         # (amqpd/workers/http_front.py): each worker lists its own only
         "cluster_wide_lists": False,
+        # one web UI login for the node: a session made through one worker opens the
+        # others (the front sends a request to whichever worker it concerns)
+        "http_sessions_file": node.http_sessions_file or str(
+            Path(node.data_dir) / "workers" / "http-sessions.json"),
     })
     # what clients are told stays the node's (connection.start's cluster_name)
     settings.cluster_name = node.effective_cluster_name

@@ -50,3 +50,21 @@ def test_a_damaged_file_costs_a_login_not_the_start(tmp_path: Path) -> None:
     assert SessionStore(path).sessions == {}
     path.write_text(json.dumps({"abc": {"user": "x"}}))  # a record missing fields
     assert SessionStore(path).sessions == {}
+
+
+def test_processes_sharing_the_file_share_the_sessions(tmp_path: Path) -> None:
+    """The workers of a node share one file (docs/workers.md): a login through one
+    opens the others, each keeps the others' logins when it writes, and a logout
+    through one ends the session everywhere."""
+    path = tmp_path / "workers" / "http-sessions.json"
+    one, two = SessionStore(path), SessionStore(path)  # two processes' stores
+    alice = one.create("alice", "pw-a")
+    assert two.lookup(alice) == ("alice", "pw-a")
+    bob = two.create("bob", "pw-b")  # written from the file as it is, alice kept
+    assert one.lookup(bob) == ("bob", "pw-b")
+    assert SessionStore(path).lookup(alice) == ("alice", "pw-a")
+    assert two.drop(alice)
+    assert one.lookup(alice) is None
+    assert one.lookup(bob) == ("bob", "pw-b")
+    assert not one.drop(alice)  # already gone: nothing written
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600

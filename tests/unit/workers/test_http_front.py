@@ -22,6 +22,7 @@ from amqpd.workers.http_front import (
     HttpFront,
     as_node,
     merge_prometheus,
+    sum_sample_blocks,
     sum_stats,
 )
 
@@ -227,34 +228,59 @@ async def test_consumers_listed_from_every_worker() -> None:
             assert (status, sorted(c["consumer_tag"] for c in items)) == (200, ["a", "b"])
 
 
-async def test_overview_totals_count_each_queue_once_from_its_owner() -> None:
-    # q0 is owned by worker 0, q1 by worker 1; worker 0 has not heard of q1 yet, worker
-    # 1's copy of q0 repeats figures the owner reported a while ago
-    q0 = {**queue("q0", "n-w0", 3), "messages_ready": 2, "messages_unacknowledged": 1,
-          "consumers": 1}
-    q1 = {**queue("q1", "n-w1", 10), "messages_ready": 10, "messages_unacknowledged": 0,
-          "consumers": 2}
-    copy_of_q0 = {**q0, "node": "n-w0", "messages": 1, "consumers": 0}
+async def test_overview_sums_the_figures_of_each_workers_own_queues() -> None:
+    """Each worker is asked for the queues it owns only (``amqpd_led_only``); the node's
+    overview adds their totals, message_stats and queue_totals, samples point by
+    point, and keeps the first worker's exchange count (each has every exchange)."""
+    def details(rate: float, samples: list[tuple[int, int]]) -> dict[str, Any]:
+        return {"rate": rate, "samples": [{"sample": v, "timestamp": t} for t, v in samples],
+                "avg": 0.0, "avg_rate": 0.0}
 
-    def overview(conns: int, queues: int, messages: int) -> dict[str, Any]:
+    def overview(conns: int, queues: int, published: list[tuple[int, int]],
+                 ready: int) -> dict[str, Any]:
         return {"node": "n-w0", "object_totals": {
             "connections": conns, "channels": conns, "exchanges": 7, "queues": queues,
-            "consumers": 1}, "queue_totals": {
-            "messages": messages, "messages_ready": 2, "messages_unacknowledged": 1,
-            "messages_details": {"rate": 0.0}}}
+            "consumers": queues}, "message_stats": {
+            "publish": published[0][1], "publish_details": details(1.0, published)},
+            "queue_totals": {"messages_ready": ready,
+                             "messages_ready_details": details(0.0, [(10_000, ready)])}}
 
-    w0 = Stand("n-w0", {("GET", "/api/overview"): (200, overview(1, 1, 3)),
-                        ("GET", "/api/queues"): (200, [q0])})
-    w1 = Stand("n-w1", {("GET", "/api/overview"): (200, overview(2, 2, 11)),
-                        ("GET", "/api/queues"): (200, [copy_of_q0, q1])})
+    w0 = Stand("n-w0", {("GET", "/api/overview"): (200, overview(
+        1, 1, [(10_000, 30), (5_000, 10)], 2))})
+    w1 = Stand("n-w1", {("GET", "/api/overview"): (200, overview(
+        2, 2, [(10_003, 12), (5_002, 2), (1, 0)], 10))})
     async with front(w0, w1) as (url, _f):
-        status, body = await call(url, "GET", "/api/overview")
+        status, body = await call(url, "GET", "/api/overview?msg_rates_age=60")
     assert status == 200
+    for stand in (w0, w1):
+        assert "amqpd_led_only=true" in stand.seen[-1][1]
+        assert "msg_rates_age=60" in stand.seen[-1][1]
     assert body["object_totals"] == {"connections": 3, "channels": 3, "exchanges": 7,
-                                     "queues": 2, "consumers": 3}
-    assert body["queue_totals"] == {"messages": 13, "messages_ready": 12,
-                                    "messages_unacknowledged": 1,
-                                    "messages_details": {"rate": 0.0}}
+                                     "queues": 3, "consumers": 3}
+    stats = body["message_stats"]
+    assert stats["publish"] == 42
+    assert stats["publish_details"] == {
+        "rate": 2.0, "samples": [{"sample": 42, "timestamp": 10_000},
+                                 {"sample": 12, "timestamp": 5_000}],
+        "avg": 27.0, "avg_rate": 6.0}
+    assert body["queue_totals"]["messages_ready"] == 12
+    assert body["queue_totals"]["messages_ready_details"]["samples"] == [
+        {"sample": 12, "timestamp": 10_000}]
+
+
+def test_sample_blocks_of_a_worker_with_no_samples_or_a_shorter_history() -> None:
+    block = {"rate": 0.5, "samples": [], "avg": 0.0, "avg_rate": 0.0}
+    other = {"rate": 1.0, "samples": [{"sample": 4, "timestamp": 2000},
+                                      {"sample": 2, "timestamp": 1000}],
+             "avg": 3.0, "avg_rate": 2.0}
+    sum_sample_blocks(block, other)  # the first has none yet: the other's, as they are
+    assert block == {**other, "rate": 1.5}
+    longer: dict[str, Any] = {"rate": 0.0, "samples": [{"sample": 9, "timestamp": t}
+                                                   for t in (3000, 2000, 1000, 0)],
+                              "avg": 9.0, "avg_rate": 0.0}
+    sum_sample_blocks(longer, {"rate": 0.0, "samples": [{"sample": 1, "timestamp": 3000}],
+                               "avg": 1.0, "avg_rate": 0.0})
+    assert [p["sample"] for p in longer["samples"]] == [10, 10, 10, 10]
 
 
 async def test_overview_listeners_are_the_nodes_ports() -> None:
