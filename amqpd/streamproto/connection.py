@@ -332,12 +332,18 @@ class StreamConnection:
         corr = cmd.correlation_id
         if not self._allowed("configure", name):
             return self.send(c.response(c.DELETE, corr, c.ACCESS_REFUSED).frame())
-        if self._stream(name) is None:
+        # a stream another node leads is deleted from here too, as RabbitMQ deletes from
+        # any node: through the cluster's queue proxy, as an AMQP queue.delete here
+        if self._stream(name) is None and not self._elsewhere(name):
             return self.send(c.response(c.DELETE, corr, c.STREAM_DOES_NOT_EXIST).frame())
         # the answer goes before what the deletion makes this connection send (its own
         # publishers' and subscribers' metadata-update), in RabbitMQ 3.10.8's order
         at = len(self.out)
-        self.broker.api.delete_queue(self.vhost, name)
+        try:
+            self.broker.api.delete_queue(self.vhost, name)
+        except AMQPError as exc:  # its leader's node out of reach (a failover under way)
+            log.warning("stream connection %s: delete '%s': %s", self.name, name, exc)
+            return self.send(c.response(c.DELETE, corr, c.STREAM_NOT_AVAILABLE).frame())
         self.out.insert(at, c.response(c.DELETE, corr, c.OK).frame())
         self.on_output()
 

@@ -71,13 +71,16 @@ class ClusterNode:
     # run inside this network namespace (tests/support/netns.py), listening on its
     # address; ``etcd_url`` must then be reachable from there (the lab's bridge)
     member: Member | None = None
+    # the loopback address the node listens on (AMQP, HTTP, stream, heartbeats): nodes
+    # on 127.0.0.1, .2 and .3 are told apart by host, as on separate machines
+    bind: str = "127.0.0.1"
     proc: BrokerProcess | None = None
 
     def start(self) -> ClusterNode:
         etcd = self.etcd_url
         if self.etcd_proxy is not None:
             etcd = f"http://{self.etcd_proxy.host}:{self.etcd_proxy.port}"
-        host = self.member.address if self.member is not None else "127.0.0.1"
+        host = self.member.address if self.member is not None else self.bind
         env = {"AMQPD_NODE_NAME": self.name, "AMQPD_CLUSTER": self.cluster,
                "AMQPD_CLUSTER_ETCD": etcd, "AMQPD_CLUSTER_ETCD_PREFIX": self.prefix,
                "AMQPD_CLUSTER_COOKIE": COOKIE,

@@ -55,7 +55,7 @@ pytestmark = [pytest.mark.skipif(etcdproc.find_etcd() is None, reason=etcdproc.S
               pytest.mark.timeout(300)]
 
 STREAM = "proto-stream"
-OK, STREAM_NOT_AVAILABLE, NO_OFFSET = 0x01, 0x06, 0x13
+OK, STREAM_DOES_NOT_EXIST, STREAM_NOT_AVAILABLE, NO_OFFSET = 0x01, 0x02, 0x06, 0x13
 FIRST, NEXT = 1, 2  # offset specification types
 DELIVER, CONFIRM, ERROR, METADATA_UPDATE = 0x08, 0x03, 0x04, 0x10
 QUERY_OFFSET, QUERY_SEQUENCE = 0x0B, 0x05
@@ -337,6 +337,38 @@ def _offsets_through_a_member(a: ClusterNode, on_c: Raw, on_a: Raw) -> None:
     requests = a.proc.log_path.read_text(errors="replace").count(
         "request 'stream-store-offset'") - before
     assert 1 <= requests < burst // 4, requests
+
+
+def test_a_stream_is_deleted_through_a_node_that_does_not_lead_it(
+        nodes: list[ClusterNode]) -> None:
+    """delete-stream on a replica's node deletes the stream cluster-wide, as RabbitMQ
+    3.10.8 deletes from any node (rabbitmq-stream-js-client's deleteStream goes through
+    whatever node its locator reached). Before, that node answered 0x02 (no such
+    stream) and kept it."""
+    a, b, c = nodes
+    _declare(a, nodes)
+    on_c = Raw(stream_port(c))
+    deleter = RawClient(stream_port(b))
+    try:
+        on_c.open()
+        wait_for(lambda: on_c.subscribe(1, FIRST) == OK, 30, "a subscriber on node-c",
+                 lambda: diagnose(nodes))
+        deleter.open()
+        deleter.send(0x0E, _s(STREAM))
+        assert deleter.response(0x0E)[0] == OK, diagnose(nodes)
+        wait_for(lambda: all(topology(n, STREAM)[0] == STREAM_DOES_NOT_EXIST
+                             for n in nodes), 30, "every node's metadata: no such stream",
+                 lambda: str([topology(n, STREAM) for n in nodes]))
+        assert queue_info(a) == {}
+        deadline = time.monotonic() + 30
+        while not on_c.updates and time.monotonic() < deadline:
+            on_c.pump(0.5)
+        assert on_c.updates == [STREAM_NOT_AVAILABLE]  # its subscription ended
+        deleter.send(0x0E, _s(STREAM))  # gone now, on this node too
+        assert deleter.response(0x0E)[0] == STREAM_DOES_NOT_EXIST
+    finally:
+        on_c.close()
+        deleter.close()
 
 
 def test_subscribers_on_the_leader_get_only_committed_records(

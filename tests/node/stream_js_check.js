@@ -1,6 +1,6 @@
 // rabbitmq-stream-js-client (npm) unchanged on the stream port given as argv[2]: create a
-// stream, publish five messages with confirms (send resolves on the confirm), consume
-// them from first; prints the bodies as JSON.
+// stream, publish five messages (send queues them; the client flushes them in the
+// background), consume them from first; prints the bodies as JSON.
 const rabbit = require("rabbitmq-stream-js-client");
 (async () => {
   const port = parseInt(process.argv[2]);

@@ -1,5 +1,5 @@
 """rabbitmq-stream-js-client (npm) unchanged against amqpd's stream listener: create,
-publish with confirms, consume from first (tests/node/stream_js_check.js)."""
+publish, consume from first (tests/node/stream_js_check.js)."""
 
 from __future__ import annotations
 
