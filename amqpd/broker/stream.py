@@ -46,8 +46,10 @@ import json
 import logging
 import re
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -110,6 +112,9 @@ DISPATCH_BYTES = 1024 * 1024
 # the thread back to the pool and the loop starts the next job: between two jobs no
 # sync holds the log's files, which retention needs (StreamLog.retain)
 SYNC_ROUNDS = 16
+# seconds a sync job waits after an fsync for a waiter wanting the next one before it
+# ends (about one fsync on a busy disk; the loop would take as long to start a new job)
+SYNC_LINGER = 0.005
 
 
 def parse_duration(value: Any) -> int | None:
@@ -257,8 +262,10 @@ class StreamQueue(QueueType):
         self._syncing = False
         # (the offset below which all must be fsynced, callback), in the order they came
         self._sync_waiters: list[tuple[int, Callable[[BaseException | None], None]]] = []
-        # the highest such offset yet: the worker thread syncs again while below it
+        # the highest such offset yet: the worker thread syncs again while below it;
+        # raised under the condition its sync job waits on (StreamQueue._sync_rounds)
         self._sync_wanted = 0
+        self._sync_cond = threading.Condition()
         self._retention_timer: asyncio.TimerHandle | None = None
         self.segments_deleted = 0
         self._rolls_seen = 0
@@ -498,7 +505,9 @@ class StreamQueue(QueueType):
             callback = _then_committed(gate, target, callback)
         self._sync_waiters.append((target, callback))
         if target > self._sync_wanted:
-            self._sync_wanted = target
+            with self._sync_cond:  # a sync job lingering for more hears of it
+                self._sync_wanted = target
+                self._sync_cond.notify()
         if not self._syncing:
             self._start_sync()
 
@@ -530,13 +539,9 @@ class StreamQueue(QueueType):
                 waiters, self._sync_waiters = self._sync_waiters, []
                 for _target, callback in waiters:
                     callback(error)
-            else:
-                self._synced(fut.result())
+            # (each fsync's waiters were called by the _synced it posted, run before this)
             if self.max_bytes is not None and not self.deleted:
-                # segments sealed since the last sync may go now (retain waits for
-                # their index files; and skips while a sync holds the files, so here,
-                # between two jobs)
-                self.apply_retention()
+                self.apply_retention()  # between two jobs no sync holds the files
             if self._sync_waiters:
                 if self._flush_pending:
                     self.flush()
@@ -547,21 +552,29 @@ class StreamQueue(QueueType):
         future.add_done_callback(done)
 
     def _sync_rounds(self, loop: asyncio.AbstractEventLoop) -> int:
-        """The worker thread's job: fsync, and fsync again at once while the loop has
-        flushed records a waiter asked for since (:attr:`_sync_wanted`, set by
-        :meth:`sync_log` on the loop) -- the group commits follow one another without
-        waiting for the loop to hear of each (a busy loop took milliseconds to run a
-        sync's completion, the disk idle meanwhile). Each round but the last tells the
-        loop how far it made things durable (:meth:`_synced`); the last one is the
-        result. At most :data:`SYNC_ROUNDS` rounds: the loop starts the next job, and
-        applies retention in between."""
-        upto = self.log.sync()
+        """The worker thread's job: fsync, tell the loop how far that made things
+        durable (:meth:`_synced`), and fsync again at once while the loop has flushed
+        records a waiter asked for since (:attr:`_sync_wanted`, raised by
+        :meth:`sync_log`) -- or does within :data:`SYNC_LINGER`: the group commits
+        follow one another without waiting for the loop to run each one's completion
+        and start the next (a busy loop took milliseconds, the disk idle meanwhile).
+        At most :data:`SYNC_ROUNDS` rounds: then the loop starts the next job, and
+        applies retention in between. The last fsync's offset is the result."""
+        upto = 0
         for _ in range(SYNC_ROUNDS):
-            if self._sync_wanted <= upto or self.deleted or self.log.closed:
-                break
-            loop.call_soon_threadsafe(self._synced, upto)
             upto = self.log.sync()
+            loop.call_soon_threadsafe(self._synced, upto)
+            with self._sync_cond:
+                if not self._sync_cond.wait_for(partial(self._sync_more, upto), SYNC_LINGER):
+                    break
+            if self.deleted or self.log.closed:
+                break
         return upto
+
+    def _sync_more(self, upto: int) -> bool:
+        """(The sync job's test, under :attr:`_sync_cond`.) A waiter wants records past
+        ``upto`` fsynced, or the job has to end (the stream was deleted or closed)."""
+        return self._sync_wanted > upto or self.deleted or self.log.closed
 
     def _synced(self, upto: int) -> None:
         """On the loop: records below ``upto`` are fsynced; their waiters are called,
@@ -576,8 +589,15 @@ class StreamQueue(QueueType):
             done, self._sync_waiters = waiters[:n], waiters[n:]
             for _target, callback in done:
                 callback(None)
-        if self.read_limit is None and not self.deleted:
+        if self.deleted:
+            return
+        if self.read_limit is None:
             self.commit_moved()  # one node: the fsynced position is the commit point
+        if self.max_bytes is not None:
+            # segments sealed since the last sync may go now (retain waits for their
+            # index files, and skips while the job's next fsync holds the files: the
+            # job's end tries again)
+            self.apply_retention()
 
     def refuses_publish(self, message: Message) -> bool:
         return False  # no overflow mode on a stream

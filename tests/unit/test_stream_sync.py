@@ -127,3 +127,42 @@ def test_an_fsync_error_reaches_only_what_it_left_unsynced(
         assert q.log.synced_offset == 1
 
     asyncio.run(run())
+
+
+def test_a_waiter_within_the_linger_is_synced_by_the_same_job(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """After an fsync the job waits up to SYNC_LINGER for a waiter wanting more (here
+    made 1 s, so a loaded machine cannot make the test take the other path): a confirm
+    asked for after the first one was sent gets its fsync from the same worker job, not
+    from a new one the loop would start once it heard that the first job ended."""
+    fsync = HeldFsync()
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr("amqpd.broker.stream.SYNC_LINGER", 1.0)
+
+    async def run() -> None:
+        q = _stream(tmp_path)
+        loop = asyncio.get_running_loop()
+        jobs: list[Any] = []
+        submit = loop.run_in_executor
+
+        def counting(executor: Any, func: Any, *args: Any) -> Any:
+            jobs.append(func)
+            return submit(executor, func, *args)
+
+        monkeypatch.setattr(loop, "run_in_executor", counting)
+        got: list[tuple[str, BaseException | None]] = []
+        q.enqueue(message(b"a"))
+        q.sync_log(lambda e: got.append(("a", e)))
+        assert fsync.wait_calls(1)
+        fsync.release()
+        await _until(lambda: got, "record a was not confirmed")
+        q.enqueue(message(b"b"))
+        q.sync_log(lambda e: got.append(("b", e)))
+        assert fsync.wait_calls(2), "no fsync for record b"
+        fsync.release()
+        await _until(lambda: len(got) == 2, "record b was not confirmed")
+        assert got == [("a", None), ("b", None)]
+        assert len(jobs) == 1, jobs
+        await _until(lambda: not q._syncing, "the job did not end", timeout=10.0)
+
+    asyncio.run(run())
