@@ -265,7 +265,7 @@ class StreamQueue(QueueType):
         # the highest such offset yet: the worker thread syncs again while below it;
         # raised under the condition its sync job waits on (StreamQueue._sync_rounds)
         self._sync_wanted = 0
-        self._sync_cond = threading.Condition()
+        self._sync_cond = threading.Condition(threading.Lock())  # never re-entered
         self._retention_timer: asyncio.TimerHandle | None = None
         self.segments_deleted = 0
         self._rolls_seen = 0
