@@ -1,7 +1,7 @@
 """Stream queues over AMQP 0-9-1, amqpd and RabbitMQ 3.10.8 side by side (issue 30).
 
     python -m bench.streams [--messages 1000000] [--body 1024] [--consumer-procs 2] \\
-        [--out bench/RESULTS-streams]
+        [--publish-only] [--out bench/RESULTS-streams]
 
 For each broker (started fresh on free ports, its own data directory) on one stream:
 
@@ -72,8 +72,10 @@ def _publish(broker: Broker, n: int, body: int) -> dict[str, Any]:
     if res.error or res.confirmed != n:
         raise RuntimeError(f"publish: {res.error or f'{res.confirmed} of {n} confirmed'}")
     secs = res.t_end - res.t_start
+    # the publisher's own CPU: near 100 % of its run would mean it measured itself
     return {"messages": n, "seconds": round(secs, 3), "rate": round(n / secs),
             "broker_cpu_percent": s.cpu_percent, "broker_cpu_us_per_msg": _per(s, n),
+            "publisher_cpu_percent": round(100.0 * res.cpu / secs, 1),
             "rss_peak": s.peak}
 
 
@@ -147,11 +149,14 @@ def _consume(broker: Broker, offsets: list[int], n: int, procs: int = 1) -> dict
             "rss_peak": s.peak}
 
 
-def run_broker(broker: Broker, n: int, body: int, procs: int = 1) -> dict[str, Any]:
+def run_broker(broker: Broker, n: int, body: int, procs: int = 1,
+               publish_only: bool = False) -> dict[str, Any]:
     broker.start()
     try:
         _declare(broker)
         out: dict[str, Any] = {"publish": _publish(broker, n, body)}
+        if publish_only:
+            return out
         with Sampler(broker.pid, interval=0.1) as rest:
             time.sleep(1.0)  # a measurement window, not synchronisation
         out["rss_at_rest"] = rest.peak
@@ -192,6 +197,9 @@ def report(results: dict[str, dict[str, Any]], n: int, body: int, command: str) 
                        ("fan-out 1", "fanout_1"), ("fan-out 5", "fanout_5"),
                        ("fan-out 20", "fanout_20"), ("20 spread", "spread_20")):
         row(f"broker CPU per message, {label}, us", key, "broker_cpu_us_per_msg", "{:.2f}")
+    row("publisher (load generator) CPU while publishing, %", "publish",
+        "publisher_cpu_percent", "{:.0f}")
+    row("broker CPU while publishing, %", "publish", "broker_cpu_percent", "{:.0f}")
     row("broker RSS at rest after publish", "", "rss_at_rest", _mb)
     row("broker RSS peak, 1 consumer from the middle", "spread_1", "rss_peak", _mb)
     row("broker RSS peak, 20 consumers at spread offsets", "spread_20", "rss_peak", _mb)
@@ -206,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--consumer-procs", type=int, default=2,
                    help="load-generator processes the consumers of one measure are "
                         "spread over (one process could not keep up with either broker)")
+    p.add_argument("--publish-only", action="store_true",
+                   help="only the publish with confirms (the consumers' measures need "
+                        "the published stream and take most of the time)")
     p.add_argument("--out", default="")
     p.add_argument("--from-json", default="", help="render a saved run's table again")
     a = p.parse_args(argv)
@@ -219,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
             broker: Broker = AmqpdBroker(Path(tmp) / name) if name == "amqpd" \
                 else RabbitBroker(Path(tmp) / name)
             print(f"{name}: running", file=sys.stderr)
-            results[name] = run_broker(broker, a.messages, a.body, a.consumer_procs)
+            results[name] = run_broker(broker, a.messages, a.body, a.consumer_procs,
+                                       a.publish_only)
             print(json.dumps(results[name]), file=sys.stderr)
     command = "python -m bench.streams " + " ".join(argv if argv is not None else sys.argv[1:])
     text = report(results, a.messages, a.body, command)

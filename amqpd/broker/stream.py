@@ -46,8 +46,10 @@ import json
 import logging
 import re
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +61,7 @@ from amqpd.broker.quorum import check_count_arguments, refuse_replicated_flags
 from amqpd.broker.stream_readahead import ReadAhead, pool_for
 from amqpd.broker.stream_records import (
     OFFSET_HEADER,
+    append_message,
     decode_payload,
     deliver_stored,
     encode_payload,
@@ -105,6 +108,13 @@ READ_BATCH = 128  # records a consumer reads per pread at most
 # waits for the next round, after the connections wrote what this one gave them, so
 # the deliveries in the node's memory at once do not grow with the consumers' number
 DISPATCH_BYTES = 1024 * 1024
+# fsyncs one worker-thread job chains at most (StreamQueue._sync_rounds) before it hands
+# the thread back to the pool and the loop starts the next job: between two jobs no
+# sync holds the log's files, which retention needs (StreamLog.retain)
+SYNC_ROUNDS = 16
+# seconds a sync job waits after an fsync for a waiter wanting the next one before it
+# ends (about one fsync on a busy disk; the loop would take as long to start a new job)
+SYNC_LINGER = 0.005
 
 
 def parse_duration(value: Any) -> int | None:
@@ -246,10 +256,16 @@ class StreamQueue(QueueType):
         self.chunk_cache = ChunkCache()
         self._loop: asyncio.AbstractEventLoop | None = broker._loop
         self._flush_pending = False
+        self._chunk_ms = 0  # the timestamp of this tick's records (enqueue)
         self._dispatch_start = 0  # the consumer the next dispatch round starts with
         self._redispatch_due = False  # a round cut short by DISPATCH_BYTES follows
         self._syncing = False
-        self._sync_waiters: list[Callable[[BaseException | None], None]] = []
+        # (the offset below which all must be fsynced, callback), in the order they came
+        self._sync_waiters: list[tuple[int, Callable[[BaseException | None], None]]] = []
+        # the highest such offset yet: the worker thread syncs again while below it;
+        # raised under the condition its sync job waits on (StreamQueue._sync_rounds)
+        self._sync_wanted = 0
+        self._sync_cond = threading.Condition(threading.Lock())  # never re-entered
         self._retention_timer: asyncio.TimerHandle | None = None
         self.segments_deleted = 0
         self._rolls_seen = 0
@@ -393,24 +409,31 @@ class StreamQueue(QueueType):
 
     # -- publishing ------------------------------------------------------------------
     def enqueue(self, message: Message) -> None:
-        log_ = self.log
-        log_.append(encode_payload(message, log_.next_offset), _now_ms())
-        self.stat_publish += 1
         if not self._flush_pending:
+            # one timestamp per chunk, as RabbitMQ's streams keep (osiris stamps a
+            # chunk, not its entries): taken at the tick's first record, not per record
+            self._chunk_ms = _now_ms()
+            append_message(self.log, message, self._chunk_ms)
+            self.stat_publish += 1
             self._flush_pending = True
             self.vhost.broker.publisher.own_log_written(self)
             if self._loop is not None:
                 self._loop.call_soon(self.flush)
             else:
                 self.flush()
+            return
+        append_message(self.log, message, self._chunk_ms)
+        self.stat_publish += 1
 
     def append_amqp10(self, messages: list[bytes]) -> int:
         """Append stream-protocol messages as they came (one chunk with this tick's
         other records); the offset after the last one."""
         log_ = self.log
-        log_.append_many(messages, _now_ms(), AMQP10)
+        now = _now_ms()
+        log_.append_many(messages, now, AMQP10)
         self.stat_publish += len(messages)
         if not self._flush_pending and messages:
+            self._chunk_ms = now  # for AMQP 0-9-1 records of the same tick (enqueue)
             self._flush_pending = True
             if self._loop is not None:
                 self._loop.call_soon(self.flush)
@@ -472,32 +495,39 @@ class StreamQueue(QueueType):
     def sync_log(self, callback: Callable[[BaseException | None], None]) -> None:
         """Call back once everything appended so far is fsynced (or with the error):
         a worker thread fsyncs while the loop goes on; waiters that arrive meanwhile
-        share the next fsync (group commit)."""
+        share the next fsync (group commit), which that thread starts as soon as its
+        fsync returns (:meth:`_sync_rounds`)."""
         if self._flush_pending:
             self.flush()
+        target = self.log.next_offset  # everything below it is flushed now
         gate = self.commit_gate
         if gate is not None:
-            callback = _then_committed(gate, self.log.next_offset, callback)
-        self._sync_waiters.append(callback)
+            callback = _then_committed(gate, target, callback)
+        self._sync_waiters.append((target, callback))
+        if target > self._sync_wanted:
+            with self._sync_cond:  # a sync job lingering for more hears of it
+                self._sync_wanted = target
+                self._sync_cond.notify()
         if not self._syncing:
             self._start_sync()
 
     def _start_sync(self) -> None:
-        waiters, self._sync_waiters = self._sync_waiters, []
         if self._loop is None or self.deleted:
+            waiters, self._sync_waiters = self._sync_waiters, []
             error = None
             try:
                 if not self.deleted:
                     self.log.sync()
             except OSError as exc:
                 error = exc
-            for callback in waiters:
+            for _target, callback in waiters:
                 callback(error)
             if error is None and self.read_limit is None:
                 self.commit_moved()
             return
         self._syncing = True
-        future = self._loop.run_in_executor(None, self.log.sync)
+        loop = self._loop
+        future = loop.run_in_executor(None, self._sync_rounds, loop)
 
         def done(fut: asyncio.Future[int]) -> None:
             self._syncing = False
@@ -505,14 +535,13 @@ class StreamQueue(QueueType):
             if error is not None:
                 log.error("stream '%s' in vhost '%s': fsync failed: %s",
                           self.name, self.vhost.name, error)
-            for callback in waiters:
-                callback(error)
-            if error is None and self.read_limit is None and not self.deleted:
-                self.commit_moved()  # one node: the fsynced position is the commit point
+                # what earlier rounds made durable was released by them (:meth:`_synced`)
+                waiters, self._sync_waiters = self._sync_waiters, []
+                for _target, callback in waiters:
+                    callback(error)
+            # (each fsync's waiters were called by the _synced it posted, run before this)
             if self.max_bytes is not None and not self.deleted:
-                # segments sealed since the last sync may go now (retain waits for
-                # their index files)
-                self.apply_retention()
+                self.apply_retention()  # between two jobs no sync holds the files
             if self._sync_waiters:
                 if self._flush_pending:
                     self.flush()
@@ -521,6 +550,54 @@ class StreamQueue(QueueType):
                 self._start_sync()  # records flushed while this sync ran
 
         future.add_done_callback(done)
+
+    def _sync_rounds(self, loop: asyncio.AbstractEventLoop) -> int:
+        """The worker thread's job: fsync, tell the loop how far that made things
+        durable (:meth:`_synced`), and fsync again at once while the loop has flushed
+        records a waiter asked for since (:attr:`_sync_wanted`, raised by
+        :meth:`sync_log`) -- or does within :data:`SYNC_LINGER`: the group commits
+        follow one another without waiting for the loop to run each one's completion
+        and start the next (a busy loop took milliseconds, the disk idle meanwhile).
+        At most :data:`SYNC_ROUNDS` rounds: then the loop starts the next job, and
+        applies retention in between. The last fsync's offset is the result."""
+        upto = 0
+        for _ in range(SYNC_ROUNDS):
+            upto = self.log.sync()
+            loop.call_soon_threadsafe(self._synced, upto)
+            with self._sync_cond:
+                if not self._sync_cond.wait_for(partial(self._sync_more, upto), SYNC_LINGER):
+                    break
+            if self.deleted or self.log.closed:
+                break
+        return upto
+
+    def _sync_more(self, upto: int) -> bool:
+        """(The sync job's test, under :attr:`_sync_cond`.) A waiter wants records past
+        ``upto`` fsynced, or the job has to end (the stream was deleted or closed)."""
+        return self._sync_wanted > upto or self.deleted or self.log.closed
+
+    def _synced(self, upto: int) -> None:
+        """On the loop: records below ``upto`` are fsynced; their waiters are called,
+        in the order they came (their targets only grow)."""
+        waiters = self._sync_waiters
+        n = 0
+        for target, _callback in waiters:
+            if target > upto:
+                break
+            n += 1
+        if n:
+            done, self._sync_waiters = waiters[:n], waiters[n:]
+            for _target, callback in done:
+                callback(None)
+        if self.deleted:
+            return
+        if self.read_limit is None:
+            self.commit_moved()  # one node: the fsynced position is the commit point
+        if self.max_bytes is not None:
+            # segments sealed since the last sync may go now (retain waits for their
+            # index files, and skips while the job's next fsync holds the files: the
+            # job's end tries again)
+            self.apply_retention()
 
     def refuses_publish(self, message: Message) -> bool:
         return False  # no overflow mode on a stream
@@ -667,7 +744,7 @@ class StreamQueue(QueueType):
         for reader in self.readers.values():
             reader.close()
         self.readers.clear()
-        for callback in self._sync_waiters:
+        for _target, callback in self._sync_waiters:
             callback(None)
         self._sync_waiters.clear()
         self.log.destroy()

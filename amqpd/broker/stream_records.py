@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Final
 from amqpd.broker import rawprops
 from amqpd.broker.message import Message
 from amqpd.broker.queue_entry import QueueEntry
-from amqpd.store.stream_log import AMQP10, RECORD_SIZE
+from amqpd.store.stream_log import AMQP10, RECORD_SIZE, StreamLog
 
 if TYPE_CHECKING:
     from amqpd.broker.queue import Consumer
@@ -97,6 +97,18 @@ def encode_payload(message: Message, offset: int) -> bytes:
                      len(props).to_bytes(4, "big"), props, message.body))
 
 
+def append_message(log: StreamLog, message: Message, timestamp: int) -> int:
+    """Append ``message`` to ``log`` as the record :func:`encode_payload` would make,
+    its body passed on as it came (:meth:`StreamLog.append_parts`: not copied into a
+    payload first); its offset. Every AMQP 0-9-1 publish to a stream comes here."""
+    props = with_offset_header(message.properties, log.next_offset)
+    exchange = message.exchange.encode()
+    key = message.routing_key.encode()
+    head = b"".join((bytes((len(exchange), len(key))), exchange, key,
+                     len(props).to_bytes(4, "big")))
+    return log.append_parts([head, props, message.body], timestamp)
+
+
 def decode_payload(payload: bytes) -> Message:
     """The message a record's payload holds (as it is delivered): exchange, routing key
     (``u8`` lengths first), ``u32``-sized properties, the body."""
@@ -144,5 +156,5 @@ def deliver_stored(queue: QueueType, consumer: Consumer, data: bytes, at: int, c
     return at, n
 
 
-__all__ = ["OFFSET_HEADER", "decode_payload", "deliver_stored", "encode_payload",
+__all__ = ["OFFSET_HEADER", "append_message", "decode_payload", "deliver_stored", "encode_payload",
            "with_offset_header"]

@@ -396,6 +396,36 @@ class StreamLog:
             self.flush()
         return offset
 
+    def append_parts(self, parts: list[bytes], timestamp: int) -> int:
+        """:meth:`append` of the payload ``b"".join(parts)``, without joining it: the
+        parts go into the buffer one after another and the CRC runs over them in turn
+        (an AMQP 0-9-1 publish's body is not copied once more for a payload of its
+        own); its offset."""
+        if self.closed:
+            raise StreamLogError("stream log is closed")
+        offset = self.next_offset
+        chunk_start = not self._chunk_open
+        length = 0
+        for part in parts:
+            length += len(part)
+        tail = b"".join((length.to_bytes(4, "big"), offset.to_bytes(8, "big"),
+                         timestamp.to_bytes(8, "big", signed=True),
+                         _FLAG_BYTES[CHUNK_START if chunk_start else 0]))
+        crc = zlib.crc32(tail)
+        for part in parts:
+            crc = zlib.crc32(part, crc)
+        buf = self._buffer
+        buf += (crc & 0xFFFFFFFF).to_bytes(4, "big")
+        buf += tail
+        for part in parts:
+            buf += part
+        self._pending.append((offset, timestamp, length, chunk_start))
+        self.next_offset = offset + 1
+        self._chunk_open = True
+        if self.segments[-1].size + len(buf) >= self.max_segment_bytes:
+            self.flush()
+        return offset
+
     def append_many(self, payloads: list[bytes], timestamp: int, flags: int = 0) -> int:
         """:meth:`append` for a batch (a stream-protocol publish frame): the same records,
         encoded in one loop; the offset after the last one."""
@@ -476,7 +506,8 @@ class StreamLog:
         if not self._pending:
             return
         seg = self.segments[-1]
-        data, pending = bytes(self._buffer), self._pending
+        # the buffer itself is written (no bytes() copy of it) and a new one started
+        data, pending = self._buffer, self._pending
         self._buffer = bytearray()
         self._pending = []
         os.pwrite(seg.fd, data, seg.size)

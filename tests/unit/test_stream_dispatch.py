@@ -69,3 +69,35 @@ def test_a_round_is_bounded_and_every_consumer_gets_everything(tmp_path: Path) -
         assert second == "c1", second
 
     asyncio.run(run())
+
+
+def test_records_of_one_tick_share_their_chunks_timestamp(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """A tick's AMQP 0-9-1 publishes become one chunk stamped once, when its first
+    record came (RabbitMQ's streams stamp a chunk, not its entries): the clock is not
+    read per record. The next tick's chunk gets the time of its own first record."""
+    clock = iter(range(1000, 2000))
+    monkeypatch.setattr("amqpd.broker.stream._now_ms", lambda: next(clock))
+
+    async def run() -> None:
+        broker = Broker(Settings(data_dir=str(tmp_path), persistence=False))
+        broker._loop = asyncio.get_running_loop()
+        q = broker.api.declare_queue("/", "s", durable=True,
+                                     arguments={"x-queue-type": "stream"})
+        assert isinstance(q, StreamQueue)
+        for _ in range(5):
+            q.enqueue(message(b"x"))
+        for _ in range(20):  # bounded: the flush runs at the end of this tick
+            if q.log.flushed_offset == 5:
+                break
+            await asyncio.sleep(0)
+        for _ in range(3):
+            q.enqueue(message(b"y"))
+        q.flush()
+        records = list(q.log.reader(0).records(10))
+        stamps = [r.timestamp for r in records]
+        assert len(set(stamps[:5])) == 1 and len(set(stamps[5:])) == 1, stamps
+        assert len(stamps) == 8 and stamps[0] < stamps[5], stamps
+        assert [r.chunk_start for r in records] == [True] + [False] * 4 + [True, False, False]
+
+    asyncio.run(run())

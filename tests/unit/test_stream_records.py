@@ -15,7 +15,8 @@ from amqpd.broker.queue import Consumer
 from amqpd.broker.queue_entry import QueueEntry
 from amqpd.broker.queue_type import QueueType
 from amqpd.broker.stream import decode_record, encode_payload
-from amqpd.broker.stream_records import decode_payload, deliver_stored
+from amqpd.broker.stream_records import append_message, decode_payload, deliver_stored
+from amqpd.protocol import codec
 from amqpd.store.stream_log import AMQP10, StreamLog, parse_records
 
 
@@ -130,3 +131,31 @@ def test_count_and_limit_bound_the_loop(tmp_path: Path) -> None:
     assert parse_records(data[end:])[0].offset == 6
     _, sent = _deliver(_consumer(100), data, 0, n, 0)
     assert sent == 0
+
+
+def test_append_message_stores_the_record_encode_payload_makes(tmp_path: Path) -> None:
+    """The publish path appends a message in parts (its body not copied into a payload
+    first): the stored record is the one ``append(encode_payload(...))`` stores, the
+    ``x-stream-offset`` header holding the record's own offset."""
+    messages = [
+        Message("", "q", b"\x00\x00", b"body-0", True),
+        Message("ex", "k.1", codec.encode_properties({"content_type": "text/plain",
+                                                       "headers": {"a": 1}}), b"", True),
+        Message("\u00e9x", "r" * 255, codec.encode_properties({"headers": {
+            "x-stream-offset": 99}}), b"z" * 3000, True),
+    ]
+    joined, parts = StreamLog(tmp_path / "joined"), StreamLog(tmp_path / "parts")
+    joined.open()
+    parts.open()
+    for ts, m in enumerate(messages):
+        assert joined.append(encode_payload(m, joined.next_offset), ts) == ts
+        assert append_message(parts, m, ts) == ts
+    joined.flush()
+    parts.flush()
+    assert joined.segments[0].path.read_bytes() == parts.segments[0].path.read_bytes()
+    for record, m in zip(parts.reader(0).records(10), messages, strict=True):
+        got = decode_payload(record.payload)
+        assert (got.exchange, got.routing_key, got.body) == (m.exchange, m.routing_key,
+                                                             m.body)
+        assert codec.decode_properties(got.properties)["headers"]["x-stream-offset"] == \
+            record.offset

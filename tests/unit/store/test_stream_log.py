@@ -246,3 +246,29 @@ def test_read_raw_returns_whole_stored_records(tmp_path: Path) -> None:
     data, n = reader.read_raw(10, max_bytes=100)
     assert n == 1 and parse_records(data)[0].payload == b"x" * 5000
     assert reader.read_raw(10) == (b"", 0) and reader.offset == 51
+
+
+def test_append_parts_writes_what_append_of_the_joined_payload_writes(
+        tmp_path: Path) -> None:
+    """The AMQP 0-9-1 publish path hands a record's payload in parts (head, properties,
+    body: no joined copy): the stored bytes, CRCs, offsets, chunk marks and segment
+    rolls are those of appending the joined payload."""
+    parts = [[bytes([i % 251]) * (i % 5), b"props" * (i % 3), bytes([i % 7]) * (40 + i % 9)]
+             for i in range(300)]
+    one, split = _log(tmp_path / "one"), _log(tmp_path / "split")
+    for lo, hi in ((0, 120), (120, 121), (121, 300)):
+        for i in range(lo, hi):
+            assert one.append(b"".join(parts[i]), 7 + i) == i
+            assert split.append_parts(parts[i], 7 + i) == i
+        one.flush()
+        split.flush()
+    assert len(split.segments) > 2 and split.next_offset == 300
+    assert [s.base for s in one.segments] == [s.base for s in split.segments]
+    for a, b in zip(one.segments, split.segments, strict=True):
+        assert a.path.read_bytes() == b.path.read_bytes()
+    got = list(split.reader(0).records(300))
+    assert [r.payload for r in got] == [b"".join(p) for p in parts]
+    assert [r.timestamp for r in got] == [7 + i for i in range(300)]
+    split.close()
+    again = _log(tmp_path / "split")  # recovery checks every record's CRC: none is cut
+    assert again.truncated_bytes == 0 and again.next_offset == 300
