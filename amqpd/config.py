@@ -160,6 +160,11 @@ class ClusterConfig:
     # seconds another node gets to give its part of such a list; one that does not
     # answer in time (stopped, overloaded) is left out, with a log line
     list_timeout: float = 2.0
+    # at most this many members for a new quorum queue, whatever its
+    # x-quorum-initial-group-size (0: no limit). The workers of one node set 1
+    # (docs/workers.md): members on one machine's workers share its disk and its fate, a
+    # majority of two needs both, and every commit would cross to the other worker
+    quorum_max_members: int = 0
 
     @property
     def enabled(self) -> bool:
@@ -221,6 +226,8 @@ def check_cluster(cc: ClusterConfig) -> None:
             raise ConfigError(f"setting 'cluster.{key}' must be > 0")
     if cc.visible_wait < 0:
         raise ConfigError("setting 'cluster.visible_wait' must be >= 0")
+    if cc.quorum_max_members < 0:
+        raise ConfigError("setting 'cluster.quorum_max_members' must be >= 0 (0: no limit)")
     if cc.heartbeat_timeout <= cc.heartbeat_interval:
         raise ConfigError("setting 'cluster.heartbeat_timeout' must be longer than "
                           "'cluster.heartbeat_interval'")

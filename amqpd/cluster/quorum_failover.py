@@ -248,6 +248,14 @@ class GroupFailover(MirrorsHost):
                     lead.q.reject([entry])
         lead.give_back(self.node, list(pending.values()), "not held here any more")
 
+    def initial_size(self, arguments: dict[str, Any]) -> int:
+        """The members a new group gets: what its declare asks for (or RabbitMQ's
+        default), at most ``cluster.quorum_max_members`` when that is set (the workers
+        of one node: one member, the owning worker)."""
+        size = group_size(arguments)
+        cap = self.cluster.config.quorum_max_members
+        return min(size, cap) if cap > 0 else size
+
     def failover_expected(self, queue: RemoteQueueState) -> bool:
         """The link to quorum queue ``queue``'s leader went (or its kept consumers have
         waited a while): will the group elect a new leader (its consumers here are then
@@ -269,7 +277,7 @@ class GroupFailover(MirrorsHost):
         if rec is not None:
             return self.could_take_over(rec, lost)
         nodes = list(self.cluster.nodes())
-        size = min(group_size(dict(queue.arguments)), len(nodes))
+        size = min(self.initial_size(dict(queue.arguments)), len(nodes))
         others = sum(1 for n in nodes if n != lost and self._up(n))
         return Majority.of(size).reached(min(others, size - 1))
 

@@ -110,7 +110,6 @@ from amqpd.cluster.quorum_state import (
     NoQuorum,
     add_member,
     expire_waiters,
-    group_size,
     grow_targets,
     initial_members,
     quorum_critical,
@@ -323,7 +322,7 @@ class QuorumGroups(GroupFailover, Mirrors):
                 # whose link is not up yet) now is a member all the same, and
                 # GroupLeading.connect starts its copy once it is back
                 view = self.cluster
-                members = initial_members(self.node, group_size(q.arguments),
+                members = initial_members(self.node, self.initial_size(q.arguments),
                                           view.members | {self.node}, view.is_running)
                 # the first term is above every term a queue of this name had before
                 # (each of its elections was an etcd write, so its term is at most the

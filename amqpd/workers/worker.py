@@ -83,6 +83,10 @@ def worker_settings(argv: list[str], index: int, kv_url: str) -> Settings:
         # a declare-ok on one worker means every worker has the change, as in one
         # process (amqpd/cluster/visibility.py)
         "cluster_visible_wait": VISIBLE_WAIT,
+        # a quorum queue has one member, the worker that owns it: members on the same
+        # machine add no availability (a majority of two workers needs both) and make
+        # every commit wait for the other worker (docs/workers.md, "Quorum queues")
+        "cluster_quorum_max_members": 1,
         # the front merges the workers' lists of connections, channels and consumers
         # (amqpd/workers/http_front.py): each worker lists its own only
         "cluster_wide_lists": False,

@@ -458,11 +458,52 @@ def test_quorum_queue_basic_get_after_a_restart_finds_its_messages(tmp_path: Pat
         node.stop()
 
 
+def test_a_quorum_queue_has_one_member_the_owning_worker(tmp_path: Path) -> None:
+    """Whatever x-quorum-initial-group-size asks, a quorum queue of a multi-worker node
+    has one member, the worker that owns it (cluster.quorum_max_members = 1): members on
+    one machine's workers gave no availability (a majority of two needs both) and made
+    every commit of the node wait for the other worker, which under load left whole
+    nodes nacking every commit for as long as one copy stayed incomplete. Each worker's
+    private API shows the group's members by worker name (the node's front would show
+    the node's name once, either way). The queue then serves through both workers, and
+    confirms keep coming while the other worker is killed and restarts."""
+    import os
+    import signal
+
+    with workers_node(tmp_path / "node") as node:
+        a = connect_on(node, 0)
+        ch = a.channel()
+        ch.confirm_delivery()
+        for name, args in (("qq-default", {}), ("qq-three", {"x-quorum-initial-group-size": 3})):
+            ch.queue_declare(name, durable=True, arguments={"x-queue-type": "quorum", **args})
+            assert owner_of(node, name).endswith("-w0")
+        def one_member(index: int) -> bool:
+            members = {q["name"]: q.get("members") or [] for q in
+                       worker_api(node, index, "/api/queues") if q["name"].startswith("qq-")}
+            return sorted(members) == ["qq-default", "qq-three"] and all(
+                len(m) == 1 and str(m[0]).endswith("-w0") for m in members.values())
+        for index in (0, 1):
+            wait_for(lambda index=index: one_member(index), 20,
+                     f"worker {index} to list each quorum queue with one member, worker 0")
+        victim = worker_info(node, 1)["pid"]
+        os.kill(victim, signal.SIGKILL)
+        for n in range(20):  # each confirmed (pika raises on a nack) while w1 restarts
+            ch.basic_publish("", "qq-three", str(n).encode(),
+                             pika.BasicProperties(delivery_mode=2))
+        wait_restarted(node, 1, victim)
+        b = connect_on(node, 1)
+        got = [get_within(b.channel(), "qq-three")[0] for _ in range(20)]
+        assert got == [str(n).encode() for n in range(20)]
+        a.close()
+        b.close()
+
+
 def test_quorum_queue_basic_get_while_its_other_member_restarts(tmp_path: Path) -> None:
-    """kill -9 of the worker holding a quorum queue's other member: until it is back and
-    its copy complete, the leader's group has no majority. A basic.get on the leader's
-    worker meanwhile waits for it and finds the messages (before: get-empty at once,
-    the declare-ok counting 2)."""
+    """kill -9 of the other worker while a basic.get on the owner's worker asks a quorum
+    queue: it finds the messages. (When a quorum queue had a member on each worker, the
+    owner's group had no majority until the other was back and its copy complete: the
+    get had to wait for it, and got-empty at once before that was mended. Since the
+    queue has one member, the owner, the other worker's restart does not touch it.)"""
     import os
     import signal
 

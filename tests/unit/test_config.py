@@ -217,6 +217,9 @@ def test_cluster_section_file_env_flags(tmp_path: Path) -> None:
     assert (s.cluster.definition_timeout, s.cluster.heartbeat_timeout) == (2.5, 3.0)
     s = load_settings(cfg, environ={"AMQPD_CLUSTER_DEFINITION_TIMEOUT": "30"})
     assert s.cluster.definition_timeout == 30.0
+    assert s.cluster.quorum_max_members == 0  # the default: no limit
+    s = load_settings(cfg, environ={"AMQPD_CLUSTER_QUORUM_MAX_MEMBERS": "1"})
+    assert s.cluster.quorum_max_members == 1
     cfg.write_text(cfg.read_text() + "definition_timeout = 4.0\nheartbeat_timeout = 2.0\n")
     s = load_settings(cfg, environ={})
     assert (s.cluster.definition_timeout, s.cluster.heartbeat_timeout) == (4.0, 2.0)
@@ -237,6 +240,8 @@ def test_cluster_section_file_env_flags(tmp_path: Path) -> None:
       "AMQPD_CLUSTER_DEFINITION_TIMEOUT": "0"}, "definition_timeout"),
     ({"AMQPD_CLUSTER": "x", "AMQPD_CLUSTER_ETCD": "http://e:1",
       "AMQPD_CLUSTER_LOOP_HANG_TIMEOUT": "-1"}, "loop_hang_timeout"),
+    ({"AMQPD_CLUSTER": "x", "AMQPD_CLUSTER_ETCD": "http://e:1",
+      "AMQPD_CLUSTER_QUORUM_MAX_MEMBERS": "-1"}, "quorum_max_members"),
     ({"AMQPD_CLUSTER": "x", "AMQPD_CLUSTER_ETCD": "http://e:1",
       "AMQPD_REPLICATION_ROLE": "active", "AMQPD_REPLICATION_SECRET": "s",
       "AMQPD_REPLICATION_LISTEN": "127.0.0.1:1"}, "not both"),
