@@ -19,6 +19,7 @@ from typing import Any
 from amqpd.cluster.deadlines import CommitDeadlines, ConfirmDeadlines, describe_waiter
 from amqpd.cluster.mirror import Mirrors
 from amqpd.cluster.mirror_state import CommitGate, ReplicaSet
+from amqpd.config import ClusterConfig
 from amqpd.store.api import NotReplicated, StoredMessage
 from amqpd.store.memory import MemoryStore
 from tests.support.deferred_store import DeferredCommitStore
@@ -81,7 +82,7 @@ class _Cluster:
     node_name = "node-a"
     etcd = SimpleNamespace()
     root = "/amqpd/c1"
-    config = SimpleNamespace(mirror_sync_timeout=5.0)
+    config = ClusterConfig(mirror_sync_timeout=5.0)
 
 
 class _Queue:

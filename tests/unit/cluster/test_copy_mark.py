@@ -14,6 +14,7 @@ from amqpd.cluster import mirror_wire as M
 from amqpd.cluster.mirror import MirrorCopy, Mirrors
 from amqpd.cluster.mirror_map import CopyMap, map_path
 from amqpd.cluster.quorum_group import QuorumGroups, election_offer
+from amqpd.config import ClusterConfig
 from amqpd.store.memory import MemoryStore
 from tests.support.deferred_store import DeferredCommitStore
 from tests.support.record_etcd import RecordEtcd
@@ -104,7 +105,7 @@ def _mirrors(tmp_path: Path, link: _Link | None = None, inner: Any = None) -> Mi
     broker = SimpleNamespace(store=inner, settings=SimpleNamespace(data_dir=tmp_path),
                              vhosts={})
     cluster = SimpleNamespace(node_name="node-b", etcd=SimpleNamespace(), root="/r",
-                              config=SimpleNamespace(mirror_sync_timeout=5.0),
+                              config=ClusterConfig(mirror_sync_timeout=5.0),
                               catalogue={("/", "q"): "node-a"})
     links = SimpleNamespace(link=lambda node: link if node == "node-a" else None)
     m = Mirrors(SimpleNamespace(cluster_port=lambda: broker), cluster,  # type: ignore[arg-type]

@@ -19,6 +19,7 @@ from typing import Any
 
 from amqpd.cluster.mirror import Mirrors
 from amqpd.cluster.mirror_state import ReplicaSet
+from amqpd.config import ClusterConfig
 from amqpd.store.api import StoredMessage
 from amqpd.store.memory import MemoryStore
 
@@ -58,7 +59,7 @@ class _View:
     node_name = "node-a"
     etcd = SimpleNamespace()
     root = "/amqpd/c1"
-    config = SimpleNamespace(mirror_sync_timeout=5.0)
+    config = ClusterConfig(mirror_sync_timeout=5.0)
 
     paused = False
     mirror = SimpleNamespace(synced=True)  # the definitions are in line with etcd

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 from amqpd.cluster.mirror import MirrorCopy, Mirrors
+from amqpd.config import ClusterConfig
 from amqpd.coord.etcd import EtcdError
 from amqpd.store.memory import MemoryStore
 
@@ -30,7 +31,7 @@ class FakeCluster:
         self.running = running
         self.etcd = FakeEtcd()
         self.root = "/amqpd/c1"
-        self.config = SimpleNamespace(mirror_sync_timeout=5.0)
+        self.config = ClusterConfig(mirror_sync_timeout=5.0)
         self.catalogue: dict[tuple[str, str], str] = {}
         self.members = ["node-a", "node-b", "node-c"]
         # the definitions' mirror: QuorumGroups.start adds its declare hook here
