@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from amqpd.broker.api import (
     AccessRefused,
     AMQPError,
+    NodeRequestHandler,
     NotFound,
     PreconditionFailed,
     ResourceLocked,
@@ -60,6 +61,22 @@ def error_of(code: Any, text: str) -> AMQPError:
     exc = AMQPError(text)
     exc.reply_code = code  # 540: the node has no handler for it, 541: the handler failed
     return exc
+
+
+async def answer_to(handler: NodeRequestHandler | None, kind: str, args: dict[str, Any],
+                    node: str, asker: object) -> dict[str, Any]:
+    """What this node answers a request ``kind`` (through etcd here, over a link in
+    :mod:`amqpd.cluster.peer_ask`): the handler's value, or the error's code and text
+    that :func:`error_of` turns back into the error on the asking node."""
+    if handler is None:
+        return {"ok": False, "code": 540, "error": f"no handler for '{kind}' on node '{node}'"}
+    try:
+        return {"ok": True, "value": await handler(args)}
+    except AMQPError as exc:
+        return {"ok": False, "code": exc.reply_code, "error": exc.text}
+    except Exception as exc:
+        log.exception("cluster: request '%s' from %s failed", kind, asker)
+        return {"ok": False, "code": 541, "error": f"{type(exc).__name__}: {exc}"}
 
 
 class NodeRequests:
@@ -133,20 +150,8 @@ class NodeRequests:
             with contextlib.suppress(EtcdError):
                 await self.etcd.delete(key)
             return
-        handler = self.cluster.api.node_request_handler(kind)
-        answer: dict[str, Any]
-        if handler is None:
-            answer = {"ok": False, "code": 540, "error": f"no handler for '{kind}' on node "
-                                                         f"'{self.cluster.node_name}'"}
-        else:
-            try:
-                answer = {"ok": True, "value": await handler(args)}
-            except AMQPError as exc:
-                answer = {"ok": False, "code": exc.reply_code, "error": exc.text}
-            except Exception as exc:
-                log.exception("cluster: request '%s' from %s failed", kind,
-                              request.get("from"))
-                answer = {"ok": False, "code": 541, "error": f"{type(exc).__name__}: {exc}"}
+        answer = await answer_to(self.cluster.api.node_request_handler(kind), kind, args,
+                                 self.cluster.node_name, request.get("from"))
         log.info("cluster: request '%s' %s from node %s: %s", kind, args,
                  request.get("from"), "done" if answer["ok"] else answer["error"])
         try:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from amqpd.broker.api import AMQPError
 from amqpd.cluster import link_wire as W
-from amqpd.cluster.node_requests import error_of
+from amqpd.cluster.node_requests import answer_to, error_of
 
 if TYPE_CHECKING:
     from amqpd.broker.api import BrokerAPI
@@ -95,21 +95,12 @@ class PeerAsk:
 
     # ------------------------------------------------------------------ answering
     async def _answer(self, link: Link, rid: int, kind: str, args: Any) -> None:
-        handler = self.api.node_request_handler(kind)
         answer: dict[str, Any]
-        if handler is None:
-            answer = {"ok": False, "code": 540,
-                      "error": f"no handler for '{kind}' on node '{self.api.node_name()}'"}
-        elif not isinstance(args, dict):
+        if not isinstance(args, dict):
             answer = {"ok": False, "code": 502, "error": f"arguments {args!r}"}
         else:
-            try:
-                answer = {"ok": True, "value": await handler(args)}
-            except AMQPError as exc:
-                answer = {"ok": False, "code": exc.reply_code, "error": exc.text}
-            except Exception as exc:
-                log.exception("cluster: question '%s' from %s failed", kind, link.peer)
-                answer = {"ok": False, "code": 541, "error": f"{type(exc).__name__}: {exc}"}
+            answer = await answer_to(self.api.node_request_handler(kind), kind, args,
+                                     self.api.node_name(), link.peer)
         if not link.closed:
             link.send(W.encode(W.ANSWER, 0, rid, answer))
 
