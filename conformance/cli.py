@@ -42,6 +42,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--report", help="write JSON results here")
     ap.add_argument("--jobs", type=int, default=4, help="cases run in parallel (default 4)")
     ap.add_argument("--timeout", type=float, default=5.0, help="socket timeout per operation")
+    ap.add_argument("--case-timeout", type=float, default=300.0,
+                    help="seconds a case may run before its connections are cut and it "
+                         "fails (a broker that never answers must not hang the run)")
     ap.add_argument("--alarm-cmd", default=os.environ.get("AMQP_ALARM_CMD"),
                     help="shell command raising a resource alarm on the broker (enables the "
                          "connection.blocked/unblocked cases, which then run alone)")
@@ -70,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     settings = Settings(url=args.url, http_url=args.http_url, timeout=args.timeout,
                         alarm_cmd=args.alarm_cmd, clear_alarm_cmd=args.clear_alarm_cmd,
-                        restart_cmd=args.restart_cmd)
+                        restart_cmd=args.restart_cmd, case_timeout=args.case_timeout)
     width = max(len(c.id) for c in cases)
     t0 = time.monotonic()
 

@@ -14,6 +14,7 @@ import http.client
 import json
 import re
 import secrets
+import socket
 import time
 import urllib.parse
 from base64 import b64encode
@@ -137,6 +138,9 @@ class Settings:
     # durability cases, which prepare, share one restart, then verify.
     restart_cmd: str | None = None
     restart_timeout: float = 90.0
+    # Seconds a case may run before its connections are cut (Context.cut_connections):
+    # a broker that never answers then fails that case instead of hanging the run.
+    case_timeout: float = 300.0
 
 
 @dataclass
@@ -169,6 +173,7 @@ class Context:
     _declared_exchanges: list[str] = field(default_factory=list)
     _main: BlockingConnection | None = None
     observed: list[str] = field(default_factory=list)
+    cut: bool = False  # the case outlived Settings.case_timeout (cut_connections)
 
     def note(self, what: str) -> None:
         """Record something the broker answered (closes, returns) for the report."""
@@ -449,6 +454,24 @@ class Context:
         return resp.status, parsed
 
     # -- teardown --------------------------------------------------------------------
+    def cut_connections(self) -> int:
+        """Called from another thread when the case outlived its time: shut down the
+        socket of every connection the case opened, so that its thread, waiting in pika
+        for an answer that never comes (``basic_get`` has no timeout of its own), gets
+        an error and the case ends. How many sockets were shut down. Reaches into pika's
+        connection for its socket (``_impl._transport._sock``, pika 1.x): a pika without
+        it cuts nothing, and the case runs on as before."""
+        self.cut = True
+        count = 0
+        for conn in list(self._connections):
+            transport = getattr(getattr(conn, "_impl", None), "_transport", None)
+            sock = getattr(transport, "_sock", None)
+            if isinstance(sock, socket.socket):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                    count += 1
+        return count
+
     def disconnect(self) -> None:
         """Close this case's connections but keep what it declared (before a restart)."""
         for rc in self._raws:
@@ -462,6 +485,10 @@ class Context:
         self._main = None
 
     def close(self) -> None:
+        if self.cut:  # the broker stopped answering this case: ask it nothing more
+            for rc in self._raws:
+                rc.close()
+            return
         for fn in reversed(self._cleanups):
             with contextlib.suppress(Exception):
                 fn()

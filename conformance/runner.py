@@ -33,11 +33,20 @@ class Result:
 def run_case(c: Case, settings: Settings) -> Result:
     ctx = Context(c.id, settings)
     t0 = time.monotonic()
+    # past settings.case_timeout the case's connections are cut, so a broker that never
+    # answers fails this case rather than hanging the whole run (and run_all's pool)
+    watchdog = threading.Timer(settings.case_timeout, ctx.cut_connections)
+    watchdog.daemon = True
+    watchdog.start()
     try:
         outcome, detail = _outcome(functools.partial(c.func, ctx))
     finally:
+        watchdog.cancel()
         with contextlib.suppress(Exception):
             ctx.close()
+    if ctx.cut:
+        outcome, detail = "fail", (f"no result within {settings.case_timeout:g} s: the "
+                                   f"case's connections were cut ({detail or outcome})")
     return Result(c.id, c.area, outcome, detail, round(time.monotonic() - t0, 3),
                   list(ctx.observed))
 
