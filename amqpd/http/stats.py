@@ -23,8 +23,9 @@ queues it leads (``led``), leaving out its copies of queues another member leads
 copy counts a publish it forwards and a delivery it passes on, which the leader counts
 too). A workers' node (docs/workers.md) sums its workers' ``led`` figures, so each
 message is counted once, by the worker that owns its queue. The timer ticks on the
-wall clock's multiples of the interval, so the workers' samples carry (nearly) the same
-timestamps and the node's HTTP front can add them up point by point.
+wall clock's multiples of the interval and stamps each point with that multiple (not the
+moment it woke), so the workers' samples carry the same timestamps, the node's HTTP front
+can add them up point by point, and consecutive points are exactly an interval apart.
 """
 
 from __future__ import annotations
@@ -102,8 +103,14 @@ class RateSampler:
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(self.next_tick(time.time()))
-            self.sample()
+            now = time.time()
+            delay = self.next_tick(now)
+            await asyncio.sleep(delay)
+            # stamped with the moment the tick was due (a multiple of the interval), not
+            # when the timer woke: ticks woken a hair late would stamp points an interval
+            # less a millisecond apart, and a window whose msg_rates_incr is the interval
+            # (object_history.window) would then drop every other point
+            self.sample(at=now + delay)
 
     def next_tick(self, now: float) -> float:
         """Seconds until the next multiple of the interval on the wall clock, so every
@@ -134,9 +141,11 @@ class RateSampler:
             objs.extend(session.channels.values())
         return objs
 
-    def sample(self) -> None:
+    def sample(self, at: float | None = None) -> None:
+        """One tick: every object's counters, rates and history point, the point stamped
+        ``at`` (unix seconds; the tick's due time) or now."""
         now = time.monotonic()
-        stamp = int(time.time() * 1000)
+        stamp = round((time.time() if at is None else at) * 1000)
         seen: set[int] = set()
         for obj in self._objects():
             key = id(obj)

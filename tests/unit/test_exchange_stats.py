@@ -4,6 +4,7 @@ real exchange objects and a stand-in for the broker API (no broker, no timer).""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -89,3 +90,34 @@ def test_publish_in_and_out_with_rates_and_samples(monkeypatch: pytest.MonkeyPat
     api.exchange_list.clear()
     sampler.sample()
     assert len(sampler.objects) == 0 and id(x) not in sampler.counted_rates
+
+
+def test_ticks_woken_late_still_stamp_points_an_interval_apart(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The timer stamps each point with the tick's due time (a multiple of the interval):
+    with points stamped at wake-up, a tick a hair late made two points 499 ms apart, and
+    msg_rates_incr equal to the interval (0.5 s) dropped the older one (CI saw a chart
+    with one point where there were two)."""
+    clock = Clock()
+    monkeypatch.setattr(stats_module, "time", clock)
+    x = DirectExchange("/", "x")
+    sampler = RateSampler(FakeAPI([x]), interval=0.5)  # type: ignore[arg-type]
+    woken = []
+    for late in (0.0031, 0.0002, 0.0049):  # how late each timer wakes
+        delay = sampler.next_tick(clock.time())
+        clock.now += delay + late
+        x.stat_publish_in += 3
+        sampler.sample(at=clock.time() - late)  # what _run passes: the due time
+        woken.append(clock.time())
+    stats = sampler.exchange_stats(x)
+    assert stats is not None
+    view = {"message_stats": stats}
+    sampler.add_samples(x, view, (60.0, 0.5), names=("publish_in",))
+    points = stats["publish_in_details"]["samples"]
+    assert [p["sample"] for p in points] == [9, 6, 3]
+    stamps = [p["timestamp"] for p in points]
+    assert all(t % 500 == 0 for t in stamps), stamps
+    assert [a - b for a, b in itertools.pairwise(stamps)] == [500, 500]
+    # stamped at wake-up instead, the first two ticks (woken 3.1 ms and 0.2 ms late) are
+    # less than 500 ms apart: the window would keep only one of them
+    assert round(woken[1] * 1000) - round(woken[0] * 1000) < 500
