@@ -186,6 +186,31 @@ class Segment:
         if chunk_start:
             self.last_chunk = offset
 
+    def note_all(self, pending: list[tuple[int, int, int, bool]], position: int,
+                 interval: int) -> int:
+        """:meth:`note` for records written back to back from ``position`` (offset,
+        timestamp, length, chunk start each), in one loop over locals; the position
+        after them (a flush books every record of the tick here)."""
+        count, since, last_stamp = self.count, self.since_index, self.last_stamp
+        last_chunk = self.last_chunk
+        offsets, positions, stamps = self.idx_offsets, self.idx_positions, self.idx_stamps
+        for offset, timestamp, length, chunk_start in pending:
+            if count == 0 or since >= interval:
+                offsets.append(offset)
+                positions.append(position)
+                stamps.append(max(timestamp, last_stamp))
+                since = 0
+            since += RECORD_SIZE + length
+            count += 1
+            if timestamp > last_stamp:
+                last_stamp = timestamp
+            if chunk_start:
+                last_chunk = offset
+            position += RECORD_SIZE + length
+        self.count, self.since_index, self.last_stamp = count, since, last_stamp
+        self.last_chunk = last_chunk
+        return position
+
     def index_bytes(self) -> bytes:
         entries = b"".join(INDEX_ENTRY.pack(o, p, t) for o, p, t in
                            zip(self.idx_offsets, self.idx_positions, self.idx_stamps,
@@ -435,18 +460,25 @@ class StreamLog:
         crc32 = zlib.crc32
         # what every record of the batch shares: its timestamp and flags bytes
         stamp = timestamp.to_bytes(8, "big", signed=True)
-        first_flags, other_flags = bytes((flags | CHUNK_START,)), bytes((flags,))
+        first_flags = stamp + bytes((flags | CHUNK_START,))
+        other_flags = stamp + bytes((flags,))
         offset = self.next_offset
         limit = self.max_segment_bytes - self.segments[-1].size
+        last_length = -1
+        length_field = b""
         for payload in payloads:
             chunk = not self._chunk_open
             self._chunk_open = True
             length = len(payload)
-            tail = b"".join((length.to_bytes(4, "big"), offset.to_bytes(8, "big"), stamp,
-                             first_flags if chunk else other_flags))
-            buf += (crc32(payload, crc32(tail)) & 0xFFFFFFFF).to_bytes(4, "big")
-            buf += tail
-            buf += payload
+            if length != last_length:  # a run of equal sizes shares one length field
+                last_length = length
+                length_field = length.to_bytes(4, "big")
+            # the record after its CRC as one object: one crc32 call over it (the call,
+            # not the bytes, is what costs for small messages), one append to the buffer
+            record = b"".join((length_field, offset.to_bytes(8, "big"),
+                               first_flags if chunk else other_flags, payload))
+            buf += (crc32(record) & 0xFFFFFFFF).to_bytes(4, "big")
+            buf += record
             pending.append((offset, timestamp, length, chunk))
             offset += 1
             if len(buf) >= limit:  # the segment is full: end the chunk there
@@ -511,11 +543,7 @@ class StreamLog:
         self._buffer = bytearray()
         self._pending = []
         os.pwrite(seg.fd, data, seg.size)
-        position = seg.size
-        for offset, timestamp, length, chunk in pending:
-            seg.note(offset, position, timestamp, length, chunk, self.index_interval)
-            position += RECORD_SIZE + length
-        seg.size = position
+        seg.size = seg.note_all(pending, seg.size, self.index_interval)
         self.flushed_offset = self.next_offset
         if seg.size >= self.max_segment_bytes:
             seg.sealed = True
@@ -736,6 +764,19 @@ class Reader:
         ``RWF_NOWAIT``, into ``cached``), and answers (b"", -1) without moving when not
         one whole record is there, or when the platform cannot tell (then every later
         call on this log answers so at once): the caller reads in a worker instead."""
+        data, n, used = self._read(max_records, max_bytes, cached)
+        return (data[:used] if used < len(data) else data), n
+
+    def read_block(self, max_records: int, max_bytes: int = READ_BYTES) -> tuple[bytes, int, int]:
+        """:meth:`read_raw` without cutting the read down to its whole records: (the
+        bytes read, how many whole records they begin with, their size in bytes); what
+        follows them is part of a record not taken (the reader stays before it). For a
+        reader that walks the records itself (the stream protocol's chunks): the read
+        is not copied once more to drop that tail."""
+        return self._read(max_records, max_bytes, None)
+
+    def _read(self, max_records: int, max_bytes: int,
+              cached: bytearray | None) -> tuple[bytes, int, int]:
         log_ = self.log
         while self.offset < log_.flushed_offset:
             seg = self._locate()
@@ -753,7 +794,7 @@ class Reader:
             else:
                 got = _read_cached(log_, seg.fd, cached, want, self._position)
                 if got <= 0:
-                    return b"", -1
+                    return b"", -1, 0
                 data = bytes(memoryview(cached)[:got])
             size = len(data)
             at = n = 0
@@ -767,17 +808,15 @@ class Reader:
                 n += 1
             if n == 0:  # one record bigger than the read: read it whole
                 if cached is not None or size < RECORD_SIZE:
-                    return (b"", -1) if cached is not None else (b"", 0)
+                    return (b"", -1, 0) if cached is not None else (b"", 0, 0)
                 data = os.pread(seg.fd, RECORD_SIZE + _LENGTH.unpack_from(data, 4)[0],
                                 self._position)
-                at = size = len(data)
+                at = len(data)
                 n = 1
-            if at < size:
-                data = data[:at]
             self._position += at
             self.offset += n
-            return data, n
-        return b"", 0
+            return data, n, at
+        return b"", 0, 0
 
     def records(self, until: int) -> Iterator[Record]:
         """Every readable record from ``offset`` up to (not including) ``until``."""

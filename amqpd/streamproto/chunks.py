@@ -38,7 +38,9 @@ from amqpd.store.stream_log import AMQP10, CHUNK_START, RECORD_SIZE, Reader
 from amqpd.streamproto.codec import be32, be64, chunk_header
 
 CACHE_BYTES: Final = 4 * 1024 * 1024
-READ_RECORDS: Final = 1024  # records a subscription reads per pread at most
+# records a subscription reads per pread at most: above what a pread of READ_BYTES
+# holds of small messages, so the bytes bound decides and nothing read is left unused
+READ_RECORDS: Final = 8192
 MAX_ENTRIES: Final = 0xFFFF  # an osiris chunk header counts its entries in a u16
 
 
@@ -97,21 +99,23 @@ class ChunkCache:
 
 class Cutter:
     """A subscription's read state: its reader, and the block of stored records it
-    read last (``block`` from ``at`` on not yet delivered; it came from file position
-    ``block_pos`` of the segment starting at offset ``block_seg``)."""
+    read last (``block`` from ``at`` to ``end`` not yet delivered, whole records; a
+    partial record may follow them; it came from file position ``block_pos`` of the
+    segment starting at offset ``block_seg``)."""
 
-    __slots__ = ("at", "block", "block_pos", "block_seg", "reader")
+    __slots__ = ("at", "block", "block_pos", "block_seg", "end", "reader")
 
     def __init__(self, reader: Reader) -> None:
         self.reader = reader
         self.block = b""
         self.at = 0
+        self.end = 0
         self.block_seg = -1
         self.block_pos = 0
 
     def clear(self) -> None:
         self.block = b""
-        self.at = 0
+        self.at = self.end = 0
 
 
 def next_chunk(cut: Cutter, cache: ChunkCache, limit: int,
@@ -126,8 +130,7 @@ def next_chunk(cut: Cutter, cache: ChunkCache, limit: int,
     0-9-1 publisher wrote is passed to ``convert`` (its stored payload -> an AMQP 1.0
     message)."""
     reader = cut.reader
-    data, at = cut.block, cut.at
-    total = len(data)
+    data, at, total = cut.block, cut.at, cut.end
     start = be64(data, at + 8) if at < total else reader.offset
     # (below the first kept offset the reader moves on to what retention kept)
     hit = cache.get(start, limit, upto) if start >= reader.log.first_offset else None
@@ -137,14 +140,19 @@ def next_chunk(cut: Cutter, cache: ChunkCache, limit: int,
         return hit
     parts: list[bytes] = []
     first = stamp = count = size = 0
+    last_length = -1
+    size_field = b""
     while True:
         if at >= total:
             # no further than the commit point: offsets run on from the first kept
             room = upto - max(reader.offset, reader.log.first_offset)
-            data = reader.read_raw(min(READ_RECORDS, room))[0] if room > 0 else b""
+            if room > 0:
+                data, _, total = reader.read_block(min(READ_RECORDS, room))
+            else:
+                data, total = b"", 0
             seg, end_pos = reader.where()
-            total = len(data)
-            cut.block, cut.at, cut.block_seg, cut.block_pos = data, 0, seg, end_pos - total
+            cut.block, cut.at, cut.end = data, 0, total
+            cut.block_seg, cut.block_pos = seg, end_pos - total
             at = 0
             if not total:
                 break
@@ -159,7 +167,10 @@ def next_chunk(cut: Cutter, cache: ChunkCache, limit: int,
             body = at + RECORD_SIZE
             end = body + length
             if flags & AMQP10:
-                parts.append(data[at + 4:at + 8])
+                if length != last_length:  # a run of equal sizes shares one object
+                    last_length = length
+                    size_field = data[at + 4:at + 8]
+                parts.append(size_field)
                 parts.append(data[body:end])
             else:
                 message: bytes = convert(data[body:end])

@@ -206,26 +206,45 @@ class FrameReader:
 
     def feed(self, data: bytes) -> list[bytes]:
         """Every complete frame in the stream so far; FrameError (FRAME_TOO_LARGE) for a
-        size beyond ``frame_max`` (nothing of it is buffered)."""
+        size beyond ``frame_max`` (nothing of it is buffered). With nothing held back
+        from the last call (the usual case) the frames are cut from ``data`` itself,
+        one copy each; only an incomplete frame's bytes are held."""
         buf = self._buffer
-        buf += data
-        out: list[bytes] = []
+        if buf:
+            buf += data
+            out: list[bytes] = []
+            at = 0
+            while len(buf) - at >= 4:
+                size = self._size(_U32.unpack_from(buf, at)[0])
+                if len(buf) - at - 4 < size:
+                    break
+                out.append(bytes(buf[at + 4:at + 4 + size]))
+                at += 4 + size
+            del buf[:at]
+            return out
+        out = []
         at = 0
-        while len(buf) - at >= 4:
-            size = _U32.unpack_from(buf, at)[0]
-            if self.frame_max and size + 4 > self.frame_max:
-                self._buffer = bytearray()
-                raise FrameError(f"frame of {size + 4} bytes exceeds frame max "
-                                 f"{self.frame_max}", FRAME_TOO_LARGE)
-            if size < 4:
-                self._buffer = bytearray()
-                raise FrameError(f"frame of {size} bytes holds no key and version")
-            if len(buf) - at - 4 < size:
+        total = len(data)
+        while total - at >= 4:
+            size = self._size(be32(data, at))
+            if total - at - 4 < size:
                 break
-            out.append(bytes(buf[at + 4:at + 4 + size]))
+            out.append(data[at + 4:at + 4 + size])
             at += 4 + size
-        del buf[:at]
+        if at < total:
+            buf += memoryview(data)[at:]
         return out
+
+    def _size(self, size: int) -> int:
+        """A frame's size field, checked (the buffer is dropped when it is refused)."""
+        if self.frame_max and size + 4 > self.frame_max:
+            self._buffer = bytearray()
+            raise FrameError(f"frame of {size + 4} bytes exceeds frame max "
+                             f"{self.frame_max}", FRAME_TOO_LARGE)
+        if size < 4:
+            self._buffer = bytearray()
+            raise FrameError(f"frame of {size} bytes holds no key and version")
+        return size
 
 
 def _declare_publisher(r: Reader) -> tuple[Any, ...]:
@@ -272,6 +291,26 @@ def _publish(r: Reader) -> tuple[Any, ...]:
         size = r.u32()
         entries.append((publishing_id, (compression, n, uncompressed, r.raw(size))))
     return publisher, entries
+
+
+def split_plain(entries: list[tuple[int, Any]]) -> tuple[list[int], list[bytes], int] | None:
+    """A publish frame's entries as (publishing ids, messages, highest id) when every
+    entry is a plain message (the common frame); None when one is a sub-entry batch or
+    there are none. One compiled loop: the publish path's own loops over a frame's
+    entries ran interpreted, several per message."""
+    ids: list[int] = []
+    messages: list[bytes] = []
+    highest = -1
+    for publishing_id, entry in entries:
+        if type(entry) is not bytes:
+            return None
+        ids.append(publishing_id)
+        messages.append(entry)
+        if publishing_id > highest:
+            highest = publishing_id
+    if not ids:
+        return None
+    return ids, messages, highest
 
 
 def split_sub_batch(data: bytes, n: int) -> list[bytes]:

@@ -115,11 +115,11 @@ class Writer:
         counts: list[int] = []  # a named publisher's: messages after each accepted id
         dropped: list[int] = []
         errors: list[tuple[int, int]] = []
-        if tracking is None and entries and all(type(e) is bytes for _, e in entries):
+        plain = c.split_plain(entries) if tracking is None else None
+        if plain is not None:
             # the common frame (no deduplication, no sub-entry batch): in one go
-            accepted = [i for i, _ in entries]
-            messages = [e for _, e in entries]
-            pub.last_id = max(pub.last_id, *accepted)
+            accepted, messages, highest = plain
+            pub.last_id = max(pub.last_id, highest)
             entries = []
         for publishing_id, entry in entries:
             pub.last_id = max(pub.last_id, publishing_id)
