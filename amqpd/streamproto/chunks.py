@@ -126,7 +126,9 @@ def next_chunk(cut: Cutter, cache: ChunkCache, limit: int,
     chunk; None when nothing is readable. Another
     subscription of the stream may have built it already (``cache``); else its entries
     are cut from the records as stored (a record's length field is the entry's size),
-    with no Python object per message but the entry's two pieces. A record an AMQP
+    with no Python object per message but the entry's body (a run of records of one
+    size shares the size field's object) and one pass over each read (taken whole: a
+    record cut off at its end is read again next time). A record an AMQP
     0-9-1 publisher wrote is passed to ``convert`` (its stored payload -> an AMQP 1.0
     message)."""
     reader = cut.reader

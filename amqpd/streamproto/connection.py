@@ -176,6 +176,14 @@ class StreamConnection:
         self.out.clear()
         return data
 
+    def take_parts(self) -> list[bytes]:
+        """The tick's output as the frames and frame parts it was queued in (for one
+        vectored write: a deliver frame's entries are not copied into a joined
+        buffer first); the connection starts a new list."""
+        parts = self.out
+        self.out = []
+        return parts
+
     def _fatal(self, code: int, reason: str) -> None:
         """A frame that cannot be answered: a close request, then the socket ends."""
         log.warning("stream connection %s: closing: %s (code 0x%02x)", self.name, reason,

@@ -2,7 +2,8 @@
 frames back out once per tick, heartbeats, and back-pressure on deliveries.
 
 As the AMQP transport (:mod:`amqpd.transport`), everything a connection produces in one
-tick is written with one ``transport.write``; when the kernel buffer backs up
+tick is written at once (``transport.writelines`` of its frames and frame parts: one
+vectored write under uvloop, whose transports send a list with one ``writev``); when the kernel buffer backs up
 (``pause_writing``) deliveries stop until it drains. With a negotiated heartbeat the
 server sends one every heartbeat seconds and closes a connection from which nothing
 arrived for two heartbeats (RabbitMQ's rule), with a log line.
@@ -108,9 +109,13 @@ class StreamProtocol(asyncio.Protocol):
         conn, transport = self.conn, self.transport
         if conn is None or transport is None or transport.is_closing():
             return
-        data = conn.take_output()
-        if data:
-            transport.write(data)
+        parts = conn.take_parts()
+        if len(parts) == 1:
+            transport.write(parts[0])
+        elif parts:
+            # uvloop writes the list with one writev (no join of a deliver frame's
+            # entries first); asyncio's own transports join it
+            transport.writelines(parts)
         if conn.close_transport:
             transport.close()
 
