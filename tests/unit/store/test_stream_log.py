@@ -272,3 +272,41 @@ def test_append_parts_writes_what_append_of_the_joined_payload_writes(
     split.close()
     again = _log(tmp_path / "split")  # recovery checks every record's CRC: none is cut
     assert again.truncated_bytes == 0 and again.next_offset == 300
+
+
+def test_read_block_leaves_a_cut_off_record_unread(tmp_path: Path) -> None:
+    """read_block hands out the pread as it came: the whole records it begins with are
+    counted (and the reader moves past them only), the record cut off at its end is
+    read whole by the next call."""
+    log = _log(tmp_path, segment=1_000_000)
+    _fill(log, 20, size=100)
+    reader = log.reader(0)
+    data, n, used = reader.read_block(100, max_bytes=1100)
+    assert n == 1100 // (RECORD_SIZE + 100) and used == n * (RECORD_SIZE + 100)
+    assert len(data) == 1100 > used  # the head of the next record, not taken
+    assert [r.offset for r in parse_records(data[:used])] == list(range(n))
+    assert reader.offset == n
+    data, m, used = reader.read_block(100)
+    assert len(data) == used and [r.offset for r in parse_records(data)] == list(
+        range(n, 20))
+    assert reader.read_block(10) == (b"", 0, 0)
+
+
+def test_a_flush_books_its_records_as_a_scan_of_the_file_does(tmp_path: Path) -> None:
+    """The index, counts, newest timestamp and last chunk that flush books for a batch
+    (Segment.note_all) equal what reopening the log rebuilds record by record."""
+    log = _log(tmp_path, segment=1_000_000, interval=300)
+    for i in range(9):
+        log.append_many([bytes(20 + 37 * j % 200) for j in range(i * 11 + 1)],
+                        1000 + 5 * i - (i % 3) * 7, 2)
+        log.append(b"amqp 0-9-1", 990 + i)
+        log.flush()
+    seg = log.segments[-1]
+    booked = (list(seg.idx_offsets), list(seg.idx_positions), list(seg.idx_stamps),
+              seg.count, seg.size, seg.last_stamp, seg.last_chunk, seg.since_index)
+    log.close()
+    again = _log(tmp_path, segment=1_000_000, interval=300)
+    seg = again.segments[-1]
+    assert booked == (list(seg.idx_offsets), list(seg.idx_positions),
+                      list(seg.idx_stamps), seg.count, seg.size, seg.last_stamp,
+                      seg.last_chunk, seg.since_index)

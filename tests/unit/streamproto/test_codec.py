@@ -133,3 +133,28 @@ def test_consumer_update_request_and_bad_answers() -> None:
     for tail in (struct.pack(">H", 9), struct.pack(">HI", 1, 0), struct.pack(">H", 4)):
         with pytest.raises(codec.FrameError):
             codec.decode(head + tail)
+
+
+def test_reader_cuts_frames_from_reads_of_any_size() -> None:
+    """Frames cut from a read with nothing held back and from a read that completes a
+    held frame are the same frames, whatever the reads' sizes."""
+    frames = [_frame(codec.HEARTBEAT, b"")] + [
+        _frame(codec.OPEN, struct.pack(">I", 7) + _string("/" * n)) for n in range(40)]
+    data = b"".join(frames)
+    expected = [f[4:] for f in frames]
+    for step in (1, 3, 7, 64, 100, 1000, len(data)):
+        reader = codec.FrameReader(1024)
+        got: list[bytes] = []
+        for at in range(0, len(data), step):
+            got += reader.feed(data[at:at + step])
+        assert got == expected and all(type(f) is bytes for f in got)
+    with pytest.raises(codec.FrameError) as exc:  # past a whole frame, unbuffered
+        codec.FrameReader(1024).feed(frames[0] + struct.pack(">I", 2000))
+    assert exc.value.code == codec.FRAME_TOO_LARGE
+
+
+def test_split_plain_takes_a_frame_of_plain_entries_only() -> None:
+    assert codec.split_plain([(5, b"a"), (3, b"bc"), (9, b"")]) == (
+        [5, 3, 9], [b"a", b"bc", b""], 9)
+    assert codec.split_plain([(5, b"a"), (6, (0, 1, 1, b"x"))]) is None  # a sub-batch
+    assert codec.split_plain([]) is None
