@@ -764,19 +764,6 @@ class Reader:
         ``RWF_NOWAIT``, into ``cached``), and answers (b"", -1) without moving when not
         one whole record is there, or when the platform cannot tell (then every later
         call on this log answers so at once): the caller reads in a worker instead."""
-        data, n, used = self._read(max_records, max_bytes, cached)
-        return (data[:used] if used < len(data) else data), n
-
-    def read_block(self, max_records: int, max_bytes: int = READ_BYTES) -> tuple[bytes, int, int]:
-        """:meth:`read_raw` without cutting the read down to its whole records: (the
-        bytes read, how many whole records they begin with, their size in bytes); what
-        follows them is part of a record not taken (the reader stays before it). For a
-        reader that walks the records itself (the stream protocol's chunks): the read
-        is not copied once more to drop that tail."""
-        return self._read(max_records, max_bytes, None)
-
-    def _read(self, max_records: int, max_bytes: int,
-              cached: bytearray | None) -> tuple[bytes, int, int]:
         log_ = self.log
         while self.offset < log_.flushed_offset:
             seg = self._locate()
@@ -794,7 +781,7 @@ class Reader:
             else:
                 got = _read_cached(log_, seg.fd, cached, want, self._position)
                 if got <= 0:
-                    return b"", -1, 0
+                    return b"", -1
                 data = bytes(memoryview(cached)[:got])
             size = len(data)
             at = n = 0
@@ -808,15 +795,54 @@ class Reader:
                 n += 1
             if n == 0:  # one record bigger than the read: read it whole
                 if cached is not None or size < RECORD_SIZE:
-                    return (b"", -1, 0) if cached is not None else (b"", 0, 0)
+                    return (b"", -1) if cached is not None else (b"", 0)
                 data = os.pread(seg.fd, RECORD_SIZE + _LENGTH.unpack_from(data, 4)[0],
                                 self._position)
-                at = len(data)
+                at = size = len(data)
                 n = 1
+            if at < size:
+                data = data[:at]
             self._position += at
             self.offset += n
-            return data, n, at
-        return b"", 0, 0
+            return data, n
+        return b"", 0
+
+    def peek_block(self, max_bytes: int = READ_BYTES) -> bytes:
+        """The stored bytes from the reader's position on, as one pread of about
+        ``max_bytes`` within one segment read them (b"" when nothing is readable),
+        without moving: they begin with a whole record (one larger than the read is
+        read whole) and may end inside one. For a reader that walks the records itself
+        (the stream protocol's chunks), in one pass: it moves the reader past the
+        records it took with :meth:`advance`."""
+        log_ = self.log
+        while self.offset < log_.flushed_offset:
+            seg = self._locate()
+            if seg is None:
+                break
+            if self._position >= seg.size:
+                if seg.end >= log_.flushed_offset or seg is log_.segments[-1]:
+                    break
+                self.offset = seg.end  # on to the next segment
+                self._segment_base = -1
+                continue
+            data = os.pread(seg.fd, min(max_bytes, seg.size - self._position),
+                            self._position)
+            if len(data) < RECORD_SIZE:
+                return b""
+            whole = RECORD_SIZE + ((data[4] << 24) | (data[5] << 16) | (data[6] << 8)
+                                   | data[7])
+            if whole > len(data):  # one record bigger than the read: read it whole
+                data = os.pread(seg.fd, whole, self._position)
+                if len(data) < whole:
+                    return b""
+            return data
+        return b""
+
+    def advance(self, records: int, size: int) -> None:
+        """Move past ``records`` records of ``size`` bytes from the position
+        :meth:`peek_block` read at."""
+        self.offset += records
+        self._position += size
 
     def records(self, until: int) -> Iterator[Record]:
         """Every readable record from ``offset`` up to (not including) ``until``."""

@@ -18,15 +18,16 @@ at most :data:`CACHE_BYTES` per stream, the oldest chunks go first.
 **Committed only.** A subscription reads only below the stream's commit point
 (``upto``: what a majority of a replicated stream's members hold, on one node what is
 fsynced), so no subscriber sees a record a failover or a crash may lose. The bound
-costs one subtraction per read of up to :data:`READ_RECORDS` records, never a check per
-record: a read asks for no more records than lie below the commit point (offsets are
-contiguous from the first kept one on), so a chunk ends there when the commit point
-falls inside a stored chunk. A cached chunk was built below an earlier commit point,
+costs one subtraction per read and one integer comparison per record: a read may give
+no more records than lie below the commit point (offsets are contiguous from the
+first kept one on), so a chunk ends there when the commit point falls inside a stored
+chunk. A cached chunk was built below an earlier commit point,
 which only moves forward; it is checked against ``upto`` all the same (one comparison).
 
 This module is compiled (amqpd/hotpath.py): the cutting loop below runs once per
 delivered message, so it reads a record's length and flags as bytes of the stored
-header (no struct call, no tuple) and copies each entry's two pieces once.
+header (no struct call, no tuple), walks each read once (the records' lengths are read
+there, not by the reader beforehand) and copies each entry's body once.
 """
 
 from __future__ import annotations
@@ -38,9 +39,6 @@ from amqpd.store.stream_log import AMQP10, CHUNK_START, RECORD_SIZE, Reader
 from amqpd.streamproto.codec import be32, be64, chunk_header
 
 CACHE_BYTES: Final = 4 * 1024 * 1024
-# records a subscription reads per pread at most: above what a pread of READ_BYTES
-# holds of small messages, so the bytes bound decides and nothing read is left unused
-READ_RECORDS: Final = 8192
 MAX_ENTRIES: Final = 0xFFFF  # an osiris chunk header counts its entries in a u16
 
 
@@ -99,23 +97,28 @@ class ChunkCache:
 
 class Cutter:
     """A subscription's read state: its reader, and the block of stored records it
-    read last (``block`` from ``at`` to ``end`` not yet delivered, whole records; a
-    partial record may follow them; it came from file position ``block_pos`` of the
-    segment starting at offset ``block_seg``)."""
+    read last (:meth:`Reader.peek_block`, from file position ``block_pos`` of the
+    segment starting at offset ``block_seg``). While a block is kept (``block`` not
+    empty) a whole record not yet delivered starts at ``at``; ``taken`` records of the
+    block were delivered, at most ``left`` may be (the commit point), and the reader
+    stays at the block's start until the cutter is done with it (:meth:`Reader.advance`
+    past what it took)."""
 
-    __slots__ = ("at", "block", "block_pos", "block_seg", "end", "reader")
+    __slots__ = ("at", "block", "block_pos", "block_seg", "left", "reader", "taken")
 
     def __init__(self, reader: Reader) -> None:
         self.reader = reader
         self.block = b""
         self.at = 0
-        self.end = 0
+        self.taken = 0
+        self.left = 0
         self.block_seg = -1
         self.block_pos = 0
 
     def clear(self) -> None:
+        """Drop the block (the reader is then moved by :meth:`Reader.seek`)."""
         self.block = b""
-        self.at = self.end = 0
+        self.at = self.taken = self.left = 0
 
 
 def next_chunk(cut: Cutter, cache: ChunkCache, limit: int,
@@ -126,14 +129,14 @@ def next_chunk(cut: Cutter, cache: ChunkCache, limit: int,
     chunk; None when nothing is readable. Another
     subscription of the stream may have built it already (``cache``); else its entries
     are cut from the records as stored (a record's length field is the entry's size),
-    with no Python object per message but the entry's body (a run of records of one
-    size shares the size field's object) and one pass over each read (taken whole: a
-    record cut off at its end is read again next time). A record an AMQP
-    0-9-1 publisher wrote is passed to ``convert`` (its stored payload -> an AMQP 1.0
-    message)."""
+    in one pass over each read (:meth:`Reader.peek_block`: no scan of it beforehand, no
+    copy of it cut down to whole records), with no Python object per message but the
+    entry's body (a run of records of one size shares the size field's object). A
+    record an AMQP 0-9-1 publisher wrote is passed to ``convert`` (its stored payload
+    -> an AMQP 1.0 message)."""
     reader = cut.reader
-    data, at, total = cut.block, cut.at, cut.end
-    start = be64(data, at + 8) if at < total else reader.offset
+    data, at = cut.block, cut.at
+    start = be64(data, at + 8) if data else reader.offset
     # (below the first kept offset the reader moves on to what retention kept)
     hit = cache.get(start, limit, upto) if start >= reader.log.first_offset else None
     if hit is not None:
@@ -144,49 +147,56 @@ def next_chunk(cut: Cutter, cache: ChunkCache, limit: int,
     first = stamp = count = size = 0
     last_length = -1
     size_field = b""
+    total, taken, left = len(data), cut.taken, cut.left
+    length = be32(data, at + 4) if data else 0
     while True:
-        if at >= total:
+        if not data:
             # no further than the commit point: offsets run on from the first kept
             room = upto - max(reader.offset, reader.log.first_offset)
-            if room > 0:
-                data, _, total = reader.read_block(min(READ_RECORDS, room))
-            else:
-                data, total = b"", 0
-            seg, end_pos = reader.where()
-            cut.block, cut.at, cut.end = data, 0, total
-            cut.block_seg, cut.block_pos = seg, end_pos - total
-            at = 0
-            if not total:
+            data = reader.peek_block() if room > 0 else b""
+            cut.block_seg, cut.block_pos = reader.where()
+            if not data:
+                cut.clear()
                 break
-        while at < total:
+            total, at, taken, left = len(data), 0, 0, room
+            length = be32(data, 4)
+            cut.block, cut.left = data, left
+        # a whole record of ``length`` starts at ``at``
+        flags = data[at + 24]
+        if count and (flags & CHUNK_START or size + length > limit or count >= MAX_ENTRIES):
+            cut.at, cut.taken = at, taken
+            return _built(cut, cache, limit, first, stamp, count, parts, cut.block_pos + at)
+        body = at + RECORD_SIZE
+        end = body + length
+        if flags & AMQP10:
+            if length != last_length:  # a run of equal sizes shares one object
+                last_length = length
+                size_field = data[at + 4:at + 8]
+            parts.append(size_field)
+            parts.append(data[body:end])
+        else:
+            message: bytes = convert(data[body:end])
+            parts.append(len(message).to_bytes(4, "big"))
+            parts.append(message)
+        if not count:
+            first = be64(data, at + 8)
+            stamp = be64(data, at + 16)
+            if stamp >= 1 << 63:
+                stamp -= 1 << 64
+        count += 1
+        size += length + 4
+        at = end
+        taken += 1
+        # the next record: whole in this read, and below the commit point?
+        if taken < left and at + RECORD_SIZE <= total:
             length = be32(data, at + 4)
-            flags = data[at + 24]
-            if count and (flags & CHUNK_START or size + length > limit
-                          or count >= MAX_ENTRIES):
-                cut.at = at
-                return _built(cut, cache, limit, first, stamp, count, parts,
-                              cut.block_pos + at)
-            body = at + RECORD_SIZE
-            end = body + length
-            if flags & AMQP10:
-                if length != last_length:  # a run of equal sizes shares one object
-                    last_length = length
-                    size_field = data[at + 4:at + 8]
-                parts.append(size_field)
-                parts.append(data[body:end])
-            else:
-                message: bytes = convert(data[body:end])
-                parts.append(len(message).to_bytes(4, "big"))
-                parts.append(message)
-            if not count:
-                first = be64(data, at + 8)
-                stamp = be64(data, at + 16)
-                if stamp >= 1 << 63:
-                    stamp -= 1 << 64
-            count += 1
-            size += length + 4
-            at = end
-        cut.at = at
+            if at + RECORD_SIZE + length <= total:
+                continue
+        # done with the read: the reader moves past what was taken
+        reader.advance(taken, at)
+        cut.block_pos += at
+        cut.clear()
+        data = b""
     if not count:
         return None
     return _built(cut, cache, limit, first, stamp, count, parts, cut.block_pos)

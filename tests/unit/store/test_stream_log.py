@@ -274,22 +274,29 @@ def test_append_parts_writes_what_append_of_the_joined_payload_writes(
     assert again.truncated_bytes == 0 and again.next_offset == 300
 
 
-def test_read_block_leaves_a_cut_off_record_unread(tmp_path: Path) -> None:
-    """read_block hands out the pread as it came: the whole records it begins with are
-    counted (and the reader moves past them only), the record cut off at its end is
-    read whole by the next call."""
+def test_peek_block_reads_without_moving_until_advanced(tmp_path: Path) -> None:
+    """peek_block hands out a pread as it came, beginning with a whole record and
+    maybe ending inside one, and leaves the reader where it was: advance moves it past
+    the records the caller took; a record larger than the read comes whole."""
     log = _log(tmp_path, segment=1_000_000)
     _fill(log, 20, size=100)
+    log.append(b"x" * 5000, 7)
+    log.flush()
     reader = log.reader(0)
-    data, n, used = reader.read_block(100, max_bytes=1100)
-    assert n == 1100 // (RECORD_SIZE + 100) and used == n * (RECORD_SIZE + 100)
-    assert len(data) == 1100 > used  # the head of the next record, not taken
-    assert [r.offset for r in parse_records(data[:used])] == list(range(n))
-    assert reader.offset == n
-    data, m, used = reader.read_block(100)
-    assert len(data) == used and [r.offset for r in parse_records(data)] == list(
-        range(n, 20))
-    assert reader.read_block(10) == (b"", 0, 0)
+    data = reader.peek_block(1100)
+    assert len(data) == 1100 and reader.offset == 0
+    n = 1100 // (RECORD_SIZE + 100)  # whole records in it; the next one's head follows
+    assert [r.offset for r in parse_records(data[:n * (RECORD_SIZE + 100)])] == list(
+        range(n))
+    assert reader.peek_block(1100) == data  # not moved
+    reader.advance(n, n * (RECORD_SIZE + 100))
+    data = reader.peek_block()
+    assert [r.offset for r in parse_records(data)] == list(range(n, 21))
+    reader.advance(20 - n, (20 - n) * (RECORD_SIZE + 100))
+    data = reader.peek_block(100)  # the big record, whole
+    assert parse_records(data)[0].payload == b"x" * 5000
+    reader.advance(1, len(data))
+    assert reader.peek_block() == b"" and reader.offset == 21
 
 
 def test_a_flush_books_its_records_as_a_scan_of_the_file_does(tmp_path: Path) -> None:
