@@ -3,10 +3,11 @@ frames back out once per tick, heartbeats, and back-pressure on deliveries.
 
 As the AMQP transport (:mod:`amqpd.transport`), everything a connection produces in one
 tick is written at once (``transport.writelines`` of its frames and frame parts: one
-vectored write under uvloop, whose transports send a list with one ``writev``); when the kernel buffer backs up
-(``pause_writing``) deliveries stop until it drains. With a negotiated heartbeat the
-server sends one every heartbeat seconds and closes a connection from which nothing
-arrived for two heartbeats (RabbitMQ's rule), with a log line.
+vectored write under uvloop, whose transports send a list with one ``writev``); when
+the kernel buffer backs up (``pause_writing``) deliveries stop until it drains. With a
+negotiated heartbeat the server sends one every heartbeat seconds and closes a
+connection from which nothing arrived for two heartbeats (RabbitMQ's rule), with a log
+line.
 """
 
 from __future__ import annotations
