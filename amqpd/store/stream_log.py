@@ -186,27 +186,32 @@ class Segment:
         if chunk_start:
             self.last_chunk = offset
 
-    def note_all(self, pending: list[tuple[int, int, int, bool]], position: int,
+    def note_all(self, pending: list[tuple[int, int, list[int], bool]], position: int,
                  interval: int) -> int:
-        """:meth:`note` for records written back to back from ``position`` (offset,
-        timestamp, length, chunk start each), in one loop over locals; the position
-        after them (a flush books every record of the tick here)."""
+        """:meth:`note` for batches of records written back to back from ``position``
+        (each: first offset, timestamp, payload lengths, whether its first record
+        starts a chunk), in one loop over locals; the position after them (a flush
+        books every record of the tick here)."""
         count, since, last_stamp = self.count, self.since_index, self.last_stamp
         last_chunk = self.last_chunk
         offsets, positions, stamps = self.idx_offsets, self.idx_positions, self.idx_stamps
-        for offset, timestamp, length, chunk_start in pending:
-            if count == 0 or since >= interval:
-                offsets.append(offset)
-                positions.append(position)
-                stamps.append(max(timestamp, last_stamp))
-                since = 0
-            since += RECORD_SIZE + length
-            count += 1
-            if timestamp > last_stamp:
-                last_stamp = timestamp
+        for offset, timestamp, lengths, chunk_start in pending:
+            if not lengths:
+                continue
             if chunk_start:
                 last_chunk = offset
-            position += RECORD_SIZE + length
+            if timestamp > last_stamp:  # one timestamp for the batch: note's max, once
+                last_stamp = timestamp
+            for length in lengths:
+                if count == 0 or since >= interval:
+                    offsets.append(offset)
+                    positions.append(position)
+                    stamps.append(last_stamp)
+                    since = 0
+                since += RECORD_SIZE + length
+                count += 1
+                offset += 1
+                position += RECORD_SIZE + length
         self.count, self.since_index, self.last_stamp = count, since, last_stamp
         self.last_chunk = last_chunk
         return position
@@ -259,7 +264,10 @@ class StreamLog:
         self.flushed_offset = 0  # records below this are in the file (readable)
         self.synced_offset = 0  # records below this are fsynced
         self._buffer = bytearray()
-        self._pending: list[tuple[int, int, int, bool]] = []  # offset, ts, length, chunk
+        # what the buffer holds, by batch: first offset, timestamp, the records' payload
+        # lengths, whether the first one starts a chunk (a batch's records follow each
+        # other: a publish frame's one entry, not one tuple and three ints per record)
+        self._pending: list[tuple[int, int, list[int], bool]] = []
         self._chunk_open = False
         self._lock = threading.Lock()  # sync and read_shared (workers) vs. closing fds
         self.closed = True
@@ -444,7 +452,7 @@ class StreamLog:
         buf += tail
         for part in parts:
             buf += part
-        self._pending.append((offset, timestamp, length, chunk_start))
+        self._pending.append((offset, timestamp, [length], chunk_start))
         self.next_offset = offset + 1
         self._chunk_open = True
         if self.segments[-1].size + len(buf) >= self.max_segment_bytes:
@@ -466,10 +474,13 @@ class StreamLog:
         limit = self.max_segment_bytes - self.segments[-1].size
         last_length = -1
         length_field = b""
+        lengths: list[int] = []
+        batch_first, batch_chunk = offset, not self._chunk_open
         for payload in payloads:
             chunk = not self._chunk_open
             self._chunk_open = True
             length = len(payload)
+            lengths.append(length)
             if length != last_length:  # a run of equal sizes shares one length field
                 last_length = length
                 length_field = length.to_bytes(4, "big")
@@ -479,13 +490,17 @@ class StreamLog:
                                first_flags if chunk else other_flags, payload))
             buf += (crc32(record) & 0xFFFFFFFF).to_bytes(4, "big")
             buf += record
-            pending.append((offset, timestamp, length, chunk))
             offset += 1
             if len(buf) >= limit:  # the segment is full: end the chunk there
+                pending.append((batch_first, timestamp, lengths, batch_chunk))
                 self.next_offset = offset
                 self.flush()
                 buf, pending = self._buffer, self._pending
                 limit = self.max_segment_bytes - self.segments[-1].size
+                lengths = []
+                batch_first, batch_chunk = offset, True
+        if lengths:
+            pending.append((batch_first, timestamp, lengths, batch_chunk))
         self.next_offset = offset
         return offset
 
@@ -528,7 +543,7 @@ class StreamLog:
         buf += (zlib.crc32(payload, zlib.crc32(tail)) & 0xFFFFFFFF).to_bytes(4, "big")
         buf += tail
         buf += payload
-        self._pending.append((offset, timestamp, len(payload), chunk_start))
+        self._pending.append((offset, timestamp, [len(payload)], chunk_start))
         self.next_offset = offset + 1
 
     def flush(self) -> None:

@@ -300,20 +300,26 @@ def test_peek_block_reads_without_moving_until_advanced(tmp_path: Path) -> None:
 
 
 def test_a_flush_books_its_records_as_a_scan_of_the_file_does(tmp_path: Path) -> None:
-    """The index, counts, newest timestamp and last chunk that flush books for a batch
-    (Segment.note_all) equal what reopening the log rebuilds record by record."""
-    log = _log(tmp_path, segment=1_000_000, interval=300)
-    for i in range(9):
-        log.append_many([bytes(20 + 37 * j % 200) for j in range(i * 11 + 1)],
-                        1000 + 5 * i - (i % 3) * 7, 2)
-        log.append(b"amqp 0-9-1", 990 + i)
-        log.flush()
-    seg = log.segments[-1]
-    booked = (list(seg.idx_offsets), list(seg.idx_positions), list(seg.idx_stamps),
-              seg.count, seg.size, seg.last_stamp, seg.last_chunk, seg.since_index)
-    log.close()
-    again = _log(tmp_path, segment=1_000_000, interval=300)
-    seg = again.segments[-1]
-    assert booked == (list(seg.idx_offsets), list(seg.idx_positions),
-                      list(seg.idx_stamps), seg.count, seg.size, seg.last_stamp,
-                      seg.last_chunk, seg.since_index)
+    """The index, counts, newest timestamp and last chunk that flush books for its
+    batches (Segment.note_all; a batch that fills a segment is split there) equal what
+    reopening the log rebuilds record by record, in every segment."""
+    for segment in (1_000_000, 3000):
+        path = tmp_path / str(segment)
+        log = _log(path, segment=segment, interval=300)
+        for i in range(9):
+            log.append_many([bytes(20 + 37 * j % 200) for j in range(i * 11 + 1)],
+                            1000 + 5 * i - (i % 3) * 7, 2)
+            log.append(b"amqp 0-9-1", 990 + i)
+            log.flush()
+
+        def booked(lg: StreamLog) -> list[tuple[object, ...]]:
+            return [(s.base, list(s.idx_offsets), list(s.idx_positions),
+                     list(s.idx_stamps), s.count, s.size, s.last_stamp, s.last_chunk,
+                     s.since_index) for s in lg.segments]
+
+        before = booked(log)
+        if segment == 1_000_000:
+            assert len(before) == 1
+        log.close()
+        assert booked(_log(path, segment=segment, interval=300)) == before
+    assert len(before) > 3  # the small segments: batches were split where they filled
