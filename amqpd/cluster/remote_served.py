@@ -9,6 +9,7 @@ Theory of operation: :mod:`amqpd.cluster.remote_queue`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -134,13 +135,15 @@ class Served:
         return position + 1 if position >= 0 and not no_ack else 0
 
     def hand(self, queue: QueueType, entry: QueueEntry, no_ack: bool, frame: bytes,
-             proxy: _Proxy | None) -> None:
+             proxy: _Proxy | None, expired: Callable[[], None] | None = None) -> None:
         """Send a delivery (``DELIVER`` of ``proxy``'s consumer, or ``GET_OK``) to the
         peer: a quorum queue's once its checkout (recorded by :meth:`delivered`) is
         committed (amqpd.cluster.handout), then settled if it needs no ack. One that
         needs no ack and can no longer be sent (the link went, the consumer was
         cancelled) comes back to the queue as a returned checkout; one that needs an
-        ack is the stream's until settled (its close returns it)."""
+        ack is the stream's until settled (its close returns it). A get's
+        ``expired`` runs instead when the commit takes too long (handout's
+        ``GET_COMMIT_WAIT``)."""
         if not isinstance(queue, QuorumQueue) or queue.group is None:
             self.link.send(frame)
             return
@@ -158,7 +161,7 @@ class Served:
             if no_ack:
                 queue.settle([entry])
 
-        group.after_commit(send)
+        group.after_commit(send, expired)
 
     def reclaim(self, origin: str, positions: list[int]) -> None:
         """The peer's RECLAIM: what the quorum queue's group kept checked out for it
@@ -292,7 +295,22 @@ class Served:
         self.hand(q, entry, no_ack, W.encode_deliver(
             W.GET_OK, self.stream, req, delivery, entry.redelivered, q.message_count,
             msg.exchange, msg.routing_key, msg.properties, self.broker.publisher.body_of(msg),
-            position), None)
+            position), None, lambda: self._get_expired(req, delivery, entry))
+
+    def _get_expired(self, req: int, delivery: int, entry: QueueEntry) -> None:
+        """A get whose checkout was not committed in time (amqpd.cluster.handout): the
+        peer is answered get-empty and never learns the delivery, so the message comes
+        back to the queue as a returned checkout."""
+        q = self.queue
+        self.unacked.pop(delivery, None)
+        log.warning("quorum queue '%s' in vhost '%s': a basic.get from node %s waited "
+                    "for a majority of the members to commit its checkout and is "
+                    "answered get-empty; the message goes back to the queue",
+                    q.name, q.vhost.name, self.link.peer)
+        if isinstance(q, QuorumQueue) and not q.deleted:
+            q.return_checked_out([entry])
+        if not self.link.closed:
+            self.link.send(W.encode(W.GET_EMPTY, self.stream, req))
 
     def _get_after_wait(self, req: int, wire_no_ack: int) -> None:
         """A waiting get's turn (:meth:`get`): answered as the queue is now, unless the
