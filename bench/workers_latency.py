@@ -32,14 +32,11 @@ Usage: ``python -m bench.workers_latency [--rate 1000] [--duration 10] [--runs 5
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import struct
-import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from pamqp import commands
@@ -48,7 +45,7 @@ from pamqp.body import ContentBody
 from bench.cluster import declare, wait_usable
 from bench.confirm_latency import _percentile
 from bench.loadgen import Conn, ProtocolError, Target, encode_publish
-from bench.workers import worker_urls
+from bench.workers import one_and_two_workers, report, worker_urls
 from tests.support.brokerproc import BrokerProcess
 
 SEQ = struct.Struct(">Q")
@@ -191,21 +188,8 @@ def main() -> None:
         "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "loadavg_start": os.getloadavg(),
         "hot_path": "pure Python" if os.environ.get("AMQPD_PURE_PYTHON") else "as installed"}
-    with tempfile.TemporaryDirectory(prefix="amqpd-bench-wlat-") as root:
-        single = BrokerProcess(Path(root) / "one").start()
-        two = BrokerProcess(Path(root) / "two", extra_args=["--workers", "2"]).start(60)
-        try:
-            runs = []
-            for i in range(args.runs):
-                print(f"run {i + 1}:", flush=True)
-                runs.append(one_run(single, two, args, f"r{i}"))
-        finally:
-            single.stop()
-            two.stop()
-    result = {**meta, **summarise(runs), "loadavg_end": os.getloadavg()}
-    print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1))
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    runs = one_and_two_workers(args, "amqpd-bench-wlat-", one_run)
+    report({**meta, **summarise(runs), "loadavg_end": os.getloadavg()}, args.out)
 
 
 if __name__ == "__main__":
