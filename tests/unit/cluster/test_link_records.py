@@ -24,15 +24,20 @@ NAMES = [("", "q1"), ("", "q1"), ("", "q2"), ("ex", "q2"), ("ey", "q2"), ("", ""
          ("é", "q2"), ("", "q2")]
 
 
+# the largest numbers a head holds (past a machine word's small ints)
+BIG_PUBLISH = (2**64 - 1, 1, "", "q1", b"", b"big")
+BIG_DELIVER = (2**64 - 1, 1, 2**64 - 2, "", "q1", b"", b"big", 2**63 + 5)
+
+
 def _publish_records() -> list[tuple[Any, ...]]:
-    out: list[tuple[Any, ...]] = list(PUBLISH_RECORDS)
+    out: list[tuple[Any, ...]] = [*PUBLISH_RECORDS, BIG_PUBLISH]
     out += [(i, i % 2, ex, key, PERSISTENT_PROPS if i % 3 else b"", f"m{i}".encode())
             for i, (ex, key) in enumerate(NAMES)]
     return out
 
 
 def _deliver_records() -> list[tuple[Any, ...]]:
-    out: list[tuple[Any, ...]] = list(DELIVER_RECORDS)
+    out: list[tuple[Any, ...]] = [*DELIVER_RECORDS, BIG_DELIVER]
     out += [(100 + i, i % 2, 50 - i, ex, key, PERSISTENT_PROPS if i % 3 else b"",
              f"m{i}".encode(), i % 4) for i, (ex, key) in enumerate(NAMES)]
     return out
