@@ -22,6 +22,7 @@ from amqpd.broker.api import (
 )
 from amqpd.cluster import link_wire as W
 from amqpd.cluster.link import Link
+from amqpd.cluster.link_records import Publishes, add_delivery, enqueue_publishes
 from amqpd.cluster.remote_state import LinkLost, OnConfirm
 
 if TYPE_CHECKING:
@@ -78,18 +79,9 @@ class _Proxy:
                 position), self)
             return
         # joins this consumer's DELIVERS frame while that is the last frame queued on
-        # the link (nothing sent meanwhile is overtaken), else starts one
-        link = served.link
-        batch = self.batch
-        queued = link.queued
-        if batch is None or not queued or queued[-1] is not batch or not W.add_deliver(
-                batch, delivery, entry.redelivered, queue.message_count, msg.exchange,
-                msg.routing_key, msg.properties, body, position):
-            batch = W.delivers(served.stream, self.cid, delivery, entry.redelivered,
-                               queue.message_count, msg.exchange, msg.routing_key,
-                               msg.properties, body, position)
-            self.batch = batch
-            link.send(batch)
+        # the link (nothing sent meanwhile is overtaken), else starts one (compiled)
+        self.batch = add_delivery(self.batch, served.link, served.stream, self.cid, delivery,
+                                  entry.redelivered, queue.message_count, msg, body, position)
 
     def consumer_cancelled_by_server(self, consumer: Consumer) -> None:
         self.closed = True
@@ -204,20 +196,13 @@ class Served:
         enqueue_here(self.broker, q, Message(exchange, key, props, body, bool(persistent)),
                      on_confirm)
 
-    def publish_many(self, records: list[tuple[Any, ...]]) -> None:
-        """A PUBLISHES frame's records, each as :meth:`publish` (in order)."""
-        self.credit_due += len(records)
-        q = self.queue
-        link, stream = self.link, self.stream
-        broker = self.broker
-        enqueue = enqueue_here
-        for seq, persistent, exchange, key, props, body in records:
-            if q.deleted:
-                if seq:
-                    link.send(W.encode_confirm(stream, seq, False))
-                continue
-            enqueue(broker, q, Message(exchange, key, props, body, bool(persistent)),
-                    _confirmer(link, stream, seq) if seq else None)
+    def publish_many(self, batch: Publishes) -> None:
+        """A PUBLISHES frame's records (read by the link as Messages), each as
+        :meth:`publish`, in order: the loop is compiled
+        (:func:`amqpd.cluster.link_records.enqueue_publishes`)."""
+        self.credit_due += len(batch)
+        enqueue_publishes(self.broker.publisher, self.queue, batch, self.link, self.stream,
+                          _confirmer)
 
     def settle(self, ids: list[int], how: int) -> None:
         """``how``: SETTLE (acked), REQUEUE or REJECT."""
@@ -338,7 +323,8 @@ class Served:
 
 
 def _confirmer(link: Link, stream: int, seq: int) -> OnConfirm:
-    """The callback that answers publish ``seq`` of ``stream`` (CONFIRM) once done."""
+    """The callback that answers publish ``seq`` of ``stream`` (CONFIRM) once done
+    (looked up when each batch arrives: tests hold the confirms by replacing it)."""
     def on_confirm(error: BaseException | None) -> None:
         link.send(W.encode_confirm(stream, seq, error is None))
     return on_confirm
