@@ -604,7 +604,7 @@ class SharedLog:
             # (one per confirm, typically) travels to the writer together, after the
             # tick's records, in one job.
             self._tick_scheduled = True
-            self.loop.call_soon(self._end_of_tick)
+            loop.call_soon(self._end_of_tick)
 
     def _end_of_tick(self) -> None:
         self._tick_scheduled = False
