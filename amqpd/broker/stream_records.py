@@ -33,6 +33,7 @@ cannot take more or an offset reaches the commit limit.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
@@ -49,6 +50,9 @@ _FLAGS: Final = 24  # a stored record's flags byte, after crc, length, offset, t
 OFFSET_HEADER: Final = "x-stream-offset"
 _OFFSET_KEY: Final = OFFSET_HEADER.encode()
 _OFFSET_ENTRY: Final = bytes((len(_OFFSET_KEY),)) + _OFFSET_KEY + b"l"  # then an i64
+# the header's entry (its name, type and the offset): one struct call per record
+_ENTRY: Final = struct.Struct(f">{len(_OFFSET_ENTRY)}sq")
+_U32: Final = struct.Struct(">I")
 
 
 def _be32(data: bytes, at: int) -> int:
@@ -65,8 +69,10 @@ def with_offset_header(properties: bytes, offset: int) -> bytes:
     content-type and content-encoding, so the entry is appended to it (or a table
     made for it) without decoding anything; a header of that name already there goes
     through the general path (replaced, not doubled)."""
-    entry = _OFFSET_ENTRY + offset.to_bytes(8, "big", signed=True)
-    if len(properties) >= 2 and _OFFSET_KEY not in properties:
+    entry = _ENTRY.pack(_OFFSET_ENTRY, offset)
+    # find, not ``in``: bytes.__contains__ first tries its argument as an int, and the
+    # TypeError it formats and drops cost more than the search
+    if len(properties) >= 2 and properties.find(_OFFSET_KEY) < 0:
         flags = properties[0]
         pos = 2
         if flags & 0x80:  # content-type
@@ -75,10 +81,10 @@ def with_offset_header(properties: bytes, offset: int) -> bytes:
             pos += 1 + properties[pos]
         if not flags & 0x20:  # no headers yet: a table of one
             return b"".join((bytes((flags | 0x20, properties[1])), properties[2:pos],
-                             len(entry).to_bytes(4, "big"), entry, properties[pos:]))
+                             _U32.pack(len(entry)), entry, properties[pos:]))
         size = _be32(properties, pos)
         end = pos + 4 + size
-        return b"".join((properties[:pos], (size + len(entry)).to_bytes(4, "big"),
+        return b"".join((properties[:pos], _U32.pack(size + len(entry)),
                          properties[pos + 4:end], entry, properties[end:]))
     fields = rawprops.split_properties(properties)
     items = [kv for kv in rawprops.header_items(fields) if kv[0] != OFFSET_HEADER]
@@ -104,9 +110,10 @@ def append_message(log: StreamLog, message: Message, timestamp: int) -> int:
     props = with_offset_header(message.properties, log.next_offset)
     exchange = message.exchange.encode()
     key = message.routing_key.encode()
+    # names and properties in one part (short), the body in another
     head = b"".join((bytes((len(exchange), len(key))), exchange, key,
-                     len(props).to_bytes(4, "big")))
-    return log.append_parts([head, props, message.body], timestamp)
+                     _U32.pack(len(props)), props))
+    return log.append_parts([head, message.body], timestamp)
 
 
 def decode_payload(payload: bytes) -> Message:
