@@ -432,7 +432,7 @@ class StreamLog:
         for part in parts:
             crc = crc32(part, crc)
         out = self._parts
-        out.append(_CRC.pack(crc & 0xFFFFFFFF))
+        out.append((crc & 0xFFFFFFFF).to_bytes(4, "big"))  # (less than a struct call)
         out.append(tail)
         out.extend(parts)
         self._buffered += RECORD_SIZE + length
@@ -457,7 +457,7 @@ class StreamLog:
             length = len(payload)
             tail = _TAIL.pack(length, offset, timestamp,
                               (flags | CHUNK_START if chunk else flags) & 0xFF)
-            out.append(_CRC.pack(crc32(payload, crc32(tail, 0)) & 0xFFFFFFFF))
+            out.append((crc32(payload, crc32(tail, 0)) & 0xFFFFFFFF).to_bytes(4, "big"))
             out.append(tail)
             out.append(payload)
             self._buffered += RECORD_SIZE + length
@@ -506,7 +506,7 @@ class StreamLog:
         tail = _TAIL.pack(len(payload), offset, timestamp,
                           (flags | (CHUNK_START if chunk_start else 0)) & 0xFF)
         out = self._parts
-        out.append(_CRC.pack(crc32(payload, crc32(tail, 0)) & 0xFFFFFFFF))
+        out.append((crc32(payload, crc32(tail, 0)) & 0xFFFFFFFF).to_bytes(4, "big"))
         out.append(tail)
         out.append(payload)
         self._buffered += RECORD_SIZE + len(payload)
