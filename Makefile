@@ -105,7 +105,16 @@ prebuild:
 # conformance suite on its pure-Python sources: both must stay correct.
 PURE_TESTS ?= tests/unit tests/integration/test_conformance_vs_amqpd.py
 
-# Both runs are spread over TEST_WORKERS pytest-xdist processes. Most tests wait on
+# Then the core's integration tests once more against nodes of two workers (issue 35:
+# every suite must pass with workers = 2 as with 1): AMQPD_WORKERS=2 makes every broker
+# these tests start a node of two worker processes, its clients placed by the node's
+# round robin. (The conformance suite with two workers is a test of its own:
+# tests/integration/test_conformance_vs_amqpd_workers.py.)
+WORKERS_TESTS ?= tests/integration/test_core_pika.py tests/integration/test_core_aiopika.py \
+	tests/integration/test_core_kombu.py tests/integration/test_core_lifecycle.py \
+	tests/integration/test_core_errors.py
+
+# All runs are spread over TEST_WORKERS pytest-xdist processes. Most tests wait on
 # brokers and sockets rather than compute, so there are more workers than CPUs (never
 # fewer than 2). --dist loadfile keeps each test file on one worker, so a module's shared
 # broker, private RabbitMQ or built wheel is started once, not once per worker; files
@@ -122,6 +131,10 @@ PYTEST_ARGS ?= --durations=40
 
 test: install system-deps
 	'$(PY)' -m pytest -q $(PYTEST_ARGS) $(XDIST_ARGS)
+	@if [ -n "$(WORKERS_TESTS)" ]; then \
+	  echo "--- again against nodes of two workers (AMQPD_WORKERS=2): $(WORKERS_TESTS)"; \
+	  AMQPD_WORKERS=2 '$(PY)' -m pytest -q $(WORKERS_TESTS) $(XDIST_ARGS); \
+	fi
 	@if [ -n "$(PURE_TESTS)" ]; then \
 	  echo "--- again on the pure-Python hot path (AMQPD_PURE_PYTHON=1): $(PURE_TESTS)"; \
 	  AMQPD_PURE_PYTHON=1 '$(PY)' -m pytest -q $(PURE_TESTS) $(XDIST_ARGS); \

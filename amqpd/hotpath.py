@@ -71,6 +71,9 @@ COMPILED_MODULES: tuple[str, ...] = (
     # the cluster link's frame codec: every message that crosses to another node (or
     # another worker of a node: docs/workers.md) is encoded and read by it once
     "amqpd.cluster.link_wire",
+    # its batches read into the broker's Messages and QueueEntries, and the loops over
+    # their records (a crossing message is one record each way)
+    "amqpd.cluster.link_records",
 )
 
 PURE_ENV = "AMQPD_PURE_PYTHON"

@@ -23,22 +23,63 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
+# Brokers made of several processes (an amqpd node with ``workers`` above 1: the
+# supervisor and its worker processes): the figures of these pids are their own plus
+# their descendants'. A broker registers its pid here when it starts (AmqpdBroker);
+# RabbitMQ's beam.smp is measured alone as before (its children, erl_child_setup and
+# inet_gethost, are helpers, not the broker's work).
+WITH_CHILDREN: set[int] = set()
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid``'s child processes, theirs, and so on (from /proc/<pid>/task/*/children)."""
+    out: list[int] = []
+    todo = [pid]
+    while todo and len(out) < 4096:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as f:
+                    kids = [int(x) for x in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+def _family(pid: int) -> list[int]:
+    return [pid, *descendants(pid)] if pid in WITH_CHILDREN else [pid]
+
+
 def rss_bytes(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            return int(f.read().split()[1]) * PAGE
-    except (OSError, ValueError, IndexError):
-        return 0
+    """Resident memory of a process (with its descendants': :data:`WITH_CHILDREN`)."""
+    total = 0
+    for p in _family(pid):
+        try:
+            with open(f"/proc/{p}/statm") as f:
+                total += int(f.read().split()[1]) * PAGE
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
 
 
 def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, in seconds."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK
-    except (OSError, ValueError, IndexError):
-        return 0.0
+    """utime + stime of a process (with its descendants': :data:`WITH_CHILDREN`), in
+    seconds. A descendant that ended meanwhile takes its figures with it."""
+    total = 0.0
+    for p in _family(pid):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / CLK_TCK
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
 
 
 def disk_used(path: str | os.PathLike[str]) -> int:
@@ -162,6 +203,7 @@ class AmqpdBroker(Broker):
         self.url = self.proc.url
         assert self.proc.proc is not None
         self.pid = self.proc.proc.pid
+        WITH_CHILDREN.add(self.pid)  # with --workers, the node is several processes
         self.wait_amqp(time.monotonic() + 600)
         return time.monotonic() - t0
 

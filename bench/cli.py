@@ -426,6 +426,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rabbit-url", help="use this RabbitMQ instead of starting one "
                    "(no RSS/CPU/restart figures then)")
     p.add_argument("--amqpd-url", help="use this amqpd instead of starting one")
+    p.add_argument("--amqpd-workers", type=int, default=1,
+                   help="the amqpd node's workers (issue 35; 1: one process, as before); "
+                        "its CPU and RSS are summed over the supervisor and the workers")
     p.add_argument("--only-amqpd", action="store_true")
     p.add_argument("--no-ceiling", action="store_true", help="skip the generator ceiling")
     p.add_argument("--quick", action="store_true",
@@ -472,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.workdir or tmp.name)
     work.mkdir(parents=True, exist_ok=True)
     brokers: list[Broker] = [ExternalBroker("amqpd", args.amqpd_url) if args.amqpd_url
-                             else AmqpdBroker(work)]
+                             else AmqpdBroker(work, ["--workers", str(args.amqpd_workers)])]
     if not args.only_amqpd:
         brokers.append(ExternalBroker("rabbitmq", args.rabbit_url) if args.rabbit_url
                        else RabbitBroker(work))

@@ -4,6 +4,7 @@
     python -m bench.core_cost --callgrind [--body 1024] [--messages 6000]
     python -m bench.core_cost --confirms [--body 16] [--callgrind | --fsync-split]
     python -m bench.core_cost --publish-only [--body 16] [--callgrind]
+    python -m bench.core_cost --stream [--body 1024] [--tick-reads 4] [--callgrind]
 
 The socket benchmarks (``python -m bench``) need a quiet machine: on a shared one the
 broker, the load generator and everybody else's processes fight for the same cores and
@@ -31,6 +32,15 @@ The cyclic collector is tuned as the broker tunes it (``server.tune_gc``): every
 message is a tracked object, and what the collector costs depends on its thresholds.
 Use ``--messages`` of 20000 or more with ``--callgrind`` so young collections (one per
 ~25,000 messages) fall into the difference of the two runs.
+
+``--stream`` is ``python -m bench.streams --publish-only``'s shape: persistent publishes
+with confirms into a stream queue (``x-queue-type: stream``), ``--tick-reads`` reads of
+``--batch`` publishes per event-loop tick (4 x 60 ~ the 255 messages per tick a
+publisher with 1,000 confirms in flight gave the broker there), then the tick's
+callbacks: the stream's flush (one ``pwrite``), the publisher's commit (the stream's
+sync job in a worker thread, the shared store's commit) and the coalesced acks, which
+wait for the fsync (:meth:`~amqpd.broker.stream.StreamQueue._sync_rounds`) as a confirm
+does. One fsync per tick; the next tick starts when the last one's acks went out.
 
 Two figures:
 
@@ -81,6 +91,19 @@ class _Ticks:
         self.ready.append((callback, args))  # deque.append is atomic
         self.woken.set()
 
+    def run_in_executor(self, executor: Any, func: Any, *args: Any) -> Any:
+        """A worker thread's job (a stream's sync job): its future's done callbacks
+        come back through :meth:`call_soon_threadsafe`, as asyncio's would."""
+        import concurrent.futures
+
+        if not hasattr(self, "pool"):
+            self.pool = concurrent.futures.ThreadPoolExecutor(2)
+        return _LoopFuture(self, self.pool.submit(func, *args))
+
+    def close(self) -> None:
+        if hasattr(self, "pool"):
+            self.pool.shutdown()
+
     def run(self) -> None:
         ready = self.ready
         while ready:
@@ -91,6 +114,87 @@ class _Ticks:
         woken = self.woken.wait(timeout)
         self.woken.clear()
         return woken
+
+
+class _LoopFuture:
+    """What :meth:`_Ticks.run_in_executor` returns: a thread's future whose done
+    callbacks run on the loop (the part of ``asyncio.Future`` the broker uses)."""
+
+    def __init__(self, ticks: _Ticks, future: Any) -> None:
+        self.ticks = ticks
+        self.future = future
+
+    def add_done_callback(self, callback: Any) -> None:
+        self.future.add_done_callback(
+            lambda _f: self.ticks.call_soon_threadsafe(callback, self))
+
+    def exception(self) -> BaseException | None:
+        return self.future.exception()  # type: ignore[no-any-return]
+
+    def result(self) -> Any:
+        return self.future.result()
+
+
+def run_stream(body_size: int, messages: int, batch: int, tick_reads: int,
+               repeat: int) -> list[tuple[float, float]]:
+    """(CPU µs, wall µs) per message of each run of the stream shape (module docstring)."""
+    from pamqp import commands
+
+    from tests.support import wire
+    from tests.unit.protocol.peer import Pair, real_broker
+
+    data_dir = tempfile.mkdtemp(prefix="amqpd-core-cost-")
+    try:
+        broker = real_broker(persistence=True, data_dir=data_dir, fsync="batch")
+        ticks = _Ticks()
+        broker._loop = ticks  # type: ignore[assignment]
+        broker.publisher.loop = ticks  # type: ignore[assignment]
+        broker._open_store()
+        publisher = Pair(broker=broker)
+        publisher.open()
+        publisher.open_channel(1)
+        publisher.call(1, commands.Queue.Declare(queue="core-cost", durable=True,
+                                                 arguments={"x-queue-type": "stream"}))
+        publisher.call(1, commands.Confirm.Select())
+        ticks.run()
+        stream = broker.vhosts["/"].queues["core-cost"]
+        if stream.type_name != "stream":
+            raise RuntimeError(f"declared a {stream.type_name} queue, not a stream")
+        chunk = wire.publish(1, "", "core-cost", b"\0" * body_size, delivery_mode=2) * batch
+        pub = publisher.server
+        assert publisher.session is not None
+        channel = publisher.session.channels[1]
+        per_tick = batch * tick_reads
+        tag = 0
+        confirmed = 0  # bytes of confirms the publisher was sent
+        results = []
+        for _ in range(repeat):
+            started, wall = time.process_time(), time.perf_counter()
+            for _ in range(messages // per_tick):
+                for _ in range(tick_reads):
+                    pub.receive_data(chunk)
+                ticks.run()  # flush, commit: the sync job starts in its thread
+                tag += per_tick
+                deadline = time.monotonic() + 30
+                while channel._acked_upto < tag:
+                    if not ticks.wait(max(0.0, deadline - time.monotonic())):
+                        raise RuntimeError(f"confirms stopped at {channel._acked_upto}")
+                    ticks.run()
+                confirmed += len(pub.data_to_send())
+            n = messages // per_tick * per_tick
+            results.append((1e6 * (time.process_time() - started) / n,
+                            1e6 * (time.perf_counter() - wall) / n))
+        held = stream.message_count
+        if held != tag or not confirmed:
+            raise RuntimeError(f"{held} records in the stream for {tag} confirmed "
+                               f"publishes ({confirmed} bytes of confirms): the loop lost "
+                               "track")
+        stream.shutdown()  # type: ignore[attr-defined]
+        broker.store.close()
+        ticks.close()
+        return results
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def run_confirms(body_size: int, messages: int, batch: int, repeat: int,
@@ -269,7 +373,8 @@ def _costs(outfile: Path) -> dict[str, int]:
 
 
 def callgrind(body_size: int, messages: int, batch: int, top: int,
-              confirms: bool = False, publish_only: bool = False) -> int:
+              confirms: bool = False, publish_only: bool = False,
+              stream: bool = False, tick_reads: int = 4) -> int:
     if not shutil.which("valgrind") or not shutil.which("callgrind_annotate"):
         print("valgrind (callgrind) not found: apt-get install valgrind", file=sys.stderr)
         return 3
@@ -281,13 +386,16 @@ def callgrind(body_size: int, messages: int, batch: int, top: int,
                             sys.executable, "-m", "bench.core_cost", "--body", str(body_size),
                             "--messages", str(n), "--batch", str(batch), "--repeat", "1",
                             *(["--confirms"] if confirms else []),
-                            *(["--publish-only"] if publish_only else [])],
+                            *(["--publish-only"] if publish_only else []),
+                            *(["--stream", "--tick-reads", str(tick_reads)] if stream
+                              else [])],
                            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             runs[n] = _costs(out)
     small, big = runs[messages], runs[3 * messages]
     per = {k: (big.get(k, 0) - small.get(k, 0)) / (2 * messages) for k in set(small) | set(big)}
     total = per.pop("PROGRAM TOTALS", 0.0)
-    shape = "confirms, " if confirms else "publish-only, " if publish_only else ""
+    shape = "confirms, " if confirms else "publish-only, " if publish_only else \
+        f"stream, {tick_reads} reads per tick, " if stream else ""
     print(f"{shape}body {body_size} B, batch {batch}: {total:,.0f} instructions per message")
     for name, cost in sorted(per.items(), key=lambda kv: -kv[1])[:top]:
         print(f"  {cost:8,.0f}  {100 * cost / total:5.1f}%  {name}")
@@ -310,11 +418,25 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --confirms: the same with the store's fsync on and off")
     p.add_argument("--publish-only", action="store_true",
                    help="transient publishes to a queue with no consumer (it grows)")
+    p.add_argument("--stream", action="store_true",
+                   help="persistent publishes with confirms into a stream queue")
+    p.add_argument("--tick-reads", type=int, default=4,
+                   help="with --stream: reads of --batch publishes per event-loop tick")
     args = p.parse_args(argv)
     if args.callgrind:
         return callgrind(args.body, args.messages, args.batch, args.top, args.confirms,
-                         args.publish_only)
+                         args.publish_only, args.stream, args.tick_reads)
     from amqpd import hotpath
+
+    if args.stream:
+        runs = run_stream(args.body, args.messages, args.batch, args.tick_reads, args.repeat)
+        cpu = sorted(r[0] for r in runs)
+        wall = sorted(r[1] for r in runs)
+        print(f"stream, body {args.body} B, {args.tick_reads} x {args.batch} publishes per "
+              f"tick, {hotpath.MODE}: CPU µs/msg min {cpu[0]:.2f} median "
+              f"{cpu[len(cpu) // 2]:.2f}; wall µs/msg min {wall[0]:.2f} median "
+              f"{wall[len(wall) // 2]:.2f}")
+        return 0
 
     if args.publish_only:
         results = run_publish_only(args.body, args.messages, args.batch, args.repeat)

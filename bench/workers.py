@@ -33,6 +33,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,35 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def one_and_two_workers(args: argparse.Namespace, prefix: str,
+                        one_run: Callable[[BrokerProcess, BrokerProcess,
+                                           argparse.Namespace, str], dict[str, Any]],
+                        ) -> list[dict[str, Any]]:
+    """A ``workers = 1`` node and a ``workers = 2`` node side by side (fresh data
+    directories under a temporary ``prefix``), ``one_run(single, two, args, tag)``
+    ``args.runs`` times (the scenarios alternate within each run); both nodes stopped
+    on the way out, a failing run included."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as root:
+        single = BrokerProcess(Path(root) / "one").start()
+        two = BrokerProcess(Path(root) / "two", extra_args=["--workers", "2"]).start(60)
+        try:
+            runs = []
+            for i in range(args.runs):
+                print(f"run {i + 1}:", flush=True)
+                runs.append(one_run(single, two, args, f"r{i}"))
+        finally:
+            single.stop()
+            two.stop()
+    return runs
+
+
+def report(result: dict[str, Any], out: str) -> None:
+    """Print ``result`` without its raw runs; write all of it to ``out`` if given."""
+    print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1))
+    if out:
+        Path(out).write_text(json.dumps(result, indent=1) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--queues", type=int, default=4)
@@ -148,22 +178,8 @@ def main() -> None:
         "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "loadavg_start": os.getloadavg(),
         "hot_path": "pure Python" if os.environ.get("AMQPD_PURE_PYTHON") else "as installed"}
-    with tempfile.TemporaryDirectory(prefix="amqpd-bench-workers-") as root:
-        single = BrokerProcess(Path(root) / "one").start()
-        two = BrokerProcess(Path(root) / "two", extra_args=["--workers", "2"]).start(60)
-        try:
-            runs = []
-            for i in range(args.runs):  # the scenarios alternate within each run
-                print(f"run {i + 1}:", flush=True)
-                runs.append(one_run(single, two, args, f"r{i}"))
-        finally:
-            single.stop()
-            two.stop()
-    result = {**meta, **summarise(runs), "loadavg_end": os.getloadavg()}
-    text = json.dumps(result, indent=1)
-    print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1))
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    runs = one_and_two_workers(args, "amqpd-bench-workers-", one_run)
+    report({**meta, **summarise(runs), "loadavg_end": os.getloadavg()}, args.out)
 
 
 if __name__ == "__main__":

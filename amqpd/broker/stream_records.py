@@ -49,6 +49,12 @@ _FLAGS: Final = 24  # a stored record's flags byte, after crc, length, offset, t
 OFFSET_HEADER: Final = "x-stream-offset"
 _OFFSET_KEY: Final = OFFSET_HEADER.encode()
 _OFFSET_ENTRY: Final = bytes((len(_OFFSET_KEY),)) + _OFFSET_KEY + b"l"  # then an i64
+# one byte of each value, made once: a tuple index costs less than a bytes() call here
+# (a call from compiled code to a Python-level function or method costs ~700
+# instructions, int.to_bytes ~400: every record pays what this module calls)
+_BYTE: Final = tuple(bytes((i,)) for i in range(256))
+_ENTRY_LEN: Final = len(_OFFSET_ENTRY) + 8  # the header's entry: name, type, an i64
+_ENTRY_SIZE: Final = _ENTRY_LEN.to_bytes(4, "big")  # a table of that entry alone
 
 
 def _be32(data: bytes, at: int) -> int:
@@ -65,8 +71,7 @@ def with_offset_header(properties: bytes, offset: int) -> bytes:
     content-type and content-encoding, so the entry is appended to it (or a table
     made for it) without decoding anything; a header of that name already there goes
     through the general path (replaced, not doubled)."""
-    entry = _OFFSET_ENTRY + offset.to_bytes(8, "big", signed=True)
-    if len(properties) >= 2 and _OFFSET_KEY not in properties:
+    if len(properties) >= 2:
         flags = properties[0]
         pos = 2
         if flags & 0x80:  # content-type
@@ -74,12 +79,17 @@ def with_offset_header(properties: bytes, offset: int) -> bytes:
         if flags & 0x40:  # content-encoding
             pos += 1 + properties[pos]
         if not flags & 0x20:  # no headers yet: a table of one
-            return b"".join((bytes((flags | 0x20, properties[1])), properties[2:pos],
-                             len(entry).to_bytes(4, "big"), entry, properties[pos:]))
+            return b"".join((_BYTE[flags | 0x20], properties[1:pos], _ENTRY_SIZE,
+                             _OFFSET_ENTRY, offset.to_bytes(8, "big", signed=True),
+                             properties[pos:]))
         size = _be32(properties, pos)
         end = pos + 4 + size
-        return b"".join((properties[:pos], (size + len(entry)).to_bytes(4, "big"),
-                         properties[pos + 4:end], entry, properties[end:]))
+        # find, not ``in``: bytes.__contains__ first tries its argument as an int, and
+        # the TypeError it formats and drops costs more than the search
+        if properties.find(_OFFSET_KEY, pos + 4, end) < 0:
+            return b"".join((properties[:pos], (size + _ENTRY_LEN).to_bytes(4, "big"),
+                             properties[pos + 4:end], _OFFSET_ENTRY,
+                             offset.to_bytes(8, "big", signed=True), properties[end:]))
     fields = rawprops.split_properties(properties)
     items = [kv for kv in rawprops.header_items(fields) if kv[0] != OFFSET_HEADER]
     items.append((OFFSET_HEADER, rawprops.long(offset)))
@@ -104,9 +114,10 @@ def append_message(log: StreamLog, message: Message, timestamp: int) -> int:
     props = with_offset_header(message.properties, log.next_offset)
     exchange = message.exchange.encode()
     key = message.routing_key.encode()
-    head = b"".join((bytes((len(exchange), len(key))), exchange, key,
-                     len(props).to_bytes(4, "big")))
-    return log.append_parts([head, props, message.body], timestamp)
+    # names and properties in one part (short), the body in another
+    head = b"".join((_BYTE[len(exchange)], _BYTE[len(key)], exchange, key,
+                     len(props).to_bytes(4, "big"), props))
+    return log.append_parts([head, message.body], timestamp)
 
 
 def decode_payload(payload: bytes) -> Message:

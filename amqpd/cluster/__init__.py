@@ -22,7 +22,9 @@ here is imported. Operator guide: docs/clustering.md. The interface others code 
   ``transient.py``, ``node_info.py``), ``prefix_watch.py`` (read an etcd prefix, then
   watch it, again after each end: ``transient.py``, ``node_requests.py``).
 * ``link_wire.py``, ``link.py``: the inter-node links (one authenticated, multiplexed TCP
-  connection per node pair, credit-based flow control).
+  connection per node pair, credit-based flow control); ``link_records.py`` (compiled):
+  the batches' records read as the broker's Messages and QueueEntries, and the loops
+  over them.
 * ``cluster_queues.py``: ``ClusterQueues`` (the links, leader locators, node loss, the
   streams other nodes open here: ``remote_served.py``); ``start(...)`` from ``serve``.
   ``remote_queue.py`` (with ``remote_state.py``, ``remote_consume.py``,

@@ -368,7 +368,7 @@ class ClusterQueues:
             if kind == W.DELIVER:  # a stream we closed: give it back
                 link.send(W.encode(W.REQUEUE, stream, [f[1]]))
             elif kind == W.DELIVERS:
-                link.send(W.encode_ids(W.REQUEUE, stream, [r[0] for r in f[1]]))
+                link.send(W.encode_ids(W.REQUEUE, stream, f[1].ids()))  # a Delivers
             return
         if queue.on_frame(kind, f):
             return
@@ -425,9 +425,9 @@ class ClusterQueues:
                     link.send(W.encode(W.CONFIRM, stream, f[0], False))
                 link.send(W.encode(W.CREDIT, stream, 1))  # its credit is not lost
             elif kind == W.PUBLISHES:
-                for record in f[0]:
-                    if record[0]:
-                        link.send(W.encode_confirm(stream, record[0], False))
+                for seq in f[0].seqs:  # a link_records.Publishes
+                    if seq:
+                        link.send(W.encode_confirm(stream, seq, False))
                 link.send(W.encode_credit(stream, len(f[0])))
             elif kind == W.CONSUME:
                 link.send(W.encode(W.CONSUMED, stream, f[0], 404, "no such queue stream"))

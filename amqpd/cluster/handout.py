@@ -39,11 +39,20 @@ How.
   in the local queue, which no longer serves anyone.
 * At most :data:`WAITING_CAP` deliveries wait per queue (a consumer without prefetch,
   or with no_ack, has no window of its own): the queue hands out more once some left.
+* A basic.get waits at most :data:`GET_COMMIT_WAIT` (this node's channel's or another
+  node's, :meth:`CommitOutbox.after_commit` with an expiry): a client's get must be
+  answered, and a group that keeps failing its commits (a member counted as in sync
+  that never acknowledges) would otherwise hold it for good (seen once in CI with a
+  two-member group: the get's message counted as unacked, no get-ok sent). It is then
+  answered get-empty, with a log line, and its message comes back to the queue as a
+  returned checkout (redelivered, as a cancelled consumer's does): the checkout's
+  record may be committed later, so the message counts as delivered once.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -58,6 +67,7 @@ QueueEntry = Any  # one message's place in the queue; only its identity matters 
 
 
 class QueueType(Protocol):
+    name: str
     deleted: bool
     ext: Any
     message_count: int
@@ -77,6 +87,21 @@ class Consumer(Protocol):
 log = logging.getLogger("amqpd.cluster.quorum")
 
 WAITING_CAP: Final = 4096  # deliveries of one queue waiting for their checkout's commit
+GET_COMMIT_WAIT: Final = 10.0  # s a basic.get waits for its checkout's commit (as GET_WAIT)
+
+
+class _Wait:
+    """One action waiting in a :class:`CommitOutbox`."""
+
+    __slots__ = ("action", "deadline", "done", "expired", "seq")
+
+    def __init__(self, seq: int, action: Callable[[], None],
+                 expired: Callable[[], None] | None, deadline: float) -> None:
+        self.seq = seq
+        self.action = action
+        self.expired = expired
+        self.deadline = deadline
+        self.done = False  # ran, or expired
 
 
 class CommitOutbox:
@@ -85,20 +110,48 @@ class CommitOutbox:
 
     def __init__(self, rs: ReplicaSet) -> None:
         self.rs = rs
-        self.waiting: deque[tuple[int, Callable[[], None]]] = deque()
+        self.waiting: deque[_Wait] = deque()
+        self.expiring: deque[_Wait] = deque()  # those with an expiry, oldest first
         self.releasing = False
 
     def __len__(self) -> int:
         return len(self.waiting)
 
-    def after_commit(self, action: Callable[[], None]) -> None:
+    def after_commit(self, action: Callable[[], None],
+                     expired: Callable[[], None] | None = None,
+                     wait: float = GET_COMMIT_WAIT) -> None:
         """Run ``action`` once every record handed out so far is committed: now, if it
-        is and nothing waits before it."""
+        is and nothing waits before it. With ``expired``: if that has not happened
+        ``wait`` seconds from now, :meth:`expire` runs ``expired`` instead (a get)."""
         seq = self.rs.seq
         if not self.waiting and self.rs.satisfied(seq):
             action()
             return
-        self.waiting.append((seq, action))
+        w = _Wait(seq, action, expired, time.monotonic() + wait if expired else 0.0)
+        self.waiting.append(w)
+        if expired is not None:
+            self.expiring.append(w)
+
+    def expire(self, now: float) -> int:
+        """Run the expiry of the actions with one whose time passed (their action will
+        not run); the others keep their order. How many expired."""
+        expiring = self.expiring
+        due: list[_Wait] = []
+        while expiring and (expiring[0].done or expiring[0].deadline <= now):
+            w = expiring.popleft()
+            if not w.done:
+                w.done = True
+                due.append(w)
+        if not due:
+            return 0
+        self.waiting = deque(w for w in self.waiting if not w.done)
+        for w in due:
+            assert w.expired is not None
+            try:
+                w.expired()
+            except Exception:  # one failed answer must not hold the others
+                log.exception("a basic.get waiting for its checkout's commit failed")
+        return len(due)
 
     def release(self) -> int:
         """Run the actions whose records are committed, in order; how many ran."""
@@ -109,11 +162,12 @@ class CommitOutbox:
         waiting = self.waiting
         satisfied = self.rs.satisfied
         try:
-            while waiting and satisfied(waiting[0][0]):
-                _seq, action = waiting.popleft()
+            while waiting and satisfied(waiting[0].seq):
+                w = waiting.popleft()
+                w.done = True
                 n += 1
                 try:
-                    action()
+                    w.action()
                 except Exception:  # one failed delivery must not hold the others
                     log.exception("a delivery waiting for its checkout's commit failed")
         finally:
@@ -121,7 +175,10 @@ class CommitOutbox:
         return n
 
     def clear(self) -> None:
+        for w in self.waiting:
+            w.done = True
         self.waiting.clear()
+        self.expiring.clear()
 
 
 class Handout:
@@ -186,7 +243,18 @@ class Handouts:
         queue.delivered(entry, False)
         h = Handout(queue, None, channel, entry, no_ack)
         self.local[id(entry)] = h
-        self.outbox.after_commit(lambda: self._answer_get(h))
+        self.outbox.after_commit(lambda: self._answer_get(h), lambda: self._get_expired(h))
+
+    def expire(self, now: float) -> int:
+        """The gets whose checkout was not committed in :data:`GET_COMMIT_WAIT`
+        answered get-empty (module docstring); how many."""
+        if not self.outbox.expiring:
+            return 0
+        full = not self.has_room()
+        n = self.outbox.expire(now)
+        if n and full:
+            self.on_room()
+        return n
 
     def leaving(self, entry: QueueEntry) -> Handout | None:
         """The queue's ``delivered`` for an entry written now: the handout, if it is
@@ -228,6 +296,19 @@ class Handouts:
             h.channel.answer_get(q, h.entry, h.no_ack, q.message_count)
         finally:
             self.local.pop(id(h.entry), None)
+
+    def _get_expired(self, h: Handout) -> None:
+        if h.done:
+            return
+        h.done = True
+        self.local.pop(id(h.entry), None)
+        q = h.queue
+        log.warning("quorum queue '%s': a basic.get waited %.0fs for a majority of the "
+                    "members to commit its checkout and is answered get-empty; the "
+                    "message goes back to the queue", q.name, GET_COMMIT_WAIT)
+        self._return(q, [h.entry])
+        if not h.channel.closed:
+            h.channel.answer_get(q, None, True, 0)
 
     def withdraw(self, consumer: Consumer) -> int:
         """``consumer`` was cancelled (or its channel closed): what waits for it is not

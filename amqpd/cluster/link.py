@@ -31,6 +31,7 @@ from amqpd.cluster import (
     mirror_wire,  # noqa: F401  (the replication frames' layouts)
     stream_wire,  # noqa: F401  (the replicated streams' layouts)
 )
+from amqpd.cluster.link_records import read_batch
 
 log = logging.getLogger("amqpd.cluster.link")
 
@@ -62,7 +63,8 @@ class Link(asyncio.Protocol):
         self.up = False
         self.closed = False
         self.transport: asyncio.Transport | None = None
-        self._reader = W.FrameReader()
+        # PUBLISHES / DELIVERS read straight into the broker's objects (link_records)
+        self._reader = W.FrameReader(read_batch)
         self._magic: bytes | None = None if dialler else b""  # listener: MAGIC seen so far
         self._nonce = os.urandom(32)
         self._peer_nonce = b""

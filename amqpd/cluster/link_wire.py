@@ -24,6 +24,7 @@ import hashlib
 import hmac
 import json
 import struct
+from collections.abc import Callable
 from typing import Any, Final
 
 # The dialler's first bytes: the preamble, then the link protocol's version. A node
@@ -326,17 +327,17 @@ BATCH_BYTES: Final = 1 << 20  # a batch takes no more records once it is this lo
 _BATCH_HEAD = struct.Struct(">IBI")  # length (written by seal), kind, stream
 _DELIVERS_HEAD = struct.Struct(">IBII")  # ... and the consumer id
 # seq, persistent, |exchange|, |routing key|, |properties|, |body|
-_PUBLISHES_RECORD = struct.Struct(">QBHHII")
+PUBLISHES_RECORD: Final = struct.Struct(">QBHHII")
 # delivery id, redelivered, ready, the leader's store position + 1 (as DELIVER's),
 # |exchange|, |routing key|, |properties|, |body|
-_DELIVERS_RECORD = struct.Struct(">QBQQHHII")
+DELIVERS_RECORD: Final = struct.Struct(">QBQQHHII")
 
 
 def _publish_record(seq: int, persistent: int, exchange: str, key: str, props: bytes,
                     body: bytes) -> bytes:
     ex = exchange.encode()
     rk = key.encode()
-    return b"".join((_PUBLISHES_RECORD.pack(seq, persistent, len(ex), len(rk), len(props),
+    return b"".join((PUBLISHES_RECORD.pack(seq, persistent, len(ex), len(rk), len(props),
                                             len(body)), ex, rk, props, body))
 
 
@@ -344,9 +345,36 @@ def _deliver_record(delivery: int, redelivered: int, ready: int, exchange: str, 
                     props: bytes, body: bytes, position: int) -> bytes:
     ex = exchange.encode()
     rk = key.encode()
-    return b"".join((_DELIVERS_RECORD.pack(delivery, redelivered, ready, position, len(ex),
+    return b"".join((DELIVERS_RECORD.pack(delivery, redelivered, ready, position, len(ex),
                                            len(rk), len(props), len(body)),
                      ex, rk, props, body))
+
+
+def _append_publish(frame: bytearray, seq: int, persistent: int, exchange: str, key: str,
+                    props: bytes, body: bytes) -> None:
+    """:func:`_publish_record`'s bytes, appended to ``frame`` piece by piece (no record
+    joined first, then copied again)."""
+    ex = exchange.encode()
+    rk = key.encode()
+    frame += PUBLISHES_RECORD.pack(seq, persistent, len(ex), len(rk), len(props), len(body))
+    frame += ex
+    frame += rk
+    frame += props
+    frame += body
+
+
+def _append_deliver(frame: bytearray, delivery: int, redelivered: int, ready: int,
+                    exchange: str, key: str, props: bytes, body: bytes,
+                    position: int) -> None:
+    """:func:`_deliver_record`'s bytes, appended to ``frame`` (as :func:`_append_publish`)."""
+    ex = exchange.encode()
+    rk = key.encode()
+    frame += DELIVERS_RECORD.pack(delivery, redelivered, ready, position, len(ex), len(rk),
+                                  len(props), len(body))
+    frame += ex
+    frame += rk
+    frame += props
+    frame += body
 
 
 def publishes(stream: int, seq: int, persistent: int, exchange: str, key: str,
@@ -354,7 +382,7 @@ def publishes(stream: int, seq: int, persistent: int, exchange: str, key: str,
     """A PUBLISHES frame holding one record, to grow with :func:`add_publish` and be
     sealed (:func:`seal`) before it is written."""
     frame = bytearray(_BATCH_HEAD.pack(0, PUBLISHES, stream))
-    frame += _publish_record(seq, persistent, exchange, key, props, body)
+    _append_publish(frame, seq, persistent, exchange, key, props, body)
     return frame
 
 
@@ -364,7 +392,7 @@ def add_publish(frame: bytearray, seq: int, persistent: int, exchange: str, key:
     once it holds :data:`BATCH_BYTES`: the caller starts another."""
     if len(frame) >= BATCH_BYTES:
         return False
-    frame += _publish_record(seq, persistent, exchange, key, props, body)
+    _append_publish(frame, seq, persistent, exchange, key, props, body)
     return True
 
 
@@ -374,8 +402,8 @@ def delivers(stream: int, cid: int, delivery: int, redelivered: int, ready: int,
     """A DELIVERS frame to consumer ``cid`` holding one record, to grow with
     :func:`add_deliver` (and be sealed)."""
     frame = bytearray(_DELIVERS_HEAD.pack(0, DELIVERS, stream, cid))
-    frame += _deliver_record(delivery, redelivered, ready, exchange, key, props, body,
-                             position)
+    _append_deliver(frame, delivery, redelivered, ready, exchange, key, props, body,
+                    position)
     return frame
 
 
@@ -384,8 +412,8 @@ def add_deliver(frame: bytearray, delivery: int, redelivered: int, ready: int,
     """Append one record to a frame of :func:`delivers` (as :func:`add_publish`)."""
     if len(frame) >= BATCH_BYTES:
         return False
-    frame += _deliver_record(delivery, redelivered, ready, exchange, key, props, body,
-                             position)
+    _append_deliver(frame, delivery, redelivered, ready, exchange, key, props, body,
+                    position)
     return True
 
 
@@ -399,7 +427,7 @@ def _records(publish: bool, buf: bytes, pos: int, end: int) -> list[tuple[Any, .
     """The records of a PUBLISHES (``publish``) or DELIVERS frame in ``buf[pos:end]``,
     each a tuple of PUBLISH's fields, or of DELIVER's after the consumer id."""
     records: list[tuple[Any, ...]] = []
-    head = _PUBLISHES_RECORD if publish else _DELIVERS_RECORD
+    head = PUBLISHES_RECORD if publish else DELIVERS_RECORD
     size = head.size
     try:
         while pos < end:
@@ -496,18 +524,28 @@ def _decode_small(kind: int, buf: bytes, pos: int, end: int) -> list[Any]:
     return [list(struct.unpack_from(f">{n}Q", buf, pos + 4))]
 
 
+BatchReader = Callable[[int, bytes, int, int], list[Any]]
+
+
 class FrameReader:
     """Splits received bytes into ``(kind, stream, fields)`` frames.
 
     Frames are sliced from immutable bytes, so a field is one copy (not a bytearray
     slice copied again into bytes). A frame cut by the socket waits as a list of reads
     until it is whole: they are joined once, so a large message arriving in many reads
-    is not copied again with each."""
+    is not copied again with each.
 
-    def __init__(self) -> None:
+    ``batches``, if given, reads the fields of PUBLISHES and DELIVERS frames instead of
+    the generic records (tuples of PUBLISH's or DELIVER's fields) as ``batches(kind,
+    buf, pos, end)`` (the frame's body is ``buf[pos:end]``), raising WireError as they
+    would: the link's reader builds the broker's objects straight from the bytes
+    (:func:`amqpd.cluster.link_records.read_batch`)."""
+
+    def __init__(self, batches: BatchReader | None = None) -> None:
         self._parts: list[bytes] = []  # the start of a frame not yet whole
         self._have = 0  # bytes in _parts
         self._need = 0  # bytes the frame in _parts needs (9 while its head is cut)
+        self._batches = batches
 
     def feed(self, data: bytes) -> list[tuple[int, int, list[Any]]]:
         if self._parts:
@@ -534,7 +572,9 @@ class FrameReader:
             if kind in (PUBLISH, DELIVER, GET_OK):
                 frames.append((kind, stream, _decode_fast(kind, buf, pos + 9, end)))
             elif kind in (PUBLISHES, DELIVERS):
-                frames.append((kind, stream, _decode_batch(kind, buf, pos + 9, end)))
+                batches = self._batches
+                frames.append((kind, stream, _decode_batch(kind, buf, pos + 9, end)
+                               if batches is None else batches(kind, buf, pos + 9, end)))
             elif kind in _SMALL_FIELDS or kind in _IDS:
                 frames.append((kind, stream, _decode_small(kind, buf, pos + 9, end)))
             else:
@@ -561,7 +601,8 @@ def proof_ok(expected: bytes, got: bytes) -> bool:
     return hmac.compare_digest(expected, got)
 
 
-__all__ = ["BATCH_BYTES", "LAYOUTS", "MAGIC", "PREAMBLE", "VERSION", "FrameReader",
-           "WireError", "add_deliver", "add_publish", "decode_fields", "delivers", "encode",
-           "encode_confirm", "encode_credit", "encode_deliver", "encode_grant", "encode_ids",
-           "encode_publish", "proof", "proof_ok", "publishes", "seal"]
+__all__ = ["BATCH_BYTES", "DELIVERS_RECORD", "LAYOUTS", "MAGIC", "PREAMBLE", "PUBLISHES_RECORD",
+           "VERSION", "BatchReader", "FrameReader", "WireError", "add_deliver", "add_publish",
+           "decode_fields", "delivers", "encode", "encode_confirm", "encode_credit",
+           "encode_deliver", "encode_grant", "encode_ids", "encode_publish", "proof",
+           "proof_ok", "publishes", "seal"]

@@ -374,7 +374,22 @@ class Cluster(ClusterView):
         return await self.info.read(section)
 
     async def ask(self, node: str, kind: str, args: dict[str, Any], timeout: float) -> Any:
-        return await self.requests.ask(node, kind, args, timeout)
+        """``node``'s answer to ``kind``: over the link to it when the link is up (one
+        round trip, :mod:`amqpd.cluster.peer_ask`), else through etcd's request keys
+        (:mod:`amqpd.cluster.node_requests`, answers polled every 50 ms: a node still
+        starting, or a link not up yet). The handlers are the same either way; the log
+        line is the asker's here, the answering node's through etcd. A link
+        that goes down before the answer raises :class:`TimeoutError`, as a request
+        unanswered through etcd does: whether the node did the work is not known."""
+        asker = self.peer_ask
+        if (asker is None or node == self.node_name or not self.is_running(node)
+                or not asker.linked(node)):
+            return await self.requests.ask(node, kind, args, timeout)
+        log.info("cluster: request '%s' %s to node %s over the link", kind, args, node)
+        try:
+            return await asker.ask(node, kind, args, timeout)
+        except ConnectionError as exc:
+            raise TimeoutError(f"node '{node}' did not answer '{kind}': {exc}") from exc
 
     async def ask_running(self, kind: str, args: dict[str, Any], timeout: float,
                           ) -> tuple[dict[str, Any], dict[str, str]]:

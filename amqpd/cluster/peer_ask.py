@@ -1,9 +1,11 @@
 """Questions a node asks the other running nodes over the inter-node links, answered at
 once: what lets the management API list the whole cluster's connections, channels and
-consumers on any node (docs/clustering.md, "Lists of the whole cluster").
+consumers on any node (docs/clustering.md, "Lists of the whole cluster"), and how one
+node asks another (``BrokerAPI.ask_node``: a shovel's restart, a stream's offsets, a
+transient queue's binding) whenever the link to it is up.
 
-Why the links and not etcd (:mod:`amqpd.cluster.node_requests`, the way a shovel's
-restart travels): a list is asked on every page load of the web UI and can be large
+Why the links and not etcd (:mod:`amqpd.cluster.node_requests`, what a node still
+without a link to the other uses): a list is asked on every page load of the web UI and can be large
 (thousands of connections); through etcd every answer would be a write and a delete of
 a value bounded by etcd's request size (1.5 MiB by default), read back by polling.
 The link between two nodes is already there, authenticated by the cookie, with frames
@@ -45,12 +47,17 @@ class PeerAsk:
         self._answering: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ asking
+    def linked(self, node: str) -> bool:
+        """Is the link to ``node`` up, so that :meth:`ask` can send it a question?"""
+        link = self.queues.links.link(node)
+        return link is not None and link.up and not link.closed
+
     async def ask(self, node: str, kind: str, args: dict[str, Any], timeout: float) -> Any:
         """``node``'s answer to ``kind``. Raises :class:`ConnectionError` when no link
         to it is up or it goes down first, :class:`TimeoutError` without an answer in
         ``timeout`` seconds, the :class:`AMQPError` of an error answer."""
         link = self.queues.links.link(node)
-        if link is None or not link.up or link.closed:
+        if link is None or not self.linked(node):
             raise ConnectionError(f"no link to node '{node}'")
         self._next = (self._next + 1) & 0xFFFFFFFF
         rid = self._next

@@ -209,10 +209,12 @@ class QuorumGroups(GroupFailover, Mirrors):
             assert isinstance(lead, GroupLeading)
             if lead.fenced:
                 lead.answer_gets(time.monotonic(), False)
+                lead.handouts.expire(time.monotonic())
                 continue
             if lead.checkouts:
                 lead.expire_checkouts(time.monotonic())
             lead.handouts.release()
+            lead.handouts.expire(time.monotonic())
             rev = self.revisions.get(ident)
             if rev is not None and lead.rev > 0 and rev > lead.rev and \
                     self.records.get(ident, {}).get("leader") == self.node:

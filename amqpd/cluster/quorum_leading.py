@@ -84,12 +84,14 @@ class GroupLeading(Leading):
         self.handouts.release()  # a smaller majority may hold what waits already
 
     # -- checkouts --------------------------------------------------------------------------
-    def after_commit(self, action: Any) -> None:
+    def after_commit(self, action: Any, expired: Any = None) -> None:
         """Run ``action`` (a delivery to another node: remote_served.Served.hand) once
-        every record so far -- the checkout just recorded among them -- is committed.
-        Deliveries to this node's channels wait in :attr:`handouts` (QuorumQueue's
-        dispatch and basic.get hand them there)."""
-        self.handouts.outbox.after_commit(action)
+        every record so far -- the checkout just recorded among them -- is committed;
+        a get's ``expired`` instead if that takes longer than
+        :data:`~amqpd.cluster.handout.GET_COMMIT_WAIT`. Deliveries to this node's
+        channels wait in :attr:`handouts` (QuorumQueue's dispatch and basic.get hand
+        them there)."""
+        self.handouts.outbox.after_commit(action, expired)
 
     def got_ack(self, node: str, seq: int) -> None:
         super().got_ack(node, seq)

@@ -31,6 +31,7 @@ from amqpd.broker.api import (
     decode_record,
 )
 from amqpd.cluster import link_wire as W
+from amqpd.cluster.link_records import Delivers, arrive, hand_out
 from amqpd.cluster.remote_state import (
     RemoteQueueState,
     _RemoteConsumer,
@@ -309,27 +310,18 @@ class RemoteConsume(RemoteQueueState):
         state.buffer.append(entry)
         self.vhost.schedule_dispatch(self)
 
-    def deliver_many(self, cid: int, records: list[tuple[Any, ...]]) -> None:
-        """A DELIVERS frame's records to consumer ``cid``, each as :meth:`_deliver`
-        (in order), the queue scheduled once."""
+    def deliver_many(self, cid: int, batch: Delivers) -> None:
+        """A DELIVERS frame's records to consumer ``cid`` (read by the link as
+        QueueEntries), each as :meth:`_deliver`, in order (the loop is compiled:
+        :func:`amqpd.cluster.link_records.arrive`), the queue scheduled once."""
         state = self._cons.get(cid)
         if state is None:  # cancelled meanwhile: the CANCEL and a REQUEUE are on the way
-            self._send(W.encode_ids(W.REQUEUE, self.stream, [r[0] for r in records]))
+            self._send(W.encode_ids(W.REQUEUE, self.stream, batch.ids()))
             return
-        base = self._base
-        owner = None if state.consumer.no_ack else self._owner
-        pos = self._pos
-        append = state.buffer.append
-        for delivery, redelivered, _ready, exchange, key, props, body, position in records:
-            entry = QueueEntry(Message(exchange, key, props, body), base + delivery,
-                               bool(redelivered))
-            if owner is not None:
-                owner[entry.seq] = state
-                if position:  # a quorum queue's: RECLAIM names it after a failover
-                    pos[entry.seq] = position - 1
-            append(entry)
-        if records:
-            self.ready_count = records[-1][2]  # the leader's count after the last
+        arrive(batch, self._base, state.buffer,
+               None if state.consumer.no_ack else self._owner, state, self._pos)
+        if len(batch):
+            self.ready_count = batch.ready  # the leader's count after the last
         self.vhost.schedule_dispatch(self)
 
     def dispatch(self) -> None:
@@ -345,6 +337,11 @@ class RemoteConsume(RemoteQueueState):
                 continue  # consume-ok not sent yet
             consumer = state.consumer
             buffer = state.buffer
+            if self.real_type != "stream":  # compiled, the same loop but the offsets
+                n = hand_out(self, consumer, buffer, state.id, self._cons)
+                if n and not state.by_settle:
+                    grants[state.id] = grants.get(state.id, 0) + n
+                continue
             n = 0
             while buffer and consumer.has_credit() and consumer.channel.can_deliver(consumer):
                 entry = buffer.popleft()

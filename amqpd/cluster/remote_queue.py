@@ -87,6 +87,7 @@ from amqpd.broker.api import (
     refuse_stream_return,
 )
 from amqpd.cluster import link_wire as W
+from amqpd.cluster.link_records import add_message, send_unsent
 from amqpd.cluster.remote_consume import ANSWER_TIMEOUT, RemoteConsume
 from amqpd.cluster.remote_failover import RemoteFailover
 from amqpd.cluster.remote_state import (
@@ -309,15 +310,7 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
             self._credit -= 1
             # joins this stream's PUBLISHES frame while that is the last frame queued on
             # the link (so nothing sent meanwhile is overtaken), else starts one
-            batch = self._batch
-            queued = link.queued
-            if batch is None or not queued or queued[-1] is not batch or not W.add_publish(
-                    batch, seq, message.persistent, message.exchange, message.routing_key,
-                    message.properties, body):
-                batch = W.publishes(self.stream, seq, message.persistent, message.exchange,
-                                    message.routing_key, message.properties, body)
-                self._batch = batch
-                link.send(batch)
+            self._batch = add_message(self._batch, link, self.stream, seq, message, body)
         else:
             self._unsent.append((seq, message.persistent, message.exchange,
                                  message.routing_key, message.properties, body))
@@ -329,20 +322,11 @@ class RemoteQueue(RemoteConsume, RemoteFailover):
         """The leader took ``n`` publishes: as many of those waiting go, batched as
         :meth:`forward` batches them (a waiting publisher's are nearly all of them)."""
         self._credit += n
-        unsent = self._unsent
         link = self.link
-        if link is None:
+        if link is None or not self._unsent:
             return
-        batch = self._batch
-        while unsent and self._credit > 0:
-            self._credit -= 1
-            record = unsent.popleft()
-            queued = link.queued
-            if batch is None or not queued or queued[-1] is not batch or \
-                    not W.add_publish(batch, *record):
-                batch = W.publishes(self.stream, *record)
-                link.send(batch)
-        self._batch = batch
+        self._credit, self._batch = send_unsent(self._unsent, self._credit, self._batch,
+                                                link, self.stream)
 
     def _confirmed(self, seq: int, ok: bool) -> None:
         callback = self._confirms.pop(seq, None)

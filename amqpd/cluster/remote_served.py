@@ -9,6 +9,7 @@ Theory of operation: :mod:`amqpd.cluster.remote_queue`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ from amqpd.broker.api import (
 )
 from amqpd.cluster import link_wire as W
 from amqpd.cluster.link import Link
+from amqpd.cluster.link_records import Publishes, add_delivery, enqueue_publishes
 from amqpd.cluster.remote_state import LinkLost, OnConfirm
 
 if TYPE_CHECKING:
@@ -77,18 +79,9 @@ class _Proxy:
                 position), self)
             return
         # joins this consumer's DELIVERS frame while that is the last frame queued on
-        # the link (nothing sent meanwhile is overtaken), else starts one
-        link = served.link
-        batch = self.batch
-        queued = link.queued
-        if batch is None or not queued or queued[-1] is not batch or not W.add_deliver(
-                batch, delivery, entry.redelivered, queue.message_count, msg.exchange,
-                msg.routing_key, msg.properties, body, position):
-            batch = W.delivers(served.stream, self.cid, delivery, entry.redelivered,
-                               queue.message_count, msg.exchange, msg.routing_key,
-                               msg.properties, body, position)
-            self.batch = batch
-            link.send(batch)
+        # the link (nothing sent meanwhile is overtaken), else starts one (compiled)
+        self.batch = add_delivery(self.batch, served.link, served.stream, self.cid, delivery,
+                                  entry.redelivered, queue.message_count, msg, body, position)
 
     def consumer_cancelled_by_server(self, consumer: Consumer) -> None:
         self.closed = True
@@ -134,13 +127,15 @@ class Served:
         return position + 1 if position >= 0 and not no_ack else 0
 
     def hand(self, queue: QueueType, entry: QueueEntry, no_ack: bool, frame: bytes,
-             proxy: _Proxy | None) -> None:
+             proxy: _Proxy | None, expired: Callable[[], None] | None = None) -> None:
         """Send a delivery (``DELIVER`` of ``proxy``'s consumer, or ``GET_OK``) to the
         peer: a quorum queue's once its checkout (recorded by :meth:`delivered`) is
         committed (amqpd.cluster.handout), then settled if it needs no ack. One that
         needs no ack and can no longer be sent (the link went, the consumer was
         cancelled) comes back to the queue as a returned checkout; one that needs an
-        ack is the stream's until settled (its close returns it)."""
+        ack is the stream's until settled (its close returns it). A get's
+        ``expired`` runs instead when the commit takes too long (handout's
+        ``GET_COMMIT_WAIT``)."""
         if not isinstance(queue, QuorumQueue) or queue.group is None:
             self.link.send(frame)
             return
@@ -158,7 +153,7 @@ class Served:
             if no_ack:
                 queue.settle([entry])
 
-        group.after_commit(send)
+        group.after_commit(send, expired)
 
     def reclaim(self, origin: str, positions: list[int]) -> None:
         """The peer's RECLAIM: what the quorum queue's group kept checked out for it
@@ -201,20 +196,13 @@ class Served:
         enqueue_here(self.broker, q, Message(exchange, key, props, body, bool(persistent)),
                      on_confirm)
 
-    def publish_many(self, records: list[tuple[Any, ...]]) -> None:
-        """A PUBLISHES frame's records, each as :meth:`publish` (in order)."""
-        self.credit_due += len(records)
-        q = self.queue
-        link, stream = self.link, self.stream
-        broker = self.broker
-        enqueue = enqueue_here
-        for seq, persistent, exchange, key, props, body in records:
-            if q.deleted:
-                if seq:
-                    link.send(W.encode_confirm(stream, seq, False))
-                continue
-            enqueue(broker, q, Message(exchange, key, props, body, bool(persistent)),
-                    _confirmer(link, stream, seq) if seq else None)
+    def publish_many(self, batch: Publishes) -> None:
+        """A PUBLISHES frame's records (read by the link as Messages), each as
+        :meth:`publish`, in order: the loop is compiled
+        (:func:`amqpd.cluster.link_records.enqueue_publishes`)."""
+        self.credit_due += len(batch)
+        enqueue_publishes(self.broker.publisher, self.queue, batch, self.link, self.stream,
+                          _confirmer)
 
     def settle(self, ids: list[int], how: int) -> None:
         """``how``: SETTLE (acked), REQUEUE or REJECT."""
@@ -292,7 +280,22 @@ class Served:
         self.hand(q, entry, no_ack, W.encode_deliver(
             W.GET_OK, self.stream, req, delivery, entry.redelivered, q.message_count,
             msg.exchange, msg.routing_key, msg.properties, self.broker.publisher.body_of(msg),
-            position), None)
+            position), None, lambda: self._get_expired(req, delivery, entry))
+
+    def _get_expired(self, req: int, delivery: int, entry: QueueEntry) -> None:
+        """A get whose checkout was not committed in time (amqpd.cluster.handout): the
+        peer is answered get-empty and never learns the delivery, so the message comes
+        back to the queue as a returned checkout."""
+        q = self.queue
+        self.unacked.pop(delivery, None)
+        log.warning("quorum queue '%s' in vhost '%s': a basic.get from node %s waited "
+                    "for a majority of the members to commit its checkout and is "
+                    "answered get-empty; the message goes back to the queue",
+                    q.name, q.vhost.name, self.link.peer)
+        if isinstance(q, QuorumQueue) and not q.deleted:
+            q.return_checked_out([entry])
+        if not self.link.closed:
+            self.link.send(W.encode(W.GET_EMPTY, self.stream, req))
 
     def _get_after_wait(self, req: int, wire_no_ack: int) -> None:
         """A waiting get's turn (:meth:`get`): answered as the queue is now, unless the
@@ -320,7 +323,8 @@ class Served:
 
 
 def _confirmer(link: Link, stream: int, seq: int) -> OnConfirm:
-    """The callback that answers publish ``seq`` of ``stream`` (CONFIRM) once done."""
+    """The callback that answers publish ``seq`` of ``stream`` (CONFIRM) once done
+    (looked up when each batch arrives: tests hold the confirms by replacing it)."""
     def on_confirm(error: BaseException | None) -> None:
         link.send(W.encode_confirm(stream, seq, error is None))
     return on_confirm

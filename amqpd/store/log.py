@@ -225,6 +225,9 @@ class SharedLog:
             loop=self.loop,
         )
         self._writer.checkpoint_durable = rec.covered
+        # what recovery found is what a commit with nothing appended answers for (it
+        # fsyncs nothing: no segment is dirty yet), as before the first write
+        self._writer.durable_seq = self._writer.written_seq = rec.sequence
         self._writer.observer = self.observer
         self._checkpoint_seen = rec.covered
         self._writer.start()
@@ -582,8 +585,18 @@ class SharedLog:
         w = self._writer
         if self._state != "open" or w is None:
             raise StoreError("store is not open")
+        loop = self.loop
+        if loop is not None and w.durable_seq == self._seq and not self._buf \
+                and not self._callbacks and not self._defs_pending \
+                and self.commit_gate is None and w.failed is None:
+            # nothing appended since the writer's last fsync (a tick that published
+            # only to streams, whose own logs sync them): durable already, so no job
+            # and no wake-up of the writer thread, whose answer would only come back
+            # through call_soon_threadsafe a moment later
+            loop.call_soon(callback, None)
+            return
         self._callbacks.append(callback)
-        if self.loop is None:
+        if loop is None:
             self._push()
             w.wake.set()
         elif not self._tick_scheduled:
@@ -591,7 +604,7 @@ class SharedLog:
             # (one per confirm, typically) travels to the writer together, after the
             # tick's records, in one job.
             self._tick_scheduled = True
-            self.loop.call_soon(self._end_of_tick)
+            loop.call_soon(self._end_of_tick)
 
     def _end_of_tick(self) -> None:
         self._tick_scheduled = False

@@ -97,6 +97,12 @@ class Writer:
         self.failed_at = 0.0
         self.discarded: list[bytes] = []  # records not written because of the failure
         self.checkpoint_durable = -1  # covered position of the last durable checkpoint
+        # the sequence of the last record written (this thread), and of the last one
+        # known durable: set after a good fsync, before that batch's callbacks are
+        # answered; the log's commit reads it (an int, swapped whole) to answer at once
+        # when nothing was appended since (SharedLog.commit)
+        self.written_seq = -1
+        self.durable_seq = -1
         self.fsyncs = 0
         self.fsync_last_us = 0
         self.fsync_total_us = 0
@@ -162,6 +168,8 @@ class Writer:
         self._notify()
         if callbacks or direct or stop:
             self._fsync()
+            if self.failed is None:
+                self.durable_seq = self.written_seq
         self._answer_failed(callbacks)
         self._answer_failed(direct)
         if callbacks:
@@ -221,6 +229,7 @@ class Writer:
                     self._discard(pending[k][3])
                 return
             self._dirty.add(seg)
+            self.written_seq = pending[j - 1][4]
             for k in range(i, j):
                 self.pending.pop(pending[k][2], None)
                 self.records_bytes += len(pending[k][3])

@@ -5,9 +5,9 @@ A stream's ``tracking.json`` (:mod:`amqpd.streamproto.tracking`) lives on its le
 node only, but clients subscribe on the replicas the metadata names
 (:mod:`amqpd.streamproto.copies`) and store their consumer's offset on that same
 connection (rabbitmq-stream-js-client does). RabbitMQ 3.10.8 writes tracking through the
-leader from any node; amqpd asks the leader's node with a node request
-(:mod:`amqpd.cluster.node_requests`, the way the shovel's ``shovel-restart`` travels;
-the inter-node link has no request/answer frame outside a queue stream):
+leader from any node; amqpd asks the leader's node with a node request (the way the
+shovel's ``shovel-restart`` travels: over the inter-node link when it is up,
+:mod:`amqpd.cluster.peer_ask`, else through etcd, :mod:`amqpd.cluster.node_requests`):
 
 * ``stream-store-offset`` {vhost, stream, reference, offset}: the leader stores it as
   its own store-offset does and answers once ``tracking.json`` is written. The client

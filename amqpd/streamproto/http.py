@@ -11,6 +11,7 @@ node has it (amqpd.http.cluster_lists)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from amqpd.http.cluster_lists import (
@@ -118,25 +119,24 @@ def add_routes(listener: StreamListener) -> Any:
         except HttpError as exc:
             return exc
 
-    async def publishers(ctx: Ctx) -> Any:
-        conns = _of_one(ctx)
-        if isinstance(conns, HttpError):
-            status, body = await elsewhere(ctx, conns)
-            return json_response(select_columns(body, ctx) if isinstance(body, list)
-                                 else body, status)
-        items = [publisher_view(conn, pub) for conn in conns
-                 for pub in conn.publishers.values()]
-        return await _one_or_all(ctx, items)
+    def listing(items_of: Callable[[StreamConnection], list[dict[str, Any]]]) -> Any:
+        """The handler of a list of the connections' publishers or consumers: the
+        whole cluster's, or one connection's (its node's, if another node has it)."""
 
-    async def consumers(ctx: Ctx) -> Any:
-        conns = _of_one(ctx)
-        if isinstance(conns, HttpError):
-            status, body = await elsewhere(ctx, conns)
-            return json_response(select_columns(body, ctx) if isinstance(body, list)
-                                 else body, status)
-        items = [consumer_view(conn, sub) for conn in conns
-                 for sub in conn.subscriptions.values()]
-        return await _one_or_all(ctx, items)
+        async def handler(ctx: Ctx) -> Any:
+            conns = _of_one(ctx)
+            if isinstance(conns, HttpError):
+                status, body = await elsewhere(ctx, conns)
+                return json_response(select_columns(body, ctx) if isinstance(body, list)
+                                     else body, status)
+            return await _one_or_all(ctx, [item for conn in conns for item in items_of(conn)])
+
+        return handler
+
+    publishers = listing(lambda conn: [publisher_view(conn, pub)
+                                       for pub in conn.publishers.values()])
+    consumers = listing(lambda conn: [consumer_view(conn, sub)
+                                      for sub in conn.subscriptions.values()])
 
     def hook(r: Router) -> None:
         for path, handler in (("connections", connections), ("publishers", publishers),

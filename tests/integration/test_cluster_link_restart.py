@@ -71,8 +71,10 @@ def test_shovel_restart_asked_of_the_other_node(
     at_runner, at_other = log_size(runner), log_size(other)
     r = other.api.delete("/api/shovels/vhost/%2F/mover/restart")
     assert r.status == 204, r.text
-    wait_for(lambda: "request 'shovel-restart'" in log_since(runner, at_runner)
-             and "restarted at another node's request" in log_since(runner, at_runner),
+    # asked over the link between the two (logged by the asking node)
+    assert f"to node {runner.name} over the link" in log_since(other, at_other), other.tail()
+    assert "request 'shovel-restart'" in log_since(other, at_other), other.tail()
+    wait_for(lambda: "restarted at another node's request" in log_since(runner, at_runner),
              15, "the runner to restart the shovel", runner.tail)
     wait_for(lambda: running_on() == runner.name, 30, "the shovel running again",
              runner.tail)
@@ -113,12 +115,14 @@ def test_federation_link_restart_asked_of_the_other_node(
     other = b if runner is a else a
     wait_for(lambda: link_on(other) is not None, 15, "the other node to list the link",
              other.tail)
-    at_runner = log_size(runner)
+    at_runner, at_other = log_size(runner), log_size(other)
     path = f"/api/federation-links/vhost/%2F/{item['id']}/{runner.name}/restart"
     r = other.api.delete(path)
     assert r.status == 204, r.text
-    wait_for(lambda: "request 'federation-link-restart'" in log_since(runner, at_runner)
-             and "federation link running" in log_since(runner, at_runner),
+    asked = log_since(other, at_other)
+    assert "request 'federation-link-restart'" in asked, other.tail()
+    assert f"to node {runner.name} over the link" in asked, other.tail()
+    wait_for(lambda: "federation link running" in log_since(runner, at_runner),
              15, "the runner to restart the link", runner.tail)
     wait_for(lambda: link_on(other) is not None, 30, "the link running again", runner.tail)
     # a link the named node does not run, and a node that is not in the cluster: 404

@@ -302,13 +302,13 @@ def test_metadata_names_replicas_and_a_replica_serves_its_subscribers(
     try:
         on_c.open()
         on_a.open()
-        _offsets_through_a_member(a, on_c, on_a)
+        _offsets_through_a_member(c, on_c, on_a)
     finally:
         on_c.close()
         on_a.close()
 
 
-def _offsets_through_a_member(a: ClusterNode, on_c: Raw, on_a: Raw) -> None:
+def _offsets_through_a_member(c: ClusterNode, on_c: Raw, on_a: Raw) -> None:
     """store-offset at node-c's port is kept by node-a: read back on both nodes; a
     named producer's sequence kept by node-a is answered at node-c."""
     # nothing stored yet: answered through the member as on the leader
@@ -325,18 +325,20 @@ def _offsets_through_a_member(a: ClusterNode, on_c: Raw, on_a: Raw) -> None:
     assert on_c.query(QUERY_OFFSET, "app") == (OK, 123)
     assert on_a.query(QUERY_OFFSET, "app") == (OK, 123)
     assert on_a.query(QUERY_OFFSET, "other") == (NO_OFFSET, 0)
-    # a client storing per chunk: coalesced, the latest wins
-    assert a.proc is not None
-    before = a.proc.log_path.read_text(errors="replace").count(
-        "request 'stream-store-offset'")
+    # a client storing per chunk: coalesced, the latest wins; each request is one
+    # question over the link to node-a, logged by the asking node
+    assert c.proc is not None
+    sent = "request 'stream-store-offset'"
+    before = c.proc.log_path.read_text(errors="replace").count(sent)
     burst = 200
     for offset in range(1000, 1000 + burst):
         on_c.store_offset("app", offset)
     assert on_c.query(QUERY_OFFSET, "app") == (OK, 1000 + burst - 1)
     assert on_a.query(QUERY_OFFSET, "app") == (OK, 1000 + burst - 1)
-    requests = a.proc.log_path.read_text(errors="replace").count(
-        "request 'stream-store-offset'") - before
+    log_c = c.proc.log_path.read_text(errors="replace")
+    requests = log_c.count(sent) - before
     assert 1 <= requests < burst // 4, requests
+    assert "to node node-a over the link" in log_c
 
 
 def test_a_stream_is_deleted_through_a_node_that_does_not_lead_it(

@@ -19,3 +19,10 @@ def test_confirms_shape_confirms_delivers_and_acks_every_message() -> None:
     for fsync in (True, False):
         results = run_confirms(16, messages=300, batch=60, repeat=2, fsync=fsync)
         assert len(results) == 2  # run_confirms raises unless every message was confirmed
+
+
+def test_stream_shape_confirms_every_message() -> None:
+    from bench.core_cost import run_stream
+
+    results = run_stream(1024, messages=480, batch=60, tick_reads=2, repeat=2)
+    assert len(results) == 2  # run_stream raises unless the stream holds every confirmed one

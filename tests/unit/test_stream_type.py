@@ -118,6 +118,12 @@ def test_payload_carries_the_offset_header_and_keeps_the_rest() -> None:
                                        ("t", rawprops.longstr("v"))]),
      "reply_to": rawprops.shortstr_field("r")},
     {"headers": rawprops.encode_table([])},
+    # the header's name elsewhere in the properties (the splice searches the table only)
+    {"reply_to": rawprops.shortstr_field("x-stream-offset")},
+    {"headers": rawprops.encode_table([("k", rawprops.long(1))]),
+     "reply_to": rawprops.shortstr_field("x-stream-offset")},
+    # ... or as a value in the table (the general path, with the same result)
+    {"headers": rawprops.encode_table([("k", rawprops.longstr("x-stream-offset"))])},
 ])
 def test_the_spliced_header_equals_the_decoded_one(fields: dict[str, bytes]) -> None:
     """The byte-splicing path gives what decoding, setting and encoding gives."""
@@ -135,3 +141,11 @@ def test_directory_is_a_digest_of_vhost_and_name(tmp_path: Path) -> None:
     assert a.parent == tmp_path / "streams" and len(a.name) == 32
     assert a != stream_directory(tmp_path, "/", "y")
     assert stream_directory(tmp_path, "a", "b/c") != stream_directory(tmp_path, "a/b", "c")
+
+
+def test_a_publishers_own_offset_header_is_replaced_not_doubled() -> None:
+    props = rawprops.join_properties({"headers": rawprops.encode_table(
+        [("a", rawprops.long(1)), ("x-stream-offset", rawprops.long(5))])})
+    spliced = with_offset_header(props, 123)
+    assert Message("", "", spliced, b"").headers == {"a": 1, "x-stream-offset": 123}
+    assert spliced.count(b"x-stream-offset") == 1

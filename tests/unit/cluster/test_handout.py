@@ -6,16 +6,20 @@ What must hold: nothing leaves before a majority (the leader's own log counted) 
 every record up to its checkout; what waits leaves in the order it was chosen; credit
 is taken while it waits and given back exactly once; a delivery whose consumer or
 channel went before it could leave comes back to the queue instead; a dropped group
-sends nothing more."""
+sends nothing more; a basic.get whose checkout is not committed in time is answered
+get-empty and its message comes back, the deliveries around it keeping their order."""
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from amqpd.cluster.handout import WAITING_CAP, CommitOutbox, Handouts
+from amqpd.cluster.handout import GET_COMMIT_WAIT, WAITING_CAP, CommitOutbox, Handouts
 from amqpd.cluster.mirror_state import ReplicaSet
 from amqpd.cluster.replica_core import Majority
 
@@ -38,6 +42,7 @@ class Queue:
 
     def __init__(self, rs: ReplicaSet) -> None:
         self.rs = rs
+        self.name = "q"
         self.deleted = False
         self.message_count = 7
         self.recorded: list[tuple[int, int]] = []  # (entry, seq of its checkout)
@@ -261,3 +266,49 @@ def test_nothing_leaves_before_a_majority_holds_it_and_order_is_kept(
         for _tag, e in ch.written:
             assert max(rs.acked.values()) >= seqs[e]
         assert [e for _t, e in ch.written] == sorted(e for _t, e in ch.written)
+
+
+def test_a_get_whose_checkout_is_not_committed_in_time_is_answered_get_empty(
+        caplog: pytest.LogCaptureFixture) -> None:
+    rs, q, h, _ = group()
+    ch, getter = Channel(), Channel()
+    c = Consumer(ch)
+    h.hand_out(q, c, Entry(1))
+    h.get_for(q, getter, Entry(2), False)
+    h.hand_out(q, c, Entry(3))
+    assert len(h.outbox) == 3 and getter.gets == []
+    soon = time.monotonic() + GET_COMMIT_WAIT / 2
+    assert h.expire(soon) == 0 and getter.gets == []  # not yet
+    later = time.monotonic() + GET_COMMIT_WAIT + 1
+    with caplog.at_level(logging.WARNING, logger="amqpd.cluster.quorum"):
+        assert h.expire(later) == 1
+    assert getter.gets == [(None, 0)]  # get-empty
+    assert q.returned == [2]  # back to the queue, as a returned checkout
+    assert "answered get-empty" in caplog.text
+    assert [x.entry.n for x in h.local.values()] == [1, 3] and len(h.outbox) == 2
+    # the deliveries around it are untouched and leave in order once committed
+    rs.ack("m1", rs.seq)
+    h.release()
+    assert [n for _tag, n in ch.written] == [1, 3]
+    assert getter.gets == [(None, 0)]  # answered once, never a get-ok after
+    assert h.expire(later + GET_COMMIT_WAIT) == 0
+
+
+def test_a_get_committed_in_time_is_answered_and_does_not_expire() -> None:
+    rs, q, h, _ = group()
+    getter = Channel()
+    h.get_for(q, getter, Entry(5), True)
+    rs.ack("m1", rs.seq)
+    h.release()
+    assert getter.gets == [(5, 7)]
+    assert h.expire(time.monotonic() + 2 * GET_COMMIT_WAIT) == 0
+    assert getter.gets == [(5, 7)] and q.returned == [] and not h.outbox.expiring
+
+
+def test_an_expired_get_on_a_closed_channel_only_comes_back() -> None:
+    _rs, q, h, _ = group()
+    getter = Channel()
+    h.get_for(q, getter, Entry(4), False)
+    getter.closed = True
+    assert h.expire(time.monotonic() + GET_COMMIT_WAIT + 1) == 1
+    assert getter.gets == [] and q.returned == [4]

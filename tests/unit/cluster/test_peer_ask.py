@@ -3,12 +3,14 @@ nodes whose links hand each other the frames as bytes: an answer comes back as t
 handler's value, an error answer as the same kind of error, a node without the handler
 says so; a silent peer is left out after the bound, a link that goes down ends the wait
 at once, a node with no link is left out without waiting; a node still starting
-answers at once that it is."""
+answers at once that it is. ``Cluster.ask`` (one node asked: a shovel's restart, a
+stream's offsets) goes over the link while it is up and through etcd otherwise."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -17,6 +19,7 @@ from amqpd.broker.api import AMQPError, BrokerAPI, NotFound
 from amqpd.cluster import link_wire as W
 from amqpd.cluster.cluster_queues import ClusterQueues, extension_frame_too_early
 from amqpd.cluster.link import Link
+from amqpd.cluster.node import Cluster
 from amqpd.cluster.peer_ask import PeerAsk
 
 
@@ -165,3 +168,58 @@ def test_ask_and_answer_frames_round_trip() -> None:
         (W.ASK, 0, [3, "http-local-part", {"path": "/api/channels"}])]
     frame = W.encode(W.ANSWER, 0, 3, {"ok": True, "value": [1, 2]})
     assert W.FrameReader().feed(frame) == [(W.ANSWER, 0, [3, {"ok": True, "value": [1, 2]}])]
+
+
+class EtcdRequests:
+    """Stands in for NodeRequests: records that the question went through etcd."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, str]] = []
+
+    async def ask(self, node: str, kind: str, args: dict[str, Any], timeout: float) -> Any:
+        self.asked.append((node, kind))
+        return "through etcd"
+
+
+def test_one_node_is_asked_over_the_link_while_it_is_up_else_through_etcd() -> None:
+    async def run() -> None:
+        a, _a_api, _b, b_api, a_to_b, _ba = linked("a", "b")
+
+        async def part(args: dict[str, Any]) -> Any:
+            return {"offset": args["n"] + 1}
+
+        b_api.handlers["part"] = part
+        running = {"a", "b"}
+        etcd = EtcdRequests()
+        cluster = SimpleNamespace(peer_ask=a, node_name="a", requests=etcd,
+                                  is_running=running.__contains__)
+        ask = Cluster.ask
+        assert await ask(cast(Cluster, cluster), "b", "part", {"n": 4}, 5) == {"offset": 5}
+        assert etcd.asked == []
+        assert [k for k, _s, _f in a_to_b.sent] == [W.ASK]
+        a_to_b.up = False  # the link not up (yet, or again)
+        assert await ask(cast(Cluster, cluster), "b", "part", {"n": 4}, 5) == "through etcd"
+        a_to_b.up = True
+        running.discard("b")  # not running: etcd's path says 404 (NodeRequests.ask)
+        assert await ask(cast(Cluster, cluster), "b", "part", {"n": 4}, 5) == "through etcd"
+        cluster.peer_ask = None  # the links' extensions not started yet
+        running.add("b")
+        assert await ask(cast(Cluster, cluster), "b", "part", {"n": 4}, 5) == "through etcd"
+        assert etcd.asked == [("b", "part")] * 3
+    asyncio.run(run())
+
+
+def test_a_link_going_down_before_the_answer_is_a_timeout_for_one_node_asked() -> None:
+    async def run() -> None:
+        a, _a_api, _b, _b_api, a_to_b, _ba = linked("a", "b")
+        a_to_b.silent = True
+        cluster = SimpleNamespace(peer_ask=a, node_name="a", requests=EtcdRequests(),
+                                  is_running=lambda node: True)
+        asking = asyncio.ensure_future(
+            Cluster.ask(cast(Cluster, cluster), "b", "part", {}, 30))
+        await asyncio.sleep(0.01)
+        a.link_down(cast(Link, a_to_b))
+        with pytest.raises(TimeoutError, match=r"did not answer 'part'.*went down"):
+            await asyncio.wait_for(asking, 1)
+        assert cluster.requests.asked == []  # not asked again: it may have been done
+    asyncio.run(run())

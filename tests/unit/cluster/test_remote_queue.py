@@ -431,16 +431,16 @@ async def test_tx_commit_ok_waits_for_the_leaders_group_commit(
     full = lead(a, b, "q7-full", **{"x-max-length": 0, "x-overflow": "reject-publish"})
     await until(lambda: rq.available and full.available)
     held: list[tuple[Callable[[BaseException | None], None], BaseException | None]] = []
-    real = remote_served.enqueue_here
+    real = remote_served._confirmer
 
-    def slow_commit(broker: Any, q: Any, message: Any, on_confirm: Any) -> None:
-        """A's group commit, held until the test lets it finish."""
-        if on_confirm is None:
-            real(broker, q, message, None)
-            return
-        real(broker, q, message, lambda error: held.append((on_confirm, error)))
+    def slow_commit(link: Any, stream: int, seq: int) -> Callable[[BaseException | None],
+                                                                   None]:
+        """A's group commit, held until the test lets it finish: the confirm of a
+        forwarded publish (a PUBLISHES record) is made by this callback."""
+        on_confirm = real(link, stream, seq)
+        return lambda error: held.append((on_confirm, error))
 
-    monkeypatch.setattr(remote_served, "enqueue_here", slow_commit)
+    monkeypatch.setattr(remote_served, "_confirmer", slow_commit)
     conn = await aio_pika.connect(b.url)
     try:
         ch = await conn.channel(publisher_confirms=False)
@@ -459,7 +459,7 @@ async def test_tx_commit_ok_waits_for_the_leaders_group_commit(
             callback(error)
         held.clear()
         await asyncio.wait_for(commit, 5)
-        monkeypatch.setattr(remote_served, "enqueue_here", real)
+        monkeypatch.setattr(remote_served, "_confirmer", real)
         # the leader refuses a message (its length limit): the transaction fails
         await raw.basic_publish(b"x", routing_key="q7-full")
         with pytest.raises(aiormq.exceptions.ChannelPreconditionFailed) as info:

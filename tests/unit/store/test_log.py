@@ -132,3 +132,89 @@ def test_read_while_the_writer_is_busy(make_log: Any, monkeypatch: pytest.Monkey
     assert done.wait(10)
     assert wait_commit(s) is None
     assert [s.read(p) for p in first + second] == [msg(i) for i in range(100)]
+
+
+class _Loop:
+    """The event loop's part: ``call_soon`` queues, the writer thread's
+    ``call_soon_threadsafe`` queues and wakes :meth:`run_until`."""
+
+    def __init__(self) -> None:
+        self.soon: list[tuple[Any, tuple[Any, ...]]] = []
+        self.woken = threading.Event()
+
+    def call_soon(self, callback: Any, *args: Any) -> None:
+        self.soon.append((callback, args))
+
+    def call_soon_threadsafe(self, callback: Any, *args: Any) -> None:
+        self.soon.append((callback, args))  # list.append is atomic
+        self.woken.set()
+
+    def run_until(self, done: Any, timeout: float = 10.0) -> None:
+        import time
+
+        deadline = time.monotonic() + timeout
+        while not done():
+            while self.soon:
+                callback, args = self.soon.pop(0)
+                callback(*args)
+            if done():
+                return
+            assert self.woken.wait(max(0.0, deadline - time.monotonic())), "never answered"
+            self.woken.clear()
+
+
+def test_commit_with_nothing_appended_skips_the_writer(make_log: Any) -> None:
+    """A tick whose confirms wait only for a stream's own log still asks the shared log
+    for a commit (Publisher.register_commit). Once everything appended is fsynced, that
+    commit is answered on the loop at once: no job, no wake-up of the writer thread."""
+    loop = _Loop()
+    s = make_log(loop=loop)
+    got: list[BaseException | None] = []
+    s.append_enqueue([Q1], msg(1))
+    s.commit(got.append)
+    assert [cb for cb, _ in loop.soon] == [s._end_of_tick]  # the record needs the writer
+    loop.run_until(lambda: got)
+    assert got == [None]
+    fsyncs = s.stats()["fsyncs"]
+    assert fsyncs >= 1
+
+    s.commit(got.append)  # nothing appended since: durable already
+    assert loop.soon == [(got.append, (None,))]
+    assert not s._writer.jobs and not s._tick_scheduled
+    loop.run_until(lambda: len(got) == 2)
+    assert got == [None, None] and s.stats()["fsyncs"] == fsyncs
+
+    s.append_settle(Q1, [0])  # anything appended needs the writer again
+    s.commit(got.append)
+    assert [cb for cb, _ in loop.soon] == [s._end_of_tick]
+    loop.run_until(lambda: len(got) == 3)
+    assert got == [None, None, None] and s.stats()["fsyncs"] == fsyncs + 1
+
+
+def test_commit_with_nothing_appended_waits_for_a_write_under_way(make_log: Any) -> None:
+    """Records handed to the writer but not yet fsynced (their commit is still under
+    way) are not durable: a commit asked meanwhile waits for the writer."""
+    loop = _Loop()
+    s = make_log(loop=loop)
+    got: list[BaseException | None] = []
+    s.append_enqueue([Q1], msg(1))
+    s.commit(got.append)
+    s._end_of_tick()  # the records and the commit go to the writer now
+    loop.soon.clear()
+    s.commit(got.append)  # before the writer's answer has come back
+    assert [cb for cb, _ in loop.soon] in ([s._end_of_tick], [])
+    loop.run_until(lambda: len(got) == 2)
+    assert got == [None, None]
+
+
+def test_commit_after_a_write_failure_still_reports_it(make_log: Any) -> None:
+    """A failed writer: a commit with nothing new appended still gets the error."""
+    loop = _Loop()
+    s = make_log(loop=loop)
+    got: list[BaseException | None] = []
+    s.commit(got.append)
+    loop.run_until(lambda: got)
+    s._writer.failed = "write: injected"
+    s.commit(got.append)
+    loop.run_until(lambda: len(got) == 2)
+    assert isinstance(got[1], StoreError)

@@ -323,3 +323,41 @@ def test_a_flush_books_its_records_as_a_scan_of_the_file_does(tmp_path: Path) ->
         log.close()
         assert booked(_log(path, segment=segment, interval=300)) == before
     assert len(before) > 3  # the small segments: batches were split where they filled
+
+
+def test_records_carry_zlibs_crc32_whichever_module_computes_it(tmp_path: Path) -> None:
+    """The CRC of a record is zlib's CRC-32 of everything after it, whether zlib-ng
+    (the ``speed`` extra: the same function, faster) or zlib computes it: files
+    written by either build read back with the other."""
+    import struct
+    import zlib
+
+    from amqpd.store import stream_log
+
+    payloads = [bytes(range(256)) * 4 + bytes([i]) * i for i in range(40)]
+    for data in payloads:
+        assert stream_log.crc32(data, 0) == zlib.crc32(data)
+        assert stream_log.crc32(data, 12345) == zlib.crc32(data, 12345)
+    log = _log(tmp_path, segment=1_000_000)
+    for i, p in enumerate(payloads):
+        if i % 2:
+            log.append_parts([p[:7], p[7:]], 1000 + i)
+        else:
+            log.append(p, 1000 + i)
+    log.flush()
+    stored = log.segments[0].path.read_bytes()[HEADER_SIZE:]
+    at = 0
+    for i, p in enumerate(payloads):
+        tail = struct.pack(">IQqB", len(p), i, 1000 + i, 1 if i == 0 else 0)
+        crc = zlib.crc32(p, zlib.crc32(tail)) & 0xFFFFFFFF
+        assert stored[at:at + RECORD_SIZE + len(p)] == struct.pack(">I", crc) + tail + p
+        at += RECORD_SIZE + len(p)
+    assert at == len(stored)
+
+
+def test_zlib_ng_computes_the_crc_when_installed() -> None:
+    zlib_ng = pytest.importorskip("zlib_ng.zlib_ng",
+                                  reason="zlib-ng (the speed extra) is not installed")
+    from amqpd.store import stream_log
+
+    assert stream_log.crc32 is zlib_ng.crc32
