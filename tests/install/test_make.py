@@ -137,10 +137,12 @@ def test_make_run_serves_from_the_venv(clone: tuple[Path, str], tmp_path: Path) 
 def test_make_test_runs_pytest_in_the_venv(clone: tuple[Path, str]) -> None:
     path, _ = clone
     out = make(path, "test", f"PYTHON={SYSTEM_PYTHON}", "PYTEST_ARGS=tests/unit/test_config.py",
+               "WORKERS_TESTS=tests/unit/test_config.py",
                "PURE_TESTS=tests/unit/test_hotpath.py").stdout
     assert "amqpd is installed in .venv and up to date" in out
     assert "'.venv/bin/python' -m pytest -q tests/unit/test_config.py" in out
-    assert out.count(" passed") == 2, out
+    assert "--- again against nodes of two workers (AMQPD_WORKERS=2)" in out
+    assert out.count(" passed") == 3, out  # the suite, with two workers, pure
 
 
 def test_make_install_again_only_when_a_source_changed(clone: tuple[Path, str]) -> None:
