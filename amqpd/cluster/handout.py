@@ -144,7 +144,9 @@ class CommitOutbox:
                 due.append(w)
         if not due:
             return 0
-        self.waiting = deque(w for w in self.waiting if not w.done)
+        kept = [w for w in self.waiting if not w.done]  # in place: release() holds it
+        self.waiting.clear()
+        self.waiting.extend(kept)
         for w in due:
             assert w.expired is not None
             try:

@@ -5,9 +5,10 @@ node asks another (``BrokerAPI.ask_node``: a shovel's restart, a stream's offset
 transient queue's binding) whenever the link to it is up.
 
 Why the links and not etcd (:mod:`amqpd.cluster.node_requests`, what a node still
-without a link to the other uses): a list is asked on every page load of the web UI and can be large
-(thousands of connections); through etcd every answer would be a write and a delete of
-a value bounded by etcd's request size (1.5 MiB by default), read back by polling.
+without a link to the other uses): a list is asked on every page load of the web UI and
+can be large (thousands of connections); through etcd every answer would be a write and
+a delete of a value bounded by etcd's request size (1.5 MiB by default), read back by
+polling.
 The link between two nodes is already there, authenticated by the cookie, with frames
 of any size (``link_wire.MAX_FRAME``): ``ASK request-id kind args`` one way, ``ANSWER
 request-id answer`` back, both on stream 0. The handlers are the node's
@@ -57,7 +58,7 @@ class PeerAsk:
         to it is up or it goes down first, :class:`TimeoutError` without an answer in
         ``timeout`` seconds, the :class:`AMQPError` of an error answer."""
         link = self.queues.links.link(node)
-        if link is None or not self.linked(node):
+        if link is None or not link.up or link.closed:  # (as linked() says)
             raise ConnectionError(f"no link to node '{node}'")
         self._next = (self._next + 1) & 0xFFFFFFFF
         rid = self._next
