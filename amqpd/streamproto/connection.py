@@ -869,7 +869,11 @@ class StreamConnection:
 
     def _super_stream_bindings(self, name: str) -> list[Any] | None:
         """The queue bindings of super stream ``name`` (its exchange), in partition
-        order (``x-stream-partition-order``, then binding order); None without it."""
+        order (``x-stream-partition-order``, then binding order); None without it. The
+        empty name is the default exchange, never a super stream (it binds every queue,
+        so a plain stream named ``x-7`` would otherwise count as partition 7)."""
+        if not name:
+            return None
         vh = self.broker.vhosts.get(self.vhost)
         exchange = vh.exchanges.get(name) if vh is not None else None
         if exchange is None:

@@ -1069,7 +1069,8 @@ def test_single_active_consumer_raw_frames(target: Target) -> None:
     if target.kind == "rabbitmq":
         pytest.skip("single active consumer (consumer update, 0x1a) is RabbitMQ 3.11+: "
                     "3.10.8's plugin does not have it")
-    stream = _name("sacraw")
+    # a digit suffix, as super stream partitions have: still a plain stream's group
+    stream = _name("sacraw") + "-3"
     asyncio.run(_publish(target, stream, [b"a", b"b", b"c"], create=True))
     sac = {"single-active-consumer": "true", "name": "g1"}
 
