@@ -28,6 +28,7 @@ from amqpd.broker import reply_to
 from amqpd.broker.message import Message
 from amqpd.broker.publish import JointConfirm
 from amqpd.broker.queue import Consumer, QueueEntry
+from amqpd.broker.queue_entry import Unacked
 from amqpd.broker.queue_type import QueueType
 from amqpd.broker.retry_routes import CAPABILITY as RETRY_OF
 from amqpd.broker.retry_routes import RetryRoutes
@@ -59,15 +60,6 @@ FLOW_BACKLOG: Final = 10_000
 # Deliveries queued for one connection in one tick stop here (no-ack consumers have no
 # prefetch limit: without a cap a million-message backlog would be encoded in one go).
 DELIVERY_BURST_BYTES: Final = 1 << 20
-
-
-class Unacked:
-    __slots__ = ("consumer", "entry", "queue")
-
-    def __init__(self, queue: QueueType, entry: QueueEntry, consumer: Consumer | None) -> None:
-        self.queue = queue
-        self.entry = entry
-        self.consumer = consumer
 
 
 class Channel:
@@ -429,7 +421,9 @@ class Channel:
         else:
             consumer.unacked += 1
             self.unacked_consumer_count += 1
-            self.unacked[tag] = Unacked(queue, entry, consumer)
+            shared = consumer.shared_unacked  # a stream's: the ack only counts
+            self.unacked[tag] = shared if shared is not None else \
+                Unacked(queue, entry, consumer)
             queue.delivered(entry, acked=False)
 
     def _basic_get(self, m: commands.Basic.Get) -> None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from mypy_extensions import mypyc_attr
 
 from amqpd.broker.message import LoggedMessage, Message
-from amqpd.broker.queue_entry import QueueEntry, SeqCounter, TimedEntry
+from amqpd.broker.queue_entry import QueueEntry, SeqCounter, TimedEntry, Unacked
 from amqpd.broker.queue_type import QueueType, register_queue_type
 from amqpd.broker.ready import ReadyList
 from amqpd.protocol.constants import FLAG_EXPIRATION_HI
@@ -53,7 +53,7 @@ def _as_channel(channel: ConsumerChannel) -> Channel | None:
 class Consumer:
     __slots__ = (
         "arguments", "channel", "exclusive", "local", "no_ack", "prefetch", "priority", "queue",
-        "tag", "tag_bytes", "unacked",
+        "shared_unacked", "tag", "tag_bytes", "unacked",
     )
 
     def __init__(
@@ -77,6 +77,9 @@ class Consumer:
         self.arguments = arguments
         priority = arguments.get("x-priority", 0)
         self.priority = priority if isinstance(priority, int) else 0
+        # what the channel keeps per delivery when the queue's acks only count (a
+        # stream: 20 consumers at a prefetch of 1,000 hold one record, not 20,000)
+        self.shared_unacked: Unacked | None = queue.shared_unacked(self)
 
     def has_credit(self) -> bool:
         return self.no_ack or not self.prefetch or self.unacked < self.prefetch

@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from amqpd.broker.message import Message
+    from amqpd.broker.queue import Consumer
+    from amqpd.broker.queue_type import QueueType
 
 
 class SeqCounter:
@@ -50,6 +52,21 @@ class TimedEntry(QueueEntry):
         super().__init__(message, seq, redelivered)
         self.expires = expires
         self.priority = priority
+
+
+class Unacked:
+    """A delivery a channel holds until its ack: the queue to settle it with, the entry,
+    the consumer whose credit it takes (None: a basic.get). Kept here, not in
+    channel.py, because a consumer of a queue that only counts acks holds one for all
+    its deliveries (:meth:`QueueType.shared_unacked`) and queue.py cannot import the
+    channel."""
+
+    __slots__ = ("consumer", "entry", "queue")
+
+    def __init__(self, queue: QueueType, entry: QueueEntry, consumer: Consumer | None) -> None:
+        self.queue = queue
+        self.entry = entry
+        self.consumer = consumer
 
 
 def expiry_of(entry: QueueEntry) -> float | None:

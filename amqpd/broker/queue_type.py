@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from amqpd.broker.message import Message
     from amqpd.broker.policy import QueueOptions
     from amqpd.broker.queue import Consumer
-    from amqpd.broker.queue_entry import QueueEntry
+    from amqpd.broker.queue_entry import QueueEntry, Unacked
     from amqpd.broker.vhost import VHost
 
 DEFAULT_TYPE = "classic"
@@ -292,6 +292,12 @@ class QueueType:
 
     def delivered(self, entry: QueueEntry, acked: bool) -> None:
         raise NotImplementedError
+
+    def shared_unacked(self, consumer: Consumer) -> Unacked | None:
+        """The one unacked record a channel may keep for every delivery to ``consumer``
+        when acks on this queue only count (:meth:`settle` needs how many, not which):
+        None here, each delivery has its own."""
+        return None
 
     def forward(self, message: Message,
                 on_confirm: Callable[[BaseException | None], None] | None) -> None:

@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 from amqpd.broker.extensions import type_name
 from amqpd.broker.message import Message
-from amqpd.broker.queue_entry import QueueEntry
+from amqpd.broker.queue_entry import QueueEntry, Unacked
 from amqpd.broker.queue_type import QueueType, register_queue_type
 from amqpd.broker.quorum import check_count_arguments, refuse_replicated_flags
 from amqpd.broker.stream_readahead import ReadAhead, pool_for
@@ -704,14 +704,20 @@ class StreamQueue(QueueType):
                               f"'{self.name}' in vhost '{self.vhost.name}'")
 
     def delivered(self, entry: QueueEntry, acked: bool) -> None:
-        """The delivery is written (its bytes are in the connection's output). Its
-        entry stays in the channel's unacked map until the ack, which only returns
-        credit (:meth:`settle` counts entries): the message is never needed again, so
-        the entry lets it go. With 20 consumers at a prefetch of 1,000 that is 20,000
+        """The delivery is written (its bytes are in the connection's output). An ack
+        only returns credit (:meth:`settle` counts entries), so the message is never
+        needed again: the entry lets it go, for an owner that keeps entries until the
+        ack (a consumer on another node, through the link) rather than
+        :meth:`shared_unacked`. With 20 consumers at a prefetch of 1,000 that is 20,000
         bodies (20 MB of 1 KiB messages) the node need not hold."""
         self.stat_deliver += 1
         self.unacked_count += 1
         entry.message = _DELIVERED
+
+    def shared_unacked(self, consumer: Consumer) -> Unacked | None:
+        """An ack only returns credit (:meth:`settle` counts): a channel keeps this one
+        record for each of ``consumer``'s deliveries rather than one per delivery."""
+        return Unacked(self, QueueEntry(_DELIVERED, -1), consumer)
 
     def settle(self, entries: Iterable[QueueEntry]) -> None:
         """An ack only gives credit back (the channel did): the record stays."""
