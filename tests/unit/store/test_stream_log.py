@@ -11,6 +11,7 @@ import pytest
 from amqpd.store.stream_log import (
     HEADER_SIZE,
     RECORD_SIZE,
+    SCAN_BYTES,
     SEG,
     StreamLog,
     StreamLogError,
@@ -43,6 +44,24 @@ def test_offsets_read_in_order_across_segments(tmp_path: Path) -> None:
         first = log.reader(start).read(3)
         assert [r.offset for r in first] == list(range(start, min(start + 3, 1000)))
         assert first[0].payload == start.to_bytes(4, "big") * 25
+
+
+def test_a_seek_skips_headers_across_scan_blocks(tmp_path: Path) -> None:
+    """With one index entry per segment, a reader finds any offset by skipping record
+    headers a block at a time (SCAN_BYTES): records larger than a block, records that
+    straddle one, and many small ones in one."""
+    log = _log(tmp_path, segment=50_000_000, interval=1 << 40)
+    sizes = [8, 100_000, 12, 70_000, *([40] * 3000), 200_000, 5, SCAN_BYTES - RECORD_SIZE, 9]
+    for i, size in enumerate(sizes):
+        log.append(bytes((i % 251,)) * size, 1000 + i)
+        if i % 5 == 4:
+            log.flush()
+    log.flush()
+    assert len(log.segments) == 1 and len(log.segments[0].idx_offsets) == 1
+    for start in (0, 1, 2, 3, 4, 1000, 3003, 3004, 3005, 3006, 3007, len(sizes) - 1):
+        got = log.reader(start).read(2)
+        assert [r.offset for r in got] == list(range(start, min(start + 2, len(sizes))))
+        assert got[0].payload == bytes((start % 251,)) * sizes[start]
 
 
 def test_unflushed_records_are_not_readable(tmp_path: Path) -> None:
