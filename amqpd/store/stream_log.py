@@ -799,48 +799,39 @@ class Reader:
         ``RWF_NOWAIT``, into ``cached``), and answers (b"", -1) without moving when not
         one whole record is there, or when the platform cannot tell (then every later
         call on this log answers so at once): the caller reads in a worker instead."""
-        log_ = self.log
-        while self.offset < log_.flushed_offset:
-            seg = self._locate()
-            if seg is None:
+        seg = self._readable_segment()
+        if seg is None:
+            return b"", 0
+        want = min(max_bytes, seg.size - self._position)
+        if cached is None:
+            data = os.pread(seg.fd, want, self._position)
+        else:
+            got = _read_cached(self.log, seg.fd, cached, want, self._position)
+            if got <= 0:
+                return b"", -1
+            data = bytes(memoryview(cached)[:got])
+        size = len(data)
+        at = n = 0
+        while n < max_records and at + RECORD_SIZE <= size:
+            # the payload length, 4 bytes in (byte reads: no struct call per record)
+            end = at + RECORD_SIZE + ((data[at + 4] << 24) | (data[at + 5] << 16)
+                                      | (data[at + 6] << 8) | data[at + 7])
+            if end > size:
                 break
-            if self._position >= seg.size:
-                if seg.end >= log_.flushed_offset or seg is log_.segments[-1]:
-                    break
-                self.offset = seg.end  # on to the next segment
-                self._segment_base = -1
-                continue
-            want = min(max_bytes, seg.size - self._position)
-            if cached is None:
-                data = os.pread(seg.fd, want, self._position)
-            else:
-                got = _read_cached(log_, seg.fd, cached, want, self._position)
-                if got <= 0:
-                    return b"", -1
-                data = bytes(memoryview(cached)[:got])
-            size = len(data)
-            at = n = 0
-            while n < max_records and at + RECORD_SIZE <= size:
-                # the payload length, 4 bytes in (byte reads: no struct call per record)
-                end = at + RECORD_SIZE + ((data[at + 4] << 24) | (data[at + 5] << 16)
-                                          | (data[at + 6] << 8) | data[at + 7])
-                if end > size:
-                    break
-                at = end
-                n += 1
-            if n == 0:  # one record bigger than the read: read it whole
-                if cached is not None or size < RECORD_SIZE:
-                    return (b"", -1) if cached is not None else (b"", 0)
-                data = os.pread(seg.fd, RECORD_SIZE + _LENGTH.unpack_from(data, 4)[0],
-                                self._position)
-                at = size = len(data)
-                n = 1
-            if at < size:
-                data = data[:at]
-            self._position += at
-            self.offset += n
-            return data, n
-        return b"", 0
+            at = end
+            n += 1
+        if n == 0:  # one record bigger than the read: read it whole
+            if cached is not None or size < RECORD_SIZE:
+                return (b"", -1) if cached is not None else (b"", 0)
+            data = os.pread(seg.fd, RECORD_SIZE + _LENGTH.unpack_from(data, 4)[0],
+                            self._position)
+            at = size = len(data)
+            n = 1
+        if at < size:
+            data = data[:at]
+        self._position += at
+        self.offset += n
+        return data, n
 
     def peek_block(self, max_bytes: int = READ_BYTES) -> bytes:
         """The stored bytes from the reader's position on, as one pread of about
@@ -849,29 +840,34 @@ class Reader:
         read whole) and may end inside one. For a reader that walks the records itself
         (the stream protocol's chunks), in one pass: it moves the reader past the
         records it took with :meth:`advance`."""
+        seg = self._readable_segment()
+        if seg is None:
+            return b""
+        data = os.pread(seg.fd, min(max_bytes, seg.size - self._position), self._position)
+        if len(data) < RECORD_SIZE:
+            return b""
+        whole = RECORD_SIZE + ((data[4] << 24) | (data[5] << 16) | (data[6] << 8) | data[7])
+        if whole > len(data):  # one record bigger than the read: read it whole
+            data = os.pread(seg.fd, whole, self._position)
+            if len(data) < whole:
+                return b""
+        return data
+
+    def _readable_segment(self) -> Segment | None:
+        """The segment holding the next readable record, the reader positioned in it
+        (moving on past segments read to their end); None when nothing is readable."""
         log_ = self.log
         while self.offset < log_.flushed_offset:
             seg = self._locate()
             if seg is None:
-                break
-            if self._position >= seg.size:
-                if seg.end >= log_.flushed_offset or seg is log_.segments[-1]:
-                    break
-                self.offset = seg.end  # on to the next segment
-                self._segment_base = -1
-                continue
-            data = os.pread(seg.fd, min(max_bytes, seg.size - self._position),
-                            self._position)
-            if len(data) < RECORD_SIZE:
-                return b""
-            whole = RECORD_SIZE + ((data[4] << 24) | (data[5] << 16) | (data[6] << 8)
-                                   | data[7])
-            if whole > len(data):  # one record bigger than the read: read it whole
-                data = os.pread(seg.fd, whole, self._position)
-                if len(data) < whole:
-                    return b""
-            return data
-        return b""
+                return None
+            if self._position < seg.size:
+                return seg
+            if seg.end >= log_.flushed_offset or seg is log_.segments[-1]:
+                return None
+            self.offset = seg.end  # on to the next segment
+            self._segment_base = -1
+        return None
 
     def advance(self, records: int, size: int) -> None:
         """Move past ``records`` records of ``size`` bytes from the position
