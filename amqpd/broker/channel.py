@@ -8,7 +8,8 @@ compiled publish pipeline and queue types.
 
 Delivery tags are per channel and strictly increasing, so the unacked map (a dict,
 insertion-ordered) is also ordered by tag, which makes ``multiple=true`` acks a walk
-from the front.
+from the front. Every tag of a stream consumer maps to the same record (the queue's
+``shared_unacked``): a stream's ack only counts, so a delivery costs the map its tag.
 
 QoS follows RabbitMQ's reading of basic.qos: ``global=false`` sets the limit for each
 consumer created afterwards on this channel; ``global=true`` sets one limit shared by all
