@@ -630,6 +630,14 @@ def run_consumers(url: str, specs: list[ConsumerSpec], stop: Any, progress: Any 
         cc.sock.setblocking(False)
         sel.register(cc.sock, selectors.EVENT_READ, cc)
     try:
+        # deliveries that came in the same read as consume-ok (setup kept them): parsed
+        # now, not at the next read -- with the prefetch spent by them nothing more
+        # would come until they are acked, and the loop would wait for ever
+        for cc in conns:
+            if cc.end:
+                _parse(cc, res)
+        if progress is not None:
+            progress[slot] = res.received
         while not stop.is_set():
             events = sel.select(0.05)
             if not events:
