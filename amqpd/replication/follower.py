@@ -65,7 +65,7 @@ class ReplicationFollower:
         self.durable_seq = 0
         self.ack_on_write = config.standby_ack == "write"
         self._conn: StreamConn | None = None  # the session's (ACKs on write)
-        self.active_seq = 0  # the active's last sequence, as it last told us
+        self.active_seq = 0  # the active's last sequence, as it told us or sent it
         self.refused = ""  # why the active refused us, if it did
         self.bytes_received = 0
         self.auth_failures = 0
@@ -277,7 +277,7 @@ class ReplicationFollower:
             self._stale = [b for b in own if b not in live and b < w.base]
         self.history.replace(list(w.history))
         self.epoch = w.epoch
-        self._valid_seq = self.last_seq = last_seq
+        self._valid_seq = self.last_seq = self.active_seq = last_seq
         self._cur_base, self._cur_size = w.base, w.offset
         self._valid_pos = w.base + w.offset
         self._pbuf = bytearray()
@@ -301,6 +301,11 @@ class ReplicationFollower:
                 self._data(*wire.parse_data(payload))
                 if trace.ON:
                     trace.mark("c", self._valid_seq)
+                if self._valid_seq > self.active_seq:
+                    # the active holds at least what it sent; a live active sends no
+                    # TAIL after the bytes it pushed itself (source.py, the live lane)
+                    self.active_seq = self._valid_seq
+                    self._note_lag()
             elif ftype == wire.CHECKPOINT:
                 await self._checkpoint(payload)
             elif ftype == wire.DELETE:
@@ -309,7 +314,10 @@ class ReplicationFollower:
                 queue, upto = wire.parse_promise(payload)
                 self._journal.promise(queue, upto, upto)
             elif ftype == wire.TAIL:
-                self.active_seq, _ = wire.parse_pair(payload, "TAIL")
+                seq, _ = wire.parse_pair(payload, "TAIL")
+                # never below what it sent us: a TAIL the sender wrote before the
+                # writer's news reached its loop can trail the lane's DATA
+                self.active_seq = max(seq, self._valid_seq)
                 self._note_lag()
             elif ftype == wire.ERROR:
                 raise wire.ProtocolError(f"the active says: {wire.parse_error(payload)}")

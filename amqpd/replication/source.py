@@ -39,6 +39,13 @@ take a whole frame, the writer leaves the rest of it in ``partial`` and closes t
 the loop sends that remainder first. TLS standbys never use the lane (the bytes must be
 encrypted by the loop's transport).
 
+A commit the lane carried whole leaves the loop nothing urgent: the sender has nothing
+to send, and the standby takes the active's sequence from the DATA itself. Then the
+writer's news (``_apply``: the sizes, the lag marks) waits for the batch's fsync and
+reaches the loop with its callbacks, in one wake-up (store/writer.py), and the sender
+sleeps on: no TAIL frame per group commit. A TAIL goes out whenever the sender runs
+(catch-up, a segment roll, checkpoints, promises, a frame the lane left unfinished).
+
 The ACKs: on plain TCP a thread per standby (``acks.py``) reads them, records each at
 once in ``_Peer.acked_seq`` (a group commit whose local fsync completes later finds it
 there and is confirmed without waiting) and wakes the loop once per round of ACKs
@@ -328,26 +335,38 @@ class ReplicationSource:
 
     # -- log events (writer thread -> loop) ------------------------------------------
 
-    def _observe(self, events: list[tuple[Any, ...]]) -> None:
-        """Writer thread: push the new bytes through open lanes, then tell the loop."""
+    def _observe(self, events: list[tuple[Any, ...]]) -> Callable[[], None] | None:
+        """Writer thread: push the new bytes through open lanes, then tell the loop.
+
+        When every standby got the new bytes through its lane (and they are only
+        writes), no sender has anything to do: the loop's bookkeeping (:meth:`_apply`)
+        can wait for the batch's fsync, and the writer hands it over with that batch's
+        callbacks, one wake-up of the loop per group commit instead of two
+        (writer.py)."""
         sizes = {ev[1]: ev[2] for ev in events if ev[0] == "w"}
+        quiet = len(sizes) == len(events)  # only writes
         if sizes:
             if trace.ON:
                 trace.mark("w", max(ev[3] for ev in events if ev[0] == "w"))
             for peer in list(self.peers):
                 size = sizes.get(peer.base)
-                if size is not None and peer.lane_open:
-                    self._push(peer, size)
+                if size is None or len(sizes) > 1 or not self._push(peer, size):
+                    quiet = False
             if trace.ON:
                 trace.mark("l", max(ev[3] for ev in events if ev[0] == "w"))
+        if quiet:
+            return lambda: self._apply(events, wake=False)
         loop = self._loop
         if loop is not None:
             try:
                 loop.call_soon_threadsafe(self._apply, events)
             except RuntimeError:  # loop closed at shutdown
                 pass
+        return None
 
-    def _apply(self, events: list[tuple[Any, ...]]) -> None:
+    def _apply(self, events: list[tuple[Any, ...]], wake: bool = True) -> None:
+        """Loop: record the writer's events; wake the senders (``wake``: always; else
+        only those with something to send: the lane carried the bytes)."""
         now = time.monotonic()
         for ev in events:
             kind = ev[0]
@@ -373,17 +392,21 @@ class ReplicationSource:
                     os.close(fd)
                 for p in self.peers:
                     p.ops.append(("d", ev[1]))
+        promised = self.store.promises() if not wake else None
         for p in self.peers:
-            p.wake.set()
+            if wake or p.ops or not p.lane_open or p.sent_promises != promised \
+                    or p.offset < self.written.get(p.base, 0):
+                p.wake.set()
 
-    def _push(self, peer: _Peer, size: int) -> None:
+    def _push(self, peer: _Peer, size: int) -> bool:
         """Writer thread: send segment ``peer.base`` up to ``size`` through the lane,
-        without ever blocking (a standby that does not read must not stall our fsync)."""
+        without ever blocking (a standby that does not read must not stall our fsync).
+        True: all of it went, and the lane is still open."""
         with peer.lane:
             sock = peer.sock
             fd = self._fds.get(peer.base)
             if not peer.lane_open or sock is None or fd is None:
-                return
+                return False
             base = peer.base
             while peer.offset < size:
                 n = min(size - peer.offset, wire.MAX_DATA)
@@ -391,10 +414,10 @@ class ReplicationSource:
                 try:
                     sent = sock.send(head)
                 except (BlockingIOError, InterruptedError):
-                    return  # nothing of this frame went out: the loop sends it
+                    return False  # nothing of this frame went out: the loop sends it
                 except OSError:
                     peer.lane_open = False  # the loop's next send finds out why
-                    return
+                    return False
                 offset, left = peer.offset, n
                 peer.offset += n
                 self.lane_frames += 1
@@ -414,7 +437,8 @@ class ReplicationSource:
                 if head or left:
                     peer.partial = (base, head, offset, left)
                     peer.lane_open = False
-                    return
+                    return False
+            return True
 
     def _open_lane(self, peer: _Peer) -> None:
         """Loop: the sender is parked at the end of the log; the writer may push."""

@@ -187,7 +187,10 @@ class SharedLog:
         self._truncated = 0
         self._state = "new"  # new -> open -> closed
         self._journal = marks.DeliveryJournal(self.directory)
-        self.observer: Callable[[list[tuple[object, ...]]], None] | None = None
+        # the writer's observer (replication): may return loop work for the batch's
+        # delivery (writer.py)
+        self.observer: Callable[[list[tuple[object, ...]]],
+                                Callable[[], None] | None] | None = None
         self.commit_gate: Callable[[int, list[Callable[[BaseException | None], None]]],
                                    list[Callable[[BaseException | None], None]]] | None = None
         self.retain: Callable[[], int] | None = None
@@ -297,7 +300,7 @@ class SharedLog:
         return {base: self._segments[base].size for base in sorted(self._segments)}
 
     def set_observer(
-        self, observer: Callable[[list[tuple[object, ...]]], None] | None
+        self, observer: Callable[[list[tuple[object, ...]]], Callable[[], None] | None] | None
     ) -> None:
         """Install (or remove) the writer's observer (replication; writer.py)."""
         self.observer = observer

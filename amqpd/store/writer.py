@@ -32,6 +32,10 @@ files (before their fsync, so a standby's fsync runs in parallel with ours) and 
 checkpoints and deletions: ``("w", base, size, last_seq)`` segment ``base`` now holds
 ``size`` bytes of whole records up to sequence ``last_seq``; ``("c", covered, data)`` a
 checkpoint file with these bytes is durable; ``("d", base)`` the segment was deleted.
+The observer may return a function for the event loop that can wait for the batch's
+fsync: the writer then runs it on the loop just before that batch's callbacks, with the
+same ``call_soon_threadsafe`` (at once when the batch has none), so a group commit
+wakes the loop once, not twice.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from amqpd.store.segment import Segment, fsync_directory
 log = logging.getLogger("amqpd.store")
 
 Callback = Callable[[BaseException | None], None]
+Later = Callable[[], None]  # loop work an observer lets wait for the batch's fsync
 
 # job kinds (first tuple element)
 WRITE = 0  # (WRITE, base, position, chunk, last_seq): whole records from position on
@@ -72,6 +77,18 @@ def fire(callbacks: list[tuple[Callback, BaseException | None]]) -> None:
             cb(exc)
         except Exception:
             log.exception("store commit callback failed")
+
+
+def fire_after(later: list[Later], callbacks: list[tuple[Callback, BaseException | None]]
+               ) -> None:
+    """Run the observer's deferred loop work, then the batch's commit callbacks (which
+    may read what that work records)."""
+    for fn in later:
+        try:
+            fn()
+        except Exception:
+            log.exception("store observer's deferred work failed")
+    fire(callbacks)
 
 
 class Writer:
@@ -108,8 +125,9 @@ class Writer:
         self.fsync_total_us = 0
         self.records_bytes = 0
         self.checkpoints = 0
-        self.observer: Callable[[list[tuple[Any, ...]]], None] | None = None
+        self.observer: Callable[[list[tuple[Any, ...]]], Later | None] | None = None
         self._events: list[tuple[Any, ...]] = []
+        self._later: list[Later] = []  # what the observer left for this batch's delivery
         self._dirty: set[Segment] = set()
         self._thread = threading.Thread(target=self._run, name="amqpd-store-writer", daemon=True)
 
@@ -172,8 +190,9 @@ class Writer:
                 self.durable_seq = self.written_seq
         self._answer_failed(callbacks)
         self._answer_failed(direct)
-        if callbacks:
-            self._deliver(callbacks)
+        later, self._later = self._later, []
+        if callbacks or later:
+            self._deliver(callbacks, later)
         fire(direct)
         return stop
 
@@ -182,12 +201,16 @@ class Writer:
             err = StoreError(self.failed)
             callbacks[:] = [(cb, err) for cb, _ in callbacks]
 
-    def _deliver(self, callbacks: list[tuple[Callback, BaseException | None]]) -> None:
+    def _deliver(self, callbacks: list[tuple[Callback, BaseException | None]],
+                 later: list[Later]) -> None:
         if self.loop is None:
-            fire(callbacks)
+            fire_after(later, callbacks)
             return
         try:
-            self.loop.call_soon_threadsafe(fire, callbacks)
+            if later:
+                self.loop.call_soon_threadsafe(fire_after, later, callbacks)
+            else:
+                self.loop.call_soon_threadsafe(fire, callbacks)
         except RuntimeError:  # loop closed during shutdown: nobody is waiting any more
             pass
 
@@ -242,9 +265,12 @@ class Writer:
         if self._events and self.observer is not None:
             events, self._events = self._events, []
             try:
-                self.observer(events)
+                later = self.observer(events)
             except Exception:
                 log.exception("store observer failed")
+                return
+            if later is not None:
+                self._later.append(later)
 
     def _discard(self, chunk: bytes) -> None:
         """Keep the settle-type records of a chunk that will not be written."""

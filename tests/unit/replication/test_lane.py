@@ -91,6 +91,43 @@ async def test_the_writer_ships_the_live_tail_itself(tmp_path: Path) -> None:
         assert src.lane_frames >= 20
 
 
+async def test_a_commit_the_lane_carried_wakes_the_loop_once(tmp_path: Path) -> None:
+    """The writer hands the loop's bookkeeping over with the commit's callbacks (one
+    call_soon_threadsafe), the bookkeeping runs first, and the sender is not woken: no
+    TAIL follows bytes the lane carried, the standby takes the active's sequence from
+    the DATA itself."""
+    async with _pair(tmp_path) as (store, src, f):
+        peer = src.peers[0]
+        applied: list[tuple[bool, int]] = []  # (woke the senders, last_seq) per _apply
+        real_apply = src._apply
+
+        def apply(events: list[tuple[object, ...]], wake: bool = True) -> None:
+            real_apply(events, wake)
+            applied.append((wake, src.last_seq))
+
+        src._apply = apply  # type: ignore[method-assign]
+        quiet = 0
+        got: list[tuple[BaseException | None, int]] = []
+        for i in range(20):
+            await until(lambda: peer.lane_open)
+            tail, base = peer.sent_tail, peer.base
+            applied.clear()
+            got.clear()
+            for n in range(i * 5, i * 5 + 5):
+                store.append_enqueue(["q"], _msg(n))
+            store.commit(lambda exc: got.append((exc, src.last_seq)))
+            await until(lambda: bool(got))
+            assert got[0][0] is None
+            # what the writer wrote was recorded before the callback ran
+            assert got[0][1] == store.last_sequence
+            if base == max(src.written) and applied == [(False, store.last_sequence)]:
+                quiet += 1  # carried by the lane: deferred, and the sender slept
+                assert peer.sent_tail == tail
+                await until(lambda: f.active_seq >= store.last_sequence)
+        # most commits stay within one segment (64 KiB; a roll wakes the sender)
+        assert quiet >= 10, applied
+
+
 async def test_a_frame_the_socket_cannot_take_is_finished_by_the_loop(tmp_path: Path) -> None:
     store = SharedLog(tmp_path / "a", loop=asyncio.get_running_loop(),
                       segment_size=4 * 1024 * 1024)  # the test's records fit one segment

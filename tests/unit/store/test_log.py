@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -218,3 +219,39 @@ def test_commit_after_a_write_failure_still_reports_it(make_log: Any) -> None:
     s.commit(got.append)
     loop.run_until(lambda: len(got) == 2)
     assert isinstance(got[1], StoreError)
+
+
+def test_an_observers_deferred_work_runs_before_the_batchs_callbacks(make_log: Any) -> None:
+    """What the observer (replication) returns runs with the batch's delivery, before
+    its commit callbacks; a batch without callbacks delivers it on its own."""
+    s = make_log()
+    if not isinstance(s, SharedLog):
+        pytest.skip("the in-memory store has no writer thread")
+    order: list[str] = []
+    seen = threading.Event()
+
+    def later() -> None:
+        order.append("later")
+        seen.set()
+
+    def observer(events: list[tuple[object, ...]]) -> Callable[[], None]:
+        return later
+
+    s.set_observer(observer)
+    s.append_enqueue([Q1], msg(1))
+    done = threading.Event()
+
+    def callback(exc: BaseException | None) -> None:
+        order.append(f"callback {exc}")
+        done.set()
+
+    s.commit(callback)
+    assert done.wait(10)
+    assert order[-2:] == ["later", "callback None"]
+    order.clear()
+    seen.clear()
+    # more than the log's hand-over threshold without a commit: written, no callbacks
+    for i in range(1500):
+        s.append_enqueue([Q1], msg(i, size=1000))
+    assert seen.wait(10), "the deferred work of a batch without callbacks never ran"
+    assert order and set(order) == {"later"}
