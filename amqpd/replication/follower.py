@@ -298,7 +298,7 @@ class ReplicationFollower:
             if ftype == wire.DATA:
                 if trace.ON:
                     trace.mark("x", self._valid_seq)
-                self._data(*wire.parse_data(payload))
+                self._data(*wire.parse_data(payload), payload)
                 if trace.ON:
                     trace.mark("c", self._valid_seq)
                 if self._valid_seq > self.active_seq:
@@ -332,7 +332,9 @@ class ReplicationFollower:
 
     # -- writing ---------------------------------------------------------------------
 
-    def _data(self, base: int, offset: int, data: memoryview) -> None:
+    def _data(self, base: int, offset: int, data: memoryview, frame: bytes) -> None:
+        """Write ``data`` (the tail of the DATA ``frame``) at ``offset`` of segment
+        ``base``, hand it to the fsync thread, check it."""
         if base != self._cur_base:
             if offset != 0 or base < self._cur_base:
                 raise wire.ProtocolError(f"DATA for segment {base} at {offset}: expected "
@@ -365,7 +367,7 @@ class ReplicationFollower:
         # the fsync thread starts on these bytes now, while we check them (syncer.py)
         gen = self._sync.written(fd, new_file, not self.ack_on_write) \
             if self._sync is not None else 0
-        self._check(data)
+        self._check(data, frame)
         if self._sync is not None:
             if trace.ON:
                 trace.mark("q", gen)
@@ -377,9 +379,27 @@ class ReplicationFollower:
             if trace.ON:
                 trace.mark("k", self._valid_seq)
 
-    def _check(self, data: memoryview) -> None:
-        """CRC-check the whole records received so far; remember the last one."""
+    def _check(self, data: memoryview, frame: bytes) -> None:
+        """CRC-check the whole records received so far; remember the last one.
+
+        A frame usually ends on a record boundary (the active writes whole records),
+        so with nothing left over from the last one its records are checked in the
+        frame's own bytes (``data`` is its tail): no copy into the carry-over buffer
+        and out again."""
         buf = self._pbuf
+        if not buf and self._ppos:
+            start = len(frame) - len(data)
+            try:
+                seq, end = fmt.check_run(frame, start, self._valid_seq)
+            except fmt.CorruptRecord as exc:
+                raise wire.ProtocolError(f"segment {self._cur_base}: {exc}") from None
+            if end < len(frame):
+                buf += data[end - start:]  # a record the next frame completes
+            if end > start:
+                self._ppos += end - start
+                self._valid_seq = seq
+                self._valid_pos = self._cur_base + self._ppos
+            return
         buf += data
         off = 0
         if self._ppos == 0:

@@ -197,7 +197,7 @@ def check_run(buf: bytes, offset: int, last_seq: int) -> tuple[int, int]:
         if end > size:
             break
         crc = buf[offset] | buf[offset + 1] << 8 | buf[offset + 2] << 16 | buf[offset + 3] << 24
-        if zlib.crc32(buf[offset + 4 : end]) != crc:
+        if _crc32(buf[offset + 4 : end]) != crc:
             raise CorruptRecord(f"CRC mismatch at offset {offset}")
         if buf[offset + 16] not in RECORD_TYPES:
             raise CorruptRecord(f"unknown record type {buf[offset + 16]}")
