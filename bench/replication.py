@@ -18,7 +18,9 @@ Usage: ``python -m bench.replication [--messages 1000000] [--body 100] [--durati
 [--out bench/RESULTS-replication.json]``. Timings are reported, never asserted.
 
 ``--ratio-runs N`` measures only the sync cost: N runs of 1. and 2. alternating (alone,
-pair, alone, pair, ...), the median rate of each and their ratio (issue 34);
+pair, alone, pair, ...), the median rate of each and their ratio (issue 34), and the
+median of each run's own pair / alone ratio (``paired_ratio_median``: steadier when the
+machine's speed drifts between runs);
 ``--standby-ack fsync,write`` has a pair of each standby_ack setting in every run.
 ``--latency-rate R --latency-runs N`` measures the sync cost as latency instead: N runs
 of a node alone and a sync pair alternating, each offered R persistent msg/s by one
@@ -193,6 +195,12 @@ def ratio_runs(root: Path, body: int, duration: float, runs: int,
         out[f"sync_pair{suffix}"] = pair_rates[mode]
         out[f"sync_median{suffix}"] = p
         out[f"ratio_of_medians{suffix}"] = round(p / max(a, 1), 3)
+        # each pair against the node alone measured just before it: the machine's
+        # drift between runs (this shared box's rates wander by a third) cancels out
+        paired = [round(r / max(b, 1), 3) for r, b in zip(pair_rates[mode], alone_rates,
+                                                          strict=True)]
+        out[f"paired_ratios{suffix}"] = paired
+        out[f"paired_ratio_median{suffix}"] = statistics.median(paired)
     return out
 
 
