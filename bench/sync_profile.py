@@ -8,7 +8,9 @@ Starts a node alone or a static sync pair (``min_insync_standbys = 1``, as
 ``bench.replication --ratio-runs``), runs the same confirming publisher (100-byte
 persistent messages, 1000 confirms in flight) for ``--duration`` seconds and reports,
 per 1,000 confirmed messages, the CPU seconds each broker process used (user + system,
-all threads, from ``/proc/<pid>/stat``) and the wall time. A busy machine changes the
+all threads, from ``/proc/<pid>/stat``) and the wall time, and per thread its CPU and
+context switches (``/proc/<pid>/task``: how often the event loop was woken or
+preempted). A busy machine changes the
 rate a lot and the CPU per confirm much less, so the CPU figures compare builds on a
 shared box where the rates cannot.
 
@@ -50,6 +52,26 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a process so far (all its threads)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime (fields 14, 15)
+
+
+def thread_figures(pid: int) -> dict[str, tuple[float, int, int]]:
+    """Per thread of a process so far: (CPU seconds, voluntary and involuntary context
+    switches), keyed "loop" for the main thread (the event loop) and "tid N" for the
+    others (Python 3.11 does not give its threads names the kernel shows)."""
+    out: dict[str, tuple[float, int, int]] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rpartition(")")[2].split()
+            status = (task / "status").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        switches = dict(line.split(":\t") for line in status.splitlines()
+                        if line.endswith(tuple("0123456789")) and "ctxt_switches" in line)
+        key = "loop" if task.name == str(pid) else f"tid {task.name}"
+        out[key] = ((int(fields[11]) + int(fields[12])) / _TICK,
+                    int(switches.get("voluntary_ctxt_switches", 0)),
+                    int(switches.get("nonvoluntary_ctxt_switches", 0)))
+    return out
 
 
 def fsync_figures(proc: BrokerProcess) -> tuple[float, float]:
@@ -188,6 +210,7 @@ def measure(root: Path, mode: str, duration: float, pyspy: Path | None,
         gate0 = status(procs["active"]) if mode == "pair" else {}
         fsyncs0 = fsync_figures(procs["active"])
         before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        threads0 = {name: thread_figures(pid) for name, pid in pids.items()}
         recorders: list[subprocess.Popen[bytes]] = []
         if pyspy is not None:
             # start a second in (the publisher's connection set up), stop a second early
@@ -199,6 +222,7 @@ def measure(root: Path, mode: str, duration: float, pyspy: Path | None,
             threading.Thread(target=start_recorders, daemon=True).start()
         res = _publish(url, "rb.prof", 100, duration)
         after = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        threads1 = {name: thread_figures(pid) for name, pid in pids.items()}
         gate1 = status(procs["active"]) if mode == "pair" else {}
         fsyncs1 = fsync_figures(procs["active"])
         for r in recorders:
@@ -210,6 +234,16 @@ def measure(root: Path, mode: str, duration: float, pyspy: Path | None,
                                "wall_ms_per_1k": round((res.t_end - res.t_start) * 1e3 / k, 2)}
         for name in pids:
             out[f"{name}_cpu_ms_per_1k"] = round((after[name] - before[name]) * 1e3 / k, 2)
+        for name in pids:
+            # per thread, per 1,000 confirms: CPU ms, voluntary switches (a thread that
+            # blocked and was woken: the loop's wake-ups), involuntary ones (preempted)
+            per: dict[str, list[float]] = {}
+            for thread, (cpu, vol, nonvol) in threads1[name].items():
+                cpu0, vol0, nonvol0 = threads0[name].get(thread, (0.0, 0, 0))
+                if cpu - cpu0 > 0 or vol - vol0 > 0:
+                    per[thread] = [round((cpu - cpu0) * 1e3 / k, 2),
+                                   round((vol - vol0) / k, 1), round((nonvol - nonvol0) / k, 1)]
+            out[f"{name}_threads_cpu_ms_vol_nonvol_per_1k"] = per
         # builds before issue 34's cheaper sync do not report these
         if "lane_frames_total" in gate1:
             out["lane_frames"] = gate1["lane_frames_total"] - gate0["lane_frames_total"]
