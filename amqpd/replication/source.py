@@ -354,9 +354,9 @@ class ReplicationSource:
                     quiet = False
             if trace.ON:
                 trace.mark("l", max(ev[3] for ev in events if ev[0] == "w"))
-        if quiet:
-            return lambda: self._apply(events, wake=False)
         loop = self._loop
+        if quiet and loop is not None:  # (no loop yet: nobody to tell, as below)
+            return lambda: self._apply(events, wake=False)
         if loop is not None:
             try:
                 loop.call_soon_threadsafe(self._apply, events)
