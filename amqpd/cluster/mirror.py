@@ -195,15 +195,20 @@ class Mirrors(CopyAdoption, MirrorFrames, MirrorFailover):
     def request_sync(self, vhost: str, name: str, action: str) -> bool:
         """``sync_queue`` / ``cancel_sync_queue`` on any node: done here if this node
         leads the queue, else passed to its leader over the link. False: the leader
-        cannot be reached."""
+        cannot be reached.
+
+        The catalogue decides who leads: a node whose leadership the cluster has just
+        handed to another (after a partition heals) may still hold its ``Leading`` for
+        a moment, and a request done there would be lost with it (seen in CI: "sync (0
+        mirror copies)" on the old leader 3 ms before it stopped leading)."""
         ident = (vhost, name)
         lead = self.leading.get(ident)
-        if lead is not None:
+        leader = self.cluster.catalogue.get(ident)
+        if lead is not None and leader in (None, self.node):
             n = lead.sync() if action == "sync" else lead.cancel_sync()
             log.info("queue '%s' in vhost '%s': %s (%d mirror copies)", name, vhost,
                      action, n)
             return True
-        leader = self.cluster.catalogue.get(ident)
         link = self.queues.links.link(leader) if leader and leader != self.node else None
         if link is None:
             return False
