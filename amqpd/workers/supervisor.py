@@ -46,6 +46,7 @@ BACKOFF_MAX: Final = 5.0
 STABLE_AFTER: Final = 60.0  # a worker that lived this long restarts with BACKOFF_MIN
 POLL: Final = 0.05  # seconds between checks for exited workers
 STOP_TIMEOUT: Final = 20.0  # seconds a worker gets to stop before SIGKILL
+_FRONT_GRACE: Final = 2.0  # seconds the HTTP front gives requests in flight at stop
 ACCEPT_BATCH: Final = 64  # connections accepted per readable event
 # a worker that exits this many times in a row without ever serving stops the node:
 # it cannot start (a data directory it cannot use, a broken install), and a node that
@@ -258,7 +259,13 @@ class Supervisor:
                 for w in self.workers]
 
     async def _serve_http(self) -> None:
-        runner = web.AppRunner(self.front.app, access_log=None, handle_signals=False)
+        # a short grace for requests in flight at stop (aiohttp waits 60 s by default):
+        # the workers get their SIGTERM only after the front is down, and a supervisor
+        # still waiting when its own stop times out (a service manager's, or the
+        # tests' 15 s) is killed and leaves them running (CI: both workers alive 10 s
+        # after the node's stop, with the shovel plugin on)
+        runner = web.AppRunner(self.front.app, access_log=None, handle_signals=False,
+                               shutdown_timeout=_FRONT_GRACE)
         await runner.setup()
         self._front_runner = runner
         # https with http_tls: the front speaks TLS to clients (the workers' private
